@@ -1,0 +1,3 @@
+module github.com/leangrad/leangrad
+
+go 1.26

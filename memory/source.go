@@ -1,0 +1,150 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// ErrOutOfMemory is returned (wrapped) by a Source that cannot provide a
+// segment because its memory is exhausted, and by Allocator.Alloc when a
+// request cannot be met even after the cache was flushed. Test with errors.Is.
+var ErrOutOfMemory = errors.New("out of memory")
+
+// Segment is one contiguous region obtained from a Source: a cudaMalloc'd
+// range on a GPU, a Go heap slab on the CPU.
+type Segment struct {
+	// Addr is the segment's base address in the source's address space
+	// (a device pointer for CUDA; the slab's address on the host).
+	Addr uintptr
+	// Size is the segment's length in bytes.
+	Size int64
+	// Host is the segment's memory when it lives on the Go heap, nil otherwise.
+	Host []byte
+}
+
+// Source is a raw allocator: the layer under the caching Allocator that really
+// obtains and returns memory. Implementations must be safe for concurrent use.
+type Source interface {
+	// Alloc obtains a segment of exactly size bytes. When the source has no
+	// memory left it returns an error wrapping ErrOutOfMemory.
+	Alloc(size int64) (Segment, error)
+	// Free returns a segment obtained from Alloc.
+	Free(Segment) error
+	// MemInfo reports the source's free and total bytes, as the driver sees
+	// them (cuMemGetInfo on a GPU).
+	MemInfo() (free, total int64)
+}
+
+// HeapSource is the CPU's raw allocator: segments are Go heap slabs. Go's
+// garbage collector does not move heap objects, so a slab's address is stable
+// for as long as the Segment holding it is referenced.
+type HeapSource struct {
+	mu    sync.Mutex
+	used  int64
+	total int64
+}
+
+// NewHeapSource returns a Source of Go heap slabs whose total is the machine's
+// physical memory.
+func NewHeapSource() *HeapSource {
+	var info syscall.Sysinfo_t
+	total := int64(1) << 40
+	if syscall.Sysinfo(&info) == nil {
+		total = int64(info.Totalram) * int64(info.Unit)
+	}
+	return &HeapSource{total: total}
+}
+
+// Alloc returns a zeroed Go heap slab of size bytes.
+func (h *HeapSource) Alloc(size int64) (Segment, error) {
+	if size <= 0 {
+		return Segment{}, fmt.Errorf("memory: heap segment of %d bytes", size)
+	}
+	h.mu.Lock()
+	if h.used+size > h.total {
+		h.mu.Unlock()
+		return Segment{}, fmt.Errorf("heap: %d bytes requested, %d of %d in use: %w", size, h.used, h.total, ErrOutOfMemory)
+	}
+	h.used += size
+	h.mu.Unlock()
+	buf := make([]byte, size)
+	return Segment{Addr: uintptr(unsafe.Pointer(&buf[0])), Size: size, Host: buf}, nil
+}
+
+// Free forgets the slab; the garbage collector reclaims it.
+func (h *HeapSource) Free(s Segment) error {
+	h.mu.Lock()
+	h.used -= s.Size
+	h.mu.Unlock()
+	return nil
+}
+
+// MemInfo reports the bytes not yet handed out and the machine's total.
+func (h *HeapSource) MemInfo() (free, total int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.total - h.used, h.total
+}
+
+// LimitedSource caps another Source at a fixed capacity. Tests use it to drive
+// out-of-memory, retry and fragmentation paths deterministically.
+type LimitedSource struct {
+	src      Source
+	mu       sync.Mutex
+	used     int64
+	capacity int64
+	allocs   int
+	frees    int
+}
+
+// Limit returns src capped at capacity bytes.
+func Limit(src Source, capacity int64) *LimitedSource {
+	return &LimitedSource{src: src, capacity: capacity}
+}
+
+// Alloc fails with ErrOutOfMemory when size would exceed the capacity.
+func (l *LimitedSource) Alloc(size int64) (Segment, error) {
+	l.mu.Lock()
+	if l.used+size > l.capacity {
+		used := l.used
+		l.mu.Unlock()
+		return Segment{}, fmt.Errorf("limited source: %d bytes requested, %d of %d in use: %w", size, used, l.capacity, ErrOutOfMemory)
+	}
+	l.used += size
+	l.allocs++
+	l.mu.Unlock()
+	s, err := l.src.Alloc(size)
+	if err != nil {
+		l.mu.Lock()
+		l.used -= size
+		l.allocs--
+		l.mu.Unlock()
+	}
+	return s, err
+}
+
+// Free returns the segment to the underlying source.
+func (l *LimitedSource) Free(s Segment) error {
+	l.mu.Lock()
+	l.used -= s.Size
+	l.frees++
+	l.mu.Unlock()
+	return l.src.Free(s)
+}
+
+// MemInfo reports capacity minus use, and the capacity.
+func (l *LimitedSource) MemInfo() (free, total int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.capacity - l.used, l.capacity
+}
+
+// Counts reports how many segments were obtained and returned so far.
+func (l *LimitedSource) Counts() (allocs, frees int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.allocs, l.frees
+}
