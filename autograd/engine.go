@@ -1,0 +1,311 @@
+// Package autograd records operations on tensors as they run (define by run)
+// and computes gradients by walking that record backwards, freeing each node's
+// saved tensors as soon as its backward has run.
+//
+// Every differentiable operation is a function here (Add, MatMul, Conv2d,
+// BatchNorm2d, CrossEntropy, ...) whose forward and backward stand together.
+// An operation whose inputs require gradients records a node on its output
+// holding only what its backward needs; after Backward(loss), only the
+// parameters, their gradients and what the caller kept are alive. A node is
+// also freed, with what it saved, when the last tensor that could reach it is
+// released, so a graph dropped without Backward costs nothing.
+//
+// Autograd state is not safe for concurrent use: record and run backward on
+// one goroutine.
+package autograd
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// T is shorthand for *tensor.Tensor in this package's signatures.
+type T = tensor.Tensor
+
+var noGrad atomic.Int32
+
+// NoGrad runs f with recording off: operations inside record nothing and
+// save nothing, as under torch.no_grad.
+func NoGrad(f func()) {
+	noGrad.Add(1)
+	defer noGrad.Add(-1)
+	f()
+}
+
+// GradEnabled reports whether operations are being recorded.
+func GradEnabled() bool { return noGrad.Load() == 0 }
+
+// node is the record of one operation: edges to where its inputs' gradients
+// go, the tensors its backward needs, and the backward itself.
+type node struct {
+	name     string
+	inputs   []edge
+	saved    []*T
+	backward func(g *T) []*T // one gradient per input; nil where none is needed
+	refs     int             // output handles, downstream edges, and a running Backward
+	done     bool            // backward ran and freed what it saved
+}
+
+// edge leads to the node that produced an input, or to a leaf that
+// accumulates a gradient; the zero edge means the input needs no gradient.
+type edge struct {
+	node *node
+	leaf *T
+}
+
+func (e edge) needed() bool { return e.node != nil || e.leaf != nil }
+
+// Release drops one reference; the last frees what the node saved and drops
+// its edges.
+func (n *node) Release() {
+	n.refs--
+	if n.refs == 0 {
+		n.free()
+	}
+}
+
+func (n *node) releaseSaved() {
+	for _, s := range n.saved {
+		s.Release()
+	}
+	n.saved = nil
+	n.backward = nil
+}
+
+func (n *node) free() {
+	n.releaseSaved()
+	n.done = true
+	ins := n.inputs
+	n.inputs = nil
+	for _, e := range ins {
+		if e.node != nil {
+			e.node.Release()
+		}
+	}
+}
+
+// recorder builds the node of one operation. begin returns nil when nothing
+// needs recording, and then the operation saves nothing.
+type recorder struct {
+	n *node
+}
+
+// begin starts recording an operation on inputs (nil inputs are allowed and
+// take no gradient). It returns nil if recording is off or no input requires
+// a gradient.
+func begin(name string, inputs ...*T) *recorder {
+	if !recording(inputs...) {
+		return nil
+	}
+	edges := make([]edge, len(inputs))
+	for i, x := range inputs {
+		if x == nil || !x.RequiresGrad() {
+			continue
+		}
+		if gn := x.GradNode(); gn != nil {
+			edges[i].node = gn.(*node)
+			edges[i].node.refs++
+		} else {
+			edges[i].leaf = x
+		}
+	}
+	return &recorder{n: &node{name: name, inputs: edges}}
+}
+
+// recording reports whether an operation on inputs would be recorded.
+func recording(inputs ...*T) bool {
+	if !GradEnabled() {
+		return false
+	}
+	for _, x := range inputs {
+		if x != nil && x.RequiresGrad() {
+			return true
+		}
+	}
+	return false
+}
+
+// needs reports whether input i takes a gradient.
+func (r *recorder) needs(i int) bool { return r.n.inputs[i].needed() }
+
+// save keeps a handle on t's storage for the backward.
+func (r *recorder) save(t *T) *T {
+	a := t.Alias()
+	r.n.saved = append(r.n.saved, a)
+	return a
+}
+
+// keep hands t itself (a temporary of the operation, such as batch
+// statistics) to the node, taking over the caller's reference.
+func (r *recorder) keep(t *T) *T {
+	t.Keep()
+	r.n.saved = append(r.n.saved, t)
+	return t
+}
+
+// finish attaches the node to out.
+func (r *recorder) finish(out *T, backward func(g *T) []*T) {
+	r.n.backward = backward
+	r.n.refs++
+	out.SetGradNode(r.n)
+}
+
+// Option modifies Backward.
+type Option func(*backwardOptions)
+
+type backwardOptions struct {
+	retain bool
+	grad   *T
+}
+
+// RetainGraph keeps the graph (and what its nodes saved) after Backward, so
+// that Backward can run through it again.
+func RetainGraph() Option { return func(o *backwardOptions) { o.retain = true } }
+
+// WithGrad starts Backward from g, the gradient of the loss, instead of ones.
+func WithGrad(g *T) Option { return func(o *backwardOptions) { o.grad = g } }
+
+// Backward computes the gradient of root with respect to every leaf tensor
+// that requires one and that root depends on, adding it to the leaf's Grad.
+// Each node's saved tensors are released right after its backward ran,
+// unless RetainGraph is given. Backward through a graph that an earlier
+// Backward freed panics.
+func Backward(root *T, opts ...Option) {
+	var o backwardOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	if !root.RequiresGrad() {
+		panic(fmt.Sprintf("autograd: Backward of a %v %v tensor that does not require grad", root.DType(), root.Shape()))
+	}
+	s := tensor.NewScope() // temporaries of the backward pass
+	defer s.Close()
+	var g *T
+	if o.grad != nil {
+		if !o.grad.SameShape(root) {
+			panic(fmt.Sprintf("autograd: Backward gradient of shape %v for a root of shape %v", o.grad.Shape(), root.Shape()))
+		}
+		g = o.grad.Clone()
+	} else {
+		g = tensor.Ones(root.Device(), root.DType(), root.Shape()...)
+	}
+	gn := root.GradNode()
+	if gn == nil {
+		accumulate(root, g)
+		return
+	}
+	rootNode := gn.(*node)
+	if rootNode.done {
+		panic("autograd: Backward through a graph that an earlier Backward already freed; " +
+			"pass autograd.RetainGraph() to the first Backward to run it twice")
+	}
+	order := topoOrder(rootNode)
+	for _, n := range order {
+		n.refs++ // held until this pass has processed the node
+	}
+	pending := map[*node]*T{rootNode: g}
+	for i := len(order) - 1; i >= 0; i-- {
+		n := order[i]
+		if g := pending[n]; g != nil {
+			delete(pending, n)
+			if n.done {
+				panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
+			}
+			grads := n.backward(g)
+			g.Release()
+			for j, e := range n.inputs {
+				var gi *T
+				if j < len(grads) {
+					gi = grads[j]
+				}
+				switch {
+				case gi == nil:
+				case e.node != nil:
+					if old := pending[e.node]; old != nil {
+						pending[e.node] = addInPlace(old, gi)
+					} else {
+						pending[e.node] = gi
+					}
+				case e.leaf != nil:
+					accumulate(e.leaf, gi)
+				default:
+					gi.Release()
+				}
+			}
+		}
+		if !o.retain {
+			n.free()
+		}
+		n.Release()
+	}
+}
+
+// topoOrder lists the nodes reachable from root with every node after all of
+// its inputs (so root comes last). Iterative: deep networks would overflow
+// nothing, but there is no reason to recurse thousands deep.
+func topoOrder(root *node) []*node {
+	var order []*node
+	visited := map[*node]bool{root: true}
+	type frame struct {
+		n    *node
+		next int
+	}
+	stack := []frame{{n: root}}
+	for len(stack) > 0 {
+		f := &stack[len(stack)-1]
+		if f.next < len(f.n.inputs) {
+			in := f.n.inputs[f.next].node
+			f.next++
+			if in != nil && !visited[in] {
+				visited[in] = true
+				stack = append(stack, frame{n: in})
+			}
+			continue
+		}
+		order = append(order, f.n)
+		stack = stack[:len(stack)-1]
+	}
+	return order
+}
+
+// addInPlace adds g into acc (when acc may be overwritten) and releases g.
+func addInPlace(acc, g *T) *T {
+	if !acc.Exclusive() || acc.DType() != g.DType() {
+		sum := binaryRaw(kernels.Add, acc, g)
+		acc.Release()
+		g.Release()
+		return sum
+	}
+	b := acc.Backend()
+	b.Binary(kernels.Add, acc.Buf(), acc.Buf(), g.Buf(), kernels.NewBroadcast(acc.Shape(), acc.Shape(), g.Shape()))
+	g.Release()
+	return acc
+}
+
+// accumulate adds g into leaf's gradient, taking g's reference.
+func accumulate(leaf, g *T) {
+	if leaf.Released() {
+		g.Release()
+		return
+	}
+	if g.DType() != leaf.DType() {
+		c := castRaw(g, leaf.DType())
+		g.Release()
+		g = c
+	}
+	old := leaf.Grad()
+	switch {
+	case old == nil && g.Exclusive():
+		leaf.SetGrad(g)
+	case old == nil:
+		leaf.SetGrad(g.Clone())
+		g.Release()
+	default:
+		b := old.Backend()
+		b.Binary(kernels.Add, old.Buf(), old.Buf(), g.Buf(), kernels.NewBroadcast(old.Shape(), old.Shape(), g.Shape()))
+		g.Release()
+	}
+}

@@ -1,0 +1,87 @@
+package autograd
+
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// BatchNorm2d normalises x (N×C×H×W) per channel and applies the affine
+// gamma, beta (C each). In training it normalises with the batch statistics
+// and updates runMean and runVar (F32, C each) in place: r ← (1−momentum)·r
+// + momentum·batch, the variance unbiased. In evaluation it normalises with
+// runMean and runVar. x may be F16 (AMP): statistics and parameters stay F32
+// and the result has x's dtype.
+func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32) *T {
+	xs := x.Shape()
+	if len(xs) != 4 {
+		panic(fmt.Sprintf("autograd: batch norm of shape %v: want N×C×H×W", xs))
+	}
+	c := xs[1]
+	for _, p := range []*T{gamma, beta, runMean, runVar} {
+		if p.NDim() != 1 || p.Dim(0) != c {
+			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, p.Shape()))
+		}
+	}
+	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum}
+	be := x.Backend()
+	if !training {
+		return batchNormEval(x, gamma, beta, runMean, runVar, p)
+	}
+	y := emptyLike(x)
+	mean := tensor.Empty(x.Device(), tensor.F32, c)
+	invStd := tensor.Empty(x.Device(), tensor.F32, c)
+	be.BatchNormTrain(p, x.Buf(), gamma.Buf(), beta.Buf(), y.Buf(), runMean.Buf(), runVar.Buf(), mean.Buf(), invStd.Buf())
+	rec := begin("batch_norm", x, gamma, beta)
+	if rec == nil {
+		mean.Release()
+		invStd.Release()
+		return y
+	}
+	xSaved, gSaved := rec.save(x), rec.save(gamma)
+	rec.keep(mean)
+	rec.keep(invStd)
+	gType, bType := gamma.DType(), beta.DType()
+	rec.finish(y, func(g *T) []*T {
+		dx := emptyLike(g)
+		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
+		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
+		be.BatchNormBackward(p, xSaved.Buf(), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), dgamma.Buf(), dbeta.Buf())
+		grads := []*T{dx, nil, nil}
+		if rec.needs(1) {
+			grads[1] = asDType(dgamma, gType)
+		}
+		if rec.needs(2) {
+			grads[2] = asDType(dbeta, bType)
+		}
+		dgamma.Release()
+		dbeta.Release()
+		return grads
+	})
+	return y
+}
+
+// batchNormEval normalises with the running statistics: one fused kernel when
+// nothing is recorded, differentiable operations otherwise (fine-tuning with
+// frozen statistics).
+func batchNormEval(x, gamma, beta, runMean, runVar *T, p kernels.BNParams) *T {
+	if !recording(x, gamma, beta) {
+		y := emptyLike(x)
+		x.Backend().BatchNormEval(p, x.Buf(), gamma.Buf(), beta.Buf(), runMean.Buf(), runVar.Buf(), y.Buf())
+		return y
+	}
+	// y = x·s + (β − μ·s), s = γ/√(σ²+ε)
+	s := tensor.NewScope()
+	std := Sqrt(Affine(Detach(runVar), 1, p.Eps))
+	scale := Div(gamma, std)
+	shift := Sub(beta, Mul(Detach(runMean), scale))
+	c := p.C
+	y := Add(Mul(x, Reshape(scale, c, 1, 1)), Reshape(shift, c, 1, 1))
+	if y.DType() != x.DType() {
+		y = Cast(y, x.DType())
+	}
+	s.Escape(y)
+	s.Close()
+	return y
+}

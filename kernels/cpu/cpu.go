@@ -1,0 +1,250 @@
+// Package cpu is leangrad's CPU backend: plain Go loops over goroutines for
+// elementwise work, gonum's SGEMM for matrix products and convolutions
+// (im2col). F16 data is stored as IEEE half and computed in float32, exactly
+// as AMP needs. It is also the reference the CUDA backend is tested against.
+//
+// Operations run synchronously on the calling goroutine (fanning out over
+// GOMAXPROCS goroutines when the work is large enough). Scratch space (im2col
+// columns, F16 conversions) lives on the Go heap, outside the pool: the pool
+// accounts for tensors.
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/x448/float16"
+)
+
+// Backend is the CPU backend. Its zero value is not usable; call New.
+type Backend struct {
+	alloc *memory.Allocator
+}
+
+// New returns a CPU backend over a pool of Go heap slabs.
+func New() *Backend {
+	return NewWithAllocator(memory.New(memory.NewHeapSource(), memory.Config{Device: "cpu"}))
+}
+
+// NewWithAllocator returns a CPU backend over a's blocks, which must live on
+// the Go heap (its Source must fill Segment.Host).
+func NewWithAllocator(a *memory.Allocator) *Backend { return &Backend{alloc: a} }
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// Name is "cpu".
+func (c *Backend) Name() string { return "cpu" }
+
+// Allocator is the backend's pool.
+func (c *Backend) Allocator() *memory.Allocator { return c.alloc }
+
+// Stream is the default stream: CPU work is synchronous.
+func (c *Backend) Stream() memory.Stream { return 0 }
+
+// Synchronize returns at once: CPU work is done when its call returns.
+func (c *Backend) Synchronize() error { return nil }
+
+// raw is the buffer's bytes.
+func raw(b kernels.Buf) []byte {
+	if b.Block == nil {
+		panic("cpu: operation on an empty buffer")
+	}
+	mem := b.Block.Bytes()
+	if mem == nil {
+		panic("cpu: buffer is not host memory")
+	}
+	return mem[b.Off : b.Off+b.Bytes()]
+}
+
+func f32s(b kernels.Buf) []float32 {
+	if b.DType != kernels.F32 {
+		panic(fmt.Sprintf("cpu: want f32 buffer, have %v", b.DType))
+	}
+	if b.N == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&raw(b)[0])), b.N)
+}
+
+func u16s(b kernels.Buf) []uint16 {
+	if b.N == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&raw(b)[0])), b.N)
+}
+
+func i32s(b kernels.Buf) []int32 {
+	if b.DType != kernels.I32 {
+		panic(fmt.Sprintf("cpu: want i32 buffer, have %v", b.DType))
+	}
+	if b.N == 0 {
+		return nil
+	}
+	return unsafe.Slice((*int32)(unsafe.Pointer(&raw(b)[0])), b.N)
+}
+
+// in returns b's values as float32: the buffer itself for F32, a converted
+// copy for F16 (and I32).
+func in(b kernels.Buf) []float32 {
+	switch b.DType {
+	case kernels.F32:
+		return f32s(b)
+	case kernels.F16:
+		h := u16s(b)
+		out := make([]float32, len(h))
+		parallel(len(h), 1<<14, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				out[i] = float16.Frombits(h[i]).Float32()
+			}
+		})
+		return out
+	case kernels.I32:
+		v := i32s(b)
+		out := make([]float32, len(v))
+		for i, x := range v {
+			out[i] = float32(x)
+		}
+		return out
+	}
+	panic(fmt.Sprintf("cpu: unknown dtype %v", b.DType))
+}
+
+// out returns float32 storage for b's new values and a function that stores
+// them: the buffer itself for F32 (the function does nothing), a scratch
+// slice for F16 that the function rounds into the buffer.
+func out(b kernels.Buf) ([]float32, func()) {
+	switch b.DType {
+	case kernels.F32:
+		return f32s(b), func() {}
+	case kernels.F16:
+		tmp := make([]float32, b.N)
+		return tmp, func() { storeF16(u16s(b), tmp) }
+	}
+	panic(fmt.Sprintf("cpu: cannot write %v as float", b.DType))
+}
+
+// inout is out for a buffer that is read too (running statistics, C with beta).
+func inout(b kernels.Buf) ([]float32, func()) {
+	if b.DType == kernels.F32 {
+		return f32s(b), func() {}
+	}
+	tmp := in(b)
+	return tmp, func() { storeF16(u16s(b), tmp) }
+}
+
+func storeF16(dst []uint16, src []float32) {
+	parallel(len(src), 1<<14, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst[i] = float16.Fromfloat32(src[i]).Bits()
+		}
+	})
+}
+
+func checkLen(op string, want int, bufs ...kernels.Buf) {
+	for _, b := range bufs {
+		if b.N != want {
+			panic(fmt.Sprintf("cpu: %s: buffer of %d elements, want %d", op, b.N, want))
+		}
+	}
+}
+
+// parallel runs f over [0, n) in contiguous chunks on up to GOMAXPROCS
+// goroutines, giving each at least grain elements; small work runs inline.
+func parallel(n, grain int, f func(lo, hi int)) {
+	workers := runtime.GOMAXPROCS(0)
+	if grain < 1 {
+		grain = 1
+	}
+	chunks := min(workers, n/grain)
+	if chunks <= 1 {
+		if n > 0 {
+			f(0, n)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	step := (n + chunks - 1) / chunks
+	for lo := 0; lo < n; lo += step {
+		hi := min(lo+step, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+// Write copies host bytes into dst.
+func (c *Backend) Write(dst kernels.Buf, src []byte) {
+	if int64(len(src)) != dst.Bytes() {
+		panic(fmt.Sprintf("cpu: write of %d bytes into a %d-byte buffer", len(src), dst.Bytes()))
+	}
+	copy(raw(dst), src)
+}
+
+// Read copies src into host bytes.
+func (c *Backend) Read(dst []byte, src kernels.Buf) {
+	if int64(len(dst)) != src.Bytes() {
+		panic(fmt.Sprintf("cpu: read of a %d-byte buffer into %d bytes", src.Bytes(), len(dst)))
+	}
+	copy(dst, raw(src))
+}
+
+// Copy copies src into dst.
+func (c *Backend) Copy(dst, src kernels.Buf) {
+	if dst.DType != src.DType || dst.N != src.N {
+		panic(fmt.Sprintf("cpu: copy of %d %v into %d %v", src.N, src.DType, dst.N, dst.DType))
+	}
+	copy(raw(dst), raw(src))
+}
+
+// Fill sets every element of dst to v.
+func (c *Backend) Fill(dst kernels.Buf, v float32) {
+	switch dst.DType {
+	case kernels.F32:
+		d := f32s(dst)
+		parallel(len(d), 1<<15, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				d[i] = v
+			}
+		})
+	case kernels.F16:
+		d, h := u16s(dst), float16.Fromfloat32(v).Bits()
+		for i := range d {
+			d[i] = h
+		}
+	case kernels.I32:
+		d := i32s(dst)
+		for i := range d {
+			d[i] = int32(v)
+		}
+	}
+}
+
+// Cast converts src into dst's dtype.
+func (c *Backend) Cast(dst, src kernels.Buf) {
+	checkLen("cast", src.N, dst)
+	if dst.DType == src.DType {
+		c.Copy(dst, src)
+		return
+	}
+	if dst.DType == kernels.I32 {
+		s, d := in(src), i32s(dst)
+		for i, x := range s {
+			d[i] = int32(x)
+		}
+		return
+	}
+	if dst.DType == kernels.F16 && src.DType == kernels.F32 {
+		storeF16(u16s(dst), f32s(src))
+		return
+	}
+	o, done := out(dst)
+	copy(o, in(src))
+	done()
+}

@@ -1,0 +1,181 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+const elemGrain = 1 << 14
+
+func unaryFunc(op kernels.UnaryOp) func(float32) float32 {
+	switch op {
+	case kernels.Neg:
+		return func(x float32) float32 { return -x }
+	case kernels.Exp:
+		return func(x float32) float32 { return float32(math.Exp(float64(x))) }
+	case kernels.Log:
+		return func(x float32) float32 { return float32(math.Log(float64(x))) }
+	case kernels.Sqrt:
+		return func(x float32) float32 { return float32(math.Sqrt(float64(x))) }
+	case kernels.Abs:
+		return func(x float32) float32 { return float32(math.Abs(float64(x))) }
+	case kernels.Square:
+		return func(x float32) float32 { return x * x }
+	case kernels.ReLU:
+		return func(x float32) float32 { return max(x, 0) }
+	case kernels.Sigmoid:
+		return func(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+	case kernels.Tanh:
+		return func(x float32) float32 { return float32(math.Tanh(float64(x))) }
+	case kernels.Recip:
+		return func(x float32) float32 { return 1 / x }
+	}
+	panic(fmt.Sprintf("cpu: unknown unary op %v", op))
+}
+
+// unaryGrad returns op'(·) as a function of the forward's input x and output y.
+func unaryGrad(op kernels.UnaryOp) func(dy, x, y float32) float32 {
+	switch op {
+	case kernels.Neg:
+		return func(dy, x, y float32) float32 { return -dy }
+	case kernels.Exp:
+		return func(dy, x, y float32) float32 { return dy * y }
+	case kernels.Log:
+		return func(dy, x, y float32) float32 { return dy / x }
+	case kernels.Sqrt:
+		return func(dy, x, y float32) float32 { return dy * 0.5 / y }
+	case kernels.Abs:
+		return func(dy, x, y float32) float32 {
+			switch {
+			case x > 0:
+				return dy
+			case x < 0:
+				return -dy
+			}
+			return 0
+		}
+	case kernels.Square:
+		return func(dy, x, y float32) float32 { return 2 * x * dy }
+	case kernels.ReLU:
+		return func(dy, x, y float32) float32 {
+			if y > 0 {
+				return dy
+			}
+			return 0
+		}
+	case kernels.Sigmoid:
+		return func(dy, x, y float32) float32 { return dy * y * (1 - y) }
+	case kernels.Tanh:
+		return func(dy, x, y float32) float32 { return dy * (1 - y*y) }
+	case kernels.Recip:
+		return func(dy, x, y float32) float32 { return -dy * y * y }
+	}
+	panic(fmt.Sprintf("cpu: unknown unary op %v", op))
+}
+
+// Unary computes dst = op(x).
+func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
+	checkLen("unary "+op.String(), x.N, dst)
+	f := unaryFunc(op)
+	xs := in(x)
+	ys, done := out(dst)
+	parallel(len(ys), elemGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			ys[i] = f(xs[i])
+		}
+	})
+	done()
+}
+
+// UnaryBackward computes dx = dy·op'(x). Only the one of x and y that op's
+// derivative needs must be valid.
+func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
+	checkLen("unary backward "+op.String(), dy.N, dx)
+	g := unaryGrad(op)
+	dys := in(dy)
+	zeros := make([]float32, 0)
+	xs, ys := zeros, zeros
+	if x.Valid() {
+		checkLen("unary backward x", dy.N, x)
+		xs = in(x)
+	}
+	if y.Valid() {
+		checkLen("unary backward y", dy.N, y)
+		ys = in(y)
+	}
+	dxs, done := out(dx)
+	parallel(len(dxs), elemGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			var xv, yv float32
+			if len(xs) > 0 {
+				xv = xs[i]
+			}
+			if len(ys) > 0 {
+				yv = ys[i]
+			}
+			dxs[i] = g(dys[i], xv, yv)
+		}
+	})
+	done()
+}
+
+// Affine computes dst = alpha·x + beta.
+func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
+	checkLen("affine", x.N, dst)
+	xs := in(x)
+	ys, done := out(dst)
+	parallel(len(ys), elemGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			ys[i] = alpha*xs[i] + beta
+		}
+	})
+	done()
+}
+
+// Binary computes dst = a op b with broadcasting.
+func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
+	checkLen("binary "+op.String(), bc.Len(), dst)
+	as, bs := in(a), in(b)
+	ys, done := out(dst)
+	var f func(x, y float32) float32
+	switch op {
+	case kernels.Add:
+		f = func(x, y float32) float32 { return x + y }
+	case kernels.Sub:
+		f = func(x, y float32) float32 { return x - y }
+	case kernels.Mul:
+		f = func(x, y float32) float32 { return x * y }
+	case kernels.Div:
+		f = func(x, y float32) float32 { return x / y }
+	default:
+		panic(fmt.Sprintf("cpu: unknown binary op %v", op))
+	}
+	if bc.Same() {
+		checkLen("binary "+op.String(), len(ys), a, b)
+		parallel(len(ys), elemGrain, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				ys[i] = f(as[i], bs[i])
+			}
+		})
+		done()
+		return
+	}
+	// Broadcast: walk the last (collapsed) dimension with strides, compute
+	// the offsets of each row once.
+	last := bc.NDim - 1
+	rowLen := bc.Shape[last]
+	sa, sb := bc.StrideA[last], bc.StrideB[last]
+	rows := len(ys) / rowLen
+	parallel(rows, max(1, elemGrain/rowLen), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			oa, ob := bc.Offsets(r * rowLen)
+			y := ys[r*rowLen : (r+1)*rowLen]
+			for j := range y {
+				y[j] = f(as[oa+j*sa], bs[ob+j*sb])
+			}
+		}
+	})
+	done()
+}

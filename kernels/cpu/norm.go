@@ -1,0 +1,115 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+func checkBN(op string, p kernels.BNParams, x kernels.Buf, channel ...kernels.Buf) {
+	if p.N <= 0 || p.C <= 0 || p.HW <= 0 {
+		panic(fmt.Sprintf("cpu: %s: invalid parameters %+v", op, p))
+	}
+	checkLen(op+" input", p.N*p.C*p.HW, x)
+	checkLen(op+" per-channel buffer", p.C, channel...)
+}
+
+// channelValues calls f(i, v) for every element of channel c of an N×C×HW array.
+func forChannel(p kernels.BNParams, c int, f func(i int)) {
+	for n := 0; n < p.N; n++ {
+		base := (n*p.C + c) * p.HW
+		for i := base; i < base+p.HW; i++ {
+			f(i)
+		}
+	}
+}
+
+// BatchNormTrain normalises with batch statistics (two-pass, float64) and
+// updates the running statistics (the variance unbiased) in place.
+func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
+	checkBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
+	checkLen("batch norm output", x.N, y)
+	xs, gs, bs := in(x), in(gamma), in(beta)
+	ys, doneY := out(y)
+	rm, doneRM := inout(runMean)
+	rv, doneRV := inout(runVar)
+	sm, sis := f32s(saveMean), f32s(saveInvStd)
+	m := float64(p.N * p.HW)
+	parallel(p.C, 1, func(lo, hi int) {
+		for ch := lo; ch < hi; ch++ {
+			var sum float64
+			forChannel(p, ch, func(i int) { sum += float64(xs[i]) })
+			mean := sum / m
+			var sq float64
+			forChannel(p, ch, func(i int) { d := float64(xs[i]) - mean; sq += d * d })
+			variance := sq / m
+			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
+			scale, shift := float64(gs[ch])*invStd, float64(bs[ch])
+			forChannel(p, ch, func(i int) { ys[i] = float32((float64(xs[i])-mean)*scale + shift) })
+			sm[ch], sis[ch] = float32(mean), float32(invStd)
+			unbiased := variance
+			if m > 1 {
+				unbiased = variance * m / (m - 1)
+			}
+			mom := float64(p.Momentum)
+			rm[ch] = float32((1-mom)*float64(rm[ch]) + mom*mean)
+			rv[ch] = float32((1-mom)*float64(rv[ch]) + mom*unbiased)
+		}
+	})
+	doneY()
+	doneRM()
+	doneRV()
+}
+
+// BatchNormEval normalises with the running statistics.
+func (c *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, runVar, y kernels.Buf) {
+	checkBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
+	checkLen("batch norm eval output", x.N, y)
+	xs, gs, bs, rm, rv := in(x), in(gamma), in(beta), in(runMean), in(runVar)
+	ys, done := out(y)
+	parallel(p.C, 1, func(lo, hi int) {
+		for ch := lo; ch < hi; ch++ {
+			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
+			scale := float32(float64(gs[ch]) * invStd)
+			shift := bs[ch] - rm[ch]*scale
+			forChannel(p, ch, func(i int) { ys[i] = xs[i]*scale + shift })
+		}
+	})
+	done()
+}
+
+// BatchNormBackward computes
+//
+//	dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·invstd/M · (M·dy − dβ − x̂·dγ)
+//
+// with x̂ = (x − mean)·invstd and M = N·HW.
+func (c *Backend) BatchNormBackward(p kernels.BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta kernels.Buf) {
+	checkBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
+	checkLen("batch norm backward", x.N, dy, dx)
+	xs, dys, gs, sm, sis := in(x), in(dy), in(gamma), f32s(saveMean), f32s(saveInvStd)
+	dxs, doneX := out(dx)
+	dgs, doneG := out(dgamma)
+	dbs, doneB := out(dbeta)
+	m := float64(p.N * p.HW)
+	parallel(p.C, 1, func(lo, hi int) {
+		for ch := lo; ch < hi; ch++ {
+			mean, invStd := float64(sm[ch]), float64(sis[ch])
+			var db, dg float64
+			forChannel(p, ch, func(i int) {
+				g := float64(dys[i])
+				db += g
+				dg += g * (float64(xs[i]) - mean) * invStd
+			})
+			dbs[ch], dgs[ch] = float32(db), float32(dg)
+			k := float64(gs[ch]) * invStd / m
+			forChannel(p, ch, func(i int) {
+				xhat := (float64(xs[i]) - mean) * invStd
+				dxs[i] = float32(k * (m*float64(dys[i]) - db - xhat*dg))
+			})
+		}
+	})
+	doneX()
+	doneG()
+	doneB()
+}

@@ -1,0 +1,82 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+func checkReduction(op string, r kernels.Reduction, x, dst kernels.Buf) {
+	if r.Outer <= 0 || r.Len <= 0 || r.Inner <= 0 {
+		panic(fmt.Sprintf("cpu: %s: invalid reduction %+v", op, r))
+	}
+	checkLen(op+" input", r.Outer*r.Len*r.Inner, x)
+	checkLen(op+" output", r.Outer*r.Inner, dst)
+}
+
+// Reduce reduces x along the middle axis of r. Sums accumulate in float64.
+func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
+	checkReduction("reduce "+op.String(), r, x, dst)
+	xs := in(x)
+	ys, done := out(dst)
+	parallel(r.Outer*r.Inner, max(1, elemGrain/r.Len), func(lo, hi int) {
+		for o := lo; o < hi; o++ {
+			base := o/r.Inner*r.Len*r.Inner + o%r.Inner
+			switch op {
+			case kernels.Sum, kernels.Mean:
+				var s float64
+				for j := 0; j < r.Len; j++ {
+					s += float64(xs[base+j*r.Inner])
+				}
+				if op == kernels.Mean {
+					s /= float64(r.Len)
+				}
+				ys[o] = float32(s)
+			case kernels.Max:
+				m := float32(math.Inf(-1))
+				for j := 0; j < r.Len; j++ {
+					m = max(m, xs[base+j*r.Inner])
+				}
+				ys[o] = m
+			default:
+				panic(fmt.Sprintf("cpu: unknown reduction %v", op))
+			}
+		}
+	})
+	done()
+}
+
+// ReduceMaxBackward routes dy to every element equal to its row's maximum.
+func (c *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reduction) {
+	checkReduction("reduce max backward", r, x, dy)
+	checkLen("reduce max backward", x.N, dx)
+	checkLen("reduce max backward", dy.N, y)
+	xs, ys, dys := in(x), in(y), in(dy)
+	dxs, done := out(dx)
+	for i := range dxs {
+		o := i/(r.Len*r.Inner)*r.Inner + i%r.Inner
+		if xs[i] == ys[o] {
+			dxs[i] = dys[o]
+		} else {
+			dxs[i] = 0
+		}
+	}
+	done()
+}
+
+// ArgMax writes the index of the first maximum along the middle axis.
+func (c *Backend) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
+	checkReduction("argmax", r, x, dst)
+	xs, d := in(x), i32s(dst)
+	for o := range d {
+		base := o/r.Inner*r.Len*r.Inner + o%r.Inner
+		best, bi := float32(math.Inf(-1)), 0
+		for j := 0; j < r.Len; j++ {
+			if v := xs[base+j*r.Inner]; v > best {
+				best, bi = v, j
+			}
+		}
+		d[o] = int32(bi)
+	}
+}

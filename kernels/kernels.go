@@ -1,0 +1,349 @@
+// Package kernels is the seam between tensors and the hardware: one Backend
+// interface through which every operation of leangrad runs, with a CPU
+// implementation (package kernels/cpu, Go and gonum) and a CUDA one (package
+// kernels/cuda, NVRTC-compiled kernels and cuBLAS).
+//
+// A Backend works on Bufs: typed, contiguous, row-major views of memory
+// blocks from the backend's caching allocator. Shapes travel as plain
+// integers in parameter structs (GemmParams, ConvParams, ...), so the model
+// code above never knows which backend runs. Backends may run asynchronously
+// (the CUDA one queues work on its stream); Read and Synchronize wait.
+//
+// Argument errors in the parameter structs are programmer errors: backends
+// panic with a message naming the operation and the sizes involved.
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/memory"
+)
+
+// DType is an element type.
+type DType uint8
+
+// The element types. F16 is IEEE 754 binary16, stored as half and computed in
+// float32; I32 holds labels and indices.
+const (
+	F32 DType = iota + 1
+	F16
+	I32
+)
+
+// Size is the size of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case F32, I32:
+		return 4
+	case F16:
+		return 2
+	}
+	panic(fmt.Sprintf("kernels: unknown dtype %d", d))
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("dtype(%d)", d)
+}
+
+// Buf is a typed view of N contiguous elements starting Off bytes into a block.
+type Buf struct {
+	Block *memory.Block
+	Off   int64
+	N     int
+	DType DType
+}
+
+// Bytes is the view's length in bytes.
+func (b Buf) Bytes() int64 { return int64(b.N) * int64(b.DType.Size()) }
+
+// Valid reports whether b refers to memory.
+func (b Buf) Valid() bool { return b.Block != nil }
+
+// UnaryOp is an elementwise function of one argument.
+type UnaryOp uint8
+
+// The unary operations. Each has a backward (UnaryBackward) that uses the
+// forward's input x, its output y, or neither.
+const (
+	Neg     UnaryOp = iota + 1 // -x
+	Exp                        // e^x
+	Log                        // ln x
+	Sqrt                       // √x
+	Abs                        // |x|
+	Square                     // x²
+	ReLU                       // max(x, 0)
+	Sigmoid                    // 1/(1+e^-x)
+	Tanh                       // tanh x
+	Recip                      // 1/x
+)
+
+var unaryNames = [...]string{Neg: "neg", Exp: "exp", Log: "log", Sqrt: "sqrt", Abs: "abs",
+	Square: "square", ReLU: "relu", Sigmoid: "sigmoid", Tanh: "tanh", Recip: "recip"}
+
+func (op UnaryOp) String() string {
+	if int(op) < len(unaryNames) && unaryNames[op] != "" {
+		return unaryNames[op]
+	}
+	return fmt.Sprintf("unary(%d)", op)
+}
+
+// BackwardUsesInput reports whether op's derivative is computed from the
+// forward's input x; otherwise it comes from the output y (or from neither).
+func (op UnaryOp) BackwardUsesInput() bool {
+	switch op {
+	case Log, Abs, Square:
+		return true
+	}
+	return false
+}
+
+// BinaryOp is an elementwise function of two arguments, with broadcasting.
+type BinaryOp uint8
+
+// The binary operations.
+const (
+	Add BinaryOp = iota + 1
+	Sub
+	Mul
+	Div
+)
+
+func (op BinaryOp) String() string {
+	switch op {
+	case Add:
+		return "add"
+	case Sub:
+		return "sub"
+	case Mul:
+		return "mul"
+	case Div:
+		return "div"
+	}
+	return fmt.Sprintf("binary(%d)", op)
+}
+
+// ReduceOp is a reduction along one axis.
+type ReduceOp uint8
+
+// The reductions.
+const (
+	Sum ReduceOp = iota + 1
+	Mean
+	Max
+)
+
+func (op ReduceOp) String() string {
+	switch op {
+	case Sum:
+		return "sum"
+	case Mean:
+		return "mean"
+	case Max:
+		return "max"
+	}
+	return fmt.Sprintf("reduce(%d)", op)
+}
+
+// Reduction describes x as an (Outer, Len, Inner) array reduced along its
+// middle axis to an (Outer, Inner) result.
+type Reduction struct{ Outer, Len, Inner int }
+
+// GemmParams describes C = Alpha·op(A)·op(B) + Beta·C for row-major matrices,
+// op(A) being M×K and op(B) K×N. A is stored M×K, or K×M when TransA; B is
+// stored K×N, or N×K when TransB. With Batch > 1 the product is repeated for
+// Batch matrices StrideA, StrideB, StrideC elements apart (a stride of 0
+// reuses one matrix). A and B share a dtype (F32 or F16); C is F32 or F16;
+// accumulation is in float32.
+type GemmParams struct {
+	TransA, TransB            bool
+	M, N, K                   int
+	Alpha, Beta               float32
+	Batch                     int
+	StrideA, StrideB, StrideC int
+}
+
+// ConvParams describes a 2-D convolution (cross-correlation, as in every deep
+// learning framework) of an N×C×H×W input with K filters of C×R×S, with
+// zero padding and stride. There is no bias: add one with Binary.
+type ConvParams struct {
+	N, C, H, W       int
+	K, R, S          int
+	StrideH, StrideW int
+	PadH, PadW       int
+}
+
+// OutH is the output height.
+func (p ConvParams) OutH() int { return (p.H+2*p.PadH-p.R)/p.StrideH + 1 }
+
+// OutW is the output width.
+func (p ConvParams) OutW() int { return (p.W+2*p.PadW-p.S)/p.StrideW + 1 }
+
+// Validate panics unless the parameters describe a convolution with a
+// non-empty output.
+func (p ConvParams) Validate() {
+	if p.N <= 0 || p.C <= 0 || p.H <= 0 || p.W <= 0 || p.K <= 0 || p.R <= 0 || p.S <= 0 ||
+		p.StrideH <= 0 || p.StrideW <= 0 || p.PadH < 0 || p.PadW < 0 || p.OutH() <= 0 || p.OutW() <= 0 {
+		panic(fmt.Sprintf("kernels: invalid convolution %+v", p))
+	}
+}
+
+// PoolParams describes 2-D max or average pooling of an N×C×H×W input with a
+// KH×KW window, stride and zero padding. Average pooling counts the padding
+// in its divisor (PyTorch's count_include_pad=True); max pooling ignores it.
+type PoolParams struct {
+	N, C, H, W int
+	KH, KW     int
+	SH, SW     int
+	PH, PW     int
+}
+
+// OutH is the output height.
+func (p PoolParams) OutH() int { return (p.H+2*p.PH-p.KH)/p.SH + 1 }
+
+// OutW is the output width.
+func (p PoolParams) OutW() int { return (p.W+2*p.PW-p.KW)/p.SW + 1 }
+
+// Validate panics unless the parameters describe a pooling with a non-empty
+// output whose windows each hold at least one input element.
+func (p PoolParams) Validate() {
+	if p.N <= 0 || p.C <= 0 || p.H <= 0 || p.W <= 0 || p.KH <= 0 || p.KW <= 0 || p.SH <= 0 || p.SW <= 0 ||
+		p.PH < 0 || p.PW < 0 || 2*p.PH > p.KH || 2*p.PW > p.KW || p.OutH() <= 0 || p.OutW() <= 0 {
+		panic(fmt.Sprintf("kernels: invalid pooling %+v", p))
+	}
+}
+
+// BNParams describes batch normalisation of an N×C×HW input over its N and
+// HW axes, per channel. Momentum weights the new batch statistics in the
+// running averages, as in PyTorch; the running variance is unbiased.
+type BNParams struct {
+	N, C, HW int
+	Eps      float32
+	Momentum float32
+}
+
+// Philox is the state of a counter-based Philox4x32-10 generator: a key and
+// a position in its stream. Random operations take it by value, so that the
+// same state always yields the same numbers, on every backend.
+type Philox struct {
+	Seed   uint64
+	Offset uint64 // in blocks of four 32-bit words
+}
+
+// SGDParams are the hyper-parameters of one SGD step, as in torch.optim.SGD.
+// With FirstStep, momentum buffers are initialised to the gradient.
+type SGDParams struct {
+	LR, Momentum, Dampening, WeightDecay float32
+	Nesterov                             bool
+	FirstStep                            bool
+}
+
+// AdamWParams are the hyper-parameters of one AdamW step, as in
+// torch.optim.AdamW; Step counts from 1 and drives the bias correction.
+type AdamWParams struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	Step                               int
+}
+
+// Backend runs operations on one device. Output Bufs are written, never read,
+// unless documented otherwise; dtypes are F32 or F16 for data (mixed freely,
+// computed in float32) and I32 for labels.
+type Backend interface {
+	// Name is the device name: "cpu", "cuda:0".
+	Name() string
+	// Allocator is the device's caching allocator, from which Bufs come.
+	Allocator() *memory.Allocator
+	// Stream is the stream this backend's work runs on and its blocks are tied to.
+	Stream() memory.Stream
+	// Synchronize waits for all queued work and returns any error it raised.
+	Synchronize() error
+
+	// Write copies host bytes, in dst's dtype, into dst.
+	Write(dst Buf, src []byte)
+	// Read waits for queued work and copies src into host bytes.
+	Read(dst []byte, src Buf)
+	// Copy copies src into dst; both have the same dtype and length.
+	Copy(dst, src Buf)
+	// Fill sets every element of dst to v.
+	Fill(dst Buf, v float32)
+	// Cast converts src into dst's dtype, rounding to nearest even.
+	Cast(dst, src Buf)
+
+	// Unary computes dst = op(x).
+	Unary(op UnaryOp, dst, x Buf)
+	// UnaryBackward computes dx = dy·op'(x), from x or the forward output y.
+	UnaryBackward(op UnaryOp, dx, dy, x, y Buf)
+	// Affine computes dst = alpha·x + beta.
+	Affine(dst, x Buf, alpha, beta float32)
+	// Binary computes dst = a op b, broadcasting as bc says.
+	Binary(op BinaryOp, dst, a, b Buf, bc Broadcast)
+
+	// Reduce reduces x along the middle axis of r into dst (r.Outer·r.Inner elements).
+	Reduce(op ReduceOp, dst, x Buf, r Reduction)
+	// ReduceMaxBackward routes dy to the elements of x equal to their maximum y.
+	ReduceMaxBackward(dx, dy, x, y Buf, r Reduction)
+	// ArgMax writes, as I32, the index along the middle axis of each maximum (the first on ties).
+	ArgMax(dst, x Buf, r Reduction)
+
+	// Gemm computes a (batched) matrix product; see GemmParams. C is read when Beta != 0.
+	Gemm(p GemmParams, a, b, c Buf)
+
+	// Conv2d computes y (N×K×OH×OW) from x (N×C×H×W) and w (K×C×R×S).
+	Conv2d(p ConvParams, x, w, y Buf)
+	// Conv2dBackwardData computes dx from dy and w.
+	Conv2dBackwardData(p ConvParams, dy, w, dx Buf)
+	// Conv2dBackwardFilter computes dw from x and dy.
+	Conv2dBackwardFilter(p ConvParams, x, dy, dw Buf)
+
+	// BatchNormTrain normalises x with its batch statistics, writes them to
+	// saveMean and saveInvStd (F32, C each) and updates runMean and runVar in place.
+	BatchNormTrain(p BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd Buf)
+	// BatchNormEval normalises x with the running statistics.
+	BatchNormEval(p BNParams, x, gamma, beta, runMean, runVar, y Buf)
+	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain.
+	BatchNormBackward(p BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta Buf)
+
+	// MaxPool2d computes y from x.
+	MaxPool2d(p PoolParams, x, y Buf)
+	// MaxPool2dBackward routes dy to the maximum of each window of x (the first on ties).
+	MaxPool2dBackward(p PoolParams, x, dy, dx Buf)
+	// AvgPool2d computes y from x.
+	AvgPool2d(p PoolParams, x, y Buf)
+	// AvgPool2dBackward computes dx from dy.
+	AvgPool2dBackward(p PoolParams, dy, dx Buf)
+
+	// CrossEntropy computes, for logits (n×k) and I32 labels (n), the mean
+	// over rows of -log softmax(logits)[label] into loss (F32, 1), and each
+	// row's log-sum-exp into lse (F32, n) for the backward.
+	CrossEntropy(logits, labels, lse, loss Buf, n, k int)
+	// CrossEntropyBackward computes dlogits = (softmax(logits) - onehot(labels))·dloss/n,
+	// dloss being the F32 gradient of the mean loss, read on the device.
+	CrossEntropyBackward(logits, labels, lse, dloss, dlogits Buf, n, k int)
+
+	// Uniform fills dst with numbers uniform in [lo, hi) drawn from g.
+	Uniform(dst Buf, lo, hi float32, g Philox)
+	// Normal fills dst with normal numbers drawn from g.
+	Normal(dst Buf, mean, std float32, g Philox)
+	// Dropout computes dst = x·mask/(1-p), the mask keeping each element with
+	// probability 1-p, drawn from g. The same g gives the same mask, which is
+	// how the backward (and a checkpoint's recompute) reproduce it.
+	Dropout(dst, x Buf, p float32, g Philox)
+
+	// SGD updates params in place (and their momentum buffers, when Momentum != 0).
+	SGD(p SGDParams, params, grads, moms []Buf)
+	// AdamW updates params and their moment estimates in place.
+	AdamW(p AdamWParams, params, grads, m, v []Buf)
+	// UnscaleCheck multiplies every grad by invScale in place and sets found
+	// (F32, 1 element, not cleared) to 1 if any value is infinite or NaN.
+	UnscaleCheck(grads []Buf, invScale float32, found Buf)
+}
+
+// DivUp is ⌈a/b⌉ for positive b.
+func DivUp(a, b int) int { return (a + b - 1) / b }

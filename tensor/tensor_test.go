@@ -1,0 +1,307 @@
+package tensor
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/leangrad/leangrad/memory"
+	"github.com/x448/float16"
+)
+
+// newTestDevice returns a CPU device with a pool of its own, so that tests
+// can assert exact pool statistics.
+func newTestDevice() *Device {
+	return NewDevice(cpuBackend(memory.New(memory.NewHeapSource(), memory.Config{Device: "cpu"})))
+}
+
+func allocated(d *Device) int64 { return d.Allocator().Stats().Allocated[memory.All].Current }
+
+func mustPanic(t *testing.T, want string, f func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		r := recover()
+		if r == nil {
+			t.Fatalf("no panic; want one containing %q", want)
+		}
+		if msg, _ := r.(string); !strings.Contains(msg, want) {
+			t.Fatalf("panic %v; want one containing %q", r, want)
+		}
+	}()
+	f()
+}
+
+func TestRefcountReturnsMemoryAtLastRelease(t *testing.T) {
+	d := newTestDevice()
+	x := Zeros(d, F32, 3, 100)
+	if got := allocated(d); got != 1536 {
+		t.Fatalf("allocated %d, want 1536 (1200 rounded up to 512)", got)
+	}
+	x.Retain()
+	x.Release()
+	if allocated(d) == 0 {
+		t.Fatal("memory returned while a reference remained")
+	}
+	v := x.View(300)
+	x.Release()
+	if allocated(d) != 1536 {
+		t.Fatal("memory returned while a view remained")
+	}
+	if got := v.Float32s(); len(got) != 300 || got[299] != 0 {
+		t.Fatalf("view reads %d values", len(got))
+	}
+	v.Release()
+	if got := allocated(d); got != 0 {
+		t.Fatalf("allocated %d after the last release", got)
+	}
+}
+
+func TestUseAfterReleasePanics(t *testing.T) {
+	d := newTestDevice()
+	SetDebug(true)
+	defer SetDebug(false)
+	x := Zeros(d, F16, 2, 3)
+	x.Release()
+	mustPanic(t, "Release of an already released f16 [2 3] tensor on cpu created at", x.Release)
+	mustPanic(t, "use of a released f16 [2 3] tensor on cpu created at github.com/leangrad/leangrad/tensor.TestUseAfterReleasePanics", func() { x.Buf() })
+	SetDebug(false)
+	y := Zeros(d, F32, 4)
+	y.Release()
+	mustPanic(t, "creation site unknown", func() { y.Float32s() })
+}
+
+func TestShapesAndViews(t *testing.T) {
+	d := newTestDevice()
+	WithScope(func() {
+		x := FromFloat32(d, []float32{1, 2, 3, 4, 5, 6}, 2, 3)
+		if x.NDim() != 2 || x.Dim(-1) != 3 || x.Numel() != 6 || x.Bytes() != 24 {
+			t.Errorf("shape accessors: %v", x)
+		}
+		v := x.View(3, -1)
+		if s := v.Shape(); s[0] != 3 || s[1] != 2 || v.Block() != x.Block() {
+			t.Errorf("view %v does not share storage", s)
+		}
+		mustPanic(t, "cannot reshape 6 elements to [4 -1]", func() { x.View(4, -1) })
+		mustPanic(t, "6 values for shape [4]", func() { FromFloat32(d, make([]float32, 6), 4) })
+		c := x.Clone()
+		if c.Block() == x.Block() || c.Float32s()[5] != 6 {
+			t.Error("clone shares storage or lost data")
+		}
+		if got := FromInt32(d, []int32{7, -8}, 2).Int32s(); got[1] != -8 {
+			t.Errorf("int32 round trip: %v", got)
+		}
+		if got := Full(d, F32, 2.5, 1).Item(); got != 2.5 {
+			t.Errorf("Item = %v", got)
+		}
+	})
+	if allocated(d) != 0 {
+		t.Errorf("scope left %d bytes allocated", allocated(d))
+	}
+}
+
+func TestScopes(t *testing.T) {
+	d := newTestDevice()
+	var kept, escaped *Tensor
+	outer := NewScope()
+	WithScope(func() {
+		a := Zeros(d, F32, 10)
+		kept = Zeros(d, F32, 20).Keep()
+		inner := NewScope()
+		escaped = Ones(d, F32, 30)
+		inner.Escape(escaped) // to the scope around inner, the WithScope one
+		inner.Close()
+		if escaped.Released() {
+			t.Fatal("escaped tensor released by its own scope")
+		}
+		a.Release() // released early: the scope must not release it again
+	})
+	if !escaped.Released() {
+		t.Error("escaped tensor outlived the scope it escaped to")
+	}
+	if kept.Released() {
+		t.Error("kept tensor released by the scope")
+	}
+	mustPanic(t, "scope closed twice", func() {
+		s := NewScope()
+		s.Close()
+		s.Close()
+	})
+	mustPanic(t, "inner scope is still open", func() {
+		s1 := NewScope()
+		NewScope()
+		s1.Close()
+	})
+	// Restore the stack the failed Close left behind.
+	for current != outer {
+		current = current.parent
+	}
+	outer.Close()
+	kept.Release()
+	if allocated(d) != 0 {
+		t.Errorf("%d bytes left allocated", allocated(d))
+	}
+}
+
+func TestFinalizerCatchesLeaks(t *testing.T) {
+	d := newTestDevice()
+	SetDebug(true)
+	defer SetDebug(false)
+	before := Leaks()
+	func() {
+		leaked := Zeros(d, F32, 1000)
+		_ = leaked
+	}()
+	live := LiveTensors()
+	found := false
+	for _, lt := range live {
+		if lt.Bytes == 4000 && strings.Contains(lt.Site, "TestFinalizerCatchesLeaks") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("LiveTensors does not name the creation site: %+v", live)
+	}
+	if !strings.Contains(LiveReport(), "TestFinalizerCatchesLeaks") {
+		t.Errorf("LiveReport does not name the creation site:\n%s", LiveReport())
+	}
+	for i := 0; i < 20 && Leaks() == before; i++ {
+		CollectLeaks()
+	}
+	if Leaks() != before+1 {
+		t.Fatalf("leaks = %d, want %d", Leaks(), before+1)
+	}
+	if got := allocated(d); got != 0 {
+		t.Errorf("leaked tensor's memory not returned: %d bytes allocated", got)
+	}
+}
+
+// TestF16RoundTrip checks the casts against IEEE 754: every binary16 value
+// converts to float32 exactly and back to the same bits; float32 values
+// round to nearest even.
+func TestF16RoundTrip(t *testing.T) {
+	d := newTestDevice()
+	WithScope(func() {
+		raw := make([]byte, 2*65536)
+		for i := 0; i < 65536; i++ {
+			raw[2*i], raw[2*i+1] = byte(i), byte(i>>8)
+		}
+		h := FromBytes(d, F16, raw, 65536)
+		f := Empty(d, F32, 65536)
+		d.Backend().Cast(f.Buf(), h.Buf())
+		vals := f.Float32s()
+		for i, v := range vals {
+			want := float16.Frombits(uint16(i)).Float32()
+			if math.Float32bits(v) != math.Float32bits(want) && !(math.IsNaN(float64(v)) && math.IsNaN(float64(want))) {
+				t.Fatalf("f16 %#04x -> f32 %v, want %v", i, v, want)
+			}
+		}
+		back := Empty(d, F16, 65536)
+		d.Backend().Cast(back.Buf(), f.Buf())
+		braw := back.Raw()
+		for i := 0; i < 65536; i++ {
+			got := uint16(braw[2*i]) | uint16(braw[2*i+1])<<8
+			if got != uint16(i) && !float16.Frombits(uint16(i)).IsNaN() {
+				t.Fatalf("f16 %#04x -> f32 -> f16 %#04x", i, got)
+			}
+		}
+		// Rounding of float32 values: halfway cases go to even, overflow to inf,
+		// tiny values to subnormals or zero.
+		cases := []struct {
+			in   float32
+			want uint16
+		}{
+			{1, 0x3c00}, {-2, 0xc000}, {65504, 0x7bff}, {65520, 0x7c00}, {1e6, 0x7c00},
+			{1 + 1.0/2048, 0x3c00},         // halfway between 1 and the next half: to even (1)
+			{1 + 3.0/2048, 0x3c02},         // halfway between two: to even
+			{5.960464477539063e-8, 0x0001}, // smallest subnormal
+			{2.9802322387695312e-8, 0},     // half the smallest subnormal: to even (0)
+			{float32(math.Inf(-1)), 0xfc00},
+		}
+		in := make([]float32, len(cases))
+		for i, c := range cases {
+			in[i] = c.in
+		}
+		src := FromFloat32(d, in, len(in))
+		dst := Empty(d, F16, len(in))
+		d.Backend().Cast(dst.Buf(), src.Buf())
+		r := dst.Raw()
+		for i, c := range cases {
+			if got := uint16(r[2*i]) | uint16(r[2*i+1])<<8; got != c.want {
+				t.Errorf("f32 %v -> f16 %#04x, want %#04x", c.in, got, c.want)
+			}
+		}
+		// Random float32s agree with x448/float16's round-to-nearest-even.
+		rng := rand.New(rand.NewPCG(3, 4))
+		rv := make([]float32, 10000)
+		for i := range rv {
+			rv[i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(12)-6)))
+		}
+		rs := FromFloat32(d, rv, len(rv))
+		rd := Empty(d, F16, len(rv))
+		d.Backend().Cast(rd.Buf(), rs.Buf())
+		rr := rd.Raw()
+		for i, v := range rv {
+			if got, want := uint16(rr[2*i])|uint16(rr[2*i+1])<<8, float16.Fromfloat32(v).Bits(); got != want {
+				t.Fatalf("f32 %v -> f16 %#04x, want %#04x", v, got, want)
+			}
+		}
+	})
+}
+
+func TestGeneratorReplays(t *testing.T) {
+	d := newTestDevice()
+	WithScope(func() {
+		d.Generator().Seed(5)
+		st := d.Generator().State()
+		a := Rand(d, F32, -1, 1, 37).Float32s()
+		b := Randn(d, F32, 0, 1, 37).Float32s()
+		if d.Generator().State().Offset != 2*10 {
+			t.Errorf("offset %d after two 37-element draws, want 20", d.Generator().State().Offset)
+		}
+		d.Generator().SetState(st)
+		a2 := Rand(d, F32, -1, 1, 37).Float32s()
+		b2 := Randn(d, F32, 0, 1, 37).Float32s()
+		for i := range a {
+			if a[i] != a2[i] || b[i] != b2[i] {
+				t.Fatalf("replay differs at %d", i)
+			}
+			if a[i] < -1 || a[i] >= 1 {
+				t.Fatalf("uniform %v outside [-1, 1)", a[i])
+			}
+		}
+		c := Rand(d, F32, -1, 1, 37).Float32s()
+		if c[0] == a[0] && c[1] == a[1] {
+			t.Error("generator did not advance")
+		}
+	})
+}
+
+func TestToDevice(t *testing.T) {
+	d1, d2 := newTestDevice(), newTestDevice()
+	WithScope(func() {
+		x := FromFloat32(d1, []float32{1, 2, 3}, 3)
+		y := x.To(d2)
+		if y.Device() != d2 || y.Float32s()[2] != 3 {
+			t.Errorf("To: %v %v", y, y.Float32s())
+		}
+		if allocated(d2) == 0 {
+			t.Error("copy not allocated on the target device")
+		}
+	})
+}
+
+func TestTryEmptyReturnsOOM(t *testing.T) {
+	a := memory.New(memory.Limit(memory.NewHeapSource(), 4<<20), memory.Config{Device: "cpu"})
+	d := NewDevice(cpuBackend(a))
+	if _, err := TryEmpty(d, F32, 2<<20); err == nil || !strings.Contains(err.Error(), "Tried to allocate 8.00 MiB") {
+		t.Errorf("TryEmpty over capacity: %v", err)
+	}
+	defer func() {
+		if _, ok := recover().(*memory.OOMError); !ok {
+			t.Error("Empty over capacity did not panic with *memory.OOMError")
+		}
+	}()
+	Empty(d, F32, 2<<20)
+}
