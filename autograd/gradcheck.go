@@ -69,8 +69,8 @@ func GradCheck(f func(inputs []*T) *T, inputs []*T, opt GradCheckOptions) error 
 		return l
 	}
 	var worst struct {
-		excess           float64
-		input, elem      int
+		excess            float64
+		input, elem       int
 		analytic, numeric float64
 	}
 	for i, x := range inputs {

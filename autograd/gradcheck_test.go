@@ -78,8 +78,10 @@ func unaryCase(name string, gen func(*rand.Rand) float32, f func(*tensor.Tensor)
 
 func binaryCase(name string, a, b []int, gen func(*rand.Rand) float32, f func(x, y *tensor.Tensor) *tensor.Tensor) gradCase {
 	return gradCase{name: fmt.Sprintf("%s%v%v", name, a, b),
-		inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, a...), param(r, gen, b...)} },
-		f:      func(in []*tensor.Tensor) *tensor.Tensor { return f(in[0], in[1]) }}
+		inputs: func(r *rand.Rand) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, a...), param(r, gen, b...)}
+		},
+		f: func(in []*tensor.Tensor) *tensor.Tensor { return f(in[0], in[1]) }}
 }
 
 func convCase(n, c, h, w, k, r, stride, pad int, bias bool) gradCase {

@@ -1,0 +1,259 @@
+package autograd_test
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+func allocated(d *tensor.Device) int64 { return d.Allocator().Stats().Allocated[memory.All].Current }
+
+// blockBytes is the pool bytes held by the distinct storages of ts.
+func blockBytes(ts ...*tensor.Tensor) int64 {
+	seen := map[*memory.Block]bool{}
+	var n int64
+	for _, t := range ts {
+		if t == nil || seen[t.Block()] {
+			continue
+		}
+		seen[t.Block()] = true
+		n += t.Block().Size()
+	}
+	return n
+}
+
+func expectPanic(t *testing.T, want string, f func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		r := recover()
+		if r == nil {
+			t.Fatalf("no panic; want %q", want)
+		}
+		if msg, _ := r.(string); !strings.Contains(msg, want) {
+			t.Fatalf("panic %v; want %q", r, want)
+		}
+	}()
+	f()
+}
+
+// smallConvNet is a conv net written out op by op, releasing each
+// intermediate as soon as the next operation has consumed it, the way nn's
+// containers do.
+type smallConvNet struct {
+	w1, g1, b1, rm1, rv1, w2, b2, lw, lb *tensor.Tensor
+}
+
+func newSmallConvNet(dev *tensor.Device, seed uint64) *smallConvNet {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	p := func(gen func(*rand.Rand) float32, shape ...int) *tensor.Tensor { return param(rng, gen, shape...) }
+	n := &smallConvNet{
+		w1: p(normal, 6, 1, 3, 3), g1: p(positive, 6), b1: p(normal, 6),
+		w2: p(normal, 8, 6, 3, 3), b2: p(normal, 8),
+		lw: p(normal, 10, 8), lb: p(normal, 10),
+	}
+	n.rm1 = tensor.Zeros(dev, tensor.F32, 6).Keep()
+	n.rv1 = tensor.Ones(dev, tensor.F32, 6).Keep()
+	return n
+}
+
+func (n *smallConvNet) params() []*tensor.Tensor {
+	return []*tensor.Tensor{n.w1, n.g1, n.b1, n.w2, n.b2, n.lw, n.lb}
+}
+
+func (n *smallConvNet) state() []*tensor.Tensor { return append(n.params(), n.rm1, n.rv1) }
+
+func (n *smallConvNet) forward(x *tensor.Tensor) *tensor.Tensor {
+	chain := func(h *tensor.Tensor, f func(*tensor.Tensor) *tensor.Tensor) *tensor.Tensor {
+		out := f(h)
+		h.Release()
+		return out
+	}
+	h := ag.Conv2d(x, n.w1, nil, 1, 1)
+	h = chain(h, func(h *tensor.Tensor) *tensor.Tensor {
+		return ag.BatchNorm2d(h, n.g1, n.b1, n.rm1, n.rv1, true, 0.1, 1e-5)
+	})
+	h = chain(h, ag.ReLU)
+	h = chain(h, func(h *tensor.Tensor) *tensor.Tensor { return ag.MaxPool2d(h, 2, 2, 0) })
+	h = chain(h, func(h *tensor.Tensor) *tensor.Tensor { return ag.Conv2d(h, n.w2, n.b2, 2, 1) })
+	h = chain(h, ag.ReLU)
+	h = chain(h, ag.GlobalAvgPool)
+	h = chain(h, func(h *tensor.Tensor) *tensor.Tensor { return ag.Linear(h, n.lw, n.lb) })
+	return h
+}
+
+// TestStepMemory is the memory contract of one training step: after Backward
+// only the parameters, their gradients and what the caller still holds are
+// allocated; after the step's scope, parameters and gradients exactly; after
+// releasing the gradients, parameters alone; and 200 steps later, no growth.
+func TestStepMemory(t *testing.T) {
+	dev := testDevice()
+	net := newSmallConvNet(dev, 1)
+	defer func() {
+		for _, p := range net.state() {
+			p.Release()
+		}
+	}()
+	paramBytes := blockBytes(net.state()...)
+	if got := allocated(dev); got < paramBytes {
+		t.Fatalf("allocated %d < parameter bytes %d", got, paramBytes)
+	}
+	base := allocated(dev) - paramBytes // whatever other tests left alive on the shared device
+	rng := rand.New(rand.NewPCG(9, 9))
+	var afterStep []int64
+	var peaks []int64
+	for step := 0; step < 200; step++ {
+		dev.Allocator().ResetPeak()
+		tensor.WithScope(func() {
+			x := tensor.Randn(dev, tensor.F32, 0, 1, 8, 1, 12, 12)
+			lv := make([]int32, 8)
+			for i := range lv {
+				lv[i] = int32(rng.IntN(10))
+			}
+			y := tensor.FromInt32(dev, lv, 8)
+			logits := net.forward(x)
+			loss := ag.CrossEntropy(logits, y)
+			ag.Backward(loss)
+			if step == 0 {
+				grads := make([]*tensor.Tensor, 0)
+				for _, p := range net.params() {
+					if p.Grad() == nil {
+						t.Fatalf("parameter %v has no gradient", p.Shape())
+					}
+					grads = append(grads, p.Grad())
+				}
+				want := base + paramBytes + blockBytes(grads...) + blockBytes(x, y, logits, loss)
+				if got := allocated(dev); got != want {
+					t.Errorf("after Backward: allocated %d, want %d (parameters, gradients, input, labels, logits, loss)", got, want)
+				}
+			}
+		})
+		var grads []*tensor.Tensor
+		for _, p := range net.params() {
+			grads = append(grads, p.Grad())
+		}
+		if got, want := allocated(dev), base+paramBytes+blockBytes(grads...); got != want {
+			t.Fatalf("step %d: after the step's scope: allocated %d, want parameters + gradients = %d", step, got, want)
+		}
+		for _, p := range net.params() {
+			p.ZeroGrad()
+		}
+		if got, want := allocated(dev), base+paramBytes; got != want {
+			t.Fatalf("step %d: after releasing gradients: allocated %d, want parameters alone = %d", step, got, want)
+		}
+		afterStep = append(afterStep, allocated(dev))
+		peaks = append(peaks, dev.Allocator().Stats().Allocated[memory.All].Peak)
+	}
+	for i := 2; i < len(afterStep); i++ {
+		if afterStep[i] != afterStep[1] {
+			t.Fatalf("allocated after step %d is %d, after step 1 %d: memory grows", i, afterStep[i], afterStep[1])
+		}
+		if peaks[i] != peaks[1] {
+			t.Fatalf("peak of step %d is %d, of step 1 %d", i, peaks[i], peaks[1])
+		}
+	}
+}
+
+func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) {
+	dev := testDevice()
+	rng := rand.New(rand.NewPCG(1, 1))
+	w := param(rng, normal, 4, 4)
+	defer w.Release()
+	base := allocated(dev)
+	tensor.WithScope(func() {
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 3, 4)
+		h := ag.Tanh(ag.MatMul(x, w))
+		loss := ag.SumAll(ag.Square(h))
+		held := allocated(dev)
+		ag.Backward(loss)
+		// The saved tensors were aliases of tensors this scope still holds:
+		// what is new is the gradient of w alone.
+		if got, want := allocated(dev), held+blockBytes(w.Grad()); got != want {
+			t.Errorf("after Backward: %d allocated, want %d", got, want)
+		}
+		expectPanic(t, "already freed", func() { ag.Backward(loss) })
+	})
+	w.ZeroGrad()
+	if got := allocated(dev); got != base {
+		t.Errorf("after the scope: %d allocated, want %d", got, base)
+	}
+}
+
+func TestRetainGraphAccumulates(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 1))
+	w := param(rng, normal, 5)
+	defer w.Release()
+	tensor.WithScope(func() {
+		loss := ag.SumAll(ag.Mul(w, w))
+		ag.Backward(loss, ag.RetainGraph())
+		first := w.Grad().Float32s()
+		ag.Backward(loss)
+		second := w.Grad().Float32s()
+		wv := w.Float32s()
+		for i := range wv {
+			if first[i] != 2*wv[i] || second[i] != 4*wv[i] {
+				t.Fatalf("element %d: grads %v then %v, want %v then %v", i, first[i], second[i], 2*wv[i], 4*wv[i])
+			}
+		}
+	})
+	w.ZeroGrad()
+}
+
+func TestDroppedGraphFreesSavedTensors(t *testing.T) {
+	dev := testDevice()
+	rng := rand.New(rand.NewPCG(3, 1))
+	w := param(rng, normal, 64, 64)
+	defer w.Release()
+	base := allocated(dev)
+	x := tensor.Randn(dev, tensor.F32, 0, 1, 32, 64).Keep()
+	h1 := ag.MatMul(x, w).Keep()
+	h2 := ag.Tanh(h1).Keep()
+	y := ag.Exp(h2).Keep()
+	x.Release()
+	h1.Release()
+	h2.Release()
+	if allocated(dev) == base {
+		t.Fatal("nothing saved")
+	}
+	y.Release() // the whole graph goes: y's node, then the nodes it reached
+	if got := allocated(dev); got != base {
+		t.Errorf("dropping the graph left %d bytes allocated", got-base)
+	}
+}
+
+func TestNoGradRecordsNothing(t *testing.T) {
+	dev := testDevice()
+	rng := rand.New(rand.NewPCG(4, 1))
+	w := param(rng, normal, 3, 3)
+	defer w.Release()
+	tensor.WithScope(func() {
+		var y *tensor.Tensor
+		ag.NoGrad(func() { y = ag.ReLU(ag.MatMul(w, w)) })
+		if y.RequiresGrad() || y.GradNode() != nil {
+			t.Error("an operation under NoGrad was recorded")
+		}
+		if !ag.GradEnabled() {
+			t.Error("recording still off after NoGrad")
+		}
+		expectPanic(t, "does not require grad", func() { ag.Backward(y) })
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 3, 3)
+		if ag.Add(x, x).RequiresGrad() {
+			t.Error("an operation on tensors that need no gradient was recorded")
+		}
+	})
+}
+
+func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
+	dev := testDevice()
+	tensor.WithScope(func() {
+		a := tensor.Zeros(dev, tensor.F32, 2, 3)
+		b := tensor.Zeros(dev, tensor.F32, 4, 5)
+		expectPanic(t, "matmul of shapes [2 3] and [4 5]", func() { ag.MatMul(a, b) })
+		expectPanic(t, "shapes [2 3] and [4 5] do not broadcast", func() { ag.Add(a, b) })
+		expectPanic(t, "conv2d of input [2 3] with weight [4 5]", func() { ag.Conv2d(a, b, nil, 1, 0) })
+	})
+}

@@ -1,0 +1,456 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// The CPU backend against plain float64 references written straight from the
+// definitions (nested loops, no im2col, no parallelism).
+
+var be = New()
+
+func buf(t *testing.T, dt kernels.DType, n int) kernels.Buf {
+	t.Helper()
+	blk, err := be.Allocator().Alloc(int64(n*dt.Size()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Allocator().Free(blk) })
+	b := kernels.Buf{Block: blk, N: n, DType: dt}
+	if dt != kernels.I32 {
+		be.Fill(b, float32(math.NaN())) // poison: an unwritten output fails
+	}
+	return b
+}
+
+func randBuf(t *testing.T, rng *rand.Rand, n int) (kernels.Buf, []float64) {
+	b := buf(t, kernels.F32, n)
+	v := f32s(b)
+	ref := make([]float64, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+		ref[i] = float64(v[i])
+	}
+	return b, ref
+}
+
+func check(t *testing.T, what string, got kernels.Buf, want []float64, tol float64) {
+	t.Helper()
+	g := in(got)
+	if len(g) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(g), len(want))
+	}
+	var num, den float64
+	for i := range g {
+		if math.IsNaN(float64(g[i])) != math.IsNaN(want[i]) {
+			t.Fatalf("%s[%d] = %v, want %v", what, i, g[i], want[i])
+		}
+		d := float64(g[i]) - want[i]
+		num += d * d
+		den += want[i] * want[i]
+		if math.Abs(d) > tol*(1+math.Abs(want[i]))*10 {
+			t.Fatalf("%s[%d] = %v, want %v", what, i, g[i], want[i])
+		}
+	}
+	if den > 0 && math.Sqrt(num/den) > tol {
+		t.Fatalf("%s: relative error %.3g > %.3g", what, math.Sqrt(num/den), tol)
+	}
+}
+
+func TestGemm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, tc := range []kernels.GemmParams{
+		{M: 3, N: 4, K: 5, Alpha: 1, Batch: 1},
+		{TransA: true, M: 7, N: 1, K: 3, Alpha: 0.5, Batch: 1},
+		{TransB: true, M: 2, N: 6, K: 9, Alpha: 1, Beta: 0.5, Batch: 1},
+		{TransA: true, TransB: true, M: 4, N: 3, K: 2, Alpha: 1, Batch: 3, StrideA: 8, StrideB: 6, StrideC: 12},
+		{M: 5, N: 2, K: 4, Alpha: 1, Batch: 2, StrideA: 0, StrideB: 8, StrideC: 10},
+	} {
+		t.Run(fmt.Sprintf("%+v", tc), func(t *testing.T) {
+			a, av := randBuf(t, rng, max(tc.StrideA*(tc.Batch-1), 0)+tc.M*tc.K)
+			b, bv := randBuf(t, rng, tc.StrideB*(tc.Batch-1)+tc.K*tc.N)
+			c, cv := randBuf(t, rng, tc.StrideC*(tc.Batch-1)+tc.M*tc.N)
+			want := append([]float64(nil), cv...)
+			for bt := 0; bt < tc.Batch; bt++ {
+				for i := 0; i < tc.M; i++ {
+					for j := 0; j < tc.N; j++ {
+						var s float64
+						for k := 0; k < tc.K; k++ {
+							ai := i*tc.K + k
+							if tc.TransA {
+								ai = k*tc.M + i
+							}
+							bi := k*tc.N + j
+							if tc.TransB {
+								bi = j*tc.K + k
+							}
+							s += av[bt*tc.StrideA+ai] * bv[bt*tc.StrideB+bi]
+						}
+						ci := bt*tc.StrideC + i*tc.N + j
+						want[ci] = float64(tc.Alpha)*s + float64(tc.Beta)*cv[ci]
+					}
+				}
+			}
+			be.Gemm(tc, a, b, c)
+			check(t, "C", c, want, 1e-5)
+		})
+	}
+}
+
+func convRef(p kernels.ConvParams, x, w []float64) []float64 {
+	oh, ow := p.OutH(), p.OutW()
+	y := make([]float64, p.N*p.K*oh*ow)
+	for n := 0; n < p.N; n++ {
+		for k := 0; k < p.K; k++ {
+			for i := 0; i < oh; i++ {
+				for j := 0; j < ow; j++ {
+					var s float64
+					for c := 0; c < p.C; c++ {
+						for r := 0; r < p.R; r++ {
+							for q := 0; q < p.S; q++ {
+								ih, iw := i*p.StrideH-p.PadH+r, j*p.StrideW-p.PadW+q
+								if ih >= 0 && ih < p.H && iw >= 0 && iw < p.W {
+									s += x[((n*p.C+c)*p.H+ih)*p.W+iw] * w[((k*p.C+c)*p.R+r)*p.S+q]
+								}
+							}
+						}
+					}
+					y[((n*p.K+k)*oh+i)*ow+j] = s
+				}
+			}
+		}
+	}
+	return y
+}
+
+// convGradsRef computes dx and dw by the chain rule on the reference loops.
+func convGradsRef(p kernels.ConvParams, x, w, dy []float64) (dx, dw []float64) {
+	oh, ow := p.OutH(), p.OutW()
+	dx, dw = make([]float64, len(x)), make([]float64, len(w))
+	for n := 0; n < p.N; n++ {
+		for k := 0; k < p.K; k++ {
+			for i := 0; i < oh; i++ {
+				for j := 0; j < ow; j++ {
+					g := dy[((n*p.K+k)*oh+i)*ow+j]
+					for c := 0; c < p.C; c++ {
+						for r := 0; r < p.R; r++ {
+							for q := 0; q < p.S; q++ {
+								ih, iw := i*p.StrideH-p.PadH+r, j*p.StrideW-p.PadW+q
+								if ih >= 0 && ih < p.H && iw >= 0 && iw < p.W {
+									xi, wi := ((n*p.C+c)*p.H+ih)*p.W+iw, ((k*p.C+c)*p.R+r)*p.S+q
+									dx[xi] += g * w[wi]
+									dw[wi] += g * x[xi]
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return dx, dw
+}
+
+func TestConv(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 1))
+	for _, p := range []kernels.ConvParams{
+		{N: 2, C: 3, H: 7, W: 6, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 1, C: 2, H: 9, W: 9, K: 3, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+		{N: 3, C: 4, H: 5, W: 5, K: 2, R: 1, S: 1, StrideH: 1, StrideW: 1},
+		{N: 2, C: 3, H: 8, W: 7, K: 5, R: 1, S: 1, StrideH: 2, StrideW: 2},
+		{N: 5, C: 1, H: 6, W: 11, K: 2, R: 3, S: 5, StrideH: 2, StrideW: 1, PadH: 0, PadW: 2},
+	} {
+		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
+			x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
+			w, wv := randBuf(t, rng, p.K*p.C*p.R*p.S)
+			dy, dyv := randBuf(t, rng, p.N*p.K*p.OutH()*p.OutW())
+			y := buf(t, kernels.F32, dy.N)
+			be.Conv2d(p, x, w, y)
+			check(t, "y", y, convRef(p, xv, wv), 1e-5)
+			dxRef, dwRef := convGradsRef(p, xv, wv, dyv)
+			dx, dw := buf(t, kernels.F32, x.N), buf(t, kernels.F32, w.N)
+			be.Conv2dBackwardData(p, dy, w, dx)
+			be.Conv2dBackwardFilter(p, x, dy, dw)
+			check(t, "dx", dx, dxRef, 1e-5)
+			check(t, "dw", dw, dwRef, 1e-5)
+		})
+	}
+}
+
+func TestConvF16(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 1))
+	p := kernels.ConvParams{N: 2, C: 3, H: 6, W: 6, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1}
+	x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
+	w, wv := randBuf(t, rng, p.K*p.C*p.R*p.S)
+	xh, wh := buf(t, kernels.F16, x.N), buf(t, kernels.F16, w.N)
+	be.Cast(xh, x)
+	be.Cast(wh, w)
+	yh := buf(t, kernels.F16, p.N*p.K*p.OutH()*p.OutW())
+	be.Conv2d(p, xh, wh, yh)
+	check(t, "y (f16)", yh, convRef(p, xv, wv), 1e-2)
+}
+
+func TestBatchNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 1))
+	p := kernels.BNParams{N: 3, C: 4, HW: 10, Eps: 1e-5, Momentum: 0.1}
+	x, xv := randBuf(t, rng, p.N*p.C*p.HW)
+	g, gv := randBuf(t, rng, p.C)
+	b, bv := randBuf(t, rng, p.C)
+	rm, rmv := randBuf(t, rng, p.C)
+	rv := buf(t, kernels.F32, p.C)
+	be.Fill(rv, 2)
+	y, sm, si := buf(t, kernels.F32, x.N), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
+	be.BatchNormTrain(p, x, g, b, y, rm, rv, sm, si)
+	m := float64(p.N * p.HW)
+	yRef, rmRef, rvRef := make([]float64, x.N), make([]float64, p.C), make([]float64, p.C)
+	meanRef, invRef := make([]float64, p.C), make([]float64, p.C)
+	for c := 0; c < p.C; c++ {
+		var s, sq float64
+		for n := 0; n < p.N; n++ {
+			for i := 0; i < p.HW; i++ {
+				s += xv[(n*p.C+c)*p.HW+i]
+			}
+		}
+		mean := s / m
+		for n := 0; n < p.N; n++ {
+			for i := 0; i < p.HW; i++ {
+				d := xv[(n*p.C+c)*p.HW+i] - mean
+				sq += d * d
+			}
+		}
+		inv := 1 / math.Sqrt(sq/m+1e-5)
+		for n := 0; n < p.N; n++ {
+			for i := 0; i < p.HW; i++ {
+				k := (n*p.C+c)*p.HW + i
+				yRef[k] = (xv[k]-mean)*inv*gv[c] + bv[c]
+			}
+		}
+		meanRef[c], invRef[c] = mean, inv
+		rmRef[c] = 0.9*rmv[c] + 0.1*mean
+		rvRef[c] = 0.9*2 + 0.1*sq/(m-1)
+	}
+	check(t, "y", y, yRef, 1e-5)
+	check(t, "save mean", sm, meanRef, 1e-5)
+	check(t, "save invstd", si, invRef, 1e-5)
+	check(t, "running mean", rm, rmRef, 1e-5)
+	check(t, "running var", rv, rvRef, 1e-5)
+
+	ye := buf(t, kernels.F32, x.N)
+	be.BatchNormEval(p, x, g, b, rm, rv, ye)
+	eRef := make([]float64, x.N)
+	for k := range eRef {
+		c := k / p.HW % p.C
+		eRef[k] = (xv[k]-rmRef[c])/math.Sqrt(rvRef[c]+1e-5)*gv[c] + bv[c]
+	}
+	check(t, "eval y", ye, eRef, 1e-5)
+}
+
+func TestPooling(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 1))
+	for _, p := range []kernels.PoolParams{
+		{N: 2, C: 3, H: 6, W: 6, KH: 2, KW: 2, SH: 2, SW: 2},
+		{N: 1, C: 2, H: 7, W: 5, KH: 3, KW: 3, SH: 2, SW: 2, PH: 1, PW: 1},
+		{N: 2, C: 2, H: 4, W: 5, KH: 4, KW: 5, SH: 1, SW: 1},
+	} {
+		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
+			x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
+			oh, ow := p.OutH(), p.OutW()
+			maxRef, avgRef := make([]float64, p.N*p.C*oh*ow), make([]float64, p.N*p.C*oh*ow)
+			for pl := 0; pl < p.N*p.C; pl++ {
+				for i := 0; i < oh; i++ {
+					for j := 0; j < ow; j++ {
+						m, s := math.Inf(-1), 0.0
+						for r := 0; r < p.KH; r++ {
+							for q := 0; q < p.KW; q++ {
+								ih, iw := i*p.SH-p.PH+r, j*p.SW-p.PW+q
+								if ih >= 0 && ih < p.H && iw >= 0 && iw < p.W {
+									v := xv[(pl*p.H+ih)*p.W+iw]
+									m, s = math.Max(m, v), s+v
+								}
+							}
+						}
+						maxRef[(pl*oh+i)*ow+j], avgRef[(pl*oh+i)*ow+j] = m, s/float64(p.KH*p.KW)
+					}
+				}
+			}
+			y := buf(t, kernels.F32, len(maxRef))
+			be.MaxPool2d(p, x, y)
+			check(t, "max", y, maxRef, 1e-6)
+			be.AvgPool2d(p, x, y)
+			check(t, "avg", y, avgRef, 1e-6)
+		})
+	}
+}
+
+func TestCrossEntropy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 1))
+	n, k := 5, 7
+	x, xv := randBuf(t, rng, n*k)
+	lb := buf(t, kernels.I32, n)
+	ls := i32s(lb)
+	for i := range ls {
+		ls[i] = int32(rng.IntN(k))
+	}
+	lse, loss := buf(t, kernels.F32, n), buf(t, kernels.F32, 1)
+	be.CrossEntropy(x, lb, lse, loss, n, k)
+	var total float64
+	lseRef := make([]float64, n)
+	gradRef := make([]float64, n*k)
+	for i := 0; i < n; i++ {
+		var s float64
+		for j := 0; j < k; j++ {
+			s += math.Exp(xv[i*k+j])
+		}
+		lseRef[i] = math.Log(s)
+		total += lseRef[i] - xv[i*k+int(ls[i])]
+		for j := 0; j < k; j++ {
+			gradRef[i*k+j] = math.Exp(xv[i*k+j]) / s * 3 / float64(n)
+			if j == int(ls[i]) {
+				gradRef[i*k+j] -= 3 / float64(n)
+			}
+		}
+	}
+	check(t, "lse", lse, lseRef, 1e-6)
+	check(t, "loss", loss, []float64{total / float64(n)}, 1e-6)
+	dl := buf(t, kernels.F32, 1)
+	be.Fill(dl, 3)
+	dx := buf(t, kernels.F32, n*k)
+	be.CrossEntropyBackward(x, lb, lse, dl, dx, n, k)
+	check(t, "dlogits", dx, gradRef, 1e-5)
+}
+
+func TestElementwiseAndReduce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 1))
+	x, xv := randBuf(t, rng, 60)
+	y := buf(t, kernels.F32, 60)
+	for op, f := range map[kernels.UnaryOp]func(float64) float64{
+		kernels.Neg: func(v float64) float64 { return -v }, kernels.Exp: math.Exp,
+		kernels.Abs: math.Abs, kernels.Square: func(v float64) float64 { return v * v },
+		kernels.ReLU: func(v float64) float64 { return math.Max(v, 0) }, kernels.Tanh: math.Tanh,
+		kernels.Sigmoid: func(v float64) float64 { return 1 / (1 + math.Exp(-v)) },
+	} {
+		want := make([]float64, len(xv))
+		for i, v := range xv {
+			want[i] = f(v)
+		}
+		be.Unary(op, y, x)
+		check(t, op.String(), y, want, 1e-6)
+	}
+	// (3, 4, 5) reduced along each axis.
+	for axis, r := range []kernels.Reduction{{Outer: 1, Len: 3, Inner: 20}, {Outer: 3, Len: 4, Inner: 5}, {Outer: 12, Len: 5, Inner: 1}} {
+		for _, op := range []kernels.ReduceOp{kernels.Sum, kernels.Mean, kernels.Max} {
+			want := make([]float64, r.Outer*r.Inner)
+			for o := 0; o < r.Outer; o++ {
+				for in := 0; in < r.Inner; in++ {
+					acc := math.Inf(-1)
+					if op != kernels.Max {
+						acc = 0
+					}
+					for j := 0; j < r.Len; j++ {
+						v := xv[(o*r.Len+j)*r.Inner+in]
+						if op == kernels.Max {
+							acc = math.Max(acc, v)
+						} else {
+							acc += v
+						}
+					}
+					if op == kernels.Mean {
+						acc /= float64(r.Len)
+					}
+					want[o*r.Inner+in] = acc
+				}
+			}
+			d := buf(t, kernels.F32, len(want))
+			be.Reduce(op, d, x, r)
+			check(t, fmt.Sprintf("%v axis %d", op, axis), d, want, 1e-6)
+		}
+	}
+	// Broadcast: (3, 4, 5) * (4, 1).
+	b, bv := randBuf(t, rng, 4)
+	bc := kernels.NewBroadcast([]int{3, 4, 5}, []int{3, 4, 5}, []int{4, 1})
+	be.Binary(kernels.Mul, y, x, b, bc)
+	want := make([]float64, 60)
+	for i := range want {
+		want[i] = xv[i] * bv[i/5%4]
+	}
+	check(t, "broadcast mul", y, want, 1e-6)
+}
+
+func TestRandomMatchesPhilox(t *testing.T) {
+	g := kernels.Philox{Seed: 99, Offset: 3}
+	u := buf(t, kernels.F32, 10)
+	be.Uniform(u, 2, 4, g)
+	nb := buf(t, kernels.F32, 10)
+	be.Normal(nb, 1, 3, g)
+	uw, nw := make([]float64, 10), make([]float64, 10)
+	for i := range uw {
+		uw[i] = 2 + 2*float64(kernels.ToUniform(g.Word(i)))
+		nw[i] = 1 + 3*float64(g.NormalAt(i))
+	}
+	check(t, "uniform", u, uw, 1e-7)
+	check(t, "normal", nb, nw, 1e-6)
+	x := buf(t, kernels.F32, 1000)
+	be.Fill(x, 1)
+	d := buf(t, kernels.F32, 1000)
+	be.Dropout(d, x, 0.25, g)
+	kept := 0
+	for i, v := range f32s(d) {
+		keep := kernels.ToUniform(g.Word(i)) >= 0.25
+		if keep && v != 1/0.75 || !keep && v != 0 {
+			t.Fatalf("dropout element %d = %v (keep=%v)", i, v, keep)
+		}
+		if keep {
+			kept++
+		}
+	}
+	if kept < 700 || kept > 800 {
+		t.Errorf("dropout kept %d of 1000 at p=0.25", kept)
+	}
+}
+
+func TestOptimizers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 1))
+	p, pv := randBuf(t, rng, 9)
+	g, gv := randBuf(t, rng, 9)
+	m := buf(t, kernels.F32, 9)
+	be.SGD(kernels.SGDParams{LR: 0.1, Momentum: 0.9, WeightDecay: 0.01, Nesterov: true, FirstStep: true},
+		[]kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m})
+	want, wantM := make([]float64, 9), make([]float64, 9)
+	for i := range want {
+		d := gv[i] + 0.01*pv[i]
+		wantM[i] = d
+		want[i] = pv[i] - 0.1*(d+0.9*d)
+	}
+	check(t, "sgd param", p, want, 1e-6)
+	check(t, "sgd momentum", m, wantM, 1e-6)
+
+	q, qv := randBuf(t, rng, 9)
+	mv, vv := buf(t, kernels.F32, 9), buf(t, kernels.F32, 9)
+	be.Fill(mv, 0)
+	be.Fill(vv, 0)
+	be.AdamW(kernels.AdamWParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, Step: 1},
+		[]kernels.Buf{q}, []kernels.Buf{g}, []kernels.Buf{mv}, []kernels.Buf{vv})
+	for i := range want {
+		pp := qv[i] * (1 - 1e-3)
+		m1, v1 := 0.1*gv[i], 0.001*gv[i]*gv[i]
+		want[i] = pp - 1e-2*(m1/0.1)/(math.Sqrt(v1/0.001)+1e-8)
+	}
+	check(t, "adamw param", q, want, 1e-5)
+
+	found := buf(t, kernels.F32, 1)
+	be.Fill(found, 0)
+	be.UnscaleCheck([]kernels.Buf{g}, 0.5, found)
+	if f32s(found)[0] != 0 {
+		t.Error("finite gradients flagged")
+	}
+	f32s(g)[4] = float32(math.Inf(1))
+	be.UnscaleCheck([]kernels.Buf{p, g}, 0.5, found)
+	if f32s(found)[0] != 1 {
+		t.Error("infinite gradient not flagged")
+	}
+}
