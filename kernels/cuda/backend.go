@@ -1,0 +1,417 @@
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+)
+
+// Options configure a CUDA backend when it is first opened.
+type Options struct {
+	// TF32 lets F32 matrix products use TF32 tensor cores (10-bit mantissa
+	// inputs). Off by default: F32 means F32.
+	TF32 bool
+	// ConvWorkspace caps the im2col workspace of one convolution, in bytes
+	// (default 64 MiB); larger batches are processed in chunks.
+	ConvWorkspace int64
+}
+
+// Backend is the CUDA backend of one device: the primary context, one
+// non-blocking stream all work is queued on, the kernels compiled by NVRTC,
+// a cuBLAS handle and a caching allocator over cuMemAlloc.
+//
+// Its methods may be called from any goroutine: each takes the backend's
+// lock, pins the goroutine to its OS thread and makes the context current
+// there for the duration of the call.
+type Backend struct {
+	index   int
+	name    string
+	devName string
+	arch    string // sm_XY
+	sms     int
+	opts    Options
+
+	d      *driverAPI
+	cb     *cublasAPI
+	ctx    uintptr
+	stream uintptr
+	alloc  *memory.Allocator
+
+	mu         sync.Mutex // guards everything below
+	module     uintptr
+	funcs      map[string]uintptr
+	blas       uintptr
+	blasWS     *memory.Block
+	args       *arena
+	staging    [2]staging
+	nextStage  int
+	alpha      float32 // cuBLAS reads its scalars through host pointers
+	beta       float32
+	CompileLog string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+var (
+	openMu sync.Mutex
+	opened = map[int]*Backend{}
+)
+
+// Open returns the backend of CUDA device index, opening it on first use
+// (later calls return the same backend and ignore opts). It fails with an
+// error naming what is missing when the driver, a device, cuBLAS or NVRTC
+// is not there, and with NVRTC's log if the kernels do not compile.
+func Open(index int, opts Options) (*Backend, error) {
+	openMu.Lock()
+	defer openMu.Unlock()
+	if b := opened[index]; b != nil {
+		return b, nil
+	}
+	b, err := open(index, opts)
+	if err != nil {
+		return nil, err
+	}
+	opened[index] = b
+	return b, nil
+}
+
+func open(index int, opts Options) (*Backend, error) {
+	if opts.ConvWorkspace <= 0 {
+		opts.ConvWorkspace = 64 << 20
+	}
+	n, err := DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if index < 0 || index >= n {
+		return nil, fmt.Errorf("cuda:%d does not exist: the driver reports %d device(s)", index, n)
+	}
+	d := drv
+	cb, err := loadCUBLAS()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := loadNVRTC(); err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, d: d, cb: cb,
+		funcs: map[string]uintptr{}, args: new(arena)}
+	var dev int32
+	if err := d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
+		return nil, err
+	}
+	nameBuf := make([]byte, 256)
+	call(d.cuDeviceGetName, uintptr(unsafe.Pointer(&nameBuf[0])), uintptr(len(nameBuf)), uintptr(dev))
+	b.devName = cString(unsafe.Pointer(&nameBuf[0]))
+	attr := func(a int) int {
+		var v int32
+		d.must("cuDeviceGetAttribute", call(d.cuDeviceGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(a), uintptr(dev)))
+		return int(v)
+	}
+	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
+	b.sms = attr(attrMultiprocessorCount)
+	if err := d.check("cuDevicePrimaryCtxRetain", call(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&b.ctx)), uintptr(dev))); err != nil {
+		return nil, err
+	}
+	if err := d.check("cuCtxSetCurrent", call(d.cuCtxSetCurrent, b.ctx)); err != nil {
+		return nil, err
+	}
+	if err := d.check("cuStreamCreate", call(d.cuStreamCreate, uintptr(unsafe.Pointer(&b.stream)), cuStreamNonBlocking)); err != nil {
+		return nil, err
+	}
+
+	start := time.Now()
+	cubin, cached, err := compileCached(b.arch)
+	if err != nil {
+		return nil, err
+	}
+	how := "compiled by NVRTC"
+	if cached {
+		how = "loaded from the cache in " + cacheDir()
+	}
+	b.CompileLog = fmt.Sprintf("kernels for %s %s in %v", b.arch, how, time.Since(start).Round(time.Millisecond))
+	if err := d.check("cuModuleLoadData", call(d.cuModuleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&cubin[0])))); err != nil {
+		return nil, err
+	}
+
+	if err := cb.check("cublasCreate", call(cb.cublasCreate, uintptr(unsafe.Pointer(&b.blas)))); err != nil {
+		return nil, err
+	}
+	cb.must("cublasSetStream", call(cb.cublasSetStream, b.blas, b.stream))
+	mode := uintptr(cublasDefaultMath)
+	if opts.TF32 {
+		mode = cublasTF32TensorOpMath
+	}
+	cb.must("cublasSetMathMode", call(cb.cublasSetMathMode, b.blas, mode))
+
+	b.alloc = memory.New(&deviceSource{b: b}, memory.Config{Device: b.name})
+	// cuBLAS's workspace comes from the pool, so that the pool's numbers
+	// account for it, as PyTorch's do.
+	const blasWorkspace = 8 << 20
+	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
+		return nil, err
+	}
+	cb.must("cublasSetWorkspace", call(cb.cublasSetWorkspace, b.blas, b.blasWS.Addr(), blasWorkspace))
+
+	for i := range b.staging {
+		if err := d.check("cuEventCreate", call(d.cuEventCreate, uintptr(unsafe.Pointer(&b.staging[i].event)), cuEventDisableTiming)); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Name is "cuda:N".
+func (b *Backend) Name() string { return b.name }
+
+// DeviceName is the device's marketing name, as nvidia-smi shows it.
+func (b *Backend) DeviceName() string { return b.devName }
+
+// Arch is the architecture the kernels were compiled for ("sm_90").
+func (b *Backend) Arch() string { return b.arch }
+
+// Allocator is the device's caching allocator over cuMemAlloc.
+func (b *Backend) Allocator() *memory.Allocator { return b.alloc }
+
+// Stream is the stream all of the backend's work runs on.
+func (b *Backend) Stream() memory.Stream { return memory.Stream(b.stream) }
+
+// Synchronize waits for the stream and reports any error raised by queued work.
+func (b *Backend) Synchronize() error {
+	b.enter()
+	defer b.exit()
+	return b.d.check("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
+}
+
+// MemInfo reports the device's free and total bytes, as the driver (and
+// nvidia-smi) sees them.
+func (b *Backend) MemInfo() (free, total int64) { return b.alloc.Source().MemInfo() }
+
+// enter takes the lock and makes the context current on this OS thread.
+func (b *Backend) enter() {
+	b.mu.Lock()
+	runtime.LockOSThread()
+	b.d.must("cuCtxSetCurrent", call(b.d.cuCtxSetCurrent, b.ctx))
+}
+
+func (b *Backend) exit() {
+	runtime.UnlockOSThread()
+	b.mu.Unlock()
+}
+
+// deviceSource is the raw allocator under the device pool. It takes no
+// backend lock (the pool may call it from inside an operation) and makes the
+// context current itself.
+type deviceSource struct{ b *Backend }
+
+func (s *deviceSource) withContext(f func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s.b.d.must("cuCtxSetCurrent", call(s.b.d.cuCtxSetCurrent, s.b.ctx))
+	f()
+}
+
+func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
+	var ptr uintptr
+	var err error
+	s.withContext(func() {
+		err = s.b.d.check("cuMemAlloc", call(s.b.d.cuMemAlloc, uintptr(unsafe.Pointer(&ptr)), uintptr(size)))
+	})
+	if isOOM(err) {
+		return memory.Segment{}, fmt.Errorf("%v: %w", err, memory.ErrOutOfMemory)
+	}
+	if err != nil {
+		return memory.Segment{}, err
+	}
+	return memory.Segment{Addr: ptr, Size: size}, nil
+}
+
+func (s *deviceSource) Free(seg memory.Segment) error {
+	var err error
+	s.withContext(func() { err = s.b.d.check("cuMemFree", call(s.b.d.cuMemFree, seg.Addr)) })
+	return err
+}
+
+func (s *deviceSource) MemInfo() (free, total int64) {
+	var f, t uintptr
+	s.withContext(func() {
+		s.b.d.must("cuMemGetInfo", call(s.b.d.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t))))
+	})
+	return int64(f), int64(t)
+}
+
+// arena holds the arguments of one kernel launch: cuLaunchKernel takes an
+// array of pointers to argument values. It lives on the Go heap, whose
+// objects do not move, is reachable from the Backend for as long as the
+// driver may read it (the launch call), and is reused under the backend's lock.
+type arena struct {
+	data [4096]byte
+	ptrs [64]unsafe.Pointer
+	n    int
+	off  int
+}
+
+func (a *arena) reset() { a.n, a.off = 0, 0 }
+
+func (a *arena) slot(size int) unsafe.Pointer {
+	a.off = (a.off + 7) &^ 7
+	p := unsafe.Pointer(&a.data[a.off])
+	a.ptrs[a.n] = p
+	a.n++
+	a.off += size
+	return p
+}
+
+func (a *arena) i32(v int) *arena     { *(*int32)(a.slot(4)) = int32(v); return a }
+func (a *arena) i64(v int64) *arena   { *(*int64)(a.slot(8)) = v; return a }
+func (a *arena) u64(v uint64) *arena  { *(*uint64)(a.slot(8)) = v; return a }
+func (a *arena) f32(v float32) *arena { *(*float32)(a.slot(4)) = v; return a }
+func (a *arena) ptr(p uintptr) *arena { *(*uintptr)(a.slot(8)) = p; return a }
+
+// val copies a struct passed by value.
+func (a *arena) val(p unsafe.Pointer, size uintptr) *arena {
+	copy(unsafe.Slice((*byte)(a.slot(int(size))), size), unsafe.Slice((*byte)(p), size))
+	return a
+}
+
+// fn returns the kernel of that name from the module.
+func (b *Backend) fn(name string) uintptr {
+	if f := b.funcs[name]; f != 0 {
+		return f
+	}
+	var f uintptr
+	cname := cBytes(name)
+	b.d.must("cuModuleGetFunction("+name+")", call(b.d.cuModuleGetFunction, uintptr(unsafe.Pointer(&f)), b.module, uintptr(unsafe.Pointer(&cname[0]))))
+	b.funcs[name] = f
+	return f
+}
+
+// kernel starts the argument list of a launch.
+func (b *Backend) kernel() *arena {
+	b.args.reset()
+	return b.args
+}
+
+// launch runs kernel name on the stream with the arguments gathered since kernel().
+func (b *Backend) launch(name string, gx, gy uint32, block uint32) {
+	if gx == 0 || gy == 0 {
+		return
+	}
+	b.d.must("cuLaunchKernel("+name+")", call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1,
+		uintptr(block), 1, 1, 0, b.stream, uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0))
+}
+
+// grid is the number of blocks of threads for n elements, capped so that
+// grid-stride loops take over past a few waves.
+func (b *Backend) grid(n int64, threads int) uint32 {
+	g := (n + int64(threads) - 1) / int64(threads)
+	if limit := int64(b.sms) * 32; g > limit {
+		g = limit
+	}
+	if g < 1 {
+		g = 1
+	}
+	return uint32(g)
+}
+
+// staging is a pinned host buffer for copies, with the event of its last use.
+type staging struct {
+	mem     []byte
+	ptr     unsafe.Pointer
+	event   uintptr
+	pending bool
+}
+
+const stagingChunk = 8 << 20
+
+func (s *staging) ready(d *driverAPI) {
+	if s.pending {
+		d.must("cuEventSynchronize", call(d.cuEventSynchronize, s.event))
+		s.pending = false
+	}
+	if s.ptr == nil {
+		d.must("cuMemHostAlloc", call(d.cuMemHostAlloc, uintptr(unsafe.Pointer(&s.ptr)), stagingChunk, 0))
+		s.mem = unsafe.Slice((*byte)(s.ptr), stagingChunk)
+	}
+}
+
+// ptrOf is the device address of a buffer.
+func ptrOf(buf kernels.Buf) uintptr {
+	if buf.Block == nil {
+		return 0
+	}
+	if buf.Block.Bytes() != nil {
+		panic("cuda: a host buffer was passed to the CUDA backend")
+	}
+	return buf.Block.Addr() + uintptr(buf.Off)
+}
+
+// Write copies host bytes into dst through the pinned staging buffers: the
+// call returns once the bytes are staged; the copies run on the stream.
+func (b *Backend) Write(dst kernels.Buf, src []byte) {
+	if int64(len(src)) != dst.Bytes() {
+		panic(fmt.Sprintf("cuda: write of %d bytes into a %d-byte buffer", len(src), dst.Bytes()))
+	}
+	b.enter()
+	defer b.exit()
+	base := ptrOf(dst)
+	for off := 0; off < len(src); off += stagingChunk {
+		n := min(stagingChunk, len(src)-off)
+		s := &b.staging[b.nextStage]
+		b.nextStage ^= 1
+		s.ready(b.d)
+		copy(s.mem[:n], src[off:off+n])
+		b.d.must("cuMemcpyHtoDAsync", call(b.d.cuMemcpyHtoDAsync, base+uintptr(off), uintptr(s.ptr), uintptr(n), b.stream))
+		b.d.must("cuEventRecord", call(b.d.cuEventRecord, s.event, b.stream))
+		s.pending = true
+	}
+}
+
+// Read waits for the stream and copies src into host bytes.
+func (b *Backend) Read(dst []byte, src kernels.Buf) {
+	if int64(len(dst)) != src.Bytes() {
+		panic(fmt.Sprintf("cuda: read of a %d-byte buffer into %d bytes", src.Bytes(), len(dst)))
+	}
+	b.enter()
+	defer b.exit()
+	base := ptrOf(src)
+	s := &b.staging[0]
+	for off := 0; off < len(dst); off += stagingChunk {
+		n := min(stagingChunk, len(dst)-off)
+		s.ready(b.d)
+		b.d.must("cuMemcpyDtoHAsync", call(b.d.cuMemcpyDtoHAsync, uintptr(s.ptr), base+uintptr(off), uintptr(n), b.stream))
+		b.d.must("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
+		copy(dst[off:off+n], s.mem[:n])
+	}
+}
+
+// Copy copies src into dst on the stream.
+func (b *Backend) Copy(dst, src kernels.Buf) {
+	if dst.DType != src.DType || dst.N != src.N {
+		panic(fmt.Sprintf("cuda: copy of %d %v into %d %v", src.N, src.DType, dst.N, dst.DType))
+	}
+	b.enter()
+	defer b.exit()
+	if src.N > 0 {
+		b.d.must("cuMemcpyDtoDAsync", call(b.d.cuMemcpyDtoDAsync, ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
+	}
+}
+
+// workspace takes a scratch block from the pool. Freeing it right after the
+// work using it is queued is safe: the pool hands it out again only to later
+// work on the same stream.
+func (b *Backend) workspace(bytes int64) *memory.Block {
+	blk, err := b.alloc.Alloc(bytes, memory.Stream(b.stream))
+	if err != nil {
+		panic(err)
+	}
+	return blk
+}

@@ -1,0 +1,114 @@
+package cuda
+
+import "github.com/leangrad/leangrad/kernels"
+
+// Convolution by im2col and cuBLAS, in chunks of images whose column matrix
+// fits the workspace cap. 1×1, stride-1, unpadded convolutions skip im2col.
+
+func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) string {
+	p.Validate()
+	checkLen(op+" input", p.N*p.C*p.H*p.W, x)
+	checkLen(op+" weight", p.K*p.C*p.R*p.S, w)
+	checkLen(op+" output", p.N*p.K*p.OutH()*p.OutW(), y)
+	return floatType(op, x, w, y)
+}
+
+func direct(p kernels.ConvParams) bool {
+	return p.R == 1 && p.S == 1 && p.StrideH == 1 && p.StrideW == 1 && p.PadH == 0 && p.PadW == 0
+}
+
+// chunk is how many images' columns (perImage bytes each) fit the cap.
+func (b *Backend) chunk(p kernels.ConvParams, perImage int64) int {
+	return int(max(1, min(int64(p.N), b.opts.ConvWorkspace/max(perImage, 1))))
+}
+
+// im2col gathers images [n0, n0+cnt) into col with the given strides (caller holds the lock).
+func (b *Backend) im2col(s string, p kernels.ConvParams, n0, cnt int, x kernels.Buf, col uintptr, sN, sCRS int64) {
+	es := uintptr(x.DType.Size())
+	chw := uintptr(p.C * p.H * p.W)
+	b.kernel().i32(cnt).i32(p.C).i32(p.H).i32(p.W).i32(p.R).i32(p.S).i32(p.StrideH).i32(p.StrideW).
+		i32(p.PadH).i32(p.PadW).i32(p.OutH()).i32(p.OutW()).ptr(ptrOf(x) + uintptr(n0)*chw*es).ptr(col).i64(sN).i64(sCRS)
+	b.launch("im2col_"+s, b.grid(int64(cnt)*int64(p.C*p.R*p.S*p.OutH()*p.OutW()), 256), 1, 256)
+}
+
+// Conv2d computes y = w ⊛ x.
+func (b *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
+	s := checkConv("conv2d", p, x, w, y)
+	es := int64(x.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
+	b.enter()
+	defer b.exit()
+	g := gemmCall{m: p.K, n: l, k: crs, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(crs * l),
+		strideC: int64(p.K * l), ab: x.DType, cType: y.DType}
+	if direct(p) {
+		g.b, g.c, g.batch = ptrOf(x), ptrOf(y), p.N
+		b.gemm(g)
+		return
+	}
+	nb := b.chunk(p, int64(crs*l)*es)
+	ws := b.workspace(int64(nb*crs*l) * es)
+	defer b.alloc.Free(ws)
+	for n0 := 0; n0 < p.N; n0 += nb {
+		cnt := min(nb, p.N-n0)
+		b.im2col(s, p, n0, cnt, x, ws.Addr(), int64(crs*l), int64(l))
+		g.b, g.c, g.batch = ws.Addr(), ptrOf(y)+uintptr(int64(n0*p.K*l)*es), cnt
+		b.gemm(g)
+	}
+}
+
+// Conv2dBackwardData computes dx: columns wᵀ·dy per image, then col2im.
+func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
+	s := checkConv("conv2d backward data", p, dx, w, dy)
+	es := int64(dx.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
+	b.enter()
+	defer b.exit()
+	g := gemmCall{transA: true, m: crs, n: l, k: p.K, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(p.K * l),
+		strideC: int64(crs * l), ab: dy.DType, cType: dx.DType}
+	if direct(p) {
+		g.b, g.c, g.batch = ptrOf(dy), ptrOf(dx), p.N
+		b.gemm(g)
+		return
+	}
+	nb := b.chunk(p, int64(crs*l)*es)
+	ws := b.workspace(int64(nb*crs*l) * es)
+	defer b.alloc.Free(ws)
+	chw := int64(p.C * p.H * p.W)
+	for n0 := 0; n0 < p.N; n0 += nb {
+		cnt := min(nb, p.N-n0)
+		g.b, g.c, g.batch = ptrOf(dy)+uintptr(int64(n0*p.K*l)*es), ws.Addr(), cnt
+		b.gemm(g)
+		b.kernel().i32(cnt).i32(p.C).i32(p.H).i32(p.W).i32(p.R).i32(p.S).i32(p.StrideH).i32(p.StrideW).
+			i32(p.PadH).i32(p.PadW).i32(p.OutH()).i32(p.OutW()).ptr(ws.Addr()).ptr(ptrOf(dx) + uintptr(int64(n0)*chw*es)).
+			i64(int64(crs * l)).i64(int64(l))
+		b.launch("col2im_"+s, b.grid(int64(cnt)*chw, 256), 1, 256)
+	}
+}
+
+// Conv2dBackwardFilter computes dw = Σ dy·colᵀ as one product per chunk: the
+// chunk's columns are laid out (C·R·S × nb·L) and dy is rearranged to
+// (K × nb·L), so the sum over images and pixels is the product's inner
+// dimension. Chunks after the first accumulate (β = 1).
+func (b *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
+	s := checkConv("conv2d backward filter", p, x, dw, dy)
+	es := int64(x.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
+	b.enter()
+	defer b.exit()
+	nb := b.chunk(p, int64(crs*l+p.K*l)*es)
+	ws := b.workspace(int64(nb*(crs*l+p.K*l)) * es)
+	defer b.alloc.Free(ws)
+	col, dyT := ws.Addr(), ws.Addr()+uintptr(int64(nb*crs*l)*es)
+	for n0 := 0; n0 < p.N; n0 += nb {
+		cnt := min(nb, p.N-n0)
+		b.im2col(s, p, n0, cnt, x, col, int64(l), int64(cnt*l))
+		b.kernel().i32(cnt).i32(p.K).i32(l).ptr(ptrOf(dy) + uintptr(int64(n0*p.K*l)*es)).ptr(dyT)
+		b.launch("nkl_to_knl_"+s, b.grid(int64(cnt*p.K*l), 256), 1, 256)
+		beta := float32(1)
+		if n0 == 0 {
+			beta = 0
+		}
+		b.gemm(gemmCall{transB: true, m: p.K, n: crs, k: cnt * l, alpha: 1, beta: beta,
+			a: dyT, b: col, c: ptrOf(dw), batch: 1, ab: x.DType, cType: dw.DType})
+	}
+}

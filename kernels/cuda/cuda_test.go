@@ -1,0 +1,229 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/kerneltest"
+	"github.com/leangrad/leangrad/memory"
+)
+
+// testBackend opens cuda:0 or skips, naming the reason.
+func testBackend(t *testing.T) *Backend {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	b, err := Open(0, Options{})
+	if err != nil {
+		t.Fatalf("cuda:0 is present but does not open: %v", err)
+	}
+	t.Logf("%s (%s): %s", b.Name(), b.DeviceName(), b.CompileLog)
+	return b
+}
+
+func TestCUDAConformance(t *testing.T) {
+	kerneltest.Run(t, testBackend(t))
+}
+
+// TestCUDAConvChunks runs the convolutions with a 64 KiB workspace cap, so
+// that every im2col convolution is done in several chunks of images (and the
+// backward-filter product accumulates across them).
+func TestCUDAConvChunks(t *testing.T) {
+	testBackend(t)
+	b, err := open(0, Options{ConvWorkspace: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kerneltest.Run(t, b, "conv")
+}
+
+func TestCUDAMissingDriverIsReported(t *testing.T) {
+	err := Available()
+	if err == nil {
+		t.Skip("a CUDA driver is present")
+	}
+	if !strings.Contains(err.Error(), "libcuda.so.1") || !strings.Contains(err.Error(), "/usr/local/cuda/lib64") {
+		t.Errorf("error does not say which library was missing and where it was looked for: %v", err)
+	}
+}
+
+func alloc(t *testing.T, b *Backend, bytes int64) *memory.Block {
+	t.Helper()
+	blk, err := b.Allocator().Alloc(bytes, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blk
+}
+
+// TestCUDAEmptyCacheGivesMemoryBack: freed blocks stay cached (the driver's
+// free memory does not move) until EmptyCache, after which cuMemGetInfo sees
+// the memory again.
+func TestCUDAEmptyCacheGivesMemoryBack(t *testing.T) {
+	b := testBackend(t)
+	a := b.Allocator()
+	const size = 1 << 30
+	free0, _ := b.MemInfo()
+	blk := alloc(t, b, size)
+	free1, _ := b.MemInfo()
+	if free0-free1 < size {
+		t.Fatalf("allocating 1 GiB moved the driver's free memory by %d bytes only", free0-free1)
+	}
+	a.Free(blk)
+	if free2, _ := b.MemInfo(); free2 > free1+(64<<20) {
+		t.Errorf("freeing a block returned memory to the driver (%d bytes) before EmptyCache", free2-free1)
+	}
+	reserved := a.Stats().Reserved[memory.All].Current
+	a.EmptyCache()
+	free3, _ := b.MemInfo()
+	if free3-free1 < size {
+		t.Errorf("EmptyCache raised the driver's free memory by %d bytes, want >= %d", free3-free1, size)
+	}
+	if r := a.Stats().Reserved[memory.All].Current; r > reserved-size {
+		t.Errorf("reserved %d after EmptyCache, was %d", r, reserved)
+	}
+	t.Logf("free: %d -> %d (1 GiB allocated) -> %d (after EmptyCache)", free0, free1, free3)
+}
+
+// TestCUDAFractionCapAndRetry drives the OOM path on the GPU: a cap just
+// above what is reserved now, cached segments that must be flushed for a
+// request to fit (one retry), then a request that cannot fit (the error).
+func TestCUDAFractionCapAndRetry(t *testing.T) {
+	b := testBackend(t)
+	a := b.Allocator()
+	a.EmptyCache()
+	_, total := b.MemInfo()
+	before := a.Stats()
+	reserved := before.Reserved[memory.All].Current
+	capBytes := reserved + 200<<20
+	if err := a.SetMemoryFraction(float64(capBytes) / float64(total)); err != nil {
+		t.Fatal(err)
+	}
+	defer a.SetMemoryFraction(0)
+	limit := int64(float64(capBytes) / float64(total) * float64(total))
+	// Cache 120 MiB of free segments, then ask for 150 MiB: it fits only
+	// once the cached segments are released.
+	x, y := alloc(t, b, 60<<20), alloc(t, b, 60<<20)
+	a.Free(x)
+	a.Free(y)
+	big := alloc(t, b, 150<<20)
+	s := a.Stats()
+	if s.NumAllocRetries != before.NumAllocRetries+1 {
+		t.Errorf("retries %d -> %d, want one flush-and-retry", before.NumAllocRetries, s.NumAllocRetries)
+	}
+	_, err := a.Alloc(100<<20, b.Stream())
+	var oom *memory.OOMError
+	if !errors.As(err, &oom) {
+		t.Fatalf("allocation over the cap: err = %v, want *memory.OOMError", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"cuda:0 out of memory", "Tried to allocate 100.00 MiB", "total capacity of",
+		"allocated by leangrad", fmt.Sprintf("at most %s (memory fraction cap)", fmtMiB(limit))} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("OOM message lacks %q:\n%s", want, msg)
+		}
+	}
+	if got := a.Stats().NumOOMs; got != before.NumOOMs+1 {
+		t.Errorf("OOM count %d, want %d", got, before.NumOOMs+1)
+	}
+	a.Free(big)
+	t.Log(msg)
+}
+
+func fmtMiB(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f, i := float64(n), 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.2f %s", f, units[i])
+}
+
+// TestCUDAConcurrentGoroutines calls the backend from many goroutines at once
+// (they move between OS threads; each call must find the context current).
+func TestCUDAConcurrentGoroutines(t *testing.T) {
+	b := testBackend(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			const n = 10000
+			blk, err := b.Allocator().Alloc(n*4, b.Stream())
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer b.Allocator().Free(blk)
+			buf := kernels.Buf{Block: blk, N: n, DType: kernels.F32}
+			for i := 0; i < 50; i++ {
+				b.Fill(buf, float32(g))
+				b.Affine(buf, buf, 2, 1)
+				out := make([]byte, n*4)
+				b.Read(out, buf)
+				if v := *(*float32)(unsafe.Pointer(&out[4*(n-1)])); v != float32(2*g+1) {
+					errs <- fmt.Errorf("goroutine %d iteration %d read %v, want %v", g, i, v, 2*g+1)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestCUDACompileCache(t *testing.T) {
+	b := testBackend(t)
+	_, cached, err := compileCached(b.Arch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cached {
+		t.Errorf("the module compiled when the backend opened was not found in %s", cacheDir())
+	}
+}
+
+func TestCUDATimeline(t *testing.T) {
+	b := testBackend(t)
+	a := b.Allocator()
+	a.RecordTimeline(true)
+	defer a.RecordTimeline(false)
+	blk := alloc(t, b, 3<<20)
+	a.Free(blk)
+	ev := a.Timeline()
+	if len(ev) < 2 || ev[len(ev)-1].Kind != memory.EventFree {
+		t.Errorf("timeline = %+v", ev)
+	}
+}
+
+func TestCUDAWriteReadLarge(t *testing.T) {
+	b := testBackend(t)
+	const n = 5<<20 + 3 // several staging chunks
+	blk := alloc(t, b, n*4)
+	defer b.Allocator().Free(blk)
+	buf := kernels.Buf{Block: blk, N: n, DType: kernels.F32}
+	in := make([]byte, n*4)
+	for i := 0; i < n; i++ {
+		*(*float32)(unsafe.Pointer(&in[4*i])) = float32(math.Sin(float64(i)))
+	}
+	b.Write(buf, in)
+	out := make([]byte, n*4)
+	b.Read(out, buf)
+	for i := range in {
+		if in[i] != out[i] {
+			t.Fatalf("byte %d differs after a round trip", i)
+		}
+	}
+}

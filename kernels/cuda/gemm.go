@@ -1,0 +1,89 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// gemmCall describes one row-major (batched) product on raw device pointers.
+type gemmCall struct {
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	a, b, c        uintptr
+	strideA        int64
+	strideB        int64
+	strideC        int64
+	batch          int
+	ab, cType      kernels.DType // A and B share a dtype
+}
+
+func cudaType(dt kernels.DType) uintptr {
+	switch dt {
+	case kernels.F32:
+		return cudaR32F
+	case kernels.F16:
+		return cudaR16F
+	}
+	panic(fmt.Sprintf("cuda: gemm of %v data", dt))
+}
+
+// gemm runs g with cuBLAS (the caller holds the lock). cuBLAS is column
+// major: a row-major C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the operands
+// are passed swapped, with the row-major leading dimensions.
+func (b *Backend) gemm(g gemmCall) {
+	opA, opB := uintptr(cublasOpN), uintptr(cublasOpN)
+	lda, ldb := g.k, g.n
+	if g.transA {
+		opA, lda = cublasOpT, g.m
+	}
+	if g.transB {
+		opB, ldb = cublasOpT, g.k
+	}
+	compute := uintptr(cublasComputeF32)
+	if b.opts.TF32 && g.ab == kernels.F32 {
+		compute = cublasComputeF32FastTF32
+	}
+	b.alpha, b.beta = g.alpha, g.beta
+	ta, tc := cudaType(g.ab), cudaType(g.cType)
+	if g.batch <= 1 {
+		b.cb.must("cublasGemmEx", call(b.cb.cublasGemmEx, b.blas, opB, opA,
+			uintptr(g.n), uintptr(g.m), uintptr(g.k), uintptr(unsafe.Pointer(&b.alpha)),
+			g.b, ta, uintptr(ldb), g.a, ta, uintptr(lda),
+			uintptr(unsafe.Pointer(&b.beta)), g.c, tc, uintptr(g.n), compute, cublasGemmDefault))
+		return
+	}
+	b.cb.must("cublasGemmStridedBatchedEx", call(b.cb.cublasGemmStridedBatchedEx, b.blas, opB, opA,
+		uintptr(g.n), uintptr(g.m), uintptr(g.k), uintptr(unsafe.Pointer(&b.alpha)),
+		g.b, ta, uintptr(ldb), uintptr(g.strideB), g.a, ta, uintptr(lda), uintptr(g.strideA),
+		uintptr(unsafe.Pointer(&b.beta)), g.c, tc, uintptr(g.n), uintptr(g.strideC),
+		uintptr(g.batch), compute, cublasGemmDefault))
+}
+
+// Gemm computes a (batched) matrix product with cuBLAS: F16 operands are
+// multiplied on tensor cores with F32 accumulation; F32 ones in F32 (TF32
+// only when the backend was opened with TF32).
+func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
+	batch := max(p.Batch, 1)
+	if p.M <= 0 || p.N <= 0 || p.K <= 0 {
+		panic(fmt.Sprintf("cuda: gemm with M=%d N=%d K=%d", p.M, p.N, p.K))
+	}
+	need := func(name string, buf kernels.Buf, size, stride int) {
+		if n := (batch-1)*stride + size; buf.N < n {
+			panic(fmt.Sprintf("cuda: gemm %s has %d elements, needs %d (%+v)", name, buf.N, n, p))
+		}
+	}
+	need("A", a, p.M*p.K, p.StrideA)
+	need("B", bb, p.K*p.N, p.StrideB)
+	need("C", c, p.M*p.N, p.StrideC)
+	if a.DType != bb.DType {
+		panic(fmt.Sprintf("cuda: gemm of %v A and %v B", a.DType, bb.DType))
+	}
+	b.enter()
+	defer b.exit()
+	b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha, beta: p.Beta,
+		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), strideA: int64(p.StrideA), strideB: int64(p.StrideB),
+		strideC: int64(p.StrideC), batch: batch, ab: a.DType, cType: c.DType})
+}

@@ -1,0 +1,67 @@
+// leangrad CUDA kernels: shared definitions. These files are concatenated in
+// the order kernels.go gives and compiled by NVRTC for the device in hand; they
+// include no header, so any NVRTC from CUDA 11.2 on compiles them.
+//
+// Storage types: float (F32), f16 (IEEE binary16 bits, converted with PTX
+// cvt instructions), int (I32). Arithmetic is always in float.
+
+typedef unsigned short f16;
+typedef long long i64;
+
+#define THREADS 256
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ float h2f(f16 h) {
+    float f;
+    asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ f16 f2h(float f) {
+    f16 h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const f16* p, i64 i) { return h2f(p[i]); }
+__device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
+
+#define GRID_STRIDE(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// block_sum reduces v over a block of at most 1024 threads; every thread gets
+// the total. scratch holds 32 floats.
+__device__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.f;
+    return warp_sum(v);
+}
+__device__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// Instantiate a kernel template for float and f16 storage as extern "C"
+// symbols name_f32 and name_f16.
+#define FOR_TYPES(M) M(float, f32) M(f16, f16)

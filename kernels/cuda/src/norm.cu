@@ -1,0 +1,116 @@
+// Batch normalisation over the N and HW axes of an N×C×HW array. The
+// statistics are reduced in two stages so that the whole GPU works even when
+// C is small: a (P, C) grid of blocks each sums one slice of a channel into
+// partial[(c·P + p)·2 + {0,1}], then one thread per channel combines its P
+// partials. Sums are taken of x − shift, shift being the channel's first
+// element, which keeps the one-pass variance accurate.
+
+template <typename T>
+__device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* dy, const float* mean,
+                           const float* invstd, float* partial) {
+    __shared__ float scratch[32];
+    int c = blockIdx.y, p = blockIdx.x;
+    i64 M = (i64)N * HW, chunk = (M + P - 1) / P, lo = p * chunk, hi = min(M, lo + chunk);
+    float s1 = 0.f, s2 = 0.f;
+    if (dy == nullptr) {
+        float shift = ld(x, (i64)c * HW);
+        for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            i64 k = ((j / HW) * C + c) * HW + j % HW;
+            float v = ld(x, k) - shift;
+            s1 += v;
+            s2 += v * v;
+        }
+    } else {
+        // Backward: Σ dy and Σ dy·x̂.
+        float m = mean[c], is = invstd[c];
+        for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            i64 k = ((j / HW) * C + c) * HW + j % HW;
+            float g = ld(dy, k);
+            s1 += g;
+            s2 += g * (ld(x, k) - m) * is;
+        }
+    }
+    s1 = block_sum(s1, scratch);
+    s2 = block_sum(s2, scratch);
+    if (threadIdx.x == 0) {
+        partial[((i64)c * P + p) * 2] = s1;
+        partial[((i64)c * P + p) * 2 + 1] = s2;
+    }
+}
+
+template <typename T>
+__device__ void bn_stats(int N, int C, int HW, int P, const T* x, const float* partial, float eps, float momentum,
+                         float* mean, float* invstd, float* run_mean, float* run_var) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s1 = 0, s2 = 0;
+    for (int p = 0; p < P; p++) {
+        s1 += partial[((i64)c * P + p) * 2];
+        s2 += partial[((i64)c * P + p) * 2 + 1];
+    }
+    double M = (double)N * HW, shift = ld(x, (i64)c * HW);
+    double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), mu = shift + d;
+    mean[c] = (float)mu;
+    invstd[c] = (float)(1.0 / sqrt(var + eps));
+    double unbiased = M > 1 ? var * M / (M - 1) : var;
+    run_mean[c] = (float)((1.0 - momentum) * run_mean[c] + momentum * mu);
+    run_var[c] = (float)((1.0 - momentum) * run_var[c] + momentum * unbiased);
+}
+
+// y = (x − mean)·invstd·γ + β, or with the running statistics in evaluation
+// (mean, var given and invstd null).
+template <typename T>
+__device__ void bn_apply(int C, int HW, i64 n, const T* x, const float* gamma, const float* beta, const float* mean,
+                         const float* invstd, const float* var, float eps, T* y) {
+    GRID_STRIDE(i, n) {
+        int c = (int)((i / HW) % C);
+        float is = invstd ? invstd[c] : rsqrtf(var[c] + eps);
+        st(y, i, (ld(x, i) - mean[c]) * is * gamma[c] + beta[c]);
+    }
+}
+
+extern "C" __global__ void bn_grads(int C, int P, const float* partial, float* dgamma, float* dbeta) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s1 = 0.f, s2 = 0.f;
+    for (int p = 0; p < P; p++) {
+        s1 += partial[((i64)c * P + p) * 2];
+        s2 += partial[((i64)c * P + p) * 2 + 1];
+    }
+    dbeta[c] = s1;
+    dgamma[c] = s2;
+}
+
+// dx = γ·invstd/M · (M·dy − dβ − x̂·dγ)
+template <typename T>
+__device__ void bn_bwd_apply(int N, int C, int HW, i64 n, const T* x, const T* dy, const float* gamma, const float* mean,
+                             const float* invstd, const float* dgamma, const float* dbeta, T* dx) {
+    float M = (float)N * HW;
+    GRID_STRIDE(i, n) {
+        int c = (int)((i / HW) % C);
+        float is = invstd[c], xhat = (ld(x, i) - mean[c]) * is;
+        st(dx, i, gamma[c] * is / M * (M * ld(dy, i) - dbeta[c] - xhat * dgamma[c]));
+    }
+}
+
+#define NORM(T, S)                                                                                               \
+    extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* dy,            \
+                                              const float* mean, const float* invstd, float* partial) {         \
+        bn_partial(N, C, HW, P, x, dy, mean, invstd, partial);                                                 \
+    }                                                                                                           \
+    extern "C" __global__ void bn_stats_##S(int N, int C, int HW, int P, const T* x, const float* partial,      \
+                                            float eps, float momentum, float* mean, float* invstd,              \
+                                            float* run_mean, float* run_var) {                                  \
+        bn_stats(N, C, HW, P, x, partial, eps, momentum, mean, invstd, run_mean, run_var);                     \
+    }                                                                                                           \
+    extern "C" __global__ void bn_apply_##S(int C, int HW, i64 n, const T* x, const float* gamma,              \
+                                            const float* beta, const float* mean, const float* invstd,          \
+                                            const float* var, float eps, T* y) {                                \
+        bn_apply(C, HW, n, x, gamma, beta, mean, invstd, var, eps, y);                                         \
+    }                                                                                                           \
+    extern "C" __global__ void bn_bwd_apply_##S(int N, int C, int HW, i64 n, const T* x, const T* dy,          \
+                                                const float* gamma, const float* mean, const float* invstd,     \
+                                                const float* dgamma, const float* dbeta, T* dx) {               \
+        bn_bwd_apply(N, C, HW, n, x, dy, gamma, mean, invstd, dgamma, dbeta, dx);                              \
+    }
+FOR_TYPES(NORM)

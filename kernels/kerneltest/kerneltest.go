@@ -1,0 +1,548 @@
+// Package kerneltest holds the conformance suite every kernels.Backend must
+// pass: each operation runs on the backend under test and on the CPU
+// reference backend with the same fresh random inputs (several shapes, odd
+// sizes, batch 1, stride 2), and the results must agree within the tolerance
+// of the operation's class. Outputs on the backend under test are poisoned
+// with NaN before each run, so an element an operation forgets to write fails.
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/x448/float16"
+)
+
+// Tolerances, as relative errors ‖got − ref‖/‖ref‖.
+const (
+	TolElementwise = 1e-5 // F32 operations without accumulation
+	TolAccumulate  = 1e-4 // F32 reductions, GEMM, convolution, normalisation
+	TolF16         = 1e-2 // anything stored in F16
+)
+
+// suite runs operations on a backend and the reference side by side.
+type suite struct {
+	t        *testing.T
+	got, ref kernels.Backend
+	rng      *rand.Rand
+}
+
+// pair is one logical buffer on both backends.
+type pair struct {
+	got, ref kernels.Buf
+	dt       kernels.DType
+}
+
+func (s *suite) alloc(be kernels.Backend, dt kernels.DType, n int) kernels.Buf {
+	blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
+	if err != nil {
+		s.t.Fatalf("%s: %v", be.Name(), err)
+	}
+	s.t.Cleanup(func() { be.Allocator().Free(blk) })
+	return kernels.Buf{Block: blk, N: n, DType: dt}
+}
+
+// out is an output buffer: poisoned on the backend under test.
+func (s *suite) out(dt kernels.DType, n int) pair {
+	p := pair{got: s.alloc(s.got, dt, n), ref: s.alloc(s.ref, dt, n), dt: dt}
+	if dt == kernels.I32 {
+		s.got.Fill(p.got, -7)
+	} else {
+		s.got.Fill(p.got, float32(math.NaN()))
+	}
+	s.ref.Fill(p.ref, 0)
+	return p
+}
+
+// in is an input buffer holding the same values on both backends.
+func (s *suite) in(dt kernels.DType, vals []float32) pair {
+	p := pair{got: s.alloc(s.got, dt, len(vals)), ref: s.alloc(s.ref, dt, len(vals)), dt: dt}
+	raw := encode(dt, vals)
+	s.got.Write(p.got, raw)
+	s.ref.Write(p.ref, raw)
+	return p
+}
+
+func encode(dt kernels.DType, vals []float32) []byte {
+	raw := make([]byte, len(vals)*dt.Size())
+	for i, v := range vals {
+		switch dt {
+		case kernels.F32:
+			*(*float32)(unsafe.Pointer(&raw[4*i])) = v
+		case kernels.I32:
+			*(*int32)(unsafe.Pointer(&raw[4*i])) = int32(v)
+		case kernels.F16:
+			*(*uint16)(unsafe.Pointer(&raw[2*i])) = float16.Fromfloat32(v).Bits()
+		}
+	}
+	return raw
+}
+
+func decode(dt kernels.DType, raw []byte) []float64 {
+	out := make([]float64, len(raw)/dt.Size())
+	for i := range out {
+		switch dt {
+		case kernels.F32:
+			out[i] = float64(*(*float32)(unsafe.Pointer(&raw[4*i])))
+		case kernels.I32:
+			out[i] = float64(*(*int32)(unsafe.Pointer(&raw[4*i])))
+		case kernels.F16:
+			out[i] = float64(float16.Frombits(*(*uint16)(unsafe.Pointer(&raw[2*i]))).Float32())
+		}
+	}
+	return out
+}
+
+func (s *suite) read(be kernels.Buf, on kernels.Backend) []float64 {
+	raw := make([]byte, be.Bytes())
+	on.Read(raw, be)
+	return decode(be.DType, raw)
+}
+
+func (s *suite) normal(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(s.rng.NormFloat64())
+	}
+	return v
+}
+
+func (s *suite) positive(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = 0.25 + 2*s.rng.Float32()
+	}
+	return v
+}
+
+func (s *suite) randIn(dt kernels.DType, n int) pair { return s.in(dt, s.normal(n)) }
+
+// check compares p on both backends. The tolerance is raised to TolF16 for F16 data.
+func (s *suite) check(what string, p pair, tol float64) {
+	s.t.Helper()
+	if p.dt == kernels.F16 {
+		tol = max(tol, TolF16)
+	}
+	g, r := s.read(p.got, s.got), s.read(p.ref, s.ref)
+	var num, den float64
+	for i := range g {
+		if math.IsNaN(g[i]) != math.IsNaN(r[i]) || math.IsInf(g[i], 0) != math.IsInf(r[i], 0) {
+			s.t.Errorf("%s: element %d of %d is %v, reference %v (unwritten, or wrong)", what, i, len(g), g[i], r[i])
+			return
+		}
+		if math.IsNaN(r[i]) || math.IsInf(r[i], 0) {
+			continue
+		}
+		d := g[i] - r[i]
+		num += d * d
+		den += r[i] * r[i]
+	}
+	rel := math.Sqrt(num / max(den, 1e-30))
+	if den == 0 {
+		rel = math.Sqrt(num)
+	}
+	if rel > tol || math.IsNaN(rel) {
+		worst, wi := 0.0, 0
+		for i := range g {
+			if d := math.Abs(g[i] - r[i]); d > worst {
+				worst, wi = d, i
+			}
+		}
+		s.t.Errorf("%s: relative error %.3g > %.0g (worst element %d: %v, reference %v)", what, rel, tol, wi, g[wi], r[wi])
+	}
+}
+
+// Run runs the whole suite on be against a fresh CPU backend, or only the
+// named groups of cases ("conv", "batchnorm", ...) when names are given.
+func Run(t *testing.T, be kernels.Backend, names ...string) {
+	for _, c := range cases {
+		if len(names) > 0 && !slices.Contains(names, c.name) {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			s := &suite{t: t, got: be, ref: cpu.New(), rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE))}
+			c.run(s)
+			if err := be.Synchronize(); err != nil {
+				t.Fatalf("%s: queued work failed: %v", be.Name(), err)
+			}
+		})
+	}
+}
+
+type testCase struct {
+	name string
+	run  func(s *suite)
+}
+
+var dtypes = []kernels.DType{kernels.F32, kernels.F16}
+
+var cases = []testCase{
+	{"fill-copy-cast", func(s *suite) {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.I32} {
+			o := s.out(dt, 1001)
+			s.got.Fill(o.got, 3)
+			s.ref.Fill(o.ref, 3)
+			s.check("fill "+dt.String(), o, 0)
+		}
+		x := s.randIn(kernels.F32, 777)
+		c := s.out(kernels.F32, 777)
+		s.got.Copy(c.got, x.got)
+		s.ref.Copy(c.ref, x.ref)
+		s.check("copy", c, 0)
+		for _, tc := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32}, {kernels.F32, kernels.I32}} {
+			vals := s.normal(513)
+			for i := range vals {
+				vals[i] *= 100
+			}
+			src := s.in(tc[0], vals)
+			dst := s.out(tc[1], 513)
+			s.got.Cast(dst.got, src.got)
+			s.ref.Cast(dst.ref, src.ref)
+			s.check(fmt.Sprintf("cast %v->%v", tc[0], tc[1]), dst, 0)
+		}
+	}},
+	{"unary", func(s *suite) {
+		ops := []kernels.UnaryOp{kernels.Neg, kernels.Exp, kernels.Log, kernels.Sqrt, kernels.Abs, kernels.Square,
+			kernels.ReLU, kernels.Sigmoid, kernels.Tanh, kernels.Recip}
+		for _, dt := range dtypes {
+			for _, op := range ops {
+				n := 1 + s.rng.IntN(3000)
+				vals := s.normal(n)
+				if op == kernels.Log || op == kernels.Sqrt || op == kernels.Recip {
+					vals = s.positive(n)
+				}
+				x := s.in(dt, vals)
+				y := s.out(dt, n)
+				s.got.Unary(op, y.got, x.got)
+				s.ref.Unary(op, y.ref, x.ref)
+				s.check(fmt.Sprintf("%v %v[%d]", op, dt, n), y, TolElementwise)
+				dy := s.randIn(dt, n)
+				dx := s.out(dt, n)
+				xg, xr, yg, yr := x.got, x.ref, y.got, y.ref
+				if op.BackwardUsesInput() {
+					yg, yr = kernels.Buf{}, kernels.Buf{}
+				} else {
+					xg, xr = kernels.Buf{}, kernels.Buf{}
+				}
+				s.got.UnaryBackward(op, dx.got, dy.got, xg, yg)
+				s.ref.UnaryBackward(op, dx.ref, dy.ref, xr, yr)
+				s.check(fmt.Sprintf("%v backward %v[%d]", op, dt, n), dx, TolElementwise)
+			}
+			x := s.randIn(dt, 999)
+			y := s.out(dt, 999)
+			s.got.Affine(y.got, x.got, -1.5, 0.25)
+			s.ref.Affine(y.ref, x.ref, -1.5, 0.25)
+			s.check("affine "+dt.String(), y, TolElementwise)
+		}
+	}},
+	{"binary", func(s *suite) {
+		shapes := [][3][]int{
+			{{37, 5}, {37, 5}, {37, 5}},
+			{{3, 4, 5}, {4, 1}, {3, 4, 5}},
+			{{2, 16, 7, 7}, {1, 16, 1, 1}, {2, 16, 7, 7}},
+			{{1}, {9, 3}, {9, 3}},
+			{{3, 1}, {1, 4}, {3, 4}},
+			{{5, 1, 3, 1, 2}, {4, 1, 7, 1}, {5, 4, 3, 7, 2}},
+		}
+		for _, dt := range dtypes {
+			for _, op := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
+				for _, sh := range shapes {
+					bc := kernels.NewBroadcast(sh[2], sh[0], sh[1])
+					a := s.randIn(dt, prod(sh[0]))
+					bv := s.normal(prod(sh[1]))
+					if op == kernels.Div {
+						bv = s.positive(len(bv))
+					}
+					b := s.in(dt, bv)
+					y := s.out(dt, prod(sh[2]))
+					s.got.Binary(op, y.got, a.got, b.got, bc)
+					s.ref.Binary(op, y.ref, a.ref, b.ref, bc)
+					s.check(fmt.Sprintf("%v %v %v %v", op, dt, sh[0], sh[1]), y, TolElementwise)
+				}
+			}
+		}
+	}},
+	{"reduce", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, r := range []kernels.Reduction{
+				{Outer: 1, Len: 1, Inner: 1}, {Outer: 7, Len: 1000, Inner: 1}, {Outer: 1, Len: 100000, Inner: 1},
+				{Outer: 3, Len: 33, Inner: 17}, {Outer: 1, Len: 256, Inner: 10}, {Outer: 64, Len: 49, Inner: 1},
+			} {
+				x := s.randIn(dt, r.Outer*r.Len*r.Inner)
+				for _, op := range []kernels.ReduceOp{kernels.Sum, kernels.Mean, kernels.Max} {
+					y := s.out(dt, r.Outer*r.Inner)
+					s.got.Reduce(op, y.got, x.got, r)
+					s.ref.Reduce(op, y.ref, x.ref, r)
+					s.check(fmt.Sprintf("%v %v %+v", op, dt, r), y, TolAccumulate)
+					if op == kernels.Max {
+						dy := s.randIn(dt, y.got.N)
+						dx := s.out(dt, x.got.N)
+						s.got.ReduceMaxBackward(dx.got, dy.got, x.got, y.got, r)
+						s.ref.ReduceMaxBackward(dx.ref, dy.ref, x.ref, y.ref, r)
+						s.check(fmt.Sprintf("max backward %v %+v", dt, r), dx, TolElementwise)
+					}
+				}
+				am := s.out(kernels.I32, r.Outer*r.Inner)
+				s.got.ArgMax(am.got, x.got, r)
+				s.ref.ArgMax(am.ref, x.ref, r)
+				s.check(fmt.Sprintf("argmax %v %+v", dt, r), am, 0)
+			}
+		}
+	}},
+	{"gemm", func(s *suite) {
+		for _, p := range []kernels.GemmParams{
+			{M: 37, N: 19, K: 53, Alpha: 1, Batch: 1},
+			{TransA: true, M: 64, N: 1, K: 129, Alpha: 0.5, Batch: 1},
+			{TransB: true, M: 1, N: 70, K: 9, Alpha: 1, Beta: 0.75, Batch: 1},
+			{TransA: true, TransB: true, M: 33, N: 31, K: 17, Alpha: 1, Batch: 4, StrideA: 17 * 33, StrideB: 31 * 17, StrideC: 33 * 31},
+			{M: 16, N: 784, K: 144, Alpha: 1, Batch: 3, StrideA: 0, StrideB: 144 * 784, StrideC: 16 * 784},
+		} {
+			for _, dt := range dtypes {
+				for _, cdt := range dtypes {
+					batch := max(p.Batch, 1)
+					a := s.randIn(dt, (batch-1)*p.StrideA+p.M*p.K)
+					b := s.randIn(dt, (batch-1)*p.StrideB+p.K*p.N)
+					c := s.randIn(cdt, (batch-1)*p.StrideC+p.M*p.N)
+					s.got.Gemm(p, a.got, b.got, c.got)
+					s.ref.Gemm(p, a.ref, b.ref, c.ref)
+					s.check(fmt.Sprintf("gemm %v->%v %+v", dt, cdt, p), c, TolAccumulate)
+				}
+			}
+		}
+	}},
+	{"conv", func(s *suite) {
+		for _, p := range ConvShapes {
+			for _, dt := range dtypes {
+				x := s.randIn(dt, p.N*p.C*p.H*p.W)
+				w := s.randIn(dt, p.K*p.C*p.R*p.S)
+				ny := p.N * p.K * p.OutH() * p.OutW()
+				y := s.out(dt, ny)
+				s.got.Conv2d(p, x.got, w.got, y.got)
+				s.ref.Conv2d(p, x.ref, w.ref, y.ref)
+				s.check(fmt.Sprintf("conv %v %+v", dt, p), y, TolAccumulate)
+				dy := s.randIn(dt, ny)
+				dx := s.out(dt, x.got.N)
+				s.got.Conv2dBackwardData(p, dy.got, w.got, dx.got)
+				s.ref.Conv2dBackwardData(p, dy.ref, w.ref, dx.ref)
+				s.check(fmt.Sprintf("conv backward data %v %+v", dt, p), dx, TolAccumulate)
+				dw := s.out(dt, w.got.N)
+				s.got.Conv2dBackwardFilter(p, x.got, dy.got, dw.got)
+				s.ref.Conv2dBackwardFilter(p, x.ref, dy.ref, dw.ref)
+				s.check(fmt.Sprintf("conv backward filter %v %+v", dt, p), dw, TolAccumulate)
+			}
+		}
+	}},
+	{"batchnorm", func(s *suite) {
+		for _, p := range []kernels.BNParams{
+			{N: 1, C: 3, HW: 49, Eps: 1e-5, Momentum: 0.1},
+			{N: 8, C: 16, HW: 784, Eps: 1e-5, Momentum: 0.1},
+			{N: 33, C: 5, HW: 7, Eps: 1e-3, Momentum: 0.3},
+			{N: 256, C: 64, HW: 49, Eps: 1e-5, Momentum: 0.1},
+		} {
+			for _, dt := range dtypes {
+				n := p.N * p.C * p.HW
+				xv := s.normal(n)
+				for i := range xv {
+					xv[i] = 3 + 2*xv[i] // a mean far from zero tests the shifted sums
+				}
+				x := s.in(dt, xv)
+				g, b := s.in(kernels.F32, s.positive(p.C)), s.randIn(kernels.F32, p.C)
+				rm, rv := s.randIn(kernels.F32, p.C), s.in(kernels.F32, s.positive(p.C))
+				y := s.out(dt, n)
+				sm, si := s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+				s.got.BatchNormTrain(p, x.got, g.got, b.got, y.got, rm.got, rv.got, sm.got, si.got)
+				s.ref.BatchNormTrain(p, x.ref, g.ref, b.ref, y.ref, rm.ref, rv.ref, sm.ref, si.ref)
+				what := fmt.Sprintf("%v %+v", dt, p)
+				s.check("bn y "+what, y, TolAccumulate)
+				s.check("bn mean "+what, sm, TolAccumulate)
+				s.check("bn invstd "+what, si, TolAccumulate)
+				s.check("bn running mean "+what, rm, TolAccumulate)
+				s.check("bn running var "+what, rv, TolAccumulate)
+				ye := s.out(dt, n)
+				s.got.BatchNormEval(p, x.got, g.got, b.got, rm.got, rv.got, ye.got)
+				s.ref.BatchNormEval(p, x.ref, g.ref, b.ref, rm.ref, rv.ref, ye.ref)
+				s.check("bn eval "+what, ye, TolAccumulate)
+				dy := s.randIn(dt, n)
+				dx, dg, db := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+				s.got.BatchNormBackward(p, x.got, dy.got, g.got, sm.got, si.got, dx.got, dg.got, db.got)
+				s.ref.BatchNormBackward(p, x.ref, dy.ref, g.ref, sm.ref, si.ref, dx.ref, dg.ref, db.ref)
+				s.check("bn dx "+what, dx, TolAccumulate)
+				s.check("bn dgamma "+what, dg, TolAccumulate)
+				s.check("bn dbeta "+what, db, TolAccumulate)
+			}
+		}
+	}},
+	{"pool", func(s *suite) {
+		for _, p := range []kernels.PoolParams{
+			{N: 2, C: 3, H: 8, W: 8, KH: 2, KW: 2, SH: 2, SW: 2},
+			{N: 1, C: 5, H: 7, W: 9, KH: 3, KW: 3, SH: 2, SW: 2, PH: 1, PW: 1},
+			{N: 3, C: 4, H: 6, W: 5, KH: 3, KW: 2, SH: 1, SW: 1, PH: 1},
+			{N: 256, C: 64, H: 7, W: 7, KH: 7, KW: 7, SH: 1, SW: 1},
+		} {
+			for _, dt := range dtypes {
+				nx, ny := p.N*p.C*p.H*p.W, p.N*p.C*p.OutH()*p.OutW()
+				x := s.randIn(dt, nx)
+				dy := s.randIn(dt, ny)
+				what := fmt.Sprintf("%v %+v", dt, p)
+				for _, kind := range []string{"max", "avg"} {
+					y, dx := s.out(dt, ny), s.out(dt, nx)
+					if kind == "max" {
+						s.got.MaxPool2d(p, x.got, y.got)
+						s.ref.MaxPool2d(p, x.ref, y.ref)
+						s.got.MaxPool2dBackward(p, x.got, dy.got, dx.got)
+						s.ref.MaxPool2dBackward(p, x.ref, dy.ref, dx.ref)
+					} else {
+						s.got.AvgPool2d(p, x.got, y.got)
+						s.ref.AvgPool2d(p, x.ref, y.ref)
+						s.got.AvgPool2dBackward(p, dy.got, dx.got)
+						s.ref.AvgPool2dBackward(p, dy.ref, dx.ref)
+					}
+					s.check(kind+" pool "+what, y, TolElementwise)
+					s.check(kind+" pool backward "+what, dx, TolElementwise)
+				}
+			}
+		}
+	}},
+	{"cross-entropy", func(s *suite) {
+		for _, sz := range [][2]int{{1, 10}, {256, 10}, {37, 1000}, {1000, 3}} {
+			n, k := sz[0], sz[1]
+			for _, dt := range dtypes {
+				x := s.randIn(dt, n*k)
+				lv := make([]float32, n)
+				for i := range lv {
+					lv[i] = float32(s.rng.IntN(k))
+				}
+				labels := s.in(kernels.I32, lv)
+				lse, loss := s.out(kernels.F32, n), s.out(kernels.F32, 1)
+				s.got.CrossEntropy(x.got, labels.got, lse.got, loss.got, n, k)
+				s.ref.CrossEntropy(x.ref, labels.ref, lse.ref, loss.ref, n, k)
+				what := fmt.Sprintf("%v n=%d k=%d", dt, n, k)
+				s.check("ce lse "+what, lse, TolAccumulate)
+				s.check("ce loss "+what, loss, TolAccumulate)
+				dl := s.in(kernels.F32, []float32{1.7})
+				dx := s.out(dt, n*k)
+				s.got.CrossEntropyBackward(x.got, labels.got, lse.got, dl.got, dx.got, n, k)
+				s.ref.CrossEntropyBackward(x.ref, labels.ref, lse.ref, dl.ref, dx.ref, n, k)
+				s.check("ce backward "+what, dx, TolAccumulate)
+			}
+		}
+	}},
+	{"random", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, n := range []int{1, 7, 4096, 100003} {
+				g := kernels.Philox{Seed: uint64(n) * 31, Offset: uint64(n)}
+				u := s.out(dt, n)
+				s.got.Uniform(u.got, -2, 3, g)
+				s.ref.Uniform(u.ref, -2, 3, g)
+				s.check(fmt.Sprintf("uniform %v[%d]", dt, n), u, TolElementwise)
+				z := s.out(dt, n)
+				s.got.Normal(z.got, 0.5, 2, g)
+				s.ref.Normal(z.ref, 0.5, 2, g)
+				s.check(fmt.Sprintf("normal %v[%d]", dt, n), z, TolElementwise)
+				x := s.randIn(dt, n)
+				d := s.out(dt, n)
+				s.got.Dropout(d.got, x.got, 0.3, g)
+				s.ref.Dropout(d.ref, x.ref, 0.3, g)
+				s.check(fmt.Sprintf("dropout %v[%d]", dt, n), d, TolElementwise)
+			}
+		}
+	}},
+	{"optimizers", func(s *suite) {
+		sizes := []int{1, 17, 4096, 65537, 3, 300}
+		for len(sizes) < 40 { // more tensors than one multi-tensor launch takes
+			sizes = append(sizes, 1+s.rng.IntN(2000))
+		}
+		mk := func(gen func(int) []float32) []pair {
+			ps := make([]pair, len(sizes))
+			for i, n := range sizes {
+				ps[i] = s.in(kernels.F32, gen(n))
+			}
+			return ps
+		}
+		split := func(ps []pair) (g, r []kernels.Buf) {
+			for _, p := range ps {
+				g, r = append(g, p.got), append(r, p.ref)
+			}
+			return
+		}
+		zeros := func(n int) []float32 { return make([]float32, n) }
+		for _, hp := range []kernels.SGDParams{
+			{LR: 0.1, Momentum: 0.9, WeightDecay: 5e-4, Nesterov: true, FirstStep: true},
+			{LR: 0.05, Momentum: 0.9, Dampening: 0.1, WeightDecay: 1e-4},
+			{LR: 0.01},
+		} {
+			params, grads, moms := mk(s.normal), mk(s.normal), mk(s.normal)
+			pg, pr := split(params)
+			gg, gr := split(grads)
+			mg, mr := split(moms)
+			s.got.SGD(hp, pg, gg, mg)
+			s.ref.SGD(hp, pr, gr, mr)
+			for i := range params {
+				s.check(fmt.Sprintf("sgd %+v param %d", hp, i), params[i], TolElementwise)
+				if hp.Momentum != 0 {
+					s.check(fmt.Sprintf("sgd %+v momentum %d", hp, i), moms[i], TolElementwise)
+				}
+			}
+		}
+		params, grads, m, v := mk(s.normal), mk(s.normal), mk(zeros), mk(zeros)
+		pg, pr := split(params)
+		gg, gr := split(grads)
+		mg, mr := split(m)
+		vg, vr := split(v)
+		for step := 1; step <= 3; step++ {
+			hp := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: step}
+			s.got.AdamW(hp, pg, gg, mg, vg)
+			s.ref.AdamW(hp, pr, gr, mr, vr)
+		}
+		for i := range params {
+			s.check(fmt.Sprintf("adamw param %d", i), params[i], TolElementwise)
+			s.check(fmt.Sprintf("adamw m %d", i), m[i], TolElementwise)
+			s.check(fmt.Sprintf("adamw v %d", i), v[i], TolElementwise)
+		}
+		// Unscale: clean, then with an inf planted in the last tensor.
+		found := s.in(kernels.F32, []float32{0})
+		s.got.UnscaleCheck(gg, 1.0/1024, found.got)
+		s.ref.UnscaleCheck(gr, 1.0/1024, found.ref)
+		for i := range grads {
+			s.check(fmt.Sprintf("unscale grad %d", i), grads[i], TolElementwise)
+		}
+		s.check("unscale found (clean)", found, 0)
+		last := len(sizes) - 1
+		bad := s.normal(sizes[last])
+		bad[len(bad)/2] = float32(math.Inf(1))
+		grads[last] = s.in(kernels.F32, bad)
+		gg[last], gr[last] = grads[last].got, grads[last].ref
+		s.got.UnscaleCheck(gg, 0.5, found.got)
+		s.ref.UnscaleCheck(gr, 0.5, found.ref)
+		s.check("unscale found (inf)", found, 0)
+		if f := s.read(found.got, s.got); f[0] != 1 {
+			s.t.Errorf("unscale did not flag an infinite gradient in tensor %d of %d", last, len(sizes))
+		}
+	}},
+}
+
+// ConvShapes are the convolutions the suite checks: odd sizes, batch 1,
+// stride 2, padding, 1×1 (direct), rectangular filters, and ResNet shapes.
+var ConvShapes = []kernels.ConvParams{
+	{N: 2, C: 3, H: 7, W: 6, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+	{N: 1, C: 5, H: 9, W: 9, K: 3, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+	{N: 3, C: 8, H: 5, W: 5, K: 6, R: 1, S: 1, StrideH: 1, StrideW: 1},
+	{N: 2, C: 3, H: 8, W: 7, K: 5, R: 1, S: 1, StrideH: 2, StrideW: 2},
+	{N: 5, C: 2, H: 6, W: 11, K: 2, R: 3, S: 5, StrideH: 2, StrideW: 1, PadH: 0, PadW: 2},
+	{N: 8, C: 16, H: 28, W: 28, K: 16, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+	{N: 4, C: 32, H: 14, W: 14, K: 64, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+}
+
+func prod(s []int) int {
+	p := 1
+	for _, d := range s {
+		p *= d
+	}
+	return p
+}
