@@ -160,8 +160,9 @@ type Reduction struct{ Outer, Len, Inner int }
 // op(A) being M×K and op(B) K×N. A is stored M×K, or K×M when TransA; B is
 // stored K×N, or N×K when TransB. With Batch > 1 the product is repeated for
 // Batch matrices StrideA, StrideB, StrideC elements apart (a stride of 0
-// reuses one matrix). A and B share a dtype (F32 or F16); C is F32 or F16;
-// accumulation is in float32.
+// reuses one matrix). A and B share a dtype (F32 or F16); C is F32, or F16
+// when A and B are F16 (cuBLAS has no F32×F32→F16 product); accumulation is
+// in float32.
 type GemmParams struct {
 	TransA, TransB            bool
 	M, N, K                   int

@@ -44,6 +44,9 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	if a.DType != b.DType {
 		panic(fmt.Sprintf("cpu: gemm of %v A and %v B", a.DType, b.DType))
 	}
+	if cb.DType == kernels.F16 && a.DType != kernels.F16 {
+		panic(fmt.Sprintf("cpu: gemm of %v operands into an f16 result: want f32 C", a.DType))
+	}
 	as, bs := in(a), in(b)
 	var cs []float32
 	var done func()

@@ -81,6 +81,9 @@ func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 	if a.DType != bb.DType {
 		panic(fmt.Sprintf("cuda: gemm of %v A and %v B", a.DType, bb.DType))
 	}
+	if c.DType == kernels.F16 && a.DType != kernels.F16 {
+		panic(fmt.Sprintf("cuda: gemm of %v operands into an f16 result: want f32 C", a.DType))
+	}
 	b.enter()
 	defer b.exit()
 	b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha, beta: p.Beta,

@@ -113,6 +113,13 @@ func (l *library) bind(syms map[string]*uintptr) error {
 }
 
 // call invokes a C function whose arguments are all integers or pointers.
+// Like purego.SyscallN it is marked uintptrescapes: a Go pointer converted to
+// uintptr in the argument list (an out-parameter such as &n) is moved to the
+// heap and kept alive for the call, so the C side never writes into a
+// goroutine stack that the runtime may move. Pointers stored inside memory
+// passed to C (arrays of strings) must be pinned by the caller.
+//
+//go:uintptrescapes
 func call(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return r

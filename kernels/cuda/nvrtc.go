@@ -116,13 +116,17 @@ func Compile(src, arch string) ([]byte, error) {
 		return nil, err
 	}
 	defer call(n.nvrtcDestroyProgram, uintptr(unsafe.Pointer(&prog)))
+	// The option strings are reached through an array of pointers: pin them
+	// so that they are on the heap, unmoving, for the call.
+	var pin runtime.Pinner
+	defer pin.Unpin()
 	opts := [][]byte{cBytes("--gpu-architecture=" + arch), cBytes("--std=c++17")}
 	optPtrs := make([]uintptr, len(opts))
 	for i, o := range opts {
+		pin.Pin(&o[0])
 		optPtrs[i] = uintptr(unsafe.Pointer(&o[0]))
 	}
 	res := call(n.nvrtcCompileProgram, prog, uintptr(len(opts)), uintptr(unsafe.Pointer(&optPtrs[0])))
-	runtime.KeepAlive(opts) // optPtrs hides them from the collector
 	if res != 0 {
 		var size uintptr
 		call(n.nvrtcGetProgramLogSize, prog, uintptr(unsafe.Pointer(&size)))
