@@ -10,7 +10,13 @@ import (
 // Conv2d returns the 2-D convolution of x (N×C×H×W) with w (K×C×R×S), with
 // the given stride and zero padding (the same along both axes), plus an
 // optional bias b of K.
+//
+// Under Autocast the convolution runs in F16 on F16 copies of x, w and b.
 func Conv2d(x, w, b *T, stride, pad int) *T {
+	if AutocastEnabled() {
+		x, w, b = autocastTo(x, tensor.F16), autocastTo(w, tensor.F16), autocastTo(b, tensor.F16)
+		defer releaseAll(x, w, b)
+	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] {
 		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v: want N×C×H×W and K×C×R×S with equal C", xs, ws))

@@ -50,7 +50,13 @@ func gemm(a, b *T, transA, transB bool) *T {
 
 // MatMul returns the matrix product a·b of an M×K and a K×N tensor, or the
 // batched product of B×M×K and B×K×N tensors.
+//
+// Under Autocast the product runs in F16 on F16 copies of a and b.
 func MatMul(a, b *T) *T {
+	if AutocastEnabled() {
+		a, b = autocastTo(a, tensor.F16), autocastTo(b, tensor.F16)
+		defer releaseAll(a, b)
+	}
 	c := gemm(a, b, false, false)
 	if rec := begin("matmul", a, b); rec != nil {
 		var as, bs *T
@@ -76,7 +82,13 @@ func MatMul(a, b *T) *T {
 
 // Linear returns x·wᵀ + b for x of N×In, w of Out×In (PyTorch's layout) and
 // an optional bias b of Out.
+//
+// Under Autocast the product runs in F16 on F16 copies of x, w and b.
 func Linear(x, w, b *T) *T {
+	if AutocastEnabled() {
+		x, w, b = autocastTo(x, tensor.F16), autocastTo(w, tensor.F16), autocastTo(b, tensor.F16)
+		defer releaseAll(x, w, b)
+	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
 		panic(fmt.Sprintf("autograd: linear of input %v with weight %v: want N×In and Out×In", xs, ws))
@@ -122,4 +134,13 @@ func Linear(x, w, b *T) *T {
 		return grads
 	})
 	return y
+}
+
+// releaseAll releases the non-nil tensors.
+func releaseAll(ts ...*T) {
+	for _, t := range ts {
+		if t != nil {
+			t.Release()
+		}
+	}
 }

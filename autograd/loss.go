@@ -8,8 +8,13 @@ import (
 
 // CrossEntropy returns the mean over rows of −log softmax(logits)[label], for
 // logits of N×K and I32 labels of N, fused: the backward needs only the
-// logits and each row's log-sum-exp. The loss is F32 of shape [1].
+// logits and each row's log-sum-exp. The loss is F32 of shape [1]. Under
+// Autocast, F16 logits are cast to F32 first.
 func CrossEntropy(logits, labels *T) *T {
+	if AutocastEnabled() {
+		logits = autocastTo(logits, tensor.F32)
+		defer logits.Release()
+	}
 	ls := logits.Shape()
 	if len(ls) != 2 || labels.NDim() != 1 || labels.Dim(0) != ls[0] {
 		panic(fmt.Sprintf("autograd: cross entropy of logits %v and labels %v: want N×K and N", ls, labels.Shape()))

@@ -24,6 +24,9 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, p.Shape()))
 		}
 	}
+	if Recomputing() {
+		momentum = 0 // r ← 1·r + 0·batch: unchanged
+	}
 	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum}
 	be := x.Backend()
 	if !training {

@@ -37,6 +37,10 @@ func SumAll(x *T) *T { return reduceAxis(kernels.Sum, Reshape(x, 1, -1), 1) }
 func MeanAll(x *T) *T { return reduceAxis(kernels.Mean, Reshape(x, 1, -1), 1) }
 
 func reduceAxis(op kernels.ReduceOp, x *T, axis int) *T {
+	if AutocastEnabled() && op != kernels.Max {
+		x = autocastTo(x, tensor.F32)
+		defer x.Release()
+	}
 	shape := x.Shape()
 	r, outShape := axisReduction(shape, axis)
 	y := tensor.Empty(x.Device(), x.DType(), outShape...)

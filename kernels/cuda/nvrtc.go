@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/leangrad/leangrad/internal/atomicfile"
 )
 
 // The kernel sources, compiled together as one module in this order.
@@ -177,29 +178,6 @@ func compileCached(arch string) (cubin []byte, fromCache bool, err error) {
 		return nil, false, err
 	}
 	// A cache that cannot be written costs a recompile next time, nothing more.
-	_ = writeAtomic(path, cubin)
+	_ = atomicfile.WriteFile(path, cubin)
 	return cubin, false, nil
-}
-
-// writeAtomic writes data to path through a synced temporary file and a rename.
-func writeAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(data)
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return nil
 }

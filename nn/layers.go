@@ -1,0 +1,171 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// KaimingNormal returns an F32 tensor of shape drawn from N(0, 2/fan) (He
+// initialisation for ReLU networks) from dev's generator.
+func KaimingNormal(dev *tensor.Device, fan int, shape ...int) *T {
+	return tensor.Randn(dev, tensor.F32, 0, float32(math.Sqrt(2/float64(fan))), shape...)
+}
+
+// Linear is y = x·Wᵀ + b, with W of Out×In (PyTorch's layout).
+type Linear struct {
+	Weight, Bias *T
+}
+
+// NewLinear returns a Linear layer initialised as PyTorch's: weight and bias
+// uniform in ±1/√in.
+func NewLinear(dev *tensor.Device, in, out int, bias bool) *Linear {
+	bound := float32(1 / math.Sqrt(float64(in)))
+	l := &Linear{Weight: newParam(tensor.Rand(dev, tensor.F32, -bound, bound, out, in))}
+	if bias {
+		l.Bias = newParam(tensor.Rand(dev, tensor.F32, -bound, bound, out))
+	}
+	return l
+}
+
+// Forward computes x·Wᵀ + b for x of N×In.
+func (l *Linear) Forward(x *T) *T { return ag.Linear(x, l.Weight, l.Bias) }
+
+// State lists weight and bias.
+func (l *Linear) State(prefix string) []Named {
+	s := []Named{{join(prefix, "weight"), l.Weight, true}}
+	if l.Bias != nil {
+		s = append(s, Named{join(prefix, "bias"), l.Bias, true})
+	}
+	return s
+}
+
+// SetTraining does nothing: Linear behaves the same in both modes.
+func (l *Linear) SetTraining(bool) {}
+
+// Conv2d is a 2-D convolution with square kernels, stride and zero padding.
+type Conv2d struct {
+	Weight, Bias *T
+	Stride, Pad  int
+}
+
+// NewConv2d returns a convolution of in to out channels with k×k kernels,
+// Kaiming-normal initialised (fan out, as torchvision's ResNets), bias zero.
+func NewConv2d(dev *tensor.Device, in, out, k, stride, pad int, bias bool) *Conv2d {
+	c := &Conv2d{Weight: newParam(KaimingNormal(dev, out*k*k, out, in, k, k)), Stride: stride, Pad: pad}
+	if bias {
+		c.Bias = newParam(tensor.Zeros(dev, tensor.F32, out))
+	}
+	return c
+}
+
+// Forward convolves x (N×C×H×W).
+func (c *Conv2d) Forward(x *T) *T { return ag.Conv2d(x, c.Weight, c.Bias, c.Stride, c.Pad) }
+
+// State lists weight and bias.
+func (c *Conv2d) State(prefix string) []Named {
+	s := []Named{{join(prefix, "weight"), c.Weight, true}}
+	if c.Bias != nil {
+		s = append(s, Named{join(prefix, "bias"), c.Bias, true})
+	}
+	return s
+}
+
+// SetTraining does nothing.
+func (c *Conv2d) SetTraining(bool) {}
+
+// BatchNorm2d normalises each channel with batch statistics in training and
+// running statistics in evaluation.
+type BatchNorm2d struct {
+	Weight, Bias            *T // γ and β
+	RunningMean, RunningVar *T
+	Momentum, Eps           float32
+	Training                bool
+}
+
+// NewBatchNorm2d returns batch normalisation over c channels with PyTorch's
+// defaults: γ = 1, β = 0, momentum 0.1, ε = 1e-5, training mode.
+func NewBatchNorm2d(dev *tensor.Device, c int) *BatchNorm2d {
+	return &BatchNorm2d{
+		Weight:      newParam(tensor.Ones(dev, tensor.F32, c)),
+		Bias:        newParam(tensor.Zeros(dev, tensor.F32, c)),
+		RunningMean: tensor.Zeros(dev, tensor.F32, c).Keep(),
+		RunningVar:  tensor.Ones(dev, tensor.F32, c).Keep(),
+		Momentum:    0.1, Eps: 1e-5, Training: true,
+	}
+}
+
+// Forward normalises x (N×C×H×W).
+func (b *BatchNorm2d) Forward(x *T) *T {
+	return ag.BatchNorm2d(x, b.Weight, b.Bias, b.RunningMean, b.RunningVar, b.Training, b.Momentum, b.Eps)
+}
+
+// State lists γ, β and the running statistics (buffers).
+func (b *BatchNorm2d) State(prefix string) []Named {
+	return []Named{
+		{join(prefix, "weight"), b.Weight, true}, {join(prefix, "bias"), b.Bias, true},
+		{join(prefix, "running_mean"), b.RunningMean, false}, {join(prefix, "running_var"), b.RunningVar, false},
+	}
+}
+
+// SetTraining chooses batch (on) or running (off) statistics.
+func (b *BatchNorm2d) SetTraining(on bool) { b.Training = on }
+
+// fn is a stateless module made of a function.
+type fn struct {
+	name string
+	f    func(*T) *T
+}
+
+func (m fn) Forward(x *T) *T      { return m.f(x) }
+func (m fn) State(string) []Named { return nil }
+func (m fn) SetTraining(bool)     {}
+func (m fn) String() string       { return m.name }
+
+// ReLU returns the max(x, 0) module.
+func ReLU() Module { return fn{"ReLU", ag.ReLU} }
+
+// Flatten returns the module reshaping N×... to N×(rest).
+func Flatten() Module { return fn{"Flatten", ag.Flatten} }
+
+// MaxPool2d returns k×k max pooling.
+func MaxPool2d(k, stride, pad int) Module {
+	return fn{fmt.Sprintf("MaxPool2d(%d,%d,%d)", k, stride, pad), func(x *T) *T { return ag.MaxPool2d(x, k, stride, pad) }}
+}
+
+// AvgPool2d returns k×k average pooling.
+func AvgPool2d(k, stride, pad int) Module {
+	return fn{fmt.Sprintf("AvgPool2d(%d,%d,%d)", k, stride, pad), func(x *T) *T { return ag.AvgPool2d(x, k, stride, pad) }}
+}
+
+// GlobalAvgPool returns the module averaging each channel: N×C×H×W to N×C.
+func GlobalAvgPool() Module { return fn{"GlobalAvgPool", ag.GlobalAvgPool} }
+
+// Dropout zeroes elements with probability P in training, drawing masks from
+// the input's device generator.
+type Dropout struct {
+	P        float32
+	Training bool
+}
+
+// NewDropout returns dropout with probability p, in training mode.
+func NewDropout(p float32) *Dropout { return &Dropout{P: p, Training: true} }
+
+// Forward applies dropout in training and is the identity otherwise.
+func (d *Dropout) Forward(x *T) *T {
+	if !d.Training || d.P == 0 {
+		return ag.Identity(x)
+	}
+	return ag.Dropout(x, d.P, nil)
+}
+
+// State is empty.
+func (d *Dropout) State(string) []Named { return nil }
+
+// SetTraining turns dropout on or off.
+func (d *Dropout) SetTraining(on bool) { d.Training = on }
+
+// CrossEntropy is the mean cross-entropy of logits (N×K) against I32 labels (N).
+func CrossEntropy(logits, labels *T) *T { return ag.CrossEntropy(logits, labels) }

@@ -1,0 +1,271 @@
+package nn
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// testDevice is the device tests build models on; CUDA tests swap it.
+var testDevice = tensor.CPU
+
+func TestShapes(t *testing.T) {
+	dev := testDevice()
+	r20, err := NewCIFARResNet(dev, 20, 1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Release(r20)
+	r18 := NewResNet18(dev, 3, 7)
+	defer Release(r18)
+	mlp := NewMLP(dev, []int{784, 64, 10}, 0.1)
+	defer Release(mlp)
+	for _, tc := range []struct {
+		m   Module
+		in  []int
+		out []int
+	}{
+		{r20, []int{2, 1, 28, 28}, []int{2, 10}},
+		{r18, []int{1, 3, 32, 32}, []int{1, 7}},
+		{mlp, []int{3, 1, 28, 28}, []int{3, 10}},
+	} {
+		tensor.WithScope(func() {
+			ag.NoGrad(func() {
+				y := tc.m.Forward(tensor.Randn(dev, tensor.F32, 0, 1, tc.in...))
+				if got := y.Shape(); !equalShape(got, tc.out) {
+					t.Errorf("%T: output %v, want %v", tc.m, got, tc.out)
+				}
+			})
+		})
+	}
+	if got := CountParams(mlp); got != 784*64+64+64*10+10 {
+		t.Errorf("MLP has %d parameters", got)
+	}
+	// ResNet-20 for 1-channel input with 1×1 projection shortcuts.
+	want := 16*1*9 + 2*16 // stem
+	for s, w := range []int{16, 32, 64} {
+		in := []int{16, 16, 32}[s]
+		for i := 0; i < 3; i++ {
+			cin := w
+			if i == 0 {
+				cin = in
+			}
+			want += cin*w*9 + w*w*9 + 4*w
+			if cin != w {
+				want += cin*w + 2*w
+			}
+		}
+	}
+	want += 64*10 + 10
+	if got := CountParams(r20); got != want {
+		t.Errorf("ResNet-20 has %d parameters, want %d", got, want)
+	}
+	if _, err := NewCIFARResNet(dev, 21, 1, 10); err == nil || !strings.Contains(err.Error(), "6n+2") {
+		t.Errorf("depth 21 accepted: %v", err)
+	}
+}
+
+func relErr(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(num / math.Max(den, 1e-30))
+}
+
+// step runs one forward and backward of m on a fixed batch and returns the
+// peak allocated bytes of the step.
+func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
+	a := dev.Allocator()
+	a.ResetPeak()
+	tensor.WithScope(func() {
+		g := tensor.NewGenerator(42)
+		x := tensor.Empty(dev, tensor.F32, batch, 1, 28, 28)
+		dev.Backend().Normal(x.Buf(), 0, 1, g.Next(x.Numel()))
+		lv := make([]int32, batch)
+		for i := range lv {
+			lv[i] = int32(i % 10)
+		}
+		y := tensor.FromInt32(dev, lv, batch)
+		run := func() {
+			logits := m.Forward(x)
+			loss := ag.CrossEntropy(logits, y)
+			logits.Release()
+			ag.Backward(loss)
+		}
+		if amp {
+			ag.Autocast(run)
+		} else {
+			run()
+		}
+	})
+	return a.Stats().Allocated[memory.All].Peak
+}
+
+// TestCheckpointMatchesPlain: a checkpointed ResNet-20 (with dropout in its
+// blocks and batch norm in training mode) gives the gradients of the plain
+// one, updates the running statistics once, and peaks lower.
+func TestCheckpointMatchesPlain(t *testing.T) {
+	dev := testDevice()
+	build := func(mode CheckpointMode) *ResNet {
+		dev.Generator().Seed(7)
+		r, _ := NewCIFARResNet(dev, 20, 1, 10)
+		r.SetDropout(0.2)
+		r.Checkpoint = mode
+		return r
+	}
+	plain := build(NoCheckpoint)
+	defer Release(plain)
+	dev.Generator().Seed(99)
+	peakPlain := step(plain, dev, false, 8)
+	for _, mode := range []CheckpointMode{CheckpointBlocks, CheckpointSqrt} {
+		ck := build(mode)
+		dev.Generator().Seed(99) // the same dropout masks
+		peakCk := step(ck, dev, false, 8)
+		ps, cs := plain.State(""), ck.State("")
+		for i := range ps {
+			a, b := cs[i].T, ps[i].T
+			if ps[i].Param {
+				if e := relErr(a.Grad().Float32s(), b.Grad().Float32s()); e > 1e-5 {
+					t.Errorf("mode %d: gradient of %s differs: relative error %.3g", mode, ps[i].Name, e)
+				}
+			} else if e := relErr(a.Float32s(), b.Float32s()); e > 1e-6 {
+				t.Errorf("mode %d: %s differs after one step (updated twice?): relative error %.3g", mode, ps[i].Name, e)
+			}
+		}
+		if peakCk >= peakPlain {
+			t.Errorf("mode %d: checkpointed peak %d bytes, plain %d: no saving", mode, peakCk, peakPlain)
+		}
+		t.Logf("mode %d: peak allocated %d bytes, plain %d (%.0f%%)", mode, peakCk, peakPlain, 100*float64(peakCk-peakPlain)/float64(peakPlain))
+		Release(ck)
+	}
+}
+
+// TestAMPSavesMemory: ResNet-20 under autocast peaks at least 35% below F32
+// on the same batch, by the pool's statistics.
+func TestAMPSavesMemory(t *testing.T) {
+	dev := testDevice()
+	r, _ := NewCIFARResNet(dev, 20, 1, 10)
+	defer Release(r)
+	fp32 := step(r, dev, false, 16)
+	ZeroGrad(r)
+	amp := step(r, dev, true, 16)
+	ZeroGrad(r)
+	saving := 1 - float64(amp)/float64(fp32)
+	t.Logf("peak allocated: f32 %d bytes, amp %d bytes (%.1f%% less)", fp32, amp, 100*saving)
+	if saving < 0.35 {
+		t.Errorf("AMP peak %d is only %.1f%% below F32's %d; want at least 35%%", amp, 100*saving, fp32)
+	}
+}
+
+func TestSaveLoadRoundTrip(t *testing.T) {
+	dev := testDevice()
+	a, _ := NewCIFARResNet(dev, 8, 1, 10)
+	defer Release(a)
+	// Run a training step so the running statistics are not their initial values.
+	step(a, dev, false, 4)
+	ZeroGrad(a)
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	if err := Save(a, path); err != nil {
+		t.Fatal(err)
+	}
+	dev.Generator().Seed(12345)
+	b, _ := NewCIFARResNet(dev, 8, 1, 10)
+	defer Release(b)
+	if err := Load(b, path); err != nil {
+		t.Fatal(err)
+	}
+	as, bs := a.State(""), b.State("")
+	for i := range as {
+		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
+			t.Errorf("%s differs after a save/load round trip", as[i].Name)
+		}
+	}
+	// A model of another shape refuses the file, naming it and the tensor.
+	c, _ := NewCIFARResNet(dev, 14, 1, 10)
+	defer Release(c)
+	if err := Load(c, path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "layers.") {
+		t.Errorf("loading into a deeper model: %v", err)
+	}
+	// Corrupt files give errors naming the file, never a panic.
+	data, _ := os.ReadFile(path)
+	for name, bad := range map[string][]byte{
+		"truncated":   data[:len(data)-10],
+		"short":       data[:5],
+		"huge header": append(binary.LittleEndian.AppendUint64(nil, 1<<40), data[8:]...),
+	} {
+		p := filepath.Join(t.TempDir(), "bad.safetensors")
+		os.WriteFile(p, bad, 0o644)
+		if err := Load(b, p); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s file: err = %v", name, err)
+		}
+	}
+}
+
+// The file layout, byte for byte, for a known tensor: what Python's
+// safetensors writes for {"a": torch.tensor([1., 2.])} with no metadata.
+func TestSafetensorsLayout(t *testing.T) {
+	st := &Safetensors{Tensors: map[string]Stored{"a": {DType: tensor.F32, Shape: []int{2}, Data: []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0x40}}}}
+	var buf bytes.Buffer
+	if err := st.Encode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	n := binary.LittleEndian.Uint64(b)
+	header := strings.TrimRight(string(b[8:8+n]), " ")
+	if header != `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}` || (8+n)%8 != 0 {
+		t.Errorf("header %q (length %d)", header, n)
+	}
+	back, err := ParseSafetensors(b)
+	if err != nil || !bytes.Equal(back.Tensors["a"].Data, st.Tensors["a"].Data) {
+		t.Errorf("round trip: %v", err)
+	}
+}
+
+func FuzzParseSafetensors(f *testing.F) {
+	st := &Safetensors{
+		Tensors: map[string]Stored{
+			"w": {DType: tensor.F32, Shape: []int{2, 2}, Data: make([]byte, 16)},
+			"h": {DType: tensor.F16, Shape: []int{3}, Data: make([]byte, 6)},
+			"n": {DType: tensor.I32, Shape: []int{}, Data: make([]byte, 4)},
+		},
+		Metadata: map[string]string{"epoch": "3"},
+	}
+	var buf bytes.Buffer
+	st.Encode(&buf)
+	f.Add(buf.Bytes())
+	f.Add([]byte{})
+	f.Add([]byte("\x02\x00\x00\x00\x00\x00\x00\x00{}"))
+	f.Add(append(binary.LittleEndian.AppendUint64(nil, 52), []byte(`{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`)...))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := ParseSafetensors(data)
+		if err != nil {
+			return
+		}
+		// What parses re-encodes and parses to the same tensors.
+		var out bytes.Buffer
+		if err := st.Encode(&out); err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParseSafetensors(out.Bytes())
+		if err != nil {
+			t.Fatalf("re-encoded file does not parse: %v", err)
+		}
+		for k, v := range st.Tensors {
+			w := again.Tensors[k]
+			if w.DType != v.DType || !equalShape(w.Shape, v.Shape) || !bytes.Equal(w.Data, v.Data) {
+				t.Fatalf("tensor %q changed in a round trip", k)
+			}
+		}
+	})
+}

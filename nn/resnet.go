@@ -1,0 +1,286 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// then applies f to h and releases h.
+func then(h *T, f func(*T) *T) *T {
+	y := f(h)
+	h.Release()
+	return y
+}
+
+// BasicBlock is ResNet's residual block: relu(bn(conv(relu(bn(conv(x))))) +
+// shortcut(x)), the shortcut a 1×1 convolution with batch norm where the
+// shape changes and the identity otherwise.
+type BasicBlock struct {
+	Conv1, Conv2 *Conv2d
+	BN1, BN2     *BatchNorm2d
+	ShortConv    *Conv2d // nil for the identity
+	ShortBN      *BatchNorm2d
+	Dropout      *Dropout // between the two convolutions, as in wide ResNets; nil for none
+}
+
+// NewBasicBlock returns a block from in to out channels, the first
+// convolution with the given stride.
+func NewBasicBlock(dev *tensor.Device, in, out, stride int) *BasicBlock {
+	b := &BasicBlock{
+		Conv1: NewConv2d(dev, in, out, 3, stride, 1, false), BN1: NewBatchNorm2d(dev, out),
+		Conv2: NewConv2d(dev, out, out, 3, 1, 1, false), BN2: NewBatchNorm2d(dev, out),
+	}
+	if stride != 1 || in != out {
+		b.ShortConv, b.ShortBN = NewConv2d(dev, in, out, 1, stride, 0, false), NewBatchNorm2d(dev, out)
+	}
+	return b
+}
+
+// Forward computes the block.
+func (b *BasicBlock) Forward(x *T) *T {
+	h := then(b.Conv1.Forward(x), b.BN1.Forward)
+	h = then(h, ag.ReLU)
+	if b.Dropout != nil {
+		h = then(h, b.Dropout.Forward)
+	}
+	h = then(h, b.Conv2.Forward)
+	h = then(h, b.BN2.Forward)
+	s := x
+	if b.ShortConv != nil {
+		s = then(b.ShortConv.Forward(x), b.ShortBN.Forward)
+	}
+	y := ag.Add(h, s)
+	h.Release()
+	if s != x {
+		s.Release()
+	}
+	return then(y, ag.ReLU)
+}
+
+// State lists the block's convolutions and batch norms.
+func (b *BasicBlock) State(prefix string) []Named {
+	s := append(b.Conv1.State(join(prefix, "conv1")), b.BN1.State(join(prefix, "bn1"))...)
+	s = append(s, b.Conv2.State(join(prefix, "conv2"))...)
+	s = append(s, b.BN2.State(join(prefix, "bn2"))...)
+	if b.ShortConv != nil {
+		s = append(s, b.ShortConv.State(join(prefix, "shortcut.0"))...)
+		s = append(s, b.ShortBN.State(join(prefix, "shortcut.1"))...)
+	}
+	return s
+}
+
+// SetTraining sets the batch norms' mode.
+func (b *BasicBlock) SetTraining(on bool) {
+	b.BN1.SetTraining(on)
+	b.BN2.SetTraining(on)
+	if b.Dropout != nil {
+		b.Dropout.SetTraining(on)
+	}
+	if b.ShortBN != nil {
+		b.ShortBN.SetTraining(on)
+	}
+}
+
+// CheckpointMode says which parts of a ResNet are checkpointed.
+type CheckpointMode int
+
+// The checkpointing modes.
+const (
+	NoCheckpoint     CheckpointMode = iota
+	CheckpointBlocks                // every residual block
+	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks
+)
+
+// ParseCheckpointMode reads "none", "blocks" or "sqrt".
+func ParseCheckpointMode(s string) (CheckpointMode, error) {
+	switch s {
+	case "none", "":
+		return NoCheckpoint, nil
+	case "blocks", "block":
+		return CheckpointBlocks, nil
+	case "sqrt":
+		return CheckpointSqrt, nil
+	}
+	return 0, fmt.Errorf("checkpoint mode %q: want none, blocks or sqrt", s)
+}
+
+// ResNet is a residual network: a 3×3 stem convolution, stages of basic
+// blocks, global average pooling and a linear classifier.
+type ResNet struct {
+	Stem       *Conv2d
+	StemBN     *BatchNorm2d
+	Blocks     []*BasicBlock
+	FC         *Linear
+	Checkpoint CheckpointMode
+	Name       string
+}
+
+// NewResNet builds a ResNet with blocks[i] blocks of widths[i] channels per
+// stage (every stage after the first halves the resolution).
+func NewResNet(dev *tensor.Device, name string, inChannels, classes int, widths, blocks []int) *ResNet {
+	r := &ResNet{Name: name, Stem: NewConv2d(dev, inChannels, widths[0], 3, 1, 1, false), StemBN: NewBatchNorm2d(dev, widths[0])}
+	in := widths[0]
+	for s, w := range widths {
+		for i := 0; i < blocks[s]; i++ {
+			stride := 1
+			if i == 0 && s > 0 {
+				stride = 2
+			}
+			r.Blocks = append(r.Blocks, NewBasicBlock(dev, in, w, stride))
+			in = w
+		}
+	}
+	r.FC = NewLinear(dev, in, classes, true)
+	return r
+}
+
+// NewCIFARResNet builds the CIFAR-style ResNet of He et al. (2016) of the
+// given depth, 6n+2 (20, 32, 44, 56, 110, 1202, ...): three stages of n
+// blocks with 16, 32 and 64 channels. Shortcuts that change shape are 1×1
+// convolutions (option B).
+func NewCIFARResNet(dev *tensor.Device, depth, inChannels, classes int) (*ResNet, error) {
+	if depth < 8 || (depth-2)%6 != 0 {
+		return nil, fmt.Errorf("ResNet depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202, ...)", depth)
+	}
+	n := (depth - 2) / 6
+	return NewResNet(dev, fmt.Sprintf("resnet%d", depth), inChannels, classes, []int{16, 32, 64}, []int{n, n, n}), nil
+}
+
+// SetDropout puts dropout with probability p between the two convolutions
+// of every block (p = 0 removes it).
+func (r *ResNet) SetDropout(p float32) {
+	for _, b := range r.Blocks {
+		b.Dropout = nil
+		if p > 0 {
+			b.Dropout = NewDropout(p)
+		}
+	}
+}
+
+// NewResNet18 builds ResNet-18 in its CIFAR variant: a 3×3 stem without max
+// pooling and four stages of two blocks with 64, 128, 256 and 512 channels.
+func NewResNet18(dev *tensor.Device, inChannels, classes int) *ResNet {
+	return NewResNet(dev, "resnet18", inChannels, classes, []int{64, 128, 256, 512}, []int{2, 2, 2, 2})
+}
+
+// segments groups the blocks for checkpointing.
+func (r *ResNet) segments() [][]*BasicBlock {
+	switch r.Checkpoint {
+	case CheckpointBlocks:
+		out := make([][]*BasicBlock, len(r.Blocks))
+		for i, b := range r.Blocks {
+			out[i] = []*BasicBlock{b}
+		}
+		return out
+	case CheckpointSqrt:
+		size := int(math.Ceil(math.Sqrt(float64(len(r.Blocks)))))
+		var out [][]*BasicBlock
+		for i := 0; i < len(r.Blocks); i += size {
+			out = append(out, r.Blocks[i:min(i+size, len(r.Blocks))])
+		}
+		return out
+	}
+	return [][]*BasicBlock{r.Blocks}
+}
+
+func runBlocks(blocks []*BasicBlock, x *T) *T {
+	h := x
+	for _, b := range blocks {
+		next := b.Forward(h)
+		if h != x {
+			h.Release()
+		}
+		h = next
+	}
+	if h == x {
+		return x.View(x.Shape()...)
+	}
+	return h
+}
+
+// Forward computes the logits for x (N×C×H×W).
+func (r *ResNet) Forward(x *T) *T {
+	h := then(r.Stem.Forward(x), r.StemBN.Forward)
+	h = then(h, ag.ReLU)
+	for _, seg := range r.segments() {
+		if r.Checkpoint == NoCheckpoint {
+			h = then(h, func(h *T) *T { return runBlocks(seg, h) })
+			continue
+		}
+		h = then(h, func(h *T) *T {
+			return ag.Checkpoint(func(in []*T) *T { return runBlocks(seg, in[0]) }, h)
+		})
+	}
+	h = then(h, ag.GlobalAvgPool)
+	return then(h, r.FC.Forward)
+}
+
+// State lists the stem, the blocks (layers.i) and the classifier.
+func (r *ResNet) State(prefix string) []Named {
+	s := append(r.Stem.State(join(prefix, "conv1")), r.StemBN.State(join(prefix, "bn1"))...)
+	for i, b := range r.Blocks {
+		s = append(s, b.State(join(prefix, fmt.Sprintf("layers.%d", i)))...)
+	}
+	return append(s, r.FC.State(join(prefix, "fc"))...)
+}
+
+// SetTraining sets every batch norm's mode.
+func (r *ResNet) SetTraining(on bool) {
+	r.StemBN.SetTraining(on)
+	for _, b := range r.Blocks {
+		b.SetTraining(on)
+	}
+}
+
+// MLP is a multilayer perceptron on flattened inputs: Linear layers with
+// ReLU (and dropout, if asked) between them.
+type MLP struct {
+	Layers  []*Linear
+	Dropout *Dropout
+}
+
+// NewMLP returns an MLP through the given sizes (input first, classes last).
+func NewMLP(dev *tensor.Device, sizes []int, dropout float32) *MLP {
+	m := &MLP{}
+	for i := 0; i+1 < len(sizes); i++ {
+		m.Layers = append(m.Layers, NewLinear(dev, sizes[i], sizes[i+1], true))
+	}
+	if dropout > 0 {
+		m.Dropout = NewDropout(dropout)
+	}
+	return m
+}
+
+// Forward flattens x and runs the layers.
+func (m *MLP) Forward(x *T) *T {
+	h := ag.Flatten(x)
+	for i, l := range m.Layers {
+		h = then(h, l.Forward)
+		if i+1 < len(m.Layers) {
+			h = then(h, ag.ReLU)
+			if m.Dropout != nil {
+				h = then(h, m.Dropout.Forward)
+			}
+		}
+	}
+	return h
+}
+
+// State lists the layers (layers.i).
+func (m *MLP) State(prefix string) []Named {
+	var s []Named
+	for i, l := range m.Layers {
+		s = append(s, l.State(join(prefix, fmt.Sprintf("layers.%d", i)))...)
+	}
+	return s
+}
+
+// SetTraining switches dropout.
+func (m *MLP) SetTraining(on bool) {
+	if m.Dropout != nil {
+		m.Dropout.SetTraining(on)
+	}
+}

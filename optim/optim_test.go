@@ -1,0 +1,168 @@
+package optim
+
+import (
+	"math"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+var testDevice = tensor.CPU
+
+func param(vals ...float32) *tensor.Tensor {
+	return tensor.FromFloat32(testDevice(), vals, len(vals)).Keep().SetRequiresGrad(true)
+}
+
+func setGrad(p *tensor.Tensor, vals ...float32) {
+	p.SetGrad(tensor.FromFloat32(p.Device(), vals, len(vals)))
+}
+
+func near(t *testing.T, what string, got []float32, want ...float64) {
+	t.Helper()
+	for i := range want {
+		if math.Abs(float64(got[i])-want[i]) > 1e-6*(1+math.Abs(want[i])) {
+			t.Errorf("%s[%d] = %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// SGD with momentum 0.9, Nesterov, weight decay 0.1, two steps worked by hand.
+func TestSGD(t *testing.T) {
+	p := param(1, -2)
+	defer p.Release()
+	o := NewSGD([]*tensor.Tensor{p}, 0.5, 0.9, 0.1, true)
+	defer o.Release()
+	setGrad(p, 0.2, 0.4)
+	o.Step()
+	// d = g + 0.1p = (0.3, 0.2); buf = d; p -= 0.5(d + 0.9buf) = p - 0.95d
+	near(t, "p after step 1", p.Float32s(), 1-0.95*0.3, -2-0.95*0.2)
+	p1 := []float64{1 - 0.95*0.3, -2 - 0.95*0.2}
+	setGrad(p, -0.1, 0.3)
+	o.Step()
+	var want []float64
+	for i, g := range []float64{-0.1, 0.3} {
+		d := g + 0.1*p1[i]
+		buf := 0.9*[]float64{0.3, 0.2}[i] + d
+		want = append(want, p1[i]-0.5*(d+0.9*buf))
+	}
+	near(t, "p after step 2", p.Float32s(), want...)
+}
+
+func TestAdamW(t *testing.T) {
+	p := param(0.5)
+	defer p.Release()
+	o := NewAdamW([]*tensor.Tensor{p}, 0.1, 0.01)
+	defer o.Release()
+	pv, m, v := 0.5, 0.0, 0.0
+	for step, g := range []float64{0.2, -0.3, 0.1} {
+		setGrad(p, float32(g))
+		o.Step()
+		k := float64(step + 1)
+		pv *= 1 - 0.1*0.01
+		m = 0.9*m + 0.1*g
+		v = 0.999*v + 0.001*g*g
+		pv -= 0.1 * (m / (1 - math.Pow(0.9, k))) / (math.Sqrt(v/(1-math.Pow(0.999, k))) + 1e-8)
+		near(t, "p", p.Float32s(), pv)
+	}
+	if c := o.Counters(); c["step.0"] != 3 {
+		t.Errorf("counters %v", c)
+	}
+}
+
+func TestZeroGradReleasesMemory(t *testing.T) {
+	dev := tensor.NewDevice(testDevice().Backend())
+	p := tensor.Zeros(dev, tensor.F32, 1000).Keep().SetRequiresGrad(true)
+	defer p.Release()
+	a := dev.Allocator()
+	before := a.Stats().Allocated[memory.All].Current
+	p.SetGrad(tensor.Ones(dev, tensor.F32, 1000))
+	if a.Stats().Allocated[memory.All].Current == before {
+		t.Fatal("gradient not allocated")
+	}
+	o := NewSGD([]*tensor.Tensor{p}, 0.1, 0, 0, false)
+	o.ZeroGrad()
+	if got := a.Stats().Allocated[memory.All].Current; got != before {
+		t.Errorf("after ZeroGrad %d bytes allocated, before the gradient %d", got, before)
+	}
+}
+
+func TestSchedules(t *testing.T) {
+	c := CosineWarmup{Base: 0.1, Min: 0.001, Warmup: 10, Total: 110}
+	for _, tc := range []struct {
+		step int
+		want float64
+	}{{0, 0.01}, {9, 0.1}, {10, 0.1}, {60, 0.0505}, {110, 0.001}, {500, 0.001}} {
+		if got := c.LR(tc.step); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("cosine LR(%d) = %v, want %v", tc.step, got, tc.want)
+		}
+	}
+	o := NewOneCycle(0.4, 100)
+	if got := o.LR(0); math.Abs(got-0.016) > 1e-12 {
+		t.Errorf("one-cycle starts at %v, want max/25", got)
+	}
+	if got := o.LR(29); math.Abs(got-0.4) > 1e-12 {
+		t.Errorf("one-cycle peak %v at 30%%", got)
+	}
+	if got := o.LR(99); math.Abs(got-0.016/1e4) > 1e-15 {
+		t.Errorf("one-cycle ends at %v", got)
+	}
+}
+
+// TestGradScaler: an injected inf skips the step and halves the scale;
+// GrowthInterval clean steps double it; the state round-trips.
+func TestGradScaler(t *testing.T) {
+	dev := testDevice()
+	w := param(1, 2, 3)
+	defer w.Release()
+	opt := NewSGD([]*tensor.Tensor{w}, 0.1, 0, 0, false)
+	s := NewGradScaler(dev)
+	defer s.Release()
+	s.GrowthInterval = 3
+	if s.Scale() != 65536 {
+		t.Fatalf("initial scale %v", s.Scale())
+	}
+	step := func(x float32) bool {
+		var stepped bool
+		tensor.WithScope(func() {
+			in := tensor.FromFloat32(dev, []float32{x, 1, 1}, 3)
+			loss := ag.SumAll(ag.Mul(w, in))
+			ag.Backward(s.ScaleLoss(loss))
+			stepped = s.Step(opt)
+			s.Update()
+		})
+		opt.ZeroGrad()
+		return stepped
+	}
+	if !step(1) {
+		t.Fatal("a clean step was skipped")
+	}
+	// The unscaled gradient (1, 1, 1) was applied: w -= 0.1.
+	near(t, "w after a clean step", w.Float32s(), 0.9, 1.9, 2.9)
+	if step(float32(math.Inf(1))) {
+		t.Error("a step with an infinite gradient ran")
+	}
+	near(t, "w after a skipped step", w.Float32s(), 0.9, 1.9, 2.9)
+	if s.Scale() != 32768 {
+		t.Errorf("scale after inf = %v, want 32768", s.Scale())
+	}
+	for i := 0; i < 3; i++ {
+		step(1)
+	}
+	if s.Scale() != 65536 {
+		t.Errorf("scale after 3 clean steps (interval 3) = %v, want 65536", s.Scale())
+	}
+	step(1)
+	c := s.Counters()
+	if c["growth_tracker"] != 1 {
+		t.Errorf("counters %v", c)
+	}
+	s2 := NewGradScaler(dev)
+	if err := s2.LoadCounters(c); err != nil || s2.Scale() != 65536 || s2.Counters()["growth_tracker"] != 1 {
+		t.Errorf("round trip: %v %v", err, s2.Counters())
+	}
+	if err := s2.LoadCounters(map[string]float64{}); err == nil {
+		t.Error("empty state accepted")
+	}
+}
