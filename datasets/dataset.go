@@ -1,0 +1,156 @@
+// Package datasets reads image-classification datasets (MNIST-style IDX
+// files such as Fashion-MNIST, CIFAR-10's binary batches, and a synthetic
+// set) and feeds them to training through a Loader: seeded shuffling,
+// batching, normalisation, augmentation and prefetching on a goroutine.
+//
+// Readers check what they read: a truncated, mislabelled or mismatched file
+// is an error naming the file and the problem, never a panic.
+package datasets
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Dataset is a set of labelled images held on the host as bytes.
+type Dataset struct {
+	Name       string
+	Images     []uint8 // N×C×H×W, row-major
+	Labels     []int32
+	N, C, H, W int
+	Classes    int
+	ClassNames []string
+}
+
+// Subset returns the first n examples (all if n <= 0 or n >= N), sharing memory.
+func (d *Dataset) Subset(n int) *Dataset {
+	if n <= 0 || n >= d.N {
+		return d
+	}
+	s := *d
+	s.N = n
+	s.Images = d.Images[:n*d.C*d.H*d.W]
+	s.Labels = d.Labels[:n]
+	return &s
+}
+
+// MeanStd returns the per-channel mean and standard deviation of the pixels
+// scaled to [0, 1].
+func (d *Dataset) MeanStd() (mean, std []float32) {
+	mean, std = make([]float32, d.C), make([]float32, d.C)
+	plane := d.H * d.W
+	for c := 0; c < d.C; c++ {
+		var s, sq float64
+		for n := 0; n < d.N; n++ {
+			for _, v := range d.Images[(n*d.C+c)*plane : (n*d.C+c+1)*plane] {
+				f := float64(v) / 255
+				s += f
+				sq += f * f
+			}
+		}
+		cnt := float64(d.N * plane)
+		m := s / cnt
+		mean[c], std[c] = float32(m), float32(max(1e-6, math.Sqrt(max(0, sq/cnt-m*m))))
+	}
+	return mean, std
+}
+
+func (d *Dataset) check(file string) error {
+	if len(d.Labels) != d.N || len(d.Images) != d.N*d.C*d.H*d.W {
+		return fmt.Errorf("%s: %d labels and %d image bytes for %d examples of %dx%dx%d", file, len(d.Labels), len(d.Images), d.N, d.C, d.H, d.W)
+	}
+	for i, l := range d.Labels {
+		if l < 0 || int(l) >= d.Classes {
+			return fmt.Errorf("%s: label %d of example %d is outside 0..%d", file, l, i, d.Classes-1)
+		}
+	}
+	return nil
+}
+
+// Names of the datasets Open knows.
+const (
+	FashionMNIST = "fashion-mnist"
+	CIFAR10      = "cifar10"
+	SyntheticSet = "synthetic"
+)
+
+// ErrNotFound is wrapped by Find's error when a dataset is in none of the places searched.
+var ErrNotFound = errors.New("dataset not found")
+
+// SearchPath lists where Find looks for a dataset, in order: dir (the -data
+// flag, if given), $LEANGRAD_DATA/<name>, /usr/share/datasets/<name> (where
+// Debian's dataset-fashion-mnist puts it) and the user cache dir.
+func SearchPath(name, dir string) []string {
+	var dirs []string
+	if dir != "" {
+		dirs = append(dirs, dir)
+	}
+	if v := os.Getenv("LEANGRAD_DATA"); v != "" {
+		dirs = append(dirs, filepath.Join(v, name))
+	}
+	dirs = append(dirs, filepath.Join("/usr/share/datasets", name))
+	if c, err := os.UserCacheDir(); err == nil {
+		dirs = append(dirs, filepath.Join(c, "leangrad", "datasets", name))
+	}
+	return dirs
+}
+
+// Find returns the first folder of SearchPath that holds the dataset's
+// files, or an error listing where it looked.
+func Find(name, dir string) (string, error) {
+	dirs := SearchPath(name, dir)
+	for _, d := range dirs {
+		if present(name, d) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("%s: %w in %s", name, ErrNotFound, strings.Join(dirs, ", "))
+}
+
+func present(name, dir string) bool {
+	switch name {
+	case FashionMNIST:
+		_, err := idxPath(dir, "train-images-idx3-ubyte")
+		return err == nil
+	case CIFAR10:
+		_, err := cifarDir(dir)
+		return err == nil
+	}
+	return false
+}
+
+// Open loads the named dataset's training and test sets: fashion-mnist and
+// cifar10 from the first folder of SearchPath that has them (downloading
+// Fashion-MNIST into the user cache dir first when download is set and it is
+// nowhere), synthetic generated from seed.
+func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, err error) {
+	switch name {
+	case SyntheticSet:
+		return Synthetic(6000, seed), Synthetic(1000, seed+1), nil
+	case FashionMNIST, CIFAR10:
+	default:
+		return nil, nil, fmt.Errorf("unknown dataset %q: want fashion-mnist, cifar10 or synthetic", name)
+	}
+	found, err := Find(name, dir)
+	if err != nil && download {
+		if name != FashionMNIST {
+			return nil, nil, fmt.Errorf("%v; -download fetches fashion-mnist only: put CIFAR-10's binary batches (cifar-10-batches-bin) in one of those folders", err)
+		}
+		dirs := SearchPath(name, "")
+		found, err = dirs[len(dirs)-1], nil
+		if derr := DownloadFashionMNIST(found); derr != nil {
+			return nil, nil, derr
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if name == FashionMNIST {
+		return LoadFashionMNIST(found)
+	}
+	return LoadCIFAR10(found)
+}

@@ -1,0 +1,296 @@
+package datasets
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/binary"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/leangrad/leangrad/tensor"
+)
+
+func idx(dims []int, body []byte) []byte {
+	b := []byte{0, 0, 8, byte(len(dims))}
+	for _, d := range dims {
+		b = binary.BigEndian.AppendUint32(b, uint32(d))
+	}
+	return append(b, body...)
+}
+
+func gz(b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	w.Write(b)
+	w.Close()
+	return buf.Bytes()
+}
+
+func writeIDXPair(t *testing.T, dir, prefix string, images, labels []byte) {
+	t.Helper()
+	os.WriteFile(filepath.Join(dir, prefix+"-images-idx3-ubyte.gz"), gz(images), 0o644)
+	os.WriteFile(filepath.Join(dir, prefix+"-labels-idx1-ubyte"), labels, 0o644)
+}
+
+func TestIDXErrorsNameTheFileAndProblem(t *testing.T) {
+	good := idx([]int{3, 2, 2}, make([]byte, 12))
+	for _, tc := range []struct {
+		name           string
+		images, labels []byte
+		want           string
+	}{
+		{"truncated images", good[:len(good)-1], idx([]int{3}, []byte{1, 2, 3}), "train-images-idx3-ubyte.gz: truncated"},
+		{"bad magic", append([]byte{1, 2, 3, 4}, good[4:]...), idx([]int{3}, []byte{1, 2, 3}), "is not that of an IDX file"},
+		{"mismatched counts", good, idx([]int{2}, []byte{1, 2}), "has 2 labels but"},
+		{"mislabelled", good, idx([]int{3}, []byte{1, 12, 3}), "label 12 of example 1 is outside 0..9"},
+		{"labels as images", idx([]int{3}, []byte{1, 2, 3}), idx([]int{3}, []byte{1, 2, 3}), "has 3 dimensions (N, H, W)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeIDXPair(t, dir, "train", tc.images, tc.labels)
+			writeIDXPair(t, dir, "t10k", good, idx([]int{3}, []byte{0, 0, 0}))
+			_, _, err := LoadFashionMNIST(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), dir) {
+				t.Errorf("err = %v, want one naming the file under %s and containing %q", err, dir, tc.want)
+			}
+		})
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "train-images-idx3-ubyte.gz"), []byte{0x1f, 0x8b, 1, 2, 3}, 0o644)
+	os.WriteFile(filepath.Join(dir, "train-labels-idx1-ubyte"), idx([]int{3}, []byte{0, 0, 0}), 0o644)
+	if _, _, err := LoadFashionMNIST(dir); err == nil || !strings.Contains(err.Error(), "train-images-idx3-ubyte.gz") {
+		t.Errorf("corrupt gzip: err = %v", err)
+	}
+}
+
+func TestRealFashionMNIST(t *testing.T) {
+	dir, err := Find(FashionMNIST, "")
+	if err != nil {
+		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	train, test, err := LoadFashionMNIST(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if train.N != 60000 || test.N != 10000 || train.H != 28 || train.W != 28 {
+		t.Fatalf("train %d, test %d, %dx%d", train.N, test.N, train.H, train.W)
+	}
+	counts := make([]int, 10)
+	for _, l := range train.Labels {
+		counts[l]++
+	}
+	for c, n := range counts {
+		if n != 6000 {
+			t.Errorf("class %d has %d training examples, want 6000", c, n)
+		}
+	}
+	mean, std := train.MeanStd()
+	if math.Abs(float64(mean[0])-0.2860) > 1e-3 || math.Abs(float64(std[0])-0.3530) > 1e-3 {
+		t.Errorf("mean %v std %v, want Fashion-MNIST's 0.2860 and 0.3530", mean, std)
+	}
+}
+
+func TestCIFAR(t *testing.T) {
+	rec := make([]byte, cifarRecord)
+	rec[0] = 7
+	rec[1] = 200
+	d, err := ParseCIFAR(append(append([]byte{}, rec...), rec...))
+	if err != nil || d.N != 2 || d.Labels[1] != 7 || d.Images[3072] != 200 || d.C != 3 {
+		t.Fatalf("ParseCIFAR: %+v %v", d, err)
+	}
+	if _, err := ParseCIFAR(rec[:100]); err == nil || !strings.Contains(err.Error(), "whole number") {
+		t.Errorf("truncated: %v", err)
+	}
+	rec[0] = 10
+	if _, err := ParseCIFAR(rec); err == nil || !strings.Contains(err.Error(), "label 10") {
+		t.Errorf("mislabelled: %v", err)
+	}
+	dir := t.TempDir()
+	rec[0] = 3
+	for _, f := range []string{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"} {
+		os.WriteFile(filepath.Join(dir, f), rec, 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "data_batch_4.bin"), rec[:7], 0o644)
+	if _, _, err := LoadCIFAR10(dir); err == nil || !strings.Contains(err.Error(), "data_batch_4.bin") {
+		t.Errorf("a truncated batch file: %v", err)
+	}
+}
+
+func TestFindSearchOrder(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("LEANGRAD_DATA", root)
+	flagDir := t.TempDir()
+	if _, err := Find(CIFAR10, flagDir); err == nil || !strings.Contains(err.Error(), flagDir) || !strings.Contains(err.Error(), "/usr/share/datasets/cifar10") {
+		t.Errorf("not found: %v", err)
+	}
+	env := filepath.Join(root, CIFAR10)
+	os.MkdirAll(env, 0o755)
+	os.WriteFile(filepath.Join(env, "data_batch_1.bin"), nil, 0o644)
+	if d, err := Find(CIFAR10, flagDir); err != nil || d != env {
+		t.Errorf("Find = %q, %v; want $LEANGRAD_DATA/cifar10", d, err)
+	}
+	os.WriteFile(filepath.Join(flagDir, "data_batch_1.bin"), nil, 0o644)
+	if d, _ := Find(CIFAR10, flagDir); d != flagDir {
+		t.Errorf("the -data folder does not come first: %q", d)
+	}
+}
+
+func TestDownloadVerifiesChecksums(t *testing.T) {
+	files := map[string][]byte{}
+	for name := range fashionMNISTFiles {
+		files[name] = gz([]byte("not the real " + name))
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(files[strings.TrimPrefix(r.URL.Path, "/")])
+	}))
+	defer srv.Close()
+	old := FashionMNISTURL
+	FashionMNISTURL = srv.URL + "/"
+	defer func() { FashionMNISTURL = old }()
+	dir := t.TempDir()
+	err := DownloadFashionMNIST(dir)
+	if err == nil || !strings.Contains(err.Error(), "checksum mismatch") {
+		t.Fatalf("err = %v, want a checksum mismatch", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a file that failed verification was written: %v", entries)
+	}
+	// With the real data behind the server, the download verifies and loads.
+	src, err := Find(FashionMNIST, "")
+	if err != nil {
+		t.Skip("no local Fashion-MNIST to serve: ", err)
+	}
+	for name := range fashionMNISTFiles {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
+			t.Skip(err)
+		}
+		files[name] = b
+	}
+	if err := DownloadFashionMNIST(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, test, err := LoadFashionMNIST(dir); err != nil || test.N != 10000 {
+		t.Errorf("downloaded set: %v", err)
+	}
+}
+
+func TestSyntheticIsDeterministic(t *testing.T) {
+	a, b := Synthetic(50, 3), Synthetic(50, 3)
+	if !bytes.Equal(a.Images, b.Images) || a.Labels[7] != b.Labels[7] {
+		t.Error("same seed, different data")
+	}
+	if c := Synthetic(50, 4); bytes.Equal(a.Images, c.Images) {
+		t.Error("different seeds, same data")
+	}
+}
+
+func TestLoader(t *testing.T) {
+	dev := tensor.CPU()
+	ds := Synthetic(103, 1)
+	l := NewLoader(ds, dev, LoaderConfig{Batch: 10, Shuffle: true, Seed: 5})
+	if l.Len() != 11 {
+		t.Fatalf("Len = %d", l.Len())
+	}
+	labelsOf := func(epoch int) []int32 {
+		var all []int32
+		tensor.WithScope(func() {
+			ep := l.Epoch(epoch)
+			defer ep.Close()
+			for {
+				x, y, ok := ep.Next()
+				if !ok {
+					break
+				}
+				if x.Dim(1) != 1 || x.Dim(2) != 28 || x.Dim(0) != y.Dim(0) {
+					t.Fatalf("batch shapes %v %v", x.Shape(), y.Shape())
+				}
+				all = append(all, y.Int32s()...)
+			}
+		})
+		return all
+	}
+	e0, e0again, e1 := labelsOf(0), labelsOf(0), labelsOf(1)
+	if len(e0) != 103 {
+		t.Fatalf("an epoch yielded %d examples", len(e0))
+	}
+	same := true
+	for i := range e0 {
+		if e0[i] != e0again[i] {
+			t.Fatal("the same epoch shuffled differently")
+		}
+		same = same && e0[i] == e1[i]
+	}
+	if same {
+		t.Error("two epochs had the same order")
+	}
+	// Without shuffling or augmentation, values are the normalised pixels.
+	plain := NewLoader(ds, dev, LoaderConfig{Batch: 4, DropLast: true, Mean: []float32{0.5}, Std: []float32{0.25}})
+	if plain.Len() != 25 {
+		t.Errorf("drop-last Len = %d", plain.Len())
+	}
+	tensor.WithScope(func() {
+		ep := plain.Epoch(0)
+		defer ep.Close() // stops the goroutine early
+		x, _, _ := ep.Next()
+		v := x.Float32s()
+		if want := (float32(ds.Images[30])/255 - 0.5) / 0.25; v[30] != want {
+			t.Errorf("pixel 30 = %v, want %v", v[30], want)
+		}
+	})
+	// Augmentation keeps shapes and changes pixels.
+	aug := NewLoader(ds, dev, LoaderConfig{Batch: 103, CropPad: 2, Flip: true, Seed: 1})
+	tensor.WithScope(func() {
+		ep := aug.Epoch(0)
+		defer ep.Close()
+		x, _, _ := ep.Next()
+		ep2 := plain.Epoch(0)
+		defer ep2.Close()
+		if x.Numel() != 103*784 {
+			t.Errorf("augmented batch %v", x.Shape())
+		}
+	})
+}
+
+func FuzzParseIDX(f *testing.F) {
+	f.Add(idx([]int{2, 2, 2}, make([]byte, 8)))
+	f.Add(idx([]int{3}, []byte{1, 2, 3}))
+	f.Add([]byte{0, 0, 8, 4, 255, 255, 255, 255})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dims, body, err := ParseIDX(data)
+		if err != nil {
+			return
+		}
+		n := 1
+		for _, d := range dims {
+			n *= d
+		}
+		if n != len(body) {
+			t.Fatalf("dims %v but %d bytes", dims, len(body))
+		}
+	})
+}
+
+func FuzzParseCIFAR(f *testing.F) {
+	rec := make([]byte, cifarRecord)
+	f.Add(rec)
+	f.Add(append(rec, rec...))
+	f.Add(rec[:10])
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := ParseCIFAR(data)
+		if err != nil {
+			return
+		}
+		if err := d.check("fuzz"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

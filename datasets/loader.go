@@ -1,0 +1,188 @@
+package datasets
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// LoaderConfig configures a Loader.
+type LoaderConfig struct {
+	Batch    int
+	Shuffle  bool   // a new seeded permutation every epoch
+	Seed     uint64 // seeds shuffling and augmentation
+	DropLast bool   // drop a last, smaller batch
+	CropPad  int    // random crops of the image padded with this many zero pixels (0: none)
+	Flip     bool   // random horizontal flips
+	Mean     []float32
+	Std      []float32 // per-channel normalisation; nil: the dataset's own statistics
+	Prefetch int       // batches prepared ahead on a goroutine (default 2)
+}
+
+// Loader turns a Dataset into batches of device tensors: images as F32
+// N×C×H×W normalised per channel, labels as I32. Batches are prepared on a
+// goroutine (shuffle, augment, normalise) and uploaded on the caller's
+// goroutine when asked for (through the device's pinned staging buffers on a
+// GPU), so the tensors belong to the caller's scope.
+//
+// Shuffling and augmentation are drawn from (Seed, epoch, batch), so an
+// epoch's batches are the same whatever the goroutines' timing and a resumed
+// run sees the batches it would have seen.
+type Loader struct {
+	ds   *Dataset
+	dev  *tensor.Device
+	cfg  LoaderConfig
+	mean []float32
+	std  []float32
+}
+
+// NewLoader returns a loader of ds onto dev.
+func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
+	if cfg.Batch <= 0 {
+		panic(fmt.Sprintf("datasets: batch size %d", cfg.Batch))
+	}
+	if cfg.Prefetch <= 0 {
+		cfg.Prefetch = 2
+	}
+	l := &Loader{ds: ds, dev: dev, cfg: cfg, mean: cfg.Mean, std: cfg.Std}
+	if l.mean == nil || l.std == nil {
+		l.mean, l.std = ds.MeanStd()
+	}
+	return l
+}
+
+// Dataset is the loader's dataset.
+func (l *Loader) Dataset() *Dataset { return l.ds }
+
+// Len is the number of batches in an epoch.
+func (l *Loader) Len() int {
+	if l.cfg.DropLast {
+		return l.ds.N / l.cfg.Batch
+	}
+	return (l.ds.N + l.cfg.Batch - 1) / l.cfg.Batch
+}
+
+type hostBatch struct {
+	x []float32
+	y []int32
+	n int
+}
+
+// Epoch is one pass over the data.
+type Epoch struct {
+	out  chan *hostBatch
+	free chan *hostBatch
+	stop chan struct{}
+	wg   sync.WaitGroup
+	l    *Loader
+	once sync.Once
+}
+
+// Epoch starts pass number e (which seeds its shuffle) over the data.
+func (l *Loader) Epoch(e int) *Epoch {
+	ep := &Epoch{out: make(chan *hostBatch, l.cfg.Prefetch), free: make(chan *hostBatch, l.cfg.Prefetch+2),
+		stop: make(chan struct{}), l: l}
+	per := l.ds.C * l.ds.H * l.ds.W
+	for i := 0; i < l.cfg.Prefetch+2; i++ {
+		ep.free <- &hostBatch{x: make([]float32, l.cfg.Batch*per), y: make([]int32, l.cfg.Batch)}
+	}
+	order := make([]int, l.ds.N)
+	for i := range order {
+		order[i] = i
+	}
+	if l.cfg.Shuffle {
+		rand.New(rand.NewPCG(l.cfg.Seed, uint64(e))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	}
+	ep.wg.Add(1)
+	go func() {
+		defer ep.wg.Done()
+		defer close(ep.out)
+		for b := 0; b < l.Len(); b++ {
+			var hb *hostBatch
+			select {
+			case hb = <-ep.free:
+			case <-ep.stop:
+				return
+			}
+			lo := b * l.cfg.Batch
+			hi := min(lo+l.cfg.Batch, l.ds.N)
+			rng := rand.New(rand.NewPCG(l.cfg.Seed^0xA55A, uint64(e)<<32|uint64(b)))
+			for i, idx := range order[lo:hi] {
+				l.fill(hb.x[i*per:(i+1)*per], idx, rng)
+				hb.y[i] = l.ds.Labels[idx]
+			}
+			hb.n = hi - lo
+			select {
+			case ep.out <- hb:
+			case <-ep.stop:
+				return
+			}
+		}
+	}()
+	return ep
+}
+
+// fill writes example idx, augmented and normalised, into dst.
+func (l *Loader) fill(dst []float32, idx int, rng *rand.Rand) {
+	d := l.ds
+	plane := d.H * d.W
+	src := d.Images[idx*d.C*plane : (idx+1)*d.C*plane]
+	dy, dx, flip := 0, 0, false
+	if p := l.cfg.CropPad; p > 0 {
+		dy, dx = rng.IntN(2*p+1)-p, rng.IntN(2*p+1)-p
+	}
+	if l.cfg.Flip {
+		flip = rng.IntN(2) == 1
+	}
+	for c := 0; c < d.C; c++ {
+		m, inv := l.mean[c], 1/l.std[c]
+		zero := -m * inv // a padded pixel
+		for y := 0; y < d.H; y++ {
+			sy := y + dy
+			row := dst[c*plane+y*d.W : c*plane+(y+1)*d.W]
+			if sy < 0 || sy >= d.H {
+				for x := range row {
+					row[x] = zero
+				}
+				continue
+			}
+			srow := src[c*plane+sy*d.W : c*plane+(sy+1)*d.W]
+			for x := range row {
+				sx := x + dx
+				if flip {
+					sx = d.W - 1 - x + dx
+				}
+				if sx < 0 || sx >= d.W {
+					row[x] = zero
+				} else {
+					row[x] = (float32(srow[sx])/255 - m) * inv
+				}
+			}
+		}
+	}
+}
+
+// Next returns the next batch as device tensors in the current scope, or
+// ok = false at the end of the epoch.
+func (e *Epoch) Next() (x, y *tensor.Tensor, ok bool) {
+	hb, ok := <-e.out
+	if !ok {
+		return nil, nil, false
+	}
+	d := e.l.ds
+	per := d.C * d.H * d.W
+	x = tensor.FromFloat32(e.l.dev, hb.x[:hb.n*per], hb.n, d.C, d.H, d.W)
+	y = tensor.FromInt32(e.l.dev, hb.y[:hb.n], hb.n)
+	e.free <- hb
+	return x, y, true
+}
+
+// Close stops the epoch's goroutine (needed only when it ends early).
+func (e *Epoch) Close() {
+	e.once.Do(func() { close(e.stop) })
+	for range e.out {
+	}
+	e.wg.Wait()
+}
