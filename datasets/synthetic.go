@@ -10,14 +10,19 @@ import (
 // from seed 0, so training and test sets share the classes), and each
 // example is its class's pattern shifted by up to two pixels, with its
 // contrast varied and noise added (drawn from seed).
-func Synthetic(n int, seed uint64) *Dataset {
-	const classes, h, w = 10, 28, 28
+func Synthetic(n int, seed uint64) *Dataset { return SyntheticSize(n, seed, 28) }
+
+// SyntheticSize is Synthetic with size×size images.
+func SyntheticSize(n int, seed uint64, size int) *Dataset {
+	const classes = 10
+	h, w := size, size
 	protos := make([][]float64, classes)
 	prng := rand.New(rand.NewPCG(0, 0x5EED))
 	for c := range protos {
 		p := make([]float64, h*w)
 		for b := 0; b < 4; b++ {
-			cy, cx, r := 4+prng.Float64()*20, 4+prng.Float64()*20, 2+prng.Float64()*4
+			f := float64(size) / 28
+			cy, cx, r := f*(4+prng.Float64()*20), f*(4+prng.Float64()*20), f*(2+prng.Float64()*4)
 			for y := 0; y < h; y++ {
 				for x := 0; x < w; x++ {
 					d := (float64(y)-cy)*(float64(y)-cy) + (float64(x)-cx)*(float64(x)-cx)

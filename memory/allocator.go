@@ -174,6 +174,7 @@ type Allocator struct {
 	stats    Stats
 	fraction float64 // 0: no cap
 	timeline *Timeline
+	window   window
 }
 
 // New returns an Allocator that obtains its segments from src.
@@ -233,6 +234,7 @@ func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 	a.stats.ActiveBlocks.add(k, 1)
 	a.stats.Active.add(k, b.size)
 	a.stats.Requested.add(k, size)
+	a.window.allocated = max(a.window.allocated, a.stats.Allocated[All].Current)
 	a.record(EventAlloc, b.size)
 	return b, nil
 }
@@ -287,6 +289,7 @@ func (a *Allocator) newSegment(p *pool, size int64, stream Stream) (*Block, erro
 	seg := &segment{Segment: s, pool: p, stream: stream}
 	a.stats.Segments.add(p.kind, 1)
 	a.stats.Reserved.add(p.kind, size)
+	a.window.reserved = max(a.window.reserved, a.stats.Reserved[All].Current)
 	a.record(EventSegmentAlloc, size)
 	return &Block{seg: seg, size: size, stream: stream}, nil
 }
@@ -406,6 +409,18 @@ func (a *Allocator) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.stats
+}
+
+// WindowPeak returns the peaks of allocated and reserved bytes since the
+// previous WindowPeak call (or the allocator's creation) and starts a new
+// window at the current values. It leaves the Stats peaks alone, so a
+// trainer can take each step's peak while Summary still shows the run's.
+func (a *Allocator) WindowPeak() (allocated, reserved int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	allocated, reserved = a.window.allocated, a.window.reserved
+	a.window = window{a.stats.Allocated[All].Current, a.stats.Reserved[All].Current}
+	return allocated, reserved
 }
 
 // ResetPeak sets every peak statistic to its current value.

@@ -599,3 +599,23 @@ func TestTimelineCSV(t *testing.T) {
 		t.Errorf("csv = %v", recs)
 	}
 }
+
+func TestWindowPeak(t *testing.T) {
+	a := New(newAddrSource(), Config{})
+	b := mustAlloc(t, a, 3*MiB)
+	a.Free(b)
+	if al, res := a.WindowPeak(); al != 3*MiB || res != LargeBuffer {
+		t.Errorf("first window: %d %d", al, res)
+	}
+	c := mustAlloc(t, a, MiB)
+	if al, _ := a.WindowPeak(); al != MiB {
+		t.Errorf("second window peak %d, want %d", al, MiB)
+	}
+	if al, res := a.WindowPeak(); al != MiB || res != LargeBuffer+SmallBuffer {
+		t.Errorf("an idle window starts at the current values: %d %d", al, res)
+	}
+	if p := a.Stats().Allocated[All].Peak; p != 3*MiB {
+		t.Errorf("WindowPeak disturbed the Stats peak: %d", p)
+	}
+	a.Free(c)
+}

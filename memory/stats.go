@@ -18,6 +18,10 @@ type Stat struct {
 // indexed by All, Small and Large.
 type StatArray [3]Stat
 
+// window tracks the peaks of allocated and reserved bytes since the last
+// WindowPeak call, independently of the Stats peaks.
+type window struct{ allocated, reserved int64 }
+
 func (s *StatArray) add(k PoolKind, n int64) {
 	for _, i := range [2]PoolKind{All, k} {
 		st := &s[i]

@@ -37,26 +37,44 @@ func im2col(p kernels.ConvParams, x, col []float32) {
 		for r := 0; r < p.R; r++ {
 			for s := 0; s < p.S; s++ {
 				dst := col[((c*p.R+r)*p.S+s)*l:][:l]
+				j0, j1 := validRange(ow, p.W, p.StrideW, p.PadW, s)
 				for i := 0; i < oh; i++ {
 					row := dst[i*ow : (i+1)*ow]
 					ih := i*p.StrideH - p.PadH + r
-					if ih < 0 || ih >= p.H {
+					if ih < 0 || ih >= p.H || j0 >= j1 {
 						clear(row)
 						continue
 					}
 					src := plane[ih*p.W : (ih+1)*p.W]
-					for j := range row {
-						iw := j*p.StrideW - p.PadW + s
-						if iw >= 0 && iw < p.W {
-							row[j] = src[iw]
-						} else {
-							row[j] = 0
-						}
+					clear(row[:j0])
+					clear(row[j1:])
+					if p.StrideW == 1 {
+						copy(row[j0:j1], src[j0-p.PadW+s:])
+						continue
+					}
+					for j := j0; j < j1; j++ {
+						row[j] = src[j*p.StrideW-p.PadW+s]
 					}
 				}
 			}
 		}
 	}
+}
+
+// validRange is the range [j0, j1) of output columns whose input column
+// j·stride − pad + s lies inside a row of width w.
+func validRange(ow, w, stride, pad, s int) (j0, j1 int) {
+	// j·stride ≥ pad − s  and  j·stride ≤ w − 1 + pad − s
+	lo := pad - s
+	if lo > 0 {
+		j0 = (lo + stride - 1) / stride
+	}
+	hi := w - 1 + pad - s
+	if hi < 0 {
+		return 0, 0
+	}
+	j1 = min(ow, hi/stride+1)
+	return min(j0, j1), j1
 }
 
 // col2im adds the column matrix back into the image it was gathered from.
@@ -68,16 +86,23 @@ func col2im(p kernels.ConvParams, col, x []float32) {
 		for r := 0; r < p.R; r++ {
 			for s := 0; s < p.S; s++ {
 				src := col[((c*p.R+r)*p.S+s)*l:][:l]
+				j0, j1 := validRange(ow, p.W, p.StrideW, p.PadW, s)
 				for i := 0; i < oh; i++ {
 					ih := i*p.StrideH - p.PadH + r
-					if ih < 0 || ih >= p.H {
+					if ih < 0 || ih >= p.H || j0 >= j1 {
 						continue
 					}
 					dst := plane[ih*p.W : (ih+1)*p.W]
-					for j, v := range src[i*ow : (i+1)*ow] {
-						if iw := j*p.StrideW - p.PadW + s; iw >= 0 && iw < p.W {
-							dst[iw] += v
+					row := src[i*ow : (i+1)*ow]
+					if p.StrideW == 1 {
+						d := dst[j0-p.PadW+s:][:j1-j0]
+						for j, v := range row[j0:j1] {
+							d[j] += v
 						}
+						continue
+					}
+					for j := j0; j < j1; j++ {
+						dst[j*p.StrideW-p.PadW+s] += row[j]
 					}
 				}
 			}

@@ -96,9 +96,10 @@ func in(b kernels.Buf) []float32 {
 	case kernels.F16:
 		h := u16s(b)
 		out := make([]float32, len(h))
+		table := halfTable()
 		parallel(len(h), 1<<14, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
-				out[i] = float16.Frombits(h[i]).Float32()
+				out[i] = table[h[i]]
 			}
 		})
 		return out
@@ -135,6 +136,17 @@ func inout(b kernels.Buf) ([]float32, func()) {
 	tmp := in(b)
 	return tmp, func() { storeF16(u16s(b), tmp) }
 }
+
+// halfTable maps every binary16 bit pattern to its float32 value (exact),
+// built once from x448/float16's conversion: a load instead of bit
+// manipulation for every F16 element read on the CPU.
+var halfTable = sync.OnceValue(func() *[1 << 16]float32 {
+	t := new([1 << 16]float32)
+	for i := range t {
+		t[i] = float16.Frombits(uint16(i)).Float32()
+	}
+	return t
+})
 
 func storeF16(dst []uint16, src []float32) {
 	parallel(len(src), 1<<14, func(lo, hi int) {

@@ -1,0 +1,101 @@
+package train
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// A training checkpoint is one safetensors file: the model's state under
+// "model.", the optimiser's under "optim.", and in the metadata, as JSON
+// under "leangrad.train", the configuration, the epoch to resume at, the
+// step count, the optimiser's and the scaler's counters, the random
+// generator's state and the history so far. It is written atomically.
+
+const metaKey = "leangrad.train"
+
+type checkpointMeta struct {
+	Version int                `json:"version"`
+	Config  Config             `json:"config"`
+	Epoch   int                `json:"epoch"`
+	Step    int                `json:"step"`
+	Optim   map[string]float64 `json:"optim"`
+	Scaler  map[string]float64 `json:"scaler"`
+	RNG     kernels.Philox     `json:"rng"`
+	History []EpochMetrics     `json:"history"`
+}
+
+// Save writes a training checkpoint to path, atomically.
+func (t *Trainer) Save(path string) error {
+	st := &nn.Safetensors{Tensors: map[string]nn.Stored{}, Metadata: map[string]string{}}
+	for _, n := range t.Model.State("model") {
+		st.Tensors[n.Name] = nn.Stored{DType: n.T.DType(), Shape: n.T.Shape(), Data: n.T.Raw()}
+	}
+	for k, v := range t.Opt.State() {
+		st.Tensors["optim."+k] = nn.Stored{DType: v.DType(), Shape: v.Shape(), Data: v.Raw()}
+	}
+	meta, err := json.Marshal(checkpointMeta{Version: 1, Config: t.Cfg, Epoch: t.Epoch, Step: t.Step,
+		Optim: t.Opt.Counters(), Scaler: t.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History})
+	if err != nil {
+		return err
+	}
+	st.Metadata[metaKey] = string(meta)
+	if err := nn.WriteSafetensors(path, st); err != nil {
+		return fmt.Errorf("saving the training checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Resume restores a checkpoint written by Save: model, optimiser, scaler,
+// random generator, epoch, step and history. The checkpoint's model must be
+// the trainer's.
+func (t *Trainer) Resume(path string) error {
+	st, err := nn.ReadSafetensors(path)
+	if err != nil {
+		return err
+	}
+	raw, ok := st.Metadata[metaKey]
+	if !ok {
+		return fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
+	}
+	var meta checkpointMeta
+	if err := json.Unmarshal([]byte(raw), &meta); err != nil {
+		return fmt.Errorf("%s: training metadata: %v", path, err)
+	}
+	if meta.Config.Model != t.Cfg.Model {
+		return fmt.Errorf("%s: checkpoint of model %q, this run trains %q", path, meta.Config.Model, t.Cfg.Model)
+	}
+	model := &nn.Safetensors{Tensors: map[string]nn.Stored{}}
+	optState := map[string]*tensor.Tensor{}
+	defer func() {
+		for _, v := range optState {
+			v.Release()
+		}
+	}()
+	for name, s := range st.Tensors {
+		switch {
+		case strings.HasPrefix(name, "model."):
+			model.Tensors[strings.TrimPrefix(name, "model.")] = s
+		case strings.HasPrefix(name, "optim."):
+			optState[strings.TrimPrefix(name, "optim.")] = tensor.FromBytes(t.Dev, s.DType, s.Data, s.Shape...).Keep()
+		default:
+			return fmt.Errorf("%s: unexpected tensor %q", path, name)
+		}
+	}
+	if err := nn.LoadStateDict(t.Model, model, path); err != nil {
+		return err
+	}
+	if err := t.Opt.LoadState(optState, meta.Optim); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := t.Scaler.LoadCounters(meta.Scaler); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	t.Dev.Generator().SetState(meta.RNG)
+	t.Epoch, t.Step, t.History = meta.Epoch, meta.Step, meta.History
+	return nil
+}
