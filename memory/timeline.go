@@ -45,9 +45,14 @@ type Event struct {
 
 // Timeline is a recording of allocator events.
 type Timeline struct {
-	start  time.Time
-	Events []Event
+	start     time.Time
+	Events    []Event
+	truncated bool
 }
+
+// TimelineLimit is the most events a recording keeps (about 50 MB); past it
+// the recording stops and TimelineTruncated reports so.
+const TimelineLimit = 1 << 20
 
 // RecordTimeline starts (on) or stops (off) recording every allocator event.
 // Starting discards an earlier recording.
@@ -90,7 +95,18 @@ func (a *Allocator) record(kind EventKind, size int64) {
 	}
 }
 
+// TimelineTruncated reports whether the recording stopped at TimelineLimit.
+func (a *Allocator) TimelineTruncated() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.timeline != nil && a.timeline.truncated
+}
+
 func (a *Allocator) appendEvent(e Event) {
+	if len(a.timeline.Events) >= TimelineLimit {
+		a.timeline.truncated = true
+		return
+	}
 	e.Time = time.Since(a.timeline.start)
 	e.Allocated = a.stats.Allocated[All].Current
 	e.Reserved = a.stats.Reserved[All].Current

@@ -120,7 +120,10 @@ func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*T
 	var sched optim.Schedule
 	switch cfg.Schedule {
 	case "cosine", "":
-		sched = optim.CosineWarmup{Base: cfg.LR, Min: 0, Warmup: int(cfg.WarmupEpochs * float64(stepsPerEpoch)), Total: total}
+		// Warmup is capped at a tenth of the run, so that a short run
+		// spends most of its steps at useful rates.
+		warmup := min(int(cfg.WarmupEpochs*float64(stepsPerEpoch)), total/10)
+		sched = optim.CosineWarmup{Base: cfg.LR, Min: 0, Warmup: warmup, Total: total}
 	case "onecycle":
 		sched = optim.NewOneCycle(cfg.LR, total)
 	case "constant":

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/leangrad/leangrad/train"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// progress draws one progress bar per epoch with the running loss,
+// accuracy, throughput and the pool's allocated and peak memory. When its
+// writer is not a terminal (a log file, CI), it prints a plain line every
+// tenth of an epoch instead.
+type progress struct {
+	w      io.Writer
+	epochs int
+	tty    bool
+	bar    *progressbar.ProgressBar
+}
+
+func newProgress(w io.Writer, epochs int) *progress {
+	f, ok := w.(*os.File)
+	return &progress{w: w, epochs: epochs, tty: ok && term.IsTerminal(int(f.Fd()))}
+}
+
+func (p *progress) EpochStart(epoch, steps int) {
+	if !p.tty {
+		return
+	}
+	p.bar = progressbar.NewOptions(steps,
+		progressbar.OptionSetWriter(p.w),
+		progressbar.OptionSetDescription(fmt.Sprintf("epoch %d/%d", epoch+1, p.epochs)),
+		progressbar.OptionSetWidth(20),
+		progressbar.OptionShowCount(),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }),
+	)
+}
+
+func (p *progress) Step(s train.StepStats) {
+	desc := fmt.Sprintf("epoch %d/%d loss %.4f acc %5.1f%% %6.0f img/s mem %s (peak %s)",
+		s.Epoch+1, p.epochs, s.Loss, 100*s.Acc, s.ImgPerSec, train.MiB(s.Allocated), train.MiB(s.PeakAllocated))
+	if !p.tty {
+		if tenth := max(1, s.Steps/10); s.Step%tenth == 0 || s.Step == s.Steps {
+			fmt.Fprintf(p.w, "%s step %d/%d\n", desc, s.Step, s.Steps)
+		}
+		return
+	}
+	p.bar.Describe(desc)
+	p.bar.Add(1)
+}
+
+func (p *progress) EpochEnd(m train.EpochMetrics) {
+	if p.tty {
+		p.bar.Finish()
+	}
+	fmt.Fprintf(p.w, "epoch %d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | peak %s",
+		m.Epoch+1, m.TrainLoss, 100*m.TrainAcc, m.TestLoss, 100*m.TestAcc, m.ImgPerSec, train.MiB(m.PeakAllocated))
+	if m.LossScale > 0 {
+		fmt.Fprintf(p.w, " | loss scale %g, %d steps skipped", m.LossScale, m.SkippedSteps)
+	}
+	fmt.Fprintln(p.w)
+}
