@@ -208,6 +208,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 		fmt.Fprintf(stdout, "resumed from %s at epoch %d\n", o.resume, t.Epoch+1)
 	}
 	a := dev.Allocator()
+	a.ResetPeak() // the summary's peaks are the training run's, not the measurements'
 	if o.memlog != "" {
 		a.RecordTimeline(true)
 	}
