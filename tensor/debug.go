@@ -49,7 +49,7 @@ func track(t *Tensor) {
 	if !debug.Load() {
 		return
 	}
-	info := &liveInfo{ID: nextID.Add(1), Desc: t.h.desc, Bytes: t.Bytes(), Site: callerSite()}
+	info := &liveInfo{ID: nextID.Add(1), Desc: t.desc(), Bytes: t.Bytes(), Site: callerSite()}
 	t.h.info = info
 	registry.Store(t.h, info)
 }

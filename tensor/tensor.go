@@ -72,7 +72,6 @@ type handle struct {
 	node GradNode
 	grad *Tensor
 	info *liveInfo // debug mode only
-	desc string    // for messages after release
 }
 
 type storage struct {
@@ -116,7 +115,6 @@ func newTensor(dev *Device, dtype DType, shape []int) (*Tensor, error) {
 func wrap(dev *Device, dtype DType, shape []int, st *storage, off int64) *Tensor {
 	t := &Tensor{shape: shape, dtype: dtype, dev: dev, off: off, n: numel(shape), h: &handle{st: st}}
 	t.h.refs.Store(1)
-	t.h.desc = fmt.Sprintf("%v %v tensor on %s", dtype, shape, dev.Name())
 	track(t)
 	t.cleanup = runtime.AddCleanup(t, collectLeak, t.h)
 	register(t)
@@ -210,8 +208,13 @@ func (t *Tensor) live() {
 	}
 }
 
+// desc names the tensor in messages: "f32 [2 3] tensor on cpu".
+func (t *Tensor) desc() string {
+	return fmt.Sprintf("%v %v tensor on %s", t.dtype, t.shape, t.dev.Name())
+}
+
 func (t *Tensor) describe() string {
-	d := t.h.desc
+	d := t.desc()
 	if t.h.info != nil && t.h.info.Site != "" {
 		return d + " created at " + t.h.info.Site
 	}

@@ -298,8 +298,9 @@ func describe(dev *tensor.Device) string {
 	if n, ok := dev.Backend().(interface {
 		DeviceName() string
 		Arch() string
+		ConvEngine() string
 	}); ok {
-		return fmt.Sprintf("%s (%s, %s)", dev.Name(), n.DeviceName(), n.Arch())
+		return fmt.Sprintf("%s (%s, %s; convolutions by %s)", dev.Name(), n.DeviceName(), n.Arch(), n.ConvEngine())
 	}
 	return dev.Name()
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -19,6 +20,9 @@ type Options struct {
 	// ConvWorkspace caps the im2col workspace of one convolution, in bytes
 	// (default 64 MiB); larger batches are processed in chunks.
 	ConvWorkspace int64
+	// NoCuDNN makes convolutions use im2col + cuBLAS even when cuDNN is
+	// installed (so does LEANGRAD_CUDNN=0 in the environment).
+	NoCuDNN bool
 }
 
 // Backend is the CUDA backend of one device: the primary context, one
@@ -50,8 +54,13 @@ type Backend struct {
 	args       *arena
 	staging    [2]staging
 	nextStage  int
-	alpha      float32 // cuBLAS reads its scalars through host pointers
+	dnn        *cudnnAPI // nil: convolutions by im2col + cuBLAS
+	dnnHandle  uintptr
+	dnnReason  string // why cuDNN is not used
+	plans      map[planKey]*convPlan
+	alpha      float32 // cuBLAS and cuDNN read their scalars through host pointers
 	beta       float32
+	launches   uint64 // kernels, library calls and copies queued on the stream
 	CompileLog string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
 }
 
@@ -103,7 +112,7 @@ func open(index int, opts Options) (*Backend, error) {
 	defer runtime.UnlockOSThread()
 
 	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, d: d, cb: cb,
-		funcs: map[string]uintptr{}, args: new(arena)}
+		funcs: map[string]uintptr{}, args: new(arena), plans: map[planKey]*convPlan{}}
 	var dev int32
 	if err := d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
 		return nil, err
@@ -151,6 +160,20 @@ func open(index int, opts Options) (*Backend, error) {
 		mode = cublasTF32TensorOpMath
 	}
 	cb.must("cublasSetMathMode", call(cb.cublasSetMathMode, b.blas, mode))
+
+	switch dnn, err := loadCUDNN(); {
+	case opts.NoCuDNN || os.Getenv("LEANGRAD_CUDNN") == "0":
+		b.dnnReason = "disabled"
+	case err != nil:
+		b.dnnReason = err.Error()
+	default:
+		if err := dnn.check("cudnnCreate", call(dnn.cudnnCreate, uintptr(unsafe.Pointer(&b.dnnHandle)))); err != nil {
+			b.dnnReason = err.Error()
+			break
+		}
+		dnn.must("cudnnSetStream", call(dnn.cudnnSetStream, b.dnnHandle, b.stream))
+		b.dnn = dnn
+	}
 
 	b.alloc = memory.New(&deviceSource{b: b}, memory.Config{Device: b.name})
 	// cuBLAS's workspace comes from the pool, so that the pool's numbers
@@ -300,11 +323,21 @@ func (b *Backend) kernel() *arena {
 	return b.args
 }
 
+// Launches is the number of kernels, library calls (cuBLAS) and copies the
+// backend has queued so far: per training step, the figure that bounds how
+// fast a launch-bound model can go.
+func (b *Backend) Launches() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.launches
+}
+
 // launch runs kernel name on the stream with the arguments gathered since kernel().
 func (b *Backend) launch(name string, gx, gy uint32, block uint32) {
 	if gx == 0 || gy == 0 {
 		return
 	}
+	b.launches++
 	b.d.must("cuLaunchKernel("+name+")", call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1,
 		uintptr(block), 1, 1, 0, b.stream, uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0))
 }
@@ -369,6 +402,7 @@ func (b *Backend) Write(dst kernels.Buf, src []byte) {
 		b.nextStage ^= 1
 		s.ready(b.d)
 		copy(s.mem[:n], src[off:off+n])
+		b.launches++
 		b.d.must("cuMemcpyHtoDAsync", call(b.d.cuMemcpyHtoDAsync, base+uintptr(off), uintptr(s.ptr), uintptr(n), b.stream))
 		b.d.must("cuEventRecord", call(b.d.cuEventRecord, s.event, b.stream))
 		s.pending = true
@@ -401,6 +435,7 @@ func (b *Backend) Copy(dst, src kernels.Buf) {
 	b.enter()
 	defer b.exit()
 	if src.N > 0 {
+		b.launches++
 		b.d.must("cuMemcpyDtoDAsync", call(b.d.cuMemcpyDtoDAsync, ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
 	}
 }

@@ -2,8 +2,9 @@ package cuda
 
 import "github.com/leangrad/leangrad/kernels"
 
-// Convolution by im2col and cuBLAS, in chunks of images whose column matrix
-// fits the workspace cap. 1×1, stride-1, unpadded convolutions skip im2col.
+// Convolutions run on cuDNN when it is present (cudnn.go); otherwise by
+// im2col and cuBLAS, in chunks of images whose column matrix fits the
+// workspace cap. 1×1, stride-1, unpadded convolutions skip im2col.
 
 func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) string {
 	p.Validate()
@@ -38,6 +39,10 @@ func (b *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
+	if b.dnn != nil {
+		b.dnnConv(p, x.DType, 0, ptrOf(x), ptrOf(w), ptrOf(y))
+		return
+	}
 	g := gemmCall{m: p.K, n: l, k: crs, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(crs * l),
 		strideC: int64(p.K * l), ab: x.DType, cType: y.DType}
 	if direct(p) {
@@ -63,6 +68,10 @@ func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
+	if b.dnn != nil {
+		b.dnnConv(p, dx.DType, 1, ptrOf(w), ptrOf(dy), ptrOf(dx))
+		return
+	}
 	g := gemmCall{transA: true, m: crs, n: l, k: p.K, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(p.K * l),
 		strideC: int64(crs * l), ab: dy.DType, cType: dx.DType}
 	if direct(p) {
@@ -95,6 +104,10 @@ func (b *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
+	if b.dnn != nil {
+		b.dnnConv(p, x.DType, 2, ptrOf(x), ptrOf(dy), ptrOf(dw))
+		return
+	}
 	nb := b.chunk(p, int64(crs*l+p.K*l)*es)
 	ws := b.workspace(int64(nb*(crs*l+p.K*l)) * es)
 	defer b.alloc.Free(ws)

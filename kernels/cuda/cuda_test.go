@@ -24,7 +24,7 @@ func testBackend(t *testing.T) *Backend {
 	if err != nil {
 		t.Fatalf("cuda:0 is present but does not open: %v", err)
 	}
-	t.Logf("%s (%s): %s", b.Name(), b.DeviceName(), b.CompileLog)
+	t.Logf("%s (%s): %s; convolutions by %s", b.Name(), b.DeviceName(), b.CompileLog, b.ConvEngine())
 	return b
 }
 
@@ -32,12 +32,13 @@ func TestCUDAConformance(t *testing.T) {
 	kerneltest.Run(t, testBackend(t))
 }
 
-// TestCUDAConvChunks runs the convolutions with a 64 KiB workspace cap, so
-// that every im2col convolution is done in several chunks of images (and the
-// backward-filter product accumulates across them).
+// TestCUDAConvChunks runs the convolutions on the im2col + cuBLAS path (not
+// cuDNN) with a 64 KiB workspace cap, so that every im2col convolution is
+// done in several chunks of images (and the backward-filter product
+// accumulates across them).
 func TestCUDAConvChunks(t *testing.T) {
 	testBackend(t)
-	b, err := open(0, Options{ConvWorkspace: 64 << 10})
+	b, err := open(0, Options{ConvWorkspace: 64 << 10, NoCuDNN: true})
 	if err != nil {
 		t.Fatal(err)
 	}

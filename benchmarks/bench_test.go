@@ -1,0 +1,105 @@
+package benchmarks
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// TestHarnessOnCPU runs the harness on a tiny configuration, with the claims
+// suite, and checks that the report's JSON parses back and its numbers are
+// sane.
+func TestHarnessOnCPU(t *testing.T) {
+	dev := tensor.CPU()
+	rep := &Report{Date: "test", Device: dev.Name()}
+	for _, c := range Configs {
+		r, err := Run(dev, Spec{Model: "resnet20", Batch: 2, Config: c.Name}, Options{Warmup: 1, Steps: 2, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.MedianMS <= 0 || r.PeakAllocated <= 0 || len(r.Timeline) == 0 {
+			t.Errorf("%s: %+v", c.Name, r)
+		}
+		rep.Results = append(rep.Results, r)
+	}
+	if _, err := Run(dev, Spec{Model: "mlp", Batch: 2, Config: "checkpoint"}, Options{Steps: 1}); err == nil {
+		t.Error("checkpointing an MLP was accepted")
+	}
+	lk, err := LeakyLoop(dev, "mlp", 4, 3, 3, 1)
+	if err != nil || lk.Verdict != "reproduced" || !strings.Contains(lk.Summary, "LeakyLoop") {
+		t.Errorf("leaky loop: %v %+v", err, lk)
+	}
+	Relate(rep.Results)
+	rep.Claims = append(ClaimsFromResults(rep.Results, "resnet20", 2), lk)
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(data, &back); err != nil || len(back.Results) != 4 || len(back.Claims) != 3 {
+		t.Fatalf("JSON round trip: %v, %d results, %d claims", err, len(back.Results), len(back.Claims))
+	}
+	if s := back.Results[1].SavingVsFP32; s <= 0 {
+		t.Errorf("AMP saving %v", s)
+	}
+	var md bytes.Buffer
+	rep.Markdown(&md)
+	if !strings.Contains(md.String(), "| resnet20 | 2 | amp+checkpoint |") {
+		t.Errorf("markdown:\n%s", md.String())
+	}
+	dir := t.TempDir()
+	if err := rep.PlotBars(dir+"/t.png", "t", "ms", func(r Result) float64 { return r.MedianMS }); err != nil {
+		t.Error(err)
+	}
+	if paths, err := rep.PlotTimelines(dir); err != nil || len(paths) != 1 {
+		t.Errorf("timelines: %v %v", paths, err)
+	}
+	if st, err := os.Stat(dir + "/t.png"); err != nil || st.Size() == 0 {
+		t.Error("no plot written")
+	}
+}
+
+// benchmarkStep times one configuration under go test -bench, on the device
+// named by $LEANGRAD_DEVICE (default auto).
+func benchmarkStep(b *testing.B, model string, batch int, config string) {
+	spec := os.Getenv("LEANGRAD_DEVICE")
+	if spec == "" {
+		spec = "auto"
+	}
+	dev, err := tensor.Open(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := Run(dev, Spec{Model: model, Batch: batch, Config: config}, Options{Warmup: 3, Steps: max(b.N, 5), Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(r.MedianMS, "ms/step")
+	b.ReportMetric(r.ImgPerSec, "img/s")
+	b.ReportMetric(float64(r.PeakAllocated)/(1<<20), "peak-MiB")
+	if r.LaunchesPerStep > 0 {
+		b.ReportMetric(r.LaunchesPerStep, "launches/step")
+	}
+}
+
+func BenchmarkResNet20(b *testing.B) {
+	for _, c := range Configs {
+		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet20", 256, c.Name) })
+	}
+}
+
+func BenchmarkResNet18(b *testing.B) {
+	for _, c := range Configs {
+		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet18", 256, c.Name) })
+	}
+}
+
+func BenchmarkMLP(b *testing.B) {
+	for _, c := range Configs[:2] {
+		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "mlp", 256, c.Name) })
+	}
+}

@@ -1,0 +1,238 @@
+package benchmarks
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Claim is one piece of common advice about training memory, with the
+// numbers a run measured and the verdict they support.
+type Claim struct {
+	Name    string             `json:"name"`
+	Claim   string             `json:"claim"`
+	Verdict string             `json:"verdict"` // "reproduced", "refuted" or "partly"
+	Summary string             `json:"summary"`
+	Numbers map[string]float64 `json:"numbers"`
+}
+
+func find(rs []Result, engine, model string, batch int, config string) (Result, bool) {
+	for _, r := range rs {
+		if r.Engine == engine && r.Model == model && r.Batch == batch && r.Config == config {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+// ClaimsFromResults judges the AMP and checkpointing claims on the main
+// table's numbers for model at batch.
+func ClaimsFromResults(rs []Result, model string, batch int) []Claim {
+	var out []Claim
+	fp, ok1 := find(rs, "leangrad", model, batch, "fp32")
+	amp, ok2 := find(rs, "leangrad", model, batch, "amp")
+	ck, ok3 := find(rs, "leangrad", model, batch, "checkpoint")
+	if ok1 && ok2 {
+		c := Claim{Name: "amp-memory", Claim: "mixed precision (AMP) cuts training memory substantially (activations saved in half precision)",
+			Numbers: map[string]float64{"fp32_peak_mib": mib(fp.PeakAllocated), "amp_peak_mib": mib(amp.PeakAllocated),
+				"saving": amp.SavingVsFP32, "time_change": amp.OverheadFP32}}
+		c.Verdict = verdict(amp.SavingVsFP32 >= 0.3, amp.SavingVsFP32 > 0)
+		c.Summary = fmt.Sprintf("%s batch %d: peak allocated %.1f MiB with AMP vs %.1f MiB in fp32 (%.0f%% less); step time %+.0f%%",
+			model, batch, mib(amp.PeakAllocated), mib(fp.PeakAllocated), 100*amp.SavingVsFP32, 100*amp.OverheadFP32)
+		if pa, ok := find(rs, "pytorch", model, batch, "amp"); ok {
+			c.Numbers["pytorch_saving"] = pa.SavingVsFP32
+			c.Summary += fmt.Sprintf("; PyTorch: %.0f%% less", 100*pa.SavingVsFP32)
+		}
+		out = append(out, c)
+	}
+	if ok1 && ok3 {
+		c := Claim{Name: "checkpoint-tradeoff", Claim: "activation checkpointing saves memory at the cost of about one extra forward pass (~25-35% more time)",
+			Numbers: map[string]float64{"fp32_peak_mib": mib(fp.PeakAllocated), "checkpoint_peak_mib": mib(ck.PeakAllocated),
+				"saving": ck.SavingVsFP32, "time_overhead": ck.OverheadFP32}}
+		c.Verdict = verdict(ck.SavingVsFP32 > 0.2 && ck.OverheadFP32 > 0.1 && ck.OverheadFP32 < 0.5, ck.SavingVsFP32 > 0)
+		c.Summary = fmt.Sprintf("%s batch %d: checkpointing every block: %.0f%% less peak memory, %+.0f%% step time",
+			model, batch, 100*ck.SavingVsFP32, 100*ck.OverheadFP32)
+		if pc, ok := find(rs, "pytorch", model, batch, "checkpoint"); ok {
+			c.Numbers["pytorch_saving"], c.Numbers["pytorch_overhead"] = pc.SavingVsFP32, pc.OverheadFP32
+			c.Summary += fmt.Sprintf("; PyTorch: %.0f%% less, %+.0f%% time", 100*pc.SavingVsFP32, 100*pc.OverheadFP32)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func verdict(yes, partly bool) string {
+	switch {
+	case yes:
+		return "reproduced"
+	case partly:
+		return "partly"
+	}
+	return "refuted"
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// EmptyCacheEveryBatch measures the advice (in the seed's training template)
+// to call EmptyCache after every batch: step time and peak memory, with and
+// without it.
+func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options) (Claim, error) {
+	m := Models[model]
+	run := func(empty bool) (ms float64, peakA, reservedAfter int64) {
+		s := newStepper(dev, m, Config{Name: "fp32"}, batch, o.Seed)
+		defer s.release()
+		a := dev.Allocator()
+		for i := 0; i < o.Warmup; i++ {
+			s.step()
+		}
+		dev.Synchronize()
+		a.WindowPeak()
+		times := make([]float64, o.Steps)
+		for i := range times {
+			t0 := time.Now()
+			s.step()
+			if empty {
+				a.EmptyCache()
+			}
+			dev.Synchronize()
+			times[i] = time.Since(t0).Seconds() * 1e3
+		}
+		peakA, _ = a.WindowPeak()
+		return median(times), peakA, a.Stats().Reserved[memory.All].Current
+	}
+	dev.Allocator().EmptyCache()
+	base, baseA, baseR := run(false)
+	emptyMS, emptyA, emptyR := run(true)
+	cost := emptyMS/base - 1
+	c := Claim{Name: "empty-cache-every-batch", Claim: "calling EmptyCache (torch.cuda.empty_cache) after every batch keeps memory use down",
+		Numbers: map[string]float64{"step_ms": base, "step_ms_with_empty_cache": emptyMS, "time_cost": cost,
+			"peak_allocated_mib": mib(baseA), "peak_allocated_mib_with_empty_cache": mib(emptyA),
+			"reserved_after_mib": mib(baseR), "reserved_after_mib_with_empty_cache": mib(emptyR)}}
+	// The peak a step needs is the same either way: EmptyCache only hands
+	// cached segments back between steps, to be obtained again in the next.
+	lower := emptyA < baseA*95/100
+	c.Verdict = verdict(lower && cost < 0.05, emptyR < baseR)
+	c.Summary = fmt.Sprintf("%s batch %d: %.2f ms/step without, %.2f ms/step with EmptyCache after every batch (%+.0f%%); "+
+		"peak allocated %.1f vs %.1f MiB (unchanged: the step needs it either way); reserved between steps %.1f vs %.1f MiB",
+		model, batch, base, emptyMS, 100*cost, mib(baseA), mib(emptyA), mib(baseR), mib(emptyR))
+	return c, nil
+}
+
+// LeakyLoop measures the classic leak, a training loop that keeps every
+// step's loss tensor (to average later), against one that reads the value
+// and releases the tensor: allocated bytes after each epoch, and what the
+// leak report names as the holder.
+func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed uint64) (Claim, error) {
+	m := Models[model]
+	a := dev.Allocator()
+	measure := func(leak bool) (perEpoch []int64, report string) {
+		s := newStepper(dev, m, Config{Name: "fp32"}, batch, seed)
+		defer s.release()
+		var kept []*tensor.Tensor
+		base := a.Stats().Allocated[memory.All].Current
+		// Creation sites are recorded from here on: the report covers what
+		// the loop itself leaves alive.
+		tensor.SetDebug(leak)
+		defer tensor.SetDebug(false)
+		for e := 0; e < epochs; e++ {
+			for i := 0; i < steps; i++ {
+				tensor.WithScope(func() {
+					logits := s.model.Forward(s.x)
+					loss := ag.CrossEntropy(logits, s.y)
+					logits.Release()
+					ag.Backward(loss)
+					s.opt.Step()
+					if leak {
+						kept = append(kept, keepLoss(loss)) // "to average at the end of the epoch"
+					} else {
+						_ = loss.Item()
+					}
+				})
+				s.opt.ZeroGrad()
+			}
+			perEpoch = append(perEpoch, a.Stats().Allocated[memory.All].Current-base)
+		}
+		if leak {
+			report = tensor.LiveReport()
+			for _, t := range kept {
+				t.Release()
+			}
+		}
+		return perEpoch, report
+	}
+	leaky, report := measure(true)
+	clean, _ := measure(false)
+	growth := float64(leaky[len(leaky)-1]-leaky[0]) / float64(max(1, epochs-1))
+	cleanGrowth := float64(clean[len(clean)-1]-clean[0]) / float64(max(1, epochs-1))
+	site := strings.TrimSpace(strings.SplitN(report, "\n", 2)[0]) // the largest holder
+	c := Claim{Name: "leaky-loop", Claim: "a loop that keeps every step's loss tensor alive leaks memory every epoch",
+		Numbers: map[string]float64{"leaky_growth_bytes_per_epoch": growth, "clean_growth_bytes_per_epoch": cleanGrowth,
+			"steps_per_epoch": float64(steps)}}
+	c.Verdict = verdict(growth > 0 && cleanGrowth == 0, growth > cleanGrowth)
+	c.Summary = fmt.Sprintf("%s batch %d, %d epochs of %d steps: keeping the losses grows allocated memory by %.0f bytes per epoch "+
+		"(%.0f per step: one pool block each; the graphs behind them were already freed by Backward), releasing them by %.0f; "+
+		"the leak report names: %s", model, batch, epochs, steps, growth, growth/float64(steps), cleanGrowth, site)
+	return c, nil
+}
+
+// keepLoss is the leaky line: it takes the loss out of the step's scope.
+func keepLoss(loss *tensor.Tensor) *tensor.Tensor { return loss.Retain().Keep() }
+
+// Fragmentation measures reserved − allocated after every step of a run
+// whose batch size changes from step to step among a quarter, a half, three
+// quarters and all of maxBatch (as with variable-length inputs), with and
+// without EmptyCache every k steps.
+func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, seed uint64) (Claim, error) {
+	m := Models[model]
+	a := dev.Allocator()
+	run := func(every int) (meanFrag, maxFrag float64, ms float64) {
+		a.EmptyCache()
+		s := newStepper(dev, m, Config{Name: "fp32"}, 1, seed)
+		defer s.release()
+		rng := rand.New(rand.NewPCG(seed, 3))
+		var frags []float64
+		start := time.Now()
+		for i := 0; i < steps; i++ {
+			// Four batch sizes, drawn at random: shapes vary, and each is
+			// tuned (cuDNN's algorithm search) only once.
+			b := max(1, maxBatch*(1+rng.IntN(4))/4)
+			tensor.WithScope(func() {
+				x := tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Shape...)...)
+				labels := make([]int32, b)
+				for j := range labels {
+					labels[j] = int32(rng.IntN(m.Classes))
+				}
+				s.stepOn(x, tensor.FromInt32(dev, labels, b))
+			})
+			if every > 0 && (i+1)%every == 0 {
+				a.EmptyCache()
+			}
+			st := a.Stats()
+			f := mib(st.Reserved[memory.All].Current - st.Allocated[memory.All].Current)
+			frags = append(frags, f)
+			maxFrag = max(maxFrag, f)
+		}
+		dev.Synchronize()
+		var sum float64
+		for _, f := range frags {
+			sum += f
+		}
+		return sum / float64(len(frags)), maxFrag, time.Since(start).Seconds() * 1e3 / float64(steps)
+	}
+	never, neverMax, neverMS := run(0)
+	periodic, periodicMax, periodicMS := run(k)
+	c := Claim{Name: "fragmentation", Claim: "periodic EmptyCache reduces fragmentation (reserved but unallocated memory) when shapes vary",
+		Numbers: map[string]float64{"mean_unallocated_mib": never, "max_unallocated_mib": neverMax,
+			"mean_unallocated_mib_with_empty_cache": periodic, "max_unallocated_mib_with_empty_cache": periodicMax,
+			"ms_per_step": neverMS, "ms_per_step_with_empty_cache": periodicMS}}
+	c.Verdict = verdict(periodic < never*0.8 && periodicMS < neverMS*1.05, periodic < never)
+	c.Summary = fmt.Sprintf("%s, batch varying in [%d, %d], %d steps: reserved − allocated averages %.1f MiB (max %.1f) without EmptyCache, "+
+		"%.1f MiB (max %.1f) with EmptyCache every %d steps; %.1f vs %.1f ms per step",
+		model, maxBatch/4, maxBatch, steps, never, neverMax, periodic, periodicMax, k, neverMS, periodicMS)
+	return c, nil
+}

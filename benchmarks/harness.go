@@ -1,0 +1,256 @@
+// Package benchmarks is leangrad's benchmark harness: the same models, batch
+// sizes and memory configurations (fp32, AMP, checkpointing, both) timed on
+// a device and measured by the pool, set beside PyTorch's numbers from the
+// reference script in pytorch/ref.py, plus the "seed claims" suite that
+// reproduces or refutes common advice about GPU memory with numbers.
+//
+// cmd/bench runs it; the Go benchmarks in bench_test.go run single
+// configurations under go test -bench.
+package benchmarks
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Model is a benchmarked network and its input shape.
+type Model struct {
+	Name    string
+	Shape   []int // C, H, W
+	Classes int
+	ResNet  bool // has residual blocks to checkpoint
+}
+
+// Models are the networks the harness knows.
+var Models = map[string]Model{
+	"resnet20": {Name: "resnet20", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true},
+	"resnet18": {Name: "resnet18", Shape: []int{3, 32, 32}, Classes: 10, ResNet: true},
+	"mlp":      {Name: "mlp", Shape: []int{1, 28, 28}, Classes: 10},
+}
+
+// Build makes the model on dev from seed.
+func (m Model) Build(dev *tensor.Device, seed uint64) nn.Module {
+	dev.Generator().Seed(seed)
+	switch m.Name {
+	case "resnet18":
+		return nn.NewResNet18(dev, m.Shape[0], m.Classes)
+	case "mlp":
+		return nn.NewMLP(dev, []int{m.Shape[0] * m.Shape[1] * m.Shape[2], 256, 256, m.Classes}, 0)
+	}
+	r, err := nn.NewCIFARResNet(dev, 20, m.Shape[0], m.Classes)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// Config is one memory configuration.
+type Config struct {
+	Name       string `json:"name"`
+	AMP        bool   `json:"amp"`
+	Checkpoint bool   `json:"checkpoint"`
+}
+
+// Configs are the four configurations, in report order.
+var Configs = []Config{{"fp32", false, false}, {"amp", true, false}, {"checkpoint", false, true}, {"amp+checkpoint", true, true}}
+
+// Spec is one benchmark: a model, a batch size and a configuration.
+type Spec struct {
+	Model  string `json:"model"`
+	Batch  int    `json:"batch"`
+	Config string `json:"config"`
+}
+
+// Result is what one benchmark measured. PyTorch's reference script writes
+// the same fields (without the leangrad-only ones).
+type Result struct {
+	Engine        string  `json:"engine"` // "leangrad" or "pytorch"
+	Model         string  `json:"model"`
+	Batch         int     `json:"batch"`
+	Config        string  `json:"config"`
+	Device        string  `json:"device"`
+	Steps         int     `json:"steps"`
+	MedianMS      float64 `json:"median_ms"` // device-synchronised step time
+	ImgPerSec     float64 `json:"img_per_s"`
+	PeakAllocated int64   `json:"peak_allocated"`
+	PeakReserved  int64   `json:"peak_reserved"`
+	SavingVsFP32  float64 `json:"saving_vs_fp32"`   // 1 − peak/peak(fp32)
+	OverheadFP32  float64 `json:"overhead_vs_fp32"` // step time/step time(fp32) − 1
+	// leangrad only
+	HostMS          float64        `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
+	LaunchesPerStep float64        `json:"launches_per_step,omitempty"` // kernels, library calls and copies
+	Timeline        []memory.Event `json:"-"`
+}
+
+// Options tune a run.
+type Options struct {
+	Warmup, Steps int
+	Seed          uint64
+}
+
+// launchCounter is implemented by backends that count their launches (CUDA).
+type launchCounter interface{ Launches() uint64 }
+
+// stepper runs training steps of one model and configuration.
+type stepper struct {
+	dev    *tensor.Device
+	model  nn.Module
+	opt    *optim.SGD
+	scaler *optim.GradScaler
+	amp    bool
+	x, y   *tensor.Tensor
+}
+
+func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64) *stepper {
+	model := m.Build(dev, seed)
+	if r, ok := model.(*nn.ResNet); ok && c.Checkpoint {
+		r.Checkpoint = nn.CheckpointBlocks
+	}
+	s := &stepper{dev: dev, model: model, amp: c.AMP,
+		opt:    optim.NewSGD(nn.Parameters(model), 0.01, 0.9, 5e-4, true),
+		scaler: optim.NewGradScaler(dev)}
+	s.scaler.Enabled = c.AMP
+	shape := append([]int{batch}, m.Shape...)
+	s.x = tensor.Randn(dev, tensor.F32, 0, 1, shape...).Keep()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	labels := make([]int32, batch)
+	for i := range labels {
+		labels[i] = int32(rng.IntN(m.Classes))
+	}
+	s.y = tensor.FromInt32(dev, labels, batch).Keep()
+	return s
+}
+
+// step is one training step: forward (autocast with AMP), scaled backward,
+// unscale and step or skip, gradients released. It reads nothing back but
+// the scaler's inf flag (under AMP), as PyTorch's GradScaler does.
+func (s *stepper) step() { s.stepOn(s.x, s.y) }
+
+// stepOn is step on another batch.
+func (s *stepper) stepOn(x, y *tensor.Tensor) {
+	tensor.WithScope(func() {
+		var loss *tensor.Tensor
+		run := func() {
+			logits := s.model.Forward(x)
+			loss = ag.CrossEntropy(logits, y)
+			logits.Release()
+		}
+		if s.amp {
+			ag.Autocast(run)
+		} else {
+			run()
+		}
+		ag.Backward(s.scaler.ScaleLoss(loss))
+		s.scaler.Step(s.opt)
+		s.scaler.Update()
+	})
+	s.opt.ZeroGrad()
+}
+
+func (s *stepper) release() {
+	s.x.Release()
+	s.y.Release()
+	s.opt.Release()
+	s.scaler.Release()
+	nn.Release(s.model)
+}
+
+// Run benchmarks one spec on dev: Warmup steps, then Steps timed steps, each
+// followed by a device synchronisation; the median is reported. The pool's
+// peaks are over the timed steps; a timeline of one step is recorded.
+func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
+	m, ok := Models[spec.Model]
+	if !ok {
+		return Result{}, fmt.Errorf("unknown model %q", spec.Model)
+	}
+	var c Config
+	for _, k := range Configs {
+		if k.Name == spec.Config {
+			c = k
+		}
+	}
+	if c.Name == "" {
+		return Result{}, fmt.Errorf("unknown configuration %q", spec.Config)
+	}
+	if c.Checkpoint && !m.ResNet {
+		return Result{}, fmt.Errorf("%s has no residual blocks to checkpoint", m.Name)
+	}
+	s := newStepper(dev, m, c, spec.Batch, o.Seed)
+	defer s.release()
+	for i := 0; i < o.Warmup; i++ {
+		s.step()
+	}
+	if err := dev.Synchronize(); err != nil {
+		return Result{}, err
+	}
+	a := dev.Allocator()
+	a.WindowPeak()
+	counter, counts := dev.Backend().(launchCounter)
+	var launches0 uint64
+	if counts {
+		launches0 = counter.Launches()
+	}
+	times, hosts := make([]float64, o.Steps), make([]float64, o.Steps)
+	for i := range times {
+		t0 := time.Now()
+		s.step()
+		hosts[i] = time.Since(t0).Seconds() * 1e3
+		if err := dev.Synchronize(); err != nil {
+			return Result{}, err
+		}
+		times[i] = time.Since(t0).Seconds() * 1e3
+	}
+	r := Result{Engine: "leangrad", Model: m.Name, Batch: spec.Batch, Config: c.Name, Device: dev.Name(), Steps: o.Steps,
+		MedianMS: median(times), HostMS: median(hosts)}
+	if counts {
+		r.LaunchesPerStep = float64(counter.Launches()-launches0) / float64(o.Steps)
+	}
+	r.ImgPerSec = float64(spec.Batch) / (r.MedianMS / 1e3)
+	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
+	// One more step under the timeline recorder.
+	a.RecordTimeline(true)
+	a.Mark("step")
+	s.step()
+	dev.Synchronize()
+	a.RecordTimeline(false)
+	r.Timeline = a.Timeline()
+	return r, nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Relate fills each result's saving and overhead against the fp32 result
+// of the same engine, model and batch.
+func Relate(rs []Result) {
+	base := map[string]Result{}
+	key := func(r Result) string { return fmt.Sprintf("%s/%s/%d", r.Engine, r.Model, r.Batch) }
+	for _, r := range rs {
+		if r.Config == "fp32" {
+			base[key(r)] = r
+		}
+	}
+	for i, r := range rs {
+		if b, ok := base[key(r)]; ok && b.PeakAllocated > 0 && b.MedianMS > 0 {
+			rs[i].SavingVsFP32 = 1 - float64(r.PeakAllocated)/float64(b.PeakAllocated)
+			rs[i].OverheadFP32 = r.MedianMS/b.MedianMS - 1
+		}
+	}
+}

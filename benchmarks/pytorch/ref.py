@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""PyTorch reference for leangrad's benchmark harness.
+
+Runs the same models (ResNet-20 on 1x28x28 with 1x1 projection shortcuts,
+ResNet-18 CIFAR variant on 3x32x32, an MLP 784-256-256-10), batch sizes and
+configurations (fp32, amp, checkpoint, amp+checkpoint) in PyTorch eager:
+torch.autocast(float16) + torch.amp.GradScaler for AMP, torch.utils.checkpoint
+per residual block with use_reentrant=False, cudnn.benchmark on, TF32 off (as
+leangrad's F32 is F32), SGD with Nesterov momentum. Each timed step is followed
+by torch.cuda.synchronize(); the median is reported, and the peaks come from
+torch.cuda.max_memory_allocated/max_memory_reserved over the timed steps.
+Prints a JSON object {"pytorch": version, "results": [...]} whose results have
+the fields of leangrad's benchmarks.Result.
+
+    python3 ref.py --specs resnet20:256,1024 resnet18:256 mlp:256 --steps 30
+"""
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, cin, classes, widths, blocks):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        layers, c = [], widths[0]
+        for s, (w, n) in enumerate(zip(widths, blocks)):
+            for i in range(n):
+                layers.append(BasicBlock(c, w, 2 if (i == 0 and s > 0) else 1))
+                c = w
+        self.layers = nn.ModuleList(layers)
+        self.fc = nn.Linear(c, classes)
+        self.checkpoint = False
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        for b in self.layers:
+            x = checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+MODELS = {
+    "resnet20": ((1, 28, 28), lambda: ResNet(1, 10, [16, 32, 64], [3, 3, 3])),
+    "resnet18": ((3, 32, 32), lambda: ResNet(3, 10, [64, 128, 256, 512], [2, 2, 2, 2])),
+    "mlp": ((1, 28, 28), lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
+                                                nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))),
+}
+CONFIGS = {"fp32": (False, False), "amp": (True, False), "checkpoint": (False, True), "amp+checkpoint": (True, True)}
+
+
+def bench(model_name, batch, config, warmup, steps, device):
+    shape, build = MODELS[model_name]
+    amp, ckpt = CONFIGS[config]
+    torch.manual_seed(1)
+    model = build().to(device)
+    if ckpt:
+        model.checkpoint = True
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    x = torch.randn(batch, *shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    med = statistics.median(times)
+    result = dict(engine="pytorch", model=model_name, batch=batch, config=config,
+                  device=f"{device} ({torch.cuda.get_device_name()})", steps=steps, median_ms=med,
+                  img_per_s=batch / (med / 1e3), peak_allocated=torch.cuda.max_memory_allocated(),
+                  peak_reserved=torch.cuda.max_memory_reserved(), saving_vs_fp32=0.0, overhead_vs_fp32=0.0)
+    del model, opt, scaler, x, y
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--specs", nargs="+", default=["resnet20:256,1024", "resnet18:256", "mlp:256"],
+                    help="model:batch[,batch...]")
+    ap.add_argument("--configs", default="fp32,amp,checkpoint,amp+checkpoint")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out", help="write the JSON here instead of stdout")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("ref.py: PyTorch sees no CUDA device")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = []
+    for spec in args.specs:
+        name, batches = spec.split(":")
+        for b in batches.split(","):
+            for c in args.configs.split(","):
+                if c not in CONFIGS:
+                    sys.exit(f"ref.py: unknown config {c}")
+                if CONFIGS[c][1] and name == "mlp":
+                    continue
+                r = bench(name, int(b), c, args.warmup, args.steps, "cuda")
+                print(f"pytorch {name} batch {b} {c}: {r['median_ms']:.2f} ms, {r['peak_allocated'] / 2**20:.1f} MiB",
+                      file=sys.stderr, flush=True)
+                results.append(r)
+    out = json.dumps({"pytorch": torch.__version__, "results": results}, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(out)
+    else:
+        print(out)
+
+
+if __name__ == "__main__":
+    main()

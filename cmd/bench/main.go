@@ -1,0 +1,243 @@
+// Command bench runs leangrad's benchmark harness: every model, batch size
+// and memory configuration on one device, the seed-claims suite, and
+// PyTorch's reference script on the same GPU, then writes bench.json,
+// bench.md (the side-by-side table with leangrad/PyTorch ratios) and PNG
+// plots (step time, peak memory, and a memory timeline of one step per
+// configuration) into -out.
+//
+//	bench -device cuda -out results
+//	bench -device cpu -specs mlp:32 -steps 3 -pytorch "" -claims=false -out /tmp/b
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leangrad/leangrad/benchmarks"
+	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+type options struct {
+	device, specs, configs, pytorch, python, out, date string
+	warmup, steps                                      int
+	claims                                             bool
+	seed                                               uint64
+}
+
+// spec is a model with its batch sizes.
+type spec struct {
+	model   string
+	batches []int
+}
+
+func parseSpecs(s string) ([]spec, error) {
+	var out []spec
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' }) {
+		name, bs, ok := strings.Cut(f, ":")
+		if _, known := benchmarks.Models[name]; !ok || !known {
+			return nil, fmt.Errorf("-specs %q: want model:batch[,batch] with model resnet20, resnet18 or mlp", f)
+		}
+		sp := spec{model: name}
+		for _, b := range strings.Split(bs, ",") {
+			n, err := strconv.Atoi(b)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("-specs %q: batch %q is not a positive number", f, b)
+			}
+			sp.batches = append(sp.batches, n)
+		}
+		out = append(out, sp)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("-specs is empty")
+	}
+	return out, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o := options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
+	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
+	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
+	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
+	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
+	fs.StringVar(&o.pytorch, "pytorch", "benchmarks/pytorch/ref.py", `PyTorch reference script ("" to skip)`)
+	fs.StringVar(&o.python, "python", "python3", "Python interpreter with PyTorch")
+	fs.BoolVar(&o.claims, "claims", true, "run the seed-claims suite")
+	fs.StringVar(&o.out, "out", "bench-results", "folder for bench.json, bench.md and the plots")
+	fs.StringVar(&o.date, "date", time.Now().UTC().Format("2006-01-02"), "date written into the report")
+	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	specs, err := parseSpecs(o.specs)
+	if err == nil && (o.warmup < 0 || o.steps < 1) {
+		err = fmt.Errorf("-warmup %d -steps %d: want warmup >= 0 and steps >= 1", o.warmup, o.steps)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	if err := bench(o, specs, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			var oom *memory.OOMError
+			if e, ok := r.(error); ok && errors.As(e, &oom) {
+				err = oom
+				return
+			}
+			panic(r)
+		}
+	}()
+	dev, err := tensor.Open(o.device)
+	if err != nil {
+		return fmt.Errorf("-device %s: %w", o.device, err)
+	}
+	rep := &benchmarks.Report{Date: o.date, Device: dev.Name()}
+	if n, ok := dev.Backend().(interface{ DeviceName() string }); ok {
+		rep.Device = fmt.Sprintf("%s (%s)", dev.Name(), n.DeviceName())
+	}
+	if c, ok := dev.Backend().(interface{ ConvEngine() string }); ok {
+		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
+	}
+	configs := strings.Split(o.configs, ",")
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed}
+	for _, sp := range specs {
+		for _, b := range sp.batches {
+			for _, c := range configs {
+				if strings.Contains(c, "checkpoint") && !benchmarks.Models[sp.model].ResNet {
+					continue
+				}
+				dev.Allocator().EmptyCache() // each configuration's reserved peak is its own
+				r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stderr, "leangrad %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), %.1f MiB\n",
+					sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, float64(r.PeakAllocated)/(1<<20))
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	}
+	if o.claims {
+		if err := claims(dev, rep, specs, bo, stderr); err != nil {
+			return err
+		}
+	}
+	if o.pytorch != "" {
+		dev.Allocator().EmptyCache()
+		if err := runPyTorch(o, specs, rep, stderr); err != nil {
+			return err
+		}
+	}
+	benchmarks.Relate(rep.Results)
+	if o.claims && len(specs) > 0 {
+		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
+	}
+	return write(o, rep, stdout)
+}
+
+func claims(dev *tensor.Device, rep *benchmarks.Report, specs []spec, bo benchmarks.Options, stderr io.Writer) error {
+	model, batch := specs[0].model, specs[0].batches[0]
+	ec, err := benchmarks.EmptyCacheEveryBatch(dev, model, batch, bo)
+	if err != nil {
+		return err
+	}
+	lk, err := benchmarks.LeakyLoop(dev, model, batch, 3, max(4, bo.Steps/2), bo.Seed)
+	if err != nil {
+		return err
+	}
+	fr, err := benchmarks.Fragmentation(dev, model, batch, max(8, bo.Steps), 5, bo.Seed)
+	if err != nil {
+		return err
+	}
+	for _, c := range []benchmarks.Claim{ec, lk, fr} {
+		fmt.Fprintf(stderr, "claim %s: %s: %s\n", c.Name, c.Verdict, c.Summary)
+	}
+	rep.Claims = append(rep.Claims, ec, lk, fr)
+	return nil
+}
+
+// runPyTorch runs the reference script with the same specs and merges its results.
+func runPyTorch(o options, specs []spec, rep *benchmarks.Report, stderr io.Writer) error {
+	if _, err := os.Stat(o.pytorch); err != nil {
+		return fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
+	}
+	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs, "--specs"}
+	for _, sp := range specs {
+		var bs []string
+		for _, b := range sp.batches {
+			bs = append(bs, strconv.Itoa(b))
+		}
+		args = append(args, sp.model+":"+strings.Join(bs, ","))
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(o.python, args...)
+	cmd.Stdout, cmd.Stderr = &out, stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("PyTorch reference (%s %s): %w", o.python, o.pytorch, err)
+	}
+	var pt struct {
+		PyTorch string              `json:"pytorch"`
+		Results []benchmarks.Result `json:"results"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &pt); err != nil {
+		return fmt.Errorf("PyTorch reference printed no valid JSON: %v", err)
+	}
+	rep.PyTorch = pt.PyTorch
+	rep.Results = append(rep.Results, pt.Results...)
+	return nil
+}
+
+func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rep, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(o.out, "bench.json"), append(data, '\n')); err != nil {
+		return err
+	}
+	var md bytes.Buffer
+	rep.Markdown(&md)
+	if err := atomicfile.WriteFile(filepath.Join(o.out, "bench.md"), md.Bytes()); err != nil {
+		return err
+	}
+	stdout.Write(md.Bytes())
+	if err := rep.PlotBars(filepath.Join(o.out, "step_time.png"), "median step time", "ms", func(r benchmarks.Result) float64 { return r.MedianMS }); err != nil {
+		return err
+	}
+	if err := rep.PlotBars(filepath.Join(o.out, "peak_memory.png"), "peak allocated", "MiB",
+		func(r benchmarks.Result) float64 { return float64(r.PeakAllocated) / (1 << 20) }); err != nil {
+		return err
+	}
+	_, err = rep.PlotTimelines(o.out)
+	return err
+}

@@ -1,0 +1,244 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// cuDNN 9, optional: when libcudnn.so.9 is present, convolutions use it
+// (the legacy convolution API, which cuDNN 9 still ships), with algorithms
+// chosen once per shape by cudnnFind*AlgorithmEx, as PyTorch does under
+// torch.backends.cudnn.benchmark, within a workspace taken from the pool.
+// Without it, the im2col + cuBLAS path in conv.go does the work.
+
+const (
+	cudnnDataFloat         = 0
+	cudnnDataHalf          = 2
+	cudnnTensorNCHW        = 0
+	cudnnCrossCorrelation  = 1
+	cudnnTensorOpMath      = 1
+	cudnnFMAMath           = 3 // FMA kernels only: no TF32 for F32 data
+	cudnnStatusSuccess     = 0
+	cudnnMaxAlgos          = 8
+	cudnnWorkspaceCapBytes = 256 << 20
+)
+
+type cudnnAPI struct {
+	lib     *library
+	version int
+
+	cudnnGetVersion, cudnnCreate, cudnnSetStream, cudnnGetErrorString,
+	cudnnCreateTensorDescriptor, cudnnSetTensor4dDescriptor,
+	cudnnCreateFilterDescriptor, cudnnSetFilter4dDescriptor,
+	cudnnCreateConvolutionDescriptor, cudnnSetConvolution2dDescriptor, cudnnSetConvolutionMathType,
+	cudnnFindConvolutionForwardAlgorithmEx, cudnnFindConvolutionBackwardDataAlgorithmEx,
+	cudnnFindConvolutionBackwardFilterAlgorithmEx,
+	cudnnConvolutionForward, cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter uintptr
+}
+
+var (
+	cudnnOnce sync.Once
+	cudnn     *cudnnAPI
+	cudnnErr  error
+)
+
+func loadCUDNN() (*cudnnAPI, error) {
+	cudnnOnce.Do(func() {
+		lib, err := openLibrary("cuDNN 9 (libcudnn.so.9, optional)", []string{"libcudnn_*.so.9"}, "libcudnn.so.9")
+		if err != nil {
+			cudnnErr = err
+			return
+		}
+		c := &cudnnAPI{lib: lib}
+		if err := lib.bind(map[string]*uintptr{
+			"cudnnGetVersion": &c.cudnnGetVersion, "cudnnCreate": &c.cudnnCreate, "cudnnSetStream": &c.cudnnSetStream,
+			"cudnnGetErrorString":         &c.cudnnGetErrorString,
+			"cudnnCreateTensorDescriptor": &c.cudnnCreateTensorDescriptor, "cudnnSetTensor4dDescriptor": &c.cudnnSetTensor4dDescriptor,
+			"cudnnCreateFilterDescriptor": &c.cudnnCreateFilterDescriptor, "cudnnSetFilter4dDescriptor": &c.cudnnSetFilter4dDescriptor,
+			"cudnnCreateConvolutionDescriptor":              &c.cudnnCreateConvolutionDescriptor,
+			"cudnnSetConvolution2dDescriptor":               &c.cudnnSetConvolution2dDescriptor,
+			"cudnnSetConvolutionMathType":                   &c.cudnnSetConvolutionMathType,
+			"cudnnFindConvolutionForwardAlgorithmEx":        &c.cudnnFindConvolutionForwardAlgorithmEx,
+			"cudnnFindConvolutionBackwardDataAlgorithmEx":   &c.cudnnFindConvolutionBackwardDataAlgorithmEx,
+			"cudnnFindConvolutionBackwardFilterAlgorithmEx": &c.cudnnFindConvolutionBackwardFilterAlgorithmEx,
+			"cudnnConvolutionForward":                       &c.cudnnConvolutionForward,
+			"cudnnConvolutionBackwardData":                  &c.cudnnConvolutionBackwardData,
+			"cudnnConvolutionBackwardFilter":                &c.cudnnConvolutionBackwardFilter,
+		}); err != nil {
+			cudnnErr = err
+			return
+		}
+		c.version = int(call(c.cudnnGetVersion))
+		if c.version < 90000 {
+			cudnnErr = fmt.Errorf("%s is cuDNN %d; leangrad binds cuDNN 9", lib.name, c.version)
+			return
+		}
+		cudnn = c
+	})
+	return cudnn, cudnnErr
+}
+
+func (c *cudnnAPI) check(what string, r uintptr) error {
+	if r == cudnnStatusSuccess {
+		return nil
+	}
+	e := &Error{Call: what, Code: int(r), Name: "CUDNN_STATUS"}
+	var p [1]unsafe.Pointer
+	*(*uintptr)(unsafe.Pointer(&p[0])) = call(c.cudnnGetErrorString, r)
+	if p[0] != nil {
+		e.Name = cString(p[0])
+	}
+	return e
+}
+
+func (c *cudnnAPI) must(what string, r uintptr) {
+	if err := c.check(what, r); err != nil {
+		panic(err)
+	}
+}
+
+// algoPerf mirrors cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t.
+type algoPerf struct {
+	algo, status int32
+	time         float32
+	_            int32
+	memory       uintptr
+	determinism  int32
+	mathType     int32
+	reserved     [3]int32
+}
+
+// convPlan is everything cuDNN needs for one convolution shape and dtype:
+// descriptors made once, and each direction's algorithm once found.
+type convPlan struct {
+	x, w, y, conv uintptr
+	algo          [3]int32 // forward, backward data, backward filter
+	ws            [3]uintptr
+	found         [3]bool
+}
+
+type planKey struct {
+	p  kernels.ConvParams
+	dt kernels.DType
+}
+
+// dnnPlan returns the cached plan for p, making its descriptors on first use
+// (the caller holds the lock).
+func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
+	k := planKey{p, dt}
+	if pl := b.plans[k]; pl != nil {
+		return pl
+	}
+	c := b.dnn
+	pl := &convPlan{}
+	dtype, math := uintptr(cudnnDataFloat), uintptr(cudnnFMAMath)
+	if dt == kernels.F16 {
+		dtype, math = cudnnDataHalf, cudnnTensorOpMath
+	} else if b.opts.TF32 {
+		math = cudnnTensorOpMath
+	}
+	for _, d := range []*uintptr{&pl.x, &pl.y} {
+		c.must("cudnnCreateTensorDescriptor", call(c.cudnnCreateTensorDescriptor, uintptr(unsafe.Pointer(d))))
+	}
+	c.must("cudnnCreateFilterDescriptor", call(c.cudnnCreateFilterDescriptor, uintptr(unsafe.Pointer(&pl.w))))
+	c.must("cudnnCreateConvolutionDescriptor", call(c.cudnnCreateConvolutionDescriptor, uintptr(unsafe.Pointer(&pl.conv))))
+	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.x, cudnnTensorNCHW, dtype,
+		uintptr(p.N), uintptr(p.C), uintptr(p.H), uintptr(p.W)))
+	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.y, cudnnTensorNCHW, dtype,
+		uintptr(p.N), uintptr(p.K), uintptr(p.OutH()), uintptr(p.OutW())))
+	c.must("cudnnSetFilter4dDescriptor", call(c.cudnnSetFilter4dDescriptor, pl.w, dtype, cudnnTensorNCHW,
+		uintptr(p.K), uintptr(p.C), uintptr(p.R), uintptr(p.S)))
+	c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv,
+		uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
+	c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv, math))
+	b.plans[k] = pl
+	return pl
+}
+
+// dnnFind benchmarks direction dir's algorithms once, on the real buffers
+// (the output is overwritten, then computed again by the caller), and keeps
+// the fastest deterministic one that succeeded. The search's scratch space (up to
+// cudnnWorkspaceCapBytes) is taken from the device directly, not from the
+// pool: it is one-time tuning, not part of any step's memory. The chosen
+// algorithm's own workspace comes from the pool at every call.
+func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
+	if pl.found[dir] {
+		return
+	}
+	c := b.dnn
+	src := b.alloc.Source()
+	seg, err := src.Alloc(cudnnWorkspaceCapBytes)
+	wsAddr, wsSize := seg.Addr, uintptr(cudnnWorkspaceCapBytes)
+	if err != nil {
+		wsAddr, wsSize = 0, 0 // search the algorithms that need no workspace
+	} else {
+		defer src.Free(seg)
+	}
+	perf := new([cudnnMaxAlgos]algoPerf)
+	n := new(int32)
+	var r uintptr
+	switch dir {
+	case 0: // x, w -> y
+		r = call(c.cudnnFindConvolutionForwardAlgorithmEx, b.dnnHandle, pl.x, a, pl.w, bb, pl.conv, pl.y, out,
+			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+	case 1: // w, dy -> dx
+		r = call(c.cudnnFindConvolutionBackwardDataAlgorithmEx, b.dnnHandle, pl.w, a, pl.y, bb, pl.conv, pl.x, out,
+			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+	case 2: // x, dy -> dw
+		r = call(c.cudnnFindConvolutionBackwardFilterAlgorithmEx, b.dnnHandle, pl.x, a, pl.y, bb, pl.conv, pl.w, out,
+			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+	}
+	c.must("cudnnFindConvolutionAlgorithmEx", r)
+	// The fastest deterministic algorithm, so that runs (and resumed runs)
+	// repeat bit for bit; the fastest of any kind if none is.
+	for _, deterministic := range []bool{true, false} {
+		for i := 0; i < int(*n); i++ {
+			if perf[i].status == cudnnStatusSuccess && (!deterministic || perf[i].determinism == 1) {
+				pl.algo[dir], pl.ws[dir], pl.found[dir] = perf[i].algo, perf[i].memory, true
+				return
+			}
+		}
+	}
+	panic(fmt.Sprintf("cuda: cuDNN found no algorithm for convolution direction %d", dir))
+}
+
+// dnnConv runs direction dir with cuDNN: y = conv(x, w), dx = convᵀ(dy, w)
+// or dw = Σ dy ⊗ x (the caller holds the lock).
+func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb, out uintptr) {
+	pl := b.dnnPlan(p, dt)
+	b.dnnFind(pl, dir, a, bb, out)
+	var ws uintptr
+	if pl.ws[dir] > 0 {
+		blk := b.workspace(int64(pl.ws[dir]))
+		defer b.alloc.Free(blk)
+		ws = blk.Addr()
+	}
+	b.alpha, b.beta = 1, 0
+	alpha, beta := uintptr(unsafe.Pointer(&b.alpha)), uintptr(unsafe.Pointer(&b.beta))
+	c := b.dnn
+	b.launches++
+	switch dir {
+	case 0:
+		c.must("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
+			pl.conv, uintptr(pl.algo[0]), ws, pl.ws[0], beta, pl.y, out))
+	case 1:
+		c.must("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
+			pl.conv, uintptr(pl.algo[1]), ws, pl.ws[1], beta, pl.x, out))
+	case 2:
+		c.must("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
+			pl.conv, uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
+	}
+}
+
+// ConvEngine names what runs convolutions: cuDNN and its version, or
+// im2col + cuBLAS.
+func (b *Backend) ConvEngine() string {
+	if b.dnn != nil {
+		v := b.dnn.version
+		return fmt.Sprintf("cuDNN %d.%d.%d", v/10000, v/100%100, v%100)
+	}
+	return "im2col + cuBLAS"
+}
