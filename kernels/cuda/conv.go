@@ -39,8 +39,7 @@ func (b *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
-	if b.dnn != nil {
-		b.dnnConv(p, x.DType, 0, ptrOf(x), ptrOf(w), ptrOf(y))
+	if b.dnn != nil && b.dnnConv(p, x.DType, 0, ptrOf(x), ptrOf(w), ptrOf(y)) {
 		return
 	}
 	g := gemmCall{m: p.K, n: l, k: crs, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(crs * l),
@@ -68,8 +67,7 @@ func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
-	if b.dnn != nil {
-		b.dnnConv(p, dx.DType, 1, ptrOf(w), ptrOf(dy), ptrOf(dx))
+	if b.dnn != nil && b.dnnConv(p, dx.DType, 1, ptrOf(w), ptrOf(dy), ptrOf(dx)) {
 		return
 	}
 	g := gemmCall{transA: true, m: crs, n: l, k: p.K, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(p.K * l),
@@ -104,8 +102,7 @@ func (b *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
-	if b.dnn != nil {
-		b.dnnConv(p, x.DType, 2, ptrOf(x), ptrOf(dy), ptrOf(dw))
+	if b.dnn != nil && b.dnnConv(p, x.DType, 2, ptrOf(x), ptrOf(dy), ptrOf(dw)) {
 		return
 	}
 	nb := b.chunk(p, int64(crs*l+p.K*l)*es)

@@ -116,8 +116,12 @@ type algoPerf struct {
 type convPlan struct {
 	x, w, y, conv uintptr
 	algo          [3]int32 // forward, backward data, backward filter
+	math          [3]int32 // the math type each algorithm was found with
 	ws            [3]uintptr
 	found         [3]bool
+	fallback      [3]bool // cuDNN offers no acceptable algorithm: use im2col + cuBLAS
+	strictF32     bool    // F32 data without TF32: FMA-math algorithms only
+	searchMath    uintptr // the math type the searches run under
 }
 
 type planKey struct {
@@ -139,6 +143,8 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 		dtype, math = cudnnDataHalf, cudnnTensorOpMath
 	} else if b.opts.TF32 {
 		math = cudnnTensorOpMath
+	} else {
+		pl.strictF32 = true
 	}
 	for _, d := range []*uintptr{&pl.x, &pl.y} {
 		c.must("cudnnCreateTensorDescriptor", call(c.cudnnCreateTensorDescriptor, uintptr(unsafe.Pointer(d))))
@@ -153,7 +159,7 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 		uintptr(p.K), uintptr(p.C), uintptr(p.R), uintptr(p.S)))
 	c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv,
 		uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
-	c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv, math))
+	pl.searchMath = math
 	b.plans[k] = pl
 	return pl
 }
@@ -177,6 +183,7 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	} else {
 		defer src.Free(seg)
 	}
+	c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv, pl.searchMath))
 	perf := new([cudnnMaxAlgos]algoPerf)
 	n := new(int32)
 	var r uintptr
@@ -193,23 +200,33 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	}
 	c.must("cudnnFindConvolutionAlgorithmEx", r)
 	// The fastest deterministic algorithm, so that runs (and resumed runs)
-	// repeat bit for bit; the fastest of any kind if none is.
+	// repeat bit for bit; the fastest of any kind if none is. Strict F32
+	// takes only FMA-math algorithms (others may round inputs to TF32).
+	pl.found[dir] = true
 	for _, deterministic := range []bool{true, false} {
 		for i := 0; i < int(*n); i++ {
-			if perf[i].status == cudnnStatusSuccess && (!deterministic || perf[i].determinism == 1) {
-				pl.algo[dir], pl.ws[dir], pl.found[dir] = perf[i].algo, perf[i].memory, true
-				return
+			pr := perf[i]
+			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
+				continue
 			}
+			pl.algo[dir], pl.math[dir], pl.ws[dir] = pr.algo, pr.mathType, pr.memory
+			return
 		}
 	}
-	panic(fmt.Sprintf("cuda: cuDNN found no algorithm for convolution direction %d", dir))
+	pl.fallback[dir] = true
 }
 
 // dnnConv runs direction dir with cuDNN: y = conv(x, w), dx = convᵀ(dy, w)
-// or dw = Σ dy ⊗ x (the caller holds the lock).
-func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb, out uintptr) {
+// or dw = Σ dy ⊗ x (the caller holds the lock). It reports false when cuDNN
+// has no acceptable algorithm for this shape, and the caller falls back.
+func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb, out uintptr) bool {
 	pl := b.dnnPlan(p, dt)
 	b.dnnFind(pl, dir, a, bb, out)
+	if pl.fallback[dir] {
+		return false
+	}
+	// Run the algorithm with the math type it was found with.
+	b.dnn.must("cudnnSetConvolutionMathType", call(b.dnn.cudnnSetConvolutionMathType, pl.conv, uintptr(pl.math[dir])))
 	var ws uintptr
 	if pl.ws[dir] > 0 {
 		blk := b.workspace(int64(pl.ws[dir]))
@@ -231,6 +248,7 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 		c.must("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
 			pl.conv, uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
 	}
+	return true
 }
 
 // ConvEngine names what runs convolutions: cuDNN and its version, or
