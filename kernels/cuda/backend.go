@@ -46,22 +46,23 @@ type Backend struct {
 	stream uintptr
 	alloc  *memory.Allocator
 
-	mu         sync.Mutex // guards everything below
-	module     uintptr
-	funcs      map[string]uintptr
-	blas       uintptr
-	blasWS     *memory.Block
-	args       *arena
-	staging    [2]staging
-	nextStage  int
-	dnn        *cudnnAPI // nil: convolutions by im2col + cuBLAS
-	dnnHandle  uintptr
-	dnnReason  string // why cuDNN is not used
-	plans      map[planKey]*convPlan
-	alpha      float32 // cuBLAS and cuDNN read their scalars through host pointers
-	beta       float32
-	launches   uint64 // kernels, library calls and copies queued on the stream
-	CompileLog string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
+	mu          sync.Mutex // guards everything below
+	module      uintptr
+	funcs       map[string]uintptr
+	blas        uintptr
+	blasWS      *memory.Block
+	args        *arena
+	staging     [2]staging
+	nextStage   int
+	dnn         *cudnnAPI // nil: convolutions by im2col + cuBLAS
+	dnnHandle   uintptr
+	dnnReason   string // why cuDNN is not used
+	plans       map[planKey]*convPlan
+	dnnFailures []string
+	alpha       float32 // cuBLAS and cuDNN read their scalars through host pointers
+	beta        float32
+	launches    uint64 // kernels, library calls and copies queued on the stream
+	CompileLog  string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
 }
 
 var _ kernels.Backend = (*Backend)(nil)

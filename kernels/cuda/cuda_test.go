@@ -29,7 +29,11 @@ func testBackend(t *testing.T) *Backend {
 }
 
 func TestCUDAConformance(t *testing.T) {
-	kerneltest.Run(t, testBackend(t))
+	b := testBackend(t)
+	kerneltest.Run(t, b)
+	if f := b.CuDNNFailures(); len(f) > 0 {
+		t.Errorf("%d cuDNN calls failed (those shapes fell back to im2col + cuBLAS); the first: %s", len(f), f[0])
+	}
 }
 
 // TestCUDAConvChunks runs the convolutions on the im2col + cuBLAS path (not

@@ -237,18 +237,34 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	alpha, beta := uintptr(unsafe.Pointer(&b.alpha)), uintptr(unsafe.Pointer(&b.beta))
 	c := b.dnn
 	b.launches++
+	var err error
 	switch dir {
 	case 0:
-		c.must("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
+		err = c.check("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
 			pl.conv, uintptr(pl.algo[0]), ws, pl.ws[0], beta, pl.y, out))
 	case 1:
-		c.must("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
+		err = c.check("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
 			pl.conv, uintptr(pl.algo[1]), ws, pl.ws[1], beta, pl.x, out))
 	case 2:
-		c.must("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
+		err = c.check("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
 			pl.conv, uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
 	}
+	if err != nil {
+		// cuDNN refused the algorithm it chose: this shape and direction
+		// use im2col + cuBLAS from now on, and the failure is on record.
+		pl.fallback[dir] = true
+		b.dnnFailures = append(b.dnnFailures, fmt.Sprintf("%v for %+v %v", err, p, dt))
+		return false
+	}
 	return true
+}
+
+// CuDNNFailures lists the cuDNN calls that failed (each shape and direction
+// then fell back to im2col + cuBLAS). Empty when cuDNN did all it was asked.
+func (b *Backend) CuDNNFailures() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.dnnFailures...)
 }
 
 // ConvEngine names what runs convolutions: cuDNN and its version, or
@@ -258,5 +274,5 @@ func (b *Backend) ConvEngine() string {
 		v := b.dnn.version
 		return fmt.Sprintf("cuDNN %d.%d.%d", v/10000, v/100%100, v%100)
 	}
-	return "im2col + cuBLAS"
+	return "im2col + cuBLAS (cuDNN: " + b.dnnReason + ")"
 }
