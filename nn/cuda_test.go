@@ -22,5 +22,9 @@ func onCUDA(t *testing.T, f func(*testing.T)) {
 }
 
 func TestCUDACheckpointMatchesPlain(t *testing.T) { onCUDA(t, TestCheckpointMatchesPlain) }
-func TestCUDAAMPSavesMemory(t *testing.T)         { onCUDA(t, TestAMPSavesMemory) }
-func TestCUDASaveLoadRoundTrip(t *testing.T)      { onCUDA(t, TestSaveLoadRoundTrip) }
+func TestCUDAAMPSavesMemory(t *testing.T) {
+	ampBatch = 128
+	defer func() { ampBatch = 16 }()
+	onCUDA(t, TestAMPSavesMemory)
+}
+func TestCUDASaveLoadRoundTrip(t *testing.T) { onCUDA(t, TestSaveLoadRoundTrip) }
