@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
+	cpuprofile                                         string
+	micro                                              bool
 	warmup, steps                                      int
 	claims                                             bool
 	seed                                               uint64
@@ -82,6 +85,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.out, "out", "bench-results", "folder for bench.json, bench.md and the plots")
 	fs.StringVar(&o.date, "date", time.Now().UTC().Format("2006-01-02"), "date written into the report")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
+	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -127,6 +132,23 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
 	}
 	configs := strings.Split(o.configs, ",")
 	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed}
+	if o.micro {
+		for _, line := range benchmarks.Micro(dev) {
+			fmt.Fprintln(stderr, "micro:", line)
+			rep.Notes = append(rep.Notes, "Host cost: "+line+".")
+		}
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range configs {

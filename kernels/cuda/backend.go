@@ -339,8 +339,11 @@ func (b *Backend) launch(name string, gx, gy uint32, block uint32) {
 		return
 	}
 	b.launches++
-	b.d.must("cuLaunchKernel("+name+")", call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1,
-		uintptr(block), 1, 1, 0, b.stream, uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0))
+	r := call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, 0, b.stream,
+		uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0)
+	if r != 0 {
+		b.d.must("cuLaunchKernel("+name+")", r)
+	}
 }
 
 // grid is the number of blocks of threads for n elements, capped so that

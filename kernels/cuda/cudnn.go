@@ -199,16 +199,28 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
 	}
 	c.must("cudnnFindConvolutionAlgorithmEx", r)
-	// The fastest deterministic algorithm, so that runs (and resumed runs)
-	// repeat bit for bit; the fastest of any kind if none is. Strict F32
-	// takes only FMA-math algorithms (others may round inputs to TF32).
+	// A deterministic algorithm, so that runs (and resumed runs) repeat bit
+	// for bit (any kind if none is); among those within 10% of the fastest,
+	// the one with the smallest workspace: a workspace is allocated at every
+	// call, and the largest ones set the step's peak. Strict F32 takes only
+	// FMA-math algorithms (others may round inputs to TF32).
 	pl.found[dir] = true
 	for _, deterministic := range []bool{true, false} {
+		best := -1
 		for i := 0; i < int(*n); i++ {
 			pr := perf[i]
 			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
 				continue
 			}
+			switch {
+			case best < 0:
+				best = i // results come fastest first
+			case pr.time <= perf[best].time*1.10 && pr.memory < perf[best].memory:
+				best = i
+			}
+		}
+		if best >= 0 {
+			pr := perf[best]
 			pl.algo[dir], pl.math[dir], pl.ws[dir] = pr.algo, pr.mathType, pr.memory
 			return
 		}
