@@ -114,14 +114,15 @@ type algoPerf struct {
 // convPlan is everything cuDNN needs for one convolution shape and dtype:
 // descriptors made once, and each direction's algorithm once found.
 type convPlan struct {
-	x, w, y, conv uintptr
-	algo          [3]int32 // forward, backward data, backward filter
-	math          [3]int32 // the math type each algorithm was found with
-	ws            [3]uintptr
-	found         [3]bool
-	fallback      [3]bool // cuDNN offers no acceptable algorithm: use im2col + cuBLAS
-	strictF32     bool    // F32 data without TF32: FMA-math algorithms only
-	searchMath    uintptr // the math type the searches run under
+	x, w, y   uintptr
+	conv      [3]uintptr // one descriptor per direction, its math type set once
+	algo      [3]int32   // forward, backward data, backward filter
+	math      [3]int32   // the math type each algorithm was found with
+	ws        [3]uintptr
+	found     [3]bool
+	fallback  [3]bool // cuDNN offers no acceptable algorithm: use im2col + cuBLAS
+	strictF32 bool    // F32 data without TF32: FMA-math algorithms only
+	wsBudget  uintptr // workspace an algorithm may take: a quarter of the larger of input and output
 }
 
 type planKey struct {
@@ -150,16 +151,19 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 		c.must("cudnnCreateTensorDescriptor", call(c.cudnnCreateTensorDescriptor, uintptr(unsafe.Pointer(d))))
 	}
 	c.must("cudnnCreateFilterDescriptor", call(c.cudnnCreateFilterDescriptor, uintptr(unsafe.Pointer(&pl.w))))
-	c.must("cudnnCreateConvolutionDescriptor", call(c.cudnnCreateConvolutionDescriptor, uintptr(unsafe.Pointer(&pl.conv))))
+	for i := range pl.conv {
+		c.must("cudnnCreateConvolutionDescriptor", call(c.cudnnCreateConvolutionDescriptor, uintptr(unsafe.Pointer(&pl.conv[i]))))
+		c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv[i],
+			uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
+		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[i], math))
+	}
+	pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW())*dt.Size()) / 4
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.x, cudnnTensorNCHW, dtype,
 		uintptr(p.N), uintptr(p.C), uintptr(p.H), uintptr(p.W)))
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.y, cudnnTensorNCHW, dtype,
 		uintptr(p.N), uintptr(p.K), uintptr(p.OutH()), uintptr(p.OutW())))
 	c.must("cudnnSetFilter4dDescriptor", call(c.cudnnSetFilter4dDescriptor, pl.w, dtype, cudnnTensorNCHW,
 		uintptr(p.K), uintptr(p.C), uintptr(p.R), uintptr(p.S)))
-	c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv,
-		uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
-	pl.searchMath = math
 	b.plans[k] = pl
 	return pl
 }
@@ -183,45 +187,44 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	} else {
 		defer src.Free(seg)
 	}
-	c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv, pl.searchMath))
 	perf := new([cudnnMaxAlgos]algoPerf)
 	n := new(int32)
 	var r uintptr
 	switch dir {
 	case 0: // x, w -> y
-		r = call(c.cudnnFindConvolutionForwardAlgorithmEx, b.dnnHandle, pl.x, a, pl.w, bb, pl.conv, pl.y, out,
+		r = call(c.cudnnFindConvolutionForwardAlgorithmEx, b.dnnHandle, pl.x, a, pl.w, bb, pl.conv[0], pl.y, out,
 			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
 	case 1: // w, dy -> dx
-		r = call(c.cudnnFindConvolutionBackwardDataAlgorithmEx, b.dnnHandle, pl.w, a, pl.y, bb, pl.conv, pl.x, out,
+		r = call(c.cudnnFindConvolutionBackwardDataAlgorithmEx, b.dnnHandle, pl.w, a, pl.y, bb, pl.conv[1], pl.x, out,
 			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
 	case 2: // x, dy -> dw
-		r = call(c.cudnnFindConvolutionBackwardFilterAlgorithmEx, b.dnnHandle, pl.x, a, pl.y, bb, pl.conv, pl.w, out,
+		r = call(c.cudnnFindConvolutionBackwardFilterAlgorithmEx, b.dnnHandle, pl.x, a, pl.y, bb, pl.conv[2], pl.w, out,
 			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
 	}
 	c.must("cudnnFindConvolutionAlgorithmEx", r)
 	// A deterministic algorithm, so that runs (and resumed runs) repeat bit
-	// for bit (any kind if none is); among those within 10% of the fastest,
-	// the one with the smallest workspace: a workspace is allocated at every
-	// call, and the largest ones set the step's peak. Strict F32 takes only
-	// FMA-math algorithms (others may round inputs to TF32).
+	// for bit (any kind if none is): the fastest whose workspace fits the
+	// budget (a workspace is allocated at every call, and the largest set
+	// the step's peak), else the one with the smallest workspace. Strict F32
+	// takes only FMA-math algorithms (others may round inputs to TF32). The
+	// direction's descriptor keeps the chosen math type from then on.
 	pl.found[dir] = true
 	for _, deterministic := range []bool{true, false} {
 		best := -1
-		for i := 0; i < int(*n); i++ {
+		for i := 0; i < int(*n); i++ { // results come fastest first
 			pr := perf[i]
 			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
 				continue
 			}
-			switch {
-			case best < 0:
-				best = i // results come fastest first
-			case pr.time <= perf[best].time*1.10 && pr.memory < perf[best].memory:
+			fits := pr.memory <= pl.wsBudget
+			if best < 0 || (fits && perf[best].memory > pl.wsBudget) || (!fits && perf[best].memory > pl.wsBudget && pr.memory < perf[best].memory) {
 				best = i
 			}
 		}
 		if best >= 0 {
 			pr := perf[best]
 			pl.algo[dir], pl.math[dir], pl.ws[dir] = pr.algo, pr.mathType, pr.memory
+			c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[dir], uintptr(pr.mathType)))
 			return
 		}
 	}
@@ -237,8 +240,6 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	if pl.fallback[dir] {
 		return false
 	}
-	// Run the algorithm with the math type it was found with.
-	b.dnn.must("cudnnSetConvolutionMathType", call(b.dnn.cudnnSetConvolutionMathType, pl.conv, uintptr(pl.math[dir])))
 	var ws uintptr
 	if pl.ws[dir] > 0 {
 		blk := b.workspace(int64(pl.ws[dir]))
@@ -253,13 +254,13 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	switch dir {
 	case 0:
 		err = c.check("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
-			pl.conv, uintptr(pl.algo[0]), ws, pl.ws[0], beta, pl.y, out))
+			pl.conv[0], uintptr(pl.algo[0]), ws, pl.ws[0], beta, pl.y, out))
 	case 1:
 		err = c.check("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
-			pl.conv, uintptr(pl.algo[1]), ws, pl.ws[1], beta, pl.x, out))
+			pl.conv[1], uintptr(pl.algo[1]), ws, pl.ws[1], beta, pl.x, out))
 	case 2:
 		err = c.check("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
-			pl.conv, uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
+			pl.conv[2], uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
 	}
 	if err != nil {
 		// cuDNN refused the algorithm it chose: this shape and direction
