@@ -157,7 +157,10 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 			uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
 		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[i], math))
 	}
-	pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW())*dt.Size()) / 4
+	// The workspace budget is the larger of input and output counted in F32
+	// bytes: enough for the fast algorithms (F16's tensor-core ones need
+	// room), small enough that no call's workspace dwarfs the activations.
+	pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW()) * 4)
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.x, cudnnTensorNCHW, dtype,
 		uintptr(p.N), uintptr(p.C), uintptr(p.H), uintptr(p.W)))
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.y, cudnnTensorNCHW, dtype,
