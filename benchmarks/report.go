@@ -41,16 +41,20 @@ func configOrder(name string) int {
 
 // rows pairs each leangrad result with PyTorch's for the same spec, in
 // model, batch, configuration order.
-func (r *Report) rows() (keys []rowKey, lg, pt map[rowKey]Result) {
+func (r *Report) rows() (keys []rowKey, lg, pt map[rowKey]Result) { return r.rowsOf("leangrad") }
+
+// rowsOf is rows for one of leangrad's engines ("leangrad", "leangrad-lean").
+func (r *Report) rowsOf(engine string) (keys []rowKey, lg, pt map[rowKey]Result) {
 	lg, pt = map[rowKey]Result{}, map[rowKey]Result{}
 	for _, x := range r.Results {
 		k := rowKey{x.Model, x.Batch, x.Config}
-		if x.Engine == "pytorch" {
+		switch x.Engine {
+		case "pytorch":
 			pt[k] = x
-			continue
+		case engine:
+			lg[k] = x
+			keys = append(keys, k)
 		}
-		lg[k] = x
-		keys = append(keys, k)
 	}
 	sort.SliceStable(keys, func(i, j int) bool {
 		a, b := keys[i], keys[j]
@@ -98,6 +102,23 @@ func (r *Report) Markdown(w io.Writer) {
 			k.model, k.batch, k.config, a.MedianMS, pms, a.ImgPerSec, pimg, ratio(a.ImgPerSec, b.ImgPerSec),
 			mib(a.PeakAllocated), palloc, ratio(float64(a.PeakAllocated), float64(b.PeakAllocated)),
 			100*a.SavingVsFP32, psave, 100*a.OverheadFP32, pover, launches, a.HostMS)
+	}
+	if keys, lean, pt := r.rowsOf("leangrad-lean"); len(keys) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "The same with lean convolution workspaces (`cuda.Options{LeanConvWorkspace: true}`, `train -conv-workspace lean`): each cuDNN algorithm's workspace at most its larger tensor, instead of the fastest algorithm.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| model | batch | config | lean ms | PyTorch ms | img/s ratio | lean peak alloc | PyTorch peak alloc | alloc ratio | saving vs fp32 |")
+		fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, k := range keys {
+			a, b := lean[k], pt[k]
+			pms, palloc := "–", "–"
+			if b.MedianMS > 0 {
+				pms, palloc = fmt.Sprintf("%.2f", b.MedianMS), fmt.Sprintf("%.1f MiB", mib(b.PeakAllocated))
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %.2f | %s | %s | %.1f MiB | %s | %s | %.0f%% |\n", k.model, k.batch, k.config,
+				a.MedianMS, pms, ratio(a.ImgPerSec, b.ImgPerSec), mib(a.PeakAllocated), palloc,
+				ratio(float64(a.PeakAllocated), float64(b.PeakAllocated)), 100*a.SavingVsFP32)
+		}
 	}
 	if len(r.Claims) > 0 {
 		fmt.Fprintln(w)

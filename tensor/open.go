@@ -19,12 +19,16 @@ var (
 // OpenAuto to learn why it fell back). Opening a GPU binds the CUDA libraries
 // and compiles the kernels on first use; the error says which library was
 // not found, and where it was looked for.
-func Open(spec string) (*Device, error) {
+func Open(spec string) (*Device, error) { return OpenWith(spec, cuda.Options{}) }
+
+// OpenWith is Open with options for a GPU (ignored for the CPU). A device
+// already opened keeps the options it was first opened with.
+func OpenWith(spec string, opts cuda.Options) (*Device, error) {
 	switch {
 	case spec == "cpu":
 		return CPU(), nil
 	case spec == "auto" || spec == "":
-		d, _ := OpenAuto()
+		d, _ := OpenAutoWith(opts)
 		return d, nil
 	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
 		index := 0
@@ -35,32 +39,35 @@ func Open(spec string) (*Device, error) {
 			}
 			index = i
 		}
-		return openCUDA(index)
+		return openCUDA(index, opts)
 	}
 	return nil, fmt.Errorf("unknown device %q: want cpu, cuda, cuda:N or auto", spec)
 }
 
 // OpenAuto returns the first GPU if one can be used, and otherwise the CPU
 // with the reason the GPU could not be used.
-func OpenAuto() (dev *Device, fallback string) {
+func OpenAuto() (dev *Device, fallback string) { return OpenAutoWith(cuda.Options{}) }
+
+// OpenAutoWith is OpenAuto with options for a GPU.
+func OpenAutoWith(opts cuda.Options) (dev *Device, fallback string) {
 	if err := cuda.Available(); err != nil {
 		return CPU(), err.Error()
 	}
-	d, err := openCUDA(0)
+	d, err := openCUDA(0, opts)
 	if err != nil {
 		return CPU(), err.Error()
 	}
 	return d, ""
 }
 
-func openCUDA(index int) (*Device, error) {
+func openCUDA(index int, opts cuda.Options) (*Device, error) {
 	openMu.Lock()
 	defer openMu.Unlock()
 	name := fmt.Sprintf("cuda:%d", index)
 	if d := devices[name]; d != nil {
 		return d, nil
 	}
-	b, err := cuda.Open(index, cuda.Options{})
+	b, err := cuda.Open(index, opts)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", name, err)
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -35,7 +36,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	cpuprofile                                         string
-	micro                                              bool
+	micro, lean                                        bool
 	warmup, steps                                      int
 	claims                                             bool
 	seed                                               uint64
@@ -87,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
+	fs.BoolVar(&o.lean, "lean", true, "on a GPU, run the specs again with lean convolution workspaces (engine leangrad-lean)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -166,6 +168,11 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
 			}
 		}
 	}
+	if o.lean && dev.Name() != "cpu" {
+		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
+			return err
+		}
+	}
 	if o.claims {
 		if err := claims(dev, rep, specs, bo, stderr); err != nil {
 			return err
@@ -182,6 +189,37 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
 		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
 	}
 	return write(o, rep, stdout)
+}
+
+// runLean repeats the specs on a second backend of the same GPU whose
+// convolutions keep their workspaces no larger than their activations.
+func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
+	var index int
+	fmt.Sscanf(dev.Name(), "cuda:%d", &index)
+	be, err := cuda.OpenSeparate(index, cuda.Options{LeanConvWorkspace: true})
+	if err != nil {
+		return err
+	}
+	lean := tensor.NewDevice(be)
+	for _, sp := range specs {
+		if !benchmarks.Models[sp.model].ResNet {
+			continue // no convolutions
+		}
+		for _, b := range sp.batches {
+			for _, c := range configs {
+				lean.Allocator().EmptyCache()
+				r, err := benchmarks.Run(lean, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
+				if err != nil {
+					return err
+				}
+				r.Engine = "leangrad-lean"
+				fmt.Fprintf(stderr, "leangrad-lean %s batch %d %s: %.2f ms, %.1f MiB\n", sp.model, b, c, r.MedianMS, float64(r.PeakAllocated)/(1<<20))
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	}
+	lean.Allocator().EmptyCache()
+	return nil
 }
 
 func claims(dev *tensor.Device, rep *benchmarks.Report, specs []spec, bo benchmarks.Options, stderr io.Writer) error {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -41,6 +42,7 @@ type options struct {
 	emptyCache                             int
 	seed                                   uint64
 	jsonOut, memlog, memplot, save, resume string
+	convWorkspace                          string
 	set                                    map[string]bool // flags given on the command line
 }
 
@@ -80,6 +82,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memplot, "memplot", "", "plot allocated and reserved memory over the run to this PNG")
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
 	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save")
+	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -106,6 +109,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.model == "resnet" && (o.depth < 8 || (o.depth-2)%6 != 0) {
 		return nil, fmt.Errorf("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
+	}
+	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
+		return nil, fmt.Errorf("-conv-workspace %q: want fast or lean", o.convWorkspace)
 	}
 	if _, err := nn.ParseCheckpointMode(o.ckptMode); err != nil {
 		return nil, fmt.Errorf("-checkpoint-mode: %v", err)
@@ -277,8 +283,9 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 }
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
+	opts := cuda.Options{LeanConvWorkspace: o.convWorkspace == "lean"}
 	if o.device == "auto" {
-		dev, why := tensor.OpenAuto()
+		dev, why := tensor.OpenAutoWith(opts)
 		if why != "" {
 			fmt.Fprintf(stdout, "device: cpu (no usable GPU: %s)\n", firstLine(why))
 		} else {
@@ -286,7 +293,7 @@ func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 		}
 		return dev, nil
 	}
-	dev, err := tensor.Open(o.device)
+	dev, err := tensor.OpenWith(o.device, opts)
 	if err != nil {
 		return nil, fmt.Errorf("-device %s: %w", o.device, err)
 	}

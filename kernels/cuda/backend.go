@@ -23,6 +23,12 @@ type Options struct {
 	// NoCuDNN makes convolutions use im2col + cuBLAS even when cuDNN is
 	// installed (so does LEANGRAD_CUDNN=0 in the environment).
 	NoCuDNN bool
+	// LeanConvWorkspace limits each cuDNN convolution's workspace to the
+	// size of its larger tensor (counted in F32 bytes) instead of taking the
+	// fastest algorithm whatever its workspace. The workspaces of the fast
+	// algorithms set the step's peak; the lean ones are slower (measured by
+	// the benchmark harness). LEANGRAD_CONV_WORKSPACE=lean sets it too.
+	LeanConvWorkspace bool
 }
 
 // Backend is the CUDA backend of one device: the primary context, one
@@ -90,7 +96,15 @@ func Open(index int, opts Options) (*Backend, error) {
 	return b, nil
 }
 
+// OpenSeparate opens another backend on device index, with its own stream,
+// pool and library handles, beside the one Open returns: for comparing
+// options in one process.
+func OpenSeparate(index int, opts Options) (*Backend, error) { return open(index, opts) }
+
 func open(index int, opts Options) (*Backend, error) {
+	if os.Getenv("LEANGRAD_CONV_WORKSPACE") == "lean" {
+		opts.LeanConvWorkspace = true
+	}
 	if opts.ConvWorkspace <= 0 {
 		opts.ConvWorkspace = 64 << 20
 	}

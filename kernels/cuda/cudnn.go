@@ -157,10 +157,14 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 			uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
 		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[i], math))
 	}
-	// The workspace budget is the larger of input and output counted in F32
-	// bytes: enough for the fast algorithms (F16's tensor-core ones need
-	// room), small enough that no call's workspace dwarfs the activations.
-	pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW()) * 4)
+	// The workspace budget: anything the search may use (the fastest
+	// algorithm wins), or with LeanConvWorkspace the larger of input and
+	// output counted in F32 bytes, so that no call's workspace dwarfs the
+	// activations.
+	pl.wsBudget = cudnnWorkspaceCapBytes
+	if b.opts.LeanConvWorkspace {
+		pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW()) * 4)
+	}
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.x, cudnnTensorNCHW, dtype,
 		uintptr(p.N), uintptr(p.C), uintptr(p.H), uintptr(p.W)))
 	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.y, cudnnTensorNCHW, dtype,
@@ -288,7 +292,11 @@ func (b *Backend) CuDNNFailures() []string {
 func (b *Backend) ConvEngine() string {
 	if b.dnn != nil {
 		v := b.dnn.version
-		return fmt.Sprintf("cuDNN %d.%d.%d", v/10000, v/100%100, v%100)
+		policy := "fastest algorithms"
+		if b.opts.LeanConvWorkspace {
+			policy = "lean workspaces"
+		}
+		return fmt.Sprintf("cuDNN %d.%d.%d, %s", v/10000, v/100%100, v%100, policy)
 	}
 	return "im2col + cuBLAS (cuDNN: " + b.dnnReason + ")"
 }
