@@ -133,6 +133,7 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 	measure := func(leak bool) (perEpoch []int64, report string) {
 		s := newStepper(dev, m, Config{Name: "fp32"}, batch, seed)
 		defer s.release()
+		s.step() // the optimiser's momentum exists before anything is measured
 		var kept []*tensor.Tensor
 		base := a.Stats().Allocated[memory.All].Current
 		// Creation sites are recorded from here on: the report covers what

@@ -25,5 +25,9 @@ func TestCUDANoGrowthOverManySteps(t *testing.T) { onCUDA(t, TestNoGrowthOverMan
 func TestCUDASaveResumeContinuesExactly(t *testing.T) {
 	onCUDA(t, TestSaveResumeContinuesExactly)
 }
-func TestCUDAMeasuredSavings(t *testing.T) { onCUDA(t, TestMeasuredSavings) }
+func TestCUDAMeasuredSavings(t *testing.T) {
+	measureBatch = 128
+	defer func() { measureBatch = 16 }()
+	onCUDA(t, TestMeasuredSavings)
+}
 func TestCUDAMLPFashionMNIST(t *testing.T) { onCUDA(t, TestMLPFashionMNIST) }
