@@ -31,9 +31,9 @@ func baseConfig(model string) Config {
 }
 
 // TestNoGrowthOverManySteps: allocated bytes after each step are the same
-// from step 2 on, over 300 steps, with and without AMP and checkpointing. A
-// narrow ResNet keeps it quick on a CPU; the memory contract does not
-// depend on the width.
+// from step 2 on, over 300 steps of the main configuration (AMP and
+// checkpointing) and 105 of each other one. A narrow ResNet keeps it quick
+// on a CPU (and under -race); the memory contract does not depend on the width.
 func TestNoGrowthOverManySteps(t *testing.T) {
 	dev := testDevice()
 	ds := datasets.SyntheticSize(240, 1, 12)
@@ -43,7 +43,10 @@ func TestNoGrowthOverManySteps(t *testing.T) {
 			model := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 			defer nn.Release(model)
 			cfg := baseConfig("tiny")
-			cfg.Epochs, cfg.Batch, cfg.LR, cfg.AMP, cfg.Checkpoint = 20, 16, 0.1, v.AMP, v.Checkpoint
+			cfg.Epochs, cfg.Batch, cfg.LR, cfg.AMP, cfg.Checkpoint = 7, 16, 0.1, v.AMP, v.Checkpoint
+			if v.Name == "amp+checkpoint" {
+				cfg.Epochs = 20
+			}
 			l := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 2})
 			test := datasets.NewLoader(datasets.SyntheticSize(16, 9, 12), dev, datasets.LoaderConfig{Batch: 16})
 			tr, err := New(model, dev, cfg, l.Len())
@@ -54,15 +57,15 @@ func TestNoGrowthOverManySteps(t *testing.T) {
 			if err := tr.Fit(l, test, nil, ""); err != nil {
 				t.Fatal(err)
 			}
-			if len(tr.Memory) != 300 {
-				t.Fatalf("%d steps recorded, want 300", len(tr.Memory))
+			if want := cfg.Epochs * l.Len(); len(tr.Memory) != want {
+				t.Fatalf("%d steps recorded, want %d", len(tr.Memory), want)
 			}
 			for _, m := range tr.Memory[2:] {
 				if m.Allocated != tr.Memory[1].Allocated {
 					t.Fatalf("allocated after step %d is %d, after step 2 %d", m.Step, m.Allocated, tr.Memory[1].Allocated)
 				}
 			}
-			if last := tr.History[len(tr.History)-1]; last.TrainAcc < 0.8 {
+			if last := tr.History[len(tr.History)-1]; last.TrainAcc < 0.6 {
 				t.Errorf("the synthetic set was not learned: %+v", last)
 			}
 		})
