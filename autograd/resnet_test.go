@@ -236,7 +236,3 @@ func TestResNet20StepMemory(t *testing.T) {
 		net.release()
 	}
 }
-
-func TestCUDAResNet20StepMemory(t *testing.T) {
-	onDevice(cudaDevice(t), func() { TestResNet20StepMemory(t) })
-}

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"fmt"
 	"slices"
 	"sync"
 
@@ -12,16 +11,6 @@ import (
 // filter tap (c, r, s) (a row) and each output pixel (a column), the input
 // value under that tap, zero in the padding. The convolution is then one
 // matrix product: y[n] (K×OH·OW) = w (K×C·R·S) · col (C·R·S×OH·OW).
-
-func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) {
-	p.Validate()
-	checkLen(op+" input", p.N*p.C*p.H*p.W, x)
-	checkLen(op+" weight", p.K*p.C*p.R*p.S, w)
-	checkLen(op+" output", p.N*p.K*p.OutH()*p.OutW(), y)
-	if x.DType != w.DType {
-		panic(fmt.Sprintf("cpu: %s of %v input with %v weight", op, x.DType, w.DType))
-	}
-}
 
 // direct reports whether the convolution is a plain 1×1 product, for which
 // the column matrix is the input itself.
@@ -112,7 +101,7 @@ func col2im(p kernels.ConvParams, col, x []float32) {
 
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
-	checkConv("conv2d", p, x, w, y)
+	kernels.CheckConv("conv2d", p, x, w, y)
 	xs, ws := in(x), in(w)
 	ys, done := out(y)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
@@ -136,7 +125,7 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 
 // Conv2dBackwardData computes dx = col2im(wᵀ·dy) image by image.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
-	checkConv("conv2d backward data", p, dx, w, dy)
+	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
 	dys, ws := in(dy), in(w)
 	dxs, done := out(dx)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
@@ -159,7 +148,7 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 // Conv2dBackwardFilter computes dw = Σₙ dy[n]·col[n]ᵀ, each goroutine
 // accumulating its images before the partial sums are added.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
-	checkConv("conv2d backward filter", p, x, dw, dy)
+	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
 	xs, dys := in(x), in(dy)
 	dws, done := out(dw)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()

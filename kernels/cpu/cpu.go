@@ -156,14 +156,6 @@ func storeF16(dst []uint16, src []float32) {
 	})
 }
 
-func checkLen(op string, want int, bufs ...kernels.Buf) {
-	for _, b := range bufs {
-		if b.N != want {
-			panic(fmt.Sprintf("cpu: %s: buffer of %d elements, want %d", op, b.N, want))
-		}
-	}
-}
-
 // parallel runs f over [0, n) in contiguous chunks on up to GOMAXPROCS
 // goroutines, giving each at least grain elements; small work runs inline.
 func parallel(n, grain int, f func(lo, hi int)) {
@@ -240,7 +232,7 @@ func (c *Backend) Fill(dst kernels.Buf, v float32) {
 
 // Cast converts src into dst's dtype.
 func (c *Backend) Cast(dst, src kernels.Buf) {
-	checkLen("cast", src.N, dst)
+	kernels.CheckLen("cast", src.N, dst)
 	if dst.DType == src.DType {
 		c.Copy(dst, src)
 		return

@@ -77,7 +77,7 @@ func unaryGrad(op kernels.UnaryOp) func(dy, x, y float32) float32 {
 
 // Unary computes dst = op(x).
 func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
-	checkLen("unary "+op.String(), x.N, dst)
+	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	f := unaryFunc(op)
 	xs := in(x)
 	ys, done := out(dst)
@@ -92,17 +92,17 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 // UnaryBackward computes dx = dy·op'(x). Only the one of x and y that op's
 // derivative needs must be valid.
 func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
-	checkLen("unary backward "+op.String(), dy.N, dx)
+	kernels.CheckLen("unary backward "+op.String(), dy.N, dx)
 	g := unaryGrad(op)
 	dys := in(dy)
 	zeros := make([]float32, 0)
 	xs, ys := zeros, zeros
 	if x.Valid() {
-		checkLen("unary backward x", dy.N, x)
+		kernels.CheckLen("unary backward x", dy.N, x)
 		xs = in(x)
 	}
 	if y.Valid() {
-		checkLen("unary backward y", dy.N, y)
+		kernels.CheckLen("unary backward y", dy.N, y)
 		ys = in(y)
 	}
 	dxs, done := out(dx)
@@ -123,7 +123,7 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 
 // Affine computes dst = alpha·x + beta.
 func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
-	checkLen("affine", x.N, dst)
+	kernels.CheckLen("affine", x.N, dst)
 	xs := in(x)
 	ys, done := out(dst)
 	parallel(len(ys), elemGrain, func(lo, hi int) {
@@ -136,7 +136,7 @@ func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 
 // Binary computes dst = a op b with broadcasting.
 func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
-	checkLen("binary "+op.String(), bc.Len(), dst)
+	kernels.CheckLen("binary "+op.String(), bc.Len(), dst)
 	as, bs := in(a), in(b)
 	ys, done := out(dst)
 	var f func(x, y float32) float32
@@ -153,7 +153,7 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 		panic(fmt.Sprintf("cpu: unknown binary op %v", op))
 	}
 	if bc.Same() {
-		checkLen("binary "+op.String(), len(ys), a, b)
+		kernels.CheckLen("binary "+op.String(), len(ys), a, b)
 		parallel(len(ys), elemGrain, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
 				ys[i] = f(as[i], bs[i])

@@ -1,8 +1,6 @@
 package cpu
 
 import (
-	"fmt"
-
 	"github.com/leangrad/leangrad/kernels"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas32"
@@ -29,24 +27,8 @@ func sgemm(transA, transB bool, m, n, k int, alpha float32, a, b []float32, beta
 
 // Gemm computes a (batched) matrix product; see kernels.GemmParams.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
+	kernels.CheckGemm(p, a, b, cb)
 	batch := max(p.Batch, 1)
-	if p.M <= 0 || p.N <= 0 || p.K <= 0 {
-		panic(fmt.Sprintf("cpu: gemm with M=%d N=%d K=%d", p.M, p.N, p.K))
-	}
-	need := func(name string, buf kernels.Buf, size, stride int) {
-		if n := (batch-1)*stride + size; buf.N < n {
-			panic(fmt.Sprintf("cpu: gemm %s has %d elements, needs %d (%+v)", name, buf.N, n, p))
-		}
-	}
-	need("A", a, p.M*p.K, p.StrideA)
-	need("B", b, p.K*p.N, p.StrideB)
-	need("C", cb, p.M*p.N, p.StrideC)
-	if a.DType != b.DType {
-		panic(fmt.Sprintf("cpu: gemm of %v A and %v B", a.DType, b.DType))
-	}
-	if cb.DType == kernels.F16 && a.DType != kernels.F16 {
-		panic(fmt.Sprintf("cpu: gemm of %v operands into an f16 result: want f32 C", a.DType))
-	}
 	as, bs := in(a), in(b)
 	var cs []float32
 	var done func()

@@ -7,13 +7,9 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
+// checkCE checks the arguments and, on the host, that every label is a class.
 func checkCE(op string, logits, labels, lse kernels.Buf, n, k int) []int32 {
-	if n <= 0 || k <= 0 {
-		panic(fmt.Sprintf("cpu: %s of %d rows of %d classes", op, n, k))
-	}
-	checkLen(op+" logits", n*k, logits)
-	checkLen(op+" labels", n, labels)
-	checkLen(op+" log-sum-exp", n, lse)
+	kernels.CheckCrossEntropy(op, logits, labels, lse, n, k)
 	ls := i32s(labels)
 	for i, l := range ls {
 		if l < 0 || int(l) >= k {
@@ -27,7 +23,7 @@ func checkCE(op string, logits, labels, lse kernels.Buf, n, k int) []int32 {
 // softmax(logits), with each row's log-sum-exp m + log Σ exp(x − m).
 func (c *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) {
 	ls := checkCE("cross entropy", logits, labels, lse, n, k)
-	checkLen("cross entropy loss", 1, loss)
+	kernels.CheckLen("cross entropy loss", 1, loss)
 	xs, lses := in(logits), f32s(lse)
 	var total float64
 	for i := 0; i < n; i++ {
@@ -52,8 +48,8 @@ func (c *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) 
 // CrossEntropyBackward computes dlogits = (softmax − onehot)·dloss/n.
 func (c *Backend) CrossEntropyBackward(logits, labels, lse, dloss, dlogits kernels.Buf, n, k int) {
 	ls := checkCE("cross entropy backward", logits, labels, lse, n, k)
-	checkLen("cross entropy backward", n*k, dlogits)
-	checkLen("cross entropy backward dloss", 1, dloss)
+	kernels.CheckLen("cross entropy backward", n*k, dlogits)
+	kernels.CheckLen("cross entropy backward dloss", 1, dloss)
 	xs, lses, g := in(logits), f32s(lse), in(dloss)[0]/float32(n)
 	dxs, done := out(dlogits)
 	for i := 0; i < n; i++ {

@@ -1,19 +1,10 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/leangrad/leangrad/kernels"
 )
-
-func checkBN(op string, p kernels.BNParams, x kernels.Buf, channel ...kernels.Buf) {
-	if p.N <= 0 || p.C <= 0 || p.HW <= 0 {
-		panic(fmt.Sprintf("cpu: %s: invalid parameters %+v", op, p))
-	}
-	checkLen(op+" input", p.N*p.C*p.HW, x)
-	checkLen(op+" per-channel buffer", p.C, channel...)
-}
 
 // channelValues calls f(i, v) for every element of channel c of an N×C×HW array.
 func forChannel(p kernels.BNParams, c int, f func(i int)) {
@@ -28,8 +19,8 @@ func forChannel(p kernels.BNParams, c int, f func(i int)) {
 // BatchNormTrain normalises with batch statistics (two-pass, float64) and
 // updates the running statistics (the variance unbiased) in place.
 func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
-	checkBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
-	checkLen("batch norm output", x.N, y)
+	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
+	kernels.CheckLen("batch norm output", x.N, y)
 	xs, gs, bs := in(x), in(gamma), in(beta)
 	ys, doneY := out(y)
 	rm, doneRM := inout(runMean)
@@ -64,8 +55,8 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean,
 
 // BatchNormEval normalises with the running statistics.
 func (c *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, runVar, y kernels.Buf) {
-	checkBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
-	checkLen("batch norm eval output", x.N, y)
+	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
+	kernels.CheckLen("batch norm eval output", x.N, y)
 	xs, gs, bs, rm, rv := in(x), in(gamma), in(beta), in(runMean), in(runVar)
 	ys, done := out(y)
 	parallel(p.C, 1, func(lo, hi int) {
@@ -85,8 +76,8 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, run
 //
 // with x̂ = (x − mean)·invstd and M = N·HW.
 func (c *Backend) BatchNormBackward(p kernels.BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta kernels.Buf) {
-	checkBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
-	checkLen("batch norm backward", x.N, dy, dx)
+	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
+	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	xs, dys, gs, sm, sis := in(x), in(dy), in(gamma), f32s(saveMean), f32s(saveInvStd)
 	dxs, doneX := out(dx)
 	dgs, doneG := out(dgamma)

@@ -7,30 +7,15 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-func checkLists(op string, lists ...[]kernels.Buf) {
-	for _, l := range lists[1:] {
-		if len(l) != len(lists[0]) {
-			panic(fmt.Sprintf("cpu: %s: lists of %d and %d tensors", op, len(lists[0]), len(l)))
-		}
-	}
-	for i := range lists[0] {
-		for _, l := range lists {
-			if l[i].N != lists[0][i].N || l[i].DType != kernels.F32 {
-				panic(fmt.Sprintf("cpu: %s: tensor %d: %d %v elements, want %d f32", op, i, l[i].N, l[i].DType, lists[0][i].N))
-			}
-		}
-	}
-}
-
 // SGD is torch.optim.SGD's update:
 //
 //	g = grad + wd·p;  buf = momentum·buf + (1−dampening)·g (buf = g at the first step)
 //	g = g + momentum·buf if Nesterov else buf;  p -= lr·g
 func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	if hp.Momentum != 0 {
-		checkLists("sgd", params, grads, moms)
+		kernels.CheckLists("sgd", params, grads, moms)
 	} else {
-		checkLists("sgd", params, grads)
+		kernels.CheckLists("sgd", params, grads)
 	}
 	for t := range params {
 		p, g := f32s(params[t]), f32s(grads[t])
@@ -64,7 +49,7 @@ func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 //	p -= lr·wd·p;  m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²
 //	p -= lr·(m/(1−β1ᵗ)) / (√(v/(1−β2ᵗ)) + ε)
 func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
-	checkLists("adamw", params, grads, m, v)
+	kernels.CheckLists("adamw", params, grads, m, v)
 	if hp.Step < 1 {
 		panic(fmt.Sprintf("cpu: adamw step %d, want >= 1", hp.Step))
 	}
@@ -88,7 +73,7 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 
 // UnscaleCheck multiplies every grad by invScale and raises found on inf/NaN.
 func (c *Backend) UnscaleCheck(grads []kernels.Buf, invScale float32, found kernels.Buf) {
-	checkLen("unscale found flag", 1, found)
+	kernels.CheckLen("unscale found flag", 1, found)
 	f := f32s(found)
 	for _, gb := range grads {
 		g := f32s(gb)

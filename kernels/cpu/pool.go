@@ -6,12 +6,6 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-func checkPool(op string, p kernels.PoolParams, x, y kernels.Buf) {
-	p.Validate()
-	checkLen(op+" input", p.N*p.C*p.H*p.W, x)
-	checkLen(op+" output", p.N*p.C*p.OutH()*p.OutW(), y)
-}
-
 // window calls f with the flat input index of every in-bounds element of the
 // window of output pixel (i, j) of plane base.
 func window(p kernels.PoolParams, base, i, j int, f func(idx int)) {
@@ -56,7 +50,7 @@ func argmax(p kernels.PoolParams, xs []float32, base, i, j int) int {
 
 // MaxPool2d computes the maximum of each window (padding ignored).
 func (c *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
-	checkPool("max pool", p, x, y)
+	kernels.CheckPool("max pool", p, x, y)
 	xs := in(x)
 	ys, done := out(y)
 	forOutputs(p, func(base, o, i, j int) { ys[o] = xs[argmax(p, xs, base, i, j)] })
@@ -65,8 +59,8 @@ func (c *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 
 // MaxPool2dBackward adds each dy to the first maximum of its window.
 func (c *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf) {
-	checkPool("max pool backward", p, x, dy)
-	checkLen("max pool backward", x.N, dx)
+	kernels.CheckPool("max pool backward", p, x, dy)
+	kernels.CheckLen("max pool backward", x.N, dx)
 	xs, dys := in(x), in(dy)
 	dxs, done := out(dx)
 	clear(dxs)
@@ -77,7 +71,7 @@ func (c *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf)
 
 // AvgPool2d computes each window's sum over KH·KW.
 func (c *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
-	checkPool("avg pool", p, x, y)
+	kernels.CheckPool("avg pool", p, x, y)
 	xs := in(x)
 	ys, done := out(y)
 	inv := 1 / float32(p.KH*p.KW)
@@ -91,7 +85,7 @@ func (c *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 
 // AvgPool2dBackward spreads each dy/(KH·KW) over its window.
 func (c *Backend) AvgPool2dBackward(p kernels.PoolParams, dy, dx kernels.Buf) {
-	checkPool("avg pool backward", p, dx, dy)
+	kernels.CheckPool("avg pool backward", p, dx, dy)
 	dys := in(dy)
 	dxs, done := out(dx)
 	clear(dxs)

@@ -43,7 +43,7 @@ func (c *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	if p < 0 || p >= 1 {
 		panic(fmt.Sprintf("cpu: dropout probability %v outside [0, 1)", p))
 	}
-	checkLen("dropout", x.N, dst)
+	kernels.CheckLen("dropout", x.N, dst)
 	xs := in(x)
 	o, done := out(dst)
 	scale := 1 / (1 - p)

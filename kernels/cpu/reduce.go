@@ -7,17 +7,9 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-func checkReduction(op string, r kernels.Reduction, x, dst kernels.Buf) {
-	if r.Outer <= 0 || r.Len <= 0 || r.Inner <= 0 {
-		panic(fmt.Sprintf("cpu: %s: invalid reduction %+v", op, r))
-	}
-	checkLen(op+" input", r.Outer*r.Len*r.Inner, x)
-	checkLen(op+" output", r.Outer*r.Inner, dst)
-}
-
 // Reduce reduces x along the middle axis of r. Sums accumulate in float64.
 func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
-	checkReduction("reduce "+op.String(), r, x, dst)
+	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
 	xs := in(x)
 	ys, done := out(dst)
 	parallel(r.Outer*r.Inner, max(1, elemGrain/r.Len), func(lo, hi int) {
@@ -49,9 +41,9 @@ func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 
 // ReduceMaxBackward routes dy to every element equal to its row's maximum.
 func (c *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reduction) {
-	checkReduction("reduce max backward", r, x, dy)
-	checkLen("reduce max backward", x.N, dx)
-	checkLen("reduce max backward", dy.N, y)
+	kernels.CheckReduction("reduce max backward", r, x, dy)
+	kernels.CheckLen("reduce max backward", x.N, dx)
+	kernels.CheckLen("reduce max backward", dy.N, y)
 	xs, ys, dys := in(x), in(y), in(dy)
 	dxs, done := out(dx)
 	for i := range dxs {
@@ -67,7 +59,7 @@ func (c *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reductio
 
 // ArgMax writes the index of the first maximum along the middle axis.
 func (c *Backend) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
-	checkReduction("argmax", r, x, dst)
+	kernels.CheckReduction("argmax", r, x, dst)
 	xs, d := in(x), i32s(dst)
 	for o := range d {
 		base := o/r.Inner*r.Len*r.Inner + o%r.Inner

@@ -7,10 +7,7 @@ import "github.com/leangrad/leangrad/kernels"
 // workspace cap. 1×1, stride-1, unpadded convolutions skip im2col.
 
 func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) string {
-	p.Validate()
-	checkLen(op+" input", p.N*p.C*p.H*p.W, x)
-	checkLen(op+" weight", p.K*p.C*p.R*p.S, w)
-	checkLen(op+" output", p.N*p.K*p.OutH()*p.OutW(), y)
+	kernels.CheckConv(op, p, x, w, y)
 	return floatType(op, x, w, y)
 }
 

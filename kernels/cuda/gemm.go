@@ -67,24 +67,8 @@ func (b *Backend) gemm(g gemmCall) {
 // multiplied on tensor cores with F32 accumulation; F32 ones in F32 (TF32
 // only when the backend was opened with TF32).
 func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
+	kernels.CheckGemm(p, a, bb, c)
 	batch := max(p.Batch, 1)
-	if p.M <= 0 || p.N <= 0 || p.K <= 0 {
-		panic(fmt.Sprintf("cuda: gemm with M=%d N=%d K=%d", p.M, p.N, p.K))
-	}
-	need := func(name string, buf kernels.Buf, size, stride int) {
-		if n := (batch-1)*stride + size; buf.N < n {
-			panic(fmt.Sprintf("cuda: gemm %s has %d elements, needs %d (%+v)", name, buf.N, n, p))
-		}
-	}
-	need("A", a, p.M*p.K, p.StrideA)
-	need("B", bb, p.K*p.N, p.StrideB)
-	need("C", c, p.M*p.N, p.StrideC)
-	if a.DType != bb.DType {
-		panic(fmt.Sprintf("cuda: gemm of %v A and %v B", a.DType, bb.DType))
-	}
-	if c.DType == kernels.F16 && a.DType != kernels.F16 {
-		panic(fmt.Sprintf("cuda: gemm of %v operands into an f16 result: want f32 C", a.DType))
-	}
 	b.enter()
 	defer b.exit()
 	b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha, beta: p.Beta,

@@ -1,19 +1,8 @@
 package cuda
 
 import (
-	"fmt"
-
 	"github.com/leangrad/leangrad/kernels"
 )
-
-func checkBN(op string, p kernels.BNParams, x kernels.Buf, channel ...kernels.Buf) {
-	if p.N <= 0 || p.C <= 0 || p.HW <= 0 {
-		panic(fmt.Sprintf("cuda: %s: invalid parameters %+v", op, p))
-	}
-	checkLen(op+" input", p.N*p.C*p.HW, x)
-	checkLen(op+" per-channel buffer", p.C, channel...)
-	checkF32(op+" per-channel buffer", channel...)
-}
 
 // partitions is how many blocks share each channel's reduction: enough for
 // about four blocks per multiprocessor, none with fewer than 256 elements.
@@ -25,8 +14,8 @@ func (b *Backend) partitions(p kernels.BNParams) int {
 // BatchNormTrain: partial sums over a (P, C) grid, per-channel statistics and
 // running-average update, then the normalisation: three launches.
 func (b *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
-	checkBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
-	checkLen("batch norm output", x.N, y)
+	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
+	kernels.CheckLen("batch norm output", x.N, y)
 	s := floatType("batch norm", x, y)
 	b.enter()
 	defer b.exit()
@@ -45,8 +34,8 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean,
 
 // BatchNormEval normalises with the running statistics in one launch.
 func (b *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, runVar, y kernels.Buf) {
-	checkBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
-	checkLen("batch norm eval output", x.N, y)
+	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
+	kernels.CheckLen("batch norm eval output", x.N, y)
 	s := floatType("batch norm eval", x, y)
 	b.enter()
 	defer b.exit()
@@ -58,8 +47,8 @@ func (b *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, run
 // BatchNormBackward: partial Σdy and Σdy·x̂, their per-channel totals (dβ,
 // dγ), then dx: three launches.
 func (b *Backend) BatchNormBackward(p kernels.BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta kernels.Buf) {
-	checkBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
-	checkLen("batch norm backward", x.N, dy, dx)
+	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
+	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	s := floatType("batch norm backward", x, dy, dx)
 	b.enter()
 	defer b.exit()

@@ -36,22 +36,6 @@ func floatType(op string, bufs ...kernels.Buf) string {
 	return suffix(dt)
 }
 
-func checkLen(op string, want int, bufs ...kernels.Buf) {
-	for _, b := range bufs {
-		if b.N != want {
-			panic(fmt.Sprintf("cuda: %s: buffer of %d elements, want %d", op, b.N, want))
-		}
-	}
-}
-
-func checkF32(op string, bufs ...kernels.Buf) {
-	for _, b := range bufs {
-		if b.DType != kernels.F32 {
-			panic(fmt.Sprintf("cuda: %s: %v buffer where f32 is required", op, b.DType))
-		}
-	}
-}
-
 // Fill sets every element with a memset of its bit pattern.
 func (b *Backend) Fill(dst kernels.Buf, v float32) {
 	b.enter()
@@ -73,7 +57,7 @@ func (b *Backend) Fill(dst kernels.Buf, v float32) {
 
 // Cast converts between F32, F16 and I32.
 func (b *Backend) Cast(dst, src kernels.Buf) {
-	checkLen("cast", src.N, dst)
+	kernels.CheckLen("cast", src.N, dst)
 	if dst.DType == src.DType {
 		b.Copy(dst, src)
 		return
@@ -86,7 +70,7 @@ func (b *Backend) Cast(dst, src kernels.Buf) {
 
 // Unary computes dst = op(x).
 func (b *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
-	checkLen("unary "+op.String(), x.N, dst)
+	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	s := floatType("unary "+op.String(), dst, x)
 	b.enter()
 	defer b.exit()
@@ -96,13 +80,13 @@ func (b *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 
 // UnaryBackward computes dx = dy·op'(x or y).
 func (b *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
-	checkLen("unary backward "+op.String(), dy.N, dx)
+	kernels.CheckLen("unary backward "+op.String(), dy.N, dx)
 	s := floatType("unary backward "+op.String(), dx, dy, x, y)
 	if x.Valid() {
-		checkLen("unary backward x", dy.N, x)
+		kernels.CheckLen("unary backward x", dy.N, x)
 	}
 	if y.Valid() {
-		checkLen("unary backward y", dy.N, y)
+		kernels.CheckLen("unary backward y", dy.N, y)
 	}
 	b.enter()
 	defer b.exit()
@@ -112,7 +96,7 @@ func (b *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 
 // Affine computes dst = alpha·x + beta.
 func (b *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
-	checkLen("affine", x.N, dst)
+	kernels.CheckLen("affine", x.N, dst)
 	s := floatType("affine", dst, x)
 	b.enter()
 	defer b.exit()
@@ -129,7 +113,7 @@ type bcast struct {
 // Binary computes dst = a op b with broadcasting; a, b and dst share a dtype.
 func (b *Backend) Binary(op kernels.BinaryOp, dst, a, bb kernels.Buf, bc kernels.Broadcast) {
 	n := bc.Len()
-	checkLen("binary "+op.String(), n, dst)
+	kernels.CheckLen("binary "+op.String(), n, dst)
 	s := floatType("binary "+op.String(), dst, a, bb)
 	if n > math.MaxInt32 {
 		panic(fmt.Sprintf("cuda: binary of %d elements", n))
@@ -145,18 +129,10 @@ func (b *Backend) Binary(op kernels.BinaryOp, dst, a, bb kernels.Buf, bc kernels
 	b.launch("binary_"+s, b.grid(int64(n), 256), 1, 256)
 }
 
-func checkReduction(op string, r kernels.Reduction, x, dst kernels.Buf) {
-	if r.Outer <= 0 || r.Len <= 0 || r.Inner <= 0 {
-		panic(fmt.Sprintf("cuda: %s: invalid reduction %+v", op, r))
-	}
-	checkLen(op+" input", r.Outer*r.Len*r.Inner, x)
-	checkLen(op+" output", r.Outer*r.Inner, dst)
-}
-
 // Reduce reduces along the middle axis: a block per row when the axis is
 // innermost, a thread per output otherwise.
 func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
-	checkReduction("reduce "+op.String(), r, x, dst)
+	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
 	s := floatType("reduce "+op.String(), dst, x)
 	b.enter()
 	defer b.exit()
@@ -172,9 +148,9 @@ func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 
 // ReduceMaxBackward routes dy to the elements equal to their maximum.
 func (b *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reduction) {
-	checkReduction("reduce max backward", r, x, dy)
-	checkLen("reduce max backward", x.N, dx)
-	checkLen("reduce max backward", dy.N, y)
+	kernels.CheckReduction("reduce max backward", r, x, dy)
+	kernels.CheckLen("reduce max backward", x.N, dx)
+	kernels.CheckLen("reduce max backward", dy.N, y)
 	s := floatType("reduce max backward", dx, dy, x, y)
 	b.enter()
 	defer b.exit()
@@ -184,7 +160,7 @@ func (b *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reductio
 
 // ArgMax writes the index of the first maximum along the middle axis.
 func (b *Backend) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
-	checkReduction("argmax", r, x, dst)
+	kernels.CheckReduction("argmax", r, x, dst)
 	if dst.DType != kernels.I32 {
 		panic("cuda: argmax into a " + dst.DType.String() + " buffer")
 	}
@@ -203,12 +179,6 @@ func toPool(p kernels.PoolParams) poolArgs {
 		int32(p.SH), int32(p.SW), int32(p.PH), int32(p.PW), int32(p.OutH()), int32(p.OutW())}
 }
 
-func checkPool(op string, p kernels.PoolParams, x, y kernels.Buf) {
-	p.Validate()
-	checkLen(op+" input", p.N*p.C*p.H*p.W, x)
-	checkLen(op+" output", p.N*p.C*p.OutH()*p.OutW(), y)
-}
-
 func (b *Backend) pool(name string, p kernels.PoolParams, n int, bufs ...kernels.Buf) {
 	s := floatType(name, bufs...)
 	pa := toPool(p)
@@ -223,48 +193,35 @@ func (b *Backend) pool(name string, p kernels.PoolParams, n int, bufs ...kernels
 
 // MaxPool2d takes the maximum of each window.
 func (b *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
-	checkPool("max pool", p, x, y)
+	kernels.CheckPool("max pool", p, x, y)
 	b.pool("maxpool", p, y.N, x, y)
 }
 
 // MaxPool2dBackward routes dy to each window's first maximum (a gather per input).
 func (b *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf) {
-	checkPool("max pool backward", p, x, dy)
-	checkLen("max pool backward", x.N, dx)
+	kernels.CheckPool("max pool backward", p, x, dy)
+	kernels.CheckLen("max pool backward", x.N, dx)
 	b.pool("maxpool_bwd", p, x.N, x, dy, dx)
 }
 
 // AvgPool2d averages each window.
 func (b *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
-	checkPool("avg pool", p, x, y)
+	kernels.CheckPool("avg pool", p, x, y)
 	b.pool("avgpool", p, y.N, x, y)
 }
 
 // AvgPool2dBackward spreads dy over the windows.
 func (b *Backend) AvgPool2dBackward(p kernels.PoolParams, dy, dx kernels.Buf) {
-	checkPool("avg pool backward", p, dx, dy)
+	kernels.CheckPool("avg pool backward", p, dx, dy)
 	b.pool("avgpool_bwd", p, dx.N, dy, dx)
-}
-
-func checkCE(op string, logits, labels, lse kernels.Buf, n, k int) {
-	if n <= 0 || k <= 0 {
-		panic(fmt.Sprintf("cuda: %s of %d rows of %d classes", op, n, k))
-	}
-	checkLen(op+" logits", n*k, logits)
-	checkLen(op+" labels", n, labels)
-	checkLen(op+" log-sum-exp", n, lse)
-	if labels.DType != kernels.I32 {
-		panic("cuda: " + op + " labels must be i32")
-	}
-	checkF32(op, lse)
 }
 
 // CrossEntropy computes the mean loss in one single-block launch. Labels
 // outside [0, k) make the loss NaN.
 func (b *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) {
-	checkCE("cross entropy", logits, labels, lse, n, k)
-	checkLen("cross entropy loss", 1, loss)
-	checkF32("cross entropy", loss)
+	kernels.CheckCrossEntropy("cross entropy", logits, labels, lse, n, k)
+	kernels.CheckLen("cross entropy loss", 1, loss)
+	kernels.CheckF32("cross entropy", loss)
 	s := floatType("cross entropy", logits)
 	b.enter()
 	defer b.exit()
@@ -274,10 +231,10 @@ func (b *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) 
 
 // CrossEntropyBackward computes dlogits.
 func (b *Backend) CrossEntropyBackward(logits, labels, lse, dloss, dlogits kernels.Buf, n, k int) {
-	checkCE("cross entropy backward", logits, labels, lse, n, k)
-	checkLen("cross entropy backward", n*k, dlogits)
-	checkLen("cross entropy backward dloss", 1, dloss)
-	checkF32("cross entropy backward", dloss)
+	kernels.CheckCrossEntropy("cross entropy backward", logits, labels, lse, n, k)
+	kernels.CheckLen("cross entropy backward", n*k, dlogits)
+	kernels.CheckLen("cross entropy backward dloss", 1, dloss)
+	kernels.CheckF32("cross entropy backward", dloss)
 	s := floatType("cross entropy backward", logits, dlogits)
 	b.enter()
 	defer b.exit()
@@ -308,7 +265,7 @@ func (b *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	if p < 0 || p >= 1 {
 		panic(fmt.Sprintf("cuda: dropout probability %v outside [0, 1)", p))
 	}
-	checkLen("dropout", x.N, dst)
+	kernels.CheckLen("dropout", x.N, dst)
 	s := floatType("dropout", dst, x)
 	b.enter()
 	defer b.exit()
@@ -356,21 +313,13 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, extra func(a *
 	}
 }
 
-func checkLists(op string, lists ...[]kernels.Buf) {
-	for _, l := range lists[1:] {
-		if len(l) != len(lists[0]) {
-			panic(fmt.Sprintf("cuda: %s: lists of %d and %d tensors", op, len(lists[0]), len(l)))
-		}
-	}
-}
-
 // SGD updates every parameter in one launch per 32 tensors.
 func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	lists := [][]kernels.Buf{params, grads}
 	if hp.Momentum != 0 {
 		lists = append(lists, moms)
 	}
-	checkLists("sgd", lists...)
+	kernels.CheckLists("sgd", lists...)
 	b.multiTensor("sgd_multi", lists, func(a *arena) {
 		a.f32(hp.LR).f32(hp.Momentum).f32(hp.Dampening).f32(hp.WeightDecay).i32(boolInt(hp.Nesterov)).i32(boolInt(hp.FirstStep))
 	})
@@ -378,7 +327,7 @@ func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 
 // AdamW updates every parameter in one launch per 32 tensors.
 func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
-	checkLists("adamw", params, grads, m, v)
+	kernels.CheckLists("adamw", params, grads, m, v)
 	if hp.Step < 1 {
 		panic(fmt.Sprintf("cuda: adamw step %d, want >= 1", hp.Step))
 	}
@@ -392,8 +341,8 @@ func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 
 // UnscaleCheck scales every grad and raises found on inf/NaN, one launch per 32 tensors.
 func (b *Backend) UnscaleCheck(grads []kernels.Buf, invScale float32, found kernels.Buf) {
-	checkLen("unscale found flag", 1, found)
-	checkF32("unscale found flag", found)
+	kernels.CheckLen("unscale found flag", 1, found)
+	kernels.CheckF32("unscale found flag", found)
 	fp := ptrOf(found)
 	b.multiTensor("unscale_multi", [][]kernels.Buf{grads}, func(a *arena) { a.f32(invScale).ptr(fp) })
 }

@@ -1,0 +1,118 @@
+package kernels
+
+import "fmt"
+
+// The argument checks every backend makes before an operation: sizes that
+// do not match the parameters are programmer errors, and panic with a
+// message naming the operation and the sizes.
+
+// CheckLen panics unless every buffer holds want elements.
+func CheckLen(op string, want int, bufs ...Buf) {
+	for _, b := range bufs {
+		if b.N != want {
+			panic(fmt.Sprintf("kernels: %s: buffer of %d elements, want %d", op, b.N, want))
+		}
+	}
+}
+
+// CheckF32 panics unless every buffer is F32.
+func CheckF32(op string, bufs ...Buf) {
+	for _, b := range bufs {
+		if b.DType != F32 {
+			panic(fmt.Sprintf("kernels: %s: %v buffer where f32 is required", op, b.DType))
+		}
+	}
+}
+
+// CheckReduction checks x (Outer·Len·Inner) and dst (Outer·Inner) against r.
+func CheckReduction(op string, r Reduction, x, dst Buf) {
+	if r.Outer <= 0 || r.Len <= 0 || r.Inner <= 0 {
+		panic(fmt.Sprintf("kernels: %s: invalid reduction %+v", op, r))
+	}
+	CheckLen(op+" input", r.Outer*r.Len*r.Inner, x)
+	CheckLen(op+" output", r.Outer*r.Inner, dst)
+}
+
+// CheckGemm checks the operands' sizes and dtypes against p.
+func CheckGemm(p GemmParams, a, b, c Buf) {
+	batch := max(p.Batch, 1)
+	if p.M <= 0 || p.N <= 0 || p.K <= 0 {
+		panic(fmt.Sprintf("kernels: gemm with M=%d N=%d K=%d", p.M, p.N, p.K))
+	}
+	for _, o := range []struct {
+		name         string
+		buf          Buf
+		size, stride int
+	}{{"A", a, p.M * p.K, p.StrideA}, {"B", b, p.K * p.N, p.StrideB}, {"C", c, p.M * p.N, p.StrideC}} {
+		if n := (batch-1)*o.stride + o.size; o.buf.N < n {
+			panic(fmt.Sprintf("kernels: gemm %s has %d elements, needs %d (%+v)", o.name, o.buf.N, n, p))
+		}
+	}
+	if a.DType != b.DType {
+		panic(fmt.Sprintf("kernels: gemm of %v A and %v B", a.DType, b.DType))
+	}
+	if c.DType == F16 && a.DType != F16 {
+		panic(fmt.Sprintf("kernels: gemm of %v operands into an f16 result: want f32 C", a.DType))
+	}
+}
+
+// CheckConv checks a convolution's input x, weight w and output y against p.
+func CheckConv(op string, p ConvParams, x, w, y Buf) {
+	p.Validate()
+	CheckLen(op+" input", p.N*p.C*p.H*p.W, x)
+	CheckLen(op+" weight", p.K*p.C*p.R*p.S, w)
+	CheckLen(op+" output", p.N*p.K*p.OutH()*p.OutW(), y)
+	if x.DType != w.DType || x.DType != y.DType {
+		panic(fmt.Sprintf("kernels: %s of %v input, %v weight, %v output", op, x.DType, w.DType, y.DType))
+	}
+}
+
+// CheckPool checks a pooling's input and output against p.
+func CheckPool(op string, p PoolParams, x, y Buf) {
+	p.Validate()
+	CheckLen(op+" input", p.N*p.C*p.H*p.W, x)
+	CheckLen(op+" output", p.N*p.C*p.OutH()*p.OutW(), y)
+}
+
+// CheckBN checks batch norm's input against p and its per-channel buffers
+// (parameters, statistics), which are F32 of C elements.
+func CheckBN(op string, p BNParams, x Buf, channel ...Buf) {
+	if p.N <= 0 || p.C <= 0 || p.HW <= 0 {
+		panic(fmt.Sprintf("kernels: %s: invalid parameters %+v", op, p))
+	}
+	CheckLen(op+" input", p.N*p.C*p.HW, x)
+	CheckLen(op+" per-channel buffer", p.C, channel...)
+	CheckF32(op+" per-channel buffer", channel...)
+}
+
+// CheckCrossEntropy checks logits (n×k), I32 labels (n) and the F32 row
+// log-sum-exps (n).
+func CheckCrossEntropy(op string, logits, labels, lse Buf, n, k int) {
+	if n <= 0 || k <= 0 {
+		panic(fmt.Sprintf("kernels: %s of %d rows of %d classes", op, n, k))
+	}
+	CheckLen(op+" logits", n*k, logits)
+	CheckLen(op+" labels", n, labels)
+	CheckLen(op+" log-sum-exp", n, lse)
+	if labels.DType != I32 {
+		panic(fmt.Sprintf("kernels: %s labels are %v, want i32", op, labels.DType))
+	}
+	CheckF32(op, lse)
+}
+
+// CheckLists checks that the lists of a multi-tensor operation pair up:
+// the same number of tensors, the same sizes, all F32.
+func CheckLists(op string, lists ...[]Buf) {
+	for _, l := range lists[1:] {
+		if len(l) != len(lists[0]) {
+			panic(fmt.Sprintf("kernels: %s: lists of %d and %d tensors", op, len(lists[0]), len(l)))
+		}
+	}
+	for i := range lists[0] {
+		for _, l := range lists {
+			if l[i].N != lists[0][i].N || l[i].DType != F32 {
+				panic(fmt.Sprintf("kernels: %s: tensor %d: %d %v elements, want %d f32", op, i, l[i].N, l[i].DType, lists[0][i].N))
+			}
+		}
+	}
+}
