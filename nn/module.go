@@ -100,9 +100,14 @@ type Sequential struct {
 func NewSequential(layers ...Module) *Sequential { return &Sequential{Layers: layers} }
 
 // Forward runs the layers in order.
-func (s *Sequential) Forward(x *T) *T {
+func (s *Sequential) Forward(x *T) *T { return forwardAll(s.Layers, x) }
+
+// forwardAll runs layers in order, releasing each intermediate as soon as
+// the next layer has used it; x stays the caller's, and the result is always
+// a new reference.
+func forwardAll(layers []Module, x *T) *T {
 	h := x
-	for _, l := range s.Layers {
+	for _, l := range layers {
 		next := l.Forward(h)
 		if h != x {
 			h.Release()

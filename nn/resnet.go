@@ -166,39 +166,25 @@ func NewResNet18(dev *tensor.Device, inChannels, classes int) *ResNet {
 	return NewResNet(dev, "resnet18", inChannels, classes, []int{64, 128, 256, 512}, []int{2, 2, 2, 2})
 }
 
-// segments groups the blocks for checkpointing.
-func (r *ResNet) segments() [][]*BasicBlock {
+// segments groups the blocks for checkpointing: one segment of all blocks,
+// one per block, or ⌈√n⌉ blocks per segment.
+func (r *ResNet) segments() [][]Module {
+	size := len(r.Blocks)
 	switch r.Checkpoint {
 	case CheckpointBlocks:
-		out := make([][]*BasicBlock, len(r.Blocks))
-		for i, b := range r.Blocks {
-			out[i] = []*BasicBlock{b}
-		}
-		return out
+		size = 1
 	case CheckpointSqrt:
-		size := int(math.Ceil(math.Sqrt(float64(len(r.Blocks)))))
-		var out [][]*BasicBlock
-		for i := 0; i < len(r.Blocks); i += size {
-			out = append(out, r.Blocks[i:min(i+size, len(r.Blocks))])
+		size = int(math.Ceil(math.Sqrt(float64(len(r.Blocks)))))
+	}
+	var out [][]Module
+	for i := 0; i < len(r.Blocks); i += max(size, 1) {
+		var seg []Module
+		for _, b := range r.Blocks[i:min(i+max(size, 1), len(r.Blocks))] {
+			seg = append(seg, b)
 		}
-		return out
+		out = append(out, seg)
 	}
-	return [][]*BasicBlock{r.Blocks}
-}
-
-func runBlocks(blocks []*BasicBlock, x *T) *T {
-	h := x
-	for _, b := range blocks {
-		next := b.Forward(h)
-		if h != x {
-			h.Release()
-		}
-		h = next
-	}
-	if h == x {
-		return x.View(x.Shape()...)
-	}
-	return h
+	return out
 }
 
 // Forward computes the logits for x (N×C×H×W).
@@ -207,11 +193,11 @@ func (r *ResNet) Forward(x *T) *T {
 	h = then(h, ag.ReLU)
 	for _, seg := range r.segments() {
 		if r.Checkpoint == NoCheckpoint {
-			h = then(h, func(h *T) *T { return runBlocks(seg, h) })
+			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
 		}
 		h = then(h, func(h *T) *T {
-			return ag.Checkpoint(func(in []*T) *T { return runBlocks(seg, in[0]) }, h)
+			return ag.Checkpoint(func(in []*T) *T { return forwardAll(seg, in[0]) }, h)
 		})
 	}
 	h = then(h, ag.GlobalAvgPool)
