@@ -62,15 +62,6 @@ func Release(m Module) {
 	}
 }
 
-// StateBytes is the pool bytes held by m's state tensors.
-func StateBytes(m Module) int64 {
-	var total int64
-	for _, n := range m.State("") {
-		total += n.T.Block().Size()
-	}
-	return total
-}
-
 // CountParams is the number of trainable scalars in m.
 func CountParams(m Module) int {
 	n := 0

@@ -22,7 +22,6 @@ package tensor
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -479,27 +478,10 @@ func (t *Tensor) SetGradNode(n GradNode) {
 	t.h.node = n
 }
 
-// DetachNode removes t's autograd node without releasing it and returns it.
-// For package autograd.
-func (t *Tensor) DetachNode() GradNode {
-	n := t.h.node
-	t.h.node = nil
-	return n
-}
-
 // Alias returns a new handle on t's storage with t's shape and no autograd
 // node: what autograd saves for a backward so that the saved value does not
 // keep t's own handle (and its node) alive.
 func (t *Tensor) Alias() *Tensor {
 	a := t.View(t.shape...)
 	return a.Keep()
-}
-
-// ShapeString formats shapes for messages: "[2 3]".
-func ShapeString(shapes ...[]int) string {
-	parts := make([]string, len(shapes))
-	for i, s := range shapes {
-		parts[i] = fmt.Sprint(s)
-	}
-	return strings.Join(parts, ", ")
 }

@@ -35,7 +35,11 @@ func mustPanic(t *testing.T, want string, f func()) {
 
 func TestRefcountReturnsMemoryAtLastRelease(t *testing.T) {
 	d := newTestDevice()
+	live := LiveCount()
 	x := Zeros(d, F32, 3, 100)
+	if LiveCount() != live+1 {
+		t.Errorf("LiveCount %d after making one tensor, was %d", LiveCount(), live)
+	}
 	if got := allocated(d); got != 1536 {
 		t.Fatalf("allocated %d, want 1536 (1200 rounded up to 512)", got)
 	}
@@ -55,6 +59,9 @@ func TestRefcountReturnsMemoryAtLastRelease(t *testing.T) {
 	v.Release()
 	if got := allocated(d); got != 0 {
 		t.Fatalf("allocated %d after the last release", got)
+	}
+	if LiveCount() != live {
+		t.Errorf("LiveCount %d after releasing everything, was %d", LiveCount(), live)
 	}
 }
 
