@@ -8,8 +8,10 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-func TestCUDACheckpointMatchesPlain(t *testing.T) { testdev.On(t, &testDevice, TestCheckpointMatchesPlain) }
-func TestCUDASaveLoadRoundTrip(t *testing.T)      { testdev.On(t, &testDevice, TestSaveLoadRoundTrip) }
+func TestCUDACheckpointMatchesPlain(t *testing.T) {
+	testdev.On(t, &testDevice, TestCheckpointMatchesPlain)
+}
+func TestCUDASaveLoadRoundTrip(t *testing.T) { testdev.On(t, &testDevice, TestSaveLoadRoundTrip) }
 
 // TestCUDAAMPSavesMemory measures what AMP saves on the GPU at batch 128,
 // on a backend with lean convolution workspaces: with the fastest cuDNN
