@@ -37,9 +37,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 		if b.NDim() != 1 || b.Dim(0) != p.K {
 			panic(fmt.Sprintf("autograd: conv2d bias of shape %v for %d filters", b.Shape(), p.K))
 		}
-		bc := asDType(b, y.DType())
-		be.Binary(kernels.Add, y.Buf(), y.Buf(), bc.Buf(), kernels.NewBroadcast(y.Shape(), y.Shape(), []int{p.K, 1, 1}))
-		bc.Release()
+		addBias(y, b, []int{p.K, 1, 1})
 	}
 	rec := begin("conv2d", x, w, b)
 	if rec == nil {
@@ -70,12 +68,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 			grads[1] = dw
 		}
 		if hasBias && rec.needs(2) {
-			s := sumTo(g, []int{p.K, 1, 1})
-			grads[2] = asDType(s, bType)
-			s.Release()
-			v := grads[2].View(p.K)
-			grads[2].Release()
-			grads[2] = v
+			grads[2] = biasGrad(g, []int{p.K, 1, 1}, bType)
 		}
 		return grads
 	})

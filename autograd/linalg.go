@@ -98,9 +98,7 @@ func Linear(x, w, b *T) *T {
 		if b.NDim() != 1 || b.Dim(0) != ws[0] {
 			panic(fmt.Sprintf("autograd: linear bias of shape %v for weight %v", b.Shape(), ws))
 		}
-		bc := asDType(b, y.DType())
-		y.Backend().Binary(kernels.Add, y.Buf(), y.Buf(), bc.Buf(), kernels.NewBroadcast(y.Shape(), y.Shape(), b.Shape()))
-		bc.Release()
+		addBias(y, b, b.Shape())
 	}
 	rec := begin("linear", x, w, b)
 	if rec == nil {
@@ -127,13 +125,30 @@ func Linear(x, w, b *T) *T {
 			grads[1] = gemm(g, xSaved, true, false) // dw = dyᵀ·x
 		}
 		if hasBias && rec.needs(2) {
-			s := sumTo(g, []int{ws[0]})
-			grads[2] = asDType(s, bType)
-			s.Release()
+			grads[2] = biasGrad(g, []int{ws[0]}, bType)
 		}
 		return grads
 	})
 	return y
+}
+
+// addBias adds the bias b, read as shape (its one dimension placed among
+// broadcast ones), to y in place, in y's dtype.
+func addBias(y, b *T, shape []int) {
+	bc := asDType(b, y.DType())
+	defer bc.Release()
+	y.Backend().Binary(kernels.Add, y.Buf(), y.Buf(), bc.Buf(), kernels.NewBroadcast(y.Shape(), y.Shape(), shape))
+}
+
+// biasGrad is the gradient of a bias that addBias added as shape: g summed
+// over the broadcast dimensions, in the bias's dtype dt, as a 1-D tensor.
+func biasGrad(g *T, shape []int, dt tensor.DType) *T {
+	s := sumTo(g, shape)
+	c := asDType(s, dt)
+	s.Release()
+	v := c.View(-1)
+	c.Release()
+	return v
 }
 
 // releaseAll releases the non-nil tensors.
