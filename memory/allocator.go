@@ -12,6 +12,11 @@
 // segment. Segments go back to the Source only through EmptyCache, or when a
 // Source allocation fails: then every wholly free segment is released and the
 // allocation retried once before the request fails with an *OOMError.
+//
+// Work that repeats exactly (a training step of fixed shapes) can instead be
+// traced once and planned: PlanTrace assigns every buffer an offset in one
+// Arena, and the allocator then serves the work's requests from the plan
+// (arena.go, plan.go).
 package memory
 
 import (
@@ -109,6 +114,7 @@ type segment struct {
 	Segment
 	pool   *pool
 	stream Stream
+	arena  bool // an Arena's: its blocks are planned, not pooled
 }
 
 // pool holds the free blocks of one size class, ordered by (stream, size,
@@ -175,6 +181,8 @@ type Allocator struct {
 	fraction float64 // 0: no cap
 	timeline *Timeline
 	window   window
+	trace    *traceState   // non-nil while tracing
+	planned  *plannedState // non-nil while a plan serves the requests
 }
 
 // New returns an Allocator that obtains its segments from src.
@@ -193,11 +201,25 @@ func (a *Allocator) Source() Source { return a.src }
 
 // Alloc returns a block of at least size bytes on stream. When neither the
 // cache nor the Source can provide it, even after the cache is flushed, it
-// returns an *OOMError (which wraps ErrOutOfMemory).
+// returns an *OOMError (which wraps ErrOutOfMemory). While a plan is in use
+// (BeginPlanned) the block is the plan's next one, inside its arena.
 func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("memory: negative allocation size %d", size)
 	}
+	a.mu.Lock()
+	if ps := a.planned; ps != nil {
+		defer a.mu.Unlock()
+		b, _, err := ps.alloc([]int64{size}, stream)
+		return b, err
+	}
+	a.mu.Unlock()
+	return a.alloc(size, stream, nil)
+}
+
+// alloc serves a request from the pools; options, when not nil, are the
+// sizes a workspace could have taken, for the trace.
+func (a *Allocator) alloc(size int64, stream Stream, options []int64) (*Block, error) {
 	rounded := RoundSize(size)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -211,7 +233,7 @@ func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 		a.noteFreeLeaves(b)
 	} else {
 		var err error
-		b, err = a.grow(p, rounded, stream)
+		b, err = a.grow(p, rounded, SegmentSize(rounded), stream)
 		if err != nil {
 			return nil, err
 		}
@@ -236,6 +258,16 @@ func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 	a.stats.Requested.add(k, size)
 	a.window.allocated = max(a.window.allocated, a.stats.Allocated[All].Current)
 	a.record(EventAlloc, b.size)
+	if a.trace != nil {
+		sizes := []int64{rounded}
+		if options != nil {
+			sizes = make([]int64, len(options))
+			for i, o := range options {
+				sizes[i] = RoundSize(o)
+			}
+		}
+		a.trace.alloc(b, sizes)
+	}
 	return b, nil
 }
 
@@ -247,10 +279,9 @@ func (a *Allocator) shouldSplit(b *Block, size int64) bool {
 	return rest > SmallSize
 }
 
-// grow obtains a new segment for a request of rounded size, flushing the cache
-// and retrying once when the source is out of memory.
-func (a *Allocator) grow(p *pool, rounded int64, stream Stream) (*Block, error) {
-	size := SegmentSize(rounded)
+// grow obtains a new segment of size bytes for a request of rounded size,
+// flushing the cache and retrying once when the source is out of memory.
+func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, error) {
 	b, err := a.newSegment(p, size, stream)
 	if errors.Is(err, ErrOutOfMemory) {
 		a.stats.NumAllocRetries++
@@ -301,6 +332,16 @@ func (a *Allocator) Free(b *Block) {
 	defer a.mu.Unlock()
 	if !b.allocated {
 		panic("memory: block freed twice")
+	}
+	if b.seg.arena {
+		b.allocated = false
+		if a.planned != nil {
+			a.planned.free(b)
+		}
+		return
+	}
+	if a.trace != nil {
+		a.trace.free(b)
 	}
 	p := b.seg.pool
 	k := p.kind

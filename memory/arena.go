@@ -1,0 +1,274 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Tracing, planning and arenas: how a fixed sequence of work (a training
+// step whose shapes do not change) gets its memory from one planned
+// reservation instead of from the caching pools.
+//
+//  1. StartTrace, run the work once, StopTrace: the Trace records every
+//     buffer the work allocated, with its sizes and lifetime.
+//  2. PlanTrace places the buffers at offsets of one arena (plan.go).
+//  3. NewArena reserves the plan's Size; BeginPlanned(plan, arena) serves the
+//     work's requests, in order, at their planned offsets; EndPlanned checks
+//     that the work asked for exactly what was traced.
+//
+// While an arena is in use (between BeginPlanned and EndPlanned, and for
+// each Replayed call) the statistics count it as one allocation of its whole
+// size: its bytes are reserved once and the plan decides their use, so the
+// step's peak allocated is the arena plus what lives outside it. Requests
+// made while a plan is in use are all taken to be the plan's: other work on
+// the same allocator must wait until EndPlanned.
+
+// ErrPlanMismatch is wrapped by the errors of a planned run that did not
+// repeat its trace: a request of another size, or in another order.
+var ErrPlanMismatch = errors.New("the work did not repeat the traced allocations")
+
+type traceState struct {
+	buffers []TraceBuffer
+	events  int
+	open    map[*Block]int
+}
+
+type plannedState struct {
+	plan   *Plan
+	arena  *Arena
+	next   int
+	events int
+	open   map[*Block]int
+	err    error
+}
+
+// StartTrace starts recording every allocation and free as a Trace. Blocks
+// allocated before it are not part of the trace; freeing them is ignored.
+func (a *Allocator) StartTrace() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.trace = &traceState{open: map[*Block]int{}}
+}
+
+// StopTrace ends the recording. It fails when a traced buffer is still
+// allocated: work that is to be planned must free everything it allocates.
+func (a *Allocator) StopTrace() (*Trace, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ts := a.trace
+	a.trace = nil
+	if ts == nil {
+		return nil, errors.New("memory: StopTrace without StartTrace")
+	}
+	if len(ts.open) > 0 {
+		var bytes int64
+		for b := range ts.open {
+			bytes += b.size
+		}
+		return nil, fmt.Errorf("memory: the traced work left %d buffers (%s) allocated; planned work must free all it allocates",
+			len(ts.open), formatBytes(bytes))
+	}
+	return &Trace{Buffers: ts.buffers, Events: ts.events}, nil
+}
+
+func (ts *traceState) alloc(b *Block, sizes []int64) {
+	ts.open[b] = len(ts.buffers)
+	ts.buffers = append(ts.buffers, TraceBuffer{Sizes: sizes, Alloc: ts.events})
+	ts.events++
+}
+
+func (ts *traceState) free(b *Block) {
+	if i, ok := ts.open[b]; ok {
+		ts.buffers[i].Free = ts.events
+		ts.events++
+		delete(ts.open, b)
+	}
+}
+
+// Arena is one segment reserved for planned work.
+type Arena struct {
+	a   *Allocator
+	seg *segment
+}
+
+// NewArena reserves size bytes (rounded up to MinBlockSize) as one segment,
+// counted in the large pool's reserved bytes. It fails with an *OOMError
+// when the source cannot provide them even after the cache is flushed.
+func (a *Allocator) NewArena(size int64) (*Arena, error) {
+	size = RoundSize(max(size, 1))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b, err := a.grow(&a.large, size, size, 0)
+	if err != nil {
+		return nil, err
+	}
+	b.seg.arena = true
+	return &Arena{a: a, seg: b.seg}, nil
+}
+
+// Size is the arena's size in bytes.
+func (ar *Arena) Size() int64 { return ar.seg.Size }
+
+// Release returns the arena's segment to the source.
+func (ar *Arena) Release() error {
+	a := ar.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ar.seg == nil {
+		return nil
+	}
+	if a.planned != nil && a.planned.arena == ar {
+		return errors.New("memory: release of an arena in use")
+	}
+	if err := a.src.Free(ar.seg.Segment); err != nil {
+		return err
+	}
+	a.stats.Segments.sub(Large, 1)
+	a.stats.Reserved.sub(Large, ar.seg.Size)
+	a.record(EventSegmentFree, ar.seg.Size)
+	ar.seg = nil
+	return nil
+}
+
+// BeginPlanned makes the allocator serve requests from plan inside arena,
+// which must be at least plan.Size bytes, until EndPlanned.
+func (a *Allocator) BeginPlanned(plan *Plan, arena *Arena) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.planned != nil:
+		return errors.New("memory: BeginPlanned while a plan is already in use")
+	case a.trace != nil:
+		return errors.New("memory: BeginPlanned while tracing")
+	case arena.seg == nil || arena.seg.Size < plan.Size:
+		return fmt.Errorf("memory: arena too small for a plan of %s", formatBytes(plan.Size))
+	}
+	a.planned = &plannedState{plan: plan, arena: arena, open: map[*Block]int{}}
+	a.useArena(arena.seg.Size, +1)
+	return nil
+}
+
+// EndPlanned stops serving requests from the plan. It reports a mismatch if
+// the work made other requests than the trace, or left planned buffers
+// allocated.
+func (a *Allocator) EndPlanned() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.planned
+	if ps == nil {
+		return errors.New("memory: EndPlanned without BeginPlanned")
+	}
+	a.planned = nil
+	a.useArena(ps.arena.seg.Size, -1)
+	if ps.err != nil {
+		return ps.err
+	}
+	if ps.next != len(ps.plan.Trace.Buffers) || len(ps.open) > 0 {
+		return fmt.Errorf("memory: %d of %d planned buffers requested, %d still allocated: %w",
+			ps.next, len(ps.plan.Trace.Buffers), len(ps.open), ErrPlanMismatch)
+	}
+	return nil
+}
+
+// Replayed accounts for one more run of planned work that made no requests
+// of its own (a replayed CUDA graph): the arena counts as allocated and
+// freed once, so that the peaks and totals show the run.
+func (a *Allocator) Replayed(arena *Arena) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.useArena(arena.seg.Size, +1)
+	a.useArena(arena.seg.Size, -1)
+}
+
+// useArena counts the arena as one allocation in use (dir +1) or not (-1).
+func (a *Allocator) useArena(size int64, dir int64) {
+	for _, s := range []*StatArray{&a.stats.Allocated, &a.stats.Active, &a.stats.Requested} {
+		if dir > 0 {
+			s.add(Large, size)
+		} else {
+			s.sub(Large, size)
+		}
+	}
+	if dir > 0 {
+		a.stats.Allocations.add(Large, 1)
+		a.stats.ActiveBlocks.add(Large, 1)
+		a.window.allocated = max(a.window.allocated, a.stats.Allocated[All].Current)
+		a.record(EventAlloc, size)
+	} else {
+		a.stats.Allocations.sub(Large, 1)
+		a.stats.ActiveBlocks.sub(Large, 1)
+		a.record(EventFree, size)
+	}
+}
+
+// plannedAlloc serves the next planned buffer (the caller holds the lock).
+func (ps *plannedState) alloc(sizes []int64, stream Stream) (*Block, int, error) {
+	if ps.err != nil {
+		return nil, 0, ps.err
+	}
+	bs := ps.plan.Trace.Buffers
+	if ps.next >= len(bs) {
+		ps.err = fmt.Errorf("memory: request %d of a plan of %d buffers: %w", ps.next+1, len(bs), ErrPlanMismatch)
+		return nil, 0, ps.err
+	}
+	i := ps.next
+	tb := bs[i]
+	if tb.Alloc != ps.events || !equalSizes(tb.Sizes, sizes) {
+		ps.err = fmt.Errorf("memory: request %d is %v bytes at event %d, the trace has %v at event %d: %w",
+			i+1, sizes, ps.events, tb.Sizes, tb.Alloc, ErrPlanMismatch)
+		return nil, 0, ps.err
+	}
+	ps.next++
+	ps.events++
+	c := ps.plan.Choice[i]
+	b := &Block{seg: ps.arena.seg, off: ps.plan.Offsets[i], size: tb.Sizes[c], stream: stream, allocated: true}
+	ps.open[b] = i
+	return b, c, nil
+}
+
+func (ps *plannedState) free(b *Block) {
+	i, ok := ps.open[b]
+	if !ok {
+		if ps.err == nil {
+			ps.err = fmt.Errorf("memory: free of a planned block that is not open: %w", ErrPlanMismatch)
+		}
+		return
+	}
+	delete(ps.open, b)
+	if ps.err == nil && ps.plan.Trace.Buffers[i].Free != ps.events {
+		ps.err = fmt.Errorf("memory: planned buffer %d freed at event %d, the trace frees it at %d: %w",
+			i+1, ps.events, ps.plan.Trace.Buffers[i].Free, ErrPlanMismatch)
+	}
+	ps.events++
+}
+
+func equalSizes(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != RoundSize(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// AllocWorkspace returns scratch space that may take any of the sizes in
+// options (a workspace whose algorithm is still to be chosen), and the index
+// of the size it got. Outside a plan it allocates options[eager]; while
+// tracing it records every option; inside a plan it returns the size the
+// plan chose, the fastest that fits the arena's gap at that point.
+func (a *Allocator) AllocWorkspace(options []int64, eager int, stream Stream) (*Block, int, error) {
+	if len(options) == 0 || eager < 0 || eager >= len(options) {
+		panic(fmt.Sprintf("memory: AllocWorkspace of options %v, eager choice %d", options, eager))
+	}
+	a.mu.Lock()
+	if ps := a.planned; ps != nil {
+		defer a.mu.Unlock()
+		return ps.alloc(options, stream)
+	}
+	a.mu.Unlock()
+	b, err := a.alloc(options[eager], stream, options)
+	return b, eager, err
+}

@@ -1,0 +1,250 @@
+package memory
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// A Trace is the allocation record of one run of a fixed sequence of work (a
+// training step): every buffer the work allocated, in the order of the
+// requests, with the sizes it could take and when it was allocated and
+// freed. Time is counted in allocator events (each Alloc and each Free is
+// one), so two buffers are live at once exactly when their intervals
+// [Alloc, Free) intersect.
+type Trace struct {
+	Buffers []TraceBuffer
+	Events  int // length of the time axis
+}
+
+// TraceBuffer is one buffer of a Trace.
+type TraceBuffer struct {
+	// Sizes are the rounded sizes the buffer may take: one for a tensor; for
+	// a workspace (AllocWorkspace), every option in the caller's order of
+	// preference, the fastest algorithm's first.
+	Sizes []int64
+	Alloc int // event of the request
+	Free  int // event of the release
+}
+
+// MaxLive is the most bytes live at once with every buffer at the given
+// size choice (nil: each buffer's first size): a lower bound for the extent
+// of any placement of those buffers.
+func (t *Trace) MaxLive(choice []int) int64 {
+	delta := make([]int64, t.Events+1)
+	for i, b := range t.Buffers {
+		c := 0
+		if choice != nil {
+			c = choice[i]
+		}
+		delta[b.Alloc] += b.Sizes[c]
+		delta[b.Free] -= b.Sizes[c]
+	}
+	var live, most int64
+	for _, d := range delta {
+		live += d
+		most = max(most, live)
+	}
+	return most
+}
+
+// A Plan places every buffer of a Trace at an offset in one arena, so that
+// buffers live at the same time never overlap, and picks each workspace's
+// size. Its Size is the arena the work needs: known before the work runs.
+type Plan struct {
+	Trace   *Trace
+	Offsets []int64 // per buffer
+	Choice  []int   // per buffer: the index into its Sizes
+	Size    int64   // the arena's extent: max over buffers of offset + size
+	Live    int64   // the most bytes live at once with these choices (a lower bound for Size)
+	Order   string  // the placement order that produced the smallest extent
+}
+
+// size is buffer i's chosen size.
+func (p *Plan) size(i int) int64 { return p.Trace.Buffers[i].Sizes[p.Choice[i]] }
+
+// Check verifies the plan against its trace the way a brute-force checker
+// would: every pair of buffers live at the same time is disjoint in the
+// arena, every buffer lies inside [0, Size), offsets are aligned to
+// MinBlockSize and Size is at least the live-bytes lower bound. It returns
+// the first violation.
+func (p *Plan) Check() error {
+	bs := p.Trace.Buffers
+	if len(p.Offsets) != len(bs) || len(p.Choice) != len(bs) {
+		return fmt.Errorf("memory: plan of %d offsets and %d choices for %d buffers", len(p.Offsets), len(p.Choice), len(bs))
+	}
+	for i := range bs {
+		if p.Choice[i] < 0 || p.Choice[i] >= len(bs[i].Sizes) {
+			return fmt.Errorf("memory: buffer %d: choice %d of %d sizes", i, p.Choice[i], len(bs[i].Sizes))
+		}
+		if p.Offsets[i] < 0 || p.Offsets[i]%MinBlockSize != 0 || p.Offsets[i]+p.size(i) > p.Size {
+			return fmt.Errorf("memory: buffer %d at [%d, %d) outside the arena of %d bytes or unaligned",
+				i, p.Offsets[i], p.Offsets[i]+p.size(i), p.Size)
+		}
+		for j := 0; j < i; j++ {
+			if bs[i].Alloc < bs[j].Free && bs[j].Alloc < bs[i].Free &&
+				p.Offsets[i] < p.Offsets[j]+p.size(j) && p.Offsets[j] < p.Offsets[i]+p.size(i) {
+				return fmt.Errorf("memory: buffers %d [%d, %d) and %d [%d, %d) are live together and overlap",
+					j, p.Offsets[j], p.Offsets[j]+p.size(j), i, p.Offsets[i], p.Offsets[i]+p.size(i))
+			}
+		}
+	}
+	if live := p.Trace.MaxLive(p.Choice); p.Size < live {
+		return fmt.Errorf("memory: plan of %d bytes below the %d bytes live at once", p.Size, live)
+	}
+	return nil
+}
+
+// PlanTrace assigns offsets to the buffers of t.
+//
+// Buffers of one size are placed first, greedily: each in turn goes into the
+// smallest gap left by the buffers already placed that overlap it in time,
+// or above them all. The result depends on the order, so several orders are
+// tried and the one with the smallest extent is kept: by size (TFLite's
+// "greedy by size"), by the live bytes over the buffer's lifetime ("greedy
+// by breadth"), by lifetime length, and by request order. Workspaces come
+// last, in request order: each takes the first of its sizes (the fastest
+// algorithm's) that fits a gap inside the extent reached so far, so that no
+// workspace raises the arena; when none fits, the smallest is placed, and
+// the arena grows by as little as it can.
+func PlanTrace(t *Trace) *Plan {
+	var fixed, flexible []int
+	for i, b := range t.Buffers {
+		if len(b.Sizes) == 1 {
+			fixed = append(fixed, i)
+		} else {
+			flexible = append(flexible, i)
+		}
+	}
+	var best *Plan
+	for _, o := range placementOrders(t, fixed) {
+		p := &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: o.name}
+		var placed []int
+		for _, i := range o.order {
+			p.Offsets[i] = p.fit(placed, i, t.Buffers[i].Sizes[0], -1)
+			p.Size = max(p.Size, p.Offsets[i]+t.Buffers[i].Sizes[0])
+			placed = append(placed, i)
+		}
+		if best == nil || p.Size < best.Size {
+			best = p
+		}
+	}
+	p := best
+	placed := slices.Clone(fixed)
+	for _, i := range flexible {
+		b := t.Buffers[i]
+		chosen := -1
+		for c, s := range b.Sizes {
+			if off := p.fit(placed, i, s, p.Size); off >= 0 {
+				chosen, p.Offsets[i] = c, off
+				break
+			}
+		}
+		if chosen < 0 {
+			chosen = 0
+			for c, s := range b.Sizes {
+				if s < b.Sizes[chosen] {
+					chosen = c
+				}
+			}
+			p.Offsets[i] = p.fit(placed, i, b.Sizes[chosen], -1)
+			p.Size = max(p.Size, p.Offsets[i]+b.Sizes[chosen])
+		}
+		p.Choice[i] = chosen
+		placed = append(placed, i)
+	}
+	p.Live = t.MaxLive(p.Choice)
+	return p
+}
+
+// fit returns the offset of the smallest gap that holds size bytes among the
+// buffers of placed that are live together with buffer i. With limit >= 0
+// the gap must end at or below limit, and -1 means none does; with limit < 0
+// the space above every overlapping buffer counts as a gap.
+func (p *Plan) fit(placed []int, i int, size, limit int64) int64 {
+	b := p.Trace.Buffers[i]
+	type span struct{ lo, hi int64 }
+	var busy []span
+	for _, j := range placed {
+		o := p.Trace.Buffers[j]
+		if o.Alloc < b.Free && b.Alloc < o.Free {
+			busy = append(busy, span{p.Offsets[j], p.Offsets[j] + p.size(j)})
+		}
+	}
+	sort.Slice(busy, func(a, c int) bool { return busy[a].lo < busy[c].lo })
+	bestOff, bestGap := int64(-1), int64(-1)
+	var top int64 // highest end seen so far
+	for _, s := range busy {
+		if gap := s.lo - top; gap >= size && (bestGap < 0 || gap < bestGap) {
+			bestOff, bestGap = top, gap
+		}
+		top = max(top, s.hi)
+	}
+	if bestOff >= 0 {
+		return bestOff
+	}
+	if limit >= 0 {
+		if top+size <= limit {
+			return top
+		}
+		return -1
+	}
+	return top
+}
+
+type placementOrder struct {
+	name  string
+	order []int
+}
+
+// placementOrders are the orders PlanTrace tries for the fixed-size buffers.
+// Very long traces (tens of thousands of buffers: deep networks) try only
+// the first, since each greedy pass is quadratic.
+func placementOrders(t *Trace, fixed []int) []placementOrder {
+	bs := t.Buffers
+	size := func(i int) int64 { return bs[i].Sizes[0] }
+	life := func(i int) int { return bs[i].Free - bs[i].Alloc }
+	bySize := slices.Clone(fixed)
+	sort.SliceStable(bySize, func(a, b int) bool {
+		i, j := bySize[a], bySize[b]
+		if size(i) != size(j) {
+			return size(i) > size(j)
+		}
+		return life(i) > life(j)
+	})
+	orders := []placementOrder{{"size", bySize}}
+	if len(fixed) > 20000 {
+		return orders
+	}
+	// breadth: the most bytes live at any event of the buffer's lifetime.
+	live := make([]int64, t.Events+1)
+	for _, i := range fixed {
+		for e := bs[i].Alloc; e < bs[i].Free; e++ {
+			live[e] += size(i)
+		}
+	}
+	breadth := make(map[int]int64, len(fixed))
+	for _, i := range fixed {
+		for e := bs[i].Alloc; e < bs[i].Free; e++ {
+			breadth[i] = max(breadth[i], live[e])
+		}
+	}
+	byBreadth := slices.Clone(fixed)
+	sort.SliceStable(byBreadth, func(a, b int) bool {
+		i, j := byBreadth[a], byBreadth[b]
+		if breadth[i] != breadth[j] {
+			return breadth[i] > breadth[j]
+		}
+		return size(i) > size(j)
+	})
+	byLife := slices.Clone(fixed)
+	sort.SliceStable(byLife, func(a, b int) bool {
+		i, j := byLife[a], byLife[b]
+		if life(i) != life(j) {
+			return life(i) > life(j)
+		}
+		return size(i) > size(j)
+	})
+	return append(orders, placementOrder{"breadth", byBreadth}, placementOrder{"lifetime", byLife},
+		placementOrder{"request", slices.Clone(fixed)})
+}

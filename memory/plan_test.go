@@ -1,0 +1,291 @@
+package memory
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// randomTrace makes a trace of n buffers with random sizes (multiples of
+// MinBlockSize, from one block to 64) and random lifetimes; about one in
+// five is a workspace with up to three size options.
+func randomTrace(rng *rand.Rand, n int) *Trace {
+	type ev struct {
+		buf   int
+		alloc bool
+	}
+	var evs []ev
+	open := []int{}
+	t := &Trace{}
+	for len(t.Buffers) < n || len(open) > 0 {
+		if len(t.Buffers) < n && (len(open) == 0 || rng.IntN(3) > 0) {
+			sizes := []int64{int64(1+rng.IntN(64)) * MinBlockSize}
+			if rng.IntN(5) == 0 {
+				for k := rng.IntN(3); k > 0; k-- {
+					sizes = append(sizes, int64(1+rng.IntN(64))*MinBlockSize)
+				}
+			}
+			t.Buffers = append(t.Buffers, TraceBuffer{Sizes: sizes, Alloc: len(evs)})
+			open = append(open, len(t.Buffers)-1)
+			evs = append(evs, ev{len(t.Buffers) - 1, true})
+			continue
+		}
+		k := rng.IntN(len(open))
+		i := open[k]
+		open = append(open[:k], open[k+1:]...)
+		t.Buffers[i].Free = len(evs)
+		evs = append(evs, ev{i, false})
+	}
+	t.Events = len(evs)
+	return t
+}
+
+// bruteForce paints every buffer into a grid of (event, 512-byte unit) cells
+// and fails on a cell painted twice or a buffer outside the arena: a checker
+// that shares no code with Plan.Check.
+func bruteForce(t *testing.T, p *Plan) {
+	t.Helper()
+	units := p.Size / MinBlockSize
+	grid := make([][]int, p.Trace.Events)
+	for e := range grid {
+		grid[e] = make([]int, units)
+		for u := range grid[e] {
+			grid[e][u] = -1
+		}
+	}
+	var live = make([]int64, p.Trace.Events)
+	for i, b := range p.Trace.Buffers {
+		size := b.Sizes[p.Choice[i]]
+		lo, hi := p.Offsets[i]/MinBlockSize, (p.Offsets[i]+size)/MinBlockSize
+		if p.Offsets[i]%MinBlockSize != 0 || lo < 0 || hi > units {
+			t.Fatalf("buffer %d at offset %d size %d outside an arena of %d", i, p.Offsets[i], size, p.Size)
+		}
+		for e := b.Alloc; e < b.Free; e++ {
+			live[e] += size
+			for u := lo; u < hi; u++ {
+				if grid[e][u] >= 0 {
+					t.Fatalf("buffers %d and %d share bytes %d at event %d", grid[e][u], i, u*MinBlockSize, e)
+				}
+				grid[e][u] = i
+			}
+		}
+	}
+	for e, l := range live {
+		if l > p.Size {
+			t.Fatalf("%d bytes live at event %d in an arena of %d", l, e, p.Size)
+		}
+	}
+}
+
+func TestPlanTraceAgainstBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var planned, live int64
+	for trial := 0; trial < 300; trial++ {
+		tr := randomTrace(rng, 1+rng.IntN(120))
+		p := PlanTrace(tr)
+		if err := p.Check(); err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		bruteForce(t, p)
+		if p.Live != tr.MaxLive(p.Choice) || p.Size < p.Live {
+			t.Fatalf("trial %d: size %d, live %d, max live %d", trial, p.Size, p.Live, tr.MaxLive(p.Choice))
+		}
+		// A workspace takes a smaller option than its first only when the
+		// first does not fit inside the extent of the fixed buffers.
+		planned += p.Size
+		live += p.Live
+	}
+	t.Logf("300 random traces: planned extent / max live bytes = %.3f", float64(planned)/float64(live))
+}
+
+// TestPlanCheckFindsOverlaps: the checker is not vacuous.
+func TestPlanCheckFindsOverlaps(t *testing.T) {
+	tr := &Trace{Events: 4, Buffers: []TraceBuffer{{Sizes: []int64{1024}, Alloc: 0, Free: 3}, {Sizes: []int64{512}, Alloc: 1, Free: 2}}}
+	p := PlanTrace(tr)
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	p.Offsets[1] = 512 // inside buffer 0, while both are live
+	if err := p.Check(); err == nil {
+		t.Error("an overlap of live buffers passed the check")
+	}
+	p.Offsets[1] = 1024
+	p.Size = 1024
+	if err := p.Check(); err == nil {
+		t.Error("a buffer past the arena's end passed the check")
+	}
+}
+
+// networkTrace is the allocation pattern of a training step of a chain of
+// layers: each forward layer allocates an activation kept for the backward
+// and a temporary; the backward frees them in reverse, allocating gradients.
+func networkTrace(layers int, rng *rand.Rand) *Trace {
+	t := &Trace{}
+	ev := 0
+	add := func(size int64) int {
+		t.Buffers = append(t.Buffers, TraceBuffer{Sizes: []int64{size}, Alloc: ev})
+		ev++
+		return len(t.Buffers) - 1
+	}
+	free := func(i int) { t.Buffers[i].Free = ev; ev++ }
+	acts := make([]int, layers)
+	for l := range acts {
+		size := int64(1+rng.IntN(8)) * 64 * MinBlockSize
+		acts[l] = add(size)
+		tmp := add(size / 2)
+		free(tmp)
+	}
+	grad := add(MinBlockSize)
+	for l := layers - 1; l >= 0; l-- {
+		g := add(t.Buffers[acts[l]].Sizes[0])
+		free(grad)
+		free(acts[l])
+		grad = g
+	}
+	free(grad)
+	t.Events = ev
+	return t
+}
+
+func TestPlanNetworkNearLowerBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, layers := range []int{5, 20, 100} {
+		tr := networkTrace(layers, rng)
+		p := PlanTrace(tr)
+		if err := p.Check(); err != nil {
+			t.Fatal(err)
+		}
+		ratio := float64(p.Size) / float64(p.Live)
+		t.Logf("%d layers: extent %d, max live %d (%.3f), order %s", layers, p.Size, p.Live, ratio, p.Order)
+		if ratio > 1.10 {
+			t.Errorf("%d layers: extent %.3f of the lower bound", layers, ratio)
+		}
+	}
+}
+
+// TestWorkspacePicksFastestThatFits: a workspace whose fastest option fits
+// in a gap takes it; one whose fastest would raise the arena takes a smaller one.
+func TestWorkspacePicksFastestThatFits(t *testing.T) {
+	tr := &Trace{Events: 8, Buffers: []TraceBuffer{
+		{Sizes: []int64{8192}, Alloc: 0, Free: 7},             // a long-lived activation
+		{Sizes: []int64{16384}, Alloc: 1, Free: 2},            // a large temporary
+		{Sizes: []int64{4096, 1024}, Alloc: 3, Free: 4},       // fits the temporary's old place: 4096
+		{Sizes: []int64{65536, 2048, 512}, Alloc: 5, Free: 6}, // 65536 does not fit: 2048
+	}}
+	p := PlanTrace(tr)
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Choice[2] != 0 || p.Choice[3] != 1 || p.Size != 8192+16384 {
+		t.Errorf("choices %v, size %d: want [.. .. 0 1] in %d bytes", p.Choice, p.Size, 8192+16384)
+	}
+}
+
+func TestPlannedRunRepeatsTrace(t *testing.T) {
+	src := Limit(NewHeapSource(), 1<<30)
+	a := New(src, Config{Device: "test"})
+	persistent, _ := a.Alloc(3000, 0)
+	work := func() error {
+		x, err := a.Alloc(100000, 0)
+		if err != nil {
+			return err
+		}
+		ws, c, err := a.AllocWorkspace([]int64{1 << 20, 4096}, 0, 0)
+		if err != nil {
+			return err
+		}
+		if c < 0 || c > 1 {
+			t.Errorf("workspace choice %d", c)
+		}
+		y, err := a.Alloc(2<<20, 0)
+		if err != nil {
+			return err
+		}
+		a.Free(ws)
+		a.Free(x)
+		z, err := a.Alloc(50000, 0)
+		if err != nil {
+			return err
+		}
+		a.Free(y)
+		a.Free(z)
+		return nil
+	}
+	a.StartTrace()
+	if err := work(); err != nil {
+		t.Fatal(err)
+	}
+	a.Free(persistent) // not traced: allocated before StartTrace
+	tr, err := a.StopTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Buffers) != 4 || tr.Events != 8 {
+		t.Fatalf("trace of %d buffers, %d events", len(tr.Buffers), tr.Events)
+	}
+	p := PlanTrace(tr)
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	ar, err := a.NewArena(p.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.EmptyCache()
+	before := a.Stats()
+	segs, _ := src.Counts()
+	a.WindowPeak()
+	for run := 0; run < 3; run++ {
+		if err := a.BeginPlanned(p, ar); err != nil {
+			t.Fatal(err)
+		}
+		if err := work(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.EndPlanned(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := a.Stats()
+	if s, _ := src.Counts(); s != segs {
+		t.Errorf("planned runs obtained %d segments", s-segs)
+	}
+	if after.Allocated[All].Current != before.Allocated[All].Current {
+		t.Errorf("allocated %d after the runs, %d before", after.Allocated[All].Current, before.Allocated[All].Current)
+	}
+	if pa, _ := a.WindowPeak(); pa != before.Allocated[All].Current+ar.Size() {
+		t.Errorf("peak %d during planned runs, want the arena %d on top of %d", pa, ar.Size(), before.Allocated[All].Current)
+	}
+	a.Replayed(ar)
+	if pa, _ := a.WindowPeak(); pa != before.Allocated[All].Current+ar.Size() {
+		t.Errorf("peak %d over a replay, want %d", pa, before.Allocated[All].Current+ar.Size())
+	}
+
+	// A run that asks for something else is caught.
+	if err := a.BeginPlanned(p, ar); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(12345, 0); !errors.Is(err, ErrPlanMismatch) {
+		t.Errorf("a request off the plan: %v", err)
+	}
+	if err := a.EndPlanned(); !errors.Is(err, ErrPlanMismatch) {
+		t.Errorf("EndPlanned after a mismatch: %v", err)
+	}
+	if err := ar.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if a.Stats().Reserved[All].Current != 0 {
+		t.Errorf("reserved %d after releasing the arena", a.Stats().Reserved[All].Current)
+	}
+}
+
+func TestStopTraceRefusesLeaks(t *testing.T) {
+	a := New(NewHeapSource(), Config{})
+	a.StartTrace()
+	if _, err := a.Alloc(1000, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.StopTrace(); err == nil {
+		t.Error("a trace that left a buffer allocated was accepted")
+	}
+}
