@@ -116,3 +116,20 @@ func CheckLists(op string, lists ...[]Buf) {
 		}
 	}
 }
+
+// CheckScalar panics unless every valid buffer among bufs is F32 of one
+// element (a device scalar: a learning rate, a loss scale, a flag).
+func CheckScalar(op string, bufs ...Buf) {
+	for _, b := range bufs {
+		if b.Valid() && (b.N != 1 || b.DType != F32) {
+			panic(fmt.Sprintf("kernels: %s: %d %v elements where an f32 scalar is required", op, b.N, b.DType))
+		}
+	}
+}
+
+// CheckCounter panics unless c is a counter: I32 of CounterLen elements.
+func CheckCounter(op string, c Buf) {
+	if !c.Valid() || c.N != CounterLen || c.DType != I32 {
+		panic(fmt.Sprintf("kernels: %s: %d %v elements where a counter (%d i32) is required", op, c.N, c.DType, CounterLen))
+	}
+}

@@ -236,21 +236,46 @@ type BNParams struct {
 type Philox struct {
 	Seed   uint64
 	Offset uint64 // in blocks of four 32-bit words
+	// Base, when valid, is a device counter (see Counter) whose value the
+	// operation adds to Offset when it runs, not when it is queued: a
+	// captured training step replayed many times draws new numbers at every
+	// replay because the step advances its Base on the device.
+	Base Buf `json:"-"`
 }
 
+// A counter is a device-resident int64 that operations read and advance
+// without the host: an I32 buffer of CounterLen elements holding a
+// little-endian two's-complement int64 (Philox bases, AdamW's step count).
+const CounterLen = 2
+
 // SGDParams are the hyper-parameters of one SGD step, as in torch.optim.SGD.
-// With FirstStep, momentum buffers are initialised to the gradient.
+// The learning rate is read on the device, so that a captured step follows
+// the schedule; with FirstStep, momentum buffers are initialised to the
+// gradient.
 type SGDParams struct {
-	LR, Momentum, Dampening, WeightDecay float32
-	Nesterov                             bool
-	FirstStep                            bool
+	LR                               Buf // F32, 1 element
+	Momentum, Dampening, WeightDecay float32
+	Nesterov                         bool
+	FirstStep                        bool
+	// Skip, when valid (F32, 1 element), makes the update do nothing if its
+	// value is not zero: GradScaler's found-inf flag, read on the device.
+	Skip Buf
 }
 
 // AdamWParams are the hyper-parameters of one AdamW step, as in
-// torch.optim.AdamW; Step counts from 1 and drives the bias correction.
+// torch.optim.AdamW. Step is a counter holding the step number, counted from
+// 1, that drives the bias correction; it is read on the device.
 type AdamWParams struct {
-	LR, Beta1, Beta2, Eps, WeightDecay float32
-	Step                               int
+	LR                             Buf // F32, 1 element
+	Beta1, Beta2, Eps, WeightDecay float32
+	Step                           Buf // a counter
+	Skip                           Buf // as SGDParams.Skip
+}
+
+// ScalerParams are GradScaler's growth and backoff, as in torch.amp.GradScaler.
+type ScalerParams struct {
+	Growth, Backoff float32
+	Interval        int
 }
 
 // Backend runs operations on one device. Output Bufs are written, never read,
@@ -341,10 +366,21 @@ type Backend interface {
 	SGD(p SGDParams, params, grads, moms []Buf)
 	// AdamW updates params and their moment estimates in place.
 	AdamW(p AdamWParams, params, grads, m, v []Buf)
-	// UnscaleCheck multiplies every grad by invScale in place and sets found
-	// (F32, 1 element, not cleared) to 1 if any value is infinite or NaN.
-	UnscaleCheck(grads []Buf, invScale float32, found Buf)
+	// UnscaleCheck divides every grad by scale (F32, 1 element, read on the
+	// device) in place and sets found (F32, 1 element, not cleared) to 1 if
+	// any value is infinite or NaN.
+	UnscaleCheck(grads []Buf, scale, found Buf)
+	// UpdateScale is torch's _amp_update_scale_, on the device: when found
+	// is set, scale ← scale·Backoff and tracker (I32, 1) ← 0, and skipped
+	// (F32, 1) counts one more skipped step; otherwise the tracker counts up
+	// and at Interval the scale grows by Growth and the tracker restarts.
+	UpdateScale(p ScalerParams, scale, tracker, found, skipped Buf)
+	// Increment adds n to a counter, unless unless is valid and holds a
+	// value other than zero.
+	Increment(counter Buf, n int64, unless Buf)
+	// AccumulateMetrics adds loss (F32, 1 element, a mean over n rows)·n to
+	// sums[0] and the number of rows of logits (n×k) whose first maximum is
+	// at the I32 label to sums[1] (F32, 2 elements): a training run's loss
+	// and accuracy, kept on the device until they are read.
+	AccumulateMetrics(sums, loss, logits, labels Buf, n, k int)
 }
-
-// DivUp is ⌈a/b⌉ for positive b.
-func DivUp(a, b int) int { return (a + b - 1) / b }

@@ -418,7 +418,12 @@ func TestOptimizers(t *testing.T) {
 	p, pv := randBuf(t, rng, 9)
 	g, gv := randBuf(t, rng, 9)
 	m := buf(t, kernels.F32, 9)
-	be.SGD(kernels.SGDParams{LR: 0.1, Momentum: 0.9, WeightDecay: 0.01, Nesterov: true, FirstStep: true},
+	scalar := func(v float32) kernels.Buf {
+		b := buf(t, kernels.F32, 1)
+		be.Fill(b, v)
+		return b
+	}
+	be.SGD(kernels.SGDParams{LR: scalar(0.1), Momentum: 0.9, WeightDecay: 0.01, Nesterov: true, FirstStep: true},
 		[]kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m})
 	want, wantM := make([]float64, 9), make([]float64, 9)
 	for i := range want {
@@ -433,7 +438,10 @@ func TestOptimizers(t *testing.T) {
 	mv, vv := buf(t, kernels.F32, 9), buf(t, kernels.F32, 9)
 	be.Fill(mv, 0)
 	be.Fill(vv, 0)
-	be.AdamW(kernels.AdamWParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, Step: 1},
+	step := buf(t, kernels.I32, kernels.CounterLen)
+	be.Fill(step, 0)
+	be.Increment(step, 1, kernels.Buf{})
+	be.AdamW(kernels.AdamWParams{LR: scalar(1e-2), Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, Step: step},
 		[]kernels.Buf{q}, []kernels.Buf{g}, []kernels.Buf{mv}, []kernels.Buf{vv})
 	for i := range want {
 		pp := qv[i] * (1 - 1e-3)
@@ -444,13 +452,51 @@ func TestOptimizers(t *testing.T) {
 
 	found := buf(t, kernels.F32, 1)
 	be.Fill(found, 0)
-	be.UnscaleCheck([]kernels.Buf{g}, 0.5, found)
+	be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
 	if f32s(found)[0] != 0 {
 		t.Error("finite gradients flagged")
 	}
 	f32s(g)[4] = float32(math.Inf(1))
-	be.UnscaleCheck([]kernels.Buf{p, g}, 0.5, found)
+	be.UnscaleCheck([]kernels.Buf{p, g}, scalar(2), found)
 	if f32s(found)[0] != 1 {
 		t.Error("infinite gradient not flagged")
 	}
+}
+
+func TestAccumulateMetrics(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 9))
+	const n, k = 23, 6
+	logits, lv := randBuf(t, rng, n*k)
+	labels := buf(t, kernels.I32, n)
+	right := 0
+	for i, l := range i32s(labels) {
+		_ = l
+		y := int32(rng.IntN(k))
+		if i%3 == 0 { // make some rows right
+			best := 0
+			for j := 1; j < k; j++ {
+				if lv[i*k+j] > lv[i*k+best] {
+					best = j
+				}
+			}
+			y = int32(best)
+		}
+		i32s(labels)[i] = y
+		best := 0
+		for j := 1; j < k; j++ {
+			if lv[i*k+j] > lv[i*k+best] {
+				best = j
+			}
+		}
+		if int32(best) == y {
+			right++
+		}
+	}
+	loss := buf(t, kernels.F32, 1)
+	f32s(loss)[0] = 1.25
+	sums := buf(t, kernels.F32, 2)
+	be.Fill(sums, 0)
+	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
+	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
+	check(t, "metrics", sums, []float64{2 * 1.25 * n, 2 * float64(right)}, 0)
 }

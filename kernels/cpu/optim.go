@@ -7,6 +7,12 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
+// skipped reports whether a Skip flag is set.
+func skipped(flag kernels.Buf) bool {
+	kernels.CheckScalar("skip flag", flag)
+	return flag.Valid() && f32s(flag)[0] != 0
+}
+
 // SGD is torch.optim.SGD's update:
 //
 //	g = grad + wd·p;  buf = momentum·buf + (1−dampening)·g (buf = g at the first step)
@@ -17,6 +23,12 @@ func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	} else {
 		kernels.CheckLists("sgd", params, grads)
 	}
+	kernels.CheckLen("sgd learning rate", 1, hp.LR)
+	kernels.CheckScalar("sgd learning rate", hp.LR)
+	if skipped(hp.Skip) {
+		return
+	}
+	lr := f32s(hp.LR)[0]
 	for t := range params {
 		p, g := f32s(params[t]), f32s(grads[t])
 		var buf []float32
@@ -38,30 +50,39 @@ func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 						d = buf[i]
 					}
 				}
-				p[i] -= hp.LR * d
+				p[i] -= lr * d
 			}
 		})
 	}
 }
 
-// AdamW is torch.optim.AdamW's update with decoupled weight decay:
+// AdamW is torch.optim.AdamW's update with decoupled weight decay, at step
+// t read from hp.Step:
 //
 //	p -= lr·wd·p;  m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²
 //	p -= lr·(m/(1−β1ᵗ)) / (√(v/(1−β2ᵗ)) + ε)
 func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	kernels.CheckLists("adamw", params, grads, m, v)
-	if hp.Step < 1 {
-		panic(fmt.Sprintf("cpu: adamw step %d, want >= 1", hp.Step))
+	kernels.CheckLen("adamw learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw learning rate", hp.LR)
+	kernels.CheckCounter("adamw step", hp.Step)
+	if skipped(hp.Skip) {
+		return
 	}
-	bc1 := 1 - math.Pow(float64(hp.Beta1), float64(hp.Step))
-	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(hp.Step))
-	stepSize := float32(float64(hp.LR) / bc1)
+	step := *counter(hp.Step)
+	if step < 1 {
+		panic(fmt.Sprintf("cpu: adamw step %d, want >= 1", step))
+	}
+	lr := f32s(hp.LR)[0]
+	bc1 := 1 - math.Pow(float64(hp.Beta1), float64(step))
+	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(step))
+	stepSize := float32(float64(lr) / bc1)
 	bc2Sqrt := float32(math.Sqrt(bc2))
 	for t := range params {
 		p, g, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
 		parallel(len(p), elemGrain, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
-				p[i] *= 1 - hp.LR*hp.WeightDecay
+				p[i] *= 1 - lr*hp.WeightDecay
 				ms[i] = hp.Beta1*ms[i] + (1-hp.Beta1)*g[i]
 				vs[i] = hp.Beta2*vs[i] + (1-hp.Beta2)*g[i]*g[i]
 				denom := float32(math.Sqrt(float64(vs[i])))/bc2Sqrt + hp.Eps
@@ -71,15 +92,17 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	}
 }
 
-// UnscaleCheck multiplies every grad by invScale and raises found on inf/NaN.
-func (c *Backend) UnscaleCheck(grads []kernels.Buf, invScale float32, found kernels.Buf) {
-	kernels.CheckLen("unscale found flag", 1, found)
+// UnscaleCheck multiplies every grad by 1/scale and raises found on inf/NaN.
+func (c *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
+	kernels.CheckLen("unscale", 1, scale, found)
+	kernels.CheckScalar("unscale", scale, found)
 	f := f32s(found)
+	inv := 1 / f32s(scale)[0]
 	for _, gb := range grads {
 		g := f32s(gb)
 		bad := false
 		for i := range g {
-			g[i] *= invScale
+			g[i] *= inv
 			if math.IsInf(float64(g[i]), 0) || math.IsNaN(float64(g[i])) {
 				bad = true
 			}
@@ -88,4 +111,56 @@ func (c *Backend) UnscaleCheck(grads []kernels.Buf, invScale float32, found kern
 			f[0] = 1
 		}
 	}
+}
+
+// UpdateScale is torch's _amp_update_scale_.
+func (c *Backend) UpdateScale(p kernels.ScalerParams, scale, tracker, found, skipped kernels.Buf) {
+	kernels.CheckLen("update scale", 1, scale, tracker, found, skipped)
+	kernels.CheckScalar("update scale", scale, found, skipped)
+	s, tr := f32s(scale), i32s(tracker)
+	if f32s(found)[0] != 0 {
+		s[0] *= p.Backoff
+		tr[0] = 0
+		f32s(skipped)[0]++
+		return
+	}
+	tr[0]++
+	if int(tr[0]) >= p.Interval {
+		s[0] *= p.Growth
+		tr[0] = 0
+	}
+}
+
+// Increment adds n to the counter unless the flag is set.
+func (c *Backend) Increment(ctr kernels.Buf, n int64, unless kernels.Buf) {
+	kernels.CheckCounter("increment", ctr)
+	if skipped(unless) {
+		return
+	}
+	*counter(ctr) += n
+}
+
+// AccumulateMetrics adds the batch's summed loss and its number of right
+// predictions (the first maximum of each row) to sums.
+func (c *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
+	kernels.CheckLen("metrics sums", 2, sums)
+	kernels.CheckLen("metrics loss", 1, loss)
+	kernels.CheckLen("metrics logits", n*k, logits)
+	kernels.CheckLen("metrics labels", n, labels)
+	kernels.CheckF32("metrics", sums, loss)
+	xs, ys, s := in(logits), i32s(labels), f32s(sums)
+	right := 0
+	for r := 0; r < n; r++ {
+		best, bi := float32(math.Inf(-1)), 0
+		for j, v := range xs[r*k : (r+1)*k] {
+			if v > best {
+				best, bi = v, j
+			}
+		}
+		if int32(bi) == ys[r] {
+			right++
+		}
+	}
+	s[0] += f32s(loss)[0] * float32(n)
+	s[1] += float32(right)
 }

@@ -2,12 +2,14 @@ package cpu
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
 )
 
 // Uniform fills dst from g; element i uses word i%4 of Philox block i/4.
 func (c *Backend) Uniform(dst kernels.Buf, lo, hi float32, g kernels.Philox) {
+	g = resolve(g)
 	o, done := out(dst)
 	parallel(len(o)/4+1, 1<<12, func(b0, b1 int) {
 		for b := b0; b < b1; b++ {
@@ -22,6 +24,7 @@ func (c *Backend) Uniform(dst kernels.Buf, lo, hi float32, g kernels.Philox) {
 
 // Normal fills dst from g with Box–Muller pairs.
 func (c *Backend) Normal(dst kernels.Buf, mean, std float32, g kernels.Philox) {
+	g = resolve(g)
 	o, done := out(dst)
 	parallel(len(o)/4+1, 1<<12, func(b0, b1 int) {
 		for b := b0; b < b1; b++ {
@@ -44,6 +47,7 @@ func (c *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 		panic(fmt.Sprintf("cpu: dropout probability %v outside [0, 1)", p))
 	}
 	kernels.CheckLen("dropout", x.N, dst)
+	g = resolve(g)
 	xs := in(x)
 	o, done := out(dst)
 	scale := 1 / (1 - p)
@@ -62,3 +66,16 @@ func (c *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	})
 	done()
 }
+
+// resolve folds g's device Base, if any, into its Offset.
+func resolve(g kernels.Philox) kernels.Philox {
+	if g.Base.Valid() {
+		kernels.CheckCounter("philox base", g.Base)
+		g.Offset += uint64(*counter(g.Base))
+		g.Base = kernels.Buf{}
+	}
+	return g
+}
+
+// counter is the int64 a counter buffer holds.
+func counter(b kernels.Buf) *int64 { return (*int64)(unsafe.Pointer(&raw(b)[0])) }

@@ -247,7 +247,7 @@ func (b *Backend) Uniform(dst kernels.Buf, lo, hi float32, g kernels.Philox) {
 	s := floatType("uniform", dst)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).f32(lo).f32(hi).ptr(ptrOf(dst))
+	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(lo).f32(hi).ptr(ptrOf(dst))
 	b.launch("uniform_"+s, b.grid(int64(dst.N+3)/4, 256), 1, 256)
 }
 
@@ -256,7 +256,7 @@ func (b *Backend) Normal(dst kernels.Buf, mean, std float32, g kernels.Philox) {
 	s := floatType("normal", dst)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).f32(mean).f32(std).ptr(ptrOf(dst))
+	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(mean).f32(std).ptr(ptrOf(dst))
 	b.launch("normal_"+s, b.grid(int64(dst.N+3)/4, 256), 1, 256)
 }
 
@@ -269,8 +269,31 @@ func (b *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	s := floatType("dropout", dst, x)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(x.N)).u64(g.Seed).u64(g.Offset).f32(p).ptr(ptrOf(x)).ptr(ptrOf(dst))
+	b.kernel().i64(int64(x.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(p).ptr(ptrOf(x)).ptr(ptrOf(dst))
 	b.launch("dropout_"+s, b.grid(int64(x.N+3)/4, 256), 1, 256)
+}
+
+// basePtr is the device address of g's Base counter, or 0.
+func basePtr(g kernels.Philox) uintptr {
+	if !g.Base.Valid() {
+		return 0
+	}
+	kernels.CheckCounter("philox base", g.Base)
+	return ptrOf(g.Base)
+}
+
+// AccumulateMetrics adds the batch's loss and right predictions to sums, in one single-block launch.
+func (b *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
+	kernels.CheckLen("metrics sums", 2, sums)
+	kernels.CheckLen("metrics loss", 1, loss)
+	kernels.CheckLen("metrics logits", n*k, logits)
+	kernels.CheckLen("metrics labels", n, labels)
+	kernels.CheckF32("metrics", sums, loss)
+	s := floatType("metrics", logits)
+	b.enter()
+	defer b.exit()
+	b.kernel().i32(n).i32(k).ptr(ptrOf(logits)).ptr(ptrOf(labels)).ptr(ptrOf(loss)).ptr(ptrOf(sums))
+	b.launch("metrics_"+s, 1, 1, 256)
 }
 
 // tensorList mirrors the kernels' struct TensorList.
@@ -320,31 +343,54 @@ func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 		lists = append(lists, moms)
 	}
 	kernels.CheckLists("sgd", lists...)
+	kernels.CheckLen("sgd learning rate", 1, hp.LR)
+	kernels.CheckScalar("sgd", hp.LR, hp.Skip)
+	lr, skip := ptrOf(hp.LR), ptrOf(hp.Skip)
 	b.multiTensor("sgd_multi", lists, func(a *arena) {
-		a.f32(hp.LR).f32(hp.Momentum).f32(hp.Dampening).f32(hp.WeightDecay).i32(boolInt(hp.Nesterov)).i32(boolInt(hp.FirstStep))
+		a.ptr(lr).f32(hp.Momentum).f32(hp.Dampening).f32(hp.WeightDecay).i32(boolInt(hp.Nesterov)).i32(boolInt(hp.FirstStep)).ptr(skip)
 	})
 }
 
 // AdamW updates every parameter in one launch per 32 tensors.
 func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	kernels.CheckLists("adamw", params, grads, m, v)
-	if hp.Step < 1 {
-		panic(fmt.Sprintf("cuda: adamw step %d, want >= 1", hp.Step))
-	}
-	bc1 := 1 - math.Pow(float64(hp.Beta1), float64(hp.Step))
-	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(hp.Step))
+	kernels.CheckLen("adamw learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw", hp.LR, hp.Skip)
+	kernels.CheckCounter("adamw step", hp.Step)
+	lr, step, skip := ptrOf(hp.LR), ptrOf(hp.Step), ptrOf(hp.Skip)
 	b.multiTensor("adamw_multi", [][]kernels.Buf{params, grads, m, v}, func(a *arena) {
-		a.f32(hp.LR).f32(hp.Beta1).f32(hp.Beta2).f32(hp.Eps).f32(hp.WeightDecay).
-			f32(float32(float64(hp.LR) / bc1)).f32(float32(math.Sqrt(bc2)))
+		a.ptr(lr).f32(hp.Beta1).f32(hp.Beta2).f32(hp.Eps).f32(hp.WeightDecay).ptr(step).ptr(skip)
 	})
 }
 
-// UnscaleCheck scales every grad and raises found on inf/NaN, one launch per 32 tensors.
-func (b *Backend) UnscaleCheck(grads []kernels.Buf, invScale float32, found kernels.Buf) {
-	kernels.CheckLen("unscale found flag", 1, found)
-	kernels.CheckF32("unscale found flag", found)
-	fp := ptrOf(found)
-	b.multiTensor("unscale_multi", [][]kernels.Buf{grads}, func(a *arena) { a.f32(invScale).ptr(fp) })
+// UnscaleCheck divides every grad by the device scale and raises found on
+// inf/NaN, one launch per 32 tensors.
+func (b *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
+	kernels.CheckLen("unscale", 1, scale, found)
+	kernels.CheckScalar("unscale", scale, found)
+	sp, fp := ptrOf(scale), ptrOf(found)
+	b.multiTensor("unscale_multi", [][]kernels.Buf{grads}, func(a *arena) { a.ptr(sp).ptr(fp) })
+}
+
+// UpdateScale runs torch's _amp_update_scale_ in one thread.
+func (b *Backend) UpdateScale(p kernels.ScalerParams, scale, tracker, found, skipped kernels.Buf) {
+	kernels.CheckLen("update scale", 1, scale, tracker, found, skipped)
+	kernels.CheckScalar("update scale", scale, found, skipped)
+	b.enter()
+	defer b.exit()
+	b.kernel().ptr(ptrOf(scale)).ptr(ptrOf(tracker)).ptr(ptrOf(found)).ptr(ptrOf(skipped)).
+		f32(p.Growth).f32(p.Backoff).i32(p.Interval)
+	b.launch("update_scale", 1, 1, 1)
+}
+
+// Increment adds n to a counter on the device unless the flag is set.
+func (b *Backend) Increment(counter kernels.Buf, n int64, unless kernels.Buf) {
+	kernels.CheckCounter("increment", counter)
+	kernels.CheckScalar("increment", unless)
+	b.enter()
+	defer b.exit()
+	b.kernel().ptr(ptrOf(counter)).i64(n).ptr(ptrOf(unless))
+	b.launch("increment", 1, 1, 1)
 }
 
 func boolInt(v bool) int {

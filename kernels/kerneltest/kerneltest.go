@@ -459,6 +459,22 @@ var cases = []testCase{
 				s.got.Dropout(d.got, x.got, 0.3, g)
 				s.ref.Dropout(d.ref, x.ref, 0.3, g)
 				s.check(fmt.Sprintf("dropout %v[%d]", dt, n), d, TolElementwise)
+				// The same draw with part of the offset in a device counter.
+				base := s.in(kernels.I32, []float32{float32(n / 2), 0})
+				gb := kernels.Philox{Seed: g.Seed, Offset: g.Offset - uint64(n/2)}
+				gg, gr := gb, gb
+				gg.Base, gr.Base = base.got, base.ref
+				db := s.out(dt, n)
+				s.got.Dropout(db.got, x.got, 0.3, gg)
+				s.ref.Dropout(db.ref, x.ref, 0.3, gr)
+				s.check(fmt.Sprintf("dropout with a device base %v[%d]", dt, n), db, TolElementwise)
+				if !slices.Equal(s.read(db.got, s.got), s.read(d.got, s.got)) {
+					s.t.Errorf("dropout %v[%d]: offset %d+%d on the device differs from %d", dt, n, g.Offset-uint64(n/2), n/2, g.Offset)
+				}
+				ub := s.out(dt, n)
+				s.got.Normal(ub.got, 0.5, 2, gg)
+				s.ref.Normal(ub.ref, 0.5, 2, gr)
+				s.check(fmt.Sprintf("normal with a device base %v[%d]", dt, n), ub, TolElementwise)
 			}
 		}
 	}},
@@ -481,22 +497,39 @@ var cases = []testCase{
 			return
 		}
 		zeros := func(n int) []float32 { return make([]float32, n) }
-		for _, hp := range []kernels.SGDParams{
-			{LR: 0.1, Momentum: 0.9, WeightDecay: 5e-4, Nesterov: true, FirstStep: true},
-			{LR: 0.05, Momentum: 0.9, Dampening: 0.1, WeightDecay: 1e-4},
-			{LR: 0.01},
+		scalar := func(v float32) pair { return s.in(kernels.F32, []float32{v}) }
+		for _, c := range []struct {
+			hp     kernels.SGDParams
+			lr     float32
+			skip   bool
+			remark string
+		}{
+			{kernels.SGDParams{Momentum: 0.9, WeightDecay: 5e-4, Nesterov: true, FirstStep: true}, 0.1, false, "nesterov, first step"},
+			{kernels.SGDParams{Momentum: 0.9, Dampening: 0.1, WeightDecay: 1e-4}, 0.05, false, "dampened"},
+			{kernels.SGDParams{}, 0.01, false, "plain"},
+			{kernels.SGDParams{Momentum: 0.9}, 0.1, true, "skipped"},
 		} {
 			params, grads, moms := mk(s.normal), mk(s.normal), mk(s.normal)
 			pg, pr := split(params)
 			gg, gr := split(grads)
 			mg, mr := split(moms)
-			s.got.SGD(hp, pg, gg, mg)
-			s.ref.SGD(hp, pr, gr, mr)
+			before := s.read(pg[0], s.got)
+			lr, flag := scalar(c.lr), scalar(0)
+			if c.skip {
+				flag = scalar(1)
+			}
+			hg, hr := c.hp, c.hp
+			hg.LR, hr.LR, hg.Skip, hr.Skip = lr.got, lr.ref, flag.got, flag.ref
+			s.got.SGD(hg, pg, gg, mg)
+			s.ref.SGD(hr, pr, gr, mr)
 			for i := range params {
-				s.check(fmt.Sprintf("sgd %+v param %d", hp, i), params[i], TolElementwise)
-				if hp.Momentum != 0 {
-					s.check(fmt.Sprintf("sgd %+v momentum %d", hp, i), moms[i], TolElementwise)
+				s.check(fmt.Sprintf("sgd %s param %d", c.remark, i), params[i], TolElementwise)
+				if c.hp.Momentum != 0 {
+					s.check(fmt.Sprintf("sgd %s momentum %d", c.remark, i), moms[i], TolElementwise)
 				}
+			}
+			if after := s.read(pg[0], s.got); c.skip != slices.Equal(before, after) {
+				s.t.Errorf("sgd %s: parameter changed %v, want %v", c.remark, !slices.Equal(before, after), !c.skip)
 			}
 		}
 		params, grads, m, v := mk(s.normal), mk(s.normal), mk(zeros), mk(zeros)
@@ -504,10 +537,23 @@ var cases = []testCase{
 		gg, gr := split(grads)
 		mg, mr := split(m)
 		vg, vr := split(v)
-		for step := 1; step <= 3; step++ {
-			hp := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: step}
-			s.got.AdamW(hp, pg, gg, mg, vg)
-			s.ref.AdamW(hp, pr, gr, mr, vr)
+		lr := scalar(1e-3)
+		step := s.in(kernels.I32, []float32{0, 0})
+		for k := 1; k <= 4; k++ {
+			skip := scalar(0)
+			if k == 3 { // a skipped step neither updates nor counts
+				skip = scalar(1)
+			}
+			s.got.Increment(step.got, 1, skip.got)
+			s.ref.Increment(step.ref, 1, skip.ref)
+			hg := kernels.AdamWParams{LR: lr.got, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: step.got, Skip: skip.got}
+			hr := hg
+			hr.LR, hr.Step, hr.Skip = lr.ref, step.ref, skip.ref
+			s.got.AdamW(hg, pg, gg, mg, vg)
+			s.ref.AdamW(hr, pr, gr, mr, vr)
+		}
+		if st := s.read(step.got, s.got); st[0] != 3 || st[1] != 0 {
+			s.t.Errorf("adamw step counter %v after 4 steps, one skipped: want [3 0]", st)
 		}
 		for i := range params {
 			s.check(fmt.Sprintf("adamw param %d", i), params[i], TolElementwise)
@@ -515,9 +561,9 @@ var cases = []testCase{
 			s.check(fmt.Sprintf("adamw v %d", i), v[i], TolElementwise)
 		}
 		// Unscale: clean, then with an inf planted in the last tensor.
-		found := s.in(kernels.F32, []float32{0})
-		s.got.UnscaleCheck(gg, 1.0/1024, found.got)
-		s.ref.UnscaleCheck(gr, 1.0/1024, found.ref)
+		found, scale := scalar(0), scalar(1024)
+		s.got.UnscaleCheck(gg, scale.got, found.got)
+		s.ref.UnscaleCheck(gr, scale.ref, found.ref)
 		for i := range grads {
 			s.check(fmt.Sprintf("unscale grad %d", i), grads[i], TolElementwise)
 		}
@@ -527,11 +573,62 @@ var cases = []testCase{
 		bad[len(bad)/2] = float32(math.Inf(1))
 		grads[last] = s.in(kernels.F32, bad)
 		gg[last], gr[last] = grads[last].got, grads[last].ref
-		s.got.UnscaleCheck(gg, 0.5, found.got)
-		s.ref.UnscaleCheck(gr, 0.5, found.ref)
+		half := scalar(2)
+		s.got.UnscaleCheck(gg, half.got, found.got)
+		s.ref.UnscaleCheck(gr, half.ref, found.ref)
 		s.check("unscale found (inf)", found, 0)
 		if f := s.read(found.got, s.got); f[0] != 1 {
 			s.t.Errorf("unscale did not flag an infinite gradient in tensor %d of %d", last, len(sizes))
+		}
+	}},
+	{"scaler", func(s *suite) {
+		// torch's _amp_update_scale_ over a sequence of clean and inf steps:
+		// growth every 3 clean steps, backoff (and a skipped step) on inf.
+		scale, tracker := s.in(kernels.F32, []float32{65536}), s.in(kernels.I32, []float32{0})
+		skipped := s.in(kernels.F32, []float32{0})
+		p := kernels.ScalerParams{Growth: 2, Backoff: 0.5, Interval: 3}
+		want := float32(65536)
+		clean := 0
+		for i, inf := range []bool{false, true, false, false, false, true, true, false} {
+			v := float32(0)
+			if inf {
+				v = 1
+			}
+			found := s.in(kernels.F32, []float32{v})
+			s.got.UpdateScale(p, scale.got, tracker.got, found.got, skipped.got)
+			s.ref.UpdateScale(p, scale.ref, tracker.ref, found.ref, skipped.ref)
+			if inf {
+				want, clean = want/2, 0
+			} else if clean++; clean == 3 {
+				want, clean = want*2, 0
+			}
+			if got := s.read(scale.got, s.got)[0]; got != float64(want) {
+				s.t.Errorf("step %d: scale %v, want %v", i, got, want)
+			}
+		}
+		s.check("scaler tracker", tracker, 0)
+		if got := s.read(skipped.got, s.got)[0]; got != 3 {
+			s.t.Errorf("%v skipped steps counted, want 3", got)
+		}
+	}},
+	{"metrics", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, shape := range [][2]int{{1, 10}, {37, 10}, {300, 7}} {
+				n, k := shape[0], shape[1]
+				x := s.randIn(dt, n*k)
+				lv := make([]float32, n)
+				for i := range lv {
+					lv[i] = float32(s.rng.IntN(k))
+				}
+				labels := s.in(kernels.I32, lv)
+				loss := s.in(kernels.F32, []float32{0.75})
+				sums := s.in(kernels.F32, []float32{10, 3})
+				for rep := 0; rep < 2; rep++ { // accumulates
+					s.got.AccumulateMetrics(sums.got, loss.got, x.got, labels.got, n, k)
+					s.ref.AccumulateMetrics(sums.ref, loss.ref, x.ref, labels.ref, n, k)
+				}
+				s.check(fmt.Sprintf("metrics %v n=%d k=%d", dt, n, k), sums, TolElementwise)
+			}
 		}
 	}},
 }

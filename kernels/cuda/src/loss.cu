@@ -40,6 +40,33 @@ __device__ void ce_bwd(int n, int k, const T* logits, const int* labels, const f
     }
 }
 
+// sums[0] += loss·n, sums[1] += rows whose first maximum is at the label: a
+// run's loss and accuracy, accumulated on the device and read once per
+// progress update. One block; a thread per row.
+template <typename T>
+__device__ void metrics(int n, int k, const T* logits, const int* labels, const float* loss, float* sums) {
+    __shared__ float scratch[32];
+    float right = 0.f;
+    for (int row = threadIdx.x; row < n; row += blockDim.x) {
+        const T* x = logits + (i64)row * k;
+        float best = -INFINITY;
+        int bi = 0;
+        for (int j = 0; j < k; j++) {
+            float v = ld(x, j);
+            if (v > best) {
+                best = v;
+                bi = j;
+            }
+        }
+        if (bi == labels[row]) right += 1.f;
+    }
+    right = block_sum(right, scratch);
+    if (threadIdx.x == 0) {
+        sums[0] += loss[0] * n;
+        sums[1] += right;
+    }
+}
+
 #define LOSS(T, S)                                                                                             \
     extern "C" __global__ void ce_fwd_##S(int n, int k, const T* logits, const int* labels, float* lse,        \
                                           float* loss) {                                                       \
@@ -48,5 +75,9 @@ __device__ void ce_bwd(int n, int k, const T* logits, const int* labels, const f
     extern "C" __global__ void ce_bwd_##S(int n, int k, const T* logits, const int* labels, const float* lse,  \
                                           const float* dloss, T* dx) {                                         \
         ce_bwd(n, k, logits, labels, lse, dloss, dx);                                                         \
+    }                                                                                                          \
+    extern "C" __global__ void metrics_##S(int n, int k, const T* logits, const int* labels, const float* loss, \
+                                           float* sums) {                                                      \
+        metrics(n, k, logits, labels, loss, sums);                                                            \
     }
 FOR_TYPES(LOSS)

@@ -15,9 +15,15 @@ struct TensorList {
     if (t >= (L).count) return;                                                                                \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (L).n[t]; i += (i64)gridDim.x * blockDim.x)
 
+// The learning rate, the loss scale, the skip flag and AdamW's step count are
+// read on the device, so that a captured step replays with their current
+// values: nothing of the update is decided on the host.
+
 // p[0] params, p[1] grads, p[2] momentum buffers (unused when momentum is 0).
-extern "C" __global__ void sgd_multi(TensorList L, float lr, float momentum, float dampening, float wd, int nesterov,
-                                     int first) {
+extern "C" __global__ void sgd_multi(TensorList L, const float* lr_p, float momentum, float dampening, float wd,
+                                     int nesterov, int first, const float* skip) {
+    if (skip && *skip != 0.f) return;
+    float lr = *lr_p;
     MT_LOOP(L, t, i) {
         float p = L.p[0][t][i], d = L.p[1][t][i] + wd * p;
         if (momentum != 0.f) {
@@ -30,10 +36,15 @@ extern "C" __global__ void sgd_multi(TensorList L, float lr, float momentum, flo
     }
 }
 
-// p[0] params, p[1] grads, p[2] first moments, p[3] second moments.
-// step_size = lr/(1−β1ᵗ), bc2_sqrt = √(1−β2ᵗ), both from the host.
-extern "C" __global__ void adamw_multi(TensorList L, float lr, float beta1, float beta2, float eps, float wd,
-                                       float step_size, float bc2_sqrt) {
+// p[0] params, p[1] grads, p[2] first moments, p[3] second moments. The bias
+// corrections are computed in double from the step count, as the CPU does.
+extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float beta1, float beta2, float eps, float wd,
+                                       const long long* step, const float* skip) {
+    if (skip && *skip != 0.f) return;
+    float lr = *lr_p;
+    double n = (double)*step;
+    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, n)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, n));
     MT_LOOP(L, t, i) {
         float p = L.p[0][t][i] * (1.f - lr * wd), g = L.p[1][t][i];
         float m = beta1 * L.p[2][t][i] + (1.f - beta1) * g;
@@ -44,11 +55,36 @@ extern "C" __global__ void adamw_multi(TensorList L, float lr, float beta1, floa
     }
 }
 
-// p[0] grads: scaled in place; found[0] set to 1 on any inf or NaN.
-extern "C" __global__ void unscale_multi(TensorList L, float inv_scale, float* found) {
+// p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
+extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float* found) {
+    float inv_scale = 1.f / *scale;
     MT_LOOP(L, t, i) {
         float g = L.p[0][t][i] * inv_scale;
         L.p[0][t][i] = g;
         if (!isfinite(g)) found[0] = 1.f;
     }
+}
+
+// torch's _amp_update_scale_, one thread: back off on inf/NaN (and count the
+// skipped step), else grow after `interval` clean steps in a row.
+extern "C" __global__ void update_scale(float* scale, int* tracker, const float* found, float* skipped, float growth,
+                                        float backoff, int interval) {
+    if (*found != 0.f) {
+        *scale *= backoff;
+        *tracker = 0;
+        *skipped += 1.f;
+        return;
+    }
+    int t = *tracker + 1;
+    if (t >= interval) {
+        *scale *= growth;
+        t = 0;
+    }
+    *tracker = t;
+}
+
+// counter += n unless the flag is set.
+extern "C" __global__ void increment(long long* counter, long long n, const float* unless) {
+    if (unless && *unless != 0.f) return;
+    *counter += n;
 }

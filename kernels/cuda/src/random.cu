@@ -67,17 +67,19 @@ __device__ void dropout(i64 n, unsigned long long seed, unsigned long long offse
     }
 }
 
+// base, when not null, is a device counter added to the offset when the
+// kernel runs (a captured step's generator position).
 #define RANDOM(T, S)                                                                                            \
-    extern "C" __global__ void uniform_##S(i64 n, unsigned long long seed, unsigned long long offset, float lo,  \
-                                           float hi, T* y) {                                                    \
-        uniform(n, seed, offset, lo, hi, y);                                                                   \
+    extern "C" __global__ void uniform_##S(i64 n, unsigned long long seed, unsigned long long offset,            \
+                                           const long long* base, float lo, float hi, T* y) {                   \
+        uniform(n, seed, offset + (base ? *base : 0), lo, hi, y);                                              \
     }                                                                                                           \
-    extern "C" __global__ void normal_##S(i64 n, unsigned long long seed, unsigned long long offset, float mean, \
-                                          float std, T* y) {                                                    \
-        normal(n, seed, offset, mean, std, y);                                                                 \
+    extern "C" __global__ void normal_##S(i64 n, unsigned long long seed, unsigned long long offset,             \
+                                          const long long* base, float mean, float std, T* y) {                 \
+        normal(n, seed, offset + (base ? *base : 0), mean, std, y);                                            \
     }                                                                                                           \
-    extern "C" __global__ void dropout_##S(i64 n, unsigned long long seed, unsigned long long offset, float p,   \
-                                           const T* x, T* y) {                                                  \
-        dropout(n, seed, offset, p, x, y);                                                                     \
+    extern "C" __global__ void dropout_##S(i64 n, unsigned long long seed, unsigned long long offset,            \
+                                           const long long* base, float p, const T* x, T* y) {                  \
+        dropout(n, seed, offset + (base ? *base : 0), p, x, y);                                                \
     }
 FOR_TYPES(RANDOM)
