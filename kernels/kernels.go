@@ -384,3 +384,25 @@ type Backend interface {
 	// and accuracy, kept on the device until they are read.
 	AccumulateMetrics(sums, loss, logits, labels Buf, n, k int)
 }
+
+// Capturer is implemented by backends that can record the operations queued
+// between BeginCapture and EndCapture as a Graph instead of running them,
+// and replay the Graph (the CUDA backend, with CUDA graphs). Recorded
+// operations keep the buffers they were given: replays read and write the
+// same memory, so its contents (inputs, device scalars) are what changes
+// from one replay to the next. Nothing may be read back while capturing.
+type Capturer interface {
+	BeginCapture() error
+	// EndCapture ends the recording, even when it fails.
+	EndCapture() (Graph, error)
+}
+
+// Graph is a recorded sequence of operations.
+type Graph interface {
+	// Launch queues one replay.
+	Launch() error
+	// Nodes is the number of operations recorded.
+	Nodes() int
+	// Release frees the graph.
+	Release()
+}

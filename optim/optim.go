@@ -4,10 +4,15 @@
 //
 // Optimisers keep their state (momentum, moments) in F32 tensors beside the
 // F32 master weights; ZeroGrad releases the gradients' memory, as PyTorch's
-// zero_grad(set_to_none=True) does.
+// zero_grad(set_to_none=True) does. Everything an update reads that changes
+// from step to step (the learning rate, AdamW's step count, GradScaler's
+// scale and found-inf flag) lives on the device, so that a step queues its
+// work without waiting for the device and a captured step replays with
+// current values: the host never decides whether an update runs.
 package optim
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -18,11 +23,17 @@ import (
 type Optimizer interface {
 	// Step updates every parameter that has a gradient.
 	Step()
+	// StepUnless is Step, except that the update does nothing when skip (an
+	// F32 flag of one element, read on the device when the update runs) is
+	// not zero: how GradScaler skips a step with inf/NaN gradients without
+	// the host reading the flag.
+	StepUnless(skip kernels.Buf)
 	// ZeroGrad releases every parameter's gradient.
 	ZeroGrad()
 	// Params are the parameters, in the order given.
 	Params() []*tensor.Tensor
 	// LR and SetLR read and set the learning rate (schedules call SetLR).
+	// SetLR queues a write of the device's copy; it does not wait.
 	LR() float64
 	SetLR(lr float64)
 	// State lists the optimiser's tensors (for checkpoints), named
@@ -31,6 +42,40 @@ type Optimizer interface {
 	Counters() map[string]float64
 	// LoadState restores what State and Counters returned.
 	LoadState(tensors map[string]*tensor.Tensor, counters map[string]float64) error
+	// Release frees the optimiser's state on the device.
+	Release()
+}
+
+// deviceLR is a learning rate with its device copy.
+type deviceLR struct {
+	lr  float64
+	buf *tensor.Tensor // F32[1]; nil without parameters
+}
+
+func newDeviceLR(params []*tensor.Tensor, lr float64) deviceLR {
+	d := deviceLR{lr: lr}
+	if len(params) > 0 {
+		d.buf = tensor.Full(params[0].Device(), tensor.F32, float32(lr), 1).Keep()
+	}
+	return d
+}
+
+// LR is the learning rate.
+func (d *deviceLR) LR() float64 { return d.lr }
+
+// SetLR sets the learning rate, queueing the write of its device copy.
+func (d *deviceLR) SetLR(lr float64) {
+	d.lr = lr
+	if d.buf != nil {
+		d.buf.Backend().Fill(d.buf.Buf(), float32(lr))
+	}
+}
+
+func (d *deviceLR) release() {
+	if d.buf != nil {
+		d.buf.Release()
+		d.buf = nil
+	}
 }
 
 // withGrads returns the parameters that have gradients, with their indices.
@@ -67,9 +112,9 @@ func stateTensor(p *tensor.Tensor) *tensor.Tensor {
 // SGD is stochastic gradient descent with momentum, Nesterov momentum and
 // L2 weight decay, as torch.optim.SGD.
 type SGD struct {
+	deviceLR
 	params                           []*tensor.Tensor
 	moms                             []*tensor.Tensor // nil until a parameter's first step
-	lr                               float64
 	Momentum, Dampening, WeightDecay float64
 	Nesterov                         bool
 }
@@ -80,19 +125,25 @@ func NewSGD(params []*tensor.Tensor, lr, momentum, weightDecay float64, nesterov
 	if nesterov && momentum <= 0 {
 		panic("optim: Nesterov momentum needs momentum > 0")
 	}
-	return &SGD{params: params, moms: make([]*tensor.Tensor, len(params)), lr: lr, Momentum: momentum,
-		WeightDecay: weightDecay, Nesterov: nesterov}
+	return &SGD{deviceLR: newDeviceLR(params, lr), params: params, moms: make([]*tensor.Tensor, len(params)),
+		Momentum: momentum, WeightDecay: weightDecay, Nesterov: nesterov}
 }
 
-// Step updates the parameters with gradients in one fused launch per group:
-// those whose momentum buffer starts now, and the others.
-func (o *SGD) Step() {
+// Step updates the parameters with gradients.
+func (o *SGD) Step() { o.StepUnless(kernels.Buf{}) }
+
+// StepUnless updates the parameters with gradients, unless skip is set when
+// the update runs, in one fused launch per group: those whose momentum
+// buffer starts now, and the others. Momentum buffers start at zero, so a
+// first step that skip cancels leaves a state from which the next step
+// computes what a first step would (with Dampening 0, torch's default).
+func (o *SGD) StepUnless(skip kernels.Buf) {
 	idx, ps, gs := withGrads(o.params)
 	if len(idx) == 0 {
 		return
 	}
-	hp := kernels.SGDParams{LR: float32(o.lr), Momentum: float32(o.Momentum), Dampening: float32(o.Dampening),
-		WeightDecay: float32(o.WeightDecay), Nesterov: o.Nesterov}
+	hp := kernels.SGDParams{LR: o.buf.Buf(), Momentum: float32(o.Momentum), Dampening: float32(o.Dampening),
+		WeightDecay: float32(o.WeightDecay), Nesterov: o.Nesterov, Skip: skip}
 	be := o.params[idx[0]].Backend()
 	if o.Momentum == 0 {
 		be.SGD(hp, ps, gs, nil)
@@ -125,12 +176,6 @@ func (o *SGD) ZeroGrad() { zeroGrad(o.params) }
 // Params are the parameters.
 func (o *SGD) Params() []*tensor.Tensor { return o.params }
 
-// LR is the learning rate.
-func (o *SGD) LR() float64 { return o.lr }
-
-// SetLR sets the learning rate.
-func (o *SGD) SetLR(lr float64) { o.lr = lr }
-
 // State lists the momentum buffers.
 func (o *SGD) State() map[string]*tensor.Tensor {
 	m := map[string]*tensor.Tensor{}
@@ -148,7 +193,7 @@ func (o *SGD) Counters() map[string]float64 { return map[string]float64{"lr": o.
 // LoadState restores momentum buffers (copied) and the learning rate.
 func (o *SGD) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	if lr, ok := c["lr"]; ok {
-		o.lr = lr
+		o.SetLR(lr)
 	}
 	for i := range o.moms {
 		t, ok := ts[fmt.Sprintf("momentum.%d", i)]
@@ -183,14 +228,20 @@ func (o *SGD) Release() {
 			o.moms[i] = nil
 		}
 	}
+	o.release()
 }
 
 // AdamW is Adam with decoupled weight decay, as torch.optim.AdamW.
+//
+// Note (a difference from PyTorch): the step count that drives the bias
+// correction is one device counter for all parameters, not one per
+// parameter; the two differ only for a parameter that has no gradient in
+// some steps.
 type AdamW struct {
+	deviceLR
 	params                         []*tensor.Tensor
 	m, v                           []*tensor.Tensor
-	steps                          []int
-	lr                             float64
+	step                           *tensor.Tensor // a counter: steps taken (not skipped)
 	Beta1, Beta2, Eps, WeightDecay float64
 }
 
@@ -198,33 +249,36 @@ type AdamW struct {
 // (0.9, 0.999) and ε (1e-8).
 func NewAdamW(params []*tensor.Tensor, lr, weightDecay float64) *AdamW {
 	checkParams(params)
-	return &AdamW{params: params, m: make([]*tensor.Tensor, len(params)), v: make([]*tensor.Tensor, len(params)),
-		steps: make([]int, len(params)), lr: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: weightDecay}
+	o := &AdamW{deviceLR: newDeviceLR(params, lr), params: params, m: make([]*tensor.Tensor, len(params)),
+		v: make([]*tensor.Tensor, len(params)), Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: weightDecay}
+	if len(params) > 0 {
+		o.step = tensor.Zeros(params[0].Device(), tensor.I32, kernels.CounterLen).Keep()
+	}
+	return o
 }
 
-// Step updates the parameters with gradients, one fused launch per group of
-// parameters at the same step count (usually one group).
-func (o *AdamW) Step() {
+// Step updates the parameters with gradients.
+func (o *AdamW) Step() { o.StepUnless(kernels.Buf{}) }
+
+// StepUnless counts the step and updates the parameters with gradients in
+// one fused launch, unless skip is set when they run.
+func (o *AdamW) StepUnless(skip kernels.Buf) {
 	idx, ps, gs := withGrads(o.params)
-	groups := map[int]*[4][]kernels.Buf{}
-	for k, i := range idx {
+	if len(idx) == 0 {
+		return
+	}
+	var ms, vs []kernels.Buf
+	for _, i := range idx {
 		if o.m[i] == nil {
 			o.m[i], o.v[i] = stateTensor(o.params[i]), stateTensor(o.params[i])
 		}
-		o.steps[i]++
-		g := groups[o.steps[i]]
-		if g == nil {
-			g = new([4][]kernels.Buf)
-			groups[o.steps[i]] = g
-		}
-		g[0], g[1] = append(g[0], ps[k]), append(g[1], gs[k])
-		g[2], g[3] = append(g[2], o.m[i].Buf()), append(g[3], o.v[i].Buf())
+		ms, vs = append(ms, o.m[i].Buf()), append(vs, o.v[i].Buf())
 	}
-	for step, g := range groups {
-		hp := kernels.AdamWParams{LR: float32(o.lr), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
-			Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay), Step: step}
-		o.params[idx[0]].Backend().AdamW(hp, g[0], g[1], g[2], g[3])
-	}
+	be := o.params[idx[0]].Backend()
+	be.Increment(o.step.Buf(), 1, skip)
+	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
+		Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay), Step: o.step.Buf(), Skip: skip}
+	be.AdamW(hp, ps, gs, ms, vs)
 }
 
 // ZeroGrad releases the gradients.
@@ -232,12 +286,6 @@ func (o *AdamW) ZeroGrad() { zeroGrad(o.params) }
 
 // Params are the parameters.
 func (o *AdamW) Params() []*tensor.Tensor { return o.params }
-
-// LR is the learning rate.
-func (o *AdamW) LR() float64 { return o.lr }
-
-// SetLR sets the learning rate.
-func (o *AdamW) SetLR(lr float64) { o.lr = lr }
 
 // State lists the moment estimates.
 func (o *AdamW) State() map[string]*tensor.Tensor {
@@ -251,22 +299,23 @@ func (o *AdamW) State() map[string]*tensor.Tensor {
 	return s
 }
 
-// Counters lists the learning rate and each parameter's step count.
+// Counters lists the learning rate and the step count (read from the device).
 func (o *AdamW) Counters() map[string]float64 {
 	c := map[string]float64{"lr": o.lr}
-	for i, s := range o.steps {
-		if s > 0 {
-			c[fmt.Sprintf("step.%d", i)] = float64(s)
-		}
+	if o.step != nil {
+		c["step"] = float64(ReadCounter(o.step))
 	}
 	return c
 }
 
-// LoadState restores moments, step counts and the learning rate.
+// LoadState restores moments, the step count and the learning rate.
+// Checkpoints with a step count per parameter ("step.<i>", from before the
+// count moved to the device) load with the largest.
 func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	if lr, ok := c["lr"]; ok {
-		o.lr = lr
+		o.SetLR(lr)
 	}
+	step, ok := c["step"]
 	for i := range o.params {
 		m, okm := ts[fmt.Sprintf("exp_avg.%d", i)]
 		v, okv := ts[fmt.Sprintf("exp_avg_sq.%d", i)]
@@ -282,7 +331,12 @@ func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) er
 		if err := copyState(&o.v[i], o.params[i], v, fmt.Sprintf("exp_avg_sq.%d", i)); err != nil {
 			return err
 		}
-		o.steps[i] = int(c[fmt.Sprintf("step.%d", i)])
+		if !ok {
+			step = max(step, c[fmt.Sprintf("step.%d", i)])
+		}
+	}
+	if o.step != nil {
+		WriteCounter(o.step, int64(step))
 	}
 	return nil
 }
@@ -296,4 +350,23 @@ func (o *AdamW) Release() {
 			o.m[i], o.v[i] = nil, nil
 		}
 	}
+	if o.step != nil {
+		o.step.Release()
+		o.step = nil
+	}
+	o.release()
+}
+
+// ReadCounter reads a device counter (see kernels.CounterLen), waiting for
+// the device.
+func ReadCounter(c *tensor.Tensor) int64 {
+	raw := c.Raw()
+	return int64(binary.LittleEndian.Uint64(raw))
+}
+
+// WriteCounter queues a write of v into a device counter.
+func WriteCounter(c *tensor.Tensor, v int64) {
+	var raw [8]byte
+	binary.LittleEndian.PutUint64(raw[:], uint64(v))
+	c.Backend().Write(c.Buf(), raw[:])
 }

@@ -10,45 +10,62 @@ import (
 
 // GradScaler scales the loss so that small F16 gradients do not flush to
 // zero, and unscales the gradients before the optimiser sees them, with
-// torch.cuda.amp.GradScaler's defaults and semantics: the scale starts at
-// 2¹⁶, doubles after 2000 consecutive steps with finite gradients, and
-// halves (and the optimiser step is skipped) when any gradient is inf or NaN.
+// torch.amp.GradScaler's defaults and semantics: the scale starts at 2¹⁶,
+// doubles after 2000 consecutive steps with finite gradients, and halves
+// (and the optimiser step is skipped) when any gradient is inf or NaN.
+//
+// Its state (the scale, the growth tracker, the found-inf flag and the
+// count of skipped steps) lives on the device, and every decision is made
+// there: a step queues its work without reading anything back, as
+// torch.amp.GradScaler's _amp_update_scale_ does. Scale, Skipped and
+// Counters read the device.
 //
 // A step is:
 //
-//	ag.Backward(scaler.Scale(loss))
-//	scaler.Step(opt) // unscale + inf/NaN check in one launch, then step or skip
-//	scaler.Update()
+//	ag.Backward(scaler.ScaleLoss(loss))
+//	scaler.Step(opt) // unscale + inf/NaN check in one launch, then the update unless inf/NaN
+//	scaler.Update()  // back off or grow the scale, on the device
 type GradScaler struct {
 	Enabled        bool
-	scale          float64
 	GrowthFactor   float64
 	BackoffFactor  float64
 	GrowthInterval int
-	growthTracker  int
 
-	dev       *tensor.Device
-	found     *tensor.Tensor // F32[1] on the device: 1 when a gradient was not finite
-	unscaled  bool
-	foundInf  bool // of the last Step
-	haveFound bool
+	dev      *tensor.Device
+	scale    *tensor.Tensor // F32[1]
+	tracker  *tensor.Tensor // I32[1]: clean steps in a row
+	found    *tensor.Tensor // F32[1]: 1 when a gradient of this step was not finite
+	skipped  *tensor.Tensor // F32[1]: steps skipped so far
+	unscaled bool
 }
 
-// NewGradScaler returns an enabled scaler with PyTorch's defaults.
+// InitialScale is the loss scale a new GradScaler starts at, as PyTorch's.
+const InitialScale = 65536
+
+// NewGradScaler returns an enabled scaler with PyTorch's defaults, its state
+// on dev.
 func NewGradScaler(dev *tensor.Device) *GradScaler {
-	return &GradScaler{Enabled: true, scale: 65536, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000, dev: dev}
+	return &GradScaler{Enabled: true, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000, dev: dev,
+		scale:   tensor.Full(dev, tensor.F32, InitialScale, 1).Keep(),
+		tracker: tensor.Zeros(dev, tensor.I32, 1).Keep(),
+		found:   tensor.Zeros(dev, tensor.F32, 1).Keep(),
+		skipped: tensor.Zeros(dev, tensor.F32, 1).Keep()}
 }
 
-// Scale is the current loss scale.
-func (s *GradScaler) Scale() float64 { return s.scale }
+// Scale reads the current loss scale from the device.
+func (s *GradScaler) Scale() float64 { return float64(s.scale.Item()) }
 
-// ScaleLoss returns loss·scale (recorded, so the gradients are scaled), or
-// loss itself (a new handle) when the scaler is disabled.
+// Skipped reads from the device how many steps were skipped so far.
+func (s *GradScaler) Skipped() int { return int(s.skipped.Item()) }
+
+// ScaleLoss returns loss·scale (recorded, so the gradients are scaled; the
+// scale is read on the device), or loss itself (a new handle) when the
+// scaler is disabled.
 func (s *GradScaler) ScaleLoss(loss *tensor.Tensor) *tensor.Tensor {
 	if !s.Enabled {
 		return ag.Identity(loss)
 	}
-	return ag.Scale(loss, float32(s.scale))
+	return ag.Mul(loss, s.scale)
 }
 
 // Unscale divides every gradient of opt's parameters by the scale, in
@@ -57,9 +74,6 @@ func (s *GradScaler) ScaleLoss(loss *tensor.Tensor) *tensor.Tensor {
 func (s *GradScaler) Unscale(opt Optimizer) {
 	if !s.Enabled || s.unscaled {
 		return
-	}
-	if s.found == nil {
-		s.found = tensor.Zeros(s.dev, tensor.F32, 1).Keep()
 	}
 	be := s.dev.Backend()
 	be.Fill(s.found.Buf(), 0)
@@ -70,68 +84,58 @@ func (s *GradScaler) Unscale(opt Optimizer) {
 		}
 	}
 	if len(grads) > 0 {
-		be.UnscaleCheck(grads, float32(1/s.scale), s.found.Buf())
+		be.UnscaleCheck(grads, s.scale.Buf(), s.found.Buf())
 	}
 	s.unscaled = true
 }
 
-// Step unscales (if needed) and runs opt.Step unless a gradient is inf or
-// NaN. It reads one flag from the device. It reports whether the step ran.
-func (s *GradScaler) Step(opt Optimizer) bool {
+// Step unscales (if needed) and queues opt's update, which the device skips
+// when a gradient was inf or NaN.
+func (s *GradScaler) Step(opt Optimizer) {
 	if !s.Enabled {
 		opt.Step()
-		return true
+		return
 	}
 	s.Unscale(opt)
 	s.unscaled = false
-	s.foundInf = s.found.Item() != 0
-	s.haveFound = true
-	if s.foundInf {
-		return false
-	}
-	opt.Step()
-	return true
+	opt.StepUnless(s.found.Buf())
 }
 
-// Update adjusts the scale after a Step: backoff on inf/NaN, growth after
-// GrowthInterval clean steps in a row.
+// Update adjusts the scale after a Step, on the device: backoff on inf/NaN,
+// growth after GrowthInterval clean steps in a row.
 func (s *GradScaler) Update() {
-	if !s.Enabled || !s.haveFound {
+	if !s.Enabled {
 		return
 	}
-	s.haveFound = false
-	if s.foundInf {
-		s.scale *= s.BackoffFactor
-		s.growthTracker = 0
-		return
-	}
-	s.growthTracker++
-	if s.growthTracker >= s.GrowthInterval {
-		s.scale *= s.GrowthFactor
-		s.growthTracker = 0
-	}
+	p := kernels.ScalerParams{Growth: float32(s.GrowthFactor), Backoff: float32(s.BackoffFactor), Interval: s.GrowthInterval}
+	s.dev.Backend().UpdateScale(p, s.scale.Buf(), s.tracker.Buf(), s.found.Buf(), s.skipped.Buf())
 }
 
-// Counters is the scaler's state, for a training checkpoint.
+// Counters is the scaler's state, for a training checkpoint (read from the device).
 func (s *GradScaler) Counters() map[string]float64 {
-	return map[string]float64{"scale": s.scale, "growth_tracker": float64(s.growthTracker)}
+	return map[string]float64{"scale": s.Scale(), "growth_tracker": float64(s.tracker.Int32s()[0]),
+		"skipped": float64(s.Skipped())}
 }
 
 // LoadCounters restores what Counters returned.
 func (s *GradScaler) LoadCounters(c map[string]float64) error {
 	scale, ok := c["scale"]
-	if !ok || scale <= 0 {
+	if !ok || !(scale > 0) {
 		return fmt.Errorf("grad scaler state has no valid scale (%v)", c)
 	}
-	s.scale = scale
-	s.growthTracker = int(c["growth_tracker"])
+	be := s.dev.Backend()
+	be.Fill(s.scale.Buf(), float32(scale))
+	be.Fill(s.tracker.Buf(), float32(int32(c["growth_tracker"])))
+	be.Fill(s.skipped.Buf(), float32(c["skipped"]))
 	return nil
 }
 
-// Release frees the scaler's device flag.
+// Release frees the scaler's device state.
 func (s *GradScaler) Release() {
-	if s.found != nil {
-		s.found.Release()
-		s.found = nil
+	for _, t := range []**tensor.Tensor{&s.scale, &s.tracker, &s.found, &s.skipped} {
+		if *t != nil {
+			(*t).Release()
+			*t = nil
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -14,20 +15,29 @@ import (
 
 // Options configure a CUDA backend when it is first opened.
 type Options struct {
-	// TF32 lets F32 matrix products use TF32 tensor cores (10-bit mantissa
-	// inputs). Off by default: F32 means F32.
-	TF32 bool
+	// MatmulTF32 lets F32 matrix products (cuBLAS) use TF32 tensor cores
+	// (10-bit mantissa inputs). Off by default, as PyTorch's
+	// torch.backends.cuda.matmul.allow_tf32.
+	MatmulTF32 bool
+	// StrictConvF32 keeps F32 convolutions in F32: cuDNN may use only FMA
+	// kernels. Off by default: as under PyTorch's default
+	// torch.backends.cudnn.allow_tf32 = True, cuDNN may run F32
+	// convolutions on TF32 tensor cores, several times faster.
+	StrictConvF32 bool
 	// ConvWorkspace caps the im2col workspace of one convolution, in bytes
 	// (default 64 MiB); larger batches are processed in chunks.
 	ConvWorkspace int64
 	// NoCuDNN makes convolutions use im2col + cuBLAS even when cuDNN is
 	// installed (so does LEANGRAD_CUDNN=0 in the environment).
 	NoCuDNN bool
-	// LeanConvWorkspace limits each cuDNN convolution's workspace to the
-	// size of its larger tensor (counted in F32 bytes) instead of taking the
-	// fastest algorithm whatever its workspace. The workspaces of the fast
-	// algorithms set the step's peak; the lean ones are slower (measured by
-	// the benchmark harness). LEANGRAD_CONV_WORKSPACE=lean sets it too.
+	// LeanConvWorkspace makes eager convolutions take the fastest cuDNN
+	// algorithm whose workspace is at most the size of the convolution's
+	// larger tensor (counted in F32 bytes) instead of the fastest whatever
+	// its workspace. The workspaces of the fast algorithms set an eager
+	// step's peak; the lean ones are slower (measured by the benchmark
+	// harness). A planned step chooses with its plan instead: the fastest
+	// algorithm whose workspace fits the arena's gap (memory.PlanTrace).
+	// LEANGRAD_CONV_WORKSPACE=lean sets it too.
 	LeanConvWorkspace bool
 }
 
@@ -67,7 +77,8 @@ type Backend struct {
 	dnnFailures []string
 	alpha       float32 // cuBLAS and cuDNN read their scalars through host pointers
 	beta        float32
-	launches    uint64 // kernels, library calls and copies queued on the stream
+	launches    uint64 // kernels, library calls, copies and graphs queued on the stream
+	capturing   bool   // the stream is being captured into a graph
 	CompileLog  string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
 }
 
@@ -171,7 +182,7 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 	cb.must("cublasSetStream", call(cb.cublasSetStream, b.blas, b.stream))
 	mode := uintptr(cublasDefaultMath)
-	if opts.TF32 {
+	if opts.MatmulTF32 {
 		mode = cublasTF32TensorOpMath
 	}
 	cb.must("cublasSetMathMode", call(cb.cublasSetMathMode, b.blas, mode))
@@ -226,6 +237,9 @@ func (b *Backend) Stream() memory.Stream { return memory.Stream(b.stream) }
 func (b *Backend) Synchronize() error {
 	b.enter()
 	defer b.exit()
+	if b.capturing {
+		return errors.New("cuda: Synchronize while capturing a graph")
+	}
 	return b.d.check("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
 }
 
@@ -413,6 +427,7 @@ func (b *Backend) Write(dst kernels.Buf, src []byte) {
 	}
 	b.enter()
 	defer b.exit()
+	b.notCapturing("write of host bytes")
 	base := ptrOf(dst)
 	for off := 0; off < len(src); off += stagingChunk {
 		n := min(stagingChunk, len(src)-off)
@@ -434,6 +449,7 @@ func (b *Backend) Read(dst []byte, src kernels.Buf) {
 	}
 	b.enter()
 	defer b.exit()
+	b.notCapturing("read into host memory")
 	base := ptrOf(src)
 	s := &b.staging[0]
 	for off := 0; off < len(dst); off += stagingChunk {
@@ -442,6 +458,14 @@ func (b *Backend) Read(dst []byte, src kernels.Buf) {
 		b.d.must("cuMemcpyDtoHAsync", call(b.d.cuMemcpyDtoHAsync, uintptr(s.ptr), base+uintptr(off), uintptr(n), b.stream))
 		b.d.must("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
 		copy(dst[off:off+n], s.mem[:n])
+	}
+}
+
+// notCapturing panics when the stream is being captured: a captured graph
+// cannot wait for the host, and a host copy in it would replay stale bytes.
+func (b *Backend) notCapturing(what string) {
+	if b.capturing {
+		panic("cuda: " + what + " while capturing a graph: a captured step must not exchange data with the host")
 	}
 }
 

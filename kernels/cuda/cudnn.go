@@ -6,13 +6,17 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
 )
 
 // cuDNN 9, optional: when libcudnn.so.9 is present, convolutions use it
-// (the legacy convolution API, which cuDNN 9 still ships), with algorithms
-// chosen once per shape by cudnnFind*AlgorithmEx, as PyTorch does under
-// torch.backends.cudnn.benchmark, within a workspace taken from the pool.
-// Without it, the im2col + cuBLAS path in conv.go does the work.
+// (the legacy convolution API, which cuDNN 9 still ships). Each shape's
+// algorithms are benchmarked once by cudnnFind*AlgorithmEx, as PyTorch does
+// under torch.backends.cudnn.benchmark; every acceptable one is kept, fastest
+// first, and each call asks the pool for a workspace that may take the size
+// of any of them (memory.Allocator.AllocWorkspace): an eager call gets the
+// one its policy picks, a planned step the fastest that fits its arena.
+// Without cuDNN, the im2col + cuBLAS path in conv.go does the work.
 
 const (
 	cudnnDataFloat         = 0
@@ -111,18 +115,25 @@ type algoPerf struct {
 	reserved     [3]int32
 }
 
+// algoChoice is one algorithm a direction may run, as cuDNN's search found it.
+type algoChoice struct {
+	algo, math int32
+	ws         uintptr // workspace bytes
+}
+
 // convPlan is everything cuDNN needs for one convolution shape and dtype:
-// descriptors made once, and each direction's algorithm once found.
+// descriptors made once, and each direction's acceptable algorithms once
+// found.
 type convPlan struct {
 	x, w, y   uintptr
-	conv      [3]uintptr // one descriptor per direction, its math type set once
-	algo      [3]int32   // forward, backward data, backward filter
-	math      [3]int32   // the math type each algorithm was found with
-	ws        [3]uintptr
+	conv      [3]uintptr      // one descriptor per direction
+	math      [3]int32        // the math type set on each descriptor now
+	cands     [3][]algoChoice // forward, backward data, backward filter: fastest first
+	eager     [3]int          // the candidate an eager call takes
 	found     [3]bool
 	fallback  [3]bool // cuDNN offers no acceptable algorithm: use im2col + cuBLAS
 	strictF32 bool    // F32 data without TF32: FMA-math algorithms only
-	wsBudget  uintptr // workspace an algorithm may take: a quarter of the larger of input and output
+	wsBudget  uintptr // the workspace an eager call's algorithm may take
 }
 
 type planKey struct {
@@ -142,8 +153,8 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 	dtype, math := uintptr(cudnnDataFloat), uintptr(cudnnFMAMath)
 	if dt == kernels.F16 {
 		dtype, math = cudnnDataHalf, cudnnTensorOpMath
-	} else if b.opts.TF32 {
-		math = cudnnTensorOpMath
+	} else if !b.opts.StrictConvF32 {
+		math = cudnnTensorOpMath // TF32 allowed, as PyTorch's cudnn.allow_tf32
 	} else {
 		pl.strictF32 = true
 	}
@@ -156,8 +167,9 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 		c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv[i],
 			uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
 		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[i], math))
+		pl.math[i] = int32(math)
 	}
-	// The workspace budget: anything the search may use (the fastest
+	// The eager workspace budget: anything the search may use (the fastest
 	// algorithm wins), or with LeanConvWorkspace the larger of input and
 	// output counted in F32 bytes, so that no call's workspace dwarfs the
 	// activations.
@@ -177,10 +189,10 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 
 // dnnFind benchmarks direction dir's algorithms once, on the real buffers
 // (the output is overwritten, then computed again by the caller), and keeps
-// the fastest deterministic one that succeeded. The search's scratch space (up to
-// cudnnWorkspaceCapBytes) is taken from the device directly, not from the
-// pool: it is one-time tuning, not part of any step's memory. The chosen
-// algorithm's own workspace comes from the pool at every call.
+// the acceptable ones that succeeded, fastest first. The search's scratch
+// space (up to cudnnWorkspaceCapBytes) is taken from the device directly,
+// not from the pool: it is one-time tuning, not part of any step's memory.
+// The chosen algorithm's own workspace comes from the pool at every call.
 func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	if pl.found[dir] {
 		return
@@ -209,31 +221,42 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
 	}
 	c.must("cudnnFindConvolutionAlgorithmEx", r)
-	// A deterministic algorithm, so that runs (and resumed runs) repeat bit
-	// for bit (any kind if none is): the fastest whose workspace fits the
+	// Deterministic algorithms, so that runs (and resumed runs) repeat bit
+	// for bit (any kind if none is), fastest first, as cuDNN lists them.
+	// Strict F32 takes only FMA-math algorithms (others may round inputs to
+	// TF32). An eager call takes the fastest whose workspace fits the
 	// budget (a workspace is allocated at every call, and the largest set
-	// the step's peak), else the one with the smallest workspace. Strict F32
-	// takes only FMA-math algorithms (others may round inputs to TF32). The
-	// direction's descriptor keeps the chosen math type from then on.
+	// the step's peak), else the one with the smallest workspace.
 	pl.found[dir] = true
 	for _, deterministic := range []bool{true, false} {
-		best := -1
-		for i := 0; i < int(*n); i++ { // results come fastest first
+		var cands []algoChoice
+		for i := 0; i < int(*n); i++ {
 			pr := perf[i]
 			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
 				continue
 			}
-			fits := pr.memory <= pl.wsBudget
-			if best < 0 || (fits && perf[best].memory > pl.wsBudget) || (!fits && perf[best].memory > pl.wsBudget && pr.memory < perf[best].memory) {
-				best = i
+			cands = append(cands, algoChoice{algo: pr.algo, math: pr.mathType, ws: pr.memory})
+		}
+		if len(cands) == 0 {
+			continue
+		}
+		eager := -1
+		for i, c := range cands {
+			if c.ws <= pl.wsBudget {
+				eager = i
+				break
 			}
 		}
-		if best >= 0 {
-			pr := perf[best]
-			pl.algo[dir], pl.math[dir], pl.ws[dir] = pr.algo, pr.mathType, pr.memory
-			c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[dir], uintptr(pr.mathType)))
-			return
+		if eager < 0 {
+			eager = 0
+			for i, c := range cands {
+				if c.ws < cands[eager].ws {
+					eager = i
+				}
+			}
 		}
+		pl.cands[dir], pl.eager[dir] = cands, eager
+		return
 	}
 	pl.fallback[dir] = true
 }
@@ -247,11 +270,28 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	if pl.fallback[dir] {
 		return false
 	}
+	// The workspace may take the size of any candidate; the allocator says
+	// which (the eager policy's, or a plan's).
+	cands := pl.cands[dir]
+	choice := pl.eager[dir]
 	var ws uintptr
-	if pl.ws[dir] > 0 {
-		blk := b.workspace(int64(pl.ws[dir]))
+	if needsWorkspace(cands) {
+		sizes := make([]int64, len(cands))
+		for i, c := range cands {
+			sizes[i] = int64(c.ws)
+		}
+		blk, ci, err := b.alloc.AllocWorkspace(sizes, choice, memory.Stream(b.stream))
+		if err != nil {
+			panic(err)
+		}
 		defer b.alloc.Free(blk)
-		ws = blk.Addr()
+		choice, ws = ci, blk.Addr()
+	}
+	ch := cands[choice]
+	if pl.math[dir] != ch.math {
+		c := b.dnn
+		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[dir], uintptr(ch.math)))
+		pl.math[dir] = ch.math
 	}
 	b.alpha, b.beta = 1, 0
 	alpha, beta := uintptr(unsafe.Pointer(&b.alpha)), uintptr(unsafe.Pointer(&b.beta))
@@ -261,13 +301,13 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	switch dir {
 	case 0:
 		err = c.check("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
-			pl.conv[0], uintptr(pl.algo[0]), ws, pl.ws[0], beta, pl.y, out))
+			pl.conv[0], uintptr(ch.algo), ws, ch.ws, beta, pl.y, out))
 	case 1:
 		err = c.check("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
-			pl.conv[1], uintptr(pl.algo[1]), ws, pl.ws[1], beta, pl.x, out))
+			pl.conv[1], uintptr(ch.algo), ws, ch.ws, beta, pl.x, out))
 	case 2:
 		err = c.check("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
-			pl.conv[2], uintptr(pl.algo[2]), ws, pl.ws[2], beta, pl.w, out))
+			pl.conv[2], uintptr(ch.algo), ws, ch.ws, beta, pl.w, out))
 	}
 	if err != nil {
 		// cuDNN refused the algorithm it chose: this shape and direction
@@ -287,8 +327,18 @@ func (b *Backend) CuDNNFailures() []string {
 	return append([]string(nil), b.dnnFailures...)
 }
 
-// ConvEngine names what runs convolutions: cuDNN and its version, or
-// im2col + cuBLAS.
+// needsWorkspace reports whether any candidate takes workspace memory.
+func needsWorkspace(cands []algoChoice) bool {
+	for _, c := range cands {
+		if c.ws > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ConvEngine names what runs convolutions: cuDNN and its version, the eager
+// workspace policy and whether F32 may use TF32, or im2col + cuBLAS.
 func (b *Backend) ConvEngine() string {
 	if b.dnn != nil {
 		v := b.dnn.version
@@ -296,7 +346,11 @@ func (b *Backend) ConvEngine() string {
 		if b.opts.LeanConvWorkspace {
 			policy = "lean workspaces"
 		}
-		return fmt.Sprintf("cuDNN %d.%d.%d, %s", v/10000, v/100%100, v%100, policy)
+		tf32 := "F32 as TF32"
+		if b.opts.StrictConvF32 {
+			tf32 = "strict F32"
+		}
+		return fmt.Sprintf("cuDNN %d.%d.%d, %s when eager, %s", v/10000, v/100%100, v%100, policy, tf32)
 	}
 	return "im2col + cuBLAS (cuDNN: " + b.dnnReason + ")"
 }

@@ -48,6 +48,10 @@ type driverAPI struct {
 	cuMemFreeHost, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync, cuMemsetD32Async,
 	cuMemsetD16Async, cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
 	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize uintptr
+
+	// Graphs: stream capture, instantiation, launch.
+	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiateWithFlags, cuGraphLaunch,
+	cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes uintptr
 }
 
 var (
@@ -80,6 +84,10 @@ func loadDriver() (*driverAPI, error) {
 			"cuLaunchKernel": &d.cuLaunchKernel, "cuGetErrorName": &d.cuGetErrorName,
 			"cuGetErrorString": &d.cuGetErrorString, "cuEventCreate": &d.cuEventCreate,
 			"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize,
+			"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
+			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,
+			"cuGraphExecDestroy": &d.cuGraphExecDestroy, "cuGraphDestroy": &d.cuGraphDestroy,
+			"cuGraphGetNodes": &d.cuGraphGetNodes,
 		})
 		if err != nil {
 			driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)

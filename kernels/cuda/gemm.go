@@ -43,7 +43,7 @@ func (b *Backend) gemm(g gemmCall) {
 		opB, ldb = cublasOpT, g.k
 	}
 	compute := uintptr(cublasComputeF32)
-	if b.opts.TF32 && g.ab == kernels.F32 {
+	if b.opts.MatmulTF32 && g.ab == kernels.F32 {
 		compute = cublasComputeF32FastTF32
 	}
 	b.alpha, b.beta = g.alpha, g.beta
@@ -65,7 +65,7 @@ func (b *Backend) gemm(g gemmCall) {
 
 // Gemm computes a (batched) matrix product with cuBLAS: F16 operands are
 // multiplied on tensor cores with F32 accumulation; F32 ones in F32 (TF32
-// only when the backend was opened with TF32).
+// only when the backend was opened with MatmulTF32).
 func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 	kernels.CheckGemm(p, a, bb, c)
 	batch := max(p.Batch, 1)

@@ -1,0 +1,104 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// CUDA graphs: the work queued on the backend's stream between BeginCapture
+// and EndCapture is recorded (cuStreamBeginCapture in the global mode, so
+// that any call that is not allowed while capturing, such as a cuMemAlloc
+// or a synchronisation, fails instead of silently breaking the graph) and
+// instantiated once; each Launch then replays every kernel, library call
+// and copy with one driver call. A graph keeps the device addresses it was
+// captured with: the memory it uses must stay where it was (a planned arena).
+
+const captureModeGlobal = 0
+
+var _ kernels.Capturer = (*Backend)(nil)
+
+// BeginCapture starts recording the stream's work instead of running it.
+func (b *Backend) BeginCapture() error {
+	b.enter()
+	defer b.exit()
+	if b.capturing {
+		return errors.New("cuda: BeginCapture while already capturing")
+	}
+	if err := b.d.check("cuStreamBeginCapture", call(b.d.cuStreamBeginCapture, b.stream, captureModeGlobal)); err != nil {
+		return err
+	}
+	b.capturing = true
+	return nil
+}
+
+// EndCapture ends the recording and instantiates the graph. The stream
+// leaves capture mode even when it fails (after an error in the captured
+// work, say), so that the backend can go on eagerly.
+func (b *Backend) EndCapture() (kernels.Graph, error) {
+	b.enter()
+	defer b.exit()
+	if !b.capturing {
+		return nil, errors.New("cuda: EndCapture without BeginCapture")
+	}
+	b.capturing = false
+	g := &graph{b: b}
+	if err := b.d.check("cuStreamEndCapture", call(b.d.cuStreamEndCapture, b.stream, uintptr(unsafe.Pointer(&g.graph)))); err != nil {
+		return nil, fmt.Errorf("capturing a graph: %w", err)
+	}
+	var n uintptr
+	if err := b.d.check("cuGraphGetNodes", call(b.d.cuGraphGetNodes, g.graph, 0, uintptr(unsafe.Pointer(&n)))); err != nil {
+		call(b.d.cuGraphDestroy, g.graph)
+		return nil, err
+	}
+	g.nodes = int(n)
+	if err := b.d.check("cuGraphInstantiate", call(b.d.cuGraphInstantiateWithFlags, uintptr(unsafe.Pointer(&g.exec)), g.graph, 0)); err != nil {
+		call(b.d.cuGraphDestroy, g.graph)
+		return nil, err
+	}
+	return g, nil
+}
+
+// Capturing reports whether the stream is being captured.
+func (b *Backend) Capturing() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.capturing
+}
+
+// graph is an instantiated CUDA graph of the backend's stream.
+type graph struct {
+	b           *Backend
+	graph, exec uintptr
+	nodes       int
+}
+
+// Launch queues one replay of the graph on the stream.
+func (g *graph) Launch() error {
+	b := g.b
+	b.enter()
+	defer b.exit()
+	if g.exec == 0 {
+		panic("cuda: launch of a released graph")
+	}
+	b.launches++
+	return b.d.check("cuGraphLaunch", call(b.d.cuGraphLaunch, g.exec, b.stream))
+}
+
+// Nodes is the number of operations the graph holds.
+func (g *graph) Nodes() int { return g.nodes }
+
+// Release destroys the graph. Replays already queued finish first (the
+// driver defers the destruction).
+func (g *graph) Release() {
+	b := g.b
+	b.enter()
+	defer b.exit()
+	if g.exec != 0 {
+		call(b.d.cuGraphExecDestroy, g.exec)
+		call(b.d.cuGraphDestroy, g.graph)
+		g.exec, g.graph = 0, 0
+	}
+}
