@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -83,31 +82,44 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // without it.
 func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options) (Claim, error) {
 	m := Models[model]
-	run := func(empty bool) (ms float64, peakA, reservedAfter int64) {
-		s := newStepper(dev, m, Config{Name: "fp32"}, batch, o.Seed)
+	run := func(empty bool) (ms float64, peakA, reservedAfter int64, err error) {
+		s, err := newStepper(dev, m, Config{Name: "fp32"}, batch, o.Seed, false)
+		if err != nil {
+			return 0, 0, 0, err
+		}
 		defer s.release()
 		a := dev.Allocator()
 		for i := 0; i < o.Warmup; i++ {
-			s.step()
+			if err := s.step(); err != nil {
+				return 0, 0, 0, err
+			}
 		}
 		dev.Synchronize()
 		a.WindowPeak()
+		if empty {
+			s.tr.Cfg.EmptyCacheEvery = 1
+		}
 		times := make([]float64, o.Steps)
 		for i := range times {
 			t0 := time.Now()
-			s.step()
-			if empty {
-				a.EmptyCache()
+			if err := s.step(); err != nil {
+				return 0, 0, 0, err
 			}
 			dev.Synchronize()
 			times[i] = time.Since(t0).Seconds() * 1e3
 		}
 		peakA, _ = a.WindowPeak()
-		return median(times), peakA, a.Stats().Reserved[memory.All].Current
+		return median(times), peakA, a.Stats().Reserved[memory.All].Current, nil
 	}
 	dev.Allocator().EmptyCache()
-	base, baseA, baseR := run(false)
-	emptyMS, emptyA, emptyR := run(true)
+	base, baseA, baseR, err := run(false)
+	if err != nil {
+		return Claim{}, err
+	}
+	emptyMS, emptyA, emptyR, err := run(true)
+	if err != nil {
+		return Claim{}, err
+	}
 	cost := emptyMS/base - 1
 	c := Claim{Name: "empty-cache-every-batch", Claim: "calling EmptyCache (torch.cuda.empty_cache) after every batch keeps memory use down",
 		Numbers: map[string]float64{"step_ms": base, "step_ms_with_empty_cache": emptyMS, "time_cost": cost,
@@ -130,11 +142,21 @@ func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options
 func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed uint64) (Claim, error) {
 	m := Models[model]
 	a := dev.Allocator()
-	measure := func(leak bool) (perEpoch []int64, report string) {
-		s := newStepper(dev, m, Config{Name: "fp32"}, batch, seed)
+	measure := func(leak bool) (perEpoch []int64, report string, err error) {
+		s, err := newStepper(dev, m, Config{Name: "fp32"}, batch, seed, false)
+		if err != nil {
+			return nil, "", err
+		}
 		defer s.release()
-		s.step() // the optimiser's momentum exists before anything is measured
+		if err := s.step(); err != nil { // the optimiser's momentum exists before anything is measured
+			return nil, "", err
+		}
 		var kept []*tensor.Tensor
+		if leak {
+			s.tr.Step.Observe = func(loss *tensor.Tensor) {
+				kept = append(kept, keepLoss(loss)) // "to average at the end of the epoch"
+			}
+		}
 		base := a.Stats().Allocated[memory.All].Current
 		// Creation sites are recorded from here on: the report covers what
 		// the loop itself leaves alive.
@@ -142,19 +164,9 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 		defer tensor.SetDebug(false)
 		for e := 0; e < epochs; e++ {
 			for i := 0; i < steps; i++ {
-				tensor.WithScope(func() {
-					logits := s.model.Forward(s.x)
-					loss := ag.CrossEntropy(logits, s.y)
-					logits.Release()
-					ag.Backward(loss)
-					s.opt.Step()
-					if leak {
-						kept = append(kept, keepLoss(loss)) // "to average at the end of the epoch"
-					} else {
-						_ = loss.Item()
-					}
-				})
-				s.opt.ZeroGrad()
+				if err := s.step(); err != nil {
+					return nil, "", err
+				}
 			}
 			perEpoch = append(perEpoch, a.Stats().Allocated[memory.All].Current-base)
 		}
@@ -164,10 +176,16 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 				t.Release()
 			}
 		}
-		return perEpoch, report
+		return perEpoch, report, nil
 	}
-	leaky, report := measure(true)
-	clean, _ := measure(false)
+	leaky, report, err := measure(true)
+	if err != nil {
+		return Claim{}, err
+	}
+	clean, _, err := measure(false)
+	if err != nil {
+		return Claim{}, err
+	}
 	growth := float64(leaky[len(leaky)-1]-leaky[0]) / float64(max(1, epochs-1))
 	cleanGrowth := float64(clean[len(clean)-1]-clean[0]) / float64(max(1, epochs-1))
 	site := strings.TrimSpace(strings.SplitN(report, "\n", 2)[0]) // the largest holder
@@ -191,9 +209,12 @@ func keepLoss(loss *tensor.Tensor) *tensor.Tensor { return loss.Retain().Keep() 
 func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, seed uint64) (Claim, error) {
 	m := Models[model]
 	a := dev.Allocator()
-	run := func(every int) (meanFrag, maxFrag float64, ms float64) {
+	run := func(every int) (meanFrag, maxFrag float64, ms float64, err error) {
 		a.EmptyCache()
-		s := newStepper(dev, m, Config{Name: "fp32"}, 1, seed)
+		s, err := newStepper(dev, m, Config{Name: "fp32"}, 1, seed, false)
+		if err != nil {
+			return 0, 0, 0, err
+		}
 		defer s.release()
 		rng := rand.New(rand.NewPCG(seed, 3))
 		var frags []float64
@@ -208,8 +229,11 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 				for j := range labels {
 					labels[j] = int32(rng.IntN(m.Classes))
 				}
-				s.stepOn(x, tensor.FromInt32(dev, labels, b))
+				err = s.tr.RunStep(x, tensor.FromInt32(dev, labels, b))
 			})
+			if err != nil {
+				return 0, 0, 0, err
+			}
 			if every > 0 && (i+1)%every == 0 {
 				a.EmptyCache()
 			}
@@ -223,10 +247,16 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 		for _, f := range frags {
 			sum += f
 		}
-		return sum / float64(len(frags)), maxFrag, time.Since(start).Seconds() * 1e3 / float64(steps)
+		return sum / float64(len(frags)), maxFrag, time.Since(start).Seconds() * 1e3 / float64(steps), nil
 	}
-	never, neverMax, neverMS := run(0)
-	periodic, periodicMax, periodicMS := run(k)
+	never, neverMax, neverMS, err := run(0)
+	if err != nil {
+		return Claim{}, err
+	}
+	periodic, periodicMax, periodicMS, err := run(k)
+	if err != nil {
+		return Claim{}, err
+	}
 	c := Claim{Name: "fragmentation", Claim: "periodic EmptyCache reduces fragmentation (reserved but unallocated memory) when shapes vary",
 		Numbers: map[string]float64{"mean_unallocated_mib": never, "max_unallocated_mib": neverMax,
 			"mean_unallocated_mib_with_empty_cache": periodic, "max_unallocated_mib_with_empty_cache": periodicMax,

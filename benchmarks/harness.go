@@ -14,11 +14,10 @@ import (
 	"slices"
 	"time"
 
-	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
-	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 // Model is a benchmarked network and its input shape.
@@ -72,21 +71,25 @@ type Spec struct {
 // Result is what one benchmark measured. PyTorch's reference script writes
 // the same fields (without the leangrad-only ones).
 type Result struct {
-	Engine        string  `json:"engine"` // "leangrad" or "pytorch"
-	Model         string  `json:"model"`
-	Batch         int     `json:"batch"`
-	Config        string  `json:"config"`
-	Device        string  `json:"device"`
-	Steps         int     `json:"steps"`
-	MedianMS      float64 `json:"median_ms"` // device-synchronised step time
-	ImgPerSec     float64 `json:"img_per_s"`
-	PeakAllocated int64   `json:"peak_allocated"`
-	PeakReserved  int64   `json:"peak_reserved"`
-	SavingVsFP32  float64 `json:"saving_vs_fp32"`   // 1 − peak/peak(fp32)
-	OverheadFP32  float64 `json:"overhead_vs_fp32"` // step time/step time(fp32) − 1
+	Engine         string  `json:"engine"` // "leangrad" or "pytorch"
+	Model          string  `json:"model"`
+	Batch          int     `json:"batch"`
+	Config         string  `json:"config"`
+	Device         string  `json:"device"`
+	Steps          int     `json:"steps"`
+	MedianMS       float64 `json:"median_ms"` // device-synchronised step time
+	ImgPerSec      float64 `json:"img_per_s"`
+	PeakAllocated  int64   `json:"peak_allocated"`
+	PeakReserved   int64   `json:"peak_reserved"`
+	SavingVsFP32   float64 `json:"saving_vs_fp32"`            // 1 − peak/peak(fp32)
+	OverheadFP32   float64 `json:"overhead_vs_fp32"`          // step time/step time(fp32) − 1
+	CompileSeconds float64 `json:"compile_seconds,omitempty"` // torch.compile only: the first steps, compiling
 	// leangrad only
+	Mode            string         `json:"mode,omitempty"`              // the step's: eager, planned or captured
 	HostMS          float64        `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
-	LaunchesPerStep float64        `json:"launches_per_step,omitempty"` // kernels, library calls and copies
+	LaunchesPerStep float64        `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
+	PlannedArena    int64          `json:"planned_arena,omitempty"`     // the planned step's arena
+	Notes           []string       `json:"notes,omitempty"`             // the step's: captures, fallbacks
 	Timeline        []memory.Event `json:"-"`
 }
 
@@ -94,78 +97,67 @@ type Result struct {
 type Options struct {
 	Warmup, Steps int
 	Seed          uint64
+	// Eager runs the step eagerly even where it would be captured (CUDA);
+	// the result's engine is then "leangrad-eager".
+	Eager bool
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
 type launchCounter interface{ Launches() uint64 }
 
-// stepper runs training steps of one model and configuration.
+// stepper is a training run of one model and configuration: a
+// train.Trainer (SGD with Nesterov momentum, a constant learning rate)
+// whose steps are the ones users run, on one fixed batch.
 type stepper struct {
-	dev    *tensor.Device
-	model  nn.Module
-	opt    *optim.SGD
-	scaler *optim.GradScaler
-	amp    bool
-	x, y   *tensor.Tensor
+	dev   *tensor.Device
+	model nn.Module
+	tr    *train.Trainer
+	x, y  *tensor.Tensor
 }
 
-func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64) *stepper {
+func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64, capture bool) (*stepper, error) {
 	model := m.Build(dev, seed)
-	if r, ok := model.(*nn.ResNet); ok && c.Checkpoint {
-		r.Checkpoint = nn.CheckpointBlocks
+	ck := "none"
+	if c.Checkpoint {
+		ck = "blocks"
 	}
-	s := &stepper{dev: dev, model: model, amp: c.AMP,
-		opt:    optim.NewSGD(nn.Parameters(model), 0.01, 0.9, 5e-4, true),
-		scaler: optim.NewGradScaler(dev)}
-	s.scaler.Enabled = c.AMP
+	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
+		Optimizer: "sgd", Schedule: "constant", AMP: c.AMP, Checkpoint: ck, Seed: seed, Capture: capture}
+	tr, err := train.New(model, dev, cfg, 1)
+	if err != nil {
+		nn.Release(model)
+		return nil, err
+	}
+	s := &stepper{dev: dev, model: model, tr: tr}
 	shape := append([]int{batch}, m.Shape...)
-	s.x = tensor.Randn(dev, tensor.F32, 0, 1, shape...).Keep()
-	rng := rand.New(rand.NewPCG(seed, 7))
-	labels := make([]int32, batch)
-	for i := range labels {
-		labels[i] = int32(rng.IntN(m.Classes))
-	}
-	s.y = tensor.FromInt32(dev, labels, batch).Keep()
-	return s
-}
-
-// step is one training step: forward (autocast with AMP), scaled backward,
-// unscale and step or skip, gradients released. It reads nothing back but
-// the scaler's inf flag (under AMP), as PyTorch's GradScaler does.
-func (s *stepper) step() { s.stepOn(s.x, s.y) }
-
-// stepOn is step on another batch.
-func (s *stepper) stepOn(x, y *tensor.Tensor) {
+	s.x, s.y = tr.Step.Inputs(shape, []int{batch})
 	tensor.WithScope(func() {
-		var loss *tensor.Tensor
-		run := func() {
-			logits := s.model.Forward(x)
-			loss = ag.CrossEntropy(logits, y)
-			logits.Release()
+		dev.Backend().Copy(s.x.Buf(), tensor.Randn(dev, tensor.F32, 0, 1, shape...).Buf())
+		rng := rand.New(rand.NewPCG(seed, 7))
+		labels := make([]int32, batch)
+		for i := range labels {
+			labels[i] = int32(rng.IntN(m.Classes))
 		}
-		if s.amp {
-			ag.Autocast(run)
-		} else {
-			run()
-		}
-		ag.Backward(s.scaler.ScaleLoss(loss))
-		s.scaler.Step(s.opt)
-		s.scaler.Update()
+		dev.Backend().Copy(s.y.Buf(), tensor.FromInt32(dev, labels, batch).Buf())
 	})
-	s.opt.ZeroGrad()
+	return s, nil
 }
+
+// step is one training step on the stepper's batch.
+func (s *stepper) step() error { return s.tr.RunStep(s.x, s.y) }
 
 func (s *stepper) release() {
-	s.x.Release()
-	s.y.Release()
-	s.opt.Release()
-	s.scaler.Release()
+	s.tr.Release()
 	nn.Release(s.model)
 }
 
-// Run benchmarks one spec on dev: Warmup steps, then Steps timed steps, each
-// followed by a device synchronisation; the median is reported. The pool's
-// peaks are over the timed steps; a timeline of one step is recorded.
+// Run benchmarks one spec on dev: Warmup steps (at least three where the
+// step is captured: a warm-up, a traced step, the capture), then Steps
+// timed steps, each followed by a device synchronisation; the median is
+// reported. The pool's peaks are over the timed steps. A timeline of the
+// pool's events is recorded over one eager step: the traced one when the
+// step is planned, else the last warm-up step (or one more step after the
+// timed ones, without warm-up).
 func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	m, ok := Models[spec.Model]
 	if !ok {
@@ -183,15 +175,36 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if c.Checkpoint && !m.ResNet {
 		return Result{}, fmt.Errorf("%s has no residual blocks to checkpoint", m.Name)
 	}
-	s := newStepper(dev, m, c, spec.Batch, o.Seed)
+	s, err := newStepper(dev, m, c, spec.Batch, o.Seed, !o.Eager)
+	if err != nil {
+		return Result{}, err
+	}
 	defer s.release()
-	for i := 0; i < o.Warmup; i++ {
-		s.step()
+	a := dev.Allocator()
+	planned := s.tr.Step.Mode != train.Eager
+	warmup := o.Warmup
+	if planned {
+		warmup = max(warmup, 3)
+	}
+	var timeline []memory.Event
+	for i := 0; i < warmup; i++ {
+		record := (planned && i == 1) || (!planned && i == warmup-1)
+		if record {
+			a.RecordTimeline(true)
+			a.Mark("step")
+		}
+		if err := s.step(); err != nil {
+			return Result{}, err
+		}
+		if record {
+			dev.Synchronize()
+			a.RecordTimeline(false)
+			timeline = a.Timeline()
+		}
 	}
 	if err := dev.Synchronize(); err != nil {
 		return Result{}, err
 	}
-	a := dev.Allocator()
 	a.WindowPeak()
 	counter, counts := dev.Backend().(launchCounter)
 	var launches0 uint64
@@ -201,27 +214,41 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	times, hosts := make([]float64, o.Steps), make([]float64, o.Steps)
 	for i := range times {
 		t0 := time.Now()
-		s.step()
+		if err := s.step(); err != nil {
+			return Result{}, err
+		}
 		hosts[i] = time.Since(t0).Seconds() * 1e3
 		if err := dev.Synchronize(); err != nil {
 			return Result{}, err
 		}
 		times[i] = time.Since(t0).Seconds() * 1e3
 	}
-	r := Result{Engine: "leangrad", Model: m.Name, Batch: spec.Batch, Config: c.Name, Device: dev.Name(), Steps: o.Steps,
-		MedianMS: median(times), HostMS: median(hosts)}
+	engine := "leangrad"
+	if o.Eager && dev.Name() != "cpu" {
+		engine = "leangrad-eager"
+	}
+	r := Result{Engine: engine, Mode: s.tr.Step.Mode.String(), Model: m.Name, Batch: spec.Batch, Config: c.Name,
+		Device: dev.Name(), Steps: o.Steps, MedianMS: median(times), HostMS: median(hosts)}
 	if counts {
 		r.LaunchesPerStep = float64(counter.Launches()-launches0) / float64(o.Steps)
 	}
 	r.ImgPerSec = float64(spec.Batch) / (r.MedianMS / 1e3)
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
-	// One more step under the timeline recorder.
-	a.RecordTimeline(true)
-	a.Mark("step")
-	s.step()
-	dev.Synchronize()
-	a.RecordTimeline(false)
-	r.Timeline = a.Timeline()
+	if p := s.tr.Step.Plan(s.x.Shape(), s.y.Shape()); p != nil {
+		r.PlannedArena = p.Size
+	}
+	r.Notes = s.tr.Step.Notes()
+	if timeline == nil { // no warm-up step: one more step, under the recorder
+		a.RecordTimeline(true)
+		a.Mark("step")
+		if err := s.step(); err != nil {
+			return Result{}, err
+		}
+		dev.Synchronize()
+		a.RecordTimeline(false)
+		timeline = a.Timeline()
+	}
+	r.Timeline = timeline
 	return r, nil
 }
 

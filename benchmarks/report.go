@@ -17,6 +17,7 @@ import (
 // Report is everything one harness run produced.
 type Report struct {
 	Date    string   `json:"date"`
+	Commit  string   `json:"commit,omitempty"` // leangrad's git commit the run was built from
 	Device  string   `json:"device"`
 	PyTorch string   `json:"pytorch,omitempty"` // version, when it ran
 	Results []Result `json:"results"`
@@ -39,20 +40,27 @@ func configOrder(name string) int {
 	return len(Configs)
 }
 
-// rows pairs each leangrad result with PyTorch's for the same spec, in
-// model, batch, configuration order.
-func (r *Report) rows() (keys []rowKey, lg, pt map[rowKey]Result) { return r.rowsOf("leangrad") }
+// The engines a report holds: leangrad's step as the trainer runs it
+// (captured on a GPU), leangrad's eager step, PyTorch eager, and PyTorch
+// under torch.compile(mode="reduce-overhead").
+const (
+	engineLeangrad = "leangrad"
+	engineEager    = "leangrad-eager"
+	enginePyTorch  = "pytorch"
+	engineCompile  = "pytorch-compile"
+)
 
-// rowsOf is rows for one of leangrad's engines ("leangrad", "leangrad-lean").
-func (r *Report) rowsOf(engine string) (keys []rowKey, lg, pt map[rowKey]Result) {
-	lg, pt = map[rowKey]Result{}, map[rowKey]Result{}
+// table indexes the results by engine and spec, and lists leangrad's specs
+// in model, batch, configuration order.
+func (r *Report) table() (keys []rowKey, by map[string]map[rowKey]Result) {
+	by = map[string]map[rowKey]Result{}
 	for _, x := range r.Results {
 		k := rowKey{x.Model, x.Batch, x.Config}
-		switch x.Engine {
-		case "pytorch":
-			pt[k] = x
-		case engine:
-			lg[k] = x
+		if by[x.Engine] == nil {
+			by[x.Engine] = map[rowKey]Result{}
+		}
+		by[x.Engine][k] = x
+		if x.Engine == engineLeangrad {
 			keys = append(keys, k)
 		}
 	}
@@ -66,7 +74,7 @@ func (r *Report) rowsOf(engine string) (keys []rowKey, lg, pt map[rowKey]Result)
 		}
 		return configOrder(a.config) < configOrder(b.config)
 	})
-	return keys, lg, pt
+	return keys, by
 }
 
 func ratio(a, b float64) string {
@@ -76,49 +84,56 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2f", a/b)
 }
 
+func ms(r Result, ok bool) string {
+	if !ok || r.MedianMS == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.MedianMS)
+}
+
 // Markdown writes the side-by-side table, the claims and the notes.
 func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Benchmarks on %s, %s", r.Device, r.Date)
-	if r.PyTorch != "" {
-		fmt.Fprintf(w, ", beside PyTorch %s (eager, cudnn.benchmark, TF32 off) on the same GPU", r.PyTorch)
+	if r.Commit != "" {
+		fmt.Fprintf(w, ", leangrad at %s", r.Commit)
 	}
-	fmt.Fprintln(w, ". Median step time over the timed steps, each synchronised with the device; peaks from each engine's allocator over those steps.")
+	if r.PyTorch != "" {
+		fmt.Fprintf(w, ", beside PyTorch %s on the same GPU: eager, and torch.compile(mode=\"reduce-overhead\") (Inductor with CUDA graphs); "+
+			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not), as leangrad's default", r.PyTorch)
+	}
+	fmt.Fprintln(w, ". Median step time over the timed steps, each synchronised with the device; "+
+		"speed ratios are leangrad's img/s over the other's; peaks from each engine's allocator over the timed steps.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| model | batch | config | leangrad ms | PyTorch ms | leangrad img/s | PyTorch img/s | img/s ratio | leangrad peak alloc | PyTorch peak alloc | alloc ratio | saving vs fp32 (lg / pt) | time vs fp32 (lg / pt) | launches/step | host ms/step |")
+	fmt.Fprintln(w, "| model | batch | config | leangrad ms | leangrad eager ms | PyTorch eager ms | torch.compile ms | vs eager | vs compile | leangrad peak alloc | PyTorch eager peak alloc | alloc ratio | leangrad reserved / peak | launches/step | host ms/step |")
 	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	keys, lg, pt := r.rows()
+	keys, by := r.table()
 	for _, k := range keys {
-		a, b := lg[k], pt[k]
-		pms, pimg, palloc, psave, pover := "–", "–", "–", "–", "–"
-		if b.MedianMS > 0 {
-			pms, pimg, palloc = fmt.Sprintf("%.2f", b.MedianMS), fmt.Sprintf("%.0f", b.ImgPerSec), fmt.Sprintf("%.1f MiB", mib(b.PeakAllocated))
-			psave, pover = fmt.Sprintf("%.0f%%", 100*b.SavingVsFP32), fmt.Sprintf("%+.0f%%", 100*b.OverheadFP32)
+		a := by[engineLeangrad][k]
+		e, eok := by[engineEager][k]
+		p, pok := by[enginePyTorch][k]
+		c, cok := by[engineCompile][k]
+		palloc := "–"
+		if pok {
+			palloc = fmt.Sprintf("%.1f MiB", mib(p.PeakAllocated))
 		}
 		launches := "–"
 		if a.LaunchesPerStep > 0 {
 			launches = fmt.Sprintf("%.0f", a.LaunchesPerStep)
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %.2f | %s | %.0f | %s | %s | %.1f MiB | %s | %s | %.0f%% / %s | %+.0f%% / %s | %s | %.2f |\n",
-			k.model, k.batch, k.config, a.MedianMS, pms, a.ImgPerSec, pimg, ratio(a.ImgPerSec, b.ImgPerSec),
-			mib(a.PeakAllocated), palloc, ratio(float64(a.PeakAllocated), float64(b.PeakAllocated)),
-			100*a.SavingVsFP32, psave, 100*a.OverheadFP32, pover, launches, a.HostMS)
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %.1f MiB | %s | %s | %s | %s | %.2f |\n",
+			k.model, k.batch, k.config, ms(a, true), ms(e, eok), ms(p, pok), ms(c, cok),
+			ratio(p.MedianMS, a.MedianMS), ratio(c.MedianMS, a.MedianMS),
+			mib(a.PeakAllocated), palloc, ratio(float64(a.PeakAllocated), float64(p.PeakAllocated)),
+			ratio(float64(a.PeakReserved), float64(a.PeakAllocated)), launches, a.HostMS)
 	}
-	if keys, lean, pt := r.rowsOf("leangrad-lean"); len(keys) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "The same with lean convolution workspaces (`cuda.Options{LeanConvWorkspace: true}`, `train -conv-workspace lean`): each cuDNN algorithm's workspace at most its larger tensor, instead of the fastest algorithm.")
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| model | batch | config | lean ms | PyTorch ms | img/s ratio | lean peak alloc | PyTorch peak alloc | alloc ratio | saving vs fp32 |")
-		fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-		for _, k := range keys {
-			a, b := lean[k], pt[k]
-			pms, palloc := "–", "–"
-			if b.MedianMS > 0 {
-				pms, palloc = fmt.Sprintf("%.2f", b.MedianMS), fmt.Sprintf("%.1f MiB", mib(b.PeakAllocated))
-			}
-			fmt.Fprintf(w, "| %s | %d | %s | %.2f | %s | %s | %.1f MiB | %s | %s | %.0f%% |\n", k.model, k.batch, k.config,
-				a.MedianMS, pms, ratio(a.ImgPerSec, b.ImgPerSec), mib(a.PeakAllocated), palloc,
-				ratio(float64(a.PeakAllocated), float64(b.PeakAllocated)), 100*a.SavingVsFP32)
+	var compiles []string
+	for _, k := range keys {
+		if c, ok := by[engineCompile][k]; ok && c.CompileSeconds > 0 {
+			compiles = append(compiles, fmt.Sprintf("%s/%d/%s %.0f s", k.model, k.batch, k.config, c.CompileSeconds))
 		}
+	}
+	if len(compiles) > 0 {
+		fmt.Fprintf(w, "\ntorch.compile's compilation (the first steps, not in the step times): %s.\n", strings.Join(compiles, ", "))
 	}
 	if len(r.Claims) > 0 {
 		fmt.Fprintln(w)
@@ -134,13 +149,15 @@ func (r *Report) Markdown(w io.Writer) {
 }
 
 var engineColors = map[string]color.Color{
-	"leangrad": color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	"pytorch":  color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	engineLeangrad: color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	engineEager:    color.RGBA{R: 0x9e, G: 0xc9, B: 0xe2, A: 0xff},
+	enginePyTorch:  color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	engineCompile:  color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 }
 
-// PlotBars draws one metric per spec, leangrad's and PyTorch's bars side by side.
+// PlotBars draws one metric per spec, each engine's bar side by side.
 func (r *Report) PlotBars(path, title, ylabel string, metric func(Result) float64) error {
-	keys, lg, pt := r.rows()
+	keys, by := r.table()
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = ylabel
@@ -148,22 +165,19 @@ func (r *Report) PlotBars(path, title, ylabel string, metric func(Result) float6
 	for _, k := range keys {
 		names = append(names, fmt.Sprintf("%s/%d\n%s", k.model, k.batch, k.config))
 	}
-	w := vg.Points(7)
-	for i, engine := range []string{"leangrad", "pytorch"} {
-		vals := make(plotter.Values, len(keys))
-		any := false
-		for j, k := range keys {
-			src := lg
-			if engine == "pytorch" {
-				src = pt
-			}
-			if x, ok := src[k]; ok {
-				vals[j] = metric(x)
-				any = true
-			}
+	w := vg.Points(6)
+	var engines []string
+	for _, e := range []string{engineLeangrad, engineEager, enginePyTorch, engineCompile} {
+		if len(by[e]) > 0 {
+			engines = append(engines, e)
 		}
-		if !any {
-			continue
+	}
+	for i, engine := range engines {
+		vals := make(plotter.Values, len(keys))
+		for j, k := range keys {
+			if x, ok := by[engine][k]; ok {
+				vals[j] = metric(x)
+			}
 		}
 		bars, err := plotter.NewBarChart(vals, w)
 		if err != nil {
@@ -171,7 +185,7 @@ func (r *Report) PlotBars(path, title, ylabel string, metric func(Result) float6
 		}
 		bars.Color = engineColors[engine]
 		bars.LineStyle.Width = 0
-		bars.Offset = w * vg.Length(2*i-1) / 2
+		bars.Offset = w * vg.Length(2*i-len(engines)+1) / 2
 		p.Add(bars)
 		p.Legend.Add(engine, bars)
 	}
@@ -179,7 +193,7 @@ func (r *Report) PlotBars(path, title, ylabel string, metric func(Result) float6
 	p.NominalX(names...)
 	p.X.Tick.Label.Rotation = 0.6
 	p.X.Tick.Label.XAlign = -0.1
-	return save(p, path, vg.Length(max(8, len(keys)))*vg.Inch*0.55, 5*vg.Inch)
+	return save(p, path, vg.Length(max(8, len(keys)))*vg.Inch*0.7, 5*vg.Inch)
 }
 
 // PlotTimelines draws, for each model and batch, allocated bytes over one
@@ -188,7 +202,7 @@ func (r *Report) PlotTimelines(dir string) ([]string, error) {
 	groups := map[string][]Result{}
 	var order []string
 	for _, x := range r.Results {
-		if x.Engine != "leangrad" || len(x.Timeline) == 0 {
+		if x.Engine != engineLeangrad || len(x.Timeline) == 0 {
 			continue
 		}
 		k := fmt.Sprintf("%s_b%d", x.Model, x.Batch)

@@ -3,7 +3,9 @@ package datasets
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -55,6 +57,9 @@ func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
 
 // Dataset is the loader's dataset.
 func (l *Loader) Dataset() *Dataset { return l.ds }
+
+// BatchShape is the shape of a full batch of images: Batch×C×H×W.
+func (l *Loader) BatchShape() []int { return []int{l.cfg.Batch, l.ds.C, l.ds.H, l.ds.W} }
 
 // Len is the number of batches in an epoch.
 func (l *Loader) Len() int {
@@ -177,6 +182,40 @@ func (e *Epoch) Next() (x, y *tensor.Tensor, ok bool) {
 	y = tensor.FromInt32(e.l.dev, hb.y[:hb.n], hb.n)
 	e.free <- hb
 	return x, y, true
+}
+
+// NextInto is Next writing a full batch into x (F32 N×C×H×W) and y (I32 N)
+// instead of into new tensors, and returning them: how a captured training
+// step's static inputs are filled (the copies are queued through the
+// device's pinned staging buffers, two of them in turn, so the host does not
+// wait for the step that reads the previous batch). A smaller last batch
+// comes in new tensors in the current scope, as from Next.
+func (e *Epoch) NextInto(x, y *tensor.Tensor) (bx, by *tensor.Tensor, ok bool) {
+	hb, ok := <-e.out
+	if !ok {
+		return nil, nil, false
+	}
+	defer func() { e.free <- hb }()
+	d := e.l.ds
+	per := d.C * d.H * d.W
+	full := []int{e.l.cfg.Batch, d.C, d.H, d.W}
+	if !slices.Equal(x.Shape(), full) || x.DType() != tensor.F32 || !slices.Equal(y.Shape(), full[:1]) || y.DType() != tensor.I32 {
+		panic(fmt.Sprintf("datasets: NextInto f32 %v and i32 %v tensors; the loader's batches are f32 %v and i32 %v",
+			x.Shape(), y.Shape(), full, full[:1]))
+	}
+	if hb.n == e.l.cfg.Batch {
+		x.Backend().Write(x.Buf(), f32bytes(hb.x[:hb.n*per]))
+		y.Backend().Write(y.Buf(), i32bytes(hb.y[:hb.n]))
+		return x, y, true
+	}
+	return tensor.FromFloat32(e.l.dev, hb.x[:hb.n*per], hb.n, d.C, d.H, d.W), tensor.FromInt32(e.l.dev, hb.y[:hb.n], hb.n), true
+}
+
+func f32bytes(v []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
+}
+func i32bytes(v []int32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
 }
 
 // Close stops the epoch's goroutine (needed only when it ends early).

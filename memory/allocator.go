@@ -214,12 +214,12 @@ func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 		return b, err
 	}
 	a.mu.Unlock()
-	return a.alloc(size, stream, nil)
+	return a.alloc(size, stream, nil, 0)
 }
 
 // alloc serves a request from the pools; options, when not nil, are the
-// sizes a workspace could have taken, for the trace.
-func (a *Allocator) alloc(size int64, stream Stream, options []int64) (*Block, error) {
+// sizes a workspace could have taken and taken the one it did, for the trace.
+func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int) (*Block, error) {
 	rounded := RoundSize(size)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -266,7 +266,7 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64) (*Block, e
 				sizes[i] = RoundSize(o)
 			}
 		}
-		a.trace.alloc(b, sizes)
+		a.trace.alloc(b, sizes, taken)
 	}
 	return b, nil
 }

@@ -71,9 +71,9 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 	return &Trace{Buffers: ts.buffers, Events: ts.events}, nil
 }
 
-func (ts *traceState) alloc(b *Block, sizes []int64) {
+func (ts *traceState) alloc(b *Block, sizes []int64, taken int) {
 	ts.open[b] = len(ts.buffers)
-	ts.buffers = append(ts.buffers, TraceBuffer{Sizes: sizes, Alloc: ts.events})
+	ts.buffers = append(ts.buffers, TraceBuffer{Sizes: sizes, Taken: taken, Alloc: ts.events})
 	ts.events++
 }
 
@@ -269,6 +269,6 @@ func (a *Allocator) AllocWorkspace(options []int64, eager int, stream Stream) (*
 		return ps.alloc(options, stream)
 	}
 	a.mu.Unlock()
-	b, err := a.alloc(options[eager], stream, options)
+	b, err := a.alloc(options[eager], stream, options, eager)
 	return b, eager, err
 }

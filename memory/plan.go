@@ -23,8 +23,19 @@ type TraceBuffer struct {
 	// a workspace (AllocWorkspace), every option in the caller's order of
 	// preference, the fastest algorithm's first.
 	Sizes []int64
+	Taken int // the index into Sizes the traced run took
 	Alloc int // event of the request
 	Free  int // event of the release
+}
+
+// Taken is the size choice of every buffer in the traced run: with MaxLive,
+// the most bytes that run had live, as the pool measured it.
+func (t *Trace) Taken() []int {
+	c := make([]int, len(t.Buffers))
+	for i, b := range t.Buffers {
+		c[i] = b.Taken
+	}
+	return c
 }
 
 // MaxLive is the most bytes live at once with every buffer at the given

@@ -1,7 +1,9 @@
 package tensor
 
 import (
+	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
@@ -11,8 +13,9 @@ import (
 // Device is where a tensor's memory lives and its operations run: a backend,
 // its caching allocator and its default random generator.
 type Device struct {
-	b   kernels.Backend
-	gen *Generator
+	b        kernels.Backend
+	gen      *Generator
+	syncFree atomic.Int32 // > 0 inside sync-free sections
 }
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.
@@ -38,7 +41,28 @@ func (d *Device) Backend() kernels.Backend { return d.b }
 func (d *Device) Allocator() *memory.Allocator { return d.b.Allocator() }
 
 // Synchronize waits until the device has finished all queued work.
-func (d *Device) Synchronize() error { return d.b.Synchronize() }
+func (d *Device) Synchronize() error {
+	d.mustExchange("Synchronize")
+	return d.b.Synchronize()
+}
+
+// SyncFree runs f as a sync-free section: inside it, anything that makes the
+// host wait for the device or exchange data with it (Item, Float32s, Raw,
+// FromFloat32, Synchronize, ...) panics, naming the call. A training step
+// runs in one, so that it can be queued ahead of the device and captured.
+func (d *Device) SyncFree(f func()) {
+	d.syncFree.Add(1)
+	defer d.syncFree.Add(-1)
+	f()
+}
+
+// mustExchange panics inside a sync-free section.
+func (d *Device) mustExchange(what string) {
+	if d.syncFree.Load() > 0 {
+		panic(fmt.Sprintf("tensor: %s on %s inside a sync-free section (a training step): "+
+			"it would make the host wait for the device, or bake host data into a captured step", what, d.Name()))
+	}
+}
 
 // Generator is the device's default random generator.
 func (d *Device) Generator() *Generator { return d.gen }
@@ -47,9 +71,16 @@ func (d *Device) Generator() *Generator { return d.gen }
 // current state and advances it past the numbers it uses, so that saving
 // State before an operation and restoring it replays the operation exactly.
 // It is safe for concurrent use.
+//
+// Between BeginDevice and EndDevice the generator's position lives on the
+// device: the states it hands out are relative to a device counter that the
+// operations read when they run, so that work captured once and replayed
+// draws new numbers at every replay, as the counter advances.
 type Generator struct {
 	mu    sync.Mutex
 	state kernels.Philox
+	host  kernels.Philox // the host state, kept while the position is on the device
+	on    bool           // between BeginDevice and EndDevice
 }
 
 // NewGenerator returns a generator seeded with seed.
@@ -74,6 +105,33 @@ func (g *Generator) SetState(s kernels.Philox) {
 	g.mu.Lock()
 	g.state = s
 	g.mu.Unlock()
+}
+
+// BeginDevice makes the generator hand out states relative to base, a
+// device counter (kernels.CounterLen I32 elements) that holds the stream
+// position, until EndDevice. Its seed stays the host's.
+func (g *Generator) BeginDevice(base kernels.Buf) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.on {
+		panic("tensor: Generator.BeginDevice twice")
+	}
+	g.on, g.host = true, g.state
+	g.state = kernels.Philox{Seed: g.host.Seed, Base: base}
+}
+
+// EndDevice returns to the host state of BeginDevice and reports how many
+// Philox blocks were handed out meanwhile: what the device counter must
+// advance by.
+func (g *Generator) EndDevice() (used uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.on {
+		panic("tensor: Generator.EndDevice without BeginDevice")
+	}
+	used = g.state.Offset
+	g.on, g.state = false, g.host
+	return used
 }
 
 // Next returns the state for an operation over n elements and advances past it.

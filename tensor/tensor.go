@@ -155,6 +155,7 @@ func FromFloat32(dev *Device, data []float32, shape ...int) *Tensor {
 	if n := numel(shape); n != len(data) {
 		panic(fmt.Sprintf("tensor: %d values for shape %v (%d elements)", len(data), shape, n))
 	}
+	dev.mustExchange("FromFloat32")
 	t := Empty(dev, F32, shape...)
 	if len(data) > 0 {
 		dev.Backend().Write(t.Buf(), unsafe.Slice((*byte)(unsafe.Pointer(&data[0])), 4*len(data)))
@@ -167,6 +168,7 @@ func FromInt32(dev *Device, data []int32, shape ...int) *Tensor {
 	if n := numel(shape); n != len(data) {
 		panic(fmt.Sprintf("tensor: %d values for shape %v (%d elements)", len(data), shape, n))
 	}
+	dev.mustExchange("FromInt32")
 	t := Empty(dev, I32, shape...)
 	if len(data) > 0 {
 		dev.Backend().Write(t.Buf(), unsafe.Slice((*byte)(unsafe.Pointer(&data[0])), 4*len(data)))
@@ -180,6 +182,7 @@ func FromBytes(dev *Device, dtype DType, raw []byte, shape ...int) *Tensor {
 	if n := numel(shape); n*dtype.Size() != len(raw) {
 		panic(fmt.Sprintf("tensor: %d bytes for %v shape %v (%d bytes)", len(raw), dtype, shape, n*dtype.Size()))
 	}
+	dev.mustExchange("FromBytes")
 	t := Empty(dev, dtype, shape...)
 	if len(raw) > 0 {
 		dev.Backend().Write(t.Buf(), raw)
@@ -383,6 +386,7 @@ func (t *Tensor) To(dev *Device) *Tensor {
 // It waits for queued work on the device.
 func (t *Tensor) Raw() []byte {
 	t.live()
+	t.dev.mustExchange("Raw")
 	raw := make([]byte, t.Bytes())
 	t.Backend().Read(raw, t.Buf())
 	return raw
@@ -391,6 +395,7 @@ func (t *Tensor) Raw() []byte {
 // Float32s returns a copy of t's elements as float32 (F16 and I32 converted).
 func (t *Tensor) Float32s() []float32 {
 	t.live()
+	t.dev.mustExchange("Float32s")
 	if t.dtype == F32 {
 		out := make([]float32, t.n)
 		if t.n > 0 {
@@ -407,6 +412,7 @@ func (t *Tensor) Float32s() []float32 {
 // Int32s returns a copy of an I32 tensor's elements.
 func (t *Tensor) Int32s() []int32 {
 	t.live()
+	t.dev.mustExchange("Int32s")
 	if t.dtype != I32 {
 		panic(fmt.Sprintf("tensor: Int32s of a %v tensor", t.dtype))
 	}

@@ -38,7 +38,8 @@ func (t *Trainer) Save(path string) error {
 	for k, v := range t.Opt.State() {
 		st.Tensors["optim."+k] = nn.Stored{DType: v.DType(), Shape: v.Shape(), Data: v.Raw()}
 	}
-	meta, err := json.Marshal(checkpointMeta{Version: 1, Config: t.Cfg, Epoch: t.Epoch, Step: t.Step,
+	t.Step.SyncRNG()
+	meta, err := json.Marshal(checkpointMeta{Version: 1, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
 		Optim: t.Opt.Counters(), Scaler: t.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History})
 	if err != nil {
 		return err
@@ -96,6 +97,7 @@ func (t *Trainer) Resume(path string) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	t.Dev.Generator().SetState(meta.RNG)
-	t.Epoch, t.Step, t.History = meta.Epoch, meta.Step, meta.History
+	t.Step.rngFresh = false // the next step takes the restored position
+	t.Epoch, t.Steps, t.History = meta.Epoch, meta.Step, meta.History
 	return nil
 }

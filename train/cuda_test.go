@@ -19,3 +19,20 @@ func TestCUDAMeasuredSavings(t *testing.T) {
 	defer func() { measureBatch = 16 }()
 	testdev.On(t, &testDevice, TestMeasuredSavings)
 }
+
+// The step's tests on the GPU, captured: a plan may pick other cuDNN
+// algorithms than the eager policy (the fastest that fits the arena), so
+// parameters agree with eager ones within a tolerance, not bitwise.
+func onCUDACaptured(t *testing.T, f func(*testing.T)) {
+	planMode, paramTol = Captured, 2e-3
+	defer func() { planMode, paramTol = Planned, 0 }()
+	testdev.On(t, &testDevice, f)
+}
+
+func TestCUDAPlannedStepsMatchEager(t *testing.T)  { onCUDACaptured(t, TestPlannedStepsMatchEager) }
+func TestCUDAPlannedStepMemory(t *testing.T)       { onCUDACaptured(t, TestPlannedStepMemory) }
+func TestCUDAInfSkipsStepAsEagerDoes(t *testing.T) { onCUDACaptured(t, TestInfSkipsStepAsEagerDoes) }
+func TestCUDADropoutMasksDifferBetweenSteps(t *testing.T) {
+	onCUDACaptured(t, TestDropoutMasksDifferBetweenSteps)
+}
+func TestCUDAStepReadsNothing(t *testing.T) { onCUDACaptured(t, TestStepReadsNothing) }

@@ -24,12 +24,12 @@ func Percent(v, base int64) string {
 }
 
 // WriteSavings prints the measured one-step peaks of the variants, marking
-// the one chosen.
+// the one chosen: an eager step's, and a planned step's where it was planned.
 func WriteSavings(w io.Writer, ms []Measurement, chosen string) {
-	var fp32 int64
+	var fp32, fp32Planned int64
 	for _, m := range ms {
 		if m.Name == "fp32" {
-			fp32 = m.PeakAllocated
+			fp32, fp32Planned = m.PeakAllocated, m.Planned
 		}
 	}
 	for _, m := range ms {
@@ -41,7 +41,15 @@ func WriteSavings(w io.Writer, ms []Measurement, chosen string) {
 		if m.Name != "fp32" {
 			vs = fmt.Sprintf("  (%s vs fp32)", Percent(m.PeakAllocated, fp32))
 		}
-		fmt.Fprintf(w, "  %-15s %10s%s%s\n", m.Name, MiB(m.PeakAllocated), vs, mark)
+		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, MiB(m.PeakAllocated), vs)
+		if m.Planned > 0 {
+			pvs := ""
+			if m.Name != "fp32" {
+				pvs = fmt.Sprintf(" (%s)", Percent(m.Planned, fp32Planned))
+			}
+			line += fmt.Sprintf("  planned %10s%s", MiB(m.Planned), pvs)
+		}
+		fmt.Fprintf(w, "%s%s\n", strings.TrimRight(line, " "), mark)
 	}
 }
 

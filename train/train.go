@@ -1,8 +1,12 @@
-// Package train is leangrad's training loop: forward (under autocast with
-// AMP), scaled backward, unscale + inf check, optimiser step or skip,
-// gradients released; evaluation; per-step memory samples from the pool;
-// optional EmptyCache every N steps; atomic save and resume of a training
-// checkpoint; and the measurement of what AMP and checkpointing save.
+// Package train is leangrad's training loop. Its Step is the one training
+// step everything runs (forward under autocast with AMP, scaled backward,
+// unscale + inf check, the optimiser's update or its skip on the device,
+// gradients released), eagerly, from a planned arena, or captured as a CUDA
+// graph and replayed. Around it: the Trainer (epochs, schedules, metrics read
+// once per progress update, evaluation, per-step memory samples from the
+// pool, optional EmptyCache every N steps, atomic save and resume of a
+// training checkpoint) and the measurement of what AMP and checkpointing
+// save.
 package train
 
 import (
@@ -12,6 +16,7 @@ import (
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
@@ -33,6 +38,9 @@ type Config struct {
 	Checkpoint      string  `json:"checkpoint"` // "none", "blocks", "sqrt"
 	EmptyCacheEvery int     `json:"empty_cache_every"`
 	Seed            uint64  `json:"seed"`
+	// Capture runs the step captured as a graph where the backend can
+	// (CUDA), and eagerly elsewhere.
+	Capture bool `json:"capture"`
 }
 
 // EpochMetrics are one epoch's results.
@@ -60,7 +68,8 @@ type MemSample struct {
 	PeakAllocated int64   `json:"peak_allocated"` // within the step
 }
 
-// StepStats is what an Observer hears after every step.
+// StepStats is what an Observer hears at every progress update: every
+// Trainer.ProgressEvery steps and at the end of an epoch.
 type StepStats struct {
 	Epoch, Step, Steps int     // step within the epoch, of Steps
 	Loss, Acc          float64 // running averages over the epoch
@@ -70,7 +79,9 @@ type StepStats struct {
 	Reserved           int64
 }
 
-// Observer follows training, for a progress bar.
+// Observer follows training, for a progress bar. Step is called at every
+// progress update, not after every step: the metrics are read from the
+// device then.
 type Observer interface {
 	EpochStart(epoch, steps int)
 	Step(s StepStats)
@@ -93,18 +104,25 @@ type Trainer struct {
 	Opt    optim.Optimizer
 	Sched  optim.Schedule
 	Scaler *optim.GradScaler
+	Step   *Step
 
 	Epoch   int // the next epoch to run
-	Step    int // optimiser steps taken (or skipped) so far
+	Steps   int // optimiser steps taken (or skipped) so far
 	History []EpochMetrics
 	Memory  []MemSample
 	Empty   EmptyCacheReport
+	// ProgressEvery is the number of steps between progress updates, each
+	// one device read (0: a fiftieth of an epoch).
+	ProgressEvery int
 
 	peakAllocated, peakReserved int64
 	start                       time.Time
+	evalSums                    *tensor.Tensor // F32[2]: the evaluation's loss sum and right predictions
 }
 
 // New returns a trainer of model on dev. stepsPerEpoch sizes the schedule.
+// Its Step is Captured when cfg.Capture is set and the device can capture
+// graphs, and Eager otherwise.
 func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Trainer, error) {
 	params := nn.Parameters(model)
 	var opt optim.Optimizer
@@ -129,63 +147,52 @@ func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*T
 	case "constant":
 		sched = optim.Constant(cfg.LR)
 	default:
+		opt.Release()
 		return nil, fmt.Errorf("schedule %q: want cosine, onecycle or constant", cfg.Schedule)
 	}
 	mode, err := nn.ParseCheckpointMode(cfg.Checkpoint)
 	if err != nil {
+		opt.Release()
 		return nil, err
 	}
 	if r, ok := model.(*nn.ResNet); ok {
 		r.Checkpoint = mode
 	} else if mode != nn.NoCheckpoint {
+		opt.Release()
 		return nil, fmt.Errorf("checkpointing needs a ResNet (its residual blocks are the checkpointed segments)")
 	}
 	scaler := optim.NewGradScaler(dev)
 	scaler.Enabled = cfg.AMP
+	stepMode := Eager
+	if cfg.Capture {
+		if _, ok := dev.Backend().(kernels.Capturer); ok {
+			stepMode = Captured
+		}
+	}
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Scaler: scaler,
-		Empty: EmptyCacheReport{Every: cfg.EmptyCacheEvery}}, nil
+		Step:     NewStep(dev, model, opt, scaler, cfg.AMP, stepMode),
+		evalSums: tensor.Zeros(dev, tensor.F32, 2).Keep(),
+		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}}, nil
 }
 
-// Release frees the optimiser's and scaler's state (the model is the caller's).
+// Release frees the step's, the optimiser's and the scaler's state (the
+// model is the caller's).
 func (t *Trainer) Release() {
-	if r, ok := t.Opt.(interface{ Release() }); ok {
-		r.Release()
-	}
+	t.Step.Release()
+	t.Opt.Release()
 	t.Scaler.Release()
+	t.evalSums.Release()
 }
 
-// forward runs the model and the loss, under autocast with AMP.
-func (t *Trainer) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
-	run := func() {
-		logits = t.Model.Forward(x)
-		loss = ag.CrossEntropy(logits, y)
+// RunStep sets the scheduled learning rate and runs one training step on a
+// batch (see Step.Run), then calls EmptyCache if Cfg.EmptyCacheEvery says so.
+func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
+	t.Opt.SetLR(t.Sched.LR(t.Steps))
+	if err := t.Step.Run(x, y); err != nil {
+		return err
 	}
-	if t.Cfg.AMP {
-		ag.Autocast(run)
-	} else {
-		run()
-	}
-	return logits, loss
-}
-
-// TrainStep runs one optimisation step on a batch and returns the batch's
-// loss, how many predictions were right, and whether the step was skipped
-// (AMP found an inf or NaN gradient).
-func (t *Trainer) TrainStep(x, y *tensor.Tensor) (loss float64, correct int, skipped bool) {
-	t.Opt.SetLR(t.Sched.LR(t.Step))
-	tensor.WithScope(func() {
-		logits, l := t.forward(x, y)
-		pred := ag.ArgMax(logits, 1)
-		logits.Release()
-		ag.Backward(t.Scaler.ScaleLoss(l))
-		skipped = !t.Scaler.Step(t.Opt)
-		t.Scaler.Update()
-		loss = float64(l.Item())
-		correct = countEqual(pred.Int32s(), y.Int32s())
-	})
-	t.Opt.ZeroGrad()
-	t.Step++
-	if n := t.Cfg.EmptyCacheEvery; n > 0 && t.Step%n == 0 {
+	t.Steps++
+	if n := t.Cfg.EmptyCacheEvery; n > 0 && t.Steps%n == 0 {
 		a := t.Dev.Allocator()
 		before := a.Stats().Reserved[memory.All].Current
 		t0 := time.Now()
@@ -194,28 +201,21 @@ func (t *Trainer) TrainStep(x, y *tensor.Tensor) (loss float64, correct int, ski
 		t.Empty.Seconds += time.Since(t0).Seconds()
 		t.Empty.Released += before - a.Stats().Reserved[memory.All].Current
 	}
-	return loss, correct, skipped
-}
-
-func countEqual(a, b []int32) int {
-	n := 0
-	for i := range a {
-		if a[i] == b[i] {
-			n++
-		}
-	}
-	return n
+	return nil
 }
 
 // Evaluate returns the mean loss and the accuracy over a loader, with
-// recording off and the model in evaluation mode.
-func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64) {
+// recording off and the model in evaluation mode, eagerly. The sums stay on
+// the device until the end: one read.
+func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
+	defer recoverError(&err)
 	t.Model.SetTraining(false)
 	defer t.Model.SetTraining(true)
+	be := t.Dev.Backend()
+	be.Fill(t.evalSums.Buf(), 0)
 	ep := l.Epoch(0)
 	defer ep.Close()
-	var total float64
-	var correct, n int
+	n := 0
 	ag.NoGrad(func() {
 		for {
 			var done bool
@@ -225,9 +225,8 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64) {
 					done = true
 					return
 				}
-				logits, lt := t.forward(x, y)
-				total += float64(lt.Item()) * float64(x.Dim(0))
-				correct += countEqual(ag.ArgMax(logits, 1).Int32s(), y.Int32s())
+				logits, lt := t.Step.forward(x, y)
+				be.AccumulateMetrics(t.evalSums.Buf(), lt.Buf(), logits.Buf(), y.Buf(), logits.Dim(0), logits.Dim(1))
 				n += x.Dim(0)
 			})
 			if done {
@@ -236,62 +235,69 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64) {
 		}
 	})
 	if n == 0 {
-		return math.NaN(), math.NaN()
+		return math.NaN(), math.NaN(), nil
 	}
-	return total / float64(n), float64(correct) / float64(n)
+	v := t.evalSums.Float32s()
+	return float64(v[0]) / float64(n), float64(v[1]) / float64(n), nil
 }
 
 // Fit trains from t.Epoch up to Cfg.Epochs, evaluating on test after every
 // epoch. obs may be nil. A checkpoint is written after every epoch when
-// save is not empty.
+// save is not empty. It returns the first error of a step, an evaluation
+// or a save.
 func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string) error {
 	if t.start.IsZero() {
 		t.start = time.Now()
 	}
 	a := t.Dev.Allocator()
+	xs, ys := t.Step.Inputs(trainL.BatchShape(), trainL.BatchShape()[:1])
 	for ; t.Epoch < t.Cfg.Epochs; t.Epoch++ {
 		steps := trainL.Len()
+		every := t.ProgressEvery
+		if every <= 0 {
+			every = max(1, steps/50)
+		}
 		if obs != nil {
 			obs.EpochStart(t.Epoch, steps)
 		}
 		a.WindowPeak()
-		var lossSum float64
-		var correct, seen, skipped int
+		t.Step.ResetMetrics()
+		_, _, skipped0 := t.Step.Metrics()
+		var seen int
 		var epochPeakA, epochPeakR int64
 		ep := trainL.Epoch(t.Epoch)
 		t0 := time.Now()
 		for s := 0; ; s++ {
-			var loss float64
-			var right int
-			var skip, ok bool
+			var ok bool
 			var bs int
+			var err error
 			tensor.WithScope(func() {
 				var x, y *tensor.Tensor
-				x, y, ok = ep.Next()
+				x, y, ok = ep.NextInto(xs, ys)
 				if !ok {
 					return
 				}
 				bs = x.Dim(0)
-				loss, right, skip = t.TrainStep(x, y)
+				err = t.RunStep(x, y)
 			})
+			if err != nil {
+				ep.Close()
+				return err
+			}
 			if !ok {
 				break
 			}
-			lossSum += loss * float64(bs)
-			correct += right
 			seen += bs
-			if skip {
-				skipped++
-			}
 			pa, pr := a.WindowPeak()
 			st := a.Stats()
 			epochPeakA, epochPeakR = max(epochPeakA, pa), max(epochPeakR, pr)
 			t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
-			t.Memory = append(t.Memory, MemSample{Step: t.Step, Seconds: time.Since(t.start).Seconds(),
+			t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
 				Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
-			if obs != nil {
+			if obs != nil && ((s+1)%every == 0 || s+1 == steps) {
+				lossSum, right, _ := t.Step.Metrics()
 				obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen),
-					Acc: float64(correct) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
+					Acc: float64(right) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
 					Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 			}
 		}
@@ -300,13 +306,22 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			return err
 		}
 		secs := time.Since(t0).Seconds()
-		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: lossSum / float64(max(seen, 1)), TrainAcc: float64(correct) / float64(max(seen, 1)),
+		lossSum, right, skipped := t.Step.Metrics()
+		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: lossSum / float64(max(seen, 1)), TrainAcc: float64(right) / float64(max(seen, 1)),
 			ImgPerSec: float64(seen) / secs, Seconds: secs, PeakAllocated: epochPeakA, PeakReserved: epochPeakR,
-			SkippedSteps: skipped, LR: t.Opt.LR()}
+			SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
 		if t.Cfg.AMP {
 			m.LossScale = t.Scaler.Scale()
 		}
-		m.TestLoss, m.TestAcc = t.Evaluate(testL)
+		var err error
+		if m.TestLoss, m.TestAcc, err = t.Evaluate(testL); err != nil {
+			return err
+		}
+		if t.Step.Mode != Eager {
+			// The evaluation's memory came from the pools, which planned
+			// steps do not use: give it back.
+			a.EmptyCache()
+		}
 		t.History = append(t.History, m)
 		if obs != nil {
 			obs.EpochEnd(m)

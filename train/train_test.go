@@ -110,8 +110,8 @@ func TestSaveResumeContinuesExactly(t *testing.T) {
 	if err := tb.Resume(path); err != nil {
 		t.Fatal(err)
 	}
-	if tb.Epoch != 1 || tb.Step != 4 || len(tb.History) != 1 {
-		t.Fatalf("resumed at epoch %d step %d with %d epochs of history", tb.Epoch, tb.Step, len(tb.History))
+	if tb.Epoch != 1 || tb.Steps != 4 || len(tb.History) != 1 {
+		t.Fatalf("resumed at epoch %d step %d with %d epochs of history", tb.Epoch, tb.Steps, len(tb.History))
 	}
 	if err := tb.Fit(loader(), test, nil, ""); err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestMeasuredSavings(t *testing.T) {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, measureBatch, 1, 28, 28)
 		y := tensor.FromInt32(dev, make([]int32, measureBatch), measureBatch)
 		for _, v := range Variants("blocks") {
-			r, err := MeasureStep(dev, build, baseConfig("resnet20"), v, x, y)
+			r, err := MeasureStep(dev, build, baseConfig("resnet20"), v, x, y, false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,14 +5,22 @@ Runs the same models (ResNet-20 on 1x28x28 with 1x1 projection shortcuts,
 ResNet-18 CIFAR variant on 3x32x32, an MLP 784-256-256-10), batch sizes and
 configurations (fp32, amp, checkpoint, amp+checkpoint) in PyTorch eager:
 torch.autocast(float16) + torch.amp.GradScaler for AMP, torch.utils.checkpoint
-per residual block with use_reentrant=False, cudnn.benchmark on, TF32 off (as
-leangrad's F32 is F32), SGD with Nesterov momentum. Each timed step is followed
-by torch.cuda.synchronize(); the median is reported, and the peaks come from
-torch.cuda.max_memory_allocated/max_memory_reserved over the timed steps.
-Prints a JSON object {"pytorch": version, "results": [...]} whose results have
-the fields of leangrad's benchmarks.Result.
+per residual block with use_reentrant=False, cudnn.benchmark on, PyTorch's
+default TF32 policy (cuDNN convolutions may use TF32, matmuls may not: the
+same as leangrad's default), SGD with Nesterov momentum and a learning rate
+set every step (as a schedule does). With --compile-configs, those
+configurations also run with the model under
+torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs), the loss,
+scaler and optimiser as in eager; the first --compile-warmup steps compile
+and are timed apart (compile_seconds).
 
-    python3 ref.py --specs resnet20:256,1024 resnet18:256 mlp:256 --steps 30
+Each timed step is followed by torch.cuda.synchronize(); the median is
+reported, and the peaks come from torch.cuda.max_memory_allocated and
+max_memory_reserved over the timed steps. Prints a JSON object
+{"pytorch": version, "results": [...]} whose results have the fields of
+leangrad's benchmarks.Result (engine "pytorch" or "pytorch-compile").
+
+    python3 ref.py --specs resnet20:256,1024 resnet18:256 mlp:256 --steps 30 --compile-configs fp32,amp
 """
 import argparse
 import gc
@@ -77,7 +85,7 @@ MODELS = {
 CONFIGS = {"fp32": (False, False), "amp": (True, False), "checkpoint": (False, True), "amp+checkpoint": (True, True)}
 
 
-def bench(model_name, batch, config, warmup, steps, device):
+def bench(model_name, batch, config, warmup, steps, device, compiled=False):
     shape, build = MODELS[model_name]
     amp, ckpt = CONFIGS[config]
     torch.manual_seed(1)
@@ -88,18 +96,23 @@ def bench(model_name, batch, config, warmup, steps, device):
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
+    fwd = torch.compile(model, mode="reduce-overhead") if compiled else model
 
     def step():
+        for g in opt.param_groups:
+            g["lr"] = 0.01
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(fwd(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
+    t0 = time.perf_counter()
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(steps):
@@ -108,11 +121,13 @@ def bench(model_name, batch, config, warmup, steps, device):
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(times)
-    result = dict(engine="pytorch", model=model_name, batch=batch, config=config,
+    result = dict(engine="pytorch-compile" if compiled else "pytorch", model=model_name, batch=batch, config=config,
                   device=f"{device} ({torch.cuda.get_device_name()})", steps=steps, median_ms=med,
                   img_per_s=batch / (med / 1e3), peak_allocated=torch.cuda.max_memory_allocated(),
                   peak_reserved=torch.cuda.max_memory_reserved(), saving_vs_fp32=0.0, overhead_vs_fp32=0.0)
-    del model, opt, scaler, x, y
+    if compiled:
+        result["compile_seconds"] = warm_s
+    del model, fwd, opt, scaler, x, y
     gc.collect()
     torch.cuda.empty_cache()
     return result
@@ -125,13 +140,15 @@ def main():
     ap.add_argument("--configs", default="fp32,amp,checkpoint,amp+checkpoint")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--compile-configs", default="", help="configurations also run under torch.compile (comma separated)")
+    ap.add_argument("--compile-warmup", type=int, default=10, help="untimed steps under torch.compile (they compile)")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("ref.py: PyTorch sees no CUDA device")
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default
     results = []
     for spec in args.specs:
         name, batches = spec.split(":")
@@ -145,6 +162,12 @@ def main():
                 print(f"pytorch {name} batch {b} {c}: {r['median_ms']:.2f} ms, {r['peak_allocated'] / 2**20:.1f} MiB",
                       file=sys.stderr, flush=True)
                 results.append(r)
+                if c in args.compile_configs.split(","):
+                    r = bench(name, int(b), c, args.compile_warmup, args.steps, "cuda", compiled=True)
+                    print(f"pytorch-compile {name} batch {b} {c}: {r['median_ms']:.2f} ms, "
+                          f"{r['peak_allocated'] / 2**20:.1f} MiB, compiled in {r['compile_seconds']:.0f} s",
+                          file=sys.stderr, flush=True)
+                    results.append(r)
     out = json.dumps({"pytorch": torch.__version__, "results": results}, indent=1)
     if args.out:
         with open(args.out, "w") as f:

@@ -1,9 +1,10 @@
 // Command bench runs leangrad's benchmark harness: every model, batch size
-// and memory configuration on one device, the seed-claims suite, and
-// PyTorch's reference script on the same GPU, then writes bench.json,
-// bench.md (the side-by-side table with leangrad/PyTorch ratios) and PNG
-// plots (step time, peak memory, and a memory timeline of one step per
-// configuration) into -out.
+// and memory configuration on one device (on a GPU both the captured step
+// the trainer runs and the eager one), the seed-claims suite, and PyTorch's
+// reference script on the same GPU (eager, and torch.compile for
+// -compile-configs), then writes bench.json, bench.md (the side-by-side
+// table with leangrad/PyTorch ratios) and PNG plots (step time, peak
+// memory, and a memory timeline of one step per configuration) into -out.
 //
 //	bench -device cuda -out results
 //	bench -device cpu -specs mlp:32 -steps 3 -pytorch "" -claims=false -out /tmp/b
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -27,7 +29,6 @@ import (
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/kernels/cuda"
-	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -35,8 +36,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
-	cpuprofile                                         string
-	micro, lean                                        bool
+	compileConfigs, commit, cpuprofile                 string
+	micro, lean, eager                                 bool
 	warmup, steps                                      int
 	claims                                             bool
 	seed                                               uint64
@@ -88,7 +89,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
-	fs.BoolVar(&o.lean, "lean", true, "on a GPU, run the specs again with lean convolution workspaces (engine leangrad-lean)")
+	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
+	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
+	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
+	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -110,22 +114,39 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			var oom *memory.OOMError
-			if e, ok := r.(error); ok && errors.As(e, &oom) {
-				err = oom
-				return
+// buildCommit is the VCS revision the binary was built from, marked
+// "-dirty" when the tree had changes, or "" when the build recorded none.
+func buildCommit() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "-dirty"
 			}
-			panic(r)
 		}
-	}()
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev + dirty
+}
+
+func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	dev, err := tensor.Open(o.device)
 	if err != nil {
 		return fmt.Errorf("-device %s: %w", o.device, err)
 	}
-	rep := &benchmarks.Report{Date: o.date, Device: dev.Name()}
+	rep := &benchmarks.Report{Date: o.date, Device: dev.Name(), Commit: o.commit}
 	if n, ok := dev.Backend().(interface{ DeviceName() string }); ok {
 		rep.Device = fmt.Sprintf("%s (%s)", dev.Name(), n.DeviceName())
 	}
@@ -157,14 +178,26 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) (err error) {
 				if strings.Contains(c, "checkpoint") && !benchmarks.Models[sp.model].ResNet {
 					continue
 				}
-				dev.Allocator().EmptyCache() // each configuration's reserved peak is its own
-				r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
-				if err != nil {
-					return err
+				eagerToo := []bool{false}
+				if o.eager && dev.Name() != "cpu" {
+					eagerToo = append(eagerToo, true)
 				}
-				fmt.Fprintf(stderr, "leangrad %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), %.1f MiB\n",
-					sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, float64(r.PeakAllocated)/(1<<20))
-				rep.Results = append(rep.Results, r)
+				for _, eager := range eagerToo {
+					dev.Allocator().EmptyCache() // each configuration's reserved peak is its own
+					bo.Eager = eager
+					r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
+					if err != nil {
+						return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
+					}
+					fmt.Fprintf(stderr, "%s (%s) %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), peak %.1f MiB, reserved %.1f MiB\n",
+						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep,
+						float64(r.PeakAllocated)/(1<<20), float64(r.PeakReserved)/(1<<20))
+					for _, n := range r.Notes {
+						fmt.Fprintf(stderr, "  %s\n", n)
+					}
+					rep.Results = append(rep.Results, r)
+				}
+				bo.Eager = false
 			}
 		}
 	}
@@ -208,6 +241,7 @@ func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 		for _, b := range sp.batches {
 			for _, c := range configs {
 				lean.Allocator().EmptyCache()
+				bo.Eager = true
 				r, err := benchmarks.Run(lean, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
 				if err != nil {
 					return err
@@ -248,7 +282,8 @@ func runPyTorch(o options, specs []spec, rep *benchmarks.Report, stderr io.Write
 	if _, err := os.Stat(o.pytorch); err != nil {
 		return fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
 	}
-	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs, "--specs"}
+	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs,
+		"--compile-configs", o.compileConfigs, "--specs"}
 	for _, sp := range specs {
 		var bs []string
 		for _, b := range sp.batches {

@@ -39,6 +39,7 @@ type options struct {
 	lr, momentum, wd, warmup               float64
 	optimizer, schedule, ckptMode          string
 	amp, ckpt, download, augment, measure  bool
+	capture, tf32                          bool
 	emptyCache                             int
 	seed                                   uint64
 	jsonOut, memlog, memplot, save, resume string
@@ -82,7 +83,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memplot, "memplot", "", "plot allocated and reserved memory over the run to this PNG")
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
 	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save")
-	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower)")
+	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
+	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
+	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -135,18 +138,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// trainRun does the work; an out-of-memory panic inside becomes an error.
-func trainRun(o *options, stdout, stderr io.Writer) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			var oom *memory.OOMError
-			if e, ok := r.(error); ok && errors.As(e, &oom) {
-				err = fmt.Errorf("%v\n(try a smaller -batch, or -amp and -checkpoint)", oom)
-				return
-			}
-			panic(r)
-		}
-	}()
+// trainRun does the work.
+func trainRun(o *options, stdout, stderr io.Writer) error {
+	err := trainOn(o, stdout, stderr)
+	if errors.Is(err, memory.ErrOutOfMemory) {
+		return fmt.Errorf("%w\n(try a smaller -batch, or -amp and -checkpoint)", err)
+	}
+	return err
+}
+
+func trainOn(o *options, stdout, stderr io.Writer) error {
 	dev, err := openDevice(o, stdout)
 	if err != nil {
 		return err
@@ -176,7 +177,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	}
 	cfg := train.Config{Model: modelName, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
-		Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed}
+		Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
 
 	mean, std := trainSet.MeanStd()
 	lc := datasets.LoaderConfig{Batch: o.batch, Shuffle: true, Seed: o.seed, Mean: mean, Std: std}
@@ -191,9 +192,10 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 
 	report := &jsonReport{Config: cfg, Device: dev.Name(), Dataset: trainSet.Name, TrainImages: trainSet.N, TestImages: testSet.N}
 	chosen := train.VariantName(o.amp, ckpt)
+	planned := o.capture && dev.Name() != "cpu"
 	if o.measure {
 		fmt.Fprintf(stdout, "memory of one training step of %s on a batch of %d, measured by the pool:\n", modelName, o.batch)
-		report.Measured, err = measure(dev, build, cfg, trainL, o.model != "mlp", o.ckptMode)
+		report.Measured, err = measure(dev, build, cfg, trainL, o.model != "mlp", o.ckptMode, planned)
 		if err != nil {
 			return err
 		}
@@ -218,8 +220,8 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	if o.memlog != "" {
 		a.RecordTimeline(true)
 	}
-	fmt.Fprintf(stdout, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s\n",
-		modelName, nn.CountParams(model), trainSet.N, o.epochs, trainL.Len(), chosen)
+	fmt.Fprintf(stdout, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
+		modelName, nn.CountParams(model), trainSet.N, o.epochs, trainL.Len(), chosen, t.Step.Mode)
 	start := time.Now()
 	if err := t.Fit(trainL, testL, newProgress(stderr, o.epochs), o.save); err != nil {
 		return err
@@ -245,6 +247,13 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	}
 	fmt.Fprintln(stdout, line)
 	fmt.Fprintf(stdout, "peak reserved  %s\n", train.MiB(peakR))
+	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
+		fmt.Fprintf(stdout, "planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state\n",
+			train.MiB(p.Size), train.MiB(p.Live), p.Order)
+	}
+	for _, n := range t.Step.Notes() {
+		fmt.Fprintf(stdout, "step           %s\n", n)
+	}
 	if free, total := dev.MemInfo(); dev.Name() != "cpu" {
 		fmt.Fprintf(stdout, "device memory  %s free of %s (the driver's view)\n", train.MiB(free), train.MiB(total))
 	}
@@ -283,7 +292,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 }
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
-	opts := cuda.Options{LeanConvWorkspace: o.convWorkspace == "lean"}
+	opts := cuda.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32}
 	if o.device == "auto" {
 		dev, why := tensor.OpenAutoWith(opts)
 		if why != "" {
@@ -364,7 +373,7 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 
 // measure runs the one-step measurement of every variant on the first
 // training batch (for an MLP, only with and without AMP).
-func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *datasets.Loader, resnet bool, mode string) ([]train.Measurement, error) {
+func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *datasets.Loader, resnet bool, mode string, plan bool) ([]train.Measurement, error) {
 	var out []train.Measurement
 	var err error
 	tensor.WithScope(func() {
@@ -376,7 +385,7 @@ func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *da
 				continue
 			}
 			var m train.Measurement
-			if m, err = train.MeasureStep(dev, build, cfg, v, x, y); err != nil {
+			if m, err = train.MeasureStep(dev, build, cfg, v, x, y, plan); err != nil {
 				return
 			}
 			out = append(out, m)

@@ -1,0 +1,434 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Mode is how a Step runs its work.
+type Mode int
+
+// The modes. Planned and Captured run the first two steps of each batch
+// shape eagerly: the first chooses the convolution algorithms, compiles
+// and creates the optimiser's state; the second is traced, and its trace
+// planned (memory.PlanTrace) into one arena.
+const (
+	// Eager queues every operation as it is called, with memory from the
+	// caching pools: the reference, the CPU's mode and the debugging mode.
+	Eager Mode = iota
+	// Planned serves the step's memory from the planned arena, running the
+	// host code every step; on any backend. Tests use it on the CPU.
+	Planned
+	// Captured is Planned, and the third step of each shape is captured as
+	// a graph (kernels.Capturer: CUDA graphs) that every later step of that
+	// shape replays with one launch: no host work but copying the batch in.
+	Captured
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Eager:
+		return "eager"
+	case Planned:
+		return "planned"
+	case Captured:
+		return "captured"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// Step is leangrad's one training step: forward (under autocast with AMP),
+// the loss and its metrics, scaled backward, unscale and inf check, the
+// optimiser's update or its skip, gradients released. The Trainer, the
+// benchmark harness, the seed-claims suite and the memory measurements all
+// run their steps through it.
+//
+// A step never waits for the device. The loss sum and the count of right
+// predictions accumulate on the device (Metrics reads them); the learning
+// rate, the loss scale and the skip decision live there too (package
+// optim); dropout draws from a device counter. These are its only device
+// reads, all outside Run: Metrics, SyncRNG, and the scaler's and optimiser's
+// state when a checkpoint is saved.
+//
+// Run returns an error, never a panic, when the device runs out of memory
+// or a driver call fails.
+type Step struct {
+	Model  nn.Module
+	Opt    optim.Optimizer
+	Scaler *optim.GradScaler
+	AMP    bool
+	Mode   Mode
+	// Observe, if set, is called with the loss of each step whose host code
+	// runs (not with replays of a captured step), inside the step's scope:
+	// Retain and Keep it to hold it past the step.
+	Observe func(loss *tensor.Tensor)
+
+	dev      *tensor.Device
+	metrics  *tensor.Tensor // F32[2]: loss sum, right predictions
+	rng      *tensor.Tensor // the generator's position during steps (a counter)
+	rngFresh bool           // rng holds the host generator's position
+	shapes   map[string]*shapeState
+	arena    *memory.Arena
+	notes    []string
+}
+
+// shapeState is what a Step knows about one batch shape.
+type shapeState struct {
+	key    string
+	x, y   *tensor.Tensor // static inputs of the captured graph
+	runs   int
+	plan   *memory.Plan
+	graph  kernels.Graph
+	eager  bool // planning or capture failed: this shape runs eagerly
+	reason string
+}
+
+// NewStep returns a step of model with opt and scaler on dev, in mode
+// (Captured falls back to Planned on a backend that cannot capture).
+func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *optim.GradScaler, amp bool, mode Mode) *Step {
+	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
+		mode = Planned
+	}
+	return &Step{Model: model, Opt: opt, Scaler: scaler, AMP: amp, Mode: mode, dev: dev,
+		metrics: tensor.Zeros(dev, tensor.F32, 2).Keep(),
+		rng:     tensor.Zeros(dev, tensor.I32, kernels.CounterLen).Keep(),
+		shapes:  map[string]*shapeState{}}
+}
+
+// Release frees the step's graphs, arena, static inputs and device state.
+func (s *Step) Release() {
+	s.dropGraphs()
+	for _, st := range s.shapes {
+		if st.x != nil {
+			st.x.Release()
+			st.y.Release()
+		}
+	}
+	s.shapes = map[string]*shapeState{}
+	if s.arena != nil {
+		s.arena.Release()
+		s.arena = nil
+	}
+	s.metrics.Release()
+	s.rng.Release()
+}
+
+func (s *Step) dropGraphs() {
+	for _, st := range s.shapes {
+		if st.graph != nil {
+			st.graph.Release()
+			st.graph = nil
+		}
+	}
+}
+
+func shapeKey(xdt tensor.DType, xs []int, ydt tensor.DType, ys []int) string {
+	return fmt.Sprintf("%v%v/%v%v", xdt, xs, ydt, ys)
+}
+
+func (s *Step) state(x, y *tensor.Tensor) *shapeState {
+	return s.stateOf(shapeKey(x.DType(), x.Shape(), y.DType(), y.Shape()))
+}
+
+func (s *Step) stateOf(k string) *shapeState {
+	st := s.shapes[k]
+	if st == nil {
+		st = &shapeState{key: k}
+		s.shapes[k] = st
+	}
+	return st
+}
+
+// Inputs returns the static input tensors of the step for batches of x's
+// and y's shapes (they belong to the step: do not release them). A loader
+// that writes each batch into them (datasets.Epoch.NextInto) saves the
+// copy a captured step otherwise makes.
+func (s *Step) Inputs(xShape, yShape []int) (x, y *tensor.Tensor) {
+	st := s.stateOf(shapeKey(tensor.F32, xShape, tensor.I32, yShape))
+	if st.x == nil {
+		st.x = tensor.Empty(s.dev, tensor.F32, xShape...).Keep()
+		st.y = tensor.Empty(s.dev, tensor.I32, yShape...).Keep()
+	}
+	return st.x, st.y
+}
+
+// Run runs one training step on the batch x (images) and y (I32 labels).
+// It queues the work and returns without waiting for the device. Set the
+// learning rate (Opt.SetLR) before it: that write is not part of the step.
+func (s *Step) Run(x, y *tensor.Tensor) (err error) {
+	defer recoverError(&err)
+	if !s.rngFresh {
+		optim.WriteCounter(s.rng, int64(s.dev.Generator().State().Offset))
+		s.rngFresh = true
+	}
+	st := s.state(x, y)
+	if s.Mode == Eager || st.eager {
+		s.body(x, y)
+		return nil
+	}
+	a := s.dev.Allocator()
+	switch {
+	case st.runs == 0: // warm-up: algorithms, kernels, optimiser state
+		st.runs++
+		s.body(x, y)
+		return nil
+	case st.plan == nil: // traced
+		st.runs++
+		a.StartTrace()
+		traced := false
+		defer func() {
+			if !traced {
+				a.StopTrace()
+			}
+		}()
+		s.body(x, y)
+		traced = true
+		trace, err := a.StopTrace()
+		if err != nil {
+			s.fallBack(st, err)
+			return nil
+		}
+		st.plan = memory.PlanTrace(trace)
+		return nil
+	}
+	if err := s.ensureArena(st.plan.Size); err != nil {
+		return err
+	}
+	if s.Mode == Planned {
+		return s.planned(st, x, y)
+	}
+	if st.graph == nil {
+		return s.capture(st, x, y)
+	}
+	if err := s.copyIn(st, x, y); err != nil {
+		return err
+	}
+	if err := st.graph.Launch(); err != nil {
+		return err
+	}
+	a.Replayed(s.arena)
+	return nil
+}
+
+// recoverError turns a panic carrying an error (an *memory.OOMError from a
+// tensor allocation, a *cuda.Error from a driver call) into the step's
+// error; programmer errors (strings, runtime errors) keep panicking.
+func recoverError(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	e, ok := r.(error)
+	var rt runtime.Error
+	if !ok || errors.As(e, &rt) {
+		panic(r)
+	}
+	*err = fmt.Errorf("training step: %w", e)
+}
+
+// fallBack makes st run eagerly from now on, noting why.
+func (s *Step) fallBack(st *shapeState, why error) {
+	st.eager, st.reason = true, why.Error()
+	s.notes = append(s.notes, fmt.Sprintf("batch %s runs eagerly: %v", st.key, why))
+}
+
+// ensureArena makes the arena at least size bytes. A larger arena moves
+// every buffer, so the graphs captured over the old one are dropped (their
+// plans stay, and they are captured again on their next run).
+func (s *Step) ensureArena(size int64) error {
+	if s.arena != nil && s.arena.Size() >= size {
+		return nil
+	}
+	s.dropGraphs()
+	if s.arena != nil {
+		if err := s.dev.Synchronize(); err != nil {
+			return err
+		}
+		if err := s.arena.Release(); err != nil {
+			return err
+		}
+		s.arena = nil
+	}
+	a := s.dev.Allocator()
+	// The eager steps' temporaries are cached in the pools; planned steps
+	// never use them again.
+	a.EmptyCache()
+	ar, err := a.NewArena(size)
+	if err != nil {
+		return fmt.Errorf("training step: the planned arena of %s: %w", MiB(size), err)
+	}
+	s.arena = ar
+	return nil
+}
+
+// planned runs the host code with memory from the plan.
+func (s *Step) planned(st *shapeState, x, y *tensor.Tensor) (err error) {
+	a := s.dev.Allocator()
+	if err := a.BeginPlanned(st.plan, s.arena); err != nil {
+		return err
+	}
+	defer func() {
+		if e := a.EndPlanned(); e != nil && err == nil {
+			if errors.Is(e, memory.ErrPlanMismatch) {
+				s.fallBack(st, e)
+			} else {
+				err = e
+			}
+		}
+	}()
+	s.body(x, y)
+	return nil
+}
+
+// capture records the step over the arena as a graph, then launches it (the
+// capture queued nothing).
+func (s *Step) capture(st *shapeState, x, y *tensor.Tensor) (err error) {
+	if st.x == nil {
+		st.x = tensor.Empty(s.dev, x.DType(), x.Shape()...).Keep()
+		st.y = tensor.Empty(s.dev, y.DType(), y.Shape()...).Keep()
+	}
+	if err := s.copyIn(st, x, y); err != nil {
+		return err
+	}
+	c := s.dev.Backend().(kernels.Capturer)
+	a := s.dev.Allocator()
+	if err := a.BeginPlanned(st.plan, s.arena); err != nil {
+		return err
+	}
+	if err := c.BeginCapture(); err != nil {
+		a.EndPlanned()
+		return err
+	}
+	var g kernels.Graph
+	func() {
+		defer func() {
+			var cerr error
+			g, cerr = c.EndCapture()
+			perr := a.EndPlanned()
+			if err == nil {
+				err = errors.Join(cerr, perr)
+			}
+			if err != nil && g != nil {
+				g.Release()
+				g = nil
+			}
+		}()
+		s.body(st.x, st.y)
+	}()
+	if err != nil {
+		if errors.Is(err, memory.ErrPlanMismatch) {
+			s.fallBack(st, err)
+			s.body(x, y) // this step, eagerly: the capture ran nothing
+			return nil
+		}
+		return err
+	}
+	st.graph = g
+	s.notes = append(s.notes, fmt.Sprintf("batch %s captured: %d operations in one graph over an arena of %s (%s live at its peak)",
+		st.key, g.Nodes(), MiB(st.plan.Size), MiB(st.plan.Live)))
+	return g.Launch()
+}
+
+// copyIn copies the batch into the static inputs, unless it is them.
+func (s *Step) copyIn(st *shapeState, x, y *tensor.Tensor) error {
+	if st.x == nil || (x.Block() == st.x.Block() && y.Block() == st.y.Block()) {
+		return nil
+	}
+	be := s.dev.Backend()
+	be.Copy(st.x.Buf(), x.Buf())
+	be.Copy(st.y.Buf(), y.Buf())
+	return nil
+}
+
+// body is the step itself, the same in every mode: it runs in a sync-free
+// section with the generator's position on the device.
+func (s *Step) body(x, y *tensor.Tensor) {
+	be := s.dev.Backend()
+	gen := s.dev.Generator()
+	s.dev.SyncFree(func() {
+		gen.BeginDevice(s.rng.Buf())
+		defer func() {
+			if used := gen.EndDevice(); used > 0 {
+				be.Increment(s.rng.Buf(), int64(used), kernels.Buf{})
+			}
+		}()
+		defer s.Opt.ZeroGrad()
+		tensor.WithScope(func() {
+			logits, loss := s.forward(x, y)
+			be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), logits.Buf(), y.Buf(), logits.Dim(0), logits.Dim(1))
+			logits.Release()
+			if s.Observe != nil {
+				s.Observe(loss)
+			}
+			ag.Backward(s.Scaler.ScaleLoss(loss))
+			s.Scaler.Step(s.Opt)
+			s.Scaler.Update()
+		})
+	})
+}
+
+// forward runs the model and the loss, under autocast with AMP.
+func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
+	run := func() {
+		logits = s.Model.Forward(x)
+		loss = ag.CrossEntropy(logits, y)
+	}
+	if s.AMP {
+		ag.Autocast(run)
+	} else {
+		run()
+	}
+	return logits, loss
+}
+
+// Metrics reads the loss sum and the number of right predictions
+// accumulated since the last ResetMetrics (one device read), and the steps
+// the scaler skipped in all.
+func (s *Step) Metrics() (lossSum float64, right int, skipped int) {
+	v := s.metrics.Float32s()
+	if s.AMP {
+		skipped = s.Scaler.Skipped()
+	}
+	return float64(v[0]), int(v[1]), skipped
+}
+
+// ResetMetrics queues the zeroing of the accumulated metrics.
+func (s *Step) ResetMetrics() { s.dev.Backend().Fill(s.metrics.Buf(), 0) }
+
+// SyncRNG reads the generator's position back from the device into the
+// host generator (for a checkpoint); the next Run takes it from there.
+func (s *Step) SyncRNG() {
+	if !s.rngFresh {
+		return
+	}
+	gen := s.dev.Generator()
+	st := gen.State()
+	st.Offset = uint64(optim.ReadCounter(s.rng))
+	gen.SetState(st)
+	s.rngFresh = false
+}
+
+// Plan is the memory plan of batches of F32 images of xShape and I32
+// labels of yShape, once traced (nil before).
+func (s *Step) Plan(xShape, yShape []int) *memory.Plan {
+	if st := s.shapes[shapeKey(tensor.F32, xShape, tensor.I32, yShape)]; st != nil {
+		return st.plan
+	}
+	return nil
+}
+
+// Arena is the step's planned arena, or nil.
+func (s *Step) Arena() *memory.Arena { return s.arena }
+
+// Notes says what the step did that a report should tell: graphs captured,
+// shapes that run eagerly and why.
+func (s *Step) Notes() []string { return slices.Clone(s.notes) }
