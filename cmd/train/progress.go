@@ -20,6 +20,7 @@ type progress struct {
 	epochs int
 	tty    bool
 	bar    *progressbar.ProgressBar
+	last   int // the step of the previous update in this epoch
 }
 
 func newProgress(w io.Writer, epochs int) *progress {
@@ -28,6 +29,7 @@ func newProgress(w io.Writer, epochs int) *progress {
 }
 
 func (p *progress) EpochStart(epoch, steps int) {
+	p.last = 0
 	if !p.tty {
 		return
 	}
@@ -45,14 +47,18 @@ func (p *progress) EpochStart(epoch, steps int) {
 func (p *progress) Step(s train.StepStats) {
 	desc := fmt.Sprintf("epoch %d/%d loss %.4f acc %5.1f%% %6.0f img/s mem %s (peak %s)",
 		s.Epoch+1, p.epochs, s.Loss, 100*s.Acc, s.ImgPerSec, train.MiB(s.Allocated), train.MiB(s.PeakAllocated))
+	last := p.last
+	p.last = s.Step
 	if !p.tty {
-		if tenth := max(1, s.Steps/10); s.Step%tenth == 0 || s.Step == s.Steps {
+		// Updates come every few steps (each is a device read): print the
+		// first one past each tenth of the epoch.
+		if tenth := max(1, s.Steps/10); s.Step/tenth != last/tenth || s.Step == s.Steps {
 			fmt.Fprintf(p.w, "%s step %d/%d\n", desc, s.Step, s.Steps)
 		}
 		return
 	}
 	p.bar.Describe(desc)
-	p.bar.Add(1)
+	p.bar.Add(s.Step - last)
 }
 
 func (p *progress) EpochEnd(m train.EpochMetrics) {
