@@ -37,7 +37,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile                 string
-	micro, lean, eager                                 bool
+	micro, lean, eager, profile                        bool
 	warmup, steps                                      int
 	claims                                             bool
 	seed                                               uint64
@@ -89,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
+	fs.BoolVar(&o.profile, "profile", false, "on a GPU, also report each kind of operation's device time per eager step, for every spec")
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
 	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
@@ -161,6 +162,11 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			rep.Notes = append(rep.Notes, "Host cost: "+line+".")
 		}
 	}
+	if o.profile {
+		if err := profile(dev, specs, configs, bo, rep, stderr); err != nil {
+			return err
+		}
+	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err != nil {
@@ -222,6 +228,33 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
 	}
 	return write(o, rep, stdout)
+}
+
+// profile reports where each spec's device time goes, by kind of operation.
+func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
+	for _, sp := range specs {
+		for _, b := range sp.batches {
+			for _, c := range configs {
+				if strings.Contains(c, "checkpoint") && !benchmarks.Models[sp.model].ResNet {
+					continue
+				}
+				ops, total, err := benchmarks.Profile(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
+				if err != nil {
+					return err
+				}
+				var parts []string
+				for _, op := range ops {
+					if op.MS >= 0.02*total {
+						parts = append(parts, fmt.Sprintf("%s %.2f ms (%d×)", op.Op, op.MS, op.Count))
+					}
+				}
+				line := fmt.Sprintf("Device time of an eager %s batch %d %s step: %.2f ms: %s.", sp.model, b, c, total, strings.Join(parts, ", "))
+				fmt.Fprintln(stderr, "profile:", line)
+				rep.Notes = append(rep.Notes, line)
+			}
+		}
+	}
+	return nil
 }
 
 // runLean repeats the specs on a second backend of the same GPU whose

@@ -79,6 +79,7 @@ type Backend struct {
 	beta        float32
 	launches    uint64 // kernels, library calls, copies and graphs queued on the stream
 	capturing   bool   // the stream is being captured into a graph
+	prof        *profiler
 	CompileLog  string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
 }
 
@@ -366,7 +367,7 @@ func (b *Backend) launch(name string, gx, gy uint32, block uint32) {
 	if gx == 0 || gy == 0 {
 		return
 	}
-	b.launches++
+	b.queued(name)
 	r := call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, 0, b.stream,
 		uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0)
 	if r != 0 {
@@ -435,7 +436,7 @@ func (b *Backend) Write(dst kernels.Buf, src []byte) {
 		b.nextStage ^= 1
 		s.ready(b.d)
 		copy(s.mem[:n], src[off:off+n])
-		b.launches++
+		b.queued("memcpy host to device")
 		b.d.must("cuMemcpyHtoDAsync", call(b.d.cuMemcpyHtoDAsync, base+uintptr(off), uintptr(s.ptr), uintptr(n), b.stream))
 		b.d.must("cuEventRecord", call(b.d.cuEventRecord, s.event, b.stream))
 		s.pending = true
@@ -477,7 +478,7 @@ func (b *Backend) Copy(dst, src kernels.Buf) {
 	b.enter()
 	defer b.exit()
 	if src.N > 0 {
-		b.launches++
+		b.queued("memcpy device to device")
 		b.d.must("cuMemcpyDtoDAsync", call(b.d.cuMemcpyDtoDAsync, ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
 	}
 }

@@ -296,7 +296,7 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	b.alpha, b.beta = 1, 0
 	alpha, beta := uintptr(unsafe.Pointer(&b.alpha)), uintptr(unsafe.Pointer(&b.beta))
 	c := b.dnn
-	b.launches++
+	b.queued([...]string{"cudnn forward", "cudnn backward data", "cudnn backward filter"}[dir])
 	var err error
 	switch dir {
 	case 0:

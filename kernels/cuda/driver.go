@@ -49,6 +49,8 @@ type driverAPI struct {
 	cuMemsetD16Async, cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
 	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize uintptr
 
+	cuEventElapsedTime, cuEventDestroy uintptr
+
 	// Graphs: stream capture, instantiation, launch.
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiateWithFlags, cuGraphLaunch,
 	cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes uintptr
@@ -84,6 +86,7 @@ func loadDriver() (*driverAPI, error) {
 			"cuLaunchKernel": &d.cuLaunchKernel, "cuGetErrorName": &d.cuGetErrorName,
 			"cuGetErrorString": &d.cuGetErrorString, "cuEventCreate": &d.cuEventCreate,
 			"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize,
+			"cuEventDestroy_v2":       &d.cuEventDestroy,
 			"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
 			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,
 			"cuGraphExecDestroy": &d.cuGraphExecDestroy, "cuGraphDestroy": &d.cuGraphDestroy,
@@ -92,6 +95,14 @@ func loadDriver() (*driverAPI, error) {
 		if err != nil {
 			driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)
 			return
+		}
+		// CUDA 12.8 added cuEventElapsedTime_v2, which CUDA 13's headers map
+		// the name to; older drivers have only the first version.
+		if d.cuEventElapsedTime, err = lib.sym("cuEventElapsedTime_v2"); err != nil {
+			if d.cuEventElapsedTime, err = lib.sym("cuEventElapsedTime"); err != nil {
+				driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)
+				return
+			}
 		}
 		if err := d.check("cuInit", call(d.cuInit, 0)); err != nil {
 			driverErr = err

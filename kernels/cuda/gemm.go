@@ -47,7 +47,7 @@ func (b *Backend) gemm(g gemmCall) {
 		compute = cublasComputeF32FastTF32
 	}
 	b.alpha, b.beta = g.alpha, g.beta
-	b.launches++
+	b.queued("cublas gemm")
 	ta, tc := cudaType(g.ab), cudaType(g.cType)
 	if g.batch <= 1 {
 		b.cb.must("cublasGemmEx", call(b.cb.cublasGemmEx, b.blas, opB, opA,

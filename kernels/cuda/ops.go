@@ -44,7 +44,7 @@ func (b *Backend) Fill(dst kernels.Buf, v float32) {
 		return
 	}
 	p, n := ptrOf(dst), uintptr(dst.N)
-	b.launches++
+	b.queued("memset")
 	switch dst.DType {
 	case kernels.F32:
 		b.d.must("cuMemsetD32Async", call(b.d.cuMemsetD32Async, p, uintptr(math.Float32bits(v)), n, b.stream))

@@ -1,0 +1,107 @@
+package cuda
+
+import (
+	"errors"
+	"sort"
+	"time"
+	"unsafe"
+)
+
+// Profiling: with StartProfile on, an event is recorded on the stream before
+// every operation the backend queues (kernel, library call, copy, memset),
+// and StopProfile attributes the device time between consecutive events to
+// the operation that started there. The stream runs one operation at a
+// time, so the times add up to the device time of the work. Recording an
+// event per operation adds host time: profile to see where device time
+// goes, not to time a step. Graph replays count as one operation; profile
+// eager steps.
+
+// OpTime is the device time of one kind of operation over a profile.
+type OpTime struct {
+	Op    string  // the kernel's name, or the library call
+	Count int     // operations of this kind
+	MS    float64 // device milliseconds in all
+}
+
+type profiler struct {
+	events []uintptr
+	names  []string
+	spare  []uintptr
+}
+
+// queued counts an operation about to be queued, and marks its start when
+// profiling (not while capturing: a graph records no events of ours).
+func (b *Backend) queued(op string) {
+	b.launches++
+	p := b.prof
+	if p == nil || b.capturing {
+		return
+	}
+	var ev uintptr
+	if n := len(p.spare); n > 0 {
+		ev, p.spare = p.spare[n-1], p.spare[:n-1]
+	} else {
+		b.d.must("cuEventCreate", call(b.d.cuEventCreate, uintptr(unsafe.Pointer(&ev)), 0))
+	}
+	b.d.must("cuEventRecord", call(b.d.cuEventRecord, ev, b.stream))
+	p.events, p.names = append(p.events, ev), append(p.names, op)
+}
+
+// StartProfile starts attributing device time to operations.
+func (b *Backend) StartProfile() {
+	b.enter()
+	defer b.exit()
+	b.prof = &profiler{}
+}
+
+// StopProfile waits for the stream and returns the device time of each kind
+// of operation queued since StartProfile, the most first.
+func (b *Backend) StopProfile() ([]OpTime, error) {
+	b.enter()
+	defer b.exit()
+	p := b.prof
+	if p == nil {
+		return nil, errors.New("cuda: StopProfile without StartProfile")
+	}
+	b.prof = nil
+	var end uintptr
+	b.d.must("cuEventCreate", call(b.d.cuEventCreate, uintptr(unsafe.Pointer(&end)), 0))
+	p.events = append(p.events, end)
+	b.d.must("cuEventRecord", call(b.d.cuEventRecord, end, b.stream))
+	defer func() {
+		for _, ev := range append(p.events, p.spare...) {
+			call(b.d.cuEventDestroy, ev)
+		}
+	}()
+	if err := b.d.check("cuEventSynchronize", call(b.d.cuEventSynchronize, end)); err != nil {
+		return nil, err
+	}
+	by := map[string]*OpTime{}
+	for i, name := range p.names {
+		var ms float32
+		if err := b.d.check("cuEventElapsedTime", call(b.d.cuEventElapsedTime, uintptr(unsafe.Pointer(&ms)), p.events[i], p.events[i+1])); err != nil {
+			return nil, err
+		}
+		t := by[name]
+		if t == nil {
+			t = &OpTime{Op: name}
+			by[name] = t
+		}
+		t.Count++
+		t.MS += float64(ms)
+	}
+	out := make([]OpTime, 0, len(by))
+	for _, t := range by {
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].MS > out[j].MS })
+	return out, nil
+}
+
+// Delay queues a kernel that keeps the stream busy for d.
+func (b *Backend) Delay(d time.Duration) {
+	b.enter()
+	defer b.exit()
+	b.kernel().i64(int64(d))
+	b.launch("spin", 1, 1, 1)
+}
