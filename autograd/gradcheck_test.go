@@ -27,6 +27,16 @@ func param(rng *rand.Rand, gen func(*rand.Rand) float32, shape ...int) *tensor.T
 
 func normal(r *rand.Rand) float32   { return float32(r.NormFloat64()) }
 func positive(r *rand.Rand) float32 { return 0.5 + 1.5*r.Float32() }
+func small(r *rand.Rand) float32    { return 0.05 + 0.1*r.Float32() }
+
+// farFromZero is at least 1.5 in size, either sign.
+func farFromZero(r *rand.Rand) float32 {
+	v := 1.5 + r.Float32()
+	if r.IntN(2) == 0 {
+		return -v
+	}
+	return v
+}
 
 // awayFromZero keeps |x| >= 0.1 so that ±eps never crosses a kink at 0.
 func awayFromZero(r *rand.Rand) float32 {
@@ -163,6 +173,27 @@ func gradCases() []gradCase {
 			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 2), tensor.Ones(testDevice(), tensor.F32, 2)
 			return ag.BatchNorm2d(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-5)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		// The fused ReLU's kink must stay out of reach of ±Eps: a small γ and a
+		// residual (or β) of at least 1 in size keep the sums away from zero.
+		{name: "batchnorm/train/residual+relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 3, 4, 3, 5), param(r, small, 4), param(r, normal, 4), param(r, farFromZero, 3, 4, 3, 5)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 4), tensor.Ones(testDevice(), tensor.F32, 4)
+			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "batchnorm/train/relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 4, 4, 4), param(r, small, 4), param(r, farFromZero, 4)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 4), tensor.Ones(testDevice(), tensor.F32, 4)
+			return ag.BatchNormAct(in[0], nil, in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "batchnorm/eval/residual+relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 3, 4, 4), param(r, small, 3), param(r, normal, 3), param(r, farFromZero, 2, 3, 4, 4)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm := tensor.FromFloat32(testDevice(), []float32{0.1, -0.2, 0.3}, 3)
+			rv := tensor.FromFloat32(testDevice(), []float32{0.5, 1.5, 2}, 3)
+			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, false, 0.1, 1e-5, true)
+		}},
 		{name: "batchnorm/eval", inputs: func(r *rand.Rand) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 3, 4, 4), param(r, positive, 3), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {

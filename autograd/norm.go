@@ -14,6 +14,15 @@ import (
 // runMean and runVar. x may be F16 (AMP): statistics and parameters stay F32
 // and the result has x's dtype.
 func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32) *T {
+	return BatchNormAct(x, nil, gamma, beta, runMean, runVar, training, momentum, eps, false)
+}
+
+// BatchNormAct is BatchNorm2d fused with what follows it in a residual
+// block: the residual (x's shape; nil for none) is added to the normalised
+// value and, with relu, the sum goes through a ReLU, all in one pass over
+// the data, forward and backward. It saves x and, with relu, its output
+// (whose sign is the ReLU's mask): what the unfused operations would save.
+func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu bool) *T {
 	xs := x.Shape()
 	if len(xs) != 4 {
 		panic(fmt.Sprintf("autograd: batch norm of shape %v: want N×C×H×W", xs))
@@ -24,25 +33,39 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, p.Shape()))
 		}
 	}
+	if residual != nil {
+		if !residual.SameShape(x) {
+			panic(fmt.Sprintf("autograd: batch norm of input %v with a residual of shape %v", xs, residual.Shape()))
+		}
+		sameDevice("batch norm residual", x, residual)
+		if residual.DType() != x.DType() {
+			residual = Cast(residual, x.DType())
+			defer residual.Release()
+		}
+	}
 	if Recomputing() {
 		momentum = 0 // r ← 1·r + 0·batch: unchanged
 	}
-	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum}
+	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum, ReLU: relu}
 	be := x.Backend()
 	if !training {
-		return batchNormEval(x, gamma, beta, runMean, runVar, p)
+		return batchNormEval(x, residual, gamma, beta, runMean, runVar, p)
 	}
 	y := emptyLike(x)
 	mean := tensor.Empty(x.Device(), tensor.F32, c)
 	invStd := tensor.Empty(x.Device(), tensor.F32, c)
-	be.BatchNormTrain(p, x.Buf(), gamma.Buf(), beta.Buf(), y.Buf(), runMean.Buf(), runVar.Buf(), mean.Buf(), invStd.Buf())
-	rec := begin("batch_norm", x, gamma, beta)
+	be.BatchNormTrain(p, x.Buf(), bufOf(residual), gamma.Buf(), beta.Buf(), y.Buf(), runMean.Buf(), runVar.Buf(), mean.Buf(), invStd.Buf())
+	rec := begin("batch_norm", x, gamma, beta, residual)
 	if rec == nil {
 		mean.Release()
 		invStd.Release()
 		return y
 	}
 	xSaved, gSaved := rec.save(x), rec.save(gamma)
+	var ySaved *T
+	if relu {
+		ySaved = rec.save(y)
+	}
 	rec.keep(mean)
 	rec.keep(invStd)
 	gType, bType := gamma.DType(), beta.DType()
@@ -50,8 +73,12 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 		dx := emptyLike(g)
 		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
 		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
-		be.BatchNormBackward(p, xSaved.Buf(), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), dgamma.Buf(), dbeta.Buf())
-		grads := []*T{dx, nil, nil}
+		var dres *T
+		if rec.needs(3) {
+			dres = emptyLike(g)
+		}
+		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
+		grads := []*T{dx, nil, nil, dres}
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma, gType)
 		}
@@ -65,16 +92,24 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 	return y
 }
 
+// bufOf is t's buffer, or the invalid one for nil.
+func bufOf(t *T) kernels.Buf {
+	if t == nil {
+		return kernels.Buf{}
+	}
+	return t.Buf()
+}
+
 // batchNormEval normalises with the running statistics: one fused kernel when
 // nothing is recorded, differentiable operations otherwise (fine-tuning with
 // frozen statistics).
-func batchNormEval(x, gamma, beta, runMean, runVar *T, p kernels.BNParams) *T {
-	if !recording(x, gamma, beta) {
+func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNParams) *T {
+	if !recording(x, gamma, beta, residual) {
 		y := emptyLike(x)
-		x.Backend().BatchNormEval(p, x.Buf(), gamma.Buf(), beta.Buf(), runMean.Buf(), runVar.Buf(), y.Buf())
+		x.Backend().BatchNormEval(p, x.Buf(), bufOf(residual), gamma.Buf(), beta.Buf(), runMean.Buf(), runVar.Buf(), y.Buf())
 		return y
 	}
-	// y = x·s + (β − μ·s), s = γ/√(σ²+ε)
+	// y = act(x·s + (β − μ·s) + residual), s = γ/√(σ²+ε)
 	s := tensor.NewScope()
 	std := Sqrt(Affine(Detach(runVar), 1, p.Eps))
 	scale := Div(gamma, std)
@@ -83,6 +118,12 @@ func batchNormEval(x, gamma, beta, runMean, runVar *T, p kernels.BNParams) *T {
 	y := Add(Mul(x, Reshape(scale, c, 1, 1)), Reshape(shift, c, 1, 1))
 	if y.DType() != x.DType() {
 		y = Cast(y, x.DType())
+	}
+	if residual != nil {
+		y = Add(y, residual)
+	}
+	if p.ReLU {
+		y = ReLU(y)
 	}
 	s.Escape(y)
 	s.Close()

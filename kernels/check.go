@@ -75,9 +75,10 @@ func CheckPool(op string, p PoolParams, x, y Buf) {
 }
 
 // CheckBN checks batch norm's input against p and its per-channel buffers
-// (parameters, statistics), which are F32 of C elements.
+// (parameters, statistics), which are F32 of C elements. Inputs hold fewer
+// than 2³¹ elements (the CUDA kernels index them in 32 bits).
 func CheckBN(op string, p BNParams, x Buf, channel ...Buf) {
-	if p.N <= 0 || p.C <= 0 || p.HW <= 0 {
+	if p.N <= 0 || p.C <= 0 || p.HW <= 0 || int64(p.N)*int64(p.C)*int64(p.HW) >= 1<<31 {
 		panic(fmt.Sprintf("kernels: %s: invalid parameters %+v", op, p))
 	}
 	CheckLen(op+" input", p.N*p.C*p.HW, x)
@@ -131,5 +132,15 @@ func CheckScalar(op string, bufs ...Buf) {
 func CheckCounter(op string, c Buf) {
 	if !c.Valid() || c.N != CounterLen || c.DType != I32 {
 		panic(fmt.Sprintf("kernels: %s: %d %v elements where a counter (%d i32) is required", op, c.N, c.DType, CounterLen))
+	}
+}
+
+// CheckLike panics unless every valid buffer among bufs has x's length and
+// dtype (an optional operand such as a batch norm's residual).
+func CheckLike(op string, x Buf, bufs ...Buf) {
+	for _, b := range bufs {
+		if b.Valid() && (b.N != x.N || b.DType != x.DType) {
+			panic(fmt.Sprintf("kernels: %s: %d %v elements beside an input of %d %v", op, b.N, b.DType, x.N, x.DType))
+		}
 	}
 }

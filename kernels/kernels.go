@@ -223,11 +223,15 @@ func (p PoolParams) Validate() {
 
 // BNParams describes batch normalisation of an N×C×HW input over its N and
 // HW axes, per channel. Momentum weights the new batch statistics in the
-// running averages, as in PyTorch; the running variance is unbiased.
+// running averages, as in PyTorch; the running variance is unbiased. With
+// ReLU the output is max(0, ·) of the normalised value plus the residual:
+// batch norm fused with the ReLU (and the residual addition) after it, as
+// in a ResNet block.
 type BNParams struct {
 	N, C, HW int
 	Eps      float32
 	Momentum float32
+	ReLU     bool
 }
 
 // Philox is the state of a counter-based Philox4x32-10 generator: a key and
@@ -329,12 +333,17 @@ type Backend interface {
 	Conv2dBackwardFilter(p ConvParams, x, dy, dw Buf)
 
 	// BatchNormTrain normalises x with its batch statistics, writes them to
-	// saveMean and saveInvStd (F32, C each) and updates runMean and runVar in place.
-	BatchNormTrain(p BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd Buf)
-	// BatchNormEval normalises x with the running statistics.
-	BatchNormEval(p BNParams, x, gamma, beta, runMean, runVar, y Buf)
-	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain.
-	BatchNormBackward(p BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta Buf)
+	// saveMean and saveInvStd (F32, C each) and updates runMean and runVar
+	// in place; y = γ·x̂ + β + residual, through a ReLU with p.ReLU. The
+	// residual (x's length and dtype) is optional.
+	BatchNormTrain(p BNParams, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd Buf)
+	// BatchNormEval normalises x with the running statistics, adding the
+	// optional residual and applying the ReLU as BatchNormTrain does.
+	BatchNormEval(p BNParams, x, residual, gamma, beta, runMean, runVar, y Buf)
+	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain, and
+	// the optional dresidual; with p.ReLU, dy is masked where the forward
+	// output y was not positive (y is read only then).
+	BatchNormBackward(p BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta Buf)
 
 	// MaxPool2d computes y from x.
 	MaxPool2d(p PoolParams, x, y Buf)

@@ -181,6 +181,7 @@ type Allocator struct {
 	fraction float64 // 0: no cap
 	timeline *Timeline
 	window   window
+	wsPolicy WorkspacePolicy
 	trace    *traceState   // non-nil while tracing
 	planned  *plannedState // non-nil while a plan serves the requests
 }

@@ -254,11 +254,31 @@ func equalSizes(a, b []int64) bool {
 	return true
 }
 
+// WorkspacePolicy says which size AllocWorkspace gives outside a plan.
+type WorkspacePolicy int
+
+// The workspace policies.
+const (
+	WorkspaceAsAsked  WorkspacePolicy = iota // the caller's choice (its eager policy)
+	WorkspaceSmallest                        // the smallest option: the least memory
+)
+
+// SetWorkspacePolicy sets the policy of AllocWorkspace outside a plan and
+// returns the one before.
+func (a *Allocator) SetWorkspacePolicy(p WorkspacePolicy) WorkspacePolicy {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.wsPolicy
+	a.wsPolicy = p
+	return old
+}
+
 // AllocWorkspace returns scratch space that may take any of the sizes in
-// options (a workspace whose algorithm is still to be chosen), and the index
-// of the size it got. Outside a plan it allocates options[eager]; while
-// tracing it records every option; inside a plan it returns the size the
-// plan chose, the fastest that fits the arena's gap at that point.
+// options (a workspace whose algorithm is still to be chosen; the caller
+// lists them fastest first), and the index of the size it got. Outside a
+// plan it allocates options[eager], or the smallest under
+// WorkspaceSmallest; while tracing it records every option; inside a plan
+// it returns the size the plan chose.
 func (a *Allocator) AllocWorkspace(options []int64, eager int, stream Stream) (*Block, int, error) {
 	if len(options) == 0 || eager < 0 || eager >= len(options) {
 		panic(fmt.Sprintf("memory: AllocWorkspace of options %v, eager choice %d", options, eager))
@@ -267,6 +287,13 @@ func (a *Allocator) AllocWorkspace(options []int64, eager int, stream Stream) (*
 	if ps := a.planned; ps != nil {
 		defer a.mu.Unlock()
 		return ps.alloc(options, stream)
+	}
+	if a.wsPolicy == WorkspaceSmallest {
+		for i, o := range options {
+			if o < options[eager] {
+				eager = i
+			}
+		}
 	}
 	a.mu.Unlock()
 	b, err := a.alloc(options[eager], stream, options, eager)

@@ -106,6 +106,23 @@ func (p *Plan) Check() error {
 	return nil
 }
 
+// PlanOptions say how PlanTrace sizes workspaces.
+type PlanOptions struct {
+	// Slack is how far workspaces may raise the arena above the extent of
+	// the other buffers, as a fraction of that extent, and MinSlack the
+	// least it may, in bytes. A workspace that fits nowhere in the arena
+	// (as it is at the step's peak) would otherwise get its slowest,
+	// smallest algorithm; a little room buys the fast ones.
+	Slack    float64
+	MinSlack int64
+	// AsTraced gives every workspace the size the traced run took, instead
+	// of choosing: the plan then runs exactly the traced run's algorithms.
+	AsTraced bool
+}
+
+// DefaultPlanOptions let workspaces raise the arena by 5%, or 16 MiB.
+var DefaultPlanOptions = PlanOptions{Slack: 0.05, MinSlack: 16 << 20}
+
 // PlanTrace assigns offsets to the buffers of t.
 //
 // Buffers of one size are placed first, greedily: each in turn goes into the
@@ -115,10 +132,10 @@ func (p *Plan) Check() error {
 // "greedy by size"), by the live bytes over the buffer's lifetime ("greedy
 // by breadth"), by lifetime length, and by request order. Workspaces come
 // last, in request order: each takes the first of its sizes (the fastest
-// algorithm's) that fits a gap inside the extent reached so far, so that no
-// workspace raises the arena; when none fits, the smallest is placed, and
-// the arena grows by as little as it can.
-func PlanTrace(t *Trace) *Plan {
+// algorithm's) that fits a gap below the extent reached so far plus the
+// slack, so that workspaces raise the arena by at most the slack; when none
+// fits, the smallest is placed, and the arena grows by as little as it can.
+func PlanTrace(t *Trace, o PlanOptions) *Plan {
 	var fixed, flexible []int
 	for i, b := range t.Buffers {
 		if len(b.Sizes) == 1 {
@@ -128,10 +145,10 @@ func PlanTrace(t *Trace) *Plan {
 		}
 	}
 	var best *Plan
-	for _, o := range placementOrders(t, fixed) {
-		p := &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: o.name}
+	for _, ord := range placementOrders(t, fixed) {
+		p := &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: ord.name}
 		var placed []int
-		for _, i := range o.order {
+		for _, i := range ord.order {
 			p.Offsets[i] = p.fit(placed, i, t.Buffers[i].Sizes[0], -1)
 			p.Size = max(p.Size, p.Offsets[i]+t.Buffers[i].Sizes[0])
 			placed = append(placed, i)
@@ -141,14 +158,22 @@ func PlanTrace(t *Trace) *Plan {
 		}
 	}
 	p := best
+	if p == nil { // no fixed buffers
+		p = &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: "request"}
+	}
+	limit := p.Size + max(int64(o.Slack*float64(p.Size)), o.MinSlack)
 	placed := slices.Clone(fixed)
 	for _, i := range flexible {
 		b := t.Buffers[i]
 		chosen := -1
-		for c, s := range b.Sizes {
-			if off := p.fit(placed, i, s, p.Size); off >= 0 {
-				chosen, p.Offsets[i] = c, off
-				break
+		if o.AsTraced {
+			chosen = b.Taken
+		} else {
+			for c, s := range b.Sizes {
+				if off := p.fit(placed, i, s, limit); off >= 0 {
+					chosen = c
+					break
+				}
 			}
 		}
 		if chosen < 0 {
@@ -158,10 +183,10 @@ func PlanTrace(t *Trace) *Plan {
 					chosen = c
 				}
 			}
-			p.Offsets[i] = p.fit(placed, i, b.Sizes[chosen], -1)
-			p.Size = max(p.Size, p.Offsets[i]+b.Sizes[chosen])
 		}
 		p.Choice[i] = chosen
+		p.Offsets[i] = p.fit(placed, i, b.Sizes[chosen], -1)
+		p.Size = max(p.Size, p.Offsets[i]+b.Sizes[chosen])
 		placed = append(placed, i)
 	}
 	p.Live = t.MaxLive(p.Choice)

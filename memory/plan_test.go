@@ -82,7 +82,7 @@ func TestPlanTraceAgainstBruteForce(t *testing.T) {
 	var planned, live int64
 	for trial := 0; trial < 300; trial++ {
 		tr := randomTrace(rng, 1+rng.IntN(120))
-		p := PlanTrace(tr)
+		p := PlanTrace(tr, DefaultPlanOptions)
 		if err := p.Check(); err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
@@ -101,7 +101,7 @@ func TestPlanTraceAgainstBruteForce(t *testing.T) {
 // TestPlanCheckFindsOverlaps: the checker is not vacuous.
 func TestPlanCheckFindsOverlaps(t *testing.T) {
 	tr := &Trace{Events: 4, Buffers: []TraceBuffer{{Sizes: []int64{1024}, Alloc: 0, Free: 3}, {Sizes: []int64{512}, Alloc: 1, Free: 2}}}
-	p := PlanTrace(tr)
+	p := PlanTrace(tr, DefaultPlanOptions)
 	if err := p.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestPlanNetworkNearLowerBound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, layers := range []int{5, 20, 100} {
 		tr := networkTrace(layers, rng)
-		p := PlanTrace(tr)
+		p := PlanTrace(tr, DefaultPlanOptions)
 		if err := p.Check(); err != nil {
 			t.Fatal(err)
 		}
@@ -172,12 +172,29 @@ func TestWorkspacePicksFastestThatFits(t *testing.T) {
 		{Sizes: []int64{4096, 1024}, Alloc: 3, Free: 4},       // fits the temporary's old place: 4096
 		{Sizes: []int64{65536, 2048, 512}, Alloc: 5, Free: 6}, // 65536 does not fit: 2048
 	}}
-	p := PlanTrace(tr)
+	p := PlanTrace(tr, PlanOptions{})
 	if err := p.Check(); err != nil {
 		t.Fatal(err)
 	}
 	if p.Choice[2] != 0 || p.Choice[3] != 1 || p.Size != 8192+16384 {
 		t.Errorf("choices %v, size %d: want [.. .. 0 1] in %d bytes", p.Choice, p.Size, 8192+16384)
+	}
+	// With 64 KiB of slack the fastest fits too, raising the arena.
+	p = PlanTrace(tr, PlanOptions{MinSlack: 65536})
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Choice[3] != 0 || p.Size > 8192+16384+65536 {
+		t.Errorf("with slack: choices %v, size %d", p.Choice, p.Size)
+	}
+	// As traced: the choices the traced run took.
+	tr.Buffers[2].Taken, tr.Buffers[3].Taken = 1, 2
+	p = PlanTrace(tr, PlanOptions{AsTraced: true, MinSlack: 1 << 20})
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Choice[2] != 1 || p.Choice[3] != 2 {
+		t.Errorf("as traced: choices %v, want [.. .. 1 2]", p.Choice)
 	}
 }
 
@@ -223,7 +240,7 @@ func TestPlannedRunRepeatsTrace(t *testing.T) {
 	if len(tr.Buffers) != 4 || tr.Events != 8 {
 		t.Fatalf("trace of %d buffers, %d events", len(tr.Buffers), tr.Events)
 	}
-	p := PlanTrace(tr)
+	p := PlanTrace(tr, DefaultPlanOptions)
 	if err := p.Check(); err != nil {
 		t.Fatal(err)
 	}

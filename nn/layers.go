@@ -98,8 +98,13 @@ func NewBatchNorm2d(dev *tensor.Device, c int) *BatchNorm2d {
 }
 
 // Forward normalises x (N×C×H×W).
-func (b *BatchNorm2d) Forward(x *T) *T {
-	return ag.BatchNorm2d(x, b.Weight, b.Bias, b.RunningMean, b.RunningVar, b.Training, b.Momentum, b.Eps)
+func (b *BatchNorm2d) Forward(x *T) *T { return b.ForwardAct(x, nil, false) }
+
+// ForwardAct normalises x, adds residual (nil for none) and, with relu,
+// applies a ReLU: one fused operation (autograd.BatchNormAct), the tail of a
+// residual block.
+func (b *BatchNorm2d) ForwardAct(x, residual *T, relu bool) *T {
+	return ag.BatchNormAct(x, residual, b.Weight, b.Bias, b.RunningMean, b.RunningVar, b.Training, b.Momentum, b.Eps, relu)
 }
 
 // State lists γ, β and the running statistics (buffers).

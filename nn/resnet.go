@@ -39,25 +39,25 @@ func NewBasicBlock(dev *tensor.Device, in, out, stride int) *BasicBlock {
 	return b
 }
 
-// Forward computes the block.
+// Forward computes the block. Each batch norm is fused with what follows
+// it: the first with its ReLU, the second with the shortcut's addition and
+// the block's final ReLU.
 func (b *BasicBlock) Forward(x *T) *T {
-	h := then(b.Conv1.Forward(x), b.BN1.Forward)
-	h = then(h, ag.ReLU)
+	h := then(b.Conv1.Forward(x), func(h *T) *T { return b.BN1.ForwardAct(h, nil, true) })
 	if b.Dropout != nil {
 		h = then(h, b.Dropout.Forward)
 	}
 	h = then(h, b.Conv2.Forward)
-	h = then(h, b.BN2.Forward)
 	s := x
 	if b.ShortConv != nil {
 		s = then(b.ShortConv.Forward(x), b.ShortBN.Forward)
 	}
-	y := ag.Add(h, s)
+	y := b.BN2.ForwardAct(h, s, true)
 	h.Release()
 	if s != x {
 		s.Release()
 	}
-	return then(y, ag.ReLU)
+	return y
 }
 
 // State lists the block's convolutions and batch norms.
@@ -189,8 +189,7 @@ func (r *ResNet) segments() [][]Module {
 
 // Forward computes the logits for x (N×C×H×W).
 func (r *ResNet) Forward(x *T) *T {
-	h := then(r.Stem.Forward(x), r.StemBN.Forward)
-	h = then(h, ag.ReLU)
+	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
 	for _, seg := range r.segments() {
 		if r.Checkpoint == NoCheckpoint {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })

@@ -20,12 +20,10 @@ func TestCUDAMeasuredSavings(t *testing.T) {
 	testdev.On(t, &testDevice, TestMeasuredSavings)
 }
 
-// The step's tests on the GPU, captured: a plan may pick other cuDNN
-// algorithms than the eager policy (the fastest that fits the arena), so
-// parameters agree with eager ones within a tolerance, not bitwise.
+// The step's tests on the GPU, captured.
 func onCUDACaptured(t *testing.T, f func(*testing.T)) {
-	planMode, paramTol = Captured, 2e-3
-	defer func() { planMode, paramTol = Planned, 0 }()
+	planMode = Captured
+	defer func() { planMode = Planned }()
 	testdev.On(t, &testDevice, f)
 }
 

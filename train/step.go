@@ -18,9 +18,11 @@ import (
 type Mode int
 
 // The modes. Planned and Captured run the first two steps of each batch
-// shape eagerly: the first chooses the convolution algorithms, compiles
-// and creates the optimiser's state; the second is traced, and its trace
-// planned (memory.PlanTrace) into one arena.
+// shape eagerly, with the smallest convolution workspaces: the first
+// searches the convolution algorithms, compiles and creates the
+// optimiser's state; the second is traced, and its trace planned
+// (memory.PlanTrace) into one arena, choosing each convolution's algorithm
+// with the plan.
 const (
 	// Eager queues every operation as it is called, with memory from the
 	// caching pools: the reference, the CPU's mode and the debugging mode.
@@ -67,6 +69,9 @@ type Step struct {
 	Scaler *optim.GradScaler
 	AMP    bool
 	Mode   Mode
+	// Planning says how the plan sizes workspaces (memory.DefaultPlanOptions
+	// unless set otherwise before the second step of a shape).
+	Planning memory.PlanOptions
 	// Observe, if set, is called with the loss of each step whose host code
 	// runs (not with replays of a captured step), inside the step's scope:
 	// Retain and Keep it to hold it past the step.
@@ -98,7 +103,7 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *o
 	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
 		mode = Planned
 	}
-	return &Step{Model: model, Opt: opt, Scaler: scaler, AMP: amp, Mode: mode, dev: dev,
+	return &Step{Model: model, Opt: opt, Scaler: scaler, AMP: amp, Mode: mode, dev: dev, Planning: memory.DefaultPlanOptions,
 		metrics: tensor.Zeros(dev, tensor.F32, 2).Keep(),
 		rng:     tensor.Zeros(dev, tensor.I32, kernels.CounterLen).Keep(),
 		shapes:  map[string]*shapeState{}}
@@ -176,6 +181,11 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 		return nil
 	}
 	a := s.dev.Allocator()
+	if st.plan == nil {
+		// The eager steps before the plan take the smallest workspaces,
+		// so that their peaks are not above the planned step's.
+		defer a.SetWorkspacePolicy(a.SetWorkspacePolicy(memory.WorkspaceSmallest))
+	}
 	switch {
 	case st.runs == 0: // warm-up: algorithms, kernels, optimiser state
 		st.runs++
@@ -197,7 +207,7 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 			s.fallBack(st, err)
 			return nil
 		}
-		st.plan = memory.PlanTrace(trace)
+		st.plan = memory.PlanTrace(trace, s.Planning)
 		return nil
 	}
 	if err := s.ensureArena(st.plan.Size); err != nil {

@@ -205,7 +205,7 @@ func TestBatchNorm(t *testing.T) {
 	rv := buf(t, kernels.F32, p.C)
 	be.Fill(rv, 2)
 	y, sm, si := buf(t, kernels.F32, x.N), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
-	be.BatchNormTrain(p, x, g, b, y, rm, rv, sm, si)
+	be.BatchNormTrain(p, x, kernels.Buf{}, g, b, y, rm, rv, sm, si)
 	m := float64(p.N * p.HW)
 	yRef, rmRef, rvRef := make([]float64, x.N), make([]float64, p.C), make([]float64, p.C)
 	meanRef, invRef := make([]float64, p.C), make([]float64, p.C)
@@ -241,13 +241,49 @@ func TestBatchNorm(t *testing.T) {
 	check(t, "running var", rv, rvRef, 1e-5)
 
 	ye := buf(t, kernels.F32, x.N)
-	be.BatchNormEval(p, x, g, b, rm, rv, ye)
+	be.BatchNormEval(p, x, kernels.Buf{}, g, b, rm, rv, ye)
 	eRef := make([]float64, x.N)
 	for k := range eRef {
 		c := k / p.HW % p.C
 		eRef[k] = (xv[k]-rmRef[c])/math.Sqrt(rvRef[c]+1e-5)*gv[c] + bv[c]
 	}
 	check(t, "eval y", ye, eRef, 1e-5)
+
+	// Fused with a residual and a ReLU: y = max(0, bn(x) + r); the backward
+	// masks dy by y > 0 and passes the masked gradient to the residual.
+	r, rv2 := randBuf(t, rng, x.N)
+	pr := p
+	pr.ReLU = true
+	yr := buf(t, kernels.F32, x.N)
+	be.BatchNormTrain(pr, x, r, g, b, yr, rm, rv, sm, si)
+	yrRef := make([]float64, x.N)
+	for k := range yrRef {
+		yrRef[k] = max(0, yRef[k]+rv2[k])
+	}
+	check(t, "fused y", yr, yrRef, 1e-5)
+	dy, dyv := randBuf(t, rng, x.N)
+	dx, dres := buf(t, kernels.F32, x.N), buf(t, kernels.F32, x.N)
+	dg, db := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
+	be.BatchNormBackward(pr, x, yr, dy, g, sm, si, dx, dres, dg, db)
+	gRef, dxRef := make([]float64, x.N), make([]float64, x.N)
+	dbRef, dgRef := make([]float64, p.C), make([]float64, p.C)
+	for k := range gRef {
+		if yrRef[k] > 0 {
+			gRef[k] = dyv[k]
+		}
+		c := k / p.HW % p.C
+		dbRef[c] += gRef[k]
+		dgRef[c] += gRef[k] * (xv[k] - meanRef[c]) * invRef[c]
+	}
+	for k := range dxRef {
+		c := k / p.HW % p.C
+		xhat := (xv[k] - meanRef[c]) * invRef[c]
+		dxRef[k] = gv[c] * invRef[c] / m * (m*gRef[k] - dbRef[c] - xhat*dgRef[c])
+	}
+	check(t, "fused dresidual", dres, gRef, 1e-6)
+	check(t, "fused dbeta", db, dbRef, 1e-5)
+	check(t, "fused dgamma", dg, dgRef, 1e-5)
+	check(t, "fused dx", dx, dxRef, 1e-4)
 }
 
 func TestPooling(t *testing.T) {

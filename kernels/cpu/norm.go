@@ -16,12 +16,34 @@ func forChannel(p kernels.BNParams, c int, f func(i int)) {
 	}
 }
 
-// BatchNormTrain normalises with batch statistics (two-pass, float64) and
-// updates the running statistics (the variance unbiased) in place.
-func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
+// act is the output's activation: x̂·γ + β (in float64) plus the residual,
+// through the ReLU with p.ReLU.
+func act(p kernels.BNParams, v float64, res []float32, i int) float32 {
+	if res != nil {
+		v += float64(res[i])
+	}
+	if p.ReLU && v < 0 {
+		v = 0
+	}
+	return float32(v)
+}
+
+// optIn is in(b) for an optional buffer: nil when it is not given.
+func optIn(b kernels.Buf) []float32 {
+	if !b.Valid() {
+		return nil
+	}
+	return in(b)
+}
+
+// BatchNormTrain normalises with batch statistics (two-pass, float64),
+// adds the residual, applies the ReLU and updates the running statistics
+// (the variance unbiased) in place.
+func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
 	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
 	kernels.CheckLen("batch norm output", x.N, y)
-	xs, gs, bs := in(x), in(gamma), in(beta)
+	kernels.CheckLike("batch norm residual", x, residual)
+	xs, gs, bs, res := in(x), in(gamma), in(beta), optIn(residual)
 	ys, doneY := out(y)
 	rm, doneRM := inout(runMean)
 	rv, doneRV := inout(runVar)
@@ -37,7 +59,7 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean,
 			variance := sq / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
 			scale, shift := float64(gs[ch])*invStd, float64(bs[ch])
-			forChannel(p, ch, func(i int) { ys[i] = float32((float64(xs[i])-mean)*scale + shift) })
+			forChannel(p, ch, func(i int) { ys[i] = act(p, (float64(xs[i])-mean)*scale+shift, res, i) })
 			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
 			if m > 1 {
@@ -53,32 +75,46 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, gamma, beta, y, runMean,
 	doneRV()
 }
 
-// BatchNormEval normalises with the running statistics.
-func (c *Backend) BatchNormEval(p kernels.BNParams, x, gamma, beta, runMean, runVar, y kernels.Buf) {
+// BatchNormEval normalises with the running statistics, adds the residual
+// and applies the ReLU.
+func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
 	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
 	kernels.CheckLen("batch norm eval output", x.N, y)
-	xs, gs, bs, rm, rv := in(x), in(gamma), in(beta), in(runMean), in(runVar)
+	kernels.CheckLike("batch norm eval residual", x, residual)
+	xs, gs, bs, rm, rv, res := in(x), in(gamma), in(beta), in(runMean), in(runVar), optIn(residual)
 	ys, done := out(y)
 	parallel(p.C, 1, func(lo, hi int) {
 		for ch := lo; ch < hi; ch++ {
 			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := bs[ch] - rm[ch]*scale
-			forChannel(p, ch, func(i int) { ys[i] = xs[i]*scale + shift })
+			forChannel(p, ch, func(i int) { ys[i] = act(p, float64(xs[i]*scale+shift), res, i) })
 		}
 	})
 	done()
 }
 
-// BatchNormBackward computes
+// BatchNormBackward computes, with g = dy (masked by y > 0 with the ReLU),
 //
-//	dβ = Σ dy,  dγ = Σ dy·x̂,  dx = γ·invstd/M · (M·dy − dβ − x̂·dγ)
+//	dβ = Σ g,  dγ = Σ g·x̂,  dx = γ·invstd/M · (M·g − dβ − x̂·dγ),  dresidual = g
 //
 // with x̂ = (x − mean)·invstd and M = N·HW.
-func (c *Backend) BatchNormBackward(p kernels.BNParams, x, dy, gamma, saveMean, saveInvStd, dx, dgamma, dbeta kernels.Buf) {
+func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
+	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
 	xs, dys, gs, sm, sis := in(x), in(dy), in(gamma), f32s(saveMean), f32s(saveInvStd)
+	if p.ReLU {
+		kernels.CheckLen("batch norm backward output", x.N, y)
+		ys := in(y)
+		masked := make([]float32, len(dys))
+		for i, g := range dys {
+			if ys[i] > 0 {
+				masked[i] = g
+			}
+		}
+		dys = masked
+	}
 	dxs, doneX := out(dx)
 	dgs, doneG := out(dgamma)
 	dbs, doneB := out(dbeta)
@@ -103,4 +139,9 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, dy, gamma, saveMean, 
 	doneX()
 	doneG()
 	doneB()
+	if dresidual.Valid() {
+		dr, done := out(dresidual)
+		copy(dr, dys)
+		done()
+	}
 }

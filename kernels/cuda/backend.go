@@ -204,8 +204,10 @@ func open(index int, opts Options) (*Backend, error) {
 
 	b.alloc = memory.New(&deviceSource{b: b}, memory.Config{Device: b.name})
 	// cuBLAS's workspace comes from the pool, so that the pool's numbers
-	// account for it, as PyTorch's do.
-	const blasWorkspace = 8 << 20
+	// account for it, as PyTorch's do. Its size is the smallest the pool
+	// gives a segment of its own (a smaller request would share a 20 MiB
+	// segment that stays reserved for good).
+	const blasWorkspace = memory.MinLargeAlloc
 	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -21,13 +22,18 @@ const captureModeGlobal = 0
 var _ kernels.Capturer = (*Backend)(nil)
 
 // BeginCapture starts recording the stream's work instead of running it.
+// The driver ends a capture only on the OS thread that began it, so the
+// calling goroutine stays locked to its thread until EndCapture, which it
+// must call itself.
 func (b *Backend) BeginCapture() error {
 	b.enter()
 	defer b.exit()
 	if b.capturing {
 		return errors.New("cuda: BeginCapture while already capturing")
 	}
+	runtime.LockOSThread()
 	if err := b.d.check("cuStreamBeginCapture", call(b.d.cuStreamBeginCapture, b.stream, captureModeGlobal)); err != nil {
+		runtime.UnlockOSThread()
 		return err
 	}
 	b.capturing = true
@@ -44,6 +50,7 @@ func (b *Backend) EndCapture() (kernels.Graph, error) {
 		return nil, errors.New("cuda: EndCapture without BeginCapture")
 	}
 	b.capturing = false
+	defer runtime.UnlockOSThread() // BeginCapture's lock
 	g := &graph{b: b}
 	if err := b.d.check("cuStreamEndCapture", call(b.d.cuStreamEndCapture, b.stream, uintptr(unsafe.Pointer(&g.graph)))); err != nil {
 		return nil, fmt.Errorf("capturing a graph: %w", err)

@@ -355,35 +355,60 @@ var cases = []testCase{
 			{N: 256, C: 64, HW: 49, Eps: 1e-5, Momentum: 0.1},
 		} {
 			for _, dt := range dtypes {
-				n := p.N * p.C * p.HW
-				xv := s.normal(n)
-				for i := range xv {
-					xv[i] = 3 + 2*xv[i] // a mean far from zero tests the shifted sums
+				for _, fused := range []struct {
+					relu, residual bool
+				}{{false, false}, {true, false}, {true, true}} {
+					p := p
+					p.ReLU = fused.relu
+					n := p.N * p.C * p.HW
+					xv := s.normal(n)
+					for i := range xv {
+						xv[i] = 3 + 2*xv[i] // a mean far from zero tests the shifted sums
+					}
+					x := s.in(dt, xv)
+					var res pair
+					if fused.residual {
+						res = s.randIn(dt, n)
+					}
+					g, b := s.in(kernels.F32, s.positive(p.C)), s.randIn(kernels.F32, p.C)
+					rm, rv := s.randIn(kernels.F32, p.C), s.in(kernels.F32, s.positive(p.C))
+					y := s.out(dt, n)
+					sm, si := s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+					s.got.BatchNormTrain(p, x.got, res.got, g.got, b.got, y.got, rm.got, rv.got, sm.got, si.got)
+					s.ref.BatchNormTrain(p, x.ref, res.ref, g.ref, b.ref, y.ref, rm.ref, rv.ref, sm.ref, si.ref)
+					what := fmt.Sprintf("%v %+v residual %v", dt, p, fused.residual)
+					s.check("bn y "+what, y, TolAccumulate)
+					s.check("bn mean "+what, sm, TolAccumulate)
+					s.check("bn invstd "+what, si, TolAccumulate)
+					s.check("bn running mean "+what, rm, TolAccumulate)
+					s.check("bn running var "+what, rv, TolAccumulate)
+					ye := s.out(dt, n)
+					s.got.BatchNormEval(p, x.got, res.got, g.got, b.got, rm.got, rv.got, ye.got)
+					s.ref.BatchNormEval(p, x.ref, res.ref, g.ref, b.ref, rm.ref, rv.ref, ye.ref)
+					s.check("bn eval "+what, ye, TolAccumulate)
+					dy := s.randIn(dt, n)
+					dx, dg, db := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+					var dres pair
+					if fused.residual {
+						dres = s.out(dt, n)
+					}
+					// Both backends mask with the reference's output: an element
+					// within rounding of zero may pass the ReLU on one and not the other.
+					yv := s.read(y.ref, s.ref)
+					y32 := make([]float32, len(yv))
+					for i, v := range yv {
+						y32[i] = float32(v)
+					}
+					yb := s.in(dt, y32)
+					s.got.BatchNormBackward(p, x.got, yb.got, dy.got, g.got, sm.got, si.got, dx.got, dres.got, dg.got, db.got)
+					s.ref.BatchNormBackward(p, x.ref, yb.ref, dy.ref, g.ref, sm.ref, si.ref, dx.ref, dres.ref, dg.ref, db.ref)
+					s.check("bn dx "+what, dx, TolAccumulate)
+					s.check("bn dgamma "+what, dg, TolAccumulate)
+					s.check("bn dbeta "+what, db, TolAccumulate)
+					if fused.residual {
+						s.check("bn dresidual "+what, dres, TolElementwise)
+					}
 				}
-				x := s.in(dt, xv)
-				g, b := s.in(kernels.F32, s.positive(p.C)), s.randIn(kernels.F32, p.C)
-				rm, rv := s.randIn(kernels.F32, p.C), s.in(kernels.F32, s.positive(p.C))
-				y := s.out(dt, n)
-				sm, si := s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
-				s.got.BatchNormTrain(p, x.got, g.got, b.got, y.got, rm.got, rv.got, sm.got, si.got)
-				s.ref.BatchNormTrain(p, x.ref, g.ref, b.ref, y.ref, rm.ref, rv.ref, sm.ref, si.ref)
-				what := fmt.Sprintf("%v %+v", dt, p)
-				s.check("bn y "+what, y, TolAccumulate)
-				s.check("bn mean "+what, sm, TolAccumulate)
-				s.check("bn invstd "+what, si, TolAccumulate)
-				s.check("bn running mean "+what, rm, TolAccumulate)
-				s.check("bn running var "+what, rv, TolAccumulate)
-				ye := s.out(dt, n)
-				s.got.BatchNormEval(p, x.got, g.got, b.got, rm.got, rv.got, ye.got)
-				s.ref.BatchNormEval(p, x.ref, g.ref, b.ref, rm.ref, rv.ref, ye.ref)
-				s.check("bn eval "+what, ye, TolAccumulate)
-				dy := s.randIn(dt, n)
-				dx, dg, db := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
-				s.got.BatchNormBackward(p, x.got, dy.got, g.got, sm.got, si.got, dx.got, dg.got, db.got)
-				s.ref.BatchNormBackward(p, x.ref, dy.ref, g.ref, sm.ref, si.ref, dx.ref, dg.ref, db.ref)
-				s.check("bn dx "+what, dx, TolAccumulate)
-				s.check("bn dgamma "+what, dg, TolAccumulate)
-				s.check("bn dbeta "+what, db, TolAccumulate)
 			}
 		}
 	}},

@@ -4,28 +4,34 @@
 // partial[(c·P + p)·2 + {0,1}], then one thread per channel combines its P
 // partials. Sums are taken of x − shift, shift being the channel's first
 // element, which keeps the one-pass variance accurate.
+//
+// With relu set, the output went through a ReLU, fused: y = max(0, γ·x̂ + β
+// + residual), and the backward masks dy where y was not positive. Inputs
+// hold fewer than 2³¹ elements (checked on the host), so the indices are 32
+// bits wide: 64-bit division is many instructions.
 
 template <typename T>
-__device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* dy, const float* mean,
+__device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* y, const T* dy, const float* mean,
                            const float* invstd, float* partial) {
     __shared__ float scratch[32];
     int c = blockIdx.y, p = blockIdx.x;
-    i64 M = (i64)N * HW, chunk = (M + P - 1) / P, lo = p * chunk, hi = min(M, lo + chunk);
+    unsigned M = (unsigned)N * HW, chunk = (M + P - 1) / P, lo = p * chunk, hi = min(M, lo + chunk);
     float s1 = 0.f, s2 = 0.f;
     if (dy == nullptr) {
         float shift = ld(x, (i64)c * HW);
-        for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            i64 k = ((j / HW) * C + c) * HW + j % HW;
+        for (unsigned j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            unsigned k = (j / HW * C + c) * HW + j % HW;
             float v = ld(x, k) - shift;
             s1 += v;
             s2 += v * v;
         }
     } else {
-        // Backward: Σ dy and Σ dy·x̂.
+        // Backward: Σ g and Σ g·x̂, g being dy masked by the ReLU.
         float m = mean[c], is = invstd[c];
-        for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            i64 k = ((j / HW) * C + c) * HW + j % HW;
+        for (unsigned j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            unsigned k = (j / HW * C + c) * HW + j % HW;
             float g = ld(dy, k);
+            if (y && !(ld(y, k) > 0.f)) g = 0.f;
             s1 += g;
             s2 += g * (ld(x, k) - m) * is;
         }
@@ -57,15 +63,18 @@ __device__ void bn_stats(int N, int C, int HW, int P, const T* x, const float* p
     run_var[c] = (float)((1.0 - momentum) * run_var[c] + momentum * unbiased);
 }
 
-// y = (x − mean)·invstd·γ + β, or with the running statistics in evaluation
-// (mean, var given and invstd null).
+// y = (x − mean)·invstd·γ + β (+ residual) (through the ReLU), or with the
+// running statistics in evaluation (mean, var given and invstd null).
 template <typename T>
-__device__ void bn_apply(int C, int HW, i64 n, const T* x, const float* gamma, const float* beta, const float* mean,
-                         const float* invstd, const float* var, float eps, T* y) {
-    GRID_STRIDE(i, n) {
-        int c = (int)((i / HW) % C);
+__device__ void bn_apply(int C, int HW, int n, const T* x, const T* res, const float* gamma, const float* beta,
+                         const float* mean, const float* invstd, const float* var, float eps, int relu, T* y) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned)n; i += gridDim.x * blockDim.x) {
+        int c = (int)(i / HW % C);
         float is = invstd ? invstd[c] : rsqrtf(var[c] + eps);
-        st(y, i, (ld(x, i) - mean[c]) * is * gamma[c] + beta[c]);
+        float v = (ld(x, i) - mean[c]) * is * gamma[c] + beta[c];
+        if (res) v += ld(res, i);
+        if (relu) v = fmaxf(v, 0.f);
+        st(y, i, v);
     }
 }
 
@@ -81,36 +90,42 @@ extern "C" __global__ void bn_grads(int C, int P, const float* partial, float* d
     dgamma[c] = s2;
 }
 
-// dx = γ·invstd/M · (M·dy − dβ − x̂·dγ)
+// dx = γ·invstd/M · (M·g − dβ − x̂·dγ) and dresidual = g, g being dy masked
+// by the ReLU (y given).
 template <typename T>
-__device__ void bn_bwd_apply(int N, int C, int HW, i64 n, const T* x, const T* dy, const float* gamma, const float* mean,
-                             const float* invstd, const float* dgamma, const float* dbeta, T* dx) {
+__device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y, const T* dy, const float* gamma,
+                             const float* mean, const float* invstd, const float* dgamma, const float* dbeta, T* dx,
+                             T* dres) {
     float M = (float)N * HW;
-    GRID_STRIDE(i, n) {
-        int c = (int)((i / HW) % C);
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned)n; i += gridDim.x * blockDim.x) {
+        int c = (int)(i / HW % C);
+        float g = ld(dy, i);
+        if (y && !(ld(y, i) > 0.f)) g = 0.f;
         float is = invstd[c], xhat = (ld(x, i) - mean[c]) * is;
-        st(dx, i, gamma[c] * is / M * (M * ld(dy, i) - dbeta[c] - xhat * dgamma[c]));
+        st(dx, i, gamma[c] * is / M * (M * g - dbeta[c] - xhat * dgamma[c]));
+        if (dres) st(dres, i, g);
     }
 }
 
 #define NORM(T, S)                                                                                               \
-    extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* dy,            \
+    extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* y, const T* dy, \
                                               const float* mean, const float* invstd, float* partial) {         \
-        bn_partial(N, C, HW, P, x, dy, mean, invstd, partial);                                                 \
+        bn_partial(N, C, HW, P, x, y, dy, mean, invstd, partial);                                              \
     }                                                                                                           \
     extern "C" __global__ void bn_stats_##S(int N, int C, int HW, int P, const T* x, const float* partial,      \
                                             float eps, float momentum, float* mean, float* invstd,              \
                                             float* run_mean, float* run_var) {                                  \
         bn_stats(N, C, HW, P, x, partial, eps, momentum, mean, invstd, run_mean, run_var);                     \
     }                                                                                                           \
-    extern "C" __global__ void bn_apply_##S(int C, int HW, i64 n, const T* x, const float* gamma,              \
+    extern "C" __global__ void bn_apply_##S(int C, int HW, int n, const T* x, const T* res, const float* gamma, \
                                             const float* beta, const float* mean, const float* invstd,          \
-                                            const float* var, float eps, T* y) {                                \
-        bn_apply(C, HW, n, x, gamma, beta, mean, invstd, var, eps, y);                                         \
+                                            const float* var, float eps, int relu, T* y) {                      \
+        bn_apply(C, HW, n, x, res, gamma, beta, mean, invstd, var, eps, relu, y);                              \
     }                                                                                                           \
-    extern "C" __global__ void bn_bwd_apply_##S(int N, int C, int HW, i64 n, const T* x, const T* dy,          \
-                                                const float* gamma, const float* mean, const float* invstd,     \
-                                                const float* dgamma, const float* dbeta, T* dx) {               \
-        bn_bwd_apply(N, C, HW, n, x, dy, gamma, mean, invstd, dgamma, dbeta, dx);                              \
+    extern "C" __global__ void bn_bwd_apply_##S(int N, int C, int HW, int n, const T* x, const T* y,           \
+                                                const T* dy, const float* gamma, const float* mean,             \
+                                                const float* invstd, const float* dgamma, const float* dbeta,   \
+                                                T* dx, T* dres) {                                               \
+        bn_bwd_apply(N, C, HW, n, x, y, dy, gamma, mean, invstd, dgamma, dbeta, dx, dres);                     \
     }
 FOR_TYPES(NORM)
