@@ -26,6 +26,9 @@ type Model struct {
 	Shape   []int // C, H, W
 	Classes int
 	ResNet  bool // has residual blocks to checkpoint
+	// Segments is what its checkpointing checkpoints: "blocks" (each
+	// residual block, the default) or "sqrt" (√n segments of blocks).
+	Segments string
 }
 
 // Models are the networks the harness knows.
@@ -33,6 +36,9 @@ var Models = map[string]Model{
 	"resnet20": {Name: "resnet20", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true},
 	"resnet18": {Name: "resnet18", Shape: []int{3, 32, 32}, Classes: 10, ResNet: true},
 	"mlp":      {Name: "mlp", Shape: []int{1, 28, 28}, Classes: 10},
+	// The deep one, where memory matters most: 600 blocks, checkpointed in
+	// √600 ≈ 25 segments.
+	"resnet1202": {Name: "resnet1202", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true, Segments: "sqrt"},
 }
 
 // Build makes the model on dev from seed.
@@ -44,7 +50,11 @@ func (m Model) Build(dev *tensor.Device, seed uint64) nn.Module {
 	case "mlp":
 		return nn.NewMLP(dev, []int{m.Shape[0] * m.Shape[1] * m.Shape[2], 256, 256, m.Classes}, 0)
 	}
-	r, err := nn.NewCIFARResNet(dev, 20, m.Shape[0], m.Classes)
+	depth := 20
+	if m.Name == "resnet1202" {
+		depth = 1202
+	}
+	r, err := nn.NewCIFARResNet(dev, depth, m.Shape[0], m.Classes)
 	if err != nil {
 		panic(err)
 	}
@@ -120,6 +130,9 @@ func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64, c
 	ck := "none"
 	if c.Checkpoint {
 		ck = "blocks"
+		if m.Segments != "" {
+			ck = m.Segments
+		}
 	}
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
 		Optimizer: "sgd", Schedule: "constant", AMP: c.AMP, Checkpoint: ck, Seed: seed, Capture: capture}

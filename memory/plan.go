@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 )
@@ -151,7 +152,7 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 		for _, i := range ord.order {
 			p.Offsets[i] = p.fit(placed, i, t.Buffers[i].Sizes[0], -1)
 			p.Size = max(p.Size, p.Offsets[i]+t.Buffers[i].Sizes[0])
-			placed = append(placed, i)
+			placed = p.insert(placed, i)
 		}
 		if best == nil || p.Size < best.Size {
 			best = p
@@ -163,6 +164,7 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 	}
 	limit := p.Size + max(int64(o.Slack*float64(p.Size)), o.MinSlack)
 	placed := slices.Clone(fixed)
+	sort.Slice(placed, func(a, b int) bool { return p.Offsets[placed[a]] < p.Offsets[placed[b]] })
 	for _, i := range flexible {
 		b := t.Buffers[i]
 		chosen := -1
@@ -187,34 +189,31 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 		p.Choice[i] = chosen
 		p.Offsets[i] = p.fit(placed, i, b.Sizes[chosen], -1)
 		p.Size = max(p.Size, p.Offsets[i]+b.Sizes[chosen])
-		placed = append(placed, i)
+		placed = p.insert(placed, i)
 	}
 	p.Live = t.MaxLive(p.Choice)
 	return p
 }
 
 // fit returns the offset of the smallest gap that holds size bytes among the
-// buffers of placed that are live together with buffer i. With limit >= 0
-// the gap must end at or below limit, and -1 means none does; with limit < 0
-// the space above every overlapping buffer counts as a gap.
+// buffers of placed (sorted by offset) that are live together with buffer
+// i. With limit >= 0 the gap must end at or below limit, and -1 means none
+// does; with limit < 0 the space above every overlapping buffer counts as a
+// gap. One pass over placed: no sorting per query.
 func (p *Plan) fit(placed []int, i int, size, limit int64) int64 {
 	b := p.Trace.Buffers[i]
-	type span struct{ lo, hi int64 }
-	var busy []span
-	for _, j := range placed {
-		o := p.Trace.Buffers[j]
-		if o.Alloc < b.Free && b.Alloc < o.Free {
-			busy = append(busy, span{p.Offsets[j], p.Offsets[j] + p.size(j)})
-		}
-	}
-	sort.Slice(busy, func(a, c int) bool { return busy[a].lo < busy[c].lo })
 	bestOff, bestGap := int64(-1), int64(-1)
 	var top int64 // highest end seen so far
-	for _, s := range busy {
-		if gap := s.lo - top; gap >= size && (bestGap < 0 || gap < bestGap) {
+	for _, j := range placed {
+		o := p.Trace.Buffers[j]
+		if o.Alloc >= b.Free || b.Alloc >= o.Free {
+			continue
+		}
+		lo := p.Offsets[j]
+		if gap := lo - top; gap >= size && (bestGap < 0 || gap < bestGap) {
 			bestOff, bestGap = top, gap
 		}
-		top = max(top, s.hi)
+		top = max(top, lo+p.size(j))
 	}
 	if bestOff >= 0 {
 		return bestOff
@@ -226,6 +225,12 @@ func (p *Plan) fit(placed []int, i int, size, limit int64) int64 {
 		return -1
 	}
 	return top
+}
+
+// insert adds buffer i to placed, keeping it sorted by offset.
+func (p *Plan) insert(placed []int, i int) []int {
+	k := sort.Search(len(placed), func(k int) bool { return p.Offsets[placed[k]] > p.Offsets[i] })
+	return slices.Insert(placed, k, i)
 }
 
 type placementOrder struct {
@@ -252,17 +257,33 @@ func placementOrders(t *Trace, fixed []int) []placementOrder {
 	if len(fixed) > 20000 {
 		return orders
 	}
-	// breadth: the most bytes live at any event of the buffer's lifetime.
+	// breadth: the most bytes live at any event of the buffer's lifetime
+	// (live bytes from a difference array, range maxima from a sparse table).
 	live := make([]int64, t.Events+1)
 	for _, i := range fixed {
-		for e := bs[i].Alloc; e < bs[i].Free; e++ {
-			live[e] += size(i)
+		live[bs[i].Alloc] += size(i)
+		live[bs[i].Free] -= size(i)
+	}
+	for e := 1; e < len(live); e++ {
+		live[e] += live[e-1]
+	}
+	table := [][]int64{live}
+	for w := 1; 2*w <= len(live); w *= 2 {
+		prev := table[len(table)-1]
+		next := make([]int64, len(prev)-w)
+		for e := range next {
+			next[e] = max(prev[e], prev[e+w])
 		}
+		table = append(table, next)
+	}
+	rangeMax := func(lo, hi int) int64 { // max of live[lo:hi], hi > lo
+		k := bits.Len(uint(hi-lo)) - 1
+		return max(table[k][lo], table[k][hi-(1<<k)])
 	}
 	breadth := make(map[int]int64, len(fixed))
 	for _, i := range fixed {
-		for e := bs[i].Alloc; e < bs[i].Free; e++ {
-			breadth[i] = max(breadth[i], live[e])
+		if bs[i].Free > bs[i].Alloc {
+			breadth[i] = rangeMax(bs[i].Alloc, bs[i].Free)
 		}
 	}
 	byBreadth := slices.Clone(fixed)

@@ -25,6 +25,7 @@ leangrad's benchmarks.Result (engine "pytorch" or "pytorch-compile").
 import argparse
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -65,20 +66,29 @@ class ResNet(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.fc = nn.Linear(c, classes)
         self.checkpoint = False
+        self.segments = "blocks"
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x):
         x = F.relu(self.bn1(self.conv1(x)))
-        for b in self.layers:
-            x = checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
+        if not self.checkpoint:
+            for b in self.layers:
+                x = b(x)
+        else:
+            # one block per segment, or ceil(sqrt(n)) blocks per segment
+            size = math.ceil(math.sqrt(len(self.layers))) if self.segments == "sqrt" else 1
+            for i in range(0, len(self.layers), size):
+                seg = nn.Sequential(*self.layers[i:i + size])
+                x = checkpoint(seg, x, use_reentrant=False)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
 MODELS = {
     "resnet20": ((1, 28, 28), lambda: ResNet(1, 10, [16, 32, 64], [3, 3, 3])),
     "resnet18": ((3, 32, 32), lambda: ResNet(3, 10, [64, 128, 256, 512], [2, 2, 2, 2])),
+    "resnet1202": ((1, 28, 28), lambda: ResNet(1, 10, [16, 32, 64], [200, 200, 200])),
     "mlp": ((1, 28, 28), lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
                                                 nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))),
 }
@@ -92,6 +102,8 @@ def bench(model_name, batch, config, warmup, steps, device, compiled=False):
     model = build().to(device)
     if ckpt:
         model.checkpoint = True
+        if model_name == "resnet1202":
+            model.segments = "sqrt"
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=True)
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     x = torch.randn(batch, *shape, device=device)

@@ -54,7 +54,7 @@ func parseSpecs(s string) ([]spec, error) {
 	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' }) {
 		name, bs, ok := strings.Cut(f, ":")
 		if _, known := benchmarks.Models[name]; !ok || !known {
-			return nil, fmt.Errorf("-specs %q: want model:batch[,batch] with model resnet20, resnet18 or mlp", f)
+			return nil, fmt.Errorf("-specs %q: want model:batch[,batch] with model resnet20, resnet18, resnet1202 or mlp", f)
 		}
 		sp := spec{model: name}
 		for _, b := range strings.Split(bs, ",") {
