@@ -27,7 +27,7 @@ timeout ${TRAIN_TIMEOUT:-120} bash .gpu/run bin/train -model resnet -amp -checkp
 echo "train exit: $?"
 grep -vE 'step [0-9]+/|^\|' "$out/train.log" | head -40
 if [ -n "${EXTRA:-}" ]; then
-  (cd "$out" && eval "$EXTRA") > "$out/extra.log" 2>&1
+  (export W="$out"; eval "$EXTRA") > "$out/extra.log" 2>&1
   echo "extra exit: $?"
   grep -E '^(leangrad|profile|  batch)|bench:|panic' "$out/extra.log" | head -30
 fi
