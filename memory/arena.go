@@ -273,29 +273,49 @@ func (a *Allocator) SetWorkspacePolicy(p WorkspacePolicy) WorkspacePolicy {
 	return old
 }
 
-// AllocWorkspace returns scratch space that may take any of the sizes in
+// WorkspaceOption is one size a workspace may take (the workspace of one
+// algorithm), and how long that algorithm takes, in milliseconds as the
+// caller measured it (0 if unknown).
+type WorkspaceOption struct {
+	Size int64
+	Time float32
+}
+
+// AllocWorkspace returns scratch space that may take any of the sizes of
 // options (a workspace whose algorithm is still to be chosen; the caller
-// lists them fastest first), and the index of the size it got. Outside a
+// lists them fastest first), and the index of the option it got. Outside a
 // plan it allocates options[eager], or the smallest under
 // WorkspaceSmallest; while tracing it records every option; inside a plan
-// it returns the size the plan chose.
-func (a *Allocator) AllocWorkspace(options []int64, eager int, stream Stream) (*Block, int, error) {
+// it returns the one the plan chose.
+func (a *Allocator) AllocWorkspace(options []WorkspaceOption, eager int, stream Stream) (*Block, int, error) {
 	if len(options) == 0 || eager < 0 || eager >= len(options) {
 		panic(fmt.Sprintf("memory: AllocWorkspace of options %v, eager choice %d", options, eager))
+	}
+	sizes := make([]int64, len(options))
+	times := make([]float32, len(options))
+	for i, o := range options {
+		sizes[i], times[i] = o.Size, o.Time
 	}
 	a.mu.Lock()
 	if ps := a.planned; ps != nil {
 		defer a.mu.Unlock()
-		return ps.alloc(options, stream)
+		return ps.alloc(sizes, stream)
 	}
 	if a.wsPolicy == WorkspaceSmallest {
-		for i, o := range options {
-			if o < options[eager] {
+		for i, s := range sizes {
+			if s < sizes[eager] {
 				eager = i
 			}
 		}
 	}
 	a.mu.Unlock()
-	b, err := a.alloc(options[eager], stream, options, eager)
+	b, err := a.alloc(sizes[eager], stream, sizes, eager)
+	if err == nil {
+		a.mu.Lock()
+		if a.trace != nil {
+			a.trace.buffers[a.trace.open[b]].Times = times
+		}
+		a.mu.Unlock()
+	}
 	return b, eager, err
 }

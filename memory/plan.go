@@ -24,6 +24,9 @@ type TraceBuffer struct {
 	// a workspace (AllocWorkspace), every option in the caller's order of
 	// preference, the fastest algorithm's first.
 	Sizes []int64
+	// Times are, for a workspace, the time of each option's algorithm as
+	// the caller measured it (milliseconds); nil for a tensor.
+	Times []float32
 	Taken int // the index into Sizes the traced run took
 	Alloc int // event of the request
 	Free  int // event of the release
@@ -109,20 +112,24 @@ func (p *Plan) Check() error {
 
 // PlanOptions say how PlanTrace sizes workspaces.
 type PlanOptions struct {
-	// Slack is how far workspaces may raise the arena above the extent of
-	// the other buffers, as a fraction of that extent, and MinSlack the
-	// least it may, in bytes. A workspace that fits nowhere in the arena
-	// (as it is at the step's peak) would otherwise get its slowest,
-	// smallest algorithm; a little room buys the fast ones.
-	Slack    float64
-	MinSlack int64
+	// MaxSlack is how far workspaces may raise the arena above the extent
+	// of the other buffers, as a fraction of that extent. A workspace that
+	// fits nowhere in the arena (as it is at the step's peak) would
+	// otherwise get its slowest, smallest algorithm; a little room buys the
+	// fast ones. PlanTrace tries room of 0, 1/16, 1/8, 1/4, 1/2 and all of
+	// MaxSlack and keeps the least whose workspaces' algorithms take at most
+	// TimeTolerance (a fraction) longer, by the callers' timings, than with
+	// the most room.
+	MaxSlack      float64
+	TimeTolerance float64
 	// AsTraced gives every workspace the size the traced run took, instead
 	// of choosing: the plan then runs exactly the traced run's algorithms.
 	AsTraced bool
 }
 
-// DefaultPlanOptions let workspaces raise the arena by 5%, or 16 MiB.
-var DefaultPlanOptions = PlanOptions{Slack: 0.05, MinSlack: 16 << 20}
+// DefaultPlanOptions let workspaces double the arena at most, and take the
+// least room within 3% of the fastest algorithms' time.
+var DefaultPlanOptions = PlanOptions{MaxSlack: 1, TimeTolerance: 0.03}
 
 // PlanTrace assigns offsets to the buffers of t.
 //
@@ -133,9 +140,9 @@ var DefaultPlanOptions = PlanOptions{Slack: 0.05, MinSlack: 16 << 20}
 // "greedy by size"), by the live bytes over the buffer's lifetime ("greedy
 // by breadth"), by lifetime length, and by request order. Workspaces come
 // last, in request order: each takes the first of its sizes (the fastest
-// algorithm's) that fits a gap below the extent reached so far plus the
-// slack, so that workspaces raise the arena by at most the slack; when none
-// fits, the smallest is placed, and the arena grows by as little as it can.
+// algorithm's) that fits a gap below the extent reached so far plus some
+// room (PlanOptions); when none fits, the smallest is placed, and the
+// arena grows by as little as it can.
 func PlanTrace(t *Trace, o PlanOptions) *Plan {
 	var fixed, flexible []int
 	for i, b := range t.Buffers {
@@ -158,17 +165,47 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 			best = p
 		}
 	}
-	p := best
-	if p == nil { // no fixed buffers
-		p = &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: "request"}
+	if best == nil { // no fixed buffers
+		best = &Plan{Trace: t, Offsets: make([]int64, len(t.Buffers)), Choice: make([]int, len(t.Buffers)), Order: "request"}
 	}
-	limit := p.Size + max(int64(o.Slack*float64(p.Size)), o.MinSlack)
-	placed := slices.Clone(fixed)
-	sort.Slice(placed, func(a, b int) bool { return p.Offsets[placed[a]] < p.Offsets[placed[b]] })
+	if len(flexible) == 0 {
+		best.Live = t.MaxLive(best.Choice)
+		return best
+	}
+	base := slices.Clone(fixed)
+	sort.Slice(base, func(a, b int) bool { return best.Offsets[base[a]] < best.Offsets[base[b]] })
+	var plans []*Plan
+	var times []float64
+	for _, f := range []float64{0, 1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 1} {
+		p := &Plan{Trace: t, Offsets: slices.Clone(best.Offsets), Choice: slices.Clone(best.Choice), Size: best.Size, Order: best.Order}
+		times = append(times, p.placeWorkspaces(base, flexible, best.Size+int64(f*o.MaxSlack*float64(best.Size)), o.AsTraced))
+		plans = append(plans, p)
+		if o.AsTraced || o.MaxSlack == 0 {
+			break
+		}
+	}
+	fastest := slices.Min(times)
+	for k, p := range plans {
+		if times[k] <= fastest*(1+o.TimeTolerance) {
+			p.Live = t.MaxLive(p.Choice)
+			return p
+		}
+	}
+	panic("memory: no plan within the tolerance of the fastest") // the fastest is within it
+}
+
+// placeWorkspaces places the flexible buffers, in request order, over the
+// fixed ones (placed, sorted by offset), each at its first size that fits
+// below limit (or its traced one), else its smallest; it returns the total
+// time of the chosen sizes' algorithms, by the callers' timings (without
+// timings, the choice's rank in the caller's order stands for its time).
+func (p *Plan) placeWorkspaces(placed, flexible []int, limit int64, asTraced bool) float64 {
+	placed = slices.Clone(placed)
+	var total float64
 	for _, i := range flexible {
-		b := t.Buffers[i]
+		b := p.Trace.Buffers[i]
 		chosen := -1
-		if o.AsTraced {
+		if asTraced {
 			chosen = b.Taken
 		} else {
 			for c, s := range b.Sizes {
@@ -190,9 +227,13 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 		p.Offsets[i] = p.fit(placed, i, b.Sizes[chosen], -1)
 		p.Size = max(p.Size, p.Offsets[i]+b.Sizes[chosen])
 		placed = p.insert(placed, i)
+		if b.Times != nil {
+			total += float64(b.Times[chosen])
+		} else {
+			total += float64(chosen)
+		}
 	}
-	p.Live = t.MaxLive(p.Choice)
-	return p
+	return total
 }
 
 // fit returns the offset of the smallest gap that holds size bytes among the

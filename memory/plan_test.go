@@ -179,17 +179,25 @@ func TestWorkspacePicksFastestThatFits(t *testing.T) {
 	if p.Choice[2] != 0 || p.Choice[3] != 1 || p.Size != 8192+16384 {
 		t.Errorf("choices %v, size %d: want [.. .. 0 1] in %d bytes", p.Choice, p.Size, 8192+16384)
 	}
-	// With 64 KiB of slack the fastest fits too, raising the arena.
-	p = PlanTrace(tr, PlanOptions{MinSlack: 65536})
+	// With room for it, the fastest fits too, raising the arena, when its
+	// time says it is worth it.
+	tr.Buffers[3].Times = []float32{1, 5, 9}
+	p = PlanTrace(tr, PlanOptions{MaxSlack: 4, TimeTolerance: 0.03})
 	if err := p.Check(); err != nil {
 		t.Fatal(err)
 	}
 	if p.Choice[3] != 0 || p.Size > 8192+16384+65536 {
-		t.Errorf("with slack: choices %v, size %d", p.Choice, p.Size)
+		t.Errorf("with room: choices %v, size %d", p.Choice, p.Size)
+	}
+	// Not when the faster algorithm is barely faster.
+	tr.Buffers[3].Times = []float32{4.99, 5, 9}
+	p = PlanTrace(tr, PlanOptions{MaxSlack: 4, TimeTolerance: 0.03})
+	if p.Choice[3] != 1 || p.Size != 8192+16384 {
+		t.Errorf("a barely faster algorithm: choices %v, size %d", p.Choice, p.Size)
 	}
 	// As traced: the choices the traced run took.
 	tr.Buffers[2].Taken, tr.Buffers[3].Taken = 1, 2
-	p = PlanTrace(tr, PlanOptions{AsTraced: true, MinSlack: 1 << 20})
+	p = PlanTrace(tr, PlanOptions{AsTraced: true, MaxSlack: 1})
 	if err := p.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +215,7 @@ func TestPlannedRunRepeatsTrace(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		ws, c, err := a.AllocWorkspace([]int64{1 << 20, 4096}, 0, 0)
+		ws, c, err := a.AllocWorkspace([]WorkspaceOption{{1 << 20, 0.5}, {4096, 2}}, 0, 0)
 		if err != nil {
 			return err
 		}

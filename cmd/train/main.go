@@ -216,7 +216,8 @@ func trainOn(o *options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "resumed from %s at epoch %d\n", o.resume, t.Epoch+1)
 	}
 	a := dev.Allocator()
-	a.ResetPeak() // the summary's peaks are the training run's, not the measurements'
+	a.EmptyCache() // what the measurements cached is not the run's
+	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
 	if o.memlog != "" {
 		a.RecordTimeline(true)
 	}

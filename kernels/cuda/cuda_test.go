@@ -28,11 +28,21 @@ func testBackend(t *testing.T) *Backend {
 	return b
 }
 
+// TestCUDAConformance runs the suite on a backend whose F32 is strict, and
+// the convolutions again on the default one, whose F32 convolutions may use
+// TF32 (as PyTorch's do by default), at TF32's tolerance.
 func TestCUDAConformance(t *testing.T) {
-	b := testBackend(t)
-	kerneltest.Run(t, b)
-	if f := b.CuDNNFailures(); len(f) > 0 {
-		t.Errorf("%d cuDNN calls failed (those shapes fell back to im2col + cuBLAS); the first: %s", len(f), f[0])
+	def := testBackend(t)
+	strict, err := OpenSeparate(0, Options{StrictConvF32: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kerneltest.Run(t, strict)
+	kerneltest.RunWith(t, def, kerneltest.Options{ConvTol: kerneltest.TolTF32}, "conv")
+	for _, b := range []*Backend{strict, def} {
+		if f := b.CuDNNFailures(); len(f) > 0 {
+			t.Errorf("%d cuDNN calls failed (those shapes fell back to im2col + cuBLAS); the first: %s", len(f), f[0])
+		}
 	}
 }
 

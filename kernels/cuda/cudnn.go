@@ -119,6 +119,7 @@ type algoPerf struct {
 type algoChoice struct {
 	algo, math int32
 	ws         uintptr // workspace bytes
+	ms         float32 // the search's timing
 }
 
 // convPlan is everything cuDNN needs for one convolution shape and dtype:
@@ -235,7 +236,7 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
 				continue
 			}
-			cands = append(cands, algoChoice{algo: pr.algo, math: pr.mathType, ws: pr.memory})
+			cands = append(cands, algoChoice{algo: pr.algo, math: pr.mathType, ws: pr.memory, ms: pr.time})
 		}
 		if len(cands) == 0 {
 			continue
@@ -276,11 +277,11 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	choice := pl.eager[dir]
 	var ws uintptr
 	if needsWorkspace(cands) {
-		sizes := make([]int64, len(cands))
+		opts := make([]memory.WorkspaceOption, len(cands))
 		for i, c := range cands {
-			sizes[i] = int64(c.ws)
+			opts[i] = memory.WorkspaceOption{Size: int64(c.ws), Time: c.ms}
 		}
-		blk, ci, err := b.alloc.AllocWorkspace(sizes, choice, memory.Stream(b.stream))
+		blk, ci, err := b.alloc.AllocWorkspace(opts, choice, memory.Stream(b.stream))
 		if err != nil {
 			panic(err)
 		}

@@ -24,13 +24,22 @@ const (
 	TolElementwise = 1e-5 // F32 operations without accumulation
 	TolAccumulate  = 1e-4 // F32 reductions, GEMM, convolution, normalisation
 	TolF16         = 1e-2 // anything stored in F16
+	TolTF32        = 1e-3 // F32 convolutions a backend may run on TF32 tensor cores (10-bit mantissas)
 )
+
+// Options tune a conformance run.
+type Options struct {
+	// ConvTol is the tolerance of F32 convolutions (default TolAccumulate;
+	// TolTF32 for a backend that lets them use TF32).
+	ConvTol float64
+}
 
 // suite runs operations on a backend and the reference side by side.
 type suite struct {
 	t        *testing.T
 	got, ref kernels.Backend
 	rng      *rand.Rand
+	opt      Options
 }
 
 // pair is one logical buffer on both backends.
@@ -160,13 +169,19 @@ func (s *suite) check(what string, p pair, tol float64) {
 
 // Run runs the whole suite on be against a fresh CPU backend, or only the
 // named groups of cases ("conv", "batchnorm", ...) when names are given.
-func Run(t *testing.T, be kernels.Backend, names ...string) {
+func Run(t *testing.T, be kernels.Backend, names ...string) { RunWith(t, be, Options{}, names...) }
+
+// RunWith is Run with options.
+func RunWith(t *testing.T, be kernels.Backend, opt Options, names ...string) {
+	if opt.ConvTol == 0 {
+		opt.ConvTol = TolAccumulate
+	}
 	for _, c := range cases {
 		if len(names) > 0 && !slices.Contains(names, c.name) {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
-			s := &suite{t: t, got: be, ref: cpu.New(), rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE))}
+			s := &suite{t: t, got: be, ref: cpu.New(), rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE)), opt: opt}
 			defer func() {
 				// A panicking operation fails its case, not the whole suite.
 				if r := recover(); r != nil {
@@ -334,16 +349,16 @@ var cases = []testCase{
 				y := s.out(dt, ny)
 				s.got.Conv2d(p, x.got, w.got, y.got)
 				s.ref.Conv2d(p, x.ref, w.ref, y.ref)
-				s.check(fmt.Sprintf("conv %v %+v", dt, p), y, TolAccumulate)
+				s.check(fmt.Sprintf("conv %v %+v", dt, p), y, s.opt.ConvTol)
 				dy := s.randIn(dt, ny)
 				dx := s.out(dt, x.got.N)
 				s.got.Conv2dBackwardData(p, dy.got, w.got, dx.got)
 				s.ref.Conv2dBackwardData(p, dy.ref, w.ref, dx.ref)
-				s.check(fmt.Sprintf("conv backward data %v %+v", dt, p), dx, TolAccumulate)
+				s.check(fmt.Sprintf("conv backward data %v %+v", dt, p), dx, s.opt.ConvTol)
 				dw := s.out(dt, w.got.N)
 				s.got.Conv2dBackwardFilter(p, x.got, dy.got, dw.got)
 				s.ref.Conv2dBackwardFilter(p, x.ref, dy.ref, dw.ref)
-				s.check(fmt.Sprintf("conv backward filter %v %+v", dt, p), dw, TolAccumulate)
+				s.check(fmt.Sprintf("conv backward filter %v %+v", dt, p), dw, s.opt.ConvTol)
 			}
 		}
 	}},
