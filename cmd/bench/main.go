@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -36,7 +37,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
-	compileConfigs, commit, cpuprofile                 string
+	compileConfigs, commit, cpuprofile, merge          string
 	micro, lean, eager, profile                        bool
 	warmup, steps                                      int
 	claims                                             bool
@@ -89,6 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
+	fs.StringVar(&o.merge, "merge", "", "render the report (bench.json, bench.md, plots) into -out from these bench.json files, comma separated, instead of running")
 	fs.BoolVar(&o.profile, "profile", false, "on a GPU, also report each kind of operation's device time per eager step, for every spec")
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
@@ -99,6 +101,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench: unexpected argument %q (flags start with -; quote a list of specs)\n", fs.Arg(0))
+		return 2
+	}
+	if o.merge != "" {
+		if err := merge(o, stdout); err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	specs, err := parseSpecs(o.specs)
 	if err == nil && (o.warmup < 0 || o.steps < 1) {
@@ -340,6 +353,49 @@ func runPyTorch(o options, specs []spec, rep *benchmarks.Report, stderr io.Write
 	rep.PyTorch = pt.PyTorch
 	rep.Results = append(rep.Results, pt.Results...)
 	return nil
+}
+
+// merge renders one report from several runs' bench.json: their results
+// side by side (a later run's result for the same engine and spec replaces
+// an earlier one's), the first run's date, device and claims, every note.
+func merge(o options, stdout io.Writer) error {
+	var rep *benchmarks.Report
+	for _, path := range strings.Split(o.merge, ",") {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("-merge: %w", err)
+		}
+		var r benchmarks.Report
+		if err := json.Unmarshal(data, &r); err != nil {
+			return fmt.Errorf("-merge %s: %w", path, err)
+		}
+		if rep == nil {
+			rep = &r
+			continue
+		}
+		for _, x := range r.Results {
+			replaced := false
+			for i, y := range rep.Results {
+				if y.Engine == x.Engine && y.Model == x.Model && y.Batch == x.Batch && y.Config == x.Config {
+					rep.Results[i], replaced = x, true
+				}
+			}
+			if !replaced {
+				rep.Results = append(rep.Results, x)
+			}
+		}
+		rep.Claims = append(rep.Claims, r.Claims...)
+		for _, n := range r.Notes {
+			if !slices.Contains(rep.Notes, n) {
+				rep.Notes = append(rep.Notes, n)
+			}
+		}
+		if rep.PyTorch == "" {
+			rep.PyTorch = r.PyTorch
+		}
+	}
+	benchmarks.Relate(rep.Results)
+	return write(o, rep, stdout)
 }
 
 func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
