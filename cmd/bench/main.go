@@ -21,8 +21,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -395,6 +395,20 @@ func merge(o options, stdout io.Writer) error {
 		}
 	}
 	benchmarks.Relate(rep.Results)
+	// The claims judged on the table's numbers are judged again on the merged table.
+	kept := rep.Claims[:0]
+	for _, c := range rep.Claims {
+		if c.Name != "amp-memory" && c.Name != "checkpoint-tradeoff" {
+			kept = append(kept, c)
+		}
+	}
+	if len(rep.Results) > 0 {
+		first := rep.Results[0]
+		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, first.Model, first.Batch), kept...)
+	}
+	if o.commit != "" {
+		rep.Commit = o.commit
+	}
 	return write(o, rep, stdout)
 }
 
