@@ -88,13 +88,12 @@ type Step struct {
 
 // shapeState is what a Step knows about one batch shape.
 type shapeState struct {
-	key    string
-	x, y   *tensor.Tensor // static inputs of the captured graph
-	runs   int
-	plan   *memory.Plan
-	graph  kernels.Graph
-	eager  bool // planning or capture failed: this shape runs eagerly
-	reason string
+	key   string
+	x, y  *tensor.Tensor // static inputs of the captured graph
+	runs  int
+	plan  *memory.Plan
+	graph kernels.Graph
+	eager bool // planning or capture failed: this shape runs eagerly (the notes say why)
 }
 
 // NewStep returns a step of model with opt and scaler on dev, in mode
@@ -219,9 +218,7 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 	if st.graph == nil {
 		return s.capture(st, x, y)
 	}
-	if err := s.copyIn(st, x, y); err != nil {
-		return err
-	}
+	s.copyIn(st, x, y)
 	if err := st.graph.Launch(); err != nil {
 		return err
 	}
@@ -247,7 +244,7 @@ func recoverError(err *error) {
 
 // fallBack makes st run eagerly from now on, noting why.
 func (s *Step) fallBack(st *shapeState, why error) {
-	st.eager, st.reason = true, why.Error()
+	st.eager = true
 	s.notes = append(s.notes, fmt.Sprintf("batch %s runs eagerly: %v", st.key, why))
 }
 
@@ -306,9 +303,7 @@ func (s *Step) capture(st *shapeState, x, y *tensor.Tensor) (err error) {
 		st.x = tensor.Empty(s.dev, x.DType(), x.Shape()...).Keep()
 		st.y = tensor.Empty(s.dev, y.DType(), y.Shape()...).Keep()
 	}
-	if err := s.copyIn(st, x, y); err != nil {
-		return err
-	}
+	s.copyIn(st, x, y)
 	c := s.dev.Backend().(kernels.Capturer)
 	a := s.dev.Allocator()
 	if err := a.BeginPlanned(st.plan, s.arena); err != nil {
@@ -348,15 +343,14 @@ func (s *Step) capture(st *shapeState, x, y *tensor.Tensor) (err error) {
 	return g.Launch()
 }
 
-// copyIn copies the batch into the static inputs, unless it is them.
-func (s *Step) copyIn(st *shapeState, x, y *tensor.Tensor) error {
+// copyIn queues the copy of the batch into the static inputs, unless it is them.
+func (s *Step) copyIn(st *shapeState, x, y *tensor.Tensor) {
 	if st.x == nil || (x.Block() == st.x.Block() && y.Block() == st.y.Block()) {
-		return nil
+		return
 	}
 	be := s.dev.Backend()
 	be.Copy(st.x.Buf(), x.Buf())
 	be.Copy(st.y.Buf(), y.Buf())
-	return nil
 }
 
 // body is the step itself, the same in every mode: it runs in a sync-free
