@@ -144,3 +144,13 @@ func CheckLike(op string, x Buf, bufs ...Buf) {
 		}
 	}
 }
+
+// CheckMetrics checks AccumulateMetrics' operands: F32 sums of 2, an F32
+// loss of 1, logits of n×k and labels of n.
+func CheckMetrics(sums, loss, logits, labels Buf, n, k int) {
+	CheckLen("metrics sums", 2, sums)
+	CheckLen("metrics loss", 1, loss)
+	CheckLen("metrics logits", n*k, logits)
+	CheckLen("metrics labels", n, labels)
+	CheckF32("metrics", sums, loss)
+}

@@ -143,11 +143,7 @@ func (c *Backend) Increment(ctr kernels.Buf, n int64, unless kernels.Buf) {
 // AccumulateMetrics adds the batch's summed loss and its number of right
 // predictions (the first maximum of each row) to sums.
 func (c *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
-	kernels.CheckLen("metrics sums", 2, sums)
-	kernels.CheckLen("metrics loss", 1, loss)
-	kernels.CheckLen("metrics logits", n*k, logits)
-	kernels.CheckLen("metrics labels", n, labels)
-	kernels.CheckF32("metrics", sums, loss)
+	kernels.CheckMetrics(sums, loss, logits, labels, n, k)
 	xs, ys, s := in(logits), i32s(labels), f32s(sums)
 	right := 0
 	for r := 0; r < n; r++ {

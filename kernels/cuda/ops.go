@@ -284,11 +284,7 @@ func basePtr(g kernels.Philox) uintptr {
 
 // AccumulateMetrics adds the batch's loss and right predictions to sums, in one single-block launch.
 func (b *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
-	kernels.CheckLen("metrics sums", 2, sums)
-	kernels.CheckLen("metrics loss", 1, loss)
-	kernels.CheckLen("metrics logits", n*k, logits)
-	kernels.CheckLen("metrics labels", n, labels)
-	kernels.CheckF32("metrics", sums, loss)
+	kernels.CheckMetrics(sums, loss, logits, labels, n, k)
 	s := floatType("metrics", logits)
 	b.enter()
 	defer b.exit()
