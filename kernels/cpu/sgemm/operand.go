@@ -1,0 +1,97 @@
+package sgemm
+
+// An Operand is a matrix the product reads by packing it into panels. Its
+// free dimension is A's rows or B's columns; its shared dimension is the k
+// of the product.
+//
+// Pack writes the block of free indices [f0, f0+nf) and shared indices
+// [p0, p0+kc) into dst as ⌈nf/w⌉ panels of width w, one after another:
+//
+//	dst[(q·kc + p)·w + r] = op(f0 + q·w + r, p0 + p)
+//
+// for panel q, shared offset p and lane r, with zeros for lanes at or past
+// nf. dst has room for the panels.
+type Operand interface {
+	Pack(dst []float32, f0, nf, p0, kc, w int)
+}
+
+// Strided is a matrix in memory with element (f, p) at Data[f·Free + p·Shared]:
+// the strides along the free and the shared dimension.
+type Strided struct {
+	Data         []float32
+	Free, Shared int
+}
+
+// MatrixA is A of a product as Gemm takes it: m×k row-major with stride lda,
+// or stored k×m when trans.
+func MatrixA(a []float32, lda int, trans bool) Strided {
+	if trans {
+		return Strided{Data: a, Free: 1, Shared: lda}
+	}
+	return Strided{Data: a, Free: lda, Shared: 1}
+}
+
+// MatrixB is B of a product as Gemm takes it: k×n row-major with stride ldb,
+// or stored n×k when trans.
+func MatrixB(b []float32, ldb int, trans bool) Strided {
+	if trans {
+		return Strided{Data: b, Free: ldb, Shared: 1}
+	}
+	return Strided{Data: b, Free: 1, Shared: ldb}
+}
+
+// Pack implements Operand: row copies when the free dimension is contiguous,
+// a gather along each free index's contiguous run otherwise.
+func (s Strided) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		base := (f0+q*w)*s.Free + p0*s.Shared
+		switch {
+		case s.Free == 1:
+			for p := 0; p < kc; p++ {
+				d := panel[p*w : (p+1)*w]
+				copy(d, s.Data[base+p*s.Shared:][:lanes])
+				clear(d[lanes:])
+			}
+		case s.Shared == 1:
+			r := 0
+			for ; r+8 <= lanes; r += 8 {
+				transpose8(panel, r, w, s.Data[base+r*s.Free:], s.Free, kc)
+			}
+			for ; r < lanes; r++ {
+				src := s.Data[base+r*s.Free:][:kc]
+				for p, v := range src {
+					panel[p*w+r] = v
+				}
+			}
+			if lanes < w {
+				for p := 0; p < kc; p++ {
+					clear(panel[p*w+lanes : (p+1)*w])
+				}
+			}
+		default:
+			for p := 0; p < kc; p++ {
+				d := panel[p*w : (p+1)*w]
+				for r := 0; r < lanes; r++ {
+					d[r] = s.Data[base+p*s.Shared+r*s.Free]
+				}
+				clear(d[lanes:])
+			}
+		}
+	}
+}
+
+// transpose8 writes the kc values of eight rows of src (stride ld) into
+// lanes r..r+7 of a panel of width w: panel[p·w + r + i] = src[i·ld + p].
+func transpose8(panel []float32, r, w int, src []float32, ld, kc int) {
+	s0, s1 := src[:kc], src[ld:][:kc]
+	s2, s3 := src[2*ld:][:kc], src[3*ld:][:kc]
+	s4, s5 := src[4*ld:][:kc], src[5*ld:][:kc]
+	s6, s7 := src[6*ld:][:kc], src[7*ld:][:kc]
+	for p := range s0 {
+		d := panel[p*w+r : p*w+r+8 : p*w+r+8]
+		d[0], d[1], d[2], d[3] = s0[p], s1[p], s2[p], s3[p]
+		d[4], d[5], d[6], d[7] = s4[p], s5[p], s6[p], s7[p]
+	}
+}

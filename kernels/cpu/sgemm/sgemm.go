@@ -1,0 +1,279 @@
+// Package sgemm is leangrad's single-precision matrix product on the CPU,
+// built the way BLIS builds one: the operands are packed into panels that
+// fit the caches, and a register-tiled microkernel multiplies a panel of A by
+// a panel of B. The microkernels are Go assembly (AVX-512 where the CPU has
+// it, AVX2+FMA otherwise) with a plain Go kernel on other CPUs or under the
+// purego build tag; the work is split over goroutines, one per core.
+//
+// Operands are read through packing, so a matrix need not exist in memory:
+// the CPU backend's convolutions pack image patches straight into panels
+// (see Operand).
+package sgemm
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// microkernel computes C[i·ldc+j] = Σₚ a[p·mr+i]·b[p·nr+j] for one mr×nr
+// tile of C (adding to C when add), from an A panel (kc steps of mr values)
+// and a B panel (kc steps of nr values).
+type microkernel struct {
+	name   string
+	mr, nr int
+	run    func(kc int, a, b, c *float32, ldc int, add bool)
+	// peak runs n rounds of peakFlops independent FMA flops: the core's
+	// peak, or nil for the Go kernel.
+	peak      func(n int)
+	peakFlops int
+}
+
+// kernels are the microkernels this CPU can run, fastest first.
+var kernels = append(archKernels(), &microkernel{name: "go", mr: 4, nr: 4, run: kernelGo})
+
+// Blocking: a kc×nr panel of B stays in L1 while the microkernel walks an
+// mc×kc block of A in L2; a kc×nc block of B lives in L3.
+const (
+	blockK = 384
+	blockM = 144  // a multiple of every kernel's mr (8, 6, 4)
+	blockN = 4080 // a multiple of every kernel's nr (48, 16, 4)
+)
+
+// minFlopsPerThread is the work (m·n·k) below which another goroutine costs
+// more than it saves.
+const minFlopsPerThread = 1 << 17
+
+// Kernels lists the microkernels this CPU can run, fastest first; the first
+// is the one Default uses.
+func Kernels() []string {
+	names := make([]string, len(kernels))
+	for i, k := range kernels {
+		names[i] = k.name
+	}
+	return names
+}
+
+// A Multiplier computes matrix products with one microkernel over a number
+// of goroutines. It holds no state between calls: one may be shared.
+type Multiplier struct {
+	k       *microkernel
+	threads int
+}
+
+var defaultMultiplier = &Multiplier{k: kernels[0]}
+
+// Default is the Multiplier with the fastest kernel, running on GOMAXPROCS
+// goroutines.
+func Default() *Multiplier { return defaultMultiplier }
+
+// New returns a Multiplier with the named kernel (one of Kernels) and up to
+// threads goroutines (0 for GOMAXPROCS at each call).
+func New(kernel string, threads int) (*Multiplier, error) {
+	if threads < 0 {
+		return nil, fmt.Errorf("sgemm: %d threads", threads)
+	}
+	for _, k := range kernels {
+		if k.name == kernel {
+			return &Multiplier{k: k, threads: threads}, nil
+		}
+	}
+	return nil, fmt.Errorf("sgemm: kernel %q is not available on this CPU (have %v)", kernel, Kernels())
+}
+
+// Kernel is the name of the microkernel in use.
+func (mu *Multiplier) Kernel() string { return mu.k.name }
+
+// Tile is the microkernel's tile of C, rows × columns.
+func (mu *Multiplier) Tile() (mr, nr int) { return mu.k.mr, mu.k.nr }
+
+// Gemm computes C = alpha·op(A)·op(B) + beta·C on row-major matrices, BLAS
+// style: op(A) is m×k (A is stored k×m when transA), op(B) is k×n (stored
+// n×k when transB), and lda, ldb and ldc are the stored rows' strides. With
+// beta 0, C is only written.
+func (mu *Multiplier) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	checkMatrix("A", a, ar, ac, lda)
+	checkMatrix("B", b, br, bc, ldb)
+	mu.GemmOp(m, n, k, alpha, MatrixA(a, lda, transA), MatrixB(b, ldb, transB), beta, c, ldc)
+}
+
+func checkMatrix(name string, x []float32, rows, cols, ld int) {
+	if rows < 0 || cols < 0 || ld < max(cols, 1) {
+		panic(fmt.Sprintf("sgemm: %s is %d×%d with stride %d", name, rows, cols, ld))
+	}
+	if rows > 0 && cols > 0 && len(x) < (rows-1)*ld+cols {
+		panic(fmt.Sprintf("sgemm: %s is %d×%d with stride %d but has %d elements", name, rows, cols, ld, len(x)))
+	}
+}
+
+// GemmOp computes C = alpha·A·B + beta·C with A (m×k) and B (k×n) read
+// through their Pack methods; C is row-major with stride ldc.
+func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int) {
+	if m < 0 || n < 0 || k < 0 {
+		panic(fmt.Sprintf("sgemm: product of %d×%d by %d×%d", m, k, k, n))
+	}
+	checkMatrix("C", c, m, n, ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	threads := mu.threads
+	if threads == 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	threads = max(1, min(threads, m*n*k/minFlopsPerThread))
+	kern := mu.k
+	// Split the larger dimension, in whole tiles, over the goroutines.
+	tilesM, tilesN := ceil(m, kern.mr), ceil(n, kern.nr)
+	splitN := tilesN >= tilesM
+	tiles := tilesM
+	if splitN {
+		tiles = tilesN
+	}
+	threads = min(threads, tiles)
+	run := func(t int) {
+		lo, hi := t*tiles/threads, (t+1)*tiles/threads
+		i0, i1, j0, j1 := 0, m, 0, n
+		if splitN {
+			j0, j1 = lo*kern.nr, min(n, hi*kern.nr)
+		} else {
+			i0, i1 = lo*kern.mr, min(m, hi*kern.mr)
+		}
+		if k == 0 || alpha == 0 {
+			scaleC(c, i0, i1, j0, j1, ldc, beta)
+			return
+		}
+		if beta != 0 {
+			scaleC(c, i0, i1, j0, j1, ldc, beta)
+		}
+		block(kern, i0, i1, j0, j1, k, alpha, a, b, beta != 0, c, ldc)
+	}
+	if threads == 1 {
+		run(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for t := 1; t < threads; t++ {
+		wg.Go(func() { run(t) })
+	}
+	run(0)
+	wg.Wait()
+}
+
+func ceil(a, b int) int { return (a + b - 1) / b }
+
+// scaleC sets C's block [i0, i1)×[j0, j1) to beta·C (to zero for beta 0,
+// whatever C held).
+func scaleC(c []float32, i0, i1, j0, j1, ldc int, beta float32) {
+	if beta == 1 {
+		return
+	}
+	for i := i0; i < i1; i++ {
+		row := c[i*ldc+j0 : i*ldc+j1]
+		if beta == 0 {
+			clear(row)
+			continue
+		}
+		for j := range row {
+			row[j] *= beta
+		}
+	}
+}
+
+// buffers are one goroutine's packed panels.
+type buffers struct{ a, b []float32 }
+
+var bufferPool = sync.Pool{New: func() any { return new(buffers) }}
+
+// grow returns x with room for n values.
+func grow(x []float32, n int) []float32 {
+	if cap(x) < n {
+		return make([]float32, n)
+	}
+	return x[:n]
+}
+
+// block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
+// overwrites the block with it.
+func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, add bool, c []float32, ldc int) {
+	buf := bufferPool.Get().(*buffers)
+	defer bufferPool.Put(buf)
+	mr, nr := kern.mr, kern.nr
+	buf.a = grow(buf.a, ceil(min(blockM, i1-i0), mr)*mr*min(blockK, k))
+	buf.b = grow(buf.b, ceil(min(blockN, j1-j0), nr)*nr*min(blockK, k))
+	var edge [8 * 48]float32 // an edge tile, computed whole and added in part
+	for jc := j0; jc < j1; jc += blockN {
+		nc := min(blockN, j1-jc)
+		for pc := 0; pc < k; pc += blockK {
+			kc := min(blockK, k-pc)
+			acc := add || pc > 0
+			b.Pack(buf.b, jc, nc, pc, kc, nr)
+			for ic := i0; ic < i1; ic += blockM {
+				mc := min(blockM, i1-ic)
+				a.Pack(buf.a, ic, mc, pc, kc, mr)
+				if alpha != 1 {
+					pa := buf.a[:ceil(mc, mr)*mr*kc]
+					for i := range pa {
+						pa[i] *= alpha
+					}
+				}
+				for jr := 0; jr < nc; jr += nr {
+					bp := &buf.b[jr*kc]
+					w := min(nr, nc-jr)
+					for ir := 0; ir < mc; ir += mr {
+						ap := &buf.a[ir*kc]
+						h := min(mr, mc-ir)
+						ci := (ic+ir)*ldc + jc + jr
+						if h == mr && w == nr {
+							kern.run(kc, ap, bp, &c[ci], ldc, acc)
+							continue
+						}
+						tile := edge[:mr*nr]
+						kern.run(kc, ap, bp, &tile[0], nr, false)
+						for i := 0; i < h; i++ {
+							row := c[ci+i*ldc : ci+i*ldc+w]
+							src := tile[i*nr : i*nr+w]
+							if !acc {
+								copy(row, src)
+								continue
+							}
+							for j, v := range src {
+								row[j] += v
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// PeakGFLOPS measures the FMA peak of one core with this Multiplier's
+// instructions: a loop of independent FMAs with no memory operands, run for
+// about d on a goroutine locked to its thread, so it counts the clock the
+// core actually holds under this load. It is 0 for the Go kernel, which has
+// no such loop.
+func (mu *Multiplier) PeakGFLOPS(d time.Duration) float64 {
+	if mu.k.peak == nil {
+		return 0
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	mu.k.peak(1 << 16) // warm up the vector units
+	const rounds = 1 << 20
+	var n int
+	t0 := time.Now()
+	for time.Since(t0) < d {
+		mu.k.peak(rounds)
+		n += rounds
+	}
+	return float64(n) * float64(mu.k.peakFlops) / time.Since(t0).Seconds() / 1e9
+}

@@ -1,0 +1,179 @@
+package sgemm
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// reference is C = alpha·op(A)·op(B) + beta·C in float64, the plain triple loop.
+func reference(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) []float64 {
+	out := make([]float64, len(c))
+	for i, v := range c {
+		out[i] = float64(v)
+	}
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s float64
+			for p := 0; p < k; p++ {
+				ai, bi := i*lda+p, p*ldb+j
+				if transA {
+					ai = p*lda + i
+				}
+				if transB {
+					bi = j*ldb + p
+				}
+				av, bv := a[ai], b[bi]
+				s += float64(av) * float64(bv)
+			}
+			prev := float64(beta) * float64(c[i*ldc+j])
+			if beta == 0 {
+				prev = 0
+			}
+			out[i*ldc+j] = float64(alpha)*s + prev
+		}
+	}
+	return out
+}
+
+func random(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// multipliers are every kernel on one goroutine and on three.
+func multipliers(t testing.TB) []*Multiplier {
+	var out []*Multiplier
+	for _, name := range Kernels() {
+		for _, threads := range []int{1, 3} {
+			mu, err := New(name, threads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, mu)
+		}
+	}
+	return out
+}
+
+func TestGemmAgainstFloat64(t *testing.T) {
+	shapes := []struct{ m, n, k int }{
+		{1, 1, 1}, {3, 5, 7}, {8, 48, 16}, {6, 16, 1}, {17, 49, 33}, {9, 97, 300},
+		{145, 50, 257}, {64, 784, 144}, {300, 7, 520}, {7, 4100, 3}, {0, 5, 3}, {4, 5, 0},
+	}
+	params := []struct{ alpha, beta float32 }{{1, 0}, {0.5, 1}, {-2, 0.25}, {0, 3}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, mu := range multipliers(t) {
+		for _, s := range shapes {
+			for _, ta := range []bool{false, true} {
+				for _, tb := range []bool{false, true} {
+					for pi, ab := range params {
+						name := fmt.Sprintf("%s/t%d/%dx%dx%d/ta=%v/tb=%v/ab%d", mu.Kernel(), mu.threads, s.m, s.n, s.k, ta, tb, pi)
+						// Strides wider than the rows, so a kernel that assumes dense rows fails.
+						ar, ac := s.m, s.k
+						if ta {
+							ar, ac = s.k, s.m
+						}
+						br, bc := s.k, s.n
+						if tb {
+							br, bc = s.n, s.k
+						}
+						lda, ldb, ldc := ac+3, bc+1, s.n+2
+						a := random(rng, max(ar*lda, 1))
+						b := random(rng, max(br*ldb, 1))
+						c := random(rng, max(s.m*ldc, 1))
+						if ab.beta == 0 {
+							for i := range c {
+								c[i] = float32(math.NaN()) // beta 0 must not read C
+							}
+						}
+						want := reference(ta, tb, s.m, s.n, s.k, ab.alpha, a, lda, b, ldb, ab.beta, c, ldc)
+						mu.Gemm(ta, tb, s.m, s.n, s.k, ab.alpha, a, lda, b, ldb, ab.beta, c, ldc)
+						checkClose(t, name, c, want, s.m, s.n, ldc, s.k)
+					}
+				}
+			}
+		}
+	}
+}
+
+// checkClose compares C's m×n block with the reference, to float32
+// accumulation error over k terms; the padding between rows must be untouched.
+func checkClose(t *testing.T, name string, got []float32, want []float64, m, n, ldc, k int) {
+	t.Helper()
+	var num, den float64
+	for i := 0; i < m; i++ {
+		for j := 0; j < ldc; j++ {
+			g, w := float64(got[i*ldc+j]), want[i*ldc+j]
+			if j >= n {
+				if math.Float64bits(g) != math.Float64bits(w) && !(math.IsNaN(g) && math.IsNaN(w)) {
+					t.Fatalf("%s: wrote outside C at (%d, %d)", name, i, j)
+				}
+				continue
+			}
+			if math.IsNaN(g) {
+				t.Fatalf("%s: NaN at (%d, %d)", name, i, j)
+			}
+			num += (g - w) * (g - w)
+			den += w * w
+		}
+	}
+	tol := 1e-6 * math.Sqrt(float64(k)+1)
+	if den > 0 && math.Sqrt(num/den) > tol {
+		t.Fatalf("%s: relative error %.3g > %.3g", name, math.Sqrt(num/den), tol)
+	}
+}
+
+func TestNewRefusesUnknownKernel(t *testing.T) {
+	if _, err := New("avx9000", 1); err == nil {
+		t.Fatal("New accepted an unknown kernel")
+	}
+	if _, err := New("go", -1); err == nil {
+		t.Fatal("New accepted -1 threads")
+	}
+}
+
+func TestGemmPanicsOnShortSlices(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || fmt.Sprint(r) != "sgemm: A is 4×5 with stride 5 but has 19 elements" {
+			t.Fatalf("panic %v", r)
+		}
+	}()
+	Default().Gemm(false, false, 4, 2, 5, 1, make([]float32, 19), 5, make([]float32, 10), 2, 0, make([]float32, 8), 2)
+}
+
+// BenchmarkGemm reports GFLOP/s of square products on one goroutine and on
+// all of them, for each kernel.
+func BenchmarkGemm(b *testing.B) {
+	for _, name := range Kernels() {
+		for _, threads := range []int{1, 0} {
+			mu, _ := New(name, threads)
+			for _, n := range []int{256, 512, 1024} {
+				b.Run(fmt.Sprintf("%s/threads=%d/%d", name, threads, n), func(b *testing.B) {
+					rng := rand.New(rand.NewPCG(1, 2))
+					x, y, z := random(rng, n*n), random(rng, n*n), make([]float32, n*n)
+					for b.Loop() {
+						mu.Gemm(false, false, n, n, n, 1, x, n, y, n, 0, z, n)
+					}
+					b.ReportMetric(2*float64(n*n*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}
+
+func BenchmarkPeak(b *testing.B) {
+	for _, name := range Kernels() {
+		mu, _ := New(name, 1)
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				b.ReportMetric(mu.PeakGFLOPS(100*time.Millisecond), "GFLOP/s")
+			}
+		})
+	}
+}
