@@ -1,50 +1,192 @@
 package cpu
 
 import (
-	"slices"
-	"sync"
-
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
-// Convolution by im2col: for one image, the column matrix holds, for each
-// filter tap (c, r, s) (a row) and each output pixel (a column), the input
-// value under that tap, zero in the padding. The convolution is then one
-// matrix product: y[n] (K×OH·OW) = w (K×C·R·S) · col (C·R·S×OH·OW).
+// Convolutions are matrix products over the im2col matrix of the images:
+// one row per filter tap t = (c, r, s), one column per output pixel
+// j = (n, oh, ow) across the batch, holding the input under that tap (zero
+// in the padding). That matrix is never built: sgemm packs its panels
+// straight from the images (patches.Pack).
+//
+//	forward          y  (K × N·L)   = w (K × CRS) · patches (CRS × N·L)
+//	data gradient    dcol (CRS × N·L) = wᵀ · dy (K × N·L), added back into dx (col2im)
+//	filter gradient  dw (K × CRS)   = dy (K × N·L) · patchesᵀ
+//
+// with L = OH·OW. dy and y are N×K×L in memory, K × N·L only as operands
+// (planes); products whose C is K × N·L are computed a chunk of images at a
+// time into scratch and copied out.
 
-// direct reports whether the convolution is a plain 1×1 product, for which
-// the column matrix is the input itself.
-func direct(p kernels.ConvParams) bool {
-	return p.R == 1 && p.S == 1 && p.StrideH == 1 && p.StrideW == 1 && p.PadH == 0 && p.PadW == 0
+// chunkColumns is about how many output pixels a chunk of images spans: wide
+// enough for full tiles and for every core, small enough to keep the scratch
+// in cache.
+const chunkColumns = 4096
+
+// imagesPerChunk is how many images one product covers.
+func imagesPerChunk(p kernels.ConvParams) int {
+	return max(1, min(p.N, chunkColumns/(p.OutH()*p.OutW())))
 }
 
-func im2col(p kernels.ConvParams, x, col []float32) {
+// patches is the im2col matrix of images x (n×C×H×W, n whole images) as an
+// sgemm operand whose free dimension is pixels (the forward's B) or, with
+// tapsFree, taps (the filter gradient's B, patchesᵀ).
+type patches struct {
+	p        kernels.ConvParams
+	x        []float32
+	tapsFree bool
+}
+
+// run is a stretch of consecutive output pixels in one output row: lanes
+// [lane, lane+n) of a panel are pixels (img, oh, ow..ow+n).
+type run struct{ lane, n, img, oh, ow int }
+
+// runs splits the pixels [j0, j0+n) into runs along output rows.
+func runs(dst []run, p kernels.ConvParams, j0, n int) []run {
+	ow := p.OutW()
+	l := p.OutH() * ow
+	for lane := 0; lane < n; {
+		j := j0 + lane
+		img, rem := j/l, j%l
+		oh, col := rem/ow, rem%ow
+		k := min(n-lane, ow-col)
+		dst = append(dst, run{lane: lane, n: k, img: img, oh: oh, ow: col})
+		lane += k
+	}
+	return dst
+}
+
+// Pack implements sgemm.Operand.
+func (pa patches) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	if pa.tapsFree {
+		pa.packTaps(dst, f0, nf, p0, kc, w)
+		return
+	}
+	p := pa.p
+	rs, chw := p.R*p.S, p.C*p.H*p.W
+	var buf [64]run
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		rr := runs(buf[:0], p, f0+q*w, lanes)
+		for t := 0; t < kc; t++ {
+			tap := p0 + t
+			c, r, s := tap/rs, tap%rs/p.S, tap%p.S
+			row := panel[t*w : (t+1)*w]
+			clear(row[lanes:])
+			for _, u := range rr {
+				d := row[u.lane : u.lane+u.n]
+				ih := u.oh*p.StrideH - p.PadH + r
+				if ih < 0 || ih >= p.H {
+					clear(d)
+					continue
+				}
+				src := pa.x[u.img*chw+(c*p.H+ih)*p.W : u.img*chw+(c*p.H+ih+1)*p.W]
+				// Output columns ow+i with an input column iw = (ow+i)·stride − pad + s inside the row.
+				j0, j1 := validRange(u.ow+u.n, p.W, p.StrideW, p.PadW, s)
+				j0, j1 = max(j0, u.ow)-u.ow, max(j1, u.ow)-u.ow
+				j0 = min(j0, j1)
+				clear(d[:j0])
+				clear(d[j1:])
+				if j0 == j1 {
+					continue
+				}
+				iw := (u.ow+j0)*p.StrideW - p.PadW + s
+				if p.StrideW == 1 {
+					copy(d[j0:j1], src[iw:])
+					continue
+				}
+				for i := j0; i < j1; i++ {
+					d[i] = src[iw]
+					iw += p.StrideW
+				}
+			}
+		}
+	}
+}
+
+// packTaps packs patchesᵀ: lanes are taps, the shared dimension pixels. A
+// pixel whose window lies inside the image reads every tap at a fixed offset
+// from its corner; only border pixels test bounds.
+func (pa patches) packTaps(dst []float32, f0, nf, p0, kc, w int) {
+	p := pa.p
+	rs, chw := p.R*p.S, p.C*p.H*p.W
+	var off [64]int    // a tap's offset from its window's corner
+	var tr, ts [64]int // a tap's row and column in the window
 	oh, ow := p.OutH(), p.OutW()
 	l := oh * ow
-	for c := 0; c < p.C; c++ {
-		plane := x[c*p.H*p.W : (c+1)*p.H*p.W]
-		for r := 0; r < p.R; r++ {
-			for s := 0; s < p.S; s++ {
-				dst := col[((c*p.R+r)*p.S+s)*l:][:l]
-				j0, j1 := validRange(ow, p.W, p.StrideW, p.PadW, s)
-				for i := 0; i < oh; i++ {
-					row := dst[i*ow : (i+1)*ow]
-					ih := i*p.StrideH - p.PadH + r
-					if ih < 0 || ih >= p.H || j0 >= j1 {
-						clear(row)
-						continue
-					}
-					src := plane[ih*p.W : (ih+1)*p.W]
-					clear(row[:j0])
-					clear(row[j1:])
-					if p.StrideW == 1 {
-						copy(row[j0:j1], src[j0-p.PadW+s:])
-						continue
-					}
-					for j := j0; j < j1; j++ {
-						row[j] = src[j*p.StrideW-p.PadW+s]
-					}
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		for i := 0; i < lanes; i++ {
+			tap := f0 + q*w + i
+			c, r, s := tap/rs, tap%rs/p.S, tap%p.S
+			off[i], tr[i], ts[i] = (c*p.H+r)*p.W+s, r, s
+		}
+		for t := 0; t < kc; t++ {
+			j := p0 + t
+			img, rem := j/l, j%l
+			ih, iw := rem/ow*p.StrideH-p.PadH, rem%ow*p.StrideW-p.PadW
+			corner := img*chw + ih*p.W + iw
+			row := panel[t*w : (t+1)*w]
+			clear(row[lanes:])
+			if ih >= 0 && iw >= 0 && ih+p.R <= p.H && iw+p.S <= p.W {
+				for i, o := range off[:lanes] {
+					row[i] = pa.x[corner+o]
 				}
+				continue
+			}
+			for i, o := range off[:lanes] {
+				y, x := ih+tr[i], iw+ts[i]
+				if y < 0 || y >= p.H || x < 0 || x >= p.W {
+					row[i] = 0
+					continue
+				}
+				row[i] = pa.x[corner+o]
+			}
+		}
+	}
+}
+
+// planes is a batch of row-major matrices (n × rows × cols) as one
+// rows × (n·cols) operand, element (r, i·cols + l) at data[(i·rows + r)·cols + l]:
+// dy as K × N·L. Its free dimension is the columns (the data gradient's B) or,
+// with rowsFree, the rows (the filter gradient's A).
+type planes struct {
+	data       []float32
+	rows, cols int
+	rowsFree   bool
+}
+
+// Pack implements sgemm.Operand.
+func (pl planes) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	plane := pl.rows * pl.cols
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		if pl.rowsFree {
+			// Rows are lanes; the shared dimension runs along each plane's
+			// rows, which are contiguous, a plane at a time.
+			for t := 0; t < kc; {
+				j := p0 + t
+				img, l := j/pl.cols, j%pl.cols
+				n := min(kc-t, pl.cols-l)
+				src := pl.data[img*plane+(f0+q*w)*pl.cols+l:]
+				sgemm.PackRows(panel[t*w:], w, src, pl.cols, lanes, n)
+				t += n
+			}
+			continue
+		}
+		for t := 0; t < kc; t++ {
+			row := panel[t*w : (t+1)*w]
+			clear(row[lanes:])
+			for lane := 0; lane < lanes; {
+				j := f0 + q*w + lane
+				img, l := j/pl.cols, j%pl.cols
+				n := min(lanes-lane, pl.cols-l)
+				copy(row[lane:lane+n], pl.data[img*plane+(p0+t)*pl.cols+l:])
+				lane += n
 			}
 		}
 	}
@@ -66,15 +208,15 @@ func validRange(ow, w, stride, pad, s int) (j0, j1 int) {
 	return min(j0, j1), j1
 }
 
-// col2im adds the column matrix back into the image it was gathered from.
-func col2im(p kernels.ConvParams, col, x []float32) {
+// col2im adds a column matrix (one row per tap, row i of the image's columns
+// at col[t·ld:][:L]) back into the image it was gathered from.
+func col2im(p kernels.ConvParams, col []float32, ld int, x []float32) {
 	oh, ow := p.OutH(), p.OutW()
-	l := oh * ow
 	for c := 0; c < p.C; c++ {
 		plane := x[c*p.H*p.W : (c+1)*p.H*p.W]
 		for r := 0; r < p.R; r++ {
 			for s := 0; s < p.S; s++ {
-				src := col[((c*p.R+r)*p.S+s)*l:][:l]
+				src := col[((c*p.R+r)*p.S+s)*ld:][:oh*ow]
 				j0, j1 := validRange(ow, p.W, p.StrideW, p.PadW, s)
 				for i := 0; i < oh; i++ {
 					ih := i*p.StrideH - p.PadH + r
@@ -105,87 +247,69 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	xs, ws := in(x), in(w)
 	ys, done := out(y)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	parallel(p.N, 1, func(lo, hi int) {
-		var col []float32
-		if !direct(p) {
-			col = make([]float32, crs*l)
+	nb := imagesPerChunk(p)
+	var scratch []float32
+	for n0 := 0; n0 < p.N; n0 += nb {
+		n := min(nb, p.N-n0)
+		q := p
+		q.N = n
+		b := patches{p: q, x: xs[n0*chw : (n0+n)*chw]}
+		if n == 1 {
+			c.mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
+			continue
 		}
-		for n := lo; n < hi; n++ {
-			img := xs[n*chw : (n+1)*chw]
-			if direct(p) {
-				col = img
-			} else {
-				im2col(p, img, col)
+		scratch = grow(scratch, p.K*n*l)
+		c.mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, scratch, n*l)
+		for i := 0; i < n; i++ {
+			for k := 0; k < p.K; k++ {
+				copy(ys[((n0+i)*p.K+k)*l:][:l], scratch[k*n*l+i*l:])
 			}
-			sgemm(false, false, p.K, l, crs, 1, ws, col, 0, ys[n*p.K*l:])
 		}
-	})
+	}
 	done()
 }
 
-// Conv2dBackwardData computes dx = col2im(wᵀ·dy) image by image.
+// Conv2dBackwardData computes dx = col2im(wᵀ·dy), a chunk of images at a time.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
 	dys, ws := in(dy), in(w)
 	dxs, done := out(dx)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	parallel(p.N, 1, func(lo, hi int) {
-		col := make([]float32, crs*l)
-		for n := lo; n < hi; n++ {
-			img := dxs[n*chw : (n+1)*chw]
-			if direct(p) {
-				sgemm(true, false, crs, l, p.K, 1, ws, dys[n*p.K*l:], 0, img)
-				continue
+	nb := imagesPerChunk(p)
+	var scratch []float32
+	for n0 := 0; n0 < p.N; n0 += nb {
+		n := min(nb, p.N-n0)
+		b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
+		scratch = grow(scratch, crs*n*l)
+		c.mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, scratch, n*l)
+		parallel(n, 1, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				img := dxs[(n0+i)*chw : (n0+i+1)*chw]
+				clear(img)
+				col2im(p, scratch[i*l:], n*l, img)
 			}
-			sgemm(true, false, crs, l, p.K, 1, ws, dys[n*p.K*l:], 0, col)
-			clear(img)
-			col2im(p, col, img)
-		}
-	})
+		})
+	}
 	done()
 }
 
-// Conv2dBackwardFilter computes dw = Σₙ dy[n]·col[n]ᵀ, each goroutine
-// accumulating its images before the partial sums are added.
+// Conv2dBackwardFilter computes dw = dy · patchesᵀ over the whole batch in
+// one product; each element of dw is summed by one goroutine in a fixed
+// order, so the result is deterministic.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
 	xs, dys := in(x), in(dy)
 	dws, done := out(dw)
-	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	// Partial sums are added in image order, so the result is deterministic.
-	type partial struct {
-		lo  int
-		acc []float32
-	}
-	var (
-		mu       sync.Mutex
-		partials []partial
-	)
-	parallel(p.N, 1, func(lo, hi int) {
-		acc := make([]float32, p.K*crs)
-		var col []float32
-		if !direct(p) {
-			col = make([]float32, crs*l)
-		}
-		for n := lo; n < hi; n++ {
-			img := xs[n*chw : (n+1)*chw]
-			if direct(p) {
-				col = img
-			} else {
-				im2col(p, img, col)
-			}
-			sgemm(false, true, p.K, crs, l, 1, dys[n*p.K*l:], col, 1, acc)
-		}
-		mu.Lock()
-		partials = append(partials, partial{lo, acc})
-		mu.Unlock()
-	})
-	slices.SortFunc(partials, func(a, b partial) int { return a.lo - b.lo })
-	copy(dws, partials[0].acc)
-	for _, part := range partials[1:] {
-		for i, v := range part.acc {
-			dws[i] += v
-		}
-	}
+	crs, l := p.C*p.R*p.S, p.OutH()*p.OutW()
+	a := planes{data: dys, rows: p.K, cols: l, rowsFree: true}
+	c.mm.GemmOp(p.K, crs, p.N*l, 1, a, patches{p: p, x: xs, tapsFree: true}, 0, dws, crs)
 	done()
+}
+
+// grow returns x with room for n values.
+func grow(x []float32, n int) []float32 {
+	if cap(x) < n {
+		return make([]float32, n)
+	}
+	return x[:n]
 }

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/x448/float16"
 )
@@ -23,6 +24,7 @@ import (
 // Backend is the CPU backend. Its zero value is not usable; call New.
 type Backend struct {
 	alloc *memory.Allocator
+	mm    *sgemm.Multiplier // matrix products and convolutions
 }
 
 // New returns a CPU backend over a pool of Go heap slabs.
@@ -32,7 +34,23 @@ func New() *Backend {
 
 // NewWithAllocator returns a CPU backend over a's blocks, which must live on
 // the Go heap (its Source must fill Segment.Host).
-func NewWithAllocator(a *memory.Allocator) *Backend { return &Backend{alloc: a} }
+func NewWithAllocator(a *memory.Allocator) *Backend {
+	return &Backend{alloc: a, mm: sgemm.Default()}
+}
+
+// WithKernel is a backend over the same pool whose matrix products and
+// convolutions use the named sgemm microkernel (one of sgemm.Kernels: the
+// tests run every operation on each).
+func (c *Backend) WithKernel(name string) (*Backend, error) {
+	mm, err := sgemm.New(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{alloc: c.alloc, mm: mm}, nil
+}
+
+// Kernel is the sgemm microkernel the backend's products use.
+func (c *Backend) Kernel() string { return c.mm.Kernel() }
 
 var _ kernels.Backend = (*Backend)(nil)
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
 // The CPU backend against plain float64 references written straight from the
@@ -96,10 +97,28 @@ func TestGemm(t *testing.T) {
 					}
 				}
 			}
-			be.Gemm(tc, a, b, c)
-			check(t, "C", c, want, 1e-5)
+			c0 := append([]float32(nil), f32s(c)...)
+			for _, kb := range kernelBackends(t) {
+				copy(f32s(c), c0)
+				kb.Gemm(tc, a, b, c)
+				check(t, kb.Kernel()+" C", c, want, 1e-5)
+			}
 		})
 	}
+}
+
+// kernelBackends is the backend once per sgemm microkernel this CPU runs:
+// the assembly ones and the Go fallback every other CPU uses.
+func kernelBackends(t *testing.T) []*Backend {
+	var out []*Backend
+	for _, name := range sgemm.Kernels() {
+		kb, err := be.WithKernel(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, kb)
+	}
+	return out
 }
 
 func convRef(p kernels.ConvParams, x, w []float64) []float64 {
@@ -164,20 +183,29 @@ func TestConv(t *testing.T) {
 		{N: 3, C: 4, H: 5, W: 5, K: 2, R: 1, S: 1, StrideH: 1, StrideW: 1},
 		{N: 2, C: 3, H: 8, W: 7, K: 5, R: 1, S: 1, StrideH: 2, StrideW: 2},
 		{N: 5, C: 1, H: 6, W: 11, K: 2, R: 3, S: 5, StrideH: 2, StrideW: 1, PadH: 0, PadW: 2},
+		// ResNet-20's shapes: one image per product (L = 784 ≥ chunkColumns/2 images' worth),
+		// a chunk of images per product, more taps than a k-block, K past one m-block.
+		{N: 3, C: 16, H: 28, W: 28, K: 16, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 90, C: 5, H: 7, W: 7, K: 9, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 4, C: 45, H: 9, W: 8, K: 150, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+		{N: 7, C: 9, H: 13, W: 10, K: 7, R: 1, S: 1, StrideH: 2, StrideW: 2},
 	} {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
 			w, wv := randBuf(t, rng, p.K*p.C*p.R*p.S)
 			dy, dyv := randBuf(t, rng, p.N*p.K*p.OutH()*p.OutW())
-			y := buf(t, kernels.F32, dy.N)
-			be.Conv2d(p, x, w, y)
-			check(t, "y", y, convRef(p, xv, wv), 1e-5)
+			yRef := convRef(p, xv, wv)
 			dxRef, dwRef := convGradsRef(p, xv, wv, dyv)
-			dx, dw := buf(t, kernels.F32, x.N), buf(t, kernels.F32, w.N)
-			be.Conv2dBackwardData(p, dy, w, dx)
-			be.Conv2dBackwardFilter(p, x, dy, dw)
-			check(t, "dx", dx, dxRef, 1e-5)
-			check(t, "dw", dw, dwRef, 1e-5)
+			for _, kb := range kernelBackends(t) {
+				y := buf(t, kernels.F32, dy.N)
+				kb.Conv2d(p, x, w, y)
+				check(t, kb.Kernel()+" y", y, yRef, 1e-5)
+				dx, dw := buf(t, kernels.F32, x.N), buf(t, kernels.F32, w.N)
+				kb.Conv2dBackwardData(p, dy, w, dx)
+				kb.Conv2dBackwardFilter(p, x, dy, dw)
+				check(t, kb.Kernel()+" dx", dx, dxRef, 1e-5)
+				check(t, kb.Kernel()+" dw", dw, dwRef, 1e-5)
+			}
 		})
 	}
 }

@@ -2,30 +2,10 @@ package cpu
 
 import (
 	"github.com/leangrad/leangrad/kernels"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
 )
 
-// sgemm computes c = alpha·op(a)·op(b) + beta·c on row-major float32 slices
-// with gonum's BLAS.
-func sgemm(transA, transB bool, m, n, k int, alpha float32, a, b []float32, beta float32, c []float32) {
-	ta, tb := blas.NoTrans, blas.NoTrans
-	ar, ac := m, k
-	if transA {
-		ta, ar, ac = blas.Trans, k, m
-	}
-	br, bcols := k, n
-	if transB {
-		tb, br, bcols = blas.Trans, n, k
-	}
-	blas32.Gemm(ta, tb, alpha,
-		blas32.General{Rows: ar, Cols: ac, Stride: ac, Data: a[:ar*ac]},
-		blas32.General{Rows: br, Cols: bcols, Stride: bcols, Data: b[:br*bcols]},
-		beta,
-		blas32.General{Rows: m, Cols: n, Stride: n, Data: c[:m*n]})
-}
-
-// Gemm computes a (batched) matrix product; see kernels.GemmParams.
+// Gemm computes a (batched) matrix product; see kernels.GemmParams. One
+// product runs on every core; a batch of products runs one product per core.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
 	batch := max(p.Batch, 1)
@@ -37,13 +17,21 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	} else {
 		cs, done = out(cb)
 	}
+	lda, ldb := p.K, p.N
+	if p.TransA {
+		lda = p.M
+	}
+	if p.TransB {
+		ldb = p.K
+	}
 	if batch == 1 {
-		sgemm(p.TransA, p.TransB, p.M, p.N, p.K, p.Alpha, as, bs, p.Beta, cs)
+		c.mm.Gemm(p.TransA, p.TransB, p.M, p.N, p.K, p.Alpha, as, lda, bs, ldb, p.Beta, cs, p.N)
 	} else {
+		one := c.mm.WithThreads(1)
 		parallel(batch, 1, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
-				sgemm(p.TransA, p.TransB, p.M, p.N, p.K, p.Alpha,
-					as[i*p.StrideA:], bs[i*p.StrideB:], p.Beta, cs[i*p.StrideC:])
+				one.Gemm(p.TransA, p.TransB, p.M, p.N, p.K, p.Alpha,
+					as[i*p.StrideA:], lda, bs[i*p.StrideB:], ldb, p.Beta, cs[i*p.StrideC:], p.N)
 			}
 		})
 	}

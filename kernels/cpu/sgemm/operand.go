@@ -55,21 +55,7 @@ func (s Strided) Pack(dst []float32, f0, nf, p0, kc, w int) {
 				clear(d[lanes:])
 			}
 		case s.Shared == 1:
-			r := 0
-			for ; r+8 <= lanes; r += 8 {
-				transpose8(panel, r, w, s.Data[base+r*s.Free:], s.Free, kc)
-			}
-			for ; r < lanes; r++ {
-				src := s.Data[base+r*s.Free:][:kc]
-				for p, v := range src {
-					panel[p*w+r] = v
-				}
-			}
-			if lanes < w {
-				for p := 0; p < kc; p++ {
-					clear(panel[p*w+lanes : (p+1)*w])
-				}
-			}
+			PackRows(panel, w, s.Data[base:], s.Free, lanes, kc)
 		default:
 			for p := 0; p < kc; p++ {
 				d := panel[p*w : (p+1)*w]
@@ -78,6 +64,28 @@ func (s Strided) Pack(dst []float32, f0, nf, p0, kc, w int) {
 				}
 				clear(d[lanes:])
 			}
+		}
+	}
+}
+
+// PackRows writes kc values of each of lanes rows of src (row stride ld)
+// across a panel of width w, a row to a lane: panel[p·w + r] = src[r·ld + p]
+// for p < kc, r < lanes, and zero in lanes at or past lanes. It is the
+// packing of an operand whose shared dimension is contiguous in memory;
+// panel may start anywhere in a larger panel (at row p₀, as panel[p₀·w:]).
+func PackRows(panel []float32, w int, src []float32, ld, lanes, kc int) {
+	r := 0
+	for ; r+8 <= lanes; r += 8 {
+		transpose8(panel, r, w, src[r*ld:], ld, kc)
+	}
+	for ; r < lanes; r++ {
+		for p, v := range src[r*ld:][:kc] {
+			panel[p*w+r] = v
+		}
+	}
+	if lanes < w {
+		for p := 0; p < kc; p++ {
+			clear(panel[p*w+lanes : p*w+w])
 		}
 	}
 }

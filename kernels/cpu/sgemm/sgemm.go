@@ -82,6 +82,14 @@ func New(kernel string, threads int) (*Multiplier, error) {
 	return nil, fmt.Errorf("sgemm: kernel %q is not available on this CPU (have %v)", kernel, Kernels())
 }
 
+// WithThreads is mu running on up to threads goroutines (0 for GOMAXPROCS).
+func (mu *Multiplier) WithThreads(threads int) *Multiplier {
+	if threads < 0 {
+		panic(fmt.Sprintf("sgemm: %d threads", threads))
+	}
+	return &Multiplier{k: mu.k, threads: threads}
+}
+
 // Kernel is the name of the microkernel in use.
 func (mu *Multiplier) Kernel() string { return mu.k.name }
 
