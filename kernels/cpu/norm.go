@@ -6,26 +6,89 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-// channelValues calls f(i, v) for every element of channel c of an N×C×HW array.
-func forChannel(p kernels.BNParams, c int, f func(i int)) {
+// segments calls f with each image's HW values of channel ch of an N×C×HW
+// array, and their offset.
+func segments(p kernels.BNParams, ch int, f func(off int)) {
 	for n := 0; n < p.N; n++ {
-		base := (n*p.C + c) * p.HW
-		for i := base; i < base+p.HW; i++ {
-			f(i)
+		f((n*p.C + ch) * p.HW)
+	}
+}
+
+// affineAct writes y = x·scale + shift (+ residual), through the ReLU with
+// relu: the output of a normalisation whose statistics are folded into
+// scale and shift.
+func affineAct(y, x, res []float32, scale, shift float32, relu bool) {
+	y = y[:len(x)]
+	if res != nil {
+		res = res[:len(x)]
+		for i, v := range x {
+			y[i] = v*scale + shift + res[i]
+		}
+	} else {
+		for i, v := range x {
+			y[i] = v*scale + shift
+		}
+	}
+	if relu {
+		for i, v := range y {
+			y[i] = max(v, 0)
 		}
 	}
 }
 
-// act is the output's activation: x̂·γ + β (in float64) plus the residual,
-// through the ReLU with p.ReLU.
-func act(p kernels.BNParams, v float64, res []float32, i int) float32 {
-	if res != nil {
-		v += float64(res[i])
+// sum32 is Σ x, summed in float32 over four interleaved accumulators (the
+// additions overlap instead of waiting on each other) and returned as float64.
+func sum32(x []float32) float64 {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		v := x[i : i+4 : i+4]
+		s0 += v[0]
+		s1 += v[1]
+		s2 += v[2]
+		s3 += v[3]
 	}
-	if p.ReLU && v < 0 {
-		v = 0
+	for ; i < len(x); i++ {
+		s0 += x[i]
 	}
-	return float32(v)
+	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
+}
+
+// sumSqDev is Σ (x − mean)², accumulated as sum32.
+func sumSqDev(x []float32, mean float32) float64 {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		v := x[i : i+4 : i+4]
+		d0, d1, d2, d3 := v[0]-mean, v[1]-mean, v[2]-mean, v[3]-mean
+		s0 += d0 * d0
+		s1 += d1 * d1
+		s2 += d2 * d2
+		s3 += d3 * d3
+	}
+	for ; i < len(x); i++ {
+		d := x[i] - mean
+		s0 += d * d
+	}
+	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
+}
+
+// dotDev is Σ g·(x − mean), accumulated as sum32.
+func dotDev(g, x []float32, mean float32) float64 {
+	x = x[:len(g)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(g); i += 4 {
+		v, w := x[i:i+4:i+4], g[i:i+4:i+4]
+		s0 += w[0] * (v[0] - mean)
+		s1 += w[1] * (v[1] - mean)
+		s2 += w[2] * (v[2] - mean)
+		s3 += w[3] * (v[3] - mean)
+	}
+	for ; i < len(g); i++ {
+		s0 += g[i] * (x[i] - mean)
+	}
+	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
 // optIn is in(b) for an optional buffer: nil when it is not given.
@@ -36,9 +99,17 @@ func optIn(b kernels.Buf) []float32 {
 	return in(b)
 }
 
-// BatchNormTrain normalises with batch statistics (two-pass, float64),
-// adds the residual, applies the ReLU and updates the running statistics
-// (the variance unbiased) in place.
+// optSeg is x[off:off+n], or nil for a missing x.
+func optSeg(x []float32, off, n int) []float32 {
+	if x == nil {
+		return nil
+	}
+	return x[off : off+n]
+}
+
+// BatchNormTrain normalises with batch statistics (two passes, summed in
+// float64), adds the residual, applies the ReLU and updates the running
+// statistics (the variance unbiased) in place.
 func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
 	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
 	kernels.CheckLen("batch norm output", x.N, y)
@@ -52,14 +123,18 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	parallel(p.C, 1, func(lo, hi int) {
 		for ch := lo; ch < hi; ch++ {
 			var sum float64
-			forChannel(p, ch, func(i int) { sum += float64(xs[i]) })
+			segments(p, ch, func(off int) { sum += sum32(xs[off : off+p.HW]) })
 			mean := sum / m
 			var sq float64
-			forChannel(p, ch, func(i int) { d := float64(xs[i]) - mean; sq += d * d })
+			mean32 := float32(mean)
+			segments(p, ch, func(off int) { sq += sumSqDev(xs[off:off+p.HW], mean32) })
 			variance := sq / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
-			scale, shift := float64(gs[ch])*invStd, float64(bs[ch])
-			forChannel(p, ch, func(i int) { ys[i] = act(p, (float64(xs[i])-mean)*scale+shift, res, i) })
+			scale := float32(float64(gs[ch]) * invStd)
+			shift := float32(float64(bs[ch]) - mean*float64(gs[ch])*invStd)
+			segments(p, ch, func(off int) {
+				affineAct(ys[off:off+p.HW], xs[off:off+p.HW], optSeg(res, off, p.HW), scale, shift, p.ReLU)
+			})
 			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
 			if m > 1 {
@@ -88,7 +163,9 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := bs[ch] - rm[ch]*scale
-			forChannel(p, ch, func(i int) { ys[i] = act(p, float64(xs[i]*scale+shift), res, i) })
+			segments(p, ch, func(off int) {
+				affineAct(ys[off:off+p.HW], xs[off:off+p.HW], optSeg(res, off, p.HW), scale, shift, p.ReLU)
+			})
 		}
 	})
 	done()
@@ -104,44 +181,64 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
 	xs, dys, gs, sm, sis := in(x), in(dy), in(gamma), f32s(saveMean), f32s(saveInvStd)
+	var ys []float32
 	if p.ReLU {
 		kernels.CheckLen("batch norm backward output", x.N, y)
-		ys := in(y)
-		masked := make([]float32, len(dys))
-		for i, g := range dys {
-			if ys[i] > 0 {
-				masked[i] = g
-			}
-		}
-		dys = masked
+		ys = in(y)
 	}
 	dxs, doneX := out(dx)
 	dgs, doneG := out(dgamma)
 	dbs, doneB := out(dbeta)
+	var drs []float32
+	doneR := func() {}
+	if dresidual.Valid() {
+		drs, doneR = out(dresidual)
+	}
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
-			var db, dg float64
-			forChannel(p, ch, func(i int) {
-				g := float64(dys[i])
-				db += g
-				dg += g * (float64(xs[i]) - mean) * invStd
+			mean32 := float32(mean)
+			// g = dy masked by the ReLU, written into dresidual (or dx, as
+			// scratch) on the way, so the second pass reads it back.
+			var db, dxm float64
+			segments(p, ch, func(off int) {
+				g := dxs[off : off+p.HW]
+				if drs != nil {
+					g = drs[off : off+p.HW]
+				}
+				copy(g, dys[off:off+p.HW])
+				if ys != nil {
+					for i, v := range ys[off : off+p.HW] {
+						if v <= 0 {
+							g[i] = 0
+						}
+					}
+				}
+				db += sum32(g)
+				dxm += dotDev(g, xs[off:off+p.HW], mean32)
 			})
+			dg := dxm * invStd
 			dbs[ch], dgs[ch] = float32(db), float32(dg)
-			k := float64(gs[ch]) * invStd / m
-			forChannel(p, ch, func(i int) {
-				xhat := (float64(xs[i]) - mean) * invStd
-				dxs[i] = float32(k * (m*float64(dys[i]) - db - xhat*dg))
+			// dx = k·(g − db/M − x̂·dg/M) = a·g + b·x + c
+			k := float64(gs[ch]) * invStd
+			a := float32(k)
+			bx := float32(-k * invStd * dg / m)
+			c := float32(-k*db/m + k*invStd*dg/m*mean)
+			segments(p, ch, func(off int) {
+				g := dxs[off : off+p.HW]
+				if drs != nil {
+					g = drs[off : off+p.HW]
+				}
+				d := dxs[off : off+p.HW]
+				for i, v := range xs[off : off+p.HW] {
+					d[i] = a*g[i] + bx*v + c
+				}
 			})
 		}
 	})
 	doneX()
 	doneG()
 	doneB()
-	if dresidual.Valid() {
-		dr, done := out(dresidual)
-		copy(dr, dys)
-		done()
-	}
+	doneR()
 }
