@@ -241,11 +241,84 @@ func col2im(p kernels.ConvParams, col []float32, ld int, x []float32) {
 	}
 }
 
+// Stride-1 convolutions skip the im2col panels altogether. Over images
+// padded into a grid of Hp×Wp pixels a plane (channel-major: channel c of
+// every image, one under the other), output pixel j of the grid reads tap
+// (c, r, s) at j + c·G + r·Wp + s: the patch matrix's row for a tap is the
+// grid shifted by a constant, which the assembly kernels read in place
+// (sgemm.Shifted). Outputs are computed for every grid pixel whose window
+// starts in the grid, and only the valid ones (the top-left OH×OW of each
+// image) are kept. The data gradient is the same product over dy padded by
+// the filter size minus the padding, with the filter flipped and its
+// channels swapped.
+
+// gridPixels is about how many grid pixels one shifted product covers.
+const gridPixels = 16384
+
+// shiftable reports whether p is computed by shifted products.
+func shiftable(p kernels.ConvParams) bool {
+	return p.StrideH == 1 && p.StrideW == 1 && p.PadH < p.R && p.PadW < p.S
+}
+
+// shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×hs×ws
+// padded by padH, padW) for a stride-1 r×s filter, OH = hs + 2·padH − r + 1.
+func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, dst []float32) {
+	hp, wp := hs+2*padH, ws+2*padW
+	oh, ow := hp-r+1, wp-s+1
+	nb := max(1, min(n, gridPixels/(hp*wp)))
+	_, nr := c.mm.Tile()
+	offs := make([]int, cin*r*s)
+	var grid, out []float32
+	for n0 := 0; n0 < n; n0 += nb {
+		k := min(nb, n-n0)
+		g := k * hp * wp // a channel's plane of the grid
+		cols := (k-1)*hp*wp + (oh-1)*wp + ow
+		for t := range offs {
+			ch, rs := t/(r*s), t%(r*s)
+			offs[t] = ch*g + rs/s*wp + rs%s
+		}
+		grid = grow(grid, max(cin*g, offs[len(offs)-1]+ceil(cols, nr)*nr))
+		clear(grid)
+		parallel(cin, 1, func(lo, hi int) {
+			for ch := lo; ch < hi; ch++ {
+				for i := 0; i < k; i++ {
+					plane := src[((n0+i)*cin+ch)*hs*ws:][:hs*ws]
+					base := ch*g + (i*hp+padH)*wp + padW
+					for y := 0; y < hs; y++ {
+						copy(grid[base+y*wp:][:ws], plane[y*ws:])
+					}
+				}
+			}
+		})
+		out = grow(out, m*cols)
+		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
+			sgemm.Shifted{Data: grid, Offsets: offs}, 0, out, cols)
+		parallel(m, 1, func(lo, hi int) {
+			for ch := lo; ch < hi; ch++ {
+				for i := 0; i < k; i++ {
+					plane := dst[((n0+i)*m+ch)*oh*ow:][:oh*ow]
+					base := ch*cols + i*hp*wp
+					for y := 0; y < oh; y++ {
+						copy(plane[y*ow:(y+1)*ow], out[base+y*wp:])
+					}
+				}
+			}
+		})
+	}
+}
+
+func ceil(a, b int) int { return (a + b - 1) / b }
+
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	kernels.CheckConv("conv2d", p, x, w, y)
 	xs, ws := in(x), in(w)
 	ys, done := out(y)
+	if shiftable(p) {
+		c.shiftConv(p.N, p.C, p.H, p.W, p.PadH, p.PadW, p.R, p.S, p.K, ws, xs, ys)
+		done()
+		return
+	}
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32
@@ -274,6 +347,21 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
 	dys, ws := in(dy), in(w)
 	dxs, done := out(dx)
+	if shiftable(p) {
+		// w′[c][k][r][s] = w[k][c][R−1−r][S−1−s]
+		rs, crs := p.R*p.S, p.C*p.R*p.S
+		flipped := make([]float32, len(ws))
+		for k := 0; k < p.K; k++ {
+			for ch := 0; ch < p.C; ch++ {
+				for t := 0; t < rs; t++ {
+					flipped[(ch*p.K+k)*rs+t] = ws[k*crs+ch*rs+rs-1-t]
+				}
+			}
+		}
+		c.shiftConv(p.N, p.K, p.OutH(), p.OutW(), p.R-1-p.PadH, p.S-1-p.PadW, p.R, p.S, p.C, flipped, dys, dxs)
+		done()
+		return
+	}
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32

@@ -189,6 +189,10 @@ func TestConv(t *testing.T) {
 		{N: 90, C: 5, H: 7, W: 7, K: 9, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
 		{N: 4, C: 45, H: 9, W: 8, K: 150, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
 		{N: 7, C: 9, H: 13, W: 10, K: 7, R: 1, S: 1, StrideH: 2, StrideW: 2},
+		// Stride 1, computed by shifted products: uneven padding, and more
+		// images than one product's grid holds.
+		{N: 4, C: 3, H: 6, W: 9, K: 5, R: 2, S: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 2},
+		{N: 300, C: 2, H: 7, W: 7, K: 3, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
 	} {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)

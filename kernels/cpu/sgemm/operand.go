@@ -103,3 +103,26 @@ func transpose8(panel []float32, r, w int, src []float32, ld, kc int) {
 		d[4], d[5], d[6], d[7] = s4[p], s5[p], s6[p], s7[p]
 	}
 }
+
+// Shifted is a matrix B (k×n) whose rows are windows of one array: row p is
+// Data[Offsets[p] : Offsets[p]+n]. A stride-1 convolution over a padded
+// image is such a product (row p is the image shifted by tap p), and the
+// assembly kernels read it in place; Data must extend to a whole tile past
+// each window (GemmShifted checks).
+type Shifted struct {
+	Data    []float32
+	Offsets []int
+}
+
+// Pack implements Operand (for kernels that do not read B in place): its
+// free dimension is the columns.
+func (s Shifted) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	for q := 0; q*w < nf; q++ {
+		lanes := min(w, nf-q*w)
+		for p := 0; p < kc; p++ {
+			d := dst[(q*kc+p)*w : (q*kc+p+1)*w]
+			copy(d, s.Data[s.Offsets[p0+p]+f0+q*w:][:lanes])
+			clear(d[lanes:])
+		}
+	}
+}

@@ -24,6 +24,9 @@ type microkernel struct {
 	name   string
 	mr, nr int
 	run    func(kc int, a, b, c *float32, ldc int, add bool)
+	// shifted is run with row p of B read in place at b[offs[p]:], or nil
+	// for a kernel that reads Shifted operands packed.
+	shifted func(kc int, a, b *float32, offs *int, c *float32, ldc int, add bool)
 	// peak runs n rounds of peakFlops independent FMA flops: the core's
 	// peak, or nil for the Go kernel.
 	peak      func(n int)
@@ -126,6 +129,34 @@ func checkMatrix(name string, x []float32, rows, cols, ld int) {
 // GemmOp computes C = alpha·A·B + beta·C with A (m×k) and B (k×n) read
 // through their Pack methods; C is row-major with stride ldc.
 func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int) {
+	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc)
+}
+
+// GemmShifted is GemmOp with a Shifted B, which the assembly kernels read in
+// place, unpacked.
+func (mu *Multiplier) GemmShifted(m, n, k int, alpha float32, a Operand, b Shifted, beta float32, c []float32, ldc int) {
+	if len(b.Offsets) != k {
+		panic(fmt.Sprintf("sgemm: shifted B has %d row offsets for k = %d", len(b.Offsets), k))
+	}
+	if n > 0 {
+		// The kernels read whole tiles of nr columns, past n in the last one.
+		need := ceil(n, mu.k.nr) * mu.k.nr
+		for p, o := range b.Offsets {
+			if o < 0 || o+need > len(b.Data) {
+				panic(fmt.Sprintf("sgemm: shifted B row %d at offset %d needs %d elements, has %d", p, o, o+need, len(b.Data)))
+			}
+		}
+	}
+	if mu.k.shifted == nil {
+		mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc)
+		return
+	}
+	mu.gemm(m, n, k, alpha, a, nil, &b, beta, c, ldc)
+}
+
+// gemm is the product with B packed from b or, when sh is given, read in
+// place by the kernel.
+func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted, beta float32, c []float32, ldc int) {
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("sgemm: product of %d×%d by %d×%d", m, k, k, n))
 	}
@@ -162,7 +193,7 @@ func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta floa
 		if beta != 0 {
 			scaleC(c, i0, i1, j0, j1, ldc, beta)
 		}
-		block(kern, i0, i1, j0, j1, k, alpha, a, b, beta != 0, c, ldc)
+		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc)
 	}
 	if threads == 1 {
 		run(0)
@@ -210,20 +241,24 @@ func grow(x []float32, n int) []float32 {
 }
 
 // block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
-// overwrites the block with it.
-func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, add bool, c []float32, ldc int) {
+// overwrites the block with it. B is packed from b or read in place from sh.
+func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int) {
 	buf := bufferPool.Get().(*buffers)
 	defer bufferPool.Put(buf)
 	mr, nr := kern.mr, kern.nr
 	buf.a = grow(buf.a, ceil(min(blockM, i1-i0), mr)*mr*min(blockK, k))
-	buf.b = grow(buf.b, ceil(min(blockN, j1-j0), nr)*nr*min(blockK, k))
+	if sh == nil {
+		buf.b = grow(buf.b, ceil(min(blockN, j1-j0), nr)*nr*min(blockK, k))
+	}
 	var edge [8 * 48]float32 // an edge tile, computed whole and added in part
 	for jc := j0; jc < j1; jc += blockN {
 		nc := min(blockN, j1-jc)
 		for pc := 0; pc < k; pc += blockK {
 			kc := min(blockK, k-pc)
 			acc := add || pc > 0
-			b.Pack(buf.b, jc, nc, pc, kc, nr)
+			if sh == nil {
+				b.Pack(buf.b, jc, nc, pc, kc, nr)
+			}
 			for ic := i0; ic < i1; ic += blockM {
 				mc := min(blockM, i1-ic)
 				a.Pack(buf.a, ic, mc, pc, kc, mr)
@@ -234,18 +269,32 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 					}
 				}
 				for jr := 0; jr < nc; jr += nr {
-					bp := &buf.b[jr*kc]
+					var bp *float32
+					var offs *int
+					if sh == nil {
+						bp = &buf.b[jr*kc]
+					} else {
+						bp, offs = &sh.Data[jc+jr], &sh.Offsets[pc]
+					}
 					w := min(nr, nc-jr)
 					for ir := 0; ir < mc; ir += mr {
 						ap := &buf.a[ir*kc]
 						h := min(mr, mc-ir)
 						ci := (ic+ir)*ldc + jc + jr
 						if h == mr && w == nr {
-							kern.run(kc, ap, bp, &c[ci], ldc, acc)
+							if sh == nil {
+								kern.run(kc, ap, bp, &c[ci], ldc, acc)
+							} else {
+								kern.shifted(kc, ap, bp, offs, &c[ci], ldc, acc)
+							}
 							continue
 						}
 						tile := edge[:mr*nr]
-						kern.run(kc, ap, bp, &tile[0], nr, false)
+						if sh == nil {
+							kern.run(kc, ap, bp, &tile[0], nr, false)
+						} else {
+							kern.shifted(kc, ap, bp, offs, &tile[0], nr, false)
+						}
 						for i := 0; i < h; i++ {
 							row := c[ci+i*ldc : ci+i*ldc+w]
 							src := tile[i*nr : i*nr+w]

@@ -177,3 +177,35 @@ func BenchmarkPeak(b *testing.B) {
 		})
 	}
 }
+
+func TestGemmShiftedAgainstFloat64(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, mu := range multipliers(t) {
+		for _, s := range []struct{ m, n, k int }{{1, 1, 1}, {8, 48, 9}, {17, 101, 27}, {150, 900, 400}, {5, 3, 2}} {
+			_, nr := mu.Tile()
+			data := random(rng, 3*s.n+ceil(s.n, nr)*nr+50)
+			offs := make([]int, s.k)
+			b := make([]float32, s.k*s.n)
+			for p := range offs {
+				offs[p] = rng.IntN(len(data) - ceil(s.n, nr)*nr + 1)
+				copy(b[p*s.n:], data[offs[p]:][:s.n])
+			}
+			a := random(rng, s.m*s.k)
+			for _, beta := range []float32{0, 1} {
+				c := random(rng, s.m*s.n)
+				want := reference(false, false, s.m, s.n, s.k, 1.5, a, s.k, b, s.n, beta, c, s.n)
+				mu.GemmShifted(s.m, s.n, s.k, 1.5, MatrixA(a, s.k, false), Shifted{Data: data, Offsets: offs}, beta, c, s.n)
+				checkClose(t, fmt.Sprintf("%s/t%d/%v/beta=%v", mu.Kernel(), mu.threads, s, beta), c, want, s.m, s.n, s.n, s.k)
+			}
+		}
+	}
+}
+
+func TestGemmShiftedChecksWindows(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil {
+			t.Fatal("a window past the data was accepted")
+		}
+	}()
+	Default().GemmShifted(1, 4, 1, 1, MatrixA([]float32{1}, 1, false), Shifted{Data: make([]float32, 8), Offsets: []int{7}}, 0, make([]float32, 4), 4)
+}
