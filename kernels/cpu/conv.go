@@ -269,6 +269,10 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 	_, nr := c.mm.Tile()
 	offs := make([]int, cin*r*s)
 	var grid, out []float32
+	defer func() {
+		putScratch(grid)
+		putScratch(out)
+	}()
 	for n0 := 0; n0 < n; n0 += nb {
 		k := min(nb, n-n0)
 		g := k * hp * wp // a channel's plane of the grid
@@ -277,7 +281,7 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 			ch, rs := t/(r*s), t%(r*s)
 			offs[t] = ch*g + rs/s*wp + rs%s
 		}
-		grid = grow(grid, max(cin*g, offs[len(offs)-1]+ceil(cols, nr)*nr))
+		grid = growScratch(grid, max(cin*g, offs[len(offs)-1]+ceil(cols, nr)*nr))
 		clear(grid)
 		parallel(cin, 1, func(lo, hi int) {
 			for ch := lo; ch < hi; ch++ {
@@ -290,7 +294,7 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 				}
 			}
 		})
-		out = grow(out, m*cols)
+		out = growScratch(out, m*cols)
 		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
 			sgemm.Shifted{Data: grid, Offsets: offs}, 0, out, cols)
 		parallel(m, 1, func(lo, hi int) {
@@ -312,7 +316,10 @@ func ceil(a, b int) int { return (a + b - 1) / b }
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	kernels.CheckConv("conv2d", p, x, w, y)
-	xs, ws := in(x), in(w)
+	xs, doneX := view(x)
+	defer doneX()
+	ws, doneW := view(w)
+	defer doneW()
 	ys, done := out(y)
 	if shiftable(p) {
 		c.shiftConv(p.N, p.C, p.H, p.W, p.PadH, p.PadW, p.R, p.S, p.K, ws, xs, ys)
@@ -322,6 +329,7 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32
+	defer func() { putScratch(scratch) }()
 	for n0 := 0; n0 < p.N; n0 += nb {
 		n := min(nb, p.N-n0)
 		q := p
@@ -331,7 +339,7 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 			c.mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
 			continue
 		}
-		scratch = grow(scratch, p.K*n*l)
+		scratch = growScratch(scratch, p.K*n*l)
 		c.mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, scratch, n*l)
 		for i := 0; i < n; i++ {
 			for k := 0; k < p.K; k++ {
@@ -345,12 +353,16 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 // Conv2dBackwardData computes dx = col2im(wᵀ·dy), a chunk of images at a time.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
-	dys, ws := in(dy), in(w)
+	dys, doneDY := view(dy)
+	defer doneDY()
+	ws, doneW := view(w)
+	defer doneW()
 	dxs, done := out(dx)
 	if shiftable(p) {
 		// w′[c][k][r][s] = w[k][c][R−1−r][S−1−s]
 		rs, crs := p.R*p.S, p.C*p.R*p.S
-		flipped := make([]float32, len(ws))
+		flipped := getScratch(len(ws))
+		defer putScratch(flipped)
 		for k := 0; k < p.K; k++ {
 			for ch := 0; ch < p.C; ch++ {
 				for t := 0; t < rs; t++ {
@@ -365,10 +377,11 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32
+	defer func() { putScratch(scratch) }()
 	for n0 := 0; n0 < p.N; n0 += nb {
 		n := min(nb, p.N-n0)
 		b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
-		scratch = grow(scratch, crs*n*l)
+		scratch = growScratch(scratch, crs*n*l)
 		c.mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, scratch, n*l)
 		parallel(n, 1, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -386,7 +399,10 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 // order, so the result is deterministic.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
-	xs, dys := in(x), in(dy)
+	xs, doneX := view(x)
+	defer doneX()
+	dys, doneDY := view(dy)
+	defer doneDY()
 	dws, done := out(dw)
 	crs, l := p.C*p.R*p.S, p.OutH()*p.OutW()
 	a := planes{data: dys, rows: p.K, cols: l, rowsFree: true}
@@ -394,10 +410,12 @@ func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	done()
 }
 
-// grow returns x with room for n values.
-func grow(x []float32, n int) []float32 {
-	if cap(x) < n {
-		return make([]float32, n)
+// growScratch returns scratch x, or new scratch in its place, with room for
+// n values.
+func growScratch(x []float32, n int) []float32 {
+	if cap(x) >= n {
+		return x[:n]
 	}
-	return x[:n]
+	putScratch(x)
+	return getScratch(n)
 }

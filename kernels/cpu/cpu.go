@@ -112,14 +112,8 @@ func in(b kernels.Buf) []float32 {
 	case kernels.F32:
 		return f32s(b)
 	case kernels.F16:
-		h := u16s(b)
-		out := make([]float32, len(h))
-		table := halfTable()
-		parallel(len(h), 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				out[i] = table[h[i]]
-			}
-		})
+		out := make([]float32, b.N)
+		halfInto(out, u16s(b))
 		return out
 	case kernels.I32:
 		v := i32s(b)
@@ -132,6 +126,16 @@ func in(b kernels.Buf) []float32 {
 	panic(fmt.Sprintf("cpu: unknown dtype %v", b.DType))
 }
 
+// halfInto converts F16 values into float32.
+func halfInto(dst []float32, h []uint16) {
+	table := halfTable()
+	parallel(len(h), 1<<14, func(lo, hi int) {
+		for i := lo + convertHalf(dst[lo:hi], h[lo:hi]); i < hi; i++ {
+			dst[i] = table[h[i]]
+		}
+	})
+}
+
 // out returns float32 storage for b's new values and a function that stores
 // them: the buffer itself for F32 (the function does nothing), a scratch
 // slice for F16 that the function rounds into the buffer.
@@ -140,8 +144,11 @@ func out(b kernels.Buf) ([]float32, func()) {
 	case kernels.F32:
 		return f32s(b), func() {}
 	case kernels.F16:
-		tmp := make([]float32, b.N)
-		return tmp, func() { storeF16(u16s(b), tmp) }
+		tmp := getScratch(b.N)
+		return tmp, func() {
+			storeF16(u16s(b), tmp)
+			putScratch(tmp)
+		}
 	}
 	panic(fmt.Sprintf("cpu: cannot write %v as float", b.DType))
 }
@@ -151,8 +158,11 @@ func inout(b kernels.Buf) ([]float32, func()) {
 	if b.DType == kernels.F32 {
 		return f32s(b), func() {}
 	}
-	tmp := in(b)
-	return tmp, func() { storeF16(u16s(b), tmp) }
+	tmp, _ := view(b)
+	return tmp, func() {
+		storeF16(u16s(b), tmp)
+		putScratch(tmp)
+	}
 }
 
 // halfTable maps every binary16 bit pattern to its float32 value (exact),
@@ -168,7 +178,7 @@ var halfTable = sync.OnceValue(func() *[1 << 16]float32 {
 
 func storeF16(dst []uint16, src []float32) {
 	parallel(len(src), 1<<14, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
+		for i := lo + convertFloat(dst[lo:hi], src[lo:hi]); i < hi; i++ {
 			dst[i] = float16.Fromfloat32(src[i]).Bits()
 		}
 	})

@@ -79,7 +79,8 @@ func unaryGrad(op kernels.UnaryOp) func(dy, x, y float32) float32 {
 func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	f := unaryFunc(op)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	ys, done := out(dst)
 	parallel(len(ys), elemGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -94,16 +95,17 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	kernels.CheckLen("unary backward "+op.String(), dy.N, dx)
 	g := unaryGrad(op)
-	dys := in(dy)
-	zeros := make([]float32, 0)
-	xs, ys := zeros, zeros
+	dys, doneDY := view(dy)
+	defer doneDY()
+	xs, doneX := optView(x)
+	defer doneX()
+	ys, doneY := optView(y)
+	defer doneY()
 	if x.Valid() {
 		kernels.CheckLen("unary backward x", dy.N, x)
-		xs = in(x)
 	}
 	if y.Valid() {
 		kernels.CheckLen("unary backward y", dy.N, y)
-		ys = in(y)
 	}
 	dxs, done := out(dx)
 	parallel(len(dxs), elemGrain, func(lo, hi int) {
@@ -124,7 +126,8 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 // Affine computes dst = alpha·x + beta.
 func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 	kernels.CheckLen("affine", x.N, dst)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	ys, done := out(dst)
 	parallel(len(ys), elemGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -137,7 +140,10 @@ func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 // Binary computes dst = a op b with broadcasting.
 func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
 	kernels.CheckLen("binary "+op.String(), bc.Len(), dst)
-	as, bs := in(a), in(b)
+	as, doneA := view(a)
+	defer doneA()
+	bs, doneB := view(b)
+	defer doneB()
 	ys, done := out(dst)
 	var f func(x, y float32) float32
 	switch op {

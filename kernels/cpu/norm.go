@@ -91,12 +91,12 @@ func dotDev(g, x []float32, mean float32) float64 {
 	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
-// optIn is in(b) for an optional buffer: nil when it is not given.
-func optIn(b kernels.Buf) []float32 {
+// optView is view(b) for an optional buffer: nil when it is not given.
+func optView(b kernels.Buf) ([]float32, func()) {
 	if !b.Valid() {
-		return nil
+		return nil, func() {}
 	}
-	return in(b)
+	return view(b)
 }
 
 // optSeg is x[off:off+n], or nil for a missing x.
@@ -114,7 +114,11 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
 	kernels.CheckLen("batch norm output", x.N, y)
 	kernels.CheckLike("batch norm residual", x, residual)
-	xs, gs, bs, res := in(x), in(gamma), in(beta), optIn(residual)
+	xs, doneX := view(x)
+	defer doneX()
+	res, doneRes := optView(residual)
+	defer doneRes()
+	gs, bs := in(gamma), in(beta)
 	ys, doneY := out(y)
 	rm, doneRM := inout(runMean)
 	rv, doneRV := inout(runVar)
@@ -156,7 +160,11 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
 	kernels.CheckLen("batch norm eval output", x.N, y)
 	kernels.CheckLike("batch norm eval residual", x, residual)
-	xs, gs, bs, rm, rv, res := in(x), in(gamma), in(beta), in(runMean), in(runVar), optIn(residual)
+	xs, doneX := view(x)
+	defer doneX()
+	res, doneRes := optView(residual)
+	defer doneRes()
+	gs, bs, rm, rv := in(gamma), in(beta), in(runMean), in(runVar)
 	ys, done := out(y)
 	parallel(p.C, 1, func(lo, hi int) {
 		for ch := lo; ch < hi; ch++ {
@@ -180,11 +188,17 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
-	xs, dys, gs, sm, sis := in(x), in(dy), in(gamma), f32s(saveMean), f32s(saveInvStd)
+	xs, doneX := view(x)
+	defer doneX()
+	dys, doneDY := view(dy)
+	defer doneDY()
+	gs, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
 	var ys []float32
 	if p.ReLU {
 		kernels.CheckLen("batch norm backward output", x.N, y)
-		ys = in(y)
+		var doneY func()
+		ys, doneY = view(y)
+		defer doneY()
 	}
 	dxs, doneX := out(dx)
 	dgs, doneG := out(dgamma)

@@ -1,0 +1,38 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import "golang.org/x/sys/cpu"
+
+//go:noescape
+func halfToFloat8(dst *float32, src *uint16, n int)
+
+//go:noescape
+func floatToHalf8(dst *uint16, src *float32, n int)
+
+// hasF16C reports the F16C conversions. x/sys/cpu does not report F16C
+// itself; every CPU with AVX2 and FMA has it (Intel since Haswell, AMD since
+// Piledriver).
+var hasF16C = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// convertHalf converts src into dst eight at a time with F16C where the CPU
+// has it, returning how many it converted.
+func convertHalf(dst []float32, src []uint16) int {
+	n := min(len(dst), len(src)) &^ 7
+	if !hasF16C || n == 0 {
+		return 0
+	}
+	halfToFloat8(&dst[0], &src[0], n)
+	return n
+}
+
+// convertFloat converts src into dst (rounding to nearest even) eight at a
+// time with F16C where the CPU has it, returning how many it converted.
+func convertFloat(dst []uint16, src []float32) int {
+	n := min(len(dst), len(src)) &^ 7
+	if !hasF16C || n == 0 {
+		return 0
+	}
+	floatToHalf8(&dst[0], &src[0], n)
+	return n
+}
