@@ -105,7 +105,8 @@ def bench(model_name, batch, config, warmup, steps, device, compiled=False):
         if model_name == "resnet1202":
             model.segments = "sqrt"
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    kind = torch.device(device).type
+    scaler = torch.amp.GradScaler(kind, enabled=amp)
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
     fwd = torch.compile(model, mode="reduce-overhead") if compiled else model
@@ -113,35 +114,41 @@ def bench(model_name, batch, config, warmup, steps, device, compiled=False):
     def step():
         for g in opt.param_groups:
             g["lr"] = 0.01
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        with torch.autocast(kind, dtype=torch.float16, enabled=amp):
             loss = F.cross_entropy(fwd(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
+    cuda = kind == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     warm_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(times)
+    name = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} threads"
     result = dict(engine="pytorch-compile" if compiled else "pytorch", model=model_name, batch=batch, config=config,
-                  device=f"{device} ({torch.cuda.get_device_name()})", steps=steps, median_ms=med,
-                  img_per_s=batch / (med / 1e3), peak_allocated=torch.cuda.max_memory_allocated(),
-                  peak_reserved=torch.cuda.max_memory_reserved(), saving_vs_fp32=0.0, overhead_vs_fp32=0.0)
+                  device=f"{device} ({name})", steps=steps, median_ms=med, img_per_s=batch / (med / 1e3),
+                  peak_allocated=torch.cuda.max_memory_allocated() if cuda else 0,
+                  peak_reserved=torch.cuda.max_memory_reserved() if cuda else 0,
+                  saving_vs_fp32=0.0, overhead_vs_fp32=0.0)
     if compiled:
         result["compile_seconds"] = warm_s
     del model, fwd, opt, scaler, x, y
     gc.collect()
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return result
 
 
@@ -155,9 +162,13 @@ def main():
     ap.add_argument("--compile-configs", default="", help="configurations also run under torch.compile (comma separated)")
     ap.add_argument("--compile-warmup", type=int, default=10, help="untimed steps under torch.compile (they compile)")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--threads", type=int, default=0, help="on the CPU, intra-op threads (0: PyTorch's default)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("ref.py: PyTorch sees no CUDA device")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default
@@ -170,12 +181,16 @@ def main():
                     sys.exit(f"ref.py: unknown config {c}")
                 if CONFIGS[c][1] and name == "mlp":
                     continue
-                r = bench(name, int(b), c, args.warmup, args.steps, "cuda")
+                try:
+                    r = bench(name, int(b), c, args.warmup, args.steps, args.device)
+                except RuntimeError as e:  # e.g. an autocast dtype this device does not support
+                    print(f"pytorch {name} batch {b} {c}: failed: {e}", file=sys.stderr, flush=True)
+                    continue
                 print(f"pytorch {name} batch {b} {c}: {r['median_ms']:.2f} ms, {r['peak_allocated'] / 2**20:.1f} MiB",
                       file=sys.stderr, flush=True)
                 results.append(r)
                 if c in args.compile_configs.split(","):
-                    r = bench(name, int(b), c, args.compile_warmup, args.steps, "cuda", compiled=True)
+                    r = bench(name, int(b), c, args.compile_warmup, args.steps, args.device, compiled=True)
                     print(f"pytorch-compile {name} batch {b} {c}: {r['median_ms']:.2f} ms, "
                           f"{r['peak_allocated'] / 2**20:.1f} MiB, compiled in {r['compile_seconds']:.0f} s",
                           file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -175,6 +176,13 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			rep.Notes = append(rep.Notes, "Host cost: "+line+".")
 		}
 	}
+	if dev.Name() == "cpu" {
+		for _, line := range benchmarks.SGEMM([]int{256, 512, 1024}, max(o.steps, 3)) {
+			fmt.Fprintln(stderr, line)
+			rep.Notes = append(rep.Notes, line+".")
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("leangrad ran on GOMAXPROCS = %d goroutines.", runtime.GOMAXPROCS(0)))
+	}
 	if o.profile {
 		if err := profile(dev, specs, configs, bo, rep, stderr); err != nil {
 			return err
@@ -232,7 +240,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	}
 	if o.pytorch != "" {
 		dev.Allocator().EmptyCache()
-		if err := runPyTorch(o, specs, rep, stderr); err != nil {
+		if err := runPyTorch(o, dev.Name() == "cpu", specs, rep, stderr); err != nil {
 			return err
 		}
 	}
@@ -323,13 +331,22 @@ func claims(dev *tensor.Device, rep *benchmarks.Report, specs []spec, bo benchma
 	return nil
 }
 
-// runPyTorch runs the reference script with the same specs and merges its results.
-func runPyTorch(o options, specs []spec, rep *benchmarks.Report, stderr io.Writer) error {
+// runPyTorch runs the reference script with the same specs and merges its
+// results. On the CPU it runs there with as many threads as leangrad's
+// goroutines (and on the same cores: it inherits the process's affinity),
+// without torch.compile.
+func runPyTorch(o options, cpu bool, specs []spec, rep *benchmarks.Report, stderr io.Writer) error {
 	if _, err := os.Stat(o.pytorch); err != nil {
 		return fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
 	}
-	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs,
-		"--compile-configs", o.compileConfigs, "--specs"}
+	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs}
+	if cpu {
+		args = append(args, "--device", "cpu", "--threads", strconv.Itoa(runtime.GOMAXPROCS(0)))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("PyTorch ran on the CPU with torch.set_num_threads(%d), on the same cores.", runtime.GOMAXPROCS(0)))
+	} else {
+		args = append(args, "--compile-configs", o.compileConfigs)
+	}
+	args = append(args, "--specs")
 	for _, sp := range specs {
 		var bs []string
 		for _, b := range sp.batches {
