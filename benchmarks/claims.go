@@ -157,6 +157,9 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 				kept = append(kept, keepLoss(loss)) // "to average at the end of the epoch"
 			}
 		}
+		// Tensors left unreleased before this arm are collected now, not at
+		// whatever point of the arm the garbage collector happens to run.
+		tensor.CollectLeaks()
 		base := a.Stats().Allocated[memory.All].Current
 		// Creation sites are recorded from here on: the report covers what
 		// the loop itself leaves alive.

@@ -1,12 +1,17 @@
 // Package cpu is leangrad's CPU backend: plain Go loops over goroutines for
-// elementwise work, gonum's SGEMM for matrix products and convolutions
-// (im2col). F16 data is stored as IEEE half and computed in float32, exactly
-// as AMP needs. It is also the reference the CUDA backend is tested against.
+// elementwise work and normalisation, and the sgemm package (AVX-512 or
+// AVX2 assembly microkernels, a Go kernel elsewhere) for matrix products and
+// convolutions, whose image patches are packed straight into sgemm's panels
+// or, for stride 1, read in place from a padded grid (conv.go). F16 data is
+// stored as IEEE half and computed in float32 (converted with F16C where the
+// CPU has it), exactly as AMP needs. It is also the reference the CUDA
+// backend is tested against; the CPU backend itself is tested against plain
+// float64 loops (cpu_test.go), on every sgemm kernel the CPU runs.
 //
 // Operations run synchronously on the calling goroutine (fanning out over
-// GOMAXPROCS goroutines when the work is large enough). Scratch space (im2col
-// columns, F16 conversions) lives on the Go heap, outside the pool: the pool
-// accounts for tensors.
+// GOMAXPROCS goroutines when the work is large enough). Scratch space (F16
+// conversions, convolution grids and product outputs, packed panels) lives on
+// the Go heap, outside the pool: the pool accounts for tensors.
 package cpu
 
 import (
