@@ -266,7 +266,6 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 	hp, wp := hs+2*padH, ws+2*padW
 	oh, ow := hp-r+1, wp-s+1
 	nb := max(1, min(n, gridPixels/(hp*wp)))
-	_, nr := c.mm.Tile()
 	offs := make([]int, cin*r*s)
 	var grid, out []float32
 	defer func() {
@@ -281,7 +280,7 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 			ch, rs := t/(r*s), t%(r*s)
 			offs[t] = ch*g + rs/s*wp + rs%s
 		}
-		grid = growScratch(grid, max(cin*g, offs[len(offs)-1]+ceil(cols, nr)*nr))
+		grid = growScratch(grid, max(cin*g, offs[len(offs)-1]+c.mm.WindowLen(cols)))
 		clear(grid)
 		parallel(cin, 1, func(lo, hi int) {
 			for ch := lo; ch < hi; ch++ {
@@ -310,8 +309,6 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 		})
 	}
 }
-
-func ceil(a, b int) int { return (a + b - 1) / b }
 
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {

@@ -96,9 +96,6 @@ func (mu *Multiplier) WithThreads(threads int) *Multiplier {
 // Kernel is the name of the microkernel in use.
 func (mu *Multiplier) Kernel() string { return mu.k.name }
 
-// Tile is the microkernel's tile of C, rows × columns.
-func (mu *Multiplier) Tile() (mr, nr int) { return mu.k.mr, mu.k.nr }
-
 // Gemm computes C = alpha·op(A)·op(B) + beta·C on row-major matrices, BLAS
 // style: op(A) is m×k (A is stored k×m when transA), op(B) is k×n (stored
 // n×k when transB), and lda, ldb and ldc are the stored rows' strides. With
@@ -139,8 +136,7 @@ func (mu *Multiplier) GemmShifted(m, n, k int, alpha float32, a Operand, b Shift
 		panic(fmt.Sprintf("sgemm: shifted B has %d row offsets for k = %d", len(b.Offsets), k))
 	}
 	if n > 0 {
-		// The kernels read whole tiles of nr columns, past n in the last one.
-		need := ceil(n, mu.k.nr) * mu.k.nr
+		need := mu.WindowLen(n)
 		for p, o := range b.Offsets {
 			if o < 0 || o+need > len(b.Data) {
 				panic(fmt.Sprintf("sgemm: shifted B row %d at offset %d needs %d elements, has %d", p, o, o+need, len(b.Data)))
@@ -153,6 +149,11 @@ func (mu *Multiplier) GemmShifted(m, n, k int, alpha float32, a Operand, b Shift
 	}
 	mu.gemm(m, n, k, alpha, a, nil, &b, beta, c, ldc)
 }
+
+// WindowLen is how many elements of a Shifted operand's Data each row's
+// window of n columns spans for this Multiplier: the kernels read whole tiles
+// of columns, past n in the last one.
+func (mu *Multiplier) WindowLen(n int) int { return ceil(n, mu.k.nr) * mu.k.nr }
 
 // gemm is the product with B packed from b or, when sh is given, read in
 // place by the kernel.

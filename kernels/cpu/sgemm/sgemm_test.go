@@ -182,12 +182,11 @@ func TestGemmShiftedAgainstFloat64(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, mu := range multipliers(t) {
 		for _, s := range []struct{ m, n, k int }{{1, 1, 1}, {8, 48, 9}, {17, 101, 27}, {150, 900, 400}, {5, 3, 2}} {
-			_, nr := mu.Tile()
-			data := random(rng, 3*s.n+ceil(s.n, nr)*nr+50)
+			data := random(rng, 3*s.n+mu.WindowLen(s.n)+50)
 			offs := make([]int, s.k)
 			b := make([]float32, s.k*s.n)
 			for p := range offs {
-				offs[p] = rng.IntN(len(data) - ceil(s.n, nr)*nr + 1)
+				offs[p] = rng.IntN(len(data) - mu.WindowLen(s.n) + 1)
 				copy(b[p*s.n:], data[offs[p]:][:s.n])
 			}
 			a := random(rng, s.m*s.k)
@@ -208,4 +207,23 @@ func TestGemmShiftedChecksWindows(t *testing.T) {
 		}
 	}()
 	Default().GemmShifted(1, 4, 1, 1, MatrixA([]float32{1}, 1, false), Shifted{Data: make([]float32, 8), Offsets: []int{7}}, 0, make([]float32, 4), 4)
+}
+
+// BenchmarkKernel reports each microkernel's GFLOP/s on panels that stay in
+// L1: the ceiling the blocking around it works towards.
+func BenchmarkKernel(b *testing.B) {
+	for _, k := range kernels {
+		b.Run(k.name, func(b *testing.B) {
+			const kc = 128
+			a := make([]float32, kc*k.mr)
+			bb := make([]float32, kc*k.nr)
+			c := make([]float32, k.mr*k.nr)
+			for b.Loop() {
+				for i := 0; i < 1000; i++ {
+					k.run(kc, &a[0], &bb[0], &c[0], k.nr, true)
+				}
+			}
+			b.ReportMetric(2*float64(kc*k.mr*k.nr)*1000*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
 }
