@@ -260,45 +260,70 @@ func shiftable(p kernels.ConvParams) bool {
 	return p.StrideH == 1 && p.StrideW == 1 && p.PadH < p.R && p.PadW < p.S
 }
 
+// grid is the layout of a chunk of k images, each padded into an hp×wp
+// slot, channel-major: channel c of image i at rows c·k·hp + i·hp.
+type grid struct{ k, hp, wp int }
+
+// plane is the size of one channel of the grid.
+func (g grid) plane() int { return g.k * g.hp * g.wp }
+
+// cols is how many grid pixels a product runs over: up to the last output
+// pixel of an oh×ow output starting at each slot's corner.
+func (g grid) cols(oh, ow int) int { return (g.k-1)*g.hp*g.wp + (oh-1)*g.wp + ow }
+
+// taps sets offs[t] to tap t = (c, r, s)'s shift in the grid, for an r×s
+// filter: output pixel j reads it at j + offs[t].
+func (g grid) taps(offs []int, r, s int) {
+	for t := range offs {
+		c, rs := t/(r*s), t%(r*s)
+		offs[t] = c*g.plane() + rs/s*g.wp + rs%s
+	}
+}
+
+// fill writes images n0..n0+k of src (ch×hs×ws each) into dst at row top,
+// column left of each slot, zero elsewhere.
+func (g grid) fill(dst, src []float32, n0, ch, hs, ws, top, left int) {
+	clear(dst)
+	parallel(ch, 1, func(lo, hi int) {
+		for c := lo; c < hi; c++ {
+			for i := 0; i < g.k; i++ {
+				plane := src[((n0+i)*ch+c)*hs*ws:][:hs*ws]
+				base := c*g.plane() + (i*g.hp+top)*g.wp + left
+				for y := 0; y < hs; y++ {
+					copy(dst[base+y*g.wp:][:ws], plane[y*ws:])
+				}
+			}
+		}
+	})
+}
+
+// imagesPerGrid is how many images one product over hp×wp slots covers.
+func imagesPerGrid(n, hp, wp int) int { return max(1, min(n, gridPixels/(hp*wp))) }
+
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×hs×ws
 // padded by padH, padW) for a stride-1 r×s filter, OH = hs + 2·padH − r + 1.
 func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, dst []float32) {
 	hp, wp := hs+2*padH, ws+2*padW
 	oh, ow := hp-r+1, wp-s+1
-	nb := max(1, min(n, gridPixels/(hp*wp)))
+	nb := imagesPerGrid(n, hp, wp)
 	offs := make([]int, cin*r*s)
-	var grid, out []float32
+	var xg, out []float32
 	defer func() {
-		putScratch(grid)
+		putScratch(xg)
 		putScratch(out)
 	}()
 	for n0 := 0; n0 < n; n0 += nb {
-		k := min(nb, n-n0)
-		g := k * hp * wp // a channel's plane of the grid
-		cols := (k-1)*hp*wp + (oh-1)*wp + ow
-		for t := range offs {
-			ch, rs := t/(r*s), t%(r*s)
-			offs[t] = ch*g + rs/s*wp + rs%s
-		}
-		grid = growScratch(grid, max(cin*g, offs[len(offs)-1]+c.mm.WindowLen(cols)))
-		clear(grid)
-		parallel(cin, 1, func(lo, hi int) {
-			for ch := lo; ch < hi; ch++ {
-				for i := 0; i < k; i++ {
-					plane := src[((n0+i)*cin+ch)*hs*ws:][:hs*ws]
-					base := ch*g + (i*hp+padH)*wp + padW
-					for y := 0; y < hs; y++ {
-						copy(grid[base+y*wp:][:ws], plane[y*ws:])
-					}
-				}
-			}
-		})
+		g := grid{k: min(nb, n-n0), hp: hp, wp: wp}
+		cols := g.cols(oh, ow)
+		g.taps(offs, r, s)
+		xg = growScratch(xg, max(cin*g.plane(), offs[len(offs)-1]+c.mm.WindowLen(cols)))
+		g.fill(xg, src, n0, cin, hs, ws, padH, padW)
 		out = growScratch(out, m*cols)
 		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
-			sgemm.Shifted{Data: grid, Offsets: offs}, 0, out, cols)
+			sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
 		parallel(m, 1, func(lo, hi int) {
 			for ch := lo; ch < hi; ch++ {
-				for i := 0; i < k; i++ {
+				for i := 0; i < g.k; i++ {
 					plane := dst[((n0+i)*m+ch)*oh*ow:][:oh*ow]
 					base := ch*cols + i*hp*wp
 					for y := 0; y < oh; y++ {
@@ -307,6 +332,42 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 				}
 			}
 		})
+	}
+}
+
+// shiftFilterGrad computes a stride-1 convolution's filter gradient over
+// the grid: dw[k][t] = Σⱼ dy_grid[k][j] · x_grid[j + offs[t]], dy placed at
+// each slot's corner (zero elsewhere, so pixels without an output add
+// nothing), one product of rows read in place (sgemm.GemmRows) per chunk of
+// images.
+func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys, dws []float32) {
+	hp, wp := p.H+2*p.PadH, p.W+2*p.PadW
+	oh, ow := p.OutH(), p.OutW()
+	nb := imagesPerGrid(p.N, hp, wp)
+	offs := make([]int, p.C*p.R*p.S)
+	rowsOfDY := make([]int, p.K)
+	var xg, dyg []float32
+	defer func() {
+		putScratch(xg)
+		putScratch(dyg)
+	}()
+	for n0 := 0; n0 < p.N; n0 += nb {
+		g := grid{k: min(nb, p.N-n0), hp: hp, wp: wp}
+		cols := g.cols(oh, ow)
+		g.taps(offs, p.R, p.S)
+		for k := range rowsOfDY {
+			rowsOfDY[k] = k * g.plane()
+		}
+		xg = growScratch(xg, max(p.C*g.plane(), offs[len(offs)-1]+cols))
+		g.fill(xg, xs, n0, p.C, p.H, p.W, p.PadH, p.PadW)
+		dyg = growScratch(dyg, p.K*g.plane())
+		g.fill(dyg, dys, n0, p.K, oh, ow, 0, 0)
+		beta := float32(1)
+		if n0 == 0 {
+			beta = 0
+		}
+		c.mm.GemmRows(p.K, len(offs), cols, sgemm.Rows{Data: dyg, Offsets: rowsOfDY},
+			sgemm.Rows{Data: xg, Offsets: offs}, beta, dws, len(offs))
 	}
 }
 
@@ -392,8 +453,8 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 }
 
 // Conv2dBackwardFilter computes dw = dy · patchesᵀ over the whole batch in
-// one product; each element of dw is summed by one goroutine in a fixed
-// order, so the result is deterministic.
+// one product (over the grid for stride 1); each element of dw is summed by
+// one goroutine in a fixed order, so the result is deterministic.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
 	xs, doneX := view(x)
@@ -401,6 +462,11 @@ func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	dys, doneDY := view(dy)
 	defer doneDY()
 	dws, done := out(dw)
+	if shiftable(p) {
+		c.shiftFilterGrad(p, xs, dys, dws)
+		done()
+		return
+	}
 	crs, l := p.C*p.R*p.S, p.OutH()*p.OutW()
 	a := planes{data: dys, rows: p.K, cols: l, rowsFree: true}
 	c.mm.GemmOp(p.K, crs, p.N*l, 1, a, patches{p: p, x: xs, tapsFree: true}, 0, dws, crs)

@@ -16,6 +16,9 @@ func kernel8x48s(kc int, a, b *float32, offs *int, c *float32, ldc int, add bool
 //go:noescape
 func kernel6x16s(kc int, a, b *float32, offs *int, c *float32, ldc int, add bool)
 
+//go:noescape
+func dot4x6(steps int, a *float32, aoffs *[4]int, b *float32, boffs *[6]int, out *[24]float32)
+
 func fmaLoop512(n int)
 
 func fmaLoop256(n int)
@@ -26,7 +29,7 @@ func fmaLoop256(n int)
 func archKernels() []*microkernel {
 	var ks []*microkernel
 	if cpu.X86.HasAVX512F {
-		ks = append(ks, &microkernel{name: "avx512", mr: 8, nr: 48, run: kernel8x48, shifted: kernel8x48s, peak: fmaLoop512, peakFlops: 24 * 16 * 2})
+		ks = append(ks, &microkernel{name: "avx512", mr: 8, nr: 48, run: kernel8x48, shifted: kernel8x48s, dot: dot4x6, peak: fmaLoop512, peakFlops: 24 * 16 * 2})
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		ks = append(ks, &microkernel{name: "avx2", mr: 6, nr: 16, run: kernel6x16, shifted: kernel6x16s, peak: fmaLoop256, peakFlops: 12 * 8 * 2})

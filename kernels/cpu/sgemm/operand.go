@@ -1,5 +1,7 @@
 package sgemm
 
+import "fmt"
+
 // An Operand is a matrix the product reads by packing it into panels. Its
 // free dimension is A's rows or B's columns; its shared dimension is the k
 // of the product.
@@ -68,18 +70,57 @@ func (s Strided) Pack(dst []float32, f0, nf, p0, kc, w int) {
 	}
 }
 
+// Rows is a matrix whose rows lie anywhere in one array, each contiguous
+// along the shared dimension: element (f, p) is Data[Offsets[f]+p]. As an
+// Operand its free dimension is the rows.
+type Rows struct {
+	Data    []float32
+	Offsets []int
+}
+
+// check panics unless every row has k elements.
+func (r Rows) check(name string, k int) {
+	for f, o := range r.Offsets {
+		if o < 0 || o+k > len(r.Data) {
+			panic(fmt.Sprintf("sgemm: %s row %d at offset %d needs %d elements, has %d", name, f, o, o+k, len(r.Data)))
+		}
+	}
+}
+
+// Pack implements Operand.
+func (r Rows) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	var at [64]int
+	for q := 0; q*w < nf; q++ {
+		lanes := min(w, nf-q*w)
+		for i, o := range r.Offsets[f0+q*w:][:lanes] {
+			at[i] = o + p0
+		}
+		packRowsAt(dst[q*kc*w:(q+1)*kc*w], w, r.Data, at[:lanes], kc)
+	}
+}
+
 // PackRows writes kc values of each of lanes rows of src (row stride ld)
 // across a panel of width w, a row to a lane: panel[p·w + r] = src[r·ld + p]
 // for p < kc, r < lanes, and zero in lanes at or past lanes. It is the
 // packing of an operand whose shared dimension is contiguous in memory;
 // panel may start anywhere in a larger panel (at row p₀, as panel[p₀·w:]).
 func PackRows(panel []float32, w int, src []float32, ld, lanes, kc int) {
+	var at [64]int
+	for r := range lanes {
+		at[r] = r * ld
+	}
+	packRowsAt(panel, w, src, at[:lanes], kc)
+}
+
+// packRowsAt is PackRows with lane r's values at src[at[r]:].
+func packRowsAt(panel []float32, w int, src []float32, at []int, kc int) {
+	lanes := len(at)
 	r := 0
 	for ; r+8 <= lanes; r += 8 {
-		transpose8(panel, r, w, src[r*ld:], ld, kc)
+		transpose8(panel, r, w, src, at[r:r+8], kc)
 	}
 	for ; r < lanes; r++ {
-		for p, v := range src[r*ld:][:kc] {
+		for p, v := range src[at[r]:][:kc] {
 			panel[p*w+r] = v
 		}
 	}
@@ -90,13 +131,13 @@ func PackRows(panel []float32, w int, src []float32, ld, lanes, kc int) {
 	}
 }
 
-// transpose8 writes the kc values of eight rows of src (stride ld) into
-// lanes r..r+7 of a panel of width w: panel[p·w + r + i] = src[i·ld + p].
-func transpose8(panel []float32, r, w int, src []float32, ld, kc int) {
-	s0, s1 := src[:kc], src[ld:][:kc]
-	s2, s3 := src[2*ld:][:kc], src[3*ld:][:kc]
-	s4, s5 := src[4*ld:][:kc], src[5*ld:][:kc]
-	s6, s7 := src[6*ld:][:kc], src[7*ld:][:kc]
+// transpose8 writes kc values of eight rows of src, row i at at[i], into
+// lanes r..r+7 of a panel of width w: panel[p·w + r + i] = src[at[i] + p].
+func transpose8(panel []float32, r, w int, src []float32, at []int, kc int) {
+	s0, s1 := src[at[0]:][:kc], src[at[1]:][:kc]
+	s2, s3 := src[at[2]:][:kc], src[at[3]:][:kc]
+	s4, s5 := src[at[4]:][:kc], src[at[5]:][:kc]
+	s6, s7 := src[at[6]:][:kc], src[at[7]:][:kc]
 	for p := range s0 {
 		d := panel[p*w+r : p*w+r+8 : p*w+r+8]
 		d[0], d[1], d[2], d[3] = s0[p], s1[p], s2[p], s3[p]

@@ -27,6 +27,9 @@ type microkernel struct {
 	// shifted is run with row p of B read in place at b[offs[p]:], or nil
 	// for a kernel that reads Shifted operands packed.
 	shifted func(kc int, a, b *float32, offs *int, c *float32, ldc int, add bool)
+	// dot computes a dotM×dotN tile of dot products of rows read in place
+	// (see GemmRows), or is nil for a kernel that packs Rows operands.
+	dot func(steps int, a *float32, aoffs *[dotM]int, b *float32, boffs *[dotN]int, out *[dotM * dotN]float32)
 	// peak runs n rounds of peakFlops independent FMA flops: the core's
 	// peak, or nil for the Go kernel.
 	peak      func(n int)
@@ -154,6 +157,103 @@ func (mu *Multiplier) GemmShifted(m, n, k int, alpha float32, a Operand, b Shift
 // window of n columns spans for this Multiplier: the kernels read whole tiles
 // of columns, past n in the last one.
 func (mu *Multiplier) WindowLen(n int) int { return ceil(n, mu.k.nr) * mu.k.nr }
+
+// The dot kernel's tile: dotM rows of A by dotN rows of B, each dot product
+// summed sixteen lanes at a time along the rows.
+const (
+	dotM, dotN = 4, 6
+	dotLanes   = 16
+	dotChunk   = 2048 // the stretch of k one pass over the tiles covers: rows of A stay in L2
+)
+
+// GemmRows computes C = A·Bᵀ + beta·C, beta 0 or 1, for A (m×k) and B
+// (n×k) whose rows are contiguous along k: C[i·ldc+j] = Σₚ A(i, p)·B(j, p).
+// The AVX-512 kernel reads both in place, as tiles of dot products; other
+// kernels pack them. A convolution's filter gradient is such a product:
+// rows of dy times the padded image shifted by each tap.
+func (mu *Multiplier) GemmRows(m, n, k int, a, b Rows, beta float32, c []float32, ldc int) {
+	if len(a.Offsets) != m || len(b.Offsets) != n {
+		panic(fmt.Sprintf("sgemm: GemmRows of %d×%d by %d×%d has %d and %d row offsets", m, k, n, k, len(a.Offsets), len(b.Offsets)))
+	}
+	if beta != 0 && beta != 1 {
+		panic(fmt.Sprintf("sgemm: GemmRows with beta %v (0 or 1)", beta))
+	}
+	a.check("A", k)
+	b.check("B", k)
+	if mu.k.dot == nil || k < dotLanes {
+		mu.GemmOp(m, n, k, 1, a, b, beta, c, ldc)
+		return
+	}
+	checkMatrix("C", c, m, n, ldc)
+	threads := mu.threads
+	if threads == 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	groups := ceil(n, dotN)
+	threads = max(1, min(threads, groups, m*n*k/minFlopsPerThread))
+	run := func(t int) {
+		mu.dotTiles(m, n, k, a, b, beta != 0, c, ldc, t*groups/threads*dotN, min(n, (t+1)*groups/threads*dotN))
+	}
+	if threads == 1 {
+		run(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for t := 1; t < threads; t++ {
+		wg.Go(func() { run(t) })
+	}
+	run(0)
+	wg.Wait()
+}
+
+// dotTiles computes columns [j0, j1) of GemmRows' C.
+func (mu *Multiplier) dotTiles(m, n, k int, a, b Rows, add bool, c []float32, ldc, j0, j1 int) {
+	var ao [dotM]int
+	var bo [dotN]int
+	var tile [dotM * dotN]float32
+	body := k &^ (dotLanes - 1)
+	for p0 := 0; p0 < body; p0 += dotChunk {
+		steps := min(dotChunk, body-p0) / dotLanes
+		acc := add || p0 > 0
+		for j := j0; j < j1; j += dotN {
+			for jj := range bo {
+				bo[jj] = b.Offsets[min(j+jj, j1-1)] + p0 // rows past the end repeat the last
+			}
+			for i := 0; i < m; i += dotM {
+				for ii := range ao {
+					ao[ii] = a.Offsets[min(i+ii, m-1)] + p0
+				}
+				mu.k.dot(steps, &a.Data[0], &ao, &b.Data[0], &bo, &tile)
+				for ii := 0; ii < min(dotM, m-i); ii++ {
+					row := c[(i+ii)*ldc+j:][:min(dotN, j1-j)]
+					src := tile[ii*dotN:]
+					if acc {
+						for jj := range row {
+							row[jj] += src[jj]
+						}
+					} else {
+						copy(row, src)
+					}
+				}
+			}
+		}
+	}
+	if body == k {
+		return
+	}
+	// The last k mod 16 terms, in Go.
+	for i := 0; i < m; i++ {
+		ar := a.Data[a.Offsets[i]+body : a.Offsets[i]+k]
+		for j := j0; j < j1; j++ {
+			br := b.Data[b.Offsets[j]+body:][:len(ar)]
+			var s float32
+			for p, v := range ar {
+				s += v * br[p]
+			}
+			c[i*ldc+j] += s
+		}
+	}
+}
 
 // gemm is the product with B packed from b or, when sh is given, read in
 // place by the kernel.

@@ -200,6 +200,39 @@ func TestGemmShiftedAgainstFloat64(t *testing.T) {
 	}
 }
 
+func TestGemmRowsAgainstFloat64(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, mu := range multipliers(t) {
+		// k below one vector, a tail past the vectors, more than one chunk;
+		// m and n off the 4×6 tile.
+		for _, s := range []struct{ m, n, k int }{{3, 2, 5}, {4, 6, 16}, {5, 13, 37}, {17, 150, 2048*2 + 21}, {64, 7, 300}} {
+			data := random(rng, 4*s.k+100)
+			rowsAt := func(n int) []int {
+				offs := make([]int, n)
+				for i := range offs {
+					offs[i] = rng.IntN(len(data) - s.k + 1)
+				}
+				return offs
+			}
+			a, b := Rows{Data: data, Offsets: rowsAt(s.m)}, Rows{Data: data, Offsets: rowsAt(s.n)}
+			am, bm := make([]float32, s.m*s.k), make([]float32, s.n*s.k)
+			for i, o := range a.Offsets {
+				copy(am[i*s.k:], data[o:][:s.k])
+			}
+			for j, o := range b.Offsets {
+				copy(bm[j*s.k:], data[o:][:s.k])
+			}
+			for _, beta := range []float32{0, 1} {
+				ldc := s.n + 1
+				c := random(rng, s.m*ldc)
+				want := reference(false, true, s.m, s.n, s.k, 1, am, s.k, bm, s.k, beta, c, ldc)
+				mu.GemmRows(s.m, s.n, s.k, a, b, beta, c, ldc)
+				checkClose(t, fmt.Sprintf("%s/t%d/%v/beta=%v", mu.Kernel(), mu.threads, s, beta), c, want, s.m, s.n, ldc, s.k)
+			}
+		}
+	}
+}
+
 func TestGemmShiftedChecksWindows(t *testing.T) {
 	defer func() {
 		if r := recover(); r == nil {
