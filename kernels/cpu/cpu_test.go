@@ -227,9 +227,17 @@ func TestConvF16(t *testing.T) {
 	check(t, "y (f16)", yh, convRef(p, xv, wv), 1e-2)
 }
 
+// TestBatchNorm runs planes shorter than a vector (the Go loops only), with
+// a tail after the vectors, and of whole vectors.
 func TestBatchNorm(t *testing.T) {
-	rng := rand.New(rand.NewPCG(4, 1))
-	p := kernels.BNParams{N: 3, C: 4, HW: 10, Eps: 1e-5, Momentum: 0.1}
+	for _, hw := range []int{10, 37, 64} {
+		t.Run(fmt.Sprint("HW=", hw), func(t *testing.T) { testBatchNorm(t, hw) })
+	}
+}
+
+func testBatchNorm(t *testing.T, hw int) {
+	rng := rand.New(rand.NewPCG(4, uint64(hw)))
+	p := kernels.BNParams{N: 3, C: 4, HW: hw, Eps: 1e-5, Momentum: 0.1}
 	x, xv := randBuf(t, rng, p.N*p.C*p.HW)
 	g, gv := randBuf(t, rng, p.C)
 	b, bv := randBuf(t, rng, p.C)
@@ -316,6 +324,24 @@ func TestBatchNorm(t *testing.T) {
 	check(t, "fused dbeta", db, dbRef, 1e-5)
 	check(t, "fused dgamma", dg, dgRef, 1e-5)
 	check(t, "fused dx", dx, dxRef, 1e-4)
+
+	// Unfused: g = dy, no residual gradient.
+	be.BatchNormBackward(p, x, kernels.Buf{}, dy, g, sm, si, dx, kernels.Buf{}, dg, db)
+	clear(dbRef)
+	clear(dgRef)
+	for k := range dxRef {
+		c := k / p.HW % p.C
+		dbRef[c] += dyv[k]
+		dgRef[c] += dyv[k] * (xv[k] - meanRef[c]) * invRef[c]
+	}
+	for k := range dxRef {
+		c := k / p.HW % p.C
+		xhat := (xv[k] - meanRef[c]) * invRef[c]
+		dxRef[k] = gv[c] * invRef[c] / m * (m*dyv[k] - dbRef[c] - xhat*dgRef[c])
+	}
+	check(t, "dbeta", db, dbRef, 1e-5)
+	check(t, "dgamma", dg, dgRef, 1e-5)
+	check(t, "dx", dx, dxRef, 1e-4)
 }
 
 func TestPooling(t *testing.T) {

@@ -18,9 +18,10 @@ func segments(p kernels.BNParams, ch int, f func(off int)) {
 // relu: the output of a normalisation whose statistics are folded into
 // scale and shift.
 func affineAct(y, x, res []float32, scale, shift float32, relu bool) {
-	y = y[:len(x)]
+	n := affineVec(y, x, res, scale, shift, relu)
+	y, x = y[n:len(x)], x[n:]
 	if res != nil {
-		res = res[:len(x)]
+		res = res[n : len(x)+n]
 		for i, v := range x {
 			y[i] = v*scale + shift + res[i]
 		}
@@ -36,11 +37,13 @@ func affineAct(y, x, res []float32, scale, shift float32, relu bool) {
 	}
 }
 
-// sum32 is Σ x, summed in float32 over four interleaved accumulators (the
-// additions overlap instead of waiting on each other) and returned as float64.
+// sum32 is Σ x, summed in float32 (sixteen lanes at a time with AVX-512,
+// over four interleaved accumulators otherwise, so the additions overlap)
+// and returned as float64.
 func sum32(x []float32) float64 {
+	n, v := sumVec(x)
 	var s0, s1, s2, s3 float32
-	i := 0
+	i := n
 	for ; i+4 <= len(x); i += 4 {
 		v := x[i : i+4 : i+4]
 		s0 += v[0]
@@ -51,13 +54,14 @@ func sum32(x []float32) float64 {
 	for ; i < len(x); i++ {
 		s0 += x[i]
 	}
-	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	return float64(v) + float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
 // sumSqDev is Σ (x − mean)², accumulated as sum32.
 func sumSqDev(x []float32, mean float32) float64 {
+	n, v := sumSqDevVec(x, mean)
 	var s0, s1, s2, s3 float32
-	i := 0
+	i := n
 	for ; i+4 <= len(x); i += 4 {
 		v := x[i : i+4 : i+4]
 		d0, d1, d2, d3 := v[0]-mean, v[1]-mean, v[2]-mean, v[3]-mean
@@ -70,25 +74,45 @@ func sumSqDev(x []float32, mean float32) float64 {
 		d := x[i] - mean
 		s0 += d * d
 	}
-	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	return float64(v) + float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
-// dotDev is Σ g·(x − mean), accumulated as sum32.
-func dotDev(g, x []float32, mean float32) float64 {
-	x = x[:len(g)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(g); i += 4 {
-		v, w := x[i:i+4:i+4], g[i:i+4:i+4]
-		s0 += w[0] * (v[0] - mean)
-		s1 += w[1] * (v[1] - mean)
-		s2 += w[2] * (v[2] - mean)
-		s3 += w[3] * (v[3] - mean)
+// bnGrad returns Σ g and Σ g·(x − mean) over one plane for batch norm's
+// backward, with g = dy, or dy where y > 0 when y is given (the ReLU's mask),
+// and stores g into gout when it is given (the residual's gradient).
+func bnGrad(dy, y, x []float32, mean float32, gout []float32) (sumG, sumGX float64) {
+	n, sb, sx := bnGradVec(dy, y, x, mean, gout)
+	sumG, sumGX = float64(sb), float64(sx)
+	var b0, b1, x0, x1 float32
+	for i := n; i < len(dy); i++ {
+		g := dy[i]
+		if y != nil && y[i] <= 0 {
+			g = 0
+		}
+		if gout != nil {
+			gout[i] = g
+		}
+		if i&1 == 0 {
+			b0 += g
+			x0 += g * (x[i] - mean)
+		} else {
+			b1 += g
+			x1 += g * (x[i] - mean)
+		}
 	}
-	for ; i < len(g); i++ {
-		s0 += g[i] * (x[i] - mean)
+	return sumG + float64(b0) + float64(b1), sumGX + float64(x0) + float64(x1)
+}
+
+// bnApply writes batch norm's dx = a·g + b·x + c over one plane, g as in
+// bnGrad.
+func bnApply(dx, dy, y, x []float32, a, b, c float32) {
+	for i := bnApplyVec(dx, dy, y, x, a, b, c); i < len(dy); i++ {
+		g := dy[i]
+		if y != nil && y[i] <= 0 {
+			g = 0
+		}
+		dx[i] = a*g + b*x[i] + c
 	}
-	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
 // optView is view(b) for an optional buffer: nil when it is not given.
@@ -213,24 +237,11 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
-			// g = dy masked by the ReLU, written into dresidual (or dx, as
-			// scratch) on the way, so the second pass reads it back.
 			var db, dxm float64
 			segments(p, ch, func(off int) {
-				g := dxs[off : off+p.HW]
-				if drs != nil {
-					g = drs[off : off+p.HW]
-				}
-				copy(g, dys[off:off+p.HW])
-				if ys != nil {
-					for i, v := range ys[off : off+p.HW] {
-						if v <= 0 {
-							g[i] = 0
-						}
-					}
-				}
-				db += sum32(g)
-				dxm += dotDev(g, xs[off:off+p.HW], mean32)
+				sb, sx := bnGrad(dys[off:off+p.HW], optSeg(ys, off, p.HW), xs[off:off+p.HW], mean32, optSeg(drs, off, p.HW))
+				db += sb
+				dxm += sx
 			})
 			dg := dxm * invStd
 			dbs[ch], dgs[ch] = float32(db), float32(dg)
@@ -240,14 +251,7 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
 			segments(p, ch, func(off int) {
-				g := dxs[off : off+p.HW]
-				if drs != nil {
-					g = drs[off : off+p.HW]
-				}
-				d := dxs[off : off+p.HW]
-				for i, v := range xs[off : off+p.HW] {
-					d[i] = a*g[i] + bx*v + c
-				}
+				bnApply(dxs[off:off+p.HW], dys[off:off+p.HW], optSeg(ys, off, p.HW), xs[off:off+p.HW], a, bx, c)
 			})
 		}
 	})

@@ -1,0 +1,96 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+//go:noescape
+func sum16(x *float32, n int) float32
+
+//go:noescape
+func sumSqDev16(x *float32, n int, mean float32) float32
+
+//go:noescape
+func affine16(y, x, res *float32, n int, scale, shift float32, relu bool)
+
+//go:noescape
+func bnGrad16(dy, y, x *float32, n int, mean float32, gout *float32) (sumG, sumGX float32)
+
+//go:noescape
+func bnApply16(dx, dy, y, x *float32, n int, a, b, c float32)
+
+// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s).
+var hasAVX512 = cpu.X86.HasAVX512F
+
+// vecLen is how many leading values of n the AVX-512 passes take: a
+// multiple of 16, or none without AVX-512.
+func vecLen(n int) int {
+	if !hasAVX512 {
+		return 0
+	}
+	return n &^ 15
+}
+
+// ptr is &x[0], or nil for an empty or missing slice.
+func ptr(x []float32) *float32 {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.SliceData(x)
+}
+
+// sumVec returns how many leading values of x it summed, and their sum.
+func sumVec(x []float32) (int, float32) {
+	n := vecLen(len(x))
+	if n == 0 {
+		return 0, 0
+	}
+	return n, sum16(ptr(x), n)
+}
+
+// sumSqDevVec is sumVec for Σ (x − mean)².
+func sumSqDevVec(x []float32, mean float32) (int, float32) {
+	n := vecLen(len(x))
+	if n == 0 {
+		return 0, 0
+	}
+	return n, sumSqDev16(ptr(x), n, mean)
+}
+
+// affineVec writes the leading values of affineAct's output, returning how
+// many.
+func affineVec(y, x, res []float32, scale, shift float32, relu bool) int {
+	n := vecLen(len(x))
+	if n > 0 {
+		affine16(ptr(y[:n]), ptr(x), ptr(res), n, scale, shift, relu)
+	}
+	return n
+}
+
+// bnGradVec runs the batch-norm backward's reduction over the leading
+// values (see bnGrad), returning how many with their Σ g and Σ g·(x − mean).
+func bnGradVec(dy, y, x []float32, mean float32, g []float32) (int, float32, float32) {
+	n := vecLen(len(dy))
+	if n == 0 {
+		return 0, 0, 0
+	}
+	if g != nil {
+		g = g[:n]
+	}
+	sb, sx := bnGrad16(ptr(dy), ptr(y), ptr(x[:n]), n, mean, ptr(g))
+	return n, sb, sx
+}
+
+// bnApplyVec writes the leading values of the batch-norm backward's dx (see
+// bnApply), returning how many.
+func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int {
+	n := vecLen(len(dy))
+	if n > 0 {
+		bnApply16(ptr(dx[:n]), ptr(dy), ptr(y), ptr(x[:n]), n, a, b, c)
+	}
+	return n
+}

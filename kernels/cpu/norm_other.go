@@ -1,0 +1,14 @@
+//go:build !amd64 || purego
+
+package cpu
+
+// Without amd64 assembly the batch-norm passes take no values: norm.go's Go
+// loops do them all.
+
+func sumVec(x []float32) (int, float32)                                  { return 0, 0 }
+func sumSqDevVec(x []float32, mean float32) (int, float32)               { return 0, 0 }
+func affineVec(y, x, res []float32, scale, shift float32, relu bool) int { return 0 }
+func bnGradVec(dy, y, x []float32, mean float32, g []float32) (int, float32, float32) {
+	return 0, 0, 0
+}
+func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int { return 0 }
