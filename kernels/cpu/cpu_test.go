@@ -473,6 +473,39 @@ func TestElementwiseAndReduce(t *testing.T) {
 		want[i] = xv[i] * bv[i/5%4]
 	}
 	check(t, "broadcast mul", y, want, 1e-6)
+
+	// Same shapes, every op.
+	z, zv := randBuf(t, rng, 60)
+	for op, f := range map[kernels.BinaryOp]func(a, b float64) float64{
+		kernels.Add: func(a, b float64) float64 { return a + b }, kernels.Sub: func(a, b float64) float64 { return a - b },
+		kernels.Mul: func(a, b float64) float64 { return a * b }, kernels.Div: func(a, b float64) float64 { return a / b },
+	} {
+		for i := range want {
+			want[i] = f(xv[i], zv[i])
+		}
+		be.Binary(op, y, x, z, kernels.NewBroadcast([]int{60}, []int{60}, []int{60}))
+		check(t, op.String(), y, want, 1e-6)
+	}
+
+	// Backward: ReLU from its output (the fast loop), Tanh from its output
+	// and Square from its input (the general one).
+	dy, dyv := randBuf(t, rng, 60)
+	dx := buf(t, kernels.F32, 60)
+	for _, c := range []struct {
+		op   kernels.UnaryOp
+		grad func(x, dy float64) float64
+	}{
+		{kernels.ReLU, func(x, dy float64) float64 { return map[bool]float64{true: dy}[x > 0] }},
+		{kernels.Tanh, func(x, dy float64) float64 { return dy * (1 - math.Tanh(x)*math.Tanh(x)) }},
+		{kernels.Square, func(x, dy float64) float64 { return 2 * x * dy }},
+	} {
+		be.Unary(c.op, y, x)
+		for i := range want {
+			want[i] = c.grad(xv[i], dyv[i])
+		}
+		be.UnaryBackward(c.op, dx, dy, x, y)
+		check(t, c.op.String()+" backward", dx, want, 1e-5)
+	}
 }
 
 func TestRandomMatchesPhilox(t *testing.T) {
@@ -504,6 +537,54 @@ func TestRandomMatchesPhilox(t *testing.T) {
 	}
 	if kept < 700 || kept > 800 {
 		t.Errorf("dropout kept %d of 1000 at p=0.25", kept)
+	}
+}
+
+// TestSGDCases runs each branch of SGD's update (no momentum; momentum at
+// the first and a later step, plain and Nesterov, with dampening) against
+// torch.optim.SGD's rule in float64.
+func TestSGDCases(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 2))
+	for _, hp := range []kernels.SGDParams{
+		{WeightDecay: 0.01},
+		{Momentum: 0.9, WeightDecay: 0.01, FirstStep: true},
+		{Momentum: 0.9, Dampening: 0.1, WeightDecay: 0.01},
+		{Momentum: 0.8, WeightDecay: 0.02, Nesterov: true},
+		{Momentum: 0.8, Nesterov: true, FirstStep: true},
+	} {
+		t.Run(fmt.Sprintf("%+v", hp), func(t *testing.T) {
+			const n = 40
+			p, pv := randBuf(t, rng, n)
+			g, gv := randBuf(t, rng, n)
+			m, mv := randBuf(t, rng, n)
+			hp.LR = buf(t, kernels.F32, 1)
+			be.Fill(hp.LR, 0.1)
+			want, wantM := make([]float64, n), append([]float64(nil), mv...)
+			for i := range want {
+				d := gv[i] + float64(hp.WeightDecay)*pv[i]
+				if hp.Momentum != 0 {
+					mom := float64(hp.Momentum)
+					if hp.FirstStep {
+						wantM[i] = d
+					} else {
+						wantM[i] = mom*mv[i] + (1-float64(hp.Dampening))*d
+					}
+					if hp.Nesterov {
+						d += mom * wantM[i]
+					} else {
+						d = wantM[i]
+					}
+				}
+				want[i] = pv[i] - 0.1*d
+			}
+			moms := []kernels.Buf{m}
+			if hp.Momentum == 0 {
+				moms = nil
+			}
+			be.SGD(hp, []kernels.Buf{p}, []kernels.Buf{g}, moms)
+			check(t, "sgd param", p, want, 1e-6)
+			check(t, "sgd momentum", m, wantM, 1e-6)
+		})
 	}
 }
 

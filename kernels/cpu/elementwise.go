@@ -83,8 +83,15 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	defer doneX()
 	ys, done := out(dst)
 	parallel(len(ys), elemGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			ys[i] = f(xs[i])
+		y, x := ys[lo:hi], xs[lo:hi]
+		if op == kernels.ReLU { // the common one, without a call per element
+			for i, v := range x {
+				y[i] = max(v, 0)
+			}
+			return
+		}
+		for i, v := range x {
+			y[i] = f(v)
 		}
 	})
 	done()
@@ -109,6 +116,16 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	}
 	dxs, done := out(dx)
 	parallel(len(dxs), elemGrain, func(lo, hi int) {
+		if op == kernels.ReLU && len(ys) > 0 { // the common one, without a call per element
+			d, g, y := dxs[lo:hi], dys[lo:hi], ys[lo:hi]
+			for i, v := range g {
+				if !(y[i] > 0) { // as unaryGrad: a NaN y passes no gradient
+					v = 0
+				}
+				d[i] = v
+			}
+			return
+		}
 		for i := lo; i < hi; i++ {
 			var xv, yv float32
 			if len(xs) > 0 {
@@ -161,8 +178,25 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	if bc.Same() {
 		kernels.CheckLen("binary "+op.String(), len(ys), a, b)
 		parallel(len(ys), elemGrain, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				ys[i] = f(as[i], bs[i])
+			y, x, z := ys[lo:hi], as[lo:hi], bs[lo:hi]
+			// One loop per op, without a call per element.
+			switch op {
+			case kernels.Add:
+				for i, v := range x {
+					y[i] = v + z[i]
+				}
+			case kernels.Sub:
+				for i, v := range x {
+					y[i] = v - z[i]
+				}
+			case kernels.Mul:
+				for i, v := range x {
+					y[i] = v * z[i]
+				}
+			default:
+				for i, v := range x {
+					y[i] = f(v, z[i])
+				}
 			}
 		})
 		done()

@@ -36,23 +36,55 @@ func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 			buf = f32s(moms[t])
 		}
 		parallel(len(p), elemGrain, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				d := g[i] + hp.WeightDecay*p[i]
-				if buf != nil {
-					if hp.FirstStep {
-						buf[i] = d
-					} else {
-						buf[i] = hp.Momentum*buf[i] + (1-hp.Dampening)*d
-					}
-					if hp.Nesterov {
-						d += hp.Momentum * buf[i]
-					} else {
-						d = buf[i]
-					}
-				}
-				p[i] -= lr * d
-			}
+			sgdUpdate(hp, lr, p[lo:hi], g[lo:hi], optSlice(buf, lo, hi))
 		})
+	}
+}
+
+// optSlice is x[lo:hi], or nil for a missing x.
+func optSlice(x []float32, lo, hi int) []float32 {
+	if x == nil {
+		return nil
+	}
+	return x[lo:hi]
+}
+
+// sgdUpdate is SGD's update of one stretch of a parameter, with the
+// hyperparameters in locals and one loop per case, so that the loops carry
+// no branches.
+func sgdUpdate(hp kernels.SGDParams, lr float32, p, g, buf []float32) {
+	g = g[:len(p)]
+	wd, mom, damp := hp.WeightDecay, hp.Momentum, 1-hp.Dampening
+	switch {
+	case buf == nil:
+		for i, v := range p {
+			p[i] = v - lr*(g[i]+wd*v)
+		}
+	case hp.FirstStep:
+		buf = buf[:len(p)]
+		for i, v := range p {
+			d := g[i] + wd*v
+			buf[i] = d
+			if hp.Nesterov {
+				d += mom * d
+			}
+			p[i] = v - lr*d
+		}
+	case hp.Nesterov:
+		buf = buf[:len(p)]
+		for i, v := range p {
+			d := g[i] + wd*v
+			b := mom*buf[i] + damp*d
+			buf[i] = b
+			p[i] = v - lr*(d+mom*b)
+		}
+	default:
+		buf = buf[:len(p)]
+		for i, v := range p {
+			b := mom*buf[i] + damp*(g[i]+wd*v)
+			buf[i] = b
+			p[i] = v - lr*b
+		}
 	}
 }
 
