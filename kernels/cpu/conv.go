@@ -282,15 +282,15 @@ func (g grid) taps(offs []int, r, s int) {
 
 // fill writes images n0..n0+k of src (ch×hs×ws each) into dst at row top,
 // column left of each slot, zero elsewhere.
-func (g grid) fill(dst, src []float32, n0, ch, hs, ws, top, left int) {
+func (g grid) fill(dst []float32, src values, n0, ch, hs, ws, top, left int) {
 	clear(dst)
 	parallel(ch, 1, func(lo, hi int) {
 		for c := lo; c < hi; c++ {
 			for i := 0; i < g.k; i++ {
-				plane := src[((n0+i)*ch+c)*hs*ws:][:hs*ws]
+				plane := ((n0+i)*ch + c) * hs * ws
 				base := c*g.plane() + (i*g.hp+top)*g.wp + left
 				for y := 0; y < hs; y++ {
-					copy(dst[base+y*g.wp:][:ws], plane[y*ws:])
+					src.read(dst[base+y*g.wp:][:ws], plane+y*ws)
 				}
 			}
 		}
@@ -302,7 +302,7 @@ func imagesPerGrid(n, hp, wp int) int { return max(1, min(n, gridPixels/(hp*wp))
 
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×hs×ws
 // padded by padH, padW) for a stride-1 r×s filter, OH = hs + 2·padH − r + 1.
-func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, dst []float32) {
+func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []float32, src, dst values) {
 	hp, wp := hs+2*padH, ws+2*padW
 	oh, ow := hp-r+1, wp-s+1
 	nb := imagesPerGrid(n, hp, wp)
@@ -324,10 +324,10 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 		parallel(m, 1, func(lo, hi int) {
 			for ch := lo; ch < hi; ch++ {
 				for i := 0; i < g.k; i++ {
-					plane := dst[((n0+i)*m+ch)*oh*ow:][:oh*ow]
+					plane := ((n0+i)*m + ch) * oh * ow
 					base := ch*cols + i*hp*wp
 					for y := 0; y < oh; y++ {
-						copy(plane[y*ow:(y+1)*ow], out[base+y*wp:])
+						dst.write(plane+y*ow, out[base+y*wp:][:ow])
 					}
 				}
 			}
@@ -340,7 +340,7 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat, src, 
 // each slot's corner (zero elsewhere, so pixels without an output add
 // nothing), one product of rows read in place (sgemm.GemmRows) per chunk of
 // images.
-func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys, dws []float32) {
+func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []float32) {
 	hp, wp := p.H+2*p.PadH, p.W+2*p.PadW
 	oh, ow := p.OutH(), p.OutW()
 	nb := imagesPerGrid(p.N, hp, wp)
@@ -374,16 +374,15 @@ func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys, dws []float32) 
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	kernels.CheckConv("conv2d", p, x, w, y)
-	xs, doneX := view(x)
-	defer doneX()
 	ws, doneW := view(w)
 	defer doneW()
-	ys, done := out(y)
 	if shiftable(p) {
-		c.shiftConv(p.N, p.C, p.H, p.W, p.PadH, p.PadW, p.R, p.S, p.K, ws, xs, ys)
-		done()
+		c.shiftConv(p.N, p.C, p.H, p.W, p.PadH, p.PadW, p.R, p.S, p.K, ws, valuesOf(x), valuesOf(y))
 		return
 	}
+	xs, doneX := view(x)
+	defer doneX()
+	ys, done := out(y)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32
@@ -411,11 +410,8 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 // Conv2dBackwardData computes dx = col2im(wᵀ·dy), a chunk of images at a time.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
-	dys, doneDY := view(dy)
-	defer doneDY()
 	ws, doneW := view(w)
 	defer doneW()
-	dxs, done := out(dx)
 	if shiftable(p) {
 		// w′[c][k][r][s] = w[k][c][R−1−r][S−1−s]
 		rs, crs := p.R*p.S, p.C*p.R*p.S
@@ -428,10 +424,12 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 				}
 			}
 		}
-		c.shiftConv(p.N, p.K, p.OutH(), p.OutW(), p.R-1-p.PadH, p.S-1-p.PadW, p.R, p.S, p.C, flipped, dys, dxs)
-		done()
+		c.shiftConv(p.N, p.K, p.OutH(), p.OutW(), p.R-1-p.PadH, p.S-1-p.PadW, p.R, p.S, p.C, flipped, valuesOf(dy), valuesOf(dx))
 		return
 	}
+	dys, doneDY := view(dy)
+	defer doneDY()
+	dxs, done := out(dx)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
 	nb := imagesPerChunk(p)
 	var scratch []float32
@@ -457,20 +455,19 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 // one goroutine in a fixed order, so the result is deterministic.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
+	dws, done := out(dw)
+	defer done()
+	if shiftable(p) {
+		c.shiftFilterGrad(p, valuesOf(x), valuesOf(dy), dws)
+		return
+	}
 	xs, doneX := view(x)
 	defer doneX()
 	dys, doneDY := view(dy)
 	defer doneDY()
-	dws, done := out(dw)
-	if shiftable(p) {
-		c.shiftFilterGrad(p, xs, dys, dws)
-		done()
-		return
-	}
 	crs, l := p.C*p.R*p.S, p.OutH()*p.OutW()
 	a := planes{data: dys, rows: p.K, cols: l, rowsFree: true}
 	c.mm.GemmOp(p.K, crs, p.N*l, 1, a, patches{p: p, x: xs, tapsFree: true}, 0, dws, crs)
-	done()
 }
 
 // growScratch returns scratch x, or new scratch in its place, with room for

@@ -214,17 +214,34 @@ func TestConv(t *testing.T) {
 	}
 }
 
+// TestConvF16 runs F16 convolutions (AMP) forward and backward, stride 1
+// (converted on the way into and out of the grid) and stride 2 (converted
+// whole), against the float64 references of the F32 inputs.
 func TestConvF16(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 1))
-	p := kernels.ConvParams{N: 2, C: 3, H: 6, W: 6, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1}
-	x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
-	w, wv := randBuf(t, rng, p.K*p.C*p.R*p.S)
-	xh, wh := buf(t, kernels.F16, x.N), buf(t, kernels.F16, w.N)
-	be.Cast(xh, x)
-	be.Cast(wh, w)
-	yh := buf(t, kernels.F16, p.N*p.K*p.OutH()*p.OutW())
-	be.Conv2d(p, xh, wh, yh)
-	check(t, "y (f16)", yh, convRef(p, xv, wv), 1e-2)
+	for _, p := range []kernels.ConvParams{
+		{N: 2, C: 3, H: 6, W: 6, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 3, C: 5, H: 9, W: 7, K: 6, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+	} {
+		x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)
+		w, wv := randBuf(t, rng, p.K*p.C*p.R*p.S)
+		dy, dyv := randBuf(t, rng, p.N*p.K*p.OutH()*p.OutW())
+		half := func(b kernels.Buf) kernels.Buf {
+			h := buf(t, kernels.F16, b.N)
+			be.Cast(h, b)
+			return h
+		}
+		xh, wh, dyh := half(x), half(w), half(dy)
+		yh := buf(t, kernels.F16, dy.N)
+		be.Conv2d(p, xh, wh, yh)
+		check(t, "y (f16)", yh, convRef(p, xv, wv), 1e-2)
+		dxRef, dwRef := convGradsRef(p, xv, wv, dyv)
+		dxh, dwh := buf(t, kernels.F16, x.N), buf(t, kernels.F16, w.N)
+		be.Conv2dBackwardData(p, dyh, wh, dxh)
+		be.Conv2dBackwardFilter(p, xh, dyh, dwh)
+		check(t, "dx (f16)", dxh, dxRef, 1e-2)
+		check(t, "dw (f16)", dwh, dwRef, 1e-2)
+	}
 }
 
 // TestBatchNorm runs planes shorter than a vector (the Go loops only), with
@@ -324,6 +341,31 @@ func testBatchNorm(t *testing.T, hw int) {
 	check(t, "fused dbeta", db, dbRef, 1e-5)
 	check(t, "fused dgamma", dg, dgRef, 1e-5)
 	check(t, "fused dx", dx, dxRef, 1e-4)
+
+	// The same in F16 (AMP): planes converted on the way in and out.
+	half := func(b kernels.Buf) kernels.Buf {
+		h := buf(t, kernels.F16, b.N)
+		be.Cast(h, b)
+		return h
+	}
+	xh, rh, dyh := half(x), half(r), half(dy)
+	yh, dxh, dresh := buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N)
+	smh, sih := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C) // this run's statistics, of the rounded x
+	be.BatchNormTrain(pr, xh, rh, g, b, yh, rm, rv, smh, sih)
+	check(t, "f16 fused y", yh, yrRef, 1e-2)
+	be.BatchNormBackward(pr, xh, yh, dyh, g, smh, sih, dxh, dresh, dg, db)
+	check(t, "f16 fused dresidual", dresh, gRef, 1e-2)
+	check(t, "f16 fused dx", dxh, dxRef, 1e-2)
+	check(t, "f16 fused dgamma", dg, dgRef, 1e-2)
+	yeh := buf(t, kernels.F16, x.N)
+	be.BatchNormEval(p, xh, kernels.Buf{}, g, b, rm, rv, yeh)
+	yeRef := make([]float64, x.N)
+	rmNow, rvNow := in(rm), in(rv)
+	for k := range yeRef {
+		c := k / p.HW % p.C
+		yeRef[k] = (xv[k]-float64(rmNow[c]))/math.Sqrt(float64(rvNow[c])+1e-5)*gv[c] + bv[c]
+	}
+	check(t, "f16 eval y", yeh, yeRef, 1e-2)
 
 	// Unfused: g = dy, no residual gradient.
 	be.BatchNormBackward(p, x, kernels.Buf{}, dy, g, sm, si, dx, kernels.Buf{}, dg, db)

@@ -115,20 +115,23 @@ func bnApply(dx, dy, y, x []float32, a, b, c float32) {
 	}
 }
 
-// optView is view(b) for an optional buffer: nil when it is not given.
-func optView(b kernels.Buf) ([]float32, func()) {
-	if !b.Valid() {
-		return nil, func() {}
+// planeBufs are one goroutine's planes of float32 for F16 values read or
+// written a plane at a time.
+type planeBufs struct{ buf [][]float32 }
+
+// newPlanes returns k scratch planes of n values.
+func newPlanes(n, k int) planeBufs {
+	pl := planeBufs{buf: make([][]float32, k)}
+	for i := range pl.buf {
+		pl.buf[i] = getScratch(n)
 	}
-	return view(b)
+	return pl
 }
 
-// optSeg is x[off:off+n], or nil for a missing x.
-func optSeg(x []float32, off, n int) []float32 {
-	if x == nil {
-		return nil
+func (pl planeBufs) release() {
+	for _, b := range pl.buf {
+		putScratch(b)
 	}
-	return x[off : off+n]
 }
 
 // BatchNormTrain normalises with batch statistics (two passes, summed in
@@ -138,30 +141,30 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	kernels.CheckBN("batch norm", p, x, gamma, beta, runMean, runVar, saveMean, saveInvStd)
 	kernels.CheckLen("batch norm output", x.N, y)
 	kernels.CheckLike("batch norm residual", x, residual)
-	xs, doneX := view(x)
-	defer doneX()
-	res, doneRes := optView(residual)
-	defer doneRes()
+	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
 	gs, bs := in(gamma), in(beta)
-	ys, doneY := out(y)
 	rm, doneRM := inout(runMean)
 	rv, doneRV := inout(runVar)
 	sm, sis := f32s(saveMean), f32s(saveInvStd)
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
+		pl := newPlanes(p.HW, 3)
+		defer pl.release()
 		for ch := lo; ch < hi; ch++ {
 			var sum float64
-			segments(p, ch, func(off int) { sum += sum32(xs[off : off+p.HW]) })
+			segments(p, ch, func(off int) { sum += sum32(xv.span(off, p.HW, pl.buf[0])) })
 			mean := sum / m
 			var sq float64
 			mean32 := float32(mean)
-			segments(p, ch, func(off int) { sq += sumSqDev(xs[off:off+p.HW], mean32) })
+			segments(p, ch, func(off int) { sq += sumSqDev(xv.span(off, p.HW, pl.buf[0]), mean32) })
 			variance := sq / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := float32(float64(bs[ch]) - mean*float64(gs[ch])*invStd)
 			segments(p, ch, func(off int) {
-				affineAct(ys[off:off+p.HW], xs[off:off+p.HW], optSeg(res, off, p.HW), scale, shift, p.ReLU)
+				out := yv.target(off, p.HW, pl.buf[2])
+				affineAct(out, xv.span(off, p.HW, pl.buf[0]), resv.span(off, p.HW, pl.buf[1]), scale, shift, p.ReLU)
+				yv.commit(off, out)
 			})
 			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
@@ -173,7 +176,6 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 			rv[ch] = float32((1-mom)*float64(rv[ch]) + mom*unbiased)
 		}
 	})
-	doneY()
 	doneRM()
 	doneRV()
 }
@@ -184,23 +186,22 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
 	kernels.CheckLen("batch norm eval output", x.N, y)
 	kernels.CheckLike("batch norm eval residual", x, residual)
-	xs, doneX := view(x)
-	defer doneX()
-	res, doneRes := optView(residual)
-	defer doneRes()
+	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
 	gs, bs, rm, rv := in(gamma), in(beta), in(runMean), in(runVar)
-	ys, done := out(y)
 	parallel(p.C, 1, func(lo, hi int) {
+		pl := newPlanes(p.HW, 3)
+		defer pl.release()
 		for ch := lo; ch < hi; ch++ {
 			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := bs[ch] - rm[ch]*scale
 			segments(p, ch, func(off int) {
-				affineAct(ys[off:off+p.HW], xs[off:off+p.HW], optSeg(res, off, p.HW), scale, shift, p.ReLU)
+				out := yv.target(off, p.HW, pl.buf[2])
+				affineAct(out, xv.span(off, p.HW, pl.buf[0]), resv.span(off, p.HW, pl.buf[1]), scale, shift, p.ReLU)
+				yv.commit(off, out)
 			})
 		}
 	})
-	done()
 }
 
 // BatchNormBackward computes, with g = dy (masked by y > 0 with the ReLU),
@@ -212,34 +213,27 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
-	xs, doneX := view(x)
-	defer doneX()
-	dys, doneDY := view(dy)
-	defer doneDY()
-	gs, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
-	var ys []float32
+	var yv values
 	if p.ReLU {
 		kernels.CheckLen("batch norm backward output", x.N, y)
-		var doneY func()
-		ys, doneY = view(y)
-		defer doneY()
+		yv = valuesOf(y)
 	}
-	dxs, doneX := out(dx)
+	xv, dyv, dxv, drv := valuesOf(x), valuesOf(dy), valuesOf(dx), optValuesOf(dresidual)
+	gs, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
 	dgs, doneG := out(dgamma)
 	dbs, doneB := out(dbeta)
-	var drs []float32
-	doneR := func() {}
-	if dresidual.Valid() {
-		drs, doneR = out(dresidual)
-	}
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
+		pl := newPlanes(p.HW, 5)
+		defer pl.release()
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
 			var db, dxm float64
 			segments(p, ch, func(off int) {
-				sb, sx := bnGrad(dys[off:off+p.HW], optSeg(ys, off, p.HW), xs[off:off+p.HW], mean32, optSeg(drs, off, p.HW))
+				g := drv.target(off, p.HW, pl.buf[3])
+				sb, sx := bnGrad(dyv.span(off, p.HW, pl.buf[0]), yv.span(off, p.HW, pl.buf[1]), xv.span(off, p.HW, pl.buf[2]), mean32, g)
+				drv.commit(off, g)
 				db += sb
 				dxm += sx
 			})
@@ -251,12 +245,12 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
 			segments(p, ch, func(off int) {
-				bnApply(dxs[off:off+p.HW], dys[off:off+p.HW], optSeg(ys, off, p.HW), xs[off:off+p.HW], a, bx, c)
+				d := dxv.target(off, p.HW, pl.buf[4])
+				bnApply(d, dyv.span(off, p.HW, pl.buf[0]), yv.span(off, p.HW, pl.buf[1]), xv.span(off, p.HW, pl.buf[2]), a, bx, c)
+				dxv.commit(off, d)
 			})
 		}
 	})
-	doneX()
 	doneG()
 	doneB()
-	doneR()
 }

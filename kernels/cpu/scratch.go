@@ -1,18 +1,28 @@
 package cpu
 
 import (
+	"fmt"
 	"math/bits"
 	"sync"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/x448/float16"
 )
 
 // Scratch (F16 operands converted to float32, padded convolution grids,
-// product outputs) comes from pools of power-of-two sizes, so a training step
-// does not hand the garbage collector megabytes to clear and free per
-// operation. It lives on the Go heap, outside the tensor pool, like all CPU
-// scratch.
-var scratchPools [64]sync.Pool
+// product outputs) is kept in free lists of power-of-two sizes, so a
+// training step neither hands the garbage collector megabytes per operation
+// nor writes into pages the runtime has just returned to the OS (a
+// sync.Pool empties at every collection, and the first writes to fresh
+// pages cost more than a conversion). The lists hold at most
+// scratchPerClass slices a size: about the most that one step has in use
+// at once. Scratch lives on the Go heap, outside the tensor pool.
+const scratchPerClass = 8
+
+var scratch struct {
+	sync.Mutex
+	free [64][][]float32
+}
 
 // getScratch returns n float32s of undefined contents; give them back with
 // putScratch.
@@ -21,8 +31,12 @@ func getScratch(n int) []float32 {
 		return nil
 	}
 	class := bits.Len(uint(n - 1))
-	if s, ok := scratchPools[class].Get().(*[]float32); ok {
-		return (*s)[:n]
+	scratch.Lock()
+	defer scratch.Unlock()
+	if l := scratch.free[class]; len(l) > 0 {
+		s := l[len(l)-1]
+		scratch.free[class] = l[:len(l)-1]
+		return s[:n]
 	}
 	return make([]float32, n, 1<<class)
 }
@@ -32,8 +46,12 @@ func putScratch(s []float32) {
 	if cap(s) == 0 || cap(s)&(cap(s)-1) != 0 {
 		return // not from getScratch
 	}
-	s = s[:cap(s)]
-	scratchPools[bits.Len(uint(cap(s)-1))].Put(&s)
+	class := bits.Len(uint(cap(s) - 1))
+	scratch.Lock()
+	defer scratch.Unlock()
+	if len(scratch.free[class]) < scratchPerClass {
+		scratch.free[class] = append(scratch.free[class], s[:cap(s)])
+	}
 }
 
 // view is in(b) for an operation that gives the values back when it is
@@ -45,4 +63,98 @@ func view(b kernels.Buf) (x []float32, done func()) {
 	x = getScratch(b.N)
 	halfInto(x, u16s(b))
 	return x, func() { putScratch(x) }
+}
+
+// optView is view(b) for an optional buffer: nil when it is not given.
+func optView(b kernels.Buf) ([]float32, func()) {
+	if !b.Valid() {
+		return nil, func() {}
+	}
+	return view(b)
+}
+
+// values are a buffer's elements as float32 for a pass that copies them
+// anyway (into a convolution's grid, out of its product): F32 ones read and
+// written in place, F16 ones converted on the way, with no converted copy of
+// the whole buffer.
+type values struct {
+	f32 []float32
+	f16 []uint16
+}
+
+// valuesOf is b's elements; b is F32 or F16.
+func valuesOf(b kernels.Buf) values {
+	switch b.DType {
+	case kernels.F32:
+		return values{f32: f32s(b)}
+	case kernels.F16:
+		return values{f16: u16s(b)}
+	}
+	panic(fmt.Sprintf("cpu: want an f32 or f16 buffer, have %v", b.DType))
+}
+
+// optValuesOf is valuesOf for an optional buffer: no values when b is not
+// given.
+func optValuesOf(b kernels.Buf) values {
+	if !b.Valid() {
+		return values{}
+	}
+	return valuesOf(b)
+}
+
+// span is elements [off, off+n) as float32: in place for F32, converted
+// into buf for F16, nil for no values.
+func (v values) span(off, n int, buf []float32) []float32 {
+	switch {
+	case v.f32 != nil:
+		return v.f32[off : off+n]
+	case v.f16 != nil:
+		v.read(buf[:n], off)
+		return buf[:n]
+	}
+	return nil
+}
+
+// target is where to compute elements [off, off+n) before commit: in place
+// for F32, buf for F16, nil for no values.
+func (v values) target(off, n int, buf []float32) []float32 {
+	switch {
+	case v.f32 != nil:
+		return v.f32[off : off+n]
+	case v.f16 != nil:
+		return buf[:n]
+	}
+	return nil
+}
+
+// commit stores what target returned (rounding it into an F16 buffer).
+func (v values) commit(off int, t []float32) {
+	if v.f16 != nil {
+		v.write(off, t)
+	}
+}
+
+// read copies len(dst) elements from off into dst.
+func (v values) read(dst []float32, off int) {
+	if v.f16 == nil {
+		copy(dst, v.f32[off:])
+		return
+	}
+	src := v.f16[off : off+len(dst)]
+	table := halfTable()
+	for i := convertHalf(dst, src); i < len(src); i++ {
+		dst[i] = table[src[i]]
+	}
+}
+
+// write stores src at off (rounded to F16 for an F16 buffer).
+func (v values) write(off int, src []float32) {
+	if v.f16 == nil {
+		copy(v.f32[off:], src)
+		return
+	}
+	dst := v.f16[off : off+len(src)]
+	for i := convertFloat(dst, src); i < len(src); i++ {
+		dst[i] = float16.Fromfloat32(src[i]).Bits()
+	}
 }
