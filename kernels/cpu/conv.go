@@ -282,15 +282,19 @@ func (g grid) taps(offs []int, r, s int) {
 
 // fill writes images n0..n0+k of src (ch×hs×ws each) into dst at row top,
 // column left of each slot, zero elsewhere.
+// F16 images are converted a whole plane at a time (one long conversion
+// rather than one per short row).
 func (g grid) fill(dst []float32, src values, n0, ch, hs, ws, top, left int) {
 	clear(dst)
 	parallel(ch, 1, func(lo, hi int) {
+		buf := getScratch(hs * ws)
+		defer putScratch(buf)
 		for c := lo; c < hi; c++ {
 			for i := 0; i < g.k; i++ {
-				plane := ((n0+i)*ch + c) * hs * ws
+				plane := src.span(((n0+i)*ch+c)*hs*ws, hs*ws, buf)
 				base := c*g.plane() + (i*g.hp+top)*g.wp + left
 				for y := 0; y < hs; y++ {
-					src.read(dst[base+y*g.wp:][:ws], plane+y*ws)
+					copy(dst[base+y*g.wp:][:ws], plane[y*ws:])
 				}
 			}
 		}
@@ -322,13 +326,17 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []floa
 		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
 			sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
 		parallel(m, 1, func(lo, hi int) {
+			buf := getScratch(oh * ow)
+			defer putScratch(buf)
 			for ch := lo; ch < hi; ch++ {
 				for i := 0; i < g.k; i++ {
 					plane := ((n0+i)*m + ch) * oh * ow
+					t := dst.target(plane, oh*ow, buf)
 					base := ch*cols + i*hp*wp
 					for y := 0; y < oh; y++ {
-						dst.write(plane+y*ow, out[base+y*wp:][:ow])
+						copy(t[y*ow:(y+1)*ow], out[base+y*wp:])
 					}
+					dst.commit(plane, t)
 				}
 			}
 		})
