@@ -119,10 +119,14 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 		if op == kernels.ReLU && len(ys) > 0 { // the common one, without a call per element
 			d, g, y := dxs[lo:hi], dys[lo:hi], ys[lo:hi]
 			for i, v := range g {
-				if !(y[i] > 0) { // as unaryGrad: a NaN y passes no gradient
-					v = 0
+				// A mask rather than a branch: the signs are random, and a
+				// mispredicted branch costs more than the rest of the loop.
+				// As unaryGrad, a NaN y passes no gradient.
+				var keep uint32
+				if y[i] > 0 {
+					keep = ^uint32(0)
 				}
-				d[i] = v
+				d[i] = math.Float32frombits(math.Float32bits(v) & keep)
 			}
 			return
 		}

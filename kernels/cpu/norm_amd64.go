@@ -5,6 +5,7 @@ package cpu
 import (
 	"unsafe"
 
+	"github.com/leangrad/leangrad/kernels"
 	"golang.org/x/sys/cpu"
 )
 
@@ -23,7 +24,11 @@ func bnGrad16(dy, y, x *float32, n int, mean float32, gout *float32) (sumG, sumG
 //go:noescape
 func bnApply16(dx, dy, y, x *float32, n int, a, b, c float32)
 
-// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s).
+//go:noescape
+func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nesterov bool)
+
+// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s) and SGD
+// update (optim_amd64.s).
 var hasAVX512 = cpu.X86.HasAVX512F
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
@@ -91,6 +96,16 @@ func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int {
 	n := vecLen(len(dy))
 	if n > 0 {
 		bnApply16(ptr(dx[:n]), ptr(dy), ptr(y), ptr(x[:n]), n, a, b, c)
+	}
+	return n
+}
+
+// sgdMomentumVec updates the leading parameters with SGD's momentum rule
+// past the first step (see sgdUpdate), returning how many.
+func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int {
+	n := vecLen(len(p))
+	if n > 0 {
+		sgdMomentum16(ptr(p), ptr(g[:n]), ptr(buf[:n]), n, lr, hp.WeightDecay, hp.Momentum, 1-hp.Dampening, hp.Nesterov)
 	}
 	return n
 }

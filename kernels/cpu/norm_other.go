@@ -2,6 +2,8 @@
 
 package cpu
 
+import "github.com/leangrad/leangrad/kernels"
+
 // Without amd64 assembly the batch-norm passes take no values: norm.go's Go
 // loops do them all.
 
@@ -12,3 +14,5 @@ func bnGradVec(dy, y, x []float32, mean float32, g []float32) (int, float32, flo
 	return 0, 0, 0
 }
 func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int { return 0 }
+
+func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int { return 0 }

@@ -71,7 +71,8 @@ func sgdUpdate(hp kernels.SGDParams, lr float32, p, g, buf []float32) {
 			p[i] = v - lr*d
 		}
 	case hp.Nesterov:
-		buf = buf[:len(p)]
+		n := sgdMomentumVec(hp, lr, p, g, buf)
+		p, g, buf = p[n:], g[n:], buf[n:len(p)]
 		for i, v := range p {
 			d := g[i] + wd*v
 			b := mom*buf[i] + damp*d
@@ -79,7 +80,8 @@ func sgdUpdate(hp kernels.SGDParams, lr float32, p, g, buf []float32) {
 			p[i] = v - lr*(d+mom*b)
 		}
 	default:
-		buf = buf[:len(p)]
+		n := sgdMomentumVec(hp, lr, p, g, buf)
+		p, g, buf = p[n:], g[n:], buf[n:len(p)]
 		for i, v := range p {
 			b := mom*buf[i] + damp*(g[i]+wd*v)
 			buf[i] = b

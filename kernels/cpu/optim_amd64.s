@@ -1,0 +1,47 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nesterov bool)
+//
+// SGD with momentum past the first step, sixteen parameters an instruction
+// (AVX-512F); n is a multiple of 16:
+//
+//	d = g + wd·p;  buf = mom·buf + damp·d;  d = d + mom·buf (Nesterov) or buf;  p -= lr·d
+TEXT ·sgdMomentum16(SB), NOSPLIT, $0-49
+	MOVQ p+0(FP), DI
+	MOVQ grad+8(FP), SI
+	MOVQ buf+16(FP), DX
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	VBROADCASTSS lr+32(FP), Z4
+	VBROADCASTSS wd+36(FP), Z5
+	VBROADCASTSS mom+40(FP), Z6
+	VBROADCASTSS damp+44(FP), Z7
+	MOVBLZX nesterov+48(FP), AX
+	TESTQ CX, CX
+	JZ done
+loop:
+	VMOVUPS (DI), Z0
+	VMOVUPS (SI), Z1
+	VFMADD231PS Z0, Z5, Z1
+	VMULPS (DX), Z6, Z2
+	VFMADD231PS Z1, Z7, Z2
+	VMOVUPS Z2, (DX)
+	TESTQ AX, AX
+	JZ plain
+	VFMADD231PS Z2, Z6, Z1
+	JMP update
+plain:
+	VMOVAPS Z2, Z1
+update:
+	VFNMADD231PS Z1, Z4, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, DI
+	ADDQ $64, SI
+	ADDQ $64, DX
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
