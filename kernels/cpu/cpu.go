@@ -281,7 +281,9 @@ func (c *Backend) Cast(dst, src kernels.Buf) {
 		storeF16(u16s(dst), f32s(src))
 		return
 	}
+	s, doneS := view(src)
+	defer doneS()
 	o, done := out(dst)
-	copy(o, in(src))
+	copy(o, s)
 	done()
 }

@@ -9,7 +9,10 @@ import (
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
 	batch := max(p.Batch, 1)
-	as, bs := in(a), in(b)
+	as, doneA := view(a)
+	defer doneA()
+	bs, doneB := view(b)
+	defer doneB()
 	var cs []float32
 	var done func()
 	if p.Beta != 0 {

@@ -24,7 +24,9 @@ func checkCE(op string, logits, labels, lse kernels.Buf, n, k int) []int32 {
 func (c *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) {
 	ls := checkCE("cross entropy", logits, labels, lse, n, k)
 	kernels.CheckLen("cross entropy loss", 1, loss)
-	xs, lses := in(logits), f32s(lse)
+	xs, doneX := view(logits)
+	defer doneX()
+	lses := f32s(lse)
 	var total float64
 	for i := 0; i < n; i++ {
 		row := xs[i*k : (i+1)*k]
@@ -50,7 +52,9 @@ func (c *Backend) CrossEntropyBackward(logits, labels, lse, dloss, dlogits kerne
 	ls := checkCE("cross entropy backward", logits, labels, lse, n, k)
 	kernels.CheckLen("cross entropy backward", n*k, dlogits)
 	kernels.CheckLen("cross entropy backward dloss", 1, dloss)
-	xs, lses, g := in(logits), f32s(lse), in(dloss)[0]/float32(n)
+	xs, doneX := view(logits)
+	defer doneX()
+	lses, g := f32s(lse), in(dloss)[0]/float32(n)
 	dxs, done := out(dlogits)
 	for i := 0; i < n; i++ {
 		for j := 0; j < k; j++ {

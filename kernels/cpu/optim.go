@@ -178,7 +178,9 @@ func (c *Backend) Increment(ctr kernels.Buf, n int64, unless kernels.Buf) {
 // predictions (the first maximum of each row) to sums.
 func (c *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
 	kernels.CheckMetrics(sums, loss, logits, labels, n, k)
-	xs, ys, s := in(logits), i32s(labels), f32s(sums)
+	xs, doneX := view(logits)
+	defer doneX()
+	ys, s := i32s(labels), f32s(sums)
 	right := 0
 	for r := 0; r < n; r++ {
 		best, bi := float32(math.Inf(-1)), 0

@@ -51,7 +51,8 @@ func argmax(p kernels.PoolParams, xs []float32, base, i, j int) int {
 // MaxPool2d computes the maximum of each window (padding ignored).
 func (c *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	kernels.CheckPool("max pool", p, x, y)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	ys, done := out(y)
 	forOutputs(p, func(base, o, i, j int) { ys[o] = xs[argmax(p, xs, base, i, j)] })
 	done()
@@ -61,7 +62,10 @@ func (c *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 func (c *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf) {
 	kernels.CheckPool("max pool backward", p, x, dy)
 	kernels.CheckLen("max pool backward", x.N, dx)
-	xs, dys := in(x), in(dy)
+	xs, doneX := view(x)
+	defer doneX()
+	dys, doneDY := view(dy)
+	defer doneDY()
 	dxs, done := out(dx)
 	clear(dxs)
 	// Windows of one plane only touch that plane, so planes run in parallel.
@@ -72,7 +76,8 @@ func (c *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf)
 // AvgPool2d computes each window's sum over KH·KW.
 func (c *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	kernels.CheckPool("avg pool", p, x, y)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	ys, done := out(y)
 	inv := 1 / float32(p.KH*p.KW)
 	forOutputs(p, func(base, o, i, j int) {
@@ -86,7 +91,8 @@ func (c *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 // AvgPool2dBackward spreads each dy/(KH·KW) over its window.
 func (c *Backend) AvgPool2dBackward(p kernels.PoolParams, dy, dx kernels.Buf) {
 	kernels.CheckPool("avg pool backward", p, dx, dy)
-	dys := in(dy)
+	dys, doneDY := view(dy)
+	defer doneDY()
 	dxs, done := out(dx)
 	clear(dxs)
 	inv := 1 / float32(p.KH*p.KW)

@@ -48,7 +48,8 @@ func (c *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	}
 	kernels.CheckLen("dropout", x.N, dst)
 	g = resolve(g)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	o, done := out(dst)
 	scale := 1 / (1 - p)
 	parallel(len(o)/4+1, 1<<12, func(b0, b1 int) {

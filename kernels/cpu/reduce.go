@@ -10,7 +10,8 @@ import (
 // Reduce reduces x along the middle axis of r. Sums accumulate in float64.
 func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
 	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
-	xs := in(x)
+	xs, doneX := view(x)
+	defer doneX()
 	ys, done := out(dst)
 	parallel(r.Outer*r.Inner, max(1, elemGrain/r.Len), func(lo, hi int) {
 		for o := lo; o < hi; o++ {
@@ -44,7 +45,12 @@ func (c *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reductio
 	kernels.CheckReduction("reduce max backward", r, x, dy)
 	kernels.CheckLen("reduce max backward", x.N, dx)
 	kernels.CheckLen("reduce max backward", dy.N, y)
-	xs, ys, dys := in(x), in(y), in(dy)
+	xs, doneX := view(x)
+	defer doneX()
+	ys, doneY := view(y)
+	defer doneY()
+	dys, doneDY := view(dy)
+	defer doneDY()
 	dxs, done := out(dx)
 	for i := range dxs {
 		o := i/(r.Len*r.Inner)*r.Inner + i%r.Inner
@@ -60,7 +66,9 @@ func (c *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reductio
 // ArgMax writes the index of the first maximum along the middle axis.
 func (c *Backend) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
 	kernels.CheckReduction("argmax", r, x, dst)
-	xs, d := in(x), i32s(dst)
+	xs, doneX := view(x)
+	defer doneX()
+	d := i32s(dst)
 	for o := range d {
 		base := o/r.Inner*r.Len*r.Inner + o%r.Inner
 		best, bi := float32(math.Inf(-1)), 0
