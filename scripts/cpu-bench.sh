@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (after ../shared/gpu/stage, with an earlier commit's cmd/train, built
-# with CGO_ENABLED=0, as .gpu/old/train.xz): the CPU benchmark behind the README's CPU numbers, leangrad and PyTorch pinned to
-# the same two cores (taskset -c 0,1; PyTorch inherits the affinity and runs 2 threads).
+# with CGO_ENABLED=0, as .gpu/old/train.xz): the CPU benchmark behind the README's CPU numbers,
+# leangrad and PyTorch pinned to the same two CPUs (taskset; PyTorch inherits the affinity and
+# runs 2 threads). CORES picks them (default: the two highest-numbered CPUs on distinct physical
+# cores, away from CPU 0, which the system uses most; lscpu's topology is saved beside the logs).
 #   1. bench -device cpu: SGEMM GFLOP/s and the FMA peak, ResNet-20 (batch 32) and the MLP
 #      (batch 128), fp32 and AMP, beside PyTorch CPU;
 #   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's.
@@ -12,15 +14,18 @@ w=$(mktemp -d)/cpu
 mkdir -p "$w" "$final"
 trap 'tar -C "$(dirname "$w")" -czf "$final/cpu.tar.gz" cpu' EXIT
 lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-300 > "$w/lscpu.txt"
-timeout 240 taskset -c 0,1 bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
-  -configs fp32,amp -steps 10 -warmup 2 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
+lscpu -p=CPU,CORE,SOCKET >> "$w/lscpu.txt"
+cores=${CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | tail -2 | cut -d, -f1 | paste -sd,)}
+echo "pinned to CPUs $cores" | tee -a "$w/lscpu.txt"
+timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
+  -configs fp32,amp -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
 echo "bench exit: $?"
 grep -vE '^\|' "$w/bench.log" | tail -30
 [ -f .gpu/old/train.xz ] && xz -dc .gpu/old/train.xz > /tmp/old-train && chmod +x /tmp/old-train
 for b in bin/train /tmp/old-train; do
   name=$(basename "$b")
   start=$(date +%s.%N)
-  timeout 200 taskset -c 0,1 bash .gpu/run "$b" -model resnet -amp -checkpoint -device cpu -json "$w/$name.json" \
+  timeout 200 taskset -c "$cores" bash .gpu/run "$b" -model resnet -amp -checkpoint -device cpu -json "$w/$name.json" \
     > "$w/$name.log" 2>&1
   echo "$b exit: $? wall: $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
   grep -vE 'step [0-9]+/|^\|' "$w/$name.log" | tail -8
