@@ -241,16 +241,20 @@ func col2im(p kernels.ConvParams, col []float32, ld int, x []float32) {
 	}
 }
 
-// Stride-1 convolutions skip the im2col panels altogether. Over images
-// padded into a grid of Hp×Wp pixels a plane (channel-major: channel c of
-// every image, one under the other), output pixel j of the grid reads tap
-// (c, r, s) at j + c·G + r·Wp + s: the patch matrix's row for a tap is the
-// grid shifted by a constant, which the assembly kernels read in place
-// (sgemm.Shifted). Outputs are computed for every grid pixel whose window
-// starts in the grid, and only the valid ones (the top-left OH×OW of each
-// image) are kept. The data gradient is the same product over dy padded by
-// the filter size minus the padding, with the filter flipped and its
-// channels swapped.
+// Stride-1 convolutions skip the im2col panels altogether. The images are
+// laid out in a grid, channel-major (channel c of every image, one under
+// the other), each row followed by padW zero columns and each image by padH
+// zero rows, after padH rows and padW columns of zeros: a row's right
+// padding is the next row's left padding, an image's bottom padding the
+// next one's top. Output pixel j of the grid reads tap (c, r, s) at
+// j + c·G + r·Wp + s, so the patch matrix's row for a tap is the grid
+// shifted by a constant, which the assembly kernels read in place
+// (sgemm.Shifted). Outputs are computed for every grid pixel up to the last
+// valid one, and only the valid ones (the top-left OH×OW of each image's
+// slot) are kept: (H+padH)(W+padW) pixels computed for OH·OW kept, against
+// (H+2·padH)(W+2·padW) with padding of their own. The data gradient is the
+// same product over dy padded by the filter size minus the padding, with
+// the filter flipped and its channels swapped.
 
 // gridPixels is about how many grid pixels one shifted product covers.
 const gridPixels = 16384
@@ -260,15 +264,30 @@ func shiftable(p kernels.ConvParams) bool {
 	return p.StrideH == 1 && p.StrideW == 1 && p.PadH < p.R && p.PadW < p.S
 }
 
-// grid is the layout of a chunk of k images, each padded into an hp×wp
-// slot, channel-major: channel c of image i at rows c·k·hp + i·hp.
-type grid struct{ k, hp, wp int }
+// grid is the layout of a chunk of k images of hs×ws pixels a channel,
+// padded by padH and padW: image i's pixel (y, x) of channel c at
+// c·plane + origin + (i·hp + y)·wp + x, with hp = hs + padH, wp = ws + padW
+// and origin = padH·wp + padW.
+type grid struct{ k, hs, ws, hp, wp, origin int }
+
+// newGrid is the grid of k images of hs×ws padded by padH, padW.
+func newGrid(k, hs, ws, padH, padW int) grid {
+	wp := ws + padW
+	return grid{k: k, hs: hs, ws: ws, hp: hs + padH, wp: wp, origin: padH*wp + padW}
+}
+
+// outputs is the grid of a convolution's output (oh×ow a channel) over g:
+// output pixel (y, x) of image i at (i·hp + y)·wp + x, where the product
+// over g computes it.
+func (g grid) outputs(oh, ow int) grid {
+	return grid{k: g.k, hs: oh, ws: ow, hp: g.hp, wp: g.wp}
+}
 
 // plane is the size of one channel of the grid.
-func (g grid) plane() int { return g.k * g.hp * g.wp }
+func (g grid) plane() int { return g.origin + g.k*g.hp*g.wp }
 
 // cols is how many grid pixels a product runs over: up to the last output
-// pixel of an oh×ow output starting at each slot's corner.
+// pixel of an oh×ow output at each slot's corner.
 func (g grid) cols(oh, ow int) int { return (g.k-1)*g.hp*g.wp + (oh-1)*g.wp + ow }
 
 // taps sets offs[t] to tap t = (c, r, s)'s shift in the grid, for an r×s
@@ -280,36 +299,40 @@ func (g grid) taps(offs []int, r, s int) {
 	}
 }
 
-// fill writes images n0..n0+k of src (ch×hs×ws each) into dst at row top,
-// column left of each slot, zero elsewhere.
-// F16 images are converted a whole plane at a time (one long conversion
-// rather than one per short row).
-func (g grid) fill(dst []float32, src values, n0, ch, hs, ws, top, left int) {
-	clear(dst)
+// fill writes images n0..n0+k of src (ch channels each) into dst, zero
+// elsewhere, and zeroes dst past the last channel. Only the padding is
+// cleared; F16 images are converted a whole plane at a time (one long
+// conversion rather than one per short row).
+func (g grid) fill(dst []float32, src values, n0, ch int) {
+	clear(dst[ch*g.plane():])
 	parallel(ch, 1, func(lo, hi int) {
-		buf := getScratch(hs * ws)
+		buf := getScratch(g.hs * g.ws)
 		defer putScratch(buf)
 		for c := lo; c < hi; c++ {
+			base := c * g.plane()
+			clear(dst[base : base+g.origin])
 			for i := 0; i < g.k; i++ {
-				plane := src.span(((n0+i)*ch+c)*hs*ws, hs*ws, buf)
-				base := c*g.plane() + (i*g.hp+top)*g.wp + left
-				for y := 0; y < hs; y++ {
-					copy(dst[base+y*g.wp:][:ws], plane[y*ws:])
+				plane := src.span(((n0+i)*ch+c)*g.hs*g.ws, g.hs*g.ws, buf)
+				slot := dst[base+g.origin+i*g.hp*g.wp:][:g.hp*g.wp]
+				for y := 0; y < g.hs; y++ {
+					row := slot[y*g.wp : (y+1)*g.wp]
+					copy(row, plane[y*g.ws:(y+1)*g.ws])
+					clear(row[g.ws:])
 				}
+				clear(slot[g.hs*g.wp:])
 			}
 		}
 	})
 }
 
-// imagesPerGrid is how many images one product over hp×wp slots covers.
-func imagesPerGrid(n, hp, wp int) int { return max(1, min(n, gridPixels/(hp*wp))) }
+// imagesPerGrid is how many images one product over g's slots covers.
+func imagesPerGrid(n int, g grid) int { return max(1, min(n, gridPixels/(g.hp*g.wp))) }
 
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×hs×ws
 // padded by padH, padW) for a stride-1 r×s filter, OH = hs + 2·padH − r + 1.
 func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []float32, src, dst values) {
-	hp, wp := hs+2*padH, ws+2*padW
-	oh, ow := hp-r+1, wp-s+1
-	nb := imagesPerGrid(n, hp, wp)
+	oh, ow := hs+2*padH-r+1, ws+2*padW-s+1
+	nb := imagesPerGrid(n, newGrid(1, hs, ws, padH, padW))
 	offs := make([]int, cin*r*s)
 	var xg, out []float32
 	defer func() {
@@ -317,11 +340,11 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []floa
 		putScratch(out)
 	}()
 	for n0 := 0; n0 < n; n0 += nb {
-		g := grid{k: min(nb, n-n0), hp: hp, wp: wp}
+		g := newGrid(min(nb, n-n0), hs, ws, padH, padW)
 		cols := g.cols(oh, ow)
 		g.taps(offs, r, s)
 		xg = growScratch(xg, max(cin*g.plane(), offs[len(offs)-1]+c.mm.WindowLen(cols)))
-		g.fill(xg, src, n0, cin, hs, ws, padH, padW)
+		g.fill(xg, src, n0, cin)
 		out = growScratch(out, m*cols)
 		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
 			sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
@@ -332,9 +355,9 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []floa
 				for i := 0; i < g.k; i++ {
 					plane := ((n0+i)*m + ch) * oh * ow
 					t := dst.target(plane, oh*ow, buf)
-					base := ch*cols + i*hp*wp
+					base := ch*cols + i*g.hp*g.wp
 					for y := 0; y < oh; y++ {
-						copy(t[y*ow:(y+1)*ow], out[base+y*wp:])
+						copy(t[y*ow:(y+1)*ow], out[base+y*g.wp:])
 					}
 					dst.commit(plane, t)
 				}
@@ -344,14 +367,13 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []floa
 }
 
 // shiftFilterGrad computes a stride-1 convolution's filter gradient over
-// the grid: dw[k][t] = Σⱼ dy_grid[k][j] · x_grid[j + offs[t]], dy placed at
-// each slot's corner (zero elsewhere, so pixels without an output add
-// nothing), one product of rows read in place (sgemm.GemmRows) per chunk of
-// images.
+// the grid: dw[k][t] = Σⱼ dy_grid[k][j] · x_grid[j + offs[t]], dy laid out
+// where the forward product computes it (zero elsewhere, so pixels without
+// an output add nothing), one product of rows read in place
+// (sgemm.GemmRows) per chunk of images.
 func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []float32) {
-	hp, wp := p.H+2*p.PadH, p.W+2*p.PadW
 	oh, ow := p.OutH(), p.OutW()
-	nb := imagesPerGrid(p.N, hp, wp)
+	nb := imagesPerGrid(p.N, newGrid(1, p.H, p.W, p.PadH, p.PadW))
 	offs := make([]int, p.C*p.R*p.S)
 	rowsOfDY := make([]int, p.K)
 	var xg, dyg []float32
@@ -360,16 +382,17 @@ func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []fl
 		putScratch(dyg)
 	}()
 	for n0 := 0; n0 < p.N; n0 += nb {
-		g := grid{k: min(nb, p.N-n0), hp: hp, wp: wp}
+		g := newGrid(min(nb, p.N-n0), p.H, p.W, p.PadH, p.PadW)
+		gy := g.outputs(oh, ow)
 		cols := g.cols(oh, ow)
 		g.taps(offs, p.R, p.S)
 		for k := range rowsOfDY {
-			rowsOfDY[k] = k * g.plane()
+			rowsOfDY[k] = k * gy.plane()
 		}
 		xg = growScratch(xg, max(p.C*g.plane(), offs[len(offs)-1]+cols))
-		g.fill(xg, xs, n0, p.C, p.H, p.W, p.PadH, p.PadW)
-		dyg = growScratch(dyg, p.K*g.plane())
-		g.fill(dyg, dys, n0, p.K, oh, ow, 0, 0)
+		g.fill(xg, xs, n0, p.C)
+		dyg = growScratch(dyg, p.K*gy.plane())
+		gy.fill(dyg, dys, n0, p.K)
 		beta := float32(1)
 		if n0 == 0 {
 			beta = 0
