@@ -271,9 +271,16 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 	}
 	threads = max(1, min(threads, m*n*k/minFlopsPerThread))
 	kern := mu.k
-	// Split the larger dimension, in whole tiles, over the goroutines.
+	// Split one dimension, in whole tiles, over the goroutines. Each packs
+	// the operand along the other whole: split the one that leaves each
+	// goroutine the least packing. A Shifted B is not packed, but every
+	// goroutine reading all of it doubles its traffic: split its columns.
 	tilesM, tilesN := ceil(m, kern.mr), ceil(n, kern.nr)
 	splitN := tilesN >= tilesM
+	if sh == nil && threads > 1 && min(tilesM, tilesN) >= threads {
+		t := float64(threads)
+		splitN = float64(m*k)+float64(k*n)/t <= float64(m*k)/t+float64(k*n)
+	}
 	tiles := tilesM
 	if splitN {
 		tiles = tilesN
