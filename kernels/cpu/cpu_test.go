@@ -515,6 +515,19 @@ func TestElementwiseAndReduce(t *testing.T) {
 		want[i] = xv[i] * bv[i/5%4]
 	}
 	check(t, "broadcast mul", y, want, 1e-6)
+	// (3, 4, 5) + (5): a bias on every row; (3, 4, 5) − (3, 4, 1).
+	bias, biasv := randBuf(t, rng, 5)
+	be.Binary(kernels.Add, y, x, bias, kernels.NewBroadcast([]int{3, 4, 5}, []int{3, 4, 5}, []int{5}))
+	for i := range want {
+		want[i] = xv[i] + biasv[i%5]
+	}
+	check(t, "broadcast add", y, want, 1e-6)
+	col, colv := randBuf(t, rng, 12)
+	be.Binary(kernels.Sub, y, x, col, kernels.NewBroadcast([]int{3, 4, 5}, []int{3, 4, 5}, []int{3, 4, 1}))
+	for i := range want {
+		want[i] = xv[i] - colv[i/5]
+	}
+	check(t, "broadcast sub", y, want, 1e-6)
 
 	// Same shapes, every op.
 	z, zv := randBuf(t, rng, 60)

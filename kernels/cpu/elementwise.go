@@ -215,11 +215,27 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	parallel(rows, max(1, elemGrain/rowLen), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			oa, ob := bc.Offsets(r * rowLen)
-			y := ys[r*rowLen : (r+1)*rowLen]
-			for j := range y {
-				y[j] = f(as[oa+j*sa], bs[ob+j*sb])
-			}
+			binaryRow(op, f, ys[r*rowLen:(r+1)*rowLen], as, oa, sa, bs, ob, sb)
 		}
 	})
 	done()
+}
+
+// binaryRow computes y[j] = a[oa+j·sa] op b[ob+j·sb]: one loop per common
+// op, without a call per element (a bias added to every row of a batch).
+func binaryRow(op kernels.BinaryOp, f func(x, y float32) float32, y, a []float32, oa, sa int, b []float32, ob, sb int) {
+	switch op {
+	case kernels.Add:
+		for j := range y {
+			y[j] = a[oa+j*sa] + b[ob+j*sb]
+		}
+	case kernels.Mul:
+		for j := range y {
+			y[j] = a[oa+j*sa] * b[ob+j*sb]
+		}
+	default:
+		for j := range y {
+			y[j] = f(a[oa+j*sa], b[ob+j*sb])
+		}
+	}
 }

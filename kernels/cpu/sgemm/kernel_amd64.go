@@ -19,6 +19,9 @@ func kernel6x16s(kc int, a, b *float32, offs *int, c *float32, ldc int, add bool
 //go:noescape
 func dot4x6(steps int, a *float32, aoffs *[4]int, b *float32, boffs *[6]int, out *[24]float32)
 
+//go:noescape
+func transpose8x8(dst *float32, ldd int, src *float32, at *[8]int, n int)
+
 func fmaLoop512(n int)
 
 func fmaLoop256(n int)
@@ -35,4 +38,26 @@ func archKernels() []*microkernel {
 		ks = append(ks, &microkernel{name: "avx2", mr: 6, nr: 16, run: kernel6x16, shifted: kernel6x16s, peak: fmaLoop256, peakFlops: 12 * 8 * 2})
 	}
 	return ks
+}
+
+// hasAVX2 turns on the assembly transpose in packing.
+var hasAVX2 = cpu.X86.HasAVX2
+
+// transposeVec packs the first multiple of eight of kc values of eight rows
+// (see transpose8) with AVX, returning how many.
+func transposeVec(panel []float32, r, w int, src []float32, at []int, kc int) int {
+	n := kc &^ 7
+	if !hasAVX2 || n == 0 {
+		return 0
+	}
+	var rows [8]int
+	for i := range rows {
+		if at[i]+n > len(src) {
+			panic("sgemm: transpose past the end of its rows")
+		}
+		rows[i] = at[i]
+	}
+	_ = panel[(n-1)*w+r+7] // the last block's last store
+	transpose8x8(&panel[r], w, &src[0], &rows, n)
+	return n
 }

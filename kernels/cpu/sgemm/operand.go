@@ -138,7 +138,7 @@ func transpose8(panel []float32, r, w int, src []float32, at []int, kc int) {
 	s2, s3 := src[at[2]:][:kc], src[at[3]:][:kc]
 	s4, s5 := src[at[4]:][:kc], src[at[5]:][:kc]
 	s6, s7 := src[at[6]:][:kc], src[at[7]:][:kc]
-	for p := range s0 {
+	for p := transposeVec(panel, r, w, src, at, kc); p < kc; p++ {
 		d := panel[p*w+r : p*w+r+8 : p*w+r+8]
 		d[0], d[1], d[2], d[3] = s0[p], s1[p], s2[p], s3[p]
 		d[4], d[5], d[6], d[7] = s4[p], s5[p], s6[p], s7[p]
