@@ -134,14 +134,15 @@ func (c *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	inv := 1 / f32s(scale)[0]
 	for _, gb := range grads {
 		g := f32s(gb)
-		bad := false
-		for i := range g {
-			g[i] *= inv
-			if math.IsInf(float64(g[i]), 0) || math.IsNaN(float64(g[i])) {
-				bad = true
-			}
+		// v·0 is 0 for every finite v and NaN for ±Inf and NaN: one
+		// multiply-and-accumulate an element, no branch, no conversion.
+		var poison float32
+		for i, v := range g {
+			v *= inv
+			g[i] = v
+			poison += v * 0
 		}
-		if bad {
+		if poison != poison { // NaN
 			f[0] = 1
 		}
 	}
