@@ -7,7 +7,7 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-const elemGrain = 1 << 14
+const elemGrain = 1 << 16
 
 func unaryFunc(op kernels.UnaryOp) func(float32) float32 {
 	switch op {
