@@ -17,7 +17,9 @@ import (
 //
 // with L = OH·OW. dy and y are N×K×L in memory, K × N·L only as operands
 // (planes); products whose C is K × N·L are computed a chunk of images at a
-// time into scratch and copied out.
+// time into scratch and copied out. That is the path of strided
+// convolutions; stride-1 ones (most of a ResNet) read a padded grid of the
+// images in place instead, forward and backward (see shiftable below).
 
 // chunkColumns is about how many output pixels a chunk of images spans: wide
 // enough for full tiles and for every core, small enough to keep the scratch
