@@ -240,7 +240,11 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	}
 	if o.pytorch != "" {
 		dev.Allocator().EmptyCache()
-		if err := runPyTorch(o, dev.Name() == "cpu", specs, rep, stderr); err != nil {
+		if err := exec.Command(o.python, "-c", "import torch").Run(); err != nil {
+			note := fmt.Sprintf("No PyTorch reference: %s -c 'import torch' failed (%v).", o.python, err)
+			fmt.Fprintln(stderr, note)
+			rep.Notes = append(rep.Notes, note)
+		} else if err := runPyTorch(o, dev.Name() == "cpu", specs, rep, stderr); err != nil {
 			return err
 		}
 	}

@@ -44,3 +44,28 @@ func TestBenchCommandOnCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchWithoutPyTorch: an interpreter without torch is a note in the
+// report, not a failed run; on the CPU the report carries the SGEMM figures.
+func TestBenchWithoutPyTorch(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "ref.py")
+	if err := os.WriteFile(script, []byte("raise SystemExit('must not run')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := run([]string{"-device", "cpu", "-specs", "mlp:4", "-configs", "fp32", "-steps", "1", "-warmup", "0",
+		"-pytorch", script, "-python", "false", "-claims=false", "-out", dir}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"No PyTorch reference: false -c 'import torch' failed", "SGEMM 1024×1024×1024 on 1 thread(s)", "FMA peak"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("bench.json lacks %q", want)
+		}
+	}
+}
