@@ -97,7 +97,11 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.Commit != "" {
 		fmt.Fprintf(w, ", leangrad at %s", r.Commit)
 	}
-	if r.PyTorch != "" {
+	switch {
+	case r.PyTorch == "":
+	case strings.HasPrefix(r.Device, "cpu"):
+		fmt.Fprintf(w, ", beside PyTorch %s eager on the same CPU cores (its CPU allocator reports no peaks)", r.PyTorch)
+	default:
 		fmt.Fprintf(w, ", beside PyTorch %s on the same GPU: eager, and torch.compile(mode=\"reduce-overhead\") (Inductor with CUDA graphs); "+
 			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not), as leangrad's default", r.PyTorch)
 	}
@@ -113,7 +117,7 @@ func (r *Report) Markdown(w io.Writer) {
 		p, pok := by[enginePyTorch][k]
 		c, cok := by[engineCompile][k]
 		palloc := "–"
-		if pok {
+		if pok && p.PeakAllocated > 0 {
 			palloc = fmt.Sprintf("%.1f MiB", mib(p.PeakAllocated))
 		}
 		launches := "–"

@@ -1,8 +1,9 @@
 // Command bench runs leangrad's benchmark harness: every model, batch size
 // and memory configuration on one device (on a GPU both the captured step
 // the trainer runs and the eager one), the seed-claims suite, and PyTorch's
-// reference script on the same GPU (eager, and torch.compile for
-// -compile-configs), then writes bench.json, bench.md (the side-by-side
+// reference script on the same device (on a GPU eager and torch.compile for
+// -compile-configs; on the CPU eager, with as many threads as leangrad's
+// goroutines, after the SGEMM figures), then writes bench.json, bench.md (the side-by-side
 // table with leangrad/PyTorch ratios) and PNG plots (step time, peak
 // memory, and a memory timeline of one step per configuration) into -out.
 //
