@@ -6,11 +6,66 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-// segments calls f with each image's HW values of channel ch of an N×C×HW
-// array, and their offset.
-func segments(p kernels.BNParams, ch int, f func(off int)) {
-	for n := 0; n < p.N; n++ {
-		f((n*p.C + ch) * p.HW)
+// channelPlanes sets dst[n] to image n's HW values of channel ch of an
+// N×C×HW array v, as float32: in place for F32; for F16 converted once into
+// buf (N·HW values), so that a normalisation's passes over the channel read
+// float32 from cache; nil for no values.
+func channelPlanes(v values, p kernels.BNParams, ch int, buf []float32, dst [][]float32) [][]float32 {
+	if v.f32 == nil && v.f16 == nil {
+		return nil
+	}
+	for n := range dst {
+		dst[n] = v.span((n*p.C+ch)*p.HW, p.HW, buf[n*p.HW:])
+	}
+	return dst
+}
+
+// channelTargets is channelPlanes for values about to be written: in place
+// for F32, buf for F16 (then commitChannel rounds them in).
+func channelTargets(v values, p kernels.BNParams, ch int, buf []float32, dst [][]float32) [][]float32 {
+	if v.f32 == nil && v.f16 == nil {
+		return nil
+	}
+	for n := range dst {
+		dst[n] = v.target((n*p.C+ch)*p.HW, p.HW, buf[n*p.HW:])
+	}
+	return dst
+}
+
+// commitChannel stores what channelTargets returned.
+func commitChannel(v values, p kernels.BNParams, ch int, planes [][]float32) {
+	for n, t := range planes {
+		v.commit((n*p.C+ch)*p.HW, t)
+	}
+}
+
+// plane is planes[n], or nil without planes.
+func plane(planes [][]float32, n int) []float32 {
+	if planes == nil {
+		return nil
+	}
+	return planes[n]
+}
+
+// channelBufs are one goroutine's scratch for the channels of a
+// normalisation: k buffers of N·HW values and their plane slices.
+type channelBufs struct {
+	buf    [][]float32
+	planes [][][]float32
+}
+
+func newChannelBufs(p kernels.BNParams, k int) channelBufs {
+	cb := channelBufs{buf: make([][]float32, k), planes: make([][][]float32, k)}
+	for i := range cb.buf {
+		cb.buf[i] = getScratch(p.N * p.HW)
+		cb.planes[i] = make([][]float32, p.N)
+	}
+	return cb
+}
+
+func (cb channelBufs) release() {
+	for _, b := range cb.buf {
+		putScratch(b)
 	}
 }
 
@@ -115,25 +170,6 @@ func bnApply(dx, dy, y, x []float32, a, b, c float32) {
 	}
 }
 
-// planeBufs are one goroutine's planes of float32 for F16 values read or
-// written a plane at a time.
-type planeBufs struct{ buf [][]float32 }
-
-// newPlanes returns k scratch planes of n values.
-func newPlanes(n, k int) planeBufs {
-	pl := planeBufs{buf: make([][]float32, k)}
-	for i := range pl.buf {
-		pl.buf[i] = getScratch(n)
-	}
-	return pl
-}
-
-func (pl planeBufs) release() {
-	for _, b := range pl.buf {
-		putScratch(b)
-	}
-}
-
 // BatchNormTrain normalises with batch statistics (two passes, summed in
 // float64), adds the residual, applies the ReLU and updates the running
 // statistics (the variance unbiased) in place.
@@ -148,24 +184,30 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	sm, sis := f32s(saveMean), f32s(saveInvStd)
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
-		pl := newPlanes(p.HW, 3)
-		defer pl.release()
+		cb := newChannelBufs(p, 3)
+		defer cb.release()
 		for ch := lo; ch < hi; ch++ {
+			xs := channelPlanes(xv, p, ch, cb.buf[0], cb.planes[0])
+			res := channelPlanes(resv, p, ch, cb.buf[1], cb.planes[1])
 			var sum float64
-			segments(p, ch, func(off int) { sum += sum32(xv.span(off, p.HW, pl.buf[0])) })
+			for _, x := range xs {
+				sum += sum32(x)
+			}
 			mean := sum / m
 			var sq float64
 			mean32 := float32(mean)
-			segments(p, ch, func(off int) { sq += sumSqDev(xv.span(off, p.HW, pl.buf[0]), mean32) })
+			for _, x := range xs {
+				sq += sumSqDev(x, mean32)
+			}
 			variance := sq / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := float32(float64(bs[ch]) - mean*float64(gs[ch])*invStd)
-			segments(p, ch, func(off int) {
-				out := yv.target(off, p.HW, pl.buf[2])
-				affineAct(out, xv.span(off, p.HW, pl.buf[0]), resv.span(off, p.HW, pl.buf[1]), scale, shift, p.ReLU)
-				yv.commit(off, out)
-			})
+			ys := channelTargets(yv, p, ch, cb.buf[2], cb.planes[2])
+			for n, x := range xs {
+				affineAct(ys[n], x, plane(res, n), scale, shift, p.ReLU)
+			}
+			commitChannel(yv, p, ch, ys)
 			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
 			if m > 1 {
@@ -189,17 +231,19 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
 	gs, bs, rm, rv := in(gamma), in(beta), in(runMean), in(runVar)
 	parallel(p.C, 1, func(lo, hi int) {
-		pl := newPlanes(p.HW, 3)
-		defer pl.release()
+		cb := newChannelBufs(p, 3)
+		defer cb.release()
 		for ch := lo; ch < hi; ch++ {
 			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := bs[ch] - rm[ch]*scale
-			segments(p, ch, func(off int) {
-				out := yv.target(off, p.HW, pl.buf[2])
-				affineAct(out, xv.span(off, p.HW, pl.buf[0]), resv.span(off, p.HW, pl.buf[1]), scale, shift, p.ReLU)
-				yv.commit(off, out)
-			})
+			xs := channelPlanes(xv, p, ch, cb.buf[0], cb.planes[0])
+			res := channelPlanes(resv, p, ch, cb.buf[1], cb.planes[1])
+			ys := channelTargets(yv, p, ch, cb.buf[2], cb.planes[2])
+			for n, x := range xs {
+				affineAct(ys[n], x, plane(res, n), scale, shift, p.ReLU)
+			}
+			commitChannel(yv, p, ch, ys)
 		}
 	})
 }
@@ -219,36 +263,39 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 		yv = valuesOf(y)
 	}
 	xv, dyv, dxv, drv := valuesOf(x), valuesOf(dy), valuesOf(dx), optValuesOf(dresidual)
-	gs, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
+	gamma32, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
 	dgs, doneG := out(dgamma)
 	dbs, doneB := out(dbeta)
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
-		pl := newPlanes(p.HW, 5)
-		defer pl.release()
+		cb := newChannelBufs(p, 5)
+		defer cb.release()
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
+			dys := channelPlanes(dyv, p, ch, cb.buf[0], cb.planes[0])
+			ys := channelPlanes(yv, p, ch, cb.buf[1], cb.planes[1])
+			xs := channelPlanes(xv, p, ch, cb.buf[2], cb.planes[2])
+			gs := channelTargets(drv, p, ch, cb.buf[3], cb.planes[3])
 			var db, dxm float64
-			segments(p, ch, func(off int) {
-				g := drv.target(off, p.HW, pl.buf[3])
-				sb, sx := bnGrad(dyv.span(off, p.HW, pl.buf[0]), yv.span(off, p.HW, pl.buf[1]), xv.span(off, p.HW, pl.buf[2]), mean32, g)
-				drv.commit(off, g)
+			for n, dy := range dys {
+				sb, sx := bnGrad(dy, plane(ys, n), xs[n], mean32, plane(gs, n))
 				db += sb
 				dxm += sx
-			})
+			}
+			commitChannel(drv, p, ch, gs)
 			dg := dxm * invStd
 			dbs[ch], dgs[ch] = float32(db), float32(dg)
 			// dx = k·(g − db/M − x̂·dg/M) = a·g + b·x + c
-			k := float64(gs[ch]) * invStd
+			k := float64(gamma32[ch]) * invStd
 			a := float32(k)
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
-			segments(p, ch, func(off int) {
-				d := dxv.target(off, p.HW, pl.buf[4])
-				bnApply(d, dyv.span(off, p.HW, pl.buf[0]), yv.span(off, p.HW, pl.buf[1]), xv.span(off, p.HW, pl.buf[2]), a, bx, c)
-				dxv.commit(off, d)
-			})
+			dxs := channelTargets(dxv, p, ch, cb.buf[4], cb.planes[4])
+			for n, dy := range dys {
+				bnApply(dxs[n], dy, plane(ys, n), xs[n], a, bx, c)
+			}
+			commitChannel(dxv, p, ch, dxs)
 		}
 	})
 	doneG()
