@@ -118,6 +118,8 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	parallel(len(dxs), elemGrain, func(lo, hi int) {
 		if op == kernels.ReLU && len(ys) > 0 { // the common one, without a call per element
 			d, g, y := dxs[lo:hi], dys[lo:hi], ys[lo:hi]
+			n := reluGradVec(d, g, y)
+			d, g, y = d[n:], g[n:], y[n:]
 			for i, v := range g {
 				// A mask rather than a branch: the signs are random, and a
 				// mispredicted branch costs more than the rest of the loop.

@@ -27,8 +27,11 @@ func bnApply16(dx, dy, y, x *float32, n int, a, b, c float32)
 //go:noescape
 func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nesterov bool)
 
-// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s) and SGD
-// update (optim_amd64.s).
+//go:noescape
+func reluGrad16(dx, dy, y *float32, n int)
+
+// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s), SGD
+// update (optim_amd64.s) and ReLU gradient (elementwise_amd64.s).
 var hasAVX512 = cpu.X86.HasAVX512F
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
@@ -106,6 +109,16 @@ func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int {
 	n := vecLen(len(p))
 	if n > 0 {
 		sgdMomentum16(ptr(p), ptr(g[:n]), ptr(buf[:n]), n, lr, hp.WeightDecay, hp.Momentum, 1-hp.Dampening, hp.Nesterov)
+	}
+	return n
+}
+
+// reluGradVec writes the leading values of ReLU's gradient (dy where y > 0),
+// returning how many.
+func reluGradVec(dx, dy, y []float32) int {
+	n := vecLen(len(dx))
+	if n > 0 {
+		reluGrad16(ptr(dx), ptr(dy[:n]), ptr(y[:n]), n)
 	}
 	return n
 }
