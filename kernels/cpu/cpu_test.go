@@ -477,6 +477,15 @@ func TestElementwiseAndReduce(t *testing.T) {
 		be.Unary(op, y, x)
 		check(t, op.String(), y, want, 1e-6)
 	}
+	// ReLU passes NaN through (as PyTorch does), on the vector path and the tail.
+	nan := buf(t, kernels.F32, 40)
+	be.Fill(nan, -1)
+	f32s(nan)[3], f32s(nan)[37] = float32(math.NaN()), float32(math.NaN())
+	relu := buf(t, kernels.F32, 40)
+	be.Unary(kernels.ReLU, relu, nan)
+	if r := f32s(relu); !math.IsNaN(float64(r[3])) || !math.IsNaN(float64(r[37])) || r[0] != 0 {
+		t.Errorf("relu of NaN and -1: %v %v %v", r[3], r[37], r[0])
+	}
 	// (3, 4, 5) reduced along each axis.
 	for axis, r := range []kernels.Reduction{{Outer: 1, Len: 3, Inner: 20}, {Outer: 3, Len: 4, Inner: 5}, {Outer: 12, Len: 5, Inner: 1}} {
 		for _, op := range []kernels.ReduceOp{kernels.Sum, kernels.Mean, kernels.Max} {

@@ -85,6 +85,8 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	parallel(len(ys), elemGrain, func(lo, hi int) {
 		y, x := ys[lo:hi], xs[lo:hi]
 		if op == kernels.ReLU { // the common one, without a call per element
+			n := reluVec(y, x)
+			y, x = y[n:], x[n:]
 			for i, v := range x {
 				y[i] = max(v, 0)
 			}

@@ -63,3 +63,19 @@ func TestFloatToHalfRounding(t *testing.T) {
 }
 
 func isNaN32(v float32) bool { return v != v }
+
+// TestAffineReLUPassesNaN: the fused normalisation output keeps a NaN
+// through its ReLU on the vector path and the tail, as the Go loop and
+// PyTorch do, so a diverging step stays visible.
+func TestAffineReLUPassesNaN(t *testing.T) {
+	x := make([]float32, 37)
+	for i := range x {
+		x[i] = -1
+	}
+	x[2], x[35] = float32(math.NaN()), float32(math.NaN())
+	y := make([]float32, len(x))
+	affineAct(y, x, nil, 2, 0.5, true)
+	if !isNaN32(y[2]) || !isNaN32(y[35]) || y[0] != 0 {
+		t.Errorf("y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", y[2], y[35], y[0])
+	}
+}

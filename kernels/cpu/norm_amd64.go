@@ -30,6 +30,9 @@ func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nest
 //go:noescape
 func reluGrad16(dx, dy, y *float32, n int)
 
+//go:noescape
+func relu16(y, x *float32, n int)
+
 // hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s), SGD
 // update (optim_amd64.s) and ReLU gradient (elementwise_amd64.s).
 var hasAVX512 = cpu.X86.HasAVX512F
@@ -119,6 +122,15 @@ func reluGradVec(dx, dy, y []float32) int {
 	n := vecLen(len(dx))
 	if n > 0 {
 		reluGrad16(ptr(dx), ptr(dy[:n]), ptr(y[:n]), n)
+	}
+	return n
+}
+
+// reluVec writes the leading values of max(x, 0), returning how many.
+func reluVec(y, x []float32) int {
+	n := vecLen(len(x))
+	if n > 0 {
+		relu16(ptr(y[:n]), ptr(x), n)
 	}
 	return n
 }

@@ -100,7 +100,7 @@ affloop:
 affnores:
 	TESTQ AX, AX
 	JZ affstore
-	VMAXPS Z3, Z0, Z0
+	VMAXPS Z0, Z3, Z0
 affstore:
 	VMOVUPS Z0, (DI)
 	ADDQ $64, SI

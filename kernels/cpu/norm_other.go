@@ -18,3 +18,5 @@ func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int { return 0 }
 func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int { return 0 }
 
 func reluGradVec(dx, dy, y []float32) int { return 0 }
+
+func reluVec(y, x []float32) int { return 0 }

@@ -14,6 +14,31 @@ func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 	defer doneX()
 	ys, done := out(dst)
 	parallel(r.Outer*r.Inner, max(1, elemGrain/r.Len), func(lo, hi int) {
+		if (op == kernels.Sum || op == kernels.Mean) && r.Inner > 1 {
+			// Rows at a time: outputs [o, o+n) of one outer index are
+			// contiguous in every row, so the sums run along memory and
+			// do not wait on each other.
+			acc := make([]float64, min(hi-lo, r.Inner))
+			for o := lo; o < hi; {
+				outer, in := o/r.Inner, o%r.Inner
+				n := min(hi-o, r.Inner-in)
+				a := acc[:n]
+				clear(a)
+				for j := 0; j < r.Len; j++ {
+					for i, v := range xs[(outer*r.Len+j)*r.Inner+in:][:n] {
+						a[i] += float64(v)
+					}
+				}
+				for i, v := range a {
+					if op == kernels.Mean {
+						v /= float64(r.Len)
+					}
+					ys[o+i] = float32(v)
+				}
+				o += n
+			}
+			return
+		}
 		for o := lo; o < hi; o++ {
 			base := o/r.Inner*r.Len*r.Inner + o%r.Inner
 			switch op {
