@@ -131,10 +131,15 @@ func in(b kernels.Buf) []float32 {
 	panic(fmt.Sprintf("cpu: unknown dtype %v", b.DType))
 }
 
+// convertGrain is the fewest values a goroutine converts between F16 and
+// float32: the conversions run at memory speed, and waking a second core
+// costs more than it saves below this.
+const convertGrain = 1 << 18
+
 // halfInto converts F16 values into float32.
 func halfInto(dst []float32, h []uint16) {
 	table := halfTable()
-	parallel(len(h), 1<<14, func(lo, hi int) {
+	parallel(len(h), convertGrain, func(lo, hi int) {
 		for i := lo + convertHalf(dst[lo:hi], h[lo:hi]); i < hi; i++ {
 			dst[i] = table[h[i]]
 		}
@@ -182,7 +187,7 @@ var halfTable = sync.OnceValue(func() *[1 << 16]float32 {
 })
 
 func storeF16(dst []uint16, src []float32) {
-	parallel(len(src), 1<<14, func(lo, hi int) {
+	parallel(len(src), convertGrain, func(lo, hi int) {
 		for i := lo + convertFloat(dst[lo:hi], src[lo:hi]); i < hi; i++ {
 			dst[i] = float16.Fromfloat32(src[i]).Bits()
 		}
