@@ -2,6 +2,14 @@
 
 #include "textflag.h"
 
+// HSUM leaves the sum of z's sixteen lanes in its lowest (AVX-512F
+// shuffles only), with tmp as scratch.
+#define HSUM(z, tmp) \
+	VSHUFF32X4 $0x4E, z, z, tmp; VADDPS tmp, z, z \
+	VSHUFF32X4 $0xB1, z, z, tmp; VADDPS tmp, z, z \
+	VPERMILPS $0x4E, z, tmp; VADDPS tmp, z, z \
+	VPERMILPS $0xB1, z, tmp; VADDPS tmp, z, z
+
 // The batch-norm passes over one image's plane of a channel, sixteen
 // values an instruction (AVX-512F). n is a multiple of 16; the Go callers
 // (norm.go) do the tail and run the same loops in Go on other CPUs.
@@ -26,14 +34,7 @@ sumloop:
 	JNZ sumloop
 sumdone:
 	VADDPS Z1, Z0, Z0
-	VSHUFF32X4 $0x4E, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VSHUFF32X4 $0xB1, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0x4E, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0xB1, Z0, Z31
-	VADDPS Z31, Z0, Z0
+	HSUM(Z0, Z31)
 	VMOVSS X0, ret+16(FP)
 	VZEROUPPER
 	RET
@@ -63,14 +64,7 @@ sqloop:
 	JNZ sqloop
 sqdone:
 	VADDPS Z1, Z0, Z0
-	VSHUFF32X4 $0x4E, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VSHUFF32X4 $0xB1, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0x4E, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0xB1, Z0, Z31
-	VADDPS Z31, Z0, Z0
+	HSUM(Z0, Z31)
 	VMOVSS X0, ret+24(FP)
 	VZEROUPPER
 	RET
@@ -151,22 +145,8 @@ gradnostore:
 	DECQ CX
 	JNZ gradloop
 graddone:
-	VSHUFF32X4 $0x4E, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VSHUFF32X4 $0xB1, Z0, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0x4E, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VPERMILPS $0xB1, Z0, Z31
-	VADDPS Z31, Z0, Z0
-	VSHUFF32X4 $0x4E, Z1, Z1, Z31
-	VADDPS Z31, Z1, Z1
-	VSHUFF32X4 $0xB1, Z1, Z1, Z31
-	VADDPS Z31, Z1, Z1
-	VPERMILPS $0x4E, Z1, Z31
-	VADDPS Z31, Z1, Z1
-	VPERMILPS $0xB1, Z1, Z31
-	VADDPS Z31, Z1, Z1
+	HSUM(Z0, Z31)
+	HSUM(Z1, Z31)
 	VMOVSS X0, sumG+48(FP)
 	VMOVSS X1, sumGX+52(FP)
 	VZEROUPPER
