@@ -188,19 +188,25 @@ func (mu *Multiplier) GemmRows(m, n, k int, a, b Rows, beta float32, c []float32
 		return
 	}
 	checkMatrix("C", c, m, n, ldc)
+	groups := ceil(n, dotN)
+	threads := mu.goroutines(m, n, k, groups)
+	fanOut(threads, func(t int) {
+		mu.dotTiles(m, n, k, a, b, beta != 0, c, ldc, t*groups/threads*dotN, min(n, (t+1)*groups/threads*dotN))
+	})
+}
+
+// goroutines is how many goroutines a product of m×k by k×n split into at
+// most parts pieces runs on.
+func (mu *Multiplier) goroutines(m, n, k, parts int) int {
 	threads := mu.threads
 	if threads == 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
-	groups := ceil(n, dotN)
-	threads = max(1, min(threads, groups, m*n*k/minFlopsPerThread))
-	run := func(t int) {
-		mu.dotTiles(m, n, k, a, b, beta != 0, c, ldc, t*groups/threads*dotN, min(n, (t+1)*groups/threads*dotN))
-	}
-	if threads == 1 {
-		run(0)
-		return
-	}
+	return max(1, min(threads, parts, m*n*k/minFlopsPerThread))
+}
+
+// fanOut runs run(0) … run(threads−1), the first on the calling goroutine.
+func fanOut(threads int, run func(t int)) {
 	var wg sync.WaitGroup
 	for t := 1; t < threads; t++ {
 		wg.Go(func() { run(t) })
@@ -268,17 +274,13 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 	if m == 0 || n == 0 {
 		return
 	}
-	threads := mu.threads
-	if threads == 0 {
-		threads = runtime.GOMAXPROCS(0)
-	}
-	threads = max(1, min(threads, m*n*k/minFlopsPerThread))
 	kern := mu.k
 	// Split one dimension, in whole tiles, over the goroutines. Each packs
 	// the operand along the other whole: split the one that leaves each
 	// goroutine the least packing. A Shifted B is not packed, but every
 	// goroutine reading all of it doubles its traffic: split its columns.
 	tilesM, tilesN := ceil(m, kern.mr), ceil(n, kern.nr)
+	threads := mu.goroutines(m, n, k, max(tilesM, tilesN))
 	splitN := tilesN >= tilesM
 	if sh == nil && threads > 1 && min(tilesM, tilesN) >= threads {
 		t := float64(threads)
@@ -289,7 +291,7 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 		tiles = tilesN
 	}
 	threads = min(threads, tiles)
-	run := func(t int) {
+	fanOut(threads, func(t int) {
 		lo, hi := t*tiles/threads, (t+1)*tiles/threads
 		i0, i1, j0, j1 := 0, m, 0, n
 		if splitN {
@@ -305,17 +307,7 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 			scaleC(c, i0, i1, j0, j1, ldc, beta)
 		}
 		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc)
-	}
-	if threads == 1 {
-		run(0)
-		return
-	}
-	var wg sync.WaitGroup
-	for t := 1; t < threads; t++ {
-		wg.Go(func() { run(t) })
-	}
-	run(0)
-	wg.Wait()
+	})
 }
 
 func ceil(a, b int) int { return (a + b - 1) / b }
