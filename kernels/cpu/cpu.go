@@ -136,14 +136,27 @@ func in(b kernels.Buf) []float32 {
 // costs more than it saves below this.
 const convertGrain = 1 << 18
 
-// halfInto converts F16 values into float32.
+// halfInto converts F16 values into float32, over goroutines when there are
+// many.
 func halfInto(dst []float32, h []uint16) {
+	parallel(len(h), convertGrain, func(lo, hi int) { halfsToFloats(dst[lo:hi], h[lo:hi]) })
+}
+
+// halfsToFloats converts src into dst on the calling goroutine: F16C where
+// the CPU has it, the table otherwise.
+func halfsToFloats(dst []float32, src []uint16) {
 	table := halfTable()
-	parallel(len(h), convertGrain, func(lo, hi int) {
-		for i := lo + convertHalf(dst[lo:hi], h[lo:hi]); i < hi; i++ {
-			dst[i] = table[h[i]]
-		}
-	})
+	for i := convertHalf(dst, src); i < len(src); i++ {
+		dst[i] = table[src[i]]
+	}
+}
+
+// floatsToHalfs rounds src into dst on the calling goroutine: F16C where the
+// CPU has it, x448/float16 otherwise.
+func floatsToHalfs(dst []uint16, src []float32) {
+	for i := convertFloat(dst, src); i < len(src); i++ {
+		dst[i] = float16.Fromfloat32(src[i]).Bits()
+	}
 }
 
 // out returns float32 storage for b's new values and a function that stores
@@ -187,11 +200,7 @@ var halfTable = sync.OnceValue(func() *[1 << 16]float32 {
 })
 
 func storeF16(dst []uint16, src []float32) {
-	parallel(len(src), convertGrain, func(lo, hi int) {
-		for i := lo + convertFloat(dst[lo:hi], src[lo:hi]); i < hi; i++ {
-			dst[i] = float16.Fromfloat32(src[i]).Bits()
-		}
-	})
+	parallel(len(src), convertGrain, func(lo, hi int) { floatsToHalfs(dst[lo:hi], src[lo:hi]) })
 }
 
 // parallel runs f over [0, n) in contiguous chunks on up to GOMAXPROCS

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/x448/float16"
 )
 
 // Scratch (F16 operands converted to float32, padded convolution grids,
@@ -140,11 +139,7 @@ func (v values) read(dst []float32, off int) {
 		copy(dst, v.f32[off:])
 		return
 	}
-	src := v.f16[off : off+len(dst)]
-	table := halfTable()
-	for i := convertHalf(dst, src); i < len(src); i++ {
-		dst[i] = table[src[i]]
-	}
+	halfsToFloats(dst, v.f16[off:off+len(dst)])
 }
 
 // write stores src at off (rounded to F16 for an F16 buffer).
@@ -153,8 +148,5 @@ func (v values) write(off int, src []float32) {
 		copy(v.f32[off:], src)
 		return
 	}
-	dst := v.f16[off : off+len(src)]
-	for i := convertFloat(dst, src); i < len(src); i++ {
-		dst[i] = float16.Fromfloat32(src[i]).Bits()
-	}
+	floatsToHalfs(v.f16[off:off+len(src)], src)
 }
