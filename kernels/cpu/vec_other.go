@@ -4,8 +4,8 @@ package cpu
 
 import "github.com/leangrad/leangrad/kernels"
 
-// Without amd64 assembly the batch-norm passes take no values: norm.go's Go
-// loops do them all.
+// Without amd64 assembly the vector passes (batch norm, SGD, ReLU) take no
+// values: the Go loops that call them do all the work.
 
 func sumVec(x []float32) (int, float32)                                  { return 0, 0 }
 func sumSqDevVec(x []float32, mean float32) (int, float32)               { return 0, 0 }

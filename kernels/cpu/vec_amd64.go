@@ -33,8 +33,10 @@ func reluGrad16(dx, dy, y *float32, n int)
 //go:noescape
 func relu16(y, x *float32, n int)
 
-// hasAVX512 turns on the AVX-512 batch-norm passes (norm_amd64.s), SGD
-// update (optim_amd64.s) and ReLU gradient (elementwise_amd64.s).
+// hasAVX512 turns on the AVX-512 passes: batch norm (norm_amd64.s), the SGD
+// update (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
+// below runs its pass over the leading multiple of 16 values and returns
+// how many it took; the caller's Go loop does the rest.
 var hasAVX512 = cpu.X86.HasAVX512F
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
