@@ -1,6 +1,7 @@
 // Package kernels is the seam between tensors and the hardware: one Backend
 // interface through which every operation of leangrad runs, with a CPU
-// implementation (package kernels/cpu, Go and gonum) and a CUDA one (package
+// implementation (package kernels/cpu, Go with AVX assembly for its matrix
+// products and hot passes) and a CUDA one (package
 // kernels/cuda, NVRTC-compiled kernels and cuBLAS).
 //
 // A Backend works on Bufs: typed, contiguous, row-major views of memory
