@@ -13,14 +13,15 @@ import (
 // training step neither hands the garbage collector megabytes per operation
 // nor writes into pages the runtime has just returned to the OS (a
 // sync.Pool empties at every collection, and the first writes to fresh
-// pages cost more than a conversion). The lists hold at most
-// scratchPerClass slices a size: about the most that one step has in use
-// at once. Scratch lives on the Go heap, outside the tensor pool.
-const scratchPerClass = 8
+// pages cost more than a conversion). The lists keep at most scratchLimit
+// bytes; what would pass it goes to the garbage collector. Scratch lives on
+// the Go heap, outside the tensor pool.
+const scratchLimit = 64 << 20
 
 var scratch struct {
 	sync.Mutex
-	free [64][][]float32
+	free  [64][][]float32
+	bytes int // held in the lists
 }
 
 // getScratch returns n float32s of undefined contents; give them back with
@@ -35,6 +36,7 @@ func getScratch(n int) []float32 {
 	if l := scratch.free[class]; len(l) > 0 {
 		s := l[len(l)-1]
 		scratch.free[class] = l[:len(l)-1]
+		scratch.bytes -= 4 * cap(s)
 		return s[:n]
 	}
 	return make([]float32, n, 1<<class)
@@ -48,8 +50,9 @@ func putScratch(s []float32) {
 	class := bits.Len(uint(cap(s) - 1))
 	scratch.Lock()
 	defer scratch.Unlock()
-	if len(scratch.free[class]) < scratchPerClass {
+	if scratch.bytes+4*cap(s) <= scratchLimit {
 		scratch.free[class] = append(scratch.free[class], s[:cap(s)])
+		scratch.bytes += 4 * cap(s)
 	}
 }
 
