@@ -748,3 +748,19 @@ func TestAccumulateMetrics(t *testing.T) {
 	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
 	check(t, "metrics", sums, []float64{2 * 1.25 * n, 2 * float64(right)}, 0)
 }
+
+// TestAffineReLUPassesNaN: the fused normalisation output keeps a NaN
+// through its ReLU on the vector path and the tail, as the Go loop and
+// PyTorch do, so a diverging step stays visible.
+func TestAffineReLUPassesNaN(t *testing.T) {
+	x := make([]float32, 37)
+	for i := range x {
+		x[i] = -1
+	}
+	x[2], x[35] = float32(math.NaN()), float32(math.NaN())
+	y := make([]float32, len(x))
+	affineAct(y, x, nil, 2, 0.5, true)
+	if !isNaN32(y[2]) || !isNaN32(y[35]) || y[0] != 0 {
+		t.Errorf("y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", y[2], y[35], y[0])
+	}
+}
