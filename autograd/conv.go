@@ -27,7 +27,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 	sameDevice("conv2d", x, w)
 	p := kernels.ConvParams{N: xs[0], C: xs[1], H: xs[2], W: xs[3], K: ws[0], R: ws[2], S: ws[3],
 		StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
-	if p.OutH() <= 0 || p.OutW() <= 0 || stride <= 0 || pad < 0 {
+	if stride <= 0 || pad < 0 || p.OutH() <= 0 || p.OutW() <= 0 {
 		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v, stride %d, padding %d has no output", xs, ws, stride, pad))
 	}
 	be := x.Backend()

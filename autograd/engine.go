@@ -170,6 +170,8 @@ func WithGrad(g *T) Option { return func(o *backwardOptions) { o.grad = g } }
 
 // Backward computes the gradient of root with respect to every leaf tensor
 // that requires one and that root depends on, adding it to the leaf's Grad.
+// root is a scalar (a loss) unless WithGrad gives its gradient, as in
+// PyTorch. A Backward that panics (out of memory) frees the graph.
 // Each node's saved tensors are released right after its backward ran,
 // unless RetainGraph is given. Backward through a graph that an earlier
 // Backward freed panics.
@@ -178,8 +180,15 @@ func Backward(root *T, opts ...Option) {
 	for _, f := range opts {
 		f(&o)
 	}
+	if root.Released() {
+		panic("autograd: Backward of a released tensor (its last Release ran, or the scope it was made in closed: Keep it or run Backward inside the scope)")
+	}
 	if !root.RequiresGrad() {
 		panic(fmt.Sprintf("autograd: Backward of a %v %v tensor that does not require grad", root.DType(), root.Shape()))
+	}
+	if o.grad == nil && root.Numel() != 1 {
+		panic(fmt.Sprintf("autograd: Backward of a %v tensor of %d elements without WithGrad: a gradient is implied only for a scalar (a loss); pass WithGrad(g) of shape %v",
+			root.Shape(), root.Numel(), root.Shape()))
 	}
 	s := tensor.NewScope() // temporaries of the backward pass
 	defer s.Close()
@@ -207,7 +216,17 @@ func Backward(root *T, opts ...Option) {
 		n.refs++ // held until this pass has processed the node
 	}
 	pending := map[*node]*T{rootNode: g}
-	for i := len(order) - 1; i >= 0; i-- {
+	i := len(order) - 1
+	defer func() {
+		// A backward that panicked (out of memory, say) must not pin the
+		// graph: free what the nodes not yet processed saved, and drop this
+		// pass's hold on them. The pending gradients are the scope's.
+		for ; i >= 0; i-- {
+			order[i].free()
+			order[i].Release()
+		}
+	}()
+	for ; i >= 0; i-- {
 		n := order[i]
 		if g := pending[n]; g != nil {
 			delete(pending, n)

@@ -1,11 +1,13 @@
 package autograd_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -256,4 +258,70 @@ func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
 		expectPanic(t, "shapes [2 3] and [4 5] do not broadcast", func() { ag.Add(a, b) })
 		expectPanic(t, "conv2d of input [2 3] with weight [4 5]", func() { ag.Conv2d(a, b, nil, 1, 0) })
 	})
+}
+
+// Misuse panics at the call, naming what is wrong.
+func TestBackwardMisusePanics(t *testing.T) {
+	dev := testDevice()
+	rng := rand.New(rand.NewPCG(5, 1))
+	w := param(rng, normal, 2, 3)
+	defer w.Release()
+	var loss *tensor.Tensor
+	tensor.WithScope(func() {
+		y := ag.MatMul(w, ag.Scale(w, 1).View(3, 2)) // 2×2, not a scalar
+		expectPanic(t, "Backward of a [2 2] tensor of 4 elements without WithGrad", func() { ag.Backward(y) })
+		loss = ag.MeanAll(y)
+	})
+	// The scope released the loss: Backward says so, not "does not require grad".
+	expectPanic(t, "Backward of a released tensor", func() { ag.Backward(loss) })
+	tensor.WithScope(func() {
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 1, 2, 5, 5)
+		k := param(rng, normal, 3, 2, 3, 3)
+		defer k.Release()
+		expectPanic(t, "stride 0", func() { ag.Conv2d(x, k, nil, 0, 1) })
+	})
+}
+
+// A Backward that runs out of memory half way (the device is full) frees
+// the graph it did not reach and the gradients it had made: after the
+// panic, only the leaves and the gradients already accumulated are alive.
+func TestBackwardOutOfMemoryLeaksNothing(t *testing.T) {
+	src := memory.Inject(memory.NewHeapSource(), memory.Faults{})
+	dev := tensor.NewDevice(cpu.NewWithAllocator(memory.New(src, memory.Config{Device: "cpu"})))
+	leaf := func() *tensor.Tensor {
+		return tensor.Randn(dev, tensor.F32, 0, 0.1, 256, 256).Keep().SetRequiresGrad(true)
+	}
+	w1, w2 := leaf(), leaf()
+	defer w1.Release()
+	defer w2.Release()
+	base := allocated(dev)
+	// Activations of 12 MiB take segments of their own (see
+	// memory.SegmentSize), so every allocation of the backward reaches the
+	// source, and the fault can be put at each.
+	for fault := 1; ; fault++ {
+		var failed any
+		tensor.WithScope(func() {
+			x := tensor.Randn(dev, tensor.F32, 0, 1, 12288, 256)
+			loss := ag.MeanAll(ag.ReLU(ag.MatMul(ag.ReLU(ag.MatMul(x, w1)), w2)))
+			dev.Allocator().EmptyCache() // the backward's memory comes from the source
+			src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
+			defer func() { failed = recover() }()
+			ag.Backward(loss)
+		})
+		src.Set(memory.Faults{})
+		if failed == nil {
+			if fault == 1 {
+				t.Fatal("the backward allocated nothing from the source")
+			}
+			break // the backward made fewer allocations than fault
+		}
+		if err, ok := failed.(error); !ok || !errors.Is(err, memory.ErrOutOfMemory) {
+			t.Fatalf("fault at allocation %d: recovered %v, want an out-of-memory error", fault, failed)
+		}
+		w1.ZeroGrad()
+		w2.ZeroGrad()
+		if got := allocated(dev); got != base {
+			t.Errorf("fault at allocation %d of the backward: %d bytes allocated after it, %d before the step", fault, got, base)
+		}
+	}
 }

@@ -18,7 +18,9 @@ import (
 
 // Dataset is a set of labelled images held on the host as bytes.
 type Dataset struct {
-	Name       string
+	Name string
+	// Dir is the folder the dataset was read from ("" for the synthetic set).
+	Dir        string
 	Images     []uint8 // N×C×H×W, row-major
 	Labels     []int32
 	N, C, H, W int
@@ -123,10 +125,24 @@ func present(name, dir string) bool {
 	return false
 }
 
-// Open loads the named dataset's training and test sets: fashion-mnist and
-// cifar10 from the first folder of SearchPath that has them (downloading
-// Fashion-MNIST into the user cache dir first when download is set and it is
-// nowhere), synthetic generated from seed.
+// Files lists the files a folder must hold for the named dataset (IDX files
+// may also be gzipped, with .gz added).
+func Files(name string) []string {
+	switch name {
+	case FashionMNIST:
+		return []string{"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}
+	case CIFAR10:
+		return []string{"data_batch_1.bin", "...", "data_batch_5.bin", "test_batch.bin"}
+	}
+	return nil
+}
+
+// Open loads the named dataset's training and test sets: synthetic
+// generated from seed; fashion-mnist and cifar10 from dir when dir is not
+// empty (an error if it does not hold them: an explicit folder is never
+// passed over), and otherwise from the first folder of SearchPath that has
+// them, downloading Fashion-MNIST into the user cache dir first when
+// download is set and it is nowhere. The sets' Dir says where they came from.
 func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, err error) {
 	switch name {
 	case SyntheticSet:
@@ -135,22 +151,37 @@ func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, e
 	default:
 		return nil, nil, fmt.Errorf("unknown dataset %q: want fashion-mnist, cifar10 or synthetic", name)
 	}
-	found, err := Find(name, dir)
-	if err != nil && download {
-		if name != FashionMNIST {
-			return nil, nil, fmt.Errorf("%v; -download fetches fashion-mnist only: put CIFAR-10's binary batches (cifar-10-batches-bin) in one of those folders", err)
+	var found string
+	switch {
+	case dir != "":
+		if !present(name, dir) {
+			return nil, nil, fmt.Errorf("%s: %w in %s, which should hold %s", name, ErrNotFound, dir, strings.Join(Files(name), ", "))
 		}
-		dirs := SearchPath(name, "")
-		found, err = dirs[len(dirs)-1], nil
-		if derr := DownloadFashionMNIST(found); derr != nil {
-			return nil, nil, derr
+		found = dir
+	default:
+		found, err = Find(name, "")
+		if err != nil && download {
+			if name != FashionMNIST {
+				return nil, nil, fmt.Errorf("%v; -download fetches fashion-mnist only: put CIFAR-10's binary batches (cifar-10-batches-bin) in one of those folders", err)
+			}
+			dirs := SearchPath(name, "")
+			found, err = dirs[len(dirs)-1], nil
+			if derr := DownloadFashionMNIST(found); derr != nil {
+				return nil, nil, derr
+			}
 		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if name == FashionMNIST {
+		train, test, err = LoadFashionMNIST(found)
+	} else {
+		train, test, err = LoadCIFAR10(found)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if name == FashionMNIST {
-		return LoadFashionMNIST(found)
-	}
-	return LoadCIFAR10(found)
+	train.Dir, test.Dir = found, found
+	return train, test, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -319,4 +320,34 @@ func FuzzParseCIFAR(f *testing.F) {
 			t.Fatalf("%d records parsed from %d bytes", d.N, len(data))
 		}
 	})
+}
+
+// An explicit folder that does not hold the dataset is an error naming the
+// files expected there, even when the dataset is found elsewhere (a
+// mistyped -data used to train silently on the system copy); the sets say
+// which folder they were read from.
+func TestOpenNeverPassesOverAnExplicitFolder(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("LEANGRAD_DATA", root)
+	found := filepath.Join(root, FashionMNIST)
+	os.MkdirAll(found, 0o755)
+	for _, p := range []string{"train", "t10k"} {
+		os.WriteFile(filepath.Join(found, p+"-images-idx3-ubyte"), idx([]int{2, 28, 28}, make([]byte, 2*28*28)), 0o644)
+		os.WriteFile(filepath.Join(found, p+"-labels-idx1-ubyte"), idx([]int{2}, []byte{1, 2}), 0o644)
+	}
+	train, test, err := Open(FashionMNIST, "", false, 1)
+	if err != nil || train.Dir != found || test.Dir != found || train.N != 2 {
+		t.Fatalf("Open from the search path: %v, %+v", err, train)
+	}
+	typo := filepath.Join(t.TempDir(), "fashon-mnist")
+	_, _, err = Open(FashionMNIST, typo, false, 1)
+	if err == nil || !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), typo) || !strings.Contains(err.Error(), "t10k-labels-idx1-ubyte") {
+		t.Errorf("Open of a folder without the dataset: %v", err)
+	}
+	if train, _, err := Open(FashionMNIST, found, false, 1); err != nil || train.Dir != found {
+		t.Errorf("Open of the folder holding it: %v", err)
+	}
+	if syn, _, _ := Open(SyntheticSet, "", false, 1); syn.Dir != "" {
+		t.Errorf("synthetic Dir %q", syn.Dir)
+	}
 }

@@ -75,6 +75,7 @@ const (
 // through methods; it is owned by the Allocator until returned with Free.
 type Block struct {
 	seg       *segment
+	pcs       []uintptr // where it was allocated, while the history records
 	off       int64
 	size      int64
 	requested int64
@@ -114,7 +115,9 @@ type segment struct {
 	Segment
 	pool   *pool
 	stream Stream
-	arena  bool // an Arena's: its blocks are planned, not pooled
+	arena  bool      // an Arena's: its blocks are planned, not pooled
+	first  *Block    // the block at offset 0 (it stays first: blocks merge into their predecessor)
+	pcs    []uintptr // where it was obtained, while the history records
 }
 
 // pool holds the free blocks of one size class, ordered by (stream, size,
@@ -179,11 +182,15 @@ type Allocator struct {
 	large    pool
 	stats    Stats
 	fraction float64 // 0: no cap
+	limit    int64   // 0: no cap
 	timeline *Timeline
 	window   window
 	wsPolicy WorkspacePolicy
 	trace    *traceState   // non-nil while tracing
 	planned  *plannedState // non-nil while a plan serves the requests
+	segs     map[*segment]struct{}
+	hist     *history // the last RecordHistory's
+	histOn   bool
 }
 
 // New returns an Allocator that obtains its segments from src.
@@ -191,7 +198,7 @@ func New(src Source, cfg Config) *Allocator {
 	if cfg.Device == "" {
 		cfg.Device = "device"
 	}
-	return &Allocator{src: src, cfg: cfg, small: pool{kind: Small}, large: pool{kind: Large}}
+	return &Allocator{src: src, cfg: cfg, small: pool{kind: Small}, large: pool{kind: Large}, segs: map[*segment]struct{}{}}
 }
 
 // Device is the device name the allocator was configured with.
@@ -259,6 +266,10 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 	a.stats.Requested.add(k, size)
 	a.window.allocated = max(a.window.allocated, a.stats.Allocated[All].Current)
 	a.record(EventAlloc, b.size)
+	if a.histOn {
+		b.pcs = callers()
+		a.remember("alloc", b.Addr(), b.size, b.pcs)
+	}
 	if a.trace != nil {
 		sizes := []int64{rounded}
 		if options != nil {
@@ -282,12 +293,16 @@ func (a *Allocator) shouldSplit(b *Block, size int64) bool {
 
 // grow obtains a new segment of size bytes for a request of rounded size,
 // flushing the cache and retrying once when the source is out of memory.
+// See Note [exact segments].
 func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, error) {
 	b, err := a.newSegment(p, size, stream)
 	if errors.Is(err, ErrOutOfMemory) {
 		a.stats.NumAllocRetries++
 		a.releaseCached()
 		b, err = a.newSegment(p, size, stream)
+		if errors.Is(err, ErrOutOfMemory) && p.kind == Large && rounded < size {
+			b, err = a.newSegment(p, rounded, stream)
+		}
 	}
 	if err == nil {
 		return b, nil
@@ -298,6 +313,10 @@ func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, e
 	a.stats.NumOOMs++
 	a.record(EventOOM, rounded)
 	free, total := a.src.MemInfo()
+	if a.histOn {
+		a.remember("oom", 0, rounded, callers())
+		a.hist.events[len(a.hist.events)-1].Free = free
+	}
 	return nil, &OOMError{
 		Device:    a.cfg.Device,
 		Requested: rounded,
@@ -312,7 +331,7 @@ func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, e
 
 func (a *Allocator) newSegment(p *pool, size int64, stream Stream) (*Block, error) {
 	if limit := a.limitLocked(); limit > 0 && a.stats.Reserved[All].Current+size > limit {
-		return nil, fmt.Errorf("memory fraction cap of %s reached: %w", formatBytes(limit), ErrOutOfMemory)
+		return nil, fmt.Errorf("memory cap of %s reached: %w", formatBytes(limit), ErrOutOfMemory)
 	}
 	s, err := a.src.Alloc(size)
 	if err != nil {
@@ -323,7 +342,13 @@ func (a *Allocator) newSegment(p *pool, size int64, stream Stream) (*Block, erro
 	a.stats.Reserved.add(p.kind, size)
 	a.window.reserved = max(a.window.reserved, a.stats.Reserved[All].Current)
 	a.record(EventSegmentAlloc, size)
-	return &Block{seg: seg, size: size, stream: stream}, nil
+	if a.histOn {
+		seg.pcs = callers()
+		a.remember("segment_alloc", seg.Addr, size, seg.pcs)
+	}
+	seg.first = &Block{seg: seg, size: size, stream: stream}
+	a.segs[seg] = struct{}{}
+	return seg.first, nil
 }
 
 // Free returns b to the cache, coalescing it with free neighbours.
@@ -353,7 +378,11 @@ func (a *Allocator) Free(b *Block) {
 	a.stats.Active.sub(k, b.size)
 	a.stats.Requested.sub(k, b.requested)
 	a.record(EventFree, b.size)
+	if a.histOn {
+		a.remember("free_completed", b.Addr(), b.size, callers())
+	}
 	b.requested = 0
+	b.pcs = nil
 	if prev := b.prev; prev != nil && !prev.allocated {
 		p.remove(prev)
 		a.noteFreeLeaves(prev)
@@ -419,10 +448,32 @@ func (a *Allocator) releaseCached() {
 			a.stats.Segments.sub(p.kind, 1)
 			a.stats.Reserved.sub(p.kind, b.size)
 			a.record(EventSegmentFree, b.size)
+			a.remember("segment_free", b.seg.Addr, b.size, nil)
+			delete(a.segs, b.seg)
 		}
 		clear(p.free[len(kept):])
 		p.free = kept
 	}
+}
+
+// Note [exact segments]: PyTorch rounds a large request's segment up (to
+// 20 MiB below 10 MiB) and fails when that segment does not fit, even if
+// the request itself would. Here a large request that finds no room for its
+// rounded segment, after the cache was flushed, takes a segment of exactly
+// its size: under a tight cap (SetLimit, -max-memory) the last few MiB are
+// usable.
+
+// SetLimit caps the bytes this allocator may reserve (segments held, cached
+// or not) at bytes; 0 removes the cap. With SetMemoryFraction too, the lower
+// cap holds.
+func (a *Allocator) SetLimit(bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("memory: negative limit %d", bytes)
+	}
+	a.mu.Lock()
+	a.limit = bytes
+	a.mu.Unlock()
+	return nil
 }
 
 // SetMemoryFraction caps the bytes this allocator may reserve at fraction of
@@ -439,11 +490,14 @@ func (a *Allocator) SetMemoryFraction(fraction float64) error {
 }
 
 func (a *Allocator) limitLocked() int64 {
-	if a.fraction == 0 {
-		return 0
+	limit := a.limit
+	if a.fraction > 0 {
+		_, total := a.src.MemInfo()
+		if f := int64(a.fraction * float64(total)); limit == 0 || f < limit {
+			limit = f
+		}
 	}
-	_, total := a.src.MemInfo()
-	return int64(a.fraction * float64(total))
+	return limit
 }
 
 // Stats returns a snapshot of the allocator's statistics.
@@ -492,7 +546,10 @@ func (e *OOMError) Error() string {
 		e.Device, formatBytes(e.Requested), e.Device, formatBytes(e.Capacity), formatBytes(e.Free),
 		formatBytes(e.Allocated), formatBytes(e.Reserved-e.Allocated))
 	if e.Limit > 0 {
-		msg += fmt.Sprintf(" This process may reserve at most %s (memory fraction cap).", formatBytes(e.Limit))
+		msg += fmt.Sprintf(" This process may reserve at most %s (its memory cap).", formatBytes(e.Limit))
+	}
+	if e.Cause != nil {
+		msg += fmt.Sprintf(" (The source said: %v.)", e.Cause)
 	}
 	if e.Reserved-e.Allocated > e.Requested {
 		msg += " Reserved but unallocated memory is large: it is fragmented; EmptyCache or smaller batches may help."

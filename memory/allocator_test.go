@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -254,7 +255,7 @@ func TestMemoryFractionCap(t *testing.T) {
 	if oom.Limit != 50*MiB {
 		t.Errorf("limit in error = %d, want %d", oom.Limit, 50*MiB)
 	}
-	if !strings.Contains(err.Error(), "at most 50.00 MiB (memory fraction cap)") {
+	if !strings.Contains(err.Error(), "at most 50.00 MiB (its memory cap)") {
 		t.Errorf("error text does not name the cap: %q", err)
 	}
 	a.Free(b)
@@ -618,4 +619,81 @@ func TestWindowPeak(t *testing.T) {
 		t.Errorf("WindowPeak disturbed the Stats peak: %d", p)
 	}
 	a.Free(c)
+}
+
+func TestFaultySource(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		f      Faults
+		failed []int // the failing calls, from 1, among the first 12
+	}{
+		{"every 4", Faults{Every: 4}, []int{4, 8, 12}},
+		{"every 5, bursts of 3", Faults{Every: 5, Burst: 3}, []int{5, 6, 7, 10, 11, 12}},
+		{"every 3, at most 2", Faults{Every: 3, Max: 2}, []int{3, 6}},
+		{"never", Faults{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Inject(NewHeapSource(), tc.f)
+			var failed []int
+			for i := 1; i <= 12; i++ {
+				seg, err := s.Alloc(64)
+				if err != nil {
+					if !errors.Is(err, ErrOutOfMemory) {
+						t.Fatalf("call %d: %v does not wrap ErrOutOfMemory", i, err)
+					}
+					failed = append(failed, i)
+					continue
+				}
+				s.Free(seg)
+			}
+			if !slices.Equal(failed, tc.failed) {
+				t.Errorf("failed calls %v, want %v", failed, tc.failed)
+			}
+		})
+	}
+	// Random faults are the seed's: the same seed fails the same calls.
+	pattern := func(seed uint64) []bool {
+		s := Inject(NewHeapSource(), Faults{Probability: 0.3, Seed: seed})
+		out := make([]bool, 200)
+		for i := range out {
+			_, err := s.Alloc(8)
+			out[i] = err != nil
+		}
+		return out
+	}
+	a, b, c := pattern(7), pattern(7), pattern(8)
+	n := 0
+	for _, f := range a {
+		if f {
+			n++
+		}
+	}
+	if !slices.Equal(a, b) || slices.Equal(a, c) || n < 30 || n > 90 {
+		t.Errorf("random faults: %d of 200 failed; same seed equal %v, other seed equal %v", n, slices.Equal(a, b), slices.Equal(a, c))
+	}
+}
+
+// A burst of three failed calls gets past the allocator's flush-and-retry
+// and reaches the caller as an *OOMError; the allocator is then as before.
+func TestInjectedFaultReachesTheCaller(t *testing.T) {
+	src := Inject(NewHeapSource(), Faults{Every: 2, Burst: 3, Max: 1})
+	a := New(src, Config{Device: "test"})
+	b1, err := a.Alloc(4<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Alloc(30<<20, 0)
+	var oom *OOMError
+	if !errors.As(err, &oom) || !strings.Contains(err.Error(), "injected fault 1") {
+		t.Fatalf("err = %v, want an *OOMError of the injected fault", err)
+	}
+	if st := a.Stats(); st.Allocated[All].Current != RoundSize(4<<20) || st.NumOOMs != 1 {
+		t.Errorf("after the fault: allocated %d, %d OOMs", st.Allocated[All].Current, st.NumOOMs)
+	}
+	b2, err := a.Alloc(30<<20, 0)
+	if err != nil {
+		t.Fatalf("after the burst: %v", err)
+	}
+	a.Free(b1)
+	a.Free(b2)
 }

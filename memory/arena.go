@@ -126,6 +126,8 @@ func (ar *Arena) Release() error {
 	a.stats.Segments.sub(Large, 1)
 	a.stats.Reserved.sub(Large, ar.seg.Size)
 	a.record(EventSegmentFree, ar.seg.Size)
+	a.remember("segment_free", ar.seg.Addr, ar.seg.Size, nil)
+	delete(a.segs, ar.seg)
 	ar.seg = nil
 	return nil
 }

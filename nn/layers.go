@@ -22,6 +22,9 @@ type Linear struct {
 // NewLinear returns a Linear layer initialised as PyTorch's: weight and bias
 // uniform in ±1/√in.
 func NewLinear(dev *tensor.Device, in, out int, bias bool) *Linear {
+	if in < 1 || out < 1 {
+		panic(fmt.Sprintf("nn: NewLinear(in %d, out %d): want at least one input and one output feature", in, out))
+	}
 	bound := float32(1 / math.Sqrt(float64(in)))
 	l := &Linear{Weight: newParam(tensor.Rand(dev, tensor.F32, -bound, bound, out, in))}
 	if bias {
@@ -54,6 +57,10 @@ type Conv2d struct {
 // NewConv2d returns a convolution of in to out channels with k×k kernels,
 // Kaiming-normal initialised (fan out, as torchvision's ResNets), bias zero.
 func NewConv2d(dev *tensor.Device, in, out, k, stride, pad int, bias bool) *Conv2d {
+	if in < 1 || out < 1 || k < 1 || stride < 1 || pad < 0 {
+		panic(fmt.Sprintf("nn: NewConv2d(in %d, out %d, kernel %d, stride %d, pad %d): want channels, kernel and stride of at least 1, padding of 0 or more",
+			in, out, k, stride, pad))
+	}
 	c := &Conv2d{Weight: newParam(KaimingNormal(dev, out*k*k, out, in, k, k)), Stride: stride, Pad: pad}
 	if bias {
 		c.Bias = newParam(tensor.Zeros(dev, tensor.F32, out))
@@ -88,6 +95,9 @@ type BatchNorm2d struct {
 // NewBatchNorm2d returns batch normalisation over c channels with PyTorch's
 // defaults: γ = 1, β = 0, momentum 0.1, ε = 1e-5, training mode.
 func NewBatchNorm2d(dev *tensor.Device, c int) *BatchNorm2d {
+	if c < 1 {
+		panic(fmt.Sprintf("nn: NewBatchNorm2d(%d channels): want at least 1", c))
+	}
 	return &BatchNorm2d{
 		Weight:      newParam(tensor.Ones(dev, tensor.F32, c)),
 		Bias:        newParam(tensor.Zeros(dev, tensor.F32, c)),
@@ -156,7 +166,12 @@ type Dropout struct {
 }
 
 // NewDropout returns dropout with probability p, in training mode.
-func NewDropout(p float32) *Dropout { return &Dropout{P: p, Training: true} }
+func NewDropout(p float32) *Dropout {
+	if !(p >= 0 && p < 1) {
+		panic(fmt.Sprintf("nn: NewDropout(%v): want a probability in [0, 1)", p))
+	}
+	return &Dropout{P: p, Training: true}
+}
 
 // Forward applies dropout in training and is the identity otherwise.
 func (d *Dropout) Forward(x *T) *T {

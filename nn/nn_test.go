@@ -274,3 +274,32 @@ func FuzzParseSafetensors(f *testing.F) {
 		}
 	})
 }
+
+// Layers with impossible shapes panic at construction, naming the values,
+// instead of failing later (a zero stride used to panic with "integer
+// divide by zero" in the first forward).
+func TestConstructorsRefuseImpossibleShapes(t *testing.T) {
+	dev := testDevice()
+	for _, tc := range []struct {
+		want string
+		make func()
+	}{
+		{"NewConv2d(in 3, out 8, kernel 3, stride 0, pad 1)", func() { NewConv2d(dev, 3, 8, 3, 0, 1, false) }},
+		{"NewConv2d(in 0, out 8", func() { NewConv2d(dev, 0, 8, 3, 1, 1, false) }},
+		{"NewConv2d(in 3, out 0", func() { NewConv2d(dev, 3, 0, 3, 1, 1, false) }},
+		{"pad -1", func() { NewConv2d(dev, 3, 8, 3, 1, -1, false) }},
+		{"NewLinear(in 0, out 10)", func() { NewLinear(dev, 0, 10, true) }},
+		{"NewBatchNorm2d(0 channels)", func() { NewBatchNorm2d(dev, 0) }},
+		{"NewDropout(1)", func() { NewDropout(1) }},
+	} {
+		func() {
+			defer func() {
+				msg, _ := recover().(string)
+				if !strings.Contains(msg, tc.want) {
+					t.Errorf("panic %q, want %q", msg, tc.want)
+				}
+			}()
+			tc.make()
+		}()
+	}
+}

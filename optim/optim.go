@@ -269,8 +269,11 @@ func (o *AdamW) StepUnless(skip kernels.Buf) {
 	}
 	var ms, vs []kernels.Buf
 	for _, i := range idx {
-		if o.m[i] == nil {
-			o.m[i], o.v[i] = stateTensor(o.params[i]), stateTensor(o.params[i])
+		if o.m[i] == nil { // one at a time: an allocation that fails leaks neither
+			o.m[i] = stateTensor(o.params[i])
+		}
+		if o.v[i] == nil {
+			o.v[i] = stateTensor(o.params[i])
 		}
 		ms, vs = append(ms, o.m[i].Buf()), append(vs, o.v[i].Buf())
 	}

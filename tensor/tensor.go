@@ -335,6 +335,20 @@ func (t *Tensor) View(shape ...int) *Tensor {
 	return wrap(t.dev, t.dtype, shape, t.h.st, t.off)
 }
 
+// Rows returns a new handle on rows [start, end) of t's first dimension,
+// sharing its storage: a micro-batch of a batch. Like View, it records
+// nothing for autograd. It panics when the range is not inside t.
+func (t *Tensor) Rows(start, end int) *Tensor {
+	t.live()
+	if len(t.shape) == 0 || start < 0 || end > t.shape[0] || start >= end {
+		panic(fmt.Sprintf("tensor: Rows(%d, %d) of a tensor of shape %v", start, end, t.shape))
+	}
+	row := int64(t.n / t.shape[0])
+	shape := append([]int{end - start}, t.shape[1:]...)
+	t.h.st.refs.Add(1)
+	return wrap(t.dev, t.dtype, shape, t.h.st, t.off+int64(start)*row*int64(t.dtype.Size()))
+}
+
 // InferShape resolves a -1 in shape so that it holds n elements, or panics
 // naming both sizes.
 func InferShape(n int, shape []int) []int {

@@ -52,23 +52,39 @@ func (t *Trainer) Save(path string) error {
 }
 
 // Resume restores a checkpoint written by Save: model, optimiser, scaler,
-// random generator, epoch, step and history. The checkpoint's model must be
-// the trainer's.
-func (t *Trainer) Resume(path string) error {
+// random generator, epoch, step and history. The checkpoint's configuration
+// must be the trainer's in everything that shapes the run (Mismatches);
+// with force, differences other than the model are accepted and returned,
+// for the report. The epochs may differ: that is how a run is extended.
+func (t *Trainer) Resume(path string, force bool) (changed []string, err error) {
 	st, err := nn.ReadSafetensors(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	raw, ok := st.Metadata[metaKey]
 	if !ok {
-		return fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
+		return nil, fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
 	}
 	var meta checkpointMeta
 	if err := json.Unmarshal([]byte(raw), &meta); err != nil {
-		return fmt.Errorf("%s: training metadata: %v", path, err)
+		return nil, fmt.Errorf("%s: training metadata: %v", path, err)
 	}
 	if meta.Config.Model != t.Cfg.Model {
-		return fmt.Errorf("%s: checkpoint of model %q, this run trains %q", path, meta.Config.Model, t.Cfg.Model)
+		return nil, fmt.Errorf("%s: checkpoint of model %q, this run trains %q", path, meta.Config.Model, t.Cfg.Model)
+	}
+	changed = Mismatches(meta.Config, t.Cfg)
+	if len(changed) > 0 && !force {
+		return nil, fmt.Errorf("%s: the checkpoint was trained with another configuration:\n  %s\n(pass the same flags, or -resume-force to resume anyway)",
+			path, strings.Join(changed, "\n  "))
+	}
+	if meta.Config.Optimizer != t.Cfg.Optimizer {
+		// Another optimiser's state does not carry over: it starts afresh.
+		for name := range st.Tensors {
+			if strings.HasPrefix(name, "optim.") {
+				delete(st.Tensors, name)
+			}
+		}
+		meta.Optim = map[string]float64{"lr": t.Cfg.LR}
 	}
 	model := &nn.Safetensors{Tensors: map[string]nn.Stored{}}
 	optState := map[string]*tensor.Tensor{}
@@ -84,20 +100,48 @@ func (t *Trainer) Resume(path string) error {
 		case strings.HasPrefix(name, "optim."):
 			optState[strings.TrimPrefix(name, "optim.")] = tensor.FromBytes(t.Dev, s.DType, s.Data, s.Shape...).Keep()
 		default:
-			return fmt.Errorf("%s: unexpected tensor %q", path, name)
+			return nil, fmt.Errorf("%s: unexpected tensor %q", path, name)
 		}
 	}
 	if err := nn.LoadStateDict(t.Model, model, path); err != nil {
-		return err
+		return nil, err
 	}
 	if err := t.Opt.LoadState(optState, meta.Optim); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := t.Scaler.LoadCounters(meta.Scaler); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	if meta.Config.AMP && t.Cfg.AMP {
+		if err := t.Scaler.LoadCounters(meta.Scaler); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	t.Dev.Generator().SetState(meta.RNG)
 	t.Step.rngFresh = false // the next step takes the restored position
 	t.Epoch, t.Steps, t.History = meta.Epoch, meta.Step, meta.History
-	return nil
+	return changed, nil
+}
+
+// Mismatches lists, as "name: saved -> now", where b differs from a in what
+// shapes a run: the model, optimiser, AMP, checkpointing, batch, dataset,
+// learning-rate schedule and its hyperparameters, and the seed. The number
+// of epochs, the capture mode and EmptyCache are not among them.
+func Mismatches(a, b Config) []string {
+	var out []string
+	diff := func(name string, x, y any) {
+		if x != y {
+			out = append(out, fmt.Sprintf("%s: %v -> %v", name, x, y))
+		}
+	}
+	diff("model", a.Model, b.Model)
+	diff("dataset", a.Dataset, b.Dataset)
+	diff("optimizer", a.Optimizer, b.Optimizer)
+	diff("amp", a.AMP, b.AMP)
+	diff("checkpoint", a.Checkpoint, b.Checkpoint)
+	diff("batch", a.Batch, b.Batch)
+	diff("schedule", a.Schedule, b.Schedule)
+	diff("lr", a.LR, b.LR)
+	diff("momentum", a.Momentum, b.Momentum)
+	diff("weight_decay", a.WeightDecay, b.WeightDecay)
+	diff("warmup_epochs", a.WarmupEpochs, b.WarmupEpochs)
+	diff("seed", a.Seed, b.Seed)
+	return out
 }

@@ -1,6 +1,10 @@
 package train
 
 import (
+	"errors"
+	"fmt"
+	"io"
+
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -11,6 +15,7 @@ type Variant struct {
 	Name       string `json:"name"`
 	AMP        bool   `json:"amp"`
 	Checkpoint string `json:"checkpoint"`
+	MicroBatch int    `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
 }
 
 // Variants are the four configurations the savings are measured across.
@@ -19,10 +24,10 @@ func Variants(checkpoint string) []Variant {
 		checkpoint = "blocks"
 	}
 	return []Variant{
-		{"fp32", false, "none"},
-		{"amp", true, "none"},
-		{"checkpoint", false, checkpoint},
-		{"amp+checkpoint", true, checkpoint},
+		{Name: "fp32", Checkpoint: "none"},
+		{Name: "amp", AMP: true, Checkpoint: "none"},
+		{Name: "checkpoint", Checkpoint: checkpoint},
+		{Name: "amp+checkpoint", AMP: true, Checkpoint: checkpoint},
 	}
 }
 
@@ -35,7 +40,13 @@ type Measurement struct {
 	// before the step (parameters, optimiser state) plus the arena its
 	// traced allocations were planned into. Zero when not planned.
 	Planned int64 `json:"planned,omitempty"`
+	// OutOfMemory is set when the step did not fit the device at all.
+	OutOfMemory bool `json:"out_of_memory,omitempty"`
 }
+
+// Need is the memory a run of the measured configuration needs: the eager
+// step's peak, or the planned step's where that is more.
+func (m Measurement) Need() int64 { return max(m.PeakAllocated, m.Planned) }
 
 // MeasureStep builds a fresh model and runs training steps of variant v on
 // the batch x, y, and returns the pool's peak allocated bytes during an
@@ -56,8 +67,12 @@ func MeasureStep(dev *tensor.Device, build func() nn.Module, cfg Config, v Varia
 		return Measurement{}, err
 	}
 	defer t.Release()
+	t.FailOnOOM = true
 	if plan {
 		t.Step.Mode = Planned
+	}
+	if err := t.Step.SetMicroBatch(v.MicroBatch); err != nil {
+		return Measurement{}, err
 	}
 	a := dev.Allocator()
 	if err := t.RunStep(x, y); err != nil { // the optimiser's state exists from here on
@@ -77,4 +92,100 @@ func MeasureStep(dev *tensor.Device, build func() nn.Module, cfg Config, v Varia
 		m.Planned = base + p.Size
 	}
 	return m, nil
+}
+
+// BudgetHeadroom is the share of a memory budget that FitBudget leaves to
+// the pool's rounding and fragmentation: a configuration fits when its
+// measured need is at most (1-BudgetHeadroom) of the budget.
+const BudgetHeadroom = 0.1
+
+// BudgetChoice is what FitBudget measured and chose.
+type BudgetChoice struct {
+	Budget   int64         `json:"budget"`
+	Measured []Measurement `json:"measured"` // in the order tried
+	Chosen   Variant       `json:"chosen"`
+}
+
+// BudgetVariants are the configurations a memory budget is fitted with,
+// fastest first on a GPU: fp32, AMP, checkpointed blocks, both, then
+// checkpointed sqrt(n) segments without and with AMP (only the first two
+// for a model without residual blocks). keep drops those a user ruled out.
+func BudgetVariants(resnet bool, keep func(Variant) bool) []Variant {
+	vs := Variants("blocks")
+	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: "sqrt"}, Variant{Name: "amp+checkpoint-sqrt", AMP: true, Checkpoint: "sqrt"})
+	var out []Variant
+	for _, v := range vs {
+		if (resnet || v.Checkpoint == "none") && (keep == nil || keep(v)) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// FitBudget measures the candidates' training steps on the batch x, y in
+// order (MeasureStep) and chooses the first whose need fits the budget
+// (see BudgetHeadroom). When none does, it measures the leanest of them
+// with micro-batches of half the batch, a quarter, ... down to one example,
+// and chooses the first that fits. It returns an error wrapping
+// memory.ErrOutOfMemory when nothing fits. Each measurement is written to w
+// as it is taken.
+func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64) (BudgetChoice, error) {
+	c := BudgetChoice{Budget: budget}
+	limit := int64(float64(budget) * (1 - BudgetHeadroom))
+	try := func(v Variant) (bool, error) {
+		m, err := MeasureStep(dev, build, cfg, v, x, y, plan)
+		if errors.Is(err, memory.ErrOutOfMemory) {
+			m, err = Measurement{Variant: v, OutOfMemory: true}, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		c.Measured = append(c.Measured, m)
+		fits := !m.OutOfMemory && m.Need() <= limit
+		need := "out of memory"
+		if !m.OutOfMemory {
+			need = MiB(m.Need())
+		}
+		verdict := "does not fit"
+		if fits {
+			verdict = "fits"
+		}
+		fmt.Fprintf(w, "  %-28s %12s  %s\n", describeVariant(v, x.Dim(0)), need, verdict)
+		if fits {
+			c.Chosen = v
+		}
+		return fits, nil
+	}
+	fmt.Fprintf(w, "fitting a step into a budget of %s (%s after %.0f%% headroom):\n", MiB(budget), MiB(limit), 100*BudgetHeadroom)
+	for _, v := range candidates {
+		if ok, err := try(v); ok || err != nil {
+			return c, err
+		}
+	}
+	leanest := -1
+	for i, m := range c.Measured {
+		if !m.OutOfMemory && (leanest < 0 || m.Need() < c.Measured[leanest].Need()) {
+			leanest = i
+		}
+	}
+	if leanest < 0 {
+		leanest = len(c.Measured) - 1
+	}
+	v := c.Measured[leanest].Variant
+	for n := x.Dim(0); n > 1; {
+		n = (n + 1) / 2
+		v.MicroBatch = n
+		if ok, err := try(v); ok || err != nil {
+			return c, err
+		}
+	}
+	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", MiB(budget), v.Name, memory.ErrOutOfMemory)
+}
+
+// describeVariant names v at a batch of n: "amp+checkpoint, micro-batches of 16".
+func describeVariant(v Variant, n int) string {
+	if v.MicroBatch > 0 && v.MicroBatch < n {
+		return fmt.Sprintf("%s, micro-batches of %d", v.Name, v.MicroBatch)
+	}
+	return v.Name
 }

@@ -74,7 +74,8 @@ type Step struct {
 	Planning memory.PlanOptions
 	// Observe, if set, is called with the loss of each step whose host code
 	// runs (not with replays of a captured step), inside the step's scope:
-	// Retain and Keep it to hold it past the step.
+	// Retain and Keep it to hold it past the step. A micro-batched step
+	// calls it once a micro-batch.
 	Observe func(loss *tensor.Tensor)
 
 	dev      *tensor.Device
@@ -84,6 +85,8 @@ type Step struct {
 	shapes   map[string]*shapeState
 	arena    *memory.Arena
 	notes    []string
+	micro    int              // micro-batch size; 0: whole batches
+	undo     []*tensor.Tensor // copies of the buffers (and metrics) an eager step changes, to restore when it fails
 }
 
 // shapeState is what a Step knows about one batch shape.
@@ -124,6 +127,10 @@ func (s *Step) Release() {
 	}
 	s.metrics.Release()
 	s.rng.Release()
+	for _, t := range s.undo {
+		t.Release()
+	}
+	s.undo = nil
 }
 
 func (s *Step) dropGraphs() {
@@ -175,9 +182,8 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 		s.rngFresh = true
 	}
 	st := s.state(x, y)
-	if s.Mode == Eager || st.eager {
-		s.body(x, y)
-		return nil
+	if s.Mode == Eager || st.eager || (s.micro > 0 && s.micro < x.Dim(0)) {
+		return s.eager(x, y)
 	}
 	a := s.dev.Allocator()
 	if st.plan == nil {
@@ -187,11 +193,12 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 	}
 	switch {
 	case st.runs == 0: // warm-up: algorithms, kernels, optimiser state
+		if err := s.eager(x, y); err != nil {
+			return err
+		}
 		st.runs++
-		s.body(x, y)
 		return nil
 	case st.plan == nil: // traced
-		st.runs++
 		a.StartTrace()
 		traced := false
 		defer func() {
@@ -199,7 +206,10 @@ func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 				a.StopTrace()
 			}
 		}()
-		s.body(x, y)
+		if err := s.eager(x, y); err != nil {
+			return err
+		}
+		st.runs++
 		traced = true
 		trace, err := a.StopTrace()
 		if err != nil {
@@ -234,12 +244,117 @@ func recoverError(err *error) {
 	if r == nil {
 		return
 	}
+	*err = fmt.Errorf("training step: %w", panicError(r))
+}
+
+// panicError is the error a recovered panic carries; it panics again with
+// anything else (programmer errors: strings, runtime errors).
+func panicError(r any) error {
 	e, ok := r.(error)
 	var rt runtime.Error
 	if !ok || errors.As(e, &rt) {
 		panic(r)
 	}
-	*err = fmt.Errorf("training step: %w", e)
+	return e
+}
+
+// eager runs the step's body with memory from the pools, as a transaction:
+// when it fails (the device ran out of memory, most often), everything it
+// allocated is back in the pool, the gradients are released, the model's
+// buffers (batch norm's running statistics) and the metrics are as they
+// were, and the random generator has not moved, so the same batch can run
+// again and give what it would have given the first time. The optimiser's
+// update, the last part of the step, allocates nothing once its state
+// exists, so a failure never leaves parameters half updated.
+func (s *Step) eager(x, y *tensor.Tensor) (err error) {
+	if err := s.snapshot(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.restore()
+			err = fmt.Errorf("training step: %w", panicError(r))
+		}
+	}()
+	s.body(x, y)
+	return nil
+}
+
+// snapshot copies what an eager step changes besides the parameters and
+// the optimiser's state into s.undo (made on the first call).
+func (s *Step) snapshot() (err error) {
+	live := s.mutable()
+	if s.undo == nil {
+		defer recoverError(&err)
+		undo := make([]*tensor.Tensor, 0, len(live))
+		defer func() {
+			if err != nil {
+				for _, t := range undo {
+					t.Release()
+				}
+			}
+		}()
+		for _, t := range live {
+			undo = append(undo, tensor.Empty(s.dev, t.DType(), t.Shape()...).Keep())
+		}
+		s.undo = undo
+	}
+	be := s.dev.Backend()
+	for i, t := range live {
+		be.Copy(s.undo[i].Buf(), t.Buf())
+	}
+	return nil
+}
+
+// restore copies s.undo back after a failed eager step.
+func (s *Step) restore() {
+	be := s.dev.Backend()
+	for i, t := range s.mutable() {
+		be.Copy(t.Buf(), s.undo[i].Buf())
+	}
+}
+
+// mutable lists what a step changes besides the parameters and the
+// optimiser's state: the model's buffers and the metrics.
+func (s *Step) mutable() []*tensor.Tensor {
+	var ts []*tensor.Tensor
+	for _, n := range s.Model.State("") {
+		if !n.Param {
+			ts = append(ts, n.T)
+		}
+	}
+	return append(ts, s.metrics)
+}
+
+// MicroBatch is the micro-batch size steps run with (0: whole batches).
+func (s *Step) MicroBatch() int { return s.micro }
+
+// SetMicroBatch makes every batch larger than n run as micro-batches of at
+// most n examples whose gradients accumulate before one update: the same
+// effective batch and the same mean gradient, in less memory (the largest
+// activations are a micro-batch's). Batch norm normalises each micro-batch
+// with its own statistics, as data-parallel training does per device, so
+// a ResNet's step is not bit-for-bit the whole batch's. Micro-batched steps
+// run eagerly: the planned arena and the captured graphs are given back.
+// n = 0 goes back to whole batches.
+func (s *Step) SetMicroBatch(n int) error {
+	if n < 0 {
+		panic(fmt.Sprintf("train: SetMicroBatch(%d)", n))
+	}
+	if n == s.micro {
+		return nil
+	}
+	s.micro = n
+	if n == 0 || s.arena == nil {
+		return nil
+	}
+	s.dropGraphs()
+	if err := s.dev.Synchronize(); err != nil {
+		return err
+	}
+	err := s.arena.Release()
+	s.arena = nil
+	return err
 }
 
 // fallBack makes st run eagerly from now on, noting why.
@@ -332,8 +447,7 @@ func (s *Step) capture(st *shapeState, x, y *tensor.Tensor) (err error) {
 	if err != nil {
 		if errors.Is(err, memory.ErrPlanMismatch) {
 			s.fallBack(st, err)
-			s.body(x, y) // this step, eagerly: the capture ran nothing
-			return nil
+			return s.eager(x, y) // this step, eagerly: the capture ran nothing
 		}
 		return err
 	}
@@ -354,29 +468,53 @@ func (s *Step) copyIn(st *shapeState, x, y *tensor.Tensor) {
 }
 
 // body is the step itself, the same in every mode: it runs in a sync-free
-// section with the generator's position on the device.
+// section with the generator's position on the device. With a micro-batch
+// size below the batch's, the forward and backward run once a micro-batch,
+// each micro-batch's loss weighted by its share of the batch, so that the
+// accumulated gradient is the batch's mean.
 func (s *Step) body(x, y *tensor.Tensor) {
 	be := s.dev.Backend()
 	gen := s.dev.Generator()
 	s.dev.SyncFree(func() {
 		gen.BeginDevice(s.rng.Buf())
+		done := false
 		defer func() {
-			if used := gen.EndDevice(); used > 0 {
+			// A step that failed is run again from the same position.
+			if used := gen.EndDevice(); used > 0 && done {
 				be.Increment(s.rng.Buf(), int64(used), kernels.Buf{})
 			}
 		}()
 		defer s.Opt.ZeroGrad()
 		tensor.WithScope(func() {
-			logits, loss := s.forward(x, y)
-			be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), logits.Buf(), y.Buf(), logits.Dim(0), logits.Dim(1))
-			logits.Release()
-			if s.Observe != nil {
-				s.Observe(loss)
+			n := x.Dim(0)
+			m := s.micro
+			if m <= 0 || m >= n {
+				m = n
 			}
-			ag.Backward(s.Scaler.ScaleLoss(loss))
+			for lo := 0; lo < n; lo += m {
+				hi := min(n, lo+m)
+				tensor.WithScope(func() {
+					xs, ys := x, y
+					if m < n {
+						xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
+					}
+					logits, loss := s.forward(xs, ys)
+					be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), logits.Buf(), ys.Buf(), logits.Dim(0), logits.Dim(1))
+					logits.Release()
+					if s.Observe != nil {
+						s.Observe(loss)
+					}
+					scaled := s.Scaler.ScaleLoss(loss)
+					if m < n {
+						scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
+					}
+					ag.Backward(scaled)
+				})
+			}
 			s.Scaler.Step(s.Opt)
 			s.Scaler.Update()
 		})
+		done = true
 	})
 }
 

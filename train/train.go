@@ -10,8 +10,10 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
@@ -26,6 +28,7 @@ import (
 // Config is what a training run is told.
 type Config struct {
 	Model           string  `json:"model"`
+	Dataset         string  `json:"dataset,omitempty"`
 	Epochs          int     `json:"epochs"`
 	Batch           int     `json:"batch"`
 	LR              float64 `json:"lr"`
@@ -43,13 +46,38 @@ type Config struct {
 	Capture bool `json:"capture"`
 }
 
+// Float is a float64 that JSON writes as null when it is NaN or infinite
+// (which encoding/json refuses to write): a diverged run's losses, an
+// evaluation of no images. null reads back as NaN.
+type Float float64
+
+// MarshalJSON writes f, or null when it is not finite.
+func (f Float) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
+}
+
+// UnmarshalJSON reads a number, or null as NaN.
+func (f *Float) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = Float(math.NaN())
+		return nil
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	*f = Float(v)
+	return err
+}
+
 // EpochMetrics are one epoch's results.
 type EpochMetrics struct {
 	Epoch         int     `json:"epoch"`
-	TrainLoss     float64 `json:"train_loss"`
-	TrainAcc      float64 `json:"train_acc"`
-	TestLoss      float64 `json:"test_loss"`
-	TestAcc       float64 `json:"test_acc"`
+	TrainLoss     Float   `json:"train_loss"`
+	TrainAcc      Float   `json:"train_acc"`
+	TestLoss      Float   `json:"test_loss"`
+	TestAcc       Float   `json:"test_acc"`
 	ImgPerSec     float64 `json:"img_per_sec"` // training steps only
 	Seconds       float64 `json:"seconds"`     // training steps only
 	PeakAllocated int64   `json:"peak_allocated"`
@@ -96,6 +124,37 @@ type EmptyCacheReport struct {
 	Seconds  float64 `json:"seconds"`        // inside EmptyCache; re-growing the pool shows in the step times
 }
 
+// OOMReport says how a trainer survived running out of memory.
+type OOMReport struct {
+	Recoveries int      `json:"recoveries"`            // steps that ran out of memory and ran again
+	MicroBatch int      `json:"micro_batch,omitempty"` // the micro-batch size steps run with now (0: whole batches)
+	Events     []string `json:"events,omitempty"`      // what was done, in order (the first 20)
+}
+
+func (r *OOMReport) note(format string, args ...any) {
+	if len(r.Events) < 20 {
+		r.Events = append(r.Events, fmt.Sprintf(format, args...))
+	}
+}
+
+// ErrDiverged is wrapped by the *DivergedError that Fit returns.
+var ErrDiverged = errors.New("training diverged")
+
+// DivergedError says where and how a run diverged.
+type DivergedError struct {
+	Epoch int    // the epoch, from 0
+	Step  int    // the optimiser step (of the run) at which it was seen
+	Why   string // what was seen
+}
+
+func (e *DivergedError) Error() string {
+	return fmt.Sprintf("%v at step %d (epoch %d): %s; nothing was saved from this epoch: try a lower learning rate (-lr)",
+		ErrDiverged, e.Step, e.Epoch+1, e.Why)
+}
+
+// Unwrap makes errors.Is(err, ErrDiverged) true.
+func (e *DivergedError) Unwrap() error { return ErrDiverged }
+
 // Trainer trains one model on one device.
 type Trainer struct {
 	Cfg    Config
@@ -112,12 +171,24 @@ type Trainer struct {
 	Memory  []MemSample
 	Empty   EmptyCacheReport
 	// ProgressEvery is the number of steps between progress updates, each
-	// one device read (0: a fiftieth of an epoch).
+	// one device read (0: a fiftieth of an epoch). Divergence is checked at
+	// each.
 	ProgressEvery int
+	// MaxSkips is how many AMP steps in a row may be skipped (gradients not
+	// finite at any loss scale tried) before Fit says the run diverged.
+	MaxSkips int
+	// FailOnOOM makes a step that runs out of memory end training with the
+	// allocator's error, instead of being run again (see RunStep).
+	FailOnOOM bool
+	// OOM says what running out of memory made the trainer do.
+	OOM OOMReport
 
 	peakAllocated, peakReserved int64
+	skipsSeen, skipRun          int // AMP steps skipped so far, and in a row
 	start                       time.Time
 	evalSums                    *tensor.Tensor // F32[2]: the evaluation's loss sum and right predictions
+	evalChunk                   int            // examples evaluated at a time (0: whole batches)
+	evalPeak                    int64          // the evaluations' peak allocated bytes
 }
 
 // New returns a trainer of model on dev. stepsPerEpoch sizes the schedule.
@@ -172,7 +243,7 @@ func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*T
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Scaler: scaler,
 		Step:     NewStep(dev, model, opt, scaler, cfg.AMP, stepMode),
 		evalSums: tensor.Zeros(dev, tensor.F32, 2).Keep(),
-		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}}, nil
+		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
 }
 
 // Release frees the step's, the optimiser's and the scaler's state (the
@@ -186,9 +257,22 @@ func (t *Trainer) Release() {
 
 // RunStep sets the scheduled learning rate and runs one training step on a
 // batch (see Step.Run), then calls EmptyCache if Cfg.EmptyCacheEvery says so.
+//
+// A step that runs out of memory leaves no trace (Step.Run is a
+// transaction) and runs again, unless FailOnOOM: first whole, after the
+// pool's cached blocks went back to the device (what PyTorch's allocator
+// does before it gives up); then as micro-batches of half the batch,
+// halving until the step fits (Step.SetMicroBatch: the same effective
+// batch), and the later steps keep that size. If one example at a time does
+// not fit either, RunStep returns the allocator's error. OOM says what was
+// done.
 func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
 	t.Opt.SetLR(t.Sched.LR(t.Steps))
-	if err := t.Step.Run(x, y); err != nil {
+	err := t.Step.Run(x, y)
+	if errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM {
+		err = t.recoverOOM(x, y, err)
+	}
+	if err != nil {
 		return err
 	}
 	t.Steps++
@@ -204,11 +288,47 @@ func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
 	return nil
 }
 
+// recoverOOM runs again a step that ran out of memory (see RunStep).
+func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
+	t.OOM.Recoveries++
+	a := t.Dev.Allocator()
+	a.EmptyCache()
+	if err = t.Step.Run(x, y); !errors.Is(err, memory.ErrOutOfMemory) {
+		if err == nil {
+			t.OOM.note("step %d ran out of memory; it ran again whole after the cached blocks were freed", t.Steps+1)
+		}
+		return err
+	}
+	n := x.Dim(0)
+	for errors.Is(err, memory.ErrOutOfMemory) {
+		m := t.Step.MicroBatch()
+		if m == 0 || m > n {
+			m = n
+		}
+		if m == 1 {
+			return fmt.Errorf("%w\n(step %d does not fit even one example at a time)", err, t.Steps+1)
+		}
+		m = (m + 1) / 2
+		if err := t.Step.SetMicroBatch(m); err != nil {
+			return err
+		}
+		a.EmptyCache()
+		t.OOM.MicroBatch = m
+		err = t.Step.Run(x, y)
+		if err == nil {
+			t.OOM.note("step %d ran out of memory at a batch of %d; it runs as micro-batches of %d from now on (gradients accumulated, batch norm per micro-batch)",
+				t.Steps+1, n, m)
+		}
+	}
+	return err
+}
+
 // Evaluate returns the mean loss and the accuracy over a loader, with
 // recording off and the model in evaluation mode, eagerly. The sums stay on
-// the device until the end: one read.
+// the device until the end: one read. A batch that runs out of memory is
+// evaluated in halves (in evaluation mode the examples are independent, so
+// the result is the same), and later batches keep the smaller size.
 func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
-	defer recoverError(&err)
 	t.Model.SetTraining(false)
 	defer t.Model.SetTraining(true)
 	be := t.Dev.Backend()
@@ -216,29 +336,70 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 	ep := l.Epoch(0)
 	defer ep.Close()
 	n := 0
-	ag.NoGrad(func() {
-		for {
-			var done bool
-			tensor.WithScope(func() {
-				x, y, ok := ep.Next()
-				if !ok {
-					done = true
-					return
-				}
-				logits, lt := t.Step.forward(x, y)
-				be.AccumulateMetrics(t.evalSums.Buf(), lt.Buf(), logits.Buf(), y.Buf(), logits.Dim(0), logits.Dim(1))
-				n += x.Dim(0)
-			})
-			if done {
-				break
+	for {
+		var x, y *tensor.Tensor
+		var ok bool
+		tensor.WithScope(func() {
+			if x, y, ok = ep.Next(); ok {
+				x.Keep()
+				y.Keep()
 			}
+		})
+		if !ok {
+			break
 		}
-	})
+		err := t.evaluateBatch(x, y)
+		n += x.Dim(0)
+		x.Release()
+		y.Release()
+		if err != nil {
+			return 0, 0, err
+		}
+	}
 	if n == 0 {
 		return math.NaN(), math.NaN(), nil
 	}
 	v := t.evalSums.Float32s()
 	return float64(v[0]) / float64(n), float64(v[1]) / float64(n), nil
+}
+
+// evaluateBatch adds one batch's loss sum and right predictions to evalSums,
+// in chunks of at most t.evalChunk examples, halving it when one runs out of
+// memory (a chunk adds its sums only once its forward has run).
+func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
+	be := t.Dev.Backend()
+	n := x.Dim(0)
+	for lo := 0; lo < n; {
+		m := n - lo
+		if t.evalChunk > 0 {
+			m = min(m, t.evalChunk)
+		}
+		err := func() (err error) {
+			defer recoverError(&err)
+			ag.NoGrad(func() {
+				tensor.WithScope(func() {
+					xs, ys := x, y
+					if m < n {
+						xs, ys = x.Rows(lo, lo+m), y.Rows(lo, lo+m)
+					}
+					logits, lt := t.Step.forward(xs, ys)
+					be.AccumulateMetrics(t.evalSums.Buf(), lt.Buf(), logits.Buf(), ys.Buf(), logits.Dim(0), logits.Dim(1))
+				})
+			})
+			return nil
+		}()
+		switch {
+		case err == nil:
+			lo += m
+		case errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM && m > 1:
+			t.evalChunk = (m + 1) / 2
+			t.Dev.Allocator().EmptyCache()
+			t.OOM.note("evaluation ran out of memory at a batch of %d; it evaluates %d examples at a time from now on", m, t.evalChunk)
+		default:
+			return fmt.Errorf("evaluation: %w", err)
+		}
+	}
+	return nil
 }
 
 // Fit trains from t.Epoch up to Cfg.Epochs, evaluating on test after every
@@ -263,7 +424,8 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 		a.WindowPeak()
 		t.Step.ResetMetrics()
 		_, _, skipped0 := t.Step.Metrics()
-		var seen int
+		t.skipsSeen = skipped0
+		var seen, checked int
 		var epochPeakA, epochPeakR int64
 		ep := trainL.Epoch(t.Epoch)
 		t0 := time.Now()
@@ -294,8 +456,16 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
 			t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
 				Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
-			if obs != nil && ((s+1)%every == 0 || s+1 == steps) {
-				lossSum, right, _ := t.Step.Metrics()
+			if (s+1)%every == 0 || s+1 == steps {
+				lossSum, right, skipped := t.Step.Metrics()
+				if err := t.diverged(lossSum, skipped, s+1-checked); err != nil {
+					ep.Close()
+					return err
+				}
+				checked = s + 1
+				if obs == nil {
+					continue
+				}
 				obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen),
 					Acc: float64(right) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
 					Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
@@ -307,15 +477,22 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 		}
 		secs := time.Since(t0).Seconds()
 		lossSum, right, skipped := t.Step.Metrics()
-		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: lossSum / float64(max(seen, 1)), TrainAcc: float64(right) / float64(max(seen, 1)),
+		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(lossSum / float64(max(seen, 1))), TrainAcc: Float(float64(right) / float64(max(seen, 1))),
 			ImgPerSec: float64(seen) / secs, Seconds: secs, PeakAllocated: epochPeakA, PeakReserved: epochPeakR,
 			SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
 		if t.Cfg.AMP {
 			m.LossScale = t.Scaler.Scale()
 		}
-		var err error
-		if m.TestLoss, m.TestAcc, err = t.Evaluate(testL); err != nil {
+		a.WindowPeak()
+		testLoss, testAcc, err := t.Evaluate(testL)
+		if err != nil {
 			return err
+		}
+		pa, _ := a.WindowPeak()
+		t.evalPeak = max(t.evalPeak, pa)
+		m.TestLoss, m.TestAcc = Float(testLoss), Float(testAcc)
+		if math.IsNaN(testLoss) || math.IsInf(testLoss, 0) {
+			return &DivergedError{Epoch: t.Epoch, Step: t.Steps, Why: fmt.Sprintf("the test loss is %v", testLoss)}
 		}
 		if t.Step.Mode != Eager {
 			// The evaluation's memory came from the pools, which planned
@@ -338,5 +515,34 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 	return nil
 }
 
-// Peaks are the run's peak allocated and reserved bytes, from the pool.
+// diverged checks the metrics read at a progress update, steps after the
+// previous one: a loss that is not finite (without AMP; with AMP such steps
+// are skipped) or MaxSkips AMP steps in a row skipped is divergence.
+// Consecutive skips are counted over whole windows between updates.
+func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
+	if !t.Cfg.AMP {
+		if math.IsNaN(lossSum) || math.IsInf(lossSum, 0) {
+			return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
+				Why: fmt.Sprintf("the training loss became %v in the last %d steps", lossSum, steps)}
+		}
+		return nil
+	}
+	if skipped-t.skipsSeen == steps {
+		t.skipRun += steps
+	} else {
+		t.skipRun = 0
+	}
+	t.skipsSeen = skipped
+	if t.MaxSkips > 0 && t.skipRun >= t.MaxSkips {
+		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
+			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %g)", t.skipRun, t.Scaler.Scale())}
+	}
+	return nil
+}
+
+// Peaks are the training steps' peak allocated and reserved bytes, from the
+// pool (evaluation is not a step: EvalPeak).
 func (t *Trainer) Peaks() (allocated, reserved int64) { return t.peakAllocated, t.peakReserved }
+
+// EvalPeak is the evaluations' peak allocated bytes.
+func (t *Trainer) EvalPeak() int64 { return t.evalPeak }

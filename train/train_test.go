@@ -107,7 +107,7 @@ func TestSaveResumeContinuesExactly(t *testing.T) {
 	tb, _ := New(b, dev, cfg, 4)
 	defer tb.Release()
 	tb.Scaler.GrowthInterval = 3
-	if err := tb.Resume(path); err != nil {
+	if _, err := tb.Resume(path, false); err != nil {
 		t.Fatal(err)
 	}
 	if tb.Epoch != 1 || tb.Steps != 4 || len(tb.History) != 1 {
@@ -134,13 +134,25 @@ func TestSaveResumeContinuesExactly(t *testing.T) {
 	if ha != hb {
 		t.Errorf("epoch 2: %+v vs %+v", ha, hb)
 	}
-	// A checkpoint of another model is refused, naming the file.
+	// A checkpoint of another configuration is refused, every difference
+	// listed; with force it resumes, and says what changed.
+	tb.Cfg.Batch, tb.Cfg.Optimizer, tb.Cfg.AMP = 64, "adamw", false
+	_, err := tb.Resume(path, false)
+	for _, want := range []string{path, "batch: 32 -> 64", "optimizer: sgd -> adamw", "amp: true -> false", "-resume-force"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("resuming with another batch, optimiser and AMP: %v; want %q", err, want)
+		}
+	}
+	if changed, err := tb.Resume(path, true); err != nil || len(changed) != 3 {
+		t.Errorf("forced resume: %v, changes %q", err, changed)
+	}
+	// Another model is refused even with force, naming the file.
 	tb.Cfg.Model = "mlp"
-	if err := tb.Resume(path); err == nil || !strings.Contains(err.Error(), path) {
+	if _, err := tb.Resume(path, true); err == nil || !strings.Contains(err.Error(), path) {
 		t.Errorf("resuming another model: %v", err)
 	}
 	os.WriteFile(path, []byte("garbage"), 0o644)
-	if err := tb.Resume(path); err == nil || !strings.Contains(err.Error(), path) {
+	if _, err := tb.Resume(path, false); err == nil || !strings.Contains(err.Error(), path) {
 		t.Errorf("resuming garbage: %v", err)
 	}
 }

@@ -17,7 +17,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +48,8 @@ type options struct {
 	emptyCache                             int
 	seed                                   uint64
 	jsonOut, memlog, memplot, save, resume string
-	convWorkspace                          string
+	memsnapshot, maxMemory, convWorkspace  string
+	resumeForce                            bool
 	set                                    map[string]bool // flags given on the command line
 }
 
@@ -82,7 +88,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memlog, "memlog", "", "write the allocator's timeline of every alloc and free as CSV to this file")
 	fs.StringVar(&o.memplot, "memplot", "", "plot allocated and reserved memory over the run to this PNG")
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
-	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save")
+	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save (its model, optimiser, AMP, checkpointing, batch, dataset and schedule must be this run's)")
+	fs.BoolVar(&o.resumeForce, "resume-force", false, "resume even where the checkpoint's configuration differs from this run's (the report lists what changed)")
+	fs.StringVar(&o.maxMemory, "max-memory", "", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments and micro-batches whose measured step fits; -amp and -checkpoint given on the command line are kept")
+	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
@@ -94,32 +103,187 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
-	switch {
-	case o.model != "resnet" && o.model != "resnet18" && o.model != "mlp":
-		return nil, fmt.Errorf("-model %q: want resnet, resnet18 or mlp", o.model)
-	case o.epochs < 1:
-		return nil, fmt.Errorf("-epochs %d: want at least 1", o.epochs)
-	case o.batch < 1:
-		return nil, fmt.Errorf("-batch %d: want at least 1", o.batch)
-	case o.lr <= 0:
-		return nil, fmt.Errorf("-lr %v: want a positive learning rate", o.lr)
-	case o.limit < 0 || o.testLimit < 0:
-		return nil, fmt.Errorf("-limit and -test-limit count images: want 0 or more")
-	case o.emptyCache < 0:
-		return nil, fmt.Errorf("-empty-cache %d: want 0 (never) or a number of steps", o.emptyCache)
-	case o.ckpt && o.model == "mlp":
-		return nil, fmt.Errorf("-checkpoint needs a ResNet: its residual blocks are what is checkpointed")
-	}
-	if o.model == "resnet" && (o.depth < 8 || (o.depth-2)%6 != 0) {
-		return nil, fmt.Errorf("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
-	}
-	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
-		return nil, fmt.Errorf("-conv-workspace %q: want fast or lean", o.convWorkspace)
-	}
-	if _, err := nn.ParseCheckpointMode(o.ckptMode); err != nil {
-		return nil, fmt.Errorf("-checkpoint-mode: %v", err)
+	if err := o.check(); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// check validates every flag before anything is loaded or trained, and
+// reports every problem it finds, one a line.
+func (o *options) check() error {
+	var errs []string
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	if o.model != "resnet" && o.model != "resnet18" && o.model != "mlp" {
+		bad("-model %q: want resnet, resnet18 or mlp", o.model)
+	}
+	if o.model == "resnet" && (o.depth < 8 || (o.depth-2)%6 != 0) {
+		bad("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
+	}
+	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
+		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
+	}
+	if o.dataset != datasets.FashionMNIST && o.dataset != datasets.CIFAR10 && o.dataset != datasets.SyntheticSet {
+		bad("-dataset %q: want fashion-mnist, cifar10 or synthetic", o.dataset)
+	}
+	if o.data != "" {
+		if st, err := os.Stat(o.data); err != nil {
+			bad("-data %s: %v", o.data, cause(err))
+		} else if !st.IsDir() {
+			bad("-data %s: not a folder", o.data)
+		}
+	}
+	for _, v := range []struct {
+		name string
+		v    int
+		min  int
+		want string
+	}{
+		{"epochs", o.epochs, 1, "at least 1"},
+		{"batch", o.batch, 1, "at least 1"},
+		{"limit", o.limit, 0, "0 (all) or a number of images"},
+		{"test-limit", o.testLimit, 0, "0 (all) or a number of images"},
+		{"empty-cache", o.emptyCache, 0, "0 (never) or a number of steps"},
+	} {
+		if v.v < v.min {
+			bad("-%s %d: want %s", v.name, v.v, v.want)
+		}
+	}
+	for _, v := range []struct {
+		name     string
+		v        float64
+		ok       bool
+		interval string
+	}{
+		{"lr", o.lr, o.lr > 0, "a positive learning rate"},
+		{"momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "a momentum in [0, 1)"},
+		{"wd", o.wd, o.wd >= 0, "a weight decay of 0 or more"},
+		{"warmup", o.warmup, o.warmup >= 0, "0 or more warmup epochs"},
+	} {
+		if math.IsNaN(v.v) || math.IsInf(v.v, 0) || !v.ok {
+			bad("-%s %v: want %s", v.name, v.v, v.interval)
+		}
+	}
+	if o.optimizer != "sgd" && o.optimizer != "adamw" {
+		bad("-optimizer %q: want sgd or adamw", o.optimizer)
+	}
+	if o.schedule != "cosine" && o.schedule != "onecycle" && o.schedule != "constant" {
+		bad("-schedule %q: want cosine, onecycle or constant", o.schedule)
+	}
+	if o.ckpt && o.model == "mlp" {
+		bad("-checkpoint needs a ResNet: its residual blocks are what is checkpointed")
+	}
+	if _, err := nn.ParseCheckpointMode(o.ckptMode); err != nil {
+		bad("-checkpoint-mode: %v", err)
+	}
+	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
+		bad("-conv-workspace %q: want fast or lean", o.convWorkspace)
+	}
+	if o.maxMemory != "" {
+		if _, _, err := parseBudget(o.maxMemory); err != nil {
+			bad("-max-memory %q: %v", o.maxMemory, err)
+		}
+	}
+	if o.resume != "" {
+		if st, err := os.Stat(o.resume); err != nil {
+			bad("-resume %s: %v", o.resume, cause(err))
+		} else if st.IsDir() {
+			bad("-resume %s: a folder, not a checkpoint file", o.resume)
+		}
+	} else if o.resumeForce {
+		bad("-resume-force without -resume")
+	}
+	outputs := map[string]string{}
+	for _, f := range []struct{ flag, path string }{
+		{"save", o.save}, {"json", o.jsonOut}, {"memlog", o.memlog}, {"memplot", o.memplot}, {"memsnapshot", o.memsnapshot},
+	} {
+		if f.path == "" {
+			continue
+		}
+		abs, _ := filepath.Abs(f.path)
+		if other, ok := outputs[abs]; ok {
+			bad("-%s and -%s both write %s", other, f.flag, f.path)
+			continue
+		}
+		outputs[abs] = f.flag
+		if err := writable(f.path); err != nil {
+			bad("-%s %s: %v", f.flag, f.path, err)
+		}
+	}
+	if o.memplot != "" && !plotFormats[strings.ToLower(strings.TrimPrefix(filepath.Ext(o.memplot), "."))] {
+		bad("-memplot %s: want a .png, .svg or .pdf file", o.memplot)
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+var (
+	cudaIndex   = regexp.MustCompile(`^cuda:[0-9]+$`)
+	plotFormats = map[string]bool{"png": true, "svg": true, "pdf": true}
+)
+
+// writable checks that path can be written as the run's output: not a
+// folder, and in a folder (or below the nearest existing one, which the
+// write will create folders in) where a file can be created, which it
+// tries: permissions, read-only file systems and full quotas all show.
+func writable(path string) error {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return errors.New("a folder, not a file")
+	}
+	dir := filepath.Dir(path)
+	for {
+		st, err := os.Stat(dir)
+		if err == nil {
+			if !st.IsDir() {
+				return fmt.Errorf("%s is not a folder", dir)
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(dir) == dir {
+			return err
+		}
+		dir = filepath.Dir(dir)
+	}
+	f, err := os.CreateTemp(dir, ".leangrad-write-check-*")
+	if err != nil {
+		return fmt.Errorf("cannot write in %s: %v", dir, cause(err))
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// cause is an error without the path that the message already names.
+func cause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// parseBudget reads -max-memory: a size with a unit (200MiB, 1.5GiB, 64KiB,
+// 500MB, or plain bytes) or a fraction of the device's memory in (0, 1].
+func parseBudget(s string) (bytes int64, fraction float64, err error) {
+	num := strings.TrimRight(s, "KMGTiBkmgtib")
+	unit := strings.ToLower(s[len(num):])
+	v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+		return 0, 0, errors.New("want a size such as 200MiB or 2GiB, or a fraction of the device's memory such as 0.5")
+	}
+	if unit == "" && v <= 1 && strings.Contains(num, ".") || unit == "" && v == 1 {
+		return 0, v, nil
+	}
+	mult := map[string]float64{"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+	if mult == 0 {
+		return 0, 0, fmt.Errorf("unknown unit %q: want B, KiB, MiB, GiB (or KB, MB, GB), or a fraction such as 0.5", s[len(num):])
+	}
+	if v*mult < 1<<20 {
+		return 0, 0, errors.New("less than 1 MiB: no model trains in that")
+	}
+	return int64(v * mult), 0, nil
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -128,34 +292,51 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "train: %v\n", err)
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "train: %s\n", line)
+		}
 		return 2
 	}
 	if err := trainRun(o, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "train: %v\n", err)
+		if errors.Is(err, train.ErrDiverged) {
+			return 3
+		}
 		return 1
 	}
 	return 0
 }
 
-// trainRun does the work.
+// trainRun does the work and writes the reports, also when the work fails:
+// the JSON report then says why (error, diverged), and the memory logs
+// show what led there.
 func trainRun(o *options, stdout, stderr io.Writer) error {
-	err := trainOn(o, stdout, stderr)
+	r := &jsonReport{}
+	err := trainOn(o, r, stdout, stderr)
 	if errors.Is(err, memory.ErrOutOfMemory) {
-		return fmt.Errorf("%w\n(try a smaller -batch, or -amp and -checkpoint)", err)
+		err = fmt.Errorf("%w\n(try -max-memory with the device's size, a smaller -batch, or -amp and -checkpoint)", err)
 	}
-	return err
+	if err != nil {
+		r.Error = err.Error()
+		var d *train.DivergedError
+		if errors.As(err, &d) {
+			r.Diverged = &divergedReport{Epoch: d.Epoch + 1, Step: d.Step, Why: d.Why}
+		}
+	}
+	return errors.Join(err, r.write(o, stdout))
 }
 
-func trainOn(o *options, stdout, stderr io.Writer) error {
+func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 	dev, err := openDevice(o, stdout)
 	if err != nil {
 		return err
 	}
+	report.Device = dev.Name()
 	trainSet, testSet, err := openData(o, dev, stdout)
 	if err != nil {
 		return err
 	}
+	report.Dataset, report.DataDir, report.TrainImages, report.TestImages = trainSet.Name, trainSet.Dir, trainSet.N, testSet.N
 	build := func() nn.Module {
 		dev.Generator().Seed(o.seed)
 		switch o.model {
@@ -175,9 +356,10 @@ func trainOn(o *options, stdout, stderr io.Writer) error {
 	if o.ckpt {
 		ckpt = o.ckptMode
 	}
-	cfg := train.Config{Model: modelName, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
+	cfg := train.Config{Model: modelName, Dataset: trainSet.Name, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
 		Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
+	report.Config = cfg
 
 	mean, std := trainSet.MeanStd()
 	lc := datasets.LoaderConfig{Batch: o.batch, Shuffle: true, Seed: o.seed, Mean: mean, Std: std}
@@ -190,12 +372,40 @@ func trainOn(o *options, stdout, stderr io.Writer) error {
 	trainL := datasets.NewLoader(trainSet, dev, lc)
 	testL := datasets.NewLoader(testSet, dev, datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std})
 
-	report := &jsonReport{Config: cfg, Device: dev.Name(), Dataset: trainSet.Name, TrainImages: trainSet.N, TestImages: testSet.N}
-	chosen := train.VariantName(o.amp, ckpt)
 	planned := o.capture && dev.Name() != "cpu"
+	resnet := o.model != "mlp"
+	micro := 0
+	if o.maxMemory != "" {
+		budget := budgetBytes(o.maxMemory, dev)
+		keep := func(v train.Variant) bool {
+			ok := !o.set["amp"] || v.AMP == o.amp
+			if o.set["checkpoint"] {
+				ok = ok && (v.Checkpoint != "none") == o.ckpt
+			}
+			if o.set["checkpoint-mode"] && v.Checkpoint != "none" {
+				ok = ok && v.Checkpoint == o.ckptMode
+			}
+			return ok
+		}
+		var choice train.BudgetChoice
+		withFirstBatch(trainL, func(x, y *tensor.Tensor) {
+			choice, err = train.FitBudget(stdout, dev, build, cfg, train.BudgetVariants(resnet, keep), x, y, planned, budget)
+		})
+		report.Budget = &choice
+		if err != nil {
+			return err
+		}
+		cfg.AMP, cfg.Checkpoint, micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
+		report.Config = cfg
+		fmt.Fprintf(stdout, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, train.MiB(budget))
+		if micro > 0 {
+			fmt.Fprintf(stdout, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n", micro, o.batch)
+		}
+	}
+	chosen := train.VariantName(cfg.AMP, cfg.Checkpoint)
 	if o.measure {
 		fmt.Fprintf(stdout, "memory of one training step of %s on a batch of %d, measured by the pool:\n", modelName, o.batch)
-		report.Measured, err = measure(dev, build, cfg, trainL, o.model != "mlp", o.ckptMode, planned)
+		report.Measured, err = measure(dev, build, cfg, trainL, resnet, o.ckptMode, planned)
 		if err != nil {
 			return err
 		}
@@ -209,45 +419,71 @@ func trainOn(o *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer t.Release()
+	if err := t.Step.SetMicroBatch(micro); err != nil {
+		return err
+	}
 	if o.resume != "" {
-		if err := t.Resume(o.resume); err != nil {
+		changed, err := t.Resume(o.resume, o.resumeForce)
+		if err != nil {
 			return err
 		}
+		report.ResumeChanges = changed
 		fmt.Fprintf(stdout, "resumed from %s at epoch %d\n", o.resume, t.Epoch+1)
+		for _, c := range changed {
+			fmt.Fprintf(stdout, "  changed since the checkpoint (-resume-force): %s\n", c)
+		}
 	}
+	resumedEpochs := len(t.History)
 	a := dev.Allocator()
 	a.EmptyCache() // what the measurements cached is not the run's
 	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
+	if report.Budget != nil {
+		if err := a.SetLimit(report.Budget.Budget); err != nil {
+			return err
+		}
+	}
 	if o.memlog != "" {
 		a.RecordTimeline(true)
 	}
+	if o.memsnapshot != "" {
+		a.RecordHistory(true)
+	}
 	fmt.Fprintf(stdout, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
 		modelName, nn.CountParams(model), trainSet.N, o.epochs, trainL.Len(), chosen, t.Step.Mode)
+	report.run = &runState{t: t, dev: dev, title: fmt.Sprintf("%s, %s, batch %d on %s", modelName, chosen, o.batch, dev.Name())}
 	start := time.Now()
-	if err := t.Fit(trainL, testL, newProgress(stderr, o.epochs), o.save); err != nil {
-		return err
-	}
+	err = t.Fit(trainL, testL, newProgress(stderr, o.epochs), o.save)
 	wall := time.Since(start)
 	a.RecordTimeline(false)
+	report.Epochs, report.Empty, report.OOM = t.History, t.Empty, t.OOM
+	for _, e := range t.OOM.Events {
+		fmt.Fprintf(stdout, "out of memory: %s\n", e)
+	}
+	if err != nil {
+		return err
+	}
 
-	// The report.
+	// The report: of this run's epochs (a resumed run's earlier ones ran before).
 	var imgs, secs float64
-	for _, m := range t.History {
-		secs += m.Seconds
-		imgs += m.ImgPerSec * m.Seconds
+	for _, m := range t.History[resumedEpochs:] {
+		secs += float64(m.Seconds)
+		imgs += float64(m.ImgPerSec) * float64(m.Seconds)
 	}
 	last := t.History[len(t.History)-1]
 	peakA, peakR := t.Peaks()
 	fmt.Fprintf(stdout, "\ntest accuracy  %.2f%% (loss %.4f) after %d epochs\n", 100*last.TestAcc, last.TestLoss, len(t.History))
-	fmt.Fprintf(stdout, "throughput     %.0f img/s over the training steps (%.1f s), %.1f s in all with evaluation\n", imgs/secs, secs, wall.Seconds())
-	line := "peak allocated " + train.MiB(peakA)
+	if secs > 0 {
+		fmt.Fprintf(stdout, "throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation\n", imgs/secs, secs, wall.Seconds())
+	}
+	line := "peak allocated " + train.MiB(peakA) + " by the training steps"
 	for _, m := range report.Measured {
 		if m.Name == "fp32" && chosen != "fp32" {
 			line += fmt.Sprintf(" (fp32: %s, %s)", train.MiB(m.PeakAllocated), train.Percent(peakA, m.PeakAllocated))
 		}
 	}
 	fmt.Fprintln(stdout, line)
-	fmt.Fprintf(stdout, "peak reserved  %s\n", train.MiB(peakR))
+	fmt.Fprintf(stdout, "peak reserved  %s by the training steps\n", train.MiB(peakR))
+	fmt.Fprintf(stdout, "evaluation     peak allocated %s (batches of %d, no gradients)\n", train.MiB(t.EvalPeak()), testL.BatchShape()[0])
 	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
 		fmt.Fprintf(stdout, "planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state\n",
 			train.MiB(p.Size), train.MiB(p.Live), p.Order)
@@ -262,34 +498,73 @@ func trainOn(o *options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "EmptyCache every %d steps: %d calls, %s returned to the device in all, %.3f s inside EmptyCache\n",
 			o.emptyCache, t.Empty.Calls, train.MiB(t.Empty.Released), t.Empty.Seconds)
 	}
+	fmt.Fprintln(stdout, "the pool's summary below covers training and evaluation since the measurements:")
 	fmt.Fprint(stdout, a.Summary())
+	report.Final = &finalReport{TestAcc: last.TestAcc, TestLoss: last.TestLoss, ImgPerSec: train.Float(imgs / secs), TrainSeconds: secs,
+		WallSeconds: wall.Seconds(), PeakAllocated: peakA, PeakReserved: peakR, EvalPeakAllocated: t.EvalPeak()}
+	return nil
+}
 
-	report.Epochs, report.Empty = t.History, t.Empty
-	report.Final = finalReport{TestAcc: last.TestAcc, TestLoss: last.TestLoss, ImgPerSec: imgs / secs, TrainSeconds: secs,
-		WallSeconds: wall.Seconds(), PeakAllocated: peakA, PeakReserved: peakR}
-	report.Stats = a.Stats()
+// budgetBytes is -max-memory in bytes (checked by parse).
+func budgetBytes(s string, dev *tensor.Device) int64 {
+	bytes, fraction, _ := parseBudget(s)
+	if fraction > 0 {
+		_, total := dev.MemInfo()
+		bytes = int64(fraction * float64(total))
+	}
+	return bytes
+}
+
+// withFirstBatch calls f with the loader's first batch.
+func withFirstBatch(l *datasets.Loader, f func(x, y *tensor.Tensor)) {
+	tensor.WithScope(func() {
+		ep := l.Epoch(0)
+		x, y, _ := ep.Next()
+		ep.Close()
+		f(x, y)
+	})
+}
+
+// write writes the reports that were asked for, with what the run got to;
+// it returns every error, naming the flag.
+func (r *jsonReport) write(o *options, stdout io.Writer) error {
+	var errs []error
 	if o.jsonOut != "" {
-		data, _ := json.MarshalIndent(report, "", "  ")
-		if err := atomicfile.WriteFile(o.jsonOut, append(data, '\n')); err != nil {
-			return fmt.Errorf("-json %s: %w", o.jsonOut, err)
+		if r.run != nil {
+			r.Stats = r.run.dev.Allocator().Stats()
+		}
+		data, err := json.MarshalIndent(r, "", "  ")
+		if err == nil {
+			err = atomicfile.WriteFile(o.jsonOut, append(data, '\n'))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-json %s: %w", o.jsonOut, err))
 		}
 	}
+	if r.run == nil {
+		return errors.Join(errs...) // training never started: there is no memory to report
+	}
+	a := r.run.dev.Allocator()
 	if o.memlog != "" {
 		err := atomicfile.Write(o.memlog, func(w io.Writer) error { return memory.WriteTimelineCSV(w, a.Timeline()) })
 		if err != nil {
-			return fmt.Errorf("-memlog %s: %w", o.memlog, err)
-		}
-		if a.TimelineTruncated() {
+			errs = append(errs, fmt.Errorf("-memlog %s: %w", o.memlog, err))
+		} else if a.TimelineTruncated() {
 			fmt.Fprintf(stdout, "memlog: the timeline stopped after %d events\n", memory.TimelineLimit)
 		}
 	}
-	if o.memplot != "" {
-		title := fmt.Sprintf("%s, %s, batch %d on %s", modelName, chosen, o.batch, dev.Name())
-		if err := train.PlotMemory(t.Memory, title, o.memplot); err != nil {
-			return fmt.Errorf("-memplot %s: %w", o.memplot, err)
+	if o.memplot != "" && len(r.run.t.Memory) > 0 {
+		if err := train.PlotMemory(r.run.t.Memory, r.run.title, o.memplot); err != nil {
+			errs = append(errs, fmt.Errorf("-memplot %s: %w", o.memplot, err))
 		}
 	}
-	return nil
+	if o.memsnapshot != "" {
+		err := atomicfile.Write(o.memsnapshot, func(w io.Writer) error { return memory.WriteSnapshot(w, a.Snapshot()) })
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-memsnapshot %s: %w", o.memsnapshot, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
@@ -335,7 +610,7 @@ func firstLine(s string) string {
 func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testSet *datasets.Dataset, err error) {
 	trainSet, testSet, err = datasets.Open(o.dataset, o.data, o.download, o.seed)
 	if err != nil {
-		if o.set["dataset"] || !errors.Is(err, datasets.ErrNotFound) {
+		if o.set["dataset"] || o.data != "" || !errors.Is(err, datasets.ErrNotFound) {
 			return nil, nil, fmt.Errorf("-dataset %s: %w", o.dataset, err)
 		}
 		fmt.Fprintf(stdout, "dataset: %v; using the synthetic set instead (install dataset-fashion-mnist, pass -data DIR, or -download)\n", err)
@@ -368,7 +643,11 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 		}
 	}
 	trainSet, testSet = trainSet.Subset(o.limit), testSet.Subset(o.testLimit)
-	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d\n", trainSet.Name, trainSet.N, testSet.N, trainSet.C, trainSet.H, trainSet.W)
+	from := "generated from -seed"
+	if trainSet.Dir != "" {
+		from = "read from " + trainSet.Dir
+	}
+	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n", trainSet.Name, trainSet.N, testSet.N, trainSet.C, trainSet.H, trainSet.W, from)
 	return trainSet, testSet, nil
 }
 
@@ -377,10 +656,7 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *datasets.Loader, resnet bool, mode string, plan bool) ([]train.Measurement, error) {
 	var out []train.Measurement
 	var err error
-	tensor.WithScope(func() {
-		ep := l.Epoch(0)
-		x, y, _ := ep.Next()
-		ep.Close()
+	withFirstBatch(l, func(x, y *tensor.Tensor) {
 		for _, v := range train.Variants(mode) {
 			if !resnet && v.Checkpoint != "none" {
 				continue
@@ -396,24 +672,48 @@ func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *da
 }
 
 type finalReport struct {
-	TestAcc       float64 `json:"test_acc"`
-	TestLoss      float64 `json:"test_loss"`
-	ImgPerSec     float64 `json:"img_per_sec"`
-	TrainSeconds  float64 `json:"train_seconds"`
-	WallSeconds   float64 `json:"wall_seconds"`
-	PeakAllocated int64   `json:"peak_allocated"`
-	PeakReserved  int64   `json:"peak_reserved"`
+	TestAcc           train.Float `json:"test_acc"`
+	TestLoss          train.Float `json:"test_loss"`
+	ImgPerSec         train.Float `json:"img_per_sec"`   // this run's training steps (not a resumed run's earlier ones)
+	TrainSeconds      float64     `json:"train_seconds"` // this run's
+	WallSeconds       float64     `json:"wall_seconds"`
+	PeakAllocated     int64       `json:"peak_allocated"` // by the training steps
+	PeakReserved      int64       `json:"peak_reserved"`
+	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
 }
 
+type divergedReport struct {
+	Epoch int    `json:"epoch"` // from 1
+	Step  int    `json:"step"`
+	Why   string `json:"why"`
+}
+
+// jsonReport is what -json writes: always valid JSON, also for a run that
+// failed (Error) or diverged (Diverged); numbers that are not finite are null.
 type jsonReport struct {
-	Config      train.Config           `json:"config"`
-	Device      string                 `json:"device"`
-	Dataset     string                 `json:"dataset"`
-	TrainImages int                    `json:"train_images"`
-	TestImages  int                    `json:"test_images"`
-	Measured    []train.Measurement    `json:"measured_step_peaks,omitempty"`
-	Epochs      []train.EpochMetrics   `json:"epochs"`
-	Final       finalReport            `json:"final"`
-	Empty       train.EmptyCacheReport `json:"empty_cache"`
-	Stats       memory.Stats           `json:"pool_stats"`
+	Config        train.Config           `json:"config"`
+	Device        string                 `json:"device"`
+	Dataset       string                 `json:"dataset"`
+	DataDir       string                 `json:"data_dir,omitempty"` // the folder the dataset was read from
+	TrainImages   int                    `json:"train_images"`
+	TestImages    int                    `json:"test_images"`
+	Budget        *train.BudgetChoice    `json:"budget,omitempty"`
+	Measured      []train.Measurement    `json:"measured_step_peaks,omitempty"`
+	ResumeChanges []string               `json:"resume_changes,omitempty"`
+	Epochs        []train.EpochMetrics   `json:"epochs"`
+	Final         *finalReport           `json:"final,omitempty"`
+	OOM           train.OOMReport        `json:"out_of_memory"`
+	Empty         train.EmptyCacheReport `json:"empty_cache"`
+	Stats         memory.Stats           `json:"pool_stats"`
+	Error         string                 `json:"error,omitempty"`
+	Diverged      *divergedReport        `json:"diverged,omitempty"`
+
+	run *runState
+}
+
+// runState is what the reports written at the end need from the run.
+type runState struct {
+	t     *train.Trainer
+	dev   *tensor.Device
+	title string
 }

@@ -9,16 +9,22 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 )
 
 // Write creates path (and its folder) with what write produces. On any
-// error the target is left untouched and the temporary file removed.
+// error the target is left untouched and the temporary file removed. The
+// temporary files of earlier writes of path that were killed before they
+// could remove theirs are removed first (those untouched for a minute: a
+// write in progress elsewhere keeps its file fresh).
 func Write(path string, write func(w io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	RemoveStale(path, time.Minute)
+	f, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
 		return err
 	}
@@ -47,6 +53,33 @@ func Write(path string, write func(w io.Writer) error) (err error) {
 		d.Close()
 	}
 	return nil
+}
+
+func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
+
+// RemoveStale removes the temporary files that writes of path left behind
+// and that were last modified more than age ago, and returns their names.
+func RemoveStale(path string, age time.Duration) []string {
+	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(path), globEscape(tempPrefix(path))+"*"))
+	var removed []string
+	for _, m := range matches {
+		if st, err := os.Lstat(m); err == nil && st.Mode().IsRegular() && time.Since(st.ModTime()) > age && os.Remove(m) == nil {
+			removed = append(removed, m)
+		}
+	}
+	return removed
+}
+
+// globEscape quotes the characters filepath.Match treats specially.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // WriteFile is Write of a byte slice.

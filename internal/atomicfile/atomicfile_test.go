@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestWriteReplacesOrKeeps(t *testing.T) {
@@ -34,5 +35,29 @@ func TestWriteReplacesOrKeeps(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {
 		t.Errorf("temporary files left behind: %v", entries)
+	}
+}
+
+func TestWriteRemovesStaleTemporaries(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "run[1].ckpt")
+	stale := filepath.Join(dir, ".run[1].ckpt.tmp-123")
+	fresh := filepath.Join(dir, ".run[1].ckpt.tmp-456")
+	other := filepath.Join(dir, ".other.ckpt.tmp-789")
+	for _, f := range []string{stale, fresh, other} {
+		if err := os.WriteFile(f, []byte("torn"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(stale, old, old)
+	os.Chtimes(other, old, old)
+	if err := WriteFile(path, []byte("whole")); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]bool{stale: false, fresh: true, other: true, path: true} {
+		if _, err := os.Stat(f); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", filepath.Base(f), err == nil, want)
+		}
 	}
 }

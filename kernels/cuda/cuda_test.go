@@ -140,7 +140,7 @@ func TestCUDAFractionCapAndRetry(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, want := range []string{"cuda:0 out of memory", "Tried to allocate 100.00 MiB", "total capacity of",
-		"allocated by leangrad", fmt.Sprintf("at most %s (memory fraction cap)", fmtMiB(limit))} {
+		"allocated by leangrad", fmt.Sprintf("at most %s (its memory cap)", fmtMiB(limit))} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("OOM message lacks %q:\n%s", want, msg)
 		}
