@@ -108,8 +108,8 @@ func list(v any) []any { return *v.(*[]any) }
 func TestSnapshotPickle(t *testing.T) {
 	a := New(Limit(NewHeapSource(), 64<<20), Config{Device: "cpu"})
 	a.RecordHistory(true)
-	b1, _ := a.Alloc(3<<20, 0) // large pool: a 20 MiB segment
-	b2, _ := a.Alloc(1000, 0)  // small pool
+	b1, _ := a.Alloc(3<<20, 0)  // large pool: a 20 MiB segment
+	b2, _ := a.Alloc(1000, 0)   // small pool
 	b3, _ := a.Alloc(25<<20, 0) // a segment of its own, cached once freed
 	a.Free(b3)
 	if _, err := a.Alloc(100<<20, 0); err == nil {
