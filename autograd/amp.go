@@ -35,6 +35,27 @@ func withAutocast(on bool, f func()) {
 	f()
 }
 
+// autocastIn converts each *p in place (autocastTo) and returns the
+// function that releases the conversions. When one runs out of memory, the
+// ones already made are released before the panic goes on: a new reference
+// (Retain) belongs to no scope, and would pin x and its graph.
+func autocastIn(dt tensor.DType, ps ...**T) (release func()) {
+	done := make([]*T, 0, len(ps))
+	release = func() { releaseAll(done...) }
+	ok := false
+	defer func() {
+		if !ok {
+			release()
+		}
+	}()
+	for _, p := range ps {
+		*p = autocastTo(*p, dt)
+		done = append(done, *p)
+	}
+	ok = true
+	return release
+}
+
 // autocastTo returns x converted to dt when autocast is on and x is a float
 // tensor of another dtype, or a new reference to x otherwise.
 func autocastTo(x *T, dt tensor.DType) *T {

@@ -63,9 +63,15 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 			recomputing.Add(-1)
 			gen.SetState(after)
 		}()
-		xs := make([]*T, len(saved))
+		xs := make([]*T, 0, len(saved))
+		done := false
+		defer func() {
+			if !done { // the recomputation failed (out of memory): drop the aliases and their gradients
+				releaseAll(xs...)
+			}
+		}()
 		for i, sv := range saved {
-			xs[i] = sv.Alias().SetRequiresGrad(rec.needs(i))
+			xs = append(xs, sv.Alias().SetRequiresGrad(rec.needs(i)))
 		}
 		withAutocast(amp, func() {
 			tensor.WithScope(func() {
@@ -81,6 +87,7 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 			}
 			x.Release()
 		}
+		done = true
 		return grads
 	})
 	return out

@@ -14,8 +14,7 @@ import (
 // Under Autocast the convolution runs in F16 on F16 copies of x, w and b.
 func Conv2d(x, w, b *T, stride, pad int) *T {
 	if AutocastEnabled() {
-		x, w, b = autocastTo(x, tensor.F16), autocastTo(w, tensor.F16), autocastTo(b, tensor.F16)
-		defer releaseAll(x, w, b)
+		defer autocastIn(tensor.F16, &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] {

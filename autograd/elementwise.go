@@ -31,10 +31,11 @@ func castRaw(x *T, dt tensor.DType) *T {
 	return y
 }
 
-// asDType returns x if it has dtype dt (with a new reference) or a converted copy.
+// asDType returns x if it has dtype dt (a new handle, in the current scope)
+// or a converted copy.
 func asDType(x *T, dt tensor.DType) *T {
 	if x.DType() == dt {
-		return x.Retain()
+		return x.View(x.Shape()...)
 	}
 	return castRaw(x, dt)
 }
@@ -56,11 +57,12 @@ func binaryRaw(op kernels.BinaryOp, a, b *T) *T {
 }
 
 // sumTo sums g over the dimensions along which a tensor of shape was
-// broadcast to g's shape, returning a tensor of shape (a new reference).
+// broadcast to g's shape, returning a tensor of shape (a new handle, in the
+// current scope).
 func sumTo(g *T, shape []int) *T {
 	gs := g.Shape()
 	if slices.Equal(gs, shape) {
-		return g.Retain()
+		return g.View(gs...)
 	}
 	n := len(gs)
 	target := make([]int, n)
@@ -85,7 +87,7 @@ func sumTo(g *T, shape []int) *T {
 			panic(fmt.Sprintf("autograd: gradient of shape %v cannot be summed to shape %v", gs, shape))
 		}
 	}
-	cur := g.Retain()
+	cur := g.View(gs...)
 	curShape := slices.Clone(gs)
 	for k := len(groups) - 1; k >= 0; k-- {
 		gr := groups[k]

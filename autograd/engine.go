@@ -215,12 +215,24 @@ func Backward(root *T, opts ...Option) {
 	for _, n := range order {
 		n.refs++ // held until this pass has processed the node
 	}
+	// Every gradient this pass holds is in pending, in flight (given to a
+	// node's backward) or in loose (returned by one and not yet passed on).
 	pending := map[*node]*T{rootNode: g}
+	var inFlight *T
+	var loose []*T
 	i := len(order) - 1
 	defer func() {
+		if i < 0 {
+			return
+		}
 		// A backward that panicked (out of memory, say) must not pin the
-		// graph: free what the nodes not yet processed saved, and drop this
-		// pass's hold on them. The pending gradients are the scope's.
+		// graph: release the gradients held, free what the nodes not yet
+		// processed saved, and drop this pass's hold on them.
+		releaseAll(loose...)
+		releaseAll(inFlight)
+		for _, pg := range pending {
+			pg.Release()
+		}
 		for ; i >= 0; i-- {
 			order[i].free()
 			order[i].Release()
@@ -233,27 +245,38 @@ func Backward(root *T, opts ...Option) {
 			if n.done {
 				panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
 			}
-			grads := n.backward(g)
+			inFlight = g
+			loose = n.backward(g)
+			inFlight = nil
 			g.Release()
 			for j, e := range n.inputs {
 				var gi *T
-				if j < len(grads) {
-					gi = grads[j]
+				if j < len(loose) {
+					gi = loose[j]
 				}
 				switch {
 				case gi == nil:
 				case e.node != nil:
 					if old := pending[e.node]; old != nil {
-						pending[e.node] = addInPlace(old, gi)
+						sum := addInPlace(old, gi)
+						loose[j] = nil // addInPlace took both
+						pending[e.node] = sum
 					} else {
 						pending[e.node] = gi
+						loose[j] = nil
 					}
 				case e.leaf != nil:
 					accumulate(e.leaf, gi)
+					loose[j] = nil
 				default:
+					loose[j] = nil
 					gi.Release()
 				}
 			}
+			for _, extra := range loose[min(len(loose), len(n.inputs)):] {
+				releaseAll(extra)
+			}
+			loose = nil
 		}
 		if !o.retain {
 			n.free()
@@ -291,6 +314,7 @@ func topoOrder(root *node) []*node {
 }
 
 // addInPlace adds g into acc (when acc may be overwritten) and releases g.
+// If it panics (out of memory), it has released neither.
 func addInPlace(acc, g *T) *T {
 	if !acc.Exclusive() || acc.DType() != g.DType() {
 		sum := binaryRaw(kernels.Add, acc, g)
@@ -304,7 +328,9 @@ func addInPlace(acc, g *T) *T {
 	return acc
 }
 
-// accumulate adds g into leaf's gradient, taking g's reference.
+// accumulate adds g into leaf's gradient, taking g's reference. If it
+// panics (out of memory), it has not released g: it releases g only after
+// its last allocation.
 func accumulate(leaf, g *T) {
 	if leaf.Released() {
 		g.Release()

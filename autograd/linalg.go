@@ -54,8 +54,7 @@ func gemm(a, b *T, transA, transB bool) *T {
 // Under Autocast the product runs in F16 on F16 copies of a and b.
 func MatMul(a, b *T) *T {
 	if AutocastEnabled() {
-		a, b = autocastTo(a, tensor.F16), autocastTo(b, tensor.F16)
-		defer releaseAll(a, b)
+		defer autocastIn(tensor.F16, &a, &b)()
 	}
 	c := gemm(a, b, false, false)
 	if rec := begin("matmul", a, b); rec != nil {
@@ -86,8 +85,7 @@ func MatMul(a, b *T) *T {
 // Under Autocast the product runs in F16 on F16 copies of x, w and b.
 func Linear(x, w, b *T) *T {
 	if AutocastEnabled() {
-		x, w, b = autocastTo(x, tensor.F16), autocastTo(w, tensor.F16), autocastTo(b, tensor.F16)
-		defer releaseAll(x, w, b)
+		defer autocastIn(tensor.F16, &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
@@ -144,8 +142,8 @@ func addBias(y, b *T, shape []int) {
 // over the broadcast dimensions, in the bias's dtype dt, as a 1-D tensor.
 func biasGrad(g *T, shape []int, dt tensor.DType) *T {
 	s := sumTo(g, shape)
+	defer s.Release()
 	c := asDType(s, dt)
-	s.Release()
 	v := c.View(-1)
 	c.Release()
 	return v

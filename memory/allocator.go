@@ -171,6 +171,11 @@ func (p *pool) bestFit(stream Stream, size int64) *Block {
 type Config struct {
 	// Device names the device in error messages and summaries ("cpu", "cuda:0").
 	Device string
+	// NoCaching makes every allocation a segment of its own, obtained from
+	// the Source and returned to it on Free, as PYTORCH_NO_CUDA_MEMORY_CACHING=1
+	// does: slow, but every request reaches the Source, for tools that watch
+	// it and for tests that inject faults there.
+	NoCaching bool
 }
 
 // Allocator is a caching allocator over a Source. It is safe for concurrent use.
@@ -235,13 +240,20 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 	if rounded <= SmallSize {
 		p = &a.small
 	}
-	b := p.bestFit(stream, rounded)
+	var b *Block
+	if !a.cfg.NoCaching {
+		b = p.bestFit(stream, rounded)
+	}
 	if b != nil {
 		p.remove(b)
 		a.noteFreeLeaves(b)
 	} else {
 		var err error
-		b, err = a.grow(p, rounded, SegmentSize(rounded), stream)
+		size := SegmentSize(rounded)
+		if a.cfg.NoCaching {
+			size = rounded
+		}
+		b, err = a.grow(p, rounded, size, stream)
 		if err != nil {
 			return nil, err
 		}
@@ -404,6 +416,9 @@ func (a *Allocator) Free(b *Block) {
 	}
 	p.insert(b)
 	a.noteFreeEnters(b)
+	if a.cfg.NoCaching {
+		a.releaseCached()
+	}
 }
 
 // noteFreeEnters and noteFreeLeaves keep the non-releasable (inactive split)

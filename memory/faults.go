@@ -43,14 +43,14 @@ func Inject(src Source, f Faults) *FaultySource {
 	return s
 }
 
-// Set replaces the faults, counting calls for Every from now on.
+// Set replaces the faults, counting calls and faults from now on.
 func (s *FaultySource) Set(f Faults) {
 	if f.Every < 0 || f.Probability < 0 || f.Probability > 1 || f.Max < 0 || f.Burst < 0 {
 		panic(fmt.Sprintf("memory: faults %+v", f))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults, s.calls, s.pending = f, 0, 0
+	s.faults, s.calls, s.pending, s.injected = f, 0, 0, 0
 	s.rng = rand.New(rand.NewPCG(f.Seed, f.Seed^0x9e3779b97f4a7c15))
 }
 

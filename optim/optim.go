@@ -109,6 +109,33 @@ func stateTensor(p *tensor.Tensor) *tensor.Tensor {
 	return tensor.Zeros(p.Device(), tensor.F32, p.Shape()...).Keep()
 }
 
+// ensureState gives the parameters idx state tensors in each of lists where
+// they have none, all or none: when an allocation fails (out of memory), the
+// ones made here are released before the panic goes on, so that a step run
+// again finds the state as it was (a first step rounds differently from a
+// later one on zero state, so half-made state would change the result).
+func ensureState(params []*tensor.Tensor, idx []int, lists ...[]*tensor.Tensor) {
+	var made []**tensor.Tensor
+	ok := false
+	defer func() {
+		if !ok {
+			for _, t := range made {
+				(*t).Release()
+				*t = nil
+			}
+		}
+	}()
+	for _, i := range idx {
+		for _, l := range lists {
+			if l[i] == nil {
+				l[i] = stateTensor(params[i])
+				made = append(made, &l[i])
+			}
+		}
+	}
+	ok = true
+}
+
 // SGD is stochastic gradient descent with momentum, Nesterov momentum and
 // L2 weight decay, as torch.optim.SGD.
 type SGD struct {
@@ -149,11 +176,15 @@ func (o *SGD) StepUnless(skip kernels.Buf) {
 		be.SGD(hp, ps, gs, nil)
 		return
 	}
+	fresh := make([]bool, len(idx))
+	for k, i := range idx {
+		fresh[k] = o.moms[i] == nil
+	}
+	ensureState(o.params, idx, o.moms)
 	var first, rest [3][]kernels.Buf
 	for k, i := range idx {
 		group := &rest
-		if o.moms[i] == nil {
-			o.moms[i] = stateTensor(o.params[i])
+		if fresh[k] {
 			group = &first
 		}
 		group[0] = append(group[0], ps[k])
@@ -267,14 +298,9 @@ func (o *AdamW) StepUnless(skip kernels.Buf) {
 	if len(idx) == 0 {
 		return
 	}
+	ensureState(o.params, idx, o.m, o.v)
 	var ms, vs []kernels.Buf
 	for _, i := range idx {
-		if o.m[i] == nil { // one at a time: an allocation that fails leaks neither
-			o.m[i] = stateTensor(o.params[i])
-		}
-		if o.v[i] == nil {
-			o.v[i] = stateTensor(o.params[i])
-		}
 		ms, vs = append(ms, o.m[i].Buf()), append(vs, o.v[i].Buf())
 	}
 	be := o.params[idx[0]].Backend()

@@ -316,7 +316,7 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 		t.OOM.MicroBatch = m
 		err = t.Step.Run(x, y)
 		if err == nil {
-			t.OOM.note("step %d ran out of memory at a batch of %d; it runs as micro-batches of %d from now on (gradients accumulated, batch norm per micro-batch)",
+			t.OOM.note("step %d ran out of memory at a batch of %d; it runs as micro-batches of %d from now on (gradients accumulated; batch norm, if any, per micro-batch)",
 				t.Steps+1, n, m)
 		}
 	}
