@@ -150,7 +150,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Conf
 		if fits {
 			verdict = "fits"
 		}
-		fmt.Fprintf(w, "  %-28s %12s  %s\n", describeVariant(v, x.Dim(0)), need, verdict)
+		fmt.Fprintf(w, "  %-38s %10s  %s\n", describeVariant(v, x.Dim(0)), need, verdict)
 		if fits {
 			c.Chosen = v
 		}

@@ -220,8 +220,9 @@ func (o *options) check() error {
 }
 
 var (
-	cudaIndex   = regexp.MustCompile(`^cuda:[0-9]+$`)
-	plotFormats = map[string]bool{"png": true, "svg": true, "pdf": true}
+	cudaIndex    = regexp.MustCompile(`^cuda:[0-9]+$`)
+	budgetSyntax = regexp.MustCompile(`^([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)$`)
+	plotFormats  = map[string]bool{"png": true, "svg": true, "pdf": true}
 )
 
 // writable checks that path can be written as the run's output: not a
@@ -266,19 +267,22 @@ func cause(err error) error {
 // parseBudget reads -max-memory: a size with a unit (200MiB, 1.5GiB, 64KiB,
 // 500MB, or plain bytes) or a fraction of the device's memory in (0, 1].
 func parseBudget(s string) (bytes int64, fraction float64, err error) {
-	num := strings.TrimRight(s, "KMGTiBkmgtib")
-	unit := strings.ToLower(s[len(num):])
-	v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+	m := budgetSyntax.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
 		return 0, 0, errors.New("want a size such as 200MiB or 2GiB, or a fraction of the device's memory such as 0.5")
 	}
-	if unit == "" && v <= 1 && strings.Contains(num, ".") || unit == "" && v == 1 {
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+		return 0, 0, errors.New("want a positive size such as 200MiB or 2GiB, or a fraction of the device's memory such as 0.5")
+	}
+	unit := strings.ToLower(m[2])
+	if unit == "" && v <= 1 {
 		return 0, v, nil
 	}
 	mult := map[string]float64{"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
 	if mult == 0 {
-		return 0, 0, fmt.Errorf("unknown unit %q: want B, KiB, MiB, GiB (or KB, MB, GB), or a fraction such as 0.5", s[len(num):])
+		return 0, 0, fmt.Errorf("unknown unit %q: want B, KiB, MiB, GiB (or KB, MB, GB), or a fraction such as 0.5", m[2])
 	}
 	if v*mult < 1<<20 {
 		return 0, 0, errors.New("less than 1 MiB: no model trains in that")
@@ -483,7 +487,7 @@ func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, line)
 	fmt.Fprintf(stdout, "peak reserved  %s by the training steps\n", train.MiB(peakR))
-	fmt.Fprintf(stdout, "evaluation     peak allocated %s (batches of %d, no gradients)\n", train.MiB(t.EvalPeak()), testL.BatchShape()[0])
+	fmt.Fprintf(stdout, "evaluation     peak allocated %s (batches of %d, no gradients)\n", train.MiB(t.EvalPeak()), min(testL.BatchShape()[0], testSet.N))
 	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
 		fmt.Fprintf(stdout, "planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state\n",
 			train.MiB(p.Size), train.MiB(p.Live), p.Order)

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leangrad/leangrad/kernels/cuda"
 )
@@ -30,10 +33,15 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"-model", "mlp", "-checkpoint"}, 2, "-checkpoint needs a ResNet"},
 		{[]string{"-checkpoint-mode", "half"}, 2, `checkpoint mode "half"`},
-		{[]string{"-dataset", "imagenet"}, 1, `unknown dataset "imagenet"`},
-		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, 1, "cifar10: dataset not found in /nonexistent"},
-		{[]string{"-device", "tpu"}, 1, `unknown device "tpu"`},
-		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, 1, "/nonexistent/run.ckpt"},
+		{[]string{"-dataset", "imagenet"}, 2, `-dataset "imagenet": want fashion-mnist, cifar10 or synthetic`},
+		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, 2, "-data /nonexistent: no such file or directory"},
+		{[]string{"-device", "tpu"}, 2, `-device "tpu": want cpu, cuda, cuda:N or auto`},
+		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, 2, "-resume /nonexistent/run.ckpt: no such file"},
+		{[]string{"-optimizer", "adam"}, 2, `-optimizer "adam": want sgd or adamw`},
+		{[]string{"-schedule", "step"}, 2, `-schedule "step": want cosine, onecycle or constant`},
+		{[]string{"-max-memory", "lots"}, 2, `-max-memory "lots": want a size`},
+		{[]string{"-max-memory", "20XB"}, 2, `unknown unit "XB"`},
+		{[]string{"-resume-force"}, 2, "-resume-force without -resume"},
 	} {
 		code, _, stderr := runCLI(tc.args...)
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
@@ -85,4 +93,205 @@ func TestRunWritesReports(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "resumed from") || !strings.Contains(stderr, "epoch 3:") {
 		t.Errorf("resume: exit %d\n%s\n%s", code, stdout, stderr)
 	}
+}
+
+// Why 1: every output path is checked before the dataset is loaded, and
+// every bad flag is reported, in one run, exit 2. (An unwritable -save used
+// to fail after the first epoch, -json, -memlog and -memplot after the
+// whole run, one at a time.)
+func TestBadOutputPathsFailBeforeAnyWork(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, []byte("x"), 0o644)
+	args := []string{"-model", "mlp", "-dataset", "synthetic", "-device", "cpu",
+		"-save", "/proc/leangrad-test/run.ckpt", // no one may create files in /proc, not even root
+		"-json", filepath.Join(file, "r.json"), // under a file
+		"-memplot", dir, // a folder
+		"-memlog", filepath.Join(dir, "new", "deeper", "m.csv"), // fine: the folders are made
+		"-memsnapshot", filepath.Join(dir, "m.svg"), "-memplot", filepath.Join(dir, "m.svg")}
+	code, stdout, stderr := runCLI(args...)
+	if code != 2 || stdout != "" {
+		t.Errorf("exit %d, stdout %q: want 2 and nothing done", code, stdout)
+	}
+	for _, want := range []string{"-save /proc/leangrad-test/run.ckpt: cannot write in /proc", "-json " + file + "/r.json: " + file + " is not a folder",
+		"-memplot and -memsnapshot both write"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "-memlog") {
+		t.Errorf("a -memlog in folders still to be made was refused:\n%s", stderr)
+	}
+	code, _, stderr = runCLI("-memplot", dir, "-lr", "NaN", "-momentum", "1", "-wd", "-Inf", "-warmup", "NaN", "-epochs", "0")
+	for _, want := range []string{"-memplot " + dir + ": a folder", "-lr NaN: want a positive", "-momentum 1: want a momentum in [0, 1)",
+		"-wd -Inf: want a weight decay", "-warmup NaN", "-epochs 0"} {
+		if code != 2 || !strings.Contains(stderr, want) {
+			t.Errorf("exit %d, stderr lacks %q:\n%s", code, want, stderr)
+		}
+	}
+	if n := strings.Count(stderr, "train: "); n != 7 { // -memplot's folder has no image extension either
+		t.Errorf("%d errors reported, want all 7:\n%s", n, stderr)
+	}
+	if os.Geteuid() != 0 { // root writes in read-only folders
+		ro := filepath.Join(dir, "ro")
+		os.Mkdir(ro, 0o500)
+		if code, _, stderr := runCLI("-save", filepath.Join(ro, "run.ckpt")); code != 2 || !strings.Contains(stderr, "cannot write in "+ro) {
+			t.Errorf("a read-only folder: exit %d, %s", code, stderr)
+		}
+	}
+}
+
+// smallRun is a quick CPU run of an MLP on the synthetic set.
+var smallRun = []string{"-model", "mlp", "-dataset", "synthetic", "-device", "cpu", "-limit", "512", "-test-limit", "64",
+	"-batch", "16", "-measure=false"}
+
+// Why 2: a run that diverges stops, names the step, exits 3, writes valid
+// JSON with null for the numbers that are not finite, and saves nothing
+// over the last good checkpoint.
+func TestDivergedRunStopsAndSaysSo(t *testing.T) {
+	dir := t.TempDir()
+	js, ck := filepath.Join(dir, "r.json"), filepath.Join(dir, "run.ckpt")
+	if code, _, stderr := runCLI(append(smallRun, "-epochs", "1", "-save", ck)...); code != 0 {
+		t.Fatalf("the good run: %d\n%s", code, stderr)
+	}
+	good, _ := os.ReadFile(ck)
+	for _, amp := range []string{"-amp=false", "-amp"} {
+		args := append(smallRun, "-epochs", "2", "-lr", "1e9", amp, "-resume", ck, "-resume-force", "-save", ck, "-json", js)
+		code, _, stderr := runCLI(args...)
+		if code != 3 || !strings.Contains(stderr, "training diverged at step") || !strings.Contains(stderr, "try a lower learning rate (-lr)") {
+			t.Errorf("%s: exit %d, %s", amp, code, stderr)
+		}
+		if b, _ := os.ReadFile(ck); !bytes.Equal(b, good) {
+			t.Errorf("%s: the diverged run wrote over the last good checkpoint", amp)
+		}
+		data, err := os.ReadFile(js)
+		var r struct {
+			Diverged *divergedReport `json:"diverged"`
+			Error    string          `json:"error"`
+		}
+		if err != nil || json.Unmarshal(data, &r) != nil || r.Diverged == nil || r.Diverged.Step == 0 || r.Error == "" {
+			t.Errorf("%s: -json %v: %s", amp, err, data)
+		}
+	}
+}
+
+// writeIDX writes an IDX file of unsigned bytes.
+func writeIDX(t *testing.T, path string, dims []int, body []byte) {
+	var b bytes.Buffer
+	b.Write([]byte{0, 0, 8, byte(len(dims))})
+	for _, d := range dims {
+		binary.Write(&b, binary.BigEndian, int32(d))
+	}
+	b.Write(body)
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Why 3: the report says which folder the dataset came from, and a -data
+// that does not hold it is an error naming the files expected there, not
+// a silent fallback to the copy found elsewhere.
+func TestDatasetProvenance(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("LEANGRAD_DATA", root)
+	dir := filepath.Join(root, "fashion-mnist")
+	os.MkdirAll(dir, 0o755)
+	for _, p := range []string{"train", "t10k"} {
+		writeIDX(t, filepath.Join(dir, p+"-images-idx3-ubyte"), []int{32, 28, 28}, make([]byte, 32*28*28))
+		labels := make([]byte, 32)
+		for i := range labels {
+			labels[i] = byte(i % 10)
+		}
+		writeIDX(t, filepath.Join(dir, p+"-labels-idx1-ubyte"), []int{32}, labels)
+	}
+	base := []string{"-model", "mlp", "-dataset", "fashion-mnist", "-device", "cpu", "-batch", "16", "-measure=false"}
+	code, stdout, stderr := runCLI(base...)
+	if code != 0 || !strings.Contains(stdout, "read from "+dir) {
+		t.Errorf("exit %d; stdout does not name %s:\n%s%s", code, dir, stdout, stderr)
+	}
+	typo := t.TempDir()
+	code, stdout, stderr = runCLI(append(base, "-data", typo)...)
+	if code != 1 || !strings.Contains(stderr, "dataset not found in "+typo) || !strings.Contains(stderr, "train-images-idx3-ubyte") || strings.Contains(stdout, "training") {
+		t.Errorf("a -data without the dataset: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// Why 4: resuming with another configuration is an error listing what
+// differs, unless -resume-force, and then the report says what changed.
+func TestResumeIsStrict(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "run.ckpt")
+	if code, _, stderr := runCLI(append(smallRun, "-epochs", "1", "-save", ck)...); code != 0 {
+		t.Fatalf("the first run: %d\n%s", code, stderr)
+	}
+	code, _, stderr := runCLI(append(smallRun, "-epochs", "2", "-resume", ck, "-optimizer", "adamw", "-batch", "32", "-amp")...)
+	for _, want := range []string{"optimizer: sgd -> adamw", "batch: 16 -> 32", "amp: false -> true", "-resume-force"} {
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("resume with another optimiser, batch and AMP: exit %d, stderr lacks %q:\n%s", code, want, stderr)
+		}
+	}
+	code, stdout, stderr := runCLI(append(smallRun, "-epochs", "2", "-resume", ck, "-optimizer", "adamw", "-resume-force")...)
+	if code != 0 || !strings.Contains(stdout, "changed since the checkpoint (-resume-force): optimizer: sgd -> adamw") {
+		t.Errorf("forced resume: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// The throughput line counts this run's training only: one epoch here,
+	// so its seconds are fewer than the run's in all.
+	var train, all float64
+	for _, l := range strings.Split(stdout, "\n") {
+		if strings.HasPrefix(l, "throughput") {
+			var ips float64
+			fmt.Sscanf(l, "throughput %f img/s over this run's training steps (%f s), %f s in all", &ips, &train, &all)
+		}
+	}
+	if train <= 0 || train > all {
+		t.Errorf("after a resume: %.1f s of training in %.1f s in all", train, all)
+	}
+}
+
+// Why 6: interrupted saves' temporary files are cleaned up; the report
+// tells training peaks from evaluation's and says what the summary covers.
+func TestStaleTemporariesAndReportWording(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "run.ckpt")
+	stale := filepath.Join(dir, ".run.ckpt.tmp-12345")
+	os.WriteFile(stale, []byte("torn"), 0o644)
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(stale, old, old)
+	code, stdout, stderr := runCLI(append(smallRun, "-epochs", "1", "-save", ck)...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if _, err := os.Stat(stale); err == nil {
+		t.Error("the stale temporary file of an interrupted save is still there")
+	}
+	for _, want := range []string{"peak allocated", "by the training steps", "evaluation     peak allocated", "the pool's summary below covers training and evaluation"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("report lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// -max-memory fits the step into the budget: the acceptance run of the
+// issue, on a narrower budget than the measured peaks (CPU, batch 64).
+func TestMaxMemoryFitsTheBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a ResNet-8 for an epoch")
+	}
+	js := filepath.Join(t.TempDir(), "r.json")
+	code, stdout, stderr := runCLI("-model", "resnet", "-depth", "8", "-dataset", "synthetic", "-device", "cpu", "-limit", "256",
+		"-test-limit", "64", "-batch", "64", "-epochs", "1", "-amp", "-checkpoint", "-max-memory", "6MiB", "-json", js, "-measure=false")
+	if code != 0 || !strings.Contains(stdout, "fitting a step into a budget of 6.0 MiB") || !strings.Contains(stdout, "chose ") {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	var r jsonReport
+	data, _ := os.ReadFile(js)
+	if err := json.Unmarshal(data, &r); err != nil || r.Budget == nil || r.Final == nil {
+		t.Fatalf("-json: %v", err)
+	}
+	if r.Final.PeakAllocated > 6<<20 || r.Final.EvalPeakAllocated > 6<<20 {
+		t.Errorf("peaks %d (steps) and %d (evaluation) above the 6 MiB budget", r.Final.PeakAllocated, r.Final.EvalPeakAllocated)
+	}
+	if !r.Budget.Chosen.AMP || r.Budget.Chosen.Checkpoint == "none" {
+		t.Errorf("chose %+v: -amp and -checkpoint were given, and must be kept", r.Budget.Chosen)
+	}
+	t.Logf("%s", stdout)
 }
