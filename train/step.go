@@ -326,6 +326,24 @@ func (s *Step) mutable() []*tensor.Tensor {
 	return append(ts, s.metrics)
 }
 
+// FreeArena gives back the planned arena and the graphs captured over it,
+// to make room: the next planned step of a shape allocates the arena again
+// and captures its graph again. A trainer calls it when a step runs out of
+// memory, which happens when a new batch shape (an epoch's last, smaller
+// batch) warms up eagerly beside the arena.
+func (s *Step) FreeArena() error {
+	if s.arena == nil {
+		return nil
+	}
+	s.dropGraphs()
+	if err := s.dev.Synchronize(); err != nil {
+		return err
+	}
+	err := s.arena.Release()
+	s.arena = nil
+	return err
+}
+
 // MicroBatch is the micro-batch size steps run with (0: whole batches).
 func (s *Step) MicroBatch() int { return s.micro }
 
@@ -345,16 +363,10 @@ func (s *Step) SetMicroBatch(n int) error {
 		return nil
 	}
 	s.micro = n
-	if n == 0 || s.arena == nil {
+	if n == 0 {
 		return nil
 	}
-	s.dropGraphs()
-	if err := s.dev.Synchronize(); err != nil {
-		return err
-	}
-	err := s.arena.Release()
-	s.arena = nil
-	return err
+	return s.FreeArena()
 }
 
 // fallBack makes st run eagerly from now on, noting why.

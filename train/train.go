@@ -260,8 +260,8 @@ func (t *Trainer) Release() {
 //
 // A step that runs out of memory leaves no trace (Step.Run is a
 // transaction) and runs again, unless FailOnOOM: first whole, after the
-// pool's cached blocks went back to the device (what PyTorch's allocator
-// does before it gives up); then as micro-batches of half the batch,
+// step's planned arena (Step.FreeArena) and the pool's cached blocks went
+// back to the device; then as micro-batches of half the batch,
 // halving until the step fits (Step.SetMicroBatch: the same effective
 // batch), and the later steps keep that size. If one example at a time does
 // not fit either, RunStep returns the allocator's error. OOM says what was
@@ -292,10 +292,13 @@ func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
 func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 	t.OOM.Recoveries++
 	a := t.Dev.Allocator()
+	if err := t.Step.FreeArena(); err != nil {
+		return err
+	}
 	a.EmptyCache()
 	if err = t.Step.Run(x, y); !errors.Is(err, memory.ErrOutOfMemory) {
 		if err == nil {
-			t.OOM.note("step %d ran out of memory; it ran again whole after the cached blocks were freed", t.Steps+1)
+			t.OOM.note("step %d ran out of memory; it ran again whole after the planned arena and the cached blocks were freed", t.Steps+1)
 		}
 		return err
 	}
