@@ -83,8 +83,8 @@ const (
 // ErrNotFound is wrapped by Find's error when a dataset is in none of the places searched.
 var ErrNotFound = errors.New("dataset not found")
 
-// SearchPath lists where Find looks for a dataset, in order: dir (the -data
-// flag, if given), $LEANGRAD_DATA/<name>, /usr/share/datasets/<name> (where
+// SearchPath lists where Find looks for a dataset, in order: dir (if given),
+// $LEANGRAD_DATA/<name>, /usr/share/datasets/<name> (where
 // Debian's dataset-fashion-mnist puts it) and the user cache dir.
 func SearchPath(name, dir string) []string {
 	var dirs []string

@@ -11,7 +11,15 @@
 // rest is worth keeping; a freed block coalesces with free neighbours in its
 // segment. Segments go back to the Source only through EmptyCache, or when a
 // Source allocation fails: then every wholly free segment is released and the
-// allocation retried once before the request fails with an *OOMError.
+// allocation retried once (a large request then also tries a segment of
+// exactly its size: Note [exact segments]) before the request fails with an
+// *OOMError. SetLimit and SetMemoryFraction cap what may be reserved;
+// Config.NoCaching makes every request a segment of its own.
+//
+// RecordHistory records every event with its Go call sites, and Snapshot and
+// WriteSnapshot turn it into a file PyTorch's memory viewer opens
+// (history.go, pickle.go). Inject wraps a Source so that chosen allocations
+// fail, for tests of what happens then (faults.go).
 //
 // Work that repeats exactly (a training step of fixed shapes) can instead be
 // traced once and planned: PlanTrace assigns every buffer an offset in one

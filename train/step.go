@@ -62,7 +62,8 @@ func (m Mode) String() string {
 // state when a checkpoint is saved.
 //
 // Run returns an error, never a panic, when the device runs out of memory
-// or a driver call fails.
+// or a driver call fails. A step that fails so leaves no trace (see eager):
+// it can run again on the same batch, as the Trainer does.
 type Step struct {
 	Model  nn.Module
 	Opt    optim.Optimizer

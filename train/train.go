@@ -4,9 +4,11 @@
 // gradients released), eagerly, from a planned arena, or captured as a CUDA
 // graph and replayed. Around it: the Trainer (epochs, schedules, metrics read
 // once per progress update, evaluation, per-step memory samples from the
-// pool, optional EmptyCache every N steps, atomic save and resume of a
-// training checkpoint) and the measurement of what AMP and checkpointing
-// save.
+// pool, optional EmptyCache every N steps, atomic save and strict resume of
+// a training checkpoint, divergence checks at every progress update, and
+// recovery from running out of memory: the step run again, then as
+// micro-batches) and the measurement of what AMP and checkpointing save,
+// which FitBudget uses to fit a step into a memory budget.
 package train
 
 import (
@@ -407,8 +409,10 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 
 // Fit trains from t.Epoch up to Cfg.Epochs, evaluating on test after every
 // epoch. obs may be nil. A checkpoint is written after every epoch when
-// save is not empty. It returns the first error of a step, an evaluation
-// or a save.
+// save is not empty, once the epoch's losses were seen to be finite. It
+// returns the first error of a step, an evaluation or a save, or a
+// *DivergedError (see diverged) at the progress update, or the end of the
+// epoch, where the run was seen to diverge.
 func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string) error {
 	if t.start.IsZero() {
 		t.start = time.Now()

@@ -7,6 +7,12 @@
 //	train -model resnet -amp -checkpoint
 //	train -model resnet -depth 56 -epochs 30 -device cuda:0 -json run.json -memplot mem.png
 //	train -model mlp -dataset synthetic -device cpu
+//	train -model resnet -max-memory 200MiB -memsnapshot mem.pickle
+//
+// Every flag is checked, and every output path tried, before anything is
+// loaded: all problems are reported together, exit status 2. A run that
+// fails exits 1 and one that diverges 3; either way -json is written (valid
+// JSON, with the error) and the last good -save checkpoint is left as it was.
 //
 // Run train -h for every flag.
 package main
@@ -58,7 +64,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\nExit status: 0 done, 1 failed, 2 bad flags (nothing was run), 3 diverged.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.model, "model", "resnet", "model: resnet (CIFAR-style, see -depth), resnet18 or mlp")
