@@ -35,3 +35,9 @@ print("accuracy difference %.2f points" % (100 * (b["final"]["test_acc"] - a["fi
 s = pickle.load(open(sys.argv[3], "rb"))
 print("snapshot: %d segments, %d events" % (len(s["segments"]), len(s["device_traces"][0])))
 PY
+# PyTorch's own tool renders the snapshot (the viewer's HTML embeds the file).
+for plot in trace_plot segment_plot; do
+  python3 -m torch.cuda._memory_viz $plot "$out/budget.pickle" -o "$out/$plot.html" > "$out/$plot.log" 2>&1
+  echo "torch.cuda._memory_viz $plot exit $?: $(wc -c < "$out/$plot.html" 2>/dev/null) bytes"; tail -n 3 "$out/$plot.log"
+done
+rm -f "$out/budget.pickle" "$out"/*_plot.html
