@@ -112,6 +112,11 @@ func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
 	return a.Stats().Allocated[memory.All].Peak
 }
 
+// ckBatch is the batch TestCheckpointMatchesPlain runs. The CUDA variant
+// uses a larger one: at 8 images sqrt(n) segments save 2% of the peak, about
+// as much as cuDNN's and cuBLAS's workspaces vary between algorithms.
+var ckBatch = 8
+
 // TestCheckpointMatchesPlain: a checkpointed ResNet-20 (with dropout in its
 // blocks and batch norm in training mode) gives the gradients of the plain
 // one, updates the running statistics once, and peaks lower.
@@ -127,11 +132,11 @@ func TestCheckpointMatchesPlain(t *testing.T) {
 	plain := build(NoCheckpoint)
 	defer Release(plain)
 	dev.Generator().Seed(99)
-	peakPlain := step(plain, dev, false, 8)
+	peakPlain := step(plain, dev, false, ckBatch)
 	for _, mode := range []CheckpointMode{CheckpointBlocks, CheckpointSqrt} {
 		ck := build(mode)
 		dev.Generator().Seed(99) // the same dropout masks
-		peakCk := step(ck, dev, false, 8)
+		peakCk := step(ck, dev, false, ckBatch)
 		ps, cs := plain.State(""), ck.State("")
 		for i := range ps {
 			a, b := cs[i].T, ps[i].T

@@ -190,6 +190,7 @@ type Trainer struct {
 	start                       time.Time
 	evalSums                    *tensor.Tensor // F32[2]: the evaluation's loss sum and right predictions
 	evalChunk                   int            // examples evaluated at a time (0: whole batches)
+	evalFreesArena              bool           // an evaluation ran out of memory beside the arena
 	evalPeak                    int64          // the evaluations' peak allocated bytes
 }
 
@@ -330,9 +331,10 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 
 // Evaluate returns the mean loss and the accuracy over a loader, with
 // recording off and the model in evaluation mode, eagerly. The sums stay on
-// the device until the end: one read. A batch that runs out of memory is
-// evaluated in halves (in evaluation mode the examples are independent, so
-// the result is the same), and later batches keep the smaller size.
+// the device until the end: one read. A batch that runs out of memory runs
+// again after the step's planned arena is given back (the next step makes
+// it again), then in halves (in evaluation mode the examples are
+// independent, so the result is the same); later batches keep the size.
 func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 	t.Model.SetTraining(false)
 	defer t.Model.SetTraining(true)
@@ -393,10 +395,22 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 			})
 			return nil
 		}()
+		oom := errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM
 		switch {
 		case err == nil:
 			lo += m
-		case errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM && m > 1:
+		case oom && t.Step.Arena() != nil:
+			// The planned step's arena is not needed until the next step,
+			// which allocates it again.
+			if err := t.Step.FreeArena(); err != nil {
+				return err
+			}
+			t.Dev.Allocator().EmptyCache()
+			if !t.evalFreesArena {
+				t.evalFreesArena = true
+				t.OOM.note("evaluation ran out of memory beside the planned arena; it gives the arena back while it runs")
+			}
+		case oom && m > 1:
 			t.evalChunk = (m + 1) / 2
 			t.Dev.Allocator().EmptyCache()
 			t.OOM.note("evaluation ran out of memory at a batch of %d; it evaluates %d examples at a time from now on", m, t.evalChunk)
