@@ -2,7 +2,9 @@
 # On the GPU machine (after ../shared/gpu/stage ./train ./autograd ./memory ./optim ./nn ./kernels/cuda):
 # every staged package's CUDA tests, then issue 10's acceptance on the H200: the main job's model in
 # fp32 without a budget, then with -max-memory at half of the fp32 step's measured need, both for
-# -epochs (default 15). Logs, JSON reports and the budget run's memory snapshot land in $OUT.
+# -epochs (default 15); then one epoch under a budget below every whole-batch configuration
+# ($SMALL, default 40MiB). Logs and JSON reports land in $OUT; the budget run's memory snapshot
+# is rendered with torch.cuda._memory_viz there.
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -41,3 +43,7 @@ for plot in trace_plot segment_plot; do
   echo "torch.cuda._memory_viz $plot exit $?: $(wc -c < "$out/$plot.html" 2>/dev/null) bytes"; tail -n 3 "$out/$plot.log"
 done
 rm -f "$out/budget.pickle" "$out"/*_plot.html
+# A budget below every whole-batch configuration: micro-batches, one epoch.
+bash .gpu/run bin/train -model resnet -device cuda -epochs 1 -max-memory "${SMALL:-40MiB}" -json "$out/small.json" > "$out/small.log" 2>&1
+echo "small budget exit: $?"
+grep -vE 'step [0-9]+/|^\|' "$out/small.log" | grep -v '^memory of one\|^  fp32\|^  amp \|^  checkpoint ' | head -24
