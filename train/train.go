@@ -567,3 +567,7 @@ func (t *Trainer) Peaks() (allocated, reserved int64) { return t.peakAllocated, 
 
 // EvalPeak is the evaluations' peak allocated bytes.
 func (t *Trainer) EvalPeak() int64 { return t.evalPeak }
+
+// EvalChunk is how many examples an evaluation runs at a time since one ran
+// out of memory (0: whole batches).
+func (t *Trainer) EvalChunk() int { return t.evalChunk }

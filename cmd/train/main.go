@@ -493,7 +493,11 @@ func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, line)
 	fmt.Fprintf(stdout, "peak reserved  %s by the training steps\n", train.MiB(peakR))
-	fmt.Fprintf(stdout, "evaluation     peak allocated %s (batches of %d, no gradients)\n", train.MiB(t.EvalPeak()), min(testL.BatchShape()[0], testSet.N))
+	evalBatch := fmt.Sprintf("batches of %d", min(testL.BatchShape()[0], testSet.N))
+	if c := t.EvalChunk(); c > 0 {
+		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
+	}
+	fmt.Fprintf(stdout, "evaluation     peak allocated %s (%s; no gradients)\n", train.MiB(t.EvalPeak()), evalBatch)
 	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
 		fmt.Fprintf(stdout, "planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state\n",
 			train.MiB(p.Size), train.MiB(p.Live), p.Order)
