@@ -286,13 +286,13 @@ func (s *Step) eager(x, y *tensor.Tensor) (err error) {
 func (s *Step) snapshot() (err error) {
 	live := s.mutable()
 	if s.undo == nil {
-		defer recoverError(&err)
 		undo := make([]*tensor.Tensor, 0, len(live))
 		defer func() {
-			if err != nil {
+			if r := recover(); r != nil { // out of memory: keep nothing
 				for _, t := range undo {
 					t.Release()
 				}
+				err = fmt.Errorf("training step: %w", panicError(r))
 			}
 		}()
 		for _, t := range live {

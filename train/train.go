@@ -484,12 +484,11 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 					return err
 				}
 				checked = s + 1
-				if obs == nil {
-					continue
+				if obs != nil {
+					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen),
+						Acc: float64(right) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
+						Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 				}
-				obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen),
-					Acc: float64(right) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
-					Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 			}
 		}
 		ep.Close()
