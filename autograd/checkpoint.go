@@ -1,17 +1,13 @@
 package autograd
 
 import (
-	"sync/atomic"
-
 	"github.com/leangrad/leangrad/tensor"
 )
 
-var recomputing atomic.Int32
-
 // Recomputing reports whether a checkpointed function is being run again
-// during Backward. Operations with side effects skip them then: batch norm
-// does not update its running statistics a second time.
-func Recomputing() bool { return recomputing.Load() > 0 }
+// on dev during Backward. Operations with side effects skip them then:
+// batch norm does not update its running statistics a second time.
+func Recomputing(dev *tensor.Device) bool { return dev != nil && dev.Modes().Recomputing > 0 }
 
 // Checkpoint runs fn on inputs without recording anything inside it: only
 // the inputs are saved. During Backward, fn runs again with recording on,
@@ -24,15 +20,16 @@ func Recomputing() bool { return recomputing.Load() > 0 }
 // random numbers only from the inputs' device generator, and return a new
 // tensor. Without recording (NoGrad), Checkpoint just calls fn.
 func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
-	if !GradEnabled() || len(inputs) == 0 {
+	dev := ModeOf(inputs...)
+	if len(inputs) == 0 || !GradEnabled(dev) {
 		return fn(inputs)
 	}
-	gen := inputs[0].Device().Generator()
+	gen := dev.Generator()
 	rng := gen.State()
-	amp := AutocastEnabled()
+	amp := AutocastEnabled(dev)
 	var out *T
-	NoGrad(func() {
-		s := tensor.NewScope()
+	NoGrad(dev, func() {
+		s := dev.NewScope()
 		defer s.Close()
 		out = fn(inputs)
 		s.Escape(out)
@@ -44,7 +41,7 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		if x.RequiresGrad() {
 			if gn := x.GradNode(); gn != nil {
 				edges[i].node = gn.(*node)
-				edges[i].node.refs++
+				edges[i].node.refs.Add(1)
 			} else {
 				edges[i].leaf = x
 			}
@@ -58,9 +55,10 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 	rec.finish(out, func(g *T) []*T {
 		after := gen.State()
 		gen.SetState(rng)
-		recomputing.Add(1)
+		m := dev.Modes()
+		m.Recomputing++
 		defer func() {
-			recomputing.Add(-1)
+			m.Recomputing--
 			gen.SetState(after)
 		}()
 		xs := make([]*T, 0, len(saved))
@@ -73,8 +71,8 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		for i, sv := range saved {
 			xs = append(xs, sv.Alias().SetRequiresGrad(rec.needs(i)))
 		}
-		withAutocast(amp, func() {
-			tensor.WithScope(func() {
+		withAutocast(dev, amp, func() {
+			dev.WithScope(func() {
 				y := fn(xs)
 				Backward(y, WithGrad(g))
 			})

@@ -13,8 +13,9 @@ import (
 //
 // Under Autocast the convolution runs in F16 on F16 copies of x, w and b.
 func Conv2d(x, w, b *T, stride, pad int) *T {
-	if AutocastEnabled() {
-		defer autocastIn(tensor.F16, &x, &w, &b)()
+	dev := ModeOf(x, w, b)
+	if AutocastEnabled(dev) {
+		defer autocastIn(dev, tensor.F16, &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] {
@@ -30,7 +31,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v, stride %d, padding %d has no output", xs, ws, stride, pad))
 	}
 	be := x.Backend()
-	y := tensor.Empty(x.Device(), x.DType(), p.N, p.K, p.OutH(), p.OutW())
+	y := tensor.Empty(dev, x.DType(), p.N, p.K, p.OutH(), p.OutW())
 	be.Conv2d(p, x.Buf(), w.Buf(), y.Buf())
 	if b != nil {
 		if b.NDim() != 1 || b.Dim(0) != p.K {

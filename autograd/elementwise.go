@@ -11,7 +11,7 @@ import (
 func emptyLike(x *T) *T { return tensor.Empty(x.Device(), x.DType(), x.Shape()...) }
 
 func sameDevice(op string, a, b *T) {
-	if a.Device() != b.Device() {
+	if !a.Device().Same(b.Device()) {
 		panic(fmt.Sprintf("autograd: %s of tensors on %s and %s", op, a.Device(), b.Device()))
 	}
 }
@@ -25,8 +25,11 @@ func promote(a, b tensor.DType) tensor.DType {
 }
 
 // castRaw returns x converted to dt, recording nothing.
-func castRaw(x *T, dt tensor.DType) *T {
-	y := tensor.Empty(x.Device(), dt, x.Shape()...)
+func castRaw(x *T, dt tensor.DType) *T { return castRawOn(x.Device(), x, dt) }
+
+// castRawOn is castRaw making the copy on the handle dev.
+func castRawOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
+	y := tensor.Empty(dev, dt, x.Shape()...)
 	x.Backend().Cast(y.Buf(), x.Buf())
 	return y
 }
@@ -51,7 +54,7 @@ func binaryRaw(op kernels.BinaryOp, a, b *T) *T {
 	ac, bc := asDType(a, dt), asDType(b, dt)
 	defer ac.Release()
 	defer bc.Release()
-	y := tensor.Empty(a.Device(), dt, shape...)
+	y := tensor.Empty(ModeOf(a, b), dt, shape...)
 	a.Backend().Binary(op, y.Buf(), ac.Buf(), bc.Buf(), kernels.NewBroadcast(shape, a.Shape(), b.Shape()))
 	return y
 }
@@ -276,12 +279,17 @@ func Tanh(x *T) *T { return unary(kernels.Tanh, x) }
 func Recip(x *T) *T { return unary(kernels.Recip, x) }
 
 // Cast returns x converted to dt; the gradient is converted back.
-func Cast(x *T, dt tensor.DType) *T {
+func Cast(x *T, dt tensor.DType) *T { return castOn(x.Device(), x, dt) }
+
+// castOn is Cast following the modes of, and making the copy on, the handle
+// dev: autocast converts a parameter made on a device for an operation
+// that runs on one of its sessions.
+func castOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
 	if x.DType() == dt {
 		return Identity(x)
 	}
-	y := castRaw(x, dt)
-	if rec := begin("cast", x); rec != nil {
+	y := castRawOn(dev, x, dt)
+	if rec := beginOn(dev, "cast", x); rec != nil {
 		src := x.DType()
 		rec.finish(y, func(g *T) []*T { return []*T{castRaw(g, src)} })
 	}

@@ -10,8 +10,13 @@
 // also freed, with what it saved, when the last tensor that could reach it is
 // released, so a graph dropped without Backward costs nothing.
 //
-// Autograd state is not safe for concurrent use: record and run backward on
-// one goroutine.
+// Modes (NoGrad, Autocast, checkpoint recomputation) belong to a device
+// handle, and an operation follows the handle of its inputs (ModeOf): a
+// goroutine that works on its own tensor.Device Session records, or not,
+// regardless of what other goroutines do. A graph is recorded and its
+// Backward run on one goroutine; graphs of different goroutines may share
+// parameters (their gradients then accumulate from both: give each its own
+// copy of the model to train concurrently).
 package autograd
 
 import (
@@ -25,18 +30,42 @@ import (
 // T is shorthand for *tensor.Tensor in this package's signatures.
 type T = tensor.Tensor
 
-var noGrad atomic.Int32
-
-// NoGrad runs f with recording off: operations inside record nothing and
-// save nothing, as under torch.no_grad.
-func NoGrad(f func()) {
-	noGrad.Add(1)
-	defer noGrad.Add(-1)
+// NoGrad runs f with recording off on the device handle dev: operations
+// whose inputs take their mode from dev (ModeOf) record nothing and save
+// nothing, as under torch.no_grad for a thread. Other handles (Sessions,
+// other goroutines) record as before.
+func NoGrad(dev *tensor.Device, f func()) {
+	m := dev.Modes()
+	m.NoGrad++
+	defer func() { m.NoGrad-- }()
 	f()
 }
 
-// GradEnabled reports whether operations are being recorded.
-func GradEnabled() bool { return noGrad.Load() == 0 }
+// GradEnabled reports whether operations are recorded on dev.
+func GradEnabled(dev *tensor.Device) bool { return dev.Modes().NoGrad == 0 }
+
+// ModeOf is the device handle whose modes (NoGrad, Autocast, checkpoint
+// recomputation) an operation on inputs follows, and where its outputs are
+// made: the first input's made on a Session, or else the first input's
+// (nil without inputs). So parameters made on a device and activations made
+// on one of its sessions follow the session (Note [sessions] in package
+// tensor).
+func ModeOf(inputs ...*T) *tensor.Device {
+	var first *tensor.Device
+	for _, x := range inputs {
+		if x == nil {
+			continue
+		}
+		d := x.Device()
+		if d.IsSession() {
+			return d
+		}
+		if first == nil {
+			first = d
+		}
+	}
+	return first
+}
 
 // node is the record of one operation: edges to where its inputs' gradients
 // go, the tensors its backward needs, and the backward itself.
@@ -45,7 +74,7 @@ type node struct {
 	inputs   []edge
 	saved    []*T
 	backward func(g *T) []*T // one gradient per input; nil where none is needed
-	refs     int             // output handles, downstream edges, and a running Backward
+	refs     atomic.Int32    // output handles, downstream edges, and a running Backward (atomic: a leaked handle may drop its reference on another goroutine)
 	done     bool            // backward ran and freed what it saved
 }
 
@@ -61,8 +90,7 @@ func (e edge) needed() bool { return e.node != nil || e.leaf != nil }
 // Release drops one reference; the last frees what the node saved and drops
 // its edges.
 func (n *node) Release() {
-	n.refs--
-	if n.refs == 0 {
+	if n.refs.Add(-1) == 0 {
 		n.free()
 	}
 }
@@ -96,8 +124,11 @@ type recorder struct {
 // begin starts recording an operation on inputs (nil inputs are allowed and
 // take no gradient). It returns nil if recording is off or no input requires
 // a gradient.
-func begin(name string, inputs ...*T) *recorder {
-	if !recording(inputs...) {
+func begin(name string, inputs ...*T) *recorder { return beginOn(ModeOf(inputs...), name, inputs...) }
+
+// beginOn is begin following the modes of the handle dev.
+func beginOn(dev *tensor.Device, name string, inputs ...*T) *recorder {
+	if !recordingOn(dev, inputs...) {
 		return nil
 	}
 	edges := make([]edge, len(inputs))
@@ -107,7 +138,7 @@ func begin(name string, inputs ...*T) *recorder {
 		}
 		if gn := x.GradNode(); gn != nil {
 			edges[i].node = gn.(*node)
-			edges[i].node.refs++
+			edges[i].node.refs.Add(1)
 		} else {
 			edges[i].leaf = x
 		}
@@ -116,8 +147,10 @@ func begin(name string, inputs ...*T) *recorder {
 }
 
 // recording reports whether an operation on inputs would be recorded.
-func recording(inputs ...*T) bool {
-	if !GradEnabled() {
+func recording(inputs ...*T) bool { return recordingOn(ModeOf(inputs...), inputs...) }
+
+func recordingOn(dev *tensor.Device, inputs ...*T) bool {
+	if dev == nil || !GradEnabled(dev) {
 		return false
 	}
 	for _, x := range inputs {
@@ -149,7 +182,7 @@ func (r *recorder) keep(t *T) *T {
 // finish attaches the node to out.
 func (r *recorder) finish(out *T, backward func(g *T) []*T) {
 	r.n.backward = backward
-	r.n.refs++
+	r.n.refs.Add(1)
 	out.SetGradNode(r.n)
 }
 
@@ -190,7 +223,7 @@ func Backward(root *T, opts ...Option) {
 		panic(fmt.Sprintf("autograd: Backward of a %v tensor of %d elements without WithGrad: a gradient is implied only for a scalar (a loss); pass WithGrad(g) of shape %v",
 			root.Shape(), root.Numel(), root.Shape()))
 	}
-	s := tensor.NewScope() // temporaries of the backward pass
+	s := root.Device().NewScope() // temporaries of the backward pass
 	defer s.Close()
 	var g *T
 	if o.grad != nil {
@@ -213,7 +246,7 @@ func Backward(root *T, opts ...Option) {
 	}
 	order := topoOrder(rootNode)
 	for _, n := range order {
-		n.refs++ // held until this pass has processed the node
+		n.refs.Add(1) // held until this pass has processed the node
 	}
 	// Every gradient this pass holds is in pending, in flight (given to a
 	// node's backward) or in loose (returned by one and not yet passed on).

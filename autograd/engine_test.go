@@ -110,7 +110,7 @@ func TestStepMemory(t *testing.T) {
 	var peaks []int64
 	for step := 0; step < 200; step++ {
 		dev.Allocator().ResetPeak()
-		tensor.WithScope(func() {
+		dev.WithScope(func() {
 			x := tensor.Randn(dev, tensor.F32, 0, 1, 8, 1, 12, 12)
 			lv := make([]int32, 8)
 			for i := range lv {
@@ -166,7 +166,7 @@ func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) {
 	w := param(rng, normal, 4, 4)
 	defer w.Release()
 	base := allocated(dev)
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, 3, 4)
 		h := ag.Tanh(ag.MatMul(x, w))
 		loss := ag.SumAll(ag.Square(h))
@@ -189,7 +189,7 @@ func TestRetainGraphAccumulates(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 1))
 	w := param(rng, normal, 5)
 	defer w.Release()
-	tensor.WithScope(func() {
+	w.Device().WithScope(func() {
 		loss := ag.SumAll(ag.Mul(w, w))
 		ag.Backward(loss, ag.RetainGraph())
 		first := w.Grad().Float32s()
@@ -232,13 +232,13 @@ func TestNoGradRecordsNothing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 1))
 	w := param(rng, normal, 3, 3)
 	defer w.Release()
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		var y *tensor.Tensor
-		ag.NoGrad(func() { y = ag.ReLU(ag.MatMul(w, w)) })
+		ag.NoGrad(dev, func() { y = ag.ReLU(ag.MatMul(w, w)) })
 		if y.RequiresGrad() || y.GradNode() != nil {
 			t.Error("an operation under NoGrad was recorded")
 		}
-		if !ag.GradEnabled() {
+		if !ag.GradEnabled(dev) {
 			t.Error("recording still off after NoGrad")
 		}
 		expectPanic(t, "does not require grad", func() { ag.Backward(y) })
@@ -251,7 +251,7 @@ func TestNoGradRecordsNothing(t *testing.T) {
 
 func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
 	dev := testDevice()
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		a := tensor.Zeros(dev, tensor.F32, 2, 3)
 		b := tensor.Zeros(dev, tensor.F32, 4, 5)
 		expectPanic(t, "matmul of shapes [2 3] and [4 5]", func() { ag.MatMul(a, b) })
@@ -267,14 +267,14 @@ func TestBackwardMisusePanics(t *testing.T) {
 	w := param(rng, normal, 2, 3)
 	defer w.Release()
 	var loss *tensor.Tensor
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		y := ag.MatMul(w, ag.Scale(w, 1).View(3, 2)) // 2×2, not a scalar
 		expectPanic(t, "Backward of a [2 2] tensor of 4 elements without WithGrad", func() { ag.Backward(y) })
 		loss = ag.MeanAll(y)
 	})
 	// The scope released the loss: Backward says so, not "does not require grad".
 	expectPanic(t, "Backward of a released tensor", func() { ag.Backward(loss) })
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, 1, 2, 5, 5)
 		k := param(rng, normal, 3, 2, 3, 3)
 		defer k.Release()
@@ -300,7 +300,7 @@ func TestBackwardOutOfMemoryLeaksNothing(t *testing.T) {
 	// source, and the fault can be put at each.
 	for fault := 1; ; fault++ {
 		var failed any
-		tensor.WithScope(func() {
+		dev.WithScope(func() {
 			x := tensor.Randn(dev, tensor.F32, 0, 1, 12288, 256)
 			loss := ag.MeanAll(ag.ReLU(ag.MatMul(ag.ReLU(ag.MatMul(x, w1)), w2)))
 			dev.Allocator().EmptyCache() // the backward's memory comes from the source
@@ -324,4 +324,35 @@ func TestBackwardOutOfMemoryLeaksNothing(t *testing.T) {
 			t.Errorf("fault at allocation %d of the backward: %d bytes allocated after it, %d before the step", fault, got, base)
 		}
 	}
+}
+
+// Modes belong to a handle: NoGrad and Autocast on a session leave the
+// device's handle recording in F32, and an operation on a parameter (made on
+// the device) and a session's input follows the session.
+func TestModesBelongToTheHandle(t *testing.T) {
+	dev := testDevice()
+	s := dev.Session()
+	rng := rand.New(rand.NewPCG(8, 1))
+	w := param(rng, normal, 4, 4)
+	defer w.Release()
+	ag.NoGrad(s, func() {
+		ag.Autocast(s, func() {
+			s.WithScope(func() {
+				x := tensor.Randn(s, tensor.F32, 0, 1, 2, 4)
+				if ag.ModeOf(w, x) != s {
+					t.Error("ModeOf(parameter, session input) is not the session")
+				}
+				y := ag.MatMul(x, w)
+				if y.RequiresGrad() || y.DType() != tensor.F16 || y.Device() != s {
+					t.Errorf("on the session: requires grad %v, %v, on the session %v", y.RequiresGrad(), y.DType(), y.Device() == s)
+				}
+			})
+			dev.WithScope(func() {
+				y := ag.MatMul(w, w) // the device's handle: recorded, in F32
+				if !y.RequiresGrad() || y.DType() != tensor.F32 || !ag.GradEnabled(dev) || ag.AutocastEnabled(dev) {
+					t.Error("the session's NoGrad or Autocast reached the device's handle")
+				}
+			})
+		})
+	})
 }

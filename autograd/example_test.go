@@ -13,7 +13,7 @@ func Example() {
 	w := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2).SetRequiresGrad(true)
 	defer w.Release()
 
-	tensor.WithScope(func() { // everything made in here is released at the end
+	dev.WithScope(func() { // everything made in here is released at the end
 		x := tensor.FromFloat32(dev, []float32{1, 1, 0, 1}, 2, 2)
 		y := ag.ReLU(ag.MatMul(x, w)) // [[4 6] [3 4]]
 		loss := ag.SumAll(y)
@@ -33,8 +33,8 @@ func ExampleNoGrad() {
 	w := tensor.FromFloat32(dev, []float32{2}, 1).SetRequiresGrad(true)
 	defer w.Release()
 	var y *tensor.Tensor
-	ag.NoGrad(func() {
-		tensor.WithScope(func() {
+	ag.NoGrad(dev, func() {
+		dev.WithScope(func() {
 			y = ag.Mul(w, w).Keep() // not recorded: no graph, nothing saved
 		})
 	})

@@ -41,8 +41,9 @@ func GradCheck(f func(inputs []*T) *T, inputs []*T, opt GradCheckOptions) error 
 		x.ZeroGrad()
 	}
 	// Analytic gradients, from Backward with the weights as the output gradient.
+	dev := ModeOf(inputs...)
 	var weights []float64
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		y := f(inputs)
 		rng := rand.New(rand.NewPCG(opt.Seed, 1))
 		weights = make([]float64, y.Numel())
@@ -59,8 +60,8 @@ func GradCheck(f func(inputs []*T) *T, inputs []*T, opt GradCheckOptions) error 
 	})
 	objective := func() float64 {
 		var l float64
-		NoGrad(func() {
-			tensor.WithScope(func() {
+		NoGrad(dev, func() {
+			dev.WithScope(func() {
 				for i, v := range f(inputs).Float32s() {
 					l += weights[i] * float64(v)
 				}

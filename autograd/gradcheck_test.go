@@ -245,7 +245,7 @@ func TestGradCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i)+1, 11))
 			var inputs []*tensor.Tensor
-			tensor.WithScope(func() { inputs = tc.inputs(rng) })
+			testDevice().WithScope(func() { inputs = tc.inputs(rng) })
 			defer func() {
 				for _, x := range inputs {
 					x.Release()

@@ -42,7 +42,7 @@ func gemm(a, b *T, transA, transB bool) *T {
 	if batch > 1 || a.NDim() == 3 {
 		shape = []int{batch, m, n}
 	}
-	c := tensor.Empty(a.Device(), a.DType(), shape...)
+	c := tensor.Empty(ModeOf(a, b), a.DType(), shape...)
 	a.Backend().Gemm(kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
 		StrideA: m * k, StrideB: k * n, StrideC: m * n}, a.Buf(), b.Buf(), c.Buf())
 	return c
@@ -53,8 +53,8 @@ func gemm(a, b *T, transA, transB bool) *T {
 //
 // Under Autocast the product runs in F16 on F16 copies of a and b.
 func MatMul(a, b *T) *T {
-	if AutocastEnabled() {
-		defer autocastIn(tensor.F16, &a, &b)()
+	if dev := ModeOf(a, b); AutocastEnabled(dev) {
+		defer autocastIn(dev, tensor.F16, &a, &b)()
 	}
 	c := gemm(a, b, false, false)
 	if rec := begin("matmul", a, b); rec != nil {
@@ -84,8 +84,8 @@ func MatMul(a, b *T) *T {
 //
 // Under Autocast the product runs in F16 on F16 copies of x, w and b.
 func Linear(x, w, b *T) *T {
-	if AutocastEnabled() {
-		defer autocastIn(tensor.F16, &x, &w, &b)()
+	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
+		defer autocastIn(dev, tensor.F16, &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {

@@ -11,8 +11,8 @@ import (
 // logits and each row's log-sum-exp. The loss is F32 of shape [1]. Under
 // Autocast, F16 logits are cast to F32 first.
 func CrossEntropy(logits, labels *T) *T {
-	if AutocastEnabled() {
-		logits = autocastTo(logits, tensor.F32)
+	if dev := ModeOf(logits, labels); AutocastEnabled(dev) {
+		logits = autocastTo(dev, logits, tensor.F32)
 		defer logits.Release()
 	}
 	ls := logits.Shape()

@@ -43,7 +43,7 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 			defer residual.Release()
 		}
 	}
-	if Recomputing() {
+	if Recomputing(ModeOf(x)) {
 		momentum = 0 // r ← 1·r + 0·batch: unchanged
 	}
 	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum, ReLU: relu}
@@ -110,10 +110,13 @@ func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNPar
 		return y
 	}
 	// y = act(x·s + (β − μ·s) + residual), s = γ/√(σ²+ε)
-	s := tensor.NewScope()
-	std := Sqrt(Affine(Detach(runVar), 1, p.Eps))
-	scale := Div(gamma, std)
-	shift := Sub(beta, Mul(Detach(runMean), scale))
+	dev := ModeOf(x, gamma, beta, residual)
+	s := dev.NewScope()
+	// The statistics and the affine parameters join x's handle first, so
+	// that what they make follows its modes and lands in its scope.
+	std := Sqrt(Affine(Detach(runVar).On(dev), 1, p.Eps))
+	scale := Div(on(dev, gamma), std)
+	shift := Sub(on(dev, beta), Mul(Detach(runMean).On(dev), scale))
 	c := p.C
 	y := Add(Mul(x, Reshape(scale, c, 1, 1)), Reshape(shift, c, 1, 1))
 	if y.DType() != x.DType() {
@@ -127,5 +130,15 @@ func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNPar
 	}
 	s.Escape(y)
 	s.Close()
+	return y
+}
+
+// on is x on the handle dev (see tensor.Tensor.On), passing gradients
+// through.
+func on(dev *tensor.Device, x *T) *T {
+	y := x.On(dev)
+	if rec := beginOn(dev, "on", x); rec != nil {
+		rec.finish(y, func(g *T) []*T { return []*T{g.Retain()} })
+	}
 	return y
 }

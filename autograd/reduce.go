@@ -37,8 +37,8 @@ func SumAll(x *T) *T { return reduceAxis(kernels.Sum, Reshape(x, 1, -1), 1) }
 func MeanAll(x *T) *T { return reduceAxis(kernels.Mean, Reshape(x, 1, -1), 1) }
 
 func reduceAxis(op kernels.ReduceOp, x *T, axis int) *T {
-	if AutocastEnabled() && op != kernels.Max {
-		x = autocastTo(x, tensor.F32)
+	if dev := x.Device(); AutocastEnabled(dev) && op != kernels.Max {
+		x = autocastTo(dev, x, tensor.F32)
 		defer x.Release()
 	}
 	shape := x.Shape()

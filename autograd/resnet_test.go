@@ -23,12 +23,12 @@ func TestResNet20StepMemory(t *testing.T) {
 		a := dev.Allocator()
 		base := a.Stats().Allocated[memory.All].Current
 		for step := 0; step < 4; step++ {
-			tensor.WithScope(func() {
+			dev.WithScope(func() {
 				x := tensor.Randn(dev, tensor.F32, 0, 1, 2, 1, 28, 28)
 				var loss *tensor.Tensor
 				run := func() { loss = ag.CrossEntropy(net.Forward(x), tensor.FromInt32(dev, []int32{3, 7}, 2)) }
 				if amp {
-					ag.Autocast(run)
+					ag.Autocast(dev, run)
 				} else {
 					run()
 				}

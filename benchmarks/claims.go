@@ -226,7 +226,7 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 			// Four batch sizes, drawn at random: shapes vary, and each is
 			// tuned (cuDNN's algorithm search) only once.
 			b := max(1, maxBatch*(1+rng.IntN(4))/4)
-			tensor.WithScope(func() {
+			dev.WithScope(func() {
 				x := tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Shape...)...)
 				labels := make([]int32, b)
 				for j := range labels {

@@ -144,7 +144,7 @@ func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64, c
 	s := &stepper{dev: dev, model: model, tr: tr}
 	shape := append([]int{batch}, m.Shape...)
 	s.x, s.y = tr.Step.Inputs(shape, []int{batch})
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		dev.Backend().Copy(s.x.Buf(), tensor.Randn(dev, tensor.F32, 0, 1, shape...).Buf())
 		rng := rand.New(rand.NewPCG(seed, 7))
 		labels := make([]int32, batch)

@@ -33,7 +33,7 @@ func Micro(dev *tensor.Device) []string {
 	return []string{
 		timeIt("backend launch (Affine in place)", func() { be.Affine(x.Buf(), x.Buf(), 1, 0) }),
 		timeIt("tensor made and released", func() { tensor.Empty(dev, tensor.F32, 64).Release() }),
-		timeIt("operation, recording off", func() { ag.NoGrad(func() { ag.Affine(x, 1, 0).Release() }) }),
+		timeIt("operation, recording off", func() { ag.NoGrad(dev, func() { ag.Affine(x, 1, 0).Release() }) }),
 		timeIt("operation, recorded", func() { ag.Affine(w, 1, 0).Release() }),
 	}
 }

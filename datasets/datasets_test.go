@@ -203,7 +203,7 @@ func TestLoader(t *testing.T) {
 	}
 	labelsOf := func(epoch int) []int32 {
 		var all []int32
-		tensor.WithScope(func() {
+		dev.WithScope(func() {
 			ep := l.Epoch(epoch)
 			defer ep.Close()
 			for {
@@ -238,7 +238,7 @@ func TestLoader(t *testing.T) {
 	if plain.Len() != 25 {
 		t.Errorf("drop-last Len = %d", plain.Len())
 	}
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		ep := plain.Epoch(0)
 		defer ep.Close() // stops the goroutine early
 		x, _, _ := ep.Next()
@@ -249,7 +249,7 @@ func TestLoader(t *testing.T) {
 	})
 	// Augmentation keeps shapes and changes pixels.
 	aug := NewLoader(ds, dev, LoaderConfig{Batch: 103, CropPad: 2, Flip: true, Seed: 1})
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		ep := aug.Epoch(0)
 		defer ep.Close()
 		x, _, _ := ep.Next()

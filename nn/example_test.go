@@ -29,7 +29,7 @@ func Example_trainMLP() {
 		batches := loader.Epoch(epoch)
 		for {
 			done := false
-			tensor.WithScope(func() {
+			dev.WithScope(func() {
 				x, y, ok := batches.Next()
 				if !ok {
 					done = true
@@ -48,8 +48,8 @@ func Example_trainMLP() {
 
 	// Evaluate with recording off.
 	correct := 0
-	ag.NoGrad(func() {
-		tensor.WithScope(func() {
+	ag.NoGrad(dev, func() {
+		dev.WithScope(func() {
 			test := datasets.NewLoader(testSet, dev, datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std}).Epoch(0)
 			x, y, _ := test.Next()
 			pred, labels := ag.ArgMax(model.Forward(x), 1).Int32s(), y.Int32s()

@@ -37,8 +37,8 @@ func TestShapes(t *testing.T) {
 		{r18, []int{1, 3, 32, 32}, []int{1, 7}},
 		{mlp, []int{3, 1, 28, 28}, []int{3, 10}},
 	} {
-		tensor.WithScope(func() {
-			ag.NoGrad(func() {
+		dev.WithScope(func() {
+			ag.NoGrad(dev, func() {
 				y := tc.m.Forward(tensor.Randn(dev, tensor.F32, 0, 1, tc.in...))
 				if got := y.Shape(); !equalShape(got, tc.out) {
 					t.Errorf("%T: output %v, want %v", tc.m, got, tc.out)
@@ -88,7 +88,7 @@ func relErr(a, b []float32) float64 {
 func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
 	a := dev.Allocator()
 	a.ResetPeak()
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		g := tensor.NewGenerator(42)
 		x := tensor.Empty(dev, tensor.F32, batch, 1, 28, 28)
 		dev.Backend().Normal(x.Buf(), 0, 1, g.Next(x.Numel()))
@@ -104,7 +104,7 @@ func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
 			ag.Backward(loss)
 		}
 		if amp {
-			ag.Autocast(run)
+			ag.Autocast(dev, run)
 		} else {
 			run()
 		}

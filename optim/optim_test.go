@@ -128,7 +128,7 @@ func TestGradScaler(t *testing.T) {
 	// step runs one step and reports whether the device skipped it.
 	step := func(x float32) bool {
 		before := s.Skipped()
-		tensor.WithScope(func() {
+		dev.WithScope(func() {
 			in := tensor.FromFloat32(dev, []float32{x, 1, 1}, 3)
 			loss := ag.SumAll(ag.Mul(w, in))
 			ag.Backward(s.ScaleLoss(loss))

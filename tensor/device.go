@@ -11,17 +11,66 @@ import (
 )
 
 // Device is where a tensor's memory lives and its operations run: a backend,
-// its caching allocator and its default random generator.
+// its caching allocator and its default random generator, shared by every
+// handle on the device, and the state of the handle: its open scopes, its
+// grad and autocast modes (Modes) and its sync-free sections.
+//
+// That state belongs to one goroutine at a time. A tensor made on a handle
+// carries it, and operations take their mode from their inputs' handles, so
+// a goroutine that works on its own handle (Session) never sees another's
+// scopes or modes: one goroutine can train on dev while others run
+// inference under autograd.NoGrad on dev.Session() handles. See Note
+// [sessions].
 type Device struct {
-	b        kernels.Backend
-	gen      *Generator
+	b    kernels.Backend
+	gen  *Generator
+	base *Device // the handle Sessions were made from (itself for NewDevice's)
+
+	scope    *Scope       // the innermost open scope
+	modes    Modes        // read and written by autograd
 	syncFree atomic.Int32 // > 0 inside sync-free sections
+}
+
+// Note [sessions]: PyTorch keeps grad mode, autocast and the like per
+// thread. Go has no goroutine-local state, so here they belong to a Device
+// handle, which the tensors made on it carry, and every operation reads
+// them from its inputs (autograd.ModeOf: a Session's handle wins over the
+// shared device's, so parameters made on dev and activations made on a
+// session take the session's modes). The handles share the backend, the
+// pool and the generator, which are safe for concurrent use.
+
+// Modes are a handle's counters for the modes autograd switches: each is on
+// while above zero. Only autograd and code running on the handle's goroutine
+// touch them.
+type Modes struct {
+	NoGrad      int32 // recording off (autograd.NoGrad)
+	Autocast    int32 // F16 for matmuls and convolutions (autograd.Autocast)
+	Recomputing int32 // a checkpointed function runs again in Backward
 }
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.
 func NewDevice(b kernels.Backend) *Device {
-	return &Device{b: b, gen: NewGenerator(0)}
+	d := &Device{b: b, gen: NewGenerator(0)}
+	d.base = d
+	return d
 }
+
+// Session returns a new handle on d's device: the same backend, pool and
+// generator, with its own scopes, modes and sync-free sections, for one
+// goroutine's work. Tensors made on it may mix freely with tensors made on
+// d and its other sessions.
+func (d *Device) Session() *Device {
+	return &Device{b: d.b, gen: d.gen, base: d.base}
+}
+
+// Same reports whether d and e are handles on the same device.
+func (d *Device) Same(e *Device) bool { return d.base == e.base }
+
+// IsSession reports whether d was made by Session.
+func (d *Device) IsSession() bool { return d.base != d }
+
+// Modes are the handle's mode counters (see Modes).
+func (d *Device) Modes() *Modes { return &d.modes }
 
 var cpuDevice = sync.OnceValue(func() *Device { return NewDevice(cpu.New()) })
 

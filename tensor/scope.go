@@ -2,36 +2,34 @@ package tensor
 
 import "sync"
 
-// Scope collects the tensors created while it is open and releases them when
-// it closes, except those taken out with Keep (or released before). Scopes
-// nest; the innermost open one collects.
-//
-// The stack of open scopes is per process, not per goroutine: open and close
-// scopes on the goroutine that runs the model, and create tensors on other
-// goroutines only while no scope is open, or Keep them.
+// Scope collects the tensors created on its device handle while it is open
+// and releases them when it closes, except those taken out with Keep (or
+// released before). Scopes nest; the innermost open one of a handle
+// collects. Each handle (a Device, or one of its Sessions) has its own
+// stack of scopes: open and close them on the goroutine that uses the handle.
 type Scope struct {
+	dev     *Device
 	parent  *Scope
 	tensors []*Tensor
 	closed  bool
 }
 
-var (
-	scopeMu sync.Mutex
-	current *Scope
-)
+// scopeMu guards every scope's tensor list and every tensor's scope link:
+// Keep and Release may run on another goroutine than the scope's.
+var scopeMu sync.Mutex
 
-// NewScope opens a scope; Close it (typically with defer).
-func NewScope() *Scope {
+// NewScope opens a scope on d; Close it (typically with defer).
+func (d *Device) NewScope() *Scope {
 	scopeMu.Lock()
 	defer scopeMu.Unlock()
-	s := &Scope{parent: current}
-	current = s
+	s := &Scope{dev: d, parent: d.scope}
+	d.scope = s
 	return s
 }
 
-// WithScope runs f in a new scope and closes it, even if f panics.
-func WithScope(f func()) {
-	s := NewScope()
+// WithScope runs f in a new scope on d and closes it, even if f panics.
+func (d *Device) WithScope(f func()) {
+	s := d.NewScope()
 	defer s.Close()
 	f()
 }
@@ -43,11 +41,11 @@ func (s *Scope) Close() {
 		scopeMu.Unlock()
 		panic("tensor: scope closed twice")
 	}
-	if current != s {
+	if s.dev.scope != s {
 		scopeMu.Unlock()
 		panic("tensor: scope closed while an inner scope is still open")
 	}
-	current = s.parent
+	s.dev.scope = s.parent
 	s.closed = true
 	ts := s.tensors
 	s.tensors = nil
@@ -104,7 +102,7 @@ func (t *Tensor) Keep() *Tensor {
 
 func register(t *Tensor) {
 	scopeMu.Lock()
-	if s := current; s != nil {
+	if s := t.dev.scope; s != nil {
 		t.scope, t.scopeIdx = s, len(s.tensors)
 		s.tensors = append(s.tensors, t)
 	}

@@ -4,14 +4,18 @@
 // Lifetimes are explicit. A tensor is created with one reference; Retain adds
 // one, Release drops one, and the last Release returns the memory to the pool
 // at once. Operations return new tensors (Reshape returns a view sharing
-// storage). A Scope releases everything created while it is open, except what
-// was kept, so a training step needs no Release on every line:
+// storage). A Scope releases everything created on its device handle while
+// it is open, except what was kept, so a training step needs no Release on
+// every line:
 //
-//	tensor.WithScope(func() {
+//	dev.WithScope(func() {
 //		loss := model.Loss(x, y)
 //		autograd.Backward(loss)
 //		opt.Step()
 //	}) // every intermediate is back in the pool here
+//
+// Scopes, like autograd's modes, belong to a device handle: a goroutine that
+// works on its own (Device.Session) neither sees nor releases another's.
 //
 // A tensor dropped without Release is caught by a cleanup when the garbage
 // collector finds it: its memory is returned and it is counted in Leaks. With
@@ -347,6 +351,18 @@ func (t *Tensor) Rows(start, end int) *Tensor {
 	shape := append([]int{end - start}, t.shape[1:]...)
 	t.h.st.refs.Add(1)
 	return wrap(t.dev, t.dtype, shape, t.h.st, t.off+int64(start)*row*int64(t.dtype.Size()))
+}
+
+// On returns a new handle on t's storage made on the handle d of the same
+// device (a Session of it, or the device itself): it lives in d's scopes
+// and follows d's modes. Like View, it records nothing for autograd.
+func (t *Tensor) On(d *Device) *Tensor {
+	t.live()
+	if !t.dev.Same(d) {
+		panic(fmt.Sprintf("tensor: On(%s) of a tensor on %s", d.Name(), t.dev.Name()))
+	}
+	t.h.st.refs.Add(1)
+	return wrap(d, t.dtype, append([]int(nil), t.shape...), t.h.st, t.off)
 }
 
 // InferShape resolves a -1 in shape so that it holds n elements, or panics

@@ -81,7 +81,7 @@ func TestUseAfterReleasePanics(t *testing.T) {
 
 func TestShapesAndViews(t *testing.T) {
 	d := newTestDevice()
-	WithScope(func() {
+	d.WithScope(func() {
 		x := FromFloat32(d, []float32{1, 2, 3, 4, 5, 6}, 2, 3)
 		if x.NDim() != 2 || x.Dim(-1) != 3 || x.Numel() != 6 || x.Bytes() != 24 {
 			t.Errorf("shape accessors: %v", x)
@@ -111,11 +111,11 @@ func TestShapesAndViews(t *testing.T) {
 func TestScopes(t *testing.T) {
 	d := newTestDevice()
 	var kept, escaped *Tensor
-	outer := NewScope()
-	WithScope(func() {
+	outer := d.NewScope()
+	d.WithScope(func() {
 		a := Zeros(d, F32, 10)
 		kept = Zeros(d, F32, 20).Keep()
-		inner := NewScope()
+		inner := d.NewScope()
 		escaped = Ones(d, F32, 30)
 		inner.Escape(escaped) // to the scope around inner, the WithScope one
 		inner.Close()
@@ -131,18 +131,18 @@ func TestScopes(t *testing.T) {
 		t.Error("kept tensor released by the scope")
 	}
 	mustPanic(t, "scope closed twice", func() {
-		s := NewScope()
+		s := d.NewScope()
 		s.Close()
 		s.Close()
 	})
 	mustPanic(t, "inner scope is still open", func() {
-		s1 := NewScope()
-		NewScope()
+		s1 := d.NewScope()
+		d.NewScope()
 		s1.Close()
 	})
 	// Restore the stack the failed Close left behind.
-	for current != outer {
-		current = current.parent
+	for d.scope != outer {
+		d.scope = d.scope.parent
 	}
 	outer.Close()
 	kept.Release()
@@ -189,7 +189,7 @@ func TestFinalizerCatchesLeaks(t *testing.T) {
 // round to nearest even.
 func TestF16RoundTrip(t *testing.T) {
 	d := newTestDevice()
-	WithScope(func() {
+	d.WithScope(func() {
 		raw := make([]byte, 2*65536)
 		for i := 0; i < 65536; i++ {
 			raw[2*i], raw[2*i+1] = byte(i), byte(i>>8)
@@ -259,7 +259,7 @@ func TestF16RoundTrip(t *testing.T) {
 
 func TestGeneratorReplays(t *testing.T) {
 	d := newTestDevice()
-	WithScope(func() {
+	d.WithScope(func() {
 		d.Generator().Seed(5)
 		st := d.Generator().State()
 		a := Rand(d, F32, -1, 1, 37).Float32s()
@@ -287,7 +287,9 @@ func TestGeneratorReplays(t *testing.T) {
 
 func TestToDevice(t *testing.T) {
 	d1, d2 := newTestDevice(), newTestDevice()
-	WithScope(func() {
+	d2s := d2.NewScope() // each device handle has its own scopes
+	defer d2s.Close()
+	d1.WithScope(func() {
 		x := FromFloat32(d1, []float32{1, 2, 3}, 3)
 		y := x.To(d2)
 		if y.Device() != d2 || y.Float32s()[2] != 3 {
@@ -311,4 +313,44 @@ func TestTryEmptyReturnsOOM(t *testing.T) {
 		}
 	}()
 	Empty(d, F32, 2<<20)
+}
+
+// A session is a handle on the same device with its own scopes and sync-free
+// sections: a scope of one handle neither collects nor releases the other's
+// tensors, and tensors of both mix (On moves a handle across).
+func TestSessionsHaveTheirOwnScopes(t *testing.T) {
+	d := newTestDevice()
+	s := d.Session()
+	if !s.IsSession() || d.IsSession() || !s.Same(d) || s.Same(newTestDevice()) || s.Allocator() != d.Allocator() {
+		t.Fatal("a session is not a second handle on the same device")
+	}
+	var onS *Tensor
+	d.WithScope(func() {
+		onS = Zeros(s, F32, 8) // made on the session while d's scope is open
+		Zeros(d, F32, 4)
+	})
+	if onS.Released() {
+		t.Error("the device's scope released a session's tensor")
+	}
+	s.WithScope(func() {
+		v := onS.On(d)
+		if v.Device() != d || v.Block() != onS.Block() {
+			t.Error("On did not make a handle on d sharing the storage")
+		}
+		v.Release()
+	})
+	onS.Release()
+	d.SyncFree(func() {
+		s.WithScope(func() {
+			if got := FromFloat32(s, []float32{1, 2}, 2).Float32s(); got[1] != 2 {
+				t.Error("a session's read inside the device's sync-free section")
+			}
+		})
+	})
+	d.WithScope(func() {
+		mustPanic(t, "inside a sync-free section", func() { d.SyncFree(func() { Zeros(d, F32, 1).Item() }) })
+	})
+	if got := allocated(d); got != 0 {
+		t.Errorf("%d bytes left allocated", got)
+	}
 }

@@ -498,7 +498,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			}
 		}()
 		defer s.Opt.ZeroGrad()
-		tensor.WithScope(func() {
+		s.dev.WithScope(func() {
 			n := x.Dim(0)
 			m := s.micro
 			if m <= 0 || m >= n {
@@ -506,7 +506,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			}
 			for lo := 0; lo < n; lo += m {
 				hi := min(n, lo+m)
-				tensor.WithScope(func() {
+				s.dev.WithScope(func() {
 					xs, ys := x, y
 					if m < n {
 						xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
@@ -538,7 +538,7 @@ func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
 		loss = ag.CrossEntropy(logits, y)
 	}
 	if s.AMP {
-		ag.Autocast(run)
+		ag.Autocast(s.dev, run)
 	} else {
 		run()
 	}

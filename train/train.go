@@ -346,7 +346,7 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 	for {
 		var x, y *tensor.Tensor
 		var ok bool
-		tensor.WithScope(func() {
+		t.Dev.WithScope(func() {
 			if x, y, ok = ep.Next(); ok {
 				x.Keep()
 				y.Keep()
@@ -383,8 +383,8 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 		}
 		err := func() (err error) {
 			defer recoverError(&err)
-			ag.NoGrad(func() {
-				tensor.WithScope(func() {
+			ag.NoGrad(t.Dev, func() {
+				t.Dev.WithScope(func() {
 					xs, ys := x, y
 					if m < n {
 						xs, ys = x.Rows(lo, lo+m), y.Rows(lo, lo+m)
@@ -454,7 +454,7 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			var ok bool
 			var bs int
 			var err error
-			tensor.WithScope(func() {
+			t.Dev.WithScope(func() {
 				var x, y *tensor.Tensor
 				x, y, ok = ep.NextInto(xs, ys)
 				if !ok {

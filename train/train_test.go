@@ -172,7 +172,7 @@ func TestMeasuredSavings(t *testing.T) {
 		return r
 	}
 	var m = map[string]int64{}
-	tensor.WithScope(func() {
+	dev.WithScope(func() {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, measureBatch, 1, 28, 28)
 		y := tensor.FromInt32(dev, make([]int32, measureBatch), measureBatch)
 		for _, v := range Variants("blocks") {

@@ -398,7 +398,7 @@ func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 			return ok
 		}
 		var choice train.BudgetChoice
-		withFirstBatch(trainL, func(x, y *tensor.Tensor) {
+		withFirstBatch(dev, trainL, func(x, y *tensor.Tensor) {
 			choice, err = train.FitBudget(stdout, dev, build, cfg, train.BudgetVariants(resnet, keep), x, y, planned, budget)
 		})
 		report.Budget = &choice
@@ -529,9 +529,9 @@ func budgetBytes(s string, dev *tensor.Device) int64 {
 	return bytes
 }
 
-// withFirstBatch calls f with the loader's first batch.
-func withFirstBatch(l *datasets.Loader, f func(x, y *tensor.Tensor)) {
-	tensor.WithScope(func() {
+// withFirstBatch calls f with the loader's first batch, made on dev.
+func withFirstBatch(dev *tensor.Device, l *datasets.Loader, f func(x, y *tensor.Tensor)) {
+	dev.WithScope(func() {
 		ep := l.Epoch(0)
 		x, y, _ := ep.Next()
 		ep.Close()
@@ -670,7 +670,7 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *datasets.Loader, resnet bool, mode string, plan bool) ([]train.Measurement, error) {
 	var out []train.Measurement
 	var err error
-	withFirstBatch(l, func(x, y *tensor.Tensor) {
+	withFirstBatch(dev, l, func(x, y *tensor.Tensor) {
 		for _, v := range train.Variants(mode) {
 			if !resnet && v.Checkpoint != "none" {
 				continue
