@@ -55,9 +55,6 @@ func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
 	return l
 }
 
-// Dataset is the loader's dataset.
-func (l *Loader) Dataset() *Dataset { return l.ds }
-
 // BatchShape is the shape of a full batch of images: Batch×C×H×W.
 func (l *Loader) BatchShape() []int { return []int{l.cfg.Batch, l.ds.C, l.ds.H, l.ds.W} }
 
