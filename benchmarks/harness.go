@@ -41,24 +41,13 @@ var Models = map[string]Model{
 	"resnet1202": {Name: "resnet1202", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true, Segments: "sqrt"},
 }
 
-// Build makes the model on dev from seed.
+// Build makes the model on dev from seed (train.BuildModel).
 func (m Model) Build(dev *tensor.Device, seed uint64) nn.Module {
-	dev.Generator().Seed(seed)
-	switch m.Name {
-	case "resnet18":
-		return nn.NewResNet18(dev, m.Shape[0], m.Classes)
-	case "mlp":
-		return nn.NewMLP(dev, []int{m.Shape[0] * m.Shape[1] * m.Shape[2], 256, 256, m.Classes}, 0)
-	}
-	depth := 20
-	if m.Name == "resnet1202" {
-		depth = 1202
-	}
-	r, err := nn.NewCIFARResNet(dev, depth, m.Shape[0], m.Classes)
+	model, err := train.BuildModel(dev, m.Name, m.Shape[0], m.Shape[1], m.Shape[2], m.Classes, seed)
 	if err != nil {
-		panic(err)
+		panic(err) // Models holds known names only
 	}
-	return r
+	return model
 }
 
 // Config is one memory configuration.

@@ -247,3 +247,36 @@ func TestMLPFashionMNIST(t *testing.T) {
 		t.Errorf("test accuracy %.4f after one epoch, want >= 0.84", m.TestAcc)
 	}
 }
+
+func TestBuildModel(t *testing.T) {
+	dev := testDevice()
+	for _, tc := range []struct {
+		name   string
+		params int // 0: an error is wanted
+	}{
+		{"resnet8", 77754}, {"mlp", 269322}, {"resnet18", 11173962}, {"resnet21", 0}, {"vgg", 0}, {"resnetx", 0},
+	} {
+		c := 1
+		if tc.name == "resnet18" {
+			c = 3
+		}
+		m, err := BuildModel(dev, tc.name, c, 28, 28, 10, 1)
+		if (err == nil) != (tc.params > 0) {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if n := nn.CountParams(m); n != tc.params {
+			t.Errorf("%s: %d parameters, want %d", tc.name, n, tc.params)
+		}
+		a := m.State("")[0].T.Float32s()[0]
+		nn.Release(m)
+		m2, _ := BuildModel(dev, tc.name, c, 28, 28, 10, 1)
+		if m2.State("")[0].T.Float32s()[0] != a {
+			t.Errorf("%s: the same seed made other parameters", tc.name)
+		}
+		nn.Release(m2)
+	}
+}

@@ -347,20 +347,16 @@ func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 		return err
 	}
 	report.Dataset, report.DataDir, report.TrainImages, report.TestImages = trainSet.Name, trainSet.Dir, trainSet.N, testSet.N
-	build := func() nn.Module {
-		dev.Generator().Seed(o.seed)
-		switch o.model {
-		case "resnet18":
-			return nn.NewResNet18(dev, trainSet.C, trainSet.Classes)
-		case "mlp":
-			return nn.NewMLP(dev, []int{trainSet.C * trainSet.H * trainSet.W, 256, 256, trainSet.Classes}, 0)
-		}
-		r, _ := nn.NewCIFARResNet(dev, o.depth, trainSet.C, trainSet.Classes)
-		return r
-	}
 	modelName := o.model
 	if o.model == "resnet" {
 		modelName = fmt.Sprintf("resnet%d", o.depth)
+	}
+	build := func() nn.Module {
+		m, err := train.BuildModel(dev, modelName, trainSet.C, trainSet.H, trainSet.W, trainSet.Classes, o.seed)
+		if err != nil {
+			panic(err) // the flags were checked
+		}
+		return m
 	}
 	ckpt := "none"
 	if o.ckpt {
