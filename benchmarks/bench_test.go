@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 // TestHarnessOnCPU runs the harness on a tiny configuration, with the claims
@@ -16,7 +17,7 @@ import (
 func TestHarnessOnCPU(t *testing.T) {
 	dev := tensor.CPU()
 	rep := &Report{Date: "test", Device: dev.Name()}
-	for _, c := range Configs {
+	for _, c := range train.Variants("") {
 		r, err := Run(dev, Spec{Model: "resnet20", Batch: 2, Config: c.Name}, Options{Warmup: 1, Steps: 2, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -87,19 +88,19 @@ func benchmarkStep(b *testing.B, model string, batch int, config string) {
 }
 
 func BenchmarkResNet20(b *testing.B) {
-	for _, c := range Configs {
+	for _, c := range train.Variants("") {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet20", 256, c.Name) })
 	}
 }
 
 func BenchmarkResNet18(b *testing.B) {
-	for _, c := range Configs {
+	for _, c := range train.Variants("") {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet18", 256, c.Name) })
 	}
 }
 
 func BenchmarkMLP(b *testing.B) {
-	for _, c := range Configs[:2] {
+	for _, c := range train.Variants("")[:2] {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "mlp", 256, c.Name) })
 	}
 }

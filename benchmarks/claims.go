@@ -8,6 +8,7 @@ import (
 
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 // Claim is one piece of common advice about training memory, with the
@@ -83,7 +84,7 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options) (Claim, error) {
 	m := Models[model]
 	run := func(empty bool) (ms float64, peakA, reservedAfter int64, err error) {
-		s, err := newStepper(dev, m, Config{Name: "fp32"}, batch, o.Seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, o.Seed, false)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -143,7 +144,7 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 	m := Models[model]
 	a := dev.Allocator()
 	measure := func(leak bool) (perEpoch []int64, report string, err error) {
-		s, err := newStepper(dev, m, Config{Name: "fp32"}, batch, seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, seed, false)
 		if err != nil {
 			return nil, "", err
 		}
@@ -214,7 +215,7 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 	a := dev.Allocator()
 	run := func(every int) (meanFrag, maxFrag float64, ms float64, err error) {
 		a.EmptyCache()
-		s, err := newStepper(dev, m, Config{Name: "fp32"}, 1, seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, 1, seed, false)
 		if err != nil {
 			return 0, 0, 0, err
 		}

@@ -50,15 +50,19 @@ func (m Model) Build(dev *tensor.Device, seed uint64) nn.Module {
 	return model
 }
 
-// Config is one memory configuration.
-type Config struct {
-	Name       string `json:"name"`
-	AMP        bool   `json:"amp"`
-	Checkpoint bool   `json:"checkpoint"`
+// variant is the configuration named name (one of train.Variants, in whose
+// order reports list them) for m: its checkpointing checkpoints m.Segments.
+func variant(m Model, name string) (train.Variant, error) {
+	for _, v := range train.Variants(m.Segments) {
+		if v.Name == name {
+			if v.Checkpoint != "none" && !m.ResNet {
+				return v, fmt.Errorf("%s has no residual blocks to checkpoint", m.Name)
+			}
+			return v, nil
+		}
+	}
+	return train.Variant{}, fmt.Errorf("unknown configuration %q", name)
 }
-
-// Configs are the four configurations, in report order.
-var Configs = []Config{{"fp32", false, false}, {"amp", true, false}, {"checkpoint", false, true}, {"amp+checkpoint", true, true}}
 
 // Spec is one benchmark: a model, a batch size and a configuration.
 type Spec struct {
@@ -114,17 +118,10 @@ type stepper struct {
 	x, y  *tensor.Tensor
 }
 
-func newStepper(dev *tensor.Device, m Model, c Config, batch int, seed uint64, capture bool) (*stepper, error) {
+func newStepper(dev *tensor.Device, m Model, v train.Variant, batch int, seed uint64, capture bool) (*stepper, error) {
 	model := m.Build(dev, seed)
-	ck := "none"
-	if c.Checkpoint {
-		ck = "blocks"
-		if m.Segments != "" {
-			ck = m.Segments
-		}
-	}
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
-		Optimizer: "sgd", Schedule: "constant", AMP: c.AMP, Checkpoint: ck, Seed: seed, Capture: capture}
+		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
 	tr, err := train.New(model, dev, cfg, 1)
 	if err != nil {
 		nn.Release(model)
@@ -165,17 +162,9 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if !ok {
 		return Result{}, fmt.Errorf("unknown model %q", spec.Model)
 	}
-	var c Config
-	for _, k := range Configs {
-		if k.Name == spec.Config {
-			c = k
-		}
-	}
-	if c.Name == "" {
-		return Result{}, fmt.Errorf("unknown configuration %q", spec.Config)
-	}
-	if c.Checkpoint && !m.ResNet {
-		return Result{}, fmt.Errorf("%s has no residual blocks to checkpoint", m.Name)
+	c, err := variant(m, spec.Config)
+	if err != nil {
+		return Result{}, err
 	}
 	s, err := newStepper(dev, m, c, spec.Batch, o.Seed, !o.Eager)
 	if err != nil {

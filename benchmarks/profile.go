@@ -31,11 +31,9 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]cuda.OpTime, float64, 
 	if !ok {
 		return nil, 0, fmt.Errorf("unknown model %q", spec.Model)
 	}
-	var c Config
-	for _, k := range Configs {
-		if k.Name == spec.Config {
-			c = k
-		}
+	c, err := variant(m, spec.Config)
+	if err != nil {
+		return nil, 0, err
 	}
 	s, err := newStepper(dev, m, c, spec.Batch, o.Seed, false)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/train"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -32,12 +33,13 @@ type rowKey struct {
 }
 
 func configOrder(name string) int {
-	for i, c := range Configs {
-		if c.Name == name {
+	vs := train.Variants("")
+	for i, v := range vs {
+		if v.Name == name {
 			return i
 		}
 	}
-	return len(Configs)
+	return len(vs)
 }
 
 // The engines a report holds: leangrad's step as the trainer runs it
