@@ -63,6 +63,19 @@ func (d *Device) Session() *Device {
 	return &Device{b: d.b, gen: d.gen, base: d.base}
 }
 
+// Close releases what the device's backend holds (the CUDA backend: its
+// pool, library handles, plans, kernels, pinned buffers and stream; the
+// CPU's: its pool's cached memory). It fails while tensors on the device
+// still hold memory. Neither the device nor its sessions may be used after
+// it; a session's Close closes the device.
+func (d *Device) Close() error {
+	if c, ok := d.b.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	d.Allocator().EmptyCache()
+	return nil
+}
+
 // Same reports whether d and e are handles on the same device.
 func (d *Device) Same(e *Device) bool { return d.base == e.base }
 

@@ -79,6 +79,7 @@ type Backend struct {
 	beta        float32
 	launches    uint64 // kernels, library calls, copies and graphs queued on the stream
 	capturing   bool   // the stream is being captured into a graph
+	closed      bool
 	prof        *profiler
 	CompileLog  string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
 }
@@ -219,6 +220,80 @@ func open(index int, opts Options) (*Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// Close gives back everything the backend holds: its pool's memory, the
+// cuBLAS workspace and handle, the cuDNN handle and the descriptors of its
+// convolution plans, the kernels' module, the pinned staging buffers and
+// their events, the stream and its hold on the device's primary context. It
+// fails, closing nothing, while tensors still hold memory of its pool
+// (release them first; arenas and graphs too). A closed backend must not be
+// used again; Open opens a new one.
+func (b *Backend) Close() error {
+	if err := b.Synchronize(); err != nil {
+		return err
+	}
+	b.enter()
+	defer b.exit()
+	if b.closed {
+		return nil
+	}
+	if st := b.alloc.Stats(); st.Allocated[memory.All].Current > b.blasWS.Size() {
+		return fmt.Errorf("cuda: %s: Close while %d bytes of its pool are allocated (release the tensors, arenas and graphs first)",
+			b.name, st.Allocated[memory.All].Current-b.blasWS.Size())
+	}
+	b.closed = true
+	openMu.Lock()
+	if opened[b.index] == b {
+		delete(opened, b.index)
+	}
+	openMu.Unlock()
+	var errs []error
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if dnn := b.dnn; dnn != nil {
+		for _, pl := range b.plans {
+			for _, desc := range []struct {
+				name string
+				fn   uintptr
+				h    uintptr
+			}{{"cudnnDestroyTensorDescriptor", dnn.cudnnDestroyTensorDescriptor, pl.x}, {"cudnnDestroyFilterDescriptor", dnn.cudnnDestroyFilterDescriptor, pl.w},
+				{"cudnnDestroyTensorDescriptor", dnn.cudnnDestroyTensorDescriptor, pl.y}} {
+				if desc.h != 0 {
+					keep(dnn.check(desc.name, call(desc.fn, desc.h)))
+				}
+			}
+			for _, c := range pl.conv {
+				if c != 0 {
+					keep(dnn.check("cudnnDestroyConvolutionDescriptor", call(dnn.cudnnDestroyConvolutionDescriptor, c)))
+				}
+			}
+		}
+		keep(dnn.check("cudnnDestroy", call(dnn.cudnnDestroy, b.dnnHandle)))
+	}
+	b.plans = nil
+	keep(b.cb.check("cublasDestroy", call(b.cb.cublasDestroy, b.blas)))
+	b.alloc.Free(b.blasWS)
+	b.alloc.EmptyCache()
+	d := b.d
+	for i := range b.staging {
+		s := &b.staging[i]
+		if s.ptr != nil {
+			keep(d.check("cuMemFreeHost", call(d.cuMemFreeHost, uintptr(s.ptr))))
+			s.ptr, s.mem = nil, nil
+		}
+		keep(d.check("cuEventDestroy", call(d.cuEventDestroy, s.event)))
+	}
+	keep(d.check("cuModuleUnload", call(d.cuModuleUnload, b.module)))
+	keep(d.check("cuStreamDestroy", call(d.cuStreamDestroy, b.stream)))
+	var dev int32
+	if d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(b.index))) == nil {
+		keep(d.check("cuDevicePrimaryCtxRelease", call(d.cuDevicePrimaryCtxRelease, uintptr(dev))))
+	}
+	return errors.Join(errs...)
 }
 
 // Name is "cuda:N".

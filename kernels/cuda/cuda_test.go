@@ -242,3 +242,52 @@ func TestCUDAWriteReadLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestCUDAOpenClose100: opening a backend, using its kernels, cuBLAS, cuDNN
+// and staging buffers, and closing it, 100 times, leaves the driver's free
+// memory where the first cycle left it: Close gives everything back. A
+// backend with live buffers refuses to close.
+func TestCUDAOpenClose100(t *testing.T) {
+	probe := testBackend(t)
+	p := kernels.ConvParams{N: 2, C: 3, H: 8, W: 8, K: 4, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1}
+	cycle := func() {
+		b, err := OpenSeparate(0, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := b.Allocator()
+		buf := func(n int) kernels.Buf {
+			blk, err := a.Alloc(int64(4*n), b.Stream())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kernels.Buf{Block: blk, N: n, DType: kernels.F32}
+		}
+		x, w, y := buf(p.N*p.C*p.H*p.W), buf(p.K*p.C*p.R*p.S), buf(p.N*p.K*p.OutH()*p.OutW())
+		b.Write(x, make([]byte, x.Bytes()))
+		b.Fill(w, 0.5)
+		b.Conv2d(p, x, w, y)
+		b.Gemm(kernels.GemmParams{M: 4, N: 4, K: 4, Alpha: 1, Batch: 1, StrideA: 16, StrideB: 16, StrideC: 16}, w, w, y)
+		out := make([]byte, y.Bytes())
+		b.Read(out, y)
+		if err := b.Close(); err == nil || !strings.Contains(err.Error(), "allocated") {
+			t.Fatalf("Close with live buffers: %v", err)
+		}
+		for _, bf := range []kernels.Buf{x, w, y} {
+			a.Free(bf.Block)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // the first cycle's one-time costs (libraries' own caches) stay
+	free0, _ := probe.MemInfo()
+	for i := 0; i < 99; i++ {
+		cycle()
+	}
+	free1, _ := probe.MemInfo()
+	t.Logf("driver free memory after the first cycle %d MiB, after 100: %d MiB", free0>>20, free1>>20)
+	if free0-free1 > 4<<20 {
+		t.Errorf("100 open/close cycles lost %d MiB of device memory", (free0-free1)>>20)
+	}
+}

@@ -41,6 +41,8 @@ type cudnnAPI struct {
 	cudnnFindConvolutionForwardAlgorithmEx, cudnnFindConvolutionBackwardDataAlgorithmEx,
 	cudnnFindConvolutionBackwardFilterAlgorithmEx,
 	cudnnConvolutionForward, cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter uintptr
+
+	cudnnDestroy, cudnnDestroyTensorDescriptor, cudnnDestroyFilterDescriptor, cudnnDestroyConvolutionDescriptor uintptr
 }
 
 var (
@@ -59,6 +61,9 @@ func loadCUDNN() (*cudnnAPI, error) {
 		c := &cudnnAPI{lib: lib}
 		if err := lib.bind(map[string]*uintptr{
 			"cudnnGetVersion": &c.cudnnGetVersion, "cudnnCreate": &c.cudnnCreate, "cudnnSetStream": &c.cudnnSetStream,
+			"cudnnDestroy": &c.cudnnDestroy, "cudnnDestroyTensorDescriptor": &c.cudnnDestroyTensorDescriptor,
+			"cudnnDestroyFilterDescriptor":      &c.cudnnDestroyFilterDescriptor,
+			"cudnnDestroyConvolutionDescriptor": &c.cudnnDestroyConvolutionDescriptor,
 			"cudnnGetErrorString":         &c.cudnnGetErrorString,
 			"cudnnCreateTensorDescriptor": &c.cudnnCreateTensorDescriptor, "cudnnSetTensor4dDescriptor": &c.cudnnSetTensor4dDescriptor,
 			"cudnnCreateFilterDescriptor": &c.cudnnCreateFilterDescriptor, "cudnnSetFilter4dDescriptor": &c.cudnnSetFilter4dDescriptor,

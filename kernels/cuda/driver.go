@@ -49,6 +49,9 @@ type driverAPI struct {
 	cuMemsetD16Async, cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
 	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize uintptr
 
+	// Closing a backend.
+	cuModuleUnload, cuStreamDestroy, cuDevicePrimaryCtxRelease uintptr
+
 	cuEventElapsedTime, cuEventDestroy uintptr
 
 	// Graphs: stream capture, instantiation, launch.
@@ -91,6 +94,8 @@ func loadDriver() (*driverAPI, error) {
 			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,
 			"cuGraphExecDestroy": &d.cuGraphExecDestroy, "cuGraphDestroy": &d.cuGraphDestroy,
 			"cuGraphGetNodes": &d.cuGraphGetNodes,
+			"cuModuleUnload":  &d.cuModuleUnload, "cuStreamDestroy_v2": &d.cuStreamDestroy,
+			"cuDevicePrimaryCtxRelease_v2": &d.cuDevicePrimaryCtxRelease,
 		})
 		if err != nil {
 			driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)
