@@ -289,6 +289,8 @@ type ScalerParams struct {
 type Backend interface {
 	// Name is the device name: "cpu", "cuda:0".
 	Name() string
+	// Info describes the device and the libraries the backend runs on.
+	Info() Info
 	// Allocator is the device's caching allocator, from which Bufs come.
 	Allocator() *memory.Allocator
 	// Stream is the stream this backend's work runs on and its blocks are tied to.
@@ -415,4 +417,45 @@ type Graph interface {
 	Nodes() int
 	// Release frees the graph.
 	Release()
+}
+
+// Options configure a backend when its device is opened. A backend ignores
+// what it has nothing to apply to: the CPU backend, all of them.
+type Options struct {
+	// MatmulTF32 lets F32 matrix products (cuBLAS) use TF32 tensor cores
+	// (10-bit mantissa inputs). Off by default, as PyTorch's
+	// torch.backends.cuda.matmul.allow_tf32.
+	MatmulTF32 bool
+	// StrictConvF32 keeps F32 convolutions in F32: cuDNN may use only FMA
+	// kernels. Off by default: as under PyTorch's default
+	// torch.backends.cudnn.allow_tf32 = True, cuDNN may run F32
+	// convolutions on TF32 tensor cores, several times faster.
+	StrictConvF32 bool
+	// ConvWorkspace caps the im2col workspace of one convolution, in bytes
+	// (default 64 MiB); larger batches are processed in chunks.
+	ConvWorkspace int64
+	// NoCuDNN makes convolutions use im2col + cuBLAS even when cuDNN is
+	// installed.
+	NoCuDNN bool
+	// LeanConvWorkspace makes eager convolutions take the fastest cuDNN
+	// algorithm whose workspace is at most the size of the convolution's
+	// larger tensor (counted in F32 bytes) instead of the fastest whatever
+	// its workspace. The workspaces of the fast algorithms set an eager
+	// step's peak; the lean ones are slower (measured by the benchmark
+	// harness). A planned step chooses with its plan instead: the fastest
+	// algorithm whose workspace fits the arena's gap (memory.PlanTrace).
+	LeanConvWorkspace bool
+}
+
+// Info describes a backend's device, for reports and for code that needs
+// the device's number or capability without parsing its name.
+type Info struct {
+	Kind         string            `json:"kind"`         // "cpu" or "cuda"
+	Index        int               `json:"index"`        // the device's number (0 for the CPU)
+	Name         string            `json:"name"`         // "cpu", "cuda:0"
+	Model        string            `json:"model"`        // "NVIDIA H200"; for the CPU, its cores
+	Capability   string            `json:"capability"`   // "sm_90"; for the CPU, the SIMD its kernels use ("avx512")
+	Memory       int64             `json:"memory"`       // total bytes, as the driver (or the OS) reports them
+	Convolutions string            `json:"convolutions"` // what runs convolutions, and how
+	Libraries    map[string]string `json:"libraries"`    // library -> version
 }

@@ -70,7 +70,17 @@ func (d *Device) Session() *Device {
 // it; a session's Close closes the device.
 func (d *Device) Close() error {
 	if c, ok := d.b.(interface{ Close() error }); ok {
-		return c.Close()
+		if err := c.Close(); err != nil {
+			return err
+		}
+		openMu.Lock()
+		for name, e := range devices {
+			if e.Same(d) {
+				delete(devices, name) // the next Open opens it afresh
+			}
+		}
+		openMu.Unlock()
+		return nil
 	}
 	d.Allocator().EmptyCache()
 	return nil

@@ -1,35 +1,54 @@
 package tensor
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cuda"
 )
+
+// Options configure a device when it is opened; see kernels.Options.
+type Options = kernels.Options
 
 var (
 	openMu  sync.Mutex
 	devices = map[string]*Device{}
 )
 
+// ErrOptionsConflict is wrapped by the error of an OpenWith whose options
+// differ from those the device is already open with.
+var ErrOptionsConflict = errors.New("the device is already open with other options")
+
 // Open returns the device named by spec: "cpu", "cuda" (the first GPU),
 // "cuda:N", or "auto" (the first GPU when one is usable, else the CPU; use
 // OpenAuto to learn why it fell back). Opening a GPU binds the CUDA libraries
 // and compiles the kernels on first use; the error says which library was
 // not found, and where it was looked for.
-func Open(spec string) (*Device, error) { return OpenWith(spec, cuda.Options{}) }
+// A device already open is returned as it is.
+func Open(spec string) (*Device, error) { return open(spec, nil) }
 
-// OpenWith is Open with options for a GPU (ignored for the CPU). A device
-// already opened keeps the options it was first opened with.
-func OpenWith(spec string, opts cuda.Options) (*Device, error) {
+// OpenWith is Open with options (the CPU has none to apply). Opening a
+// device that is already open with other options is an error naming both:
+// one process has one handle per device, and its backend one
+// configuration.
+func OpenWith(spec string, opts Options) (*Device, error) { return open(spec, &opts) }
+
+func open(spec string, opts *Options) (*Device, error) {
 	switch {
 	case spec == "cpu":
 		return CPU(), nil
 	case spec == "auto" || spec == "":
-		d, _ := OpenAutoWith(opts)
-		return d, nil
+		if cuda.Available() == nil {
+			d, err := openCUDA(0, opts)
+			if err == nil || errors.Is(err, ErrOptionsConflict) {
+				return d, err // a conflict is an error, not a reason to fall back
+			}
+		}
+		return CPU(), nil
 	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
 		index := 0
 		if rest, ok := strings.CutPrefix(spec, "cuda:"); ok {
@@ -46,10 +65,12 @@ func OpenWith(spec string, opts cuda.Options) (*Device, error) {
 
 // OpenAuto returns the first GPU if one can be used, and otherwise the CPU
 // with the reason the GPU could not be used.
-func OpenAuto() (dev *Device, fallback string) { return OpenAutoWith(cuda.Options{}) }
+func OpenAuto() (dev *Device, fallback string) { return openAuto(nil) }
 
 // OpenAutoWith is OpenAuto with options for a GPU.
-func OpenAutoWith(opts cuda.Options) (dev *Device, fallback string) {
+func OpenAutoWith(opts Options) (dev *Device, fallback string) { return openAuto(&opts) }
+
+func openAuto(opts *Options) (dev *Device, fallback string) {
 	if err := cuda.Available(); err != nil {
 		return CPU(), err.Error()
 	}
@@ -60,14 +81,23 @@ func OpenAutoWith(opts cuda.Options) (dev *Device, fallback string) {
 	return d, ""
 }
 
-func openCUDA(index int, opts cuda.Options) (*Device, error) {
+// openCUDA opens cuda:index, with opts (nil: the defaults, or whatever the
+// device is already open with).
+func openCUDA(index int, opts *Options) (*Device, error) {
 	openMu.Lock()
 	defer openMu.Unlock()
 	name := fmt.Sprintf("cuda:%d", index)
 	if d := devices[name]; d != nil {
+		if have := d.b.(*cuda.Backend).Options(); opts != nil && *opts != have {
+			return nil, fmt.Errorf("%w: device %s is open with %+v, not %+v", ErrOptionsConflict, name, have, *opts)
+		}
 		return d, nil
 	}
-	b, err := cuda.Open(index, opts)
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	b, err := cuda.Open(index, o)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", name, err)
 	}
@@ -75,6 +105,10 @@ func openCUDA(index int, opts cuda.Options) (*Device, error) {
 	devices[name] = d
 	return d, nil
 }
+
+// Info describes the device: its kind and number, model, capability,
+// memory, and the libraries its backend runs on.
+func (d *Device) Info() kernels.Info { return d.b.Info() }
 
 // MemInfo reports the device's free and total bytes as its driver sees them
 // (for a GPU, what nvidia-smi shows), beside the pool's own statistics.

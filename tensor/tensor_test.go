@@ -354,3 +354,14 @@ func TestSessionsHaveTheirOwnScopes(t *testing.T) {
 		t.Errorf("%d bytes left allocated", got)
 	}
 }
+
+func TestCPUInfo(t *testing.T) {
+	d := CPU()
+	in := d.Info()
+	if in.Kind != "cpu" || in.Name != "cpu" || in.Index != 0 || in.Memory <= 0 || in.Capability == "" || in.Libraries["sgemm"] != in.Capability {
+		t.Errorf("CPU Info %+v", in)
+	}
+	if e, err := OpenWith("cpu", Options{StrictConvF32: true}); err != nil || e != d {
+		t.Errorf("OpenWith(cpu, options) = %v, %v: the CPU has no options to conflict", e, err)
+	}
+}

@@ -286,9 +286,7 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 // runLean repeats the specs on a second backend of the same GPU whose
 // convolutions keep their workspaces no larger than their activations.
 func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
-	var index int
-	fmt.Sscanf(dev.Name(), "cuda:%d", &index)
-	be, err := cuda.OpenSeparate(index, cuda.Options{LeanConvWorkspace: true})
+	be, err := cuda.OpenSeparate(dev.Info().Index, cuda.Options{LeanConvWorkspace: true})
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,6 @@ import (
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -578,7 +577,7 @@ func (r *jsonReport) write(o *options, stdout io.Writer) error {
 }
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
-	opts := cuda.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32}
+	opts := tensor.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32}
 	if o.device == "auto" {
 		dev, why := tensor.OpenAutoWith(opts)
 		if why != "" {
@@ -597,12 +596,8 @@ func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 }
 
 func describe(dev *tensor.Device) string {
-	if n, ok := dev.Backend().(interface {
-		DeviceName() string
-		Arch() string
-		ConvEngine() string
-	}); ok {
-		return fmt.Sprintf("%s (%s, %s; convolutions by %s)", dev.Name(), n.DeviceName(), n.Arch(), n.ConvEngine())
+	if in := dev.Info(); in.Kind != "cpu" {
+		return fmt.Sprintf("%s (%s, %s; convolutions by %s)", in.Name, in.Model, in.Capability, in.Convolutions)
 	}
 	return dev.Name()
 }

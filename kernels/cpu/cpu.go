@@ -62,6 +62,13 @@ var _ kernels.Backend = (*Backend)(nil)
 // Name is "cpu".
 func (c *Backend) Name() string { return "cpu" }
 
+// Info describes the CPU: its cores, the SIMD its kernels use and its memory.
+func (c *Backend) Info() kernels.Info {
+	_, total := c.alloc.Source().MemInfo()
+	return kernels.Info{Kind: "cpu", Name: "cpu", Model: fmt.Sprintf("%d cores", runtime.NumCPU()), Capability: c.mm.Kernel(),
+		Memory: total, Convolutions: "im2col-free packed SGEMM (" + c.mm.Kernel() + ")", Libraries: map[string]string{"sgemm": c.mm.Kernel()}}
+}
+
 // Allocator is the backend's pool.
 func (c *Backend) Allocator() *memory.Allocator { return c.alloc }
 

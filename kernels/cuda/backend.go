@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -13,33 +12,8 @@ import (
 	"github.com/leangrad/leangrad/memory"
 )
 
-// Options configure a CUDA backend when it is first opened.
-type Options struct {
-	// MatmulTF32 lets F32 matrix products (cuBLAS) use TF32 tensor cores
-	// (10-bit mantissa inputs). Off by default, as PyTorch's
-	// torch.backends.cuda.matmul.allow_tf32.
-	MatmulTF32 bool
-	// StrictConvF32 keeps F32 convolutions in F32: cuDNN may use only FMA
-	// kernels. Off by default: as under PyTorch's default
-	// torch.backends.cudnn.allow_tf32 = True, cuDNN may run F32
-	// convolutions on TF32 tensor cores, several times faster.
-	StrictConvF32 bool
-	// ConvWorkspace caps the im2col workspace of one convolution, in bytes
-	// (default 64 MiB); larger batches are processed in chunks.
-	ConvWorkspace int64
-	// NoCuDNN makes convolutions use im2col + cuBLAS even when cuDNN is
-	// installed (so does LEANGRAD_CUDNN=0 in the environment).
-	NoCuDNN bool
-	// LeanConvWorkspace makes eager convolutions take the fastest cuDNN
-	// algorithm whose workspace is at most the size of the convolution's
-	// larger tensor (counted in F32 bytes) instead of the fastest whatever
-	// its workspace. The workspaces of the fast algorithms set an eager
-	// step's peak; the lean ones are slower (measured by the benchmark
-	// harness). A planned step chooses with its plan instead: the fastest
-	// algorithm whose workspace fits the arena's gap (memory.PlanTrace).
-	// LEANGRAD_CONV_WORKSPACE=lean sets it too.
-	LeanConvWorkspace bool
-}
+// Options configure a backend; see kernels.Options.
+type Options = kernels.Options
 
 // Backend is the CUDA backend of one device: the primary context, one
 // non-blocking stream all work is queued on, the kernels compiled by NVRTC,
@@ -55,6 +29,7 @@ type Backend struct {
 	arch    string // sm_XY
 	sms     int
 	opts    Options
+	asked   Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI
@@ -115,9 +90,7 @@ func Open(index int, opts Options) (*Backend, error) {
 func OpenSeparate(index int, opts Options) (*Backend, error) { return open(index, opts) }
 
 func open(index int, opts Options) (*Backend, error) {
-	if os.Getenv("LEANGRAD_CONV_WORKSPACE") == "lean" {
-		opts.LeanConvWorkspace = true
-	}
+	asked := opts
 	if opts.ConvWorkspace <= 0 {
 		opts.ConvWorkspace = 64 << 20
 	}
@@ -139,7 +112,7 @@ func open(index int, opts Options) (*Backend, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
-	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, d: d, cb: cb,
+	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, asked: asked, d: d, cb: cb,
 		funcs: map[string]uintptr{}, args: new(arena), plans: map[planKey]*convPlan{}}
 	var dev int32
 	if err := d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
@@ -190,7 +163,7 @@ func open(index int, opts Options) (*Backend, error) {
 	cb.must("cublasSetMathMode", call(cb.cublasSetMathMode, b.blas, mode))
 
 	switch dnn, err := loadCUDNN(); {
-	case opts.NoCuDNN || os.Getenv("LEANGRAD_CUDNN") == "0":
+	case opts.NoCuDNN:
 		b.dnnReason = "disabled"
 	case err != nil:
 		b.dnnReason = err.Error()
@@ -298,6 +271,26 @@ func (b *Backend) Close() error {
 
 // Name is "cuda:N".
 func (b *Backend) Name() string { return b.name }
+
+// Options are the options the backend was opened with, as given (before
+// defaults were filled in).
+func (b *Backend) Options() Options { return b.asked }
+
+// Info describes the GPU and the libraries bound.
+func (b *Backend) Info() kernels.Info {
+	_, total := b.MemInfo()
+	libs := map[string]string{"driver": fmt.Sprintf("CUDA %d.%d", b.d.version/1000, b.d.version%1000/10)}
+	if n, err := loadNVRTC(); err == nil {
+		libs["nvrtc"] = fmt.Sprintf("%d.%d", n.major, n.minor)
+	}
+	if b.dnn != nil {
+		v := b.dnn.version
+		libs["cudnn"] = fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
+	}
+	libs["cublas"] = b.cb.lib.name // the file bound: its name carries the version
+	return kernels.Info{Kind: "cuda", Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
+		Memory: total, Convolutions: b.ConvEngine(), Libraries: libs}
+}
 
 // DeviceName is the device's marketing name, as nvidia-smi shows it.
 func (b *Backend) DeviceName() string { return b.devName }
