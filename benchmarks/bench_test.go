@@ -3,6 +3,7 @@ package benchmarks
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -102,5 +103,23 @@ func BenchmarkResNet18(b *testing.B) {
 func BenchmarkMLP(b *testing.B) {
 	for _, c := range train.Variants("")[:2] {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "mlp", 256, c.Name) })
+	}
+}
+
+// The fragmentation claim measures inactive split bytes, after every shape
+// ran once, and reports the cached bytes beside them.
+func TestFragmentationClaim(t *testing.T) {
+	dev := tensor.CPU()
+	c, err := Fragmentation(dev, "mlp", 16, 12, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"mean_inactive_split_mib", "mean_inactive_split_mib_with_empty_cache", "mean_cached_mib", "ms_per_step"} {
+		if v, ok := c.Numbers[k]; !ok || v < 0 || math.IsNaN(v) {
+			t.Errorf("%s = %v, %v", k, v, ok)
+		}
+	}
+	if !strings.Contains(c.Summary, "after every shape ran once") || !strings.Contains(c.Summary, "inactive split") {
+		t.Errorf("summary: %s", c.Summary)
 	}
 }
