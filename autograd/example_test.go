@@ -42,3 +42,56 @@ func ExampleNoGrad() {
 	fmt.Println(y.Item(), y.RequiresGrad())
 	// Output: 4 false
 }
+
+// Checkpoint saves only a function's inputs and runs it again in the
+// backward: the same gradients, less memory held between forward and
+// backward.
+func ExampleCheckpoint() {
+	dev := tensor.CPU()
+	w := tensor.FromFloat32(dev, []float32{0.5, -1, 2, 0.25}, 2, 2).SetRequiresGrad(true)
+	defer w.Release()
+	block := func(in []*tensor.Tensor) *tensor.Tensor { return ag.ReLU(ag.MatMul(ag.ReLU(ag.MatMul(in[0], w)), w)) }
+	grad := func(checkpoint bool) []float32 {
+		var g []float32
+		dev.WithScope(func() {
+			x := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2)
+			var y *tensor.Tensor
+			if checkpoint {
+				y = ag.Checkpoint(block, x) // x is saved; the inside runs again in Backward
+			} else {
+				y = block([]*tensor.Tensor{x})
+			}
+			ag.Backward(ag.SumAll(y))
+			g = w.Grad().Float32s()
+		})
+		w.ZeroGrad()
+		return g
+	}
+	fmt.Println(grad(false))
+	fmt.Println(grad(true))
+	// Output:
+	// [16 0 3 0]
+	// [16 0 3 0]
+}
+
+// Modes belong to a device handle: a goroutine that serves a model under
+// NoGrad on its own Session does not stop another from recording on the
+// device.
+func ExampleNoGrad_session() {
+	dev := tensor.CPU()
+	w := tensor.FromFloat32(dev, []float32{2}, 1).SetRequiresGrad(true)
+	defer w.Release()
+	serving := dev.Session() // one per goroutine
+	ag.NoGrad(serving, func() {
+		serving.WithScope(func() {
+			x := tensor.FromFloat32(serving, []float32{3}, 1)
+			fmt.Println("served, recorded:", ag.Mul(w, x).RequiresGrad())
+		})
+		dev.WithScope(func() {
+			fmt.Println("on the device, recorded:", ag.Mul(w, w).RequiresGrad())
+		})
+	})
+	// Output:
+	// served, recorded: false
+	// on the device, recorded: true
+}
