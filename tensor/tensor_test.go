@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -364,4 +365,24 @@ func TestCPUInfo(t *testing.T) {
 	if e, err := OpenWith("cpu", Options{StrictConvF32: true}); err != nil || e != d {
 		t.Errorf("OpenWith(cpu, options) = %v, %v: the CPU has no options to conflict", e, err)
 	}
+}
+
+// Catch turns an allocation that the pool cannot serve into an error, and
+// lets programmer errors panic.
+func TestCatch(t *testing.T) {
+	d := NewDevice(cpuBackend(memory.New(memory.Limit(memory.NewHeapSource(), 1<<20), memory.Config{Device: "cpu"})))
+	err := Catch(func() {
+		d.WithScope(func() {
+			Zeros(d, F32, 1024)       // fits
+			Zeros(d, F32, 1024, 1024) // 4 MiB does not
+		})
+	})
+	var oom *memory.OOMError
+	if !errors.As(err, &oom) || !errors.Is(err, memory.ErrOutOfMemory) {
+		t.Errorf("Catch returned %v, want the *OOMError", err)
+	}
+	if got := allocated(d); got != 0 {
+		t.Errorf("%d bytes left allocated after the failed scope", got)
+	}
+	mustPanic(t, "negative dimension", func() { Catch(func() { Zeros(d, F32, -1) }) })
 }

@@ -3,7 +3,6 @@ package train
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 
 	ag "github.com/leangrad/leangrad/autograd"
@@ -245,18 +244,7 @@ func recoverError(err *error) {
 	if r == nil {
 		return
 	}
-	*err = fmt.Errorf("training step: %w", panicError(r))
-}
-
-// panicError is the error a recovered panic carries; it panics again with
-// anything else (programmer errors: strings, runtime errors).
-func panicError(r any) error {
-	e, ok := r.(error)
-	var rt runtime.Error
-	if !ok || errors.As(e, &rt) {
-		panic(r)
-	}
-	return e
+	*err = fmt.Errorf("training step: %w", tensor.AsError(r))
 }
 
 // eager runs the step's body with memory from the pools, as a transaction:
@@ -274,7 +262,7 @@ func (s *Step) eager(x, y *tensor.Tensor) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.restore()
-			err = fmt.Errorf("training step: %w", panicError(r))
+			err = fmt.Errorf("training step: %w", tensor.AsError(r))
 		}
 	}()
 	s.body(x, y)
@@ -292,7 +280,7 @@ func (s *Step) snapshot() (err error) {
 				for _, t := range undo {
 					t.Release()
 				}
-				err = fmt.Errorf("training step: %w", panicError(r))
+				err = fmt.Errorf("training step: %w", tensor.AsError(r))
 			}
 		}()
 		for _, t := range live {
