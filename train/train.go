@@ -8,7 +8,8 @@
 // a training checkpoint, divergence checks at every progress update, and
 // recovery from running out of memory: the step run again, then as
 // micro-batches) and the measurement of what AMP and checkpointing save,
-// which FitBudget uses to fit a step into a memory budget.
+// which FitBudget uses to fit a step into a memory budget. Run is a whole
+// run, as cmd/train does it: a Job in, a Report out.
 package train
 
 import (

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -278,5 +280,39 @@ func TestBuildModel(t *testing.T) {
 			t.Errorf("%s: the same seed made other parameters", tc.name)
 		}
 		nn.Release(m2)
+	}
+}
+
+// Run is the whole run cmd/train does, for a Go program: the report says
+// what was measured and trained, and its summary is the end of train's output.
+func TestRun(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	var log bytes.Buffer
+	job := Job{Config: Config{Model: "resnet8", Dataset: "synthetic", Epochs: 1, Batch: 16, LR: 0.05, Momentum: 0.9,
+		Optimizer: "sgd", Schedule: "cosine", AMP: true, Checkpoint: "blocks", Seed: 1},
+		Train: datasets.SyntheticSize(64, 1, 12), Test: datasets.SyntheticSize(32, 2, 12), Measure: true, Log: &log}
+	r, err := Run(dev, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Measured) != 4 || len(r.Epochs) != 1 || r.Final == nil || r.Final.PeakAllocated <= 0 || len(r.Memory) != 4 || r.Error != "" {
+		t.Errorf("report %+v", r)
+	}
+	var sum bytes.Buffer
+	r.WriteSummary(&sum)
+	for _, want := range []string{"measured by the pool", "training resnet8"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, log.String())
+		}
+	}
+	if !strings.Contains(sum.String(), "test accuracy") || !strings.Contains(sum.String(), "leangrad memory summary") {
+		t.Errorf("summary:\n%s", sum.String())
+	}
+	job.Model = "resnet9"
+	if r, err := Run(dev, job); err == nil || r.Error == "" {
+		t.Errorf("a bad model name: %v, report error %q", err, r.Error)
+	}
+	if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != 0 {
+		t.Errorf("%d bytes left allocated after the runs", got)
 	}
 }

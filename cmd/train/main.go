@@ -30,7 +30,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/atomicfile"
@@ -320,69 +319,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 // the JSON report then says why (error, diverged), and the memory logs
 // show what led there.
 func trainRun(o *options, stdout, stderr io.Writer) error {
-	r := &jsonReport{}
-	err := trainOn(o, r, stdout, stderr)
-	if errors.Is(err, memory.ErrOutOfMemory) {
-		err = fmt.Errorf("%w\n(try -max-memory with the device's size, a smaller -batch, or -amp and -checkpoint)", err)
+	early := func(err error) error { // before any training: the JSON report alone, saying why
+		return errors.Join(err, writeReports(o, nil, &train.Report{Error: err.Error()}, stdout))
 	}
-	if err != nil {
-		r.Error = err.Error()
-		var d *train.DivergedError
-		if errors.As(err, &d) {
-			r.Diverged = &divergedReport{Epoch: d.Epoch + 1, Step: d.Step, Why: d.Why}
-		}
-	}
-	return errors.Join(err, r.write(o, stdout))
-}
-
-func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 	dev, err := openDevice(o, stdout)
 	if err != nil {
-		return err
+		return early(err)
 	}
-	report.Device = dev.Name()
 	trainSet, testSet, err := openData(o, dev, stdout)
 	if err != nil {
-		return err
-	}
-	report.Dataset, report.DataDir, report.TrainImages, report.TestImages = trainSet.Name, trainSet.Dir, trainSet.N, testSet.N
-	modelName := o.model
-	if o.model == "resnet" {
-		modelName = fmt.Sprintf("resnet%d", o.depth)
-	}
-	build := func() nn.Module {
-		m, err := train.BuildModel(dev, modelName, trainSet.C, trainSet.H, trainSet.W, trainSet.Classes, o.seed)
-		if err != nil {
-			panic(err) // the flags were checked
-		}
-		return m
+		return early(err)
 	}
 	ckpt := "none"
 	if o.ckpt {
 		ckpt = o.ckptMode
 	}
-	cfg := train.Config{Model: modelName, Dataset: trainSet.Name, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
-		WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
-		Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
-	report.Config = cfg
-
-	mean, std := trainSet.MeanStd()
-	lc := datasets.LoaderConfig{Batch: o.batch, Shuffle: true, Seed: o.seed, Mean: mean, Std: std}
-	if o.augment && o.model != "mlp" {
-		lc.CropPad, lc.Flip = 2, true
-		if trainSet.H >= 32 {
-			lc.CropPad = 4
-		}
+	job := train.Job{
+		Config: train.Config{Model: modelName(o), Dataset: trainSet.Name, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
+			WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
+			Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture},
+		Train: trainSet, Test: testSet, Augment: o.augment, Measure: o.measure, CheckpointMode: o.ckptMode,
+		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
+		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != "",
+		Progress: newProgress(stderr, o.epochs), Log: stdout,
 	}
-	trainL := datasets.NewLoader(trainSet, dev, lc)
-	testL := datasets.NewLoader(testSet, dev, datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std})
-
-	planned := o.capture && dev.Name() != "cpu"
-	resnet := o.model != "mlp"
-	micro := 0
 	if o.maxMemory != "" {
-		budget := budgetBytes(o.maxMemory, dev)
-		keep := func(v train.Variant) bool {
+		job.MaxMemory = budgetBytes(o.maxMemory, dev)
+		job.Allow = func(v train.Variant) bool { // the flags given are kept
 			ok := !o.set["amp"] || v.AMP == o.amp
 			if o.set["checkpoint"] {
 				ok = ok && (v.Checkpoint != "none") == o.ckpt
@@ -392,126 +355,23 @@ func trainOn(o *options, report *jsonReport, stdout, stderr io.Writer) error {
 			}
 			return ok
 		}
-		var choice train.BudgetChoice
-		withFirstBatch(dev, trainL, func(x, y *tensor.Tensor) {
-			choice, err = train.FitBudget(stdout, dev, build, cfg, train.BudgetVariants(resnet, keep), x, y, planned, budget)
-		})
-		report.Budget = &choice
-		if err != nil {
-			return err
-		}
-		cfg.AMP, cfg.Checkpoint, micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
-		report.Config = cfg
-		fmt.Fprintf(stdout, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, train.MiB(budget))
-		if micro > 0 {
-			fmt.Fprintf(stdout, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n", micro, o.batch)
-		}
 	}
-	chosen := train.VariantName(cfg.AMP, cfg.Checkpoint)
-	if o.measure {
-		fmt.Fprintf(stdout, "memory of one training step of %s on a batch of %d, measured by the pool:\n", modelName, o.batch)
-		report.Measured, err = measure(dev, build, cfg, trainL, resnet, o.ckptMode, planned)
-		if err != nil {
-			return err
-		}
-		train.WriteSavings(stdout, report.Measured, chosen)
+	report, err := train.Run(dev, job)
+	if err == nil {
+		report.WriteSummary(stdout)
 	}
+	if errors.Is(err, memory.ErrOutOfMemory) {
+		err = fmt.Errorf("%w\n(try -max-memory with the device's size, a smaller -batch, or -amp and -checkpoint)", err)
+	}
+	return errors.Join(err, writeReports(o, dev, report, stdout))
+}
 
-	model := build()
-	defer nn.Release(model)
-	t, err := train.New(model, dev, cfg, trainL.Len())
-	if err != nil {
-		return err
+// modelName is the model -model and -depth name ("resnet20").
+func modelName(o *options) string {
+	if o.model == "resnet" {
+		return fmt.Sprintf("resnet%d", o.depth)
 	}
-	defer t.Release()
-	if err := t.Step.SetMicroBatch(micro); err != nil {
-		return err
-	}
-	if o.resume != "" {
-		changed, err := t.Resume(o.resume, o.resumeForce)
-		if err != nil {
-			return err
-		}
-		report.ResumeChanges = changed
-		fmt.Fprintf(stdout, "resumed from %s at epoch %d\n", o.resume, t.Epoch+1)
-		for _, c := range changed {
-			fmt.Fprintf(stdout, "  changed since the checkpoint (-resume-force): %s\n", c)
-		}
-	}
-	resumedEpochs := len(t.History)
-	a := dev.Allocator()
-	a.EmptyCache() // what the measurements cached is not the run's
-	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
-	if report.Budget != nil {
-		if err := a.SetLimit(report.Budget.Budget); err != nil {
-			return err
-		}
-	}
-	if o.memlog != "" {
-		a.RecordTimeline(true)
-	}
-	if o.memsnapshot != "" {
-		a.RecordHistory(true)
-	}
-	fmt.Fprintf(stdout, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
-		modelName, nn.CountParams(model), trainSet.N, o.epochs, trainL.Len(), chosen, t.Step.Mode)
-	report.run = &runState{t: t, dev: dev, title: fmt.Sprintf("%s, %s, batch %d on %s", modelName, chosen, o.batch, dev.Name())}
-	start := time.Now()
-	err = t.Fit(trainL, testL, newProgress(stderr, o.epochs), o.save)
-	wall := time.Since(start)
-	a.RecordTimeline(false)
-	report.Epochs, report.Empty, report.OOM = t.History, t.Empty, t.OOM
-	for _, e := range t.OOM.Events {
-		fmt.Fprintf(stdout, "out of memory: %s\n", e)
-	}
-	if err != nil {
-		return err
-	}
-
-	// The report: of this run's epochs (a resumed run's earlier ones ran before).
-	var imgs, secs float64
-	for _, m := range t.History[resumedEpochs:] {
-		secs += float64(m.Seconds)
-		imgs += float64(m.ImgPerSec) * float64(m.Seconds)
-	}
-	last := t.History[len(t.History)-1]
-	peakA, peakR := t.Peaks()
-	fmt.Fprintf(stdout, "\ntest accuracy  %.2f%% (loss %.4f) after %d epochs\n", 100*last.TestAcc, last.TestLoss, len(t.History))
-	if secs > 0 {
-		fmt.Fprintf(stdout, "throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation\n", imgs/secs, secs, wall.Seconds())
-	}
-	line := "peak allocated " + train.MiB(peakA) + " by the training steps"
-	for _, m := range report.Measured {
-		if m.Name == "fp32" && chosen != "fp32" {
-			line += fmt.Sprintf(" (fp32: %s, %s)", train.MiB(m.PeakAllocated), train.Percent(peakA, m.PeakAllocated))
-		}
-	}
-	fmt.Fprintln(stdout, line)
-	fmt.Fprintf(stdout, "peak reserved  %s by the training steps\n", train.MiB(peakR))
-	evalBatch := fmt.Sprintf("batches of %d", min(testL.BatchShape()[0], testSet.N))
-	if c := t.EvalChunk(); c > 0 {
-		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
-	}
-	fmt.Fprintf(stdout, "evaluation     peak allocated %s (%s; no gradients)\n", train.MiB(t.EvalPeak()), evalBatch)
-	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
-		fmt.Fprintf(stdout, "planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state\n",
-			train.MiB(p.Size), train.MiB(p.Live), p.Order)
-	}
-	for _, n := range t.Step.Notes() {
-		fmt.Fprintf(stdout, "step           %s\n", n)
-	}
-	if free, total := dev.MemInfo(); dev.Name() != "cpu" {
-		fmt.Fprintf(stdout, "device memory  %s free of %s (the driver's view)\n", train.MiB(free), train.MiB(total))
-	}
-	if o.emptyCache > 0 {
-		fmt.Fprintf(stdout, "EmptyCache every %d steps: %d calls, %s returned to the device in all, %.3f s inside EmptyCache\n",
-			o.emptyCache, t.Empty.Calls, train.MiB(t.Empty.Released), t.Empty.Seconds)
-	}
-	fmt.Fprintln(stdout, "the pool's summary below covers training and evaluation since the measurements:")
-	fmt.Fprint(stdout, a.Summary())
-	report.Final = &finalReport{TestAcc: last.TestAcc, TestLoss: last.TestLoss, ImgPerSec: train.Float(imgs / secs), TrainSeconds: secs,
-		WallSeconds: wall.Seconds(), PeakAllocated: peakA, PeakReserved: peakR, EvalPeakAllocated: t.EvalPeak()}
-	return nil
+	return o.model
 }
 
 // budgetBytes is -max-memory in bytes (checked by parse).
@@ -524,24 +384,11 @@ func budgetBytes(s string, dev *tensor.Device) int64 {
 	return bytes
 }
 
-// withFirstBatch calls f with the loader's first batch, made on dev.
-func withFirstBatch(dev *tensor.Device, l *datasets.Loader, f func(x, y *tensor.Tensor)) {
-	dev.WithScope(func() {
-		ep := l.Epoch(0)
-		x, y, _ := ep.Next()
-		ep.Close()
-		f(x, y)
-	})
-}
-
-// write writes the reports that were asked for, with what the run got to;
-// it returns every error, naming the flag.
-func (r *jsonReport) write(o *options, stdout io.Writer) error {
+// writeReports writes the reports that were asked for, with what the run
+// got to; it returns every error, naming the flag.
+func writeReports(o *options, dev *tensor.Device, r *train.Report, stdout io.Writer) error {
 	var errs []error
 	if o.jsonOut != "" {
-		if r.run != nil {
-			r.Stats = r.run.dev.Allocator().Stats()
-		}
 		data, err := json.MarshalIndent(r, "", "  ")
 		if err == nil {
 			err = atomicfile.WriteFile(o.jsonOut, append(data, '\n'))
@@ -550,10 +397,10 @@ func (r *jsonReport) write(o *options, stdout io.Writer) error {
 			errs = append(errs, fmt.Errorf("-json %s: %w", o.jsonOut, err))
 		}
 	}
-	if r.run == nil {
-		return errors.Join(errs...) // training never started: there is no memory to report
+	if dev == nil {
+		return errors.Join(errs...) // nothing ran: there is no memory to report
 	}
-	a := r.run.dev.Allocator()
+	a := dev.Allocator()
 	if o.memlog != "" {
 		err := atomicfile.Write(o.memlog, func(w io.Writer) error { return memory.WriteTimelineCSV(w, a.Timeline()) })
 		if err != nil {
@@ -562,8 +409,8 @@ func (r *jsonReport) write(o *options, stdout io.Writer) error {
 			fmt.Fprintf(stdout, "memlog: the timeline stopped after %d events\n", memory.TimelineLimit)
 		}
 	}
-	if o.memplot != "" && len(r.run.t.Memory) > 0 {
-		if err := train.PlotMemory(r.run.t.Memory, r.run.title, o.memplot); err != nil {
+	if o.memplot != "" && len(r.Memory) > 0 {
+		if err := train.PlotMemory(r.Memory, r.Title, o.memplot); err != nil {
 			errs = append(errs, fmt.Errorf("-memplot %s: %w", o.memplot, err))
 		}
 	}
@@ -654,71 +501,4 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 	}
 	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n", trainSet.Name, trainSet.N, testSet.N, trainSet.C, trainSet.H, trainSet.W, from)
 	return trainSet, testSet, nil
-}
-
-// measure runs the one-step measurement of every variant on the first
-// training batch (for an MLP, only with and without AMP).
-func measure(dev *tensor.Device, build func() nn.Module, cfg train.Config, l *datasets.Loader, resnet bool, mode string, plan bool) ([]train.Measurement, error) {
-	var out []train.Measurement
-	var err error
-	withFirstBatch(dev, l, func(x, y *tensor.Tensor) {
-		for _, v := range train.Variants(mode) {
-			if !resnet && v.Checkpoint != "none" {
-				continue
-			}
-			var m train.Measurement
-			if m, err = train.MeasureStep(dev, build, cfg, v, x, y, plan); err != nil {
-				return
-			}
-			out = append(out, m)
-		}
-	})
-	return out, err
-}
-
-type finalReport struct {
-	TestAcc           train.Float `json:"test_acc"`
-	TestLoss          train.Float `json:"test_loss"`
-	ImgPerSec         train.Float `json:"img_per_sec"`   // this run's training steps (not a resumed run's earlier ones)
-	TrainSeconds      float64     `json:"train_seconds"` // this run's
-	WallSeconds       float64     `json:"wall_seconds"`
-	PeakAllocated     int64       `json:"peak_allocated"` // by the training steps
-	PeakReserved      int64       `json:"peak_reserved"`
-	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
-}
-
-type divergedReport struct {
-	Epoch int    `json:"epoch"` // from 1
-	Step  int    `json:"step"`
-	Why   string `json:"why"`
-}
-
-// jsonReport is what -json writes: always valid JSON, also for a run that
-// failed (Error) or diverged (Diverged); numbers that are not finite are null.
-type jsonReport struct {
-	Config        train.Config           `json:"config"`
-	Device        string                 `json:"device"`
-	Dataset       string                 `json:"dataset"`
-	DataDir       string                 `json:"data_dir,omitempty"` // the folder the dataset was read from
-	TrainImages   int                    `json:"train_images"`
-	TestImages    int                    `json:"test_images"`
-	Budget        *train.BudgetChoice    `json:"budget,omitempty"`
-	Measured      []train.Measurement    `json:"measured_step_peaks,omitempty"`
-	ResumeChanges []string               `json:"resume_changes,omitempty"`
-	Epochs        []train.EpochMetrics   `json:"epochs"`
-	Final         *finalReport           `json:"final,omitempty"`
-	OOM           train.OOMReport        `json:"out_of_memory"`
-	Empty         train.EmptyCacheReport `json:"empty_cache"`
-	Stats         memory.Stats           `json:"pool_stats"`
-	Error         string                 `json:"error,omitempty"`
-	Diverged      *divergedReport        `json:"diverged,omitempty"`
-
-	run *runState
-}
-
-// runState is what the reports written at the end need from the run.
-type runState struct {
-	t     *train.Trainer
-	dev   *tensor.Device
-	title string
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/kernels/cuda"
+	"github.com/leangrad/leangrad/train"
 )
 
 func runCLI(args ...string) (code int, stdout, stderr string) {
@@ -77,7 +78,7 @@ func TestRunWritesReports(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
 	}
-	var r jsonReport
+	var r train.Report
 	data, err := os.ReadFile(js)
 	if err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 2 || len(r.Measured) != 4 || r.Final.PeakAllocated <= 0 {
 		t.Errorf("-json: %v %+v", err, r.Final)
@@ -166,7 +167,7 @@ func TestDivergedRunStopsAndSaysSo(t *testing.T) {
 		}
 		data, err := os.ReadFile(js)
 		var r struct {
-			Diverged *divergedReport `json:"diverged"`
+			Diverged *train.Diverged `json:"diverged"`
 			Error    string          `json:"error"`
 		}
 		if err != nil || json.Unmarshal(data, &r) != nil || r.Diverged == nil || r.Diverged.Step == 0 || r.Error == "" {
@@ -282,7 +283,7 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "fitting a step into a budget of 6.0 MiB") || !strings.Contains(stdout, "chose ") {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
-	var r jsonReport
+	var r train.Report
 	data, _ := os.ReadFile(js)
 	if err := json.Unmarshal(data, &r); err != nil || r.Budget == nil || r.Final == nil {
 		t.Fatalf("-json: %v", err)
