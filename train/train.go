@@ -315,6 +315,11 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 		if m == 1 {
 			return fmt.Errorf("%w\n(step %d does not fit even one example at a time)", err, t.Steps+1)
 		}
+		from := "a batch"
+		if m < n {
+			from = "micro-batches"
+		}
+		from = fmt.Sprintf("%s of %d", from, m)
 		m = (m + 1) / 2
 		if err := t.Step.SetMicroBatch(m); err != nil {
 			return err
@@ -323,8 +328,8 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 		t.OOM.MicroBatch = m
 		err = t.Step.Run(x, y)
 		if err == nil {
-			t.OOM.note("step %d ran out of memory at a batch of %d; it runs as micro-batches of %d from now on (gradients accumulated; batch norm, if any, per micro-batch)",
-				t.Steps+1, n, m)
+			t.OOM.note("step %d ran out of memory at %s; it runs as micro-batches of %d from now on (gradients accumulated; batch norm, if any, per micro-batch)",
+				t.Steps+1, from, m)
 		}
 	}
 	return err
