@@ -316,3 +316,11 @@ func TestRun(t *testing.T) {
 		t.Errorf("%d bytes left allocated after the runs", got)
 	}
 }
+
+func TestCPUDefaults(t *testing.T) {
+	job := Job{Config: Config{Epochs: 15, Batch: 128, LR: 0.1}, Train: datasets.SyntheticSize(3000, 1, 8), Test: datasets.SyntheticSize(1500, 2, 8)}
+	notes := job.CPUDefaults(func(name string) bool { return name == "epochs" })
+	if job.Train.N != 2000 || job.Test.N != 1000 || job.Epochs != 15 || job.Batch != 32 || job.LR != 0.025 || len(notes) != 4 {
+		t.Errorf("after CPUDefaults: %d/%d images, %d epochs, batch %d, lr %v; notes %q", job.Train.N, job.Test.N, job.Epochs, job.Batch, job.LR, notes)
+	}
+}

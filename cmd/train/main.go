@@ -326,7 +326,7 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return early(err)
 	}
-	trainSet, testSet, err := openData(o, dev, stdout)
+	trainSet, testSet, err := openData(o, stdout)
 	if err != nil {
 		return early(err)
 	}
@@ -341,8 +341,19 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 		Train: trainSet, Test: testSet, Augment: o.augment, Measure: o.measure, CheckpointMode: o.ckptMode,
 		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
 		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != "",
-		Progress: newProgress(stderr, o.epochs), Log: stdout,
+		Log: stdout,
 	}
+	if dev.Name() == "cpu" {
+		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
+			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
+		}
+	}
+	from := "generated from -seed"
+	if job.Train.Dir != "" {
+		from = "read from " + job.Train.Dir
+	}
+	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n",
+		job.Train.Name, job.Train.N, job.Test.N, job.Train.C, job.Train.H, job.Train.W, from)
 	if o.maxMemory != "" {
 		job.MaxMemory = budgetBytes(o.maxMemory, dev)
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
@@ -356,6 +367,7 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 			return ok
 		}
 	}
+	job.Progress = newProgress(stderr, job.Epochs)
 	report, err := train.Run(dev, job)
 	if err == nil {
 		report.WriteSummary(stdout)
@@ -457,9 +469,9 @@ func firstLine(s string) string {
 }
 
 // openData loads the dataset (falling back to the synthetic set, and saying
-// why, when the default Fashion-MNIST is not found) and applies the CPU
-// defaults that keep a CPU run to a few minutes.
-func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testSet *datasets.Dataset, err error) {
+// why, when the default Fashion-MNIST is not found), limited by -limit and
+// -test-limit.
+func openData(o *options, stdout io.Writer) (trainSet, testSet *datasets.Dataset, err error) {
 	trainSet, testSet, err = datasets.Open(o.dataset, o.data, o.download, o.seed)
 	if err != nil {
 		if o.set["dataset"] || o.data != "" || !errors.Is(err, datasets.ErrNotFound) {
@@ -468,37 +480,5 @@ func openData(o *options, dev *tensor.Device, stdout io.Writer) (trainSet, testS
 		fmt.Fprintf(stdout, "dataset: %v; using the synthetic set instead (install dataset-fashion-mnist, pass -data DIR, or -download)\n", err)
 		trainSet, testSet, _ = datasets.Open(datasets.SyntheticSet, "", false, o.seed)
 	}
-	if dev.Name() == "cpu" {
-		var notes []string
-		if !o.set["limit"] && trainSet.N > 2000 {
-			o.limit = 2000
-			notes = append(notes, "the first 2000 training images")
-		}
-		if !o.set["test-limit"] && testSet.N > 1000 {
-			o.testLimit = 1000
-			notes = append(notes, "1000 test images")
-		}
-		if !o.set["epochs"] && o.epochs > 1 {
-			o.epochs = 1
-			notes = append(notes, "1 epoch")
-		}
-		if !o.set["batch"] && o.batch > 32 {
-			if !o.set["lr"] {
-				o.lr *= 32 / float64(o.batch) // the linear scaling rule
-				notes = append(notes, fmt.Sprintf("lr %g", o.lr))
-			}
-			o.batch = 32
-			notes = append(notes, "batch 32")
-		}
-		if len(notes) > 0 {
-			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
-		}
-	}
-	trainSet, testSet = trainSet.Subset(o.limit), testSet.Subset(o.testLimit)
-	from := "generated from -seed"
-	if trainSet.Dir != "" {
-		from = "read from " + trainSet.Dir
-	}
-	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n", trainSet.Name, trainSet.N, testSet.N, trainSet.C, trainSet.H, trainSet.W, from)
-	return trainSet, testSet, nil
+	return trainSet.Subset(o.limit), testSet.Subset(o.testLimit), nil
 }
