@@ -33,6 +33,7 @@ import (
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -217,9 +218,8 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 					if err != nil {
 						return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
 					}
-					fmt.Fprintf(stderr, "%s (%s) %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), peak %.1f MiB, reserved %.1f MiB\n",
-						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep,
-						float64(r.PeakAllocated)/(1<<20), float64(r.PeakReserved)/(1<<20))
+					fmt.Fprintf(stderr, "%s (%s) %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), peak %s, reserved %s\n",
+						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, train.MiB(r.PeakAllocated), train.MiB(r.PeakReserved))
 					for _, n := range r.Notes {
 						fmt.Fprintf(stderr, "  %s\n", n)
 					}
@@ -304,7 +304,7 @@ func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 					return err
 				}
 				r.Engine = "leangrad-lean"
-				fmt.Fprintf(stderr, "leangrad-lean %s batch %d %s: %.2f ms, %.1f MiB\n", sp.model, b, c, r.MedianMS, float64(r.PeakAllocated)/(1<<20))
+				fmt.Fprintf(stderr, "leangrad-lean %s batch %d %s: %.2f ms, %s\n", sp.model, b, c, r.MedianMS, train.MiB(r.PeakAllocated))
 				rep.Results = append(rep.Results, r)
 			}
 		}
