@@ -118,10 +118,12 @@ func (d *Device) Synchronize() error {
 	return d.b.Synchronize()
 }
 
-// SyncFree runs f as a sync-free section: inside it, anything that makes the
-// host wait for the device or exchange data with it (Item, Float32s, Raw,
-// FromFloat32, Synchronize, ...) panics, naming the call. A training step
-// runs in one, so that it can be queued ahead of the device and captured.
+// SyncFree runs f as a sync-free section of the handle d: inside it,
+// anything on d's tensors that makes the host wait for the device or
+// exchange data with it (Item, Float32s, Raw, FromFloat32, Synchronize, ...)
+// panics, naming the call; other handles (Sessions) are not held to it. A
+// training step runs in one, so that it can be queued ahead of the device
+// and captured.
 func (d *Device) SyncFree(f func()) {
 	d.syncFree.Add(1)
 	defer d.syncFree.Add(-1)

@@ -121,7 +121,7 @@ func (o *options) check() error {
 	if o.model != "resnet" && o.model != "resnet18" && o.model != "mlp" {
 		bad("-model %q: want resnet, resnet18 or mlp", o.model)
 	}
-	if o.model == "resnet" && (o.depth < 8 || (o.depth-2)%6 != 0) {
+	if o.model == "resnet" && train.CheckModel(modelName(o)) != nil {
 		bad("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
 	}
 	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
