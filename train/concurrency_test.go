@@ -1,0 +1,128 @@
+package train
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// TestTrainingBesideInference: one goroutine trains a ResNet (AMP and
+// checkpointing: autocast, recomputation and scopes on the device) while two
+// others serve another model on the same device, each on its own Session
+// under NoGrad, one of them under Autocast. Everything each goroutine
+// computes is what it computes alone, bit for bit: no goroutine sees
+// another's grad mode, autocast, checkpoint recomputation or scopes. Run
+// with -race (CI does).
+func TestTrainingBesideInference(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	ds := datasets.SyntheticSize(192, 5, 12)
+	cfg := baseConfig("tiny")
+	cfg.Batch, cfg.AMP, cfg.Checkpoint = 16, true, "blocks"
+	newTrainer := func() (*Trainer, nn.Module) {
+		dev.Generator().Seed(1)
+		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
+		tr, err := New(m, dev, cfg, 12)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr, m
+	}
+	trainRun := func(tr *Trainer) error {
+		l := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 2})
+		return tr.Fit(l, datasets.NewLoader(ds.Subset(32), dev, datasets.LoaderConfig{Batch: 32}), nil, "")
+	}
+	// The served model, made before any goroutine starts (the generator is
+	// the device's), in evaluation mode.
+	dev.Generator().Seed(2)
+	served := nn.NewResNet(dev, "served", 1, 10, []int{8, 16}, []int{1, 1})
+	defer nn.Release(served)
+	served.SetTraining(false)
+	rng := rand.New(rand.NewPCG(3, 3))
+	inputs := make([][]float32, 6)
+	for i := range inputs {
+		inputs[i] = make([]float32, 8*144)
+		for j := range inputs[i] {
+			inputs[i][j] = float32(rng.NormFloat64())
+		}
+	}
+	serve := func(amp bool) [][]float32 {
+		s := dev.Session()
+		var out [][]float32
+		ag.NoGrad(s, func() {
+			for _, in := range inputs {
+				s.WithScope(func() {
+					x := tensor.FromFloat32(s, in, 8, 1, 12, 12)
+					var y *tensor.Tensor
+					if amp {
+						ag.Autocast(s, func() { y = served.Forward(x) })
+					} else {
+						y = served.Forward(x)
+					}
+					if y.RequiresGrad() {
+						t.Error("an operation under NoGrad on a session was recorded")
+					}
+					out = append(out, y.Float32s())
+				})
+			}
+		})
+		return out
+	}
+
+	// Alone.
+	tr, model := newTrainer()
+	if err := trainRun(tr); err != nil {
+		t.Fatal(err)
+	}
+	wantParams := snapshotState(model)
+	tr.Release()
+	nn.Release(model)
+	wantF32, wantAMP := serve(false), serve(true)
+	base := dev.Allocator().Stats()
+
+	// Together.
+	tr, model = newTrainer()
+	var wg sync.WaitGroup
+	var trainErr error
+	var gotF32, gotAMP [][]float32
+	wg.Add(3)
+	go func() { defer wg.Done(); trainErr = trainRun(tr) }()
+	go func() { defer wg.Done(); gotF32 = serve(false) }()
+	go func() { defer wg.Done(); gotAMP = serve(true) }()
+	wg.Wait()
+	if trainErr != nil {
+		t.Fatal(trainErr)
+	}
+	for i, p := range snapshotState(model) {
+		if !bytes.Equal(p, wantParams[i]) {
+			t.Errorf("trained %s differs from training alone", model.State("")[i].Name)
+		}
+	}
+	tr.Release()
+	nn.Release(model)
+	same := func(a, b [][]float32) bool {
+		for i := range a {
+			for j := range a[i] {
+				if a[i][j] != b[i][j] {
+					return false
+				}
+			}
+		}
+		return len(a) == len(b)
+	}
+	if !same(gotF32, wantF32) || !same(gotAMP, wantAMP) {
+		t.Error("inference beside training differs from inference alone")
+	}
+	if same(wantF32, wantAMP) {
+		t.Error("autocast changed nothing: the test would not see it leak")
+	}
+	if a, b := dev.Allocator().Stats().Allocated, base.Allocated; a[0].Current != b[0].Current {
+		t.Errorf("%d bytes allocated after, %d before: a scope of one goroutine kept or freed another's tensors", a[0].Current, b[0].Current)
+	}
+}

@@ -1,0 +1,323 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Job is a training run to do: the Config its checkpoints record, the data,
+// and what to measure, fit, save and record on the way. cmd/train fills it
+// from its flags; a Go program fills it itself and calls Run.
+type Job struct {
+	Config
+	Train, Test *datasets.Dataset
+	// Augment takes random crops (padding 2, or 4 for 32×32 images) and
+	// horizontal flips for ResNets.
+	Augment bool
+	// Measure runs one step of fp32, AMP, checkpointing and both first,
+	// and reports each one's peak (Report.Measured).
+	Measure bool
+	// CheckpointMode is what the measured and budget configurations
+	// checkpoint: "blocks" (the default) or "sqrt".
+	CheckpointMode string
+	// MaxMemory caps the pool at this many bytes and fits the step into it
+	// (FitBudget; 0: no cap). Allow, if set, rules out candidates.
+	MaxMemory int64
+	Allow     func(Variant) bool
+	// Save writes a checkpoint after every epoch; Resume starts from one
+	// (with ResumeForce, even one of another configuration).
+	Save, Resume string
+	ResumeForce  bool
+	// RecordTimeline and RecordHistory turn on the allocator's recordings
+	// for the training (memory.Allocator.RecordTimeline, RecordHistory).
+	RecordTimeline, RecordHistory bool
+	// Progress follows the epochs (nil: nothing); Log hears what the run
+	// says as it goes: measurements, the budget, resume (nil: nothing).
+	Progress Observer
+	Log      io.Writer
+}
+
+// CPUDefaults shrinks the job to a few minutes on a CPU, where given says
+// the user did not choose: the first 2000 training images ("limit") and
+// 1000 test images ("test-limit"), one epoch ("epochs"), and a batch of 32
+// ("batch") with the learning rate ("lr") scaled linearly. It returns what
+// it changed, to be said.
+func (j *Job) CPUDefaults(given func(name string) bool) []string {
+	var notes []string
+	if !given("limit") && j.Train.N > 2000 {
+		j.Train = j.Train.Subset(2000)
+		notes = append(notes, "the first 2000 training images")
+	}
+	if !given("test-limit") && j.Test.N > 1000 {
+		j.Test = j.Test.Subset(1000)
+		notes = append(notes, "1000 test images")
+	}
+	if !given("epochs") && j.Epochs > 1 {
+		j.Epochs = 1
+		notes = append(notes, "1 epoch")
+	}
+	if !given("batch") && j.Batch > 32 {
+		if !given("lr") {
+			j.LR *= 32 / float64(j.Batch) // the linear scaling rule
+			notes = append(notes, fmt.Sprintf("lr %g", j.LR))
+		}
+		j.Batch = 32
+		notes = append(notes, "batch 32")
+	}
+	return notes
+}
+
+// Final is a finished run's figures.
+type Final struct {
+	TestAcc           Float   `json:"test_acc"`
+	TestLoss          Float   `json:"test_loss"`
+	ImgPerSec         Float   `json:"img_per_sec"`   // this run's training steps (not a resumed run's earlier ones)
+	TrainSeconds      float64 `json:"train_seconds"` // this run's
+	WallSeconds       float64 `json:"wall_seconds"`
+	PeakAllocated     int64   `json:"peak_allocated"` // by the training steps
+	PeakReserved      int64   `json:"peak_reserved"`
+	EvalPeakAllocated int64   `json:"eval_peak_allocated"`
+}
+
+// Diverged says where a run diverged (see DivergedError).
+type Diverged struct {
+	Epoch int    `json:"epoch"` // from 1
+	Step  int    `json:"step"`
+	Why   string `json:"why"`
+}
+
+// Report is what a run did, as cmd/train's -json writes it: always valid
+// JSON, also for a run that failed (Error) or diverged (Diverged); numbers
+// that are not finite are null.
+type Report struct {
+	Config        Config            `json:"config"`
+	Device        string            `json:"device"`
+	Dataset       string            `json:"dataset"`
+	DataDir       string            `json:"data_dir,omitempty"` // the folder the dataset was read from
+	TrainImages   int               `json:"train_images"`
+	TestImages    int               `json:"test_images"`
+	Budget        *BudgetChoice     `json:"budget,omitempty"`
+	Measured      []Measurement     `json:"measured_step_peaks,omitempty"`
+	ResumeChanges []string          `json:"resume_changes,omitempty"`
+	Epochs        []EpochMetrics    `json:"epochs"`
+	Final         *Final            `json:"final,omitempty"`
+	OOM           OOMReport         `json:"out_of_memory"`
+	Empty         EmptyCacheReport  `json:"empty_cache"`
+	Stats         memory.Stats      `json:"pool_stats"`
+	Error         string            `json:"error,omitempty"`
+	Diverged      *Diverged         `json:"diverged,omitempty"`
+	Memory        []MemSample       `json:"-"` // the pool after every step
+	Title         string            `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
+	summary       func(w io.Writer) // the end-of-run lines, while the trainer was alive
+}
+
+// WriteSummary writes the end of a finished run's report: accuracy,
+// throughput, the peaks, the plan, the step's notes and the pool's summary.
+func (r *Report) WriteSummary(w io.Writer) {
+	if r.summary != nil {
+		r.summary(w)
+	}
+}
+
+// Run trains job.Config's model on dev and reports what happened. The
+// report is returned also with an error, saying as much as the run got to.
+func Run(dev *tensor.Device, job Job) (report *Report, err error) {
+	say := job.Log
+	if say == nil {
+		say = io.Discard
+	}
+	cfg, trainSet, testSet := job.Config, job.Train, job.Test
+	report = &Report{Config: cfg, Device: dev.Name(), Dataset: trainSet.Name, DataDir: trainSet.Dir, TrainImages: trainSet.N, TestImages: testSet.N}
+	defer func() {
+		report.Stats = dev.Allocator().Stats()
+		if err != nil {
+			report.Error = err.Error()
+			var d *DivergedError
+			if errors.As(err, &d) {
+				report.Diverged = &Diverged{Epoch: d.Epoch + 1, Step: d.Step, Why: d.Why}
+			}
+		}
+	}()
+	build := func() nn.Module {
+		m, err := BuildModel(dev, cfg.Model, trainSet.C, trainSet.H, trainSet.W, trainSet.Classes, cfg.Seed)
+		if err != nil {
+			panic(err) // the name was checked first
+		}
+		return m
+	}
+	if err := CheckModel(cfg.Model); err != nil {
+		return report, err
+	}
+	resnet := cfg.Model != "mlp" // has residual blocks to checkpoint
+
+	mean, std := trainSet.MeanStd()
+	lc := datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: cfg.Seed, Mean: mean, Std: std}
+	if job.Augment && resnet {
+		lc.CropPad, lc.Flip = 2, true
+		if trainSet.H >= 32 {
+			lc.CropPad = 4
+		}
+	}
+	trainL := datasets.NewLoader(trainSet, dev, lc)
+	testL := datasets.NewLoader(testSet, dev, datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std})
+
+	planned := cfg.Capture && dev.Name() != "cpu"
+	micro := 0
+	if job.MaxMemory > 0 {
+		var choice BudgetChoice
+		withFirstBatch(dev, trainL, func(x, y *tensor.Tensor) {
+			choice, err = FitBudget(say, dev, build, cfg, BudgetVariants(resnet, job.Allow), x, y, planned, job.MaxMemory)
+		})
+		report.Budget = &choice
+		if err != nil {
+			return report, err
+		}
+		cfg.AMP, cfg.Checkpoint, micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
+		report.Config = cfg
+		fmt.Fprintf(say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, MiB(job.MaxMemory))
+		if micro > 0 {
+			fmt.Fprintf(say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n", micro, cfg.Batch)
+		}
+	}
+	chosen := VariantName(cfg.AMP, cfg.Checkpoint)
+	if job.Measure {
+		fmt.Fprintf(say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", cfg.Model, cfg.Batch)
+		withFirstBatch(dev, trainL, func(x, y *tensor.Tensor) {
+			for _, v := range Variants(job.CheckpointMode) {
+				if !resnet && v.Checkpoint != "none" {
+					continue
+				}
+				var m Measurement
+				if m, err = MeasureStep(dev, build, cfg, v, x, y, planned); err != nil {
+					return
+				}
+				report.Measured = append(report.Measured, m)
+			}
+		})
+		if err != nil {
+			return report, err
+		}
+		WriteSavings(say, report.Measured, chosen)
+	}
+
+	model := build()
+	defer nn.Release(model)
+	t, err := New(model, dev, cfg, trainL.Len())
+	if err != nil {
+		return report, err
+	}
+	defer t.Release()
+	if err := t.Step.SetMicroBatch(micro); err != nil {
+		return report, err
+	}
+	if job.Resume != "" {
+		changed, err := t.Resume(job.Resume, job.ResumeForce)
+		if err != nil {
+			return report, err
+		}
+		report.ResumeChanges = changed
+		fmt.Fprintf(say, "resumed from %s at epoch %d\n", job.Resume, t.Epoch+1)
+		for _, c := range changed {
+			fmt.Fprintf(say, "  changed since the checkpoint (-resume-force): %s\n", c)
+		}
+	}
+	resumedEpochs := len(t.History)
+	a := dev.Allocator()
+	a.EmptyCache() // what the measurements cached is not the run's
+	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
+	if job.MaxMemory > 0 {
+		if err := a.SetLimit(job.MaxMemory); err != nil {
+			return report, err
+		}
+	}
+	a.RecordTimeline(job.RecordTimeline)
+	if job.RecordHistory {
+		a.RecordHistory(true)
+	}
+	fmt.Fprintf(say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
+		cfg.Model, nn.CountParams(model), trainSet.N, cfg.Epochs, trainL.Len(), chosen, t.Step.Mode)
+	report.Title = fmt.Sprintf("%s, %s, batch %d on %s", cfg.Model, chosen, cfg.Batch, dev.Name())
+	start := time.Now()
+	err = t.Fit(trainL, testL, job.Progress, job.Save)
+	wall := time.Since(start)
+	a.RecordTimeline(false)
+	report.Epochs, report.Empty, report.OOM, report.Memory = t.History, t.Empty, t.OOM, t.Memory
+	for _, e := range t.OOM.Events {
+		fmt.Fprintf(say, "out of memory: %s\n", e)
+	}
+	if err != nil {
+		return report, err
+	}
+
+	// The figures: of this run's epochs (a resumed run's earlier ones ran before).
+	var imgs, secs float64
+	for _, m := range t.History[resumedEpochs:] {
+		secs += float64(m.Seconds)
+		imgs += float64(m.ImgPerSec) * float64(m.Seconds)
+	}
+	last := t.History[len(t.History)-1]
+	peakA, peakR := t.Peaks()
+	report.Final = &Final{TestAcc: last.TestAcc, TestLoss: last.TestLoss, ImgPerSec: Float(imgs / secs), TrainSeconds: secs,
+		WallSeconds: wall.Seconds(), PeakAllocated: peakA, PeakReserved: peakR, EvalPeakAllocated: t.EvalPeak()}
+
+	// The end-of-run lines need the trainer's plan and notes: written now.
+	var lines []string
+	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
+	add("\ntest accuracy  %.2f%% (loss %.4f) after %d epochs", 100*last.TestAcc, last.TestLoss, len(t.History))
+	if secs > 0 {
+		add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, wall.Seconds())
+	}
+	line := "peak allocated " + MiB(peakA) + " by the training steps"
+	for _, m := range report.Measured {
+		if m.Name == "fp32" && chosen != "fp32" {
+			line += fmt.Sprintf(" (fp32: %s, %s)", MiB(m.PeakAllocated), Percent(peakA, m.PeakAllocated))
+		}
+	}
+	add("%s", line)
+	add("peak reserved  %s by the training steps", MiB(peakR))
+	evalBatch := fmt.Sprintf("batches of %d", min(testL.BatchShape()[0], testSet.N))
+	if c := t.EvalChunk(); c > 0 {
+		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
+	}
+	add("evaluation     peak allocated %s (%s; no gradients)", MiB(t.EvalPeak()), evalBatch)
+	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
+		add("planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state",
+			MiB(p.Size), MiB(p.Live), p.Order)
+	}
+	for _, n := range t.Step.Notes() {
+		add("step           %s", n)
+	}
+	if free, total := dev.MemInfo(); dev.Name() != "cpu" {
+		add("device memory  %s free of %s (the driver's view)", MiB(free), MiB(total))
+	}
+	if cfg.EmptyCacheEvery > 0 {
+		add("EmptyCache every %d steps: %d calls, %s returned to the device in all, %.3f s inside EmptyCache",
+			cfg.EmptyCacheEvery, t.Empty.Calls, MiB(t.Empty.Released), t.Empty.Seconds)
+	}
+	add("the pool's summary below covers training and evaluation since the measurements:")
+	summary := a.Summary()
+	report.summary = func(w io.Writer) {
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+		fmt.Fprint(w, summary)
+	}
+	return report, nil
+}
+
+// withFirstBatch calls f with the loader's first batch, made on dev.
+func withFirstBatch(dev *tensor.Device, l *datasets.Loader, f func(x, y *tensor.Tensor)) {
+	dev.WithScope(func() {
+		ep := l.Epoch(0)
+		x, y, _ := ep.Next()
+		ep.Close()
+		f(x, y)
+	})
+}
