@@ -39,11 +39,11 @@ func ClaimsFromResults(rs []Result, model string, batch int) []Claim {
 	ck, ok3 := find(rs, "leangrad", model, batch, "checkpoint")
 	if ok1 && ok2 {
 		c := Claim{Name: "amp-memory", Claim: "mixed precision (AMP) cuts training memory substantially (activations saved in half precision)",
-			Numbers: map[string]float64{"fp32_peak_mib": mib(fp.PeakAllocated), "amp_peak_mib": mib(amp.PeakAllocated),
+			Numbers: map[string]float64{"fp32_peak_mib": memory.Bytes(fp.PeakAllocated).MiB(), "amp_peak_mib": memory.Bytes(amp.PeakAllocated).MiB(),
 				"saving": amp.SavingVsFP32, "time_change": amp.OverheadFP32}}
 		c.Verdict = verdict(amp.SavingVsFP32 >= 0.3, amp.SavingVsFP32 > 0)
 		c.Summary = fmt.Sprintf("%s batch %d: peak allocated %.1f MiB with AMP vs %.1f MiB in fp32 (%.0f%% less); step time %+.0f%%",
-			model, batch, mib(amp.PeakAllocated), mib(fp.PeakAllocated), 100*amp.SavingVsFP32, 100*amp.OverheadFP32)
+			model, batch, memory.Bytes(amp.PeakAllocated).MiB(), memory.Bytes(fp.PeakAllocated).MiB(), 100*amp.SavingVsFP32, 100*amp.OverheadFP32)
 		if pa, ok := find(rs, "pytorch", model, batch, "amp"); ok {
 			c.Numbers["pytorch_saving"] = pa.SavingVsFP32
 			c.Summary += fmt.Sprintf("; PyTorch: %.0f%% less", 100*pa.SavingVsFP32)
@@ -52,7 +52,7 @@ func ClaimsFromResults(rs []Result, model string, batch int) []Claim {
 	}
 	if ok1 && ok3 {
 		c := Claim{Name: "checkpoint-tradeoff", Claim: "activation checkpointing saves memory at the cost of about one extra forward pass (~25-35% more time)",
-			Numbers: map[string]float64{"fp32_peak_mib": mib(fp.PeakAllocated), "checkpoint_peak_mib": mib(ck.PeakAllocated),
+			Numbers: map[string]float64{"fp32_peak_mib": memory.Bytes(fp.PeakAllocated).MiB(), "checkpoint_peak_mib": memory.Bytes(ck.PeakAllocated).MiB(),
 				"saving": ck.SavingVsFP32, "time_overhead": ck.OverheadFP32}}
 		c.Verdict = verdict(ck.SavingVsFP32 > 0.2 && ck.OverheadFP32 > 0.1 && ck.OverheadFP32 < 0.5, ck.SavingVsFP32 > 0)
 		c.Summary = fmt.Sprintf("%s batch %d: checkpointing every block: %.0f%% less peak memory, %+.0f%% step time",
@@ -76,7 +76,6 @@ func verdict(yes, partly bool) string {
 	return "refuted"
 }
 
-func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // EmptyCacheEveryBatch measures the advice (in the seed's training template)
 // to call EmptyCache after every batch: step time and peak memory, with and
@@ -124,15 +123,15 @@ func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options
 	cost := emptyMS/base - 1
 	c := Claim{Name: "empty-cache-every-batch", Claim: "calling EmptyCache (torch.cuda.empty_cache) after every batch keeps memory use down",
 		Numbers: map[string]float64{"step_ms": base, "step_ms_with_empty_cache": emptyMS, "time_cost": cost,
-			"peak_allocated_mib": mib(baseA), "peak_allocated_mib_with_empty_cache": mib(emptyA),
-			"reserved_after_mib": mib(baseR), "reserved_after_mib_with_empty_cache": mib(emptyR)}}
+			"peak_allocated_mib": memory.Bytes(baseA).MiB(), "peak_allocated_mib_with_empty_cache": memory.Bytes(emptyA).MiB(),
+			"reserved_after_mib": memory.Bytes(baseR).MiB(), "reserved_after_mib_with_empty_cache": memory.Bytes(emptyR).MiB()}}
 	// The peak a step needs is the same either way: EmptyCache only hands
 	// cached segments back between steps, to be obtained again in the next.
 	lower := emptyA < baseA*95/100
 	c.Verdict = verdict(lower && cost < 0.05, emptyR < baseR)
 	c.Summary = fmt.Sprintf("%s batch %d: %.2f ms/step without, %.2f ms/step with EmptyCache after every batch (%+.0f%%); "+
 		"peak allocated %.1f vs %.1f MiB (unchanged: the step needs it either way); reserved between steps %.1f vs %.1f MiB",
-		model, batch, base, emptyMS, 100*cost, mib(baseA), mib(emptyA), mib(baseR), mib(emptyR))
+		model, batch, base, emptyMS, 100*cost, memory.Bytes(baseA).MiB(), memory.Bytes(emptyA).MiB(), memory.Bytes(baseR).MiB(), memory.Bytes(emptyR).MiB())
 	return c, nil
 }
 
@@ -256,10 +255,10 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 				a.EmptyCache()
 			}
 			st := a.Stats()
-			f := mib(st.InactiveSplit[memory.All].Current)
+			f := memory.Bytes(st.InactiveSplit[memory.All].Current).MiB()
 			frag += f
 			r.maxFrag = max(r.maxFrag, f)
-			cached += mib(st.Reserved[memory.All].Current - st.Allocated[memory.All].Current)
+			cached += memory.Bytes(st.Reserved[memory.All].Current - st.Allocated[memory.All].Current).MiB()
 		}
 		if err := dev.Synchronize(); err != nil {
 			return r, err

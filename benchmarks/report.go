@@ -120,7 +120,7 @@ func (r *Report) Markdown(w io.Writer) {
 		c, cok := by[engineCompile][k]
 		palloc := "–"
 		if pok && p.PeakAllocated > 0 {
-			palloc = fmt.Sprintf("%.1f MiB", mib(p.PeakAllocated))
+			palloc = fmt.Sprintf("%.1f MiB", memory.Bytes(p.PeakAllocated).MiB())
 		}
 		launches := "–"
 		if a.LaunchesPerStep > 0 {
@@ -129,7 +129,7 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %.1f MiB | %s | %s | %s | %s | %.2f |\n",
 			k.model, k.batch, k.config, ms(a, true), ms(e, eok), ms(p, pok), ms(c, cok),
 			ratio(p.MedianMS, a.MedianMS), ratio(c.MedianMS, a.MedianMS),
-			mib(a.PeakAllocated), palloc, ratio(float64(a.PeakAllocated), float64(p.PeakAllocated)),
+			memory.Bytes(a.PeakAllocated).MiB(), palloc, ratio(float64(a.PeakAllocated), float64(p.PeakAllocated)),
 			ratio(float64(a.PeakReserved), float64(a.PeakAllocated)), launches, a.HostMS)
 	}
 	var compiles []string
@@ -233,7 +233,7 @@ func (r *Report) PlotTimelines(dir string) ([]string, error) {
 					t0 = e.Time.Seconds()
 				}
 				if e.Kind == memory.EventAlloc || e.Kind == memory.EventFree || e.Kind == memory.EventMark {
-					xy = append(xy, plotter.XY{X: (e.Time.Seconds() - t0) * 1e3, Y: mib(e.Allocated)})
+					xy = append(xy, plotter.XY{X: (e.Time.Seconds() - t0) * 1e3, Y: memory.Bytes(e.Allocated).MiB()})
 				}
 			}
 			if len(xy) == 0 {

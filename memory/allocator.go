@@ -351,7 +351,7 @@ func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, e
 
 func (a *Allocator) newSegment(p *pool, size int64, stream Stream) (*Block, error) {
 	if limit := a.limitLocked(); limit > 0 && a.stats.Reserved[All].Current+size > limit {
-		return nil, fmt.Errorf("memory cap of %s reached: %w", formatBytes(limit), ErrOutOfMemory)
+		return nil, fmt.Errorf("memory cap of %s reached: %w", Bytes(limit), ErrOutOfMemory)
 	}
 	s, err := a.src.Alloc(size)
 	if err != nil {
@@ -566,10 +566,10 @@ type OOMError struct {
 func (e *OOMError) Error() string {
 	msg := fmt.Sprintf("%s out of memory. Tried to allocate %s. %s has a total capacity of %s of which %s is free. "+
 		"Of the allocated memory %s is allocated by leangrad, and %s is reserved by leangrad but unallocated.",
-		e.Device, formatBytes(e.Requested), e.Device, formatBytes(e.Capacity), formatBytes(e.Free),
-		formatBytes(e.Allocated), formatBytes(e.Reserved-e.Allocated))
+		e.Device, Bytes(e.Requested), e.Device, Bytes(e.Capacity), Bytes(e.Free),
+		Bytes(e.Allocated), Bytes(e.Reserved-e.Allocated))
 	if e.Limit > 0 {
-		msg += fmt.Sprintf(" This process may reserve at most %s (its memory cap).", formatBytes(e.Limit))
+		msg += fmt.Sprintf(" This process may reserve at most %s (its memory cap).", Bytes(e.Limit))
 	}
 	if e.Cause != nil {
 		msg += fmt.Sprintf(" (The source said: %v.)", e.Cause)
@@ -583,17 +583,3 @@ func (e *OOMError) Error() string {
 // Unwrap makes errors.Is(err, ErrOutOfMemory) true.
 func (e *OOMError) Unwrap() error { return ErrOutOfMemory }
 
-// formatBytes writes n the way PyTorch's OOM message does: "20.00 MiB".
-func formatBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f := float64(n)
-	i := 0
-	for i < len(units)-1 && (f >= 1024 || f <= -1024) {
-		f /= 1024
-		i++
-	}
-	if i == 0 {
-		return fmt.Sprintf("%d B", n)
-	}
-	return fmt.Sprintf("%.2f %s", f, units[i])
-}

@@ -66,7 +66,7 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 			bytes += b.size
 		}
 		return nil, fmt.Errorf("memory: the traced work left %d buffers (%s) allocated; planned work must free all it allocates",
-			len(ts.open), formatBytes(bytes))
+			len(ts.open), Bytes(bytes))
 	}
 	return &Trace{Buffers: ts.buffers, Events: ts.events}, nil
 }
@@ -143,7 +143,7 @@ func (a *Allocator) BeginPlanned(plan *Plan, arena *Arena) error {
 	case a.trace != nil:
 		return errors.New("memory: BeginPlanned while tracing")
 	case arena.seg == nil || arena.seg.Size < plan.Size:
-		return fmt.Errorf("memory: arena too small for a plan of %s", formatBytes(plan.Size))
+		return fmt.Errorf("memory: arena too small for a plan of %s", Bytes(plan.Size))
 	}
 	a.planned = &plannedState{plan: plan, arena: arena, open: map[*Block]int{}}
 	a.useArena(arena.seg.Size, +1)

@@ -144,7 +144,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Conf
 		fits := !m.OutOfMemory && m.Need() <= limit
 		need := "out of memory"
 		if !m.OutOfMemory {
-			need = MiB(m.Need())
+			need = memory.Bytes(m.Need()).String()
 		}
 		verdict := "does not fit"
 		if fits {
@@ -156,7 +156,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Conf
 		}
 		return fits, nil
 	}
-	fmt.Fprintf(w, "fitting a step into a budget of %s (%s after %.0f%% headroom):\n", MiB(budget), MiB(limit), 100*BudgetHeadroom)
+	fmt.Fprintf(w, "fitting a step into a budget of %s (%s after %.0f%% headroom):\n", memory.Bytes(budget), memory.Bytes(limit), 100*BudgetHeadroom)
 	for _, v := range candidates {
 		if ok, err := try(v); ok || err != nil {
 			return c, err
@@ -179,7 +179,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Conf
 			return c, err
 		}
 	}
-	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", MiB(budget), v.Name, memory.ErrOutOfMemory)
+	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(budget), v.Name, memory.ErrOutOfMemory)
 }
 
 // describeVariant names v at a batch of n: "amp+checkpoint, micro-batches of 16".

@@ -7,13 +7,11 @@ import (
 	"strings"
 
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/memory"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 )
-
-// MiB formats bytes as mebibytes with one decimal.
-func MiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // Percent formats the change from base to v: "-63%".
 func Percent(v, base int64) string {
@@ -41,13 +39,13 @@ func WriteSavings(w io.Writer, ms []Measurement, chosen string) {
 		if m.Name != "fp32" {
 			vs = fmt.Sprintf("  (%s vs fp32)", Percent(m.PeakAllocated, fp32))
 		}
-		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, MiB(m.PeakAllocated), vs)
+		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, memory.Bytes(m.PeakAllocated), vs)
 		if m.Planned > 0 {
 			pvs := ""
 			if m.Name != "fp32" {
 				pvs = fmt.Sprintf(" (%s)", Percent(m.Planned, fp32Planned))
 			}
-			line += fmt.Sprintf("  planned %10s%s", MiB(m.Planned), pvs)
+			line += fmt.Sprintf("  planned %10s%s", memory.Bytes(m.Planned), pvs)
 		}
 		fmt.Fprintf(w, "%s%s\n", strings.TrimRight(line, " "), mark)
 	}
@@ -81,7 +79,7 @@ func PlotMemory(samples []MemSample, title, path string) error {
 	series := func(f func(MemSample) int64) plotter.XYs {
 		xy := make(plotter.XYs, len(samples))
 		for i, s := range samples {
-			xy[i].X, xy[i].Y = float64(s.Step), float64(f(s))/(1<<20)
+			xy[i].X, xy[i].Y = float64(s.Step), memory.Bytes(f(s)).MiB()
 		}
 		return xy
 	}

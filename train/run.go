@@ -181,7 +181,7 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 		}
 		cfg.AMP, cfg.Checkpoint, micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
 		report.Config = cfg
-		fmt.Fprintf(say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, MiB(job.MaxMemory))
+		fmt.Fprintf(say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(job.MaxMemory))
 		if micro > 0 {
 			fmt.Fprintf(say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n", micro, cfg.Batch)
 		}
@@ -274,32 +274,32 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 	if secs > 0 {
 		add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, wall.Seconds())
 	}
-	line := "peak allocated " + MiB(peakA) + " by the training steps"
+	line := "peak allocated " + memory.Bytes(peakA).String() + " by the training steps"
 	for _, m := range report.Measured {
 		if m.Name == "fp32" && chosen != "fp32" {
-			line += fmt.Sprintf(" (fp32: %s, %s)", MiB(m.PeakAllocated), Percent(peakA, m.PeakAllocated))
+			line += fmt.Sprintf(" (fp32: %s, %s)", memory.Bytes(m.PeakAllocated), Percent(peakA, m.PeakAllocated))
 		}
 	}
 	add("%s", line)
-	add("peak reserved  %s by the training steps", MiB(peakR))
+	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
 	evalBatch := fmt.Sprintf("batches of %d", min(testL.BatchShape()[0], testSet.N))
 	if c := t.EvalChunk(); c > 0 {
 		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
 	}
-	add("evaluation     peak allocated %s (%s; no gradients)", MiB(t.EvalPeak()), evalBatch)
+	add("evaluation     peak allocated %s (%s; no gradients)", memory.Bytes(t.EvalPeak()), evalBatch)
 	if p := t.Step.Plan(trainL.BatchShape(), trainL.BatchShape()[:1]); p != nil {
 		add("planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state",
-			MiB(p.Size), MiB(p.Live), p.Order)
+			memory.Bytes(p.Size), memory.Bytes(p.Live), p.Order)
 	}
 	for _, n := range t.Step.Notes() {
 		add("step           %s", n)
 	}
 	if free, total := dev.MemInfo(); dev.Name() != "cpu" {
-		add("device memory  %s free of %s (the driver's view)", MiB(free), MiB(total))
+		add("device memory  %s free of %s (the driver's view)", memory.Bytes(free), memory.Bytes(total))
 	}
 	if cfg.EmptyCacheEvery > 0 {
 		add("EmptyCache every %d steps: %d calls, %s returned to the device in all, %.3f s inside EmptyCache",
-			cfg.EmptyCacheEvery, t.Empty.Calls, MiB(t.Empty.Released), t.Empty.Seconds)
+			cfg.EmptyCacheEvery, t.Empty.Calls, memory.Bytes(t.Empty.Released), t.Empty.Seconds)
 	}
 	add("the pool's summary below covers training and evaluation since the measurements:")
 	summary := a.Summary()

@@ -387,7 +387,7 @@ func (s *Step) ensureArena(size int64) error {
 	a.EmptyCache()
 	ar, err := a.NewArena(size)
 	if err != nil {
-		return fmt.Errorf("training step: the planned arena of %s: %w", MiB(size), err)
+		return fmt.Errorf("training step: the planned arena of %s: %w", memory.Bytes(size), err)
 	}
 	s.arena = ar
 	return nil
@@ -454,7 +454,7 @@ func (s *Step) capture(st *shapeState, x, y *tensor.Tensor) (err error) {
 	}
 	st.graph = g
 	s.notes = append(s.notes, fmt.Sprintf("batch %s captured: %d operations in one graph over an arena of %s (%s live at its peak)",
-		st.key, g.Nodes(), MiB(st.plan.Size), MiB(st.plan.Live)))
+		st.key, g.Nodes(), memory.Bytes(st.plan.Size), memory.Bytes(st.plan.Live)))
 	return g.Launch()
 }
 

@@ -227,8 +227,8 @@ func TestPlannedStepMemory(t *testing.T) {
 			if pa, _ := a.WindowPeak(); pa != before.Allocated[memory.All].Current+r.step.Arena().Size() {
 				t.Errorf("peak %d over planned steps, want %d alive plus the arena %d", pa, before.Allocated[memory.All].Current, r.step.Arena().Size())
 			}
-			t.Logf("%s: eager peak %s, planned %s (arena %s, %s live at most)", v.Name, MiB(eagerPeak),
-				MiB(base+p.Size), MiB(p.Size), MiB(p.Live))
+			t.Logf("%s: eager peak %s, planned %s (arena %s, %s live at most)", v.Name, memory.Bytes(eagerPeak),
+				memory.Bytes(base+p.Size), memory.Bytes(p.Size), memory.Bytes(p.Live))
 		})
 	}
 }

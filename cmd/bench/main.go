@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leangrad/leangrad/memory"
 	"io"
 	"os"
 	"os/exec"
@@ -33,7 +34,6 @@ import (
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/tensor"
-	"github.com/leangrad/leangrad/train"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -219,7 +219,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 						return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
 					}
 					fmt.Fprintf(stderr, "%s (%s) %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), peak %s, reserved %s\n",
-						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, train.MiB(r.PeakAllocated), train.MiB(r.PeakReserved))
+						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, memory.Bytes(r.PeakAllocated), memory.Bytes(r.PeakReserved))
 					for _, n := range r.Notes {
 						fmt.Fprintf(stderr, "  %s\n", n)
 					}
@@ -304,7 +304,7 @@ func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 					return err
 				}
 				r.Engine = "leangrad-lean"
-				fmt.Fprintf(stderr, "leangrad-lean %s batch %d %s: %.2f ms, %s\n", sp.model, b, c, r.MedianMS, train.MiB(r.PeakAllocated))
+				fmt.Fprintf(stderr, "leangrad-lean %s batch %d %s: %.2f ms, %s\n", sp.model, b, c, r.MedianMS, memory.Bytes(r.PeakAllocated))
 				rep.Results = append(rep.Results, r)
 			}
 		}
@@ -453,7 +453,7 @@ func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
 		return err
 	}
 	if err := rep.PlotBars(filepath.Join(o.out, "peak_memory.png"), "peak allocated", "MiB",
-		func(r benchmarks.Result) float64 { return float64(r.PeakAllocated) / (1 << 20) }); err != nil {
+		func(r benchmarks.Result) float64 { return memory.Bytes(r.PeakAllocated).MiB() }); err != nil {
 		return err
 	}
 	_, err = rep.PlotTimelines(o.out)

@@ -280,7 +280,7 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "r.json")
 	code, stdout, stderr := runCLI("-model", "resnet", "-depth", "8", "-dataset", "synthetic", "-device", "cpu", "-limit", "256",
 		"-test-limit", "64", "-batch", "64", "-epochs", "1", "-amp", "-checkpoint", "-max-memory", "6MiB", "-json", js, "-measure=false")
-	if code != 0 || !strings.Contains(stdout, "fitting a step into a budget of 6.0 MiB") || !strings.Contains(stdout, "chose ") {
+	if code != 0 || !strings.Contains(stdout, "fitting a step into a budget of 6.00 MiB") || !strings.Contains(stdout, "chose ") {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
 	var r train.Report

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/leangrad/leangrad/memory"
 	"io"
 	"os"
 	"time"
@@ -46,7 +47,7 @@ func (p *progress) EpochStart(epoch, steps int) {
 
 func (p *progress) Step(s train.StepStats) {
 	desc := fmt.Sprintf("epoch %d/%d loss %.4f acc %5.1f%% %6.0f img/s mem %s (peak %s)",
-		s.Epoch+1, p.epochs, s.Loss, 100*s.Acc, s.ImgPerSec, train.MiB(s.Allocated), train.MiB(s.PeakAllocated))
+		s.Epoch+1, p.epochs, s.Loss, 100*s.Acc, s.ImgPerSec, memory.Bytes(s.Allocated), memory.Bytes(s.PeakAllocated))
 	last := p.last
 	p.last = s.Step
 	if !p.tty {
@@ -66,7 +67,7 @@ func (p *progress) EpochEnd(m train.EpochMetrics) {
 		p.bar.Finish()
 	}
 	fmt.Fprintf(p.w, "epoch %d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | peak %s",
-		m.Epoch+1, m.TrainLoss, 100*m.TrainAcc, m.TestLoss, 100*m.TestAcc, m.ImgPerSec, train.MiB(m.PeakAllocated))
+		m.Epoch+1, m.TrainLoss, 100*m.TrainAcc, m.TestLoss, 100*m.TestAcc, m.ImgPerSec, memory.Bytes(m.PeakAllocated))
 	if m.LossScale > 0 {
 		fmt.Fprintf(p.w, " | loss scale %g, %d steps skipped", m.LossScale, m.SkippedSteps)
 	}

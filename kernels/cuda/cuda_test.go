@@ -140,7 +140,7 @@ func TestCUDAFractionCapAndRetry(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, want := range []string{"cuda:0 out of memory", "Tried to allocate 100.00 MiB", "total capacity of",
-		"allocated by leangrad", fmt.Sprintf("at most %s (its memory cap)", fmtMiB(limit))} {
+		"allocated by leangrad", fmt.Sprintf("at most %s (its memory cap)", memory.Bytes(limit))} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("OOM message lacks %q:\n%s", want, msg)
 		}
@@ -152,15 +152,6 @@ func TestCUDAFractionCapAndRetry(t *testing.T) {
 	t.Log(msg)
 }
 
-func fmtMiB(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f, i := float64(n), 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.2f %s", f, units[i])
-}
 
 // TestCUDAConcurrentGoroutines calls the backend from many goroutines at once
 // (they move between OS threads; each call must find the context current).
