@@ -76,7 +76,6 @@ func verdict(yes, partly bool) string {
 	return "refuted"
 }
 
-
 // EmptyCacheEveryBatch measures the advice (in the seed's training template)
 // to call EmptyCache after every batch: step time and peak memory, with and
 // without it.

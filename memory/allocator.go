@@ -582,4 +582,3 @@ func (e *OOMError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrOutOfMemory) true.
 func (e *OOMError) Unwrap() error { return ErrOutOfMemory }
-

@@ -152,7 +152,6 @@ func TestCUDAFractionCapAndRetry(t *testing.T) {
 	t.Log(msg)
 }
 
-
 // TestCUDAConcurrentGoroutines calls the backend from many goroutines at once
 // (they move between OS threads; each call must find the context current).
 func TestCUDAConcurrentGoroutines(t *testing.T) {
