@@ -83,16 +83,16 @@ const (
 // ErrNotFound is wrapped by Find's error when a dataset is in none of the places searched.
 var ErrNotFound = errors.New("dataset not found")
 
-// SearchPath lists where Find looks for a dataset, in order: dir (if given),
-// $LEANGRAD_DATA/<name>, /usr/share/datasets/<name> (where
-// Debian's dataset-fashion-mnist puts it) and the user cache dir.
-func SearchPath(name, dir string) []string {
+// SearchPath lists where Find looks for a dataset, in order: <root>/<name>
+// for each of roots (the commands pass $LEANGRAD_DATA), then
+// /usr/share/datasets/<name> (where Debian's dataset-fashion-mnist puts it)
+// and the user cache dir, where Open downloads to.
+func SearchPath(name string, roots ...string) []string {
 	var dirs []string
-	if dir != "" {
-		dirs = append(dirs, dir)
-	}
-	if v := os.Getenv("LEANGRAD_DATA"); v != "" {
-		dirs = append(dirs, filepath.Join(v, name))
+	for _, r := range roots {
+		if r != "" {
+			dirs = append(dirs, filepath.Join(r, name))
+		}
 	}
 	dirs = append(dirs, filepath.Join("/usr/share/datasets", name))
 	if c, err := os.UserCacheDir(); err == nil {
@@ -101,10 +101,10 @@ func SearchPath(name, dir string) []string {
 	return dirs
 }
 
-// Find returns the first folder of SearchPath that holds the dataset's
-// files, or an error listing where it looked.
-func Find(name, dir string) (string, error) {
-	dirs := SearchPath(name, dir)
+// Find returns the first folder of SearchPath(name, roots...) that holds the
+// dataset's files, or an error listing where it looked.
+func Find(name string, roots ...string) (string, error) {
+	dirs := SearchPath(name, roots...)
 	for _, d := range dirs {
 		if present(name, d) {
 			return d, nil
@@ -137,13 +137,27 @@ func Files(name string) []string {
 	return nil
 }
 
+// Source says where Open reads a dataset from. The zero Source searches
+// the system folders only.
+type Source struct {
+	// Dir, when set, is the one folder the dataset must be in: an explicit
+	// folder is never passed over (the commands' -data).
+	Dir string
+	// Roots are folders holding a <name> folder per dataset, searched before
+	// the system ones (the commands pass $LEANGRAD_DATA).
+	Roots []string
+	// Download fetches Fashion-MNIST into the user cache dir when it is in
+	// none of the folders searched.
+	Download bool
+}
+
 // Open loads the named dataset's training and test sets: synthetic
-// generated from seed; fashion-mnist and cifar10 from dir when dir is not
-// empty (an error if it does not hold them: an explicit folder is never
-// passed over), and otherwise from the first folder of SearchPath that has
-// them, downloading Fashion-MNIST into the user cache dir first when
-// download is set and it is nowhere. The sets' Dir says where they came from.
-func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, err error) {
+// generated from seed; fashion-mnist and cifar10 from src.Dir when it is
+// set (an error if it does not hold them), and otherwise from the first
+// folder of SearchPath(name, src.Roots...) that has them, downloading
+// Fashion-MNIST first when src.Download is set and it is nowhere. The sets'
+// Dir says where they came from.
+func Open(name string, src Source, seed uint64) (train, test *Dataset, err error) {
 	switch name {
 	case SyntheticSet:
 		return Synthetic(6000, seed), Synthetic(1000, seed+1), nil
@@ -151,6 +165,7 @@ func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, e
 	default:
 		return nil, nil, fmt.Errorf("unknown dataset %q: want fashion-mnist, cifar10 or synthetic", name)
 	}
+	dir, download := src.Dir, src.Download
 	var found string
 	switch {
 	case dir != "":
@@ -159,12 +174,12 @@ func Open(name, dir string, download bool, seed uint64) (train, test *Dataset, e
 		}
 		found = dir
 	default:
-		found, err = Find(name, "")
+		found, err = Find(name, src.Roots...)
 		if err != nil && download {
 			if name != FashionMNIST {
 				return nil, nil, fmt.Errorf("%v; -download fetches fashion-mnist only: put CIFAR-10's binary batches (cifar-10-batches-bin) in one of those folders", err)
 			}
-			dirs := SearchPath(name, "")
+			dirs := SearchPath(name)
 			found, err = dirs[len(dirs)-1], nil
 			if derr := DownloadFashionMNIST(found); derr != nil {
 				return nil, nil, derr

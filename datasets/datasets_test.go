@@ -70,7 +70,7 @@ func TestIDXErrorsNameTheFileAndProblem(t *testing.T) {
 }
 
 func TestRealFashionMNIST(t *testing.T) {
-	dir, err := Find(FashionMNIST, "")
+	dir, err := Find(FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
 			t.Fatal(err)
@@ -126,21 +126,18 @@ func TestCIFAR(t *testing.T) {
 }
 
 func TestFindSearchOrder(t *testing.T) {
-	root := t.TempDir()
-	t.Setenv("LEANGRAD_DATA", root)
-	flagDir := t.TempDir()
-	if _, err := Find(CIFAR10, flagDir); err == nil || !strings.Contains(err.Error(), flagDir) || !strings.Contains(err.Error(), "/usr/share/datasets/cifar10") {
+	root1, root2 := t.TempDir(), t.TempDir()
+	if _, err := Find(CIFAR10, root1, root2); err == nil || !strings.Contains(err.Error(), filepath.Join(root1, CIFAR10)) ||
+		!strings.Contains(err.Error(), "/usr/share/datasets/cifar10") {
 		t.Errorf("not found: %v", err)
 	}
-	env := filepath.Join(root, CIFAR10)
-	os.MkdirAll(env, 0o755)
-	os.WriteFile(filepath.Join(env, "data_batch_1.bin"), nil, 0o644)
-	if d, err := Find(CIFAR10, flagDir); err != nil || d != env {
-		t.Errorf("Find = %q, %v; want $LEANGRAD_DATA/cifar10", d, err)
-	}
-	os.WriteFile(filepath.Join(flagDir, "data_batch_1.bin"), nil, 0o644)
-	if d, _ := Find(CIFAR10, flagDir); d != flagDir {
-		t.Errorf("the -data folder does not come first: %q", d)
+	for _, root := range []string{root2, root1} {
+		d := filepath.Join(root, CIFAR10)
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "data_batch_1.bin"), nil, 0o644)
+		if got, err := Find(CIFAR10, root1, root2); err != nil || got != d {
+			t.Errorf("Find = %q, %v; want %q, the first root that holds it", got, err, d)
+		}
 	}
 }
 
@@ -165,7 +162,7 @@ func TestDownloadVerifiesChecksums(t *testing.T) {
 		t.Errorf("a file that failed verification was written: %v", entries)
 	}
 	// With the real data behind the server, the download verifies and loads.
-	src, err := Find(FashionMNIST, "")
+	src, err := Find(FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		t.Skip("no local Fashion-MNIST to serve: ", err)
 	}
@@ -328,26 +325,25 @@ func FuzzParseCIFAR(f *testing.F) {
 // which folder they were read from.
 func TestOpenNeverPassesOverAnExplicitFolder(t *testing.T) {
 	root := t.TempDir()
-	t.Setenv("LEANGRAD_DATA", root)
 	found := filepath.Join(root, FashionMNIST)
 	os.MkdirAll(found, 0o755)
 	for _, p := range []string{"train", "t10k"} {
 		os.WriteFile(filepath.Join(found, p+"-images-idx3-ubyte"), idx([]int{2, 28, 28}, make([]byte, 2*28*28)), 0o644)
 		os.WriteFile(filepath.Join(found, p+"-labels-idx1-ubyte"), idx([]int{2}, []byte{1, 2}), 0o644)
 	}
-	train, test, err := Open(FashionMNIST, "", false, 1)
+	train, test, err := Open(FashionMNIST, Source{Roots: []string{root}}, 1)
 	if err != nil || train.Dir != found || test.Dir != found || train.N != 2 {
 		t.Fatalf("Open from the search path: %v, %+v", err, train)
 	}
 	typo := filepath.Join(t.TempDir(), "fashon-mnist")
-	_, _, err = Open(FashionMNIST, typo, false, 1)
+	_, _, err = Open(FashionMNIST, Source{Dir: typo, Roots: []string{root}}, 1)
 	if err == nil || !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), typo) || !strings.Contains(err.Error(), "t10k-labels-idx1-ubyte") {
 		t.Errorf("Open of a folder without the dataset: %v", err)
 	}
-	if train, _, err := Open(FashionMNIST, found, false, 1); err != nil || train.Dir != found {
+	if train, _, err := Open(FashionMNIST, Source{Dir: found}, 1); err != nil || train.Dir != found {
 		t.Errorf("Open of the folder holding it: %v", err)
 	}
-	if syn, _, _ := Open(SyntheticSet, "", false, 1); syn.Dir != "" {
+	if syn, _, _ := Open(SyntheticSet, Source{}, 1); syn.Dir != "" {
 		t.Errorf("synthetic Dir %q", syn.Dir)
 	}
 }

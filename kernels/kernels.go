@@ -445,6 +445,11 @@ type Options struct {
 	// harness). A planned step chooses with its plan instead: the fastest
 	// algorithm whose workspace fits the arena's gap (memory.PlanTrace).
 	LeanConvWorkspace bool
+	// KernelCache is the folder where a backend that compiles its kernels
+	// at run time (CUDA, through NVRTC) keeps them, keyed by source, arch
+	// and compiler version; empty means the user cache dir's
+	// leangrad/cubin. The commands set it from $LEANGRAD_CACHE.
+	KernelCache string
 }
 
 // Info describes a backend's device, for reports and for code that needs

@@ -2,7 +2,6 @@ package tensor
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sort"
 	"strings"
@@ -21,12 +20,6 @@ var (
 	pending   []*handle    // leaked handles waiting to be freed on a tensor-making goroutine
 	pendingN  atomic.Int32 // len(pending), read without the lock on every tensor creation
 )
-
-func init() {
-	if v := os.Getenv("LEANGRAD_DEBUG"); v != "" && v != "0" {
-		debug.Store(true)
-	}
-}
 
 // SetDebug turns debug mode on or off. In debug mode every new tensor
 // records its creation site, which LiveTensors and use-after-release panics

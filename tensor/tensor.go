@@ -19,7 +19,7 @@
 //
 // A tensor dropped without Release is caught by a cleanup when the garbage
 // collector finds it: its memory is returned and it is counted in Leaks. With
-// debug mode on (SetDebug, or LEANGRAD_DEBUG=1), tensors record their creation
+// debug mode on (SetDebug; in the commands, LEANGRAD_DEBUG=1), tensors record their creation
 // site, and LiveTensors says who holds memory.
 package tensor
 
@@ -224,7 +224,7 @@ func (t *Tensor) describe() string {
 	if t.h.info != nil && t.h.info.Site != "" {
 		return d + " created at " + t.h.info.Site
 	}
-	return d + " (creation site unknown: enable tensor.SetDebug or LEANGRAD_DEBUG=1 to record it)"
+	return d + " (creation site unknown: call tensor.SetDebug(true), or run the command with LEANGRAD_DEBUG=1, to record it)"
 }
 
 // Shape returns a copy of the tensor's shape.

@@ -213,7 +213,7 @@ func TestEmptyCacheEvery(t *testing.T) {
 // 84% test accuracy in one epoch of Fashion-MNIST. CI installs the data
 // (dataset-fashion-mnist) and sets LEANGRAD_REQUIRE_DATA, so there it cannot skip.
 func TestMLPFashionMNIST(t *testing.T) {
-	dir, err := datasets.Find(datasets.FashionMNIST, "")
+	dir, err := datasets.Find(datasets.FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
 			t.Fatal(err)

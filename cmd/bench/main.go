@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/memory"
 	"io"
 	"os"
@@ -36,7 +37,10 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	cmdenv.Setup()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
@@ -159,7 +163,7 @@ func buildCommit() string {
 }
 
 func bench(o options, specs []spec, stdout, stderr io.Writer) error {
-	dev, err := tensor.Open(o.device)
+	dev, err := tensor.OpenWith(o.device, cmdenv.DeviceOptions(tensor.Options{}))
 	if err != nil {
 		return fmt.Errorf("-device %s: %w", o.device, err)
 	}
@@ -286,7 +290,7 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 // runLean repeats the specs on a second backend of the same GPU whose
 // convolutions keep their workspaces no larger than their activations.
 func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
-	be, err := cuda.OpenSeparate(dev.Info().Index, cuda.Options{LeanConvWorkspace: true})
+	be, err := cuda.OpenSeparate(dev.Info().Index, cmdenv.DeviceOptions(tensor.Options{LeanConvWorkspace: true}))
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leangrad/leangrad/internal/cmdenv"
 	"io"
 	"io/fs"
 	"math"
@@ -39,7 +40,10 @@ import (
 	"github.com/leangrad/leangrad/train"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	cmdenv.Setup()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // options are the command's flags.
 type options struct {
@@ -446,7 +450,7 @@ func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 		}
 		return dev, nil
 	}
-	dev, err := tensor.OpenWith(o.device, opts)
+	dev, err := tensor.OpenWith(o.device, cmdenv.DeviceOptions(opts))
 	if err != nil {
 		return nil, fmt.Errorf("-device %s: %w", o.device, err)
 	}
@@ -468,17 +472,18 @@ func firstLine(s string) string {
 	return s
 }
 
-// openData loads the dataset (falling back to the synthetic set, and saying
-// why, when the default Fashion-MNIST is not found), limited by -limit and
-// -test-limit.
+// openData loads the dataset from -data, or from $LEANGRAD_DATA and the
+// system folders (falling back to the synthetic set, and saying why, when
+// the default Fashion-MNIST is not found), limited by -limit and -test-limit.
 func openData(o *options, stdout io.Writer) (trainSet, testSet *datasets.Dataset, err error) {
-	trainSet, testSet, err = datasets.Open(o.dataset, o.data, o.download, o.seed)
+	src := datasets.Source{Dir: o.data, Roots: cmdenv.DataRoots(), Download: o.download}
+	trainSet, testSet, err = datasets.Open(o.dataset, src, o.seed)
 	if err != nil {
 		if o.set["dataset"] || o.data != "" || !errors.Is(err, datasets.ErrNotFound) {
 			return nil, nil, fmt.Errorf("-dataset %s: %w", o.dataset, err)
 		}
 		fmt.Fprintf(stdout, "dataset: %v; using the synthetic set instead (install dataset-fashion-mnist, pass -data DIR, or -download)\n", err)
-		trainSet, testSet, _ = datasets.Open(datasets.SyntheticSet, "", false, o.seed)
+		trainSet, testSet, _ = datasets.Open(datasets.SyntheticSet, datasets.Source{}, o.seed)
 	}
 	return trainSet.Subset(o.limit), testSet.Subset(o.testLimit), nil
 }

@@ -139,13 +139,13 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 
 	start := time.Now()
-	cubin, cached, err := compileCached(b.arch)
+	cubin, cached, err := compileCached(b.arch, opts.KernelCache)
 	if err != nil {
 		return nil, err
 	}
 	how := "compiled by NVRTC"
 	if cached {
-		how = "loaded from the cache in " + cacheDir()
+		how = "loaded from the cache in " + cacheDir(opts.KernelCache)
 	}
 	b.CompileLog = fmt.Sprintf("kernels for %s %s in %v", b.arch, how, time.Since(start).Round(time.Millisecond))
 	if err := d.check("cuModuleLoadData", call(d.cuModuleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&cubin[0])))); err != nil {

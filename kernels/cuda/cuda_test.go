@@ -191,12 +191,12 @@ func TestCUDAConcurrentGoroutines(t *testing.T) {
 
 func TestCUDACompileCache(t *testing.T) {
 	b := testBackend(t)
-	_, cached, err := compileCached(b.Arch())
+	_, cached, err := compileCached(b.Arch(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cached {
-		t.Errorf("the module compiled when the backend opened was not found in %s", cacheDir())
+		t.Errorf("the module compiled when the backend opened was not found in %s", cacheDir(""))
 	}
 }
 

@@ -19,6 +19,13 @@ type library struct {
 // searchDirs lists where the CUDA libraries are looked for after the dynamic
 // loader's own path: $CUDA_HOME and $CUDA_PATH, the usual toolkit folders,
 // and the nvidia-* wheels of every Python site-packages folder found.
+//
+// Note [finding the CUDA libraries]: these are the only environment
+// variables the library reads. Like LD_LIBRARY_PATH, which dlopen reads,
+// they are how every CUDA program (nvcc, PyTorch, CuPy) is told where a
+// toolkit lives; they change where a library comes from, never what a
+// computation does. Every other setting is an option or an argument
+// (internal/cmdenv lists what the commands read).
 func searchDirs() []string {
 	var dirs []string
 	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {

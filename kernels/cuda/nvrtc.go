@@ -146,11 +146,11 @@ func Compile(src, arch string) ([]byte, error) {
 	return cubin, nil
 }
 
-// cacheDir is where compiled modules are kept: $LEANGRAD_CACHE, or the user
-// cache dir's leangrad/cubin.
-func cacheDir() string {
-	if d := os.Getenv("LEANGRAD_CACHE"); d != "" {
-		return d
+// cacheDir is where compiled modules are kept: dir (Options.KernelCache)
+// when set, or the user cache dir's leangrad/cubin.
+func cacheDir(dir string) string {
+	if dir != "" {
+		return dir
 	}
 	d, err := os.UserCacheDir()
 	if err != nil {
@@ -162,14 +162,14 @@ func cacheDir() string {
 // compileCached returns the CUBIN of the kernel sources for arch, from the
 // disk cache when a module with the same source, arch and NVRTC version was
 // compiled before. fromCache says which happened.
-func compileCached(arch string) (cubin []byte, fromCache bool, err error) {
+func compileCached(arch, dir string) (cubin []byte, fromCache bool, err error) {
 	n, err := loadNVRTC()
 	if err != nil {
 		return nil, false, err
 	}
 	src := Source()
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00nvrtc %d.%d", src, arch, n.major, n.minor)))
-	path := filepath.Join(cacheDir(), hex.EncodeToString(sum[:16])+"-"+arch+".cubin")
+	path := filepath.Join(cacheDir(dir), hex.EncodeToString(sum[:16])+"-"+arch+".cubin")
 	if data, err := os.ReadFile(path); err == nil && len(data) > 0 {
 		return data, true, nil
 	}
