@@ -6,12 +6,13 @@ import (
 	"github.com/leangrad/leangrad/internal/testdev"
 )
 
-func TestCUDAGradCheck(t *testing.T)          { testdev.On(t, &testDevice, TestGradCheck) }
-func TestCUDAStepMemory(t *testing.T)         { testdev.On(t, &testDevice, TestStepMemory) }
-func TestCUDAResNet20StepMemory(t *testing.T) { testdev.On(t, &testDevice, TestResNet20StepMemory) }
+// The CPU tests' bodies, on the GPU.
+
+func TestCUDAGradCheck(t *testing.T)          { testGradCheck(t, testdev.CUDA(t)) }
+func TestCUDAStepMemory(t *testing.T)         { testStepMemory(t, testdev.CUDA(t)) }
+func TestCUDAResNet20StepMemory(t *testing.T) { testResNet20StepMemory(t, testdev.CUDA(t)) }
 func TestCUDABackwardFreesGraph(t *testing.T) {
-	testdev.On(t, &testDevice, func(t *testing.T) {
-		TestBackwardFreesGraphAndRefusesSecondPass(t)
-		TestDroppedGraphFreesSavedTensors(t)
-	})
+	dev := testdev.CUDA(t)
+	testBackwardFreesGraphAndRefusesSecondPass(t, dev)
+	testDroppedGraphFreesSavedTensors(t, dev)
 }

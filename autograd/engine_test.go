@@ -51,7 +51,7 @@ type smallConvNet struct {
 }
 
 func newSmallConvNet(dev *tensor.Device, seed uint64) *smallConvNet {
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng := newSrc(dev, seed, 1)
 	p := func(gen func(*rand.Rand) float32, shape ...int) *tensor.Tensor { return param(rng, gen, shape...) }
 	n := &smallConvNet{
 		w1: p(normal, 6, 1, 3, 3), g1: p(positive, 6), b1: p(normal, 6),
@@ -92,8 +92,9 @@ func (n *smallConvNet) forward(x *tensor.Tensor) *tensor.Tensor {
 // only the parameters, their gradients and what the caller still holds are
 // allocated; after the step's scope, parameters and gradients exactly; after
 // releasing the gradients, parameters alone; and 200 steps later, no growth.
-func TestStepMemory(t *testing.T) {
-	dev := testDevice()
+func TestStepMemory(t *testing.T) { testStepMemory(t, tensor.CPU()) }
+
+func testStepMemory(t *testing.T, dev *tensor.Device) {
 	net := newSmallConvNet(dev, 1)
 	defer func() {
 		for _, p := range net.state() {
@@ -105,7 +106,7 @@ func TestStepMemory(t *testing.T) {
 		t.Fatalf("allocated %d < parameter bytes %d", got, paramBytes)
 	}
 	base := allocated(dev) - paramBytes // whatever other tests left alive on the shared device
-	rng := rand.New(rand.NewPCG(9, 9))
+	rng := newSrc(dev, 9, 9)
 	var afterStep []int64
 	var peaks []int64
 	for step := 0; step < 200; step++ {
@@ -160,9 +161,10 @@ func TestStepMemory(t *testing.T) {
 	}
 }
 
-func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) {
-	dev := testDevice()
-	rng := rand.New(rand.NewPCG(1, 1))
+func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) { testBackwardFreesGraphAndRefusesSecondPass(t, tensor.CPU()) }
+
+func testBackwardFreesGraphAndRefusesSecondPass(t *testing.T, dev *tensor.Device) {
+	rng := newSrc(dev, 1, 1)
 	w := param(rng, normal, 4, 4)
 	defer w.Release()
 	base := allocated(dev)
@@ -186,7 +188,7 @@ func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) {
 }
 
 func TestRetainGraphAccumulates(t *testing.T) {
-	rng := rand.New(rand.NewPCG(2, 1))
+	rng := newSrc(tensor.CPU(), 2, 1)
 	w := param(rng, normal, 5)
 	defer w.Release()
 	w.Device().WithScope(func() {
@@ -205,9 +207,10 @@ func TestRetainGraphAccumulates(t *testing.T) {
 	w.ZeroGrad()
 }
 
-func TestDroppedGraphFreesSavedTensors(t *testing.T) {
-	dev := testDevice()
-	rng := rand.New(rand.NewPCG(3, 1))
+func TestDroppedGraphFreesSavedTensors(t *testing.T) { testDroppedGraphFreesSavedTensors(t, tensor.CPU()) }
+
+func testDroppedGraphFreesSavedTensors(t *testing.T, dev *tensor.Device) {
+	rng := newSrc(dev, 3, 1)
 	w := param(rng, normal, 64, 64)
 	defer w.Release()
 	base := allocated(dev)
@@ -227,9 +230,10 @@ func TestDroppedGraphFreesSavedTensors(t *testing.T) {
 	}
 }
 
-func TestNoGradRecordsNothing(t *testing.T) {
-	dev := testDevice()
-	rng := rand.New(rand.NewPCG(4, 1))
+func TestNoGradRecordsNothing(t *testing.T) { testNoGradRecordsNothing(t, tensor.CPU()) }
+
+func testNoGradRecordsNothing(t *testing.T, dev *tensor.Device) {
+	rng := newSrc(dev, 4, 1)
 	w := param(rng, normal, 3, 3)
 	defer w.Release()
 	dev.WithScope(func() {
@@ -249,8 +253,9 @@ func TestNoGradRecordsNothing(t *testing.T) {
 	})
 }
 
-func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
-	dev := testDevice()
+func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) { testShapeMismatchPanicsNamingBothShapes(t, tensor.CPU()) }
+
+func testShapeMismatchPanicsNamingBothShapes(t *testing.T, dev *tensor.Device) {
 	dev.WithScope(func() {
 		a := tensor.Zeros(dev, tensor.F32, 2, 3)
 		b := tensor.Zeros(dev, tensor.F32, 4, 5)
@@ -261,9 +266,10 @@ func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
 }
 
 // Misuse panics at the call, naming what is wrong.
-func TestBackwardMisusePanics(t *testing.T) {
-	dev := testDevice()
-	rng := rand.New(rand.NewPCG(5, 1))
+func TestBackwardMisusePanics(t *testing.T) { testBackwardMisusePanics(t, tensor.CPU()) }
+
+func testBackwardMisusePanics(t *testing.T, dev *tensor.Device) {
+	rng := newSrc(dev, 5, 1)
 	w := param(rng, normal, 2, 3)
 	defer w.Release()
 	var loss *tensor.Tensor
@@ -329,10 +335,11 @@ func TestBackwardOutOfMemoryLeaksNothing(t *testing.T) {
 // Modes belong to a handle: NoGrad and Autocast on a session leave the
 // device's handle recording in F32, and an operation on a parameter (made on
 // the device) and a session's input follows the session.
-func TestModesBelongToTheHandle(t *testing.T) {
-	dev := testDevice()
+func TestModesBelongToTheHandle(t *testing.T) { testModesBelongToTheHandle(t, tensor.CPU()) }
+
+func testModesBelongToTheHandle(t *testing.T, dev *tensor.Device) {
 	s := dev.Session()
-	rng := rand.New(rand.NewPCG(8, 1))
+	rng := newSrc(dev, 8, 1)
 	w := param(rng, normal, 4, 4)
 	defer w.Release()
 	ag.NoGrad(s, func() {

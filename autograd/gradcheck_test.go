@@ -9,20 +9,26 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// testDevice is the device the tests run on; the CUDA backend's tests swap it.
-var testDevice = tensor.CPU
+// src draws a test's inputs, on one device.
+type src struct {
+	*rand.Rand
+	dev *tensor.Device
+}
+
+// newSrc is a source on dev seeded with (a, b).
+func newSrc(dev *tensor.Device, a, b uint64) src { return src{rand.New(rand.NewPCG(a, b)), dev} }
 
 // param returns a leaf F32 tensor of shape with values from gen, requiring grad.
-func param(rng *rand.Rand, gen func(*rand.Rand) float32, shape ...int) *tensor.Tensor {
+func param(rng src, gen func(*rand.Rand) float32, shape ...int) *tensor.Tensor {
 	n := 1
 	for _, d := range shape {
 		n *= d
 	}
 	v := make([]float32, n)
 	for i := range v {
-		v[i] = gen(rng)
+		v[i] = gen(rng.Rand)
 	}
-	return tensor.FromFloat32(testDevice(), v, shape...).Keep().SetRequiresGrad(true)
+	return tensor.FromFloat32(rng.dev, v, shape...).Keep().SetRequiresGrad(true)
 }
 
 func normal(r *rand.Rand) float32   { return float32(r.NormFloat64()) }
@@ -65,30 +71,30 @@ func distinct(n int) func(*rand.Rand) float32 {
 	}
 }
 
-func labels(rng *rand.Rand, n, k int) *tensor.Tensor {
+func labels(rng src, n, k int) *tensor.Tensor {
 	l := make([]int32, n)
 	for i := range l {
 		l[i] = int32(rng.IntN(k))
 	}
-	return tensor.FromInt32(testDevice(), l, n).Keep()
+	return tensor.FromInt32(rng.dev, l, n).Keep()
 }
 
 type gradCase struct {
 	name   string
-	inputs func(rng *rand.Rand) []*tensor.Tensor
+	inputs func(r src) []*tensor.Tensor
 	f      func(in []*tensor.Tensor) *tensor.Tensor
 	opt    ag.GradCheckOptions
 }
 
 func unaryCase(name string, gen func(*rand.Rand) float32, f func(*tensor.Tensor) *tensor.Tensor) gradCase {
 	return gradCase{name: name,
-		inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, gen, 3, 5, 7)} },
+		inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, gen, 3, 5, 7)} },
 		f:      func(in []*tensor.Tensor) *tensor.Tensor { return f(in[0]) }}
 }
 
 func binaryCase(name string, a, b []int, gen func(*rand.Rand) float32, f func(x, y *tensor.Tensor) *tensor.Tensor) gradCase {
 	return gradCase{name: fmt.Sprintf("%s%v%v", name, a, b),
-		inputs: func(r *rand.Rand) []*tensor.Tensor {
+		inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, a...), param(r, gen, b...)}
 		},
 		f: func(in []*tensor.Tensor) *tensor.Tensor { return f(in[0], in[1]) }}
@@ -97,7 +103,7 @@ func binaryCase(name string, a, b []int, gen func(*rand.Rand) float32, f func(x,
 func convCase(n, c, h, w, k, r, stride, pad int, bias bool) gradCase {
 	return gradCase{
 		name: fmt.Sprintf("conv2d/x%dx%dx%dx%d/w%dx%dx%d/s%d/p%d/bias=%v", n, c, h, w, k, r, r, stride, pad, bias),
-		inputs: func(rng *rand.Rand) []*tensor.Tensor {
+		inputs: func(rng src) []*tensor.Tensor {
 			in := []*tensor.Tensor{param(rng, normal, n, c, h, w), param(rng, normal, k, c, r, r)}
 			if bias {
 				in = append(in, param(rng, normal, k))
@@ -137,23 +143,23 @@ func gradCases() []gradCase {
 		binaryCase("mul", []int{1}, []int{2, 3}, normal, ag.Mul),
 		binaryCase("div", []int{3, 4}, []int{3, 4}, positive, ag.Div),
 		binaryCase("div", []int{2, 3, 4}, []int{3, 1}, positive, ag.Div),
-		{name: "sum/axis1", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 4, 5)} },
+		{name: "sum/axis1", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 4, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Sum(in[0], 1) }},
-		{name: "mean/axis-1", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 4, 5)} },
+		{name: "mean/axis-1", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 4, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Mean(in[0], -1) }},
-		{name: "max/axis0", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(60), 3, 4, 5)} },
+		{name: "max/axis0", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(60), 3, 4, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Max(in[0], 0) }},
-		{name: "sumall", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 7)} },
+		{name: "sumall", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 7)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.SumAll(in[0]) }},
-		{name: "meanall", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 7)} },
+		{name: "meanall", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 7)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.MeanAll(in[0]) }},
 		binaryCase("matmul", []int{3, 4}, []int{4, 5}, normal, ag.MatMul),
 		binaryCase("matmul", []int{1, 7}, []int{7, 1}, normal, ag.MatMul),
 		binaryCase("matmul/batched", []int{2, 3, 4}, []int{2, 4, 5}, normal, ag.MatMul),
-		{name: "linear/bias", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "linear/bias", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 5, 7), param(r, normal, 3, 7), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Linear(in[0], in[1], in[2]) }},
-		{name: "linear/nobias/batch1", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "linear/nobias/batch1", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 1, 6), param(r, normal, 4, 6)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Linear(in[0], in[1], nil) }},
 		convCase(2, 3, 7, 6, 4, 3, 1, 1, true),
@@ -161,75 +167,75 @@ func gradCases() []gradCase {
 		convCase(2, 3, 8, 8, 5, 1, 2, 0, false),
 		convCase(3, 2, 5, 7, 2, 1, 1, 0, true),
 		convCase(1, 1, 6, 5, 2, 3, 2, 0, true),
-		{name: "batchnorm/train", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/train", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 3, 4, 3, 5), param(r, positive, 4), param(r, normal, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 4), tensor.Ones(testDevice(), tensor.F32, 4)
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
 			return ag.BatchNorm2d(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-5)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
-		{name: "batchnorm/train/batch1", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/train/batch1", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 1, 2, 5, 5), param(r, positive, 2), param(r, normal, 2)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 2), tensor.Ones(testDevice(), tensor.F32, 2)
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 2), tensor.Ones(in[0].Device(), tensor.F32, 2)
 			return ag.BatchNorm2d(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-5)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
 		// The fused ReLU's kink must stay out of reach of ±Eps: a small γ and a
 		// residual (or β) of at least 1 in size keep the sums away from zero.
-		{name: "batchnorm/train/residual+relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/train/residual+relu", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 3, 4, 3, 5), param(r, small, 4), param(r, normal, 4), param(r, farFromZero, 3, 4, 3, 5)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 4), tensor.Ones(testDevice(), tensor.F32, 4)
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
 			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
-		{name: "batchnorm/train/relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/train/relu", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 4, 4, 4), param(r, small, 4), param(r, farFromZero, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 4), tensor.Ones(testDevice(), tensor.F32, 4)
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
 			return ag.BatchNormAct(in[0], nil, in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
-		{name: "batchnorm/eval/residual+relu", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/eval/residual+relu", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 3, 4, 4), param(r, small, 3), param(r, normal, 3), param(r, farFromZero, 2, 3, 4, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm := tensor.FromFloat32(testDevice(), []float32{0.1, -0.2, 0.3}, 3)
-			rv := tensor.FromFloat32(testDevice(), []float32{0.5, 1.5, 2}, 3)
+			rm := tensor.FromFloat32(in[0].Device(), []float32{0.1, -0.2, 0.3}, 3)
+			rv := tensor.FromFloat32(in[0].Device(), []float32{0.5, 1.5, 2}, 3)
 			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, false, 0.1, 1e-5, true)
 		}},
-		{name: "batchnorm/eval", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "batchnorm/eval", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 3, 4, 4), param(r, positive, 3), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm := tensor.FromFloat32(testDevice(), []float32{0.1, -0.2, 0.3}, 3)
-			rv := tensor.FromFloat32(testDevice(), []float32{0.5, 1.5, 2}, 3)
+			rm := tensor.FromFloat32(in[0].Device(), []float32{0.1, -0.2, 0.3}, 3)
+			rv := tensor.FromFloat32(in[0].Device(), []float32{0.5, 1.5, 2}, 3)
 			return ag.BatchNorm2d(in[0], in[1], in[2], rm, rv, false, 0.1, 1e-5)
 		}},
-		{name: "maxpool/k2s2", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(2*3*6*6), 2, 3, 6, 6)} },
+		{name: "maxpool/k2s2", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(2*3*6*6), 2, 3, 6, 6)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.MaxPool2d(in[0], 2, 2, 0) }},
-		{name: "maxpool/k3s2p1/odd", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(1*2*7*5), 1, 2, 7, 5)} },
+		{name: "maxpool/k3s2p1/odd", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, distinct(1*2*7*5), 1, 2, 7, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.MaxPool2d(in[0], 3, 2, 1) }},
-		{name: "avgpool/k2s2", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 3, 6, 6)} },
+		{name: "avgpool/k2s2", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 3, 6, 6)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.AvgPool2d(in[0], 2, 2, 0) }},
-		{name: "avgpool/k3s2p1/odd", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 1, 2, 7, 5)} },
+		{name: "avgpool/k3s2p1/odd", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 1, 2, 7, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.AvgPool2d(in[0], 3, 2, 1) }},
-		{name: "globalavgpool", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 3, 5, 3)} },
+		{name: "globalavgpool", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 3, 5, 3)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.GlobalAvgPool(in[0]) }},
-		{name: "crossentropy", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "crossentropy", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 6, 5), labels(r, 6, 5)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.CrossEntropy(in[0], in[1]) }},
-		{name: "crossentropy/batch1", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "crossentropy/batch1", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 1, 10), labels(r, 1, 10)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.CrossEntropy(in[0], in[1]) }},
-		{name: "dropout", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 4, 9)} },
+		{name: "dropout", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 4, 9)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor {
 				return ag.Dropout(in[0], 0.3, tensor.NewGenerator(7)) // same mask on every call
 			}},
-		{name: "cast/f16/roundtrip", inputs: func(r *rand.Rand) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 5)} },
+		{name: "cast/f16/roundtrip", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 3, 5)} },
 			f: func(in []*tensor.Tensor) *tensor.Tensor {
 				return ag.Cast(ag.Mul(ag.Cast(in[0], tensor.F16), ag.Cast(in[0], tensor.F16)), tensor.F32)
 			}, opt: ag.GradCheckOptions{Eps: 5e-2, RTol: 5e-2, ATol: 1e-2}},
-		{name: "smallnet", inputs: func(r *rand.Rand) []*tensor.Tensor {
+		{name: "smallnet", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 1, 6, 6), param(r, normal, 3, 1, 3, 3), param(r, positive, 3),
 				param(r, normal, 3), param(r, normal, 4, 3), labels(r, 2, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
-			rm, rv := tensor.Zeros(testDevice(), tensor.F32, 3), tensor.Ones(testDevice(), tensor.F32, 3)
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 3), tensor.Ones(in[0].Device(), tensor.F32, 3)
 			h := ag.Conv2d(in[0], in[1], nil, 1, 1)
 			h = ag.BatchNorm2d(h, in[2], in[3], rm, rv, true, 0.1, 1e-5)
 			h = ag.Tanh(h)
@@ -240,12 +246,14 @@ func gradCases() []gradCase {
 	return cases
 }
 
-func TestGradCheck(t *testing.T) {
+func TestGradCheck(t *testing.T) { testGradCheck(t, tensor.CPU()) }
+
+func testGradCheck(t *testing.T, dev *tensor.Device) {
 	for i, tc := range gradCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(i)+1, 11))
+			rng := newSrc(dev, uint64(i)+1, 11)
 			var inputs []*tensor.Tensor
-			testDevice().WithScope(func() { inputs = tc.inputs(rng) })
+			dev.WithScope(func() { inputs = tc.inputs(rng) })
 			defer func() {
 				for _, x := range inputs {
 					x.Release()
@@ -263,7 +271,7 @@ func TestGradCheck(t *testing.T) {
 // TestGradCheckCatchesWrongGradient makes sure the checker can fail: a
 // function whose recorded backward is wrong (it scales by 2 but claims 3).
 func TestGradCheckCatchesWrongGradient(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
+	rng := newSrc(tensor.CPU(), 1, 2)
 	x := param(rng, normal, 4, 3)
 	defer x.Release()
 	wrong := func(in []*tensor.Tensor) *tensor.Tensor {

@@ -13,8 +13,9 @@ import (
 // TestResNet20StepMemory is the step-memory contract on a real network
 // shape, F32 and under autocast: after the step and releasing gradients,
 // exactly the parameters and running statistics are allocated, step after step.
-func TestResNet20StepMemory(t *testing.T) {
-	dev := testDevice()
+func TestResNet20StepMemory(t *testing.T) { testResNet20StepMemory(t, tensor.CPU()) }
+
+func testResNet20StepMemory(t *testing.T, dev *tensor.Device) {
 	for _, amp := range []bool{false, true} {
 		net, err := nn.NewCIFARResNet(dev, 20, 1, 10)
 		if err != nil {

@@ -12,37 +12,30 @@ import (
 // workspaces: at batch 8 sqrt(n) segments save about 2% of the peak (on the
 // CPU), and on an H200 the workspaces outweighed that (+1%, and +0.6% with
 // lean workspaces, measured 2026-11-30); at 64 they save about a quarter.
-func TestCUDACheckpointMatchesPlain(t *testing.T) {
-	defer onLeanCUDA(t)()
-	ckBatch = 64
-	defer func() { ckBatch = 8 }()
-	TestCheckpointMatchesPlain(t)
-}
+func TestCUDACheckpointMatchesPlain(t *testing.T) { testCheckpointMatchesPlain(t, leanCUDA(t), 64) }
 
-// onLeanCUDA makes testDevice a CUDA device with lean convolution
-// workspaces (no larger than the activations) and returns the restore.
-func onLeanCUDA(t *testing.T) func() {
+// leanCUDA is a CUDA device of its own with lean convolution workspaces (no
+// larger than the activations), closed when t ends.
+func leanCUDA(t *testing.T) *tensor.Device {
 	testdev.CUDA(t)
 	be, err := cuda.OpenSeparate(0, cuda.Options{LeanConvWorkspace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lean := tensor.NewDevice(be)
-	old := testDevice
-	testDevice = func() *tensor.Device { return lean }
-	return func() { testDevice = old }
+	t.Cleanup(func() {
+		if err := lean.Close(); err != nil {
+			t.Errorf("closing the lean device: %v", err)
+		}
+	})
+	return lean
 }
 
-func TestCUDASaveLoadRoundTrip(t *testing.T) { testdev.On(t, &testDevice, TestSaveLoadRoundTrip) }
+func TestCUDASaveLoadRoundTrip(t *testing.T) { testSaveLoadRoundTrip(t, testdev.CUDA(t)) }
 
 // TestCUDAAMPSavesMemory measures what AMP saves on the GPU at batch 128,
 // on a backend with lean convolution workspaces: with the fastest cuDNN
 // algorithms, F16's tensor-core workspaces (larger than F32's) take back
 // part of the saving (26% instead of 35% or more, measured on an H200), and
 // that is cuDNN's choice, not the activations'.
-func TestCUDAAMPSavesMemory(t *testing.T) {
-	defer onLeanCUDA(t)()
-	ampBatch = 128
-	defer func() { ampBatch = 16 }()
-	TestAMPSavesMemory(t)
-}
+func TestCUDAAMPSavesMemory(t *testing.T) { testAMPSavesMemory(t, leanCUDA(t), 128) }

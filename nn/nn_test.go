@@ -14,11 +14,9 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// testDevice is the device tests build models on; CUDA tests swap it.
-var testDevice = tensor.CPU
+func TestShapes(t *testing.T) { testShapes(t, tensor.CPU()) }
 
-func TestShapes(t *testing.T) {
-	dev := testDevice()
+func testShapes(t *testing.T, dev *tensor.Device) {
 	r20, err := NewCIFARResNet(dev, 20, 1, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -112,16 +110,16 @@ func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
 	return a.Stats().Allocated[memory.All].Peak
 }
 
-// ckBatch is the batch TestCheckpointMatchesPlain runs. The CUDA variant
-// uses a larger one: at 8 images sqrt(n) segments save 2% of the peak, about
-// as much as cuDNN's and cuBLAS's workspaces vary between algorithms.
-var ckBatch = 8
-
 // TestCheckpointMatchesPlain: a checkpointed ResNet-20 (with dropout in its
 // blocks and batch norm in training mode) gives the gradients of the plain
 // one, updates the running statistics once, and peaks lower.
-func TestCheckpointMatchesPlain(t *testing.T) {
-	dev := testDevice()
+//
+// The CUDA variant runs a larger batch: at 8 images sqrt(n) segments save 2%
+// of the peak, about as much as cuDNN's and cuBLAS's workspaces vary between
+// algorithms.
+func TestCheckpointMatchesPlain(t *testing.T) { testCheckpointMatchesPlain(t, tensor.CPU(), 8) }
+
+func testCheckpointMatchesPlain(t *testing.T, dev *tensor.Device, ckBatch int) {
 	build := func(mode CheckpointMode) *ResNet {
 		dev.Generator().Seed(7)
 		r, _ := NewCIFARResNet(dev, 20, 1, 10)
@@ -156,15 +154,14 @@ func TestCheckpointMatchesPlain(t *testing.T) {
 	}
 }
 
-// ampBatch is the batch TestAMPSavesMemory measures. The CUDA variant uses a
-// larger one: at 16 images the device's fixed workspaces (cuBLAS's, cuDNN's)
-// are a large share of the peak.
-var ampBatch = 16
-
 // TestAMPSavesMemory: ResNet-20 under autocast peaks at least 35% below F32
 // on the same batch, by the pool's statistics.
-func TestAMPSavesMemory(t *testing.T) {
-	dev := testDevice()
+//
+// The CUDA variant measures a larger batch: at 16 images the device's fixed
+// workspaces (cuBLAS's, cuDNN's) are a large share of the peak.
+func TestAMPSavesMemory(t *testing.T) { testAMPSavesMemory(t, tensor.CPU(), 16) }
+
+func testAMPSavesMemory(t *testing.T, dev *tensor.Device, ampBatch int) {
 	r, _ := NewCIFARResNet(dev, 20, 1, 10)
 	defer Release(r)
 	fp32 := step(r, dev, false, ampBatch)
@@ -178,8 +175,9 @@ func TestAMPSavesMemory(t *testing.T) {
 	}
 }
 
-func TestSaveLoadRoundTrip(t *testing.T) {
-	dev := testDevice()
+func TestSaveLoadRoundTrip(t *testing.T) { testSaveLoadRoundTrip(t, tensor.CPU()) }
+
+func testSaveLoadRoundTrip(t *testing.T, dev *tensor.Device) {
 	a, _ := NewCIFARResNet(dev, 8, 1, 10)
 	defer Release(a)
 	// Run a training step so the running statistics are not their initial values.
@@ -283,8 +281,9 @@ func FuzzParseSafetensors(f *testing.F) {
 // Layers with impossible shapes panic at construction, naming the values,
 // instead of failing later (a zero stride used to panic with "integer
 // divide by zero" in the first forward).
-func TestConstructorsRefuseImpossibleShapes(t *testing.T) {
-	dev := testDevice()
+func TestConstructorsRefuseImpossibleShapes(t *testing.T) { testConstructorsRefuseImpossibleShapes(t, tensor.CPU()) }
+
+func testConstructorsRefuseImpossibleShapes(t *testing.T, dev *tensor.Device) {
 	for _, tc := range []struct {
 		want string
 		make func()

@@ -7,9 +7,8 @@ import (
 )
 
 func TestCUDAOptimizers(t *testing.T) {
-	testdev.On(t, &testDevice, func(t *testing.T) {
-		t.Run("sgd", TestSGD)
-		t.Run("adamw", TestAdamW)
-		t.Run("scaler", TestGradScaler)
-	})
+	dev := testdev.CUDA(t)
+	t.Run("sgd", func(t *testing.T) { testSGD(t, dev) })
+	t.Run("adamw", func(t *testing.T) { testAdamW(t, dev) })
+	t.Run("scaler", func(t *testing.T) { testGradScaler(t, dev) })
 }

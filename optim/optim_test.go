@@ -9,10 +9,8 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-var testDevice = tensor.CPU
-
-func param(vals ...float32) *tensor.Tensor {
-	return tensor.FromFloat32(testDevice(), vals, len(vals)).Keep().SetRequiresGrad(true)
+func param(dev *tensor.Device, vals ...float32) *tensor.Tensor {
+	return tensor.FromFloat32(dev, vals, len(vals)).Keep().SetRequiresGrad(true)
 }
 
 func setGrad(p *tensor.Tensor, vals ...float32) {
@@ -29,8 +27,10 @@ func near(t *testing.T, what string, got []float32, want ...float64) {
 }
 
 // SGD with momentum 0.9, Nesterov, weight decay 0.1, two steps worked by hand.
-func TestSGD(t *testing.T) {
-	p := param(1, -2)
+func TestSGD(t *testing.T) { testSGD(t, tensor.CPU()) }
+
+func testSGD(t *testing.T, dev *tensor.Device) {
+	p := param(dev, 1, -2)
 	defer p.Release()
 	o := NewSGD([]*tensor.Tensor{p}, 0.5, 0.9, 0.1, true)
 	defer o.Release()
@@ -50,8 +50,10 @@ func TestSGD(t *testing.T) {
 	near(t, "p after step 2", p.Float32s(), want...)
 }
 
-func TestAdamW(t *testing.T) {
-	p := param(0.5)
+func TestAdamW(t *testing.T) { testAdamW(t, tensor.CPU()) }
+
+func testAdamW(t *testing.T, dev *tensor.Device) {
+	p := param(dev, 0.5)
 	defer p.Release()
 	o := NewAdamW([]*tensor.Tensor{p}, 0.1, 0.01)
 	defer o.Release()
@@ -72,7 +74,7 @@ func TestAdamW(t *testing.T) {
 }
 
 func TestZeroGradReleasesMemory(t *testing.T) {
-	dev := tensor.NewDevice(testDevice().Backend())
+	dev := tensor.NewDevice(tensor.CPU().Backend())
 	p := tensor.Zeros(dev, tensor.F32, 1000).Keep().SetRequiresGrad(true)
 	defer p.Release()
 	o := NewSGD([]*tensor.Tensor{p}, 0.1, 0, 0, false)
@@ -113,9 +115,10 @@ func TestSchedules(t *testing.T) {
 
 // TestGradScaler: an injected inf skips the step and halves the scale;
 // GrowthInterval clean steps double it; the state round-trips.
-func TestGradScaler(t *testing.T) {
-	dev := testDevice()
-	w := param(1, 2, 3)
+func TestGradScaler(t *testing.T) { testGradScaler(t, tensor.CPU()) }
+
+func testGradScaler(t *testing.T, dev *tensor.Device) {
+	w := param(dev, 1, 2, 3)
 	defer w.Release()
 	opt := NewSGD([]*tensor.Tensor{w}, 0.1, 0, 0, false)
 	defer opt.Release()

@@ -6,31 +6,24 @@ import (
 	"github.com/leangrad/leangrad/internal/testdev"
 )
 
-func TestCUDANoGrowthOverManySteps(t *testing.T) {
-	testdev.On(t, &testDevice, TestNoGrowthOverManySteps)
-}
+// The CPU tests' bodies, on the GPU; the step's tests run captured.
+
+func TestCUDANoGrowthOverManySteps(t *testing.T) { testNoGrowthOverManySteps(t, testdev.CUDA(t)) }
 func TestCUDASaveResumeContinuesExactly(t *testing.T) {
-	testdev.On(t, &testDevice, TestSaveResumeContinuesExactly)
+	testSaveResumeContinuesExactly(t, testdev.CUDA(t))
 }
-func TestCUDAMLPFashionMNIST(t *testing.T) { testdev.On(t, &testDevice, TestMLPFashionMNIST) }
-
-func TestCUDAMeasuredSavings(t *testing.T) {
-	measureBatch = 128
-	defer func() { measureBatch = 16 }()
-	testdev.On(t, &testDevice, TestMeasuredSavings)
+func TestCUDAMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, testdev.CUDA(t)) }
+func TestCUDAMeasuredSavings(t *testing.T) { testMeasuredSavings(t, testdev.CUDA(t), 128) }
+func TestCUDAPlannedStepsMatchEager(t *testing.T) {
+	testPlannedStepsMatchEager(t, testdev.CUDA(t), Captured)
 }
-
-// The step's tests on the GPU, captured.
-func onCUDACaptured(t *testing.T, f func(*testing.T)) {
-	planMode = Captured
-	defer func() { planMode = Planned }()
-	testdev.On(t, &testDevice, f)
+func TestCUDAPlannedStepMemory(t *testing.T) {
+	testPlannedStepMemory(t, testdev.CUDA(t), Captured, nil)
 }
-
-func TestCUDAPlannedStepsMatchEager(t *testing.T)  { onCUDACaptured(t, TestPlannedStepsMatchEager) }
-func TestCUDAPlannedStepMemory(t *testing.T)       { onCUDACaptured(t, TestPlannedStepMemory) }
-func TestCUDAInfSkipsStepAsEagerDoes(t *testing.T) { onCUDACaptured(t, TestInfSkipsStepAsEagerDoes) }
+func TestCUDAInfSkipsStepAsEagerDoes(t *testing.T) {
+	testInfSkipsStepAsEagerDoes(t, testdev.CUDA(t), Captured)
+}
 func TestCUDADropoutMasksDifferBetweenSteps(t *testing.T) {
-	onCUDACaptured(t, TestDropoutMasksDifferBetweenSteps)
+	testDropoutMasksDifferBetweenSteps(t, testdev.CUDA(t), Captured)
 }
-func TestCUDAStepReadsNothing(t *testing.T) { onCUDACaptured(t, TestStepReadsNothing) }
+func TestCUDAStepReadsNothing(t *testing.T) { testStepReadsNothing(t, testdev.CUDA(t), Captured) }

@@ -40,9 +40,6 @@ func snapshotState(m nn.Module) [][]byte {
 // model has batch norm and dropout, with AMP (so the scaler takes part) and
 // without.
 func TestFailedStepLeavesNoTrace(t *testing.T) {
-	if testDevice().Name() != "cpu" {
-		t.Skip("drives a CPU pool with injected faults")
-	}
 	for _, v := range []Variant{{Name: "fp32", Checkpoint: "none"}, {Name: "amp+checkpoint", AMP: true, Checkpoint: "blocks"}} {
 		t.Run(v.Name, func(t *testing.T) {
 			dev, src := faultyDevice(true)
@@ -104,9 +101,6 @@ func TestFailedStepLeavesNoTrace(t *testing.T) {
 // as the run without faults does: the same parameters and metrics, the
 // same allocated bytes after every step, and checkpoints that load.
 func TestTrainingSurvivesInjectedFaults(t *testing.T) {
-	if testDevice().Name() != "cpu" {
-		t.Skip("drives a CPU pool with injected faults")
-	}
 	ds := datasets.SyntheticSize(2400, 5, 8)
 	test := datasets.SyntheticSize(64, 6, 8)
 	cfg := baseConfig("mlp")
@@ -161,7 +155,7 @@ func TestTrainingSurvivesInjectedFaults(t *testing.T) {
 		}
 	}
 	// The checkpoint the faulty run wrote each epoch resumes.
-	dev := testDevice()
+	dev := tensor.CPU()
 	m2 := nn.NewMLP(dev, []int{64, 32, 10}, 0)
 	defer nn.Release(m2)
 	t2, _ := New(m2, dev, cfg, 600)
@@ -186,9 +180,6 @@ func TestTrainingSurvivesInjectedFaults(t *testing.T) {
 // activations, while the gradients, accumulated, stay whole (a
 // micro-batch's gradient is made before it is added: one more copy).
 func TestOOMFallsBackToMicroBatches(t *testing.T) {
-	if testDevice().Name() != "cpu" {
-		t.Skip("drives a capacity-limited CPU pool")
-	}
 	ds := datasets.SyntheticSize(256, 5, 28)
 	cfg := baseConfig("convnet")
 	cfg.Batch, cfg.Schedule = 128, "constant"
@@ -251,7 +242,7 @@ func TestOOMFallsBackToMicroBatches(t *testing.T) {
 // steps skipped MaxSkips in a row, stop Fit with a *DivergedError naming the
 // step, and nothing is saved over the last good checkpoint.
 func TestDivergenceStopsTheRun(t *testing.T) {
-	dev := testDevice()
+	dev := tensor.CPU()
 	ds := datasets.SyntheticSize(512, 5, 8)
 	for _, amp := range []bool{false, true} {
 		cfg := baseConfig("mlp")
@@ -285,9 +276,6 @@ func TestDivergenceStopsTheRun(t *testing.T) {
 // whole: no micro-batches, no smaller evaluation batches, and the
 // parameters and test losses of a run without the cap.
 func TestOOMBesideTheArenaFreesIt(t *testing.T) {
-	if testDevice().Name() != "cpu" {
-		t.Skip("drives a capacity-limited CPU pool")
-	}
 	ds := datasets.SyntheticSize(56, 5, 12) // 3 batches of 16 and one of 8
 	cfg := baseConfig("tiny")
 	cfg.Epochs, cfg.Batch = 3, 16

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"github.com/leangrad/leangrad/tensor"
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
@@ -17,7 +18,7 @@ import (
 //	go test -run XXX -bench Soak10k -benchtime 1x ./train
 func BenchmarkSoak10k(b *testing.B) {
 	const steps = 10_000
-	dev := testDevice()
+	dev := tensor.CPU()
 	ds := datasets.SyntheticSize(4000, 1, 12)
 	test := datasets.SyntheticSize(64, 9, 12)
 	for i := 0; i < b.N; i++ {

@@ -16,10 +16,6 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// planMode is the planned mode under test: Planned on the CPU, Captured on
-// the GPU (the CUDA variants set it).
-var planMode = Planned
-
 // sameAlgorithms makes the eager steps take the smallest workspaces and the
 // plan the traced run's, so that both run the same convolution algorithms
 // (otherwise a plan picks the fastest that fits its arena, which can round
@@ -99,8 +95,10 @@ func relDiff(a, b []float32) float64 {
 // (its masks come from the device counter in both modes), and with a
 // second batch shape (the last, smaller batch of an epoch) that gets its
 // own plan.
-func TestPlannedStepsMatchEager(t *testing.T) {
-	dev := testDevice()
+func TestPlannedStepsMatchEager(t *testing.T) { testPlannedStepsMatchEager(t, tensor.CPU(), Planned) }
+
+// testPlannedStepsMatchEager runs on dev with planMode, Planned on the CPU and Captured on the GPU.
+func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode) {
 	xs, ys := batches(dev, 9, 8, 1)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -167,10 +165,14 @@ func equalBits(a, b []float32) bool {
 // step took), and the arena is within 10% of the plan's own bound. Allocated bytes after each step do not move.
 func TestPlannedStepMemory(t *testing.T) {
 	src := memory.Limit(memory.NewHeapSource(), 1<<30)
-	dev := testDevice()
-	if dev.Name() == "cpu" { // a device of its own, to count its segments
-		dev = tensor.NewDevice(cpu.NewWithAllocator(memory.New(src, memory.Config{Device: "cpu"})))
-	}
+	// a device of its own, to count its segments
+	testPlannedStepMemory(t, tensor.NewDevice(cpu.NewWithAllocator(memory.New(src, memory.Config{Device: "cpu"}))), Planned, src)
+}
+
+// testPlannedStepMemory runs on dev with planMode, Planned on the CPU and
+// Captured on the GPU; src, when not nil, is dev's source, whose segments
+// it counts.
+func testPlannedStepMemory(t *testing.T, dev *tensor.Device, planMode Mode, src *memory.LimitedSource) {
 	xs, ys := batches(dev, 1, 16, 3)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -206,7 +208,14 @@ func TestPlannedStepMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			dev.Synchronize()
-			segs, _ := src.Counts()
+			segments := func() int {
+				if src == nil {
+					return 0
+				}
+				n, _ := src.Counts()
+				return n
+			}
+			segs := segments()
 			before := a.Stats()
 			a.WindowPeak()
 			for i := 0; i < 5; i++ {
@@ -221,7 +230,7 @@ func TestPlannedStepMemory(t *testing.T) {
 			if n := after.Allocations[memory.All].Allocated - before.Allocations[memory.All].Allocated; n != 5 {
 				t.Errorf("5 planned steps made %d allocations, want 5 (the arena, once each)", n)
 			}
-			if s, _ := src.Counts(); dev.Name() == "cpu" && s != segs {
+			if s := segments(); s != segs {
 				t.Errorf("planned steps obtained %d segments", s-segs)
 			}
 			if pa, _ := a.WindowPeak(); pa != before.Allocated[memory.All].Current+r.step.Arena().Size() {
@@ -236,8 +245,10 @@ func TestPlannedStepMemory(t *testing.T) {
 // TestInfSkipsStepAsEagerDoes: an inf in the batch makes AMP's gradients
 // non-finite; the planned step skips the update and halves the scale on
 // the device, exactly as the eager step does, and counts the skipped step.
-func TestInfSkipsStepAsEagerDoes(t *testing.T) {
-	dev := testDevice()
+func TestInfSkipsStepAsEagerDoes(t *testing.T) { testInfSkipsStepAsEagerDoes(t, tensor.CPU(), Planned) }
+
+// testInfSkipsStepAsEagerDoes runs on dev with planMode, Planned on the CPU and Captured on the GPU.
+func testInfSkipsStepAsEagerDoes(t *testing.T, dev *tensor.Device, planMode Mode) {
 	xs, ys := batches(dev, 4, 8, 4)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -278,7 +289,11 @@ func TestInfSkipsStepAsEagerDoes(t *testing.T) {
 // differ with dropout on (each step draws from the advanced device counter)
 // and repeat exactly with it off.
 func TestDropoutMasksDifferBetweenSteps(t *testing.T) {
-	dev := testDevice()
+	testDropoutMasksDifferBetweenSteps(t, tensor.CPU(), Planned)
+}
+
+// testDropoutMasksDifferBetweenSteps runs on dev with planMode, Planned on the CPU and Captured on the GPU.
+func testDropoutMasksDifferBetweenSteps(t *testing.T, dev *tensor.Device, planMode Mode) {
 	xs, ys := batches(dev, 1, 8, 5)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -309,8 +324,10 @@ func TestDropoutMasksDifferBetweenSteps(t *testing.T) {
 
 // TestStepReadsNothing: the step's body runs in a sync-free section: a
 // model that reads a value back inside the step panics, naming the call.
-func TestStepReadsNothing(t *testing.T) {
-	dev := testDevice()
+func TestStepReadsNothing(t *testing.T) { testStepReadsNothing(t, tensor.CPU(), Planned) }
+
+// testStepReadsNothing runs on dev with planMode, Planned on the CPU and Captured on the GPU.
+func testStepReadsNothing(t *testing.T, dev *tensor.Device, planMode Mode) {
 	xs, ys := batches(dev, 1, 4, 6)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -330,9 +347,6 @@ func TestStepReadsNothing(t *testing.T) {
 // TestStepReturnsOOM: running out of memory inside a step is an error
 // naming the allocation, not a panic; the next step on a roomier device works.
 func TestStepReturnsOOM(t *testing.T) {
-	if testDevice().Name() != "cpu" {
-		t.Skip("drives a capacity-limited CPU pool")
-	}
 	src := memory.Limit(memory.NewHeapSource(), 3<<20)
 	dev := tensor.NewDevice(cpu.NewWithAllocator(memory.New(src, memory.Config{Device: "cpu"})))
 	r := newRig(dev, Variant{Name: "fp32", Checkpoint: "none"}, Eager, 0)

@@ -15,8 +15,6 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-var testDevice = tensor.CPU
-
 func resnet(dev *tensor.Device) func() nn.Module {
 	return func() nn.Module {
 		r, err := nn.NewCIFARResNet(dev, 8, 1, 10)
@@ -36,8 +34,9 @@ func baseConfig(model string) Config {
 // from step 2 on, over 300 steps of the main configuration (AMP and
 // checkpointing) and 105 of each other one. A narrow ResNet keeps it quick
 // on a CPU (and under -race); the memory contract does not depend on the width.
-func TestNoGrowthOverManySteps(t *testing.T) {
-	dev := testDevice()
+func TestNoGrowthOverManySteps(t *testing.T) { testNoGrowthOverManySteps(t, tensor.CPU()) }
+
+func testNoGrowthOverManySteps(t *testing.T, dev *tensor.Device) {
 	ds := datasets.SyntheticSize(240, 1, 12)
 	for _, v := range Variants("blocks") {
 		t.Run(v.Name, func(t *testing.T) {
@@ -77,8 +76,9 @@ func TestNoGrowthOverManySteps(t *testing.T) {
 // TestSaveResumeContinuesExactly: a run saved after epoch 1 and resumed
 // continues exactly as the uninterrupted run does (model, optimiser, loss
 // scale, random state, epoch), with AMP and checkpointing on.
-func TestSaveResumeContinuesExactly(t *testing.T) {
-	dev := testDevice()
+func TestSaveResumeContinuesExactly(t *testing.T) { testSaveResumeContinuesExactly(t, tensor.CPU()) }
+
+func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 	ds := datasets.Synthetic(128, 3)
 	cfg := baseConfig("resnet8")
 	cfg.Epochs, cfg.AMP, cfg.Checkpoint = 2, true, "blocks"
@@ -159,16 +159,15 @@ func TestSaveResumeContinuesExactly(t *testing.T) {
 	}
 }
 
-// measureBatch is the batch TestMeasuredSavings uses. The CUDA variant uses
-// a larger one: at 16 images cuDNN's workspaces (larger for F16's
-// tensor-core algorithms) outweigh the activations, and AMP's step can peak
-// above fp32's.
-var measureBatch = 16
-
 // TestMeasuredSavings: the four variants' peaks, measured by the pool on the
 // same batch for ResNet-20, are ordered as they must be.
-func TestMeasuredSavings(t *testing.T) {
-	dev := testDevice()
+//
+// The CUDA variant measures a larger batch: at 16 images cuDNN's workspaces
+// (larger for F16's tensor-core algorithms) outweigh the activations, and
+// AMP's step can peak above fp32's.
+func TestMeasuredSavings(t *testing.T) { testMeasuredSavings(t, tensor.CPU(), 16) }
+
+func testMeasuredSavings(t *testing.T, dev *tensor.Device, measureBatch int) {
 	build := func() nn.Module {
 		r, _ := nn.NewCIFARResNet(dev, 20, 1, 10)
 		return r
@@ -191,8 +190,9 @@ func TestMeasuredSavings(t *testing.T) {
 	}
 }
 
-func TestEmptyCacheEvery(t *testing.T) {
-	dev := testDevice()
+func TestEmptyCacheEvery(t *testing.T) { testEmptyCacheEvery(t, tensor.CPU()) }
+
+func testEmptyCacheEvery(t *testing.T, dev *tensor.Device) {
 	ds := datasets.Synthetic(64, 1)
 	model := resnet(dev)()
 	defer nn.Release(model)
@@ -212,7 +212,9 @@ func TestEmptyCacheEvery(t *testing.T) {
 // TestMLPFashionMNIST is the end-to-end check on real data: an MLP reaches
 // 84% test accuracy in one epoch of Fashion-MNIST. CI installs the data
 // (dataset-fashion-mnist) and sets LEANGRAD_REQUIRE_DATA, so there it cannot skip.
-func TestMLPFashionMNIST(t *testing.T) {
+func TestMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, tensor.CPU()) }
+
+func testMLPFashionMNIST(t *testing.T, dev *tensor.Device) {
 	dir, err := datasets.Find(datasets.FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
@@ -224,7 +226,6 @@ func TestMLPFashionMNIST(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev := testDevice()
 	dev.Generator().Seed(1)
 	model := nn.NewMLP(dev, []int{784, 256, 10}, 0)
 	defer nn.Release(model)
@@ -250,8 +251,9 @@ func TestMLPFashionMNIST(t *testing.T) {
 	}
 }
 
-func TestBuildModel(t *testing.T) {
-	dev := testDevice()
+func TestBuildModel(t *testing.T) { testBuildModel(t, tensor.CPU()) }
+
+func testBuildModel(t *testing.T, dev *tensor.Device) {
 	for _, tc := range []struct {
 		name   string
 		params int // 0: an error is wanted

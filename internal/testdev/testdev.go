@@ -1,5 +1,10 @@
 // Package testdev gives tests the GPU: CUDA opens cuda:0 or skips the test,
 // naming why, so that the same test binaries pass on CPU-only machines.
+//
+// A behaviour has one test body that takes the device (and whatever differs
+// between devices, such as a batch size, as arguments): TestX runs it on
+// tensor.CPU(), TestCUDAX on CUDA(t). No package global is swapped, so
+// tests may run in parallel.
 package testdev
 
 import (
@@ -20,15 +25,4 @@ func CUDA(t testing.TB) *tensor.Device {
 		t.Fatalf("cuda:0 is present but does not open: %v", err)
 	}
 	return d
-}
-
-// On runs f with *device set to the GPU's device (skipping t without one),
-// restoring it afterwards: how a package runs its CPU tests on CUDA.
-func On(t *testing.T, device *func() *tensor.Device, f func(*testing.T)) {
-	t.Helper()
-	d := CUDA(t)
-	old := *device
-	*device = func() *tensor.Device { return d }
-	defer func() { *device = old }()
-	f(t)
 }
