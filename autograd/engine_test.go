@@ -161,7 +161,9 @@ func testStepMemory(t *testing.T, dev *tensor.Device) {
 	}
 }
 
-func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) { testBackwardFreesGraphAndRefusesSecondPass(t, tensor.CPU()) }
+func TestBackwardFreesGraphAndRefusesSecondPass(t *testing.T) {
+	testBackwardFreesGraphAndRefusesSecondPass(t, tensor.CPU())
+}
 
 func testBackwardFreesGraphAndRefusesSecondPass(t *testing.T, dev *tensor.Device) {
 	rng := newSrc(dev, 1, 1)
@@ -207,7 +209,9 @@ func TestRetainGraphAccumulates(t *testing.T) {
 	w.ZeroGrad()
 }
 
-func TestDroppedGraphFreesSavedTensors(t *testing.T) { testDroppedGraphFreesSavedTensors(t, tensor.CPU()) }
+func TestDroppedGraphFreesSavedTensors(t *testing.T) {
+	testDroppedGraphFreesSavedTensors(t, tensor.CPU())
+}
 
 func testDroppedGraphFreesSavedTensors(t *testing.T, dev *tensor.Device) {
 	rng := newSrc(dev, 3, 1)
@@ -253,7 +257,9 @@ func testNoGradRecordsNothing(t *testing.T, dev *tensor.Device) {
 	})
 }
 
-func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) { testShapeMismatchPanicsNamingBothShapes(t, tensor.CPU()) }
+func TestShapeMismatchPanicsNamingBothShapes(t *testing.T) {
+	testShapeMismatchPanicsNamingBothShapes(t, tensor.CPU())
+}
 
 func testShapeMismatchPanicsNamingBothShapes(t *testing.T, dev *tensor.Device) {
 	dev.WithScope(func() {

@@ -281,7 +281,9 @@ func FuzzParseSafetensors(f *testing.F) {
 // Layers with impossible shapes panic at construction, naming the values,
 // instead of failing later (a zero stride used to panic with "integer
 // divide by zero" in the first forward).
-func TestConstructorsRefuseImpossibleShapes(t *testing.T) { testConstructorsRefuseImpossibleShapes(t, tensor.CPU()) }
+func TestConstructorsRefuseImpossibleShapes(t *testing.T) {
+	testConstructorsRefuseImpossibleShapes(t, tensor.CPU())
+}
 
 func testConstructorsRefuseImpossibleShapes(t *testing.T, dev *tensor.Device) {
 	for _, tc := range []struct {
