@@ -7,10 +7,13 @@ import (
 	"github.com/leangrad/leangrad/kernels/kerneltest"
 )
 
-// TestConformance runs the backend conformance suite on a second CPU backend:
-// with outputs poisoned before every operation, it shows that each CPU
-// operation writes every element of its output, and keeps the suite itself
-// running on every CI run (the CUDA backend runs it against the CPU).
+// TestConformance runs the backend conformance suite on a second CPU backend.
+// The suite's reference is the CPU backend itself, so this run checks no
+// arithmetic: that is cpu_test.go's and rest_test.go's job, which hold every
+// operation to a float64 reference written from its definition. With outputs
+// poisoned before every operation, it shows that each CPU operation writes
+// every element of its output, and keeps the suite running on every CI run
+// (the CUDA backend runs it against the CPU).
 func TestConformance(t *testing.T) {
 	kerneltest.Run(t, cpu.New())
 }

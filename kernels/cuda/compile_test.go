@@ -2,16 +2,27 @@ package cuda
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
 
+// needNVRTC skips t on a machine without NVRTC, or fails it where
+// LEANGRAD_REQUIRE_NVRTC says NVRTC must be there (CI installs it).
+func needNVRTC(t *testing.T) {
+	t.Helper()
+	if _, err := loadNVRTC(); err != nil {
+		if os.Getenv("LEANGRAD_REQUIRE_NVRTC") != "" {
+			t.Fatalf("NVRTC is required here (LEANGRAD_REQUIRE_NVRTC) but does not load: %v", err)
+		}
+		t.Skipf("no NVRTC on this machine: %v", err)
+	}
+}
+
 // TestKernelsCompile compiles every kernel with whatever NVRTC this machine
 // has (no GPU is needed), for the architectures leangrad targets.
 func TestKernelsCompile(t *testing.T) {
-	if _, err := loadNVRTC(); err != nil {
-		t.Skipf("no NVRTC on this machine: %v", err)
-	}
+	needNVRTC(t)
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		cubin, err := Compile(Source(), arch)
 		if err != nil {
@@ -24,9 +35,7 @@ func TestKernelsCompile(t *testing.T) {
 }
 
 func TestCompileErrorCarriesLog(t *testing.T) {
-	if _, err := loadNVRTC(); err != nil {
-		t.Skipf("no NVRTC on this machine: %v", err)
-	}
+	needNVRTC(t)
 	_, err := Compile("extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90")
 	var ce *CompileError
 	if !errors.As(err, &ce) || !strings.Contains(ce.Log, "undefined_thing") {
