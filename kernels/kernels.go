@@ -419,6 +419,34 @@ type Graph interface {
 	Release()
 }
 
+// Collective runs collective operations over the ranks of a process group
+// (one process per device), queued on one backend's stream in order with
+// its other work, so that a backend that captures graphs captures them with
+// the step. Every rank must make the same calls, with buffers of the same
+// lengths and dtypes, in the same order.
+type Collective interface {
+	// AllReduce replaces each buffer, on every rank, by the sum of that
+	// buffer over the ranks, or by their mean when mean is set. The
+	// buffers are reduced as one group.
+	AllReduce(bufs []Buf, mean bool) error
+	// Broadcast copies root's buffers into every other rank's.
+	Broadcast(bufs []Buf, root int) error
+	// Abort ends the group's work at once, also work queued or blocked on
+	// a rank that died; the Collective is unusable afterwards. It may be
+	// called from any goroutine.
+	Abort()
+	// Close waits for queued work and frees the group's resources.
+	Close() error
+}
+
+// CollectiveBackend is a backend with its own collective library (NCCL on
+// CUDA). Rank 0 makes the group's id; the others receive it out of band
+// (package dist's rendezvous) and all call NewCollective with it.
+type CollectiveBackend interface {
+	CollectiveID() ([]byte, error)
+	NewCollective(id []byte, rank, size int) (Collective, error)
+}
+
 // Options configure a backend when its device is opened. A backend ignores
 // what it has nothing to apply to: the CPU backend, all of them.
 type Options struct {

@@ -288,6 +288,9 @@ func (b *Backend) Info() kernels.Info {
 		libs["cudnn"] = fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
 	}
 	libs["cublas"] = b.cb.lib.name // the file bound: its name carries the version
+	if v, err := NCCLVersion(); err == nil {
+		libs["nccl"] = v
+	}
 	return kernels.Info{Kind: "cuda", Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
 		Memory: total, Convolutions: b.ConvEngine(), Libraries: libs}
 }

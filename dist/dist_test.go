@@ -1,0 +1,256 @@
+package dist
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		ok   bool
+		want Config
+		err  string
+	}{
+		{env: map[string]string{}, ok: false},
+		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+			ok: true, want: Config{Rank: 1, Size: 2, LocalRank: 1, Addr: "10.0.0.1:29500"}},
+		{env: map[string]string{"WORLD_SIZE": "4", "RANK": "3", "MASTER_PORT": "1234"}, ok: true,
+			want: Config{Rank: 3, Size: 4, LocalRank: 3, Addr: "127.0.0.1:1234"}},
+		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "2", "MASTER_PORT": "1"}, ok: true, err: "rank 2 (RANK) outside a job of 2"},
+		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "x", "MASTER_PORT": "1"}, ok: true, err: `RANK="x" is not a number`},
+		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "0"}, ok: true, err: "MASTER_PORT is not set"},
+	} {
+		cfg, ok, err := ConfigFromEnv(func(k string) string { return tc.env[k] })
+		if ok != tc.ok || (tc.err == "" && (err != nil || cfg != tc.want)) || (tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err))) {
+			t.Errorf("%v: %+v, %v, %v; want %+v, %v, %q", tc.env, cfg, ok, err, tc.want, tc.ok, tc.err)
+		}
+	}
+}
+
+// freeAddr is a loopback address with a port nothing listens on.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// ranks runs f on size ranks, each a goroutine with a CPU device of its own,
+// joined as one group; it returns each rank's error.
+func ranks(t *testing.T, size int, timeout time.Duration, f func(g *Group) error) []error {
+	addr := freeAddr(t)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := 0; r < size; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := tensor.NewDevice(cpu.New())
+			g, err := Join(dev, Config{Rank: r, Size: size, Addr: addr, Timeout: timeout})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = f(g)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestCollectivesOverTCP(t *testing.T) {
+	const size = 3
+	errs := ranks(t, size, 10*time.Second, func(g *Group) error {
+		dev, r := g.Device(), float32(g.Rank())
+		a := tensor.FromFloat32(dev, []float32{r, 10 * r, -r}, 3).Keep()
+		b := tensor.FromFloat32(dev, []float32{1 + r}, 1).Keep()
+		i := tensor.FromInt32(dev, []int32{int32(g.Rank()) + 1}, 1).Keep()
+		defer a.Release()
+		defer b.Release()
+		defer i.Release()
+		if err := g.AllReduce([]*tensor.Tensor{a, b}, true); err != nil {
+			return err
+		}
+		if err := g.AllReduce([]*tensor.Tensor{i}, false); err != nil {
+			return err
+		}
+		// ranks 0, 1, 2: means 1, 10, -1 and 2; the sum of 1, 2, 3 is 6.
+		if got := fmt.Sprint(a.Float32s(), b.Float32s(), i.Int32s()); got != "[1 10 -1] [2] [6]" {
+			return fmt.Errorf("rank %d: all-reduce gave %s", g.Rank(), got)
+		}
+		c := tensor.FromFloat32(dev, []float32{r, r}, 2).Keep()
+		defer c.Release()
+		if err := g.Broadcast([]*tensor.Tensor{c}, 2); err != nil {
+			return err
+		}
+		if got := fmt.Sprint(c.Float32s()); got != "[2 2]" {
+			return fmt.Errorf("rank %d: broadcast from rank 2 gave %s", g.Rank(), got)
+		}
+		all, err := g.Gather([]float64{float64(g.Rank()), 0.5})
+		if err != nil {
+			return err
+		}
+		if got := fmt.Sprint(all); got != "[[0 0.5] [1 0.5] [2 0.5]]" {
+			return fmt.Errorf("rank %d: gather gave %s", g.Rank(), got)
+		}
+		return g.Close()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// The reducer averages gradients across ranks, in buckets laid out in
+// reverse parameter order, and refuses a parameter without a gradient.
+func TestReducerAveragesGradients(t *testing.T) {
+	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
+		dev := g.Device()
+		// A 2 MiB parameter fills the 1 MiB first bucket on its own, so the
+		// three parameters take two buckets: [p2, p1] is too big, [p2] | [p1, p0].
+		sizes := []int{3, 512 << 10, 300 << 10}
+		var params []*tensor.Tensor
+		for i, n := range sizes {
+			p := tensor.Zeros(dev, tensor.F32, n).Keep().SetRequiresGrad(true)
+			grad := make([]float32, n)
+			for j := range grad {
+				grad[j] = float32(g.Rank()*100 + i + j%7)
+			}
+			p.SetGrad(tensor.FromFloat32(dev, grad, n))
+			params = append(params, p)
+			defer p.Release()
+		}
+		red := NewReducer(g, params)
+		defer red.Release()
+		if red.Buckets() != 2 || red.Bytes() != 4*int64(3+512<<10+300<<10) {
+			return fmt.Errorf("%d buckets of %d bytes", red.Buckets(), red.Bytes())
+		}
+		if err := red.Reduce(); err != nil {
+			return err
+		}
+		for i, p := range params {
+			for j, v := range p.Grad().Float32s() {
+				if want := float32(50 + i + j%7); v != want { // the mean of rank*100 over ranks 0 and 1 is 50
+					return fmt.Errorf("rank %d: gradient %d[%d] = %v, want %v", g.Rank(), i, j, v, want)
+				}
+			}
+		}
+		params[0].ZeroGrad()
+		if err := red.Reduce(); err == nil || !strings.Contains(err.Error(), "has no gradient") {
+			return fmt.Errorf("a parameter without a gradient: %v", err)
+		}
+		// Both ranks refused before any collective: the group is still whole.
+		return g.Close()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// A rank that dies (its connection closes without a goodbye) fails every
+// other rank's next collective, with an error naming it, well within the
+// timeout, and runs the failure hooks.
+func TestDeadRankFailsTheOthers(t *testing.T) {
+	const size = 3
+	var hooks sync.WaitGroup
+	hooks.Add(size - 1)
+	start := time.Now()
+	errs := ranks(t, size, time.Minute, func(g *Group) error {
+		if g.Rank() == 1 {
+			for _, p := range g.rv.peers {
+				p.c.Close() // dies: no goodbye
+			}
+			return nil
+		}
+		g.OnFailure(func(error) { hooks.Done() })
+		x := tensor.FromFloat32(g.Device(), []float32{1}, 1).Keep()
+		defer x.Release()
+		var err error
+		for i := 0; i < 1000 && err == nil; i++ {
+			err = g.AllReduce([]*tensor.Tensor{x}, false)
+		}
+		g.Close()
+		return err
+	})
+	hooks.Wait()
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("the ranks took %v to notice", d)
+	}
+	for r, err := range errs {
+		if r == 1 {
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "rank 1") {
+			t.Errorf("rank %d: %v, want an error naming rank 1", r, err)
+		}
+	}
+}
+
+func TestRendezvousErrors(t *testing.T) {
+	t.Run("missing rank", func(t *testing.T) {
+		dev := tensor.NewDevice(cpu.New())
+		_, err := Join(dev, Config{Rank: 0, Size: 2, Addr: freeAddr(t), Timeout: 300 * time.Millisecond})
+		if err == nil || !strings.Contains(err.Error(), "ranks [1] did not join") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("no rank 0", func(t *testing.T) {
+		dev := tensor.NewDevice(cpu.New())
+		_, err := Join(dev, Config{Rank: 1, Size: 2, Addr: freeAddr(t), Timeout: 300 * time.Millisecond})
+		if err == nil || !strings.Contains(err.Error(), "no rendezvous at") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("two rank 1s", func(t *testing.T) {
+		addr := freeAddr(t)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for i, r := range []int{0, 1, 1} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g, err := Join(tensor.NewDevice(cpu.New()), Config{Rank: r, Size: 3, Addr: addr, Timeout: 2 * time.Second})
+				if err == nil {
+					g.Abort(fmt.Errorf("joined"))
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		if errs[0] == nil || !strings.Contains(errs[0].Error(), "two processes say they are rank 1") {
+			t.Errorf("rank 0: %v", errs[0])
+		}
+	})
+}
+
+func TestTimeAllReduce(t *testing.T) {
+	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
+		d, err := g.TimeAllReduce(1<<16, 3)
+		if err != nil {
+			return err
+		}
+		if d <= 0 || math.IsNaN(d.Seconds()) {
+			return fmt.Errorf("all-reduce time %v", d)
+		}
+		return g.Close()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

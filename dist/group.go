@@ -1,0 +1,363 @@
+package dist
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Group is this process's membership of a job: its rank, the collectives
+// over the job's devices and the rendezvous that watches the other ranks.
+// Its methods are called by one goroutine (the training loop's), except
+// Abort and Err.
+type Group struct {
+	cfg  Config
+	dev  *tensor.Device
+	rv   *rendezvous
+	coll kernels.Collective
+	name string // "nccl 2.28.3" or "tcp"
+
+	mu        sync.Mutex
+	onFailure []func(error)
+}
+
+// Join meets the job's other processes at cfg.Addr and makes the group's
+// collectives on dev: NCCL when dev's backend has it (kernels.CollectiveBackend),
+// the rendezvous's own TCP connections otherwise (the CPU). It returns when
+// every rank has joined, or an error naming who did not within cfg.Timeout.
+func Join(dev *tensor.Device, cfg Config) (*Group, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	g := &Group{cfg: cfg, dev: dev}
+	rv, err := join(cfg, g.failed)
+	if err != nil {
+		return nil, err
+	}
+	g.rv = rv
+	if cb, ok := dev.Backend().(kernels.CollectiveBackend); ok && cfg.Size > 1 {
+		coll, name, err := g.joinNCCL(cb)
+		if err != nil {
+			rv.failed(fmt.Errorf("rank %d: %v", cfg.Rank, err))
+			rv.close()
+			return nil, err
+		}
+		g.coll, g.name = coll, name
+	} else {
+		g.coll, g.name = &tcpCollective{g: g}, "tcp"
+	}
+	return g, nil
+}
+
+// joinNCCL has rank 0 make the NCCL id and send it over the rendezvous;
+// every rank then joins the NCCL group with it.
+func (g *Group) joinNCCL(cb kernels.CollectiveBackend) (kernels.Collective, string, error) {
+	var id []byte
+	if g.cfg.Rank == 0 {
+		var err error
+		if id, err = cb.CollectiveID(); err != nil {
+			g.rv.bcast("NCCL id", nil) // the others hear that there is none
+			return nil, "", err
+		}
+	}
+	id, err := g.rv.bcast("NCCL id", id)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(id) == 0 {
+		return nil, "", errors.New("rank 0 could not make an NCCL group (see its error)")
+	}
+	coll, err := cb.NewCollective(id, g.cfg.Rank, g.cfg.Size)
+	if err != nil {
+		return nil, "", err
+	}
+	name := "nccl"
+	if v, ok := g.dev.Backend().(interface{ Info() kernels.Info }); ok {
+		if nv := v.Info().Libraries["nccl"]; nv != "" {
+			name += " " + nv
+		}
+	}
+	return coll, name, nil
+}
+
+// Rank is this process's rank.
+func (g *Group) Rank() int { return g.cfg.Rank }
+
+// Size is the number of processes in the job.
+func (g *Group) Size() int { return g.cfg.Size }
+
+// Config is the configuration the group was joined with.
+func (g *Group) Config() Config { return g.cfg }
+
+// Backend names what carries the collectives: "nccl" (with its version) or "tcp".
+func (g *Group) Backend() string { return g.name }
+
+// Device is the device the group's collectives run on.
+func (g *Group) Device() *tensor.Device { return g.dev }
+
+// OnFailure adds f to what runs when another rank dies or the group fails
+// otherwise (on the rendezvous's goroutine, once). The group has already
+// aborted its collectives then.
+func (g *Group) OnFailure(f func(error)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.onFailure = append(g.onFailure, f)
+}
+
+func (g *Group) failed(err error) {
+	if g.coll != nil {
+		g.coll.Abort()
+	}
+	g.mu.Lock()
+	fs := slices.Clone(g.onFailure)
+	g.mu.Unlock()
+	for _, f := range fs {
+		f(err)
+	}
+}
+
+// Err is the group's failure (a rank died, a collective timed out), or nil.
+func (g *Group) Err() error { return g.rv.Err() }
+
+// Abort fails the group with err on every rank.
+func (g *Group) Abort(err error) { g.rv.failed(err) }
+
+// AllReduce replaces each tensor by its sum over the ranks, or by the
+// mean with mean set, queued on the device (see kernels.Collective).
+func (g *Group) AllReduce(ts []*tensor.Tensor, mean bool) error {
+	if err := g.Err(); err != nil {
+		return err
+	}
+	if g.cfg.Size == 1 || len(ts) == 0 {
+		return nil
+	}
+	return g.coll.AllReduce(bufs(ts), mean)
+}
+
+// Broadcast copies root's tensors into every rank's.
+func (g *Group) Broadcast(ts []*tensor.Tensor, root int) error {
+	if err := g.Err(); err != nil {
+		return err
+	}
+	if g.cfg.Size == 1 || len(ts) == 0 {
+		return nil
+	}
+	return g.coll.Broadcast(bufs(ts), root)
+}
+
+func bufs(ts []*tensor.Tensor) []kernels.Buf {
+	b := make([]kernels.Buf, len(ts))
+	for i, t := range ts {
+		b[i] = t.Buf()
+	}
+	return b
+}
+
+// Barrier returns when every rank has called it, after this rank's queued
+// device work is done.
+func (g *Group) Barrier() error {
+	if err := g.dev.Synchronize(); err != nil {
+		return err
+	}
+	if g.cfg.Size == 1 {
+		return nil
+	}
+	if _, err := g.rv.gather("barrier", nil); err != nil {
+		return err
+	}
+	_, err := g.rv.bcast("barrier", nil)
+	return err
+}
+
+// Gather returns every rank's values, in rank order, on every rank (host
+// figures for reports: memory peaks, times).
+func (g *Group) Gather(values []float64) ([][]float64, error) {
+	data := make([]byte, 8*len(values))
+	for i, v := range values {
+		binary.LittleEndian.PutUint64(data[8*i:], math.Float64bits(v))
+	}
+	if g.cfg.Size == 1 {
+		return [][]float64{values}, nil
+	}
+	all, err := g.rv.gather("gather", data)
+	if err != nil {
+		return nil, err
+	}
+	var joined []byte
+	for _, d := range all {
+		if len(d) != len(data) && g.cfg.Rank == 0 {
+			return nil, fmt.Errorf("gather: ranks sent %d and %d values", len(data)/8, len(d)/8)
+		}
+		joined = append(joined, d...)
+	}
+	joined, err = g.rv.bcast("gather", joined)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float64, g.cfg.Size)
+	for r := range out {
+		out[r] = make([]float64, len(values))
+		for i := range values {
+			out[r][i] = math.Float64frombits(binary.LittleEndian.Uint64(joined[8*(r*len(values)+i):]))
+		}
+	}
+	return out, nil
+}
+
+// Close waits for every rank (a barrier), then frees the collectives and
+// closes the rendezvous. After a failure it only frees and closes.
+func (g *Group) Close() error {
+	var err error
+	if g.Err() == nil {
+		err = g.Barrier()
+	}
+	if g.coll != nil {
+		if cerr := g.coll.Close(); err == nil && g.Err() == nil {
+			err = cerr
+		}
+	}
+	g.rv.close()
+	return err
+}
+
+// TimeAllReduce measures the mean time of an all-reduce (mean) of bytes of
+// F32 over the group, after a warm-up, with the device synchronised around
+// each: what a step's gradient reduction costs when nothing overlaps it.
+func (g *Group) TimeAllReduce(bytes int64, reps int) (time.Duration, error) {
+	if g.cfg.Size == 1 {
+		return 0, nil
+	}
+	t := tensor.Zeros(g.dev, tensor.F32, int(max(1, bytes/4))).Keep()
+	defer t.Release()
+	ts := []*tensor.Tensor{t}
+	if err := g.AllReduce(ts, true); err != nil {
+		return 0, err
+	}
+	if err := g.Barrier(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := 0; i < reps; i++ {
+		if err := g.AllReduce(ts, true); err != nil {
+			return 0, err
+		}
+	}
+	if err := g.dev.Synchronize(); err != nil {
+		return 0, err
+	}
+	return time.Since(start) / time.Duration(max(1, reps)), nil
+}
+
+// tcpCollective runs the collectives over the rendezvous: each rank's
+// buffers go to rank 0, which reduces them in rank order (in float64, so
+// the result does not depend on the order the ranks arrive in) and sends
+// the result back. It serves the CPU, where it is the only choice, and
+// tests; it reads the buffers from the device, so it cannot be captured.
+type tcpCollective struct{ g *Group }
+
+func (c *tcpCollective) AllReduce(bs []kernels.Buf, mean bool) error {
+	be := c.g.dev.Backend()
+	var raw []byte
+	for _, b := range bs {
+		if b.DType != kernels.F32 && b.DType != kernels.I32 {
+			return fmt.Errorf("dist: all-reduce of %v over tcp (F32 and I32 only)", b.DType)
+		}
+		part := make([]byte, b.Bytes())
+		be.Read(part, b)
+		raw = append(raw, part...)
+	}
+	all, err := c.g.rv.gather("all-reduce", raw)
+	if err != nil {
+		return err
+	}
+	if c.g.cfg.Rank == 0 {
+		raw = reduce(bs, all, mean)
+	}
+	if raw, err = c.g.rv.bcast("all-reduce", raw); err != nil {
+		return err
+	}
+	var off int64
+	for _, b := range bs {
+		if int64(len(raw)) < off+b.Bytes() {
+			return fmt.Errorf("dist: all-reduce result of %d bytes for buffers of more", len(raw))
+		}
+		be.Write(b, raw[off:off+b.Bytes()])
+		off += b.Bytes()
+	}
+	return nil
+}
+
+// reduce sums the ranks' payloads element by element (F32 in float64, I32
+// exactly), dividing by the number of ranks with mean.
+func reduce(bs []kernels.Buf, all [][]byte, mean bool) []byte {
+	out := make([]byte, len(all[0]))
+	n := float64(len(all))
+	var off int
+	for _, b := range bs {
+		for i := 0; i < b.N; i++ {
+			at := off + 4*i
+			if b.DType == kernels.I32 {
+				var s int64
+				for _, d := range all {
+					s += int64(int32(binary.LittleEndian.Uint32(d[at:])))
+				}
+				if mean {
+					s /= int64(n)
+				}
+				binary.LittleEndian.PutUint32(out[at:], uint32(int32(s)))
+				continue
+			}
+			var s float64
+			for _, d := range all {
+				s += float64(math.Float32frombits(binary.LittleEndian.Uint32(d[at:])))
+			}
+			if mean {
+				s /= n
+			}
+			binary.LittleEndian.PutUint32(out[at:], math.Float32bits(float32(s)))
+		}
+		off += 4 * b.N
+	}
+	return out
+}
+
+func (c *tcpCollective) Broadcast(bs []kernels.Buf, root int) error {
+	be := c.g.dev.Backend()
+	var raw []byte
+	if c.g.cfg.Rank == root {
+		for _, b := range bs {
+			part := make([]byte, b.Bytes())
+			be.Read(part, b)
+			raw = append(raw, part...)
+		}
+	}
+	all, err := c.g.rv.gather("broadcast", raw)
+	if err != nil {
+		return err
+	}
+	if c.g.cfg.Rank == 0 {
+		raw = all[root]
+	}
+	if raw, err = c.g.rv.bcast("broadcast", raw); err != nil {
+		return err
+	}
+	var off int64
+	for _, b := range bs {
+		if int64(len(raw)) < off+b.Bytes() {
+			return fmt.Errorf("dist: broadcast of %d bytes for buffers of more", len(raw))
+		}
+		be.Write(b, raw[off:off+b.Bytes()])
+		off += b.Bytes()
+	}
+	return nil
+}
+
+func (c *tcpCollective) Abort()       {}
+func (c *tcpCollective) Close() error { return nil }

@@ -1,0 +1,247 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// NCCL, bound at run time like the other libraries: the collectives of a
+// data-parallel step (all-reduce and broadcast, grouped), on the backend's
+// stream, so that a captured step captures them too (NCCL supports graph
+// capture since 2.9).
+
+// ncclUniqueID is ncclUniqueId: 128 opaque bytes, passed by value to
+// ncclCommInitRank (purego lays it out on the stack as the C ABI says).
+type ncclUniqueID struct{ Internal [128]byte }
+
+const (
+	ncclInt32   = 2
+	ncclFloat16 = 6
+	ncclFloat32 = 7
+	ncclSum     = 0
+	ncclAvg     = 4
+)
+
+type ncclAPI struct {
+	lib     *library
+	version int
+
+	ncclGetVersion, ncclGetUniqueId, ncclAllReduce, ncclBroadcast, ncclGroupStart, ncclGroupEnd,
+	ncclCommAbort, ncclCommDestroy, ncclCommFinalize, ncclGetErrorString, ncclGetLastError,
+	ncclCommGetAsyncError uintptr
+	initRank func(comm *uintptr, nranks int32, id ncclUniqueID, rank int32) int32
+}
+
+var (
+	ncclOnce sync.Once
+	nccl     *ncclAPI
+	ncclErr  error
+)
+
+func loadNCCL() (*ncclAPI, error) {
+	ncclOnce.Do(func() {
+		lib, err := openLibrary("NCCL (libnccl.so.2, from the NCCL package or pip's nvidia-nccl)", nil, "libnccl.so.2", "libnccl.so")
+		if err != nil {
+			ncclErr = err
+			return
+		}
+		n := &ncclAPI{lib: lib}
+		var initRank uintptr
+		if err := lib.bind(map[string]*uintptr{
+			"ncclGetVersion": &n.ncclGetVersion, "ncclGetUniqueId": &n.ncclGetUniqueId,
+			"ncclCommInitRank": &initRank, "ncclAllReduce": &n.ncclAllReduce, "ncclBroadcast": &n.ncclBroadcast,
+			"ncclGroupStart": &n.ncclGroupStart, "ncclGroupEnd": &n.ncclGroupEnd,
+			"ncclCommAbort": &n.ncclCommAbort, "ncclCommDestroy": &n.ncclCommDestroy,
+			"ncclCommFinalize": &n.ncclCommFinalize, "ncclGetErrorString": &n.ncclGetErrorString,
+			"ncclGetLastError": &n.ncclGetLastError, "ncclCommGetAsyncError": &n.ncclCommGetAsyncError,
+		}); err != nil {
+			ncclErr = err
+			return
+		}
+		purego.RegisterFunc(&n.initRank, initRank)
+		var v int32
+		if err := n.check("ncclGetVersion", call(n.ncclGetVersion, uintptr(unsafe.Pointer(&v))), 0); err != nil {
+			ncclErr = err
+			return
+		}
+		n.version = int(v)
+		nccl = n
+	})
+	return nccl, ncclErr
+}
+
+// NCCLVersion is the version of the NCCL library found ("2.28.3"), or an
+// error saying why there is none.
+func NCCLVersion() (string, error) {
+	n, err := loadNCCL()
+	if err != nil {
+		return "", err
+	}
+	v := n.version // major*10000 + minor*100 + patch since 2.9
+	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100), nil
+}
+
+// check turns an ncclResult_t into an error with NCCL's own words: its
+// error string and, for a communicator, its last error's detail.
+func (n *ncclAPI) check(what string, r uintptr, comm uintptr) error {
+	if int32(r) == 0 {
+		return nil
+	}
+	names := map[int32]string{1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+		4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress"}
+	e := &Error{Call: what, Code: int(int32(r)), Name: names[int32(r)]}
+	if e.Name == "" {
+		e.Name = fmt.Sprintf("ncclResult %d", int32(r))
+	}
+	if p := call(n.ncclGetErrorString, r); p != 0 {
+		e.Msg = cString(unsafe.Pointer(p))
+	}
+	if p := call(n.ncclGetLastError, comm); p != 0 {
+		if detail := cString(unsafe.Pointer(p)); detail != "" {
+			e.Msg += ": " + detail
+		}
+	}
+	return e
+}
+
+// NCCL is a communicator over the ranks of a group, one per process and
+// device, working on its backend's stream.
+type NCCL struct {
+	b       *Backend
+	n       *ncclAPI
+	comm    uintptr
+	rank    int
+	size    int
+	aborted atomic.Bool
+}
+
+var _ kernels.CollectiveBackend = (*Backend)(nil)
+
+// CollectiveID makes the id of a new NCCL group (on rank 0), to be sent to
+// the other ranks.
+func (b *Backend) CollectiveID() ([]byte, error) {
+	n, err := loadNCCL()
+	if err != nil {
+		return nil, err
+	}
+	var id ncclUniqueID
+	if err := n.check("ncclGetUniqueId", call(n.ncclGetUniqueId, uintptr(unsafe.Pointer(&id))), 0); err != nil {
+		return nil, err
+	}
+	return id.Internal[:], nil
+}
+
+// NewCollective joins the NCCL group id as rank of size, on this backend's
+// device. It blocks until every rank has joined.
+func (b *Backend) NewCollective(id []byte, rank, size int) (kernels.Collective, error) {
+	n, err := loadNCCL()
+	if err != nil {
+		return nil, err
+	}
+	var uid ncclUniqueID
+	if len(id) != len(uid.Internal) {
+		return nil, fmt.Errorf("cuda: an NCCL id of %d bytes, want %d", len(id), len(uid.Internal))
+	}
+	if rank < 0 || rank >= size {
+		return nil, fmt.Errorf("cuda: rank %d of a group of %d", rank, size)
+	}
+	copy(uid.Internal[:], id)
+	b.enter()
+	defer b.exit()
+	c := &NCCL{b: b, n: n, rank: rank, size: size}
+	if err := n.check("ncclCommInitRank", uintptr(n.initRank(&c.comm, int32(size), uid, int32(rank))), 0); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func ncclType(dt kernels.DType) (uintptr, error) {
+	switch dt {
+	case kernels.F32:
+		return ncclFloat32, nil
+	case kernels.F16:
+		return ncclFloat16, nil
+	case kernels.I32:
+		return ncclInt32, nil
+	}
+	return 0, fmt.Errorf("cuda: NCCL has no dtype for %v", dt)
+}
+
+// group queues op on each buffer between ncclGroupStart and ncclGroupEnd.
+func (c *NCCL) group(what string, bufs []kernels.Buf, op func(p, n, dt uintptr) uintptr) error {
+	if c.aborted.Load() {
+		return errors.New("cuda: the NCCL group was aborted")
+	}
+	c.b.enter()
+	defer c.b.exit()
+	if err := c.n.check("ncclGroupStart", call(c.n.ncclGroupStart), c.comm); err != nil {
+		return err
+	}
+	var first error
+	for _, buf := range bufs {
+		dt, err := ncclType(buf.DType)
+		if err == nil {
+			c.b.queued(what)
+			err = c.n.check(what, op(ptrOf(buf), uintptr(buf.N), dt), c.comm)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := c.n.check("ncclGroupEnd", call(c.n.ncclGroupEnd), c.comm); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// AllReduce sums (or averages, with ncclAvg) each buffer over the ranks, in place.
+func (c *NCCL) AllReduce(bufs []kernels.Buf, mean bool) error {
+	red := uintptr(ncclSum)
+	if mean {
+		red = ncclAvg
+	}
+	return c.group("ncclAllReduce", bufs, func(p, n, dt uintptr) uintptr {
+		return call(c.n.ncclAllReduce, p, p, n, dt, red, c.comm, c.b.stream)
+	})
+}
+
+// Broadcast copies root's buffers into every rank's, in place.
+func (c *NCCL) Broadcast(bufs []kernels.Buf, root int) error {
+	return c.group("ncclBroadcast", bufs, func(p, n, dt uintptr) uintptr {
+		return call(c.n.ncclBroadcast, p, p, n, dt, uintptr(root), c.comm, c.b.stream)
+	})
+}
+
+// Abort is ncclCommAbort: it ends the communicator's queued and blocked
+// work, also a collective waiting for a rank that died. It takes no backend
+// lock (the stream may be blocked in one) and may run on any goroutine.
+func (c *NCCL) Abort() {
+	if c.aborted.Swap(true) {
+		return
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	call(c.b.d.cuCtxSetCurrent, c.b.ctx)
+	call(c.n.ncclCommAbort, c.comm)
+}
+
+// Close finalises and destroys the communicator (after Abort: nothing).
+func (c *NCCL) Close() error {
+	if c.aborted.Swap(true) {
+		return nil
+	}
+	c.b.enter()
+	defer c.b.exit()
+	if err := c.n.check("ncclCommFinalize", call(c.n.ncclCommFinalize, c.comm), c.comm); err != nil {
+		call(c.n.ncclCommAbort, c.comm)
+		return err
+	}
+	return c.n.check("ncclCommDestroy", call(c.n.ncclCommDestroy, c.comm), 0)
+}
