@@ -100,11 +100,14 @@ func (n *ncclAPI) check(what string, r uintptr, comm uintptr) error {
 	if e.Name == "" {
 		e.Name = fmt.Sprintf("ncclResult %d", int32(r))
 	}
-	if p := call(n.ncclGetErrorString, r); p != 0 {
-		e.Msg = cString(unsafe.Pointer(p))
+	var p [2]unsafe.Pointer // C strings NCCL owns, returned as integers
+	*(*uintptr)(unsafe.Pointer(&p[0])) = call(n.ncclGetErrorString, r)
+	*(*uintptr)(unsafe.Pointer(&p[1])) = call(n.ncclGetLastError, comm)
+	if p[0] != nil {
+		e.Msg = cString(p[0])
 	}
-	if p := call(n.ncclGetLastError, comm); p != 0 {
-		if detail := cString(unsafe.Pointer(p)); detail != "" {
+	if p[1] != nil {
+		if detail := cString(p[1]); detail != "" {
 			e.Msg += ": " + detail
 		}
 	}
