@@ -347,3 +347,56 @@ func TestOpenNeverPassesOverAnExplicitFolder(t *testing.T) {
 		t.Errorf("synthetic Dir %q", syn.Dir)
 	}
 }
+
+// Ranks share an epoch the way DistributedSampler does: the same
+// permutation, disjoint strided shares, even ones (the remainder left out)
+// for training and shares covering every example for evaluation.
+func TestLoaderShards(t *testing.T) {
+	const n = 11
+	ds := &Dataset{Name: "index", N: n, C: 1, H: 1, W: 1, Classes: n, Images: make([]uint8, n), Labels: make([]int32, n)}
+	for i := range ds.Images {
+		ds.Images[i], ds.Labels[i] = uint8(i), int32(i)
+	}
+	for _, even := range []bool{true, false} {
+		seen := map[int32]int{}
+		total := 0
+		for r := 0; r < 3; r++ {
+			l := NewLoader(ds, tensor.CPU(), LoaderConfig{Batch: 2, Shuffle: true, Seed: 5, Rank: r, Ranks: 3, EvenShards: even,
+				Mean: []float32{0}, Std: []float32{1}})
+			want := []int{4, 4, 3}[r]
+			if even {
+				want = 3
+			}
+			if l.Examples() != want || l.Len() != (want+1)/2 {
+				t.Errorf("even %v, rank %d: %d examples in %d batches, want %d", even, r, l.Examples(), l.Len(), want)
+			}
+			ep := l.Epoch(0)
+			got := 0
+			for {
+				x, y, ok := ep.Next()
+				if !ok {
+					break
+				}
+				x.Release()
+				for _, v := range y.Int32s() {
+					seen[v]++
+					got++
+				}
+				y.Release()
+			}
+			ep.Close()
+			if got != want {
+				t.Errorf("even %v, rank %d: an epoch of %d examples, want %d", even, r, got, want)
+			}
+			total += got
+		}
+		for v, c := range seen {
+			if c != 1 {
+				t.Errorf("even %v: example %d seen %d times", even, v, c)
+			}
+		}
+		if wantTotal := map[bool]int{true: 9, false: n}[even]; total != wantTotal {
+			t.Errorf("even %v: %d examples in all, want %d", even, total, wantTotal)
+		}
+	}
+}

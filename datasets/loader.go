@@ -21,6 +21,16 @@ type LoaderConfig struct {
 	Mean     []float32
 	Std      []float32 // per-channel normalisation; nil: the dataset's own statistics
 	Prefetch int       // batches prepared ahead on a goroutine (default 2)
+	// Rank and Ranks shard every epoch across a data-parallel job's
+	// processes (Ranks 0 or 1: no sharding). Every rank draws the same
+	// permutation (the same Seed) and takes examples Rank, Rank+Ranks, ...
+	// of it, so the ranks' shares are disjoint, as with PyTorch's
+	// DistributedSampler. With EvenShards (training) the last N mod Ranks
+	// examples of the permutation are left out, so that every rank runs the
+	// same number of steps (DistributedSampler's drop_last); without it
+	// (evaluation) the shares differ by at most one and together cover all.
+	Rank, Ranks int
+	EvenShards  bool
 }
 
 // Loader turns a Dataset into batches of device tensors: images as F32
@@ -29,7 +39,7 @@ type LoaderConfig struct {
 // goroutine when asked for (through the device's pinned staging buffers on a
 // GPU), so the tensors belong to the caller's scope.
 //
-// Shuffling and augmentation are drawn from (Seed, epoch, batch), so an
+// Shuffling and augmentation are drawn from (Seed, rank, epoch, batch), so an
 // epoch's batches are the same whatever the goroutines' timing and a resumed
 // run sees the batches it would have seen.
 type Loader struct {
@@ -48,6 +58,9 @@ func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
 	if cfg.Prefetch <= 0 {
 		cfg.Prefetch = 2
 	}
+	if cfg.Ranks < 0 || (cfg.Ranks > 0 && (cfg.Rank < 0 || cfg.Rank >= cfg.Ranks)) {
+		panic(fmt.Sprintf("datasets: rank %d of %d", cfg.Rank, cfg.Ranks))
+	}
 	l := &Loader{ds: ds, dev: dev, cfg: cfg, mean: cfg.Mean, std: cfg.Std}
 	if l.mean == nil || l.std == nil {
 		l.mean, l.std = ds.MeanStd()
@@ -58,12 +71,38 @@ func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
 // BatchShape is the shape of a full batch of images: Batch×C×H×W.
 func (l *Loader) BatchShape() []int { return []int{l.cfg.Batch, l.ds.C, l.ds.H, l.ds.W} }
 
-// Len is the number of batches in an epoch.
+// Len is the number of batches in an epoch (of this rank's share).
 func (l *Loader) Len() int {
+	n := l.Examples()
 	if l.cfg.DropLast {
-		return l.ds.N / l.cfg.Batch
+		return n / l.cfg.Batch
 	}
-	return (l.ds.N + l.cfg.Batch - 1) / l.cfg.Batch
+	return (n + l.cfg.Batch - 1) / l.cfg.Batch
+}
+
+// Examples is the number of examples in an epoch of this rank's share.
+func (l *Loader) Examples() int {
+	n, r := l.ds.N, max(l.cfg.Ranks, 1)
+	if l.cfg.EvenShards {
+		return n / r
+	}
+	return (n - l.cfg.Rank + r - 1) / r
+}
+
+// share is this rank's part of an epoch's order (see LoaderConfig.Rank).
+func (l *Loader) share(order []int) []int {
+	r := max(l.cfg.Ranks, 1)
+	if r == 1 {
+		return order
+	}
+	if l.cfg.EvenShards {
+		order = order[:len(order)/r*r]
+	}
+	mine := make([]int, 0, len(order)/r+1)
+	for i := l.cfg.Rank; i < len(order); i += r {
+		mine = append(mine, order[i])
+	}
+	return mine
 }
 
 type hostBatch struct {
@@ -97,6 +136,7 @@ func (l *Loader) Epoch(e int) *Epoch {
 	if l.cfg.Shuffle {
 		rand.New(rand.NewPCG(l.cfg.Seed, uint64(e))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	}
+	order = l.share(order)
 	ep.wg.Add(1)
 	go func() {
 		defer ep.wg.Done()
@@ -109,8 +149,8 @@ func (l *Loader) Epoch(e int) *Epoch {
 				return
 			}
 			lo := b * l.cfg.Batch
-			hi := min(lo+l.cfg.Batch, l.ds.N)
-			rng := rand.New(rand.NewPCG(l.cfg.Seed^0xA55A, uint64(e)<<32|uint64(b)))
+			hi := min(lo+l.cfg.Batch, len(order))
+			rng := rand.New(rand.NewPCG(l.cfg.Seed^0xA55A^uint64(l.cfg.Rank)<<48, uint64(e)<<32|uint64(b)))
 			for i, idx := range order[lo:hi] {
 				l.fill(hb.x[i*per:(i+1)*per], idx, rng)
 				hb.y[i] = l.ds.Labels[idx]
