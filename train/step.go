@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -87,6 +88,8 @@ type Step struct {
 	notes    []string
 	micro    int              // micro-batch size; 0: whole batches
 	undo     []*tensor.Tensor // copies of the buffers (and metrics) an eager step changes, to restore when it fails
+	group    *dist.Group      // the data-parallel job, or nil
+	reducer  *dist.Reducer    // averages the gradients over group
 }
 
 // shapeState is what a Step knows about one batch shape.
@@ -111,8 +114,36 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *o
 		shapes:  map[string]*shapeState{}}
 }
 
+// SetGroup makes the step data-parallel over g: every rank's model takes
+// rank 0's parameters and buffers now, and each step averages the
+// gradients over the ranks after its backward (dist.Reducer: buckets,
+// one all-reduce each), before the scaler's check, so every rank sees the
+// same gradients, skips the same AMP steps and takes the same update.
+// Batch norm's statistics stay each rank's own, as in DDP without buffer
+// broadcasting; Metrics sums the ranks'. Call it before the first Run.
+func (s *Step) SetGroup(g *dist.Group) error {
+	if s.reducer != nil {
+		panic("train: SetGroup called twice")
+	}
+	var state []*tensor.Tensor
+	for _, e := range s.Model.State("") {
+		state = append(state, e.T)
+	}
+	if err := g.Broadcast(state, 0); err != nil {
+		return fmt.Errorf("broadcasting rank 0's model: %w", err)
+	}
+	s.group, s.reducer = g, dist.NewReducer(g, s.Opt.Params())
+	return nil
+}
+
+// Reducer is the step's gradient reducer (nil without a group).
+func (s *Step) Reducer() *dist.Reducer { return s.reducer }
+
 // Release frees the step's graphs, arena, static inputs and device state.
 func (s *Step) Release() {
+	if s.reducer != nil {
+		s.reducer.Release()
+	}
 	s.dropGraphs()
 	for _, st := range s.shapes {
 		if st.x != nil {
@@ -512,6 +543,11 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					ag.Backward(scaled)
 				})
 			}
+			if s.reducer != nil {
+				if err := s.reducer.Reduce(); err != nil {
+					panic(err) // Run returns it
+				}
+			}
 			s.Scaler.Step(s.Opt)
 			s.Scaler.Update()
 		})
@@ -536,12 +572,31 @@ func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
 // Metrics reads the loss sum and the number of right predictions
 // accumulated since the last ResetMetrics (one device read), and the steps
 // the scaler skipped in all.
+// In a data-parallel step they are this rank's; JobMetrics sums the ranks'.
 func (s *Step) Metrics() (lossSum float64, right int, skipped int) {
 	v := s.metrics.Float32s()
 	if s.AMP {
 		skipped = s.Scaler.Skipped()
 	}
 	return float64(v[0]), int(v[1]), skipped
+}
+
+// JobMetrics is Metrics summed over a data-parallel job's ranks (one
+// all-reduce of two numbers), so that every rank reads the same figures and
+// makes the same decisions with them; without a group it is Metrics. The
+// skipped steps are the same on every rank and are not summed.
+func (s *Step) JobMetrics() (lossSum float64, right, skipped int, err error) {
+	lossSum, right, skipped = s.Metrics()
+	if s.group == nil || s.group.Size() == 1 {
+		return lossSum, right, skipped, nil
+	}
+	sums := tensor.FromFloat32(s.dev, []float32{float32(lossSum), float32(right)}, 2).Keep()
+	defer sums.Release()
+	if err := s.group.AllReduce([]*tensor.Tensor{sums}, false); err != nil {
+		return 0, 0, 0, err
+	}
+	v := sums.Float32s()
+	return float64(v[0]), int(v[1]), skipped, nil
 }
 
 // ResetMetrics queues the zeroing of the accumulated metrics.

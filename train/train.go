@@ -20,6 +20,7 @@ import (
 	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
@@ -193,6 +194,31 @@ type Trainer struct {
 	evalChunk                   int            // examples evaluated at a time (0: whole batches)
 	evalFreesArena              bool           // an evaluation ran out of memory beside the arena
 	evalPeak                    int64          // the evaluations' peak allocated bytes
+	group                       *dist.Group    // the data-parallel job, or nil
+}
+
+// SetGroup makes the trainer one rank of a data-parallel job (see
+// Step.SetGroup): every rank starts from rank 0's model, steps average
+// their gradients, progress and epoch figures are the job's (every rank's
+// examples), each evaluation runs on this rank's share of the test loader
+// (shard it with LoaderConfig.Rank) with rank 0's batch-norm statistics and
+// sums the ranks' results, and only rank 0 writes checkpoints. A step that
+// runs out of memory ends the run (FailOnOOM): retrying it on one rank
+// alone would leave the others waiting in its all-reduce.
+func (t *Trainer) SetGroup(g *dist.Group) error {
+	if err := t.Step.SetGroup(g); err != nil {
+		return err
+	}
+	t.group, t.FailOnOOM = g, true
+	return nil
+}
+
+// ranks is the number of processes training together (1 without a group).
+func (t *Trainer) ranks() int {
+	if t.group == nil {
+		return 1
+	}
+	return t.group.Size()
 }
 
 // New returns a trainer of model on dev. stepsPerEpoch sizes the schedule.
@@ -341,7 +367,21 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 // again after the step's planned arena is given back (the next step makes
 // it again), then in halves (in evaluation mode the examples are
 // independent, so the result is the same); later batches keep the size.
+//
+// In a data-parallel job every rank evaluates its share of l with rank 0's
+// batch-norm statistics (broadcast first), and the sums are the job's.
 func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
+	if t.ranks() > 1 {
+		var buffers []*tensor.Tensor
+		for _, e := range t.Model.State("") {
+			if !e.Param {
+				buffers = append(buffers, e.T)
+			}
+		}
+		if err := t.group.Broadcast(buffers, 0); err != nil {
+			return 0, 0, fmt.Errorf("evaluation: broadcasting rank 0's batch-norm statistics: %w", err)
+		}
+	}
 	t.Model.SetTraining(false)
 	defer t.Model.SetTraining(true)
 	be := t.Dev.Backend()
@@ -367,6 +407,19 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 		y.Release()
 		if err != nil {
 			return 0, 0, err
+		}
+	}
+	if t.ranks() > 1 {
+		if err := t.group.AllReduce([]*tensor.Tensor{t.evalSums}, false); err != nil {
+			return 0, 0, fmt.Errorf("evaluation: %w", err)
+		}
+		counts, err := t.group.Gather([]float64{float64(n)})
+		if err != nil {
+			return 0, 0, fmt.Errorf("evaluation: %w", err)
+		}
+		n = 0
+		for _, c := range counts {
+			n += int(c[0])
 		}
 	}
 	if n == 0 {
@@ -452,6 +505,7 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 		t.Step.ResetMetrics()
 		_, _, skipped0 := t.Step.Metrics()
 		t.skipsSeen = skipped0
+		world := t.ranks() // every rank runs as many steps of as many examples
 		var seen, checked int
 		var epochPeakA, epochPeakR int64
 		ep := trainL.Epoch(t.Epoch)
@@ -484,15 +538,19 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
 				Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
 			if (s+1)%every == 0 || s+1 == steps {
-				lossSum, right, skipped := t.Step.Metrics()
+				lossSum, right, skipped, err := t.Step.JobMetrics()
+				if err != nil {
+					ep.Close()
+					return err
+				}
 				if err := t.diverged(lossSum, skipped, s+1-checked); err != nil {
 					ep.Close()
 					return err
 				}
 				checked = s + 1
 				if obs != nil {
-					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen),
-						Acc: float64(right) / float64(seen), ImgPerSec: float64(seen) / time.Since(t0).Seconds(),
+					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen*world),
+						Acc: float64(right) / float64(seen*world), ImgPerSec: float64(seen*world) / time.Since(t0).Seconds(),
 						Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 				}
 			}
@@ -502,7 +560,11 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			return err
 		}
 		secs := time.Since(t0).Seconds()
-		lossSum, right, skipped := t.Step.Metrics()
+		lossSum, right, skipped, err := t.Step.JobMetrics()
+		if err != nil {
+			return err
+		}
+		seen *= world
 		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(lossSum / float64(max(seen, 1))), TrainAcc: Float(float64(right) / float64(max(seen, 1))),
 			ImgPerSec: float64(seen) / secs, Seconds: secs, PeakAllocated: epochPeakA, PeakReserved: epochPeakR,
 			SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
@@ -529,7 +591,7 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 		if obs != nil {
 			obs.EpochEnd(m)
 		}
-		if save != "" {
+		if save != "" && (t.group == nil || t.group.Rank() == 0) {
 			t.Epoch++ // the checkpoint resumes at the next epoch
 			err := t.Save(save)
 			t.Epoch--

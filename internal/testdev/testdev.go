@@ -8,6 +8,7 @@
 package testdev
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels/cuda"
@@ -25,4 +26,24 @@ func CUDA(t testing.TB) *tensor.Device {
 		t.Fatalf("cuda:0 is present but does not open: %v", err)
 	}
 	return d
+}
+
+// CUDAs returns the first n GPUs (cuda:0 ... cuda:n-1), or skips t when
+// there are fewer.
+func CUDAs(t testing.TB, n int) []*tensor.Device {
+	t.Helper()
+	first := CUDA(t)
+	count, err := cuda.DeviceCount()
+	if err != nil || count < n {
+		t.Skipf("%d GPUs wanted, %d here (%v)", n, count, err)
+	}
+	devs := []*tensor.Device{first}
+	for i := 1; i < n; i++ {
+		d, err := tensor.Open(fmt.Sprintf("cuda:%d", i))
+		if err != nil {
+			t.Fatalf("cuda:%d is present but does not open: %v", i, err)
+		}
+		devs = append(devs, d)
+	}
+	return devs
 }
