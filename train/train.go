@@ -20,8 +20,8 @@ import (
 	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
-	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
