@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -42,6 +43,11 @@ type Job struct {
 	// says as it goes: measurements, the budget, resume (nil: nothing).
 	Progress Observer
 	Log      io.Writer
+	// Group, if set, makes the run one rank of a data-parallel job
+	// (Trainer.SetGroup): the batch is per rank, each rank trains on its
+	// share of every epoch and evaluates its share of the test set, and
+	// the figures are the job's. Only rank 0 saves.
+	Group *dist.Group
 }
 
 // CPUDefaults shrinks the job to a few minutes on a CPU, where given says
@@ -111,11 +117,34 @@ type Report struct {
 	OOM           OOMReport         `json:"out_of_memory"`
 	Empty         EmptyCacheReport  `json:"empty_cache"`
 	Stats         memory.Stats      `json:"pool_stats"`
+	DataParallel  *DataParallel     `json:"data_parallel,omitempty"`
 	Error         string            `json:"error,omitempty"`
 	Diverged      *Diverged         `json:"diverged,omitempty"`
 	Memory        []MemSample       `json:"-"` // the pool after every step
 	Title         string            `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
 	summary       func(w io.Writer) // the end-of-run lines, while the trainer was alive
+}
+
+// DataParallel is what a data-parallel run's report adds: the job, its
+// gradient reduction and every rank's memory.
+type DataParallel struct {
+	Ranks       int    `json:"ranks"`
+	Collectives string `json:"collectives"` // "nccl 2.28.3" or "tcp"
+	Buckets     int    `json:"buckets"`
+	BucketBytes int64  `json:"bucket_bytes"` // the gradients' buckets, memory each rank adds for them
+	// AllReduceSeconds is one all-reduce of all the buckets, measured
+	// before training with the device synchronised around it: what each
+	// step spends reducing, since nothing overlaps it (Note [no overlap]).
+	AllReduceSeconds float64    `json:"all_reduce_seconds"`
+	PerRank          []RankPeak `json:"per_rank,omitempty"`
+}
+
+// RankPeak is one rank's memory over the run.
+type RankPeak struct {
+	Rank              int   `json:"rank"`
+	PeakAllocated     int64 `json:"peak_allocated"`
+	PeakReserved      int64 `json:"peak_reserved"`
+	EvalPeakAllocated int64 `json:"eval_peak_allocated"`
 }
 
 // WriteSummary writes the end of a finished run's report: accuracy,
@@ -165,8 +194,13 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 			lc.CropPad = 4
 		}
 	}
+	tc := datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std}
+	if g := job.Group; g != nil {
+		lc.Rank, lc.Ranks, lc.EvenShards = g.Rank(), g.Size(), true
+		tc.Rank, tc.Ranks = g.Rank(), g.Size()
+	}
 	trainL := datasets.NewLoader(trainSet, dev, lc)
-	testL := datasets.NewLoader(testSet, dev, datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std})
+	testL := datasets.NewLoader(testSet, dev, tc)
 
 	planned := cfg.Capture && dev.Name() != "cpu"
 	micro := 0
@@ -217,6 +251,20 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 	if err := t.Step.SetMicroBatch(micro); err != nil {
 		return report, err
 	}
+	if g := job.Group; g != nil {
+		if err := t.SetGroup(g); err != nil {
+			return report, err
+		}
+		r := t.Step.Reducer()
+		d, err := g.TimeAllReduce(r.Bytes(), 20)
+		if err != nil {
+			return report, err
+		}
+		report.DataParallel = &DataParallel{Ranks: g.Size(), Collectives: g.Backend(), Buckets: r.Buckets(),
+			BucketBytes: r.Bytes(), AllReduceSeconds: d.Seconds()}
+		fmt.Fprintf(say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %d buckets (%s), one all-reduce of them %.3f ms\n",
+			g.Size(), g.Backend(), cfg.Batch, cfg.Batch*g.Size(), r.Buckets(), memory.Bytes(r.Bytes()), 1e3*d.Seconds())
+	}
 	if job.Resume != "" {
 		changed, err := t.Resume(job.Resume, job.ResumeForce)
 		if err != nil {
@@ -244,6 +292,9 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 	fmt.Fprintf(say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
 		cfg.Model, nn.CountParams(model), trainSet.N, cfg.Epochs, trainL.Len(), chosen, t.Step.Mode)
 	report.Title = fmt.Sprintf("%s, %s, batch %d on %s", cfg.Model, chosen, cfg.Batch, dev.Name())
+	if g := job.Group; g != nil {
+		report.Title = fmt.Sprintf("%s, %s, batch %d per rank on %d ranks", cfg.Model, chosen, cfg.Batch, g.Size())
+	}
 	start := time.Now()
 	err = t.Fit(trainL, testL, job.Progress, job.Save)
 	wall := time.Since(start)
@@ -282,6 +333,20 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 	}
 	add("%s", line)
 	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
+	if g, dp := job.Group, report.DataParallel; g != nil {
+		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak())})
+		if err != nil {
+			return report, err
+		}
+		add("data parallel  %d ranks over %s: the gradients' %d buckets (%s) take %.3f ms to all-reduce, after each backward",
+			dp.Ranks, dp.Collectives, dp.Buckets, memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds)
+		for r, v := range all {
+			p := RankPeak{Rank: r, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2])}
+			dp.PerRank = append(dp.PerRank, p)
+			add("  rank %d       peak allocated %s, reserved %s by the training steps; evaluation %s",
+				r, memory.Bytes(p.PeakAllocated), memory.Bytes(p.PeakReserved), memory.Bytes(p.EvalPeakAllocated))
+		}
+	}
 	evalBatch := fmt.Sprintf("batches of %d", min(testL.BatchShape()[0], testSet.N))
 	if c := t.EvalChunk(); c > 0 {
 		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)

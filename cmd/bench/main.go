@@ -17,8 +17,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/leangrad/leangrad/internal/cmdenv"
-	"github.com/leangrad/leangrad/memory"
 	"io"
 	"os"
 	"os/exec"
@@ -33,7 +31,9 @@ import (
 
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/kernels/cuda"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 

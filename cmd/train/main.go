@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/leangrad/leangrad/internal/cmdenv"
 	"io"
 	"io/fs"
 	"math"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -442,7 +442,7 @@ func writeReports(o *options, dev *tensor.Device, r *train.Report, stdout io.Wri
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 	opts := tensor.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32}
 	if o.device == "auto" {
-		dev, why := tensor.OpenAutoWith(opts)
+		dev, why := tensor.OpenAutoWith(cmdenv.DeviceOptions(opts))
 		if why != "" {
 			fmt.Fprintf(stdout, "device: cpu (no usable GPU: %s)\n", firstLine(why))
 		} else {

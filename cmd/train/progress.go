@@ -2,11 +2,11 @@ package main
 
 import (
 	"fmt"
-	"github.com/leangrad/leangrad/memory"
 	"io"
 	"os"
 	"time"
 
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/train"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
