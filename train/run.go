@@ -262,8 +262,8 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 		}
 		report.DataParallel = &DataParallel{Ranks: g.Size(), Collectives: g.Backend(), Buckets: r.Buckets(),
 			BucketBytes: r.Bytes(), AllReduceSeconds: d.Seconds()}
-		fmt.Fprintf(say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %d buckets (%s), one all-reduce of them %.3f ms\n",
-			g.Size(), g.Backend(), cfg.Batch, cfg.Batch*g.Size(), r.Buckets(), memory.Bytes(r.Bytes()), 1e3*d.Seconds())
+		fmt.Fprintf(say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %s (%s), all-reduced in %.3f ms\n",
+			g.Size(), g.Backend(), cfg.Batch, cfg.Batch*g.Size(), buckets(r.Buckets()), memory.Bytes(r.Bytes()), 1e3*d.Seconds())
 	}
 	if job.Resume != "" {
 		changed, err := t.Resume(job.Resume, job.ResumeForce)
@@ -338,8 +338,8 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 		if err != nil {
 			return report, err
 		}
-		add("data parallel  %d ranks over %s: the gradients' %d buckets (%s) take %.3f ms to all-reduce, after each backward",
-			dp.Ranks, dp.Collectives, dp.Buckets, memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds)
+		add("data parallel  %d ranks over %s: the gradients' %s (%s) take %.3f ms to all-reduce, after each backward",
+			dp.Ranks, dp.Collectives, buckets(dp.Buckets), memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds)
 		for r, v := range all {
 			p := RankPeak{Rank: r, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2])}
 			dp.PerRank = append(dp.PerRank, p)
@@ -375,6 +375,14 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 		fmt.Fprint(w, summary)
 	}
 	return report, nil
+}
+
+// buckets is "1 bucket" or "n buckets".
+func buckets(n int) string {
+	if n == 1 {
+		return "1 bucket"
+	}
+	return fmt.Sprintf("%d buckets", n)
 }
 
 // withFirstBatch calls f with the loader's first batch, made on dev.

@@ -8,11 +8,17 @@
 //	train -model resnet -depth 56 -epochs 30 -device cuda:0 -json run.json -memplot mem.png
 //	train -model mlp -dataset synthetic -device cpu
 //	train -model resnet -max-memory 200MiB -memsnapshot mem.pickle
+//	train -nproc 2 -amp -batch 256        # data parallel over two GPUs (-batch per rank)
+//	torchrun --no-python --nproc-per-node 2 train -amp
 //
 // Every flag is checked, and every output path tried, before anything is
 // loaded: all problems are reported together, exit status 2. A run that
 // fails exits 1 and one that diverges 3; either way -json is written (valid
 // JSON, with the error) and the last good -save checkpoint is left as it was.
+//
+// Data-parallel jobs: a process is one rank when WORLD_SIZE is set (as
+// torchrun sets it; see dist.ConfigFromEnv); -nproc N starts N ranks on
+// this machine itself. Rank 0 prints, saves and writes the reports.
 //
 // Run train -h for every flag.
 package main
@@ -30,10 +36,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -58,6 +67,8 @@ type options struct {
 	jsonOut, memlog, memplot, save, resume string
 	memsnapshot, maxMemory, convWorkspace  string
 	resumeForce                            bool
+	nproc                                  int
+	distTimeout                            time.Duration
 	set                                    map[string]bool // flags given on the command line
 }
 
@@ -103,6 +114,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
+	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism on this machine: start N ranks of this command, one per GPU (torchrun-style; a job launched by torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT instead); -batch is per rank")
+	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel jobs: how long a rank waits for the others to join, at a barrier, or for a collective over TCP")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -130,6 +143,19 @@ func (o *options) check() error {
 	}
 	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
 		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
+	}
+	switch {
+	case o.nproc < 1:
+		bad("-nproc %d: want 1 or more processes", o.nproc)
+	case o.nproc > 1 && cudaIndex.MatchString(o.device):
+		bad("-nproc %d with -device %s: each rank takes its own GPU (cuda:RANK); use -device cuda or auto", o.nproc, o.device)
+	case o.nproc > 1 && (o.device == "cuda" || (o.device == "auto" && cuda.Available() == nil)):
+		if n, err := cuda.DeviceCount(); err != nil || n < o.nproc {
+			bad("-nproc %d: one GPU per rank, and this machine has %d (%v)", o.nproc, n, err)
+		}
+	}
+	if !(o.distTimeout > 0) {
+		bad("-dist-timeout %v: want a positive duration", o.distTimeout)
 	}
 	if o.dataset != datasets.FashionMNIST && o.dataset != datasets.CIFAR10 && o.dataset != datasets.SyntheticSet {
 		bad("-dataset %q: want fashion-mnist, cifar10 or synthetic", o.dataset)
@@ -309,6 +335,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	if o.nproc > 1 {
+		return launch(o, args, stdout, stderr)
+	}
 	if err := trainRun(o, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "train: %v\n", err)
 		if errors.Is(err, train.ErrDiverged) {
@@ -322,10 +351,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 // trainRun does the work and writes the reports, also when the work fails:
 // the JSON report then says why (error, diverged), and the memory logs
 // show what led there.
-func trainRun(o *options, stdout, stderr io.Writer) error {
+//
+// In a data-parallel job (WORLD_SIZE set) every rank trains and rank 0
+// alone prints, saves and writes the reports.
+func trainRun(o *options, stdout, stderr io.Writer) (err error) {
+	place, err := jobPlace(o)
+	if err != nil {
+		return err
+	}
+	rank0 := place == nil || place.Rank == 0
+	if !rank0 {
+		stdout = io.Discard
+	}
 	early := func(err error) error { // before any training: the JSON report alone, saying why
+		if !rank0 {
+			return err
+		}
 		return errors.Join(err, writeReports(o, nil, &train.Report{Error: err.Error()}, stdout))
 	}
+	o.device = rankDevice(o.device, place)
 	dev, err := openDevice(o, stdout)
 	if err != nil {
 		return early(err)
@@ -333,6 +377,20 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 	trainSet, testSet, err := openData(o, stdout)
 	if err != nil {
 		return early(err)
+	}
+	var group *dist.Group
+	if place != nil {
+		if group, err = joinJob(dev, place, stderr); err != nil {
+			return early(err)
+		}
+		defer func() {
+			if err != nil {
+				group.Abort(fmt.Errorf("rank %d: %v", place.Rank, firstLine(err.Error())))
+			}
+			if cerr := group.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("data-parallel job: %w", cerr)
+			}
+		}()
 	}
 	ckpt := "none"
 	if o.ckpt {
@@ -345,7 +403,7 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 		Train: trainSet, Test: testSet, Augment: o.augment, Measure: o.measure, CheckpointMode: o.ckptMode,
 		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
 		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != "",
-		Log: stdout,
+		Log: stdout, Group: group,
 	}
 	if dev.Name() == "cpu" {
 		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
@@ -371,13 +429,18 @@ func trainRun(o *options, stdout, stderr io.Writer) error {
 			return ok
 		}
 	}
-	job.Progress = newProgress(stderr, job.Epochs)
+	if rank0 {
+		job.Progress = newProgress(stderr, job.Epochs)
+	}
 	report, err := train.Run(dev, job)
 	if err == nil {
 		report.WriteSummary(stdout)
 	}
 	if errors.Is(err, memory.ErrOutOfMemory) {
 		err = fmt.Errorf("%w\n(try -max-memory with the device's size, a smaller -batch, or -amp and -checkpoint)", err)
+	}
+	if !rank0 {
+		return err
 	}
 	return errors.Join(err, writeReports(o, dev, report, stdout))
 }

@@ -7,6 +7,9 @@
 //	LEANGRAD_CACHE  where NVRTC's compiled kernels are kept
 //	                (kernels.Options.KernelCache)
 //	LEANGRAD_DEBUG  1 records every tensor's creation site (tensor.SetDebug)
+//	RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+//	                this process's place in a data-parallel job, as
+//	                torchrun sets them (dist.ConfigFromEnv)
 //
 // The CUDA backend's library search still follows the loader's conventions
 // (LD_LIBRARY_PATH through dlopen, then $CUDA_HOME, $CUDA_PATH and
@@ -17,6 +20,7 @@ package cmdenv
 import (
 	"os"
 
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -34,6 +38,10 @@ func DeviceOptions(o tensor.Options) tensor.Options {
 	}
 	return o
 }
+
+// Job is this process's place in a data-parallel job; ok is false when
+// WORLD_SIZE is unset.
+func Job() (cfg dist.Config, ok bool, err error) { return dist.ConfigFromEnv(os.Getenv) }
 
 // DataRoots lists the folders from LEANGRAD_DATA (none when it is unset).
 func DataRoots() []string {

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/train"
+)
+
+// The -nproc launcher starts this test binary again as its ranks: with
+// LEANGRAD_TEST_TRAIN set, the binary is the train command.
+// LEANGRAD_TEST_DIE_RANK makes that rank exit abruptly, after
+// LEANGRAD_TEST_DIE_AFTER, as a rank that crashes would.
+func TestMain(m *testing.M) {
+	if os.Getenv("LEANGRAD_TEST_TRAIN") == "" {
+		os.Exit(m.Run())
+	}
+	if die := os.Getenv("LEANGRAD_TEST_DIE_RANK"); die != "" && die == os.Getenv("RANK") {
+		after, _ := time.ParseDuration(os.Getenv("LEANGRAD_TEST_DIE_AFTER"))
+		go func() {
+			time.Sleep(after)
+			os.Exit(7)
+		}()
+	}
+	cmdenv.Setup()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// TestNproc: train -nproc 2 runs a two-rank job on the CPU: rank 0 prints
+// (with its prefix) and writes the report, which has the job's figures and
+// both ranks' memory.
+func TestNproc(t *testing.T) {
+	t.Setenv("LEANGRAD_TEST_TRAIN", "1")
+	js := filepath.Join(t.TempDir(), "run.json")
+	code, stdout, stderr := runCLI("-nproc", "2", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic",
+		"-limit", "512", "-test-limit", "101", "-epochs", "2", "-batch", "32", "-json", js, "-measure=false")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"starting 2 ranks", "[rank 0] data parallel: 2 ranks over tcp, batch 32 per rank (64 in all)",
+		"[rank 0] test accuracy", "[rank 0]   rank 1       peak allocated"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "[rank 1] test accuracy") {
+		t.Error("rank 1 printed its report too")
+	}
+	var r train.Report
+	data, err := os.ReadFile(js)
+	if err == nil {
+		err = json.Unmarshal(data, &r)
+	}
+	if err != nil || r.DataParallel == nil || r.DataParallel.Ranks != 2 || len(r.DataParallel.PerRank) != 2 || r.Final == nil {
+		t.Fatalf("report: %v %+v", err, r.DataParallel)
+	}
+	if n := float64(r.Final.TestAcc) * 101; n-float64(int(n+0.5)) > 1e-3 || r.TestImages != 101 {
+		t.Errorf("test accuracy %v over %d images is not the whole test set's", r.Final.TestAcc, r.TestImages)
+	}
+}
+
+// A rank that dies ends the job: the others fail with an error naming it
+// (not a hang), and the launcher exits with the dead rank's status.
+func TestNprocRankDies(t *testing.T) {
+	t.Setenv("LEANGRAD_TEST_TRAIN", "1")
+	t.Setenv("LEANGRAD_TEST_DIE_RANK", "1")
+	t.Setenv("LEANGRAD_TEST_DIE_AFTER", "2s")
+	start := time.Now()
+	code, stdout, stderr := runCLI("-nproc", "3", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic",
+		"-epochs", "1000", "-batch", "32", "-measure=false", "-dist-timeout", "1m")
+	took := time.Since(start)
+	if code != 7 {
+		t.Errorf("exit %d, want the dead rank's 7\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"rank 1 exited with status 7", "[rank 0] train: rank 0: the job failed: rank 1 closed its connection",
+		"[rank 2] train: rank 2: the job failed: rank 1 closed its connection"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if took > failureGrace {
+		t.Errorf("the job took %v to end after a rank died", took)
+	}
+	t.Logf("ended %v after the start (the rank died at 2 s)", took.Round(time.Millisecond))
+}
+
+func TestWithoutFlag(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"-nproc 2 -model mlp", "-model mlp"},
+		{"--nproc=4 -epochs 3", "-epochs 3"},
+		{"-model mlp -nproc 2", "-model mlp"},
+		{"-amp -nprocs 2", "-amp -nprocs 2"},
+	} {
+		if got := strings.Join(withoutFlag(strings.Fields(tc.in), "nproc"), " "); got != tc.want {
+			t.Errorf("%q: %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
