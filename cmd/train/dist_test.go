@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/train"
 )
 
@@ -77,27 +78,14 @@ func TestNprocRankDies(t *testing.T) {
 	if code != 7 {
 		t.Errorf("exit %d, want the dead rank's 7\n%s\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"rank 1 exited with status 7", "[rank 0] train: rank 0: the job failed: rank 1 closed its connection",
-		"[rank 2] train: rank 2: the job failed: rank 1 closed its connection"} {
+	for _, want := range []string{"rank 1 exited with status 7", "[rank 0] train.test: rank 0: the job failed: rank 1 closed its connection",
+		"[rank 2] train.test: rank 2: the job failed: rank 1 closed its connection"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
 	}
-	if took > failureGrace {
+	if took > launch.FailureGrace {
 		t.Errorf("the job took %v to end after a rank died", took)
 	}
 	t.Logf("ended %v after the start (the rank died at 2 s)", took.Round(time.Millisecond))
-}
-
-func TestWithoutFlag(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"-nproc 2 -model mlp", "-model mlp"},
-		{"--nproc=4 -epochs 3", "-epochs 3"},
-		{"-model mlp -nproc 2", "-model mlp"},
-		{"-amp -nprocs 2", "-amp -nprocs 2"},
-	} {
-		if got := strings.Join(withoutFlag(strings.Fields(tc.in), "nproc"), " "); got != tc.want {
-			t.Errorf("%q: %q, want %q", tc.in, got, tc.want)
-		}
-	}
 }

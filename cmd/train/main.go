@@ -42,6 +42,7 @@ import (
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -336,7 +337,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if o.nproc > 1 {
-		return launch(o, args, stdout, stderr)
+		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)
 	}
 	if err := trainRun(o, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "train: %v\n", err)
@@ -369,7 +370,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 		}
 		return errors.Join(err, writeReports(o, nil, &train.Report{Error: err.Error()}, stdout))
 	}
-	o.device = rankDevice(o.device, place)
+	o.device = launch.Device(o.device, place)
 	dev, err := openDevice(o, stdout)
 	if err != nil {
 		return early(err)
@@ -380,7 +381,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	}
 	var group *dist.Group
 	if place != nil {
-		if group, err = joinJob(dev, place, stderr); err != nil {
+		if group, err = launch.Join(dev, place, stderr); err != nil {
 			return early(err)
 		}
 		defer func() {
