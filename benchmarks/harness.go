@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -93,6 +94,7 @@ type Result struct {
 	LaunchesPerStep float64        `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
 	PlannedArena    int64          `json:"planned_arena,omitempty"`     // the planned step's arena
 	Notes           []string       `json:"notes,omitempty"`             // the step's: captures, fallbacks
+	Ranks           int            `json:"ranks,omitempty"`             // data parallel: the processes, one per device
 	Timeline        []memory.Event `json:"-"`
 }
 
@@ -103,6 +105,11 @@ type Options struct {
 	// Eager runs the step eagerly even where it would be captured (CUDA);
 	// the result's engine is then "leangrad-eager".
 	Eager bool
+	// Group makes the run one rank of a data-parallel job: every rank
+	// steps on its own batch of the spec's size, the gradients are
+	// averaged, and ImgPerSec counts every rank's images (engine
+	// "leangrad-ddp"; Ranks says how many).
+	Group *dist.Group
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
@@ -171,6 +178,13 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer s.release()
+	ranks := 1
+	if g := o.Group; g != nil {
+		if err := s.tr.SetGroup(g); err != nil {
+			return Result{}, err
+		}
+		ranks = g.Size()
+	}
 	a := dev.Allocator()
 	planned := s.tr.Step.Mode != train.Eager
 	warmup := o.Warmup
@@ -218,12 +232,18 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if o.Eager && dev.Name() != "cpu" {
 		engine = "leangrad-eager"
 	}
+	if o.Group != nil {
+		engine = "leangrad-ddp"
+	}
 	r := Result{Engine: engine, Mode: s.tr.Step.Mode.String(), Model: m.Name, Batch: spec.Batch, Config: c.Name,
 		Device: dev.Name(), Steps: o.Steps, MedianMS: median(times), HostMS: median(hosts)}
 	if counts {
 		r.LaunchesPerStep = float64(counter.Launches()-launches0) / float64(o.Steps)
 	}
-	r.ImgPerSec = float64(spec.Batch) / (r.MedianMS / 1e3)
+	r.ImgPerSec = float64(spec.Batch*ranks) / (r.MedianMS / 1e3)
+	if o.Group != nil {
+		r.Ranks = ranks
+	}
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
 	if p := s.tr.Step.Plan(s.x.Shape(), s.y.Shape()); p != nil {
 		r.PlannedArena = p.Size

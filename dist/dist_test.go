@@ -49,14 +49,23 @@ func freeAddr(t *testing.T) string {
 // ranks runs f on size ranks, each a goroutine with a CPU device of its own,
 // joined as one group; it returns each rank's error.
 func ranks(t *testing.T, size int, timeout time.Duration, f func(g *Group) error) []error {
+	devs := make([]*tensor.Device, size)
+	for r := range devs {
+		devs[r] = tensor.NewDevice(cpu.New())
+	}
+	return onDevices(t, devs, timeout, f)
+}
+
+// onDevices runs f as rank r of a group over devs, one goroutine each.
+func onDevices(t *testing.T, devs []*tensor.Device, timeout time.Duration, f func(g *Group) error) []error {
 	addr := freeAddr(t)
+	size := len(devs)
 	errs := make([]error, size)
 	var wg sync.WaitGroup
-	for r := 0; r < size; r++ {
+	for r, dev := range devs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dev := tensor.NewDevice(cpu.New())
 			g, err := Join(dev, Config{Rank: r, Size: size, Addr: addr, Timeout: timeout})
 			if err != nil {
 				errs[r] = err

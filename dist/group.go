@@ -24,7 +24,8 @@ type Group struct {
 	coll kernels.Collective
 	name string // "nccl 2.28.3" or "tcp"
 
-	mu        sync.Mutex
+	mu        sync.Mutex // guards coll's assignment, failure and onFailure
+	failure   error
 	onFailure []func(error)
 }
 
@@ -42,16 +43,21 @@ func Join(dev *tensor.Device, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	g.rv = rv
+	var coll kernels.Collective = &tcpCollective{g: g}
+	name := "tcp"
 	if cb, ok := dev.Backend().(kernels.CollectiveBackend); ok && cfg.Size > 1 {
-		coll, name, err := g.joinNCCL(cb)
-		if err != nil {
+		if coll, name, err = g.joinNCCL(cb); err != nil {
 			rv.failed(fmt.Errorf("rank %d: %v", cfg.Rank, err))
 			rv.close()
 			return nil, err
 		}
-		g.coll, g.name = coll, name
-	} else {
-		g.coll, g.name = &tcpCollective{g: g}, "tcp"
+	}
+	g.mu.Lock()
+	g.coll, g.name = coll, name
+	failed := g.failure != nil
+	g.mu.Unlock()
+	if failed { // a rank died while this one joined NCCL
+		coll.Abort()
 	}
 	return g, nil
 }
@@ -103,21 +109,29 @@ func (g *Group) Backend() string { return g.name }
 func (g *Group) Device() *tensor.Device { return g.dev }
 
 // OnFailure adds f to what runs when another rank dies or the group fails
-// otherwise (on the rendezvous's goroutine, once). The group has already
-// aborted its collectives then.
+// otherwise, once, on the rendezvous's goroutine; the group has already
+// aborted its collectives then. When the group has failed already, f runs
+// at once.
 func (g *Group) OnFailure(f func(error)) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.onFailure = append(g.onFailure, f)
+	err := g.failure
+	if err == nil {
+		g.onFailure = append(g.onFailure, f)
+	}
+	g.mu.Unlock()
+	if err != nil {
+		f(err)
+	}
 }
 
 func (g *Group) failed(err error) {
-	if g.coll != nil {
-		g.coll.Abort()
-	}
 	g.mu.Lock()
-	fs := slices.Clone(g.onFailure)
+	g.failure = err
+	coll, fs := g.coll, slices.Clone(g.onFailure)
 	g.mu.Unlock()
+	if coll != nil {
+		coll.Abort()
+	}
 	for _, f := range fs {
 		f(err)
 	}

@@ -27,3 +27,9 @@ func TestCUDADropoutMasksDifferBetweenSteps(t *testing.T) {
 	testDropoutMasksDifferBetweenSteps(t, testdev.CUDA(t), Captured)
 }
 func TestCUDAStepReadsNothing(t *testing.T) { testStepReadsNothing(t, testdev.CUDA(t), Captured) }
+
+// On two GPUs (nvidia-h200-x2): NCCL reduces the gradients inside the
+// captured step.
+func TestCUDADataParallelStep(t *testing.T) {
+	testDataParallelStep(t, testdev.CUDAs(t, 2), Captured)
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
@@ -49,6 +50,8 @@ type options struct {
 	warmup, steps                                      int
 	claims                                             bool
 	seed                                               uint64
+	nproc                                              int
+	distTimeout                                        time.Duration
 }
 
 // spec is a model with its batch sizes.
@@ -102,6 +105,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
 	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
+	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
+	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel runs: how long a rank waits for the others")
 	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -127,6 +132,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
+	}
+	if o.nproc < 1 {
+		fmt.Fprintf(stderr, "bench: -nproc %d: want 1 or more processes\n", o.nproc)
+		return 2
+	}
+	if o.nproc > 1 {
+		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)
+	}
+	place, ok, err := cmdenv.Job()
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: data-parallel job: %v\n", err)
+		return 2
+	}
+	if ok {
+		place.Timeout = o.distTimeout
+		if err := dataParallel(o, specs, &place, stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "bench: rank %d: %v\n", place.Rank, err)
+			return 1
+		}
+		return 0
 	}
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)

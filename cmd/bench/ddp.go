@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/leangrad/leangrad/benchmarks"
+	"github.com/leangrad/leangrad/dist"
+	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/launch"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// DDPReport is what a data-parallel benchmark writes (ddp.json): every
+// spec and configuration timed as one data-parallel step over the ranks,
+// with each rank's peak.
+type DDPReport struct {
+	Date        string              `json:"date"`
+	Commit      string              `json:"commit"`
+	Ranks       int                 `json:"ranks"`
+	Collectives string              `json:"collectives"`
+	Device      string              `json:"device"` // rank 0's
+	Results     []benchmarks.Result `json:"results"`
+	PerRankPeak [][]int64           `json:"per_rank_peak_allocated"` // results × ranks
+}
+
+// dataParallel is one rank of bench -nproc: it times the data-parallel step
+// of every spec and configuration (captured on a GPU), and rank 0 prints
+// the results and writes them to -out/ddp.json.
+func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io.Writer) error {
+	name := launch.Device(o.device, place)
+	dev, err := tensor.OpenWith(name, cmdenv.DeviceOptions(tensor.Options{}))
+	if err != nil {
+		return fmt.Errorf("-device %s: %w", name, err)
+	}
+	g, err := launch.Join(dev, place, stderr)
+	if err != nil {
+		return err
+	}
+	rep := DDPReport{Date: o.date, Commit: o.commit, Ranks: g.Size(), Collectives: g.Backend(), Device: dev.Name()}
+	if in := dev.Info(); in.Model != "" {
+		rep.Device += " (" + in.Model + ")"
+	}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g}
+	for _, sp := range specs {
+		for _, b := range sp.batches {
+			for _, c := range strings.Split(o.configs, ",") {
+				r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
+				if err != nil {
+					g.Abort(fmt.Errorf("rank %d: %s batch %d %s: %v", place.Rank, sp.model, b, c, err))
+					g.Close()
+					return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
+				}
+				peaks, err := g.Gather([]float64{float64(r.PeakAllocated)})
+				if err != nil {
+					return err
+				}
+				var per []int64
+				for _, p := range peaks {
+					per = append(per, int64(p[0]))
+				}
+				rep.Results = append(rep.Results, r)
+				rep.PerRankPeak = append(rep.PerRankPeak, per)
+				if place.Rank == 0 {
+					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0 (%s mode)\n",
+						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), r.Mode)
+				}
+			}
+		}
+	}
+	if err := g.Close(); err != nil {
+		return err
+	}
+	if place.Rank != 0 {
+		return nil
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(o.out, "ddp.json"), append(data, '\n'))
+}
