@@ -254,6 +254,20 @@ func (r *rendezvous) Err() error {
 	return r.err
 }
 
+// broken fails the group after a send to or a read from a peer failed with
+// err. The peer's end most often comes with the reason (a kindFail frame,
+// which another goroutine is reading), so it waits a moment for that first.
+func (r *rendezvous) broken(err error) error {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-r.dead:
+	case <-t.C:
+		r.failed(err)
+	}
+	return r.Err()
+}
+
 // recv waits for p's next data frame.
 func (r *rendezvous) recv(p *peer, what string) ([]byte, error) {
 	t := time.NewTimer(r.cfg.timeout())
@@ -261,10 +275,7 @@ func (r *rendezvous) recv(p *peer, what string) ([]byte, error) {
 	select {
 	case f, ok := <-p.in:
 		if !ok {
-			if err := r.Err(); err != nil {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%s: rank %d is gone", what, p.rank)
+			return nil, r.broken(fmt.Errorf("%s: rank %d is gone", what, p.rank))
 		}
 		return f.data, nil
 	case <-r.dead:
@@ -283,7 +294,10 @@ func (r *rendezvous) gather(what string, data []byte) ([][]byte, error) {
 		return nil, err
 	}
 	if r.cfg.Rank != 0 {
-		return nil, r.peers[0].send(kindData, data, r.cfg.timeout())
+		if err := r.peers[0].send(kindData, data, r.cfg.timeout()); err != nil {
+			return nil, r.broken(fmt.Errorf("%s: sending to rank 0: %v", what, err))
+		}
+		return nil, nil
 	}
 	all := make([][]byte, r.cfg.Size)
 	all[0] = data
@@ -307,7 +321,7 @@ func (r *rendezvous) bcast(what string, data []byte) ([]byte, error) {
 	}
 	for rank := 1; rank < r.cfg.Size; rank++ {
 		if err := r.peers[rank].send(kindData, data, r.cfg.timeout()); err != nil {
-			return nil, fmt.Errorf("%s: sending to rank %d: %v", what, rank, err)
+			return nil, r.broken(fmt.Errorf("%s: sending to rank %d: %v", what, rank, err))
 		}
 	}
 	return data, nil
