@@ -71,8 +71,8 @@ func TestCUDANCCLDeadRank(t *testing.T) {
 		if err == nil {
 			err = g.Device().Synchronize() // blocks until rank 1's part comes, or the abort
 		}
-		if err == nil {
-			err = g.Err()
+		if f := g.Err(); f != nil {
+			err = f // the reason, whatever the device said after the abort
 		}
 		return err
 	})

@@ -152,7 +152,19 @@ func (g *Group) AllReduce(ts []*tensor.Tensor, mean bool) error {
 	if g.cfg.Size == 1 || len(ts) == 0 {
 		return nil
 	}
-	return g.coll.AllReduce(bufs(ts), mean)
+	return g.cause(g.coll.AllReduce(bufs(ts), mean))
+}
+
+// cause is err, or, when the group failed meanwhile (an abort makes NCCL
+// return an internal error), the failure that explains it.
+func (g *Group) cause(err error) error {
+	if err == nil {
+		return nil
+	}
+	if f := g.Err(); f != nil {
+		return fmt.Errorf("%w (and so: %v)", f, err)
+	}
+	return err
 }
 
 // Broadcast copies root's tensors into every rank's.
@@ -163,7 +175,7 @@ func (g *Group) Broadcast(ts []*tensor.Tensor, root int) error {
 	if g.cfg.Size == 1 || len(ts) == 0 {
 		return nil
 	}
-	return g.coll.Broadcast(bufs(ts), root)
+	return g.cause(g.coll.Broadcast(bufs(ts), root))
 }
 
 func bufs(ts []*tensor.Tensor) []kernels.Buf {

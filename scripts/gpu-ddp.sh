@@ -27,6 +27,9 @@ tests)
   ;;
 bench)
   nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$out/machine.txt" 2>&1
+  # The data-parallel tests first (NCCL, a dead rank, the captured step on two GPUs in one process).
+  timeout 120 bash .gpu/run tests -test.run 'CUDANCCL|CUDADataParallel' -test.v -test.count 1 > "$out/tests-ddp.log" 2>&1
+  echo "data-parallel tests exit $?"; grep -E '^(--- |panic)|_test\.go:[0-9]+:' "$out/tests-ddp.log" | cut -c1-250 | head -20
   # leangrad: one GPU (captured steps), then two ranks.
   bash .gpu/run bin/bench -device cuda -specs "$specs" -configs "$configs" -pytorch "" -claims=false -eager=false \
     -warmup 10 -steps 30 -commit "$commit" -out "$out/one" > "$out/one.log" 2>&1

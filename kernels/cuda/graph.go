@@ -10,14 +10,24 @@ import (
 )
 
 // CUDA graphs: the work queued on the backend's stream between BeginCapture
-// and EndCapture is recorded (cuStreamBeginCapture in the global mode, so
-// that any call that is not allowed while capturing, such as a cuMemAlloc
-// or a synchronisation, fails instead of silently breaking the graph) and
-// instantiated once; each Launch then replays every kernel, library call
-// and copy with one driver call. A graph keeps the device addresses it was
-// captured with: the memory it uses must stay where it was (a planned arena).
+// and EndCapture is recorded and instantiated once; each Launch then
+// replays every kernel, library call and copy with one driver call. A graph
+// keeps the device addresses it was captured with: the memory it uses must
+// stay where it was (a planned arena).
+//
+// Note [thread-local capture]: the capture runs in the thread-local mode.
+// A call that is not allowed while capturing (a cuMemAlloc, a
+// synchronisation) made by the capturing goroutine, which stays on its OS
+// thread from BeginCapture to EndCapture, fails instead of silently
+// breaking the graph, as in the global mode; calls from other threads are
+// not refused. The global mode refused them too, which broke two devices
+// driven from one process: one rank's goroutine uploading a batch while
+// another device's step was being captured failed with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (TestCUDADataParallelStep, H200
+// x2, 2026-11-30). The backend's stream is non-blocking, so no other
+// thread's call synchronises with it implicitly.
 
-const captureModeGlobal = 0
+const captureModeThreadLocal = 1
 
 var _ kernels.Capturer = (*Backend)(nil)
 
@@ -32,7 +42,7 @@ func (b *Backend) BeginCapture() error {
 		return errors.New("cuda: BeginCapture while already capturing")
 	}
 	runtime.LockOSThread()
-	if err := b.d.check("cuStreamBeginCapture", call(b.d.cuStreamBeginCapture, b.stream, captureModeGlobal)); err != nil {
+	if err := b.d.check("cuStreamBeginCapture", call(b.d.cuStreamBeginCapture, b.stream, captureModeThreadLocal)); err != nil {
 		runtime.UnlockOSThread()
 		return err
 	}
