@@ -69,7 +69,9 @@ func Join(dev *tensor.Device, cfg *dist.Config, stderr io.Writer) (*dist.Group, 
 
 // Run runs nproc ranks of this program on this machine with args (the
 // command line less -nproc: see WithoutFlag), with their output prefixed by "[rank R] ", and returns the job's
-// exit status: 0 when every rank succeeded, else the first failed rank's.
+// exit status: 0 when every rank succeeded, else that of the first rank
+// seen to fail (which, when a rank dies, may be one it took down: each
+// failed rank's status is printed).
 // When a rank fails, the others learn it through the rendezvous and stop;
 // any still running FailureGrace later are killed.
 func Run(nproc int, args []string, stdout, stderr io.Writer) int {
@@ -129,9 +131,15 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 		select {
 		case e := <-exits:
 			running--
-			if e.code != 0 && status == 0 {
+			if e.code == 0 {
+				continue
+			}
+			fmt.Fprintf(stderr, "rank %d exited with status %d\n", e.rank, e.code)
+			if status == 0 {
 				status = e.code
-				fmt.Fprintf(stderr, "rank %d exited with status %d; the other ranks stop too\n", e.rank, e.code)
+				if running > 0 {
+					fmt.Fprintf(stderr, "the other ranks stop too (they are killed if still running in %v)\n", FailureGrace)
+				}
 				deadline = time.After(FailureGrace)
 			}
 		case s := <-sigs:
