@@ -161,7 +161,7 @@ func (g *Group) cause(err error) error {
 	if err == nil {
 		return nil
 	}
-	if f := g.Err(); f != nil {
+	if f := g.Err(); f != nil && !errors.Is(err, f) {
 		return fmt.Errorf("%w (and so: %v)", f, err)
 	}
 	return err
