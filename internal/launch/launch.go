@@ -86,7 +86,12 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "starting %d ranks (rendezvous on 127.0.0.1:%d)\n", nproc, port)
-	var outMu sync.Mutex
+	var outMu sync.Mutex // the ranks' lines and the launcher's own share the writers
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(stderr, format, args...)
+	}
 	type exit struct{ rank, code int }
 	exits := make(chan exit, nproc)
 	var cmds []*exec.Cmd
@@ -98,7 +103,7 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 		cmd.Stdout = &prefixed{w: stdout, mu: &outMu, prefix: prefix}
 		cmd.Stderr = &prefixed{w: stderr, mu: &outMu, prefix: prefix}
 		if err := cmd.Start(); err != nil {
-			fmt.Fprintf(stderr, "-nproc: starting rank %d: %v\n", r, err)
+			say("-nproc: starting rank %d: %v\n", r, err)
 			for _, c := range cmds {
 				c.Process.Kill()
 			}
@@ -134,11 +139,11 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 			if e.code == 0 {
 				continue
 			}
-			fmt.Fprintf(stderr, "rank %d exited with status %d\n", e.rank, e.code)
+			say("rank %d exited with status %d\n", e.rank, e.code)
 			if status == 0 {
 				status = e.code
 				if running > 0 {
-					fmt.Fprintf(stderr, "the other ranks stop too (they are killed if still running in %v)\n", FailureGrace)
+					say("the other ranks stop too (they are killed if still running in %v)\n", FailureGrace)
 				}
 				deadline = time.After(FailureGrace)
 			}
@@ -151,7 +156,7 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 			}
 			deadline = time.After(FailureGrace)
 		case <-deadline:
-			fmt.Fprintf(stderr, "%d ranks still running %v after the job failed: killing them\n", running, FailureGrace)
+			say("%d ranks still running %v after the job failed: killing them\n", running, FailureGrace)
 			for _, c := range cmds {
 				c.Process.Kill()
 			}
