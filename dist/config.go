@@ -34,13 +34,15 @@ type Config struct {
 const DefaultTimeout = 10 * time.Minute
 
 // The environment variables ConfigFromEnv reads, as torchrun sets them.
-var EnvVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+var EnvVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}
 
 // ConfigFromEnv reads a job's place from the variables torchrun (and
 // PyTorchJob, and train -nproc) set, through getenv: the library reads no
 // environment itself, the commands pass os.Getenv. ok is false when
 // WORLD_SIZE is unset (not a distributed job). LOCAL_RANK defaults to RANK,
-// MASTER_ADDR to 127.0.0.1 when WORLD_SIZE is 1; MASTER_PORT has no default.
+// MASTER_ADDR to 127.0.0.1; MASTER_PORT has no default. Under torchrun
+// (TORCHELASTIC_USE_AGENT_STORE=True) the rendezvous is on MASTER_PORT+1:
+// see Note [torchrun's store].
 func ConfigFromEnv(getenv func(string) string) (cfg Config, ok bool, err error) {
 	ws := getenv("WORLD_SIZE")
 	if ws == "" {
@@ -65,6 +67,14 @@ func ConfigFromEnv(getenv func(string) string) (cfg Config, ok bool, err error) 
 	}
 	if port == "" && err == nil {
 		err = fmt.Errorf("MASTER_PORT is not set (WORLD_SIZE=%s): it is the port of rank 0's rendezvous", ws)
+	}
+	if getenv("TORCHELASTIC_USE_AGENT_STORE") == "True" && port != "" {
+		// Note [torchrun's store]: torchrun's agent already serves its
+		// TCPStore on MASTER_PORT (PyTorch's ranks join it as clients), so
+		// the rendezvous takes the next port.
+		if p, e := strconv.Atoi(port); e == nil {
+			port = strconv.Itoa(p + 1)
+		}
 	}
 	cfg.Addr = net.JoinHostPort(host, port)
 	if err == nil {

@@ -25,6 +25,8 @@ func TestConfigFromEnv(t *testing.T) {
 			ok: true, want: Config{Rank: 1, Size: 2, LocalRank: 1, Addr: "10.0.0.1:29500"}},
 		{env: map[string]string{"WORLD_SIZE": "4", "RANK": "3", "MASTER_PORT": "1234"}, ok: true,
 			want: Config{Rank: 3, Size: 4, LocalRank: 3, Addr: "127.0.0.1:1234"}},
+		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+			"TORCHELASTIC_USE_AGENT_STORE": "True"}, ok: true, want: Config{Rank: 0, Size: 2, Addr: "node0:29501"}},
 		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "2", "MASTER_PORT": "1"}, ok: true, err: "rank 2 (RANK) outside a job of 2"},
 		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "x", "MASTER_PORT": "1"}, ok: true, err: `RANK="x" is not a number`},
 		{env: map[string]string{"WORLD_SIZE": "2", "RANK": "0"}, ok: true, err: "MASTER_PORT is not set"},

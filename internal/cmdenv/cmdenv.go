@@ -7,7 +7,8 @@
 //	LEANGRAD_CACHE  where NVRTC's compiled kernels are kept
 //	                (kernels.Options.KernelCache)
 //	LEANGRAD_DEBUG  1 records every tensor's creation site (tensor.SetDebug)
-//	RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+//	RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+//	TORCHELASTIC_USE_AGENT_STORE
 //	                this process's place in a data-parallel job, as
 //	                torchrun sets them (dist.ConfigFromEnv)
 //
