@@ -33,9 +33,6 @@ type Config struct {
 // DefaultTimeout is PyTorch's default for its process groups.
 const DefaultTimeout = 10 * time.Minute
 
-// The environment variables ConfigFromEnv reads, as torchrun sets them.
-var EnvVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}
-
 // ConfigFromEnv reads a job's place from the variables torchrun (and
 // PyTorchJob, and train -nproc) set, through getenv: the library reads no
 // environment itself, the commands pass os.Getenv. ok is false when
