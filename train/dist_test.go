@@ -206,3 +206,98 @@ func TestDataParallelFit(t *testing.T) {
 		t.Error("rank 1 wrote a checkpoint")
 	}
 }
+
+// stepTolerance bounds how far a two-rank ResNet update may be from the
+// whole-batch one, relative to the update's size, with batch norm in
+// training mode (TestDataParallelResNetStep).
+const stepTolerance = 0.25
+
+// TestDataParallelResNetStep: a ResNet's update on two ranks against one
+// process's on the whole batch (fp32, one step). With batch norm in
+// evaluation mode they agree within 1e-5; in training mode each rank
+// normalises its own half of the batch, as in PyTorch's DDP without
+// SyncBatchNorm, and the update stays within stepTolerance of the
+// whole-batch one (relative to its size, over all parameters). The ranks
+// agree bit for bit either way.
+func TestDataParallelResNetStep(t *testing.T) {
+	for _, tc := range []struct {
+		training bool
+		max      float64
+	}{{false, 1e-5}, {true, stepTolerance}} {
+		diff := dataParallelResNetStep(t, tc.training)
+		t.Logf("batch norm training %v: the two-rank update is %.3g away from the whole-batch one, relative to its size", tc.training, diff)
+		if diff > tc.max || (tc.training && diff == 0) {
+			t.Errorf("batch norm training %v: relative difference of the updates %.3g, want at most %g", tc.training, diff, tc.max)
+		}
+	}
+}
+
+// dataParallelResNetStep returns ‖two-rank update − whole-batch update‖ /
+// ‖whole-batch update‖ for one step of a small ResNet.
+func dataParallelResNetStep(t *testing.T, training bool) float64 {
+	const batch = 32
+	build := func(dev *tensor.Device, seed uint64) (*Step, func(), func() [][]float32) {
+		dev.Generator().Seed(seed)
+		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
+		m.SetTraining(training)
+		opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, 0, true)
+		sc := optim.NewGradScaler(dev)
+		sc.Enabled = false
+		s := NewStep(dev, m, opt, sc, false, Eager)
+		params := func() [][]float32 {
+			var ps [][]float32
+			for _, p := range nn.Parameters(m) {
+				ps = append(ps, p.Float32s())
+			}
+			return ps
+		}
+		return s, func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }, params
+	}
+	cpu0 := tensor.NewDevice(cpu.New())
+	xs, ys := batches(cpu0, 1, batch, 5)
+	ref, release, refParams := build(cpu0, 7)
+	start := refParams()
+	if err := ref.Run(xs[0], ys[0]); err != nil {
+		t.Fatal(err)
+	}
+	want := refParams()
+	release()
+	releaseAll(xs)
+	releaseAll(ys)
+
+	got := make([][][]float32, 2)
+	onRanks(t, []*tensor.Device{tensor.NewDevice(cpu.New()), tensor.NewDevice(cpu.New())}, func(g *dist.Group) error {
+		s, release, params := build(g.Device(), 7)
+		defer release()
+		if err := s.SetGroup(g); err != nil {
+			return err
+		}
+		xs, ys := batches(g.Device(), 1, batch, 5)
+		defer releaseAll(xs)
+		defer releaseAll(ys)
+		lo := g.Rank() * batch / 2
+		x, y := xs[0].Rows(lo, lo+batch/2), ys[0].Rows(lo, lo+batch/2)
+		defer x.Release()
+		defer y.Release()
+		if err := s.Run(x, y); err != nil {
+			return err
+		}
+		got[g.Rank()] = params()
+		return nil
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	var num, den float64
+	for i := range want {
+		if relDiff(got[1][i], got[0][i]) != 0 {
+			t.Errorf("parameter %d differs between the ranks", i)
+		}
+		for j := range want[i] {
+			d := float64(got[0][i][j]) - float64(want[i][j])
+			u := float64(want[i][j]) - float64(start[i][j])
+			num, den = num+d*d, den+u*u
+		}
+	}
+	return math.Sqrt(num / den)
+}

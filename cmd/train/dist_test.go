@@ -16,17 +16,21 @@ import (
 
 // The -nproc launcher starts this test binary again as its ranks: with
 // LEANGRAD_TEST_TRAIN set, the binary is the train command.
-// LEANGRAD_TEST_DIE_RANK makes that rank exit abruptly, after
-// LEANGRAD_TEST_DIE_AFTER, as a rank that crashes would.
+// LEANGRAD_TEST_DIE_RANK makes that rank exit abruptly, as a rank that
+// crashes would, once the file LEANGRAD_TEST_DIE_WHEN exists (rank 0's
+// first checkpoint: every rank has joined and trained an epoch by then).
 func TestMain(m *testing.M) {
 	if os.Getenv("LEANGRAD_TEST_TRAIN") == "" {
 		os.Exit(m.Run())
 	}
 	if die := os.Getenv("LEANGRAD_TEST_DIE_RANK"); die != "" && die == os.Getenv("RANK") {
-		after, _ := time.ParseDuration(os.Getenv("LEANGRAD_TEST_DIE_AFTER"))
 		go func() {
-			time.Sleep(after)
-			os.Exit(7)
+			for {
+				if _, err := os.Stat(os.Getenv("LEANGRAD_TEST_DIE_WHEN")); err == nil {
+					os.Exit(7)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 		}()
 	}
 	cmdenv.Setup()
@@ -69,12 +73,13 @@ func TestNproc(t *testing.T) {
 // A rank that dies ends the job: the others fail with an error naming it
 // (not a hang), and the launcher exits with the dead rank's status.
 func TestNprocRankDies(t *testing.T) {
+	ckpt := filepath.Join(t.TempDir(), "run.ckpt")
 	t.Setenv("LEANGRAD_TEST_TRAIN", "1")
 	t.Setenv("LEANGRAD_TEST_DIE_RANK", "1")
-	t.Setenv("LEANGRAD_TEST_DIE_AFTER", "2s")
+	t.Setenv("LEANGRAD_TEST_DIE_WHEN", ckpt)
 	start := time.Now()
 	code, stdout, stderr := runCLI("-nproc", "3", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic",
-		"-epochs", "1000", "-batch", "32", "-measure=false", "-dist-timeout", "1m")
+		"-limit", "384", "-test-limit", "64", "-epochs", "1000", "-batch", "32", "-measure=false", "-dist-timeout", "1m", "-save", ckpt)
 	took := time.Since(start)
 	if code == 0 {
 		t.Errorf("exit 0 after a rank died\n%s\n%s", stdout, stderr)
@@ -85,8 +90,8 @@ func TestNprocRankDies(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
 	}
-	if took > launch.FailureGrace {
-		t.Errorf("the job took %v to end after a rank died", took)
+	if took > launch.FailureGrace || strings.Contains(stderr, "killing them") {
+		t.Errorf("the job took %v to end after a rank died; the launcher had to kill ranks", took)
 	}
-	t.Logf("ended %v after the start (the rank died at 2 s)", took.Round(time.Millisecond))
+	t.Logf("ended %v after the start (rank 1 died after the first epoch)", took.Round(time.Millisecond))
 }
