@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -52,8 +53,10 @@ type Backend struct {
 	dnnFailures []string
 	alpha       float32 // cuBLAS and cuDNN read their scalars through host pointers
 	beta        float32
-	launches    uint64 // kernels, library calls, copies and graphs queued on the stream
-	capturing   bool   // the stream is being captured into a graph
+	launches    uint64     // kernels, library calls, copies and graphs queued on the stream
+	capturing   bool       // the stream is being captured into a graph
+	captureTid  int        // the OS thread of the goroutine capturing
+	captureDone *sync.Cond // on mu: signalled when a capture ends
 	closed      bool
 	prof        *profiler
 	CompileLog  string // how the kernels were obtained: compiled, or loaded from the cache, and how long it took
@@ -114,6 +117,7 @@ func open(index int, opts Options) (*Backend, error) {
 
 	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, asked: asked, d: d, cb: cb,
 		funcs: map[string]uintptr{}, args: new(arena), plans: map[planKey]*convPlan{}}
+	b.captureDone = sync.NewCond(&b.mu)
 	var dev int32
 	if err := d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
 		return nil, err
@@ -322,9 +326,18 @@ func (b *Backend) Synchronize() error {
 func (b *Backend) MemInfo() (free, total int64) { return b.alloc.Source().MemInfo() }
 
 // enter takes the lock and makes the context current on this OS thread.
+//
+// Note [one goroutine captures]: while a goroutine captures the stream
+// (BeginCapture to EndCapture, on one OS thread), every other goroutine's
+// call waits here until the capture ends. Otherwise the work of a session
+// serving on the same device would be recorded into the step's graph
+// instead of running, and replayed with every step.
 func (b *Backend) enter() {
 	b.mu.Lock()
 	runtime.LockOSThread()
+	for b.capturing && syscall.Gettid() != b.captureTid {
+		b.captureDone.Wait()
+	}
 	b.d.must("cuCtxSetCurrent", call(b.d.cuCtxSetCurrent, b.ctx))
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"syscall"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -25,7 +26,9 @@ import (
 // another device's step was being captured failed with
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (TestCUDADataParallelStep, H200
 // x2, 2026-11-30). The backend's stream is non-blocking, so no other
-// thread's call synchronises with it implicitly.
+// thread's call synchronises with it implicitly, and other goroutines'
+// calls on this backend wait for the capture to end (Note [one goroutine
+// captures] in backend.go).
 
 const captureModeThreadLocal = 1
 
@@ -46,7 +49,7 @@ func (b *Backend) BeginCapture() error {
 		runtime.UnlockOSThread()
 		return err
 	}
-	b.capturing = true
+	b.capturing, b.captureTid = true, syscall.Gettid()
 	return nil
 }
 
@@ -60,6 +63,7 @@ func (b *Backend) EndCapture() (kernels.Graph, error) {
 		return nil, errors.New("cuda: EndCapture without BeginCapture")
 	}
 	b.capturing = false
+	b.captureDone.Broadcast()      // Note [one goroutine captures]
 	defer runtime.UnlockOSThread() // BeginCapture's lock
 	g := &graph{b: b}
 	if err := b.d.check("cuStreamEndCapture", call(b.d.cuStreamEndCapture, b.stream, uintptr(unsafe.Pointer(&g.graph)))); err != nil {
