@@ -26,15 +26,16 @@ func TestTrainingBesideInference(t *testing.T) {
 	testTrainingBesideInference(t, tensor.NewDevice(cpu.New()), 0)
 }
 
-// testTrainingBesideInference runs on dev with the training steps captured
-// where dev captures them (then the serving goroutines' calls wait while a
-// step is captured: Note [one goroutine captures]). tol is the relative
-// difference allowed from running alone: 0 (bit for bit) on the CPU; on a
-// GPU cuDNN's algorithms may differ between the runs.
+// testTrainingBesideInference runs on dev with eager training steps: a
+// planned step traces and plans every allocation of the device's pool, so
+// another goroutine allocating during its second or third step breaks the
+// plan (README, "Lifetimes"; seen on the H200, 2026-11-30). tol is the
+// relative difference allowed from running alone: 0 (bit for bit) on the
+// CPU; on a GPU cuDNN's algorithm search may pick others between the runs.
 func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) {
 	ds := datasets.SyntheticSize(192, 5, 12)
 	cfg := baseConfig("tiny")
-	cfg.Batch, cfg.AMP, cfg.Checkpoint, cfg.Capture = 16, true, "blocks", true
+	cfg.Batch, cfg.AMP, cfg.Checkpoint = 16, true, "blocks"
 	newTrainer := func() (*Trainer, nn.Module) {
 		dev.Generator().Seed(1)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})

@@ -34,9 +34,7 @@ func TestCUDADataParallelStep(t *testing.T) {
 	testDataParallelStep(t, testdev.CUDAs(t, 2), Captured)
 }
 
-// A goroutine trains with captured steps while two serve on sessions of the
-// same GPU: their work waits while a step is captured instead of landing in
-// its graph.
+// A goroutine trains while two serve on sessions of the same GPU.
 func TestCUDATrainingBesideInference(t *testing.T) {
 	testTrainingBesideInference(t, testdev.CUDA(t), 1e-4)
 }
