@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/internal/testdev"
-	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -12,23 +11,8 @@ import (
 // workspaces: at batch 8 sqrt(n) segments save about 2% of the peak (on the
 // CPU), and on an H200 the workspaces outweighed that (+1%, and +0.6% with
 // lean workspaces, measured 2026-11-30); at 64 they save about a quarter.
-func TestCUDACheckpointMatchesPlain(t *testing.T) { testCheckpointMatchesPlain(t, leanCUDA(t), 64) }
-
-// leanCUDA is a CUDA device of its own with lean convolution workspaces (no
-// larger than the activations), closed when t ends.
-func leanCUDA(t *testing.T) *tensor.Device {
-	testdev.CUDA(t)
-	be, err := cuda.OpenSeparate(0, cuda.Options{LeanConvWorkspace: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lean := tensor.NewDevice(be)
-	t.Cleanup(func() {
-		if err := lean.Close(); err != nil {
-			t.Errorf("closing the lean device: %v", err)
-		}
-	})
-	return lean
+func TestCUDACheckpointMatchesPlain(t *testing.T) {
+	testCheckpointMatchesPlain(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 64)
 }
 
 func TestCUDASaveLoadRoundTrip(t *testing.T) { testSaveLoadRoundTrip(t, testdev.CUDA(t)) }
@@ -38,4 +22,6 @@ func TestCUDASaveLoadRoundTrip(t *testing.T) { testSaveLoadRoundTrip(t, testdev.
 // algorithms, F16's tensor-core workspaces (larger than F32's) take back
 // part of the saving (26% instead of 35% or more, measured on an H200), and
 // that is cuDNN's choice, not the activations'.
-func TestCUDAAMPSavesMemory(t *testing.T) { testAMPSavesMemory(t, leanCUDA(t), 128) }
+func TestCUDAAMPSavesMemory(t *testing.T) {
+	testAMPSavesMemory(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 128)
+}

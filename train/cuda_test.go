@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/internal/testdev"
+	"github.com/leangrad/leangrad/tensor"
 )
 
 // The CPU tests' bodies, on the GPU; the step's tests run captured.
@@ -13,7 +14,12 @@ func TestCUDASaveResumeContinuesExactly(t *testing.T) {
 	testSaveResumeContinuesExactly(t, testdev.CUDA(t))
 }
 func TestCUDAMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, testdev.CUDA(t)) }
-func TestCUDAMeasuredSavings(t *testing.T) { testMeasuredSavings(t, testdev.CUDA(t), 128) }
+// On lean convolution workspaces: the fastest algorithms' workspaces vary
+// from run to run by more than checkpointing saves at batch 128 (amp 106 and
+// 147 MB, checkpoint 127 and 98 MB in two runs on the H200, 2026-11-30).
+func TestCUDAMeasuredSavings(t *testing.T) {
+	testMeasuredSavings(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 128)
+}
 func TestCUDAPlannedStepsMatchEager(t *testing.T) {
 	testPlannedStepsMatchEager(t, testdev.CUDA(t), Captured)
 }

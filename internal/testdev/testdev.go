@@ -47,3 +47,24 @@ func CUDAs(t testing.TB, n int) []*tensor.Device {
 	}
 	return devs
 }
+
+// CUDAWith returns a device of its own on cuda:0 opened with opts (not the
+// shared cuda:0 of Open), closed when t ends, or skips t without a GPU.
+// With LeanConvWorkspace, tests that compare memory peaks are not at the
+// mercy of cuDNN's fastest algorithms, whose workspaces vary from run to
+// run.
+func CUDAWith(t testing.TB, opts tensor.Options) *tensor.Device {
+	t.Helper()
+	CUDA(t)
+	be, err := cuda.OpenSeparate(0, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := tensor.NewDevice(be)
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("closing the device: %v", err)
+		}
+	})
+	return d
+}
