@@ -14,6 +14,7 @@ func TestCUDASaveResumeContinuesExactly(t *testing.T) {
 	testSaveResumeContinuesExactly(t, testdev.CUDA(t))
 }
 func TestCUDAMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, testdev.CUDA(t)) }
+
 // On lean convolution workspaces: the fastest algorithms' workspaces vary
 // from run to run by more than checkpointing saves at batch 128 (amp 106 and
 // 147 MB, checkpoint 127 and 98 MB in two runs on the H200, 2026-11-30).
