@@ -34,13 +34,16 @@ func castRawOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
 	return y
 }
 
-// asDType returns x if it has dtype dt (a new handle, in the current scope)
-// or a converted copy.
-func asDType(x *T, dt tensor.DType) *T {
+// asDType returns x if it has dtype dt (a new handle on dev, in dev's
+// current scope) or a converted copy made on dev. dev is the handle of the
+// operation (ModeOf): a parameter made on the device and used by a
+// session's operation must not leave its temporary in the device's scope,
+// which another goroutine closes.
+func asDType(dev *tensor.Device, x *T, dt tensor.DType) *T {
 	if x.DType() == dt {
-		return x.View(x.Shape()...)
+		return x.On(dev)
 	}
-	return castRaw(x, dt)
+	return castRawOn(dev, x, dt)
 }
 
 // binaryRaw computes a op b with broadcasting, recording nothing.
@@ -51,10 +54,11 @@ func binaryRaw(op kernels.BinaryOp, a, b *T) *T {
 		panic(fmt.Sprintf("autograd: %s: %v", op, err))
 	}
 	dt := promote(a.DType(), b.DType())
-	ac, bc := asDType(a, dt), asDType(b, dt)
+	dev := ModeOf(a, b)
+	ac, bc := asDType(dev, a, dt), asDType(dev, b, dt)
 	defer ac.Release()
 	defer bc.Release()
-	y := tensor.Empty(ModeOf(a, b), dt, shape...)
+	y := tensor.Empty(dev, dt, shape...)
 	a.Backend().Binary(op, y.Buf(), ac.Buf(), bc.Buf(), kernels.NewBroadcast(shape, a.Shape(), b.Shape()))
 	return y
 }
@@ -153,7 +157,7 @@ func binary(op kernels.BinaryOp, a, b *T) *T {
 	reduce := func(g *T, shape []int, dt tensor.DType) *T {
 		s := sumTo(g, shape)
 		defer s.Release()
-		return asDType(s, dt)
+		return asDType(s.Device(), s, dt)
 	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 2)
@@ -286,7 +290,7 @@ func Cast(x *T, dt tensor.DType) *T { return castOn(x.Device(), x, dt) }
 // that runs on one of its sessions.
 func castOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
 	if x.DType() == dt {
-		return Identity(x)
+		return identityOn(dev, x)
 	}
 	y := castRawOn(dev, x, dt)
 	if rec := beginOn(dev, "cast", x); rec != nil {
@@ -297,9 +301,12 @@ func castOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
 }
 
 // Identity returns a new handle on x's storage that passes gradients through.
-func Identity(x *T) *T {
-	y := x.View(x.Shape()...)
-	if rec := begin("identity", x); rec != nil {
+func Identity(x *T) *T { return identityOn(ModeOf(x), x) }
+
+// identityOn is Identity making the new handle on dev.
+func identityOn(dev *tensor.Device, x *T) *T {
+	y := x.On(dev)
+	if rec := beginOn(dev, "identity", x); rec != nil {
 		rec.finish(y, func(g *T) []*T { return []*T{g.Retain()} })
 	}
 	return y

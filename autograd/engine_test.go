@@ -369,3 +369,52 @@ func testModesBelongToTheHandle(t *testing.T, dev *tensor.Device) {
 		})
 	})
 }
+
+// An operation on a session that uses tensors made on the device (the
+// parameters) leaves its temporaries in the session's scope, never in the
+// device's: another goroutine opens and closes that scope, and closing it
+// released a session's temporary while the session still used it (seen on
+// the H200 as a panic in a serving goroutine: "Release of an already
+// released" bias view). Here one goroutine opens and closes scopes on the
+// device as fast as it can while another runs operations on a session.
+func TestSessionOpsLeaveNothingInTheDevicesScope(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	s := dev.Session()
+	rng := newSrc(dev, 9, 1)
+	w, b := param(rng, normal, 3, 4), param(rng, normal, 3)
+	gamma, beta := param(rng, positive, 2), param(rng, normal, 2)
+	defer releaseAll(w, b, gamma, beta)
+	rm, rv := tensor.Zeros(dev, tensor.F32, 2).Keep(), tensor.Ones(dev, tensor.F32, 2).Keep()
+	defer releaseAll(rm, rv)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the device's scopes, opened and closed as a training loop's are
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				dev.WithScope(func() {})
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	ag.NoGrad(s, func() {
+		for i := 0; i < 5000; i++ {
+			s.WithScope(func() {
+				x := tensor.Randn(s, tensor.F32, 0, 1, 5, 4)
+				ag.Linear(x, w, b)              // the bias, added
+				ag.Add(ag.Linear(x, w, nil), b) // a parameter in a binary operation
+				img := tensor.Randn(s, tensor.F32, 0, 1, 2, 2, 3, 3)
+				ag.Autocast(s, func() { ag.BatchNorm2d(img, gamma, beta, rm, rv, false, 0.1, 1e-5) }) // F32 parameters under autocast
+			})
+		}
+	})
+}
+
+func releaseAll(ts ...*tensor.Tensor) {
+	for _, t := range ts {
+		t.Release()
+	}
+}

@@ -133,7 +133,7 @@ func Linear(x, w, b *T) *T {
 // addBias adds the bias b, read as shape (its one dimension placed among
 // broadcast ones), to y in place, in y's dtype.
 func addBias(y, b *T, shape []int) {
-	bc := asDType(b, y.DType())
+	bc := asDType(y.Device(), b, y.DType())
 	defer bc.Release()
 	y.Backend().Binary(kernels.Add, y.Buf(), y.Buf(), bc.Buf(), kernels.NewBroadcast(y.Shape(), y.Shape(), shape))
 }
@@ -143,7 +143,7 @@ func addBias(y, b *T, shape []int) {
 func biasGrad(g *T, shape []int, dt tensor.DType) *T {
 	s := sumTo(g, shape)
 	defer s.Release()
-	c := asDType(s, dt)
+	c := asDType(s.Device(), s, dt)
 	v := c.View(-1)
 	c.Release()
 	return v

@@ -80,10 +80,10 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
 		grads := []*T{dx, nil, nil, dres}
 		if rec.needs(1) {
-			grads[1] = asDType(dgamma, gType)
+			grads[1] = asDType(dgamma.Device(), dgamma, gType)
 		}
 		if rec.needs(2) {
-			grads[2] = asDType(dbeta, bType)
+			grads[2] = asDType(dbeta.Device(), dbeta, bType)
 		}
 		dgamma.Release()
 		dbeta.Release()
