@@ -116,11 +116,17 @@ func newTensor(dev *Device, dtype DType, shape []int) (*Tensor, error) {
 
 // wrap makes a new handle on st (whose reference the caller gives it).
 func wrap(dev *Device, dtype DType, shape []int, st *storage, off int64) *Tensor {
+	t := wrapKept(dev, dtype, shape, st, off)
+	register(t)
+	return t
+}
+
+// wrapKept is wrap without the scope: a handle no scope releases.
+func wrapKept(dev *Device, dtype DType, shape []int, st *storage, off int64) *Tensor {
 	t := &Tensor{shape: shape, dtype: dtype, dev: dev, off: off, n: numel(shape), h: &handle{st: st}}
 	t.h.refs.Store(1)
 	track(t)
 	t.cleanup = runtime.AddCleanup(t, collectLeak, t.h)
-	register(t)
 	return t
 }
 
@@ -518,6 +524,9 @@ func (t *Tensor) SetGradNode(n GradNode) {
 // node: what autograd saves for a backward so that the saved value does not
 // keep t's own handle (and its node) alive.
 func (t *Tensor) Alias() *Tensor {
-	a := t.View(t.shape...)
-	return a.Keep()
+	t.live()
+	t.h.st.refs.Add(1)
+	// Never in a scope, not even for a moment: t's handle may be another
+	// goroutine's, whose scope could close in between.
+	return wrapKept(t.dev, t.dtype, append([]int(nil), t.shape...), t.h.st, t.off)
 }
