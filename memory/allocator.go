@@ -201,6 +201,7 @@ type Allocator struct {
 	wsPolicy WorkspacePolicy
 	trace    *traceState   // non-nil while tracing
 	planned  *plannedState // non-nil while a plan serves the requests
+	owner    int           // the OS thread tracing or planned (Note [the planner's goroutine])
 	segs     map[*segment]struct{}
 	hist     *history // the last RecordHistory's
 	histOn   bool
@@ -223,13 +224,14 @@ func (a *Allocator) Source() Source { return a.src }
 // Alloc returns a block of at least size bytes on stream. When neither the
 // cache nor the Source can provide it, even after the cache is flushed, it
 // returns an *OOMError (which wraps ErrOutOfMemory). While a plan is in use
-// (BeginPlanned) the block is the plan's next one, inside its arena.
+// (BeginPlanned) the block of the planned goroutine is the plan's next one,
+// inside its arena.
 func (a *Allocator) Alloc(size int64, stream Stream) (*Block, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("memory: negative allocation size %d", size)
 	}
 	a.mu.Lock()
-	if ps := a.planned; ps != nil {
+	if ps := a.planned; ps != nil && a.mine() {
 		defer a.mu.Unlock()
 		b, _, err := ps.alloc([]int64{size}, stream)
 		return b, err
@@ -290,7 +292,7 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 		b.pcs = callers()
 		a.remember("alloc", b.Addr(), b.size, b.pcs)
 	}
-	if a.trace != nil {
+	if a.trace != nil && a.mine() {
 		sizes := []int64{rounded}
 		if options != nil {
 			sizes = make([]int64, len(options))

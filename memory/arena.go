@@ -3,6 +3,8 @@ package memory
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"syscall"
 )
 
 // Tracing, planning and arenas: how a fixed sequence of work (a training
@@ -42,13 +44,32 @@ type plannedState struct {
 	err    error
 }
 
-// StartTrace starts recording every allocation and free as a Trace. Blocks
+// StartTrace starts recording every allocation and free that the calling
+// goroutine makes (see Note [the planner's goroutine]) as a Trace. Blocks
 // allocated before it are not part of the trace; freeing them is ignored.
+// The same goroutine calls StopTrace.
 func (a *Allocator) StartTrace() {
+	runtime.LockOSThread()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.trace = &traceState{open: map[*Block]int{}}
+	a.owner = syscall.Gettid()
 }
+
+// Note [the planner's goroutine]: tracing and planned serving concern the
+// work of one goroutine, the one that called StartTrace or BeginPlanned,
+// which stays on its OS thread until StopTrace or EndPlanned (the calls lock
+// and unlock it). Requests from every other goroutine go to the pools as
+// usual, unseen by the trace and untouched by the plan: a goroutine serving
+// a model on a session of the same device may allocate while a training
+// step is traced or planned. Before, the trace took every request of the
+// device, and a planned step beside a serving goroutine failed with
+// ErrPlanMismatch (train's TestTrainingBesideInference, which runs its steps
+// planned).
+
+// mine reports whether the calling goroutine is the one tracing or planned.
+// a.mu is held.
+func (a *Allocator) mine() bool { return syscall.Gettid() == a.owner }
 
 // StopTrace ends the recording. It fails when a traced buffer is still
 // allocated: work that is to be planned must free everything it allocates.
@@ -56,10 +77,11 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ts := a.trace
-	a.trace = nil
 	if ts == nil {
 		return nil, errors.New("memory: StopTrace without StartTrace")
 	}
+	a.trace, a.owner = nil, 0
+	defer runtime.UnlockOSThread() // StartTrace's lock
 	if len(ts.open) > 0 {
 		var bytes int64
 		for b := range ts.open {
@@ -132,8 +154,9 @@ func (ar *Arena) Release() error {
 	return nil
 }
 
-// BeginPlanned makes the allocator serve requests from plan inside arena,
-// which must be at least plan.Size bytes, until EndPlanned.
+// BeginPlanned makes the allocator serve the calling goroutine's requests
+// from plan inside arena, which must be at least plan.Size bytes, until it
+// calls EndPlanned (Note [the planner's goroutine]).
 func (a *Allocator) BeginPlanned(plan *Plan, arena *Arena) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -145,7 +168,9 @@ func (a *Allocator) BeginPlanned(plan *Plan, arena *Arena) error {
 	case arena.seg == nil || arena.seg.Size < plan.Size:
 		return fmt.Errorf("memory: arena too small for a plan of %s", Bytes(plan.Size))
 	}
+	runtime.LockOSThread()
 	a.planned = &plannedState{plan: plan, arena: arena, open: map[*Block]int{}}
+	a.owner = syscall.Gettid()
 	a.useArena(arena.seg.Size, +1)
 	return nil
 }
@@ -160,7 +185,8 @@ func (a *Allocator) EndPlanned() error {
 	if ps == nil {
 		return errors.New("memory: EndPlanned without BeginPlanned")
 	}
-	a.planned = nil
+	a.planned, a.owner = nil, 0
+	defer runtime.UnlockOSThread() // BeginPlanned's lock
 	a.useArena(ps.arena.seg.Size, -1)
 	if ps.err != nil {
 		return ps.err
@@ -299,7 +325,7 @@ func (a *Allocator) AllocWorkspace(options []WorkspaceOption, eager int, stream 
 		sizes[i], times[i] = o.Size, o.Time
 	}
 	a.mu.Lock()
-	if ps := a.planned; ps != nil {
+	if ps := a.planned; ps != nil && a.mine() {
 		defer a.mu.Unlock()
 		return ps.alloc(sizes, stream)
 	}
@@ -315,7 +341,9 @@ func (a *Allocator) AllocWorkspace(options []WorkspaceOption, eager int, stream 
 	if err == nil {
 		a.mu.Lock()
 		if a.trace != nil {
-			a.trace.buffers[a.trace.open[b]].Times = times
+			if i, ok := a.trace.open[b]; ok { // traced: the tracing goroutine's
+				a.trace.buffers[i].Times = times
+			}
 		}
 		a.mu.Unlock()
 	}

@@ -314,3 +314,55 @@ func TestStopTraceRefusesLeaks(t *testing.T) {
 		t.Error("a trace that left a buffer allocated was accepted")
 	}
 }
+
+// Only the goroutine that traces is traced, and only the planned goroutine
+// is served by the plan: another goroutine's requests meanwhile go to the
+// pools (Note [the planner's goroutine]).
+func TestTraceAndPlanAreTheCallersOnly(t *testing.T) {
+	a := New(NewHeapSource(), Config{Device: "test"})
+	other := func() {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			b, err := a.Alloc(4096, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if b.seg.arena {
+				t.Error("another goroutine's request was served from the arena")
+			}
+			a.Free(b)
+		}()
+		<-done
+	}
+	work := func() {
+		x, _ := a.Alloc(1000, 0)
+		other() // between the caller's requests
+		y, _ := a.Alloc(3000, 0)
+		a.Free(x)
+		a.Free(y)
+	}
+	a.StartTrace()
+	work()
+	tr, err := a.StopTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Buffers) != 2 {
+		t.Fatalf("the trace has %d buffers, want the caller's 2", len(tr.Buffers))
+	}
+	plan := PlanTrace(tr, DefaultPlanOptions)
+	ar, err := a.NewArena(plan.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Release()
+	if err := a.BeginPlanned(plan, ar); err != nil {
+		t.Fatal(err)
+	}
+	work()
+	if err := a.EndPlanned(); err != nil {
+		t.Errorf("the planned run did not repeat the trace: %v", err)
+	}
+}

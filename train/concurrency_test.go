@@ -16,8 +16,9 @@ import (
 )
 
 // TestTrainingBesideInference: one goroutine trains a ResNet (AMP and
-// checkpointing: autocast, recomputation and scopes on the device) while two
-// others serve another model on the same device, each on its own Session
+// checkpointing: autocast, recomputation and scopes on the device; planned
+// steps: traced and served from an arena) while two others serve another
+// model on the same device, each on its own Session
 // under NoGrad, one of them under Autocast. Everything each goroutine
 // computes is what it computes alone, bit for bit: no goroutine sees
 // another's grad mode, autocast, checkpoint recomputation or scopes. Run
@@ -26,22 +27,26 @@ func TestTrainingBesideInference(t *testing.T) {
 	testTrainingBesideInference(t, tensor.NewDevice(cpu.New()), 0)
 }
 
-// testTrainingBesideInference runs on dev with eager training steps: a
-// planned step traces and plans every allocation of the device's pool, so
-// another goroutine allocating during its second or third step breaks the
-// plan (README, "Lifetimes"; seen on the H200, 2026-11-30). tol is the
-// relative difference allowed from running alone: 0 (bit for bit) on the
-// CPU; on a GPU cuDNN's algorithm search may pick others between the runs.
+// testTrainingBesideInference runs on dev with planned training steps
+// (captured on a GPU): the step's trace and plan see only its own
+// goroutine's allocations (Note [the planner's goroutine] in memory), and
+// while a step is captured the serving goroutines' calls wait (Note [one
+// goroutine captures] in kernels/cuda). tol is the relative difference
+// allowed from running alone: 0 (bit for bit) on the CPU; on a GPU cuDNN's
+// algorithm search may pick others between the runs.
 func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) {
 	ds := datasets.SyntheticSize(192, 5, 12)
 	cfg := baseConfig("tiny")
-	cfg.Batch, cfg.AMP, cfg.Checkpoint = 16, true, "blocks"
+	cfg.Batch, cfg.AMP, cfg.Checkpoint, cfg.Capture = 16, true, "blocks", true
 	newTrainer := func() (*Trainer, nn.Module) {
 		dev.Generator().Seed(1)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		tr, err := New(m, dev, cfg, 12)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tr.Step.Mode == Eager {
+			tr.Step.Mode = Planned // on the CPU: traced and planned steps beside the serving goroutines' allocations
 		}
 		return tr, m
 	}
@@ -109,6 +114,9 @@ func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) 
 	wg.Wait()
 	if trainErr != nil {
 		t.Fatal(trainErr)
+	}
+	if tr.Step.Plan([]int{cfg.Batch, 1, 12, 12}, []int{cfg.Batch}) == nil {
+		t.Errorf("the %v step never planned beside the serving goroutines: %v", tr.Step.Mode, tr.Step.Notes())
 	}
 	for i, e := range model.State("") {
 		if tol > 0 && e.T.DType() == tensor.F32 {

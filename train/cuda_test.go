@@ -41,7 +41,8 @@ func TestCUDADataParallelStep(t *testing.T) {
 	testDataParallelStep(t, testdev.CUDAs(t, 2), Captured)
 }
 
-// A goroutine trains while two serve on sessions of the same GPU.
+// A goroutine trains with captured steps while two serve on sessions of the
+// same GPU.
 func TestCUDATrainingBesideInference(t *testing.T) {
 	testTrainingBesideInference(t, testdev.CUDA(t), 1e-4)
 }
