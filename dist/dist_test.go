@@ -3,12 +3,12 @@ package dist
 import (
 	"fmt"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -38,16 +38,6 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 }
 
-// freeAddr is a loopback address with a port nothing listens on.
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // ranks runs f on size ranks, each a goroutine with a CPU device of its own,
 // joined as one group; it returns each rank's error.
 func ranks(t *testing.T, size int, timeout time.Duration, f func(g *Group) error) []error {
@@ -60,7 +50,7 @@ func ranks(t *testing.T, size int, timeout time.Duration, f func(g *Group) error
 
 // onDevices runs f as rank r of a group over devs, one goroutine each.
 func onDevices(t *testing.T, devs []*tensor.Device, timeout time.Duration, f func(g *Group) error) []error {
-	addr := freeAddr(t)
+	addr := testdev.FreeAddr(t)
 	size := len(devs)
 	errs := make([]error, size)
 	var wg sync.WaitGroup
@@ -214,20 +204,20 @@ func TestDeadRankFailsTheOthers(t *testing.T) {
 func TestRendezvousErrors(t *testing.T) {
 	t.Run("missing rank", func(t *testing.T) {
 		dev := tensor.NewDevice(cpu.New())
-		_, err := Join(dev, Config{Rank: 0, Size: 2, Addr: freeAddr(t), Timeout: 300 * time.Millisecond})
+		_, err := Join(dev, Config{Rank: 0, Size: 2, Addr: testdev.FreeAddr(t), Timeout: 300 * time.Millisecond})
 		if err == nil || !strings.Contains(err.Error(), "ranks [1] did not join") {
 			t.Errorf("err = %v", err)
 		}
 	})
 	t.Run("no rank 0", func(t *testing.T) {
 		dev := tensor.NewDevice(cpu.New())
-		_, err := Join(dev, Config{Rank: 1, Size: 2, Addr: freeAddr(t), Timeout: 300 * time.Millisecond})
+		_, err := Join(dev, Config{Rank: 1, Size: 2, Addr: testdev.FreeAddr(t), Timeout: 300 * time.Millisecond})
 		if err == nil || !strings.Contains(err.Error(), "no rendezvous at") {
 			t.Errorf("err = %v", err)
 		}
 	})
 	t.Run("two rank 1s", func(t *testing.T) {
-		addr := freeAddr(t)
+		addr := testdev.FreeAddr(t)
 		errs := make([]error, 3)
 		var wg sync.WaitGroup
 		for i, r := range []int{0, 1, 1} {

@@ -289,32 +289,45 @@ func (g *Group) TimeAllReduce(bytes int64, reps int) (time.Duration, error) {
 type tcpCollective struct{ g *Group }
 
 func (c *tcpCollective) AllReduce(bs []kernels.Buf, mean bool) error {
-	be := c.g.dev.Backend()
-	var raw []byte
 	for _, b := range bs {
 		if b.DType != kernels.F32 && b.DType != kernels.I32 {
 			return fmt.Errorf("dist: all-reduce of %v over tcp (F32 and I32 only)", b.DType)
 		}
+	}
+	return c.exchange("all-reduce", bs, c.read(bs), func(all [][]byte) []byte { return reduce(bs, all, mean) })
+}
+
+// read is bs's bytes, one after the other.
+func (c *tcpCollective) read(bs []kernels.Buf) []byte {
+	var raw []byte
+	for _, b := range bs {
 		part := make([]byte, b.Bytes())
-		be.Read(part, b)
+		c.g.dev.Backend().Read(part, b)
 		raw = append(raw, part...)
 	}
-	all, err := c.g.rv.gather("all-reduce", raw)
+	return raw
+}
+
+// exchange sends this rank's payload to rank 0, which combines every
+// rank's into the result, and writes the result into bs on every rank.
+func (c *tcpCollective) exchange(what string, bs []kernels.Buf, mine []byte, combine func(all [][]byte) []byte) error {
+	all, err := c.g.rv.gather(what, mine)
 	if err != nil {
 		return err
 	}
+	var raw []byte
 	if c.g.cfg.Rank == 0 {
-		raw = reduce(bs, all, mean)
+		raw = combine(all)
 	}
-	if raw, err = c.g.rv.bcast("all-reduce", raw); err != nil {
+	if raw, err = c.g.rv.bcast(what, raw); err != nil {
 		return err
 	}
 	var off int64
 	for _, b := range bs {
 		if int64(len(raw)) < off+b.Bytes() {
-			return fmt.Errorf("dist: all-reduce result of %d bytes for buffers of more", len(raw))
+			return fmt.Errorf("dist: %s: %d bytes for buffers of more", what, len(raw))
 		}
-		be.Write(b, raw[off:off+b.Bytes()])
+		c.g.dev.Backend().Write(b, raw[off:off+b.Bytes()])
 		off += b.Bytes()
 	}
 	return nil
@@ -355,34 +368,11 @@ func reduce(bs []kernels.Buf, all [][]byte, mean bool) []byte {
 }
 
 func (c *tcpCollective) Broadcast(bs []kernels.Buf, root int) error {
-	be := c.g.dev.Backend()
-	var raw []byte
+	var mine []byte
 	if c.g.cfg.Rank == root {
-		for _, b := range bs {
-			part := make([]byte, b.Bytes())
-			be.Read(part, b)
-			raw = append(raw, part...)
-		}
+		mine = c.read(bs)
 	}
-	all, err := c.g.rv.gather("broadcast", raw)
-	if err != nil {
-		return err
-	}
-	if c.g.cfg.Rank == 0 {
-		raw = all[root]
-	}
-	if raw, err = c.g.rv.bcast("broadcast", raw); err != nil {
-		return err
-	}
-	var off int64
-	for _, b := range bs {
-		if int64(len(raw)) < off+b.Bytes() {
-			return fmt.Errorf("dist: broadcast of %d bytes for buffers of more", len(raw))
-		}
-		be.Write(b, raw[off:off+b.Bytes()])
-		off += b.Bytes()
-	}
-	return nil
+	return c.exchange("broadcast", bs, mine, func(all [][]byte) []byte { return all[root] })
 }
 
 func (c *tcpCollective) Abort()       {}

@@ -3,7 +3,6 @@ package train
 import (
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,25 +11,16 @@ import (
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/dist"
+	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// loopback is a free address on this machine for a job's rendezvous.
-func loopback(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // onRanks runs f as rank r of a job over devs, one goroutine each.
 func onRanks(t *testing.T, devs []*tensor.Device, f func(g *dist.Group) error) {
-	addr := loopback(t)
+	addr := testdev.FreeAddr(t)
 	errs := make([]error, len(devs))
 	var wg sync.WaitGroup
 	for r, dev := range devs {

@@ -9,6 +9,7 @@ package testdev
 
 import (
 	"fmt"
+	"net"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels/cuda"
@@ -67,4 +68,16 @@ func CUDAWith(t testing.TB, opts tensor.Options) *tensor.Device {
 		}
 	})
 	return d
+}
+
+// FreeAddr is a loopback address whose port nothing listens on, for a
+// data-parallel job's rendezvous in a test.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
