@@ -58,8 +58,10 @@ func (m Mode) String() string {
 // predictions accumulate on the device (Metrics reads them); the learning
 // rate, the loss scale and the skip decision live there too (package
 // optim); dropout draws from a device counter. These are its only device
-// reads, all outside Run: Metrics, SyncRNG, and the scaler's and optimiser's
-// state when a checkpoint is saved.
+// reads, all outside Run: Metrics (and JobMetrics), SyncRNG, and the
+// scaler's and optimiser's state when a checkpoint is saved. In a
+// data-parallel step the gradients' all-reduce is queued on the device too
+// (NCCL); only the CPU's collectives, over TCP, read the buckets inside Run.
 //
 // Run returns an error, never a panic, when the device runs out of memory
 // or a driver call fails. A step that fails so leaves no trace (see eager):
@@ -120,7 +122,8 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *o
 // one all-reduce each), before the scaler's check, so every rank sees the
 // same gradients, skips the same AMP steps and takes the same update.
 // Batch norm's statistics stay each rank's own, as in DDP without buffer
-// broadcasting; Metrics sums the ranks'. Call it before the first Run.
+// broadcasting; JobMetrics sums the ranks' metrics. Call it before the
+// first Run.
 func (s *Step) SetGroup(g *dist.Group) error {
 	if s.reducer != nil {
 		panic("train: SetGroup called twice")

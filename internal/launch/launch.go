@@ -68,10 +68,10 @@ func Join(dev *tensor.Device, cfg *dist.Config, stderr io.Writer) (*dist.Group, 
 }
 
 // Run runs nproc ranks of this program on this machine with args (the
-// command line less -nproc: see WithoutFlag), with their output prefixed by "[rank R] ", and returns the job's
-// exit status: 0 when every rank succeeded, else that of the first rank
-// seen to fail (which, when a rank dies, may be one it took down: each
-// failed rank's status is printed).
+// command line less -nproc: see WithoutFlag), their output prefixed by
+// "[rank R] ", and returns the job's exit status: 0 when every rank
+// succeeded, else that of the first rank seen to fail (which, when a rank
+// dies, may be one it took down: each failed rank's status is printed).
 // When a rank fails, the others learn it through the rendezvous and stop;
 // any still running FailureGrace later are killed.
 func Run(nproc int, args []string, stdout, stderr io.Writer) int {
