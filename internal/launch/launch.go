@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,8 +99,7 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 	var cmds []*exec.Cmd
 	for r := 0; r < nproc; r++ {
 		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(nproc),
-			"LOCAL_RANK="+strconv.Itoa(r), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+		cmd.Env = rankEnv(os.Environ(), r, nproc, port, runtime.NumCPU())
 		prefix := fmt.Sprintf("[rank %d] ", r)
 		cmd.Stdout = &prefixed{w: stdout, mu: &outMu, prefix: prefix}
 		cmd.Stderr = &prefixed{w: stderr, mu: &outMu, prefix: prefix}
@@ -164,6 +165,20 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return status
+}
+
+// rankEnv is rank r's environment: env with the job's variables, and, when
+// env does not set it, GOMAXPROCS at the rank's share of the machine's cpus, so that the ranks' goroutines do not all contend for every core
+// (torchrun sets OMP_NUM_THREADS=1 for the same reason).
+func rankEnv(env []string, r, nproc, port, cpus int) []string {
+	out := append(slices.Clone(env), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(nproc),
+		"LOCAL_RANK="+strconv.Itoa(r), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			return out
+		}
+	}
+	return append(out, "GOMAXPROCS="+strconv.Itoa(max(1, cpus/nproc)))
 }
 
 // WithoutFlag is args less the flag name and its value.

@@ -36,3 +36,14 @@ func TestPrefixed(t *testing.T) {
 		t.Errorf("got %q, want %q", out.String(), want)
 	}
 }
+
+func TestRankEnv(t *testing.T) {
+	got := strings.Join(rankEnv([]string{"PATH=/bin"}, 1, 2, 29500, 16), " ")
+	if want := "PATH=/bin RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 GOMAXPROCS=8"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	got = strings.Join(rankEnv([]string{"GOMAXPROCS=3"}, 0, 4, 1, 2), " ")
+	if want := "GOMAXPROCS=3 RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1"; got != want {
+		t.Errorf("got %q, want %q (the user's GOMAXPROCS kept, at least 1)", got, want)
+	}
+}
