@@ -167,8 +167,9 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-// rankEnv is rank r's environment: env with the job's variables, and, when
-// env does not set it, GOMAXPROCS at the rank's share of the machine's cpus, so that the ranks' goroutines do not all contend for every core
+// rankEnv is rank r's environment: env with the job's variables and, when
+// env does not set it, GOMAXPROCS at the rank's share of the machine's
+// cpus, so that the ranks' goroutines do not all contend for every core
 // (torchrun sets OMP_NUM_THREADS=1 for the same reason).
 func rankEnv(env []string, r, nproc, port, cpus int) []string {
 	out := append(slices.Clone(env), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(nproc),
