@@ -192,6 +192,7 @@ type Option func(*backwardOptions)
 type backwardOptions struct {
 	retain bool
 	grad   *T
+	ready  func(leaf *T)
 }
 
 // RetainGraph keeps the graph (and what its nodes saved) after Backward, so
@@ -200,6 +201,19 @@ func RetainGraph() Option { return func(o *backwardOptions) { o.retain = true } 
 
 // WithGrad starts Backward from g, the gradient of the loss, instead of ones.
 func WithGrad(g *T) Option { return func(o *backwardOptions) { o.grad = g } }
+
+// OnGradReady calls ready with each leaf whose gradient the pass has
+// finished: right after its last contribution is added to leaf.Grad(), or,
+// for a leaf the pass reaches without giving it a gradient, when the pass
+// passes the last node that could have. Each leaf the graph reaches is
+// reported once a pass, in an order that depends only on the graph (so the
+// ranks of a data-parallel job report in the same order). A checkpointed
+// block's leaves are reported from its recomputation, in the middle of the
+// outer pass: the hook is kept in the root's device modes while the pass
+// runs, and the passes inside it call it too. This is how the data-parallel
+// reducer starts each bucket's all-reduce while the backward goes on
+// (dist.Reducer), as DDP does with PyTorch's post-accumulate-grad hooks.
+func OnGradReady(ready func(leaf *T)) Option { return func(o *backwardOptions) { o.ready = ready } }
 
 // Backward computes the gradient of root with respect to every leaf tensor
 // that requires one and that root depends on, adding it to the leaf's Grad.
@@ -223,6 +237,14 @@ func Backward(root *T, opts ...Option) {
 		panic(fmt.Sprintf("autograd: Backward of a %v tensor of %d elements without WithGrad: a gradient is implied only for a scalar (a loss); pass WithGrad(g) of shape %v",
 			root.Shape(), root.Numel(), root.Shape()))
 	}
+	modes := root.Device().Modes()
+	if o.ready == nil {
+		o.ready = modes.GradReady // a pass inside another: a checkpointed block's
+	} else {
+		outer := modes.GradReady
+		modes.GradReady = o.ready
+		defer func() { modes.GradReady = outer }()
+	}
 	s := root.Device().NewScope() // temporaries of the backward pass
 	defer s.Close()
 	var g *T
@@ -237,6 +259,9 @@ func Backward(root *T, opts ...Option) {
 	gn := root.GradNode()
 	if gn == nil {
 		accumulate(root, g)
+		if o.ready != nil {
+			o.ready(root)
+		}
 		return
 	}
 	rootNode := gn.(*node)
@@ -248,6 +273,7 @@ func Backward(root *T, opts ...Option) {
 	for _, n := range order {
 		n.refs.Add(1) // held until this pass has processed the node
 	}
+	left := leafEdges(order, o.ready) // edges into each leaf the pass has yet to pass
 	// Every gradient this pass holds is in pending, in flight (given to a
 	// node's backward) or in loose (returned by one and not yet passed on).
 	pending := map[*node]*T{rootNode: g}
@@ -311,11 +337,39 @@ func Backward(root *T, opts ...Option) {
 			}
 			loose = nil
 		}
+		if left != nil {
+			for _, e := range n.inputs {
+				if e.leaf == nil {
+					continue
+				}
+				if left[e.leaf]--; left[e.leaf] == 0 {
+					o.ready(e.leaf)
+				}
+			}
+		}
 		if !o.retain {
 			n.free()
 		}
 		n.Release()
 	}
+}
+
+// leafEdges counts the edges from the nodes of order into each leaf, for
+// OnGradReady (nil without a hook). order lists every node that can reach
+// a leaf, and the pass visits each once, so every count reaches zero.
+func leafEdges(order []*node, ready func(*T)) map[*T]int {
+	if ready == nil {
+		return nil
+	}
+	left := map[*T]int{}
+	for _, n := range order {
+		for _, e := range n.inputs {
+			if e.leaf != nil {
+				left[e.leaf]++
+			}
+		}
+	}
+	return left
 }
 
 // topoOrder lists the nodes reachable from root with every node after all of

@@ -2,6 +2,7 @@ package autograd_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -416,5 +417,58 @@ func TestSessionOpsLeaveNothingInTheDevicesScope(t *testing.T) {
 func releaseAll(ts ...*tensor.Tensor) {
 	for _, t := range ts {
 		t.Release()
+	}
+}
+
+// OnGradReady reports each leaf once a pass, when its gradient from the
+// pass is final: a leaf used twice after its second contribution, a
+// checkpointed block's parameters from the block's recomputation, and a
+// parameter used inside and outside the block by both passes, the later
+// one with its final gradient. (The recomputation's own leaves, aliases of
+// the block's inputs, are reported too; the test ignores them.)
+func TestOnGradReady(t *testing.T) {
+	dev := tensor.CPU()
+	leaf := func(v ...float32) *tensor.Tensor {
+		return tensor.FromFloat32(dev, v, len(v)).Keep().SetRequiresGrad(true)
+	}
+	a, b, c := leaf(1, 2), leaf(3, 4), leaf(5, 6)
+	defer func() { a.Release(); b.Release(); c.Release() }()
+	names := map[*tensor.Tensor]string{a: "a", b: "b", c: "c"}
+	type report struct {
+		grad        string
+		recomputing bool
+	}
+	got := map[string][]report{}
+	dev.WithScope(func() {
+		// loss = Σ a·b + Σ checkpoint(x ↦ x·c·a)(b) + Σ a:
+		// ∂a = b + b·c + 1, ∂b = a + c·a, ∂c = b·a.
+		inner := ag.Checkpoint(func(in []*tensor.Tensor) *tensor.Tensor { return ag.Mul(ag.Mul(in[0], c), a) }, b)
+		loss := ag.Add(ag.Add(ag.SumAll(ag.Mul(a, b)), ag.SumAll(inner)), ag.SumAll(a))
+		ag.Backward(loss, ag.OnGradReady(func(l *tensor.Tensor) {
+			if names[l] == "" {
+				return // an alias of the block's input
+			}
+			got[names[l]] = append(got[names[l]], report{fmt.Sprint(l.Grad().Float32s()), ag.Recomputing(dev)})
+		}))
+	})
+	want := map[string]string{"a": "[19 29]", "b": "[6 14]", "c": "[3 8]"}
+	counts := map[string]int{"a": 2, "b": 1, "c": 1}
+	for name, rs := range got {
+		if len(rs) != counts[name] {
+			t.Errorf("%s reported %d times (%v), want %d", name, len(rs), rs, counts[name])
+			continue
+		}
+		if last := rs[len(rs)-1]; last.grad != want[name] {
+			t.Errorf("%s reported with gradient %s, want its final %s", name, last.grad, want[name])
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("reports %v, want a, b and c", got)
+	}
+	if rs := got["c"]; len(rs) == 1 && !rs[0].recomputing {
+		t.Errorf("c, used only inside the checkpointed block, was not reported from its recomputation")
+	}
+	if dev.Modes().GradReady != nil {
+		t.Errorf("the hook outlived its Backward")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/tensor"
@@ -115,44 +116,122 @@ func TestCollectivesOverTCP(t *testing.T) {
 }
 
 // The reducer averages gradients across ranks, in buckets laid out in
-// reverse parameter order, and refuses a parameter without a gradient.
+// reverse parameter order. The first step learns that each gradient is
+// finished once and reduces in Finish; the next starts every bucket from
+// the backward's hook. A parameter left out of the loss is refused.
 func TestReducerAveragesGradients(t *testing.T) {
 	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
 		dev := g.Device()
 		// A 2 MiB parameter fills the 1 MiB first bucket on its own, so the
 		// three parameters take two buckets: [p2, p1] is too big, [p2] | [p1, p0].
 		sizes := []int{3, 512 << 10, 300 << 10}
-		var params []*tensor.Tensor
+		var params, coefs []*tensor.Tensor
 		for i, n := range sizes {
-			p := tensor.Zeros(dev, tensor.F32, n).Keep().SetRequiresGrad(true)
-			grad := make([]float32, n)
-			for j := range grad {
-				grad[j] = float32(g.Rank()*100 + i + j%7)
+			params = append(params, tensor.Zeros(dev, tensor.F32, n).Keep().SetRequiresGrad(true))
+			c := make([]float32, n)
+			for j := range c {
+				c[j] = float32(g.Rank()*100 + i + j%7)
 			}
-			p.SetGrad(tensor.FromFloat32(dev, grad, n))
-			params = append(params, p)
-			defer p.Release()
+			coefs = append(coefs, tensor.FromFloat32(dev, c, n).Keep())
 		}
+		defer func() {
+			for i := range params {
+				params[i].Release()
+				coefs[i].Release()
+			}
+		}()
 		red := NewReducer(g, params)
 		defer red.Release()
 		if red.Buckets() != 2 || red.Bytes() != 4*int64(3+512<<10+300<<10) {
 			return fmt.Errorf("%d buckets of %d bytes", red.Buckets(), red.Bytes())
 		}
-		if err := red.Reduce(); err != nil {
-			return err
-		}
-		for i, p := range params {
-			for j, v := range p.Grad().Float32s() {
-				if want := float32(50 + i + j%7); v != want { // the mean of rank*100 over ranks 0 and 1 is 50
-					return fmt.Errorf("rank %d: gradient %d[%d] = %v, want %v", g.Rank(), i, j, v, want)
+		// step runs a backward of Σ_i scale·Σ(p_i·c_i) over the parameters in
+		// use and returns how many buckets had started when it ended.
+		step := func(use []int, scale float32) (started int, err error) {
+			red.Prepare()
+			dev.WithScope(func() {
+				var loss *tensor.Tensor
+				for _, i := range use {
+					term := ag.SumAll(ag.Mul(params[i], coefs[i]))
+					if loss == nil {
+						loss = term
+					} else {
+						loss = ag.Add(loss, term)
+					}
+				}
+				ag.Backward(ag.Scale(loss, scale), ag.OnGradReady(red.Ready))
+			})
+			for _, s := range red.started {
+				if s {
+					started++
 				}
 			}
+			return started, red.Finish()
 		}
-		params[0].ZeroGrad()
-		if err := red.Reduce(); err == nil || !strings.Contains(err.Error(), "has no gradient") {
+		for n, scale := range []float32{1, 2} {
+			started, err := step([]int{0, 1, 2}, scale)
+			if err != nil {
+				return err
+			}
+			if want := n * red.Buckets(); started != want { // none on the first step, all on the second
+				return fmt.Errorf("step %d: %d buckets started during the backward, want %d", n, started, want)
+			}
+			for i, p := range params {
+				for j, v := range p.Grad().Float32s() {
+					if want := scale * float32(50+i+j%7); v != want { // the mean of rank*100 over ranks 0 and 1 is 50
+						return fmt.Errorf("rank %d step %d: gradient %d[%d] = %v, want %v", g.Rank(), n, i, j, v, want)
+					}
+				}
+				p.ZeroGrad()
+			}
+		}
+		if ok, why := red.Overlap(); !ok {
+			return fmt.Errorf("no overlap after a step that finished each gradient once: %s", why)
+		}
+		if _, err := step([]int{1, 2}, 1); err == nil || !strings.Contains(err.Error(), "has no gradient") {
 			return fmt.Errorf("a parameter without a gradient: %v", err)
 		}
-		// Both ranks refused before any collective: the group is still whole.
+		// Both ranks refused before reducing the bucket holding p0: the
+		// group is still whole.
+		return g.Close()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// A parameter used by two checkpointed blocks has its gradient finished by
+// each block's pass: the reducer then does not overlap, and still averages.
+func TestReducerSharedParameterDoesNotOverlap(t *testing.T) {
+	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
+		dev := g.Device()
+		w := tensor.FromFloat32(dev, []float32{1, 2, 3}, 3).Keep().SetRequiresGrad(true)
+		defer w.Release()
+		red := NewReducer(g, []*tensor.Tensor{w})
+		defer red.Release()
+		x := tensor.FromFloat32(dev, []float32{float32(g.Rank() + 1), 1, 1}, 3).Keep()
+		defer x.Release()
+		block := func(in []*tensor.Tensor) *tensor.Tensor { return ag.Mul(in[0], w) }
+		for n := range 2 {
+			red.Prepare()
+			dev.WithScope(func() {
+				// y = x·w·w, so dy/dw = 2·x·w; averaged over x0 = 1, 2: 2·(1.5, 1, 1)·(1, 2, 3).
+				y := ag.Checkpoint(block, ag.Checkpoint(block, x))
+				ag.Backward(ag.SumAll(y), ag.OnGradReady(red.Ready))
+			})
+			if err := red.Finish(); err != nil {
+				return err
+			}
+			if got := fmt.Sprint(w.Grad().Float32s()); got != "[3 4 6]" {
+				return fmt.Errorf("step %d: gradient %s, want [3 4 6]", n, got)
+			}
+			w.ZeroGrad()
+		}
+		if ok, why := red.Overlap(); ok || !strings.Contains(why, "finished 2 times") {
+			return fmt.Errorf("overlap %v (%s) with a parameter finished twice a backward", ok, why)
+		}
 		return g.Close()
 	})
 	for r, err := range errs {

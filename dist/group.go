@@ -155,6 +155,32 @@ func (g *Group) AllReduce(ts []*tensor.Tensor, mean bool) error {
 	return g.cause(g.coll.AllReduce(bufs(ts), mean))
 }
 
+// StartAllReduce is AllReduce overlapped with the device work queued after
+// it, until Join (kernels.Collective.StartAllReduce): the tensors must not
+// be used in between.
+func (g *Group) StartAllReduce(ts []*tensor.Tensor, mean bool) error {
+	if err := g.Err(); err != nil {
+		return err
+	}
+	if g.cfg.Size == 1 || len(ts) == 0 {
+		return nil
+	}
+	return g.cause(g.coll.StartAllReduce(bufs(ts), mean))
+}
+
+// Join makes the device work queued from now on wait for the all-reduces
+// started so far. It is safe to call with nothing started, and after a
+// failure (it then only returns the failure).
+func (g *Group) Join() error {
+	if g.cfg.Size == 1 {
+		return nil
+	}
+	if err := g.coll.Join(); err != nil {
+		return g.cause(err)
+	}
+	return g.Err()
+}
+
 // cause is err, or, when the group failed meanwhile (an abort makes NCCL
 // return an internal error), the failure that explains it.
 func (g *Group) cause(err error) error {
@@ -375,5 +401,12 @@ func (c *tcpCollective) Broadcast(bs []kernels.Buf, root int) error {
 	return c.exchange("broadcast", bs, mine, func(all [][]byte) []byte { return all[root] })
 }
 
+// StartAllReduce is AllReduce: the CPU backend runs one operation at a
+// time, so there is nothing to overlap it with.
+func (c *tcpCollective) StartAllReduce(bs []kernels.Buf, mean bool) error {
+	return c.AllReduce(bs, mean)
+}
+
+func (c *tcpCollective) Join() error  { return nil }
 func (c *tcpCollective) Abort()       {}
 func (c *tcpCollective) Close() error { return nil }

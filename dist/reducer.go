@@ -1,9 +1,9 @@
 package dist
 
 import (
+	"errors"
 	"fmt"
 
-	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -14,110 +14,236 @@ const (
 	BucketBytes      = 25 << 20
 )
 
-// Reducer averages a step's gradients over a group, as DDP does: the
-// parameters are laid out in buckets in reverse order (the order a backward
-// makes their gradients ready), each bucket one flat F32 tensor kept for the
-// whole run; Reduce copies the gradients into their buckets, all-reduces
-// each bucket (one NCCL call per bucket, grouped), and copies the means
-// back. Everything is queued on the device, so a captured step captures it.
+// Reducer averages a step's gradients over a group, as DDP does, while the
+// backward runs. The parameters are laid out in buckets in reverse order
+// (the order a backward makes their gradients ready), each bucket one flat
+// F32 tensor kept for the whole run, and each parameter's gradient is a
+// view into its bucket (DDP's gradient_as_bucket_view): the backward adds
+// into the buckets, and nothing is copied in or out. A step is
 //
-// Note [no overlap]: DDP launches each bucket's all-reduce as soon as its
-// last gradient is ready, overlapping the rest of the backward. Reduce runs
-// after the whole backward instead, on the compute stream: simpler, and
-// the same result; what it costs is the all-reduce time, which the report
-// measures (Group.TimeAllReduce) beside the step time.
+//	r.Prepare()                                   // zero the buckets, make the gradients views of them
+//	autograd.Backward(loss, autograd.OnGradReady(r.Ready))
+//	err := r.Finish()                             // the rest, then wait for the all-reduces
+//
+// Ready starts a bucket's all-reduce (a mean) as soon as its last
+// gradient is ready, on the collectives' own stream, overlapping the rest
+// of the backward; Finish makes the device's later work wait for them.
+// Everything is queued on the device, so a captured step captures it, the
+// side stream included.
+//
+// Note [the first step learns]: overlapping is right only when each
+// parameter's gradient is finished once a backward: a parameter reported
+// twice (one used in two checkpointed blocks, whose passes each report it)
+// would be added to while its bucket is reduced. So the first step only
+// counts the reports and reduces every bucket in Finish; when each
+// parameter was reported once, the later steps overlap, and otherwise they
+// go on reducing in Finish (Overlap says which, and why). A parameter
+// reported twice after that (the graph changed) fails the step. DDP
+// instead raises an error on the second report, unless told the graph is
+// static.
 type Reducer struct {
 	g       *Group
 	buckets []bucket
 	bytes   int64
+	slot    map[*tensor.Tensor]int // parameter -> its index in params
+	params  []param
+
+	// One step's state.
+	learned  bool   // the first step has run (Note [the first step learns])
+	overlap  bool   // buckets start in Ready
+	why      string // why they do not
+	reported []int  // per parameter: Ready calls this step
+	left     []int  // per bucket: parameters not yet reported
+	started  []bool // per bucket: its all-reduce is queued
+	err      error  // the first error Ready met (it cannot return one)
 }
 
 type bucket struct {
 	flat   *tensor.Tensor
-	params []*tensor.Tensor
-	offs   []int64 // element offsets into flat
+	params []int // indices into Reducer.params
+}
+
+type param struct {
+	t      *tensor.Tensor
+	bucket int
+	off    int // element offset into the bucket
 }
 
 // NewReducer lays params' gradients out in buckets on g's device. Every
 // parameter must be F32 (its gradient is, and so is the bucket).
 func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
-	r := &Reducer{g: g}
+	r := &Reducer{g: g, slot: map[*tensor.Tensor]int{}}
 	limit := int64(FirstBucketBytes)
-	var cur []*tensor.Tensor
+	var cur []int
 	var size int64
 	flush := func() {
 		if len(cur) == 0 {
 			return
 		}
 		b := bucket{flat: tensor.Zeros(g.dev, tensor.F32, int(size/4)).Keep(), params: cur}
-		var off int64
-		for _, p := range cur {
-			b.offs = append(b.offs, off)
-			off += int64(p.Numel())
+		off := 0
+		for _, i := range cur {
+			r.params[i].bucket, r.params[i].off = len(r.buckets), off
+			off += r.params[i].t.Numel()
 		}
 		r.buckets = append(r.buckets, b)
 		r.bytes += size
 		cur, size, limit = nil, 0, BucketBytes
 	}
+	r.params = make([]param, len(params))
 	for i := len(params) - 1; i >= 0; i-- {
 		p := params[i]
 		if p.DType() != tensor.F32 {
 			panic(fmt.Sprintf("dist: parameter %d is %v; the reducer's buckets are F32", i, p.DType()))
 		}
-		cur = append(cur, p)
+		if _, dup := r.slot[p]; dup {
+			panic(fmt.Sprintf("dist: parameter %d of shape %v is listed twice", i, p.Shape()))
+		}
+		r.slot[p] = i
+		r.params[i].t = p
+		cur = append(cur, i)
 		size += 4 * int64(p.Numel())
 		if size >= limit {
 			flush()
 		}
 	}
 	flush()
+	r.reported = make([]int, len(r.params))
+	r.left = make([]int, len(r.buckets))
+	r.started = make([]bool, len(r.buckets))
 	return r
 }
 
-// Buckets is the number of buckets; Bytes their size in all (the memory
-// data parallelism adds to a step).
+// Buckets is the number of buckets.
 func (r *Reducer) Buckets() int { return len(r.buckets) }
 
-// Bytes is the buckets' size in all.
+// Bytes is the buckets' size in all (the memory data parallelism adds to a
+// step; the gradients live in it).
 func (r *Reducer) Bytes() int64 { return r.bytes }
 
-// Reduce replaces every parameter's gradient by its mean over the group's
-// ranks. A parameter without a gradient on this rank is an error: the other
-// ranks would update it and this one would not.
-func (r *Reducer) Reduce() error {
+// Overlap reports whether the all-reduces overlap the backward, and if
+// not, why (Note [the first step learns]). Before the first step it
+// reports false and "no step has run yet".
+func (r *Reducer) Overlap() (bool, string) {
+	if !r.learned {
+		return false, "no step has run yet"
+	}
+	return r.overlap, r.why
+}
+
+// Prepare starts a step: it queues the zeroing of the buckets and makes
+// every parameter's gradient a view into its bucket, replacing the
+// gradient it had. Call it before the step's first backward (with
+// micro-batches, before the first one's).
+func (r *Reducer) Prepare() {
+	if r.g.Size() == 1 {
+		return
+	}
+	be := r.g.dev.Backend()
+	for _, b := range r.buckets {
+		be.Fill(b.flat.Buf(), 0)
+	}
+	for _, p := range r.params {
+		rows := r.buckets[p.bucket].flat.Rows(p.off, p.off+p.t.Numel())
+		p.t.SetGrad(rows.View(p.t.Shape()...)) // the gradient takes the view's reference
+		rows.Release()
+	}
+	clear(r.reported)
+	clear(r.started)
+	for i, b := range r.buckets {
+		r.left[i] = len(b.params)
+	}
+	r.err = nil
+}
+
+// Ready is the backward's hook (autograd.OnGradReady): it notes that leaf's
+// gradient is finished, and once all of a bucket's are, starts the
+// bucket's all-reduce, overlapping the rest of the backward. Leaves that
+// are not the reducer's parameters (a checkpointed block's inputs) are
+// ignored. Give it only to the backward of a step's last micro-batch.
+func (r *Reducer) Ready(leaf *tensor.Tensor) {
+	i, ok := r.slot[leaf]
+	if !ok || r.g.Size() == 1 {
+		return
+	}
+	p := r.params[i]
+	r.reported[i]++
+	if r.reported[i] > 1 {
+		if r.overlap && r.started[p.bucket] && r.err == nil {
+			r.err = fmt.Errorf("dist: the gradient of parameter %d (shape %v) was finished twice in one backward, after its bucket's all-reduce had started; the first step finished it once (a graph that changes between steps cannot overlap its all-reduces)", i, p.t.Shape())
+		}
+		return
+	}
+	r.left[p.bucket]--
+	if r.overlap && r.left[p.bucket] == 0 {
+		r.start(p.bucket)
+	}
+}
+
+// start queues bucket b's all-reduce on the collectives' own stream.
+func (r *Reducer) start(b int) {
+	r.started[b] = true
+	if err := r.g.StartAllReduce([]*tensor.Tensor{r.buckets[b].flat}, true); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// Finish ends a step's reduction: it starts the buckets Ready has not,
+// and makes the device's later work wait for every all-reduce, so that the
+// gradients read after it are the means over the ranks. A parameter the
+// backward gave no gradient is an error (before any all-reduce on the
+// first step): the other ranks would update it and this one would not.
+func (r *Reducer) Finish() error {
 	if r.g.Size() == 1 {
 		return nil
 	}
-	be := r.g.dev.Backend()
-	views := make([][]kernels.Buf, len(r.buckets))
-	for i, b := range r.buckets {
-		flat := b.flat.Buf()
-		for j, p := range b.params {
-			g := p.Grad()
-			if g == nil {
-				return fmt.Errorf("dist: a parameter of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", p.Shape(), r.g.Rank())
-			}
-			v := kernels.Buf{Block: flat.Block, Off: flat.Off + 4*b.offs[j], N: p.Numel(), DType: kernels.F32}
-			be.Copy(v, g.Buf())
-			views[i] = append(views[i], v)
+	if !r.learned {
+		if err := r.learn(); err != nil {
+			return err
 		}
 	}
-	flats := make([]*tensor.Tensor, len(r.buckets))
-	for i, b := range r.buckets {
-		flats[i] = b.flat
+	var missing error
+	for i, n := range r.reported {
+		if n == 0 && missing == nil {
+			missing = fmt.Errorf("dist: parameter %d of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", i, r.params[i].t.Shape(), r.g.Rank())
+		}
 	}
-	if err := r.g.AllReduce(flats, true); err != nil {
-		return err
+	if missing == nil && r.err == nil {
+		for b := range r.buckets {
+			if !r.started[b] {
+				r.start(b)
+			}
+		}
 	}
-	for i, b := range r.buckets {
-		for j, p := range b.params {
-			be.Copy(p.Grad().Buf(), views[i][j])
+	return errors.Join(r.err, missing, r.Join())
+}
+
+// learn decides, after the first step's backward, whether the later steps
+// overlap (Note [the first step learns]).
+func (r *Reducer) learn() error {
+	for i, n := range r.reported {
+		if n == 0 {
+			return fmt.Errorf("dist: parameter %d of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", i, r.params[i].t.Shape(), r.g.Rank())
+		}
+	}
+	r.learned, r.overlap = true, true
+	for i, n := range r.reported {
+		if n > 1 {
+			r.overlap = false
+			r.why = fmt.Sprintf("the gradient of parameter %d (shape %v) is finished %d times a backward (a parameter shared by checkpointed blocks): the buckets are reduced after the backward", i, r.params[i].t.Shape(), n)
+			break
 		}
 	}
 	return nil
 }
 
-// Release frees the buckets.
+// Join makes the device's later work wait for the all-reduces started so
+// far: Finish calls it, and a step that fails midway must too, before its
+// buckets are written again.
+func (r *Reducer) Join() error { return r.g.Join() }
+
+// Release frees the buckets. The parameters' gradients, views into them,
+// keep their memory until released (a step's ZeroGrad).
 func (r *Reducer) Release() {
 	for _, b := range r.buckets {
 		b.flat.Release()

@@ -429,6 +429,16 @@ type Collective interface {
 	// buffer over the ranks, or by their mean when mean is set. The
 	// buffers are reduced as one group.
 	AllReduce(bufs []Buf, mean bool) error
+	// StartAllReduce is AllReduce overlapped with the work the backend
+	// queues after it, where the backend can run both at once (CUDA: on a
+	// stream of the collective's own, after the work queued so far). bufs
+	// must not be read or written until Join. A backend that runs one
+	// thing at a time (the CPU) does the AllReduce before it returns.
+	StartAllReduce(bufs []Buf, mean bool) error
+	// Join makes the work the backend queues from now on wait for every
+	// collective started so far. A captured graph must Join what it
+	// started before its capture ends.
+	Join() error
 	// Broadcast copies root's buffers into every other rank's.
 	Broadcast(bufs []Buf, root int) error
 	// Abort ends the group's work at once, also work queued or blocked on

@@ -94,6 +94,19 @@ const (
 	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks
 )
 
+// String is the mode's name, as ParseCheckpointMode reads it.
+func (c CheckpointMode) String() string {
+	switch c {
+	case NoCheckpoint:
+		return "none"
+	case CheckpointBlocks:
+		return "blocks"
+	case CheckpointSqrt:
+		return "sqrt"
+	}
+	return fmt.Sprintf("CheckpointMode(%d)", int(c))
+}
+
 // ParseCheckpointMode reads "none", "blocks" or "sqrt".
 func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	switch s {

@@ -39,13 +39,16 @@ type Device struct {
 // session take the session's modes). The handles share the backend, the
 // pool and the generator, which are safe for concurrent use.
 
-// Modes are a handle's counters for the modes autograd switches: each is on
-// while above zero. Only autograd and code running on the handle's goroutine
-// touch them.
+// Modes are a handle's counters for the modes autograd switches (each is on
+// while above zero) and the hook of the Backward running on it. Only
+// autograd and code running on the handle's goroutine touch them.
 type Modes struct {
 	NoGrad      int32 // recording off (autograd.NoGrad)
 	Autocast    int32 // F16 for matmuls and convolutions (autograd.Autocast)
 	Recomputing int32 // a checkpointed function runs again in Backward
+	// GradReady is the running Backward's autograd.OnGradReady hook, which
+	// the passes it runs inside (a checkpointed block's) call too.
+	GradReady func(leaf *Tensor)
 }
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.

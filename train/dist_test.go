@@ -114,6 +114,9 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 				return err
 			}
 		}
+		if ok, why := s.Reducer().Overlap(); !ok {
+			return fmt.Errorf("the all-reduces did not overlap the backward: %s", why)
+		}
 		got[g.Rank()] = params()
 		return nil
 	})
@@ -203,33 +206,37 @@ func TestDataParallelFit(t *testing.T) {
 const stepTolerance = 0.25
 
 // TestDataParallelResNetStep: a ResNet's update on two ranks against one
-// process's on the whole batch (fp32, one step). With batch norm in
-// evaluation mode they agree within 1e-5; in training mode each rank
-// normalises its own half of the batch, as in PyTorch's DDP without
-// SyncBatchNorm, and the update stays within stepTolerance of the
+// process's on the whole batches (fp32, two steps: the second overlaps its
+// all-reduces with the backward). With batch norm in evaluation mode they
+// agree within 1e-5, also with checkpointed blocks (whose parameters'
+// gradients are finished inside the blocks' recomputation); in training
+// mode each rank normalises its own half of the batch, as in PyTorch's DDP
+// without SyncBatchNorm, and the update stays within stepTolerance of the
 // whole-batch one (relative to its size, over all parameters). The ranks
 // agree bit for bit either way.
 func TestDataParallelResNetStep(t *testing.T) {
 	for _, tc := range []struct {
 		training bool
+		ckpt     nn.CheckpointMode
 		max      float64
-	}{{false, 1e-5}, {true, stepTolerance}} {
-		diff := dataParallelResNetStep(t, tc.training)
-		t.Logf("batch norm training %v: the two-rank update is %.3g away from the whole-batch one, relative to its size", tc.training, diff)
+	}{{false, nn.NoCheckpoint, 1e-5}, {false, nn.CheckpointBlocks, 1e-5}, {true, nn.NoCheckpoint, stepTolerance}} {
+		diff := dataParallelResNetStep(t, tc.training, tc.ckpt)
+		t.Logf("batch norm training %v, checkpoint %v: the two-rank update is %.3g away from the whole-batch one, relative to its size", tc.training, tc.ckpt, diff)
 		if diff > tc.max || (tc.training && diff == 0) {
-			t.Errorf("batch norm training %v: relative difference of the updates %.3g, want at most %g", tc.training, diff, tc.max)
+			t.Errorf("batch norm training %v, checkpoint %v: relative difference of the updates %.3g, want at most %g", tc.training, tc.ckpt, diff, tc.max)
 		}
 	}
 }
 
 // dataParallelResNetStep returns ‖two-rank update − whole-batch update‖ /
-// ‖whole-batch update‖ for one step of a small ResNet.
-func dataParallelResNetStep(t *testing.T, training bool) float64 {
-	const batch = 32
+// ‖whole-batch update‖ for two steps of a small ResNet.
+func dataParallelResNetStep(t *testing.T, training bool, ckpt nn.CheckpointMode) float64 {
+	const batch, steps = 32, 2
 	build := func(dev *tensor.Device, seed uint64) (*Step, func(), func() [][]float32) {
 		dev.Generator().Seed(seed)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		m.SetTraining(training)
+		m.Checkpoint = ckpt
 		opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, 0, true)
 		sc := optim.NewGradScaler(dev)
 		sc.Enabled = false
@@ -244,11 +251,13 @@ func dataParallelResNetStep(t *testing.T, training bool) float64 {
 		return s, func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }, params
 	}
 	cpu0 := tensor.NewDevice(cpu.New())
-	xs, ys := batches(cpu0, 1, batch, 5)
+	xs, ys := batches(cpu0, steps, batch, 5)
 	ref, release, refParams := build(cpu0, 7)
 	start := refParams()
-	if err := ref.Run(xs[0], ys[0]); err != nil {
-		t.Fatal(err)
+	for i := range xs {
+		if err := ref.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want := refParams()
 	release()
@@ -262,15 +271,21 @@ func dataParallelResNetStep(t *testing.T, training bool) float64 {
 		if err := s.SetGroup(g); err != nil {
 			return err
 		}
-		xs, ys := batches(g.Device(), 1, batch, 5)
+		xs, ys := batches(g.Device(), steps, batch, 5)
 		defer releaseAll(xs)
 		defer releaseAll(ys)
 		lo := g.Rank() * batch / 2
-		x, y := xs[0].Rows(lo, lo+batch/2), ys[0].Rows(lo, lo+batch/2)
-		defer x.Release()
-		defer y.Release()
-		if err := s.Run(x, y); err != nil {
-			return err
+		for i := range xs {
+			x, y := xs[i].Rows(lo, lo+batch/2), ys[i].Rows(lo, lo+batch/2)
+			err := s.Run(x, y)
+			x.Release()
+			y.Release()
+			if err != nil {
+				return err
+			}
+		}
+		if ok, why := s.Reducer().Overlap(); !ok {
+			return fmt.Errorf("the all-reduces did not overlap the backward: %s", why)
 		}
 		got[g.Rank()] = params()
 		return nil

@@ -133,10 +133,14 @@ type DataParallel struct {
 	Buckets     int    `json:"buckets"`
 	BucketBytes int64  `json:"bucket_bytes"` // the gradients' buckets, memory each rank adds for them
 	// AllReduceSeconds is one all-reduce of all the buckets, measured
-	// before training with the device synchronised around it: what each
-	// step spends reducing, since nothing overlaps it (Note [no overlap]).
-	AllReduceSeconds float64    `json:"all_reduce_seconds"`
-	PerRank          []RankPeak `json:"per_rank,omitempty"`
+	// before training with the device synchronised around it: what a step
+	// would spend reducing if nothing overlapped it.
+	AllReduceSeconds float64 `json:"all_reduce_seconds"`
+	// Overlapped says whether the steps' all-reduces overlapped their
+	// backward (dist.Reducer); NotOverlapped says why not.
+	Overlapped    bool       `json:"overlapped"`
+	NotOverlapped string     `json:"not_overlapped,omitempty"`
+	PerRank       []RankPeak `json:"per_rank,omitempty"`
 }
 
 // RankPeak is one rank's memory over the run.
@@ -338,8 +342,13 @@ func Run(dev *tensor.Device, job Job) (report *Report, err error) {
 		if err != nil {
 			return report, err
 		}
-		add("data parallel  %d ranks over %s: the gradients' %s (%s) take %.3f ms to all-reduce, after each backward",
-			dp.Ranks, dp.Collectives, buckets(dp.Buckets), memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds)
+		dp.Overlapped, dp.NotOverlapped = t.Step.Reducer().Overlap()
+		how := "overlapping the backward"
+		if !dp.Overlapped {
+			how = "after the backward: " + dp.NotOverlapped
+		}
+		add("data parallel  %d ranks over %s: the gradients' %s (%s) take %.3f ms to all-reduce, %s",
+			dp.Ranks, dp.Collectives, buckets(dp.Buckets), memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds, how)
 		for r, v := range all {
 			p := RankPeak{Rank: r, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2])}
 			dp.PerRank = append(dp.PerRank, p)

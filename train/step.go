@@ -118,8 +118,9 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *o
 
 // SetGroup makes the step data-parallel over g: every rank's model takes
 // rank 0's parameters and buffers now, and each step averages the
-// gradients over the ranks after its backward (dist.Reducer: buckets,
-// one all-reduce each), before the scaler's check, so every rank sees the
+// gradients over the ranks (dist.Reducer: the gradients live in buckets,
+// each all-reduced as soon as the backward has finished it, overlapping
+// the rest), before the scaler's check, so every rank sees the
 // same gradients, skips the same AMP steps and takes the same update.
 // Batch norm's statistics stay each rank's own, as in DDP without buffer
 // broadcasting; JobMetrics sums the ranks' metrics. Call it before the
@@ -520,6 +521,13 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			}
 		}()
 		defer s.Opt.ZeroGrad()
+		if s.reducer != nil {
+			s.reducer.Prepare()
+			// A step that fails midway must not leave all-reduces running
+			// on buckets the next step zeroes (Finish has joined them when
+			// it ran).
+			defer s.reducer.Join()
+		}
 		s.dev.WithScope(func() {
 			n := x.Dim(0)
 			m := s.micro
@@ -528,6 +536,10 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			}
 			for lo := 0; lo < n; lo += m {
 				hi := min(n, lo+m)
+				var hooks []ag.Option
+				if s.reducer != nil && hi == n { // the last micro-batch finishes the gradients
+					hooks = append(hooks, ag.OnGradReady(s.reducer.Ready))
+				}
 				s.dev.WithScope(func() {
 					xs, ys := x, y
 					if m < n {
@@ -543,11 +555,11 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					if m < n {
 						scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
 					}
-					ag.Backward(scaled)
+					ag.Backward(scaled, hooks...)
 				})
 			}
 			if s.reducer != nil {
-				if err := s.reducer.Reduce(); err != nil {
+				if err := s.reducer.Finish(); err != nil {
 					panic(err) // Run returns it
 				}
 			}

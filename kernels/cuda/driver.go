@@ -47,7 +47,7 @@ type driverAPI struct {
 	cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuStreamCreate, cuStreamSynchronize, cuMemAlloc, cuMemFree, cuMemGetInfo, cuMemHostAlloc,
 	cuMemFreeHost, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync, cuMemsetD32Async,
 	cuMemsetD16Async, cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
-	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize uintptr
+	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize, cuStreamWaitEvent uintptr
 
 	// Closing a backend.
 	cuModuleUnload, cuStreamDestroy, cuDevicePrimaryCtxRelease uintptr
@@ -89,6 +89,7 @@ func loadDriver() (*driverAPI, error) {
 			"cuLaunchKernel": &d.cuLaunchKernel, "cuGetErrorName": &d.cuGetErrorName,
 			"cuGetErrorString": &d.cuGetErrorString, "cuEventCreate": &d.cuEventCreate,
 			"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize,
+			"cuStreamWaitEvent":       &d.cuStreamWaitEvent,
 			"cuEventDestroy_v2":       &d.cuEventDestroy,
 			"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
 			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,

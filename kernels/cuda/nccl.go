@@ -13,9 +13,11 @@ import (
 )
 
 // NCCL, bound at run time like the other libraries: the collectives of a
-// data-parallel step (all-reduce and broadcast, grouped), on the backend's
-// stream, so that a captured step captures them too (NCCL supports graph
-// capture since 2.9).
+// data-parallel step (all-reduce and broadcast, grouped), queued on the
+// backend's stream or, started to overlap the backward, on a side stream
+// forked from it and joined back with events, so that a captured step
+// captures them too (NCCL supports graph capture since 2.9; a side stream
+// that waits on an event of a capturing stream joins the capture).
 
 // ncclUniqueID is ncclUniqueId: 128 opaque bytes, passed by value to
 // ncclCommInitRank (purego lays it out on the stack as the C ABI says).
@@ -115,7 +117,9 @@ func (n *ncclAPI) check(what string, r uintptr, comm uintptr) error {
 }
 
 // NCCL is a communicator over the ranks of a group, one per process and
-// device, working on its backend's stream.
+// device. Its collectives run on the backend's stream, in order with the
+// rest of the work, or, when started (StartAllReduce), on its own stream,
+// until Join.
 type NCCL struct {
 	b       *Backend
 	n       *ncclAPI
@@ -123,6 +127,11 @@ type NCCL struct {
 	rank    int
 	size    int
 	aborted atomic.Bool
+
+	side        uintptr // the stream started collectives run on
+	forkEv      uintptr // recorded on the backend's stream: the work a started collective waits for
+	joinEv      uintptr // recorded on side: what Join makes the backend's stream wait for
+	outstanding bool    // a collective was started since the last Join
 }
 
 var _ kernels.CollectiveBackend = (*Backend)(nil)
@@ -159,10 +168,35 @@ func (b *Backend) NewCollective(id []byte, rank, size int) (kernels.Collective, 
 	b.enter()
 	defer b.exit()
 	c := &NCCL{b: b, n: n, rank: rank, size: size}
+	d := b.d
+	if err := d.check("cuStreamCreate", call(d.cuStreamCreate, uintptr(unsafe.Pointer(&c.side)), cuStreamNonBlocking)); err != nil {
+		return nil, err
+	}
+	for _, ev := range []*uintptr{&c.forkEv, &c.joinEv} {
+		if err := d.check("cuEventCreate", call(d.cuEventCreate, uintptr(unsafe.Pointer(ev)), cuEventDisableTiming)); err != nil {
+			c.freeStream()
+			return nil, err
+		}
+	}
 	if err := n.check("ncclCommInitRank", uintptr(n.initRank(&c.comm, int32(size), uid, int32(rank))), 0); err != nil {
+		c.freeStream()
 		return nil, err
 	}
 	return c, nil
+}
+
+// freeStream destroys the side stream and its events (with the backend entered).
+func (c *NCCL) freeStream() {
+	d := c.b.d
+	for _, ev := range []uintptr{c.forkEv, c.joinEv} {
+		if ev != 0 {
+			call(d.cuEventDestroy, ev)
+		}
+	}
+	if c.side != 0 { // work still queued on it finishes first (an aborted group's ends at once)
+		call(d.cuStreamDestroy, c.side)
+	}
+	c.side, c.forkEv, c.joinEv = 0, 0, 0
 }
 
 func ncclType(dt kernels.DType) (uintptr, error) {
@@ -177,13 +211,26 @@ func ncclType(dt kernels.DType) (uintptr, error) {
 	return 0, fmt.Errorf("cuda: NCCL has no dtype for %v", dt)
 }
 
-// group queues op on each buffer between ncclGroupStart and ncclGroupEnd.
-func (c *NCCL) group(what string, bufs []kernels.Buf, op func(p, n, dt uintptr) uintptr) error {
+// group queues op on each buffer between ncclGroupStart and ncclGroupEnd,
+// on the backend's stream, or, started, on the side stream after the work
+// queued so far on the backend's.
+func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n, dt, stream uintptr) uintptr) error {
 	if c.aborted.Load() {
 		return errors.New("cuda: the NCCL group was aborted")
 	}
 	c.b.enter()
 	defer c.b.exit()
+	stream := c.b.stream
+	if started {
+		d := c.b.d
+		if err := d.check("cuEventRecord", call(d.cuEventRecord, c.forkEv, c.b.stream)); err != nil {
+			return err
+		}
+		if err := d.check("cuStreamWaitEvent", call(d.cuStreamWaitEvent, c.side, c.forkEv, 0)); err != nil {
+			return err
+		}
+		stream, c.outstanding = c.side, true
+	}
 	if err := c.n.check("ncclGroupStart", call(c.n.ncclGroupStart), c.comm); err != nil {
 		return err
 	}
@@ -191,8 +238,12 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, op func(p, n, dt uintptr) 
 	for _, buf := range bufs {
 		dt, err := ncclType(buf.DType)
 		if err == nil {
-			c.b.queued(what)
-			err = c.n.check(what, op(ptrOf(buf), uintptr(buf.N), dt), c.comm)
+			if started {
+				c.b.launches++ // not queued: a profile's events are on the backend's stream
+			} else {
+				c.b.queued(what)
+			}
+			err = c.n.check(what, op(ptrOf(buf), uintptr(buf.N), dt, stream), c.comm)
 		}
 		if err != nil && first == nil {
 			first = err
@@ -204,21 +255,48 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, op func(p, n, dt uintptr) 
 	return first
 }
 
-// AllReduce sums (or averages, with ncclAvg) each buffer over the ranks, in place.
-func (c *NCCL) AllReduce(bufs []kernels.Buf, mean bool) error {
+func (c *NCCL) allReduce(bufs []kernels.Buf, mean, started bool) error {
 	red := uintptr(ncclSum)
 	if mean {
 		red = ncclAvg
 	}
-	return c.group("ncclAllReduce", bufs, func(p, n, dt uintptr) uintptr {
-		return call(c.n.ncclAllReduce, p, p, n, dt, red, c.comm, c.b.stream)
+	return c.group("ncclAllReduce", bufs, started, func(p, n, dt, stream uintptr) uintptr {
+		return call(c.n.ncclAllReduce, p, p, n, dt, red, c.comm, stream)
 	})
+}
+
+// AllReduce sums (or averages, with ncclAvg) each buffer over the ranks, in
+// place, on the backend's stream.
+func (c *NCCL) AllReduce(bufs []kernels.Buf, mean bool) error { return c.allReduce(bufs, mean, false) }
+
+// StartAllReduce is AllReduce on the side stream, overlapping the work
+// queued after it until Join.
+func (c *NCCL) StartAllReduce(bufs []kernels.Buf, mean bool) error {
+	return c.allReduce(bufs, mean, true)
+}
+
+// Join makes the backend's stream wait for the collectives started so far.
+func (c *NCCL) Join() error {
+	c.b.enter()
+	defer c.b.exit()
+	if !c.outstanding {
+		return nil
+	}
+	d := c.b.d
+	if err := d.check("cuEventRecord", call(d.cuEventRecord, c.joinEv, c.side)); err != nil {
+		return err
+	}
+	if err := d.check("cuStreamWaitEvent", call(d.cuStreamWaitEvent, c.b.stream, c.joinEv, 0)); err != nil {
+		return err
+	}
+	c.outstanding = false
+	return nil
 }
 
 // Broadcast copies root's buffers into every rank's, in place.
 func (c *NCCL) Broadcast(bufs []kernels.Buf, root int) error {
-	return c.group("ncclBroadcast", bufs, func(p, n, dt uintptr) uintptr {
-		return call(c.n.ncclBroadcast, p, p, n, dt, uintptr(root), c.comm, c.b.stream)
+	return c.group("ncclBroadcast", bufs, false, func(p, n, dt, stream uintptr) uintptr {
+		return call(c.n.ncclBroadcast, p, p, n, dt, uintptr(root), c.comm, stream)
 	})
 }
 
@@ -235,13 +313,15 @@ func (c *NCCL) Abort() {
 	call(c.n.ncclCommAbort, c.comm)
 }
 
-// Close finalises and destroys the communicator (after Abort: nothing).
+// Close finalises and destroys the communicator (after Abort, only frees
+// the side stream).
 func (c *NCCL) Close() error {
+	c.b.enter()
+	defer c.b.exit()
+	defer c.freeStream()
 	if c.aborted.Swap(true) {
 		return nil
 	}
-	c.b.enter()
-	defer c.b.exit()
 	if err := c.n.check("ncclCommFinalize", call(c.n.ncclCommFinalize, c.comm), c.comm); err != nil {
 		call(c.n.ncclCommAbort, c.comm)
 		return err
