@@ -95,6 +95,7 @@ type Result struct {
 	PlannedArena    int64          `json:"planned_arena,omitempty"`     // the planned step's arena
 	Notes           []string       `json:"notes,omitempty"`             // the step's: captures, fallbacks
 	Ranks           int            `json:"ranks,omitempty"`             // data parallel: the processes, one per device
+	Overlapped      bool           `json:"overlapped,omitempty"`        // data parallel: the all-reduces overlapped the backward
 	Timeline        []memory.Event `json:"-"`
 }
 
@@ -110,6 +111,9 @@ type Options struct {
 	// averaged, and ImgPerSec counts every rank's images (engine
 	// "leangrad-ddp"; Ranks says how many).
 	Group *dist.Group
+	// NoOverlap makes a data-parallel step all-reduce its gradients after
+	// the backward instead of overlapping it (dist.Reducer.SetOverlap).
+	NoOverlap bool
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
@@ -183,6 +187,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 		if err := s.tr.SetGroup(g); err != nil {
 			return Result{}, err
 		}
+		s.tr.Step.Reducer().SetOverlap(!o.NoOverlap)
 		ranks = g.Size()
 	}
 	a := dev.Allocator()
@@ -243,6 +248,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	r.ImgPerSec = float64(spec.Batch*ranks) / (r.MedianMS / 1e3)
 	if o.Group != nil {
 		r.Ranks = ranks
+		r.Overlapped, _ = s.tr.Step.Reducer().Overlap()
 	}
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
 	if p := s.tr.Step.Plan(s.x.Shape(), s.y.Shape()); p != nil {

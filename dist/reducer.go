@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -17,36 +18,37 @@ const (
 // Reducer averages a step's gradients over a group, as DDP does, while the
 // backward runs. The parameters are laid out in buckets in reverse order
 // (the order a backward makes their gradients ready), each bucket one flat
-// F32 tensor kept for the whole run, and each parameter's gradient is a
-// view into its bucket (DDP's gradient_as_bucket_view): the backward adds
-// into the buckets, and nothing is copied in or out. A step is
+// F32 tensor kept for the whole run. A step is
 //
-//	r.Prepare()                                   // zero the buckets, make the gradients views of them
+//	r.Prepare()
 //	autograd.Backward(loss, autograd.OnGradReady(r.Ready))
-//	err := r.Finish()                             // the rest, then wait for the all-reduces
+//	err := r.Finish()
 //
-// Ready starts a bucket's all-reduce (a mean) as soon as its last
-// gradient is ready, on the collectives' own stream, overlapping the rest
-// of the backward; Finish makes the device's later work wait for them.
-// Everything is queued on the device, so a captured step captures it, the
-// side stream included.
+// As soon as all of a bucket's gradients are ready, Ready copies them into
+// the bucket (one launch per 32 tensors) and starts the bucket's
+// all-reduce (a mean) on the collectives' own stream, overlapping the rest
+// of the backward. Finish starts what Ready has not, makes the device's
+// later work wait for the all-reduces, and hands every parameter a view
+// into its bucket as its gradient (the backward's own gradients go back to
+// the pool early): the means are never copied back. Everything is queued on
+// the device, so a captured step captures it, the side stream included.
 //
 // Note [the first step learns]: overlapping is right only when each
 // parameter's gradient is finished once a backward: a parameter reported
 // twice (one used in two checkpointed blocks, whose passes each report it)
-// would be added to while its bucket is reduced. So the first step only
-// counts the reports and reduces every bucket in Finish; when each
-// parameter was reported once, the later steps overlap, and otherwise they
-// go on reducing in Finish (Overlap says which, and why). A parameter
-// reported twice after that (the graph changed) fails the step. DDP
-// instead raises an error on the second report, unless told the graph is
-// static.
+// would change after its bucket was copied. So the first step only counts
+// the reports and reduces every bucket in Finish; when each parameter was
+// reported once, the later steps overlap, and otherwise they go on
+// reducing in Finish (Overlap says which, and why). A parameter reported
+// twice after that (the graph changed) fails the step. DDP instead raises
+// an error on the second report, unless told the graph is static.
 type Reducer struct {
 	g       *Group
 	buckets []bucket
 	bytes   int64
 	slot    map[*tensor.Tensor]int // parameter -> its index in params
 	params  []param
+	off     bool // SetOverlap(false)
 
 	// One step's state.
 	learned  bool   // the first step has run (Note [the first step learns])
@@ -66,7 +68,7 @@ type bucket struct {
 type param struct {
 	t      *tensor.Tensor
 	bucket int
-	off    int // element offset into the bucket
+	view   *tensor.Tensor // the parameter's part of its bucket, shaped as it
 }
 
 // NewReducer lays params' gradients out in buckets on g's device. Every
@@ -83,8 +85,12 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 		b := bucket{flat: tensor.Zeros(g.dev, tensor.F32, int(size/4)).Keep(), params: cur}
 		off := 0
 		for _, i := range cur {
-			r.params[i].bucket, r.params[i].off = len(r.buckets), off
-			off += r.params[i].t.Numel()
+			p := &r.params[i]
+			n := p.t.Numel()
+			rows := b.flat.Rows(off, off+n)
+			p.bucket, p.view = len(r.buckets), rows.View(p.t.Shape()...).Keep()
+			rows.Release()
+			off += n
 		}
 		r.buckets = append(r.buckets, b)
 		r.bytes += size
@@ -125,29 +131,24 @@ func (r *Reducer) Bytes() int64 { return r.bytes }
 // not, why (Note [the first step learns]). Before the first step it
 // reports false and "no step has run yet".
 func (r *Reducer) Overlap() (bool, string) {
-	if !r.learned {
+	switch {
+	case !r.learned:
 		return false, "no step has run yet"
+	case r.off && r.overlap:
+		return false, "turned off (SetOverlap)"
 	}
 	return r.overlap, r.why
 }
 
-// Prepare starts a step: it queues the zeroing of the buckets and makes
-// every parameter's gradient a view into its bucket, replacing the
-// gradient it had. Call it before the step's first backward (with
-// micro-batches, before the first one's).
+// SetOverlap(false) makes every later step reduce its buckets after the
+// backward, as if no gradient were ever reported early (to measure what
+// overlapping gains); SetOverlap(true) lets the steps overlap again when
+// the first step allowed it.
+func (r *Reducer) SetOverlap(on bool) { r.off = !on }
+
+// Prepare starts a step: it forgets what the last step reported. Call it
+// before the step's first backward.
 func (r *Reducer) Prepare() {
-	if r.g.Size() == 1 {
-		return
-	}
-	be := r.g.dev.Backend()
-	for _, b := range r.buckets {
-		be.Fill(b.flat.Buf(), 0)
-	}
-	for _, p := range r.params {
-		rows := r.buckets[p.bucket].flat.Rows(p.off, p.off+p.t.Numel())
-		p.t.SetGrad(rows.View(p.t.Shape()...)) // the gradient takes the view's reference
-		rows.Release()
-	}
 	clear(r.reported)
 	clear(r.started)
 	for i, b := range r.buckets {
@@ -170,29 +171,41 @@ func (r *Reducer) Ready(leaf *tensor.Tensor) {
 	r.reported[i]++
 	if r.reported[i] > 1 {
 		if r.overlap && r.started[p.bucket] && r.err == nil {
-			r.err = fmt.Errorf("dist: the gradient of parameter %d (shape %v) was finished twice in one backward, after its bucket's all-reduce had started; the first step finished it once (a graph that changes between steps cannot overlap its all-reduces)", i, p.t.Shape())
+			r.err = fmt.Errorf("dist: the gradient of parameter %d (shape %v) was finished twice in one backward, after its bucket had been copied and its all-reduce started; the first step finished it once (a graph that changes between steps cannot overlap its all-reduces)", i, p.t.Shape())
 		}
 		return
 	}
 	r.left[p.bucket]--
-	if r.overlap && r.left[p.bucket] == 0 {
+	if r.overlap && !r.off && r.left[p.bucket] == 0 {
 		r.start(p.bucket)
 	}
 }
 
-// start queues bucket b's all-reduce on the collectives' own stream.
+// start copies bucket b's gradients into it and queues its all-reduce on
+// the collectives' own stream. A parameter without a gradient leaves the
+// bucket unstarted, for Finish to report.
 func (r *Reducer) start(b int) {
+	var dst, src []kernels.Buf
+	for _, i := range r.buckets[b].params {
+		g := r.params[i].t.Grad()
+		if g == nil {
+			return
+		}
+		dst, src = append(dst, r.params[i].view.Buf()), append(src, g.Buf())
+	}
 	r.started[b] = true
+	r.g.dev.Backend().CopyMany(dst, src)
 	if err := r.g.StartAllReduce([]*tensor.Tensor{r.buckets[b].flat}, true); err != nil && r.err == nil {
 		r.err = err
 	}
 }
 
 // Finish ends a step's reduction: it starts the buckets Ready has not,
-// and makes the device's later work wait for every all-reduce, so that the
-// gradients read after it are the means over the ranks. A parameter the
-// backward gave no gradient is an error (before any all-reduce on the
-// first step): the other ranks would update it and this one would not.
+// makes the device's later work wait for every all-reduce, and makes each
+// parameter's gradient its view of its bucket, which then holds the mean
+// over the ranks. A parameter the backward gave no gradient is an error
+// (before any all-reduce on the first step): the other ranks would update
+// it and this one would not.
 func (r *Reducer) Finish() error {
 	if r.g.Size() == 1 {
 		return nil
@@ -203,9 +216,9 @@ func (r *Reducer) Finish() error {
 		}
 	}
 	var missing error
-	for i, n := range r.reported {
-		if n == 0 && missing == nil {
-			missing = fmt.Errorf("dist: parameter %d of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", i, r.params[i].t.Shape(), r.g.Rank())
+	for i := range r.params {
+		if r.params[i].t.Grad() == nil && missing == nil {
+			missing = r.noGradient(i)
 		}
 	}
 	if missing == nil && r.err == nil {
@@ -215,22 +228,32 @@ func (r *Reducer) Finish() error {
 			}
 		}
 	}
-	return errors.Join(r.err, missing, r.Join())
+	if err := errors.Join(r.err, missing, r.Join()); err != nil {
+		return err
+	}
+	for _, p := range r.params {
+		p.t.SetGrad(p.view.Retain()) // the gradient takes the reference
+	}
+	return nil
+}
+
+func (r *Reducer) noGradient(i int) error {
+	return fmt.Errorf("dist: parameter %d of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", i, r.params[i].t.Shape(), r.g.Rank())
 }
 
 // learn decides, after the first step's backward, whether the later steps
 // overlap (Note [the first step learns]).
 func (r *Reducer) learn() error {
-	for i, n := range r.reported {
-		if n == 0 {
-			return fmt.Errorf("dist: parameter %d of shape %v has no gradient on rank %d: data-parallel training needs every parameter to take part in the loss", i, r.params[i].t.Shape(), r.g.Rank())
+	for i := range r.params {
+		if r.params[i].t.Grad() == nil {
+			return r.noGradient(i)
 		}
 	}
 	r.learned, r.overlap = true, true
 	for i, n := range r.reported {
-		if n > 1 {
+		if n != 1 {
 			r.overlap = false
-			r.why = fmt.Sprintf("the gradient of parameter %d (shape %v) is finished %d times a backward (a parameter shared by checkpointed blocks): the buckets are reduced after the backward", i, r.params[i].t.Shape(), n)
+			r.why = fmt.Sprintf("the gradient of parameter %d (shape %v) is finished %d times a backward (a parameter shared by checkpointed blocks, or one the hook is not given): the buckets are reduced after the backward", i, r.params[i].t.Shape(), n)
 			break
 		}
 	}
@@ -242,11 +265,14 @@ func (r *Reducer) learn() error {
 // buckets are written again.
 func (r *Reducer) Join() error { return r.g.Join() }
 
-// Release frees the buckets. The parameters' gradients, views into them,
-// keep their memory until released (a step's ZeroGrad).
+// Release frees the buckets. Gradients that are views into them keep
+// their memory until released (a step's ZeroGrad).
 func (r *Reducer) Release() {
 	for _, b := range r.buckets {
 		b.flat.Release()
 	}
-	r.buckets = nil
+	for _, p := range r.params {
+		p.view.Release()
+	}
+	r.buckets, r.params = nil, nil
 }

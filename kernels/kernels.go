@@ -304,6 +304,10 @@ type Backend interface {
 	Read(dst []byte, src Buf)
 	// Copy copies src into dst; both have the same dtype and length.
 	Copy(dst, src Buf)
+	// CopyMany copies each src[i] into dst[i] (F32, the same lengths), in
+	// one launch per 32 tensors where the backend launches kernels: what
+	// gathers a data-parallel bucket's gradients.
+	CopyMany(dst, src []Buf)
 	// Fill sets every element of dst to v.
 	Fill(dst Buf, v float32)
 	// Cast converts src into dst's dtype, rounding to nearest even.

@@ -37,6 +37,10 @@ bench)
   bash .gpu/run bin/bench -nproc 2 -device cuda -specs "$specs" -configs "$configs" \
     -warmup 10 -steps 30 -commit "$commit" -out "$out/two" > "$out/two.log" 2>&1
   echo "leangrad 2 GPUs exit $?"; grep -E 'leangrad-ddp|rank|FAIL|panic' "$out/two.log" | head -20
+  # The same with the all-reduce after the backward: what overlapping gains.
+  bash .gpu/run bin/bench -nproc 2 -overlap=false -device cuda -specs "$specs" -configs "$configs" \
+    -warmup 10 -steps 30 -commit "$commit" -out "$out/two-no-overlap" > "$out/two-no-overlap.log" 2>&1
+  echo "leangrad 2 GPUs, no overlap, exit $?"; grep -E 'leangrad-ddp|FAIL|panic' "$out/two-no-overlap.log" | head -20
   # PyTorch: the same models and configurations, one GPU, then DDP over two.
   for n in 1 2; do
     torchrun --standalone --nproc-per-node $n benchmarks/pytorch/ddp.py --specs $specs --configs "$configs" \

@@ -13,6 +13,7 @@ import (
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
@@ -104,6 +105,8 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 		defer releaseAll(xs)
 		defer releaseAll(ys)
 		per := batch / g.Size()
+		a := dev.Allocator()
+		var held []int64 // bytes allocated after each step
 		for i := range xs {
 			lo := g.Rank() * per
 			x, y := flat(xs[i]).Rows(lo, lo+per), ys[i].Rows(lo, lo+per)
@@ -113,6 +116,13 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 			if err != nil {
 				return err
 			}
+			held = append(held, a.Stats().Allocated[memory.All].Current)
+		}
+		// The gradients are views into the buckets (released after each
+		// step), so a step leaves nothing behind: no growth once the
+		// optimiser's state and (captured) the arena exist.
+		if held[steps-1] != held[steps-2] {
+			return fmt.Errorf("allocated after the last two steps: %s, then %s", memory.Bytes(held[steps-2]), memory.Bytes(held[steps-1]))
 		}
 		if ok, why := s.Reducer().Overlap(); !ok {
 			return fmt.Errorf("the all-reduces did not overlap the backward: %s", why)

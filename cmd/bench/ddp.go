@@ -47,7 +47,7 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 	if in := dev.Info(); in.Model != "" {
 		rep.Device += " (" + in.Model + ")"
 	}
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g, NoOverlap: !o.overlap}
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range strings.Split(o.configs, ",") {
@@ -68,8 +68,12 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 				rep.Results = append(rep.Results, r)
 				rep.PerRankPeak = append(rep.PerRankPeak, per)
 				if place.Rank == 0 {
-					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0 (%s mode)\n",
-						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), r.Mode)
+					how := "overlapping the backward"
+					if !r.Overlapped {
+						how = "after the backward"
+					}
+					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0 (%s mode, all-reduce %s)\n",
+						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), r.Mode, how)
 				}
 			}
 		}

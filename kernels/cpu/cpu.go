@@ -261,6 +261,14 @@ func (c *Backend) Copy(dst, src kernels.Buf) {
 	copy(raw(dst), raw(src))
 }
 
+// CopyMany copies each src[i] into dst[i].
+func (c *Backend) CopyMany(dst, src []kernels.Buf) {
+	kernels.CheckLists("copy many", dst, src)
+	for i := range dst {
+		c.Copy(dst[i], src[i])
+	}
+}
+
 // Fill sets every element of dst to v.
 func (c *Backend) Fill(dst kernels.Buf, v float32) {
 	switch dst.DType {

@@ -332,6 +332,16 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, extra func(a *
 	}
 }
 
+// CopyMany copies each src[i] into dst[i], one launch per 32 tensors (a
+// graph's memcpy nodes cost a launch each).
+func (b *Backend) CopyMany(dst, src []kernels.Buf) {
+	kernels.CheckLists("copy many", dst, src)
+	if len(dst) == 0 {
+		return
+	}
+	b.multiTensor("copy_multi", [][]kernels.Buf{dst, src}, func(*arena) {})
+}
+
 // SGD updates every parameter in one launch per 32 tensors.
 func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	lists := [][]kernels.Buf{params, grads}

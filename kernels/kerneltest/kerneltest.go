@@ -538,6 +538,17 @@ var cases = []testCase{
 		}
 		zeros := func(n int) []float32 { return make([]float32, n) }
 		scalar := func(v float32) pair { return s.in(kernels.F32, []float32{v}) }
+		// CopyMany: every tensor lands whole in its own destination.
+		src, dst := mk(s.normal), mk(zeros)
+		sg, sr := split(src)
+		dg, dr := split(dst)
+		s.got.CopyMany(dg, sg)
+		s.ref.CopyMany(dr, sr)
+		for i := range src {
+			if got, want := s.read(dg[i], s.got), s.read(sg[i], s.got); !slices.Equal(got, want) {
+				s.t.Errorf("copy many: tensor %d of %d (%d elements) differs from its source", i, len(sizes), sizes[i])
+			}
+		}
 		for _, c := range []struct {
 			hp     kernels.SGDParams
 			lr     float32

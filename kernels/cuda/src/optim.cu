@@ -56,6 +56,11 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
 }
 
 // p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
+// copy_multi copies list 1 into list 0.
+extern "C" __global__ void copy_multi(TensorList L) {
+    MT_LOOP(L, t, i) { L.p[0][t][i] = L.p[1][t][i]; }
+}
+
 extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float* found) {
     float inv_scale = 1.f / *scale;
     MT_LOOP(L, t, i) {
