@@ -41,6 +41,15 @@ func TestCUDADataParallelStep(t *testing.T) {
 	testDataParallelStep(t, testdev.CUDAs(t, 2), Captured)
 }
 
+// The ResNet on two GPUs, captured (four steps: eager, traced, captured,
+// replayed), F32 convolutions without TF32 so that the bound with batch
+// norm in evaluation mode is about summation order (cuDNN's algorithms
+// for a batch of 16 and of 32 differ).
+func TestCUDADataParallelResNetStep(t *testing.T) {
+	devs := testdev.CUDAsWith(t, 2, tensor.Options{StrictConvF32: true})
+	testDataParallelResNetStep(t, devs[0], devs, Captured, 4, 1e-4)
+}
+
 // A goroutine trains with captured steps while two serve on sessions of the
 // same GPU.
 func TestCUDATrainingBesideInference(t *testing.T) {

@@ -225,12 +225,20 @@ const stepTolerance = 0.25
 // whole-batch one (relative to its size, over all parameters). The ranks
 // agree bit for bit either way.
 func TestDataParallelResNetStep(t *testing.T) {
+	fresh := func() *tensor.Device { return tensor.NewDevice(cpu.New()) }
+	testDataParallelResNetStep(t, fresh(), []*tensor.Device{fresh(), fresh()}, Eager, 2, 1e-5)
+}
+
+// testDataParallelResNetStep compares steps of ranks (one device each)
+// with steps on ref, in mode; exact is the bound with batch norm in
+// evaluation mode.
+func testDataParallelResNetStep(t *testing.T, ref *tensor.Device, ranks []*tensor.Device, mode Mode, steps int, exact float64) {
 	for _, tc := range []struct {
 		training bool
 		ckpt     nn.CheckpointMode
 		max      float64
-	}{{false, nn.NoCheckpoint, 1e-5}, {false, nn.CheckpointBlocks, 1e-5}, {true, nn.NoCheckpoint, stepTolerance}} {
-		diff := dataParallelResNetStep(t, tc.training, tc.ckpt)
+	}{{false, nn.NoCheckpoint, exact}, {false, nn.CheckpointBlocks, exact}, {true, nn.NoCheckpoint, stepTolerance}} {
+		diff := dataParallelResNetStep(t, ref, ranks, mode, steps, tc.training, tc.ckpt)
 		t.Logf("batch norm training %v, checkpoint %v: the two-rank update is %.3g away from the whole-batch one, relative to its size", tc.training, tc.ckpt, diff)
 		if diff > tc.max || (tc.training && diff == 0) {
 			t.Errorf("batch norm training %v, checkpoint %v: relative difference of the updates %.3g, want at most %g", tc.training, tc.ckpt, diff, tc.max)
@@ -239,9 +247,9 @@ func TestDataParallelResNetStep(t *testing.T) {
 }
 
 // dataParallelResNetStep returns ‖two-rank update − whole-batch update‖ /
-// ‖whole-batch update‖ for two steps of a small ResNet.
-func dataParallelResNetStep(t *testing.T, training bool, ckpt nn.CheckpointMode) float64 {
-	const batch, steps = 32, 2
+// ‖whole-batch update‖ over steps of a small ResNet.
+func dataParallelResNetStep(t *testing.T, refDev *tensor.Device, ranks []*tensor.Device, mode Mode, steps int, training bool, ckpt nn.CheckpointMode) float64 {
+	const batch = 32
 	build := func(dev *tensor.Device, seed uint64) (*Step, func(), func() [][]float32) {
 		dev.Generator().Seed(seed)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
@@ -250,7 +258,7 @@ func dataParallelResNetStep(t *testing.T, training bool, ckpt nn.CheckpointMode)
 		opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, 0, true)
 		sc := optim.NewGradScaler(dev)
 		sc.Enabled = false
-		s := NewStep(dev, m, opt, sc, false, Eager)
+		s := NewStep(dev, m, opt, sc, false, mode)
 		params := func() [][]float32 {
 			var ps [][]float32
 			for _, p := range nn.Parameters(m) {
@@ -260,9 +268,8 @@ func dataParallelResNetStep(t *testing.T, training bool, ckpt nn.CheckpointMode)
 		}
 		return s, func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }, params
 	}
-	cpu0 := tensor.NewDevice(cpu.New())
-	xs, ys := batches(cpu0, steps, batch, 5)
-	ref, release, refParams := build(cpu0, 7)
+	xs, ys := batches(refDev, steps, batch, 5)
+	ref, release, refParams := build(refDev, 7)
 	start := refParams()
 	for i := range xs {
 		if err := ref.Run(xs[i], ys[i]); err != nil {
@@ -274,8 +281,8 @@ func dataParallelResNetStep(t *testing.T, training bool, ckpt nn.CheckpointMode)
 	releaseAll(xs)
 	releaseAll(ys)
 
-	got := make([][][]float32, 2)
-	onRanks(t, []*tensor.Device{tensor.NewDevice(cpu.New()), tensor.NewDevice(cpu.New())}, func(g *dist.Group) error {
+	got := make([][][]float32, len(ranks))
+	onRanks(t, ranks, func(g *dist.Group) error {
 		s, release, params := build(g.Device(), 7)
 		defer release()
 		if err := s.SetGroup(g); err != nil {

@@ -56,18 +56,29 @@ func CUDAs(t testing.TB, n int) []*tensor.Device {
 // run.
 func CUDAWith(t testing.TB, opts tensor.Options) *tensor.Device {
 	t.Helper()
-	CUDA(t)
-	be, err := cuda.OpenSeparate(0, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := tensor.NewDevice(be)
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("closing the device: %v", err)
+	return CUDAsWith(t, 1, opts)[0]
+}
+
+// CUDAsWith is CUDAWith on cuda:0 to cuda:n-1, or skips t when there are
+// fewer GPUs.
+func CUDAsWith(t testing.TB, n int, opts tensor.Options) []*tensor.Device {
+	t.Helper()
+	CUDAs(t, n)
+	var devs []*tensor.Device
+	for i := range n {
+		be, err := cuda.OpenSeparate(i, opts)
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	return d
+		d := tensor.NewDevice(be)
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Errorf("closing cuda:%d: %v", i, err)
+			}
+		})
+		devs = append(devs, d)
+	}
+	return devs
 }
 
 // FreeAddr is a loopback address whose port nothing listens on, for a
