@@ -11,6 +11,7 @@ import (
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -140,10 +141,14 @@ func TestReducerAveragesGradients(t *testing.T) {
 				coefs[i].Release()
 			}
 		}()
+		allocated := func() int64 { return dev.Allocator().Stats().Allocated[memory.All].Current }
+		before := allocated()
 		red := NewReducer(g, params)
 		defer red.Release()
-		if red.Buckets() != 2 || red.Bytes() != 4*int64(3+512<<10+300<<10) {
-			return fmt.Errorf("%d buckets of %d bytes", red.Buckets(), red.Bytes())
+		// Bytes is what the pool took for the buckets: their size, rounded.
+		exact := 4 * int64(3+512<<10+300<<10)
+		if took := allocated() - before; red.Buckets() != 2 || red.Bytes() != took || took < exact || took > exact+1<<20 {
+			return fmt.Errorf("%d buckets of %d bytes (the pool took %d for %d)", red.Buckets(), red.Bytes(), took, exact)
 		}
 		// step runs a backward of Σ_i scale·Σ(p_i·c_i) over the parameters in
 		// use and returns how many buckets had started when it ended.

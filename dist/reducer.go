@@ -44,8 +44,8 @@ const (
 // an error on the second report, unless told the graph is static.
 type Reducer struct {
 	g       *Group
+	all     *tensor.Tensor // the buckets, one after the other
 	buckets []bucket
-	bytes   int64
 	slot    map[*tensor.Tensor]int // parameter -> its index in params
 	params  []param
 	off     bool // SetOverlap(false)
@@ -71,32 +71,15 @@ type param struct {
 	view   *tensor.Tensor // the parameter's part of its bucket, shaped as it
 }
 
-// NewReducer lays params' gradients out in buckets on g's device. Every
-// parameter must be F32 (its gradient is, and so is the bucket).
+// NewReducer lays params' gradients out in buckets on g's device, the
+// buckets one after the other in one block of the pool. Every parameter
+// must be F32 (its gradient is, and so is the bucket).
 func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
-	r := &Reducer{g: g, slot: map[*tensor.Tensor]int{}}
-	limit := int64(FirstBucketBytes)
+	r := &Reducer{g: g, slot: map[*tensor.Tensor]int{}, params: make([]param, len(params))}
+	var groups [][]int // the buckets' parameters
 	var cur []int
-	var size int64
-	flush := func() {
-		if len(cur) == 0 {
-			return
-		}
-		b := bucket{flat: tensor.Zeros(g.dev, tensor.F32, int(size/4)).Keep(), params: cur}
-		off := 0
-		for _, i := range cur {
-			p := &r.params[i]
-			n := p.t.Numel()
-			rows := b.flat.Rows(off, off+n)
-			p.bucket, p.view = len(r.buckets), rows.View(p.t.Shape()...).Keep()
-			rows.Release()
-			off += n
-		}
-		r.buckets = append(r.buckets, b)
-		r.bytes += size
-		cur, size, limit = nil, 0, BucketBytes
-	}
-	r.params = make([]param, len(params))
+	var size, total int64
+	limit := int64(FirstBucketBytes)
 	for i := len(params) - 1; i >= 0; i-- {
 		p := params[i]
 		if p.DType() != tensor.F32 {
@@ -109,11 +92,29 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 		r.params[i].t = p
 		cur = append(cur, i)
 		size += 4 * int64(p.Numel())
-		if size >= limit {
-			flush()
+		if size >= limit || i == 0 {
+			groups = append(groups, cur)
+			total += size
+			cur, size, limit = nil, 0, BucketBytes
 		}
 	}
-	flush()
+	if total == 0 {
+		panic("dist: a reducer of no parameters")
+	}
+	r.all = tensor.Zeros(g.dev, tensor.F32, int(total/4)).Keep()
+	off := 0
+	for b, ps := range groups {
+		lo := off
+		for _, i := range ps {
+			p := &r.params[i]
+			n := p.t.Numel()
+			rows := r.all.Rows(off, off+n)
+			p.bucket, p.view = b, rows.View(p.t.Shape()...).Keep()
+			rows.Release()
+			off += n
+		}
+		r.buckets = append(r.buckets, bucket{flat: r.all.Rows(lo, off).Keep(), params: ps})
+	}
 	r.reported = make([]int, len(r.params))
 	r.left = make([]int, len(r.buckets))
 	r.started = make([]bool, len(r.buckets))
@@ -123,9 +124,9 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 // Buckets is the number of buckets.
 func (r *Reducer) Buckets() int { return len(r.buckets) }
 
-// Bytes is the buckets' size in all (the memory data parallelism adds to a
-// step; the gradients live in it).
-func (r *Reducer) Bytes() int64 { return r.bytes }
+// Bytes is what the pool holds for the buckets (their one block, rounded
+// as the pool rounds): the memory data parallelism adds to a step.
+func (r *Reducer) Bytes() int64 { return r.all.Block().Size() }
 
 // Overlap reports whether the all-reduces overlap the backward, and if
 // not, why (Note [the first step learns]). Before the first step it
@@ -274,5 +275,6 @@ func (r *Reducer) Release() {
 	for _, p := range r.params {
 		p.view.Release()
 	}
+	r.all.Release()
 	r.buckets, r.params = nil, nil
 }
