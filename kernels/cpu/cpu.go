@@ -8,8 +8,9 @@
 // backend is tested against; the CPU backend itself is tested against plain
 // float64 loops (cpu_test.go), on every sgemm kernel the CPU runs.
 //
-// Operations run synchronously on the calling goroutine (fanning out over
-// GOMAXPROCS goroutines when the work is large enough). Scratch space (F16
+// Operations run synchronously on the calling goroutine, fanning out over
+// GOMAXPROCS cores when the work is large enough, to workers that stay
+// awake between operations (package par). Scratch space (F16
 // conversions, convolution grids and product outputs, packed panels) lives on
 // the Go heap, outside the pool: the pool accounts for tensors.
 package cpu
@@ -21,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/par"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/x448/float16"
@@ -224,17 +226,8 @@ func parallel(n, grain int, f func(lo, hi int)) {
 		}
 		return
 	}
-	var wg sync.WaitGroup
 	step := (n + chunks - 1) / chunks
-	for lo := 0; lo < n; lo += step {
-		hi := min(lo+step, n)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, hi)
-		}()
-	}
-	wg.Wait()
+	par.Do((n+step-1)/step, func(c int) { f(c*step, min(n, (c+1)*step)) })
 }
 
 // Write copies host bytes into dst.

@@ -700,13 +700,16 @@ func TestOptimizers(t *testing.T) {
 	if f32s(found)[0] != 1 {
 		t.Error("infinite gradient not flagged")
 	}
-	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
-		be.Fill(found, 0)
-		be.Fill(g, 1)
-		f32s(g)[7] = bad
-		be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
-		if f32s(found)[0] != 1 || f32s(g)[0] != 0.5 {
-			t.Errorf("gradient %v: found %v, g[0] = %v (want 1, 0.5)", bad, f32s(found)[0], f32s(g)[0])
+	// Every position of the 9 (each of the loop's four sums and the tail).
+	for at := range 9 {
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+			be.Fill(found, 0)
+			be.Fill(g, 1)
+			f32s(g)[at] = bad
+			be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
+			if other := (at + 1) % 9; f32s(found)[0] != 1 || f32s(g)[other] != 0.5 {
+				t.Errorf("gradient %v at %d: found %v, g[%d] = %v (want 1, 0.5)", bad, at, f32s(found)[0], other, f32s(g)[other])
+			}
 		}
 	}
 }

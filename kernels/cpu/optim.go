@@ -135,14 +135,21 @@ func (c *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	for _, gb := range grads {
 		g := f32s(gb)
 		// v·0 is 0 for every finite v and NaN for ±Inf and NaN: one
-		// multiply-and-accumulate an element, no branch, no conversion.
-		var poison float32
-		for i, v := range g {
-			v *= inv
-			g[i] = v
-			poison += v * 0
+		// multiply-and-accumulate an element, no branch, no conversion,
+		// into four sums so that the additions do not wait on each other.
+		var p0, p1, p2, p3 float32
+		i := 0
+		for ; i+4 <= len(g); i += 4 {
+			v := g[i : i+4 : i+4]
+			v0, v1, v2, v3 := v[0]*inv, v[1]*inv, v[2]*inv, v[3]*inv
+			v[0], v[1], v[2], v[3] = v0, v1, v2, v3
+			p0, p1, p2, p3 = p0+v0*0, p1+v1*0, p2+v2*0, p3+v3*0
 		}
-		if poison != poison { // NaN
+		for ; i < len(g); i++ {
+			g[i] *= inv
+			p0 += g[i] * 0
+		}
+		if poison := p0 + p1 + p2 + p3; poison != poison { // NaN
 			f[0] = 1
 		}
 	}

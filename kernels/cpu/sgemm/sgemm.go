@@ -18,6 +18,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/leangrad/leangrad/kernels/cpu/internal/par"
 )
 
 // microkernel computes C[i·ldc+j] = Σₚ a[p·mr+i]·b[p·nr+j] for one mr×nr
@@ -205,15 +207,9 @@ func (mu *Multiplier) goroutines(m, n, k, parts int) int {
 	return max(1, min(threads, parts, m*n*k/minFlopsPerThread))
 }
 
-// fanOut runs run(0) … run(threads−1), the first on the calling goroutine.
-func fanOut(threads int, run func(t int)) {
-	var wg sync.WaitGroup
-	for t := 1; t < threads; t++ {
-		wg.Go(func() { run(t) })
-	}
-	run(0)
-	wg.Wait()
-}
+// fanOut runs run(0) … run(threads−1), the first on the calling goroutine,
+// the others on par's workers.
+func fanOut(threads int, run func(t int)) { par.Do(threads, run) }
 
 // dotTiles computes columns [j0, j1) of GemmRows' C.
 func (mu *Multiplier) dotTiles(m, n, k int, a, b Rows, add bool, c []float32, ldc, j0, j1 int) {
