@@ -5,7 +5,8 @@
 #   bash scripts/gpu-ddp.sh tests   # the CUDA tests (NCCL, the captured data-parallel step, ...)
 #   bash scripts/gpu-ddp.sh bench   # throughput on 1 and 2 GPUs beside PyTorch DDP, the main job on 2 GPUs
 #
-# Logs and JSON go to $OUT (or ./gpu-out); COMMIT names the commit measured.
+# Logs and JSON go to $OUT (or ./gpu-out), and all of them into all.tgz there; COMMIT names
+# the commit measured.
 # NCCL_NVLS_ENABLE=0 (NVLink multicast off) is the machine's setting and stays.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -52,6 +53,8 @@ bench)
   echo "main job 2 GPUs exit $?"; grep -E 'data parallel|rank [01]  |test accuracy|throughput|epoch 15:' "$out/main-2gpu.log" | head -12
   bash .gpu/run bin/train -model resnet -amp -checkpoint -device cuda -json "$out/main-1gpu.json" > "$out/main-1gpu.log" 2>&1
   echo "main job 1 GPU exit $?"; grep -E 'test accuracy|throughput|epoch 15:' "$out/main-1gpu.log" | head -5
+  # Everything in one file: the machine sends back a limited number of files.
+  tar czf /tmp/ddp-all.tgz -C "$out" . && mv /tmp/ddp-all.tgz "$out/all.tgz"
   ;;
 *)
   echo "usage: gpu-ddp.sh tests|bench" >&2
