@@ -63,6 +63,10 @@ func check(t *testing.T, what string, got kernels.Buf, want []float64, tol float
 	}
 }
 
+// TestGemm checks every transpose, batches with strides, and products
+// large enough to cross the packing blocks and split over the goroutines,
+// with F32 or F16 operands (F16 ones are converted as they are packed) and
+// an F32 result, against float64 loops on the operands' values.
 func TestGemm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, tc := range []kernels.GemmParams{
@@ -71,39 +75,58 @@ func TestGemm(t *testing.T) {
 		{TransB: true, M: 2, N: 6, K: 9, Alpha: 1, Beta: 0.5, Batch: 1},
 		{TransA: true, TransB: true, M: 4, N: 3, K: 2, Alpha: 1, Batch: 3, StrideA: 8, StrideB: 6, StrideC: 12},
 		{M: 5, N: 2, K: 4, Alpha: 1, Batch: 2, StrideA: 0, StrideB: 8, StrideC: 10},
+		{M: 150, N: 100, K: 400, Alpha: 1, Batch: 1},
+		{TransA: true, M: 150, N: 100, K: 400, Alpha: 1, Beta: 1, Batch: 1},
+		{TransB: true, M: 150, N: 100, K: 400, Alpha: 0.5, Batch: 1},
+		{TransA: true, TransB: true, M: 33, N: 70, K: 390, Alpha: 1, Batch: 1},
 	} {
-		t.Run(fmt.Sprintf("%+v", tc), func(t *testing.T) {
-			a, av := randBuf(t, rng, max(tc.StrideA*(tc.Batch-1), 0)+tc.M*tc.K)
-			b, bv := randBuf(t, rng, tc.StrideB*(tc.Batch-1)+tc.K*tc.N)
-			c, cv := randBuf(t, rng, tc.StrideC*(tc.Batch-1)+tc.M*tc.N)
-			want := append([]float64(nil), cv...)
-			for bt := 0; bt < tc.Batch; bt++ {
-				for i := 0; i < tc.M; i++ {
-					for j := 0; j < tc.N; j++ {
-						var s float64
-						for k := 0; k < tc.K; k++ {
-							ai := i*tc.K + k
-							if tc.TransA {
-								ai = k*tc.M + i
+		for _, dt := range []kernels.DType{kernels.F32, kernels.F16} {
+			t.Run(fmt.Sprintf("%+v/%v", tc, dt), func(t *testing.T) {
+				operand := func(n int, dt kernels.DType) (kernels.Buf, []float64) {
+					b, _ := randBuf(t, rng, n)
+					if dt == kernels.F16 {
+						h := buf(t, kernels.F16, n)
+						be.Cast(h, b)
+						b = h
+					}
+					v := make([]float64, n)
+					for i, x := range in(b) {
+						v[i] = float64(x)
+					}
+					return b, v
+				}
+				a, av := operand(max(tc.StrideA*(tc.Batch-1), 0)+tc.M*tc.K, dt)
+				b, bv := operand(tc.StrideB*(tc.Batch-1)+tc.K*tc.N, dt)
+				c, cv := randBuf(t, rng, tc.StrideC*(tc.Batch-1)+tc.M*tc.N)
+				want := append([]float64(nil), cv...)
+				for bt := 0; bt < tc.Batch; bt++ {
+					for i := 0; i < tc.M; i++ {
+						for j := 0; j < tc.N; j++ {
+							var s float64
+							for k := 0; k < tc.K; k++ {
+								ai := i*tc.K + k
+								if tc.TransA {
+									ai = k*tc.M + i
+								}
+								bi := k*tc.N + j
+								if tc.TransB {
+									bi = j*tc.K + k
+								}
+								s += av[bt*tc.StrideA+ai] * bv[bt*tc.StrideB+bi]
 							}
-							bi := k*tc.N + j
-							if tc.TransB {
-								bi = j*tc.K + k
-							}
-							s += av[bt*tc.StrideA+ai] * bv[bt*tc.StrideB+bi]
+							ci := bt*tc.StrideC + i*tc.N + j
+							want[ci] = float64(tc.Alpha)*s + float64(tc.Beta)*cv[ci]
 						}
-						ci := bt*tc.StrideC + i*tc.N + j
-						want[ci] = float64(tc.Alpha)*s + float64(tc.Beta)*cv[ci]
 					}
 				}
-			}
-			c0 := append([]float32(nil), f32s(c)...)
-			for _, kb := range kernelBackends(t) {
-				copy(f32s(c), c0)
-				kb.Gemm(tc, a, b, c)
-				check(t, kb.Kernel()+" C", c, want, 1e-5)
-			}
-		})
+				c0 := append([]float32(nil), f32s(c)...)
+				for _, kb := range kernelBackends(t) {
+					copy(f32s(c), c0)
+					kb.Gemm(tc, a, b, c)
+					check(t, kb.Kernel()+" C", c, want, 1e-5)
+				}
+			})
+		}
 	}
 }
 
@@ -700,16 +723,26 @@ func TestOptimizers(t *testing.T) {
 	if f32s(found)[0] != 1 {
 		t.Error("infinite gradient not flagged")
 	}
-	// Every position of the 9 (each of the loop's four sums and the tail).
-	for at := range 9 {
-		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
-			be.Fill(found, 0)
-			be.Fill(g, 1)
-			f32s(g)[at] = bad
-			be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
-			if other := (at + 1) % 9; f32s(found)[0] != 1 || f32s(g)[other] != 0.5 {
-				t.Errorf("gradient %v at %d: found %v, g[%d] = %v (want 1, 0.5)", bad, at, f32s(found)[0], other, f32s(g)[other])
+	// Every position, in gradients that the AVX-512 pass takes none of (9),
+	// all of (32) and part of (37), whose Go loop keeps four sums.
+	for _, n := range []int{9, 32, 37} {
+		g := buf(t, kernels.F32, n)
+		for at := range n {
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+				be.Fill(found, 0)
+				be.Fill(g, 1)
+				f32s(g)[at] = bad
+				be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
+				if other := (at + 1) % n; f32s(found)[0] != 1 || f32s(g)[other] != 0.5 {
+					t.Errorf("%d gradients, %v at %d: found %v, g[%d] = %v (want 1, 0.5)", n, bad, at, f32s(found)[0], other, f32s(g)[other])
+				}
 			}
+		}
+		be.Fill(found, 0)
+		be.Fill(g, 3)
+		be.UnscaleCheck([]kernels.Buf{g}, scalar(2), found)
+		if f32s(found)[0] != 0 || f32s(g)[n-1] != 1.5 || f32s(g)[0] != 1.5 {
+			t.Errorf("%d finite gradients: found %v, g[0] %v, g[%d] %v (want 0, 1.5, 1.5)", n, f32s(found)[0], f32s(g)[0], n-1, f32s(g)[n-1])
 		}
 	}
 }

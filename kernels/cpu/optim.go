@@ -134,11 +134,14 @@ func (c *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	inv := 1 / f32s(scale)[0]
 	for _, gb := range grads {
 		g := f32s(gb)
+		i, bad := unscaleVec(g, inv)
+		if bad {
+			f[0] = 1
+		}
 		// v·0 is 0 for every finite v and NaN for ±Inf and NaN: one
 		// multiply-and-accumulate an element, no branch, no conversion,
 		// into four sums so that the additions do not wait on each other.
 		var p0, p1, p2, p3 float32
-		i := 0
 		for ; i+4 <= len(g); i += 4 {
 			v := g[i : i+4 : i+4]
 			v0, v1, v2, v3 := v[0]*inv, v[1]*inv, v[2]*inv, v[3]*inv

@@ -45,3 +45,32 @@ update:
 done:
 	VZEROUPPER
 	RET
+
+// func unscale16(grad *float32, n int, inv float32) (bad bool)
+//
+// grad ← grad·inv, sixteen values an instruction (AVX-512F); n is a multiple of
+// 16. bad reports whether any product is infinite or NaN: v·0 is 0 for
+// every finite v and NaN otherwise, summed in one register and tested once.
+TEXT ·unscale16(SB), NOSPLIT, $0-25
+	MOVQ grad+0(FP), DI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS inv+16(FP), Z2
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	SHRQ $4, CX
+	TESTQ CX, CX
+	JZ udone
+uloop:
+	VMULPS (DI), Z2, Z0
+	VMOVUPS Z0, (DI)
+	VFMADD231PS Z3, Z0, Z1
+	ADDQ $64, DI
+	DECQ CX
+	JNZ uloop
+udone:
+	VCMPPS $3, Z1, Z1, K1
+	KMOVW K1, AX
+	TESTW AX, AX
+	SETNE bad+24(FP)
+	VZEROUPPER
+	RET

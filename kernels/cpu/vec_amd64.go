@@ -28,13 +28,17 @@ func bnApply16(dx, dy, y, x *float32, n int, a, b, c float32)
 func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nesterov bool)
 
 //go:noescape
+func unscale16(grad *float32, n int, inv float32) (bad bool)
+
+//go:noescape
 func reluGrad16(dx, dy, y *float32, n int)
 
 //go:noescape
 func relu16(y, x *float32, n int)
 
 // hasAVX512 turns on the AVX-512 passes: batch norm (norm_amd64.s), the SGD
-// update (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
+// update and the scaler's unscale (optim_amd64.s) and ReLU
+// (elementwise_amd64.s). Each Go wrapper
 // below runs its pass over the leading multiple of 16 values and returns
 // how many it took; the caller's Go loop does the rest.
 var hasAVX512 = cpu.X86.HasAVX512F
@@ -135,4 +139,14 @@ func reluVec(y, x []float32) int {
 		relu16(ptr(y[:n]), ptr(x), n)
 	}
 	return n
+}
+
+// unscaleVec multiplies the leading values of g by inv in place, returning
+// how many and whether any product is infinite or NaN.
+func unscaleVec(g []float32, inv float32) (int, bool) {
+	n := vecLen(len(g))
+	if n == 0 {
+		return 0, false
+	}
+	return n, unscale16(ptr(g), n, inv)
 }

@@ -19,4 +19,6 @@ func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int {
 
 func reluGradVec(dx, dy, y []float32) int { return 0 }
 
+func unscaleVec(g []float32, inv float32) (int, bool) { return 0, false }
+
 func reluVec(y, x []float32) int { return 0 }
