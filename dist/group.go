@@ -146,26 +146,14 @@ func (g *Group) Abort(err error) { g.rv.failed(err) }
 // AllReduce replaces each tensor by its sum over the ranks, or by the
 // mean with mean set, queued on the device (see kernels.Collective).
 func (g *Group) AllReduce(ts []*tensor.Tensor, mean bool) error {
-	if err := g.Err(); err != nil {
-		return err
-	}
-	if g.cfg.Size == 1 || len(ts) == 0 {
-		return nil
-	}
-	return g.cause(g.coll.AllReduce(bufs(ts), mean))
+	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.AllReduce(b, mean) })
 }
 
 // StartAllReduce is AllReduce overlapped with the device work queued after
 // it, until Join (kernels.Collective.StartAllReduce): the tensors must not
 // be used in between.
 func (g *Group) StartAllReduce(ts []*tensor.Tensor, mean bool) error {
-	if err := g.Err(); err != nil {
-		return err
-	}
-	if g.cfg.Size == 1 || len(ts) == 0 {
-		return nil
-	}
-	return g.cause(g.coll.StartAllReduce(bufs(ts), mean))
+	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.StartAllReduce(b, mean) })
 }
 
 // Join makes the device work queued from now on wait for the all-reduces
@@ -195,13 +183,19 @@ func (g *Group) cause(err error) error {
 
 // Broadcast copies root's tensors into every rank's.
 func (g *Group) Broadcast(ts []*tensor.Tensor, root int) error {
+	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.Broadcast(b, root) })
+}
+
+// collective runs op on ts's buffers, unless the group has failed (its
+// failure is the error) or there is nothing to do (one rank, no tensors).
+func (g *Group) collective(ts []*tensor.Tensor, op func([]kernels.Buf) error) error {
 	if err := g.Err(); err != nil {
 		return err
 	}
 	if g.cfg.Size == 1 || len(ts) == 0 {
 		return nil
 	}
-	return g.cause(g.coll.Broadcast(bufs(ts), root))
+	return g.cause(op(bufs(ts)))
 }
 
 func bufs(ts []*tensor.Tensor) []kernels.Buf {

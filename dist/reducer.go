@@ -17,8 +17,8 @@ const (
 
 // Reducer averages a step's gradients over a group, as DDP does, while the
 // backward runs. The parameters are laid out in buckets in reverse order
-// (the order a backward makes their gradients ready), each bucket one flat
-// F32 tensor kept for the whole run. A step is
+// (the order a backward makes their gradients ready), the buckets one
+// after the other in one F32 block kept for the whole run. A step is
 //
 //	r.Prepare()
 //	autograd.Backward(loss, autograd.OnGradReady(r.Ready))
@@ -50,10 +50,12 @@ type Reducer struct {
 	params  []param
 	off     bool // SetOverlap(false)
 
+	// What the first step learned (Note [the first step learns]).
+	learned bool   // the first step has run
+	overlap bool   // buckets start in Ready
+	why     string // why they do not
+
 	// One step's state.
-	learned  bool   // the first step has run (Note [the first step learns])
-	overlap  bool   // buckets start in Ready
-	why      string // why they do not
 	reported []int  // per parameter: Ready calls this step
 	left     []int  // per bucket: parameters not yet reported
 	started  []bool // per bucket: its all-reduce is queued

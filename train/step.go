@@ -118,9 +118,9 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *o
 
 // SetGroup makes the step data-parallel over g: every rank's model takes
 // rank 0's parameters and buffers now, and each step averages the
-// gradients over the ranks (dist.Reducer: the gradients live in buckets,
-// each all-reduced as soon as the backward has finished it, overlapping
-// the rest), before the scaler's check, so every rank sees the
+// gradients over the ranks (dist.Reducer: each bucket of gradients is
+// all-reduced as soon as the backward has finished it, overlapping the
+// rest), before the scaler's check, so every rank sees the
 // same gradients, skips the same AMP steps and takes the same update.
 // Batch norm's statistics stay each rank's own, as in DDP without buffer
 // broadcasting; JobMetrics sums the ranks' metrics. Call it before the
@@ -524,7 +524,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 		if s.reducer != nil {
 			s.reducer.Prepare()
 			// A step that fails midway must not leave all-reduces running
-			// on buckets the next step zeroes (Finish has joined them when
+			// on buckets the next step writes (Finish has joined them when
 			// it ran).
 			defer s.reducer.Join()
 		}
