@@ -246,6 +246,49 @@ func TestReducerSharedParameterDoesNotOverlap(t *testing.T) {
 	}
 }
 
+// A step whose backward finishes a parameter's gradient twice, after the
+// first step finished it once (the graph changed), fails with an error
+// naming the parameter instead of reducing a stale bucket.
+func TestReducerRefusesAGraphThatChanged(t *testing.T) {
+	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
+		dev := g.Device()
+		w := tensor.FromFloat32(dev, []float32{1, 2, 3}, 3).Keep().SetRequiresGrad(true)
+		defer w.Release()
+		x := tensor.FromFloat32(dev, []float32{1, 1, 1}, 3).Keep()
+		defer x.Release()
+		red := NewReducer(g, []*tensor.Tensor{w})
+		defer red.Release()
+		block := func(in []*tensor.Tensor) *tensor.Tensor { return ag.Mul(in[0], w) }
+		step := func(twice bool) error {
+			red.Prepare()
+			dev.WithScope(func() {
+				y := ag.Checkpoint(block, x)
+				if twice {
+					y = ag.Checkpoint(block, y)
+				}
+				ag.Backward(ag.SumAll(y), ag.OnGradReady(red.Ready))
+			})
+			defer w.ZeroGrad()
+			return red.Finish()
+		}
+		if err := step(false); err != nil {
+			return err
+		}
+		if ok, why := red.Overlap(); !ok {
+			return fmt.Errorf("no overlap after a step that finished the gradient once: %s", why)
+		}
+		if err := step(true); err == nil || !strings.Contains(err.Error(), "parameter 0 (shape [3]) was finished twice") {
+			return fmt.Errorf("a gradient finished twice after its bucket started: %v", err)
+		}
+		return g.Close()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
 // A rank that dies (its connection closes without a goodbye) fails every
 // other rank's next collective, with an error naming it, well within the
 // timeout, and runs the failure hooks.
