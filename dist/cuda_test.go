@@ -44,11 +44,7 @@ func TestCUDANCCL(t *testing.T) {
 		t.Logf("rank %d: an all-reduce of 45 MiB (ResNet-18's gradients) takes %v over %s", g.Rank(), d, g.Backend())
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
 
 // TestCUDANCCLDeadRank: rank 1 dies while rank 0 waits in an NCCL

@@ -72,6 +72,16 @@ func onDevices(t *testing.T, devs []*tensor.Device, timeout time.Duration, f fun
 	return errs
 }
 
+// checkRanks fails t for every rank that returned an error.
+func checkRanks(t *testing.T, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
 func TestCollectivesOverTCP(t *testing.T) {
 	const size = 3
 	errs := ranks(t, size, 10*time.Second, func(g *Group) error {
@@ -109,11 +119,7 @@ func TestCollectivesOverTCP(t *testing.T) {
 		}
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
 
 // The reducer averages gradients across ranks, in buckets laid out in
@@ -200,11 +206,7 @@ func TestReducerAveragesGradients(t *testing.T) {
 		// group is still whole.
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
 
 // A parameter used by two checkpointed blocks has its gradient finished by
@@ -239,11 +241,7 @@ func TestReducerSharedParameterDoesNotOverlap(t *testing.T) {
 		}
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
 
 // A step whose backward finishes a parameter's gradient twice, after the
@@ -282,11 +280,7 @@ func TestReducerRefusesAGraphThatChanged(t *testing.T) {
 		}
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
 
 // A rank that dies (its connection closes without a goodbye) fails every
@@ -376,9 +370,5 @@ func TestTimeAllReduce(t *testing.T) {
 		}
 		return g.Close()
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	checkRanks(t, errs)
 }
