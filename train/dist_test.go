@@ -49,6 +49,25 @@ func onRanks(t *testing.T, devs []*tensor.Device, f func(g *dist.Group) error) {
 	}
 }
 
+// sgdStep is an fp32 step of m (SGD, Nesterov momentum 0.9, learning rate
+// 0.1, weight decay wd) in mode, the function that releases it with m, and
+// one that reads m's parameters.
+func sgdStep(dev *tensor.Device, m nn.Module, wd float64, mode Mode) (*Step, func(), func() [][]float32) {
+	opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, wd, true)
+	sc := optim.NewGradScaler(dev)
+	sc.Enabled = false
+	s := NewStep(dev, m, opt, sc, false, mode)
+	release := func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }
+	params := func() [][]float32 {
+		var ps [][]float32
+		for _, p := range nn.Parameters(m) {
+			ps = append(ps, p.Float32s())
+		}
+		return ps
+	}
+	return s, release, params
+}
+
 // TestDataParallelStepMatchesOneBigStep: two ranks, each stepping on its
 // half of every batch, end with the same parameters as each other (bit for
 // bit) and as one process stepping on the whole batches, within 1e-5: an
@@ -63,20 +82,7 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 	const steps, batch = 4, 16
 	build := func(dev *tensor.Device, seed uint64) (*Step, func(), func() [][]float32) {
 		dev.Generator().Seed(seed)
-		m := nn.NewMLP(dev, []int{144, 32, 10}, 0)
-		opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, 5e-4, true)
-		sc := optim.NewGradScaler(dev)
-		sc.Enabled = false
-		s := NewStep(dev, m, opt, sc, false, mode)
-		release := func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }
-		params := func() [][]float32 {
-			var ps [][]float32
-			for _, p := range nn.Parameters(m) {
-				ps = append(ps, p.Float32s())
-			}
-			return ps
-		}
-		return s, release, params
+		return sgdStep(dev, nn.NewMLP(dev, []int{144, 32, 10}, 0), 5e-4, mode)
 	}
 	flat := func(x *tensor.Tensor) *tensor.Tensor { return x.View(x.Dim(0), 144) }
 
@@ -255,18 +261,7 @@ func dataParallelResNetStep(t *testing.T, refDev *tensor.Device, ranks []*tensor
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		m.SetTraining(training)
 		m.Checkpoint = ckpt
-		opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, 0, true)
-		sc := optim.NewGradScaler(dev)
-		sc.Enabled = false
-		s := NewStep(dev, m, opt, sc, false, mode)
-		params := func() [][]float32 {
-			var ps [][]float32
-			for _, p := range nn.Parameters(m) {
-				ps = append(ps, p.Float32s())
-			}
-			return ps
-		}
-		return s, func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }, params
+		return sgdStep(dev, m, 0, mode)
 	}
 	xs, ys := batches(refDev, steps, batch, 5)
 	ref, release, refParams := build(refDev, 7)
