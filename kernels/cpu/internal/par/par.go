@@ -89,7 +89,9 @@ func (w *worker) loop() {
 // Do runs f(0), …, f(n−1) and returns when all have returned: f(0) on the
 // caller, the others on workers that are free, or on the caller when none
 // is (Do is safe to call from many goroutines, and from inside f). The
-// parts must not depend on each other's progress.
+// parts must not depend on each other's progress. The workers are
+// GOMAXPROCS−1 goroutines started by the first call; a later change of
+// GOMAXPROCS does not change how many there are.
 func Do(n int, f func(i int)) {
 	if n <= 1 {
 		if n == 1 {
