@@ -50,8 +50,11 @@ func TestDoWaitsForTheParts(t *testing.T) {
 	out := make([]int, 64)
 	for round := range 100 {
 		Do(len(out), func(i int) {
-			time.Sleep(time.Duration(i%3) * time.Microsecond)
-			out[i] = round + i
+			spin := 0
+			for range (i % 3) * 1000 { // parts of unequal length
+				spin++
+			}
+			out[i] = round + i + spin - spin
 		})
 		for i, v := range out {
 			if v != round+i {
