@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -389,6 +390,47 @@ func testBatchNorm(t *testing.T, hw int) {
 		yeRef[k] = (xv[k]-float64(rmNow[c]))/math.Sqrt(float64(rvNow[c])+1e-5)*gv[c] + bv[c]
 	}
 	check(t, "f16 eval y", yeh, yeRef, 1e-2)
+
+	// The half passes (F16 planes loaded and stored in place) do the
+	// arithmetic of the path that converts the planes first, bit for bit:
+	// train, backward (with and without the ReLU's mask and the residual)
+	// and eval.
+	if halfPasses {
+		type result struct {
+			y, dx, dres, ye, dxPlain []uint16
+			stats                    []float32
+		}
+		run := func() result {
+			rm2, rv2 := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
+			be.Copy(rm2, rm)
+			be.Copy(rv2, rv)
+			y2, dx2, dres2, ye2, dxp := buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N)
+			sm2, si2, dg2, db2 := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
+			be.BatchNormTrain(pr, xh, rh, g, b, y2, rm2, rv2, sm2, si2)
+			be.BatchNormBackward(pr, xh, y2, dyh, g, sm2, si2, dx2, dres2, dg2, db2)
+			stats := slices.Concat(f32s(rm2), f32s(rv2), f32s(sm2), f32s(si2), f32s(dg2), f32s(db2))
+			be.BatchNormBackward(p, xh, kernels.Buf{}, dyh, g, sm2, si2, dxp, kernels.Buf{}, dg2, db2)
+			be.BatchNormEval(pr, xh, rh, g, b, rm2, rv2, ye2)
+			stats = slices.Concat(stats, f32s(dg2), f32s(db2))
+			cp := func(b kernels.Buf) []uint16 { return slices.Clone(u16s(b)) }
+			return result{cp(y2), cp(dx2), cp(dres2), cp(ye2), cp(dxp), stats}
+		}
+		fast := run()
+		halfPasses = false
+		slow := run()
+		halfPasses = true
+		for _, c := range []struct {
+			name       string
+			fast, slow []uint16
+		}{{"y", fast.y, slow.y}, {"dx", fast.dx, slow.dx}, {"dresidual", fast.dres, slow.dres}, {"eval y", fast.ye, slow.ye}, {"unfused dx", fast.dxPlain, slow.dxPlain}} {
+			if !slices.Equal(c.fast, c.slow) {
+				t.Errorf("f16 %s: the half passes differ from converting the planes first", c.name)
+			}
+		}
+		if !slices.Equal(fast.stats, slow.stats) {
+			t.Errorf("f16 statistics and parameter gradients: the half passes give %v, converting first %v", fast.stats, slow.stats)
+		}
+	}
 
 	// Unfused: g = dy, no residual gradient.
 	be.BatchNormBackward(p, x, kernels.Buf{}, dy, g, sm, si, dx, kernels.Buf{}, dg, db)
@@ -798,5 +840,60 @@ func TestAffineReLUPassesNaN(t *testing.T) {
 	affineAct(y, x, nil, 2, 0.5, true)
 	if !isNaN32(y[2]) || !isNaN32(y[35]) || y[0] != 0 {
 		t.Errorf("y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", y[2], y[35], y[0])
+	}
+}
+
+// BenchmarkBatchNormF16 times a fused batch norm's forward and backward
+// (residual, ReLU) on F16 activations of ResNet-20's first and last stages
+// at batch 32, with the half passes and with the planes converted first,
+// and on F32 ones.
+func BenchmarkBatchNormF16(b *testing.B) {
+	if !halfPasses {
+		b.Skip("no half passes on this CPU")
+	}
+	for _, p := range []kernels.BNParams{
+		{N: 32, C: 16, HW: 28 * 28, Eps: 1e-5, Momentum: 0.1, ReLU: true},
+		{N: 32, C: 64, HW: 7 * 7, Eps: 1e-5, Momentum: 0.1, ReLU: true},
+	} {
+		t := &testing.T{}
+		rng := rand.New(rand.NewPCG(1, 2))
+		half := func(n int) kernels.Buf {
+			f, _ := randBuf(t, rng, n)
+			h := buf(t, kernels.F16, n)
+			be.Cast(h, f)
+			return h
+		}
+		n := p.N * p.C * p.HW
+		x, r, dy := half(n), half(n), half(n)
+		y, dx, dr := buf(t, kernels.F16, n), buf(t, kernels.F16, n), buf(t, kernels.F16, n)
+		g, _ := randBuf(t, rng, p.C)
+		bb, _ := randBuf(t, rng, p.C)
+		rm, rv, sm, si, dg, db := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
+		be.Fill(rm, 0)
+		be.Fill(rv, 1)
+		for _, on := range []bool{true, false} {
+			b.Run(fmt.Sprintf("C=%d/HW=%d/half=%v", p.C, p.HW, on), func(b *testing.B) {
+				halfPasses = on
+				defer func() { halfPasses = true }()
+				for b.Loop() {
+					be.BatchNormTrain(p, x, r, g, bb, y, rm, rv, sm, si)
+					be.BatchNormBackward(p, x, y, dy, g, sm, si, dx, dr, dg, db)
+				}
+			})
+		}
+		// The same in F32, for scale.
+		f32 := func(h kernels.Buf) kernels.Buf {
+			f := buf(t, kernels.F32, h.N)
+			be.Cast(f, h)
+			return f
+		}
+		xf, rf, dyf := f32(x), f32(r), f32(dy)
+		yf, dxf, drf := buf(t, kernels.F32, n), buf(t, kernels.F32, n), buf(t, kernels.F32, n)
+		b.Run(fmt.Sprintf("C=%d/HW=%d/f32", p.C, p.HW), func(b *testing.B) {
+			for b.Loop() {
+				be.BatchNormTrain(p, xf, rf, g, bb, yf, rm, rv, sm, si)
+				be.BatchNormBackward(p, xf, yf, dyf, g, sm, si, dxf, drf, dg, db)
+			}
+		})
 	}
 }

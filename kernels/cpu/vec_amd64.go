@@ -31,6 +31,21 @@ func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nest
 func unscale16(grad *float32, n int, inv float32) (bad bool)
 
 //go:noescape
+func sum16h(x *uint16, n int) float32
+
+//go:noescape
+func sumSqDev16h(x *uint16, n int, mean float32) float32
+
+//go:noescape
+func affine16h(y, x, res *uint16, n int, scale, shift float32, relu bool)
+
+//go:noescape
+func bnGrad16h(dy, y, x *uint16, n int, mean float32, gout *uint16) (sumG, sumGX float32)
+
+//go:noescape
+func bnApply16h(dx, dy, y, x *uint16, n int, a, b, c float32)
+
+//go:noescape
 func reluGrad16(dx, dy, y *float32, n int)
 
 //go:noescape
@@ -42,6 +57,11 @@ func relu16(y, x *float32, n int)
 // below runs its pass over the leading multiple of 16 values and returns
 // how many it took; the caller's Go loop does the rest.
 var hasAVX512 = cpu.X86.HasAVX512F
+
+// halfPasses turns on batch norm's passes over F16 planes in place (AMP's
+// activations, loaded with VCVTPH2PS and stored with VCVTPS2PH) instead of
+// over float32 copies of them (norm.go). Tests turn it off to compare.
+var halfPasses = hasAVX512
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
 // multiple of 16, or none without AVX-512.
@@ -149,4 +169,59 @@ func unscaleVec(g []float32, inv float32) (int, bool) {
 		return 0, false
 	}
 	return n, unscale16(ptr(g), n, inv)
+}
+
+// ptrH is &x[0], or nil for an empty or missing slice.
+func ptrH(x []uint16) *uint16 {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.SliceData(x)
+}
+
+// The same passes over F16 values (halfPasses), each returning how many
+// leading values it took.
+
+func sumHalfVec(x []uint16) (int, float32) {
+	n := vecLen(len(x))
+	if n == 0 {
+		return 0, 0
+	}
+	return n, sum16h(ptrH(x), n)
+}
+
+func sumSqDevHalfVec(x []uint16, mean float32) (int, float32) {
+	n := vecLen(len(x))
+	if n == 0 {
+		return 0, 0
+	}
+	return n, sumSqDev16h(ptrH(x), n, mean)
+}
+
+func affineHalfVec(y, x, res []uint16, scale, shift float32, relu bool) int {
+	n := vecLen(len(x))
+	if n > 0 {
+		affine16h(ptrH(y[:n]), ptrH(x), ptrH(res), n, scale, shift, relu)
+	}
+	return n
+}
+
+func bnGradHalfVec(dy, y, x []uint16, mean float32, g []uint16) (int, float32, float32) {
+	n := vecLen(len(dy))
+	if n == 0 {
+		return 0, 0, 0
+	}
+	if g != nil {
+		g = g[:n]
+	}
+	sb, sx := bnGrad16h(ptrH(dy), ptrH(y), ptrH(x[:n]), n, mean, ptrH(g))
+	return n, sb, sx
+}
+
+func bnApplyHalfVec(dx, dy, y, x []uint16, a, b, c float32) int {
+	n := vecLen(len(dy))
+	if n > 0 {
+		bnApply16h(ptrH(dx[:n]), ptrH(dy), ptrH(y), ptrH(x[:n]), n, a, b, c)
+	}
+	return n
 }
