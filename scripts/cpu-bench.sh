@@ -29,6 +29,12 @@ if [ "${PYTORCH_AMP:-1}" = 0 ]; then
   echo "bench amp exit: $?"
   bash .gpu/run bin/bench -merge "$w/bench-fp32/bench.json,$w/bench-amp/bench.json" -out "$w/bench" > "$w/bench.log" 2>&1
   cat "$w/bench-fp32.log" "$w/bench-amp.log" | grep -E '^(leangrad|pytorch) ' >> "$w/bench.log"
+  # AMP against fp32 in one process, one after the other: the two processes
+  # above run at different times of a shared machine.
+  timeout 120 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-pair" -specs "resnet20:32 mlp:128" \
+    -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
+  echo "bench pair exit: $?"
+  grep -E '^leangrad ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
 else
   timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
     -configs fp32,amp -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
