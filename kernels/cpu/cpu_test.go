@@ -897,3 +897,36 @@ func BenchmarkBatchNormF16(b *testing.B) {
 		})
 	}
 }
+
+// Binary on F16 operands and result, converted a few thousand values at a
+// time, is bit for bit the F32 operation on the same values rounded to
+// F16: every op, over chunk and goroutine boundaries, and in place.
+func TestBinaryF16MatchesF32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 2))
+	for _, n := range []int{5, 2049, 70001} {
+		for _, op := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
+			half := func() (kernels.Buf, kernels.Buf) {
+				f, _ := randBuf(t, rng, n)
+				h := buf(t, kernels.F16, n)
+				be.Cast(h, f)
+				be.Cast(f, h) // the F32 operand holds the rounded values
+				return h, f
+			}
+			ah, af := half()
+			bh, bf := half()
+			bc := kernels.NewBroadcast([]int{n}, []int{n}, []int{n})
+			yf, want := buf(t, kernels.F32, n), buf(t, kernels.F16, n)
+			be.Binary(op, yf, af, bf, bc)
+			be.Cast(want, yf)
+			yh := buf(t, kernels.F16, n)
+			be.Binary(op, yh, ah, bh, bc)
+			if !slices.Equal(u16s(yh), u16s(want)) {
+				t.Errorf("%v of %d F16 values differs from the F32 operation rounded", op, n)
+			}
+			be.Binary(op, ah, ah, bh, bc) // in place, as a gradient sum is
+			if !slices.Equal(u16s(ah), u16s(want)) {
+				t.Errorf("%v of %d F16 values in place differs from the F32 operation rounded", op, n)
+			}
+		}
+	}
+}

@@ -165,11 +165,6 @@ func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 // Binary computes dst = a op b with broadcasting.
 func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
 	kernels.CheckLen("binary "+op.String(), bc.Len(), dst)
-	as, doneA := view(a)
-	defer doneA()
-	bs, doneB := view(b)
-	defer doneB()
-	ys, done := out(dst)
 	var f func(x, y float32) float32
 	switch op {
 	case kernels.Add:
@@ -183,30 +178,31 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	default:
 		panic(fmt.Sprintf("cpu: unknown binary op %v", op))
 	}
-	if bc.Same() {
-		kernels.CheckLen("binary "+op.String(), len(ys), a, b)
-		parallel(len(ys), elemGrain, func(lo, hi int) {
-			y, x, z := ys[lo:hi], as[lo:hi], bs[lo:hi]
-			// One loop per op, without a call per element.
-			switch op {
-			case kernels.Add:
-				for i, v := range x {
-					y[i] = v + z[i]
-				}
-			case kernels.Sub:
-				for i, v := range x {
-					y[i] = v - z[i]
-				}
-			case kernels.Mul:
-				for i, v := range x {
-					y[i] = v * z[i]
-				}
-			default:
-				for i, v := range x {
-					y[i] = f(v, z[i])
-				}
+	if bc.Same() && a.DType == kernels.F16 && b.DType == kernels.F16 && dst.DType == kernels.F16 {
+		// AMP's sums of F16 gradients: converted a few thousand values at a
+		// time on the stack, not each operand into a float32 copy.
+		kernels.CheckLen("binary "+op.String(), dst.N, a, b)
+		av, bv, yv := valuesOf(a), valuesOf(b), valuesOf(dst)
+		parallel(dst.N, elemGrain, func(lo, hi int) {
+			var x, z [2048]float32
+			for at := lo; at < hi; at += len(x) {
+				k := min(len(x), hi-at)
+				av.read(x[:k], at)
+				bv.read(z[:k], at)
+				binarySame(op, f, x[:k], x[:k], z[:k])
+				yv.write(at, x[:k])
 			}
 		})
+		return
+	}
+	as, doneA := view(a)
+	defer doneA()
+	bs, doneB := view(b)
+	defer doneB()
+	ys, done := out(dst)
+	if bc.Same() {
+		kernels.CheckLen("binary "+op.String(), len(ys), a, b)
+		parallel(len(ys), elemGrain, func(lo, hi int) { binarySame(op, f, ys[lo:hi], as[lo:hi], bs[lo:hi]) })
 		done()
 		return
 	}
@@ -223,6 +219,29 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 		}
 	})
 	done()
+}
+
+// binarySame writes y = x op z, element by element: one loop per op,
+// without a call per element where it can.
+func binarySame(op kernels.BinaryOp, f func(x, y float32) float32, y, x, z []float32) {
+	switch op {
+	case kernels.Add:
+		for i, v := range x {
+			y[i] = v + z[i]
+		}
+	case kernels.Sub:
+		for i, v := range x {
+			y[i] = v - z[i]
+		}
+	case kernels.Mul:
+		for i, v := range x {
+			y[i] = v * z[i]
+		}
+	default:
+		for i, v := range x {
+			y[i] = f(v, z[i])
+		}
+	}
 }
 
 // binaryRow computes y[j] = a[oa+j·sa] op b[ob+j·sb]: one loop per common
