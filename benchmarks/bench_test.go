@@ -123,3 +123,33 @@ func TestFragmentationClaim(t *testing.T) {
 		t.Errorf("summary: %s", c.Summary)
 	}
 }
+
+// TestProfileOnCPU: the CPU's profile counts each operation of a step once,
+// under its kind and dtype (an MLP step of three layers: three products
+// forward, five backward), and its total is the sum of the kinds.
+func TestProfileOnCPU(t *testing.T) {
+	dev := tensor.CPU()
+	for _, tc := range []struct {
+		config, gemm, extra string
+	}{
+		{"fp32", "Gemm f32", "SGD f32"},
+		{"amp", "Gemm f16", "Cast f32 to f16"},
+	} {
+		ops, total, err := Profile(dev, Spec{Model: "mlp", Batch: 4, Config: tc.config}, Options{Warmup: 1, Steps: 3, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum float64
+		count := map[string]int{}
+		for i, op := range ops {
+			sum += op.MS
+			count[op.Op] = op.Count
+			if i > 0 && op.MS > ops[i-1].MS {
+				t.Errorf("%s: %s (%v ms) after %s (%v ms): not the most first", tc.config, op.Op, op.MS, ops[i-1].Op, ops[i-1].MS)
+			}
+		}
+		if count[tc.gemm] != 8 || count[tc.extra] == 0 || math.Abs(sum-total) > 1e-9 || total <= 0 {
+			t.Errorf("%s: %d× %s, %d× %s, total %v ms (sum %v): %+v", tc.config, count[tc.gemm], tc.gemm, count[tc.extra], tc.extra, total, sum, ops)
+		}
+	}
+}

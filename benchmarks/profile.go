@@ -4,28 +4,33 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leangrad/leangrad/kernels/cuda"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
 // deviceProfiler is implemented by backends that attribute device time to
-// operations (CUDA).
+// operations (CUDA), and by hostProfiler.
 type deviceProfiler interface {
 	StartProfile()
-	StopProfile() ([]cuda.OpTime, error)
+	StopProfile() ([]kernels.OpTime, error)
 	Delay(time.Duration)
 }
 
 // Profile runs o.Steps eager training steps of spec on dev with the
-// device's profiler on, and returns each kind of operation's device time
-// per step, the most first, and the device time of a step. The steps are
-// queued behind a delay kernel, so that the device runs them back to back
-// and host gaps do not count: what remains is the device work a captured
-// step replays.
-func Profile(dev *tensor.Device, spec Spec, o Options) ([]cuda.OpTime, float64, error) {
+// device's profiler on, and returns each kind of operation's time per step,
+// the most first, and the time of a step's operations. On a GPU it is
+// device time: the steps are queued behind a delay kernel, so that the
+// device runs them back to back and host gaps do not count, and what remains
+// is the device work a captured step replays. On the CPU, whose operations
+// run as they are called, it is the host time of each (hostProfiler).
+func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float64, error) {
 	p, ok := dev.Backend().(deviceProfiler)
 	if !ok {
-		return nil, 0, fmt.Errorf("%s has no device profiler", dev.Name())
+		if dev.Info().Kind != "cpu" {
+			return nil, 0, fmt.Errorf("%s has no device profiler", dev.Name())
+		}
+		h := &hostProfiler{Backend: dev.Backend()}
+		dev, p = tensor.NewDevice(h), h
 	}
 	m, ok := Models[spec.Model]
 	if !ok {

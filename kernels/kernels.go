@@ -283,6 +283,15 @@ type ScalerParams struct {
 	Interval        int
 }
 
+// OpTime is the time one kind of operation took over a profile: device time
+// for an asynchronous backend (CUDA's events), host time for a synchronous
+// one (the CPU's).
+type OpTime struct {
+	Op    string  // the kernel's name, the library call or the operation
+	Count int     // operations of this kind
+	MS    float64 // milliseconds in all
+}
+
 // Backend runs operations on one device. Output Bufs are written, never read,
 // unless documented otherwise; dtypes are F32 or F16 for data (mixed freely,
 // computed in float32) and I32 for labels.

@@ -102,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
 	fs.StringVar(&o.merge, "merge", "", "render the report (bench.json, bench.md, plots) into -out from these bench.json files, comma separated, instead of running")
-	fs.BoolVar(&o.profile, "profile", false, "on a GPU, also report each kind of operation's device time per eager step, for every spec")
+	fs.BoolVar(&o.profile, "profile", false, "also report each kind of operation's time per eager step, for every spec (device time on a GPU, host time on the CPU)")
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
 	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
@@ -287,7 +287,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	return write(o, rep, stdout)
 }
 
-// profile reports where each spec's device time goes, by kind of operation.
+// profile reports where each spec's step time goes, by kind of operation.
 func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
 	for _, sp := range specs {
 		for _, b := range sp.batches {
@@ -302,10 +302,14 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 				var parts []string
 				for _, op := range ops {
 					if op.MS >= 0.02*total {
-						parts = append(parts, fmt.Sprintf("%s %.2f ms (%d×)", op.Op, op.MS, op.Count))
+						parts = append(parts, fmt.Sprintf("%s %.3f ms (%d×)", op.Op, op.MS, op.Count))
 					}
 				}
-				line := fmt.Sprintf("Device time of an eager %s batch %d %s step: %.2f ms: %s.", sp.model, b, c, total, strings.Join(parts, ", "))
+				what := "Device time"
+				if dev.Info().Kind == "cpu" {
+					what = "Host time of the operations" // they run as they are called
+				}
+				line := fmt.Sprintf("%s of an eager %s batch %d %s step: %.3f ms: %s.", what, sp.model, b, c, total, strings.Join(parts, ", "))
 				fmt.Fprintln(stderr, "profile:", line)
 				rep.Notes = append(rep.Notes, line)
 			}

@@ -18,10 +18,10 @@ package cpu
 import (
 	"fmt"
 	"runtime"
-	"sync"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 	"github.com/leangrad/leangrad/kernels/cpu/internal/par"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 	"github.com/leangrad/leangrad/memory"
@@ -143,7 +143,7 @@ func in(b kernels.Buf) []float32 {
 // convertGrain is the fewest values a goroutine converts between F16 and
 // float32: the conversions run at memory speed, and waking a second core
 // costs more than it saves below this.
-const convertGrain = 1 << 18
+const convertGrain = 1 << 15
 
 // halfInto converts F16 values into float32, over goroutines when there are
 // many.
@@ -151,22 +151,11 @@ func halfInto(dst []float32, h []uint16) {
 	parallel(len(h), convertGrain, func(lo, hi int) { halfsToFloats(dst[lo:hi], h[lo:hi]) })
 }
 
-// halfsToFloats converts src into dst on the calling goroutine: F16C where
-// the CPU has it, the table otherwise.
-func halfsToFloats(dst []float32, src []uint16) {
-	table := halfTable()
-	for i := convertHalf(dst, src); i < len(src); i++ {
-		dst[i] = table[src[i]]
-	}
-}
+// halfsToFloats converts src into dst on the calling goroutine.
+func halfsToFloats(dst []float32, src []uint16) { half.ToFloat32(dst, src) }
 
-// floatsToHalfs rounds src into dst on the calling goroutine: F16C where the
-// CPU has it, x448/float16 otherwise.
-func floatsToHalfs(dst []uint16, src []float32) {
-	for i := convertFloat(dst, src); i < len(src); i++ {
-		dst[i] = float16.Fromfloat32(src[i]).Bits()
-	}
-}
+// floatsToHalfs rounds src into dst on the calling goroutine.
+func floatsToHalfs(dst []uint16, src []float32) { half.FromFloat32(dst, src) }
 
 // out returns float32 storage for b's new values and a function that stores
 // them: the buffer itself for F32 (the function does nothing), a scratch
@@ -196,17 +185,6 @@ func inout(b kernels.Buf) ([]float32, func()) {
 		putScratch(tmp)
 	}
 }
-
-// halfTable maps every binary16 bit pattern to its float32 value (exact),
-// built once from x448/float16's conversion: a load instead of bit
-// manipulation for every F16 element read on the CPU.
-var halfTable = sync.OnceValue(func() *[1 << 16]float32 {
-	t := new([1 << 16]float32)
-	for i := range t {
-		t[i] = float16.Frombits(uint16(i)).Float32()
-	}
-	return t
-})
 
 func storeF16(dst []uint16, src []float32) {
 	parallel(len(src), convertGrain, func(lo, hi int) { floatsToHalfs(dst[lo:hi], src[lo:hi]) })
@@ -299,8 +277,12 @@ func (c *Backend) Cast(dst, src kernels.Buf) {
 		}
 		return
 	}
-	if dst.DType == kernels.F16 && src.DType == kernels.F32 {
+	switch {
+	case dst.DType == kernels.F16 && src.DType == kernels.F32:
 		storeF16(u16s(dst), f32s(src))
+		return
+	case dst.DType == kernels.F32 && src.DType == kernels.F16:
+		halfInto(f32s(dst), u16s(src))
 		return
 	}
 	s, doneS := view(src)

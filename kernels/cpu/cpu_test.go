@@ -838,7 +838,7 @@ func TestAffineReLUPassesNaN(t *testing.T) {
 	x[2], x[35] = float32(math.NaN()), float32(math.NaN())
 	y := make([]float32, len(x))
 	affineAct(y, x, nil, 2, 0.5, true)
-	if !isNaN32(y[2]) || !isNaN32(y[35]) || y[0] != 0 {
+	if y[2] == y[2] || y[35] == y[35] || y[0] != 0 { // NaN is the value unequal to itself
 		t.Errorf("y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", y[2], y[35], y[0])
 	}
 }
@@ -898,34 +898,87 @@ func BenchmarkBatchNormF16(b *testing.B) {
 	}
 }
 
-// Binary on F16 operands and result, converted a few thousand values at a
-// time, is bit for bit the F32 operation on the same values rounded to
-// F16: every op, over chunk and goroutine boundaries, and in place.
-func TestBinaryF16MatchesF32(t *testing.T) {
+// TestElementwiseF16MatchesF32: every elementwise operation and reduction on
+// F16 operands (converted a chunk at a time) gives, bit for bit, the F32
+// operation on the same values, rounded; in place too. Lengths cross the
+// chunk (2,048) and the grain of a goroutine (65,536); broadcast rows are
+// shorter and longer than a chunk, and strided.
+func TestElementwiseF16MatchesF32(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 2))
-	for _, n := range []int{5, 2049, 70001} {
-		for _, op := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
-			half := func() (kernels.Buf, kernels.Buf) {
-				f, _ := randBuf(t, rng, n)
-				h := buf(t, kernels.F16, n)
-				be.Cast(h, f)
-				be.Cast(f, h) // the F32 operand holds the rounded values
-				return h, f
-			}
-			ah, af := half()
-			bh, bf := half()
-			bc := kernels.NewBroadcast([]int{n}, []int{n}, []int{n})
-			yf, want := buf(t, kernels.F32, n), buf(t, kernels.F16, n)
-			be.Binary(op, yf, af, bf, bc)
-			be.Cast(want, yf)
-			yh := buf(t, kernels.F16, n)
-			be.Binary(op, yh, ah, bh, bc)
-			if !slices.Equal(u16s(yh), u16s(want)) {
-				t.Errorf("%v of %d F16 values differs from the F32 operation rounded", op, n)
-			}
-			be.Binary(op, ah, ah, bh, bc) // in place, as a gradient sum is
-			if !slices.Equal(u16s(ah), u16s(want)) {
-				t.Errorf("%v of %d F16 values in place differs from the F32 operation rounded", op, n)
+	type op struct {
+		name    string
+		in      [][]int // input shapes
+		out     []int
+		run     func(y kernels.Buf, in ...kernels.Buf)
+		inPlace bool // may write over its first input
+	}
+	var ops []op
+	for _, n := range []int{5, 2049, 140001} {
+		for _, u := range []kernels.UnaryOp{kernels.Neg, kernels.Exp, kernels.Log, kernels.Sqrt, kernels.Abs,
+			kernels.Square, kernels.ReLU, kernels.Sigmoid, kernels.Tanh, kernels.Recip} {
+			ops = append(ops,
+				op{fmt.Sprintf("%v/%d", u, n), [][]int{{n}}, []int{n}, func(y kernels.Buf, in ...kernels.Buf) { be.Unary(u, y, in[0]) }, true},
+				op{fmt.Sprintf("%v backward/%d", u, n), [][]int{{n}, {n}}, []int{n}, func(y kernels.Buf, in ...kernels.Buf) {
+					// x and y of the forward both given: in[1] plays both.
+					be.UnaryBackward(u, y, in[0], in[1], in[1])
+				}, true})
+		}
+		ops = append(ops, op{fmt.Sprintf("relu backward, y only/%d", n), [][]int{{n}, {n}}, []int{n},
+			func(y kernels.Buf, in ...kernels.Buf) { be.UnaryBackward(kernels.ReLU, y, in[0], kernels.Buf{}, in[1]) }, true})
+		ops = append(ops, op{fmt.Sprintf("affine/%d", n), [][]int{{n}}, []int{n},
+			func(y kernels.Buf, in ...kernels.Buf) { be.Affine(y, in[0], -1.5, 0.25) }, true})
+	}
+	for _, shapes := range [][3][]int{
+		{{140001}, {140001}, {140001}},
+		{{3, 2049}, {3, 2049}, {3, 2049}},
+		{{128, 256}, {256}, {128, 256}},            // a bias
+		{{4, 5000}, {5000}, {4, 5000}},             // rows longer than a chunk
+		{{6, 3, 9, 9}, {1, 3, 1, 1}, {6, 3, 9, 9}}, // a channel's scale: stride 0
+		{{2, 3, 2500}, {1, 3, 1}, {2, 3, 2500}},    // stride 0 past a chunk
+		{{7, 1}, {1, 300}, {7, 300}},               // an outer sum: both strided
+	} {
+		for _, b := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
+			bc := kernels.NewBroadcast(shapes[2], shapes[0], shapes[1])
+			ops = append(ops, op{fmt.Sprintf("%v/%v,%v", b, shapes[0], shapes[1]), [][]int{shapes[0], shapes[1]}, shapes[2],
+				func(y kernels.Buf, in ...kernels.Buf) { be.Binary(b, y, in[0], in[1], bc) }, slices.Equal(shapes[0], shapes[2])})
+		}
+	}
+	for _, r := range []kernels.Reduction{{Outer: 3, Len: 50, Inner: 1}, {Outer: 1, Len: 128, Inner: 256},
+		{Outer: 2, Len: 7, Inner: 5000}, {Outer: 1, Len: 9000, Inner: 1}} {
+		for _, red := range []kernels.ReduceOp{kernels.Sum, kernels.Mean, kernels.Max} {
+			ops = append(ops, op{fmt.Sprintf("%v/%+v", red, r), [][]int{{r.Outer * r.Len * r.Inner}}, []int{r.Outer * r.Inner},
+				func(y kernels.Buf, in ...kernels.Buf) { be.Reduce(red, y, in[0], r) }, false})
+		}
+	}
+	size := func(shape []int) int {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		return n
+	}
+	for _, o := range ops {
+		var hs, fs []kernels.Buf
+		for _, shape := range o.in {
+			n := size(shape)
+			f, _ := randBuf(t, rng, n)
+			h := buf(t, kernels.F16, n)
+			be.Cast(h, f)
+			be.Cast(f, h) // the F32 operand holds the rounded values
+			hs, fs = append(hs, h), append(fs, f)
+		}
+		n := size(o.out)
+		yf, want, yh := buf(t, kernels.F32, n), buf(t, kernels.F16, n), buf(t, kernels.F16, n)
+		o.run(yf, fs...)
+		be.Cast(want, yf)
+		o.run(yh, hs...)
+		if !slices.Equal(u16s(yh), u16s(want)) {
+			t.Errorf("%s: F16 differs from the F32 operation rounded", o.name)
+		}
+		if o.inPlace {
+			o.run(hs[0], hs...)
+			if !slices.Equal(u16s(hs[0]), u16s(want)) {
+				t.Errorf("%s: F16 in place differs from the F32 operation rounded", o.name)
 			}
 		}
 	}

@@ -75,91 +75,103 @@ func unaryGrad(op kernels.UnaryOp) func(dy, x, y float32) float32 {
 	panic(fmt.Sprintf("cpu: unknown unary op %v", op))
 }
 
+// chunkLen is how many values of each operand an elementwise operation or a
+// reduction holds as float32 at a time. F32 operands are read and written
+// in place; F16 ones are converted a chunk at a time on the stack, hot in
+// L1, so no operation makes a float32 copy of a whole F16 tensor.
+const chunkLen = 2048
+
 // Unary computes dst = op(x).
 func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	f := unaryFunc(op)
-	xs, doneX := view(x)
-	defer doneX()
-	ys, done := out(dst)
-	parallel(len(ys), elemGrain, func(lo, hi int) {
-		y, x := ys[lo:hi], xs[lo:hi]
-		if op == kernels.ReLU { // the common one, without a call per element
-			n := reluVec(y, x)
-			y, x = y[n:], x[n:]
-			for i, v := range x {
-				y[i] = max(v, 0)
+	xv, yv := valuesOf(x), valuesOf(dst)
+	parallel(x.N, elemGrain, func(lo, hi int) {
+		var xb, yb [chunkLen]float32
+		for at := lo; at < hi; at += chunkLen {
+			k := min(chunkLen, hi-at)
+			x, y := xv.span(at, k, xb[:]), yv.target(at, k, yb[:])
+			if op == kernels.ReLU { // the common one, without a call per element
+				n := reluVec(y, x)
+				for i, v := range x[n:] {
+					y[n+i] = max(v, 0)
+				}
+			} else {
+				for i, v := range x {
+					y[i] = f(v)
+				}
 			}
-			return
-		}
-		for i, v := range x {
-			y[i] = f(v)
+			yv.commit(at, y)
 		}
 	})
-	done()
 }
 
 // UnaryBackward computes dx = dy·op'(x). Only the one of x and y that op's
 // derivative needs must be valid.
 func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	kernels.CheckLen("unary backward "+op.String(), dy.N, dx)
-	g := unaryGrad(op)
-	dys, doneDY := view(dy)
-	defer doneDY()
-	xs, doneX := optView(x)
-	defer doneX()
-	ys, doneY := optView(y)
-	defer doneY()
 	if x.Valid() {
 		kernels.CheckLen("unary backward x", dy.N, x)
 	}
 	if y.Valid() {
 		kernels.CheckLen("unary backward y", dy.N, y)
 	}
-	dxs, done := out(dx)
-	parallel(len(dxs), elemGrain, func(lo, hi int) {
-		if op == kernels.ReLU && len(ys) > 0 { // the common one, without a call per element
-			d, g, y := dxs[lo:hi], dys[lo:hi], ys[lo:hi]
-			n := reluGradVec(d, g, y)
-			d, g, y = d[n:], g[n:], y[n:]
-			for i, v := range g {
-				// A mask rather than a branch: the signs are random, and a
-				// mispredicted branch costs more than the rest of the loop.
-				// As unaryGrad, a NaN y passes no gradient.
-				var keep uint32
-				if y[i] > 0 {
-					keep = ^uint32(0)
+	g := unaryGrad(op)
+	dyv, xv, yv, dxv := valuesOf(dy), optValuesOf(x), optValuesOf(y), valuesOf(dx)
+	parallel(dy.N, elemGrain, func(lo, hi int) {
+		var gb, xb, yb, db [chunkLen]float32
+		for at := lo; at < hi; at += chunkLen {
+			k := min(chunkLen, hi-at)
+			dy, xs, ys, d := dyv.span(at, k, gb[:]), xv.span(at, k, xb[:]), yv.span(at, k, yb[:]), dxv.target(at, k, db[:])
+			if op == kernels.ReLU && ys != nil { // the common one, without a call per element
+				reluGrad(d, dy, ys)
+			} else {
+				for i, v := range dy {
+					var xi, yi float32
+					if xs != nil {
+						xi = xs[i]
+					}
+					if ys != nil {
+						yi = ys[i]
+					}
+					d[i] = g(v, xi, yi)
 				}
-				d[i] = math.Float32frombits(math.Float32bits(v) & keep)
 			}
-			return
-		}
-		for i := lo; i < hi; i++ {
-			var xv, yv float32
-			if len(xs) > 0 {
-				xv = xs[i]
-			}
-			if len(ys) > 0 {
-				yv = ys[i]
-			}
-			dxs[i] = g(dys[i], xv, yv)
+			dxv.commit(at, d)
 		}
 	})
-	done()
+}
+
+// reluGrad writes d = dy where y > 0 and 0 elsewhere (a NaN y passes no
+// gradient, as unaryGrad).
+func reluGrad(d, dy, y []float32) {
+	n := reluGradVec(d, dy, y)
+	for i, v := range dy[n:] {
+		// A mask rather than a branch: the signs are random, and a
+		// mispredicted branch costs more than the rest of the loop.
+		var keep uint32
+		if y[n+i] > 0 {
+			keep = ^uint32(0)
+		}
+		d[n+i] = math.Float32frombits(math.Float32bits(v) & keep)
+	}
 }
 
 // Affine computes dst = alpha·x + beta.
 func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 	kernels.CheckLen("affine", x.N, dst)
-	xs, doneX := view(x)
-	defer doneX()
-	ys, done := out(dst)
-	parallel(len(ys), elemGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			ys[i] = alpha*xs[i] + beta
+	xv, yv := valuesOf(x), valuesOf(dst)
+	parallel(x.N, elemGrain, func(lo, hi int) {
+		var xb, yb [chunkLen]float32
+		for at := lo; at < hi; at += chunkLen {
+			k := min(chunkLen, hi-at)
+			x, y := xv.span(at, k, xb[:]), yv.target(at, k, yb[:])
+			for i, v := range x {
+				y[i] = alpha*v + beta
+			}
+			yv.commit(at, y)
 		}
 	})
-	done()
 }
 
 // Binary computes dst = a op b with broadcasting.
@@ -178,32 +190,18 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	default:
 		panic(fmt.Sprintf("cpu: unknown binary op %v", op))
 	}
-	if bc.Same() && a.DType == kernels.F16 && b.DType == kernels.F16 && dst.DType == kernels.F16 {
-		// AMP's sums of F16 gradients: converted a few thousand values at a
-		// time on the stack, not each operand into a float32 copy.
+	av, bv, yv := valuesOf(a), valuesOf(b), valuesOf(dst)
+	if bc.Same() {
 		kernels.CheckLen("binary "+op.String(), dst.N, a, b)
-		av, bv, yv := valuesOf(a), valuesOf(b), valuesOf(dst)
 		parallel(dst.N, elemGrain, func(lo, hi int) {
-			var x, z [2048]float32
-			for at := lo; at < hi; at += len(x) {
-				k := min(len(x), hi-at)
-				av.read(x[:k], at)
-				bv.read(z[:k], at)
-				binarySame(op, f, x[:k], x[:k], z[:k])
-				yv.write(at, x[:k])
+			var xb, zb, yb [chunkLen]float32
+			for at := lo; at < hi; at += chunkLen {
+				k := min(chunkLen, hi-at)
+				y := yv.target(at, k, yb[:])
+				binarySame(op, f, y, av.span(at, k, xb[:]), bv.span(at, k, zb[:]))
+				yv.commit(at, y)
 			}
 		})
-		return
-	}
-	as, doneA := view(a)
-	defer doneA()
-	bs, doneB := view(b)
-	defer doneB()
-	ys, done := out(dst)
-	if bc.Same() {
-		kernels.CheckLen("binary "+op.String(), len(ys), a, b)
-		parallel(len(ys), elemGrain, func(lo, hi int) { binarySame(op, f, ys[lo:hi], as[lo:hi], bs[lo:hi]) })
-		done()
 		return
 	}
 	// Broadcast: walk the last (collapsed) dimension with strides, compute
@@ -211,14 +209,19 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	last := bc.NDim - 1
 	rowLen := bc.Shape[last]
 	sa, sb := bc.StrideA[last], bc.StrideB[last]
-	rows := len(ys) / rowLen
+	rows := dst.N / rowLen
 	parallel(rows, max(1, elemGrain/rowLen), func(lo, hi int) {
+		var xb, zb, yb [chunkLen]float32
 		for r := lo; r < hi; r++ {
 			oa, ob := bc.Offsets(r * rowLen)
-			binaryRow(op, f, ys[r*rowLen:(r+1)*rowLen], as, oa, sa, bs, ob, sb)
+			for j := 0; j < rowLen; j += chunkLen {
+				k, at := min(chunkLen, rowLen-j), r*rowLen+j
+				y := yv.target(at, k, yb[:])
+				binarySame(op, f, y, av.strided(oa+j*sa, sa, k, xb[:]), bv.strided(ob+j*sb, sb, k, zb[:]))
+				yv.commit(at, y)
+			}
 		}
 	})
-	done()
 }
 
 // binarySame writes y = x op z, element by element: one loop per op,
@@ -240,25 +243,6 @@ func binarySame(op kernels.BinaryOp, f func(x, y float32) float32, y, x, z []flo
 	default:
 		for i, v := range x {
 			y[i] = f(v, z[i])
-		}
-	}
-}
-
-// binaryRow computes y[j] = a[oa+j·sa] op b[ob+j·sb]: one loop per common
-// op, without a call per element (a bias added to every row of a batch).
-func binaryRow(op kernels.BinaryOp, f func(x, y float32) float32, y, a []float32, oa, sa int, b []float32, ob, sb int) {
-	switch op {
-	case kernels.Add:
-		for j := range y {
-			y[j] = a[oa+j*sa] + b[ob+j*sb]
-		}
-	case kernels.Mul:
-		for j := range y {
-			y[j] = a[oa+j*sa] * b[ob+j*sb]
-		}
-	default:
-		for j := range y {
-			y[j] = f(a[oa+j*sa], b[ob+j*sb])
 		}
 	}
 }

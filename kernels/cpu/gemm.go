@@ -1,15 +1,13 @@
 package cpu
 
 import (
-	"fmt"
-
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
 // Gemm computes a (batched) matrix product; see kernels.GemmParams. One
 // product runs on every core; a batch of products runs one product per core.
-// F16 operands are converted as their blocks are packed (halfMatrix), not
+// F16 operands are converted as their blocks are packed (sgemm.Half), not
 // into a float32 copy of the whole matrix first.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
@@ -51,39 +49,8 @@ func operand(buf kernels.Buf, off, ld int, trans, isA bool) sgemm.Operand {
 		m = sgemm.MatrixA(nil, ld, trans)
 	}
 	if buf.DType == kernels.F16 {
-		return halfMatrix{data: u16s(buf)[off:], free: m.Free, shared: m.Shared}
+		return sgemm.Half{Data: u16s(buf)[off:], Free: m.Free, Shared: m.Shared}
 	}
 	m.Data = f32s(buf)[off:]
 	return m
-}
-
-// halfMatrix is an F16 matrix with element (f, p) at data[f·free + p·shared]
-// (sgemm.Strided's layout): each block is converted into float32 scratch
-// as the product packs it, then packed as a Strided one. Every goroutine of
-// the product converts the blocks it packs, hot in its cache.
-type halfMatrix struct {
-	data         []uint16
-	free, shared int
-}
-
-// Pack implements sgemm.Operand.
-func (h halfMatrix) Pack(dst []float32, f0, nf, p0, kc, w int) {
-	tmp := getScratch(nf * kc)
-	defer putScratch(tmp)
-	switch {
-	case h.shared == 1: // each free index's kc values are contiguous
-		for f := range nf {
-			at := (f0+f)*h.free + p0
-			halfsToFloats(tmp[f*kc:(f+1)*kc], h.data[at:at+kc])
-		}
-		sgemm.Strided{Data: tmp, Free: kc, Shared: 1}.Pack(dst, 0, nf, 0, kc, w)
-	case h.free == 1: // each shared index's nf values are contiguous
-		for p := range kc {
-			at := (p0+p)*h.shared + f0
-			halfsToFloats(tmp[p*nf:(p+1)*nf], h.data[at:at+nf])
-		}
-		sgemm.Strided{Data: tmp, Free: 1, Shared: nf}.Pack(dst, 0, nf, 0, kc, w)
-	default:
-		panic(fmt.Sprintf("cpu: an F16 operand with strides %d and %d", h.free, h.shared))
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 	"github.com/x448/float16"
 )
 
@@ -238,7 +239,7 @@ func floatsOf(h []uint16, buf *[16]float32) []float32 {
 		return f
 	}
 	f := buf[:len(h)]
-	table := halfTable()
+	table := half.Table()
 	for i, v := range h {
 		f[i] = table[v]
 	}

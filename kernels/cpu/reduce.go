@@ -8,61 +8,88 @@ import (
 )
 
 // Reduce reduces x along the middle axis of r. Sums accumulate in float64.
+// An F16 x is converted a chunk at a time as the reduction reads it
+// (chunkLen).
 func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
 	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
-	xs, doneX := view(x)
-	defer doneX()
+	if x.DType == kernels.I32 {
+		panic(fmt.Sprintf("cpu: reduce %v of an i32 buffer", op))
+	}
+	xv := valuesOf(x)
 	ys, done := out(dst)
 	parallel(r.Outer*r.Inner, max(1, elemGrain/r.Len), func(lo, hi int) {
-		if (op == kernels.Sum || op == kernels.Mean) && r.Inner > 1 {
+		var buf [chunkLen]float32
+		if r.Inner > 1 {
 			// Rows at a time: outputs [o, o+n) of one outer index are
-			// contiguous in every row, so the sums run along memory and
-			// do not wait on each other.
-			acc := make([]float64, min(hi-lo, r.Inner))
+			// contiguous in every row, so the reduction runs along
+			// memory and its sums do not wait on each other.
+			var acc [chunkLen]float64
 			for o := lo; o < hi; {
 				outer, in := o/r.Inner, o%r.Inner
-				n := min(hi-o, r.Inner-in)
-				a := acc[:n]
-				clear(a)
-				for j := 0; j < r.Len; j++ {
-					for i, v := range xs[(outer*r.Len+j)*r.Inner+in:][:n] {
-						a[i] += float64(v)
-					}
-				}
-				for i, v := range a {
-					if op == kernels.Mean {
-						v /= float64(r.Len)
-					}
-					ys[o+i] = float32(v)
-				}
+				n := min(hi-o, r.Inner-in, chunkLen)
+				reduceRows(op, ys[o:o+n], acc[:n], buf[:n], xv, (outer*r.Len)*r.Inner+in, r.Inner, r.Len)
 				o += n
 			}
 			return
 		}
 		for o := lo; o < hi; o++ {
-			base := o/r.Inner*r.Len*r.Inner + o%r.Inner
-			switch op {
-			case kernels.Sum, kernels.Mean:
-				var s float64
-				for j := 0; j < r.Len; j++ {
-					s += float64(xs[base+j*r.Inner])
-				}
-				if op == kernels.Mean {
-					s /= float64(r.Len)
-				}
-				ys[o] = float32(s)
-			case kernels.Max:
-				m := float32(math.Inf(-1))
-				for j := 0; j < r.Len; j++ {
-					m = max(m, xs[base+j*r.Inner])
-				}
-				ys[o] = m
-			default:
-				panic(fmt.Sprintf("cpu: unknown reduction %v", op))
-			}
+			ys[o] = reduceRow(op, xv, o*r.Len, r.Len, buf[:])
 		}
 	})
 	done()
+}
+
+// reduceRows reduces len(y) adjacent columns of rows rows of x, the first at
+// off, row stride ld, into y, with acc and buf as scratch of len(y).
+func reduceRows(op kernels.ReduceOp, y []float32, acc []float64, buf []float32, x values, off, ld, rows int) {
+	switch op {
+	case kernels.Sum, kernels.Mean:
+		clear(acc)
+		for j := range rows {
+			for i, v := range x.span(off+j*ld, len(y), buf) {
+				acc[i] += float64(v)
+			}
+		}
+		for i, v := range acc {
+			if op == kernels.Mean {
+				v /= float64(rows)
+			}
+			y[i] = float32(v)
+		}
+	case kernels.Max:
+		for i := range y {
+			y[i] = float32(math.Inf(-1))
+		}
+		for j := range rows {
+			for i, v := range x.span(off+j*ld, len(y), buf) {
+				y[i] = max(y[i], v)
+			}
+		}
+	default:
+		panic(fmt.Sprintf("cpu: unknown reduction %v", op))
+	}
+}
+
+// reduceRow reduces the n contiguous values of x at off, reading them
+// len(buf) at a time.
+func reduceRow(op kernels.ReduceOp, x values, off, n int, buf []float32) float32 {
+	var s float64
+	m := float32(math.Inf(-1))
+	for c := 0; c < n; c += len(buf) {
+		for _, v := range x.span(off+c, min(len(buf), n-c), buf) {
+			s += float64(v)
+			m = max(m, v)
+		}
+	}
+	switch op {
+	case kernels.Sum:
+		return float32(s)
+	case kernels.Mean:
+		return float32(s / float64(n))
+	case kernels.Max:
+		return m
+	}
+	panic(fmt.Sprintf("cpu: unknown reduction %v", op))
 }
 
 // ReduceMaxBackward routes dy to every element equal to its row's maximum.

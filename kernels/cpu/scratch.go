@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 )
 
 // Scratch (F16 operands converted to float32, padded convolution grids,
@@ -115,6 +116,29 @@ func (v values) span(off, n int, buf []float32) []float32 {
 		return buf[:n]
 	}
 	return nil
+}
+
+// strided is the n elements at off, off+stride, … as float32: span for
+// stride 1, gathered (and converted) into buf otherwise.
+func (v values) strided(off, stride, n int, buf []float32) []float32 {
+	if stride == 1 {
+		return v.span(off, n, buf)
+	}
+	b := buf[:n]
+	switch {
+	case v.f32 != nil:
+		for i := range b {
+			b[i] = v.f32[off+i*stride]
+		}
+	case v.f16 != nil:
+		table := half.Table()
+		for i := range b {
+			b[i] = table[v.f16[off+i*stride]]
+		}
+	default:
+		return nil
+	}
+	return b
 }
 
 // target is where to compute elements [off, off+n) before commit: in place

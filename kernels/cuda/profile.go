@@ -5,6 +5,8 @@ import (
 	"sort"
 	"time"
 	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
 )
 
 // Profiling: with StartProfile on, an event is recorded on the stream before
@@ -15,13 +17,6 @@ import (
 // event per operation adds host time: profile to see where device time
 // goes, not to time a step. Graph replays count as one operation; profile
 // eager steps.
-
-// OpTime is the device time of one kind of operation over a profile.
-type OpTime struct {
-	Op    string  // the kernel's name, or the library call
-	Count int     // operations of this kind
-	MS    float64 // device milliseconds in all
-}
 
 type profiler struct {
 	events []uintptr
@@ -56,7 +51,7 @@ func (b *Backend) StartProfile() {
 
 // StopProfile waits for the stream and returns the device time of each kind
 // of operation queued since StartProfile, the most first.
-func (b *Backend) StopProfile() ([]OpTime, error) {
+func (b *Backend) StopProfile() ([]kernels.OpTime, error) {
 	b.enter()
 	defer b.exit()
 	p := b.prof
@@ -76,7 +71,7 @@ func (b *Backend) StopProfile() ([]OpTime, error) {
 	if err := b.d.check("cuEventSynchronize", call(b.d.cuEventSynchronize, end)); err != nil {
 		return nil, err
 	}
-	by := map[string]*OpTime{}
+	by := map[string]*kernels.OpTime{}
 	for i, name := range p.names {
 		var ms float32
 		if err := b.d.check("cuEventElapsedTime", call(b.d.cuEventElapsedTime, uintptr(unsafe.Pointer(&ms)), p.events[i], p.events[i+1])); err != nil {
@@ -84,13 +79,13 @@ func (b *Backend) StopProfile() ([]OpTime, error) {
 		}
 		t := by[name]
 		if t == nil {
-			t = &OpTime{Op: name}
+			t = &kernels.OpTime{Op: name}
 			by[name] = t
 		}
 		t.Count++
 		t.MS += float64(ms)
 	}
-	out := make([]OpTime, 0, len(by))
+	out := make([]kernels.OpTime, 0, len(by))
 	for _, t := range by {
 		out = append(out, *t)
 	}

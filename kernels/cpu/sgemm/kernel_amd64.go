@@ -2,7 +2,10 @@
 
 package sgemm
 
-import "golang.org/x/sys/cpu"
+import (
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
+	"golang.org/x/sys/cpu"
+)
 
 //go:noescape
 func kernel8x48(kc int, a, b, c *float32, ldc int, add bool)
@@ -21,6 +24,9 @@ func dot4x6(steps int, a *float32, aoffs *[4]int, b *float32, boffs *[6]int, out
 
 //go:noescape
 func transpose8x8(dst *float32, ldd int, src *float32, at *[8]int, n int)
+
+//go:noescape
+func transpose8x8h(dst *float32, ldd int, src *uint16, at *[8]int, n int)
 
 func fmaLoop512(n int)
 
@@ -59,5 +65,22 @@ func transposeVec(panel []float32, r, w int, src []float32, at []int, kc int) in
 	}
 	_ = panel[(n-1)*w+r+7] // the last block's last store
 	transpose8x8(&panel[r], w, &src[0], &rows, n)
+	return n
+}
+
+// transposeVecHalf is transposeVec from rows of halves at src[at[i]:],
+// converted as they are loaded (F16C; half.HasF16C implies AVX2).
+func transposeVecHalf(panel []float32, r, w int, src []uint16, at *[8]int, kc int) int {
+	n := kc &^ 7
+	if !half.HasF16C || n == 0 {
+		return 0
+	}
+	for _, o := range at {
+		if o < 0 || o+n > len(src) {
+			panic("sgemm: transpose past the end of its rows")
+		}
+	}
+	_ = panel[(n-1)*w+r+7] // the last block's last store
+	transpose8x8h(&panel[r], w, &src[0], at, n)
 	return n
 }

@@ -8,3 +8,6 @@ func archKernels() []*microkernel { return nil }
 
 // transposeVec transposes nothing: transpose8's Go loop does it all.
 func transposeVec(panel []float32, r, w int, src []float32, at []int, kc int) int { return 0 }
+
+// transposeVecHalf transposes nothing: Half.Pack's Go loop does it all.
+func transposeVecHalf(panel []float32, r, w int, src []uint16, at *[8]int, kc int) int { return 0 }

@@ -1,6 +1,10 @@
 package sgemm
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
+)
 
 // An Operand is a matrix the product reads by packing it into panels. Its
 // free dimension is A's rows or B's columns; its shared dimension is the k
@@ -164,6 +168,66 @@ func (s Shifted) Pack(dst []float32, f0, nf, p0, kc, w int) {
 			d := dst[(q*kc+p)*w : (q*kc+p+1)*w]
 			copy(d, s.Data[s.Offsets[p0+p]+f0+q*w:][:lanes])
 			clear(d[lanes:])
+		}
+	}
+}
+
+// Half is Strided's layout over IEEE binary16 values (AMP's F16 tensors),
+// Data holding their bits: element (f, p) is Data[f·Free + p·Shared]. Pack
+// converts each block to float32 (exactly) as it packs it, loading halves
+// straight into the transposes, so no float32 copy of the matrix is made and
+// a product of F16 operands moves half the bytes of an F32 one.
+type Half struct {
+	Data         []uint16
+	Free, Shared int
+}
+
+// Pack implements Operand.
+func (h Half) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	table := half.Table()
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		base := (f0+q*w)*h.Free + p0*h.Shared
+		switch {
+		case h.Free == 1:
+			half.ToFloat32Rows(panel, w, h.Data[base:], h.Shared, kc, lanes)
+			if lanes < w {
+				for p := 0; p < kc; p++ {
+					clear(panel[p*w+lanes : p*w+w])
+				}
+			}
+		case h.Shared == 1:
+			r := 0
+			for ; r+8 <= lanes; r += 8 {
+				var at [8]int
+				for i := range at {
+					at[i] = base + (r+i)*h.Free
+				}
+				for p := transposeVecHalf(panel, r, w, h.Data, &at, kc); p < kc; p++ {
+					for i, o := range at {
+						panel[p*w+r+i] = table[h.Data[o+p]]
+					}
+				}
+			}
+			for ; r < lanes; r++ {
+				for p, v := range h.Data[base+r*h.Free:][:kc] {
+					panel[p*w+r] = table[v]
+				}
+			}
+			if lanes < w {
+				for p := 0; p < kc; p++ {
+					clear(panel[p*w+lanes : p*w+w])
+				}
+			}
+		default:
+			for p := 0; p < kc; p++ {
+				d := panel[p*w : (p+1)*w]
+				for r := 0; r < lanes; r++ {
+					d[r] = table[h.Data[base+p*h.Shared+r*h.Free]]
+				}
+				clear(d[lanes:])
+			}
 		}
 	}
 }

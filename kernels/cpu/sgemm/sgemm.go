@@ -7,7 +7,7 @@
 //
 // Operands are read through packing, so a matrix need not exist in memory:
 // the CPU backend's convolutions pack image patches straight into panels
-// (see Operand). Two shapes of operand skip packing with the AVX kernels:
+// (see Operand), and F16 matrices are converted as they are packed (Half). Two shapes of operand skip packing with the AVX kernels:
 // a Shifted B, whose rows are windows of one array (GemmShifted: a stride-1
 // convolution over a padded grid), and rows of A and B contiguous along k
 // (GemmRows: its filter gradient, as tiles of dot products).

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 )
 
 // reference is C = alpha·op(A)·op(B) + beta·C in float64, the plain triple loop.
@@ -263,7 +265,8 @@ func BenchmarkKernel(b *testing.B) {
 
 // BenchmarkGemmMLP reports GFLOP/s of the products of one training step of
 // the benchmark harness's MLP (784-256-10, batch 128): the forward
-// x·W₁ᵀ and the weight gradient dYᵀ·x of the first layer, on one goroutine
+// x·W₁ᵀ and the weight gradient dYᵀ·x of the first layer, on F32 operands
+// and on F16 ones (AMP's, converted as they are packed), on one goroutine
 // and on all of them.
 func BenchmarkGemmMLP(b *testing.B) {
 	const batch, in, out = 128, 784, 256
@@ -271,13 +274,19 @@ func BenchmarkGemmMLP(b *testing.B) {
 		mu := Default().WithThreads(threads)
 		rng := rand.New(rand.NewPCG(1, 2))
 		x, w, dy := random(rng, batch*in), random(rng, out*in), random(rng, batch*out)
+		xh, wh, dyh := halves(x), halves(w), halves(dy)
 		y, dw := make([]float32, batch*out), make([]float32, out*in)
+		// The operands as Gemm lays them out (see MatrixA and MatrixB).
+		fwdA, fwdB := Half{Data: xh, Free: in, Shared: 1}, Half{Data: wh, Free: in, Shared: 1}
+		gradA, gradB := Half{Data: dyh, Free: 1, Shared: out}, Half{Data: xh, Free: 1, Shared: in}
 		for _, c := range []struct {
 			name    string
 			product func()
 		}{
 			{"forward", func() { mu.Gemm(false, true, batch, out, in, 1, x, in, w, in, 0, y, out) }},
 			{"weight-grad", func() { mu.Gemm(true, false, out, in, batch, 1, dy, out, x, in, 0, dw, in) }},
+			{"forward-f16", func() { mu.GemmOp(batch, out, in, 1, fwdA, fwdB, 0, y, out) }},
+			{"weight-grad-f16", func() { mu.GemmOp(out, in, batch, 1, gradA, gradB, 0, dw, in) }},
 		} {
 			b.Run(fmt.Sprintf("%s/threads=%d", c.name, threads), func(b *testing.B) {
 				for b.Loop() {
@@ -285,6 +294,53 @@ func BenchmarkGemmMLP(b *testing.B) {
 				}
 				b.ReportMetric(2*float64(batch*in*out)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
+		}
+	}
+}
+
+// halves is x rounded to IEEE halves (their bits).
+func halves(x []float32) []uint16 {
+	h := make([]uint16, len(x))
+	half.FromFloat32(h, x)
+	return h
+}
+
+// TestHalfPacksAsStrided: packing F16 values gives, bit for bit, the panels
+// of packing them converted to float32 first, for every layout (free
+// dimension contiguous, shared dimension contiguous, neither), blocks that
+// start anywhere, partial panels and lengths of k off the transposes' eight.
+func TestHalfPacksAsStrided(t *testing.T) {
+	const rows, cols = 37, 45
+	rng := rand.New(rand.NewPCG(7, 8))
+	h := halves(random(rng, rows*cols))
+	h[5], h[77] = 0x7c00, 0xfe00 // an infinity and a NaN pass through
+	f := make([]float32, len(h))
+	half.ToFloat32(f, h)
+	layouts := []struct{ free, shared, nf, k int }{
+		{cols, 1, rows, cols},    // rows contiguous along k: the transposes
+		{1, cols, cols, rows},    // the free dimension contiguous: row copies
+		{3, cols * 4 / 3, 12, 9}, // neither: a gather
+	}
+	blocks := []struct{ f0, nf, p0, kc int }{
+		{0, 8, 0, 8}, {0, 37, 0, 45}, {3, 17, 5, 19}, {1, 30, 2, 40}, {0, 1, 0, 1}, {9, 12, 7, 16},
+	}
+	for _, l := range layouts {
+		for _, bl := range blocks {
+			if bl.f0+bl.nf > l.nf || bl.p0+bl.kc > l.k {
+				continue
+			}
+			for _, w := range []int{4, 8, 16, 48} {
+				n := ceil(bl.nf, w) * w * bl.kc
+				got, want := random(rng, n), random(rng, n) // stale panels: padding must be written
+				Half{Data: h, Free: l.free, Shared: l.shared}.Pack(got, bl.f0, bl.nf, bl.p0, bl.kc, w)
+				Strided{Data: f, Free: l.free, Shared: l.shared}.Pack(want, bl.f0, bl.nf, bl.p0, bl.kc, w)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("free %d shared %d block %+v width %d: panel value %d is %v, want %v",
+							l.free, l.shared, bl, w, i, got[i], want[i])
+					}
+				}
+			}
 		}
 	}
 }

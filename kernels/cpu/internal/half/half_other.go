@@ -1,0 +1,15 @@
+//go:build !amd64 || purego
+
+package half
+
+// HasF16C is false: no assembly conversions here.
+const HasF16C = false
+
+// toFloat converts nothing without amd64 assembly: Table does it all.
+func toFloat(dst []float32, src []uint16) int { return 0 }
+
+// fromFloat converts nothing without amd64 assembly.
+func fromFloat(dst []uint16, src []float32) int { return 0 }
+
+// toFloatRows converts nothing without amd64 assembly.
+func toFloatRows(dst []float32, ldd int, src []uint16, lds int, rows, n int) int { return 0 }
