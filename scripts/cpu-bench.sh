@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# On the GPU machine (after ../shared/gpu/stage, with an earlier commit's cmd/train, built
-# with CGO_ENABLED=0, as .gpu/old/train.xz): the CPU benchmark behind the README's CPU numbers,
+# On the GPU machine (after ../shared/gpu/stage; optionally with an earlier commit's cmd/train,
+# built with CGO_ENABLED=0, as .gpu/old/train.xz): the CPU benchmark behind the README's CPU numbers,
 # leangrad and PyTorch pinned to the same two CPUs (taskset; PyTorch inherits the affinity and
 # runs 2 threads). CORES picks them (default: the two highest-numbered CPUs on distinct physical
 # cores, away from CPU 0, which the system uses most; lscpu's topology is saved beside the logs).
 #   1. bench -device cpu: SGEMM GFLOP/s and the FMA peak, ResNet-20 (batch 32) and the MLP
 #      (batch 128), fp32 and AMP, beside PyTorch CPU;
-#   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's.
+#   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's
+#      when it is there.
 # COMMIT names the commit the binaries were built from; PYTORCH_AMP=0 skips PyTorch's float16
 # autocast, which takes seconds a step on the CPU. Everything lands in $OUT/cpu.tar.gz.
 set -uo pipefail
@@ -29,12 +30,13 @@ if [ "${PYTORCH_AMP:-1}" = 0 ]; then
   echo "bench amp exit: $?"
   bash .gpu/run bin/bench -merge "$w/bench-fp32/bench.json,$w/bench-amp/bench.json" -out "$w/bench" > "$w/bench.log" 2>&1
   cat "$w/bench-fp32.log" "$w/bench-amp.log" | grep -E '^(leangrad|pytorch) ' >> "$w/bench.log"
-  # AMP against fp32 in one process, one after the other: the two processes
-  # above run at different times of a shared machine.
-  timeout 120 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-pair" -specs "resnet20:32 mlp:128" \
-    -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
+  # AMP against fp32 in one process, one after the other (the two processes
+  # above run at different times of a shared machine), with each kind of
+  # operation's time in a step (-profile).
+  timeout 150 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-pair" -specs "resnet20:32 mlp:128" \
+    -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -profile -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
   echo "bench pair exit: $?"
-  grep -E '^leangrad ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
+  grep -E '^(leangrad|profile:) ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
 else
   timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
     -configs fp32,amp -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
@@ -43,6 +45,7 @@ echo "bench exit: $?"
 grep -vE '^\|' "$w/bench.log" | tail -30
 [ -f .gpu/old/train.xz ] && xz -dc .gpu/old/train.xz > /tmp/old-train && chmod +x /tmp/old-train
 for b in bin/train /tmp/old-train; do
+  [ -x "$b" ] || continue
   name=$(basename "$b")
   start=$(date +%s.%N)
   timeout 200 taskset -c "$cores" bash .gpu/run "$b" -model resnet -amp -checkpoint -device cpu -json "$w/$name.json" \
