@@ -303,23 +303,18 @@ func (g grid) taps(offs []int, r, s int) {
 
 // fill writes images n0..n0+k of src (ch channels each) into dst, zero
 // elsewhere, and zeroes dst past the last channel. Only the padding is
-// cleared; F16 images are converted a whole plane at a time (one long
-// conversion rather than one per short row).
+// cleared; F16 images are converted row by row into place (values.readRows).
 func (g grid) fill(dst []float32, src values, n0, ch int) {
 	clear(dst[ch*g.plane():])
 	parallel(ch, 1, func(lo, hi int) {
-		buf := getScratch(g.hs * g.ws)
-		defer putScratch(buf)
 		for c := lo; c < hi; c++ {
 			base := c * g.plane()
 			clear(dst[base : base+g.origin])
 			for i := 0; i < g.k; i++ {
-				plane := src.span(((n0+i)*ch+c)*g.hs*g.ws, g.hs*g.ws, buf)
 				slot := dst[base+g.origin+i*g.hp*g.wp:][:g.hp*g.wp]
+				src.readRows(slot, g.wp, ((n0+i)*ch+c)*g.hs*g.ws, g.ws, g.hs)
 				for y := 0; y < g.hs; y++ {
-					row := slot[y*g.wp : (y+1)*g.wp]
-					copy(row, plane[y*g.ws:(y+1)*g.ws])
-					clear(row[g.ws:])
+					clear(slot[y*g.wp+g.ws : (y+1)*g.wp])
 				}
 				clear(slot[g.hs*g.wp:])
 			}
@@ -351,17 +346,9 @@ func (c *Backend) shiftConv(n, cin, hs, ws, padH, padW, r, s, m int, wmat []floa
 		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
 			sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
 		parallel(m, 1, func(lo, hi int) {
-			buf := getScratch(oh * ow)
-			defer putScratch(buf)
 			for ch := lo; ch < hi; ch++ {
 				for i := 0; i < g.k; i++ {
-					plane := ((n0+i)*m + ch) * oh * ow
-					t := dst.target(plane, oh*ow, buf)
-					base := ch*cols + i*g.hp*g.wp
-					for y := 0; y < oh; y++ {
-						copy(t[y*ow:(y+1)*ow], out[base+y*g.wp:])
-					}
-					dst.commit(plane, t)
+					dst.writeRows(((n0+i)*m+ch)*oh*ow, ow, oh, out[ch*cols+i*g.hp*g.wp:], g.wp)
 				}
 			}
 		})

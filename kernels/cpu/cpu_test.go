@@ -828,18 +828,28 @@ func TestAccumulateMetrics(t *testing.T) {
 }
 
 // TestAffineReLUPassesNaN: the fused normalisation output keeps a NaN
-// through its ReLU on the vector path and the tail, as the Go loop and
-// PyTorch do, so a diverging step stays visible.
+// through its ReLU, in the assembly pass (its whole vectors and its masked
+// tail) and in the Go loop, as PyTorch does, so a diverging step stays
+// visible.
 func TestAffineReLUPassesNaN(t *testing.T) {
-	x := make([]float32, 37)
-	for i := range x {
-		x[i] = -1
-	}
-	x[2], x[35] = float32(math.NaN()), float32(math.NaN())
-	y := make([]float32, len(x))
-	affineAct(y, x, nil, 2, 0.5, true)
-	if y[2] == y[2] || y[35] == y[35] || y[0] != 0 { // NaN is the value unequal to itself
-		t.Errorf("y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", y[2], y[35], y[0])
+	on := normPasses
+	defer func() { normPasses = on }()
+	for _, asm := range []bool{true, false} {
+		if asm && !on {
+			continue
+		}
+		normPasses = asm
+		x := make([]float32, 37)
+		for i := range x {
+			x[i] = -1
+		}
+		x[2], x[35] = float32(math.NaN()), float32(math.NaN())
+		y := make([]float32, len(x))
+		one := func(v []float32) channel { return channel{f: v, planes: 1, ld: len(v), hw: len(v)} }
+		affineChannel(one(y), one(x), channel{}, 2, 0.5, true)
+		if y[2] == y[2] || y[35] == y[35] || y[0] != 0 { // NaN is the value unequal to itself
+			t.Errorf("assembly %v: y[2], y[35], y[0] = %v, %v, %v; want NaN, NaN, 0", asm, y[2], y[35], y[0])
+		}
 	}
 }
 

@@ -4,17 +4,13 @@ import (
 	"math"
 
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
-	"github.com/x448/float16"
 )
 
-// span is one image's plane of a channel: float32 values (in place for
-// F32, converted from F16 into scratch otherwise), or, on the half path,
-// F16 values in place, which the passes load and store as they are.
-type span struct {
-	f []float32
-	h []uint16
-}
+// Batch norm runs a channel at a time: N planes of HW values, C·HW apart in
+// an N×C×HW array. With AVX-512 (normPasses) each pass over a channel is one
+// assembly call (norm_amd64.s) over float32 planes in place or, on the half
+// path, F16 planes in place; otherwise Go loops run a plane at a time over
+// float32 planes, F16 ones converted into scratch first.
 
 // halfPath reports whether a normalisation over vs runs its passes on F16
 // planes in place: every buffer given is F16, and the CPU has the passes
@@ -33,83 +29,93 @@ func halfPath(vs ...values) bool {
 	return some
 }
 
-// channelPlanes sets dst[n] to image n's HW values of channel ch of an
-// N×C×HW array v: in place for F32 and, with half, for F16; otherwise F16
-// converted once into buf (N·HW values), so that a normalisation's passes
-// over the channel read float32 from cache; nil for no values.
-func channelPlanes(v values, p kernels.BNParams, ch int, buf []float32, dst []span, half bool) []span {
-	if v.f32 == nil && v.f16 == nil {
+// channel is one channel's planes: float32 values (in place for F32,
+// converted from F16 into scratch otherwise) or, on the half path, F16
+// values in place, which the passes load and store as they are; neither for
+// no values. Plane n is values [n·ld, n·ld+hw).
+type channel struct {
+	f              []float32
+	h              []uint16
+	planes, ld, hw int
+}
+
+// channelOf is channel ch of the N×C×HW array v: in place for F32 and, with
+// half, for F16; otherwise F16 converted into buf (N·HW values, planes HW
+// apart) when read, so that the passes read float32 from cache, or buf as
+// room for values about to be written (commit rounds them in).
+func channelOf(v values, p kernels.BNParams, ch int, buf []float32, half, read bool) channel {
+	c := channel{planes: p.N, ld: p.C * p.HW, hw: p.HW}
+	off, n := ch*p.HW, (p.N-1)*p.C*p.HW+p.HW
+	switch {
+	case v.f32 != nil:
+		c.f = v.f32[off : off+n]
+	case v.f16 != nil && half:
+		c.h = v.f16[off : off+n]
+	case v.f16 != nil:
+		c.f, c.ld = buf[:p.N*p.HW], p.HW
+		for i := 0; read && i < p.N; i++ {
+			v.read(c.plane(i), off+i*p.C*p.HW)
+		}
+	}
+	return c
+}
+
+// commit rounds values written into a converted channel back into v
+// (nothing to do in place).
+func (c channel) commit(v values, p kernels.BNParams, ch int) {
+	if v.f16 == nil || c.f == nil {
+		return
+	}
+	for i := range c.planes {
+		v.write(ch*p.HW+i*p.C*p.HW, c.plane(i))
+	}
+}
+
+// plane is plane n's float32 values, or nil for none.
+func (c channel) plane(n int) []float32 {
+	if c.f == nil {
 		return nil
 	}
-	for n := range dst {
-		off := (n*p.C + ch) * p.HW
-		if half {
-			dst[n] = span{h: v.f16[off : off+p.HW]}
+	return c.f[n*c.ld : n*c.ld+c.hw]
+}
+
+// assembly reports whether the passes over these channels run in assembly:
+// the CPU has them, and the channels given share one layout (a mix of F32
+// in place and F16 converted does not).
+func assembly(cs ...channel) bool {
+	if !normPasses {
+		return false
+	}
+	ld := -1
+	for _, c := range cs {
+		if c.f == nil && c.h == nil {
 			continue
 		}
-		dst[n] = span{f: v.span(off, p.HW, buf[n*p.HW:])}
-	}
-	return dst
-}
-
-// channelTargets is channelPlanes for values about to be written: in place
-// for F32 and, with half, F16; buf for F16 otherwise (then commitChannel
-// rounds them in).
-func channelTargets(v values, p kernels.BNParams, ch int, buf []float32, dst []span, half bool) []span {
-	if v.f32 == nil && v.f16 == nil {
-		return nil
-	}
-	for n := range dst {
-		off := (n*p.C + ch) * p.HW
-		if half {
-			dst[n] = span{h: v.f16[off : off+p.HW]}
-			continue
+		if ld >= 0 && c.ld != ld {
+			return false
 		}
-		dst[n] = span{f: v.target(off, p.HW, buf[n*p.HW:])}
+		ld = c.ld
 	}
-	return dst
-}
-
-// commitChannel stores what channelTargets returned (nothing to do in
-// place).
-func commitChannel(v values, p kernels.BNParams, ch int, planes []span) {
-	for n, t := range planes {
-		if t.f != nil {
-			v.commit((n*p.C+ch)*p.HW, t.f)
-		}
-	}
-}
-
-// plane is planes[n], or no values without planes.
-func plane(planes []span, n int) span {
-	if planes == nil {
-		return span{}
-	}
-	return planes[n]
+	return true
 }
 
 // channelBufs are one goroutine's scratch for the channels of a
-// normalisation: k buffers of N·HW values and their plane slices.
-type channelBufs struct {
-	buf    [][]float32
-	planes [][]span
-}
-
-// newChannelBufs makes k buffers, or only the plane slices with half
+// normalisation: k buffers of N·HW values, or none on the half path
 // (nothing is converted).
+type channelBufs [][]float32
+
 func newChannelBufs(p kernels.BNParams, k int, half bool) channelBufs {
-	cb := channelBufs{buf: make([][]float32, k), planes: make([][]span, k)}
-	for i := range cb.buf {
+	cb := make(channelBufs, k)
+	for i := range cb {
 		if !half {
-			cb.buf[i] = getScratch(p.N * p.HW)
+			cb[i] = getScratch(p.N * p.HW)
 		}
-		cb.planes[i] = make([]span, p.N)
 	}
 	return cb
 }
 
 func (cb channelBufs) release() {
-	for _, b := range cb.buf {
+	for _, b := range cb {
 		putScratch(b)
 	}
 }
@@ -118,10 +124,9 @@ func (cb channelBufs) release() {
 // relu: the output of a normalisation whose statistics are folded into
 // scale and shift.
 func affineAct(y, x, res []float32, scale, shift float32, relu bool) {
-	n := affineVec(y, x, res, scale, shift, relu)
-	y, x = y[n:len(x)], x[n:]
+	y = y[:len(x)]
 	if res != nil {
-		res = res[n : len(x)+n]
+		res = res[:len(x)]
 		for i, v := range x {
 			y[i] = v*scale + shift + res[i]
 		}
@@ -137,13 +142,11 @@ func affineAct(y, x, res []float32, scale, shift float32, relu bool) {
 	}
 }
 
-// sum32 is Σ x, summed in float32 (sixteen lanes at a time with AVX-512,
-// over four interleaved accumulators otherwise, so the additions overlap)
-// and returned as float64.
+// sum32 is Σ x, summed in float32 over four interleaved accumulators (so
+// the additions overlap) and returned as float64.
 func sum32(x []float32) float64 {
-	n, v := sumVec(x)
 	var s0, s1, s2, s3 float32
-	i := n
+	i := 0
 	for ; i+4 <= len(x); i += 4 {
 		v := x[i : i+4 : i+4]
 		s0 += v[0]
@@ -154,14 +157,13 @@ func sum32(x []float32) float64 {
 	for ; i < len(x); i++ {
 		s0 += x[i]
 	}
-	return float64(v) + float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
 // sumSqDev is Σ (x − mean)², accumulated as sum32.
 func sumSqDev(x []float32, mean float32) float64 {
-	n, v := sumSqDevVec(x, mean)
 	var s0, s1, s2, s3 float32
-	i := n
+	i := 0
 	for ; i+4 <= len(x); i += 4 {
 		v := x[i : i+4 : i+4]
 		d0, d1, d2, d3 := v[0]-mean, v[1]-mean, v[2]-mean, v[3]-mean
@@ -174,17 +176,15 @@ func sumSqDev(x []float32, mean float32) float64 {
 		d := x[i] - mean
 		s0 += d * d
 	}
-	return float64(v) + float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	return float64(s0) + float64(s1) + float64(s2) + float64(s3)
 }
 
 // bnGrad returns Σ g and Σ g·(x − mean) over one plane for batch norm's
 // backward, with g = dy, or dy where y > 0 when y is given (the ReLU's mask),
 // and stores g into gout when it is given (the residual's gradient).
 func bnGrad(dy, y, x []float32, mean float32, gout []float32) (sumG, sumGX float64) {
-	n, sb, sx := bnGradVec(dy, y, x, mean, gout)
-	sumG, sumGX = float64(sb), float64(sx)
 	var b0, b1, x0, x1 float32
-	for i := n; i < len(dy); i++ {
+	for i := range dy {
 		g := dy[i]
 		if y != nil && y[i] <= 0 {
 			g = 0
@@ -200,13 +200,13 @@ func bnGrad(dy, y, x []float32, mean float32, gout []float32) (sumG, sumGX float
 			x1 += g * (x[i] - mean)
 		}
 	}
-	return sumG + float64(b0) + float64(b1), sumGX + float64(x0) + float64(x1)
+	return float64(b0) + float64(b1), float64(x0) + float64(x1)
 }
 
 // bnApply writes batch norm's dx = a·g + b·x + c over one plane, g as in
 // bnGrad.
 func bnApply(dx, dy, y, x []float32, a, b, c float32) {
-	for i := bnApplyVec(dx, dy, y, x, a, b, c); i < len(dy); i++ {
+	for i := range dy {
 		g := dy[i]
 		if y != nil && y[i] <= 0 {
 			g = 0
@@ -215,118 +215,61 @@ func bnApply(dx, dy, y, x []float32, a, b, c float32) {
 	}
 }
 
-// The passes over a span: the float32 functions above, or, for F16 spans,
-// the half passes over the leading multiples of 16 and the float32
-// functions over the rest, converted through a few values on the stack.
+// The passes over a channel: one assembly call (see assembly), or the
+// float32 functions above a plane at a time.
 
-// tailOf is h from n on, or nil for no values.
-func tailOf(h []uint16, n int) []uint16 {
-	if h == nil {
-		return nil
+func (x channel) sum() float64 {
+	if assembly(x) {
+		return sumPass(x)
 	}
-	return h[n:]
+	var s float64
+	for n := range x.planes {
+		s += sum32(x.plane(n))
+	}
+	return s
 }
 
-// floatsOf converts h into buf (or, were h longer, into a new slice); nil
-// for no values. A tail is a few values: a table lookup each.
-func floatsOf(h []uint16, buf *[16]float32) []float32 {
-	if h == nil {
-		return nil
+func (x channel) sumSqDev(mean float32) float64 {
+	if assembly(x) {
+		return sumSqDevPass(x, mean)
 	}
-	if len(h) > len(buf) {
-		f := make([]float32, len(h))
-		halfsToFloats(f, h)
-		return f
+	var s float64
+	for n := range x.planes {
+		s += sumSqDev(x.plane(n), mean)
 	}
-	f := buf[:len(h)]
-	table := half.Table()
-	for i, v := range h {
-		f[i] = table[v]
-	}
-	return f
+	return s
 }
 
-// storeTail rounds a tail's few values f into h, one at a time.
-func storeTail(h []uint16, f []float32) {
-	for i, v := range f {
-		h[i] = float16.Fromfloat32(v).Bits()
-	}
-}
-
-// outFloats is room for n values in buf (or a new slice).
-func outFloats(n int, buf *[16]float32) []float32 {
-	if n > len(buf) {
-		return make([]float32, n)
-	}
-	return buf[:n]
-}
-
-func sumSpan(x span) float64 {
-	if x.h == nil {
-		return sum32(x.f)
-	}
-	n, v := sumHalfVec(x.h)
-	var b [16]float32
-	return float64(v) + sum32(floatsOf(x.h[n:], &b))
-}
-
-func sumSqDevSpan(x span, mean float32) float64 {
-	if x.h == nil {
-		return sumSqDev(x.f, mean)
-	}
-	n, v := sumSqDevHalfVec(x.h, mean)
-	var b [16]float32
-	return float64(v) + sumSqDev(floatsOf(x.h[n:], &b), mean)
-}
-
-func affineSpan(y, x, res span, scale, shift float32, relu bool) {
-	if x.h == nil {
-		affineAct(y.f, x.f, res.f, scale, shift, relu)
+func affineChannel(y, x, res channel, scale, shift float32, relu bool) {
+	if assembly(y, x, res) {
+		affinePass(y, x, res, scale, shift, relu)
 		return
 	}
-	n := affineHalfVec(y.h, x.h, res.h, scale, shift, relu)
-	if n == len(x.h) {
-		return
+	for n := range x.planes {
+		affineAct(y.plane(n), x.plane(n), res.plane(n), scale, shift, relu)
 	}
-	var xb, rb, yb [16]float32
-	yt := outFloats(len(x.h)-n, &yb)
-	affineAct(yt, floatsOf(x.h[n:], &xb), floatsOf(tailOf(res.h, n), &rb), scale, shift, relu)
-	storeTail(y.h[n:], yt)
 }
 
-func bnGradSpan(dy, y, x span, mean float32, g span) (sumG, sumGX float64) {
-	if dy.h == nil {
-		return bnGrad(dy.f, y.f, x.f, mean, g.f)
+func bnGradChannel(dy, y, x channel, mean float32, g channel) (sumG, sumGX float64) {
+	if assembly(dy, y, x, g) {
+		return bnGradPass(dy, y, x, mean, g)
 	}
-	n, sb, sx := bnGradHalfVec(dy.h, y.h, x.h, mean, g.h)
-	if n == len(dy.h) {
-		return float64(sb), float64(sx)
+	for n := range dy.planes {
+		sb, sx := bnGrad(dy.plane(n), y.plane(n), x.plane(n), mean, g.plane(n))
+		sumG += sb
+		sumGX += sx
 	}
-	var db, yb, xb, gb [16]float32
-	var gt []float32
-	if g.h != nil {
-		gt = outFloats(len(dy.h)-n, &gb)
-	}
-	tb, tx := bnGrad(floatsOf(dy.h[n:], &db), floatsOf(tailOf(y.h, n), &yb), floatsOf(x.h[n:], &xb), mean, gt)
-	if gt != nil {
-		storeTail(g.h[n:], gt)
-	}
-	return float64(sb) + tb, float64(sx) + tx
+	return sumG, sumGX
 }
 
-func bnApplySpan(dx, dy, y, x span, a, b, c float32) {
-	if dy.h == nil {
-		bnApply(dx.f, dy.f, y.f, x.f, a, b, c)
+func bnApplyChannel(dx, dy, y, x channel, a, b, c float32) {
+	if assembly(dx, dy, y, x) {
+		bnApplyPass(dx, dy, y, x, a, b, c)
 		return
 	}
-	n := bnApplyHalfVec(dx.h, dy.h, y.h, x.h, a, b, c)
-	if n == len(dy.h) {
-		return
+	for n := range dy.planes {
+		bnApply(dx.plane(n), dy.plane(n), y.plane(n), x.plane(n), a, b, c)
 	}
-	var db, yb, xb, ob [16]float32
-	dt := outFloats(len(dy.h)-n, &ob)
-	bnApply(dt, floatsOf(dy.h[n:], &db), floatsOf(tailOf(y.h, n), &yb), floatsOf(x.h[n:], &xb), a, b, c)
-	storeTail(dx.h[n:], dt)
 }
 
 // BatchNormTrain normalises with batch statistics (two passes, summed in
@@ -347,27 +290,16 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 		cb := newChannelBufs(p, 3, half)
 		defer cb.release()
 		for ch := lo; ch < hi; ch++ {
-			xs := channelPlanes(xv, p, ch, cb.buf[0], cb.planes[0], half)
-			res := channelPlanes(resv, p, ch, cb.buf[1], cb.planes[1], half)
-			var sum float64
-			for _, x := range xs {
-				sum += sumSpan(x)
-			}
-			mean := sum / m
-			var sq float64
-			mean32 := float32(mean)
-			for _, x := range xs {
-				sq += sumSqDevSpan(x, mean32)
-			}
-			variance := sq / m
+			xs := channelOf(xv, p, ch, cb[0], half, true)
+			res := channelOf(resv, p, ch, cb[1], half, true)
+			mean := xs.sum() / m
+			variance := xs.sumSqDev(float32(mean)) / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := float32(float64(bs[ch]) - mean*float64(gs[ch])*invStd)
-			ys := channelTargets(yv, p, ch, cb.buf[2], cb.planes[2], half)
-			for n, x := range xs {
-				affineSpan(ys[n], x, plane(res, n), scale, shift, p.ReLU)
-			}
-			commitChannel(yv, p, ch, ys)
+			ys := channelOf(yv, p, ch, cb[2], half, false)
+			affineChannel(ys, xs, res, scale, shift, p.ReLU)
+			ys.commit(yv, p, ch)
 			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
 			if m > 1 {
@@ -398,13 +330,11 @@ func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
 			scale := float32(float64(gs[ch]) * invStd)
 			shift := bs[ch] - rm[ch]*scale
-			xs := channelPlanes(xv, p, ch, cb.buf[0], cb.planes[0], half)
-			res := channelPlanes(resv, p, ch, cb.buf[1], cb.planes[1], half)
-			ys := channelTargets(yv, p, ch, cb.buf[2], cb.planes[2], half)
-			for n, x := range xs {
-				affineSpan(ys[n], x, plane(res, n), scale, shift, p.ReLU)
-			}
-			commitChannel(yv, p, ch, ys)
+			xs := channelOf(xv, p, ch, cb[0], half, true)
+			res := channelOf(resv, p, ch, cb[1], half, true)
+			ys := channelOf(yv, p, ch, cb[2], half, false)
+			affineChannel(ys, xs, res, scale, shift, p.ReLU)
+			ys.commit(yv, p, ch)
 		}
 	})
 }
@@ -435,17 +365,12 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
-			dys := channelPlanes(dyv, p, ch, cb.buf[0], cb.planes[0], half)
-			ys := channelPlanes(yv, p, ch, cb.buf[1], cb.planes[1], half)
-			xs := channelPlanes(xv, p, ch, cb.buf[2], cb.planes[2], half)
-			gs := channelTargets(drv, p, ch, cb.buf[3], cb.planes[3], half)
-			var db, dxm float64
-			for n, dy := range dys {
-				sb, sx := bnGradSpan(dy, plane(ys, n), xs[n], mean32, plane(gs, n))
-				db += sb
-				dxm += sx
-			}
-			commitChannel(drv, p, ch, gs)
+			dys := channelOf(dyv, p, ch, cb[0], half, true)
+			ys := channelOf(yv, p, ch, cb[1], half, true)
+			xs := channelOf(xv, p, ch, cb[2], half, true)
+			gs := channelOf(drv, p, ch, cb[3], half, false)
+			db, dxm := bnGradChannel(dys, ys, xs, mean32, gs)
+			gs.commit(drv, p, ch)
 			dg := dxm * invStd
 			dbs[ch], dgs[ch] = float32(db), float32(dg)
 			// dx = k·(g − db/M − x̂·dg/M) = a·g + b·x + c
@@ -453,11 +378,9 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 			a := float32(k)
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
-			dxs := channelTargets(dxv, p, ch, cb.buf[4], cb.planes[4], half)
-			for n, dy := range dys {
-				bnApplySpan(dxs[n], dy, plane(ys, n), xs[n], a, bx, c)
-			}
-			commitChannel(dxv, p, ch, dxs)
+			dxs := channelOf(dxv, p, ch, cb[4], half, false)
+			bnApplyChannel(dxs, dys, ys, xs, a, bx, c)
+			dxs.commit(dxv, p, ch)
 		}
 	})
 	doneG()

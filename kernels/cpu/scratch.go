@@ -169,6 +169,30 @@ func (v values) read(dst []float32, off int) {
 	halfsToFloats(dst, v.f16[off:off+len(dst)])
 }
 
+// readRows copies rows rows of n elements, contiguous from off, into dst
+// with row stride ldd (converting F16 ones as it goes).
+func (v values) readRows(dst []float32, ldd, off, n, rows int) {
+	if v.f16 != nil {
+		half.ToFloat32Rows(dst, ldd, v.f16[off:off+rows*n], n, rows, n)
+		return
+	}
+	for r := range rows {
+		copy(dst[r*ldd:r*ldd+n], v.f32[off+r*n:off+(r+1)*n])
+	}
+}
+
+// writeRows stores rows rows of n values of src (row stride lds)
+// contiguously from off (rounding them into an F16 buffer as it goes).
+func (v values) writeRows(off, n, rows int, src []float32, lds int) {
+	if v.f16 != nil {
+		half.FromFloat32Rows(v.f16[off:off+rows*n], n, src, lds, rows, n)
+		return
+	}
+	for r := range rows {
+		copy(v.f32[off+r*n:off+(r+1)*n], src[r*lds:r*lds+n])
+	}
+}
+
 // write stores src at off (rounded to F16 for an F16 buffer).
 func (v values) write(off int, src []float32) {
 	if v.f16 == nil {

@@ -10,19 +10,19 @@ import (
 )
 
 //go:noescape
-func sum16(x *float32, n int) float32
+func sum16(x *float32, planes, ld, n int) float64
 
 //go:noescape
-func sumSqDev16(x *float32, n int, mean float32) float32
+func sumSqDev16(x *float32, planes, ld, n int, mean float32) float64
 
 //go:noescape
-func affine16(y, x, res *float32, n int, scale, shift float32, relu bool)
+func affine16(y, x, res *float32, planes, ld, n int, scale, shift float32, relu bool)
 
 //go:noescape
-func bnGrad16(dy, y, x *float32, n int, mean float32, gout *float32) (sumG, sumGX float32)
+func bnGrad16(dy, y, x *float32, planes, ld, n int, mean float32, gout *float32) (sumG, sumGX float64)
 
 //go:noescape
-func bnApply16(dx, dy, y, x *float32, n int, a, b, c float32)
+func bnApply16(dx, dy, y, x *float32, planes, ld, n int, a, b, c float32)
 
 //go:noescape
 func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nesterov bool)
@@ -31,19 +31,19 @@ func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nest
 func unscale16(grad *float32, n int, inv float32) (bad bool)
 
 //go:noescape
-func sum16h(x *uint16, n int) float32
+func sum16h(x *uint16, planes, ld, n int) float64
 
 //go:noescape
-func sumSqDev16h(x *uint16, n int, mean float32) float32
+func sumSqDev16h(x *uint16, planes, ld, n int, mean float32) float64
 
 //go:noescape
-func affine16h(y, x, res *uint16, n int, scale, shift float32, relu bool)
+func affine16h(y, x, res *uint16, planes, ld, n int, scale, shift float32, relu bool)
 
 //go:noescape
-func bnGrad16h(dy, y, x *uint16, n int, mean float32, gout *uint16) (sumG, sumGX float32)
+func bnGrad16h(dy, y, x *uint16, planes, ld, n int, mean float32, gout *uint16) (sumG, sumGX float64)
 
 //go:noescape
-func bnApply16h(dx, dy, y, x *uint16, n int, a, b, c float32)
+func bnApply16h(dx, dy, y, x *uint16, planes, ld, n int, a, b, c float32)
 
 //go:noescape
 func reluGrad16(dx, dy, y *float32, n int)
@@ -51,17 +51,21 @@ func reluGrad16(dx, dy, y *float32, n int)
 //go:noescape
 func relu16(y, x *float32, n int)
 
-// hasAVX512 turns on the AVX-512 passes: batch norm (norm_amd64.s), the SGD
-// update and the scaler's unscale (optim_amd64.s) and ReLU
-// (elementwise_amd64.s). Each Go wrapper
+// hasAVX512 turns on the AVX-512 passes: the SGD update and the scaler's
+// unscale (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
 // below runs its pass over the leading multiple of 16 values and returns
 // how many it took; the caller's Go loop does the rest.
 var hasAVX512 = cpu.X86.HasAVX512F
 
+// normPasses turns on batch norm's passes in assembly (norm_amd64.s): one
+// call a channel, every value of its planes, the last few of a plane by
+// masked loads and stores (AVX-512F and BW).
+var normPasses = hasAVX512 && cpu.X86.HasAVX512BW
+
 // halfPasses turns on batch norm's passes over F16 planes in place (AMP's
 // activations, loaded with VCVTPH2PS and stored with VCVTPS2PH) instead of
 // over float32 copies of them (norm.go). Tests turn it off to compare.
-var halfPasses = hasAVX512
+var halfPasses = normPasses
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
 // multiple of 16, or none without AVX-512.
@@ -78,58 +82,6 @@ func ptr(x []float32) *float32 {
 		return nil
 	}
 	return unsafe.SliceData(x)
-}
-
-// sumVec returns how many leading values of x it summed, and their sum.
-func sumVec(x []float32) (int, float32) {
-	n := vecLen(len(x))
-	if n == 0 {
-		return 0, 0
-	}
-	return n, sum16(ptr(x), n)
-}
-
-// sumSqDevVec is sumVec for Σ (x − mean)².
-func sumSqDevVec(x []float32, mean float32) (int, float32) {
-	n := vecLen(len(x))
-	if n == 0 {
-		return 0, 0
-	}
-	return n, sumSqDev16(ptr(x), n, mean)
-}
-
-// affineVec writes the leading values of affineAct's output, returning how
-// many.
-func affineVec(y, x, res []float32, scale, shift float32, relu bool) int {
-	n := vecLen(len(x))
-	if n > 0 {
-		affine16(ptr(y[:n]), ptr(x), ptr(res), n, scale, shift, relu)
-	}
-	return n
-}
-
-// bnGradVec runs the batch-norm backward's reduction over the leading
-// values (see bnGrad), returning how many with their Σ g and Σ g·(x − mean).
-func bnGradVec(dy, y, x []float32, mean float32, g []float32) (int, float32, float32) {
-	n := vecLen(len(dy))
-	if n == 0 {
-		return 0, 0, 0
-	}
-	if g != nil {
-		g = g[:n]
-	}
-	sb, sx := bnGrad16(ptr(dy), ptr(y), ptr(x[:n]), n, mean, ptr(g))
-	return n, sb, sx
-}
-
-// bnApplyVec writes the leading values of the batch-norm backward's dx (see
-// bnApply), returning how many.
-func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int {
-	n := vecLen(len(dy))
-	if n > 0 {
-		bnApply16(ptr(dx[:n]), ptr(dy), ptr(y), ptr(x[:n]), n, a, b, c)
-	}
-	return n
 }
 
 // sgdMomentumVec updates the leading parameters with SGD's momentum rule
@@ -179,49 +131,42 @@ func ptrH(x []uint16) *uint16 {
 	return unsafe.SliceData(x)
 }
 
-// The same passes over F16 values (halfPasses), each returning how many
-// leading values it took.
+// The batch-norm passes over a channel (see norm.go): float32 planes or, on
+// the half path, F16 ones; every channel given has the same layout.
 
-func sumHalfVec(x []uint16) (int, float32) {
-	n := vecLen(len(x))
-	if n == 0 {
-		return 0, 0
+func sumPass(x channel) float64 {
+	if x.h != nil {
+		return sum16h(ptrH(x.h), x.planes, x.ld, x.hw)
 	}
-	return n, sum16h(ptrH(x), n)
+	return sum16(ptr(x.f), x.planes, x.ld, x.hw)
 }
 
-func sumSqDevHalfVec(x []uint16, mean float32) (int, float32) {
-	n := vecLen(len(x))
-	if n == 0 {
-		return 0, 0
+func sumSqDevPass(x channel, mean float32) float64 {
+	if x.h != nil {
+		return sumSqDev16h(ptrH(x.h), x.planes, x.ld, x.hw, mean)
 	}
-	return n, sumSqDev16h(ptrH(x), n, mean)
+	return sumSqDev16(ptr(x.f), x.planes, x.ld, x.hw, mean)
 }
 
-func affineHalfVec(y, x, res []uint16, scale, shift float32, relu bool) int {
-	n := vecLen(len(x))
-	if n > 0 {
-		affine16h(ptrH(y[:n]), ptrH(x), ptrH(res), n, scale, shift, relu)
+func affinePass(y, x, res channel, scale, shift float32, relu bool) {
+	if x.h != nil {
+		affine16h(ptrH(y.h), ptrH(x.h), ptrH(res.h), x.planes, x.ld, x.hw, scale, shift, relu)
+		return
 	}
-	return n
+	affine16(ptr(y.f), ptr(x.f), ptr(res.f), x.planes, x.ld, x.hw, scale, shift, relu)
 }
 
-func bnGradHalfVec(dy, y, x []uint16, mean float32, g []uint16) (int, float32, float32) {
-	n := vecLen(len(dy))
-	if n == 0 {
-		return 0, 0, 0
+func bnGradPass(dy, y, x channel, mean float32, g channel) (sumG, sumGX float64) {
+	if dy.h != nil {
+		return bnGrad16h(ptrH(dy.h), ptrH(y.h), ptrH(x.h), dy.planes, dy.ld, dy.hw, mean, ptrH(g.h))
 	}
-	if g != nil {
-		g = g[:n]
-	}
-	sb, sx := bnGrad16h(ptrH(dy), ptrH(y), ptrH(x[:n]), n, mean, ptrH(g))
-	return n, sb, sx
+	return bnGrad16(ptr(dy.f), ptr(y.f), ptr(x.f), dy.planes, dy.ld, dy.hw, mean, ptr(g.f))
 }
 
-func bnApplyHalfVec(dx, dy, y, x []uint16, a, b, c float32) int {
-	n := vecLen(len(dy))
-	if n > 0 {
-		bnApply16h(ptrH(dx[:n]), ptrH(dy), ptrH(y), ptrH(x[:n]), n, a, b, c)
+func bnApplyPass(dx, dy, y, x channel, a, b, c float32) {
+	if dy.h != nil {
+		bnApply16h(ptrH(dx.h), ptrH(dy.h), ptrH(y.h), ptrH(x.h), dy.planes, dy.ld, dy.hw, a, b, c)
+		return
 	}
-	return n
+	bnApply16(ptr(dx.f), ptr(dy.f), ptr(y.f), ptr(x.f), dy.planes, dy.ld, dy.hw, a, b, c)
 }

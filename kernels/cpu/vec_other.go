@@ -4,16 +4,8 @@ package cpu
 
 import "github.com/leangrad/leangrad/kernels"
 
-// Without amd64 assembly the vector passes (batch norm, SGD, ReLU) take no
+// Without amd64 assembly the vector passes (SGD, ReLU, unscale) take no
 // values: the Go loops that call them do all the work.
-
-func sumVec(x []float32) (int, float32)                                  { return 0, 0 }
-func sumSqDevVec(x []float32, mean float32) (int, float32)               { return 0, 0 }
-func affineVec(y, x, res []float32, scale, shift float32, relu bool) int { return 0 }
-func bnGradVec(dy, y, x []float32, mean float32, g []float32) (int, float32, float32) {
-	return 0, 0, 0
-}
-func bnApplyVec(dx, dy, y, x []float32, a, b, c float32) int { return 0 }
 
 func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int { return 0 }
 
@@ -21,15 +13,16 @@ func reluGradVec(dx, dy, y []float32) int { return 0 }
 
 func unscaleVec(g []float32, inv float32) (int, bool) { return 0, false }
 
-// halfPasses is off: batch norm converts F16 planes into float32 copies.
-var halfPasses = false
+// normPasses and halfPasses are off: batch norm runs its Go loops over
+// float32 planes (F16 ones converted first), and never calls the passes.
+var normPasses, halfPasses = false, false
 
-func sumHalfVec(x []uint16) (int, float32)                                  { return 0, 0 }
-func sumSqDevHalfVec(x []uint16, mean float32) (int, float32)               { return 0, 0 }
-func affineHalfVec(y, x, res []uint16, scale, shift float32, relu bool) int { return 0 }
-func bnGradHalfVec(dy, y, x []uint16, mean float32, g []uint16) (int, float32, float32) {
-	return 0, 0, 0
-}
-func bnApplyHalfVec(dx, dy, y, x []uint16, a, b, c float32) int { return 0 }
+func sumPass(x channel) float64                                               { panic(noPasses) }
+func sumSqDevPass(x channel, mean float32) float64                            { panic(noPasses) }
+func affinePass(y, x, res channel, scale, shift float32, relu bool)           { panic(noPasses) }
+func bnGradPass(dy, y, x channel, mean float32, g channel) (float64, float64) { panic(noPasses) }
+func bnApplyPass(dx, dy, y, x channel, a, b, c float32)                       { panic(noPasses) }
+
+const noPasses = "cpu: batch norm's passes without amd64 assembly"
 
 func reluVec(y, x []float32) int { return 0 }

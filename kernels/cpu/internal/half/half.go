@@ -24,8 +24,8 @@ var Table = sync.OnceValue(func() *[1 << 16]float32 {
 })
 
 // ToFloat32 converts src into dst (exact), min(len(dst), len(src)) values:
-// eight at a time with F16C, the last few (and all of them without F16C)
-// by Table.
+// in assembly where the CPU has the instructions (AVX-512, or F16C eight at
+// a time), by Table otherwise and for what F16C leaves over.
 func ToFloat32(dst []float32, src []uint16) {
 	n := min(len(dst), len(src))
 	i := toFloat(dst[:n], src[:n])
@@ -40,15 +40,11 @@ func ToFloat32(dst []float32, src []uint16) {
 
 // ToFloat32Rows converts rows rows of n values each, with row strides ldd and
 // lds: dst[r·ldd + j] = float32(src[r·lds + j]) for r < rows, j < n. It is
-// ToFloat32 in one call for rows too short to convert one at a time (the
-// panels a matrix product packs are 8 to 48 values wide).
+// ToFloat32 in one call for rows too short to convert one at a time (a
+// product's panels of 8 to 48 values, a 7×7 image's rows).
 func ToFloat32Rows(dst []float32, ldd int, src []uint16, lds int, rows, n int) {
-	if rows <= 0 || n <= 0 {
+	if !checkRows(len(dst), ldd, len(src), lds, rows, n) {
 		return
-	}
-	if ldd < n || lds < n || len(dst) < (rows-1)*ldd+n || len(src) < (rows-1)*lds+n {
-		panic(fmt.Sprintf("half: %d rows of %d values with strides %d and %d, from %d into %d values",
-			rows, n, lds, ldd, len(src), len(dst)))
 	}
 	body := toFloatRows(dst, ldd, src, lds, rows, n)
 	if body == n {
@@ -63,11 +59,38 @@ func ToFloat32Rows(dst []float32, ldd int, src []uint16, lds int, rows, n int) {
 }
 
 // FromFloat32 rounds src into dst (to nearest even, as IEEE 754 and
-// x448/float16 round), min(len(dst), len(src)) values: with F16C where the
-// CPU has it, x448/float16 otherwise.
+// x448/float16 round), min(len(dst), len(src)) values: in assembly where the
+// CPU has the instructions, with x448/float16 otherwise.
 func FromFloat32(dst []uint16, src []float32) {
 	n := min(len(dst), len(src))
 	for i := fromFloat(dst[:n], src[:n]); i < n; i++ {
 		dst[i] = float16.Fromfloat32(src[i]).Bits()
 	}
+}
+
+// FromFloat32Rows rounds rows rows of n values each, with row strides ldd and
+// lds: dst[r·ldd + j] = half(src[r·lds + j]) for r < rows, j < n.
+func FromFloat32Rows(dst []uint16, ldd int, src []float32, lds int, rows, n int) {
+	if !checkRows(len(dst), ldd, len(src), lds, rows, n) {
+		return
+	}
+	if fromFloatRows(dst, ldd, src, lds, rows, n) == n {
+		return
+	}
+	for r := range rows {
+		FromFloat32(dst[r*ldd:r*ldd+n], src[r*lds:r*lds+n])
+	}
+}
+
+// checkRows reports whether there is anything to convert, and panics unless
+// rows rows of n values with strides ldd and lds fit in dst and src.
+func checkRows(dst, ldd, src, lds, rows, n int) bool {
+	if rows <= 0 || n <= 0 {
+		return false
+	}
+	if ldd < n || lds < n || dst < (rows-1)*ldd+n || src < (rows-1)*lds+n {
+		panic(fmt.Sprintf("half: %d rows of %d values with strides %d and %d, from %d values into %d",
+			rows, n, lds, ldd, src, dst))
+	}
+	return true
 }

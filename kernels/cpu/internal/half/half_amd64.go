@@ -13,30 +13,60 @@ func toFloatRows8(dst *float32, ldd int, src *uint16, lds int, rows, n int)
 //go:noescape
 func fromFloat8(dst *uint16, src *float32, n int)
 
+//go:noescape
+func toFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
+
+//go:noescape
+func fromFloatRows16(dst *uint16, ldd int, src *float32, lds int, rows, n int)
+
 // HasF16C reports the F16C conversions. x/sys/cpu does not report F16C
 // itself; every CPU with AVX2 and FMA has it (Intel since Haswell, AMD since
 // Piledriver).
 var HasF16C = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
-// toFloat converts the leading multiple of eight values of src into dst
-// with F16C where the CPU has it, returning how many it converted: Table
-// does the last few (cheaper than a trip through an eight-wide temporary:
-// a convolution's rows and a plane's tails are short).
+// wide turns on the AVX-512 conversions, sixteen values at a time with
+// masked loads and stores for the last few (so every value of a short row
+// is converted in one pass). A variable, so the tests run the F16C ones on
+// an AVX-512 CPU too.
+var wide = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL
+
+// toFloat converts src into dst in assembly where the CPU has the
+// instructions, returning how many it converted: all of them with AVX-512,
+// the leading multiple of eight with F16C (Table does the last few: cheaper
+// than a trip through an eight-wide temporary for short rows).
 func toFloat(dst []float32, src []uint16) int {
-	body := len(src) &^ 7
-	if !HasF16C || body == 0 {
-		return 0
-	}
-	toFloat8(&dst[0], &src[0], body)
-	return body
+	return toFloatRows(dst, 0, src, 0, 1, len(src))
 }
 
-// fromFloat rounds src into dst eight at a time with F16C where the CPU has
-// it, the last few through an eight-wide temporary, returning how many it
-// converted: all of them, or none without F16C.
+// toFloatRows is toFloat for rows rows of n values with strides ldd and lds
+// (ToFloat32Rows has checked the bounds), returning how many of each row it
+// converted.
+func toFloatRows(dst []float32, ldd int, src []uint16, lds int, rows, n int) int {
+	switch {
+	case rows == 0 || n == 0:
+		return 0
+	case wide:
+		toFloatRows16(&dst[0], ldd, &src[0], lds, rows, n)
+		return n
+	case HasF16C && n >= 8:
+		toFloatRows8(&dst[0], ldd, &src[0], lds, rows, n&^7)
+		return n &^ 7
+	}
+	return 0
+}
+
+// fromFloat rounds src into dst in assembly where the CPU has the
+// instructions (with F16C, the last few through an eight-wide temporary),
+// returning how many it converted: all of them, or none.
 func fromFloat(dst []uint16, src []float32) int {
 	n := len(src)
-	if !HasF16C || n == 0 {
+	switch {
+	case n == 0:
+		return 0
+	case wide:
+		fromFloatRows16(&dst[0], 0, &src[0], 0, 1, n)
+		return n
+	case !HasF16C:
 		return 0
 	}
 	body := n &^ 7
@@ -53,14 +83,14 @@ func fromFloat(dst []uint16, src []float32) int {
 	return n
 }
 
-// toFloatRows converts the leading multiple of eight values of each row
-// with F16C where the CPU has it, returning how many of each it converted
-// (ToFloat32Rows has checked the bounds).
-func toFloatRows(dst []float32, ldd int, src []uint16, lds int, rows, n int) int {
-	body := n &^ 7
-	if !HasF16C || body == 0 || rows == 0 {
+// fromFloatRows is fromFloat for rows of n values with strides ldd and lds
+// (FromFloat32Rows has checked the bounds), returning how many of each row
+// it converted: with AVX-512 all of them, otherwise none (FromFloat32Rows
+// converts row by row).
+func fromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) int {
+	if !wide || rows == 0 || n == 0 {
 		return 0
 	}
-	toFloatRows8(&dst[0], ldd, &src[0], lds, rows, body)
-	return body
+	fromFloatRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return n
 }
