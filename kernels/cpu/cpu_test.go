@@ -67,7 +67,8 @@ func check(t *testing.T, what string, got kernels.Buf, want []float64, tol float
 // TestGemm checks every transpose, batches with strides, and products
 // large enough to cross the packing blocks and split over the goroutines,
 // with F32 or F16 operands (F16 ones are converted as they are packed) and
-// an F32 result, against float64 loops on the operands' values.
+// an F32 result, or, with F16 operands, an F16 one (rounded a tile at a
+// time), against float64 loops on the operands' values.
 func TestGemm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, tc := range []kernels.GemmParams{
@@ -121,14 +122,27 @@ func TestGemm(t *testing.T) {
 					}
 				}
 				c0 := append([]float32(nil), f32s(c)...)
+				ch := buf(t, kernels.F16, c.N)
 				for _, kb := range kernelBackends(t) {
 					copy(f32s(c), c0)
 					kb.Gemm(tc, a, b, c)
 					check(t, kb.Kernel()+" C", c, want, 1e-5)
+					if dt == kernels.F16 { // AMP's products: F16 C too, rounded a tile at a time
+						kb.Cast(ch, c0buf(t, c0))
+						kb.Gemm(tc, a, b, ch)
+						check(t, kb.Kernel()+" F16 C", ch, want, 2e-3)
+					}
 				}
 			})
 		}
 	}
+}
+
+// c0buf is an F32 buffer holding v.
+func c0buf(t *testing.T, v []float32) kernels.Buf {
+	b := buf(t, kernels.F32, len(v))
+	copy(f32s(b), v)
+	return b
 }
 
 // kernelBackends is the backend once per sgemm microkernel this CPU runs:

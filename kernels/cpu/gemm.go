@@ -2,22 +2,29 @@ package cpu
 
 import (
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
 // Gemm computes a (batched) matrix product; see kernels.GemmParams. One
 // product runs on every core; a batch of products runs one product per core.
 // F16 operands are converted as their blocks are packed (sgemm.Half), not
-// into a float32 copy of the whole matrix first.
+// into a float32 copy of the whole matrix first, and an F16 C is computed
+// in float32 scratch and rounded into C a tile at a time, as each tile is
+// finished (sgemm's GemmOpTiles), hot in cache.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
 	batch := max(p.Batch, 1)
 	var cs []float32
-	var done func()
-	if p.Beta != 0 {
-		cs, done = inout(cb)
+	var ch []uint16 // an F16 C
+	if cb.DType == kernels.F16 {
+		ch, cs = u16s(cb), getScratch(cb.N)
+		defer putScratch(cs)
+		if p.Beta != 0 {
+			halfInto(cs, ch)
+		}
 	} else {
-		cs, done = out(cb)
+		cs = f32s(cb)
 	}
 	lda, ldb := p.K, p.N
 	if p.TransA {
@@ -26,18 +33,29 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	if p.TransB {
 		ldb = p.K
 	}
-	if batch == 1 {
-		c.mm.GemmOp(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), operand(b, 0, ldb, p.TransB, false), p.Beta, cs, p.N)
-	} else {
-		one := c.mm.WithThreads(1)
-		parallel(batch, 1, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				one.GemmOp(p.M, p.N, p.K, p.Alpha, operand(a, i*p.StrideA, lda, p.TransA, true),
-					operand(b, i*p.StrideB, ldb, p.TransB, false), p.Beta, cs[i*p.StrideC:], p.N)
-			}
+	product := func(mu *sgemm.Multiplier, i int) {
+		a, b := operand(a, i*p.StrideA, lda, p.TransA, true), operand(b, i*p.StrideB, ldb, p.TransB, false)
+		c := cs[i*p.StrideC:]
+		if ch == nil {
+			mu.GemmOp(p.M, p.N, p.K, p.Alpha, a, b, p.Beta, c, p.N)
+			return
+		}
+		h := ch[i*p.StrideC:]
+		mu.GemmOpTiles(p.M, p.N, p.K, p.Alpha, a, b, p.Beta, c, p.N, func(i0, i1, j0, j1 int) {
+			at := i0*p.N + j0
+			half.FromFloat32Rows(h[at:], p.N, c[at:], p.N, i1-i0, j1-j0)
 		})
 	}
-	done()
+	if batch == 1 {
+		product(c.mm, 0)
+		return
+	}
+	one := c.mm.WithThreads(1)
+	parallel(batch, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			product(one, i)
+		}
+	})
 }
 
 // operand is the product's A (isA) or B from buf's elements from off on,

@@ -134,7 +134,16 @@ func checkMatrix(name string, x []float32, rows, cols, ld int) {
 // GemmOp computes C = alpha·A·B + beta·C with A (m×k) and B (k×n) read
 // through their Pack methods; C is row-major with stride ldc.
 func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int) {
-	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc)
+	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc, nil)
+}
+
+// GemmOpTiles is GemmOp that calls done(i0, i1, j0, j1) as each block of C
+// (rows [i0, i1), columns [j0, j1): a tile, or a goroutine's share when k or
+// alpha is 0) holds its result, on the goroutine that computed it, while it
+// is hot in cache. Blocks do not overlap, and cover C once. The CPU backend
+// rounds an F16 product's float32 tiles into its F16 output there.
+func (mu *Multiplier) GemmOpTiles(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
+	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc, done)
 }
 
 // GemmShifted is GemmOp with a Shifted B, which the assembly kernels read in
@@ -152,10 +161,10 @@ func (mu *Multiplier) GemmShifted(m, n, k int, alpha float32, a Operand, b Shift
 		}
 	}
 	if mu.k.shifted == nil {
-		mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc)
+		mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc, nil)
 		return
 	}
-	mu.gemm(m, n, k, alpha, a, nil, &b, beta, c, ldc)
+	mu.gemm(m, n, k, alpha, a, nil, &b, beta, c, ldc, nil)
 }
 
 // WindowLen is how many elements of a Shifted operand's Data each row's
@@ -261,8 +270,8 @@ func (mu *Multiplier) dotTiles(m, n, k int, a, b Rows, add bool, c []float32, ld
 }
 
 // gemm is the product with B packed from b or, when sh is given, read in
-// place by the kernel.
-func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted, beta float32, c []float32, ldc int) {
+// place by the kernel, calling done (when given) as GemmOpTiles says.
+func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted, beta float32, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("sgemm: product of %d×%d by %d×%d", m, k, k, n))
 	}
@@ -297,12 +306,15 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 		}
 		if k == 0 || alpha == 0 {
 			scaleC(c, i0, i1, j0, j1, ldc, beta)
+			if done != nil {
+				done(i0, i1, j0, j1)
+			}
 			return
 		}
 		if beta != 0 {
 			scaleC(c, i0, i1, j0, j1, ldc, beta)
 		}
-		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc)
+		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc, done)
 	})
 }
 
@@ -341,7 +353,9 @@ func grow(x []float32, n int) []float32 {
 
 // block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
 // overwrites the block with it. B is packed from b or read in place from sh.
-func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int) {
+// done, when given, is called with each tile as its last step of k is
+// added.
+func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
 	buf := bufferPool.Get().(*buffers)
 	defer bufferPool.Put(buf)
 	mr, nr := kern.mr, kern.nr
@@ -355,6 +369,7 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 		for pc := 0; pc < k; pc += blockK {
 			kc := min(blockK, k-pc)
 			acc := add || pc > 0
+			last := done != nil && pc+kc == k
 			if sh == nil {
 				b.Pack(buf.b, jc, nc, pc, kc, nr)
 			}
@@ -369,7 +384,7 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 				}
 				for jr := 0; jr < nc; jr += nr {
 					var bp *float32
-					var offs *int
+					var offs *int // B's rows, read in place
 					if sh == nil {
 						bp = &buf.b[jr*kc]
 					} else {
@@ -380,34 +395,46 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 						ap := &buf.a[ir*kc]
 						h := min(mr, mc-ir)
 						ci := (ic+ir)*ldc + jc + jr
-						if h == mr && w == nr {
-							if sh == nil {
-								kern.run(kc, ap, bp, &c[ci], ldc, acc)
-							} else {
-								kern.shifted(kc, ap, bp, offs, &c[ci], ldc, acc)
-							}
-							continue
-						}
-						tile := edge[:mr*nr]
-						if sh == nil {
-							kern.run(kc, ap, bp, &tile[0], nr, false)
-						} else {
-							kern.shifted(kc, ap, bp, offs, &tile[0], nr, false)
-						}
-						for i := 0; i < h; i++ {
-							row := c[ci+i*ldc : ci+i*ldc+w]
-							src := tile[i*nr : i*nr+w]
-							if !acc {
-								copy(row, src)
-								continue
-							}
-							for j, v := range src {
-								row[j] += v
-							}
+						tile(kern, kc, ap, bp, offs, c[ci:], ldc, acc, h, w, &edge)
+						if last {
+							done(ic+ir, ic+ir+h, jc+jr, jc+jr+w)
 						}
 					}
 				}
 			}
+		}
+	}
+}
+
+// tile adds (or, unless acc, writes) one h×w tile of the product into c,
+// with row stride ldc: from an A panel at ap and a B panel at bp, or B's rows
+// read in place at bp[offs[p]:] when offs is given. A partial tile is
+// computed whole into edge and added in part.
+func tile(kern *microkernel, kc int, ap, bp *float32, offs *int, c []float32, ldc int, acc bool, h, w int, edge *[8 * 48]float32) {
+	mr, nr := kern.mr, kern.nr
+	if h == mr && w == nr {
+		if offs == nil {
+			kern.run(kc, ap, bp, &c[0], ldc, acc)
+		} else {
+			kern.shifted(kc, ap, bp, offs, &c[0], ldc, acc)
+		}
+		return
+	}
+	t := edge[:mr*nr]
+	if offs == nil {
+		kern.run(kc, ap, bp, &t[0], nr, false)
+	} else {
+		kern.shifted(kc, ap, bp, offs, &t[0], nr, false)
+	}
+	for i := 0; i < h; i++ {
+		row := c[i*ldc : i*ldc+w]
+		src := t[i*nr : i*nr+w]
+		if !acc {
+			copy(row, src)
+			continue
+		}
+		for j, v := range src {
+			row[j] += v
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -340,6 +341,44 @@ func TestHalfPacksAsStrided(t *testing.T) {
 							l.free, l.shared, bl, w, i, got[i], want[i])
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestGemmOpTiles: done sees every element of C once, and each block it is
+// given already holds the product's final values (k past one block of k
+// included, and the k = 0 and alpha = 0 shortcuts).
+func TestGemmOpTiles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, mu := range multipliers(t) {
+		for _, s := range []struct {
+			m, n, k int
+			alpha   float32
+		}{{1, 1, 1, 1}, {17, 53, 9, 1}, {9, 100, 800, 0.5}, {70, 30, 0, 1}, {12, 12, 12, 0}} {
+			name := fmt.Sprintf("%s/t%d/%dx%dx%d/alpha=%v", mu.Kernel(), mu.threads, s.m, s.n, s.k, s.alpha)
+			a, b := random(rng, max(s.m*s.k, 1)), random(rng, max(s.k*s.n, 1))
+			c := random(rng, s.m*s.n)
+			want := reference(false, false, s.m, s.n, s.k, s.alpha, a, s.k, b, s.n, 0.5, c, s.n)
+			seen := make([]int, len(c))
+			var early atomic.Bool
+			mu.GemmOpTiles(s.m, s.n, s.k, s.alpha, MatrixA(a, s.k, false), MatrixB(b, s.n, false), 0.5, c, s.n, func(i0, i1, j0, j1 int) {
+				for i := i0; i < i1; i++ {
+					for j := j0; j < j1; j++ {
+						seen[i*s.n+j]++
+						if d := math.Abs(float64(c[i*s.n+j]) - want[i*s.n+j]); d > 1e-3*(1+math.Abs(want[i*s.n+j])) {
+							early.Store(true)
+						}
+					}
+				}
+			})
+			for i, n := range seen {
+				if n != 1 {
+					t.Fatalf("%s: element %d given to done %d times", name, i, n)
+				}
+			}
+			if early.Load() {
+				t.Errorf("%s: done saw a block before its product was final", name)
 			}
 		}
 	}
