@@ -9,6 +9,7 @@ import (
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
+	"github.com/x448/float16"
 )
 
 // The CPU backend against plain float64 references written straight from the
@@ -839,6 +840,31 @@ func TestAccumulateMetrics(t *testing.T) {
 	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
 	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
 	check(t, "metrics", sums, []float64{2 * 1.25 * n, 2 * float64(right)}, 0)
+}
+
+// TestReLUGradF16EveryPattern: ReLU's gradient on F16 values (on their bits,
+// nothing converted) passes dy exactly where the F32 operation does, for y
+// of every bit pattern: zeros of both signs, subnormals, infinities, NaNs.
+func TestReLUGradF16EveryPattern(t *testing.T) {
+	n := 1<<16 + 7 // a tail past the vectors
+	y, dy := buf(t, kernels.F16, n), buf(t, kernels.F16, n)
+	rng := rand.New(rand.NewPCG(3, 9))
+	for i := range u16s(y) {
+		u16s(y)[i] = uint16(i)
+		u16s(dy)[i] = uint16(rng.Uint32()) &^ 0x4000 // finite, mostly
+	}
+	yf, dyf, dxf := buf(t, kernels.F32, n), buf(t, kernels.F32, n), buf(t, kernels.F32, n)
+	be.Cast(yf, y)
+	be.Cast(dyf, dy)
+	be.UnaryBackward(kernels.ReLU, dxf, dyf, kernels.Buf{}, yf)
+	want, dx := buf(t, kernels.F16, n), buf(t, kernels.F16, n)
+	be.Cast(want, dxf)
+	be.UnaryBackward(kernels.ReLU, dx, dy, kernels.Buf{}, y)
+	for i, h := range u16s(dx) {
+		if w := u16s(want)[i]; h != w && !(float16.Frombits(h).IsNaN() && float16.Frombits(w).IsNaN()) {
+			t.Fatalf("y %#04x, dy %#04x: dx %#04x, want %#04x", u16s(y)[i], u16s(dy)[i], h, w)
+		}
+	}
 }
 
 // TestAffineReLUPassesNaN: the fused normalisation output keeps a NaN

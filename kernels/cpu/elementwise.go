@@ -119,6 +119,10 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	g := unaryGrad(op)
 	dyv, xv, yv, dxv := valuesOf(dy), optValuesOf(x), optValuesOf(y), valuesOf(dx)
 	parallel(dy.N, elemGrain, func(lo, hi int) {
+		if op == kernels.ReLU && dxv.f16 != nil && dyv.f16 != nil && yv.f16 != nil &&
+			reluGradHalf(dxv.f16[lo:hi], dyv.f16[lo:hi], yv.f16[lo:hi]) {
+			return // on the F16 bits, nothing converted
+		}
 		var gb, xb, yb, db [chunkLen]float32
 		for at := lo; at < hi; at += chunkLen {
 			k := min(chunkLen, hi-at)
@@ -194,6 +198,9 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 	if bc.Same() {
 		kernels.CheckLen("binary "+op.String(), dst.N, a, b)
 		parallel(dst.N, elemGrain, func(lo, hi int) {
+			if binaryVec(op, yv, av, bv, lo, lo, lo, hi-lo) {
+				return
+			}
 			var xb, zb, yb [chunkLen]float32
 			for at := lo; at < hi; at += chunkLen {
 				k := min(chunkLen, hi-at)
@@ -214,6 +221,9 @@ func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.
 		var xb, zb, yb [chunkLen]float32
 		for r := lo; r < hi; r++ {
 			oa, ob := bc.Offsets(r * rowLen)
+			if sa == 1 && sb == 1 && binaryVec(op, yv, av, bv, r*rowLen, oa, ob, rowLen) {
+				continue // rows of both operands in place (a bias added to each row)
+			}
 			for j := 0; j < rowLen; j += chunkLen {
 				k, at := min(chunkLen, rowLen-j), r*rowLen+j
 				y := yv.target(at, k, yb[:])

@@ -1,14 +1,7 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
-
-// HSUM leaves the sum of z's sixteen lanes in its lowest (AVX-512F
-// shuffles only), with tmp as scratch.
-#define HSUM(z, tmp) \
-	VSHUFF32X4 $0x4E, z, z, tmp; VADDPS tmp, z, z \
-	VSHUFF32X4 $0xB1, z, z, tmp; VADDPS tmp, z, z \
-	VPERMILPS $0x4E, z, tmp; VADDPS tmp, z, z \
-	VPERMILPS $0xB1, z, tmp; VADDPS tmp, z, z
+#include "vec_amd64.h"
 
 // The batch-norm passes over one channel of an N×C×HW array: planes planes
 // of n values, ld values apart, sixteen values an instruction (AVX-512F and
@@ -21,34 +14,15 @@
 // nearest even), so that both run the same float32 arithmetic in the same
 // order. The Go callers (norm.go) run the same loops in Go on other CPUs.
 
-// PLANES sets, for n in CX and ld in R9, K2 to the low n mod 16 bits, R10
-// to n/16 (a plane's whole vectors), and R9 to the bytes from where a
-// plane's whole vectors end to the next plane, for values of 1<<LOG bytes
-// (R11, R12 scratch).
+// PLANES sets, for n in CX and ld in R9, K2 and R10 to the tail's mask and
+// whole vectors of a plane (TAILMASK), and R9 to the bytes from where a
+// plane's whole vectors end to the next plane, for values of 1<<LOG bytes.
 #define PLANES(LOG) \
-	MOVQ CX, R11; ANDQ $15, CX; MOVL $1, R12; SHLL CX, R12; DECL R12; KMOVW R12, K2; \
-	MOVQ R11, R10; SHRQ $4, R10; \
+	TAILMASK; MOVQ CX, R10; \
 	SHLQ $LOG, R9; MOVQ R10, R11; SHLQ $(LOG+4), R11; SUBQ R11, R9
 
 // NEXT moves the optional pointer r on by R9, unless it is nil.
 #define NEXT(r, skip) TESTQ r, r; JZ skip; ADDQ R9, r; skip:
-
-// Loads and stores of sixteen values, whole or under K2, the bytes they
-// span and log2 of a value's bytes: float32 ...
-#define LOAD32(z, addr) VMOVUPS addr, z
-#define MLOAD32(z, addr) VMOVUPS.Z addr, K2, z
-#define STORE32(z, addr) VMOVUPS z, addr
-#define MSTORE32(z, addr) VMOVUPS z, K2, addr
-#define STEP32 64
-#define LOG32 2
-
-// ... and F16, through Y30.
-#define LOAD16(z, addr) VCVTPH2PS addr, z
-#define MLOAD16(z, addr) VMOVDQU16.Z addr, K2, Y30; VCVTPH2PS Y30, z
-#define STORE16(z, addr) VCVTPS2PH $0, z, Y30; VMOVDQU16 Y30, addr
-#define MSTORE16(z, addr) VCVTPS2PH $0, z, Y30; VMOVDQU16 Y30, K2, addr
-#define STEP16 32
-#define LOG16 1
 
 // ADDPLANE adds the sixteen lanes of z, in float64, to the low value of x
 // (Z31 scratch).

@@ -51,6 +51,33 @@ func reluGrad16(dx, dy, y *float32, n int)
 //go:noescape
 func relu16(y, x *float32, n int)
 
+//go:noescape
+func add16(y, a, b *float32, n int)
+
+//go:noescape
+func sub16(y, a, b *float32, n int)
+
+//go:noescape
+func mul16(y, a, b *float32, n int)
+
+//go:noescape
+func div16(y, a, b *float32, n int)
+
+//go:noescape
+func add16h(y, a, b *uint16, n int)
+
+//go:noescape
+func sub16h(y, a, b *uint16, n int)
+
+//go:noescape
+func mul16h(y, a, b *uint16, n int)
+
+//go:noescape
+func div16h(y, a, b *uint16, n int)
+
+//go:noescape
+func reluGrad32h(dx, dy, y *uint16, n int)
+
 // hasAVX512 turns on the AVX-512 passes: the SGD update and the scaler's
 // unscale (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
 // below runs its pass over the leading multiple of 16 values and returns
@@ -169,4 +196,54 @@ func bnApplyPass(dx, dy, y, x channel, a, b, c float32) {
 		return
 	}
 	bnApply16(ptr(dx.f), ptr(dy.f), ptr(y.f), ptr(x.f), dy.planes, dy.ld, dy.hw, a, b, c)
+}
+
+// binaryPasses are the elementwise passes over whole operands: a op b for
+// the four arithmetic ops, float32 or F16 (same dtype throughout), the last
+// few values by masked loads and stores (AVX-512F and BW).
+var binaryPasses = normPasses
+
+// binaryVec computes y = a op b over n values from offsets ya, aa and ba of
+// y, a and b in assembly, returning false (doing nothing) when the CPU lacks
+// the passes or the operands are not all F32 or all F16.
+func binaryVec(op kernels.BinaryOp, y, a, b values, ya, aa, ba, n int) bool {
+	if !binaryPasses || n == 0 {
+		return false
+	}
+	var f32 func(y, a, b *float32, n int)
+	var f16 func(y, a, b *uint16, n int)
+	switch op {
+	case kernels.Add:
+		f32, f16 = add16, add16h
+	case kernels.Sub:
+		f32, f16 = sub16, sub16h
+	case kernels.Mul:
+		f32, f16 = mul16, mul16h
+	case kernels.Div:
+		f32, f16 = div16, div16h
+	default:
+		return false
+	}
+	switch {
+	case y.f32 != nil && a.f32 != nil && b.f32 != nil:
+		f32(ptr(y.f32[ya:ya+n]), ptr(a.f32[aa:aa+n]), ptr(b.f32[ba:ba+n]), n)
+	case y.f16 != nil && a.f16 != nil && b.f16 != nil:
+		f16(ptrH(y.f16[ya:ya+n]), ptrH(a.f16[aa:aa+n]), ptrH(b.f16[ba:ba+n]), n)
+	default:
+		return false
+	}
+	return true
+}
+
+// reluGradHalf writes ReLU's gradient on F16 values in place (see
+// reluGrad32h), returning false when the CPU lacks the pass.
+func reluGradHalf(dx, dy, y []uint16) bool {
+	if !binaryPasses {
+		return false
+	}
+	n := len(dy)
+	if n > 0 {
+		reluGrad32h(ptrH(dx[:n]), ptrH(dy), ptrH(y[:n]), n)
+	}
+	return true
 }
