@@ -19,6 +19,32 @@ tail: \
 done: \
 	VZEROUPPER; RET
 
+// SUMROWS: func(acc *float64, x *T, rows, ld, n int): acc[j] += x[r·ld + j]
+// for each row r in turn and j < n, each value widened to float64 and
+// added in row order (as Go's loop would), sixteen columns at a time; the
+// last n mod 16 columns are loaded masked and added into acc's padding of
+// sixteen past n.
+#define SUMROWS(LOAD, MLOAD, STEP, LOG) \
+	MOVQ acc+0(FP), DI; MOVQ x+8(FP), SI; MOVQ rows+16(FP), R8; MOVQ ld+24(FP), R9; SHLQ $LOG, R9; \
+	MOVQ n+32(FP), CX; TAILMASK; MOVQ CX, R10; \
+	TESTQ R8, R8; JZ done; \
+row: \
+	MOVQ DI, AX; MOVQ SI, BX; MOVQ R10, CX; TESTQ CX, CX; JZ tail; \
+loop: \
+	LOAD(Z0, (BX)); SUMCOLS; ADDQ $STEP, BX; ADDQ $128, AX; DECQ CX; JNZ loop; \
+tail: \
+	KORTESTW K2, K2; JZ next; \
+	MLOAD(Z0, (BX)); SUMCOLS; \
+next: \
+	ADDQ R9, SI; DECQ R8; JNZ row; \
+done: \
+	VZEROUPPER; RET
+
+// SUMCOLS adds Z0's sixteen values, widened, to the sixteen float64 at AX.
+#define SUMCOLS \
+	VCVTPS2PD Y0, Z1; VEXTRACTF32X8 $1, Z0, Y2; VCVTPS2PD Y2, Z2; \
+	VADDPD (AX), Z1, Z1; VADDPD 64(AX), Z2, Z2; VMOVUPD Z1, (AX); VMOVUPD Z2, 64(AX)
+
 // func reluGrad16(dx, dy, y *float32, n int)
 //
 // dx = dy where y > 0, else 0 (a NaN y passes nothing), sixteen values an
@@ -150,3 +176,11 @@ htail:
 hdone:
 	VZEROUPPER
 	RET
+
+// func sumRows16(acc *float64, x *float32, rows, ld, n int)
+TEXT ·sumRows16(SB), NOSPLIT, $0-40
+	SUMROWS(LOAD32, MLOAD32, STEP32, LOG32)
+
+// func sumRows16h(acc *float64, x *uint16, rows, ld, n int)
+TEXT ·sumRows16h(SB), NOSPLIT, $0-40
+	SUMROWS(LOAD16, MLOAD16, STEP16, LOG16)

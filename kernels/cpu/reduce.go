@@ -23,11 +23,11 @@ func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 			// Rows at a time: outputs [o, o+n) of one outer index are
 			// contiguous in every row, so the reduction runs along
 			// memory and its sums do not wait on each other.
-			var acc [chunkLen]float64
+			var acc [chunkLen + 16]float64
 			for o := lo; o < hi; {
 				outer, in := o/r.Inner, o%r.Inner
 				n := min(hi-o, r.Inner-in, chunkLen)
-				reduceRows(op, ys[o:o+n], acc[:n], buf[:n], xv, (outer*r.Len)*r.Inner+in, r.Inner, r.Len)
+				reduceRows(op, ys[o:o+n], acc[:n+16], buf[:n], xv, (outer*r.Len)*r.Inner+in, r.Inner, r.Len)
 				o += n
 			}
 			return
@@ -40,17 +40,21 @@ func (c *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 }
 
 // reduceRows reduces len(y) adjacent columns of rows rows of x, the first at
-// off, row stride ld, into y, with acc and buf as scratch of len(y).
+// off, row stride ld, into y, with buf (len(y)) and acc (len(y)+16: the
+// assembly's padding) as scratch. Sums run in assembly where the CPU has it
+// (sumRowsVec), in the same order as the Go loop.
 func reduceRows(op kernels.ReduceOp, y []float32, acc []float64, buf []float32, x values, off, ld, rows int) {
 	switch op {
 	case kernels.Sum, kernels.Mean:
 		clear(acc)
-		for j := range rows {
-			for i, v := range x.span(off+j*ld, len(y), buf) {
-				acc[i] += float64(v)
+		if !sumRowsVec(acc, x, off, ld, rows) {
+			for j := range rows {
+				for i, v := range x.span(off+j*ld, len(y), buf) {
+					acc[i] += float64(v)
+				}
 			}
 		}
-		for i, v := range acc {
+		for i, v := range acc[:len(y)] {
 			if op == kernels.Mean {
 				v /= float64(rows)
 			}

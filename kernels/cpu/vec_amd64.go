@@ -78,6 +78,12 @@ func div16h(y, a, b *uint16, n int)
 //go:noescape
 func reluGrad32h(dx, dy, y *uint16, n int)
 
+//go:noescape
+func sumRows16(acc *float64, x *float32, rows, ld, n int)
+
+//go:noescape
+func sumRows16h(acc *float64, x *uint16, rows, ld, n int)
+
 // hasAVX512 turns on the AVX-512 passes: the SGD update and the scaler's
 // unscale (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
 // below runs its pass over the leading multiple of 16 values and returns
@@ -244,6 +250,30 @@ func reluGradHalf(dx, dy, y []uint16) bool {
 	n := len(dy)
 	if n > 0 {
 		reluGrad32h(ptrH(dx[:n]), ptrH(dy), ptrH(y[:n]), n)
+	}
+	return true
+}
+
+// sumRowsVec adds, for each of rows rows of x (the first at off, ld apart) in
+// turn, its first len(acc)−16 values to acc, widened to float64, in
+// assembly (acc's last sixteen are padding the tail may write), returning
+// false when the CPU lacks the pass.
+func sumRowsVec(acc []float64, x values, off, ld, rows int) bool {
+	n := len(acc) - 16
+	if !binaryPasses || n <= 0 {
+		return false
+	}
+	if rows == 0 {
+		return true
+	}
+	end := off + (rows-1)*ld + n
+	switch {
+	case x.f32 != nil:
+		sumRows16(&acc[0], ptr(x.f32[off:end]), rows, ld, n)
+	case x.f16 != nil:
+		sumRows16h(&acc[0], ptrH(x.f16[off:end]), rows, ld, n)
+	default:
+		return false
 	}
 	return true
 }
