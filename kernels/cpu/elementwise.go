@@ -85,22 +85,30 @@ const chunkLen = 2048
 func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	f := unaryFunc(op)
-	xv, yv := valuesOf(x), valuesOf(dst)
-	parallel(x.N, elemGrain, func(lo, hi int) {
+	mapChunks(valuesOf(dst), valuesOf(x), x.N, func(y, x []float32) {
+		if op == kernels.ReLU { // the common one, without a call per element
+			n := reluVec(y, x)
+			for i, v := range x[n:] {
+				y[n+i] = max(v, 0)
+			}
+			return
+		}
+		for i, v := range x {
+			y[i] = f(v)
+		}
+	})
+}
+
+// mapChunks runs f(y, x) over n values of x and y a chunk at a time (see
+// chunkLen), over goroutines: in place for F32, through float32 on the stack
+// for F16.
+func mapChunks(yv, xv values, n int, f func(y, x []float32)) {
+	parallel(n, elemGrain, func(lo, hi int) {
 		var xb, yb [chunkLen]float32
 		for at := lo; at < hi; at += chunkLen {
 			k := min(chunkLen, hi-at)
-			x, y := xv.span(at, k, xb[:]), yv.target(at, k, yb[:])
-			if op == kernels.ReLU { // the common one, without a call per element
-				n := reluVec(y, x)
-				for i, v := range x[n:] {
-					y[n+i] = max(v, 0)
-				}
-			} else {
-				for i, v := range x {
-					y[i] = f(v)
-				}
-			}
+			y := yv.target(at, k, yb[:])
+			f(y, xv.span(at, k, xb[:]))
 			yv.commit(at, y)
 		}
 	})
@@ -164,16 +172,9 @@ func reluGrad(d, dy, y []float32) {
 // Affine computes dst = alpha·x + beta.
 func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 	kernels.CheckLen("affine", x.N, dst)
-	xv, yv := valuesOf(x), valuesOf(dst)
-	parallel(x.N, elemGrain, func(lo, hi int) {
-		var xb, yb [chunkLen]float32
-		for at := lo; at < hi; at += chunkLen {
-			k := min(chunkLen, hi-at)
-			x, y := xv.span(at, k, xb[:]), yv.target(at, k, yb[:])
-			for i, v := range x {
-				y[i] = alpha*v + beta
-			}
-			yv.commit(at, y)
+	mapChunks(valuesOf(dst), valuesOf(x), x.N, func(y, x []float32) {
+		for i, v := range x {
+			y[i] = alpha*v + beta
 		}
 	})
 }

@@ -2,6 +2,47 @@
 
 #include "textflag.h"
 
+// ROWMASK sets K1 to the low n mod 16 bits (n in R10; AX and CX scratch)
+// and R10 to n/16: a row's whole vectors of sixteen and its tail.
+#define ROWMASK \
+	MOVQ R10, CX; ANDQ $15, CX; MOVL $1, AX; SHLL CX, AX; DECL AX; KMOVW AX, K1; \
+	SHRQ $4, R10
+
+// Sixteen values loaded into z as float32 or stored from it, whole or under
+// K1 (zeros in the lanes a load leaves out): halves (through Y1) ...
+#define LOADH(z, addr) VCVTPH2PS addr, z
+#define MLOADH(z, addr) VMOVDQU16.Z addr, K1, Y1; VCVTPH2PS Y1, z
+#define STOREH(z, addr) VCVTPS2PH $0, z, Y1; VMOVDQU Y1, addr
+#define MSTOREH(z, addr) VCVTPS2PH $0, z, Y1; VMOVDQU16 Y1, K1, addr
+
+// ... and float32.
+#define LOADF(z, addr) VMOVUPS addr, z
+#define MLOADF(z, addr) VMOVUPS.Z addr, K1, z
+#define STOREF(z, addr) VMOVUPS z, addr
+#define MSTOREF(z, addr) VMOVUPS z, K1, addr
+
+// ROWS: func(dst *D, ldd int, src *S, lds int, rows, n int): dst[r·ldd + j]
+// = src[r·lds + j] converted, for r < rows and j < n (strides in elements),
+// sixteen at a time (AVX-512F and BW), the last n mod 16 of a row by masked
+// loads and stores, so nothing past a row is read or written. Values of S
+// and D take 1<<SLOG and 1<<DLOG bytes.
+#define ROWS(LOAD, MLOAD, STORE, MSTORE, SLOG, DLOG) \
+	MOVQ dst+0(FP), DI; MOVQ ldd+8(FP), R8; SHLQ $DLOG, R8; \
+	MOVQ src+16(FP), SI; MOVQ lds+24(FP), R9; SHLQ $SLOG, R9; \
+	MOVQ rows+32(FP), DX; MOVQ n+40(FP), R10; ROWMASK; \
+	TESTQ DX, DX; JZ done; \
+row: \
+	MOVQ DI, AX; MOVQ SI, BX; MOVQ R10, CX; TESTQ CX, CX; JZ tail; \
+body: \
+	LOAD(Z0, (BX)); STORE(Z0, (AX)); ADDQ $(16<<SLOG), BX; ADDQ $(16<<DLOG), AX; DECQ CX; JNZ body; \
+tail: \
+	KORTESTW K1, K1; JZ next; \
+	MLOAD(Z0, (BX)); MSTORE(Z0, (AX)); \
+next: \
+	ADDQ R8, DI; ADDQ R9, SI; DECQ DX; JNZ row; \
+done: \
+	VZEROUPPER; RET
+
 // func toFloat8(dst *float32, src *uint16, n int)
 //
 // dst[i] = float32(src[i]) for n a multiple of 8: VCVTPH2PS (F16C), exact.
@@ -79,98 +120,12 @@ rdone:
 	VZEROUPPER
 	RET
 
-// ROWMASK sets K1 to the low n mod 16 bits (n in R10; AX and CX scratch)
-// and R10 to n/16: a row's whole vectors of sixteen and its tail.
-#define ROWMASK \
-	MOVQ R10, CX; ANDQ $15, CX; MOVL $1, AX; SHLL CX, AX; DECL AX; KMOVW AX, K1; \
-	SHRQ $4, R10
-
 // func toFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
-//
-// dst[r·ldd + j] = float32(src[r·lds + j]) for r < rows and j < n (strides
-// in elements): sixteen at a time (AVX-512), the last n mod 16 of a row by
-// masked loads and stores, so nothing past a row is read or written.
 TEXT ·toFloatRows16(SB), NOSPLIT, $0-48
-	MOVQ dst+0(FP), DI
-	MOVQ ldd+8(FP), R8
-	SHLQ $2, R8
-	MOVQ src+16(FP), SI
-	MOVQ lds+24(FP), R9
-	SHLQ $1, R9
-	MOVQ rows+32(FP), DX
-	MOVQ n+40(FP), R10
-	ROWMASK
-	TESTQ DX, DX
-	JZ   wdone
-wrow:
-	MOVQ DI, AX
-	MOVQ SI, BX
-	MOVQ R10, CX
-	TESTQ CX, CX
-	JZ   wtail
-wbody:
-	VCVTPH2PS (BX), Z0
-	VMOVUPS   Z0, (AX)
-	ADDQ $32, BX
-	ADDQ $64, AX
-	DECQ CX
-	JNZ  wbody
-wtail:
-	KORTESTW K1, K1
-	JZ   wnext
-	VMOVDQU16.Z (BX), K1, Y0
-	VCVTPH2PS   Y0, Z0
-	VMOVUPS     Z0, K1, (AX)
-wnext:
-	ADDQ R8, DI
-	ADDQ R9, SI
-	DECQ DX
-	JNZ  wrow
-wdone:
-	VZEROUPPER
-	RET
+	ROWS(LOADH, MLOADH, STOREF, MSTOREF, 1, 2)
 
 // func fromFloatRows16(dst *uint16, ldd int, src *float32, lds int, rows, n int)
 //
-// dst[r·ldd + j] = half(src[r·lds + j]), rounding to nearest even, for
-// r < rows and j < n: toFloatRows16's loop the other way.
+// Rounding to nearest even.
 TEXT ·fromFloatRows16(SB), NOSPLIT, $0-48
-	MOVQ dst+0(FP), DI
-	MOVQ ldd+8(FP), R8
-	SHLQ $1, R8
-	MOVQ src+16(FP), SI
-	MOVQ lds+24(FP), R9
-	SHLQ $2, R9
-	MOVQ rows+32(FP), DX
-	MOVQ n+40(FP), R10
-	ROWMASK
-	TESTQ DX, DX
-	JZ   ndone
-nrow:
-	MOVQ DI, AX
-	MOVQ SI, BX
-	MOVQ R10, CX
-	TESTQ CX, CX
-	JZ   ntail
-nbody:
-	VMOVUPS   (BX), Z0
-	VCVTPS2PH $0, Z0, Y1
-	VMOVDQU   Y1, (AX)
-	ADDQ $64, BX
-	ADDQ $32, AX
-	DECQ CX
-	JNZ  nbody
-ntail:
-	KORTESTW K1, K1
-	JZ   nnext
-	VMOVUPS.Z   (BX), K1, Z0
-	VCVTPS2PH   $0, Z0, Y1
-	VMOVDQU16   Y1, K1, (AX)
-nnext:
-	ADDQ R8, DI
-	ADDQ R9, SI
-	DECQ DX
-	JNZ  nrow
-ndone:
-	VZEROUPPER
-	RET
+	ROWS(LOADF, MLOADF, STOREH, MSTOREH, 2, 1)
