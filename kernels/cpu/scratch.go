@@ -176,9 +176,7 @@ func (v values) readRows(dst []float32, ldd, off, n, rows int) {
 		half.ToFloat32Rows(dst, ldd, v.f16[off:off+rows*n], n, rows, n)
 		return
 	}
-	for r := range rows {
-		copy(dst[r*ldd:r*ldd+n], v.f32[off+r*n:off+(r+1)*n])
-	}
+	half.CopyRows(dst, ldd, v.f32[off:off+rows*n], n, rows, n)
 }
 
 // writeRows stores rows rows of n values of src (row stride lds)
@@ -188,9 +186,7 @@ func (v values) writeRows(off, n, rows int, src []float32, lds int) {
 		half.FromFloat32Rows(v.f16[off:off+rows*n], n, src, lds, rows, n)
 		return
 	}
-	for r := range rows {
-		copy(v.f32[off+r*n:off+(r+1)*n], src[r*lds:r*lds+n])
-	}
+	half.CopyRows(v.f32[off:off+rows*n], n, src, lds, rows, n)
 }
 
 // write stores src at off (rounded to F16 for an F16 buffer).

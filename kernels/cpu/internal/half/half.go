@@ -2,7 +2,8 @@
 // as their bits in uint16) and float32 on the CPU: with F16C instructions
 // where the CPU has them, and with a table (to float32) and x448/float16 (to
 // half) elsewhere, bit for bit the same. The CPU backend and sgemm's F16
-// operands both convert through it.
+// operands convert through it. CopyRows copies float32 rows with the loop of
+// the row conversions.
 package half
 
 import (
@@ -79,6 +80,20 @@ func FromFloat32Rows(dst []uint16, ldd int, src []float32, lds int, rows, n int)
 	}
 	for r := range rows {
 		FromFloat32(dst[r*ldd:r*ldd+n], src[r*lds:r*lds+n])
+	}
+}
+
+// CopyRows copies rows rows of n float32 values each, with row strides ldd
+// and lds: dst[r·ldd + j] = src[r·lds + j]. It is the loop of
+// ToFloat32Rows without the conversion, in one assembly call with AVX-512
+// (a convolution's short rows into and out of its padded grid), and copy
+// row by row otherwise.
+func CopyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	if !checkRows(len(dst), ldd, len(src), lds, rows, n) || copyRows(dst, ldd, src, lds, rows, n) {
+		return
+	}
+	for r := range rows {
+		copy(dst[r*ldd:r*ldd+n], src[r*lds:r*lds+n])
 	}
 }
 

@@ -17,6 +17,9 @@ func fromFloat8(dst *uint16, src *float32, n int)
 func toFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
 
 //go:noescape
+func copyRows16(dst *float32, ldd int, src *float32, lds int, rows, n int)
+
+//go:noescape
 func fromFloatRows16(dst *uint16, ldd int, src *float32, lds int, rows, n int)
 
 // HasF16C reports the F16C conversions. x/sys/cpu does not report F16C
@@ -93,4 +96,15 @@ func fromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) i
 	}
 	fromFloatRows16(&dst[0], ldd, &src[0], lds, rows, n)
 	return n
+}
+
+// copyRows copies rows of n float32 with strides ldd and lds in one
+// assembly call with AVX-512 (CopyRows has checked the bounds), returning
+// false without it.
+func copyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+	if !wide {
+		return false
+	}
+	copyRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return true
 }

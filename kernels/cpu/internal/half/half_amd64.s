@@ -129,3 +129,7 @@ TEXT ·toFloatRows16(SB), NOSPLIT, $0-48
 // Rounding to nearest even.
 TEXT ·fromFloatRows16(SB), NOSPLIT, $0-48
 	ROWS(LOADF, MLOADF, STOREH, MSTOREH, 2, 1)
+
+// func copyRows16(dst *float32, ldd int, src *float32, lds int, rows, n int)
+TEXT ·copyRows16(SB), NOSPLIT, $0-48
+	ROWS(LOADF, MLOADF, STOREF, MSTOREF, 2, 2)

@@ -19,3 +19,6 @@ func fromFloat(dst []uint16, src []float32) int { return 0 }
 
 // fromFloatRows converts nothing without amd64 assembly.
 func fromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) int { return 0 }
+
+// copyRows copies nothing without amd64 assembly.
+func copyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }

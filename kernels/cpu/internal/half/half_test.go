@@ -79,8 +79,8 @@ func TestFloatToHalfRounding(t *testing.T) {
 }
 
 // TestRows converts rows of every length from 1 to 40 (whole vectors and
-// tails) with strides wider than the rows, both ways, and leaves the values
-// between rows alone.
+// tails) with strides wider than the rows, both ways, and copies them, and
+// leaves the values between rows alone.
 func TestRows(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	eachPath(t, func(t *testing.T) {
@@ -101,6 +101,13 @@ func TestRows(t *testing.T) {
 				back[i] = 0xbeef
 			}
 			FromFloat32Rows(back, lds, dst, ldd, rows, n)
+			copied := make([]float32, len(dst))
+			CopyRows(copied, ldd, dst, ldd, rows, n)
+			for i, v := range copied {
+				if want := dst[i]; i%ldd < n && !same(v, want) || i%ldd >= n && v != 0 {
+					t.Fatalf("n %d: CopyRows: copied[%d] = %v, want %v", n, i, v, want)
+				}
+			}
 			for i, v := range dst {
 				r, j := i/ldd, i%ldd
 				want := float32(-7)
