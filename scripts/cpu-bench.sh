@@ -5,7 +5,8 @@
 # runs 2 threads). CORES picks them (default: the two highest-numbered CPUs on distinct physical
 # cores, away from CPU 0, which the system uses most; lscpu's topology is saved beside the logs).
 #   1. bench -device cpu: SGEMM GFLOP/s and the FMA peak, ResNet-20 (batch 32) and the MLP
-#      (batch 128), fp32 and AMP, beside PyTorch CPU;
+#      (batch 128), fp32 and AMP, beside PyTorch CPU (with PYTORCH_AMP=0: fp32 beside PyTorch
+#      AGAIN more times, AMP against fp32 in one process with each operation's time);
 #   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's
 #      when it is there.
 # COMMIT names the commit the binaries were built from; PYTORCH_AMP=0 skips PyTorch's float16
@@ -37,6 +38,14 @@ if [ "${PYTORCH_AMP:-1}" = 0 ]; then
     -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -profile -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
   echo "bench pair exit: $?"
   grep -E '^(leangrad|profile:) ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
+  # fp32 beside PyTorch again (AGAIN more times, default 2): one run's ratio
+  # moves with the machine's load, which the runs above show.
+  for i in $(seq 2 $((${AGAIN:-2} + 1))); do
+    timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-fp32-$i" -specs "resnet20:32 mlp:128" \
+      -configs fp32 -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-fp32-$i.log" 2>&1
+    echo "bench fp32 run $i exit: $?"
+    grep -E '^(leangrad|pytorch) |SGEMM 1024.*1 thread' "$w/bench-fp32-$i.log" | sed "s/^/fp32 run $i: /" >> "$w/bench.log"
+  done
 else
   timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
     -configs fp32,amp -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
