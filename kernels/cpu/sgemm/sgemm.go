@@ -177,7 +177,9 @@ func (mu *Multiplier) WindowLen(n int) int { return ceil(n, mu.k.nr) * mu.k.nr }
 const (
 	dotM, dotN = 4, 6
 	dotLanes   = 16
-	dotChunk   = 2048 // the stretch of k one pass over the tiles covers: rows of A stay in L2
+	// dotChunk is the stretch of k one pass over the tiles covers: a tile's
+	// dotM rows of A (16 KiB) stay in L1 while it runs along B's rows.
+	dotChunk = 1024
 )
 
 // GemmRows computes C = A·Bᵀ + beta·C, beta 0 or 1, for A (m×k) and B
@@ -220,7 +222,10 @@ func (mu *Multiplier) goroutines(m, n, k, parts int) int {
 // the others on par's workers.
 func fanOut(threads int, run func(t int)) { par.Do(threads, run) }
 
-// dotTiles computes columns [j0, j1) of GemmRows' C.
+// dotTiles computes columns [j0, j1) of GemmRows' C: for each stretch of k,
+// each group of dotM rows of A against every group of dotN rows of B in
+// turn, so that the rows of A are read from L1 (a convolution's filter
+// gradient: A is dy, B the image under each tap).
 func (mu *Multiplier) dotTiles(m, n, k int, a, b Rows, add bool, c []float32, ldc, j0, j1 int) {
 	var ao [dotM]int
 	var bo [dotN]int
@@ -229,13 +234,13 @@ func (mu *Multiplier) dotTiles(m, n, k int, a, b Rows, add bool, c []float32, ld
 	for p0 := 0; p0 < body; p0 += dotChunk {
 		steps := min(dotChunk, body-p0) / dotLanes
 		acc := add || p0 > 0
-		for j := j0; j < j1; j += dotN {
-			for jj := range bo {
-				bo[jj] = b.Offsets[min(j+jj, j1-1)] + p0 // rows past the end repeat the last
+		for i := 0; i < m; i += dotM {
+			for ii := range ao {
+				ao[ii] = a.Offsets[min(i+ii, m-1)] + p0 // rows past the end repeat the last
 			}
-			for i := 0; i < m; i += dotM {
-				for ii := range ao {
-					ao[ii] = a.Offsets[min(i+ii, m-1)] + p0
+			for j := j0; j < j1; j += dotN {
+				for jj := range bo {
+					bo[jj] = b.Offsets[min(j+jj, j1-1)] + p0
 				}
 				mu.k.dot(steps, &a.Data[0], &ao, &b.Data[0], &bo, &tile)
 				for ii := 0; ii < min(dotM, m-i); ii++ {
