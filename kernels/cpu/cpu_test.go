@@ -893,6 +893,48 @@ func TestAffineReLUPassesNaN(t *testing.T) {
 	}
 }
 
+// BenchmarkConvResNet20 reports GFLOP/s of ResNet-20's convolutions at
+// batch 32 (stride 1 at each stage's width, the first layer's one input
+// channel, the strided 3×3 and 1×1 ones), forward, data and filter
+// gradient, in F32.
+func BenchmarkConvResNet20(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	t := &testing.T{}
+	for _, p := range []kernels.ConvParams{
+		{N: 32, C: 16, H: 28, W: 28, K: 16, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 32, C: 32, H: 14, W: 14, K: 32, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 32, C: 64, H: 7, W: 7, K: 64, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 32, C: 1, H: 28, W: 28, K: 16, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		{N: 32, C: 16, H: 28, W: 28, K: 32, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+		{N: 32, C: 32, H: 14, W: 14, K: 64, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
+		{N: 32, C: 16, H: 28, W: 28, K: 32, R: 1, S: 1, StrideH: 2, StrideW: 2},
+	} {
+		x, _ := randBuf(t, rng, p.N*p.C*p.H*p.W)
+		w, _ := randBuf(t, rng, p.K*p.C*p.R*p.S)
+		dy, _ := randBuf(t, rng, p.N*p.K*p.OutH()*p.OutW())
+		y, dx, dw := buf(t, kernels.F32, dy.N), buf(t, kernels.F32, x.N), buf(t, kernels.F32, w.N)
+		flops := float64(2 * p.N * p.K * p.C * p.R * p.S * p.OutH() * p.OutW())
+		for _, c := range []struct {
+			name string
+			run  func()
+		}{
+			{"forward", func() { be.Conv2d(p, x, w, y) }},
+			{"data", func() { be.Conv2dBackwardData(p, dy, w, dx) }},
+			{"filter", func() { be.Conv2dBackwardFilter(p, x, dy, dw) }},
+		} {
+			if p.C == 1 && c.name == "data" {
+				continue // the first layer's input needs no gradient
+			}
+			b.Run(fmt.Sprintf("%dx%dx%d-%d/k=%d/stride=%d/%s", p.C, p.H, p.W, p.R, p.K, p.StrideH, c.name), func(b *testing.B) {
+				for b.Loop() {
+					c.run()
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
+
 // BenchmarkBatchNormF16 times a fused batch norm's forward and backward
 // (residual, ReLU) on F16 activations of ResNet-20's first and last stages
 // at batch 32, with the half passes and with the planes converted first,
