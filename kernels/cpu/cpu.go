@@ -1,12 +1,14 @@
-// Package cpu is leangrad's CPU backend: plain Go loops over goroutines for
-// elementwise work and normalisation, and the sgemm package (AVX-512 or
-// AVX2 assembly microkernels, a Go kernel elsewhere) for matrix products and
-// convolutions, whose image patches are packed straight into sgemm's panels
-// or, for stride 1, read in place from a padded grid (conv.go). F16 data is
-// stored as IEEE half and computed in float32 (converted with F16C where the
-// CPU has it), exactly as AMP needs. It is also the reference the CUDA
-// backend is tested against; the CPU backend itself is tested against plain
-// float64 loops (cpu_test.go), on every sgemm kernel the CPU runs.
+// Package cpu is leangrad's CPU backend: AVX-512 passes (Go loops on other
+// CPUs) over goroutines for elementwise work, reductions and normalisation,
+// and the sgemm package (AVX-512 or AVX2 assembly microkernels, a Go kernel
+// elsewhere) for matrix products and convolutions, whose image patches are
+// packed straight into sgemm's panels or, for stride 1 and strided
+// forwards, read in place from a padded grid (conv.go). F16 data is stored
+// as IEEE half and computed in float32, converted as it is loaded and
+// stored (package half: AVX-512 or F16C where the CPU has them), exactly as
+// AMP needs. It is also the reference the CUDA backend is tested against;
+// the CPU backend itself is tested against plain float64 loops
+// (cpu_test.go), on every sgemm kernel the CPU runs.
 //
 // Operations run synchronously on the calling goroutine, fanning out over
 // GOMAXPROCS cores when the work is large enough, to workers that stay
@@ -141,8 +143,9 @@ func in(b kernels.Buf) []float32 {
 }
 
 // convertGrain is the fewest values a goroutine converts between F16 and
-// float32: the conversions run at memory speed, and waking a second core
-// costs more than it saves below this.
+// float32 (128 KiB of float32): below it, handing a part to a second core
+// costs more than the conversion it saves. AMP's casts of an MLP's weights
+// (200K values a step) split over the cores.
 const convertGrain = 1 << 15
 
 // halfInto converts F16 values into float32, over goroutines when there are

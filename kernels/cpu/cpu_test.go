@@ -872,13 +872,13 @@ func TestReLUGradF16EveryPattern(t *testing.T) {
 // tail) and in the Go loop, as PyTorch does, so a diverging step stays
 // visible.
 func TestAffineReLUPassesNaN(t *testing.T) {
-	on := normPasses
-	defer func() { normPasses = on }()
+	on := maskedPasses
+	defer func() { maskedPasses = on }()
 	for _, asm := range []bool{true, false} {
 		if asm && !on {
 			continue
 		}
-		normPasses = asm
+		maskedPasses = asm
 		x := make([]float32, 37)
 		for i := range x {
 			x[i] = -1

@@ -7,7 +7,7 @@ import (
 )
 
 // Batch norm runs a channel at a time: N planes of HW values, C·HW apart in
-// an N×C×HW array. With AVX-512 (normPasses) each pass over a channel is one
+// an N×C×HW array. With AVX-512 (maskedPasses) each pass over a channel is one
 // assembly call (norm_amd64.s) over float32 planes in place or, on the half
 // path, F16 planes in place; otherwise Go loops run a plane at a time over
 // float32 planes, F16 ones converted into scratch first.
@@ -83,7 +83,7 @@ func (c channel) plane(n int) []float32 {
 // the CPU has them, and the channels given share one layout (a mix of F32
 // in place and F16 converted does not).
 func assembly(cs ...channel) bool {
-	if !normPasses {
+	if !maskedPasses {
 		return false
 	}
 	ld := -1

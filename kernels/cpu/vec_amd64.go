@@ -90,15 +90,16 @@ func sumRows16h(acc *float64, x *uint16, rows, ld, n int)
 // how many it took; the caller's Go loop does the rest.
 var hasAVX512 = cpu.X86.HasAVX512F
 
-// normPasses turns on batch norm's passes in assembly (norm_amd64.s): one
-// call a channel, every value of its planes, the last few of a plane by
-// masked loads and stores (AVX-512F and BW).
-var normPasses = hasAVX512 && cpu.X86.HasAVX512BW
+// maskedPasses turns on the passes that take every value, the last few by
+// masked loads and stores (AVX-512F and BW): batch norm's (norm_amd64.s:
+// one call a channel, over all its planes), the elementwise arithmetic, the
+// column sums and ReLU's gradient on F16 bits (elementwise_amd64.s).
+var maskedPasses = hasAVX512 && cpu.X86.HasAVX512BW
 
 // halfPasses turns on batch norm's passes over F16 planes in place (AMP's
 // activations, loaded with VCVTPH2PS and stored with VCVTPS2PH) instead of
 // over float32 copies of them (norm.go). Tests turn it off to compare.
-var halfPasses = normPasses
+var halfPasses = maskedPasses
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
 // multiple of 16, or none without AVX-512.
@@ -204,16 +205,11 @@ func bnApplyPass(dx, dy, y, x channel, a, b, c float32) {
 	bnApply16(ptr(dx.f), ptr(dy.f), ptr(y.f), ptr(x.f), dy.planes, dy.ld, dy.hw, a, b, c)
 }
 
-// binaryPasses are the elementwise passes over whole operands: a op b for
-// the four arithmetic ops, float32 or F16 (same dtype throughout), the last
-// few values by masked loads and stores (AVX-512F and BW).
-var binaryPasses = normPasses
-
 // binaryVec computes y = a op b over n values from offsets ya, aa and ba of
 // y, a and b in assembly, returning false (doing nothing) when the CPU lacks
 // the passes or the operands are not all F32 or all F16.
 func binaryVec(op kernels.BinaryOp, y, a, b values, ya, aa, ba, n int) bool {
-	if !binaryPasses || n == 0 {
+	if !maskedPasses || n == 0 {
 		return false
 	}
 	var f32 func(y, a, b *float32, n int)
@@ -244,7 +240,7 @@ func binaryVec(op kernels.BinaryOp, y, a, b values, ya, aa, ba, n int) bool {
 // reluGradHalf writes ReLU's gradient on F16 values in place (see
 // reluGrad32h), returning false when the CPU lacks the pass.
 func reluGradHalf(dx, dy, y []uint16) bool {
-	if !binaryPasses {
+	if !maskedPasses {
 		return false
 	}
 	n := len(dy)
@@ -260,7 +256,7 @@ func reluGradHalf(dx, dy, y []uint16) bool {
 // false when the CPU lacks the pass.
 func sumRowsVec(acc []float64, x values, off, ld, rows int) bool {
 	n := len(acc) - 16
-	if !binaryPasses || n <= 0 {
+	if !maskedPasses || n <= 0 {
 		return false
 	}
 	if rows == 0 {

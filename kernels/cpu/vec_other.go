@@ -13,9 +13,9 @@ func reluGradVec(dx, dy, y []float32) int { return 0 }
 
 func unscaleVec(g []float32, inv float32) (int, bool) { return 0, false }
 
-// normPasses and halfPasses are off: batch norm runs its Go loops over
+// maskedPasses and halfPasses are off: batch norm runs its Go loops over
 // float32 planes (F16 ones converted first), and never calls the passes.
-var normPasses, halfPasses = false, false
+var maskedPasses, halfPasses = false, false
 
 func sumPass(x channel) float64                                               { panic(noPasses) }
 func sumSqDevPass(x channel, mean float32) float64                            { panic(noPasses) }
@@ -26,8 +26,6 @@ func bnApplyPass(dx, dy, y, x channel, a, b, c float32)                       { 
 const noPasses = "cpu: batch norm's passes without amd64 assembly"
 
 func reluVec(y, x []float32) int { return 0 }
-
-var binaryPasses = false
 
 func binaryVec(op kernels.BinaryOp, y, a, b values, ya, aa, ba, n int) bool { return false }
 
