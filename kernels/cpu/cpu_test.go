@@ -254,8 +254,9 @@ func TestConv(t *testing.T) {
 }
 
 // TestConvF16 runs F16 convolutions (AMP) forward and backward, stride 1
-// (converted on the way into and out of the grid) and stride 2 (converted
-// whole), against the float64 references of the F32 inputs.
+// (converted on the way into and out of the grid) and stride 2 (the forward
+// dealt into the phases' grid, the gradients converted whole), against the
+// float64 references of the F32 inputs.
 func TestConvF16(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 1))
 	for _, p := range []kernels.ConvParams{
