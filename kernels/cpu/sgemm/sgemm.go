@@ -343,8 +343,12 @@ func scaleC(c []float32, i0, i1, j0, j1, ldc int, beta float32) {
 	}
 }
 
-// buffers are one goroutine's packed panels.
-type buffers struct{ a, b []float32 }
+// buffers are one goroutine's packed panels, and the tile an edge of C is
+// computed in whole.
+type buffers struct {
+	a, b []float32
+	edge [8 * 48]float32
+}
 
 var bufferPool = sync.Pool{New: func() any { return new(buffers) }}
 
@@ -368,7 +372,6 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 	if sh == nil {
 		buf.b = grow(buf.b, ceil(min(blockN, j1-j0), nr)*nr*min(blockK, k))
 	}
-	var edge [8 * 48]float32 // an edge tile, computed whole and added in part
 	for jc := j0; jc < j1; jc += blockN {
 		nc := min(blockN, j1-jc)
 		for pc := 0; pc < k; pc += blockK {
@@ -400,7 +403,7 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 						ap := &buf.a[ir*kc]
 						h := min(mr, mc-ir)
 						ci := (ic+ir)*ldc + jc + jr
-						tile(kern, kc, ap, bp, offs, c[ci:], ldc, acc, h, w, &edge)
+						tile(kern, kc, ap, bp, offs, c[ci:], ldc, acc, h, w, &buf.edge)
 						if last {
 							done(ic+ir, ic+ir+h, jc+jr, jc+jr+w)
 						}
