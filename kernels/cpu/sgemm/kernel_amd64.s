@@ -106,6 +106,63 @@ put: \
 	VPERMILPS $0x4E, z, tmp; VADDPS tmp, z, z \
 	VPERMILPS $0xB1, z, tmp; VADDPS tmp, z, z
 
+// ROWS8 points AX, BX, DX, SI, R8-R11 at the eight rows src+at[i]·size
+// (src in R13, at in CX), for elements of size bytes.
+#define ROWS8(size) \
+	MOVQ (CX), AX; LEAQ (R13)(AX*size), AX; \
+	MOVQ 8(CX), BX; LEAQ (R13)(BX*size), BX; \
+	MOVQ 16(CX), DX; LEAQ (R13)(DX*size), DX; \
+	MOVQ 24(CX), SI; LEAQ (R13)(SI*size), SI; \
+	MOVQ 32(CX), R8; LEAQ (R13)(R8*size), R8; \
+	MOVQ 40(CX), R9; LEAQ (R13)(R9*size), R9; \
+	MOVQ 48(CX), R10; LEAQ (R13)(R10*size), R10; \
+	MOVQ 56(CX), R11; LEAQ (R13)(R11*size), R11
+
+// NEXT8 moves the eight row pointers on by bytes.
+#define NEXT8(bytes) \
+	ADDQ $bytes, AX; ADDQ $bytes, BX; ADDQ $bytes, DX; ADDQ $bytes, SI; \
+	ADDQ $bytes, R8; ADDQ $bytes, R9; ADDQ $bytes, R10; ADDQ $bytes, R11
+
+// TRANSPOSE_STORE8 transposes the 8×8 block of rows Y0-Y7 (unpack,
+// shuffle, then swap 128-bit halves; Y8-Y15 scratch) and stores its
+// columns at DI, DI+R12, ..., leaving DI eight rows on.
+#define TRANSPOSE_STORE8 \
+	VUNPCKLPS Y1, Y0, Y8; VUNPCKHPS Y1, Y0, Y9; \
+	VUNPCKLPS Y3, Y2, Y10; VUNPCKHPS Y3, Y2, Y11; \
+	VUNPCKLPS Y5, Y4, Y12; VUNPCKHPS Y5, Y4, Y13; \
+	VUNPCKLPS Y7, Y6, Y14; VUNPCKHPS Y7, Y6, Y15; \
+	VSHUFPS $0x44, Y10, Y8, Y0; VSHUFPS $0xEE, Y10, Y8, Y1; \
+	VSHUFPS $0x44, Y11, Y9, Y2; VSHUFPS $0xEE, Y11, Y9, Y3; \
+	VSHUFPS $0x44, Y14, Y12, Y4; VSHUFPS $0xEE, Y14, Y12, Y5; \
+	VSHUFPS $0x44, Y15, Y13, Y6; VSHUFPS $0xEE, Y15, Y13, Y7; \
+	VPERM2F128 $0x20, Y4, Y0, Y8; VPERM2F128 $0x20, Y5, Y1, Y9; \
+	VPERM2F128 $0x20, Y6, Y2, Y10; VPERM2F128 $0x20, Y7, Y3, Y11; \
+	VPERM2F128 $0x31, Y4, Y0, Y12; VPERM2F128 $0x31, Y5, Y1, Y13; \
+	VPERM2F128 $0x31, Y6, Y2, Y14; VPERM2F128 $0x31, Y7, Y3, Y15; \
+	VMOVUPS Y8, (DI); ADDQ R12, DI; VMOVUPS Y9, (DI); ADDQ R12, DI; \
+	VMOVUPS Y10, (DI); ADDQ R12, DI; VMOVUPS Y11, (DI); ADDQ R12, DI; \
+	VMOVUPS Y12, (DI); ADDQ R12, DI; VMOVUPS Y13, (DI); ADDQ R12, DI; \
+	VMOVUPS Y14, (DI); ADDQ R12, DI; VMOVUPS Y15, (DI); ADDQ R12, DI
+
+// TRANSPOSE8(LOAD, SIZE, STEP): func(dst *float32, ldd int, src *T,
+// at *[8]int, n int): dst[p·ldd + i] = src[at[i] + p] for i < 8 and p < n,
+// n a multiple of 8, for values of T (SIZE bytes; eight of them STEP)
+// loaded as float32 by LOAD: eight rows written across eight lanes of a
+// panel, an 8×8 block at a time.
+#define TRANSPOSE8(LOAD, SIZE, STEP) \
+	MOVQ dst+0(FP), DI; MOVQ ldd+8(FP), R12; SHLQ $2, R12; \
+	MOVQ src+16(FP), R13; MOVQ at+24(FP), CX; ROWS8(SIZE); \
+	MOVQ n+32(FP), CX; SHRQ $3, CX; JZ done; \
+loop: \
+	LOAD((AX), Y0); LOAD((BX), Y1); LOAD((DX), Y2); LOAD((SI), Y3); \
+	LOAD((R8), Y4); LOAD((R9), Y5); LOAD((R10), Y6); LOAD((R11), Y7); \
+	TRANSPOSE_STORE8; NEXT8(STEP); DECQ CX; JNZ loop; \
+done: \
+	VZEROUPPER; RET
+
+#define LOADF(addr, y) VMOVUPS addr, y
+#define LOADH(addr, y) VCVTPH2PS addr, y
+
 // func kernel8x48(kc int, a, b, c *float32, ldc int, add bool)
 //
 // C[i·ldc+j] (+)= Σₚ a[p·8+i]·b[p·48+j] for i < 8, j < 48 (adding to C when
@@ -325,102 +382,13 @@ reduce:
 	VZEROUPPER
 	RET
 
-// ROWS8 points AX, BX, DX, SI, R8-R11 at the eight rows src+at[i]·size
-// (src in R13, at in CX), for elements of size bytes.
-#define ROWS8(size) \
-	MOVQ (CX), AX; LEAQ (R13)(AX*size), AX; \
-	MOVQ 8(CX), BX; LEAQ (R13)(BX*size), BX; \
-	MOVQ 16(CX), DX; LEAQ (R13)(DX*size), DX; \
-	MOVQ 24(CX), SI; LEAQ (R13)(SI*size), SI; \
-	MOVQ 32(CX), R8; LEAQ (R13)(R8*size), R8; \
-	MOVQ 40(CX), R9; LEAQ (R13)(R9*size), R9; \
-	MOVQ 48(CX), R10; LEAQ (R13)(R10*size), R10; \
-	MOVQ 56(CX), R11; LEAQ (R13)(R11*size), R11
-
-// NEXT8 moves the eight row pointers on by bytes.
-#define NEXT8(bytes) \
-	ADDQ $bytes, AX; ADDQ $bytes, BX; ADDQ $bytes, DX; ADDQ $bytes, SI; \
-	ADDQ $bytes, R8; ADDQ $bytes, R9; ADDQ $bytes, R10; ADDQ $bytes, R11
-
-// TRANSPOSE_STORE8 transposes the 8×8 block of rows Y0-Y7 (unpack,
-// shuffle, then swap 128-bit halves; Y8-Y15 scratch) and stores its
-// columns at DI, DI+R12, ..., leaving DI eight rows on.
-#define TRANSPOSE_STORE8 \
-	VUNPCKLPS Y1, Y0, Y8; VUNPCKHPS Y1, Y0, Y9; \
-	VUNPCKLPS Y3, Y2, Y10; VUNPCKHPS Y3, Y2, Y11; \
-	VUNPCKLPS Y5, Y4, Y12; VUNPCKHPS Y5, Y4, Y13; \
-	VUNPCKLPS Y7, Y6, Y14; VUNPCKHPS Y7, Y6, Y15; \
-	VSHUFPS $0x44, Y10, Y8, Y0; VSHUFPS $0xEE, Y10, Y8, Y1; \
-	VSHUFPS $0x44, Y11, Y9, Y2; VSHUFPS $0xEE, Y11, Y9, Y3; \
-	VSHUFPS $0x44, Y14, Y12, Y4; VSHUFPS $0xEE, Y14, Y12, Y5; \
-	VSHUFPS $0x44, Y15, Y13, Y6; VSHUFPS $0xEE, Y15, Y13, Y7; \
-	VPERM2F128 $0x20, Y4, Y0, Y8; VPERM2F128 $0x20, Y5, Y1, Y9; \
-	VPERM2F128 $0x20, Y6, Y2, Y10; VPERM2F128 $0x20, Y7, Y3, Y11; \
-	VPERM2F128 $0x31, Y4, Y0, Y12; VPERM2F128 $0x31, Y5, Y1, Y13; \
-	VPERM2F128 $0x31, Y6, Y2, Y14; VPERM2F128 $0x31, Y7, Y3, Y15; \
-	VMOVUPS Y8, (DI); ADDQ R12, DI; VMOVUPS Y9, (DI); ADDQ R12, DI; \
-	VMOVUPS Y10, (DI); ADDQ R12, DI; VMOVUPS Y11, (DI); ADDQ R12, DI; \
-	VMOVUPS Y12, (DI); ADDQ R12, DI; VMOVUPS Y13, (DI); ADDQ R12, DI; \
-	VMOVUPS Y14, (DI); ADDQ R12, DI; VMOVUPS Y15, (DI); ADDQ R12, DI
-
 // func transpose8x8(dst *float32, ldd int, src *float32, at *[8]int, n int)
-//
-// dst[p·ldd + i] = src[at[i] + p] for i < 8 and p < n, n a multiple of 8:
-// eight rows written across eight lanes of a panel, an 8×8 block at a time.
 TEXT ·transpose8x8(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ ldd+8(FP), R12
-	SHLQ $2, R12
-	MOVQ src+16(FP), R13
-	MOVQ at+24(FP), CX
-	ROWS8(4)
-	MOVQ n+32(FP), CX
-	SHRQ $3, CX
-	JZ   tdone
-tloop:
-	VMOVUPS (AX), Y0
-	VMOVUPS (BX), Y1
-	VMOVUPS (DX), Y2
-	VMOVUPS (SI), Y3
-	VMOVUPS (R8), Y4
-	VMOVUPS (R9), Y5
-	VMOVUPS (R10), Y6
-	VMOVUPS (R11), Y7
-	TRANSPOSE_STORE8
-	NEXT8(32)
-	DECQ CX
-	JNZ  tloop
-tdone:
-	VZEROUPPER
-	RET
+	TRANSPOSE8(LOADF, 4, 32)
 
 // func transpose8x8h(dst *float32, ldd int, src *uint16, at *[8]int, n int)
 //
 // transpose8x8 from rows of IEEE halves, converted as they are loaded
-// (VCVTPH2PS, F16C, exact): dst[p·ldd + i] = float32(src[at[i] + p]).
+// (VCVTPH2PS, F16C, exact).
 TEXT ·transpose8x8h(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ ldd+8(FP), R12
-	SHLQ $2, R12
-	MOVQ src+16(FP), R13
-	MOVQ at+24(FP), CX
-	ROWS8(2)
-	MOVQ n+32(FP), CX
-	SHRQ $3, CX
-	JZ   hdone
-hloop:
-	VCVTPH2PS (AX), Y0
-	VCVTPH2PS (BX), Y1
-	VCVTPH2PS (DX), Y2
-	VCVTPH2PS (SI), Y3
-	VCVTPH2PS (R8), Y4
-	VCVTPH2PS (R9), Y5
-	VCVTPH2PS (R10), Y6
-	VCVTPH2PS (R11), Y7
-	TRANSPOSE_STORE8
-	NEXT8(16)
-	DECQ CX
-	JNZ  hloop
-hdone:
-	VZEROUPPER
-	RET
+	TRANSPOSE8(LOADH, 2, 16)
