@@ -803,6 +803,15 @@ func TestOptimizers(t *testing.T) {
 			t.Errorf("%d finite gradients: found %v, g[0] %v, g[%d] %v (want 0, 1.5, 1.5)", n, f32s(found)[0], f32s(g)[0], n-1, f32s(g)[n-1])
 		}
 	}
+	// A gradient split over the cores: a bad value in the last part.
+	big := buf(t, kernels.F32, 3*elemGrain+5)
+	be.Fill(big, 1)
+	f32s(big)[big.N-2] = float32(math.NaN())
+	be.Fill(found, 0)
+	be.UnscaleCheck([]kernels.Buf{big}, scalar(4), found)
+	if f32s(found)[0] != 1 || f32s(big)[0] != 0.25 || f32s(big)[big.N-1] != 0.25 {
+		t.Errorf("NaN in the last part of %d gradients: found %v, g[0] %v, g[last] %v (want 1, 0.25, 0.25)", big.N, f32s(found)[0], f32s(big)[0], f32s(big)[big.N-1])
+	}
 }
 
 func TestAccumulateMetrics(t *testing.T) {

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/leangrad/leangrad/kernels"
 )
@@ -130,32 +131,41 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 func (c *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	kernels.CheckLen("unscale", 1, scale, found)
 	kernels.CheckScalar("unscale", scale, found)
-	f := f32s(found)
 	inv := 1 / f32s(scale)[0]
+	var bad atomic.Bool
 	for _, gb := range grads {
 		g := f32s(gb)
-		i, bad := unscaleVec(g, inv)
-		if bad {
-			f[0] = 1
-		}
-		// v·0 is 0 for every finite v and NaN for ±Inf and NaN: one
-		// multiply-and-accumulate an element, no branch, no conversion,
-		// into four sums so that the additions do not wait on each other.
-		var p0, p1, p2, p3 float32
-		for ; i+4 <= len(g); i += 4 {
-			v := g[i : i+4 : i+4]
-			v0, v1, v2, v3 := v[0]*inv, v[1]*inv, v[2]*inv, v[3]*inv
-			v[0], v[1], v[2], v[3] = v0, v1, v2, v3
-			p0, p1, p2, p3 = p0+v0*0, p1+v1*0, p2+v2*0, p3+v3*0
-		}
-		for ; i < len(g); i++ {
-			g[i] *= inv
-			p0 += g[i] * 0
-		}
-		if poison := p0 + p1 + p2 + p3; poison != poison { // NaN
-			f[0] = 1
-		}
+		parallel(len(g), elemGrain, func(lo, hi int) {
+			if unscale(g[lo:hi], inv) {
+				bad.Store(true)
+			}
+		})
 	}
+	if bad.Load() {
+		f32s(found)[0] = 1
+	}
+}
+
+// unscale multiplies g by inv in place, reporting whether any product is
+// infinite or NaN.
+func unscale(g []float32, inv float32) bool {
+	i, bad := unscaleVec(g, inv)
+	// v·0 is 0 for every finite v and NaN for ±Inf and NaN: one
+	// multiply-and-accumulate an element, no branch, no conversion, into
+	// four sums so that the additions do not wait on each other.
+	var p0, p1, p2, p3 float32
+	for ; i+4 <= len(g); i += 4 {
+		v := g[i : i+4 : i+4]
+		v0, v1, v2, v3 := v[0]*inv, v[1]*inv, v[2]*inv, v[3]*inv
+		v[0], v[1], v[2], v[3] = v0, v1, v2, v3
+		p0, p1, p2, p3 = p0+v0*0, p1+v1*0, p2+v2*0, p3+v3*0
+	}
+	for ; i < len(g); i++ {
+		g[i] *= inv
+		p0 += g[i] * 0
+	}
+	poison := p0 + p1 + p2 + p3
+	return bad || poison != poison // NaN
 }
 
 // UpdateScale is torch's _amp_update_scale_.
