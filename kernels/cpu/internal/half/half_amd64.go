@@ -5,9 +5,6 @@ package half
 import "golang.org/x/sys/cpu"
 
 //go:noescape
-func toFloat8(dst *float32, src *uint16, n int)
-
-//go:noescape
 func toFloatRows8(dst *float32, ldd int, src *uint16, lds int, rows, n int)
 
 //go:noescape

@@ -43,26 +43,6 @@ next: \
 done: \
 	VZEROUPPER; RET
 
-// func toFloat8(dst *float32, src *uint16, n int)
-//
-// dst[i] = float32(src[i]) for n a multiple of 8: VCVTPH2PS (F16C), exact.
-TEXT ·toFloat8(SB), NOSPLIT, $0-24
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	SHRQ $3, CX
-	JZ   done1
-loop1:
-	VCVTPH2PS (SI), Y0
-	VMOVUPS   Y0, (DI)
-	ADDQ $16, SI
-	ADDQ $32, DI
-	DECQ CX
-	JNZ  loop1
-done1:
-	VZEROUPPER
-	RET
-
 // func fromFloat8(dst *uint16, src *float32, n int)
 //
 // dst[i] = half(src[i]) for n a multiple of 8: VCVTPS2PH (F16C) rounding to
