@@ -68,14 +68,6 @@ func view(b kernels.Buf) (x []float32, done func()) {
 	return x, func() { putScratch(x) }
 }
 
-// optView is view(b) for an optional buffer: nil when it is not given.
-func optView(b kernels.Buf) ([]float32, func()) {
-	if !b.Valid() {
-		return nil, func() {}
-	}
-	return view(b)
-}
-
 // values are a buffer's elements as float32 for a pass that copies them
 // anyway (into a convolution's grid, out of its product): F32 ones read and
 // written in place, F16 ones converted on the way, with no converted copy of
