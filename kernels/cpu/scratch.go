@@ -68,10 +68,11 @@ func view(b kernels.Buf) (x []float32, done func()) {
 	return x, func() { putScratch(x) }
 }
 
-// values are a buffer's elements as float32 for a pass that copies them
-// anyway (into a convolution's grid, out of its product): F32 ones read and
-// written in place, F16 ones converted on the way, with no converted copy of
-// the whole buffer.
+// values are a buffer's elements as float32 for a pass that reads or
+// writes them a stretch at a time (elementwise operations and reductions a
+// chunk at a time, batch norm a channel, convolutions' grids a row): F32 ones
+// read and written in place, F16 ones converted on the way, with no
+// converted copy of the whole buffer.
 type values struct {
 	f32 []float32
 	f16 []uint16
