@@ -9,9 +9,11 @@
 package benchmarks
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/leangrad/leangrad/dist"
@@ -297,4 +299,65 @@ func Relate(rs []Result) {
 			rs[i].OverheadFP32 = r.MedianMS/b.MedianMS - 1
 		}
 	}
+}
+
+// MedianRounds merges rounds of results, each round every engine timing
+// the same specs: for each engine, model, batch and configuration, the
+// result of the round with the median step time (the lower of the two
+// middle ones for an even count), in the first round's order. With more
+// than one round it also returns a note for each leangrad result that
+// PyTorch eager ran beside: leangrad's speed over PyTorch's round by round,
+// with which engine ran first (leangrad in even rounds), and their median.
+func MedianRounds(rounds [][]Result) ([]Result, []string) {
+	if len(rounds) == 0 {
+		return nil, nil
+	}
+	type key struct {
+		engine, model string
+		batch         int
+		config        string
+	}
+	keyOf := func(r Result) key { return key{r.Engine, r.Model, r.Batch, r.Config} }
+	var out []Result
+	var notes []string
+	for _, r := range rounds[0] {
+		var same []Result
+		var ratios, sorted []float64
+		var each []string
+		torch := keyOf(r)
+		torch.engine = enginePyTorch
+		for i, rs := range rounds {
+			var ms, torchMS float64
+			for _, x := range rs {
+				switch keyOf(x) {
+				case keyOf(r):
+					same = append(same, x)
+					ms = x.MedianMS
+				case torch:
+					torchMS = x.MedianMS
+				}
+			}
+			if r.Engine != engineLeangrad || ms <= 0 || torchMS <= 0 {
+				continue
+			}
+			first := "leangrad first"
+			if i%2 == 1 {
+				first = "PyTorch first"
+			}
+			ratios = append(ratios, torchMS/ms)
+			each = append(each, fmt.Sprintf("%.2fx (%s)", torchMS/ms, first))
+		}
+		slices.SortStableFunc(same, func(a, b Result) int { return cmp.Compare(a.MedianMS, b.MedianMS) })
+		out = append(out, same[(len(same)-1)/2])
+		if len(rounds) > 1 && len(ratios) > 0 {
+			sorted = slices.Sorted(slices.Values(ratios))
+			mid := sorted[len(sorted)/2]
+			if len(sorted)%2 == 0 {
+				mid = (sorted[len(sorted)/2-1] + mid) / 2
+			}
+			notes = append(notes, fmt.Sprintf("%s batch %d %s over %d rounds, leangrad's speed over PyTorch's round by round: %s; median %.2fx.",
+				r.Model, r.Batch, r.Config, len(ratios), strings.Join(each, ", "), mid))
+		}
+	}
+	return out, notes
 }

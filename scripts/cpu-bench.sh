@@ -5,8 +5,9 @@
 # runs 2 threads). CORES picks them (default: the two highest-numbered CPUs on distinct physical
 # cores, away from CPU 0, which the system uses most; lscpu's topology is saved beside the logs).
 #   1. bench -device cpu: SGEMM GFLOP/s and the FMA peak, ResNet-20 (batch 32) and the MLP
-#      (batch 128), fp32 and AMP, beside PyTorch CPU (with PYTORCH_AMP=0: fp32 beside PyTorch
-#      AGAIN more times, AMP against fp32 in one process with each operation's time);
+#      (batch 128), fp32 and AMP, beside PyTorch CPU in ROUNDS rounds (default 6) that alternate
+#      which engine runs first (with PYTORCH_AMP=0: fp32 beside PyTorch, AMP against fp32 in one
+#      process with each operation's time);
 #   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's
 #      when it is there.
 # COMMIT names the commit the binaries were built from; PYTORCH_AMP=0 skips PyTorch's float16
@@ -23,14 +24,14 @@ echo "pinned to CPUs $cores" | tee -a "$w/lscpu.txt"
 if [ "${PYTORCH_AMP:-1}" = 0 ]; then
   # PyTorch's float16 autocast on the CPU takes seconds a ResNet-20 step: AMP
   # runs leangrad alone, and the two runs are merged into one report.
-  timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-fp32" -specs "resnet20:32 mlp:128" \
-    -configs fp32 -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-fp32.log" 2>&1
+  timeout 400 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-fp32" -specs "resnet20:32 mlp:128" \
+    -configs fp32 -steps 15 -warmup 3 -rounds "${ROUNDS:-6}" -claims=false -commit "${COMMIT:-}" > "$w/bench-fp32.log" 2>&1
   echo "bench fp32 exit: $?"
   timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-amp" -specs "resnet20:32 mlp:128" \
     -configs amp -pytorch "" -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-amp.log" 2>&1
   echo "bench amp exit: $?"
   bash .gpu/run bin/bench -merge "$w/bench-fp32/bench.json,$w/bench-amp/bench.json" -out "$w/bench" > "$w/bench.log" 2>&1
-  cat "$w/bench-fp32.log" "$w/bench-amp.log" | grep -E '^(leangrad|pytorch) ' >> "$w/bench.log"
+  cat "$w/bench-fp32.log" "$w/bench-amp.log" | grep -E '^(leangrad|pytorch) |over [0-9]+ rounds' >> "$w/bench.log"
   # AMP against fp32 in one process, one after the other (the two processes
   # above run at different times of a shared machine), with each kind of
   # operation's time in a step (-profile).
@@ -38,17 +39,9 @@ if [ "${PYTORCH_AMP:-1}" = 0 ]; then
     -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -profile -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
   echo "bench pair exit: $?"
   grep -E '^(leangrad|profile:) ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
-  # fp32 beside PyTorch again (AGAIN more times, default 2): one run's ratio
-  # moves with the machine's load, which the runs above show.
-  for i in $(seq 2 $((${AGAIN:-2} + 1))); do
-    timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-fp32-$i" -specs "resnet20:32 mlp:128" \
-      -configs fp32 -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench-fp32-$i.log" 2>&1
-    echo "bench fp32 run $i exit: $?"
-    grep -E '^(leangrad|pytorch) |SGEMM 1024.*1 thread' "$w/bench-fp32-$i.log" | sed "s/^/fp32 run $i: /" >> "$w/bench.log"
-  done
 else
-  timeout 240 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
-    -configs fp32,amp -steps 20 -warmup 3 -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
+  timeout 400 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
+    -configs fp32,amp -steps 15 -warmup 3 -rounds "${ROUNDS:-6}" -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1
 fi
 echo "bench exit: $?"
 grep -vE '^\|' "$w/bench.log" | tail -30

@@ -47,7 +47,7 @@ type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile, merge          string
 	micro, lean, eager, profile                        bool
-	warmup, steps                                      int
+	warmup, steps, rounds                              int
 	claims                                             bool
 	seed                                               uint64
 	nproc                                              int
@@ -93,6 +93,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
+	fs.IntVar(&o.rounds, "rounds", 1, "time leangrad and PyTorch this many times each, alternating which runs first; each result is its engine's median round, and a note gives the ratio round by round")
 	fs.StringVar(&o.pytorch, "pytorch", "benchmarks/pytorch/ref.py", `PyTorch reference script ("" to skip)`)
 	fs.StringVar(&o.python, "python", "python3", "Python interpreter with PyTorch")
 	fs.BoolVar(&o.claims, "claims", true, "run the seed-claims suite")
@@ -128,8 +129,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	specs, err := parseSpecs(o.specs)
-	if err == nil && (o.warmup < 0 || o.steps < 1) {
-		err = fmt.Errorf("-warmup %d -steps %d: want warmup >= 0 and steps >= 1", o.warmup, o.steps)
+	if err == nil && (o.warmup < 0 || o.steps < 1 || o.rounds < 1) {
+		err = fmt.Errorf("-warmup %d -steps %d -rounds %d: want warmup >= 0, steps >= 1 and rounds >= 1", o.warmup, o.steps, o.rounds)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
@@ -232,6 +233,81 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	torch := o.pytorch != ""
+	if torch {
+		if err := exec.Command(o.python, "-c", "import torch").Run(); err != nil {
+			note := fmt.Sprintf("No PyTorch reference: %s -c 'import torch' failed (%v).", o.python, err)
+			fmt.Fprintln(stderr, note)
+			rep.Notes = append(rep.Notes, note)
+			torch = false
+		}
+	}
+	// Each round times every spec in both engines, the first engine
+	// alternating (leangrad first, then PyTorch first, …): on a shared
+	// machine whose speed drifts, neither engine always runs in the later,
+	// or the earlier, part of the run.
+	var rounds [][]benchmarks.Result
+	for round := range o.rounds {
+		var lg, pt []benchmarks.Result
+		timeLeangrad := func() error {
+			var err error
+			lg, err = runLeangrad(o, dev, specs, configs, bo, stderr)
+			return err
+		}
+		timePyTorch := func() error {
+			if !torch {
+				return nil
+			}
+			dev.Allocator().EmptyCache()
+			var err error
+			rep.PyTorch, pt, err = runPyTorch(o, dev.Name() == "cpu", specs, stderr)
+			return err
+		}
+		first, second := timeLeangrad, timePyTorch
+		if round%2 == 1 {
+			first, second = second, first
+		}
+		if err := first(); err != nil {
+			return err
+		}
+		if o.cpuprofile != "" && round == 0 {
+			pprof.StopCPUProfile() // the first round's leangrad steps are enough
+		}
+		if err := second(); err != nil {
+			return err
+		}
+		rounds = append(rounds, append(lg, pt...))
+	}
+	if torch && dev.Name() == "cpu" {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("PyTorch ran on the CPU with torch.set_num_threads(%d), on the same cores.", runtime.GOMAXPROCS(0)))
+	}
+	var roundNotes []string
+	rep.Results, roundNotes = benchmarks.MedianRounds(rounds)
+	for _, n := range roundNotes {
+		fmt.Fprintln(stderr, n)
+	}
+	rep.Notes = append(rep.Notes, roundNotes...)
+	if o.lean && dev.Name() != "cpu" {
+		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
+			return err
+		}
+	}
+	if o.claims {
+		if err := claims(dev, rep, specs, bo, stderr); err != nil {
+			return err
+		}
+	}
+	benchmarks.Relate(rep.Results)
+	if o.claims && len(specs) > 0 {
+		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
+	}
+	return write(o, rep, stdout)
+}
+
+// runLeangrad times every spec and configuration in leangrad (on a GPU the
+// captured step and, with -eager, the eager one).
+func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, stderr io.Writer) ([]benchmarks.Result, error) {
+	var out []benchmarks.Result
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range configs {
@@ -247,44 +323,19 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 					bo.Eager = eager
 					r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
 					if err != nil {
-						return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
+						return nil, fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
 					}
 					fmt.Fprintf(stderr, "%s (%s) %s batch %d %s: %.2f ms (host %.2f ms, %.0f launches), peak %s, reserved %s\n",
 						r.Engine, r.Mode, sp.model, b, c, r.MedianMS, r.HostMS, r.LaunchesPerStep, memory.Bytes(r.PeakAllocated), memory.Bytes(r.PeakReserved))
 					for _, n := range r.Notes {
 						fmt.Fprintf(stderr, "  %s\n", n)
 					}
-					rep.Results = append(rep.Results, r)
+					out = append(out, r)
 				}
-				bo.Eager = false
 			}
 		}
 	}
-	if o.lean && dev.Name() != "cpu" {
-		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
-			return err
-		}
-	}
-	if o.claims {
-		if err := claims(dev, rep, specs, bo, stderr); err != nil {
-			return err
-		}
-	}
-	if o.pytorch != "" {
-		dev.Allocator().EmptyCache()
-		if err := exec.Command(o.python, "-c", "import torch").Run(); err != nil {
-			note := fmt.Sprintf("No PyTorch reference: %s -c 'import torch' failed (%v).", o.python, err)
-			fmt.Fprintln(stderr, note)
-			rep.Notes = append(rep.Notes, note)
-		} else if err := runPyTorch(o, dev.Name() == "cpu", specs, rep, stderr); err != nil {
-			return err
-		}
-	}
-	benchmarks.Relate(rep.Results)
-	if o.claims && len(specs) > 0 {
-		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
-	}
-	return write(o, rep, stdout)
+	return out, nil
 }
 
 // profile reports where each spec's step time goes, by kind of operation.
@@ -369,18 +420,17 @@ func claims(dev *tensor.Device, rep *benchmarks.Report, specs []spec, bo benchma
 	return nil
 }
 
-// runPyTorch runs the reference script with the same specs and merges its
-// results. On the CPU it runs there with as many threads as leangrad's
-// goroutines (and on the same cores: it inherits the process's affinity),
-// without torch.compile.
-func runPyTorch(o options, cpu bool, specs []spec, rep *benchmarks.Report, stderr io.Writer) error {
+// runPyTorch runs the reference script with the same specs and returns
+// PyTorch's version and its results. On the CPU it runs there with as many
+// threads as leangrad's goroutines (and on the same cores: it inherits the
+// process's affinity), without torch.compile.
+func runPyTorch(o options, cpu bool, specs []spec, stderr io.Writer) (string, []benchmarks.Result, error) {
 	if _, err := os.Stat(o.pytorch); err != nil {
-		return fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
+		return "", nil, fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
 	}
 	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs}
 	if cpu {
 		args = append(args, "--device", "cpu", "--threads", strconv.Itoa(runtime.GOMAXPROCS(0)))
-		rep.Notes = append(rep.Notes, fmt.Sprintf("PyTorch ran on the CPU with torch.set_num_threads(%d), on the same cores.", runtime.GOMAXPROCS(0)))
 	} else {
 		args = append(args, "--compile-configs", o.compileConfigs)
 	}
@@ -396,18 +446,16 @@ func runPyTorch(o options, cpu bool, specs []spec, rep *benchmarks.Report, stder
 	cmd := exec.Command(o.python, args...)
 	cmd.Stdout, cmd.Stderr = &out, stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("PyTorch reference (%s %s): %w", o.python, o.pytorch, err)
+		return "", nil, fmt.Errorf("PyTorch reference (%s %s): %w", o.python, o.pytorch, err)
 	}
 	var pt struct {
 		PyTorch string              `json:"pytorch"`
 		Results []benchmarks.Result `json:"results"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &pt); err != nil {
-		return fmt.Errorf("PyTorch reference printed no valid JSON: %v", err)
+		return "", nil, fmt.Errorf("PyTorch reference printed no valid JSON: %v", err)
 	}
-	rep.PyTorch = pt.PyTorch
-	rep.Results = append(rep.Results, pt.Results...)
-	return nil
+	return pt.PyTorch, pt.Results, nil
 }
 
 // merge renders one report from several runs' bench.json: their results

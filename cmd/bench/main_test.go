@@ -69,3 +69,65 @@ func TestBenchWithoutPyTorch(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchRounds: with -rounds, the engines alternate which runs first,
+// each result is its engine's median round, and a note gives the ratio
+// round by round. A stand-in interpreter plays PyTorch, its step taking
+// 10, 20 and 30 ms in its three rounds.
+func TestBenchRounds(t *testing.T) {
+	dir := t.TempDir()
+	python := filepath.Join(dir, "python")
+	stub := `#!/bin/sh
+[ "$1" = -c ] && exit 0
+n=$(( $(cat "$0.count" 2>/dev/null || echo 0) + 1 )); echo $n > "$0.count"
+echo "pytorch round $n" >&2
+printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4,"config":"fp32","device":"cpu","steps":1,"median_ms":%d,"img_per_s":1}]}\n' $((n * 10))
+`
+	if err := os.WriteFile(python, []byte(stub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := run([]string{"-device", "cpu", "-specs", "mlp:4", "-configs", "fp32", "-steps", "1", "-warmup", "0", "-rounds", "3",
+		"-pytorch", python, "-python", python, "-claims=false", "-out", dir}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var order []string
+	for _, line := range strings.Split(errb.String(), "\n") {
+		switch {
+		case strings.HasPrefix(line, "leangrad "):
+			order = append(order, "L")
+		case strings.HasPrefix(line, "pytorch round "):
+			order = append(order, "P")
+		}
+	}
+	if got := strings.Join(order, ""); got != "LPPLLP" {
+		t.Errorf("engines ran in the order %s, want LPPLLP (leangrad first, then PyTorch first, then leangrad)", got)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []struct {
+			Engine   string  `json:"engine"`
+			MedianMS float64 `json:"median_ms"`
+		} `json:"results"`
+		Notes []string `json:"notes"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Results) != 2 {
+		t.Fatalf("bench.json: %v %+v", err, rep)
+	}
+	if r := rep.Results[1]; r.Engine != "pytorch" || r.MedianMS != 20 {
+		t.Errorf("PyTorch's result %+v, want its median round (20 ms)", r)
+	}
+	var note string
+	for _, n := range rep.Notes {
+		if strings.Contains(n, "over 3 rounds") {
+			note = n
+		}
+	}
+	if !strings.Contains(note, "(leangrad first)") || !strings.Contains(note, "(PyTorch first)") || !strings.Contains(note, "; median ") {
+		t.Errorf("no round-by-round note: %q", rep.Notes)
+	}
+}
