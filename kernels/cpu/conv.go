@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/par"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
@@ -269,7 +270,7 @@ func col2im(p kernels.ConvParams, col []float32, ld int, x []float32) {
 // over padding of ⌈padH/sh⌉ rows and ⌈padW/sw⌉ columns.
 
 // gridPixels is about how many grid pixels one shifted product covers.
-const gridPixels = 16384
+const gridPixels = 4096
 
 // shiftable reports whether p's forward is computed by shifted products:
 // along each dimension, every tap an output pixel reads lies in its phase
@@ -360,14 +361,15 @@ func (g grid) taps(offs []int, r, s, padH, padW int) {
 }
 
 // fill writes images n0..n0+k of src (ch channels each) into dst, zero
-// elsewhere, and zeroes dst past the last channel. With stride 1 only the
+// elsewhere, and zeroes dst past the last channel, its channels spread
+// over goroutines by spread (parallel, or serial). With stride 1 only the
 // padding is cleared, and F16 images are converted row by row into place
 // (values.readRows); with a stride, each image's rows are dealt out to its
 // phases.
-func (g grid) fill(dst []float32, src values, n0, ch int) {
+func (g grid) fill(dst []float32, src values, n0, ch int, spread func(n, grain int, f func(lo, hi int))) {
 	phases := g.sh * g.sw
 	clear(dst[ch*phases*g.plane():])
-	parallel(ch, 1, func(lo, hi int) {
+	spread(ch, 1, func(lo, hi int) {
 		if phases > 1 {
 			row := getScratch(g.w)
 			defer putScratch(row)
@@ -421,68 +423,103 @@ func imagesPerGrid(n int, g grid) int { return max(1, min(n, gridPixels/(g.hp*g.
 
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×h×w
 // padded by padH, padW) for an r×s filter with stride sh×sw (shiftable).
+// The images are split into one stretch per goroutine, and each goroutine
+// fills its own grid, multiplies and copies its outputs out, a chunk of
+// images at a time: its data stays in its core's caches, and the
+// goroutines meet once per call. With fewer images than goroutines, each
+// stretch's products run on the goroutines left over.
 func (c *Backend) shiftConv(n, cin, h, w, padH, padW, r, s, sh, sw, m int, wmat []float32, src, dst values) {
 	oh, ow := (h+2*padH-r)/sh+1, (w+2*padW-s)/sw+1
-	nb := imagesPerGrid(n, newGrid(1, h, w, padH, padW, sh, sw))
-	offs := make([]int, cin*r*s)
-	var xg, out []float32
-	defer func() {
-		putScratch(xg)
-		putScratch(out)
-	}()
-	for n0 := 0; n0 < n; n0 += nb {
-		g := newGrid(min(nb, n-n0), h, w, padH, padW, sh, sw)
-		cols := g.cols(oh, ow)
-		g.taps(offs, r, s, padH, padW)
-		xg = growScratch(xg, max(cin*sh*sw*g.plane(), maxOffset(offs)+c.mm.WindowLen(cols)))
-		g.fill(xg, src, n0, cin)
-		out = growScratch(out, m*cols)
-		c.mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
-			sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
-		parallel(m, 1, func(lo, hi int) {
-			for ch := lo; ch < hi; ch++ {
+	threads := c.mm.Threads()
+	parts := min(n, threads)
+	mm := c.mm.WithThreads(max(1, threads/parts))
+	par.Do(parts, func(t int) {
+		i0, i1 := t*n/parts, (t+1)*n/parts
+		nb := imagesPerGrid(i1-i0, newGrid(1, h, w, padH, padW, sh, sw))
+		offs := make([]int, cin*r*s)
+		var xg, out []float32
+		defer func() {
+			putScratch(xg)
+			putScratch(out)
+		}()
+		for n0 := i0; n0 < i1; n0 += nb {
+			g := newGrid(min(nb, i1-n0), h, w, padH, padW, sh, sw)
+			cols := g.cols(oh, ow)
+			g.taps(offs, r, s, padH, padW)
+			xg = growScratch(xg, max(cin*sh*sw*g.plane(), maxOffset(offs)+mm.WindowLen(cols)))
+			g.fill(xg, src, n0, cin, serial)
+			out = growScratch(out, m*cols)
+			mm.GemmShifted(m, cols, len(offs), 1, sgemm.MatrixA(wmat, len(offs), false),
+				sgemm.Shifted{Data: xg, Offsets: offs}, 0, out, cols)
+			for ch := 0; ch < m; ch++ {
 				for i := 0; i < g.k; i++ {
 					dst.writeRows(((n0+i)*m+ch)*oh*ow, ow, oh, out[ch*cols+i*g.hp*g.wp:], g.wp)
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 // shiftFilterGrad computes a stride-1 convolution's filter gradient over
 // the grid: dw[k][t] = Σⱼ dy_grid[k][j] · x_grid[j + offs[t]], dy laid out
 // where the forward product computes it (zero elsewhere, so pixels without
 // an output add nothing), one product of rows read in place
-// (sgemm.GemmRows) per chunk of images.
+// (sgemm.GemmRows) per chunk of images. As in shiftConv, each goroutine
+// runs its own stretch of images; it sums them into its own partial dw,
+// and the partials are added up in stretch order, so the result depends
+// on the number of goroutines but not on their timing.
 func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []float32) {
 	oh, ow := p.OutH(), p.OutW()
-	nb := imagesPerGrid(p.N, newGrid(1, p.H, p.W, p.PadH, p.PadW, 1, 1))
-	offs := make([]int, p.C*p.R*p.S)
-	rowsOfDY := make([]int, p.K)
-	var xg, dyg []float32
+	threads := c.mm.Threads()
+	parts := min(p.N, threads)
+	mm := c.mm.WithThreads(max(1, threads/parts))
+	partials := make([][]float32, parts)
+	partials[0] = dws
 	defer func() {
-		putScratch(xg)
-		putScratch(dyg)
+		for _, d := range partials[1:] {
+			putScratch(d)
+		}
 	}()
-	for n0 := 0; n0 < p.N; n0 += nb {
-		g := newGrid(min(nb, p.N-n0), p.H, p.W, p.PadH, p.PadW, 1, 1)
-		gy := g.outputs(oh, ow)
-		cols := g.cols(oh, ow)
-		g.taps(offs, p.R, p.S, p.PadH, p.PadW)
-		for k := range rowsOfDY {
-			rowsOfDY[k] = k * gy.plane()
+	par.Do(parts, func(t int) {
+		i0, i1 := t*p.N/parts, (t+1)*p.N/parts
+		if t > 0 {
+			partials[t] = getScratch(len(dws))
 		}
-		xg = growScratch(xg, max(p.C*g.plane(), offs[len(offs)-1]+cols))
-		g.fill(xg, xs, n0, p.C)
-		dyg = growScratch(dyg, p.K*gy.plane())
-		gy.fill(dyg, dys, n0, p.K)
-		beta := float32(1)
-		if n0 == 0 {
-			beta = 0
+		nb := imagesPerGrid(i1-i0, newGrid(1, p.H, p.W, p.PadH, p.PadW, 1, 1))
+		offs := make([]int, p.C*p.R*p.S)
+		rowsOfDY := make([]int, p.K)
+		var xg, dyg []float32
+		defer func() {
+			putScratch(xg)
+			putScratch(dyg)
+		}()
+		for n0 := i0; n0 < i1; n0 += nb {
+			g := newGrid(min(nb, i1-n0), p.H, p.W, p.PadH, p.PadW, 1, 1)
+			gy := g.outputs(oh, ow)
+			cols := g.cols(oh, ow)
+			g.taps(offs, p.R, p.S, p.PadH, p.PadW)
+			for k := range rowsOfDY {
+				rowsOfDY[k] = k * gy.plane()
+			}
+			xg = growScratch(xg, max(p.C*g.plane(), offs[len(offs)-1]+cols))
+			g.fill(xg, xs, n0, p.C, serial)
+			dyg = growScratch(dyg, p.K*gy.plane())
+			gy.fill(dyg, dys, n0, p.K, serial)
+			beta := float32(1)
+			if n0 == i0 {
+				beta = 0
+			}
+			mm.GemmRows(p.K, len(offs), cols, sgemm.Rows{Data: dyg, Offsets: rowsOfDY},
+				sgemm.Rows{Data: xg, Offsets: offs}, beta, partials[t], len(offs))
 		}
-		c.mm.GemmRows(p.K, len(offs), cols, sgemm.Rows{Data: dyg, Offsets: rowsOfDY},
-			sgemm.Rows{Data: xg, Offsets: offs}, beta, dws, len(offs))
-	}
+	})
+	parallel(len(dws), 1<<12, func(lo, hi int) {
+		for _, d := range partials[1:] {
+			for i, v := range d[lo:hi] {
+				dws[lo+i] += v
+			}
+		}
+	})
 }
 
 // Conv2d computes y from x and w.
@@ -565,8 +602,9 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 }
 
 // Conv2dBackwardFilter computes dw = dy · patchesᵀ over the whole batch in
-// one product (over the grid for stride 1); each element of dw is summed by
-// one goroutine in a fixed order, so the result is deterministic.
+// one product (over the grid, a stretch of images a goroutine, for stride
+// 1); each element of dw is summed in a fixed order, so the result is
+// deterministic for a given number of goroutines.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
 	dws, done := out(dw)

@@ -211,6 +211,14 @@ func parallel(n, grain int, f func(lo, hi int)) {
 	par.Do((n+step-1)/step, func(c int) { f(c*step, min(n, (c+1)*step)) })
 }
 
+// serial runs f over [0, n) on the calling goroutine: parallel's signature,
+// for work that a caller has already spread over the cores.
+func serial(n, _ int, f func(lo, hi int)) {
+	if n > 0 {
+		f(0, n)
+	}
+}
+
 // Write copies host bytes into dst.
 func (c *Backend) Write(dst kernels.Buf, src []byte) {
 	if int64(len(src)) != dst.Bytes() {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -239,15 +240,30 @@ func TestConv(t *testing.T) {
 			dy, dyv := randBuf(t, rng, p.N*p.K*p.OutH()*p.OutW())
 			yRef := convRef(p, xv, wv)
 			dxRef, dwRef := convGradsRef(p, xv, wv, dyv)
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+			// Every kernel; the fastest also on one goroutine and on three,
+			// which split the images into other stretches (shiftConv).
+			type run struct {
+				kb    *Backend
+				procs int
+			}
+			var runs []run
 			for _, kb := range kernelBackends(t) {
+				runs = append(runs, run{kb, runtime.GOMAXPROCS(0)})
+			}
+			runs = append(runs, run{runs[0].kb, 1}, run{runs[0].kb, 3})
+			for _, r := range runs {
+				kb := r.kb
+				name := fmt.Sprintf("%s on %d goroutines", kb.Kernel(), r.procs)
+				runtime.GOMAXPROCS(r.procs)
 				y := buf(t, kernels.F32, dy.N)
 				kb.Conv2d(p, x, w, y)
-				check(t, kb.Kernel()+" y", y, yRef, 1e-5)
+				check(t, name+" y", y, yRef, 1e-5)
 				dx, dw := buf(t, kernels.F32, x.N), buf(t, kernels.F32, w.N)
 				kb.Conv2dBackwardData(p, dy, w, dx)
 				kb.Conv2dBackwardFilter(p, x, dy, dw)
-				check(t, kb.Kernel()+" dx", dx, dxRef, 1e-5)
-				check(t, kb.Kernel()+" dw", dw, dwRef, 1e-5)
+				check(t, name+" dx", dx, dxRef, 1e-5)
+				check(t, name+" dw", dw, dwRef, 1e-5)
 			}
 		})
 	}

@@ -101,6 +101,14 @@ func (mu *Multiplier) WithThreads(threads int) *Multiplier {
 	return &Multiplier{k: mu.k, threads: threads}
 }
 
+// Threads is how many goroutines mu's products run on at most, now.
+func (mu *Multiplier) Threads() int {
+	if mu.threads == 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return mu.threads
+}
+
 // Kernel is the name of the microkernel in use.
 func (mu *Multiplier) Kernel() string { return mu.k.name }
 
@@ -211,11 +219,7 @@ func (mu *Multiplier) GemmRows(m, n, k int, a, b Rows, beta float32, c []float32
 // goroutines is how many goroutines a product of m×k by k×n split into at
 // most parts pieces runs on.
 func (mu *Multiplier) goroutines(m, n, k, parts int) int {
-	threads := mu.threads
-	if threads == 0 {
-		threads = runtime.GOMAXPROCS(0)
-	}
-	return max(1, min(threads, parts, m*n*k/minFlopsPerThread))
+	return max(1, min(mu.Threads(), parts, m*n*k/minFlopsPerThread))
 }
 
 // fanOut runs run(0) … run(threads−1), the first on the calling goroutine,
