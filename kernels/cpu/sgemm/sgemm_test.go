@@ -206,9 +206,11 @@ func TestGemmShiftedAgainstFloat64(t *testing.T) {
 func TestGemmRowsAgainstFloat64(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, mu := range multipliers(t) {
-		// k below one vector, a tail past the vectors, more than one chunk;
-		// m and n off the 4×6 tile.
-		for _, s := range []struct{ m, n, k int }{{3, 2, 5}, {4, 6, 16}, {5, 13, 37}, {17, 150, 2048*2 + 21}, {64, 7, 300}} {
+		// Dot tiles (k ≥ 32·m): two vectors, a tail past the vectors, more
+		// than one chunk, m and n off the 4×6 tile. Packed: k below one
+		// vector, k short beside m.
+		for _, s := range []struct{ m, n, k int }{{1, 6, 32}, {3, 2, 5*16 + 37}, {5, 13, 160}, {17, 150, 2048*2 + 21},
+			{3, 2, 5}, {4, 6, 16}, {64, 7, 300}, {64, 50, 1024}} {
 			data := random(rng, 4*s.k+100)
 			rowsAt := func(n int) []int {
 				offs := make([]int, n)
