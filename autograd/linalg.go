@@ -9,7 +9,11 @@ import (
 
 // gemm returns op(a)·op(b) for 2-D or batched 3-D operands, recording nothing.
 // The result has a's dtype.
-func gemm(a, b *T, transA, transB bool) *T {
+func gemm(a, b *T, transA, transB bool) *T { return gemmTo(a, b, transA, transB, a.DType()) }
+
+// gemmTo is gemm with a result of dtype dt: F32 from F16 operands is the
+// product accumulated in float32 and not rounded.
+func gemmTo(a, b *T, transA, transB bool, dt tensor.DType) *T {
 	sameDevice("matmul", a, b)
 	if a.DType() != b.DType() {
 		panic(fmt.Sprintf("autograd: matmul of %v and %v tensors", a.DType(), b.DType()))
@@ -42,7 +46,7 @@ func gemm(a, b *T, transA, transB bool) *T {
 	if batch > 1 || a.NDim() == 3 {
 		shape = []int{batch, m, n}
 	}
-	c := tensor.Empty(ModeOf(a, b), a.DType(), shape...)
+	c := tensor.Empty(ModeOf(a, b), dt, shape...)
 	a.Backend().Gemm(kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
 		StrideA: m * k, StrideB: k * n, StrideC: m * n}, a.Buf(), b.Buf(), c.Buf())
 	return c
@@ -82,16 +86,22 @@ func MatMul(a, b *T) *T {
 // Linear returns x·wᵀ + b for x of N×In, w of Out×In (PyTorch's layout) and
 // an optional bias b of Out.
 //
-// Under Autocast the product runs in F16 on F16 copies of x, w and b.
+// Under Autocast the product runs in F16 on F16 copies of x and w, and b is
+// added in F16. The gradients of w and b are computed in their own dtype:
+// the weight's is the product accumulated in float32, not rounded to F16
+// and cast back as a gradient through a cast would be.
 func Linear(x, w, b *T) *T {
+	wc := w // the weight the product reads: w, or its F16 copy under autocast
 	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
-		defer autocastIn(dev, tensor.F16, &x, &w, &b)()
+		defer autocastIn(dev, tensor.F16, &x)()
+		wc = asDType(dev, w, tensor.F16)
+		defer wc.Release()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
 		panic(fmt.Sprintf("autograd: linear of input %v with weight %v: want N×In and Out×In", xs, ws))
 	}
-	y := gemm(x, w, false, true)
+	y := gemm(x, wc, false, true)
 	if b != nil {
 		if b.NDim() != 1 || b.Dim(0) != ws[0] {
 			panic(fmt.Sprintf("autograd: linear bias of shape %v for weight %v", b.Shape(), ws))
@@ -107,20 +117,21 @@ func Linear(x, w, b *T) *T {
 		xSaved = rec.save(x)
 	}
 	if rec.needs(0) {
-		wSaved = rec.save(w)
+		wSaved = rec.save(wc)
 	}
 	hasBias := b != nil
 	var bType tensor.DType
 	if hasBias {
 		bType = b.DType()
 	}
+	wType := w.DType()
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 3)
 		if wSaved != nil {
 			grads[0] = gemm(g, wSaved, false, false) // dx = dy·w
 		}
 		if xSaved != nil {
-			grads[1] = gemm(g, xSaved, true, false) // dw = dyᵀ·x
+			grads[1] = gemmTo(g, xSaved, true, false, wType) // dw = dyᵀ·x
 		}
 		if hasBias && rec.needs(2) {
 			grads[2] = biasGrad(g, []int{ws[0]}, bType)

@@ -84,13 +84,16 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 		dev.Generator().Seed(seed)
 		return sgdStep(dev, nn.NewMLP(dev, []int{144, 32, 10}, 0), 5e-4, mode)
 	}
-	flat := func(x *tensor.Tensor) *tensor.Tensor { return x.View(x.Dim(0), 144) }
+	flat := func(x *tensor.Tensor) *tensor.Tensor { return x.View(x.Dim(0), 144) } // a new handle, to release
 
 	// One process, whole batches.
 	xs, ys := batches(devs[0], steps, batch, 3)
 	ref, release, refParams := build(devs[0], 7)
 	for i := range xs {
-		if err := ref.Run(flat(xs[i]), ys[i]); err != nil {
+		x := flat(xs[i])
+		err := ref.Run(x, ys[i])
+		x.Release()
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,7 +118,9 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 		var held []int64 // bytes allocated after each step
 		for i := range xs {
 			lo := g.Rank() * per
-			x, y := flat(xs[i]).Rows(lo, lo+per), ys[i].Rows(lo, lo+per)
+			whole := flat(xs[i])
+			x, y := whole.Rows(lo, lo+per), ys[i].Rows(lo, lo+per)
+			whole.Release()
 			err := s.Run(x, y)
 			x.Release()
 			y.Release()

@@ -146,9 +146,9 @@ func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta floa
 }
 
 // GemmOpTiles is GemmOp that calls done(i0, i1, j0, j1) as each block of C
-// (rows [i0, i1), columns [j0, j1): a tile, or a goroutine's share when k or
-// alpha is 0) holds its result, on the goroutine that computed it, while it
-// is hot in cache. Blocks do not overlap, and cover C once. The CPU backend
+// (rows [i0, i1), columns [j0, j1): a column of tiles, up to blockM rows by
+// one tile's columns, or a goroutine's share when k or alpha is 0) holds its
+// result, on the goroutine that computed it, while it is hot in cache. Blocks do not overlap, and cover C once. The CPU backend
 // rounds an F16 product's float32 tiles into its F16 output there.
 func (mu *Multiplier) GemmOpTiles(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
 	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc, done)
@@ -378,8 +378,8 @@ func grow(x []float32, n int) []float32 {
 
 // block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
 // overwrites the block with it. B is packed from b or read in place from sh.
-// done, when given, is called with each tile as its last step of k is
-// added.
+// done, when given, is called with each column of tiles (the block's rows
+// by one tile's columns) as its last step of k is added.
 func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
 	buf := bufferPool.Get().(*buffers)
 	defer bufferPool.Put(buf)
@@ -420,9 +420,9 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 						h := min(mr, mc-ir)
 						ci := (ic+ir)*ldc + jc + jr
 						tile(kern, kc, ap, bp, offs, c[ci:], ldc, acc, h, w, &buf.edge)
-						if last {
-							done(ic+ir, ic+ir+h, jc+jr, jc+jr+w)
-						}
+					}
+					if last {
+						done(ic, ic+mc, jc+jr, jc+jr+w)
 					}
 				}
 			}

@@ -1,0 +1,81 @@
+package autograd_test
+
+import (
+	"math"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/x448/float16"
+)
+
+// TestLinearUnderAutocast: the product runs on F16 copies of x and w, and
+// the gradients reach the F32 tensors in F32; the weight's is the product
+// of the F16 operands accumulated and kept in float32, not rounded to F16
+// (a rounding would be off by up to 2⁻¹¹ of each value).
+func TestLinearUnderAutocast(t *testing.T) {
+	dev := tensor.CPU()
+	rng := newSrc(dev, 9, 9)
+	const n, in, out = 24, 40, 7
+	x, w, b := param(rng, normal, n, in), param(rng, normal, out, in), param(rng, normal, out)
+	defer x.Release()
+	defer w.Release()
+	defer b.Release()
+	gv := make([]float32, n*out)
+	for i := range gv {
+		gv[i] = float32(rng.NormFloat64())
+	}
+	var y *tensor.Tensor
+	ag.Autocast(dev, func() { y = ag.Linear(x, w, b) })
+	if y.DType() != tensor.F16 {
+		t.Fatalf("y is %v under autocast, want f16", y.DType())
+	}
+	g := ag.Cast(tensor.FromFloat32(dev, gv, n, out), tensor.F16)
+	ag.Backward(y, ag.WithGrad(g))
+	y.Release()
+	g.Release()
+
+	h := func(v float32) float64 { return float64(float16.Fromfloat32(v).Float32()) }
+	xv, wv := x.Float32s(), w.Float32s()
+	for _, c := range []struct {
+		name string
+		p    *tensor.Tensor
+		want func(i int) float64
+		tol  float64
+	}{
+		{"dw", w, func(i int) float64 { // Σₙ g[n][o]·x[n][k], i = o·in + k
+			var s float64
+			for r := 0; r < n; r++ {
+				s += h(gv[r*out+i/in]) * h(xv[r*in+i%in])
+			}
+			return s
+		}, 1e-5},
+		{"db", b, func(o int) float64 {
+			var s float64
+			for r := 0; r < n; r++ {
+				s += h(gv[r*out+o])
+			}
+			return s
+		}, 2e-3},
+		{"dx", x, func(i int) float64 { // Σₒ g[n][o]·w[o][k], i = n·in + k
+			var s float64
+			for o := 0; o < out; o++ {
+				s += h(gv[i/in*out+o]) * h(wv[o*in+i%in])
+			}
+			return s
+		}, 2e-3},
+	} {
+		gr := c.p.Grad()
+		if gr == nil || gr.DType() != tensor.F32 {
+			t.Fatalf("%s: gradient %v, want an f32 one", c.name, gr)
+		}
+		var num, den float64
+		for i, v := range gr.Float32s() {
+			d := float64(v) - c.want(i)
+			num, den = num+d*d, den+c.want(i)*c.want(i)
+		}
+		if e := math.Sqrt(num / den); e > c.tol {
+			t.Errorf("%s: relative error %.3g against the product of the F16 operands, want at most %g", c.name, e, c.tol)
+		}
+	}
+}
