@@ -421,20 +421,55 @@ func maxOffset(offs []int) int { return slices.Max(offs) }
 // imagesPerGrid is how many images one product over g's slots covers.
 func imagesPerGrid(n int, g grid) int { return max(1, min(n, gridPixels/(g.hp*g.wp))) }
 
+// stretches splits n images into one stretch per goroutine and runs
+// f(mm, t, i0, i1) for stretch t, images [i0, i1), on each, with mm the
+// products' Multiplier: each goroutine keeps its data in its core's caches
+// from the first pass over its images to the last, and the goroutines meet
+// once per call. With fewer images than goroutines, each stretch's products
+// run on the goroutines left over. It returns the number of stretches.
+func (c *Backend) stretches(n int, f func(mm *sgemm.Multiplier, t, i0, i1 int)) int {
+	threads := c.mm.Threads()
+	parts := max(1, min(n, threads))
+	mm := c.mm.WithThreads(max(1, threads/parts))
+	par.Do(parts, func(t int) { f(mm, t, t*n/parts, (t+1)*n/parts) })
+	return parts
+}
+
+// sumOverStretches computes dw as the sum over the images of their
+// contributions: f(mm, i0, i1, dst) overwrites dst with that of images
+// [i0, i1), a stretch per goroutine (stretches); the stretches' partial sums
+// are added up in stretch order, so the result depends on the number of
+// goroutines but not on their timing.
+func (c *Backend) sumOverStretches(n int, dw []float32, f func(mm *sgemm.Multiplier, i0, i1 int, dst []float32)) {
+	partials := make([][]float32, max(1, min(n, c.mm.Threads())))
+	partials[0] = dw
+	defer func() {
+		for _, d := range partials[1:] {
+			putScratch(d)
+		}
+	}()
+	c.stretches(n, func(mm *sgemm.Multiplier, t, i0, i1 int) {
+		if t > 0 {
+			partials[t] = getScratch(len(dw))
+		}
+		f(mm, i0, i1, partials[t])
+	})
+	parallel(len(dw), 1<<12, func(lo, hi int) {
+		for _, d := range partials[1:] {
+			for i, v := range d[lo:hi] {
+				dw[lo+i] += v
+			}
+		}
+	})
+}
+
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×h×w
-// padded by padH, padW) for an r×s filter with stride sh×sw (shiftable).
-// The images are split into one stretch per goroutine, and each goroutine
-// fills its own grid, multiplies and copies its outputs out, a chunk of
-// images at a time: its data stays in its core's caches, and the
-// goroutines meet once per call. With fewer images than goroutines, each
-// stretch's products run on the goroutines left over.
+// padded by padH, padW) for an r×s filter with stride sh×sw (shiftable),
+// a stretch of images per goroutine, each filling its own grid,
+// multiplying and copying its outputs out a chunk of images at a time.
 func (c *Backend) shiftConv(n, cin, h, w, padH, padW, r, s, sh, sw, m int, wmat []float32, src, dst values) {
 	oh, ow := (h+2*padH-r)/sh+1, (w+2*padW-s)/sw+1
-	threads := c.mm.Threads()
-	parts := min(n, threads)
-	mm := c.mm.WithThreads(max(1, threads/parts))
-	par.Do(parts, func(t int) {
-		i0, i1 := t*n/parts, (t+1)*n/parts
+	c.stretches(n, func(mm *sgemm.Multiplier, _, i0, i1 int) {
 		nb := imagesPerGrid(i1-i0, newGrid(1, h, w, padH, padW, sh, sw))
 		offs := make([]int, cin*r*s)
 		var xg, out []float32
@@ -464,27 +499,11 @@ func (c *Backend) shiftConv(n, cin, h, w, padH, padW, r, s, sh, sw, m int, wmat 
 // the grid: dw[k][t] = Σⱼ dy_grid[k][j] · x_grid[j + offs[t]], dy laid out
 // where the forward product computes it (zero elsewhere, so pixels without
 // an output add nothing), one product of rows read in place
-// (sgemm.GemmRows) per chunk of images. As in shiftConv, each goroutine
-// runs its own stretch of images; it sums them into its own partial dw,
-// and the partials are added up in stretch order, so the result depends
-// on the number of goroutines but not on their timing.
+// (sgemm.GemmRows) per chunk of images, summed over stretches of images
+// (sumOverStretches).
 func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []float32) {
 	oh, ow := p.OutH(), p.OutW()
-	threads := c.mm.Threads()
-	parts := min(p.N, threads)
-	mm := c.mm.WithThreads(max(1, threads/parts))
-	partials := make([][]float32, parts)
-	partials[0] = dws
-	defer func() {
-		for _, d := range partials[1:] {
-			putScratch(d)
-		}
-	}()
-	par.Do(parts, func(t int) {
-		i0, i1 := t*p.N/parts, (t+1)*p.N/parts
-		if t > 0 {
-			partials[t] = getScratch(len(dws))
-		}
+	c.sumOverStretches(p.N, dws, func(mm *sgemm.Multiplier, i0, i1 int, dst []float32) {
 		nb := imagesPerGrid(i1-i0, newGrid(1, p.H, p.W, p.PadH, p.PadW, 1, 1))
 		offs := make([]int, p.C*p.R*p.S)
 		rowsOfDY := make([]int, p.K)
@@ -510,14 +529,7 @@ func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []fl
 				beta = 0
 			}
 			mm.GemmRows(p.K, len(offs), cols, sgemm.Rows{Data: dyg, Offsets: rowsOfDY},
-				sgemm.Rows{Data: xg, Offsets: offs}, beta, partials[t], len(offs))
-		}
-	})
-	parallel(len(dws), 1<<12, func(lo, hi int) {
-		for _, d := range partials[1:] {
-			for i, v := range d[lo:hi] {
-				dws[lo+i] += v
-			}
+				sgemm.Rows{Data: xg, Offsets: offs}, beta, dst, len(offs))
 		}
 	})
 }
@@ -535,30 +547,33 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	defer doneX()
 	ys, done := out(y)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	nb := imagesPerChunk(p)
-	var scratch []float32
-	defer func() { putScratch(scratch) }()
-	for n0 := 0; n0 < p.N; n0 += nb {
-		n := min(nb, p.N-n0)
-		q := p
-		q.N = n
-		b := patches{p: q, x: xs[n0*chw : (n0+n)*chw]}
-		if n == 1 {
-			c.mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
-			continue
-		}
-		scratch = growScratch(scratch, p.K*n*l)
-		c.mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, scratch, n*l)
-		for i := 0; i < n; i++ {
-			for k := 0; k < p.K; k++ {
-				copy(ys[((n0+i)*p.K+k)*l:][:l], scratch[k*n*l+i*l:])
+	c.stretches(p.N, func(mm *sgemm.Multiplier, _, i0, i1 int) {
+		nb := imagesPerChunk(p)
+		var scratch []float32
+		defer func() { putScratch(scratch) }()
+		for n0 := i0; n0 < i1; n0 += nb {
+			n := min(nb, i1-n0)
+			q := p
+			q.N = n
+			b := patches{p: q, x: xs[n0*chw : (n0+n)*chw]}
+			if n == 1 {
+				mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
+				continue
+			}
+			scratch = growScratch(scratch, p.K*n*l)
+			mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, scratch, n*l)
+			for i := 0; i < n; i++ {
+				for k := 0; k < p.K; k++ {
+					copy(ys[((n0+i)*p.K+k)*l:][:l], scratch[k*n*l+i*l:])
+				}
 			}
 		}
-	}
+	})
 	done()
 }
 
-// Conv2dBackwardData computes dx = col2im(wᵀ·dy), a chunk of images at a time.
+// Conv2dBackwardData computes dx = col2im(wᵀ·dy), a stretch of images a
+// goroutine (stretches), a chunk of images at a time.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
 	ws, doneW := view(w)
@@ -582,29 +597,28 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	defer doneDY()
 	dxs, done := out(dx)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	nb := imagesPerChunk(p)
-	var scratch []float32
-	defer func() { putScratch(scratch) }()
-	for n0 := 0; n0 < p.N; n0 += nb {
-		n := min(nb, p.N-n0)
-		b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
-		scratch = growScratch(scratch, crs*n*l)
-		c.mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, scratch, n*l)
-		parallel(n, 1, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
+	c.stretches(p.N, func(mm *sgemm.Multiplier, _, i0, i1 int) {
+		nb := imagesPerChunk(p)
+		var scratch []float32
+		defer func() { putScratch(scratch) }()
+		for n0 := i0; n0 < i1; n0 += nb {
+			n := min(nb, i1-n0)
+			b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
+			scratch = growScratch(scratch, crs*n*l)
+			mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, scratch, n*l)
+			for i := 0; i < n; i++ {
 				img := dxs[(n0+i)*chw : (n0+i+1)*chw]
 				clear(img)
 				col2im(p, scratch[i*l:], n*l, img)
 			}
-		})
-	}
+		}
+	})
 	done()
 }
 
-// Conv2dBackwardFilter computes dw = dy · patchesᵀ over the whole batch in
-// one product (over the grid, a stretch of images a goroutine, for stride
-// 1); each element of dw is summed in a fixed order, so the result is
-// deterministic for a given number of goroutines.
+// Conv2dBackwardFilter computes dw = dy · patchesᵀ (over the grid for
+// stride 1), summed over stretches of images (sumOverStretches): the
+// result is deterministic for a given number of goroutines.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
 	dws, done := out(dw)
@@ -617,9 +631,13 @@ func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	defer doneX()
 	dys, doneDY := view(dy)
 	defer doneDY()
-	crs, l := p.C*p.R*p.S, p.OutH()*p.OutW()
-	a := planes{data: dys, rows: p.K, cols: l, rowsFree: true}
-	c.mm.GemmOp(p.K, crs, p.N*l, 1, a, patches{p: p, x: xs, tapsFree: true}, 0, dws, crs)
+	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
+	c.sumOverStretches(p.N, dws, func(mm *sgemm.Multiplier, i0, i1 int, dst []float32) {
+		q := p
+		q.N = i1 - i0
+		a := planes{data: dys[i0*p.K*l : i1*p.K*l], rows: p.K, cols: l, rowsFree: true}
+		mm.GemmOp(p.K, crs, q.N*l, 1, a, patches{p: q, x: xs[i0*chw : i1*chw], tapsFree: true}, 0, dst, crs)
+	})
 }
 
 // growScratch returns scratch x, or new scratch in its place, with room for
