@@ -305,9 +305,12 @@ func Relate(rs []Result) {
 // the same specs: for each engine, model, batch and configuration, the
 // result of the round with the median step time (the lower of the two
 // middle ones for an even count), in the first round's order. With more
-// than one round it also returns a note for each leangrad result that
-// PyTorch eager ran beside: leangrad's speed over PyTorch's round by round,
-// with which engine ran first (leangrad in even rounds), and their median.
+// than one round it also returns notes that compare within each round, so
+// that a machine's drift between rounds cancels: for each leangrad result
+// that PyTorch eager ran beside, leangrad's speed over PyTorch's (with
+// which engine ran first: leangrad in even rounds); for each leangrad
+// configuration other than fp32, its step time over fp32's; each round by
+// round, with their median.
 func MedianRounds(rounds [][]Result) ([]Result, []string) {
 	if len(rounds) == 0 {
 		return nil, nil
@@ -318,45 +321,63 @@ func MedianRounds(rounds [][]Result) ([]Result, []string) {
 		config        string
 	}
 	keyOf := func(r Result) key { return key{r.Engine, r.Model, r.Batch, r.Config} }
+	// ratios is, round by round, the median step time of the result at
+	// key num over that at key den (speed: den's over num's), where both ran.
+	ratios := func(num, den key) (each []float64) {
+		for _, rs := range rounds {
+			var a, b float64
+			for _, x := range rs {
+				switch keyOf(x) {
+				case num:
+					a = x.MedianMS
+				case den:
+					b = x.MedianMS
+				}
+			}
+			if a > 0 && b > 0 {
+				each = append(each, a/b)
+			}
+		}
+		return each
+	}
+	note := func(r Result, what string, each []float64, label func(i int) string) string {
+		parts := make([]string, len(each))
+		for i, x := range each {
+			parts[i] = fmt.Sprintf("%.2fx%s", x, label(i))
+		}
+		sorted := slices.Sorted(slices.Values(each))
+		mid := sorted[len(sorted)/2]
+		if len(sorted)%2 == 0 {
+			mid = (sorted[len(sorted)/2-1] + mid) / 2
+		}
+		return fmt.Sprintf("%s batch %d %s over %d rounds, %s round by round: %s; median %.2fx.",
+			r.Model, r.Batch, r.Config, len(each), what, strings.Join(parts, ", "), mid)
+	}
 	var out []Result
 	var notes []string
 	for _, r := range rounds[0] {
 		var same []Result
-		var ratios, sorted []float64
-		var each []string
-		torch := keyOf(r)
-		torch.engine = enginePyTorch
-		for i, rs := range rounds {
-			var ms, torchMS float64
+		for _, rs := range rounds {
 			for _, x := range rs {
-				switch keyOf(x) {
-				case keyOf(r):
+				if keyOf(x) == keyOf(r) {
 					same = append(same, x)
-					ms = x.MedianMS
-				case torch:
-					torchMS = x.MedianMS
 				}
 			}
-			if r.Engine != engineLeangrad || ms <= 0 || torchMS <= 0 {
-				continue
-			}
-			first := "leangrad first"
-			if i%2 == 1 {
-				first = "PyTorch first"
-			}
-			ratios = append(ratios, torchMS/ms)
-			each = append(each, fmt.Sprintf("%.2fx (%s)", torchMS/ms, first))
 		}
 		slices.SortStableFunc(same, func(a, b Result) int { return cmp.Compare(a.MedianMS, b.MedianMS) })
 		out = append(out, same[(len(same)-1)/2])
-		if len(rounds) > 1 && len(ratios) > 0 {
-			sorted = slices.Sorted(slices.Values(ratios))
-			mid := sorted[len(sorted)/2]
-			if len(sorted)%2 == 0 {
-				mid = (sorted[len(sorted)/2-1] + mid) / 2
-			}
-			notes = append(notes, fmt.Sprintf("%s batch %d %s over %d rounds, leangrad's speed over PyTorch's round by round: %s; median %.2fx.",
-				r.Model, r.Batch, r.Config, len(ratios), strings.Join(each, ", "), mid))
+		if len(rounds) < 2 || r.Engine != engineLeangrad {
+			continue
+		}
+		torch, fp32 := keyOf(r), keyOf(r)
+		torch.engine, fp32.config = enginePyTorch, "fp32"
+		if each := ratios(torch, keyOf(r)); len(each) == len(rounds) {
+			notes = append(notes, note(r, "leangrad's speed over PyTorch's", each, func(i int) string {
+				return map[bool]string{true: " (leangrad first)", false: " (PyTorch first)"}[i%2 == 0]
+			}))
+		}
+		if each := ratios(keyOf(r), fp32); r.Config != "fp32" && len(each) == len(rounds) {
+			notes = append(notes, note(r, "its step time over fp32's", each, func(int) string { return "" }))
 		}
 	}
 	return out, notes

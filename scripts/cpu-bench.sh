@@ -6,8 +6,8 @@
 # cores, away from CPU 0, which the system uses most; lscpu's topology is saved beside the logs).
 #   1. bench -device cpu: SGEMM GFLOP/s and the FMA peak, ResNet-20 (batch 32) and the MLP
 #      (batch 128), fp32 and AMP, beside PyTorch CPU in ROUNDS rounds (default 6) that alternate
-#      which engine runs first (with PYTORCH_AMP=0: fp32 beside PyTorch, AMP against fp32 in one
-#      process with each operation's time);
+#      which engine runs first (with PYTORCH_AMP=0: fp32 beside PyTorch, and AMP against fp32 in
+#      one process, also in ROUNDS rounds, with each operation's time);
 #   2. the README's CPU main job (2000 images, one epoch), with this build and with .gpu/old's
 #      when it is there.
 # COMMIT names the commit the binaries were built from; PYTORCH_AMP=0 skips PyTorch's float16
@@ -32,13 +32,13 @@ if [ "${PYTORCH_AMP:-1}" = 0 ]; then
   echo "bench amp exit: $?"
   bash .gpu/run bin/bench -merge "$w/bench-fp32/bench.json,$w/bench-amp/bench.json" -out "$w/bench" > "$w/bench.log" 2>&1
   cat "$w/bench-fp32.log" "$w/bench-amp.log" | grep -E '^(leangrad|pytorch) |over [0-9]+ rounds' >> "$w/bench.log"
-  # AMP against fp32 in one process, one after the other (the two processes
-  # above run at different times of a shared machine), with each kind of
-  # operation's time in a step (-profile).
-  timeout 150 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-pair" -specs "resnet20:32 mlp:128" \
-    -configs fp32,amp -pytorch "" -steps 20 -warmup 3 -claims=false -profile -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
+  # AMP against fp32 in one process (the two processes above run at
+  # different times of a shared machine), in ROUNDS rounds that alternate
+  # their order, with each kind of operation's time in a step (-profile).
+  timeout 300 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench-pair" -specs "resnet20:32 mlp:128" \
+    -configs fp32,amp -pytorch "" -steps 15 -warmup 3 -rounds "${ROUNDS:-6}" -claims=false -profile -commit "${COMMIT:-}" > "$w/bench-pair.log" 2>&1
   echo "bench pair exit: $?"
-  grep -E '^(leangrad|profile:) ' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
+  grep -E '^(leangrad|profile:) |over [0-9]+ rounds' "$w/bench-pair.log" | sed 's/^/pair: /' >> "$w/bench.log"
 else
   timeout 400 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/bench" -specs "resnet20:32 mlp:128" \
     -configs fp32,amp -steps 15 -warmup 3 -rounds "${ROUNDS:-6}" -claims=false -commit "${COMMIT:-}" > "$w/bench.log" 2>&1

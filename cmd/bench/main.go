@@ -93,7 +93,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
-	fs.IntVar(&o.rounds, "rounds", 1, "time leangrad and PyTorch this many times each, alternating which runs first; each result is its engine's median round, and a note gives the ratio round by round")
+	fs.IntVar(&o.rounds, "rounds", 1, "time leangrad and PyTorch this many times each, alternating which runs first (and the order of the configurations); each result is its median round, and notes give the ratios to PyTorch and to fp32 round by round")
 	fs.StringVar(&o.pytorch, "pytorch", "benchmarks/pytorch/ref.py", `PyTorch reference script ("" to skip)`)
 	fs.StringVar(&o.python, "python", "python3", "Python interpreter with PyTorch")
 	fs.BoolVar(&o.claims, "claims", true, "run the seed-claims suite")
@@ -243,15 +243,21 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		}
 	}
 	// Each round times every spec in both engines, the first engine
-	// alternating (leangrad first, then PyTorch first, …): on a shared
-	// machine whose speed drifts, neither engine always runs in the later,
-	// or the earlier, part of the run.
+	// alternating (leangrad first, then PyTorch first, …), and leangrad's
+	// configurations in turn forwards and backwards: on a shared machine
+	// whose speed drifts, no engine or configuration always runs in the
+	// later, or the earlier, part of the run.
 	var rounds [][]benchmarks.Result
 	for round := range o.rounds {
 		var lg, pt []benchmarks.Result
 		timeLeangrad := func() error {
+			order := configs
+			if round%2 == 1 {
+				order = slices.Clone(configs)
+				slices.Reverse(order)
+			}
 			var err error
-			lg, err = runLeangrad(o, dev, specs, configs, bo, stderr)
+			lg, err = runLeangrad(o, dev, specs, order, bo, stderr)
 			return err
 		}
 		timePyTorch := func() error {

@@ -70,9 +70,9 @@ func TestBenchWithoutPyTorch(t *testing.T) {
 	}
 }
 
-// TestBenchRounds: with -rounds, the engines alternate which runs first,
-// each result is its engine's median round, and a note gives the ratio
-// round by round. A stand-in interpreter plays PyTorch, its step taking
+// TestBenchRounds: with -rounds, the engines alternate which runs first and
+// leangrad's configurations their order, each result is its median round,
+// and notes give the ratios to PyTorch and to fp32 round by round. A stand-in interpreter plays PyTorch, its step taking
 // 10, 20 and 30 ms in its three rounds.
 func TestBenchRounds(t *testing.T) {
 	dir := t.TempDir()
@@ -87,7 +87,7 @@ printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	code := run([]string{"-device", "cpu", "-specs", "mlp:4", "-configs", "fp32", "-steps", "1", "-warmup", "0", "-rounds", "3",
+	code := run([]string{"-device", "cpu", "-specs", "mlp:4", "-configs", "fp32,amp", "-steps", "1", "-warmup", "0", "-rounds", "3",
 		"-pytorch", python, "-python", python, "-claims=false", "-out", dir}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
@@ -95,14 +95,14 @@ printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4
 	var order []string
 	for _, line := range strings.Split(errb.String(), "\n") {
 		switch {
-		case strings.HasPrefix(line, "leangrad "):
-			order = append(order, "L")
+		case strings.HasPrefix(line, "leangrad ") && strings.HasSuffix(strings.Fields(line)[5], ":"):
+			order = append(order, "L"+strings.TrimSuffix(strings.Fields(line)[5], ":"))
 		case strings.HasPrefix(line, "pytorch round "):
 			order = append(order, "P")
 		}
 	}
-	if got := strings.Join(order, ""); got != "LPPLLP" {
-		t.Errorf("engines ran in the order %s, want LPPLLP (leangrad first, then PyTorch first, then leangrad)", got)
+	if got, want := strings.Join(order, " "), "Lfp32 Lamp P P Lamp Lfp32 Lfp32 Lamp P"; got != want {
+		t.Errorf("ran in the order %s, want %s (leangrad first, then PyTorch first, then leangrad; the configurations alternating)", got, want)
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "bench.json"))
 	if err != nil {
@@ -115,19 +115,19 @@ printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4
 		} `json:"results"`
 		Notes []string `json:"notes"`
 	}
-	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Results) != 2 {
+	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Results) != 3 {
 		t.Fatalf("bench.json: %v %+v", err, rep)
 	}
-	if r := rep.Results[1]; r.Engine != "pytorch" || r.MedianMS != 20 {
+	if r := rep.Results[2]; r.Engine != "pytorch" || r.MedianMS != 20 {
 		t.Errorf("PyTorch's result %+v, want its median round (20 ms)", r)
 	}
-	var note string
+	var torchNote, ampNote bool
 	for _, n := range rep.Notes {
-		if strings.Contains(n, "over 3 rounds") {
-			note = n
-		}
+		torchNote = torchNote || strings.HasPrefix(n, "mlp batch 4 fp32 over 3 rounds, leangrad's speed over PyTorch's round by round: ") &&
+			strings.Contains(n, "(PyTorch first)")
+		ampNote = ampNote || strings.HasPrefix(n, "mlp batch 4 amp over 3 rounds, its step time over fp32's round by round: ")
 	}
-	if !strings.Contains(note, "(leangrad first)") || !strings.Contains(note, "(PyTorch first)") || !strings.Contains(note, "; median ") {
-		t.Errorf("no round-by-round note: %q", rep.Notes)
+	if !torchNote || !ampNote {
+		t.Errorf("no round-by-round notes against PyTorch and fp32: %q", rep.Notes)
 	}
 }
