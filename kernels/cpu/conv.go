@@ -371,12 +371,12 @@ func (g grid) fill(dst []float32, src values, n0, ch int, spread func(n, grain i
 	clear(dst[ch*phases*g.plane():])
 	spread(ch, 1, func(lo, hi int) {
 		if phases > 1 {
-			row := getScratch(g.w)
-			defer putScratch(row)
+			img := getScratch(g.h * g.w)
+			defer putScratch(img)
 			for c := lo; c < hi; c++ {
 				clear(dst[c*phases*g.plane() : (c+1)*phases*g.plane()])
 				for i := 0; i < g.k; i++ {
-					g.deal(dst, src, ((n0+i)*ch+c)*g.h*g.w, c, i, row)
+					g.deal(dst, src, ((n0+i)*ch+c)*g.h*g.w, c, i, img)
 				}
 			}
 			return
@@ -398,11 +398,16 @@ func (g grid) fill(dst []float32, src values, n0, ch int, spread func(n, grain i
 	})
 }
 
-// deal writes the image at src[off:] (channel c of slot i) into its phases,
-// a row at a time through row (w values), over zeros.
-func (g grid) deal(dst []float32, src values, off, c, i int, row []float32) {
+// deal writes the image at src[off:] (channel c of slot i) into its phases
+// over zeros, through buf (h·w values) for F16 images: with stride 2 in
+// assembly where the CPU has it (dealVec), otherwise a row at a time.
+func (g grid) deal(dst []float32, src values, off, c, i int, buf []float32) {
+	first := c*g.sh*g.sw*g.plane() + g.origin + i*g.hp*g.wp // phase (0, 0)'s row 0
+	if g.sh == 2 && g.sw == 2 && dealVec(dst[first:], g.wp, g.plane(), src.span(off, g.h*g.w, buf), g.w, g.h) {
+		return
+	}
 	for y := 0; y < g.h; y++ {
-		v := src.span(off+y*g.w, g.w, row)
+		v := src.span(off+y*g.w, g.w, buf)
 		a := y % g.sh
 		for b := 0; b < g.sw; b++ {
 			at := ((c*g.sh+a)*g.sw+b)*g.plane() + g.origin + (i*g.hp+y/g.sh)*g.wp

@@ -233,6 +233,8 @@ func TestConv(t *testing.T) {
 		// images than one product's grid holds.
 		{N: 4, C: 3, H: 6, W: 9, K: 5, R: 2, S: 3, StrideH: 1, StrideW: 1, PadH: 0, PadW: 2},
 		{N: 300, C: 2, H: 7, W: 7, K: 3, R: 3, S: 3, StrideH: 1, StrideW: 1, PadH: 1, PadW: 1},
+		// Stride 2 over rows longer than one step of the phases' assembly (32).
+		{N: 2, C: 3, H: 7, W: 37, K: 4, R: 3, S: 3, StrideH: 2, StrideW: 2, PadH: 1, PadW: 1},
 	} {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			x, xv := randBuf(t, rng, p.N*p.C*p.H*p.W)

@@ -3,6 +3,7 @@
 package cpu
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -100,6 +101,23 @@ var maskedPasses = hasAVX512 && cpu.X86.HasAVX512BW
 // activations, loaded with VCVTPH2PS and stored with VCVTPS2PH) instead of
 // over float32 copies of them (norm.go). Tests turn it off to compare.
 var halfPasses = maskedPasses
+
+//go:noescape
+func deal2(dst *float32, wp, plane int, src *float32, w, h int)
+
+// dealVec deals an h×w image out to its four stride-2 phases in dst (see
+// grid.deal), phase (a, b)'s row r at dst[(a·2 + b)·plane + r·wp:], and
+// reports whether it did: with masked passes (AVX-512F and BW) only.
+func dealVec(dst []float32, wp, plane int, src []float32, w, h int) bool {
+	if !maskedPasses || w <= 0 || h <= 0 {
+		return false
+	}
+	if len(src) < w*h || len(dst) <= 3*plane+(h-1)/2*wp+(w-1)/2 || wp < (w+1)/2 {
+		panic(fmt.Sprintf("cpu: dealing a %d×%d image from %d values into %d with row stride %d and phase stride %d", h, w, len(src), len(dst), wp, plane))
+	}
+	deal2(unsafe.SliceData(dst), wp, plane, unsafe.SliceData(src), w, h)
+	return true
+}
 
 // vecLen is how many leading values of n the AVX-512 passes take: a
 // multiple of 16, or none without AVX-512.

@@ -27,6 +27,8 @@ const noPasses = "cpu: batch norm's passes without amd64 assembly"
 
 func reluVec(y, x []float32) int { return 0 }
 
+func dealVec(dst []float32, wp, plane int, src []float32, w, h int) bool { return false }
+
 func binaryVec(op kernels.BinaryOp, y, a, b values, ya, aa, ba, n int) bool { return false }
 
 func reluGradHalf(dx, dy, y []uint16) bool { return false }

@@ -390,7 +390,8 @@ func TestGemmOpTiles(t *testing.T) {
 // stride-1 convolutions (batch 32, 3×3, padding 1), as the CPU backend
 // runs them over a padded grid of a chunk of images: the forward with B
 // read in place (GemmShifted) and the same product with B packed (GemmOp),
-// and the filter gradient as tiles of dot products (GemmRows). Flops count
+// and the filter gradient as tiles of dot products (GemmRows), with A's rows
+// where they fall and on 64-byte boundaries. Flops count
 // every grid column computed, so this isolates the products from the
 // grid's fill and from the pixels it computes and drops.
 func BenchmarkGemmConv(b *testing.B) {
@@ -407,10 +408,11 @@ func BenchmarkGemmConv(b *testing.B) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		grid := random(rng, s.c*plane+mu.WindowLen(cols)+2*wp+2)
 		w := random(rng, s.c*len(offs))
-		out := make([]float32, s.c*cols)
-		rows := make([]int, s.c)
+		pitch := ceil(cols, 16) * 16 // rows of A on 64-byte boundaries (for rows-aligned)
+		out := make([]float32, s.c*pitch)
+		rows, aligned := make([]int, s.c), make([]int, s.c)
 		for k := range rows {
-			rows[k] = k * cols
+			rows[k], aligned[k] = k*cols, k*pitch
 		}
 		dw := make([]float32, s.c*len(offs))
 		k := len(offs)
@@ -426,6 +428,9 @@ func BenchmarkGemmConv(b *testing.B) {
 			}},
 			{"rows", func() {
 				mu.GemmRows(s.c, k, cols, Rows{Data: out, Offsets: rows}, Rows{Data: grid, Offsets: offs}, 0, dw, k)
+			}},
+			{"rows-aligned", func() {
+				mu.GemmRows(s.c, k, cols, Rows{Data: out, Offsets: aligned}, Rows{Data: grid, Offsets: offs}, 0, dw, k)
 			}},
 		} {
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.c, s.hw, s.hw, p.name), func(b *testing.B) {
