@@ -25,8 +25,7 @@ import (
 // images in place instead, forward and backward (see shiftable below).
 
 // chunkColumns is about how many output pixels a chunk of images spans: wide
-// enough for full tiles and for every core, small enough to keep the scratch
-// in cache.
+// enough for full tiles, small enough to keep a core's scratch in cache.
 const chunkColumns = 4096
 
 // imagesPerChunk is how many images one product covers.
@@ -269,7 +268,9 @@ func col2im(p kernels.ConvParams, col []float32, ld int, x []float32) {
 // for columns): a stride-1 read, so the same shifted products compute it,
 // over padding of ⌈padH/sh⌉ rows and ⌈padW/sw⌉ columns.
 
-// gridPixels is about how many grid pixels one shifted product covers.
+// gridPixels is about how many grid pixels one shifted product covers: a
+// chunk's grid and product stay in a core's L2 (4096 ran 5-35% faster than
+// 16384 on the development machine).
 const gridPixels = 4096
 
 // shiftable reports whether p's forward is computed by shifted products:

@@ -129,7 +129,7 @@ func TestGemm(t *testing.T) {
 					copy(f32s(c), c0)
 					kb.Gemm(tc, a, b, c)
 					check(t, kb.Kernel()+" C", c, want, 1e-5)
-					if dt == kernels.F16 { // AMP's products: F16 C too, rounded a tile at a time
+					if dt == kernels.F16 { // AMP's products: F16 C too, rounded a column of tiles at a time
 						kb.Cast(ch, c0buf(t, c0))
 						kb.Gemm(tc, a, b, ch)
 						check(t, kb.Kernel()+" F16 C", ch, want, 2e-3)

@@ -10,8 +10,8 @@ import (
 // product runs on every core; a batch of products runs one product per core.
 // F16 operands are converted as their blocks are packed (sgemm.Half), not
 // into a float32 copy of the whole matrix first, and an F16 C is computed
-// in float32 scratch and rounded into C a tile at a time, as each tile is
-// finished (sgemm's GemmOpTiles), hot in cache.
+// in float32 scratch and rounded into C a column of tiles at a time, as
+// each is finished (sgemm's GemmOpTiles), hot in cache.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
 	batch := max(p.Batch, 1)
