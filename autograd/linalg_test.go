@@ -30,10 +30,12 @@ func TestLinearUnderAutocast(t *testing.T) {
 	if y.DType() != tensor.F16 {
 		t.Fatalf("y is %v under autocast, want f16", y.DType())
 	}
-	g := ag.Cast(tensor.FromFloat32(dev, gv, n, out), tensor.F16)
+	g32 := tensor.FromFloat32(dev, gv, n, out)
+	g := ag.Cast(g32, tensor.F16)
 	ag.Backward(y, ag.WithGrad(g))
-	y.Release()
-	g.Release()
+	for _, t := range []*tensor.Tensor{y, g, g32} {
+		t.Release()
+	}
 
 	h := func(v float32) float64 { return float64(float16.Fromfloat32(v).Float32()) }
 	xv, wv := x.Float32s(), w.Float32s()

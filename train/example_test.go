@@ -19,6 +19,7 @@ func ExampleTrainer() {
 	if err != nil {
 		panic(err)
 	}
+	defer nn.Release(model) // the model is the caller's, not the trainer's
 	cfg := train.Config{Model: "resnet8", Epochs: 3, Batch: 32, LR: 0.05, Momentum: 0.9, WeightDecay: 5e-4,
 		Optimizer: "sgd", Schedule: "cosine", AMP: true, Checkpoint: "blocks", Seed: 1}
 	loader := datasets.NewLoader(trainSet, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 1})

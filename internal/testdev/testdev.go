@@ -92,3 +92,17 @@ func FreeAddr(t testing.TB) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// RunWithoutLeaks runs a package's tests (from its TestMain) and then fails
+// the run if the garbage collector finds tensors that were never released.
+// A leaked tensor's memory returns to its pool whenever the collector gets
+// to it, so a leak in one test makes the memory checks of whichever test
+// runs then fail at random.
+func RunWithoutLeaks(m *testing.M) int {
+	code := m.Run()
+	if n := tensor.CollectLeaks(); n > 0 && code == 0 {
+		fmt.Printf("FAIL: %d tensors were never released (tensor.SetDebug(true) and tensor.LiveReport say where they were made)\n", n)
+		return 1
+	}
+	return code
+}
