@@ -469,6 +469,20 @@ func (c *Backend) sumOverStretches(n int, dw []float32, f func(mm *sgemm.Multipl
 	})
 }
 
+// chunks runs f over the images of p a chunk at a time (imagesPerChunk: the
+// patches path), a stretch of chunks per goroutine (stretches), with
+// scratch that a goroutine's calls share: f(mm, n0, n, scratch) for images
+// [n0, n0+n).
+func (c *Backend) chunks(p kernels.ConvParams, f func(mm *sgemm.Multiplier, n0, n int, scratch *[]float32)) {
+	c.stretches(p.N, func(mm *sgemm.Multiplier, _, i0, i1 int) {
+		var scratch []float32
+		defer func() { putScratch(scratch) }()
+		for n0, nb := i0, imagesPerChunk(p); n0 < i1; n0 += nb {
+			f(mm, n0, min(nb, i1-n0), &scratch)
+		}
+	})
+}
+
 // shiftConv computes dst (n×m×OH×OW) = wmat (m × cin·r·s) ⊛ src (n×cin×h×w
 // padded by padH, padW) for an r×s filter with stride sh×sw (shiftable),
 // a stretch of images per goroutine, each filling its own grid,
@@ -553,25 +567,19 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	defer doneX()
 	ys, done := out(y)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	c.stretches(p.N, func(mm *sgemm.Multiplier, _, i0, i1 int) {
-		nb := imagesPerChunk(p)
-		var scratch []float32
-		defer func() { putScratch(scratch) }()
-		for n0 := i0; n0 < i1; n0 += nb {
-			n := min(nb, i1-n0)
-			q := p
-			q.N = n
-			b := patches{p: q, x: xs[n0*chw : (n0+n)*chw]}
-			if n == 1 {
-				mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
-				continue
-			}
-			scratch = growScratch(scratch, p.K*n*l)
-			mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, scratch, n*l)
-			for i := 0; i < n; i++ {
-				for k := 0; k < p.K; k++ {
-					copy(ys[((n0+i)*p.K+k)*l:][:l], scratch[k*n*l+i*l:])
-				}
+	c.chunks(p, func(mm *sgemm.Multiplier, n0, n int, scratch *[]float32) {
+		q := p
+		q.N = n
+		b := patches{p: q, x: xs[n0*chw : (n0+n)*chw]}
+		if n == 1 {
+			mm.GemmOp(p.K, l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, ys[n0*p.K*l:], l)
+			return
+		}
+		*scratch = growScratch(*scratch, p.K*n*l)
+		mm.GemmOp(p.K, n*l, crs, 1, sgemm.MatrixA(ws, crs, false), b, 0, *scratch, n*l)
+		for i := 0; i < n; i++ {
+			for k := 0; k < p.K; k++ {
+				copy(ys[((n0+i)*p.K+k)*l:][:l], (*scratch)[k*n*l+i*l:])
 			}
 		}
 	})
@@ -603,20 +611,14 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 	defer doneDY()
 	dxs, done := out(dx)
 	chw, crs, l := p.C*p.H*p.W, p.C*p.R*p.S, p.OutH()*p.OutW()
-	c.stretches(p.N, func(mm *sgemm.Multiplier, _, i0, i1 int) {
-		nb := imagesPerChunk(p)
-		var scratch []float32
-		defer func() { putScratch(scratch) }()
-		for n0 := i0; n0 < i1; n0 += nb {
-			n := min(nb, i1-n0)
-			b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
-			scratch = growScratch(scratch, crs*n*l)
-			mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, scratch, n*l)
-			for i := 0; i < n; i++ {
-				img := dxs[(n0+i)*chw : (n0+i+1)*chw]
-				clear(img)
-				col2im(p, scratch[i*l:], n*l, img)
-			}
+	c.chunks(p, func(mm *sgemm.Multiplier, n0, n int, scratch *[]float32) {
+		b := planes{data: dys[n0*p.K*l : (n0+n)*p.K*l], rows: p.K, cols: l}
+		*scratch = growScratch(*scratch, crs*n*l)
+		mm.GemmOp(crs, n*l, p.K, 1, sgemm.MatrixA(ws, crs, true), b, 0, *scratch, n*l)
+		for i := 0; i < n; i++ {
+			img := dxs[(n0+i)*chw : (n0+i+1)*chw]
+			clear(img)
+			col2im(p, (*scratch)[i*l:], n*l, img)
 		}
 	})
 	done()

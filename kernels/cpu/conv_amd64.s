@@ -5,48 +5,13 @@
 // MASK sets k to the low CX bits (CX ≤ 16), with BX as scratch.
 #define MASK(k) MOVL $1, BX; SHLL CX, BX; DECL BX; KMOVW BX, k
 
-// The lanes of thirty-two pixels that go to the even and the odd phase.
-DATA ·dealEven+0(SB)/4, $0
-DATA ·dealEven+4(SB)/4, $2
-DATA ·dealEven+8(SB)/4, $4
-DATA ·dealEven+12(SB)/4, $6
-DATA ·dealEven+16(SB)/4, $8
-DATA ·dealEven+20(SB)/4, $10
-DATA ·dealEven+24(SB)/4, $12
-DATA ·dealEven+28(SB)/4, $14
-DATA ·dealEven+32(SB)/4, $16
-DATA ·dealEven+36(SB)/4, $18
-DATA ·dealEven+40(SB)/4, $20
-DATA ·dealEven+44(SB)/4, $22
-DATA ·dealEven+48(SB)/4, $24
-DATA ·dealEven+52(SB)/4, $26
-DATA ·dealEven+56(SB)/4, $28
-DATA ·dealEven+60(SB)/4, $30
-GLOBL ·dealEven(SB), RODATA|NOPTR, $64
-DATA ·dealOdd+0(SB)/4, $1
-DATA ·dealOdd+4(SB)/4, $3
-DATA ·dealOdd+8(SB)/4, $5
-DATA ·dealOdd+12(SB)/4, $7
-DATA ·dealOdd+16(SB)/4, $9
-DATA ·dealOdd+20(SB)/4, $11
-DATA ·dealOdd+24(SB)/4, $13
-DATA ·dealOdd+28(SB)/4, $15
-DATA ·dealOdd+32(SB)/4, $17
-DATA ·dealOdd+36(SB)/4, $19
-DATA ·dealOdd+40(SB)/4, $21
-DATA ·dealOdd+44(SB)/4, $23
-DATA ·dealOdd+48(SB)/4, $25
-DATA ·dealOdd+52(SB)/4, $27
-DATA ·dealOdd+56(SB)/4, $29
-DATA ·dealOdd+60(SB)/4, $31
-GLOBL ·dealOdd(SB), RODATA|NOPTR, $64
-
 // func deal2(dst *float32, wp, plane int, src *float32, w, h int)
 //
 // Deals an h×w image at src out to its four stride-2 phases: pixel (y, x)
 // to dst[((y&1)·2 + (x&1))·plane + (y>>1)·wp + (x>>1)], a row at a time,
-// thirty-two pixels a step (two loads, two VPERMI2PS, two stores), the
-// last few of a row by masked loads and stores (AVX-512F).
+// thirty-two pixels a step (two loads, two VPERMI2PS with the lanes of
+// dealEven and dealOdd, two stores), the last few of a row by masked loads
+// and stores (AVX-512F).
 TEXT ·deal2(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ wp+8(FP), R8

@@ -105,6 +105,13 @@ var halfPasses = maskedPasses
 //go:noescape
 func deal2(dst *float32, wp, plane int, src *float32, w, h int)
 
+// dealEven and dealOdd are the lanes of thirty-two pixels that go to the
+// even and to the odd phase (deal2's VPERMI2PS indices).
+var (
+	dealEven = [16]int32{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+	dealOdd  = [16]int32{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}
+)
+
 // dealVec deals an h×w image out to its four stride-2 phases in dst (see
 // grid.deal), phase (a, b)'s row r at dst[(a·2 + b)·plane + r·wp:], and
 // reports whether it did: with masked passes (AVX-512F and BW) only.
