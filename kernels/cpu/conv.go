@@ -432,14 +432,15 @@ func imagesPerGrid(n int, g grid) int { return max(1, min(n, gridPixels/(g.hp*g.
 // products' Multiplier: each goroutine keeps its data in its core's caches
 // from the first pass over its images to the last, and the goroutines meet
 // once per call. With fewer images than goroutines, each stretch's products
-// run on the goroutines left over. It returns the number of stretches.
-func (c *Backend) stretches(n int, f func(mm *sgemm.Multiplier, t, i0, i1 int)) int {
-	threads := c.mm.Threads()
-	parts := max(1, min(n, threads))
-	mm := c.mm.WithThreads(max(1, threads/parts))
+// run on the goroutines left over.
+func (c *Backend) stretches(n int, f func(mm *sgemm.Multiplier, t, i0, i1 int)) {
+	parts := c.stretchCount(n)
+	mm := c.mm.WithThreads(max(1, c.mm.Threads()/parts))
 	par.Do(parts, func(t int) { f(mm, t, t*n/parts, (t+1)*n/parts) })
-	return parts
 }
+
+// stretchCount is how many stretches stretches splits n images into.
+func (c *Backend) stretchCount(n int) int { return max(1, min(n, c.mm.Threads())) }
 
 // sumOverStretches computes dw as the sum over the images of their
 // contributions: f(mm, i0, i1, dst) overwrites dst with that of images
@@ -447,7 +448,7 @@ func (c *Backend) stretches(n int, f func(mm *sgemm.Multiplier, t, i0, i1 int)) 
 // are added up in stretch order, so the result depends on the number of
 // goroutines but not on their timing.
 func (c *Backend) sumOverStretches(n int, dw []float32, f func(mm *sgemm.Multiplier, i0, i1 int, dst []float32)) {
-	partials := make([][]float32, max(1, min(n, c.mm.Threads())))
+	partials := make([][]float32, c.stretchCount(n))
 	partials[0] = dw
 	defer func() {
 		for _, d := range partials[1:] {

@@ -148,8 +148,9 @@ func (mu *Multiplier) GemmOp(m, n, k int, alpha float32, a, b Operand, beta floa
 // GemmOpTiles is GemmOp that calls done(i0, i1, j0, j1) as each block of C
 // (rows [i0, i1), columns [j0, j1): a column of tiles, up to blockM rows by
 // one tile's columns, or a goroutine's share when k or alpha is 0) holds its
-// result, on the goroutine that computed it, while it is hot in cache. Blocks do not overlap, and cover C once. The CPU backend
-// rounds an F16 product's float32 tiles into its F16 output there.
+// result, on the goroutine that computed it, while it is hot in cache.
+// Blocks do not overlap, and cover C once. The CPU backend rounds an F16
+// product's float32 blocks into its F16 output there.
 func (mu *Multiplier) GemmOpTiles(m, n, k int, alpha float32, a, b Operand, beta float32, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
 	mu.gemm(m, n, k, alpha, a, b, nil, beta, c, ldc, done)
 }
@@ -223,7 +224,7 @@ func (mu *Multiplier) GemmRows(m, n, k int, a, b Rows, beta float32, c []float32
 // of B, which a tall A amortises. Dot tiles won where k ≥ 32·m for the
 // filter gradients of ResNet-20 (on the development machine and on a Xeon:
 // 64 channels of 7×7 images, k = 1024 a goroutine, ran 35% faster packed on
-// the Xeon; 16 and 32 channels, k = 3600, ran as fast or faster as dots).
+// the Xeon; 16 and 32 channels, k = 3600, ran as fast as dots or slower).
 func (mu *Multiplier) dotted(m, k int) bool {
 	return mu.k.dot != nil && k >= dotLanes && k >= 32*m
 }
