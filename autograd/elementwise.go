@@ -225,14 +225,19 @@ func Affine(x *T, alpha, beta float32) *T {
 // Scale returns alpha·x.
 func Scale(x *T, alpha float32) *T { return Affine(x, alpha, 0) }
 
+// Unary returns op(x) elementwise (kernels.UnaryOps lists the ops), saving
+// for the backward the one of x and op(x) that op's derivative reads.
+func Unary(op kernels.UnaryOp, x *T) *T { return unary(op, x) }
+
 func unary(op kernels.UnaryOp, x *T) *T {
 	y := emptyLike(x)
 	x.Backend().Unary(op, y.Buf(), x.Buf())
 	if rec := begin(op.String(), x); rec != nil {
 		var xs, ys *T
-		if op.BackwardUsesInput() {
+		switch op.Def().Uses {
+		case kernels.UsesInput:
 			xs = rec.save(x)
-		} else if op != kernels.Neg {
+		case kernels.UsesOutput:
 			ys = rec.save(y)
 		}
 		rec.finish(y, func(g *T) []*T {
@@ -281,6 +286,10 @@ func Tanh(x *T) *T { return unary(kernels.Tanh, x) }
 
 // Recip returns 1/x.
 func Recip(x *T) *T { return unary(kernels.Recip, x) }
+
+// GELU returns the Gaussian error linear unit of x in GPT-2's tanh form,
+// ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+func GELU(x *T) *T { return unary(kernels.GELU, x) }
 
 // Cast returns x converted to dt; the gradient is converted back.
 func Cast(x *T, dt tensor.DType) *T { return castOn(x.Device(), x, dt) }

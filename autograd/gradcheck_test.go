@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -121,17 +122,14 @@ func convCase(n, c, h, w, k, r, stride, pad int, bias bool) gradCase {
 }
 
 func gradCases() []gradCase {
-	cases := []gradCase{
-		unaryCase("neg", normal, ag.Neg),
-		unaryCase("exp", normal, ag.Exp),
-		unaryCase("log", positive, ag.Log),
-		unaryCase("sqrt", positive, ag.Sqrt),
-		unaryCase("abs", awayFromZero, ag.Abs),
-		unaryCase("square", normal, ag.Square),
-		unaryCase("relu", awayFromZero, ag.ReLU),
-		unaryCase("sigmoid", normal, ag.Sigmoid),
-		unaryCase("tanh", normal, ag.Tanh),
-		unaryCase("recip", positive, ag.Recip),
+	var cases []gradCase
+	// Every unary op of the kernels' table, on inputs from its domain.
+	for _, op := range kernels.UnaryOps() {
+		gen := map[kernels.Domain]func(*rand.Rand) float32{kernels.AnyReal: normal, kernels.Positive: positive,
+			kernels.AwayFromZero: awayFromZero}[op.Def().Domain]
+		cases = append(cases, unaryCase(op.String(), gen, func(x *tensor.Tensor) *tensor.Tensor { return ag.Unary(op, x) }))
+	}
+	cases = append(cases, []gradCase{
 		unaryCase("affine", normal, func(x *tensor.Tensor) *tensor.Tensor { return ag.Affine(x, -1.5, 0.25) }),
 		unaryCase("reshape", normal, func(x *tensor.Tensor) *tensor.Tensor { return ag.Reshape(x, 7, -1) }),
 		unaryCase("flatten", normal, ag.Flatten),
@@ -242,7 +240,7 @@ func gradCases() []gradCase {
 			h = ag.GlobalAvgPool(ag.AvgPool2d(h, 2, 2, 0))
 			return ag.CrossEntropy(ag.Linear(h, in[4], nil), in[5])
 		}, opt: ag.GradCheckOptions{RTol: 5e-2}},
-	}
+	}...)
 	return cases
 }
 

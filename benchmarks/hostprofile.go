@@ -5,16 +5,30 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
 )
 
 // hostProfiler times each operation a synchronous backend (the CPU's) runs,
 // by kind of operation and dtype: there the host time of a call is the
 // operation's run time. It is the profiler of backends without a device
-// profiler; Profile runs the steps on a device over it.
+// profiler; Profile runs the steps on a device over it. It wraps every
+// method of kernels.Backend by name (it does not embed the interface), so
+// a new operation without a wrapper here does not compile, rather than
+// drop out of the profile.
 type hostProfiler struct {
-	kernels.Backend
+	b  kernels.Backend
 	by map[string]*kernels.OpTime // nil when not profiling
 }
+
+var _ kernels.Backend = (*hostProfiler)(nil)
+
+// The methods that run no operation pass straight through.
+
+func (h *hostProfiler) Name() string                 { return h.b.Name() }
+func (h *hostProfiler) Info() kernels.Info           { return h.b.Info() }
+func (h *hostProfiler) Allocator() *memory.Allocator { return h.b.Allocator() }
+func (h *hostProfiler) Stream() memory.Stream        { return h.b.Stream() }
+func (h *hostProfiler) Synchronize() error           { return h.b.Synchronize() }
 
 // op starts timing an operation of kind op on operands of b's dtype; the
 // function it returns ends it.
@@ -63,175 +77,175 @@ func (h *hostProfiler) Delay(time.Duration) {}
 
 func (h *hostProfiler) Write(dst kernels.Buf, src []byte) {
 	defer h.op("Write", dst)()
-	h.Backend.Write(dst, src)
+	h.b.Write(dst, src)
 }
 
 func (h *hostProfiler) Read(dst []byte, src kernels.Buf) {
 	defer h.op("Read", src)()
-	h.Backend.Read(dst, src)
+	h.b.Read(dst, src)
 }
 
 func (h *hostProfiler) Copy(dst, src kernels.Buf) {
 	defer h.op("Copy", dst)()
-	h.Backend.Copy(dst, src)
+	h.b.Copy(dst, src)
 }
 
 func (h *hostProfiler) CopyMany(dst, src []kernels.Buf) {
 	defer h.op("CopyMany", first(dst))()
-	h.Backend.CopyMany(dst, src)
+	h.b.CopyMany(dst, src)
 }
 
 func (h *hostProfiler) Fill(dst kernels.Buf, v float32) {
 	defer h.op("Fill", dst)()
-	h.Backend.Fill(dst, v)
+	h.b.Fill(dst, v)
 }
 
 func (h *hostProfiler) Cast(dst, src kernels.Buf) {
 	defer h.op("Cast "+src.DType.String()+" to", dst)()
-	h.Backend.Cast(dst, src)
+	h.b.Cast(dst, src)
 }
 
 func (h *hostProfiler) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	defer h.op(op.String(), x)()
-	h.Backend.Unary(op, dst, x)
+	h.b.Unary(op, dst, x)
 }
 
 func (h *hostProfiler) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	defer h.op(op.String()+" backward", dy)()
-	h.Backend.UnaryBackward(op, dx, dy, x, y)
+	h.b.UnaryBackward(op, dx, dy, x, y)
 }
 
 func (h *hostProfiler) Affine(dst, x kernels.Buf, alpha, beta float32) {
 	defer h.op("Affine", x)()
-	h.Backend.Affine(dst, x, alpha, beta)
+	h.b.Affine(dst, x, alpha, beta)
 }
 
 func (h *hostProfiler) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
 	defer h.op(op.String(), dst)()
-	h.Backend.Binary(op, dst, a, b, bc)
+	h.b.Binary(op, dst, a, b, bc)
 }
 
 func (h *hostProfiler) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
 	defer h.op("Reduce "+op.String(), x)()
-	h.Backend.Reduce(op, dst, x, r)
+	h.b.Reduce(op, dst, x, r)
 }
 
 func (h *hostProfiler) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reduction) {
 	defer h.op("ReduceMaxBackward", dy)()
-	h.Backend.ReduceMaxBackward(dx, dy, x, y, r)
+	h.b.ReduceMaxBackward(dx, dy, x, y, r)
 }
 
 func (h *hostProfiler) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
 	defer h.op("ArgMax", x)()
-	h.Backend.ArgMax(dst, x, r)
+	h.b.ArgMax(dst, x, r)
 }
 
 func (h *hostProfiler) Gemm(p kernels.GemmParams, a, b, c kernels.Buf) {
 	defer h.op("Gemm", a)()
-	h.Backend.Gemm(p, a, b, c)
+	h.b.Gemm(p, a, b, c)
 }
 
 func (h *hostProfiler) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	defer h.op("Conv2d", x)()
-	h.Backend.Conv2d(p, x, w, y)
+	h.b.Conv2d(p, x, w, y)
 }
 
 func (h *hostProfiler) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	defer h.op("Conv2dBackwardData", dy)()
-	h.Backend.Conv2dBackwardData(p, dy, w, dx)
+	h.b.Conv2dBackwardData(p, dy, w, dx)
 }
 
 func (h *hostProfiler) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	defer h.op("Conv2dBackwardFilter", dy)()
-	h.Backend.Conv2dBackwardFilter(p, x, dy, dw)
+	h.b.Conv2dBackwardFilter(p, x, dy, dw)
 }
 
 func (h *hostProfiler) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {
 	defer h.op("BatchNormTrain", x)()
-	h.Backend.BatchNormTrain(p, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd)
+	h.b.BatchNormTrain(p, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd)
 }
 
 func (h *hostProfiler) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
 	defer h.op("BatchNormEval", x)()
-	h.Backend.BatchNormEval(p, x, residual, gamma, beta, runMean, runVar, y)
+	h.b.BatchNormEval(p, x, residual, gamma, beta, runMean, runVar, y)
 }
 
 func (h *hostProfiler) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	defer h.op("BatchNormBackward", dy)()
-	h.Backend.BatchNormBackward(p, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta)
+	h.b.BatchNormBackward(p, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta)
 }
 
 func (h *hostProfiler) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	defer h.op("MaxPool2d", x)()
-	h.Backend.MaxPool2d(p, x, y)
+	h.b.MaxPool2d(p, x, y)
 }
 
 func (h *hostProfiler) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf) {
 	defer h.op("MaxPool2dBackward", dy)()
-	h.Backend.MaxPool2dBackward(p, x, dy, dx)
+	h.b.MaxPool2dBackward(p, x, dy, dx)
 }
 
 func (h *hostProfiler) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	defer h.op("AvgPool2d", x)()
-	h.Backend.AvgPool2d(p, x, y)
+	h.b.AvgPool2d(p, x, y)
 }
 
 func (h *hostProfiler) AvgPool2dBackward(p kernels.PoolParams, dy, dx kernels.Buf) {
 	defer h.op("AvgPool2dBackward", dy)()
-	h.Backend.AvgPool2dBackward(p, dy, dx)
+	h.b.AvgPool2dBackward(p, dy, dx)
 }
 
 func (h *hostProfiler) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) {
 	defer h.op("CrossEntropy", logits)()
-	h.Backend.CrossEntropy(logits, labels, lse, loss, n, k)
+	h.b.CrossEntropy(logits, labels, lse, loss, n, k)
 }
 
 func (h *hostProfiler) CrossEntropyBackward(logits, labels, lse, dloss, dlogits kernels.Buf, n, k int) {
 	defer h.op("CrossEntropyBackward", logits)()
-	h.Backend.CrossEntropyBackward(logits, labels, lse, dloss, dlogits, n, k)
+	h.b.CrossEntropyBackward(logits, labels, lse, dloss, dlogits, n, k)
 }
 
 func (h *hostProfiler) Uniform(dst kernels.Buf, lo, hi float32, g kernels.Philox) {
 	defer h.op("Uniform", dst)()
-	h.Backend.Uniform(dst, lo, hi, g)
+	h.b.Uniform(dst, lo, hi, g)
 }
 
 func (h *hostProfiler) Normal(dst kernels.Buf, mean, std float32, g kernels.Philox) {
 	defer h.op("Normal", dst)()
-	h.Backend.Normal(dst, mean, std, g)
+	h.b.Normal(dst, mean, std, g)
 }
 
 func (h *hostProfiler) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	defer h.op("Dropout", x)()
-	h.Backend.Dropout(dst, x, p, g)
+	h.b.Dropout(dst, x, p, g)
 }
 
 func (h *hostProfiler) SGD(p kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	defer h.op("SGD", first(params))()
-	h.Backend.SGD(p, params, grads, moms)
+	h.b.SGD(p, params, grads, moms)
 }
 
 func (h *hostProfiler) AdamW(p kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	defer h.op("AdamW", first(params))()
-	h.Backend.AdamW(p, params, grads, m, v)
+	h.b.AdamW(p, params, grads, m, v)
 }
 
 func (h *hostProfiler) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	defer h.op("UnscaleCheck", first(grads))()
-	h.Backend.UnscaleCheck(grads, scale, found)
+	h.b.UnscaleCheck(grads, scale, found)
 }
 
 func (h *hostProfiler) UpdateScale(p kernels.ScalerParams, scale, tracker, found, skipped kernels.Buf) {
 	defer h.op("UpdateScale", scale)()
-	h.Backend.UpdateScale(p, scale, tracker, found, skipped)
+	h.b.UpdateScale(p, scale, tracker, found, skipped)
 }
 
 func (h *hostProfiler) Increment(counter kernels.Buf, n int64, unless kernels.Buf) {
 	defer h.op("Increment", counter)()
-	h.Backend.Increment(counter, n, unless)
+	h.b.Increment(counter, n, unless)
 }
 
 func (h *hostProfiler) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
 	defer h.op("AccumulateMetrics", logits)()
-	h.Backend.AccumulateMetrics(sums, loss, logits, labels, n, k)
+	h.b.AccumulateMetrics(sums, loss, logits, labels, n, k)
 }

@@ -68,69 +68,6 @@ func (b Buf) Bytes() int64 { return int64(b.N) * int64(b.DType.Size()) }
 // Valid reports whether b refers to memory.
 func (b Buf) Valid() bool { return b.Block != nil }
 
-// UnaryOp is an elementwise function of one argument.
-type UnaryOp uint8
-
-// The unary operations. Each has a backward (UnaryBackward) that uses the
-// forward's input x, its output y, or neither.
-const (
-	Neg     UnaryOp = iota + 1 // -x
-	Exp                        // e^x
-	Log                        // ln x
-	Sqrt                       // √x
-	Abs                        // |x|
-	Square                     // x²
-	ReLU                       // max(x, 0)
-	Sigmoid                    // 1/(1+e^-x)
-	Tanh                       // tanh x
-	Recip                      // 1/x
-)
-
-var unaryNames = [...]string{Neg: "neg", Exp: "exp", Log: "log", Sqrt: "sqrt", Abs: "abs",
-	Square: "square", ReLU: "relu", Sigmoid: "sigmoid", Tanh: "tanh", Recip: "recip"}
-
-func (op UnaryOp) String() string {
-	if int(op) < len(unaryNames) && unaryNames[op] != "" {
-		return unaryNames[op]
-	}
-	return fmt.Sprintf("unary(%d)", op)
-}
-
-// BackwardUsesInput reports whether op's derivative is computed from the
-// forward's input x; otherwise it comes from the output y (or from neither).
-func (op UnaryOp) BackwardUsesInput() bool {
-	switch op {
-	case Log, Abs, Square:
-		return true
-	}
-	return false
-}
-
-// BinaryOp is an elementwise function of two arguments, with broadcasting.
-type BinaryOp uint8
-
-// The binary operations.
-const (
-	Add BinaryOp = iota + 1
-	Sub
-	Mul
-	Div
-)
-
-func (op BinaryOp) String() string {
-	switch op {
-	case Add:
-		return "add"
-	case Sub:
-		return "sub"
-	case Mul:
-		return "mul"
-	case Div:
-		return "div"
-	}
-	return fmt.Sprintf("binary(%d)", op)
-}
-
 // ReduceOp is a reduction along one axis.
 type ReduceOp uint8
 
@@ -140,6 +77,9 @@ const (
 	Mean
 	Max
 )
+
+// ReduceOps lists the reductions.
+func ReduceOps() []ReduceOp { return []ReduceOp{Sum, Mean, Max} }
 
 func (op ReduceOp) String() string {
 	switch op {

@@ -33,11 +33,16 @@ func buf(t *testing.T, dt kernels.DType, n int) kernels.Buf {
 }
 
 func randBuf(t *testing.T, rng *rand.Rand, n int) (kernels.Buf, []float64) {
+	return domainBuf(t, rng, n, (*rand.Rand).NormFloat64)
+}
+
+// domainBuf is an F32 buffer of n values drawn by gen, and the values.
+func domainBuf(t *testing.T, rng *rand.Rand, n int, gen func(*rand.Rand) float64) (kernels.Buf, []float64) {
 	b := buf(t, kernels.F32, n)
 	v := f32s(b)
 	ref := make([]float64, n)
 	for i := range v {
-		v[i] = float32(rng.NormFloat64())
+		v[i] = float32(gen(rng))
 		ref[i] = float64(v[i])
 	}
 	return b, ref
@@ -563,18 +568,30 @@ func TestElementwiseAndReduce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 1))
 	x, xv := randBuf(t, rng, 60)
 	y := buf(t, kernels.F32, 60)
-	for op, f := range map[kernels.UnaryOp]func(float64) float64{
-		kernels.Neg: func(v float64) float64 { return -v }, kernels.Exp: math.Exp,
-		kernels.Abs: math.Abs, kernels.Square: func(v float64) float64 { return v * v },
-		kernels.ReLU: func(v float64) float64 { return math.Max(v, 0) }, kernels.Tanh: math.Tanh,
-		kernels.Sigmoid: func(v float64) float64 { return 1 / (1 + math.Exp(-v)) },
-	} {
-		want := make([]float64, len(xv))
-		for i, v := range xv {
-			want[i] = f(v)
+	// Every unary op and its backward against its float64 reference, on
+	// inputs from its domain.
+	for _, op := range kernels.UnaryOps() {
+		d := op.Def()
+		in, iv := x, xv
+		switch d.Domain {
+		case kernels.Positive:
+			in, iv = domainBuf(t, rng, 60, func(r *rand.Rand) float64 { return 0.25 + 2*r.Float64() })
+		case kernels.AwayFromZero:
+			in, iv = domainBuf(t, rng, 60, func(r *rand.Rand) float64 { return (0.1 + r.Float64()) * float64(1-2*r.IntN(2)) })
 		}
-		be.Unary(op, y, x)
+		want := make([]float64, len(iv))
+		for i, v := range iv {
+			want[i] = d.Ref(v)
+		}
+		be.Unary(op, y, in)
 		check(t, op.String(), y, want, 1e-6)
+		dy, dyv := randBuf(t, rng, 60)
+		dx := buf(t, kernels.F32, 60)
+		for i, v := range iv {
+			want[i] = dyv[i] * d.RefDeriv(v)
+		}
+		be.UnaryBackward(op, dx, dy, in, y)
+		check(t, op.String()+" backward", dx, want, 1e-5)
 	}
 	// ReLU passes NaN through (as PyTorch does), on the vector path and the tail.
 	nan := buf(t, kernels.F32, 40)
@@ -639,35 +656,12 @@ func TestElementwiseAndReduce(t *testing.T) {
 
 	// Same shapes, every op.
 	z, zv := randBuf(t, rng, 60)
-	for op, f := range map[kernels.BinaryOp]func(a, b float64) float64{
-		kernels.Add: func(a, b float64) float64 { return a + b }, kernels.Sub: func(a, b float64) float64 { return a - b },
-		kernels.Mul: func(a, b float64) float64 { return a * b }, kernels.Div: func(a, b float64) float64 { return a / b },
-	} {
+	for _, op := range kernels.BinaryOps() {
 		for i := range want {
-			want[i] = f(xv[i], zv[i])
+			want[i] = op.Def().Ref(xv[i], zv[i])
 		}
 		be.Binary(op, y, x, z, kernels.NewBroadcast([]int{60}, []int{60}, []int{60}))
 		check(t, op.String(), y, want, 1e-6)
-	}
-
-	// Backward: ReLU from its output (the fast loop), Tanh from its output
-	// and Square from its input (the general one).
-	dy, dyv := randBuf(t, rng, 60)
-	dx := buf(t, kernels.F32, 60)
-	for _, c := range []struct {
-		op   kernels.UnaryOp
-		grad func(x, dy float64) float64
-	}{
-		{kernels.ReLU, func(x, dy float64) float64 { return map[bool]float64{true: dy}[x > 0] }},
-		{kernels.Tanh, func(x, dy float64) float64 { return dy * (1 - math.Tanh(x)*math.Tanh(x)) }},
-		{kernels.Square, func(x, dy float64) float64 { return 2 * x * dy }},
-	} {
-		be.Unary(c.op, y, x)
-		for i := range want {
-			want[i] = c.grad(xv[i], dyv[i])
-		}
-		be.UnaryBackward(c.op, dx, dy, x, y)
-		check(t, c.op.String()+" backward", dx, want, 1e-5)
 	}
 }
 
@@ -1034,8 +1028,7 @@ func TestElementwiseF16MatchesF32(t *testing.T) {
 	}
 	var ops []op
 	for _, n := range []int{5, 2049, 140001} {
-		for _, u := range []kernels.UnaryOp{kernels.Neg, kernels.Exp, kernels.Log, kernels.Sqrt, kernels.Abs,
-			kernels.Square, kernels.ReLU, kernels.Sigmoid, kernels.Tanh, kernels.Recip} {
+		for _, u := range kernels.UnaryOps() {
 			ops = append(ops,
 				op{fmt.Sprintf("%v/%d", u, n), [][]int{{n}}, []int{n}, func(y kernels.Buf, in ...kernels.Buf) { be.Unary(u, y, in[0]) }, true},
 				op{fmt.Sprintf("%v backward/%d", u, n), [][]int{{n}, {n}}, []int{n}, func(y kernels.Buf, in ...kernels.Buf) {
@@ -1057,7 +1050,7 @@ func TestElementwiseF16MatchesF32(t *testing.T) {
 		{{2, 3, 2500}, {1, 3, 1}, {2, 3, 2500}},    // stride 0 past a chunk
 		{{7, 1}, {1, 300}, {7, 300}},               // an outer sum: both strided
 	} {
-		for _, b := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
+		for _, b := range kernels.BinaryOps() {
 			bc := kernels.NewBroadcast(shapes[2], shapes[0], shapes[1])
 			ops = append(ops, op{fmt.Sprintf("%v/%v,%v", b, shapes[0], shapes[1]), [][]int{shapes[0], shapes[1]}, shapes[2],
 				func(y kernels.Buf, in ...kernels.Buf) { be.Binary(b, y, in[0], in[1], bc) }, slices.Equal(shapes[0], shapes[2])})

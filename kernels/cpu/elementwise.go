@@ -1,79 +1,12 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/leangrad/leangrad/kernels"
 )
 
 const elemGrain = 1 << 16
-
-func unaryFunc(op kernels.UnaryOp) func(float32) float32 {
-	switch op {
-	case kernels.Neg:
-		return func(x float32) float32 { return -x }
-	case kernels.Exp:
-		return func(x float32) float32 { return float32(math.Exp(float64(x))) }
-	case kernels.Log:
-		return func(x float32) float32 { return float32(math.Log(float64(x))) }
-	case kernels.Sqrt:
-		return func(x float32) float32 { return float32(math.Sqrt(float64(x))) }
-	case kernels.Abs:
-		return func(x float32) float32 { return float32(math.Abs(float64(x))) }
-	case kernels.Square:
-		return func(x float32) float32 { return x * x }
-	case kernels.ReLU:
-		return func(x float32) float32 { return max(x, 0) }
-	case kernels.Sigmoid:
-		return func(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
-	case kernels.Tanh:
-		return func(x float32) float32 { return float32(math.Tanh(float64(x))) }
-	case kernels.Recip:
-		return func(x float32) float32 { return 1 / x }
-	}
-	panic(fmt.Sprintf("cpu: unknown unary op %v", op))
-}
-
-// unaryGrad returns op'(·) as a function of the forward's input x and output y.
-func unaryGrad(op kernels.UnaryOp) func(dy, x, y float32) float32 {
-	switch op {
-	case kernels.Neg:
-		return func(dy, x, y float32) float32 { return -dy }
-	case kernels.Exp:
-		return func(dy, x, y float32) float32 { return dy * y }
-	case kernels.Log:
-		return func(dy, x, y float32) float32 { return dy / x }
-	case kernels.Sqrt:
-		return func(dy, x, y float32) float32 { return dy * 0.5 / y }
-	case kernels.Abs:
-		return func(dy, x, y float32) float32 {
-			switch {
-			case x > 0:
-				return dy
-			case x < 0:
-				return -dy
-			}
-			return 0
-		}
-	case kernels.Square:
-		return func(dy, x, y float32) float32 { return 2 * x * dy }
-	case kernels.ReLU:
-		return func(dy, x, y float32) float32 {
-			if y > 0 {
-				return dy
-			}
-			return 0
-		}
-	case kernels.Sigmoid:
-		return func(dy, x, y float32) float32 { return dy * y * (1 - y) }
-	case kernels.Tanh:
-		return func(dy, x, y float32) float32 { return dy * (1 - y*y) }
-	case kernels.Recip:
-		return func(dy, x, y float32) float32 { return -dy * y * y }
-	}
-	panic(fmt.Sprintf("cpu: unknown unary op %v", op))
-}
 
 // chunkLen is how many values of each operand an elementwise operation or a
 // reduction holds as float32 at a time. F32 operands are read and written
@@ -84,7 +17,7 @@ const chunkLen = 2048
 // Unary computes dst = op(x).
 func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	kernels.CheckLen("unary "+op.String(), x.N, dst)
-	f := unaryFunc(op)
+	f := op.Def().F
 	mapChunks(valuesOf(dst), valuesOf(x), x.N, func(y, x []float32) {
 		if op == kernels.ReLU { // the common one, without a call per element
 			n := reluVec(y, x)
@@ -124,7 +57,7 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	if y.Valid() {
 		kernels.CheckLen("unary backward y", dy.N, y)
 	}
-	g := unaryGrad(op)
+	g := op.Def().Grad
 	dyv, xv, yv, dxv := valuesOf(dy), optValuesOf(x), optValuesOf(y), valuesOf(dx)
 	parallel(dy.N, elemGrain, func(lo, hi int) {
 		if op == kernels.ReLU && dxv.f16 != nil && dyv.f16 != nil && yv.f16 != nil &&
@@ -155,7 +88,7 @@ func (c *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 }
 
 // reluGrad writes d = dy where y > 0 and 0 elsewhere (a NaN y passes no
-// gradient, as unaryGrad).
+// gradient, as ReLU's Grad).
 func reluGrad(d, dy, y []float32) {
 	n := reluGradVec(d, dy, y)
 	for i, v := range dy[n:] {
@@ -182,19 +115,7 @@ func (c *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 // Binary computes dst = a op b with broadcasting.
 func (c *Backend) Binary(op kernels.BinaryOp, dst, a, b kernels.Buf, bc kernels.Broadcast) {
 	kernels.CheckLen("binary "+op.String(), bc.Len(), dst)
-	var f func(x, y float32) float32
-	switch op {
-	case kernels.Add:
-		f = func(x, y float32) float32 { return x + y }
-	case kernels.Sub:
-		f = func(x, y float32) float32 { return x - y }
-	case kernels.Mul:
-		f = func(x, y float32) float32 { return x * y }
-	case kernels.Div:
-		f = func(x, y float32) float32 { return x / y }
-	default:
-		panic(fmt.Sprintf("cpu: unknown binary op %v", op))
-	}
+	f := op.Def().F
 	av, bv, yv := valuesOf(a), valuesOf(b), valuesOf(dst)
 	if bc.Same() {
 		kernels.CheckLen("binary "+op.String(), dst.N, a, b)

@@ -40,10 +40,10 @@ type Backend struct {
 
 	mu          sync.Mutex // guards everything below
 	module      uintptr
-	funcs       map[string]uintptr
+	funcs       [][]uintptr // the module's functions, by kernel and instantiation (newFunctionTable)
 	blas        uintptr
 	blasWS      *memory.Block
-	args        *arena
+	args        *launchArgs
 	staging     [2]staging
 	nextStage   int
 	dnn         *cudnnAPI // nil: convolutions by im2col + cuBLAS
@@ -104,7 +104,7 @@ func open(index int, opts Options) (*Backend, error) {
 	if index < 0 || index >= n {
 		return nil, fmt.Errorf("cuda:%d does not exist: the driver reports %d device(s)", index, n)
 	}
-	d := drv
+	d, _ := loadDriver() // DeviceCount loaded it
 	cb, err := loadCUBLAS()
 	if err != nil {
 		return nil, err
@@ -116,29 +116,29 @@ func open(index int, opts Options) (*Backend, error) {
 	defer runtime.UnlockOSThread()
 
 	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, asked: asked, d: d, cb: cb,
-		funcs: map[string]uintptr{}, args: new(arena), plans: map[planKey]*convPlan{}}
+		funcs: newFunctionTable(), args: new(launchArgs), plans: map[planKey]*convPlan{}}
 	b.captureDone = sync.NewCond(&b.mu)
 	var dev int32
-	if err := d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
+	if err := d.check("cuDeviceGet", d.deviceGet(unsafe.Pointer(&dev), int32(index))); err != nil {
 		return nil, err
 	}
 	nameBuf := make([]byte, 256)
-	call(d.cuDeviceGetName, uintptr(unsafe.Pointer(&nameBuf[0])), uintptr(len(nameBuf)), uintptr(dev))
+	d.deviceGetName(unsafe.Pointer(&nameBuf[0]), int32(len(nameBuf)), dev)
 	b.devName = cString(unsafe.Pointer(&nameBuf[0]))
-	attr := func(a int) int {
+	attr := func(a int32) int {
 		var v int32
-		d.must("cuDeviceGetAttribute", call(d.cuDeviceGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(a), uintptr(dev)))
+		d.must("cuDeviceGetAttribute", d.deviceGetAttribute(unsafe.Pointer(&v), a, dev))
 		return int(v)
 	}
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
 	b.sms = attr(attrMultiprocessorCount)
-	if err := d.check("cuDevicePrimaryCtxRetain", call(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&b.ctx)), uintptr(dev))); err != nil {
+	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err
 	}
-	if err := d.check("cuCtxSetCurrent", call(d.cuCtxSetCurrent, b.ctx)); err != nil {
+	if err := d.check("cuCtxSetCurrent", d.ctxSetCurrent(b.ctx)); err != nil {
 		return nil, err
 	}
-	if err := d.check("cuStreamCreate", call(d.cuStreamCreate, uintptr(unsafe.Pointer(&b.stream)), cuStreamNonBlocking)); err != nil {
+	if err := d.check("cuStreamCreate", d.streamCreate(unsafe.Pointer(&b.stream), cuStreamNonBlocking)); err != nil {
 		return nil, err
 	}
 
@@ -152,19 +152,19 @@ func open(index int, opts Options) (*Backend, error) {
 		how = "loaded from the cache in " + cacheDir(opts.KernelCache)
 	}
 	b.CompileLog = fmt.Sprintf("kernels for %s %s in %v", b.arch, how, time.Since(start).Round(time.Millisecond))
-	if err := d.check("cuModuleLoadData", call(d.cuModuleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&cubin[0])))); err != nil {
+	if err := d.check("cuModuleLoadData", d.moduleLoadData(unsafe.Pointer(&b.module), unsafe.Pointer(&cubin[0]))); err != nil {
 		return nil, err
 	}
 
-	if err := cb.check("cublasCreate", call(cb.cublasCreate, uintptr(unsafe.Pointer(&b.blas)))); err != nil {
+	if err := cb.check("cublasCreate", cb.create(unsafe.Pointer(&b.blas))); err != nil {
 		return nil, err
 	}
-	cb.must("cublasSetStream", call(cb.cublasSetStream, b.blas, b.stream))
-	mode := uintptr(cublasDefaultMath)
+	cb.must("cublasSetStream", cb.setStream(b.blas, b.stream))
+	mode := int32(cublasDefaultMath)
 	if opts.MatmulTF32 {
 		mode = cublasTF32TensorOpMath
 	}
-	cb.must("cublasSetMathMode", call(cb.cublasSetMathMode, b.blas, mode))
+	cb.must("cublasSetMathMode", cb.setMathMode(b.blas, mode))
 
 	switch dnn, err := loadCUDNN(); {
 	case opts.NoCuDNN:
@@ -172,11 +172,11 @@ func open(index int, opts Options) (*Backend, error) {
 	case err != nil:
 		b.dnnReason = err.Error()
 	default:
-		if err := dnn.check("cudnnCreate", call(dnn.cudnnCreate, uintptr(unsafe.Pointer(&b.dnnHandle)))); err != nil {
+		if err := dnn.check("cudnnCreate", dnn.create(unsafe.Pointer(&b.dnnHandle))); err != nil {
 			b.dnnReason = err.Error()
 			break
 		}
-		dnn.must("cudnnSetStream", call(dnn.cudnnSetStream, b.dnnHandle, b.stream))
+		dnn.must("cudnnSetStream", dnn.setStream(b.dnnHandle, b.stream))
 		b.dnn = dnn
 	}
 
@@ -189,10 +189,10 @@ func open(index int, opts Options) (*Backend, error) {
 	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
 		return nil, err
 	}
-	cb.must("cublasSetWorkspace", call(cb.cublasSetWorkspace, b.blas, b.blasWS.Addr(), blasWorkspace))
+	cb.must("cublasSetWorkspace", cb.setWorkspace(b.blas, b.blasWS.Addr(), blasWorkspace))
 
 	for i := range b.staging {
-		if err := d.check("cuEventCreate", call(d.cuEventCreate, uintptr(unsafe.Pointer(&b.staging[i].event)), cuEventDisableTiming)); err != nil {
+		if err := d.check("cuEventCreate", d.eventCreate(unsafe.Pointer(&b.staging[i].event), cuEventDisableTiming)); err != nil {
 			return nil, err
 		}
 	}
@@ -234,41 +234,41 @@ func (b *Backend) Close() error {
 	if dnn := b.dnn; dnn != nil {
 		for _, pl := range b.plans {
 			for _, desc := range []struct {
-				name string
-				fn   uintptr
-				h    uintptr
-			}{{"cudnnDestroyTensorDescriptor", dnn.cudnnDestroyTensorDescriptor, pl.x}, {"cudnnDestroyFilterDescriptor", dnn.cudnnDestroyFilterDescriptor, pl.w},
-				{"cudnnDestroyTensorDescriptor", dnn.cudnnDestroyTensorDescriptor, pl.y}} {
+				name    string
+				destroy func(uintptr) cudnnStatus
+				h       uintptr
+			}{{"cudnnDestroyTensorDescriptor", dnn.destroyTensorDescriptor, pl.x}, {"cudnnDestroyFilterDescriptor", dnn.destroyFilterDescriptor, pl.w},
+				{"cudnnDestroyTensorDescriptor", dnn.destroyTensorDescriptor, pl.y}} {
 				if desc.h != 0 {
-					keep(dnn.check(desc.name, call(desc.fn, desc.h)))
+					keep(dnn.check(desc.name, desc.destroy(desc.h)))
 				}
 			}
 			for _, c := range pl.conv {
 				if c != 0 {
-					keep(dnn.check("cudnnDestroyConvolutionDescriptor", call(dnn.cudnnDestroyConvolutionDescriptor, c)))
+					keep(dnn.check("cudnnDestroyConvolutionDescriptor", dnn.destroyConvolutionDescriptor(c)))
 				}
 			}
 		}
-		keep(dnn.check("cudnnDestroy", call(dnn.cudnnDestroy, b.dnnHandle)))
+		keep(dnn.check("cudnnDestroy", dnn.destroy(b.dnnHandle)))
 	}
 	b.plans = nil
-	keep(b.cb.check("cublasDestroy", call(b.cb.cublasDestroy, b.blas)))
+	keep(b.cb.check("cublasDestroy", b.cb.destroy(b.blas)))
 	b.alloc.Free(b.blasWS)
 	b.alloc.EmptyCache()
 	d := b.d
 	for i := range b.staging {
 		s := &b.staging[i]
 		if s.ptr != nil {
-			keep(d.check("cuMemFreeHost", call(d.cuMemFreeHost, uintptr(s.ptr))))
+			keep(d.check("cuMemFreeHost", d.memFreeHost(s.ptr)))
 			s.ptr, s.mem = nil, nil
 		}
-		keep(d.check("cuEventDestroy", call(d.cuEventDestroy, s.event)))
+		keep(d.check("cuEventDestroy", d.eventDestroy(s.event)))
 	}
-	keep(d.check("cuModuleUnload", call(d.cuModuleUnload, b.module)))
-	keep(d.check("cuStreamDestroy", call(d.cuStreamDestroy, b.stream)))
+	keep(d.check("cuModuleUnload", d.moduleUnload(b.module)))
+	keep(d.check("cuStreamDestroy", d.streamDestroy(b.stream)))
 	var dev int32
-	if d.check("cuDeviceGet", call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(b.index))) == nil {
-		keep(d.check("cuDevicePrimaryCtxRelease", call(d.cuDevicePrimaryCtxRelease, uintptr(dev))))
+	if d.check("cuDeviceGet", d.deviceGet(unsafe.Pointer(&dev), int32(b.index))) == nil {
+		keep(d.check("cuDevicePrimaryCtxRelease", d.primaryCtxRelease(dev)))
 	}
 	return errors.Join(errs...)
 }
@@ -318,7 +318,7 @@ func (b *Backend) Synchronize() error {
 	if b.capturing {
 		return errors.New("cuda: Synchronize while capturing a graph")
 	}
-	return b.d.check("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
+	return b.d.check("cuStreamSynchronize", b.d.streamSynchronize(b.stream))
 }
 
 // MemInfo reports the device's free and total bytes, as the driver (and
@@ -338,7 +338,7 @@ func (b *Backend) enter() {
 	for b.capturing && syscall.Gettid() != b.captureTid {
 		b.captureDone.Wait()
 	}
-	b.d.must("cuCtxSetCurrent", call(b.d.cuCtxSetCurrent, b.ctx))
+	b.d.must("cuCtxSetCurrent", b.d.ctxSetCurrent(b.ctx))
 }
 
 func (b *Backend) exit() {
@@ -354,7 +354,7 @@ type deviceSource struct{ b *Backend }
 func (s *deviceSource) withContext(f func()) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	s.b.d.must("cuCtxSetCurrent", call(s.b.d.cuCtxSetCurrent, s.b.ctx))
+	s.b.d.must("cuCtxSetCurrent", s.b.d.ctxSetCurrent(s.b.ctx))
 	f()
 }
 
@@ -362,7 +362,7 @@ func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
 	var ptr uintptr
 	var err error
 	s.withContext(func() {
-		err = s.b.d.check("cuMemAlloc", call(s.b.d.cuMemAlloc, uintptr(unsafe.Pointer(&ptr)), uintptr(size)))
+		err = s.b.d.check("cuMemAlloc", s.b.d.memAlloc(unsafe.Pointer(&ptr), uintptr(size)))
 	})
 	if isOOM(err) {
 		return memory.Segment{}, fmt.Errorf("%v: %w", err, memory.ErrOutOfMemory)
@@ -375,68 +375,16 @@ func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
 
 func (s *deviceSource) Free(seg memory.Segment) error {
 	var err error
-	s.withContext(func() { err = s.b.d.check("cuMemFree", call(s.b.d.cuMemFree, seg.Addr)) })
+	s.withContext(func() { err = s.b.d.check("cuMemFree", s.b.d.memFree(seg.Addr)) })
 	return err
 }
 
 func (s *deviceSource) MemInfo() (free, total int64) {
 	var f, t uintptr
 	s.withContext(func() {
-		s.b.d.must("cuMemGetInfo", call(s.b.d.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t))))
+		s.b.d.must("cuMemGetInfo", s.b.d.memGetInfo(unsafe.Pointer(&f), unsafe.Pointer(&t)))
 	})
 	return int64(f), int64(t)
-}
-
-// arena holds the arguments of one kernel launch: cuLaunchKernel takes an
-// array of pointers to argument values. It lives on the Go heap, whose
-// objects do not move, is reachable from the Backend for as long as the
-// driver may read it (the launch call), and is reused under the backend's lock.
-type arena struct {
-	data [4096]byte
-	ptrs [64]unsafe.Pointer
-	n    int
-	off  int
-}
-
-func (a *arena) reset() { a.n, a.off = 0, 0 }
-
-func (a *arena) slot(size int) unsafe.Pointer {
-	a.off = (a.off + 7) &^ 7
-	p := unsafe.Pointer(&a.data[a.off])
-	a.ptrs[a.n] = p
-	a.n++
-	a.off += size
-	return p
-}
-
-func (a *arena) i32(v int) *arena     { *(*int32)(a.slot(4)) = int32(v); return a }
-func (a *arena) i64(v int64) *arena   { *(*int64)(a.slot(8)) = v; return a }
-func (a *arena) u64(v uint64) *arena  { *(*uint64)(a.slot(8)) = v; return a }
-func (a *arena) f32(v float32) *arena { *(*float32)(a.slot(4)) = v; return a }
-func (a *arena) ptr(p uintptr) *arena { *(*uintptr)(a.slot(8)) = p; return a }
-
-// val copies a struct passed by value.
-func (a *arena) val(p unsafe.Pointer, size uintptr) *arena {
-	copy(unsafe.Slice((*byte)(a.slot(int(size))), size), unsafe.Slice((*byte)(p), size))
-	return a
-}
-
-// fn returns the kernel of that name from the module.
-func (b *Backend) fn(name string) uintptr {
-	if f := b.funcs[name]; f != 0 {
-		return f
-	}
-	var f uintptr
-	cname := cBytes(name)
-	b.d.must("cuModuleGetFunction("+name+")", call(b.d.cuModuleGetFunction, uintptr(unsafe.Pointer(&f)), b.module, uintptr(unsafe.Pointer(&cname[0]))))
-	b.funcs[name] = f
-	return f
-}
-
-// kernel starts the argument list of a launch.
-func (b *Backend) kernel() *arena {
-	b.args.reset()
-	return b.args
 }
 
 // Launches is the number of kernels, library calls (cuBLAS) and copies the
@@ -446,32 +394,6 @@ func (b *Backend) Launches() uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.launches
-}
-
-// launch runs kernel name on the stream with the arguments gathered since kernel().
-func (b *Backend) launch(name string, gx, gy uint32, block uint32) {
-	if gx == 0 || gy == 0 {
-		return
-	}
-	b.queued(name)
-	r := call(b.d.cuLaunchKernel, b.fn(name), uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, 0, b.stream,
-		uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0)
-	if r != 0 {
-		b.d.must("cuLaunchKernel("+name+")", r)
-	}
-}
-
-// grid is the number of blocks of threads for n elements, capped so that
-// grid-stride loops take over past a few waves.
-func (b *Backend) grid(n int64, threads int) uint32 {
-	g := (n + int64(threads) - 1) / int64(threads)
-	if limit := int64(b.sms) * 32; g > limit {
-		g = limit
-	}
-	if g < 1 {
-		g = 1
-	}
-	return uint32(g)
 }
 
 // staging is a pinned host buffer for copies, with the event of its last use.
@@ -486,11 +408,11 @@ const stagingChunk = 8 << 20
 
 func (s *staging) ready(d *driverAPI) {
 	if s.pending {
-		d.must("cuEventSynchronize", call(d.cuEventSynchronize, s.event))
+		d.must("cuEventSynchronize", d.eventSynchronize(s.event))
 		s.pending = false
 	}
 	if s.ptr == nil {
-		d.must("cuMemHostAlloc", call(d.cuMemHostAlloc, uintptr(unsafe.Pointer(&s.ptr)), stagingChunk, 0))
+		d.must("cuMemHostAlloc", d.memHostAlloc(unsafe.Pointer(&s.ptr), stagingChunk, 0))
 		s.mem = unsafe.Slice((*byte)(s.ptr), stagingChunk)
 	}
 }
@@ -523,8 +445,8 @@ func (b *Backend) Write(dst kernels.Buf, src []byte) {
 		s.ready(b.d)
 		copy(s.mem[:n], src[off:off+n])
 		b.queued("memcpy host to device")
-		b.d.must("cuMemcpyHtoDAsync", call(b.d.cuMemcpyHtoDAsync, base+uintptr(off), uintptr(s.ptr), uintptr(n), b.stream))
-		b.d.must("cuEventRecord", call(b.d.cuEventRecord, s.event, b.stream))
+		b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(base+uintptr(off), s.ptr, uintptr(n), b.stream))
+		b.d.must("cuEventRecord", b.d.eventRecord(s.event, b.stream))
 		s.pending = true
 	}
 }
@@ -542,8 +464,8 @@ func (b *Backend) Read(dst []byte, src kernels.Buf) {
 	for off := 0; off < len(dst); off += stagingChunk {
 		n := min(stagingChunk, len(dst)-off)
 		s.ready(b.d)
-		b.d.must("cuMemcpyDtoHAsync", call(b.d.cuMemcpyDtoHAsync, uintptr(s.ptr), base+uintptr(off), uintptr(n), b.stream))
-		b.d.must("cuStreamSynchronize", call(b.d.cuStreamSynchronize, b.stream))
+		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(s.ptr, base+uintptr(off), uintptr(n), b.stream))
+		b.d.must("cuStreamSynchronize", b.d.streamSynchronize(b.stream))
 		copy(dst[off:off+n], s.mem[:n])
 	}
 }
@@ -565,7 +487,7 @@ func (b *Backend) Copy(dst, src kernels.Buf) {
 	defer b.exit()
 	if src.N > 0 {
 		b.queued("memcpy device to device")
-		b.d.must("cuMemcpyDtoDAsync", call(b.d.cuMemcpyDtoDAsync, ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
+		b.d.must("cuMemcpyDtoDAsync", b.d.memcpyDtoDAsync(ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
 	}
 }
 

@@ -6,7 +6,35 @@ import "github.com/leangrad/leangrad/kernels"
 // im2col and cuBLAS, in chunks of images whose column matrix fits the
 // workspace cap. 1×1, stride-1, unpadded convolutions skip im2col.
 
-func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) string {
+// The im2col kernels (conv.cu). The geometry's fields are the kernels'
+// leading parameters.
+type (
+	convGeom struct {
+		Nb, C, H, W, R, S, Sh, Sw, Ph, Pw, OH, OW int32
+	}
+	colArgs struct { // im2col: x → col; col2im: col → dx
+		convGeom
+		In, Out  uintptr
+		SN, SCRS int64
+	}
+	nklToKnlArgs struct {
+		Nb, K, L int32
+		X, Y     uintptr
+	}
+)
+
+var (
+	kIm2col   = declareTyped[colArgs]("im2col")
+	kCol2im   = declareTyped[colArgs]("col2im")
+	kNklToKnl = declareTyped[nklToKnlArgs]("nkl_to_knl")
+)
+
+func geom(p kernels.ConvParams, nb int) convGeom {
+	return convGeom{int32(nb), int32(p.C), int32(p.H), int32(p.W), int32(p.R), int32(p.S), int32(p.StrideH), int32(p.StrideW),
+		int32(p.PadH), int32(p.PadW), int32(p.OutH()), int32(p.OutW())}
+}
+
+func checkConv(op string, p kernels.ConvParams, x, w, y kernels.Buf) kernels.DType {
 	kernels.CheckConv(op, p, x, w, y)
 	return floatType(op, x, w, y)
 }
@@ -21,12 +49,11 @@ func (b *Backend) chunk(p kernels.ConvParams, perImage int64) int {
 }
 
 // im2col gathers images [n0, n0+cnt) into col with the given strides (caller holds the lock).
-func (b *Backend) im2col(s string, p kernels.ConvParams, n0, cnt int, x kernels.Buf, col uintptr, sN, sCRS int64) {
+func (b *Backend) im2col(s kernels.DType, p kernels.ConvParams, n0, cnt int, x kernels.Buf, col uintptr, sN, sCRS int64) {
 	es := uintptr(x.DType.Size())
 	chw := uintptr(p.C * p.H * p.W)
-	b.kernel().i32(cnt).i32(p.C).i32(p.H).i32(p.W).i32(p.R).i32(p.S).i32(p.StrideH).i32(p.StrideW).
-		i32(p.PadH).i32(p.PadW).i32(p.OutH()).i32(p.OutW()).ptr(ptrOf(x) + uintptr(n0)*chw*es).ptr(col).i64(sN).i64(sCRS)
-	b.launch("im2col_"+s, b.grid(int64(cnt)*int64(p.C*p.R*p.S*p.OutH()*p.OutW()), 256), 1, 256)
+	kIm2col.launch(b, s, b.elems(int64(cnt)*int64(p.C*p.R*p.S*p.OutH()*p.OutW())),
+		colArgs{geom(p, cnt), ptrOf(x) + uintptr(n0)*chw*es, col, sN, sCRS})
 }
 
 // Conv2d computes y = w ⊛ x.
@@ -82,10 +109,8 @@ func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 		cnt := min(nb, p.N-n0)
 		g.b, g.c, g.batch = ptrOf(dy)+uintptr(int64(n0*p.K*l)*es), ws.Addr(), cnt
 		b.gemm(g)
-		b.kernel().i32(cnt).i32(p.C).i32(p.H).i32(p.W).i32(p.R).i32(p.S).i32(p.StrideH).i32(p.StrideW).
-			i32(p.PadH).i32(p.PadW).i32(p.OutH()).i32(p.OutW()).ptr(ws.Addr()).ptr(ptrOf(dx) + uintptr(int64(n0)*chw*es)).
-			i64(int64(crs * l)).i64(int64(l))
-		b.launch("col2im_"+s, b.grid(int64(cnt)*chw, 256), 1, 256)
+		kCol2im.launch(b, s, b.elems(int64(cnt)*chw), colArgs{geom(p, cnt), ws.Addr(), ptrOf(dx) + uintptr(int64(n0)*chw*es),
+			int64(crs * l), int64(l)})
 	}
 }
 
@@ -109,8 +134,8 @@ func (b *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.B
 	for n0 := 0; n0 < p.N; n0 += nb {
 		cnt := min(nb, p.N-n0)
 		b.im2col(s, p, n0, cnt, x, col, int64(l), int64(cnt*l))
-		b.kernel().i32(cnt).i32(p.K).i32(l).ptr(ptrOf(dy) + uintptr(int64(n0*p.K*l)*es)).ptr(dyT)
-		b.launch("nkl_to_knl_"+s, b.grid(int64(cnt*p.K*l), 256), 1, 256)
+		kNklToKnl.launch(b, s, b.elems(int64(cnt*p.K*l)), nklToKnlArgs{int32(cnt), int32(p.K), int32(l),
+			ptrOf(dy) + uintptr(int64(n0*p.K*l)*es), dyT})
 		beta := float32(1)
 		if n0 == 0 {
 			beta = 0

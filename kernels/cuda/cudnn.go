@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -30,80 +29,85 @@ const (
 	cudnnWorkspaceCapBytes = 256 << 20
 )
 
+type cudnnStatus uintptr
+
+// cudnnAPI is libcudnn's functions; see Note [typed bindings]. The
+// algorithm searches and the convolutions take, after the handle, the two
+// operands' descriptors and data, the convolution descriptor, the result's
+// descriptor and data, then (searches) how many results are wanted, a
+// count and the results, or (convolutions) the algorithm; then the
+// workspace and its size.
 type cudnnAPI struct {
 	lib     *library
 	version int
 
-	cudnnGetVersion, cudnnCreate, cudnnSetStream, cudnnGetErrorString,
-	cudnnCreateTensorDescriptor, cudnnSetTensor4dDescriptor,
-	cudnnCreateFilterDescriptor, cudnnSetFilter4dDescriptor,
-	cudnnCreateConvolutionDescriptor, cudnnSetConvolution2dDescriptor, cudnnSetConvolutionMathType,
-	cudnnFindConvolutionForwardAlgorithmEx, cudnnFindConvolutionBackwardDataAlgorithmEx,
-	cudnnFindConvolutionBackwardFilterAlgorithmEx,
-	cudnnConvolutionForward, cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter uintptr
-
-	cudnnDestroy, cudnnDestroyTensorDescriptor, cudnnDestroyFilterDescriptor, cudnnDestroyConvolutionDescriptor uintptr
+	getVersion                                        func() uintptr
+	create                                            func(handle unsafe.Pointer) cudnnStatus
+	destroy                                           func(handle uintptr) cudnnStatus
+	setStream                                         func(handle, stream uintptr) cudnnStatus
+	getErrorString                                    func(s cudnnStatus) uintptr
+	createTensorDescriptor                            func(d unsafe.Pointer) cudnnStatus
+	destroyTensorDescriptor                           func(d uintptr) cudnnStatus
+	setTensor4dDescriptor                             func(d uintptr, format, dtype, n, c, h, w int32) cudnnStatus
+	createFilterDescriptor                            func(d unsafe.Pointer) cudnnStatus
+	destroyFilterDescriptor                           func(d uintptr) cudnnStatus
+	setFilter4dDescriptor                             func(d uintptr, dtype, format, k, c, h, w int32) cudnnStatus
+	createConvolutionDescriptor                       func(d unsafe.Pointer) cudnnStatus
+	destroyConvolutionDescriptor                      func(d uintptr) cudnnStatus
+	setConvolution2dDescriptor                        func(d uintptr, padH, padW, strideH, strideW, dilH, dilW, mode, dtype int32) cudnnStatus
+	setConvolutionMathType                            func(d uintptr, math int32) cudnnStatus
+	findForward, findBackwardData, findBackwardFilter func(handle, aDesc, a, bDesc, b, convDesc, yDesc, y uintptr,
+		requested int32, returned, results unsafe.Pointer, ws, wsSize uintptr) cudnnStatus
+	forward, backwardData, backwardFilter func(handle uintptr, alpha unsafe.Pointer, aDesc, a, bDesc, b, convDesc uintptr,
+		algo int32, ws, wsSize uintptr, beta unsafe.Pointer, yDesc, y uintptr) cudnnStatus
 }
 
-var (
-	cudnnOnce sync.Once
-	cudnn     *cudnnAPI
-	cudnnErr  error
-)
-
-func loadCUDNN() (*cudnnAPI, error) {
-	cudnnOnce.Do(func() {
-		lib, err := openLibrary("cuDNN 9 (libcudnn.so.9, optional)", []string{"libcudnn_*.so.9"}, "libcudnn.so.9")
-		if err != nil {
-			cudnnErr = err
-			return
-		}
-		c := &cudnnAPI{lib: lib}
-		if err := lib.bind(map[string]*uintptr{
-			"cudnnGetVersion": &c.cudnnGetVersion, "cudnnCreate": &c.cudnnCreate, "cudnnSetStream": &c.cudnnSetStream,
-			"cudnnDestroy": &c.cudnnDestroy, "cudnnDestroyTensorDescriptor": &c.cudnnDestroyTensorDescriptor,
-			"cudnnDestroyFilterDescriptor":      &c.cudnnDestroyFilterDescriptor,
-			"cudnnDestroyConvolutionDescriptor": &c.cudnnDestroyConvolutionDescriptor,
-			"cudnnGetErrorString":               &c.cudnnGetErrorString,
-			"cudnnCreateTensorDescriptor":       &c.cudnnCreateTensorDescriptor, "cudnnSetTensor4dDescriptor": &c.cudnnSetTensor4dDescriptor,
-			"cudnnCreateFilterDescriptor": &c.cudnnCreateFilterDescriptor, "cudnnSetFilter4dDescriptor": &c.cudnnSetFilter4dDescriptor,
-			"cudnnCreateConvolutionDescriptor":              &c.cudnnCreateConvolutionDescriptor,
-			"cudnnSetConvolution2dDescriptor":               &c.cudnnSetConvolution2dDescriptor,
-			"cudnnSetConvolutionMathType":                   &c.cudnnSetConvolutionMathType,
-			"cudnnFindConvolutionForwardAlgorithmEx":        &c.cudnnFindConvolutionForwardAlgorithmEx,
-			"cudnnFindConvolutionBackwardDataAlgorithmEx":   &c.cudnnFindConvolutionBackwardDataAlgorithmEx,
-			"cudnnFindConvolutionBackwardFilterAlgorithmEx": &c.cudnnFindConvolutionBackwardFilterAlgorithmEx,
-			"cudnnConvolutionForward":                       &c.cudnnConvolutionForward,
-			"cudnnConvolutionBackwardData":                  &c.cudnnConvolutionBackwardData,
-			"cudnnConvolutionBackwardFilter":                &c.cudnnConvolutionBackwardFilter,
-		}); err != nil {
-			cudnnErr = err
-			return
-		}
-		c.version = int(call(c.cudnnGetVersion))
-		if c.version < 90000 {
-			cudnnErr = fmt.Errorf("%s is cuDNN %d; leangrad binds cuDNN 9", lib.name, c.version)
-			return
-		}
-		cudnn = c
-	})
-	return cudnn, cudnnErr
+func (c *cudnnAPI) symbols() []symbol {
+	return []symbol{
+		fn0("cudnnGetVersion", &c.getVersion), fn1("cudnnCreate", &c.create), fn1("cudnnDestroy", &c.destroy),
+		fn2("cudnnSetStream", &c.setStream), fn1("cudnnGetErrorString", &c.getErrorString),
+		fn1("cudnnCreateTensorDescriptor", &c.createTensorDescriptor), fn1("cudnnDestroyTensorDescriptor", &c.destroyTensorDescriptor),
+		fn7("cudnnSetTensor4dDescriptor", &c.setTensor4dDescriptor),
+		fn1("cudnnCreateFilterDescriptor", &c.createFilterDescriptor), fn1("cudnnDestroyFilterDescriptor", &c.destroyFilterDescriptor),
+		fn7("cudnnSetFilter4dDescriptor", &c.setFilter4dDescriptor),
+		fn1("cudnnCreateConvolutionDescriptor", &c.createConvolutionDescriptor),
+		fn1("cudnnDestroyConvolutionDescriptor", &c.destroyConvolutionDescriptor),
+		fn9("cudnnSetConvolution2dDescriptor", &c.setConvolution2dDescriptor),
+		fn2("cudnnSetConvolutionMathType", &c.setConvolutionMathType),
+		fn13("cudnnFindConvolutionForwardAlgorithmEx", &c.findForward),
+		fn13("cudnnFindConvolutionBackwardDataAlgorithmEx", &c.findBackwardData),
+		fn13("cudnnFindConvolutionBackwardFilterAlgorithmEx", &c.findBackwardFilter),
+		fn13("cudnnConvolutionForward", &c.forward), fn13("cudnnConvolutionBackwardData", &c.backwardData),
+		fn13("cudnnConvolutionBackwardFilter", &c.backwardFilter),
+	}
 }
 
-func (c *cudnnAPI) check(what string, r uintptr) error {
+func (c *cudnnAPI) init(lib *library) error {
+	c.lib = lib
+	c.version = int(c.getVersion())
+	if c.version < 90000 {
+		return fmt.Errorf("%s is cuDNN %d; leangrad binds cuDNN 9", lib.name, c.version)
+	}
+	return nil
+}
+
+var cudnnLib = loader[*cudnnAPI]{what: "cuDNN 9 (libcudnn.so.9, optional)", names: []string{"libcudnn.so.9"},
+	companions: []string{"libcudnn_*.so.9"}, constructor: func() *cudnnAPI { return new(cudnnAPI) }}
+
+func loadCUDNN() (*cudnnAPI, error) { return cudnnLib.load() }
+
+func (c *cudnnAPI) check(what string, r cudnnStatus) error {
 	if r == cudnnStatusSuccess {
 		return nil
 	}
 	e := &Error{Call: what, Code: int(r), Name: "CUDNN_STATUS"}
-	var p [1]unsafe.Pointer
-	*(*uintptr)(unsafe.Pointer(&p[0])) = call(c.cudnnGetErrorString, r)
-	if p[0] != nil {
-		e.Name = cString(p[0])
+	if s := cStringAt(c.getErrorString(r)); s != "" {
+		e.Name = s
 	}
 	return e
 }
 
-func (c *cudnnAPI) must(what string, r uintptr) {
+func (c *cudnnAPI) must(what string, r cudnnStatus) {
 	if err := c.check(what, r); err != nil {
 		panic(err)
 	}
@@ -156,7 +160,7 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 	}
 	c := b.dnn
 	pl := &convPlan{}
-	dtype, math := uintptr(cudnnDataFloat), uintptr(cudnnFMAMath)
+	dtype, math := int32(cudnnDataFloat), int32(cudnnFMAMath)
 	if dt == kernels.F16 {
 		dtype, math = cudnnDataHalf, cudnnTensorOpMath
 	} else if !b.opts.StrictConvF32 {
@@ -165,15 +169,15 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 		pl.strictF32 = true
 	}
 	for _, d := range []*uintptr{&pl.x, &pl.y} {
-		c.must("cudnnCreateTensorDescriptor", call(c.cudnnCreateTensorDescriptor, uintptr(unsafe.Pointer(d))))
+		c.must("cudnnCreateTensorDescriptor", c.createTensorDescriptor(unsafe.Pointer(d)))
 	}
-	c.must("cudnnCreateFilterDescriptor", call(c.cudnnCreateFilterDescriptor, uintptr(unsafe.Pointer(&pl.w))))
+	c.must("cudnnCreateFilterDescriptor", c.createFilterDescriptor(unsafe.Pointer(&pl.w)))
 	for i := range pl.conv {
-		c.must("cudnnCreateConvolutionDescriptor", call(c.cudnnCreateConvolutionDescriptor, uintptr(unsafe.Pointer(&pl.conv[i]))))
-		c.must("cudnnSetConvolution2dDescriptor", call(c.cudnnSetConvolution2dDescriptor, pl.conv[i],
-			uintptr(p.PadH), uintptr(p.PadW), uintptr(p.StrideH), uintptr(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
-		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[i], math))
-		pl.math[i] = int32(math)
+		c.must("cudnnCreateConvolutionDescriptor", c.createConvolutionDescriptor(unsafe.Pointer(&pl.conv[i])))
+		c.must("cudnnSetConvolution2dDescriptor", c.setConvolution2dDescriptor(pl.conv[i],
+			int32(p.PadH), int32(p.PadW), int32(p.StrideH), int32(p.StrideW), 1, 1, cudnnCrossCorrelation, cudnnDataFloat))
+		c.must("cudnnSetConvolutionMathType", c.setConvolutionMathType(pl.conv[i], math))
+		pl.math[i] = math
 	}
 	// The eager workspace budget: anything the search may use (the fastest
 	// algorithm wins), or with LeanConvWorkspace the larger of input and
@@ -183,12 +187,12 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 	if b.opts.LeanConvWorkspace {
 		pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW()) * 4)
 	}
-	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.x, cudnnTensorNCHW, dtype,
-		uintptr(p.N), uintptr(p.C), uintptr(p.H), uintptr(p.W)))
-	c.must("cudnnSetTensor4dDescriptor", call(c.cudnnSetTensor4dDescriptor, pl.y, cudnnTensorNCHW, dtype,
-		uintptr(p.N), uintptr(p.K), uintptr(p.OutH()), uintptr(p.OutW())))
-	c.must("cudnnSetFilter4dDescriptor", call(c.cudnnSetFilter4dDescriptor, pl.w, dtype, cudnnTensorNCHW,
-		uintptr(p.K), uintptr(p.C), uintptr(p.R), uintptr(p.S)))
+	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.x, cudnnTensorNCHW, dtype,
+		int32(p.N), int32(p.C), int32(p.H), int32(p.W)))
+	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.y, cudnnTensorNCHW, dtype,
+		int32(p.N), int32(p.K), int32(p.OutH()), int32(p.OutW())))
+	c.must("cudnnSetFilter4dDescriptor", c.setFilter4dDescriptor(pl.w, dtype, cudnnTensorNCHW,
+		int32(p.K), int32(p.C), int32(p.R), int32(p.S)))
 	b.plans[k] = pl
 	return pl
 }
@@ -214,17 +218,14 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	}
 	perf := new([cudnnMaxAlgos]algoPerf)
 	n := new(int32)
-	var r uintptr
+	var r cudnnStatus
 	switch dir {
 	case 0: // x, w -> y
-		r = call(c.cudnnFindConvolutionForwardAlgorithmEx, b.dnnHandle, pl.x, a, pl.w, bb, pl.conv[0], pl.y, out,
-			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+		r = c.findForward(b.dnnHandle, pl.x, a, pl.w, bb, pl.conv[0], pl.y, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
 	case 1: // w, dy -> dx
-		r = call(c.cudnnFindConvolutionBackwardDataAlgorithmEx, b.dnnHandle, pl.w, a, pl.y, bb, pl.conv[1], pl.x, out,
-			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+		r = c.findBackwardData(b.dnnHandle, pl.w, a, pl.y, bb, pl.conv[1], pl.x, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
 	case 2: // x, dy -> dw
-		r = call(c.cudnnFindConvolutionBackwardFilterAlgorithmEx, b.dnnHandle, pl.x, a, pl.y, bb, pl.conv[2], pl.w, out,
-			cudnnMaxAlgos, uintptr(unsafe.Pointer(n)), uintptr(unsafe.Pointer(perf)), wsAddr, wsSize)
+		r = c.findBackwardFilter(b.dnnHandle, pl.x, a, pl.y, bb, pl.conv[2], pl.w, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
 	}
 	c.must("cudnnFindConvolutionAlgorithmEx", r)
 	// Deterministic algorithms, so that runs (and resumed runs) repeat bit
@@ -296,24 +297,21 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 	ch := cands[choice]
 	if pl.math[dir] != ch.math {
 		c := b.dnn
-		c.must("cudnnSetConvolutionMathType", call(c.cudnnSetConvolutionMathType, pl.conv[dir], uintptr(ch.math)))
+		c.must("cudnnSetConvolutionMathType", c.setConvolutionMathType(pl.conv[dir], ch.math))
 		pl.math[dir] = ch.math
 	}
 	b.alpha, b.beta = 1, 0
-	alpha, beta := uintptr(unsafe.Pointer(&b.alpha)), uintptr(unsafe.Pointer(&b.beta))
+	alpha, beta := unsafe.Pointer(&b.alpha), unsafe.Pointer(&b.beta)
 	c := b.dnn
 	b.queued([...]string{"cudnn forward", "cudnn backward data", "cudnn backward filter"}[dir])
 	var err error
 	switch dir {
 	case 0:
-		err = c.check("cudnnConvolutionForward", call(c.cudnnConvolutionForward, b.dnnHandle, alpha, pl.x, a, pl.w, bb,
-			pl.conv[0], uintptr(ch.algo), ws, ch.ws, beta, pl.y, out))
+		err = c.check("cudnnConvolutionForward", c.forward(b.dnnHandle, alpha, pl.x, a, pl.w, bb, pl.conv[0], ch.algo, ws, ch.ws, beta, pl.y, out))
 	case 1:
-		err = c.check("cudnnConvolutionBackwardData", call(c.cudnnConvolutionBackwardData, b.dnnHandle, alpha, pl.w, a, pl.y, bb,
-			pl.conv[1], uintptr(ch.algo), ws, ch.ws, beta, pl.x, out))
+		err = c.check("cudnnConvolutionBackwardData", c.backwardData(b.dnnHandle, alpha, pl.w, a, pl.y, bb, pl.conv[1], ch.algo, ws, ch.ws, beta, pl.x, out))
 	case 2:
-		err = c.check("cudnnConvolutionBackwardFilter", call(c.cudnnConvolutionBackwardFilter, b.dnnHandle, alpha, pl.x, a, pl.y, bb,
-			pl.conv[2], uintptr(ch.algo), ws, ch.ws, beta, pl.w, out))
+		err = c.check("cudnnConvolutionBackwardFilter", c.backwardFilter(b.dnnHandle, alpha, pl.x, a, pl.y, bb, pl.conv[2], ch.algo, ws, ch.ws, beta, pl.w, out))
 	}
 	if err != nil {
 		// cuDNN refused the algorithm it chose: this shape and direction

@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
 )
 
@@ -16,7 +15,6 @@ type cuResult uintptr
 const (
 	cudaSuccess             cuResult = 0
 	cudaErrorOutOfMemory    cuResult = 2
-	cudaErrorNotReady       cuResult = 600
 	cuStreamNonBlocking              = 1
 	cuEventDisableTiming             = 2
 	attrComputeCapMajor              = 75
@@ -39,103 +37,121 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s (%d)", e.Call, e.Name, e.Code)
 }
 
+// driverAPI is libcuda's functions; see Note [typed bindings].
 type driverAPI struct {
-	lib     *library
 	version int
 
-	cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceGetAttribute,
-	cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuStreamCreate, cuStreamSynchronize, cuMemAlloc, cuMemFree, cuMemGetInfo, cuMemHostAlloc,
-	cuMemFreeHost, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync, cuMemsetD32Async,
-	cuMemsetD16Async, cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
-	cuGetErrorString, cuEventCreate, cuEventRecord, cuEventSynchronize, cuStreamWaitEvent uintptr
-
-	// Closing a backend.
-	cuModuleUnload, cuStreamDestroy, cuDevicePrimaryCtxRelease uintptr
-
-	cuEventElapsedTime, cuEventDestroy uintptr
-
-	// Graphs: stream capture, instantiation, launch.
-	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiateWithFlags, cuGraphLaunch,
-	cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes uintptr
+	init_              func(flags uint32) cuResult
+	driverGetVersion   func(v unsafe.Pointer) cuResult
+	deviceGetCount     func(n unsafe.Pointer) cuResult
+	deviceGet          func(dev unsafe.Pointer, ordinal int32) cuResult
+	deviceGetName      func(name unsafe.Pointer, n int32, dev int32) cuResult
+	deviceGetAttribute func(v unsafe.Pointer, attr int32, dev int32) cuResult
+	primaryCtxRetain   func(ctx unsafe.Pointer, dev int32) cuResult
+	primaryCtxRelease  func(dev int32) cuResult
+	ctxSetCurrent      func(ctx uintptr) cuResult
+	getErrorName       func(err cuResult, s unsafe.Pointer) cuResult
+	getErrorString     func(err cuResult, s unsafe.Pointer) cuResult
+	memAlloc           func(dptr unsafe.Pointer, size uintptr) cuResult
+	memFree            func(dptr uintptr) cuResult
+	memGetInfo         func(free, total unsafe.Pointer) cuResult
+	memHostAlloc       func(p unsafe.Pointer, size uintptr, flags uint32) cuResult
+	memFreeHost        func(p unsafe.Pointer) cuResult
+	memcpyHtoDAsync    func(dst uintptr, src unsafe.Pointer, n uintptr, stream uintptr) cuResult
+	memcpyDtoHAsync    func(dst unsafe.Pointer, src uintptr, n uintptr, stream uintptr) cuResult
+	memcpyDtoDAsync    func(dst, src uintptr, n uintptr, stream uintptr) cuResult
+	memsetD32Async     func(dst uintptr, v uint32, n uintptr, stream uintptr) cuResult
+	memsetD16Async     func(dst uintptr, v uint16, n uintptr, stream uintptr) cuResult
+	moduleLoadData     func(mod unsafe.Pointer, image unsafe.Pointer) cuResult
+	moduleUnload       func(mod uintptr) cuResult
+	moduleGetFunction  func(f unsafe.Pointer, mod uintptr, name unsafe.Pointer) cuResult
+	launchKernel       func(f uintptr, gx, gy, gz, bx, by, bz, sharedBytes uint32, stream uintptr, params, extra unsafe.Pointer) cuResult
+	streamCreate       func(stream unsafe.Pointer, flags uint32) cuResult
+	streamDestroy      func(stream uintptr) cuResult
+	streamSynchronize  func(stream uintptr) cuResult
+	streamWaitEvent    func(stream, event uintptr, flags uint32) cuResult
+	streamBeginCapture func(stream uintptr, mode uint32) cuResult
+	streamEndCapture   func(stream uintptr, graph unsafe.Pointer) cuResult
+	eventCreate        func(event unsafe.Pointer, flags uint32) cuResult
+	eventDestroy       func(event uintptr) cuResult
+	eventRecord        func(event, stream uintptr) cuResult
+	eventSynchronize   func(event uintptr) cuResult
+	eventElapsedTime   func(ms unsafe.Pointer, start, end uintptr) cuResult
+	graphInstantiate   func(exec unsafe.Pointer, graph uintptr, flags uint64) cuResult
+	graphLaunch        func(exec, stream uintptr) cuResult
+	graphExecDestroy   func(exec uintptr) cuResult
+	graphDestroy       func(graph uintptr) cuResult
+	graphGetNodes      func(graph uintptr, nodes, n unsafe.Pointer) cuResult
+	funcSetAttribute   func(f uintptr, attr int32, v int32) cuResult
 }
 
-var (
-	driverOnce sync.Once
-	drv        *driverAPI
-	driverErr  error
-)
+func (d *driverAPI) symbols() []symbol {
+	return []symbol{
+		fn1("cuInit", &d.init_), fn1("cuDriverGetVersion", &d.driverGetVersion),
+		fn1("cuDeviceGetCount", &d.deviceGetCount), fn2("cuDeviceGet", &d.deviceGet),
+		fn3("cuDeviceGetName", &d.deviceGetName), fn3("cuDeviceGetAttribute", &d.deviceGetAttribute),
+		fn2("cuDevicePrimaryCtxRetain", &d.primaryCtxRetain), fn1("cuDevicePrimaryCtxRelease_v2", &d.primaryCtxRelease),
+		fn1("cuCtxSetCurrent", &d.ctxSetCurrent),
+		fn2("cuGetErrorName", &d.getErrorName), fn2("cuGetErrorString", &d.getErrorString),
+		fn2("cuMemAlloc_v2", &d.memAlloc), fn1("cuMemFree_v2", &d.memFree), fn2("cuMemGetInfo_v2", &d.memGetInfo),
+		fn3("cuMemHostAlloc", &d.memHostAlloc), fn1("cuMemFreeHost", &d.memFreeHost),
+		fn4("cuMemcpyHtoDAsync_v2", &d.memcpyHtoDAsync), fn4("cuMemcpyDtoHAsync_v2", &d.memcpyDtoHAsync),
+		fn4("cuMemcpyDtoDAsync_v2", &d.memcpyDtoDAsync),
+		fn4("cuMemsetD32Async", &d.memsetD32Async), fn4("cuMemsetD16Async", &d.memsetD16Async),
+		fn2("cuModuleLoadData", &d.moduleLoadData), fn1("cuModuleUnload", &d.moduleUnload),
+		fn3("cuModuleGetFunction", &d.moduleGetFunction), fn11("cuLaunchKernel", &d.launchKernel),
+		fn3("cuFuncSetAttribute", &d.funcSetAttribute),
+		fn2("cuStreamCreate", &d.streamCreate), fn1("cuStreamDestroy_v2", &d.streamDestroy),
+		fn1("cuStreamSynchronize", &d.streamSynchronize), fn3("cuStreamWaitEvent", &d.streamWaitEvent),
+		fn2("cuStreamBeginCapture_v2", &d.streamBeginCapture), fn2("cuStreamEndCapture", &d.streamEndCapture),
+		fn2("cuEventCreate", &d.eventCreate), fn1("cuEventDestroy_v2", &d.eventDestroy),
+		fn2("cuEventRecord", &d.eventRecord), fn1("cuEventSynchronize", &d.eventSynchronize),
+		fn3("cuGraphInstantiateWithFlags", &d.graphInstantiate), fn2("cuGraphLaunch", &d.graphLaunch),
+		fn1("cuGraphExecDestroy", &d.graphExecDestroy), fn1("cuGraphDestroy", &d.graphDestroy),
+		fn3("cuGraphGetNodes", &d.graphGetNodes),
+	}
+}
+
+func (d *driverAPI) init(lib *library) error {
+	// CUDA 12.8 added cuEventElapsedTime_v2, which CUDA 13's headers map
+	// the name to; older drivers have only the first version.
+	for _, name := range []string{"cuEventElapsedTime_v2", "cuEventElapsedTime"} {
+		if p, err := lib.sym(name); err == nil {
+			fn3(name, &d.eventElapsedTime).set(p)
+			break
+		}
+	}
+	if d.eventElapsedTime == nil {
+		return fmt.Errorf("the CUDA driver is too old or incomplete: %s has no cuEventElapsedTime", lib.name)
+	}
+	if err := d.check("cuInit", d.init_(0)); err != nil {
+		return err
+	}
+	var v int32
+	if err := d.check("cuDriverGetVersion", d.driverGetVersion(unsafe.Pointer(&v))); err != nil {
+		return err
+	}
+	d.version = int(v)
+	return nil
+}
+
+var driver = loader[*driverAPI]{what: "the CUDA driver (libcuda.so.1, installed with the NVIDIA driver)",
+	names: []string{"libcuda.so.1", "libcuda.so"}, constructor: func() *driverAPI { return new(driverAPI) }}
 
 // loadDriver binds libcuda.so.1 and initialises the driver, once.
-func loadDriver() (*driverAPI, error) {
-	driverOnce.Do(func() {
-		lib, err := openLibrary("the CUDA driver (libcuda.so.1, installed with the NVIDIA driver)", nil, "libcuda.so.1", "libcuda.so")
-		if err != nil {
-			driverErr = err
-			return
-		}
-		d := &driverAPI{lib: lib}
-		err = lib.bind(map[string]*uintptr{
-			"cuInit": &d.cuInit, "cuDriverGetVersion": &d.cuDriverGetVersion, "cuDeviceGetCount": &d.cuDeviceGetCount,
-			"cuDeviceGet": &d.cuDeviceGet, "cuDeviceGetName": &d.cuDeviceGetName,
-			"cuDeviceGetAttribute":     &d.cuDeviceGetAttribute,
-			"cuDevicePrimaryCtxRetain": &d.cuDevicePrimaryCtxRetain, "cuCtxSetCurrent": &d.cuCtxSetCurrent,
-			"cuStreamCreate":      &d.cuStreamCreate,
-			"cuStreamSynchronize": &d.cuStreamSynchronize, "cuMemAlloc_v2": &d.cuMemAlloc,
-			"cuMemFree_v2": &d.cuMemFree, "cuMemGetInfo_v2": &d.cuMemGetInfo, "cuMemHostAlloc": &d.cuMemHostAlloc,
-			"cuMemFreeHost": &d.cuMemFreeHost, "cuMemcpyHtoDAsync_v2": &d.cuMemcpyHtoDAsync,
-			"cuMemcpyDtoHAsync_v2": &d.cuMemcpyDtoHAsync, "cuMemcpyDtoDAsync_v2": &d.cuMemcpyDtoDAsync,
-			"cuMemsetD32Async": &d.cuMemsetD32Async, "cuMemsetD16Async": &d.cuMemsetD16Async,
-			"cuModuleLoadData": &d.cuModuleLoadData, "cuModuleGetFunction": &d.cuModuleGetFunction,
-			"cuLaunchKernel": &d.cuLaunchKernel, "cuGetErrorName": &d.cuGetErrorName,
-			"cuGetErrorString": &d.cuGetErrorString, "cuEventCreate": &d.cuEventCreate,
-			"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize,
-			"cuStreamWaitEvent":       &d.cuStreamWaitEvent,
-			"cuEventDestroy_v2":       &d.cuEventDestroy,
-			"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
-			"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,
-			"cuGraphExecDestroy": &d.cuGraphExecDestroy, "cuGraphDestroy": &d.cuGraphDestroy,
-			"cuGraphGetNodes": &d.cuGraphGetNodes,
-			"cuModuleUnload":  &d.cuModuleUnload, "cuStreamDestroy_v2": &d.cuStreamDestroy,
-			"cuDevicePrimaryCtxRelease_v2": &d.cuDevicePrimaryCtxRelease,
-		})
-		if err != nil {
-			driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)
-			return
-		}
-		// CUDA 12.8 added cuEventElapsedTime_v2, which CUDA 13's headers map
-		// the name to; older drivers have only the first version.
-		if d.cuEventElapsedTime, err = lib.sym("cuEventElapsedTime_v2"); err != nil {
-			if d.cuEventElapsedTime, err = lib.sym("cuEventElapsedTime"); err != nil {
-				driverErr = fmt.Errorf("the CUDA driver is too old or incomplete: %w", err)
-				return
-			}
-		}
-		if err := d.check("cuInit", call(d.cuInit, 0)); err != nil {
-			driverErr = err
-			return
-		}
-		var v int32
-		if err := d.check("cuDriverGetVersion", call(d.cuDriverGetVersion, uintptr(unsafe.Pointer(&v)))); err != nil {
-			driverErr = err
-			return
-		}
-		d.version = int(v)
-		drv = d
-	})
-	return drv, driverErr
-}
+func loadDriver() (*driverAPI, error) { return driver.load() }
 
 // check turns a CUresult into an *Error (nil on success).
-func (d *driverAPI) check(what string, r uintptr) error {
-	if cuResult(r) == cudaSuccess {
+func (d *driverAPI) check(what string, r cuResult) error {
+	if r == cudaSuccess {
 		return nil
 	}
 	e := &Error{Call: what, Code: int(r), Name: "CUDA_ERROR"}
 	var name, msg unsafe.Pointer
-	if cuResult(call(d.cuGetErrorName, r, uintptr(unsafe.Pointer(&name)))) == cudaSuccess && name != nil {
+	if d.getErrorName(r, unsafe.Pointer(&name)) == cudaSuccess && name != nil {
 		e.Name = cString(name)
 	}
-	if cuResult(call(d.cuGetErrorString, r, uintptr(unsafe.Pointer(&msg)))) == cudaSuccess && msg != nil {
+	if d.getErrorString(r, unsafe.Pointer(&msg)) == cudaSuccess && msg != nil {
 		e.Msg = cString(msg)
 	}
 	return e
@@ -143,7 +159,7 @@ func (d *driverAPI) check(what string, r uintptr) error {
 
 // must panics with the error of a failed call: a driver failure in the middle
 // of an operation leaves no state to recover.
-func (d *driverAPI) must(what string, r uintptr) {
+func (d *driverAPI) must(what string, r cuResult) {
 	if err := d.check(what, r); err != nil {
 		panic(err)
 	}
@@ -155,22 +171,6 @@ func isOOM(err error) bool {
 	return errors.As(err, &e) && cuResult(e.Code) == cudaErrorOutOfMemory
 }
 
-// cString copies a NUL-terminated C string.
-func cString(p unsafe.Pointer) string {
-	var b []byte
-	for i := uintptr(0); i < 4096; i++ {
-		c := *(*byte)(unsafe.Add(p, i))
-		if c == 0 {
-			break
-		}
-		b = append(b, c)
-	}
-	return string(b)
-}
-
-// cBytes is s as a NUL-terminated byte slice.
-func cBytes(s string) []byte { return append([]byte(s), 0) }
-
 // DeviceCount returns the number of CUDA devices, or the reason there are none.
 func DeviceCount() (int, error) {
 	d, err := loadDriver()
@@ -178,7 +178,7 @@ func DeviceCount() (int, error) {
 		return 0, err
 	}
 	var n int32
-	if err := d.check("cuDeviceGetCount", call(d.cuDeviceGetCount, uintptr(unsafe.Pointer(&n)))); err != nil {
+	if err := d.check("cuDeviceGetCount", d.deviceGetCount(unsafe.Pointer(&n))); err != nil {
 		return 0, err
 	}
 	return int(n), nil

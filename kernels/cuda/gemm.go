@@ -20,7 +20,7 @@ type gemmCall struct {
 	ab, cType      kernels.DType // A and B share a dtype
 }
 
-func cudaType(dt kernels.DType) uintptr {
+func cudaType(dt kernels.DType) int32 {
 	switch dt {
 	case kernels.F32:
 		return cudaR32F
@@ -34,7 +34,7 @@ func cudaType(dt kernels.DType) uintptr {
 // major: a row-major C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the operands
 // are passed swapped, with the row-major leading dimensions.
 func (b *Backend) gemm(g gemmCall) {
-	opA, opB := uintptr(cublasOpN), uintptr(cublasOpN)
+	opA, opB := int32(cublasOpN), int32(cublasOpN)
 	lda, ldb := g.k, g.n
 	if g.transA {
 		opA, lda = cublasOpT, g.m
@@ -42,7 +42,7 @@ func (b *Backend) gemm(g gemmCall) {
 	if g.transB {
 		opB, ldb = cublasOpT, g.k
 	}
-	compute := uintptr(cublasComputeF32)
+	compute := int32(cublasComputeF32)
 	if b.opts.MatmulTF32 && g.ab == kernels.F32 {
 		compute = cublasComputeF32FastTF32
 	}
@@ -50,17 +50,13 @@ func (b *Backend) gemm(g gemmCall) {
 	b.queued("cublas gemm")
 	ta, tc := cudaType(g.ab), cudaType(g.cType)
 	if g.batch <= 1 {
-		b.cb.must("cublasGemmEx", call(b.cb.cublasGemmEx, b.blas, opB, opA,
-			uintptr(g.n), uintptr(g.m), uintptr(g.k), uintptr(unsafe.Pointer(&b.alpha)),
-			g.b, ta, uintptr(ldb), g.a, ta, uintptr(lda),
-			uintptr(unsafe.Pointer(&b.beta)), g.c, tc, uintptr(g.n), compute, cublasGemmDefault))
+		b.cb.must("cublasGemmEx", b.cb.gemmEx(b.blas, opB, opA, int32(g.n), int32(g.m), int32(g.k), unsafe.Pointer(&b.alpha),
+			g.b, ta, int32(ldb), g.a, ta, int32(lda), unsafe.Pointer(&b.beta), g.c, tc, int32(g.n), compute, cublasGemmDefault))
 		return
 	}
-	b.cb.must("cublasGemmStridedBatchedEx", call(b.cb.cublasGemmStridedBatchedEx, b.blas, opB, opA,
-		uintptr(g.n), uintptr(g.m), uintptr(g.k), uintptr(unsafe.Pointer(&b.alpha)),
-		g.b, ta, uintptr(ldb), uintptr(g.strideB), g.a, ta, uintptr(lda), uintptr(g.strideA),
-		uintptr(unsafe.Pointer(&b.beta)), g.c, tc, uintptr(g.n), uintptr(g.strideC),
-		uintptr(g.batch), compute, cublasGemmDefault))
+	b.cb.must("cublasGemmStridedBatchedEx", b.cb.gemmStridedBatchedEx(b.blas, opB, opA, int32(g.n), int32(g.m), int32(g.k),
+		unsafe.Pointer(&b.alpha), g.b, ta, int32(ldb), g.strideB, g.a, ta, int32(lda), g.strideA,
+		unsafe.Pointer(&b.beta), g.c, tc, int32(g.n), g.strideC, int32(g.batch), compute, cublasGemmDefault))
 }
 
 // Gemm computes a (batched) matrix product with cuBLAS: F16 operands are

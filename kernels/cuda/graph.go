@@ -45,7 +45,7 @@ func (b *Backend) BeginCapture() error {
 		return errors.New("cuda: BeginCapture while already capturing")
 	}
 	runtime.LockOSThread()
-	if err := b.d.check("cuStreamBeginCapture", call(b.d.cuStreamBeginCapture, b.stream, captureModeThreadLocal)); err != nil {
+	if err := b.d.check("cuStreamBeginCapture", b.d.streamBeginCapture(b.stream, captureModeThreadLocal)); err != nil {
 		runtime.UnlockOSThread()
 		return err
 	}
@@ -66,17 +66,17 @@ func (b *Backend) EndCapture() (kernels.Graph, error) {
 	b.captureDone.Broadcast()      // Note [one goroutine captures]
 	defer runtime.UnlockOSThread() // BeginCapture's lock
 	g := &graph{b: b}
-	if err := b.d.check("cuStreamEndCapture", call(b.d.cuStreamEndCapture, b.stream, uintptr(unsafe.Pointer(&g.graph)))); err != nil {
+	if err := b.d.check("cuStreamEndCapture", b.d.streamEndCapture(b.stream, unsafe.Pointer(&g.graph))); err != nil {
 		return nil, fmt.Errorf("capturing a graph: %w", err)
 	}
 	var n uintptr
-	if err := b.d.check("cuGraphGetNodes", call(b.d.cuGraphGetNodes, g.graph, 0, uintptr(unsafe.Pointer(&n)))); err != nil {
-		call(b.d.cuGraphDestroy, g.graph)
+	if err := b.d.check("cuGraphGetNodes", b.d.graphGetNodes(g.graph, nil, unsafe.Pointer(&n))); err != nil {
+		b.d.graphDestroy(g.graph)
 		return nil, err
 	}
 	g.nodes = int(n)
-	if err := b.d.check("cuGraphInstantiate", call(b.d.cuGraphInstantiateWithFlags, uintptr(unsafe.Pointer(&g.exec)), g.graph, 0)); err != nil {
-		call(b.d.cuGraphDestroy, g.graph)
+	if err := b.d.check("cuGraphInstantiate", b.d.graphInstantiate(unsafe.Pointer(&g.exec), g.graph, 0)); err != nil {
+		b.d.graphDestroy(g.graph)
 		return nil, err
 	}
 	return g, nil
@@ -105,7 +105,7 @@ func (g *graph) Launch() error {
 		panic("cuda: launch of a released graph")
 	}
 	b.launches++
-	return b.d.check("cuGraphLaunch", call(b.d.cuGraphLaunch, g.exec, b.stream))
+	return b.d.check("cuGraphLaunch", b.d.graphLaunch(g.exec, b.stream))
 }
 
 // Nodes is the number of operations the graph holds.
@@ -118,8 +118,8 @@ func (g *graph) Release() {
 	b.enter()
 	defer b.exit()
 	if g.exec != 0 {
-		call(b.d.cuGraphExecDestroy, g.exec)
-		call(b.d.cuGraphDestroy, g.graph)
+		b.d.graphExecDestroy(g.exec)
+		b.d.graphDestroy(g.graph)
 		g.exec, g.graph = 0, 0
 	}
 }

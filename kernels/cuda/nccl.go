@@ -4,11 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
 	"github.com/leangrad/leangrad/kernels"
 )
 
@@ -31,53 +29,50 @@ const (
 	ncclAvg     = 4
 )
 
+type ncclResult uintptr
+
+// ncclAPI is libnccl's functions; see Note [typed bindings].
 type ncclAPI struct {
-	lib     *library
 	version int
 
-	ncclGetVersion, ncclGetUniqueId, ncclAllReduce, ncclBroadcast, ncclGroupStart, ncclGroupEnd,
-	ncclCommAbort, ncclCommDestroy, ncclCommFinalize, ncclGetErrorString, ncclGetLastError,
-	ncclCommGetAsyncError uintptr
-	initRank func(comm *uintptr, nranks int32, id ncclUniqueID, rank int32) int32
+	getVersion     func(v unsafe.Pointer) ncclResult
+	getUniqueID    func(id unsafe.Pointer) ncclResult
+	commInitRank   func(comm *uintptr, nranks int32, id ncclUniqueID, rank int32) int32 // by purego.RegisterFunc: the id is passed by value
+	allReduce      func(send, recv uintptr, count uintptr, dtype, op int32, comm, stream uintptr) ncclResult
+	broadcast      func(send, recv uintptr, count uintptr, dtype, root int32, comm, stream uintptr) ncclResult
+	groupStart     func() ncclResult
+	groupEnd       func() ncclResult
+	commAbort      func(comm uintptr) ncclResult
+	commDestroy    func(comm uintptr) ncclResult
+	commFinalize   func(comm uintptr) ncclResult
+	getErrorString func(r ncclResult) uintptr
+	getLastError   func(comm uintptr) uintptr
 }
 
-var (
-	ncclOnce sync.Once
-	nccl     *ncclAPI
-	ncclErr  error
-)
-
-func loadNCCL() (*ncclAPI, error) {
-	ncclOnce.Do(func() {
-		lib, err := openLibrary("NCCL (libnccl.so.2, from the NCCL package or pip's nvidia-nccl)", nil, "libnccl.so.2", "libnccl.so")
-		if err != nil {
-			ncclErr = err
-			return
-		}
-		n := &ncclAPI{lib: lib}
-		var initRank uintptr
-		if err := lib.bind(map[string]*uintptr{
-			"ncclGetVersion": &n.ncclGetVersion, "ncclGetUniqueId": &n.ncclGetUniqueId,
-			"ncclCommInitRank": &initRank, "ncclAllReduce": &n.ncclAllReduce, "ncclBroadcast": &n.ncclBroadcast,
-			"ncclGroupStart": &n.ncclGroupStart, "ncclGroupEnd": &n.ncclGroupEnd,
-			"ncclCommAbort": &n.ncclCommAbort, "ncclCommDestroy": &n.ncclCommDestroy,
-			"ncclCommFinalize": &n.ncclCommFinalize, "ncclGetErrorString": &n.ncclGetErrorString,
-			"ncclGetLastError": &n.ncclGetLastError, "ncclCommGetAsyncError": &n.ncclCommGetAsyncError,
-		}); err != nil {
-			ncclErr = err
-			return
-		}
-		purego.RegisterFunc(&n.initRank, initRank)
-		var v int32
-		if err := n.check("ncclGetVersion", call(n.ncclGetVersion, uintptr(unsafe.Pointer(&v))), 0); err != nil {
-			ncclErr = err
-			return
-		}
-		n.version = int(v)
-		nccl = n
-	})
-	return nccl, ncclErr
+func (n *ncclAPI) symbols() []symbol {
+	return []symbol{
+		fn1("ncclGetVersion", &n.getVersion), fn1("ncclGetUniqueId", &n.getUniqueID),
+		registered("ncclCommInitRank", &n.commInitRank),
+		fn7("ncclAllReduce", &n.allReduce), fn7("ncclBroadcast", &n.broadcast),
+		fn0("ncclGroupStart", &n.groupStart), fn0("ncclGroupEnd", &n.groupEnd),
+		fn1("ncclCommAbort", &n.commAbort), fn1("ncclCommDestroy", &n.commDestroy), fn1("ncclCommFinalize", &n.commFinalize),
+		fn1("ncclGetErrorString", &n.getErrorString), fn1("ncclGetLastError", &n.getLastError),
+	}
 }
+
+func (n *ncclAPI) init(*library) error {
+	var v int32
+	if err := n.check("ncclGetVersion", n.getVersion(unsafe.Pointer(&v)), 0); err != nil {
+		return err
+	}
+	n.version = int(v)
+	return nil
+}
+
+var ncclLib = loader[*ncclAPI]{what: "NCCL (libnccl.so.2, from the NCCL package or pip's nvidia-nccl)",
+	names: []string{"libnccl.so.2", "libnccl.so"}, constructor: func() *ncclAPI { return new(ncclAPI) }}
+
+func loadNCCL() (*ncclAPI, error) { return ncclLib.load() }
 
 // NCCLVersion is the version of the NCCL library found ("2.28.3"), or an
 // error saying why there is none.
@@ -92,7 +87,7 @@ func NCCLVersion() (string, error) {
 
 // check turns an ncclResult_t into an error with NCCL's own words: its
 // error string and, for a communicator, its last error's detail.
-func (n *ncclAPI) check(what string, r uintptr, comm uintptr) error {
+func (n *ncclAPI) check(what string, r ncclResult, comm uintptr) error {
 	if int32(r) == 0 {
 		return nil
 	}
@@ -102,16 +97,9 @@ func (n *ncclAPI) check(what string, r uintptr, comm uintptr) error {
 	if e.Name == "" {
 		e.Name = fmt.Sprintf("ncclResult %d", int32(r))
 	}
-	var p [2]unsafe.Pointer // C strings NCCL owns, returned as integers
-	*(*uintptr)(unsafe.Pointer(&p[0])) = call(n.ncclGetErrorString, r)
-	*(*uintptr)(unsafe.Pointer(&p[1])) = call(n.ncclGetLastError, comm)
-	if p[0] != nil {
-		e.Msg = cString(p[0])
-	}
-	if p[1] != nil {
-		if detail := cString(p[1]); detail != "" {
-			e.Msg += ": " + detail
-		}
+	e.Msg = cStringAt(n.getErrorString(r)) // C strings NCCL owns
+	if detail := cStringAt(n.getLastError(comm)); detail != "" {
+		e.Msg += ": " + detail
 	}
 	return e
 }
@@ -144,7 +132,7 @@ func (b *Backend) CollectiveID() ([]byte, error) {
 		return nil, err
 	}
 	var id ncclUniqueID
-	if err := n.check("ncclGetUniqueId", call(n.ncclGetUniqueId, uintptr(unsafe.Pointer(&id))), 0); err != nil {
+	if err := n.check("ncclGetUniqueId", n.getUniqueID(unsafe.Pointer(&id)), 0); err != nil {
 		return nil, err
 	}
 	return id.Internal[:], nil
@@ -169,16 +157,16 @@ func (b *Backend) NewCollective(id []byte, rank, size int) (kernels.Collective, 
 	defer b.exit()
 	c := &NCCL{b: b, n: n, rank: rank, size: size}
 	d := b.d
-	if err := d.check("cuStreamCreate", call(d.cuStreamCreate, uintptr(unsafe.Pointer(&c.side)), cuStreamNonBlocking)); err != nil {
+	if err := d.check("cuStreamCreate", d.streamCreate(unsafe.Pointer(&c.side), cuStreamNonBlocking)); err != nil {
 		return nil, err
 	}
 	for _, ev := range []*uintptr{&c.forkEv, &c.joinEv} {
-		if err := d.check("cuEventCreate", call(d.cuEventCreate, uintptr(unsafe.Pointer(ev)), cuEventDisableTiming)); err != nil {
+		if err := d.check("cuEventCreate", d.eventCreate(unsafe.Pointer(ev), cuEventDisableTiming)); err != nil {
 			c.freeStream()
 			return nil, err
 		}
 	}
-	if err := n.check("ncclCommInitRank", uintptr(n.initRank(&c.comm, int32(size), uid, int32(rank))), 0); err != nil {
+	if err := n.check("ncclCommInitRank", ncclResult(n.commInitRank(&c.comm, int32(size), uid, int32(rank))), 0); err != nil {
 		c.freeStream()
 		return nil, err
 	}
@@ -190,16 +178,16 @@ func (c *NCCL) freeStream() {
 	d := c.b.d
 	for _, ev := range []uintptr{c.forkEv, c.joinEv} {
 		if ev != 0 {
-			call(d.cuEventDestroy, ev)
+			d.eventDestroy(ev)
 		}
 	}
 	if c.side != 0 { // work still queued on it finishes first (an aborted group's ends at once)
-		call(d.cuStreamDestroy, c.side)
+		d.streamDestroy(c.side)
 	}
 	c.side, c.forkEv, c.joinEv = 0, 0, 0
 }
 
-func ncclType(dt kernels.DType) (uintptr, error) {
+func ncclType(dt kernels.DType) (int32, error) {
 	switch dt {
 	case kernels.F32:
 		return ncclFloat32, nil
@@ -214,7 +202,7 @@ func ncclType(dt kernels.DType) (uintptr, error) {
 // group queues op on each buffer between ncclGroupStart and ncclGroupEnd,
 // on the backend's stream, or, started, on the side stream after the work
 // queued so far on the backend's.
-func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n, dt, stream uintptr) uintptr) error {
+func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n uintptr, dt int32, stream uintptr) ncclResult) error {
 	if c.aborted.Load() {
 		return errors.New("cuda: the NCCL group was aborted")
 	}
@@ -223,15 +211,15 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n
 	stream := c.b.stream
 	if started {
 		d := c.b.d
-		if err := d.check("cuEventRecord", call(d.cuEventRecord, c.forkEv, c.b.stream)); err != nil {
+		if err := d.check("cuEventRecord", d.eventRecord(c.forkEv, c.b.stream)); err != nil {
 			return err
 		}
-		if err := d.check("cuStreamWaitEvent", call(d.cuStreamWaitEvent, c.side, c.forkEv, 0)); err != nil {
+		if err := d.check("cuStreamWaitEvent", d.streamWaitEvent(c.side, c.forkEv, 0)); err != nil {
 			return err
 		}
 		stream, c.outstanding = c.side, true
 	}
-	if err := c.n.check("ncclGroupStart", call(c.n.ncclGroupStart), c.comm); err != nil {
+	if err := c.n.check("ncclGroupStart", c.n.groupStart(), c.comm); err != nil {
 		return err
 	}
 	var first error
@@ -249,19 +237,19 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n
 			first = err
 		}
 	}
-	if err := c.n.check("ncclGroupEnd", call(c.n.ncclGroupEnd), c.comm); err != nil && first == nil {
+	if err := c.n.check("ncclGroupEnd", c.n.groupEnd(), c.comm); err != nil && first == nil {
 		first = err
 	}
 	return first
 }
 
 func (c *NCCL) allReduce(bufs []kernels.Buf, mean, started bool) error {
-	red := uintptr(ncclSum)
+	red := int32(ncclSum)
 	if mean {
 		red = ncclAvg
 	}
-	return c.group("ncclAllReduce", bufs, started, func(p, n, dt, stream uintptr) uintptr {
-		return call(c.n.ncclAllReduce, p, p, n, dt, red, c.comm, stream)
+	return c.group("ncclAllReduce", bufs, started, func(p, n uintptr, dt int32, stream uintptr) ncclResult {
+		return c.n.allReduce(p, p, n, dt, red, c.comm, stream)
 	})
 }
 
@@ -283,10 +271,10 @@ func (c *NCCL) Join() error {
 		return nil
 	}
 	d := c.b.d
-	if err := d.check("cuEventRecord", call(d.cuEventRecord, c.joinEv, c.side)); err != nil {
+	if err := d.check("cuEventRecord", d.eventRecord(c.joinEv, c.side)); err != nil {
 		return err
 	}
-	if err := d.check("cuStreamWaitEvent", call(d.cuStreamWaitEvent, c.b.stream, c.joinEv, 0)); err != nil {
+	if err := d.check("cuStreamWaitEvent", d.streamWaitEvent(c.b.stream, c.joinEv, 0)); err != nil {
 		return err
 	}
 	c.outstanding = false
@@ -295,8 +283,8 @@ func (c *NCCL) Join() error {
 
 // Broadcast copies root's buffers into every rank's, in place.
 func (c *NCCL) Broadcast(bufs []kernels.Buf, root int) error {
-	return c.group("ncclBroadcast", bufs, false, func(p, n, dt, stream uintptr) uintptr {
-		return call(c.n.ncclBroadcast, p, p, n, dt, uintptr(root), c.comm, stream)
+	return c.group("ncclBroadcast", bufs, false, func(p, n uintptr, dt int32, stream uintptr) ncclResult {
+		return c.n.broadcast(p, p, n, dt, int32(root), c.comm, stream)
 	})
 }
 
@@ -309,8 +297,8 @@ func (c *NCCL) Abort() {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	call(c.b.d.cuCtxSetCurrent, c.b.ctx)
-	call(c.n.ncclCommAbort, c.comm)
+	c.b.d.ctxSetCurrent(c.b.ctx)
+	c.n.commAbort(c.comm)
 }
 
 // Close finalises and destroys the communicator (after Abort, only frees
@@ -322,9 +310,9 @@ func (c *NCCL) Close() error {
 	if c.aborted.Swap(true) {
 		return nil
 	}
-	if err := c.n.check("ncclCommFinalize", call(c.n.ncclCommFinalize, c.comm), c.comm); err != nil {
-		call(c.n.ncclCommAbort, c.comm)
+	if err := c.n.check("ncclCommFinalize", c.n.commFinalize(c.comm), c.comm); err != nil {
+		c.n.commAbort(c.comm)
 		return err
 	}
-	return c.n.check("ncclCommDestroy", call(c.n.ncclCommDestroy, c.comm), 0)
+	return c.n.check("ncclCommDestroy", c.n.commDestroy(c.comm), 0)
 }

@@ -4,6 +4,46 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
+// The batch-norm kernels (norm.cu).
+type (
+	bnPartialArgs struct {
+		N, C, HW, P                     int32
+		X, Y, Dy, Mean, InvStd, Partial uintptr
+	}
+	bnStatsArgs struct {
+		N, C, HW, P                   int32
+		X, Partial                    uintptr
+		Eps, Momentum                 float32
+		Mean, InvStd, RunMean, RunVar uintptr
+	}
+	bnApplyArgs struct {
+		C, HW, N                               int32
+		X, Res, Gamma, Beta, Mean, InvStd, Var uintptr
+		Eps                                    float32
+		ReLU                                   int32
+		Y                                      uintptr
+	}
+	bnGradsArgs struct {
+		C, P                   int32
+		Partial, Dgamma, Dbeta uintptr
+	}
+	bnBwdApplyArgs struct {
+		N, C, HW, Len                                          int32
+		X, Y, Dy, Gamma, Mean, InvStd, Dgamma, Dbeta, Dx, Dres uintptr
+	}
+)
+
+var (
+	kBNPartial  = declareTyped[bnPartialArgs]("bn_partial")
+	kBNStats    = declareTyped[bnStatsArgs]("bn_stats")
+	kBNApply    = declareTyped[bnApplyArgs]("bn_apply")
+	kBNGrads    = declareKernel[bnGradsArgs]("bn_grads")
+	kBNBwdApply = declareTyped[bnBwdApplyArgs]("bn_bwd_apply")
+)
+
+// perChannel is the launch of a kernel with a thread per channel.
+func perChannel(c int) dims { return dims{uint32((c + blockSize - 1) / blockSize), 1, blockSize} }
+
 // partitions is how many blocks share each channel's reduction: enough for
 // about four blocks per multiprocessor, none with fewer than 256 elements.
 func (b *Backend) partitions(p kernels.BNParams) int {
@@ -24,14 +64,12 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	parts := b.partitions(p)
 	ws := b.workspace(int64(p.C * parts * 2 * 4))
 	defer b.alloc.Free(ws)
-	b.kernel().i32(p.N).i32(p.C).i32(p.HW).i32(parts).ptr(ptrOf(x)).ptr(0).ptr(0).ptr(0).ptr(0).ptr(ws.Addr())
-	b.launch("bn_partial_"+s, uint32(parts), uint32(p.C), 256)
-	b.kernel().i32(p.N).i32(p.C).i32(p.HW).i32(parts).ptr(ptrOf(x)).ptr(ws.Addr()).f32(p.Eps).f32(p.Momentum).
-		ptr(ptrOf(saveMean)).ptr(ptrOf(saveInvStd)).ptr(ptrOf(runMean)).ptr(ptrOf(runVar))
-	b.launch("bn_stats_"+s, uint32((p.C+255)/256), 1, 256)
-	b.kernel().i32(p.C).i32(p.HW).i32(x.N).ptr(ptrOf(x)).ptr(ptrOf(residual)).ptr(ptrOf(gamma)).ptr(ptrOf(beta)).
-		ptr(ptrOf(saveMean)).ptr(ptrOf(saveInvStd)).ptr(0).f32(p.Eps).i32(boolInt(p.ReLU)).ptr(ptrOf(y))
-	b.launch("bn_apply_"+s, b.grid(int64(x.N), 256), 1, 256)
+	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), 0, 0, 0, 0, ws.Addr()})
+	kBNStats.launch(b, s, perChannel(p.C), bnStatsArgs{n, c, hw, np, ptrOf(x), ws.Addr(), p.Eps, p.Momentum,
+		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(runMean), ptrOf(runVar)})
+	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{c, hw, int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
+		ptrOf(saveMean), ptrOf(saveInvStd), 0, p.Eps, boolInt(p.ReLU), ptrOf(y)})
 }
 
 // BatchNormEval normalises with the running statistics in one launch.
@@ -42,9 +80,8 @@ func (b *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, ru
 	s := floatType("batch norm eval", x, y)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(p.C).i32(p.HW).i32(x.N).ptr(ptrOf(x)).ptr(ptrOf(residual)).ptr(ptrOf(gamma)).ptr(ptrOf(beta)).
-		ptr(ptrOf(runMean)).ptr(0).ptr(ptrOf(runVar)).f32(p.Eps).i32(boolInt(p.ReLU)).ptr(ptrOf(y))
-	b.launch("bn_apply_"+s, b.grid(int64(x.N), 256), 1, 256)
+	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{int32(p.C), int32(p.HW), int32(x.N), ptrOf(x), ptrOf(residual),
+		ptrOf(gamma), ptrOf(beta), ptrOf(runMean), 0, ptrOf(runVar), p.Eps, boolInt(p.ReLU), ptrOf(y)})
 }
 
 // BatchNormBackward: partial Σg and Σg·x̂ (g: dy masked by the ReLU), their
@@ -64,12 +101,10 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 	parts := b.partitions(p)
 	ws := b.workspace(int64(p.C * parts * 2 * 4))
 	defer b.alloc.Free(ws)
-	b.kernel().i32(p.N).i32(p.C).i32(p.HW).i32(parts).ptr(ptrOf(x)).ptr(yp).ptr(ptrOf(dy)).ptr(ptrOf(saveMean)).
-		ptr(ptrOf(saveInvStd)).ptr(ws.Addr())
-	b.launch("bn_partial_"+s, uint32(parts), uint32(p.C), 256)
-	b.kernel().i32(p.C).i32(parts).ptr(ws.Addr()).ptr(ptrOf(dgamma)).ptr(ptrOf(dbeta))
-	b.launch("bn_grads", uint32((p.C+255)/256), 1, 256)
-	b.kernel().i32(p.N).i32(p.C).i32(p.HW).i32(x.N).ptr(ptrOf(x)).ptr(yp).ptr(ptrOf(dy)).ptr(ptrOf(gamma)).
-		ptr(ptrOf(saveMean)).ptr(ptrOf(saveInvStd)).ptr(ptrOf(dgamma)).ptr(ptrOf(dbeta)).ptr(ptrOf(dx)).ptr(ptrOf(dresidual))
-	b.launch("bn_bwd_apply_"+s, b.grid(int64(x.N), 256), 1, 256)
+	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), yp, ptrOf(dy),
+		ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
+	kBNGrads.launch(b, 0, perChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
+	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), yp, ptrOf(dy), ptrOf(gamma),
+		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
 }

@@ -2,93 +2,69 @@ package cuda
 
 import (
 	"crypto/sha256"
-	"embed"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/internal/atomicfile"
 )
 
-// The kernel sources, compiled together as one module in this order.
-//
-//go:embed src/*.cu src/*.cuh
-var sources embed.FS
+type nvrtcResult uintptr
 
-var sourceOrder = []string{"common.cuh", "elementwise.cu", "reduce.cu", "conv.cu", "norm.cu", "pool.cu", "loss.cu", "random.cu", "optim.cu"}
-
-// Source returns the concatenated CUDA C source of every kernel.
-func Source() string {
-	var b strings.Builder
-	for _, name := range sourceOrder {
-		data, err := sources.ReadFile("src/" + name)
-		if err != nil {
-			panic(err) // embedded: cannot happen
-		}
-		fmt.Fprintf(&b, "// ---- %s ----\n", name)
-		b.Write(data)
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
+// nvrtcAPI is libnvrtc's functions; see Note [typed bindings].
 type nvrtcAPI struct {
-	lib          *library
 	major, minor int
 
-	nvrtcCreateProgram, nvrtcCompileProgram, nvrtcGetProgramLogSize, nvrtcGetProgramLog,
-	nvrtcGetCUBINSize, nvrtcGetCUBIN, nvrtcDestroyProgram, nvrtcGetErrorString, nvrtcVersion uintptr
+	createProgram  func(prog unsafe.Pointer, src, name unsafe.Pointer, numHeaders int32, headers, includeNames unsafe.Pointer) nvrtcResult
+	compileProgram func(prog uintptr, numOptions int32, options unsafe.Pointer) nvrtcResult
+	getLogSize     func(prog uintptr, size unsafe.Pointer) nvrtcResult
+	getLog         func(prog uintptr, log unsafe.Pointer) nvrtcResult
+	getCUBINSize   func(prog uintptr, size unsafe.Pointer) nvrtcResult
+	getCUBIN       func(prog uintptr, cubin unsafe.Pointer) nvrtcResult
+	getPTXSize     func(prog uintptr, size unsafe.Pointer) nvrtcResult
+	getPTX         func(prog uintptr, ptx unsafe.Pointer) nvrtcResult
+	destroyProgram func(prog unsafe.Pointer) nvrtcResult
+	getErrorString func(r nvrtcResult) uintptr
+	version        func(major, minor unsafe.Pointer) nvrtcResult
 }
 
-var (
-	nvrtcOnce sync.Once
-	nvrtc     *nvrtcAPI
-	nvrtcErr  error
-)
-
-func loadNVRTC() (*nvrtcAPI, error) {
-	nvrtcOnce.Do(func() {
-		lib, err := openLibrary("NVRTC (libnvrtc, from the CUDA toolkit or pip's nvidia-cuda-nvrtc)",
-			[]string{"libnvrtc-builtins.so.*"}, "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so")
-		if err != nil {
-			nvrtcErr = err
-			return
-		}
-		n := &nvrtcAPI{lib: lib}
-		if err := lib.bind(map[string]*uintptr{
-			"nvrtcCreateProgram": &n.nvrtcCreateProgram, "nvrtcCompileProgram": &n.nvrtcCompileProgram,
-			"nvrtcGetProgramLogSize": &n.nvrtcGetProgramLogSize, "nvrtcGetProgramLog": &n.nvrtcGetProgramLog,
-			"nvrtcGetCUBINSize": &n.nvrtcGetCUBINSize, "nvrtcGetCUBIN": &n.nvrtcGetCUBIN,
-			"nvrtcDestroyProgram": &n.nvrtcDestroyProgram, "nvrtcGetErrorString": &n.nvrtcGetErrorString,
-			"nvrtcVersion": &n.nvrtcVersion,
-		}); err != nil {
-			nvrtcErr = err
-			return
-		}
-		var major, minor int32
-		call(n.nvrtcVersion, uintptr(unsafe.Pointer(&major)), uintptr(unsafe.Pointer(&minor)))
-		n.major, n.minor = int(major), int(minor)
-		nvrtc = n
-	})
-	return nvrtc, nvrtcErr
+func (n *nvrtcAPI) symbols() []symbol {
+	return []symbol{
+		fn6("nvrtcCreateProgram", &n.createProgram), fn3("nvrtcCompileProgram", &n.compileProgram),
+		fn2("nvrtcGetProgramLogSize", &n.getLogSize), fn2("nvrtcGetProgramLog", &n.getLog),
+		fn2("nvrtcGetCUBINSize", &n.getCUBINSize), fn2("nvrtcGetCUBIN", &n.getCUBIN),
+		fn2("nvrtcGetPTXSize", &n.getPTXSize), fn2("nvrtcGetPTX", &n.getPTX),
+		fn1("nvrtcDestroyProgram", &n.destroyProgram), fn1("nvrtcGetErrorString", &n.getErrorString),
+		fn2("nvrtcVersion", &n.version),
+	}
 }
 
-func (n *nvrtcAPI) check(what string, r uintptr) error {
+func (n *nvrtcAPI) init(*library) error {
+	var major, minor int32
+	if err := n.check("nvrtcVersion", n.version(unsafe.Pointer(&major), unsafe.Pointer(&minor))); err != nil {
+		return err
+	}
+	n.major, n.minor = int(major), int(minor)
+	return nil
+}
+
+var nvrtcLib = loader[*nvrtcAPI]{what: "NVRTC (libnvrtc, from the CUDA toolkit or pip's nvidia-cuda-nvrtc)",
+	names:      []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"},
+	companions: []string{"libnvrtc-builtins.so.*"}, constructor: func() *nvrtcAPI { return new(nvrtcAPI) }}
+
+func loadNVRTC() (*nvrtcAPI, error) { return nvrtcLib.load() }
+
+func (n *nvrtcAPI) check(what string, r nvrtcResult) error {
 	if r == 0 {
 		return nil
 	}
 	e := &Error{Call: what, Code: int(r), Name: "NVRTC_ERROR"}
-	// nvrtcGetErrorString returns a const char*: read it through a one-element
-	// array so that no integer becomes a pointer.
-	var p [1]unsafe.Pointer
-	*(*uintptr)(unsafe.Pointer(&p[0])) = call(n.nvrtcGetErrorString, r)
-	if p[0] != nil {
-		e.Name = cString(p[0])
+	if s := cStringAt(n.getErrorString(r)); s != "" {
+		e.Name = s
 	}
 	return e
 }
@@ -106,44 +82,59 @@ func (e *CompileError) Error() string {
 // Compile compiles src for arch ("sm_90") with NVRTC and returns the CUBIN.
 // A compilation failure returns a *CompileError holding NVRTC's log.
 func Compile(src, arch string) ([]byte, error) {
+	return compile(src, "--gpu-architecture="+arch, arch, false)
+}
+
+// CompilePTX compiles src for the virtual architecture arch ("compute_90")
+// and returns the PTX, as text: what the tests read the kernels'
+// parameter lists from.
+func CompilePTX(src, arch string) (string, error) {
+	ptx, err := compile(src, "--gpu-architecture="+arch, arch, true)
+	return strings.TrimRight(string(ptx), "\x00"), err
+}
+
+func compile(src, archOpt, arch string, ptx bool) ([]byte, error) {
 	n, err := loadNVRTC()
 	if err != nil {
 		return nil, err
 	}
 	var prog uintptr
 	csrc, cname := cBytes(src), cBytes("leangrad.cu")
-	if err := n.check("nvrtcCreateProgram", call(n.nvrtcCreateProgram, uintptr(unsafe.Pointer(&prog)),
-		uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), 0, 0, 0)); err != nil {
+	if err := n.check("nvrtcCreateProgram", n.createProgram(unsafe.Pointer(&prog),
+		unsafe.Pointer(&csrc[0]), unsafe.Pointer(&cname[0]), 0, nil, nil)); err != nil {
 		return nil, err
 	}
-	defer call(n.nvrtcDestroyProgram, uintptr(unsafe.Pointer(&prog)))
+	defer n.destroyProgram(unsafe.Pointer(&prog))
 	// The option strings are reached through an array of pointers: pin them
 	// so that they are on the heap, unmoving, for the call.
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	opts := [][]byte{cBytes("--gpu-architecture=" + arch), cBytes("--std=c++17")}
-	optPtrs := make([]uintptr, len(opts))
+	opts := [][]byte{cBytes(archOpt), cBytes("--std=c++17")}
+	optPtrs := make([]unsafe.Pointer, len(opts))
 	for i, o := range opts {
 		pin.Pin(&o[0])
-		optPtrs[i] = uintptr(unsafe.Pointer(&o[0]))
+		optPtrs[i] = unsafe.Pointer(&o[0])
 	}
-	res := call(n.nvrtcCompileProgram, prog, uintptr(len(opts)), uintptr(unsafe.Pointer(&optPtrs[0])))
-	if res != 0 {
+	if r := n.compileProgram(prog, int32(len(opts)), unsafe.Pointer(&optPtrs[0])); r != 0 {
 		var size uintptr
-		call(n.nvrtcGetProgramLogSize, prog, uintptr(unsafe.Pointer(&size)))
+		n.getLogSize(prog, unsafe.Pointer(&size))
 		log := make([]byte, size+1)
-		call(n.nvrtcGetProgramLog, prog, uintptr(unsafe.Pointer(&log[0])))
+		n.getLog(prog, unsafe.Pointer(&log[0]))
 		return nil, &CompileError{Arch: arch, Log: strings.TrimRight(string(log), "\x00")}
 	}
+	getSize, get, what := n.getCUBINSize, n.getCUBIN, "nvrtcGetCUBIN"
+	if ptx {
+		getSize, get, what = n.getPTXSize, n.getPTX, "nvrtcGetPTX"
+	}
 	var size uintptr
-	if err := n.check("nvrtcGetCUBINSize", call(n.nvrtcGetCUBINSize, prog, uintptr(unsafe.Pointer(&size)))); err != nil {
+	if err := n.check(what+"Size", getSize(prog, unsafe.Pointer(&size))); err != nil {
 		return nil, err
 	}
-	cubin := make([]byte, size)
-	if err := n.check("nvrtcGetCUBIN", call(n.nvrtcGetCUBIN, prog, uintptr(unsafe.Pointer(&cubin[0])))); err != nil {
+	out := make([]byte, size)
+	if err := n.check(what, get(prog, unsafe.Pointer(&out[0]))); err != nil {
 		return nil, err
 	}
-	return cubin, nil
+	return out, nil
 }
 
 // cacheDir is where compiled modules are kept: dir (Options.KernelCache)

@@ -2,38 +2,68 @@ package cuda
 
 import (
 	"fmt"
-	"math"
-	"unsafe"
-
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/x448/float16"
+	"math"
 )
 
-// suffix names a kernel's storage-type variant.
-func suffix(dt kernels.DType) string {
-	switch dt {
-	case kernels.F32:
-		return "f32"
-	case kernels.F16:
-		return "f16"
-	case kernels.I32:
-		return "i32"
-	}
-	panic(fmt.Sprintf("cuda: unknown dtype %v", dt))
-}
-
-// floatType returns the variant suffix of buffers that must share a float dtype.
-func floatType(op string, bufs ...kernels.Buf) string {
+// floatType returns the dtype of buffers that must share a float dtype: the
+// instantiation of a typed kernel that runs on them.
+func floatType(op string, bufs ...kernels.Buf) kernels.DType {
 	dt := bufs[0].DType
 	for _, b := range bufs {
 		if b.Block != nil && b.DType != dt {
 			panic(fmt.Sprintf("cuda: %s of mixed dtypes %v and %v", op, dt, b.DType))
 		}
 	}
-	if dt != kernels.F32 && dt != kernels.F16 {
+	if _, ok := cTypeNames[dt]; !ok {
 		panic(fmt.Sprintf("cuda: %s of %v data", op, dt))
 	}
-	return suffix(dt)
+	return dt
+}
+
+// The elementwise kernels (elementwise.cu).
+type (
+	castArgs struct {
+		N    int64
+		X, Y uintptr
+	}
+	unaryArgs struct {
+		Op   int32
+		N    int64
+		X, Y uintptr
+	}
+	unaryBwdArgs struct {
+		Op           int32
+		N            int64
+		Dy, X, Y, Dx uintptr
+	}
+	affineArgs struct {
+		N           int64
+		X, Y        uintptr
+		Alpha, Beta float32
+	}
+	binaryArgs struct {
+		Op      int32
+		N       int64
+		Bc      bcast
+		A, B, Y uintptr
+	}
+)
+
+var (
+	kUnary      = declareTyped[unaryArgs]("unary")
+	kUnaryBwd   = declareTyped[unaryBwdArgs]("unary_bwd")
+	kAffine     = declareTyped[affineArgs]("affine")
+	kBinary     = declareTyped[binaryArgs]("binary")
+	castKernels = map[[2]kernels.DType]kernel[castArgs]{}
+)
+
+func init() {
+	for _, c := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32},
+		{kernels.F32, kernels.I32}, {kernels.I32, kernels.F16}, {kernels.F16, kernels.I32}} {
+		castKernels[c] = declareKernel[castArgs]("cast_" + c[0].String() + "_" + c[1].String())
+	}
 }
 
 // Fill sets every element with a memset of its bit pattern.
@@ -47,11 +77,11 @@ func (b *Backend) Fill(dst kernels.Buf, v float32) {
 	b.queued("memset")
 	switch dst.DType {
 	case kernels.F32:
-		b.d.must("cuMemsetD32Async", call(b.d.cuMemsetD32Async, p, uintptr(math.Float32bits(v)), n, b.stream))
+		b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, math.Float32bits(v), n, b.stream))
 	case kernels.I32:
-		b.d.must("cuMemsetD32Async", call(b.d.cuMemsetD32Async, p, uintptr(uint32(int32(v))), n, b.stream))
+		b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, uint32(int32(v)), n, b.stream))
 	case kernels.F16:
-		b.d.must("cuMemsetD16Async", call(b.d.cuMemsetD16Async, p, uintptr(float16.Fromfloat32(v).Bits()), n, b.stream))
+		b.d.must("cuMemsetD16Async", b.d.memsetD16Async(p, float16.Fromfloat32(v).Bits(), n, b.stream))
 	}
 }
 
@@ -62,10 +92,13 @@ func (b *Backend) Cast(dst, src kernels.Buf) {
 		b.Copy(dst, src)
 		return
 	}
+	k, ok := castKernels[[2]kernels.DType{src.DType, dst.DType}]
+	if !ok {
+		panic(fmt.Sprintf("cuda: cast of %v to %v", src.DType, dst.DType))
+	}
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(src.N)).ptr(ptrOf(src)).ptr(ptrOf(dst))
-	b.launch("cast_"+suffix(src.DType)+"_"+suffix(dst.DType), b.grid(int64(src.N), 256), 1, 256)
+	k.launch(b, 0, b.elems(int64(src.N)), castArgs{int64(src.N), ptrOf(src), ptrOf(dst)})
 }
 
 // Unary computes dst = op(x).
@@ -74,8 +107,7 @@ func (b *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	s := floatType("unary "+op.String(), dst, x)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(int(op)).i64(int64(x.N)).ptr(ptrOf(x)).ptr(ptrOf(dst))
-	b.launch("unary_"+s, b.grid(int64(x.N), 256), 1, 256)
+	kUnary.launch(b, s, b.elems(int64(x.N)), unaryArgs{int32(op), int64(x.N), ptrOf(x), ptrOf(dst)})
 }
 
 // UnaryBackward computes dx = dy·op'(x or y).
@@ -90,8 +122,7 @@ func (b *Backend) UnaryBackward(op kernels.UnaryOp, dx, dy, x, y kernels.Buf) {
 	}
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(int(op)).i64(int64(dy.N)).ptr(ptrOf(dy)).ptr(ptrOf(x)).ptr(ptrOf(y)).ptr(ptrOf(dx))
-	b.launch("unary_bwd_"+s, b.grid(int64(dy.N), 256), 1, 256)
+	kUnaryBwd.launch(b, s, b.elems(int64(dy.N)), unaryBwdArgs{int32(op), int64(dy.N), ptrOf(dy), ptrOf(x), ptrOf(y), ptrOf(dx)})
 }
 
 // Affine computes dst = alpha·x + beta.
@@ -100,14 +131,13 @@ func (b *Backend) Affine(dst, x kernels.Buf, alpha, beta float32) {
 	s := floatType("affine", dst, x)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(x.N)).ptr(ptrOf(x)).ptr(ptrOf(dst)).f32(alpha).f32(beta)
-	b.launch("affine_"+s, b.grid(int64(x.N), 256), 1, 256)
+	kAffine.launch(b, s, b.elems(int64(x.N)), affineArgs{int64(x.N), ptrOf(x), ptrOf(dst), alpha, beta})
 }
 
-// bcast mirrors the kernels' struct Bcast.
+// bcast is the kernels' struct Bcast (kernels.Broadcast in 32 bits).
 type bcast struct {
 	ndim          int32
-	shape, sa, sb [6]int32
+	shape, sa, sb [kernels.MaxDims]int32
 }
 
 // Binary computes dst = a op b with broadcasting; a, b and dst share a dtype.
@@ -125,9 +155,36 @@ func (b *Backend) Binary(op kernels.BinaryOp, dst, a, bb kernels.Buf, bc kernels
 	}
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(int(op)).i64(int64(n)).val(unsafe.Pointer(&c), unsafe.Sizeof(c)).ptr(ptrOf(a)).ptr(ptrOf(bb)).ptr(ptrOf(dst))
-	b.launch("binary_"+s, b.grid(int64(n), 256), 1, 256)
+	kBinary.launch(b, s, b.elems(int64(n)), binaryArgs{int32(op), int64(n), c, ptrOf(a), ptrOf(bb), ptrOf(dst)})
 }
+
+// The reductions (reduce.cu).
+type (
+	reduceRowsArgs struct {
+		Op, Outer, Len int32
+		X, Y           uintptr
+	}
+	reduceColsArgs struct {
+		Op, Outer, Len, Inner int32
+		X, Y                  uintptr
+	}
+	reduceMaxBwdArgs struct {
+		Len, Inner   int32
+		N            int64
+		Dy, X, Y, Dx uintptr
+	}
+	argmaxArgs struct {
+		Outer, Len, Inner int32
+		X, Y              uintptr
+	}
+)
+
+var (
+	kReduceRows   = declareTyped[reduceRowsArgs]("reduce_rows")
+	kReduceCols   = declareTyped[reduceColsArgs]("reduce_cols")
+	kReduceMaxBwd = declareTyped[reduceMaxBwdArgs]("reduce_max_bwd")
+	kArgmax       = declareTyped[argmaxArgs]("argmax")
+)
 
 // Reduce reduces along the middle axis: a block per row when the axis is
 // innermost, a thread per output otherwise.
@@ -137,13 +194,13 @@ func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 	b.enter()
 	defer b.exit()
 	if r.Inner == 1 {
-		threads := min(256, (r.Len+31)/32*32)
-		b.kernel().i32(int(op)).i32(r.Outer).i32(r.Len).ptr(ptrOf(x)).ptr(ptrOf(dst))
-		b.launch("reduce_rows_"+s, uint32(min(r.Outer, 1<<16)), 1, uint32(threads))
+		threads := min(blockSize, (r.Len+31)/32*32)
+		kReduceRows.launch(b, s, dims{uint32(min(r.Outer, 1<<16)), 1, uint32(threads)},
+			reduceRowsArgs{int32(op), int32(r.Outer), int32(r.Len), ptrOf(x), ptrOf(dst)})
 		return
 	}
-	b.kernel().i32(int(op)).i32(r.Outer).i32(r.Len).i32(r.Inner).ptr(ptrOf(x)).ptr(ptrOf(dst))
-	b.launch("reduce_cols_"+s, b.grid(int64(r.Outer*r.Inner), 256), 1, 256)
+	kReduceCols.launch(b, s, b.elems(int64(r.Outer*r.Inner)),
+		reduceColsArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
 }
 
 // ReduceMaxBackward routes dy to the elements equal to their maximum.
@@ -154,8 +211,8 @@ func (b *Backend) ReduceMaxBackward(dx, dy, x, y kernels.Buf, r kernels.Reductio
 	s := floatType("reduce max backward", dx, dy, x, y)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(r.Len).i32(r.Inner).i64(int64(x.N)).ptr(ptrOf(dy)).ptr(ptrOf(x)).ptr(ptrOf(y)).ptr(ptrOf(dx))
-	b.launch("reduce_max_bwd_"+s, b.grid(int64(x.N), 256), 1, 256)
+	kReduceMaxBwd.launch(b, s, b.elems(int64(x.N)),
+		reduceMaxBwdArgs{int32(r.Len), int32(r.Inner), int64(x.N), ptrOf(dy), ptrOf(x), ptrOf(y), ptrOf(dx)})
 }
 
 // ArgMax writes the index of the first maximum along the middle axis.
@@ -167,54 +224,98 @@ func (b *Backend) ArgMax(dst, x kernels.Buf, r kernels.Reduction) {
 	s := floatType("argmax", x)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(r.Outer).i32(r.Len).i32(r.Inner).ptr(ptrOf(x)).ptr(ptrOf(dst))
-	b.launch("argmax_"+s, b.grid(int64(r.Outer*r.Inner), 256), 1, 256)
+	kArgmax.launch(b, s, b.elems(int64(r.Outer*r.Inner)), argmaxArgs{int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
 }
 
-// poolArgs mirrors the kernels' struct Pool.
+// poolArgs is the kernels' struct Pool.
 type poolArgs struct{ N, C, H, W, KH, KW, SH, SW, PH, PW, OH, OW int32 }
+
+// The pooling kernels (pool.cu).
+type (
+	poolFwdArgs struct {
+		P    poolArgs
+		X, Y uintptr
+	}
+	maxPoolBwdArgs struct {
+		P         poolArgs
+		X, Dy, Dx uintptr
+	}
+	avgPoolBwdArgs struct {
+		P      poolArgs
+		Dy, Dx uintptr
+	}
+)
+
+var (
+	kMaxPool    = declareTyped[poolFwdArgs]("maxpool")
+	kMaxPoolBwd = declareTyped[maxPoolBwdArgs]("maxpool_bwd")
+	kAvgPool    = declareTyped[poolFwdArgs]("avgpool")
+	kAvgPoolBwd = declareTyped[avgPoolBwdArgs]("avgpool_bwd")
+)
 
 func toPool(p kernels.PoolParams) poolArgs {
 	return poolArgs{int32(p.N), int32(p.C), int32(p.H), int32(p.W), int32(p.KH), int32(p.KW),
 		int32(p.SH), int32(p.SW), int32(p.PH), int32(p.PW), int32(p.OutH()), int32(p.OutW())}
 }
 
-func (b *Backend) pool(name string, p kernels.PoolParams, n int, bufs ...kernels.Buf) {
-	s := floatType(name, bufs...)
-	pa := toPool(p)
-	b.enter()
-	defer b.exit()
-	a := b.kernel().val(unsafe.Pointer(&pa), unsafe.Sizeof(pa))
-	for _, buf := range bufs {
-		a.ptr(ptrOf(buf))
-	}
-	b.launch(name+"_"+s, b.grid(int64(n), 256), 1, 256)
-}
-
 // MaxPool2d takes the maximum of each window.
 func (b *Backend) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	kernels.CheckPool("max pool", p, x, y)
-	b.pool("maxpool", p, y.N, x, y)
+	s := floatType("max pool", x, y)
+	b.enter()
+	defer b.exit()
+	kMaxPool.launch(b, s, b.elems(int64(y.N)), poolFwdArgs{toPool(p), ptrOf(x), ptrOf(y)})
 }
 
 // MaxPool2dBackward routes dy to each window's first maximum (a gather per input).
 func (b *Backend) MaxPool2dBackward(p kernels.PoolParams, x, dy, dx kernels.Buf) {
 	kernels.CheckPool("max pool backward", p, x, dy)
 	kernels.CheckLen("max pool backward", x.N, dx)
-	b.pool("maxpool_bwd", p, x.N, x, dy, dx)
+	s := floatType("max pool backward", x, dy, dx)
+	b.enter()
+	defer b.exit()
+	kMaxPoolBwd.launch(b, s, b.elems(int64(x.N)), maxPoolBwdArgs{toPool(p), ptrOf(x), ptrOf(dy), ptrOf(dx)})
 }
 
 // AvgPool2d averages each window.
 func (b *Backend) AvgPool2d(p kernels.PoolParams, x, y kernels.Buf) {
 	kernels.CheckPool("avg pool", p, x, y)
-	b.pool("avgpool", p, y.N, x, y)
+	s := floatType("avg pool", x, y)
+	b.enter()
+	defer b.exit()
+	kAvgPool.launch(b, s, b.elems(int64(y.N)), poolFwdArgs{toPool(p), ptrOf(x), ptrOf(y)})
 }
 
 // AvgPool2dBackward spreads dy over the windows.
 func (b *Backend) AvgPool2dBackward(p kernels.PoolParams, dy, dx kernels.Buf) {
 	kernels.CheckPool("avg pool backward", p, dx, dy)
-	b.pool("avgpool_bwd", p, dx.N, dy, dx)
+	s := floatType("avg pool backward", dy, dx)
+	b.enter()
+	defer b.exit()
+	kAvgPoolBwd.launch(b, s, b.elems(int64(dx.N)), avgPoolBwdArgs{toPool(p), ptrOf(dy), ptrOf(dx)})
 }
+
+// The loss kernels (loss.cu).
+type (
+	ceFwdArgs struct {
+		N, K                   int32
+		Logits, Labels, Lse, L uintptr
+	}
+	ceBwdArgs struct {
+		N, K                                int32
+		Logits, Labels, Lse, Dloss, Dlogits uintptr
+	}
+	metricsArgs struct {
+		N, K                       int32
+		Logits, Labels, Loss, Sums uintptr
+	}
+)
+
+var (
+	kCEFwd   = declareTyped[ceFwdArgs]("ce_fwd")
+	kCEBwd   = declareTyped[ceBwdArgs]("ce_bwd")
+	kMetrics = declareTyped[metricsArgs]("metrics")
+)
 
 // CrossEntropy computes the mean loss in one single-block launch. Labels
 // outside [0, k) make the loss NaN.
@@ -225,8 +326,7 @@ func (b *Backend) CrossEntropy(logits, labels, lse, loss kernels.Buf, n, k int) 
 	s := floatType("cross entropy", logits)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(n).i32(k).ptr(ptrOf(logits)).ptr(ptrOf(labels)).ptr(ptrOf(lse)).ptr(ptrOf(loss))
-	b.launch("ce_fwd_"+s, 1, 1, 512)
+	kCEFwd.launch(b, s, dims{1, 1, 512}, ceFwdArgs{int32(n), int32(k), ptrOf(logits), ptrOf(labels), ptrOf(lse), ptrOf(loss)})
 }
 
 // CrossEntropyBackward computes dlogits.
@@ -238,17 +338,40 @@ func (b *Backend) CrossEntropyBackward(logits, labels, lse, dloss, dlogits kerne
 	s := floatType("cross entropy backward", logits, dlogits)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(n).i32(k).ptr(ptrOf(logits)).ptr(ptrOf(labels)).ptr(ptrOf(lse)).ptr(ptrOf(dloss)).ptr(ptrOf(dlogits))
-	b.launch("ce_bwd_"+s, b.grid(int64(n*k), 256), 1, 256)
+	kCEBwd.launch(b, s, b.elems(int64(n*k)),
+		ceBwdArgs{int32(n), int32(k), ptrOf(logits), ptrOf(labels), ptrOf(lse), ptrOf(dloss), ptrOf(dlogits)})
 }
+
+// The random kernels (random.cu).
+type (
+	randArgs struct {
+		N            int64
+		Seed, Offset uint64
+		Base         uintptr
+		A, B         float32 // lo and hi, or mean and std
+		Y            uintptr
+	}
+	dropoutArgs struct {
+		N            int64
+		Seed, Offset uint64
+		Base         uintptr
+		P            float32
+		X, Y         uintptr
+	}
+)
+
+var (
+	kUniform = declareTyped[randArgs]("uniform")
+	kNormal  = declareTyped[randArgs]("normal")
+	kDropout = declareTyped[dropoutArgs]("dropout")
+)
 
 // Uniform fills dst from the Philox state g.
 func (b *Backend) Uniform(dst kernels.Buf, lo, hi float32, g kernels.Philox) {
 	s := floatType("uniform", dst)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(lo).f32(hi).ptr(ptrOf(dst))
-	b.launch("uniform_"+s, b.grid(int64(dst.N+3)/4, 256), 1, 256)
+	kUniform.launch(b, s, b.elems(int64(dst.N+3)/4), randArgs{int64(dst.N), g.Seed, g.Offset, basePtr(g), lo, hi, ptrOf(dst)})
 }
 
 // Normal fills dst from the Philox state g.
@@ -256,8 +379,7 @@ func (b *Backend) Normal(dst kernels.Buf, mean, std float32, g kernels.Philox) {
 	s := floatType("normal", dst)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(dst.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(mean).f32(std).ptr(ptrOf(dst))
-	b.launch("normal_"+s, b.grid(int64(dst.N+3)/4, 256), 1, 256)
+	kNormal.launch(b, s, b.elems(int64(dst.N+3)/4), randArgs{int64(dst.N), g.Seed, g.Offset, basePtr(g), mean, std, ptrOf(dst)})
 }
 
 // Dropout applies the mask drawn from g.
@@ -269,8 +391,7 @@ func (b *Backend) Dropout(dst, x kernels.Buf, p float32, g kernels.Philox) {
 	s := floatType("dropout", dst, x)
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(x.N)).u64(g.Seed).u64(g.Offset).ptr(basePtr(g)).f32(p).ptr(ptrOf(x)).ptr(ptrOf(dst))
-	b.launch("dropout_"+s, b.grid(int64(x.N+3)/4, 256), 1, 256)
+	kDropout.launch(b, s, b.elems(int64(x.N+3)/4), dropoutArgs{int64(x.N), g.Seed, g.Offset, basePtr(g), p, ptrOf(x), ptrOf(dst)})
 }
 
 // basePtr is the device address of g's Base counter, or 0.
@@ -288,23 +409,64 @@ func (b *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k
 	s := floatType("metrics", logits)
 	b.enter()
 	defer b.exit()
-	b.kernel().i32(n).i32(k).ptr(ptrOf(logits)).ptr(ptrOf(labels)).ptr(ptrOf(loss)).ptr(ptrOf(sums))
-	b.launch("metrics_"+s, 1, 1, 256)
+	kMetrics.launch(b, s, dims{1, 1, blockSize}, metricsArgs{int32(n), int32(k), ptrOf(logits), ptrOf(labels), ptrOf(loss), ptrOf(sums)})
 }
 
-// tensorList mirrors the kernels' struct TensorList.
+// tensorList is the kernels' struct TensorList: up to mtMax tensors of up
+// to four lists (parameters, gradients, moments), their lengths, and how
+// many there are.
 type tensorList struct {
 	n     [mtMax]int64
-	p     [4][mtMax]uintptr
+	p     [4][mtMax]uintptr `c:"float*"`
 	count int32
-	_     int32
 }
 
 const mtMax = 32
 
-// multiTensor launches name over the lists in groups of mtMax tensors; extra
-// appends the scalar arguments after the list.
-func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, extra func(a *arena)) {
+// The multi-tensor kernels (optim.cu).
+type (
+	copyMultiArgs struct{ L tensorList }
+	sgdMultiArgs  struct {
+		L                       tensorList
+		LR                      uintptr
+		Momentum, Dampening, WD float32
+		Nesterov, First         int32
+		Skip                    uintptr
+	}
+	adamwMultiArgs struct {
+		L                     tensorList
+		LR                    uintptr
+		Beta1, Beta2, Eps, WD float32
+		Step, Skip            uintptr
+	}
+	unscaleMultiArgs struct {
+		L            tensorList
+		Scale, Found uintptr
+	}
+	updateScaleArgs struct {
+		Scale, Tracker, Found, Skipped uintptr
+		Growth, Backoff                float32
+		Interval                       int32
+	}
+	incrementArgs struct {
+		Counter uintptr
+		N       int64
+		Unless  uintptr
+	}
+)
+
+var (
+	kCopyMulti    = declareKernel[copyMultiArgs]("copy_multi")
+	kSGDMulti     = declareKernel[sgdMultiArgs]("sgd_multi")
+	kAdamWMulti   = declareKernel[adamwMultiArgs]("adamw_multi")
+	kUnscaleMulti = declareKernel[unscaleMultiArgs]("unscale_multi")
+	kUpdateScale  = declareKernel[updateScaleArgs]("update_scale")
+	kIncrement    = declareKernel[incrementArgs]("increment")
+)
+
+// multiTensor launches the lists in groups of mtMax tensors: launch is
+// called with each group's list and dims.
+func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l tensorList, d dims)) {
 	for i := range lists[0] {
 		for _, l := range lists {
 			if l[i].N != lists[0][i].N || l[i].DType != kernels.F32 {
@@ -326,9 +488,7 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, extra func(a *
 			}
 		}
 		tl.count = int32(hi - lo)
-		a := b.kernel().val(unsafe.Pointer(&tl), unsafe.Sizeof(tl))
-		extra(a)
-		b.launch(name, min(b.grid(most, 256), 64), uint32(hi-lo), 256)
+		launch(tl, dims{min(b.blocks(most, blockSize), 64), uint32(hi - lo), blockSize})
 	}
 }
 
@@ -339,7 +499,7 @@ func (b *Backend) CopyMany(dst, src []kernels.Buf) {
 	if len(dst) == 0 {
 		return
 	}
-	b.multiTensor("copy_multi", [][]kernels.Buf{dst, src}, func(*arena) {})
+	b.multiTensor("copy many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { kCopyMulti.launch(b, 0, d, copyMultiArgs{l}) })
 }
 
 // SGD updates every parameter in one launch per 32 tensors.
@@ -352,8 +512,8 @@ func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	kernels.CheckLen("sgd learning rate", 1, hp.LR)
 	kernels.CheckScalar("sgd", hp.LR, hp.Skip)
 	lr, skip := ptrOf(hp.LR), ptrOf(hp.Skip)
-	b.multiTensor("sgd_multi", lists, func(a *arena) {
-		a.ptr(lr).f32(hp.Momentum).f32(hp.Dampening).f32(hp.WeightDecay).i32(boolInt(hp.Nesterov)).i32(boolInt(hp.FirstStep)).ptr(skip)
+	b.multiTensor("sgd", lists, func(l tensorList, d dims) {
+		kSGDMulti.launch(b, 0, d, sgdMultiArgs{l, lr, hp.Momentum, hp.Dampening, hp.WeightDecay, boolInt(hp.Nesterov), boolInt(hp.FirstStep), skip})
 	})
 }
 
@@ -364,8 +524,8 @@ func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	kernels.CheckScalar("adamw", hp.LR, hp.Skip)
 	kernels.CheckCounter("adamw step", hp.Step)
 	lr, step, skip := ptrOf(hp.LR), ptrOf(hp.Step), ptrOf(hp.Skip)
-	b.multiTensor("adamw_multi", [][]kernels.Buf{params, grads, m, v}, func(a *arena) {
-		a.ptr(lr).f32(hp.Beta1).f32(hp.Beta2).f32(hp.Eps).f32(hp.WeightDecay).ptr(step).ptr(skip)
+	b.multiTensor("adamw", [][]kernels.Buf{params, grads, m, v}, func(l tensorList, d dims) {
+		kAdamWMulti.launch(b, 0, d, adamwMultiArgs{l, lr, hp.Beta1, hp.Beta2, hp.Eps, hp.WeightDecay, step, skip})
 	})
 }
 
@@ -375,7 +535,7 @@ func (b *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	kernels.CheckLen("unscale", 1, scale, found)
 	kernels.CheckScalar("unscale", scale, found)
 	sp, fp := ptrOf(scale), ptrOf(found)
-	b.multiTensor("unscale_multi", [][]kernels.Buf{grads}, func(a *arena) { a.ptr(sp).ptr(fp) })
+	b.multiTensor("unscale", [][]kernels.Buf{grads}, func(l tensorList, d dims) { kUnscaleMulti.launch(b, 0, d, unscaleMultiArgs{l, sp, fp}) })
 }
 
 // UpdateScale runs torch's _amp_update_scale_ in one thread.
@@ -384,9 +544,8 @@ func (b *Backend) UpdateScale(p kernels.ScalerParams, scale, tracker, found, ski
 	kernels.CheckScalar("update scale", scale, found, skipped)
 	b.enter()
 	defer b.exit()
-	b.kernel().ptr(ptrOf(scale)).ptr(ptrOf(tracker)).ptr(ptrOf(found)).ptr(ptrOf(skipped)).
-		f32(p.Growth).f32(p.Backoff).i32(p.Interval)
-	b.launch("update_scale", 1, 1, 1)
+	kUpdateScale.launch(b, 0, dims{1, 1, 1}, updateScaleArgs{ptrOf(scale), ptrOf(tracker), ptrOf(found), ptrOf(skipped),
+		p.Growth, p.Backoff, int32(p.Interval)})
 }
 
 // Increment adds n to a counter on the device unless the flag is set.
@@ -395,11 +554,10 @@ func (b *Backend) Increment(counter kernels.Buf, n int64, unless kernels.Buf) {
 	kernels.CheckScalar("increment", unless)
 	b.enter()
 	defer b.exit()
-	b.kernel().ptr(ptrOf(counter)).i64(n).ptr(ptrOf(unless))
-	b.launch("increment", 1, 1, 1)
+	kIncrement.launch(b, 0, dims{1, 1, 1}, incrementArgs{ptrOf(counter), n, ptrOf(unless)})
 }
 
-func boolInt(v bool) int {
+func boolInt(v bool) int32 {
 	if v {
 		return 1
 	}

@@ -36,9 +36,9 @@ func (b *Backend) queued(op string) {
 	if n := len(p.spare); n > 0 {
 		ev, p.spare = p.spare[n-1], p.spare[:n-1]
 	} else {
-		b.d.must("cuEventCreate", call(b.d.cuEventCreate, uintptr(unsafe.Pointer(&ev)), 0))
+		b.d.must("cuEventCreate", b.d.eventCreate(unsafe.Pointer(&ev), 0))
 	}
-	b.d.must("cuEventRecord", call(b.d.cuEventRecord, ev, b.stream))
+	b.d.must("cuEventRecord", b.d.eventRecord(ev, b.stream))
 	p.events, p.names = append(p.events, ev), append(p.names, op)
 }
 
@@ -60,21 +60,21 @@ func (b *Backend) StopProfile() ([]kernels.OpTime, error) {
 	}
 	b.prof = nil
 	var end uintptr
-	b.d.must("cuEventCreate", call(b.d.cuEventCreate, uintptr(unsafe.Pointer(&end)), 0))
+	b.d.must("cuEventCreate", b.d.eventCreate(unsafe.Pointer(&end), 0))
 	p.events = append(p.events, end)
-	b.d.must("cuEventRecord", call(b.d.cuEventRecord, end, b.stream))
+	b.d.must("cuEventRecord", b.d.eventRecord(end, b.stream))
 	defer func() {
 		for _, ev := range append(p.events, p.spare...) {
-			call(b.d.cuEventDestroy, ev)
+			b.d.eventDestroy(ev)
 		}
 	}()
-	if err := b.d.check("cuEventSynchronize", call(b.d.cuEventSynchronize, end)); err != nil {
+	if err := b.d.check("cuEventSynchronize", b.d.eventSynchronize(end)); err != nil {
 		return nil, err
 	}
 	by := map[string]*kernels.OpTime{}
 	for i, name := range p.names {
 		var ms float32
-		if err := b.d.check("cuEventElapsedTime", call(b.d.cuEventElapsedTime, uintptr(unsafe.Pointer(&ms)), p.events[i], p.events[i+1])); err != nil {
+		if err := b.d.check("cuEventElapsedTime", b.d.eventElapsedTime(unsafe.Pointer(&ms), p.events[i], p.events[i+1])); err != nil {
 			return nil, err
 		}
 		t := by[name]
@@ -93,10 +93,13 @@ func (b *Backend) StopProfile() ([]kernels.OpTime, error) {
 	return out, nil
 }
 
+type spinArgs struct{ Ns int64 }
+
+var kSpin = declareKernel[spinArgs]("spin")
+
 // Delay queues a kernel that keeps the stream busy for d.
 func (b *Backend) Delay(d time.Duration) {
 	b.enter()
 	defer b.exit()
-	b.kernel().i64(int64(d))
-	b.launch("spin", 1, 1, 1)
+	kSpin.launch(b, 0, dims{1, 1, 1}, spinArgs{int64(d)})
 }

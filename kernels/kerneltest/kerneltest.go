@@ -229,13 +229,11 @@ var cases = []testCase{
 		}
 	}},
 	{"unary", func(s *suite) {
-		ops := []kernels.UnaryOp{kernels.Neg, kernels.Exp, kernels.Log, kernels.Sqrt, kernels.Abs, kernels.Square,
-			kernels.ReLU, kernels.Sigmoid, kernels.Tanh, kernels.Recip}
 		for _, dt := range dtypes {
-			for _, op := range ops {
+			for _, op := range kernels.UnaryOps() {
 				n := 1 + s.rng.IntN(3000)
 				vals := s.normal(n)
-				if op == kernels.Log || op == kernels.Sqrt || op == kernels.Recip {
+				if op.Def().Domain == kernels.Positive {
 					vals = s.positive(n)
 				}
 				x := s.in(dt, vals)
@@ -246,9 +244,10 @@ var cases = []testCase{
 				dy := s.randIn(dt, n)
 				dx := s.out(dt, n)
 				xg, xr, yg, yr := x.got, x.ref, y.got, y.ref
-				if op.BackwardUsesInput() {
+				if op.Def().Uses != kernels.UsesOutput {
 					yg, yr = kernels.Buf{}, kernels.Buf{}
-				} else {
+				}
+				if op.Def().Uses != kernels.UsesInput {
 					xg, xr = kernels.Buf{}, kernels.Buf{}
 				}
 				s.got.UnaryBackward(op, dx.got, dy.got, xg, yg)
@@ -272,12 +271,12 @@ var cases = []testCase{
 			{{5, 1, 3, 1, 2}, {4, 1, 7, 1}, {5, 4, 3, 7, 2}},
 		}
 		for _, dt := range dtypes {
-			for _, op := range []kernels.BinaryOp{kernels.Add, kernels.Sub, kernels.Mul, kernels.Div} {
+			for _, op := range kernels.BinaryOps() {
 				for _, sh := range shapes {
 					bc := kernels.NewBroadcast(sh[2], sh[0], sh[1])
 					a := s.randIn(dt, prod(sh[0]))
 					bv := s.normal(prod(sh[1]))
-					if op == kernels.Div {
+					if op.Def().PositiveB {
 						bv = s.positive(len(bv))
 					}
 					b := s.in(dt, bv)

@@ -1,14 +1,12 @@
-// leangrad CUDA kernels: shared definitions. These files are concatenated in
-// the order kernels.go gives and compiled by NVRTC for the device in hand; they
-// include no header, so any NVRTC from CUDA 11.2 on compiles them.
+// leangrad CUDA kernels: shared definitions. Source (source.go) compiles
+// these files after a prelude generated from Go (THREADS, FOR_TYPES, the
+// reduction codes, the by-value structs) in its sourceOrder, as one module,
+// with NVRTC for the device in hand; they include no header, so any NVRTC
+// from CUDA 11.2 on compiles them.
 //
 // Storage types: float (F32), f16 (IEEE binary16 bits, converted with PTX
 // cvt instructions), int (I32). Arithmetic is always in float.
 
-typedef unsigned short f16;
-typedef long long i64;
-
-#define THREADS 256
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
@@ -62,6 +60,5 @@ __device__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
-// Instantiate a kernel template for float and f16 storage as extern "C"
-// symbols name_f32 and name_f16.
-#define FOR_TYPES(M) M(float, f32) M(f16, f16)
+// FOR_TYPES(M) (generated) instantiates a kernel template for each float
+// storage type as extern "C" symbols name_f32, name_f16.

@@ -8,41 +8,8 @@ extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { GRID_ST
 extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
 extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
 
-// Operation codes: the values of kernels.UnaryOp.
-enum { U_NEG = 1, U_EXP, U_LOG, U_SQRT, U_ABS, U_SQUARE, U_RELU, U_SIGMOID, U_TANH, U_RECIP };
-
-__device__ __forceinline__ float unary_f(int op, float x) {
-    switch (op) {
-    case U_NEG: return -x;
-    case U_EXP: return expf(x);
-    case U_LOG: return logf(x);
-    case U_SQRT: return sqrtf(x);
-    case U_ABS: return fabsf(x);
-    case U_SQUARE: return x * x;
-    case U_RELU: return fmaxf(x, 0.f);
-    case U_SIGMOID: return 1.f / (1.f + expf(-x));
-    case U_TANH: return tanhf(x);
-    case U_RECIP: return 1.f / x;
-    }
-    return __int_as_float(0x7fc00000);
-}
-
-// dy·op'(·) from the forward input x or output y.
-__device__ __forceinline__ float unary_grad(int op, float dy, float x, float y) {
-    switch (op) {
-    case U_NEG: return -dy;
-    case U_EXP: return dy * y;
-    case U_LOG: return dy / x;
-    case U_SQRT: return dy * 0.5f / y;
-    case U_ABS: return x > 0.f ? dy : (x < 0.f ? -dy : 0.f);
-    case U_SQUARE: return 2.f * x * dy;
-    case U_RELU: return y > 0.f ? dy : 0.f;
-    case U_SIGMOID: return dy * y * (1.f - y);
-    case U_TANH: return dy * (1.f - y * y);
-    case U_RECIP: return -dy * y * y;
-    }
-    return __int_as_float(0x7fc00000);
-}
+// unary_f, unary_grad and binary_f are generated from package kernels'
+// tables (source.go).
 
 template <typename T>
 __device__ void unary(int op, i64 n, const T* x, T* y) {
@@ -63,26 +30,9 @@ __device__ void affine(i64 n, const T* x, T* y, float alpha, float beta) {
     GRID_STRIDE(i, n) st(y, i, alpha * ld(x, i) + beta);
 }
 
-// Broadcast mirrors kernels.Broadcast: output shape and per-input element
-// strides (0 along broadcast dimensions), at most 6 collapsed dimensions.
-struct Bcast {
-    int ndim;
-    int shape[6];
-    int sa[6];
-    int sb[6];
-};
-
-enum { B_ADD = 1, B_SUB, B_MUL, B_DIV };
-
-__device__ __forceinline__ float binary_f(int op, float a, float b) {
-    switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    }
-    return __int_as_float(0x7fc00000);
-}
+// Bcast (generated from Go's bcast) is kernels.Broadcast: output shape and
+// per-input element strides (0 along broadcast dimensions), at most
+// MAX_DIMS collapsed dimensions.
 
 template <typename T>
 __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {

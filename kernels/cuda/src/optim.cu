@@ -1,14 +1,8 @@
 // Multi-tensor optimiser and AMP kernels: one launch updates up to MT_MAX
 // tensors. blockIdx.y picks the tensor, blocks along x stride over it. The
-// list travels by value as a kernel parameter (1.3 KB, under the 4 KB limit).
-
-#define MT_MAX 32
-
-struct TensorList {
-    i64 n[MT_MAX];
-    float* p[4][MT_MAX];
-    int count;
-};
+// list (struct TensorList, generated from Go's tensorList: n[MT_MAX],
+// p[4][MT_MAX], count) travels by value as a kernel parameter (1.3 KB,
+// under the 4 KB limit).
 
 #define MT_LOOP(L, t, i)                                                                                        \
     int t = blockIdx.y;                                                                                        \

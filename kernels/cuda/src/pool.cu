@@ -2,9 +2,8 @@
 // element collects from the windows that contain it), so they need no atomics
 // and no index tensor: max pooling recomputes each window's first maximum.
 
-struct Pool {
-    int N, C, H, W, KH, KW, SH, SW, PH, PW, OH, OW;
-};
+// struct Pool (generated from Go's poolArgs): N, C, H, W, KH, KW, SH, SW,
+// PH, PW, OH, OW.
 
 template <typename T>
 __device__ __forceinline__ int window_argmax(const Pool& p, const T* plane, int oh, int ow) {

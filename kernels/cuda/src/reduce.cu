@@ -1,6 +1,5 @@
-// Reductions of an (outer, len, inner) array along its middle axis.
-
-enum { R_SUM = 1, R_MEAN, R_MAX };
+// Reductions of an (outer, len, inner) array along its middle axis; the
+// codes R_SUM, R_MEAN and R_MAX are kernels.ReduceOp's (generated).
 
 // Rows: inner == 1. One block per row; threads stride along the row.
 template <typename T>
