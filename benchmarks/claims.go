@@ -80,7 +80,10 @@ func verdict(yes, partly bool) string {
 // to call EmptyCache after every batch: step time and peak memory, with and
 // without it.
 func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options) (Claim, error) {
-	m := Models[model]
+	m, err := train.LookupArch(model)
+	if err != nil {
+		return Claim{}, err
+	}
 	run := func(empty bool) (ms float64, peakA, reservedAfter int64, err error) {
 		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, o.Seed, false)
 		if err != nil {
@@ -139,7 +142,10 @@ func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options
 // and releases the tensor: allocated bytes after each epoch, and what the
 // leak report names as the holder.
 func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed uint64) (Claim, error) {
-	m := Models[model]
+	m, err := train.LookupArch(model)
+	if err != nil {
+		return Claim{}, err
+	}
 	a := dev.Allocator()
 	measure := func(leak bool) (perEpoch []int64, report string, err error) {
 		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, seed, false)
@@ -213,12 +219,15 @@ func keepLoss(loss *tensor.Tensor) *tensor.Tensor { return loss.Retain().Keep() 
 // arm, so that neither pays the one-time work of a new shape (cuDNN's
 // algorithm search) and the timing verdict does not come from run order.
 func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, seed uint64) (Claim, error) {
-	m := Models[model]
+	m, err := train.LookupArch(model)
+	if err != nil {
+		return Claim{}, err
+	}
 	a := dev.Allocator()
 	batches := []int{max(1, maxBatch/4), max(1, maxBatch/2), max(1, maxBatch*3/4), maxBatch}
 	step := func(s *stepper, b int, rng *rand.Rand) (err error) {
 		dev.WithScope(func() {
-			x := tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Shape...)...)
+			x := tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Input...)...)
 			labels := make([]int32, b)
 			for j := range labels {
 				labels[j] = int32(rng.IntN(m.Classes))

@@ -23,43 +23,25 @@ import (
 	"github.com/leangrad/leangrad/train"
 )
 
-// Model is a benchmarked network and its input shape.
-type Model struct {
-	Name    string
-	Shape   []int // C, H, W
-	Classes int
-	ResNet  bool // has residual blocks to checkpoint
-	// Segments is what its checkpointing checkpoints: "blocks" (each
-	// residual block, the default) or "sqrt" (√n segments of blocks).
-	Segments string
-}
+// The harness benchmarks the models of train's registry (train.LookupArch),
+// on random inputs of each one's Input shape.
 
-// Models are the networks the harness knows.
-var Models = map[string]Model{
-	"resnet20": {Name: "resnet20", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true},
-	"resnet18": {Name: "resnet18", Shape: []int{3, 32, 32}, Classes: 10, ResNet: true},
-	"mlp":      {Name: "mlp", Shape: []int{1, 28, 28}, Classes: 10},
-	// The deep one, where memory matters most: 600 blocks, checkpointed in
-	// √600 ≈ 25 segments.
-	"resnet1202": {Name: "resnet1202", Shape: []int{1, 28, 28}, Classes: 10, ResNet: true, Segments: "sqrt"},
-}
-
-// Build makes the model on dev from seed (train.BuildModel).
-func (m Model) Build(dev *tensor.Device, seed uint64) nn.Module {
-	model, err := train.BuildModel(dev, m.Name, m.Shape[0], m.Shape[1], m.Shape[2], m.Classes, seed)
+// build makes m on dev from seed, for its own input shape.
+func build(dev *tensor.Device, m train.Arch, seed uint64) nn.Module {
+	model, err := m.Build(dev, m.Input[0], m.Input[1], m.Input[2], m.Classes, seed)
 	if err != nil {
-		panic(err) // Models holds known names only
+		panic(err) // the registry's shapes are valid
 	}
 	return model
 }
 
 // variant is the configuration named name (one of train.Variants, in whose
 // order reports list them) for m: its checkpointing checkpoints m.Segments.
-func variant(m Model, name string) (train.Variant, error) {
+func variant(m train.Arch, name string) (train.Variant, error) {
 	for _, v := range train.Variants(m.Segments) {
 		if v.Name == name {
-			if v.Checkpoint != "none" && !m.ResNet {
-				return v, fmt.Errorf("%s has no residual blocks to checkpoint", m.Name)
+			if v.Checkpoint != "none" && !m.Blocks {
+				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
 			}
 			return v, nil
 		}
@@ -131,8 +113,8 @@ type stepper struct {
 	x, y  *tensor.Tensor
 }
 
-func newStepper(dev *tensor.Device, m Model, v train.Variant, batch int, seed uint64, capture bool) (*stepper, error) {
-	model := m.Build(dev, seed)
+func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, seed uint64, capture bool) (*stepper, error) {
+	model := build(dev, m, seed)
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
 		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
 	tr, err := train.New(model, dev, cfg, 1)
@@ -141,7 +123,7 @@ func newStepper(dev *tensor.Device, m Model, v train.Variant, batch int, seed ui
 		return nil, err
 	}
 	s := &stepper{dev: dev, model: model, tr: tr}
-	shape := append([]int{batch}, m.Shape...)
+	shape := append([]int{batch}, m.Input...)
 	s.x, s.y = tr.Step.Inputs(shape, []int{batch})
 	dev.WithScope(func() {
 		dev.Backend().Copy(s.x.Buf(), tensor.Randn(dev, tensor.F32, 0, 1, shape...).Buf())
@@ -171,9 +153,9 @@ func (s *stepper) release() {
 // step is planned, else the last warm-up step (or one more step after the
 // timed ones, without warm-up).
 func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
-	m, ok := Models[spec.Model]
-	if !ok {
-		return Result{}, fmt.Errorf("unknown model %q", spec.Model)
+	m, err := train.LookupArch(spec.Model)
+	if err != nil {
+		return Result{}, err
 	}
 	c, err := variant(m, spec.Config)
 	if err != nil {

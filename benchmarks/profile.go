@@ -6,6 +6,7 @@ import (
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 // deviceProfiler is implemented by backends that attribute device time to
@@ -32,9 +33,9 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float6
 		h := &hostProfiler{b: dev.Backend()}
 		dev, p = tensor.NewDevice(h), h
 	}
-	m, ok := Models[spec.Model]
-	if !ok {
-		return nil, 0, fmt.Errorf("unknown model %q", spec.Model)
+	m, err := train.LookupArch(spec.Model)
+	if err != nil {
+		return nil, 0, err
 	}
 	c, err := variant(m, spec.Config)
 	if err != nil {

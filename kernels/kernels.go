@@ -188,9 +188,9 @@ type Philox struct {
 	Base Buf `json:"-"`
 }
 
-// A counter is a device-resident int64 that operations read and advance
-// without the host: an I32 buffer of CounterLen elements holding a
-// little-endian two's-complement int64 (Philox bases, AdamW's step count).
+// CounterLen is the I32 elements of a device counter, a little-endian
+// two's-complement int64 that operations read and advance without the
+// host (tensor.Counter owns them; Philox bases, AdamW's step count).
 const CounterLen = 2
 
 // SGDParams are the hyper-parameters of one SGD step, as in torch.optim.SGD.

@@ -107,6 +107,13 @@ func (c CheckpointMode) String() string {
 	return fmt.Sprintf("CheckpointMode(%d)", int(c))
 }
 
+// Checkpointer is a model whose blocks can be checkpointed: recomputed in
+// the backward from their saved inputs instead of keeping their
+// activations (ResNet, GPT).
+type Checkpointer interface {
+	SetCheckpoint(CheckpointMode)
+}
+
 // ParseCheckpointMode reads "none", "blocks" or "sqrt".
 func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	switch s {
@@ -161,6 +168,9 @@ func NewCIFARResNet(dev *tensor.Device, depth, inChannels, classes int) (*ResNet
 	n := (depth - 2) / 6
 	return NewResNet(dev, fmt.Sprintf("resnet%d", depth), inChannels, classes, []int{16, 32, 64}, []int{n, n, n}), nil
 }
+
+// SetCheckpoint chooses what the forward checkpoints.
+func (r *ResNet) SetCheckpoint(c CheckpointMode) { r.Checkpoint = c }
 
 // SetDropout puts dropout with probability p between the two convolutions
 // of every block (p = 0 removes it).

@@ -20,7 +20,7 @@ func ExampleGradScaler() {
 	defer w.Release()
 	opt := optim.NewSGD([]*tensor.Tensor{w}, 0.1, 0, 0, false)
 	defer opt.Release()
-	scaler := optim.NewGradScaler(dev)
+	scaler := optim.NewGradScaler(dev, true)
 	defer scaler.Release()
 
 	for step := 0; step < 3; step++ {

@@ -12,7 +12,6 @@
 package optim
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -272,7 +271,7 @@ type AdamW struct {
 	deviceLR
 	params                         []*tensor.Tensor
 	m, v                           []*tensor.Tensor
-	step                           *tensor.Tensor // a counter: steps taken (not skipped)
+	step                           *tensor.Counter // steps taken (not skipped)
 	Beta1, Beta2, Eps, WeightDecay float64
 }
 
@@ -283,7 +282,7 @@ func NewAdamW(params []*tensor.Tensor, lr, weightDecay float64) *AdamW {
 	o := &AdamW{deviceLR: newDeviceLR(params, lr), params: params, m: make([]*tensor.Tensor, len(params)),
 		v: make([]*tensor.Tensor, len(params)), Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: weightDecay}
 	if len(params) > 0 {
-		o.step = tensor.Zeros(params[0].Device(), tensor.I32, kernels.CounterLen).Keep()
+		o.step = tensor.NewCounter(params[0].Device(), 0)
 	}
 	return o
 }
@@ -332,7 +331,7 @@ func (o *AdamW) State() map[string]*tensor.Tensor {
 func (o *AdamW) Counters() map[string]float64 {
 	c := map[string]float64{"lr": o.lr}
 	if o.step != nil {
-		c["step"] = float64(ReadCounter(o.step))
+		c["step"] = float64(o.step.Read())
 	}
 	return c
 }
@@ -365,7 +364,7 @@ func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) er
 		}
 	}
 	if o.step != nil {
-		WriteCounter(o.step, int64(step))
+		o.step.Write(int64(step))
 	}
 	return nil
 }
@@ -384,18 +383,4 @@ func (o *AdamW) Release() {
 		o.step = nil
 	}
 	o.release()
-}
-
-// ReadCounter reads a device counter (see kernels.CounterLen), waiting for
-// the device.
-func ReadCounter(c *tensor.Tensor) int64 {
-	raw := c.Raw()
-	return int64(binary.LittleEndian.Uint64(raw))
-}
-
-// WriteCounter queues a write of v into a device counter.
-func WriteCounter(c *tensor.Tensor, v int64) {
-	var raw [8]byte
-	binary.LittleEndian.PutUint64(raw[:], uint64(v))
-	c.Backend().Write(c.Buf(), raw[:])
 }

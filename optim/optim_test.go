@@ -122,7 +122,7 @@ func testGradScaler(t *testing.T, dev *tensor.Device) {
 	defer w.Release()
 	opt := NewSGD([]*tensor.Tensor{w}, 0.1, 0, 0, false)
 	defer opt.Release()
-	s := NewGradScaler(dev)
+	s := NewGradScaler(dev, true)
 	defer s.Release()
 	s.GrowthInterval = 3
 	if s.Scale() != 65536 {
@@ -164,7 +164,7 @@ func testGradScaler(t *testing.T, dev *tensor.Device) {
 	if c["growth_tracker"] != 1 {
 		t.Errorf("counters %v", c)
 	}
-	s2 := NewGradScaler(dev)
+	s2 := NewGradScaler(dev, true)
 	defer s2.Release()
 	if err := s2.LoadCounters(c); err != nil || s2.Scale() != 65536 || s2.Counters()["growth_tracker"] != 1 || s2.Skipped() != 1 {
 		t.Errorf("round trip: %v %v", err, s2.Counters())

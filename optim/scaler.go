@@ -26,7 +26,6 @@ import (
 //	scaler.Step(opt) // unscale + inf/NaN check in one launch, then the update unless inf/NaN
 //	scaler.Update()  // back off or grow the scale, on the device
 type GradScaler struct {
-	Enabled        bool
 	GrowthFactor   float64
 	BackoffFactor  float64
 	GrowthInterval int
@@ -36,21 +35,26 @@ type GradScaler struct {
 	tracker  *tensor.Tensor // I32[1]: clean steps in a row
 	found    *tensor.Tensor // F32[1]: 1 when a gradient of this step was not finite
 	skipped  *tensor.Tensor // F32[1]: steps skipped so far
+	enabled  bool
 	unscaled bool
 }
 
 // InitialScale is the loss scale a new GradScaler starts at, as PyTorch's.
 const InitialScale = 65536
 
-// NewGradScaler returns an enabled scaler with PyTorch's defaults, its state
-// on dev.
-func NewGradScaler(dev *tensor.Device) *GradScaler {
-	return &GradScaler{Enabled: true, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000, dev: dev,
+// NewGradScaler returns a scaler with PyTorch's defaults, its state on dev.
+// A disabled one (training without F16 autocast) scales nothing and steps
+// the optimiser as it is.
+func NewGradScaler(dev *tensor.Device, enabled bool) *GradScaler {
+	return &GradScaler{enabled: enabled, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000, dev: dev,
 		scale:   tensor.Full(dev, tensor.F32, InitialScale, 1).Keep(),
 		tracker: tensor.Zeros(dev, tensor.I32, 1).Keep(),
 		found:   tensor.Zeros(dev, tensor.F32, 1).Keep(),
 		skipped: tensor.Zeros(dev, tensor.F32, 1).Keep()}
 }
+
+// Enabled reports whether the scaler scales.
+func (s *GradScaler) Enabled() bool { return s.enabled }
 
 // Scale reads the current loss scale from the device.
 func (s *GradScaler) Scale() float64 { return float64(s.scale.Item()) }
@@ -62,7 +66,7 @@ func (s *GradScaler) Skipped() int { return int(s.skipped.Item()) }
 // scale is read on the device), or loss itself (a new handle) when the
 // scaler is disabled.
 func (s *GradScaler) ScaleLoss(loss *tensor.Tensor) *tensor.Tensor {
-	if !s.Enabled {
+	if !s.enabled {
 		return ag.Identity(loss)
 	}
 	return ag.Mul(loss, s.scale)
@@ -72,7 +76,7 @@ func (s *GradScaler) ScaleLoss(loss *tensor.Tensor) *tensor.Tensor {
 // place, and checks them for inf/NaN in the same launch. Step calls it if
 // the caller did not (call it first to clip gradients).
 func (s *GradScaler) Unscale(opt Optimizer) {
-	if !s.Enabled || s.unscaled {
+	if !s.enabled || s.unscaled {
 		return
 	}
 	be := s.dev.Backend()
@@ -92,7 +96,7 @@ func (s *GradScaler) Unscale(opt Optimizer) {
 // Step unscales (if needed) and queues opt's update, which the device skips
 // when a gradient was inf or NaN.
 func (s *GradScaler) Step(opt Optimizer) {
-	if !s.Enabled {
+	if !s.enabled {
 		opt.Step()
 		return
 	}
@@ -104,7 +108,7 @@ func (s *GradScaler) Step(opt Optimizer) {
 // Update adjusts the scale after a Step, on the device: backoff on inf/NaN,
 // growth after GrowthInterval clean steps in a row.
 func (s *GradScaler) Update() {
-	if !s.Enabled {
+	if !s.enabled {
 		return
 	}
 	p := kernels.ScalerParams{Growth: float32(s.GrowthFactor), Backoff: float32(s.BackoffFactor), Interval: s.GrowthInterval}

@@ -185,8 +185,8 @@ func (g *Generator) SetState(s kernels.Philox) {
 }
 
 // BeginDevice makes the generator hand out states relative to base, a
-// device counter (kernels.CounterLen I32 elements) that holds the stream
-// position, until EndDevice. Its seed stays the host's.
+// Counter's buffer that holds the stream position, until EndDevice. Its
+// seed stays the host's.
 func (g *Generator) BeginDevice(base kernels.Buf) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -40,7 +40,7 @@ func (t *Trainer) Save(path string) error {
 	}
 	t.Step.SyncRNG()
 	meta, err := json.Marshal(checkpointMeta{Version: 1, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
-		Optim: t.Opt.Counters(), Scaler: t.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History})
+		Optim: t.Opt.Counters(), Scaler: t.Step.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History})
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (t *Trainer) Resume(path string, force bool) (changed []string, err error) 
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if meta.Config.AMP && t.Cfg.AMP {
-		if err := t.Scaler.LoadCounters(meta.Scaler); err != nil {
+		if err := t.Step.Scaler.LoadCounters(meta.Scaler); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}

@@ -54,10 +54,8 @@ func onRanks(t *testing.T, devs []*tensor.Device, f func(g *dist.Group) error) {
 // one that reads m's parameters.
 func sgdStep(dev *tensor.Device, m nn.Module, wd float64, mode Mode) (*Step, func(), func() [][]float32) {
 	opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, wd, true)
-	sc := optim.NewGradScaler(dev)
-	sc.Enabled = false
-	s := NewStep(dev, m, opt, sc, false, mode)
-	release := func() { s.Release(); opt.Release(); sc.Release(); nn.Release(m) }
+	s := NewStep(dev, m, opt, 0, mode)
+	release := func() { s.Release(); opt.Release(); nn.Release(m) }
 	params := func() [][]float32 {
 		var ps [][]float32
 		for _, p := range nn.Parameters(m) {

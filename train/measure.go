@@ -31,6 +31,20 @@ func Variants(checkpoint string) []Variant {
 	}
 }
 
+// VariantName names a configuration as Variants does.
+func VariantName(amp bool, checkpoint string) string {
+	ck := checkpoint != "" && checkpoint != "none"
+	switch {
+	case amp && ck:
+		return "amp+checkpoint"
+	case amp:
+		return "amp"
+	case ck:
+		return "checkpoint"
+	}
+	return "fp32"
+}
+
 // Measurement is the pool's peak for one variant's training step.
 type Measurement struct {
 	Variant

@@ -36,6 +36,17 @@ const (
 	Captured
 )
 
+// ModeFor is the mode steps on dev run in, the one place it is decided:
+// Captured when capture is asked for and the device can capture graphs
+// (CUDA), Eager otherwise. (Planned is for tests and measurements, which
+// set it themselves.)
+func ModeFor(dev *tensor.Device, capture bool) Mode {
+	if _, ok := dev.Backend().(kernels.Capturer); ok && capture {
+		return Captured
+	}
+	return Eager
+}
+
 func (m Mode) String() string {
 	switch m {
 	case Eager:
@@ -67,10 +78,11 @@ func (m Mode) String() string {
 // or a driver call fails. A step that fails so leaves no trace (see eager):
 // it can run again on the same batch, as the Trainer does.
 type Step struct {
-	Model  nn.Module
-	Opt    optim.Optimizer
+	Model nn.Module
+	Opt   optim.Optimizer
+	// Scaler scales the loss under F16 autocast; the step made it, enabled
+	// exactly then.
 	Scaler *optim.GradScaler
-	AMP    bool
 	Mode   Mode
 	// Planning says how the plan sizes workspaces (memory.DefaultPlanOptions
 	// unless set otherwise before the second step of a shape).
@@ -82,8 +94,9 @@ type Step struct {
 	Observe func(loss *tensor.Tensor)
 
 	dev      *tensor.Device
+	autocast tensor.DType   // what Autocast runs matrix products in (0: fp32)
 	metrics  *tensor.Tensor // F32[2]: loss sum, right predictions
-	rng      *tensor.Tensor // the generator's position during steps (a counter)
+	rng      *tensor.Counter // the generator's position during steps
 	rngFresh bool           // rng holds the host generator's position
 	shapes   map[string]*shapeState
 	arena    *memory.Arena
@@ -104,15 +117,22 @@ type shapeState struct {
 	eager bool // planning or capture failed: this shape runs eagerly (the notes say why)
 }
 
-// NewStep returns a step of model with opt and scaler on dev, in mode
-// (Captured falls back to Planned on a backend that cannot capture).
-func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, scaler *optim.GradScaler, amp bool, mode Mode) *Step {
+// NewStep returns a step of model with opt on dev, in mode, its forward
+// under autocast to the dtype amp (0: none, fp32; F16: mixed precision,
+// with a GradScaler). It panics when mode is Captured and the device
+// cannot capture graphs (ModeFor says which mode to ask for), or for an
+// amp it has no autocast for.
+func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, amp tensor.DType, mode Mode) *Step {
 	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
-		mode = Planned
+		panic(fmt.Sprintf("train: a Captured step on %s, which cannot capture graphs", dev.Name()))
 	}
-	return &Step{Model: model, Opt: opt, Scaler: scaler, AMP: amp, Mode: mode, dev: dev, Planning: memory.DefaultPlanOptions,
+	if amp != 0 && amp != tensor.F16 {
+		panic(fmt.Sprintf("train: autocast to %v", amp))
+	}
+	return &Step{Model: model, Opt: opt, Scaler: optim.NewGradScaler(dev, amp == tensor.F16), autocast: amp, Mode: mode, dev: dev,
+		Planning: memory.DefaultPlanOptions,
 		metrics: tensor.Zeros(dev, tensor.F32, 2).Keep(),
-		rng:     tensor.Zeros(dev, tensor.I32, kernels.CounterLen).Keep(),
+		rng:     tensor.NewCounter(dev, 0),
 		shapes:  map[string]*shapeState{}}
 }
 
@@ -162,6 +182,7 @@ func (s *Step) Release() {
 	}
 	s.metrics.Release()
 	s.rng.Release()
+	s.Scaler.Release()
 	for _, t := range s.undo {
 		t.Release()
 	}
@@ -213,7 +234,7 @@ func (s *Step) Inputs(xShape, yShape []int) (x, y *tensor.Tensor) {
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 	defer recoverError(&err)
 	if !s.rngFresh {
-		optim.WriteCounter(s.rng, int64(s.dev.Generator().State().Offset))
+		s.rng.Write(int64(s.dev.Generator().State().Offset))
 		s.rngFresh = true
 	}
 	st := s.state(x, y)
@@ -576,7 +597,7 @@ func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
 		logits = s.Model.Forward(x)
 		loss = ag.CrossEntropy(logits, y)
 	}
-	if s.AMP {
+	if s.autocast != 0 {
 		ag.Autocast(s.dev, run)
 	} else {
 		run()
@@ -584,13 +605,16 @@ func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
 	return logits, loss
 }
 
+// Autocast is the dtype the step's forward autocasts to (0: none).
+func (s *Step) Autocast() tensor.DType { return s.autocast }
+
 // Metrics reads the loss sum and the number of right predictions
 // accumulated since the last ResetMetrics (one device read), and the steps
 // the scaler skipped in all.
 // In a data-parallel step they are this rank's; JobMetrics sums the ranks'.
 func (s *Step) Metrics() (lossSum float64, right int, skipped int) {
 	v := s.metrics.Float32s()
-	if s.AMP {
+	if s.Scaler.Enabled() {
 		skipped = s.Scaler.Skipped()
 	}
 	return float64(v[0]), int(v[1]), skipped
@@ -625,7 +649,7 @@ func (s *Step) SyncRNG() {
 	}
 	gen := s.dev.Generator()
 	st := gen.State()
-	st.Offset = uint64(optim.ReadCounter(s.rng))
+	st.Offset = uint64(s.rng.Read())
 	gen.SetState(st)
 	s.rngFresh = false
 }

@@ -31,7 +31,6 @@ type stepRig struct {
 	dev   *tensor.Device
 	model *nn.ResNet
 	opt   *optim.SGD
-	sc    *optim.GradScaler
 	step  *Step
 }
 
@@ -42,16 +41,14 @@ func newRig(dev *tensor.Device, v Variant, mode Mode, dropout float32) *stepRig 
 	if v.Checkpoint != "none" {
 		m.Checkpoint = nn.CheckpointBlocks
 	}
-	r := &stepRig{dev: dev, model: m, opt: optim.NewSGD(nn.Parameters(m), 0.05, 0.9, 5e-4, true), sc: optim.NewGradScaler(dev)}
-	r.sc.Enabled = v.AMP
-	r.step = NewStep(dev, m, r.opt, r.sc, v.AMP, mode)
+	r := &stepRig{dev: dev, model: m, opt: optim.NewSGD(nn.Parameters(m), 0.05, 0.9, 5e-4, true)}
+	r.step = NewStep(dev, m, r.opt, Config{AMP: v.AMP}.Autocast(), mode)
 	return r
 }
 
 func (r *stepRig) release() {
 	r.step.Release()
 	r.opt.Release()
-	r.sc.Release()
 	nn.Release(r.model)
 }
 
@@ -111,7 +108,7 @@ func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode)
 				r := newRig(dev, v, mode, 0.2)
 				defer r.release()
 				defer sameAlgorithms(dev, r.step)()
-				r.sc.GrowthInterval = 2 // so that the scale changes
+				r.step.Scaler.GrowthInterval = 2 // so that the scale changes
 				for i := range xs {
 					if err := r.step.Run(xs[i], ys[i]); err != nil {
 						t.Fatal(err)
@@ -130,7 +127,7 @@ func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode)
 				}
 				loss, right, _ = r.step.Metrics()
 				r.step.SyncRNG()
-				return params, loss, right, r.sc.Scale(), dev.Generator().State().Offset
+				return params, loss, right, r.step.Scaler.Scale(), dev.Generator().State().Offset
 			}
 			ep, el, er, es, eo := run(Eager)
 			pp, pl, pr, ps, po := run(planMode)
@@ -267,14 +264,14 @@ func testInfSkipsStepAsEagerDoes(t *testing.T, dev *tensor.Device, planMode Mode
 			}
 		}
 		before := nn.Parameters(r.model)[0].Float32s()
-		scale := r.sc.Scale()
+		scale := r.step.Scaler.Scale()
 		if err := r.step.Run(xInf, ys[3]); err != nil {
 			t.Fatal(err)
 		}
 		if after := nn.Parameters(r.model)[0].Float32s(); !equalBits(after, before) {
 			t.Errorf("%v: a step with inf gradients changed the parameters", mode)
 		}
-		if got := r.sc.Scale(); got != scale/2 {
+		if got := r.step.Scaler.Scale(); got != scale/2 {
 			t.Errorf("%v: scale %v after an inf step, want %v", mode, got, scale/2)
 		}
 		if _, _, skipped := r.step.Metrics(); skipped < 1 {

@@ -22,7 +22,6 @@ import (
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/dist"
-	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
@@ -48,6 +47,15 @@ type Config struct {
 	// Capture runs the step captured as a graph where the backend can
 	// (CUDA), and eagerly elsewhere.
 	Capture bool `json:"capture"`
+}
+
+// Autocast is the dtype the configuration's steps autocast to: F16 with
+// AMP (and a GradScaler), 0 (fp32) without.
+func (c Config) Autocast() tensor.DType {
+	if c.AMP {
+		return tensor.F16
+	}
+	return 0
 }
 
 // Float is a float64 that JSON writes as null when it is NaN or infinite
@@ -166,7 +174,6 @@ type Trainer struct {
 	Dev    *tensor.Device
 	Opt    optim.Optimizer
 	Sched  optim.Schedule
-	Scaler *optim.GradScaler
 	Step   *Step
 
 	Epoch   int // the next epoch to run
@@ -225,53 +232,37 @@ func (t *Trainer) ranks() int {
 // Its Step is Captured when cfg.Capture is set and the device can capture
 // graphs, and Eager otherwise.
 func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Trainer, error) {
-	params := nn.Parameters(model)
-	var opt optim.Optimizer
-	switch cfg.Optimizer {
-	case "sgd", "":
-		opt = optim.NewSGD(params, cfg.LR, cfg.Momentum, cfg.WeightDecay, cfg.Momentum > 0)
-	case "adamw":
-		opt = optim.NewAdamW(params, cfg.LR, cfg.WeightDecay)
-	default:
-		return nil, fmt.Errorf("optimizer %q: want sgd or adamw", cfg.Optimizer)
+	if cfg.Optimizer == "" {
+		cfg.Optimizer = "sgd"
+	}
+	if cfg.Schedule == "" {
+		cfg.Schedule = "cosine"
 	}
 	total := max(1, cfg.Epochs*stepsPerEpoch)
-	var sched optim.Schedule
-	switch cfg.Schedule {
-	case "cosine", "":
-		// Warmup is capped at a tenth of the run, so that a short run
-		// spends most of its steps at useful rates.
-		warmup := min(int(cfg.WarmupEpochs*float64(stepsPerEpoch)), total/10)
-		sched = optim.CosineWarmup{Base: cfg.LR, Min: 0, Warmup: warmup, Total: total}
-	case "onecycle":
-		sched = optim.NewOneCycle(cfg.LR, total)
-	case "constant":
-		sched = optim.Constant(cfg.LR)
-	default:
-		opt.Release()
-		return nil, fmt.Errorf("schedule %q: want cosine, onecycle or constant", cfg.Schedule)
+	// Warmup is capped at a tenth of the run, so that a short run spends
+	// most of its steps at useful rates.
+	warmup := min(int(cfg.WarmupEpochs*float64(stepsPerEpoch)), total/10)
+	sched, err := optim.NewNamedSchedule(cfg.Schedule, cfg.LR, warmup, total)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := optim.NewNamed(cfg.Optimizer, nn.Parameters(model), optim.Hyper{LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay})
+	if err != nil {
+		return nil, err
 	}
 	mode, err := nn.ParseCheckpointMode(cfg.Checkpoint)
 	if err != nil {
 		opt.Release()
 		return nil, err
 	}
-	if r, ok := model.(*nn.ResNet); ok {
-		r.Checkpoint = mode
+	if c, ok := model.(nn.Checkpointer); ok {
+		c.SetCheckpoint(mode)
 	} else if mode != nn.NoCheckpoint {
 		opt.Release()
-		return nil, fmt.Errorf("checkpointing needs a ResNet (its residual blocks are the checkpointed segments)")
+		return nil, fmt.Errorf("checkpointing needs a model with blocks to checkpoint (nn.Checkpointer); %s has none", cfg.Model)
 	}
-	scaler := optim.NewGradScaler(dev)
-	scaler.Enabled = cfg.AMP
-	stepMode := Eager
-	if cfg.Capture {
-		if _, ok := dev.Backend().(kernels.Capturer); ok {
-			stepMode = Captured
-		}
-	}
-	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Scaler: scaler,
-		Step:     NewStep(dev, model, opt, scaler, cfg.AMP, stepMode),
+	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched,
+		Step:     NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture)),
 		evalSums: tensor.Zeros(dev, tensor.F32, 2).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
 }
@@ -281,7 +272,6 @@ func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*T
 func (t *Trainer) Release() {
 	t.Step.Release()
 	t.Opt.Release()
-	t.Scaler.Release()
 	t.evalSums.Release()
 }
 
@@ -569,7 +559,7 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			ImgPerSec: float64(seen) / secs, Seconds: secs, PeakAllocated: epochPeakA, PeakReserved: epochPeakR,
 			SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
 		if t.Cfg.AMP {
-			m.LossScale = t.Scaler.Scale()
+			m.LossScale = t.Step.Scaler.Scale()
 		}
 		a.WindowPeak()
 		testLoss, testAcc, err := t.Evaluate(testL)
@@ -623,7 +613,7 @@ func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 	t.skipsSeen = skipped
 	if t.MaxSkips > 0 && t.skipRun >= t.MaxSkips {
 		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
-			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %g)", t.skipRun, t.Scaler.Scale())}
+			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %g)", t.skipRun, t.Step.Scaler.Scale())}
 	}
 	return nil
 }

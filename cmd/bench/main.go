@@ -36,6 +36,7 @@ import (
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 func main() {
@@ -55,6 +56,12 @@ type options struct {
 	distTimeout                                        time.Duration
 }
 
+// hasBlocks says whether a model (known to the registry) has blocks to checkpoint.
+func hasBlocks(model string) bool {
+	a, _ := train.LookupArch(model)
+	return a.Blocks
+}
+
 // spec is a model with its batch sizes.
 type spec struct {
 	model   string
@@ -65,8 +72,11 @@ func parseSpecs(s string) ([]spec, error) {
 	var out []spec
 	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' }) {
 		name, bs, ok := strings.Cut(f, ":")
-		if _, known := benchmarks.Models[name]; !ok || !known {
-			return nil, fmt.Errorf("-specs %q: want model:batch[,batch] with model resnet20, resnet18, resnet1202 or mlp", f)
+		if !ok {
+			return nil, fmt.Errorf("-specs %q: want model:batch[,batch], with model %s", f, train.ModelNames)
+		}
+		if _, err := train.LookupArch(name); err != nil {
+			return nil, fmt.Errorf("-specs %q: %v", f, err)
 		}
 		sp := spec{model: name}
 		for _, b := range strings.Split(bs, ",") {
@@ -317,7 +327,7 @@ func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, 
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range configs {
-				if strings.Contains(c, "checkpoint") && !benchmarks.Models[sp.model].ResNet {
+				if strings.Contains(c, "checkpoint") && !hasBlocks(sp.model) {
 					continue
 				}
 				eagerToo := []bool{false}
@@ -349,7 +359,7 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range configs {
-				if strings.Contains(c, "checkpoint") && !benchmarks.Models[sp.model].ResNet {
+				if strings.Contains(c, "checkpoint") && !hasBlocks(sp.model) {
 					continue
 				}
 				ops, total, err := benchmarks.Profile(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)
@@ -384,7 +394,7 @@ func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 	}
 	lean := tensor.NewDevice(be)
 	for _, sp := range specs {
-		if !benchmarks.Models[sp.model].ResNet {
+		if a, _ := train.LookupArch(sp.model); !a.CNN {
 			continue // no convolutions
 		}
 		for _, b := range sp.batches {

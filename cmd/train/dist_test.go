@@ -11,7 +11,7 @@ import (
 
 	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/internal/launch"
-	"github.com/leangrad/leangrad/train"
+	"github.com/leangrad/leangrad/run"
 )
 
 // The -nproc launcher starts this test binary again as its ranks: with
@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		}()
 	}
 	cmdenv.Setup()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(command(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // TestNproc: train -nproc 2 runs a two-rank job on the CPU: rank 0 prints
@@ -57,7 +57,7 @@ func TestNproc(t *testing.T) {
 	if strings.Contains(stdout, "[rank 1] test accuracy") {
 		t.Error("rank 1 printed its report too")
 	}
-	var r train.Report
+	var r run.Report
 	data, err := os.ReadFile(js)
 	if err == nil {
 		err = json.Unmarshal(data, &r)

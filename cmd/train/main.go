@@ -46,13 +46,15 @@ import (
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
+	"github.com/leangrad/leangrad/run"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
 
 func main() {
 	cmdenv.Setup()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(command(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // options are the command's flags.
@@ -136,11 +138,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 func (o *options) check() error {
 	var errs []string
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
-	if o.model != "resnet" && o.model != "resnet18" && o.model != "mlp" {
-		bad("-model %q: want resnet, resnet18 or mlp", o.model)
-	}
-	if o.model == "resnet" && train.CheckModel(modelName(o)) != nil {
+	arch, archErr := train.LookupArch(modelName(o))
+	switch {
+	case o.model == "resnet" && archErr != nil:
 		bad("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
+	case archErr != nil || strings.HasPrefix(o.model, "resnet") && o.model != "resnet18" && o.model != "resnet":
+		bad("-model %q: want resnet, resnet18 or mlp", o.model)
 	}
 	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
 		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
@@ -199,14 +202,14 @@ func (o *options) check() error {
 			bad("-%s %v: want %s", v.name, v.v, v.interval)
 		}
 	}
-	if o.optimizer != "sgd" && o.optimizer != "adamw" {
-		bad("-optimizer %q: want sgd or adamw", o.optimizer)
+	if err := optim.CheckOptimizer(o.optimizer); err != nil {
+		bad("-%v", err)
 	}
-	if o.schedule != "cosine" && o.schedule != "onecycle" && o.schedule != "constant" {
-		bad("-schedule %q: want cosine, onecycle or constant", o.schedule)
+	if err := optim.CheckSchedule(o.schedule); err != nil {
+		bad("-%v", err)
 	}
-	if o.ckpt && o.model == "mlp" {
-		bad("-checkpoint needs a ResNet: its residual blocks are what is checkpointed")
+	if o.ckpt && archErr == nil && !arch.Blocks {
+		bad("-checkpoint needs a model with blocks to checkpoint: %s has none", modelName(o))
 	}
 	if _, err := nn.ParseCheckpointMode(o.ckptMode); err != nil {
 		bad("-checkpoint-mode: %v", err)
@@ -325,7 +328,7 @@ func parseBudget(s string) (bytes int64, fraction float64, err error) {
 	return int64(v * mult), 0, nil
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func command(args []string, stdout, stderr io.Writer) int {
 	o, err := parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -368,7 +371,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 		if !rank0 {
 			return err
 		}
-		return errors.Join(err, writeReports(o, nil, &train.Report{Error: err.Error()}, stdout))
+		return errors.Join(err, writeReports(o, nil, &run.Report{Error: err.Error()}, stdout))
 	}
 	o.device = launch.Device(o.device, place)
 	dev, err := openDevice(o, stdout)
@@ -397,7 +400,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	if o.ckpt {
 		ckpt = o.ckptMode
 	}
-	job := train.Job{
+	job := run.Job{
 		Config: train.Config{Model: modelName(o), Dataset: trainSet.Name, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 			WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
 			Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture},
@@ -433,7 +436,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	if rank0 {
 		job.Progress = newProgress(stderr, job.Epochs)
 	}
-	report, err := train.Run(dev, job)
+	report, err := run.Train(dev, job)
 	if err == nil {
 		report.WriteSummary(stdout)
 	}
@@ -466,7 +469,7 @@ func budgetBytes(s string, dev *tensor.Device) int64 {
 
 // writeReports writes the reports that were asked for, with what the run
 // got to; it returns every error, naming the flag.
-func writeReports(o *options, dev *tensor.Device, r *train.Report, stdout io.Writer) error {
+func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Writer) error {
 	var errs []error
 	if o.jsonOut != "" {
 		data, err := json.MarshalIndent(r, "", "  ")
@@ -490,7 +493,7 @@ func writeReports(o *options, dev *tensor.Device, r *train.Report, stdout io.Wri
 		}
 	}
 	if o.memplot != "" && len(r.Memory) > 0 {
-		if err := train.PlotMemory(r.Memory, r.Title, o.memplot); err != nil {
+		if err := run.PlotMemory(r.Memory, r.Title, o.memplot); err != nil {
 			errs = append(errs, fmt.Errorf("-memplot %s: %w", o.memplot, err))
 		}
 	}

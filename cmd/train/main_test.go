@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/kernels/cuda"
-	"github.com/leangrad/leangrad/train"
+	"github.com/leangrad/leangrad/run"
 )
 
 func runCLI(args ...string) (code int, stdout, stderr string) {
 	var o, e bytes.Buffer
-	code = run(args, &o, &e)
+	code = command(args, &o, &e)
 	return code, o.String(), e.String()
 }
 
@@ -32,7 +32,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-epochs", "0"}, 2, "-epochs 0: want at least 1"},
 		{[]string{"-batch", "x"}, 2, `invalid value "x" for flag -batch`},
 		{[]string{"extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"-model", "mlp", "-checkpoint"}, 2, "-checkpoint needs a ResNet"},
+		{[]string{"-model", "mlp", "-checkpoint"}, 2, "-checkpoint needs a model with blocks to checkpoint: mlp has none"},
 		{[]string{"-checkpoint-mode", "half"}, 2, `checkpoint mode "half"`},
 		{[]string{"-dataset", "imagenet"}, 2, `-dataset "imagenet": want fashion-mnist, cifar10 or synthetic`},
 		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, 2, "-data /nonexistent: no such file or directory"},
@@ -81,7 +81,7 @@ func TestRunWritesReports(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
 	}
-	var r train.Report
+	var r run.Report
 	data, err := os.ReadFile(js)
 	if err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 2 || len(r.Measured) != 4 || r.Final.PeakAllocated <= 0 {
 		t.Errorf("-json: %v %+v", err, r.Final)
@@ -170,7 +170,7 @@ func TestDivergedRunStopsAndSaysSo(t *testing.T) {
 		}
 		data, err := os.ReadFile(js)
 		var r struct {
-			Diverged *train.Diverged `json:"diverged"`
+			Diverged *run.Diverged `json:"diverged"`
 			Error    string          `json:"error"`
 		}
 		if err != nil || json.Unmarshal(data, &r) != nil || r.Diverged == nil || r.Diverged.Step == 0 || r.Error == "" {
@@ -287,7 +287,7 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "fitting a step into a budget of 6.00 MiB") || !strings.Contains(stdout, "chose ") {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
-	var r train.Report
+	var r run.Report
 	data, _ := os.ReadFile(js)
 	if err := json.Unmarshal(data, &r); err != nil || r.Budget == nil || r.Final == nil {
 		t.Fatalf("-json: %v", err)

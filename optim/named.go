@@ -1,0 +1,99 @@
+package optim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// The optimisers and schedules by name, as configurations and the
+// commands give them: the one list of what each name means.
+
+// Hyper are the hyper-parameters an optimiser is made with by name.
+type Hyper struct {
+	LR, Momentum, WeightDecay float64
+}
+
+var optimizers = []struct {
+	name string
+	make func(params []*tensor.Tensor, h Hyper) Optimizer
+}{
+	// SGD, with Nesterov momentum when there is momentum.
+	{"sgd", func(ps []*tensor.Tensor, h Hyper) Optimizer {
+		return NewSGD(ps, h.LR, h.Momentum, h.WeightDecay, h.Momentum > 0)
+	}},
+	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer { return NewAdamW(ps, h.LR, h.WeightDecay) }},
+}
+
+var schedules = []struct {
+	name string
+	make func(lr float64, warmup, total int) Schedule
+}{
+	// Cosine decay to 0 after a linear warmup.
+	{"cosine", func(lr float64, warmup, total int) Schedule {
+		return CosineWarmup{Base: lr, Min: 0, Warmup: warmup, Total: total}
+	}},
+	{"onecycle", func(lr float64, _, total int) Schedule { return NewOneCycle(lr, total) }},
+	{"constant", func(lr float64, _, _ int) Schedule { return Constant(lr) }},
+}
+
+// OptimizerNames and ScheduleNames list the names, for flags' help.
+var OptimizerNames, ScheduleNames []string
+
+func init() {
+	for _, o := range optimizers {
+		OptimizerNames = append(OptimizerNames, o.name)
+	}
+	for _, s := range schedules {
+		ScheduleNames = append(ScheduleNames, s.name)
+	}
+}
+
+// or is "a, b or c".
+func or(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// CheckOptimizer says whether name is an optimiser's.
+func CheckOptimizer(name string) error {
+	if !slices.Contains(OptimizerNames, name) {
+		return fmt.Errorf("optimizer %q: want %s", name, or(OptimizerNames))
+	}
+	return nil
+}
+
+// CheckSchedule says whether name is a schedule's.
+func CheckSchedule(name string) error {
+	if !slices.Contains(ScheduleNames, name) {
+		return fmt.Errorf("schedule %q: want %s", name, or(ScheduleNames))
+	}
+	return nil
+}
+
+// NewNamed returns the optimiser name over params: "sgd" (with Nesterov
+// momentum when h.Momentum > 0) or "adamw".
+func NewNamed(name string, params []*tensor.Tensor, h Hyper) (Optimizer, error) {
+	for _, o := range optimizers {
+		if o.name == name {
+			return o.make(params, h), nil
+		}
+	}
+	return nil, CheckOptimizer(name)
+}
+
+// NewNamedSchedule returns the schedule name at peak rate lr over total
+// steps: "cosine" (warmup steps rising linearly, then a half cosine to 0),
+// "onecycle" or "constant".
+func NewNamedSchedule(name string, lr float64, warmup, total int) (Schedule, error) {
+	for _, s := range schedules {
+		if s.name == name {
+			return s.make(lr, warmup, total), nil
+		}
+	}
+	return nil, CheckSchedule(name)
+}

@@ -1,0 +1,192 @@
+package run
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"strings"
+
+	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/train"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Final is a finished run's figures.
+type Final struct {
+	TestAcc           train.Float `json:"test_acc"`
+	TestLoss          train.Float `json:"test_loss"`
+	ImgPerSec         train.Float `json:"img_per_sec"`   // this run's training steps (not a resumed run's earlier ones)
+	TrainSeconds      float64     `json:"train_seconds"` // this run's
+	WallSeconds       float64     `json:"wall_seconds"`
+	PeakAllocated     int64       `json:"peak_allocated"` // by the training steps
+	PeakReserved      int64       `json:"peak_reserved"`
+	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
+}
+
+// Diverged says where a run diverged (see train.DivergedError).
+type Diverged struct {
+	Epoch int    `json:"epoch"` // from 1
+	Step  int    `json:"step"`
+	Why   string `json:"why"`
+}
+
+// Report is what a run did, as cmd/train's -json writes it: always valid
+// JSON, also for a run that failed (Error) or diverged (Diverged); numbers
+// that are not finite are null.
+type Report struct {
+	Config        train.Config           `json:"config"`
+	Device        string                 `json:"device"`
+	Dataset       string                 `json:"dataset"`
+	DataDir       string                 `json:"data_dir,omitempty"` // the folder the dataset was read from
+	TrainImages   int                    `json:"train_images"`
+	TestImages    int                    `json:"test_images"`
+	Budget        *train.BudgetChoice    `json:"budget,omitempty"`
+	Measured      []train.Measurement    `json:"measured_step_peaks,omitempty"`
+	ResumeChanges []string               `json:"resume_changes,omitempty"`
+	Epochs        []train.EpochMetrics   `json:"epochs"`
+	Final         *Final                 `json:"final,omitempty"`
+	OOM           train.OOMReport        `json:"out_of_memory"`
+	Empty         train.EmptyCacheReport `json:"empty_cache"`
+	Stats         memory.Stats           `json:"pool_stats"`
+	DataParallel  *DataParallel          `json:"data_parallel,omitempty"`
+	Error         string                 `json:"error,omitempty"`
+	Diverged      *Diverged              `json:"diverged,omitempty"`
+	Memory        []train.MemSample      `json:"-"` // the pool after every step
+	Title         string                 `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
+	summary       func(w io.Writer)      // the end-of-run lines, while the trainer was alive
+}
+
+// DataParallel is what a data-parallel run's report adds: the job, its
+// gradient reduction and every rank's memory.
+type DataParallel struct {
+	Ranks       int    `json:"ranks"`
+	Collectives string `json:"collectives"` // "nccl 2.28.3" or "tcp"
+	Buckets     int    `json:"buckets"`
+	BucketBytes int64  `json:"bucket_bytes"` // the gradients' buckets, memory each rank adds for them
+	// AllReduceSeconds is one all-reduce of all the buckets, measured
+	// before training with the device synchronised around it: what a step
+	// would spend reducing if nothing overlapped it.
+	AllReduceSeconds float64 `json:"all_reduce_seconds"`
+	// Overlapped says whether the steps' all-reduces overlapped their
+	// backward (dist.Reducer); NotOverlapped says why not.
+	Overlapped    bool       `json:"overlapped"`
+	NotOverlapped string     `json:"not_overlapped,omitempty"`
+	PerRank       []RankPeak `json:"per_rank,omitempty"`
+}
+
+// RankPeak is one rank's memory over the run.
+type RankPeak struct {
+	Rank              int   `json:"rank"`
+	PeakAllocated     int64 `json:"peak_allocated"`
+	PeakReserved      int64 `json:"peak_reserved"`
+	EvalPeakAllocated int64 `json:"eval_peak_allocated"`
+}
+
+// WriteSummary writes the end of a finished run's report: accuracy,
+// throughput, the peaks, the plan, the step's notes and the pool's summary.
+func (r *Report) WriteSummary(w io.Writer) {
+	if r.summary != nil {
+		r.summary(w)
+	}
+}
+
+// Percent formats the change from base to v: "-63%".
+func Percent(v, base int64) string {
+	if base == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.0f%%", 100*(float64(v)/float64(base)-1))
+}
+
+// WriteSavings prints the measured one-step peaks of the variants, marking
+// the one chosen: an eager step's, and a planned step's where it was planned.
+func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
+	var fp32, fp32Planned int64
+	for _, m := range ms {
+		if m.Name == "fp32" {
+			fp32, fp32Planned = m.PeakAllocated, m.Planned
+		}
+	}
+	for _, m := range ms {
+		mark := ""
+		if m.Name == chosen {
+			mark = "  <- this run"
+		}
+		vs := ""
+		if m.Name != "fp32" {
+			vs = fmt.Sprintf("  (%s vs fp32)", Percent(m.PeakAllocated, fp32))
+		}
+		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, memory.Bytes(m.PeakAllocated), vs)
+		if m.Planned > 0 {
+			pvs := ""
+			if m.Name != "fp32" {
+				pvs = fmt.Sprintf(" (%s)", Percent(m.Planned, fp32Planned))
+			}
+			line += fmt.Sprintf("  planned %10s%s", memory.Bytes(m.Planned), pvs)
+		}
+		fmt.Fprintf(w, "%s%s\n", strings.TrimRight(line, " "), mark)
+	}
+}
+
+// PlotMemory draws allocated, reserved and each step's peak allocated bytes
+// over the run's steps, as a PNG (or SVG, PDF by path's extension), written
+// atomically.
+func PlotMemory(samples []train.MemSample, title, path string) error {
+	if len(samples) == 0 {
+		return fmt.Errorf("no memory samples to plot")
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "step"
+	p.Y.Label.Text = "MiB"
+	series := func(f func(train.MemSample) int64) plotter.XYs {
+		xy := make(plotter.XYs, len(samples))
+		for i, s := range samples {
+			xy[i].X, xy[i].Y = float64(s.Step), memory.Bytes(f(s)).MiB()
+		}
+		return xy
+	}
+	lines := []struct {
+		name string
+		f    func(train.MemSample) int64
+	}{
+		{"peak allocated within the step", func(s train.MemSample) int64 { return s.PeakAllocated }},
+		{"reserved (segments held)", func(s train.MemSample) int64 { return s.Reserved }},
+		{"allocated after the step", func(s train.MemSample) int64 { return s.Allocated }},
+	}
+	for i, l := range lines {
+		line, err := plotter.NewLine(series(l.f))
+		if err != nil {
+			return err
+		}
+		line.Color = plotColors[i]
+		line.Width = vg.Points(1.2)
+		p.Add(line)
+		p.Legend.Add(l.name, line)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Y.Min = 0
+	format := "png"
+	if i := strings.LastIndexByte(path, '.'); i >= 0 {
+		format = strings.ToLower(path[i+1:])
+	}
+	wt, err := p.WriterTo(8*vg.Inch, 4*vg.Inch, format)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(path, func(w io.Writer) error {
+		_, err := wt.WriteTo(w)
+		return err
+	})
+}
+
+var plotColors = []color.Color{
+	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+}

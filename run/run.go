@@ -1,0 +1,407 @@
+// Package run is a whole training run, as cmd/train does it, for a Go
+// program: a Job in (the configuration, the data, what to measure, fit,
+// save and record), a Report out (what was measured and trained, always
+// valid JSON, also for a run that failed), and the memory plot. It sits
+// above package train, whose Step and Trainer it drives, so that a service
+// that imports only train links no plotting or report code.
+package run
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/dist"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
+)
+
+// Job is a training run to do: the Config its checkpoints record, the data,
+// and what to measure, fit, save and record on the way. cmd/train fills it
+// from its flags; a Go program fills it itself and calls Train.
+type Job struct {
+	train.Config
+	Train, Test *datasets.Dataset
+	// Augment takes random crops (padding 2, or 4 for 32×32 images) and
+	// horizontal flips, for the models they suit (train.Arch.CNN).
+	Augment bool
+	// Measure runs one step of fp32, AMP, checkpointing and both first,
+	// and reports each one's peak (Report.Measured).
+	Measure bool
+	// CheckpointMode is what the measured and budget configurations
+	// checkpoint: "blocks" (the default) or "sqrt".
+	CheckpointMode string
+	// MaxMemory caps the pool at this many bytes and fits the step into it
+	// (train.FitBudget; 0: no cap). Allow, if set, rules out candidates.
+	MaxMemory int64
+	Allow     func(train.Variant) bool
+	// Save writes a checkpoint after every epoch; Resume starts from one
+	// (with ResumeForce, even one of another configuration).
+	Save, Resume string
+	ResumeForce  bool
+	// RecordTimeline and RecordHistory turn on the allocator's recordings
+	// for the training (memory.Allocator.RecordTimeline, RecordHistory).
+	RecordTimeline, RecordHistory bool
+	// Progress follows the epochs (nil: nothing); Log hears what the run
+	// says as it goes: measurements, the budget, resume (nil: nothing).
+	Progress train.Observer
+	Log      io.Writer
+	// Group, if set, makes the run one rank of a data-parallel job
+	// (Trainer.SetGroup): the batch is per rank, each rank trains on its
+	// share of every epoch and evaluates its share of the test set, and
+	// the figures are the job's. Only rank 0 saves.
+	Group *dist.Group
+}
+
+// CPUDefaults shrinks the job to a few minutes on a CPU, where given says
+// the user did not choose: the first 2000 training images ("limit") and
+// 1000 test images ("test-limit"), one epoch ("epochs"), and a batch of 32
+// ("batch") with the learning rate ("lr") scaled linearly. It returns what
+// it changed, to be said.
+func (j *Job) CPUDefaults(given func(name string) bool) []string {
+	var notes []string
+	if !given("limit") && j.Train.N > 2000 {
+		j.Train = j.Train.Subset(2000)
+		notes = append(notes, "the first 2000 training images")
+	}
+	if !given("test-limit") && j.Test.N > 1000 {
+		j.Test = j.Test.Subset(1000)
+		notes = append(notes, "1000 test images")
+	}
+	if !given("epochs") && j.Epochs > 1 {
+		j.Epochs = 1
+		notes = append(notes, "1 epoch")
+	}
+	if !given("batch") && j.Batch > 32 {
+		if !given("lr") {
+			j.LR *= 32 / float64(j.Batch) // the linear scaling rule
+			notes = append(notes, fmt.Sprintf("lr %g", j.LR))
+		}
+		j.Batch = 32
+		notes = append(notes, "batch 32")
+	}
+	return notes
+}
+
+// Train trains job.Config's model on dev and reports what happened. The
+// report is returned also with an error, saying as much as the run got to.
+// The stages, in order: the loaders; the budget (with MaxMemory); the
+// measured savings (with Measure); the model and trainer, joined to the
+// job's group and resumed; the training; the summary.
+func Train(dev *tensor.Device, job Job) (report *Report, err error) {
+	r := &runner{dev: dev, job: job, cfg: job.Config, say: job.Log}
+	if r.say == nil {
+		r.say = io.Discard
+	}
+	r.report = &Report{Config: r.cfg, Device: dev.Name(), Dataset: job.Train.Name, DataDir: job.Train.Dir,
+		TrainImages: job.Train.N, TestImages: job.Test.N}
+	defer func() { r.report.finish(dev, err) }()
+	defer r.release()
+	for _, stage := range []func() error{r.lookup, r.loaders, r.fitBudget, r.measure, r.trainer, r.fit, r.summarize} {
+		if err := stage(); err != nil {
+			return r.report, err
+		}
+	}
+	return r.report, nil
+}
+
+// runner is a Train in progress: what each stage leaves for the next.
+type runner struct {
+	dev    *tensor.Device
+	job    Job
+	cfg    train.Config // the job's, with what the budget chose
+	say    io.Writer
+	report *Report
+
+	arch          train.Arch
+	mode          train.Mode
+	trainL, testL *datasets.Loader
+	micro         int // the micro-batch size the budget chose (0: whole batches)
+	model         nn.Module
+	t             *train.Trainer
+	resumed       int // epochs of the history that ran before this run
+	wall          time.Duration
+}
+
+func (r *runner) lookup() (err error) {
+	r.arch, err = train.LookupArch(r.cfg.Model)
+	r.mode = train.ModeFor(r.dev, r.cfg.Capture)
+	return err
+}
+
+// build makes a fresh model of the run, from its seed.
+func (r *runner) build() nn.Module {
+	d := r.job.Train
+	m, err := r.arch.Build(r.dev, d.C, d.H, d.W, d.Classes, r.cfg.Seed)
+	if err != nil {
+		panic(err) // the dataset's shapes are valid
+	}
+	return m
+}
+
+// loaders makes the training loader (shuffled, augmented where the model
+// suits it, sharded across the job's ranks) and the test loader.
+func (r *runner) loaders() error {
+	d := r.job.Train
+	mean, std := d.MeanStd()
+	lc := datasets.LoaderConfig{Batch: r.cfg.Batch, Shuffle: true, Seed: r.cfg.Seed, Mean: mean, Std: std}
+	if r.job.Augment && r.arch.CNN {
+		lc.CropPad, lc.Flip = 2, true
+		if d.H >= 32 {
+			lc.CropPad = 4
+		}
+	}
+	tc := datasets.LoaderConfig{Batch: 500, Mean: mean, Std: std}
+	if g := r.job.Group; g != nil {
+		lc.Rank, lc.Ranks, lc.EvenShards = g.Rank(), g.Size(), true
+		tc.Rank, tc.Ranks = g.Rank(), g.Size()
+	}
+	r.trainL = datasets.NewLoader(d, r.dev, lc)
+	r.testL = datasets.NewLoader(r.job.Test, r.dev, tc)
+	return nil
+}
+
+// fitBudget chooses, under MaxMemory, the fastest configuration whose
+// measured step fits.
+func (r *runner) fitBudget() (err error) {
+	if r.job.MaxMemory <= 0 {
+		return nil
+	}
+	var choice train.BudgetChoice
+	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
+		choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.job.Allow), x, y,
+			r.mode != train.Eager, r.job.MaxMemory)
+	})
+	r.report.Budget = &choice
+	if err != nil {
+		return err
+	}
+	r.cfg.AMP, r.cfg.Checkpoint, r.micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
+	r.report.Config = r.cfg
+	fmt.Fprintf(r.say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(r.job.MaxMemory))
+	if r.micro > 0 {
+		fmt.Fprintf(r.say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n",
+			r.micro, r.cfg.Batch)
+	}
+	return nil
+}
+
+// measure runs one step of each memory configuration and reports their peaks.
+func (r *runner) measure() (err error) {
+	if !r.job.Measure {
+		return nil
+	}
+	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", r.cfg.Model, r.cfg.Batch)
+	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
+		for _, v := range train.Variants(r.job.CheckpointMode) {
+			if !r.arch.Blocks && v.Checkpoint != "none" {
+				continue
+			}
+			var m train.Measurement
+			if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil {
+				return
+			}
+			r.report.Measured = append(r.report.Measured, m)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	WriteSavings(r.say, r.report.Measured, train.VariantName(r.cfg.AMP, r.cfg.Checkpoint))
+	return nil
+}
+
+// trainer builds the model and its trainer, joins the job's group and
+// resumes from the checkpoint, if any.
+func (r *runner) trainer() (err error) {
+	r.model = r.build()
+	if r.t, err = train.New(r.model, r.dev, r.cfg, r.trainL.Len()); err != nil {
+		return err
+	}
+	if err := r.t.Step.SetMicroBatch(r.micro); err != nil {
+		return err
+	}
+	if g := r.job.Group; g != nil {
+		if err := r.t.SetGroup(g); err != nil {
+			return err
+		}
+		red := r.t.Step.Reducer()
+		d, err := g.TimeAllReduce(red.Bytes(), 20)
+		if err != nil {
+			return err
+		}
+		r.report.DataParallel = &DataParallel{Ranks: g.Size(), Collectives: g.Backend(), Buckets: red.Buckets(),
+			BucketBytes: red.Bytes(), AllReduceSeconds: d.Seconds()}
+		fmt.Fprintf(r.say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %s (%s), all-reduced in %.3f ms\n",
+			g.Size(), g.Backend(), r.cfg.Batch, r.cfg.Batch*g.Size(), buckets(red.Buckets()), memory.Bytes(red.Bytes()), 1e3*d.Seconds())
+	}
+	if r.job.Resume != "" {
+		changed, err := r.t.Resume(r.job.Resume, r.job.ResumeForce)
+		if err != nil {
+			return err
+		}
+		r.report.ResumeChanges = changed
+		fmt.Fprintf(r.say, "resumed from %s at epoch %d\n", r.job.Resume, r.t.Epoch+1)
+		for _, c := range changed {
+			fmt.Fprintf(r.say, "  changed since the checkpoint (-resume-force): %s\n", c)
+		}
+	}
+	r.resumed = len(r.t.History)
+	return nil
+}
+
+// release frees the model and the trainer, once the run is over.
+func (r *runner) release() {
+	if r.t != nil {
+		r.t.Release()
+	}
+	if r.model != nil {
+		nn.Release(r.model)
+	}
+}
+
+// fit trains, with the pool's peaks reset and the recordings on.
+func (r *runner) fit() error {
+	a := r.dev.Allocator()
+	a.EmptyCache() // what the measurements cached is not the run's
+	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
+	if r.job.MaxMemory > 0 {
+		if err := a.SetLimit(r.job.MaxMemory); err != nil {
+			return err
+		}
+	}
+	a.RecordTimeline(r.job.RecordTimeline)
+	if r.job.RecordHistory {
+		a.RecordHistory(true)
+	}
+	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
+	fmt.Fprintf(r.say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
+		r.cfg.Model, nn.CountParams(r.model), r.job.Train.N, r.cfg.Epochs, r.trainL.Len(), chosen, r.t.Step.Mode)
+	r.report.Title = fmt.Sprintf("%s, %s, batch %d on %s", r.cfg.Model, chosen, r.cfg.Batch, r.dev.Name())
+	if g := r.job.Group; g != nil {
+		r.report.Title = fmt.Sprintf("%s, %s, batch %d per rank on %d ranks", r.cfg.Model, chosen, r.cfg.Batch, g.Size())
+	}
+	start := time.Now()
+	err := r.t.Fit(r.trainL, r.testL, r.job.Progress, r.job.Save)
+	r.wall = time.Since(start)
+	a.RecordTimeline(false)
+	r.report.Epochs, r.report.Empty, r.report.OOM, r.report.Memory = r.t.History, r.t.Empty, r.t.OOM, r.t.Memory
+	for _, e := range r.t.OOM.Events {
+		fmt.Fprintf(r.say, "out of memory: %s\n", e)
+	}
+	return err
+}
+
+// summarize makes the figures of this run's epochs (a resumed run's
+// earlier ones ran before) and the end-of-run lines, which need the
+// trainer: they are written while it is alive and printed by WriteSummary.
+func (r *runner) summarize() error {
+	t, cfg, a := r.t, r.cfg, r.dev.Allocator()
+	var imgs, secs float64
+	for _, m := range t.History[r.resumed:] {
+		secs += m.Seconds
+		imgs += m.ImgPerSec * m.Seconds
+	}
+	last := t.History[len(t.History)-1]
+	peakA, peakR := t.Peaks()
+	r.report.Final = &Final{TestAcc: last.TestAcc, TestLoss: last.TestLoss, ImgPerSec: train.Float(imgs / secs), TrainSeconds: secs,
+		WallSeconds: r.wall.Seconds(), PeakAllocated: peakA, PeakReserved: peakR, EvalPeakAllocated: t.EvalPeak()}
+
+	var lines []string
+	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
+	add("\ntest accuracy  %.2f%% (loss %.4f) after %d epochs", 100*last.TestAcc, last.TestLoss, len(t.History))
+	if secs > 0 {
+		add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, r.wall.Seconds())
+	}
+	chosen := train.VariantName(cfg.AMP, cfg.Checkpoint)
+	line := "peak allocated " + memory.Bytes(peakA).String() + " by the training steps"
+	for _, m := range r.report.Measured {
+		if m.Name == "fp32" && chosen != "fp32" {
+			line += fmt.Sprintf(" (fp32: %s, %s)", memory.Bytes(m.PeakAllocated), Percent(peakA, m.PeakAllocated))
+		}
+	}
+	add("%s", line)
+	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
+	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
+		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak())})
+		if err != nil {
+			return err
+		}
+		dp.Overlapped, dp.NotOverlapped = t.Step.Reducer().Overlap()
+		how := "overlapping the backward"
+		if !dp.Overlapped {
+			how = "after the backward: " + dp.NotOverlapped
+		}
+		add("data parallel  %d ranks over %s: the gradients' %s (%s) take %.3f ms to all-reduce, %s",
+			dp.Ranks, dp.Collectives, buckets(dp.Buckets), memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds, how)
+		for rank, v := range all {
+			p := RankPeak{Rank: rank, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2])}
+			dp.PerRank = append(dp.PerRank, p)
+			add("  rank %d       peak allocated %s, reserved %s by the training steps; evaluation %s",
+				rank, memory.Bytes(p.PeakAllocated), memory.Bytes(p.PeakReserved), memory.Bytes(p.EvalPeakAllocated))
+		}
+	}
+	evalBatch := fmt.Sprintf("batches of %d", min(r.testL.BatchShape()[0], r.job.Test.N))
+	if c := t.EvalChunk(); c > 0 {
+		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
+	}
+	add("evaluation     peak allocated %s (%s; no gradients)", memory.Bytes(t.EvalPeak()), evalBatch)
+	if p := t.Step.Plan(r.trainL.BatchShape(), r.trainL.BatchShape()[:1]); p != nil {
+		add("planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state",
+			memory.Bytes(p.Size), memory.Bytes(p.Live), p.Order)
+	}
+	for _, n := range t.Step.Notes() {
+		add("step           %s", n)
+	}
+	if free, total := r.dev.MemInfo(); r.dev.Info().Kind != "cpu" {
+		add("device memory  %s free of %s (the driver's view)", memory.Bytes(free), memory.Bytes(total))
+	}
+	if cfg.EmptyCacheEvery > 0 {
+		add("EmptyCache every %d steps: %d calls, %s returned to the device in all, %.3f s inside EmptyCache",
+			cfg.EmptyCacheEvery, t.Empty.Calls, memory.Bytes(t.Empty.Released), t.Empty.Seconds)
+	}
+	add("the pool's summary below covers training and evaluation since the measurements:")
+	summary := a.Summary()
+	r.report.summary = func(w io.Writer) {
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+		fmt.Fprint(w, summary)
+	}
+	return nil
+}
+
+// buckets is "1 bucket" or "n buckets".
+func buckets(n int) string {
+	if n == 1 {
+		return "1 bucket"
+	}
+	return fmt.Sprintf("%d buckets", n)
+}
+
+// withFirstBatch calls f with the loader's first batch, made on dev.
+func withFirstBatch(dev *tensor.Device, l *datasets.Loader, f func(x, y *tensor.Tensor)) {
+	dev.WithScope(func() {
+		ep := l.Epoch(0)
+		x, y, _ := ep.Next()
+		ep.Close()
+		f(x, y)
+	})
+}
+
+// finish records the pool's statistics and the error, if any, in the
+// report: it is valid JSON in every case.
+func (rep *Report) finish(dev *tensor.Device, err error) {
+	rep.Stats = dev.Allocator().Stats()
+	if err != nil {
+		rep.Error = err.Error()
+		var d *train.DivergedError
+		if errors.As(err, &d) {
+			rep.Diverged = &Diverged{Epoch: d.Epoch + 1, Step: d.Step, Why: d.Why}
+		}
+	}
+}
