@@ -62,10 +62,11 @@ func (a *Allocator) StartTrace() {
 // and unlock it). Requests from every other goroutine go to the pools as
 // usual, unseen by the trace and untouched by the plan: a goroutine serving
 // a model on a session of the same device may allocate while a training
-// step is traced or planned. Before, the trace took every request of the
-// device, and a planned step beside a serving goroutine failed with
-// ErrPlanMismatch (train's TestTrainingBesideInference, which runs its steps
-// planned).
+// step is traced or planned, and neither disturbs the other's sequence of
+// requests (a trace that took every request of the device would not repeat,
+// and the planned step would fail with ErrPlanMismatch; train's
+// TestTrainingBesideInference runs its steps planned beside such
+// goroutines).
 
 // mine reports whether the calling goroutine is the one tracing or planned.
 // a.mu is held.

@@ -45,7 +45,7 @@ func (s *StatArray) sub(k PoolKind, n int64) {
 // the sizes asked for.
 type Stats struct {
 	Allocated     StatArray // bytes in allocated blocks
-	Active        StatArray // bytes in active blocks: PyTorch counts blocks freed with work still pending on another stream; here every block is freed at once (one stream, no record_stream), so Active equals Allocated, kept for memory_summary's layout
+	Active        StatArray // bytes in active blocks: PyTorch counts blocks freed with work still pending on another stream; here a block is freed at once (each block belongs to the stream it was allocated on; a side stream's collectives join the backend's stream before their buffers are freed, and nothing calls record_stream), so Active equals Allocated, kept for memory_summary's layout
 	Requested     StatArray // bytes requested by callers of Alloc
 	Reserved      StatArray // bytes in segments obtained from the Source
 	InactiveSplit StatArray // free bytes in segments that are partly in use: not releasable

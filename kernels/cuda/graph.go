@@ -21,14 +21,14 @@ import (
 // synchronisation) made by the capturing goroutine, which stays on its OS
 // thread from BeginCapture to EndCapture, fails instead of silently
 // breaking the graph, as in the global mode; calls from other threads are
-// not refused. The global mode refused them too, which broke two devices
-// driven from one process: one rank's goroutine uploading a batch while
-// another device's step was being captured failed with
-// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (TestCUDADataParallelStep, H200
-// x2, 2026-11-30). The backend's stream is non-blocking, so no other
-// thread's call synchronises with it implicitly, and other goroutines'
-// calls on this backend wait for the capture to end (Note [one goroutine
-// captures] in backend.go).
+// not refused. The global mode refuses them too, and so cannot drive two
+// devices from one process: one rank's goroutine uploading a batch while
+// another device's step is captured would fail with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (TestCUDADataParallelStep runs two
+// such ranks). The backend's stream is non-blocking, so no other thread's
+// call synchronises with it implicitly, and other goroutines' calls on this
+// backend wait for the capture to end (Note [one goroutine captures] in
+// backend.go).
 
 const captureModeThreadLocal = 1
 
