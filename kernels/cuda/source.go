@@ -3,7 +3,9 @@ package cuda
 import (
 	"embed"
 	"fmt"
+	"io/fs"
 	"reflect"
+	"sort"
 	"strings"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -12,13 +14,13 @@ import (
 // The kernels' CUDA C: a prelude generated from Go (what the two sides
 // share: constants, the float storage types, the reduction codes, the
 // structs kernels take by value), common.cuh, the elementwise ops'
-// switches generated from package kernels' tables, then the hand-written
-// sources in sourceOrder, compiled together by NVRTC as one module.
+// switches generated from package kernels' tables, then every src/*.cu in
+// name order, compiled together by NVRTC as one module: a new file of
+// kernels needs no list to join.
 
 //go:embed src/*.cu src/*.cuh
 var sources embed.FS
 
-var sourceOrder = []string{"elementwise.cu", "reduce.cu", "conv.cu", "norm.cu", "pool.cu", "loss.cu", "random.cu", "optim.cu"}
 
 // cStructs are the structs kernels take by value, by their C names.
 var cStructs = []struct {
@@ -50,8 +52,13 @@ func Source() string {
 	b.WriteString(prelude())
 	file("common.cuh")
 	b.WriteString(elementwisePrelude())
-	for _, name := range sourceOrder {
-		file(name)
+	names, err := fs.Glob(sources, "src/*.cu")
+	if err != nil {
+		panic(err) // a constant pattern
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		file(strings.TrimPrefix(name, "src/"))
 	}
 	return b.String()
 }
