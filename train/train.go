@@ -7,9 +7,10 @@
 // pool, optional EmptyCache every N steps, atomic save and strict resume of
 // a training checkpoint, divergence checks at every progress update, and
 // recovery from running out of memory: the step run again, then as
-// micro-batches) and the measurement of what AMP and checkpointing save,
-// which FitBudget uses to fit a step into a memory budget. Run is a whole
-// run, as cmd/train does it: a Job in, a Report out.
+// micro-batches), the measurement of what AMP and checkpointing save, which
+// FitBudget uses to fit a step into a memory budget, and the registry of
+// model names (LookupArch). ModeFor decides how steps run. A whole run as
+// cmd/train does it, with its report and plots, is package run's.
 package train
 
 import (

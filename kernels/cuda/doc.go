@@ -1,11 +1,18 @@
 // Package cuda is leangrad's CUDA backend. It binds the CUDA driver
-// (libcuda.so.1), cuBLAS, NVRTC and, when installed, cuDNN 9 at run time
-// with purego: no cgo, no CUDA headers at build time, and the package
-// compiles (and its tests skip) on machines without CUDA.
+// (libcuda.so.1), NVRTC, cuBLAS and, when installed, cuDNN 9 and NCCL at run
+// time with purego: no cgo, no CUDA headers at build time, and the package
+// compiles (and its tests skip) on machines without CUDA. Each C function
+// is a typed Go function value, bound by its library's loader (lib.go, Note
+// [typed bindings]).
 //
-// Kernels are CUDA C (src/*.cu, embedded), compiled by NVRTC for the device's
-// compute capability on first use and cached on disk, keyed by the source's
-// hash, the architecture and the NVRTC version. GEMMs go to cuBLAS
+// Kernels are CUDA C (src/*.cu, embedded) after a prelude generated from Go
+// (source.go: the block size, the storage types, the elementwise ops'
+// switches from package kernels' tables, the structs passed by value),
+// compiled by NVRTC for the device's compute capability on first use and
+// cached on disk, keyed by the source's hash, the architecture and the NVRTC
+// version. Every kernel is declared in Go with the struct of its parameters
+// and launched through it (launch.go, Note [typed launches]); a CPU test
+// holds each declaration to the compiled kernel. GEMMs go to cuBLAS
 // (cublasGemmEx: F16 operands on tensor cores with F32 accumulation, F32 in
 // F32 unless Options.MatmulTF32). Convolutions go to cuDNN (cudnn.go; F32
 // may use TF32 unless Options.StrictConvF32, as in PyTorch), or to im2col
@@ -14,5 +21,6 @@
 // Device memory comes from a memory.Allocator over cuMemAlloc, with the same
 // statistics, summary and timeline as on the CPU; host transfers go through
 // pinned staging buffers; all work is queued on one stream, which can be
-// captured into a CUDA graph and replayed (graph.go).
+// captured into a CUDA graph and replayed (graph.go); NCCL's collectives run
+// on it or on a side stream joined back with events (nccl.go).
 package cuda
