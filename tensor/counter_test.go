@@ -44,4 +44,8 @@ func TestCUDACounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	testCounter(t, d)
+	// Closed, so that the package's other tests open it with their options.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
