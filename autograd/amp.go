@@ -1,33 +1,51 @@
 package autograd
 
 import (
+	"fmt"
+
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// Autocast runs f with automatic mixed precision on the device handle dev,
-// as torch.autocast does for its thread: operations whose inputs take their
-// mode from dev (ModeOf) autocast while f runs.
+// Autocast runs f with automatic mixed precision in dt (F16 or BF16) on the
+// device handle dev, as torch.autocast does for its thread: operations
+// whose inputs take their mode from dev (ModeOf) autocast while f runs.
 //
-// Conv2d, Linear and MatMul run in F16 on F16 copies of their F32 inputs and
-// weights (the copies are differentiable casts, so gradients reach the F32
-// master weights), with F32 accumulation; CrossEntropy and the reductions
-// (Sum, Mean, SumAll, MeanAll) run in F32. Batch norm computes in F32 and
-// keeps its input's dtype. Tensors saved for the backward of an F16
-// operation are saved in F16: that is where the memory goes down.
-func Autocast(dev *tensor.Device, f func()) {
+// Conv2d, Linear, MatMul, Attention and the fused classifier run in dt on
+// dt copies of their F32 inputs and weights (the copies are differentiable
+// casts, so gradients reach the F32 master weights), with F32
+// accumulation; CrossEntropy and the reductions (Sum, Mean, SumAll,
+// MeanAll) run in F32. Batch norm and layer norm compute in F32 and keep
+// their input's dtype. Tensors saved for the backward of a dt operation are
+// saved in dt: that is where the memory goes down. F16 needs a GradScaler
+// (its small gradients flush to zero); BF16 has F32's exponent range and
+// trains without one.
+func Autocast(dev *tensor.Device, dt tensor.DType, f func()) {
+	if dt != tensor.F16 && dt != tensor.BF16 {
+		panic(fmt.Sprintf("autograd: Autocast to %v: want f16 or bf16", dt))
+	}
 	m := dev.Modes()
+	outer := m.AutocastTo
 	m.Autocast++
-	defer func() { m.Autocast-- }()
+	m.AutocastTo = dt
+	defer func() { m.Autocast--; m.AutocastTo = outer }()
 	f()
 }
 
 // AutocastEnabled reports whether Autocast is in effect on dev (nil: no).
 func AutocastEnabled(dev *tensor.Device) bool { return dev != nil && dev.Modes().Autocast > 0 }
 
-// withAutocast runs f with autocast on or off on dev.
-func withAutocast(dev *tensor.Device, on bool, f func()) {
-	if on {
-		Autocast(dev, f)
+// AutocastDType is the dtype Autocast runs in on dev, or 0 when it is off.
+func AutocastDType(dev *tensor.Device) tensor.DType {
+	if !AutocastEnabled(dev) {
+		return 0
+	}
+	return dev.Modes().AutocastTo
+}
+
+// withAutocast runs f with autocast to dt on dev, or with it off for dt 0.
+func withAutocast(dev *tensor.Device, dt tensor.DType, f func()) {
+	if dt != 0 {
+		Autocast(dev, dt, f)
 		return
 	}
 	m := dev.Modes()

@@ -26,7 +26,7 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 	}
 	gen := dev.Generator()
 	rng := gen.State()
-	amp := AutocastEnabled(dev)
+	amp := AutocastDType(dev)
 	var out *T
 	NoGrad(dev, func() {
 		s := dev.NewScope()

@@ -11,11 +11,11 @@ import (
 // the given stride and zero padding (the same along both axes), plus an
 // optional bias b of K.
 //
-// Under Autocast the convolution runs in F16 on F16 copies of x, w and b.
+// Under Autocast the convolution runs in its dtype on copies of x, w and b.
 func Conv2d(x, w, b *T, stride, pad int) *T {
 	dev := ModeOf(x, w, b)
 	if AutocastEnabled(dev) {
-		defer autocastIn(dev, tensor.F16, &x, &w, &b)()
+		defer autocastIn(dev, AutocastDType(dev), &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
 	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] {

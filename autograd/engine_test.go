@@ -350,7 +350,7 @@ func testModesBelongToTheHandle(t *testing.T, dev *tensor.Device) {
 	w := param(rng, normal, 4, 4)
 	defer w.Release()
 	ag.NoGrad(s, func() {
-		ag.Autocast(s, func() {
+		ag.Autocast(s, tensor.F16, func() {
 			s.WithScope(func() {
 				x := tensor.Randn(s, tensor.F32, 0, 1, 2, 4)
 				if ag.ModeOf(w, x) != s {
@@ -408,7 +408,7 @@ func TestSessionOpsLeaveNothingInTheDevicesScope(t *testing.T) {
 				ag.Linear(x, w, b)              // the bias, added
 				ag.Add(ag.Linear(x, w, nil), b) // a parameter in a binary operation
 				img := tensor.Randn(s, tensor.F32, 0, 1, 2, 2, 3, 3)
-				ag.Autocast(s, func() { ag.BatchNorm2d(img, gamma, beta, rm, rv, false, 0.1, 1e-5) }) // F32 parameters under autocast
+				ag.Autocast(s, tensor.F16, func() { ag.BatchNorm2d(img, gamma, beta, rm, rv, false, 0.1, 1e-5) }) // F32 parameters under autocast
 			})
 		}
 	})

@@ -55,10 +55,10 @@ func gemmTo(a, b *T, transA, transB bool, dt tensor.DType) *T {
 // MatMul returns the matrix product a·b of an M×K and a K×N tensor, or the
 // batched product of B×M×K and B×K×N tensors.
 //
-// Under Autocast the product runs in F16 on F16 copies of a and b.
+// Under Autocast the product runs in its dtype on copies of a and b.
 func MatMul(a, b *T) *T {
 	if dev := ModeOf(a, b); AutocastEnabled(dev) {
-		defer autocastIn(dev, tensor.F16, &a, &b)()
+		defer autocastIn(dev, AutocastDType(dev), &a, &b)()
 	}
 	c := gemm(a, b, false, false)
 	if rec := begin("matmul", a, b); rec != nil {
@@ -86,15 +86,17 @@ func MatMul(a, b *T) *T {
 // Linear returns x·wᵀ + b for x of N×In, w of Out×In (PyTorch's layout) and
 // an optional bias b of Out.
 //
-// Under Autocast the product runs in F16 on F16 copies of x and w, and b is
-// added in F16. The gradients of w and b are computed in their own dtype:
-// the weight's is the product accumulated in float32, not rounded to F16
-// and cast back as a gradient through a cast would be.
+// Under Autocast the product runs in its dtype (F16, BF16) on copies of x
+// and w, and b is added in that dtype. The gradients of w and b are
+// computed in their own dtype: the weight's is the product accumulated in
+// float32, not rounded to 16 bits and cast back as a gradient through a
+// cast would be.
 func Linear(x, w, b *T) *T {
 	wc := w // the weight the product reads: w, or its F16 copy under autocast
 	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
-		defer autocastIn(dev, tensor.F16, &x)()
-		wc = asDType(dev, w, tensor.F16)
+		dt := AutocastDType(dev)
+		defer autocastIn(dev, dt, &x)()
+		wc = asDType(dev, w, dt)
 		defer wc.Release()
 	}
 	xs, ws := x.Shape(), w.Shape()

@@ -26,7 +26,7 @@ func TestLinearUnderAutocast(t *testing.T) {
 		gv[i] = float32(rng.NormFloat64())
 	}
 	var y *tensor.Tensor
-	ag.Autocast(dev, func() { y = ag.Linear(x, w, b) })
+	ag.Autocast(dev, tensor.F16, func() { y = ag.Linear(x, w, b) })
 	if y.DType() != tensor.F16 {
 		t.Fatalf("y is %v under autocast, want f16", y.DType())
 	}

@@ -9,7 +9,7 @@ import (
 // CrossEntropy returns the mean over rows of −log softmax(logits)[label], for
 // logits of N×K and I32 labels of N, fused: the backward needs only the
 // logits and each row's log-sum-exp. The loss is F32 of shape [1]. Under
-// Autocast, F16 logits are cast to F32 first.
+// Autocast, 16-bit logits are cast to F32 first.
 func CrossEntropy(logits, labels *T) *T {
 	if dev := ModeOf(logits, labels); AutocastEnabled(dev) {
 		logits = autocastTo(dev, logits, tensor.F32)

@@ -29,7 +29,7 @@ func testResNet20StepMemory(t *testing.T, dev *tensor.Device) {
 				var loss *tensor.Tensor
 				run := func() { loss = ag.CrossEntropy(net.Forward(x), tensor.FromInt32(dev, []int32{3, 7}, 2)) }
 				if amp {
-					ag.Autocast(dev, run)
+					ag.Autocast(dev, tensor.F16, run)
 				} else {
 					run()
 				}

@@ -51,8 +51,8 @@ func CheckGemm(p GemmParams, a, b, c Buf) {
 	if a.DType != b.DType {
 		panic(fmt.Sprintf("kernels: gemm of %v A and %v B", a.DType, b.DType))
 	}
-	if c.DType == F16 && a.DType != F16 {
-		panic(fmt.Sprintf("kernels: gemm of %v operands into an f16 result: want f32 C", a.DType))
+	if c.DType != F32 && c.DType != a.DType {
+		panic(fmt.Sprintf("kernels: gemm of %v operands into a %v result: want f32 C or the operands' dtype", a.DType, c.DType))
 	}
 }
 

@@ -23,12 +23,14 @@ import (
 // DType is an element type.
 type DType uint8
 
-// The element types. F16 is IEEE 754 binary16, stored as half and computed in
-// float32; I32 holds labels and indices.
+// The element types. F16 is IEEE 754 binary16 and BF16 bfloat16 (a
+// float32's top 16 bits), both stored as 16 bits and computed in float32,
+// rounded to nearest even when stored; I32 holds labels and indices.
 const (
 	F32 DType = iota + 1
 	F16
 	I32
+	BF16
 )
 
 // Size is the size of one element in bytes.
@@ -36,11 +38,14 @@ func (d DType) Size() int {
 	switch d {
 	case F32, I32:
 		return 4
-	case F16:
+	case F16, BF16:
 		return 2
 	}
 	panic(fmt.Sprintf("kernels: unknown dtype %d", d))
 }
+
+// Half reports whether d is a 16-bit float type (F16, BF16).
+func (d DType) Half() bool { return d == F16 || d == BF16 }
 
 func (d DType) String() string {
 	switch d {
@@ -50,6 +55,8 @@ func (d DType) String() string {
 		return "f16"
 	case I32:
 		return "i32"
+	case BF16:
+		return "bf16"
 	}
 	return fmt.Sprintf("dtype(%d)", d)
 }
@@ -101,8 +108,8 @@ type Reduction struct{ Outer, Len, Inner int }
 // op(A) being M×K and op(B) K×N. A is stored M×K, or K×M when TransA; B is
 // stored K×N, or N×K when TransB. With Batch > 1 the product is repeated for
 // Batch matrices StrideA, StrideB, StrideC elements apart (a stride of 0
-// reuses one matrix). A and B share a dtype (F32 or F16); C is F32, or F16
-// when A and B are F16 (cuBLAS has no F32×F32→F16 product); accumulation is
+// reuses one matrix). A and B share a dtype (F32, F16 or BF16); C is F32,
+// or A's 16-bit dtype (cuBLAS has no F32×F32→F16 product); accumulation is
 // in float32.
 type GemmParams struct {
 	TransA, TransB            bool

@@ -102,7 +102,7 @@ func step(m Module, dev *tensor.Device, amp bool, batch int) int64 {
 			ag.Backward(loss)
 		}
 		if amp {
-			ag.Autocast(dev, run)
+			ag.Autocast(dev, tensor.F16, run)
 		} else {
 			run()
 		}

@@ -34,7 +34,7 @@ type Safetensors struct {
 
 const maxHeader = 100 << 20
 
-var dtypeNames = map[tensor.DType]string{tensor.F32: "F32", tensor.F16: "F16", tensor.I32: "I32"}
+var dtypeNames = map[tensor.DType]string{tensor.F32: "F32", tensor.F16: "F16", tensor.BF16: "BF16", tensor.I32: "I32"}
 
 func dtypeByName(s string) (tensor.DType, bool) {
 	for dt, name := range dtypeNames {

@@ -27,7 +27,7 @@ func ExampleGradScaler() {
 		dev.WithScope(func() {
 			x := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2)
 			var loss *tensor.Tensor
-			ag.Autocast(dev, func() { loss = ag.MeanAll(ag.MatMul(x, w)) }) // F16 product, F32 mean
+			ag.Autocast(dev, tensor.F16, func() { loss = ag.MeanAll(ag.MatMul(x, w)) }) // F16 product, F32 mean
 			ag.Backward(scaler.ScaleLoss(loss))
 			scaler.Step(opt) // unscale + inf/NaN check, then the update unless inf/NaN
 			scaler.Update()  // back off or grow the scale, on the device

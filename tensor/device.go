@@ -44,7 +44,8 @@ type Device struct {
 // autograd and code running on the handle's goroutine touch them.
 type Modes struct {
 	NoGrad      int32 // recording off (autograd.NoGrad)
-	Autocast    int32 // F16 for matmuls and convolutions (autograd.Autocast)
+	Autocast    int32 // 16-bit matmuls and convolutions (autograd.Autocast)
+	AutocastTo  DType // the dtype Autocast runs them in
 	Recomputing int32 // a checkpointed function runs again in Backward
 	// GradReady is the running Backward's autograd.OnGradReady hook, which
 	// the passes it runs inside (a checkpointed block's) call too.

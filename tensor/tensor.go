@@ -38,9 +38,10 @@ type DType = kernels.DType
 
 // The element types.
 const (
-	F32 = kernels.F32
-	F16 = kernels.F16
-	I32 = kernels.I32
+	F32  = kernels.F32
+	F16  = kernels.F16
+	BF16 = kernels.BF16
+	I32  = kernels.I32
 )
 
 // GradNode is what package autograd attaches to a tensor computed by a

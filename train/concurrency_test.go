@@ -77,7 +77,7 @@ func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) 
 					x := tensor.FromFloat32(s, in, 8, 1, 12, 12)
 					var y *tensor.Tensor
 					if amp {
-						ag.Autocast(s, func() { y = served.Forward(x) })
+						ag.Autocast(s, tensor.F16, func() { y = served.Forward(x) })
 					} else {
 						y = served.Forward(x)
 					}

@@ -94,10 +94,10 @@ type Step struct {
 	Observe func(loss *tensor.Tensor)
 
 	dev      *tensor.Device
-	autocast tensor.DType   // what Autocast runs matrix products in (0: fp32)
-	metrics  *tensor.Tensor // F32[2]: loss sum, right predictions
+	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
+	metrics  *tensor.Tensor  // F32[2]: loss sum, right predictions
 	rng      *tensor.Counter // the generator's position during steps
-	rngFresh bool           // rng holds the host generator's position
+	rngFresh bool            // rng holds the host generator's position
 	shapes   map[string]*shapeState
 	arena    *memory.Arena
 	notes    []string
@@ -119,21 +119,21 @@ type shapeState struct {
 
 // NewStep returns a step of model with opt on dev, in mode, its forward
 // under autocast to the dtype amp (0: none, fp32; F16: mixed precision,
-// with a GradScaler). It panics when mode is Captured and the device
+// with a GradScaler; BF16: mixed precision, without one). It panics when mode is Captured and the device
 // cannot capture graphs (ModeFor says which mode to ask for), or for an
 // amp it has no autocast for.
 func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, amp tensor.DType, mode Mode) *Step {
 	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
 		panic(fmt.Sprintf("train: a Captured step on %s, which cannot capture graphs", dev.Name()))
 	}
-	if amp != 0 && amp != tensor.F16 {
+	if amp != 0 && !amp.Half() {
 		panic(fmt.Sprintf("train: autocast to %v", amp))
 	}
 	return &Step{Model: model, Opt: opt, Scaler: optim.NewGradScaler(dev, amp == tensor.F16), autocast: amp, Mode: mode, dev: dev,
 		Planning: memory.DefaultPlanOptions,
-		metrics: tensor.Zeros(dev, tensor.F32, 2).Keep(),
-		rng:     tensor.NewCounter(dev, 0),
-		shapes:  map[string]*shapeState{}}
+		metrics:  tensor.Zeros(dev, tensor.F32, 2).Keep(),
+		rng:      tensor.NewCounter(dev, 0),
+		shapes:   map[string]*shapeState{}}
 }
 
 // SetGroup makes the step data-parallel over g: every rank's model takes
@@ -598,7 +598,7 @@ func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
 		loss = ag.CrossEntropy(logits, y)
 	}
 	if s.autocast != 0 {
-		ag.Autocast(s.dev, run)
+		ag.Autocast(s.dev, s.autocast, run)
 	} else {
 		run()
 	}

@@ -42,6 +42,7 @@ type Config struct {
 	Schedule        string  `json:"schedule"`  // "cosine" (with warmup), "onecycle" or "constant"
 	WarmupEpochs    float64 `json:"warmup_epochs"`
 	AMP             bool    `json:"amp"`
+	AMPDType        string  `json:"amp_dtype,omitempty"` // what AMP autocasts to: "f16" (the default, with a GradScaler) or "bf16"
 	Checkpoint      string  `json:"checkpoint"` // "none", "blocks", "sqrt"
 	EmptyCacheEvery int     `json:"empty_cache_every"`
 	Seed            uint64  `json:"seed"`
@@ -50,13 +51,24 @@ type Config struct {
 	Capture bool `json:"capture"`
 }
 
-// Autocast is the dtype the configuration's steps autocast to: F16 with
-// AMP (and a GradScaler), 0 (fp32) without.
+// Autocast is the dtype the configuration's steps autocast to: with AMP,
+// F16 (and a GradScaler) or BF16 as AMPDType says; 0 (fp32) without.
 func (c Config) Autocast() tensor.DType {
-	if c.AMP {
-		return tensor.F16
+	switch {
+	case !c.AMP:
+		return 0
+	case c.AMPDType == "bf16":
+		return tensor.BF16
 	}
-	return 0
+	return tensor.F16
+}
+
+// CheckAMPDType says whether s names a dtype AMP autocasts to.
+func CheckAMPDType(s string) error {
+	if s != "" && s != "f16" && s != "bf16" {
+		return fmt.Errorf("AMP dtype %q: want f16 or bf16", s)
+	}
+	return nil
 }
 
 // Float is a float64 that JSON writes as null when it is NaN or infinite
@@ -170,12 +182,12 @@ func (e *DivergedError) Unwrap() error { return ErrDiverged }
 
 // Trainer trains one model on one device.
 type Trainer struct {
-	Cfg    Config
-	Model  nn.Module
-	Dev    *tensor.Device
-	Opt    optim.Optimizer
-	Sched  optim.Schedule
-	Step   *Step
+	Cfg   Config
+	Model nn.Module
+	Dev   *tensor.Device
+	Opt   optim.Optimizer
+	Sched optim.Schedule
+	Step  *Step
 
 	Epoch   int // the next epoch to run
 	Steps   int // optimiser steps taken (or skipped) so far

@@ -282,4 +282,3 @@ func testBuildModel(t *testing.T, dev *tensor.Device) {
 		nn.Release(m2)
 	}
 }
-

@@ -171,7 +171,7 @@ func TestDivergedRunStopsAndSaysSo(t *testing.T) {
 		data, err := os.ReadFile(js)
 		var r struct {
 			Diverged *run.Diverged `json:"diverged"`
-			Error    string          `json:"error"`
+			Error    string        `json:"error"`
 		}
 		if err != nil || json.Unmarshal(data, &r) != nil || r.Diverged == nil || r.Diverged.Step == 0 || r.Error == "" {
 			t.Errorf("%s: -json %v: %s", amp, err, data)

@@ -122,14 +122,14 @@ func i32s(b kernels.Buf) []int32 {
 }
 
 // in returns b's values as float32: the buffer itself for F32, a converted
-// copy for F16 (and I32).
+// copy for F16, BF16 (and I32).
 func in(b kernels.Buf) []float32 {
 	switch b.DType {
 	case kernels.F32:
 		return f32s(b)
-	case kernels.F16:
+	case kernels.F16, kernels.BF16:
 		out := make([]float32, b.N)
-		halfInto(out, u16s(b))
+		convertInto(out, b)
 		return out
 	case kernels.I32:
 		v := i32s(b)
@@ -154,6 +154,28 @@ func halfInto(dst []float32, h []uint16) {
 	parallel(len(h), convertGrain, func(lo, hi int) { halfsToFloats(dst[lo:hi], h[lo:hi]) })
 }
 
+// convertInto converts a 16-bit float buffer's values into dst, over
+// goroutines when there are many.
+func convertInto(dst []float32, b kernels.Buf) {
+	if b.DType == kernels.BF16 {
+		h := u16s(b)
+		parallel(len(h), convertGrain, func(lo, hi int) { half.BF16ToFloat32(dst[lo:hi], h[lo:hi]) })
+		return
+	}
+	halfInto(dst, u16s(b))
+}
+
+// storeInto rounds src into a 16-bit float buffer, over goroutines when
+// there are many.
+func storeInto(b kernels.Buf, src []float32) {
+	if b.DType == kernels.BF16 {
+		h := u16s(b)
+		parallel(len(src), convertGrain, func(lo, hi int) { half.BF16FromFloat32(h[lo:hi], src[lo:hi]) })
+		return
+	}
+	storeF16(u16s(b), src)
+}
+
 // halfsToFloats converts src into dst on the calling goroutine.
 func halfsToFloats(dst []float32, src []uint16) { half.ToFloat32(dst, src) }
 
@@ -162,15 +184,15 @@ func floatsToHalfs(dst []uint16, src []float32) { half.FromFloat32(dst, src) }
 
 // out returns float32 storage for b's new values and a function that stores
 // them: the buffer itself for F32 (the function does nothing), a scratch
-// slice for F16 that the function rounds into the buffer.
+// slice for F16 and BF16 that the function rounds into the buffer.
 func out(b kernels.Buf) ([]float32, func()) {
 	switch b.DType {
 	case kernels.F32:
 		return f32s(b), func() {}
-	case kernels.F16:
+	case kernels.F16, kernels.BF16:
 		tmp := getScratch(b.N)
 		return tmp, func() {
-			storeF16(u16s(b), tmp)
+			storeInto(b, tmp)
 			putScratch(tmp)
 		}
 	}
@@ -184,7 +206,7 @@ func inout(b kernels.Buf) ([]float32, func()) {
 	}
 	tmp, _ := view(b)
 	return tmp, func() {
-		storeF16(u16s(b), tmp)
+		storeInto(b, tmp)
 		putScratch(tmp)
 	}
 }
@@ -261,8 +283,11 @@ func (c *Backend) Fill(dst kernels.Buf, v float32) {
 				d[i] = v
 			}
 		})
-	case kernels.F16:
+	case kernels.F16, kernels.BF16:
 		d, h := u16s(dst), float16.Fromfloat32(v).Bits()
+		if dst.DType == kernels.BF16 {
+			h = half.BF16Bits(v)
+		}
 		for i := range d {
 			d[i] = h
 		}
@@ -289,11 +314,11 @@ func (c *Backend) Cast(dst, src kernels.Buf) {
 		return
 	}
 	switch {
-	case dst.DType == kernels.F16 && src.DType == kernels.F32:
-		storeF16(u16s(dst), f32s(src))
+	case dst.DType.Half() && src.DType == kernels.F32:
+		storeInto(dst, f32s(src))
 		return
-	case dst.DType == kernels.F32 && src.DType == kernels.F16:
-		halfInto(f32s(dst), u16s(src))
+	case dst.DType == kernels.F32 && src.DType.Half():
+		convertInto(f32s(dst), src)
 		return
 	}
 	s, doneS := view(src)

@@ -89,12 +89,12 @@ func TestGemm(t *testing.T) {
 		{TransB: true, M: 150, N: 100, K: 400, Alpha: 0.5, Batch: 1},
 		{TransA: true, TransB: true, M: 33, N: 70, K: 390, Alpha: 1, Batch: 1},
 	} {
-		for _, dt := range []kernels.DType{kernels.F32, kernels.F16} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
 			t.Run(fmt.Sprintf("%+v/%v", tc, dt), func(t *testing.T) {
 				operand := func(n int, dt kernels.DType) (kernels.Buf, []float64) {
 					b, _ := randBuf(t, rng, n)
-					if dt == kernels.F16 {
-						h := buf(t, kernels.F16, n)
+					if dt.Half() {
+						h := buf(t, dt, n)
 						be.Cast(h, b)
 						b = h
 					}
@@ -129,15 +129,15 @@ func TestGemm(t *testing.T) {
 					}
 				}
 				c0 := append([]float32(nil), f32s(c)...)
-				ch := buf(t, kernels.F16, c.N)
+				ch := buf(t, dt, c.N)
 				for _, kb := range kernelBackends(t) {
 					copy(f32s(c), c0)
 					kb.Gemm(tc, a, b, c)
 					check(t, kb.Kernel()+" C", c, want, 1e-5)
-					if dt == kernels.F16 { // AMP's products: F16 C too, rounded a column of tiles at a time
+					if dt.Half() { // AMP's products: a 16-bit C too, rounded a column of tiles at a time
 						kb.Cast(ch, c0buf(t, c0))
 						kb.Gemm(tc, a, b, ch)
-						check(t, kb.Kernel()+" F16 C", ch, want, 2e-3)
+						check(t, kb.Kernel()+" "+dt.String()+" C", ch, want, map[kernels.DType]float64{kernels.F16: 2e-3, kernels.BF16: 1e-2}[dt])
 					}
 				}
 			})
@@ -1017,7 +1017,7 @@ func BenchmarkBatchNormF16(b *testing.B) {
 // operation on the same values, rounded; in place too. Lengths cross the
 // chunk (2,048) and the grain of a goroutine (65,536); broadcast rows are
 // shorter and longer than a chunk, and strided.
-func TestElementwiseF16MatchesF32(t *testing.T) {
+func TestElementwiseHalfMatchesF32(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 2))
 	type op struct {
 		name    string
@@ -1070,28 +1070,30 @@ func TestElementwiseF16MatchesF32(t *testing.T) {
 		}
 		return n
 	}
-	for _, o := range ops {
-		var hs, fs []kernels.Buf
-		for _, shape := range o.in {
-			n := size(shape)
-			f, _ := randBuf(t, rng, n)
-			h := buf(t, kernels.F16, n)
-			be.Cast(h, f)
-			be.Cast(f, h) // the F32 operand holds the rounded values
-			hs, fs = append(hs, h), append(fs, f)
-		}
-		n := size(o.out)
-		yf, want, yh := buf(t, kernels.F32, n), buf(t, kernels.F16, n), buf(t, kernels.F16, n)
-		o.run(yf, fs...)
-		be.Cast(want, yf)
-		o.run(yh, hs...)
-		if !slices.Equal(u16s(yh), u16s(want)) {
-			t.Errorf("%s: F16 differs from the F32 operation rounded", o.name)
-		}
-		if o.inPlace {
-			o.run(hs[0], hs...)
-			if !slices.Equal(u16s(hs[0]), u16s(want)) {
-				t.Errorf("%s: F16 in place differs from the F32 operation rounded", o.name)
+	for _, hdt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		for _, o := range ops {
+			var hs, fs []kernels.Buf
+			for _, shape := range o.in {
+				n := size(shape)
+				f, _ := randBuf(t, rng, n)
+				h := buf(t, hdt, n)
+				be.Cast(h, f)
+				be.Cast(f, h) // the F32 operand holds the rounded values
+				hs, fs = append(hs, h), append(fs, f)
+			}
+			n := size(o.out)
+			yf, want, yh := buf(t, kernels.F32, n), buf(t, hdt, n), buf(t, hdt, n)
+			o.run(yf, fs...)
+			be.Cast(want, yf)
+			o.run(yh, hs...)
+			if !slices.Equal(u16s(yh), u16s(want)) {
+				t.Errorf("%s: %v differs from the F32 operation rounded", o.name, hdt)
+			}
+			if o.inPlace {
+				o.run(hs[0], hs...)
+				if !slices.Equal(u16s(hs[0]), u16s(want)) {
+					t.Errorf("%s: %v in place differs from the F32 operation rounded", o.name, hdt)
+				}
 			}
 		}
 	}

@@ -10,7 +10,7 @@ import (
 // an N×C×HW array. With AVX-512 (maskedPasses) each pass over a channel is one
 // assembly call (norm_amd64.s) over float32 planes in place or, on the half
 // path, F16 planes in place; otherwise Go loops run a plane at a time over
-// float32 planes, F16 ones converted into scratch first.
+// float32 planes, F16 and BF16 ones converted into scratch first.
 
 // halfPath reports whether a normalisation over vs runs its passes on F16
 // planes in place: every buffer given is F16, and the CPU has the passes
@@ -21,7 +21,7 @@ func halfPath(vs ...values) bool {
 	}
 	some := false
 	for _, v := range vs {
-		if v.f32 != nil {
+		if v.f32 != nil || v.bf16 != nil {
 			return false
 		}
 		some = some || v.f16 != nil
@@ -51,7 +51,7 @@ func channelOf(v values, p kernels.BNParams, ch int, buf []float32, half, read b
 		c.f = v.f32[off : off+n]
 	case v.f16 != nil && half:
 		c.h = v.f16[off : off+n]
-	case v.f16 != nil:
+	case !v.none():
 		c.f, c.ld = buf[:p.N*p.HW], p.HW
 		for i := 0; read && i < p.N; i++ {
 			v.read(c.plane(i), off+i*p.C*p.HW)
@@ -63,7 +63,7 @@ func channelOf(v values, p kernels.BNParams, ch int, buf []float32, half, read b
 // commit rounds values written into a converted channel back into v
 // (nothing to do in place).
 func (c channel) commit(v values, p kernels.BNParams, ch int) {
-	if v.f16 == nil || c.f == nil {
+	if v.f32 != nil || v.none() || c.f == nil {
 		return
 	}
 	for i := range c.planes {

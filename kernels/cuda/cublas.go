@@ -13,6 +13,7 @@ type cublasStatus uintptr
 const (
 	cudaR32F                 = 0
 	cudaR16F                 = 2
+	cudaR16BF                = 14
 	cublasComputeF32         = 68
 	cublasComputeF32FastTF32 = 77
 	cublasGemmDefault        = -1 // CUBLAS_GEMM_DEFAULT

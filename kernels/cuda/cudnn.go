@@ -20,6 +20,7 @@ import (
 const (
 	cudnnDataFloat         = 0
 	cudnnDataHalf          = 2
+	cudnnDataBF16          = 9
 	cudnnTensorNCHW        = 0
 	cudnnCrossCorrelation  = 1
 	cudnnTensorOpMath      = 1
@@ -163,6 +164,8 @@ func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
 	dtype, math := int32(cudnnDataFloat), int32(cudnnFMAMath)
 	if dt == kernels.F16 {
 		dtype, math = cudnnDataHalf, cudnnTensorOpMath
+	} else if dt == kernels.BF16 {
+		dtype, math = cudnnDataBF16, cudnnTensorOpMath
 	} else if !b.opts.StrictConvF32 {
 		math = cudnnTensorOpMath // TF32 allowed, as PyTorch's cudnn.allow_tf32
 	} else {

@@ -26,6 +26,8 @@ func cudaType(dt kernels.DType) int32 {
 		return cudaR32F
 	case kernels.F16:
 		return cudaR16F
+	case kernels.BF16:
+		return cudaR16BF
 	}
 	panic(fmt.Sprintf("cuda: gemm of %v data", dt))
 }

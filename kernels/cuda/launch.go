@@ -83,7 +83,7 @@ func flatten(t reflect.Type, base uintptr) []param {
 
 // floatTypes are the storage types a typed kernel is instantiated for, in
 // the CUDA source's FOR_TYPES order.
-var floatTypes = []kernels.DType{kernels.F32, kernels.F16}
+var floatTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16}
 
 // symbols are the names of the kernel's instantiations, in floatTypes
 // order (one name for an untyped kernel).

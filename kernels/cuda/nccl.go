@@ -22,11 +22,12 @@ import (
 type ncclUniqueID struct{ Internal [128]byte }
 
 const (
-	ncclInt32   = 2
-	ncclFloat16 = 6
-	ncclFloat32 = 7
-	ncclSum     = 0
-	ncclAvg     = 4
+	ncclInt32    = 2
+	ncclFloat16  = 6
+	ncclFloat32  = 7
+	ncclBfloat16 = 9
+	ncclSum      = 0
+	ncclAvg      = 4
 )
 
 type ncclResult uintptr
@@ -193,6 +194,8 @@ func ncclType(dt kernels.DType) (int32, error) {
 		return ncclFloat32, nil
 	case kernels.F16:
 		return ncclFloat16, nil
+	case kernels.BF16:
+		return ncclBfloat16, nil
 	case kernels.I32:
 		return ncclInt32, nil
 	}

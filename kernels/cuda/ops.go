@@ -61,7 +61,8 @@ var (
 
 func init() {
 	for _, c := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32},
-		{kernels.F32, kernels.I32}, {kernels.I32, kernels.F16}, {kernels.F16, kernels.I32}} {
+		{kernels.F32, kernels.I32}, {kernels.I32, kernels.F16}, {kernels.F16, kernels.I32},
+		{kernels.F32, kernels.BF16}, {kernels.BF16, kernels.F32}, {kernels.I32, kernels.BF16}, {kernels.BF16, kernels.I32}} {
 		castKernels[c] = declareKernel[castArgs]("cast_" + c[0].String() + "_" + c[1].String())
 	}
 }
@@ -82,6 +83,8 @@ func (b *Backend) Fill(dst kernels.Buf, v float32) {
 		b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, uint32(int32(v)), n, b.stream))
 	case kernels.F16:
 		b.d.must("cuMemsetD16Async", b.d.memsetD16Async(p, float16.Fromfloat32(v).Bits(), n, b.stream))
+	case kernels.BF16:
+		b.d.must("cuMemsetD16Async", b.d.memsetD16Async(p, bf16Bits(v), n, b.stream))
 	}
 }
 
@@ -555,6 +558,15 @@ func (b *Backend) Increment(counter kernels.Buf, n int64, unless kernels.Buf) {
 	b.enter()
 	defer b.exit()
 	kIncrement.launch(b, 0, dims{1, 1, 1}, incrementArgs{ptrOf(counter), n, ptrOf(unless)})
+}
+
+// bf16Bits rounds v to bfloat16, to nearest even (as the kernels' f2bf).
+func bf16Bits(v float32) uint16 {
+	u := math.Float32bits(v)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
 }
 
 func boolInt(v bool) int32 {

@@ -21,7 +21,6 @@ import (
 //go:embed src/*.cu src/*.cuh
 var sources embed.FS
 
-
 // cStructs are the structs kernels take by value, by their C names.
 var cStructs = []struct {
 	name string
@@ -34,7 +33,7 @@ var cStructs = []struct {
 
 // cTypeNames are the C storage type of each float dtype (common.cuh
 // defines them and their loads and stores).
-var cTypeNames = map[kernels.DType]string{kernels.F32: "float", kernels.F16: "f16"}
+var cTypeNames = map[kernels.DType]string{kernels.F32: "float", kernels.F16: "f16", kernels.BF16: "bf16"}
 
 // Source returns the CUDA C source of every kernel: the generated prelude
 // and the hand-written files.
@@ -69,7 +68,7 @@ func prelude() string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("// ---- generated from Go by package cuda's Source: edit the Go side ----\n")
 	w("#define THREADS %d\n#define MT_MAX %d\n#define MAX_DIMS %d\n", blockSize, mtMax, kernels.MaxDims)
-	w("typedef unsigned short f16;\ntypedef long long i64;\n")
+	w("typedef unsigned short f16;\nstruct bf16 { unsigned short x; };\ntypedef long long i64;\n")
 	w("#define FOR_TYPES(M)")
 	for _, dt := range floatTypes {
 		w(" M(%s, %s)", cTypeNames[dt], dt)

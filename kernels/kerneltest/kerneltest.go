@@ -24,6 +24,7 @@ const (
 	TolElementwise = 1e-5 // F32 operations without accumulation
 	TolAccumulate  = 1e-4 // F32 reductions, GEMM, convolution, normalisation
 	TolF16         = 1e-2 // anything stored in F16
+	TolBF16        = 3e-2 // anything stored in BF16 (8-bit mantissas)
 	TolTF32        = 1e-3 // F32 convolutions a backend may run on TF32 tensor cores (10-bit mantissas)
 )
 
@@ -88,6 +89,8 @@ func encode(dt kernels.DType, vals []float32) []byte {
 			*(*int32)(unsafe.Pointer(&raw[4*i])) = int32(v)
 		case kernels.F16:
 			*(*uint16)(unsafe.Pointer(&raw[2*i])) = float16.Fromfloat32(v).Bits()
+		case kernels.BF16:
+			*(*uint16)(unsafe.Pointer(&raw[2*i])) = bf16Bits(v)
 		}
 	}
 	return raw
@@ -103,6 +106,8 @@ func decode(dt kernels.DType, raw []byte) []float64 {
 			out[i] = float64(*(*int32)(unsafe.Pointer(&raw[4*i])))
 		case kernels.F16:
 			out[i] = float64(float16.Frombits(*(*uint16)(unsafe.Pointer(&raw[2*i]))).Float32())
+		case kernels.BF16:
+			out[i] = float64(math.Float32frombits(uint32(*(*uint16)(unsafe.Pointer(&raw[2*i]))) << 16))
 		}
 	}
 	return out
@@ -135,8 +140,11 @@ func (s *suite) randIn(dt kernels.DType, n int) pair { return s.in(dt, s.normal(
 // check compares p on both backends. The tolerance is raised to TolF16 for F16 data.
 func (s *suite) check(what string, p pair, tol float64) {
 	s.t.Helper()
-	if p.dt == kernels.F16 {
+	switch p.dt {
+	case kernels.F16:
 		tol = max(tol, TolF16)
+	case kernels.BF16:
+		tol = max(tol, TolBF16)
 	}
 	g, r := s.read(p.got, s.got), s.read(p.ref, s.ref)
 	var num, den float64
@@ -201,11 +209,21 @@ type testCase struct {
 	run  func(s *suite)
 }
 
-var dtypes = []kernels.DType{kernels.F32, kernels.F16}
+var dtypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16}
+
+// bf16Bits rounds v to bfloat16 (nearest, ties to even): the inputs both
+// backends are given.
+func bf16Bits(v float32) uint16 {
+	u := math.Float32bits(v)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
+}
 
 var cases = []testCase{
 	{"fill-copy-cast", func(s *suite) {
-		for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.I32} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.I32} {
 			o := s.out(dt, 1001)
 			s.got.Fill(o.got, 3)
 			s.ref.Fill(o.ref, 3)
@@ -216,7 +234,8 @@ var cases = []testCase{
 		s.got.Copy(c.got, x.got)
 		s.ref.Copy(c.ref, x.ref)
 		s.check("copy", c, 0)
-		for _, tc := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32}, {kernels.F32, kernels.I32}} {
+		for _, tc := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32}, {kernels.F32, kernels.I32},
+			{kernels.F32, kernels.BF16}, {kernels.BF16, kernels.F32}} {
 			vals := s.normal(513)
 			for i := range vals {
 				vals[i] *= 100
@@ -325,8 +344,8 @@ var cases = []testCase{
 		} {
 			for _, dt := range dtypes {
 				for _, cdt := range dtypes {
-					if dt == kernels.F32 && cdt == kernels.F16 {
-						continue // not a supported combination
+					if cdt != kernels.F32 && cdt != dt {
+						continue // C is F32 or the operands' 16-bit type
 					}
 					batch := max(p.Batch, 1)
 					a := s.randIn(dt, (batch-1)*p.StrideA+p.M*p.K)

@@ -231,3 +231,27 @@ func (h Half) Pack(dst []float32, f0, nf, p0, kc, w int) {
 		}
 	}
 }
+
+// BF16 is Strided's layout over bfloat16 values (AMP's BF16 tensors), Data
+// holding their bits: element (f, p) is Data[f·Free + p·Shared]. Pack
+// converts each block to float32 (exactly: a shift) as it packs it.
+type BF16 struct {
+	Data         []uint16
+	Free, Shared int
+}
+
+// Pack implements Operand.
+func (h BF16) Pack(dst []float32, f0, nf, p0, kc, w int) {
+	for q := 0; q*w < nf; q++ {
+		panel := dst[q*kc*w : (q+1)*kc*w]
+		lanes := min(w, nf-q*w)
+		base := (f0+q*w)*h.Free + p0*h.Shared
+		for p := 0; p < kc; p++ {
+			d := panel[p*w : (p+1)*w]
+			for r := 0; r < lanes; r++ {
+				d[r] = half.BF16Value(h.Data[base+p*h.Shared+r*h.Free])
+			}
+			clear(d[lanes:])
+		}
+	}
+}

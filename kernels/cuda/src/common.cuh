@@ -5,7 +5,10 @@
 // from CUDA 11.2 on compiles them.
 //
 // Storage types: float (F32), f16 (IEEE binary16 bits, converted with PTX
-// cvt instructions), int (I32). Arithmetic is always in float.
+// cvt instructions), bf16 (bfloat16 bits in a struct of their own, so that
+// its loads and stores overload apart from f16's; rounded to nearest even
+// in integer arithmetic, which every architecture has), int (I32).
+// Arithmetic is always in float.
 
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -22,10 +25,20 @@ __device__ __forceinline__ f16 f2h(float f) {
     return h;
 }
 
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float((unsigned)h.x << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{(unsigned short)((u >> 16) | 0x40u)}; // NaN: quiet
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16{(unsigned short)(u >> 16)};
+}
+
 __device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
 __device__ __forceinline__ float ld(const f16* p, i64 i) { return h2f(p[i]); }
+__device__ __forceinline__ float ld(const bf16* p, i64 i) { return bf2f(p[i]); }
 __device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
 
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)

@@ -14,7 +14,7 @@ __device__ void im2col(int nb, int C, int H, int W, int R, int S, int sh, int sw
         int crs = (int)(t % CRS), n = (int)(t / CRS);
         int s = crs % S, r = (crs / S) % R, c = crs / (R * S);
         int ih = (l / OW) * sh - ph + r, iw = (l % OW) * sw - pw + s;
-        T v = (T)0;
+        T v{};
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[((i64)(n * C + c) * H + ih) * W + iw];
         col[n * sN + crs * sCRS + l] = v;
     }

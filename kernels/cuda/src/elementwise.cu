@@ -7,6 +7,10 @@ extern "C" __global__ void cast_i32_f32(i64 n, const int* x, float* y) { GRID_ST
 extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)x[i]; }
 extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
 extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
+extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { GRID_STRIDE(i, n) y[i] = f2bf(x[i]); }
+extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { GRID_STRIDE(i, n) y[i] = bf2f(x[i]); }
+extern "C" __global__ void cast_i32_bf16(i64 n, const int* x, bf16* y) { GRID_STRIDE(i, n) y[i] = f2bf((float)x[i]); }
+extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)bf2f(x[i]); }
 
 // unary_f, unary_grad and binary_f are generated from package kernels'
 // tables (source.go).
