@@ -43,7 +43,7 @@ type Config struct {
 	WarmupEpochs    float64 `json:"warmup_epochs"`
 	AMP             bool    `json:"amp"`
 	AMPDType        string  `json:"amp_dtype,omitempty"` // what AMP autocasts to: "f16" (the default, with a GradScaler) or "bf16"
-	Checkpoint      string  `json:"checkpoint"` // "none", "blocks", "sqrt"
+	Checkpoint      string  `json:"checkpoint"`          // "none", "blocks", "sqrt"
 	EmptyCacheEvery int     `json:"empty_cache_every"`
 	Seed            uint64  `json:"seed"`
 	// Capture runs the step captured as a graph where the backend can
