@@ -67,3 +67,18 @@ func Dropout(x *T, p float32, gen *tensor.Generator) *T {
 	}
 	return y
 }
+
+// CountCorrect returns, as an F32 tensor of shape [1], how many rows of
+// logits (N×K) have their first maximum at the row's I32 label, computed on
+// the device. It is not differentiable and records nothing.
+func CountCorrect(logits, labels *T) *T {
+	ls := logits.Shape()
+	if len(ls) != 2 || labels.NDim() != 1 || labels.Dim(0) != ls[0] || labels.DType() != tensor.I32 {
+		panic(fmt.Sprintf("autograd: count correct of %v logits %v and %v labels %v: want N×K and i32 N",
+			logits.DType(), ls, labels.DType(), labels.Shape()))
+	}
+	sameDevice("count correct", logits, labels)
+	right := tensor.Empty(ModeOf(logits, labels), tensor.F32, 1)
+	logits.Backend().CountCorrect(right.Buf(), logits.Buf(), labels.Buf(), ls[0], ls[1])
+	return right
+}

@@ -27,7 +27,7 @@ import (
 // on random inputs of each one's Input shape.
 
 // build makes m on dev from seed, for its own input shape.
-func build(dev *tensor.Device, m train.Arch, seed uint64) nn.Module {
+func build(dev *tensor.Device, m train.Arch, seed uint64) nn.Model {
 	model, err := m.Build(dev, m.Input[0], m.Input[1], m.Input[2], m.Classes, seed)
 	if err != nil {
 		panic(err) // the registry's shapes are valid
@@ -108,7 +108,7 @@ type launchCounter interface{ Launches() uint64 }
 // whose steps are the ones users run, on one fixed batch.
 type stepper struct {
 	dev   *tensor.Device
-	model nn.Module
+	model nn.Model
 	tr    *train.Trainer
 	x, y  *tensor.Tensor
 }
@@ -124,7 +124,7 @@ func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, se
 	}
 	s := &stepper{dev: dev, model: model, tr: tr}
 	shape := append([]int{batch}, m.Input...)
-	s.x, s.y = tr.Step.Inputs(shape, []int{batch})
+	s.x, s.y = tr.Step.Inputs(tensor.F32, shape, []int{batch})
 	dev.WithScope(func() {
 		dev.Backend().Copy(s.x.Buf(), tensor.Randn(dev, tensor.F32, 0, 1, shape...).Buf())
 		rng := rand.New(rand.NewPCG(seed, 7))
@@ -235,7 +235,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 		r.Overlapped, _ = s.tr.Step.Reducer().Overlap()
 	}
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
-	if p := s.tr.Step.Plan(s.x.Shape(), s.y.Shape()); p != nil {
+	if p := s.tr.Step.Plan(s.x.DType(), s.x.Shape(), s.y.Shape()); p != nil {
 		r.PlannedArena = p.Size
 	}
 	r.Notes = s.tr.Step.Notes()

@@ -245,7 +245,12 @@ func (h *hostProfiler) Increment(counter kernels.Buf, n int64, unless kernels.Bu
 	h.b.Increment(counter, n, unless)
 }
 
-func (h *hostProfiler) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
-	defer h.op("AccumulateMetrics", logits)()
-	h.b.AccumulateMetrics(sums, loss, logits, labels, n, k)
+func (h *hostProfiler) CountCorrect(right, logits, labels kernels.Buf, n, k int) {
+	defer h.op("CountCorrect", logits)()
+	h.b.CountCorrect(right, logits, labels, n, k)
+}
+
+func (h *hostProfiler) AccumulateMetrics(sums, loss, right kernels.Buf, n int) {
+	defer h.op("AccumulateMetrics", sums)()
+	h.b.AccumulateMetrics(sums, loss, right, n)
 }

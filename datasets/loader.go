@@ -68,8 +68,41 @@ func NewLoader(ds *Dataset, dev *tensor.Device, cfg LoaderConfig) *Loader {
 	return l
 }
 
+// Batches is a source of batches, what training and evaluation read: a
+// Loader of images, a TextLoader of token windows.
+type Batches interface {
+	// Len is the number of batches in an epoch (of this rank's share).
+	Len() int
+	// Inputs are a full batch's x dtype and shape (F32 Batch×C×H×W images,
+	// I32 Batch×T tokens) and its I32 targets' shape.
+	Inputs() (xdt tensor.DType, x, y []int)
+	// Epoch starts pass number e over the data (e seeds its order).
+	Epoch(e int) Iterator
+}
+
+// Iterator is one pass over a Batches.
+type Iterator interface {
+	// Next returns the next batch as device tensors in the current scope,
+	// or ok = false at the end of the pass.
+	Next() (x, y *tensor.Tensor, ok bool)
+	// NextInto is Next writing a full batch into x and y (of Inputs'
+	// dtypes and shapes) instead of into new tensors, and returning them:
+	// how a captured training step's static inputs are filled. A smaller
+	// last batch comes in new tensors in the current scope, as from Next.
+	NextInto(x, y *tensor.Tensor) (bx, by *tensor.Tensor, ok bool)
+	// Close stops the pass (needed only when it ends early).
+	Close()
+}
+
+var _ Batches = (*Loader)(nil)
+
 // BatchShape is the shape of a full batch of images: Batch×C×H×W.
 func (l *Loader) BatchShape() []int { return []int{l.cfg.Batch, l.ds.C, l.ds.H, l.ds.W} }
+
+// Inputs are F32 Batch×C×H×W images and I32 Batch labels.
+func (l *Loader) Inputs() (tensor.DType, []int, []int) {
+	return tensor.F32, l.BatchShape(), []int{l.cfg.Batch}
+}
 
 // Len is the number of batches in an epoch (of this rank's share).
 func (l *Loader) Len() int {
@@ -122,7 +155,9 @@ type Epoch struct {
 }
 
 // Epoch starts pass number e (which seeds its shuffle) over the data.
-func (l *Loader) Epoch(e int) *Epoch {
+func (l *Loader) Epoch(e int) Iterator { return l.epoch(e) }
+
+func (l *Loader) epoch(e int) *Epoch {
 	ep := &Epoch{out: make(chan *hostBatch, l.cfg.Prefetch), free: make(chan *hostBatch, l.cfg.Prefetch+2),
 		stop: make(chan struct{}), l: l}
 	per := l.ds.C * l.ds.H * l.ds.W

@@ -145,12 +145,28 @@ func CheckLike(op string, x Buf, bufs ...Buf) {
 	}
 }
 
-// CheckMetrics checks AccumulateMetrics' operands: F32 sums of 2, an F32
-// loss of 1, logits of n×k and labels of n.
-func CheckMetrics(sums, loss, logits, labels Buf, n, k int) {
-	CheckLen("metrics sums", 2, sums)
-	CheckLen("metrics loss", 1, loss)
-	CheckLen("metrics logits", n*k, logits)
-	CheckLen("metrics labels", n, labels)
-	CheckF32("metrics", sums, loss)
+// CheckMetrics checks AccumulateMetrics' operands: F32 sums of 3, an F32
+// loss and right count of 1 each, and n > 0 predictions.
+func CheckMetrics(sums, loss, right Buf, n int) {
+	if n <= 0 {
+		panic(fmt.Sprintf("kernels: metrics of %d predictions", n))
+	}
+	CheckLen("metrics sums", 3, sums)
+	CheckLen("metrics loss", 1, loss, right)
+	CheckF32("metrics", sums, loss, right)
+}
+
+// CheckCountCorrect checks CountCorrect's operands: an F32 count of 1,
+// logits of n×k and I32 labels of n.
+func CheckCountCorrect(right, logits, labels Buf, n, k int) {
+	if n <= 0 || k <= 0 {
+		panic(fmt.Sprintf("kernels: count correct of %d rows of %d classes", n, k))
+	}
+	CheckLen("count correct", 1, right)
+	CheckF32("count correct", right)
+	CheckLen("count correct logits", n*k, logits)
+	CheckLen("count correct labels", n, labels)
+	if labels.DType != I32 {
+		panic(fmt.Sprintf("kernels: count correct labels are %v, want i32", labels.DType))
+	}
 }

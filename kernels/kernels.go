@@ -350,11 +350,14 @@ type Backend interface {
 	// Increment adds n to a counter, unless unless is valid and holds a
 	// value other than zero.
 	Increment(counter Buf, n int64, unless Buf)
-	// AccumulateMetrics adds loss (F32, 1 element, a mean over n rows)·n to
-	// sums[0] and the number of rows of logits (n×k) whose first maximum is
-	// at the I32 label to sums[1] (F32, 2 elements): a training run's loss
-	// and accuracy, kept on the device until they are read.
-	AccumulateMetrics(sums, loss, logits, labels Buf, n, k int)
+	// CountCorrect writes into right (F32, 1 element) the number of rows of
+	// logits (n×k) whose first maximum is at the row's I32 label.
+	CountCorrect(right, logits, labels Buf, n, k int)
+	// AccumulateMetrics adds to sums (F32, 3 elements) loss·n (loss: F32,
+	// 1 element, a mean over n predictions), right (F32, 1 element: how
+	// many were right) and n: a training run's loss and accuracy, kept on
+	// the device until they are read.
+	AccumulateMetrics(sums, loss, right Buf, n int)
 }
 
 // Capturer is implemented by backends that can record the operations queued

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"sort"
 
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -35,6 +36,25 @@ type Module interface {
 	State(prefix string) []Named
 	// SetTraining switches training behaviour (batch statistics, dropout) on or off.
 	SetTraining(on bool)
+}
+
+// Model is a network with its objective: what train.Step trains. Loss
+// returns, for a batch x with targets y, the mean loss over the batch's
+// predictions (F32 [1], recorded for Backward), how many of them were
+// right (F32 [1], not recorded) and how many there are, reading nothing
+// back from the device. Classifiers' Loss is Classify.
+type Model interface {
+	Module
+	Loss(x, y *T) (loss, right *T, n int)
+}
+
+// Classify is the objective of a classifier m: the cross-entropy of its
+// logits for x against the I32 labels y (one per example), and its right
+// predictions (each row's first maximum at its label).
+func Classify(m Module, x, y *T) (loss, right *T, n int) {
+	logits := m.Forward(x)
+	defer logits.Release()
+	return ag.CrossEntropy(logits, y), ag.CountCorrect(logits, y), logits.Dim(0)
 }
 
 // Parameters returns m's trainable tensors, in State order.
@@ -92,6 +112,9 @@ func NewSequential(layers ...Module) *Sequential { return &Sequential{Layers: la
 
 // Forward runs the layers in order.
 func (s *Sequential) Forward(x *T) *T { return forwardAll(s.Layers, x) }
+
+// Loss is Classify: the layers end in logits.
+func (s *Sequential) Loss(x, y *T) (loss, right *T, n int) { return Classify(s, x, y) }
 
 // forwardAll runs layers in order, releasing each intermediate as soon as
 // the next layer has used it; x stays the caller's, and the result is always

@@ -226,6 +226,9 @@ func (r *ResNet) Forward(x *T) *T {
 	return then(h, r.FC.Forward)
 }
 
+// Loss is Classify: the cross-entropy of the logits against the labels.
+func (r *ResNet) Loss(x, y *T) (loss, right *T, n int) { return Classify(r, x, y) }
+
 // State lists the stem, the blocks (layers.i) and the classifier.
 func (r *ResNet) State(prefix string) []Named {
 	s := append(r.Stem.State(join(prefix, "conv1")), r.StemBN.State(join(prefix, "bn1"))...)
@@ -276,6 +279,9 @@ func (m *MLP) Forward(x *T) *T {
 	}
 	return h
 }
+
+// Loss is Classify: the cross-entropy of the logits against the labels.
+func (m *MLP) Loss(x, y *T) (loss, right *T, n int) { return Classify(m, x, y) }
 
 // State lists the layers (layers.i).
 func (m *MLP) State(prefix string) []Named {

@@ -121,7 +121,7 @@ type runner struct {
 	mode          train.Mode
 	trainL, testL *datasets.Loader
 	micro         int // the micro-batch size the budget chose (0: whole batches)
-	model         nn.Module
+	model         nn.Model
 	t             *train.Trainer
 	resumed       int // epochs of the history that ran before this run
 	wall          time.Duration
@@ -134,7 +134,7 @@ func (r *runner) lookup() (err error) {
 }
 
 // build makes a fresh model of the run, from its seed.
-func (r *runner) build() nn.Module {
+func (r *runner) build() nn.Model {
 	d := r.job.Train
 	m, err := r.arch.Build(r.dev, d.C, d.H, d.W, d.Classes, r.cfg.Seed)
 	if err != nil {
@@ -350,7 +350,7 @@ func (r *runner) summarize() error {
 		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
 	}
 	add("evaluation     peak allocated %s (%s; no gradients)", memory.Bytes(t.EvalPeak()), evalBatch)
-	if p := t.Step.Plan(r.trainL.BatchShape(), r.trainL.BatchShape()[:1]); p != nil {
+	if p := t.Step.Plan(r.trainL.Inputs()); p != nil {
 		add("planned step   this step needs an arena of %s (%s live at its peak; placed by %s order), on top of the parameters and optimiser state",
 			memory.Bytes(p.Size), memory.Bytes(p.Live), p.Order)
 	}

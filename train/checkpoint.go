@@ -135,7 +135,9 @@ func Mismatches(a, b Config) []string {
 	diff("dataset", a.Dataset, b.Dataset)
 	diff("optimizer", a.Optimizer, b.Optimizer)
 	diff("amp", a.AMP, b.AMP)
-	diff("amp_dtype", a.Autocast(), b.Autocast())
+	if a.AMP && b.AMP {
+		diff("amp_dtype", a.Autocast(), b.Autocast())
+	}
 	diff("checkpoint", a.Checkpoint, b.Checkpoint)
 	diff("batch", a.Batch, b.Batch)
 	diff("schedule", a.Schedule, b.Schedule)

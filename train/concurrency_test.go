@@ -38,7 +38,7 @@ func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) 
 	ds := datasets.SyntheticSize(192, 5, 12)
 	cfg := baseConfig("tiny")
 	cfg.Batch, cfg.AMP, cfg.Checkpoint, cfg.Capture = 16, true, "blocks", true
-	newTrainer := func() (*Trainer, nn.Module) {
+	newTrainer := func() (*Trainer, nn.Model) {
 		dev.Generator().Seed(1)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		tr, err := New(m, dev, cfg, 12)
@@ -115,7 +115,7 @@ func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) 
 	if trainErr != nil {
 		t.Fatal(trainErr)
 	}
-	if tr.Step.Plan([]int{cfg.Batch, 1, 12, 12}, []int{cfg.Batch}) == nil {
+	if tr.Step.Plan(tensor.F32, []int{cfg.Batch, 1, 12, 12}, []int{cfg.Batch}) == nil {
 		t.Errorf("the %v step never planned beside the serving goroutines: %v", tr.Step.Mode, tr.Step.Notes())
 	}
 	for i, e := range model.State("") {

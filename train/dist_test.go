@@ -52,7 +52,7 @@ func onRanks(t *testing.T, devs []*tensor.Device, f func(g *dist.Group) error) {
 // sgdStep is an fp32 step of m (SGD, Nesterov momentum 0.9, learning rate
 // 0.1, weight decay wd) in mode, the function that releases it with m, and
 // one that reads m's parameters.
-func sgdStep(dev *tensor.Device, m nn.Module, wd float64, mode Mode) (*Step, func(), func() [][]float32) {
+func sgdStep(dev *tensor.Device, m nn.Model, wd float64, mode Mode) (*Step, func(), func() [][]float32) {
 	opt := optim.NewSGD(nn.Parameters(m), 0.1, 0.9, wd, true)
 	s := NewStep(dev, m, opt, 0, mode)
 	release := func() { s.Release(); opt.Release(); nn.Release(m) }

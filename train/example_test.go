@@ -45,7 +45,7 @@ func ExampleTrainer() {
 // pool: the numbers train -model resnet prints before training.
 func ExampleMeasureStep() {
 	dev := tensor.CPU()
-	build := func() nn.Module {
+	build := func() nn.Model {
 		m, _ := train.BuildModel(dev, "resnet8", 1, 28, 28, 10, 1)
 		return m
 	}

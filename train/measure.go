@@ -69,7 +69,7 @@ func (m Measurement) Need() int64 { return max(m.PeakAllocated, m.Planned) }
 // plan, that step is traced and planned, and Planned is the planned step's
 // need. The model and the optimiser state are released again, and the
 // device's random generator is left as it was.
-func MeasureStep(dev *tensor.Device, build func() nn.Module, cfg Config, v Variant, x, y *tensor.Tensor, plan bool) (Measurement, error) {
+func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Variant, x, y *tensor.Tensor, plan bool) (Measurement, error) {
 	gen := dev.Generator()
 	state := gen.State()
 	defer gen.SetState(state)
@@ -102,7 +102,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Module, cfg Config, v Varia
 		return Measurement{}, err
 	}
 	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr}
-	if p := t.Step.Plan(x.Shape(), y.Shape()); plan && p != nil {
+	if p := t.Step.Plan(x.DType(), x.Shape(), y.Shape()); plan && p != nil {
 		m.Planned = base + p.Size
 	}
 	return m, nil
@@ -143,7 +143,7 @@ func BudgetVariants(resnet bool, keep func(Variant) bool) []Variant {
 // and chooses the first that fits. It returns an error wrapping
 // memory.ErrOutOfMemory when nothing fits. Each measurement is written to w
 // as it is taken.
-func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Module, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64) (BudgetChoice, error) {
+func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
 	limit := int64(float64(budget) * (1 - BudgetHeadroom))
 	try := func(v Variant) (bool, error) {

@@ -27,7 +27,7 @@ type Arch struct {
 	// it, and convolution workspaces matter.
 	CNN bool
 
-	build func(dev *tensor.Device, c, h, w, classes int) nn.Module
+	build func(dev *tensor.Device, c, h, w, classes int) nn.Model
 }
 
 // ModelNames says, for messages, which names LookupArch knows.
@@ -40,10 +40,10 @@ func LookupArch(name string) (Arch, error) {
 	switch name {
 	case "resnet18":
 		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: true, Segments: "blocks", CNN: true,
-			build: func(dev *tensor.Device, c, h, w, classes int) nn.Module { return nn.NewResNet18(dev, c, classes) }}, nil
+			build: func(dev *tensor.Device, c, h, w, classes int) nn.Model { return nn.NewResNet18(dev, c, classes) }}, nil
 	case "mlp":
 		return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10,
-			build: func(dev *tensor.Device, c, h, w, classes int) nn.Module {
+			build: func(dev *tensor.Device, c, h, w, classes int) nn.Model {
 				return nn.NewMLP(dev, []int{c * h * w, 256, 256, classes}, 0)
 			}}, nil
 	}
@@ -56,7 +56,7 @@ func LookupArch(name string) (Arch, error) {
 				segments = "sqrt"
 			}
 			return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10, Blocks: true, Segments: segments, CNN: true,
-				build: func(dev *tensor.Device, c, h, w, classes int) nn.Module {
+				build: func(dev *tensor.Device, c, h, w, classes int) nn.Model {
 					r, _ := nn.NewCIFARResNet(dev, depth, c, classes) // the depth is checked above
 					return r
 				}}, nil
@@ -67,7 +67,7 @@ func LookupArch(name string) (Arch, error) {
 
 // Build makes the model on dev for inputs of c×h×w and classes classes,
 // its parameters drawn from the device's generator seeded with seed.
-func (a Arch) Build(dev *tensor.Device, c, h, w, classes int, seed uint64) (nn.Module, error) {
+func (a Arch) Build(dev *tensor.Device, c, h, w, classes int, seed uint64) (nn.Model, error) {
 	if c < 1 || h < 1 || w < 1 || classes < 2 {
 		return nil, fmt.Errorf("model %s for inputs of %dx%dx%d and %d classes: want positive sizes and at least 2 classes", a.Name, c, h, w, classes)
 	}
@@ -76,7 +76,7 @@ func (a Arch) Build(dev *tensor.Device, c, h, w, classes int, seed uint64) (nn.M
 }
 
 // BuildModel is LookupArch(name) and its Build.
-func BuildModel(dev *tensor.Device, name string, c, h, w, classes int, seed uint64) (nn.Module, error) {
+func BuildModel(dev *tensor.Device, name string, c, h, w, classes int, seed uint64) (nn.Model, error) {
 	a, err := LookupArch(name)
 	if err != nil {
 		return nil, err

@@ -78,7 +78,7 @@ func (m Mode) String() string {
 // or a driver call fails. A step that fails so leaves no trace (see eager):
 // it can run again on the same batch, as the Trainer does.
 type Step struct {
-	Model nn.Module
+	Model nn.Model
 	Opt   optim.Optimizer
 	// Scaler scales the loss under F16 autocast; the step made it, enabled
 	// exactly then.
@@ -95,7 +95,7 @@ type Step struct {
 
 	dev      *tensor.Device
 	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
-	metrics  *tensor.Tensor  // F32[2]: loss sum, right predictions
+	metrics  *tensor.Tensor  // F32[3]: loss sum, right predictions, predictions
 	rng      *tensor.Counter // the generator's position during steps
 	rngFresh bool            // rng holds the host generator's position
 	shapes   map[string]*shapeState
@@ -122,7 +122,7 @@ type shapeState struct {
 // with a GradScaler; BF16: mixed precision, without one). It panics when mode is Captured and the device
 // cannot capture graphs (ModeFor says which mode to ask for), or for an
 // amp it has no autocast for.
-func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, amp tensor.DType, mode Mode) *Step {
+func NewStep(dev *tensor.Device, model nn.Model, opt optim.Optimizer, amp tensor.DType, mode Mode) *Step {
 	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
 		panic(fmt.Sprintf("train: a Captured step on %s, which cannot capture graphs", dev.Name()))
 	}
@@ -131,7 +131,7 @@ func NewStep(dev *tensor.Device, model nn.Module, opt optim.Optimizer, amp tenso
 	}
 	return &Step{Model: model, Opt: opt, Scaler: optim.NewGradScaler(dev, amp == tensor.F16), autocast: amp, Mode: mode, dev: dev,
 		Planning: memory.DefaultPlanOptions,
-		metrics:  tensor.Zeros(dev, tensor.F32, 2).Keep(),
+		metrics:  tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		rng:      tensor.NewCounter(dev, 0),
 		shapes:   map[string]*shapeState{}}
 }
@@ -215,20 +215,22 @@ func (s *Step) stateOf(k string) *shapeState {
 	return st
 }
 
-// Inputs returns the static input tensors of the step for batches of x's
-// and y's shapes (they belong to the step: do not release them). A loader
-// that writes each batch into them (datasets.Epoch.NextInto) saves the
-// copy a captured step otherwise makes.
-func (s *Step) Inputs(xShape, yShape []int) (x, y *tensor.Tensor) {
-	st := s.stateOf(shapeKey(tensor.F32, xShape, tensor.I32, yShape))
+// Inputs returns the static input tensors of the step for batches of x
+// (of dtype xdt: F32 images, I32 tokens) and I32 targets y of the shapes
+// given (they belong to the step: do not release them). A loader that
+// writes each batch into them (datasets.Iterator.NextInto) saves the copy a
+// captured step otherwise makes.
+func (s *Step) Inputs(xdt tensor.DType, xShape, yShape []int) (x, y *tensor.Tensor) {
+	st := s.stateOf(shapeKey(xdt, xShape, tensor.I32, yShape))
 	if st.x == nil {
-		st.x = tensor.Empty(s.dev, tensor.F32, xShape...).Keep()
+		st.x = tensor.Empty(s.dev, xdt, xShape...).Keep()
 		st.y = tensor.Empty(s.dev, tensor.I32, yShape...).Keep()
 	}
 	return st.x, st.y
 }
 
-// Run runs one training step on the batch x (images) and y (I32 labels).
+// Run runs one training step on the batch x (images, tokens) and y (I32
+// targets).
 // It queues the work and returns without waiting for the device. Set the
 // learning rate (Opt.SetLR) before it: that write is not part of the step.
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
@@ -566,9 +568,9 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					if m < n {
 						xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
 					}
-					logits, loss := s.forward(xs, ys)
-					be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), logits.Buf(), ys.Buf(), logits.Dim(0), logits.Dim(1))
-					logits.Release()
+					loss, right, preds := s.forward(xs, ys)
+					be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
+					right.Release()
 					if s.Observe != nil {
 						s.Observe(loss)
 					}
@@ -591,51 +593,66 @@ func (s *Step) body(x, y *tensor.Tensor) {
 	})
 }
 
-// forward runs the model and the loss, under autocast with AMP.
-func (s *Step) forward(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
-	run := func() {
-		logits = s.Model.Forward(x)
-		loss = ag.CrossEntropy(logits, y)
-	}
+// forward runs the model's objective, under autocast with AMP.
+func (s *Step) forward(x, y *tensor.Tensor) (loss, right *tensor.Tensor, n int) {
+	run := func() { loss, right, n = s.Model.Loss(x, y) }
 	if s.autocast != 0 {
 		ag.Autocast(s.dev, s.autocast, run)
 	} else {
 		run()
 	}
-	return logits, loss
+	return loss, right, n
 }
 
 // Autocast is the dtype the step's forward autocasts to (0: none).
 func (s *Step) Autocast() tensor.DType { return s.autocast }
 
-// Metrics reads the loss sum and the number of right predictions
-// accumulated since the last ResetMetrics (one device read), and the steps
-// the scaler skipped in all.
-// In a data-parallel step they are this rank's; JobMetrics sums the ranks'.
-func (s *Step) Metrics() (lossSum float64, right int, skipped int) {
-	v := s.metrics.Float32s()
+// Tally is what steps accumulate on the device until ResetMetrics: the
+// summed loss of their predictions, how many were right, and how many
+// there were (images for a classifier, tokens for a language model).
+type Tally struct {
+	LossSum      float64
+	Right, Count int64
+}
+
+// Loss is the mean loss (NaN for no predictions).
+func (t Tally) Loss() float64 { return t.LossSum / float64(t.Count) }
+
+// Accuracy is the share of right predictions (NaN for none).
+func (t Tally) Accuracy() float64 { return float64(t.Right) / float64(t.Count) }
+
+func tallyOf(v []float32) Tally {
+	return Tally{LossSum: float64(v[0]), Right: int64(v[1]), Count: int64(v[2])}
+}
+
+// Metrics reads what the steps accumulated since the last ResetMetrics
+// (one device read), and the steps the scaler skipped in all. In a
+// data-parallel step they are this rank's; JobMetrics sums the ranks'.
+func (s *Step) Metrics() (t Tally, skipped int) {
 	if s.Scaler.Enabled() {
 		skipped = s.Scaler.Skipped()
 	}
-	return float64(v[0]), int(v[1]), skipped
+	return tallyOf(s.metrics.Float32s()), skipped
 }
 
 // JobMetrics is Metrics summed over a data-parallel job's ranks (one
-// all-reduce of two numbers), so that every rank reads the same figures and
-// makes the same decisions with them; without a group it is Metrics. The
-// skipped steps are the same on every rank and are not summed.
-func (s *Step) JobMetrics() (lossSum float64, right, skipped int, err error) {
-	lossSum, right, skipped = s.Metrics()
+// all-reduce of three numbers), so that every rank reads the same figures
+// and makes the same decisions with them; without a group it is Metrics.
+// The skipped steps are the same on every rank and are not summed.
+func (s *Step) JobMetrics() (t Tally, skipped int, err error) {
 	if s.group == nil || s.group.Size() == 1 {
-		return lossSum, right, skipped, nil
+		t, skipped = s.Metrics()
+		return t, skipped, nil
 	}
-	sums := tensor.FromFloat32(s.dev, []float32{float32(lossSum), float32(right)}, 2).Keep()
+	if s.Scaler.Enabled() {
+		skipped = s.Scaler.Skipped()
+	}
+	sums := s.metrics.Clone().Keep()
 	defer sums.Release()
 	if err := s.group.AllReduce([]*tensor.Tensor{sums}, false); err != nil {
-		return 0, 0, 0, err
+		return Tally{}, 0, err
 	}
-	v := sums.Float32s()
-	return float64(v[0]), int(v[1]), skipped, nil
+	return tallyOf(sums.Float32s()), skipped, nil
 }
 
 // ResetMetrics queues the zeroing of the accumulated metrics.
@@ -654,10 +671,10 @@ func (s *Step) SyncRNG() {
 	s.rngFresh = false
 }
 
-// Plan is the memory plan of batches of F32 images of xShape and I32
-// labels of yShape, once traced (nil before).
-func (s *Step) Plan(xShape, yShape []int) *memory.Plan {
-	if st := s.shapes[shapeKey(tensor.F32, xShape, tensor.I32, yShape)]; st != nil {
+// Plan is the memory plan of batches of x of dtype xdt and shape xShape
+// and I32 targets of yShape, once traced (nil before).
+func (s *Step) Plan(xdt tensor.DType, xShape, yShape []int) *memory.Plan {
+	if st := s.shapes[shapeKey(xdt, xShape, tensor.I32, yShape)]; st != nil {
 		return st.plan
 	}
 	return nil

@@ -125,7 +125,9 @@ func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode)
 				for _, p := range nn.Parameters(r.model) {
 					params = append(params, p.Float32s())
 				}
-				loss, right, _ = r.step.Metrics()
+				var tally Tally
+				tally, _ = r.step.Metrics()
+				loss, right = tally.LossSum, int(tally.Right)
 				r.step.SyncRNG()
 				return params, loss, right, r.step.Scaler.Scale(), dev.Generator().State().Offset
 			}
@@ -188,7 +190,7 @@ func testPlannedStepMemory(t *testing.T, dev *tensor.Device, planMode Mode, src 
 				t.Fatal(err)
 			}
 			eagerPeak, _ := a.WindowPeak()
-			p := r.step.Plan(xs[0].Shape(), ys[0].Shape())
+			p := r.step.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape())
 			if p == nil {
 				t.Fatal("no plan after two steps")
 			}
@@ -274,7 +276,7 @@ func testInfSkipsStepAsEagerDoes(t *testing.T, dev *tensor.Device, planMode Mode
 		if got := r.step.Scaler.Scale(); got != scale/2 {
 			t.Errorf("%v: scale %v after an inf step, want %v", mode, got, scale/2)
 		}
-		if _, _, skipped := r.step.Metrics(); skipped < 1 {
+		if _, skipped := r.step.Metrics(); skipped < 1 {
 			t.Errorf("%v: %d skipped steps counted", mode, skipped)
 		}
 		r.release()
@@ -303,8 +305,8 @@ func testDropoutMasksDifferBetweenSteps(t *testing.T, dev *tensor.Device, planMo
 			if err := r.step.Run(xs[0], ys[0]); err != nil {
 				t.Fatal(err)
 			}
-			l, _, _ := r.step.Metrics()
-			losses = append(losses, l)
+			l, _ := r.step.Metrics()
+			losses = append(losses, l.LossSum)
 		}
 		// BN's running statistics change the forward not at all in training.
 		last := losses[3:]

@@ -98,18 +98,21 @@ func (f *Float) UnmarshalJSON(b []byte) error {
 
 // EpochMetrics are one epoch's results.
 type EpochMetrics struct {
-	Epoch         int     `json:"epoch"`
-	TrainLoss     Float   `json:"train_loss"`
-	TrainAcc      Float   `json:"train_acc"`
-	TestLoss      Float   `json:"test_loss"`
-	TestAcc       Float   `json:"test_acc"`
-	ImgPerSec     float64 `json:"img_per_sec"` // training steps only
-	Seconds       float64 `json:"seconds"`     // training steps only
-	PeakAllocated int64   `json:"peak_allocated"`
-	PeakReserved  int64   `json:"peak_reserved"`
-	SkippedSteps  int     `json:"skipped_steps"`
-	LR            float64 `json:"lr"`
-	LossScale     float64 `json:"loss_scale,omitempty"`
+	Epoch     int     `json:"epoch"`
+	TrainLoss Float   `json:"train_loss"`
+	TrainAcc  Float   `json:"train_acc"`
+	TestLoss  Float   `json:"test_loss"`
+	TestAcc   Float   `json:"test_acc"`
+	ImgPerSec float64 `json:"img_per_sec"` // examples (images, sequences) per second, training steps only
+	// PredictionsPerSec counts what the loss is a mean over: images for a
+	// classifier, tokens for a language model.
+	PredictionsPerSec float64 `json:"predictions_per_sec"`
+	Seconds           float64 `json:"seconds"` // training steps only
+	PeakAllocated     int64   `json:"peak_allocated"`
+	PeakReserved      int64   `json:"peak_reserved"`
+	SkippedSteps      int     `json:"skipped_steps"`
+	LR                float64 `json:"lr"`
+	LossScale         float64 `json:"loss_scale,omitempty"`
 }
 
 // MemSample is the pool's state at the end of one step.
@@ -126,7 +129,8 @@ type MemSample struct {
 type StepStats struct {
 	Epoch, Step, Steps int     // step within the epoch, of Steps
 	Loss, Acc          float64 // running averages over the epoch
-	ImgPerSec          float64
+	ImgPerSec          float64 // examples per second
+	PredictionsPerSec  float64 // images or tokens per second
 	Allocated          int64
 	PeakAllocated      int64 // of the run so far
 	Reserved           int64
@@ -210,7 +214,7 @@ type Trainer struct {
 	peakAllocated, peakReserved int64
 	skipsSeen, skipRun          int // AMP steps skipped so far, and in a row
 	start                       time.Time
-	evalSums                    *tensor.Tensor // F32[2]: the evaluation's loss sum and right predictions
+	evalSums                    *tensor.Tensor // F32[3]: the evaluation's loss sum, right predictions and predictions
 	evalChunk                   int            // examples evaluated at a time (0: whole batches)
 	evalFreesArena              bool           // an evaluation ran out of memory beside the arena
 	evalPeak                    int64          // the evaluations' peak allocated bytes
@@ -244,7 +248,7 @@ func (t *Trainer) ranks() int {
 // New returns a trainer of model on dev. stepsPerEpoch sizes the schedule.
 // Its Step is Captured when cfg.Capture is set and the device can capture
 // graphs, and Eager otherwise.
-func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Trainer, error) {
+func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Trainer, error) {
 	if cfg.Optimizer == "" {
 		cfg.Optimizer = "sgd"
 	}
@@ -276,7 +280,7 @@ func New(model nn.Module, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*T
 	}
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched,
 		Step:     NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture)),
-		evalSums: tensor.Zeros(dev, tensor.F32, 2).Keep(),
+		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
 }
 
@@ -373,7 +377,7 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 //
 // In a data-parallel job every rank evaluates its share of l with rank 0's
 // batch-norm statistics (broadcast first), and the sums are the job's.
-func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
+func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 	if t.ranks() > 1 {
 		var buffers []*tensor.Tensor
 		for _, e := range t.Model.State("") {
@@ -391,7 +395,6 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 	be.Fill(t.evalSums.Buf(), 0)
 	ep := l.Epoch(0)
 	defer ep.Close()
-	n := 0
 	for {
 		var x, y *tensor.Tensor
 		var ok bool
@@ -405,7 +408,6 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 			break
 		}
 		err := t.evaluateBatch(x, y)
-		n += x.Dim(0)
 		x.Release()
 		y.Release()
 		if err != nil {
@@ -416,20 +418,9 @@ func (t *Trainer) Evaluate(l *datasets.Loader) (loss, acc float64, err error) {
 		if err := t.group.AllReduce([]*tensor.Tensor{t.evalSums}, false); err != nil {
 			return 0, 0, fmt.Errorf("evaluation: %w", err)
 		}
-		counts, err := t.group.Gather([]float64{float64(n)})
-		if err != nil {
-			return 0, 0, fmt.Errorf("evaluation: %w", err)
-		}
-		n = 0
-		for _, c := range counts {
-			n += int(c[0])
-		}
 	}
-	if n == 0 {
-		return math.NaN(), math.NaN(), nil
-	}
-	v := t.evalSums.Float32s()
-	return float64(v[0]) / float64(n), float64(v[1]) / float64(n), nil
+	tally := tallyOf(t.evalSums.Float32s())
+	return tally.Loss(), tally.Accuracy(), nil
 }
 
 // evaluateBatch adds one batch's loss sum and right predictions to evalSums,
@@ -451,8 +442,8 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 					if m < n {
 						xs, ys = x.Rows(lo, lo+m), y.Rows(lo, lo+m)
 					}
-					logits, lt := t.Step.forward(xs, ys)
-					be.AccumulateMetrics(t.evalSums.Buf(), lt.Buf(), logits.Buf(), ys.Buf(), logits.Dim(0), logits.Dim(1))
+					lt, right, preds := t.Step.forward(xs, ys)
+					be.AccumulateMetrics(t.evalSums.Buf(), lt.Buf(), right.Buf(), preds)
 				})
 			})
 			return nil
@@ -489,12 +480,12 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 // returns the first error of a step, an evaluation or a save, or a
 // *DivergedError (see diverged) at the progress update, or the end of the
 // epoch, where the run was seen to diverge.
-func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string) error {
+func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string) error {
 	if t.start.IsZero() {
 		t.start = time.Now()
 	}
 	a := t.Dev.Allocator()
-	xs, ys := t.Step.Inputs(trainL.BatchShape(), trainL.BatchShape()[:1])
+	xs, ys := t.Step.Inputs(trainL.Inputs())
 	for ; t.Epoch < t.Cfg.Epochs; t.Epoch++ {
 		steps := trainL.Len()
 		every := t.ProgressEvery
@@ -506,7 +497,7 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 		}
 		a.WindowPeak()
 		t.Step.ResetMetrics()
-		_, _, skipped0 := t.Step.Metrics()
+		_, skipped0 := t.Step.Metrics()
 		t.skipsSeen = skipped0
 		world := t.ranks() // every rank runs as many steps of as many examples
 		var seen, checked int
@@ -541,19 +532,20 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
 				Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
 			if (s+1)%every == 0 || s+1 == steps {
-				lossSum, right, skipped, err := t.Step.JobMetrics()
+				tally, skipped, err := t.Step.JobMetrics()
 				if err != nil {
 					ep.Close()
 					return err
 				}
-				if err := t.diverged(lossSum, skipped, s+1-checked); err != nil {
+				if err := t.diverged(tally.LossSum, skipped, s+1-checked); err != nil {
 					ep.Close()
 					return err
 				}
 				checked = s + 1
 				if obs != nil {
-					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: lossSum / float64(seen*world),
-						Acc: float64(right) / float64(seen*world), ImgPerSec: float64(seen*world) / time.Since(t0).Seconds(),
+					secs := time.Since(t0).Seconds()
+					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: tally.Loss(), Acc: tally.Accuracy(),
+						ImgPerSec: float64(seen*world) / secs, PredictionsPerSec: float64(tally.Count) / secs,
 						Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 				}
 			}
@@ -563,15 +555,15 @@ func (t *Trainer) Fit(trainL, testL *datasets.Loader, obs Observer, save string)
 			return err
 		}
 		secs := time.Since(t0).Seconds()
-		lossSum, right, skipped, err := t.Step.JobMetrics()
+		tally, skipped, err := t.Step.JobMetrics()
 		if err != nil {
 			return err
 		}
 		seen *= world
-		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(lossSum / float64(max(seen, 1))), TrainAcc: Float(float64(right) / float64(max(seen, 1))),
-			ImgPerSec: float64(seen) / secs, Seconds: secs, PeakAllocated: epochPeakA, PeakReserved: epochPeakR,
-			SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
-		if t.Cfg.AMP {
+		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(tally.Loss()), TrainAcc: Float(tally.Accuracy()),
+			ImgPerSec: float64(seen) / secs, PredictionsPerSec: float64(tally.Count) / secs, Seconds: secs,
+			PeakAllocated: epochPeakA, PeakReserved: epochPeakR, SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
+		if t.Step.Scaler.Enabled() {
 			m.LossScale = t.Step.Scaler.Scale()
 		}
 		a.WindowPeak()

@@ -13,8 +13,8 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-func resnet(dev *tensor.Device) func() nn.Module {
-	return func() nn.Module {
+func resnet(dev *tensor.Device) func() nn.Model {
+	return func() nn.Model {
 		r, err := nn.NewCIFARResNet(dev, 8, 1, 10)
 		if err != nil {
 			panic(err)
@@ -129,7 +129,7 @@ func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 	// allocated differently on its way) is the same.
 	ha, hb := ta.History[1], tb.History[1]
 	for _, h := range []*EpochMetrics{&ha, &hb} {
-		h.Seconds, h.ImgPerSec, h.PeakAllocated, h.PeakReserved = 0, 0, 0, 0
+		h.Seconds, h.ImgPerSec, h.PredictionsPerSec, h.PeakAllocated, h.PeakReserved = 0, 0, 0, 0, 0
 	}
 	if ha != hb {
 		t.Errorf("epoch 2: %+v vs %+v", ha, hb)
@@ -166,7 +166,7 @@ func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 func TestMeasuredSavings(t *testing.T) { testMeasuredSavings(t, tensor.CPU(), 16) }
 
 func testMeasuredSavings(t *testing.T, dev *tensor.Device, measureBatch int) {
-	build := func() nn.Module {
+	build := func() nn.Model {
 		r, _ := nn.NewCIFARResNet(dev, 20, 1, 10)
 		return r
 	}

@@ -857,11 +857,15 @@ func TestAccumulateMetrics(t *testing.T) {
 	}
 	loss := buf(t, kernels.F32, 1)
 	f32s(loss)[0] = 1.25
-	sums := buf(t, kernels.F32, 2)
+	got := buf(t, kernels.F32, 1)
+	be.Fill(got, -1)
+	be.CountCorrect(got, logits, labels, n, k)
+	check(t, "count correct", got, []float64{float64(right)}, 0)
+	sums := buf(t, kernels.F32, 3)
 	be.Fill(sums, 0)
-	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
-	be.AccumulateMetrics(sums, loss, logits, labels, n, k)
-	check(t, "metrics", sums, []float64{2 * 1.25 * n, 2 * float64(right)}, 0)
+	be.AccumulateMetrics(sums, loss, got, n)
+	be.AccumulateMetrics(sums, loss, got, n)
+	check(t, "metrics", sums, []float64{2 * 1.25 * n, 2 * float64(right), 2 * n}, 0)
 }
 
 // TestReLUGradF16EveryPattern: ReLU's gradient on F16 values (on their bits,

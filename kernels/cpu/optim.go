@@ -195,14 +195,13 @@ func (c *Backend) Increment(ctr kernels.Buf, n int64, unless kernels.Buf) {
 	*counter(ctr) += n
 }
 
-// AccumulateMetrics adds the batch's summed loss and its number of right
-// predictions (the first maximum of each row) to sums.
-func (c *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
-	kernels.CheckMetrics(sums, loss, logits, labels, n, k)
+// CountCorrect counts the rows whose first maximum is at their label.
+func (c *Backend) CountCorrect(right, logits, labels kernels.Buf, n, k int) {
+	kernels.CheckCountCorrect(right, logits, labels, n, k)
 	xs, doneX := view(logits)
 	defer doneX()
-	ys, s := i32s(labels), f32s(sums)
-	right := 0
+	ys := i32s(labels)
+	count := 0
 	for r := 0; r < n; r++ {
 		best, bi := float32(math.Inf(-1)), 0
 		for j, v := range xs[r*k : (r+1)*k] {
@@ -211,9 +210,18 @@ func (c *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k
 			}
 		}
 		if int32(bi) == ys[r] {
-			right++
+			count++
 		}
 	}
+	f32s(right)[0] = float32(count)
+}
+
+// AccumulateMetrics adds the batch's summed loss, its right predictions
+// and their number to sums.
+func (c *Backend) AccumulateMetrics(sums, loss, right kernels.Buf, n int) {
+	kernels.CheckMetrics(sums, loss, right, n)
+	s := f32s(sums)
 	s[0] += f32s(loss)[0] * float32(n)
-	s[1] += float32(right)
+	s[1] += f32s(right)[0]
+	s[2] += float32(n)
 }

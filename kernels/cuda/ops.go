@@ -308,16 +308,21 @@ type (
 		N, K                                int32
 		Logits, Labels, Lse, Dloss, Dlogits uintptr
 	}
+	countCorrectArgs struct {
+		N, K                  int32
+		Logits, Labels, Right uintptr
+	}
 	metricsArgs struct {
-		N, K                       int32
-		Logits, Labels, Loss, Sums uintptr
+		N                 int32
+		Loss, Right, Sums uintptr
 	}
 )
 
 var (
-	kCEFwd   = declareTyped[ceFwdArgs]("ce_fwd")
-	kCEBwd   = declareTyped[ceBwdArgs]("ce_bwd")
-	kMetrics = declareTyped[metricsArgs]("metrics")
+	kCEFwd        = declareTyped[ceFwdArgs]("ce_fwd")
+	kCEBwd        = declareTyped[ceBwdArgs]("ce_bwd")
+	kCountCorrect = declareTyped[countCorrectArgs]("count_correct")
+	kMetrics      = declareKernel[metricsArgs]("metrics")
 )
 
 // CrossEntropy computes the mean loss in one single-block launch. Labels
@@ -406,13 +411,23 @@ func basePtr(g kernels.Philox) uintptr {
 	return ptrOf(g.Base)
 }
 
-// AccumulateMetrics adds the batch's loss and right predictions to sums, in one single-block launch.
-func (b *Backend) AccumulateMetrics(sums, loss, logits, labels kernels.Buf, n, k int) {
-	kernels.CheckMetrics(sums, loss, logits, labels, n, k)
-	s := floatType("metrics", logits)
+// CountCorrect counts the rows whose first maximum is at the label, in one
+// single-block launch.
+func (b *Backend) CountCorrect(right, logits, labels kernels.Buf, n, k int) {
+	kernels.CheckCountCorrect(right, logits, labels, n, k)
+	s := floatType("count correct", logits)
 	b.enter()
 	defer b.exit()
-	kMetrics.launch(b, s, dims{1, 1, blockSize}, metricsArgs{int32(n), int32(k), ptrOf(logits), ptrOf(labels), ptrOf(loss), ptrOf(sums)})
+	kCountCorrect.launch(b, s, dims{1, 1, blockSize}, countCorrectArgs{int32(n), int32(k), ptrOf(logits), ptrOf(labels), ptrOf(right)})
+}
+
+// AccumulateMetrics adds the batch's loss, right predictions and their
+// number to sums, in one thread.
+func (b *Backend) AccumulateMetrics(sums, loss, right kernels.Buf, n int) {
+	kernels.CheckMetrics(sums, loss, right, n)
+	b.enter()
+	defer b.exit()
+	kMetrics.launch(b, 0, dims{1, 1, 1}, metricsArgs{int32(n), ptrOf(loss), ptrOf(right), ptrOf(sums)})
 }
 
 // tensorList is the kernels' struct TensorList: up to mtMax tensors of up

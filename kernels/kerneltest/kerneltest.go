@@ -691,10 +691,14 @@ var cases = []testCase{
 				}
 				labels := s.in(kernels.I32, lv)
 				loss := s.in(kernels.F32, []float32{0.75})
-				sums := s.in(kernels.F32, []float32{10, 3})
+				sums := s.in(kernels.F32, []float32{10, 3, 100})
+				right := s.out(kernels.F32, 1)
+				s.got.CountCorrect(right.got, x.got, labels.got, n, k)
+				s.ref.CountCorrect(right.ref, x.ref, labels.ref, n, k)
+				s.check(fmt.Sprintf("count correct %v n=%d k=%d", dt, n, k), right, 0)
 				for rep := 0; rep < 2; rep++ { // accumulates
-					s.got.AccumulateMetrics(sums.got, loss.got, x.got, labels.got, n, k)
-					s.ref.AccumulateMetrics(sums.ref, loss.ref, x.ref, labels.ref, n, k)
+					s.got.AccumulateMetrics(sums.got, loss.got, right.got, n)
+					s.ref.AccumulateMetrics(sums.ref, loss.ref, right.ref, n)
 				}
 				s.check(fmt.Sprintf("metrics %v n=%d k=%d", dt, n, k), sums, TolElementwise)
 			}

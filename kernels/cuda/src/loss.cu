@@ -40,13 +40,12 @@ __device__ void ce_bwd(int n, int k, const T* logits, const int* labels, const f
     }
 }
 
-// sums[0] += loss·n, sums[1] += rows whose first maximum is at the label: a
-// run's loss and accuracy, accumulated on the device and read once per
-// progress update. One block; a thread per row.
+// right[0] = rows whose first maximum is at the label. One block; a thread
+// per row.
 template <typename T>
-__device__ void metrics(int n, int k, const T* logits, const int* labels, const float* loss, float* sums) {
+__device__ void count_correct(int n, int k, const T* logits, const int* labels, float* right) {
     __shared__ float scratch[32];
-    float right = 0.f;
+    float count = 0.f;
     for (int row = threadIdx.x; row < n; row += blockDim.x) {
         const T* x = logits + (i64)row * k;
         float best = -INFINITY;
@@ -58,13 +57,18 @@ __device__ void metrics(int n, int k, const T* logits, const int* labels, const 
                 bi = j;
             }
         }
-        if (bi == labels[row]) right += 1.f;
+        if (bi == labels[row]) count += 1.f;
     }
-    right = block_sum(right, scratch);
-    if (threadIdx.x == 0) {
-        sums[0] += loss[0] * n;
-        sums[1] += right;
-    }
+    count = block_sum(count, scratch);
+    if (threadIdx.x == 0) right[0] = count;
+}
+
+// sums += (loss·n, right, n): a run's loss and accuracy, accumulated on the
+// device and read once per progress update.
+extern "C" __global__ void metrics(int n, const float* loss, const float* right, float* sums) {
+    sums[0] += loss[0] * n;
+    sums[1] += right[0];
+    sums[2] += (float)n;
 }
 
 #define LOSS(T, S)                                                                                             \
@@ -76,8 +80,8 @@ __device__ void metrics(int n, int k, const T* logits, const int* labels, const 
                                           const float* dloss, T* dx) {                                         \
         ce_bwd(n, k, logits, labels, lse, dloss, dx);                                                         \
     }                                                                                                          \
-    extern "C" __global__ void metrics_##S(int n, int k, const T* logits, const int* labels, const float* loss, \
-                                           float* sums) {                                                      \
-        metrics(n, k, logits, labels, loss, sums);                                                            \
+    extern "C" __global__ void count_correct_##S(int n, int k, const T* logits, const int* labels,          \
+                                                 float* right) {                                              \
+        count_correct(n, k, logits, labels, right);                                                           \
     }
 FOR_TYPES(LOSS)
