@@ -254,3 +254,43 @@ func (h *hostProfiler) AccumulateMetrics(sums, loss, right kernels.Buf, n int) {
 	defer h.op("AccumulateMetrics", sums)()
 	h.b.AccumulateMetrics(sums, loss, right, n)
 }
+
+func (h *hostProfiler) Embedding(y, table, ids kernels.Buf, n, vocab, dim int) {
+	defer h.op("Embedding", table)()
+	h.b.Embedding(y, table, ids, n, vocab, dim)
+}
+
+func (h *hostProfiler) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int) {
+	defer h.op("EmbeddingBackward", dy)()
+	h.b.EmbeddingBackward(dtable, dy, ids, n, vocab, dim)
+}
+
+func (h *hostProfiler) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
+	defer h.op("LayerNorm", x)()
+	h.b.LayerNorm(p, x, gamma, beta, y, mean, rstd)
+}
+
+func (h *hostProfiler) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
+	defer h.op("LayerNormBackward", dy)()
+	h.b.LayerNormBackward(p, x, gamma, mean, rstd, dy, dx, dgamma, dbeta)
+}
+
+func (h *hostProfiler) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
+	defer h.op("Attention", q)()
+	h.b.Attention(p, q, k, v, o, lse)
+}
+
+func (h *hostProfiler) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
+	defer h.op("AttentionBackward", q)()
+	h.b.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+}
+
+func (h *hostProfiler) ClassifierLoss(p kernels.ClassifierParams, hb, w, labels, loss, right, dh, dw kernels.Buf) {
+	defer h.op("ClassifierLoss", hb)()
+	h.b.ClassifierLoss(p, hb, w, labels, loss, right, dh, dw)
+}
+
+func (h *hostProfiler) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernels.Buf) {
+	defer h.op("ClipGradNorm", first(grads))()
+	h.b.ClipGradNorm(grads, maxNorm, norm)
+}

@@ -243,6 +243,8 @@ type OpTime struct {
 // unless documented otherwise; dtypes are F32 or F16 for data (mixed freely,
 // computed in float32) and I32 for labels.
 type Backend interface {
+	TransformerOps
+
 	// Name is the device name: "cpu", "cuda:0".
 	Name() string
 	// Info describes the device and the libraries the backend runs on.

@@ -58,6 +58,20 @@ func (s *suite) alloc(be kernels.Backend, dt kernels.DType, n int) kernels.Buf {
 	return kernels.Buf{Block: blk, N: n, DType: dt}
 }
 
+// slice is p from element off on (a view into the same buffers).
+func (p pair) slice(off int) pair {
+	return pair{got: p.got.Slice(off, p.got.N-off), ref: p.ref.Slice(off, p.ref.N-off), dt: p.dt}
+}
+
+// toF32 converts float64 values to float32.
+func toF32(v []float64) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}
+
 // out is an output buffer: poisoned on the backend under test.
 func (s *suite) out(dt kernels.DType, n int) pair {
 	p := pair{got: s.alloc(s.got, dt, n), ref: s.alloc(s.ref, dt, n), dt: dt}
@@ -701,6 +715,142 @@ var cases = []testCase{
 					s.ref.AccumulateMetrics(sums.ref, loss.ref, right.ref, n)
 				}
 				s.check(fmt.Sprintf("metrics %v n=%d k=%d", dt, n, k), sums, TolElementwise)
+			}
+		}
+	}},
+	{"embedding", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, c := range [][3]int{{1, 5, 3}, {37, 11, 16}, {2000, 97, 24}, {600, 3, 770}} {
+				n, vocab, dim := c[0], c[1], c[2]
+				ids := make([]float32, n)
+				for i := range ids {
+					ids[i] = float32(s.rng.IntN(vocab)) // repeats
+				}
+				id := s.in(kernels.I32, ids)
+				table := s.randIn(dt, vocab*dim)
+				y := s.out(dt, n*dim)
+				s.got.Embedding(y.got, table.got, id.got, n, vocab, dim)
+				s.ref.Embedding(y.ref, table.ref, id.ref, n, vocab, dim)
+				s.check(fmt.Sprintf("embedding %v %v", dt, c), y, 0)
+				dy := s.randIn(dt, n*dim)
+				dtab := s.out(kernels.F32, vocab*dim)
+				s.got.EmbeddingBackward(dtab.got, dy.got, id.got, n, vocab, dim)
+				s.ref.EmbeddingBackward(dtab.ref, dy.ref, id.ref, n, vocab, dim)
+				s.check(fmt.Sprintf("embedding backward %v %v", dt, c), dtab, TolAccumulate)
+			}
+		}
+	}},
+	{"layernorm", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, p := range []kernels.LayerNormParams{{Rows: 1, Cols: 7, Eps: 1e-5}, {Rows: 37, Cols: 64, Eps: 1e-5},
+				{Rows: 1000, Cols: 768, Eps: 1e-5}, {Rows: 3, Cols: 3000, Eps: 1e-3}} {
+				xv := s.normal(p.Rows * p.Cols)
+				for i := range xv {
+					xv[i] = 1 + 2*xv[i]
+				}
+				x := s.in(dt, xv)
+				g, b := s.in(kernels.F32, s.positive(p.Cols)), s.randIn(kernels.F32, p.Cols)
+				y, mean, rstd := s.out(dt, p.Rows*p.Cols), s.out(kernels.F32, p.Rows), s.out(kernels.F32, p.Rows)
+				s.got.LayerNorm(p, x.got, g.got, b.got, y.got, mean.got, rstd.got)
+				s.ref.LayerNorm(p, x.ref, g.ref, b.ref, y.ref, mean.ref, rstd.ref)
+				what := fmt.Sprintf("%v %+v", dt, p)
+				s.check("layer norm y "+what, y, TolAccumulate)
+				s.check("layer norm mean "+what, mean, TolAccumulate)
+				s.check("layer norm rstd "+what, rstd, TolAccumulate)
+				dy := s.randIn(dt, p.Rows*p.Cols)
+				dx, dg, db := s.out(dt, p.Rows*p.Cols), s.out(kernels.F32, p.Cols), s.out(kernels.F32, p.Cols)
+				s.got.LayerNormBackward(p, x.got, g.got, mean.got, rstd.got, dy.got, dx.got, dg.got, db.got)
+				s.ref.LayerNormBackward(p, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, dx.ref, dg.ref, db.ref)
+				s.check("layer norm dx "+what, dx, TolAccumulate)
+				s.check("layer norm dgamma "+what, dg, TolAccumulate)
+				s.check("layer norm dbeta "+what, db, TolAccumulate)
+			}
+		}
+	}},
+	{"attention", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, c := range []struct{ B, H, D, Tq, Tk int }{{1, 1, 8, 1, 1}, {2, 3, 16, 37, 37}, {1, 2, 64, 300, 300}, {3, 2, 32, 1, 50}, {2, 4, 8, 5, 64}} {
+				C := c.H * c.D
+				// q, k, v packed as a GPT's c_attn makes them when Tq = Tk;
+				// separate (a decoding step over a cache) otherwise.
+				p := kernels.AttentionParams{B: c.B, H: c.H, D: c.D, Tq: c.Tq, Tk: c.Tk, Scale: 1 / float32(math.Sqrt(float64(c.D))),
+					ORow: C, OBatch: c.Tq * C}
+				var q, k, v pair
+				if c.Tq == c.Tk {
+					qkv := s.randIn(dt, c.B*c.Tq*3*C)
+					q, k, v = qkv, qkv.slice(C), qkv.slice(2*C)
+					p.QRow, p.KRow, p.VRow = 3*C, 3*C, 3*C
+					p.QBatch, p.KBatch, p.VBatch = c.Tq*3*C, c.Tq*3*C, c.Tq*3*C
+				} else {
+					q, k, v = s.randIn(dt, c.B*c.Tq*C), s.randIn(dt, c.B*c.Tk*C), s.randIn(dt, c.B*c.Tk*C)
+					p.QRow, p.KRow, p.VRow = C, C, C
+					p.QBatch, p.KBatch, p.VBatch = c.Tq*C, c.Tk*C, c.Tk*C
+				}
+				o, lse := s.out(dt, c.B*c.Tq*C), s.out(kernels.F32, c.B*c.H*c.Tq)
+				s.got.Attention(p, q.got, k.got, v.got, o.got, lse.got)
+				s.ref.Attention(p, q.ref, k.ref, v.ref, o.ref, lse.ref)
+				what := fmt.Sprintf("%v %+v", dt, c)
+				s.check("attention o "+what, o, TolAccumulate)
+				s.check("attention lse "+what, lse, TolAccumulate)
+				if c.Tq != c.Tk {
+					continue
+				}
+				do := s.randIn(dt, c.B*c.Tq*C)
+				dqkv := s.out(dt, c.B*c.Tq*3*C)
+				dq, dk, dv := dqkv, dqkv.slice(C), dqkv.slice(2*C)
+				s.got.AttentionBackward(p, q.got, k.got, v.got, o.got, lse.got, do.got, dq.got, dk.got, dv.got)
+				s.ref.AttentionBackward(p, q.ref, k.ref, v.ref, o.ref, lse.ref, do.ref, dq.ref, dk.ref, dv.ref)
+				s.check("attention dqkv "+what, dqkv, TolAccumulate)
+			}
+		}
+	}},
+	{"classifier", func(s *suite) {
+		for _, dt := range dtypes {
+			for _, c := range []struct{ N, C, V int }{{1, 8, 10}, {37, 16, 501}, {700, 64, 1000}} {
+				h, w := s.randIn(dt, c.N*c.C), s.randIn(dt, c.V*c.C)
+				lv := make([]float32, c.N)
+				for i := range lv {
+					lv[i] = float32(s.rng.IntN(c.V))
+				}
+				labels := s.in(kernels.I32, lv)
+				for _, grad := range []bool{false, true} {
+					p := kernels.ClassifierParams{N: c.N, C: c.C, V: c.V, Grad: grad}
+					loss, right := s.out(kernels.F32, 1), s.out(kernels.F32, 1)
+					var dh, dw pair
+					if grad {
+						dh, dw = s.out(kernels.F32, c.N*c.C), s.out(kernels.F32, c.V*c.C)
+					}
+					s.got.ClassifierLoss(p, h.got, w.got, labels.got, loss.got, right.got, dh.got, dw.got)
+					s.ref.ClassifierLoss(p, h.ref, w.ref, labels.ref, loss.ref, right.ref, dh.ref, dw.ref)
+					what := fmt.Sprintf("%v %+v grad %v", dt, c, grad)
+					s.check("classifier loss "+what, loss, TolAccumulate)
+					s.check("classifier right "+what, right, 0)
+					if grad {
+						s.check("classifier dh "+what, dh, TolAccumulate)
+						s.check("classifier dw "+what, dw, TolAccumulate)
+					}
+				}
+			}
+		}
+	}},
+	{"clip-grad-norm", func(s *suite) {
+		var grads []pair
+		for _, n := range []int{1, 100, 70001, 33} {
+			grads = append(grads, s.randIn(kernels.F32, n))
+		}
+		for _, maxNorm := range []float32{1e4, 1} {
+			gs := make([]pair, len(grads))
+			var gg, gr []kernels.Buf
+			for i, g := range grads {
+				gs[i] = s.in(kernels.F32, toF32(s.read(g.ref, s.ref)))
+				gg, gr = append(gg, gs[i].got), append(gr, gs[i].ref)
+			}
+			norm := s.out(kernels.F32, 1)
+			s.got.ClipGradNorm(gg, maxNorm, norm.got)
+			s.ref.ClipGradNorm(gr, maxNorm, norm.ref)
+			s.check(fmt.Sprintf("grad norm, max %v", maxNorm), norm, TolAccumulate)
+			for i, g := range gs {
+				s.check(fmt.Sprintf("clipped grad %d, max %v", i, maxNorm), g, TolAccumulate)
 			}
 		}
 	}},

@@ -73,5 +73,12 @@ __device__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// MT_LOOP runs a multi-tensor kernel's loop: blockIdx.y picks tensor t of
+// the TensorList L (generated), blocks along x stride over its elements i.
+#define MT_LOOP(L, t, i)                                                                                        \
+    int t = blockIdx.y;                                                                                        \
+    if (t >= (L).count) return;                                                                                \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (L).n[t]; i += (i64)gridDim.x * blockDim.x)
+
 // FOR_TYPES(M) (generated) instantiates a kernel template for each float
 // storage type as extern "C" symbols name_f32, name_f16.

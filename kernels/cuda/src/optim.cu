@@ -4,11 +4,6 @@
 // p[4][MT_MAX], count) travels by value as a kernel parameter (1.3 KB,
 // under the 4 KB limit).
 
-#define MT_LOOP(L, t, i)                                                                                        \
-    int t = blockIdx.y;                                                                                        \
-    if (t >= (L).count) return;                                                                                \
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (L).n[t]; i += (i64)gridDim.x * blockDim.x)
-
 // The learning rate, the loss scale, the skip flag and AdamW's step count are
 // read on the device, so that a captured step replays with their current
 // values: nothing of the update is decided on the host.

@@ -1,0 +1,305 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// The transformer operations against float64 references: each forward
+// written from its definition, each gradient by central differences of
+// that forward in float64 (not from the backward's formulas).
+
+// numGrad is the gradient of f at x by central differences (in place on x,
+// restored).
+func numGrad(x []float64, f func() float64) []float64 {
+	g := make([]float64, len(x))
+	for i := range x {
+		v := x[i]
+		h := 1e-6 * max(1, math.Abs(v))
+		x[i] = v + h
+		fp := f()
+		x[i] = v - h
+		fm := f()
+		x[i] = v
+		g[i] = (fp - fm) / (2 * h)
+	}
+	return g
+}
+
+func randVals(rng *rand.Rand, n int) []float64 {
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = float64(float32(rng.NormFloat64()))
+	}
+	return v
+}
+
+func bufOf(t *testing.T, v []float64) kernels.Buf {
+	b := buf(t, kernels.F32, len(v))
+	for i, x := range v {
+		f32s(b)[i] = float32(x)
+	}
+	return b
+}
+
+func idsOf(t *testing.T, v []int32) kernels.Buf {
+	b := buf(t, kernels.I32, len(v))
+	copy(i32s(b), v)
+	return b
+}
+
+func TestEmbedding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 1))
+	const vocab, dim = 7, 5
+	ids := []int32{3, 0, 3, 6, 3, 1, 0} // repeated ids
+	n := len(ids)
+	table := randVals(rng, vocab*dim)
+	y := buf(t, kernels.F32, n*dim)
+	be.Embedding(y, bufOf(t, table), idsOf(t, ids), n, vocab, dim)
+	want := make([]float64, n*dim)
+	for i, id := range ids {
+		copy(want[i*dim:(i+1)*dim], table[int(id)*dim:])
+	}
+	check(t, "embedding", y, want, 0)
+	dy := randVals(rng, n*dim)
+	dt := buf(t, kernels.F32, vocab*dim)
+	be.EmbeddingBackward(dt, bufOf(t, dy), idsOf(t, ids), n, vocab, dim)
+	// d/dtable of Σ dy·embedding(table)
+	wantD := numGrad(table, func() float64 {
+		var s float64
+		for i, id := range ids {
+			for j := 0; j < dim; j++ {
+				s += dy[i*dim+j] * table[int(id)*dim+j]
+			}
+		}
+		return s
+	})
+	check(t, "embedding backward", dt, wantD, 1e-6)
+}
+
+func layerNormRef(x, g, b []float64, rows, cols int, eps float64) []float64 {
+	y := make([]float64, len(x))
+	for r := 0; r < rows; r++ {
+		row := x[r*cols : (r+1)*cols]
+		var m float64
+		for _, v := range row {
+			m += v
+		}
+		m /= float64(cols)
+		var v2 float64
+		for _, v := range row {
+			v2 += (v - m) * (v - m)
+		}
+		v2 /= float64(cols)
+		for j, v := range row {
+			y[r*cols+j] = (v-m)/math.Sqrt(v2+eps)*g[j] + b[j]
+		}
+	}
+	return y
+}
+
+func TestLayerNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 1))
+	for _, sh := range [][2]int{{1, 8}, {5, 33}, {130, 24}} {
+		rows, cols := sh[0], sh[1]
+		p := kernels.LayerNormParams{Rows: rows, Cols: cols, Eps: 1e-5}
+		x := randVals(rng, rows*cols)
+		for i := range x {
+			x[i] = 2 + 3*x[i] // a mean far from zero
+		}
+		g, b := randVals(rng, cols), randVals(rng, cols)
+		y, mean, rstd := buf(t, kernels.F32, rows*cols), buf(t, kernels.F32, rows), buf(t, kernels.F32, rows)
+		be.LayerNorm(p, bufOf(t, x), bufOf(t, g), bufOf(t, b), y, mean, rstd)
+		check(t, "layer norm", y, layerNormRef(x, g, b, rows, cols, 1e-5), 1e-5)
+		dy := randVals(rng, rows*cols)
+		obj := func() float64 {
+			var s float64
+			for i, v := range layerNormRef(x, g, b, rows, cols, 1e-5) {
+				s += dy[i] * v
+			}
+			return s
+		}
+		dx, dg, db := buf(t, kernels.F32, rows*cols), buf(t, kernels.F32, cols), buf(t, kernels.F32, cols)
+		be.LayerNormBackward(p, bufOf(t, x), bufOf(t, g), mean, rstd, bufOf(t, dy), dx, dg, db)
+		check(t, "layer norm dx", dx, numGrad(x, obj), 1e-4)
+		check(t, "layer norm dgamma", dg, numGrad(g, obj), 1e-4)
+		check(t, "layer norm dbeta", db, numGrad(b, obj), 1e-4)
+	}
+}
+
+// attentionRef is causal attention from the definition on [B, T, H, D]
+// arrays of q, k, v (query i of Tq at position Tk−Tq+i).
+func attentionRef(q, k, v []float64, B, H, D, Tq, Tk int, scale float64) []float64 {
+	o := make([]float64, B*Tq*H*D)
+	for b := 0; b < B; b++ {
+		for h := 0; h < H; h++ {
+			for i := 0; i < Tq; i++ {
+				last := Tk - Tq + i
+				s := make([]float64, last+1)
+				m := math.Inf(-1)
+				for j := range s {
+					for d := 0; d < D; d++ {
+						s[j] += q[((b*Tq+i)*H+h)*D+d] * k[((b*Tk+j)*H+h)*D+d]
+					}
+					s[j] *= scale
+					m = math.Max(m, s[j])
+				}
+				var z float64
+				for j := range s {
+					s[j] = math.Exp(s[j] - m)
+					z += s[j]
+				}
+				for j := range s {
+					for d := 0; d < D; d++ {
+						o[((b*Tq+i)*H+h)*D+d] += s[j] / z * v[((b*Tk+j)*H+h)*D+d]
+					}
+				}
+			}
+		}
+	}
+	return o
+}
+
+func TestAttention(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 1))
+	for _, c := range []struct{ B, H, D, Tq, Tk int }{{1, 1, 4, 5, 5}, {2, 3, 8, 7, 7}, {2, 2, 4, 1, 6}, {1, 2, 5, 3, 9}} {
+		B, H, D, Tq, Tk := c.B, c.H, c.D, c.Tq, c.Tk
+		q, k, v := randVals(rng, B*Tq*H*D), randVals(rng, B*Tk*H*D), randVals(rng, B*Tk*H*D)
+		scale := 1 / math.Sqrt(float64(D))
+		C := H * D
+		p := kernels.AttentionParams{B: B, H: H, D: D, Tq: Tq, Tk: Tk, Scale: float32(scale),
+			QRow: C, KRow: C, VRow: C, ORow: C, QBatch: Tq * C, KBatch: Tk * C, VBatch: Tk * C, OBatch: Tq * C}
+		o, lse := buf(t, kernels.F32, B*Tq*C), buf(t, kernels.F32, B*H*Tq)
+		qb, kb, vb := bufOf(t, q), bufOf(t, k), bufOf(t, v)
+		be.Attention(p, qb, kb, vb, o, lse)
+		check(t, "attention", o, attentionRef(q, k, v, B, H, D, Tq, Tk, scale), 1e-5)
+		if Tq != Tk {
+			continue
+		}
+		do := randVals(rng, B*Tq*C)
+		obj := func() float64 {
+			var s float64
+			for i, x := range attentionRef(q, k, v, B, H, D, Tq, Tk, scale) {
+				s += do[i] * x
+			}
+			return s
+		}
+		dq, dk, dv := buf(t, kernels.F32, len(q)), buf(t, kernels.F32, len(k)), buf(t, kernels.F32, len(v))
+		be.AttentionBackward(p, qb, kb, vb, o, lse, bufOf(t, do), dq, dk, dv)
+		check(t, "attention dq", dq, numGrad(q, obj), 1e-4)
+		check(t, "attention dk", dk, numGrad(k, obj), 1e-4)
+		check(t, "attention dv", dv, numGrad(v, obj), 1e-4)
+	}
+}
+
+// TestAttentionPackedQKV runs attention on q, k and v as views of one
+// packed [B, T, 3, H, D] buffer, as a GPT's c_attn makes them.
+func TestAttentionPackedQKV(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 1))
+	const B, T, H, D = 2, 6, 2, 4
+	const C = H * D
+	qkv := randVals(rng, B*T*3*C)
+	q, k, v := make([]float64, B*T*C), make([]float64, B*T*C), make([]float64, B*T*C)
+	for r := 0; r < B*T; r++ {
+		copy(q[r*C:], qkv[r*3*C:r*3*C+C])
+		copy(k[r*C:], qkv[r*3*C+C:r*3*C+2*C])
+		copy(v[r*C:], qkv[r*3*C+2*C:r*3*C+3*C])
+	}
+	p := kernels.AttentionParams{B: B, H: H, D: D, Tq: T, Tk: T, Scale: 0.5,
+		QRow: 3 * C, KRow: 3 * C, VRow: 3 * C, ORow: C, QBatch: T * 3 * C, KBatch: T * 3 * C, VBatch: T * 3 * C, OBatch: T * C}
+	all := bufOf(t, qkv)
+	o, lse := buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*H*T)
+	be.Attention(p, all, all.Slice(C, all.N-C), all.Slice(2*C, all.N-2*C), o, lse)
+	check(t, "packed attention", o, attentionRef(q, k, v, B, H, D, T, T, 0.5), 1e-5)
+	do := randVals(rng, B*T*C)
+	dqkv := buf(t, kernels.F32, len(qkv))
+	be.AttentionBackward(p, all, all.Slice(C, all.N-C), all.Slice(2*C, all.N-2*C), o, lse, bufOf(t, do),
+		dqkv, dqkv.Slice(C, all.N-C), dqkv.Slice(2*C, all.N-2*C))
+	want := numGrad(qkv, func() float64 {
+		for r := 0; r < B*T; r++ {
+			copy(q[r*C:], qkv[r*3*C:r*3*C+C])
+			copy(k[r*C:], qkv[r*3*C+C:r*3*C+2*C])
+			copy(v[r*C:], qkv[r*3*C+2*C:r*3*C+3*C])
+		}
+		var s float64
+		for i, x := range attentionRef(q, k, v, B, H, D, T, T, 0.5) {
+			s += do[i] * x
+		}
+		return s
+	})
+	check(t, "packed attention dqkv", dqkv, want, 1e-4)
+}
+
+func TestClassifierLoss(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 1))
+	for _, c := range []struct{ N, C, V int }{{3, 4, 5}, {300, 6, 11}, {1, 3, 300}} {
+		h, w := randVals(rng, c.N*c.C), randVals(rng, c.V*c.C)
+		labels := make([]int32, c.N)
+		for i := range labels {
+			labels[i] = int32(rng.IntN(c.V))
+		}
+		lossOf := func() (float64, int) {
+			var total float64
+			right := 0
+			for r := 0; r < c.N; r++ {
+				z := make([]float64, c.V)
+				best := 0
+				for j := range z {
+					for d := 0; d < c.C; d++ {
+						z[j] += h[r*c.C+d] * w[j*c.C+d]
+					}
+					if z[j] > z[best] {
+						best = j
+					}
+				}
+				var s float64
+				for _, v := range z {
+					s += math.Exp(v - z[best])
+				}
+				total += z[best] + math.Log(s) - z[labels[r]]
+				if best == int(labels[r]) {
+					right++
+				}
+			}
+			return total / float64(c.N), right
+		}
+		wantLoss, wantRight := lossOf()
+		p := kernels.ClassifierParams{N: c.N, C: c.C, V: c.V, Grad: true}
+		loss, right := buf(t, kernels.F32, 1), buf(t, kernels.F32, 1)
+		dh, dw := buf(t, kernels.F32, c.N*c.C), buf(t, kernels.F32, c.V*c.C)
+		be.ClassifierLoss(p, bufOf(t, h), bufOf(t, w), idsOf(t, labels), loss, right, dh, dw)
+		check(t, "classifier loss", loss, []float64{wantLoss}, 1e-5)
+		check(t, "classifier right", right, []float64{float64(wantRight)}, 0)
+		obj := func() float64 { l, _ := lossOf(); return l }
+		check(t, "classifier dh", dh, numGrad(h, obj), 1e-4)
+		check(t, "classifier dw", dw, numGrad(w, obj), 1e-4)
+	}
+}
+
+func TestClipGradNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1))
+	a, b := randVals(rng, 100), randVals(rng, 70001)
+	var ss float64
+	for _, v := range append(append([]float64(nil), a...), b...) {
+		ss += v * v
+	}
+	n := math.Sqrt(ss)
+	for _, maxNorm := range []float64{n * 2, n / 3} {
+		ga, gb, norm := bufOf(t, a), bufOf(t, b), buf(t, kernels.F32, 1)
+		be.ClipGradNorm([]kernels.Buf{ga, gb}, float32(maxNorm), norm)
+		check(t, "grad norm", norm, []float64{n}, 1e-6)
+		coef := math.Min(1, maxNorm/(n+1e-6))
+		wa, wb := make([]float64, len(a)), make([]float64, len(b))
+		for i := range a {
+			wa[i] = a[i] * coef
+		}
+		for i := range b {
+			wb[i] = b[i] * coef
+		}
+		check(t, "clipped a", ga, wa, 1e-6)
+		check(t, "clipped b", gb, wb, 1e-6)
+	}
+}

@@ -1,0 +1,400 @@
+// Transformer kernels: embeddings (a gather forward; a deterministic
+// backward through a bitonic sort of (id, position) keys), layer norm (a
+// warp per row; γ's and β's gradients summed per warp, then over the warps
+// in a fixed order), the pieces of attention around cuBLAS's products
+// (gathers into and scatters from [B·H, T, D], the masked softmax, its
+// backward), the fused classifier's per-row loss and gradient, and the
+// gradient-norm clip (sums of squares per block, then one block).
+
+// ---- embeddings ----
+
+template <typename T>
+__device__ void embedding(int n, int dim, const int* ids, const T* table, T* y) {
+    GRID_STRIDE(i, (i64)n * dim) { y[i] = table[(i64)ids[i / dim] * dim + i % dim]; }
+}
+
+// keys[i] = id << 32 | position for i < n, all ones (after every real key)
+// up to the padded length p.
+extern "C" __global__ void embedding_keys(int n, int p, const int* ids, unsigned long long* keys) {
+    GRID_STRIDE(i, p) { keys[i] = i < n ? ((unsigned long long)(unsigned)ids[i] << 32) | (unsigned)i : ~0ull; }
+}
+
+// Bitonic sort of p keys (a power of two), ascending. bitonic_local sorts
+// each run of 2·THREADS keys in shared memory, or, with k > 0, finishes the
+// merge of stage k from j = THREADS down; bitonic_step is one global
+// compare-exchange at distance j of stage k.
+extern "C" __global__ void bitonic_local(unsigned long long* keys, int p, int k0) {
+    __shared__ unsigned long long s[2 * THREADS];
+    int base = blockIdx.x * 2 * THREADS, t = threadIdx.x;
+    s[t] = keys[base + t];
+    s[t + THREADS] = keys[base + t + THREADS];
+    __syncthreads();
+    int kfirst = k0 > 0 ? k0 : 2, klast = k0 > 0 ? k0 : 2 * THREADS;
+    for (int k = kfirst; k <= klast; k <<= 1) {
+        for (int j = min(k >> 1, THREADS); j > 0; j >>= 1) {
+            int i = 2 * t - (t & (j - 1)); // the lower index of this thread's pair
+            int l = i + j;
+            bool up = ((base + i) & k) == 0;
+            unsigned long long a = s[i], b = s[l];
+            if ((a > b) == up) {
+                s[i] = b;
+                s[l] = a;
+            }
+            __syncthreads();
+        }
+    }
+    keys[base + t] = s[t];
+    keys[base + t + THREADS] = s[t + THREADS];
+}
+
+extern "C" __global__ void bitonic_step(unsigned long long* keys, int p, int k, int j) {
+    GRID_STRIDE(i, p) {
+        int l = (int)i ^ j;
+        if (l > i) {
+            bool up = ((int)i & k) == 0;
+            unsigned long long a = keys[i], b = keys[l];
+            if ((a > b) == up) {
+                keys[i] = b;
+                keys[l] = a;
+            }
+        }
+    }
+}
+
+// One block per sorted position: the first position of each id's run sums
+// the run's rows of dy (in position order, the keys' order) into the
+// table's row; the others return.
+template <typename T>
+__device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, const T* dy, float* dtable) {
+    int s = blockIdx.x;
+    if (s >= n) return;
+    unsigned id = (unsigned)(keys[s] >> 32);
+    if (s > 0 && (unsigned)(keys[s - 1] >> 32) == id) return;
+    int e = s + 1;
+    while (e < n && (unsigned)(keys[e] >> 32) == id) e++;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float acc = 0.f;
+        for (int r = s; r < e; r++) acc += ld(dy, (i64)(unsigned)keys[r] * dim + c);
+        dtable[(i64)id * dim + c] = acc;
+    }
+}
+
+// ---- layer norm: a warp per row ----
+
+template <typename T>
+__device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, T* y,
+                              float* mean, float* rstd) {
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const T* xr = x + (i64)r * cols;
+        float s = 0.f;
+        for (int j = lane; j < cols; j += 32) s += ld(xr, j);
+        float m = warp_sum(s) / cols;
+        float v = 0.f;
+        for (int j = lane; j < cols; j += 32) {
+            float d = ld(xr, j) - m;
+            v += d * d;
+        }
+        float is = rsqrtf(warp_sum(v) / cols + eps);
+        for (int j = lane; j < cols; j += 32) st(y, (i64)r * cols + j, (ld(xr, j) - m) * is * g[j] + b[j]);
+        if (lane == 0) {
+            mean[r] = m;
+            rstd[r] = is;
+        }
+    }
+}
+
+// dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
+// dy·x̂ and dy into its own row of partial (2·cols floats), which
+// layernorm_grads sums over the warps in order.
+template <typename T>
+__device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
+                              const T* dy, T* dx, float* partial) {
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int w = blockIdx.x * warps + (threadIdx.x >> 5);
+    float* pg = partial + (i64)w * 2 * cols;
+    float* pb = pg + cols;
+    for (int j = lane; j < cols; j += 32) pg[j] = pb[j] = 0.f;
+    for (int r = w; r < rows; r += gridDim.x * warps) {
+        const T* xr = x + (i64)r * cols;
+        const T* gr = dy + (i64)r * cols;
+        float m = mean[r], is = rstd[r];
+        float sg = 0.f, sgx = 0.f;
+        for (int j = lane; j < cols; j += 32) {
+            float xh = (ld(xr, j) - m) * is, d = ld(gr, j), gh = d * g[j];
+            sg += gh;
+            sgx += gh * xh;
+            pg[j] += d * xh;
+            pb[j] += d;
+        }
+        float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
+        for (int j = lane; j < cols; j += 32) {
+            float xh = (ld(xr, j) - m) * is;
+            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+        }
+    }
+}
+
+extern "C" __global__ void layernorm_grads(int warps, int cols, const float* partial, float* dg, float* db) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float sg = 0.f, sb = 0.f;
+    for (int w = 0; w < warps; w++) {
+        sg += partial[(i64)w * 2 * cols + j];
+        sb += partial[(i64)w * 2 * cols + cols + j];
+    }
+    dg[j] = sg;
+    db[j] = sb;
+}
+
+// ---- attention: [B, T, H, D] strided rows <-> [B·H, T, D] ----
+
+// dst[((b·H+h)·T+t)·D+d] = src[b·batch + t·row + h·D + d]
+template <typename T>
+__device__ void attn_gather(int B, int H, int Tn, int D, int row, i64 batch, const T* src, T* dst) {
+    GRID_STRIDE(i, (i64)B * H * Tn * D) {
+        int d = (int)(i % D), t = (int)(i / D % Tn), h = (int)(i / ((i64)D * Tn) % H), b = (int)(i / ((i64)D * Tn * H));
+        dst[i] = src[b * batch + (i64)t * row + h * D + d];
+    }
+}
+
+// The reverse, converting: dst (strided, T) from src ([B·H, T, D], S).
+template <typename T, typename S>
+__device__ void attn_scatter(int B, int H, int Tn, int D, int row, i64 batch, const S* src, T* dst) {
+    GRID_STRIDE(i, (i64)B * H * Tn * D) {
+        int d = (int)(i % D), t = (int)(i / D % Tn), h = (int)(i / ((i64)D * Tn) % H), b = (int)(i / ((i64)D * Tn * H));
+        st(dst, b * batch + (i64)t * row + h * D + d, ld(src, i));
+    }
+}
+
+// A chunk's scores s (F32, BH × rows × kl, already scaled), query rows
+// q0.. of Tq over keys 0..kl of Tk: row i masks keys past Tk−Tq+q0+i,
+// writes its log-sum-exp to lse[bh·Tq + q0+i] and p = exp(s − lse) (0
+// where masked). A block per row.
+template <typename T>
+__device__ void attn_softmax(int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, float* lse) {
+    __shared__ float scratch[32];
+    i64 r = blockIdx.x; // bh·rows + i
+    int bh = (int)(r / rows), i = (int)(r % rows);
+    int last = Tk - Tq + q0 + i;
+    const float* sr = s + r * kl;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j <= last && j < kl; j += blockDim.x) m = fmaxf(m, sr[j]);
+    m = block_max(m, scratch);
+    float z = 0.f;
+    for (int j = threadIdx.x; j <= last && j < kl; j += blockDim.x) z += expf(sr[j] - m);
+    z = block_sum(z, scratch);
+    float l = m + logf(z);
+    if (threadIdx.x == 0) lse[(i64)bh * Tq + q0 + i] = l;
+    for (int j = threadIdx.x; j < kl; j += blockDim.x) st(p, r * kl + j, j <= last ? expf(sr[j] - l) : 0.f);
+}
+
+// The backward's probabilities from the saved log-sum-exp (s F32, scaled).
+template <typename T>
+__device__ void attn_probs(int bhrows, int rows, int kl, int q0, int Tq, int Tk, const float* s, const float* lse, T* p) {
+    GRID_STRIDE(x, (i64)bhrows * kl) {
+        i64 r = x / kl;
+        int j = (int)(x % kl), bh = (int)(r / rows), i = (int)(r % rows);
+        st(p, x, j <= Tk - Tq + q0 + i ? expf(s[x] - lse[(i64)bh * Tq + q0 + i]) : 0.f);
+    }
+}
+
+// ds = p·(dp − D_i)·scale in place over p, D_i = Σ do·o of the row.
+template <typename T>
+__device__ void attn_dscores(int bhrows, int rows, int kl, int q0, int Tq, float scale, const float* dp, const float* dvec, T* p) {
+    GRID_STRIDE(x, (i64)bhrows * kl) {
+        i64 r = x / kl;
+        int bh = (int)(r / rows), i = (int)(r % rows);
+        st(p, x, ld(p, x) * (dp[x] - dvec[(i64)bh * Tq + q0 + i]) * scale);
+    }
+}
+
+// dvec[bh·T + t] = Σ_d do·o, do and o strided as o.
+template <typename T>
+__device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, const T* dout, const T* o, float* dvec) {
+    GRID_STRIDE(x, (i64)B * H * Tn) {
+        int t = (int)(x % Tn), h = (int)(x / Tn % H), b = (int)(x / ((i64)Tn * H));
+        i64 base = b * batch + (i64)t * row + h * D;
+        float acc = 0.f;
+        for (int d = 0; d < D; d++) acc += ld(dout, base + d) * ld(o, base + d);
+        dvec[((i64)b * H + h) * Tn + t] = acc;
+    }
+}
+
+// ---- the fused classifier ----
+
+// A block per row of a chunk's logits z (F32, rows × V): the row's loss
+// (lse − z[label]) and whether its first maximum is its label, and with
+// grad its softmax − one-hot into dz (T).
+template <typename T>
+__device__ void cls_rows(int V, int r0, const float* z, const int* labels, float* rowloss, float* rowright, int grad, T* dz) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ float scratch[32];
+    int r = blockIdx.x;
+    const float* zr = z + (i64)r * V;
+    float m = -INFINITY;
+    int arg = 0x7fffffff;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = zr[j];
+        if (v > m) {
+            m = v;
+            arg = j;
+        }
+    }
+    // The first maximum: the larger value, or on a tie the smaller index.
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, m, o);
+        int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (v2 > m || (v2 == m && a2 < arg)) {
+            m = v2;
+            arg = a2;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) {
+        sv[warp] = m;
+        si[warp] = arg;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < nwarps ? sv[lane] : -INFINITY;
+        arg = lane < nwarps ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, m, o);
+            int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (v2 > m || (v2 == m && a2 < arg)) {
+                m = v2;
+                arg = a2;
+            }
+        }
+        if (lane == 0) {
+            sv[0] = m;
+            si[0] = arg;
+        }
+    }
+    __syncthreads();
+    m = sv[0];
+    arg = si[0];
+    float s = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(zr[j] - m);
+    s = block_sum(s, scratch);
+    float lse = m + logf(s);
+    int y = labels[r0 + r];
+    if (threadIdx.x == 0) {
+        rowloss[r0 + r] = (y >= 0 && y < V) ? lse - zr[y] : __int_as_float(0x7fc00000);
+        rowright[r0 + r] = arg == y ? 1.f : 0.f;
+    }
+    if (grad)
+        for (int j = threadIdx.x; j < V; j += blockDim.x) st(dz, (i64)r * V + j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
+}
+
+// The mean loss and the right count, summed in one block in a fixed order.
+extern "C" __global__ void cls_finish(int n, const float* rowloss, const float* rowright, float* loss, float* right) {
+    __shared__ float scratch[32];
+    float l = 0.f, c = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        l += rowloss[i];
+        c += rowright[i];
+    }
+    l = block_sum(l, scratch);
+    c = block_sum(c, scratch);
+    if (threadIdx.x == 0) {
+        loss[0] = l / n;
+        right[0] = c;
+    }
+}
+
+// ---- the gradient-norm clip ----
+
+// partial[(base + t)·GX + blockIdx.x] = Σ g² over this block's share of
+// tensor t of the list (GX = gridDim.x).
+extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
+    __shared__ float scratch[32];
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    float s = 0.f;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < L.n[t]; i += (i64)gridDim.x * blockDim.x) {
+        float g = L.p[0][t][i];
+        s += g * g;
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) partial[(i64)(base + t) * gridDim.x + blockIdx.x] = s;
+}
+
+// norm = √Σ partial (in double, one block, a fixed order), coef = min(1,
+// maxnorm/(norm+1e-6)), a NaN norm giving a NaN coefficient as torch's.
+extern "C" __global__ void clip_finish(int n, const float* partial, float maxnorm, float* norm, float* coef) {
+    __shared__ double sd[THREADS];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+    sd[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sd[threadIdx.x] += sd[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float nm = (float)sqrt(sd[0]);
+        float c = maxnorm / (nm + 1e-6f);
+        norm[0] = nm;
+        coef[0] = isnan(c) ? c : fminf(c, 1.f);
+    }
+}
+
+extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
+    float c = *coef;
+    if (c == 1.f) return;
+    MT_LOOP(L, t, i) { L.p[0][t][i] *= c; }
+}
+
+#define TRANSFORMER(T, S)                                                                                        \
+    extern "C" __global__ void embedding_##S(int n, int dim, const int* ids, const T* table, T* y) {            \
+        embedding(n, dim, ids, table, y);                                                                       \
+    }                                                                                                           \
+    extern "C" __global__ void embedding_bwd_##S(int n, int dim, const unsigned long long* keys, const T* dy,   \
+                                                 float* dtable) {                                               \
+        embedding_bwd(n, dim, keys, dy, dtable);                                                                \
+    }                                                                                                           \
+    extern "C" __global__ void layernorm_fwd_##S(int rows, int cols, const T* x, const float* g, const float* b, \
+                                                 float eps, T* y, float* mean, float* rstd) {                   \
+        layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
+    }                                                                                                           \
+    extern "C" __global__ void layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
+                                                 const float* mean, const float* rstd, const T* dy, T* dx,      \
+                                                 float* partial) {                                              \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial);                                           \
+    }                                                                                                           \
+    extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
+                                               T* dst) {                                                        \
+        attn_gather(B, H, Tn, D, row, batch, src, dst);                                                         \
+    }                                                                                                           \
+    extern "C" __global__ void attn_scatter_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,  \
+                                                T* dst) {                                                       \
+        attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
+    }                                                                                                           \
+    extern "C" __global__ void attn_scatter_f32_##S(int B, int H, int Tn, int D, int row, i64 batch,            \
+                                                    const float* src, T* dst) {                                 \
+        attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
+    }                                                                                                           \
+    extern "C" __global__ void attn_softmax_##S(int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, \
+                                                float* lse) {                                                   \
+        attn_softmax(rows, kl, q0, Tq, Tk, s, p, lse);                                                          \
+    }                                                                                                           \
+    extern "C" __global__ void attn_probs_##S(int bhrows, int rows, int kl, int q0, int Tq, int Tk,             \
+                                              const float* s, const float* lse, T* p) {                         \
+        attn_probs(bhrows, rows, kl, q0, Tq, Tk, s, lse, p);                                                    \
+    }                                                                                                           \
+    extern "C" __global__ void attn_dscores_##S(int bhrows, int rows, int kl, int q0, int Tq, float scale,      \
+                                                const float* dp, const float* dvec, T* p) {                     \
+        attn_dscores(bhrows, rows, kl, q0, Tq, scale, dp, dvec, p);                                             \
+    }                                                                                                           \
+    extern "C" __global__ void attn_rowdot_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* dout,  \
+                                               const T* o, float* dvec) {                                       \
+        attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
+    }                                                                                                           \
+    extern "C" __global__ void cls_rows_##S(int V, int r0, const float* z, const int* labels, float* rowloss,   \
+                                            float* rowright, int grad, T* dz) {                                 \
+        cls_rows(V, r0, z, labels, rowloss, rowright, grad, dz);                                                \
+    }
+FOR_TYPES(TRANSFORMER)

@@ -1,0 +1,418 @@
+package cuda
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+)
+
+// The transformer operations (kernels.TransformerOps). Attention and the
+// fused classifier put their products on cuBLAS a chunk of rows at a time,
+// around small kernels (transformer.cu): what a chunk needs is workspace
+// from the pool, freed when the call returns, so neither operation ever
+// holds the whole Tq×Tk (or N×V) matrix. Every reduction runs in a fixed
+// order, so results repeat bit for bit.
+
+// chunkBudget caps the workspace of one chunk of attention's scores or the
+// classifier's logits, in bytes.
+const chunkBudget = 256 << 20
+
+type (
+	embeddingArgs struct {
+		N, Dim     int32
+		IDs, Table uintptr
+		Y          uintptr
+	}
+	embeddingKeysArgs struct {
+		N, P      int32
+		IDs, Keys uintptr
+	}
+	bitonicLocalArgs struct {
+		Keys  uintptr
+		P, K0 int32
+	}
+	bitonicStepArgs struct {
+		Keys    uintptr
+		P, K, J int32
+	}
+	embeddingBwdArgs struct {
+		N, Dim           int32
+		Keys, Dy, Dtable uintptr
+	}
+	layerNormFwdArgs struct {
+		Rows, Cols int32
+		X, G, B    uintptr
+		Eps        float32
+		Y, Mean, R uintptr
+	}
+	layerNormBwdArgs struct {
+		Rows, Cols                   int32
+		X, G, Mean, R, Dy, Dx, Parts uintptr
+	}
+	layerNormGradsArgs struct {
+		Warps, Cols   int32
+		Parts, Dg, Db uintptr
+	}
+	attnLayout struct { // a strided [B, T, H, D] operand
+		B, H, Tn, D, Row int32
+		Batch            int64
+	}
+	attnMoveArgs struct {
+		attnLayout
+		Src, Dst uintptr
+	}
+	attnSoftmaxArgs struct {
+		Rows, Kl, Q0, Tq, Tk int32
+		S, P, Lse            uintptr
+	}
+	attnProbsArgs struct {
+		BHRows, Rows, Kl, Q0, Tq, Tk int32
+		S, Lse, P                    uintptr
+	}
+	attnDScoresArgs struct {
+		BHRows, Rows, Kl, Q0, Tq int32
+		Scale                    float32
+		Dp, Dvec, P              uintptr
+	}
+	attnRowDotArgs struct {
+		attnLayout
+		Do, O, Dvec uintptr
+	}
+	clsRowsArgs struct {
+		V, R0                        int32
+		Z, Labels, RowLoss, RowRight uintptr
+		Grad                         int32
+		Dz                           uintptr
+	}
+	clsFinishArgs struct {
+		N                           int32
+		RowLoss, RowRight, Loss, Rt uintptr
+	}
+	sumsqMultiArgs struct {
+		L       tensorList
+		Base    int32
+		Partial uintptr
+	}
+	clipFinishArgs struct {
+		N          int32
+		Partial    uintptr
+		MaxNorm    float32
+		Norm, Coef uintptr
+	}
+	scaleMultiArgs struct {
+		L    tensorList
+		Coef uintptr
+	}
+)
+
+var (
+	kEmbedding      = declareTyped[embeddingArgs]("embedding")
+	kEmbeddingKeys  = declareKernel[embeddingKeysArgs]("embedding_keys")
+	kBitonicLocal   = declareKernel[bitonicLocalArgs]("bitonic_local")
+	kBitonicStep    = declareKernel[bitonicStepArgs]("bitonic_step")
+	kEmbeddingBwd   = declareTyped[embeddingBwdArgs]("embedding_bwd")
+	kLayerNormFwd   = declareTyped[layerNormFwdArgs]("layernorm_fwd")
+	kLayerNormBwd   = declareTyped[layerNormBwdArgs]("layernorm_bwd")
+	kLayerNormGrads = declareKernel[layerNormGradsArgs]("layernorm_grads")
+	kAttnGather     = declareTyped[attnMoveArgs]("attn_gather")
+	kAttnScatter    = declareTyped[attnMoveArgs]("attn_scatter")
+	kAttnScatterF32 = declareTyped[attnMoveArgs]("attn_scatter_f32")
+	kAttnSoftmax    = declareTyped[attnSoftmaxArgs]("attn_softmax")
+	kAttnProbs      = declareTyped[attnProbsArgs]("attn_probs")
+	kAttnDScores    = declareTyped[attnDScoresArgs]("attn_dscores")
+	kAttnRowDot     = declareTyped[attnRowDotArgs]("attn_rowdot")
+	kClsRows        = declareTyped[clsRowsArgs]("cls_rows")
+	kClsFinish      = declareKernel[clsFinishArgs]("cls_finish")
+	kSumsqMulti     = declareKernel[sumsqMultiArgs]("sumsq_multi")
+	kClipFinish     = declareKernel[clipFinishArgs]("clip_finish")
+	kScaleMulti     = declareKernel[scaleMultiArgs]("scale_multi")
+)
+
+// Embedding gathers the ids' rows.
+func (b *Backend) Embedding(y, table, ids kernels.Buf, n, vocab, dim int) {
+	kernels.CheckEmbedding("embedding", y, table, ids, n, vocab, dim)
+	s := floatType("embedding", y, table)
+	b.enter()
+	defer b.exit()
+	kEmbedding.launch(b, s, b.elems(int64(n*dim)), embeddingArgs{int32(n), int32(dim), ptrOf(ids), ptrOf(table), ptrOf(y)})
+}
+
+// EmbeddingBackward sorts (id, position) keys, then sums each id's run of
+// rows in position order into its row of the zeroed table.
+func (b *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int) {
+	kernels.CheckEmbedding("embedding backward", dy, dtable, ids, n, vocab, dim)
+	kernels.CheckF32("embedding backward table", dtable)
+	s := floatType("embedding backward", dy)
+	b.Fill(dtable, 0)
+	b.enter()
+	defer b.exit()
+	p := 1 << bits.Len(uint(max(n, 2*blockSize)-1))
+	ws := b.workspace(int64(p) * 8)
+	defer b.alloc.Free(ws)
+	keys := ws.Addr()
+	kEmbeddingKeys.launch(b, 0, b.elems(int64(p)), embeddingKeysArgs{int32(n), int32(p), ptrOf(ids), keys})
+	b.sortKeys(keys, p)
+	kEmbeddingBwd.launch(b, s, dims{uint32(n), 1, 128}, embeddingBwdArgs{int32(n), int32(dim), keys, ptrOf(dy), ptrOf(dtable)})
+}
+
+// sortKeys sorts p 64-bit keys (a power of two, at least 2·blockSize)
+// ascending: the runs of 2·blockSize in shared memory, then each stage's
+// longer steps in global memory and its last ones in shared memory.
+func (b *Backend) sortKeys(keys uintptr, p int) {
+	runs := dims{uint32(p / (2 * blockSize)), 1, blockSize}
+	kBitonicLocal.launch(b, 0, runs, bitonicLocalArgs{keys, int32(p), 0})
+	for k := 4 * blockSize; k <= p; k <<= 1 {
+		for j := k >> 1; j > blockSize; j >>= 1 {
+			kBitonicStep.launch(b, 0, b.elems(int64(p)), bitonicStepArgs{keys, int32(p), int32(k), int32(j)})
+		}
+		kBitonicLocal.launch(b, 0, runs, bitonicLocalArgs{keys, int32(p), int32(k)})
+	}
+}
+
+// lnWarps is the warps per block of the layer-norm kernels; lnBlocks the
+// blocks, a fixed number per device (the backward's partial sums are one
+// row per warp, so their count, and the order of the sums, depends on the
+// device alone).
+const lnWarps = 8
+
+func (b *Backend) lnBlocks(rows int) int { return max(1, min((rows+lnWarps-1)/lnWarps, 4*b.sms)) }
+
+// LayerNorm normalises a row per warp.
+func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm", p, x, gamma, mean, rstd, y)
+	kernels.CheckLen("layer norm bias", p.Cols, beta)
+	kernels.CheckF32("layer norm bias", beta)
+	s := floatType("layer norm", x, y)
+	b.enter()
+	defer b.exit()
+	kLayerNormFwd.launch(b, s, dims{uint32(b.lnBlocks(p.Rows)), 1, 32 * lnWarps}, layerNormFwdArgs{int32(p.Rows), int32(p.Cols),
+		ptrOf(x), ptrOf(gamma), ptrOf(beta), p.Eps, ptrOf(y), ptrOf(mean), ptrOf(rstd)})
+}
+
+// LayerNormBackward computes dx a row per warp, each warp's sums for dγ and
+// dβ in its own row of a workspace, summed over the warps in order.
+func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
+	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
+	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
+	s := floatType("layer norm backward", x, dy, dx)
+	b.enter()
+	defer b.exit()
+	blocks := b.lnBlocks(p.Rows)
+	warps := blocks * lnWarps
+	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
+	defer b.alloc.Free(ws)
+	kLayerNormBwd.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
+		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr()})
+	kLayerNormGrads.launch(b, 0, perChannel(p.Cols), layerNormGradsArgs{int32(warps), int32(p.Cols), ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
+}
+
+// attnChunk is how many query rows of each batch and head a chunk of
+// attention takes: its scores (F32) and probabilities (es bytes each) over
+// tk keys within chunkBudget.
+func attnChunk(bh, tq, tk, es int) int {
+	return max(1, min(tq, chunkBudget/max(1, bh*tk*(4+es))))
+}
+
+// Attention: q, k and v gathered into [B·H, T, D]; per chunk of query
+// rows, the scores over the keys the chunk sees (cuBLAS, F32, scaled),
+// their masked softmax (the log-sum-exp saved, the probabilities in the
+// operands' dtype) and their product with v; o scattered back.
+func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
+	kernels.CheckAttention("attention", p, q, k, v, o, lse)
+	s := floatType("attention", q, k, v, o)
+	b.enter()
+	defer b.exit()
+	bh, es := p.B*p.H, int64(q.DType.Size())
+	qh, kh, vh := b.workspace(int64(bh*p.Tq*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es)
+	defer b.alloc.Free(qh)
+	defer b.alloc.Free(kh)
+	defer b.alloc.Free(vh)
+	oh := b.workspace(int64(bh*p.Tq*p.D) * es)
+	defer b.alloc.Free(oh)
+	b.attnGather(s, p, p.Tq, p.QRow, p.QBatch, q, qh.Addr())
+	b.attnGather(s, p, p.Tk, p.KRow, p.KBatch, k, kh.Addr())
+	b.attnGather(s, p, p.Tk, p.VRow, p.VBatch, v, vh.Addr())
+	m := attnChunk(bh, p.Tq, p.Tk, int(es))
+	sc, pr := b.workspace(int64(bh*m*p.Tk)*4), b.workspace(int64(bh*m*p.Tk)*es)
+	defer b.alloc.Free(sc)
+	defer b.alloc.Free(pr)
+	D := p.D
+	for q0 := 0; q0 < p.Tq; q0 += m {
+		rows := min(m, p.Tq-q0)
+		kl := p.Tk - p.Tq + q0 + rows // the keys the chunk's last query sees
+		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: p.Scale, a: qh.Addr() + uintptr(int64(q0*D)*es),
+			b: kh.Addr(), c: sc.Addr(), strideA: int64(p.Tq * D), strideB: int64(p.Tk * D), strideC: int64(rows * kl),
+			batch: bh, ab: q.DType, cType: kernels.F32})
+		kAttnSoftmax.launch(b, s, dims{uint32(bh * rows), 1, blockSize}, attnSoftmaxArgs{int32(rows), int32(kl), int32(q0),
+			int32(p.Tq), int32(p.Tk), sc.Addr(), pr.Addr(), ptrOf(lse)})
+		b.gemm(gemmCall{m: rows, n: D, k: kl, alpha: 1, a: pr.Addr(), b: vh.Addr(), c: oh.Addr() + uintptr(int64(q0*D)*es),
+			strideA: int64(rows * kl), strideB: int64(p.Tk * D), strideC: int64(p.Tq * D), batch: bh, ab: q.DType, cType: q.DType})
+	}
+	kAttnScatter.launch(b, s, b.elems(int64(bh*p.Tq*D)), attnMoveArgs{layout(p, p.Tq, p.ORow, p.OBatch), oh.Addr(), ptrOf(o)})
+}
+
+func layout(p kernels.AttentionParams, t, row, batch int) attnLayout {
+	return attnLayout{int32(p.B), int32(p.H), int32(t), int32(p.D), int32(row), int64(batch)}
+}
+
+func (b *Backend) attnGather(s kernels.DType, p kernels.AttentionParams, t, row, batch int, src kernels.Buf, dst uintptr) {
+	kAttnGather.launch(b, s, b.elems(int64(p.B*p.H*t*p.D)), attnMoveArgs{layout(p, t, row, batch), ptrOf(src), dst})
+}
+
+// AttentionBackward recomputes each chunk's scores and probabilities from
+// the saved log-sum-exp: dv += pᵀ·do, dp = do·vᵀ, ds = p·(dp − Σdo·o)·Scale,
+// dq = ds·k, dk += dsᵀ·q, with dq, dk and dv accumulated in F32 and
+// scattered into the gradients' dtype at the end.
+func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
+	kernels.CheckAttention("attention backward", p, q, k, v, o, lse)
+	kernels.CheckAttention("attention backward gradients", p, dq, dk, dv, do, lse)
+	if p.Tq != p.Tk {
+		panic(fmt.Sprintf("cuda: attention backward of %d queries over %d keys: want as many", p.Tq, p.Tk))
+	}
+	s := floatType("attention backward", q, k, v, o, do, dq, dk, dv)
+	b.enter()
+	defer b.exit()
+	T, D, bh, es := p.Tq, p.D, p.B*p.H, int64(q.DType.Size())
+	n := int64(bh * T * D)
+	var blocks []*memory.Block
+	ws := func(bytes int64) uintptr {
+		blk := b.workspace(bytes)
+		blocks = append(blocks, blk)
+		return blk.Addr()
+	}
+	defer func() {
+		for _, blk := range blocks {
+			b.alloc.Free(blk)
+		}
+	}()
+	qh, kh, vh, doh := ws(n*es), ws(n*es), ws(n*es), ws(n*es)
+	dqh, dkh, dvh, dvec := ws(n*4), ws(n*4), ws(n*4), ws(int64(bh*T)*4)
+	b.attnGather(s, p, T, p.QRow, p.QBatch, q, qh)
+	b.attnGather(s, p, T, p.KRow, p.KBatch, k, kh)
+	b.attnGather(s, p, T, p.VRow, p.VBatch, v, vh)
+	b.attnGather(s, p, T, p.ORow, p.OBatch, do, doh)
+	kAttnRowDot.launch(b, s, b.elems(int64(bh*T)), attnRowDotArgs{layout(p, T, p.ORow, p.OBatch), ptrOf(do), ptrOf(o), dvec})
+	b.memsetF32(dkh, n)
+	b.memsetF32(dvh, n)
+	m := attnChunk(bh, T, T, int(es))
+	sc, pr := ws(int64(bh*m*T)*4), ws(int64(bh*m*T)*es)
+	for q0 := 0; q0 < T; q0 += m {
+		rows := min(m, T-q0)
+		kl := q0 + rows
+		qc, doc := qh+uintptr(int64(q0*D)*es), doh+uintptr(int64(q0*D)*es)
+		// s = Scale·q·kᵀ, p from the log-sum-exp
+		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: p.Scale, a: qc, b: kh, c: sc,
+			strideA: int64(T * D), strideB: int64(T * D), strideC: int64(rows * kl), batch: bh, ab: q.DType, cType: kernels.F32})
+		kAttnProbs.launch(b, s, b.elems(int64(bh*rows*kl)), attnProbsArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
+			int32(T), int32(T), sc, ptrOf(lse), pr})
+		// dv[:kl] += pᵀ·do
+		b.gemm(gemmCall{transA: true, m: kl, n: D, k: rows, alpha: 1, beta: 1, a: pr, b: doc, c: dvh,
+			strideA: int64(rows * kl), strideB: int64(T * D), strideC: int64(T * D), batch: bh, ab: q.DType, cType: kernels.F32})
+		// dp = do·vᵀ (over the scores' buffer), then ds over p's
+		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: 1, a: doc, b: vh, c: sc,
+			strideA: int64(T * D), strideB: int64(T * D), strideC: int64(rows * kl), batch: bh, ab: q.DType, cType: kernels.F32})
+		kAttnDScores.launch(b, s, b.elems(int64(bh*rows*kl)), attnDScoresArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
+			int32(T), p.Scale, sc, dvec, pr})
+		// dq[q0:] = ds·k;  dk[:kl] += dsᵀ·q
+		b.gemm(gemmCall{m: rows, n: D, k: kl, alpha: 1, a: pr, b: kh, c: dqh + uintptr(int64(q0*D)*4),
+			strideA: int64(rows * kl), strideB: int64(T * D), strideC: int64(T * D), batch: bh, ab: q.DType, cType: kernels.F32})
+		b.gemm(gemmCall{transA: true, m: kl, n: D, k: rows, alpha: 1, beta: 1, a: pr, b: qc, c: dkh,
+			strideA: int64(rows * kl), strideB: int64(T * D), strideC: int64(T * D), batch: bh, ab: q.DType, cType: kernels.F32})
+	}
+	for _, g := range []struct {
+		src        uintptr
+		dst        kernels.Buf
+		row, batch int
+	}{{dqh, dq, p.QRow, p.QBatch}, {dkh, dk, p.KRow, p.KBatch}, {dvh, dv, p.VRow, p.VBatch}} {
+		kAttnScatterF32.launch(b, s, b.elems(n), attnMoveArgs{layout(p, T, g.row, g.batch), g.src, ptrOf(g.dst)})
+	}
+}
+
+// memsetF32 zeroes n float32s at p on the stream (the lock is held).
+func (b *Backend) memsetF32(p uintptr, n int64) {
+	b.queued("memset")
+	b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, 0, uintptr(n), b.stream))
+}
+
+// ClassifierLoss: per chunk of rows, the logits (cuBLAS, F32), each row's
+// loss, right prediction and softmax − one-hot (in the operands' dtype),
+// then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
+// count summed at the end in one block.
+func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
+	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
+	s := floatType("classifier loss", h, w)
+	b.enter()
+	defer b.exit()
+	es := int64(h.DType.Size())
+	m := max(1, min(p.N, chunkBudget/(p.V*int(4+es))))
+	z := b.workspace(int64(m*p.V) * 4)
+	defer b.alloc.Free(z)
+	dz := b.workspace(int64(m*p.V) * es)
+	defer b.alloc.Free(dz)
+	rows := b.workspace(int64(p.N) * 8)
+	defer b.alloc.Free(rows)
+	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
+	inv := 1 / float32(p.N)
+	for r0 := 0; r0 < p.N; r0 += m {
+		n := min(m, p.N-r0)
+		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
+		b.gemm(gemmCall{transB: true, m: n, n: p.V, k: p.C, alpha: 1, a: hc, b: ptrOf(w), c: z.Addr(), batch: 1, ab: h.DType, cType: kernels.F32})
+		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
+			boolInt(p.Grad), dz.Addr()})
+		if !p.Grad {
+			continue
+		}
+		b.gemm(gemmCall{m: n, n: p.C, k: p.V, alpha: inv, a: dz.Addr(), b: ptrOf(w), c: ptrOf(dh) + uintptr(r0*p.C*4),
+			batch: 1, ab: h.DType, cType: kernels.F32})
+		beta := float32(1)
+		if r0 == 0 {
+			beta = 0
+		}
+		b.gemm(gemmCall{transA: true, m: p.V, n: p.C, k: n, alpha: inv, beta: beta, a: dz.Addr(), b: hc, c: ptrOf(dw),
+			batch: 1, ab: h.DType, cType: kernels.F32})
+	}
+	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
+}
+
+// clipBlocks is the blocks per tensor of the sums of squares: a fixed
+// number, so the order of the sums is too.
+const clipBlocks = 64
+
+// ClipGradNorm: each tensor's squares summed by clipBlocks blocks, the
+// partial sums by one block (in double), then every gradient scaled by the
+// coefficient, read on the device.
+func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernels.Buf) {
+	kernels.CheckLen("clip grad norm", 1, norm)
+	kernels.CheckF32("clip grad norm", append([]kernels.Buf{norm}, grads...)...)
+	kernels.CheckLists("clip grad norm", grads)
+	b.enter()
+	defer b.exit()
+	ws := b.workspace(int64(len(grads)*clipBlocks+1) * 4)
+	defer b.alloc.Free(ws)
+	partial, coef := ws.Addr(), ws.Addr()+uintptr(len(grads)*clipBlocks*4)
+	for lo := 0; lo < len(grads); lo += mtMax {
+		hi := min(lo+mtMax, len(grads))
+		l, _ := listOf(grads[lo:hi])
+		kSumsqMulti.launch(b, 0, dims{clipBlocks, uint32(hi - lo), blockSize}, sumsqMultiArgs{l, int32(lo), partial})
+	}
+	kClipFinish.launch(b, 0, dims{1, 1, blockSize}, clipFinishArgs{int32(len(grads) * clipBlocks), partial, maxNorm, ptrOf(norm), coef})
+	for lo := 0; lo < len(grads); lo += mtMax {
+		hi := min(lo+mtMax, len(grads))
+		l, most := listOf(grads[lo:hi])
+		kScaleMulti.launch(b, 0, dims{min(b.blocks(most, blockSize), 64), uint32(hi - lo), blockSize}, scaleMultiArgs{l, coef})
+	}
+}
+
+// listOf is a tensorList of one list of up to mtMax buffers, and the
+// largest one's length.
+func listOf(bufs []kernels.Buf) (l tensorList, most int64) {
+	for i, buf := range bufs {
+		l.n[i], l.p[0][i] = int64(buf.N), ptrOf(buf)
+		most = max(most, l.n[i])
+	}
+	l.count = int32(len(bufs))
+	return l, most
+}
