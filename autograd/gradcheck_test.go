@@ -240,6 +240,31 @@ func gradCases() []gradCase {
 			h = ag.GlobalAvgPool(ag.AvgPool2d(h, 2, 2, 0))
 			return ag.CrossEntropy(ag.Linear(h, in[4], nil), in[5])
 		}, opt: ag.GradCheckOptions{RTol: 5e-2}},
+		{name: "embedding/repeated-ids", inputs: func(r src) []*tensor.Tensor {
+			ids := tensor.FromInt32(r.dev, []int32{2, 0, 2, 4, 2, 1}, 2, 3).Keep()
+			return []*tensor.Tensor{param(r, normal, 5, 4), ids}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Embedding(in[0], in[1]) }},
+		{name: "layernorm", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 3, 7), param(r, positive, 7), param(r, normal, 7)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.LayerNorm(in[0], in[1], in[2], 1e-5) },
+			opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "causal-attention", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 5, 3*6)} // two heads of 3
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.CausalAttention(in[0], 2) },
+			opt: ag.GradCheckOptions{RTol: 5e-2}},
+		{name: "classifier-loss", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 3, 4), param(r, normal, 9, 4), labels(r, 6, 9)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor { l, _ := ag.ClassifierLoss(in[0], in[1], in[2]); return l }},
+		// A tied embedding: the same table embeds the tokens and classifies
+		// the positions, its gradient the sum of both uses.
+		{name: "tied-embedding", inputs: func(r src) []*tensor.Tensor {
+			ids := tensor.FromInt32(r.dev, []int32{3, 1, 3, 0}, 4).Keep()
+			return []*tensor.Tensor{param(r, normal, 5, 6), ids, labels(r, 4, 5), param(r, positive, 6), param(r, normal, 6)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			h := ag.LayerNorm(ag.Embedding(in[0], in[1]), in[3], in[4], 1e-5)
+			l, _ := ag.ClassifierLoss(h, in[0], in[2])
+			return l
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
 	}...)
 	return cases
 }

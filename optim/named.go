@@ -12,8 +12,11 @@ import (
 // commands give them: the one list of what each name means.
 
 // Hyper are the hyper-parameters an optimiser is made with by name.
+// NoDecay, if set, exempts the parameters it marks from the weight decay
+// (one entry a parameter).
 type Hyper struct {
 	LR, Momentum, WeightDecay float64
+	NoDecay                   []bool
 }
 
 var optimizers = []struct {
@@ -22,9 +25,15 @@ var optimizers = []struct {
 }{
 	// SGD, with Nesterov momentum when there is momentum.
 	{"sgd", func(ps []*tensor.Tensor, h Hyper) Optimizer {
-		return NewSGD(ps, h.LR, h.Momentum, h.WeightDecay, h.Momentum > 0)
+		o := NewSGD(ps, h.LR, h.Momentum, h.WeightDecay, h.Momentum > 0)
+		o.NoDecay = h.NoDecay
+		return o
 	}},
-	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer { return NewAdamW(ps, h.LR, h.WeightDecay) }},
+	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer {
+		o := NewAdamW(ps, h.LR, h.WeightDecay)
+		o.NoDecay = h.NoDecay
+		return o
+	}},
 }
 
 var schedules = []struct {
@@ -78,6 +87,9 @@ func CheckSchedule(name string) error {
 // NewNamed returns the optimiser name over params: "sgd" (with Nesterov
 // momentum when h.Momentum > 0) or "adamw".
 func NewNamed(name string, params []*tensor.Tensor, h Hyper) (Optimizer, error) {
+	if h.NoDecay != nil && len(h.NoDecay) != len(params) {
+		panic(fmt.Sprintf("optim: %d NoDecay entries for %d parameters", len(h.NoDecay), len(params)))
+	}
 	for _, o := range optimizers {
 		if o.name == name {
 			return o.make(params, h), nil

@@ -143,6 +143,9 @@ type SGD struct {
 	moms                             []*tensor.Tensor // nil until a parameter's first step
 	Momentum, Dampening, WeightDecay float64
 	Nesterov                         bool
+	// NoDecay, if set, has one entry a parameter: true exempts it from the
+	// weight decay (biases, norms' gains, as users choose).
+	NoDecay []bool
 }
 
 // NewSGD returns SGD over params.
@@ -169,35 +172,46 @@ func (o *SGD) StepUnless(skip kernels.Buf) {
 		return
 	}
 	hp := kernels.SGDParams{LR: o.buf.Buf(), Momentum: float32(o.Momentum), Dampening: float32(o.Dampening),
-		WeightDecay: float32(o.WeightDecay), Nesterov: o.Nesterov, Skip: skip}
+		Nesterov: o.Nesterov, Skip: skip}
 	be := o.params[idx[0]].Backend()
-	if o.Momentum == 0 {
-		be.SGD(hp, ps, gs, nil)
-		return
-	}
 	fresh := make([]bool, len(idx))
-	for k, i := range idx {
-		fresh[k] = o.moms[i] == nil
-	}
-	ensureState(o.params, idx, o.moms)
-	var first, rest [3][]kernels.Buf
-	for k, i := range idx {
-		group := &rest
-		if fresh[k] {
-			group = &first
+	if o.Momentum != 0 {
+		for k, i := range idx {
+			fresh[k] = o.moms[i] == nil
 		}
-		group[0] = append(group[0], ps[k])
-		group[1] = append(group[1], gs[k])
-		group[2] = append(group[2], o.moms[i].Buf())
+		ensureState(o.params, idx, o.moms)
 	}
-	if len(first[0]) > 0 {
-		hp.FirstStep = true
-		be.SGD(hp, first[0], first[1], first[2])
+	// Groups by (first step, decayed): one launch each.
+	var groups [2][2][3][]kernels.Buf
+	for k, i := range idx {
+		g := &groups[boolIndex(fresh[k])][boolIndex(decays(o.NoDecay, i))]
+		g[0], g[1] = append(g[0], ps[k]), append(g[1], gs[k])
+		if o.Momentum != 0 {
+			g[2] = append(g[2], o.moms[i].Buf())
+		}
 	}
-	if len(rest[0]) > 0 {
-		hp.FirstStep = false
-		be.SGD(hp, rest[0], rest[1], rest[2])
+	for f := range groups {
+		for d, g := range groups[f] {
+			if len(g[0]) == 0 {
+				continue
+			}
+			hp.FirstStep, hp.WeightDecay = f == 1, 0
+			if d == 1 {
+				hp.WeightDecay = float32(o.WeightDecay)
+			}
+			be.SGD(hp, g[0], g[1], g[2])
+		}
 	}
+}
+
+// decays reports whether parameter i is weight-decayed under noDecay.
+func decays(noDecay []bool, i int) bool { return noDecay == nil || !noDecay[i] }
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // ZeroGrad releases the gradients.
@@ -273,6 +287,10 @@ type AdamW struct {
 	m, v                           []*tensor.Tensor
 	step                           *tensor.Counter // steps taken (not skipped)
 	Beta1, Beta2, Eps, WeightDecay float64
+	// NoDecay, if set, has one entry a parameter: true exempts it from the
+	// weight decay (AdamW's parameter groups: biases, norms' gains and
+	// position embeddings, as users choose).
+	NoDecay []bool
 }
 
 // NewAdamW returns AdamW over params with PyTorch's defaults for the betas
@@ -305,8 +323,23 @@ func (o *AdamW) StepUnless(skip kernels.Buf) {
 	be := o.params[idx[0]].Backend()
 	be.Increment(o.step.Buf(), 1, skip)
 	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
-		Eps: float32(o.Eps), WeightDecay: float32(o.WeightDecay), Step: o.step.Buf(), Skip: skip}
-	be.AdamW(hp, ps, gs, ms, vs)
+		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip}
+	// One launch per group: the decayed parameters, the others.
+	var groups [2][4][]kernels.Buf
+	for k, i := range idx {
+		g := &groups[boolIndex(decays(o.NoDecay, i))]
+		g[0], g[1], g[2], g[3] = append(g[0], ps[k]), append(g[1], gs[k]), append(g[2], ms[k]), append(g[3], vs[k])
+	}
+	for d, g := range groups {
+		if len(g[0]) == 0 {
+			continue
+		}
+		hp.WeightDecay = 0
+		if d == 1 {
+			hp.WeightDecay = float32(o.WeightDecay)
+		}
+		be.AdamW(hp, g[0], g[1], g[2], g[3])
+	}
 }
 
 // ZeroGrad releases the gradients.
@@ -383,4 +416,24 @@ func (o *AdamW) Release() {
 		o.step = nil
 	}
 	o.release()
+}
+
+// ClipGradNorm scales the gradients of params, in place on the device, so
+// that their L2 norm taken together is at most maxNorm, and writes the norm
+// before clipping into norm (F32, 1 element), as
+// torch.nn.utils.clip_grad_norm_: no device read, so a captured step clips.
+// Parameters without a gradient are left out.
+func ClipGradNorm(params []*tensor.Tensor, maxNorm float64, norm *tensor.Tensor) {
+	var grads []kernels.Buf
+	for _, p := range params {
+		if g := p.Grad(); g != nil {
+			grads = append(grads, g.Buf())
+		}
+	}
+	be := norm.Backend()
+	if len(grads) == 0 {
+		be.Fill(norm.Buf(), 0)
+		return
+	}
+	be.ClipGradNorm(grads, float32(maxNorm), norm.Buf())
 }

@@ -173,3 +173,68 @@ func testGradScaler(t *testing.T, dev *tensor.Device) {
 		t.Error("empty state accepted")
 	}
 }
+
+// Parameter groups: a parameter marked NoDecay steps as under a weight
+// decay of 0, the others as under the optimiser's, for both optimisers.
+func TestNoDecayGroups(t *testing.T) { testNoDecayGroups(t, tensor.CPU()) }
+
+func testNoDecayGroups(t *testing.T, dev *tensor.Device) {
+	for _, name := range OptimizerNames {
+		run := func(wd []float64, noDecay []bool) [][]float32 {
+			a, b := param(dev, 1, -2), param(dev, 0.5, 3)
+			defer a.Release()
+			defer b.Release()
+			if noDecay != nil {
+				o, _ := NewNamed(name, []*tensor.Tensor{a, b}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: wd[0], NoDecay: noDecay})
+				defer o.Release()
+				for range 3 {
+					setGrad(a, 0.2, -0.1)
+					setGrad(b, 0.3, 0.4)
+					o.Step()
+				}
+			} else { // one optimiser a parameter, each with its own decay
+				oa, _ := NewNamed(name, []*tensor.Tensor{a}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: wd[0]})
+				ob, _ := NewNamed(name, []*tensor.Tensor{b}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: wd[1]})
+				defer oa.Release()
+				defer ob.Release()
+				for range 3 {
+					setGrad(a, 0.2, -0.1)
+					setGrad(b, 0.3, 0.4)
+					oa.Step()
+					ob.Step()
+				}
+			}
+			return [][]float32{a.Float32s(), b.Float32s()}
+		}
+		got, want := run([]float64{0.1}, []bool{false, true}), run([]float64{0.1, 0}, nil)
+		for i := range want {
+			for j := range want[i] {
+				if got[i][j] != want[i][j] {
+					t.Errorf("%s: parameter %d element %d: %v with NoDecay groups, %v with separate optimisers", name, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+	}
+}
+
+// ClipGradNorm scales all gradients by min(1, max/‖g‖), the norm taken
+// over them together, on the device.
+func TestClipGradNorm(t *testing.T) { testClipGradNorm(t, tensor.CPU()) }
+
+func testClipGradNorm(t *testing.T, dev *tensor.Device) {
+	a, b, frozen := param(dev, 0, 0), param(dev, 0, 0, 0), param(dev, 7)
+	defer a.Release()
+	defer b.Release()
+	defer frozen.Release()
+	norm := tensor.Zeros(dev, tensor.F32, 1).Keep()
+	defer norm.Release()
+	for _, maxNorm := range []float64{10, 2.5} {
+		setGrad(a, 3, 0)
+		setGrad(b, 0, 4, 0) // ‖(3, 4)‖ = 5
+		dev.SyncFree(func() { ClipGradNorm([]*tensor.Tensor{a, b, frozen}, maxNorm, norm) })
+		near(t, "norm", norm.Float32s(), 5)
+		c := math.Min(1, maxNorm/(5+1e-6))
+		near(t, "a", a.Grad().Float32s(), 3*c, 0)
+		near(t, "b", b.Grad().Float32s(), 0, 4*c, 0)
+	}
+}

@@ -1,0 +1,189 @@
+package autograd
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// The transformer operations: token embeddings, layer norm, causal
+// self-attention and the fused classifier, each saving only what its
+// backward needs.
+
+// Embedding returns the rows of table (V×D) at the I32 ids, of shape
+// ids.Shape()+[D] and table's dtype. Its backward sums the gradient's rows
+// into the table's, in position order (the same bits every run), and saves
+// only the ids.
+func Embedding(table, ids *T) *T {
+	ts := table.Shape()
+	if len(ts) != 2 || ids.DType() != tensor.I32 || ids.Numel() == 0 {
+		panic(fmt.Sprintf("autograd: embedding of a %v table %v by %v ids %v: want V×D and non-empty i32 ids", table.DType(), ts, ids.DType(), ids.Shape()))
+	}
+	sameDevice("embedding", table, ids)
+	vocab, dim, n := ts[0], ts[1], ids.Numel()
+	dev := ModeOf(table, ids)
+	y := tensor.Empty(dev, table.DType(), append(ids.Shape(), dim)...)
+	be := table.Backend()
+	be.Embedding(y.Buf(), table.Buf(), ids.Buf(), n, vocab, dim)
+	if rec := begin("embedding", table, ids); rec != nil {
+		idSaved := rec.save(ids)
+		dt := table.DType()
+		rec.finish(y, func(g *T) []*T {
+			d := tensor.Empty(g.Device(), tensor.F32, vocab, dim)
+			be.EmbeddingBackward(d.Buf(), g.Buf(), idSaved.Buf(), n, vocab, dim)
+			if dt != tensor.F32 {
+				c := castRaw(d, dt)
+				d.Release()
+				d = c
+			}
+			return []*T{d, nil}
+		})
+	}
+	return y
+}
+
+// LayerNorm normalises x over its last dimension: (x−μ)/√(σ²+eps)·gamma +
+// beta, gamma and beta F32 of that size. It computes in float32 and keeps
+// x's dtype; it saves x and each row's μ and 1/√(σ²+eps), nothing else.
+func LayerNorm(x, gamma, beta *T, eps float32) *T {
+	xs := x.Shape()
+	cols := xs[len(xs)-1]
+	if gamma.NDim() != 1 || gamma.Dim(0) != cols || !beta.SameShape(gamma) || gamma.DType() != tensor.F32 || beta.DType() != tensor.F32 {
+		panic(fmt.Sprintf("autograd: layer norm of %v with %v gain %v and %v bias %v: want f32 gain and bias of %d",
+			xs, gamma.DType(), gamma.Shape(), beta.DType(), beta.Shape(), cols))
+	}
+	sameDevice("layer norm", x, gamma)
+	p := kernels.LayerNormParams{Rows: x.Numel() / cols, Cols: cols, Eps: eps}
+	dev := ModeOf(x, gamma, beta)
+	y := tensor.Empty(dev, x.DType(), xs...)
+	mean, rstd := tensor.Empty(dev, tensor.F32, p.Rows), tensor.Empty(dev, tensor.F32, p.Rows)
+	be := x.Backend()
+	be.LayerNorm(p, x.Buf(), gamma.Buf(), beta.Buf(), y.Buf(), mean.Buf(), rstd.Buf())
+	rec := begin("layer_norm", x, gamma, beta)
+	if rec == nil {
+		mean.Release()
+		rstd.Release()
+		return y
+	}
+	xSaved, gSaved := rec.save(x), rec.save(gamma)
+	rec.keep(mean)
+	rec.keep(rstd)
+	rec.finish(y, func(g *T) []*T {
+		dx := emptyLike(xSaved)
+		dg, db := tensor.Empty(g.Device(), tensor.F32, cols), tensor.Empty(g.Device(), tensor.F32, cols)
+		gc := asDType(g.Device(), g, xSaved.DType())
+		defer gc.Release()
+		be.LayerNormBackward(p, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
+		return []*T{dx, dg, db}
+	})
+	return y
+}
+
+// CausalAttention is the multi-head causal self-attention of a packed qkv
+// of shape [B, T, 3·C] (each position's queries, keys and values, C = heads
+// × head size, as a GPT's c_attn makes them), scaled by 1/√(head size):
+// the result is [B, T, C]. Under Autocast it runs in its dtype. Its
+// backward recomputes the attention weights from each query's saved
+// log-sum-exp: no T×T matrix is kept.
+func CausalAttention(qkv *T, heads int) *T {
+	if dev := ModeOf(qkv); AutocastEnabled(dev) {
+		defer autocastIn(dev, AutocastDType(dev), &qkv)()
+	}
+	s := qkv.Shape()
+	if len(s) != 3 || s[2]%3 != 0 || heads < 1 || (s[2]/3)%heads != 0 {
+		panic(fmt.Sprintf("autograd: causal attention of %v with %d heads: want [B, T, 3·C] with C a multiple of the heads", s, heads))
+	}
+	B, Tn, C := s[0], s[1], s[2]/3
+	D := C / heads
+	p := kernels.AttentionParams{B: B, H: heads, D: D, Tq: Tn, Tk: Tn, Scale: float32(1 / math.Sqrt(float64(D))),
+		QRow: 3 * C, KRow: 3 * C, VRow: 3 * C, ORow: C, QBatch: Tn * 3 * C, KBatch: Tn * 3 * C, VBatch: Tn * 3 * C, OBatch: Tn * C}
+	dev := ModeOf(qkv)
+	y := tensor.Empty(dev, qkv.DType(), B, Tn, C)
+	lse := tensor.Empty(dev, tensor.F32, B*heads*Tn)
+	be := qkv.Backend()
+	q, k, v := packed(qkv.Buf(), C)
+	be.Attention(p, q, k, v, y.Buf(), lse.Buf())
+	rec := begin("causal_attention", qkv)
+	if rec == nil {
+		lse.Release()
+		return y
+	}
+	qkvSaved, ySaved := rec.save(qkv), rec.save(y)
+	rec.keep(lse)
+	rec.finish(y, func(g *T) []*T {
+		gc := asDType(g.Device(), g, qkvSaved.DType())
+		defer gc.Release()
+		d := emptyLike(qkvSaved)
+		q, k, v := packed(qkvSaved.Buf(), C)
+		dq, dk, dv := packed(d.Buf(), C)
+		be.AttentionBackward(p, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv)
+		return []*T{d}
+	})
+	return y
+}
+
+// packed is the q, k and v views of a packed [B, T, 3·C] buffer.
+func packed(b kernels.Buf, c int) (q, k, v kernels.Buf) {
+	return b, b.Slice(c, b.N-c), b.Slice(2*c, b.N-2*c)
+}
+
+// ClassifierLoss is a language model's head and loss in one: the mean over
+// rows of −log softmax(h·wᵀ)[label] for h of N×C (any shape whose last
+// dimension is C), w of V×C (PyTorch's layout; a tied embedding) and I32
+// labels of N, and how many rows had their first maximum at their label
+// (not recorded). The logits are consumed a chunk of rows at a time and
+// never exist whole; with recording on, the forward pass computes the
+// gradients of the loss with respect to h and w as it goes (the logits are
+// there), keeps them, and the backward scales them by the incoming
+// gradient. Under Autocast the products run in its dtype on copies of h
+// and w; w's gradient is computed in F32, not rounded.
+func ClassifierLoss(h, w, labels *T) (loss, right *T) {
+	wc := w
+	if dev := ModeOf(h, w, labels); AutocastEnabled(dev) {
+		dt := AutocastDType(dev)
+		defer autocastIn(dev, dt, &h)()
+		wc = asDType(dev, w, dt)
+		defer wc.Release()
+	}
+	hs, ws := h.Shape(), w.Shape()
+	C := hs[len(hs)-1]
+	N := h.Numel() / C
+	if len(ws) != 2 || ws[1] != C || labels.Numel() != N || labels.DType() != tensor.I32 || h.DType() != wc.DType() {
+		panic(fmt.Sprintf("autograd: classifier of %v input %v, %v weight %v, %v labels %v: want N×C, V×C and i32 N",
+			h.DType(), hs, wc.DType(), ws, labels.DType(), labels.Shape()))
+	}
+	sameDevice("classifier", h, w)
+	dev := ModeOf(h, w, labels)
+	rec := begin("classifier_loss", h, w, labels)
+	p := kernels.ClassifierParams{N: N, C: C, V: ws[0], Grad: rec != nil}
+	loss, right = tensor.Empty(dev, tensor.F32, 1), tensor.Empty(dev, tensor.F32, 1)
+	var dh, dw *T
+	var dhb, dwb kernels.Buf
+	if p.Grad {
+		dh, dw = tensor.Empty(dev, tensor.F32, hs...), tensor.Empty(dev, tensor.F32, ws...)
+		dhb, dwb = dh.Buf(), dw.Buf()
+	}
+	be := h.Backend()
+	be.ClassifierLoss(p, h.Buf(), wc.Buf(), labels.Buf(), loss.Buf(), right.Buf(), dhb, dwb)
+	if rec == nil {
+		return loss, right
+	}
+	rec.keep(dh)
+	rec.keep(dw)
+	hType := h.DType()
+	rec.finish(loss, func(g *T) []*T {
+		grads := make([]*T, 3)
+		if rec.needs(0) {
+			s := binaryRaw(kernels.Mul, dh, g)
+			grads[0] = asDType(s.Device(), s, hType)
+			s.Release()
+		}
+		if rec.needs(1) {
+			grads[1] = binaryRaw(kernels.Mul, dw, g)
+		}
+		return grads
+	})
+	return loss, right
+}
