@@ -187,3 +187,27 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 	})
 	return loss, right
 }
+
+// CachedAttention is causal attention for decoding, recording nothing: the
+// cache (Ctx×3·C, each row one position's packed queries, keys and values,
+// as CausalAttention takes them) holds positions [0, pos+n), and the
+// queries are its rows [pos, pos+n), each seeing the keys up to its own
+// position. The result is n×C, in the cache's dtype.
+func CachedAttention(cache *T, pos, n, heads int) *T {
+	s := cache.Shape()
+	if len(s) != 2 || s[1]%3 != 0 || (s[1]/3)%heads != 0 || pos < 0 || n < 1 || pos+n > s[0] {
+		panic(fmt.Sprintf("autograd: cached attention of a %v cache at positions [%d, %d) with %d heads", s, pos, pos+n, heads))
+	}
+	C := s[1] / 3
+	D := C / heads
+	p := kernels.AttentionParams{B: 1, H: heads, D: D, Tq: n, Tk: pos + n, Scale: float32(1 / math.Sqrt(float64(D))),
+		QRow: 3 * C, KRow: 3 * C, VRow: 3 * C, ORow: C, QBatch: s[0] * 3 * C, KBatch: s[0] * 3 * C, VBatch: s[0] * 3 * C, OBatch: n * C}
+	dev := ModeOf(cache)
+	y := tensor.Empty(dev, cache.DType(), n, C)
+	lse := tensor.Empty(dev, tensor.F32, heads*n)
+	defer lse.Release()
+	b := cache.Buf()
+	q := b.Slice(pos*3*C, b.N-pos*3*C)
+	cache.Backend().Attention(p, q, b.Slice(C, b.N-C), b.Slice(2*C, b.N-2*C), y.Buf(), lse.Buf())
+	return y
+}

@@ -25,3 +25,7 @@ func TestCUDASaveLoadRoundTrip(t *testing.T) { testSaveLoadRoundTrip(t, testdev.
 func TestCUDAAMPSavesMemory(t *testing.T) {
 	testAMPSavesMemory(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 128)
 }
+
+func TestCUDAGPTMatchesFloat64Reference(t *testing.T) { testGPTMatchesReference(t, testdev.CUDA(t)) }
+
+func TestCUDAGPTGenerateMatchesFullForward(t *testing.T) { testGPTGenerate(t, testdev.CUDA(t)) }

@@ -38,9 +38,9 @@ func (l *Linear) Forward(x *T) *T { return ag.Linear(x, l.Weight, l.Bias) }
 
 // State lists weight and bias.
 func (l *Linear) State(prefix string) []Named {
-	s := []Named{{join(prefix, "weight"), l.Weight, true}}
+	s := []Named{{Name: join(prefix, "weight"), T: l.Weight, Param: true}}
 	if l.Bias != nil {
-		s = append(s, Named{join(prefix, "bias"), l.Bias, true})
+		s = append(s, Named{Name: join(prefix, "bias"), T: l.Bias, Param: true})
 	}
 	return s
 }
@@ -73,9 +73,9 @@ func (c *Conv2d) Forward(x *T) *T { return ag.Conv2d(x, c.Weight, c.Bias, c.Stri
 
 // State lists weight and bias.
 func (c *Conv2d) State(prefix string) []Named {
-	s := []Named{{join(prefix, "weight"), c.Weight, true}}
+	s := []Named{{Name: join(prefix, "weight"), T: c.Weight, Param: true}}
 	if c.Bias != nil {
-		s = append(s, Named{join(prefix, "bias"), c.Bias, true})
+		s = append(s, Named{Name: join(prefix, "bias"), T: c.Bias, Param: true})
 	}
 	return s
 }
@@ -120,8 +120,8 @@ func (b *BatchNorm2d) ForwardAct(x, residual *T, relu bool) *T {
 // State lists γ, β and the running statistics (buffers).
 func (b *BatchNorm2d) State(prefix string) []Named {
 	return []Named{
-		{join(prefix, "weight"), b.Weight, true}, {join(prefix, "bias"), b.Bias, true},
-		{join(prefix, "running_mean"), b.RunningMean, false}, {join(prefix, "running_var"), b.RunningVar, false},
+		{Name: join(prefix, "weight"), T: b.Weight, Param: true}, {Name: join(prefix, "bias"), T: b.Bias, Param: true},
+		{Name: join(prefix, "running_mean"), T: b.RunningMean, Param: false}, {Name: join(prefix, "running_var"), T: b.RunningVar, Param: false},
 	}
 }
 

@@ -26,6 +26,27 @@ type Named struct {
 	Name  string
 	T     *tensor.Tensor
 	Param bool // trainable; false for buffers such as batch norm's running statistics
+	// NoDecay exempts a parameter from weight decay (a transformer's biases
+	// and layer norms; see NoDecay).
+	NoDecay bool
+}
+
+// NoDecay lists, for each of m's parameters in Parameters' order, whether
+// it is exempt from weight decay, or nil when none is: the optimiser's
+// parameter groups (optim.Hyper.NoDecay).
+func NoDecay(m Module) []bool {
+	var out []bool
+	some := false
+	for _, n := range m.State("") {
+		if n.Param {
+			out = append(out, n.NoDecay)
+			some = some || n.NoDecay
+		}
+	}
+	if !some {
+		return nil
+	}
+	return out
 }
 
 // Module is a layer or a network.

@@ -263,7 +263,8 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	if err != nil {
 		return nil, err
 	}
-	opt, err := optim.NewNamed(cfg.Optimizer, nn.Parameters(model), optim.Hyper{LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay})
+	opt, err := optim.NewNamed(cfg.Optimizer, nn.Parameters(model), optim.Hyper{LR: cfg.LR, Momentum: cfg.Momentum,
+		WeightDecay: cfg.WeightDecay, NoDecay: nn.NoDecay(model)})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,415 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// GPTConfig describes a GPT-2-style decoder-only transformer: Layers blocks
+// of causal self-attention (Heads heads) and a 4×Width MLP with GELU, each
+// behind a layer norm and a residual connection, over tied token
+// embeddings (Vocab×Width) and learned positions (Context×Width).
+type GPTConfig struct {
+	Layers, Heads, Width int
+	Vocab, Context       int
+	// Dropout is the probability of the residual and embedding dropouts
+	// (0: none, GPT-2's fine-tuning default); attention weights are not
+	// dropped.
+	Dropout float32
+}
+
+// GPT2Small is GPT-2 small: 12 layers, 12 heads, width 768, GPT-2's BPE
+// vocabulary of 50,257, a context of 1024: 124M parameters.
+func GPT2Small() GPTConfig {
+	return GPTConfig{Layers: 12, Heads: 12, Width: 768, Vocab: 50257, Context: 1024}
+}
+
+// Check reports whether the configuration describes a model.
+func (c GPTConfig) Check() error {
+	switch {
+	case c.Layers < 1 || c.Heads < 1 || c.Width < 1 || c.Vocab < 2 || c.Context < 1:
+		return fmt.Errorf("GPT %+v: want at least one layer, head, width and position, and two tokens", c)
+	case c.Width%c.Heads != 0:
+		return fmt.Errorf("GPT %+v: the width %d is not a multiple of the %d heads", c, c.Width, c.Heads)
+	case !(c.Dropout >= 0 && c.Dropout < 1):
+		return fmt.Errorf("GPT %+v: dropout %v outside [0, 1)", c, c.Dropout)
+	}
+	return nil
+}
+
+// Params is the number of trainable parameters of a model of c (the
+// embeddings counted once: they are tied).
+func (c GPTConfig) Params() int {
+	C := c.Width
+	block := 2*2*C + (3*C*C + 3*C) + (C*C + C) + (4*C*C + 4*C) + (4*C*C + C)
+	return c.Vocab*C + c.Context*C + c.Layers*block + 2*C
+}
+
+// LayerNorm is layer normalisation over the last dimension, with a gain
+// and a bias.
+type LayerNorm struct {
+	Weight, Bias *T
+	Eps          float32
+}
+
+// NewLayerNorm returns a layer norm over n features: gain 1, bias 0, ε 1e-5.
+func NewLayerNorm(dev *tensor.Device, n int) *LayerNorm {
+	return &LayerNorm{Weight: newParam(tensor.Ones(dev, tensor.F32, n)), Bias: newParam(tensor.Zeros(dev, tensor.F32, n)), Eps: 1e-5}
+}
+
+// Forward normalises x over its last dimension.
+func (l *LayerNorm) Forward(x *T) *T { return ag.LayerNorm(x, l.Weight, l.Bias, l.Eps) }
+
+// State lists the gain and the bias, neither weight-decayed.
+func (l *LayerNorm) State(prefix string) []Named {
+	return []Named{{Name: join(prefix, "weight"), T: l.Weight, Param: true, NoDecay: true},
+		{Name: join(prefix, "bias"), T: l.Bias, Param: true, NoDecay: true}}
+}
+
+// SetTraining does nothing.
+func (l *LayerNorm) SetTraining(bool) {}
+
+// GPTBlock is one transformer block: x + attention(ln_1(x)), then
+// x + mlp(ln_2(x)).
+type GPTBlock struct {
+	LN1, LN2       *LayerNorm
+	Attn, AttnProj *Linear // c_attn (Width → 3·Width) and c_proj
+	FC, Proj       *Linear // mlp.c_fc (Width → 4·Width) and mlp.c_proj
+	Heads          int
+	Drop           *Dropout
+}
+
+// attend is x's attention output: ln_1, c_attn, causal attention, c_proj.
+func (b *GPTBlock) attend(x *T) *T {
+	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
+	h := then(b.LN1.Forward(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
+	h = then(h, b.Attn.Forward)
+	h = then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, 3*C) })
+	h = then(h, func(h *T) *T { return ag.CausalAttention(h, b.Heads) })
+	h = then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
+	h = then(h, b.AttnProj.Forward)
+	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
+}
+
+// mlp is x's MLP output: ln_2, c_fc, GELU, c_proj.
+func (b *GPTBlock) mlp(x *T) *T {
+	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
+	h := then(b.LN2.Forward(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
+	h = then(h, b.FC.Forward)
+	h = then(h, ag.GELU)
+	h = then(h, b.Proj.Forward)
+	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
+}
+
+// Forward computes the block for x of B×T×Width.
+func (b *GPTBlock) Forward(x *T) *T {
+	a := b.drop(b.attend(x))
+	h := ag.Add(x, a)
+	a.Release()
+	m := b.drop(b.mlp(h))
+	y := ag.Add(h, m)
+	h.Release()
+	m.Release()
+	return y
+}
+
+func (b *GPTBlock) drop(x *T) *T {
+	if b.Drop == nil {
+		return x
+	}
+	return then(x, b.Drop.Forward)
+}
+
+// State lists the block's parameters by GPT-2's names.
+func (b *GPTBlock) State(prefix string) []Named {
+	s := b.LN1.State(join(prefix, "ln_1"))
+	s = append(s, linearState(b.Attn, join(prefix, "attn.c_attn"))...)
+	s = append(s, linearState(b.AttnProj, join(prefix, "attn.c_proj"))...)
+	s = append(s, b.LN2.State(join(prefix, "ln_2"))...)
+	s = append(s, linearState(b.FC, join(prefix, "mlp.c_fc"))...)
+	return append(s, linearState(b.Proj, join(prefix, "mlp.c_proj"))...)
+}
+
+// linearState is l's state with its bias exempt from weight decay.
+func linearState(l *Linear, prefix string) []Named {
+	s := l.State(prefix)
+	for i := range s {
+		s[i].NoDecay = s[i].T == l.Bias
+	}
+	return s
+}
+
+// SetTraining switches the dropouts.
+func (b *GPTBlock) SetTraining(on bool) {
+	if b.Drop != nil {
+		b.Drop.SetTraining(on)
+	}
+}
+
+// GPT is a GPT-2-style language model. Its input is I32 tokens (B×T, T up
+// to Context); Forward gives the logits of every position, Loss the mean
+// next-token cross-entropy against I32 targets through the fused
+// classifier (no logits are kept), and Generate continues a prompt with a
+// key-value cache.
+type GPT struct {
+	Cfg        GPTConfig
+	WTE, WPE   *T // token and position embeddings; WTE is also the output projection
+	Blocks     []*GPTBlock
+	LNF        *LayerNorm
+	Checkpoint CheckpointMode
+	Drop       *Dropout
+	positions  *T // I32 0 ... Context−1, for the position embeddings
+}
+
+// NewGPT builds a GPT of cfg with GPT-2's initialisation from dev's
+// generator: weights and embeddings N(0, 0.02), the residual projections
+// (attn.c_proj, mlp.c_proj) N(0, 0.02/√(2·Layers)), biases 0, layer norms'
+// gains 1.
+func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	C := cfg.Width
+	normal := func(std float32, shape ...int) *T { return newParam(tensor.Randn(dev, tensor.F32, 0, std, shape...)) }
+	linear := func(in, out int, std float32) *Linear {
+		return &Linear{Weight: normal(std, out, in), Bias: newParam(tensor.Zeros(dev, tensor.F32, out))}
+	}
+	resid := float32(0.02 / math.Sqrt(2*float64(cfg.Layers)))
+	g := &GPT{Cfg: cfg, WTE: normal(0.02, cfg.Vocab, C), WPE: normal(0.02, cfg.Context, C), LNF: NewLayerNorm(dev, C)}
+	for range cfg.Layers {
+		b := &GPTBlock{LN1: NewLayerNorm(dev, C), LN2: NewLayerNorm(dev, C), Heads: cfg.Heads,
+			Attn: linear(C, 3*C, 0.02), AttnProj: linear(C, C, resid), FC: linear(C, 4*C, 0.02), Proj: linear(4*C, C, resid)}
+		if cfg.Dropout > 0 {
+			b.Drop = NewDropout(cfg.Dropout)
+		}
+		g.Blocks = append(g.Blocks, b)
+	}
+	if cfg.Dropout > 0 {
+		g.Drop = NewDropout(cfg.Dropout)
+	}
+	pos := make([]int32, cfg.Context)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	g.positions = tensor.FromInt32(dev, pos, cfg.Context).Keep()
+	return g, nil
+}
+
+// SetCheckpoint chooses what the forward checkpoints: every block, ⌈√n⌉
+// segments of blocks, or nothing.
+func (g *GPT) SetCheckpoint(c CheckpointMode) { g.Checkpoint = c }
+
+// hidden is the last layer norm's output for tokens x (B×T).
+func (g *GPT) hidden(x *T) *T {
+	if x.NDim() != 2 || x.DType() != tensor.I32 || x.Dim(1) > g.Cfg.Context {
+		panic(fmt.Sprintf("nn: GPT input %v %v: want i32 B×T with T at most the context %d", x.DType(), x.Shape(), g.Cfg.Context))
+	}
+	Tn := x.Dim(1)
+	tok := ag.Embedding(g.WTE, x)
+	pos := g.positions.Rows(0, Tn)
+	pe := ag.Embedding(g.WPE, pos)
+	pos.Release()
+	h := ag.Add(tok, pe)
+	tok.Release()
+	pe.Release()
+	if g.Drop != nil {
+		h = then(h, g.Drop.Forward)
+	}
+	blocks := make([]Module, len(g.Blocks))
+	for i, b := range g.Blocks {
+		blocks[i] = b
+	}
+	h = then(h, func(h *T) *T { return forwardSegments(blocks, g.Checkpoint, h) })
+	return then(h, g.LNF.Forward)
+}
+
+// Forward returns the logits of every position of x (B×T tokens):
+// B×T×Vocab, in full (for inference on short inputs: training uses Loss).
+func (g *GPT) Forward(x *T) *T {
+	h := g.hidden(x)
+	B, Tn := x.Dim(0), x.Dim(1)
+	h = then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, g.Cfg.Width) })
+	logits := then(h, func(h *T) *T { return ag.Linear(h, g.WTE, nil) })
+	return then(logits, func(l *T) *T { return ag.Reshape(l, B, Tn, g.Cfg.Vocab) })
+}
+
+// Loss is the mean cross-entropy of every position's next-token prediction
+// against the I32 targets y (B×T), through the fused classifier, and the
+// positions predicted right.
+func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
+	h := g.hidden(x)
+	defer h.Release()
+	loss, right = ag.ClassifierLoss(h, g.WTE, y)
+	return loss, right, y.Numel()
+}
+
+// State lists the parameters by Hugging Face GPT-2's names
+// (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...), the
+// weights in Linear's layout (out×in; SaveGPT2 writes Conv1D's in×out).
+// Biases and layer norms are exempt from weight decay; the embeddings are
+// decayed, as nanoGPT does.
+func (g *GPT) State(prefix string) []Named {
+	p := join(prefix, "transformer")
+	s := []Named{{Name: join(p, "wte.weight"), T: g.WTE, Param: true}, {Name: join(p, "wpe.weight"), T: g.WPE, Param: true}}
+	for i, b := range g.Blocks {
+		s = append(s, b.State(join(p, fmt.Sprintf("h.%d", i)))...)
+	}
+	return append(s, g.LNF.State(join(p, "ln_f"))...)
+}
+
+// SetTraining switches the dropouts.
+func (g *GPT) SetTraining(on bool) {
+	if g.Drop != nil {
+		g.Drop.SetTraining(on)
+	}
+	for _, b := range g.Blocks {
+		b.SetTraining(on)
+	}
+}
+
+// Release frees the model's state and its position table.
+func (g *GPT) Release() {
+	Release(g)
+	g.positions.Release()
+}
+
+// forwardSegments runs modules in order, checkpointed as mode says (each
+// module, ⌈√n⌉ segments of them, or none), releasing the intermediates.
+func forwardSegments(mods []Module, mode CheckpointMode, x *T) *T {
+	size := len(mods)
+	switch mode {
+	case CheckpointBlocks:
+		size = 1
+	case CheckpointSqrt:
+		size = int(math.Ceil(math.Sqrt(float64(len(mods)))))
+	}
+	size = max(size, 1)
+	h := ag.Identity(x) // a new handle, the graph unbroken
+	for i := 0; i < len(mods); i += size {
+		seg := mods[i:min(i+size, len(mods))]
+		if mode == NoCheckpoint {
+			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
+			continue
+		}
+		h = then(h, func(h *T) *T { return ag.Checkpoint(func(in []*T) *T { return forwardAll(seg, in[0]) }, h) })
+	}
+	return h
+}
+
+// Sampling says how Generate picks each next token.
+type Sampling struct {
+	// Temperature divides the logits (0: the most likely token, greedily).
+	Temperature float64
+	// TopK keeps only the K most likely tokens (0: all).
+	TopK int
+	Rand *rand.Rand // the draws (nil: a fixed seed)
+}
+
+// Generate continues prompt (token ids) by n tokens and returns them. It
+// runs on the device handle dev (a Session of the model's device, for a
+// serving goroutine) with recording off, keeping a key-value cache of every
+// layer's packed queries, keys and values (len(prompt)+n positions, at
+// most the context) in the pool, released when it returns; several
+// goroutines may generate at once on sessions of their own. The prompt is
+// run in one pass, then each new token in one.
+func (g *GPT) Generate(dev *tensor.Device, prompt []int32, n int, s Sampling) (out []int32, err error) {
+	if len(prompt) == 0 || n < 0 || len(prompt)+n > g.Cfg.Context {
+		return nil, fmt.Errorf("generate: a prompt of %d tokens and %d more: want a prompt and at most %d positions in all", len(prompt), n, g.Cfg.Context)
+	}
+	for i, t := range prompt {
+		if t < 0 || int(t) >= g.Cfg.Vocab {
+			return nil, fmt.Errorf("generate: prompt token %d at position %d is outside the vocabulary of %d", t, i, g.Cfg.Vocab)
+		}
+	}
+	if s.Rand == nil {
+		s.Rand = rand.New(rand.NewPCG(1, 2))
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("generate: %w", tensor.AsError(r))
+		}
+	}()
+	C := g.Cfg.Width
+	total := len(prompt) + n
+	ag.NoGrad(dev, func() {
+		dev.WithScope(func() {
+			caches := make([]*T, len(g.Blocks))
+			for i := range caches {
+				caches[i] = tensor.Empty(dev, tensor.F32, total, 3*C)
+			}
+			next := prompt
+			for pos := 0; len(out) < n; {
+				logits := g.decode(dev, caches, next, pos)
+				pos += len(next)
+				tok := sample(logits.Float32s(), s)
+				logits.Release()
+				out = append(out, tok)
+				next = []int32{tok}
+			}
+		})
+	})
+	return out, nil
+}
+
+// decode runs tokens at positions [pos, pos+len) through the model with
+// the caches, and returns the last position's logits (V).
+func (g *GPT) decode(dev *tensor.Device, caches []*T, tokens []int32, pos int) *T {
+	C, m := g.Cfg.Width, len(tokens)
+	ids := tensor.FromInt32(dev, tokens, m)
+	positions := g.positions.On(dev).Rows(pos, pos+m) // handles of dev's scope only
+	h := ag.Add(ag.Embedding(g.WTE.On(dev), ids), ag.Embedding(g.WPE.On(dev), positions))
+	be := dev.Backend()
+	for i, b := range g.Blocks {
+		qkv := b.Attn.Forward(b.LN1.Forward(h))
+		cb := caches[i].Buf()
+		be.Copy(cb.Slice(pos*3*C, m*3*C), qkv.Buf())
+		a := b.AttnProj.Forward(ag.CachedAttention(caches[i], pos, m, b.Heads))
+		h = ag.Add(h, a)
+		h = ag.Add(h, b.Proj.Forward(ag.GELU(b.FC.Forward(b.LN2.Forward(h)))))
+	}
+	last := g.LNF.Forward(h.Rows(m-1, m))
+	return ag.Linear(last, g.WTE.On(dev), nil).Keep()
+}
+
+// sample draws a token from logits under s.
+func sample(logits []float32, s Sampling) int32 {
+	if s.Temperature <= 0 {
+		best := 0
+		for j, v := range logits {
+			if v > logits[best] {
+				best = j
+			}
+		}
+		return int32(best)
+	}
+	idx := make([]int, len(logits))
+	for i := range idx {
+		idx[i] = i
+	}
+	if s.TopK > 0 && s.TopK < len(idx) {
+		sort.Slice(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+		idx = idx[:s.TopK]
+	}
+	mx := math.Inf(-1)
+	for _, i := range idx {
+		mx = math.Max(mx, float64(logits[i]))
+	}
+	w := make([]float64, len(idx))
+	var z float64
+	for k, i := range idx {
+		w[k] = math.Exp((float64(logits[i]) - mx) / s.Temperature)
+		z += w[k]
+	}
+	u := s.Rand.Float64() * z
+	for k, i := range idx {
+		if u -= w[k]; u < 0 {
+			return int32(i)
+		}
+	}
+	return int32(idx[len(idx)-1])
+}

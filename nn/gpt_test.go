@@ -1,0 +1,402 @@
+package nn
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// refGPT is a GPT written from the definition in float64 (plain loops, the
+// whole T×T attention, the full logits), over its parameters by name.
+type refGPT struct {
+	cfg GPTConfig
+	p   map[string][]float64
+}
+
+func newRefGPT(g *GPT) *refGPT {
+	r := &refGPT{cfg: g.Cfg, p: map[string][]float64{}}
+	for _, n := range g.State("") {
+		v := n.T.Float32s()
+		f := make([]float64, len(v))
+		for i, x := range v {
+			f[i] = float64(x)
+		}
+		r.p[n.Name] = f
+	}
+	return r
+}
+
+func refLayerNorm(x []float64, rows, cols int, g, b []float64) []float64 {
+	y := make([]float64, len(x))
+	for r := 0; r < rows; r++ {
+		row := x[r*cols : (r+1)*cols]
+		var m, v float64
+		for _, e := range row {
+			m += e
+		}
+		m /= float64(cols)
+		for _, e := range row {
+			v += (e - m) * (e - m)
+		}
+		v /= float64(cols)
+		for j, e := range row {
+			y[r*cols+j] = (e-m)/math.Sqrt(v+1e-5)*g[j] + b[j]
+		}
+	}
+	return y
+}
+
+// refLinear is x (rows×in) times wᵀ (w: out×in) plus b.
+func refLinear(x []float64, rows, in int, w, b []float64, out int) []float64 {
+	y := make([]float64, rows*out)
+	for r := 0; r < rows; r++ {
+		for o := 0; o < out; o++ {
+			s := b[o]
+			for i := 0; i < in; i++ {
+				s += x[r*in+i] * w[o*in+i]
+			}
+			y[r*out+o] = s
+		}
+	}
+	return y
+}
+
+func refGELU(x float64) float64 {
+	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+}
+
+// loss is the mean next-token cross-entropy of tokens x against targets y (B×T).
+func (r *refGPT) loss(x, y []int32, B, Tn int) float64 {
+	C, V, H := r.cfg.Width, r.cfg.Vocab, r.cfg.Heads
+	D := C / H
+	p := r.p
+	h := make([]float64, B*Tn*C)
+	for b := 0; b < B; b++ {
+		for t := 0; t < Tn; t++ {
+			for c := 0; c < C; c++ {
+				h[(b*Tn+t)*C+c] = p["transformer.wte.weight"][int(x[b*Tn+t])*C+c] + p["transformer.wpe.weight"][t*C+c]
+			}
+		}
+	}
+	rows := B * Tn
+	for l := 0; l < r.cfg.Layers; l++ {
+		pre := "transformer.h." + string(rune('0'+l)) + "."
+		a := refLayerNorm(h, rows, C, p[pre+"ln_1.weight"], p[pre+"ln_1.bias"])
+		qkv := refLinear(a, rows, C, p[pre+"attn.c_attn.weight"], p[pre+"attn.c_attn.bias"], 3*C)
+		att := make([]float64, rows*C)
+		for b := 0; b < B; b++ {
+			for hd := 0; hd < H; hd++ {
+				for i := 0; i < Tn; i++ {
+					s := make([]float64, i+1)
+					m := math.Inf(-1)
+					for j := 0; j <= i; j++ {
+						for d := 0; d < D; d++ {
+							s[j] += qkv[(b*Tn+i)*3*C+hd*D+d] * qkv[(b*Tn+j)*3*C+C+hd*D+d]
+						}
+						s[j] /= math.Sqrt(float64(D))
+						m = math.Max(m, s[j])
+					}
+					var z float64
+					for j := range s {
+						s[j] = math.Exp(s[j] - m)
+						z += s[j]
+					}
+					for j := range s {
+						for d := 0; d < D; d++ {
+							att[(b*Tn+i)*C+hd*D+d] += s[j] / z * qkv[(b*Tn+j)*3*C+2*C+hd*D+d]
+						}
+					}
+				}
+			}
+		}
+		proj := refLinear(att, rows, C, p[pre+"attn.c_proj.weight"], p[pre+"attn.c_proj.bias"], C)
+		for i := range h {
+			h[i] += proj[i]
+		}
+		a = refLayerNorm(h, rows, C, p[pre+"ln_2.weight"], p[pre+"ln_2.bias"])
+		f := refLinear(a, rows, C, p[pre+"mlp.c_fc.weight"], p[pre+"mlp.c_fc.bias"], 4*C)
+		for i := range f {
+			f[i] = refGELU(f[i])
+		}
+		m := refLinear(f, rows, 4*C, p[pre+"mlp.c_proj.weight"], p[pre+"mlp.c_proj.bias"], C)
+		for i := range h {
+			h[i] += m[i]
+		}
+	}
+	h = refLayerNorm(h, rows, C, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"])
+	var total float64
+	for r := 0; r < rows; r++ {
+		z := make([]float64, V)
+		mx := math.Inf(-1)
+		for v := 0; v < V; v++ {
+			for c := 0; c < C; c++ {
+				z[v] += h[r*C+c] * p["transformer.wte.weight"][v*C+c]
+			}
+			mx = math.Max(mx, z[v])
+		}
+		var s float64
+		for _, e := range z {
+			s += math.Exp(e - mx)
+		}
+		total += mx + math.Log(s) - z[y[r]]
+	}
+	return total / float64(rows)
+}
+
+func tinyGPT(t *testing.T, dev *tensor.Device, seed uint64) *GPT {
+	dev.Generator().Seed(seed)
+	g, err := NewGPT(dev, GPTConfig{Layers: 2, Heads: 2, Width: 8, Vocab: 11, Context: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Larger weights than GPT-2's initialisation, so that every part of the
+	// model moves the loss.
+	for _, n := range g.State("") {
+		dev.Backend().Normal(n.T.Buf(), 0, 0.3, dev.Generator().Next(n.T.Numel()))
+	}
+	return g
+}
+
+func randTokens(rng *rand.Rand, n, vocab int) []int32 {
+	v := make([]int32, n)
+	for i := range v {
+		v[i] = int32(rng.IntN(vocab))
+	}
+	return v
+}
+
+// TestGPTMatchesFloat64Reference: the loss, and every parameter's gradient
+// against central differences of the float64 reference.
+func TestGPTMatchesFloat64Reference(t *testing.T) { testGPTMatchesReference(t, tensor.CPU()) }
+
+func testGPTMatchesReference(t *testing.T, dev *tensor.Device) {
+	g := tinyGPT(t, dev, 3)
+	defer g.Release()
+	rng := rand.New(rand.NewPCG(4, 5))
+	const B, Tn = 2, 5
+	xs, ys := randTokens(rng, B*Tn, 11), randTokens(rng, B*Tn, 11)
+	x, y := tensor.FromInt32(dev, xs, B, Tn).Keep(), tensor.FromInt32(dev, ys, B, Tn).Keep()
+	defer x.Release()
+	defer y.Release()
+	var got float64
+	dev.WithScope(func() {
+		loss, right, n := g.Loss(x, y)
+		if n != B*Tn || right.Item() < 0 {
+			t.Errorf("Loss counts %d predictions, %v right", n, right.Item())
+		}
+		got = float64(loss.Item())
+		ag.Backward(loss)
+	})
+	ref := newRefGPT(g)
+	want := ref.loss(xs, ys, B, Tn)
+	if math.Abs(got-want) > 1e-5*math.Abs(want) {
+		t.Errorf("loss %v, float64 reference %v", got, want)
+	}
+	for _, n := range g.State("") {
+		grad := n.T.Grad()
+		if grad == nil {
+			t.Errorf("%s has no gradient", n.Name)
+			continue
+		}
+		gv := grad.Float32s()
+		w := ref.p[n.Name]
+		var num, den float64
+		for i := range w {
+			v := w[i]
+			w[i] = v + 1e-6
+			lp := ref.loss(xs, ys, B, Tn)
+			w[i] = v - 1e-6
+			lm := ref.loss(xs, ys, B, Tn)
+			w[i] = v
+			d := (lp - lm) / 2e-6
+			num += (float64(gv[i]) - d) * (float64(gv[i]) - d)
+			den += d * d
+		}
+		if den > 0 && math.Sqrt(num/den) > 2e-3 {
+			t.Errorf("%s: gradient off the float64 reference's by %.2g (relative)", n.Name, math.Sqrt(num/den))
+		}
+	}
+	ZeroGrad(g)
+}
+
+// TestGPTCheckpointedMatchesPlain: checkpointed blocks and √n segments give
+// the same loss and gradients as keeping every activation.
+func TestGPTCheckpointedMatchesPlain(t *testing.T) {
+	dev := tensor.CPU()
+	rng := rand.New(rand.NewPCG(6, 7))
+	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
+	run := func(mode CheckpointMode) (float32, [][]float32) {
+		g := tinyGPT(t, dev, 9)
+		defer g.Release()
+		g.SetCheckpoint(mode)
+		var l float32
+		dev.WithScope(func() {
+			loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
+			l = loss.Item()
+			ag.Backward(loss)
+		})
+		var grads [][]float32
+		for _, p := range Parameters(g) {
+			grads = append(grads, p.Grad().Float32s())
+		}
+		ZeroGrad(g)
+		return l, grads
+	}
+	l0, g0 := run(NoCheckpoint)
+	for _, mode := range []CheckpointMode{CheckpointBlocks, CheckpointSqrt} {
+		l, gs := run(mode)
+		if l != l0 {
+			t.Errorf("%v: loss %v, plain %v", mode, l, l0)
+		}
+		for i := range gs {
+			for j := range gs[i] {
+				if gs[i][j] != g0[i][j] {
+					t.Fatalf("%v: gradient %d differs at %d: %v vs %v", mode, i, j, gs[i][j], g0[i][j])
+				}
+			}
+		}
+	}
+}
+
+// TestGPTGenerateMatchesFullForward: greedy decoding with the key-value
+// cache picks, at every step, the argmax of the full forward over the
+// sequence so far, recomputed without a cache; and it leaves nothing
+// allocated.
+func TestGPTGenerateMatchesFullForward(t *testing.T) { testGPTGenerate(t, tensor.CPU()) }
+
+func testGPTGenerate(t *testing.T, dev *tensor.Device) {
+	g := tinyGPT(t, dev, 11)
+	defer g.Release()
+	before := dev.Allocator().Stats().Allocated[0].Current
+	s := dev.Session()
+	prompt := []int32{3, 1, 4}
+	out, err := g.Generate(s, prompt, 3, Sampling{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 3 {
+		t.Fatalf("generated %v: want 3 tokens", out)
+	}
+	seq := append([]int32(nil), prompt...)
+	for i, tok := range out {
+		var want int32
+		ag.NoGrad(dev, func() {
+			dev.WithScope(func() {
+				logits := g.Forward(tensor.FromInt32(dev, seq, 1, len(seq))).Float32s()
+				last := logits[(len(seq)-1)*11:]
+				for j, v := range last {
+					if v > last[want] {
+						want = int32(j)
+					}
+				}
+			})
+		})
+		if tok != want {
+			t.Errorf("token %d: %d with the cache, %d from the full forward", i, tok, want)
+		}
+		seq = append(seq, tok)
+	}
+	if after := dev.Allocator().Stats().Allocated[0].Current; after != before {
+		t.Errorf("allocated %d bytes after Generate, %d before: the cache was not released", after, before)
+	}
+	if _, err := g.Generate(s, []int32{1}, 6, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 6") {
+		t.Errorf("generating past the context: %v", err)
+	}
+	if _, err := g.Generate(s, []int32{11}, 1, Sampling{}); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+		t.Errorf("a prompt token outside the vocabulary: %v", err)
+	}
+}
+
+// TestGPT2FileLayout: a file written in Hugging Face GPT-2's layout by the
+// test itself (names without "transformer.", Conv1D weights in×out, the
+// attention masks and a tied lm_head beside them, F16 values) loads into
+// the model those values describe; SaveGPT2 and LoadGPT2 round-trip.
+func TestGPT2FileLayout(t *testing.T) {
+	dev := tensor.CPU()
+	g := tinyGPT(t, dev, 21)
+	defer g.Release()
+	g.Cfg.Heads = 2
+	st := &Safetensors{Tensors: map[string]Stored{}, Metadata: map[string]string{}}
+	for _, n := range g.State("") {
+		shape, v := n.T.Shape(), n.T.Float32s()
+		name := strings.TrimPrefix(n.Name, "transformer.")
+		if strings.Contains(name, "c_attn.weight") || strings.Contains(name, "c_proj.weight") || strings.Contains(name, "c_fc.weight") {
+			tv := make([]float32, len(v)) // Conv1D: in×out
+			for i := 0; i < shape[0]; i++ {
+				for j := 0; j < shape[1]; j++ {
+					tv[j*shape[0]+i] = v[i*shape[1]+j]
+				}
+			}
+			v, shape = tv, []int{shape[1], shape[0]}
+		}
+		h := tensor.FromFloat32(dev, v, len(v))
+		c := ag.Cast(h, tensor.F16)
+		st.Tensors[name] = Stored{DType: tensor.F16, Shape: shape, Data: c.Raw()}
+		h.Release()
+		c.Release()
+	}
+	st.Tensors["h.0.attn.bias"] = Stored{DType: tensor.F32, Shape: []int{1}, Data: make([]byte, 4)}
+	st.Tensors["lm_head.weight"] = st.Tensors["wte.weight"]
+	dir := t.TempDir()
+	// Width 8 is not GPT-2's 64 a head: the heads come from the metadata
+	// SaveGPT2 writes, or here, where it is missing, an error says so.
+	if err := WriteSafetensors(dir+"/hf.safetensors", st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadGPT2(dir+"/hf.safetensors", dev); err == nil || !strings.Contains(err.Error(), "heads") {
+		t.Errorf("a file of width 8 without metadata: %v", err)
+	}
+	st.Metadata[gptMetaKey] = `{"Layers":2,"Heads":2,"Width":8,"Vocab":11,"Context":6}`
+	if err := WriteSafetensors(dir+"/hf.safetensors", st); err != nil {
+		t.Fatal(err)
+	}
+	l, err := LoadGPT2(dir+"/hf.safetensors", dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	want, got := g.State(""), l.State("")
+	for i := range want {
+		wv, gv := want[i].T.Float32s(), got[i].T.Float32s()
+		for j := range wv {
+			if d := math.Abs(float64(wv[j] - gv[j])); d > 2e-3*(1+math.Abs(float64(wv[j]))) {
+				t.Fatalf("%s[%d]: %v loaded, %v written (f16)", want[i].Name, j, gv[j], wv[j])
+			}
+		}
+	}
+	// A round trip through SaveGPT2 is exact (F32).
+	if err := SaveGPT2(dir+"/ours.safetensors", g); err != nil {
+		t.Fatal(err)
+	}
+	r, err := LoadGPT2(dir+"/ours.safetensors", dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	for i, n := range r.State("") {
+		if !slicesEqual(n.T.Float32s(), want[i].T.Float32s()) {
+			t.Errorf("%s differs after SaveGPT2 and LoadGPT2", n.Name)
+		}
+	}
+	delete(st.Tensors, "h.1.mlp.c_fc.bias")
+	WriteSafetensors(dir+"/short.safetensors", st)
+	if _, err := LoadGPT2(dir+"/short.safetensors", dev); err == nil || !strings.Contains(err.Error(), "h.1.mlp.c_fc.bias") {
+		t.Errorf("a file without a tensor: %v", err)
+	}
+}
+
+func slicesEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
