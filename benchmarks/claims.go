@@ -85,7 +85,7 @@ func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options
 		return Claim{}, err
 	}
 	run := func(empty bool) (ms float64, peakA, reservedAfter int64, err error) {
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, o.Seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, o, false)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -148,7 +148,7 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 	}
 	a := dev.Allocator()
 	measure := func(leak bool) (perEpoch []int64, report string, err error) {
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, Options{Seed: seed}, false)
 		if err != nil {
 			return nil, "", err
 		}
@@ -227,19 +227,15 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 	batches := []int{max(1, maxBatch/4), max(1, maxBatch/2), max(1, maxBatch*3/4), maxBatch}
 	step := func(s *stepper, b int, rng *rand.Rand) (err error) {
 		dev.WithScope(func() {
-			x := tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Input...)...)
-			labels := make([]int32, b)
-			for j := range labels {
-				labels[j] = int32(rng.IntN(m.Classes))
-			}
-			err = s.tr.RunStep(x, tensor.FromInt32(dev, labels, b))
+			x, y := randomBatch(dev, m, b, rng)
+			err = s.tr.RunStep(x, y)
 		})
 		return err
 	}
 	type arm struct{ meanFrag, maxFrag, meanCached, ms float64 }
 	run := func(every int, warm bool) (r arm, err error) {
 		a.EmptyCache()
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, 1, seed, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, 1, Options{Seed: seed}, false)
 		if err != nil {
 			return r, err
 		}

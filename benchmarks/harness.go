@@ -24,15 +24,44 @@ import (
 )
 
 // The harness benchmarks the models of train's registry (train.LookupArch),
-// on random inputs of each one's Input shape.
+// on random inputs of each one's Input shape: Gaussian images and uniform
+// labels, or uniform tokens and next tokens.
 
 // build makes m on dev from seed, for its own input shape.
-func build(dev *tensor.Device, m train.Arch, seed uint64) nn.Model {
-	model, err := m.Build(dev, m.Input[0], m.Input[1], m.Input[2], m.Classes, seed)
-	if err != nil {
-		panic(err) // the registry's shapes are valid
+func build(dev *tensor.Device, m train.Arch, seed uint64) (nn.Model, error) {
+	return m.Build(dev, m.Input, m.Classes, seed)
+}
+
+// randomBatch is a batch of b random examples for m, in the current scope.
+func randomBatch(dev *tensor.Device, m train.Arch, b int, rng *rand.Rand) (x, y *tensor.Tensor) {
+	labels := func(n int) []int32 {
+		l := make([]int32, n)
+		for i := range l {
+			l[i] = int32(rng.IntN(m.Classes))
+		}
+		return l
 	}
-	return model
+	if m.Text {
+		T := m.Input[0]
+		return tensor.FromInt32(dev, labels(b*T), b, T), tensor.FromInt32(dev, labels(b*T), b, T)
+	}
+	return tensor.Randn(dev, tensor.F32, 0, 1, append([]int{b}, m.Input...)...), tensor.FromInt32(dev, labels(b), b)
+}
+
+// recipe is the training configuration the harness times m with: SGD with
+// Nesterov momentum at a constant rate for the image models; a language
+// model's own recipe's optimiser and clipping (AdamW, gradients clipped to
+// norm 1), as PyTorch's twin runs them, at a constant rate.
+func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool, ampDType string) train.Config {
+	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
+		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
+	if v.AMP {
+		cfg.AMPDType = ampDType
+	}
+	if r := m.Recipe; r != nil {
+		cfg.Optimizer, cfg.LR, cfg.Momentum, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm = r.Optimizer, r.LR, 0, r.Beta2, r.WeightDecay, r.ClipNorm
+	}
+	return cfg
 }
 
 // variant is the configuration named name (one of train.Variants, in whose
@@ -98,6 +127,9 @@ type Options struct {
 	// NoOverlap makes a data-parallel step all-reduce its gradients after
 	// the backward instead of overlapping it (dist.Reducer.SetOverlap).
 	NoOverlap bool
+	// AMPDType is what the AMP configurations autocast to: "f16" (the
+	// default, with a GradScaler) or "bf16".
+	AMPDType string
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
@@ -113,26 +145,22 @@ type stepper struct {
 	x, y  *tensor.Tensor
 }
 
-func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, seed uint64, capture bool) (*stepper, error) {
-	model := build(dev, m, seed)
-	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
-		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
-	tr, err := train.New(model, dev, cfg, 1)
+func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, o Options, capture bool) (*stepper, error) {
+	model, err := build(dev, m, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := train.New(model, dev, recipe(m, v, batch, o.Seed, capture, o.AMPDType), 1)
 	if err != nil {
 		nn.Release(model)
 		return nil, err
 	}
 	s := &stepper{dev: dev, model: model, tr: tr}
-	shape := append([]int{batch}, m.Input...)
-	s.x, s.y = tr.Step.Inputs(tensor.F32, shape, []int{batch})
 	dev.WithScope(func() {
-		dev.Backend().Copy(s.x.Buf(), tensor.Randn(dev, tensor.F32, 0, 1, shape...).Buf())
-		rng := rand.New(rand.NewPCG(seed, 7))
-		labels := make([]int32, batch)
-		for i := range labels {
-			labels[i] = int32(rng.IntN(m.Classes))
-		}
-		dev.Backend().Copy(s.y.Buf(), tensor.FromInt32(dev, labels, batch).Buf())
+		x, y := randomBatch(dev, m, batch, rand.New(rand.NewPCG(o.Seed, 7)))
+		s.x, s.y = tr.Step.Inputs(x.DType(), x.Shape(), y.Shape())
+		dev.Backend().Copy(s.x.Buf(), x.Buf())
+		dev.Backend().Copy(s.y.Buf(), y.Buf())
 	})
 	return s, nil
 }
@@ -161,7 +189,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	s, err := newStepper(dev, m, c, spec.Batch, o.Seed, !o.Eager)
+	s, err := newStepper(dev, m, c, spec.Batch, o, !o.Eager)
 	if err != nil {
 		return Result{}, err
 	}

@@ -41,7 +41,7 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float6
 	if err != nil {
 		return nil, 0, err
 	}
-	s, err := newStepper(dev, m, c, spec.Batch, o.Seed, false)
+	s, err := newStepper(dev, m, c, spec.Batch, o, false)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -177,7 +177,11 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 		return nil, err
 	}
 	if tokens == nil {
+		brown := isBrown(files)
 		for _, t := range texts {
+			if brown {
+				t = untag(t)
+			}
 			tokens = append(tokens, tok.Encode(t)...)
 		}
 		if c.Cache, err = writeTokens(path, tok, sum, tokens); err != nil {
@@ -224,11 +228,10 @@ func isBrown(files []string) bool {
 }
 
 // readTexts reads the files, checking that each is text, and returns their
-// texts (the Brown corpus's tags stripped) and a hash of their bytes.
+// texts and a hash of their bytes.
 func readTexts(files []string) ([]string, [32]byte, error) {
 	h := sha256.New()
 	var texts []string
-	brown := isBrown(files)
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -239,11 +242,7 @@ func readTexts(files []string) ([]string, [32]byte, error) {
 		}
 		h.Write([]byte(filepath.Base(f)))
 		h.Write(data)
-		s := string(data)
-		if brown {
-			s = untag(s)
-		}
-		texts = append(texts, s)
+		texts = append(texts, string(data))
 	}
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))

@@ -272,11 +272,8 @@ func (g *GPT) SetTraining(on bool) {
 	}
 }
 
-// Release frees the model's state and its position table.
-func (g *GPT) Release() {
-	Release(g)
-	g.positions.Release()
-}
+// releaseOwned frees the position table, which is not state (Release).
+func (g *GPT) releaseOwned() { g.positions.Release() }
 
 // forwardSegments runs modules in order, checkpointed as mode says (each
 // module, ⌈√n⌉ segments of them, or none), releasing the intermediates.

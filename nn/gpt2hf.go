@@ -107,7 +107,7 @@ func LoadGPT2(path string, dev *tensor.Device) (*GPT, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			g.Release()
+			Release(g)
 		}
 	}()
 	state := stateMap(g.State(""))

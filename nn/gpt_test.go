@@ -175,7 +175,7 @@ func TestGPTMatchesFloat64Reference(t *testing.T) { testGPTMatchesReference(t, t
 
 func testGPTMatchesReference(t *testing.T, dev *tensor.Device) {
 	g := tinyGPT(t, dev, 3)
-	defer g.Release()
+	defer Release(g)
 	rng := rand.New(rand.NewPCG(4, 5))
 	const B, Tn = 2, 5
 	xs, ys := randTokens(rng, B*Tn, 11), randTokens(rng, B*Tn, 11)
@@ -231,7 +231,7 @@ func TestGPTCheckpointedMatchesPlain(t *testing.T) {
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	run := func(mode CheckpointMode) (float32, [][]float32) {
 		g := tinyGPT(t, dev, 9)
-		defer g.Release()
+		defer Release(g)
 		g.SetCheckpoint(mode)
 		var l float32
 		dev.WithScope(func() {
@@ -270,7 +270,7 @@ func TestGPTGenerateMatchesFullForward(t *testing.T) { testGPTGenerate(t, tensor
 
 func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 	g := tinyGPT(t, dev, 11)
-	defer g.Release()
+	defer Release(g)
 	before := dev.Allocator().Stats().Allocated[0].Current
 	s := dev.Session()
 	prompt := []int32{3, 1, 4}
@@ -318,7 +318,7 @@ func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 func TestGPT2FileLayout(t *testing.T) {
 	dev := tensor.CPU()
 	g := tinyGPT(t, dev, 21)
-	defer g.Release()
+	defer Release(g)
 	g.Cfg.Heads = 2
 	st := &Safetensors{Tensors: map[string]Stored{}, Metadata: map[string]string{}}
 	for _, n := range g.State("") {
@@ -358,7 +358,7 @@ func TestGPT2FileLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Release()
+	defer Release(l)
 	want, got := g.State(""), l.State("")
 	for i := range want {
 		wv, gv := want[i].T.Float32s(), got[i].T.Float32s()
@@ -376,7 +376,7 @@ func TestGPT2FileLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Release()
+	defer Release(r)
 	for i, n := range r.State("") {
 		if !slicesEqual(n.T.Float32s(), want[i].T.Float32s()) {
 			t.Errorf("%s differs after SaveGPT2 and LoadGPT2", n.Name)

@@ -96,12 +96,20 @@ func ZeroGrad(m Module) {
 	}
 }
 
-// Release releases every tensor of m's state (and their gradients).
+// Release releases every tensor of m's state (and their gradients) and
+// what else the module holds.
 func Release(m Module) {
 	for _, n := range m.State("") {
 		n.T.Release()
 	}
+	if o, ok := m.(owner); ok {
+		o.releaseOwned()
+	}
 }
+
+// owner is a module that holds tensors besides its state (GPT's position
+// table), which Release frees too.
+type owner interface{ releaseOwned() }
 
 // CountParams is the number of trainable scalars in m.
 func CountParams(m Module) int {

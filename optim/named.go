@@ -16,6 +16,7 @@ import (
 // (one entry a parameter).
 type Hyper struct {
 	LR, Momentum, WeightDecay float64
+	Beta2                     float64 // AdamW's (0: its default)
 	NoDecay                   []bool
 }
 
@@ -31,6 +32,9 @@ var optimizers = []struct {
 	}},
 	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer {
 		o := NewAdamW(ps, h.LR, h.WeightDecay)
+		if h.Beta2 > 0 {
+			o.Beta2 = h.Beta2
+		}
 		o.NoDecay = h.NoDecay
 		return o
 	}},

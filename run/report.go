@@ -18,8 +18,9 @@ import (
 type Final struct {
 	TestAcc           train.Float `json:"test_acc"`
 	TestLoss          train.Float `json:"test_loss"`
-	ImgPerSec         train.Float `json:"img_per_sec"`   // this run's training steps (not a resumed run's earlier ones)
-	TrainSeconds      float64     `json:"train_seconds"` // this run's
+	ImgPerSec         train.Float `json:"img_per_sec"`              // examples (images, windows) per second of this run's training steps (not a resumed run's earlier ones)
+	TokensPerSec      train.Float `json:"tokens_per_sec,omitempty"` // a language model's
+	TrainSeconds      float64     `json:"train_seconds"`            // this run's
 	WallSeconds       float64     `json:"wall_seconds"`
 	PeakAllocated     int64       `json:"peak_allocated"` // by the training steps
 	PeakReserved      int64       `json:"peak_reserved"`
@@ -41,8 +42,12 @@ type Report struct {
 	Device        string                 `json:"device"`
 	Dataset       string                 `json:"dataset"`
 	DataDir       string                 `json:"data_dir,omitempty"` // the folder the dataset was read from
-	TrainImages   int                    `json:"train_images"`
-	TestImages    int                    `json:"test_images"`
+	TrainImages   int                    `json:"train_images,omitempty"`
+	TestImages    int                    `json:"test_images,omitempty"`
+	Tokenizer     string                 `json:"tokenizer,omitempty"` // a language model's corpus: its tokenizer and split
+	TrainTokens   int                    `json:"train_tokens,omitempty"`
+	ValTokens     int                    `json:"val_tokens,omitempty"`
+	Sample        *Sample                `json:"sample,omitempty"`
 	Budget        *train.BudgetChoice    `json:"budget,omitempty"`
 	Measured      []train.Measurement    `json:"measured_step_peaks,omitempty"`
 	ResumeChanges []string               `json:"resume_changes,omitempty"`
@@ -57,6 +62,15 @@ type Report struct {
 	Memory        []train.MemSample      `json:"-"` // the pool after every step
 	Title         string                 `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
 	summary       func(w io.Writer)      // the end-of-run lines, while the trainer was alive
+}
+
+// Sample is text a language model generated at the end of its run.
+type Sample struct {
+	Prompt      string  `json:"prompt"`
+	Text        string  `json:"text"` // what followed the prompt
+	Tokens      int     `json:"tokens"`
+	Temperature float64 `json:"temperature"`
+	TopK        int     `json:"top_k"`
 }
 
 // DataParallel is what a data-parallel run's report adds: the job, its

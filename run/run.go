@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/leangrad/leangrad/datasets"
@@ -25,7 +27,18 @@ import (
 // from its flags; a Go program fills it itself and calls Train.
 type Job struct {
 	train.Config
+	// Train and Test are an image classifier's data.
 	Train, Test *datasets.Dataset
+	// Text is a language model's (train.Arch.Text) corpus: each "epoch" is
+	// Config.EvalEvery steps on random windows of its training split, then
+	// an evaluation on its validation split (Config.EvalBatches' worth).
+	Text *datasets.Corpus
+	// Sample, for a language model, generates that many tokens with the
+	// trained model at the end (Report.Sample), drawn as Sampling says,
+	// after Prompt (empty: the validation split's first tokens).
+	Sample   int
+	Sampling nn.Sampling
+	Prompt   string
 	// Augment takes random crops (padding 2, or 4 for 32×32 images) and
 	// horizontal flips, for the models they suit (train.Arch.CNN).
 	Augment bool
@@ -57,13 +70,25 @@ type Job struct {
 	Group *dist.Group
 }
 
+// CPUModelNote says what train.ForCPU chose for gpt.
+const CPUModelNote = "the gpt-mini preset (2 layers of width 128, context 64; its recipe: 200 steps of 16 windows; -model gpt-small trains the GPU's gpt here too)"
+
 // CPUDefaults shrinks the job to a few minutes on a CPU, where given says
-// the user did not choose: the first 2000 training images ("limit") and
-// 1000 test images ("test-limit"), one epoch ("epochs"), and a batch of 32
-// ("batch") with the learning rate ("lr") scaled linearly. It returns what
-// it changed, to be said.
+// the user did not choose: for an image classifier the first 2000 training
+// images ("limit") and 1000 test images ("test-limit"), one epoch
+// ("epochs"), and a batch of 32 ("batch") with the learning rate ("lr")
+// scaled linearly; for a language model, gpt is the gpt-mini preset
+// (2 layers of width 128, context 64; its recipe: 200 steps of 16 windows).
+// It returns what it changed, to be said.
 func (j *Job) CPUDefaults(given func(name string) bool) []string {
 	var notes []string
+	if j.Text != nil {
+		if m := train.ForCPU(j.Model); m != j.Model {
+			j.Model = m
+			notes = append(notes, CPUModelNote)
+		}
+		return notes
+	}
 	if !given("limit") && j.Train.N > 2000 {
 		j.Train = j.Train.Subset(2000)
 		notes = append(notes, "the first 2000 training images")
@@ -97,11 +122,18 @@ func Train(dev *tensor.Device, job Job) (report *Report, err error) {
 	if r.say == nil {
 		r.say = io.Discard
 	}
-	r.report = &Report{Config: r.cfg, Device: dev.Name(), Dataset: job.Train.Name, DataDir: job.Train.Dir,
-		TrainImages: job.Train.N, TestImages: job.Test.N}
+	r.report = &Report{Config: r.cfg, Device: dev.Name()}
+	switch {
+	case job.Text != nil:
+		r.report.Dataset, r.report.DataDir = job.Text.Name, job.Text.Path
+		r.report.Tokenizer, r.report.TrainTokens, r.report.ValTokens = job.Text.Tokenizer.Name(), len(job.Text.Train), len(job.Text.Val)
+	case job.Train != nil && job.Test != nil:
+		r.report.Dataset, r.report.DataDir = job.Train.Name, job.Train.Dir
+		r.report.TrainImages, r.report.TestImages = job.Train.N, job.Test.N
+	}
 	defer func() { r.report.finish(dev, err) }()
 	defer r.release()
-	for _, stage := range []func() error{r.lookup, r.loaders, r.fitBudget, r.measure, r.trainer, r.fit, r.summarize} {
+	for _, stage := range []func() error{r.lookup, r.loaders, r.fitBudget, r.measure, r.trainer, r.fit, r.summarize, r.sample} {
 		if err := stage(); err != nil {
 			return r.report, err
 		}
@@ -119,7 +151,9 @@ type runner struct {
 
 	arch          train.Arch
 	mode          train.Mode
-	trainL, testL *datasets.Loader
+	input         []int // one example's shape
+	classes       int   // or the vocabulary
+	trainL, testL datasets.Batches
 	micro         int // the micro-batch size the budget chose (0: whole batches)
 	model         nn.Model
 	t             *train.Trainer
@@ -128,25 +162,38 @@ type runner struct {
 }
 
 func (r *runner) lookup() (err error) {
-	r.arch, err = train.LookupArch(r.cfg.Model)
+	if r.arch, err = train.LookupArch(r.cfg.Model); err != nil {
+		return err
+	}
 	r.mode = train.ModeFor(r.dev, r.cfg.Capture)
-	return err
+	switch {
+	case r.arch.Text && r.job.Text == nil:
+		return fmt.Errorf("model %s is a language model: the job needs a text corpus (Job.Text)", r.cfg.Model)
+	case !r.arch.Text && (r.job.Train == nil || r.job.Test == nil):
+		return fmt.Errorf("model %s classifies images: the job needs training and test images (Job.Train, Job.Test)", r.cfg.Model)
+	}
+	return nil
 }
 
 // build makes a fresh model of the run, from its seed.
 func (r *runner) build() nn.Model {
-	d := r.job.Train
-	m, err := r.arch.Build(r.dev, d.C, d.H, d.W, d.Classes, r.cfg.Seed)
+	m, err := r.arch.Build(r.dev, r.input, r.classes, r.cfg.Seed)
 	if err != nil {
-		panic(err) // the dataset's shapes are valid
+		panic(err) // loaders checked the shapes
 	}
 	return m
 }
 
 // loaders makes the training loader (shuffled, augmented where the model
-// suits it, sharded across the job's ranks) and the test loader.
+// suits it, sharded across the job's ranks) and the test loader; for a
+// language model, the loaders of random training windows and of the
+// validation split's consecutive ones.
 func (r *runner) loaders() error {
+	if r.arch.Text {
+		return r.textLoaders()
+	}
 	d := r.job.Train
+	r.input, r.classes = []int{d.C, d.H, d.W}, d.Classes
 	mean, std := d.MeanStd()
 	lc := datasets.LoaderConfig{Batch: r.cfg.Batch, Shuffle: true, Seed: r.cfg.Seed, Mean: mean, Std: std}
 	if r.job.Augment && r.arch.CNN {
@@ -162,6 +209,38 @@ func (r *runner) loaders() error {
 	}
 	r.trainL = datasets.NewLoader(d, r.dev, lc)
 	r.testL = datasets.NewLoader(r.job.Test, r.dev, tc)
+	return nil
+}
+
+func (r *runner) textLoaders() error {
+	c, cfg := r.job.Text, &r.cfg
+	if cfg.Context == 0 {
+		cfg.Context = r.arch.Input[0]
+	}
+	if cfg.Tokenizer == "" {
+		cfg.Tokenizer = c.Tokenizer.Name()
+	}
+	T := cfg.Context
+	switch {
+	case cfg.Tokenizer != c.Tokenizer.Name():
+		return fmt.Errorf("corpus %s: tokenized by %s, and the configuration says %s", c.Name, c.Tokenizer.Name(), cfg.Tokenizer)
+	case cfg.EvalEvery < 1:
+		return fmt.Errorf("a language model's run needs the steps between evaluations (EvalEvery), not %d", cfg.EvalEvery)
+	case T < 1 || cfg.Batch < 1:
+		return fmt.Errorf("batch %d of context %d: want positive sizes", cfg.Batch, T)
+	case len(c.Val) < T+1:
+		return fmt.Errorf("corpus %s: %d validation tokens, fewer than one window of the context %d and its next token", c.Name, len(c.Val), T)
+	}
+	r.input, r.classes = []int{T}, c.Tokenizer.Vocab()
+	r.report.Config = r.cfg
+	tc := datasets.TextConfig{Batch: cfg.Batch, Context: T, Steps: cfg.EvalEvery, Seed: cfg.Seed}
+	vc := datasets.TextConfig{Batch: cfg.Batch, Context: T, MaxBatches: cfg.EvalBatches}
+	if g := r.job.Group; g != nil {
+		tc.Rank, tc.Ranks = g.Rank(), g.Size()
+		vc.Rank, vc.Ranks = g.Rank(), g.Size()
+	}
+	r.trainL = datasets.NewTextLoader(c.Train, r.dev, tc)
+	r.testL = datasets.NewTextLoader(c.Val, r.dev, vc)
 	return nil
 }
 
@@ -278,9 +357,15 @@ func (r *runner) fit() error {
 	if r.job.RecordHistory {
 		a.RecordHistory(true)
 	}
-	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
-	fmt.Fprintf(r.say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
-		r.cfg.Model, nn.CountParams(r.model), r.job.Train.N, r.cfg.Epochs, r.trainL.Len(), chosen, r.t.Step.Mode)
+	chosen := r.variant()
+	if r.arch.Text {
+		fmt.Fprintf(r.say, "training %s (%s parameters) on %s's %s tokens, %d steps of %d windows of %d tokens (evaluated every %d), %s, %s steps\n",
+			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Epochs*r.cfg.EvalEvery,
+			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, r.t.Step.Mode)
+	} else {
+		fmt.Fprintf(r.say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
+			r.cfg.Model, nn.CountParams(r.model), r.job.Train.N, r.cfg.Epochs, r.trainL.Len(), chosen, r.t.Step.Mode)
+	}
 	r.report.Title = fmt.Sprintf("%s, %s, batch %d on %s", r.cfg.Model, chosen, r.cfg.Batch, r.dev.Name())
 	if g := r.job.Group; g != nil {
 		r.report.Title = fmt.Sprintf("%s, %s, batch %d per rank on %d ranks", r.cfg.Model, chosen, r.cfg.Batch, g.Size())
@@ -301,10 +386,11 @@ func (r *runner) fit() error {
 // trainer: they are written while it is alive and printed by WriteSummary.
 func (r *runner) summarize() error {
 	t, cfg, a := r.t, r.cfg, r.dev.Allocator()
-	var imgs, secs float64
+	var imgs, preds, secs float64
 	for _, m := range t.History[r.resumed:] {
 		secs += m.Seconds
 		imgs += m.ImgPerSec * m.Seconds
+		preds += m.PredictionsPerSec * m.Seconds
 	}
 	last := t.History[len(t.History)-1]
 	peakA, peakR := t.Peaks()
@@ -313,9 +399,18 @@ func (r *runner) summarize() error {
 
 	var lines []string
 	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
-	add("\ntest accuracy  %.2f%% (loss %.4f) after %d epochs", 100*last.TestAcc, last.TestLoss, len(t.History))
-	if secs > 0 {
-		add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, r.wall.Seconds())
+	if r.arch.Text {
+		r.report.Final.TokensPerSec = train.Float(preds / secs)
+		add("\nvalidation     loss %.4f (perplexity %.1f, next token right %.2f%%) after %d steps; training loss %.4f over the last %d",
+			last.TestLoss, math.Exp(float64(last.TestLoss)), 100*last.TestAcc, t.Steps, last.TrainLoss, cfg.EvalEvery)
+		if secs > 0 {
+			add("throughput     %.0f tokens/s over this run's training steps (%.1f s), %.1f s in all with evaluation", preds/secs, secs, r.wall.Seconds())
+		}
+	} else {
+		add("\ntest accuracy  %.2f%% (loss %.4f) after %d epochs", 100*last.TestAcc, last.TestLoss, len(t.History))
+		if secs > 0 {
+			add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, r.wall.Seconds())
+		}
 	}
 	chosen := train.VariantName(cfg.AMP, cfg.Checkpoint)
 	line := "peak allocated " + memory.Bytes(peakA).String() + " by the training steps"
@@ -345,7 +440,8 @@ func (r *runner) summarize() error {
 				rank, memory.Bytes(p.PeakAllocated), memory.Bytes(p.PeakReserved), memory.Bytes(p.EvalPeakAllocated))
 		}
 	}
-	evalBatch := fmt.Sprintf("batches of %d", min(r.testL.BatchShape()[0], r.job.Test.N))
+	_, evalShape, _ := r.testL.Inputs()
+	evalBatch := fmt.Sprintf("%d batches of %d", r.testL.Len(), evalShape[0])
 	if c := t.EvalChunk(); c > 0 {
 		evalBatch += fmt.Sprintf(", run %d examples at a time since the device ran out of memory", c)
 	}
@@ -383,8 +479,55 @@ func buckets(n int) string {
 	return fmt.Sprintf("%d buckets", n)
 }
 
+// sample generates Job.Sample tokens with a language model.
+func (r *runner) sample() error {
+	if r.job.Sample <= 0 || !r.arch.Text {
+		return nil
+	}
+	g, ok := r.model.(interface {
+		Generate(dev *tensor.Device, prompt []int32, n int, s nn.Sampling) ([]int32, error)
+	})
+	if !ok {
+		return fmt.Errorf("model %s does not generate text", r.cfg.Model)
+	}
+	tok := r.job.Text.Tokenizer
+	prompt := tok.Encode(r.job.Prompt)
+	if r.job.Prompt == "" {
+		prompt = r.job.Text.Val[:min(len(r.job.Text.Val), 16, r.cfg.Context/2)]
+	}
+	n := r.job.Sample
+	if len(prompt)+n > r.cfg.Context {
+		return fmt.Errorf("a sample of %d tokens after a prompt of %d: more than the context of %d", n, len(prompt), r.cfg.Context)
+	}
+	out, err := g.Generate(r.dev, prompt, n, r.job.Sampling)
+	if err != nil {
+		return fmt.Errorf("sampling: %w", err)
+	}
+	r.report.Sample = &Sample{Prompt: tok.Decode(prompt), Text: tok.Decode(out), Tokens: len(out),
+		Temperature: r.job.Sampling.Temperature, TopK: r.job.Sampling.TopK}
+	return nil
+}
+
+// variant names the run's configuration, with AMP's dtype: "amp (bf16)+checkpoint".
+func (r *runner) variant() string {
+	name := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
+	if r.cfg.AMP {
+		name = strings.Replace(name, "amp", "amp ("+r.cfg.Autocast().String()+")", 1)
+	}
+	return name
+}
+
+// count is n with its thousands apart: "1,234,567".
+func count(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
 // withFirstBatch calls f with the loader's first batch, made on dev.
-func withFirstBatch(dev *tensor.Device, l *datasets.Loader, f func(x, y *tensor.Tensor)) {
+func withFirstBatch(dev *tensor.Device, l datasets.Batches, f func(x, y *tensor.Tensor)) {
 	dev.WithScope(func() {
 		ep := l.Epoch(0)
 		x, y, _ := ep.Next()

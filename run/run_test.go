@@ -2,12 +2,14 @@ package run
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -51,5 +53,63 @@ func TestCPUDefaults(t *testing.T) {
 	notes := job.CPUDefaults(func(name string) bool { return name == "epochs" })
 	if job.Train.N != 2000 || job.Test.N != 1000 || job.Epochs != 15 || job.Batch != 32 || job.LR != 0.025 || len(notes) != 4 {
 		t.Errorf("after CPUDefaults: %d/%d images, %d epochs, batch %d, lr %v; notes %q", job.Train.N, job.Test.N, job.Epochs, job.Batch, job.LR, notes)
+	}
+}
+
+// TestTrainGPT is the text job on the Brown corpus, shrunk to seconds (a
+// byte-level vocabulary keeps the classifier small under the race
+// detector): the validation loss must fall well below a uniform guess's
+// ln 256 = 5.55 and keep falling, the report must say what a text run is,
+// and nothing may stay allocated.
+func TestTrainGPT(t *testing.T) {
+	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus, err := datasets.OpenBrown(datasets.Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
+	if err != nil {
+		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	dev := tensor.NewDevice(cpu.New())
+	var log bytes.Buffer
+	job := Job{Config: train.Config{Model: "gpt-mini", Dataset: corpus.Name, Epochs: 2, Batch: 8, LR: 3e-3, Optimizer: "adamw", Beta2: 0.99,
+		WeightDecay: 0.1, ClipNorm: 1, Schedule: "cosine", WarmupEpochs: 0.25, Seed: 1, Context: 32, EvalEvery: 40, EvalBatches: 8},
+		Text: corpus, Measure: true, Sample: 12, Sampling: nn.Sampling{Temperature: 0.8, TopK: 40}, Log: &log}
+	r, err := Train(dev, job)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	first, last := r.Epochs[0].TestLoss, r.Epochs[len(r.Epochs)-1].TestLoss
+	t.Logf("validation loss %.3f after 40 steps, %.3f after 80", first, last)
+	if !(first < 3.6 && last < first-0.1) {
+		t.Errorf("validation loss %.3f after 40 steps and %.3f after 80: want below 3.6 and falling by 0.1 more", first, last)
+	}
+	if r.Tokenizer != "bytes" || r.TrainTokens != len(corpus.Train) || r.ValTokens != len(corpus.Val) || !(r.Final.TokensPerSec > 0) ||
+		r.Config.Context != 32 || len(r.Measured) != 4 {
+		t.Errorf("report: tokenizer %q, %d/%d tokens, %v tokens/s, context %d, %d measurements", r.Tokenizer, r.TrainTokens, r.ValTokens,
+			r.Final.TokensPerSec, r.Config.Context, len(r.Measured))
+	}
+	if s := r.Sample; s == nil || s.Tokens != 12 || s.Text == "" || s.Prompt == "" {
+		t.Errorf("sample: %+v", s)
+	}
+	var sum bytes.Buffer
+	r.WriteSummary(&sum)
+	for _, want := range []string{"validation     loss", "tokens/s", "leangrad memory summary"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+	if !strings.Contains(log.String(), "training gpt-mini") {
+		t.Errorf("log:\n%s", log.String())
+	}
+	if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != 0 {
+		t.Errorf("%d bytes left allocated after the run", got)
+	}
+	job.Text = nil
+	if _, err := Train(dev, job); err == nil || !strings.Contains(err.Error(), "language model") {
+		t.Errorf("a GPT without a corpus: %v", err)
 	}
 }

@@ -146,5 +146,10 @@ func Mismatches(a, b Config) []string {
 	diff("weight_decay", a.WeightDecay, b.WeightDecay)
 	diff("warmup_epochs", a.WarmupEpochs, b.WarmupEpochs)
 	diff("seed", a.Seed, b.Seed)
+	diff("beta2", a.Beta2, b.Beta2)
+	diff("clip_norm", a.ClipNorm, b.ClipNorm)
+	diff("context", a.Context, b.Context)
+	diff("tokenizer", a.Tokenizer, b.Tokenizer)
+	diff("eval_every", a.EvalEvery, b.EvalEvery)
 	return out
 }

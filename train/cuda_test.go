@@ -24,6 +24,9 @@ func TestCUDAMeasuredSavings(t *testing.T) {
 func TestCUDAPlannedStepsMatchEager(t *testing.T) {
 	testPlannedStepsMatchEager(t, testdev.CUDA(t), Captured)
 }
+func TestCUDAGPTPlannedStepsMatchEager(t *testing.T) {
+	testGPTPlannedStepsMatchEager(t, testdev.CUDA(t), Captured)
+}
 func TestCUDAPlannedStepMemory(t *testing.T) {
 	testPlannedStepMemory(t, testdev.CUDA(t), Captured, nil)
 }

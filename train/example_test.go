@@ -15,7 +15,7 @@ import (
 func ExampleTrainer() {
 	dev := tensor.CPU()
 	trainSet, testSet := datasets.SyntheticSize(512, 1, 12), datasets.SyntheticSize(128, 2, 12)
-	model, err := train.BuildModel(dev, "resnet8", 1, 12, 12, 10, 1)
+	model, err := train.BuildModel(dev, "resnet8", []int{1, 12, 12}, 10, 1)
 	if err != nil {
 		panic(err)
 	}
@@ -46,7 +46,7 @@ func ExampleTrainer() {
 func ExampleMeasureStep() {
 	dev := tensor.CPU()
 	build := func() nn.Model {
-		m, _ := train.BuildModel(dev, "resnet8", 1, 28, 28, 10, 1)
+		m, _ := train.BuildModel(dev, "resnet8", []int{1, 28, 28}, 10, 1)
 		return m
 	}
 	x := tensor.Randn(dev, tensor.F32, 0, 1, 32, 1, 28, 28)

@@ -2,6 +2,7 @@ package train
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,10 +15,19 @@ import (
 // is fed, whether it has blocks to checkpoint, and how it is built.
 type Arch struct {
 	Name string
-	// Input is the shape of one example the harness feeds it (C×H×W), and
-	// Classes its classes, when no dataset says otherwise.
+	// Input is the shape of one example (C×H×W images; a language model's
+	// window of T tokens) and Classes its classes (a language model's
+	// vocabulary), when no dataset says otherwise.
 	Input   []int
 	Classes int
+	// Text says the model is a language model: it is fed I32 windows of
+	// tokens, and each position's target is the next token. GPT is its
+	// configuration, whose Vocab and Context Build's input overrides.
+	Text bool
+	GPT  nn.GPTConfig
+	// Recipe is a language model's default training recipe, which the
+	// commands apply where the user did not choose and the harness times.
+	Recipe *Recipe
 	// Blocks says the model has blocks to checkpoint (Config.Checkpoint
 	// applies); Segments is what the harness's checkpointing configurations
 	// checkpoint: "blocks" (each block) or "sqrt" (√n segments of blocks).
@@ -27,24 +37,69 @@ type Arch struct {
 	// it, and convolution workspaces matter.
 	CNN bool
 
-	build func(dev *tensor.Device, c, h, w, classes int) nn.Model
+	build func(dev *tensor.Device, input []int, classes int) (nn.Model, error)
+}
+
+// Recipe is how a language model trains by default: the optimiser and its
+// hyper-parameters, the batch and the run's length in steps.
+type Recipe struct {
+	Optimizer                            string
+	LR, Beta2, WeightDecay, ClipNorm     float64
+	Batch, Steps, EvalEvery, EvalBatches int
+	WarmupSteps                          int
 }
 
 // ModelNames says, for messages, which names LookupArch knows.
-const ModelNames = "resnetN (N = 6n+2: resnet20, resnet56, ...), resnet18 or mlp"
+const ModelNames = "resnetN (N = 6n+2: resnet20, resnet56, ...), resnet18, mlp, gpt (gpt-small), gpt-mini or gpt2"
+
+// The GPT presets and their recipes (AdamW, GPT-2's decoupled decay of
+// 0.1 without decay on biases and norms, gradients clipped to norm 1, a
+// cosine schedule after a linear warmup): gpt-small is the default text
+// job's (nanoGPT's small character model's shape, over GPT-2's tokens; gpt
+// names it, and on a CPU the commands train gpt-mini for gpt), gpt-mini
+// what a CPU trains in minutes, gpt2 GPT-2 small (124M parameters; no
+// dropout, as nanoGPT and llm.c pretrain it).
+var gptPresets = map[string]struct {
+	cfg    nn.GPTConfig
+	recipe Recipe
+}{
+	"gpt-small": {nn.GPTConfig{Layers: 6, Heads: 6, Width: 384, Vocab: 50257, Context: 256, Dropout: 0.1},
+		Recipe{Optimizer: "adamw", LR: 1e-3, Beta2: 0.99, WeightDecay: 0.1, ClipNorm: 1, Batch: 32, Steps: 1000, EvalEvery: 200, WarmupSteps: 100}},
+	"gpt-mini": {nn.GPTConfig{Layers: 2, Heads: 2, Width: 128, Vocab: 50257, Context: 64},
+		Recipe{Optimizer: "adamw", LR: 2e-3, Beta2: 0.99, WeightDecay: 0.1, ClipNorm: 1, Batch: 16, Steps: 200, EvalEvery: 100, EvalBatches: 20, WarmupSteps: 20}},
+	"gpt2": {nn.GPT2Small(),
+		Recipe{Optimizer: "adamw", LR: 6e-4, Beta2: 0.95, WeightDecay: 0.1, ClipNorm: 1, Batch: 16, Steps: 1000, EvalEvery: 200, WarmupSteps: 100}},
+}
 
 // LookupArch returns the registry's entry for a model name: "resnetN" (a
 // CIFAR-style ResNet of depth N = 6n+2: resnet20, resnet56, resnet1202,
-// ...), "resnet18" or "mlp" (two hidden layers of 256).
+// ...), "resnet18", "mlp" (two hidden layers of 256), or the GPTs
+// "gpt-small" (6 layers of width 384, context 256; "gpt" is its other
+// name), "gpt-mini" (2 of 128, context 64) and "gpt2" (GPT-2 small).
 func LookupArch(name string) (Arch, error) {
+	preset := name
+	if name == "gpt" {
+		preset = "gpt-small"
+	}
+	if p, ok := gptPresets[preset]; ok {
+		g, recipe := p.cfg, p.recipe
+		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: "blocks",
+			build: func(dev *tensor.Device, input []int, classes int) (nn.Model, error) {
+				c := g
+				c.Context, c.Vocab = input[0], classes
+				return model(nn.NewGPT(dev, c))
+			}}, nil
+	}
 	switch name {
 	case "resnet18":
 		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: true, Segments: "blocks", CNN: true,
-			build: func(dev *tensor.Device, c, h, w, classes int) nn.Model { return nn.NewResNet18(dev, c, classes) }}, nil
+			build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
+				return nn.NewResNet18(dev, in[0], classes), nil
+			}}, nil
 	case "mlp":
 		return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10,
-			build: func(dev *tensor.Device, c, h, w, classes int) nn.Model {
-				return nn.NewMLP(dev, []int{c * h * w, 256, 256, classes}, 0)
+			build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
+				return nn.NewMLP(dev, []int{in[0] * in[1] * in[2], 256, 256, classes}, 0), nil
 			}}, nil
 	}
 	if d, ok := strings.CutPrefix(name, "resnet"); ok {
@@ -56,30 +111,52 @@ func LookupArch(name string) (Arch, error) {
 				segments = "sqrt"
 			}
 			return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10, Blocks: true, Segments: segments, CNN: true,
-				build: func(dev *tensor.Device, c, h, w, classes int) nn.Model {
-					r, _ := nn.NewCIFARResNet(dev, depth, c, classes) // the depth is checked above
-					return r
+				build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
+					return model(nn.NewCIFARResNet(dev, depth, in[0], classes))
 				}}, nil
 		}
 	}
 	return Arch{}, fmt.Errorf("model %q: want %s", name, ModelNames)
 }
 
-// Build makes the model on dev for inputs of c×h×w and classes classes,
-// its parameters drawn from the device's generator seeded with seed.
-func (a Arch) Build(dev *tensor.Device, c, h, w, classes int, seed uint64) (nn.Model, error) {
-	if c < 1 || h < 1 || w < 1 || classes < 2 {
-		return nil, fmt.Errorf("model %s for inputs of %dx%dx%d and %d classes: want positive sizes and at least 2 classes", a.Name, c, h, w, classes)
+// ForCPU is the model a CPU trains for name: gpt-mini for gpt, whose
+// GPU-sized default (gpt-small) would take hours there; name otherwise.
+func ForCPU(name string) string {
+	if name == "gpt" {
+		return "gpt-mini"
+	}
+	return name
+}
+
+// model is m as an nn.Model, or nil (not a nil *M) with err.
+func model[M nn.Model](m M, err error) (nn.Model, error) {
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Build makes the model on dev for examples of the input shape (C×H×W
+// images, or [T] token windows for a language model) and classes classes
+// (a language model's vocabulary), its parameters drawn from the device's
+// generator seeded with seed.
+func (a Arch) Build(dev *tensor.Device, input []int, classes int, seed uint64) (nn.Model, error) {
+	want := "C×H×W images"
+	if a.Text {
+		want = "windows of T tokens"
+	}
+	if len(input) != len(a.Input) || slices.ContainsFunc(input, func(n int) bool { return n < 1 }) || classes < 2 {
+		return nil, fmt.Errorf("model %s for inputs of %v and %d classes: want %s and at least 2 classes", a.Name, input, classes, want)
 	}
 	dev.Generator().Seed(seed)
-	return a.build(dev, c, h, w, classes), nil
+	return a.build(dev, input, classes)
 }
 
 // BuildModel is LookupArch(name) and its Build.
-func BuildModel(dev *tensor.Device, name string, c, h, w, classes int, seed uint64) (nn.Model, error) {
+func BuildModel(dev *tensor.Device, name string, input []int, classes int, seed uint64) (nn.Model, error) {
 	a, err := LookupArch(name)
 	if err != nil {
 		return nil, err
 	}
-	return a.Build(dev, c, h, w, classes, seed)
+	return a.Build(dev, input, classes, seed)
 }

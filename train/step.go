@@ -87,6 +87,11 @@ type Step struct {
 	// Planning says how the plan sizes workspaces (memory.DefaultPlanOptions
 	// unless set otherwise before the second step of a shape).
 	Planning memory.PlanOptions
+	// ClipNorm, if positive, clips the gradients' global L2 norm to it
+	// before the update, on the device (after the scaler's unscale, after
+	// a data-parallel all-reduce): the norm is never read by the host, so
+	// a captured step clips too. GradNorm holds the last norm seen.
+	ClipNorm float64
 	// Observe, if set, is called with the loss of each step whose host code
 	// runs (not with replays of a captured step), inside the step's scope:
 	// Retain and Keep it to hold it past the step. A micro-batched step
@@ -96,6 +101,7 @@ type Step struct {
 	dev      *tensor.Device
 	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
 	metrics  *tensor.Tensor  // F32[3]: loss sum, right predictions, predictions
+	gradNorm *tensor.Tensor  // F32[1]: the gradients' norm before clipping
 	rng      *tensor.Counter // the generator's position during steps
 	rngFresh bool            // rng holds the host generator's position
 	shapes   map[string]*shapeState
@@ -132,6 +138,7 @@ func NewStep(dev *tensor.Device, model nn.Model, opt optim.Optimizer, amp tensor
 	return &Step{Model: model, Opt: opt, Scaler: optim.NewGradScaler(dev, amp == tensor.F16), autocast: amp, Mode: mode, dev: dev,
 		Planning: memory.DefaultPlanOptions,
 		metrics:  tensor.Zeros(dev, tensor.F32, 3).Keep(),
+		gradNorm: tensor.Zeros(dev, tensor.F32, 1).Keep(),
 		rng:      tensor.NewCounter(dev, 0),
 		shapes:   map[string]*shapeState{}}
 }
@@ -181,6 +188,7 @@ func (s *Step) Release() {
 		s.arena = nil
 	}
 	s.metrics.Release()
+	s.gradNorm.Release()
 	s.rng.Release()
 	s.Scaler.Release()
 	for _, t := range s.undo {
@@ -586,6 +594,10 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					panic(err) // Run returns it
 				}
 			}
+			if s.ClipNorm > 0 {
+				s.Scaler.Unscale(s.Opt)
+				optim.ClipGradNorm(s.Opt.Params(), s.ClipNorm, s.gradNorm)
+			}
 			s.Scaler.Step(s.Opt)
 			s.Scaler.Update()
 		})
@@ -603,6 +615,10 @@ func (s *Step) forward(x, y *tensor.Tensor) (loss, right *tensor.Tensor, n int) 
 	}
 	return loss, right, n
 }
+
+// GradNorm reads from the device the gradients' global norm before the last
+// step's clipping (0 without ClipNorm).
+func (s *Step) GradNorm() float64 { return float64(s.gradNorm.Item()) }
 
 // Autocast is the dtype the step's forward autocasts to (0: none).
 func (s *Step) Autocast() tensor.DType { return s.autocast }

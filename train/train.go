@@ -31,15 +31,19 @@ import (
 
 // Config is what a training run is told.
 type Config struct {
-	Model           string  `json:"model"`
-	Dataset         string  `json:"dataset,omitempty"`
-	Epochs          int     `json:"epochs"`
-	Batch           int     `json:"batch"`
-	LR              float64 `json:"lr"`
-	Momentum        float64 `json:"momentum"`
-	WeightDecay     float64 `json:"weight_decay"`
-	Optimizer       string  `json:"optimizer"` // "sgd" (Nesterov) or "adamw"
-	Schedule        string  `json:"schedule"`  // "cosine" (with warmup), "onecycle" or "constant"
+	Model       string  `json:"model"`
+	Dataset     string  `json:"dataset,omitempty"`
+	Epochs      int     `json:"epochs"`
+	Batch       int     `json:"batch"`
+	LR          float64 `json:"lr"`
+	Momentum    float64 `json:"momentum"`
+	WeightDecay float64 `json:"weight_decay"`
+	Optimizer   string  `json:"optimizer"`       // "sgd" (Nesterov) or "adamw"
+	Beta2       float64 `json:"beta2,omitempty"` // AdamW's second-moment decay (0: 0.999)
+	// ClipNorm clips the gradients' global L2 norm to it before each
+	// update (0: no clipping).
+	ClipNorm        float64 `json:"clip_norm,omitempty"`
+	Schedule        string  `json:"schedule"` // "cosine" (with warmup), "onecycle" or "constant"
 	WarmupEpochs    float64 `json:"warmup_epochs"`
 	AMP             bool    `json:"amp"`
 	AMPDType        string  `json:"amp_dtype,omitempty"` // what AMP autocasts to: "f16" (the default, with a GradScaler) or "bf16"
@@ -49,6 +53,14 @@ type Config struct {
 	// Capture runs the step captured as a graph where the backend can
 	// (CUDA), and eagerly elsewhere.
 	Capture bool `json:"capture"`
+	// Language models: the window of tokens each example is (0: the
+	// model's preset), the tokenizer, the training steps between
+	// evaluations (each an "epoch" of the Trainer) and how many batches of
+	// the validation split an evaluation reads (0: all of it).
+	Context     int    `json:"context,omitempty"`
+	Tokenizer   string `json:"tokenizer,omitempty"`
+	EvalEvery   int    `json:"eval_every,omitempty"`
+	EvalBatches int    `json:"eval_batches,omitempty"`
 }
 
 // Autocast is the dtype the configuration's steps autocast to: with AMP,
@@ -264,7 +276,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		return nil, err
 	}
 	opt, err := optim.NewNamed(cfg.Optimizer, nn.Parameters(model), optim.Hyper{LR: cfg.LR, Momentum: cfg.Momentum,
-		WeightDecay: cfg.WeightDecay, NoDecay: nn.NoDecay(model)})
+		Beta2: cfg.Beta2, WeightDecay: cfg.WeightDecay, NoDecay: nn.NoDecay(model)})
 	if err != nil {
 		return nil, err
 	}
@@ -279,8 +291,13 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt.Release()
 		return nil, fmt.Errorf("checkpointing needs a model with blocks to checkpoint (nn.Checkpointer); %s has none", cfg.Model)
 	}
-	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched,
-		Step:     NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture)),
+	if !(cfg.ClipNorm >= 0) {
+		opt.Release()
+		return nil, fmt.Errorf("gradient clipping to a norm of %v: want a positive norm, or 0 for none", cfg.ClipNorm)
+	}
+	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture))
+	step.ClipNorm = cfg.ClipNorm
+	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
 		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
 }

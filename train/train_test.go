@@ -252,17 +252,21 @@ func testMLPFashionMNIST(t *testing.T, dev *tensor.Device) {
 func TestBuildModel(t *testing.T) { testBuildModel(t, tensor.CPU()) }
 
 func testBuildModel(t *testing.T, dev *tensor.Device) {
+	img, img3 := []int{1, 28, 28}, []int{3, 28, 28}
+	mini := nn.GPTConfig{Layers: 2, Heads: 2, Width: 128, Vocab: 1000, Context: 32}
+	small := nn.GPTConfig{Layers: 6, Heads: 6, Width: 384, Vocab: 500, Context: 16}
 	for _, tc := range []struct {
-		name   string
-		params int // 0: an error is wanted
+		name    string
+		input   []int
+		classes int
+		params  int // 0: an error is wanted
 	}{
-		{"resnet8", 77754}, {"mlp", 269322}, {"resnet18", 11173962}, {"resnet21", 0}, {"vgg", 0}, {"resnetx", 0},
+		{"resnet8", img, 10, 77754}, {"mlp", img, 10, 269322}, {"resnet18", img3, 10, 11173962},
+		{"gpt-mini", []int{32}, 1000, mini.Params()}, {"gpt", []int{16}, 500, small.Params()},
+		{"resnet21", img, 10, 0}, {"vgg", img, 10, 0}, {"resnetx", img, 10, 0},
+		{"gpt-mini", img, 1000, 0}, {"resnet8", []int{32}, 10, 0}, {"mlp", img, 1, 0},
 	} {
-		c := 1
-		if tc.name == "resnet18" {
-			c = 3
-		}
-		m, err := BuildModel(dev, tc.name, c, 28, 28, 10, 1)
+		m, err := BuildModel(dev, tc.name, tc.input, tc.classes, 1)
 		if (err == nil) != (tc.params > 0) {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
@@ -275,7 +279,7 @@ func testBuildModel(t *testing.T, dev *tensor.Device) {
 		}
 		a := m.State("")[0].T.Float32s()[0]
 		nn.Release(m)
-		m2, _ := BuildModel(dev, tc.name, c, 28, 28, 10, 1)
+		m2, _ := BuildModel(dev, tc.name, tc.input, tc.classes, 1)
 		if m2.State("")[0].T.Float32s()[0] != a {
 			t.Errorf("%s: the same seed made other parameters", tc.name)
 		}

@@ -47,6 +47,7 @@ func main() {
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile, merge          string
+	ampDType                                           string
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -101,6 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
+	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
 	fs.IntVar(&o.rounds, "rounds", 1, "time leangrad and PyTorch this many times each, alternating which runs first (and the order of the configurations); each result is its median round, and notes give the ratios to PyTorch and to fp32 round by round")
@@ -129,6 +131,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bench: unexpected argument %q (flags start with -; quote a list of specs)\n", fs.Arg(0))
+		return 2
+	}
+	if err := train.CheckAMPDType(o.ampDType); err != nil {
+		fmt.Fprintf(stderr, "bench: -%v\n", err)
 		return 2
 	}
 	if o.merge != "" {
@@ -213,7 +219,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
 	}
 	configs := strings.Split(o.configs, ",")
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType}
 	if o.micro {
 		for _, line := range benchmarks.Micro(dev) {
 			fmt.Fprintln(stderr, "micro:", line)

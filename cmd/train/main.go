@@ -5,6 +5,8 @@
 // model and batch runs in each of fp32, AMP, checkpointing and both.
 //
 //	train -model resnet -amp -checkpoint
+//	train -model gpt -amp -amp-dtype bf16 -sample 100   # a GPT on the Brown corpus
+//	train -model gpt2 -data mytexts/ -context 512 -steps 5000
 //	train -model resnet -depth 56 -epochs 30 -device cuda:0 -json run.json -memplot mem.png
 //	train -model mlp -dataset synthetic -device cpu
 //	train -model resnet -max-memory 200MiB -memsnapshot mem.pickle
@@ -31,6 +33,7 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -70,9 +73,106 @@ type options struct {
 	jsonOut, memlog, memplot, save, resume string
 	memsnapshot, maxMemory, convWorkspace  string
 	resumeForce                            bool
+	ampDType, tokenizer, prompt            string
+	context, steps, evalEvery, evalBatches int
+	warmupSteps, sample, topK              int
+	clip, temperature                      float64
 	nproc                                  int
 	distTimeout                            time.Duration
 	set                                    map[string]bool // flags given on the command line
+	text                                   bool            // the model is a language model
+}
+
+// textFlags are the flags of language models only.
+var textFlags = []string{"tokenizer", "context", "steps", "eval-every", "eval-batches", "warmup-steps", "sample", "prompt", "temperature", "top-k"}
+
+// imageFlags are the flags of image classifiers only.
+var imageFlags = []string{"dataset", "epochs", "limit", "test-limit", "warmup", "depth", "augment"}
+
+// checkText checks the flags that differ between language models and image
+// classifiers.
+func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
+	other, what := textFlags, "classifies images"
+	if arch.Text {
+		other, what = imageFlags, "is a language model"
+	}
+	for _, f := range other {
+		if o.set[f] {
+			bad("-%s: -model %s %s, which -%s is not for", f, modelName(o), what, f)
+		}
+	}
+	if !arch.Text {
+		return
+	}
+	if _, err := datasets.NewTokenizer(o.tokenizer); err != nil {
+		bad("-%v", err)
+	}
+	for _, v := range []struct {
+		name string
+		v    int
+	}{
+		{"context", o.context}, {"steps", o.steps}, {"eval-every", o.evalEvery}, {"eval-batches", o.evalBatches},
+		{"warmup-steps", o.warmupSteps}, {"sample", o.sample}, {"top-k", o.topK},
+	} {
+		if v.v < 0 {
+			bad("-%s %d: want 0 (the preset's) or more", v.name, v.v)
+		}
+	}
+	if !(o.temperature >= 0) || math.IsInf(o.temperature, 0) {
+		bad("-temperature %v: want 0 (greedy) or more", o.temperature)
+	}
+	name := modelName(o)
+	if o.cpuRun() {
+		name = train.ForCPU(name)
+	}
+	a, _ := train.LookupArch(name)
+	r := o.recipe(a)
+	if r.Steps%r.EvalEvery != 0 {
+		bad("-steps %d: want a multiple of -eval-every %d (each ends in a validation)", r.Steps, r.EvalEvery)
+	}
+	context := a.Input[0]
+	if o.context > 0 {
+		context = o.context
+	}
+	if o.sample > 0 && o.sample >= context {
+		bad("-sample %d: want fewer tokens than the context of %d (the prompt takes some)", o.sample, context)
+	}
+}
+
+// cpuRun says whether the run will be on the CPU.
+func (o *options) cpuRun() bool {
+	return o.device == "cpu" || o.device == "auto" && cuda.Available() != nil
+}
+
+// recipe is a language model's recipe with the flags given instead of its
+// defaults.
+func (o *options) recipe(a train.Arch) train.Recipe {
+	r := *a.Recipe
+	for _, f := range []struct {
+		flag string
+		v    *int
+		to   int
+	}{
+		{"batch", &r.Batch, o.batch}, {"steps", &r.Steps, o.steps}, {"eval-every", &r.EvalEvery, o.evalEvery},
+		{"eval-batches", &r.EvalBatches, o.evalBatches}, {"warmup-steps", &r.WarmupSteps, o.warmupSteps},
+	} {
+		if o.set[f.flag] && (f.to > 0 || f.flag == "eval-batches" || f.flag == "warmup-steps") {
+			*f.v = f.to
+		}
+	}
+	if o.set["lr"] {
+		r.LR = o.lr
+	}
+	if o.set["wd"] {
+		r.WeightDecay = o.wd
+	}
+	if o.set["optimizer"] {
+		r.Optimizer = o.optimizer
+	}
+	if o.set["clip"] {
+		r.ClipNorm = max(o.clip, 0)
+	}
+	return r
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -83,11 +183,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\nExit status: 0 done, 1 failed, 2 bad flags (nothing was run), 3 diverged.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.model, "model", "resnet", "model: resnet (CIFAR-style, see -depth), resnet18 or mlp")
+	fs.StringVar(&o.model, "model", "resnet", "model: resnet (CIFAR-style, see -depth), resnet18, mlp, or the GPTs gpt (6 layers of width 384 on a GPU, gpt-mini on a CPU), gpt-small, gpt-mini (2 of 128) or gpt2 (GPT-2 small, 124M)")
 	fs.IntVar(&o.depth, "depth", 20, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, 1202)")
 	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto (the GPU if there is one)")
 	fs.StringVar(&o.dataset, "dataset", datasets.FashionMNIST, "dataset: fashion-mnist, cifar10 or synthetic")
-	fs.StringVar(&o.data, "data", "", "folder holding the dataset's files (searched first)")
+	fs.StringVar(&o.data, "data", "", "folder holding the dataset's files (searched first); for a GPT, a text file or a folder of them (default: the Brown corpus)")
 	fs.BoolVar(&o.download, "download", false, "download Fashion-MNIST (checksums verified) if it is not found")
 	fs.IntVar(&o.epochs, "epochs", 15, "epochs")
 	fs.IntVar(&o.batch, "batch", 128, "batch size")
@@ -100,7 +200,19 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed (initialisation, shuffling, augmentation, dropout)")
 	fs.IntVar(&o.limit, "limit", 0, "train on the first N images only (0: all; on a CPU the default is 2000)")
 	fs.IntVar(&o.testLimit, "test-limit", 0, "evaluate on the first N test images only (0: all; on a CPU the default is 1000)")
-	fs.BoolVar(&o.amp, "amp", false, "mixed precision: F16 convolutions and matmuls, F32 master weights, loss scaling")
+	fs.BoolVar(&o.amp, "amp", false, "mixed precision: F16 convolutions and matmuls, F32 master weights, loss scaling (see -amp-dtype)")
+	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what -amp computes in: f16 (with loss scaling) or bf16 (no scaling needed)")
+	fs.StringVar(&o.tokenizer, "tokenizer", datasets.GPT2Tokens, "GPTs: gpt2 (GPT-2's byte-pair encoding) or bytes")
+	fs.IntVar(&o.context, "context", 0, "GPTs: tokens a window (0: the preset's: 256, 64 for gpt-mini, 1024 for gpt2)")
+	fs.IntVar(&o.steps, "steps", 0, "GPTs: training steps (0: the preset's: 1000, 200 for gpt-mini)")
+	fs.IntVar(&o.evalEvery, "eval-every", 0, "GPTs: steps between validations (0: the preset's: 200, 100 for gpt-mini)")
+	fs.IntVar(&o.evalBatches, "eval-batches", 0, "GPTs: batches of the validation split each validation reads (0: the preset's: all, 20 for gpt-mini)")
+	fs.IntVar(&o.warmupSteps, "warmup-steps", 0, "GPTs: warmup steps of the cosine schedule (0: the preset's: 100, 20 for gpt-mini)")
+	fs.Float64Var(&o.clip, "clip", 0, "clip the gradients' global norm to this before each update (GPTs' default: 1; negative: never)")
+	fs.IntVar(&o.sample, "sample", 0, "GPTs: print N tokens the trained model generates at the end")
+	fs.StringVar(&o.prompt, "prompt", "", "GPTs: the text -sample continues (default: the validation split's first tokens)")
+	fs.Float64Var(&o.temperature, "temperature", 0.8, "GPTs: -sample's temperature (0: the most likely token each time)")
+	fs.IntVar(&o.topK, "top-k", 40, "GPTs: -sample draws from the K most likely tokens (0: all)")
 	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks: recompute them in the backward instead of keeping their activations")
 	fs.StringVar(&o.ckptMode, "checkpoint-mode", "blocks", "what -checkpoint checkpoints: blocks (every block) or sqrt (sqrt(n) segments)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
@@ -143,7 +255,14 @@ func (o *options) check() error {
 	case o.model == "resnet" && archErr != nil:
 		bad("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
 	case archErr != nil || strings.HasPrefix(o.model, "resnet") && o.model != "resnet18" && o.model != "resnet":
-		bad("-model %q: want resnet, resnet18 or mlp", o.model)
+		bad("-model %q: want resnet, resnet18, mlp, gpt, gpt-small, gpt-mini or gpt2", o.model)
+	}
+	if archErr == nil {
+		o.text = arch.Text
+		o.checkText(arch, bad)
+	}
+	if train.CheckAMPDType(o.ampDType) != nil {
+		bad("-amp-dtype %q: want f16 or bf16", o.ampDType)
 	}
 	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
 		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
@@ -167,7 +286,7 @@ func (o *options) check() error {
 	if o.data != "" {
 		if st, err := os.Stat(o.data); err != nil {
 			bad("-data %s: %v", o.data, cause(err))
-		} else if !st.IsDir() {
+		} else if !st.IsDir() && !o.text {
 			bad("-data %s: not a folder", o.data)
 		}
 	}
@@ -378,7 +497,12 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return early(err)
 	}
-	trainSet, testSet, err := openData(o, stdout)
+	var job run.Job
+	if o.text {
+		job, err = textJob(o, dev, stdout)
+	} else {
+		job, err = imageJob(o, dev, stdout)
+	}
 	if err != nil {
 		return early(err)
 	}
@@ -396,30 +520,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 			}
 		}()
 	}
-	ckpt := "none"
-	if o.ckpt {
-		ckpt = o.ckptMode
-	}
-	job := run.Job{
-		Config: train.Config{Model: modelName(o), Dataset: trainSet.Name, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
-			WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp,
-			Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture},
-		Train: trainSet, Test: testSet, Augment: o.augment, Measure: o.measure, CheckpointMode: o.ckptMode,
-		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
-		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != "",
-		Log: stdout, Group: group,
-	}
-	if dev.Name() == "cpu" {
-		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
-			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
-		}
-	}
-	from := "generated from -seed"
-	if job.Train.Dir != "" {
-		from = "read from " + job.Train.Dir
-	}
-	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n",
-		job.Train.Name, job.Train.N, job.Test.N, job.Train.C, job.Train.H, job.Train.W, from)
+	job.Group, job.Log = group, stdout
 	if o.maxMemory != "" {
 		job.MaxMemory = budgetBytes(o.maxMemory, dev)
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
@@ -434,11 +535,14 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if rank0 {
-		job.Progress = newProgress(stderr, job.Epochs)
+		job.Progress = newProgress(stderr, job.Epochs, o.text)
 	}
 	report, err := run.Train(dev, job)
 	if err == nil {
 		report.WriteSummary(stdout)
+		if s := report.Sample; s != nil {
+			fmt.Fprintf(stdout, "\nsample (%d tokens, temperature %g, top-k %d) after %q:\n%s\n", s.Tokens, s.Temperature, s.TopK, s.Prompt, s.Text)
+		}
 	}
 	if errors.Is(err, memory.ErrOutOfMemory) {
 		err = fmt.Errorf("%w\n(try -max-memory with the device's size, a smaller -batch, or -amp and -checkpoint)", err)
@@ -447,6 +551,85 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	return errors.Join(err, writeReports(o, dev, report, stdout))
+}
+
+// config is the run's configuration from the flags, for either kind of model.
+func (o *options) config(model string) train.Config {
+	ckpt := "none"
+	if o.ckpt {
+		ckpt = o.ckptMode
+	}
+	clip := max(o.clip, 0)
+	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
+		WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp, AMPDType: o.ampDType,
+		ClipNorm: clip, Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
+}
+
+// imageJob is an image classifier's run: its dataset opened, and on a CPU
+// shrunk to minutes.
+func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) {
+	trainSet, testSet, err := openData(o, stdout)
+	if err != nil {
+		return run.Job{}, err
+	}
+	job := o.job(o.config(modelName(o)))
+	job.Dataset, job.Train, job.Test, job.Augment = trainSet.Name, trainSet, testSet, o.augment
+	if dev.Name() == "cpu" {
+		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
+			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
+		}
+	}
+	from := "generated from -seed"
+	if job.Train.Dir != "" {
+		from = "read from " + job.Train.Dir
+	}
+	fmt.Fprintf(stdout, "dataset: %s, %d training and %d test images of %dx%dx%d, %s\n",
+		job.Train.Name, job.Train.N, job.Test.N, job.Train.C, job.Train.H, job.Train.W, from)
+	return job, nil
+}
+
+// textJob is a language model's run: its recipe with the flags given, and
+// its corpus opened (tokenized, the first time).
+func textJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) {
+	model := modelName(o)
+	if dev.Name() == "cpu" && train.ForCPU(model) != model {
+		model = train.ForCPU(model)
+		fmt.Fprintf(stdout, "CPU run: %s\n", run.CPUModelNote)
+	}
+	arch, _ := train.LookupArch(model) // checked by parse
+	r := o.recipe(arch)
+	cfg := o.config(model)
+	cfg.Optimizer, cfg.LR, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm, cfg.Batch = r.Optimizer, r.LR, r.Beta2, r.WeightDecay, r.ClipNorm, r.Batch
+	cfg.Epochs, cfg.EvalEvery, cfg.EvalBatches = r.Steps/r.EvalEvery, r.EvalEvery, r.EvalBatches
+	cfg.WarmupEpochs = float64(r.WarmupSteps) / float64(r.EvalEvery)
+	cfg.Context, cfg.Tokenizer = o.context, o.tokenizer
+	tok, err := datasets.NewTokenizer(o.tokenizer)
+	if err != nil {
+		return run.Job{}, fmt.Errorf("-tokenizer: %w", err)
+	}
+	var c *datasets.Corpus
+	if o.data != "" {
+		c, err = datasets.OpenCorpus(o.data, tok)
+	} else {
+		c, err = datasets.OpenBrown(datasets.Source{Roots: cmdenv.DataRoots()}, tok)
+	}
+	if err != nil {
+		return run.Job{}, fmt.Errorf("-data: %w", err)
+	}
+	cfg.Dataset = c.Name
+	job := o.job(cfg)
+	job.Text, job.Sample, job.Prompt = c, o.sample, o.prompt
+	job.Sampling = nn.Sampling{Temperature: o.temperature, TopK: o.topK, Rand: rand.New(rand.NewPCG(o.seed, 0x5a))}
+	fmt.Fprintf(stdout, "text: %s, %d training and %d validation tokens (%s tokenizer), read from %s (tokens in %s)\n",
+		c.Name, len(c.Train), len(c.Val), tok.Name(), c.Path, c.Cache)
+	return job, nil
+}
+
+// job is a run of cfg with the flags' outputs, measurements and resume.
+func (o *options) job(cfg train.Config) run.Job {
+	return run.Job{Config: cfg, Measure: o.measure, CheckpointMode: o.ckptMode,
+		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
+		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != ""}
 }
 
 // modelName is the model -model and -depth name ("resnet20").

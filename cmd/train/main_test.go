@@ -27,7 +27,15 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"-model", "vgg"}, 2, `-model "vgg": want resnet, resnet18 or mlp`},
+		{[]string{"-model", "vgg"}, 2, `-model "vgg": want resnet, resnet18, mlp, gpt, gpt-small, gpt-mini or gpt2`},
+		{[]string{"-model", "gpt", "-epochs", "3"}, 2, "-epochs: -model gpt is a language model, which -epochs is not for"},
+		{[]string{"-model", "mlp", "-context", "64"}, 2, "-context: -model mlp classifies images, which -context is not for"},
+		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, 2, `-tokenizer "sentencepiece": want gpt2 or bytes`},
+		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, 2, "-steps 250: want a multiple of -eval-every 100"},
+		{[]string{"-model", "gpt-mini", "-sample", "64"}, 2, "-sample 64: want fewer tokens than the context of 64"},
+		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, 2, "-top-k -2: want 0 (the preset's) or more"},
+		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, 2, "-data /nonexistent/texts: no such file or directory"},
+		{[]string{"-amp-dtype", "fp8"}, 2, `-amp-dtype "fp8": want f16 or bf16`},
 		{[]string{"-depth", "21"}, 2, "-depth 21: want 6n+2"},
 		{[]string{"-epochs", "0"}, 2, "-epochs 0: want at least 1"},
 		{[]string{"-batch", "x"}, 2, `invalid value "x" for flag -batch`},
@@ -96,6 +104,51 @@ func TestRunWritesReports(t *testing.T) {
 		"-test-limit", "64", "-batch", "16", "-epochs", "3", "-amp", "-checkpoint", "-resume", ck, "-measure=false")
 	if code != 0 || !strings.Contains(stdout, "resumed from") || !strings.Contains(stderr, "epoch 3:") {
 		t.Errorf("resume: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// The text job end to end on a small text: the flags' recipe, validation
+// lines, the summary, a sample, the JSON report, a checkpoint and resuming
+// it for more steps; and a text file that is not text gets one line.
+func TestTextRun(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	var b strings.Builder
+	for i := range 300 {
+		fmt.Fprintf(&b, "The %d quick brown foxes jumped over the lazy dog, and the dog slept on. ", i%7)
+	}
+	os.WriteFile(text, []byte(b.String()), 0o644)
+	js, ck := filepath.Join(dir, "r.json"), filepath.Join(dir, "gpt.ckpt")
+	args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
+		"-eval-batches", "4", "-warmup-steps", "2", "-sample", "8", "-prompt", "The 3", "-json", js, "-save", ck, "-measure=false"}
+	code, stdout, stderr := runCLI(append(args, "-steps", "20", "-eval-every", "10")...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"text: " + text, "training gpt-mini", "20 steps of 4 windows of 32 tokens (evaluated every 10)",
+		"validation     loss", "tokens/s", `sample (8 tokens, temperature 0.8, top-k 40) after "The 3"`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if !strings.Contains(stderr, "validation at step 20/20") {
+		t.Errorf("progress lacks the last validation:\n%s", stderr)
+	}
+	var r run.Report
+	data, err := os.ReadFile(js)
+	if err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 2 || r.Config.Optimizer != "adamw" || r.Config.ClipNorm != 1 ||
+		r.Config.Context != 32 || r.Config.EvalEvery != 10 || r.Sample == nil || r.Tokenizer != "bytes" || !(r.Final.TokensPerSec > 0) {
+		t.Errorf("-json: %v %+v", err, r)
+	}
+	code, stdout, stderr = runCLI(append(args, "-steps", "30", "-eval-every", "10", "-resume", ck, "-save", "")...)
+	if code != 0 || !strings.Contains(stdout, "resumed from") || !strings.Contains(stderr, "validation at step 30/30") {
+		t.Errorf("resume: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	junk := filepath.Join(dir, "weights.bin")
+	os.WriteFile(junk, []byte{0x7f, 'E', 'L', 'F', 0, 1, 2}, 0o644)
+	code, _, stderr = runCLI("-model", "gpt-mini", "-device", "cpu", "-data", junk, "-measure=false")
+	if code != 1 || !strings.Contains(stderr, junk+": not UTF-8 text") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("binary -data: exit %d, %q", code, stderr)
 	}
 }
 

@@ -184,3 +184,64 @@ TEXT ·sumRows16(SB), NOSPLIT, $0-40
 // func sumRows16h(acc *float64, x *uint16, rows, ld, n int)
 TEXT ·sumRows16h(SB), NOSPLIT, $0-40
 	SUMROWS(LOAD16, MLOAD16, STEP16, LOG16)
+
+// func expShift8(z *float32, n int, shift float32, c *[13][8]float32) (sum float32)
+//
+// z ← exp(z − shift) in place, eight values an instruction (AVX2 and FMA),
+// and the sum of the results; n is a multiple of 8. The exponential is
+// expf's (expf.go): x = k·ln 2 + r with k = ⌊x·log2 e + ½⌋, the same
+// polynomial in r, 2^k built in the exponent bits. x is clamped to
+// [−87.34, 88.38], where k stays in float32's normal exponents: the
+// softmaxes that call it have x ≤ 0. c holds the constants (expConsts).
+TEXT ·expShift8(SB), NOSPLIT, $0-36
+	MOVQ z+0(FP), DI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS shift+16(FP), Y15
+	MOVQ c+24(FP), R8
+	VMOVUPS 0(R8), Y14   // the low clamp
+	VMOVUPS 32(R8), Y13  // the high clamp
+	VMOVUPS 64(R8), Y12  // log2 e
+	VMOVUPS 96(R8), Y11  // ½
+	VMOVUPS 128(R8), Y10 // ln 2, high part
+	VMOVUPS 160(R8), Y9  // ln 2, low part
+	VMOVUPS 352(R8), Y8  // 1
+	VXORPS Y7, Y7, Y7    // the sum
+	SHRQ $3, CX
+	TESTQ CX, CX
+	JZ edone
+eloop:
+	VMOVUPS (DI), Y0
+	VSUBPS Y15, Y0, Y0
+	VMAXPS Y14, Y0, Y0
+	VMINPS Y13, Y0, Y0
+	VMOVAPS Y0, Y1
+	VFMADD213PS Y11, Y12, Y1 // x·log2 e + ½
+	VROUNDPS $1, Y1, Y1      // k = floor
+	VFNMADD231PS Y10, Y1, Y0 // r = x − k·ln2hi
+	VFNMADD231PS Y9, Y1, Y0  //     − k·ln2lo
+	VMOVUPS 192(R8), Y2
+	VFMADD213PS 224(R8), Y0, Y2
+	VFMADD213PS 256(R8), Y0, Y2
+	VFMADD213PS 288(R8), Y0, Y2
+	VFMADD213PS 320(R8), Y0, Y2
+	VFMADD213PS Y11, Y0, Y2 // p (its last coefficient is ½ to float32's precision)
+	VMULPS Y0, Y0, Y3       // r²
+	VADDPS Y8, Y0, Y4       // r + 1
+	VFMADD231PS Y3, Y2, Y4  // p·r² + r + 1
+	VCVTTPS2DQ Y1, Y1       // 2^k: (k + 127) << 23 as bits
+	VPADDD 384(R8), Y1, Y1
+	VPSLLD $23, Y1, Y1
+	VMULPS Y1, Y4, Y4
+	VMOVUPS Y4, (DI)
+	VADDPS Y4, Y7, Y7
+	ADDQ $32, DI
+	DECQ CX
+	JNZ eloop
+edone:
+	VEXTRACTF128 $1, Y7, X6
+	VADDPS X6, X7, X7
+	VHADDPS X7, X7, X7
+	VHADDPS X7, X7, X7
+	VMOVSS X7, sum+32(FP)
+	VZEROUPPER
+	RET

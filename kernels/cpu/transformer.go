@@ -176,7 +176,7 @@ func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 				}
 				var sum float64
 				for j := 0; j <= last; j++ {
-					s[j] = float32(math.Exp(float64(s[j] - m)))
+					s[j] = expf(s[j] - m)
 					sum += float64(s[j])
 				}
 				ls[bh*p.Tq+i] = m + float32(math.Log(sum))
@@ -238,7 +238,7 @@ func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 						dot += x * kj[d]
 						dp += doi[d] * vj[d]
 					}
-					pij := float32(math.Exp(float64(dot*p.Scale - l)))
+					pij := expf(dot*p.Scale - l)
 					ps[j] = pij
 					ds := pij * (dp - di) * p.Scale
 					dvj, dkj := dv32[j*D:(j+1)*D], dk32[j*D:(j+1)*D]
@@ -295,16 +295,15 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 						mx, arg = v, j
 					}
 				}
-				var sum float64
-				for _, v := range z {
-					sum += math.Exp(float64(v - mx))
-				}
 				y := int(lab[r0+r])
+				zy := z[y]
+				sum := expShift(z, mx)
 				lse := float64(mx) + math.Log(sum)
-				losses[r], hits[r] = lse-float64(z[y]), arg == y
+				losses[r], hits[r] = lse-float64(zy), arg == y
 				if p.Grad {
-					for j, v := range z {
-						z[j] = float32(math.Exp(float64(v) - lse))
+					inv := float32(1 / sum)
+					for j := range z {
+						z[j] *= inv
 					}
 					z[y]--
 				}

@@ -4,6 +4,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -170,6 +171,36 @@ func reluVec(y, x []float32) int {
 		relu16(ptr(y[:n]), ptr(x), n)
 	}
 	return n
+}
+
+//go:noescape
+func expShift8(z *float32, n int, shift float32, c *[13][8]float32) (sum float32)
+
+// expConsts are expShift8's constants, eight lanes each: the clamps,
+// log2 e, ½, ln 2 in two parts, expf's polynomial, 1, and 127 as an int32.
+var expConsts = func() (c [13][8]float32) {
+	for i, v := range []float32{-87.33654, 88.37626, 1.44269504088896341, 0.5, 0.693359375, -2.12194440e-4,
+		1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 1} {
+		for l := range c[i] {
+			c[i][l] = v
+		}
+	}
+	for l := range c[12] {
+		c[12][l] = math.Float32frombits(127)
+	}
+	return c
+}()
+
+var hasAVX2FMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// expShiftVec replaces the leading values of z (a multiple of 8) by
+// exp(z − shift), returning how many and their sum.
+func expShiftVec(z []float32, shift float32) (int, float32) {
+	n := len(z) &^ 7
+	if !hasAVX2FMA || n == 0 {
+		return 0, 0
+	}
+	return n, expShift8(ptr(z), n, shift, &expConsts)
 }
 
 // unscaleVec multiplies the leading values of g by inv in place, returning

@@ -1,0 +1,117 @@
+package train
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// tokenBatches makes n batches of b windows of T tokens below vocab, and
+// their next tokens.
+func tokenBatches(dev *tensor.Device, n, b, T, vocab int, seed uint64) (xs, ys []*tensor.Tensor) {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	for range n {
+		x, y := make([]int32, b*T), make([]int32, b*T)
+		for i := range x {
+			x[i], y[i] = int32(rng.IntN(vocab)), int32(rng.IntN(vocab))
+		}
+		xs = append(xs, tensor.FromInt32(dev, x, b, T).Keep())
+		ys = append(ys, tensor.FromInt32(dev, y, b, T).Keep())
+	}
+	return xs, ys
+}
+
+// TestGPTPlannedStepsMatchEager: a GPT's planned (on a GPU, captured)
+// steps, with AdamW's groups, gradient clipping and dropout, leave the
+// parameters, metrics and scale bit for bit where eager steps do, in fp32,
+// under f16 (scaled) and bf16 autocast, and checkpointed, with a shorter
+// last batch beside the full ones; and the pool holds no more after the
+// steps than before them but the optimiser's state.
+func TestGPTPlannedStepsMatchEager(t *testing.T) {
+	testGPTPlannedStepsMatchEager(t, tensor.CPU(), Planned)
+}
+
+// testGPTPlannedStepsMatchEager runs on dev with planMode, Planned on the CPU and Captured on the GPU.
+func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode) {
+	const T, V = 16, 97
+	xs, ys := tokenBatches(dev, 6, 4, T, V, 1)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	tail, tailY := tokenBatches(dev, 1, 3, T, V, 2)
+	defer releaseAll(tail)
+	defer releaseAll(tailY)
+	for _, v := range []struct {
+		name, amp, ckpt string
+	}{{"fp32", "", "none"}, {"amp f16", "f16", "none"}, {"amp bf16", "bf16", "none"}, {"checkpoint", "", "blocks"}, {"amp bf16+sqrt", "bf16", "sqrt"}} {
+		t.Run(v.name, func(t *testing.T) {
+			cfg := Config{AMP: v.amp != "", AMPDType: v.amp}
+			run := func(mode Mode) (params [][]float32, loss float64, right int, scale float64, norm float64) {
+				dev.Generator().Seed(3)
+				g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: V, Context: T, Dropout: 0.1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer nn.Release(g)
+				ck, _ := nn.ParseCheckpointMode(v.ckpt)
+				g.SetCheckpoint(ck)
+				opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
+				opt.NoDecay = nn.NoDecay(g)
+				defer opt.Release()
+				s := NewStep(dev, g, opt, cfg.Autocast(), mode)
+				s.ClipNorm = 0.5
+				defer s.Release()
+				s.Planning.AsTraced = true
+				a := dev.Allocator()
+				for i := range xs {
+					if err := s.Run(xs[i], ys[i]); err != nil {
+						t.Fatal(err)
+					}
+					if i%3 == 2 {
+						if err := s.Run(tail[0], tailY[0]); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if i == 3 {
+						dev.Synchronize()
+						before := a.Stats().Allocated[memory.All].Current
+						for range 2 {
+							if err := s.Run(xs[i], ys[i]); err != nil {
+								t.Fatal(err)
+							}
+						}
+						dev.Synchronize()
+						if after := a.Stats().Allocated[memory.All].Current; after != before {
+							t.Errorf("%v: %d bytes allocated after two more steps, %d before", mode, after, before)
+						}
+					}
+				}
+				if n := s.Notes(); mode != Eager && (s.Plan(tensor.I32, []int{4, T}, []int{4, T}) == nil || strings.Contains(strings.Join(n, "\n"), "eagerly")) {
+					t.Errorf("%v step was not planned: %v", mode, n)
+				}
+				for _, p := range nn.Parameters(g) {
+					params = append(params, p.Float32s())
+				}
+				tally, _ := s.Metrics()
+				return params, tally.LossSum, int(tally.Right), s.Scaler.Scale(), s.GradNorm()
+			}
+			ep, el, er, es, en := run(Eager)
+			pp, pl, pr, ps, pn := run(planMode)
+			for i := range ep {
+				if !equalBits(pp[i], ep[i]) {
+					t.Errorf("parameter %d: %v steps differ from eager by %.3g", i, planMode, relDiff(pp[i], ep[i]))
+				}
+			}
+			if pl != el || pr != er || ps != es || pn != en {
+				t.Errorf("%v: loss sum %v, right %d, scale %v, grad norm %v; eager %v %d %v %v", planMode, pl, pr, ps, pn, el, er, es, en)
+			}
+			if !(en > 0.5) {
+				t.Errorf("the gradient norm %v is not above the clip of 0.5: the test does not clip", en)
+			}
+		})
+	}
+}
