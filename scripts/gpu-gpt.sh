@@ -4,6 +4,8 @@
 #   bash scripts/gpu-gpt.sh tests   the CUDA tests of the staged packages
 #   bash scripts/gpu-gpt.sh train   train -model gpt (bf16, captured) beside its PyTorch twin
 #   bash scripts/gpu-gpt.sh bench   GPT-2 small, batch 16, context 1024: leangrad's harness and PyTorch eager
+#   bash scripts/gpu-gpt.sh profile each operation's device time in an eager GPT-2 small step (bf16)
+#   bash scripts/gpu-gpt.sh conformance  the CUDA conformance and GPT tests alone
 # Everything lands in $OUT.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -27,6 +29,15 @@ for what in "$@"; do
       --width 384 --context 256 --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 \
       --warmup 100 --amp bf16 > "$out/twin-gpt.json" 2> "$out/twin-gpt.err"
     echo "twin exit: $?"; cat "$out/twin-gpt.err" | tail -6
+    ;;
+  profile)
+    timeout 200 bash .gpu/run bin/bench -device cuda -specs "${SPECS:-gpt2:16}" -configs amp -amp-dtype bf16 -profile \
+      -pytorch "" -claims=false -eager=false -steps 3 -warmup 2 -out "$out/profile" > "$out/profile.log" 2>&1
+    echo "profile exit: $?"; grep -E "^profile|leangrad .*ms|rror" "$out/profile.log"
+    ;;
+  conformance)
+    timeout 200 bash .gpu/run tests -test.run 'CUDAConformance|CUDAGPT' -test.count 1 > "$out/conformance.log" 2>&1
+    echo "conformance exit: $?"; grep -E "^(=== |--- FAIL|FAIL|ok|PASS|panic)|kerneltest" "$out/conformance.log" | grep -v "^=== RUN" | tail -30
     ;;
   bench)
     timeout 300 bash .gpu/run bin/bench -device cuda -specs "gpt2:16" -configs "${CONFIGS:-fp32,amp,amp+checkpoint}" -amp-dtype bf16 \
