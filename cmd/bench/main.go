@@ -374,7 +374,7 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 				}
 				var parts []string
 				for _, op := range ops {
-					if op.MS >= 0.02*total {
+					if op.MS >= 0.01*total {
 						parts = append(parts, fmt.Sprintf("%s %.3f ms (%d×)", op.Op, op.MS, op.Count))
 					}
 				}

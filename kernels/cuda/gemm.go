@@ -49,7 +49,11 @@ func (b *Backend) gemm(g gemmCall) {
 		compute = cublasComputeF32FastTF32
 	}
 	b.alpha, b.beta = g.alpha, g.beta
-	b.queued("cublas gemm")
+	if b.prof != nil { // a profile tells the products apart by dtype and shape
+		b.queued(fmt.Sprintf("cublas gemm %v→%v %d×%d×%d×%d%s", g.ab, g.cType, g.batch, g.m, g.n, g.k, map[bool]string{true: " (β=1)"}[g.beta != 0]))
+	} else {
+		b.queued("cublas gemm")
+	}
 	ta, tc := cudaType(g.ab), cudaType(g.cType)
 	if g.batch <= 1 {
 		b.cb.must("cublasGemmEx", b.cb.gemmEx(b.blas, opB, opA, int32(g.n), int32(g.m), int32(g.k), unsafe.Pointer(&b.alpha),

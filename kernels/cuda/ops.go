@@ -171,6 +171,10 @@ type (
 		Op, Outer, Len, Inner int32
 		X, Y                  uintptr
 	}
+	reduceColsSplitArgs struct { // reduce_cols_part (Y: the partials) and reduce_cols_finish (X: the partials)
+		Op, Outer, Len, Inner, Splits int32
+		X, Y                          uintptr
+	}
 	reduceMaxBwdArgs struct {
 		Len, Inner   int32
 		N            int64
@@ -185,12 +189,16 @@ type (
 var (
 	kReduceRows   = declareTyped[reduceRowsArgs]("reduce_rows")
 	kReduceCols   = declareTyped[reduceColsArgs]("reduce_cols")
+	kReduceColsP  = declareTyped[reduceColsSplitArgs]("reduce_cols_part")
+	kReduceColsF  = declareTyped[reduceColsSplitArgs]("reduce_cols_finish")
 	kReduceMaxBwd = declareTyped[reduceMaxBwdArgs]("reduce_max_bwd")
 	kArgmax       = declareTyped[argmaxArgs]("argmax")
 )
 
 // Reduce reduces along the middle axis: a block per row when the axis is
-// innermost, a thread per output otherwise.
+// innermost, a thread per output when there are outputs enough to fill the
+// device, and otherwise the axis split into stretches that blocks reduce
+// to partials, combined in order by a second kernel.
 func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
 	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
 	s := floatType("reduce "+op.String(), dst, x)
@@ -202,8 +210,20 @@ func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 			reduceRowsArgs{int32(op), int32(r.Outer), int32(r.Len), ptrOf(x), ptrOf(dst)})
 		return
 	}
-	kReduceCols.launch(b, s, b.elems(int64(r.Outer*r.Inner)),
-		reduceColsArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
+	outputs := r.Outer * r.Inner
+	fill := b.sms * 2048 // threads the device runs at once
+	splits := min((r.Len+63)/64, fill/(8*outputs))
+	if splits < 2 {
+		kReduceCols.launch(b, s, b.elems(int64(outputs)),
+			reduceColsArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
+		return
+	}
+	part := b.workspace(int64(splits*outputs) * 4)
+	defer b.alloc.Free(part)
+	kReduceColsP.launch(b, s, dims{uint32((r.Inner + 31) / 32 * splits), uint32(r.Outer), 32 * 8},
+		reduceColsSplitArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), int32(splits), ptrOf(x), part.Addr()})
+	kReduceColsF.launch(b, s, b.elems(int64(outputs)),
+		reduceColsSplitArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), int32(splits), part.Addr(), ptrOf(dst)})
 }
 
 // ReduceMaxBackward routes dy to the elements equal to their maximum.

@@ -206,7 +206,7 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	defer b.alloc.Free(ws)
 	kLayerNormBwd.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr()})
-	kLayerNormGrads.launch(b, 0, perChannel(p.Cols), layerNormGradsArgs{int32(warps), int32(p.Cols), ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
+	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256}, layerNormGradsArgs{int32(warps), int32(p.Cols), ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of

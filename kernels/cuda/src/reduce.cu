@@ -34,6 +34,48 @@ __device__ void reduce_cols(int op, int outer, int len, int inner, const T* x, T
     }
 }
 
+// Columns split along the axis, for few outputs over a long axis (a bias's
+// gradient: 768 sums of 16384 rows): a block of 256 threads takes 32
+// consecutive outputs of one outer index (blockIdx.y) over one of `splits`
+// stretches of the axis (blockIdx.x: tile + tiles·stretch), its eight warps
+// striding the stretch, and writes the stretch's partial result to
+// part[split][outer][inner] (F32); reduce_cols_finish combines the
+// stretches in order, so the sum is the same every run.
+template <typename T>
+__device__ void reduce_cols_part(int op, int outer, int len, int inner, int splits, const T* x, float* part) {
+    __shared__ float acc[8][33];
+    int tiles = (inner + 31) / 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    int col = blockIdx.x % tiles * 32 + tx, o = blockIdx.y, s = blockIdx.x / tiles;
+    int stretch = (len + splits - 1) / splits, j0 = s * stretch, j1 = min(len, j0 + stretch);
+    float a = op == R_MAX ? -INFINITY : 0.f;
+    if (col < inner) {
+        const T* p = x + (i64)o * len * inner + col;
+        for (int j = j0 + ty; j < j1; j += 8) {
+            float v = ld(p, (i64)j * inner);
+            a = op == R_MAX ? fmaxf(a, v) : a + v;
+        }
+    }
+    acc[ty][tx] = a;
+    __syncthreads();
+    if (ty == 0 && col < inner) {
+        for (int r = 1; r < 8; r++) a = op == R_MAX ? fmaxf(a, acc[r][tx]) : a + acc[r][tx];
+        part[((i64)s * outer + o) * inner + col] = a;
+    }
+}
+
+template <typename T>
+__device__ void reduce_cols_finish(int op, int outer, int len, int inner, int splits, const float* part, T* y) {
+    i64 n = (i64)outer * inner;
+    GRID_STRIDE(i, n) {
+        float a = op == R_MAX ? -INFINITY : 0.f;
+        for (int s = 0; s < splits; s++) {
+            float v = part[s * n + i];
+            a = op == R_MAX ? fmaxf(a, v) : a + v;
+        }
+        st(y, i, op == R_MEAN ? a / len : a);
+    }
+}
+
 template <typename T>
 __device__ void reduce_max_bwd(int len, int inner, i64 n, const T* dy, const T* x, const T* y, T* dx) {
     GRID_STRIDE(i, n) {
@@ -63,6 +105,14 @@ __device__ void argmax(int outer, int len, int inner, const T* x, int* y) {
     }                                                                                                       \
     extern "C" __global__ void reduce_cols_##S(int op, int outer, int len, int inner, const T* x, T* y) {   \
         reduce_cols(op, outer, len, inner, x, y);                                                           \
+    }                                                                                                       \
+    extern "C" __global__ void reduce_cols_part_##S(int op, int outer, int len, int inner, int splits, const T* x,  \
+                                                    float* part) {                                          \
+        reduce_cols_part(op, outer, len, inner, splits, x, part);                                           \
+    }                                                                                                       \
+    extern "C" __global__ void reduce_cols_finish_##S(int op, int outer, int len, int inner, int splits,      \
+                                                      const float* part, T* y) {                            \
+        reduce_cols_finish(op, outer, len, inner, splits, part, y);                                         \
     }                                                                                                       \
     extern "C" __global__ void reduce_max_bwd_##S(int len, int inner, i64 n, const T* dy, const T* x,      \
                                                   const T* y, T* dx) {                                      \

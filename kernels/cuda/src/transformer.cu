@@ -135,16 +135,29 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
+// A block of 256 threads sums 32 columns' partials: its eight warps take
+// every eighth warp's row, then the eight sums are added in order.
 extern "C" __global__ void layernorm_grads(int warps, int cols, const float* partial, float* dg, float* db) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
+    __shared__ float acc[2][8][33];
+    int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx;
     float sg = 0.f, sb = 0.f;
-    for (int w = 0; w < warps; w++) {
-        sg += partial[(i64)w * 2 * cols + j];
-        sb += partial[(i64)w * 2 * cols + cols + j];
+    if (j < cols) {
+        for (int w = ty; w < warps; w += 8) {
+            sg += partial[(i64)w * 2 * cols + j];
+            sb += partial[(i64)w * 2 * cols + cols + j];
+        }
     }
-    dg[j] = sg;
-    db[j] = sb;
+    acc[0][ty][tx] = sg;
+    acc[1][ty][tx] = sb;
+    __syncthreads();
+    if (ty == 0 && j < cols) {
+        for (int r = 1; r < 8; r++) {
+            sg += acc[0][r][tx];
+            sb += acc[1][r][tx];
+        }
+        dg[j] = sg;
+        db[j] = sb;
+    }
 }
 
 // ---- attention: [B, T, H, D] strided rows <-> [B·H, T, D] ----
