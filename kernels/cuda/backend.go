@@ -29,8 +29,11 @@ type Backend struct {
 	devName string
 	arch    string // sm_XY
 	sms     int
-	opts    Options
-	asked   Options // opts as given to Open, for the conflict check
+	// chunkBudget caps one chunk of attention's or the classifier's
+	// workspace (defaultChunkBudget).
+	chunkBudget int
+	opts        Options
+	asked       Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI
@@ -132,6 +135,7 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
 	b.sms = attr(attrMultiprocessorCount)
+	b.chunkBudget = defaultChunkBudget
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err
 	}

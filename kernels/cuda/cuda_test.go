@@ -59,6 +59,19 @@ func TestCUDAConvChunks(t *testing.T) {
 	kerneltest.Run(t, b, "conv")
 }
 
+// TestCUDATransformerChunks runs attention and the classifier with a 64 KiB
+// chunk budget, so that their scores and logits come in many chunks of
+// rows (and the classifier's weight gradient accumulates across them).
+func TestCUDATransformerChunks(t *testing.T) {
+	testBackend(t)
+	b, err := open(0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.chunkBudget = 64 << 10
+	kerneltest.Run(t, b, "attention", "classifier")
+}
+
 func TestCUDAMissingDriverIsReported(t *testing.T) {
 	err := Available()
 	if err == nil {

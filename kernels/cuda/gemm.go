@@ -18,6 +18,9 @@ type gemmCall struct {
 	strideC        int64
 	batch          int
 	ab, cType      kernels.DType // A and B share a dtype
+	// lda, ldb and ldc, when set, are the operands' row strides, for
+	// matrices inside wider ones (0: their own widths).
+	lda, ldb, ldc int
 }
 
 func cudaType(dt kernels.DType) int32 {
@@ -44,6 +47,16 @@ func (b *Backend) gemm(g gemmCall) {
 	if g.transB {
 		opB, ldb = cublasOpT, g.k
 	}
+	ldc := g.n
+	if g.lda > 0 {
+		lda = g.lda
+	}
+	if g.ldb > 0 {
+		ldb = g.ldb
+	}
+	if g.ldc > 0 {
+		ldc = g.ldc
+	}
 	compute := int32(cublasComputeF32)
 	if b.opts.MatmulTF32 && g.ab == kernels.F32 {
 		compute = cublasComputeF32FastTF32
@@ -57,12 +70,12 @@ func (b *Backend) gemm(g gemmCall) {
 	ta, tc := cudaType(g.ab), cudaType(g.cType)
 	if g.batch <= 1 {
 		b.cb.must("cublasGemmEx", b.cb.gemmEx(b.blas, opB, opA, int32(g.n), int32(g.m), int32(g.k), unsafe.Pointer(&b.alpha),
-			g.b, ta, int32(ldb), g.a, ta, int32(lda), unsafe.Pointer(&b.beta), g.c, tc, int32(g.n), compute, cublasGemmDefault))
+			g.b, ta, int32(ldb), g.a, ta, int32(lda), unsafe.Pointer(&b.beta), g.c, tc, int32(ldc), compute, cublasGemmDefault))
 		return
 	}
 	b.cb.must("cublasGemmStridedBatchedEx", b.cb.gemmStridedBatchedEx(b.blas, opB, opA, int32(g.n), int32(g.m), int32(g.k),
 		unsafe.Pointer(&b.alpha), g.b, ta, int32(ldb), g.strideB, g.a, ta, int32(lda), g.strideA,
-		unsafe.Pointer(&b.beta), g.c, tc, int32(g.n), g.strideC, int32(g.batch), compute, cublasGemmDefault))
+		unsafe.Pointer(&b.beta), g.c, tc, int32(ldc), g.strideC, int32(g.batch), compute, cublasGemmDefault))
 }
 
 // Gemm computes a (batched) matrix product with cuBLAS: F16 operands are

@@ -15,9 +15,10 @@ import (
 // holds the whole Tq×Tk (or N×V) matrix. Every reduction runs in a fixed
 // order, so results repeat bit for bit.
 
-// chunkBudget caps the workspace of one chunk of attention's scores or the
-// classifier's logits, in bytes.
-const chunkBudget = 256 << 20
+// defaultChunkBudget caps the workspace of one chunk of attention's scores
+// or the classifier's logits, in bytes (Backend.chunkBudget, which tests
+// lower to run many chunks).
+const defaultChunkBudget = 256 << 20
 
 type (
 	embeddingArgs struct {
@@ -81,7 +82,7 @@ type (
 		Do, O, Dvec uintptr
 	}
 	clsRowsArgs struct {
-		V, R0                        int32
+		V, Ld, R0                    int32
 		Z, Labels, RowLoss, RowRight uintptr
 		Grad                         int32
 		Dz                           uintptr
@@ -211,9 +212,15 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 
 // attnChunk is how many query rows of each batch and head a chunk of
 // attention takes: its scores (F32) and probabilities (es bytes each) over
-// tk keys within chunkBudget.
-func attnChunk(bh, tq, tk, es int) int {
-	return max(1, min(tq, chunkBudget/max(1, bh*tk*(4+es))))
+// tk keys within budget bytes, a multiple of 64 where it is not all of them,
+// so that the chunks' products have the shapes cuBLAS's tensor-core kernels
+// want.
+func attnChunk(budget, bh, tq, tk, es int) int {
+	m := max(1, min(tq, budget/max(1, bh*tk*(4+es))))
+	if m > 64 && m < tq {
+		m &^= 63
+	}
+	return m
 }
 
 // Attention: q, k and v gathered into [B·H, T, D]; per chunk of query
@@ -235,7 +242,7 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	b.attnGather(s, p, p.Tq, p.QRow, p.QBatch, q, qh.Addr())
 	b.attnGather(s, p, p.Tk, p.KRow, p.KBatch, k, kh.Addr())
 	b.attnGather(s, p, p.Tk, p.VRow, p.VBatch, v, vh.Addr())
-	m := attnChunk(bh, p.Tq, p.Tk, int(es))
+	m := attnChunk(b.chunkBudget, bh, p.Tq, p.Tk, int(es))
 	sc, pr := b.workspace(int64(bh*m*p.Tk)*4), b.workspace(int64(bh*m*p.Tk)*es)
 	defer b.alloc.Free(sc)
 	defer b.alloc.Free(pr)
@@ -297,7 +304,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	kAttnRowDot.launch(b, s, b.elems(int64(bh*T)), attnRowDotArgs{layout(p, T, p.ORow, p.OBatch), ptrOf(do), ptrOf(o), dvec})
 	b.memsetF32(dkh, n)
 	b.memsetF32(dvh, n)
-	m := attnChunk(bh, T, T, int(es))
+	m := attnChunk(b.chunkBudget, bh, T, T, int(es))
 	sc, pr := ws(int64(bh*m*T)*4), ws(int64(bh*m*T)*es)
 	for q0 := 0; q0 < T; q0 += m {
 		rows := min(m, T-q0)
@@ -340,17 +347,23 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 // ClassifierLoss: per chunk of rows, the logits (cuBLAS, F32), each row's
 // loss, right prediction and softmax − one-hot (in the operands' dtype),
 // then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
-// count summed at the end in one block.
+// count summed at the end in one block. The chunks' rows are a multiple of
+// 64 and padded to a multiple of 16 values (GPT-2's vocabulary of 50,257 is
+// odd), which cuBLAS's tensor-core kernels want.
 func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
 	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
 	s := floatType("classifier loss", h, w)
 	b.enter()
 	defer b.exit()
 	es := int64(h.DType.Size())
-	m := max(1, min(p.N, chunkBudget/(p.V*int(4+es))))
-	z := b.workspace(int64(m*p.V) * 4)
+	ld := (p.V + 15) &^ 15
+	m := max(1, min(p.N, b.chunkBudget/(ld*int(4+es))))
+	if m > 64 && m < p.N {
+		m &^= 63
+	}
+	z := b.workspace(int64(m*ld) * 4)
 	defer b.alloc.Free(z)
-	dz := b.workspace(int64(m*p.V) * es)
+	dz := b.workspace(int64(m*ld) * es)
 	defer b.alloc.Free(dz)
 	rows := b.workspace(int64(p.N) * 8)
 	defer b.alloc.Free(rows)
@@ -359,20 +372,21 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	for r0 := 0; r0 < p.N; r0 += m {
 		n := min(m, p.N-r0)
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
-		b.gemm(gemmCall{transB: true, m: n, n: p.V, k: p.C, alpha: 1, a: hc, b: ptrOf(w), c: z.Addr(), batch: 1, ab: h.DType, cType: kernels.F32})
-		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
+		b.gemm(gemmCall{transB: true, m: n, n: p.V, k: p.C, alpha: 1, a: hc, b: ptrOf(w), c: z.Addr(), batch: 1, ab: h.DType, cType: kernels.F32,
+			ldc: ld})
+		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
 			boolInt(p.Grad), dz.Addr()})
 		if !p.Grad {
 			continue
 		}
 		b.gemm(gemmCall{m: n, n: p.C, k: p.V, alpha: inv, a: dz.Addr(), b: ptrOf(w), c: ptrOf(dh) + uintptr(r0*p.C*4),
-			batch: 1, ab: h.DType, cType: kernels.F32})
+			batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
 		beta := float32(1)
 		if r0 == 0 {
 			beta = 0
 		}
 		b.gemm(gemmCall{transA: true, m: p.V, n: p.C, k: n, alpha: inv, beta: beta, a: dz.Addr(), b: hc, c: ptrOf(dw),
-			batch: 1, ab: h.DType, cType: kernels.F32})
+			batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
 	}
 	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
 }

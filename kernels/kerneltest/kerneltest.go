@@ -808,7 +808,7 @@ var cases = []testCase{
 	}},
 	{"classifier", func(s *suite) {
 		for _, dt := range dtypes {
-			for _, c := range []struct{ N, C, V int }{{1, 8, 10}, {37, 16, 501}, {700, 64, 1000}} {
+			for _, c := range []struct{ N, C, V int }{{1, 8, 10}, {37, 16, 501}, {700, 64, 1000}, {700, 16, 40}} {
 				h, w := s.randIn(dt, c.N*c.C), s.randIn(dt, c.V*c.C)
 				lv := make([]float32, c.N)
 				for i := range lv {

@@ -236,16 +236,17 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 
 // ---- the fused classifier ----
 
-// A block per row of a chunk's logits z (F32, rows × V): the row's loss
+// A block per row of a chunk's logits z (F32, rows × V, ld apart): the row's loss
 // (lse − z[label]) and whether its first maximum is its label, and with
 // grad its softmax − one-hot into dz (T).
 template <typename T>
-__device__ void cls_rows(int V, int r0, const float* z, const int* labels, float* rowloss, float* rowright, int grad, T* dz) {
+__device__ void cls_rows(int V, int ld, int r0, const float* z, const int* labels, float* rowloss, float* rowright, int grad,
+                         T* dz) {
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ float scratch[32];
     int r = blockIdx.x;
-    const float* zr = z + (i64)r * V;
+    const float* zr = z + (i64)r * ld;
     float m = -INFINITY;
     int arg = 0x7fffffff;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
@@ -299,7 +300,7 @@ __device__ void cls_rows(int V, int r0, const float* z, const int* labels, float
         rowright[r0 + r] = arg == y ? 1.f : 0.f;
     }
     if (grad)
-        for (int j = threadIdx.x; j < V; j += blockDim.x) st(dz, (i64)r * V + j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
+        for (int j = threadIdx.x; j < V; j += blockDim.x) st(dz, (i64)r * ld + j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
 }
 
 // The mean loss and the right count, summed in one block in a fixed order.
@@ -406,8 +407,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                const T* o, float* dvec) {                                       \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void cls_rows_##S(int V, int r0, const float* z, const int* labels, float* rowloss,   \
-                                            float* rowright, int grad, T* dz) {                                 \
-        cls_rows(V, r0, z, labels, rowloss, rowright, grad, dz);                                                \
+    extern "C" __global__ void cls_rows_##S(int V, int ld, int r0, const float* z, const int* labels,           \
+                                            float* rowloss, float* rowright, int grad, T* dz) {                 \
+        cls_rows(V, ld, r0, z, labels, rowloss, rowright, grad, dz);                                            \
     }
 FOR_TYPES(TRANSFORMER)
