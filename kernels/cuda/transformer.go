@@ -347,9 +347,11 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 // ClassifierLoss: per chunk of rows, the logits (cuBLAS, F32), each row's
 // loss, right prediction and softmax − one-hot (in the operands' dtype),
 // then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
-// count summed at the end in one block. The chunks' rows are a multiple of
-// 64 and padded to a multiple of 16 values (GPT-2's vocabulary of 50,257 is
-// odd), which cuBLAS's tensor-core kernels want.
+// count summed at the end in one block. cuBLAS's tensor-core kernels want
+// aligned shapes, and GPT-2's vocabulary of 50,257 is odd (its products
+// run 6× slower than 50,240's on the H200): each product is split into the
+// vocabulary's first multiple of 64 tokens and the few left, the chunks'
+// rows are a multiple of 64 and padded to a multiple of 16 values.
 func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
 	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
 	s := floatType("classifier loss", h, w)
@@ -369,24 +371,39 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	defer b.alloc.Free(rows)
 	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
 	inv := 1 / float32(p.N)
+	type part struct{ lo, n int } // a stretch of the vocabulary
+	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
+	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
 	for r0 := 0; r0 < p.N; r0 += m {
 		n := min(m, p.N-r0)
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
-		b.gemm(gemmCall{transB: true, m: n, n: p.V, k: p.C, alpha: 1, a: hc, b: ptrOf(w), c: z.Addr(), batch: 1, ab: h.DType, cType: kernels.F32,
-			ldc: ld})
+		for _, v := range parts {
+			if v.n > 0 {
+				b.gemm(gemmCall{transB: true, m: n, n: v.n, k: p.C, alpha: 1, a: hc, b: wAt(v.lo), c: z.Addr() + uintptr(v.lo*4),
+					batch: 1, ab: h.DType, cType: kernels.F32, ldc: ld})
+			}
+		}
 		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
 			boolInt(p.Grad), dz.Addr()})
 		if !p.Grad {
 			continue
 		}
-		b.gemm(gemmCall{m: n, n: p.C, k: p.V, alpha: inv, a: dz.Addr(), b: ptrOf(w), c: ptrOf(dh) + uintptr(r0*p.C*4),
-			batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
-		beta := float32(1)
+		beta := float32(1) // dw accumulates over the chunks
 		if r0 == 0 {
 			beta = 0
 		}
-		b.gemm(gemmCall{transA: true, m: p.V, n: p.C, k: n, alpha: inv, beta: beta, a: dz.Addr(), b: hc, c: ptrOf(dw),
-			batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
+		dhBeta := float32(0) // dh sums the stretches
+		for _, v := range parts {
+			if v.n == 0 {
+				continue
+			}
+			dzv := dz.Addr() + uintptr(int64(v.lo)*es)
+			b.gemm(gemmCall{m: n, n: p.C, k: v.n, alpha: inv, beta: dhBeta, a: dzv, b: wAt(v.lo), c: ptrOf(dh) + uintptr(r0*p.C*4),
+				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
+			b.gemm(gemmCall{transA: true, m: v.n, n: p.C, k: n, alpha: inv, beta: beta, a: dzv, b: hc, c: ptrOf(dw) + uintptr(v.lo*p.C*4),
+				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
+			dhBeta = 1
+		}
 	}
 	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
 }
