@@ -2,6 +2,10 @@
 // files such as Fashion-MNIST, CIFAR-10's binary batches, and a synthetic
 // set) and feeds them to training through a Loader: seeded shuffling,
 // batching, normalisation, augmentation and prefetching on a goroutine.
+// For language models it tokenizes text corpora (a file, a folder, the
+// Brown corpus) with GPT-2's byte-pair encoding or bytes into a token file
+// kept beside them, and a TextLoader feeds random windows of them. Both
+// loaders are Batches.
 //
 // Readers check what they read: a truncated, mislabelled or mismatched file
 // is an error naming the file and the problem, never a panic.

@@ -1,7 +1,8 @@
 // Package nn holds neural-network modules built on autograd: layers
 // (Linear, Conv2d, BatchNorm2d, pooling, ReLU, Dropout, Flatten), containers
-// (Sequential), the ResNet family and an MLP, losses, initialisation, and
-// weights I/O in the safetensors format.
+// (Sequential), the ResNet family, an MLP, a GPT (with generation from a
+// key-value cache), losses, initialisation, and weights I/O in the
+// safetensors format (and in Hugging Face GPT-2's layout).
 //
 // A module's Forward takes a tensor it does not own and returns a new one
 // the caller owns; containers release the intermediates they create as soon

@@ -263,8 +263,11 @@ func (r *runner) fitBudget() (err error) {
 	r.report.Config = r.cfg
 	fmt.Fprintf(r.say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(r.job.MaxMemory))
 	if r.micro > 0 {
-		fmt.Fprintf(r.say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update; batch norm normalises each micro-batch on its own\n",
-			r.micro, r.cfg.Batch)
+		bn := "; batch norm normalises each micro-batch on its own"
+		if r.arch.Text {
+			bn = ""
+		}
+		fmt.Fprintf(r.say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update%s\n", r.micro, r.cfg.Batch, bn)
 	}
 	return nil
 }
