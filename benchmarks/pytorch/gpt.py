@@ -104,6 +104,19 @@ def optimizer(model, a, fused):
     return torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8, fused=fused)
 
 
+def train_step(model, opt, scaler, x, y, a):
+    """One step of the recipe: forward under autocast, scaled backward, unscale, clip, update."""
+    with autocast(a):
+        loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def lr_at(step, a):
     warmup = min(a.warmup, a.steps // 10)
     if step < warmup:
@@ -169,14 +182,7 @@ def train(a):
         start.record()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
-        with autocast(a):
-            loss = model(x, y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, scaler, x, y, a)
         end.record()
         end.synchronize()
         train_ms += start.elapsed_time(end)
@@ -199,14 +205,7 @@ def bench(a):
     y = torch.randint(0, vocab, (a.batch, a.context), device=dev)
 
     def step():
-        with autocast(a):
-            loss = model(x, y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, scaler, x, y, a)
 
     for _ in range(a.warmup_steps):
         step()
@@ -243,20 +242,13 @@ def largest(a):
             scaler = torch.amp.GradScaler(enabled=a.amp == "f16")
             x = torch.randint(0, a.vocab, (b, a.context), device=dev)
             for _ in range(2):
-                with autocast(a):
-                    loss = model(x, x)
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
+                train_step(model, opt, scaler, x, x, a)
             torch.cuda.synchronize()
             return True
         except torch.OutOfMemoryError:
             return False
         finally:
-            model = opt = x = loss = None
+            model = opt = x = None
             torch.cuda.empty_cache()
 
     lo, hi = 0, 1
