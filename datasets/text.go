@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/internal/fserr"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/pkoukk/tiktoken-go"
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
@@ -130,13 +131,13 @@ const ValFraction = 0.1
 func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("text %s: %w", path, cause(err))
+		return nil, fmt.Errorf("text %s: %w", path, fserr.Cause(err))
 	}
 	var files []string
 	if st.IsDir() {
 		root, err := filepath.EvalSymlinks(path) // WalkDir does not follow a linked root
 		if err != nil {
-			return nil, fmt.Errorf("text %s: %w", path, cause(err))
+			return nil, fmt.Errorf("text %s: %w", path, fserr.Cause(err))
 		}
 		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -235,7 +236,7 @@ func readTexts(files []string) ([]string, [32]byte, error) {
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, cause(err))
+			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, fserr.Cause(err))
 		}
 		if bytes.IndexByte(data, 0) >= 0 || !utf8.Valid(data) {
 			return nil, [32]byte{}, fmt.Errorf("text %s: not UTF-8 text (binary data?)", f)
@@ -318,7 +319,7 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte) (string, []int32, er
 			continue
 		}
 		if err != nil {
-			return "", nil, fmt.Errorf("token file %s: %w", p, cause(err))
+			return "", nil, fmt.Errorf("token file %s: %w", p, fserr.Cause(err))
 		}
 		if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
 			return "", nil, fmt.Errorf("token file %s: not a leangrad token file (remove it to tokenize again)", p)
@@ -500,12 +501,3 @@ func (it *textEpoch) NextInto(x, y *tensor.Tensor) (bx, by *tensor.Tensor, ok bo
 }
 
 func (it *textEpoch) Close() {}
-
-// cause is an error without the path that the message already names.
-func cause(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}

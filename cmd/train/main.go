@@ -45,6 +45,7 @@ import (
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/fserr"
 	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
@@ -285,7 +286,7 @@ func (o *options) check() error {
 	}
 	if o.data != "" {
 		if st, err := os.Stat(o.data); err != nil {
-			bad("-data %s: %v", o.data, cause(err))
+			bad("-data %s: %v", o.data, fserr.Cause(err))
 		} else if !st.IsDir() && !o.text {
 			bad("-data %s: not a folder", o.data)
 		}
@@ -343,7 +344,7 @@ func (o *options) check() error {
 	}
 	if o.resume != "" {
 		if st, err := os.Stat(o.resume); err != nil {
-			bad("-resume %s: %v", o.resume, cause(err))
+			bad("-resume %s: %v", o.resume, fserr.Cause(err))
 		} else if st.IsDir() {
 			bad("-resume %s: a folder, not a checkpoint file", o.resume)
 		}
@@ -406,19 +407,10 @@ func writable(path string) error {
 	}
 	f, err := os.CreateTemp(dir, ".leangrad-write-check-*")
 	if err != nil {
-		return fmt.Errorf("cannot write in %s: %v", dir, cause(err))
+		return fmt.Errorf("cannot write in %s: %v", dir, fserr.Cause(err))
 	}
 	f.Close()
 	return os.Remove(f.Name())
-}
-
-// cause is an error without the path that the message already names.
-func cause(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // parseBudget reads -max-memory: a size with a unit (200MiB, 1.5GiB, 64KiB,
