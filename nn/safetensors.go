@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math"
 	"os"
@@ -30,6 +31,68 @@ type Stored struct {
 type Safetensors struct {
 	Tensors  map[string]Stored
 	Metadata map[string]string
+	// Verified says that the file carried checksums (files Encode wrote
+	// do; others, Hugging Face's among them, do not) and that every
+	// tensor and metadata entry matched its own.
+	Verified bool
+}
+
+// ChecksumKey is the metadata entry where Encode records the CRC-32C
+// (Castagnoli) of every tensor's bytes and of every other metadata entry,
+// as JSON {"tensors": {name: "8 hex digits"}, "metadata": {...}}, and
+// which ParseSafetensors checks. CRC-32C finds every burst error up to 32
+// bits and all but one in 2^32 others, at memory speed.
+const ChecksumKey = "leangrad.crc32c"
+
+type checksums struct {
+	Tensors  map[string]string `json:"tensors"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crcHex(b []byte) string { return fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli)) }
+
+// verify checks st against the checksums in its metadata, if any.
+func (st *Safetensors) verify() error {
+	raw, ok := st.Metadata[ChecksumKey]
+	if !ok {
+		return nil
+	}
+	delete(st.Metadata, ChecksumKey)
+	var sums checksums
+	if err := json.Unmarshal([]byte(raw), &sums); err != nil {
+		return fmt.Errorf("metadata %s is not checksums: %v", ChecksumKey, err)
+	}
+	for _, name := range sortedKeys(st.Tensors) {
+		want, ok := sums.Tensors[name]
+		if !ok {
+			return fmt.Errorf("tensor %q has no checksum: the header was changed after the file was written", name)
+		}
+		if got := crcHex(st.Tensors[name].Data); got != want {
+			return fmt.Errorf("tensor %q is corrupted: its bytes' CRC-32C is %s, the file recorded %s", name, got, want)
+		}
+	}
+	for _, name := range sortedKeys(st.Metadata) {
+		if got := crcHex([]byte(st.Metadata[name])); got != sums.Metadata[name] {
+			return fmt.Errorf("metadata %q is corrupted: its CRC-32C is %s, the file recorded %q", name, got, sums.Metadata[name])
+		}
+	}
+	if len(sums.Tensors) != len(st.Tensors) || len(sums.Metadata) != len(st.Metadata) {
+		return fmt.Errorf("the file recorded checksums of %d tensors and %d metadata entries, and holds %d and %d: the header was changed after the file was written",
+			len(sums.Tensors), len(sums.Metadata), len(st.Tensors), len(st.Metadata))
+	}
+	st.Verified = true
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 const maxHeader = 100 << 20
@@ -111,6 +174,9 @@ func ParseSafetensors(data []byte) (*Safetensors, error) {
 			return nil, fmt.Errorf("tensors %q and %q overlap in the data", spans[i-1].name, spans[i].name)
 		}
 	}
+	if err := st.verify(); err != nil {
+		return nil, err
+	}
 	return st, nil
 }
 
@@ -127,17 +193,27 @@ func ReadSafetensors(path string) (*Safetensors, error) {
 	return st, nil
 }
 
-// Encode writes st in the safetensors format, tensors in name order.
+// Encode writes st in the safetensors format, tensors in name order, with
+// the checksums of its tensors and metadata (ChecksumKey).
 func (st *Safetensors) Encode(w io.Writer) error {
-	names := make([]string, 0, len(st.Tensors))
-	for k := range st.Tensors {
-		names = append(names, k)
+	names := sortedKeys(st.Tensors)
+	sums := checksums{Tensors: map[string]string{}, Metadata: map[string]string{}}
+	meta := map[string]string{}
+	for k, v := range st.Metadata {
+		if k != ChecksumKey {
+			meta[k] = v
+			sums.Metadata[k] = crcHex([]byte(v))
+		}
 	}
-	sort.Strings(names)
-	header := map[string]any{}
-	if len(st.Metadata) > 0 {
-		header["__metadata__"] = st.Metadata
+	for _, k := range names {
+		sums.Tensors[k] = crcHex(st.Tensors[k].Data)
 	}
+	sj, err := json.Marshal(sums)
+	if err != nil {
+		return err
+	}
+	meta[ChecksumKey] = string(sj)
+	header := map[string]any{"__metadata__": meta}
 	var off int64
 	for _, k := range names {
 		t := st.Tensors[k]

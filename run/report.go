@@ -59,9 +59,21 @@ type Report struct {
 	DataParallel  *DataParallel          `json:"data_parallel,omitempty"`
 	Error         string                 `json:"error,omitempty"`
 	Diverged      *Diverged              `json:"diverged,omitempty"`
+	Interrupted   *Interrupted           `json:"interrupted,omitempty"`
+	// Unverified says the checkpoint resumed carried no checksums.
+	Unverified bool              `json:"resumed_unverified,omitempty"`
 	Memory        []train.MemSample      `json:"-"` // the pool after every step
 	Title         string                 `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
 	summary       func(w io.Writer)      // the end-of-run lines, while the trainer was alive
+}
+
+// Interrupted says where a run stopped when asked to (Job.Stop; see
+// train.InterruptedError).
+type Interrupted struct {
+	Epoch int    `json:"epoch"` // from 1
+	Batch int    `json:"batch"` // batches of it done (0: it stopped before it)
+	Step  int    `json:"step"`
+	Saved string `json:"saved,omitempty"` // the checkpoint that holds the run there
 }
 
 // Sample is text a language model generated at the end of its run.

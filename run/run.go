@@ -63,6 +63,11 @@ type Job struct {
 	// says as it goes: measurements, the budget, resume (nil: nothing).
 	Progress train.Observer
 	Log      io.Writer
+	// Stop, when closed, stops the run at the next step boundary (or
+	// between stages before the training): a checkpoint is saved there
+	// when Save is set, and Train returns an error wrapping
+	// train.ErrInterrupted with the report (see train.Trainer.Stop).
+	Stop <-chan struct{}
 	// Group, if set, makes the run one rank of a data-parallel job
 	// (Trainer.SetGroup): the batch is per rank, each rank trains on its
 	// share of every epoch and evaluates its share of the test set, and
@@ -133,12 +138,45 @@ func Train(dev *tensor.Device, job Job) (report *Report, err error) {
 	}
 	defer func() { r.report.finish(dev, err) }()
 	defer r.release()
-	for _, stage := range []func() error{r.lookup, r.loaders, r.fitBudget, r.measure, r.trainer, r.fit, r.summarize, r.sample} {
-		if err := stage(); err != nil {
+	setup := []func() error{r.lookup, r.checkResume, r.loaders}
+	for i, stage := range append(setup, r.fitBudget, r.measure, r.trainer, r.fit, r.summarize, r.sample) {
+		if r.t == nil && r.stopped() { // before the training: nothing to save
+			return r.report, &train.InterruptedError{Epoch: r.startEpoch}
+		}
+		// Operations panic when the device runs out of memory (or fails);
+		// no stage lets that through as a panic.
+		var err error
+		if cerr := tensor.Catch(func() { err = stage() }); cerr != nil {
+			err = cerr
+		}
+		if err != nil && i < len(setup) {
+			err = &SetupError{Err: err}
+		}
+		if err != nil {
 			return r.report, err
 		}
 	}
 	return r.report, nil
+}
+
+// SetupError is Train's error when the job could not start (an unknown
+// model, data that does not suit it, a checkpoint that does not match):
+// nothing was measured or trained.
+type SetupError struct{ Err error }
+
+func (e *SetupError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *SetupError) Unwrap() error { return e.Err }
+
+// stopped says whether Job.Stop was closed.
+func (r *runner) stopped() bool {
+	select {
+	case <-r.job.Stop:
+		return r.job.Stop != nil
+	default:
+		return false
+	}
 }
 
 // runner is a Train in progress: what each stage leaves for the next.
@@ -158,6 +196,7 @@ type runner struct {
 	model         nn.Model
 	t             *train.Trainer
 	resumed       int // epochs of the history that ran before this run
+	startEpoch    int // the epoch the run starts at (a resumed checkpoint's)
 	wall          time.Duration
 }
 
@@ -173,6 +212,64 @@ func (r *runner) lookup() (err error) {
 		return fmt.Errorf("model %s classifies images: the job needs training and test images (Job.Train, Job.Test)", r.cfg.Model)
 	}
 	return nil
+}
+
+// checkResume reads the checkpoint to resume (its checksums checked)
+// and compares its configuration with the job's before any work: all of
+// it, less AMP and checkpointing when the budget chooses them (they are
+// compared once it has, when the trainer resumes). A checkpoint that
+// finished every epoch of the job has nothing left to train.
+func (r *runner) checkResume() error {
+	if r.job.Resume == "" {
+		return nil
+	}
+	info, err := train.ReadCheckpointInfo(r.job.Resume)
+	if err != nil {
+		return err
+	}
+	saved, now := info.Config, r.cfg
+	now.Examples = r.examples()
+	if r.job.MaxMemory > 0 {
+		saved.AMP, saved.AMPDType, saved.Checkpoint = now.AMP, now.AMPDType, now.Checkpoint
+	}
+	if _, err := train.CheckResume(r.job.Resume, saved, now, r.job.ResumeForce); err != nil {
+		return err
+	}
+	if info.Epoch >= r.cfg.Epochs {
+		return fmt.Errorf("%s: the run it holds has done %s, and this one asks for %s: nothing is left to train (ask for more to go on)",
+			r.job.Resume, r.length(info.Epoch), r.length(r.cfg.Epochs))
+	}
+	r.startEpoch = info.Epoch
+	return nil
+}
+
+// length words a number of the run's epochs: "1 epoch", "15 epochs", or
+// for a language model its steps, "1,000 steps".
+func (r *runner) length(epochs int) string {
+	if r.arch.Text {
+		return plural(epochs*r.cfg.EvalEvery, "step")
+	}
+	return plural(epochs, "epoch")
+}
+
+// plural is "1 epoch" or "n epochs", with n's thousands apart.
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return count(n) + " " + what + "s"
+}
+
+// examples is the number of training examples the job gives: images, or
+// a language model's training tokens.
+func (r *runner) examples() int {
+	if r.job.Text != nil {
+		return len(r.job.Text.Train)
+	}
+	if r.job.Train != nil {
+		return r.job.Train.N
+	}
+	return 0
 }
 
 // build makes a fresh model of the run, from its seed.
@@ -193,6 +290,11 @@ func (r *runner) loaders() error {
 		return r.textLoaders()
 	}
 	d := r.job.Train
+	if r.cfg.Batch > d.N {
+		return fmt.Errorf("batch %d: more than the %d training images (%s); want at most %d", r.cfg.Batch, d.N, d.Name, d.N)
+	}
+	r.cfg.Examples = d.N
+	r.report.Config = r.cfg
 	r.input, r.classes = []int{d.C, d.H, d.W}, d.Classes
 	mean, std := d.MeanStd()
 	lc := datasets.LoaderConfig{Batch: r.cfg.Batch, Shuffle: true, Seed: r.cfg.Seed, Mean: mean, Std: std}
@@ -232,6 +334,7 @@ func (r *runner) textLoaders() error {
 		return fmt.Errorf("corpus %s: %d validation tokens, fewer than one window of the context %d and its next token", c.Name, len(c.Val), T)
 	}
 	r.input, r.classes = []int{T}, c.Tokenizer.Vocab()
+	cfg.Examples = len(c.Train)
 	r.report.Config = r.cfg
 	tc := datasets.TextConfig{Batch: cfg.Batch, Context: T, Steps: cfg.EvalEvery, Seed: cfg.Seed}
 	vc := datasets.TextConfig{Batch: cfg.Batch, Context: T, MaxBatches: cfg.EvalBatches}
@@ -321,14 +424,24 @@ func (r *runner) trainer() (err error) {
 		fmt.Fprintf(r.say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %s (%s), all-reduced in %.3f ms\n",
 			g.Size(), g.Backend(), r.cfg.Batch, r.cfg.Batch*g.Size(), buckets(red.Buckets()), memory.Bytes(red.Bytes()), 1e3*d.Seconds())
 	}
+	r.t.Stop = r.job.Stop
 	if r.job.Resume != "" {
-		changed, err := r.t.Resume(r.job.Resume, r.job.ResumeForce)
+		info, err := r.t.Resume(r.job.Resume, r.job.ResumeForce)
 		if err != nil {
 			return err
 		}
-		r.report.ResumeChanges = changed
-		fmt.Fprintf(r.say, "resumed from %s at epoch %d\n", r.job.Resume, r.t.Epoch+1)
-		for _, c := range changed {
+		r.report.ResumeChanges, r.report.Unverified = info.Changed, info.Unverified
+		at := fmt.Sprintf("epoch %d", r.t.Epoch+1)
+		if r.arch.Text {
+			at = fmt.Sprintf("step %d", r.t.Steps+1)
+		} else if p := info.Position; p != nil {
+			at += fmt.Sprintf(", batch %d of %d", p.Batch+1, r.trainL.Len())
+		}
+		fmt.Fprintf(r.say, "resumed from %s at %s\n", r.job.Resume, at)
+		if info.Unverified {
+			fmt.Fprintf(r.say, "  warning: %s carries no checksums (it was written by an older leangrad): its bytes could not be checked\n", r.job.Resume)
+		}
+		for _, c := range info.Changed {
 			fmt.Fprintf(r.say, "  changed since the checkpoint (-resume-force): %s\n", c)
 		}
 	}
@@ -366,8 +479,8 @@ func (r *runner) fit() error {
 			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Epochs*r.cfg.EvalEvery,
 			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, r.t.Step.Mode)
 	} else {
-		fmt.Fprintf(r.say, "training %s (%d parameters) on %d images, %d epochs of %d steps, %s, %s steps\n",
-			r.cfg.Model, nn.CountParams(r.model), r.job.Train.N, r.cfg.Epochs, r.trainL.Len(), chosen, r.t.Step.Mode)
+		fmt.Fprintf(r.say, "training %s (%s parameters) on %s images, %s of %s, %s, %s steps\n",
+			r.cfg.Model, count(nn.CountParams(r.model)), count(r.job.Train.N), plural(r.cfg.Epochs, "epoch"), plural(r.trainL.Len(), "step"), chosen, r.t.Step.Mode)
 	}
 	r.report.Title = fmt.Sprintf("%s, %s, batch %d on %s", r.cfg.Model, chosen, r.cfg.Batch, r.dev.Name())
 	if g := r.job.Group; g != nil {
@@ -548,6 +661,10 @@ func (rep *Report) finish(dev *tensor.Device, err error) {
 		var d *train.DivergedError
 		if errors.As(err, &d) {
 			rep.Diverged = &Diverged{Epoch: d.Epoch + 1, Step: d.Step, Why: d.Why}
+		}
+		var ie *train.InterruptedError
+		if errors.As(err, &ie) {
+			rep.Interrupted = &Interrupted{Epoch: ie.Epoch + 1, Batch: ie.Batch, Step: ie.Step, Saved: ie.Saved}
 		}
 	}
 }

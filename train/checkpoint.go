@@ -12,9 +12,12 @@ import (
 
 // A training checkpoint is one safetensors file: the model's state under
 // "model.", the optimiser's under "optim.", and in the metadata, as JSON
-// under "leangrad.train", the configuration, the epoch to resume at, the
-// step count, the optimiser's and the scaler's counters, the random
-// generator's state and the history so far. It is written atomically.
+// under "leangrad.train", the configuration, the epoch to resume at (and,
+// for a run interrupted inside an epoch, the position in it), the step
+// count, the optimiser's and the scaler's counters, the random generator's
+// state and the history so far. It is written atomically, with the
+// checksums of every tensor and of the metadata (nn.ChecksumKey), which
+// Resume checks.
 
 const metaKey = "leangrad.train"
 
@@ -27,6 +30,74 @@ type checkpointMeta struct {
 	Scaler  map[string]float64 `json:"scaler"`
 	RNG     kernels.Philox     `json:"rng"`
 	History []EpochMetrics     `json:"history"`
+	// Position is where in Epoch an interrupted run stopped (nil: at its
+	// start).
+	Position *Position `json:"position,omitempty"`
+}
+
+// Position is how far into an epoch a run got: what Fit needs to go on
+// from there as though it had not stopped.
+type Position struct {
+	Batch   int       `json:"batch"`   // the epoch's batches done
+	Seen    int       `json:"seen"`    // this rank's examples in them
+	Seconds float64   `json:"seconds"` // the time they took
+	Metrics []float32 `json:"metrics"` // the step's running sums (Step.Metrics) over them
+	// Skipped is the scaler's count of skipped steps when the epoch began.
+	Skipped                     int   `json:"skipped"`
+	PeakAllocated, PeakReserved int64 `json:"-"`
+}
+
+// checkpointVersion is the format Save writes: 2 added Position.
+const checkpointVersion = 2
+
+// CheckpointInfo is what a training checkpoint says about its run.
+type CheckpointInfo struct {
+	Config   Config
+	Epoch    int       // the epoch it resumes at, from 0
+	Position *Position // where in it (nil: at its start)
+	Verified bool      // it carried checksums, and they matched
+}
+
+// ReadCheckpointInfo reads the run a training checkpoint records, its
+// checksums checked, without touching a device: what a run compares its
+// configuration with before any work.
+func ReadCheckpointInfo(path string) (CheckpointInfo, error) {
+	st, meta, err := readCheckpoint(path)
+	if err != nil {
+		return CheckpointInfo{}, err
+	}
+	return CheckpointInfo{Config: meta.Config, Epoch: meta.Epoch, Position: meta.Position, Verified: st.Verified}, nil
+}
+
+// readCheckpoint reads and checks a checkpoint file and its metadata.
+func readCheckpoint(path string) (*nn.Safetensors, *checkpointMeta, error) {
+	st, err := nn.ReadSafetensors(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, ok := st.Metadata[metaKey]
+	if !ok {
+		return nil, nil, fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
+	}
+	var meta checkpointMeta
+	if err := json.Unmarshal([]byte(raw), &meta); err != nil {
+		return nil, nil, fmt.Errorf("%s: training metadata: %v", path, err)
+	}
+	if meta.Version > checkpointVersion {
+		return nil, nil, fmt.Errorf("%s: a checkpoint of format %d, newer than this build reads (%d)", path, meta.Version, checkpointVersion)
+	}
+	return st, &meta, nil
+}
+
+// ResumeInfo is what Resume found.
+type ResumeInfo struct {
+	// Changed lists the configuration's differences that force accepted.
+	Changed []string
+	// Unverified says the checkpoint carried no checksums (it was written
+	// before they were recorded): its bytes could not be checked.
+	Unverified bool
+	// Position is where in the epoch it resumes (nil: at its start).
+	Position *Position
 }
 
 // Save writes a training checkpoint to path, atomically.
@@ -39,8 +110,9 @@ func (t *Trainer) Save(path string) error {
 		st.Tensors["optim."+k] = nn.Stored{DType: v.DType(), Shape: v.Shape(), Data: v.Raw()}
 	}
 	t.Step.SyncRNG()
-	meta, err := json.Marshal(checkpointMeta{Version: 1, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
-		Optim: t.Opt.Counters(), Scaler: t.Step.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History})
+	meta, err := json.Marshal(checkpointMeta{Version: checkpointVersion, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
+		Optim: t.Opt.Counters(), Scaler: t.Step.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History,
+		Position: t.position})
 	if err != nil {
 		return err
 	}
@@ -51,31 +123,24 @@ func (t *Trainer) Save(path string) error {
 	return nil
 }
 
-// Resume restores a checkpoint written by Save: model, optimiser, scaler,
-// random generator, epoch, step and history. The checkpoint's configuration
-// must be the trainer's in everything that shapes the run (Mismatches);
-// with force, differences other than the model are accepted and returned,
+// Resume restores a checkpoint written by Save, its checksums checked:
+// model, optimiser, scaler, random generator, epoch (and the position in
+// it), step and history. The checkpoint's configuration must be the
+// trainer's in everything that shapes the run (CheckResume); with force,
+// differences other than the model are accepted and listed in the result,
 // for the report. The epochs may differ: that is how a run is extended.
-func (t *Trainer) Resume(path string, force bool) (changed []string, err error) {
-	st, err := nn.ReadSafetensors(path)
+func (t *Trainer) Resume(path string, force bool) (info ResumeInfo, err error) {
+	st, meta, err := readCheckpoint(path)
 	if err != nil {
-		return nil, err
+		return info, err
 	}
-	raw, ok := st.Metadata[metaKey]
-	if !ok {
-		return nil, fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
+	if info.Changed, err = CheckResume(path, meta.Config, t.Cfg, force); err != nil {
+		return info, err
 	}
-	var meta checkpointMeta
-	if err := json.Unmarshal([]byte(raw), &meta); err != nil {
-		return nil, fmt.Errorf("%s: training metadata: %v", path, err)
-	}
-	if meta.Config.Model != t.Cfg.Model {
-		return nil, fmt.Errorf("%s: checkpoint of model %q, this run trains %q", path, meta.Config.Model, t.Cfg.Model)
-	}
-	changed = Mismatches(meta.Config, t.Cfg)
-	if len(changed) > 0 && !force {
-		return nil, fmt.Errorf("%s: the checkpoint was trained with another configuration:\n  %s\n(pass the same flags, or -resume-force to resume anyway)",
-			path, strings.Join(changed, "\n  "))
+	info.Unverified, info.Position = !st.Verified, meta.Position
+	if meta.Position != nil && meta.Config.Batch != t.Cfg.Batch {
+		return info, fmt.Errorf("%s: the run stopped inside epoch %d at batch %d of %d examples; it resumes there with the same batch only",
+			path, meta.Epoch+1, meta.Position.Batch, meta.Config.Batch)
 	}
 	if meta.Config.Optimizer != t.Cfg.Optimizer {
 		// Another optimiser's state does not carry over: it starts afresh.
@@ -100,23 +165,38 @@ func (t *Trainer) Resume(path string, force bool) (changed []string, err error) 
 		case strings.HasPrefix(name, "optim."):
 			optState[strings.TrimPrefix(name, "optim.")] = tensor.FromBytes(t.Dev, s.DType, s.Data, s.Shape...).Keep()
 		default:
-			return nil, fmt.Errorf("%s: unexpected tensor %q", path, name)
+			return info, fmt.Errorf("%s: unexpected tensor %q", path, name)
 		}
 	}
 	if err := nn.LoadStateDict(t.Model, model, path); err != nil {
-		return nil, err
+		return info, err
 	}
 	if err := t.Opt.LoadState(optState, meta.Optim); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return info, fmt.Errorf("%s: %w", path, err)
 	}
 	if meta.Config.AMP && t.Cfg.AMP {
 		if err := t.Step.Scaler.LoadCounters(meta.Scaler); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return info, fmt.Errorf("%s: %w", path, err)
 		}
 	}
 	t.Dev.Generator().SetState(meta.RNG)
 	t.Step.rngFresh = false // the next step takes the restored position
-	t.Epoch, t.Steps, t.History = meta.Epoch, meta.Step, meta.History
+	t.Epoch, t.Steps, t.History, t.position = meta.Epoch, meta.Step, meta.History, meta.Position
+	return info, nil
+}
+
+// CheckResume compares the configuration a checkpoint at path was saved
+// with to the run's: the model must be the same, and the rest too unless
+// force, which accepts the differences and returns them.
+func CheckResume(path string, saved, now Config, force bool) (changed []string, err error) {
+	if saved.Model != now.Model {
+		return nil, fmt.Errorf("%s: checkpoint of model %q, this run trains %q", path, saved.Model, now.Model)
+	}
+	changed = Mismatches(saved, now)
+	if len(changed) > 0 && !force {
+		return nil, fmt.Errorf("%s: the checkpoint was trained with another configuration:\n  %s\n(pass the same flags, or -resume-force to resume anyway)",
+			path, strings.Join(changed, "\n  "))
+	}
 	return changed, nil
 }
 
@@ -133,6 +213,9 @@ func Mismatches(a, b Config) []string {
 	}
 	diff("model", a.Model, b.Model)
 	diff("dataset", a.Dataset, b.Dataset)
+	if a.Examples > 0 { // older checkpoints did not record it
+		diff("examples", a.Examples, b.Examples)
+	}
 	diff("optimizer", a.Optimizer, b.Optimizer)
 	diff("amp", a.AMP, b.AMP)
 	if a.AMP && b.AMP {

@@ -1,8 +1,10 @@
 package train
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	ag "github.com/leangrad/leangrad/autograd"
@@ -673,6 +675,19 @@ func (s *Step) JobMetrics() (t Tally, skipped int, err error) {
 
 // ResetMetrics queues the zeroing of the accumulated metrics.
 func (s *Step) ResetMetrics() { s.dev.Backend().Fill(s.metrics.Buf(), 0) }
+
+// setMetrics restores the accumulated metrics (loss sum, right
+// predictions, predictions) that an interrupted epoch had reached.
+func (s *Step) setMetrics(v []float32) {
+	if len(v) != 3 {
+		panic(fmt.Sprintf("train: %d metrics restored, want 3", len(v)))
+	}
+	b := make([]byte, 0, 12)
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	s.dev.Backend().Write(s.metrics.Buf(), b)
+}
 
 // SyncRNG reads the generator's position back from the device into the
 // host generator (for a checkpoint); the next Run takes it from there.

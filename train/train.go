@@ -31,8 +31,12 @@ import (
 
 // Config is what a training run is told.
 type Config struct {
-	Model       string  `json:"model"`
-	Dataset     string  `json:"dataset,omitempty"`
+	Model   string `json:"model"`
+	Dataset string `json:"dataset,omitempty"`
+	// Examples is the number of training examples (images; for a language
+	// model, the training split's tokens) the run was given: a -limit
+	// changes it, and a resumed run must see the same data.
+	Examples    int     `json:"examples,omitempty"`
 	Epochs      int     `json:"epochs"`
 	Batch       int     `json:"batch"`
 	LR          float64 `json:"lr"`
@@ -196,6 +200,32 @@ func (e *DivergedError) Error() string {
 // Unwrap makes errors.Is(err, ErrDiverged) true.
 func (e *DivergedError) Unwrap() error { return ErrDiverged }
 
+// ErrInterrupted is wrapped by the *InterruptedError that Fit returns when
+// it was asked to stop (Trainer.Stop).
+var ErrInterrupted = errors.New("training interrupted")
+
+// InterruptedError says where a run stopped when asked to.
+type InterruptedError struct {
+	Epoch int    // the epoch it stopped in, from 0
+	Batch int    // the batches of it done (0: it stopped between epochs)
+	Step  int    // the optimiser steps taken in all
+	Saved string // the checkpoint written there ("" when none was asked for)
+}
+
+func (e *InterruptedError) Error() string {
+	where := fmt.Sprintf("after step %d (epoch %d, batch %d)", e.Step, e.Epoch+1, e.Batch)
+	if e.Batch == 0 {
+		where = fmt.Sprintf("after step %d (before epoch %d)", e.Step, e.Epoch+1)
+	}
+	if e.Saved == "" {
+		return fmt.Sprintf("%v %s; nothing was saved (pass -save to keep the run's state)", ErrInterrupted, where)
+	}
+	return fmt.Sprintf("%v %s; %s holds the run there (-resume %s goes on from it)", ErrInterrupted, where, e.Saved, e.Saved)
+}
+
+// Unwrap makes errors.Is(err, ErrInterrupted) true.
+func (e *InterruptedError) Unwrap() error { return ErrInterrupted }
+
 // Trainer trains one model on one device.
 type Trainer struct {
 	Cfg   Config
@@ -222,6 +252,12 @@ type Trainer struct {
 	FailOnOOM bool
 	// OOM says what running out of memory made the trainer do.
 	OOM OOMReport
+	// Stop, when closed, asks Fit to stop at the next step boundary: it
+	// saves a checkpoint there (Position records how far into the epoch it
+	// got) and returns an *InterruptedError. In a data-parallel job the
+	// ranks agree at each progress update to stop there together (one
+	// all-reduce of a flag), so any rank's Stop stops them all.
+	Stop <-chan struct{}
 
 	peakAllocated, peakReserved int64
 	skipsSeen, skipRun          int // AMP steps skipped so far, and in a row
@@ -231,6 +267,7 @@ type Trainer struct {
 	evalFreesArena              bool           // an evaluation ran out of memory beside the arena
 	evalPeak                    int64          // the evaluations' peak allocated bytes
 	group                       *dist.Group    // the data-parallel job, or nil
+	position                    *Position      // where in Epoch a resumed run goes on (nil: its start)
 }
 
 // SetGroup makes the trainer one rank of a data-parallel job (see
@@ -492,40 +529,65 @@ func (t *Trainer) evaluateBatch(x, y *tensor.Tensor) error {
 	return nil
 }
 
-// Fit trains from t.Epoch up to Cfg.Epochs, evaluating on test after every
-// epoch. obs may be nil. A checkpoint is written after every epoch when
-// save is not empty, once the epoch's losses were seen to be finite. It
-// returns the first error of a step, an evaluation or a save, or a
-// *DivergedError (see diverged) at the progress update, or the end of the
-// epoch, where the run was seen to diverge.
-func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string) error {
+// Fit trains from t.Epoch (at the position a resumed checkpoint recorded)
+// up to Cfg.Epochs, evaluating on test after every epoch. obs may be nil.
+// A checkpoint is written after every epoch when save is not empty, once
+// the epoch's losses were seen to be finite. It returns the first error of
+// a step, an evaluation or a save (running out of memory anywhere among
+// them is an error, not a panic), a *DivergedError (see diverged) at the
+// progress update, or the end of the epoch, where the run was seen to
+// diverge, or an *InterruptedError when Stop was closed.
+func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string) (err error) {
 	if t.start.IsZero() {
 		t.start = time.Now()
 	}
-	a := t.Dev.Allocator()
-	xs, ys := t.Step.Inputs(trainL.Inputs())
+	var xs, ys *tensor.Tensor
+	if err := tensor.Catch(func() { xs, ys = t.Step.Inputs(trainL.Inputs()) }); err != nil {
+		return fmt.Errorf("the step's input buffers: %w", err)
+	}
 	for ; t.Epoch < t.Cfg.Epochs; t.Epoch++ {
-		steps := trainL.Len()
-		every := t.ProgressEvery
-		if every <= 0 {
-			every = max(1, steps/50)
+		if err := t.fitEpoch(trainL, testL, obs, save, xs, ys); err != nil {
+			return err
 		}
-		if obs != nil {
-			obs.EpochStart(t.Epoch, steps)
+	}
+	return nil
+}
+
+// fitEpoch runs epoch t.Epoch, from its recorded position.
+func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save string, xs, ys *tensor.Tensor) (err error) {
+	a := t.Dev.Allocator()
+	steps := trainL.Len()
+	every := t.ProgressEvery
+	if every <= 0 {
+		every = max(1, steps/50)
+	}
+	if obs != nil {
+		obs.EpochStart(t.Epoch, steps)
+	}
+	a.WindowPeak()
+	pos := Position{}
+	if t.position != nil {
+		pos, t.position = *t.position, nil
+		if t.rank0() {
+			t.Step.setMetrics(pos.Metrics) // the job's sums
+		} else {
+			t.Step.ResetMetrics()
 		}
-		a.WindowPeak()
+	} else {
 		t.Step.ResetMetrics()
-		_, skipped0 := t.Step.Metrics()
-		t.skipsSeen = skipped0
-		world := t.ranks() // every rank runs as many steps of as many examples
-		var seen, checked int
-		var epochPeakA, epochPeakR int64
-		ep := trainL.Epoch(t.Epoch)
-		t0 := time.Now()
-		for s := 0; ; s++ {
-			var ok bool
-			var bs int
-			var err error
+		_, pos.Skipped = t.Step.Metrics()
+	}
+	t.skipsSeen = pos.Skipped
+	world := t.ranks() // every rank runs as many steps of as many examples
+	checked := pos.Batch
+	ep := trainL.EpochFrom(t.Epoch, pos.Batch)
+	defer ep.Close()
+	t0 := time.Now().Add(-time.Duration(pos.Seconds * float64(time.Second)))
+	for s := pos.Batch; ; s++ {
+		var ok bool
+		var bs int
+		var stepErr error
+		err := tensor.Catch(func() {
 			t.Dev.WithScope(func() {
 				var x, y *tensor.Tensor
 				x, y, ok = ep.NextInto(xs, ys)
@@ -533,93 +595,189 @@ func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string)
 					return
 				}
 				bs = x.Dim(0)
-				err = t.RunStep(x, y)
+				stepErr = t.RunStep(x, y)
 			})
-			if err != nil {
-				ep.Close()
-				return err
-			}
-			if !ok {
-				break
-			}
-			seen += bs
-			pa, pr := a.WindowPeak()
-			st := a.Stats()
-			epochPeakA, epochPeakR = max(epochPeakA, pa), max(epochPeakR, pr)
-			t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
-			t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
-				Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
-			if (s+1)%every == 0 || s+1 == steps {
-				tally, skipped, err := t.Step.JobMetrics()
-				if err != nil {
-					ep.Close()
-					return err
-				}
-				if err := t.diverged(tally.LossSum, skipped, s+1-checked); err != nil {
-					ep.Close()
-					return err
-				}
-				checked = s + 1
-				if obs != nil {
-					secs := time.Since(t0).Seconds()
-					obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: tally.Loss(), Acc: tally.Accuracy(),
-						ImgPerSec: float64(seen*world) / secs, PredictionsPerSec: float64(tally.Count) / secs,
-						Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
-				}
-			}
-		}
-		ep.Close()
-		if err := t.Dev.Synchronize(); err != nil {
+		})
+		if err = errors.Join(err, stepErr); err != nil {
 			return err
 		}
-		secs := time.Since(t0).Seconds()
-		tally, skipped, err := t.Step.JobMetrics()
-		if err != nil {
-			return err
+		if !ok {
+			break
 		}
-		seen *= world
-		m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(tally.Loss()), TrainAcc: Float(tally.Accuracy()),
-			ImgPerSec: float64(seen) / secs, PredictionsPerSec: float64(tally.Count) / secs, Seconds: secs,
-			PeakAllocated: epochPeakA, PeakReserved: epochPeakR, SkippedSteps: skipped - skipped0, LR: t.Opt.LR()}
-		if t.Step.Scaler.Enabled() {
-			m.LossScale = t.Step.Scaler.Scale()
-		}
-		a.WindowPeak()
-		testLoss, testAcc, err := t.Evaluate(testL)
-		if err != nil {
-			return err
-		}
-		pa, _ := a.WindowPeak()
-		t.evalPeak = max(t.evalPeak, pa)
-		m.TestLoss, m.TestAcc = Float(testLoss), Float(testAcc)
-		if math.IsNaN(testLoss) || math.IsInf(testLoss, 0) {
-			return &DivergedError{Epoch: t.Epoch, Step: t.Steps, Why: fmt.Sprintf("the test loss is %v", testLoss)}
-		}
-		if t.Step.Mode != Eager {
-			// The evaluation's memory came from the pools, which planned
-			// steps do not use: give it back.
-			a.EmptyCache()
-		}
-		t.History = append(t.History, m)
-		if obs != nil {
-			obs.EpochEnd(m)
-		}
-		if save != "" && (t.group == nil || t.group.Rank() == 0) {
-			t.Epoch++ // the checkpoint resumes at the next epoch
-			err := t.Save(save)
-			t.Epoch--
+		pos.Batch, pos.Seen = s+1, pos.Seen+bs
+		pa, pr := a.WindowPeak()
+		st := a.Stats()
+		pos.PeakAllocated, pos.PeakReserved = max(pos.PeakAllocated, pa), max(pos.PeakReserved, pr)
+		t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
+		t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
+			Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
+		update := (s+1)%every == 0 || s+1 == steps
+		if update {
+			tally, skipped, err := t.Step.JobMetrics()
 			if err != nil {
 				return err
 			}
+			if err := t.diverged(tally.LossSum, skipped, s+1-checked); err != nil {
+				return err
+			}
+			checked = s + 1
+			if obs != nil {
+				secs := time.Since(t0).Seconds()
+				obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: tally.Loss(), Acc: tally.Accuracy(),
+					ImgPerSec: float64(pos.Seen*world) / secs, PredictionsPerSec: float64(tally.Count) / secs,
+					Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
+			}
+		}
+		if s+1 < steps {
+			stop, err := t.stopping(update)
+			if err != nil {
+				return err
+			}
+			if stop {
+				pos.Seconds = time.Since(t0).Seconds()
+				return t.interrupt(&pos, save)
+			}
+		}
+	}
+	if err := t.Dev.Synchronize(); err != nil {
+		return err
+	}
+	secs := time.Since(t0).Seconds()
+	tally, skipped, err := t.Step.JobMetrics()
+	if err != nil {
+		return err
+	}
+	seen := pos.Seen * world
+	m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(tally.Loss()), TrainAcc: Float(tally.Accuracy()),
+		ImgPerSec: float64(seen) / secs, PredictionsPerSec: float64(tally.Count) / secs, Seconds: secs,
+		PeakAllocated: pos.PeakAllocated, PeakReserved: pos.PeakReserved, SkippedSteps: skipped - pos.Skipped, LR: t.Opt.LR()}
+	if t.Step.Scaler.Enabled() {
+		m.LossScale = t.Step.Scaler.Scale()
+	}
+	a.WindowPeak()
+	testLoss, testAcc, err := t.Evaluate(testL)
+	if err != nil {
+		return err
+	}
+	pa, _ := a.WindowPeak()
+	t.evalPeak = max(t.evalPeak, pa)
+	m.TestLoss, m.TestAcc = Float(testLoss), Float(testAcc)
+	if math.IsNaN(testLoss) || math.IsInf(testLoss, 0) {
+		return &DivergedError{Epoch: t.Epoch, Step: t.Steps, Why: fmt.Sprintf("the test loss is %v", testLoss)}
+	}
+	if t.Step.Mode != Eager {
+		// The evaluation's memory came from the pools, which planned
+		// steps do not use: give it back.
+		a.EmptyCache()
+	}
+	t.History = append(t.History, m)
+	if obs != nil {
+		obs.EpochEnd(m)
+	}
+	if save != "" && t.rank0() {
+		t.Epoch++ // the checkpoint resumes at the next epoch
+		err := t.save(save)
+		t.Epoch--
+		if err != nil {
+			return err
+		}
+	}
+	if t.Epoch+1 < t.Cfg.Epochs {
+		// The last step was a progress update: the ranks agree here too.
+		if stop, err := t.stopping(true); err != nil || stop {
+			t.Epoch++
+			if err != nil {
+				return err
+			}
+			ie := &InterruptedError{Epoch: t.Epoch, Step: t.Steps}
+			if save != "" {
+				ie.Saved = save
+			}
+			return ie
 		}
 	}
 	return nil
 }
 
+// rank0 says whether this trainer writes the job's checkpoints.
+func (t *Trainer) rank0() bool { return t.group == nil || t.group.Rank() == 0 }
+
+// save is Save with running out of memory returned as an error.
+func (t *Trainer) save(path string) error {
+	var err error
+	if cerr := tensor.Catch(func() { err = t.Save(path) }); cerr != nil {
+		return fmt.Errorf("saving the training checkpoint: %w", cerr)
+	}
+	return err
+}
+
+// stopping says whether Stop was closed. In a data-parallel job the
+// answer is the job's, agreed at progress updates only (an all-reduce of
+// each rank's flag): between them it is false.
+func (t *Trainer) stopping(update bool) (bool, error) {
+	mine := false
+	select {
+	case <-t.Stop:
+		mine = t.Stop != nil
+	default:
+	}
+	if t.group == nil || t.group.Size() == 1 {
+		return mine, nil
+	}
+	if !update {
+		return false, nil
+	}
+	flag := float32(0)
+	if mine {
+		flag = 1
+	}
+	var any bool
+	err := tensor.Catch(func() {
+		t.Dev.WithScope(func() {
+			f := tensor.FromFloat32(t.Dev, []float32{flag}, 1)
+			if err := t.group.AllReduce([]*tensor.Tensor{f}, false); err != nil {
+				panic(err)
+			}
+			any = f.Float32s()[0] > 0
+		})
+	})
+	return any, err
+}
+
+// interrupt ends an epoch at pos: the device drained, the checkpoint
+// saved there, and the error that says so.
+func (t *Trainer) interrupt(pos *Position, save string) error {
+	if err := t.Dev.Synchronize(); err != nil {
+		return err
+	}
+	ie := &InterruptedError{Epoch: t.Epoch, Batch: pos.Batch, Step: t.Steps}
+	if save == "" {
+		return ie
+	}
+	tally, _, err := t.Step.JobMetrics() // rank 0 takes the job's sums back on resume
+	if err != nil {
+		return errors.Join(ie, err)
+	}
+	if t.rank0() {
+		pos.Metrics = []float32{float32(tally.LossSum), float32(tally.Right), float32(tally.Count)}
+		t.position = pos
+		err := t.save(save)
+		t.position = nil
+		if err != nil {
+			return errors.Join(ie, err)
+		}
+	}
+	ie.Saved = save
+	return ie
+}
+
 // diverged checks the metrics read at a progress update, steps after the
-// previous one: a loss that is not finite (without AMP; with AMP such steps
-// are skipped) or MaxSkips AMP steps in a row skipped is divergence.
-// Consecutive skips are counted over whole windows between updates.
+// previous one. Divergence is a loss that is not finite without AMP; with
+// AMP (where steps whose gradients overflow are skipped and the loss scale
+// lowered), a window of steps all skipped whose loss is not finite either
+// (the forward itself overflowed: no loss scale mends that), or MaxSkips
+// steps in a row skipped. Consecutive skips are counted over whole
+// windows between updates.
 func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 	if !t.Cfg.AMP {
 		if math.IsNaN(lossSum) || math.IsInf(lossSum, 0) {
@@ -628,12 +786,17 @@ func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 		}
 		return nil
 	}
-	if skipped-t.skipsSeen == steps {
+	allSkipped := skipped-t.skipsSeen == steps
+	if allSkipped {
 		t.skipRun += steps
 	} else {
 		t.skipRun = 0
 	}
 	t.skipsSeen = skipped
+	if allSkipped && (math.IsNaN(lossSum) || math.IsInf(lossSum, 0)) {
+		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
+			Why: fmt.Sprintf("the training loss became %v and the last %d steps were all skipped (the forward overflows, at any loss scale)", lossSum, steps)}
+	}
 	if t.MaxSkips > 0 && t.skipRun >= t.MaxSkips {
 		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
 			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %g)", t.skipRun, t.Step.Scaler.Scale())}

@@ -143,8 +143,8 @@ func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 			t.Errorf("resuming with another batch, optimiser and AMP: %v; want %q", err, want)
 		}
 	}
-	if changed, err := tb.Resume(path, true); err != nil || len(changed) != 3 {
-		t.Errorf("forced resume: %v, changes %q", err, changed)
+	if info, err := tb.Resume(path, true); err != nil || len(info.Changed) != 3 {
+		t.Errorf("forced resume: %v, changes %q", err, info.Changed)
 	}
 	// Another model is refused even with force, naming the file.
 	tb.Cfg.Model = "mlp"

@@ -31,7 +31,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -46,6 +45,7 @@ import (
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/internal/fserr"
+	"github.com/leangrad/leangrad/internal/iopaths"
 	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
@@ -58,7 +58,7 @@ import (
 
 func main() {
 	cmdenv.Setup()
-	os.Exit(command(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(cmdenv.Main("train", func() int { return command(os.Args[1:], os.Stdout, os.Stderr) }))
 }
 
 // options are the command's flags.
@@ -81,8 +81,18 @@ type options struct {
 	nproc                                  int
 	distTimeout                            time.Duration
 	set                                    map[string]bool // flags given on the command line
+	stdout                                 io.Writer       // the command's standard output, where -json - goes
 	text                                   bool            // the model is a language model
 }
+
+// The image classifiers' default batch and the learning rate it goes with.
+const (
+	defaultBatch = 128
+	defaultLR    = 0.1
+)
+
+// cpuDefaults is what -h says a CPU run changes (run.Job.CPUDefaults).
+const cpuDefaults = "On a CPU, unless given: -limit 2000 -test-limit 1000 -epochs 1 -batch 32 (so lr 0.025), and -model gpt is gpt-mini."
 
 // textFlags are the flags of language models only.
 var textFlags = []string{"tokenizer", "context", "steps", "eval-every", "eval-batches", "warmup-steps", "sample", "prompt", "temperature", "top-k"}
@@ -140,6 +150,15 @@ func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
 	}
 }
 
+// trainedModel is the model the run trains: -model's, or on a CPU the
+// preset train.ForCPU says for it.
+func (o *options) trainedModel() string {
+	if o.text && o.cpuRun() {
+		return train.ForCPU(modelName(o))
+	}
+	return modelName(o)
+}
+
 // cpuRun says whether the run will be on the CPU.
 func (o *options) cpuRun() bool {
 	return o.device == "cpu" || o.device == "auto" && cuda.Available() != nil
@@ -181,7 +200,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\nExit status: 0 done, 1 failed, 2 bad flags (nothing was run), 3 diverged.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n%s\n%s\nFlags:\n", cpuDefaults, cmdenv.ExitStatuses)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.model, "model", "resnet", "model: resnet (CIFAR-style, see -depth), resnet18, mlp, or the GPTs gpt (6 layers of width 384 on a GPU, gpt-mini on a CPU), gpt-small, gpt-mini (2 of 128) or gpt2 (GPT-2 small, 124M)")
@@ -191,8 +210,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.data, "data", "", "folder holding the dataset's files (searched first); for a GPT, a text file or a folder of them (default: the Brown corpus)")
 	fs.BoolVar(&o.download, "download", false, "download Fashion-MNIST (checksums verified) if it is not found")
 	fs.IntVar(&o.epochs, "epochs", 15, "epochs")
-	fs.IntVar(&o.batch, "batch", 128, "batch size")
-	fs.Float64Var(&o.lr, "lr", 0.1, "peak learning rate")
+	fs.IntVar(&o.batch, "batch", defaultBatch, "batch size (per rank in a data-parallel job)")
+	fs.Float64Var(&o.lr, "lr", defaultLR, "peak learning rate, at -batch 128: with another -batch and no -lr, scaled linearly (0.05 at 64)")
 	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum (Nesterov)")
 	fs.Float64Var(&o.wd, "wd", 5e-4, "weight decay")
 	fs.StringVar(&o.optimizer, "optimizer", "sgd", "optimizer: sgd or adamw")
@@ -219,7 +238,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
 	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training")
 	fs.IntVar(&o.emptyCache, "empty-cache", 0, "call EmptyCache every N steps (0: never) and report what it cost")
-	fs.StringVar(&o.jsonOut, "json", "", "write metrics as JSON to this file")
+	fs.StringVar(&o.jsonOut, "json", "", "write metrics as JSON to this file (-: to standard output, and what the run says to standard error)")
 	fs.StringVar(&o.memlog, "memlog", "", "write the allocator's timeline of every alloc and free as CSV to this file")
 	fs.StringVar(&o.memplot, "memplot", "", "plot allocated and reserved memory over the run to this PNG")
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
@@ -337,6 +356,9 @@ func (o *options) check() error {
 	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
 		bad("-conv-workspace %q: want fast or lean", o.convWorkspace)
 	}
+	if o.download && o.data != "" {
+		bad("-download fetches into the user cache folder, and -data %s says where the dataset is: give one of them", o.data)
+	}
 	if o.maxMemory != "" {
 		if _, _, err := parseBudget(o.maxMemory); err != nil {
 			bad("-max-memory %q: %v", o.maxMemory, err)
@@ -347,26 +369,16 @@ func (o *options) check() error {
 			bad("-resume %s: %v", o.resume, fserr.Cause(err))
 		} else if st.IsDir() {
 			bad("-resume %s: a folder, not a checkpoint file", o.resume)
+		} else if info, err := train.ReadCheckpointInfo(o.resume); err != nil {
+			bad("-resume %s: %v", o.resume, strings.TrimPrefix(fserr.Cause(err).Error(), o.resume+": "))
+		} else if model := o.trainedModel(); archErr == nil && info.Config.Model != model {
+			bad("-resume %s: a checkpoint of %s, and this run trains %s", o.resume, info.Config.Model, model)
 		}
 	} else if o.resumeForce {
 		bad("-resume-force without -resume")
 	}
-	outputs := map[string]string{}
-	for _, f := range []struct{ flag, path string }{
-		{"save", o.save}, {"json", o.jsonOut}, {"memlog", o.memlog}, {"memplot", o.memplot}, {"memsnapshot", o.memsnapshot},
-	} {
-		if f.path == "" {
-			continue
-		}
-		abs, _ := filepath.Abs(f.path)
-		if other, ok := outputs[abs]; ok {
-			bad("-%s and -%s both write %s", other, f.flag, f.path)
-			continue
-		}
-		outputs[abs] = f.flag
-		if err := writable(f.path); err != nil {
-			bad("-%s %s: %v", f.flag, f.path, err)
-		}
+	for _, p := range o.paths(arch).Problems() {
+		bad("%s", p)
 	}
 	if o.memplot != "" && !plotFormats[strings.ToLower(strings.TrimPrefix(filepath.Ext(o.memplot), "."))] {
 		bad("-memplot %s: want a .png, .svg or .pdf file", o.memplot)
@@ -383,34 +395,47 @@ var (
 	plotFormats  = map[string]bool{"png": true, "svg": true, "pdf": true}
 )
 
-// writable checks that path can be written as the run's output: not a
-// folder, and in a folder (or below the nearest existing one, which the
-// write will create folders in) where a file can be created, which it
-// tries: permissions, read-only file systems and full quotas all show.
-func writable(path string) error {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		return errors.New("a folder, not a file")
+// paths are the run's inputs and outputs, for iopaths to check: the
+// checkpoint resumed (which -save may replace: that is how a resumed run
+// goes on), the dataset's folder or the corpus and its token files, and
+// the five outputs.
+func (o *options) paths(arch train.Arch) *iopaths.Set {
+	var s iopaths.Set
+	if o.resume != "" && !sameFile(o.resume, o.save) {
+		s.Input("-resume", o.resume)
 	}
-	dir := filepath.Dir(path)
-	for {
-		st, err := os.Stat(dir)
+	src := datasets.Source{Dir: o.data, Roots: cmdenv.DataRoots()}
+	switch {
+	case arch.Text:
+		corpus, err := datasets.FindBrown(src)
 		if err == nil {
-			if !st.IsDir() {
-				return fmt.Errorf("%s is not a folder", dir)
+			s.Input("the corpus", corpus)
+			if tok, err := datasets.NewTokenizer(o.tokenizer); err == nil {
+				for _, f := range datasets.TokenFiles(corpus, tok) {
+					s.Input("the corpus's token file", f)
+				}
 			}
-			break
 		}
-		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(dir) == dir {
-			return err
+	case o.data != "":
+		s.Input("-data", o.data)
+	case o.dataset != datasets.SyntheticSet:
+		if dir, err := datasets.Find(o.dataset, src.Roots...); err == nil {
+			s.Input("the dataset in", dir)
 		}
-		dir = filepath.Dir(dir)
 	}
-	f, err := os.CreateTemp(dir, ".leangrad-write-check-*")
-	if err != nil {
-		return fmt.Errorf("cannot write in %s: %v", dir, fserr.Cause(err))
-	}
-	f.Close()
-	return os.Remove(f.Name())
+	s.Output("-save", o.save, false)
+	s.Output("-json", o.jsonOut, true)
+	s.Output("-memlog", o.memlog, false)
+	s.Output("-memplot", o.memplot, false)
+	s.Output("-memsnapshot", o.memsnapshot, false)
+	return &s
+}
+
+// sameFile reports whether a and b name one existing file.
+func sameFile(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
 // parseBudget reads -max-memory: a size with a unit (200MiB, 1.5GiB, 64KiB,
@@ -433,6 +458,9 @@ func parseBudget(s string) (bytes int64, fraction float64, err error) {
 	if mult == 0 {
 		return 0, 0, fmt.Errorf("unknown unit %q: want B, KiB, MiB, GiB (or KB, MB, GB), or a fraction such as 0.5", m[2])
 	}
+	if unit == "" && v < 1<<20 {
+		return 0, 0, fmt.Errorf("a number without a unit is a fraction of the device's memory, at most 1, or bytes, at least 1 MiB: want %sGiB or %sMiB, or a fraction such as 0.5", m[1], m[1])
+	}
 	if v*mult < 1<<20 {
 		return 0, 0, errors.New("less than 1 MiB: no model trains in that")
 	}
@@ -448,19 +476,32 @@ func command(args []string, stdout, stderr io.Writer) int {
 		for _, line := range strings.Split(err.Error(), "\n") {
 			fmt.Fprintf(stderr, "train: %s\n", line)
 		}
-		return 2
+		return cmdenv.ExitUsage
 	}
 	if o.nproc > 1 {
 		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)
 	}
-	if err := trainRun(o, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "train: %v\n", err)
-		if errors.Is(err, train.ErrDiverged) {
-			return 3
-		}
-		return 1
+	o.stdout = stdout
+	if o.jsonOut == iopaths.Stdout { // the JSON alone on standard output, what is said on standard error
+		stdout = stderr
 	}
-	return 0
+	interrupts := cmdenv.CatchInterrupts("train", stderr)
+	defer interrupts.Release()
+	err = trainRun(o, stdout, stderr, interrupts.C)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "train: %v\n", err)
+	var setup *run.SetupError
+	switch {
+	case errors.Is(err, train.ErrInterrupted):
+		return cmdenv.ExitSignal(interrupts.Signal())
+	case errors.Is(err, train.ErrDiverged):
+		return cmdenv.ExitDiverged
+	case errors.As(err, &setup):
+		return cmdenv.ExitNothingRan
+	}
+	return cmdenv.ExitFailed
 }
 
 // trainRun does the work and writes the reports, also when the work fails:
@@ -469,16 +510,17 @@ func command(args []string, stdout, stderr io.Writer) int {
 //
 // In a data-parallel job (WORLD_SIZE set) every rank trains and rank 0
 // alone prints, saves and writes the reports.
-func trainRun(o *options, stdout, stderr io.Writer) (err error) {
+func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err error) {
 	place, err := jobPlace(o)
 	if err != nil {
-		return err
+		return &run.SetupError{Err: err}
 	}
 	rank0 := place == nil || place.Rank == 0
 	if !rank0 {
 		stdout = io.Discard
 	}
 	early := func(err error) error { // before any training: the JSON report alone, saying why
+		err = &run.SetupError{Err: err}
 		if !rank0 {
 			return err
 		}
@@ -512,7 +554,7 @@ func trainRun(o *options, stdout, stderr io.Writer) (err error) {
 			}
 		}()
 	}
-	job.Group, job.Log = group, stdout
+	job.Group, job.Log, job.Stop = group, stdout, stop
 	if o.maxMemory != "" {
 		job.MaxMemory = budgetBytes(o.maxMemory, dev)
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
@@ -566,6 +608,10 @@ func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error)
 	}
 	job := o.job(o.config(modelName(o)))
 	job.Dataset, job.Train, job.Test, job.Augment = trainSet.Name, trainSet, testSet, o.augment
+	if o.set["batch"] && !o.set["lr"] && o.batch != defaultBatch {
+		job.LR = defaultLR * float64(o.batch) / defaultBatch // the linear scaling rule, as the CPU defaults apply it
+		fmt.Fprintf(stdout, "lr %g: -lr's %g for a batch of %d, scaled to -batch %d (set -lr to choose it)\n", job.LR, defaultLR, defaultBatch, o.batch)
+	}
 	if dev.Name() == "cpu" {
 		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
 			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
@@ -648,7 +694,9 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 	var errs []error
 	if o.jsonOut != "" {
 		data, err := json.MarshalIndent(r, "", "  ")
-		if err == nil {
+		if err == nil && o.jsonOut == iopaths.Stdout {
+			_, err = o.stdout.Write(append(data, '\n'))
+		} else if err == nil {
 			err = atomicfile.WriteFile(o.jsonOut, append(data, '\n'))
 		}
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/run"
 )
@@ -27,33 +28,33 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"-model", "vgg"}, 2, `-model "vgg": want resnet, resnet18, mlp, gpt, gpt-small, gpt-mini or gpt2`},
-		{[]string{"-model", "gpt", "-epochs", "3"}, 2, "-epochs: -model gpt is a language model, which -epochs is not for"},
-		{[]string{"-model", "mlp", "-context", "64"}, 2, "-context: -model mlp classifies images, which -context is not for"},
-		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, 2, `-tokenizer "sentencepiece": want gpt2 or bytes`},
-		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, 2, "-steps 250: want a multiple of -eval-every 100"},
-		{[]string{"-model", "gpt-mini", "-sample", "64"}, 2, "-sample 64: want fewer tokens than the context of 64"},
-		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, 2, "-top-k -2: want 0 (the preset's) or more"},
-		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, 2, "-data /nonexistent/texts: no such file or directory"},
-		{[]string{"-amp-dtype", "fp8"}, 2, `-amp-dtype "fp8": want f16 or bf16`},
-		{[]string{"-depth", "21"}, 2, "-depth 21: want 6n+2"},
-		{[]string{"-epochs", "0"}, 2, "-epochs 0: want at least 1"},
-		{[]string{"-batch", "x"}, 2, `invalid value "x" for flag -batch`},
-		{[]string{"extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"-model", "mlp", "-checkpoint"}, 2, "-checkpoint needs a model with blocks to checkpoint: mlp has none"},
-		{[]string{"-checkpoint-mode", "half"}, 2, `checkpoint mode "half"`},
-		{[]string{"-dataset", "imagenet"}, 2, `-dataset "imagenet": want fashion-mnist, cifar10 or synthetic`},
-		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, 2, "-data /nonexistent: no such file or directory"},
-		{[]string{"-device", "tpu"}, 2, `-device "tpu": want cpu, cuda, cuda:N or auto`},
-		{[]string{"-nproc", "0"}, 2, "-nproc 0: want 1 or more processes"},
-		{[]string{"-nproc", "2", "-device", "cuda:1"}, 2, "each rank takes its own GPU"},
-		{[]string{"-dist-timeout", "-1s"}, 2, "-dist-timeout -1s: want a positive duration"},
-		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, 2, "-resume /nonexistent/run.ckpt: no such file"},
-		{[]string{"-optimizer", "adam"}, 2, `-optimizer "adam": want sgd or adamw`},
-		{[]string{"-schedule", "step"}, 2, `-schedule "step": want cosine, onecycle or constant`},
-		{[]string{"-max-memory", "lots"}, 2, `-max-memory "lots": want a size`},
-		{[]string{"-max-memory", "20XB"}, 2, `unknown unit "XB"`},
-		{[]string{"-resume-force"}, 2, "-resume-force without -resume"},
+		{[]string{"-model", "vgg"}, cmdenv.ExitUsage, `-model "vgg": want resnet, resnet18, mlp, gpt, gpt-small, gpt-mini or gpt2`},
+		{[]string{"-model", "gpt", "-epochs", "3"}, cmdenv.ExitUsage, "-epochs: -model gpt is a language model, which -epochs is not for"},
+		{[]string{"-model", "mlp", "-context", "64"}, cmdenv.ExitUsage, "-context: -model mlp classifies images, which -context is not for"},
+		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, cmdenv.ExitUsage, `-tokenizer "sentencepiece": want gpt2 or bytes`},
+		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, cmdenv.ExitUsage, "-steps 250: want a multiple of -eval-every 100"},
+		{[]string{"-model", "gpt-mini", "-sample", "64"}, cmdenv.ExitUsage, "-sample 64: want fewer tokens than the context of 64"},
+		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, cmdenv.ExitUsage, "-top-k -2: want 0 (the preset's) or more"},
+		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, cmdenv.ExitUsage, "-data /nonexistent/texts: no such file or directory"},
+		{[]string{"-amp-dtype", "fp8"}, cmdenv.ExitUsage, `-amp-dtype "fp8": want f16 or bf16`},
+		{[]string{"-depth", "21"}, cmdenv.ExitUsage, "-depth 21: want 6n+2"},
+		{[]string{"-epochs", "0"}, cmdenv.ExitUsage, "-epochs 0: want at least 1"},
+		{[]string{"-batch", "x"}, cmdenv.ExitUsage, `invalid value "x" for flag -batch`},
+		{[]string{"extra"}, cmdenv.ExitUsage, `unexpected argument "extra"`},
+		{[]string{"-model", "mlp", "-checkpoint"}, cmdenv.ExitUsage, "-checkpoint needs a model with blocks to checkpoint: mlp has none"},
+		{[]string{"-checkpoint-mode", "half"}, cmdenv.ExitUsage, `checkpoint mode "half"`},
+		{[]string{"-dataset", "imagenet"}, cmdenv.ExitUsage, `-dataset "imagenet": want fashion-mnist, cifar10 or synthetic`},
+		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, cmdenv.ExitUsage, "-data /nonexistent: no such file or directory"},
+		{[]string{"-device", "tpu"}, cmdenv.ExitUsage, `-device "tpu": want cpu, cuda, cuda:N or auto`},
+		{[]string{"-nproc", "0"}, cmdenv.ExitUsage, "-nproc 0: want 1 or more processes"},
+		{[]string{"-nproc", "2", "-device", "cuda:1"}, cmdenv.ExitUsage, "each rank takes its own GPU"},
+		{[]string{"-dist-timeout", "-1s"}, cmdenv.ExitUsage, "-dist-timeout -1s: want a positive duration"},
+		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, cmdenv.ExitUsage, "-resume /nonexistent/run.ckpt: no such file"},
+		{[]string{"-optimizer", "adam"}, cmdenv.ExitUsage, `-optimizer "adam": want sgd or adamw`},
+		{[]string{"-schedule", "step"}, cmdenv.ExitUsage, `-schedule "step": want cosine, onecycle or constant`},
+		{[]string{"-max-memory", "lots"}, cmdenv.ExitUsage, `-max-memory "lots": want a size`},
+		{[]string{"-max-memory", "20XB"}, cmdenv.ExitUsage, `unknown unit "XB"`},
+		{[]string{"-resume-force"}, cmdenv.ExitUsage, "-resume-force without -resume"},
 	} {
 		code, _, stderr := runCLI(tc.args...)
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
@@ -65,7 +66,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 	}
 	if cuda.Available() != nil {
 		code, _, stderr := runCLI("-device", "cuda")
-		if code != 1 || !strings.Contains(stderr, "libcuda.so.1") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, "libcuda.so.1") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 			t.Errorf("-device cuda without a GPU: exit %d, %q; want one line naming libcuda.so.1", code, stderr)
 		}
 	}
@@ -147,13 +148,13 @@ func TestTextRun(t *testing.T) {
 	junk := filepath.Join(dir, "weights.bin")
 	os.WriteFile(junk, []byte{0x7f, 'E', 'L', 'F', 0, 1, 2}, 0o644)
 	code, _, stderr = runCLI("-model", "gpt-mini", "-device", "cpu", "-data", junk, "-measure=false")
-	if code != 1 || !strings.Contains(stderr, junk+": not UTF-8 text") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+	if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, junk+": not UTF-8 text") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("binary -data: exit %d, %q", code, stderr)
 	}
 }
 
 // Why 1: every output path is checked before the dataset is loaded, and
-// every bad flag is reported, in one run, exit 2. (An unwritable -save used
+// every bad flag is reported, in one run, exit 64 (cmdenv.ExitUsage). (An unwritable -save used
 // to fail after the first epoch, -json, -memlog and -memplot after the
 // whole run, one at a time.)
 func TestBadOutputPathsFailBeforeAnyWork(t *testing.T) {
@@ -167,11 +168,11 @@ func TestBadOutputPathsFailBeforeAnyWork(t *testing.T) {
 		"-memlog", filepath.Join(dir, "new", "deeper", "m.csv"), // fine: the folders are made
 		"-memsnapshot", filepath.Join(dir, "m.svg"), "-memplot", filepath.Join(dir, "m.svg")}
 	code, stdout, stderr := runCLI(args...)
-	if code != 2 || stdout != "" {
-		t.Errorf("exit %d, stdout %q: want 2 and nothing done", code, stdout)
+	if code != cmdenv.ExitUsage || stdout != "" {
+		t.Errorf("exit %d, stdout %q: want %d and nothing done", code, stdout, cmdenv.ExitUsage)
 	}
 	for _, want := range []string{"-save /proc/leangrad-test/run.ckpt: cannot write in /proc", "-json " + file + "/r.json: " + file + " is not a folder",
-		"-memplot and -memsnapshot both write"} {
+		"-memsnapshot " + filepath.Join(dir, "m.svg") + ": -memplot writes it too"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
@@ -182,7 +183,7 @@ func TestBadOutputPathsFailBeforeAnyWork(t *testing.T) {
 	code, _, stderr = runCLI("-memplot", dir, "-lr", "NaN", "-momentum", "1", "-wd", "-Inf", "-warmup", "NaN", "-epochs", "0")
 	for _, want := range []string{"-memplot " + dir + ": a folder", "-lr NaN: want a positive", "-momentum 1: want a momentum in [0, 1)",
 		"-wd -Inf: want a weight decay", "-warmup NaN", "-epochs 0"} {
-		if code != 2 || !strings.Contains(stderr, want) {
+		if code != cmdenv.ExitUsage || !strings.Contains(stderr, want) {
 			t.Errorf("exit %d, stderr lacks %q:\n%s", code, want, stderr)
 		}
 	}
@@ -192,7 +193,7 @@ func TestBadOutputPathsFailBeforeAnyWork(t *testing.T) {
 	if os.Geteuid() != 0 { // root writes in read-only folders
 		ro := filepath.Join(dir, "ro")
 		os.Mkdir(ro, 0o500)
-		if code, _, stderr := runCLI("-save", filepath.Join(ro, "run.ckpt")); code != 2 || !strings.Contains(stderr, "cannot write in "+ro) {
+		if code, _, stderr := runCLI("-save", filepath.Join(ro, "run.ckpt")); code != cmdenv.ExitUsage || !strings.Contains(stderr, "cannot write in "+ro) {
 			t.Errorf("a read-only folder: exit %d, %s", code, stderr)
 		}
 	}
@@ -268,7 +269,7 @@ func TestDatasetProvenance(t *testing.T) {
 	}
 	typo := t.TempDir()
 	code, stdout, stderr = runCLI(append(base, "-data", typo)...)
-	if code != 1 || !strings.Contains(stderr, "dataset not found in "+typo) || !strings.Contains(stderr, "train-images-idx3-ubyte") || strings.Contains(stdout, "training") {
+	if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, "dataset not found in "+typo) || !strings.Contains(stderr, "train-images-idx3-ubyte") || strings.Contains(stdout, "training") {
 		t.Errorf("a -data without the dataset: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
@@ -282,7 +283,7 @@ func TestResumeIsStrict(t *testing.T) {
 	}
 	code, _, stderr := runCLI(append(smallRun, "-epochs", "2", "-resume", ck, "-optimizer", "adamw", "-batch", "32", "-amp")...)
 	for _, want := range []string{"optimizer: sgd -> adamw", "batch: 16 -> 32", "amp: false -> true", "-resume-force"} {
-		if code != 1 || !strings.Contains(stderr, want) {
+		if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, want) {
 			t.Errorf("resume with another optimiser, batch and AMP: exit %d, stderr lacks %q:\n%s", code, want, stderr)
 		}
 	}

@@ -6,24 +6,34 @@ package atomicfile
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
+	"syscall"
 )
 
 // Write creates path (and its folder) with what write produces. On any
-// error the target is left untouched and the temporary file removed. The
-// temporary files of earlier writes of path that were killed before they
-// could remove theirs are removed first (those untouched for a minute: a
-// write in progress elsewhere keeps its file fresh).
+// error the target is left untouched and the temporary file removed.
+//
+// A symbolic link is written through: its target is replaced, the link
+// stays. A path that exists and is not a regular file (a device, a FIFO, a
+// socket, a folder) is refused, so that a stray -json /dev/sda is an error
+// and /dev/stdout is not turned into a file; write to standard output
+// directly for that. The temporary files that earlier writes of path left
+// when they were killed are removed first (see RemoveStale).
 func Write(path string, write func(w io.Writer) error) (err error) {
+	path, err = Target(path)
+	if err != nil {
+		return err
+	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	RemoveStale(path, time.Minute)
+	RemoveStale(path)
 	f, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
 		return err
@@ -34,17 +44,26 @@ func Write(path string, write func(w io.Writer) error) (err error) {
 			os.Remove(f.Name())
 		}
 	}()
+	// The lock says the write is alive: RemoveStale leaves a locked file
+	// alone, and the kernel drops the lock when the process dies.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("locking %s: %w", f.Name(), err)
+	}
 	bw := bufio.NewWriterSize(f, 1<<20)
 	if err := write(bw); err != nil {
 		return err
 	}
-	if err := errors.Join(bw.Flush(), f.Sync(), f.Chmod(0o644)); err != nil {
-		return err
+	mode := os.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm() // a replaced file keeps its permissions
 	}
-	if err := f.Close(); err != nil {
+	if err := errors.Join(bw.Flush(), f.Sync(), f.Chmod(mode)); err != nil {
 		return err
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil { // after the rename: the lock is held until the file is in place
 		return err
 	}
 	// Make the rename itself durable.
@@ -55,19 +74,98 @@ func Write(path string, write func(w io.Writer) error) (err error) {
 	return nil
 }
 
+// Target is the file a write of path replaces: path itself, or, when path
+// is a symbolic link (or a chain of them, dangling or not), the file it
+// points to. It is an error when that exists and is not a regular file.
+func Target(path string) (string, error) {
+	for hops := 0; ; hops++ {
+		st, err := os.Lstat(path)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return path, nil // a new file (whose folder the write makes, or fails to)
+		}
+		if err != nil {
+			return "", err
+		}
+		if st.Mode()&fs.ModeSymlink == 0 {
+			if !st.Mode().IsRegular() {
+				return "", &NotRegularError{Path: path, Kind: Kind(st.Mode())}
+			}
+			return path, nil
+		}
+		if hops == 40 {
+			return "", fmt.Errorf("%s: too many levels of symbolic links", path)
+		}
+		link, err := os.Readlink(path)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(filepath.Dir(path), link)
+		}
+		path = link
+	}
+}
+
+// NotRegularError is Target's error for a path that is not a regular file.
+type NotRegularError struct {
+	Path string
+	Kind string // what it is (Kind)
+}
+
+func (e *NotRegularError) Error() string { return e.Path + " is " + e.Kind + ", not a regular file" }
+
+// Kind names what a file mode is: "a folder", "a device", "a FIFO", "a
+// socket", "a regular file".
+func Kind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a folder"
+	case m&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+		return "a device"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case m.IsRegular():
+		return "a regular file"
+	}
+	return "not a regular file"
+}
+
 func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
 
 // RemoveStale removes the temporary files that writes of path left behind
-// and that were last modified more than age ago, and returns their names.
-func RemoveStale(path string, age time.Duration) []string {
+// when they were killed, and returns their names. A write in progress
+// holds a lock on its file, so it is never among them.
+func RemoveStale(path string) []string {
 	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(path), globEscape(tempPrefix(path))+"*"))
 	var removed []string
 	for _, m := range matches {
-		if st, err := os.Lstat(m); err == nil && st.Mode().IsRegular() && time.Since(st.ModTime()) > age && os.Remove(m) == nil {
+		st, err := os.Lstat(m)
+		if err != nil || !st.Mode().IsRegular() || locked(m) {
+			continue
+		}
+		if os.Remove(m) == nil {
 			removed = append(removed, m)
 		}
 	}
 	return removed
+}
+
+// locked reports whether another open file holds a lock on path.
+func locked(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return true // not ours to judge
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return true
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
 }
 
 // globEscape quotes the characters filepath.Match treats specially.

@@ -19,7 +19,13 @@
 package cmdenv
 
 import (
+	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
 
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/tensor"
@@ -27,7 +33,7 @@ import (
 
 // Setup applies the process-wide settings: LEANGRAD_DEBUG.
 func Setup() {
-	if v := os.Getenv("LEANGRAD_DEBUG"); v != "" && v != "0" {
+	if debugOn() {
 		tensor.SetDebug(true)
 	}
 }
@@ -50,4 +56,93 @@ func DataRoots() []string {
 		return []string{d}
 	}
 	return nil
+}
+
+// The commands' exit statuses (their -h lists them). Go's runtime exits
+// with 2 after a panic it could not hand to Main, so 2 is none of these.
+const (
+	ExitFailed     = 1  // the work started and failed
+	ExitDiverged   = 3  // training diverged
+	ExitNothingRan = 4  // the device, the data or the checkpoint could not be opened: nothing ran
+	ExitUsage      = 64 // bad flags or arguments: nothing ran (sysexits.h's EX_USAGE)
+	ExitInternal   = 70 // a bug in leangrad (sysexits.h's EX_SOFTWARE)
+	// A run stopped by a signal exits with 128 + the signal's number:
+	// 130 for SIGINT, 143 for SIGTERM (ExitSignal).
+)
+
+// ExitStatuses is the table the commands' -h prints.
+const ExitStatuses = "Exit status: 0 done, 1 failed, 3 diverged, 4 nothing ran (the device, data or checkpoint could not be opened),\n" +
+	"64 bad flags (nothing ran), 70 a bug in leangrad, 130 or 143 stopped by SIGINT or SIGTERM (after saving where it got to).\n"
+
+// ExitSignal is the exit status of a run a signal stopped: 128 + its number.
+func ExitSignal(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return ExitFailed
+}
+
+// Main runs a command's body and returns its exit status; a panic on the
+// command's goroutine (a bug) becomes one line and ExitInternal instead of
+// a stack trace, which LEANGRAD_DEBUG=1 prints as well.
+func Main(name string, body func() int) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "%s: internal error: %v\n(a bug in leangrad: please report it with the command line; LEANGRAD_DEBUG=1 prints where it happened)\n", name, r)
+			if debugOn() {
+				os.Stderr.Write(debug.Stack())
+			}
+			code = ExitInternal
+		}
+	}()
+	return body()
+}
+
+func debugOn() bool { v := os.Getenv("LEANGRAD_DEBUG"); return v != "" && v != "0" }
+
+// Interrupts turns SIGINT and SIGTERM into a request to stop: the first
+// closes C (a run stops at its next step boundary, saves and reports) and
+// says so; a second exits at once with ExitSignal. Release ends it.
+type Interrupts struct {
+	C      <-chan struct{}
+	sig    atomic.Value // the first signal
+	notify chan os.Signal
+	done   chan struct{}
+}
+
+// CatchInterrupts starts catching SIGINT and SIGTERM for the command name,
+// saying what it does on w.
+func CatchInterrupts(name string, w io.Writer) *Interrupts {
+	c := make(chan struct{})
+	in := &Interrupts{C: c, notify: make(chan os.Signal, 2), done: make(chan struct{})}
+	signal.Notify(in.notify, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-in.notify:
+			in.sig.Store(s)
+			fmt.Fprintf(w, "%s: %v: stopping at the next step, then saving and writing the reports (again to exit at once)\n", name, s)
+			close(c)
+		case <-in.done:
+			return
+		}
+		select {
+		case s := <-in.notify:
+			fmt.Fprintf(w, "%s: %v again: exiting at once\n", name, s)
+			os.Exit(ExitSignal(s))
+		case <-in.done:
+		}
+	}()
+	return in
+}
+
+// Signal is the first signal caught, or nil.
+func (in *Interrupts) Signal() os.Signal {
+	s, _ := in.sig.Load().(os.Signal)
+	return s
+}
+
+// Release stops catching the signals.
+func (in *Interrupts) Release() {
+	signal.Stop(in.notify)
+	close(in.done)
 }
