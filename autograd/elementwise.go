@@ -12,6 +12,9 @@ func emptyLike(x *T) *T { return tensor.Empty(x.Device(), x.DType(), x.Shape()..
 
 func sameDevice(op string, a, b *T) {
 	if !a.Device().Same(b.Device()) {
+		if a.Device().Name() == b.Device().Name() {
+			panic(fmt.Sprintf("autograd: %s of tensors on two different %s devices (each tensor.NewDevice makes another; make both on one)", op, a.Device()))
+		}
 		panic(fmt.Sprintf("autograd: %s of tensors on %s and %s", op, a.Device(), b.Device()))
 	}
 }

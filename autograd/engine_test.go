@@ -472,3 +472,18 @@ func TestOnGradReady(t *testing.T) {
 		t.Errorf("the hook outlived its Backward")
 	}
 }
+
+// Tensors of two CPU devices do not mix, and the message tells the two
+// "cpu"s apart.
+func TestTwoDevicesOfOneKindAreToldApart(t *testing.T) {
+	a := tensor.FromFloat32(tensor.NewDevice(cpu.New()), []float32{1}, 1)
+	b := tensor.FromFloat32(tensor.NewDevice(cpu.New()), []float32{2}, 1)
+	defer a.Release()
+	defer b.Release()
+	defer func() {
+		if r := fmt.Sprint(recover()); !strings.Contains(r, "add of tensors on two different cpu devices") {
+			t.Errorf("panic %q", r)
+		}
+	}()
+	ag.Add(a, b)
+}

@@ -64,6 +64,21 @@ func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool,
 	return cfg
 }
 
+// CheckConfigs checks a comma-separated list of configuration names
+// (fp32, amp, checkpoint, amp+checkpoint) before any work.
+func CheckConfigs(list string) error {
+	var names []string
+	for _, v := range train.Variants("blocks") {
+		names = append(names, v.Name)
+	}
+	for _, c := range strings.Split(list, ",") {
+		if !slices.Contains(names, c) {
+			return fmt.Errorf("unknown configuration %q: want %s", c, strings.Join(names, ", "))
+		}
+	}
+	return nil
+}
+
 // variant is the configuration named name (one of train.Variants, in whose
 // order reports list them) for m: its checkpointing checkpoints m.Segments.
 func variant(m train.Arch, name string) (train.Variant, error) {

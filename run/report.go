@@ -62,9 +62,9 @@ type Report struct {
 	Interrupted   *Interrupted           `json:"interrupted,omitempty"`
 	// Unverified says the checkpoint resumed carried no checksums.
 	Unverified bool              `json:"resumed_unverified,omitempty"`
-	Memory        []train.MemSample      `json:"-"` // the pool after every step
-	Title         string                 `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
-	summary       func(w io.Writer)      // the end-of-run lines, while the trainer was alive
+	Memory     []train.MemSample `json:"-"` // the pool after every step
+	Title      string            `json:"-"` // "resnet20, amp+checkpoint, batch 128 on cuda:0"
+	summary    func(w io.Writer) // the end-of-run lines, while the trainer was alive
 }
 
 // Interrupted says where a run stopped when asked to (Job.Stop; see

@@ -321,3 +321,23 @@ func TestOOMBesideTheArenaFreesIt(t *testing.T) {
 		}
 	}
 }
+
+// Running out of memory outside the step (its input buffers, which Fit
+// makes first) is an error that says what ran out, not a panic.
+func TestOutOfMemoryOutsideTheStepIsAnError(t *testing.T) {
+	dev, _ := faultyDevice(false)
+	m := nn.NewMLP(dev, []int{784, 16, 10}, 0)
+	defer nn.Release(m)
+	tr, err := New(m, dev, Config{Model: "mlp", Epochs: 1, Batch: 512, LR: 0.1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Release()
+	a := dev.Allocator()
+	a.SetLimit(a.Stats().Reserved[memory.All].Current + 64<<10) // the model fits; a batch of 512 images (1.5 MiB) does not
+	l := datasets.NewLoader(datasets.Synthetic(512, 1), dev, datasets.LoaderConfig{Batch: 512})
+	err = tr.Fit(l, l, nil, "")
+	if !errors.Is(err, memory.ErrOutOfMemory) || !strings.Contains(err.Error(), "the step's input buffers") {
+		t.Errorf("Fit with no room for its inputs: %v", err)
+	}
+}

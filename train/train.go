@@ -218,9 +218,9 @@ func (e *InterruptedError) Error() string {
 		where = fmt.Sprintf("after step %d (before epoch %d)", e.Step, e.Epoch+1)
 	}
 	if e.Saved == "" {
-		return fmt.Sprintf("%v %s; nothing was saved (pass -save to keep the run's state)", ErrInterrupted, where)
+		return fmt.Sprintf("%v %s; nothing was saved", ErrInterrupted, where)
 	}
-	return fmt.Sprintf("%v %s; %s holds the run there (-resume %s goes on from it)", ErrInterrupted, where, e.Saved, e.Saved)
+	return fmt.Sprintf("%v %s; %s holds the run there, to resume from", ErrInterrupted, where, e.Saved)
 }
 
 // Unwrap makes errors.Is(err, ErrInterrupted) true.
@@ -252,6 +252,11 @@ type Trainer struct {
 	FailOnOOM bool
 	// OOM says what running out of memory made the trainer do.
 	OOM OOMReport
+	// Publisher, if set, gets a snapshot of the model's weights every
+	// PublishEvery steps (0: at the end of every epoch) and at the end of
+	// every epoch, for readers on other goroutines (see Publisher).
+	Publisher    *Publisher
+	PublishEvery int
 	// Stop, when closed, asks Fit to stop at the next step boundary: it
 	// saves a checkpoint there (Position records how far into the epoch it
 	// got) and returns an *InterruptedError. In a data-parallel job the
@@ -611,6 +616,11 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 		t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
 		t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
 			Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
+		if t.Publisher != nil && t.PublishEvery > 0 && t.Steps%t.PublishEvery == 0 {
+			if _, err := t.Publisher.Publish(t.Model); err != nil {
+				return err
+			}
+		}
 		update := (s+1)%every == 0 || s+1 == steps
 		if update {
 			tally, skipped, err := t.Step.JobMetrics()
@@ -673,6 +683,11 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 	t.History = append(t.History, m)
 	if obs != nil {
 		obs.EpochEnd(m)
+	}
+	if t.Publisher != nil {
+		if _, err := t.Publisher.Publish(t.Model); err != nil {
+			return err
+		}
 	}
 	if save != "" && t.rank0() {
 		t.Epoch++ // the checkpoint resumes at the next epoch
@@ -799,7 +814,7 @@ func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 	}
 	if t.MaxSkips > 0 && t.skipRun >= t.MaxSkips {
 		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
-			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %g)", t.skipRun, t.Step.Scaler.Scale())}
+			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %.3g)", t.skipRun, t.Step.Scaler.Scale())}
 	}
 	return nil
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/iopaths"
 	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
@@ -41,7 +42,7 @@ import (
 
 func main() {
 	cmdenv.Setup()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(cmdenv.Main("bench", func() int { return run(os.Args[1:], os.Stdout, os.Stderr) }))
 }
 
 type options struct {
@@ -124,38 +125,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel runs: how long a rank waits for the others")
 	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		return 2
+		return cmdenv.ExitUsage
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "bench: unexpected argument %q (flags start with -; quote a list of specs)\n", fs.Arg(0))
-		return 2
-	}
-	if err := train.CheckAMPDType(o.ampDType); err != nil {
-		fmt.Fprintf(stderr, "bench: -%v\n", err)
-		return 2
+	specs, problems := o.check(fs)
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "bench: %s\n", p)
+		}
+		return cmdenv.ExitUsage
 	}
 	if o.merge != "" {
 		if err := merge(o, stdout); err != nil {
 			fmt.Fprintf(stderr, "bench: %v\n", err)
-			return 1
+			return cmdenv.ExitFailed
 		}
 		return 0
-	}
-	specs, err := parseSpecs(o.specs)
-	if err == nil && (o.warmup < 0 || o.steps < 1 || o.rounds < 1) {
-		err = fmt.Errorf("-warmup %d -steps %d -rounds %d: want warmup >= 0, steps >= 1 and rounds >= 1", o.warmup, o.steps, o.rounds)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "bench: %v\n", err)
-		return 2
-	}
-	if o.nproc < 1 {
-		fmt.Fprintf(stderr, "bench: -nproc %d: want 1 or more processes\n", o.nproc)
-		return 2
 	}
 	if o.nproc > 1 {
 		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)
@@ -163,21 +155,102 @@ func run(args []string, stdout, stderr io.Writer) int {
 	place, ok, err := cmdenv.Job()
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: data-parallel job: %v\n", err)
-		return 2
+		return cmdenv.ExitUsage
 	}
 	if ok {
 		place.Timeout = o.distTimeout
 		if err := dataParallel(o, specs, &place, stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "bench: rank %d: %v\n", place.Rank, err)
-			return 1
+			return cmdenv.ExitFailed
 		}
 		return 0
 	}
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
-		return 1
+		var nr nothingRan
+		if errors.As(err, &nr) {
+			return cmdenv.ExitNothingRan
+		}
+		return cmdenv.ExitFailed
 	}
 	return 0
+}
+
+// largestBatch is -largest-batch: a model, a context and a cap.
+type largestBatch struct {
+	model   string
+	context int
+	bytes   int64
+}
+
+func parseLargestBatch(s string) (largestBatch, error) {
+	var lb largestBatch
+	var gib float64
+	if _, err := fmt.Sscanf(strings.ReplaceAll(s, ":", " "), "%s %d %g", &lb.model, &lb.context, &gib); err != nil || gib <= 0 || lb.context < 1 {
+		return lb, errors.New("want MODEL:CONTEXT:GIB, as gpt2:512:24")
+	}
+	if a, err := train.LookupArch(lb.model); err != nil || !a.Text {
+		return lb, fmt.Errorf("%s is not a language model (want gpt, gpt-small, gpt-mini or gpt2)", lb.model)
+	}
+	lb.bytes = int64(gib * (1 << 30))
+	return lb, nil
+}
+
+// nothingRan is bench's error when the device could not be opened.
+type nothingRan struct{ error }
+
+func (e nothingRan) Unwrap() error { return e.error }
+
+// check validates every flag before any work, -out and -cpuprofile among
+// them (where writing is tried), and returns the specs and every problem.
+func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
+	var bad []string
+	say := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	if fs.NArg() > 0 {
+		say("unexpected argument %q (flags start with -; quote a list of specs)", fs.Arg(0))
+	}
+	if err := train.CheckAMPDType(o.ampDType); err != nil {
+		say("-%v", err)
+	}
+	if err := iopaths.Folder(o.out); err != nil {
+		say("-out %s: %v", o.out, err)
+	}
+	var paths iopaths.Set
+	for _, f := range strings.Split(o.merge, ",") {
+		paths.Input("-merge", f)
+	}
+	for _, f := range []string{"bench.json", "bench.md", "ddp.json"} {
+		paths.Output("-out", filepath.Join(o.out, f), false)
+	}
+	paths.Output("-cpuprofile", o.cpuprofile, false)
+	bad = append(bad, paths.Problems()...)
+	if o.merge != "" {
+		return nil, bad
+	}
+	specs, err := parseSpecs(o.specs)
+	if err != nil {
+		say("%v", err)
+	}
+	if err := benchmarks.CheckConfigs(o.configs); err != nil {
+		say("-configs %s: %v", o.configs, err)
+	}
+	if o.compileConfigs != "" {
+		if err := benchmarks.CheckConfigs(o.compileConfigs); err != nil {
+			say("-compile-configs %s: %v", o.compileConfigs, err)
+		}
+	}
+	if o.warmup < 0 || o.steps < 1 || o.rounds < 1 {
+		say("-warmup %d -steps %d -rounds %d: want warmup >= 0, steps >= 1 and rounds >= 1", o.warmup, o.steps, o.rounds)
+	}
+	if o.nproc < 1 {
+		say("-nproc %d: want 1 or more processes", o.nproc)
+	}
+	if o.largestBatch != "" {
+		if _, err := parseLargestBatch(o.largestBatch); err != nil {
+			say("-largest-batch %s: %v", o.largestBatch, err)
+		}
+	}
+	return specs, bad
 }
 
 // buildCommit is the VCS revision the binary was built from, marked
@@ -210,7 +283,7 @@ func buildCommit() string {
 func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	dev, err := tensor.OpenWith(o.device, cmdenv.DeviceOptions(tensor.Options{}))
 	if err != nil {
-		return fmt.Errorf("-device %s: %w", o.device, err)
+		return nothingRan{fmt.Errorf("-device %s: %w", o.device, err)}
 	}
 	rep := &benchmarks.Report{Date: o.date, Device: dev.Name(), Commit: o.commit}
 	if n, ok := dev.Backend().(interface{ DeviceName() string }); ok {
@@ -316,13 +389,8 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		}
 	}
 	if o.largestBatch != "" {
-		var model string
-		var context int
-		var gib float64
-		if _, err := fmt.Sscanf(strings.ReplaceAll(o.largestBatch, ":", " "), "%s %d %g", &model, &context, &gib); err != nil || gib <= 0 {
-			return fmt.Errorf("-largest-batch %q: want MODEL:CONTEXT:GIB, as gpt2:512:24", o.largestBatch)
-		}
-		c, err := benchmarks.LargestBatch(dev, model, context, int64(gib*(1<<30)), bo)
+		lb, _ := parseLargestBatch(o.largestBatch) // checked by check
+		c, err := benchmarks.LargestBatch(dev, lb.model, lb.context, lb.bytes, bo)
 		if err != nil {
 			return fmt.Errorf("-largest-batch: %w", err)
 		}

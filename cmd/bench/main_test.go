@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/leangrad/leangrad/internal/cmdenv"
 )
 
 func TestBenchCommandOnCPU(t *testing.T) {
@@ -39,8 +41,38 @@ func TestBenchCommandOnCPU(t *testing.T) {
 		t.Errorf("stdout:\n%s", out.String())
 	}
 	for _, bad := range [][]string{{"-specs", "vgg:1"}, {"-specs", "mlp:x"}, {"-steps", "0"}} {
-		if code := run(bad, &out, &errb); code != 2 {
+		if code := run(bad, &out, &errb); code != cmdenv.ExitUsage {
 			t.Errorf("%v: exit %d", bad, code)
+		}
+	}
+}
+
+// Every flag is checked before any work: a bad -out, -configs, -cpuprofile
+// or -largest-batch is reported at once, all of them together, with nothing
+// measured (no SGEMM probe, no report).
+func TestBenchChecksBeforeWork(t *testing.T) {
+	merged := filepath.Join(t.TempDir(), "bench.json")
+	os.WriteFile(merged, []byte("{}"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-device", "cpu", "-out", "/proc/leangrad-x", "-configs", "fp32,fp64", "-cpuprofile", "/proc/leangrad-x/p.out",
+			"-largest-batch", "resnet20:512:24", "-compile-configs", "amp,int8"},
+			[]string{"-out /proc/leangrad-x: cannot write in /proc", `-configs fp32,fp64: unknown configuration "fp64"`,
+				"-cpuprofile /proc/leangrad-x/p.out: cannot write in /proc", "-largest-batch resnet20:512:24: resnet20 is not a language model",
+				`-compile-configs amp,int8: unknown configuration "int8"`}},
+		{[]string{"-merge", merged, "-out", filepath.Dir(merged)}, []string{"-out " + merged + ": it would replace -merge " + merged}},
+	} {
+		var out, errb bytes.Buffer
+		code := run(tc.args, &out, &errb)
+		if code != cmdenv.ExitUsage || out.Len() != 0 || strings.Contains(errb.String(), "SGEMM") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", tc.args, code, out.String(), errb.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errb.String(), w) {
+				t.Errorf("%v: stderr lacks %q:\n%s", tc.args, w, errb.String())
+			}
 		}
 	}
 }

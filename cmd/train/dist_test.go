@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +38,7 @@ func TestMain(m *testing.M) {
 		}()
 	}
 	cmdenv.Setup()
-	os.Exit(command(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(cmdenv.Main("train", func() int { return command(os.Args[1:], os.Stdout, os.Stderr) }))
 }
 
 // TestNproc: train -nproc 2 runs a two-rank job on the CPU: rank 0 prints
@@ -94,4 +98,50 @@ func TestNprocRankDies(t *testing.T) {
 		t.Errorf("the job took %v to end after a rank died; the launcher had to kill ranks", took)
 	}
 	t.Logf("ended %v after the start (rank 1 died after the first epoch)", took.Round(time.Millisecond))
+}
+
+// SIGTERM to the -nproc launcher reaches every rank once: they agree on a
+// step, rank 0 saves the job there and writes the report, and the job exits
+// 143; the checkpoint resumes the job there.
+func TestNprocSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	ck, js := filepath.Join(dir, "run.ckpt"), filepath.Join(dir, "r.json")
+	args := []string{"-nproc", "2", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic", "-limit", "4096", "-test-limit", "64",
+		"-epochs", "3", "-batch", "8", "-measure=false", "-save", ck}
+	cmd := trainCmd(append(args, "-json", js)...)
+	pipe, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var e strings.Builder
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		e.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), "[rank 0] epoch 2/3") {
+			cmd.Process.Signal(syscall.SIGTERM)
+			break
+		}
+	}
+	for sc.Scan() {
+		e.WriteString(sc.Text() + "\n")
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 143 || strings.Contains(e.String(), "exited with status") {
+		t.Fatalf("SIGTERM to the launcher: %v\n%s", err, e.String())
+	}
+	for _, want := range []string{"[rank 0] train: SIGTERM: stopping", "[rank 1] train: SIGTERM: stopping", "[rank 0] train: training interrupted after step"} {
+		if !strings.Contains(e.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, e.String())
+		}
+	}
+	var r run.Report
+	data, err := os.ReadFile(js)
+	if err != nil || json.Unmarshal(data, &r) != nil || r.Interrupted == nil || r.Interrupted.Epoch != 2 || r.Interrupted.Saved != ck {
+		t.Fatalf("-json: %v %s", err, data)
+	}
+	code, stdout, stderr := runBinary(t, append(args, "-resume", ck)...)
+	if code != 0 || !strings.Contains(stdout, "[rank 0] resumed from "+ck+" at epoch 2, batch ") {
+		t.Errorf("resume: exit %d\n%s%s", code, stdout, stderr)
+	}
 }

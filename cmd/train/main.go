@@ -495,6 +495,9 @@ func command(args []string, stdout, stderr io.Writer) int {
 	var setup *run.SetupError
 	switch {
 	case errors.Is(err, train.ErrInterrupted):
+		if o.save != "" {
+			fmt.Fprintf(stderr, "train: -resume %s goes on from there\n", o.save)
+		}
 		return cmdenv.ExitSignal(interrupts.Signal())
 	case errors.Is(err, train.ErrDiverged):
 		return cmdenv.ExitDiverged
@@ -546,7 +549,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 			return early(err)
 		}
 		defer func() {
-			if err != nil {
+			if err != nil && !errors.Is(err, train.ErrInterrupted) { // an interrupt stops every rank at one step: nothing failed
 				group.Abort(fmt.Errorf("rank %d: %v", place.Rank, firstLine(err.Error())))
 			}
 			if cerr := group.Close(); err == nil && cerr != nil {

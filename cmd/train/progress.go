@@ -95,7 +95,7 @@ func (p *progress) EpochEnd(m train.EpochMetrics) {
 			m.Epoch+1, m.TrainLoss, 100*m.TrainAcc, m.TestLoss, 100*m.TestAcc, m.ImgPerSec, memory.Bytes(m.PeakAllocated))
 	}
 	if m.LossScale > 0 {
-		fmt.Fprintf(p.w, " | loss scale %g, %d steps skipped", m.LossScale, m.SkippedSteps)
+		fmt.Fprintf(p.w, " | loss scale %.4g, %d steps skipped", m.LossScale, m.SkippedSteps)
 	}
 	fmt.Fprintln(p.w)
 }

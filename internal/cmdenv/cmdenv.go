@@ -82,6 +82,17 @@ func ExitSignal(sig os.Signal) int {
 	return ExitFailed
 }
 
+// SignalName is "SIGINT", "SIGTERM" (or what the signal calls itself).
+func SignalName(s os.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}
+
 // Main runs a command's body and returns its exit status; a panic on the
 // command's goroutine (a bug) becomes one line and ExitInternal instead of
 // a stack trace, which LEANGRAD_DEBUG=1 prints as well.
@@ -120,14 +131,14 @@ func CatchInterrupts(name string, w io.Writer) *Interrupts {
 		select {
 		case s := <-in.notify:
 			in.sig.Store(s)
-			fmt.Fprintf(w, "%s: %v: stopping at the next step, then saving and writing the reports (again to exit at once)\n", name, s)
+			fmt.Fprintf(w, "%s: %s: stopping at the next step, then saving and writing the reports (again to exit at once)\n", name, SignalName(s))
 			close(c)
 		case <-in.done:
 			return
 		}
 		select {
 		case s := <-in.notify:
-			fmt.Fprintf(w, "%s: %v again: exiting at once\n", name, s)
+			fmt.Fprintf(w, "%s: %s again: exiting at once\n", name, SignalName(s))
 			os.Exit(ExitSignal(s))
 		case <-in.done:
 		}

@@ -75,7 +75,12 @@ func Join(dev *tensor.Device, cfg *dist.Config, stderr io.Writer) (*dist.Group, 
 // succeeded, else that of the first rank seen to fail (which, when a rank
 // dies, may be one it took down: each failed rank's status is printed).
 // When a rank fails, the others learn it through the rendezvous and stop;
-// any still running FailureGrace later are killed.
+// any still running FailureGrace later are killed. SIGINT and SIGTERM are
+// passed on to every rank (which runs in its own process group, so that a
+// terminal's Ctrl-C reaches it once, through the launcher): the ranks stop
+// together at a step boundary, save and exit, and so does the job, with
+// 128 + the signal's number; a second signal is passed on too, and ranks
+// still running FailureGrace after it are killed.
 func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 	exe, err := os.Executable()
 	if err != nil {
@@ -99,6 +104,7 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 	var cmds []*exec.Cmd
 	for r := 0; r < nproc; r++ {
 		cmd := exec.Command(exe, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		cmd.Env = rankEnv(os.Environ(), r, nproc, port, runtime.NumCPU())
 		prefix := fmt.Sprintf("[rank %d] ", r)
 		cmd.Stdout = &prefixed{w: stdout, mu: &outMu, prefix: prefix}
@@ -128,16 +134,22 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 			exits <- exit{r, code}
 		}()
 	}
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	status, running := 0, nproc
+	status, running, signalled := 0, nproc, 0
 	var deadline <-chan time.Time
 	for running > 0 {
 		select {
 		case e := <-exits:
 			running--
 			if e.code == 0 {
+				continue
+			}
+			if signalled > 0 && e.code == signalled {
+				if status == 0 {
+					status = e.code // stopped as asked: saved and reported
+				}
 				continue
 			}
 			say("rank %d exited with status %d\n", e.rank, e.code)
@@ -152,10 +164,12 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 			for _, c := range cmds {
 				c.Process.Signal(s)
 			}
-			if status == 0 {
-				status = 1
+			if signalled > 0 { // the second: the ranks exit at once
+				deadline = time.After(FailureGrace)
 			}
-			deadline = time.After(FailureGrace)
+			if sig, ok := s.(syscall.Signal); ok && signalled == 0 {
+				signalled = 128 + int(sig)
+			}
 		case <-deadline:
 			say("%d ranks still running %v after the job failed: killing them\n", running, FailureGrace)
 			for _, c := range cmds {
