@@ -797,7 +797,7 @@ func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 	if !t.Cfg.AMP {
 		if math.IsNaN(lossSum) || math.IsInf(lossSum, 0) {
 			return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
-				Why: fmt.Sprintf("the training loss became %v in the last %d steps", lossSum, steps)}
+				Why: fmt.Sprintf("the training loss became %v in the last %s", lossSum, stepCount(steps))}
 		}
 		return nil
 	}
@@ -810,13 +810,21 @@ func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
 	t.skipsSeen = skipped
 	if allSkipped && (math.IsNaN(lossSum) || math.IsInf(lossSum, 0)) {
 		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
-			Why: fmt.Sprintf("the training loss became %v and the last %d steps were all skipped (the forward overflows, at any loss scale)", lossSum, steps)}
+			Why: fmt.Sprintf("the training loss became %v with every step skipped in the last %s (the forward overflows, at any loss scale)", lossSum, stepCount(steps))}
 	}
 	if t.MaxSkips > 0 && t.skipRun >= t.MaxSkips {
 		return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
-			Why: fmt.Sprintf("the last %d steps were all skipped: the gradients were not finite at any loss scale (now %.3g)", t.skipRun, t.Step.Scaler.Scale())}
+			Why: fmt.Sprintf("every step was skipped in the last %s: the gradients were not finite at any loss scale (now %.3g)", stepCount(t.skipRun), t.Step.Scaler.Scale())}
 	}
 	return nil
+}
+
+// stepCount is "1 step" or "n steps".
+func stepCount(n int) string {
+	if n == 1 {
+		return "1 step"
+	}
+	return fmt.Sprintf("%d steps", n)
 }
 
 // Peaks are the training steps' peak allocated and reserved bytes, from the

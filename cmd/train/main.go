@@ -13,10 +13,13 @@
 //	train -nproc 2 -amp -batch 256        # data parallel over two GPUs (-batch per rank)
 //	torchrun --no-python --nproc-per-node 2 train -amp
 //
-// Every flag is checked, and every output path tried, before anything is
-// loaded: all problems are reported together, exit status 2. A run that
-// fails exits 1 and one that diverges 3; either way -json is written (valid
-// JSON, with the error) and the last good -save checkpoint is left as it was.
+// Every flag is checked, and every output path tried against the run's
+// inputs and the other outputs, before anything is loaded: all problems
+// are reported together, exit status 64. A run that cannot start (the
+// device, the data, the checkpoint) exits 4, one that fails 1, one that
+// diverges 3, and one that SIGINT or SIGTERM stops, after saving where it
+// got to, 130 or 143; in every case -json is written (valid JSON, saying
+// why) and the last good -save checkpoint is left as it was.
 //
 // Data-parallel jobs: a process is one rank when WORLD_SIZE is set (as
 // torchrun sets it; see dist.ConfigFromEnv); -nproc N starts N ranks on
