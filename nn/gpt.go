@@ -305,6 +305,9 @@ type Sampling struct {
 	// TopK keeps only the K most likely tokens (0: all).
 	TopK int
 	Rand *rand.Rand // the draws (nil: a fixed seed)
+	// OnToken, if set, hears each token as soon as it is drawn (to stream
+	// it); returning false stops the generation there.
+	OnToken func(tok int32) bool
 }
 
 // Generate continues prompt (token ids) by n tokens and returns them. It
@@ -346,6 +349,9 @@ func (g *GPT) Generate(dev *tensor.Device, prompt []int32, n int, s Sampling) (o
 				tok := sample(logits.Float32s(), s)
 				logits.Release()
 				out = append(out, tok)
+				if s.OnToken != nil && !s.OnToken(tok) {
+					break
+				}
 				next = []int32{tok}
 			}
 		})

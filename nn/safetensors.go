@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"syscall"
 
 	"github.com/leangrad/leangrad/internal/atomicfile"
 	"github.com/leangrad/leangrad/tensor"
@@ -191,6 +192,37 @@ func ReadSafetensors(path string) (*Safetensors, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return st, nil
+}
+
+// MapSafetensors memory-maps a safetensors file and checks it (its
+// checksums too, reading it once): the tensors' Data are slices of the
+// mapping, read-only, valid until close is called. Copying them to a
+// device one at a time keeps the program's own memory near one tensor, not
+// the file: the mapped pages belong to the page cache.
+func MapSafetensors(path string) (st *Safetensors, close func() error, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if info.Size() == 0 || !info.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: not a safetensors file (%d bytes)", path, info.Size())
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(info.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: mapping it: %w", path, err)
+	}
+	unmap := func() error { return syscall.Munmap(data) }
+	st, err = ParseSafetensors(data)
+	if err != nil {
+		unmap()
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return st, unmap, nil
 }
 
 // Encode writes st in the safetensors format, tensors in name order, with

@@ -196,7 +196,8 @@ type runner struct {
 	model         nn.Model
 	t             *train.Trainer
 	resumed       int // epochs of the history that ran before this run
-	startEpoch    int // the epoch the run starts at (a resumed checkpoint's)
+	startEpoch    int       // the epoch the run starts at (a resumed checkpoint's)
+	mean, std     []float32 // the images' normalisation
 	wall          time.Duration
 }
 
@@ -297,6 +298,7 @@ func (r *runner) loaders() error {
 	r.report.Config = r.cfg
 	r.input, r.classes = []int{d.C, d.H, d.W}, d.Classes
 	mean, std := d.MeanStd()
+	r.mean, r.std = mean, std
 	lc := datasets.LoaderConfig{Batch: r.cfg.Batch, Shuffle: true, Seed: r.cfg.Seed, Mean: mean, Std: std}
 	if r.job.Augment && r.arch.CNN {
 		lc.CropPad, lc.Flip = 2, true
@@ -424,7 +426,10 @@ func (r *runner) trainer() (err error) {
 		fmt.Fprintf(r.say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %s (%s), all-reduced in %.3f ms\n",
 			g.Size(), g.Backend(), r.cfg.Batch, r.cfg.Batch*g.Size(), buckets(red.Buckets()), memory.Bytes(red.Bytes()), 1e3*d.Seconds())
 	}
-	r.t.Stop = r.job.Stop
+	r.t.Stop, r.t.Inputs = r.job.Stop, &train.Inputs{Shape: r.input, Classes: r.classes, Mean: r.mean, Std: r.std}
+	if r.arch.Text {
+		r.t.Inputs.Tokenizer = r.cfg.Tokenizer
+	}
 	if r.job.Resume != "" {
 		info, err := r.t.Resume(r.job.Resume, r.job.ResumeForce)
 		if err != nil {

@@ -33,6 +33,20 @@ type checkpointMeta struct {
 	// Position is where in Epoch an interrupted run stopped (nil: at its
 	// start).
 	Position *Position `json:"position,omitempty"`
+	Inputs   *Inputs   `json:"inputs,omitempty"`
+}
+
+// Inputs are what a model was trained on, as its checkpoint records them
+// for a program that serves it: one example's shape, the classes (a
+// language model's vocabulary, and its tokenizer), and for images the
+// per-channel mean and standard deviation the pixels (in [0, 1]) were
+// normalised with.
+type Inputs struct {
+	Shape     []int     `json:"shape"`
+	Classes   int       `json:"classes"`
+	Mean      []float32 `json:"mean,omitempty"`
+	Std       []float32 `json:"std,omitempty"`
+	Tokenizer string    `json:"tokenizer,omitempty"`
 }
 
 // Position is how far into an epoch a run got: what Fit needs to go on
@@ -53,6 +67,7 @@ const checkpointVersion = 2
 // CheckpointInfo is what a training checkpoint says about its run.
 type CheckpointInfo struct {
 	Config   Config
+	Inputs   *Inputs // nil in checkpoints written before they were recorded
 	Epoch    int       // the epoch it resumes at, from 0
 	Position *Position // where in it (nil: at its start)
 	Verified bool      // it carried checksums, and they matched
@@ -62,11 +77,21 @@ type CheckpointInfo struct {
 // checksums checked, without touching a device: what a run compares its
 // configuration with before any work.
 func ReadCheckpointInfo(path string) (CheckpointInfo, error) {
-	st, meta, err := readCheckpoint(path)
+	st, err := nn.ReadSafetensors(path)
 	if err != nil {
 		return CheckpointInfo{}, err
 	}
-	return CheckpointInfo{Config: meta.Config, Epoch: meta.Epoch, Position: meta.Position, Verified: st.Verified}, nil
+	return InfoOf(st, path)
+}
+
+// InfoOf is the run a training checkpoint records, from its content (read
+// or memory-mapped by the caller); path names it in errors.
+func InfoOf(st *nn.Safetensors, path string) (CheckpointInfo, error) {
+	meta, err := metaOf(st, path)
+	if err != nil {
+		return CheckpointInfo{}, err
+	}
+	return CheckpointInfo{Config: meta.Config, Inputs: meta.Inputs, Epoch: meta.Epoch, Position: meta.Position, Verified: st.Verified}, nil
 }
 
 // readCheckpoint reads and checks a checkpoint file and its metadata.
@@ -75,18 +100,23 @@ func readCheckpoint(path string) (*nn.Safetensors, *checkpointMeta, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	meta, err := metaOf(st, path)
+	return st, meta, err
+}
+
+func metaOf(st *nn.Safetensors, path string) (*checkpointMeta, error) {
 	raw, ok := st.Metadata[metaKey]
 	if !ok {
-		return nil, nil, fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
+		return nil, fmt.Errorf("%s: not a leangrad training checkpoint (no %q metadata)", path, metaKey)
 	}
 	var meta checkpointMeta
 	if err := json.Unmarshal([]byte(raw), &meta); err != nil {
-		return nil, nil, fmt.Errorf("%s: training metadata: %v", path, err)
+		return nil, fmt.Errorf("%s: training metadata: %v", path, err)
 	}
 	if meta.Version > checkpointVersion {
-		return nil, nil, fmt.Errorf("%s: a checkpoint of format %d, newer than this build reads (%d)", path, meta.Version, checkpointVersion)
+		return nil, fmt.Errorf("%s: a checkpoint of format %d, newer than this build reads (%d)", path, meta.Version, checkpointVersion)
 	}
-	return st, &meta, nil
+	return &meta, nil
 }
 
 // ResumeInfo is what Resume found.
@@ -112,7 +142,7 @@ func (t *Trainer) Save(path string) error {
 	t.Step.SyncRNG()
 	meta, err := json.Marshal(checkpointMeta{Version: checkpointVersion, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
 		Optim: t.Opt.Counters(), Scaler: t.Step.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History,
-		Position: t.position})
+		Position: t.position, Inputs: t.Inputs})
 	if err != nil {
 		return err
 	}

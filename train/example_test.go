@@ -2,8 +2,11 @@ package train_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
@@ -118,4 +121,57 @@ func Example_gpt() {
 	// Output:
 	// mean loss under 1 nat: true
 	// " brown fox jum"
+}
+
+// Serve a model while it trains: the trainer publishes a snapshot of its
+// weights after every step, and a serving goroutine answers each request
+// with the latest snapshot, on its own session, never reading the weights
+// the optimiser is writing.
+func Example_servingWhileTraining() {
+	dev := tensor.CPU()
+	build := func() nn.Model {
+		m, err := train.BuildModel(dev, "resnet8", []int{1, 12, 12}, 10, 1)
+		if err != nil {
+			panic(err)
+		}
+		return m
+	}
+	model := build()
+	defer nn.Release(model)
+	tr, err := train.New(model, dev, train.Config{Model: "resnet8", Epochs: 1, Batch: 32, LR: 0.05, Momentum: 0.9}, 8)
+	if err != nil {
+		panic(err)
+	}
+	defer tr.Release()
+	pub := train.NewPublisher(build)
+	defer pub.Close()
+	tr.Publisher, tr.PublishEvery = pub, 1
+
+	served := make(chan []int)
+	go func() { // the service
+		s := dev.Session()
+		var classes []int
+		for len(classes) < 5 {
+			m, _, release, ok := pub.Acquire()
+			if !ok {
+				time.Sleep(time.Millisecond) // nothing published yet
+				continue
+			}
+			ag.NoGrad(s, func() {
+				s.WithScope(func() {
+					logits := m.Forward(tensor.Zeros(s, tensor.F32, 1, 1, 12, 12)).Float32s()
+					classes = append(classes, slices.Index(logits, slices.Max(logits)))
+				})
+			})
+			release()
+		}
+		served <- classes
+	}()
+	data := datasets.SyntheticSize(256, 1, 12)
+	l := datasets.NewLoader(data, dev, datasets.LoaderConfig{Batch: 32, Shuffle: true, Seed: 1})
+	if err := tr.Fit(l, l, nil, ""); err != nil {
+		panic(err)
+	}
+	fmt.Printf("trained %d steps; served %d requests from snapshots\n", tr.Steps, len(<-served))
+	// Output: trained 8 steps; served 5 requests from snapshots
 }

@@ -252,6 +252,8 @@ type Trainer struct {
 	FailOnOOM bool
 	// OOM says what running out of memory made the trainer do.
 	OOM OOMReport
+	// Inputs, if set, are recorded in the checkpoints (see Inputs).
+	Inputs *Inputs
 	// Publisher, if set, gets a snapshot of the model's weights every
 	// PublishEvery steps (0: at the end of every epoch) and at the end of
 	// every epoch, for readers on other goroutines (see Publisher).

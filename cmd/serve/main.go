@@ -1,0 +1,169 @@
+// Command serve answers HTTP requests with a model that train -save wrote:
+// an image classifier's predictions, batched on the device from concurrent
+// requests, or a GPT's generated text, streamed (see package serve for the
+// endpoints).
+//
+//	serve -addr 127.0.0.1:8080 -device auto model.st
+//	curl -s localhost:8080/v1/predict -d '{"images": [[0, 0.5, ...]]}'
+//	curl -s localhost:8080/metrics
+//
+// It warms up every batch shape before /readyz says ready, and on SIGINT or
+// SIGTERM stops taking requests, answers those in flight and exits 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/fserr"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/serve"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+func main() {
+	cmdenv.Setup()
+	os.Exit(cmdenv.Main("serve", func() int { return command(os.Args[1:], os.Stdout, os.Stderr, nil) }))
+}
+
+type options struct {
+	addr, device, model string
+	opts                serve.Options
+	drain               time.Duration
+}
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: serve [flags] model.st\n\nServes a checkpoint that train -save wrote over HTTP: POST /v1/predict (or /v1/generate for a GPT),\nGET /healthz, /readyz and /metrics.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
+	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto (the GPU if there is one)")
+	fs.IntVar(&o.opts.MaxBatch, "max-batch", 64, "the most images one forward pass takes (requests are batched up to it)")
+	fs.DurationVar(&o.opts.Window, "window", 2*time.Millisecond, "how long the batcher waits after a request for others to join its batch")
+	fs.IntVar(&o.opts.Queue, "queue", 1024, "requests that may wait for the device; beyond it they get 503 (a GPT: generations at once)")
+	var maxBody int64
+	fs.Int64Var(&maxBody, "max-body", 16<<20, "the most bytes a request body may have (413 beyond)")
+	fs.IntVar(&o.opts.EmptyCacheEvery, "empty-cache-every", 0, "call EmptyCache after every N requests (0: never; the pool does not need it: this measures the advice)")
+	fs.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGINT or SIGTERM, how long requests in flight may take to finish")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	o.opts.MaxBody = maxBody
+	var bad []string
+	say := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	switch fs.NArg() {
+	case 0:
+		say("no model: give the checkpoint train -save wrote (serve [flags] model.st)")
+	case 1:
+		o.model = fs.Arg(0)
+		if st, err := os.Stat(o.model); err != nil {
+			say("%s: %v", o.model, fserr.Cause(err))
+		} else if !st.Mode().IsRegular() {
+			say("%s: not a checkpoint file", o.model)
+		}
+	default:
+		say("one model only, not %d (flags go before it)", fs.NArg())
+	}
+	for _, v := range []struct {
+		name string
+		v    int64
+		min  int64
+	}{{"max-batch", int64(o.opts.MaxBatch), 1}, {"queue", int64(o.opts.Queue), 1}, {"max-body", maxBody, 1}, {"empty-cache-every", int64(o.opts.EmptyCacheEvery), 0}} {
+		if v.v < v.min {
+			say("-%s %d: want %d or more", v.name, v.v, v.min)
+		}
+	}
+	if o.opts.Window < 0 || o.drain <= 0 {
+		say("-window %v -drain %v: want a window of 0 or more and a positive drain", o.opts.Window, o.drain)
+	}
+	if _, _, err := net.SplitHostPort(o.addr); err != nil {
+		say("-addr %s: %v", o.addr, err)
+	}
+	if len(bad) > 0 {
+		return nil, errors.New(strings.Join(bad, "\n"))
+	}
+	return o, nil
+}
+
+// command runs the service until a signal (or, in tests, stop) ends it.
+// ready, if set, hears the address once the server answers.
+func command(args []string, stdout, stderr io.Writer, ready func(addr string)) int {
+	o, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "serve: %s\n", line)
+		}
+		return cmdenv.ExitUsage
+	}
+	var dev *tensor.Device
+	if o.device == "auto" {
+		var why string
+		if dev, why = tensor.OpenAutoWith(cmdenv.DeviceOptions(tensor.Options{})); why != "" {
+			fmt.Fprintf(stdout, "device: cpu (no usable GPU: %s)\n", strings.SplitN(why, "\n", 2)[0])
+		}
+	} else if dev, err = tensor.OpenWith(o.device, cmdenv.DeviceOptions(tensor.Options{})); err != nil {
+		fmt.Fprintf(stderr, "serve: -device %s: %v\n", o.device, err)
+		return cmdenv.ExitNothingRan
+	}
+	srv, err := serve.Open(dev, o.model, o.opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return cmdenv.ExitNothingRan
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "serve: -addr %s: %v\n", o.addr, err)
+		return cmdenv.ExitNothingRan
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }() // /healthz answers while it warms up
+	start := time.Now()
+	if err := srv.WarmUp(); err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return cmdenv.ExitFailed
+	}
+	a := dev.Allocator().Stats()
+	fmt.Fprintf(stdout, "serving %s on %s from %s: warmed up batches of %v in %v; the pool holds %d bytes (%d reserved)\n",
+		srv.Model(), dev.Name(), o.model, srv.Buckets(), time.Since(start).Round(time.Millisecond), a.Allocated[memory.All].Current, a.Reserved[memory.All].Current)
+	fmt.Fprintf(stdout, "ready on http://%s\n", ln.Addr())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	select {
+	case err := <-served:
+		fmt.Fprintf(stderr, "serve: %v\n", err)
+		return cmdenv.ExitFailed
+	case s := <-sigs:
+		fmt.Fprintf(stdout, "%s: answering the requests in flight (for at most %v), then exiting\n", cmdenv.SignalName(s), o.drain)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.drain)
+	defer cancel()
+	if err := hs.Shutdown(ctx); err != nil {
+		fmt.Fprintf(stderr, "serve: draining: %v\n", err)
+		return cmdenv.ExitFailed
+	}
+	return 0
+}

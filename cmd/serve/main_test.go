@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
+)
+
+// With LEANGRAD_TEST_SERVE set, the test binary is the serve command.
+func TestMain(m *testing.M) {
+	if os.Getenv("LEANGRAD_TEST_SERVE") == "" {
+		os.Exit(m.Run())
+	}
+	cmdenv.Setup()
+	os.Exit(cmdenv.Main("serve", func() int { return command(os.Args[1:], os.Stdout, os.Stderr, nil) }))
+}
+
+func serveCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "LEANGRAD_TEST_SERVE=1")
+	return cmd
+}
+
+// checkpoint is a ResNet-8 checkpoint as train -save writes it.
+func checkpoint(t *testing.T) string {
+	dev := tensor.CPU()
+	in := train.Inputs{Shape: []int{1, 28, 28}, Classes: 10, Mean: []float32{0.3}, Std: []float32{0.3}}
+	m, err := train.BuildModel(dev, "resnet8", in.Shape, in.Classes, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nn.Release(m)
+	tr, err := train.New(m, dev, train.Config{Model: "resnet8", Epochs: 1, Batch: 8, LR: 0.1, Seed: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Release()
+	tr.Inputs = &in
+	path := filepath.Join(t.TempDir(), "r8.st")
+	if err := tr.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The command end to end: it warms up, says where it listens, answers, and
+// on SIGTERM answers the request in flight before it exits 0.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	ck := checkpoint(t)
+	cmd := serveCmd("-addr", "127.0.0.1:0", "-device", "cpu", "-window", "400ms", ck)
+	out, _ := cmd.StdoutPipe()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(out)
+	var addr string
+	var said strings.Builder
+	for sc.Scan() {
+		said.WriteString(sc.Text() + "\n")
+		if a, ok := strings.CutPrefix(sc.Text(), "ready on http://"); ok {
+			addr = a
+			break
+		}
+	}
+	if addr == "" || !strings.Contains(said.String(), "warmed up batches of [1 2 4 8 16 32 64]") {
+		t.Fatalf("no ready line:\n%s%s", said.String(), stderr.String())
+	}
+	img := make([]float64, 784)
+	body, _ := json.Marshal(map[string]any{"images": [][]float64{img}})
+	type answer struct {
+		code int
+		body string
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/v1/predict", "application/json", bytes.NewReader(body))
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- answer{code: resp.StatusCode, body: string(b)}
+	}()
+	time.Sleep(100 * time.Millisecond) // the request waits in the batcher's 400 ms window
+	cmd.Process.Signal(syscall.SIGTERM)
+	a := <-got
+	for sc.Scan() { // to the end of its output, before Wait closes the pipe
+		said.WriteString(sc.Text() + "\n")
+	}
+	err := cmd.Wait()
+	if a.err != nil || a.code != 200 || !strings.Contains(a.body, `"predictions"`) {
+		t.Errorf("the request in flight at SIGTERM: %v %d %s", a.err, a.code, a.body)
+	}
+	if err != nil || !strings.Contains(said.String(), "SIGTERM: answering the requests in flight") {
+		t.Errorf("exit: %v\n%s%s", err, said.String(), stderr.String())
+	}
+}
+
+// Bad flags and models are one line each, before anything is loaded.
+func TestServeMistakes(t *testing.T) {
+	junk := filepath.Join(t.TempDir(), "junk.st")
+	os.WriteFile(junk, []byte("not a checkpoint"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, cmdenv.ExitUsage, "no model: give the checkpoint train -save wrote"},
+		{[]string{"/nonexistent.st"}, cmdenv.ExitUsage, "/nonexistent.st: no such file or directory"},
+		{[]string{"-max-batch", "0", "-addr", "nohost", junk}, cmdenv.ExitUsage, "-max-batch 0: want 1 or more"},
+		{[]string{"-device", "cpu", junk}, cmdenv.ExitNothingRan, junk + ":"},
+	} {
+		var o, e bytes.Buffer
+		cmd := serveCmd(tc.args...)
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(e.String(), tc.want) || strings.Contains(e.String(), "goroutine ") {
+			t.Errorf("serve %v: %v\n%s%s; want exit %d and %q", tc.args, err, o.String(), e.String(), tc.code, tc.want)
+		}
+	}
+}

@@ -1,0 +1,303 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/nn"
+)
+
+// Handler is the server's HTTP interface (see the package doc).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !s.Ready() {
+			http.Error(w, "warming up", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /metrics", s.m.serve)
+	if s.arch.Text {
+		mux.HandleFunc("POST /v1/generate", s.measured("/v1/generate", s.generate))
+	} else {
+		mux.HandleFunc("POST /v1/predict", s.measured("/v1/predict", s.predictHTTP))
+	}
+	return mux
+}
+
+// httpError is an error with the status it answers.
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// measured wraps a handler that returns an error: it answers the error as
+// JSON with its status, and records the request's status and latency.
+func (s *Server) measured(path string, h func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		code := http.StatusOK
+		if !s.Ready() {
+			code = http.StatusServiceUnavailable
+			writeError(w, code, "warming up: see /readyz")
+		} else if err := h(w, r); err != nil {
+			var he *httpError
+			var mb *http.MaxBytesError
+			switch {
+			case errors.As(err, &he):
+				code = he.code
+			case errors.As(err, &mb):
+				code = http.StatusRequestEntityTooLarge
+				err = fmt.Errorf("the body is over the %d bytes a request may have", mb.Limit)
+			case errors.Is(err, errOverloaded):
+				code = http.StatusServiceUnavailable
+			default:
+				code = http.StatusInternalServerError
+				err = fmt.Errorf("the model failed: %w", err)
+			}
+			writeError(w, code, err.Error())
+		}
+		s.m.request(path, code, time.Since(start))
+	}
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// body reads a request's body, refusing one over MaxBody before reading it
+// (by its Content-Length) or as soon as it passes the limit.
+func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength > s.opts.MaxBody {
+		return nil, &http.MaxBytesError{Limit: s.opts.MaxBody}
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBody))
+}
+
+// decodeJSON decodes a JSON body into v, refusing unknown fields and
+// anything after the object.
+func decodeJSON(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return badRequest("the body is not the JSON object expected: %v", err)
+	}
+	if d.More() {
+		return badRequest("the body has more after its JSON object")
+	}
+	return nil
+}
+
+// Prediction is one image's answer.
+type Prediction struct {
+	Class         int       `json:"class"`
+	Probabilities []float32 `json:"probabilities"`
+}
+
+func (s *Server) predictHTTP(w http.ResponseWriter, r *http.Request) error {
+	data, err := s.body(w, r)
+	if err != nil {
+		return err
+	}
+	C, H, W := s.in.Shape[0], s.in.Shape[1], s.in.Shape[2]
+	per := C * H * W
+	var pixels []float32 // in [0, 1]
+	n := 0
+	if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/octet-stream") {
+		dims, body, err := datasets.ParseIDX(data)
+		if err != nil {
+			return badRequest("the IDX body: %v", err)
+		}
+		if len(dims) < 2 || len(dims) > 4 || product(dims[1:]) != per {
+			return badRequest("IDX images of shape %v: the model takes N×%d×%d×%d (or N×%d×%d for one channel)", dims, C, H, W, H, W)
+		}
+		n = dims[0]
+		pixels = make([]float32, len(body))
+		for i, b := range body {
+			pixels[i] = float32(b) / 255
+		}
+	} else {
+		var req struct {
+			Images [][]float64 `json:"images"`
+		}
+		if err := decodeJSON(data, &req); err != nil {
+			return err
+		}
+		n = len(req.Images)
+		pixels = make([]float32, 0, n*per)
+		for i, im := range req.Images {
+			if len(im) != per {
+				return badRequest("image %d has %d values: the model takes %d×%d×%d = %d, flattened in C×H×W order", i, len(im), C, H, W, per)
+			}
+			for j, v := range im {
+				if !(v >= 0 && v <= 1) {
+					return badRequest("image %d, value %d is %v: pixels are in [0, 1]", i, j, v)
+				}
+				pixels = append(pixels, float32(v))
+			}
+		}
+	}
+	if n < 1 || n > s.opts.MaxBatch {
+		return badRequest("%d images: a request has 1 to %d", n, s.opts.MaxBatch)
+	}
+	plane := H * W
+	for i := range n {
+		for c := range C {
+			m, inv := s.in.Mean[c], 1/s.in.Std[c]
+			row := pixels[i*per+c*plane : i*per+(c+1)*plane]
+			for k, v := range row {
+				row[k] = (v - m) * inv
+			}
+		}
+	}
+	probs, err := s.predict(pixels, n)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Predictions []Prediction `json:"predictions"`
+	}{make([]Prediction, n)}
+	for i, p := range probs {
+		out.Predictions[i] = Prediction{Class: argmax(p), Probabilities: p}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(out)
+}
+
+// GenerateRequest is a /v1/generate body.
+type GenerateRequest struct {
+	Prompt      string   `json:"prompt"`
+	MaxTokens   int      `json:"max_tokens"`
+	Temperature *float64 `json:"temperature"` // default 0.8; 0: greedy
+	TopK        *int     `json:"top_k"`       // default 40; 0: all
+	Seed        uint64   `json:"seed"`
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
+	data, err := s.body(w, r)
+	if err != nil {
+		return err
+	}
+	var req GenerateRequest
+	if err := decodeJSON(data, &req); err != nil {
+		return err
+	}
+	prompt := s.tok.Encode(req.Prompt)
+	context := s.in.Shape[0]
+	sampling := nn.Sampling{Temperature: 0.8, TopK: 40, Rand: rand.New(rand.NewPCG(req.Seed, 0x5e))}
+	if req.Temperature != nil {
+		sampling.Temperature = *req.Temperature
+	}
+	if req.TopK != nil {
+		sampling.TopK = *req.TopK
+	}
+	switch {
+	case len(prompt) == 0:
+		return badRequest("an empty prompt: give the text to continue")
+	case len(prompt) >= context:
+		return badRequest("a prompt of %d tokens: the model's context is %d", len(prompt), context)
+	case req.MaxTokens < 1 || len(prompt)+req.MaxTokens > context:
+		return badRequest("max_tokens %d after a prompt of %d tokens: want 1 to %d (the context is %d)", req.MaxTokens, len(prompt), context-len(prompt), context)
+	case !(sampling.Temperature >= 0) || math.IsInf(sampling.Temperature, 0):
+		return badRequest("temperature %v: want 0 (greedy) or more", sampling.Temperature)
+	case sampling.TopK < 0:
+		return badRequest("top_k %d: want 0 (all) or more", sampling.TopK)
+	}
+	select {
+	case s.gens <- struct{}{}:
+		defer func() { <-s.gens }()
+	default:
+		return errOverloaded
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	flusher, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	var toks []int32
+	sent := 0 // bytes of the decoded text already sent
+	sampling.OnToken = func(tok int32) bool {
+		toks = append(toks, tok)
+		text := s.tok.Decode(toks)
+		if !utf8.ValidString(text[sent:]) { // a character split across tokens: wait for the rest
+			return r.Context().Err() == nil
+		}
+		if err := enc.Encode(map[string]any{"token": tok, "text": text[sent:]}); err != nil {
+			return false
+		}
+		sent = len(text)
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return r.Context().Err() == nil // the client went away: stop
+	}
+	if _, err := s.model.(*nn.GPT).Generate(s.dev.Session(), prompt, req.MaxTokens, sampling); err != nil {
+		if len(toks) == 0 {
+			return err
+		}
+		enc.Encode(map[string]any{"error": err.Error()})
+		return nil
+	}
+	s.answered(1)
+	return enc.Encode(map[string]any{"done": true, "text": s.tok.Decode(toks), "tokens": len(toks)})
+}
+
+func product(d []int) int {
+	p := 1
+	for _, v := range d {
+		p *= v
+	}
+	return p
+}
+
+func argmax(p []float32) int {
+	best := 0
+	for i, v := range p {
+		if v > p[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// softmaxRows is the softmax of each row of k logits, in float64.
+func softmaxRows(logits []float32, k int) [][]float32 {
+	rows := make([][]float32, len(logits)/k)
+	for i := range rows {
+		row := logits[i*k : (i+1)*k]
+		m := math.Inf(-1)
+		for _, v := range row {
+			m = max(m, float64(v))
+		}
+		var sum float64
+		e := make([]float64, k)
+		for j, v := range row {
+			e[j] = math.Exp(float64(v) - m)
+			sum += e[j]
+		}
+		p := make([]float32, k)
+		for j := range p {
+			p[j] = float32(e[j] / sum)
+		}
+		rows[i] = p
+	}
+	return rows
+}
