@@ -195,7 +195,7 @@ type runner struct {
 	micro         int // the micro-batch size the budget chose (0: whole batches)
 	model         nn.Model
 	t             *train.Trainer
-	resumed       int // epochs of the history that ran before this run
+	resumed       int       // epochs of the history that ran before this run
 	startEpoch    int       // the epoch the run starts at (a resumed checkpoint's)
 	mean, std     []float32 // the images' normalisation
 	wall          time.Duration

@@ -67,7 +67,7 @@ const checkpointVersion = 2
 // CheckpointInfo is what a training checkpoint says about its run.
 type CheckpointInfo struct {
 	Config   Config
-	Inputs   *Inputs // nil in checkpoints written before they were recorded
+	Inputs   *Inputs   // nil in checkpoints written before they were recorded
 	Epoch    int       // the epoch it resumes at, from 0
 	Position *Position // where in it (nil: at its start)
 	Verified bool      // it carried checksums, and they matched
