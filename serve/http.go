@@ -115,6 +115,13 @@ type Prediction struct {
 }
 
 func (s *Server) predictHTTP(w http.ResponseWriter, r *http.Request) error {
+	s.arriving.Add(1)
+	arriving := true
+	defer func() {
+		if arriving {
+			s.arriving.Add(-1)
+		}
+	}()
 	data, err := s.body(w, r)
 	if err != nil {
 		return err
@@ -170,7 +177,7 @@ func (s *Server) predictHTTP(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	probs, err := s.predict(pixels, n)
+	probs, err := s.predict(pixels, n, func() { s.arriving.Add(-1); arriving = false })
 	if err != nil {
 		return err
 	}

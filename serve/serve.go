@@ -44,7 +44,9 @@ type Options struct {
 	// Requests are batched up to it; a request of more is refused.
 	MaxBatch int
 	// Window is how long the batcher waits, after a request arrives, for
-	// others to join its batch (default 2 ms; a full batch goes at once).
+	// others to join its batch (default 2 ms). It waits only while other
+	// requests are arriving (read and parsed, not yet queued): a lone
+	// client's request runs at once, and a full batch goes at once.
 	Window time.Duration
 	// Queue bounds the requests waiting for the device (default 1024);
 	// beyond it requests get 503. For a GPT it bounds the generations
@@ -77,22 +79,23 @@ func (o Options) withDefaults() Options {
 
 // Server serves one model on one device.
 type Server struct {
-	dev     *tensor.Device
-	model   nn.Model
-	arch    train.Arch
-	cfg     train.Config
-	in      train.Inputs
-	tok     datasets.Tokenizer // a GPT's
-	opts    Options
-	buckets []int // the batch sizes forward passes run at
-	queue   chan *request
-	gens    chan struct{} // a GPT's running generations
-	ready   atomic.Bool
-	answers atomic.Int64 // requests answered, for EmptyCacheEvery
-	m       *metrics
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	closed  sync.Once
+	dev      *tensor.Device
+	model    nn.Model
+	arch     train.Arch
+	cfg      train.Config
+	in       train.Inputs
+	tok      datasets.Tokenizer // a GPT's
+	opts     Options
+	buckets  []int // the batch sizes forward passes run at
+	queue    chan *request
+	gens     chan struct{} // a GPT's running generations
+	ready    atomic.Bool
+	answers  atomic.Int64 // requests answered, for EmptyCacheEvery
+	arriving atomic.Int64 // predict requests being read and parsed, not yet queued
+	m        *metrics
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closed   sync.Once
 }
 
 // Open loads a checkpoint written by train -save (Trainer.Save): the model
@@ -217,12 +220,15 @@ type result struct {
 // errOverloaded is a request refused because the queue is full.
 var errOverloaded = errors.New("the server is overloaded: its queue is full; try again")
 
-// predict queues n normalised images and waits for their probabilities.
-func (s *Server) predict(x []float32, n int) ([][]float32, error) {
+// predict queues n normalised images and waits for their probabilities;
+// queued is called once the request is in the queue (or refused).
+func (s *Server) predict(x []float32, n int, queued func()) ([][]float32, error) {
 	r := &request{x: x, n: n, reply: make(chan result, 1)}
 	select {
 	case s.queue <- r:
+		queued()
 	default:
+		queued()
 		return nil, errOverloaded
 	}
 	res := <-r.reply
@@ -262,8 +268,22 @@ func (s *Server) batcher() {
 					break gather
 				}
 				batch, n = append(batch, r), n+r.n
+				continue
+			default:
+			}
+			if s.arriving.Load() == 0 {
+				break // no one else is coming: do not wait for nothing
+			}
+			select {
+			case r := <-s.queue:
+				if n+r.n > s.opts.MaxBatch {
+					held = r
+					break gather
+				}
+				batch, n = append(batch, r), n+r.n
 			case <-deadline.C:
 				break gather
+			case <-time.After(50 * time.Microsecond): // look at the arrivals again
 			}
 		}
 		deadline.Stop()

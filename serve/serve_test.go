@@ -285,14 +285,16 @@ func TestGenerate(t *testing.T) {
 }
 
 var (
-	loadRequests   = flag.Int("load.requests", 500, "TestLoad: requests in each run")
+	loadRequests   = flag.Int("load.requests", 500, "TestLoad: requests of the batched run")
+	loadSingle     = flag.Int("load.single", 0, "TestLoad: requests of the one-client run (0: -load.requests)")
 	loadClients    = flag.Int("load.clients", 16, "TestLoad: concurrent clients of the batched run")
 	loadCheckpoint = flag.String("load.checkpoint", "", "TestLoad: the checkpoint to serve (default: an untrained ResNet-8) on -load.device")
 	loadDevice     = flag.String("load.device", "cpu", "TestLoad: the device")
 )
 
-// TestLoad is the load test: -load.requests requests of one image each
-// from one client, then from -load.clients, on the loopback address, with
+// TestLoad is the load test: requests of one image each from one client
+// (-load.single), then -load.requests from -load.clients, on the loopback
+// address, with
 // and without EmptyCache every 1000 requests. No request may fail, and the
 // pool must hold, to the byte, what it held after the warm-up, with the
 // reserved bytes flat. It reports each run's throughput and latencies and
@@ -324,7 +326,11 @@ func TestLoad(t *testing.T) {
 		per := s.in.Shape[0] * s.in.Shape[1] * s.in.Shape[2]
 		for _, clients := range []int{1, *loadClients} {
 			images0, batches0 := s.m.batchTotals()
-			r := load(t, hs.URL+"/v1/predict", *loadRequests, clients, per)
+			n := *loadRequests
+			if clients == 1 && *loadSingle > 0 {
+				n = *loadSingle
+			}
+			r := load(t, hs.URL+"/v1/predict", n, clients, per)
 			images1, batches1 := s.m.batchTotals()
 			after := a.Stats()
 			t.Logf("empty-cache-every %d, %2d clients: %d requests in %.2f s: %.0f requests/s, latency p50 %.2f ms, p99 %.2f ms, first %.2f ms (%.2fx the median); %.1f images a forward pass",
