@@ -32,6 +32,10 @@ type Backend struct {
 	// chunkBudget caps one chunk of attention's or the classifier's
 	// workspace (defaultChunkBudget).
 	chunkBudget int
+	// tensorCores says the device runs mma.sync on F16 and BF16 (sm_80 on),
+	// which the flash attention kernels need; noFlash (tests) runs the
+	// chunked attention instead.
+	tensorCores, noFlash bool
 	opts        Options
 	asked       Options // opts as given to Open, for the conflict check
 
@@ -134,6 +138,7 @@ func open(index int, opts Options) (*Backend, error) {
 		return int(v)
 	}
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
+	b.tensorCores = attr(attrComputeCapMajor) >= 8
 	b.sms = attr(attrMultiprocessorCount)
 	b.chunkBudget = defaultChunkBudget
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {

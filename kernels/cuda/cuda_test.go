@@ -72,6 +72,35 @@ func TestCUDATransformerChunks(t *testing.T) {
 	kerneltest.Run(t, b, "attention", "classifier")
 }
 
+// TestCUDAFlashAttention: on tensor cores, F16 and BF16 attention of head
+// width 64 runs the flash kernels (the conformance cases check their
+// results); the chunked path takes the rest, and all of it with noFlash.
+func TestCUDAFlashAttention(t *testing.T) {
+	b := testBackend(t)
+	if !b.tensorCores {
+		t.Skipf("%s has no mma.sync for F16 and BF16", b.arch)
+	}
+	for _, noFlash := range []bool{false, true} {
+		b.noFlash = noFlash
+		b.StartProfile()
+		kerneltest.Run(t, b, "attention")
+		ops, err := b.StopProfile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, op := range ops {
+			seen[op.Op] = true
+		}
+		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
+			if seen[k] == noFlash {
+				t.Errorf("noFlash %v: %s ran: %v", noFlash, k, seen[k])
+			}
+		}
+	}
+	b.noFlash = false
+}
+
 func TestCUDAMissingDriverIsReported(t *testing.T) {
 	err := Available()
 	if err == nil {

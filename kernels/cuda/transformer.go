@@ -81,6 +81,68 @@ type (
 		attnLayout
 		Do, O, Dvec uintptr
 	}
+	flashFwdArgs struct {
+		B, H, Tq, Tk int32
+		Scale        float32
+		Q            uintptr
+		QRow         int32
+		QBatch       int64
+		K            uintptr
+		KRow         int32
+		KBatch       int64
+		V            uintptr
+		VRow         int32
+		VBatch       int64
+		O            uintptr
+		ORow         int32
+		OBatch       int64
+		Lse          uintptr
+	}
+	flashBwdKVArgs struct {
+		B, H, Tn int32
+		Scale    float32
+		Q        uintptr
+		QRow     int32
+		QBatch   int64
+		K        uintptr
+		KRow     int32
+		KBatch   int64
+		V        uintptr
+		VRow     int32
+		VBatch   int64
+		Do       uintptr
+		DoRow    int32
+		DoBatch  int64
+		Lse      uintptr
+		Dvec     uintptr
+		Dk       uintptr
+		DkRow    int32
+		DkBatch  int64
+		Dv       uintptr
+		DvRow    int32
+		DvBatch  int64
+	}
+	flashBwdQArgs struct {
+		B, H, Tn int32
+		Scale    float32
+		Q        uintptr
+		QRow     int32
+		QBatch   int64
+		K        uintptr
+		KRow     int32
+		KBatch   int64
+		V        uintptr
+		VRow     int32
+		VBatch   int64
+		Do       uintptr
+		DoRow    int32
+		DoBatch  int64
+		Lse      uintptr
+		Dvec     uintptr
+		Dq       uintptr
+		DqRow    int32
+		DqBatch  int64
+	}
 	clsRowsArgs struct {
 		V, Ld, R0                    int32
 		Z, Labels, RowLoss, RowRight uintptr
@@ -125,6 +187,10 @@ var (
 	kAttnDScores    = declareTyped[attnDScoresArgs]("attn_dscores")
 	kAttnRowDot     = declareTyped[attnRowDotArgs]("attn_rowdot")
 	kClsRows        = declareTyped[clsRowsArgs]("cls_rows")
+	// The flash kernels exist for the tensor cores' F16 and BF16 only.
+	kFlashFwd   = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
+	kFlashBwdKV = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
+	kFlashBwdQ  = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
 	kClsFinish      = declareKernel[clsFinishArgs]("cls_finish")
 	kSumsqMulti     = declareKernel[sumsqMultiArgs]("sumsq_multi")
 	kClipFinish     = declareKernel[clipFinishArgs]("clip_finish")
@@ -232,6 +298,13 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	s := floatType("attention", q, k, v, o)
 	b.enter()
 	defer b.exit()
+	if b.flash(p, s, q, k, v, o) {
+		kFlashFwd[s].launch(b, 0, dims{uint32((p.Tq + flashTile - 1) / flashTile), uint32(p.B * p.H), 128}, flashFwdArgs{
+			int32(p.B), int32(p.H), int32(p.Tq), int32(p.Tk), p.Scale,
+			ptrOf(q), int32(p.QRow), int64(p.QBatch), ptrOf(k), int32(p.KRow), int64(p.KBatch),
+			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
+		return
+	}
 	bh, es := p.B*p.H, int64(q.DType.Size())
 	qh, kh, vh := b.workspace(int64(bh*p.Tq*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es)
 	defer b.alloc.Free(qh)
@@ -261,6 +334,34 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	kAttnScatter.launch(b, s, b.elems(int64(bh*p.Tq*D)), attnMoveArgs{layout(p, p.Tq, p.ORow, p.OBatch), oh.Addr(), ptrOf(o)})
 }
 
+// flashTile is the flash kernels' block of queries or keys; flashD the head
+// width they are compiled for (FLASH_TILE, FLASH_D in flash.cu).
+const (
+	flashTile = 64
+	flashD    = 64
+)
+
+// flash reports whether the flash kernels take an attention: F16 or BF16
+// operands of head width flashD on sm_80 or later, at least as many keys as
+// queries, every operand's strides a multiple of 8 elements and its offset
+// of 16 bytes (tiles move 16 bytes at a time), and not Backend.noFlash.
+func (b *Backend) flash(p kernels.AttentionParams, s kernels.DType, bufs ...kernels.Buf) bool {
+	if b.noFlash || !b.tensorCores || (s != kernels.F16 && s != kernels.BF16) || p.D != flashD || p.Tk < p.Tq {
+		return false
+	}
+	for _, n := range []int{p.QRow, p.KRow, p.VRow, p.ORow, p.QBatch, p.KBatch, p.VBatch, p.OBatch} {
+		if n%8 != 0 {
+			return false
+		}
+	}
+	for _, x := range bufs {
+		if x.Off%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func layout(p kernels.AttentionParams, t, row, batch int) attnLayout {
 	return attnLayout{int32(p.B), int32(p.H), int32(t), int32(p.D), int32(row), int64(batch)}
 }
@@ -282,6 +383,21 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	s := floatType("attention backward", q, k, v, o, do, dq, dk, dv)
 	b.enter()
 	defer b.exit()
+	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
+		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
+		defer b.alloc.Free(dvec)
+		kAttnRowDot.launch(b, s, b.elems(int64(p.B*p.H*p.Tq)), attnRowDotArgs{layout(p, p.Tq, p.ORow, p.OBatch), ptrOf(do), ptrOf(o), dvec.Addr()})
+		grid := dims{uint32((p.Tq + flashTile - 1) / flashTile), uint32(p.B * p.H), 128}
+		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
+		kFlashBwdKV[s].launch(b, 0, grid, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
+			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
+			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
+			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch)})
+		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
+			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
+			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(), ptrOf(dq), int32(p.QRow), int64(p.QBatch)})
+		return
+	}
 	T, D, bh, es := p.Tq, p.D, p.B*p.H, int64(q.DType.Size())
 	n := int64(bh * T * D)
 	var blocks []*memory.Block

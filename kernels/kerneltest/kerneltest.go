@@ -771,7 +771,10 @@ var cases = []testCase{
 	}},
 	{"attention", func(s *suite) {
 		for _, dt := range dtypes {
-			for _, c := range []struct{ B, H, D, Tq, Tk int }{{1, 1, 8, 1, 1}, {2, 3, 16, 37, 37}, {1, 2, 64, 300, 300}, {3, 2, 32, 1, 50}, {2, 4, 8, 5, 64}} {
+			// D = 64 runs CUDA's flash kernels at F16 and BF16: whole
+			// tiles, a ragged last tile, a decoding step over a cache.
+			for _, c := range []struct{ B, H, D, Tq, Tk int }{{1, 1, 8, 1, 1}, {2, 3, 16, 37, 37}, {1, 2, 64, 300, 300}, {3, 2, 32, 1, 50},
+				{2, 4, 8, 5, 64}, {2, 3, 64, 128, 128}, {1, 2, 64, 3, 70}, {1, 1, 64, 1, 1}} {
 				C := c.H * c.D
 				// q, k, v packed as a GPT's c_attn makes them when Tq = Tk;
 				// separate (a decoding step over a cache) otherwise.

@@ -1,0 +1,398 @@
+// Fused causal attention on tensor cores (flash attention, in the manner of
+// FlashAttention-2), for F16 and BF16 operands with F32 accumulation and a
+// head width of FLASH_D. No kernel stores a score matrix: scores live in
+// registers a tile at a time.
+//
+//   flash_fwd     a block per 64 queries of one (batch, head): the key tiles
+//                 in turn, online softmax; o and the log-sum-exp written.
+//   flash_bwd_kv  a block per 64 keys: the query tiles that see them in
+//                 turn, p recomputed from the log-sum-exp; dk and dv
+//                 accumulated in registers and written once.
+//   flash_bwd_q   a block per 64 queries: the key tiles in turn; dq
+//                 accumulated in registers and written once.
+//
+// Each reduction runs in a fixed order (no atomics), so results repeat bit
+// for bit. Operands are strided [B, T, H, D] as attn_gather reads them;
+// lse and dvec (Σ do·o, attn_rowdot's) are [B·H, T] F32. A warp owns 16
+// rows of its block's 64 and runs mma.sync.m16n8k16; its A fragments come
+// from global memory as 32-bit pairs, the tiles it shares into shared
+// memory 16 bytes at a time and its B fragments from there by ldmatrix, so
+// the strides and offsets must be multiples of 8 elements (the Go side
+// checks). The tiles' rows are FLASH_D + 8 halves (144 bytes), which keeps
+// ldmatrix free of bank conflicts. Scores are kept in log2 units (scale·log2 e folded in) for
+// exp2.
+
+#define FLASH_D 64
+#define FLASH_TILE 64
+#define FLASH_LD (FLASH_D + 8)
+#define LOG2E 1.4426950408889634f
+
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
+    return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+}
+template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
+    return (unsigned)f2bf(lo).x | ((unsigned)f2bf(hi).x << 16);
+}
+
+// mma16816 is c += a·b for a 16×16 A (row-major fragment, 4 registers), a
+// 16×8 B (column fragment, 2 registers) and a 16×8 F32 C.
+template <typename T> __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b);
+template <> __device__ __forceinline__ void mma16816<f16>(float* c, const unsigned* a, const unsigned* b) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+template <> __device__ __forceinline__ void mma16816<bf16>(float* c, const unsigned* a, const unsigned* b) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// A strided operand: element (b, t, h, d) at b·batch + t·row + h·D + d.
+struct FlashOperand {
+    const unsigned short* p;
+    int row;
+    i64 batch;
+};
+
+// load32 is the pair of elements (t, d), (t, d+1) of head (b, h), or 0
+// past the T rows.
+__device__ __forceinline__ unsigned load32(FlashOperand x, int b, int h, int t, int d, int T) {
+    if (t >= T) return 0u;
+    return *(const unsigned*)(x.p + b * x.batch + (i64)t * x.row + h * FLASH_D + d);
+}
+
+// load_tile copies rows t0.. of a head into a FLASH_TILE × FLASH_LD shared
+// tile (zeros past T), 16 bytes at a time, with every thread of the block.
+__device__ __forceinline__ void load_tile(unsigned short* tile, FlashOperand x, int b, int h, int t0, int T) {
+    const int per = FLASH_D / 8; // 16-byte pieces a row
+    for (int i = threadIdx.x; i < FLASH_TILE * per; i += blockDim.x) {
+        int r = i / per, c = i % per;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (t0 + r < T) v = *(const uint4*)(x.p + b * x.batch + (i64)(t0 + r) * x.row + h * FLASH_D + 8 * c);
+        *(uint4*)(tile + r * FLASH_LD + 8 * c) = v;
+    }
+}
+
+// smem_addr is a shared-memory pointer as the 32-bit address ldmatrix takes.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// The A fragment (16×16, rows r0.., columns k0..) of a strided operand, from
+// global memory.
+__device__ __forceinline__ void frag_a_global(unsigned* a, FlashOperand x, int b, int h, int r0, int k0, int T) {
+    int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    a[0] = load32(x, b, h, r0 + g, k0 + 2 * q, T);
+    a[1] = load32(x, b, h, r0 + g + 8, k0 + 2 * q, T);
+    a[2] = load32(x, b, h, r0 + g, k0 + 2 * q + 8, T);
+    a[3] = load32(x, b, h, r0 + g + 8, k0 + 2 * q + 8, T);
+}
+
+// frag_bt loads the B fragments (16×8 each) of tileᵀ for the columns n0..
+// and n0+8..: B[k][n] = tile[n0+n][k0+k], with one ldmatrix of four 8×8
+// matrices (lane l gives the address of row l%8 of matrix l/8); bf[0..1]
+// is n0's fragment, bf[2..3] n0+8's.
+__device__ __forceinline__ void frag_bt(unsigned* bf, const unsigned short* tile, int n0, int k0) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    unsigned a = smem_addr(tile + (n0 + (m >> 1) * 8 + r) * FLASH_LD + k0 + (m & 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(a));
+}
+
+// frag_b loads the B fragments of the tile itself for the columns n0.. and
+// n0+8..: B[k][n] = tile[k0+k][n0+n], with one transposing ldmatrix.
+__device__ __forceinline__ void frag_b(unsigned* bf, const unsigned short* tile, int k0, int n0) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    unsigned a = smem_addr(tile + (k0 + (m & 1) * 8 + r) * FLASH_LD + n0 + (m >> 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(a));
+}
+
+// c_to_a packs two C fragments (16×8 each: columns 16j.. and 16j+8..) into
+// the A fragment (16×16) of the next product, in T.
+template <typename T> __device__ __forceinline__ void c_to_a(unsigned* a, const float* c0, const float* c1) {
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// store32 writes the pair (t, d), (t, d+1) of head (b, h) of a strided T
+// operand, if t < T.
+template <typename T>
+__device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, int b, int h, int t, int d, int Tn, float x, float y) {
+    if (t < Tn) *(unsigned*)(p + b * batch + (i64)t * row + h * FLASH_D + d) = pack2<T>(x, y);
+}
+
+#define NT (FLASH_TILE / 8) // 8-column tiles of a 64-wide score tile
+#define DT (FLASH_D / 8)    // 8-column tiles of a row of o
+#define KS (FLASH_D / 16)   // 16-deep steps over a head
+
+// flash_fwd: o = softmax(scale·q·kᵀ, causal)·v, lse its log-sum-exp.
+// Grid (⌈Tq/64⌉, B·H), 128 threads. Query i sees keys 0..Tk−Tq+i.
+template <typename T>
+__device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
+                          unsigned short* o, int orow, i64 obatch, float* lse) {
+    __shared__ __align__(16) unsigned short sk[FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sv[FLASH_TILE * FLASH_LD];
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE; // the costliest blocks first
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+    int r0 = q0 + warp * 16;
+    float sl2 = scale * LOG2E;
+    unsigned qa[KS][4];
+    for (int s = 0; s < KS; s++) frag_a_global(qa[s], q, b, h, r0, 16 * s, Tq);
+    float acc[DT][4];
+    for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    int shift = Tk - Tq;
+    int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
+    for (int k0 = 0; k0 <= last; k0 += FLASH_TILE) {
+        __syncthreads();
+        load_tile(sk, k, b, h, k0, Tk);
+        load_tile(sv, v, b, h, k0, Tk);
+        __syncthreads();
+        float s[NT][4];
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < NT; n += 2)
+            for (int d = 0; d < KS; d++) {
+                unsigned bf[4];
+                frag_bt(bf, sk, 8 * n, 16 * d);
+                mma16816<T>(s[n], qa[d], bf);
+                mma16816<T>(s[n + 1], qa[d], bf + 2);
+            }
+        float mx[2] = {m[0], m[1]};
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) {
+                int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
+                float x = (key > shift + row || key >= Tk) ? -INFINITY : s[n][e] * sl2;
+                s[n][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        for (int r = 0; r < 2; r++) {
+            mx[r] = quad_max(mx[r]);
+            float alpha = exp2f(m[r] - mx[r]); // 0 the first time
+            m[r] = mx[r];
+            l[r] *= alpha;
+            for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha, acc[j][2 * r + 1] *= alpha;
+        }
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[n][e] - m[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+            unsigned pa[4];
+            c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+            for (int j = 0; j < DT; j += 2) {
+                unsigned bf[4];
+                frag_b(bf, sv, 16 * kk, 8 * j);
+                mma16816<T>(acc[j], pa, bf);
+                mma16816<T>(acc[j + 1], pa, bf + 2);
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        float lr = quad_sum(l[r]);
+        int row = r0 + g + 8 * r;
+        float inv = 1.f / lr;
+        for (int j = 0; j < DT; j++) store32<T>(o, orow, obatch, b, h, row, 8 * j + 2 * qd, Tq, acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+        if (qd == 0 && row < Tq) lse[(i64)bh * Tq + row] = (m[r] + log2f(lr)) / LOG2E;
+    }
+}
+
+// flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of 64 keys,
+// over the query tiles that see them (Tq == Tk). Grid (⌈T/64⌉, B·H).
+template <typename T>
+__device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
+                             FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
+                             i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch) {
+    __shared__ __align__(16) unsigned short sq[FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sdo[FLASH_TILE * FLASH_LD];
+    __shared__ float slse[FLASH_TILE], sdvec[FLASH_TILE];
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int k0 = blockIdx.x * FLASH_TILE;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+    int r0 = k0 + warp * 16; // this warp's keys
+    float sl2 = scale * LOG2E;
+    unsigned ka[KS][4], va[KS][4];
+    for (int s = 0; s < KS; s++) {
+        frag_a_global(ka[s], k, b, h, r0, 16 * s, Tn);
+        frag_a_global(va[s], v, b, h, r0, 16 * s, Tn);
+    }
+    float dka[DT][4], dva[DT][4];
+    for (int j = 0; j < DT; j++)
+        for (int e = 0; e < 4; e++) dka[j][e] = dva[j][e] = 0.f;
+    for (int t0 = k0 / FLASH_TILE * FLASH_TILE; t0 < Tn; t0 += FLASH_TILE) {
+        __syncthreads();
+        load_tile(sq, q, b, h, t0, Tn);
+        load_tile(sdo, dout, b, h, t0, Tn);
+        for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) {
+            int t = t0 + i;
+            slse[i] = t < Tn ? lse[(i64)bh * Tn + t] * LOG2E : INFINITY;
+            sdvec[i] = t < Tn ? dvec[(i64)bh * Tn + t] : 0.f;
+        }
+        __syncthreads();
+        // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
+        float p[NT][4], dp[NT][4];
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) p[n][e] = dp[n][e] = 0.f;
+        for (int n = 0; n < NT; n += 2)
+            for (int d = 0; d < KS; d++) {
+                unsigned bf[4];
+                frag_bt(bf, sq, 8 * n, 16 * d);
+                mma16816<T>(p[n], ka[d], bf);
+                mma16816<T>(p[n + 1], ka[d], bf + 2);
+                frag_bt(bf, sdo, 8 * n, 16 * d);
+                mma16816<T>(dp[n], va[d], bf);
+                mma16816<T>(dp[n + 1], va[d], bf + 2);
+            }
+        for (int n = 0; n < NT; n++) {
+            for (int e = 0; e < 4; e++) {
+                int key = r0 + g + (e >> 1) * 8, qi = 8 * n + 2 * qd + (e & 1), query = t0 + qi;
+                float x = (key > query || query >= Tn) ? 0.f : exp2f(p[n][e] * sl2 - slse[qi]);
+                p[n][e] = x;
+                dp[n][e] = x * (dp[n][e] - sdvec[qi]) * scale; // dsᵀ
+            }
+        }
+        // dv += pᵀ·do, dk += dsᵀ·q
+        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+            unsigned pa[4], da[4];
+            c_to_a<T>(pa, p[2 * kk], p[2 * kk + 1]);
+            c_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
+            for (int j = 0; j < DT; j += 2) {
+                unsigned bf[4];
+                frag_b(bf, sdo, 16 * kk, 8 * j);
+                mma16816<T>(dva[j], pa, bf);
+                mma16816<T>(dva[j + 1], pa, bf + 2);
+                frag_b(bf, sq, 16 * kk, 8 * j);
+                mma16816<T>(dka[j], da, bf);
+                mma16816<T>(dka[j + 1], da, bf + 2);
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        int key = r0 + g + 8 * r;
+        for (int j = 0; j < DT; j++) {
+            store32<T>(dk, dkrow, dkbatch, b, h, key, 8 * j + 2 * qd, Tn, dka[j][2 * r], dka[j][2 * r + 1]);
+            store32<T>(dv, dvrow, dvbatch, b, h, key, 8 * j + 2 * qd, Tn, dva[j][2 * r], dva[j][2 * r + 1]);
+        }
+    }
+}
+
+// flash_bwd_q: dq = ds·k for a block of 64 queries, over the key tiles they
+// see (Tq == Tk). Grid (⌈T/64⌉, B·H).
+template <typename T>
+__device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
+                            FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
+                            i64 dqbatch) {
+    __shared__ __align__(16) unsigned short sk[FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sv[FLASH_TILE * FLASH_LD];
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+    int r0 = q0 + warp * 16;
+    float sl2 = scale * LOG2E;
+    unsigned qa[KS][4], da[KS][4];
+    for (int s = 0; s < KS; s++) {
+        frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
+        frag_a_global(da[s], dout, b, h, r0, 16 * s, Tn);
+    }
+    float rl[2], rd[2];
+    for (int r = 0; r < 2; r++) {
+        int row = r0 + g + 8 * r;
+        rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
+        rd[r] = row < Tn ? dvec[(i64)bh * Tn + row] : 0.f;
+    }
+    float acc[DT][4];
+    for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    int last = min(q0 + FLASH_TILE, Tn) - 1;
+    for (int k0 = 0; k0 <= last; k0 += FLASH_TILE) {
+        __syncthreads();
+        load_tile(sk, k, b, h, k0, Tn);
+        load_tile(sv, v, b, h, k0, Tn);
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+        for (int n = 0; n < NT; n += 2)
+            for (int d = 0; d < KS; d++) {
+                unsigned bf[4];
+                frag_bt(bf, sk, 8 * n, 16 * d);
+                mma16816<T>(s[n], qa[d], bf);
+                mma16816<T>(s[n + 1], qa[d], bf + 2);
+                frag_bt(bf, sv, 8 * n, 16 * d);
+                mma16816<T>(dp[n], da[d], bf);
+                mma16816<T>(dp[n + 1], da[d], bf + 2);
+            }
+        for (int n = 0; n < NT; n++) {
+            for (int e = 0; e < 4; e++) {
+                int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
+                float p = (key > row || key >= Tn) ? 0.f : exp2f(s[n][e] * sl2 - rl[e >> 1]);
+                s[n][e] = p * (dp[n][e] - rd[e >> 1]) * scale; // ds
+            }
+        }
+        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+            unsigned a[4];
+            c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+            for (int j = 0; j < DT; j += 2) {
+                unsigned bf[4];
+                frag_b(bf, sk, 16 * kk, 8 * j);
+                mma16816<T>(acc[j], a, bf);
+                mma16816<T>(acc[j + 1], a, bf + 2);
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < DT; j++)
+            store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r], acc[j][2 * r + 1]);
+}
+
+#define FLASH(T, S)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(128) flash_fwd_##S(                                             \
+        int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
+        i64 kbatch, const T* v, int vrow, i64 vbatch, T* o, int orow, i64 obatch, float* lse) {                  \
+        flash_fwd<T>(B, H, Tq, Tk, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                 \
+                     FlashOperand{(const unsigned short*)k, krow, kbatch},                                       \
+                     FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(128) flash_bwd_kv_##S(                                          \
+        int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
+        const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
+        const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
+        flash_bwd_kv<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                  \
+                        FlashOperand{(const unsigned short*)k, krow, kbatch},                                    \
+                        FlashOperand{(const unsigned short*)v, vrow, vbatch},                                    \
+                        FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec,                    \
+                        (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch);               \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(128) flash_bwd_q_##S(                                           \
+        int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
+        const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
+        const float* dvec, T* dq, int dqrow, i64 dqbatch) {                                                      \
+        flash_bwd_q<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                   \
+                       FlashOperand{(const unsigned short*)k, krow, kbatch},                                     \
+                       FlashOperand{(const unsigned short*)v, vrow, vbatch},                                     \
+                       FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec, (unsigned short*)dq, \
+                       dqrow, dqbatch);                                                                          \
+    }
+FLASH(f16, f16)
+FLASH(bf16, bf16)
