@@ -267,7 +267,7 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	s := floatType("layer norm backward", x, dy, dx)
 	b.enter()
 	defer b.exit()
-	blocks := b.lnBlocks(p.Rows)
+	blocks := max(1, min((p.Rows+lnWarps-1)/lnWarps, b.sms)) // fewer warps than the forward's: each one's sums are a row for layernorm_grads to add
 	warps := blocks * lnWarps
 	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)

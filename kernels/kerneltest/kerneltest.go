@@ -302,6 +302,8 @@ var cases = []testCase{
 			{{1}, {9, 3}, {9, 3}},
 			{{3, 1}, {1, 4}, {3, 4}},
 			{{5, 1, 3, 1, 2}, {4, 1, 7, 1}, {5, 4, 3, 7, 2}},
+			{{300, 70}, {70}, {300, 70}},     // a linear layer's bias
+			{{300, 70}, {300, 1}, {300, 70}}, // a scale a row
 		}
 		for _, dt := range dtypes {
 			for _, op := range kernels.BinaryOps() {

@@ -44,6 +44,15 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
         GRID_STRIDE(i, n) st(y, i, binary_f(op, ld(a, i), ld(b, i)));
         return;
     }
+    if (bc.ndim == 2) { // a linear layer's bias, a row's scale: blocks stride over rows, threads along them, no division
+        int rows = bc.shape[0], cols = bc.shape[1];
+        for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+            i64 ra = (i64)r * bc.sa[0], rb = (i64)r * bc.sb[0], ry = (i64)r * cols;
+            for (int c = threadIdx.x; c < cols; c += blockDim.x)
+                st(y, ry + c, binary_f(op, ld(a, ra + (i64)c * bc.sa[1]), ld(b, rb + (i64)c * bc.sb[1])));
+        }
+        return;
+    }
     GRID_STRIDE(i, n) {
         int rem = (int)i, oa = 0, ob = 0;
         for (int d = bc.ndim - 1; d >= 0; d--) {

@@ -106,10 +106,60 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 
 // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
 // dy·x̂ and dy into its own row of partial (2·cols floats), which
-// layernorm_grads sums over the warps in order.
+// layernorm_grads sums over the warps in order. Rows of up to
+// LN_REG_COLS columns keep a warp's sums in registers (a lane's columns
+// lane, lane+32, ...) and write them once; longer rows add into partial
+// row by row.
+#define LN_REG_COLS 1024
+template <typename T>
+__device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
+                                  const T* dy, T* dx, float* partial) {
+    const int PER = LN_REG_COLS / 32;
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int w = blockIdx.x * warps + (threadIdx.x >> 5);
+    float pg[PER], pb[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) pg[k] = pb[k] = 0.f;
+    for (int r = w; r < rows; r += gridDim.x * warps) {
+        const T* xr = x + (i64)r * cols;
+        const T* gr = dy + (i64)r * cols;
+        float m = mean[r], is = rstd[r];
+        float sg = 0.f, sgx = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int j = lane + 32 * k;
+            if (j < cols) {
+                float xh = (ld(xr, j) - m) * is, d = ld(gr, j), gh = d * g[j];
+                sg += gh;
+                sgx += gh * xh;
+                pg[k] += d * xh;
+                pb[k] += d;
+            }
+        }
+        float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
+        for (int j = lane; j < cols; j += 32) {
+            float xh = (ld(xr, j) - m) * is;
+            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+        }
+    }
+    float* pw = partial + (i64)w * 2 * cols;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        int j = lane + 32 * k;
+        if (j < cols) {
+            pw[j] = pg[k];
+            pw[cols + j] = pb[k];
+        }
+    }
+}
+
 template <typename T>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const T* dy, T* dx, float* partial) {
+    if (cols <= LN_REG_COLS) {
+        layernorm_bwd_reg(rows, cols, x, g, mean, rstd, dy, dx, partial);
+        return;
+    }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
     float* pg = partial + (i64)w * 2 * cols;
