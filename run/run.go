@@ -528,7 +528,7 @@ func (r *runner) summarize() error {
 			add("throughput     %.0f tokens/s over this run's training steps (%.1f s), %.1f s in all with evaluation", preds/secs, secs, r.wall.Seconds())
 		}
 	} else {
-		add("\ntest accuracy  %.2f%% (loss %.4f) after %d epochs", 100*last.TestAcc, last.TestLoss, len(t.History))
+		add("\ntest accuracy  %.2f%% (loss %.4f) after %s", 100*last.TestAcc, last.TestLoss, plural(len(t.History), "epoch"))
 		if secs > 0 {
 			add("throughput     %.0f img/s over this run's training steps (%.1f s), %.1f s in all with evaluation", imgs/secs, secs, r.wall.Seconds())
 		}

@@ -285,7 +285,7 @@ func TestGenerate(t *testing.T) {
 }
 
 var (
-	loadRequests   = flag.Int("load.requests", 500, "TestLoad: requests of the batched run")
+	loadRequests   = flag.Int("load.requests", 300, "TestLoad: requests of the batched run")
 	loadSingle     = flag.Int("load.single", 0, "TestLoad: requests of the one-client run (0: -load.requests)")
 	loadClients    = flag.Int("load.clients", 16, "TestLoad: concurrent clients of the batched run")
 	loadCheckpoint = flag.String("load.checkpoint", "", "TestLoad: the checkpoint to serve (default: an untrained ResNet-8) on -load.device")
