@@ -36,8 +36,8 @@ type Backend struct {
 	// which the flash attention kernels need; noFlash (tests) runs the
 	// chunked attention instead.
 	tensorCores, noFlash bool
-	opts        Options
-	asked       Options // opts as given to Open, for the conflict check
+	opts                 Options
+	asked                Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI

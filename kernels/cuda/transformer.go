@@ -191,10 +191,10 @@ var (
 	kFlashFwd   = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
 	kFlashBwdKV = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
 	kFlashBwdQ  = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
-	kClsFinish      = declareKernel[clsFinishArgs]("cls_finish")
-	kSumsqMulti     = declareKernel[sumsqMultiArgs]("sumsq_multi")
-	kClipFinish     = declareKernel[clipFinishArgs]("clip_finish")
-	kScaleMulti     = declareKernel[scaleMultiArgs]("scale_multi")
+	kClsFinish  = declareKernel[clsFinishArgs]("cls_finish")
+	kSumsqMulti = declareKernel[sumsqMultiArgs]("sumsq_multi")
+	kClipFinish = declareKernel[clipFinishArgs]("clip_finish")
+	kScaleMulti = declareKernel[scaleMultiArgs]("scale_multi")
 )
 
 // Embedding gathers the ids' rows.
