@@ -67,24 +67,40 @@ __device__ __forceinline__ unsigned load32(FlashOperand x, int b, int h, int t, 
     return *(const unsigned*)(x.p + b * x.batch + (i64)t * x.row + h * FLASH_D + d);
 }
 
-// load_tile copies rows t0.. of a head into a FLASH_TILE × FLASH_LD shared
-// tile (zeros past T), 16 bytes at a time, with every thread of the block.
-__device__ __forceinline__ void load_tile(unsigned short* tile, FlashOperand x, int b, int h, int t0, int T) {
-    const int per = FLASH_D / 8; // 16-byte pieces a row
-    for (int i = threadIdx.x; i < FLASH_TILE * per; i += blockDim.x) {
-        int r = i / per, c = i % per;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (t0 + r < T) v = *(const uint4*)(x.p + b * x.batch + (i64)(t0 + r) * x.row + h * FLASH_D + 8 * c);
-        *(uint4*)(tile + r * FLASH_LD + 8 * c) = v;
-    }
-}
-
-// smem_addr is a shared-memory pointer as the 32-bit address ldmatrix takes.
+// smem_addr is a shared-memory pointer as the 32-bit address ldmatrix and
+// cp.async take.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+
+// load_tile_async copies rows t0.. of a head into a FLASH_TILE × FLASH_LD
+// shared tile, 16 bytes at a time with cp.async (the copies run while the
+// block computes, until cp_wait), zeros past T.
+__device__ __forceinline__ void load_tile_async(unsigned short* tile, FlashOperand x, int b, int h, int t0, int T) {
+    const int per = FLASH_D / 8;
+    for (int i = threadIdx.x; i < FLASH_TILE * per; i += blockDim.x) {
+        int r = i / per, c = i % per;
+        int t = min(t0 + r, T - 1); // a valid address; nothing is read past T
+        const unsigned short* src = x.p + b * x.batch + (i64)t * x.row + h * FLASH_D + 8 * c;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(tile + r * FLASH_LD + 8 * c)), "l"(src),
+                     "r"(t0 + r < T ? 16 : 0));
+    }
+}
+
+// load_rows_async copies FLASH_TILE floats v[i0..] into shared s with
+// cp.async, 4 bytes at a time, zeros past T.
+__device__ __forceinline__ void load_rows_async(float* s, const float* v, int i0, int T) {
+    for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) {
+        int t = min(i0 + i, T - 1);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(s + i)), "l"(v + t), "r"(i0 + i < T ? 4 : 0));
+    }
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+// cp_wait waits until at most n of this thread's groups are in flight.
+template <int n> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n)); }
 
 // The A fragment (16×16, rows r0.., columns k0..) of a strided operand, from
 // global memory.
@@ -146,43 +162,56 @@ __device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, i
 #define KS (FLASH_D / 16)   // 16-deep steps over a head
 
 // flash_fwd: o = softmax(scale·q·kᵀ, causal)·v, lse its log-sum-exp.
-// Grid (⌈Tq/64⌉, B·H), 128 threads. Query i sees keys 0..Tk−Tq+i.
+// Grid (⌈Tq/64⌉, B·H), 128 threads. Query i sees keys 0..Tk−Tq+i. The key
+// and value tiles are double-buffered: the next pair's copy runs during the
+// current pair's products. Only the tiles that cross the diagonal (or the
+// end of the keys) mask.
 template <typename T>
 __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                           unsigned short* o, int orow, i64 obatch, float* lse) {
-    __shared__ __align__(16) unsigned short sk[FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sv[FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sk[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE; // the costliest blocks first
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
+    int shift = Tk - Tq;
+    int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
+    load_tile_async(sk[0], k, b, h, 0, Tk);
+    load_tile_async(sv[0], v, b, h, 0, Tk);
+    cp_commit();
     unsigned qa[KS][4];
     for (int s = 0; s < KS; s++) frag_a_global(qa[s], q, b, h, r0, 16 * s, Tq);
     float acc[DT][4];
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    int shift = Tk - Tq;
-    int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
-    for (int k0 = 0; k0 <= last; k0 += FLASH_TILE) {
-        __syncthreads();
-        load_tile(sk, k, b, h, k0, Tk);
-        load_tile(sv, v, b, h, k0, Tk);
+    for (int k0 = 0, buf = 0; k0 <= last; k0 += FLASH_TILE, buf ^= 1) {
+        if (k0 + FLASH_TILE <= last) {
+            load_tile_async(sk[buf ^ 1], k, b, h, k0 + FLASH_TILE, Tk);
+            load_tile_async(sv[buf ^ 1], v, b, h, k0 + FLASH_TILE, Tk);
+        }
+        cp_commit();
+        cp_wait<1>();
         __syncthreads();
         float s[NT][4];
         for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
         for (int n = 0; n < NT; n += 2)
             for (int d = 0; d < KS; d++) {
                 unsigned bf[4];
-                frag_bt(bf, sk, 8 * n, 16 * d);
+                frag_bt(bf, sk[buf], 8 * n, 16 * d);
                 mma16816<T>(s[n], qa[d], bf);
                 mma16816<T>(s[n + 1], qa[d], bf + 2);
             }
         float mx[2] = {m[0], m[1]};
+        bool mask = k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk; // the warp's first row sees fewer keys
         for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) {
-                int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
-                float x = (key > shift + row || key >= Tk) ? -INFINITY : s[n][e] * sl2;
+                float x = s[n][e] * sl2;
+                if (mask) {
+                    int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
+                    if (key > shift + row || key >= Tk) x = -INFINITY;
+                }
                 s[n][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
@@ -204,12 +233,14 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
             c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sv, 16 * kk, 8 * j);
+                frag_b(bf, sv[buf], 16 * kk, 8 * j);
                 mma16816<T>(acc[j], pa, bf);
                 mma16816<T>(acc[j + 1], pa, bf + 2);
             }
         }
+        __syncthreads(); // the next iteration's copy writes this buffer
     }
+    cp_wait<0>();
     for (int r = 0; r < 2; r++) {
         float lr = quad_sum(l[r]);
         int row = r0 + g + 8 * r;
@@ -220,19 +251,27 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
 }
 
 // flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of 64 keys,
-// over the query tiles that see them (Tq == Tk). Grid (⌈T/64⌉, B·H).
+// over the query tiles that see them (Tq == Tk), double-buffered.
+// Grid (⌈T/64⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                              FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
                              i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch) {
-    __shared__ __align__(16) unsigned short sq[FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sdo[FLASH_TILE * FLASH_LD];
-    __shared__ float slse[FLASH_TILE], sdvec[FLASH_TILE];
+    __shared__ __align__(16) unsigned short sq[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sdo[2][FLASH_TILE * FLASH_LD];
+    __shared__ float slse[2][FLASH_TILE], sdvec[2][FLASH_TILE];
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int k0 = blockIdx.x * FLASH_TILE;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = k0 + warp * 16; // this warp's keys
     float sl2 = scale * LOG2E;
+    const float* lser = lse + (i64)bh * Tn;
+    const float* dvr = dvec + (i64)bh * Tn;
+    load_tile_async(sq[0], q, b, h, k0, Tn);
+    load_tile_async(sdo[0], dout, b, h, k0, Tn);
+    load_rows_async(slse[0], lser, k0, Tn);
+    load_rows_async(sdvec[0], dvr, k0, Tn);
+    cp_commit();
     unsigned ka[KS][4], va[KS][4];
     for (int s = 0; s < KS; s++) {
         frag_a_global(ka[s], k, b, h, r0, 16 * s, Tn);
@@ -241,15 +280,15 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
     float dka[DT][4], dva[DT][4];
     for (int j = 0; j < DT; j++)
         for (int e = 0; e < 4; e++) dka[j][e] = dva[j][e] = 0.f;
-    for (int t0 = k0 / FLASH_TILE * FLASH_TILE; t0 < Tn; t0 += FLASH_TILE) {
-        __syncthreads();
-        load_tile(sq, q, b, h, t0, Tn);
-        load_tile(sdo, dout, b, h, t0, Tn);
-        for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) {
-            int t = t0 + i;
-            slse[i] = t < Tn ? lse[(i64)bh * Tn + t] * LOG2E : INFINITY;
-            sdvec[i] = t < Tn ? dvec[(i64)bh * Tn + t] : 0.f;
+    for (int t0 = k0, buf = 0; t0 < Tn; t0 += FLASH_TILE, buf ^= 1) {
+        if (t0 + FLASH_TILE < Tn) {
+            load_tile_async(sq[buf ^ 1], q, b, h, t0 + FLASH_TILE, Tn);
+            load_tile_async(sdo[buf ^ 1], dout, b, h, t0 + FLASH_TILE, Tn);
+            load_rows_async(slse[buf ^ 1], lser, t0 + FLASH_TILE, Tn);
+            load_rows_async(sdvec[buf ^ 1], dvr, t0 + FLASH_TILE, Tn);
         }
+        cp_commit();
+        cp_wait<1>();
         __syncthreads();
         // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
         float p[NT][4], dp[NT][4];
@@ -258,19 +297,24 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
         for (int n = 0; n < NT; n += 2)
             for (int d = 0; d < KS; d++) {
                 unsigned bf[4];
-                frag_bt(bf, sq, 8 * n, 16 * d);
+                frag_bt(bf, sq[buf], 8 * n, 16 * d);
                 mma16816<T>(p[n], ka[d], bf);
                 mma16816<T>(p[n + 1], ka[d], bf + 2);
-                frag_bt(bf, sdo, 8 * n, 16 * d);
+                frag_bt(bf, sdo[buf], 8 * n, 16 * d);
                 mma16816<T>(dp[n], va[d], bf);
                 mma16816<T>(dp[n + 1], va[d], bf + 2);
             }
+        bool mask = t0 < r0 + 15 || t0 + FLASH_TILE > Tn; // some query of the tile is before some key of the warp
         for (int n = 0; n < NT; n++) {
             for (int e = 0; e < 4; e++) {
-                int key = r0 + g + (e >> 1) * 8, qi = 8 * n + 2 * qd + (e & 1), query = t0 + qi;
-                float x = (key > query || query >= Tn) ? 0.f : exp2f(p[n][e] * sl2 - slse[qi]);
+                int qi = 8 * n + 2 * qd + (e & 1);
+                float x = exp2f(p[n][e] * sl2 - slse[buf][qi] * LOG2E);
+                if (mask) {
+                    int key = r0 + g + (e >> 1) * 8, query = t0 + qi;
+                    if (key > query || query >= Tn) x = 0.f;
+                }
                 p[n][e] = x;
-                dp[n][e] = x * (dp[n][e] - sdvec[qi]) * scale; // dsᵀ
+                dp[n][e] = x * (dp[n][e] - sdvec[buf][qi]) * scale; // dsᵀ
             }
         }
         // dv += pᵀ·do, dk += dsᵀ·q
@@ -280,15 +324,17 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
             c_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sdo, 16 * kk, 8 * j);
+                frag_b(bf, sdo[buf], 16 * kk, 8 * j);
                 mma16816<T>(dva[j], pa, bf);
                 mma16816<T>(dva[j + 1], pa, bf + 2);
-                frag_b(bf, sq, 16 * kk, 8 * j);
+                frag_b(bf, sq[buf], 16 * kk, 8 * j);
                 mma16816<T>(dka[j], da, bf);
                 mma16816<T>(dka[j + 1], da, bf + 2);
             }
         }
+        __syncthreads();
     }
+    cp_wait<0>();
     for (int r = 0; r < 2; r++) {
         int key = r0 + g + 8 * r;
         for (int j = 0; j < DT; j++) {
@@ -299,18 +345,22 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
 }
 
 // flash_bwd_q: dq = ds·k for a block of 64 queries, over the key tiles they
-// see (Tq == Tk). Grid (⌈T/64⌉, B·H).
+// see (Tq == Tk), double-buffered. Grid (⌈T/64⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                             FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
                             i64 dqbatch) {
-    __shared__ __align__(16) unsigned short sk[FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sv[FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sk[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(16) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
+    int last = min(q0 + FLASH_TILE, Tn) - 1;
+    load_tile_async(sk[0], k, b, h, 0, Tn);
+    load_tile_async(sv[0], v, b, h, 0, Tn);
+    cp_commit();
     unsigned qa[KS][4], da[KS][4];
     for (int s = 0; s < KS; s++) {
         frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
@@ -324,11 +374,13 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     }
     float acc[DT][4];
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    int last = min(q0 + FLASH_TILE, Tn) - 1;
-    for (int k0 = 0; k0 <= last; k0 += FLASH_TILE) {
-        __syncthreads();
-        load_tile(sk, k, b, h, k0, Tn);
-        load_tile(sv, v, b, h, k0, Tn);
+    for (int k0 = 0, buf = 0; k0 <= last; k0 += FLASH_TILE, buf ^= 1) {
+        if (k0 + FLASH_TILE <= last) {
+            load_tile_async(sk[buf ^ 1], k, b, h, k0 + FLASH_TILE, Tn);
+            load_tile_async(sv[buf ^ 1], v, b, h, k0 + FLASH_TILE, Tn);
+        }
+        cp_commit();
+        cp_wait<1>();
         __syncthreads();
         float s[NT][4], dp[NT][4];
         for (int n = 0; n < NT; n++)
@@ -336,17 +388,21 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         for (int n = 0; n < NT; n += 2)
             for (int d = 0; d < KS; d++) {
                 unsigned bf[4];
-                frag_bt(bf, sk, 8 * n, 16 * d);
+                frag_bt(bf, sk[buf], 8 * n, 16 * d);
                 mma16816<T>(s[n], qa[d], bf);
                 mma16816<T>(s[n + 1], qa[d], bf + 2);
-                frag_bt(bf, sv, 8 * n, 16 * d);
+                frag_bt(bf, sv[buf], 8 * n, 16 * d);
                 mma16816<T>(dp[n], da[d], bf);
                 mma16816<T>(dp[n + 1], da[d], bf + 2);
             }
+        bool mask = k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn;
         for (int n = 0; n < NT; n++) {
             for (int e = 0; e < 4; e++) {
-                int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
-                float p = (key > row || key >= Tn) ? 0.f : exp2f(s[n][e] * sl2 - rl[e >> 1]);
+                float p = exp2f(s[n][e] * sl2 - rl[e >> 1]);
+                if (mask) {
+                    int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
+                    if (key > row || key >= Tn) p = 0.f;
+                }
                 s[n][e] = p * (dp[n][e] - rd[e >> 1]) * scale; // ds
             }
         }
@@ -355,12 +411,14 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
             c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sk, 16 * kk, 8 * j);
+                frag_b(bf, sk[buf], 16 * kk, 8 * j);
                 mma16816<T>(acc[j], a, bf);
                 mma16816<T>(acc[j + 1], a, bf + 2);
             }
         }
+        __syncthreads();
     }
+    cp_wait<0>();
     for (int r = 0; r < 2; r++)
         for (int j = 0; j < DT; j++)
             store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r], acc[j][2 * r + 1]);
