@@ -304,6 +304,8 @@ var cases = []testCase{
 			{{5, 1, 3, 1, 2}, {4, 1, 7, 1}, {5, 4, 3, 7, 2}},
 			{{300, 70}, {70}, {300, 70}},     // a linear layer's bias
 			{{300, 70}, {300, 1}, {300, 70}}, // a scale a row
+			{{64, 96}, {96}, {64, 96}},       // a bias four columns at a time
+			{{48, 32}, {48, 32}, {48, 32}},   // the same shape four at a time
 		}
 		for _, dt := range dtypes {
 			for _, op := range kernels.BinaryOps() {

@@ -40,6 +40,32 @@ __device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
 __device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
 
+// ld4 and st4 move the four elements i..i+3 (i a multiple of 4) in one
+// access: 16 bytes of float, 8 of f16 or bf16. vec4 says whether a pointer
+// is aligned for them.
+__device__ __forceinline__ void ld4(const float* p, i64 i, float* v) {
+    float4 x = *(const float4*)(p + i);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void ld4(const f16* p, i64 i, float* v) {
+    uint2 x = *(const uint2*)(p + i);
+    v[0] = h2f((f16)(x.x & 0xffffu)), v[1] = h2f((f16)(x.x >> 16)), v[2] = h2f((f16)(x.y & 0xffffu)), v[3] = h2f((f16)(x.y >> 16));
+}
+__device__ __forceinline__ void ld4(const bf16* p, i64 i, float* v) {
+    uint2 x = *(const uint2*)(p + i);
+    v[0] = __uint_as_float(x.x << 16), v[1] = __uint_as_float(x.x & 0xffff0000u);
+    v[2] = __uint_as_float(x.y << 16), v[3] = __uint_as_float(x.y & 0xffff0000u);
+}
+__device__ __forceinline__ void st4(float* p, i64 i, const float* v) { *(float4*)(p + i) = make_float4(v[0], v[1], v[2], v[3]); }
+__device__ __forceinline__ void st4(f16* p, i64 i, const float* v) {
+    *(uint2*)(p + i) = make_uint2((unsigned)f2h(v[0]) | ((unsigned)f2h(v[1]) << 16), (unsigned)f2h(v[2]) | ((unsigned)f2h(v[3]) << 16));
+}
+__device__ __forceinline__ void st4(bf16* p, i64 i, const float* v) {
+    *(uint2*)(p + i) = make_uint2((unsigned)f2bf(v[0]).x | ((unsigned)f2bf(v[1]).x << 16),
+                                  (unsigned)f2bf(v[2]).x | ((unsigned)f2bf(v[3]).x << 16));
+}
+template <typename T> __device__ __forceinline__ bool vec4(const T* p) { return ((unsigned long long)p & (4 * sizeof(T) - 1)) == 0; }
+
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 

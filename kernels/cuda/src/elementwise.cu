@@ -1,14 +1,28 @@
 // Elementwise kernels: casts, unary functions and their backwards, affine,
 // and binary operations with broadcasting.
 
-extern "C" __global__ void cast_f32_f16(i64 n, const float* x, f16* y) { GRID_STRIDE(i, n) y[i] = f2h(x[i]); }
-extern "C" __global__ void cast_f16_f32(i64 n, const f16* x, float* y) { GRID_STRIDE(i, n) y[i] = h2f(x[i]); }
+// cast4 converts n floats between storage types, four at a time where the
+// pointers are aligned for it.
+template <typename S, typename D> __device__ void cast4(i64 n, const S* x, D* y) {
+    if (vec4(x) && vec4(y)) {
+        GRID_STRIDE(j, n / 4) {
+            float v[4];
+            ld4(x, 4 * j, v);
+            st4(y, 4 * j, v);
+        }
+        for (i64 i = n / 4 * 4 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) st(y, i, ld(x, i));
+        return;
+    }
+    GRID_STRIDE(i, n) st(y, i, ld(x, i));
+}
+extern "C" __global__ void cast_f32_f16(i64 n, const float* x, f16* y) { cast4(n, x, y); }
+extern "C" __global__ void cast_f16_f32(i64 n, const f16* x, float* y) { cast4(n, x, y); }
 extern "C" __global__ void cast_i32_f32(i64 n, const int* x, float* y) { GRID_STRIDE(i, n) y[i] = (float)x[i]; }
 extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)x[i]; }
 extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
 extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
-extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { GRID_STRIDE(i, n) y[i] = f2bf(x[i]); }
-extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { GRID_STRIDE(i, n) y[i] = bf2f(x[i]); }
+extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { cast4(n, x, y); }
+extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { cast4(n, x, y); }
 extern "C" __global__ void cast_i32_bf16(i64 n, const int* x, bf16* y) { GRID_STRIDE(i, n) y[i] = f2bf((float)x[i]); }
 extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)bf2f(x[i]); }
 
@@ -41,11 +55,34 @@ __device__ void affine(i64 n, const T* x, T* y, float alpha, float beta) {
 template <typename T>
 __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
     if (bc.ndim == 1 && bc.sa[0] == 1 && bc.sb[0] == 1) {
+        if (n % 4 == 0 && vec4(a) && vec4(b) && vec4(y)) {
+            GRID_STRIDE(j, n / 4) {
+                float va[4], vb[4];
+                ld4(a, 4 * j, va);
+                ld4(b, 4 * j, vb);
+                for (int e = 0; e < 4; e++) va[e] = binary_f(op, va[e], vb[e]);
+                st4(y, 4 * j, va);
+            }
+            return;
+        }
         GRID_STRIDE(i, n) st(y, i, binary_f(op, ld(a, i), ld(b, i)));
         return;
     }
     if (bc.ndim == 2) { // a linear layer's bias, a row's scale: blocks stride over rows, threads along them, no division
         int rows = bc.shape[0], cols = bc.shape[1];
+        if (cols % 4 == 0 && bc.sa[1] == 1 && bc.sb[1] == 1 && bc.sa[0] % 4 == 0 && bc.sb[0] % 4 == 0 && vec4(a) && vec4(b) && vec4(y)) {
+            for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+                i64 ra = (i64)r * bc.sa[0], rb = (i64)r * bc.sb[0], ry = (i64)r * cols;
+                for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+                    float va[4], vb[4];
+                    ld4(a, ra + c, va);
+                    ld4(b, rb + c, vb);
+                    for (int e = 0; e < 4; e++) va[e] = binary_f(op, va[e], vb[e]);
+                    st4(y, ry + c, va);
+                }
+            }
+            return;
+        }
         for (int r = blockIdx.x; r < rows; r += gridDim.x) {
             i64 ra = (i64)r * bc.sa[0], rb = (i64)r * bc.sb[0], ry = (i64)r * cols;
             for (int c = threadIdx.x; c < cols; c += blockDim.x)
