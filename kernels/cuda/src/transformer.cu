@@ -289,61 +289,78 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 // A block per row of a chunk's logits z (F32, rows × V, ld apart): the row's loss
 // (lse − z[label]) and whether its first maximum is its label, and with
 // grad its softmax − one-hot into dz (T).
+// online adds v (at index j) to a running maximum m (first at arg) and sum
+// s of exp(· − m).
+__device__ __forceinline__ void online(float v, int j, float& m, float& s, int& arg) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.f;
+        m = v;
+        arg = j;
+    } else {
+        s += expf(v - m);
+    }
+}
+
+// merge combines two running (maximum, sum, first index of the maximum).
+__device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, float s2, int a2) {
+    if (m2 > m || (m2 == m && a2 < arg)) {
+        s = (m == -INFINITY ? 0.f : s * expf(m - m2)) + s2;
+        m = m2;
+        arg = a2;
+    } else if (m2 != -INFINITY) {
+        s += s2 * expf(m2 - m);
+    }
+}
+
 template <typename T>
 __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* labels, float* rowloss, float* rowright, int grad,
                          T* dz) {
-    __shared__ float sv[32];
+    __shared__ float sm[32], ss[32];
     __shared__ int si[32];
-    __shared__ float scratch[32];
     int r = blockIdx.x;
     const float* zr = z + (i64)r * ld;
-    float m = -INFINITY;
+    // One pass for the maximum, its first index and the sum of exponentials
+    // (each thread's running sum rescaled as its maximum grows), four
+    // values a load where the rows allow.
+    float m = -INFINITY, s = 0.f;
     int arg = 0x7fffffff;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = zr[j];
-        if (v > m) {
-            m = v;
-            arg = j;
+    int j0 = 0;
+    if (ld % 4 == 0 && vec4(zr)) {
+        j0 = V / 4 * 4;
+        for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
+            float4 v = *(const float4*)(zr + j);
+            online(v.x, j, m, s, arg);
+            online(v.y, j + 1, m, s, arg);
+            online(v.z, j + 2, m, s, arg);
+            online(v.w, j + 3, m, s, arg);
         }
     }
-    // The first maximum: the larger value, or on a tie the smaller index.
-    for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, m, o);
-        int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
-        if (v2 > m || (v2 == m && a2 < arg)) {
-            m = v2;
-            arg = a2;
-        }
-    }
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) online(zr[j], j, m, s, arg);
+    for (int o = 16; o > 0; o >>= 1)
+        merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     if (lane == 0) {
-        sv[warp] = m;
+        sm[warp] = m;
+        ss[warp] = s;
         si[warp] = arg;
     }
     __syncthreads();
     if (warp == 0) {
-        m = lane < nwarps ? sv[lane] : -INFINITY;
+        m = lane < nwarps ? sm[lane] : -INFINITY;
+        s = lane < nwarps ? ss[lane] : 0.f;
         arg = lane < nwarps ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float v2 = __shfl_xor_sync(0xffffffffu, m, o);
-            int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
-            if (v2 > m || (v2 == m && a2 < arg)) {
-                m = v2;
-                arg = a2;
-            }
-        }
+        for (int o = 16; o > 0; o >>= 1)
+            merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
         if (lane == 0) {
-            sv[0] = m;
+            sm[0] = m;
+            ss[0] = s;
             si[0] = arg;
         }
     }
     __syncthreads();
-    m = sv[0];
+    m = sm[0];
     arg = si[0];
-    float s = 0.f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(zr[j] - m);
-    s = block_sum(s, scratch);
-    float lse = m + logf(s);
+    float lse = m + logf(ss[0]);
     int y = labels[r0 + r];
     if (threadIdx.x == 0) {
         rowloss[r0 + r] = (y >= 0 && y < V) ? lse - zr[y] : __int_as_float(0x7fc00000);
