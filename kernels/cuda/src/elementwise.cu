@@ -31,12 +31,32 @@ extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { GRID_ST
 
 template <typename T>
 __device__ void unary(int op, i64 n, const T* x, T* y) {
+    if (n % 4 == 0 && vec4(x) && vec4(y)) {
+        GRID_STRIDE(j, n / 4) {
+            float v[4];
+            ld4(x, 4 * j, v);
+            for (int e = 0; e < 4; e++) v[e] = unary_f(op, v[e]);
+            st4(y, 4 * j, v);
+        }
+        return;
+    }
     GRID_STRIDE(i, n) st(y, i, unary_f(op, ld(x, i)));
 }
 
 // x or y may be null when op's derivative does not use it.
 template <typename T>
 __device__ void unary_bwd(int op, i64 n, const T* dy, const T* x, const T* y, T* dx) {
+    if (n % 4 == 0 && vec4(dy) && vec4(dx) && (!x || vec4(x)) && (!y || vec4(y))) {
+        GRID_STRIDE(j, n / 4) {
+            float d[4], xv[4] = {0.f, 0.f, 0.f, 0.f}, yv[4] = {0.f, 0.f, 0.f, 0.f};
+            ld4(dy, 4 * j, d);
+            if (x) ld4(x, 4 * j, xv);
+            if (y) ld4(y, 4 * j, yv);
+            for (int e = 0; e < 4; e++) d[e] = unary_grad(op, d[e], xv[e], yv[e]);
+            st4(dx, 4 * j, d);
+        }
+        return;
+    }
     GRID_STRIDE(i, n) {
         float xv = x ? ld(x, i) : 0.f, yv = y ? ld(y, i) : 0.f;
         st(dx, i, unary_grad(op, ld(dy, i), xv, yv));

@@ -272,9 +272,32 @@ __device__ void attn_dscores(int bhrows, int rows, int kl, int q0, int Tq, float
     }
 }
 
-// dvec[bh·T + t] = Σ_d do·o, do and o strided as o.
+// dvec[bh·T + t] = Σ_d do·o, do and o strided as o. Rows of a multiple of
+// 32 elements (aligned for it) go to 8 lanes each, every lane adding a
+// quarter of four-element pieces, and the lanes' sums are added by
+// shuffles in a fixed order; other rows to a thread each.
 template <typename T>
 __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, const T* dout, const T* o, float* dvec) {
+    if (D % 32 == 0 && row % 4 == 0 && batch % 4 == 0 && vec4(dout) && vec4(o)) {
+        i64 rows = (i64)B * H * Tn;
+        for (i64 x0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 8; x0 < (rows + 3) / 4 * 4; x0 += (i64)gridDim.x * blockDim.x / 8) {
+            int l = threadIdx.x & 7;
+            float acc = 0.f;
+            if (x0 < rows) {
+                int t = (int)(x0 % Tn), h = (int)(x0 / Tn % H), b = (int)(x0 / ((i64)Tn * H));
+                i64 base = b * batch + (i64)t * row + h * D;
+                for (int d = 4 * l; d < D; d += 32) {
+                    float u[4], w[4];
+                    ld4(dout, base + d, u);
+                    ld4(o, base + d, w);
+                    acc += u[0] * w[0] + u[1] * w[1] + u[2] * w[2] + u[3] * w[3];
+                }
+            }
+            for (int s = 4; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+            if (l == 0 && x0 < rows) dvec[x0] = acc;
+        }
+        return;
+    }
     GRID_STRIDE(x, (i64)B * H * Tn) {
         int t = (int)(x % Tn), h = (int)(x / Tn % H), b = (int)(x / ((i64)Tn * H));
         i64 base = b * batch + (i64)t * row + h * D;
