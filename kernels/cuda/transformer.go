@@ -56,6 +56,10 @@ type (
 		Warps, Cols   int32
 		Parts, Dg, Db uintptr
 	}
+	layerNormGradsPartArgs struct {
+		Warps, Cols, Splits int32
+		Parts, Out          uintptr
+	}
 	attnLayout struct { // a strided [B, T, H, D] operand
 		B, H, Tn, D, Row int32
 		Batch            int64
@@ -179,6 +183,7 @@ var (
 	kLayerNormFwd   = declareTyped[layerNormFwdArgs]("layernorm_fwd")
 	kLayerNormBwd   = declareTyped[layerNormBwdArgs]("layernorm_bwd")
 	kLayerNormGrads = declareKernel[layerNormGradsArgs]("layernorm_grads")
+	kLayerNormPart  = declareKernel[layerNormGradsPartArgs]("layernorm_grads_part")
 	kAttnGather     = declareTyped[attnMoveArgs]("attn_gather")
 	kAttnScatter    = declareTyped[attnMoveArgs]("attn_scatter")
 	kAttnScatterF32 = declareTyped[attnMoveArgs]("attn_scatter_f32")
@@ -244,6 +249,10 @@ func (b *Backend) sortKeys(keys uintptr, p int) {
 // device alone).
 const lnWarps = 8
 
+// lnSplits is how many stretches of warps the layer-norm backward's sums
+// are added in first, side by side.
+const lnSplits = 32
+
 func (b *Backend) lnBlocks(rows int) int { return max(1, min((rows+lnWarps-1)/lnWarps, 4*b.sms)) }
 
 // LayerNorm normalises a row per warp.
@@ -267,13 +276,22 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	s := floatType("layer norm backward", x, dy, dx)
 	b.enter()
 	defer b.exit()
-	blocks := max(1, min((p.Rows+lnWarps-1)/lnWarps, b.sms)) // fewer warps than the forward's: each one's sums are a row for layernorm_grads to add
+	blocks := b.lnBlocks(p.Rows)
 	warps := blocks * lnWarps
 	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)
 	kLayerNormBwd.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr()})
-	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256}, layerNormGradsArgs{int32(warps), int32(p.Cols), ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
+	// The warps' sums in two rounds: stretches of warps side by side, then
+	// the stretches in order.
+	parts, splits := ws.Addr(), warps
+	if warps > 4*lnSplits {
+		part := b.workspace(int64(lnSplits) * 2 * int64(p.Cols) * 4)
+		defer b.alloc.Free(part)
+		kLayerNormPart.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256}, layerNormGradsPartArgs{int32(warps), int32(p.Cols), lnSplits, ws.Addr(), part.Addr()})
+		parts, splits = part.Addr(), lnSplits
+	}
+	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256}, layerNormGradsArgs{int32(splits), int32(p.Cols), parts, ptrOf(dgamma), ptrOf(dbeta)})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of

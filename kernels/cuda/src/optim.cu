@@ -31,16 +31,34 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
                                        const long long* step, const float* skip) {
     if (skip && *skip != 0.f) return;
     float lr = *lr_p;
-    double n = (double)*step;
-    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, n)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, n));
-    MT_LOOP(L, t, i) {
-        float p = L.p[0][t][i] * (1.f - lr * wd), g = L.p[1][t][i];
-        float m = beta1 * L.p[2][t][i] + (1.f - beta1) * g;
-        float v = beta2 * L.p[3][t][i] + (1.f - beta2) * g * g;
-        L.p[2][t][i] = m;
-        L.p[3][t][i] = v;
-        L.p[0][t][i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+    double steps = (double)*step;
+    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, steps));
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    float *P = L.p[0][t], *G = L.p[1][t], *M = L.p[2][t], *V = L.p[3][t];
+    i64 n = L.n[t], n4 = vec4(P) && vec4(G) && vec4(M) && vec4(V) ? n / 4 : 0;
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    // Four elements an access where the tensors allow, the same arithmetic
+    // as one at a time.
+    for (i64 j = first; j < n4; j += stride) {
+        float p[4], g[4], m[4], v[4];
+        ld4(P, 4 * j, p), ld4(G, 4 * j, g), ld4(M, 4 * j, m), ld4(V, 4 * j, v);
+        for (int e = 0; e < 4; e++) {
+            p[e] *= 1.f - lr * wd;
+            m[e] = beta1 * m[e] + (1.f - beta1) * g[e];
+            v[e] = beta2 * v[e] + (1.f - beta2) * g[e] * g[e];
+            p[e] = p[e] - step_size * m[e] / (sqrtf(v[e]) / bc2_sqrt + eps);
+        }
+        st4(M, 4 * j, m), st4(V, 4 * j, v), st4(P, 4 * j, p);
+    }
+    for (i64 i = 4 * n4 + first; i < n; i += stride) {
+        float p = P[i] * (1.f - lr * wd), g = G[i];
+        float m = beta1 * M[i] + (1.f - beta1) * g;
+        float v = beta2 * V[i] + (1.f - beta2) * g * g;
+        M[i] = m;
+        V[i] = v;
+        P[i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
     }
 }
 

@@ -185,6 +185,33 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
+// layernorm_grads_part adds the partials of a stretch of warps: block
+// (x, y) sums 32 columns over the warps y·warps/splits.. into row y of out
+// (2·cols floats a row), for layernorm_grads to add in order.
+extern "C" __global__ void layernorm_grads_part(int warps, int cols, int splits, const float* partial, float* out) {
+    __shared__ float acc[2][8][33];
+    int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx, y = blockIdx.y;
+    int w0 = (int)((i64)y * warps / splits), w1 = (int)((i64)(y + 1) * warps / splits);
+    float sg = 0.f, sb = 0.f;
+    if (j < cols) {
+        for (int w = w0 + ty; w < w1; w += 8) {
+            sg += partial[(i64)w * 2 * cols + j];
+            sb += partial[(i64)w * 2 * cols + cols + j];
+        }
+    }
+    acc[0][ty][tx] = sg;
+    acc[1][ty][tx] = sb;
+    __syncthreads();
+    if (ty == 0 && j < cols) {
+        for (int r = 1; r < 8; r++) {
+            sg += acc[0][r][tx];
+            sb += acc[1][r][tx];
+        }
+        out[(i64)y * 2 * cols + j] = sg;
+        out[(i64)y * 2 * cols + cols + j] = sb;
+    }
+}
+
 // A block of 256 threads sums 32 columns' partials: its eight warps take
 // every eighth warp's row, then the eight sums are added in order.
 extern "C" __global__ void layernorm_grads(int warps, int cols, const float* partial, float* dg, float* db) {
@@ -449,7 +476,18 @@ extern "C" __global__ void clip_finish(int n, const float* partial, float maxnor
 extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     float c = *coef;
     if (c == 1.f) return;
-    MT_LOOP(L, t, i) { L.p[0][t][i] *= c; }
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    float* P = L.p[0][t];
+    i64 n = L.n[t], n4 = vec4(P) ? n / 4 : 0;
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    for (i64 j = first; j < n4; j += stride) {
+        float p[4];
+        ld4(P, 4 * j, p);
+        for (int e = 0; e < 4; e++) p[e] *= c;
+        st4(P, 4 * j, p);
+    }
+    for (i64 i = 4 * n4 + first; i < n; i += stride) P[i] *= c;
 }
 
 #define TRANSFORMER(T, S)                                                                                        \
