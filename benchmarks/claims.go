@@ -308,7 +308,7 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 // splits): the search's answer is within a few percent of the largest.
 // A language model's windows are context tokens (0: its preset's).
 func LargestBatch(dev *tensor.Device, model string, context int, limit int64, o Options) (Claim, error) {
-	m, err := train.LookupArch(model)
+	m, err := arch(model, o)
 	if err != nil {
 		return Claim{}, err
 	}

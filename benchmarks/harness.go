@@ -79,6 +79,15 @@ func CheckConfigs(list string) error {
 	return nil
 }
 
+// arch is the registry's entry for model, with o's vocabulary.
+func arch(model string, o Options) (train.Arch, error) {
+	m, err := train.LookupArch(model)
+	if err == nil && m.Text && o.Vocab > 0 {
+		m.Classes = o.Vocab
+	}
+	return m, err
+}
+
 // variant is the configuration named name (one of train.Variants, in whose
 // order reports list them) for m: its checkpointing checkpoints m.Segments.
 func variant(m train.Arch, name string) (train.Variant, error) {
@@ -145,6 +154,10 @@ type Options struct {
 	// AMPDType is what the AMP configurations autocast to: "f16" (the
 	// default, with a GradScaler) or "bf16".
 	AMPDType string
+	// Vocab, if set, is a language model's vocabulary instead of its
+	// preset's: 50,304 is GPT-2's padded to a multiple of 64, as nanoGPT
+	// and llm.c train it.
+	Vocab int
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
@@ -196,7 +209,7 @@ func (s *stepper) release() {
 // step is planned, else the last warm-up step (or one more step after the
 // timed ones, without warm-up).
 func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
-	m, err := train.LookupArch(spec.Model)
+	m, err := arch(spec.Model, o)
 	if err != nil {
 		return Result{}, err
 	}

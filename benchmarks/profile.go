@@ -6,7 +6,6 @@ import (
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
-	"github.com/leangrad/leangrad/train"
 )
 
 // deviceProfiler is implemented by backends that attribute device time to
@@ -33,7 +32,7 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float6
 		h := &hostProfiler{b: dev.Backend()}
 		dev, p = tensor.NewDevice(h), h
 	}
-	m, err := train.LookupArch(spec.Model)
+	m, err := arch(spec.Model, o)
 	if err != nil {
 		return nil, 0, err
 	}

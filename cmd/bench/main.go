@@ -49,6 +49,7 @@ type options struct {
 	device, specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile, merge          string
 	ampDType, largestBatch                             string
+	vocab                                              int
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -104,6 +105,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
 	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
+	fs.IntVar(&o.vocab, "vocab", 0, "language models: this vocabulary instead of the preset's (50304: GPT-2's padded to a multiple of 64, as nanoGPT trains it; 0: the preset's)")
 	fs.StringVar(&o.largestBatch, "largest-batch", "", "MODEL:CONTEXT:GIB (gpt2:512:24): also find the largest batch that trains in fp32 and with AMP with the pool capped at GIB GiB (a seed claim)")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
@@ -245,6 +247,9 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.nproc < 1 {
 		say("-nproc %d: want 1 or more processes", o.nproc)
 	}
+	if o.vocab < 0 || o.vocab == 1 {
+		say("-vocab %d: want 0 (the preset's) or at least 2 tokens", o.vocab)
+	}
 	if o.largestBatch != "" {
 		if _, err := parseLargestBatch(o.largestBatch); err != nil {
 			say("-largest-batch %s: %v", o.largestBatch, err)
@@ -293,7 +298,10 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
 	}
 	configs := strings.Split(o.configs, ",")
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
+	if o.vocab > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Language models ran with a vocabulary of %d tokens instead of their presets'.", o.vocab))
+	}
 	if o.micro {
 		for _, line := range benchmarks.Micro(dev) {
 			fmt.Fprintln(stderr, "micro:", line)
