@@ -141,15 +141,13 @@ var (
 		Ref: func(x float64) float64 { return 1 / x }, RefDeriv: func(x float64) float64 { return -1 / (x * x) }, Domain: Positive})
 	// GELU is the Gaussian error linear unit in GPT-2's tanh form,
 	// ½x(1 + tanh(√(2/π)(x + 0.044715x³))), as PyTorch's
-	// gelu(approximate="tanh"). CUDA computes it as x·σ(2u), the same
-	// function (½(1 + tanh u) = σ(2u)), with the fast exponential: tanhf
-	// made the kernel compute-bound.
+	// gelu(approximate="tanh").
 	GELU = defineUnary(UnaryDef{Name: "gelu", Uses: UsesInput,
 		F:    func(x float32) float32 { return float32(geluRef(float64(x))) },
 		Grad: func(dy, x, y float32) float32 { return dy * float32(geluDeriv(float64(x))) },
-		CUDA: "x / (1.f + __expf(-1.5957691216f * (x + 0.044715f * x * x * x)))",
-		CUDAGrad: "dy * [=] { float s = 1.f / (1.f + __expf(-1.5957691216f * (x + 0.044715f * x * x * x))); " +
-			"return s + x * s * (1.f - s) * 1.5957691216f * (1.f + 0.134145f * x * x); }()",
+		CUDA: "0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))",
+		CUDAGrad: "dy * [=] { float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x)); " +
+			"return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * 0.7978845608f * (1.f + 0.134145f * x * x); }()",
 		Ref: geluTanh, RefDeriv: geluTanhDeriv})
 )
 
