@@ -12,7 +12,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -420,4 +422,53 @@ func statusOf(r *http.Response) string {
 		return ""
 	}
 	return r.Status
+}
+
+// Open copies the weights from the mapped file a tensor at a time: the Go
+// heap grows by the model (the CPU pool's memory) and not by the file,
+// whose optimiser state (two more copies of every weight, for AdamW) is
+// never read into memory.
+func TestOpenMapsTheCheckpoint(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	in := train.Inputs{Shape: []int{64}, Classes: 50257, Tokenizer: "gpt2"}
+	m, err := train.BuildModel(dev, "gpt-mini", in.Shape, in.Classes, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := train.Config{Model: "gpt-mini", Epochs: 1, Batch: 2, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Tokenizer: "gpt2"}
+	tr, err := train.New(m, dev, cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := tensor.FromInt32(dev, make([]int32, 2*64), 2, 64)
+	if err := tr.RunStep(x, x); err != nil { // AdamW's moments exist, and are saved
+		t.Fatal(err)
+	}
+	x.Release()
+	tr.Inputs = &in
+	path := filepath.Join(t.TempDir(), "gpt.st")
+	if err := tr.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	var modelBytes int64
+	for _, n := range m.State("") {
+		modelBytes += n.T.Bytes()
+	}
+	tr.Release()
+	nn.Release(m)
+	st, _ := os.Stat(path)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s, err := Open(tensor.NewDevice(cpu.New()), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.TotalAlloc - before.TotalAlloc)
+	t.Logf("file %d bytes, model %d bytes: the heap took %d bytes while opening", st.Size(), modelBytes, grew)
+	if st.Size() < 2*modelBytes || grew > modelBytes+st.Size()/4 {
+		t.Errorf("opening a %d-byte checkpoint of a %d-byte model allocated %d bytes", st.Size(), modelBytes, grew)
+	}
 }

@@ -2,8 +2,10 @@ package train
 
 import (
 	"crypto/sha256"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/datasets"
@@ -145,4 +147,96 @@ func (r *publishRecorder) Step(s StepStats) {
 		r.sums[v] = stateSum(r.tr.Model, r.tr.Dev)
 		release()
 	}
+}
+
+// TestGeneratingWhileTraining: a GPT trains, publishing its weights every
+// two steps, while two goroutines generate from the latest snapshot on
+// their sessions: every generation is the snapshot's greedy continuation
+// (the same tokens as generating again from that snapshot alone), and the
+// pool holds no generation's cache afterwards. Run with -race (CI does).
+func TestGeneratingWhileTraining(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	build := func() nn.Model {
+		m, err := BuildModel(dev, "gpt-mini", []int{32}, 64, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	m := build()
+	defer nn.Release(m)
+	cfg := Config{Model: "gpt-mini", Epochs: 2, Batch: 4, LR: 3e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1}
+	tr, err := New(m, dev, cfg, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Release()
+	pub := NewPublisher(build)
+	defer pub.Close()
+	tr.Publisher, tr.PublishEvery = pub, 2
+	tokens := make([]int32, 4000)
+	for i := range tokens {
+		tokens[i] = int32((i*7 + i/13) % 64)
+	}
+	l := datasets.NewTextLoader(tokens, dev, datasets.TextConfig{Batch: 4, Context: 32, Steps: 10, Seed: 1})
+	v := datasets.NewTextLoader(tokens[:400], dev, datasets.TextConfig{Batch: 4, Context: 32})
+	prompt := []int32{1, 2, 3, 4}
+	type gen struct {
+		version int
+		out     []int32
+	}
+	done := make(chan struct{})
+	results := make(chan []gen, 2)
+	for range 2 {
+		go func() {
+			s := dev.Session()
+			var gens []gen
+			for len(gens) < 6 {
+				select {
+				case <-done:
+					results <- gens
+					return
+				default:
+				}
+				model, ver, release, ok := pub.Acquire()
+				if !ok {
+					time.Sleep(time.Millisecond) // nothing published yet
+					continue
+				}
+				out, err := model.(*nn.GPT).Generate(s, prompt, 8, nn.Sampling{})
+				release()
+				if err != nil {
+					t.Error(err)
+				}
+				gens = append(gens, gen{ver, out})
+			}
+			results <- gens
+		}()
+	}
+	err = tr.Fit(l, v, nil, "")
+	close(done) // a generator still waiting for its first snapshot stops
+	all := append(<-results, <-results...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Generations of one snapshot agree with each other.
+	byVersion := map[int][]int32{}
+	for _, g := range all {
+		if want, ok := byVersion[g.version]; ok && !slices.Equal(want, g.out) {
+			t.Errorf("two generations from snapshot %d differ: %v and %v", g.version, want, g.out)
+		}
+		byVersion[g.version] = g.out
+	}
+	// The latest snapshot's generation is the trained model's.
+	last, ver, release, _ := pub.Acquire()
+	got, _ := last.(*nn.GPT).Generate(dev.Session(), prompt, 8, nn.Sampling{})
+	release()
+	want, _ := m.(*nn.GPT).Generate(dev, prompt, 8, nn.Sampling{})
+	if !slices.Equal(got, want) {
+		t.Errorf("the last snapshot (%d) generates %v, the trained model %v", ver, got, want)
+	}
+	if len(all) == 0 {
+		t.Error("no generation ran beside the training")
+	}
+	t.Logf("%d generations from %d snapshots beside %d steps", len(all), len(byVersion), tr.Steps)
 }
