@@ -416,8 +416,19 @@ __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* label
         rowloss[r0 + r] = (y >= 0 && y < V) ? lse - zr[y] : __int_as_float(0x7fc00000);
         rowright[r0 + r] = arg == y ? 1.f : 0.f;
     }
-    if (grad)
-        for (int j = threadIdx.x; j < V; j += blockDim.x) st(dz, (i64)r * ld + j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
+    if (!grad) return;
+    T* dr = dz + (i64)r * ld;
+    j0 = 0;
+    if (ld % 4 == 0 && vec4(zr) && vec4(dr)) {
+        j0 = V / 4 * 4;
+        for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
+            float v[4];
+            ld4(zr, j, v);
+            for (int e = 0; e < 4; e++) v[e] = expf(v[e] - lse) - (j + e == y ? 1.f : 0.f);
+            st4(dr, j, v);
+        }
+    }
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
 }
 
 // The mean loss and the right count, summed in one block in a fixed order.
