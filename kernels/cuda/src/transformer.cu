@@ -81,10 +81,42 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 
 // ---- layer norm: a warp per row ----
 
+#define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers, 32 values a lane at most
+
 template <typename T>
 __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, T* y,
                               float* mean, float* rstd) {
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    if (cols <= LN_REG_COLS) { // the row in registers: read once
+        const int PER = LN_REG_COLS / 32;
+        for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+            const T* xr = x + (i64)r * cols;
+            float v[PER], s = 0.f;
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                int j = lane + 32 * k;
+                v[k] = j < cols ? ld(xr, j) : 0.f;
+                s += v[k];
+            }
+            float m = warp_sum(s) / cols, q = 0.f;
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                float d = lane + 32 * k < cols ? v[k] - m : 0.f;
+                q += d * d;
+            }
+            float is = rsqrtf(warp_sum(q) / cols + eps);
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                int j = lane + 32 * k;
+                if (j < cols) st(y, (i64)r * cols + j, (v[k] - m) * is * g[j] + b[j]);
+            }
+            if (lane == 0) {
+                mean[r] = m;
+                rstd[r] = is;
+            }
+        }
+        return;
+    }
     for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         float s = 0.f;
@@ -110,7 +142,6 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // LN_REG_COLS columns keep a warp's sums in registers (a lane's columns
 // lane, lane+32, ...) and write them once; longer rows add into partial
 // row by row.
-#define LN_REG_COLS 1024
 template <typename T>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const T* dy, T* dx, float* partial) {
