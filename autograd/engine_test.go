@@ -487,3 +487,30 @@ func TestTwoDevicesOfOneKindAreToldApart(t *testing.T) {
 	}()
 	ag.Add(a, b)
 }
+
+// Saved counts each block a graph holds once, for the operation that saved
+// it, leaves out what exclude names, and finds nothing once the backward
+// freed the graph.
+func TestSaved(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	w := tensor.Randn(dev, tensor.F32, 0, 1, 64, 64).Keep().SetRequiresGrad(true)
+	defer w.Release()
+	dev.WithScope(func() {
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 32, 64)
+		h := ag.MatMul(x, w)                         // saves x and w
+		y := ag.Mul(h, h)                            // saves h (one block, twice)
+		loss := ag.SumAll(ag.Mul(y, x.View(32, 64))) // saves x alone (y's gradient needs x; x needs none)
+		got := map[string]int64{}
+		for _, s := range ag.Saved(loss, func(b *memory.Block) bool { return b == w.Block() }) {
+			got[s.Op] = s.Bytes
+		}
+		want := x.Block().Size() + h.Block().Size()
+		if got["mul"] < h.Block().Size() || got["matmul"]+got["mul"] != want || len(got) > 2 {
+			t.Errorf("saved %v: want x's and h's blocks, %d bytes, once each (w's left out)", got, want)
+		}
+		ag.Backward(loss)
+		if s := ag.Saved(loss, nil); len(s) != 0 {
+			t.Errorf("after the backward the graph holds %v", s)
+		}
+	})
+}

@@ -157,6 +157,30 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 	}
 }
 
+// WriteHoldings writes what a measured step held at the end of its forward,
+// by kind, and the operations whose saved tensors take the most.
+func WriteHoldings(w io.Writer, m train.Measurement) {
+	h := m.Holds
+	if h == nil {
+		return
+	}
+	fmt.Fprintf(w, "what the %s step holds at the end of its forward, %s in all (its peak, in the backward, %s more):\n",
+		m.Name, memory.Bytes(h.Allocated), memory.Bytes(h.Backward))
+	fmt.Fprintf(w, "  parameters %s, optimiser state %s, batch %s, saved for the backward %s, other %s\n",
+		memory.Bytes(h.Parameters), memory.Bytes(h.Optimizer), memory.Bytes(h.Batch), memory.Bytes(h.SavedTotal()), memory.Bytes(h.Other))
+	var parts []string
+	for i, s := range h.Saved {
+		if i == 6 {
+			parts = append(parts, fmt.Sprintf("%d more", len(h.Saved)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %s", s.Op, memory.Bytes(s.Bytes)))
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "  saved by: %s\n", strings.Join(parts, ", "))
+	}
+}
+
 // PlotMemory draws allocated, reserved and each step's peak allocated bytes
 // over the run's steps, as a PNG (or SVG, PDF by path's extension), written
 // atomically.

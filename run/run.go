@@ -398,7 +398,13 @@ func (r *runner) measure() (err error) {
 	if err != nil {
 		return err
 	}
-	WriteSavings(r.say, r.report.Measured, train.VariantName(r.cfg.AMP, r.cfg.Checkpoint))
+	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
+	WriteSavings(r.say, r.report.Measured, chosen)
+	for _, m := range r.report.Measured {
+		if m.Name == chosen {
+			WriteHoldings(r.say, m)
+		}
+	}
 	return nil
 }
 

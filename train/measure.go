@@ -3,6 +3,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	ag "github.com/leangrad/leangrad/autograd"
 	"io"
 
 	"github.com/leangrad/leangrad/memory"
@@ -56,6 +57,74 @@ type Measurement struct {
 	Planned int64 `json:"planned,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
+	// Holds says what the measured step held at the end of its forward.
+	Holds *Breakdown `json:"holds,omitempty"`
+}
+
+// Breakdown is what a training step holds at the end of its forward, when
+// everything its backward needs is alive, by kind: each pool block counted
+// once, at its size in the pool. A micro-batched step's is its largest
+// micro-batch's.
+type Breakdown struct {
+	Allocated  int64 `json:"allocated"`  // the pool's allocated bytes then
+	Parameters int64 `json:"parameters"` // the model's state: weights and buffers
+	Optimizer  int64 `json:"optimizer"`  // the optimiser's state (momentum, moments)
+	Batch      int64 `json:"batch"`      // the step's inputs and targets
+	// Saved is what the graph holds for the backward, by the operation that
+	// saved it (autograd.Saved), less the blocks counted above.
+	Saved []ag.SavedBytes `json:"saved"`
+	// Other is the rest: the loss and the metrics, workspaces and
+	// temporaries still alive.
+	Other int64 `json:"other"`
+	// Backward is how much more the step's peak held than the end of its
+	// forward: the gradients and the backward's temporaries.
+	Backward int64 `json:"backward"`
+}
+
+// SavedTotal is the bytes of Saved.
+func (b *Breakdown) SavedTotal() int64 {
+	var n int64
+	for _, s := range b.Saved {
+		n += s.Bytes
+	}
+	return n
+}
+
+// holdings records, at the end of each forward, what the step holds.
+type holdings struct {
+	t     *Trainer
+	x, y  *tensor.Tensor
+	worst *Breakdown
+}
+
+func (h *holdings) observe(loss *tensor.Tensor) {
+	seen := map[*memory.Block]bool{}
+	blocks := func(ts ...*tensor.Tensor) int64 {
+		var n int64
+		for _, t := range ts {
+			if t == nil {
+				continue
+			}
+			if b := t.Block(); b != nil && !seen[b] {
+				seen[b] = true
+				n += b.Size()
+			}
+		}
+		return n
+	}
+	b := &Breakdown{Allocated: h.t.Dev.Allocator().Stats().Allocated[memory.All].Current}
+	for _, n := range h.t.Model.State("") {
+		b.Parameters += blocks(n.T)
+	}
+	for _, v := range h.t.Opt.State() {
+		b.Optimizer += blocks(v)
+	}
+	b.Batch = blocks(h.x, h.y)
+	b.Saved = ag.Saved(loss, func(blk *memory.Block) bool { return seen[blk] })
+	b.Other = b.Allocated - b.Parameters - b.Optimizer - b.Batch - b.SavedTotal()
+	if h.worst == nil || b.Allocated > h.worst.Allocated {
+		h.worst = b
+	}
 }
 
 // Need is the memory a run of the measured configuration needs: the eager
@@ -93,15 +162,21 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		return Measurement{}, err
 	}
 	base := a.Stats().Allocated[memory.All].Current
+	h := &holdings{t: t, x: x, y: y}
+	t.Step.Observe = h.observe
 	a.WindowPeak()
 	if err := t.RunStep(x, y); err != nil {
 		return Measurement{}, err
 	}
+	t.Step.Observe = nil
 	pa, pr := a.WindowPeak()
 	if err := dev.Synchronize(); err != nil {
 		return Measurement{}, err
 	}
-	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr}
+	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Holds: h.worst}
+	if h.worst != nil {
+		h.worst.Backward = pa - h.worst.Allocated
+	}
 	if p := t.Step.Plan(x.DType(), x.Shape(), y.Shape()); plan && p != nil {
 		m.Planned = base + p.Size
 	}

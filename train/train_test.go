@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -186,6 +188,56 @@ func testMeasuredSavings(t *testing.T, dev *tensor.Device, measureBatch int) {
 	if !(m["amp"] < m["fp32"] && m["checkpoint"] < m["fp32"] && m["amp+checkpoint"] < m["amp"] && m["amp+checkpoint"] < m["checkpoint"]) {
 		t.Errorf("peaks out of order: %v", m)
 	}
+}
+
+// TestStepHoldings: what MeasureStep says the step holds adds up to what
+// the pool had allocated, its parameters are the model's blocks, the
+// activations are saved by the operations that save them (batch norm's
+// fused convolution input and output; under checkpointing, mostly the
+// blocks' inputs), and the peak is the end of the forward plus the
+// backward's share.
+func TestStepHoldings(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	build := func() nn.Model {
+		r, _ := nn.NewCIFARResNet(dev, 8, 1, 10)
+		return r
+	}
+	probe := build()
+	var params int64
+	seen := map[*memory.Block]bool{}
+	for _, n := range probe.State("") {
+		if b := n.T.Block(); !seen[b] {
+			seen[b] = true
+			params += b.Size()
+		}
+	}
+	nn.Release(probe)
+	dev.WithScope(func() {
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 8, 1, 28, 28)
+		y := tensor.FromInt32(dev, make([]int32, 8), 8)
+		for _, v := range Variants("blocks") {
+			m, err := MeasureStep(dev, build, baseConfig("resnet8"), v, x, y, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Holds
+			if h == nil {
+				t.Fatalf("%s: no holdings", v.Name)
+			}
+			ops := map[string]int64{}
+			for _, s := range h.Saved {
+				ops[s.Op] = s.Bytes
+			}
+			t.Logf("%s: %+v", v.Name, *h)
+			if h.Parameters != params || h.Batch != x.Block().Size()+y.Block().Size() || h.Optimizer <= 0 ||
+				h.Other < 0 || h.Backward < 0 || h.Allocated+h.Backward != m.PeakAllocated {
+				t.Errorf("%s: %+v does not add up (parameters %d, peak %d)", v.Name, *h, params, m.PeakAllocated)
+			}
+			if ops["batch_norm"] == 0 || (v.Checkpoint != "none") != (ops["checkpoint"] > 0) {
+				t.Errorf("%s: saved by %v", v.Name, ops)
+			}
+		}
+	})
 }
 
 func TestEmptyCacheEvery(t *testing.T) { testEmptyCacheEvery(t, tensor.CPU()) }
