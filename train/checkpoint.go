@@ -75,12 +75,14 @@ type CheckpointInfo struct {
 
 // ReadCheckpointInfo reads the run a training checkpoint records, its
 // checksums checked, without touching a device: what a run compares its
-// configuration with before any work.
+// configuration with before any work. The file is memory-mapped, not read
+// into the heap.
 func ReadCheckpointInfo(path string) (CheckpointInfo, error) {
-	st, err := nn.ReadSafetensors(path)
+	st, unmap, err := nn.MapSafetensors(path)
 	if err != nil {
 		return CheckpointInfo{}, err
 	}
+	defer unmap()
 	return InfoOf(st, path)
 }
 
