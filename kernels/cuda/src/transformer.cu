@@ -142,17 +142,6 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // LN_REG_COLS columns keep a warp's sums in registers (a lane's columns
 // lane, lane+32, ...) and write them once; longer rows add into partial
 // row by row.
-// ln_dx writes a row's dx = rstd·(dy·γ − mean(dy·γ) − x̂·mean(dy·γ·x̂)), the
-// two means given, a lane's columns lane, lane+32, ...
-template <typename T>
-__device__ __forceinline__ void ln_dx(int cols, int lane, const T* xr, const T* gr, const float* g, float m, float is, float mg,
-                                      float mgx, T* dxr) {
-    for (int j = lane; j < cols; j += 32) {
-        float xh = (ld(xr, j) - m) * is;
-        st(dxr, j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
-    }
-}
-
 template <typename T>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const T* dy, T* dx, float* partial) {
@@ -178,7 +167,11 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 pb[k] += d;
             }
         }
-        ln_dx(cols, lane, xr, gr, g, m, is, warp_sum(sg) / cols, warp_sum(sgx) / cols, dx + (i64)r * cols);
+        float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
+        for (int j = lane; j < cols; j += 32) {
+            float xh = (ld(xr, j) - m) * is;
+            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+        }
     }
     float* pw = partial + (i64)w * 2 * cols;
 #pragma unroll
@@ -215,7 +208,11 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
             pg[j] += d * xh;
             pb[j] += d;
         }
-        ln_dx(cols, lane, xr, gr, g, m, is, warp_sum(sg) / cols, warp_sum(sgx) / cols, dx + (i64)r * cols);
+        float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
+        for (int j = lane; j < cols; j += 32) {
+            float xh = (ld(xr, j) - m) * is;
+            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+        }
     }
 }
 
