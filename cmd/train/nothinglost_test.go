@@ -198,7 +198,7 @@ func withoutChecksums(t *testing.T, file []byte) []byte {
 func TestSIGTERMSavesAndResumesToTheSameWeights(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"-model", "mlp", "-dataset", "synthetic", "-device", "cpu", "-batch", "8", "-epochs", "3",
-		"-limit", "3000", "-test-limit", "64", "-measure=false"}
+		"-limit", "1000", "-test-limit", "64", "-measure=false"}
 	whole, stopped := filepath.Join(dir, "whole.ckpt"), filepath.Join(dir, "stopped.ckpt")
 	if code, _, stderr := runBinary(t, slices.Concat(args, []string{"-save", whole})...); code != 0 {
 		t.Fatalf("the whole run: %d\n%s", code, stderr)
