@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -126,7 +127,7 @@ func LoadGPT2(path string, dev *tensor.Device) (*GPT, error) {
 		if conv1D(name) {
 			want = []int{want[1], want[0]}
 		}
-		if !equalShape(s.Shape, want) {
+		if !slices.Equal(s.Shape, want) {
 			return nil, fmt.Errorf("%s: tensor %q is %v, a GPT of %+v has %v there", path, name, s.Shape, cfg, want)
 		}
 		vals, err := float32sOf(s)

@@ -3,6 +3,7 @@ package nn
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -378,7 +379,7 @@ func TestGPT2FileLayout(t *testing.T) {
 	}
 	defer Release(r)
 	for i, n := range r.State("") {
-		if !slicesEqual(n.T.Float32s(), want[i].T.Float32s()) {
+		if !slices.Equal(n.T.Float32s(), want[i].T.Float32s()) {
 			t.Errorf("%s differs after SaveGPT2 and LoadGPT2", n.Name)
 		}
 	}
@@ -387,16 +388,4 @@ func TestGPT2FileLayout(t *testing.T) {
 	if _, err := LoadGPT2(dir+"/short.safetensors", dev); err == nil || !strings.Contains(err.Error(), "h.1.mlp.c_fc.bias") {
 		t.Errorf("a file without a tensor: %v", err)
 	}
-}
-
-func slicesEqual(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

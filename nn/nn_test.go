@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -38,7 +39,7 @@ func testShapes(t *testing.T, dev *tensor.Device) {
 		dev.WithScope(func() {
 			ag.NoGrad(dev, func() {
 				y := tc.m.Forward(tensor.Randn(dev, tensor.F32, 0, 1, tc.in...))
-				if got := y.Shape(); !equalShape(got, tc.out) {
+				if got := y.Shape(); !slices.Equal(got, tc.out) {
 					t.Errorf("%T: output %v, want %v", tc.m, got, tc.out)
 				}
 			})
@@ -318,7 +319,7 @@ func FuzzParseSafetensors(f *testing.F) {
 		}
 		for k, v := range st.Tensors {
 			w := again.Tensors[k]
-			if w.DType != v.DType || !equalShape(w.Shape, v.Shape) || !bytes.Equal(w.Data, v.Data) {
+			if w.DType != v.DType || !slices.Equal(w.Shape, v.Shape) || !bytes.Equal(w.Data, v.Data) {
 				t.Fatalf("tensor %q changed in a round trip", k)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"syscall"
 
@@ -305,7 +306,7 @@ func LoadStateDict(m Module, st *Safetensors, source string) error {
 		if !ok {
 			return fmt.Errorf("%s: no tensor %q (the model has %d state tensors)", source, name, len(state))
 		}
-		if s.DType != n.T.DType() || !equalShape(s.Shape, n.T.Shape()) {
+		if s.DType != n.T.DType() || !slices.Equal(s.Shape, n.T.Shape()) {
 			return fmt.Errorf("%s: tensor %q is %v %v, the model's is %v %v", source, name, s.DType, s.Shape, n.T.DType(), n.T.Shape())
 		}
 	}
@@ -331,16 +332,4 @@ func Load(m Module, path string) error {
 		return err
 	}
 	return LoadStateDict(m, st, path)
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
