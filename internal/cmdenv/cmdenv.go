@@ -1,6 +1,8 @@
-// Package cmdenv is where the commands read the environment. The library
-// reads no environment variable of its own: every setting below reaches it
-// as an option or an argument, set here by cmd/train and cmd/bench.
+// Package cmdenv is what the commands share with their environment: the
+// variables they read, their exit statuses, and how they catch panics and
+// signals (Main, CatchInterrupts). The library reads no environment
+// variable of its own: every setting below reaches it as an option or an
+// argument, set here by cmd/train, cmd/bench and cmd/serve.
 //
 //	LEANGRAD_DATA   a folder holding one folder per dataset, searched
 //	                before the system folders (datasets.Source.Roots)
