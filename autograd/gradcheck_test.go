@@ -265,6 +265,11 @@ func gradCases() []gradCase {
 			l, _ := ag.ClassifierLoss(h, in[0], in[2])
 			return l
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		// Linear, GELU and Linear as one op, the activation and biases in
+		// the products' epilogues.
+		{name: "mlp", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 5, 4), param(r, normal, 6, 4), param(r, normal, 6), param(r, normal, 3, 6), param(r, normal, 3)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.MLP(in[0], in[1], in[2], in[3], in[4]) }},
 	}...)
 	return cases
 }

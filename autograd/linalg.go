@@ -14,6 +14,12 @@ func gemm(a, b *T, transA, transB bool) *T { return gemmTo(a, b, transA, transB,
 // gemmTo is gemm with a result of dtype dt: F32 from F16 operands is the
 // product accumulated in float32 and not rounded.
 func gemmTo(a, b *T, transA, transB bool, dt tensor.DType) *T {
+	return gemmEpilogue(a, b, transA, transB, dt, kernels.Epilogue{})
+}
+
+// gemmEpilogue is gemmTo with the epilogue e fused into the product (2-D
+// operands only; see kernels.Epilogue).
+func gemmEpilogue(a, b *T, transA, transB bool, dt tensor.DType, e kernels.Epilogue) *T {
 	sameDevice("matmul", a, b)
 	if a.DType() != b.DType() {
 		panic(fmt.Sprintf("autograd: matmul of %v and %v tensors", a.DType(), b.DType()))
@@ -47,10 +53,20 @@ func gemmTo(a, b *T, transA, transB bool, dt tensor.DType) *T {
 		shape = []int{batch, m, n}
 	}
 	c := tensor.Empty(ModeOf(a, b), dt, shape...)
-	a.Backend().Gemm(kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
-		StrideA: m * k, StrideB: k * n, StrideC: m * n}, a.Buf(), b.Buf(), c.Buf())
+	p := kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
+		StrideA: m * k, StrideB: k * n, StrideC: m * n}
+	if e == (kernels.Epilogue{}) {
+		a.Backend().Gemm(p, a.Buf(), b.Buf(), c.Buf())
+	} else {
+		a.Backend().GemmEpilogue(p, e, a.Buf(), b.Buf(), c.Buf())
+	}
 	return c
 }
+
+// fusesBias reports whether b is a bias the products add in their
+// epilogue: an F32 vector (parameters are; a 16-bit one is added as a
+// tensor of the product's dtype instead).
+func fusesBias(b *T) bool { return b != nil && b.DType() == tensor.F32 && b.NDim() == 1 }
 
 // MatMul returns the matrix product a·b of an M×K and a K×N tensor, or the
 // batched product of B×M×K and B×K×N tensors.
@@ -103,12 +119,17 @@ func Linear(x, w, b *T) *T {
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
 		panic(fmt.Sprintf("autograd: linear of input %v with weight %v: want N×In and Out×In", xs, ws))
 	}
-	y := gemm(x, wc, false, true)
-	if b != nil {
-		if b.NDim() != 1 || b.Dim(0) != ws[0] {
-			panic(fmt.Sprintf("autograd: linear bias of shape %v for weight %v", b.Shape(), ws))
+	if b != nil && (b.NDim() != 1 || b.Dim(0) != ws[0]) {
+		panic(fmt.Sprintf("autograd: linear bias of shape %v for weight %v", b.Shape(), ws))
+	}
+	var y *T
+	if fusesBias(b) {
+		y = gemmEpilogue(x, wc, false, true, x.DType(), kernels.Epilogue{Bias: b.Buf()})
+	} else {
+		y = gemm(x, wc, false, true)
+		if b != nil {
+			addBias(y, b, b.Shape())
 		}
-		addBias(y, b, b.Shape())
 	}
 	rec := begin("linear", x, w, b)
 	if rec == nil {
@@ -133,14 +154,119 @@ func Linear(x, w, b *T) *T {
 			grads[0] = gemm(g, wSaved, false, false) // dx = dy·w
 		}
 		if xSaved != nil {
-			grads[1] = gemmTo(g, xSaved, true, false, wType) // dw = dyᵀ·x
+			grads[1], grads[2] = weightGrad(g, xSaved, wType, bType, hasBias && rec.needs(2)) // dw = dyᵀ·x, db = Σ dy
 		}
-		if hasBias && rec.needs(2) {
+		if hasBias && rec.needs(2) && grads[2] == nil {
 			grads[2] = biasGrad(g, []int{ws[0]}, bType)
 		}
 		return grads
 	})
 	return y
+}
+
+// weightGrad returns a linear layer's weight gradient gᵀ·x in dtype wType
+// and, with bias, its F32 bias's gradient (the column sums of g) from the
+// same product's epilogue; nil for a bias of another dtype bType.
+func weightGrad(g, x *T, wType, bType tensor.DType, bias bool) (dw, db *T) {
+	if !bias || bType != tensor.F32 {
+		return gemmTo(g, x, true, false, wType), nil
+	}
+	db = tensor.Empty(ModeOf(g, x), tensor.F32, g.Dim(1))
+	return gemmEpilogue(g, x, true, false, wType, kernels.Epilogue{BiasGradA: db.Buf()}), db
+}
+
+// MLP returns a transformer's feed-forward block, GELU(x·w1ᵀ + b1)·w2ᵀ +
+// b2, for x of N×In, w1 of Hidden×In, w2 of Out×Hidden (PyTorch's layout)
+// and F32 biases b1 of Hidden and b2 of Out: Linear, GELU and Linear as one
+// op whose GELU runs in the products' epilogues, forward (with the first
+// bias) and backward (with the first bias's gradient), as do the second
+// bias and its gradient (kernels.Epilogue). Neither the activation nor the
+// biases make a pass of their own over the hidden activations. It saves
+// what the three ops would: x, GELU's input and its output.
+//
+// Under Autocast the products run in its dtype on copies of x, w1 and w2,
+// as Linear's do; the gradients of the weights and biases are in their own
+// dtypes.
+func MLP(x, w1, b1, w2, b2 *T) *T {
+	w1c, w2c := w1, w2
+	dev := ModeOf(x, w1, b1, w2, b2)
+	if AutocastEnabled(dev) {
+		dt := AutocastDType(dev)
+		defer autocastIn(dev, dt, &x)()
+		w1c, w2c = asDType(dev, w1, dt), asDType(dev, w2, dt)
+		defer w1c.Release()
+		defer w2c.Release()
+	}
+	xs, s1, s2 := x.Shape(), w1.Shape(), w2.Shape()
+	if len(xs) != 2 || len(s1) != 2 || len(s2) != 2 || xs[1] != s1[1] || s2[1] != s1[0] {
+		panic(fmt.Sprintf("autograd: mlp of input %v with weights %v and %v: want N×In, Hidden×In and Out×Hidden", xs, s1, s2))
+	}
+	if !fusesBias(b1) || !fusesBias(b2) || b1.Dim(0) != s1[0] || b2.Dim(0) != s2[0] {
+		panic(fmt.Sprintf("autograd: mlp biases %v and %v for weights %v and %v: want F32 vectors of Hidden and Out", shapeOf(b1), shapeOf(b2), s1, s2))
+	}
+	dt := x.DType()
+	pre := tensor.Empty(dev, dt, xs[0], s1[0]) // GELU's input
+	defer pre.Release()
+	h := gemmEpilogue(x, w1c, false, true, dt, kernels.Epilogue{Bias: b1.Buf(), Act: kernels.GELU, Aux: pre.Buf()})
+	defer h.Release()
+	y := gemmEpilogue(h, w2c, false, true, dt, kernels.Epilogue{Bias: b2.Buf()})
+	rec := begin("mlp", x, w1, b1, w2, b2)
+	if rec == nil {
+		return y
+	}
+	first := rec.needs(0) || rec.needs(1) || rec.needs(2) // the gradient reaches the first product
+	var xS, w1S, preS, hS, w2S *T
+	if rec.needs(1) {
+		xS = rec.save(x)
+	}
+	if rec.needs(0) {
+		w1S = rec.save(w1c)
+	}
+	if first {
+		preS, w2S = rec.save(pre), rec.save(w2c)
+	}
+	if rec.needs(3) {
+		hS = rec.save(h)
+	}
+	w1Type, w2Type := w1.DType(), w2.DType()
+	rec.finish(y, func(g *T) []*T {
+		grads := make([]*T, 5)
+		if g.DType() != dt {
+			g = castRaw(g, dt)
+			defer g.Release()
+		}
+		if hS != nil {
+			grads[3], grads[4] = weightGrad(g, hS, w2Type, tensor.F32, rec.needs(4))
+		} else if rec.needs(4) {
+			grads[4] = biasGrad(g, []int{s2[0]}, tensor.F32)
+		}
+		if !first {
+			return grads
+		}
+		e := kernels.Epilogue{Act: kernels.GELU, Grad: true, Aux: preS.Buf()}
+		if rec.needs(2) {
+			grads[2] = tensor.Empty(ModeOf(g, w2S), tensor.F32, s1[0])
+			e.BiasGrad = grads[2].Buf()
+		}
+		dpre := gemmEpilogue(g, w2S, false, false, dt, e) // GELU′(pre)·(dy·w2)
+		defer dpre.Release()
+		if xS != nil {
+			grads[1] = gemmTo(dpre, xS, true, false, w1Type) // dw1 = dpreᵀ·x
+		}
+		if w1S != nil {
+			grads[0] = gemm(dpre, w1S, false, false) // dx = dpre·w1
+		}
+		return grads
+	})
+	return y
+}
+
+// shapeOf is t's shape, or nil for a nil tensor.
+func shapeOf(t *T) []int {
+	if t == nil {
+		return nil
+	}
+	return t.Shape()
 }
 
 // addBias adds the bias b, read as shape (its one dimension placed among

@@ -81,3 +81,71 @@ func TestLinearUnderAutocast(t *testing.T) {
 		}
 	}
 }
+
+// TestMLPIsLinearGELULinear: the fused feed-forward op computes what
+// Linear, GELU and Linear compute, forward and backward, in float32 and
+// under BF16 autocast (where it rounds less: the biases are added before
+// the products are rounded, and GELU's derivative is applied before the
+// hidden gradient is).
+func TestMLPIsLinearGELULinear(t *testing.T) {
+	dev := tensor.CPU()
+	rng := newSrc(dev, 5, 5)
+	const n, in, hidden, out = 12, 16, 24, 8
+	x, w1, b1 := param(rng, normal, n, in), param(rng, normal, hidden, in), param(rng, normal, hidden)
+	w2, b2 := param(rng, normal, out, hidden), param(rng, normal, out)
+	ps := []*tensor.Tensor{x, w1, b1, w2, b2}
+	defer func() {
+		for _, p := range ps {
+			p.Release()
+		}
+	}()
+	gv := make([]float32, n*out)
+	for i := range gv {
+		gv[i] = float32(rng.NormFloat64())
+	}
+	run := func(f func() *tensor.Tensor, dt tensor.DType) (y []float32, grads [][]float32) {
+		for _, p := range ps {
+			p.ZeroGrad()
+		}
+		dev.WithScope(func() {
+			var yt *tensor.Tensor
+			if dt == tensor.F32 {
+				yt = f()
+			} else {
+				ag.Autocast(dev, dt, func() { yt = f() })
+			}
+			g := ag.Cast(tensor.FromFloat32(dev, gv, n, out), yt.DType())
+			ag.Backward(yt, ag.WithGrad(g))
+			y = ag.Cast(yt, tensor.F32).Float32s()
+			for _, p := range ps {
+				grads = append(grads, p.Grad().Float32s())
+			}
+		})
+		return y, grads
+	}
+	fused := func() *tensor.Tensor { return ag.MLP(x, w1, b1, w2, b2) }
+	composed := func() *tensor.Tensor { return ag.Linear(ag.GELU(ag.Linear(x, w1, b1)), w2, b2) }
+	for _, c := range []struct {
+		dt  tensor.DType
+		tol float64
+	}{{tensor.F32, 1e-5}, {tensor.BF16, 3e-2}} {
+		yf, gf := run(fused, c.dt)
+		yc, gc := run(composed, c.dt)
+		relErr := func(a, b []float32) float64 {
+			var num, den float64
+			for i := range a {
+				d := float64(a[i] - b[i])
+				num, den = num+d*d, den+float64(b[i])*float64(b[i])
+			}
+			return math.Sqrt(num / den)
+		}
+		if e := relErr(yf, yc); e > c.tol {
+			t.Errorf("%v: output differs from Linear→GELU→Linear by %.3g", c.dt, e)
+		}
+		for i, name := range []string{"dx", "dw1", "db1", "dw2", "db2"} {
+			if e := relErr(gf[i], gc[i]); e > c.tol {
+				t.Errorf("%v: %s differs from Linear→GELU→Linear's by %.3g", c.dt, name, e)
+			}
+		}
+	}
+}

@@ -183,14 +183,15 @@ func TestLargestBatchClaim(t *testing.T) {
 
 // TestProfileOnCPU: the CPU's profile counts each operation of a step once,
 // under its kind and dtype (an MLP step of three layers: three products
-// forward, five backward), and its total is the sum of the kinds.
+// forward, with their biases in the epilogue, five backward, three with
+// the bias gradients), and its total is the sum of the kinds.
 func TestProfileOnCPU(t *testing.T) {
 	dev := tensor.CPU()
 	for _, tc := range []struct {
-		config, gemm, extra string
+		config, dtype, extra string
 	}{
-		{"fp32", "Gemm f32", "SGD f32"},
-		{"amp", "Gemm f16", "Cast f32 to f16"},
+		{"fp32", "f32", "SGD f32"},
+		{"amp", "f16", "Cast f32 to f16"},
 	} {
 		ops, total, err := Profile(dev, Spec{Model: "mlp", Batch: 4, Config: tc.config}, Options{Warmup: 1, Steps: 3, Seed: 1})
 		if err != nil {
@@ -198,15 +199,20 @@ func TestProfileOnCPU(t *testing.T) {
 		}
 		var sum float64
 		count := map[string]int{}
+		products := 0
 		for i, op := range ops {
 			sum += op.MS
 			count[op.Op] = op.Count
+			if strings.HasPrefix(op.Op, "Gemm") && strings.HasSuffix(op.Op, " "+tc.dtype) {
+				products += op.Count
+			}
 			if i > 0 && op.MS > ops[i-1].MS {
 				t.Errorf("%s: %s (%v ms) after %s (%v ms): not the most first", tc.config, op.Op, op.MS, ops[i-1].Op, ops[i-1].MS)
 			}
 		}
-		if count[tc.gemm] != 8 || count[tc.extra] == 0 || math.Abs(sum-total) > 1e-9 || total <= 0 {
-			t.Errorf("%s: %d× %s, %d× %s, total %v ms (sum %v): %+v", tc.config, count[tc.gemm], tc.gemm, count[tc.extra], tc.extra, total, sum, ops)
+		if products != 8 || count["GemmEpilogue bias "+tc.dtype] != 3 || count["GemmEpilogue bias grad of A "+tc.dtype] != 3 ||
+			count[tc.extra] == 0 || math.Abs(sum-total) > 1e-9 || total <= 0 {
+			t.Errorf("%s: %d %s products, %d× %s, total %v ms (sum %v): %+v", tc.config, products, tc.dtype, count[tc.extra], tc.extra, total, sum, ops)
 		}
 	}
 }

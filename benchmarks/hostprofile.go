@@ -145,6 +145,11 @@ func (h *hostProfiler) Gemm(p kernels.GemmParams, a, b, c kernels.Buf) {
 	h.b.Gemm(p, a, b, c)
 }
 
+func (h *hostProfiler) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c kernels.Buf) {
+	defer h.op("GemmEpilogue "+e.String(), a)()
+	h.b.GemmEpilogue(p, e, a, b, c)
+}
+
 func (h *hostProfiler) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	defer h.op("Conv2d", x)()
 	h.b.Conv2d(p, x, w, y)

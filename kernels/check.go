@@ -56,6 +56,41 @@ func CheckGemm(p GemmParams, a, b, c Buf) {
 	}
 }
 
+// CheckGemmEpilogue checks a product with an epilogue: the product as
+// CheckGemm does, and the epilogue's buffers against p.
+func CheckGemmEpilogue(p GemmParams, e Epilogue, a, b, c Buf) {
+	CheckGemm(p, a, b, c)
+	if max(p.Batch, 1) != 1 || p.Beta != 0 {
+		panic(fmt.Sprintf("kernels: gemm epilogue of a batched product or one with β ≠ 0 (%+v)", p))
+	}
+	if e.Act != 0 {
+		if e.Act.Def().Uses != UsesInput {
+			panic(fmt.Sprintf("kernels: gemm epilogue with %v, whose derivative does not read its input", e.Act))
+		}
+		if !e.Aux.Valid() || e.Aux.DType != c.DType {
+			panic(fmt.Sprintf("kernels: gemm epilogue with %v needs an Aux of C's dtype %v (have %v)", e.Act, c.DType, e.Aux.DType))
+		}
+		CheckLen("gemm epilogue aux", p.M*p.N, e.Aux)
+	} else if e.Grad || e.Aux.Valid() {
+		panic("kernels: gemm epilogue with Grad or an Aux but no Act")
+	}
+	if e.Bias.Valid() {
+		if e.Grad {
+			panic("kernels: gemm epilogue with both Grad and a Bias")
+		}
+		CheckF32("gemm epilogue bias", e.Bias)
+		CheckLen("gemm epilogue bias", p.N, e.Bias)
+	}
+	if e.BiasGrad.Valid() {
+		CheckF32("gemm epilogue bias gradient", e.BiasGrad)
+		CheckLen("gemm epilogue bias gradient", p.N, e.BiasGrad)
+	}
+	if e.BiasGradA.Valid() {
+		CheckF32("gemm epilogue bias gradient of A", e.BiasGradA)
+		CheckLen("gemm epilogue bias gradient of A", p.M, e.BiasGradA)
+	}
+}
+
 // CheckConv checks a convolution's input x, weight w and output y against p.
 func CheckConv(op string, p ConvParams, x, w, y Buf) {
 	p.Validate()

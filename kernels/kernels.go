@@ -16,6 +16,7 @@ package kernels
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/leangrad/leangrad/memory"
 )
@@ -117,6 +118,56 @@ type GemmParams struct {
 	Alpha, Beta               float32
 	Batch                     int
 	StrideA, StrideB, StrideC int
+}
+
+// Epilogue is what a single (unbatched, Beta = 0) matrix product does to
+// its result on the way to memory, in the pass that stores C (cuBLASLt's
+// epilogues on CUDA): a linear layer's bias, its activation and their
+// gradients cost no pass of their own over C. The zero Epilogue does
+// nothing.
+//
+// Forward (Grad false): C = Act(Alpha·op(A)·op(B) + Bias), the bias
+// broadcast over the rows; with an Act, Aux receives its input, the
+// pre-activation the backward needs.
+//
+// Backward (Grad true): C = Alpha·op(A)·op(B) · Act′(Aux), the gradient
+// through the activation whose input Aux holds, into the product that
+// computed it.
+//
+// Either way BiasGrad, when valid, receives the column sums of the stored C
+// (the gradient of the bias that made the activation's input), and
+// BiasGradA the sums of op(A) over K (the gradient of the bias of a layer
+// whose weight gradient the product is, A being that layer's output
+// gradient, transposed).
+type Epilogue struct {
+	Bias      Buf     // F32, N elements; forward only
+	Act       UnaryOp // 0: none; else an op whose derivative reads its input (UsesInput)
+	Grad      bool
+	Aux       Buf // C's dtype, M×N
+	BiasGrad  Buf // F32, N elements
+	BiasGradA Buf // F32, M elements
+}
+
+// String names what the epilogue does, as profiles show it: "bias+gelu",
+// "gelu′+bias grad".
+func (e Epilogue) String() string {
+	var parts []string
+	if e.Bias.Valid() {
+		parts = append(parts, "bias")
+	}
+	if e.Act != 0 {
+		parts = append(parts, e.Act.String()+map[bool]string{true: "′"}[e.Grad])
+	}
+	if e.BiasGrad.Valid() {
+		parts = append(parts, "bias grad")
+	}
+	if e.BiasGradA.Valid() {
+		parts = append(parts, "bias grad of A")
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "+")
 }
 
 // ConvParams describes a 2-D convolution (cross-correlation, as in every deep
@@ -289,6 +340,9 @@ type Backend interface {
 
 	// Gemm computes a (batched) matrix product; see GemmParams. C is read when Beta != 0.
 	Gemm(p GemmParams, a, b, c Buf)
+	// GemmEpilogue computes a matrix product and its epilogue in one
+	// pass where the backend can fuse them; see Epilogue.
+	GemmEpilogue(p GemmParams, e Epilogue, a, b, c Buf)
 
 	// Conv2d computes y (N×K×OH×OW) from x (N×C×H×W) and w (K×C×R×S).
 	Conv2d(p ConvParams, x, w, y Buf)

@@ -96,14 +96,17 @@ func (b *GPTBlock) attend(x *T) *T {
 	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
 }
 
-// mlp is x's MLP output: ln_2, c_fc, GELU, c_proj.
+// mlp is x's MLP output: ln_2, then c_fc, GELU and c_proj as one op.
 func (b *GPTBlock) mlp(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
 	h := then(b.LN2.Forward(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
-	h = then(h, b.FC.Forward)
-	h = then(h, ag.GELU)
-	h = then(h, b.Proj.Forward)
+	h = then(h, b.feedForward)
 	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
+}
+
+// feedForward is c_proj(GELU(c_fc(h))) for h of N×Width (ag.MLP).
+func (b *GPTBlock) feedForward(h *T) *T {
+	return ag.MLP(h, b.FC.Weight, b.FC.Bias, b.Proj.Weight, b.Proj.Bias)
 }
 
 // Forward computes the block for x of B×T×Width.
@@ -373,7 +376,7 @@ func (g *GPT) decode(dev *tensor.Device, caches []*T, tokens []int32, pos int) *
 		be.Copy(cb.Slice(pos*3*C, m*3*C), qkv.Buf())
 		a := b.AttnProj.Forward(ag.CachedAttention(caches[i], pos, m, b.Heads))
 		h = ag.Add(h, a)
-		h = ag.Add(h, b.Proj.Forward(ag.GELU(b.FC.Forward(b.LN2.Forward(h)))))
+		h = ag.Add(h, b.feedForward(b.LN2.Forward(h)))
 	}
 	last := g.LNF.Forward(h.Rows(m-1, m))
 	return ag.Linear(last, g.WTE.On(dev), nil).Keep()

@@ -27,10 +27,7 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	} else {
 		cs = f32s(cb)
 	}
-	roundRows := half.FromFloat32Rows
-	if cb.DType == kernels.BF16 {
-		roundRows = half.BF16FromFloat32Rows
-	}
+	round := roundRows(cb.DType)
 	lda, ldb := p.K, p.N
 	if p.TransA {
 		lda = p.M
@@ -48,7 +45,7 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 		h := ch[i*p.StrideC:]
 		mu.GemmOpTiles(p.M, p.N, p.K, p.Alpha, a, b, p.Beta, c, p.N, func(i0, i1, j0, j1 int) {
 			at := i0*p.N + j0
-			roundRows(h[at:], p.N, c[at:], p.N, i1-i0, j1-j0)
+			round(h[at:], p.N, c[at:], p.N, i1-i0, j1-j0)
 		})
 	}
 	if batch == 1 {
@@ -79,4 +76,101 @@ func operand(buf kernels.Buf, off, ld int, trans, isA bool) sgemm.Operand {
 	}
 	m.Data = f32s(buf)[off:]
 	return m
+}
+
+// GemmEpilogue computes a product and its epilogue (kernels.Epilogue):
+// the bias and the activation (or its derivative) are applied to each
+// block of C as GemmOpTiles finishes it, in float32 and before a 16-bit C
+// is rounded, so C is stored once. A 16-bit pre-activation is rounded into
+// Aux before the activation reads it, as the backward will. The bias
+// gradients are Reduce's sums.
+func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
+	kernels.CheckGemmEpilogue(p, e, a, b, cb)
+	var cs []float32
+	var ch []uint16
+	if cb.DType.Half() {
+		ch, cs = u16s(cb), getScratch(cb.N)
+		defer putScratch(cs)
+	} else {
+		cs = f32s(cb)
+	}
+	toF32, fromF32 := half.ToFloat32, half.FromFloat32
+	if cb.DType == kernels.BF16 {
+		toF32, fromF32 = half.BF16ToFloat32, half.BF16FromFloat32
+	}
+	var bias []float32
+	if e.Bias.Valid() {
+		bias = f32s(e.Bias)
+	}
+	var act *kernels.UnaryDef
+	if e.Act != 0 {
+		act = e.Act.Def()
+	}
+	lda, ldb := p.K, p.N
+	if p.TransA {
+		lda = p.M
+	}
+	if p.TransB {
+		ldb = p.K
+	}
+	c.mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), operand(b, 0, ldb, p.TransB, false), 0, cs, p.N,
+		func(i0, i1, j0, j1 int) {
+			var pre []float32 // a row's pre-activation, as Aux holds it
+			if e.Act != 0 {
+				pre = make([]float32, j1-j0)
+			}
+			for i := i0; i < i1; i++ {
+				row, at := cs[i*p.N+j0:i*p.N+j1], i*p.N+j0
+				if bias != nil {
+					for j := range row {
+						row[j] += bias[j0+j]
+					}
+				}
+				if e.Act == 0 {
+					continue
+				}
+				switch {
+				case e.Grad && ch != nil:
+					toF32(pre, u16s(e.Aux)[at:at+len(row)])
+				case e.Grad:
+					copy(pre, f32s(e.Aux)[at:])
+				case ch != nil:
+					aux := u16s(e.Aux)[at : at+len(row)]
+					fromF32(aux, row)
+					toF32(pre, aux)
+				default:
+					copy(f32s(e.Aux)[at:at+len(row)], row)
+					copy(pre, row)
+				}
+				for j, x := range pre {
+					if e.Grad {
+						row[j] = act.Grad(row[j], x, 0)
+					} else {
+						row[j] = act.F(x)
+					}
+				}
+			}
+			if ch != nil {
+				at := i0*p.N + j0
+				roundRows(cb.DType)(ch[at:], p.N, cs[at:], p.N, i1-i0, j1-j0)
+			}
+		})
+	if e.BiasGrad.Valid() {
+		c.Reduce(kernels.Sum, e.BiasGrad, cb, kernels.Reduction{Outer: 1, Len: p.M, Inner: p.N})
+	}
+	if e.BiasGradA.Valid() {
+		r := kernels.Reduction{Outer: p.M, Len: p.K, Inner: 1} // A stored M×K
+		if p.TransA {
+			r = kernels.Reduction{Outer: 1, Len: p.K, Inner: p.M} // A stored K×M
+		}
+		c.Reduce(kernels.Sum, e.BiasGradA, a.Slice(0, p.M*p.K), r)
+	}
+}
+
+// roundRows is the rounding of float32 rows into 16-bit ones of dtype dt.
+func roundRows(dt kernels.DType) func(dst []uint16, ldd int, src []float32, lds int, rows, n int) {
+	if dt == kernels.BF16 {
+		return half.BF16FromFloat32Rows
+	}
+	return half.FromFloat32Rows
 }

@@ -36,8 +36,10 @@ type Backend struct {
 	// which the flash attention kernels need; noFlash (tests) runs the
 	// chunked attention instead.
 	tensorCores, noFlash bool
-	opts                 Options
-	asked                Options // opts as given to Open, for the conflict check
+	// noLt (tests) runs products with epilogues unfused.
+	noLt  bool
+	opts  Options
+	asked Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI
@@ -49,7 +51,11 @@ type Backend struct {
 	module      uintptr
 	funcs       [][]uintptr // the module's functions, by kernel and instantiation (newFunctionTable)
 	blas        uintptr
-	blasWS      *memory.Block
+	blasWS      *memory.Block // cuBLAS's and cuBLASLt's workspace
+	lt          *cublasLtAPI  // nil: products with epilogues run unfused (ltReason says why)
+	ltHandle    uintptr
+	ltReason    string
+	ltPlans     map[ltKey]*ltPlan
 	args        *launchArgs
 	staging     [2]staging
 	nextStage   int
@@ -174,6 +180,13 @@ func open(index int, opts Options) (*Backend, error) {
 		mode = cublasTF32TensorOpMath
 	}
 	cb.must("cublasSetMathMode", cb.setMathMode(b.blas, mode))
+	if lt, err := cublasLtLib.load(); err != nil {
+		b.ltReason = err.Error()
+	} else if err := cb.check("cublasLtCreate", lt.create(unsafe.Pointer(&b.ltHandle))); err != nil {
+		b.ltReason = err.Error()
+	} else {
+		b.lt, b.ltPlans = lt, map[ltKey]*ltPlan{}
+	}
 
 	switch dnn, err := loadCUDNN(); {
 	case opts.NoCuDNN:
@@ -261,6 +274,20 @@ func (b *Backend) Close() error {
 		keep(dnn.check("cudnnDestroy", dnn.destroy(b.dnnHandle)))
 	}
 	b.plans = nil
+	if lt := b.lt; lt != nil {
+		for _, pl := range b.ltPlans {
+			for _, l := range []uintptr{pl.a, pl.b, pl.d} {
+				if l != 0 {
+					keep(b.cb.check("cublasLtMatrixLayoutDestroy", lt.layoutDestroy(l)))
+				}
+			}
+			if pl.desc != 0 {
+				keep(b.cb.check("cublasLtMatmulDescDestroy", lt.descDestroy(pl.desc)))
+			}
+		}
+		keep(b.cb.check("cublasLtDestroy", lt.destroy(b.ltHandle)))
+		b.lt, b.ltPlans = nil, nil
+	}
 	keep(b.cb.check("cublasDestroy", b.cb.destroy(b.blas)))
 	b.alloc.Free(b.blasWS)
 	b.alloc.EmptyCache()
@@ -301,6 +328,9 @@ func (b *Backend) Info() kernels.Info {
 		libs["cudnn"] = fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
 	}
 	libs["cublas"] = b.cb.lib.name // the file bound: its name carries the version
+	if b.lt != nil {
+		libs["cublaslt"] = b.lt.name
+	}
 	if v, err := NCCLVersion(); err == nil {
 		libs["nccl"] = v
 	}

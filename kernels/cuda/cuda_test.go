@@ -101,6 +101,48 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
+// TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt, and
+// again with noLt, unfused (cublasGemmEx and gemm_epilogue); cuBLASLt must
+// have an algorithm for every case with sizes in multiples of 8, as a
+// transformer's are.
+func TestCUDAGemmEpilogues(t *testing.T) {
+	b := testBackend(t)
+	if b.lt == nil {
+		t.Fatalf("cuBLASLt did not load: %s", b.ltReason)
+	}
+	for _, noLt := range []bool{false, true} {
+		b.noLt = noLt
+		b.StartProfile()
+		kerneltest.Run(t, b, "gemm-epilogue")
+		ops, err := b.StopProfile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, op := range ops {
+			for _, name := range []string{"cublasLt", "gemm_epilogue"} {
+				if strings.HasPrefix(op.Op, name) {
+					seen[name] = true
+				}
+			}
+		}
+		if seen["cublasLt"] == noLt || seen["gemm_epilogue"] != noLt {
+			t.Errorf("noLt %v: ran %v", noLt, seen)
+		}
+	}
+	b.noLt = false
+	for key, pl := range b.ltPlans {
+		if pl.refused == "" {
+			continue
+		}
+		if key.m%8 == 0 && key.n%8 == 0 && key.k%8 == 0 {
+			t.Errorf("cuBLASLt refused %+v: %s", key, pl.refused)
+		} else {
+			t.Logf("cuBLASLt refused %+v (odd sizes, run unfused): %s", key, pl.refused)
+		}
+	}
+}
+
 func TestCUDAMissingDriverIsReported(t *testing.T) {
 	err := Available()
 	if err == nil {

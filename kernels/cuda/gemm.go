@@ -90,3 +90,59 @@ func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), strideA: int64(p.StrideA), strideB: int64(p.StrideB),
 		strideC: int64(p.StrideC), batch: batch, ab: a.DType, cType: c.DType})
 }
+
+type gemmEpilogueArgs struct {
+	Rows, Cols   int32
+	C, Bias, Aux uintptr
+	Op, Grad     int32
+}
+
+var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
+
+// GemmEpilogue computes a product and its epilogue: in one cuBLASLt call
+// where it fuses them, otherwise as cublasGemmEx, one pass of
+// gemm_epilogue over C and column sums for the bias gradients (Note [the
+// fused epilogues]).
+func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
+	kernels.CheckGemmEpilogue(p, e, a, bb, c)
+	b.enter()
+	if b.gemmLt(p, e, a, bb, c) {
+		b.exit()
+		return
+	}
+	b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
+		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType})
+	if e.Bias.Valid() || e.Act != 0 {
+		grad := int32(0)
+		if e.Grad {
+			grad = 1
+		}
+		kGemmEpilogue.launch(b, c.DType, dims{uint32(min(p.M, b.sms*32)), 1, uint32(min(blockSize, (p.N+31)/32*32))},
+			gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
+	}
+	b.exit()
+	if e.BiasGrad.Valid() {
+		b.sumF32(e.BiasGrad, c, kernels.Reduction{Outer: 1, Len: p.M, Inner: p.N})
+	}
+	if e.BiasGradA.Valid() {
+		r := kernels.Reduction{Outer: p.M, Len: p.K, Inner: 1} // A stored M×K
+		if p.TransA {
+			r = kernels.Reduction{Outer: 1, Len: p.K, Inner: p.M} // A stored K×M
+		}
+		b.sumF32(e.BiasGradA, a.Slice(0, p.M*p.K), r)
+	}
+}
+
+// sumF32 sums x along r into the F32 dst: through a scratch of x's dtype
+// and a cast when x is 16-bit.
+func (b *Backend) sumF32(dst, x kernels.Buf, r kernels.Reduction) {
+	if x.DType == kernels.F32 {
+		b.Reduce(kernels.Sum, dst, x, r)
+		return
+	}
+	blk := b.workspace(int64(dst.N * x.DType.Size()))
+	defer b.alloc.Free(blk)
+	s := kernels.Buf{Block: blk, N: dst.N, DType: x.DType}
+	b.Reduce(kernels.Sum, s, x, r)
+	b.Cast(dst, s)
+}

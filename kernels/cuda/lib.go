@@ -441,6 +441,31 @@ func fn13[R result, A, B, C, D, E, F, G, H, I, J, K, L, M word](name string, f *
 	}}
 }
 
+func fn16[R result, A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P word](name string, f *func(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P) R) symbol {
+	return symbol{name, func(addr uintptr) {
+		*f = func(a A, b B, c C, d D, e E, f F, g G, h H, i I, j J, k K, l L, m M, n N, o O, p P) R {
+			r := sys(addr, uintptr(a), uintptr(b), uintptr(c), uintptr(d), uintptr(e), uintptr(f), uintptr(g), uintptr(h), uintptr(i), uintptr(j), uintptr(k), uintptr(l), uintptr(m), uintptr(n), uintptr(o), uintptr(p))
+			runtime.KeepAlive(a)
+			runtime.KeepAlive(b)
+			runtime.KeepAlive(c)
+			runtime.KeepAlive(d)
+			runtime.KeepAlive(e)
+			runtime.KeepAlive(f)
+			runtime.KeepAlive(g)
+			runtime.KeepAlive(h)
+			runtime.KeepAlive(i)
+			runtime.KeepAlive(j)
+			runtime.KeepAlive(k)
+			runtime.KeepAlive(l)
+			runtime.KeepAlive(m)
+			runtime.KeepAlive(n)
+			runtime.KeepAlive(o)
+			runtime.KeepAlive(p)
+			return R(r)
+		}
+	}}
+}
+
 func fn19[R result, A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q, S, T word](name string, f *func(A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P, Q, S, T) R) symbol {
 	return symbol{name, func(addr uintptr) {
 		*f = func(a A, b B, c C, d D, e E, f F, g G, h H, i I, j J, k K, l L, m M, n N, o O, p P, q Q, s S, t T) R {

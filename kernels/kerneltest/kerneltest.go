@@ -378,6 +378,79 @@ var cases = []testCase{
 			}
 		}
 	}},
+	{"gemm-epilogue", func(s *suite) {
+		type ep struct {
+			name                             string
+			bias, act, grad, biasGrad, gradA bool
+		}
+		for _, p := range []kernels.GemmParams{
+			{TransB: true, M: 96, N: 64, K: 40, Alpha: 1, Batch: 1},   // a linear layer's forward: x·wᵀ
+			{M: 96, N: 40, K: 64, Alpha: 1, Batch: 1},                 // its input gradient: dy·w
+			{TransA: true, M: 64, N: 40, K: 96, Alpha: 1, Batch: 1},   // its weight gradient: dyᵀ·x
+			{TransB: true, M: 37, N: 19, K: 53, Alpha: 0.5, Batch: 1}, // odd sizes
+			{TransA: true, TransB: true, M: 33, N: 31, K: 17, Alpha: 1, Batch: 1},
+		} {
+			for _, e := range []ep{
+				{name: "bias", bias: true},
+				{name: "bias+gelu", bias: true, act: true},
+				{name: "gelu", act: true},
+				{name: "gelu′", act: true, grad: true},
+				{name: "gelu′+bias grad", act: true, grad: true, biasGrad: true},
+				{name: "bias grad of A", gradA: true},
+				{name: "bias+bias grad of A", bias: true, gradA: true},
+			} {
+				for _, dt := range dtypes {
+					for _, cdt := range dtypes {
+						if cdt != kernels.F32 && cdt != dt {
+							continue
+						}
+						a, b := s.randIn(dt, p.M*p.K), s.randIn(dt, p.K*p.N)
+						c := s.out(cdt, p.M*p.N)
+						var eg, er kernels.Epilogue
+						var aux, biasGrad, gradA pair
+						if e.bias {
+							bias := s.randIn(kernels.F32, p.N)
+							eg.Bias, er.Bias = bias.got, bias.ref
+						}
+						if e.act {
+							if e.grad {
+								aux = s.randIn(cdt, p.M*p.N)
+							} else {
+								aux = s.out(cdt, p.M*p.N)
+							}
+							eg.Act, eg.Grad, eg.Aux = kernels.GELU, e.grad, aux.got
+							er.Act, er.Grad, er.Aux = kernels.GELU, e.grad, aux.ref
+						}
+						if e.biasGrad {
+							biasGrad = s.out(kernels.F32, p.N)
+							eg.BiasGrad, er.BiasGrad = biasGrad.got, biasGrad.ref
+						}
+						if e.gradA {
+							gradA = s.out(kernels.F32, p.M)
+							eg.BiasGradA, er.BiasGradA = gradA.got, gradA.ref
+						}
+						s.got.GemmEpilogue(p, eg, a.got, b.got, c.got)
+						s.ref.GemmEpilogue(p, er, a.ref, b.ref, c.ref)
+						what := fmt.Sprintf("gemm %v->%v %s %+v", dt, cdt, e.name, p)
+						tol := TolAccumulate
+						if cdt.Half() {
+							tol = max(tol, map[kernels.DType]float64{kernels.F16: TolF16, kernels.BF16: TolBF16}[cdt])
+						}
+						s.check(what, c, tol)
+						if e.act && !e.grad {
+							s.check(what+" aux", aux, tol)
+						}
+						if e.biasGrad {
+							s.check(what+" bias grad", biasGrad, tol)
+						}
+						if e.gradA {
+							s.check(what+" bias grad of A", gradA, TolAccumulate)
+						}
+					}
+				}
+			}
+		}
+	}},
 	{"conv", func(s *suite) {
 		for _, p := range ConvShapes {
 			for _, dt := range dtypes {

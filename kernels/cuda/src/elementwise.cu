@@ -135,6 +135,36 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
     }
 FOR_TYPES(ELEMENTWISE)
 
+// gemm_epilogue is kernels.Epilogue on a product cuBLAS stored without it
+// (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols, or
+// null); with an op, aux = pre as stored and C = op(aux). Backward (grad):
+// C = C·op′(aux). Blocks stride over rows, threads along them.
+template <typename T>
+__device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* aux, int op, int grad) {
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        i64 row = (i64)r * cols;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+            float v = ld(c, row + j);
+            if (grad) {
+                v = unary_grad(op, v, ld(aux, row + j), 0.f);
+            } else {
+                if (bias) v += bias[j];
+                if (op) {
+                    st(aux, row + j, v);
+                    v = unary_f(op, ld(aux, row + j));
+                }
+            }
+            st(c, row + j, v);
+        }
+    }
+}
+#define GEMM_EPILOGUE(T, S)                                                                                   \
+    extern "C" __global__ void gemm_epilogue_##S(int rows, int cols, T* c, const float* bias, T* aux, int op, \
+                                                 int grad) {                                                  \
+        gemm_epilogue(rows, cols, c, bias, aux, op, grad);                                                    \
+    }
+FOR_TYPES(GEMM_EPILOGUE)
+
 // spin keeps its one thread busy for ns nanoseconds of the GPU's global
 // timer: queued first, it lets the host queue work ahead of the device, so
 // that a profile measures device time without host gaps.

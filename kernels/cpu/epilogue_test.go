@@ -1,0 +1,158 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// TestGemmEpilogue checks each epilogue (bias; bias and GELU, saving the
+// pre-activation; GELU's derivative with the bias gradient; the bias
+// gradient of A) on every transpose and dtype against float64 loops
+// written from kernels.Epilogue's definition and the ops' references.
+func TestGemmEpilogue(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	gelu := kernels.GELU.Def()
+	type ep struct {
+		name                             string
+		bias, act, grad, biasGrad, gradA bool
+	}
+	for _, e := range []ep{
+		{name: "bias", bias: true},
+		{name: "bias+gelu", bias: true, act: true},
+		{name: "gelu", act: true},
+		{name: "dgelu+bias-grad", act: true, grad: true, biasGrad: true},
+		{name: "bias-grad-of-A", gradA: true},
+		{name: "bias+bias-grad-of-A", bias: true, gradA: true},
+	} {
+		for _, p := range []kernels.GemmParams{
+			{M: 5, N: 7, K: 3, Alpha: 1, Batch: 1},
+			{TransA: true, M: 150, N: 100, K: 400, Alpha: 1, Batch: 1},
+			{TransB: true, M: 33, N: 70, K: 90, Alpha: 0.5, Batch: 1},
+			{TransA: true, TransB: true, M: 64, N: 48, K: 20, Alpha: 1, Batch: 1},
+		} {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+				t.Run(fmt.Sprintf("%s/%+v/%v", e.name, p, dt), func(t *testing.T) {
+					operand := func(n int) (kernels.Buf, []float64) {
+						f, _ := randBuf(t, rng, n)
+						b := f
+						if dt.Half() {
+							b = buf(t, dt, n)
+							be.Cast(b, f)
+						}
+						v := make([]float64, n)
+						for i, x := range in(b) {
+							v[i] = float64(x)
+						}
+						return b, v
+					}
+					a, av := operand(p.M * p.K)
+					b, bv := operand(p.K * p.N)
+					var k kernels.Epilogue
+					var biasV, auxV []float64
+					if e.bias {
+						k.Bias, biasV = randBuf(t, rng, p.N)
+					}
+					if e.act {
+						k.Act, k.Grad = kernels.GELU, e.grad
+						if e.grad {
+							k.Aux, auxV = operand(p.M * p.N)
+						} else {
+							k.Aux = buf(t, dt, p.M*p.N)
+						}
+					}
+					if e.biasGrad {
+						k.BiasGrad = buf(t, kernels.F32, p.N)
+					}
+					if e.gradA {
+						k.BiasGradA = buf(t, kernels.F32, p.M)
+					}
+					c := buf(t, dt, p.M*p.N)
+					be.GemmEpilogue(p, k, a, b, c)
+
+					want, pre := make([]float64, p.M*p.N), make([]float64, p.M*p.N)
+					colSums, sumsA := make([]float64, p.N), make([]float64, p.M)
+					for i := 0; i < p.M; i++ {
+						for j := 0; j < p.N; j++ {
+							var s float64
+							for kk := 0; kk < p.K; kk++ {
+								ai, bi := i*p.K+kk, kk*p.N+j
+								if p.TransA {
+									ai = kk*p.M + i
+								}
+								if p.TransB {
+									bi = j*p.K + kk
+								}
+								s += av[ai] * bv[bi]
+							}
+							s *= float64(p.Alpha)
+							if e.bias {
+								s += biasV[j]
+							}
+							pre[i*p.N+j] = s
+							switch {
+							case e.grad:
+								s *= gelu.RefDeriv(auxV[i*p.N+j])
+							case e.act:
+								s = gelu.Ref(s)
+							}
+							want[i*p.N+j] = s
+						}
+						for kk := 0; kk < p.K; kk++ {
+							ai := i*p.K + kk
+							if p.TransA {
+								ai = kk*p.M + i
+							}
+							sumsA[i] += av[ai]
+						}
+					}
+					tol := map[kernels.DType]float64{kernels.F32: 1e-5, kernels.F16: 2e-3, kernels.BF16: 1e-2}[dt]
+					check(t, "C", c, want, tol)
+					if e.act && !e.grad {
+						check(t, "Aux", k.Aux, pre, tol)
+					}
+					if e.biasGrad { // the sums of C as stored
+						for i, v := range in(c) {
+							colSums[i%p.N] += float64(v)
+						}
+						check(t, "BiasGrad", k.BiasGrad, colSums, 1e-5)
+					}
+					if e.gradA {
+						check(t, "BiasGradA", k.BiasGradA, sumsA, 1e-5)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestGemmEpilogueChecks shows the misuses CheckGemmEpilogue refuses.
+func TestGemmEpilogueChecks(t *testing.T) {
+	p := kernels.GemmParams{M: 4, N: 3, K: 2, Alpha: 1, Batch: 1}
+	a, b, c := buf(t, kernels.F32, 8), buf(t, kernels.F32, 6), buf(t, kernels.F32, 12)
+	for _, tc := range []struct {
+		name string
+		p    kernels.GemmParams
+		e    kernels.Epilogue
+	}{
+		{"beta", kernels.GemmParams{M: 4, N: 3, K: 2, Alpha: 1, Beta: 1, Batch: 1}, kernels.Epilogue{Bias: buf(t, kernels.F32, 3)}},
+		{"bias length", p, kernels.Epilogue{Bias: buf(t, kernels.F32, 4)}},
+		{"f16 bias", p, kernels.Epilogue{Bias: buf(t, kernels.F16, 3)}},
+		{"act without aux", p, kernels.Epilogue{Act: kernels.GELU}},
+		{"act reading its output", p, kernels.Epilogue{Act: kernels.Exp, Aux: buf(t, kernels.F32, 12)}},
+		{"grad with bias", p, kernels.Epilogue{Act: kernels.GELU, Grad: true, Aux: buf(t, kernels.F32, 12), Bias: buf(t, kernels.F32, 3)}},
+		{"grad without act", p, kernels.Epilogue{Grad: true}},
+		{"bias grad of A length", p, kernels.Epilogue{BiasGradA: buf(t, kernels.F32, 3)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("GemmEpilogue accepted %+v", tc.e)
+				}
+			}()
+			be.GemmEpilogue(tc.p, tc.e, a, b, c)
+		})
+	}
+}

@@ -1,0 +1,292 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// cuBLASLt, bound at run time: the products with epilogues
+// (kernels.Epilogue). A product's descriptors and the algorithm cuBLASLt's
+// heuristic picks for it are made once per shape, alignment and epilogue
+// (ltPlan) and reused; only the pointers are set per call, so a step's
+// products cost the host no more than cublasGemmEx's and are captured the
+// same way.
+//
+// Note [the fused epilogues]: cuBLASLt fuses a bias (F32, added before the
+// result is rounded), GELU in its tanh form with its input written to an
+// auxiliary matrix, GELU's derivative from that matrix, and bias gradients
+// (column sums of the result, or of the operand that is the output
+// gradient) into the product's own kernel. What it does not fuse (another
+// activation, a column sum of C without GELU's derivative, a leading
+// dimension of the auxiliary matrix that is not a multiple of 8), a shape
+// its heuristic has no algorithm for, or a machine without the library runs
+// the product with cublasGemmEx and the epilogue as one pass of
+// gemm_epilogue over C, the bias gradients as column sums: the same results
+// within rounding, one more pass over C.
+
+// cuBLASLt's enums (cublasLt.h).
+const (
+	ltDescTransA       = 3
+	ltDescTransB       = 4
+	ltDescEpilogue     = 7
+	ltDescBiasPointer  = 8
+	ltDescAuxPointer   = 11
+	ltDescAuxLD        = 12
+	ltDescBiasDataType = 26
+
+	ltLayoutAlignA  = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
+	ltPrefWorkspace = 1
+
+	ltEpilogueDefault    = 1
+	ltEpilogueBias       = 4
+	ltEpilogueGELUAux    = 160
+	ltEpilogueGELUAuxB   = 164 // GELU_AUX_BIAS
+	ltEpilogueDGELU      = 192
+	ltEpilogueDGELUBGrad = 208
+	ltEpilogueBGradB     = 512
+)
+
+// ltHeuristic is cublasLtMatmulHeuristicResult_t.
+type ltHeuristic struct {
+	algo      [8]uint64
+	workspace uintptr
+	state     int32
+	waves     float32
+	reserved  [4]int32
+}
+
+// cublasLtAPI is libcublasLt's functions; see Note [typed bindings].
+type cublasLtAPI struct {
+	name string // the file bound
+
+	create        func(handle unsafe.Pointer) cublasStatus
+	destroy       func(handle uintptr) cublasStatus
+	descCreate    func(desc unsafe.Pointer, compute, scale int32) cublasStatus
+	descDestroy   func(desc uintptr) cublasStatus
+	descSet       func(desc uintptr, attr int32, buf unsafe.Pointer, size uintptr) cublasStatus
+	layoutCreate  func(layout unsafe.Pointer, dt int32, rows, cols uint64, ld int64) cublasStatus
+	layoutDestroy func(layout uintptr) cublasStatus
+	prefCreate    func(pref unsafe.Pointer) cublasStatus
+	prefDestroy   func(pref uintptr) cublasStatus
+	prefSet       func(pref uintptr, attr int32, buf unsafe.Pointer, size uintptr) cublasStatus
+	heuristic     func(handle, desc, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, returned unsafe.Pointer) cublasStatus
+	matmul        func(handle, desc uintptr, alpha unsafe.Pointer, a, aDesc, b, bDesc uintptr, beta unsafe.Pointer, c, cDesc, d, dDesc uintptr, algo unsafe.Pointer, ws, wsSize, stream uintptr) cublasStatus
+}
+
+func (c *cublasLtAPI) symbols() []symbol {
+	return []symbol{
+		fn1("cublasLtCreate", &c.create), fn1("cublasLtDestroy", &c.destroy),
+		fn3("cublasLtMatmulDescCreate", &c.descCreate), fn1("cublasLtMatmulDescDestroy", &c.descDestroy),
+		fn4("cublasLtMatmulDescSetAttribute", &c.descSet),
+		fn5("cublasLtMatrixLayoutCreate", &c.layoutCreate), fn1("cublasLtMatrixLayoutDestroy", &c.layoutDestroy),
+		fn1("cublasLtMatmulPreferenceCreate", &c.prefCreate), fn1("cublasLtMatmulPreferenceDestroy", &c.prefDestroy),
+		fn4("cublasLtMatmulPreferenceSetAttribute", &c.prefSet),
+		fn10("cublasLtMatmulAlgoGetHeuristic", &c.heuristic),
+		fn16("cublasLtMatmul", &c.matmul),
+	}
+}
+
+func (c *cublasLtAPI) init(lib *library) error { c.name = lib.name; return nil }
+
+var cublasLtLib = loader[*cublasLtAPI]{what: "cuBLASLt (libcublasLt, from the CUDA toolkit or pip's nvidia-cublas)",
+	names:       []string{"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
+	constructor: func() *cublasLtAPI { return new(cublasLtAPI) }}
+
+// ltKey is what a product's descriptors and algorithm depend on.
+type ltKey struct {
+	transA, transB bool
+	m, n, k        int
+	ab, c          kernels.DType
+	epilogue       int32
+	tf32           bool
+	align          [4]uint8 // log2 of the alignment (up to 256 bytes) of A, B, C and the bias or aux pointer
+}
+
+// ltPlan is a product's descriptors and algorithm, or why cuBLASLt has none.
+type ltPlan struct {
+	desc, a, b, d uintptr
+	algo          ltHeuristic
+	refused       string // non-empty: run unfused
+}
+
+// ltEpilogue maps e onto one of cuBLASLt's epilogues, or says why none
+// fits (Note [the fused epilogues]).
+func ltEpilogue(p kernels.GemmParams, e kernels.Epilogue) (int32, string) {
+	switch {
+	case e.Act != 0 && e.Act != kernels.GELU:
+		return 0, "cuBLASLt fuses only GELU"
+	case e.Act != 0 && p.N%8 != 0:
+		return 0, "GELU's auxiliary matrix needs N a multiple of 8"
+	case e.BiasGradA.Valid() && (e.Act != 0 || e.Bias.Valid() || e.BiasGrad.Valid()):
+		return 0, "a bias gradient of A with another epilogue"
+	case e.BiasGradA.Valid():
+		return ltEpilogueBGradB, "" // cuBLAS's B is our A (gemm's Note)
+	case e.Grad && e.BiasGrad.Valid():
+		return ltEpilogueDGELUBGrad, ""
+	case e.Grad:
+		return ltEpilogueDGELU, ""
+	case e.BiasGrad.Valid():
+		return 0, "a column sum of C without GELU's derivative"
+	case e.Act != 0 && e.Bias.Valid():
+		return ltEpilogueGELUAuxB, ""
+	case e.Act != 0:
+		return ltEpilogueGELUAux, ""
+	case e.Bias.Valid():
+		return ltEpilogueBias, ""
+	}
+	return ltEpilogueDefault, ""
+}
+
+// alignLog2 is log2 of the largest power of two, up to 256, dividing addr.
+func alignLog2(addr uintptr) uint8 {
+	var l uint8
+	for l < 8 && addr&(1<<l) == 0 {
+		l++
+	}
+	return l
+}
+
+// ltPlanFor returns the plan of key, making it on first use (the caller
+// holds the lock). vec and aux are the call's bias (or bias gradient) and
+// auxiliary pointers (0: none), set before the heuristic runs, which
+// checks their alignment.
+func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
+	if pl, ok := b.ltPlans[key]; ok {
+		return pl
+	}
+	lt := b.lt
+	pl := &ltPlan{}
+	b.ltPlans[key] = pl
+	fail := func(what string, r cublasStatus) bool {
+		if r == 0 {
+			return false
+		}
+		pl.refused = b.cb.check(what, r).Error()
+		return true
+	}
+	compute := int32(cublasComputeF32)
+	if key.tf32 {
+		compute = cublasComputeF32FastTF32
+	}
+	if fail("cublasLtMatmulDescCreate", lt.descCreate(unsafe.Pointer(&pl.desc), compute, cudaR32F)) {
+		return pl
+	}
+	set := func(attr int32, v int32) bool {
+		return fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, attr, unsafe.Pointer(&v), 4))
+	}
+	// Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS's
+	// A is our B and its B our A (gemm's Note), C is N×M with ld N.
+	opA, opB := int32(cublasOpN), int32(cublasOpN)
+	aRows, aCols, bRows, bCols := key.n, key.k, key.k, key.m
+	if key.transB {
+		opA, aRows, aCols = cublasOpT, key.k, key.n
+	}
+	if key.transA {
+		opB, bRows, bCols = cublasOpT, key.m, key.k
+	}
+	if set(ltDescTransA, opA) || set(ltDescTransB, opB) || set(ltDescEpilogue, key.epilogue) {
+		return pl
+	}
+	if key.epilogue != ltEpilogueDefault && key.epilogue != ltEpilogueGELUAux && key.epilogue != ltEpilogueDGELU {
+		if set(ltDescBiasDataType, cudaR32F) {
+			return pl
+		}
+	}
+	if vec != 0 && fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescBiasPointer, unsafe.Pointer(&vec), 8)) {
+		return pl
+	}
+	if aux != 0 {
+		ld := int64(key.n)
+		if fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescAuxPointer, unsafe.Pointer(&aux), 8)) ||
+			fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescAuxLD, unsafe.Pointer(&ld), 8)) {
+			return pl
+		}
+	}
+	ta, tc := cudaType(key.ab), cudaType(key.c)
+	if fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.a), ta, uint64(aRows), uint64(aCols), int64(aRows))) ||
+		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.b), ta, uint64(bRows), uint64(bCols), int64(bRows))) ||
+		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.d), tc, uint64(key.n), uint64(key.m), int64(key.n))) {
+		return pl
+	}
+	var pref uintptr
+	if fail("cublasLtMatmulPreferenceCreate", lt.prefCreate(unsafe.Pointer(&pref))) {
+		return pl
+	}
+	defer lt.prefDestroy(pref)
+	ws := uint64(b.blasWS.Size())
+	if fail("cublasLtMatmulPreferenceSetAttribute", lt.prefSet(pref, ltPrefWorkspace, unsafe.Pointer(&ws), 8)) {
+		return pl
+	}
+	// cuBLAS's A, B, C and D are our B, A, C and C.
+	for i, al := range []uint8{key.align[1], key.align[0], key.align[2], key.align[2]} {
+		bytes := uint32(1) << al
+		if fail("cublasLtMatmulPreferenceSetAttribute", lt.prefSet(pref, ltLayoutAlignA+int32(i), unsafe.Pointer(&bytes), 4)) {
+			return pl
+		}
+	}
+	var found int32
+	if fail("cublasLtMatmulAlgoGetHeuristic", lt.heuristic(b.ltHandle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 1,
+		unsafe.Pointer(&pl.algo), unsafe.Pointer(&found))) {
+		return pl
+	}
+	if found == 0 {
+		pl.refused = "cuBLASLt's heuristic has no algorithm for it"
+	}
+	return pl
+}
+
+// gemmLt runs p with its epilogue e in one cuBLASLt call and reports
+// whether it did (the caller holds the lock); false leaves the work to the
+// unfused path (Note [the fused epilogues]).
+func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) bool {
+	if b.lt == nil || b.noLt {
+		return false
+	}
+	epi, why := ltEpilogue(p, e)
+	if why != "" {
+		return false
+	}
+	var vec, aux uintptr
+	switch {
+	case e.Bias.Valid():
+		vec = ptrOf(e.Bias)
+	case e.BiasGrad.Valid():
+		vec = ptrOf(e.BiasGrad)
+	case e.BiasGradA.Valid():
+		vec = ptrOf(e.BiasGradA)
+	}
+	if e.Aux.Valid() {
+		aux = ptrOf(e.Aux)
+	}
+	key := ltKey{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, ab: a.DType, c: c.DType, epilogue: epi,
+		tf32:  b.opts.MatmulTF32 && a.DType == kernels.F32,
+		align: [4]uint8{alignLog2(ptrOf(a)), alignLog2(ptrOf(bb)), alignLog2(ptrOf(c)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
+	pl := b.ltPlanFor(key, vec, aux)
+	if pl.refused != "" {
+		return false
+	}
+	lt := b.lt
+	if vec != 0 {
+		lt.descSet(pl.desc, ltDescBiasPointer, unsafe.Pointer(&vec), 8)
+	}
+	if aux != 0 {
+		lt.descSet(pl.desc, ltDescAuxPointer, unsafe.Pointer(&aux), 8)
+	}
+	b.alpha, b.beta = p.Alpha, 0
+	ws := b.blasWS
+	if b.prof != nil {
+		b.queued(fmt.Sprintf("cublasLt gemm %v→%v %d×%d×%d %s", a.DType, c.DType, p.M, p.N, p.K, e))
+	} else {
+		b.queued("cublasLt gemm")
+	}
+	// A call cuBLASLt refuses (it checks before queuing anything) leaves
+	// the shape to the unfused path from then on.
+	if r := lt.matmul(b.ltHandle, pl.desc, unsafe.Pointer(&b.alpha), ptrOf(bb), pl.a, ptrOf(a), pl.b, unsafe.Pointer(&b.beta),
+		ptrOf(c), pl.d, ptrOf(c), pl.d, unsafe.Pointer(&pl.algo.algo), ws.Addr(), uintptr(ws.Size()), b.stream); r != 0 {
+		pl.refused = b.cb.check("cublasLtMatmul", r).Error()
+		return false
+	}
+	return true
+}
