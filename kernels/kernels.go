@@ -127,7 +127,8 @@ type GemmParams struct {
 // nothing.
 //
 // Forward (Grad false): C = Act(Alpha·op(A)·op(B) + Bias), the bias
-// broadcast over the rows; with an Act, Aux receives its input, the
+// broadcast over the rows and, for a 16-bit C, rounded to C's dtype (as
+// autocast rounds a bias); with an Act, Aux receives its input, the
 // pre-activation the backward needs.
 //
 // Backward (Grad true): C = Alpha·op(A)·op(B) · Act′(Aux), the gradient
@@ -138,7 +139,8 @@ type GemmParams struct {
 // (the gradient of the bias that made the activation's input), and
 // BiasGradA the sums of op(A) over K (the gradient of the bias of a layer
 // whose weight gradient the product is, A being that layer's output
-// gradient, transposed).
+// gradient, transposed). A backend may round them to C's or A's 16-bit
+// dtype, as a bias gradient of that dtype would be.
 type Epilogue struct {
 	Bias      Buf     // F32, N elements; forward only
 	Act       UnaryOp // 0: none; else an op whose derivative reads its input (UsesInput)

@@ -54,6 +54,13 @@ func TestGemmEpilogue(t *testing.T) {
 					var biasV, auxV []float64
 					if e.bias {
 						k.Bias, biasV = randBuf(t, rng, p.N)
+						if dt.Half() { // added as a bias of C's dtype
+							h := buf(t, dt, p.N)
+							be.Cast(h, k.Bias)
+							for i, v := range in(h) {
+								biasV[i] = float64(v)
+							}
+						}
 					}
 					if e.act {
 						k.Act, k.Grad = kernels.GELU, e.grad

@@ -98,9 +98,15 @@ func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c
 	if cb.DType == kernels.BF16 {
 		toF32, fromF32 = half.BF16ToFloat32, half.BF16FromFloat32
 	}
-	var bias []float32
+	var bias []float32 // rounded to a 16-bit C's dtype, as C adds it
 	if e.Bias.Valid() {
 		bias = f32s(e.Bias)
+		if cb.DType.Half() {
+			h := make([]uint16, len(bias))
+			fromF32(h, bias)
+			bias = make([]float32, len(h))
+			toF32(bias, h)
+		}
 	}
 	var act *kernels.UnaryDef
 	if e.Act != 0 {

@@ -36,10 +36,11 @@ type Backend struct {
 	// which the flash attention kernels need; noFlash (tests) runs the
 	// chunked attention instead.
 	tensorCores, noFlash bool
-	// noLt (tests) runs products with epilogues unfused.
-	noLt  bool
-	opts  Options
-	asked Options // opts as given to Open, for the conflict check
+	// noLt (tests) runs products with epilogues unfused; ltSums fuses
+	// their bias gradients too (Note [the fused epilogues]).
+	noLt, ltSums bool
+	opts         Options
+	asked        Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI

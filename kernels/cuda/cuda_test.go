@@ -101,17 +101,19 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
-// TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt, and
-// again with noLt, unfused (cublasGemmEx and gemm_epilogue); cuBLASLt must
-// have an algorithm for every case with sizes in multiples of 8, as a
-// transformer's are.
+// TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt, with
+// and without the bias gradients (ltSums), and again with noLt, unfused
+// (cublasGemmEx and gemm_epilogue); cuBLASLt must have an algorithm for
+// every case it is asked with sizes in multiples of 8, as a transformer's
+// are.
 func TestCUDAGemmEpilogues(t *testing.T) {
 	b := testBackend(t)
 	if b.lt == nil {
 		t.Fatalf("cuBLASLt did not load: %s", b.ltReason)
 	}
-	for _, noLt := range []bool{false, true} {
-		b.noLt = noLt
+	for _, mode := range []struct{ noLt, sums bool }{{false, false}, {false, true}, {true, false}} {
+		noLt := mode.noLt
+		b.noLt, b.ltSums = mode.noLt, mode.sums
 		b.StartProfile()
 		kerneltest.Run(t, b, "gemm-epilogue")
 		ops, err := b.StopProfile()
@@ -126,11 +128,11 @@ func TestCUDAGemmEpilogues(t *testing.T) {
 				}
 			}
 		}
-		if seen["cublasLt"] == noLt || seen["gemm_epilogue"] != noLt {
-			t.Errorf("noLt %v: ran %v", noLt, seen)
+		if seen["cublasLt"] == noLt || noLt && !seen["gemm_epilogue"] {
+			t.Errorf("%+v: ran %v", mode, seen)
 		}
 	}
-	b.noLt = false
+	b.noLt, b.ltSums = false, false
 	for key, pl := range b.ltPlans {
 		if pl.refused == "" {
 			continue

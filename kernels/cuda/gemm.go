@@ -99,28 +99,30 @@ type gemmEpilogueArgs struct {
 
 var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
 
-// GemmEpilogue computes a product and its epilogue: in one cuBLASLt call
-// where it fuses them, otherwise as cublasGemmEx, one pass of
-// gemm_epilogue over C and column sums for the bias gradients (Note [the
-// fused epilogues]).
+// GemmEpilogue computes a product and its epilogue: the bias and GELU (or
+// its derivative) in one cuBLASLt call where it fuses them, otherwise
+// cublasGemmEx and one pass of gemm_epilogue over C; the bias gradients
+// as column sums after it (Note [the fused epilogues]).
 func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, bb, c)
 	b.enter()
-	if b.gemmLt(p, e, a, bb, c) {
-		b.exit()
-		return
-	}
-	b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
-		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType})
-	if e.Bias.Valid() || e.Act != 0 {
-		grad := int32(0)
-		if e.Grad {
-			grad = 1
+	ran, sums := b.gemmLt(p, e, a, bb, c)
+	if !ran {
+		b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
+			a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType})
+		if e.Bias.Valid() || e.Act != 0 {
+			grad := int32(0)
+			if e.Grad {
+				grad = 1
+			}
+			kGemmEpilogue.launch(b, c.DType, dims{uint32(min(p.M, b.sms*32)), 1, uint32(min(blockSize, (p.N+31)/32*32))},
+				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
 		}
-		kGemmEpilogue.launch(b, c.DType, dims{uint32(min(p.M, b.sms*32)), 1, uint32(min(blockSize, (p.N+31)/32*32))},
-			gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
 	}
 	b.exit()
+	if sums {
+		return
+	}
 	if e.BiasGrad.Valid() {
 		b.sumF32(e.BiasGrad, c, kernels.Reduction{Outer: 1, Len: p.M, Inner: p.N})
 	}

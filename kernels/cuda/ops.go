@@ -95,12 +95,17 @@ func (b *Backend) Cast(dst, src kernels.Buf) {
 		b.Copy(dst, src)
 		return
 	}
+	b.enter()
+	defer b.exit()
+	b.cast(dst, src)
+}
+
+// cast queues Cast's kernel (the caller holds the lock; the dtypes differ).
+func (b *Backend) cast(dst, src kernels.Buf) {
 	k, ok := castKernels[[2]kernels.DType{src.DType, dst.DType}]
 	if !ok {
 		panic(fmt.Sprintf("cuda: cast of %v to %v", src.DType, dst.DType))
 	}
-	b.enter()
-	defer b.exit()
 	k.launch(b, 0, b.elems(int64(src.N)), castArgs{int64(src.N), ptrOf(src), ptrOf(dst)})
 }
 

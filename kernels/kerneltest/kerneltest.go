@@ -443,8 +443,8 @@ var cases = []testCase{
 						if e.biasGrad {
 							s.check(what+" bias grad", biasGrad, tol)
 						}
-						if e.gradA {
-							s.check(what+" bias grad of A", gradA, TolAccumulate)
+						if e.gradA { // as precise as A's dtype (kernels.Epilogue)
+							s.check(what+" bias grad of A", gradA, map[kernels.DType]float64{kernels.F32: TolAccumulate, kernels.F16: TolF16, kernels.BF16: TolBF16}[dt])
 						}
 					}
 				}

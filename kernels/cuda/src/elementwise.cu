@@ -136,9 +136,10 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
 FOR_TYPES(ELEMENTWISE)
 
 // gemm_epilogue is kernels.Epilogue on a product cuBLAS stored without it
-// (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols, or
-// null); with an op, aux = pre as stored and C = op(aux). Backward (grad):
-// C = C·op′(aux). Blocks stride over rows, threads along them.
+// (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols,
+// rounded to T, or null); with an op, aux = pre as stored and C = op(aux).
+// Backward (grad): C = C·op′(aux). Blocks stride over rows, threads along
+// them.
 template <typename T>
 __device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* aux, int op, int grad) {
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -148,7 +149,11 @@ __device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* au
             if (grad) {
                 v = unary_grad(op, v, ld(aux, row + j), 0.f);
             } else {
-                if (bias) v += bias[j];
+                if (bias) {
+                    T bt;
+                    st(&bt, 0, bias[j]);
+                    v += ld(&bt, 0);
+                }
                 if (op) {
                     st(aux, row + j, v);
                     v = unary_f(op, ld(aux, row + j));
