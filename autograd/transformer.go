@@ -3,6 +3,7 @@ package autograd
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
@@ -100,11 +101,20 @@ func CausalAttention(qkv *T, heads int) *T {
 	p := kernels.AttentionParams{B: B, H: heads, D: D, Tq: Tn, Tk: Tn, Scale: float32(1 / math.Sqrt(float64(D))),
 		QRow: 3 * C, KRow: 3 * C, VRow: 3 * C, ORow: C, QBatch: Tn * 3 * C, KBatch: Tn * 3 * C, VBatch: Tn * 3 * C, OBatch: Tn * C}
 	dev := ModeOf(qkv)
-	y := tensor.Empty(dev, qkv.DType(), B, Tn, C)
-	lse := tensor.Empty(dev, tensor.F32, B*heads*Tn)
 	be := qkv.Backend()
-	q, k, v := packed(qkv.Buf(), C)
-	be.Attention(p, q, k, v, y.Buf(), lse.Buf())
+	var y, lse *T
+	if r := recall(dev, 2); r != nil { // a checkpoint's recomputation: the first run's (Note [what a checkpoint keeps])
+		y, lse = r[0], r[1]
+		if !slices.Equal(y.Shape(), []int{B, Tn, C}) || lse.Numel() != B*heads*Tn {
+			panic(fmt.Sprintf("autograd: a checkpoint's recomputation of causal attention of %v found a kept output of %v: it must run the same ops", s, y.Shape()))
+		}
+	} else {
+		y = tensor.Empty(dev, qkv.DType(), B, Tn, C)
+		lse = tensor.Empty(dev, tensor.F32, B*heads*Tn)
+		q, k, v := packed(qkv.Buf(), C)
+		be.Attention(p, q, k, v, y.Buf(), lse.Buf())
+		keep(dev, y, lse)
+	}
 	rec := begin("causal_attention", qkv)
 	if rec == nil {
 		lse.Release()

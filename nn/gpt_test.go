@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -387,5 +389,55 @@ func TestGPT2FileLayout(t *testing.T) {
 	WriteSafetensors(dir+"/short.safetensors", st)
 	if _, err := LoadGPT2(dir+"/short.safetensors", dev); err == nil || !strings.Contains(err.Error(), "h.1.mlp.c_fc.bias") {
 		t.Errorf("a file without a tensor: %v", err)
+	}
+}
+
+// countingBackend counts the attention kernels a backend runs.
+type countingBackend struct {
+	kernels.Backend
+	forward, backward int
+}
+
+func (c *countingBackend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
+	c.forward++
+	c.Backend.Attention(p, q, k, v, o, lse)
+}
+
+func (c *countingBackend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
+	c.backward++
+	c.Backend.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+}
+
+// TestCheckpointKeepsAttention: a checkpointed step runs each block's
+// attention forward once, not again in the recomputation (Note [what a
+// checkpoint keeps]), and leaves what the plain step leaves allocated (the
+// parameters and their gradients), the same after a second step.
+func TestCheckpointKeepsAttention(t *testing.T) {
+	cb := &countingBackend{Backend: cpu.New()}
+	dev := tensor.NewDevice(cb)
+	rng := rand.New(rand.NewPCG(8, 9))
+	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
+	var plain int64
+	for _, mode := range []CheckpointMode{NoCheckpoint, CheckpointBlocks, CheckpointSqrt} {
+		g := tinyGPT(t, dev, 9)
+		g.SetCheckpoint(mode)
+		for step := range 2 {
+			cb.forward, cb.backward = 0, 0
+			dev.WithScope(func() {
+				loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
+				ag.Backward(loss)
+			})
+			if layers := len(g.Blocks); cb.forward != layers || cb.backward != layers {
+				t.Errorf("%v: %d attention forwards and %d backwards for %d blocks, want one each", mode, cb.forward, cb.backward, layers)
+			}
+			got := dev.Allocator().Stats().Allocated[0].Current
+			if mode == NoCheckpoint && step == 0 {
+				plain = got
+			}
+			if got != plain {
+				t.Errorf("%v, step %d: %d bytes allocated after the step, the plain step %d", mode, step, got, plain)
+			}
+		}
+		Release(g)
 	}
 }

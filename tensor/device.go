@@ -47,6 +47,9 @@ type Modes struct {
 	Autocast    int32 // 16-bit matmuls and convolutions (autograd.Autocast)
 	AutocastTo  DType // the dtype Autocast runs them in
 	Recomputing int32 // a checkpointed function runs again in Backward
+	// Kept is the running checkpointed function's record of the results
+	// its ops keep for the recomputation (autograd's; nil outside one).
+	Kept any
 	// GradReady is the running Backward's autograd.OnGradReady hook, which
 	// the passes it runs inside (a checkpointed block's) call too.
 	GradReady func(leaf *Tensor)
