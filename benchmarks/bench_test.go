@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -248,5 +249,36 @@ func TestMedianRounds(t *testing.T) {
 	}
 	if _, notes := MedianRounds(rounds[:1]); len(notes) != 0 {
 		t.Errorf("one round gave notes %q", notes)
+	}
+}
+
+// TestModelFLOPsAndMFU: a GPT step counts 6·N + 12·L·C·T FLOPs a token (N
+// its parameters: GPT-2's layout, 12·L·C² + 13·L·C + V·C + T·C + 2·C), and
+// the MFU notes divide the step's rate by the measured peak of its dtype.
+func TestModelFLOPsAndMFU(t *testing.T) {
+	dev := tensor.CPU()
+	const L, C, V, T, batch = 2, 16, 50, 8, 3
+	g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: L, Heads: 2, Width: C, Vocab: V, Context: T})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nn.Release(g)
+	n := 12*L*C*C + 13*L*C + V*C + T*C + 2*C
+	if got, want := modelFLOPs(g, batch), float64(6*n+12*L*C*T)*batch*T; got != want {
+		t.Errorf("modelFLOPs = %v, want %v (N = %d)", got, want, n)
+	}
+	results := []Result{
+		{Engine: "leangrad", Model: "gpt2", Batch: 16, Config: "amp", MedianMS: 45, FLOPsPerStep: 14.09e12},
+		{Engine: "leangrad", Model: "gpt2", Batch: 16, Config: "fp32", MedianMS: 300, FLOPsPerStep: 14.09e12},
+		{Engine: "pytorch", Model: "gpt2", Batch: 16, Config: "amp", MedianMS: 48, FLOPsPerStep: 14.09e12},
+		{Engine: "leangrad", Model: "resnet20", Batch: 256, Config: "amp", MedianMS: 5},
+	}
+	got := MFU(results, map[string]float64{"amp": 780, "fp32": 50}, map[string]string{"amp": "bf16 8192³ product", "fp32": "f32 8192³ product"})
+	want := []string{
+		"leangrad gpt2 batch 16 amp: 14.09 TFLOP a step (6N + 12·L·C·T a token), 313.1 TFLOP/s, MFU 40.1% of the measured bf16 8192³ product peak (780 TFLOP/s).",
+		"leangrad gpt2 batch 16 fp32: 14.09 TFLOP a step (6N + 12·L·C·T a token), 47.0 TFLOP/s, MFU 93.9% of the measured f32 8192³ product peak (50 TFLOP/s).",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("MFU notes:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

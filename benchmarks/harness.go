@@ -133,7 +133,26 @@ type Result struct {
 	Notes           []string       `json:"notes,omitempty"`             // the step's: captures, fallbacks
 	Ranks           int            `json:"ranks,omitempty"`             // data parallel: the processes, one per device
 	Overlapped      bool           `json:"overlapped,omitempty"`        // data parallel: the all-reduces overlapped the backward
+	FLOPsPerStep    float64        `json:"flops_per_step,omitempty"`    // a language model's: see modelFLOPs
 	Timeline        []memory.Event `json:"-"`
+}
+
+// modelFLOPs is a GPT step's floating-point operations as llm.c and PaLM
+// count them: 6·N + 12·L·C·T a token (N parameters, the tied embedding
+// once; L layers of width C; the attention of T positions, causal or not),
+// for batch·T tokens; 0 for other models.
+func modelFLOPs(model nn.Model, batch int) float64 {
+	g, ok := model.(*nn.GPT)
+	if !ok {
+		return 0
+	}
+	var n int
+	for _, p := range nn.Parameters(g) {
+		n += p.Numel()
+	}
+	c := g.Cfg
+	perToken := 6*float64(n) + 12*float64(c.Layers)*float64(c.Width)*float64(c.Context)
+	return perToken * float64(batch*c.Context)
 }
 
 // Options tune a run.
@@ -158,6 +177,9 @@ type Options struct {
 	// preset's: 50,304 is GPT-2's padded to a multiple of 64, as nanoGPT
 	// and llm.c train it.
 	Vocab int
+	// Planning, if set, is how planned and captured steps size their
+	// convolutions' workspaces instead of memory.DefaultPlanOptions.
+	Planning *memory.PlanOptions
 }
 
 // launchCounter is implemented by backends that count their launches (CUDA).
@@ -182,6 +204,9 @@ func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, o 
 	if err != nil {
 		nn.Release(model)
 		return nil, err
+	}
+	if o.Planning != nil {
+		tr.Step.Planning = *o.Planning
 	}
 	s := &stepper{dev: dev, model: model, tr: tr}
 	dev.WithScope(func() {
@@ -295,6 +320,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 		r.PlannedArena = p.Size
 	}
 	r.Notes = s.tr.Step.Notes()
+	r.FLOPsPerStep = modelFLOPs(s.model, spec.Batch*ranks)
 	if timeline == nil { // no warm-up step: one more step, under the recorder
 		a.RecordTimeline(true)
 		a.Mark("step")

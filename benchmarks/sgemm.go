@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"time"
 
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
+	"github.com/leangrad/leangrad/tensor"
 )
 
 // SGEMM times the CPU backend's square matrix products (n×n by n×n, row
@@ -58,4 +61,57 @@ func SGEMM(sizes []int, steps int) []string {
 		lines = append(lines, fmt.Sprintf("SGEMM %d×%d×%d on %d thread(s): %.1f GFLOP/s", n, n, n, threads, gflops(best.WithThreads(threads), n)))
 	}
 	return lines
+}
+
+// GemmPeak is the device's measured matrix-product rate in TFLOP/s for dt
+// operands (the F32 product for F32, strict unless the backend runs TF32):
+// the median of steps n×n×n products, each timed to the device's
+// completion. The MFU the harness reports is a step's model FLOPs per
+// second over this, the rate this backend's products reach, not the
+// datasheet's.
+func GemmPeak(dev *tensor.Device, dt tensor.DType, n, steps int) (float64, error) {
+	var rate float64
+	err := tensor.Catch(func() {
+		dev.WithScope(func() {
+			a := tensor.Randn(dev, dt, 0, 1, n, n)
+			b := tensor.Randn(dev, dt, 0, 1, n, n)
+			c := tensor.Empty(dev, dt, n, n)
+			p := kernels.GemmParams{M: n, N: n, K: n, Alpha: 1, Batch: 1}
+			be := dev.Backend()
+			be.Gemm(p, a.Buf(), b.Buf(), c.Buf())
+			dev.Synchronize()
+			times := make([]float64, steps)
+			for i := range times {
+				t0 := time.Now()
+				be.Gemm(p, a.Buf(), b.Buf(), c.Buf())
+				dev.Synchronize()
+				times[i] = time.Since(t0).Seconds()
+			}
+			rate = 2 * float64(n) * float64(n) * float64(n) / median(times) / 1e12
+		})
+	})
+	return rate, err
+}
+
+// MFU notes each language-model result's model FLOPs rate and its share of
+// peak, the measured rate of its products' dtype (peaks by configuration:
+// "fp32", "amp").
+func MFU(results []Result, peaks map[string]float64, peakName map[string]string) []string {
+	var notes []string
+	for _, r := range results {
+		if r.FLOPsPerStep == 0 || r.MedianMS == 0 || !strings.HasPrefix(r.Engine, "leangrad") {
+			continue
+		}
+		cfg := "fp32"
+		if strings.Contains(r.Config, "amp") {
+			cfg = "amp"
+		}
+		rate := r.FLOPsPerStep / (r.MedianMS / 1e3) / 1e12
+		note := fmt.Sprintf("%s %s batch %d %s: %.2f TFLOP a step (6N + 12·L·C·T a token), %.1f TFLOP/s", r.Engine, r.Model, r.Batch, r.Config, r.FLOPsPerStep/1e12, rate)
+		if p := peaks[cfg]; p > 0 {
+			note += fmt.Sprintf(", MFU %.1f%% of the measured %s peak (%.0f TFLOP/s)", 100*rate/p, peakName[cfg], p)
+		}
+		notes = append(notes, note+".")
+	}
+	return notes
 }

@@ -50,6 +50,7 @@ type options struct {
 	compileConfigs, commit, cpuprofile, merge          string
 	ampDType, largestBatch                             string
 	vocab                                              int
+	planRoom                                           float64
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -105,6 +106,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
 	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
+	fs.Float64Var(&o.planRoom, "plan-room", -1, "planned and captured steps: how far convolution workspaces may raise the arena above the other buffers' extent, as a fraction (-1: the default, "+
+		fmt.Sprint(memory.DefaultPlanOptions.MaxSlack)+", within "+fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance*100)+"% of the fastest algorithms)")
 	fs.IntVar(&o.vocab, "vocab", 0, "language models: this vocabulary instead of the preset's (50304: GPT-2's padded to a multiple of 64, as nanoGPT trains it; 0: the preset's)")
 	fs.StringVar(&o.largestBatch, "largest-batch", "", "MODEL:CONTEXT:GIB (gpt2:512:24): also find the largest batch that trains in fp32 and with AMP with the pool capped at GIB GiB (a seed claim)")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
@@ -247,6 +250,9 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.nproc < 1 {
 		say("-nproc %d: want 1 or more processes", o.nproc)
 	}
+	if o.planRoom < 0 && o.planRoom != -1 {
+		say("-plan-room %v: want a fraction of 0 or more, or -1 for the default", o.planRoom)
+	}
 	if o.vocab < 0 || o.vocab == 1 {
 		say("-vocab %d: want 0 (the preset's) or at least 2 tokens", o.vocab)
 	}
@@ -301,6 +307,10 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
 	if o.vocab > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Language models ran with a vocabulary of %d tokens instead of their presets'.", o.vocab))
+	}
+	if o.planRoom >= 0 {
+		bo.Planning = &memory.PlanOptions{MaxSlack: o.planRoom, TimeTolerance: memory.DefaultPlanOptions.TimeTolerance}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Planned steps gave convolution workspaces room of at most %g of the arena (the default: %g).", o.planRoom, memory.DefaultPlanOptions.MaxSlack))
 	}
 	if o.micro {
 		for _, line := range benchmarks.Micro(dev) {
@@ -391,6 +401,16 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, n)
 	}
 	rep.Notes = append(rep.Notes, roundNotes...)
+	if dev.Name() != "cpu" && slices.ContainsFunc(rep.Results, func(r benchmarks.Result) bool { return r.FLOPsPerStep > 0 }) {
+		notes, err := mfu(dev, o.ampDType, rep.Results)
+		if err != nil {
+			return err
+		}
+		for _, n := range notes {
+			fmt.Fprintln(stderr, n)
+		}
+		rep.Notes = append(rep.Notes, notes...)
+	}
 	if o.lean && dev.Name() != "cpu" {
 		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
 			return err
@@ -654,4 +674,29 @@ func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
 	}
 	_, err = rep.PlotTimelines(o.out)
 	return err
+}
+
+// mfu measures the device's matrix-product peaks in the dtypes the
+// language models ran in (8192³ products) and notes each language-model
+// result's model FLOPs rate and its share of that peak.
+func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]string, error) {
+	const n = 8192
+	amp := tensor.F16
+	if ampDType == "bf16" {
+		amp = tensor.BF16
+	}
+	peaks, names := map[string]float64{}, map[string]string{}
+	var notes []string
+	for cfg, dt := range map[string]tensor.DType{"fp32": tensor.F32, "amp": amp} {
+		p, err := benchmarks.GemmPeak(dev, dt, n, 10)
+		if err != nil {
+			return nil, fmt.Errorf("measuring the %v product peak: %w", dt, err)
+		}
+		peaks[cfg], names[cfg] = p, fmt.Sprintf("%v %d³ product", dt, n)
+	}
+	dev.Allocator().EmptyCache() // the operands are not what later measurements should find cached
+	for _, cfg := range []string{"amp", "fp32"} {
+		notes = append(notes, fmt.Sprintf("Measured peak of the %s: %.1f TFLOP/s.", names[cfg], peaks[cfg]))
+	}
+	return append(notes, benchmarks.MFU(results, peaks, names)...), nil
 }
