@@ -3,6 +3,8 @@ package memory
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
+	"sort"
 	"testing"
 )
 
@@ -203,6 +205,37 @@ func TestWorkspacePicksFastestThatFits(t *testing.T) {
 	}
 	if p.Choice[2] != 1 || p.Choice[3] != 2 {
 		t.Errorf("as traced: choices %v, want [.. .. 1 2]", p.Choice)
+	}
+}
+
+// TestWorkspacesAmongTheRest: a workspace whose moment has its bytes free,
+// but in pieces between buffers packed for their own peak, gets its
+// fastest algorithm in no more arena when it is placed among the rest
+// (Note [placing workspaces with the rest]).
+func TestWorkspacesAmongTheRest(t *testing.T) {
+	tr := &Trace{Events: 12, Buffers: []TraceBuffer{
+		{Sizes: []int64{512}, Alloc: 0, Free: 4},
+		{Sizes: []int64{1536}, Alloc: 3, Free: 6},
+		{Sizes: []int64{512}, Alloc: 3, Free: 5},
+		{Sizes: []int64{1536}, Alloc: 0, Free: 4},
+		{Sizes: []int64{512}, Alloc: 0, Free: 2},
+		{Sizes: []int64{1024}, Alloc: 0, Free: 1},
+		{Sizes: []int64{1536, 512}, Times: []float32{1, 10}, Alloc: 1, Free: 2}, // the workspace
+	}}
+	fixed := []int{0, 1, 2, 3, 4, 5}
+	rest := tr.placeGreedily(fixed, make([]int, len(tr.Buffers)))
+	after := &Plan{Trace: tr, Offsets: slices.Clone(rest.Offsets), Choice: make([]int, len(tr.Buffers)), Size: rest.Size}
+	sort.Slice(fixed, func(a, b int) bool { return after.Offsets[fixed[a]] < after.Offsets[fixed[b]] })
+	after.placeWorkspaces(fixed, []int{6}, rest.Size, false)
+	if after.Choice[6] != 1 {
+		t.Fatalf("placed after the rest, the workspace took option %d: the trace no longer shows the case", after.Choice[6])
+	}
+	p := PlanTrace(tr, PlanOptions{TimeTolerance: 0.03})
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Choice[6] != 0 || p.Size != rest.Size {
+		t.Errorf("choices %v in %d bytes (%s): want the fastest workspace in the rest's %d", p.Choice, p.Size, p.Order, rest.Size)
 	}
 }
 
