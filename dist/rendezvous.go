@@ -113,6 +113,11 @@ func (r *rendezvous) host(deadline time.Time) error {
 		return fmt.Errorf("rank 0 cannot listen for the rendezvous on port %s (MASTER_PORT): %v", port, err)
 	}
 	r.ln = ln
+	if r.cfg.Store != "" {
+		if err := r.publish(ln, deadline); err != nil {
+			return err
+		}
+	}
 	ln.(*net.TCPListener).SetDeadline(deadline)
 	for len(r.peers) < r.cfg.Size-1 {
 		c, err := ln.Accept()
@@ -158,9 +163,41 @@ func (r *rendezvous) host(deadline time.Time) error {
 	return nil
 }
 
-// dial is every other rank's side: connect (rank 0 may start later), say
-// hello, and wait for the welcome.
+// publish writes rank 0's rendezvous address, the listener's port at the
+// address this host reaches the store from, into the store under the
+// config's key (Note [torchrun's store]).
+func (r *rendezvous) publish(ln net.Listener, deadline time.Time) error {
+	s, err := dialStore(r.cfg.Store, deadline)
+	if err != nil {
+		return fmt.Errorf("rank 0: %v", err)
+	}
+	defer s.close()
+	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	r.cfg.Addr = net.JoinHostPort(host, port)
+	if err := s.set(r.cfg.StoreKey, []byte(r.cfg.Addr)); err != nil {
+		return fmt.Errorf("rank 0: publishing its rendezvous address: %v", err)
+	}
+	return nil
+}
+
+// dial is every other rank's side: connect (rank 0 may start later; with a
+// store, once it has published where), say hello, and wait for the welcome.
 func (r *rendezvous) dial(deadline time.Time) error {
+	where := "MASTER_ADDR:MASTER_PORT"
+	if r.cfg.Store != "" {
+		s, err := dialStore(r.cfg.Store, deadline)
+		if err != nil {
+			return fmt.Errorf("rank %d: %v", r.cfg.Rank, err)
+		}
+		addr, err := s.get(deadline, r.cfg.StoreKey)
+		s.close()
+		if err != nil {
+			return fmt.Errorf("rank %d: rank 0 did not publish its rendezvous address (%s in the TCPStore at %s) within %v: %v",
+				r.cfg.Rank, r.cfg.StoreKey, r.cfg.Store, r.cfg.timeout(), err)
+		}
+		r.cfg.Addr, where = string(addr), "published in the TCPStore"
+	}
 	var c net.Conn
 	var err error
 	for {
@@ -169,7 +206,7 @@ func (r *rendezvous) dial(deadline time.Time) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("rank %d: no rendezvous at %s (MASTER_ADDR:MASTER_PORT) within %v: %v", r.cfg.Rank, r.cfg.Addr, r.cfg.timeout(), err)
+			return fmt.Errorf("rank %d: no rendezvous at %s (%s) within %v: %v", r.cfg.Rank, r.cfg.Addr, where, r.cfg.timeout(), err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
