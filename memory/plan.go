@@ -225,18 +225,15 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 // live for one call, often when the activations live at that moment are
 // fewer than at the step's peak, so its bytes are there; but the buffers
 // placed before it, packed for their own peak, may leave them in pieces.
-// On the H200, ResNet-20 at batch 1024 with AMP and checkpointed blocks
-// peaked at 311.8 MiB eagerly (cuDNN's fastest algorithms, workspaces
-// from the pool), while workspaces placed after the rest needed 449.9 MiB
-// of arena for algorithms as fast, and took the slow ones, at 26.8 ms a
-// step against 12.6, in the 311.8 MiB the rest needed. Placed among the
-// rest, ResNet-20's workspaces at batch 256 with AMP fit their fast
-// algorithms in 189.4 MiB instead of 217.0, and at 1024 in 700.7 instead
-// of 786.0, ResNet-18's at 256 in 722.1 instead of 743.3 (085c97b, at the
-// same speed within 2%). The eager step's lower peaks (311.8 MiB at batch
-// 1024, AMP, checkpointed, 8% slower) come from algorithms chosen for the
-// memory free at each call, which the timings this plan is given rank
-// slower than the tolerance allows.
+// On the H200 (6470712, ResNet-20 at batch 1024 with AMP), the eager step,
+// cuDNN's fastest algorithms with workspaces from the pool, peaked at
+// 700.7 MiB, while workspaces placed after the rest needed an arena of
+// 786.0 MiB for algorithms as fast. Placed among the rest, at their
+// fastest sizes, they fit in 700.7 MiB; at batch 256, 189.4 MiB instead
+// of 217.0 (eager: 186.5); ResNet-18's at 256, 722.8 instead of 743.3
+// (eager: 720.1), at the same speed within 2% (085c97b, 9af6e95). With
+// checkpointed blocks the first way stays ahead: 448.8 MiB at batch 1024
+// against the eager step's 425.4.
 
 // placeGreedily places the buffers idx at the sizes choice gives them by
 // each of placementOrders, and returns the placement of least extent.
