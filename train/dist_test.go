@@ -3,8 +3,10 @@ package train
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -320,4 +322,96 @@ func dataParallelResNetStep(t *testing.T, refDev *tensor.Device, ranks []*tensor
 		}
 	}
 	return math.Sqrt(num / den)
+}
+
+// TestDataParallelGPTStep: a GPT (tied embeddings: the table's gradient
+// comes from the embedding and the classifier) on two ranks, each on its
+// half of every batch, with its gradients clipped after the all-reduce,
+// ends with the parameters of one process stepping on the
+// whole batches, within 1e-5, the ranks bit for bit alike.
+func TestDataParallelGPTStep(t *testing.T) {
+	const steps, batch, T, V, clip = 3, 4, 8, 13, 1.0
+	rng := rand.New(rand.NewPCG(4, 4))
+	tokens := make([][]int32, steps)
+	for i := range tokens {
+		tokens[i] = make([]int32, batch*(T+1))
+		for j := range tokens[i] {
+			tokens[i][j] = int32(rng.IntN(V))
+		}
+	}
+	// window is rows [lo, hi) of step i's batch: inputs and next tokens.
+	window := func(dev *tensor.Device, i, lo, hi int) (x, y *tensor.Tensor) {
+		var xs, ys []int32
+		for r := lo; r < hi; r++ {
+			row := tokens[i][r*(T+1) : (r+1)*(T+1)]
+			xs, ys = append(xs, row[:T]...), append(ys, row[1:]...)
+		}
+		return tensor.FromInt32(dev, xs, hi-lo, T), tensor.FromInt32(dev, ys, hi-lo, T)
+	}
+	build := func(dev *tensor.Device, seed uint64) (*Step, func(), func() [][]float32) {
+		dev.Generator().Seed(seed)
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 16, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, release, params := sgdStep(dev, g, 0, Eager)
+		s.ClipNorm = clip
+		return s, release, params
+	}
+	run := func(s *Step, dev *tensor.Device, i, lo, hi int) error {
+		var err error
+		dev.WithScope(func() {
+			x, y := window(dev, i, lo, hi)
+			err = s.Run(x, y)
+		})
+		return err
+	}
+	dev := tensor.NewDevice(cpu.New())
+	ref, release, refParams := build(dev, 7)
+	var norms []float64
+	for i := range steps {
+		if err := run(ref, dev, i, 0, batch); err != nil {
+			t.Fatal(err)
+		}
+		norms = append(norms, ref.GradNorm())
+	}
+	// Some steps clip and some do not, so that neither the clipping nor
+	// the averaging can be wrong unnoticed (a sum's direction clips alike).
+	if slices.Max(norms) <= clip || slices.Min(norms) >= clip {
+		t.Fatalf("gradient norms %v: want some above and some below %v", norms, clip)
+	}
+	t.Logf("gradient norms of the whole batches: %.3g", norms)
+	want := refParams()
+	release()
+
+	got := make([][][]float32, 2)
+	onRanks(t, []*tensor.Device{tensor.NewDevice(cpu.New()), tensor.NewDevice(cpu.New())}, func(g *dist.Group) error {
+		dev := g.Device()
+		s, release, params := build(dev, 7+uint64(g.Rank()))
+		defer release()
+		if err := s.SetGroup(g); err != nil {
+			return err
+		}
+		per := batch / g.Size()
+		for i := range steps {
+			if err := run(s, dev, i, g.Rank()*per, (g.Rank()+1)*per); err != nil {
+				return err
+			}
+		}
+		got[g.Rank()] = params()
+		return nil
+	})
+	if t.Failed() {
+		return
+	}
+	for r := range got {
+		for i := range want {
+			if e := relDiff(got[r][i], want[i]); e > 1e-5 {
+				t.Errorf("rank %d, parameter %d: relative difference %.3g from one step on the whole batch", r, i, e)
+			}
+			if r > 0 && relDiff(got[r][i], got[0][i]) != 0 {
+				t.Errorf("rank %d, parameter %d differs from rank 0's", r, i)
+			}
+		}
+	}
 }
