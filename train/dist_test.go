@@ -68,6 +68,25 @@ func sgdStep(dev *tensor.Device, m nn.Model, wd float64, mode Mode) (*Step, func
 	return s, release, params
 }
 
+// checkRanksMatch fails t unless every rank's parameters got are within
+// 1e-5 of want, one process's on the whole batches, and bit for bit rank 0's.
+func checkRanksMatch(t *testing.T, got [][][]float32, want [][]float32) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	for r := range got {
+		for i := range want {
+			if e := relDiff(got[r][i], want[i]); e > 1e-5 {
+				t.Errorf("rank %d, parameter %d: relative difference %.3g from one step on the whole batch", r, i, e)
+			}
+			if r > 0 && relDiff(got[r][i], got[0][i]) != 0 {
+				t.Errorf("rank %d, parameter %d differs from rank 0's", r, i)
+			}
+		}
+	}
+}
+
 // TestDataParallelStepMatchesOneBigStep: two ranks, each stepping on its
 // half of every batch, end with the same parameters as each other (bit for
 // bit) and as one process stepping on the whole batches, within 1e-5: an
@@ -141,19 +160,7 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 		got[g.Rank()] = params()
 		return nil
 	})
-	if t.Failed() {
-		return
-	}
-	for r := range got {
-		for i := range want {
-			if e := relDiff(got[r][i], want[i]); e > 1e-5 {
-				t.Errorf("rank %d, parameter %d: relative difference %.3g from one step on the whole batch", r, i, e)
-			}
-			if r > 0 && relDiff(got[r][i], got[0][i]) != 0 {
-				t.Errorf("rank %d, parameter %d differs from rank 0's", r, i)
-			}
-		}
-	}
+	checkRanksMatch(t, got, want)
 }
 
 // TestDataParallelFit: two ranks train a ResNet (batch norm, AMP) for an
@@ -401,17 +408,5 @@ func TestDataParallelGPTStep(t *testing.T) {
 		got[g.Rank()] = params()
 		return nil
 	})
-	if t.Failed() {
-		return
-	}
-	for r := range got {
-		for i := range want {
-			if e := relDiff(got[r][i], want[i]); e > 1e-5 {
-				t.Errorf("rank %d, parameter %d: relative difference %.3g from one step on the whole batch", r, i, e)
-			}
-			if r > 0 && relDiff(got[r][i], got[0][i]) != 0 {
-				t.Errorf("rank %d, parameter %d differs from rank 0's", r, i)
-			}
-		}
-	}
+	checkRanksMatch(t, got, want)
 }
