@@ -103,10 +103,11 @@ func MatMul(a, b *T) *T {
 // an optional bias b of Out.
 //
 // Under Autocast the product runs in its dtype (F16, BF16) on copies of x
-// and w, and b is added in that dtype. The gradients of w and b are
-// computed in their own dtype: the weight's is the product accumulated in
-// float32, not rounded to 16 bits and cast back as a gradient through a
-// cast would be.
+// and w, and b, rounded to that dtype, is added in the product's epilogue
+// (kernels.Epilogue), before the result is rounded. The gradients of w and
+// b are computed in their own dtype: the weight's is the product
+// accumulated in float32, not rounded to 16 bits and cast back as a
+// gradient through a cast would be; the bias's comes with it.
 func Linear(x, w, b *T) *T {
 	wc := w // the weight the product reads: w, or its F16 copy under autocast
 	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
