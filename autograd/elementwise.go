@@ -58,10 +58,15 @@ func binaryRaw(op kernels.BinaryOp, a, b *T) *T {
 	}
 	dt := promote(a.DType(), b.DType())
 	dev := ModeOf(a, b)
-	ac, bc := asDType(dev, a, dt), asDType(dev, b, dt)
-	defer ac.Release()
-	defer bc.Release()
 	y := tensor.Empty(dev, dt, shape...)
+	// With one operand of the result's dtype (F32) the backend reads the
+	// other as it is (kernels.Backend.Binary); two other dtypes are cast.
+	ac, bc := a, b
+	if a.DType() != dt && b.DType() != dt {
+		ac, bc = castRawOn(dev, a, dt), castRawOn(dev, b, dt)
+		defer ac.Release()
+		defer bc.Release()
+	}
 	a.Backend().Binary(op, y.Buf(), ac.Buf(), bc.Buf(), kernels.NewBroadcast(shape, a.Shape(), b.Shape()))
 	return y
 }

@@ -330,7 +330,9 @@ type Backend interface {
 	UnaryBackward(op UnaryOp, dx, dy, x, y Buf)
 	// Affine computes dst = alpha·x + beta.
 	Affine(dst, x Buf, alpha, beta float32)
-	// Binary computes dst = a op b, broadcasting as bc says.
+	// Binary computes dst = a op b, broadcasting as bc says. a and b have
+	// dst's dtype, or dst and one of them are F32 and the other is read in
+	// its own (a 16-bit residual branch added to an F32 stream, uncast).
 	Binary(op BinaryOp, dst, a, b Buf, bc Broadcast)
 
 	// Reduce reduces x along the middle axis of r into dst (r.Outer·r.Inner elements).

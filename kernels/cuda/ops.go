@@ -49,6 +49,12 @@ type (
 		Bc      bcast
 		A, B, Y uintptr
 	}
+	binaryMixedArgs struct { // binary_mixed: A and Y F32, B of the instantiation's type
+		Op, Swap int32
+		N        int64
+		Bc       bcast
+		A, B, Y  uintptr
+	}
 )
 
 var (
@@ -56,6 +62,7 @@ var (
 	kUnaryBwd   = declareTyped[unaryBwdArgs]("unary_bwd")
 	kAffine     = declareTyped[affineArgs]("affine")
 	kBinary     = declareTyped[binaryArgs]("binary")
+	kBinaryMix  = declareTyped[binaryMixedArgs]("binary_mixed")
 	castKernels = map[[2]kernels.DType]kernel[castArgs]{}
 )
 
@@ -148,11 +155,12 @@ type bcast struct {
 	shape, sa, sb [kernels.MaxDims]int32
 }
 
-// Binary computes dst = a op b with broadcasting; a, b and dst share a dtype.
+// Binary computes dst = a op b with broadcasting; a, b and dst share a
+// dtype, or dst is F32 and so is one of a and b (binary_mixed reads the
+// other as stored).
 func (b *Backend) Binary(op kernels.BinaryOp, dst, a, bb kernels.Buf, bc kernels.Broadcast) {
 	n := bc.Len()
 	kernels.CheckLen("binary "+op.String(), n, dst)
-	s := floatType("binary "+op.String(), dst, a, bb)
 	if n > math.MaxInt32 {
 		panic(fmt.Sprintf("cuda: binary of %d elements", n))
 	}
@@ -161,6 +169,19 @@ func (b *Backend) Binary(op kernels.BinaryOp, dst, a, bb kernels.Buf, bc kernels
 	for i := 0; i < bc.NDim; i++ {
 		c.shape[i], c.sa[i], c.sb[i] = int32(bc.Shape[i]), int32(bc.StrideA[i]), int32(bc.StrideB[i])
 	}
+	if dst.DType == kernels.F32 && a.DType != bb.DType && (a.DType == kernels.F32 || bb.DType == kernels.F32) {
+		swap, f32, other := int32(0), a, bb
+		if a.DType != kernels.F32 {
+			swap, f32, other = 1, bb, a
+			c.sa, c.sb = c.sb, c.sa
+		}
+		s := floatType("binary "+op.String(), other)
+		b.enter()
+		defer b.exit()
+		kBinaryMix.launch(b, s, b.elems(int64(n)), binaryMixedArgs{int32(op), swap, int64(n), c, ptrOf(f32), ptrOf(other), ptrOf(dst)})
+		return
+	}
+	s := floatType("binary "+op.String(), dst, a, bb)
 	b.enter()
 	defer b.exit()
 	kBinary.launch(b, s, b.elems(int64(n)), binaryArgs{int32(op), int64(n), c, ptrOf(a), ptrOf(bb), ptrOf(dst)})

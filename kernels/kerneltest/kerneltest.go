@@ -321,6 +321,18 @@ var cases = []testCase{
 					s.got.Binary(op, y.got, a.got, b.got, bc)
 					s.ref.Binary(op, y.ref, a.ref, b.ref, bc)
 					s.check(fmt.Sprintf("%v %v %v %v", op, dt, sh[0], sh[1]), y, TolElementwise)
+					if dt == kernels.F32 {
+						continue
+					}
+					// An F32 result of one F32 and one 16-bit operand, either way round.
+					a32 := s.randIn(kernels.F32, prod(sh[0]))
+					b32 := s.in(kernels.F32, bv)
+					for _, ab := range [][2]pair{{a32, b}, {a, b32}} {
+						y := s.out(kernels.F32, prod(sh[2]))
+						s.got.Binary(op, y.got, ab[0].got, ab[1].got, bc)
+						s.ref.Binary(op, y.ref, ab[0].ref, ab[1].ref, bc)
+						s.check(fmt.Sprintf("%v %v,%v->f32 %v %v", op, ab[0].dt, ab[1].dt, sh[0], sh[1]), y, TolElementwise)
+					}
 				}
 			}
 		}

@@ -122,6 +122,34 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
     }
 }
 
+// binary_mixed is binary for an F32 a and y and a b of T, read as stored
+// (no F32 copy of it first); with swap, y = b op a. A 16-bit residual
+// branch added to an F32 stream is one pass.
+template <typename T>
+__device__ void binary_mixed(int op, int swap, i64 n, Bcast bc, const float* a, const T* b, float* y) {
+    if (bc.ndim == 1 && bc.sa[0] == 1 && bc.sb[0] == 1 && n % 4 == 0 && vec4(a) && vec4(b) && vec4(y)) {
+        GRID_STRIDE(j, n / 4) {
+            float va[4], vb[4];
+            ld4(a, 4 * j, va);
+            ld4(b, 4 * j, vb);
+            for (int e = 0; e < 4; e++) va[e] = swap ? binary_f(op, vb[e], va[e]) : binary_f(op, va[e], vb[e]);
+            st4(y, 4 * j, va);
+        }
+        return;
+    }
+    GRID_STRIDE(i, n) {
+        int rem = (int)i, oa = 0, ob = 0;
+        for (int d = bc.ndim - 1; d >= 0; d--) {
+            int k = rem % bc.shape[d];
+            rem /= bc.shape[d];
+            oa += k * bc.sa[d];
+            ob += k * bc.sb[d];
+        }
+        float x = a[oa], z = ld(b, ob);
+        y[i] = swap ? binary_f(op, z, x) : binary_f(op, x, z);
+    }
+}
+
 #define ELEMENTWISE(T, S)                                                                                   \
     extern "C" __global__ void unary_##S(int op, i64 n, const T* x, T* y) { unary(op, n, x, y); }            \
     extern "C" __global__ void unary_bwd_##S(int op, i64 n, const T* dy, const T* x, const T* y, T* dx) {   \
@@ -132,6 +160,10 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
     }                                                                                                       \
     extern "C" __global__ void binary_##S(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {          \
         binary(op, n, bc, a, b, y);                                                                         \
+    }                                                                                                       \
+    extern "C" __global__ void binary_mixed_##S(int op, int swap, i64 n, Bcast bc, const float* a, const T* b, \
+                                                float* y) {                                                 \
+        binary_mixed(op, swap, n, bc, a, b, y);                                                             \
     }
 FOR_TYPES(ELEMENTWISE)
 
