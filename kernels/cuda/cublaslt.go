@@ -42,7 +42,7 @@ const (
 	ltDescAuxPointer  = 11
 	ltDescAuxLD       = 12
 
-	ltLayoutAlignA  = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
+	ltPrefAlignA    = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
 	ltPrefWorkspace = 1
 
 	ltEpilogueBias       = 4
@@ -220,7 +220,7 @@ func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
 	// cuBLAS's A, B, C and D are our B, A, C and C.
 	for i, al := range []uint8{key.align[1], key.align[0], key.align[2], key.align[2]} {
 		bytes := uint32(1) << al
-		if fail("cublasLtMatmulPreferenceSetAttribute", lt.prefSet(pref, ltLayoutAlignA+int32(i), unsafe.Pointer(&bytes), 4)) {
+		if fail("cublasLtMatmulPreferenceSetAttribute", lt.prefSet(pref, ltPrefAlignA+int32(i), unsafe.Pointer(&bytes), 4)) {
 			return pl
 		}
 	}
