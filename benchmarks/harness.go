@@ -126,15 +126,19 @@ type Result struct {
 	OverheadFP32   float64 `json:"overhead_vs_fp32"`          // step time/step time(fp32) − 1
 	CompileSeconds float64 `json:"compile_seconds,omitempty"` // torch.compile only: the first steps, compiling
 	// leangrad only
-	Mode            string         `json:"mode,omitempty"`              // the step's: eager, planned or captured
-	HostMS          float64        `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
-	LaunchesPerStep float64        `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
-	PlannedArena    int64          `json:"planned_arena,omitempty"`     // the planned step's arena
-	Notes           []string       `json:"notes,omitempty"`             // the step's: captures, fallbacks
-	Ranks           int            `json:"ranks,omitempty"`             // data parallel: the processes, one per device
-	Overlapped      bool           `json:"overlapped,omitempty"`        // data parallel: the all-reduces overlapped the backward
-	FLOPsPerStep    float64        `json:"flops_per_step,omitempty"`    // a language model's: see modelFLOPs
-	Timeline        []memory.Event `json:"-"`
+	Mode            string   `json:"mode,omitempty"`              // the step's: eager, planned or captured
+	HostMS          float64  `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
+	LaunchesPerStep float64  `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
+	PlannedArena    int64    `json:"planned_arena,omitempty"`     // the planned step's arena
+	Notes           []string `json:"notes,omitempty"`             // the step's: captures, fallbacks
+	Ranks           int      `json:"ranks,omitempty"`             // data parallel: the processes, one per device
+	Overlapped      bool     `json:"overlapped,omitempty"`        // data parallel: the all-reduces overlapped the backward
+	Sharded         bool     `json:"sharded,omitempty"`           // data parallel: the optimiser's state sharded over the ranks
+	// OptimizerStateBytes is the optimiser's state on this device (this
+	// rank's shard, when sharded).
+	OptimizerStateBytes int64          `json:"optimizer_state_bytes,omitempty"`
+	FLOPsPerStep        float64        `json:"flops_per_step,omitempty"` // a language model's: see modelFLOPs
+	Timeline            []memory.Event `json:"-"`
 }
 
 // modelFLOPs is a GPT step's floating-point operations as llm.c and PaLM
@@ -170,6 +174,9 @@ type Options struct {
 	// NoOverlap makes a data-parallel step all-reduce its gradients after
 	// the backward instead of overlapping it (dist.Reducer.SetOverlap).
 	NoOverlap bool
+	// ShardOptimizer shards the optimiser's state over the group's ranks
+	// (dist.Shard).
+	ShardOptimizer bool
 	// AMPDType is what the AMP configurations autocast to: "f16" (the
 	// default, with a GradScaler) or "bf16".
 	AMPDType string
@@ -249,7 +256,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	defer s.release()
 	ranks := 1
 	if g := o.Group; g != nil {
-		if err := s.tr.SetGroup(g); err != nil {
+		if err := s.tr.SetGroup(g, o.ShardOptimizer); err != nil {
 			return Result{}, err
 		}
 		s.tr.Step.Reducer().SetOverlap(!o.NoOverlap)
@@ -314,7 +321,9 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if o.Group != nil {
 		r.Ranks = ranks
 		r.Overlapped, _ = s.tr.Step.Reducer().Overlap()
+		r.Sharded = o.ShardOptimizer
 	}
+	r.OptimizerStateBytes = s.tr.Step.OptimizerStateBytes()
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
 	if p := s.tr.Step.Plan(s.x.DType(), s.x.Shape(), s.y.Shape()); p != nil {
 		r.PlannedArena = p.Size

@@ -295,7 +295,12 @@ func (h *hostProfiler) ClassifierLoss(p kernels.ClassifierParams, hb, w, labels,
 	h.b.ClassifierLoss(p, hb, w, labels, loss, right, dh, dw)
 }
 
-func (h *hostProfiler) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernels.Buf) {
+func (h *hostProfiler) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
+	defer h.op("SumSquares", first(grads))()
+	h.b.SumSquares(grads, sumsq)
+}
+
+func (h *hostProfiler) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm kernels.Buf) {
 	defer h.op("ClipGradNorm", first(grads))()
-	h.b.ClipGradNorm(grads, maxNorm, norm)
+	h.b.ClipGradNorm(grads, maxNorm, sumsq, norm)
 }

@@ -156,6 +156,21 @@ func (g *Group) StartAllReduce(ts []*tensor.Tensor, mean bool) error {
 	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.StartAllReduce(b, mean) })
 }
 
+// StartReduceScatter replaces the rank-th of the size equal parts of each
+// tensor by that part's sum (or mean) over the ranks, overlapped as
+// StartAllReduce until Join; the other parts are left unspecified
+// (kernels.Collective.StartReduceScatter). Each tensor's length must be a
+// multiple of the group's size.
+func (g *Group) StartReduceScatter(ts []*tensor.Tensor, mean bool) error {
+	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.StartReduceScatter(b, mean) })
+}
+
+// AllGather copies each rank's part of each tensor (the rank-th of its
+// size equal parts) into every other rank's, queued on the device.
+func (g *Group) AllGather(ts []*tensor.Tensor) error {
+	return g.collective(ts, func(b []kernels.Buf) error { return g.coll.AllGather(b) })
+}
+
 // Join makes the device work queued from now on wait for the all-reduces
 // started so far. It is safe to call with nothing started, and after a
 // failure (it then only returns the failure).
@@ -189,13 +204,22 @@ func (g *Group) Broadcast(ts []*tensor.Tensor, root int) error {
 // collective runs op on ts's buffers, unless the group has failed (its
 // failure is the error) or there is nothing to do (one rank, no tensors).
 func (g *Group) collective(ts []*tensor.Tensor, op func([]kernels.Buf) error) error {
+	return g.collectiveOn(bufs(ts), op)
+}
+
+func (g *Group) collectiveOn(bs []kernels.Buf, op func([]kernels.Buf) error) error {
 	if err := g.Err(); err != nil {
 		return err
 	}
-	if g.cfg.Size == 1 || len(ts) == 0 {
+	if g.cfg.Size == 1 || len(bs) == 0 {
 		return nil
 	}
-	return g.cause(op(bufs(ts)))
+	return g.cause(op(bs))
+}
+
+// allReduce is AllReduce of buffers.
+func (g *Group) allReduce(bs []kernels.Buf, mean bool) error {
+	return g.collectiveOn(bs, func(b []kernels.Buf) error { return g.coll.AllReduce(b, mean) })
 }
 
 func bufs(ts []*tensor.Tensor) []kernels.Buf {
@@ -317,6 +341,73 @@ func (c *tcpCollective) AllReduce(bs []kernels.Buf, mean bool) error {
 	return c.exchange("all-reduce", bs, c.read(bs), func(all [][]byte) []byte { return reduce(bs, all, mean) })
 }
 
+// StartReduceScatter is an all-reduce of which each rank writes only its
+// part: the others keep what they held, as NCCL's in-place reduce-scatter
+// leaves them, so that a caller reading them is caught by tests.
+func (c *tcpCollective) StartReduceScatter(bs []kernels.Buf, mean bool) error {
+	if err := c.splits(bs); err != nil {
+		return err
+	}
+	for _, b := range bs {
+		if b.DType != kernels.F32 {
+			return fmt.Errorf("dist: reduce-scatter of %v over tcp (F32 only)", b.DType)
+		}
+	}
+	raw, err := c.combine("reduce-scatter", c.read(bs), func(all [][]byte) []byte { return reduce(bs, all, mean) })
+	if err != nil {
+		return err
+	}
+	var off int64
+	for _, b := range bs {
+		mine := c.part(b)
+		skip := int64(c.g.cfg.Rank) * mine.Bytes()
+		c.g.dev.Backend().Write(mine, raw[off+skip:off+skip+mine.Bytes()])
+		off += b.Bytes()
+	}
+	return nil
+}
+
+// AllGather sends each buffer's part to rank 0, which lays the ranks'
+// parts side by side.
+func (c *tcpCollective) AllGather(bs []kernels.Buf) error {
+	if err := c.splits(bs); err != nil {
+		return err
+	}
+	parts := make([]kernels.Buf, len(bs))
+	for i, b := range bs {
+		parts[i] = c.part(b)
+	}
+	return c.exchange("all-gather", bs, c.read(parts), func(all [][]byte) []byte {
+		var out []byte
+		var off int64
+		for _, p := range parts {
+			for _, d := range all {
+				out = append(out, d[off:off+p.Bytes()]...)
+			}
+			off += p.Bytes()
+		}
+		return out
+	})
+}
+
+// splits checks that each buffer splits in as many equal parts as ranks.
+func (c *tcpCollective) splits(bs []kernels.Buf) error {
+	for _, b := range bs {
+		if b.N%c.g.cfg.Size != 0 {
+			return fmt.Errorf("dist: a buffer of %d elements does not split in %d equal parts", b.N, c.g.cfg.Size)
+		}
+	}
+	return nil
+}
+
+// part is this rank's part of b.
+func (c *tcpCollective) part(b kernels.Buf) kernels.Buf {
+	n := b.N / c.g.cfg.Size
+	b.Off += int64(c.g.cfg.Rank*n) * int64(b.DType.Size())
+	b.N = n
+	return b
+}
+
 // read is bs's bytes, one after the other.
 func (c *tcpCollective) read(bs []kernels.Buf) []byte {
 	var raw []byte
@@ -331,15 +422,8 @@ func (c *tcpCollective) read(bs []kernels.Buf) []byte {
 // exchange sends this rank's payload to rank 0, which combines every
 // rank's into the result, and writes the result into bs on every rank.
 func (c *tcpCollective) exchange(what string, bs []kernels.Buf, mine []byte, combine func(all [][]byte) []byte) error {
-	all, err := c.g.rv.gather(what, mine)
+	raw, err := c.combine(what, mine, combine)
 	if err != nil {
-		return err
-	}
-	var raw []byte
-	if c.g.cfg.Rank == 0 {
-		raw = combine(all)
-	}
-	if raw, err = c.g.rv.bcast(what, raw); err != nil {
 		return err
 	}
 	var off int64
@@ -351,6 +435,20 @@ func (c *tcpCollective) exchange(what string, bs []kernels.Buf, mine []byte, com
 		off += b.Bytes()
 	}
 	return nil
+}
+
+// combine sends this rank's payload to rank 0, which combines every rank's
+// into the result every rank receives.
+func (c *tcpCollective) combine(what string, mine []byte, combine func(all [][]byte) []byte) ([]byte, error) {
+	all, err := c.g.rv.gather(what, mine)
+	if err != nil {
+		return nil, err
+	}
+	var raw []byte
+	if c.g.cfg.Rank == 0 {
+		raw = combine(all)
+	}
+	return c.g.rv.bcast(what, raw)
 }
 
 // reduce sums the ranks' payloads element by element (F32 in float64, I32

@@ -44,6 +44,8 @@ const (
 // an error on the second report, unless told the graph is static.
 type Reducer struct {
 	g       *Group
+	parts   int // each bucket's length is a multiple of it: 1, or the ranks when sharded
+	shard   *ShardedOptimizer
 	all     *tensor.Tensor // the buckets, one after the other
 	buckets []bucket
 	slot    map[*tensor.Tensor]int // parameter -> its index in params
@@ -76,8 +78,13 @@ type param struct {
 // NewReducer lays params' gradients out in buckets on g's device, the
 // buckets one after the other in one block of the pool. Every parameter
 // must be F32 (its gradient is, and so is the bucket).
-func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
-	r := &Reducer{g: g, slot: map[*tensor.Tensor]int{}, params: make([]param, len(params))}
+func NewReducer(g *Group, params []*tensor.Tensor) *Reducer { return newReducer(g, params, 1) }
+
+// newReducer is NewReducer with each bucket padded to a multiple of parts
+// elements (zeros no parameter owns), so that it splits in parts equal
+// shards.
+func newReducer(g *Group, params []*tensor.Tensor, parts int) *Reducer {
+	r := &Reducer{g: g, parts: parts, slot: map[*tensor.Tensor]int{}, params: make([]param, len(params))}
 	var groups [][]int // the buckets' parameters
 	var cur []int
 	var size, total int64
@@ -96,7 +103,7 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 		size += 4 * int64(p.Numel())
 		if size >= limit || i == 0 {
 			groups = append(groups, cur)
-			total += size
+			total += 4 * roundUp(size/4, int64(parts))
 			cur, size, limit = nil, 0, BucketBytes
 		}
 	}
@@ -115,6 +122,7 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 			rows.Release()
 			off += n
 		}
+		off = lo + int(roundUp(int64(off-lo), int64(parts)))
 		r.buckets = append(r.buckets, bucket{flat: r.all.Rows(lo, off).Keep(), params: ps})
 	}
 	r.reported = make([]int, len(r.params))
@@ -122,6 +130,12 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer {
 	r.started = make([]bool, len(r.buckets))
 	return r
 }
+
+// alone says the reducer has nothing to do: one rank, whose gradients are
+// the mean, and no shard whose pieces take their gradients from the buckets.
+func (r *Reducer) alone() bool { return r.g.Size() == 1 && r.shard == nil }
+
+func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
 
 // Buckets is the number of buckets.
 func (r *Reducer) Buckets() int { return len(r.buckets) }
@@ -167,7 +181,7 @@ func (r *Reducer) Prepare() {
 // ignored. Give it only to the backward of a step's last micro-batch.
 func (r *Reducer) Ready(leaf *tensor.Tensor) {
 	i, ok := r.slot[leaf]
-	if !ok || r.g.Size() == 1 {
+	if !ok || r.alone() {
 		return
 	}
 	p := r.params[i]
@@ -198,7 +212,14 @@ func (r *Reducer) start(b int) {
 	}
 	r.started[b] = true
 	r.g.dev.Backend().CopyMany(dst, src)
-	if err := r.g.StartAllReduce([]*tensor.Tensor{r.buckets[b].flat}, true); err != nil && r.err == nil {
+	flat := []*tensor.Tensor{r.buckets[b].flat}
+	var err error
+	if r.shard != nil {
+		err = r.g.StartReduceScatter(flat, true)
+	} else {
+		err = r.g.StartAllReduce(flat, true)
+	}
+	if err != nil && r.err == nil {
 		r.err = err
 	}
 }
@@ -206,11 +227,13 @@ func (r *Reducer) start(b int) {
 // Finish ends a step's reduction: it starts the buckets Ready has not,
 // makes the device's later work wait for every all-reduce, and makes each
 // parameter's gradient its view of its bucket, which then holds the mean
-// over the ranks. A parameter the backward gave no gradient is an error
+// over the ranks (sharded, each piece of the ShardedOptimizer's gets its
+// view of this rank's shard, and the parameters keep the backward's own
+// gradients). A parameter the backward gave no gradient is an error
 // (before any all-reduce on the first step): the other ranks would update
 // it and this one would not.
 func (r *Reducer) Finish() error {
-	if r.g.Size() == 1 {
+	if r.alone() {
 		return nil
 	}
 	if !r.learned {
@@ -233,6 +256,10 @@ func (r *Reducer) Finish() error {
 	}
 	if err := errors.Join(r.err, missing, r.Join()); err != nil {
 		return err
+	}
+	if r.shard != nil {
+		r.shard.reduced()
+		return nil
 	}
 	for _, p := range r.params {
 		p.t.SetGrad(p.view.Retain()) // the gradient takes the reference

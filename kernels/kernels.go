@@ -462,6 +462,16 @@ type Collective interface {
 	// collective started so far. A captured graph must Join what it
 	// started before its capture ends.
 	Join() error
+	// StartReduceScatter is the first half of an all-reduce, overlapped as
+	// StartAllReduce: each buffer's length must be a multiple of the
+	// group's size, and the rank-th of its size equal parts is replaced by
+	// that part's sum over the ranks (their mean, with mean set); the other
+	// parts are left unspecified.
+	StartReduceScatter(bufs []Buf, mean bool) error
+	// AllGather is the second half: each rank's part of each buffer (the
+	// rank-th of the buffer's size equal parts) is copied into the same
+	// part of every other rank's.
+	AllGather(bufs []Buf) error
 	// Broadcast copies root's buffers into every other rank's.
 	Broadcast(bufs []Buf, root int) error
 	// Abort ends the group's work at once, also work queued or blocked on

@@ -45,11 +45,15 @@ type TransformerOps interface {
 	// dw (F32, V×C).
 	ClassifierLoss(p ClassifierParams, h, w, labels, loss, right, dh, dw Buf)
 
-	// ClipGradNorm writes the L2 norm of all of grads together (F32) into
-	// norm (F32, 1), summed in a fixed order, and multiplies every grad in
-	// place by min(1, maxNorm/(norm+1e-6)), as
-	// torch.nn.utils.clip_grad_norm_: on the device, without the host.
-	ClipGradNorm(grads []Buf, maxNorm float32, norm Buf)
+	// SumSquares writes the sum of the squares of all of grads together
+	// (F32) into sumsq (F32, 1), summed in a fixed order (0 for no grads).
+	SumSquares(grads []Buf, sumsq Buf)
+	// ClipGradNorm writes the L2 norm √sumsq into norm (F32, 1) and
+	// multiplies every grad (F32) in place by min(1, maxNorm/(norm+1e-6)),
+	// as torch.nn.utils.clip_grad_norm_ once SumSquares has summed the
+	// squares (of one rank's gradients, or of a sharded job's ranks' shards
+	// after an all-reduce): on the device, without the host.
+	ClipGradNorm(grads []Buf, maxNorm float32, sumsq, norm Buf)
 }
 
 // LayerNormParams describes layer normalisation of a Rows×Cols array over

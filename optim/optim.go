@@ -424,16 +424,32 @@ func (o *AdamW) Release() {
 // torch.nn.utils.clip_grad_norm_: no device read, so a captured step clips.
 // Parameters without a gradient are left out.
 func ClipGradNorm(params []*tensor.Tensor, maxNorm float64, norm *tensor.Tensor) {
+	if err := ClipShardedGradNorm(params, maxNorm, norm, nil); err != nil {
+		panic(err) // no sum, no error
+	}
+}
+
+// ClipShardedGradNorm is ClipGradNorm where params hold one shard of the
+// gradients each (a data-parallel job that shards its optimiser): sum
+// replaces the shard's sum of squares (F32, 1 element, on the device) by
+// its sum over the shards, an all-reduce queued on the device, before the
+// norm is taken from it. Its error is returned; a nil sum is one shard.
+func ClipShardedGradNorm(params []*tensor.Tensor, maxNorm float64, norm *tensor.Tensor, sum func(sumsq *tensor.Tensor) error) error {
 	var grads []kernels.Buf
 	for _, p := range params {
 		if g := p.Grad(); g != nil {
 			grads = append(grads, g.Buf())
 		}
 	}
+	sumsq := tensor.Zeros(norm.Device(), tensor.F32, 1)
+	defer sumsq.Release()
 	be := norm.Backend()
-	if len(grads) == 0 {
-		be.Fill(norm.Buf(), 0)
-		return
+	be.SumSquares(grads, sumsq.Buf())
+	if sum != nil {
+		if err := sum(sumsq); err != nil {
+			return err
+		}
 	}
-	be.ClipGradNorm(grads, float32(maxNorm), norm.Buf())
+	be.ClipGradNorm(grads, float32(maxNorm), sumsq.Buf(), norm.Buf())
+	return nil
 }

@@ -101,6 +101,9 @@ type DataParallel struct {
 	Overlapped    bool       `json:"overlapped"`
 	NotOverlapped string     `json:"not_overlapped,omitempty"`
 	PerRank       []RankPeak `json:"per_rank,omitempty"`
+	// Sharded says the optimiser's state was sharded over the ranks
+	// (each rank's is in PerRank).
+	Sharded bool `json:"sharded,omitempty"`
 }
 
 // RankPeak is one rank's memory over the run.
@@ -109,6 +112,8 @@ type RankPeak struct {
 	PeakAllocated     int64 `json:"peak_allocated"`
 	PeakReserved      int64 `json:"peak_reserved"`
 	EvalPeakAllocated int64 `json:"eval_peak_allocated"`
+	// OptimizerStateBytes is the optimiser's state on the rank's device.
+	OptimizerStateBytes int64 `json:"optimizer_state_bytes"`
 }
 
 // WriteSummary writes the end of a finished run's report: accuracy,

@@ -71,8 +71,11 @@ type Job struct {
 	// Group, if set, makes the run one rank of a data-parallel job
 	// (Trainer.SetGroup): the batch is per rank, each rank trains on its
 	// share of every epoch and evaluates its share of the test set, and
-	// the figures are the job's. Only rank 0 saves.
-	Group *dist.Group
+	// the figures are the job's. Only rank 0 saves. ShardOptimizer
+	// shards the optimiser's state over the ranks (ZeRO stage 1,
+	// dist.Shard); the checkpoints hold it whole.
+	Group          *dist.Group
+	ShardOptimizer bool
 }
 
 // CPUModelNote says what train.ForCPU chose for gpt.
@@ -419,7 +422,7 @@ func (r *runner) trainer() (err error) {
 		return err
 	}
 	if g := r.job.Group; g != nil {
-		if err := r.t.SetGroup(g); err != nil {
+		if err := r.t.SetGroup(g, r.job.ShardOptimizer); err != nil {
 			return err
 		}
 		red := r.t.Step.Reducer()
@@ -549,7 +552,7 @@ func (r *runner) summarize() error {
 	add("%s", line)
 	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
 	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
-		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak())})
+		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak()), float64(t.Step.OptimizerStateBytes())})
 		if err != nil {
 			return err
 		}
@@ -560,11 +563,15 @@ func (r *runner) summarize() error {
 		}
 		add("data parallel  %d ranks over %s: the gradients' %s (%s) take %.3f ms to all-reduce, %s",
 			dp.Ranks, dp.Collectives, buckets(dp.Buckets), memory.Bytes(dp.BucketBytes), 1e3*dp.AllReduceSeconds, how)
+		state := "whole on every rank"
+		if dp.Sharded = r.job.ShardOptimizer; dp.Sharded {
+			state = fmt.Sprintf("sharded over the %d ranks", dp.Ranks)
+		}
 		for rank, v := range all {
-			p := RankPeak{Rank: rank, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2])}
+			p := RankPeak{Rank: rank, PeakAllocated: int64(v[0]), PeakReserved: int64(v[1]), EvalPeakAllocated: int64(v[2]), OptimizerStateBytes: int64(v[3])}
 			dp.PerRank = append(dp.PerRank, p)
-			add("  rank %d       peak allocated %s, reserved %s by the training steps; evaluation %s",
-				rank, memory.Bytes(p.PeakAllocated), memory.Bytes(p.PeakReserved), memory.Bytes(p.EvalPeakAllocated))
+			add("  rank %d       peak allocated %s, reserved %s by the training steps; evaluation %s; optimizer state %s (%s)",
+				rank, memory.Bytes(p.PeakAllocated), memory.Bytes(p.PeakReserved), memory.Bytes(p.EvalPeakAllocated), memory.Bytes(p.OptimizerStateBytes), state)
 		}
 	}
 	_, evalShape, _ := r.testL.Inputs()

@@ -132,7 +132,9 @@ type ResumeInfo struct {
 	Position *Position
 }
 
-// Save writes a training checkpoint to path, atomically.
+// Save writes a training checkpoint to path, atomically. With an optimiser
+// sharded over a job's ranks (dist.ShardedOptimizer), every rank calls its
+// Gather first.
 func (t *Trainer) Save(path string) error {
 	st := &nn.Safetensors{Tensors: map[string]nn.Stored{}, Metadata: map[string]string{}}
 	for _, n := range t.Model.State("model") {

@@ -1,7 +1,9 @@
 package train
 
 import (
+	"bytes"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -126,7 +128,7 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 		dev := g.Device()
 		s, release, params := build(dev, 7+uint64(g.Rank())) // rank 1 starts elsewhere: SetGroup gives it rank 0's
 		defer release()
-		if err := s.SetGroup(g); err != nil {
+		if err := s.SetGroup(g, false); err != nil {
 			return err
 		}
 		xs, ys := batches(dev, steps, batch, 3)
@@ -167,9 +169,38 @@ func testDataParallelStep(t *testing.T, devs []*tensor.Device, mode Mode) {
 // epoch: they end with identical parameters, report the same job-wide
 // figures (the loss and accuracy of every rank's examples, the test
 // accuracy of the whole test set), and only rank 0 writes the checkpoint.
+// With the optimiser's state sharded, the checkpoint is the unsharded
+// job's, byte for byte.
 func TestDataParallelFit(t *testing.T) {
-	trainSet, testSet := datasets.SyntheticSize(256, 1, 12), datasets.SyntheticSize(101, 2, 12) // an odd test set: uneven shares
 	dir := t.TempDir()
+	for _, shard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shard-%v", shard), func(t *testing.T) {
+			testDataParallelFit(t, filepath.Join(dir, fmt.Sprint(shard)), shard)
+		})
+	}
+	unsharded, _, err := readCheckpoint(filepath.Join(dir, "false", "rank0.ckpt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sharded, _, err := readCheckpoint(filepath.Join(dir, "true", "rank0.ckpt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := slices.Sorted(maps.Keys(sharded.Tensors)), slices.Sorted(maps.Keys(unsharded.Tensors)); !slices.Equal(got, want) {
+		t.Fatalf("the sharded job's checkpoint holds %v, the unsharded job's %v", got, want)
+	}
+	for name, s := range unsharded.Tensors {
+		if !bytes.Equal(sharded.Tensors[name].Data, s.Data) {
+			t.Errorf("tensor %s of the sharded job's checkpoint differs from the unsharded job's", name)
+		}
+	}
+}
+
+func testDataParallelFit(t *testing.T, dir string, shard bool) {
+	trainSet, testSet := datasets.SyntheticSize(256, 1, 12), datasets.SyntheticSize(101, 2, 12) // an odd test set: uneven shares
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		params  [][]float32
 		history []EpochMetrics
@@ -192,7 +223,7 @@ func TestDataParallelFit(t *testing.T) {
 			return err
 		}
 		defer tr.Release()
-		if err := tr.SetGroup(g); err != nil {
+		if err := tr.SetGroup(g, shard); err != nil {
 			return err
 		}
 		if err := tr.Fit(trainL, testL, nil, filepath.Join(dir, fmt.Sprintf("rank%d.ckpt", g.Rank()))); err != nil {
@@ -292,7 +323,7 @@ func dataParallelResNetStep(t *testing.T, refDev *tensor.Device, ranks []*tensor
 	onRanks(t, ranks, func(g *dist.Group) error {
 		s, release, params := build(g.Device(), 7)
 		defer release()
-		if err := s.SetGroup(g); err != nil {
+		if err := s.SetGroup(g, false); err != nil {
 			return err
 		}
 		xs, ys := batches(g.Device(), steps, batch, 5)
@@ -396,7 +427,7 @@ func TestDataParallelGPTStep(t *testing.T) {
 		dev := g.Device()
 		s, release, params := build(dev, 7+uint64(g.Rank()))
 		defer release()
-		if err := s.SetGroup(g); err != nil {
+		if err := s.SetGroup(g, false); err != nil {
 			return err
 		}
 		per := batch / g.Size()

@@ -116,7 +116,7 @@ func (h *holdings) observe(loss *tensor.Tensor) {
 	for _, n := range h.t.Model.State("") {
 		b.Parameters += blocks(n.T)
 	}
-	for _, v := range h.t.Opt.State() {
+	for _, v := range deviceState(h.t.Opt) {
 		b.Optimizer += blocks(v)
 	}
 	b.Batch = blocks(h.x, h.y)

@@ -109,10 +109,11 @@ type Step struct {
 	shapes   map[string]*shapeState
 	arena    *memory.Arena
 	notes    []string
-	micro    int              // micro-batch size; 0: whole batches
-	undo     []*tensor.Tensor // copies of the buffers (and metrics) an eager step changes, to restore when it fails
-	group    *dist.Group      // the data-parallel job, or nil
-	reducer  *dist.Reducer    // averages the gradients over group
+	micro    int                    // micro-batch size; 0: whole batches
+	undo     []*tensor.Tensor       // copies of the buffers (and metrics) an eager step changes, to restore when it fails
+	group    *dist.Group            // the data-parallel job, or nil
+	reducer  *dist.Reducer          // averages the gradients over group
+	sharded  *dist.ShardedOptimizer // Opt, when its state is sharded over group
 }
 
 // shapeState is what a Step knows about one batch shape.
@@ -152,9 +153,12 @@ func NewStep(dev *tensor.Device, model nn.Model, opt optim.Optimizer, amp tensor
 // rest), before the scaler's check, so every rank sees the
 // same gradients, skips the same AMP steps and takes the same update.
 // Batch norm's statistics stay each rank's own, as in DDP without buffer
-// broadcasting; JobMetrics sums the ranks' metrics. Call it before the
-// first Run.
-func (s *Step) SetGroup(g *dist.Group) error {
+// broadcasting; JobMetrics sums the ranks' metrics. With shard, each rank
+// keeps the optimiser's state of its shard of the parameters only
+// (dist.Shard, ZeRO stage 1): Opt becomes the dist.ShardedOptimizer that
+// owns the optimiser given, and the gradients are reduce-scattered
+// instead. Call it before the first Run.
+func (s *Step) SetGroup(g *dist.Group, shard bool) error {
 	if s.reducer != nil {
 		panic("train: SetGroup called twice")
 	}
@@ -165,12 +169,40 @@ func (s *Step) SetGroup(g *dist.Group) error {
 	if err := g.Broadcast(state, 0); err != nil {
 		return fmt.Errorf("broadcasting rank 0's model: %w", err)
 	}
-	s.group, s.reducer = g, dist.NewReducer(g, s.Opt.Params())
+	s.group = g
+	if !shard {
+		s.reducer = dist.NewReducer(g, s.Opt.Params())
+		return nil
+	}
+	r, o, err := dist.Shard(g, s.Opt)
+	if err != nil {
+		return err
+	}
+	s.reducer, s.sharded, s.Opt = r, o, o
 	return nil
 }
 
 // Reducer is the step's gradient reducer (nil without a group).
 func (s *Step) Reducer() *dist.Reducer { return s.reducer }
+
+// OptimizerStateBytes is what the pool holds for the optimiser's state on
+// this device (a sharded optimiser's: this rank's shard).
+func (s *Step) OptimizerStateBytes() int64 {
+	var n int64
+	for _, t := range deviceState(s.Opt) {
+		n += t.Block().Size()
+	}
+	return n
+}
+
+// deviceState is what opt holds on its device: its State, or a sharded
+// optimiser's shard of it.
+func deviceState(opt optim.Optimizer) map[string]*tensor.Tensor {
+	if o, ok := opt.(*dist.ShardedOptimizer); ok {
+		return o.Local()
+	}
+	return opt.State()
+}
 
 // Release frees the step's graphs, arena, static inputs and device state.
 func (s *Step) Release() {
@@ -598,9 +630,20 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			}
 			if s.ClipNorm > 0 {
 				s.Scaler.Unscale(s.Opt)
-				optim.ClipGradNorm(s.Opt.Params(), s.ClipNorm, s.gradNorm)
+				if s.sharded != nil {
+					if err := s.sharded.ClipGradNorm(s.ClipNorm, s.gradNorm); err != nil {
+						panic(err)
+					}
+				} else {
+					optim.ClipGradNorm(s.Opt.Params(), s.ClipNorm, s.gradNorm)
+				}
 			}
 			s.Scaler.Step(s.Opt)
+			if s.sharded != nil {
+				if err := s.sharded.Err(); err != nil {
+					panic(err)
+				}
+			}
 			s.Scaler.Update()
 		})
 		done = true

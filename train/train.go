@@ -282,14 +282,16 @@ type Trainer struct {
 // their gradients, progress and epoch figures are the job's (every rank's
 // examples), each evaluation runs on this rank's share of the test loader
 // (shard it with LoaderConfig.Rank) with rank 0's batch-norm statistics and
-// sums the ranks' results, and only rank 0 writes checkpoints. A step that
+// sums the ranks' results, and only rank 0 writes checkpoints (of the whole
+// optimiser state: a sharded one's is gathered on every rank first). Opt
+// becomes the Step's (the sharded optimiser with shard). A step that
 // runs out of memory ends the run (FailOnOOM): retrying it on one rank
 // alone would leave the others waiting in its all-reduce.
-func (t *Trainer) SetGroup(g *dist.Group) error {
-	if err := t.Step.SetGroup(g); err != nil {
+func (t *Trainer) SetGroup(g *dist.Group, shard bool) error {
+	if err := t.Step.SetGroup(g, shard); err != nil {
 		return err
 	}
-	t.group, t.FailOnOOM = g, true
+	t.Opt, t.group, t.FailOnOOM = t.Step.Opt, g, true
 	return nil
 }
 
@@ -691,9 +693,9 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 			return err
 		}
 	}
-	if save != "" && t.rank0() {
+	if save != "" {
 		t.Epoch++ // the checkpoint resumes at the next epoch
-		err := t.save(save)
+		err := t.saveJob(save)
 		t.Epoch--
 		if err != nil {
 			return err
@@ -718,6 +720,21 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 
 // rank0 says whether this trainer writes the job's checkpoints.
 func (t *Trainer) rank0() bool { return t.group == nil || t.group.Rank() == 0 }
+
+// saveJob writes the job's checkpoint: every rank gathers a sharded
+// optimiser's state, and rank 0 saves.
+func (t *Trainer) saveJob(path string) error {
+	if o, ok := t.Opt.(*dist.ShardedOptimizer); ok {
+		var err error
+		if cerr := tensor.Catch(func() { err = o.Gather() }); cerr != nil || err != nil {
+			return fmt.Errorf("gathering the sharded optimizer state: %w", errors.Join(cerr, err))
+		}
+	}
+	if !t.rank0() {
+		return nil
+	}
+	return t.save(path)
+}
 
 // save is Save with running out of memory returned as an error.
 func (t *Trainer) save(path string) error {
@@ -775,14 +792,12 @@ func (t *Trainer) interrupt(pos *Position, save string) error {
 	if err != nil {
 		return errors.Join(ie, err)
 	}
-	if t.rank0() {
-		pos.Metrics = []float32{float32(tally.LossSum), float32(tally.Right), float32(tally.Count)}
-		t.position = pos
-		err := t.save(save)
-		t.position = nil
-		if err != nil {
-			return errors.Join(ie, err)
-		}
+	pos.Metrics = []float32{float32(tally.LossSum), float32(tally.Right), float32(tally.Count)}
+	t.position = pos
+	err = t.saveJob(save)
+	t.position = nil
+	if err != nil {
+		return errors.Join(ie, err)
 	}
 	ie.Saved = save
 	return ie

@@ -28,6 +28,9 @@ type DDPReport struct {
 	Device      string              `json:"device"` // rank 0's
 	Results     []benchmarks.Result `json:"results"`
 	PerRankPeak [][]int64           `json:"per_rank_peak_allocated"` // results × ranks
+	// PerRankOptimizerState is each rank's optimiser state on its device
+	// (results × ranks): its shard, with -shard-optimizer.
+	PerRankOptimizerState [][]int64 `json:"per_rank_optimizer_state_bytes"`
 }
 
 // dataParallel is one rank of bench -nproc: it times the data-parallel step
@@ -47,7 +50,7 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 	if in := dev.Info(); in.Model != "" {
 		rep.Device += " (" + in.Model + ")"
 	}
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g, NoOverlap: !o.overlap}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g, NoOverlap: !o.overlap, ShardOptimizer: o.shardOptimizer}
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range strings.Split(o.configs, ",") {
@@ -57,23 +60,28 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 					g.Close()
 					return fmt.Errorf("%s batch %d %s: %w", sp.model, b, c, err)
 				}
-				peaks, err := g.Gather([]float64{float64(r.PeakAllocated)})
+				peaks, err := g.Gather([]float64{float64(r.PeakAllocated), float64(r.OptimizerStateBytes)})
 				if err != nil {
 					return err
 				}
-				var per []int64
+				var per, state []int64
 				for _, p := range peaks {
-					per = append(per, int64(p[0]))
+					per, state = append(per, int64(p[0])), append(state, int64(p[1]))
 				}
 				rep.Results = append(rep.Results, r)
 				rep.PerRankPeak = append(rep.PerRankPeak, per)
+				rep.PerRankOptimizerState = append(rep.PerRankOptimizerState, state)
 				if place.Rank == 0 {
 					how := "overlapping the backward"
 					if !r.Overlapped {
 						how = "after the backward"
 					}
-					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0 (%s mode, all-reduce %s)\n",
-						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), r.Mode, how)
+					shard := ""
+					if r.Sharded {
+						shard = ", optimizer state sharded"
+					}
+					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0, optimizer state %s (%s mode, all-reduce %s%s)\n",
+						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), memory.Bytes(r.OptimizerStateBytes), r.Mode, how, shard)
 				}
 			}
 		}

@@ -56,7 +56,7 @@ type options struct {
 	claims                                             bool
 	seed                                               uint64
 	nproc                                              int
-	overlap                                            bool
+	overlap, shardOptimizer                            bool
 	distTimeout                                        time.Duration
 }
 
@@ -126,6 +126,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
 	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
+	fs.BoolVar(&o.shardOptimizer, "shard-optimizer", false, "with -nproc: shard the optimizer state over the ranks (ZeRO stage 1)")
 	fs.BoolVar(&o.overlap, "overlap", true, "with -nproc: overlap the gradients' all-reduce with the backward (false: all-reduce after it, to measure the difference)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel runs: how long a rank waits for the others")
@@ -169,6 +170,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return cmdenv.ExitFailed
 		}
 		return 0
+	}
+	if o.shardOptimizer {
+		fmt.Fprintln(stderr, "bench: -shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
+		return cmdenv.ExitUsage
 	}
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)

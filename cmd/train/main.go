@@ -82,6 +82,7 @@ type options struct {
 	warmupSteps, sample, topK              int
 	clip, temperature                      float64
 	nproc                                  int
+	shardOptimizer                         bool
 	distTimeout                            time.Duration
 	set                                    map[string]bool // flags given on the command line
 	stdout                                 io.Writer       // the command's standard output, where -json - goes
@@ -253,6 +254,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism on this machine: start N ranks of this command, one per GPU (torchrun-style; a job launched by torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT instead); -batch is per rank")
+	fs.BoolVar(&o.shardOptimizer, "shard-optimizer", false, "data-parallel jobs: each rank keeps the optimizer state of its shard of the parameters only (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered); checkpoints still hold it whole")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel jobs: how long a rank waits for the others to join, at a barrier, or for a collective over TCP")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -521,6 +523,9 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	if err != nil {
 		return &run.SetupError{Err: err}
 	}
+	if o.shardOptimizer && place == nil {
+		return &run.SetupError{Err: errors.New("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")}
+	}
 	rank0 := place == nil || place.Rank == 0
 	if !rank0 {
 		stdout = io.Discard
@@ -560,7 +565,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 			}
 		}()
 	}
-	job.Group, job.Log, job.Stop = group, stdout, stop
+	job.Group, job.ShardOptimizer, job.Log, job.Stop = group, o.shardOptimizer, stdout, stop
 	if o.maxMemory != "" {
 		job.MaxMemory = budgetBytes(o.maxMemory, dev)
 		job.Allow = func(v train.Variant) bool { // the flags given are kept

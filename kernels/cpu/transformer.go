@@ -330,12 +330,11 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	f32s(right)[0] = float32(count)
 }
 
-// ClipGradNorm sums the squares of every gradient in float64, in blocks of
-// elemGrain values added in order, and scales them all by the clip
-// coefficient.
-func (c *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernels.Buf) {
-	kernels.CheckLen("clip grad norm", 1, norm)
-	kernels.CheckF32("clip grad norm", append([]kernels.Buf{norm}, grads...)...)
+// SumSquares sums the squares of every gradient in float64, in blocks of
+// elemGrain values added in order.
+func (c *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
+	kernels.CheckLen("sum of squares", 1, sumsq)
+	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
 	var total float64
 	for _, gb := range grads {
 		g := f32s(gb)
@@ -354,7 +353,15 @@ func (c *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernel
 			total += s
 		}
 	}
-	n := float32(math.Sqrt(total))
+	f32s(sumsq)[0] = float32(total)
+}
+
+// ClipGradNorm scales every gradient by the clip coefficient of the norm
+// √sumsq.
+func (c *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm kernels.Buf) {
+	kernels.CheckLen("clip grad norm", 1, sumsq, norm)
+	kernels.CheckF32("clip grad norm", append([]kernels.Buf{sumsq, norm}, grads...)...)
+	n := float32(math.Sqrt(float64(f32s(sumsq)[0])))
 	f32s(norm)[0] = n
 	coef := min(1, maxNorm/(n+1e-6))
 	if coef == 1 {

@@ -288,8 +288,10 @@ func TestClipGradNorm(t *testing.T) {
 	}
 	n := math.Sqrt(ss)
 	for _, maxNorm := range []float64{n * 2, n / 3} {
-		ga, gb, norm := bufOf(t, a), bufOf(t, b), buf(t, kernels.F32, 1)
-		be.ClipGradNorm([]kernels.Buf{ga, gb}, float32(maxNorm), norm)
+		ga, gb, sumsq, norm := bufOf(t, a), bufOf(t, b), buf(t, kernels.F32, 1), buf(t, kernels.F32, 1)
+		be.SumSquares([]kernels.Buf{ga, gb}, sumsq)
+		check(t, "sum of squares", sumsq, []float64{ss}, 1e-6)
+		be.ClipGradNorm([]kernels.Buf{ga, gb}, float32(maxNorm), sumsq, norm)
 		check(t, "grad norm", norm, []float64{n}, 1e-6)
 		coef := math.Min(1, maxNorm/(n+1e-6))
 		wa, wb := make([]float64, len(a)), make([]float64, len(b))

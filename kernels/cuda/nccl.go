@@ -40,6 +40,8 @@ type ncclAPI struct {
 	getUniqueID    func(id unsafe.Pointer) ncclResult
 	commInitRank   func(comm *uintptr, nranks int32, id ncclUniqueID, rank int32) int32 // by purego.RegisterFunc: the id is passed by value
 	allReduce      func(send, recv uintptr, count uintptr, dtype, op int32, comm, stream uintptr) ncclResult
+	reduceScatter  func(send, recv uintptr, recvCount uintptr, dtype, op int32, comm, stream uintptr) ncclResult
+	allGather      func(send, recv uintptr, sendCount uintptr, dtype int32, comm, stream uintptr) ncclResult
 	broadcast      func(send, recv uintptr, count uintptr, dtype, root int32, comm, stream uintptr) ncclResult
 	groupStart     func() ncclResult
 	groupEnd       func() ncclResult
@@ -55,6 +57,7 @@ func (n *ncclAPI) symbols() []symbol {
 		fn1("ncclGetVersion", &n.getVersion), fn1("ncclGetUniqueId", &n.getUniqueID),
 		registered("ncclCommInitRank", &n.commInitRank),
 		fn7("ncclAllReduce", &n.allReduce), fn7("ncclBroadcast", &n.broadcast),
+		fn7("ncclReduceScatter", &n.reduceScatter), fn6("ncclAllGather", &n.allGather),
 		fn0("ncclGroupStart", &n.groupStart), fn0("ncclGroupEnd", &n.groupEnd),
 		fn1("ncclCommAbort", &n.commAbort), fn1("ncclCommDestroy", &n.commDestroy), fn1("ncclCommFinalize", &n.commFinalize),
 		fn1("ncclGetErrorString", &n.getErrorString), fn1("ncclGetLastError", &n.getLastError),
@@ -205,7 +208,7 @@ func ncclType(dt kernels.DType) (int32, error) {
 // group queues op on each buffer between ncclGroupStart and ncclGroupEnd,
 // on the backend's stream, or, started, on the side stream after the work
 // queued so far on the backend's.
-func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n uintptr, dt int32, stream uintptr) ncclResult) error {
+func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(b kernels.Buf, dt int32, stream uintptr) ncclResult) error {
 	if c.aborted.Load() {
 		return errors.New("cuda: the NCCL group was aborted")
 	}
@@ -234,7 +237,7 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n
 			} else {
 				c.b.queued(what)
 			}
-			err = c.n.check(what, op(ptrOf(buf), uintptr(buf.N), dt, stream), c.comm)
+			err = c.n.check(what, op(buf, dt, stream), c.comm)
 		}
 		if err != nil && first == nil {
 			first = err
@@ -247,13 +250,18 @@ func (c *NCCL) group(what string, bufs []kernels.Buf, started bool, op func(p, n
 }
 
 func (c *NCCL) allReduce(bufs []kernels.Buf, mean, started bool) error {
-	red := int32(ncclSum)
-	if mean {
-		red = ncclAvg
-	}
-	return c.group("ncclAllReduce", bufs, started, func(p, n uintptr, dt int32, stream uintptr) ncclResult {
-		return c.n.allReduce(p, p, n, dt, red, c.comm, stream)
+	red := reduction(mean)
+	return c.group("ncclAllReduce", bufs, started, func(b kernels.Buf, dt int32, stream uintptr) ncclResult {
+		return c.n.allReduce(ptrOf(b), ptrOf(b), uintptr(b.N), dt, red, c.comm, stream)
 	})
+}
+
+// reduction is NCCL's operation for a sum, or a mean.
+func reduction(mean bool) int32 {
+	if mean {
+		return ncclAvg
+	}
+	return ncclSum
 }
 
 // AllReduce sums (or averages, with ncclAvg) each buffer over the ranks, in
@@ -286,8 +294,37 @@ func (c *NCCL) Join() error {
 
 // Broadcast copies root's buffers into every rank's, in place.
 func (c *NCCL) Broadcast(bufs []kernels.Buf, root int) error {
-	return c.group("ncclBroadcast", bufs, false, func(p, n uintptr, dt int32, stream uintptr) ncclResult {
-		return c.n.broadcast(p, p, n, dt, int32(root), c.comm, stream)
+	return c.group("ncclBroadcast", bufs, false, func(b kernels.Buf, dt int32, stream uintptr) ncclResult {
+		return c.n.broadcast(ptrOf(b), ptrOf(b), uintptr(b.N), dt, int32(root), c.comm, stream)
+	})
+}
+
+// part is the rank-th of the size equal parts of b: its address and length.
+func (c *NCCL) part(b kernels.Buf) (uintptr, uintptr) {
+	if b.N%c.size != 0 {
+		panic(fmt.Sprintf("cuda: a buffer of %d elements split in %d parts", b.N, c.size))
+	}
+	n := b.N / c.size
+	return ptrOf(b) + uintptr(c.rank*n*b.DType.Size()), uintptr(n)
+}
+
+// StartReduceScatter reduces each buffer into this rank's part of it, in
+// place (NCCL's in-place reduce-scatter: the result where the rank's part
+// of the input is), on the side stream until Join.
+func (c *NCCL) StartReduceScatter(bufs []kernels.Buf, mean bool) error {
+	red := reduction(mean)
+	return c.group("ncclReduceScatter", bufs, true, func(b kernels.Buf, dt int32, stream uintptr) ncclResult {
+		mine, n := c.part(b)
+		return c.n.reduceScatter(ptrOf(b), mine, n, dt, red, c.comm, stream)
+	})
+}
+
+// AllGather copies each rank's part of each buffer into every rank's, in
+// place, on the backend's stream.
+func (c *NCCL) AllGather(bufs []kernels.Buf) error {
+	return c.group("ncclAllGather", bufs, false, func(b kernels.Buf, dt int32, stream uintptr) ncclResult {
+		mine, n := c.part(b)
+		return c.n.allGather(mine, ptrOf(b), n, dt, c.comm, stream)
 	})
 }
 

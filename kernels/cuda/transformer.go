@@ -162,9 +162,12 @@ type (
 		Base    int32
 		Partial uintptr
 	}
-	clipFinishArgs struct {
-		N          int32
-		Partial    uintptr
+	sumsqFinishArgs struct {
+		N            int32
+		Partial, Out uintptr
+	}
+	clipCoefArgs struct {
+		Sumsq      uintptr
 		MaxNorm    float32
 		Norm, Coef uintptr
 	}
@@ -193,13 +196,14 @@ var (
 	kAttnRowDot     = declareTyped[attnRowDotArgs]("attn_rowdot")
 	kClsRows        = declareTyped[clsRowsArgs]("cls_rows")
 	// The flash kernels exist for the tensor cores' F16 and BF16 only.
-	kFlashFwd   = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
-	kFlashBwdKV = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
-	kFlashBwdQ  = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
-	kClsFinish  = declareKernel[clsFinishArgs]("cls_finish")
-	kSumsqMulti = declareKernel[sumsqMultiArgs]("sumsq_multi")
-	kClipFinish = declareKernel[clipFinishArgs]("clip_finish")
-	kScaleMulti = declareKernel[scaleMultiArgs]("scale_multi")
+	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
+	kFlashBwdKV  = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
+	kFlashBwdQ   = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
+	kClsFinish   = declareKernel[clsFinishArgs]("cls_finish")
+	kSumsqMulti  = declareKernel[sumsqMultiArgs]("sumsq_multi")
+	kSumsqFinish = declareKernel[sumsqFinishArgs]("sumsq_finish")
+	kClipCoef    = declareKernel[clipCoefArgs]("clip_coef")
+	kScaleMulti  = declareKernel[scaleMultiArgs]("scale_multi")
 )
 
 // Embedding gathers the ids' rows.
@@ -546,24 +550,41 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 // number, so the order of the sums is too.
 const clipBlocks = 64
 
-// ClipGradNorm: each tensor's squares summed by clipBlocks blocks, the
-// partial sums by one block (in double), then every gradient scaled by the
-// coefficient, read on the device.
-func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, norm kernels.Buf) {
-	kernels.CheckLen("clip grad norm", 1, norm)
-	kernels.CheckF32("clip grad norm", append([]kernels.Buf{norm}, grads...)...)
-	kernels.CheckLists("clip grad norm", grads)
+// SumSquares: each tensor's squares summed by clipBlocks blocks, the
+// partial sums by one block (in double).
+func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
+	kernels.CheckLen("sum of squares", 1, sumsq)
+	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
+	kernels.CheckLists("sum of squares", grads)
+	if len(grads) == 0 {
+		b.Fill(sumsq, 0)
+		return
+	}
 	b.enter()
 	defer b.exit()
-	ws := b.workspace(int64(len(grads)*clipBlocks+1) * 4)
+	ws := b.workspace(int64(len(grads)*clipBlocks) * 4)
 	defer b.alloc.Free(ws)
-	partial, coef := ws.Addr(), ws.Addr()+uintptr(len(grads)*clipBlocks*4)
+	partial := ws.Addr()
 	for lo := 0; lo < len(grads); lo += mtMax {
 		hi := min(lo+mtMax, len(grads))
 		l, _ := listOf(grads[lo:hi])
 		kSumsqMulti.launch(b, 0, dims{clipBlocks, uint32(hi - lo), blockSize}, sumsqMultiArgs{l, int32(lo), partial})
 	}
-	kClipFinish.launch(b, 0, dims{1, 1, blockSize}, clipFinishArgs{int32(len(grads) * clipBlocks), partial, maxNorm, ptrOf(norm), coef})
+	kSumsqFinish.launch(b, 0, dims{1, 1, blockSize}, sumsqFinishArgs{int32(len(grads) * clipBlocks), partial, ptrOf(sumsq)})
+}
+
+// ClipGradNorm: the coefficient from the sum of squares (one thread), then
+// every gradient scaled by it, read on the device.
+func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm kernels.Buf) {
+	kernels.CheckLen("clip grad norm", 1, sumsq, norm)
+	kernels.CheckF32("clip grad norm", append([]kernels.Buf{sumsq, norm}, grads...)...)
+	kernels.CheckLists("clip grad norm", grads)
+	b.enter()
+	defer b.exit()
+	ws := b.workspace(4)
+	defer b.alloc.Free(ws)
+	coef := ws.Addr()
+	kClipCoef.launch(b, 0, dims{1, 1, 1}, clipCoefArgs{ptrOf(sumsq), maxNorm, ptrOf(norm), coef})
 	for lo := 0; lo < len(grads); lo += mtMax {
 		hi := min(lo+mtMax, len(grads))
 		l, most := listOf(grads[lo:hi])

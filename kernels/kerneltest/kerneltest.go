@@ -937,6 +937,10 @@ var cases = []testCase{
 		}
 	}},
 	{"clip-grad-norm", func(s *suite) {
+		none := s.out(kernels.F32, 1)
+		s.got.SumSquares(nil, none.got)
+		s.ref.SumSquares(nil, none.ref)
+		s.check("sum of squares of no gradients", none, 0)
 		var grads []pair
 		for _, n := range []int{1, 100, 70001, 33} {
 			grads = append(grads, s.randIn(kernels.F32, n))
@@ -948,9 +952,12 @@ var cases = []testCase{
 				gs[i] = s.in(kernels.F32, toF32(s.read(g.ref, s.ref)))
 				gg, gr = append(gg, gs[i].got), append(gr, gs[i].ref)
 			}
-			norm := s.out(kernels.F32, 1)
-			s.got.ClipGradNorm(gg, maxNorm, norm.got)
-			s.ref.ClipGradNorm(gr, maxNorm, norm.ref)
+			sumsq, norm := s.out(kernels.F32, 1), s.out(kernels.F32, 1)
+			s.got.SumSquares(gg, sumsq.got)
+			s.ref.SumSquares(gr, sumsq.ref)
+			s.check(fmt.Sprintf("sum of squares, max %v", maxNorm), sumsq, TolAccumulate)
+			s.got.ClipGradNorm(gg, maxNorm, sumsq.got, norm.got)
+			s.ref.ClipGradNorm(gr, maxNorm, sumsq.ref, norm.ref)
 			s.check(fmt.Sprintf("grad norm, max %v", maxNorm), norm, TolAccumulate)
 			for i, g := range gs {
 				s.check(fmt.Sprintf("clipped grad %d, max %v", i, maxNorm), g, TolAccumulate)

@@ -495,9 +495,8 @@ extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
     if (threadIdx.x == 0) partial[(i64)(base + t) * gridDim.x + blockIdx.x] = s;
 }
 
-// norm = √Σ partial (in double, one block, a fixed order), coef = min(1,
-// maxnorm/(norm+1e-6)), a NaN norm giving a NaN coefficient as torch's.
-extern "C" __global__ void clip_finish(int n, const float* partial, float maxnorm, float* norm, float* coef) {
+// out = Σ partial[0..n) (in double, one block, a fixed order).
+extern "C" __global__ void sumsq_finish(int n, const float* partial, float* out) {
     __shared__ double sd[THREADS];
     double s = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
@@ -507,12 +506,16 @@ extern "C" __global__ void clip_finish(int n, const float* partial, float maxnor
         if (threadIdx.x < o) sd[threadIdx.x] += sd[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        float nm = (float)sqrt(sd[0]);
-        float c = maxnorm / (nm + 1e-6f);
-        norm[0] = nm;
-        coef[0] = isnan(c) ? c : fminf(c, 1.f);
-    }
+    if (threadIdx.x == 0) out[0] = (float)sd[0];
+}
+
+// norm = √sumsq, coef = min(1, maxnorm/(norm+1e-6)), a NaN norm giving a
+// NaN coefficient as torch's (one thread).
+extern "C" __global__ void clip_coef(const float* sumsq, float maxnorm, float* norm, float* coef) {
+    float nm = (float)sqrt((double)sumsq[0]);
+    float c = maxnorm / (nm + 1e-6f);
+    norm[0] = nm;
+    coef[0] = isnan(c) ? c : fminf(c, 1.f);
 }
 
 extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
