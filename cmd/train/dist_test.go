@@ -74,6 +74,45 @@ func TestNproc(t *testing.T) {
 	}
 }
 
+// TestNprocShardOptimizer: train -nproc 2 -shard-optimizer keeps half of
+// AdamW's state on each rank (the report says so), and its checkpoint,
+// which holds the whole state, resumes in one process.
+func TestNprocShardOptimizer(t *testing.T) {
+	t.Setenv("LEANGRAD_TEST_TRAIN", "1")
+	dir := t.TempDir()
+	js, ckpt := filepath.Join(dir, "run.json"), filepath.Join(dir, "run.ckpt")
+	args := []string{"-device", "cpu", "-model", "mlp", "-dataset", "synthetic", "-optimizer", "adamw", "-lr", "1e-3",
+		"-limit", "512", "-test-limit", "101", "-batch", "32", "-measure=false"}
+	code, stdout, stderr := runCLI(append([]string{"-nproc", "2", "-shard-optimizer", "-epochs", "1", "-json", js, "-save", ckpt}, args...)...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if want := "(sharded over the 2 ranks)"; !strings.Contains(stdout, want) {
+		t.Errorf("output lacks %q:\n%s", want, stdout)
+	}
+	var r run.Report
+	data, err := os.ReadFile(js)
+	if err == nil {
+		err = json.Unmarshal(data, &r)
+	}
+	if err != nil || r.DataParallel == nil || !r.DataParallel.Sharded || len(r.DataParallel.PerRank) != 2 {
+		t.Fatalf("report: %v %+v", err, r.DataParallel)
+	}
+	whole := int64(0) // AdamW's two moments of every parameter of the MLP 784-256-256-10, in F32
+	for _, n := range []int{784*256 + 256, 256*256 + 256, 256*10 + 10} {
+		whole += 2 * 4 * int64(n)
+	}
+	for _, p := range r.DataParallel.PerRank {
+		if s := p.OptimizerStateBytes; s < whole/2 || s > whole/2+whole/100 {
+			t.Errorf("rank %d holds %d bytes of optimizer state, want about half of %d", p.Rank, s, whole)
+		}
+	}
+	code, stdout, stderr = runCLI(append([]string{"-epochs", "2", "-resume", ckpt}, args...)...)
+	if code != 0 || !strings.Contains(stdout, "resumed") {
+		t.Fatalf("resuming in one process: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
 // A rank that dies ends the job: the others fail with an error naming it
 // (not a hang), and the launcher exits with the dead rank's status.
 func TestNprocRankDies(t *testing.T) {

@@ -292,6 +292,9 @@ func (o *options) check() error {
 	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
 		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
 	}
+	if _, inJob, _ := cmdenv.Job(); o.shardOptimizer && o.nproc == 1 && !inJob {
+		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
+	}
 	switch {
 	case o.nproc < 1:
 		bad("-nproc %d: want 1 or more processes", o.nproc)
@@ -522,9 +525,6 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	place, err := jobPlace(o)
 	if err != nil {
 		return &run.SetupError{Err: err}
-	}
-	if o.shardOptimizer && place == nil {
-		return &run.SetupError{Err: errors.New("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")}
 	}
 	rank0 := place == nil || place.Rank == 0
 	if !rank0 {
