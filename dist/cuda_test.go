@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/internal/testdev"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -37,6 +38,24 @@ func TestCUDANCCL(t *testing.T) {
 		if got := fmt.Sprint(a.Float32s(), i.Int32s(), c.Float32s()); got != "[0.5 5 -0.5] [3] [1 1]" {
 			return fmt.Errorf("rank %d: %s", g.Rank(), got)
 		}
+		// The halves of an all-reduce, on a view inside a larger block: rank
+		// r's half holds the mean, then every rank's half is everyone's.
+		block := tensor.FromFloat32(dev, []float32{-1, r, 2 * r, 3 * r, 4 * r, -1}, 6).Keep()
+		defer block.Release()
+		mid := block.Rows(1, 5).Keep()
+		defer mid.Release()
+		if err := g.StartReduceScatter([]*tensor.Tensor{mid}, true); err != nil {
+			return err
+		}
+		if err := g.Join(); err != nil {
+			return err
+		}
+		if err := g.AllGather([]*tensor.Tensor{mid}); err != nil {
+			return err
+		}
+		if got := fmt.Sprint(block.Float32s()); got != "[-1 0.5 1 1.5 2 -1]" {
+			return fmt.Errorf("rank %d: a reduce-scatter and an all-gather give %s", g.Rank(), got)
+		}
 		d, err := g.TimeAllReduce(45<<20, 10)
 		if err != nil {
 			return err
@@ -45,6 +64,43 @@ func TestCUDANCCL(t *testing.T) {
 		return g.Close()
 	})
 	checkRanks(t, errs)
+}
+
+// TestCUDANCCLOneRank: NCCL's reduce-scatter and all-gather, bound in
+// place on a view inside a larger block, over a communicator of one rank:
+// the view keeps its values (the mean over one rank) and its neighbours
+// theirs.
+func TestCUDANCCLOneRank(t *testing.T) {
+	dev := testdev.CUDA(t)
+	cb, ok := dev.Backend().(kernels.CollectiveBackend)
+	if !ok {
+		t.Fatal("the CUDA backend has no collectives")
+	}
+	id, err := cb.CollectiveID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cb.NewCollective(id, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	block := tensor.FromFloat32(dev, []float32{-1, 1, 2, 3, 4, -1}, 6).Keep()
+	defer block.Release()
+	mid := block.Rows(1, 5).Keep()
+	defer mid.Release()
+	if err := c.StartReduceScatter([]kernels.Buf{mid.Buf()}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Join(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AllGather([]kernels.Buf{mid.Buf()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(block.Float32s()); got != "[-1 1 2 3 4 -1]" {
+		t.Errorf("a reduce-scatter and an all-gather over one rank give %s", got)
+	}
 }
 
 // TestCUDANCCLDeadRank: rank 1 dies while rank 0 waits in an NCCL

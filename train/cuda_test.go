@@ -58,3 +58,20 @@ func TestCUDADataParallelResNetStep(t *testing.T) {
 func TestCUDATrainingBesideInference(t *testing.T) {
 	testTrainingBesideInference(t, testdev.CUDA(t), 1e-4)
 }
+
+// TestCUDAShardedOptimizer: the sharded step, captured, on one GPU (a group
+// of one rank: the buckets, the pieces' update and the gathers, without
+// collectives) takes the unsharded step's.
+func TestCUDAShardedOptimizer(t *testing.T) {
+	dev := testdev.CUDA(t)
+	one := func(int) []*tensor.Device { return []*tensor.Device{dev} }
+	testShardedOptimizer(t, shardJobs{one, Captured}, []shardCase{{ranks: 1, opt: "adamw", amp: true}, {ranks: 1, opt: "sgd", clip: 0.05}}, 0)
+}
+
+// TestCUDAShardedOptimizerNCCL is TestShardedOptimizerMatchesUnsharded on
+// two GPUs, over NCCL, captured.
+func TestCUDAShardedOptimizerNCCL(t *testing.T) {
+	devs := testdev.CUDAs(t, 2)
+	two := func(n int) []*tensor.Device { return devs[:n] }
+	testShardedOptimizer(t, shardJobs{two, Captured}, []shardCase{{ranks: 2, opt: "adamw", amp: true}, {ranks: 2, opt: "sgd", clip: 0.05}}, 2)
+}
