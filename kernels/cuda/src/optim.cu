@@ -27,6 +27,18 @@ extern "C" __global__ void sgd_multi(TensorList L, const float* lr_p, float mome
 
 // p[0] params, p[1] grads, p[2] first moments, p[3] second moments. The bias
 // corrections are computed in double from the step count, as the CPU does.
+// adamw_step updates one element, every rounding pinned (the _rn
+// intrinsics are never contracted into FMAs), so that the four-wide path
+// and the one-at-a-time path give the same bits whatever the tensors'
+// alignment (a sharded optimiser's pieces start anywhere), and the CPU's.
+__device__ __forceinline__ void adamw_step(float& p, float g, float& m, float& v, float decay, float beta1, float beta2,
+                                           float step_size, float bc2_sqrt, float eps) {
+    p = __fmul_rn(p, decay);
+    m = __fadd_rn(__fmul_rn(beta1, m), __fmul_rn(1.f - beta1, g));
+    v = __fadd_rn(__fmul_rn(beta2, v), __fmul_rn(__fmul_rn(1.f - beta2, g), g));
+    p = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2_sqrt), eps)));
+}
+
 extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float beta1, float beta2, float eps, float wd,
                                        const long long* step, const float* skip) {
     if (skip && *skip != 0.f) return;
@@ -37,28 +49,20 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
     int t = blockIdx.y;
     if (t >= L.count) return;
     float *P = L.p[0][t], *G = L.p[1][t], *M = L.p[2][t], *V = L.p[3][t];
+    float decay = 1.f - lr * wd;
     i64 n = L.n[t], n4 = vec4(P) && vec4(G) && vec4(M) && vec4(V) ? n / 4 : 0;
     i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
-    // Four elements an access where the tensors allow, the same arithmetic
-    // as one at a time.
+    // Four elements an access where the tensors allow.
     for (i64 j = first; j < n4; j += stride) {
         float p[4], g[4], m[4], v[4];
         ld4(P, 4 * j, p), ld4(G, 4 * j, g), ld4(M, 4 * j, m), ld4(V, 4 * j, v);
-        for (int e = 0; e < 4; e++) {
-            p[e] *= 1.f - lr * wd;
-            m[e] = beta1 * m[e] + (1.f - beta1) * g[e];
-            v[e] = beta2 * v[e] + (1.f - beta2) * g[e] * g[e];
-            p[e] = p[e] - step_size * m[e] / (sqrtf(v[e]) / bc2_sqrt + eps);
-        }
+        for (int e = 0; e < 4; e++) adamw_step(p[e], g[e], m[e], v[e], decay, beta1, beta2, step_size, bc2_sqrt, eps);
         st4(M, 4 * j, m), st4(V, 4 * j, v), st4(P, 4 * j, p);
     }
     for (i64 i = 4 * n4 + first; i < n; i += stride) {
-        float p = P[i] * (1.f - lr * wd), g = G[i];
-        float m = beta1 * M[i] + (1.f - beta1) * g;
-        float v = beta2 * V[i] + (1.f - beta2) * g * g;
-        M[i] = m;
-        V[i] = v;
-        P[i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+        float p = P[i], m = M[i], v = V[i];
+        adamw_step(p, G[i], m, v, decay, beta1, beta2, step_size, bc2_sqrt, eps);
+        M[i] = m, V[i] = v, P[i] = p;
     }
 }
 
