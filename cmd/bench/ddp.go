@@ -50,7 +50,8 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 	if in := dev.Info(); in.Model != "" {
 		rep.Device += " (" + in.Model + ")"
 	}
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, Group: g, NoOverlap: !o.overlap, ShardOptimizer: o.shardOptimizer}
+	bo := o.harness()
+	bo.Group, bo.NoOverlap, bo.ShardOptimizer = g, !o.overlap, o.shardOptimizer
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range strings.Split(o.configs, ",") {
@@ -80,8 +81,12 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 					if r.Sharded {
 						shard = ", optimizer state sharded"
 					}
-					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f img/s, peak %s on rank 0, optimizer state %s (%s mode, all-reduce %s%s)\n",
-						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, memory.Bytes(r.PeakAllocated), memory.Bytes(r.OptimizerStateBytes), r.Mode, how, shard)
+					unit := "img/s"
+					if r.FLOPsPerStep > 0 { // a language model: its examples are windows of tokens
+						unit = "windows/s"
+					}
+					fmt.Fprintf(stdout, "%s %s batch %d per rank × %d ranks %s: %.2f ms, %.0f %s, peak %s on rank 0, optimizer state %s (%s mode, all-reduce %s%s)\n",
+						r.Engine, r.Model, r.Batch, r.Ranks, r.Config, r.MedianMS, r.ImgPerSec, unit, memory.Bytes(r.PeakAllocated), memory.Bytes(r.OptimizerStateBytes), r.Mode, how, shard)
 				}
 			}
 		}

@@ -309,12 +309,11 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
 	}
 	configs := strings.Split(o.configs, ",")
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
+	bo := o.harness()
 	if o.vocab > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Language models ran with a vocabulary of %d tokens instead of their presets'.", o.vocab))
 	}
 	if o.planRoom >= 0 {
-		bo.Planning = &memory.PlanOptions{MaxSlack: o.planRoom, TimeTolerance: memory.DefaultPlanOptions.TimeTolerance}
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Planned steps gave convolution workspaces room of at most %g of the arena (the default: %g).", o.planRoom, memory.DefaultPlanOptions.MaxSlack))
 	}
 	if o.micro {
@@ -704,4 +703,14 @@ func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]st
 		notes = append(notes, fmt.Sprintf("Measured peak of the %s: %.1f TFLOP/s.", names[cfg], peaks[cfg]))
 	}
 	return append(notes, benchmarks.MFU(results, peaks, names)...), nil
+}
+
+// harness is the benchmark harness's options the flags give, for one
+// device or a data-parallel job.
+func (o *options) harness() benchmarks.Options {
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
+	if o.planRoom >= 0 {
+		bo.Planning = &memory.PlanOptions{MaxSlack: o.planRoom, TimeTolerance: memory.DefaultPlanOptions.TimeTolerance}
+	}
+	return bo
 }
