@@ -21,7 +21,10 @@ from its own: the runs see different batches of the same distribution.
 
 bench: steps on random tokens, each followed by a synchronisation, timed
 with CUDA events; the median step, tokens/s and torch.cuda's peaks. AdamW
-is the fused one, as in the issue's measurements.
+is the fused one, as in the issue's measurements. Under torchrun with more
+than one process, the model is wrapped in DistributedDataParallel (NCCL,
+its default buckets), the batch is per rank, tokens/s counts every rank's,
+and rank 0 prints; the peaks are rank 0's.
 
 largest: the largest batch that trains with the allocator capped at
 --cap-gib GiB (see largest()).
@@ -35,12 +38,14 @@ Prints one JSON object.
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -196,20 +201,29 @@ def train(a):
 
 def bench(a):
     dev = "cuda"
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:
+        # Modulo the GPUs: a smoke test may run two gloo ranks on one.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dist.init_process_group(a.dist_backend)
     torch.manual_seed(a.seed)
     vocab = a.vocab
     model = GPT(a.layers, a.heads, a.width, vocab, a.context, a.dropout, a.checkpoint).to(dev)
     opt = optimizer(model, a, fused=True)
+    fwd = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()]) if world > 1 else model
     scaler = torch.amp.GradScaler(enabled=a.amp == "f16")
-    x = torch.randint(0, vocab, (a.batch, a.context), device=dev)
-    y = torch.randint(0, vocab, (a.batch, a.context), device=dev)
+    g = torch.Generator(device=dev).manual_seed(a.seed + rank)
+    x = torch.randint(0, vocab, (a.batch, a.context), device=dev, generator=g)
+    y = torch.randint(0, vocab, (a.batch, a.context), device=dev, generator=g)
 
     def step():
-        train_step(model, opt, scaler, x, y, a)
+        train_step(fwd, opt, scaler, x, y, a)
 
     for _ in range(a.warmup_steps):
         step()
     torch.cuda.synchronize()
+    if world > 1:
+        dist.barrier()
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(a.timed):
@@ -220,9 +234,14 @@ def bench(a):
         e.synchronize()
         times.append(s.elapsed_time(e))
     ms = statistics.median(times)
-    return {"engine": "pytorch", "mode": "bench", "pytorch": torch.__version__, "args": vars(a), "median_ms": ms,
-            "tokens_per_s": a.batch * a.context / (ms / 1e3), "peak_allocated": torch.cuda.max_memory_allocated(),
-            "peak_reserved": torch.cuda.max_memory_reserved()}
+    result = {"engine": "pytorch-ddp" if world > 1 else "pytorch", "mode": "bench", "pytorch": torch.__version__,
+              "args": vars(a), "ranks": world, "median_ms": ms, "tokens_per_s": world * a.batch * a.context / (ms / 1e3),
+              "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+    if world > 1:
+        dist.destroy_process_group()
+        if rank != 0:
+            return None
+    return result
 
 
 def largest(a):
@@ -285,11 +304,14 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup-steps", type=int, default=5, help="bench: untimed steps")
     p.add_argument("--timed", type=int, default=20, help="bench: timed steps")
+    p.add_argument("--dist-backend", default="nccl", help="bench under torchrun: the process group's backend")
     a = p.parse_args()
     if a.mode == "train" and not a.tokens:
         p.error("train needs --tokens")
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default: strict fp32 matmuls, as leangrad's
-    print(json.dumps({"train": train, "bench": bench, "largest": largest}[a.mode](a)))
+    result = {"train": train, "bench": bench, "largest": largest}[a.mode](a)
+    if result is not None:  # a data-parallel bench's rank 0 alone prints
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -99,7 +99,10 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 		defer outMu.Unlock()
 		fmt.Fprintf(stderr, format, args...)
 	}
-	type exit struct{ rank, code int }
+	type exit struct {
+		rank, code int
+		how        string // "exited with status 2", "was killed (signal: killed)"
+	}
 	exits := make(chan exit, nproc)
 	var cmds []*exec.Cmd
 	for r := 0; r < nproc; r++ {
@@ -123,15 +126,16 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
 				code = ee.ExitCode()
-				if code < 0 {
-					code = 1 // killed by a signal
-				}
 			} else if err != nil {
 				code = 1
 			}
+			how := fmt.Sprintf("exited with status %d", code)
+			if code < 0 {
+				code, how = 1, fmt.Sprintf("was killed (%v)", ee.ProcessState)
+			}
 			cmd.Stdout.(*prefixed).Flush()
 			cmd.Stderr.(*prefixed).Flush()
-			exits <- exit{r, code}
+			exits <- exit{r, code, how}
 		}()
 	}
 	sigs := make(chan os.Signal, 2)
@@ -152,7 +156,7 @@ func Run(nproc int, args []string, stdout, stderr io.Writer) int {
 				}
 				continue
 			}
-			say("rank %d exited with status %d\n", e.rank, e.code)
+			say("rank %d %s\n", e.rank, e.how)
 			if status == 0 {
 				status = e.code
 				if running > 0 {
