@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,41 +76,58 @@ func TestNproc(t *testing.T) {
 }
 
 // TestNprocShardOptimizer: train -nproc 2 -shard-optimizer keeps half of
-// AdamW's state on each rank (the report says so), and its checkpoint,
-// which holds the whole state, resumes in one process.
+// AdamW's state on each rank (the report says so), for an image
+// classifier and a GPT, and its checkpoint, which holds the whole state,
+// resumes in one process.
 func TestNprocShardOptimizer(t *testing.T) {
 	t.Setenv("LEANGRAD_TEST_TRAIN", "1")
 	dir := t.TempDir()
-	js, ckpt := filepath.Join(dir, "run.json"), filepath.Join(dir, "run.ckpt")
-	args := []string{"-device", "cpu", "-model", "mlp", "-dataset", "synthetic", "-optimizer", "adamw", "-lr", "1e-3",
-		"-limit", "512", "-test-limit", "101", "-batch", "32", "-measure=false"}
-	code, stdout, stderr := runCLI(append([]string{"-nproc", "2", "-shard-optimizer", "-epochs", "1", "-json", js, "-save", ckpt}, args...)...)
-	if code != 0 {
-		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
-	}
-	if want := "(sharded over the 2 ranks)"; !strings.Contains(stdout, want) {
-		t.Errorf("output lacks %q:\n%s", want, stdout)
-	}
-	var r run.Report
-	data, err := os.ReadFile(js)
-	if err == nil {
-		err = json.Unmarshal(data, &r)
-	}
-	if err != nil || r.DataParallel == nil || !r.DataParallel.Sharded || len(r.DataParallel.PerRank) != 2 {
-		t.Fatalf("report: %v %+v", err, r.DataParallel)
-	}
-	whole := int64(0) // AdamW's two moments of every parameter of the MLP 784-256-256-10, in F32
-	for _, n := range []int{784*256 + 256, 256*256 + 256, 256*10 + 10} {
-		whole += 2 * 4 * int64(n)
-	}
-	for _, p := range r.DataParallel.PerRank {
-		if s := p.OptimizerStateBytes; s < whole/2 || s > whole/2+whole/100 {
-			t.Errorf("rank %d holds %d bytes of optimizer state, want about half of %d", p.Rank, s, whole)
-		}
-	}
-	code, stdout, stderr = runCLI(append([]string{"-epochs", "2", "-resume", ckpt}, args...)...)
-	if code != 0 || !strings.Contains(stdout, "resumed") {
-		t.Fatalf("resuming in one process: exit %d\n%s\n%s", code, stdout, stderr)
+	text := filepath.Join(dir, "story.txt")
+	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 200)), 0o644)
+	for _, c := range []struct {
+		name       string
+		args, more []string // the run's flags, and how the resumed run goes further
+	}{
+		{"mlp", []string{"-model", "mlp", "-dataset", "synthetic", "-optimizer", "adamw", "-lr", "1e-3", "-limit", "512", "-test-limit", "101",
+			"-batch", "32", "-epochs", "1"}, []string{"-epochs", "2"}},
+		{"gpt-mini", []string{"-model", "gpt-mini", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4", "-eval-batches", "2",
+			"-warmup-steps", "2", "-steps", "10", "-eval-every", "10"}, []string{"-steps", "20", "-eval-every", "10"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			js, ckpt := filepath.Join(dir, c.name+".json"), filepath.Join(dir, c.name+".ckpt")
+			common := append([]string{"-device", "cpu", "-measure=false"}, c.args...)
+			code, stdout, stderr := runCLI(append([]string{"-nproc", "2", "-shard-optimizer", "-json", js, "-save", ckpt}, common...)...)
+			if code != 0 {
+				t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+			}
+			if want := "(sharded over the 2 ranks)"; !strings.Contains(stdout, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+			m := regexp.MustCompile(`\(([0-9,]+) parameters\)`).FindStringSubmatch(stdout)
+			if m == nil {
+				t.Fatalf("output names no parameter count:\n%s", stdout)
+			}
+			params, _ := strconv.Atoi(strings.ReplaceAll(m[1], ",", ""))
+			whole := 2 * 4 * int64(params) // AdamW's two F32 moments of every parameter
+			var r run.Report
+			data, err := os.ReadFile(js)
+			if err == nil {
+				err = json.Unmarshal(data, &r)
+			}
+			if err != nil || r.DataParallel == nil || !r.DataParallel.Sharded || len(r.DataParallel.PerRank) != 2 {
+				t.Fatalf("report: %v %+v", err, r.DataParallel)
+			}
+			for _, p := range r.DataParallel.PerRank {
+				// Half, and the pool's rounding of each piece of a parameter.
+				if s := p.OptimizerStateBytes; s < whole/2 || s > whole/2+whole/20 {
+					t.Errorf("rank %d holds %d bytes of optimizer state, want about half of %d", p.Rank, s, whole)
+				}
+			}
+			code, stdout, stderr = runCLI(append(append(common, "-resume", ckpt), c.more...)...)
+			if code != 0 || !strings.Contains(stdout, "resumed") {
+				t.Fatalf("resuming in one process: exit %d\n%s\n%s", code, stdout, stderr)
+			}
+		})
 	}
 }
 
