@@ -32,3 +32,5 @@ for k, v in rows.items():
         print(f"{k}: " + " ".join(f"{a:.2f}%" for a in v) + f"  mean {statistics.mean(v):.2f}%" +
               (f", sd {statistics.stdev(v):.2f}" if len(v) > 1 else ""))
 PY
+# Everything in one file: the machine sends back a limited number of files.
+tar czf /tmp/seeds-all.tgz -C "$out" . && rm -f "$out"/*.json "$out"/*.log && mv /tmp/seeds-all.tgz "$out/all.tgz"
