@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -513,4 +514,83 @@ func TestSaved(t *testing.T) {
 			t.Errorf("after the backward the graph holds %v", s)
 		}
 	})
+}
+
+// BatchNormReLUConv is the batch norm, ReLU and convolution it fuses, bit
+// for bit (its output, the running statistics, every gradient), in fp32
+// and under F16 autocast, and keeps one activation fewer: the batch norm's
+// output is not among what the graph saves.
+func TestBatchNormReLUConvIsItsParts(t *testing.T) {
+	for _, amp := range []tensor.DType{0, tensor.F16} {
+		t.Run(fmt.Sprint("autocast ", amp), func(t *testing.T) {
+			dev := tensor.NewDevice(cpu.New())
+			type result struct {
+				out, rm, rv []float32
+				grads       [][]float32
+				saved       int64
+			}
+			run := func(fused bool) result {
+				dev.Generator().Seed(3)
+				x := tensor.Randn(dev, tensor.F32, 0.5, 2, 4, 3, 6, 6).SetRequiresGrad(true).Keep()
+				g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 3).SetRequiresGrad(true).Keep()
+				b := tensor.Randn(dev, tensor.F32, 0, 1, 3).SetRequiresGrad(true).Keep()
+				w := tensor.Randn(dev, tensor.F32, 0, 0.3, 5, 3, 3, 3).SetRequiresGrad(true).Keep()
+				rm, rv := tensor.Zeros(dev, tensor.F32, 3).Keep(), tensor.Ones(dev, tensor.F32, 3).Keep()
+				all := []*tensor.Tensor{x, g, b, w, rm, rv}
+				defer func() {
+					for _, t := range all {
+						t.Release()
+					}
+				}()
+				var r result
+				dev.WithScope(func() {
+					f := func() *tensor.Tensor {
+						h := x
+						if amp != 0 {
+							h = ag.Cast(x, amp) // a convolution's output under autocast
+						}
+						if fused {
+							return ag.BatchNormReLUConv(h, g, b, rm, rv, true, 0.1, 1e-5, w, 1, 1)
+						}
+						y := ag.BatchNormAct(h, nil, g, b, rm, rv, true, 0.1, 1e-5, true)
+						return ag.Conv2d(y, w, nil, 1, 1)
+					}
+					var out *tensor.Tensor
+					if amp != 0 {
+						ag.Autocast(dev, amp, func() { out = f() })
+					} else {
+						out = f()
+					}
+					leaves := map[*memory.Block]bool{x.Block(): true, g.Block(): true, b.Block(): true, w.Block(): true}
+					for _, s := range ag.Saved(out, func(blk *memory.Block) bool { return leaves[blk] }) {
+						r.saved += s.Bytes
+					}
+					r.out = ag.Cast(out, tensor.F32).Float32s()
+					ag.Backward(ag.SumAll(ag.Mul(out, out)))
+				})
+				r.rm, r.rv = rm.Float32s(), rv.Float32s()
+				for _, p := range all[:4] {
+					r.grads = append(r.grads, p.Grad().Float32s())
+					p.ZeroGrad()
+				}
+				return r
+			}
+			got, want := run(true), run(false)
+			if !slices.Equal(got.out, want.out) || !slices.Equal(got.rm, want.rm) || !slices.Equal(got.rv, want.rv) {
+				t.Errorf("the fused output or running statistics differ from the unfused operations'")
+			}
+			for i := range want.grads {
+				if !slices.Equal(got.grads[i], want.grads[i]) {
+					t.Errorf("the gradient of input %d differs from the unfused operations'", i)
+				}
+			}
+			size := int64(2 * 4 * 3 * 6 * 6) // the batch norm's output, in F16
+			if amp == 0 {
+				size *= 2
+			}
+			if want.saved-got.saved != memory.RoundSize(size) {
+				t.Errorf("saved %d bytes fused, %d unfused: want one activation of %d bytes fewer", got.saved, want.saved, memory.RoundSize(size))
+			}
+		})
+	}
 }

@@ -270,6 +270,14 @@ func gradCases() []gradCase {
 		{name: "mlp", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 5, 4), param(r, normal, 6, 4), param(r, normal, 6), param(r, normal, 3, 6), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.MLP(in[0], in[1], in[2], in[3], in[4]) }},
+		// A block's first batch norm and ReLU with its second convolution,
+		// the batch norm's output recomputed in the backward.
+		{name: "batchnorm+relu+conv2d/train", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 3, 5, 4), param(r, small, 3), param(r, farFromZero, 3), param(r, normal, 4, 3, 3, 3)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 3), tensor.Ones(in[0].Device(), tensor.F32, 3)
+			return ag.BatchNormReLUConv(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-5, in[3], 2, 1)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
 	}...)
 	return cases
 }

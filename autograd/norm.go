@@ -92,6 +92,109 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 	return y
 }
 
+// BatchNormReLUConv is Conv2d(BatchNormAct(x, nil, gamma, beta, runMean,
+// runVar, training, momentum, eps, true), w, nil, stride, pad), a residual
+// block's first batch norm and ReLU and its second convolution, with the
+// same results bit for bit, keeping less for the backward (Note [what a
+// batch norm and its convolution keep]). In evaluation, with nothing to
+// record, or with x and w (after autocast) of two dtypes, it is those two
+// operations.
+func BatchNormReLUConv(x, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, w *T, stride, pad int) *T {
+	unfused := func() *T {
+		y := BatchNormAct(x, nil, gamma, beta, runMean, runVar, training, momentum, eps, true)
+		defer y.Release()
+		return Conv2d(y, w, nil, stride, pad)
+	}
+	dev := ModeOf(x, gamma, beta, w)
+	if !training || !recordingOn(dev, x, gamma, beta, w) {
+		return unfused()
+	}
+	if AutocastEnabled(dev) {
+		if x.DType() != AutocastDType(dev) {
+			return unfused()
+		}
+		defer autocastIn(dev, AutocastDType(dev), &w)()
+	}
+	xs, ws := x.Shape(), w.Shape()
+	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] || x.DType() != w.DType() {
+		return unfused() // whose checks name what is wrong
+	}
+	sameDevice("batch norm and conv2d", x, w)
+	c := xs[1]
+	for _, p := range []*T{gamma, beta, runMean, runVar} {
+		if p.NDim() != 1 || p.Dim(0) != c {
+			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, p.Shape()))
+		}
+	}
+	cp := kernels.ConvParams{N: xs[0], C: c, H: xs[2], W: xs[3], K: ws[0], R: ws[2], S: ws[3],
+		StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
+	if stride <= 0 || pad < 0 || cp.OutH() <= 0 || cp.OutW() <= 0 {
+		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v, stride %d, padding %d has no output", xs, ws, stride, pad))
+	}
+	if Recomputing(dev) {
+		momentum = 0 // r ← 1·r + 0·batch: unchanged
+	}
+	bp := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum, ReLU: true}
+	be := x.Backend()
+	y := emptyLike(x)
+	mean := tensor.Empty(x.Device(), tensor.F32, c)
+	invStd := tensor.Empty(x.Device(), tensor.F32, c)
+	be.BatchNormTrain(bp, x.Buf(), kernels.Buf{}, gamma.Buf(), beta.Buf(), y.Buf(), runMean.Buf(), runVar.Buf(), mean.Buf(), invStd.Buf())
+	out := tensor.Empty(dev, x.DType(), cp.N, cp.K, cp.OutH(), cp.OutW())
+	be.Conv2d(cp, y.Buf(), w.Buf(), out.Buf())
+	y.Release()
+	rec := beginOn(dev, "batch_norm_conv2d", x, gamma, beta, w)
+	xSaved, gSaved, bSaved, wSaved := rec.save(x), rec.save(gamma), rec.save(beta), rec.save(w)
+	rec.keep(mean)
+	rec.keep(invStd)
+	gType, bType := gamma.DType(), beta.DType()
+	rec.finish(out, func(g *T) []*T {
+		y := emptyLike(xSaved)
+		defer y.Release()
+		be.BatchNormApply(bp, xSaved.Buf(), kernels.Buf{}, gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), y.Buf())
+		grads := make([]*T, 4)
+		if rec.needs(3) {
+			dw := tensor.Empty(g.Device(), g.DType(), ws...)
+			be.Conv2dBackwardFilter(cp, y.Buf(), g.Buf(), dw.Buf())
+			grads[3] = dw
+		}
+		if !rec.needs(0) && !rec.needs(1) && !rec.needs(2) {
+			return grads
+		}
+		// dx is written over dy, conv2's input gradient, which only the
+		// batch norm's backward reads.
+		dx := emptyLike(y)
+		be.Conv2dBackwardData(cp, g.Buf(), wSaved.Buf(), dx.Buf())
+		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
+		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
+		defer dgamma.Release()
+		defer dbeta.Release()
+		be.BatchNormBackward(bp, xSaved.Buf(), y.Buf(), dx.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), kernels.Buf{}, dgamma.Buf(), dbeta.Buf())
+		grads[0] = dx
+		if rec.needs(1) {
+			grads[1] = asDType(dgamma.Device(), dgamma, gType)
+		}
+		if rec.needs(2) {
+			grads[2] = asDType(dbeta.Device(), dbeta, bType)
+		}
+		return grads
+	})
+	return out
+}
+
+// Note [what a batch norm and its convolution keep]: in a residual block
+// conv1 → batch norm + ReLU → conv2, the two operations keep the batch
+// norm's input x and its output y (the ReLU's mask is y's sign, and y is
+// conv2's input, which its filter gradient reads): two activations. y is
+// one elementwise pass from x and the batch statistics the batch norm
+// keeps anyway, so BatchNormReLUConv keeps x alone and, in the backward,
+// writes y again (kernels.Backend.BatchNormApply, the training forward's
+// own arithmetic, so the gradients are the unfused operations' bit for
+// bit), runs conv2's gradients and then the batch norm's, and frees it.
+// That leaves one of the block's four saved activations out, for one
+// elementwise pass in the backward. The block's other batch norm keeps its
+// output: it is the block's, which the next block reads anyway.
+
 // bufOf is t's buffer, or the invalid one for nil.
 func bufOf(t *T) kernels.Buf {
 	if t == nil {

@@ -170,6 +170,11 @@ func (h *hostProfiler) BatchNormTrain(p kernels.BNParams, x, residual, gamma, be
 	h.b.BatchNormTrain(p, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd)
 }
 
+func (h *hostProfiler) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y kernels.Buf) {
+	defer h.op("BatchNormApply", x)()
+	h.b.BatchNormApply(p, x, residual, gamma, beta, saveMean, saveInvStd, y)
+}
+
 func (h *hostProfiler) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
 	defer h.op("BatchNormEval", x)()
 	h.b.BatchNormEval(p, x, residual, gamma, beta, runMean, runVar, y)

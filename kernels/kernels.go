@@ -363,9 +363,14 @@ type Backend interface {
 	// BatchNormEval normalises x with the running statistics, adding the
 	// optional residual and applying the ReLU as BatchNormTrain does.
 	BatchNormEval(p BNParams, x, residual, gamma, beta, runMean, runVar, y Buf)
+	// BatchNormApply writes BatchNormTrain's y again, bit for bit, from the
+	// batch statistics it saved: how a backward that did not keep y
+	// recomputes it.
+	BatchNormApply(p BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y Buf)
 	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain, and
 	// the optional dresidual; with p.ReLU, dy is masked where the forward
-	// output y was not positive (y is read only then).
+	// output y was not positive (y is read only then). dx may be dy itself
+	// (in place) when there is no dresidual.
 	BatchNormBackward(p BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta Buf)
 
 	// MaxPool2d computes y from x.

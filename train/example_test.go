@@ -51,14 +51,14 @@ func ExampleTrainer() {
 func ExampleMeasureStep() {
 	dev := tensor.CPU()
 	build := func() nn.Model {
-		m, _ := train.BuildModel(dev, "resnet8", []int{1, 28, 28}, 10, 1)
+		m, _ := train.BuildModel(dev, "resnet20", []int{1, 28, 28}, 10, 1)
 		return m
 	}
-	x := tensor.Randn(dev, tensor.F32, 0, 1, 32, 1, 28, 28)
-	y := tensor.FromInt32(dev, make([]int32, 32), 32)
+	x := tensor.Randn(dev, tensor.F32, 0, 1, 16, 1, 28, 28)
+	y := tensor.FromInt32(dev, make([]int32, 16), 16)
 	defer x.Release()
 	defer y.Release()
-	cfg := train.Config{Model: "resnet8", Batch: 32, LR: 0.1, Momentum: 0.9, Optimizer: "sgd", Schedule: "constant"}
+	cfg := train.Config{Model: "resnet20", Batch: 16, LR: 0.1, Momentum: 0.9, Optimizer: "sgd", Schedule: "constant"}
 	var fp32 int64
 	for _, v := range train.Variants("blocks") {
 		m, err := train.MeasureStep(dev, build, cfg, v, x, y, false)

@@ -295,12 +295,11 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 			mean := xs.sum() / m
 			variance := xs.sumSqDev(float32(mean)) / m
 			invStd := 1 / math.Sqrt(variance+float64(p.Eps))
-			scale := float32(float64(gs[ch]) * invStd)
-			shift := float32(float64(bs[ch]) - mean*float64(gs[ch])*invStd)
+			sm[ch], sis[ch] = float32(mean), float32(invStd)
+			scale, shift := batchAffine(gs[ch], bs[ch], sm[ch], sis[ch])
 			ys := channelOf(yv, p, ch, cb[2], half, false)
 			affineChannel(ys, xs, res, scale, shift, p.ReLU)
 			ys.commit(yv, p, ch)
-			sm[ch], sis[ch] = float32(mean), float32(invStd)
 			unbiased := variance
 			if m > 1 {
 				unbiased = variance * m / (m - 1)
@@ -312,6 +311,36 @@ func (c *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	})
 	doneRM()
 	doneRV()
+}
+
+// batchAffine is y = x·scale + shift for the batch statistics saved, in
+// float64 from their F32 values, so that BatchNormApply computes what
+// BatchNormTrain did.
+func batchAffine(gamma, beta, mean, invStd float32) (scale, shift float32) {
+	g, is := float64(gamma), float64(invStd)
+	return float32(g * is), float32(float64(beta) - float64(mean)*g*is)
+}
+
+// BatchNormApply is BatchNormTrain's output from its saved statistics.
+func (c *Backend) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y kernels.Buf) {
+	kernels.CheckBN("batch norm apply", p, x, gamma, beta, saveMean, saveInvStd)
+	kernels.CheckLen("batch norm apply output", x.N, y)
+	kernels.CheckLike("batch norm apply residual", x, residual)
+	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
+	half := halfPath(xv, resv, yv)
+	gs, bs, sm, sis := in(gamma), in(beta), in(saveMean), in(saveInvStd)
+	parallel(p.C, 1, func(lo, hi int) {
+		cb := newChannelBufs(p, 3, half)
+		defer cb.release()
+		for ch := lo; ch < hi; ch++ {
+			scale, shift := batchAffine(gs[ch], bs[ch], sm[ch], sis[ch])
+			xs := channelOf(xv, p, ch, cb[0], half, true)
+			res := channelOf(resv, p, ch, cb[1], half, true)
+			ys := channelOf(yv, p, ch, cb[2], half, false)
+			affineChannel(ys, xs, res, scale, shift, p.ReLU)
+			ys.commit(yv, p, ch)
+		}
+	})
 }
 
 // BatchNormEval normalises with the running statistics, adds the residual

@@ -72,6 +72,18 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 		ptrOf(saveMean), ptrOf(saveInvStd), 0, p.Eps, boolInt(p.ReLU), ptrOf(y)})
 }
 
+// BatchNormApply is BatchNormTrain's last launch, from the saved statistics.
+func (b *Backend) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y kernels.Buf) {
+	kernels.CheckBN("batch norm apply", p, x, gamma, beta, saveMean, saveInvStd)
+	kernels.CheckLen("batch norm apply output", x.N, y)
+	kernels.CheckLike("batch norm apply residual", x, residual)
+	s := floatType("batch norm apply", x, y)
+	b.enter()
+	defer b.exit()
+	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{int32(p.C), int32(p.HW), int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
+		ptrOf(saveMean), ptrOf(saveInvStd), 0, p.Eps, boolInt(p.ReLU), ptrOf(y)})
+}
+
 // BatchNormEval normalises with the running statistics in one launch.
 func (b *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
 	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)

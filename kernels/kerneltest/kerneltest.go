@@ -520,6 +520,20 @@ var cases = []testCase{
 					s.check("bn invstd "+what, si, TolAccumulate)
 					s.check("bn running mean "+what, rm, TolAccumulate)
 					s.check("bn running var "+what, rv, TolAccumulate)
+					// Applied again from the saved statistics: the training
+					// output, bit for bit, on each backend.
+					ya := s.out(dt, n)
+					s.got.BatchNormApply(p, x.got, res.got, g.got, b.got, sm.got, si.got, ya.got)
+					s.ref.BatchNormApply(p, x.ref, res.ref, g.ref, b.ref, sm.ref, si.ref, ya.ref)
+					for _, be := range []struct {
+						name          string
+						k             kernels.Backend
+						train, replay kernels.Buf
+					}{{"tested", s.got, y.got, ya.got}, {"reference", s.ref, y.ref, ya.ref}} {
+						if tv, av := s.read(be.train, be.k), s.read(be.replay, be.k); !slices.Equal(tv, av) {
+							s.t.Errorf("bn apply %s: the %s backend's output from the saved statistics differs from its training output", what, be.name)
+						}
+					}
 					ye := s.out(dt, n)
 					s.got.BatchNormEval(p, x.got, res.got, g.got, b.got, rm.got, rv.got, ye.got)
 					s.ref.BatchNormEval(p, x.ref, res.ref, g.ref, b.ref, rm.ref, rv.ref, ye.ref)
@@ -541,6 +555,14 @@ var cases = []testCase{
 					s.got.BatchNormBackward(p, x.got, yb.got, dy.got, g.got, sm.got, si.got, dx.got, dres.got, dg.got, db.got)
 					s.ref.BatchNormBackward(p, x.ref, yb.ref, dy.ref, g.ref, sm.ref, si.ref, dx.ref, dres.ref, dg.ref, db.ref)
 					s.check("bn dx "+what, dx, TolAccumulate)
+					// In place: dx written over dy, the same bits.
+					ip := s.in(dt, toF32(s.read(dy.ref, s.ref)))
+					dg2, db2 := s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+					s.got.BatchNormBackward(p, x.got, yb.got, ip.got, g.got, sm.got, si.got, ip.got, kernels.Buf{}, dg2.got, db2.got)
+					s.ref.BatchNormBackward(p, x.ref, yb.ref, ip.ref, g.ref, sm.ref, si.ref, ip.ref, kernels.Buf{}, dg2.ref, db2.ref)
+					if !slices.Equal(s.read(ip.got, s.got), s.read(dx.got, s.got)) {
+						s.t.Errorf("bn dx %s: written over dy, it differs from dx written apart", what)
+					}
 					s.check("bn dgamma "+what, dg, TolAccumulate)
 					s.check("bn dbeta "+what, db, TolAccumulate)
 					if fused.residual {
