@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A/B of the CNN step times on one GPU machine: .gpu/old/bench.xz (a bench binary of another commit,
+# built here with CGO_ENABLED=0 go build -trimpath ./cmd/bench and xz-compressed) against the staged
+# bin/bench, ROUNDS rounds alternating which runs first; leangrad's captured steps only.
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+xz -dc .gpu/old/bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
+specs=${SPECS:-"resnet20:256,1024 resnet18:256"}
+args=(-device cuda -specs "$specs" -configs fp32,amp,checkpoint,amp+checkpoint -pytorch "" -claims=false -eager=false -steps 20 -warmup 5)
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  order="old new"
+  [ $((r % 2)) -eq 0 ] && order="new old"
+  for which in $order; do
+    if [ "$which" = old ]; then bin=/tmp/old-bench; else bin="bash .gpu/run bin/bench"; fi
+    $bin "${args[@]}" -out "$out/$which-$r" > "$out/$which-$r.log" 2>&1
+    echo "$which round $r exit $?"
+  done
+done
+grep -hE "^leangrad \(captured\)" "$out"/old-*.log "$out"/new-*.log | sed -E 's/ \(host.*peak/, peak/; s/, reserved.*//' > "$out/summary.txt"
+for f in "$out"/old-*.log "$out"/new-*.log; do echo "== $f"; grep -E "^leangrad \(captured\)" "$f" | sed -E 's/leangrad \(captured\) //; s/ \(host[^)]*\)//; s/, reserved.*//'; done
+tar czf /tmp/ab-all.tgz -C "$out" . && mv /tmp/ab-all.tgz "$out/all.tgz"
