@@ -74,7 +74,11 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
 		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
 		var dres *T
-		if rec.needs(3) {
+		switch {
+		case !rec.needs(3):
+		case g.Exclusive():
+			dres = g.Retain() // written over g, which nothing else reads
+		default:
 			dres = emptyLike(g)
 		}
 		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())

@@ -370,7 +370,7 @@ type Backend interface {
 	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain, and
 	// the optional dresidual; with p.ReLU, dy is masked where the forward
 	// output y was not positive (y is read only then). dx may be dy itself
-	// (in place) when there is no dresidual.
+	// (in place) when there is no dresidual, and dresidual may be dy itself.
 	BatchNormBackward(p BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta Buf)
 
 	// MaxPool2d computes y from x.

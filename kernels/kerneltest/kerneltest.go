@@ -567,6 +567,14 @@ var cases = []testCase{
 					s.check("bn dbeta "+what, db, TolAccumulate)
 					if fused.residual {
 						s.check("bn dresidual "+what, dres, TolElementwise)
+						// dresidual written over dy: the same bits, dx too.
+						ip := s.in(dt, toF32(s.read(dy.ref, s.ref)))
+						dx3, dg3, db3 := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+						s.got.BatchNormBackward(p, x.got, yb.got, ip.got, g.got, sm.got, si.got, dx3.got, ip.got, dg3.got, db3.got)
+						s.ref.BatchNormBackward(p, x.ref, yb.ref, ip.ref, g.ref, sm.ref, si.ref, dx3.ref, ip.ref, dg3.ref, db3.ref)
+						if !slices.Equal(s.read(ip.got, s.got), s.read(dres.got, s.got)) || !slices.Equal(s.read(dx3.got, s.got), s.read(dx.got, s.got)) {
+							s.t.Errorf("bn dresidual %s: written over dy, it or dx differs from the two written apart", what)
+						}
 					}
 				}
 			}
