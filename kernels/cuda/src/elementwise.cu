@@ -72,6 +72,17 @@ __device__ void affine(i64 n, const T* x, T* y, float alpha, float beta) {
 // per-input element strides (0 along broadcast dimensions), at most
 // MAX_DIMS collapsed dimensions.
 
+// bcast_offsets is where output element i reads a and b under bc.
+__device__ __forceinline__ void bcast_offsets(const Bcast& bc, int i, int& oa, int& ob) {
+    oa = ob = 0;
+    for (int d = bc.ndim - 1; d >= 0; d--) {
+        int k = i % bc.shape[d];
+        i /= bc.shape[d];
+        oa += k * bc.sa[d];
+        ob += k * bc.sb[d];
+    }
+}
+
 template <typename T>
 __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
     if (bc.ndim == 1 && bc.sa[0] == 1 && bc.sb[0] == 1) {
@@ -111,13 +122,8 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
         return;
     }
     GRID_STRIDE(i, n) {
-        int rem = (int)i, oa = 0, ob = 0;
-        for (int d = bc.ndim - 1; d >= 0; d--) {
-            int k = rem % bc.shape[d];
-            rem /= bc.shape[d];
-            oa += k * bc.sa[d];
-            ob += k * bc.sb[d];
-        }
+        int oa, ob;
+        bcast_offsets(bc, (int)i, oa, ob);
         st(y, i, binary_f(op, ld(a, oa), ld(b, ob)));
     }
 }
@@ -138,13 +144,8 @@ __device__ void binary_mixed(int op, int swap, i64 n, Bcast bc, const float* a, 
         return;
     }
     GRID_STRIDE(i, n) {
-        int rem = (int)i, oa = 0, ob = 0;
-        for (int d = bc.ndim - 1; d >= 0; d--) {
-            int k = rem % bc.shape[d];
-            rem /= bc.shape[d];
-            oa += k * bc.sa[d];
-            ob += k * bc.sb[d];
-        }
+        int oa, ob;
+        bcast_offsets(bc, (int)i, oa, ob);
         float x = a[oa], z = ld(b, ob);
         y[i] = swap ? binary_f(op, z, x) : binary_f(op, x, z);
     }
