@@ -88,10 +88,10 @@ func TestNprocShardOptimizer(t *testing.T) {
 		name       string
 		args, more []string // the run's flags, and how the resumed run goes further
 	}{
-		{"mlp", []string{"-model", "mlp", "-dataset", "synthetic", "-optimizer", "adamw", "-lr", "1e-3", "-limit", "512", "-test-limit", "101",
+		{"mlp", []string{"-model", "mlp", "-dataset", "synthetic", "-optimizer", "adamw", "-lr", "1e-3", "-limit", "256", "-test-limit", "50",
 			"-batch", "32", "-epochs", "1"}, []string{"-epochs", "2"}},
-		{"gpt-mini", []string{"-model", "gpt-mini", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4", "-eval-batches", "2",
-			"-warmup-steps", "2", "-steps", "10", "-eval-every", "10"}, []string{"-steps", "20", "-eval-every", "10"}},
+		{"gpt-mini", []string{"-model", "gpt-mini", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4", "-eval-batches", "1",
+			"-warmup-steps", "1", "-steps", "4", "-eval-every", "4"}, []string{"-steps", "8", "-eval-every", "4"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			js, ckpt := filepath.Join(dir, c.name+".json"), filepath.Join(dir, c.name+".ckpt")
