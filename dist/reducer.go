@@ -42,6 +42,9 @@ const (
 // reducing in Finish (Overlap says which, and why). A parameter reported
 // twice after that (the graph changed) fails the step. DDP instead raises
 // an error on the second report, unless told the graph is static.
+//
+// A reducer made by Shard reduce-scatters each bucket instead, and Finish
+// hands the ShardedOptimizer's pieces their part of the means.
 type Reducer struct {
 	g       *Group
 	parts   int // each bucket's length is a multiple of it: 1, or the ranks when sharded

@@ -39,7 +39,10 @@ import (
 // unsharded one bit for bit without clipping; a clipped one differs in
 // the norm's rounding only. Checkpoints hold the whole state (Gather, on
 // every rank, before rank 0 saves State), so they resume on any number of
-// ranks, sharded or not.
+// ranks, sharded or not. Limitations: the all-gather runs on the step's
+// own stream after the update, not overlapped with the next forward as
+// ZeRO's prefetching does, and the gradient buckets stay whole on every
+// rank (sharding them too is ZeRO's stage 2).
 type ShardedOptimizer struct {
 	r        *Reducer
 	inner    optim.Optimizer // over the pieces

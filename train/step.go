@@ -169,16 +169,15 @@ func (s *Step) SetGroup(g *dist.Group, shard bool) error {
 	if err := g.Broadcast(state, 0); err != nil {
 		return fmt.Errorf("broadcasting rank 0's model: %w", err)
 	}
-	s.group = g
 	if !shard {
-		s.reducer = dist.NewReducer(g, s.Opt.Params())
+		s.group, s.reducer = g, dist.NewReducer(g, s.Opt.Params())
 		return nil
 	}
 	r, o, err := dist.Shard(g, s.Opt)
 	if err != nil {
 		return err
 	}
-	s.reducer, s.sharded, s.Opt = r, o, o
+	s.group, s.reducer, s.sharded, s.Opt = g, r, o, o
 	return nil
 }
 
