@@ -51,3 +51,48 @@ func testResNet20StepMemory(t *testing.T, dev *tensor.Device) {
 		nn.Release(net)
 	}
 }
+
+// A residual block keeps exactly four activations for its backward, in
+// F32 and under autocast in F16: its input, its two convolutions' outputs
+// and its output (the ReLU's mask), with the batch statistics, and not its
+// first batch norm's output (Note [what a batch norm and its convolution
+// keep]); under autocast all four in F16 (the input as its F16 copy),
+// with the F16 copies of its weights.
+func TestBasicBlockSaves(t *testing.T) {
+	dev := tensor.CPU()
+	const n, c, hw = 2, 8, 6 * 6
+	for _, amp := range []tensor.DType{0, tensor.F16} {
+		b := nn.NewBasicBlock(dev, c, c, 1)
+		params := map[*memory.Block]bool{}
+		for _, p := range nn.Parameters(b) {
+			params[p.Block()] = true
+		}
+		var saved int64
+		dev.WithScope(func() {
+			x := tensor.Randn(dev, tensor.F32, 0, 1, n, c, 6, 6).SetRequiresGrad(true)
+			run := func() {
+				out := b.Forward(x)
+				for _, s := range ag.Saved(out, func(blk *memory.Block) bool { return params[blk] }) {
+					saved += s.Bytes
+				}
+			}
+			if amp != 0 {
+				ag.Autocast(dev, amp, run)
+			} else {
+				run()
+			}
+		})
+		act := memory.RoundSize(4 * n * c * hw)
+		stats := 4 * memory.RoundSize(4*c) // two batch norms' mean and 1/σ
+		want := 4*act + stats
+		if amp != 0 {
+			half := memory.RoundSize(2 * n * c * hw)
+			weight := memory.RoundSize(2 * c * c * 9)
+			want = 4*half + 2*weight + stats
+		}
+		if saved != want {
+			t.Errorf("autocast %v: a block saves %d bytes for its backward, want %d", amp, saved, want)
+		}
+		nn.Release(b)
+	}
+}
