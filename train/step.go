@@ -73,8 +73,10 @@ func (m Mode) String() string {
 // optim); dropout draws from a device counter. These are its only device
 // reads, all outside Run: Metrics (and JobMetrics), SyncRNG, and the
 // scaler's and optimiser's state when a checkpoint is saved. In a
-// data-parallel step the gradients' all-reduce is queued on the device too
-// (NCCL); only the CPU's collectives, over TCP, read the buckets inside Run.
+// data-parallel step the gradients' all-reduce (sharded: their
+// reduce-scatter and the parameters' all-gather) is queued on the device
+// too (NCCL); only the CPU's collectives, over TCP, read the buckets inside
+// Run.
 //
 // Run returns an error, never a panic, when the device runs out of memory
 // or a driver call fails. A step that fails so leaves no trace (see eager):

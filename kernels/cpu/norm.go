@@ -324,22 +324,9 @@ func batchAffine(gamma, beta, mean, invStd float32) (scale, shift float32) {
 // BatchNormApply is BatchNormTrain's output from its saved statistics.
 func (c *Backend) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y kernels.Buf) {
 	kernels.CheckBN("batch norm apply", p, x, gamma, beta, saveMean, saveInvStd)
-	kernels.CheckLen("batch norm apply output", x.N, y)
-	kernels.CheckLike("batch norm apply residual", x, residual)
-	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
-	half := halfPath(xv, resv, yv)
 	gs, bs, sm, sis := in(gamma), in(beta), in(saveMean), in(saveInvStd)
-	parallel(p.C, 1, func(lo, hi int) {
-		cb := newChannelBufs(p, 3, half)
-		defer cb.release()
-		for ch := lo; ch < hi; ch++ {
-			scale, shift := batchAffine(gs[ch], bs[ch], sm[ch], sis[ch])
-			xs := channelOf(xv, p, ch, cb[0], half, true)
-			res := channelOf(resv, p, ch, cb[1], half, true)
-			ys := channelOf(yv, p, ch, cb[2], half, false)
-			affineChannel(ys, xs, res, scale, shift, p.ReLU)
-			ys.commit(yv, p, ch)
-		}
+	applyChannels("batch norm apply", p, x, residual, y, func(ch int) (scale, shift float32) {
+		return batchAffine(gs[ch], bs[ch], sm[ch], sis[ch])
 	})
 }
 
@@ -347,18 +334,26 @@ func (c *Backend) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, s
 // and applies the ReLU.
 func (c *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
 	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
-	kernels.CheckLen("batch norm eval output", x.N, y)
-	kernels.CheckLike("batch norm eval residual", x, residual)
+	gs, bs, rm, rv := in(gamma), in(beta), in(runMean), in(runVar)
+	applyChannels("batch norm eval", p, x, residual, y, func(ch int) (scale, shift float32) {
+		invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
+		scale = float32(float64(gs[ch]) * invStd)
+		return scale, bs[ch] - rm[ch]*scale
+	})
+}
+
+// applyChannels writes y = act(x·scale + shift + residual), each channel's
+// scale and shift from affine.
+func applyChannels(op string, p kernels.BNParams, x, residual, y kernels.Buf, affine func(ch int) (scale, shift float32)) {
+	kernels.CheckLen(op+" output", x.N, y)
+	kernels.CheckLike(op+" residual", x, residual)
 	xv, resv, yv := valuesOf(x), optValuesOf(residual), valuesOf(y)
 	half := halfPath(xv, resv, yv)
-	gs, bs, rm, rv := in(gamma), in(beta), in(runMean), in(runVar)
 	parallel(p.C, 1, func(lo, hi int) {
 		cb := newChannelBufs(p, 3, half)
 		defer cb.release()
 		for ch := lo; ch < hi; ch++ {
-			invStd := 1 / math.Sqrt(float64(rv[ch])+float64(p.Eps))
-			scale := float32(float64(gs[ch]) * invStd)
-			shift := bs[ch] - rm[ch]*scale
+			scale, shift := affine(ch)
 			xs := channelOf(xv, p, ch, cb[0], half, true)
 			res := channelOf(resv, p, ch, cb[1], half, true)
 			ys := channelOf(yv, p, ch, cb[2], half, false)

@@ -74,26 +74,29 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 
 // BatchNormApply is BatchNormTrain's last launch, from the saved statistics.
 func (b *Backend) BatchNormApply(p kernels.BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y kernels.Buf) {
-	kernels.CheckBN("batch norm apply", p, x, gamma, beta, saveMean, saveInvStd)
-	kernels.CheckLen("batch norm apply output", x.N, y)
-	kernels.CheckLike("batch norm apply residual", x, residual)
-	s := floatType("batch norm apply", x, y)
-	b.enter()
-	defer b.exit()
-	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{int32(p.C), int32(p.HW), int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
-		ptrOf(saveMean), ptrOf(saveInvStd), 0, p.Eps, boolInt(p.ReLU), ptrOf(y)})
+	b.bnApply("batch norm apply", p, x, residual, gamma, beta, saveMean, saveInvStd, kernels.Buf{}, y)
 }
 
 // BatchNormEval normalises with the running statistics in one launch.
 func (b *Backend) BatchNormEval(p kernels.BNParams, x, residual, gamma, beta, runMean, runVar, y kernels.Buf) {
-	kernels.CheckBN("batch norm eval", p, x, gamma, beta, runMean, runVar)
-	kernels.CheckLen("batch norm eval output", x.N, y)
-	kernels.CheckLike("batch norm eval residual", x, residual)
-	s := floatType("batch norm eval", x, y)
+	b.bnApply("batch norm eval", p, x, residual, gamma, beta, runMean, kernels.Buf{}, runVar, y)
+}
+
+// bnApply launches bn_apply alone, with the batch's mean and 1/σ or the
+// running mean and variance (the other one invalid).
+func (b *Backend) bnApply(op string, p kernels.BNParams, x, residual, gamma, beta, mean, invStd, variance, y kernels.Buf) {
+	stats := invStd
+	if !stats.Valid() {
+		stats = variance
+	}
+	kernels.CheckBN(op, p, x, gamma, beta, mean, stats)
+	kernels.CheckLen(op+" output", x.N, y)
+	kernels.CheckLike(op+" residual", x, residual)
+	s := floatType(op, x, y)
 	b.enter()
 	defer b.exit()
 	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{int32(p.C), int32(p.HW), int32(x.N), ptrOf(x), ptrOf(residual),
-		ptrOf(gamma), ptrOf(beta), ptrOf(runMean), 0, ptrOf(runVar), p.Eps, boolInt(p.ReLU), ptrOf(y)})
+		ptrOf(gamma), ptrOf(beta), ptrOf(mean), ptrOf(invStd), ptrOf(variance), p.Eps, boolInt(p.ReLU), ptrOf(y)})
 }
 
 // BatchNormBackward: partial Σg and Σg·x̂ (g: dy masked by the ReLU), their
