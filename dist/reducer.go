@@ -47,9 +47,8 @@ const (
 // hands the ShardedOptimizer's pieces their part of the means.
 type Reducer struct {
 	g       *Group
-	parts   int // each bucket's length is a multiple of it: 1, or the ranks when sharded
-	shard   *ShardedOptimizer
-	all     *tensor.Tensor // the buckets, one after the other
+	shard   *ShardedOptimizer // the optimiser whose pieces take their gradients (Shard), or nil
+	all     *tensor.Tensor    // the buckets, one after the other
 	buckets []bucket
 	slot    map[*tensor.Tensor]int // parameter -> its index in params
 	params  []param
@@ -87,7 +86,7 @@ func NewReducer(g *Group, params []*tensor.Tensor) *Reducer { return newReducer(
 // elements (zeros no parameter owns), so that it splits in parts equal
 // shards.
 func newReducer(g *Group, params []*tensor.Tensor, parts int) *Reducer {
-	r := &Reducer{g: g, parts: parts, slot: map[*tensor.Tensor]int{}, params: make([]param, len(params))}
+	r := &Reducer{g: g, slot: map[*tensor.Tensor]int{}, params: make([]param, len(params))}
 	var groups [][]int // the buckets' parameters
 	var cur []int
 	var size, total int64
