@@ -441,7 +441,7 @@ func ClipShardedGradNorm(params []*tensor.Tensor, maxNorm float64, norm *tensor.
 			grads = append(grads, g.Buf())
 		}
 	}
-	sumsq := tensor.Zeros(norm.Device(), tensor.F32, 1)
+	sumsq := tensor.Empty(norm.Device(), tensor.F32, 1)
 	defer sumsq.Release()
 	be := norm.Backend()
 	be.SumSquares(grads, sumsq.Buf())
