@@ -103,8 +103,8 @@ type CheckpointMode int
 // The checkpointing modes.
 const (
 	NoCheckpoint     CheckpointMode = iota
-	CheckpointBlocks                // every residual block, and the stem
-	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks, and the stem
+	CheckpointBlocks                // every residual block
+	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks
 )
 
 // String is the mode's name, as ParseCheckpointMode reads it.
