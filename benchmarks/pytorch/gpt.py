@@ -21,7 +21,8 @@ from its own: the runs see different batches of the same distribution.
 
 bench: steps on random tokens, each followed by a synchronisation, timed
 with CUDA events; the median step, tokens/s and torch.cuda's peaks. AdamW
-is the fused one, as in the issue's measurements. Under torchrun with more
+is the fused one, as in the issue's measurements; --compile runs the model
+through torch.compile (compiled during the warm-up steps). Under torchrun with more
 than one process, the model is wrapped in DistributedDataParallel (NCCL,
 its default buckets), the batch is per rank, tokens/s counts every rank's,
 and rank 0 prints; the peaks are rank 0's.
@@ -211,6 +212,8 @@ def bench(a):
     model = GPT(a.layers, a.heads, a.width, vocab, a.context, a.dropout, a.checkpoint).to(dev)
     opt = optimizer(model, a, fused=True)
     fwd = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()]) if world > 1 else model
+    if a.compile:
+        fwd = torch.compile(fwd)  # compiled in the untimed warm-up steps
     scaler = torch.amp.GradScaler(enabled=a.amp == "f16")
     g = torch.Generator(device=dev).manual_seed(a.seed + rank)
     x = torch.randint(0, vocab, (a.batch, a.context), device=dev, generator=g)
@@ -234,7 +237,8 @@ def bench(a):
         e.synchronize()
         times.append(s.elapsed_time(e))
     ms = statistics.median(times)
-    result = {"engine": "pytorch-ddp" if world > 1 else "pytorch", "mode": "bench", "pytorch": torch.__version__,
+    engine = ("pytorch-ddp" if world > 1 else "pytorch") + ("-compile" if a.compile else "")
+    result = {"engine": engine, "mode": "bench", "pytorch": torch.__version__,
               "args": vars(a), "ranks": world, "median_ms": ms, "tokens_per_s": world * a.batch * a.context / (ms / 1e3),
               "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
     if world > 1:
@@ -301,6 +305,7 @@ def main():
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--amp", choices=["none", "f16", "bf16"], default="none")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint every block")
+    p.add_argument("--compile", action="store_true", help="bench: torch.compile the model (its default mode)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup-steps", type=int, default=5, help="bench: untimed steps")
     p.add_argument("--timed", type=int, default=20, help="bench: timed steps")

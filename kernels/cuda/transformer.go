@@ -357,7 +357,7 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 }
 
 // flashTile is the flash kernels' block of queries or keys; flashD the head
-// width they are compiled for (FLASH_TILE, FLASH_D in flash.cu).
+// width they are compiled for (FLASH_TILE and FLASH_D in the prelude).
 const (
 	flashTile = 64
 	flashD    = 64

@@ -19,20 +19,54 @@
 // memory 16 bytes at a time and its B fragments from there by ldmatrix, so
 // the strides and offsets must be multiples of 8 elements (the Go side
 // checks). The tiles' rows are FLASH_D + 8 halves (144 bytes), which keeps
-// ldmatrix free of bank conflicts. Scores are kept in log2 units (scale·log2 e folded in) for
-// exp2.
+// ldmatrix free of bank conflicts. Scores are kept in log2 units
+// (scale·log2 e folded in) for exp2.
+//
+// The kernels are bound by issued instructions more than by the tensor
+// cores, so the per-score work is kept to the least: only the tiles that
+// cross the diagonal (or the end of the keys) test each score (the MASK
+// instances of fwd_softmax, kv_grads and q_grads), probabilities round in
+// pairs with one cvt, 2^x is one MUFU.EX2, the backward kernels apply the
+// scale to dk and dq once, and ldmatrix addresses are a base plus
+// constants. FLASH_D and FLASH_TILE come from Go (source.go's prelude).
 
-#define FLASH_D 64
-#define FLASH_TILE 64
+// The blocks of each kernel a multiprocessor should hold at once: a bound
+// on its registers (measured on the H200 with scripts/flash-bench.py).
+#define FLASH_FWD_BLOCKS 4
+#define FLASH_BWD_KV_BLOCKS 2
+#define FLASH_BWD_Q_BLOCKS 3
 #define FLASH_LD (FLASH_D + 8)
 #define LOG2E 1.4426950408889634f
 
+// pack2 rounds two floats to T (to nearest even) and packs them, lo in the
+// low half: one cvt of both on sm_80 and later, where the kernels run.
 template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
 template <> __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+#endif
 }
 template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     return (unsigned)f2bf(lo).x | ((unsigned)f2bf(hi).x << 16);
+#endif
+}
+
+// ex2 is 2^x with subnormal results flushed to zero: the one MUFU.EX2 that
+// exp2f's subnormal handling would wrap in three more instructions.
+// Probabilities under 2^-126 add nothing to the rows' sums or products.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // mma16816 is c += a·b for a 16×16 A (row-major fragment, 4 registers), a
@@ -112,24 +146,36 @@ __device__ __forceinline__ void frag_a_global(unsigned* a, FlashOperand x, int b
     a[3] = load32(x, b, h, r0 + g + 8, k0 + 2 * q + 8, T);
 }
 
+// A tile's ldmatrix addresses are the shared-memory address of its element
+// (0, 0) plus this lane's offset, in bytes: lane l gives the address of row
+// l%8 of matrix l/8. lane_bt is the offset for frag_bt, lane_b for frag_b.
+// The fragments' own offsets are constants once the loops unroll, which
+// the assembler folds into the ldmatrix instructions.
+__device__ __forceinline__ unsigned lane_bt() {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    return 2u * (((m >> 1) * 8 + r) * FLASH_LD + (m & 1) * 8);
+}
+__device__ __forceinline__ unsigned lane_b() {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    return 2u * (((m & 1) * 8 + r) * FLASH_LD + (m >> 1) * 8);
+}
+#define TILE_BYTES (2 * FLASH_TILE * FLASH_LD)
+
 // frag_bt loads the B fragments (16×8 each) of tileᵀ for the columns n0..
 // and n0+8..: B[k][n] = tile[n0+n][k0+k], with one ldmatrix of four 8×8
-// matrices (lane l gives the address of row l%8 of matrix l/8); bf[0..1]
-// is n0's fragment, bf[2..3] n0+8's.
-__device__ __forceinline__ void frag_bt(unsigned* bf, const unsigned short* tile, int n0, int k0) {
-    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
-    unsigned a = smem_addr(tile + (n0 + (m >> 1) * 8 + r) * FLASH_LD + k0 + (m & 1) * 8);
+// matrices; bf[0..1] is n0's fragment, bf[2..3] n0+8's. at is the tile's
+// address plus lane_bt().
+__device__ __forceinline__ void frag_bt(unsigned* bf, unsigned at, int n0, int k0) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(a));
+                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(at + 2u * (n0 * FLASH_LD + k0)));
 }
 
 // frag_b loads the B fragments of the tile itself for the columns n0.. and
-// n0+8..: B[k][n] = tile[k0+k][n0+n], with one transposing ldmatrix.
-__device__ __forceinline__ void frag_b(unsigned* bf, const unsigned short* tile, int k0, int n0) {
-    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
-    unsigned a = smem_addr(tile + (k0 + (m & 1) * 8 + r) * FLASH_LD + n0 + (m >> 1) * 8);
+// n0+8..: B[k][n] = tile[k0+k][n0+n], with one transposing ldmatrix. at is
+// the tile's address plus lane_b().
+__device__ __forceinline__ void frag_b(unsigned* bf, unsigned at, int k0, int n0) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(a));
+                 : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(at + 2u * (k0 * FLASH_LD + n0)));
 }
 
 // c_to_a packs two C fragments (16×8 each: columns 16j.. and 16j+8..) into
@@ -161,11 +207,50 @@ __device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, i
 #define DT (FLASH_D / 8)    // 8-column tiles of a row of o
 #define KS (FLASH_D / 16)   // 16-deep steps over a head
 
+// fwd_softmax folds a tile of scores s (16 rows × 64 keys of a warp; this
+// thread's first row and key are row and key) into the running maxima m,
+// sums l and output acc, and leaves the tile's probabilities in s. MASK
+// (the tiles that cross the diagonal or the end of the keys) hides the
+// keys a row does not see; the other tiles carry no test.
+template <bool MASK>
+__device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&acc)[DT][4], float (&m)[2], float (&l)[2], float sl2,
+                                            int row, int key, int shift, int Tk) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float x = s[n][e] * sl2;
+            if (MASK) {
+                int r = row + (e >> 1) * 8, c = key + 8 * n + (e & 1);
+                if (c > shift + r || c >= Tk) x = -INFINITY;
+            }
+            s[n][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = quad_max(mx[r]);
+        float alpha = ex2(m[r] - mx[r]); // 0 the first time
+        m[r] = mx[r];
+        l[r] *= alpha;
+#pragma unroll
+        for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha, acc[j][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2(s[n][e] - m[e >> 1]);
+            s[n][e] = p;
+            l[e >> 1] += p;
+        }
+}
+
 // flash_fwd: o = softmax(scale·q·kᵀ, causal)·v, lse its log-sum-exp.
 // Grid (⌈Tq/64⌉, B·H), 128 threads. Query i sees keys 0..Tk−Tq+i. The key
 // and value tiles are double-buffered: the next pair's copy runs during the
-// current pair's products. Only the tiles that cross the diagonal (or the
-// end of the keys) mask.
+// current pair's products.
 template <typename T>
 __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                           unsigned short* o, int orow, i64 obatch, float* lse) {
@@ -178,12 +263,15 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
     float sl2 = scale * LOG2E;
     int shift = Tk - Tq;
     int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
+    unsigned ka = smem_addr(sk[0]) + lane_bt(), va = smem_addr(sv[0]) + lane_b();
     load_tile_async(sk[0], k, b, h, 0, Tk);
     load_tile_async(sv[0], v, b, h, 0, Tk);
     cp_commit();
     unsigned qa[KS][4];
+#pragma unroll
     for (int s = 0; s < KS; s++) frag_a_global(qa[s], q, b, h, r0, 16 * s, Tq);
     float acc[DT][4];
+#pragma unroll
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     for (int k0 = 0, buf = 0; k0 <= last; k0 += FLASH_TILE, buf ^= 1) {
@@ -194,46 +282,31 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
         cp_commit();
         cp_wait<1>();
         __syncthreads();
+        unsigned kt = ka + buf * TILE_BYTES, vt = va + buf * TILE_BYTES;
         float s[NT][4];
+#pragma unroll
         for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        for (int n = 0; n < NT; n += 2)
-            for (int d = 0; d < KS; d++) {
+#pragma unroll
+        for (int d = 0; d < KS; d++)
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
                 unsigned bf[4];
-                frag_bt(bf, sk[buf], 8 * n, 16 * d);
+                frag_bt(bf, kt, 8 * n, 16 * d);
                 mma16816<T>(s[n], qa[d], bf);
                 mma16816<T>(s[n + 1], qa[d], bf + 2);
             }
-        float mx[2] = {m[0], m[1]};
-        bool mask = k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk; // the warp's first row sees fewer keys
-        for (int n = 0; n < NT; n++)
-            for (int e = 0; e < 4; e++) {
-                float x = s[n][e] * sl2;
-                if (mask) {
-                    int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
-                    if (key > shift + row || key >= Tk) x = -INFINITY;
-                }
-                s[n][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
-        for (int r = 0; r < 2; r++) {
-            mx[r] = quad_max(mx[r]);
-            float alpha = exp2f(m[r] - mx[r]); // 0 the first time
-            m[r] = mx[r];
-            l[r] *= alpha;
-            for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha, acc[j][2 * r + 1] *= alpha;
-        }
-        for (int n = 0; n < NT; n++)
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[n][e] - m[e >> 1]);
-                s[n][e] = p;
-                l[e >> 1] += p;
-            }
+        if (k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk) // the warp's first row sees fewer keys
+            fwd_softmax<true>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
+        else
+            fwd_softmax<false>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
+#pragma unroll
         for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
             unsigned pa[4];
             c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sv[buf], 16 * kk, 8 * j);
+                frag_b(bf, vt, 16 * kk, 8 * j);
                 mma16816<T>(acc[j], pa, bf);
                 mma16816<T>(acc[j + 1], pa, bf + 2);
             }
@@ -241,13 +314,39 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
         __syncthreads(); // the next iteration's copy writes this buffer
     }
     cp_wait<0>();
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         float lr = quad_sum(l[r]);
         int row = r0 + g + 8 * r;
         float inv = 1.f / lr;
+#pragma unroll
         for (int j = 0; j < DT; j++) store32<T>(o, orow, obatch, b, h, row, 8 * j + 2 * qd, Tq, acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
         if (qd == 0 && row < Tq) lse[(i64)bh * Tq + row] = (m[r] + log2f(lr)) / LOG2E;
     }
+}
+
+// kv_grads turns a tile of transposed scores p = k·qᵀ and dp = v·doᵀ (16
+// keys × 64 queries of a warp; this thread's first key and query are key
+// and query) into pᵀ's probabilities and dsᵀ = pᵀ·(dpᵀ − Σdo·o), less
+// the scale, which the caller applies to dk once. MASK hides the queries
+// that do not see a key.
+template <bool MASK>
+__device__ __forceinline__ void kv_grads(float (&p)[NT][4], float (&dp)[NT][4], const float* slse, const float* sdvec, float sl2,
+                                         int key, int query, int Tn) {
+    int qd = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int qi = 8 * n + 2 * qd + (e & 1);
+            float x = ex2(p[n][e] * sl2 - slse[qi] * LOG2E);
+            if (MASK) {
+                int c = key + (e >> 1) * 8, r = query + 8 * n + (e & 1);
+                if (c > r || r >= Tn) x = 0.f;
+            }
+            p[n][e] = x;
+            dp[n][e] = x * (dp[n][e] - sdvec[qi]);
+        }
 }
 
 // flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of 64 keys,
@@ -267,18 +366,23 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
     float sl2 = scale * LOG2E;
     const float* lser = lse + (i64)bh * Tn;
     const float* dvr = dvec + (i64)bh * Tn;
+    unsigned qbt = smem_addr(sq[0]) + lane_bt(), qb = smem_addr(sq[0]) + lane_b();
+    unsigned dobt = smem_addr(sdo[0]) + lane_bt(), dob = smem_addr(sdo[0]) + lane_b();
     load_tile_async(sq[0], q, b, h, k0, Tn);
     load_tile_async(sdo[0], dout, b, h, k0, Tn);
     load_rows_async(slse[0], lser, k0, Tn);
     load_rows_async(sdvec[0], dvr, k0, Tn);
     cp_commit();
     unsigned ka[KS][4], va[KS][4];
+#pragma unroll
     for (int s = 0; s < KS; s++) {
         frag_a_global(ka[s], k, b, h, r0, 16 * s, Tn);
         frag_a_global(va[s], v, b, h, r0, 16 * s, Tn);
     }
     float dka[DT][4], dva[DT][4];
+#pragma unroll
     for (int j = 0; j < DT; j++)
+#pragma unroll
         for (int e = 0; e < 4; e++) dka[j][e] = dva[j][e] = 0.f;
     for (int t0 = k0, buf = 0; t0 < Tn; t0 += FLASH_TILE, buf ^= 1) {
         if (t0 + FLASH_TILE < Tn) {
@@ -290,44 +394,42 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
         cp_commit();
         cp_wait<1>();
         __syncthreads();
+        unsigned off = buf * TILE_BYTES;
         // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
         float p[NT][4], dp[NT][4];
+#pragma unroll
         for (int n = 0; n < NT; n++)
+#pragma unroll
             for (int e = 0; e < 4; e++) p[n][e] = dp[n][e] = 0.f;
-        for (int n = 0; n < NT; n += 2)
-            for (int d = 0; d < KS; d++) {
+#pragma unroll
+        for (int d = 0; d < KS; d++)
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
                 unsigned bf[4];
-                frag_bt(bf, sq[buf], 8 * n, 16 * d);
+                frag_bt(bf, qbt + off, 8 * n, 16 * d);
                 mma16816<T>(p[n], ka[d], bf);
                 mma16816<T>(p[n + 1], ka[d], bf + 2);
-                frag_bt(bf, sdo[buf], 8 * n, 16 * d);
+                frag_bt(bf, dobt + off, 8 * n, 16 * d);
                 mma16816<T>(dp[n], va[d], bf);
                 mma16816<T>(dp[n + 1], va[d], bf + 2);
             }
-        bool mask = t0 < r0 + 15 || t0 + FLASH_TILE > Tn; // some query of the tile is before some key of the warp
-        for (int n = 0; n < NT; n++) {
-            for (int e = 0; e < 4; e++) {
-                int qi = 8 * n + 2 * qd + (e & 1);
-                float x = exp2f(p[n][e] * sl2 - slse[buf][qi] * LOG2E);
-                if (mask) {
-                    int key = r0 + g + (e >> 1) * 8, query = t0 + qi;
-                    if (key > query || query >= Tn) x = 0.f;
-                }
-                p[n][e] = x;
-                dp[n][e] = x * (dp[n][e] - sdvec[buf][qi]) * scale; // dsᵀ
-            }
-        }
+        if (t0 < r0 + 15 || t0 + FLASH_TILE > Tn) // some query of the tile is before some key of the warp
+            kv_grads<true>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+        else
+            kv_grads<false>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
         // dv += pᵀ·do, dk += dsᵀ·q
+#pragma unroll
         for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
             unsigned pa[4], da[4];
             c_to_a<T>(pa, p[2 * kk], p[2 * kk + 1]);
             c_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sdo[buf], 16 * kk, 8 * j);
+                frag_b(bf, dob + off, 16 * kk, 8 * j);
                 mma16816<T>(dva[j], pa, bf);
                 mma16816<T>(dva[j + 1], pa, bf + 2);
-                frag_b(bf, sq[buf], 16 * kk, 8 * j);
+                frag_b(bf, qb + off, 16 * kk, 8 * j);
                 mma16816<T>(dka[j], da, bf);
                 mma16816<T>(dka[j + 1], da, bf + 2);
             }
@@ -335,17 +437,40 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
         __syncthreads();
     }
     cp_wait<0>();
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = r0 + g + 8 * r;
+#pragma unroll
         for (int j = 0; j < DT; j++) {
-            store32<T>(dk, dkrow, dkbatch, b, h, key, 8 * j + 2 * qd, Tn, dka[j][2 * r], dka[j][2 * r + 1]);
+            store32<T>(dk, dkrow, dkbatch, b, h, key, 8 * j + 2 * qd, Tn, dka[j][2 * r] * scale, dka[j][2 * r + 1] * scale);
             store32<T>(dv, dvrow, dvbatch, b, h, key, 8 * j + 2 * qd, Tn, dva[j][2 * r], dva[j][2 * r + 1]);
         }
     }
 }
 
-// flash_bwd_q: dq = ds·k for a block of 64 queries, over the key tiles they
-// see (Tq == Tk), double-buffered. Grid (⌈T/64⌉, B·H).
+// q_grads turns a tile of scores s = q·kᵀ and dp = do·vᵀ (16 queries × 64
+// keys of a warp; this thread's first query and key are row and key) into
+// ds = p·(dp − Σdo·o), less the scale, which the caller applies to dq
+// once; rl and rd are the thread's rows' log-sum-exps (log2 units) and
+// Σdo·o. MASK hides the keys a query does not see.
+template <bool MASK>
+__device__ __forceinline__ void q_grads(float (&s)[NT][4], const float (&dp)[NT][4], const float (&rl)[2], const float (&rd)[2],
+                                        float sl2, int row, int key, int Tn) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2(s[n][e] * sl2 - rl[e >> 1]);
+            if (MASK) {
+                int r = row + (e >> 1) * 8, c = key + 8 * n + (e & 1);
+                if (c > r || c >= Tn) p = 0.f;
+            }
+            s[n][e] = p * (dp[n][e] - rd[e >> 1]);
+        }
+}
+
+// flash_bwd_q: dq = ds·k·scale for a block of 64 queries, over the key
+// tiles they see (Tq == Tk), double-buffered. Grid (⌈T/64⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                             FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
@@ -358,21 +483,25 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
     int last = min(q0 + FLASH_TILE, Tn) - 1;
+    unsigned kbt = smem_addr(sk[0]) + lane_bt(), kb = smem_addr(sk[0]) + lane_b(), vbt = smem_addr(sv[0]) + lane_bt();
     load_tile_async(sk[0], k, b, h, 0, Tn);
     load_tile_async(sv[0], v, b, h, 0, Tn);
     cp_commit();
     unsigned qa[KS][4], da[KS][4];
+#pragma unroll
     for (int s = 0; s < KS; s++) {
         frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
         frag_a_global(da[s], dout, b, h, r0, 16 * s, Tn);
     }
     float rl[2], rd[2];
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = r0 + g + 8 * r;
         rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
         rd[r] = row < Tn ? dvec[(i64)bh * Tn + row] : 0.f;
     }
     float acc[DT][4];
+#pragma unroll
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int k0 = 0, buf = 0; k0 <= last; k0 += FLASH_TILE, buf ^= 1) {
         if (k0 + FLASH_TILE <= last) {
@@ -382,36 +511,36 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         cp_commit();
         cp_wait<1>();
         __syncthreads();
+        unsigned off = buf * TILE_BYTES;
         float s[NT][4], dp[NT][4];
+#pragma unroll
         for (int n = 0; n < NT; n++)
+#pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-        for (int n = 0; n < NT; n += 2)
-            for (int d = 0; d < KS; d++) {
+#pragma unroll
+        for (int d = 0; d < KS; d++)
+#pragma unroll
+            for (int n = 0; n < NT; n += 2) {
                 unsigned bf[4];
-                frag_bt(bf, sk[buf], 8 * n, 16 * d);
+                frag_bt(bf, kbt + off, 8 * n, 16 * d);
                 mma16816<T>(s[n], qa[d], bf);
                 mma16816<T>(s[n + 1], qa[d], bf + 2);
-                frag_bt(bf, sv[buf], 8 * n, 16 * d);
+                frag_bt(bf, vbt + off, 8 * n, 16 * d);
                 mma16816<T>(dp[n], da[d], bf);
                 mma16816<T>(dp[n + 1], da[d], bf + 2);
             }
-        bool mask = k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn;
-        for (int n = 0; n < NT; n++) {
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[n][e] * sl2 - rl[e >> 1]);
-                if (mask) {
-                    int row = r0 + g + (e >> 1) * 8, key = k0 + 8 * n + 2 * qd + (e & 1);
-                    if (key > row || key >= Tn) p = 0.f;
-                }
-                s[n][e] = p * (dp[n][e] - rd[e >> 1]) * scale; // ds
-            }
-        }
+        if (k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn)
+            q_grads<true>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+        else
+            q_grads<false>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+#pragma unroll
         for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
             unsigned a[4];
             c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
             for (int j = 0; j < DT; j += 2) {
                 unsigned bf[4];
-                frag_b(bf, sk[buf], 16 * kk, 8 * j);
+                frag_b(bf, kb + off, 16 * kk, 8 * j);
                 mma16816<T>(acc[j], a, bf);
                 mma16816<T>(acc[j + 1], a, bf + 2);
             }
@@ -419,20 +548,22 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         __syncthreads();
     }
     cp_wait<0>();
+#pragma unroll
     for (int r = 0; r < 2; r++)
+#pragma unroll
         for (int j = 0; j < DT; j++)
-            store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r], acc[j][2 * r + 1]);
+            store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
 }
 
 #define FLASH(T, S)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128) flash_fwd_##S(                                             \
+    extern "C" __global__ void __launch_bounds__(128, FLASH_FWD_BLOCKS) flash_fwd_##S(                                             \
         int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
         i64 kbatch, const T* v, int vrow, i64 vbatch, T* o, int orow, i64 obatch, float* lse) {                  \
         flash_fwd<T>(B, H, Tq, Tk, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                 \
                      FlashOperand{(const unsigned short*)k, krow, kbatch},                                       \
                      FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128) flash_bwd_kv_##S(                                          \
+    extern "C" __global__ void __launch_bounds__(128, FLASH_BWD_KV_BLOCKS) flash_bwd_kv_##S(                                          \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
         const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
@@ -442,7 +573,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
                         FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec,                    \
                         (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch);               \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128) flash_bwd_q_##S(                                           \
+    extern "C" __global__ void __launch_bounds__(128, FLASH_BWD_Q_BLOCKS) flash_bwd_q_##S(                                           \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
         const float* dvec, T* dq, int dqrow, i64 dqbatch) {                                                      \

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Checks and times leangrad's flash-attention kernels on the GPU machine,
+beside PyTorch's scaled-dot-product attention at the same shape.
+
+It runs where there is no Go: the kernels' source comes from
+`go run ./scripts/kernelsrc` (the CUDA C the backend compiles), and each
+variant replaces its flash.cu section with another file (a flash.cu from
+git history, or one under test). CuPy compiles each with NVRTC and launches
+the kernels as kernels/cuda/transformer.go does; PyTorch gives the float32
+reference and the competitor's times (CUDA events, median of --iters).
+
+    python3 scripts/flash-bench.py --source kernels.cu base=old-flash.cu new=flash.cu \
+        wide=flash.cu@FLASH_FWD_MT=2
+
+For each variant: the relative error of o, lse, dq, dk and dv against the
+float32 reference on fresh random inputs (outputs poisoned with NaN first),
+whether each output equals the first variant's bit for bit, and the median
+device time of flash_fwd, flash_bwd_kv and flash_bwd_q.
+"""
+import argparse
+import json
+import re
+import sys
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def module_source(full, flash):
+    """What flash.cu needs of full (the prelude and common.cuh: everything
+    before the first src/*.cu), then flash."""
+    head = full[: re.search(r"// ---- \w+\.cu ----\n", full).start()]
+    return head + "// ---- flash.cu ----\n" + flash + "\n"
+
+
+def macro(text, name, default):
+    m = re.search(r"#define %s (\d+)" % name, text)
+    return int(m.group(1)) if m else default
+
+
+def timed(fn, iters):
+    """The median device time of fn in ms, each call between two events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def rel(x, ref):
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return float((x - ref).norm() / ref.norm())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True, help="the kernels' CUDA C (go run ./scripts/kernelsrc)")
+    ap.add_argument("--shape", default="16,12,1024,64", help="B,H,T,D")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--torch", action="store_true", help="time PyTorch's SDPA backends too")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("variants", nargs="+", help="name=flash.cu[@MACRO=VALUE,...]: each MACRO's #define rewritten")
+    a = ap.parse_args()
+    B, H, T, D = map(int, a.shape.split(","))
+    C = H * D
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    full = open(a.source).read()
+    torch.manual_seed(1)
+    # q, k and v are views of one [B, T, 3, H, D] tensor, as c_attn's output is.
+    qkv = torch.randn(B, T, 3, H, D, device="cuda", dtype=dt)
+    do = torch.randn(B, T, H, D, device="cuda", dtype=dt)
+    scale = 1.0 / D**0.5
+    q, k, v = (qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))  # [B, H, T, D] views
+    qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
+    of = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale)
+    of.backward(do.float().permute(0, 2, 1, 3))
+    s = (qf @ kf.transpose(-1, -2)).detach() * scale
+    s.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    ref = {"o": of.detach(), "lse": torch.logsumexp(s, -1), "dq": qf.grad, "dk": kf.grad, "dv": vf.grad}
+    del s
+    fwd_flop = 4 * B * H * T * T * D / 2  # causal: half the square
+    i32, i64, f32 = np.int32, np.int64, np.float32
+    ptr = lambda t, off=0: np.uint64(t.data_ptr() + off * t.element_size())
+    results, first = {}, None
+    for spec in a.variants:
+        name, path = spec.split("=", 1)
+        path, _, defs = path.partition("@")
+        flash = open(path).read()
+        for d in filter(None, defs.split(",")):  # MACRO=VALUE: rewrite its #define
+            m, val = d.split("=")
+            flash, n = re.subn(r"#define %s \S+" % m, "#define %s %s" % (m, val), flash)
+            if n != 1:
+                sys.exit("%s: %s has no #define %s" % (spec, path, m))
+        mt = macro(flash, "FLASH_FWD_MT", 1)
+        mod = cp.RawModule(code=module_source(full, flash), options=("--std=c++17",))
+        fwd = mod.get_function("flash_fwd_" + a.dtype)
+        bkv = mod.get_function("flash_bwd_kv_" + a.dtype)
+        bq = mod.get_function("flash_bwd_q_" + a.dtype)
+        o = torch.full((B, T, H, D), float("nan"), device="cuda", dtype=dt)
+        lse = torch.full((B * H, T), float("nan"), device="cuda")
+        dqkv = torch.full((B, T, 3, H, D), float("nan"), device="cuda", dtype=dt)
+        row, batch = 3 * C, T * 3 * C
+        qa = (ptr(qkv), i32(row), i64(batch))
+        ka = (ptr(qkv, C), i32(row), i64(batch))
+        va = (ptr(qkv, 2 * C), i32(row), i64(batch))
+        doa = (ptr(do), i32(C), i64(T * C))
+        rows_fwd = 64 * mt
+
+        def run_fwd():
+            fwd(((T + rows_fwd - 1) // rows_fwd, B * H), (128,),
+                (i32(B), i32(H), i32(T), i32(T), f32(scale)) + qa + ka + va + (ptr(o), i32(C), i64(T * C), ptr(lse)))
+
+        run_fwd()
+        torch.cuda.synchronize()
+        dvec = (do.float() * o.float()).sum(-1).permute(0, 2, 1).contiguous()  # [B, H, T], attn_rowdot's
+        common = (i32(B), i32(H), i32(T), f32(scale)) + qa + ka + va + doa + (ptr(lse), ptr(dvec))
+        grid = ((T + 63) // 64, B * H)
+
+        def run_kv():
+            bkv(grid, (128,), common + (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch)))
+
+        def run_q():
+            bq(grid, (128,), common + (ptr(dqkv), i32(row), i64(batch)))
+
+        run_kv()
+        run_q()
+        torch.cuda.synchronize()
+        out = {"o": o.permute(0, 2, 1, 3), "lse": lse.view(B, H, T)}
+        for i, g in enumerate(("dq", "dk", "dv")):
+            out[g] = dqkv[:, :, i].permute(0, 2, 1, 3)
+        r = {"mt": mt, "err": {n: rel(x, ref[n]) for n, x in out.items()}}
+        if first is None:
+            first = {n: x.clone() for n, x in out.items()}
+        r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}
+        r["max_diff_vs_first"] = {n: float((x.float() - first[n].float()).abs().max()) for n, x in out.items()}
+        r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd_kv": timed(run_kv, a.iters), "bwd_q": timed(run_q, a.iters)}
+        r["ms"]["bwd"] = r["ms"]["bwd_kv"] + r["ms"]["bwd_q"]
+        r["tflops"] = {"fwd": fwd_flop / r["ms"]["fwd"] / 1e9, "bwd": 2.5 * fwd_flop / r["ms"]["bwd"] / 1e9}
+        results[name] = r
+        print(name, json.dumps(r), flush=True)
+    if a.torch:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qt, kt, vt = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        dot = do.permute(0, 2, 1, 3)
+        for be in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+            try:
+                with sdpa_kernel(getattr(SDPBackend, be)):
+                    f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+                    ms_f = timed(f, a.iters)
+                    y = f()
+                    ms_b = timed(lambda: torch.autograd.grad(y, (qt, kt, vt), dot, retain_graph=True), a.iters)
+                r = {"ms": {"fwd": ms_f, "bwd": ms_b}, "tflops": {"fwd": fwd_flop / ms_f / 1e9, "bwd": 2.5 * fwd_flop / ms_b / 1e9}}
+            except Exception as e:  # a backend that refuses the shape
+                r = {"error": str(e).splitlines()[0]}
+            results["torch " + be] = r
+            print("torch", be, json.dumps(r), flush=True)
+    print("\n| variant | fwd ms | bwd ms (kv + q) | fwd TFLOP/s | bwd TFLOP/s | max rel err | bits as first |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, r in results.items():
+        if "error" in r:
+            print("| %s | %s |" % (name, r["error"]))
+            continue
+        ms = r["ms"]
+        bwd = "%.3f" % ms["bwd"] + (" (%.3f + %.3f)" % (ms["bwd_kv"], ms["bwd_q"]) if "bwd_kv" in ms else "")
+        err = "%.2e" % max(r["err"].values(), key=lambda e: e if e == e else float("inf")) if "err" in r else "–"
+        same = ",".join(n for n, v in r.get("same_bits_as_first", {}).items() if v) or "–"
+        print("| %s | %.3f | %s | %.1f | %.1f | %s | %s |" % (name, ms["fwd"], bwd, r["tflops"]["fwd"], r["tflops"]["bwd"], err, same))
+    if a.json:
+        json.dump(results, open(a.json, "w"), indent=1)
+    bad = [n for n, r in results.items() if "err" in r and not all(e < 3e-2 for e in r["err"].values())]
+    if bad:
+        print("too far from the float32 reference:", ", ".join(bad))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
