@@ -11,6 +11,9 @@ import (
 func TestCUDAGradCheck(t *testing.T)          { testGradCheck(t, testdev.CUDA(t)) }
 func TestCUDAStepMemory(t *testing.T)         { testStepMemory(t, testdev.CUDA(t)) }
 func TestCUDAResNet20StepMemory(t *testing.T) { testResNet20StepMemory(t, testdev.CUDA(t)) }
+func TestCUDALayerNormToIsACastOfLayerNorm(t *testing.T) {
+	testLayerNormToIsACastOfLayerNorm(t, testdev.CUDA(t))
+}
 func TestCUDABackwardFreesGraph(t *testing.T) {
 	dev := testdev.CUDA(t)
 	testBackwardFreesGraphAndRefusesSecondPass(t, dev)

@@ -594,3 +594,54 @@ func TestBatchNormReLUConvIsItsParts(t *testing.T) {
 		})
 	}
 }
+
+// LayerNormTo's 16-bit output and its gradients are, bit for bit, those of
+// LayerNorm followed by a cast, the path it replaces under Autocast.
+func TestLayerNormToIsACastOfLayerNorm(t *testing.T) {
+	testLayerNormToIsACastOfLayerNorm(t, tensor.CPU())
+}
+
+func testLayerNormToIsACastOfLayerNorm(t *testing.T, dev *tensor.Device) {
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			type result struct{ out, dx, dg, db []float32 }
+			run := func(fused bool) result {
+				dev.Generator().Seed(5)
+				x := tensor.Randn(dev, tensor.F32, 1, 2, 3, 37, 96).SetRequiresGrad(true).Keep()
+				g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 96).SetRequiresGrad(true).Keep()
+				b := tensor.Randn(dev, tensor.F32, 0, 1, 96).SetRequiresGrad(true).Keep()
+				w := tensor.Randn(dev, dt, 0, 1, 3, 37, 96).Keep() // a 16-bit gradient of every element
+				defer func() {
+					for _, p := range []*tensor.Tensor{x, g, b, w} {
+						p.Release()
+					}
+				}()
+				var r result
+				dev.WithScope(func() {
+					var y *tensor.Tensor
+					if fused {
+						y = ag.LayerNormTo(x, g, b, 1e-5, dt)
+					} else {
+						y = ag.Cast(ag.LayerNorm(x, g, b, 1e-5), dt)
+					}
+					if y.DType() != dt {
+						t.Fatalf("output %v, want %v", y.DType(), dt)
+					}
+					r.out = ag.Cast(y, tensor.F32).Float32s()
+					ag.Backward(ag.SumAll(ag.Mul(y, w)))
+				})
+				r.dx, r.dg, r.db = x.Grad().Float32s(), g.Grad().Float32s(), b.Grad().Float32s()
+				return r
+			}
+			got, want := run(true), run(false)
+			for _, c := range []struct {
+				name      string
+				got, want []float32
+			}{{"y", got.out, want.out}, {"dx", got.dx, want.dx}, {"dgamma", got.dg, want.dg}, {"dbeta", got.db, want.db}} {
+				if !slices.Equal(c.got, c.want) {
+					t.Errorf("%s differs from LayerNorm's followed by a cast", c.name)
+				}
+			}
+		})
+	}
+}

@@ -48,17 +48,27 @@ func Embedding(table, ids *T) *T {
 // LayerNorm normalises x over its last dimension: (x−μ)/√(σ²+eps)·gamma +
 // beta, gamma and beta F32 of that size. It computes in float32 and keeps
 // x's dtype; it saves x and each row's μ and 1/√(σ²+eps), nothing else.
-func LayerNorm(x, gamma, beta *T, eps float32) *T {
+func LayerNorm(x, gamma, beta *T, eps float32) *T { return LayerNormTo(x, gamma, beta, eps, x.DType()) }
+
+// LayerNormTo is LayerNorm with its output in dt: x's dtype, or F16 or
+// BF16 for an F32 x. That is what a matrix product under Autocast reads:
+// the F32 result is rounded once, as the product's cast of it would be,
+// and no F32 copy is written and read back. The gradient reaches x in x's
+// dtype.
+func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xs := x.Shape()
 	cols := xs[len(xs)-1]
 	if gamma.NDim() != 1 || gamma.Dim(0) != cols || !beta.SameShape(gamma) || gamma.DType() != tensor.F32 || beta.DType() != tensor.F32 {
 		panic(fmt.Sprintf("autograd: layer norm of %v with %v gain %v and %v bias %v: want f32 gain and bias of %d",
 			xs, gamma.DType(), gamma.Shape(), beta.DType(), beta.Shape(), cols))
 	}
+	if dt != x.DType() && (x.DType() != tensor.F32 || (dt != tensor.F16 && dt != tensor.BF16)) {
+		panic(fmt.Sprintf("autograd: layer norm of %v %v into %v: want %v, or f16 or bf16 from f32", x.DType(), xs, dt, x.DType()))
+	}
 	sameDevice("layer norm", x, gamma)
 	p := kernels.LayerNormParams{Rows: x.Numel() / cols, Cols: cols, Eps: eps}
 	dev := ModeOf(x, gamma, beta)
-	y := tensor.Empty(dev, x.DType(), xs...)
+	y := tensor.Empty(dev, dt, xs...)
 	mean, rstd := tensor.Empty(dev, tensor.F32, p.Rows), tensor.Empty(dev, tensor.F32, p.Rows)
 	be := x.Backend()
 	be.LayerNorm(p, x.Buf(), gamma.Buf(), beta.Buf(), y.Buf(), mean.Buf(), rstd.Buf())
@@ -74,7 +84,7 @@ func LayerNorm(x, gamma, beta *T, eps float32) *T {
 	rec.finish(y, func(g *T) []*T {
 		dx := emptyLike(xSaved)
 		dg, db := tensor.Empty(g.Device(), tensor.F32, cols), tensor.Empty(g.Device(), tensor.F32, cols)
-		gc := asDType(g.Device(), g, xSaved.DType())
+		gc := asDType(g.Device(), g, dt)
 		defer gc.Release()
 		be.LayerNormBackward(p, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
 		return []*T{dx, dg, db}

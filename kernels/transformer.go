@@ -18,13 +18,14 @@ type TransformerOps interface {
 	// same bits every run), and zero in the rows of ids that do not occur.
 	EmbeddingBackward(dtable, dy, ids Buf, n, vocab, dim int)
 
-	// LayerNorm normalises each row of x: y = (x−μ)·rstd·γ + β (y in x's
-	// dtype; γ, β F32 of Cols), and writes each row's μ and rstd = 1/√(σ²+ε)
-	// (F32 of Rows) for the backward.
+	// LayerNorm normalises each row of x: y = (x−μ)·rstd·γ + β (γ, β F32
+	// of Cols), and writes each row's μ and rstd = 1/√(σ²+ε) (F32 of Rows)
+	// for the backward. y is in x's dtype, or F16 or BF16 for an F32 x:
+	// the F32 result rounded once, as a cast of it would be.
 	LayerNorm(p LayerNormParams, x, gamma, beta, y, mean, rstd Buf)
 	// LayerNormBackward computes dx (x's dtype) and writes dgamma and dbeta
-	// (F32 of Cols, summed over the rows in a fixed order) from dy and what
-	// the forward saved.
+	// (F32 of Cols, summed over the rows in a fixed order) from dy (the
+	// forward's y's dtype) and what the forward saved.
 	LayerNormBackward(p LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta Buf)
 
 	// Attention computes causal scaled dot-product attention, softmax(q·kᵀ
@@ -108,10 +109,16 @@ func CheckEmbedding(op string, rows, table, ids Buf, n, vocab, dim int) {
 	}
 }
 
-// CheckLayerNorm checks a layer norm's operands against p: x (and y, dy,
-// dx) of Rows×Cols, γ and β (and their gradients) F32 of Cols, the
-// statistics F32 of Rows.
+// CheckLayerNorm checks a layer norm's operands against p: x and out (y,
+// or dy and dx) of Rows×Cols, each out in x's dtype or, for an F32 x, F16
+// or BF16; γ and β (and their gradients) F32 of Cols, the statistics F32
+// of Rows.
 func CheckLayerNorm(op string, p LayerNormParams, x, gamma, mean, rstd Buf, rows ...Buf) {
+	for _, y := range rows {
+		if y.DType != x.DType && (x.DType != F32 || (y.DType != F16 && y.DType != BF16)) {
+			panic(fmt.Sprintf("kernels: %s of %v rows into %v: want %v, or f16 or bf16 from f32", op, x.DType, y.DType, x.DType))
+		}
+	}
 	if p.Rows <= 0 || p.Cols <= 0 || !(p.Eps > 0) {
 		panic(fmt.Sprintf("kernels: %s: invalid parameters %+v", op, p))
 	}

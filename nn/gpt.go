@@ -65,6 +65,17 @@ func NewLayerNorm(dev *tensor.Device, n int) *LayerNorm {
 // Forward normalises x over its last dimension.
 func (l *LayerNorm) Forward(x *T) *T { return ag.LayerNorm(x, l.Weight, l.Bias, l.Eps) }
 
+// ForProduct normalises x for a matrix product: under Autocast, an F32 x's
+// output is in the autocast dtype (autograd.LayerNormTo), which the product
+// would cast it to anyway; otherwise it is Forward.
+func (l *LayerNorm) ForProduct(x *T) *T {
+	dt := x.DType()
+	if a := ag.AutocastDType(ag.ModeOf(x, l.Weight)); a != 0 && dt == tensor.F32 {
+		dt = a
+	}
+	return ag.LayerNormTo(x, l.Weight, l.Bias, l.Eps, dt)
+}
+
 // State lists the gain and the bias, neither weight-decayed.
 func (l *LayerNorm) State(prefix string) []Named {
 	return []Named{{Name: join(prefix, "weight"), T: l.Weight, Param: true, NoDecay: true},
@@ -87,7 +98,7 @@ type GPTBlock struct {
 // attend is x's attention output: ln_1, c_attn, causal attention, c_proj.
 func (b *GPTBlock) attend(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
-	h := then(b.LN1.Forward(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
+	h := then(b.LN1.ForProduct(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
 	h = then(h, b.Attn.Forward)
 	h = then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, 3*C) })
 	h = then(h, func(h *T) *T { return ag.CausalAttention(h, b.Heads) })
@@ -99,7 +110,7 @@ func (b *GPTBlock) attend(x *T) *T {
 // mlp is x's MLP output: ln_2, then c_fc, GELU and c_proj as one op.
 func (b *GPTBlock) mlp(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
-	h := then(b.LN2.Forward(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
+	h := then(b.LN2.ForProduct(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
 	h = then(h, b.feedForward)
 	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
 }
@@ -207,7 +218,8 @@ func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
 // segments of blocks, or nothing.
 func (g *GPT) SetCheckpoint(c CheckpointMode) { g.Checkpoint = c }
 
-// hidden is the last layer norm's output for tokens x (B×T).
+// hidden is the last layer norm's output for tokens x (B×T), for the
+// classifier's product.
 func (g *GPT) hidden(x *T) *T {
 	if x.NDim() != 2 || x.DType() != tensor.I32 || x.Dim(1) > g.Cfg.Context {
 		panic(fmt.Sprintf("nn: GPT input %v %v: want i32 B×T with T at most the context %d", x.DType(), x.Shape(), g.Cfg.Context))
@@ -228,7 +240,7 @@ func (g *GPT) hidden(x *T) *T {
 		blocks[i] = b
 	}
 	h = then(h, func(h *T) *T { return forwardSegments(blocks, g.Checkpoint, h) })
-	return then(h, g.LNF.Forward)
+	return then(h, g.LNF.ForProduct)
 }
 
 // Forward returns the logits of every position of x (B×T tokens):
@@ -371,14 +383,14 @@ func (g *GPT) decode(dev *tensor.Device, caches []*T, tokens []int32, pos int) *
 	h := ag.Add(ag.Embedding(g.WTE.On(dev), ids), ag.Embedding(g.WPE.On(dev), positions))
 	be := dev.Backend()
 	for i, b := range g.Blocks {
-		qkv := b.Attn.Forward(b.LN1.Forward(h))
+		qkv := b.Attn.Forward(b.LN1.ForProduct(h))
 		cb := caches[i].Buf()
 		be.Copy(cb.Slice(pos*3*C, m*3*C), qkv.Buf())
 		a := b.AttnProj.Forward(ag.CachedAttention(caches[i], pos, m, b.Heads))
 		h = ag.Add(h, a)
-		h = ag.Add(h, b.feedForward(b.LN2.Forward(h)))
+		h = ag.Add(h, b.feedForward(b.LN2.ForProduct(h)))
 	}
-	last := g.LNF.Forward(h.Rows(m-1, m))
+	last := g.LNF.ForProduct(h.Rows(m-1, m))
 	return ag.Linear(last, g.WTE.On(dev), nil).Keep()
 }
 

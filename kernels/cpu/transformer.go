@@ -105,6 +105,7 @@ func (c *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 // rows added in order.
 func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
+	kernels.CheckLike("layer norm backward dx", x, dx)
 	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
 	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
 	xv, dyv, dxv, g := valuesOf(x), valuesOf(dy), valuesOf(dx), f32s(gamma)

@@ -16,8 +16,8 @@ import (
 // order, so results repeat bit for bit.
 
 // defaultChunkBudget caps the workspace of one chunk of attention's scores
-// or the classifier's logits, in bytes (Backend.chunkBudget, which tests
-// lower to run many chunks).
+// (or, twice it, of the classifier's logits), in bytes (Backend.chunkBudget,
+// which tests lower to run many chunks).
 const defaultChunkBudget = 256 << 20
 
 type (
@@ -178,23 +178,26 @@ type (
 )
 
 var (
-	kEmbedding      = declareTyped[embeddingArgs]("embedding")
-	kEmbeddingKeys  = declareKernel[embeddingKeysArgs]("embedding_keys")
-	kBitonicLocal   = declareKernel[bitonicLocalArgs]("bitonic_local")
-	kBitonicStep    = declareKernel[bitonicStepArgs]("bitonic_step")
-	kEmbeddingBwd   = declareTyped[embeddingBwdArgs]("embedding_bwd")
-	kLayerNormFwd   = declareTyped[layerNormFwdArgs]("layernorm_fwd")
-	kLayerNormBwd   = declareTyped[layerNormBwdArgs]("layernorm_bwd")
-	kLayerNormGrads = declareKernel[layerNormGradsArgs]("layernorm_grads")
-	kLayerNormPart  = declareKernel[layerNormGradsPartArgs]("layernorm_grads_part")
-	kAttnGather     = declareTyped[attnMoveArgs]("attn_gather")
-	kAttnScatter    = declareTyped[attnMoveArgs]("attn_scatter")
-	kAttnScatterF32 = declareTyped[attnMoveArgs]("attn_scatter_f32")
-	kAttnSoftmax    = declareTyped[attnSoftmaxArgs]("attn_softmax")
-	kAttnProbs      = declareTyped[attnProbsArgs]("attn_probs")
-	kAttnDScores    = declareTyped[attnDScoresArgs]("attn_dscores")
-	kAttnRowDot     = declareTyped[attnRowDotArgs]("attn_rowdot")
-	kClsRows        = declareTyped[clsRowsArgs]("cls_rows")
+	kEmbedding     = declareTyped[embeddingArgs]("embedding")
+	kEmbeddingKeys = declareKernel[embeddingKeysArgs]("embedding_keys")
+	kBitonicLocal  = declareKernel[bitonicLocalArgs]("bitonic_local")
+	kBitonicStep   = declareKernel[bitonicStepArgs]("bitonic_step")
+	kEmbeddingBwd  = declareTyped[embeddingBwdArgs]("embedding_bwd")
+	kLayerNormFwd  = declareTyped[layerNormFwdArgs]("layernorm_fwd")
+	kLayerNormBwd  = declareTyped[layerNormBwdArgs]("layernorm_bwd")
+	// The mixed ones take an F32 x (and dx) with y (and dy) of their type.
+	kLayerNormFwdMixed = declareTyped[layerNormFwdArgs]("layernorm_fwd_mixed")
+	kLayerNormBwdMixed = declareTyped[layerNormBwdArgs]("layernorm_bwd_mixed")
+	kLayerNormGrads    = declareKernel[layerNormGradsArgs]("layernorm_grads")
+	kLayerNormPart     = declareKernel[layerNormGradsPartArgs]("layernorm_grads_part")
+	kAttnGather        = declareTyped[attnMoveArgs]("attn_gather")
+	kAttnScatter       = declareTyped[attnMoveArgs]("attn_scatter")
+	kAttnScatterF32    = declareTyped[attnMoveArgs]("attn_scatter_f32")
+	kAttnSoftmax       = declareTyped[attnSoftmaxArgs]("attn_softmax")
+	kAttnProbs         = declareTyped[attnProbsArgs]("attn_probs")
+	kAttnDScores       = declareTyped[attnDScoresArgs]("attn_dscores")
+	kAttnRowDot        = declareTyped[attnRowDotArgs]("attn_rowdot")
+	kClsRows           = declareTyped[clsRowsArgs]("cls_rows")
 	// The flash kernels exist for the tensor cores' F16 and BF16 only.
 	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
 	kFlashBwdKV  = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
@@ -264,10 +267,13 @@ func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 	kernels.CheckLayerNorm("layer norm", p, x, gamma, mean, rstd, y)
 	kernels.CheckLen("layer norm bias", p.Cols, beta)
 	kernels.CheckF32("layer norm bias", beta)
-	s := floatType("layer norm", x, y)
+	k, s := kLayerNormFwd, floatType("layer norm", x)
+	if y.DType != x.DType {
+		k, s = kLayerNormFwdMixed, y.DType
+	}
 	b.enter()
 	defer b.exit()
-	kLayerNormFwd.launch(b, s, dims{uint32(b.lnBlocks(p.Rows)), 1, 32 * lnWarps}, layerNormFwdArgs{int32(p.Rows), int32(p.Cols),
+	k.launch(b, s, dims{uint32(b.lnBlocks(p.Rows)), 1, 32 * lnWarps}, layerNormFwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(beta), p.Eps, ptrOf(y), ptrOf(mean), ptrOf(rstd)})
 }
 
@@ -275,16 +281,20 @@ func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 // dβ in its own row of a workspace, summed over the warps in order.
 func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
+	kernels.CheckLike("layer norm backward dx", x, dx)
 	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
 	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
-	s := floatType("layer norm backward", x, dy, dx)
+	k, s := kLayerNormBwd, floatType("layer norm backward", x, dx)
+	if dy.DType != x.DType {
+		k, s = kLayerNormBwdMixed, dy.DType
+	}
 	b.enter()
 	defer b.exit()
 	blocks := b.lnBlocks(p.Rows)
 	warps := blocks * lnWarps
 	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)
-	kLayerNormBwd.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
+	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr()})
 	// The warps' sums in two rounds: stretches of warps side by side, then
 	// the stretches in order.
@@ -497,7 +507,9 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	defer b.exit()
 	es := int64(h.DType.Size())
 	ld := (p.V + 15) &^ 15
-	m := max(1, min(p.N, b.chunkBudget/(ld*int(4+es))))
+	// Twice the chunk budget: each chunk's weight-gradient product reads and
+	// writes all of dw (F32, V×C), so fewer chunks move less.
+	m := max(1, min(p.N, 2*b.chunkBudget/(ld*int(4+es))))
 	if m > 64 && m < p.N {
 		m &^= 63
 	}

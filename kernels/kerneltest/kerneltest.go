@@ -862,7 +862,15 @@ var cases = []testCase{
 		}
 	}},
 	{"layernorm", func(s *suite) {
+		// Each dtype, and an F32 x normalised into F16 and BF16 (y and dy).
+		type pair struct{ x, y kernels.DType }
+		var pairs []pair
 		for _, dt := range dtypes {
+			pairs = append(pairs, pair{dt, dt})
+		}
+		pairs = append(pairs, pair{kernels.F32, kernels.F16}, pair{kernels.F32, kernels.BF16})
+		for _, dts := range pairs {
+			dt := dts.x
 			for _, p := range []kernels.LayerNormParams{{Rows: 1, Cols: 7, Eps: 1e-5}, {Rows: 37, Cols: 64, Eps: 1e-5},
 				{Rows: 1000, Cols: 768, Eps: 1e-5}, {Rows: 3, Cols: 3000, Eps: 1e-3}} {
 				xv := s.normal(p.Rows * p.Cols)
@@ -871,14 +879,14 @@ var cases = []testCase{
 				}
 				x := s.in(dt, xv)
 				g, b := s.in(kernels.F32, s.positive(p.Cols)), s.randIn(kernels.F32, p.Cols)
-				y, mean, rstd := s.out(dt, p.Rows*p.Cols), s.out(kernels.F32, p.Rows), s.out(kernels.F32, p.Rows)
+				y, mean, rstd := s.out(dts.y, p.Rows*p.Cols), s.out(kernels.F32, p.Rows), s.out(kernels.F32, p.Rows)
 				s.got.LayerNorm(p, x.got, g.got, b.got, y.got, mean.got, rstd.got)
 				s.ref.LayerNorm(p, x.ref, g.ref, b.ref, y.ref, mean.ref, rstd.ref)
-				what := fmt.Sprintf("%v %+v", dt, p)
+				what := fmt.Sprintf("%v→%v %+v", dt, dts.y, p)
 				s.check("layer norm y "+what, y, TolAccumulate)
 				s.check("layer norm mean "+what, mean, TolAccumulate)
 				s.check("layer norm rstd "+what, rstd, TolAccumulate)
-				dy := s.randIn(dt, p.Rows*p.Cols)
+				dy := s.randIn(dts.y, p.Rows*p.Cols)
 				dx, dg, db := s.out(dt, p.Rows*p.Cols), s.out(kernels.F32, p.Cols), s.out(kernels.F32, p.Cols)
 				s.got.LayerNormBackward(p, x.got, g.got, mean.got, rstd.got, dy.got, dx.got, dg.got, db.got)
 				s.ref.LayerNormBackward(p, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, dx.ref, dg.ref, db.ref)

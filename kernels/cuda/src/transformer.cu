@@ -83,8 +83,10 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 
 #define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers, 32 values a lane at most
 
-template <typename T>
-__device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, T* y,
+// y may be of a narrower type O than x (an F32 x normalised for a product
+// that reads F16 or BF16): one rounding of the F32 result, as a cast of it.
+template <typename T, typename O>
+__device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
                               float* mean, float* rstd) {
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     if (cols <= LN_REG_COLS) { // the row in registers: read once
@@ -141,10 +143,10 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // layernorm_grads sums over the warps in order. Rows of up to
 // LN_REG_COLS columns keep a warp's sums in registers (a lane's columns
 // lane, lane+32, ...) and write them once; longer rows add into partial
-// row by row.
-template <typename T>
+// row by row. dy is of the forward's output type O.
+template <typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                                  const T* dy, T* dx, float* partial) {
+                                  const O* dy, T* dx, float* partial) {
     const int PER = LN_REG_COLS / 32;
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
@@ -153,7 +155,7 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
     for (int k = 0; k < PER; k++) pg[k] = pb[k] = 0.f;
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
-        const T* gr = dy + (i64)r * cols;
+        const O* gr = dy + (i64)r * cols;
         float m = mean[r], is = rstd[r];
         float sg = 0.f, sgx = 0.f;
 #pragma unroll
@@ -184,9 +186,9 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
     }
 }
 
-template <typename T>
+template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                              const T* dy, T* dx, float* partial) {
+                              const O* dy, T* dx, float* partial) {
     if (cols <= LN_REG_COLS) {
         layernorm_bwd_reg(rows, cols, x, g, mean, rstd, dy, dx, partial);
         return;
@@ -198,7 +200,7 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
     for (int j = lane; j < cols; j += 32) pg[j] = pb[j] = 0.f;
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
-        const T* gr = dy + (i64)r * cols;
+        const O* gr = dy + (i64)r * cols;
         float m = mean[r], is = rstd[r];
         float sg = 0.f, sgx = 0.f;
         for (int j = lane; j < cols; j += 32) {
@@ -550,6 +552,15 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     extern "C" __global__ void layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
                                                  float* partial) {                                              \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial);                                           \
+    }                                                                                                           \
+    extern "C" __global__ void layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
+                                                       const float* b, float eps, T* y, float* mean, float* rstd) { \
+        layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
+    }                                                                                                           \
+    extern "C" __global__ void layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
+                                                       const float* mean, const float* rstd, const T* dy,       \
+                                                       float* dx, float* partial) {                             \
         layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial);                                           \
     }                                                                                                           \
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
