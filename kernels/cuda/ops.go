@@ -552,8 +552,16 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l 
 			}
 		}
 		tl.count = int32(hi - lo)
-		launch(tl, dims{min(b.blocks(most, blockSize), 64), uint32(hi - lo), blockSize})
+		launch(tl, b.multiDims(most, hi-lo))
 	}
+}
+
+// multiDims is a multi-tensor launch's grid for tensors of up to most
+// elements: a row of blocks per tensor, as many as fill the device for
+// the largest (a token embedding holds a third of GPT-2's parameters);
+// the blocks past a smaller tensor's end return at once.
+func (b *Backend) multiDims(most int64, tensors int) dims {
+	return dims{min(b.blocks(most, blockSize), uint32(4*b.sms)), uint32(tensors), blockSize}
 }
 
 // CopyMany copies each src[i] into dst[i], one launch per 32 tensors (a

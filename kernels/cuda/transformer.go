@@ -600,7 +600,7 @@ func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm
 	for lo := 0; lo < len(grads); lo += mtMax {
 		hi := min(lo+mtMax, len(grads))
 		l, most := listOf(grads[lo:hi])
-		kScaleMulti.launch(b, 0, dims{min(b.blocks(most, blockSize), 64), uint32(hi - lo), blockSize}, scaleMultiArgs{l, coef})
+		kScaleMulti.launch(b, 0, b.multiDims(most, hi-lo), scaleMultiArgs{l, coef})
 	}
 }
 

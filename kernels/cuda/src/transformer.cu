@@ -81,44 +81,85 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 
 // ---- layer norm: a warp per row ----
 
-#define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers, 32 values a lane at most
+#define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers: 32 values a lane at most
+
+// ldv and stv move VEC (1 or 4) consecutive elements, as ld/st or ld4/st4.
+template <int VEC, typename T> __device__ __forceinline__ void ldv(const T* p, i64 i, float* v) {
+    if (VEC == 4)
+        ld4(p, i, v);
+    else
+        v[0] = ld(p, i);
+}
+template <int VEC, typename T> __device__ __forceinline__ void stv(T* p, i64 i, const float* v) {
+    if (VEC == 4)
+        st4(p, i, v);
+    else
+        st(p, i, v[0]);
+}
+
+// The row in registers, read once: lane l holds the columns VEC·(l + 32k)
+// .. +VEC−1. VEC = 4 moves 16 bytes of F32 a load where the rows allow
+// (the caller checks); VEC = 1 adds in the same order as the longer rows'
+// loop.
+template <int VEC, typename T, typename O>
+__device__ void layernorm_fwd_reg(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
+                                  float* mean, float* rstd) {
+    const int PER = LN_REG_COLS / (32 * VEC);
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const T* xr = x + (i64)r * cols;
+        float v[PER][VEC], s = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int j = VEC * (lane + 32 * k);
+            if (j < cols) {
+                ldv<VEC>(xr, j, v[k]);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) s += v[k][e];
+            }
+        }
+        float m = warp_sum(s) / cols, q = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; k++)
+            if (VEC * (lane + 32 * k) < cols)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    float d = v[k][e] - m;
+                    q += d * d;
+                }
+        float is = rsqrtf(warp_sum(q) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int j = VEC * (lane + 32 * k);
+            if (j < cols) {
+                float gg[VEC], bb[VEC], o[VEC];
+                ldv<VEC>(g, j, gg);
+                ldv<VEC>(b, j, bb);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) o[e] = (v[k][e] - m) * is * gg[e] + bb[e];
+                stv<VEC>(y, (i64)r * cols + j, o);
+            }
+        }
+        if (lane == 0) {
+            mean[r] = m;
+            rstd[r] = is;
+        }
+    }
+}
 
 // y may be of a narrower type O than x (an F32 x normalised for a product
 // that reads F16 or BF16): one rounding of the F32 result, as a cast of it.
 template <typename T, typename O>
 __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
                               float* mean, float* rstd) {
-    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    if (cols <= LN_REG_COLS) { // the row in registers: read once
-        const int PER = LN_REG_COLS / 32;
-        for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
-            const T* xr = x + (i64)r * cols;
-            float v[PER], s = 0.f;
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                int j = lane + 32 * k;
-                v[k] = j < cols ? ld(xr, j) : 0.f;
-                s += v[k];
-            }
-            float m = warp_sum(s) / cols, q = 0.f;
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                float d = lane + 32 * k < cols ? v[k] - m : 0.f;
-                q += d * d;
-            }
-            float is = rsqrtf(warp_sum(q) / cols + eps);
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                int j = lane + 32 * k;
-                if (j < cols) st(y, (i64)r * cols + j, (v[k] - m) * is * g[j] + b[j]);
-            }
-            if (lane == 0) {
-                mean[r] = m;
-                rstd[r] = is;
-            }
-        }
+    if (cols <= LN_REG_COLS) {
+        if (cols % 4 == 0 && vec4(x) && vec4(y) && vec4(g) && vec4(b))
+            layernorm_fwd_reg<4>(rows, cols, x, g, b, eps, y, mean, rstd);
+        else
+            layernorm_fwd_reg<1>(rows, cols, x, g, b, eps, y, mean, rstd);
         return;
     }
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         float s = 0.f;
@@ -141,18 +182,20 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
 // dy·x̂ and dy into its own row of partial (2·cols floats), which
 // layernorm_grads sums over the warps in order. Rows of up to
-// LN_REG_COLS columns keep a warp's sums in registers (a lane's columns
-// lane, lane+32, ...) and write them once; longer rows add into partial
+// LN_REG_COLS columns keep a warp's sums in registers (the columns as
+// layernorm_fwd_reg's) and write them once; longer rows add into partial
 // row by row. dy is of the forward's output type O.
-template <typename T, typename O>
+template <int VEC, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const O* dy, T* dx, float* partial) {
-    const int PER = LN_REG_COLS / 32;
+    const int PER = LN_REG_COLS / (32 * VEC);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
-    float pg[PER], pb[PER];
+    float pg[PER][VEC], pb[PER][VEC];
 #pragma unroll
-    for (int k = 0; k < PER; k++) pg[k] = pb[k] = 0.f;
+    for (int k = 0; k < PER; k++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) pg[k][e] = pb[k][e] = 0.f;
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         const O* gr = dy + (i64)r * cols;
@@ -160,29 +203,49 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
         float sg = 0.f, sgx = 0.f;
 #pragma unroll
         for (int k = 0; k < PER; k++) {
-            int j = lane + 32 * k;
+            int j = VEC * (lane + 32 * k);
             if (j < cols) {
-                float xh = (ld(xr, j) - m) * is, d = ld(gr, j), gh = d * g[j];
-                sg += gh;
-                sgx += gh * xh;
-                pg[k] += d * xh;
-                pb[k] += d;
+                float xv[VEC], d[VEC], gg[VEC];
+                ldv<VEC>(xr, j, xv);
+                ldv<VEC>(gr, j, d);
+                ldv<VEC>(g, j, gg);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    float xh = (xv[e] - m) * is, gh = d[e] * gg[e];
+                    sg += gh;
+                    sgx += gh * xh;
+                    pg[k][e] += d[e] * xh;
+                    pb[k][e] += d[e];
+                }
             }
         }
         float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
-        for (int j = lane; j < cols; j += 32) {
-            float xh = (ld(xr, j) - m) * is;
-            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+        // The row again (from the cache): keeping it would cost the
+        // registers that let two blocks share a multiprocessor.
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int j = VEC * (lane + 32 * k);
+            if (j < cols) {
+                float xv[VEC], d[VEC], gg[VEC], o[VEC];
+                ldv<VEC>(xr, j, xv);
+                ldv<VEC>(gr, j, d);
+                ldv<VEC>(g, j, gg);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) o[e] = is * (d[e] * gg[e] - mg - (xv[e] - m) * is * mgx);
+                stv<VEC>(dx, (i64)r * cols + j, o);
+            }
         }
     }
     float* pw = partial + (i64)w * 2 * cols;
 #pragma unroll
     for (int k = 0; k < PER; k++) {
-        int j = lane + 32 * k;
-        if (j < cols) {
-            pw[j] = pg[k];
-            pw[cols + j] = pb[k];
-        }
+        int j = VEC * (lane + 32 * k);
+        if (j < cols)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                pw[j + e] = pg[k][e];
+                pw[cols + j + e] = pb[k][e];
+            }
     }
 }
 
@@ -190,7 +253,10 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial) {
     if (cols <= LN_REG_COLS) {
-        layernorm_bwd_reg(rows, cols, x, g, mean, rstd, dy, dx, partial);
+        if (cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g))
+            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial);
+        else
+            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial);
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
