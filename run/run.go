@@ -276,12 +276,16 @@ func (r *runner) examples() int {
 	return 0
 }
 
-// build makes a fresh model of the run, from its seed.
+// build makes a fresh model of the run, from its seed; the device's
+// generator, the run's random stream (dropout), goes on from where the
+// initialisation left off.
 func (r *runner) build() nn.Model {
-	m, err := r.arch.Build(r.dev, r.input, r.classes, r.cfg.Seed)
+	gen := tensor.NewGenerator(r.cfg.Seed)
+	m, err := r.arch.BuildWith(r.dev, r.input, r.classes, gen)
 	if err != nil {
 		panic(err) // loaders checked the shapes
 	}
+	r.dev.Generator().SetState(gen.State())
 	return m
 }
 

@@ -148,6 +148,17 @@ func (d *Device) mustExchange(what string) {
 // Generator is the device's default random generator.
 func (d *Device) Generator() *Generator { return d.gen }
 
+// WithGenerator runs f with g as this handle's random generator: the random
+// tensors f makes on d draw from g, and the generator d shares with its
+// other handles is neither reseeded nor advanced. Like the rest of a
+// handle's state, it belongs to the handle's goroutine while f runs.
+func (d *Device) WithGenerator(g *Generator, f func()) {
+	old := d.gen
+	d.gen = g
+	defer func() { d.gen = old }()
+	f()
+}
+
 // Generator hands out Philox states: every random operation takes the
 // current state and advances it past the numbers it uses, so that saving
 // State before an operation and restoring it replays the operation exactly.

@@ -138,9 +138,17 @@ func model[M nn.Model](m M, err error) (nn.Model, error) {
 
 // Build makes the model on dev for examples of the input shape (C×H×W
 // images, or [T] token windows for a language model) and classes classes
-// (a language model's vocabulary), its parameters drawn from the device's
-// generator seeded with seed.
+// (a language model's vocabulary), its parameters drawn from a generator of
+// their own seeded with seed: the generator dev shares with its sessions is
+// neither reseeded nor advanced, so a model built beside a training run (a
+// server's) leaves the run's random stream alone.
 func (a Arch) Build(dev *tensor.Device, input []int, classes int, seed uint64) (nn.Model, error) {
+	return a.BuildWith(dev, input, classes, tensor.NewGenerator(seed))
+}
+
+// BuildWith is Build with the parameters drawn from gen, which is left
+// where the initialisation ends.
+func (a Arch) BuildWith(dev *tensor.Device, input []int, classes int, gen *tensor.Generator) (m nn.Model, err error) {
 	want := "C×H×W images"
 	if a.Text {
 		want = "windows of T tokens"
@@ -148,8 +156,8 @@ func (a Arch) Build(dev *tensor.Device, input []int, classes int, seed uint64) (
 	if len(input) != len(a.Input) || slices.ContainsFunc(input, func(n int) bool { return n < 1 }) || classes < 2 {
 		return nil, fmt.Errorf("model %s for inputs of %v and %d classes: want %s and at least 2 classes", a.Name, input, classes, want)
 	}
-	dev.Generator().Seed(seed)
-	return a.build(dev, input, classes)
+	dev.WithGenerator(gen, func() { m, err = a.build(dev, input, classes) })
+	return m, err
 }
 
 // BuildModel is LookupArch(name) and its Build.

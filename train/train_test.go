@@ -318,10 +318,16 @@ func testBuildModel(t *testing.T, dev *tensor.Device) {
 		{"resnet21", img, 10, 0}, {"vgg", img, 10, 0}, {"resnetx", img, 10, 0},
 		{"gpt-mini", img, 1000, 0}, {"resnet8", []int{32}, 10, 0}, {"mlp", img, 1, 0},
 	} {
+		shared := dev.Generator().State()
 		m, err := BuildModel(dev, tc.name, tc.input, tc.classes, 1)
 		if (err == nil) != (tc.params > 0) {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
+		}
+		// A model built beside a training run (a server's) leaves the
+		// generator every handle shares alone.
+		if got := dev.Generator().State(); got != shared {
+			t.Errorf("%s: building moved the shared generator from %+v to %+v", tc.name, shared, got)
 		}
 		if err != nil {
 			continue
