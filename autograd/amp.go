@@ -15,7 +15,8 @@ import (
 // casts, so gradients reach the F32 master weights), with F32
 // accumulation; CrossEntropy and the reductions (Sum, Mean, SumAll,
 // MeanAll) run in F32. Batch norm and layer norm compute in F32 and keep
-// their input's dtype. Tensors saved for the backward of a dt operation are
+// their input's dtype (LayerNormTo writes a product's 16-bit input
+// instead). Tensors saved for the backward of a dt operation are
 // saved in dt: that is where the memory goes down. F16 needs a GradScaler
 // (its small gradients flush to zero); BF16 has F32's exponent range and
 // trains without one.

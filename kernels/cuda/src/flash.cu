@@ -60,9 +60,10 @@ template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) 
 #endif
 }
 
-// ex2 is 2^x with subnormal results flushed to zero: the one MUFU.EX2 that
-// exp2f's subnormal handling would wrap in three more instructions.
-// Probabilities under 2^-126 add nothing to the rows' sums or products.
+// ex2 is 2^x with subnormal results flushed to zero: the MUFU.EX2 alone,
+// without the instructions exp2f wraps around it for subnormal results.
+// A probability under 2^-126 changes no row's sum (which is at least 1)
+// and next to nothing of its products.
 __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
