@@ -342,8 +342,10 @@ var cases = []testCase{
 			for _, r := range []kernels.Reduction{
 				{Outer: 1, Len: 1, Inner: 1}, {Outer: 7, Len: 1000, Inner: 1}, {Outer: 1, Len: 100000, Inner: 1},
 				{Outer: 3, Len: 33, Inner: 17}, {Outer: 1, Len: 256, Inner: 10}, {Outer: 64, Len: 49, Inner: 1},
-				// few outputs over a long axis (a bias's gradient): split into stretches on CUDA
-				{Outer: 1, Len: 5000, Inner: 40}, {Outer: 2, Len: 3001, Inner: 70},
+				// few outputs over a long axis (a bias's gradient): split into stretches on CUDA,
+				// four columns a lane where Inner is a multiple of 4
+				{Outer: 1, Len: 5000, Inner: 40}, {Outer: 2, Len: 3001, Inner: 70}, {Outer: 2, Len: 2000, Inner: 132},
+				{Outer: 1, Len: 4096, Inner: 768},
 			} {
 				x := s.randIn(dt, r.Outer*r.Len*r.Inner)
 				for _, op := range []kernels.ReduceOp{kernels.Sum, kernels.Mean, kernels.Max} {

@@ -35,31 +35,45 @@ __device__ void reduce_cols(int op, int outer, int len, int inner, const T* x, T
 }
 
 // Columns split along the axis, for few outputs over a long axis (a bias's
-// gradient: 768 sums of 16384 rows): a block of 256 threads takes 32
-// consecutive outputs of one outer index (blockIdx.y) over one of `splits`
-// stretches of the axis (blockIdx.x: tile + tiles·stretch), its eight warps
-// striding the stretch, and writes the stretch's partial result to
-// part[split][outer][inner] (F32); reduce_cols_finish combines the
-// stretches in order, so the sum is the same every run.
-template <typename T>
+// gradient: 768 sums of 16384 rows): a block of 256 threads takes 32·VEC
+// consecutive outputs of one outer index (blockIdx.y), each lane VEC of
+// them (VEC = 4 moves 8 or 16 bytes a load; the caller checks that inner
+// and x allow it), over one of `splits` stretches of the axis (blockIdx.x:
+// tile + tiles·stretch), its eight warps striding the stretch, and writes
+// the stretch's partial result to part[split][outer][inner] (F32);
+// reduce_cols_finish combines the stretches in order, so the sum is the
+// same every run.
+template <int VEC, typename T>
 __device__ void reduce_cols_part(int op, int outer, int len, int inner, int splits, const T* x, float* part) {
-    __shared__ float acc[8][33];
-    int tiles = (inner + 31) / 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    int col = blockIdx.x % tiles * 32 + tx, o = blockIdx.y, s = blockIdx.x / tiles;
+    __shared__ float acc[8][32 * VEC + 1];
+    int tiles = (inner + 32 * VEC - 1) / (32 * VEC), tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    int col = blockIdx.x % tiles * 32 * VEC + VEC * tx, o = blockIdx.y, s = blockIdx.x / tiles;
     int stretch = (len + splits - 1) / splits, j0 = s * stretch, j1 = min(len, j0 + stretch);
-    float a = op == R_MAX ? -INFINITY : 0.f;
+    float a[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? -INFINITY : 0.f;
     if (col < inner) {
         const T* p = x + (i64)o * len * inner + col;
+#pragma unroll 4
         for (int j = j0 + ty; j < j1; j += 8) {
-            float v = ld(p, (i64)j * inner);
-            a = op == R_MAX ? fmaxf(a, v) : a + v;
+            float v[VEC];
+            if (VEC == 4)
+                ld4(p, (i64)j * inner, v);
+            else
+                v[0] = ld(p, (i64)j * inner);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? fmaxf(a[e], v[e]) : a[e] + v[e];
         }
     }
-    acc[ty][tx] = a;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
     __syncthreads();
     if (ty == 0 && col < inner) {
-        for (int r = 1; r < 8; r++) a = op == R_MAX ? fmaxf(a, acc[r][tx]) : a + acc[r][tx];
-        part[((i64)s * outer + o) * inner + col] = a;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            for (int r = 1; r < 8; r++) a[e] = op == R_MAX ? fmaxf(a[e], acc[r][VEC * tx + e]) : a[e] + acc[r][VEC * tx + e];
+            part[((i64)s * outer + o) * inner + col + e] = a[e];
+        }
     }
 }
 
@@ -108,7 +122,11 @@ __device__ void argmax(int outer, int len, int inner, const T* x, int* y) {
     }                                                                                                       \
     extern "C" __global__ void reduce_cols_part_##S(int op, int outer, int len, int inner, int splits, const T* x,  \
                                                     float* part) {                                          \
-        reduce_cols_part(op, outer, len, inner, splits, x, part);                                           \
+        reduce_cols_part<1>(op, outer, len, inner, splits, x, part);                                        \
+    }                                                                                                       \
+    extern "C" __global__ void reduce_cols_part4_##S(int op, int outer, int len, int inner, int splits,       \
+                                                     const T* x, float* part) {                             \
+        reduce_cols_part<4>(op, outer, len, inner, splits, x, part);                                        \
     }                                                                                                       \
     extern "C" __global__ void reduce_cols_finish_##S(int op, int outer, int len, int inner, int splits,      \
                                                       const float* part, T* y) {                            \
