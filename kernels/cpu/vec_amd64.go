@@ -144,14 +144,30 @@ func ptr(x []float32) *float32 {
 	return unsafe.SliceData(x)
 }
 
-// sgdMomentumVec updates the leading parameters with SGD's momentum rule
-// past the first step (see sgdUpdate), returning how many.
+// sgdMomentumVec updates the parameters with SGD's momentum rule past the
+// first step (see sgdUpdate), returning how many: all of them with
+// AVX-512, the last len(p) mod 16 through the same instructions on copies.
+// Its multiply-adds round once where Go's loop rounds twice, so a
+// parameter's update must not depend on where a stretch ends (a sharded
+// optimizer's stretches end elsewhere than the whole parameter).
 func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int {
+	if !hasAVX512 {
+		return 0
+	}
 	n := vecLen(len(p))
 	if n > 0 {
 		sgdMomentum16(ptr(p), ptr(g[:n]), ptr(buf[:n]), n, lr, hp.WeightDecay, hp.Momentum, 1-hp.Dampening, hp.Nesterov)
 	}
-	return n
+	if t := len(p) - n; t > 0 {
+		var tp, tg, tb [16]float32
+		copy(tp[:], p[n:])
+		copy(tg[:], g[n:len(p)])
+		copy(tb[:], buf[n:len(p)])
+		sgdMomentum16(&tp[0], &tg[0], &tb[0], 16, lr, hp.WeightDecay, hp.Momentum, 1-hp.Dampening, hp.Nesterov)
+		copy(p[n:], tp[:t])
+		copy(buf[n:len(p)], tb[:t])
+	}
+	return len(p)
 }
 
 // reluGradVec writes the leading values of ReLU's gradient (dy where y > 0),
