@@ -14,6 +14,9 @@ func TestCUDAResNet20StepMemory(t *testing.T) { testResNet20StepMemory(t, testde
 func TestCUDALayerNormToIsACastOfLayerNorm(t *testing.T) {
 	testLayerNormToIsACastOfLayerNorm(t, testdev.CUDA(t))
 }
+func TestCUDALayerNormFoldsTheResidualGradient(t *testing.T) {
+	testLayerNormFoldsTheResidualGradient(t, testdev.CUDA(t))
+}
 func TestCUDABackwardFreesGraph(t *testing.T) {
 	dev := testdev.CUDA(t)
 	testBackwardFreesGraphAndRefusesSecondPass(t, dev)

@@ -21,6 +21,7 @@ package autograd
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -74,6 +75,7 @@ type node struct {
 	inputs   []edge
 	saved    []*T
 	backward func(g *T) []*T // one gradient per input; nil where none is needed
+	fold     *folder         // or nil: the backward that adds input 0's gradient to one already gathered
 	refs     atomic.Int32    // output handles, downstream edges, and a running Backward (atomic: a leaked handle may drop its reference on another goroutine)
 	done     bool            // backward ran and freed what it saved
 }
@@ -101,6 +103,38 @@ func (n *node) releaseSaved() {
 	}
 	n.saved = nil
 	n.backward = nil
+	n.fold = nil
+}
+
+// folder is a backward that adds input 0's gradient into acc, the gradient
+// the pass has already gathered for that input (pending for the node that
+// made it, or the leaf's Grad), and returns the other inputs' (nil at 0):
+// a residual stream's two gradients summed by the norm's backward as it
+// writes its own, with no tensor and no addition of their own. The pass
+// folds when acc has the input's shape and dtype (and, pending, is the
+// pass's alone); otherwise it calls the node's backward, and adds as usual.
+type folder struct {
+	shape    []int
+	dtype    tensor.DType
+	backward func(g, acc *T) []*T
+}
+
+// gathered is the gradient the pass already holds for input e that f can
+// fold into, or nil.
+func (f *folder) gathered(e edge, pending map[*node]*T) *T {
+	var acc *T
+	switch {
+	case e.node != nil:
+		if acc = pending[e.node]; acc != nil && !acc.Exclusive() {
+			return nil
+		}
+	case e.leaf != nil && !e.leaf.Released():
+		acc = e.leaf.Grad() // accumulate adds into it in place too
+	}
+	if acc == nil || acc.DType() != f.dtype || !slices.Equal(acc.Shape(), f.shape) {
+		return nil
+	}
+	return acc
 }
 
 func (n *node) free() {
@@ -184,6 +218,14 @@ func (r *recorder) finish(out *T, backward func(g *T) []*T) {
 	r.n.backward = backward
 	r.n.refs.Add(1)
 	out.SetGradNode(r.n)
+}
+
+// finishFolding is finish with a backward that can fold input 0's gradient
+// (x, as the forward saw it) into one already gathered (folder); without
+// one it runs with acc nil and returns input 0's gradient as any backward.
+func (r *recorder) finishFolding(out, x *T, backward func(g, acc *T) []*T) {
+	r.n.fold = &folder{shape: x.Shape(), dtype: x.DType(), backward: backward}
+	r.finish(out, func(g *T) []*T { return backward(g, nil) })
 }
 
 // Option modifies Backward.
@@ -305,7 +347,11 @@ func Backward(root *T, opts ...Option) {
 				panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
 			}
 			inFlight = g
-			loose = n.backward(g)
+			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
+				loose = n.fold.backward(g, acc)
+			} else {
+				loose = n.backward(g)
+			}
 			inFlight = nil
 			g.Release()
 			for j, e := range n.inputs {
@@ -352,6 +398,17 @@ func Backward(root *T, opts ...Option) {
 		}
 		n.Release()
 	}
+}
+
+// folding is on but in tests that compare a graph with and without it.
+var folding = true
+
+// foldTarget is the gradient n's backward may fold input 0's into, or nil.
+func (n *node) foldTarget(pending map[*node]*T) *T {
+	if !folding || n.fold == nil || len(n.inputs) == 0 {
+		return nil
+	}
+	return n.fold.gathered(n.inputs[0], pending)
 }
 
 // leafEdges counts the edges from the nodes of order into each leaf, for

@@ -645,3 +645,69 @@ func testLayerNormToIsACastOfLayerNorm(t *testing.T, dev *tensor.Device) {
 		})
 	}
 }
+
+// TestLayerNormFoldsTheResidualGradient: a residual stream x feeds a layer
+// norm and the residual add after it; the norm's backward adds its
+// gradient of x into the add's, already gathered (for a leaf, its Grad; for
+// an operation's output, the pass's pending gradient), instead of
+// returning one to be added. The gradients are bit for bit the unfolded
+// graph's, and the backward allocates one tensor of x fewer.
+func TestLayerNormFoldsTheResidualGradient(t *testing.T) {
+	testLayerNormFoldsTheResidualGradient(t, tensor.CPU())
+}
+
+func testLayerNormFoldsTheResidualGradient(t *testing.T, dev *tensor.Device) {
+	const rows, cols = 2 * 37, 96
+	for _, c := range []struct {
+		name string
+		dt   tensor.DType // the norm's output
+		leaf bool         // x is a leaf, or a scaled leaf
+	}{{"f32 leaf", tensor.F32, true}, {"f32 node", tensor.F32, false}, {"bf16 leaf", tensor.BF16, true}, {"bf16 node", tensor.BF16, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			type result struct {
+				dx, dg, db []float32
+				allocated  int64 // bytes the backward allocated
+			}
+			run := func(fold bool) result {
+				defer ag.SetFolding(fold)()
+				dev.Generator().Seed(9)
+				x0 := tensor.Randn(dev, tensor.F32, 1, 2, 2, 37, cols).SetRequiresGrad(true).Keep()
+				g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, cols).SetRequiresGrad(true).Keep()
+				b := tensor.Randn(dev, tensor.F32, 0, 1, cols).SetRequiresGrad(true).Keep()
+				s := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 2, 37, cols).Keep()
+				w := tensor.Randn(dev, tensor.F32, 0, 1, 2, 37, cols).Keep()
+				defer releaseAll(x0, g, b, s, w)
+				var r result
+				dev.WithScope(func() {
+					x := x0
+					if !c.leaf {
+						x = ag.Mul(x0, s)
+					}
+					// The residual add after the norm and a branch (an F32
+					// branch's gradient shares the add's storage until the
+					// branch's backward has read it).
+					y := ag.Mul(ag.LayerNormTo(x, g, b, 1e-5, c.dt), s)
+					loss := ag.SumAll(ag.Mul(ag.Add(x, y), w))
+					before := dev.Allocator().Stats().Allocated[memory.All].Allocated
+					ag.Backward(loss)
+					r.allocated = dev.Allocator().Stats().Allocated[memory.All].Allocated - before
+				})
+				r.dx, r.dg, r.db = x0.Grad().Float32s(), g.Grad().Float32s(), b.Grad().Float32s()
+				return r
+			}
+			got, want := run(true), run(false)
+			for _, v := range []struct {
+				name      string
+				got, want []float32
+			}{{"dx", got.dx, want.dx}, {"dgamma", got.dg, want.dg}, {"dbeta", got.db, want.db}} {
+				if !slices.Equal(v.got, v.want) {
+					t.Errorf("%s differs from the unfolded graph's", v.name)
+				}
+			}
+			if saved := want.allocated - got.allocated; saved != memory.RoundSize(rows*cols*4) {
+				t.Errorf("the backward allocated %d bytes folding, %d not: want one f32 %d×%d fewer (%d)",
+					got.allocated, want.allocated, rows, cols, memory.RoundSize(rows*cols*4))
+			}
+		})
+	}
+}

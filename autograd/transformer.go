@@ -81,14 +81,27 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xSaved, gSaved := rec.save(x), rec.save(gamma)
 	rec.keep(mean)
 	rec.keep(rstd)
-	rec.finish(y, func(g *T) []*T {
-		dx := emptyLike(xSaved)
+	backward := func(g, acc *T) []*T {
 		dg, db := tensor.Empty(g.Device(), tensor.F32, cols), tensor.Empty(g.Device(), tensor.F32, cols)
 		gc := asDType(g.Device(), g, dt)
 		defer gc.Release()
-		be.LayerNormBackward(p, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
+		pb, dx := p, acc
+		if acc == nil {
+			dx = emptyLike(xSaved)
+		} else {
+			pb.Accumulate = true
+		}
+		be.LayerNormBackward(pb, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
+		if acc != nil {
+			dx = nil // added to acc
+		}
 		return []*T{dx, dg, db}
-	})
+	}
+	if x.DType() == tensor.F32 { // a residual stream: its other gradient is summed in the backward's pass
+		rec.finishFolding(y, x, backward)
+	} else {
+		rec.finish(y, func(g *T) []*T { return backward(g, nil) })
+	}
 	return y
 }
 

@@ -25,7 +25,9 @@ type TransformerOps interface {
 	LayerNorm(p LayerNormParams, x, gamma, beta, y, mean, rstd Buf)
 	// LayerNormBackward computes dx (x's dtype) and writes dgamma and dbeta
 	// (F32 of Cols, summed over the rows in a fixed order) from dy (the
-	// forward's y's dtype) and what the forward saved.
+	// forward's y's dtype) and what the forward saved. With p.Accumulate,
+	// dx (F32) holds a gradient and x's is added to it: prev + dx, as a
+	// separate F32 addition would round it, in one pass.
 	LayerNormBackward(p LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta Buf)
 
 	// Attention computes causal scaled dot-product attention, softmax(q·kᵀ
@@ -58,10 +60,13 @@ type TransformerOps interface {
 }
 
 // LayerNormParams describes layer normalisation of a Rows×Cols array over
-// its rows.
+// its rows. Accumulate (backward, F32 x only) adds dx to what dx holds
+// instead of overwriting it: a residual stream's two gradients summed by
+// the norm's backward, without a pass of their own.
 type LayerNormParams struct {
 	Rows, Cols int
 	Eps        float32
+	Accumulate bool
 }
 
 // AttentionParams describes causal attention of B batches of Tq queries
@@ -121,6 +126,9 @@ func CheckLayerNorm(op string, p LayerNormParams, x, gamma, mean, rstd Buf, rows
 	}
 	if p.Rows <= 0 || p.Cols <= 0 || !(p.Eps > 0) {
 		panic(fmt.Sprintf("kernels: %s: invalid parameters %+v", op, p))
+	}
+	if p.Accumulate && x.DType != F32 {
+		panic(fmt.Sprintf("kernels: %s accumulating into a %v gradient: want f32", op, x.DType))
 	}
 	CheckLen(op+" input", p.Rows*p.Cols, append([]Buf{x}, rows...)...)
 	CheckLen(op+" gain", p.Cols, gamma)

@@ -100,8 +100,8 @@ func (c *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 	})
 }
 
-// LayerNormBackward: dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)) with ĝ = dy·γ,
-// per row; dγ = Σ dy·x̂ and dβ = Σ dy over the rows, in blocks of rowBlock
+// LayerNormBackward: dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)) with ĝ = dy·γ
+// (added to dx's values with p.Accumulate), per row; dγ = Σ dy·x̂ and dβ = Σ dy over the rows, in blocks of rowBlock
 // rows added in order.
 func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
@@ -135,7 +135,11 @@ func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 				ds := dxv.target(r*p.Cols, p.Cols, db)
 				for j, v := range xs {
 					xh := (v - m) * is
-					ds[j] = is * (gs[j]*g[j] - mg - xh*mgx)
+					d := is * (gs[j]*g[j] - mg - xh*mgx)
+					if p.Accumulate { // F32 (CheckLayerNorm): ds is dx itself
+						d = ds[j] + float32(d) // the conversion rounds d first: no fused multiply-add
+					}
+					ds[j] = d
 				}
 				dxv.commit(r*p.Cols, ds)
 			}

@@ -127,6 +127,18 @@ func TestLayerNorm(t *testing.T) {
 		check(t, "layer norm dx", dx, numGrad(x, obj), 1e-4)
 		check(t, "layer norm dgamma", dg, numGrad(g, obj), 1e-4)
 		check(t, "layer norm dbeta", db, numGrad(b, obj), 1e-4)
+
+		// Accumulating: the gradient added to what dx held.
+		prev := randVals(rng, rows*cols)
+		want := numGrad(x, obj)
+		for i := range want {
+			want[i] += prev[i]
+		}
+		acc := bufOf(t, prev)
+		pa := p
+		pa.Accumulate = true
+		be.LayerNormBackward(pa, bufOf(t, x), bufOf(t, g), mean, rstd, bufOf(t, dy), acc, dg, db)
+		check(t, "layer norm accumulated dx", acc, want, 1e-4)
 	}
 }
 

@@ -51,6 +51,7 @@ type (
 	layerNormBwdArgs struct {
 		Rows, Cols                   int32
 		X, G, Mean, R, Dy, Dx, Parts uintptr
+		Acc                          int32
 	}
 	layerNormGradsArgs struct {
 		Warps, Cols   int32
@@ -295,7 +296,7 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)
 	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
-		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr()})
+		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate)})
 	// The warps' sums in two rounds: stretches of warps side by side, then
 	// the stretches in order.
 	parts, splits := ws.Addr(), warps

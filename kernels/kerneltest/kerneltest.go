@@ -895,6 +895,14 @@ var cases = []testCase{
 				s.check("layer norm dx "+what, dx, TolAccumulate)
 				s.check("layer norm dgamma "+what, dg, TolAccumulate)
 				s.check("layer norm dbeta "+what, db, TolAccumulate)
+				if dt == kernels.F32 { // added to a gradient dx already holds
+					pa := p
+					pa.Accumulate = true
+					acc := s.randIn(kernels.F32, p.Rows*p.Cols)
+					s.got.LayerNormBackward(pa, x.got, g.got, mean.got, rstd.got, dy.got, acc.got, dg.got, db.got)
+					s.ref.LayerNormBackward(pa, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, acc.ref, dg.ref, db.ref)
+					s.check("layer norm accumulated dx "+what, acc, TolAccumulate)
+				}
 			}
 		}
 	}},

@@ -184,10 +184,13 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // layernorm_grads sums over the warps in order. Rows of up to
 // LN_REG_COLS columns keep a warp's sums in registers (the columns as
 // layernorm_fwd_reg's) and write them once; longer rows add into partial
-// row by row. dy is of the forward's output type O.
+// row by row. dy is of the forward's output type O. With acc (an F32 dx,
+// kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
+// rounded as that separate addition would be (__fadd_rn: no multiply-add
+// contracted into it).
 template <int VEC, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                                  const O* dy, T* dx, float* partial) {
+                                  const O* dy, T* dx, float* partial, int acc) {
     const int PER = LN_REG_COLS / (32 * VEC);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
@@ -232,6 +235,12 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 ldv<VEC>(g, j, gg);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) o[e] = is * (d[e] * gg[e] - mg - (xv[e] - m) * is * mgx);
+                if (acc) {
+                    float prev[VEC];
+                    ldv<VEC>(dx, (i64)r * cols + j, prev);
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(prev[e], o[e]);
+                }
                 stv<VEC>(dx, (i64)r * cols + j, o);
             }
         }
@@ -251,12 +260,12 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
 
 template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                              const O* dy, T* dx, float* partial) {
+                              const O* dy, T* dx, float* partial, int acc) {
     if (cols <= LN_REG_COLS) {
         if (cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g))
-            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial);
+            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);
         else
-            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial);
+            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -278,8 +287,9 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
         }
         float mg = warp_sum(sg) / cols, mgx = warp_sum(sgx) / cols;
         for (int j = lane; j < cols; j += 32) {
-            float xh = (ld(xr, j) - m) * is;
-            st(dx, (i64)r * cols + j, is * (ld(gr, j) * g[j] - mg - xh * mgx));
+            float xh = (ld(xr, j) - m) * is, o = is * (ld(gr, j) * g[j] - mg - xh * mgx);
+            i64 at = (i64)r * cols + j;
+            st(dx, at, acc ? __fadd_rn(ld(dx, at), o) : o);
         }
     }
 }
@@ -617,8 +627,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
-                                                 float* partial) {                                              \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial);                                           \
+                                                 float* partial, int acc) {                                     \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
     }                                                                                                           \
     extern "C" __global__ void layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* b, float eps, T* y, float* mean, float* rstd) { \
@@ -626,8 +636,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* mean, const float* rstd, const T* dy,       \
-                                                       float* dx, float* partial) {                             \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial);                                           \
+                                                       float* dx, float* partial, int acc) {                    \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
     }                                                                                                           \
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
                                                T* dst) {                                                        \
