@@ -40,8 +40,10 @@ type TransformerOps interface {
 	// do and what the forward computed; p.Tq must equal p.Tk.
 	AttentionBackward(p AttentionParams, q, k, v, o, lse, do, dq, dk, dv Buf)
 
-	// ClassifierLoss computes the logits h·wᵀ (h: N×C, w: V×C, one dtype)
-	// a chunk of rows at a time, never all at once, and from each chunk the
+	// ClassifierLoss computes the logits h·wᵀ (h: N×C, w: V×C, one dtype;
+	// the logits rounded to it, as a product into that dtype stores them and
+	// as PyTorch's autocast classifier holds them) a chunk of rows at a
+	// time, never all at once, and from each chunk the
 	// mean over all rows of −log softmax[label] into loss (F32, 1), the
 	// rows whose first maximum is at their I32 label into right (F32, 1)
 	// and, with p.Grad, the gradients of the mean loss: dh (F32, N×C) and

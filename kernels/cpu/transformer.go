@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 )
 
@@ -292,8 +293,13 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 		losses := make([]float64, rows)
 		hits := make([]bool, rows)
 		parallel(rows, max(1, elemGrain/p.V), func(lo, hi int) {
+			var tmp []uint16
+			if h.DType.Half() {
+				tmp = make([]uint16, p.V)
+			}
 			for r := lo; r < hi; r++ {
 				z := logits[r*p.V : (r+1)*p.V]
+				roundLike(h.DType, z, tmp)
 				mx, arg := float32(math.Inf(-1)), 0
 				for j, v := range z {
 					if v > mx {
@@ -333,6 +339,19 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	}
 	f32s(loss)[0] = float32(total / float64(p.N))
 	f32s(right)[0] = float32(count)
+}
+
+// roundLike rounds v in place to dt's precision, as a product stored in dt
+// would hold it (tmp: len(v) values of scratch); nothing for F32.
+func roundLike(dt kernels.DType, v []float32, tmp []uint16) {
+	switch dt {
+	case kernels.F16:
+		half.FromFloat32(tmp, v)
+		half.ToFloat32(v, tmp)
+	case kernels.BF16:
+		half.BF16FromFloat32(tmp, v)
+		half.BF16ToFloat32(v, tmp)
+	}
 }
 
 // SumSquares sums the squares of every gradient in float64, in blocks of

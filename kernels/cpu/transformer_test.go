@@ -3,9 +3,11 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 )
 
 // The transformer operations against float64 references: each forward
@@ -289,6 +291,65 @@ func TestClassifierLoss(t *testing.T) {
 		check(t, "classifier dh", dh, numGrad(h, obj), 1e-4)
 		check(t, "classifier dw", dw, numGrad(w, obj), 1e-4)
 	}
+}
+
+// TestClassifierLossRoundsLogits: with 16-bit h and w the logits are
+// rounded to their dtype before the softmax, as a product into that dtype
+// stores them (the loss of unrounded logits is further off than the
+// tolerance).
+func TestClassifierLossRoundsLogits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 1))
+	const N, C, V = 40, 4, 300
+	h, w := randVals(rng, N*C), randVals(rng, V*C)
+	for i := range h {
+		h[i] *= 8 // logits of about ten: bf16 keeps eight bits of them
+	}
+	for _, v := range [][]float64{h, w} {
+		for i, x := range v {
+			v[i] = float64(half.BF16Value(half.BF16Bits(float32(x))))
+		}
+	}
+	labels := make([]int32, N)
+	for i := range labels {
+		labels[i] = int32(rng.IntN(V))
+	}
+	lossOf := func(round bool) float64 {
+		var total float64
+		for r := 0; r < N; r++ {
+			z := make([]float64, V)
+			for j := range z {
+				var acc float32 // as the product accumulates: in float32
+				for d := 0; d < C; d++ {
+					acc += float32(h[r*C+d]) * float32(w[j*C+d])
+				}
+				z[j] = float64(acc)
+				if round {
+					z[j] = float64(half.BF16Value(half.BF16Bits(acc)))
+				}
+			}
+			m := slices.Max(z)
+			var s float64
+			for _, v := range z {
+				s += math.Exp(v - m)
+			}
+			total += m + math.Log(s) - z[labels[r]]
+		}
+		return total / N
+	}
+	bf := func(v []float64) kernels.Buf {
+		b := buf(t, kernels.BF16, len(v))
+		for i, x := range v {
+			u16s(b)[i] = half.BF16Bits(float32(x))
+		}
+		return b
+	}
+	loss, right := buf(t, kernels.F32, 1), buf(t, kernels.F32, 1)
+	be.ClassifierLoss(kernels.ClassifierParams{N: N, C: C, V: V}, bf(h), bf(w), idsOf(t, labels), loss, right, kernels.Buf{}, kernels.Buf{})
+	want, unrounded := lossOf(true), lossOf(false)
+	if math.Abs(want-unrounded) < 1e-4*math.Abs(want) {
+		t.Fatalf("the rounded and unrounded losses %v and %v are too close to tell apart", want, unrounded)
+	}
+	check(t, "classifier loss of bf16 logits", loss, []float64{want}, 1e-6)
 }
 
 func TestClipGradNorm(t *testing.T) {

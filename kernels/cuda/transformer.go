@@ -508,16 +508,16 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	defer b.exit()
 	es := int64(h.DType.Size())
 	ld := (p.V + 15) &^ 15
-	// Twice the chunk budget: each chunk's weight-gradient product reads and
-	// writes all of dw (F32, V×C), so fewer chunks move less.
-	m := max(1, min(p.N, 2*b.chunkBudget/(ld*int(4+es))))
+	// The logits in h's dtype, their gradient written over them. Twice the
+	// chunk budget: each chunk's weight-gradient product reads and writes
+	// all of dw (F32, V×C), so fewer chunks move less.
+	m := max(1, min(p.N, 2*b.chunkBudget/(ld*int(es))))
 	if m > 64 && m < p.N {
 		m &^= 63
 	}
-	z := b.workspace(int64(m*ld) * 4)
+	z := b.workspace(int64(m*ld) * es)
 	defer b.alloc.Free(z)
-	dz := b.workspace(int64(m*ld) * es)
-	defer b.alloc.Free(dz)
+	dz := z
 	rows := b.workspace(int64(p.N) * 8)
 	defer b.alloc.Free(rows)
 	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
@@ -530,8 +530,8 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
 		for _, v := range parts {
 			if v.n > 0 {
-				b.gemm(gemmCall{transB: true, m: n, n: v.n, k: p.C, alpha: 1, a: hc, b: wAt(v.lo), c: z.Addr() + uintptr(v.lo*4),
-					batch: 1, ab: h.DType, cType: kernels.F32, ldc: ld})
+				b.gemm(gemmCall{transB: true, m: n, n: v.n, k: p.C, alpha: 1, a: hc, b: wAt(v.lo), c: z.Addr() + uintptr(int64(v.lo)*es),
+					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
 			}
 		}
 		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,

@@ -306,6 +306,10 @@ var cases = []testCase{
 			{{300, 70}, {300, 1}, {300, 70}}, // a scale a row
 			{{64, 96}, {96}, {64, 96}},       // a bias four columns at a time
 			{{48, 32}, {48, 32}, {48, 32}},   // the same shape four at a time
+			// A position embedding over a batch: few rows longer than a
+			// block's tile, four at a time and (odd columns) one at a time.
+			{{3, 2, 2100}, {2, 2100}, {3, 2, 2100}},
+			{{3, 1, 1501}, {1501}, {3, 1, 1501}},
 		}
 		for _, dt := range dtypes {
 			for _, op := range kernels.BinaryOps() {

@@ -99,25 +99,32 @@ __device__ void binary(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {
         GRID_STRIDE(i, n) st(y, i, binary_f(op, ld(a, i), ld(b, i)));
         return;
     }
-    if (bc.ndim == 2) { // a linear layer's bias, a row's scale: blocks stride over rows, threads along them, no division
+    if (bc.ndim == 2) { // a linear layer's bias, a row's scale, a position embedding over the batch
+        // Blocks stride over tiles of a row (a block's threads along one
+        // tile), so that a few long rows (the batch of a broadcast [T, C])
+        // spread over the whole grid as many short ones do; one division a
+        // tile.
         int rows = bc.shape[0], cols = bc.shape[1];
         if (cols % 4 == 0 && bc.sa[1] == 1 && bc.sb[1] == 1 && bc.sa[0] % 4 == 0 && bc.sb[0] % 4 == 0 && vec4(a) && vec4(b) && vec4(y)) {
-            for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-                i64 ra = (i64)r * bc.sa[0], rb = (i64)r * bc.sb[0], ry = (i64)r * cols;
-                for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+            int span = 4 * blockDim.x, tiles = (cols + span - 1) / span;
+            for (i64 t = blockIdx.x; t < (i64)rows * tiles; t += gridDim.x) {
+                int r = (int)(t / tiles), c = (int)(t % tiles) * span + 4 * threadIdx.x;
+                if (c < cols) {
                     float va[4], vb[4];
-                    ld4(a, ra + c, va);
-                    ld4(b, rb + c, vb);
+                    ld4(a, (i64)r * bc.sa[0] + c, va);
+                    ld4(b, (i64)r * bc.sb[0] + c, vb);
                     for (int e = 0; e < 4; e++) va[e] = binary_f(op, va[e], vb[e]);
-                    st4(y, ry + c, va);
+                    st4(y, (i64)r * cols + c, va);
                 }
             }
             return;
         }
-        for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-            i64 ra = (i64)r * bc.sa[0], rb = (i64)r * bc.sb[0], ry = (i64)r * cols;
-            for (int c = threadIdx.x; c < cols; c += blockDim.x)
-                st(y, ry + c, binary_f(op, ld(a, ra + (i64)c * bc.sa[1]), ld(b, rb + (i64)c * bc.sb[1])));
+        int span = blockDim.x, tiles = (cols + span - 1) / span;
+        for (i64 t = blockIdx.x; t < (i64)rows * tiles; t += gridDim.x) {
+            int r = (int)(t / tiles), c = (int)(t % tiles) * span + threadIdx.x;
+            if (c < cols)
+                st(y, (i64)r * cols + c,
+                   binary_f(op, ld(a, (i64)r * bc.sa[0] + (i64)c * bc.sa[1]), ld(b, (i64)r * bc.sb[0] + (i64)c * bc.sb[1])));
         }
         return;
     }

@@ -445,9 +445,11 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 
 // ---- the fused classifier ----
 
-// A block per row of a chunk's logits z (F32, rows × V, ld apart): the row's loss
-// (lse − z[label]) and whether its first maximum is its label, and with
-// grad its softmax − one-hot into dz (T).
+// A block per row of a chunk's logits z (T, as the product rounded them,
+// rows × V, ld apart): the row's loss (lse − z[label]) and whether its first
+// maximum is its label, and with grad its softmax − one-hot into dz (T),
+// which may be z itself: z[label] is read before the barrier after which dz
+// is written.
 // online adds v (at index j) to a running maximum m (first at arg) and sum
 // s of exp(· − m).
 __device__ __forceinline__ void online(float v, int j, float& m, float& s, int& arg) {
@@ -472,12 +474,12 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
 }
 
 template <typename T>
-__device__ void cls_rows(int V, int ld, int r0, const float* z, const int* labels, float* rowloss, float* rowright, int grad,
+__device__ void cls_rows(int V, int ld, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
                          T* dz) {
     __shared__ float sm[32], ss[32];
     __shared__ int si[32];
     int r = blockIdx.x;
-    const float* zr = z + (i64)r * ld;
+    const T* zr = z + (i64)r * ld;
     // One pass for the maximum, its first index and the sum of exponentials
     // (each thread's running sum rescaled as its maximum grows), four
     // values a load where the rows allow.
@@ -487,14 +489,12 @@ __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* label
     if (ld % 4 == 0 && vec4(zr)) {
         j0 = V / 4 * 4;
         for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
-            float4 v = *(const float4*)(zr + j);
-            online(v.x, j, m, s, arg);
-            online(v.y, j + 1, m, s, arg);
-            online(v.z, j + 2, m, s, arg);
-            online(v.w, j + 3, m, s, arg);
+            float v[4];
+            ld4(zr, j, v);
+            for (int e = 0; e < 4; e++) online(v[e], j + e, m, s, arg);
         }
     }
-    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) online(zr[j], j, m, s, arg);
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) online(ld(zr, j), j, m, s, arg);
     for (int o = 16; o > 0; o >>= 1)
         merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
@@ -504,6 +504,8 @@ __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* label
         si[warp] = arg;
     }
     __syncthreads();
+    int y = labels[r0 + r];
+    float zy = (threadIdx.x == 0 && y >= 0 && y < V) ? ld(zr, y) : 0.f; // before the barrier: dz may overwrite z
     if (warp == 0) {
         m = lane < nwarps ? sm[lane] : -INFINITY;
         s = lane < nwarps ? ss[lane] : 0.f;
@@ -520,9 +522,8 @@ __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* label
     m = sm[0];
     arg = si[0];
     float lse = m + logf(ss[0]);
-    int y = labels[r0 + r];
     if (threadIdx.x == 0) {
-        rowloss[r0 + r] = (y >= 0 && y < V) ? lse - zr[y] : __int_as_float(0x7fc00000);
+        rowloss[r0 + r] = (y >= 0 && y < V) ? lse - zy : __int_as_float(0x7fc00000);
         rowright[r0 + r] = arg == y ? 1.f : 0.f;
     }
     if (!grad) return;
@@ -537,7 +538,7 @@ __device__ void cls_rows(int V, int ld, int r0, const float* z, const int* label
             st4(dr, j, v);
         }
     }
-    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, expf(zr[j] - lse) - (j == y ? 1.f : 0.f));
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, expf(ld(zr, j) - lse) - (j == y ? 1.f : 0.f));
 }
 
 // The mean loss and the right count, summed in one block in a fixed order.
@@ -667,7 +668,7 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                const T* o, float* dvec) {                                       \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void cls_rows_##S(int V, int ld, int r0, const float* z, const int* labels,           \
+    extern "C" __global__ void cls_rows_##S(int V, int ld, int r0, const T* z, const int* labels,               \
                                             float* rowloss, float* rowright, int grad, T* dz) {                 \
         cls_rows(V, ld, r0, z, labels, rowloss, rowright, grad, dz);                                            \
     }
