@@ -446,7 +446,7 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 // ---- the fused classifier ----
 
 // A block per row of a chunk's logits z (T, as the product rounded them,
-// rows × V, ld apart): the row's loss (lse − z[label]) and whether its first
+// rows × V, ldz apart): the row's loss (lse − z[label]) and whether its first
 // maximum is its label, and with grad its softmax − one-hot into dz (T),
 // which may be z itself: z[label] is read before the barrier after which dz
 // is written.
@@ -474,19 +474,19 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
 }
 
 template <typename T>
-__device__ void cls_rows(int V, int ld, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
+__device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
                          T* dz) {
     __shared__ float sm[32], ss[32];
     __shared__ int si[32];
     int r = blockIdx.x;
-    const T* zr = z + (i64)r * ld;
+    const T* zr = z + (i64)r * ldz;
     // One pass for the maximum, its first index and the sum of exponentials
     // (each thread's running sum rescaled as its maximum grows), four
     // values a load where the rows allow.
     float m = -INFINITY, s = 0.f;
     int arg = 0x7fffffff;
     int j0 = 0;
-    if (ld % 4 == 0 && vec4(zr)) {
+    if (ldz % 4 == 0 && vec4(zr)) {
         j0 = V / 4 * 4;
         for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
             float v[4];
@@ -527,9 +527,9 @@ __device__ void cls_rows(int V, int ld, int r0, const T* z, const int* labels, f
         rowright[r0 + r] = arg == y ? 1.f : 0.f;
     }
     if (!grad) return;
-    T* dr = dz + (i64)r * ld;
+    T* dr = dz + (i64)r * ldz;
     j0 = 0;
-    if (ld % 4 == 0 && vec4(zr) && vec4(dr)) {
+    if (ldz % 4 == 0 && vec4(zr) && vec4(dr)) {
         j0 = V / 4 * 4;
         for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
             float v[4];
@@ -668,8 +668,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                const T* o, float* dvec) {                                       \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void cls_rows_##S(int V, int ld, int r0, const T* z, const int* labels,               \
+    extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
                                             float* rowloss, float* rowright, int grad, T* dz) {                 \
-        cls_rows(V, ld, r0, z, labels, rowloss, rowright, grad, dz);                                            \
+        cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                           \
     }
 FOR_TYPES(TRANSFORMER)
