@@ -82,6 +82,10 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 // ---- layer norm: a warp per row ----
 
 #define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers: 32 values a lane at most
+// Blocks of LN_WARPS warps (the prelude's, Go's lnWarps) each multiprocessor
+// should hold: the registers each kernel may take follow.
+#define LN_FWD_BLOCKS 2
+#define LN_BWD_BLOCKS 2
 
 // ldv and stv move VEC (1 or 4) consecutive elements, as ld/st or ld4/st4.
 template <int VEC, typename T> __device__ __forceinline__ void ldv(const T* p, i64 i, float* v) {
@@ -622,20 +626,20 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                  float* dtable) {                                               \
         embedding_bwd(n, dim, keys, dy, dtable);                                                                \
     }                                                                                                           \
-    extern "C" __global__ void layernorm_fwd_##S(int rows, int cols, const T* x, const float* g, const float* b, \
+    extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_##S(int rows, int cols, const T* x, const float* g, const float* b, \
                                                  float eps, T* y, float* mean, float* rstd) {                   \
         layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
     }                                                                                                           \
-    extern "C" __global__ void layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
+    extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
                                                  float* partial, int acc) {                                     \
         layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
     }                                                                                                           \
-    extern "C" __global__ void layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
+    extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* b, float eps, T* y, float* mean, float* rstd) { \
         layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
     }                                                                                                           \
-    extern "C" __global__ void layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
+    extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* mean, const float* rstd, const T* dy,       \
                                                        float* dx, float* partial, int acc) {                    \
         layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
