@@ -121,6 +121,7 @@ func (b *Block) split() bool { return b.prev != nil || b.next != nil }
 
 type segment struct {
 	Segment
+	seq    uint64 // the order the allocator obtained its segments in
 	pool   *pool
 	stream Stream
 	arena  bool      // an Arena's: its blocks are planned, not pooled
@@ -129,7 +130,10 @@ type segment struct {
 }
 
 // pool holds the free blocks of one size class, ordered by (stream, size,
-// address) so that a best-fit search is a binary search.
+// segment, offset) so that a best-fit search is a binary search. The
+// segments' order is the order they were obtained in, not their addresses:
+// the Go heap's addresses move with the garbage collector's timing, and a
+// CPU run's layout (what fits under a cap) must not.
 type pool struct {
 	kind PoolKind
 	free []*Block
@@ -142,7 +146,10 @@ func less(a, b *Block) bool {
 	if a.size != b.size {
 		return a.size < b.size
 	}
-	return a.Addr() < b.Addr()
+	if a.seg != b.seg {
+		return a.seg.seq < b.seg.seq
+	}
+	return a.off < b.off
 }
 
 func (p *pool) insert(b *Block) {
@@ -203,6 +210,7 @@ type Allocator struct {
 	planned  *plannedState // non-nil while a plan serves the requests
 	owner    int           // the OS thread tracing or planned (Note [the planner's goroutine])
 	segs     map[*segment]struct{}
+	segSeq   uint64   // segments obtained so far
 	hist     *history // the last RecordHistory's
 	histOn   bool
 }
@@ -359,7 +367,8 @@ func (a *Allocator) newSegment(p *pool, size int64, stream Stream) (*Block, erro
 	if err != nil {
 		return nil, err
 	}
-	seg := &segment{Segment: s, pool: p, stream: stream}
+	a.segSeq++
+	seg := &segment{Segment: s, seq: a.segSeq, pool: p, stream: stream}
 	a.stats.Segments.add(p.kind, 1)
 	a.stats.Reserved.add(p.kind, size)
 	a.window.reserved = max(a.window.reserved, a.stats.Reserved[All].Current)
