@@ -293,15 +293,16 @@ func TestResumeIsStrict(t *testing.T) {
 	}
 	// The throughput line counts this run's training only: one epoch here,
 	// so its seconds are fewer than the run's in all.
-	// (The seconds are printed to 0.1 s, which a small run's training
-	// rounds to 0: its img/s must be positive instead.)
+	// (The seconds are printed to 0.1 s, which a small run's training, and
+	// on a fast machine the whole run, rounds to 0: its img/s must be
+	// positive instead.)
 	var ips, train, all float64
 	for _, l := range strings.Split(stdout, "\n") {
 		if strings.HasPrefix(l, "throughput") {
 			fmt.Sscanf(l, "throughput %f img/s over this run's training steps (%f s), %f s in all", &ips, &train, &all)
 		}
 	}
-	if ips <= 0 || train < 0 || all <= 0 || train > all {
+	if ips <= 0 || train < 0 || all < 0 || train > all {
 		t.Errorf("after a resume: %.0f img/s, %.1f s of training in %.1f s in all", ips, train, all)
 	}
 }
