@@ -171,7 +171,8 @@ func packed(b kernels.Buf, c int) (q, k, v kernels.Buf) {
 // gradients of the loss with respect to h and w as it goes (the logits are
 // there), keeps them, and the backward scales them by the incoming
 // gradient. Under Autocast the products run in its dtype on copies of h
-// and w; w's gradient is computed in F32, not rounded.
+// and w, and the logits are rounded to it (as PyTorch's autocast head
+// holds them); w's gradient is computed in F32, not rounded.
 func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 	wc := w
 	if dev := ModeOf(h, w, labels); AutocastEnabled(dev) {

@@ -493,9 +493,9 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 	b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, 0, uintptr(n), b.stream))
 }
 
-// ClassifierLoss: per chunk of rows, the logits (cuBLAS, F32), each row's
-// loss, right prediction and softmax − one-hot (in the operands' dtype),
-// then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
+// ClassifierLoss: per chunk of rows, the logits (cuBLAS, in the operands'
+// dtype), each row's loss, right prediction and softmax − one-hot (written
+// over the logits), then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
 // count summed at the end in one block. cuBLAS's tensor-core kernels want
 // aligned shapes, and GPT-2's vocabulary of 50,257 is odd (its products
 // run 6× slower than 50,240's on the H200): each product is split into the
