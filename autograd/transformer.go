@@ -54,7 +54,8 @@ func LayerNorm(x, gamma, beta *T, eps float32) *T { return LayerNormTo(x, gamma,
 // BF16 for an F32 x. That is what a matrix product under Autocast reads:
 // the F32 result is rounded once, as the product's cast of it would be,
 // and no F32 copy is written and read back. The gradient reaches x in x's
-// dtype.
+// dtype; for an F32 x (a residual stream) the backward adds it into the
+// gradient the pass already gathered for x, when there is one (folder).
 func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xs := x.Shape()
 	cols := xs[len(xs)-1]
