@@ -102,8 +102,8 @@ func (c *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 }
 
 // LayerNormBackward: dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)) with ĝ = dy·γ
-// (added to dx's values with p.Accumulate), per row; dγ = Σ dy·x̂ and dβ = Σ dy over the rows, in blocks of rowBlock
-// rows added in order.
+// (added to dx's values with p.Accumulate), per row; dγ = Σ dy·x̂ and dβ =
+// Σ dy over the rows, in blocks of rowBlock rows added in order.
 func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
 	kernels.CheckLike("layer norm backward dx", x, dx)

@@ -495,8 +495,8 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 
 // ClassifierLoss: per chunk of rows, the logits (cuBLAS, in the operands'
 // dtype), each row's loss, right prediction and softmax − one-hot (written
-// over the logits), then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean loss and the right
-// count summed at the end in one block. cuBLAS's tensor-core kernels want
+// over the logits), then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean
+// loss and the right count summed at the end in one block. cuBLAS's tensor-core kernels want
 // aligned shapes, and GPT-2's vocabulary of 50,257 is odd (its products
 // run 6× slower than 50,240's on the H200): each product is split into the
 // vocabulary's first multiple of 64 tokens and the few left, the chunks'
@@ -517,7 +517,6 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	}
 	z := b.workspace(int64(m*ld) * es)
 	defer b.alloc.Free(z)
-	dz := z
 	rows := b.workspace(int64(p.N) * 8)
 	defer b.alloc.Free(rows)
 	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
@@ -535,7 +534,7 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 			}
 		}
 		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
-			boolInt(p.Grad), dz.Addr()})
+			boolInt(p.Grad), z.Addr()})
 		if !p.Grad {
 			continue
 		}
@@ -548,7 +547,7 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 			if v.n == 0 {
 				continue
 			}
-			dzv := dz.Addr() + uintptr(int64(v.lo)*es)
+			dzv := z.Addr() + uintptr(int64(v.lo)*es)
 			b.gemm(gemmCall{m: n, n: p.C, k: v.n, alpha: inv, beta: dhBeta, a: dzv, b: wAt(v.lo), c: ptrOf(dh) + uintptr(r0*p.C*4),
 				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
 			b.gemm(gemmCall{transA: true, m: v.n, n: p.C, k: n, alpha: inv, beta: beta, a: dzv, b: hc, c: ptrOf(dw) + uintptr(v.lo*p.C*4),
