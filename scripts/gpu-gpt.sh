@@ -7,7 +7,8 @@
 #   bash scripts/gpu-gpt.sh profile each operation's device time in an eager GPT-2 small step (bf16)
 #   bash scripts/gpu-gpt.sh claims  the largest GPT-2 small batch under 24 GiB at context 512, fp32 and AMP, both engines
 #   bash scripts/gpu-gpt.sh conformance  the CUDA conformance and GPT tests alone
-# PYCOMPILE=1 adds torch.compile's bf16 steps to bench; PYFP32=1 PyTorch's fp32 ones.
+# PYCOMPILE=1 adds torch.compile's bf16 steps to bench; PYFP32=1 PyTorch's fp32 ones; FP16=1 leangrad's
+# fp16 step (AMP with the GradScaler).
 # VOCAB=50304 runs bench and profile with GPT-2's vocabulary padded to a multiple of 64 (nanoGPT's), both engines.
 # Everything lands in $OUT.
 set -uo pipefail
@@ -58,6 +59,11 @@ for what in "$@"; do
     timeout 300 bash .gpu/run bin/bench -device cuda -specs "gpt2:16" -configs "${CONFIGS:-fp32,amp,amp+checkpoint}" -amp-dtype bf16 ${VOCAB:+-vocab $VOCAB} \
       -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 -out "$out/bench" -commit "${COMMIT:-}" > "$out/bench.log" 2>&1
     echo "bench exit: $?"; grep -E "leangrad .*ms|rror" "$out/bench.log"
+    if [ -n "${FP16:-}" ]; then
+      timeout 120 bash .gpu/run bin/bench -device cuda -specs "gpt2:16" -configs amp -amp-dtype f16 ${VOCAB:+-vocab $VOCAB} \
+        -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 -out "$out/bench-f16" > "$out/bench-f16.log" 2>&1
+      echo "bench f16 exit: $?"; grep -E "leangrad .*ms|rror" "$out/bench-f16.log"
+    fi
     for cfg in "--amp bf16" "--amp bf16 --checkpoint" ${PYCOMPILE:+"--amp bf16 --compile" "--amp bf16 --checkpoint --compile"} \
       ${PYFP32:+"--amp none" "--amp none --checkpoint"}; do
       timeout 240 python3 benchmarks/pytorch/gpt.py bench --layers 12 --heads 12 --width 768 --context 1024 --batch 16 $cfg \
