@@ -39,6 +39,14 @@ func BF16FromFloat32(dst []uint16, src []float32) {
 	}
 }
 
+// RoundBF16 rounds every value of v in place to the nearest BF16 value (as
+// BF16Bits), in one pass and with no 16-bit copy.
+func RoundBF16(v []float32) {
+	for i, f := range v {
+		v[i] = BF16Value(BF16Bits(f))
+	}
+}
+
 // BF16ToFloat32Rows is ToFloat32Rows for BF16 values.
 func BF16ToFloat32Rows(dst []float32, ldd int, src []uint16, lds int, rows, n int) {
 	if !checkRows(len(dst), ldd, len(src), lds, rows, n) {

@@ -3,6 +3,7 @@ package half
 import (
 	"math"
 	"math/big"
+	"slices"
 	"testing"
 )
 
@@ -63,6 +64,17 @@ func TestBF16Rounding(t *testing.T) {
 		}
 		if back := BF16Value(got); BF16Bits(back) != got {
 			t.Fatalf("BF16 %#04x does not round-trip through float32 (%g)", got, back)
+		}
+	}
+	// In place: each value the reference's BF16, as a float32.
+	v := slices.Clone(cases)
+	RoundBF16(v)
+	for i, f := range cases {
+		if want := BF16Value(bf16Ref(f)); !math.IsNaN(float64(f)) && math.Float32bits(v[i]) != math.Float32bits(want) {
+			t.Fatalf("RoundBF16(%g) = %g, want %g", f, v[i], want)
+		}
+		if math.IsNaN(float64(f)) != math.IsNaN(float64(v[i])) {
+			t.Fatalf("RoundBF16(%g) = %g", f, v[i])
 		}
 	}
 	dst := make([]uint16, 3)
