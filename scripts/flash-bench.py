@@ -26,6 +26,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
+from devtime import rel, timed
 
 
 def module_source(full, flash):
@@ -38,28 +39,6 @@ def module_source(full, flash):
 def macro(text, name, default):
     m = re.search(r"#define %s (\d+)" % name, text)
     return int(m.group(1)) if m else default
-
-
-def timed(fn, iters):
-    """The median device time of fn in ms, each call between two events."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
-def rel(x, ref):
-    x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
-        return float("nan")
-    return float((x - ref).norm() / ref.norm())
 
 
 def main():

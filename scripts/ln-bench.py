@@ -23,26 +23,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-
-def timed(fn, iters):
-    """The median device time of fn in ms, each call between two events."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
-def rel(x, ref):
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm()) if torch.isfinite(x).all() else float("nan")
+from devtime import rel, timed
 
 
 def main():

@@ -1,0 +1,28 @@
+"""Device timing and error measures shared by the kernel harnesses
+(flash-bench.py, ln-bench.py) that run on the GPU machine."""
+import numpy as np
+import torch
+
+
+def timed(fn, iters):
+    """The median device time of fn in ms, each call between two events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def rel(x, ref):
+    """The relative error of x against ref in the L2 norm (NaN if x holds a
+    non-finite value)."""
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return float((x - ref).norm() / ref.norm())
