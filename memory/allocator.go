@@ -510,6 +510,13 @@ func (a *Allocator) SetLimit(bytes int64) error {
 	return nil
 }
 
+// Limit is the cap SetLimit set (0: none).
+func (a *Allocator) Limit() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.limit
+}
+
 // SetMemoryFraction caps the bytes this allocator may reserve at fraction of
 // the Source's total, as torch.cuda.set_per_process_memory_fraction does.
 // A fraction of 0 removes the cap.

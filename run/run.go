@@ -483,9 +483,11 @@ func (r *runner) fit() error {
 	a.EmptyCache() // what the measurements cached is not the run's
 	a.ResetPeak()  // the summary's peaks are the training run's, not the measurements'
 	if r.job.MaxMemory > 0 {
+		old := a.Limit()
 		if err := a.SetLimit(r.job.MaxMemory); err != nil {
 			return err
 		}
+		defer a.SetLimit(old) // the cap is this run's, not the device's: a later run or a server shares it
 	}
 	a.RecordTimeline(r.job.RecordTimeline)
 	if r.job.RecordHistory {

@@ -13,6 +13,7 @@ import (
 	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/run"
+	"github.com/leangrad/leangrad/tensor"
 )
 
 func runCLI(args ...string) (code int, stdout, stderr string) {
@@ -351,6 +352,9 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 	}
 	if !r.Budget.Chosen.AMP || r.Budget.Chosen.Checkpoint == "none" {
 		t.Errorf("chose %+v: -amp and -checkpoint were given, and must be kept", r.Budget.Chosen)
+	}
+	if got := tensor.CPU().Allocator().Limit(); got != 0 {
+		t.Errorf("the run left the CPU's pool capped at %d bytes: the cap is the run's", got)
 	}
 	t.Logf("%s", stdout)
 }
