@@ -79,7 +79,7 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		for i, sv := range saved {
 			xs = append(xs, sv.Alias().SetRequiresGrad(rec.needs(i)))
 		}
-		k.next = 0
+		k.next, k.unread = 0, 0
 		withAutocast(dev, amp, func() {
 			withKept(dev, k, func() {
 				dev.WithScope(func() {
@@ -102,6 +102,52 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 	return out
 }
 
+// Unread runs f, ops that make a function's result from values its
+// backward needs and whose own backward reads none of the values they make
+// (a block's last product and its residual add). When that function is
+// checkpointed, or ends a checkpointed function, its recomputation, which
+// runs only for the backward, does not read them: in the recomputation the
+// last Unread to run has the ops inside that can (MLP's second product, Add
+// and Sub) record their backward and leave their results unwritten (Note
+// [what a recomputation skips]). Everywhere else Unread just calls f. dev
+// is the handle whose modes the ops follow (ModeOf of their inputs).
+func Unread(dev *tensor.Device, f func() *T) *T {
+	k, _ := dev.Modes().Kept.(*kept)
+	if k == nil {
+		return f()
+	}
+	if !k.replay {
+		k.unreads++
+		return f()
+	}
+	if k.unread++; k.unread < k.unreads {
+		return f() // a block inside the function: its result is read
+	}
+	m := dev.Modes()
+	m.Unread++
+	defer func() { m.Unread-- }()
+	return f()
+}
+
+// Note [what a recomputation skips]: a checkpointed function runs again
+// only for its backward, so the ops that make its result from values the
+// backward needs compute nothing it uses: a transformer block's MLP output
+// product and the residual add after it, a third of the block's forward
+// products. The function marks them with Unread. Inside it, in the
+// recomputation, an op that can (recorder.leavesUnwritten) allocates its
+// result and records its backward without computing it, and its node is
+// marked unwritten, as is every node recorded on top of an unwritten one.
+// Only the last Unread of the function skips: the first run counts them
+// (kept.unreads), and an earlier one is a block whose result the next block
+// reads. An op that saves an unwritten tensor for its backward panics: a
+// value no kernel wrote never reaches a gradient. Ops that cannot skip
+// compute as usual (their results are unwritten anyway when their inputs
+// are). This
+// is the saving that PyTorch's checkpoint gets by stopping the
+// recomputation once the last saved tensor is made, and that
+// torch.compile's partitioner gets by recomputing only what the backward
+// reads.
+
 // Note [what a checkpoint keeps]: a few ops are costly to recompute and
 // cheap to keep, and keep their results through a checkpoint's first run
 // for its recomputation, which then reads them instead of running the op
@@ -118,6 +164,8 @@ type kept struct {
 	results []*T
 	next    int  // the next result the recomputation takes
 	replay  bool // the recomputation is running
+	unreads int  // the Unread calls of the first run
+	unread  int  // and of the recomputation so far
 }
 
 // withKept runs f with k as dev's record of kept results.

@@ -51,24 +51,34 @@ func asDType(dev *tensor.Device, x *T, dt tensor.DType) *T {
 
 // binaryRaw computes a op b with broadcasting, recording nothing.
 func binaryRaw(op kernels.BinaryOp, a, b *T) *T {
+	y := binaryResult(op, a, b)
+	binaryInto(op, y, a, b)
+	return y
+}
+
+// binaryResult is the (unwritten) result of op on a and b: their broadcast
+// shape, in their promoted dtype.
+func binaryResult(op kernels.BinaryOp, a, b *T) *T {
 	sameDevice(op.String(), a, b)
 	shape, err := kernels.BroadcastShape(a.Shape(), b.Shape())
 	if err != nil {
 		panic(fmt.Sprintf("autograd: %s: %v", op, err))
 	}
-	dt := promote(a.DType(), b.DType())
-	dev := ModeOf(a, b)
-	y := tensor.Empty(dev, dt, shape...)
+	return tensor.Empty(ModeOf(a, b), promote(a.DType(), b.DType()), shape...)
+}
+
+// binaryInto writes op(a, b) to y, binaryResult's tensor.
+func binaryInto(op kernels.BinaryOp, y, a, b *T) {
 	// With one operand of the result's dtype (F32) the backend reads the
 	// other as it is (kernels.Backend.Binary); two other dtypes are cast.
+	dt, dev := y.DType(), y.Device()
 	ac, bc := a, b
 	if a.DType() != dt && b.DType() != dt {
 		ac, bc = castRawOn(dev, a, dt), castRawOn(dev, b, dt)
 		defer ac.Release()
 		defer bc.Release()
 	}
-	a.Backend().Binary(op, y.Buf(), ac.Buf(), bc.Buf(), kernels.NewBroadcast(shape, a.Shape(), b.Shape()))
-	return y
+	a.Backend().Binary(op, y.Buf(), ac.Buf(), bc.Buf(), kernels.NewBroadcast(y.Shape(), a.Shape(), b.Shape()))
 }
 
 // sumTo sums g over the dimensions along which a tensor of shape was
@@ -139,8 +149,11 @@ func Mul(a, b *T) *T { return binary(kernels.Mul, a, b) }
 func Div(a, b *T) *T { return binary(kernels.Div, a, b) }
 
 func binary(op kernels.BinaryOp, a, b *T) *T {
-	y := binaryRaw(op, a, b)
+	y := binaryResult(op, a, b)
 	rec := begin(op.String(), a, b)
+	if linear := op == kernels.Add || op == kernels.Sub; !linear || !rec.leavesUnwritten() { // a sum's backward reads neither term
+		binaryInto(op, y, a, b)
+	}
 	if rec == nil {
 		return y
 	}

@@ -78,6 +78,9 @@ type node struct {
 	fold     *folder         // or nil: the backward that adds input 0's gradient to one already gathered
 	refs     atomic.Int32    // output handles, downstream edges, and a running Backward (atomic: a leaked handle may drop its reference on another goroutine)
 	done     bool            // backward ran and freed what it saved
+	// unwritten: the output's values were never computed (Note [what a
+	// recomputation skips]), or were computed from such values.
+	unwritten bool
 }
 
 // edge leads to the node that produced an input, or to a leaf that
@@ -152,7 +155,8 @@ func (n *node) free() {
 // recorder builds the node of one operation. begin returns nil when nothing
 // needs recording, and then the operation saves nothing.
 type recorder struct {
-	n *node
+	n      *node
+	unread bool // in a recomputation's Unread: the op may leave its result unwritten
 }
 
 // begin starts recording an operation on inputs (nil inputs are allowed and
@@ -165,19 +169,22 @@ func beginOn(dev *tensor.Device, name string, inputs ...*T) *recorder {
 	if !recordingOn(dev, inputs...) {
 		return nil
 	}
-	edges := make([]edge, len(inputs))
+	m := dev.Modes()
+	r := &recorder{n: &node{name: name, inputs: make([]edge, len(inputs))}, unread: m.Recomputing > 0 && m.Unread > 0}
 	for i, x := range inputs {
 		if x == nil || !x.RequiresGrad() {
 			continue
 		}
 		if gn := x.GradNode(); gn != nil {
-			edges[i].node = gn.(*node)
-			edges[i].node.refs.Add(1)
+			e := gn.(*node)
+			e.refs.Add(1)
+			r.n.inputs[i].node = e
+			r.n.unwritten = r.n.unwritten || e.unwritten
 		} else {
-			edges[i].leaf = x
+			r.n.inputs[i].leaf = x
 		}
 	}
-	return &recorder{n: &node{name: name, inputs: edges}}
+	return r
 }
 
 // recording reports whether an operation on inputs would be recorded.
@@ -198,8 +205,25 @@ func recordingOn(dev *tensor.Device, inputs ...*T) bool {
 // needs reports whether input i takes a gradient.
 func (r *recorder) needs(i int) bool { return r.n.inputs[i].needed() }
 
+// leavesUnwritten reports whether the recording op may leave its result
+// unwritten, recording only its backward (Note [what a recomputation
+// skips]), and if so marks its node so: an op that asks must then not
+// compute its result. It is false for a nil recorder (nothing records).
+func (r *recorder) leavesUnwritten() bool {
+	if r == nil || !r.unread {
+		return false
+	}
+	r.n.unwritten = true
+	return true
+}
+
 // save keeps a handle on t's storage for the backward.
 func (r *recorder) save(t *T) *T {
+	if gn, _ := t.GradNode().(*node); gn != nil && gn.unwritten {
+		r.n.free() // the node will not be finished: drop what it holds
+		panic(fmt.Sprintf("autograd: %s saves %v %v, the result of %s, which a checkpoint's recomputation left unwritten (autograd.Unread): only ops whose backward reads no value of it may follow it there",
+			r.n.name, t.DType(), t.Shape(), gn.name))
+	}
 	a := t.Alias()
 	r.n.saved = append(r.n.saved, a)
 	return a

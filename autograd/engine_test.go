@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
@@ -707,6 +708,86 @@ func testLayerNormFoldsTheResidualGradient(t *testing.T, dev *tensor.Device) {
 			if saved := want.allocated - got.allocated; saved != memory.RoundSize(rows*cols*4) {
 				t.Errorf("the backward allocated %d bytes folding, %d not: want one f32 %d×%d fewer (%d)",
 					got.allocated, want.allocated, rows, cols, memory.RoundSize(rows*cols*4))
+			}
+		})
+	}
+}
+
+// addCounter counts the backend's additions.
+type addCounter struct {
+	kernels.Backend
+	adds int
+}
+
+func (c *addCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
+	if op == kernels.Add {
+		c.adds++
+	}
+	c.Backend.Binary(op, y, a, b, bc)
+}
+
+// TestUnread: in a checkpoint's recomputation the last Unread's addition
+// is left unwritten, an earlier one (a block whose result the next reads)
+// is computed, and the gradients are those of the unchecked function bit
+// for bit; an op that saves an unwritten value panics (Note [what a
+// recomputation skips]).
+func TestUnread(t *testing.T) {
+	// block is h·c + h, its sum marked Unread.
+	block := func(h, c *tensor.Tensor) *tensor.Tensor {
+		return ag.Unread(ag.ModeOf(h), func() *tensor.Tensor { return ag.Add(ag.Mul(h, c), h) })
+	}
+	for _, tc := range []struct {
+		name  string
+		fn    func(x, c *tensor.Tensor) *tensor.Tensor
+		extra int // additions of the checkpointed step beyond the unchecked one's: those recomputed
+		panic string
+	}{
+		{"one block", block, 0, ""},
+		{"two blocks", func(x, c *tensor.Tensor) *tensor.Tensor { return block(block(x, c), c) }, 1, ""},
+		{"a product after the sum", func(x, c *tensor.Tensor) *tensor.Tensor {
+			return ag.Unread(ag.ModeOf(x), func() *tensor.Tensor { return ag.Mul(ag.Add(x, c), c) })
+		}, 0, "mul saves f32 [5], the result of add, which a checkpoint's recomputation left unwritten"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cb := &addCounter{Backend: cpu.New()}
+			dev := tensor.NewDevice(cb)
+			rng := rand.New(rand.NewPCG(3, 4))
+			vals := func() []float32 {
+				v := make([]float32, 5)
+				for i := range v {
+					v[i] = float32(rng.NormFloat64())
+				}
+				return v
+			}
+			xv, cv, gv := vals(), vals(), vals()
+			run := func(checkpoint bool) (x, c []float32) {
+				xt := tensor.FromFloat32(dev, xv, 5).Keep().SetRequiresGrad(true)
+				ct := tensor.FromFloat32(dev, cv, 5).Keep().SetRequiresGrad(true)
+				defer xt.Release()
+				defer ct.Release()
+				dev.WithScope(func() {
+					var y *tensor.Tensor
+					if checkpoint {
+						y = ag.Checkpoint(func(in []*tensor.Tensor) *tensor.Tensor { return tc.fn(in[0], ct) }, xt)
+					} else {
+						y = tc.fn(xt, ct)
+					}
+					ag.Backward(y, ag.WithGrad(tensor.FromFloat32(dev, gv, 5)))
+				})
+				return xt.Grad().Float32s(), ct.Grad().Float32s()
+			}
+			if tc.panic != "" {
+				expectPanic(t, tc.panic, func() { run(true) })
+				return
+			}
+			x0, c0 := run(false)
+			plain := cb.adds
+			x1, c1 := run(true)
+			if !slices.Equal(x0, x1) || !slices.Equal(c0, c1) {
+				t.Errorf("checkpointed gradients %v, %v; unchecked %v, %v", x1, c1, x0, c0)
+			}
+			if extra := cb.adds - 2*plain; extra != tc.extra {
+				t.Errorf("%d additions recomputed, want %d", extra, tc.extra)
 			}
 		})
 	}

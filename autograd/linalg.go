@@ -210,8 +210,13 @@ func MLP(x, w1, b1, w2, b2 *T) *T {
 	defer pre.Release()
 	h := gemmEpilogue(x, w1c, false, true, dt, kernels.Epilogue{Bias: b1.Buf(), Act: kernels.GELU, Aux: pre.Buf()})
 	defer h.Release()
-	y := gemmEpilogue(h, w2c, false, true, dt, kernels.Epilogue{Bias: b2.Buf()})
 	rec := begin("mlp", x, w1, b1, w2, b2)
+	var y *T
+	if rec.leavesUnwritten() { // the backward reads pre and h, not y
+		y = tensor.Empty(dev, dt, xs[0], s2[0])
+	} else {
+		y = gemmEpilogue(h, w2c, false, true, dt, kernels.Epilogue{Bias: b2.Buf()})
+	}
 	if rec == nil {
 		return y
 	}

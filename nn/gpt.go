@@ -120,16 +120,19 @@ func (b *GPTBlock) feedForward(h *T) *T {
 	return ag.MLP(h, b.FC.Weight, b.FC.Bias, b.Proj.Weight, b.Proj.Bias)
 }
 
-// Forward computes the block for x of B×T×Width.
+// Forward computes the block for x of B×T×Width. A checkpoint's
+// recomputation of it skips the MLP's output product and the residual add
+// after it, which only make the block's result (autograd.Unread).
 func (b *GPTBlock) Forward(x *T) *T {
 	a := b.drop(b.attend(x))
 	h := ag.Add(x, a)
 	a.Release()
-	m := b.drop(b.mlp(h))
-	y := ag.Add(h, m)
-	h.Release()
-	m.Release()
-	return y
+	defer h.Release()
+	return ag.Unread(ag.ModeOf(h), func() *T {
+		m := b.drop(b.mlp(h))
+		defer m.Release()
+		return ag.Add(h, m)
+	})
 }
 
 func (b *GPTBlock) drop(x *T) *T {

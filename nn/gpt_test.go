@@ -395,7 +395,18 @@ func TestGPT2FileLayout(t *testing.T) {
 // countingBackend counts the attention kernels a backend runs.
 type countingBackend struct {
 	kernels.Backend
-	forward, backward int
+	forward, backward int // attention kernels
+	products          int // matrix products, with and without epilogues
+}
+
+func (c *countingBackend) Gemm(p kernels.GemmParams, a, b, out kernels.Buf) {
+	c.products++
+	c.Backend.Gemm(p, a, b, out)
+}
+
+func (c *countingBackend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
+	c.products++
+	c.Backend.GemmEpilogue(p, e, a, b, out)
 }
 
 func (c *countingBackend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
@@ -408,34 +419,47 @@ func (c *countingBackend) AttentionBackward(p kernels.AttentionParams, q, k, v, 
 	c.Backend.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
 }
 
-// TestCheckpointKeepsAttention: a checkpointed step runs each block's
-// attention forward once, not again in the recomputation (Note [what a
-// checkpoint keeps]), and leaves what the plain step leaves allocated (the
-// parameters and their gradients), the same after a second step.
-func TestCheckpointKeepsAttention(t *testing.T) {
+// TestCheckpointRecomputesWhatTheBackwardReads: a checkpointed step runs
+// each block's attention forward once, not again in the recomputation
+// (Note [what a checkpoint keeps]), and recomputes every forward product
+// but the MLP output product of each checkpoint's last block (Note [what a
+// recomputation skips]). It leaves what the plain step leaves allocated
+// (the parameters and their gradients), the same after a second step.
+func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 	cb := &countingBackend{Backend: cpu.New()}
 	dev := tensor.NewDevice(cb)
 	rng := rand.New(rand.NewPCG(8, 9))
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	var plain int64
-	for _, mode := range []CheckpointMode{NoCheckpoint, CheckpointBlocks, CheckpointSqrt} {
+	var plainProducts int
+	for _, tc := range []struct {
+		mode     CheckpointMode
+		segments int // of the 2 blocks
+	}{{NoCheckpoint, 0}, {CheckpointBlocks, 2}, {CheckpointSqrt, 1}} {
 		g := tinyGPT(t, dev, 9)
-		g.SetCheckpoint(mode)
+		g.SetCheckpoint(tc.mode)
+		if layers := len(g.Blocks); layers != 2 {
+			t.Fatalf("tinyGPT has %d blocks; the segment counts are for 2", layers)
+		}
 		for step := range 2 {
-			cb.forward, cb.backward = 0, 0
+			cb.forward, cb.backward, cb.products = 0, 0, 0
 			dev.WithScope(func() {
 				loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
 				ag.Backward(loss)
 			})
 			if layers := len(g.Blocks); cb.forward != layers || cb.backward != layers {
-				t.Errorf("%v: %d attention forwards and %d backwards for %d blocks, want one each", mode, cb.forward, cb.backward, layers)
+				t.Errorf("%v: %d attention forwards and %d backwards for %d blocks, want one each", tc.mode, cb.forward, cb.backward, layers)
 			}
 			got := dev.Allocator().Stats().Allocated[0].Current
-			if mode == NoCheckpoint && step == 0 {
-				plain = got
+			if tc.mode == NoCheckpoint && step == 0 {
+				plain, plainProducts = got, cb.products
 			}
 			if got != plain {
-				t.Errorf("%v, step %d: %d bytes allocated after the step, the plain step %d", mode, step, got, plain)
+				t.Errorf("%v, step %d: %d bytes allocated after the step, the plain step %d", tc.mode, step, got, plain)
+			}
+			// Four forward products a block, less one a checkpoint.
+			if want := plainProducts + 4*len(g.Blocks) - tc.segments; tc.mode != NoCheckpoint && cb.products != want {
+				t.Errorf("%v, step %d: %d products, want %d (the plain step's %d and the recomputed ones)", tc.mode, step, cb.products, want, plainProducts)
 			}
 		}
 		Release(g)

@@ -47,6 +47,7 @@ type Modes struct {
 	Autocast    int32 // 16-bit matmuls and convolutions (autograd.Autocast)
 	AutocastTo  DType // the dtype Autocast runs them in
 	Recomputing int32 // a checkpointed function runs again in Backward
+	Unread      int32 // ops make a checkpointed function's result, which its recomputation does not read (autograd.Unread)
 	// Kept is the running checkpointed function's record of the results
 	// its ops keep for the recomputation (autograd's; nil outside one).
 	Kept any
