@@ -108,7 +108,38 @@ func MatMul(a, b *T) *T {
 // b are computed in their own dtype: the weight's is the product
 // accumulated in float32, not rounded to 16 bits and cast back as a
 // gradient through a cast would be; the bias's comes with it.
-func Linear(x, w, b *T) *T {
+func Linear(x, w, b *T) *T { return linear(nil, x, w, b) }
+
+// AddLinear returns r + x·wᵀ + b for r of N×Out, F32 or x's dtype: a
+// residual connection added in the product's epilogue (kernels.Epilogue),
+// rounded once into r's dtype, with no pass of its own. b, if not nil, is
+// an F32 vector of Out. Under Autocast the product runs in its dtype as
+// Linear's does, and its F32 sum with the unrounded bias is added to an
+// F32 r without being rounded to 16 bits first. r's gradient is the
+// result's; the product's is the result's in the product's dtype.
+func AddLinear(r, x, w, b *T) *T {
+	if r == nil {
+		panic("autograd: add_linear without a residual")
+	}
+	return linear(r, x, w, b)
+}
+
+// checkResidual panics unless r (nil: none) fits a product of n×out in
+// dtype dt with the F32 vector bias b (or nil).
+func checkResidual(op string, r, b *T, n, out int, dt tensor.DType) {
+	if r == nil {
+		return
+	}
+	if rs := r.Shape(); len(rs) != 2 || rs[0] != n || rs[1] != out || (r.DType() != tensor.F32 && r.DType() != dt) {
+		panic(fmt.Sprintf("autograd: %s residual %v %v for a %v product of %d×%d: want that shape, in F32 or the product's dtype", op, r.DType(), rs, dt, n, out))
+	}
+	if b != nil && !fusesBias(b) {
+		panic(fmt.Sprintf("autograd: %s bias %v %v with a residual: want an F32 vector", op, b.DType(), b.Shape()))
+	}
+}
+
+// linear is Linear (r nil) and AddLinear.
+func linear(r, x, w, b *T) *T {
 	wc := w // the weight the product reads: w, or its F16 copy under autocast
 	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
 		dt := AutocastDType(dev)
@@ -123,16 +154,29 @@ func Linear(x, w, b *T) *T {
 	if b != nil && (b.NDim() != 1 || b.Dim(0) != ws[0]) {
 		panic(fmt.Sprintf("autograd: linear bias of shape %v for weight %v", b.Shape(), ws))
 	}
+	xType := x.DType()
+	checkResidual("linear", r, b, xs[0], ws[0], xType)
 	var y *T
-	if fusesBias(b) {
-		y = gemmEpilogue(x, wc, false, true, x.DType(), kernels.Epilogue{Bias: b.Buf()})
-	} else {
+	switch {
+	case r != nil:
+		e := kernels.Epilogue{Residual: r.Buf()}
+		if b != nil {
+			e.Bias = b.Buf()
+		}
+		y = gemmEpilogue(x, wc, false, true, r.DType(), e)
+	case fusesBias(b):
+		y = gemmEpilogue(x, wc, false, true, xType, kernels.Epilogue{Bias: b.Buf()})
+	default:
 		y = gemm(x, wc, false, true)
 		if b != nil {
 			addBias(y, b, b.Shape())
 		}
 	}
-	rec := begin("linear", x, w, b)
+	name := "linear"
+	if r != nil {
+		name = "linear+residual"
+	}
+	rec := begin(name, x, w, b, r)
 	if rec == nil {
 		return y
 	}
@@ -150,7 +194,14 @@ func Linear(x, w, b *T) *T {
 	}
 	wType := w.DType()
 	rec.finish(y, func(g *T) []*T {
-		grads := make([]*T, 3)
+		grads := make([]*T, 4)
+		if rec.needs(3) {
+			grads[3] = g.View(g.Shape()...)
+		}
+		if g.DType() != xType { // a residual's dtype
+			g = castRaw(g, xType)
+			defer g.Release()
+		}
 		if wSaved != nil {
 			grads[0] = gemm(g, wSaved, false, false) // dx = dy·w
 		}
@@ -188,7 +239,19 @@ func weightGrad(g, x *T, wType, bType tensor.DType, bias bool) (dw, db *T) {
 // Under Autocast the products run in its dtype on copies of x, w1 and w2,
 // as Linear's do; the gradients of the weights and biases are in their own
 // dtypes.
-func MLP(x, w1, b1, w2, b2 *T) *T {
+func MLP(x, w1, b1, w2, b2 *T) *T { return mlp(nil, x, w1, b1, w2, b2) }
+
+// AddMLP returns r + MLP(x, w1, b1, w2, b2), the residual r added in the
+// second product's epilogue as AddLinear adds it.
+func AddMLP(r, x, w1, b1, w2, b2 *T) *T {
+	if r == nil {
+		panic("autograd: add_mlp without a residual")
+	}
+	return mlp(r, x, w1, b1, w2, b2)
+}
+
+// mlp is MLP (r nil) and AddMLP.
+func mlp(r, x, w1, b1, w2, b2 *T) *T {
 	w1c, w2c := w1, w2
 	dev := ModeOf(x, w1, b1, w2, b2)
 	if AutocastEnabled(dev) {
@@ -206,16 +269,22 @@ func MLP(x, w1, b1, w2, b2 *T) *T {
 		panic(fmt.Sprintf("autograd: mlp biases %v and %v for weights %v and %v: want F32 vectors of Hidden and Out", shapeOf(b1), shapeOf(b2), s1, s2))
 	}
 	dt := x.DType()
+	checkResidual("mlp", r, b2, xs[0], s2[0], dt)
+	yType, out := dt, kernels.Epilogue{Bias: b2.Buf()}
+	name := "mlp"
+	if r != nil {
+		yType, out.Residual, name = r.DType(), r.Buf(), "mlp+residual"
+	}
 	pre := tensor.Empty(dev, dt, xs[0], s1[0]) // GELU's input
 	defer pre.Release()
 	h := gemmEpilogue(x, w1c, false, true, dt, kernels.Epilogue{Bias: b1.Buf(), Act: kernels.GELU, Aux: pre.Buf()})
 	defer h.Release()
-	rec := begin("mlp", x, w1, b1, w2, b2)
+	rec := begin(name, x, w1, b1, w2, b2, r)
 	var y *T
 	if rec.leavesUnwritten() { // the backward reads pre and h, not y
-		y = tensor.Empty(dev, dt, xs[0], s2[0])
+		y = tensor.Empty(dev, yType, xs[0], s2[0])
 	} else {
-		y = gemmEpilogue(h, w2c, false, true, dt, kernels.Epilogue{Bias: b2.Buf()})
+		y = gemmEpilogue(h, w2c, false, true, yType, out)
 	}
 	if rec == nil {
 		return y
@@ -236,7 +305,10 @@ func MLP(x, w1, b1, w2, b2 *T) *T {
 	}
 	w1Type, w2Type := w1.DType(), w2.DType()
 	rec.finish(y, func(g *T) []*T {
-		grads := make([]*T, 5)
+		grads := make([]*T, 6)
+		if rec.needs(5) {
+			grads[5] = g.View(g.Shape()...)
+		}
 		if g.DType() != dt {
 			g = castRaw(g, dt)
 			defer g.Release()

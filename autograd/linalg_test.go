@@ -2,6 +2,7 @@ package autograd_test
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
@@ -146,6 +147,93 @@ func TestMLPIsLinearGELULinear(t *testing.T) {
 			if e := relErr(gf[i], gc[i]); e > c.tol {
 				t.Errorf("%v: %s differs from Linear→GELU→Linear's by %.3g", c.dt, name, e)
 			}
+		}
+	}
+}
+
+// TestResidualOpsAreTheirSums: AddLinear and AddMLP compute r + Linear and
+// r + MLP, forward and backward, in float32 (to rounding) and under BF16
+// autocast into an F32 r, where they round less: the product's sum with
+// the bias reaches r unrounded, so they come closer to the float32 result
+// than the 16-bit branch added to r. r's gradient is the result's, exactly.
+func TestResidualOpsAreTheirSums(t *testing.T) {
+	dev := tensor.CPU()
+	rng := newSrc(dev, 6, 6)
+	const n, in, hidden, out = 12, 16, 24, 8
+	r, x := param(rng, normal, n, out), param(rng, normal, n, in)
+	w1, b1 := param(rng, normal, hidden, in), param(rng, normal, hidden)
+	w2, b2 := param(rng, normal, out, hidden), param(rng, normal, out)
+	wl, bl := param(rng, normal, out, in), param(rng, normal, out)
+	ps := []*tensor.Tensor{r, x, w1, b1, w2, b2, wl, bl}
+	defer func() {
+		for _, p := range ps {
+			p.Release()
+		}
+	}()
+	gv := make([]float32, n*out)
+	for i := range gv {
+		gv[i] = float32(rng.NormFloat64())
+	}
+	run := func(f func() *tensor.Tensor, dt tensor.DType) (y []float32, grads [][]float32) {
+		for _, p := range ps {
+			p.ZeroGrad()
+		}
+		dev.WithScope(func() {
+			var yt *tensor.Tensor
+			if dt == tensor.F32 {
+				yt = f()
+			} else {
+				ag.Autocast(dev, dt, func() { yt = f() })
+			}
+			if yt.DType() != tensor.F32 {
+				t.Fatalf("%v: result %v, want r's F32", dt, yt.DType())
+			}
+			ag.Backward(yt, ag.WithGrad(tensor.FromFloat32(dev, gv, n, out)))
+			y = yt.Float32s()
+			for _, p := range ps {
+				if g := p.Grad(); g != nil {
+					grads = append(grads, g.Float32s())
+				} else {
+					grads = append(grads, nil)
+				}
+			}
+		})
+		return y, grads
+	}
+	relErr := func(a, b []float32) float64 {
+		var num, den float64
+		for i := range a {
+			d := float64(a[i] - b[i])
+			num, den = num+d*d, den+float64(b[i])*float64(b[i])
+		}
+		return math.Sqrt(num / den)
+	}
+	for _, c := range []struct {
+		name            string
+		fused, composed func() *tensor.Tensor
+	}{
+		{"linear", func() *tensor.Tensor { return ag.AddLinear(r, x, wl, bl) },
+			func() *tensor.Tensor { return ag.Add(r, ag.Linear(x, wl, bl)) }},
+		{"mlp", func() *tensor.Tensor { return ag.AddMLP(r, x, w1, b1, w2, b2) },
+			func() *tensor.Tensor { return ag.Add(r, ag.MLP(x, w1, b1, w2, b2)) }},
+	} {
+		y32, g32 := run(c.composed, tensor.F32)
+		yf, gf := run(c.fused, tensor.F32)
+		if e := relErr(yf, y32); e > 1e-6 {
+			t.Errorf("%s: output differs from r + the op's by %.3g", c.name, e)
+		}
+		for i := range gf {
+			if e := relErr(gf[i], g32[i]); (gf[i] == nil) != (g32[i] == nil) || e > 1e-6 {
+				t.Errorf("%s: gradient %d differs from r + the op's by %.3g", c.name, i, e)
+			}
+		}
+		if !slices.Equal(gf[0], gv) {
+			t.Errorf("%s: r's gradient %v, want the result's %v", c.name, gf[0], gv)
+		}
+		yb, _ := run(c.fused, tensor.BF16)
+		yc, _ := run(c.composed, tensor.BF16)
+		if eb, ec := relErr(yb, y32), relErr(yc, y32); eb >= ec || ec > 3e-2 {
+			t.Errorf("%s under bf16: %.3g from the float32 result, the branch rounded first %.3g: want it closer", c.name, eb, ec)
 		}
 	}
 }

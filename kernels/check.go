@@ -89,6 +89,17 @@ func CheckGemmEpilogue(p GemmParams, e Epilogue, a, b, c Buf) {
 		CheckF32("gemm epilogue bias gradient of A", e.BiasGradA)
 		CheckLen("gemm epilogue bias gradient of A", p.M, e.BiasGradA)
 	}
+	if r := e.Residual; r.Valid() {
+		switch {
+		case e.Grad || e.Act != 0:
+			panic(fmt.Sprintf("kernels: gemm epilogue with a residual and %v (grad %v): a residual is added only to a linear product", e.Act, e.Grad))
+		case r.DType != c.DType:
+			panic(fmt.Sprintf("kernels: gemm epilogue residual of %v for a %v C", r.DType, c.DType))
+		case r.Block == c.Block && r.Off < c.Off+c.Bytes() && c.Off < r.Off+r.Bytes():
+			panic(fmt.Sprintf("kernels: gemm epilogue residual (bytes %d+%d) overlaps C (%d+%d)", r.Off, r.Bytes(), c.Off, c.Bytes()))
+		}
+		CheckLen("gemm epilogue residual", p.M*p.N, r)
+	}
 }
 
 // CheckConv checks a convolution's input x, weight w and output y against p.

@@ -135,6 +135,11 @@ type GemmParams struct {
 // through the activation whose input Aux holds, into the product that
 // computed it.
 //
+// Forward with a Residual (and no Act): C = Alpha·op(A)·op(B) + Bias +
+// Residual, the bias not rounded before the sum when C is F32: a residual
+// connection added in the pass that stores C, rounded once (a 16-bit
+// product summed into an F32 residual stream, under autocast).
+//
 // Either way BiasGrad, when valid, receives the column sums of the stored C
 // (the gradient of the bias that made the activation's input), and
 // BiasGradA the sums of op(A) over K (the gradient of the bias of a layer
@@ -148,6 +153,7 @@ type Epilogue struct {
 	Aux       Buf // C's dtype, M×N
 	BiasGrad  Buf // F32, N elements
 	BiasGradA Buf // F32, M elements
+	Residual  Buf // C's dtype, M×N, apart from C; forward only
 }
 
 // String names what the epilogue does, as profiles show it: "bias+gelu",
@@ -165,6 +171,9 @@ func (e Epilogue) String() string {
 	}
 	if e.BiasGradA.Valid() {
 		parts = append(parts, "bias grad of A")
+	}
+	if e.Residual.Valid() {
+		parts = append(parts, "residual")
 	}
 	if len(parts) == 0 {
 		return "none"

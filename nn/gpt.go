@@ -95,24 +95,15 @@ type GPTBlock struct {
 	Drop           *Dropout
 }
 
-// attend is x's attention output: ln_1, c_attn, causal attention, c_proj.
-func (b *GPTBlock) attend(x *T) *T {
+// attention is x's causal self-attention before c_proj: ln_1, c_attn and
+// the heads' attention, (B·T)×Width.
+func (b *GPTBlock) attention(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
 	h := then(b.LN1.ForProduct(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
 	h = then(h, b.Attn.Forward)
 	h = then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, 3*C) })
 	h = then(h, func(h *T) *T { return ag.CausalAttention(h, b.Heads) })
-	h = then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
-	h = then(h, b.AttnProj.Forward)
-	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
-}
-
-// mlp is x's MLP output: ln_2, then c_fc, GELU and c_proj as one op.
-func (b *GPTBlock) mlp(x *T) *T {
-	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
-	h := then(b.LN2.ForProduct(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
-	h = then(h, b.feedForward)
-	return then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, C) })
+	return then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
 }
 
 // feedForward is c_proj(GELU(c_fc(h))) for h of N×Width (ag.MLP).
@@ -120,26 +111,49 @@ func (b *GPTBlock) feedForward(h *T) *T {
 	return ag.MLP(h, b.FC.Weight, b.FC.Bias, b.Proj.Weight, b.Proj.Bias)
 }
 
-// Forward computes the block for x of B×T×Width. A checkpoint's
-// recomputation of it skips the MLP's output product and the residual add
-// after it, which only make the block's result (autograd.Unread).
-func (b *GPTBlock) Forward(x *T) *T {
-	a := b.drop(b.attend(x))
-	h := ag.Add(x, a)
-	a.Release()
-	defer h.Release()
-	return ag.Unread(ag.ModeOf(h), func() *T {
-		m := b.drop(b.mlp(h))
-		defer m.Release()
-		return ag.Add(h, m)
-	})
+// dropping reports whether the residual dropout is on.
+func (b *GPTBlock) dropping() bool { return b.Drop != nil && b.Drop.Training && b.Drop.P > 0 }
+
+// addProjected is x + c_proj(a): the residual added in the product's
+// epilogue (ag.AddLinear), or after the dropout of the projection.
+func (b *GPTBlock) addProjected(x, a *T) *T {
+	if !b.dropping() {
+		return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias)
+	}
+	m := b.Drop.Forward(b.AttnProj.Forward(a))
+	defer m.Release()
+	return ag.Add(x, m)
 }
 
-func (b *GPTBlock) drop(x *T) *T {
-	if b.Drop == nil {
-		return x
+// addFeedForward is x + feedForward(h): the residual added in the MLP's
+// second product (ag.AddMLP), or after the dropout of its output.
+func (b *GPTBlock) addFeedForward(x, h *T) *T {
+	if !b.dropping() {
+		return ag.AddMLP(x, h, b.FC.Weight, b.FC.Bias, b.Proj.Weight, b.Proj.Bias)
 	}
-	return then(x, b.Drop.Forward)
+	m := b.Drop.Forward(b.feedForward(h))
+	defer m.Release()
+	return ag.Add(x, m)
+}
+
+// Forward computes the block for x of B×T×Width: x + c_proj(attention),
+// then that + the MLP of its ln_2, each residual added in its product's
+// epilogue. A checkpoint's recomputation of the block skips the MLP's
+// output product, which only makes the block's result (autograd.Unread).
+func (b *GPTBlock) Forward(x *T) *T {
+	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
+	a := b.attention(x)
+	x2 := ag.Reshape(x, B*Tn, C)
+	h := b.addProjected(x2, a)
+	x2.Release()
+	a.Release()
+	defer h.Release()
+	y := ag.Unread(ag.ModeOf(h), func() *T {
+		n := b.LN2.ForProduct(h)
+		defer n.Release()
+		return b.addFeedForward(h, n)
+	})
+	return then(y, func(y *T) *T { return ag.Reshape(y, B, Tn, C) })
 }
 
 // State lists the block's parameters by GPT-2's names.
@@ -389,9 +403,8 @@ func (g *GPT) decode(dev *tensor.Device, caches []*T, tokens []int32, pos int) *
 		qkv := b.Attn.Forward(b.LN1.ForProduct(h))
 		cb := caches[i].Buf()
 		be.Copy(cb.Slice(pos*3*C, m*3*C), qkv.Buf())
-		a := b.AttnProj.Forward(ag.CachedAttention(caches[i], pos, m, b.Heads))
-		h = ag.Add(h, a)
-		h = ag.Add(h, b.feedForward(b.LN2.ForProduct(h)))
+		h = b.addProjected(h, ag.CachedAttention(caches[i], pos, m, b.Heads))
+		h = b.addFeedForward(h, b.LN2.ForProduct(h))
 	}
 	last := g.LNF.ForProduct(h.Rows(m-1, m))
 	return ag.Linear(last, g.WTE.On(dev), nil).Keep()

@@ -10,7 +10,8 @@ import (
 
 // TestGemmEpilogue checks each epilogue (bias; bias and GELU, saving the
 // pre-activation; GELU's derivative with the bias gradient; the bias
-// gradient of A) on every transpose and dtype against float64 loops
+// gradient of A; bias and residual, into C of the operands' dtype or F32)
+// on every transpose and dtype against float64 loops
 // written from kernels.Epilogue's definition and the ops' references.
 func TestGemmEpilogue(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -18,8 +19,12 @@ func TestGemmEpilogue(t *testing.T) {
 	type ep struct {
 		name                             string
 		bias, act, grad, biasGrad, gradA bool
+		residual, f32C                   bool // f32C: C (and the residual) F32 whatever the operands' dtype
 	}
 	for _, e := range []ep{
+		{name: "bias+residual", bias: true, residual: true},
+		{name: "bias+residual-into-f32", bias: true, residual: true, f32C: true},
+		{name: "residual", residual: true},
 		{name: "bias", bias: true},
 		{name: "bias+gelu", bias: true, act: true},
 		{name: "gelu", act: true},
@@ -35,7 +40,11 @@ func TestGemmEpilogue(t *testing.T) {
 		} {
 			for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
 				t.Run(fmt.Sprintf("%s/%+v/%v", e.name, p, dt), func(t *testing.T) {
-					operand := func(n int) (kernels.Buf, []float64) {
+					cdt := dt
+					if e.f32C {
+						cdt = kernels.F32
+					}
+					operandOf := func(dt kernels.DType, n int) (kernels.Buf, []float64) {
 						f, _ := randBuf(t, rng, n)
 						b := f
 						if dt.Half() {
@@ -48,13 +57,14 @@ func TestGemmEpilogue(t *testing.T) {
 						}
 						return b, v
 					}
+					operand := func(n int) (kernels.Buf, []float64) { return operandOf(dt, n) }
 					a, av := operand(p.M * p.K)
 					b, bv := operand(p.K * p.N)
 					var k kernels.Epilogue
 					var biasV, auxV []float64
 					if e.bias {
 						k.Bias, biasV = randBuf(t, rng, p.N)
-						if dt.Half() { // added as a bias of C's dtype
+						if cdt.Half() { // added as a bias of C's dtype
 							h := buf(t, dt, p.N)
 							be.Cast(h, k.Bias)
 							for i, v := range in(h) {
@@ -76,7 +86,11 @@ func TestGemmEpilogue(t *testing.T) {
 					if e.gradA {
 						k.BiasGradA = buf(t, kernels.F32, p.M)
 					}
-					c := buf(t, dt, p.M*p.N)
+					var resV []float64
+					if e.residual {
+						k.Residual, resV = operandOf(cdt, p.M*p.N)
+					}
+					c := buf(t, cdt, p.M*p.N)
 					be.GemmEpilogue(p, k, a, b, c)
 
 					want, pre := make([]float64, p.M*p.N), make([]float64, p.M*p.N)
@@ -98,6 +112,9 @@ func TestGemmEpilogue(t *testing.T) {
 							if e.bias {
 								s += biasV[j]
 							}
+							if e.residual {
+								s += resV[i*p.N+j]
+							}
 							pre[i*p.N+j] = s
 							switch {
 							case e.grad:
@@ -115,7 +132,7 @@ func TestGemmEpilogue(t *testing.T) {
 							sumsA[i] += av[ai]
 						}
 					}
-					tol := map[kernels.DType]float64{kernels.F32: 1e-5, kernels.F16: 2e-3, kernels.BF16: 1e-2}[dt]
+					tol := map[kernels.DType]float64{kernels.F32: 1e-5, kernels.F16: 2e-3, kernels.BF16: 1e-2}[cdt]
 					check(t, "C", c, want, tol)
 					if e.act && !e.grad {
 						check(t, "Aux", k.Aux, pre, tol)

@@ -79,9 +79,9 @@ func operand(buf kernels.Buf, off, ld int, trans, isA bool) sgemm.Operand {
 }
 
 // GemmEpilogue computes a product and its epilogue (kernels.Epilogue):
-// the bias and the activation (or its derivative) are applied to each
-// block of C as GemmOpTiles finishes it, in float32 and before a 16-bit C
-// is rounded, so C is stored once. A 16-bit pre-activation is rounded into
+// the bias, the residual and the activation (or its derivative) are
+// applied to each block of C as GemmOpTiles finishes it, in float32 and
+// before a 16-bit C is rounded, so C is stored once. A 16-bit pre-activation is rounded into
 // Aux before the activation reads it, as the backward will. The bias
 // gradients are Reduce's sums.
 func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
@@ -132,6 +132,9 @@ func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c
 						row[j] += bias[j0+j]
 					}
 				}
+				if r := e.Residual; r.Valid() {
+					addRow(row, r, at)
+				}
 				if e.Act == 0 {
 					continue
 				}
@@ -170,6 +173,25 @@ func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c
 			r = kernels.Reduction{Outer: 1, Len: p.K, Inner: p.M} // A stored K×M
 		}
 		c.Reduce(kernels.Sum, e.BiasGradA, a.Slice(0, p.M*p.K), r)
+	}
+}
+
+// addRow adds len(row) elements of r from element at on to row.
+func addRow(row []float32, r kernels.Buf, at int) {
+	if !r.DType.Half() {
+		for j, v := range f32s(r)[at : at+len(row)] {
+			row[j] += v
+		}
+		return
+	}
+	v := make([]float32, len(row))
+	if r.DType == kernels.BF16 {
+		half.BF16ToFloat32(v, u16s(r)[at:at+len(row)])
+	} else {
+		half.ToFloat32(v, u16s(r)[at:at+len(row)])
+	}
+	for j := range row {
+		row[j] += v[j]
 	}
 }
 

@@ -31,7 +31,10 @@ import (
 // auxiliary matrix), a shape its heuristic has no algorithm for, or a
 // machine without the library runs the product with cublasGemmEx and the
 // epilogue as one pass of gemm_epilogue over C: the same results within
-// rounding, one more pass.
+// rounding, one more pass. A residual is cuBLASLt's C, read with β = 1,
+// and our C its D: a transformer block's residual add costs no pass of
+// its own, and its F32 D takes the F32 bias as it is (no scratch cast);
+// unfused, C is first a copy of the residual.
 
 // cuBLASLt's enums (cublasLt.h).
 const (
@@ -45,6 +48,7 @@ const (
 	ltPrefAlignA    = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
 	ltPrefWorkspace = 1
 
+	ltEpilogueDefault    = 1
 	ltEpilogueBias       = 4
 	ltEpilogueGELUAux    = 160
 	ltEpilogueGELUAuxB   = 164 // GELU_AUX_BIAS
@@ -136,6 +140,8 @@ func ltEpilogue(p kernels.GemmParams, e kernels.Epilogue, sums bool) (epi int32,
 		return ltEpilogueGELUAux, false, ""
 	case e.Bias.Valid():
 		return ltEpilogueBias, false, ""
+	case e.Residual.Valid():
+		return ltEpilogueDefault, false, ""
 	case sums && p.TransA && e.BiasGradA.Valid() && !e.BiasGrad.Valid(): // cuBLAS's B is our A (gemm's Note)
 		return ltEpilogueBGradB, true, ""
 	}
@@ -270,9 +276,14 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 	if e.Aux.Valid() {
 		aux = ptrOf(e.Aux)
 	}
+	// A residual is cuBLASLt's C, read with β = 1, beside the D we call C.
+	in, beta := ptrOf(c), float32(0)
+	if e.Residual.Valid() {
+		in, beta = ptrOf(e.Residual), 1
+	}
 	key := ltKey{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, ab: a.DType, c: c.DType, epilogue: epi,
 		tf32:  b.opts.MatmulTF32 && a.DType == kernels.F32,
-		align: [4]uint8{alignLog2(ptrOf(a)), alignLog2(ptrOf(bb)), alignLog2(ptrOf(c)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
+		align: [4]uint8{alignLog2(ptrOf(a)), alignLog2(ptrOf(bb)), min(alignLog2(ptrOf(c)), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
 	pl := b.ltPlanFor(key, vec, aux)
 	if pl.refused != "" {
 		return false, false
@@ -287,7 +298,7 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 	if scratch.Valid() && e.Bias.Valid() {
 		b.cast(scratch, e.Bias)
 	}
-	b.alpha, b.beta = p.Alpha, 0
+	b.alpha, b.beta = p.Alpha, beta
 	ws := b.blasWS
 	if b.prof != nil {
 		b.queued(fmt.Sprintf("cublasLt gemm %v→%v %d×%d×%d %s", a.DType, c.DType, p.M, p.N, p.K, e))
@@ -297,7 +308,7 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 	// A call cuBLASLt refuses (it checks before queuing anything) leaves
 	// the shape to the unfused path from then on.
 	if r := lt.matmul(b.ltHandle, pl.desc, unsafe.Pointer(&b.alpha), ptrOf(bb), pl.a, ptrOf(a), pl.b, unsafe.Pointer(&b.beta),
-		ptrOf(c), pl.d, ptrOf(c), pl.d, unsafe.Pointer(&pl.algo.algo), ws.Addr(), uintptr(ws.Size()), b.stream); r != 0 {
+		in, pl.d, ptrOf(c), pl.d, unsafe.Pointer(&pl.algo.algo), ws.Addr(), uintptr(ws.Size()), b.stream); r != 0 {
 		pl.refused = b.cb.check("cublasLtMatmul", r).Error()
 		return false, false
 	}

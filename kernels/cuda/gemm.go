@@ -108,7 +108,13 @@ func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, 
 	b.enter()
 	ran, sums := b.gemmLt(p, e, a, bb, c)
 	if !ran {
-		b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
+		var beta float32
+		if r := e.Residual; r.Valid() { // C starts as the residual, and the product adds to it
+			b.queued("memcpy device to device")
+			b.d.must("cuMemcpyDtoDAsync", b.d.memcpyDtoDAsync(ptrOf(c), ptrOf(r), uintptr(r.Bytes()), b.stream))
+			beta = 1
+		}
+		b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha, beta: beta,
 			a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType})
 		if e.Bias.Valid() || e.Act != 0 {
 			grad := int32(0)

@@ -400,6 +400,7 @@ var cases = []testCase{
 		type ep struct {
 			name                             string
 			bias, act, grad, biasGrad, gradA bool
+			residual                         bool
 		}
 		for _, p := range []kernels.GemmParams{
 			{TransB: true, M: 96, N: 64, K: 40, Alpha: 1, Batch: 1},   // a linear layer's forward: x·wᵀ
@@ -416,6 +417,8 @@ var cases = []testCase{
 				{name: "gelu′+bias grad", act: true, grad: true, biasGrad: true},
 				{name: "bias grad of A", gradA: true},
 				{name: "bias+bias grad of A", bias: true, gradA: true},
+				{name: "bias+residual", bias: true, residual: true},
+				{name: "residual", residual: true},
 			} {
 				for _, dt := range dtypes {
 					for _, cdt := range dtypes {
@@ -446,6 +449,10 @@ var cases = []testCase{
 						if e.gradA {
 							gradA = s.out(kernels.F32, p.M)
 							eg.BiasGradA, er.BiasGradA = gradA.got, gradA.ref
+						}
+						if e.residual {
+							r := s.randIn(cdt, p.M*p.N)
+							eg.Residual, er.Residual = r.got, r.ref
 						}
 						s.got.GemmEpilogue(p, eg, a.got, b.got, c.got)
 						s.ref.GemmEpilogue(p, er, a.ref, b.ref, c.ref)
