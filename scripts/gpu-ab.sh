@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# A/B of the CNN step times on one GPU machine: .gpu/old/bench.xz (a bench binary of another commit,
-# built here with CGO_ENABLED=0 go build -trimpath ./cmd/bench and xz-compressed) against the staged
-# bin/bench, ROUNDS rounds alternating which runs first; leangrad's captured steps only.
+# A/B of step times on one GPU machine: .gpu/old/bench.xz (a bench binary of another commit, built
+# here with CGO_ENABLED=0 go build -trimpath ./cmd/bench and xz-compressed) against the staged
+# bin/bench, ROUNDS rounds alternating which runs first; leangrad's captured steps only. SPECS and
+# CONFIGS choose the rows (the CNNs' by default); EXTRA adds bench flags, e.g. for GPT-2:
+#   SPECS=gpt2:16 CONFIGS=amp,amp+checkpoint EXTRA="-vocab 50304 -amp-dtype bf16" bash scripts/gpu-ab.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 xz -dc .gpu/old/bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
 specs=${SPECS:-"resnet20:256,1024 resnet18:256"}
-args=(-device cuda -specs "$specs" -configs fp32,amp,checkpoint,amp+checkpoint -pytorch "" -claims=false -eager=false -steps 20 -warmup 5)
+args=(-device cuda -specs "$specs" -configs "${CONFIGS:-fp32,amp,checkpoint,amp+checkpoint}" -pytorch "" -claims=false -eager=false
+  -steps 20 -warmup 5 ${EXTRA:-})
 for r in $(seq 1 "${ROUNDS:-2}"); do
   order="old new"
   [ $((r % 2)) -eq 0 ] && order="new old"
