@@ -22,11 +22,13 @@ import (
 // is cast into a scratch vector first, one small launch, as PyTorch's
 // autocast casts it. cuBLASLt can also fuse the bias gradients (BGRADB,
 // DGELU_BGRAD), but they are not fused by default (ltSums): on the H200
-// (BenchmarkCUDAGemmEpilogues, GPT-2 small's shapes in BF16) the
-// c_proj input gradient through GELU′ took 443 µs with DGELU_BGRAD against
-// 196 µs with DGELU, and c_fc's weight gradient 142 µs with BGRADB against
-// 132 µs without, each beside a column sum of about 25 µs (reduce_cols);
-// BGRADB also has no algorithm unless A is transposed. What cuBLASLt does
+// (BenchmarkCUDAGemmEpilogues, GPT-2 small's shapes in BF16, each time
+// with the column sums of reduce_cols when unfused) the c_proj input
+// gradient through GELU′ took 432 µs with DGELU_BGRAD against 188 µs with
+// DGELU, and the weight gradients with BGRADB 144, 115 and 119 µs against
+// 124, 108 and 109 µs (c_fc, c_attn, mlp.c_proj), faster only for
+// attn.c_proj's 768×768 (49 against 54 µs); BGRADB also has no algorithm
+// unless A is transposed. What cuBLASLt does
 // not fuse (another activation, N not a multiple of 8 with GELU's
 // auxiliary matrix), a shape its heuristic has no algorithm for, or a
 // machine without the library runs the product with cublasGemmEx and the

@@ -88,6 +88,16 @@ func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 			}},
 		{"c_fc-dw+bias-grad", kernels.GemmParams{TransA: true, M: 4 * width, N: width, K: rows, Alpha: 1, Batch: 1}, kernels.F32,
 			func() kernels.Epilogue { return kernels.Epilogue{BiasGradA: buf(kernels.F32, 4*width)} }},
+		{"c_attn-dw+bias-grad", kernels.GemmParams{TransA: true, M: 3 * width, N: width, K: rows, Alpha: 1, Batch: 1}, kernels.F32,
+			func() kernels.Epilogue { return kernels.Epilogue{BiasGradA: buf(kernels.F32, 3*width)} }},
+		{"attn.c_proj-dw+bias-grad", kernels.GemmParams{TransA: true, M: width, N: width, K: rows, Alpha: 1, Batch: 1}, kernels.F32,
+			func() kernels.Epilogue { return kernels.Epilogue{BiasGradA: buf(kernels.F32, width)} }},
+		{"mlp.c_proj-dw+bias-grad", kernels.GemmParams{TransA: true, M: width, N: 4 * width, K: rows, Alpha: 1, Batch: 1}, kernels.F32,
+			func() kernels.Epilogue { return kernels.Epilogue{BiasGradA: buf(kernels.F32, width)} }},
+		{"attn.c_proj-residual", kernels.GemmParams{TransB: true, M: rows, N: width, K: width, Alpha: 1, Batch: 1}, kernels.F32,
+			func() kernels.Epilogue {
+				return kernels.Epilogue{Bias: buf(kernels.F32, width), Residual: buf(kernels.F32, rows*width)}
+			}},
 	} {
 		p := s.p
 		a, w, c := buf(kernels.BF16, p.M*p.K), buf(kernels.BF16, p.K*p.N), buf(s.c, p.M*p.N)

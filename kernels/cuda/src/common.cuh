@@ -7,7 +7,7 @@
 // Storage types: float (F32), f16 (IEEE binary16 bits, converted with PTX
 // cvt instructions), bf16 (bfloat16 bits in a struct of their own, so that
 // its loads and stores overload apart from f16's; rounded to nearest even
-// in integer arithmetic, which every architecture has), int (I32).
+// by cvt on sm_80 and later, in integer arithmetic before), int (I32).
 // Arithmetic is always in float.
 
 #ifndef INFINITY
@@ -27,10 +27,16 @@ __device__ __forceinline__ f16 f2h(float f) {
 
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float((unsigned)h.x << 16); }
 __device__ __forceinline__ bf16 f2bf(float f) {
+#if __CUDA_ARCH__ >= 800 // one cvt (a NaN becomes the canonical one)
+    unsigned short h;
+    asm("{cvt.rn.bf16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return bf16{h};
+#else
     unsigned u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{(unsigned short)((u >> 16) | 0x40u)}; // NaN: quiet
     u += 0x7fffu + ((u >> 16) & 1u);
     return bf16{(unsigned short)(u >> 16)};
+#endif
 }
 
 __device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
@@ -65,6 +71,18 @@ __device__ __forceinline__ void st4(bf16* p, i64 i, const float* v) {
                                   (unsigned)f2bf(v[2]).x | ((unsigned)f2bf(v[3]).x << 16));
 }
 template <typename T> __device__ __forceinline__ bool vec4(const T* p) { return ((unsigned long long)p & (4 * sizeof(T) - 1)) == 0; }
+
+// ex2 is 2^x with subnormal results flushed to zero: the MUFU.EX2 alone,
+// without the instructions exp2f (and expf) wrap around it. The softmax
+// kernels (flash attention, the classifier's rows) work in log2 units
+// (LOG2E folded into their scales): a probability under 2^-126 changes no
+// row's sum, which is at least 1, and next to nothing of its products.
+#define LOG2E 1.4426950408889634f
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)

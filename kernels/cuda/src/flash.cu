@@ -36,7 +36,6 @@
 #define FLASH_BWD_KV_BLOCKS 2
 #define FLASH_BWD_Q_BLOCKS 3
 #define FLASH_LD (FLASH_D + 8)
-#define LOG2E 1.4426950408889634f
 
 // pack2 rounds two floats to T (to nearest even) and packs them, lo in the
 // low half: one cvt of both on sm_80 and later, where the kernels run.
@@ -58,16 +57,6 @@ template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) 
 #else
     return (unsigned)f2bf(lo).x | ((unsigned)f2bf(hi).x << 16);
 #endif
-}
-
-// ex2 is 2^x with subnormal results flushed to zero: the MUFU.EX2 alone,
-// without the instructions exp2f wraps around it for subnormal results.
-// A probability under 2^-126 changes no row's sum (which is at least 1)
-// and next to nothing of its products.
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // mma16816 is c += a·b for a 16×16 A (row-major fragment, 4 registers), a
