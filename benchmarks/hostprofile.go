@@ -240,6 +240,11 @@ func (h *hostProfiler) AdamW(p kernels.AdamWParams, params, grads, m, v []kernel
 	h.b.AdamW(p, params, grads, m, v)
 }
 
+func (h *hostProfiler) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found kernels.Buf) {
+	defer h.op("UnscaleClip", sumsq)()
+	h.b.UnscaleClip(maxNorm, sumsq, scale, norm, mult, found)
+}
+
 func (h *hostProfiler) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	defer h.op("UnscaleCheck", first(grads))()
 	h.b.UnscaleCheck(grads, scale, found)

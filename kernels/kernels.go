@@ -284,6 +284,11 @@ type AdamWParams struct {
 	Beta1, Beta2, Eps, WeightDecay float32
 	Step                           Buf // a counter
 	Skip                           Buf // as SGDParams.Skip
+	// GradScale, when valid (F32, 1 element, read on the device),
+	// multiplies each gradient as the update reads it: UnscaleClip's
+	// multiplier, the GradScaler's 1/scale and the clip's coefficient
+	// applied without a pass of their own over the gradients.
+	GradScale Buf
 }
 
 // ScalerParams are GradScaler's growth and backoff, as in torch.amp.GradScaler.
@@ -416,6 +421,16 @@ type Backend interface {
 	// device) in place and sets found (F32, 1 element, not cleared) to 1 if
 	// any value is infinite or NaN.
 	UnscaleCheck(grads []Buf, scale, found Buf)
+	// UnscaleClip is UnscaleCheck and ClipGradNorm for an update that
+	// multiplies the gradients as it reads them (AdamWParams.GradScale),
+	// in one thread on the device: from the sum of squares sumsq (F32, 1)
+	// of gradients still multiplied by scale (F32, 1; invalid: 1), it
+	// writes their norm √sumsq/scale to norm, mult = c/scale where c is
+	// the clip coefficient min(1, maxNorm/(norm + 10⁻⁶)) (1 for maxNorm
+	// 0), and sets found (F32, 1, not cleared; invalid: none) to 1 if
+	// sumsq is not finite: an inf or NaN gradient, or one whose square
+	// overflows.
+	UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found Buf)
 	// UpdateScale is torch's _amp_update_scale_, on the device: when found
 	// is set, scale ← scale·Backoff and tracker (I32, 1) ← 0, and skipped
 	// (F32, 1) counts one more skipped step; otherwise the tracker counts up

@@ -13,4 +13,5 @@ func TestCUDAOptimizers(t *testing.T) {
 	t.Run("scaler", func(t *testing.T) { testGradScaler(t, dev) })
 	t.Run("no-decay-groups", func(t *testing.T) { testNoDecayGroups(t, dev) })
 	t.Run("clip-grad-norm", func(t *testing.T) { testClipGradNorm(t, dev) })
+	t.Run("step-clipped", func(t *testing.T) { testStepClipped(t, dev) })
 }

@@ -45,6 +45,15 @@ type Optimizer interface {
 	Release()
 }
 
+// A ScaledStepper's update can read the gradients through a multiplier on
+// the device, so that the GradScaler's unscale and the clip's scaling
+// need no pass of their own over them (GradScaler.StepClipped).
+type ScaledStepper interface {
+	// StepScaled is StepUnless with every gradient multiplied by mult
+	// (F32, 1 element, read on the device) as the update reads it.
+	StepScaled(mult, skip kernels.Buf)
+}
+
 // deviceLR is a learning rate with its device copy.
 type deviceLR struct {
 	lr  float64
@@ -310,7 +319,11 @@ func (o *AdamW) Step() { o.StepUnless(kernels.Buf{}) }
 
 // StepUnless counts the step and updates the parameters with gradients in
 // one fused launch, unless skip is set when they run.
-func (o *AdamW) StepUnless(skip kernels.Buf) {
+func (o *AdamW) StepUnless(skip kernels.Buf) { o.StepScaled(kernels.Buf{}, skip) }
+
+// StepScaled is StepUnless with every gradient multiplied by mult (F32, 1
+// element, read on the device; invalid: 1) as the update reads it.
+func (o *AdamW) StepScaled(mult, skip kernels.Buf) {
 	idx, ps, gs := withGrads(o.params)
 	if len(idx) == 0 {
 		return
@@ -323,7 +336,7 @@ func (o *AdamW) StepUnless(skip kernels.Buf) {
 	be := o.params[idx[0]].Backend()
 	be.Increment(o.step.Buf(), 1, skip)
 	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
-		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip}
+		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}
 	// One launch per group: the decayed parameters, the others.
 	var groups [2][4][]kernels.Buf
 	for k, i := range idx {

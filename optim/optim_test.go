@@ -238,3 +238,94 @@ func testClipGradNorm(t *testing.T, dev *tensor.Device) {
 		near(t, "b", b.Grad().Float32s(), 0, 4*c, 0)
 	}
 }
+
+// TestStepClipped: the fused step (one sum of squares, the update reading
+// the gradients through 1/scale × the clip coefficient) moves AdamW's
+// parameters as Unscale, ClipGradNorm and Step do, reports the same norm,
+// skips the same steps (an inf gradient) and leaves the gradients as the
+// backward made them; without a scaler or a clip it is Step.
+func TestStepClipped(t *testing.T) { testStepClipped(t, tensor.CPU()) }
+
+func testStepClipped(t *testing.T, dev *tensor.Device) {
+	for _, c := range []struct {
+		name    string
+		scaler  bool
+		maxNorm float64
+		inf     bool
+	}{
+		{"scaled, clipped", true, 1, false},
+		{"scaled, under the clip", true, 1e4, false},
+		{"scaled, no clip", true, 0, false},
+		{"clipped, no scaler", false, 1, false},
+		{"neither", false, 0, false},
+		{"scaled, an inf gradient", true, 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			grads := [][]float32{{0.3, -1.2, 2.5}, {4, -0.5}}
+			if c.inf {
+				grads[1][0] = float32(math.Inf(1))
+			}
+			run := func(fused bool) (params [][]float32, norm float32, skipped int, left []float32) {
+				ps := []*tensor.Tensor{param(dev, 0.5, -1, 2), param(dev, 3, 0.25)}
+				defer func() {
+					for _, p := range ps {
+						p.Release()
+					}
+				}()
+				opt := NewAdamW(ps, 0.1, 0.01)
+				defer opt.Release()
+				opt.Eps = 0.5 // the update depends on the gradients' scale, not only their direction
+				s := NewGradScaler(dev, c.scaler)
+				defer s.Release()
+				n := tensor.Zeros(dev, tensor.F32, 1).Keep()
+				defer n.Release()
+				for step := 0; step < 2; step++ {
+					scale := float32(1)
+					if c.scaler {
+						scale = float32(s.Scale())
+					}
+					for i, p := range ps {
+						g := make([]float32, len(grads[i]))
+						for j, v := range grads[i] {
+							g[j] = v * scale // as a scaled loss's backward makes them
+						}
+						setGrad(p, g...)
+					}
+					var o Optimizer = opt
+					if !fused {
+						o = struct{ Optimizer }{opt} // hides StepScaled: the three steps in turn
+					}
+					s.StepClipped(o, c.maxNorm, n)
+					s.Update()
+					left = ps[0].Grad().Float32s()
+				}
+				for _, p := range ps {
+					params = append(params, p.Float32s())
+				}
+				return params, n.Float32s()[0], s.Skipped(), left
+			}
+			p0, n0, s0, _ := run(false)
+			p1, n1, s1, g1 := run(true)
+			for i := range p0 {
+				var want []float64
+				for _, v := range p0[i] {
+					want = append(want, float64(v))
+				}
+				near(t, "parameter", p1[i], want...)
+			}
+			if c.maxNorm > 0 && !c.inf && math.Abs(float64(n1-n0)) > 1e-6*float64(n0) {
+				t.Errorf("norm %v, unfused %v", n1, n0)
+			}
+			if s1 != s0 {
+				t.Errorf("%d steps skipped, unfused %d", s1, s0)
+			}
+			scale := float32(1)
+			if c.scaler && !c.inf {
+				scale = InitialScale
+			}
+			if !c.inf && g1[0] != grads[0][0]*scale {
+				t.Errorf("the fused step changed the gradients: %v, want %v·%v", g1, grads[0], scale)
+			}
+		})
+	}
+}

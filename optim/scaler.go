@@ -25,6 +25,10 @@ import (
 //	ag.Backward(scaler.ScaleLoss(loss))
 //	scaler.Step(opt) // unscale + inf/NaN check in one launch, then the update unless inf/NaN
 //	scaler.Update()  // back off or grow the scale, on the device
+//
+// StepClipped replaces Step when the gradients are clipped too: for an
+// optimiser that reads them through a multiplier (AdamW), the unscale,
+// the check and the clip cost one sum of squares and no pass that writes.
 type GradScaler struct {
 	GrowthFactor   float64
 	BackoffFactor  float64
@@ -103,6 +107,49 @@ func (s *GradScaler) Step(opt Optimizer) {
 	s.Unscale(opt)
 	s.unscaled = false
 	opt.StepUnless(s.found.Buf())
+}
+
+// StepClipped is Unscale, ClipGradNorm (when maxNorm > 0, writing the norm
+// before clipping to norm) and Step, in one pass over the gradients when
+// opt is a ScaledStepper: the sum of squares of the still scaled
+// gradients, from which one thread takes the norm, the inf/NaN check and
+// the multiplier 1/scale × the clip coefficient, which the update applies
+// as it reads each gradient (kernels.Backend.UnscaleClip). The gradients
+// are left as the backward made them. A sum of squares that overflows
+// counts as inf: the step is skipped and the scale backs off. Other
+// optimisers get the three in turn.
+func (s *GradScaler) StepClipped(opt Optimizer, maxNorm float64, norm *tensor.Tensor) {
+	st, fused := opt.(ScaledStepper)
+	if !fused || s.unscaled || (!s.enabled && maxNorm <= 0) {
+		if maxNorm > 0 {
+			s.Unscale(opt)
+			ClipGradNorm(opt.Params(), maxNorm, norm)
+		}
+		s.Step(opt)
+		return
+	}
+	var grads []kernels.Buf
+	for _, p := range opt.Params() {
+		if g := p.Grad(); g != nil {
+			grads = append(grads, g.Buf())
+		}
+	}
+	be := s.dev.Backend()
+	sumsq, mult := tensor.Empty(s.dev, tensor.F32, 1), tensor.Empty(s.dev, tensor.F32, 1)
+	defer sumsq.Release()
+	defer mult.Release()
+	be.SumSquares(grads, sumsq.Buf())
+	var scale, found kernels.Buf
+	if s.enabled {
+		scale, found = s.scale.Buf(), s.found.Buf()
+		be.Fill(found, 0)
+	}
+	if norm == nil {
+		norm = tensor.Empty(s.dev, tensor.F32, 1)
+		defer norm.Release()
+	}
+	be.UnscaleClip(float32(max(maxNorm, 0)), sumsq.Buf(), scale, norm.Buf(), mult.Buf(), found)
+	st.StepScaled(mult.Buf(), found)
 }
 
 // Update adjusts the scale after a Step, on the device: backoff on inf/NaN,

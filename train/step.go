@@ -62,8 +62,9 @@ func (m Mode) String() string {
 }
 
 // Step is leangrad's one training step: forward (under autocast with AMP),
-// the loss and its metrics, scaled backward, unscale and inf check, the
-// optimiser's update or its skip, gradients released. The Trainer, the
+// the loss and its metrics, scaled backward, unscale, inf check and clip
+// (read into AdamW's update, GradScaler.StepClipped), the optimiser's
+// update or its skip, gradients released. The Trainer, the
 // benchmark harness, the seed-claims suite and the memory measurements all
 // run their steps through it.
 //
@@ -636,17 +637,20 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					panic(err) // Run returns it
 				}
 			}
-			if s.ClipNorm > 0 {
-				s.Scaler.Unscale(s.Opt)
-				if s.sharded != nil {
+			switch {
+			case s.sharded != nil: // the norm is summed over the ranks' shards
+				if s.ClipNorm > 0 {
+					s.Scaler.Unscale(s.Opt)
 					if err := s.sharded.ClipGradNorm(s.ClipNorm, s.gradNorm); err != nil {
 						panic(err)
 					}
-				} else {
-					optim.ClipGradNorm(s.Opt.Params(), s.ClipNorm, s.gradNorm)
 				}
+				s.Scaler.Step(s.Opt)
+			case s.ClipNorm > 0:
+				s.Scaler.StepClipped(s.Opt, s.ClipNorm, s.gradNorm)
+			default:
+				s.Scaler.StepClipped(s.Opt, 0, nil)
 			}
-			s.Scaler.Step(s.Opt)
 			if s.sharded != nil {
 				if err := s.sharded.Err(); err != nil {
 					panic(err)

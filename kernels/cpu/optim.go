@@ -99,7 +99,7 @@ func sgdUpdate(hp kernels.SGDParams, lr float32, p, g, buf []float32) {
 func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	kernels.CheckLists("adamw", params, grads, m, v)
 	kernels.CheckLen("adamw learning rate", 1, hp.LR)
-	kernels.CheckScalar("adamw learning rate", hp.LR)
+	kernels.CheckScalar("adamw learning rate", hp.LR, hp.GradScale)
 	kernels.CheckCounter("adamw step", hp.Step)
 	if skipped(hp.Skip) {
 		return
@@ -113,17 +113,50 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(step))
 	stepSize := float32(float64(lr) / bc1)
 	bc2Sqrt := float32(math.Sqrt(bc2))
+	scaled := hp.GradScale.Valid()
+	var gs float32
+	if scaled {
+		gs = f32s(hp.GradScale)[0]
+	}
 	for t := range params {
-		p, g, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
+		p, gr, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
 		parallel(len(p), elemGrain, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
+				g := gr[i]
+				if scaled {
+					g *= gs
+				}
 				p[i] *= 1 - lr*hp.WeightDecay
-				ms[i] = hp.Beta1*ms[i] + (1-hp.Beta1)*g[i]
-				vs[i] = hp.Beta2*vs[i] + (1-hp.Beta2)*g[i]*g[i]
+				ms[i] = hp.Beta1*ms[i] + (1-hp.Beta1)*g
+				vs[i] = hp.Beta2*vs[i] + (1-hp.Beta2)*g*g
 				denom := float32(math.Sqrt(float64(vs[i])))/bc2Sqrt + hp.Eps
 				p[i] -= stepSize * ms[i] / denom
 			}
 		})
+	}
+}
+
+// UnscaleClip computes the norm, the update's gradient multiplier and the
+// inf check from the scaled gradients' sum of squares
+// (kernels.Backend.UnscaleClip), with ClipGradNorm's arithmetic.
+func (c *Backend) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found kernels.Buf) {
+	kernels.CheckLen("unscale and clip", 1, sumsq, norm, mult)
+	kernels.CheckScalar("unscale and clip", sumsq, scale, norm, mult, found)
+	ss, s := f32s(sumsq)[0], float32(1)
+	if scale.Valid() {
+		s = f32s(scale)[0]
+	}
+	n := float32(math.Sqrt(float64(ss))) / s
+	f32s(norm)[0] = n
+	coef := float32(1)
+	if maxNorm > 0 {
+		if coef = maxNorm / (n + 1e-6); coef == coef { // NaN stays
+			coef = min(coef, 1)
+		}
+	}
+	f32s(mult)[0] = coef / s
+	if found.Valid() && (math.IsInf(float64(ss), 0) || math.IsNaN(float64(ss))) {
+		f32s(found)[0] = 1
 	}
 }
 

@@ -509,7 +509,7 @@ type (
 		L                     tensorList
 		LR                    uintptr
 		Beta1, Beta2, Eps, WD float32
-		Step, Skip            uintptr
+		Step, Skip, GradScale uintptr
 	}
 	unscaleMultiArgs struct {
 		L            tensorList
@@ -601,11 +601,11 @@ func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	kernels.CheckLists("adamw", params, grads, m, v)
 	kernels.CheckLen("adamw learning rate", 1, hp.LR)
-	kernels.CheckScalar("adamw", hp.LR, hp.Skip)
+	kernels.CheckScalar("adamw", hp.LR, hp.Skip, hp.GradScale)
 	kernels.CheckCounter("adamw step", hp.Step)
-	lr, step, skip := ptrOf(hp.LR), ptrOf(hp.Step), ptrOf(hp.Skip)
+	lr, step, skip, gs := ptrOf(hp.LR), ptrOf(hp.Step), ptrOf(hp.Skip), ptrOf(hp.GradScale)
 	b.multiTensor("adamw", [][]kernels.Buf{params, grads, m, v}, func(l tensorList, d dims) {
-		kAdamWMulti.launch(b, 0, d, adamwMultiArgs{l, lr, hp.Beta1, hp.Beta2, hp.Eps, hp.WeightDecay, step, skip})
+		kAdamWMulti.launch(b, 0, d, adamwMultiArgs{l, lr, hp.Beta1, hp.Beta2, hp.Eps, hp.WeightDecay, step, skip, gs})
 	})
 }
 

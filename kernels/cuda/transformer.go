@@ -172,6 +172,11 @@ type (
 		MaxNorm    float32
 		Norm, Coef uintptr
 	}
+	unscaleClipArgs struct {
+		Sumsq, Scale      uintptr
+		MaxNorm           float32
+		Norm, Mult, Found uintptr
+	}
 	scaleMultiArgs struct {
 		L    tensorList
 		Coef uintptr
@@ -207,6 +212,7 @@ var (
 	kSumsqMulti  = declareKernel[sumsqMultiArgs]("sumsq_multi")
 	kSumsqFinish = declareKernel[sumsqFinishArgs]("sumsq_finish")
 	kClipCoef    = declareKernel[clipCoefArgs]("clip_coef")
+	kUnscaleClip = declareKernel[unscaleClipArgs]("unscale_clip")
 	kScaleMulti  = declareKernel[scaleMultiArgs]("scale_multi")
 )
 
@@ -602,6 +608,16 @@ func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm
 		l, most := listOf(grads[lo:hi])
 		kScaleMulti.launch(b, 0, b.multiDims(most, hi-lo), scaleMultiArgs{l, coef})
 	}
+}
+
+// UnscaleClip computes the update's gradient multiplier, the norm and the
+// inf check in one thread (kernels.Backend.UnscaleClip).
+func (b *Backend) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found kernels.Buf) {
+	kernels.CheckLen("unscale and clip", 1, sumsq, norm, mult)
+	kernels.CheckScalar("unscale and clip", sumsq, scale, norm, mult, found)
+	b.enter()
+	defer b.exit()
+	kUnscaleClip.launch(b, 0, dims{1, 1, 1}, unscaleClipArgs{ptrOf(sumsq), ptrOf(scale), maxNorm, ptrOf(norm), ptrOf(mult), ptrOf(found)})
 }
 
 // listOf is a tensorList of one list of up to mtMax buffers, and the

@@ -766,6 +766,10 @@ var cases = []testCase{
 			hg := kernels.AdamWParams{LR: lr.got, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: step.got, Skip: skip.got}
 			hr := hg
 			hr.LR, hr.Step, hr.Skip = lr.ref, step.ref, skip.ref
+			if k%2 == 0 { // the gradients read through a multiplier
+				gs := scalar(0.37)
+				hg.GradScale, hr.GradScale = gs.got, gs.ref
+			}
 			s.got.AdamW(hg, pg, gg, mg, vg)
 			s.ref.AdamW(hr, pr, gr, mr, vr)
 		}
@@ -1021,6 +1025,25 @@ var cases = []testCase{
 			for i, g := range gs {
 				s.check(fmt.Sprintf("clipped grad %d, max %v", i, maxNorm), g, TolAccumulate)
 			}
+		}
+		// UnscaleClip from a sum of squares: with and without a scale, a
+		// clip that binds, one that does not, none; then an inf sum.
+		scalar := func(v float32) pair { return s.in(kernels.F32, []float32{v}) }
+		for _, c := range []struct {
+			sumsq, scale, maxNorm float32
+		}{{3.5e7, 4096, 1}, {3.5e7, 4096, 1e4}, {2.25, 0, 1}, {2.25, 0, 0}, {float32(math.Inf(1)), 1024, 1}} {
+			sumsq := scalar(c.sumsq)
+			var scale pair
+			if c.scale != 0 {
+				scale = scalar(c.scale)
+			}
+			norm, mult, found := s.out(kernels.F32, 1), s.out(kernels.F32, 1), scalar(0)
+			s.got.UnscaleClip(c.maxNorm, sumsq.got, scale.got, norm.got, mult.got, found.got)
+			s.ref.UnscaleClip(c.maxNorm, sumsq.ref, scale.ref, norm.ref, mult.ref, found.ref)
+			what := fmt.Sprintf("unscale and clip %+v", c)
+			s.check(what+" norm", norm, TolElementwise)
+			s.check(what+" multiplier", mult, TolElementwise)
+			s.check(what+" found", found, 0)
 		}
 	}},
 }

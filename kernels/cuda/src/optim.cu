@@ -40,8 +40,10 @@ __device__ __forceinline__ void adamw_step(float& p, float g, float& m, float& v
 }
 
 extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float beta1, float beta2, float eps, float wd,
-                                       const long long* step, const float* skip) {
+                                       const long long* step, const float* skip, const float* gscale) {
     if (skip && *skip != 0.f) return;
+    bool scaled = gscale != 0;
+    float gs = scaled ? *gscale : 1.f;
     float lr = *lr_p;
     double steps = (double)*step;
     float step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
@@ -56,12 +58,14 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
     for (i64 j = first; j < n4; j += stride) {
         float p[4], g[4], m[4], v[4];
         ld4(P, 4 * j, p), ld4(G, 4 * j, g), ld4(M, 4 * j, m), ld4(V, 4 * j, v);
+        if (scaled)
+            for (int e = 0; e < 4; e++) g[e] = __fmul_rn(g[e], gs);
         for (int e = 0; e < 4; e++) adamw_step(p[e], g[e], m[e], v[e], decay, beta1, beta2, step_size, bc2_sqrt, eps);
         st4(M, 4 * j, m), st4(V, 4 * j, v), st4(P, 4 * j, p);
     }
     for (i64 i = 4 * n4 + first; i < n; i += stride) {
         float p = P[i], m = M[i], v = V[i];
-        adamw_step(p, G[i], m, v, decay, beta1, beta2, step_size, bc2_sqrt, eps);
+        adamw_step(p, scaled ? __fmul_rn(G[i], gs) : G[i], m, v, decay, beta1, beta2, step_size, bc2_sqrt, eps);
         M[i] = m, V[i] = v, P[i] = p;
     }
 }

@@ -622,6 +622,24 @@ extern "C" __global__ void clip_coef(const float* sumsq, float maxnorm, float* n
     coef[0] = isnan(c) ? c : fminf(c, 1.f);
 }
 
+// The norm of gradients still multiplied by the scale (null: 1), the
+// multiplier an update reads them with (the clip coefficient over the
+// scale, no clip for maxnorm 0), and the inf check.
+extern "C" __global__ void unscale_clip(const float* sumsq, const float* scale, float maxnorm, float* norm, float* mult,
+                                        float* found) {
+    float s = scale ? *scale : 1.f;
+    float ss = sumsq[0];
+    float nm = __fdiv_rn((float)sqrt((double)ss), s);
+    float c = 1.f;
+    if (maxnorm > 0.f) {
+        c = maxnorm / (nm + 1e-6f);
+        c = isnan(c) ? c : fminf(c, 1.f);
+    }
+    norm[0] = nm;
+    mult[0] = __fdiv_rn(c, s);
+    if (found && !isfinite(ss)) found[0] = 1.f;
+}
+
 extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     float c = *coef;
     if (c == 1.f) return;
