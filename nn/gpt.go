@@ -120,7 +120,7 @@ func (b *GPTBlock) addProjected(x, a *T) *T {
 	if !b.dropping() {
 		return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias)
 	}
-	m := b.Drop.Forward(b.AttnProj.Forward(a))
+	m := then(b.AttnProj.Forward(a), b.Drop.Forward)
 	defer m.Release()
 	return ag.Add(x, m)
 }
@@ -131,7 +131,7 @@ func (b *GPTBlock) addFeedForward(x, h *T) *T {
 	if !b.dropping() {
 		return ag.AddMLP(x, h, b.FC.Weight, b.FC.Bias, b.Proj.Weight, b.Proj.Bias)
 	}
-	m := b.Drop.Forward(b.feedForward(h))
+	m := then(b.feedForward(h), b.Drop.Forward)
 	defer m.Release()
 	return ag.Add(x, m)
 }

@@ -10,6 +10,7 @@ import (
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -463,5 +464,53 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 			}
 		}
 		Release(g)
+	}
+}
+
+// TestGPTBlockHoldsOnlyWhatItSaves: after a block's forward, with dropout
+// and without, in float32 and under autocast, the memory it added is its
+// output and what its graph saved for the backward, nothing left over.
+func TestGPTBlockHoldsOnlyWhatItSaves(t *testing.T) {
+	dev := tensor.CPU()
+	for _, drop := range []float32{0, 0.1} {
+		for _, amp := range []tensor.DType{0, tensor.BF16} {
+			dev.Generator().Seed(3)
+			g, err := NewGPT(dev, GPTConfig{Layers: 1, Heads: 2, Width: 16, Vocab: 11, Context: 8, Dropout: drop})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := g.Blocks[0]
+			params := map[*memory.Block]bool{}
+			for _, p := range Parameters(g) {
+				params[p.Block()] = true
+			}
+			dev.WithScope(func() {
+				x := tensor.Randn(dev, tensor.F32, 0, 1, 2, 8, 16).SetRequiresGrad(true)
+				params[x.Block()] = true
+				before := dev.Allocator().Stats().Allocated[memory.All].Current
+				var out *tensor.Tensor
+				if amp != 0 {
+					ag.Autocast(dev, amp, func() { out = b.Forward(x) })
+				} else {
+					out = b.Forward(x)
+				}
+				held := dev.Allocator().Stats().Allocated[memory.All].Current - before
+				var saved int64
+				counted := false
+				for _, s := range ag.Saved(out, func(blk *memory.Block) bool {
+					counted = counted || blk == out.Block()
+					return params[blk]
+				}) {
+					saved += s.Bytes
+				}
+				if !counted {
+					saved += out.Block().Size()
+				}
+				if held != saved {
+					t.Errorf("dropout %v, autocast %v: the forward holds %d bytes, its output and saved tensors %d", drop, amp, held, saved)
+				}
+			})
+			Release(g)
+		}
 	}
 }
