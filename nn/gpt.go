@@ -138,7 +138,7 @@ func (b *GPTBlock) addFeedForward(x, h *T) *T {
 
 // Forward computes the block for x of B×T×Width: x + c_proj(attention),
 // then that + the MLP of its ln_2, each residual added in its product's
-// epilogue. A checkpoint's recomputation of the block skips the MLP's
+// epilogue when no dropout comes between them. A checkpoint's recomputation of the block skips the MLP's
 // output product, which only makes the block's result (autograd.Unread).
 func (b *GPTBlock) Forward(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)

@@ -151,9 +151,12 @@ func (r *refGPT) loss(x, y []int32, B, Tn int) float64 {
 	return total / float64(rows)
 }
 
-func tinyGPT(t *testing.T, dev *tensor.Device, seed uint64) *GPT {
+func tinyGPT(t *testing.T, dev *tensor.Device, seed uint64) *GPT { return tinyGPTDropping(t, dev, seed, 0) }
+
+// tinyGPTDropping is tinyGPT with residual and embedding dropout p.
+func tinyGPTDropping(t *testing.T, dev *tensor.Device, seed uint64, p float32) *GPT {
 	dev.Generator().Seed(seed)
-	g, err := NewGPT(dev, GPTConfig{Layers: 2, Heads: 2, Width: 8, Vocab: 11, Context: 6})
+	g, err := NewGPT(dev, GPTConfig{Layers: 2, Heads: 2, Width: 8, Vocab: 11, Context: 6, Dropout: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,13 +231,20 @@ func testGPTMatchesReference(t *testing.T, dev *tensor.Device) {
 }
 
 // TestGPTCheckpointedMatchesPlain: checkpointed blocks and √n segments give
-// the same loss and gradients as keeping every activation.
+// the same loss and gradients as keeping every activation, with dropout
+// (its masks drawn again in the recomputation) and without.
 func TestGPTCheckpointedMatchesPlain(t *testing.T) {
+	for _, p := range []float32{0, 0.2} {
+		testGPTCheckpointedMatchesPlain(t, p)
+	}
+}
+
+func testGPTCheckpointedMatchesPlain(t *testing.T, p float32) {
 	dev := tensor.CPU()
 	rng := rand.New(rand.NewPCG(6, 7))
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	run := func(mode CheckpointMode) (float32, [][]float32) {
-		g := tinyGPT(t, dev, 9)
+		g := tinyGPTDropping(t, dev, 9, p)
 		defer Release(g)
 		g.SetCheckpoint(mode)
 		var l float32
@@ -254,12 +264,12 @@ func TestGPTCheckpointedMatchesPlain(t *testing.T) {
 	for _, mode := range []CheckpointMode{CheckpointBlocks, CheckpointSqrt} {
 		l, gs := run(mode)
 		if l != l0 {
-			t.Errorf("%v: loss %v, plain %v", mode, l, l0)
+			t.Errorf("dropout %v, %v: loss %v, plain %v", p, mode, l, l0)
 		}
 		for i := range gs {
 			for j := range gs[i] {
 				if gs[i][j] != g0[i][j] {
-					t.Fatalf("%v: gradient %d differs at %d: %v vs %v", mode, i, j, gs[i][j], g0[i][j])
+					t.Fatalf("dropout %v, %v: gradient %d differs at %d: %v vs %v", p, mode, i, j, gs[i][j], g0[i][j])
 				}
 			}
 		}
