@@ -151,7 +151,9 @@ func (r *refGPT) loss(x, y []int32, B, Tn int) float64 {
 	return total / float64(rows)
 }
 
-func tinyGPT(t *testing.T, dev *tensor.Device, seed uint64) *GPT { return tinyGPTDropping(t, dev, seed, 0) }
+func tinyGPT(t *testing.T, dev *tensor.Device, seed uint64) *GPT {
+	return tinyGPTDropping(t, dev, seed, 0)
+}
 
 // tinyGPTDropping is tinyGPT with residual and embedding dropout p.
 func tinyGPTDropping(t *testing.T, dev *tensor.Device, seed uint64, p float32) *GPT {
