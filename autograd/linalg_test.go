@@ -104,24 +104,8 @@ func TestMLPIsLinearGELULinear(t *testing.T) {
 	for i := range gv {
 		gv[i] = float32(rng.NormFloat64())
 	}
-	run := func(f func() *tensor.Tensor, dt tensor.DType) (y []float32, grads [][]float32) {
-		for _, p := range ps {
-			p.ZeroGrad()
-		}
-		dev.WithScope(func() {
-			var yt *tensor.Tensor
-			if dt == tensor.F32 {
-				yt = f()
-			} else {
-				ag.Autocast(dev, dt, func() { yt = f() })
-			}
-			g := ag.Cast(tensor.FromFloat32(dev, gv, n, out), yt.DType())
-			ag.Backward(yt, ag.WithGrad(g))
-			y = ag.Cast(yt, tensor.F32).Float32s()
-			for _, p := range ps {
-				grads = append(grads, p.Grad().Float32s())
-			}
-		})
+	run := func(f func() *tensor.Tensor, dt tensor.DType) ([]float32, [][]float32) {
+		y, grads, _ := stepOf(dev, ps, gv, []int{n, out}, f, dt)
 		return y, grads
 	}
 	fused := func() *tensor.Tensor { return ag.MLP(x, w1, b1, w2, b2) }
@@ -132,14 +116,6 @@ func TestMLPIsLinearGELULinear(t *testing.T) {
 	}{{tensor.F32, 1e-5}, {tensor.BF16, 3e-2}} {
 		yf, gf := run(fused, c.dt)
 		yc, gc := run(composed, c.dt)
-		relErr := func(a, b []float32) float64 {
-			var num, den float64
-			for i := range a {
-				d := float64(a[i] - b[i])
-				num, den = num+d*d, den+float64(b[i])*float64(b[i])
-			}
-			return math.Sqrt(num / den)
-		}
 		if e := relErr(yf, yc); e > c.tol {
 			t.Errorf("%v: output differs from Linear→GELU→Linear by %.3g", c.dt, e)
 		}
@@ -174,39 +150,12 @@ func TestResidualOpsAreTheirSums(t *testing.T) {
 	for i := range gv {
 		gv[i] = float32(rng.NormFloat64())
 	}
-	run := func(f func() *tensor.Tensor, dt tensor.DType) (y []float32, grads [][]float32) {
-		for _, p := range ps {
-			p.ZeroGrad()
+	run := func(f func() *tensor.Tensor, dt tensor.DType) ([]float32, [][]float32) {
+		y, grads, ydt := stepOf(dev, ps, gv, []int{n, out}, f, dt)
+		if ydt != tensor.F32 {
+			t.Fatalf("%v: result %v, want r's F32", dt, ydt)
 		}
-		dev.WithScope(func() {
-			var yt *tensor.Tensor
-			if dt == tensor.F32 {
-				yt = f()
-			} else {
-				ag.Autocast(dev, dt, func() { yt = f() })
-			}
-			if yt.DType() != tensor.F32 {
-				t.Fatalf("%v: result %v, want r's F32", dt, yt.DType())
-			}
-			ag.Backward(yt, ag.WithGrad(tensor.FromFloat32(dev, gv, n, out)))
-			y = yt.Float32s()
-			for _, p := range ps {
-				if g := p.Grad(); g != nil {
-					grads = append(grads, g.Float32s())
-				} else {
-					grads = append(grads, nil)
-				}
-			}
-		})
 		return y, grads
-	}
-	relErr := func(a, b []float32) float64 {
-		var num, den float64
-		for i := range a {
-			d := float64(a[i] - b[i])
-			num, den = num+d*d, den+float64(b[i])*float64(b[i])
-		}
-		return math.Sqrt(num / den)
 	}
 	for _, c := range []struct {
 		name            string
@@ -236,4 +185,43 @@ func TestResidualOpsAreTheirSums(t *testing.T) {
 			t.Errorf("%s under bf16: %.3g from the float32 result, the branch rounded first %.3g: want it closer", c.name, eb, ec)
 		}
 	}
+}
+
+// stepOf runs f, under autocast to dt unless dt is F32, and its backward
+// from the gradient gv (of shape, in the result's dtype), and returns the
+// result in float32, the gradients of ps (nil where none) and the
+// result's dtype.
+func stepOf(dev *tensor.Device, ps []*tensor.Tensor, gv []float32, shape []int, f func() *tensor.Tensor, dt tensor.DType) (y []float32, grads [][]float32, ydt tensor.DType) {
+	for _, p := range ps {
+		p.ZeroGrad()
+	}
+	dev.WithScope(func() {
+		var yt *tensor.Tensor
+		if dt == tensor.F32 {
+			yt = f()
+		} else {
+			ag.Autocast(dev, dt, func() { yt = f() })
+		}
+		ydt = yt.DType()
+		ag.Backward(yt, ag.WithGrad(ag.Cast(tensor.FromFloat32(dev, gv, shape...), ydt)))
+		y = ag.Cast(yt, tensor.F32).Float32s()
+		for _, p := range ps {
+			var g []float32
+			if p.Grad() != nil {
+				g = p.Grad().Float32s()
+			}
+			grads = append(grads, g)
+		}
+	})
+	return y, grads, ydt
+}
+
+// relErr is ‖a − b‖/‖b‖.
+func relErr(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i] - b[i])
+		num, den = num+d*d, den+float64(b[i])*float64(b[i])
+	}
+	return math.Sqrt(num / den)
 }
