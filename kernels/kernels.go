@@ -122,9 +122,9 @@ type GemmParams struct {
 
 // Epilogue is what a single (unbatched, Beta = 0) matrix product does to
 // its result on the way to memory, in the pass that stores C (cuBLASLt's
-// epilogues on CUDA): a linear layer's bias, its activation and their
-// gradients cost no pass of their own over C. The zero Epilogue does
-// nothing.
+// epilogues on CUDA): a linear layer's bias, its activation, their
+// gradients and the residual connection after it cost no pass of their own
+// over C. The zero Epilogue does nothing.
 //
 // Forward (Grad false): C = Act(Alpha·op(A)·op(B) + Bias), the bias
 // broadcast over the rows and, for a 16-bit C, rounded to C's dtype (as
@@ -136,9 +136,9 @@ type GemmParams struct {
 // computed it.
 //
 // Forward with a Residual (and no Act): C = Alpha·op(A)·op(B) + Bias +
-// Residual, the bias not rounded before the sum when C is F32: a residual
-// connection added in the pass that stores C, rounded once (a 16-bit
-// product summed into an F32 residual stream, under autocast).
+// Residual, the bias rounded as above (not at all for an F32 C) and the
+// sum rounded once into C: under autocast, a 16-bit product summed into
+// the F32 residual stream without being rounded to 16 bits first.
 //
 // Either way BiasGrad, when valid, receives the column sums of the stored C
 // (the gradient of the bias that made the activation's input), and
