@@ -455,12 +455,10 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 // which may be z itself: z[label] is read before the barrier after which dz
 // is written.
 //
-// The kernel is bound by its instructions as much as by memory (ncu on the
-// H200: 78% of the SMs' issue, 57% of DRAM's bandwidth with expf and a test
-// for the label in every element), so each element costs little: the
-// exponentials are ex2 of a fused multiply-add in log2 units, the running
-// maximum is tested a group of four at a time, and the label's −1 is
-// written once, after the row.
+// The rows are as bound by instruction issue as by memory on the H200, so
+// each element costs few instructions: the exponentials are ex2 of a fused
+// multiply-add in log2 units, the running maximum is tested a group of
+// four at a time, and the label's −1 is written once, after the row.
 //
 // online adds the group v (indices j..j+3) to a running maximum m (first
 // at arg) and sum s of 2^((· − m)·log2 e).
