@@ -460,7 +460,7 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 // multiply-add in log2 units, the running maximum is tested a group of
 // four at a time, and the label's −1 is written once, after the row.
 //
-// online adds the group v (indices j..j+3) to a running maximum m (first
+// online4 adds the group v (indices j..j+3) to a running maximum m (first
 // at arg) and sum s of 2^((· − m)·log2 e).
 __device__ __forceinline__ void online4(const float* v, int j, float& m, float& s, int& arg) {
     float m4 = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
