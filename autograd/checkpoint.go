@@ -142,8 +142,7 @@ func Unread(dev *tensor.Device, f func() *T) *T {
 // reads. An op that saves an unwritten tensor for its backward panics: a
 // value no kernel wrote never reaches a gradient. Ops that cannot skip
 // compute as usual (their results are unwritten anyway when their inputs
-// are). This
-// is the saving that PyTorch's checkpoint gets by stopping the
+// are). This is the saving that PyTorch's checkpoint gets by stopping the
 // recomputation once the last saved tensor is made, and that
 // torch.compile's partitioner gets by recomputing only what the backward
 // reads.

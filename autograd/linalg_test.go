@@ -95,15 +95,8 @@ func TestMLPIsLinearGELULinear(t *testing.T) {
 	x, w1, b1 := param(rng, normal, n, in), param(rng, normal, hidden, in), param(rng, normal, hidden)
 	w2, b2 := param(rng, normal, out, hidden), param(rng, normal, out)
 	ps := []*tensor.Tensor{x, w1, b1, w2, b2}
-	defer func() {
-		for _, p := range ps {
-			p.Release()
-		}
-	}()
-	gv := make([]float32, n*out)
-	for i := range gv {
-		gv[i] = float32(rng.NormFloat64())
-	}
+	releasedAfter(t, ps)
+	gv := normals(rng, n*out)
 	run := func(f func() *tensor.Tensor, dt tensor.DType) ([]float32, [][]float32) {
 		y, grads, _ := stepOf(dev, ps, gv, []int{n, out}, f, dt)
 		return y, grads
@@ -141,15 +134,8 @@ func TestResidualOpsAreTheirSums(t *testing.T) {
 	w2, b2 := param(rng, normal, out, hidden), param(rng, normal, out)
 	wl, bl := param(rng, normal, out, in), param(rng, normal, out)
 	ps := []*tensor.Tensor{r, x, w1, b1, w2, b2, wl, bl}
-	defer func() {
-		for _, p := range ps {
-			p.Release()
-		}
-	}()
-	gv := make([]float32, n*out)
-	for i := range gv {
-		gv[i] = float32(rng.NormFloat64())
-	}
+	releasedAfter(t, ps)
+	gv := normals(rng, n*out)
 	run := func(f func() *tensor.Tensor, dt tensor.DType) ([]float32, [][]float32) {
 		y, grads, ydt := stepOf(dev, ps, gv, []int{n, out}, f, dt)
 		if ydt != tensor.F32 {
@@ -224,4 +210,22 @@ func relErr(a, b []float32) float64 {
 		num, den = num+d*d, den+float64(b[i])*float64(b[i])
 	}
 	return math.Sqrt(num / den)
+}
+
+// releasedAfter releases ps when t ends.
+func releasedAfter(t *testing.T, ps []*tensor.Tensor) {
+	t.Cleanup(func() {
+		for _, p := range ps {
+			p.Release()
+		}
+	})
+}
+
+// normals is n draws of N(0, 1) from rng.
+func normals(rng src, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
 }

@@ -646,10 +646,12 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					}
 				}
 				s.Scaler.Step(s.Opt)
-			case s.ClipNorm > 0:
-				s.Scaler.StepClipped(s.Opt, s.ClipNorm, s.gradNorm)
 			default:
-				s.Scaler.StepClipped(s.Opt, 0, nil)
+				var norm *tensor.Tensor // GradNorm stays 0 without a clip
+				if s.ClipNorm > 0 {
+					norm = s.gradNorm
+				}
+				s.Scaler.StepClipped(s.Opt, s.ClipNorm, norm)
 			}
 			if s.sharded != nil {
 				if err := s.sharded.Err(); err != nil {

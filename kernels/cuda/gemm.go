@@ -99,10 +99,11 @@ type gemmEpilogueArgs struct {
 
 var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
 
-// GemmEpilogue computes a product and its epilogue: the bias and GELU (or
-// its derivative) in one cuBLASLt call where it fuses them, otherwise
-// cublasGemmEx and one pass of gemm_epilogue over C; the bias gradients
-// as column sums after it (Note [the fused epilogues]).
+// GemmEpilogue computes a product and its epilogue: the bias, GELU (or
+// its derivative) and the residual in one cuBLASLt call where it fuses
+// them, otherwise the residual copied into C, cublasGemmEx adding to it
+// and one pass of gemm_epilogue over C; the bias gradients as column sums
+// after it (Note [the fused epilogues]).
 func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, bb, c)
 	b.enter()
