@@ -53,7 +53,7 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 			}
 		}
 	}
-	rec := &recorder{n: &node{name: "checkpoint", inputs: edges}}
+	rec := &recorder{n: &node{name: "checkpoint", inputs: edges, takesGrad: true}}
 	saved := make([]*T, len(inputs))
 	for i, x := range inputs {
 		saved[i] = rec.save(x)
@@ -65,13 +65,19 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		gen.SetState(rng)
 		m := dev.Modes()
 		m.Recomputing++
+		if al := dev.Allocator(); al.Tracing() {
+			al.Phase("a checkpoint's recomputation")
+		}
 		defer func() {
 			m.Recomputing--
 			gen.SetState(after)
 		}()
 		xs := make([]*T, 0, len(saved))
-		done := false
+		done, handed := false, false
 		defer func() {
+			if !handed { // g is this backward's until the pass takes it
+				g.Release()
+			}
 			if !done { // the recomputation failed (out of memory): drop the aliases and their gradients
 				releaseAll(xs...)
 			}
@@ -84,7 +90,8 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 			withKept(dev, k, func() {
 				dev.WithScope(func() {
 					y := fn(xs)
-					Backward(y, WithGrad(g))
+					handed = true
+					Backward(y, consuming(g))
 				})
 			})
 		})

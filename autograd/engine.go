@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -76,8 +77,12 @@ type node struct {
 	saved    []*T
 	backward func(g *T) []*T // one gradient per input; nil where none is needed
 	fold     *folder         // or nil: the backward that adds input 0's gradient to one already gathered
-	refs     atomic.Int32    // output handles, downstream edges, and a running Backward (atomic: a leaked handle may drop its reference on another goroutine)
-	done     bool            // backward ran and freed what it saved
+	// takesGrad: the backward takes the pass's reference on its gradient
+	// and releases it when it no longer needs it (a checkpoint's, whose
+	// recomputation's pass frees it after its first node).
+	takesGrad bool
+	refs      atomic.Int32 // output handles, downstream edges, and a running Backward (atomic: a leaked handle may drop its reference on another goroutine)
+	done      bool         // backward ran and freed what it saved
 	// unwritten: the output's values were never computed (Note [what a
 	// recomputation skips]), or were computed from such values.
 	unwritten bool
@@ -155,8 +160,9 @@ func (n *node) free() {
 // recorder builds the node of one operation. begin returns nil when nothing
 // needs recording, and then the operation saves nothing.
 type recorder struct {
-	n      *node
-	unread bool // in a recomputation's Unread: the op may leave its result unwritten
+	n          *node
+	unread     bool // in a recomputation's Unread: the op may leave its result unwritten
+	recomputed bool // in a checkpoint's recomputation
 }
 
 // begin starts recording an operation on inputs (nil inputs are allowed and
@@ -170,7 +176,7 @@ func beginOn(dev *tensor.Device, name string, inputs ...*T) *recorder {
 		return nil
 	}
 	m := dev.Modes()
-	r := &recorder{n: &node{name: name, inputs: make([]edge, len(inputs))}, unread: m.Recomputing > 0 && m.Unread > 0}
+	r := &recorder{n: &node{name: name, inputs: make([]edge, len(inputs))}, unread: m.Recomputing > 0 && m.Unread > 0, recomputed: m.Recomputing > 0}
 	for i, x := range inputs {
 		if x == nil || !x.RequiresGrad() {
 			continue
@@ -226,7 +232,16 @@ func (r *recorder) save(t *T) *T {
 	}
 	a := t.Alias()
 	r.n.saved = append(r.n.saved, a)
+	r.role(t)
 	return a
+}
+
+// role says, for a trace being recorded, that t's storage is saved by the
+// op (the first op to save a storage is the one a report names).
+func (r *recorder) role(t *T) {
+	if al := t.Device().Allocator(); al.Tracing() {
+		al.SetRole(t.Block(), memory.Role{Category: memory.Activation, Op: r.n.name, Recomputed: r.recomputed}, false)
+	}
 }
 
 // keep hands t itself (a temporary of the operation, such as batch
@@ -234,6 +249,7 @@ func (r *recorder) save(t *T) *T {
 func (r *recorder) keep(t *T) *T {
 	t.Keep()
 	r.n.saved = append(r.n.saved, t)
+	r.role(t)
 	return t
 }
 
@@ -258,8 +274,17 @@ type Option func(*backwardOptions)
 type backwardOptions struct {
 	retain bool
 	grad   *T
+	take   bool // the pass takes the caller's reference on grad (takeGrad)
 	ready  func(leaf *T)
 }
+
+// consuming is WithGrad(g) where the pass takes the caller's references on
+// g, instead of copying it, and on the root: it releases the root's handle
+// once it holds the graph, and g once the root's backward ran (g must not be
+// written until then; the pass writes it only where it is exclusive). A
+// checkpoint's recomputation runs its pass so, and the block's output and
+// its gradient do not outlive the block's last op.
+func consuming(g *T) Option { return func(o *backwardOptions) { o.grad, o.take = g, true } }
 
 // RetainGraph keeps the graph (and what its nodes saved) after Backward, so
 // that Backward can run through it again.
@@ -293,6 +318,12 @@ func Backward(root *T, opts ...Option) {
 	for _, f := range opts {
 		f(&o)
 	}
+	taken := !o.take // the caller's reference on o.grad, until the pass holds it
+	defer func() {
+		if !taken { // a panic before the pass held it
+			o.grad.Release()
+		}
+	}()
 	if root.Released() {
 		panic("autograd: Backward of a released tensor (its last Release ran, or the scope it was made in closed: Keep it or run Backward inside the scope)")
 	}
@@ -318,15 +349,23 @@ func Backward(root *T, opts ...Option) {
 		if !o.grad.SameShape(root) {
 			panic(fmt.Sprintf("autograd: Backward gradient of shape %v for a root of shape %v", o.grad.Shape(), root.Shape()))
 		}
-		g = o.grad.Clone()
+		if o.take {
+			g = o.grad
+		} else {
+			g = o.grad.Clone()
+		}
 	} else {
 		g = tensor.Ones(root.Device(), root.DType(), root.Shape()...)
 	}
 	gn := root.GradNode()
 	if gn == nil {
+		taken = true
 		accumulate(root, g)
 		if o.ready != nil {
 			o.ready(root)
+		}
+		if o.take {
+			root.Release()
 		}
 		return
 	}
@@ -336,13 +375,18 @@ func Backward(root *T, opts ...Option) {
 			"pass autograd.RetainGraph() to the first Backward to run it twice")
 	}
 	order := topoOrder(rootNode)
+	mark := traceMarker(root.Device())
 	for _, n := range order {
 		n.refs.Add(1) // held until this pass has processed the node
+	}
+	if o.take {
+		root.Release() // what its node saved of it stays
 	}
 	left := leafEdges(order, o.ready) // edges into each leaf the pass has yet to pass
 	// Every gradient this pass holds is in pending, in flight (given to a
 	// node's backward) or in loose (returned by one and not yet passed on).
 	pending := map[*node]*T{rootNode: g}
+	taken = true
 	var inFlight *T
 	var loose []*T
 	i := len(order) - 1
@@ -371,13 +415,19 @@ func Backward(root *T, opts ...Option) {
 				panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
 			}
 			inFlight = g
+			if n.takesGrad {
+				inFlight = nil // the backward's from here on
+			}
+			mark.phase(n)
 			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
 				loose = n.fold.backward(g, acc)
 			} else {
 				loose = n.backward(g)
 			}
 			inFlight = nil
-			g.Release()
+			if !n.takesGrad {
+				g.Release()
+			}
 			for j, e := range n.inputs {
 				var gi *T
 				if j < len(loose) {
@@ -390,9 +440,11 @@ func Backward(root *T, opts ...Option) {
 						sum := addInPlace(old, gi)
 						loose[j] = nil // addInPlace took both
 						pending[e.node] = sum
+						mark.gradient(sum, n)
 					} else {
 						pending[e.node] = gi
 						loose[j] = nil
+						mark.gradient(gi, n)
 					}
 				case e.leaf != nil:
 					accumulate(e.leaf, gi)
@@ -421,6 +473,38 @@ func Backward(root *T, opts ...Option) {
 			n.free()
 		}
 		n.Release()
+	}
+}
+
+// marker tells a trace being recorded (memory.Allocator.Phase, SetRole)
+// which node's backward runs and which gradients it made; nil when
+// nothing traces.
+type marker struct {
+	al         *memory.Allocator
+	recomputed bool
+}
+
+func traceMarker(dev *tensor.Device) *marker {
+	if al := dev.Allocator(); al.Tracing() {
+		return &marker{al: al, recomputed: Recomputing(dev)}
+	}
+	return nil
+}
+
+func (m *marker) phase(n *node) {
+	if m == nil {
+		return
+	}
+	name := "the backward of " + n.name
+	if m.recomputed {
+		name += " in a checkpoint's recomputation"
+	}
+	m.al.Phase(name)
+}
+
+func (m *marker) gradient(g *T, n *node) {
+	if m != nil {
+		m.al.SetRole(g.Block(), memory.Role{Category: memory.Gradient, Op: n.name, Recomputed: m.recomputed}, false)
 	}
 }
 

@@ -792,3 +792,32 @@ func TestUnread(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointFreesItsOutputAndGradient: a checkpoint's recomputation
+// frees the function's output and its gradient after the function's last
+// op, and copies neither: Backward of exp(exp(x)) checkpointed holds at
+// most four tensors of x's size beyond what lived before it (the output's
+// gradient, the recomputed exp(x) and exp(exp(x)), and the gradient of
+// exp(x), while the last op's backward runs), where copying the gradient
+// and keeping the output made six.
+func TestCheckpointFreesItsOutputAndGradient(t *testing.T) {
+	const n = 1 << 16 // 256 KiB of F32: large-pool blocks of exactly that size
+	dev := tensor.NewDevice(cpu.New())
+	a := dev.Allocator()
+	x := tensor.Rand(dev, tensor.F32, 0, 1, n).Keep().SetRequiresGrad(true)
+	defer x.Release()
+	dev.WithScope(func() {
+		y := ag.Checkpoint(func(in []*tensor.Tensor) *tensor.Tensor { return ag.Exp(ag.Exp(in[0])) }, x)
+		g := tensor.Rand(dev, tensor.F32, 0, 1, n)
+		before := a.Stats().Allocated[memory.All].Current
+		a.WindowPeak()
+		ag.Backward(y, ag.WithGrad(g))
+		peak, _ := a.WindowPeak()
+		if got, want := peak-before, int64(4*4*n); got != want {
+			t.Errorf("Backward's peak is %d bytes above what lived before it, want %d (four tensors of x's size)", got, want)
+		}
+	})
+	if left := a.Stats().Allocated[memory.All].Current - x.Block().Size() - x.Grad().Block().Size(); left != 0 {
+		t.Errorf("%d bytes left beside x and its gradient", left)
+	}
+}

@@ -51,11 +51,16 @@ func Saved(root *T, exclude func(*memory.Block) bool) []SavedBytes {
 	for _, s := range by {
 		out = append(out, *s)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Bytes != out[j].Bytes {
-			return out[i].Bytes > out[j].Bytes
-		}
-		return out[i].Op < out[j].Op
-	})
+	SortSaved(out)
 	return out
+}
+
+// SortSaved orders s most bytes first, then by name.
+func SortSaved(s []SavedBytes) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].Bytes != s[j].Bytes {
+			return s[i].Bytes > s[j].Bytes
+		}
+		return s[i].Op < s[j].Op
+	})
 }

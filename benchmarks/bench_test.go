@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -51,10 +52,16 @@ func TestHarnessOnCPU(t *testing.T) {
 	if s := back.Results[1].SavingVsFP32; s <= 0 {
 		t.Errorf("AMP saving %v", s)
 	}
+	// A CPU step is eager: the planned peak a GPU run reports, made up.
+	rep.Results[3].Peak = &train.Breakdown{Allocated: 3 << 20, Parameters: 1 << 20, Gradients: 1 << 20, Phase: "the backward of conv2d",
+		Saved: []ag.SavedBytes{{Op: "checkpoint", Bytes: 1 << 20, Blocks: 1}}}
 	var md bytes.Buffer
 	rep.Markdown(&md)
-	if !strings.Contains(md.String(), "| resnet20 | 2 | amp+checkpoint |") {
-		t.Errorf("markdown:\n%s", md.String())
+	for _, want := range []string{"| resnet20 | 2 | amp+checkpoint |",
+		"- resnet20 2 amp+checkpoint: 3.0 MiB during the backward of conv2d: parameters 1.00 MiB, optimiser state 0 B, batch 0 B, saved for the backward 1.00 MiB, gradients 1.00 MiB, other 0 B; saved by checkpoint 1.00 MiB\n"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown without %q:\n%s", want, md.String())
+		}
 	}
 	dir := t.TempDir()
 	if err := rep.PlotBars(dir+"/t.png", "t", "ms", func(r Result) float64 { return r.MedianMS }); err != nil {

@@ -126,14 +126,16 @@ type Result struct {
 	OverheadFP32   float64 `json:"overhead_vs_fp32"`          // step time/step time(fp32) − 1
 	CompileSeconds float64 `json:"compile_seconds,omitempty"` // torch.compile only: the first steps, compiling
 	// leangrad only
-	Mode            string   `json:"mode,omitempty"`              // the step's: eager, planned or captured
-	HostMS          float64  `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
-	LaunchesPerStep float64  `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
-	PlannedArena    int64    `json:"planned_arena,omitempty"`     // the planned step's arena
-	Notes           []string `json:"notes,omitempty"`             // the step's: captures, fallbacks
-	Ranks           int      `json:"ranks,omitempty"`             // data parallel: the processes, one per device
-	Overlapped      bool     `json:"overlapped,omitempty"`        // data parallel: the all-reduces overlapped the backward
-	Sharded         bool     `json:"sharded,omitempty"`           // data parallel: the optimiser's state sharded over the ranks
+	Mode            string  `json:"mode,omitempty"`              // the step's: eager, planned or captured
+	HostMS          float64 `json:"host_ms,omitempty"`           // median time to queue a step, before waiting for the device
+	LaunchesPerStep float64 `json:"launches_per_step,omitempty"` // kernels, library calls, copies and graph launches
+	PlannedArena    int64   `json:"planned_arena,omitempty"`     // the planned step's arena
+	// Peak says what the planned (captured) step holds at its arena's peak.
+	Peak       *train.Breakdown `json:"peak,omitempty"`
+	Notes      []string         `json:"notes,omitempty"`      // the step's: captures, fallbacks
+	Ranks      int              `json:"ranks,omitempty"`      // data parallel: the processes, one per device
+	Overlapped bool             `json:"overlapped,omitempty"` // data parallel: the all-reduces overlapped the backward
+	Sharded    bool             `json:"sharded,omitempty"`    // data parallel: the optimiser's state sharded over the ranks
 	// OptimizerStateBytes is the optimiser's state on this device (this
 	// rank's shard, when sharded).
 	OptimizerStateBytes int64          `json:"optimizer_state_bytes,omitempty"`
@@ -327,6 +329,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	r.PeakAllocated, r.PeakReserved = a.WindowPeak()
 	if p := s.tr.Step.Plan(s.x.DType(), s.x.Shape(), s.y.Shape()); p != nil {
 		r.PlannedArena = p.Size
+		r.Peak = s.tr.PlannedPeak(s.x, s.y)
 	}
 	r.Notes = s.tr.Step.Notes()
 	r.FLOPsPerStep = modelFLOPs(s.model, spec.Batch*ranks)

@@ -141,6 +141,23 @@ func (r *Report) Markdown(w io.Writer) {
 	if len(compiles) > 0 {
 		fmt.Fprintf(w, "\ntorch.compile's compilation (the first steps, not in the step times): %s.\n", strings.Join(compiles, ", "))
 	}
+	first := true
+	for _, k := range keys {
+		p := by[engineLeangrad][k].Peak
+		if p == nil {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "\nWhat leangrad's planned steps hold at their arenas' peaks (the traced step's roles, memory.Role):")
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, "- %s %d %s: %.1f MiB during %s: %s", k.model, k.batch, k.config, memory.Bytes(p.Allocated).MiB(), p.Phase, p.Kinds())
+		if by := p.SavedBy(5); by != "" {
+			fmt.Fprintf(w, "; saved by %s", by)
+		}
+		fmt.Fprintln(w)
+	}
 	if len(r.Claims) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Seed claims:")

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // The allocator's constants, the same as PyTorch's.
@@ -207,6 +208,7 @@ type Allocator struct {
 	window   window
 	wsPolicy WorkspacePolicy
 	trace    *traceState   // non-nil while tracing
+	tracing  atomic.Bool   // trace != nil, read without mu
 	planned  *plannedState // non-nil while a plan serves the requests
 	owner    int           // the OS thread tracing or planned (Note [the planner's goroutine])
 	segs     map[*segment]struct{}

@@ -32,6 +32,7 @@ var ErrPlanMismatch = errors.New("the work did not repeat the traced allocations
 type traceState struct {
 	buffers []TraceBuffer
 	events  int
+	phases  []TracePhase
 	open    map[*Block]int
 }
 
@@ -54,6 +55,7 @@ func (a *Allocator) StartTrace() {
 	defer a.mu.Unlock()
 	a.trace = &traceState{open: map[*Block]int{}}
 	a.owner = syscall.Gettid()
+	a.tracing.Store(true)
 }
 
 // Note [the planner's goroutine]: tracing and planned serving concern the
@@ -82,6 +84,7 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 		return nil, errors.New("memory: StopTrace without StartTrace")
 	}
 	a.trace, a.owner = nil, 0
+	a.tracing.Store(false)
 	defer runtime.UnlockOSThread() // StartTrace's lock
 	if len(ts.open) > 0 {
 		var bytes int64
@@ -91,7 +94,7 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 		return nil, fmt.Errorf("memory: the traced work left %d buffers (%s) allocated; planned work must free all it allocates",
 			len(ts.open), Bytes(bytes))
 	}
-	return &Trace{Buffers: ts.buffers, Events: ts.events}, nil
+	return &Trace{Buffers: ts.buffers, Events: ts.events, Phases: ts.phases}, nil
 }
 
 func (ts *traceState) alloc(b *Block, sizes []int64, taken int) {
@@ -344,6 +347,7 @@ func (a *Allocator) AllocWorkspace(options []WorkspaceOption, eager int, stream 
 		if a.trace != nil {
 			if i, ok := a.trace.open[b]; ok { // traced: the tracing goroutine's
 				a.trace.buffers[i].Times = times
+				a.trace.buffers[i].Role = Role{Category: Workspace}
 			}
 		}
 		a.mu.Unlock()

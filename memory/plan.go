@@ -15,7 +15,8 @@ import (
 // [Alloc, Free) intersect.
 type Trace struct {
 	Buffers []TraceBuffer
-	Events  int // length of the time axis
+	Events  int          // length of the time axis
+	Phases  []TracePhase // in event order (Allocator.Phase)
 }
 
 // TraceBuffer is one buffer of a Trace.
@@ -27,9 +28,10 @@ type TraceBuffer struct {
 	// Times are, for a workspace, the time of each option's algorithm as
 	// the caller measured it (milliseconds); nil for a tensor.
 	Times []float32
-	Taken int // the index into Sizes the traced run took
-	Alloc int // event of the request
-	Free  int // event of the release
+	Taken int  // the index into Sizes the traced run took
+	Alloc int  // event of the request
+	Free  int  // event of the release
+	Role  Role // what it held (Allocator.SetRole; a workspace's is Workspace)
 }
 
 // Taken is the size choice of every buffer in the traced run: with MaxLive,
@@ -46,21 +48,8 @@ func (t *Trace) Taken() []int {
 // size choice (nil: each buffer's first size): a lower bound for the extent
 // of any placement of those buffers.
 func (t *Trace) MaxLive(choice []int) int64 {
-	delta := make([]int64, t.Events+1)
-	for i, b := range t.Buffers {
-		c := 0
-		if choice != nil {
-			c = choice[i]
-		}
-		delta[b.Alloc] += b.Sizes[c]
-		delta[b.Free] -= b.Sizes[c]
-	}
-	var live, most int64
-	for _, d := range delta {
-		live += d
-		most = max(most, live)
-	}
-	return most
+	_, live := t.Peak(choice)
+	return live
 }
 
 // A Plan places every buffer of a Trace at an offset in one arena, so that

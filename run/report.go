@@ -162,27 +162,37 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 	}
 }
 
-// WriteHoldings writes what a measured step held at the end of its forward,
-// by kind, and the operations whose saved tensors take the most.
+// WriteHoldings writes what a measured step held at the end of its forward
+// and at its peak (and, planned, at its arena's peak), by kind, and the
+// operations whose saved tensors take the most.
 func WriteHoldings(w io.Writer, m train.Measurement) {
-	h := m.Holds
-	if h == nil {
-		return
+	if h := m.Holds; h != nil {
+		fmt.Fprintf(w, "what the %s step holds at the end of its forward, %s in all (its peak, in the backward, %s more):\n",
+			m.Name, memory.Bytes(h.Allocated), memory.Bytes(h.Backward))
+		writeKinds(w, h)
 	}
-	fmt.Fprintf(w, "what the %s step holds at the end of its forward, %s in all (its peak, in the backward, %s more):\n",
-		m.Name, memory.Bytes(h.Allocated), memory.Bytes(h.Backward))
-	fmt.Fprintf(w, "  parameters %s, optimiser state %s, batch %s, saved for the backward %s, other %s\n",
-		memory.Bytes(h.Parameters), memory.Bytes(h.Optimizer), memory.Bytes(h.Batch), memory.Bytes(h.SavedTotal()), memory.Bytes(h.Other))
-	var parts []string
-	for i, s := range h.Saved {
-		if i == 6 {
-			parts = append(parts, fmt.Sprintf("%d more", len(h.Saved)-i))
-			break
-		}
-		parts = append(parts, fmt.Sprintf("%s %s", s.Op, memory.Bytes(s.Bytes)))
+	if h := m.Peak; h != nil {
+		fmt.Fprintf(w, "at its peak, %s, during %s:\n", memory.Bytes(h.Allocated), orUnknown(h.Phase))
+		writeKinds(w, h)
 	}
-	if len(parts) > 0 {
-		fmt.Fprintf(w, "  saved by: %s\n", strings.Join(parts, ", "))
+	if h := m.PlannedPeak; h != nil {
+		fmt.Fprintf(w, "planned, %s at the arena's peak, during %s:\n", memory.Bytes(h.Allocated), orUnknown(h.Phase))
+		writeKinds(w, h)
+	}
+}
+
+func orUnknown(phase string) string {
+	if phase == "" {
+		return "the step"
+	}
+	return phase
+}
+
+// writeKinds writes a breakdown's kinds and what saved the most.
+func writeKinds(w io.Writer, h *train.Breakdown) {
+	fmt.Fprintf(w, "  %s\n", h.Kinds())
+	if by := h.SavedBy(6); by != "" {
+		fmt.Fprintf(w, "  saved by: %s\n", by)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	ag "github.com/leangrad/leangrad/autograd"
 	"io"
+	"strings"
 
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -59,26 +60,40 @@ type Measurement struct {
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Holds says what the measured step held at the end of its forward.
 	Holds *Breakdown `json:"holds,omitempty"`
+	// Peak says what the measured step held at its peak, from its trace.
+	Peak *Breakdown `json:"peak,omitempty"`
+	// PlannedPeak says what the planned step holds at its arena's peak.
+	PlannedPeak *Breakdown `json:"planned_peak,omitempty"`
 }
 
-// Breakdown is what a training step holds at the end of its forward, when
-// everything its backward needs is alive, by kind: each pool block counted
-// once, at its size in the pool. A micro-batched step's is its largest
-// micro-batch's.
+// Breakdown is what a training step holds at one moment, by kind: at the
+// end of its forward (Measurement.Holds), when everything its backward
+// needs is alive, or at its peak (Peak, PlannedPeak), from the step's
+// trace and the roles its buffers were given there (memory.Role). Each
+// pool block is counted once, at its size in the pool (in a trace, its
+// rounded request). A micro-batched step's is its largest micro-batch's.
 type Breakdown struct {
-	Allocated  int64 `json:"allocated"`  // the pool's allocated bytes then
+	Allocated  int64 `json:"allocated"`  // the bytes allocated then
 	Parameters int64 `json:"parameters"` // the model's state: weights and buffers
 	Optimizer  int64 `json:"optimizer"`  // the optimiser's state (momentum, moments)
 	Batch      int64 `json:"batch"`      // the step's inputs and targets
 	// Saved is what the graph holds for the backward, by the operation that
-	// saved it (autograd.Saved), less the blocks counted above.
+	// saved it (autograd.Saved; at a peak, "conv2d (recomputed)" is what a
+	// checkpoint's recomputation saved), less the blocks counted above.
 	Saved []ag.SavedBytes `json:"saved"`
-	// Other is the rest: the loss and the metrics, workspaces and
-	// temporaries still alive.
+	// Other is the rest: the loss and the metrics, temporaries and, at the
+	// end of the forward, workspaces still alive.
 	Other int64 `json:"other"`
 	// Backward is how much more the step's peak held than the end of its
 	// forward: the gradients and the backward's temporaries.
-	Backward int64 `json:"backward"`
+	Backward int64 `json:"backward,omitempty"`
+
+	// At a peak only:
+	Phase              string `json:"phase,omitempty"`               // what the step was doing ("the backward of conv2d")
+	Gradients          int64  `json:"gradients,omitempty"`           // passed on through the backward
+	ParameterGradients int64  `json:"parameter_gradients,omitempty"` // kept for the optimiser
+	Workspaces         int64  `json:"workspaces,omitempty"`          // convolutions' scratch
+	Gaps               int64  `json:"gaps,omitempty"`                // a planned arena's bytes not live at its peak
 }
 
 // SavedTotal is the bytes of Saved.
@@ -90,6 +105,139 @@ func (b *Breakdown) SavedTotal() int64 {
 	return n
 }
 
+// Kinds lists the bytes of each kind, "parameters 42.66 MiB, optimiser
+// state ...": those only a peak has where they are not zero.
+func (b *Breakdown) Kinds() string {
+	kinds := []struct {
+		name  string
+		bytes int64
+		peak  bool // a peak's kind: left out when zero
+	}{
+		{"parameters", b.Parameters, false},
+		{"optimiser state", b.Optimizer, false},
+		{"parameter gradients", b.ParameterGradients, true},
+		{"batch", b.Batch, false},
+		{"saved for the backward", b.SavedTotal(), false},
+		{"gradients", b.Gradients, true},
+		{"workspaces", b.Workspaces, true},
+		{"gaps", b.Gaps, true},
+		{"other", b.Other, false},
+	}
+	var parts []string
+	for _, k := range kinds {
+		if !k.peak || k.bytes != 0 {
+			parts = append(parts, fmt.Sprintf("%s %s", k.name, memory.Bytes(k.bytes)))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// SavedBy lists the n operations whose saved tensors take the most,
+// "checkpoint 23.75 MiB, batch_norm ...", and how many more there are.
+func (b *Breakdown) SavedBy(n int) string {
+	var parts []string
+	for i, s := range b.Saved {
+		if i == n {
+			parts = append(parts, fmt.Sprintf("%d more", len(b.Saved)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %s", s.Op, memory.Bytes(s.Bytes)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// blockCounter adds up pool blocks, each once.
+type blockCounter map[*memory.Block]bool
+
+func (c blockCounter) bytes(ts ...*tensor.Tensor) int64 {
+	var n int64
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		if b := t.Block(); b != nil && !c[b] {
+			c[b] = true
+			n += b.Size()
+		}
+	}
+	return n
+}
+
+// standing counts what lives now, outside a step, by kind: parameters,
+// optimiser state, the batch x, y (and the step's static copies of
+// batches of their shapes), and the rest allocated as Other.
+func (t *Trainer) standing(x, y *tensor.Tensor, seen blockCounter) Breakdown {
+	b := Breakdown{Allocated: t.Dev.Allocator().Stats().Allocated[memory.All].Current}
+	for _, n := range t.Model.State("") {
+		b.Parameters += seen.bytes(n.T)
+	}
+	for _, v := range deviceState(t.Opt) {
+		b.Optimizer += seen.bytes(v)
+	}
+	b.Batch = seen.bytes(x, y)
+	if st := t.Step.shapes[shapeKey(x.DType(), x.Shape(), y.DType(), y.Shape())]; st != nil {
+		b.Batch += seen.bytes(st.x, st.y)
+	}
+	b.Other = b.Allocated - b.Parameters - b.Optimizer - b.Batch
+	return b
+}
+
+// peakOf is what a step holds at the peak of its trace tr with the buffers
+// at the sizes choice (the traced run's, Trace.Taken, or a plan's), beside
+// before, what lives outside the step (standing).
+func peakOf(tr *memory.Trace, choice []int, before Breakdown) *Breakdown {
+	event, live := tr.Peak(choice)
+	b := before
+	b.Allocated += live
+	b.Phase = tr.PhaseAt(event)
+	saved := map[string]*ag.SavedBytes{}
+	for _, i := range tr.LiveAt(event) {
+		buf := tr.Buffers[i]
+		size := buf.Sizes[choice[i]]
+		switch r := buf.Role; r.Category {
+		case memory.Activation:
+			op := r.Op
+			if r.Recomputed {
+				op += " (recomputed)"
+			}
+			if saved[op] == nil {
+				saved[op] = &ag.SavedBytes{Op: op}
+			}
+			saved[op].Bytes += size
+			saved[op].Blocks++
+		case memory.Gradient:
+			b.Gradients += size
+		case memory.ParameterGradient:
+			b.ParameterGradients += size
+		case memory.Workspace:
+			b.Workspaces += size
+		default:
+			b.Other += size
+		}
+	}
+	for _, s := range saved {
+		b.Saved = append(b.Saved, *s)
+	}
+	ag.SortSaved(b.Saved)
+	return &b
+}
+
+// PlannedPeak says what the planned (and captured) step of batches shaped
+// like x and y holds at its arena's peak: what lives outside the step, as
+// counted now (call it between steps), and the arena's buffers live at its
+// peak by the roles the traced step gave them; the arena's bytes not live
+// then are Gaps. It is nil before the shape is planned.
+func (t *Trainer) PlannedPeak(x, y *tensor.Tensor) *Breakdown {
+	p := t.Step.Plan(x.DType(), x.Shape(), y.Shape())
+	if p == nil {
+		return nil
+	}
+	b := peakOf(p.Trace, p.Choice, t.standing(x, y, blockCounter{}))
+	b.Gaps = p.Size - p.Live
+	b.Allocated += b.Gaps
+	return b
+}
+
 // holdings records, at the end of each forward, what the step holds.
 type holdings struct {
 	t     *Trainer
@@ -98,32 +246,12 @@ type holdings struct {
 }
 
 func (h *holdings) observe(loss *tensor.Tensor) {
-	seen := map[*memory.Block]bool{}
-	blocks := func(ts ...*tensor.Tensor) int64 {
-		var n int64
-		for _, t := range ts {
-			if t == nil {
-				continue
-			}
-			if b := t.Block(); b != nil && !seen[b] {
-				seen[b] = true
-				n += b.Size()
-			}
-		}
-		return n
-	}
-	b := &Breakdown{Allocated: h.t.Dev.Allocator().Stats().Allocated[memory.All].Current}
-	for _, n := range h.t.Model.State("") {
-		b.Parameters += blocks(n.T)
-	}
-	for _, v := range deviceState(h.t.Opt) {
-		b.Optimizer += blocks(v)
-	}
-	b.Batch = blocks(h.x, h.y)
+	seen := blockCounter{}
+	b := h.t.standing(h.x, h.y, seen)
 	b.Saved = ag.Saved(loss, func(blk *memory.Block) bool { return seen[blk] })
-	b.Other = b.Allocated - b.Parameters - b.Optimizer - b.Batch - b.SavedTotal()
+	b.Other -= b.SavedTotal()
 	if h.worst == nil || b.Allocated > h.worst.Allocated {
-		h.worst = b
+		h.worst = &b
 	}
 }
 
@@ -162,10 +290,26 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		return Measurement{}, err
 	}
 	base := a.Stats().Allocated[memory.All].Current
+	before := t.standing(x, y, blockCounter{})
 	h := &holdings{t: t, x: x, y: y}
 	t.Step.Observe = h.observe
 	a.WindowPeak()
-	if err := t.RunStep(x, y); err != nil {
+	// A planned step traces this run itself (Step.Run); an eager one is
+	// traced here, for what it holds at its peak.
+	var trace *memory.Trace
+	err = func() error {
+		if plan {
+			return t.RunStep(x, y)
+		}
+		a.StartTrace()
+		err := t.RunStep(x, y)
+		tr, terr := a.StopTrace()
+		if terr == nil {
+			trace = tr
+		}
+		return err
+	}()
+	if err != nil {
 		return Measurement{}, err
 	}
 	t.Step.Observe = nil
@@ -179,6 +323,11 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	}
 	if p := t.Step.Plan(x.DType(), x.Shape(), y.Shape()); plan && p != nil {
 		m.Planned = base + p.Size
+		trace = p.Trace
+		m.PlannedPeak = t.PlannedPeak(x, y)
+	}
+	if trace != nil {
+		m.Peak = peakOf(trace, trace.Taken(), before)
 	}
 	return m, nil
 }

@@ -619,6 +619,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					if m < n {
 						xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
 					}
+					s.phase("the forward")
 					loss, right, preds := s.forward(xs, ys)
 					be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
 					right.Release()
@@ -629,9 +630,12 @@ func (s *Step) body(x, y *tensor.Tensor) {
 					if m < n {
 						scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
 					}
+					s.phase("the backward")
 					ag.Backward(scaled, hooks...)
 				})
 			}
+			s.markParameterGradients()
+			s.phase("the optimiser step")
 			if s.reducer != nil {
 				if err := s.reducer.Finish(); err != nil {
 					panic(err) // Run returns it
@@ -665,6 +669,22 @@ func (s *Step) body(x, y *tensor.Tensor) {
 }
 
 // forward runs the model's objective, under autocast with AMP.
+// phase marks, for a trace being recorded, what the step does next.
+func (s *Step) phase(name string) { s.dev.Allocator().Phase(name) }
+
+// markParameterGradients says, for a trace being recorded, which buffers
+// hold the parameters' gradients: the backward passed them on as any
+// other gradient, the optimiser reads them.
+func (s *Step) markParameterGradients() {
+	if al := s.dev.Allocator(); al.Tracing() {
+		for _, p := range s.Opt.Params() {
+			if g := p.Grad(); g != nil {
+				al.SetRole(g.Block(), memory.Role{Category: memory.ParameterGradient}, true)
+			}
+		}
+	}
+}
+
 func (s *Step) forward(x, y *tensor.Tensor) (loss, right *tensor.Tensor, n int) {
 	run := func() { loss, right, n = s.Model.Loss(x, y) }
 	if s.autocast != 0 {

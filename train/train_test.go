@@ -236,8 +236,45 @@ func TestStepHoldings(t *testing.T) {
 			if ops["batch_norm"] == 0 || (v.Checkpoint != "none") != (ops["checkpoint"] > 0) {
 				t.Errorf("%s: saved by %v", v.Name, ops)
 			}
+			checkPeak(t, v.Name+", eager", m.Peak, params, m.PeakAllocated, v.Checkpoint != "none")
+			if v.Name == "amp+checkpoint" { // and planned
+				m, err := MeasureStep(dev, build, baseConfig("resnet8"), v, x, y, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkPeak(t, v.Name+", planned", m.PlannedPeak, params, m.Planned, true)
+				if p := m.PlannedPeak; p != nil && p.Allocated != m.Planned {
+					t.Errorf("planned peak %d bytes, the planned need %d", p.Allocated, m.Planned)
+				}
+			}
 		}
 	})
+}
+
+// checkPeak checks a breakdown of a step's peak against the pool's peak:
+// its kinds add up to it, less the pool's rounding (the trace counts
+// rounded requests); its parameters are the model's; it falls in the
+// backward, in a checkpoint's recomputation when the blocks are
+// checkpointed, where the recomputed activations are told apart.
+func checkPeak(t *testing.T, name string, p *Breakdown, params, poolPeak int64, checkpointed bool) {
+	t.Helper()
+	if p == nil {
+		t.Errorf("%s: no peak", name)
+		return
+	}
+	t.Logf("%s: peak %+v", name, *p)
+	sum := p.Parameters + p.Optimizer + p.Batch + p.SavedTotal() + p.Gradients + p.ParameterGradients + p.Workspaces + p.Gaps + p.Other
+	if sum != p.Allocated || p.Parameters != params || p.Other < 0 || p.Allocated > poolPeak || float64(p.Allocated) < 0.97*float64(poolPeak) {
+		t.Errorf("%s: peak %+v does not add up (kinds %d, parameters %d, the pool's peak %d)", name, *p, sum, params, poolPeak)
+	}
+	recomputed := false
+	for _, s := range p.Saved {
+		recomputed = recomputed || strings.HasSuffix(s.Op, " (recomputed)")
+	}
+	inRecomputation := strings.HasSuffix(p.Phase, "in a checkpoint's recomputation")
+	if !strings.HasPrefix(p.Phase, "the backward of ") || inRecomputation != checkpointed || recomputed != checkpointed || p.Gradients <= 0 {
+		t.Errorf("%s: peak during %q, saved by %v, gradients %d", name, p.Phase, p.Saved, p.Gradients)
+	}
 }
 
 func TestEmptyCacheEvery(t *testing.T) { testEmptyCacheEvery(t, tensor.CPU()) }
