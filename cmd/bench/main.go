@@ -51,6 +51,7 @@ type options struct {
 	ampDType, largestBatch                             string
 	vocab                                              int
 	planRoom                                           float64
+	planTolerance                                      float64
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -108,6 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
 	fs.Float64Var(&o.planRoom, "plan-room", -1, "planned and captured steps: how far convolution workspaces may raise the arena above the other buffers' extent, as a fraction (-1: the default, "+
 		fmt.Sprint(memory.DefaultPlanOptions.MaxSlack)+", within "+fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance*100)+"% of the fastest algorithms)")
+	fs.Float64Var(&o.planTolerance, "plan-tolerance", -1, "planned and captured steps: how much longer, as a fraction, the convolutions' algorithms may take than the fastest's when their workspaces make the arena smaller (-1: the default, "+
+		fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance)+")")
 	fs.IntVar(&o.vocab, "vocab", 0, "language models: this vocabulary instead of the preset's (50304: GPT-2's padded to a multiple of 64, as nanoGPT trains it; 0: the preset's)")
 	fs.StringVar(&o.largestBatch, "largest-batch", "", "MODEL:CONTEXT:GIB (gpt2:512:24): also find the largest batch that trains in fp32 and with AMP with the pool capped at GIB GiB (a seed claim)")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
@@ -258,6 +261,9 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.planRoom < 0 && o.planRoom != -1 {
 		say("-plan-room %v: want a fraction of 0 or more, or -1 for the default", o.planRoom)
 	}
+	if o.planTolerance < 0 && o.planTolerance != -1 {
+		say("-plan-tolerance %v: want a fraction of 0 or more, or -1 for the default", o.planTolerance)
+	}
 	if o.vocab < 0 || o.vocab == 1 {
 		say("-vocab %d: want 0 (the preset's) or at least 2 tokens", o.vocab)
 	}
@@ -315,6 +321,9 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	}
 	if o.planRoom >= 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Planned steps gave convolution workspaces room of at most %g of the arena (the default: %g).", o.planRoom, memory.DefaultPlanOptions.MaxSlack))
+	}
+	if o.planTolerance >= 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Planned steps took convolution algorithms up to %g slower than the fastest for a smaller arena (the default: %g).", o.planTolerance, memory.DefaultPlanOptions.TimeTolerance))
 	}
 	if o.micro {
 		for _, line := range benchmarks.Micro(dev) {
@@ -709,8 +718,15 @@ func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]st
 // device or a data-parallel job.
 func (o *options) harness() benchmarks.Options {
 	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
-	if o.planRoom >= 0 {
-		bo.Planning = &memory.PlanOptions{MaxSlack: o.planRoom, TimeTolerance: memory.DefaultPlanOptions.TimeTolerance}
+	if o.planRoom >= 0 || o.planTolerance >= 0 {
+		p := memory.DefaultPlanOptions
+		if o.planRoom >= 0 {
+			p.MaxSlack = o.planRoom
+		}
+		if o.planTolerance >= 0 {
+			p.TimeTolerance = o.planTolerance
+		}
+		bo.Planning = &p
 	}
 	return bo
 }
