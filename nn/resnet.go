@@ -103,8 +103,8 @@ type CheckpointMode int
 // The checkpointing modes.
 const (
 	NoCheckpoint     CheckpointMode = iota
-	CheckpointBlocks                // every residual block, and the stem
-	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks, and the stem
+	CheckpointBlocks                // every residual block
+	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks
 )
 
 // String is the mode's name, as ParseCheckpointMode reads it.
@@ -225,17 +225,7 @@ func (r *ResNet) segments() [][]Module {
 
 // Forward computes the logits for x (N×C×H×W).
 func (r *ResNet) Forward(x *T) *T {
-	stem := func(x *T) *T {
-		return then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
-	}
-	var h *T
-	if r.Checkpoint == NoCheckpoint {
-		h = stem(x)
-	} else {
-		// The stem is a segment of its own: its convolution's output is
-		// not kept through the blocks' backward, which it would outlive.
-		h = ag.Checkpoint(func(in []*T) *T { return stem(in[0]) }, x)
-	}
+	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
 	for _, seg := range r.segments() {
 		if r.Checkpoint == NoCheckpoint {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })

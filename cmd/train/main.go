@@ -237,7 +237,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.prompt, "prompt", "", "GPTs: the text -sample continues (default: the validation split's first tokens)")
 	fs.Float64Var(&o.temperature, "temperature", 0.8, "GPTs: -sample's temperature (0: the most likely token each time)")
 	fs.IntVar(&o.topK, "top-k", 40, "GPTs: -sample draws from the K most likely tokens (0: all)")
-	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks (and a ResNet's stem): recompute them in the backward instead of keeping their activations")
+	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks: recompute them in the backward instead of keeping their activations")
 	fs.StringVar(&o.ckptMode, "checkpoint-mode", "blocks", "what -checkpoint checkpoints: blocks (every block) or sqrt (sqrt(n) segments)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
 	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training")
