@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, after ../shared/gpu/stage (with the datasets) and with .gpu/old/bench.xz
-# (another commit's bench, see gpu-ab.sh): the CNN memory issue's table beside PyTorch eager, with
-# what each planned step holds at its peak; ResNet-1202 at 128 in every configuration; the main
-# job; and GPT-2's checkpointed step, old binary against new. Everything lands in $OUT.
+# On the GPU machine, after ../shared/gpu/stage (with the datasets): the CNN memory issue's table
+# beside PyTorch eager, with what each planned step holds at its peak; ResNet-1202 at 128 in every
+# configuration; the main job; and GPT-2's bf16 step, checkpointed and not. Everything lands in $OUT.
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -14,6 +13,6 @@ timeout 150 bash .gpu/run bin/bench -device cuda -specs resnet1202:128 -configs 
 echo "deep exit $?"; grep -E "^\| resnet" "$out/deep/bench.md" | cut -d'|' -f2-5,11
 timeout 120 bash .gpu/run bin/train -model resnet -amp -checkpoint -device cuda -json "$out/main.json" > "$out/main.log" 2>&1
 echo "main job exit $?"; grep -E "test accuracy|throughput|peak allocated|^  (fp32|amp|checkpoint)|at its peak|planned, " "$out/main.log"
-OUT="$out/gpt-ab" SPECS=gpt2:16 CONFIGS=amp+checkpoint EXTRA="-vocab 50304 -amp-dtype bf16 -steps 10 -warmup 3" ROUNDS=1 \
-  timeout 200 bash scripts/gpu-ab.sh > "$out/gpt-ab.log" 2>&1
-echo "gpt ab exit $?"; grep -v "^==" "$out/gpt-ab.log" | tail -4
+timeout 150 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs amp,amp+checkpoint -amp-dtype bf16 -vocab 50304 -pytorch "" \
+  -claims=false -eager=false -steps 10 -warmup 3 -out "$out/gpt" -commit "${COMMIT:-}" > "$out/gpt.log" 2>&1
+echo "gpt exit $?"; grep -E "^leangrad .*ms" "$out/gpt.log"; grep -A4 "What leangrad" "$out/gpt/bench.md" | cut -c1-700
