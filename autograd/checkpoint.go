@@ -3,6 +3,7 @@ package autograd
 import (
 	"fmt"
 
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -208,8 +209,12 @@ func recall(dev *tensor.Device, n int) []*T {
 // run for its recomputation (see recall); outside one it does nothing.
 func keep(dev *tensor.Device, ts ...*T) {
 	if k, _ := dev.Modes().Kept.(*kept); k != nil && !k.replay {
+		al := dev.Allocator()
 		for _, t := range ts {
 			k.results = append(k.results, t.Alias())
+			if al.Tracing() { // the checkpoint's to keep, not its recomputation's
+				al.SetRole(t.Block(), memory.Role{Category: memory.Activation, Op: "checkpoint"}, false)
+			}
 		}
 	}
 }

@@ -821,3 +821,47 @@ func TestCheckpointFreesItsOutputAndGradient(t *testing.T) {
 		t.Errorf("%d bytes left beside x and its gradient", left)
 	}
 }
+
+// TestTraceRoles: a traced backward through a checkpointed attention says
+// what each buffer held: the attention's output and log-sum-exps kept by
+// the checkpoint for its recomputation (Note [what a checkpoint keeps]),
+// the gradients by the node whose backward made them, and the phases of
+// each node's backward.
+func TestTraceRoles(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	a := dev.Allocator()
+	qkv := tensor.Randn(dev, tensor.F32, 0, 1, 2, 8, 48).Keep().SetRequiresGrad(true)
+	defer qkv.Release()
+	a.StartTrace()
+	dev.WithScope(func() {
+		y := ag.Checkpoint(func(in []*tensor.Tensor) *tensor.Tensor { return ag.CausalAttention(in[0], 2) }, qkv)
+		ag.Backward(ag.SumAll(y))
+	})
+	qkv.SetGrad(nil)
+	tr, err := a.StopTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[memory.Role]int{}
+	for _, b := range tr.Buffers {
+		roles[b.Role]++
+	}
+	t.Logf("roles %v, phases %v", roles, tr.Phases)
+	kept := memory.Role{Category: memory.Activation, Op: "checkpoint"}
+	grad := memory.Role{Category: memory.Gradient, Op: "sum"}
+	if roles[kept] != 2 || roles[grad] != 1 {
+		t.Errorf("roles %v: want the output and log-sum-exps kept by the checkpoint, and sum's gradient", roles)
+	}
+	phases := map[string]bool{}
+	for _, p := range tr.Phases {
+		phases[p.Name] = true
+	}
+	// A phase with no event of its own gives way to the next (the
+	// checkpoint's backward, then its recomputation, which recalls what it
+	// kept and allocates nothing).
+	for _, want := range []string{"the backward of sum", "the backward of causal_attention in a checkpoint's recomputation"} {
+		if !phases[want] {
+			t.Errorf("no phase %q in %v", want, tr.Phases)
+		}
+	}
+}
