@@ -274,7 +274,7 @@ type Option func(*backwardOptions)
 type backwardOptions struct {
 	retain bool
 	grad   *T
-	take   bool // the pass takes the caller's reference on grad (takeGrad)
+	take   bool // the pass takes the caller's references on grad and root (consuming)
 	ready  func(leaf *T)
 }
 

@@ -22,6 +22,7 @@ const (
 
 var categoryNames = [...]string{"temporary", "activation", "gradient", "parameter gradient", "workspace"}
 
+// String is the category in the report's words ("parameter gradient").
 func (c Category) String() string {
 	if int(c) < len(categoryNames) {
 		return categoryNames[c]
@@ -42,7 +43,7 @@ type Role struct {
 // TracePhase marks where in the traced work an event falls.
 type TracePhase struct {
 	Event int    // the first event of the phase
-	Name  string // what the work was doing ("backward of conv2d")
+	Name  string // what the work was doing ("the backward of conv2d")
 }
 
 // Tracing reports whether some goroutine is recording a trace: callers
