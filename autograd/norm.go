@@ -81,7 +81,7 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		default:
 			dres = emptyLike(g)
 		}
-		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), kernels.Buf{}, mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
 		grads := []*T{dx, nil, nil, dres}
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)
@@ -153,13 +153,13 @@ func BatchNormReLUConv(x, gamma, beta, runMean, runVar *T, training bool, moment
 	rec.keep(invStd)
 	gType, bType := gamma.DType(), beta.DType()
 	rec.finish(out, func(g *T) []*T {
-		y := emptyLike(xSaved)
-		defer y.Release()
-		be.BatchNormApply(bp, xSaved.Buf(), kernels.Buf{}, gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), y.Buf())
 		grads := make([]*T, 4)
 		if rec.needs(3) {
+			y := emptyLike(xSaved)
+			be.BatchNormApply(bp, xSaved.Buf(), kernels.Buf{}, gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), y.Buf())
 			dw := tensor.Empty(g.Device(), g.DType(), ws...)
 			be.Conv2dBackwardFilter(cp, y.Buf(), g.Buf(), dw.Buf())
+			y.Release() // before dx exists: the batch norm's backward masks without it
 			grads[3] = dw
 		}
 		if !rec.needs(0) && !rec.needs(1) && !rec.needs(2) {
@@ -167,13 +167,13 @@ func BatchNormReLUConv(x, gamma, beta, runMean, runVar *T, training bool, moment
 		}
 		// dx is written over dy, conv2's input gradient, which only the
 		// batch norm's backward reads.
-		dx := emptyLike(y)
+		dx := emptyLike(xSaved)
 		be.Conv2dBackwardData(cp, g.Buf(), wSaved.Buf(), dx.Buf())
 		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
 		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
 		defer dgamma.Release()
 		defer dbeta.Release()
-		be.BatchNormBackward(bp, xSaved.Buf(), y.Buf(), dx.Buf(), gSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), kernels.Buf{}, dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(bp, xSaved.Buf(), kernels.Buf{}, dx.Buf(), gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), kernels.Buf{}, dgamma.Buf(), dbeta.Buf())
 		grads[0] = dx
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)
@@ -194,9 +194,12 @@ func BatchNormReLUConv(x, gamma, beta, runMean, runVar *T, training bool, moment
 // keeps anyway, so BatchNormReLUConv keeps x alone and, in the backward,
 // writes y again (kernels.Backend.BatchNormApply, the training forward's
 // own arithmetic, so the gradients are the unfused operations' bit for
-// bit), runs conv2's gradients and then the batch norm's, and frees it.
-// That leaves one of the block's four saved activations out, for one
-// elementwise pass in the backward. The block's other batch norm keeps its
+// bit) for conv2's filter gradient and frees it before conv2's input
+// gradient exists: the batch norm's backward finds the ReLU's mask from x,
+// as y was written (kernels.Backend.BatchNormBackward without y), so the
+// backward holds two tensors of x's size at once, not three. That leaves
+// one of the block's four saved activations out, for one elementwise pass
+// in the backward. The block's other batch norm keeps its
 // output: it is the block's, which the next block reads anyway.
 
 // bufOf is t's buffer, or the invalid one for nil.

@@ -216,3 +216,21 @@ func CheckCountCorrect(right, logits, labels Buf, n, k int) {
 		panic(fmt.Sprintf("kernels: count correct labels are %v, want i32", labels.DType))
 	}
 }
+
+// CheckBNMask checks how a batch norm backward finds its ReLU's mask, and
+// reports whether it writes the forward's output again for it: with
+// p.ReLU and no y, from x and beta (which must then be given, with no
+// residual gradient); with y, y must be x's length.
+func CheckBNMask(op string, p BNParams, x, y, beta, dresidual Buf) (again bool) {
+	switch {
+	case !p.ReLU:
+		return false
+	case y.Valid():
+		CheckLen(op+" output", x.N, y)
+		return false
+	case !beta.Valid() || dresidual.Valid():
+		panic(fmt.Sprintf("kernels: %s without the ReLU's output: want beta (given: %v) and no residual gradient (given: %v)", op, beta.Valid(), dresidual.Valid()))
+	}
+	CheckLen(op+" beta", p.C, beta)
+	return true
+}

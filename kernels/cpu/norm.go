@@ -71,6 +71,24 @@ func (c channel) commit(v values, p kernels.BNParams, ch int) {
 	}
 }
 
+// scratchChannel is channel ch of v in buf (N·HW values, planes HW apart)
+// whatever v's dtype, read into it with read: the layout of a channel that
+// exists only in scratch.
+func scratchChannel(v values, p kernels.BNParams, ch int, buf []float32, read bool) channel {
+	c := channel{f: buf[:p.N*p.HW], planes: p.N, ld: p.HW, hw: p.HW}
+	for i := 0; read && i < p.N; i++ {
+		v.read(c.plane(i), ch*p.HW+i*p.C*p.HW)
+	}
+	return c
+}
+
+// store writes a scratchChannel's values into channel ch of v.
+func (c channel) store(v values, p kernels.BNParams, ch int) {
+	for i := range c.planes {
+		v.write(ch*p.HW+i*p.C*p.HW, c.plane(i))
+	}
+}
+
 // plane is plane n's float32 values, or nil for none.
 func (c channel) plane(n int) []float32 {
 	if c.f == nil {
@@ -367,31 +385,47 @@ func applyChannels(op string, p kernels.BNParams, x, residual, y kernels.Buf, af
 //
 //	dβ = Σ g,  dγ = Σ g·x̂,  dx = γ·invstd/M · (M·g − dβ − x̂·dγ),  dresidual = g
 //
-// with x̂ = (x − mean)·invstd and M = N·HW.
-func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
+// with x̂ = (x − mean)·invstd and M = N·HW. Without y, each channel's y is
+// written again, as BatchNormApply writes it, into scratch.
+func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
+	again := kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual)
 	var yv values
-	if p.ReLU {
-		kernels.CheckLen("batch norm backward output", x.N, y)
+	if p.ReLU && !again {
 		yv = valuesOf(y)
 	}
 	xv, dyv, dxv, drv := valuesOf(x), valuesOf(dy), valuesOf(dx), optValuesOf(dresidual)
-	half := halfPath(xv, yv, dyv, dxv, drv)
+	half := !again && halfPath(xv, yv, dyv, dxv, drv)
 	gamma32, sm, sis := in(gamma), f32s(saveMean), f32s(saveInvStd)
+	var beta32 []float32
+	if again {
+		beta32 = in(beta)
+	}
 	dgs, doneG := out(dgamma)
 	dbs, doneB := out(dbeta)
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
 		cb := newChannelBufs(p, 5, half)
 		defer cb.release()
+		var tmp []uint16
+		if again && x.DType == kernels.F16 {
+			tmp = make([]uint16, p.N*p.HW)
+		}
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
 			dys := channelOf(dyv, p, ch, cb[0], half, true)
 			ys := channelOf(yv, p, ch, cb[1], half, true)
 			xs := channelOf(xv, p, ch, cb[2], half, true)
+			if again { // every channel in scratch, y's layout, so that the passes are those with y
+				dys, xs = scratchChannel(dyv, p, ch, cb[0], true), scratchChannel(xv, p, ch, cb[2], true)
+				ys = scratchChannel(values{}, p, ch, cb[1], false)
+				scale, shift := batchAffine(gamma32[ch], beta32[ch], sm[ch], sis[ch])
+				affineChannel(ys, xs, channel{}, scale, shift, true)
+				roundLike(x.DType, ys.f, tmp)
+			}
 			gs := channelOf(drv, p, ch, cb[3], half, false)
 			db, dxm := bnGradChannel(dys, ys, xs, mean32, gs)
 			gs.commit(drv, p, ch)
@@ -403,8 +437,15 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
 			dxs := channelOf(dxv, p, ch, cb[4], half, false)
+			if again {
+				dxs = scratchChannel(dxv, p, ch, cb[4], false)
+			}
 			bnApplyChannel(dxs, dys, ys, xs, a, bx, c)
-			dxs.commit(dxv, p, ch)
+			if again {
+				dxs.store(dxv, p, ch)
+			} else {
+				dxs.commit(dxv, p, ch)
+			}
 		}
 	})
 	doneG()

@@ -7,8 +7,10 @@ import (
 // The batch-norm kernels (norm.cu).
 type (
 	bnPartialArgs struct {
-		N, C, HW, P                     int32
-		X, Y, Dy, Mean, InvStd, Partial uintptr
+		N, C, HW, P           int32
+		X, Y, Dy, Gamma, Beta uintptr
+		ReLU                  int32
+		Mean, InvStd, Partial uintptr
 	}
 	bnStatsArgs struct {
 		N, C, HW, P                   int32
@@ -28,8 +30,10 @@ type (
 		Partial, Dgamma, Dbeta uintptr
 	}
 	bnBwdApplyArgs struct {
-		N, C, HW, Len                                          int32
-		X, Y, Dy, Gamma, Mean, InvStd, Dgamma, Dbeta, Dx, Dres uintptr
+		N, C, HW, Len                         int32
+		X, Y, Dy, Gamma, Beta                 uintptr
+		ReLU                                  int32
+		Mean, InvStd, Dgamma, Dbeta, Dx, Dres uintptr
 	}
 )
 
@@ -65,7 +69,7 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	ws := b.workspace(int64(p.C * parts * 2 * 4))
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
-	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), 0, 0, 0, 0, ws.Addr()})
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{N: n, C: c, HW: hw, P: np, X: ptrOf(x), Partial: ws.Addr()})
 	kBNStats.launch(b, s, perChannel(p.C), bnStatsArgs{n, c, hw, np, ptrOf(x), ws.Addr(), p.Eps, p.Momentum,
 		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(runMean), ptrOf(runVar)})
 	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{c, hw, int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
@@ -101,15 +105,13 @@ func (b *Backend) bnApply(op string, p kernels.BNParams, x, residual, gamma, bet
 
 // BatchNormBackward: partial Σg and Σg·x̂ (g: dy masked by the ReLU), their
 // per-channel totals (dβ, dγ), then dx and dresidual: three launches.
-func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
+func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
 	s := floatType("batch norm backward", x, dy, dx)
-	var yp uintptr
-	if p.ReLU {
+	if !kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual) && p.ReLU {
 		kernels.CheckLike("batch norm backward output", x, y)
-		yp = ptrOf(y)
 	}
 	b.enter()
 	defer b.exit()
@@ -117,9 +119,10 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, saveMea
 	ws := b.workspace(int64(p.C * parts * 2 * 4))
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
-	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), yp, ptrOf(dy),
-		ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
+	relu := boolInt(p.ReLU)
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), ptrOf(dy),
+		ptrOf(gamma), ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
 	kBNGrads.launch(b, 0, perChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
-	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), yp, ptrOf(dy), ptrOf(gamma),
-		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
+	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), ptrOf(dy), ptrOf(gamma),
+		ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
 }
