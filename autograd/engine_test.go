@@ -865,3 +865,42 @@ func TestTraceRoles(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchNormReLUConvFreesYFirst: the fused batch norm and convolution's
+// backward frees the y it writes again (for conv2's filter gradient)
+// before conv2's input gradient exists (Note [what a batch norm and its
+// convolution keep]): in the trace of its backward the two buffers of x's
+// size that it allocates are never live at once.
+func TestBatchNormReLUConvFreesYFirst(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	a := dev.Allocator()
+	const n, c, hw = 4, 8, 16
+	x := tensor.Randn(dev, tensor.F32, 0, 1, n, c, hw, hw).Keep().SetRequiresGrad(true)
+	g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, c).Keep().SetRequiresGrad(true)
+	b := tensor.Randn(dev, tensor.F32, 0, 0.1, c).Keep().SetRequiresGrad(true)
+	w := tensor.Randn(dev, tensor.F32, 0, 0.1, c, c, 3, 3).Keep().SetRequiresGrad(true)
+	rm, rv := tensor.Zeros(dev, tensor.F32, c).Keep(), tensor.Ones(dev, tensor.F32, c).Keep()
+	defer releaseAll(x, g, b, w, rm, rv)
+	size := x.Block().Size()
+	a.StartTrace()
+	dev.WithScope(func() {
+		y := ag.BatchNormReLUConv(x, g, b, rm, rv, true, 0.1, 1e-5, w, 1, 1)
+		ag.Backward(y, ag.WithGrad(tensor.Randn(dev, tensor.F32, 0, 1, y.Shape()...)))
+	})
+	for _, p := range []*tensor.Tensor{x, g, b, w} {
+		p.SetGrad(nil)
+	}
+	tr, err := a.StopTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []memory.TraceBuffer // of x's size, made by the op's backward
+	for _, buf := range tr.Buffers {
+		if buf.Sizes[0] == size && tr.PhaseAt(buf.Alloc) == "the backward of batch_norm_conv2d" {
+			mine = append(mine, buf)
+		}
+	}
+	if len(mine) != 2 || mine[0].Free > mine[1].Alloc {
+		t.Errorf("the backward's buffers of %d bytes: %+v; want y, freed before conv2's input gradient is allocated", size, mine)
+	}
+}
