@@ -66,9 +66,7 @@ func (c channel) commit(v values, p kernels.BNParams, ch int) {
 	if v.f32 != nil || v.none() || c.f == nil {
 		return
 	}
-	for i := range c.planes {
-		v.write(ch*p.HW+i*p.C*p.HW, c.plane(i))
-	}
+	c.store(v, p, ch)
 }
 
 // scratchChannel is channel ch of v in buf (N·HW values, planes HW apart)
@@ -416,15 +414,17 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 		for ch := lo; ch < hi; ch++ {
 			mean, invStd := float64(sm[ch]), float64(sis[ch])
 			mean32 := float32(mean)
-			dys := channelOf(dyv, p, ch, cb[0], half, true)
-			ys := channelOf(yv, p, ch, cb[1], half, true)
-			xs := channelOf(xv, p, ch, cb[2], half, true)
+			var dys, ys, xs channel
 			if again { // every channel in scratch, y's layout, so that the passes are those with y
 				dys, xs = scratchChannel(dyv, p, ch, cb[0], true), scratchChannel(xv, p, ch, cb[2], true)
 				ys = scratchChannel(values{}, p, ch, cb[1], false)
 				scale, shift := batchAffine(gamma32[ch], beta32[ch], sm[ch], sis[ch])
 				affineChannel(ys, xs, channel{}, scale, shift, true)
 				roundLike(x.DType, ys.f, tmp)
+			} else {
+				dys = channelOf(dyv, p, ch, cb[0], half, true)
+				ys = channelOf(yv, p, ch, cb[1], half, true)
+				xs = channelOf(xv, p, ch, cb[2], half, true)
 			}
 			gs := channelOf(drv, p, ch, cb[3], half, false)
 			db, dxm := bnGradChannel(dys, ys, xs, mean32, gs)
@@ -436,9 +436,11 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 			a := float32(k)
 			bx := float32(-k * invStd * dg / m)
 			c := float32(-k*db/m + k*invStd*dg/m*mean)
-			dxs := channelOf(dxv, p, ch, cb[4], half, false)
+			var dxs channel
 			if again {
 				dxs = scratchChannel(dxv, p, ch, cb[4], false)
+			} else {
+				dxs = channelOf(dxv, p, ch, cb[4], half, false)
 			}
 			bnApplyChannel(dxs, dys, ys, xs, a, bx, c)
 			if again {

@@ -110,7 +110,7 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
 	s := floatType("batch norm backward", x, dy, dx)
-	if !kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual) && p.ReLU {
+	if again := kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual); p.ReLU && !again {
 		kernels.CheckLike("batch norm backward output", x, y)
 	}
 	b.enter()
