@@ -18,9 +18,12 @@ whether each output equals the first variant's bit for bit, and the median
 device time of flash_fwd, flash_bwd_kv and flash_bwd_q.
 """
 import argparse
+import ctypes
 import json
+import os
 import re
 import sys
+import tempfile
 
 import cupy as cp
 import numpy as np
@@ -36,6 +39,42 @@ def module_source(full, flash):
     return head + "// ---- flash.cu ----\n" + flash + "\n"
 
 
+def nvrtc_module(src, arch):
+    """src compiled by NVRTC for arch as the Go backend compiles it
+    (--gpu-architecture, --std=c++17; sm_90a is its target on an H200),
+    with ptxas's report of each kernel's registers and spills printed."""
+    lib = None
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            pass
+    if lib is None:
+        sys.exit("no NVRTC")
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"flash.cu", 0, None, None):
+        sys.exit("nvrtcCreateProgram failed")
+    opts = [b"--gpu-architecture=" + arch.encode(), b"--std=c++17", b"--ptxas-options=-v"]
+    r = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    text = log.value.decode(errors="replace")
+    keep = [l for l in text.splitlines() if "flash" in l or "warning" in l or "error" in l or "Used" in l or "spill" in l]
+    print("\n".join("  nvrtc %s: %s" % (arch, l.strip()) for l in keep[:60]), flush=True)
+    if r:
+        sys.exit("NVRTC could not compile for %s:\n%s" % (arch, text))
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    os.write(fd, cubin.raw)
+    os.close(fd)
+    return cp.RawModule(path=path)
+
+
 def macro(text, name, default):
     m = re.search(r"#define %s (\d+)" % name, text)
     return int(m.group(1)) if m else default
@@ -49,7 +88,8 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--torch", action="store_true", help="time PyTorch's SDPA backends too")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("variants", nargs="+", help="name=flash.cu[@MACRO=VALUE,...]: each MACRO's #define rewritten")
+    ap.add_argument("variants", nargs="+",
+                    help="name=flash.cu[@MACRO=VALUE,...][%%arch]: each MACRO's #define rewritten; arch sm_90a unless named")
     a = ap.parse_args()
     B, H, T, D = map(int, a.shape.split(","))
     C = H * D
@@ -74,6 +114,7 @@ def main():
     results, first = {}, None
     for spec in a.variants:
         name, path = spec.split("=", 1)
+        path, _, arch = path.partition("%")
         path, _, defs = path.partition("@")
         flash = open(path).read()
         for d in filter(None, defs.split(",")):  # MACRO=VALUE: rewrite its #define
@@ -82,7 +123,7 @@ def main():
             if n != 1:
                 sys.exit("%s: %s has no #define %s" % (spec, path, m))
         mt = macro(flash, "FLASH_FWD_MT", 1)
-        mod = cp.RawModule(code=module_source(full, flash), options=("--std=c++17",))
+        mod = nvrtc_module(module_source(full, flash), arch or "sm_90a")
         fwd = mod.get_function("flash_fwd_" + a.dtype)
         bkv = mod.get_function("flash_bwd_kv_" + a.dtype)
         bq = mod.get_function("flash_bwd_q_" + a.dtype)

@@ -159,7 +159,7 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 
 	start := time.Now()
-	cubin, cached, err := compileCached(b.arch, opts.KernelCache)
+	cubin, target, cached, err := compileCached(b.arch, opts.KernelCache)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +167,7 @@ func open(index int, opts Options) (*Backend, error) {
 	if cached {
 		how = "loaded from the cache in " + cacheDir(opts.KernelCache)
 	}
-	b.CompileLog = fmt.Sprintf("kernels for %s %s in %v", b.arch, how, time.Since(start).Round(time.Millisecond))
+	b.CompileLog = fmt.Sprintf("kernels for %s %s in %v", target, how, time.Since(start).Round(time.Millisecond))
 	if err := d.check("cuModuleLoadData", d.moduleLoadData(unsafe.Pointer(&b.module), unsafe.Pointer(&cubin[0]))); err != nil {
 		return nil, err
 	}

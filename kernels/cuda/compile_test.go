@@ -34,6 +34,47 @@ func TestKernelsCompile(t *testing.T) {
 	}
 }
 
+func TestTarget(t *testing.T) {
+	for _, c := range []struct {
+		arch  string
+		nvrtc int
+		want  string
+	}{
+		{"sm_90", 13, "sm_90a"},
+		{"sm_90", 12, "sm_90a"},
+		{"sm_90", 11, "sm_90"}, // NVRTC 11.8 knows sm_90 but not its wgmma
+		{"sm_80", 13, "sm_80"},
+		{"sm_100", 13, "sm_100"},
+	} {
+		if got := Target(c.arch, c.nvrtc); got != c.want {
+			t.Errorf("Target(%q, %d) = %q, want %q", c.arch, c.nvrtc, got, c.want)
+		}
+	}
+}
+
+// TestFlashWGMMAOnSM90a checks that the flash kernels take their warpgroup
+// path on sm_90a and only there: 36 products a dtype (the forward's 8, the
+// backward's 16 and 12) as wgmma, none on sm_90. It needs NVRTC 12 or later
+// (CI's is 11.8, which has no sm_90a; the GPU machine's runs it).
+func TestFlashWGMMAOnSM90a(t *testing.T) {
+	needNVRTC(t)
+	if n, _ := loadNVRTC(); n.major < 12 {
+		t.Skipf("NVRTC %d.%d has no sm_90a", n.major, n.minor)
+	}
+	for _, c := range []struct {
+		arch string
+		want int
+	}{{"compute_90a", 2 * 36}, {"compute_90", 0}, {"compute_80", 0}} {
+		ptx, err := CompilePTX(Source(), c.arch)
+		if err != nil {
+			t.Fatalf("%s: %v", c.arch, err)
+		}
+		if got := strings.Count(ptx, "wgmma.mma_async"); got != c.want {
+			t.Errorf("%s: %d wgmma.mma_async, want %d", c.arch, got, c.want)
+		}
+	}
+}
+
 func TestCompileErrorCarriesLog(t *testing.T) {
 	needNVRTC(t)
 	_, err := Compile("extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90")

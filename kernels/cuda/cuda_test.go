@@ -277,9 +277,12 @@ func TestCUDAConcurrentGoroutines(t *testing.T) {
 
 func TestCUDACompileCache(t *testing.T) {
 	b := testBackend(t)
-	_, cached, err := compileCached(b.Arch(), "")
+	_, target, cached, err := compileCached(b.Arch(), "")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n, _ := loadNVRTC(); target != Target(b.Arch(), n.major) {
+		t.Errorf("compiled for %s on %s with NVRTC %d", target, b.Arch(), n.major)
 	}
 	if !cached {
 		t.Errorf("the module compiled when the backend opened was not found in %s", cacheDir(""))

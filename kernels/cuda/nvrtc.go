@@ -79,6 +79,18 @@ func (e *CompileError) Error() string {
 	return fmt.Sprintf("NVRTC could not compile the kernels for %s:\n%s", e.Arch, e.Log)
 }
 
+// Target is the architecture the kernels are compiled for on a device of
+// architecture arch ("sm_90") with NVRTC of major version nvrtcMajor:
+// Hopper's arch-specific sm_90a, whose warpgroup MMAs the flash kernels run
+// (its code runs on compute capability 9.0 alone, which is the device in
+// hand), where NVRTC knows it (12 and later); else arch itself.
+func Target(arch string, nvrtcMajor int) string {
+	if arch == "sm_90" && nvrtcMajor >= 12 {
+		return "sm_90a"
+	}
+	return arch
+}
+
 // Compile compiles src for arch ("sm_90") with NVRTC and returns the CUBIN.
 // A compilation failure returns a *CompileError holding NVRTC's log.
 func Compile(src, arch string) ([]byte, error) {
@@ -150,25 +162,27 @@ func cacheDir(dir string) string {
 	return filepath.Join(d, "leangrad", "cubin")
 }
 
-// compileCached returns the CUBIN of the kernel sources for arch, from the
-// disk cache when a module with the same source, arch and NVRTC version was
-// compiled before. fromCache says which happened.
-func compileCached(arch, dir string) (cubin []byte, fromCache bool, err error) {
+// compileCached returns the CUBIN of the kernel sources for a device of
+// architecture arch and the target it was compiled for (Target), from the
+// disk cache when a module with the same source, target and NVRTC version
+// was compiled before. fromCache says which happened.
+func compileCached(arch, dir string) (cubin []byte, target string, fromCache bool, err error) {
 	n, err := loadNVRTC()
 	if err != nil {
-		return nil, false, err
+		return nil, "", false, err
 	}
+	target = Target(arch, n.major)
 	src := Source()
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00nvrtc %d.%d", src, arch, n.major, n.minor)))
-	path := filepath.Join(cacheDir(dir), hex.EncodeToString(sum[:16])+"-"+arch+".cubin")
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00nvrtc %d.%d", src, target, n.major, n.minor)))
+	path := filepath.Join(cacheDir(dir), hex.EncodeToString(sum[:16])+"-"+target+".cubin")
 	if data, err := os.ReadFile(path); err == nil && len(data) > 0 {
-		return data, true, nil
+		return data, target, true, nil
 	}
-	cubin, err = Compile(src, arch)
+	cubin, err = Compile(src, target)
 	if err != nil {
-		return nil, false, err
+		return nil, "", false, err
 	}
 	// A cache that cannot be written costs a recompile next time, nothing more.
 	_ = atomicfile.WriteFile(path, cubin)
-	return cubin, false, nil
+	return cubin, target, false, nil
 }

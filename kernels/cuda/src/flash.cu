@@ -29,13 +29,32 @@
 // pairs with one cvt, 2^x is one MUFU.EX2, the backward kernels apply the
 // scale to dk and dq once, and ldmatrix addresses are a base plus
 // constants. FLASH_D and FLASH_TILE come from Go (source.go's prelude).
+//
+// On Hopper (sm_90a, the target the backend compiles for on compute
+// capability 9.0) the same kernels run their products as warpgroup MMAs
+// (wgmma.mma_async m64n64k16): the block's four warps are one warpgroup,
+// each warp's 16 rows of the accumulators are where mma.sync puts them,
+// A stays in registers (q, k, v, do loaded as before; p and ds as the
+// scores become them) and B is read by the tensor cores straight from the
+// shared tiles, whose rows are then 128 bytes, unpadded, in the 128-byte
+// swizzle wgmma's descriptors name. One instruction a 64×64×16 product
+// replaces 32 mma.sync and their ldmatrix, which is what bound the
+// kernels. The products' helpers (mma_abt, mma_ab between mma_begin and
+// mma_end) hide which of the two runs; everything else is shared.
 
 // The blocks of each kernel a multiprocessor should hold at once: a bound
 // on its registers (measured on the H200 with scripts/flash-bench.py).
 #define FLASH_FWD_BLOCKS 4
 #define FLASH_BWD_KV_BLOCKS 2
 #define FLASH_BWD_Q_BLOCKS 3
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_WGMMA 1
+#define FLASH_LD FLASH_D // 128-byte rows, swizzled (tile_at)
+static_assert(FLASH_D == 64 && FLASH_TILE == 64, "the wgmma path's tiles are 64 rows of 128 bytes");
+#else
+#define FLASH_WGMMA 0
 #define FLASH_LD (FLASH_D + 8)
+#endif
 
 // pack2 rounds two floats to T (to nearest even) and packs them, lo in the
 // low half: one cvt of both on sm_80 and later, where the kernels run.
@@ -99,6 +118,18 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return a;
 }
 
+// tile_at is where a tile keeps the 16 bytes (8 elements) c of its row r:
+// on the wgmma path the 128-byte swizzle (the chunk's index XOR the row's
+// within its group of 8: Swizzle<3,4,3> on the address, so tiles start on
+// 1024 bytes), else a padded row.
+__device__ __forceinline__ int tile_at(int r, int c) {
+#if FLASH_WGMMA
+    return r * FLASH_LD + 8 * (c ^ (r & 7));
+#else
+    return r * FLASH_LD + 8 * c;
+#endif
+}
+
 // load_tile_async copies rows t0.. of a head into a FLASH_TILE × FLASH_LD
 // shared tile, 16 bytes at a time with cp.async (the copies run while the
 // block computes, until cp_wait), zeros past T.
@@ -108,7 +139,7 @@ __device__ __forceinline__ void load_tile_async(unsigned short* tile, FlashOpera
         int r = i / per, c = i % per;
         int t = min(t0 + r, T - 1); // a valid address; nothing is read past T
         const unsigned short* src = x.p + b * x.batch + (i64)t * x.row + h * FLASH_D + 8 * c;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(tile + r * FLASH_LD + 8 * c)), "l"(src),
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(tile + tile_at(r, c))), "l"(src),
                      "r"(t0 + r < T ? 16 : 0));
     }
 }
@@ -123,8 +154,16 @@ __device__ __forceinline__ void load_rows_async(float* s, const float* v, int i0
 }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-// cp_wait waits until at most n of this thread's groups are in flight.
-template <int n> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n)); }
+// cp_wait waits until at most n of this thread's groups are in flight; on
+// the wgmma path it also orders this thread's copies before the tensor
+// cores' reads (which go through the async proxy), so that a barrier after
+// it publishes the tiles to wgmma as to ldmatrix.
+template <int n> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(n));
+#if FLASH_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 
 // The A fragment (16×16, rows r0.., columns k0..) of a strided operand, from
 // global memory.
@@ -177,6 +216,145 @@ template <typename T> __device__ __forceinline__ void c_to_a(unsigned* a, const 
     a[3] = pack2<T>(c1[2], c1[3]);
 }
 
+#define NT (FLASH_TILE / 8) // 8-column tiles of a 64-wide score tile
+#define DT (FLASH_D / 8)    // 8-column tiles of a row of o
+#define KS (FLASH_D / 16)   // 16-deep steps over a head
+#define PS (FLASH_TILE / 16) // 16-deep steps over a tile of scores
+
+#if FLASH_WGMMA
+// wg_desc is the wgmma descriptor of a 128-byte-swizzled operand at shared
+// address a: the start address, the leading and stride byte offsets (in
+// 16-byte units) and the swizzle mode. A tile's groups of 8 rows are 1024
+// bytes apart, the stride for a K-major operand and for an N-major one
+// alike; the other offset (between swizzle atoms along N, or unused for
+// K-major) has nothing to step over, a tile's row being one atom wide, and
+// holds the same 1024. The tiles start on 1024 bytes: the base offset is 0.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | (64ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// wgmma is d (64×64, F32) = a·b + (ACC ? d : 0) for the warpgroup: a 64×16
+// A from registers (each warp's 16 rows as mma.sync's A fragment) and a
+// 16×64 B from shared memory, K-major (TRANS 0: b[k][n] at row n, column k
+// of a tile) or N-major (TRANS 1: b[k][n] at row k, column n).
+#define WGMMA_D                                                                                                   \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),        \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),    \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),    \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),    \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define WGMMA_ASM(TY)                                                                                             \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                  \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                                   \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"  \
+    "%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+template <typename T, int TRANS, int ACC> __device__ __forceinline__ void wgmma(float (&d)[8][4], const unsigned* a, unsigned long long b);
+template <> __device__ __forceinline__ void wgmma<f16, 0, 0>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(0));
+}
+template <> __device__ __forceinline__ void wgmma<f16, 0, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(0));
+}
+template <> __device__ __forceinline__ void wgmma<f16, 1, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(1));
+}
+template <> __device__ __forceinline__ void wgmma<bf16, 0, 0>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(0));
+}
+template <> __device__ __forceinline__ void wgmma<bf16, 0, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(0));
+}
+template <> __device__ __forceinline__ void wgmma<bf16, 1, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
+    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(1));
+}
+#endif
+
+// mma_begin and mma_end bracket the products a block issues together
+// (mma_abt, mma_ab): on the wgmma path, the fence that orders the
+// registers' earlier writes before the tensor cores read them, and the
+// commit and wait after which the results are in the accumulators; then
+// mma_done on each accumulator, before anything reads it. On the mma.sync
+// path the products are complete as they return and these are empty.
+__device__ __forceinline__ void mma_begin() {
+#if FLASH_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mma_end() {
+#if FLASH_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+// mma_done keeps the compiler from reading an accumulator before mma_end.
+__device__ __forceinline__ void mma_done(float (&d)[8][4]) {
+#if FLASH_WGMMA
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+#endif
+}
+
+// mma_abt is s = a·tileᵀ for the warp's 16 rows: a (16 × FLASH_D, KS A
+// fragments) times the transposed FLASH_TILE × FLASH_D shared tile at
+// shared address tile, whose rows are s's columns.
+template <typename T> __device__ __forceinline__ void mma_abt(float (&s)[NT][4], const unsigned (&a)[KS][4], unsigned tile) {
+#if FLASH_WGMMA
+    wgmma<T, 0, 0>(s, a[0], wg_desc(tile));
+#pragma unroll
+    for (int d = 1; d < KS; d++) wgmma<T, 0, 1>(s, a[d], wg_desc(tile + 32 * d)); // 16 elements along the row
+#else
+    unsigned at = tile + lane_bt();
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int d = 0; d < KS; d++)
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            unsigned bf[4];
+            frag_bt(bf, at, 8 * n, 16 * d);
+            mma16816<T>(s[n], a[d], bf);
+            mma16816<T>(s[n + 1], a[d], bf + 2);
+        }
+#endif
+}
+
+// mma_ab is acc += a·tile for the warp's 16 rows: a (16 × FLASH_TILE, PS A
+// fragments, c_to_a's of a score tile) times the FLASH_TILE × FLASH_D
+// shared tile at shared address tile.
+template <typename T> __device__ __forceinline__ void mma_ab(float (&acc)[DT][4], const unsigned (&a)[PS][4], unsigned tile) {
+#if FLASH_WGMMA
+#pragma unroll
+    for (int kk = 0; kk < PS; kk++) wgmma<T, 1, 1>(acc, a[kk], wg_desc(tile + 2 * 16 * FLASH_LD * kk)); // 16 rows on
+#else
+    unsigned at = tile + lane_b();
+#pragma unroll
+    for (int kk = 0; kk < PS; kk++)
+#pragma unroll
+        for (int j = 0; j < DT; j += 2) {
+            unsigned bf[4];
+            frag_b(bf, at, 16 * kk, 8 * j);
+            mma16816<T>(acc[j], a[kk], bf);
+            mma16816<T>(acc[j + 1], a[kk], bf + 2);
+        }
+#endif
+}
+
+// scores_to_a turns a score tile into the A fragments of the next product, in T.
+template <typename T> __device__ __forceinline__ void scores_to_a(unsigned (&a)[PS][4], const float (&s)[NT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < PS; kk++) c_to_a<T>(a[kk], s[2 * kk], s[2 * kk + 1]);
+}
+
+// check_tiles traps when a block's shared tiles are not where the wgmma
+// descriptors assume (1024-byte aligned): a wrong layout must not compute.
+__device__ __forceinline__ void check_tiles(const void* t) {
+#if FLASH_WGMMA
+    if (smem_addr(t) & 1023) __trap();
+#endif
+}
+
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -192,10 +370,6 @@ template <typename T>
 __device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, int b, int h, int t, int d, int Tn, float x, float y) {
     if (t < Tn) *(unsigned*)(p + b * batch + (i64)t * row + h * FLASH_D + d) = pack2<T>(x, y);
 }
-
-#define NT (FLASH_TILE / 8) // 8-column tiles of a 64-wide score tile
-#define DT (FLASH_D / 8)    // 8-column tiles of a row of o
-#define KS (FLASH_D / 16)   // 16-deep steps over a head
 
 // fwd_softmax folds a tile of scores s (16 rows × 64 keys of a warp; this
 // thread's first row and key are row and key) into the running maxima m,
@@ -244,8 +418,9 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&acc)[DT][
 template <typename T>
 __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                           unsigned short* o, int orow, i64 obatch, float* lse) {
-    __shared__ __align__(16) unsigned short sk[2][FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sv[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
+    check_tiles(sk), check_tiles(sv);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE; // the costliest blocks first
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
@@ -253,7 +428,7 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
     float sl2 = scale * LOG2E;
     int shift = Tk - Tq;
     int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
-    unsigned ka = smem_addr(sk[0]) + lane_bt(), va = smem_addr(sv[0]) + lane_b();
+    unsigned ka = smem_addr(sk[0]), va = smem_addr(sv[0]);
     load_tile_async(sk[0], k, b, h, 0, Tk);
     load_tile_async(sv[0], v, b, h, 0, Tk);
     cp_commit();
@@ -274,33 +449,20 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
         __syncthreads();
         unsigned kt = ka + buf * TILE_BYTES, vt = va + buf * TILE_BYTES;
         float s[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-        for (int d = 0; d < KS; d++)
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned bf[4];
-                frag_bt(bf, kt, 8 * n, 16 * d);
-                mma16816<T>(s[n], qa[d], bf);
-                mma16816<T>(s[n + 1], qa[d], bf + 2);
-            }
+        mma_begin();
+        mma_abt<T>(s, qa, kt);
+        mma_end();
+        mma_done(s);
         if (k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk) // the warp's first row sees fewer keys
             fwd_softmax<true>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
         else
             fwd_softmax<false>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
-#pragma unroll
-        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
-            unsigned pa[4];
-            c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int j = 0; j < DT; j += 2) {
-                unsigned bf[4];
-                frag_b(bf, vt, 16 * kk, 8 * j);
-                mma16816<T>(acc[j], pa, bf);
-                mma16816<T>(acc[j + 1], pa, bf + 2);
-            }
-        }
+        unsigned pa[PS][4];
+        scores_to_a<T>(pa, s);
+        mma_begin();
+        mma_ab<T>(acc, pa, vt);
+        mma_end();
+        mma_done(acc);
         __syncthreads(); // the next iteration's copy writes this buffer
     }
     cp_wait<0>();
@@ -346,9 +508,10 @@ template <typename T>
 __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                              FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
                              i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch) {
-    __shared__ __align__(16) unsigned short sq[2][FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sdo[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sq[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sdo[2][FLASH_TILE * FLASH_LD];
     __shared__ float slse[2][FLASH_TILE], sdvec[2][FLASH_TILE];
+    check_tiles(sq), check_tiles(sdo);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int k0 = blockIdx.x * FLASH_TILE;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
@@ -356,8 +519,7 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
     float sl2 = scale * LOG2E;
     const float* lser = lse + (i64)bh * Tn;
     const float* dvr = dvec + (i64)bh * Tn;
-    unsigned qbt = smem_addr(sq[0]) + lane_bt(), qb = smem_addr(sq[0]) + lane_b();
-    unsigned dobt = smem_addr(sdo[0]) + lane_bt(), dob = smem_addr(sdo[0]) + lane_b();
+    unsigned qs = smem_addr(sq[0]), dos = smem_addr(sdo[0]);
     load_tile_async(sq[0], q, b, h, k0, Tn);
     load_tile_async(sdo[0], dout, b, h, k0, Tn);
     load_rows_async(slse[0], lser, k0, Tn);
@@ -384,49 +546,30 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        unsigned off = buf * TILE_BYTES;
+        unsigned qt = qs + buf * TILE_BYTES, dot = dos + buf * TILE_BYTES;
         // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
         float p[NT][4], dp[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) p[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-        for (int d = 0; d < KS; d++)
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned bf[4];
-                frag_bt(bf, qbt + off, 8 * n, 16 * d);
-                mma16816<T>(p[n], ka[d], bf);
-                mma16816<T>(p[n + 1], ka[d], bf + 2);
-                frag_bt(bf, dobt + off, 8 * n, 16 * d);
-                mma16816<T>(dp[n], va[d], bf);
-                mma16816<T>(dp[n + 1], va[d], bf + 2);
-            }
+        mma_begin();
+        mma_abt<T>(p, ka, qt);
+        mma_abt<T>(dp, va, dot);
+        mma_end();
+        mma_done(p), mma_done(dp);
         if (t0 < r0 + 15 || t0 + FLASH_TILE > Tn) // some query of the tile is before some key of the warp
             kv_grads<true>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
         else
             kv_grads<false>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
         // dv += pᵀ·do, dk += dsᵀ·q
-#pragma unroll
-        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
-            unsigned pa[4], da[4];
-            c_to_a<T>(pa, p[2 * kk], p[2 * kk + 1]);
-            c_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int j = 0; j < DT; j += 2) {
-                unsigned bf[4];
-                frag_b(bf, dob + off, 16 * kk, 8 * j);
-                mma16816<T>(dva[j], pa, bf);
-                mma16816<T>(dva[j + 1], pa, bf + 2);
-                frag_b(bf, qb + off, 16 * kk, 8 * j);
-                mma16816<T>(dka[j], da, bf);
-                mma16816<T>(dka[j + 1], da, bf + 2);
-            }
-        }
+        unsigned pa[PS][4], da[PS][4];
+        scores_to_a<T>(pa, p);
+        scores_to_a<T>(da, dp);
+        mma_begin();
+        mma_ab<T>(dva, pa, dot);
+        mma_ab<T>(dka, da, qt);
+        mma_end();
         __syncthreads();
     }
     cp_wait<0>();
+    mma_done(dka), mma_done(dva);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = r0 + g + 8 * r;
@@ -465,15 +608,16 @@ template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                             FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
                             i64 dqbatch) {
-    __shared__ __align__(16) unsigned short sk[2][FLASH_TILE * FLASH_LD];
-    __shared__ __align__(16) unsigned short sv[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
+    check_tiles(sk), check_tiles(sv);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
     int last = min(q0 + FLASH_TILE, Tn) - 1;
-    unsigned kbt = smem_addr(sk[0]) + lane_bt(), kb = smem_addr(sk[0]) + lane_b(), vbt = smem_addr(sv[0]) + lane_bt();
+    unsigned ks = smem_addr(sk[0]), vs = smem_addr(sv[0]);
     load_tile_async(sk[0], k, b, h, 0, Tn);
     load_tile_async(sv[0], v, b, h, 0, Tn);
     cp_commit();
@@ -501,43 +645,26 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        unsigned off = buf * TILE_BYTES;
+        unsigned kt = ks + buf * TILE_BYTES, vt = vs + buf * TILE_BYTES;
         float s[NT][4], dp[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-        for (int d = 0; d < KS; d++)
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned bf[4];
-                frag_bt(bf, kbt + off, 8 * n, 16 * d);
-                mma16816<T>(s[n], qa[d], bf);
-                mma16816<T>(s[n + 1], qa[d], bf + 2);
-                frag_bt(bf, vbt + off, 8 * n, 16 * d);
-                mma16816<T>(dp[n], da[d], bf);
-                mma16816<T>(dp[n + 1], da[d], bf + 2);
-            }
+        mma_begin();
+        mma_abt<T>(s, qa, kt);
+        mma_abt<T>(dp, da, vt);
+        mma_end();
+        mma_done(s), mma_done(dp);
         if (k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn)
             q_grads<true>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
         else
             q_grads<false>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
-#pragma unroll
-        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
-            unsigned a[4];
-            c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int j = 0; j < DT; j += 2) {
-                unsigned bf[4];
-                frag_b(bf, kb + off, 16 * kk, 8 * j);
-                mma16816<T>(acc[j], a, bf);
-                mma16816<T>(acc[j + 1], a, bf + 2);
-            }
-        }
+        unsigned a[PS][4];
+        scores_to_a<T>(a, s);
+        mma_begin();
+        mma_ab<T>(acc, a, kt);
+        mma_end();
         __syncthreads();
     }
     cp_wait<0>();
+    mma_done(acc);
 #pragma unroll
     for (int r = 0; r < 2; r++)
 #pragma unroll

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The attention kernels on the GPU machine, after `../shared/gpu/stage ./kernels/cuda` (and
+# ./nn ./train for the GPT tests) and `BASE=<commit> bash scripts/gpu-flash.sh prep` here:
+#   flash    flash-bench: the base commit's kernels, the tree's (sm_90a: wgmma) and the tree's
+#            mma.sync path (compiled for sm_90), beside PyTorch's SDPA backends
+#   tests    the CUDA tests of the staged packages (conformance included)
+#   step     GPT-2 small, batch 16, vocabulary 50,304: leangrad's bf16 steps alone
+# Everything lands in $OUT.
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+for what in "$@"; do
+  case $what in
+  flash)
+    timeout 240 bash scripts/gpu-flash.sh run tree90=kernels/cuda/src/flash.cu%sm_90
+    echo "flash exit: $?"
+    ;;
+  tests)
+    timeout 300 bash .gpu/run tests -test.run "${TESTS:-CUDA|WGMMA}" -test.count 1 > "$out/tests.log" 2>&1
+    echo "tests exit: $?"
+    grep -E "^(=== |--- FAIL|FAIL|ok|PASS|panic)|kerneltest|_test.go" "$out/tests.log" | grep -v "^=== RUN" | tail -40
+    ;;
+  step)
+    timeout 200 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "${CONFIGS:-amp,amp+checkpoint}" -amp-dtype bf16 \
+      -vocab 50304 -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 ${PROFILE:+-profile} -out "$out/step" > "$out/step.log" 2>&1
+    echo "step exit: $?"; grep -E "leangrad .*ms|MFU|Device time|rror" "$out/step.log" | cut -c1-1500
+    ;;
+  esac
+done
