@@ -10,7 +10,7 @@ the kernels as kernels/cuda/transformer.go does; PyTorch gives the float32
 reference and the competitor's times (CUDA events, median of --iters).
 
     python3 scripts/flash-bench.py --source kernels.cu base=old-flash.cu new=flash.cu \
-        wide=flash.cu@FLASH_FWD_MT=2
+        one=flash.cu@FLASH_WG=1
 
 For each variant: the relative error of o, lse, dq, dk and dv against the
 float32 reference on fresh random inputs (outputs poisoned with NaN first),
@@ -117,13 +117,16 @@ def main():
         path, _, arch = path.partition("%")
         path, _, defs = path.partition("@")
         flash = open(path).read()
+        src = module_source(full, flash)
         for d in filter(None, defs.split(",")):  # MACRO=VALUE: rewrite its #define
             m, val = d.split("=")
-            flash, n = re.subn(r"#define %s \S+" % m, "#define %s %s" % (m, val), flash)
+            src, n = re.subn(r"#define %s \S+" % m, "#define %s %s" % (m, val), src)
             if n != 1:
-                sys.exit("%s: %s has no #define %s" % (spec, path, m))
-        mt = macro(flash, "FLASH_FWD_MT", 1)
-        mod = nvrtc_module(module_source(full, flash), arch or "sm_90a")
+                sys.exit("%s: the module has no #define %s" % (spec, m))
+        # Warpgroups a block: FLASH_WG (the prelude's) where flash.cu's blocks have them, else one.
+        wg = macro(src, "FLASH_WG", 1) if "FLASH_ROWS" in flash else 1
+        rows, threads = 64 * wg, (128 * wg,)
+        mod = nvrtc_module(src, arch or "sm_90a")
         fwd = mod.get_function("flash_fwd_" + a.dtype)
         bkv = mod.get_function("flash_bwd_kv_" + a.dtype)
         bq = mod.get_function("flash_bwd_q_" + a.dtype)
@@ -135,23 +138,22 @@ def main():
         ka = (ptr(qkv, C), i32(row), i64(batch))
         va = (ptr(qkv, 2 * C), i32(row), i64(batch))
         doa = (ptr(do), i32(C), i64(T * C))
-        rows_fwd = 64 * mt
 
         def run_fwd():
-            fwd(((T + rows_fwd - 1) // rows_fwd, B * H), (128,),
+            fwd(((T + rows - 1) // rows, B * H), threads,
                 (i32(B), i32(H), i32(T), i32(T), f32(scale)) + qa + ka + va + (ptr(o), i32(C), i64(T * C), ptr(lse)))
 
         run_fwd()
         torch.cuda.synchronize()
         dvec = (do.float() * o.float()).sum(-1).permute(0, 2, 1).contiguous()  # [B, H, T], attn_rowdot's
         common = (i32(B), i32(H), i32(T), f32(scale)) + qa + ka + va + doa + (ptr(lse), ptr(dvec))
-        grid = ((T + 63) // 64, B * H)
+        grid = ((T + rows - 1) // rows, B * H)
 
         def run_kv():
-            bkv(grid, (128,), common + (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch)))
+            bkv(grid, threads, common + (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch)))
 
         def run_q():
-            bq(grid, (128,), common + (ptr(dqkv), i32(row), i64(batch)))
+            bq(grid, threads, common + (ptr(dqkv), i32(row), i64(batch)))
 
         run_kv()
         run_q()
@@ -159,7 +161,7 @@ def main():
         out = {"o": o.permute(0, 2, 1, 3), "lse": lse.view(B, H, T)}
         for i, g in enumerate(("dq", "dk", "dv")):
             out[g] = dqkv[:, :, i].permute(0, 2, 1, 3)
-        r = {"mt": mt, "err": {n: rel(x, ref[n]) for n, x in out.items()}}
+        r = {"wg": wg, "err": {n: rel(x, ref[n]) for n, x in out.items()}}
         if first is None:
             first = {n: x.clone() for n, x in out.items()}
         r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}

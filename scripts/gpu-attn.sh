@@ -2,7 +2,8 @@
 # The attention kernels on the GPU machine, after `../shared/gpu/stage ./kernels/cuda` (and
 # ./nn ./train for the GPT tests) and `BASE=<commit> bash scripts/gpu-flash.sh prep` here:
 #   flash    flash-bench: the base commit's kernels, the tree's (sm_90a: wgmma) and the tree's
-#            mma.sync path (compiled for sm_90), beside PyTorch's SDPA backends
+#            mma.sync path (compiled for sm_90), beside PyTorch's SDPA backends; VARIANTS adds
+#            more (flash-bench's name=file[@MACRO=VALUE,...][%arch])
 #   tests    the CUDA tests of the staged packages (conformance included)
 #   step     GPT-2 small, batch 16, vocabulary 50,304: leangrad's bf16 steps alone
 # Everything lands in $OUT.
@@ -12,13 +13,15 @@ mkdir -p "$out"
 for what in "$@"; do
   case $what in
   flash)
-    timeout 240 bash scripts/gpu-flash.sh run tree90=kernels/cuda/src/flash.cu%sm_90
+    timeout 240 bash scripts/gpu-flash.sh run tree90=kernels/cuda/src/flash.cu%sm_90 ${VARIANTS:-}
     echo "flash exit: $?"
     ;;
   tests)
-    timeout 300 bash .gpu/run tests -test.run "${TESTS:-CUDA|WGMMA}" -test.count 1 > "$out/tests.log" 2>&1
+    timeout 300 bash .gpu/run tests -test.run "${TESTS:-CUDA|WGMMA}" -test.count 1 -test.v > "$out/tests.log" 2>&1
     echo "tests exit: $?"
-    grep -E "^(=== |--- FAIL|FAIL|ok|PASS|panic)|kerneltest|_test.go" "$out/tests.log" | grep -v "^=== RUN" | tail -40
+    grep -E "^(=== [a-z]|--- FAIL|FAIL|ok|PASS|panic)|_test.go" "$out/tests.log" | tail -30
+    echo "passed: $(grep -c -- '--- PASS' "$out/tests.log"), skipped: $(grep -c -- '--- SKIP' "$out/tests.log"), failed: $(grep -c -- '--- FAIL' "$out/tests.log")"
+    grep -E -- "--- (PASS|SKIP|FAIL): .*(WGMMA|Attention|Flash|Conformance)" "$out/tests.log" | head -20
     ;;
   step)
     timeout 200 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "${CONFIGS:-amp,amp+checkpoint}" -amp-dtype bf16 \

@@ -52,25 +52,36 @@ func TestTarget(t *testing.T) {
 	}
 }
 
-// TestFlashWGMMAOnSM90a checks that the flash kernels take their warpgroup
-// path on sm_90a and only there: 36 products a dtype (the forward's 8, the
-// backward's 16 and 12) as wgmma, none on sm_90. It needs NVRTC 12 or later
-// (CI's is 11.8, which has no sm_90a; the GPU machine's runs it).
+// TestFlashWGMMAOnSM90a checks that every flash kernel takes its warpgroup
+// path on sm_90a and only there: its PTX issues wgmma.mma_async on
+// compute_90a and none on compute_90 or compute_80. It needs NVRTC 12 or
+// later (CI's is 11.8, which has no sm_90a; the GPU machine's runs it).
 func TestFlashWGMMAOnSM90a(t *testing.T) {
 	needNVRTC(t)
 	if n, _ := loadNVRTC(); n.major < 12 {
 		t.Skipf("NVRTC %d.%d has no sm_90a", n.major, n.minor)
 	}
 	for _, c := range []struct {
-		arch string
-		want int
-	}{{"compute_90a", 2 * 36}, {"compute_90", 0}, {"compute_80", 0}} {
+		arch  string
+		wgmma bool
+	}{{"compute_90a", true}, {"compute_90", false}, {"compute_80", false}} {
 		ptx, err := CompilePTX(Source(), c.arch)
 		if err != nil {
 			t.Fatalf("%s: %v", c.arch, err)
 		}
-		if got := strings.Count(ptx, "wgmma.mma_async"); got != c.want {
-			t.Errorf("%s: %d wgmma.mma_async, want %d", c.arch, got, c.want)
+		kernels := 0
+		for _, entry := range strings.Split(ptx, ".entry ")[1:] {
+			if !strings.HasPrefix(entry, "flash_") {
+				continue
+			}
+			kernels++
+			name, _, _ := strings.Cut(entry, "(")
+			if got := strings.Contains(entry, "wgmma.mma_async"); got != c.wgmma {
+				t.Errorf("%s: %s issues wgmma: %v, want %v", c.arch, name, got, c.wgmma)
+			}
+		}
+		if kernels != 6 {
+			t.Errorf("%s: %d flash kernels, want 6 (forward, backward kv and q; f16 and bf16)", c.arch, kernels)
 		}
 	}
 }

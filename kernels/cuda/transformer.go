@@ -338,7 +338,7 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	b.enter()
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o) {
-		kFlashFwd[s].launch(b, 0, dims{uint32((p.Tq + flashTile - 1) / flashTile), uint32(p.B * p.H), 128}, flashFwdArgs{
+		kFlashFwd[s].launch(b, 0, flashGrid(p), flashFwdArgs{
 			int32(p.B), int32(p.H), int32(p.Tq), int32(p.Tk), p.Scale,
 			ptrOf(q), int32(p.QRow), int64(p.QBatch), ptrOf(k), int32(p.KRow), int64(p.KBatch),
 			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
@@ -373,12 +373,26 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	kAttnScatter.launch(b, s, b.elems(int64(bh*p.Tq*D)), attnMoveArgs{layout(p, p.Tq, p.ORow, p.OBatch), oh.Addr(), ptrOf(o)})
 }
 
-// flashTile is the flash kernels' block of queries or keys; flashD the head
-// width they are compiled for (FLASH_TILE and FLASH_D in the prelude).
+// flashTile is the flash kernels' tile of keys (queries in the backward's
+// kv kernel), flashD the head width they are compiled for, and a block is
+// flashWarpgroups warpgroups of 128 threads, each taking 64 rows of
+// queries (keys) and all sharing each tile the block copies (FLASH_TILE,
+// FLASH_D and FLASH_WG in the prelude). Two warpgroups halve the tiles'
+// copies but, at the registers the backward's kernels hold, leave fewer
+// warpgroups on a multiprocessor: on the H200 at GPT-2 small's shape the
+// forward gained 2% and the backward lost 9% (2026-12-02, flash-bench).
 const (
-	flashTile = 64
-	flashD    = 64
+	flashTile       = 64
+	flashD          = 64
+	flashWarpgroups = 1
 )
+
+// flashGrid is the flash kernels' grid and block for p: a block for every
+// 64·flashWarpgroups queries (keys) of each head.
+func flashGrid(p kernels.AttentionParams) dims {
+	rows := 64 * flashWarpgroups
+	return dims{uint32((p.Tq + rows - 1) / rows), uint32(p.B * p.H), 128 * flashWarpgroups}
+}
 
 // flash reports whether the flash kernels take an attention: F16 or BF16
 // operands of head width flashD on sm_80 or later, at least as many keys as
@@ -426,7 +440,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
 		defer b.alloc.Free(dvec)
 		kAttnRowDot.launch(b, s, b.elems(int64(p.B*p.H*p.Tq)), attnRowDotArgs{layout(p, p.Tq, p.ORow, p.OBatch), ptrOf(do), ptrOf(o), dvec.Addr()})
-		grid := dims{uint32((p.Tq + flashTile - 1) / flashTile), uint32(p.B * p.H), 128}
+		grid := flashGrid(p)
 		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
 		kFlashBwdKV[s].launch(b, 0, grid, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),

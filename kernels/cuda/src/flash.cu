@@ -3,18 +3,19 @@
 // head width of FLASH_D. No kernel stores a score matrix: scores live in
 // registers a tile at a time.
 //
-//   flash_fwd     a block per 64 queries of one (batch, head): the key tiles
-//                 in turn, online softmax; o and the log-sum-exp written.
-//   flash_bwd_kv  a block per 64 keys: the query tiles that see them in
-//                 turn, p recomputed from the log-sum-exp; dk and dv
-//                 accumulated in registers and written once.
-//   flash_bwd_q   a block per 64 queries: the key tiles in turn; dq
+//   flash_fwd     a block per FLASH_ROWS queries of one (batch, head): the
+//                 key tiles in turn, online softmax; o and the log-sum-exp
+//                 written.
+//   flash_bwd_kv  a block per FLASH_ROWS keys: the query tiles that see
+//                 them in turn, p recomputed from the log-sum-exp; dk and
+//                 dv accumulated in registers and written once.
+//   flash_bwd_q   a block per FLASH_ROWS queries: the key tiles in turn; dq
 //                 accumulated in registers and written once.
 //
 // Each reduction runs in a fixed order (no atomics), so results repeat bit
 // for bit. Operands are strided [B, T, H, D] as attn_gather reads them;
 // lse and dvec (Σ do·o, attn_rowdot's) are [B·H, T] F32. A warp owns 16
-// rows of its block's 64 and runs mma.sync.m16n8k16; its A fragments come
+// rows of its block's and runs mma.sync.m16n8k16; its A fragments come
 // from global memory as 32-bit pairs, the tiles it shares into shared
 // memory 16 bytes at a time and its B fragments from there by ldmatrix, so
 // the strides and offsets must be multiples of 8 elements (the Go side
@@ -39,14 +40,19 @@
 // shared tiles, whose rows are then 128 bytes, unpadded, in the 128-byte
 // swizzle wgmma's descriptors name. One instruction a 64×64×16 product
 // replaces 32 mma.sync and their ldmatrix, which is what bound the
-// kernels. The products' helpers (mma_abt, mma_ab between mma_begin and
-// mma_end) hide which of the two runs; everything else is shared.
+// kernels. The products' helpers (mma_abt, mma_ab, and mma_begin,
+// mma_commit, mma_wait, mma_done around them) hide which of the two runs;
+// everything else is shared.
 
-// The blocks of each kernel a multiprocessor should hold at once: a bound
-// on its registers (measured on the H200 with scripts/flash-bench.py).
-#define FLASH_FWD_BLOCKS 4
-#define FLASH_BWD_KV_BLOCKS 2
-#define FLASH_BWD_Q_BLOCKS 3
+// A block is FLASH_WG warpgroups (from Go), FLASH_ROWS rows of queries
+// (keys in flash_bwd_kv), 64 a warpgroup, sharing each tile it copies.
+// The warpgroups of each kernel a multiprocessor should hold at once: a
+// bound on its registers (measured on the H200 with scripts/flash-bench.py).
+#define FLASH_ROWS (64 * FLASH_WG)
+#define FLASH_THREADS (128 * FLASH_WG)
+#define FLASH_FWD_WARPGROUPS 4
+#define FLASH_BWD_KV_WARPGROUPS 2
+#define FLASH_BWD_Q_WARPGROUPS 3
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASH_WGMMA 1
 #define FLASH_LD FLASH_D // 128-byte rows, swizzled (tile_at)
@@ -269,24 +275,30 @@ template <> __device__ __forceinline__ void wgmma<bf16, 1, 1>(float (&d)[8][4], 
 }
 #endif
 
-// mma_begin and mma_end bracket the products a block issues together
-// (mma_abt, mma_ab): on the wgmma path, the fence that orders the
-// registers' earlier writes before the tensor cores read them, and the
-// commit and wait after which the results are in the accumulators; then
-// mma_done on each accumulator, before anything reads it. On the mma.sync
-// path the products are complete as they return and these are empty.
+// Each product (mma_abt, mma_ab) is a group of wgmma: the fence that
+// orders the registers' earlier writes before the tensor cores read them,
+// the instructions, the commit. mma_wait<n> returns when at most the last
+// n groups are still running; then mma_done on each accumulator a finished
+// group wrote, before anything reads it, and on each A fragment it read,
+// before anything writes it: the compiler does not see the products run on
+// after they are issued, and ptxas serializes them where a register they
+// use is touched between their fence and their wait. On the mma.sync path
+// the products are complete as they return and these are empty.
 __device__ __forceinline__ void mma_begin() {
 #if FLASH_WGMMA
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void mma_end() {
+__device__ __forceinline__ void mma_commit() {
 #if FLASH_WGMMA
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
 }
-// mma_done keeps the compiler from reading an accumulator before mma_end.
+template <int n> __device__ __forceinline__ void mma_wait() {
+#if FLASH_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(n) : "memory");
+#endif
+}
 __device__ __forceinline__ void mma_done(float (&d)[8][4]) {
 #if FLASH_WGMMA
 #pragma unroll
@@ -295,15 +307,27 @@ __device__ __forceinline__ void mma_done(float (&d)[8][4]) {
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 #endif
 }
+__device__ __forceinline__ void mma_done(unsigned (&a)[4][4]) {
+#if FLASH_WGMMA
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[n][e])::"memory");
+#endif
+}
 
 // mma_abt is s = a·tileᵀ for the warp's 16 rows: a (16 × FLASH_D, KS A
 // fragments) times the transposed FLASH_TILE × FLASH_D shared tile at
 // shared address tile, whose rows are s's columns.
-template <typename T> __device__ __forceinline__ void mma_abt(float (&s)[NT][4], const unsigned (&a)[KS][4], unsigned tile) {
+template <typename T> __device__ __forceinline__ void mma_abt(float (&s)[NT][4], unsigned (&a)[KS][4], unsigned tile) {
 #if FLASH_WGMMA
+    mma_done(a);
+    mma_begin();
     wgmma<T, 0, 0>(s, a[0], wg_desc(tile));
 #pragma unroll
     for (int d = 1; d < KS; d++) wgmma<T, 0, 1>(s, a[d], wg_desc(tile + 32 * d)); // 16 elements along the row
+    mma_commit();
+    mma_done(s), mma_done(a);
 #else
     unsigned at = tile + lane_bt();
 #pragma unroll
@@ -323,10 +347,14 @@ template <typename T> __device__ __forceinline__ void mma_abt(float (&s)[NT][4],
 // mma_ab is acc += a·tile for the warp's 16 rows: a (16 × FLASH_TILE, PS A
 // fragments, c_to_a's of a score tile) times the FLASH_TILE × FLASH_D
 // shared tile at shared address tile.
-template <typename T> __device__ __forceinline__ void mma_ab(float (&acc)[DT][4], const unsigned (&a)[PS][4], unsigned tile) {
+template <typename T> __device__ __forceinline__ void mma_ab(float (&acc)[DT][4], unsigned (&a)[PS][4], unsigned tile) {
 #if FLASH_WGMMA
+    mma_done(acc), mma_done(a);
+    mma_begin();
 #pragma unroll
     for (int kk = 0; kk < PS; kk++) wgmma<T, 1, 1>(acc, a[kk], wg_desc(tile + 2 * 16 * FLASH_LD * kk)); // 16 rows on
+    mma_commit();
+    mma_done(acc), mma_done(a);
 #else
     unsigned at = tile + lane_b();
 #pragma unroll
@@ -372,12 +400,13 @@ __device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, i
 }
 
 // fwd_softmax folds a tile of scores s (16 rows × 64 keys of a warp; this
-// thread's first row and key are row and key) into the running maxima m,
-// sums l and output acc, and leaves the tile's probabilities in s. MASK
+// thread's first row and key are row and key) into the running maxima m
+// and sums l, leaves the tile's probabilities in s and the factor by which
+// each of the thread's two rows of the output must shrink in alpha. MASK
 // (the tiles that cross the diagonal or the end of the keys) hides the
 // keys a row does not see; the other tiles carry no test.
 template <bool MASK>
-__device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&acc)[DT][4], float (&m)[2], float (&l)[2], float sl2,
+__device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&alpha)[2], float (&m)[2], float (&l)[2], float sl2,
                                             int row, int key, int shift, int Tk) {
     float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -395,11 +424,9 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&acc)[DT][
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         mx[r] = quad_max(mx[r]);
-        float alpha = ex2(m[r] - mx[r]); // 0 the first time
+        alpha[r] = ex2(m[r] - mx[r]); // 0 the first time
         m[r] = mx[r];
-        l[r] *= alpha;
-#pragma unroll
-        for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha, acc[j][2 * r + 1] *= alpha;
+        l[r] *= alpha[r];
     }
 #pragma unroll
     for (int n = 0; n < NT; n++)
@@ -412,9 +439,10 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&acc)[DT][
 }
 
 // flash_fwd: o = softmax(scale·q·kᵀ, causal)·v, lse its log-sum-exp.
-// Grid (⌈Tq/64⌉, B·H), 128 threads. Query i sees keys 0..Tk−Tq+i. The key
-// and value tiles are double-buffered: the next pair's copy runs during the
-// current pair's products.
+// Grid (⌈Tq/FLASH_ROWS⌉, B·H), FLASH_THREADS threads. Query i sees keys
+// 0..Tk−Tq+i. The key and value tiles are double-buffered: the next pair's
+// copy runs during the current pair's products. The block's warpgroups
+// share the tiles; each skips those its 64 rows all precede.
 template <typename T>
 __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                           unsigned short* o, int orow, i64 obatch, float* lse) {
@@ -422,12 +450,13 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     check_tiles(sk), check_tiles(sv);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE; // the costliest blocks first
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS; // the costliest blocks first
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
     int shift = Tk - Tq;
-    int last = shift + min(q0 + FLASH_TILE, Tq) - 1; // the block's last visible key
+    int last = shift + min(q0 + FLASH_ROWS, Tq) - 1;                   // the block's last visible key
+    int mine = shift + min(q0 + 64 * ((threadIdx.x >> 7) + 1), Tq) - 1; // its warpgroup's
     unsigned ka = smem_addr(sk[0]), va = smem_addr(sv[0]);
     load_tile_async(sk[0], k, b, h, 0, Tk);
     load_tile_async(sv[0], v, b, h, 0, Tk);
@@ -447,22 +476,25 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        unsigned kt = ka + buf * TILE_BYTES, vt = va + buf * TILE_BYTES;
-        float s[NT][4];
-        mma_begin();
-        mma_abt<T>(s, qa, kt);
-        mma_end();
-        mma_done(s);
-        if (k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk) // the warp's first row sees fewer keys
-            fwd_softmax<true>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
-        else
-            fwd_softmax<false>(s, acc, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
-        unsigned pa[PS][4];
-        scores_to_a<T>(pa, s);
-        mma_begin();
-        mma_ab<T>(acc, pa, vt);
-        mma_end();
-        mma_done(acc);
+        if (k0 <= mine) {
+            float s[NT][4], alpha[2];
+            mma_abt<T>(s, qa, ka + buf * TILE_BYTES);
+            mma_wait<0>();
+            mma_done(s);
+            if (k0 + FLASH_TILE - 1 > shift + r0 || k0 + FLASH_TILE > Tk) // the warp's first row sees fewer keys
+                fwd_softmax<true>(s, alpha, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
+            else
+                fwd_softmax<false>(s, alpha, m, l, sl2, r0 + g, k0 + 2 * qd, shift, Tk);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha[r], acc[j][2 * r + 1] *= alpha[r];
+            unsigned pa[PS][4];
+            scores_to_a<T>(pa, s);
+            mma_ab<T>(acc, pa, va + buf * TILE_BYTES);
+            mma_wait<0>();
+            mma_done(acc);
+        }
         __syncthreads(); // the next iteration's copy writes this buffer
     }
     cp_wait<0>();
@@ -501,9 +533,10 @@ __device__ __forceinline__ void kv_grads(float (&p)[NT][4], float (&dp)[NT][4], 
         }
 }
 
-// flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of 64 keys,
-// over the query tiles that see them (Tq == Tk), double-buffered.
-// Grid (⌈T/64⌉, B·H).
+// flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of FLASH_ROWS
+// keys, over the query tiles that see them (Tq == Tk), double-buffered and
+// shared by the block's warpgroups; each skips the tiles that precede all
+// of its 64 keys. Grid (⌈T/FLASH_ROWS⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                              FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
@@ -513,9 +546,10 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
     __shared__ float slse[2][FLASH_TILE], sdvec[2][FLASH_TILE];
     check_tiles(sq), check_tiles(sdo);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int k0 = blockIdx.x * FLASH_TILE;
+    int k0 = blockIdx.x * FLASH_ROWS;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
-    int r0 = k0 + warp * 16; // this warp's keys
+    int r0 = k0 + warp * 16;                  // this warp's keys
+    int first = k0 + 64 * (threadIdx.x >> 7); // its warpgroup's
     float sl2 = scale * LOG2E;
     const float* lser = lse + (i64)bh * Tn;
     const float* dvr = dvec + (i64)bh * Tn;
@@ -546,26 +580,26 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        unsigned qt = qs + buf * TILE_BYTES, dot = dos + buf * TILE_BYTES;
-        // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
-        float p[NT][4], dp[NT][4];
-        mma_begin();
-        mma_abt<T>(p, ka, qt);
-        mma_abt<T>(dp, va, dot);
-        mma_end();
-        mma_done(p), mma_done(dp);
-        if (t0 < r0 + 15 || t0 + FLASH_TILE > Tn) // some query of the tile is before some key of the warp
-            kv_grads<true>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
-        else
-            kv_grads<false>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
-        // dv += pᵀ·do, dk += dsᵀ·q
-        unsigned pa[PS][4], da[PS][4];
-        scores_to_a<T>(pa, p);
-        scores_to_a<T>(da, dp);
-        mma_begin();
-        mma_ab<T>(dva, pa, dot);
-        mma_ab<T>(dka, da, qt);
-        mma_end();
+        if (t0 + FLASH_TILE > first) {
+            unsigned qt = qs + buf * TILE_BYTES, dot = dos + buf * TILE_BYTES;
+            // sᵀ = k·qᵀ, pᵀ = exp(sᵀ − lse), dpᵀ = v·doᵀ: 16 keys × 64 queries.
+            float p[NT][4], dp[NT][4];
+            mma_abt<T>(p, ka, qt);
+            mma_abt<T>(dp, va, dot);
+            mma_wait<0>();
+            mma_done(p), mma_done(dp);
+            if (t0 < r0 + 15 || t0 + FLASH_TILE > Tn) // some query of the tile is before some key of the warp
+                kv_grads<true>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+            else
+                kv_grads<false>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+            // dv += pᵀ·do, dk += dsᵀ·q
+            unsigned pa[PS][4], da[PS][4];
+            scores_to_a<T>(pa, p);
+            scores_to_a<T>(da, dp);
+            mma_ab<T>(dva, pa, dot);
+            mma_ab<T>(dka, da, qt);
+            mma_wait<0>();
+        }
         __syncthreads();
     }
     cp_wait<0>();
@@ -602,8 +636,10 @@ __device__ __forceinline__ void q_grads(float (&s)[NT][4], const float (&dp)[NT]
         }
 }
 
-// flash_bwd_q: dq = ds·k·scale for a block of 64 queries, over the key
-// tiles they see (Tq == Tk), double-buffered. Grid (⌈T/64⌉, B·H).
+// flash_bwd_q: dq = ds·k·scale for a block of FLASH_ROWS queries, over the
+// key tiles they see (Tq == Tk), double-buffered and shared by the block's
+// warpgroups; each skips the tiles that follow all of its 64 queries.
+// Grid (⌈T/FLASH_ROWS⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                             FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
@@ -612,11 +648,12 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     check_tiles(sk), check_tiles(sv);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
-    int last = min(q0 + FLASH_TILE, Tn) - 1;
+    int last = min(q0 + FLASH_ROWS, Tn) - 1;                   // the block's last visible key
+    int mine = min(q0 + 64 * ((threadIdx.x >> 7) + 1), Tn) - 1; // its warpgroup's
     unsigned ks = smem_addr(sk[0]), vs = smem_addr(sv[0]);
     load_tile_async(sk[0], k, b, h, 0, Tn);
     load_tile_async(sv[0], v, b, h, 0, Tn);
@@ -645,22 +682,22 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        unsigned kt = ks + buf * TILE_BYTES, vt = vs + buf * TILE_BYTES;
-        float s[NT][4], dp[NT][4];
-        mma_begin();
-        mma_abt<T>(s, qa, kt);
-        mma_abt<T>(dp, da, vt);
-        mma_end();
-        mma_done(s), mma_done(dp);
-        if (k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn)
-            q_grads<true>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
-        else
-            q_grads<false>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
-        unsigned a[PS][4];
-        scores_to_a<T>(a, s);
-        mma_begin();
-        mma_ab<T>(acc, a, kt);
-        mma_end();
+        if (k0 <= mine) {
+            unsigned kt = ks + buf * TILE_BYTES;
+            float s[NT][4], dp[NT][4];
+            mma_abt<T>(s, qa, kt);
+            mma_abt<T>(dp, da, vs + buf * TILE_BYTES);
+            mma_wait<0>();
+            mma_done(s), mma_done(dp);
+            if (k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn)
+                q_grads<true>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+            else
+                q_grads<false>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+            unsigned a[PS][4];
+            scores_to_a<T>(a, s);
+            mma_ab<T>(acc, a, kt);
+            mma_wait<0>();
+        }
         __syncthreads();
     }
     cp_wait<0>();
@@ -673,14 +710,14 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
 }
 
 #define FLASH(T, S)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, FLASH_FWD_BLOCKS) flash_fwd_##S(                                             \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_FWD_WARPGROUPS / FLASH_WG) flash_fwd_##S(                                             \
         int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
         i64 kbatch, const T* v, int vrow, i64 vbatch, T* o, int orow, i64 obatch, float* lse) {                  \
         flash_fwd<T>(B, H, Tq, Tk, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                 \
                      FlashOperand{(const unsigned short*)k, krow, kbatch},                                       \
                      FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128, FLASH_BWD_KV_BLOCKS) flash_bwd_kv_##S(                                          \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_KV_WARPGROUPS / FLASH_WG) flash_bwd_kv_##S(                                          \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
         const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
@@ -690,7 +727,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
                         FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec,                    \
                         (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch);               \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128, FLASH_BWD_Q_BLOCKS) flash_bwd_q_##S(                                           \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_Q_WARPGROUPS / FLASH_WG) flash_bwd_q_##S(                                           \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
         const float* dvec, T* dq, int dqrow, i64 dqbatch) {                                                      \
