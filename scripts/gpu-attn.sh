@@ -5,7 +5,8 @@
 #            mma.sync path (compiled for sm_90), beside PyTorch's SDPA backends; VARIANTS adds
 #            more (flash-bench's name=file[@MACRO=VALUE,...][%arch])
 #   tests    the CUDA tests of the staged packages (conformance included)
-#   step     GPT-2 small, batch 16, vocabulary 50,304: leangrad's bf16 steps alone
+#   step     GPT-2 small, batch 16, vocabulary 50,304: leangrad's bf16 steps alone (CONFIGS, PROFILE=1
+#            adds an eager step's device time by kernel, FP16=1 the fp16 step with the GradScaler)
 # Everything lands in $OUT.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -27,6 +28,11 @@ for what in "$@"; do
     timeout 200 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "${CONFIGS:-amp,amp+checkpoint}" -amp-dtype bf16 \
       -vocab 50304 -pytorch "" -claims=false -eager=false -steps 10 -warmup 3 ${PROFILE:+-profile} -out "$out/step" > "$out/step.log" 2>&1
     echo "step exit: $?"; grep -E "leangrad .*ms|MFU|Device time|rror" "$out/step.log" | cut -c1-1500
+    if [ -n "${FP16:-}" ]; then # fp16 with the GradScaler
+      timeout 120 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs amp -amp-dtype f16 -vocab 50304 -pytorch "" \
+        -claims=false -eager=false -steps 10 -warmup 3 -out "$out/step-f16" > "$out/step-f16.log" 2>&1
+      echo "step f16 exit: $?"; grep -E "leangrad .*ms|rror" "$out/step-f16.log"
+    fi
     ;;
   esac
 done
