@@ -15,7 +15,7 @@
 // Each reduction runs in a fixed order (no atomics), so results repeat bit
 // for bit. Operands are strided [B, T, H, D] as attn_gather reads them;
 // lse and dvec (Σ do·o, attn_rowdot's) are [B·H, T] F32. A warp owns 16
-// rows of its block's and runs mma.sync.m16n8k16; its A fragments come
+// of its block's rows and runs mma.sync.m16n8k16; its A fragments come
 // from global memory as 32-bit pairs, the tiles it shares into shared
 // memory 16 bytes at a time and its B fragments from there by ldmatrix, so
 // the strides and offsets must be multiples of 8 elements (the Go side
@@ -29,20 +29,20 @@
 // instances of fwd_softmax, kv_grads and q_grads), probabilities round in
 // pairs with one cvt, 2^x is one MUFU.EX2, the backward kernels apply the
 // scale to dk and dq once, and ldmatrix addresses are a base plus
-// constants. FLASH_D and FLASH_TILE come from Go (source.go's prelude).
+// constants. FLASH_D, FLASH_TILE and FLASH_WG come from Go (source.go's prelude).
 //
 // On Hopper (sm_90a, the target the backend compiles for on compute
 // capability 9.0) the same kernels run their products as warpgroup MMAs
-// (wgmma.mma_async m64n64k16): the block's four warps are one warpgroup,
-// each warp's 16 rows of the accumulators are where mma.sync puts them,
-// A stays in registers (q, k, v, do loaded as before; p and ds as the
-// scores become them) and B is read by the tensor cores straight from the
-// shared tiles, whose rows are then 128 bytes, unpadded, in the 128-byte
-// swizzle wgmma's descriptors name. One instruction a 64×64×16 product
-// replaces 32 mma.sync and their ldmatrix, which is what bound the
-// kernels. The products' helpers (mma_abt, mma_ab, and mma_begin,
-// mma_commit, mma_wait, mma_done around them) hide which of the two runs;
-// everything else is shared.
+// (wgmma.mma_async m64n64k16): each four warps of a block are a
+// warpgroup, each warp's 16 rows of the accumulators are where mma.sync
+// puts them, A stays in registers (q, k, v, do loaded as before; p and ds
+// as the scores become them) and B is read by the tensor cores straight
+// from the shared tiles, whose rows are then 128 bytes, unpadded, in the
+// 128-byte swizzle wgmma's descriptors name. One instruction a warpgroup
+// does a 64×64×16 product, for 32 mma.sync and 16 ldmatrix (the issue
+// slots the mma.sync kernels are bound by). The products' helpers
+// (mma_abt, mma_ab, and mma_wait and mma_done after them) hide which of
+// the two runs; everything else is shared.
 
 // A block is FLASH_WG warpgroups (from Go), FLASH_ROWS rows of queries
 // (keys in flash_bwd_kv), 64 a warpgroup, sharing each tile it copies.
