@@ -26,7 +26,7 @@
 // The kernels are bound by issued instructions more than by the tensor
 // cores, so the per-score work is kept to the least: only the tiles that
 // cross the diagonal (or the end of the keys) test each score (the MASK
-// instances of fwd_softmax, kv_grads and q_grads), probabilities round in
+// instances of fwd_softmax, kv_probs and q_probs), probabilities round in
 // pairs with one cvt, 2^x is one MUFU.EX2, the backward kernels apply the
 // scale to dk and dq once, and ldmatrix addresses are a base plus
 // constants. FLASH_D, FLASH_TILE and FLASH_WG come from Go (source.go's prelude).
@@ -509,28 +509,33 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
     }
 }
 
-// kv_grads turns a tile of transposed scores p = k·qᵀ and dp = v·doᵀ (16
-// keys × 64 queries of a warp; this thread's first key and query are key
-// and query) into pᵀ's probabilities and dsᵀ = pᵀ·(dpᵀ − Σdo·o), less
-// the scale, which the caller applies to dk once. MASK hides the queries
-// that do not see a key.
+// kv_probs turns a tile of transposed scores p = k·qᵀ (16 keys × 64
+// queries of a warp; this thread's first key and query are key and query)
+// into pᵀ's probabilities; MASK hides the queries that do not see a key.
+// kv_ds then turns dp = v·doᵀ into dsᵀ = pᵀ·(dpᵀ − Σdo·o), less the scale,
+// which the caller applies to dk once. The two are apart so that the first
+// runs while the tensor cores still compute dp.
 template <bool MASK>
-__device__ __forceinline__ void kv_grads(float (&p)[NT][4], float (&dp)[NT][4], const float* slse, const float* sdvec, float sl2,
-                                         int key, int query, int Tn) {
+__device__ __forceinline__ void kv_probs(float (&p)[NT][4], const float* slse, float sl2, int key, int query, int Tn) {
     int qd = threadIdx.x & 3;
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int qi = 8 * n + 2 * qd + (e & 1);
-            float x = ex2(p[n][e] * sl2 - slse[qi] * LOG2E);
+            float x = ex2(p[n][e] * sl2 - slse[8 * n + 2 * qd + (e & 1)] * LOG2E);
             if (MASK) {
                 int c = key + (e >> 1) * 8, r = query + 8 * n + (e & 1);
                 if (c > r || r >= Tn) x = 0.f;
             }
             p[n][e] = x;
-            dp[n][e] = x * (dp[n][e] - sdvec[qi]);
         }
+}
+__device__ __forceinline__ void kv_ds(const float (&p)[NT][4], float (&dp)[NT][4], const float* sdvec) {
+    int qd = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dp[n][e] = p[n][e] * (dp[n][e] - sdvec[8 * n + 2 * qd + (e & 1)]);
 }
 
 // flash_bwd_kv: dv = pᵀ·do and dk = dsᵀ·q·scale for a block of FLASH_ROWS
@@ -586,12 +591,15 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
             float p[NT][4], dp[NT][4];
             mma_abt<T>(p, ka, qt);
             mma_abt<T>(dp, va, dot);
-            mma_wait<0>();
-            mma_done(p), mma_done(dp);
+            mma_wait<1>(); // pᵀ; dpᵀ may still run
+            mma_done(p);
             if (t0 < r0 + 15 || t0 + FLASH_TILE > Tn) // some query of the tile is before some key of the warp
-                kv_grads<true>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+                kv_probs<true>(p, slse[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
             else
-                kv_grads<false>(p, dp, slse[buf], sdvec[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+                kv_probs<false>(p, slse[buf], sl2, r0 + g, t0 + 2 * qd, Tn);
+            mma_wait<0>();
+            mma_done(dp);
+            kv_ds(p, dp, sdvec[buf]);
             // dv += pᵀ·do, dk += dsᵀ·q
             unsigned pa[PS][4], da[PS][4];
             scores_to_a<T>(pa, p);
@@ -615,14 +623,15 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
     }
 }
 
-// q_grads turns a tile of scores s = q·kᵀ and dp = do·vᵀ (16 queries × 64
-// keys of a warp; this thread's first query and key are row and key) into
-// ds = p·(dp − Σdo·o), less the scale, which the caller applies to dq
-// once; rl and rd are the thread's rows' log-sum-exps (log2 units) and
-// Σdo·o. MASK hides the keys a query does not see.
+// q_probs turns a tile of scores s = q·kᵀ (16 queries × 64 keys of a
+// warp; this thread's first query and key are row and key) into p; rl are
+// the thread's rows' log-sum-exps (log2 units); MASK hides the keys a
+// query does not see. q_ds then makes it ds = p·(dp − Σdo·o) from dp =
+// do·vᵀ and the rows' Σdo·o rd, less the scale, which the caller applies
+// to dq once; apart, as kv_probs and kv_ds, so that q_probs runs while dp
+// is computed.
 template <bool MASK>
-__device__ __forceinline__ void q_grads(float (&s)[NT][4], const float (&dp)[NT][4], const float (&rl)[2], const float (&rd)[2],
-                                        float sl2, int row, int key, int Tn) {
+__device__ __forceinline__ void q_probs(float (&s)[NT][4], const float (&rl)[2], float sl2, int row, int key, int Tn) {
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -632,8 +641,14 @@ __device__ __forceinline__ void q_grads(float (&s)[NT][4], const float (&dp)[NT]
                 int r = row + (e >> 1) * 8, c = key + 8 * n + (e & 1);
                 if (c > r || c >= Tn) p = 0.f;
             }
-            s[n][e] = p * (dp[n][e] - rd[e >> 1]);
+            s[n][e] = p;
         }
+}
+__device__ __forceinline__ void q_ds(float (&s)[NT][4], const float (&dp)[NT][4], const float (&rd)[2]) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = s[n][e] * (dp[n][e] - rd[e >> 1]);
 }
 
 // flash_bwd_q: dq = ds·k·scale for a block of FLASH_ROWS queries, over the
@@ -687,12 +702,15 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
             float s[NT][4], dp[NT][4];
             mma_abt<T>(s, qa, kt);
             mma_abt<T>(dp, da, vs + buf * TILE_BYTES);
-            mma_wait<0>();
-            mma_done(s), mma_done(dp);
+            mma_wait<1>(); // s; dp may still run
+            mma_done(s);
             if (k0 + FLASH_TILE - 1 > r0 || k0 + FLASH_TILE > Tn)
-                q_grads<true>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+                q_probs<true>(s, rl, sl2, r0 + g, k0 + 2 * qd, Tn);
             else
-                q_grads<false>(s, dp, rl, rd, sl2, r0 + g, k0 + 2 * qd, Tn);
+                q_probs<false>(s, rl, sl2, r0 + g, k0 + 2 * qd, Tn);
+            mma_wait<0>();
+            mma_done(dp);
+            q_ds(s, dp, rd);
             unsigned a[PS][4];
             scores_to_a<T>(a, s);
             mma_ab<T>(acc, a, kt);
