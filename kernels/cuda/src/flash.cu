@@ -255,24 +255,16 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"  \
     "%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
 template <typename T, int TRANS, int ACC> __device__ __forceinline__ void wgmma(float (&d)[8][4], const unsigned* a, unsigned long long b);
-template <> __device__ __forceinline__ void wgmma<f16, 0, 0>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(0));
-}
-template <> __device__ __forceinline__ void wgmma<f16, 0, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(0));
-}
-template <> __device__ __forceinline__ void wgmma<f16, 1, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("f16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(1));
-}
-template <> __device__ __forceinline__ void wgmma<bf16, 0, 0>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(0));
-}
-template <> __device__ __forceinline__ void wgmma<bf16, 0, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(0));
-}
-template <> __device__ __forceinline__ void wgmma<bf16, 1, 1>(float (&d)[8][4], const unsigned* a, unsigned long long b) {
-    asm volatile(WGMMA_ASM("bf16") : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(1));
-}
+#define WGMMA(T, TRANS, ACC)                                                                                      \
+    template <> __device__ __forceinline__ void wgmma<T, TRANS, ACC>(float (&d)[8][4], const unsigned* a, unsigned long long b) { \
+        asm volatile(WGMMA_ASM(#T) : WGMMA_D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(ACC), "n"(TRANS));     \
+    }
+WGMMA(f16, 0, 0)
+WGMMA(f16, 0, 1)
+WGMMA(f16, 1, 1)
+WGMMA(bf16, 0, 0)
+WGMMA(bf16, 0, 1)
+WGMMA(bf16, 1, 1)
 #endif
 
 // Each product (mma_abt, mma_ab) is a group of wgmma: the fence that
