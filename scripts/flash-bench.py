@@ -5,9 +5,11 @@ beside PyTorch's scaled-dot-product attention at the same shape.
 It runs where there is no Go: the kernels' source comes from
 `go run ./scripts/kernelsrc` (the CUDA C the backend compiles), and each
 variant replaces its flash.cu section with another file (a flash.cu from
-git history, or one under test). CuPy compiles each with NVRTC and launches
-the kernels as kernels/cuda/transformer.go does; PyTorch gives the float32
-reference and the competitor's times (CUDA events, median of --iters).
+git history, or one under test). NVRTC compiles each as the backend does
+(for sm_90a unless the variant names an architecture, printing ptxas's
+registers, spills and warnings), CuPy launches the kernels as
+kernels/cuda/transformer.go does, and PyTorch gives the float32 reference
+and the competitor's times (CUDA events, median of --iters).
 
     python3 scripts/flash-bench.py --source kernels.cu base=old-flash.cu new=flash.cu \
         one=flash.cu@FLASH_WG=1

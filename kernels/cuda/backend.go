@@ -342,7 +342,8 @@ func (b *Backend) Info() kernels.Info {
 // DeviceName is the device's marketing name, as nvidia-smi shows it.
 func (b *Backend) DeviceName() string { return b.devName }
 
-// Arch is the architecture the kernels were compiled for ("sm_90").
+// Arch is the device's architecture ("sm_90"); the kernels are compiled
+// for Target(Arch, NVRTC's major version), which CompileLog names.
 func (b *Backend) Arch() string { return b.arch }
 
 // Allocator is the device's caching allocator over cuMemAlloc.
