@@ -81,7 +81,7 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		default:
 			dres = emptyLike(g)
 		}
-		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), g.Buf(), gSaved.Buf(), kernels.Buf{}, mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), kernels.Buf{}, g.Buf(), gSaved.Buf(), kernels.Buf{}, mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
 		grads := []*T{dx, nil, nil, dres}
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)
@@ -173,7 +173,7 @@ func BatchNormReLUConv(x, gamma, beta, runMean, runVar *T, training bool, moment
 		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
 		defer dgamma.Release()
 		defer dbeta.Release()
-		be.BatchNormBackward(bp, xSaved.Buf(), kernels.Buf{}, dx.Buf(), gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), kernels.Buf{}, dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(bp, xSaved.Buf(), kernels.Buf{}, kernels.Buf{}, dx.Buf(), gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), dx.Buf(), kernels.Buf{}, dgamma.Buf(), dbeta.Buf())
 		grads[0] = dx
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)

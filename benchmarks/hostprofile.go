@@ -180,9 +180,9 @@ func (h *hostProfiler) BatchNormEval(p kernels.BNParams, x, residual, gamma, bet
 	h.b.BatchNormEval(p, x, residual, gamma, beta, runMean, runVar, y)
 }
 
-func (h *hostProfiler) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
+func (h *hostProfiler) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	defer h.op("BatchNormBackward", dy)()
-	h.b.BatchNormBackward(p, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta)
+	h.b.BatchNormBackward(p, x, y, residual, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta)
 }
 
 func (h *hostProfiler) MaxPool2d(p kernels.PoolParams, x, y kernels.Buf) {

@@ -219,18 +219,20 @@ func CheckCountCorrect(right, logits, labels Buf, n, k int) {
 
 // CheckBNMask checks how a batch norm backward finds its ReLU's mask, and
 // reports whether it writes the forward's output again for it: with
-// p.ReLU and no y, from x and beta (which must then be given, with no
-// residual gradient); with y, y must be x's length.
-func CheckBNMask(op string, p BNParams, x, y, beta, dresidual Buf) (again bool) {
+// p.ReLU and no y, from x, beta and the forward's residual (which must then
+// be given, beta always and the residual when there is a residual
+// gradient, x's length and dtype); with y, y must be x's length.
+func CheckBNMask(op string, p BNParams, x, y, residual, beta, dresidual Buf) (again bool) {
 	switch {
 	case !p.ReLU:
 		return false
 	case y.Valid():
 		CheckLen(op+" output", x.N, y)
 		return false
-	case !beta.Valid() || dresidual.Valid():
-		panic(fmt.Sprintf("kernels: %s without the ReLU's output: want beta (given: %v) and no residual gradient (given: %v)", op, beta.Valid(), dresidual.Valid()))
+	case !beta.Valid() || dresidual.Valid() && !residual.Valid():
+		panic(fmt.Sprintf("kernels: %s without the ReLU's output: want beta (given: %v) and, with a residual gradient (given: %v), the residual (given: %v)", op, beta.Valid(), dresidual.Valid(), residual.Valid()))
 	}
+	CheckLike(op+" residual", x, residual)
 	CheckLen(op+" beta", p.C, beta)
 	return true
 }

@@ -383,12 +383,12 @@ type Backend interface {
 	BatchNormApply(p BNParams, x, residual, gamma, beta, saveMean, saveInvStd, y Buf)
 	// BatchNormBackward computes dx, dgamma and dbeta of BatchNormTrain, and
 	// the optional dresidual; with p.ReLU, dy is masked where the forward
-	// output y was not positive (y is read only then). Without y (and
-	// without a residual), the mask is BatchNormApply's y's, computed from
-	// x and beta as it writes it: a backward need not keep y. dx may be dy
-	// itself (in place) when there is no dresidual, and dresidual may be dy
-	// itself.
-	BatchNormBackward(p BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta Buf)
+	// output y was not positive (y is read only then). Without y, the mask
+	// is BatchNormApply's y's, computed from x, beta and the forward's
+	// residual (if it had one) as it writes it: a backward need not keep y.
+	// dx may be dy itself (in place) when there is no dresidual, and
+	// dresidual may be dy itself.
+	BatchNormBackward(p BNParams, x, y, residual, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta Buf)
 
 	// MaxPool2d computes y from x.
 	MaxPool2d(p PoolParams, x, y Buf)

@@ -384,7 +384,7 @@ func testBatchNorm(t *testing.T, hw int) {
 	dy, dyv := randBuf(t, rng, x.N)
 	dx, dres := buf(t, kernels.F32, x.N), buf(t, kernels.F32, x.N)
 	dg, db := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
-	be.BatchNormBackward(pr, x, yr, dy, g, kernels.Buf{}, sm, si, dx, dres, dg, db)
+	be.BatchNormBackward(pr, x, yr, kernels.Buf{}, dy, g, kernels.Buf{}, sm, si, dx, dres, dg, db)
 	gRef, dxRef := make([]float64, x.N), make([]float64, x.N)
 	dbRef, dgRef := make([]float64, p.C), make([]float64, p.C)
 	for k := range gRef {
@@ -404,6 +404,13 @@ func testBatchNorm(t *testing.T, hw int) {
 	check(t, "fused dbeta", db, dbRef, 1e-5)
 	check(t, "fused dgamma", dg, dgRef, 1e-5)
 	check(t, "fused dx", dx, dxRef, 1e-4)
+	// Without y: the mask from x, beta and the residual.
+	dx2, dres2 := buf(t, kernels.F32, x.N), buf(t, kernels.F32, x.N)
+	be.BatchNormBackward(pr, x, kernels.Buf{}, r, dy, g, b, sm, si, dx2, dres2, dg, db)
+	check(t, "fused dresidual, masked without y", dres2, gRef, 1e-6)
+	check(t, "fused dbeta, masked without y", db, dbRef, 1e-5)
+	check(t, "fused dgamma, masked without y", dg, dgRef, 1e-5)
+	check(t, "fused dx, masked without y", dx2, dxRef, 1e-4)
 
 	// The same in F16 (AMP): planes converted on the way in and out.
 	half := func(b kernels.Buf) kernels.Buf {
@@ -416,7 +423,7 @@ func testBatchNorm(t *testing.T, hw int) {
 	smh, sih := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C) // this run's statistics, of the rounded x
 	be.BatchNormTrain(pr, xh, rh, g, b, yh, rm, rv, smh, sih)
 	check(t, "f16 fused y", yh, yrRef, 1e-2)
-	be.BatchNormBackward(pr, xh, yh, dyh, g, kernels.Buf{}, smh, sih, dxh, dresh, dg, db)
+	be.BatchNormBackward(pr, xh, yh, kernels.Buf{}, dyh, g, kernels.Buf{}, smh, sih, dxh, dresh, dg, db)
 	check(t, "f16 fused dresidual", dresh, gRef, 1e-2)
 	check(t, "f16 fused dx", dxh, dxRef, 1e-2)
 	check(t, "f16 fused dgamma", dg, dgRef, 1e-2)
@@ -446,9 +453,9 @@ func testBatchNorm(t *testing.T, hw int) {
 			y2, dx2, dres2, ye2, dxp := buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N), buf(t, kernels.F16, x.N)
 			sm2, si2, dg2, db2 := buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C), buf(t, kernels.F32, p.C)
 			be.BatchNormTrain(pr, xh, rh, g, b, y2, rm2, rv2, sm2, si2)
-			be.BatchNormBackward(pr, xh, y2, dyh, g, kernels.Buf{}, sm2, si2, dx2, dres2, dg2, db2)
+			be.BatchNormBackward(pr, xh, y2, kernels.Buf{}, dyh, g, kernels.Buf{}, sm2, si2, dx2, dres2, dg2, db2)
 			stats := slices.Concat(f32s(rm2), f32s(rv2), f32s(sm2), f32s(si2), f32s(dg2), f32s(db2))
-			be.BatchNormBackward(p, xh, kernels.Buf{}, dyh, g, kernels.Buf{}, sm2, si2, dxp, kernels.Buf{}, dg2, db2)
+			be.BatchNormBackward(p, xh, kernels.Buf{}, kernels.Buf{}, dyh, g, kernels.Buf{}, sm2, si2, dxp, kernels.Buf{}, dg2, db2)
 			be.BatchNormEval(pr, xh, rh, g, b, rm2, rv2, ye2)
 			stats = slices.Concat(stats, f32s(dg2), f32s(db2))
 			cp := func(b kernels.Buf) []uint16 { return slices.Clone(u16s(b)) }
@@ -472,7 +479,7 @@ func testBatchNorm(t *testing.T, hw int) {
 	}
 
 	// Unfused: g = dy, no residual gradient.
-	be.BatchNormBackward(p, x, kernels.Buf{}, dy, g, kernels.Buf{}, sm, si, dx, kernels.Buf{}, dg, db)
+	be.BatchNormBackward(p, x, kernels.Buf{}, kernels.Buf{}, dy, g, kernels.Buf{}, sm, si, dx, kernels.Buf{}, dg, db)
 	clear(dbRef)
 	clear(dgRef)
 	for k := range dxRef {
@@ -995,7 +1002,7 @@ func BenchmarkBatchNormF16(b *testing.B) {
 				defer func() { halfPasses = true }()
 				for b.Loop() {
 					be.BatchNormTrain(p, x, r, g, bb, y, rm, rv, sm, si)
-					be.BatchNormBackward(p, x, y, dy, g, kernels.Buf{}, sm, si, dx, dr, dg, db)
+					be.BatchNormBackward(p, x, y, kernels.Buf{}, dy, g, kernels.Buf{}, sm, si, dx, dr, dg, db)
 				}
 			})
 		}
@@ -1010,7 +1017,7 @@ func BenchmarkBatchNormF16(b *testing.B) {
 		b.Run(fmt.Sprintf("C=%d/HW=%d/f32", p.C, p.HW), func(b *testing.B) {
 			for b.Loop() {
 				be.BatchNormTrain(p, xf, rf, g, bb, yf, rm, rv, sm, si)
-				be.BatchNormBackward(p, xf, yf, dyf, g, kernels.Buf{}, sm, si, dxf, drf, dg, db)
+				be.BatchNormBackward(p, xf, yf, kernels.Buf{}, dyf, g, kernels.Buf{}, sm, si, dxf, drf, dg, db)
 			}
 		})
 	}

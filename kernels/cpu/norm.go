@@ -384,15 +384,19 @@ func applyChannels(op string, p kernels.BNParams, x, residual, y kernels.Buf, af
 //	dβ = Σ g,  dγ = Σ g·x̂,  dx = γ·invstd/M · (M·g − dβ − x̂·dγ),  dresidual = g
 //
 // with x̂ = (x − mean)·invstd and M = N·HW. Without y, each channel's y is
-// written again, as BatchNormApply writes it, into scratch.
-func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
+// written again, as BatchNormApply writes it from x and the residual, into
+// scratch.
+func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
-	again := kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual)
-	var yv values
+	again := kernels.CheckBNMask("batch norm backward", p, x, y, residual, beta, dresidual)
+	var yv, resv values
 	if p.ReLU && !again {
 		yv = valuesOf(y)
+	}
+	if again {
+		resv = optValuesOf(residual)
 	}
 	xv, dyv, dxv, drv := valuesOf(x), valuesOf(dy), valuesOf(dx), optValuesOf(dresidual)
 	half := !again && halfPath(xv, yv, dyv, dxv, drv)
@@ -405,7 +409,7 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 	dbs, doneB := out(dbeta)
 	m := float64(p.N * p.HW)
 	parallel(p.C, 1, func(lo, hi int) {
-		cb := newChannelBufs(p, 5, half)
+		cb := newChannelBufs(p, 6, half)
 		defer cb.release()
 		var tmp []uint16
 		if again && x.DType == kernels.F16 {
@@ -418,17 +422,29 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 			if again { // every channel in scratch, y's layout, so that the passes are those with y
 				dys, xs = scratchChannel(dyv, p, ch, cb[0], true), scratchChannel(xv, p, ch, cb[2], true)
 				ys = scratchChannel(values{}, p, ch, cb[1], false)
+				var res channel
+				if !resv.none() {
+					res = scratchChannel(resv, p, ch, cb[5], true)
+				}
 				scale, shift := batchAffine(gamma32[ch], beta32[ch], sm[ch], sis[ch])
-				affineChannel(ys, xs, channel{}, scale, shift, true)
+				affineChannel(ys, xs, res, scale, shift, true)
 				roundLike(x.DType, ys.f, tmp)
 			} else {
 				dys = channelOf(dyv, p, ch, cb[0], half, true)
 				ys = channelOf(yv, p, ch, cb[1], half, true)
 				xs = channelOf(xv, p, ch, cb[2], half, true)
 			}
+			scratchG := again && !drv.none() // dresidual in scratch too: one layout, the passes with y's
 			gs := channelOf(drv, p, ch, cb[3], half, false)
+			if scratchG {
+				gs = scratchChannel(drv, p, ch, cb[3], false)
+			}
 			db, dxm := bnGradChannel(dys, ys, xs, mean32, gs)
-			gs.commit(drv, p, ch)
+			if scratchG {
+				gs.store(drv, p, ch)
+			} else {
+				gs.commit(drv, p, ch)
+			}
 			dg := dxm * invStd
 			dbs[ch], dgs[ch] = float32(db), float32(dg)
 			// dx = k·(g − db/M − x̂·dg/M) = a·g + b·x + c

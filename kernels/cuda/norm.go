@@ -7,10 +7,10 @@ import (
 // The batch-norm kernels (norm.cu).
 type (
 	bnPartialArgs struct {
-		N, C, HW, P           int32
-		X, Y, Dy, Gamma, Beta uintptr
-		ReLU                  int32
-		Mean, InvStd, Partial uintptr
+		N, C, HW, P                int32
+		X, Y, Res, Dy, Gamma, Beta uintptr
+		ReLU                       int32
+		Mean, InvStd, Partial      uintptr
 	}
 	bnStatsArgs struct {
 		N, C, HW, P                   int32
@@ -31,7 +31,7 @@ type (
 	}
 	bnBwdApplyArgs struct {
 		N, C, HW, Len                         int32
-		X, Y, Dy, Gamma, Beta                 uintptr
+		X, Y, Res, Dy, Gamma, Beta            uintptr
 		ReLU                                  int32
 		Mean, InvStd, Dgamma, Dbeta, Dx, Dres uintptr
 	}
@@ -105,13 +105,18 @@ func (b *Backend) bnApply(op string, p kernels.BNParams, x, residual, gamma, bet
 
 // BatchNormBackward: partial Σg and Σg·x̂ (g: dy masked by the ReLU), their
 // per-channel totals (dβ, dγ), then dx and dresidual: three launches.
-func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
+func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamma, beta, saveMean, saveInvStd, dx, dresidual, dgamma, dbeta kernels.Buf) {
 	kernels.CheckBN("batch norm backward", p, x, gamma, saveMean, saveInvStd, dgamma, dbeta)
 	kernels.CheckLen("batch norm backward", x.N, dy, dx)
 	kernels.CheckLike("batch norm backward residual gradient", dx, dresidual)
 	s := floatType("batch norm backward", x, dy, dx)
-	if again := kernels.CheckBNMask("batch norm backward", p, x, y, beta, dresidual); p.ReLU && !again {
+	again := kernels.CheckBNMask("batch norm backward", p, x, y, residual, beta, dresidual)
+	if p.ReLU && !again {
 		kernels.CheckLike("batch norm backward output", x, y)
+	}
+	res := uintptr(0) // the mask's residual, read only without y
+	if again {
+		res = ptrOf(residual)
 	}
 	b.enter()
 	defer b.exit()
@@ -120,9 +125,9 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, dy, gamma, beta, s
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
 	relu := boolInt(p.ReLU)
-	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), ptrOf(dy),
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), res, ptrOf(dy),
 		ptrOf(gamma), ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
 	kBNGrads.launch(b, 0, perChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
-	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), ptrOf(dy), ptrOf(gamma),
+	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), res, ptrOf(dy), ptrOf(gamma),
 		ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
 }

@@ -565,36 +565,46 @@ var cases = []testCase{
 						y32[i] = float32(v)
 					}
 					yb := s.in(dt, y32)
-					s.got.BatchNormBackward(p, x.got, yb.got, dy.got, g.got, kernels.Buf{}, sm.got, si.got, dx.got, dres.got, dg.got, db.got)
-					s.ref.BatchNormBackward(p, x.ref, yb.ref, dy.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, dx.ref, dres.ref, dg.ref, db.ref)
+					s.got.BatchNormBackward(p, x.got, yb.got, kernels.Buf{}, dy.got, g.got, kernels.Buf{}, sm.got, si.got, dx.got, dres.got, dg.got, db.got)
+					s.ref.BatchNormBackward(p, x.ref, yb.ref, kernels.Buf{}, dy.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, dx.ref, dres.ref, dg.ref, db.ref)
 					s.check("bn dx "+what, dx, TolAccumulate)
 					// In place: dx written over dy, the same bits.
 					ip := s.in(dt, toF32(s.read(dy.ref, s.ref)))
 					dg2, db2 := s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
-					s.got.BatchNormBackward(p, x.got, yb.got, ip.got, g.got, kernels.Buf{}, sm.got, si.got, ip.got, kernels.Buf{}, dg2.got, db2.got)
-					s.ref.BatchNormBackward(p, x.ref, yb.ref, ip.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, ip.ref, kernels.Buf{}, dg2.ref, db2.ref)
+					s.got.BatchNormBackward(p, x.got, yb.got, kernels.Buf{}, ip.got, g.got, kernels.Buf{}, sm.got, si.got, ip.got, kernels.Buf{}, dg2.got, db2.got)
+					s.ref.BatchNormBackward(p, x.ref, yb.ref, kernels.Buf{}, ip.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, ip.ref, kernels.Buf{}, dg2.ref, db2.ref)
 					if !slices.Equal(s.read(ip.got, s.got), s.read(dx.got, s.got)) {
 						s.t.Errorf("bn dx %s: written over dy, it differs from dx written apart", what)
 					}
 					s.check("bn dgamma "+what, dg, TolAccumulate)
 					s.check("bn dbeta "+what, db, TolAccumulate)
-					if p.ReLU && !fused.residual {
+					if p.ReLU {
 						// Without y, each backend masks with the y its
-						// BatchNormApply writes: the same bits as with it.
+						// BatchNormApply writes from x and the residual:
+						// the same bits as with it.
 						dxa, dga, dba := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
 						dxb, dgb, dbb := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
+						var dra, drb pair
+						if fused.residual {
+							dra, drb = s.out(dt, n), s.out(dt, n)
+						}
 						for _, be := range []struct {
 							name string
 							k    kernels.Backend
 							pick func(pair) kernels.Buf
 						}{{"tested", s.got, func(v pair) kernels.Buf { return v.got }}, {"reference", s.ref, func(v pair) kernels.Buf { return v.ref }}} {
 							at := be.pick
-							be.k.BatchNormBackward(p, at(x), kernels.Buf{}, at(dy), at(g), at(b), at(sm), at(si), at(dxa), kernels.Buf{}, at(dga), at(dba))
-							be.k.BatchNormBackward(p, at(x), at(ya), at(dy), at(g), kernels.Buf{}, at(sm), at(si), at(dxb), kernels.Buf{}, at(dgb), at(dbb))
-							for _, o := range []struct {
+							be.k.BatchNormBackward(p, at(x), kernels.Buf{}, at(res), at(dy), at(g), at(b), at(sm), at(si), at(dxa), at(dra), at(dga), at(dba))
+							be.k.BatchNormBackward(p, at(x), at(ya), kernels.Buf{}, at(dy), at(g), kernels.Buf{}, at(sm), at(si), at(dxb), at(drb), at(dgb), at(dbb))
+							type twin struct {
 								name string
 								a, b pair
-							}{{"dx", dxa, dxb}, {"dgamma", dga, dgb}, {"dbeta", dba, dbb}} {
+							}
+							outs := []twin{{"dx", dxa, dxb}, {"dgamma", dga, dgb}, {"dbeta", dba, dbb}}
+							if fused.residual {
+								outs = append(outs, twin{"dresidual", dra, drb})
+							}
+							for _, o := range outs {
 								if !slices.Equal(s.read(at(o.a), be.k), s.read(at(o.b), be.k)) {
 									s.t.Errorf("bn %s %s: the %s backend's, masked without y, differs from its own with y", o.name, what, be.name)
 								}
@@ -606,8 +616,8 @@ var cases = []testCase{
 						// dresidual written over dy: the same bits, dx too.
 						ip := s.in(dt, toF32(s.read(dy.ref, s.ref)))
 						dx3, dg3, db3 := s.out(dt, n), s.out(kernels.F32, p.C), s.out(kernels.F32, p.C)
-						s.got.BatchNormBackward(p, x.got, yb.got, ip.got, g.got, kernels.Buf{}, sm.got, si.got, dx3.got, ip.got, dg3.got, db3.got)
-						s.ref.BatchNormBackward(p, x.ref, yb.ref, ip.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, dx3.ref, ip.ref, dg3.ref, db3.ref)
+						s.got.BatchNormBackward(p, x.got, yb.got, kernels.Buf{}, ip.got, g.got, kernels.Buf{}, sm.got, si.got, dx3.got, ip.got, dg3.got, db3.got)
+						s.ref.BatchNormBackward(p, x.ref, yb.ref, kernels.Buf{}, ip.ref, g.ref, kernels.Buf{}, sm.ref, si.ref, dx3.ref, ip.ref, dg3.ref, db3.ref)
 						if !slices.Equal(s.read(ip.got, s.got), s.read(dres.got, s.got)) || !slices.Equal(s.read(dx3.got, s.got), s.read(dx.got, s.got)) {
 							s.t.Errorf("bn dresidual %s: written over dy, it or dx differs from the two written apart", what)
 						}

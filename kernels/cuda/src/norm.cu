@@ -7,23 +7,25 @@
 //
 // With relu set, the output went through a ReLU, fused: y = max(0, γ·x̂ + β
 // + residual), and the backward masks dy where y was not positive: y read,
-// or, without y (and without a residual), written again as bn_apply writes
+// or, without y, written again from x and the residual as bn_apply writes
 // it, rounded to T (passed). Inputs
 // hold fewer than 2³¹ elements (checked on the host), so the indices are 32
 // bits wide: 64-bit division is many instructions.
 
 // passed is whether the ReLU let element k of channel c through.
 template <typename T>
-__device__ __forceinline__ bool passed(const T* x, const T* y, i64 k, int c, const float* gamma, const float* beta,
-                                       const float* mean, const float* invstd) {
+__device__ __forceinline__ bool passed(const T* x, const T* y, const T* res, i64 k, int c, const float* gamma,
+                                       const float* beta, const float* mean, const float* invstd) {
     if (y) return ld(y, k) > 0.f;
-    T v;
-    st(&v, 0, (ld(x, k) - mean[c]) * invstd[c] * gamma[c] + beta[c]); // bn_apply's y, before its ReLU
-    return ld(&v, 0) > 0.f;
+    float v = (ld(x, k) - mean[c]) * invstd[c] * gamma[c] + beta[c]; // bn_apply's y, before its ReLU
+    if (res) v += ld(res, k);
+    T r;
+    st(&r, 0, v);
+    return ld(&r, 0) > 0.f;
 }
 
 template <typename T>
-__device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* y, const T* dy, const float* gamma,
+__device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* y, const T* res, const T* dy, const float* gamma,
                            const float* beta, int relu, const float* mean, const float* invstd, float* partial) {
     __shared__ float scratch[32];
     int c = blockIdx.y, p = blockIdx.x;
@@ -43,7 +45,7 @@ __device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* y, 
         for (unsigned j = lo + threadIdx.x; j < hi; j += blockDim.x) {
             unsigned k = (j / HW * C + c) * HW + j % HW;
             float g = ld(dy, k);
-            if (relu && !passed(x, y, k, c, gamma, beta, mean, invstd)) g = 0.f;
+            if (relu && !passed(x, y, res, k, c, gamma, beta, mean, invstd)) g = 0.f;
             s1 += g;
             s2 += g * (ld(x, k) - m) * is;
         }
@@ -105,14 +107,14 @@ extern "C" __global__ void bn_grads(int C, int P, const float* partial, float* d
 // dx = γ·invstd/M · (M·g − dβ − x̂·dγ) and dresidual = g, g being dy masked
 // by the ReLU (with relu).
 template <typename T>
-__device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y, const T* dy, const float* gamma,
+__device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y, const T* res, const T* dy, const float* gamma,
                              const float* beta, int relu, const float* mean, const float* invstd, const float* dgamma,
                              const float* dbeta, T* dx, T* dres) {
     float M = (float)N * HW;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned)n; i += gridDim.x * blockDim.x) {
         int c = (int)(i / HW % C);
         float g = ld(dy, i);
-        if (relu && !passed(x, y, i, c, gamma, beta, mean, invstd)) g = 0.f;
+        if (relu && !passed(x, y, res, i, c, gamma, beta, mean, invstd)) g = 0.f;
         float is = invstd[c], xhat = (ld(x, i) - mean[c]) * is;
         st(dx, i, gamma[c] * is / M * (M * g - dbeta[c] - xhat * dgamma[c]));
         if (dres) st(dres, i, g);
@@ -120,10 +122,10 @@ __device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y
 }
 
 #define NORM(T, S)                                                                                               \
-    extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* y, const T* dy, \
-                                              const float* gamma, const float* beta, int relu,                  \
-                                              const float* mean, const float* invstd, float* partial) {         \
-        bn_partial(N, C, HW, P, x, y, dy, gamma, beta, relu, mean, invstd, partial);                           \
+    extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* y, const T* res, \
+                                              const T* dy, const float* gamma, const float* beta, int relu,      \
+                                              const float* mean, const float* invstd, float* partial) {          \
+        bn_partial(N, C, HW, P, x, y, res, dy, gamma, beta, relu, mean, invstd, partial);                       \
     }                                                                                                           \
     extern "C" __global__ void bn_stats_##S(int N, int C, int HW, int P, const T* x, const float* partial,      \
                                             float eps, float momentum, float* mean, float* invstd,              \
@@ -136,9 +138,10 @@ __device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y
         bn_apply(C, HW, n, x, res, gamma, beta, mean, invstd, var, eps, relu, y);                              \
     }                                                                                                           \
     extern "C" __global__ void bn_bwd_apply_##S(int N, int C, int HW, int n, const T* x, const T* y,           \
-                                                const T* dy, const float* gamma, const float* beta, int relu,   \
-                                                const float* mean, const float* invstd, const float* dgamma,    \
-                                                const float* dbeta, T* dx, T* dres) {                           \
-        bn_bwd_apply(N, C, HW, n, x, y, dy, gamma, beta, relu, mean, invstd, dgamma, dbeta, dx, dres);         \
+                                                const T* res, const T* dy, const float* gamma,                  \
+                                                const float* beta, int relu, const float* mean,                 \
+                                                const float* invstd, const float* dgamma, const float* dbeta,   \
+                                                T* dx, T* dres) {                                               \
+        bn_bwd_apply(N, C, HW, n, x, y, res, dy, gamma, beta, relu, mean, invstd, dgamma, dbeta, dx, dres);    \
     }
 FOR_TYPES(NORM)
