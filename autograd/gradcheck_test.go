@@ -192,6 +192,16 @@ func gradCases() []gradCase {
 			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
 			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		// The residual held elsewhere too (as a block's input is, by its
+		// first convolution): the mask comes from x and the residual.
+		{name: "batchnorm/train/residual+relu/shared", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 3, 4, 3, 5), param(r, small, 4), param(r, normal, 4), param(r, farFromZero, 3, 4, 3, 5)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
+			held := in[3].Alias()
+			defer held.Release()
+			return ag.BatchNormAct(in[0], in[3], in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
 		{name: "batchnorm/train/relu", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 4, 4, 4), param(r, small, 4), param(r, farFromZero, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {

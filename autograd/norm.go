@@ -20,8 +20,10 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 // BatchNormAct is BatchNorm2d fused with what follows it in a residual
 // block: the residual (x's shape; nil for none) is added to the normalised
 // value and, with relu, the sum goes through a ReLU, all in one pass over
-// the data, forward and backward. It saves x and, with relu, its output
-// (whose sign is the ReLU's mask): what the unfused operations would save.
+// the data, forward and backward. It saves x and, with relu, what the
+// ReLU's mask is found from: its output (whose sign is the mask), or, when
+// other references hold the residual's storage, the residual (Note [where
+// a batch norm's mask comes from]).
 func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu bool) *T {
 	xs := x.Shape()
 	if len(xs) != 4 {
@@ -62,8 +64,12 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		return y
 	}
 	xSaved, gSaved := rec.save(x), rec.save(gamma)
-	var ySaved *T
-	if relu {
+	var ySaved, rSaved, bSaved *T
+	switch {
+	case !relu:
+	case residual != nil && !residual.Exclusive():
+		rSaved, bSaved = rec.save(residual), rec.save(beta)
+	default:
 		ySaved = rec.save(y)
 	}
 	rec.keep(mean)
@@ -81,7 +87,7 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		default:
 			dres = emptyLike(g)
 		}
-		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), kernels.Buf{}, g.Buf(), gSaved.Buf(), kernels.Buf{}, mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), bufOf(rSaved), g.Buf(), gSaved.Buf(), bufOf(bSaved), mean.Buf(), invStd.Buf(), dx.Buf(), bufOf(dres), dgamma.Buf(), dbeta.Buf())
 		grads := []*T{dx, nil, nil, dres}
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)
@@ -95,6 +101,22 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 	})
 	return y
 }
+
+// Note [where a batch norm's mask comes from]: the backward of a batch
+// norm with a ReLU masks its gradient where the output y was not positive.
+// y is one pass from what the backward keeps anyway (x, the batch
+// statistics, beta and the residual), so the mask can come from y itself or
+// be written again from those (kernels.Backend.BatchNormBackward without y:
+// the same bits). Keeping y costs nothing when y's readers keep it (the
+// next convolution saves its input) and a whole tensor when they do not: a
+// network's last block, and a checkpointed block's recomputation, whose
+// output the pass frees as soon as it holds the graph. Keeping the residual
+// costs nothing when other references hold it: a block's identity shortcut
+// is its input, which the block's first convolution, or the checkpoint,
+// keeps. So BatchNormAct keeps the residual when its storage is not
+// exclusive, and y otherwise (a projection shortcut's batch norm output,
+// which nothing else keeps, or no residual). In a checkpointed block's
+// backward that leaves the recomputed output out of the peak.
 
 // BatchNormReLUConv is Conv2d(BatchNormAct(x, nil, gamma, beta, runMean,
 // runVar, training, momentum, eps, true), w, nil, stride, pad), a residual
