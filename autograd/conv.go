@@ -44,8 +44,11 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 		return y
 	}
 	var xSaved, wSaved *T
+	var xAgain func() *T // x written again for the filter gradient, instead of saved
 	if rec.needs(1) {
-		xSaved = rec.save(x)
+		if xAgain = writtenAgain(x); xAgain == nil {
+			xSaved = rec.save(x)
+		}
 	}
 	if rec.needs(0) {
 		wSaved = rec.save(w)
@@ -57,6 +60,13 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 3)
+		if xAgain != nil { // first, so that x is freed before dx exists
+			x := xAgain()
+			dw := tensor.Empty(g.Device(), g.DType(), ws...)
+			be.Conv2dBackwardFilter(p, x.Buf(), g.Buf(), dw.Buf())
+			x.Release()
+			grads[1] = dw
+		}
 		if wSaved != nil {
 			dx := tensor.Empty(g.Device(), g.DType(), xs...)
 			be.Conv2dBackwardData(p, g.Buf(), wSaved.Buf(), dx.Buf())

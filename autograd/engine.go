@@ -86,6 +86,12 @@ type node struct {
 	// unwritten: the output's values were never computed (Note [what a
 	// recomputation skips]), or were computed from such values.
 	unwritten bool
+	// again, when set, writes the output again, bit for bit, from what the
+	// node saved: a reader that would save the output may call it in its
+	// backward instead (Note [a batch norm's output written again]). It
+	// reads the node's saved tensors, alive until the node's own backward,
+	// which runs after its readers'.
+	again func() *T
 }
 
 // edge leads to the node that produced an input, or to a leaf that
@@ -221,6 +227,17 @@ func (r *recorder) leavesUnwritten() bool {
 	}
 	r.n.unwritten = true
 	return true
+}
+
+// writtenAgain is how x, an operation's output, is written again for a
+// backward that reads it (node.again), or nil when it is not: then the
+// reader saves x.
+func writtenAgain(x *T) func() *T {
+	gn, _ := x.GradNode().(*node)
+	if gn == nil || gn.again == nil || gn.unwritten || gn.done {
+		return nil
+	}
+	return gn.again
 }
 
 // save keeps a handle on t's storage for the backward.

@@ -517,82 +517,101 @@ func TestSaved(t *testing.T) {
 	})
 }
 
-// BatchNormReLUConv is the batch norm, ReLU and convolution it fuses, bit
-// for bit (its output, the running statistics, every gradient), in fp32
-// and under F16 autocast, and keeps one activation fewer: the batch norm's
-// output is not among what the graph saves.
-func TestBatchNormReLUConvIsItsParts(t *testing.T) {
+// A convolution reading a batch norm's output keeps nothing of its own and
+// writes the output again in its backward (Note [a batch norm's output
+// written again]): the same bits (its output, the running statistics,
+// every gradient) as the same operations with the output kept (a reshape
+// between, whose output the convolution then keeps), in fp32 and under F16
+// autocast, with one activation fewer saved; with and without a residual
+// held elsewhere.
+func TestBatchNormOutputWrittenAgain(t *testing.T) {
 	for _, amp := range []tensor.DType{0, tensor.F16} {
-		t.Run(fmt.Sprint("autocast ", amp), func(t *testing.T) {
-			dev := tensor.NewDevice(cpu.New())
-			type result struct {
-				out, rm, rv []float32
-				grads       [][]float32
-				saved       int64
-			}
-			run := func(fused bool) result {
-				dev.Generator().Seed(3)
-				x := tensor.Randn(dev, tensor.F32, 0.5, 2, 4, 3, 6, 6).SetRequiresGrad(true).Keep()
-				g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 3).SetRequiresGrad(true).Keep()
-				b := tensor.Randn(dev, tensor.F32, 0, 1, 3).SetRequiresGrad(true).Keep()
-				w := tensor.Randn(dev, tensor.F32, 0, 0.3, 5, 3, 3, 3).SetRequiresGrad(true).Keep()
-				rm, rv := tensor.Zeros(dev, tensor.F32, 3).Keep(), tensor.Ones(dev, tensor.F32, 3).Keep()
-				all := []*tensor.Tensor{x, g, b, w, rm, rv}
-				defer func() {
-					for _, t := range all {
-						t.Release()
-					}
-				}()
-				var r result
-				dev.WithScope(func() {
-					f := func() *tensor.Tensor {
-						h := x
+		for _, residual := range []bool{false, true} {
+			t.Run(fmt.Sprint("autocast ", amp, " residual ", residual), func(t *testing.T) {
+				dev := tensor.NewDevice(cpu.New())
+				type result struct {
+					out, rm, rv []float32
+					grads       [][]float32
+					saved       int64
+				}
+				run := func(again bool) result {
+					dev.Generator().Seed(3)
+					x := tensor.Randn(dev, tensor.F32, 0.5, 2, 4, 3, 6, 6).SetRequiresGrad(true).Keep()
+					g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 3).SetRequiresGrad(true).Keep()
+					b := tensor.Randn(dev, tensor.F32, 0, 1, 3).SetRequiresGrad(true).Keep()
+					w := tensor.Randn(dev, tensor.F32, 0, 0.3, 5, 3, 3, 3).SetRequiresGrad(true).Keep()
+					r := tensor.Randn(dev, tensor.F32, 0, 1, 4, 3, 6, 6).SetRequiresGrad(true).Keep()
+					rm, rv := tensor.Zeros(dev, tensor.F32, 3).Keep(), tensor.Ones(dev, tensor.F32, 3).Keep()
+					all := []*tensor.Tensor{x, g, b, w, r, rm, rv}
+					defer func() {
+						for _, t := range all {
+							t.Release()
+						}
+					}()
+					var res result
+					dev.WithScope(func() {
+						f := func() *tensor.Tensor {
+							h, s := x, (*tensor.Tensor)(nil)
+							if amp != 0 {
+								h = ag.Cast(x, amp) // a convolution's output under autocast
+							}
+							if residual {
+								s = r
+								if amp != 0 {
+									s = ag.Cast(r, amp)
+								}
+								held := s.Alias() // as a block's first convolution holds its input
+								defer held.Release()
+							}
+							y := ag.BatchNormAct(h, s, g, b, rm, rv, true, 0.1, 1e-5, true)
+							if !again {
+								y = ag.Reshape(y, y.Shape()...)
+							}
+							return ag.Conv2d(y, w, nil, 1, 1)
+						}
+						var out *tensor.Tensor
 						if amp != 0 {
-							h = ag.Cast(x, amp) // a convolution's output under autocast
+							ag.Autocast(dev, amp, func() { out = f() })
+						} else {
+							out = f()
 						}
-						if fused {
-							return ag.BatchNormReLUConv(h, g, b, rm, rv, true, 0.1, 1e-5, w, 1, 1)
+						leaves := map[*memory.Block]bool{x.Block(): true, g.Block(): true, b.Block(): true, w.Block(): true, r.Block(): true}
+						for _, s := range ag.Saved(out, func(blk *memory.Block) bool { return leaves[blk] }) {
+							res.saved += s.Bytes
 						}
-						y := ag.BatchNormAct(h, nil, g, b, rm, rv, true, 0.1, 1e-5, true)
-						return ag.Conv2d(y, w, nil, 1, 1)
+						res.out = ag.Cast(out, tensor.F32).Float32s()
+						ag.Backward(ag.SumAll(ag.Mul(out, out)))
+					})
+					res.rm, res.rv = rm.Float32s(), rv.Float32s()
+					for _, p := range all[:5] {
+						if p.Grad() != nil {
+							res.grads = append(res.grads, p.Grad().Float32s())
+						}
+						p.ZeroGrad()
 					}
-					var out *tensor.Tensor
-					if amp != 0 {
-						ag.Autocast(dev, amp, func() { out = f() })
-					} else {
-						out = f()
-					}
-					leaves := map[*memory.Block]bool{x.Block(): true, g.Block(): true, b.Block(): true, w.Block(): true}
-					for _, s := range ag.Saved(out, func(blk *memory.Block) bool { return leaves[blk] }) {
-						r.saved += s.Bytes
-					}
-					r.out = ag.Cast(out, tensor.F32).Float32s()
-					ag.Backward(ag.SumAll(ag.Mul(out, out)))
-				})
-				r.rm, r.rv = rm.Float32s(), rv.Float32s()
-				for _, p := range all[:4] {
-					r.grads = append(r.grads, p.Grad().Float32s())
-					p.ZeroGrad()
+					return res
 				}
-				return r
-			}
-			got, want := run(true), run(false)
-			if !slices.Equal(got.out, want.out) || !slices.Equal(got.rm, want.rm) || !slices.Equal(got.rv, want.rv) {
-				t.Errorf("the fused output or running statistics differ from the unfused operations'")
-			}
-			for i := range want.grads {
-				if !slices.Equal(got.grads[i], want.grads[i]) {
-					t.Errorf("the gradient of input %d differs from the unfused operations'", i)
+				got, want := run(true), run(false)
+				if !slices.Equal(got.out, want.out) || !slices.Equal(got.rm, want.rm) || !slices.Equal(got.rv, want.rv) {
+					t.Errorf("the output or running statistics differ from the operations' with the output kept")
 				}
-			}
-			size := int64(2 * 4 * 3 * 6 * 6) // the batch norm's output, in F16
-			if amp == 0 {
-				size *= 2
-			}
-			if want.saved-got.saved != memory.RoundSize(size) {
-				t.Errorf("saved %d bytes fused, %d unfused: want one activation of %d bytes fewer", got.saved, want.saved, memory.RoundSize(size))
-			}
-		})
+				if len(got.grads) != len(want.grads) {
+					t.Fatalf("%d gradients, %d with the output kept", len(got.grads), len(want.grads))
+				}
+				for i := range want.grads {
+					if !slices.Equal(got.grads[i], want.grads[i]) {
+						t.Errorf("gradient %d differs from the operations' with the output kept", i)
+					}
+				}
+				size := int64(2 * 4 * 3 * 6 * 6) // the batch norm's output, in F16
+				if amp == 0 {
+					size *= 2
+				}
+				if want.saved-got.saved != memory.RoundSize(size) {
+					t.Errorf("saved %d bytes written again, %d kept: want one activation of %d bytes fewer", got.saved, want.saved, memory.RoundSize(size))
+				}
+			})
+		}
 	}
 }
 
@@ -866,12 +885,12 @@ func TestTraceRoles(t *testing.T) {
 	}
 }
 
-// TestBatchNormReLUConvFreesYFirst: the fused batch norm and convolution's
-// backward frees the y it writes again (for conv2's filter gradient)
-// before conv2's input gradient exists (Note [what a batch norm and its
-// convolution keep]): in the trace of its backward the two buffers of x's
-// size that it allocates are never live at once.
-func TestBatchNormReLUConvFreesYFirst(t *testing.T) {
+// TestConvFreesBatchNormOutputFirst: a convolution's backward frees the
+// batch norm output it writes again (for its filter gradient) before its
+// input gradient exists (Note [a batch norm's output written again]): in
+// the trace of its backward the two buffers of x's size that it allocates
+// are never live at once.
+func TestConvFreesBatchNormOutputFirst(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	a := dev.Allocator()
 	const n, c, hw = 4, 8, 16
@@ -884,7 +903,7 @@ func TestBatchNormReLUConvFreesYFirst(t *testing.T) {
 	size := x.Block().Size()
 	a.StartTrace()
 	dev.WithScope(func() {
-		y := ag.BatchNormReLUConv(x, g, b, rm, rv, true, 0.1, 1e-5, w, 1, 1)
+		y := ag.Conv2d(ag.BatchNormAct(x, nil, g, b, rm, rv, true, 0.1, 1e-5, true), w, nil, 1, 1)
 		ag.Backward(y, ag.WithGrad(tensor.Randn(dev, tensor.F32, 0, 1, y.Shape()...)))
 	})
 	for _, p := range []*tensor.Tensor{x, g, b, w} {
@@ -894,13 +913,13 @@ func TestBatchNormReLUConvFreesYFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mine []memory.TraceBuffer // of x's size, made by the op's backward
+	var mine []memory.TraceBuffer // of x's size, made by the convolution's backward
 	for _, buf := range tr.Buffers {
-		if buf.Sizes[0] == size && tr.PhaseAt(buf.Alloc) == "the backward of batch_norm_conv2d" {
+		if buf.Sizes[0] == size && tr.PhaseAt(buf.Alloc) == "the backward of conv2d" {
 			mine = append(mine, buf)
 		}
 	}
 	if len(mine) != 2 || mine[0].Free > mine[1].Alloc {
-		t.Errorf("the backward's buffers of %d bytes: %+v; want y, freed before conv2's input gradient is allocated", size, mine)
+		t.Errorf("the backward's buffers of %d bytes: %+v; want the batch norm's output, freed before the input gradient is allocated", size, mine)
 	}
 }

@@ -291,12 +291,22 @@ func gradCases() []gradCase {
 			return []*tensor.Tensor{param(r, normal, 5, 3), param(r, normal, 5, 4), param(r, normal, 6, 4), param(r, normal, 6), param(r, normal, 3, 6), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.AddMLP(in[0], in[1], in[2], in[3], in[4], in[5]) }},
 		// A block's first batch norm and ReLU with its second convolution,
-		// the batch norm's output recomputed in the backward.
+		// the batch norm's output written again in the convolution's
+		// backward; and a block's second batch norm, its shortcut held by
+		// the first convolution, with the next block's first convolution.
 		{name: "batchnorm+relu+conv2d/train", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 2, 3, 5, 4), param(r, small, 3), param(r, farFromZero, 3), param(r, normal, 4, 3, 3, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
 			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 3), tensor.Ones(in[0].Device(), tensor.F32, 3)
-			return ag.BatchNormReLUConv(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-5, in[3], 2, 1)
+			return ag.Conv2d(ag.BatchNormAct(in[0], nil, in[1], in[2], rm, rv, true, 0.1, 1e-5, true), in[3], nil, 2, 1)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "conv2d+batchnorm+residual+relu+conv2d/train", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, farFromZero, 2, 3, 5, 4), param(r, normal, 3, 3, 3, 3), param(r, small, 3), param(r, normal, 3), param(r, normal, 4, 3, 3, 3)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 3), tensor.Ones(in[0].Device(), tensor.F32, 3)
+			h := ag.Conv2d(in[0], in[1], nil, 1, 1) // saves in[0], the shortcut
+			y := ag.BatchNormAct(h, in[0], in[2], in[3], rm, rv, true, 0.1, 1e-5, true)
+			return ag.Conv2d(y, in[4], nil, 1, 1)
 		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
 	}...)
 	return cases

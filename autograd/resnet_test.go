@@ -102,3 +102,54 @@ func TestBasicBlockSaves(t *testing.T) {
 		nn.Release(b)
 	}
 }
+
+// TestResNet20Saves: what ResNet-20's batch norms keep for the backward,
+// to the byte, in F32 and under F16 autocast. Each of its three stages
+// keeps nine activations of its size (Note [a batch norm's output written
+// again]): the first stage the stem convolution's output, its three
+// blocks' two convolutions' outputs, and two of the block outputs (the
+// stem's and the second block's are written again); the others their
+// three blocks' convolutions' outputs, the projection shortcut's, the
+// first block's output and the third's (the second's written again, and
+// the last block's output kept for its mask); with two statistics of each
+// of the 21 batch norms.
+func TestResNet20Saves(t *testing.T) {
+	dev := tensor.CPU()
+	const n = 2
+	for _, amp := range []tensor.DType{0, tensor.F16} {
+		net, err := nn.NewCIFARResNet(dev, 20, 1, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params := map[*memory.Block]bool{}
+		for _, p := range nn.Parameters(net) {
+			params[p.Block()] = true
+		}
+		saved := map[string]int64{}
+		dev.WithScope(func() {
+			x := tensor.Randn(dev, tensor.F32, 0, 1, n, 1, 28, 28)
+			run := func() {
+				for _, s := range ag.Saved(net.Forward(x), func(blk *memory.Block) bool { return params[blk] }) {
+					saved[s.Op] += s.Bytes
+				}
+			}
+			if amp != 0 {
+				ag.Autocast(dev, amp, run)
+			} else {
+				run()
+			}
+		})
+		size := int64(4)
+		if amp != 0 {
+			size = 2
+		}
+		var want int64
+		for _, st := range []struct{ c, hw int64 }{{16, 28 * 28}, {32, 14 * 14}, {64, 7 * 7}} {
+			want += 9*memory.RoundSize(size*n*st.c*st.hw) + 7*2*memory.RoundSize(4*st.c)
+		}
+		if saved["batch_norm"] != want {
+			t.Errorf("autocast %v: the batch norms keep %d bytes, want %d (all kept: %v)", amp, saved["batch_norm"], want, saved)
+		}
+		nn.Release(net)
+	}
+}

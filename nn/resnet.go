@@ -41,26 +41,15 @@ func NewBasicBlock(dev *tensor.Device, in, out, stride int) *BasicBlock {
 
 // Forward computes the block. Each batch norm is fused with what follows
 // it: the first with its ReLU, the second with the shortcut's addition and
-// the block's final ReLU.
+// the block's final ReLU. Neither keeps its output for the backward where
+// it is written again more cheaply (Note [a batch norm's output written
+// again] in package autograd).
 func (b *BasicBlock) Forward(x *T) *T {
-	h := b.Conv1.Forward(x)
-	if b.Dropout == nil && b.Conv2.Bias == nil && b.BN1.Training && ag.GradEnabled(ag.ModeOf(h)) {
-		// One operation that keeps less (Note [what a batch norm and its
-		// convolution keep]). Where nothing is recorded (evaluation, a
-		// checkpoint's first pass) the two run apart, so that h goes back
-		// to the pool before the convolution.
-		n := b.BN1
-		h = then(h, func(h *T) *T {
-			return ag.BatchNormReLUConv(h, n.Weight, n.Bias, n.RunningMean, n.RunningVar, n.Training, n.Momentum, n.Eps,
-				b.Conv2.Weight, b.Conv2.Stride, b.Conv2.Pad)
-		})
-	} else {
-		h = then(h, func(h *T) *T { return b.BN1.ForwardAct(h, nil, true) })
-		if b.Dropout != nil {
-			h = then(h, b.Dropout.Forward)
-		}
-		h = then(h, b.Conv2.Forward)
+	h := then(b.Conv1.Forward(x), func(h *T) *T { return b.BN1.ForwardAct(h, nil, true) })
+	if b.Dropout != nil {
+		h = then(h, b.Dropout.Forward)
 	}
+	h = then(h, b.Conv2.Forward)
 	s := x
 	if b.ShortConv != nil {
 		s = then(b.ShortConv.Forward(x), b.ShortBN.Forward)

@@ -167,7 +167,7 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 // operations whose saved tensors take the most.
 func WriteHoldings(w io.Writer, m train.Measurement) {
 	if h := m.Holds; h != nil {
-		fmt.Fprintf(w, "what the %s step holds at the end of its forward, %s in all (its peak, in the backward, %s more):\n",
+		fmt.Fprintf(w, "what the %s step holds at the end of its forward, %s in all (its peak %s more):\n",
 			m.Name, memory.Bytes(h.Allocated), memory.Bytes(h.Backward))
 		writeKinds(w, h)
 	}

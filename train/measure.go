@@ -85,7 +85,8 @@ type Breakdown struct {
 	// end of the forward, workspaces still alive.
 	Other int64 `json:"other"`
 	// Backward is how much more the step's peak held than the end of its
-	// forward: the gradients and the backward's temporaries.
+	// forward: the gradients and the backward's temporaries, or an op's
+	// temporaries where the peak is in the forward.
 	Backward int64 `json:"backward,omitempty"`
 
 	// At a peak only:
