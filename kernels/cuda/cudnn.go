@@ -1,7 +1,9 @@
 package cuda
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -10,9 +12,10 @@ import (
 
 // cuDNN 9, optional: when libcudnn.so.9 is present, convolutions use it
 // (the legacy convolution API, which cuDNN 9 still ships). Each shape's
-// algorithms are benchmarked once by cudnnFind*AlgorithmEx, as PyTorch does
-// under torch.backends.cudnn.benchmark; every acceptable one is kept, fastest
-// first, and each call asks the pool for a workspace that may take the size
+// algorithms are benchmarked by cudnnFind*AlgorithmEx, as PyTorch does
+// under torch.backends.cudnn.benchmark, but cudnnFindRounds times, each
+// algorithm ranked by its median time (rankAlgos); every acceptable one is
+// kept, fastest first, and each call asks the pool for a workspace that may take the size
 // of any of them (memory.Allocator.AllocWorkspace): an eager call gets the
 // one its policy picks, a planned step the fastest that fits its arena.
 // Without cuDNN, the im2col + cuBLAS path in conv.go does the work.
@@ -28,6 +31,11 @@ const (
 	cudnnStatusSuccess     = 0
 	cudnnMaxAlgos          = 8
 	cudnnWorkspaceCapBytes = 256 << 20
+	// cudnnFindRounds is how many times each shape's algorithms are timed.
+	// One timing each (PyTorch's) let the F16 algorithms of ResNet-1202's
+	// small convolutions swap places from run to run, and its AMP step
+	// took 162 ms in one run and 216 ms in the next.
+	cudnnFindRounds = 3
 )
 
 type cudnnStatus uintptr
@@ -219,20 +227,25 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	} else {
 		defer src.Free(seg)
 	}
-	perf := new([cudnnMaxAlgos]algoPerf)
-	n := new(int32)
-	var r cudnnStatus
-	switch dir {
-	case 0: // x, w -> y
-		r = c.findForward(b.dnnHandle, pl.x, a, pl.w, bb, pl.conv[0], pl.y, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
-	case 1: // w, dy -> dx
-		r = c.findBackwardData(b.dnnHandle, pl.w, a, pl.y, bb, pl.conv[1], pl.x, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
-	case 2: // x, dy -> dw
-		r = c.findBackwardFilter(b.dnnHandle, pl.x, a, pl.y, bb, pl.conv[2], pl.w, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
+	rounds := make([][]algoPerf, cudnnFindRounds)
+	for i := range rounds {
+		perf := new([cudnnMaxAlgos]algoPerf)
+		n := new(int32)
+		var r cudnnStatus
+		switch dir {
+		case 0: // x, w -> y
+			r = c.findForward(b.dnnHandle, pl.x, a, pl.w, bb, pl.conv[0], pl.y, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
+		case 1: // w, dy -> dx
+			r = c.findBackwardData(b.dnnHandle, pl.w, a, pl.y, bb, pl.conv[1], pl.x, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
+		case 2: // x, dy -> dw
+			r = c.findBackwardFilter(b.dnnHandle, pl.x, a, pl.y, bb, pl.conv[2], pl.w, out, cudnnMaxAlgos, unsafe.Pointer(n), unsafe.Pointer(perf), wsAddr, wsSize)
+		}
+		c.must("cudnnFindConvolutionAlgorithmEx", r)
+		rounds[i] = perf[:*n]
 	}
-	c.must("cudnnFindConvolutionAlgorithmEx", r)
+	perf := rankAlgos(rounds)
 	// Deterministic algorithms, so that runs (and resumed runs) repeat bit
-	// for bit (any kind if none is), fastest first, as cuDNN lists them.
+	// for bit (any kind if none is), fastest first.
 	// Strict F32 takes only FMA-math algorithms (others may round inputs to
 	// TF32). An eager call takes the fastest whose workspace fits the
 	// budget (a workspace is allocated at every call, and the largest set
@@ -240,8 +253,7 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 	pl.found[dir] = true
 	for _, deterministic := range []bool{true, false} {
 		var cands []algoChoice
-		for i := 0; i < int(*n); i++ {
-			pr := perf[i]
+		for _, pr := range perf {
 			if pr.status != cudnnStatusSuccess || (deterministic && pr.determinism != 1) || (pl.strictF32 && pr.mathType != cudnnFMAMath) {
 				continue
 			}
@@ -269,6 +281,39 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 		return
 	}
 	pl.fallback[dir] = true
+}
+
+// rankAlgos merges the results of several searches of one direction: each
+// algorithm (and math type) that succeeded in every round, once, its time
+// the median of its rounds', fastest first (ties in the first round's
+// order). One that failed or was missing in any round is left out.
+func rankAlgos(rounds [][]algoPerf) []algoPerf {
+	if len(rounds) == 0 {
+		return nil
+	}
+	type key struct{ algo, math int32 }
+	times := map[key][]float32{}
+	for _, round := range rounds {
+		for _, pr := range round {
+			if pr.status == cudnnStatusSuccess {
+				k := key{pr.algo, pr.mathType}
+				times[k] = append(times[k], pr.time)
+			}
+		}
+	}
+	var out []algoPerf
+	for _, pr := range rounds[0] {
+		ts := times[key{pr.algo, pr.mathType}]
+		if pr.status != cudnnStatusSuccess || len(ts) != len(rounds) {
+			continue
+		}
+		ts = slices.Clone(ts)
+		slices.Sort(ts)
+		pr.time = ts[len(ts)/2]
+		out = append(out, pr)
+	}
+	slices.SortStableFunc(out, func(a, b algoPerf) int { return cmp.Compare(a.time, b.time) })
+	return out
 }
 
 // dnnConv runs direction dir with cuDNN: y = conv(x, w), dx = convᵀ(dy, w)
