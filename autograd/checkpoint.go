@@ -13,8 +13,8 @@ import (
 func Recomputing(dev *tensor.Device) bool { return dev != nil && dev.Modes().Recomputing > 0 }
 
 // Checkpoint runs fn on inputs without recording anything inside it: only
-// the inputs are saved, with the few results fn's ops keep (Note [what a
-// checkpoint keeps]). During Backward, fn runs again with recording on,
+// the inputs are saved (or what they are written again from), with the few
+// results fn's ops keep (Note [what a checkpoint keeps]). During Backward, fn runs again with recording on,
 // from the same inputs, the same random generator state (dropout masks are
 // identical) and the same autocast setting, and its gradients flow on to the
 // inputs and to the parameters fn uses. Memory of fn's intermediates is thus
@@ -55,9 +55,15 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		}
 	}
 	rec := &recorder{n: &node{name: "checkpoint", inputs: edges, takesGrad: true}}
+	// An input that its node writes again (a batch norm's output) is not
+	// kept: the recomputation writes it first (Note [a batch norm's output
+	// written again]).
 	saved := make([]*T, len(inputs))
+	again := make([]func() *T, len(inputs))
 	for i, x := range inputs {
-		saved[i] = rec.save(x)
+		if again[i] = writtenAgain(x); again[i] == nil {
+			saved[i] = rec.save(x)
+		}
 	}
 	rec.n.saved = append(rec.n.saved, k.results...) // the node owns them: released after its backward
 	k.replay = true
@@ -84,7 +90,13 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 			}
 		}()
 		for i, sv := range saved {
-			xs = append(xs, sv.Alias().SetRequiresGrad(rec.needs(i)))
+			var x *T
+			if again[i] != nil {
+				x = again[i]()
+			} else {
+				x = sv.Alias()
+			}
+			xs = append(xs, x.SetRequiresGrad(rec.needs(i)))
 		}
 		k.next, k.unread = 0, 0
 		withAutocast(dev, amp, func() {

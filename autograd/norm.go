@@ -142,7 +142,9 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 // writes the mask again from them (BatchNormBackward without y), and its
 // node can write y again (node.again): a convolution reading y (Conv2d)
 // keeps nothing of its own and, in its backward, writes y, takes its filter
-// gradient and frees y before its input gradient exists. Otherwise it keeps
+// gradient and frees y before its input gradient exists; a checkpoint
+// whose input y is (a ResNet's stem's output, before its first block)
+// writes it when its recomputation starts. Otherwise it keeps
 // y, and a reader keeps it too at no cost. In a residual network the
 // greedy rule alternates on its own: a block whose input was written again
 // (not kept by its first convolution) sees an exclusive shortcut and keeps

@@ -103,23 +103,33 @@ func TestBasicBlockSaves(t *testing.T) {
 	}
 }
 
-// TestResNet20Saves: what ResNet-20's batch norms keep for the backward,
-// to the byte, in F32 and under F16 autocast. Each of its three stages
-// keeps nine activations of its size (Note [a batch norm's output written
-// again]): the first stage the stem convolution's output, its three
-// blocks' two convolutions' outputs, and two of the block outputs (the
-// stem's and the second block's are written again); the others their
-// three blocks' convolutions' outputs, the projection shortcut's, the
-// first block's output and the third's (the second's written again, and
-// the last block's output kept for its mask); with two statistics of each
-// of the 21 batch norms.
+// TestResNet20Saves: what ResNet-20 keeps for the backward, to the byte,
+// in F32 and under F16 autocast, with and without checkpointed blocks.
+// Without, the batch norms keep nine activations of each stage's size
+// (Note [a batch norm's output written again]): in the first stage the stem
+// convolution's output, its three blocks' two convolutions' outputs, and
+// two of the block outputs (the stem's and the second block's are written
+// again); in the others their three blocks' convolutions' outputs, the
+// projection shortcut's, the first block's output and the third's (the
+// second's written again, and the last block's output kept for its mask);
+// with two statistics of each of the 21 batch norms. With checkpointed
+// blocks, the checkpoints keep the inputs of blocks 2 to 9 (the first
+// block's, the stem's output, is written again), three of the first and
+// second stages' sizes and two of the third's, and the stem's batch norm
+// its input and statistics.
 func TestResNet20Saves(t *testing.T) {
 	dev := tensor.CPU()
 	const n = 2
-	for _, amp := range []tensor.DType{0, tensor.F16} {
+	for _, tc := range []struct {
+		amp        tensor.DType
+		checkpoint bool
+	}{{0, false}, {tensor.F16, false}, {0, true}, {tensor.F16, true}} {
 		net, err := nn.NewCIFARResNet(dev, 20, 1, 10)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tc.checkpoint {
+			net.Checkpoint = nn.CheckpointBlocks
 		}
 		params := map[*memory.Block]bool{}
 		for _, p := range nn.Parameters(net) {
@@ -133,22 +143,32 @@ func TestResNet20Saves(t *testing.T) {
 					saved[s.Op] += s.Bytes
 				}
 			}
-			if amp != 0 {
-				ag.Autocast(dev, amp, run)
+			if tc.amp != 0 {
+				ag.Autocast(dev, tc.amp, run)
 			} else {
 				run()
 			}
 		})
 		size := int64(4)
-		if amp != 0 {
+		if tc.amp != 0 {
 			size = 2
 		}
-		var want int64
-		for _, st := range []struct{ c, hw int64 }{{16, 28 * 28}, {32, 14 * 14}, {64, 7 * 7}} {
-			want += 9*memory.RoundSize(size*n*st.c*st.hw) + 7*2*memory.RoundSize(4*st.c)
+		stages := []struct{ c, hw int64 }{{16, 28 * 28}, {32, 14 * 14}, {64, 7 * 7}}
+		act := func(st int) int64 { return memory.RoundSize(size * n * stages[st].c * stages[st].hw) }
+		stats := func(st int) int64 { return 2 * memory.RoundSize(4*stages[st].c) }
+		want := map[string]int64{}
+		if tc.checkpoint {
+			want["checkpoint"] = 3*act(0) + 3*act(1) + 2*act(2)
+			want["batch_norm"] = act(0) + stats(0)
+		} else {
+			for st := range stages {
+				want["batch_norm"] += 9*act(st) + 7*stats(st)
+			}
 		}
-		if saved["batch_norm"] != want {
-			t.Errorf("autocast %v: the batch norms keep %d bytes, want %d (all kept: %v)", amp, saved["batch_norm"], want, saved)
+		for op, w := range want {
+			if saved[op] != w {
+				t.Errorf("autocast %v, checkpointed %v: %s keeps %d bytes, want %d (all kept: %v)", tc.amp, tc.checkpoint, op, saved[op], w, saved)
+			}
 		}
 		nn.Release(net)
 	}
