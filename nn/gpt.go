@@ -308,19 +308,12 @@ func (g *GPT) SetTraining(on bool) {
 func (g *GPT) releaseOwned() { g.positions.Release() }
 
 // forwardSegments runs modules in order, checkpointed as mode says (each
-// module, ⌈√n⌉ segments of them, or none), releasing the intermediates.
+// module, segments of ⌈√n⌉ of them, or none: segmentSpans), releasing the
+// intermediates.
 func forwardSegments(mods []Module, mode CheckpointMode, x *T) *T {
-	size := len(mods)
-	switch mode {
-	case CheckpointBlocks:
-		size = 1
-	case CheckpointSqrt:
-		size = int(math.Ceil(math.Sqrt(float64(len(mods)))))
-	}
-	size = max(size, 1)
 	h := ag.Identity(x) // a new handle, the graph unbroken
-	for i := 0; i < len(mods); i += size {
-		seg := mods[i:min(i+size, len(mods))]
+	for _, sp := range segmentSpans(mode, len(mods), 0, nil) {
+		seg := mods[sp[0]:sp[1]]
 		if mode == NoCheckpoint {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue

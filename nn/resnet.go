@@ -2,7 +2,6 @@ package nn
 
 import (
 	"fmt"
-	"math"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/tensor"
@@ -93,7 +92,7 @@ type CheckpointMode int
 const (
 	NoCheckpoint     CheckpointMode = iota
 	CheckpointBlocks                // every residual block
-	CheckpointSqrt                  // ⌈√n⌉ segments of consecutive blocks
+	CheckpointSqrt                  // segments of consecutive blocks, their number growing as √n (Note [checkpoint segments by size])
 )
 
 // String is the mode's name, as ParseCheckpointMode reads it.
@@ -191,31 +190,32 @@ func NewResNet18(dev *tensor.Device, inChannels, classes int) *ResNet {
 	return NewResNet(dev, "resnet18", inChannels, classes, []int{64, 128, 256, 512}, []int{2, 2, 2, 2})
 }
 
-// segments groups the blocks for checkpointing: one segment of all blocks,
-// one per block, or ⌈√n⌉ blocks per segment.
-func (r *ResNet) segments() [][]Module {
-	size := len(r.Blocks)
-	switch r.Checkpoint {
-	case CheckpointBlocks:
-		size = 1
-	case CheckpointSqrt:
-		size = int(math.Ceil(math.Sqrt(float64(len(r.Blocks)))))
+// segments groups the blocks for checkpointing (segmentSpans), for an
+// input of h×w pixels.
+func (r *ResNet) segments(h, w int) [][]Module {
+	in := int64(r.StemBN.Weight.Dim(0) * h * w) // the stem's output, per image
+	var out []int64                             // each block's
+	for _, b := range r.Blocks {
+		if s := b.Conv1.Stride; s > 1 {
+			h, w = (h-1)/s+1, (w-1)/s+1 // a 3×3 convolution padded by 1
+		}
+		out = append(out, int64(b.Conv2.Weight.Dim(0)*h*w))
 	}
-	var out [][]Module
-	for i := 0; i < len(r.Blocks); i += max(size, 1) {
+	var segs [][]Module
+	for _, sp := range segmentSpans(r.Checkpoint, len(r.Blocks), in, out) {
 		var seg []Module
-		for _, b := range r.Blocks[i:min(i+max(size, 1), len(r.Blocks))] {
+		for _, b := range r.Blocks[sp[0]:sp[1]] {
 			seg = append(seg, b)
 		}
-		out = append(out, seg)
+		segs = append(segs, seg)
 	}
-	return out
+	return segs
 }
 
 // Forward computes the logits for x (N×C×H×W).
 func (r *ResNet) Forward(x *T) *T {
 	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
-	for _, seg := range r.segments() {
+	for _, seg := range r.segments(x.Dim(2), x.Dim(3)) {
 		if r.Checkpoint == NoCheckpoint {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
