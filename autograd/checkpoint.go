@@ -14,11 +14,12 @@ func Recomputing(dev *tensor.Device) bool { return dev != nil && dev.Modes().Rec
 
 // Checkpoint runs fn on inputs without recording anything inside it: only
 // the inputs are saved (or what they are written again from), with the few
-// results fn's ops keep (Note [what a checkpoint keeps]). During Backward, fn runs again with recording on,
-// from the same inputs, the same random generator state (dropout masks are
-// identical) and the same autocast setting, and its gradients flow on to the
-// inputs and to the parameters fn uses. Memory of fn's intermediates is thus
-// traded for a second forward pass.
+// results fn's ops keep (Note [what a checkpoint keeps]). During Backward,
+// fn runs again with recording on, from the same inputs, the same random
+// generator state (dropout masks are identical) and the same autocast
+// setting, and its gradients flow on to the inputs and to the parameters fn
+// uses. Memory of fn's intermediates is thus traded for a second forward
+// pass.
 //
 // fn must release the intermediates it makes (as nn's modules do), draw
 // random numbers only from the inputs' device generator, and return a new

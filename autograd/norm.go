@@ -141,20 +141,21 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 // keeps), BatchNormAct keeps beta and the residual and not y, its backward
 // writes the mask again from them (BatchNormBackward without y), and its
 // node can write y again (node.again): a convolution reading y (Conv2d)
-// keeps nothing of its own and, in its backward, writes y, takes its filter
-// gradient and frees y before its input gradient exists; a checkpoint
-// whose input y is (a ResNet's stem's output, before its first block)
-// writes it when its recomputation starts. Otherwise it keeps
-// y, and a reader keeps it too at no cost. In a residual network the
-// greedy rule alternates on its own: a block whose input was written again
-// (not kept by its first convolution) sees an exclusive shortcut and keeps
-// its output, which the next block's convolution keeps as is; that
-// block's output is written again, and so on. Of a block's four
-// activations (its input, two convolutions' outputs, the first batch
-// norm's output) the first batch norm's output is never kept and every
-// other block's input is not; a network's last block keeps nothing of its
-// output. The price is one elementwise pass in the backward per tensor
-// written again; the gradients are the same bits.
+// keeps nothing of its own and, in its backward, writes y, takes its
+// filter gradient and frees y before its input gradient exists; a
+// checkpoint whose input y is (a ResNet's stem output, before its first
+// block) writes it when its recomputation starts. Otherwise it keeps y,
+// and a reader keeps it too at no cost.
+//
+// In a residual network the greedy rule alternates on its own: a block
+// whose input was written again (not kept by its first convolution) sees
+// an exclusive shortcut and keeps its output, which the next block's
+// convolution keeps as is; that block's output is written again, and so
+// on. Of what a block would keep (its input, its two convolutions'
+// outputs, its first batch norm's output), the first batch norm's output
+// is never kept and every other block's input is not. The price is one
+// elementwise pass in the backward per tensor written again; the
+// gradients are the same bits.
 
 // bufOf is t's buffer, or the invalid one for nil.
 func bufOf(t *T) kernels.Buf {
