@@ -192,10 +192,9 @@ func testMeasuredSavings(t *testing.T, dev *tensor.Device, measureBatch int) {
 
 // TestStepHoldings: what MeasureStep says the step holds adds up to what
 // the pool had allocated, its parameters are the model's blocks, the
-// activations are saved by the operations that save them (batch norm's
-// fused convolution input and output; under checkpointing, mostly the
-// blocks' inputs), and the peak is the end of the forward plus the
-// backward's share.
+// activations are saved by the operations that save them (the batch
+// norms; under checkpointing, mostly the blocks' inputs), and the peak is
+// the end of the forward plus the backward's share.
 func TestStepHoldings(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	build := func() nn.Model {
