@@ -237,7 +237,12 @@ func writtenAgain(x *T) func() *T {
 	if gn == nil || gn.again == nil || gn.unwritten || gn.done {
 		return nil
 	}
-	return gn.again
+	return func() *T {
+		if gn.done { // an earlier Backward ran gn's backward and freed what it saved
+			panic(fmt.Sprintf("autograd: a backward reads the output of %s, whose graph an earlier Backward already freed (RetainGraph keeps it)", gn.name))
+		}
+		return gn.again()
+	}
 }
 
 // save keeps a handle on t's storage for the backward.

@@ -885,6 +885,25 @@ func TestTraceRoles(t *testing.T) {
 	}
 }
 
+// A convolution whose input a batch norm writes again, backward after an
+// earlier Backward freed the batch norm's graph through another path,
+// panics naming it instead of reading released tensors.
+func TestWrittenAgainAfterItsGraphWasFreed(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	x := tensor.Randn(dev, tensor.F32, 0, 1, 2, 3, 4, 4).Keep().SetRequiresGrad(true)
+	g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 3).Keep().SetRequiresGrad(true)
+	b := tensor.Randn(dev, tensor.F32, 0, 0.1, 3).Keep().SetRequiresGrad(true)
+	w := tensor.Randn(dev, tensor.F32, 0, 0.1, 3, 3, 3, 3).Keep().SetRequiresGrad(true)
+	rm, rv := tensor.Zeros(dev, tensor.F32, 3).Keep(), tensor.Ones(dev, tensor.F32, 3).Keep()
+	defer releaseAll(x, g, b, w, rm, rv)
+	dev.WithScope(func() {
+		y := ag.BatchNormAct(x, nil, g, b, rm, rv, true, 0.1, 1e-5, true)
+		out := ag.Conv2d(y, w, nil, 1, 1)
+		ag.Backward(ag.SumAll(y))
+		expectPanic(t, "reads the output of batch_norm, whose graph an earlier Backward already freed", func() { ag.Backward(ag.SumAll(out)) })
+	})
+}
+
 // TestConvFreesBatchNormOutputFirst: a convolution's backward frees the
 // batch norm output it writes again (for its filter gradient) before its
 // input gradient exists (Note [a batch norm's output written again]): in
