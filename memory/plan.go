@@ -207,9 +207,89 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 		}
 	}
 	p := plans[chosen]
+	if !o.AsTraced {
+		p = t.shaveWorkspaces(p, flexible, times[chosen], fastest*(1+o.TimeTolerance))
+	}
 	p.Live = t.MaxLive(p.Choice)
 	return p
 }
+
+// shaveLimit is the most buffers a trace may have for PlanTrace to shave
+// its workspaces: each try places every buffer again, quadratic in them.
+const shaveLimit = 5000
+
+// shaveWorkspaces lowers p's arena by giving a workspace live at the
+// moment most bytes are live a smaller size, one at a time, while the
+// workspaces' total time (now spent) stays within budget (Note [shaving
+// the workspaces at the peak]).
+func (t *Trace) shaveWorkspaces(p *Plan, flexible []int, spent, budget float64) *Plan {
+	if len(t.Buffers) > shaveLimit {
+		return p
+	}
+	isFlexible := make(map[int]bool, len(flexible))
+	for _, i := range flexible {
+		isFlexible[i] = true
+	}
+	all := make([]int, len(t.Buffers))
+	for i := range all {
+		all[i] = i
+	}
+	timeOf := func(i, c int) float64 {
+		if b := t.Buffers[i]; b.Times != nil {
+			return float64(b.Times[c])
+		}
+		return float64(c)
+	}
+	for {
+		event, _ := t.Peak(p.Choice)
+		var best *Plan
+		var bestSpent float64
+		for _, i := range t.LiveAt(event) {
+			if !isFlexible[i] {
+				continue
+			}
+			b, now := t.Buffers[i], p.Choice[i]
+			pick := -1 // the fastest smaller size within the budget
+			for c, size := range b.Sizes {
+				if size < b.Sizes[now] && spent-timeOf(i, now)+timeOf(i, c) <= budget && (pick < 0 || timeOf(i, c) < timeOf(i, pick)) {
+					pick = c
+				}
+			}
+			if pick < 0 {
+				continue
+			}
+			choice := slices.Clone(p.Choice)
+			choice[i] = pick
+			if t.MaxLive(choice) >= p.Size {
+				continue // no placement of these sizes is smaller
+			}
+			q := t.placeGreedily(all, choice)
+			if q.Size < p.Size && (best == nil || q.Size < best.Size) {
+				best, bestSpent = q, spent-timeOf(i, now)+timeOf(i, pick)
+			}
+		}
+		if best == nil {
+			return p
+		}
+		best.Order += ", workspaces shaved"
+		p, spent = best, bestSpent
+	}
+}
+
+// Note [shaving the workspaces at the peak]: the plans above trade a
+// workspace's bytes for its algorithm's speed all at once (room for every
+// workspace, or every workspace at its fastest among the rest), so a step
+// whose peak is one convolution's workspace keeps it whenever shrinking
+// every workspace costs more than the tolerance. A workspace live at the
+// step's busiest moment sets the arena; one live elsewhere costs nothing.
+// So the chosen plan is then refined: each workspace live at the moment of
+// most live bytes tries its fastest smaller size that keeps the
+// workspaces' total time within the tolerance, everything is placed again
+// (by the greedy orders, workspaces among the rest), and the smallest arena
+// found is kept; again until no such change makes the arena smaller. The
+// time spent is the one budget, so the plan is never more than the
+// tolerance slower than the fastest. Traces of more than shaveLimit
+// buffers (ResNet-1202's) are not shaved.
 
 // Note [placing workspaces with the rest]: a convolution's workspace is
 // live for one call, often when the activations live at that moment are
