@@ -58,6 +58,25 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 	if hasBias {
 		bType = b.DType()
 	}
+	if xSaved != nil && x.GradNode() == nil && !x.RequiresGrad() {
+		// A convolution of the data: its output is written again from what
+		// it keeps (Note [a convolution of the data written again]).
+		if wSaved == nil {
+			wSaved = rec.save(w)
+		}
+		var bSaved *T
+		if hasBias {
+			bSaved = rec.save(b)
+		}
+		rec.n.again = func() *T {
+			y := tensor.Empty(xSaved.Device(), xSaved.DType(), p.N, p.K, p.OutH(), p.OutW())
+			be.Conv2d(p, xSaved.Buf(), wSaved.Buf(), y.Buf())
+			if bSaved != nil {
+				addBias(y, bSaved, []int{p.K, 1, 1})
+			}
+			return y
+		}
+	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 3)
 		if xAgain != nil { // first, so that x is freed before dx exists
@@ -67,7 +86,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 			x.Release()
 			grads[1] = dw
 		}
-		if wSaved != nil {
+		if rec.needs(0) {
 			dx := tensor.Empty(g.Device(), g.DType(), xs...)
 			be.Conv2dBackwardData(p, g.Buf(), wSaved.Buf(), dx.Buf())
 			grads[0] = dx
@@ -84,3 +103,21 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 	})
 	return y
 }
+
+// Note [a convolution of the data written again]: a network's first
+// convolution reads the data (a tensor no gradient flows to, which the
+// caller holds through the step) and keeps it for its filter gradient, so
+// its output is one convolution away from what it keeps anyway, and that
+// convolution is the network's cheapest: its input has the data's few
+// channels (a ResNet stem's 3 or 1 against 64 and more). So its node can
+// write the output again (node.again, with its weight kept too, a
+// parameter or under autocast its small cast copy), and the batch norm
+// that reads it keeps that recipe instead of its input: the stem's
+// output is then not alive through the backward, only at the two moments
+// it is read again (the stem's batch norm's backward, and the first
+// block's input written again, by a checkpoint or a convolution). On a
+// ResNet that is one activation of the first stage's size off every
+// moment of the backward, for one or two convolutions of the data a step
+// (the written-again output takes the forward's algorithm in an eager
+// step; a planned step may choose another per call, as it does for a
+// checkpoint's recomputation).

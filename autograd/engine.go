@@ -92,6 +92,11 @@ type node struct {
 	// reads the node's saved tensors, alive until the node's own backward,
 	// which runs after its readers'.
 	again func() *T
+	// reread: again only writes again what an enclosing graph keeps (a
+	// checkpoint's input in its recomputation), so a reader may keep it
+	// where it would not keep a recipe that chains (Note [a checkpoint's
+	// input read again]).
+	reread bool
 }
 
 // edge leads to the node that produced an input, or to a leaf that
@@ -243,6 +248,15 @@ func writtenAgain(x *T) func() *T {
 		}
 		return gn.again()
 	}
+}
+
+// rereadAgain is writtenAgain for an x whose node is marked reread, else
+// nil.
+func rereadAgain(x *T) func() *T {
+	if gn, _ := x.GradNode().(*node); gn == nil || !gn.reread {
+		return nil
+	}
+	return writtenAgain(x)
 }
 
 // save keeps a handle on t's storage for the backward.

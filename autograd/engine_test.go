@@ -942,3 +942,168 @@ func TestConvFreesBatchNormOutputFirst(t *testing.T) {
 		t.Errorf("the backward's buffers of %d bytes: %+v; want the batch norm's output, freed before the input gradient is allocated", size, mine)
 	}
 }
+
+// A network's first convolution, of data no gradient flows to, lets the
+// batch norm that reads its output write it again instead of keeping it
+// (Note [a convolution of the data written again]): the same bits (the
+// output, every parameter's gradient) as with the data requiring a
+// gradient (then the batch norm keeps its input), in fp32 and under F16
+// autocast, with the convolution's output no longer saved.
+func TestConvOfTheDataWrittenAgain(t *testing.T) {
+	for _, amp := range []tensor.DType{0, tensor.F16} {
+		t.Run(fmt.Sprint("autocast ", amp), func(t *testing.T) {
+			dev := tensor.NewDevice(cpu.New())
+			type result struct {
+				out   []float32
+				grads [][]float32
+				saved map[string]int64
+			}
+			run := func(data bool) result {
+				dev.Generator().Seed(5)
+				x := tensor.Randn(dev, tensor.F32, 0.5, 2, 4, 3, 6, 6).SetRequiresGrad(!data).Keep()
+				w0 := tensor.Randn(dev, tensor.F32, 0, 0.3, 5, 3, 3, 3).SetRequiresGrad(true).Keep()
+				b0 := tensor.Randn(dev, tensor.F32, 0, 0.1, 5).SetRequiresGrad(true).Keep()
+				g := tensor.Rand(dev, tensor.F32, 0.5, 1.5, 5).SetRequiresGrad(true).Keep()
+				b := tensor.Randn(dev, tensor.F32, 0, 1, 5).SetRequiresGrad(true).Keep()
+				w := tensor.Randn(dev, tensor.F32, 0, 0.3, 4, 5, 3, 3).SetRequiresGrad(true).Keep()
+				rm, rv := tensor.Zeros(dev, tensor.F32, 5).Keep(), tensor.Ones(dev, tensor.F32, 5).Keep()
+				params := []*tensor.Tensor{w0, b0, g, b, w}
+				defer releaseAll(append(params, x, rm, rv)...)
+				res := result{saved: map[string]int64{}}
+				dev.WithScope(func() {
+					f := func() *tensor.Tensor {
+						h := ag.BatchNormAct(ag.Conv2d(x, w0, b0, 1, 1), nil, g, b, rm, rv, true, 0.1, 1e-5, true)
+						return ag.Conv2d(h, w, nil, 1, 1)
+					}
+					var out *tensor.Tensor
+					if amp != 0 {
+						ag.Autocast(dev, amp, func() { out = f() })
+					} else {
+						out = f()
+					}
+					leaves := map[*memory.Block]bool{x.Block(): true}
+					for _, p := range params {
+						leaves[p.Block()] = true
+					}
+					for _, s := range ag.Saved(out, func(blk *memory.Block) bool { return leaves[blk] }) {
+						res.saved[s.Op] += s.Bytes
+					}
+					res.out = ag.Cast(out, tensor.F32).Float32s()
+					ag.Backward(ag.SumAll(ag.Mul(out, out)))
+				})
+				for _, p := range params {
+					res.grads = append(res.grads, p.Grad().Float32s())
+				}
+				x.ZeroGrad()
+				return res
+			}
+			got, want := run(true), run(false)
+			if !slices.Equal(got.out, want.out) {
+				t.Errorf("the output differs from the one with the data requiring a gradient")
+			}
+			for i := range want.grads {
+				if !slices.Equal(got.grads[i], want.grads[i]) {
+					t.Errorf("gradient %d differs from the one with the data requiring a gradient", i)
+				}
+			}
+			size := int64(2 * 4 * 5 * 6 * 6) // the first convolution's output, in F16
+			if amp == 0 {
+				size *= 2
+			}
+			if want.saved["batch_norm"]-got.saved["batch_norm"] != memory.RoundSize(size) {
+				t.Errorf("the batch norm keeps %d bytes after a convolution of the data, %d otherwise: want its input of %d bytes fewer",
+					got.saved["batch_norm"], want.saved["batch_norm"], memory.RoundSize(size))
+			}
+		})
+	}
+}
+
+// TestCheckpointInputReadAgain: a checkpointed residual block whose input
+// a batch norm writes again holds that input only around its two reads in
+// the recomputation (Note [a checkpoint's input read again]): in the trace
+// of the backward, no buffer of the input's size made by the
+// recomputation's start is live when the block's second convolution's
+// backward runs, and the gradients are those of the block not
+// checkpointed, bit for bit.
+func TestCheckpointInputReadAgain(t *testing.T) {
+	const n, c, hw = 4, 8, 16
+	dev := tensor.NewDevice(cpu.New())
+	a := dev.Allocator()
+	var leaves []*tensor.Tensor
+	param := func(t *tensor.Tensor) *tensor.Tensor {
+		t.SetRequiresGrad(true).Keep()
+		leaves = append(leaves, t)
+		return t
+	}
+	dev.Generator().Seed(11)
+	x := param(tensor.Randn(dev, tensor.F32, 0, 1, n, c, hw, hw))
+	var gs, bs, ws []*tensor.Tensor
+	for range 3 {
+		gs = append(gs, param(tensor.Rand(dev, tensor.F32, 0.5, 1.5, c)))
+		bs = append(bs, param(tensor.Randn(dev, tensor.F32, 0, 0.1, c)))
+		ws = append(ws, param(tensor.Randn(dev, tensor.F32, 0, 0.1, c, c, 3, 3)))
+	}
+	stats := func() (*tensor.Tensor, *tensor.Tensor) {
+		return tensor.Zeros(dev, tensor.F32, c), tensor.Ones(dev, tensor.F32, c)
+	}
+	block := func(in []*tensor.Tensor) *tensor.Tensor {
+		rm1, rv1 := stats()
+		rm2, rv2 := stats()
+		h := ag.BatchNormAct(ag.Conv2d(in[0], ws[1], nil, 1, 1), nil, gs[1], bs[1], rm1, rv1, true, 0.1, 1e-5, true)
+		return ag.BatchNormAct(ag.Conv2d(h, ws[2], nil, 1, 1), in[0], gs[2], bs[2], rm2, rv2, true, 0.1, 1e-5, true)
+	}
+	run := func(checkpointed bool) ([][]float32, *memory.Trace) {
+		a.StartTrace()
+		dev.WithScope(func() {
+			rm, rv := stats()
+			in := ag.BatchNormAct(ag.Conv2d(x, ws[0], nil, 1, 1), nil, gs[0], bs[0], rm, rv, true, 0.1, 1e-5, true)
+			var y *tensor.Tensor
+			if checkpointed {
+				y = ag.Checkpoint(block, in)
+			} else {
+				y = block([]*tensor.Tensor{in})
+			}
+			ag.Backward(y, ag.WithGrad(tensor.Randn(dev, tensor.F32, 0, 1, y.Shape()...)))
+		})
+		var grads [][]float32
+		for _, p := range leaves {
+			grads = append(grads, p.Grad().Float32s())
+			p.SetGrad(nil)
+		}
+		tr, err := a.StopTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grads, tr
+	}
+	defer releaseAll(leaves...)
+	dev.Generator().Seed(12)
+	want, _ := run(false)
+	dev.Generator().Seed(12)
+	got, tr := run(true)
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("gradient %d differs from the block's not checkpointed", i)
+		}
+	}
+	size := x.Block().Size()
+	var inputs []memory.TraceBuffer
+	convBackward := -1 // the first event of the recomputed block's second convolution's backward
+	for _, p := range tr.Phases {
+		if p.Name == "the backward of conv2d in a checkpoint's recomputation" {
+			convBackward = p.Event
+			break
+		}
+	}
+	for _, buf := range tr.Buffers {
+		if buf.Sizes[0] == size && tr.PhaseAt(buf.Alloc) == "a checkpoint's recomputation" {
+			inputs = append(inputs, buf)
+		}
+	}
+	if convBackward < 0 || len(inputs) == 0 {
+		t.Fatalf("no recomputed convolution's backward (%v) or no buffer of the input's size made by the recomputation", tr.Phases)
+	}
+	if in := inputs[0]; in.Alloc <= convBackward && convBackward < in.Free {
+		t.Errorf("the recomputation's copy of the input (events %d to %d) is live when the second convolution's backward starts (%d)", in.Alloc, in.Free, convBackward)
+	}
+}

@@ -65,18 +65,48 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		invStd.Release()
 		return y
 	}
-	xSaved, gSaved := rec.save(x), rec.save(gamma)
+	// The input, or how it is written again (Note [a convolution of the
+	// data written again]); input() is a new reference either way.
+	var xSaved *T
+	xAgain := writtenAgain(x)
+	if xAgain == nil {
+		xSaved = rec.save(x)
+	}
+	input := func() *T {
+		if xAgain != nil {
+			return xAgain()
+		}
+		return xSaved.Retain()
+	}
+	gSaved := rec.save(gamma)
 	rec.keep(mean)
 	rec.keep(invStd)
 	var ySaved, rSaved, bSaved *T
-	if residual == nil || !residual.Exclusive() {
+	var rAgain func() *T // the residual written again (Note [a checkpoint's input read again])
+	if residual != nil {
+		rAgain = rereadAgain(residual)
+	}
+	res := func() *T { // a new reference on the residual, or nil
+		switch {
+		case rAgain != nil:
+			return rAgain()
+		case rSaved != nil:
+			return rSaved.Retain()
+		}
+		return nil
+	}
+	if residual == nil || rAgain != nil || !residual.Exclusive() {
 		bSaved = rec.save(beta)
-		if residual != nil {
+		if residual != nil && rAgain == nil {
 			rSaved = rec.save(residual)
 		}
 		rec.n.again = func() *T {
-			y := emptyLike(xSaved)
-			be.BatchNormApply(p, xSaved.Buf(), bufOf(rSaved), gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), y.Buf())
+			x := input()
+			defer x.Release()
+			r := res()
+			defer releaseAll(r)
+			y := emptyLike(x)
+			be.BatchNormApply(p, x.Buf(), bufOf(r), gSaved.Buf(), bSaved.Buf(), mean.Buf(), invStd.Buf(), y.Buf())
 			return y
 		}
 	} else if relu {
@@ -84,6 +114,10 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 	}
 	gType, bType := gamma.DType(), beta.DType()
 	rec.finish(y, func(g *T) []*T {
+		x := input()
+		defer x.Release()
+		r := res()
+		defer releaseAll(r)
 		dgamma := tensor.Empty(g.Device(), tensor.F32, c)
 		dbeta := tensor.Empty(g.Device(), tensor.F32, c)
 		defer dgamma.Release()
@@ -107,7 +141,7 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 		case overG:
 			dxBuf = g.Buf()
 		}
-		be.BatchNormBackward(p, xSaved.Buf(), bufOf(ySaved), bufOf(rSaved), g.Buf(), gSaved.Buf(), bufOf(bSaved), mean.Buf(), invStd.Buf(), dxBuf, dresBuf, dgamma.Buf(), dbeta.Buf())
+		be.BatchNormBackward(p, x.Buf(), bufOf(ySaved), bufOf(r), g.Buf(), gSaved.Buf(), bufOf(bSaved), mean.Buf(), invStd.Buf(), dxBuf, dresBuf, dgamma.Buf(), dbeta.Buf())
 		grads := []*T{nil, nil, nil, nil}
 		if rec.needs(1) {
 			grads[1] = asDType(dgamma.Device(), dgamma, gType)

@@ -223,61 +223,130 @@ func PlanTrace(t *Trace, o PlanOptions) *Plan {
 // its workspaces: each try places every buffer again, quadratic in them.
 const shaveLimit = 5000
 
-// shaveWorkspaces lowers p's arena by giving a workspace live at the
-// moment most bytes are live a smaller size, one at a time, while the
-// workspaces' total time (now spent) stays within budget (Note [shaving
-// the workspaces at the peak]).
+// shaveWorkspaces lowers p's arena by giving the workspaces live at the
+// moment most bytes are live smaller sizes, while the workspaces' total
+// time (now spent) stays within budget (Note [shaving the workspaces at
+// the peak]).
 func (t *Trace) shaveWorkspaces(p *Plan, flexible []int, spent, budget float64) *Plan {
 	if len(t.Buffers) > shaveLimit {
 		return p
 	}
-	isFlexible := make(map[int]bool, len(flexible))
+	s := &shaver{t: t, budget: budget, flexible: make(map[int]bool, len(flexible)), all: make([]int, len(t.Buffers))}
 	for _, i := range flexible {
-		isFlexible[i] = true
+		s.flexible[i] = true
 	}
-	all := make([]int, len(t.Buffers))
-	for i := range all {
-		all[i] = i
-	}
-	timeOf := func(i, c int) float64 {
-		if b := t.Buffers[i]; b.Times != nil {
-			return float64(b.Times[c])
-		}
-		return float64(c)
+	for i := range s.all {
+		s.all[i] = i
 	}
 	for {
-		event, _ := t.Peak(p.Choice)
-		var best *Plan
-		var bestSpent float64
-		for _, i := range t.LiveAt(event) {
-			if !isFlexible[i] {
+		q, qSpent := s.one(p, spent)
+		if q == nil {
+			q, qSpent = s.several(p, spent)
+		}
+		if q == nil {
+			return p
+		}
+		q.Order += ", workspaces shaved"
+		p, spent = q, qSpent
+	}
+}
+
+// shaver holds what shaveWorkspaces' steps share.
+type shaver struct {
+	t        *Trace
+	budget   float64
+	flexible map[int]bool
+	all      []int
+}
+
+// timeOf is buffer i's time at size choice c, by the callers' timings (or
+// the choice's rank).
+func (s *shaver) timeOf(i, c int) float64 {
+	if b := s.t.Buffers[i]; b.Times != nil {
+		return float64(b.Times[c])
+	}
+	return float64(c)
+}
+
+// smaller is buffer i's fastest size smaller than its choice's in choice
+// whose time keeps spent within the budget, and the time spent then; -1
+// when there is none.
+func (s *shaver) smaller(choice []int, i int, spent float64) (int, float64) {
+	b, now := s.t.Buffers[i], choice[i]
+	pick, pickSpent := -1, 0.0
+	for c, size := range b.Sizes {
+		sp := spent - s.timeOf(i, now) + s.timeOf(i, c)
+		if size < b.Sizes[now] && sp <= s.budget && (pick < 0 || s.timeOf(i, c) < s.timeOf(i, pick)) {
+			pick, pickSpent = c, sp
+		}
+	}
+	return pick, pickSpent
+}
+
+// one tries each workspace live at p's busiest moment at its next smaller
+// size alone, placing everything again for each, and returns the smallest
+// arena below p's, or nil.
+func (s *shaver) one(p *Plan, spent float64) (*Plan, float64) {
+	event, _ := s.t.Peak(p.Choice)
+	var best *Plan
+	var bestSpent float64
+	for _, i := range s.t.LiveAt(event) {
+		if !s.flexible[i] {
+			continue
+		}
+		pick, sp := s.smaller(p.Choice, i, spent)
+		if pick < 0 {
+			continue
+		}
+		choice := slices.Clone(p.Choice)
+		choice[i] = pick
+		if s.t.MaxLive(choice) >= p.Size {
+			continue // no placement of these sizes is smaller
+		}
+		q := s.t.placeGreedily(s.all, choice)
+		if q.Size < p.Size && (best == nil || q.Size < best.Size) {
+			best, bestSpent = q, sp
+		}
+	}
+	return best, bestSpent
+}
+
+// several shaves one workspace at a time at whichever moment is busiest
+// then, the one that saves the most bytes for the time it adds, until a
+// placement of the sizes reached is smaller than p's arena: it returns that
+// placement, or nil when the budget or the workspaces run out first. This
+// lowers a peak that two moments share (a convolution's data and filter
+// gradients, each with its own workspace), where shaving either alone
+// leaves the other.
+func (s *shaver) several(p *Plan, spent float64) (*Plan, float64) {
+	choice := slices.Clone(p.Choice)
+	for {
+		event, _ := s.t.Peak(choice)
+		best, bestC, bestSpent, bestScore := -1, -1, 0.0, 0.0
+		for _, i := range s.t.LiveAt(event) {
+			if !s.flexible[i] {
 				continue
 			}
-			b, now := t.Buffers[i], p.Choice[i]
-			pick := -1 // the fastest smaller size within the budget
-			for c, size := range b.Sizes {
-				if size < b.Sizes[now] && spent-timeOf(i, now)+timeOf(i, c) <= budget && (pick < 0 || timeOf(i, c) < timeOf(i, pick)) {
-					pick = c
-				}
-			}
+			pick, sp := s.smaller(choice, i, spent)
 			if pick < 0 {
 				continue
 			}
-			choice := slices.Clone(p.Choice)
-			choice[i] = pick
-			if t.MaxLive(choice) >= p.Size {
-				continue // no placement of these sizes is smaller
-			}
-			q := t.placeGreedily(all, choice)
-			if q.Size < p.Size && (best == nil || q.Size < best.Size) {
-				best, bestSpent = q, spent-timeOf(i, now)+timeOf(i, pick)
+			b := s.t.Buffers[i]
+			score := float64(b.Sizes[choice[i]]-b.Sizes[pick]) / max(sp-spent, 1e-6)
+			if best < 0 || score > bestScore {
+				best, bestC, bestSpent, bestScore = i, pick, sp, score
 			}
 		}
-		if best == nil {
-			return p
+		if best < 0 {
+			return nil, 0
 		}
-		best.Order += ", workspaces shaved"
-		p, spent = best, bestSpent
+		choice[best], spent = bestC, bestSpent
+		if s.t.MaxLive(choice) >= p.Size {
+			continue
+		}
+		if q := s.t.placeGreedily(s.all, choice); q.Size < p.Size {
+			return q, spent
+		}
 	}
 }
 
@@ -291,8 +360,12 @@ func (t *Trace) shaveWorkspaces(p *Plan, flexible []int, spent, budget float64) 
 // most live bytes tries its fastest smaller size that keeps the
 // workspaces' total time within the tolerance, everything is placed again
 // (by the greedy orders, workspaces among the rest), and the smallest arena
-// found is kept; again until no such change makes the arena smaller. The
-// time spent is the one budget, so the plan is never more than the
+// found is kept; again until no such change makes the arena smaller. When
+// none does alone, because another moment is as busy (a convolution's data
+// gradient and its filter gradient, each with a workspace of about the
+// same size), the workspaces are shaved in turn at whichever moment is
+// then busiest, the most bytes for the time first, until the arena falls.
+// The time spent is the one budget, so the plan is never more than the
 // tolerance slower than the fastest. Traces of more than shaveLimit
 // buffers (ResNet-1202's) are not shaved.
 

@@ -289,7 +289,7 @@ func TestOOMBesideTheArenaFreesIt(t *testing.T) {
 		}
 		tr.Step.Mode = Planned
 		l := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Seed: 2})
-		tl := datasets.NewLoader(ds.Subset(48), dev, datasets.LoaderConfig{Batch: 48})
+		tl := datasets.NewLoader(ds.Subset(40), dev, datasets.LoaderConfig{Batch: 40})
 		if err := tr.Fit(l, tl, nil, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +307,7 @@ func TestOOMBesideTheArenaFreesIt(t *testing.T) {
 		t.Errorf("OOM report %+v: want steps run again whole after the arena was freed", tr.OOM)
 	}
 	if !strings.Contains(strings.Join(tr.OOM.Events, " "), "evaluation ran out of memory beside the planned arena") {
-		t.Errorf("the evaluation (one batch of 48) did not give the arena back: %q", tr.OOM.Events)
+		t.Errorf("the evaluation (one batch of 40) did not give the arena back: %q", tr.OOM.Events)
 	}
 	for i := range free.History {
 		if a, b := free.History[i].TestLoss, tr.History[i].TestLoss; a != b {
