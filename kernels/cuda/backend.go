@@ -32,6 +32,9 @@ type Backend struct {
 	// chunkBudget caps one chunk of attention's or the classifier's
 	// workspace (defaultChunkBudget).
 	chunkBudget int
+	// halves (tests): every convolution of an even batch offers its halves,
+	// and an eager call takes them (Note [a convolution in two halves]).
+	halves bool
 	// tensorCores says the device runs mma.sync on F16 and BF16 (sm_80 on),
 	// which the flash attention kernels need; noFlash (tests) runs the
 	// chunked attention instead.

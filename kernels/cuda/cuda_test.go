@@ -59,6 +59,34 @@ func TestCUDAConvChunks(t *testing.T) {
 	kerneltest.Run(t, b, "conv")
 }
 
+// TestCUDAConvHalves runs the convolutions of even batches on each half of
+// the batch in turn (Note [a convolution in two halves]), F32 strict, at
+// the suite's tolerance, and checks that they did.
+func TestCUDAConvHalves(t *testing.T) {
+	testBackend(t)
+	b, err := open(0, Options{StrictConvF32: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.halves = true
+	kerneltest.Run(t, b, "conv")
+	halved := 0
+	for k, pl := range b.plans {
+		for dir, cands := range pl.cands {
+			if !k.half && pl.found[dir] && pl.eager[dir] >= 0 && cands[pl.eager[dir]].half != nil {
+				halved++
+			}
+		}
+	}
+	if halved == 0 {
+		t.Errorf("no convolution ran on halves of its batch")
+	}
+	t.Logf("%d shapes and directions ran on halves", halved)
+	if f := b.CuDNNFailures(); len(f) > 0 {
+		t.Errorf("%d cuDNN calls failed; the first: %s", len(f), f[0])
+	}
+}
+
 // TestCUDATransformerChunks runs attention and the classifier with a 64 KiB
 // chunk budget, so that their scores and logits come in many chunks of
 // rows (and the classifier's weight gradient accumulates across them).

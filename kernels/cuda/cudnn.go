@@ -137,7 +137,10 @@ type algoPerf struct {
 type algoChoice struct {
 	algo, math int32
 	ws         uintptr // workspace bytes
-	ms         float32 // the search's timing
+	ms         float32 // the search's timing (of both halves, with half)
+	// half, when set, runs the algorithm on each half of the batch in turn
+	// with half's descriptors (Note [a convolution in two halves]).
+	half *convPlan
 }
 
 // convPlan is everything cuDNN needs for one convolution shape and dtype:
@@ -150,20 +153,26 @@ type convPlan struct {
 	cands     [3][]algoChoice // forward, backward data, backward filter: fastest first
 	eager     [3]int          // the candidate an eager call takes
 	found     [3]bool
+	halved    [3]bool // the halves were considered (Note [a convolution in two halves])
 	fallback  [3]bool // cuDNN offers no acceptable algorithm: use im2col + cuBLAS
 	strictF32 bool    // F32 data without TF32: FMA-math algorithms only
 	wsBudget  uintptr // the workspace an eager call's algorithm may take
 }
 
 type planKey struct {
-	p  kernels.ConvParams
-	dt kernels.DType
+	p    kernels.ConvParams
+	dt   kernels.DType
+	half bool // a half of a batch of twice p.N: offers no halves of its own
 }
 
 // dnnPlan returns the cached plan for p, making its descriptors on first use
 // (the caller holds the lock).
 func (b *Backend) dnnPlan(p kernels.ConvParams, dt kernels.DType) *convPlan {
-	k := planKey{p, dt}
+	return b.dnnPlanOf(planKey{p: p, dt: dt})
+}
+
+func (b *Backend) dnnPlanOf(k planKey) *convPlan {
+	p, dt := k.p, k.dt
 	if pl := b.plans[k]; pl != nil {
 		return pl
 	}
@@ -262,26 +271,79 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 		if len(cands) == 0 {
 			continue
 		}
-		eager := -1
-		for i, c := range cands {
-			if c.ws <= pl.wsBudget {
-				eager = i
-				break
-			}
-		}
-		if eager < 0 {
-			eager = 0
-			for i, c := range cands {
-				if c.ws < cands[eager].ws {
-					eager = i
-				}
-			}
-		}
-		pl.cands[dir], pl.eager[dir] = cands, eager
+		pl.cands[dir], pl.eager[dir] = cands, eagerChoice(cands, pl.wsBudget)
 		return
 	}
 	pl.fallback[dir] = true
 }
+
+// eagerChoice is the candidate an eager call takes: the fastest whose
+// workspace fits budget, else the one with the smallest workspace.
+func eagerChoice(cands []algoChoice, budget uintptr) int {
+	for i, c := range cands {
+		if c.ws <= budget {
+			return i
+		}
+	}
+	eager := 0
+	for i, c := range cands {
+		if c.ws < cands[eager].ws {
+			eager = i
+		}
+	}
+	return eager
+}
+
+// dnnHalves adds to direction dir's candidates for p those that run on
+// each half of the batch in turn, once, when the fastest algorithm's
+// workspace is half the larger operand or more (Note [a convolution in two
+// halves]). a, bb and out are the call's operands, as dnnFind takes them:
+// the halves' search runs on their first halves.
+func (b *Backend) dnnHalves(pl *convPlan, p kernels.ConvParams, dt kernels.DType, dir int, a, bb, out uintptr) {
+	if pl.halved[dir] || pl.fallback[dir] {
+		return
+	}
+	pl.halved[dir] = true
+	es := uintptr(dt.Size())
+	act := uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW())) * es
+	if p.N%2 != 0 || 2*pl.cands[dir][0].ws < act && !b.halves {
+		return
+	}
+	hp := p
+	hp.N /= 2
+	half := b.dnnPlanOf(planKey{p: hp, dt: dt, half: true})
+	b.dnnFind(half, dir, a, bb, out) // the first half of each batched operand
+	if half.fallback[dir] {
+		return
+	}
+	cands := slices.Clone(pl.cands[dir])
+	for _, c := range half.cands[dir] {
+		c.ms *= 2
+		c.half = half
+		cands = append(cands, c)
+	}
+	slices.SortStableFunc(cands, func(x, y algoChoice) int { return cmp.Compare(x.ms, y.ms) })
+	pl.cands[dir], pl.eager[dir] = cands, eagerChoice(cands, pl.wsBudget)
+	if i := slices.IndexFunc(cands, func(c algoChoice) bool { return c.half != nil }); b.halves && i >= 0 {
+		pl.eager[dir] = i
+	}
+}
+
+// Note [a convolution in two halves]: cuDNN's deterministic algorithms for
+// a large convolution may all want a workspace of twice an activation (on
+// the H200, F32 ResNet-18's 64-channel 32×32 filter gradient at batch 256:
+// 130 MiB for either of them, against 64 MiB for the batch's input), and
+// the algorithms without one are many times slower; when such a call sits
+// at the step's busiest moment, the workspace is a fifth of the peak. Run
+// on each half of the batch in turn (the filter gradient of the second
+// half accumulated onto the first's, β = 1), the same algorithms need
+// about half the workspace for about the same time. So a shape whose
+// fastest algorithm's workspace is half an activation or more also offers
+// every algorithm on halves, timed by its own search on the halves (twice
+// the half's time), and the pool or a plan picks among them by size and
+// time as among any candidates (memory.Allocator.AllocWorkspace): a plan
+// takes halves where its workspace shaving finds them worth their time.
+// The halves' plans offer no halves of their own.
 
 // rankAlgos merges the results of several searches of one direction: each
 // algorithm (and math type) that succeeded in every round, once, its time
@@ -322,6 +384,7 @@ func rankAlgos(rounds [][]algoPerf) []algoPerf {
 func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb, out uintptr) bool {
 	pl := b.dnnPlan(p, dt)
 	b.dnnFind(pl, dir, a, bb, out)
+	b.dnnHalves(pl, p, dt, dir, a, bb, out)
 	if pl.fallback[dir] {
 		return false
 	}
@@ -343,23 +406,39 @@ func (b *Backend) dnnConv(p kernels.ConvParams, dt kernels.DType, dir int, a, bb
 		choice, ws = ci, blk.Addr()
 	}
 	ch := cands[choice]
-	if pl.math[dir] != ch.math {
-		c := b.dnn
-		c.must("cudnnSetConvolutionMathType", c.setConvolutionMathType(pl.conv[dir], ch.math))
-		pl.math[dir] = ch.math
+	run := pl
+	parts, xStep, yStep := 1, uintptr(0), uintptr(0) // the halves, and their offsets in x and y
+	if ch.half != nil {
+		run, parts = ch.half, 2
+		es := uintptr(dt.Size())
+		xStep = uintptr(p.N/2*p.C*p.H*p.W) * es
+		yStep = uintptr(p.N/2*p.K*p.OutH()*p.OutW()) * es
 	}
-	b.alpha, b.beta = 1, 0
-	alpha, beta := unsafe.Pointer(&b.alpha), unsafe.Pointer(&b.beta)
+	if run.math[dir] != ch.math {
+		c := b.dnn
+		c.must("cudnnSetConvolutionMathType", c.setConvolutionMathType(run.conv[dir], ch.math))
+		run.math[dir] = ch.math
+	}
 	c := b.dnn
-	b.queued([...]string{"cudnn forward", "cudnn backward data", "cudnn backward filter"}[dir])
 	var err error
-	switch dir {
-	case 0:
-		err = c.check("cudnnConvolutionForward", c.forward(b.dnnHandle, alpha, pl.x, a, pl.w, bb, pl.conv[0], ch.algo, ws, ch.ws, beta, pl.y, out))
-	case 1:
-		err = c.check("cudnnConvolutionBackwardData", c.backwardData(b.dnnHandle, alpha, pl.w, a, pl.y, bb, pl.conv[1], ch.algo, ws, ch.ws, beta, pl.x, out))
-	case 2:
-		err = c.check("cudnnConvolutionBackwardFilter", c.backwardFilter(b.dnnHandle, alpha, pl.x, a, pl.y, bb, pl.conv[2], ch.algo, ws, ch.ws, beta, pl.w, out))
+	for h := range uintptr(parts) {
+		b.alpha, b.beta = 1, 0
+		if dir == 2 && h > 0 {
+			b.beta = 1 // the filter gradient of the second half adds to the first's
+		}
+		alpha, beta := unsafe.Pointer(&b.alpha), unsafe.Pointer(&b.beta)
+		b.queued([...]string{"cudnn forward", "cudnn backward data", "cudnn backward filter"}[dir])
+		switch dir {
+		case 0:
+			err = c.check("cudnnConvolutionForward", c.forward(b.dnnHandle, alpha, run.x, a+h*xStep, run.w, bb, run.conv[0], ch.algo, ws, ch.ws, beta, run.y, out+h*yStep))
+		case 1:
+			err = c.check("cudnnConvolutionBackwardData", c.backwardData(b.dnnHandle, alpha, run.w, a, run.y, bb+h*yStep, run.conv[1], ch.algo, ws, ch.ws, beta, run.x, out+h*xStep))
+		case 2:
+			err = c.check("cudnnConvolutionBackwardFilter", c.backwardFilter(b.dnnHandle, alpha, run.x, a+h*xStep, run.y, bb+h*yStep, run.conv[2], ch.algo, ws, ch.ws, beta, run.w, out))
+		}
+		if err != nil {
+			break
+		}
 	}
 	if err != nil {
 		// cuDNN refused the algorithm it chose: this shape and direction
