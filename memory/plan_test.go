@@ -3,8 +3,8 @@ package memory
 import (
 	"encoding/json"
 	"errors"
-	"os"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sort"
 	"testing"
