@@ -165,8 +165,11 @@ func rereadInput(again func() *T, grad **T) *T {
 // so it cannot chain), and the checkpoint drops its copy once the
 // recomputed forward has run. The input is then written three times
 // instead of once, two elementwise passes more a block, and is alive only
-// around its two reads: on ResNet-18 at batch 256 with checkpointed blocks,
-// one activation of the first stage's size (64 MiB) off the step's peak.
+// around its two reads: in a ResNet, one activation of the stage's size
+// off the backward of every other block (those whose input is written
+// again). On ResNet-18 at batch 256 that alone did not lower the step's
+// peak, which the next block, whose input its checkpoint keeps, sets as
+// high; it is what lets the halves and placement below it count.
 
 // Unread runs f, ops that make a function's result from values its
 // backward needs and whose own backward reads none of the values they make

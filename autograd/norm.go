@@ -20,7 +20,8 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 // BatchNormAct is BatchNorm2d fused with what follows it in a residual
 // block: the residual (x's shape; nil for none) is added to the normalised
 // value and, with relu, the sum goes through a ReLU, all in one pass over
-// the data, forward and backward. It saves x and the batch statistics and,
+// the data, forward and backward. It saves x (or how it is written again:
+// Note [a convolution of the data written again]) and the batch statistics and,
 // where that costs nothing, what its output is written again from (beta,
 // the residual): a convolution that reads the output then keeps nothing of
 // its own, and the ReLU's mask comes from the same; otherwise it saves its

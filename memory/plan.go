@@ -162,7 +162,8 @@ var DefaultPlanOptions = PlanOptions{MaxSlack: 0.5, TimeTolerance: 0.03}
 //
 // The plan kept is then refined within the same time budget: the
 // workspaces live at its busiest moment take smaller sizes one at a time
-// while the arena shrinks (Note [shaving the workspaces at the peak]).
+// while the arena shrinks (Note [shaving the workspaces at the peak]); and
+// its sizes are placed again by randomised greedy passes (polish).
 func PlanTrace(t *Trace, o PlanOptions) *Plan {
 	var fixed, flexible []int
 	for i, b := range t.Buffers {

@@ -15,9 +15,11 @@ import (
 // algorithms are benchmarked by cudnnFind*AlgorithmEx, as PyTorch does
 // under torch.backends.cudnn.benchmark, but cudnnFindRounds times, each
 // algorithm ranked by its median time (rankAlgos); every acceptable one is
-// kept, fastest first, and each call asks the pool for a workspace that may take the size
-// of any of them (memory.Allocator.AllocWorkspace): an eager call gets the
-// one its policy picks, a planned step the fastest that fits its arena.
+// kept, fastest first (with, for large workspaces, the same algorithms on
+// halves of the batch: Note [a convolution in two halves]), and each call
+// asks the pool for a workspace that may take the size of any of them
+// (memory.Allocator.AllocWorkspace): an eager call gets the one its policy
+// picks, a planned step the fastest that fits its arena.
 // Without cuDNN, the im2col + cuBLAS path in conv.go does the work.
 
 const (
