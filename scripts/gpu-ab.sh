@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B of step times on one GPU machine: .gpu/old/bench.xz (a bench binary of another commit, built
 # here with CGO_ENABLED=0 go build -trimpath ./cmd/bench and xz-compressed) against the staged
-# bin/bench (or .gpu/ab/new-bench.xz, built the same way, where it exists), ROUNDS rounds alternating which runs first; leangrad's captured steps only. SPECS and
-# CONFIGS choose the rows (the CNNs' by default); EXTRA adds bench flags, e.g. for GPT-2:
+# bin/bench (or .gpu/ab/new-bench.xz, built the same way, where it exists), ROUNDS rounds
+# alternating which runs first; leangrad's captured steps only. SPECS and CONFIGS choose the rows
+# (the CNNs' by default); EXTRA adds bench flags, e.g. for GPT-2:
 #   SPECS=gpt2:16 CONFIGS=amp,amp+checkpoint EXTRA="-vocab 50304 -amp-dtype bf16" bash scripts/gpu-ab.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
