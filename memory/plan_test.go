@@ -241,69 +241,50 @@ func TestWorkspacesAmongTheRest(t *testing.T) {
 	}
 }
 
-// TestShavingTheWorkspaceAtThePeak: a workspace at the step's busiest
-// moment gets its smaller, barely slower size, while another, whose fast
-// algorithm needs all the room the plans may give every workspace, keeps
-// it (Note [shaving the workspaces at the peak]); not when the smaller
-// size costs more than the tolerance.
+// TestShavingTheWorkspaceAtThePeak (Note [shaving the workspaces at the
+// peak]): a workspace at the step's busiest moment gets its smaller,
+// barely slower size, while another, whose fast algorithm needs all the
+// room the plans may give every workspace, keeps it; two workspaces, each
+// at one of two equally busy moments, shrink together when neither alone
+// lowers the arena (a convolution's data and filter gradients); neither
+// when the smaller sizes cost more than the tolerance.
 func TestShavingTheWorkspaceAtThePeak(t *testing.T) {
-	trace := func(slower float32) *Trace {
-		return &Trace{Events: 11, Buffers: []TraceBuffer{
+	onePeak := func(slower float32) []TraceBuffer {
+		return []TraceBuffer{
 			{Sizes: []int64{8192}, Alloc: 0, Free: 10},                                    // an activation
 			{Sizes: []int64{10240, 1024}, Times: []float32{1, slower}, Alloc: 1, Free: 2}, // at the peak
 			{Sizes: []int64{8192, 512}, Times: []float32{5, 50}, Alloc: 4, Free: 5},       // needs room
 			{Sizes: []int64{4096}, Alloc: 6, Free: 8},
-		}}
-	}
-	for _, tc := range []struct {
-		slower float32
-		choice []int
-		size   int64
-	}{
-		{1.02, []int{0, 1, 0, 0}, 8192 + 8192}, // 6.02 against 6: within 3%
-		{1.5, []int{0, 0, 0, 0}, 8192 + 10240}, // 6.5: not
-	} {
-		p := PlanTrace(trace(tc.slower), DefaultPlanOptions)
-		if err := p.Check(); err != nil {
-			t.Fatal(err)
-		}
-		bruteForce(t, p)
-		if !slices.Equal(p.Choice, tc.choice) || p.Size != tc.size {
-			t.Errorf("smaller size %gx slower: choices %v in %d bytes (%s), want %v in %d", tc.slower, p.Choice, p.Size, p.Order, tc.choice, tc.size)
 		}
 	}
-}
-
-// TestShavingAPeakTwoMomentsShare: two workspaces, each at one of two
-// equally busy moments, shrink together when neither alone lowers the
-// arena (a convolution's data and filter gradients), while a third keeps
-// the room its fast algorithm needs; not when the two smaller sizes cost
-// more than the tolerance together.
-func TestShavingAPeakTwoMomentsShare(t *testing.T) {
-	trace := func(slower float32) *Trace {
-		return &Trace{Events: 11, Buffers: []TraceBuffer{
+	twoPeaks := func(slower float32) []TraceBuffer {
+		return []TraceBuffer{
 			{Sizes: []int64{8192}, Alloc: 0, Free: 10},                                    // an activation
 			{Sizes: []int64{10240, 1024}, Times: []float32{1, slower}, Alloc: 1, Free: 2}, // at one peak
 			{Sizes: []int64{10240, 1024}, Times: []float32{1, slower}, Alloc: 4, Free: 5}, // at the other
 			{Sizes: []int64{8192, 512}, Times: []float32{5, 50}, Alloc: 6, Free: 7},       // needs room
 			{Sizes: []int64{4096}, Alloc: 8, Free: 9},
-		}}
+		}
 	}
 	for _, tc := range []struct {
-		slower float32
-		choice []int
-		size   int64
+		name    string
+		buffers func(slower float32) []TraceBuffer
+		slower  float32
+		choice  []int
+		size    int64
 	}{
-		{1.05, []int{0, 1, 1, 0, 0}, 8192 + 8192},  // 7.1 against 7: within 3%
-		{1.15, []int{0, 0, 0, 0, 0}, 8192 + 10240}, // 7.3: not; one alone (7.15) leaves the other moment
+		{"one peak", onePeak, 1.02, []int{0, 1, 0, 0}, 8192 + 8192},       // 6.02 against 6: within 3%
+		{"one peak", onePeak, 1.5, []int{0, 0, 0, 0}, 8192 + 10240},       // 6.5: not
+		{"two peaks", twoPeaks, 1.05, []int{0, 1, 1, 0, 0}, 8192 + 8192},  // 7.1 against 7: within 3%
+		{"two peaks", twoPeaks, 1.15, []int{0, 0, 0, 0, 0}, 8192 + 10240}, // 7.3: not; one alone (7.15) leaves the other moment
 	} {
-		p := PlanTrace(trace(tc.slower), DefaultPlanOptions)
+		p := PlanTrace(&Trace{Events: 11, Buffers: tc.buffers(tc.slower)}, DefaultPlanOptions)
 		if err := p.Check(); err != nil {
 			t.Fatal(err)
 		}
 		bruteForce(t, p)
 		if !slices.Equal(p.Choice, tc.choice) || p.Size != tc.size {
-			t.Errorf("smaller sizes %gx slower: choices %v in %d bytes (%s), want %v in %d", tc.slower, p.Choice, p.Size, p.Order, tc.choice, tc.size)
+			t.Errorf("%s, smaller sizes %gx slower: choices %v in %d bytes (%s), want %v in %d", tc.name, tc.slower, p.Choice, p.Size, p.Order, tc.choice, tc.size)
 		}
 	}
 }
