@@ -339,7 +339,9 @@ func (b *Backend) dnnHalves(pl *convPlan, p kernels.ConvParams, dt kernels.DType
 // at the step's busiest moment, the workspace is a fifth of the peak. Run
 // on each half of the batch in turn (the filter gradient of the second
 // half accumulated onto the first's, β = 1), the same algorithms need
-// about half the workspace for about the same time. So a shape whose
+// about half the workspace, for a time their own search measures (on the
+// H200, ResNet-18's F16 forward of 64 channels at batch 256 took 0.36 ms
+// on halves against 0.21 whole, with 32 MiB against 64). So a shape whose
 // fastest algorithm's workspace is half an activation or more also offers
 // every algorithm on halves, timed by its own search on the halves (twice
 // the half's time), and the pool or a plan picks among them by size and
