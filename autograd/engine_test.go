@@ -595,20 +595,10 @@ func TestBatchNormOutputWrittenAgain(t *testing.T) {
 				if !slices.Equal(got.out, want.out) || !slices.Equal(got.rm, want.rm) || !slices.Equal(got.rv, want.rv) {
 					t.Errorf("the output or running statistics differ from the operations' with the output kept")
 				}
-				if len(got.grads) != len(want.grads) {
-					t.Fatalf("%d gradients, %d with the output kept", len(got.grads), len(want.grads))
-				}
-				for i := range want.grads {
-					if !slices.Equal(got.grads[i], want.grads[i]) {
-						t.Errorf("gradient %d differs from the operations' with the output kept", i)
-					}
-				}
-				size := int64(2 * 4 * 3 * 6 * 6) // the batch norm's output, in F16
-				if amp == 0 {
-					size *= 2
-				}
-				if want.saved-got.saved != memory.RoundSize(size) {
-					t.Errorf("saved %d bytes written again, %d kept: want one activation of %d bytes fewer", got.saved, want.saved, memory.RoundSize(size))
+				sameGradients(t, got.grads, want.grads, "the operations' with the output kept")
+				size := activationBytes(amp, 4*3*6*6) // the batch norm's output
+				if want.saved-got.saved != size {
+					t.Errorf("saved %d bytes written again, %d kept: want one activation of %d bytes fewer", got.saved, want.saved, size)
 				}
 			})
 		}
@@ -1001,18 +991,11 @@ func TestConvOfTheDataWrittenAgain(t *testing.T) {
 			if !slices.Equal(got.out, want.out) {
 				t.Errorf("the output differs from the one with the data requiring a gradient")
 			}
-			for i := range want.grads {
-				if !slices.Equal(got.grads[i], want.grads[i]) {
-					t.Errorf("gradient %d differs from the one with the data requiring a gradient", i)
-				}
-			}
-			size := int64(2 * 4 * 5 * 6 * 6) // the first convolution's output, in F16
-			if amp == 0 {
-				size *= 2
-			}
-			if want.saved["batch_norm"]-got.saved["batch_norm"] != memory.RoundSize(size) {
+			sameGradients(t, got.grads, want.grads, "the one with the data requiring a gradient")
+			size := activationBytes(amp, 4*5*6*6) // the first convolution's output
+			if want.saved["batch_norm"]-got.saved["batch_norm"] != size {
 				t.Errorf("the batch norm keeps %d bytes after a convolution of the data, %d otherwise: want its input of %d bytes fewer",
-					got.saved["batch_norm"], want.saved["batch_norm"], memory.RoundSize(size))
+					got.saved["batch_norm"], want.saved["batch_norm"], size)
 			}
 		})
 	}
@@ -1081,11 +1064,7 @@ func TestCheckpointInputReadAgain(t *testing.T) {
 	want, _ := run(false)
 	dev.Generator().Seed(12)
 	got, tr := run(true)
-	for i := range want {
-		if !slices.Equal(got[i], want[i]) {
-			t.Errorf("gradient %d differs from the block's not checkpointed", i)
-		}
-	}
+	sameGradients(t, got, want, "the block's not checkpointed")
 	size := x.Block().Size()
 	var inputs []memory.TraceBuffer
 	convBackward := -1 // the first event of the recomputed block's second convolution's backward
@@ -1106,4 +1085,27 @@ func TestCheckpointInputReadAgain(t *testing.T) {
 	if in := inputs[0]; in.Alloc <= convBackward && convBackward < in.Free {
 		t.Errorf("the recomputation's copy of the input (events %d to %d) is live when the second convolution's backward starts (%d)", in.Alloc, in.Free, convBackward)
 	}
+}
+
+// sameGradients checks that got holds the same gradients as want, bit for
+// bit; against names where want came from.
+func sameGradients(t *testing.T, got, want [][]float32, against string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d gradients, %d with %s", len(got), len(want), against)
+	}
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("gradient %d differs from %s", i, against)
+		}
+	}
+}
+
+// activationBytes is the pool's size for n values in F32, or in F16 under
+// autocast amp.
+func activationBytes(amp tensor.DType, n int64) int64 {
+	if amp != 0 {
+		return memory.RoundSize(2 * n)
+	}
+	return memory.RoundSize(4 * n)
 }
