@@ -433,6 +433,7 @@ func Backward(root *T, opts ...Option) {
 		// A backward that panicked (out of memory, say) must not pin the
 		// graph: release the gradients held, free what the nodes not yet
 		// processed saved, and drop this pass's hold on them.
+		endPass(modes, false)
 		releaseAll(loose...)
 		releaseAll(inFlight)
 		for _, pg := range pending {
@@ -510,6 +511,7 @@ func Backward(root *T, opts ...Option) {
 		}
 		n.Release()
 	}
+	endPass(modes, true)
 }
 
 // marker tells a trace being recorded (memory.Allocator.Phase, SetRole)

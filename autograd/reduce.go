@@ -31,10 +31,17 @@ func Mean(x *T, axis int) *T { return reduceAxis(kernels.Mean, x, axis) }
 func Max(x *T, axis int) *T { return reduceAxis(kernels.Max, x, axis) }
 
 // SumAll sums every element of x into a one-element tensor of shape [1].
-func SumAll(x *T) *T { return reduceAxis(kernels.Sum, Reshape(x, 1, -1), 1) }
+func SumAll(x *T) *T { return reduceAll(kernels.Sum, x) }
 
 // MeanAll averages every element of x into a tensor of shape [1].
-func MeanAll(x *T) *T { return reduceAxis(kernels.Mean, Reshape(x, 1, -1), 1) }
+func MeanAll(x *T) *T { return reduceAll(kernels.Mean, x) }
+
+// reduceAll reduces x as one row.
+func reduceAll(op kernels.ReduceOp, x *T) *T {
+	row := Reshape(x, 1, -1)
+	defer row.Release()
+	return reduceAxis(op, row, 1)
+}
 
 func reduceAxis(op kernels.ReduceOp, x *T, axis int) *T {
 	if dev := x.Device(); AutocastEnabled(dev) && op != kernels.Max {

@@ -95,6 +95,16 @@ func (h *hostProfiler) CopyMany(dst, src []kernels.Buf) {
 	h.b.CopyMany(dst, src)
 }
 
+func (h *hostProfiler) CastMany(dst, src []kernels.Buf) {
+	defer h.op("CastMany", first(dst))()
+	h.b.CastMany(dst, src)
+}
+
+func (h *hostProfiler) AccumulateMany(dst, src []kernels.Buf) {
+	defer h.op("AccumulateMany", first(dst))()
+	h.b.AccumulateMany(dst, src)
+}
+
 func (h *hostProfiler) Fill(dst kernels.Buf, v float32) {
 	defer h.op("Fill", dst)()
 	h.b.Fill(dst, v)

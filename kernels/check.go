@@ -164,6 +164,30 @@ func CheckLists(op string, lists ...[]Buf) {
 	}
 }
 
+// CheckCastLists checks the lists of a multi-tensor conversion and returns
+// their dtypes: as many tensors in dst as in src, the same sizes pairwise,
+// every src of one dtype and every dst of another, F32 on one side and F16
+// or BF16 on the other (0, 0 for empty lists).
+func CheckCastLists(op string, dst, src []Buf) (from, to DType) {
+	if len(dst) != len(src) {
+		panic(fmt.Sprintf("kernels: %s: lists of %d and %d tensors", op, len(dst), len(src)))
+	}
+	if len(dst) == 0 {
+		return 0, 0
+	}
+	from, to = src[0].DType, dst[0].DType
+	if !(from == F32 && to.Half() || from.Half() && to == F32) {
+		panic(fmt.Sprintf("kernels: %s from %v to %v: want f32 to f16 or bf16, or back", op, from, to))
+	}
+	for i := range dst {
+		if src[i].DType != from || dst[i].DType != to || src[i].N != dst[i].N {
+			panic(fmt.Sprintf("kernels: %s: tensor %d: %d %v elements into %d %v, want %v into %v of the same length",
+				op, i, src[i].N, src[i].DType, dst[i].N, dst[i].DType, from, to))
+		}
+	}
+	return from, to
+}
+
 // CheckScalar panics unless every valid buffer among bufs is F32 of one
 // element (a device scalar: a learning rate, a loss scale, a flag).
 func CheckScalar(op string, bufs ...Buf) {

@@ -333,6 +333,17 @@ type Backend interface {
 	// one launch per 32 tensors where the backend launches kernels: what
 	// gathers a data-parallel bucket's gradients.
 	CopyMany(dst, src []Buf)
+	// CastMany converts each src[i] into dst[i] (the same lengths), every
+	// src of one dtype and every dst of another, F32 to F16 or BF16 or
+	// back, rounding to nearest even as Cast does, in one launch per 32
+	// tensors where the backend launches kernels: an autocast's copies of
+	// the parameters made at once (autograd.CastParameters).
+	CastMany(dst, src []Buf)
+	// AccumulateMany adds each src[i] (F16 or BF16, all of one dtype),
+	// converted, into the F32 dst[i] of its length, in one launch per 32
+	// tensors where the backend launches kernels: those copies' gradients
+	// returned to the parameters' at once.
+	AccumulateMany(dst, src []Buf)
 	// Fill sets every element of dst to v.
 	Fill(dst Buf, v float32)
 	// Cast converts src into dst's dtype, rounding to nearest even.

@@ -2,6 +2,7 @@ package nn
 
 import (
 	"fmt"
+	"slices"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/tensor"
@@ -212,8 +213,14 @@ func (r *ResNet) segments(h, w int) [][]Module {
 	return segs
 }
 
-// Forward computes the logits for x (N×C×H×W).
+// Forward computes the logits for x (N×C×H×W). Under autocast without
+// checkpointing, the convolutions' and the classifier's parameters are
+// cast at once (autograd.CastParameters): every copy is kept to the
+// backward anyway.
 func (r *ResNet) Forward(x *T) *T {
+	if r.Checkpoint == NoCheckpoint {
+		defer ag.CastParameters(ag.ModeOf(x), r.autocastParameters())()
+	}
 	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
 	for _, seg := range r.segments(x.Dim(2), x.Dim(3)) {
 		if r.Checkpoint == NoCheckpoint {
@@ -226,6 +233,20 @@ func (r *ResNet) Forward(x *T) *T {
 	}
 	h = then(h, ag.GlobalAvgPool)
 	return then(h, r.FC.Forward)
+}
+
+// autocastParameters are the parameters of the operations that autocast:
+// the convolutions' and the classifier's.
+func (r *ResNet) autocastParameters() []*T {
+	ps := []*T{r.Stem.Weight, r.Stem.Bias}
+	for _, b := range r.Blocks {
+		ps = append(ps, b.Conv1.Weight, b.Conv1.Bias, b.Conv2.Weight, b.Conv2.Bias)
+		if b.ShortConv != nil {
+			ps = append(ps, b.ShortConv.Weight, b.ShortConv.Bias)
+		}
+	}
+	ps = append(ps, r.FC.Weight, r.FC.Bias)
+	return slices.DeleteFunc(ps, func(p *T) bool { return p == nil })
 }
 
 // Loss is Classify: the cross-entropy of the logits against the labels.

@@ -54,6 +54,14 @@ type Modes struct {
 	// GradReady is the running Backward's autograd.OnGradReady hook, which
 	// the passes it runs inside (a checkpointed block's) call too.
 	GradReady func(leaf *Tensor)
+	// Copies is autograd.CastParameters' record of the parameters' copies
+	// in the autocast dtype, which operations read instead of casting
+	// (autograd's; nil: none).
+	Copies any
+	// PassEnd is what the running Backward calls when its pass ends, with
+	// ok false when it failed: autograd's gradients gathered to be added to
+	// the parameters' at once.
+	PassEnd []func(ok bool)
 }
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.

@@ -273,6 +273,29 @@ func (c *Backend) CopyMany(dst, src []kernels.Buf) {
 	}
 }
 
+// CastMany converts each src[i] into dst[i].
+func (c *Backend) CastMany(dst, src []kernels.Buf) {
+	kernels.CheckCastLists("cast many", dst, src)
+	for i := range dst {
+		c.Cast(dst[i], src[i])
+	}
+}
+
+// AccumulateMany adds each src[i], converted, into dst[i].
+func (c *Backend) AccumulateMany(dst, src []kernels.Buf) {
+	if from, to := kernels.CheckCastLists("accumulate many", dst, src); len(dst) > 0 && to != kernels.F32 {
+		panic(fmt.Sprintf("cpu: accumulate many of %v into %v: want f16 or bf16 into f32", from, to))
+	}
+	for i := range dst {
+		d := f32s(dst[i])
+		s, done := view(src[i])
+		for j, v := range s {
+			d[j] += v
+		}
+		done()
+	}
+}
+
 // Fill sets every element of dst to v.
 func (c *Backend) Fill(dst kernels.Buf, v float32) {
 	switch dst.DType {

@@ -498,6 +498,7 @@ const mtMax = 32
 // The multi-tensor kernels (optim.cu).
 type (
 	copyMultiArgs struct{ L tensorList }
+	castMultiArgs struct{ L tensorList }
 	sgdMultiArgs  struct {
 		L                       tensorList
 		LR                      uintptr
@@ -534,15 +535,28 @@ var (
 	kUnscaleMulti = declareKernel[unscaleMultiArgs]("unscale_multi")
 	kUpdateScale  = declareKernel[updateScaleArgs]("update_scale")
 	kIncrement    = declareKernel[incrementArgs]("increment")
+
+	// castMultiKernels by (from, to); accumulateMultiKernels by from.
+	castMultiKernels       = map[[2]kernels.DType]kernel[castMultiArgs]{}
+	accumulateMultiKernels = map[kernels.DType]kernel[castMultiArgs]{}
 )
 
-// multiTensor launches the lists in groups of mtMax tensors: launch is
-// called with each group's list and dims.
+func init() {
+	for _, h := range []kernels.DType{kernels.F16, kernels.BF16} {
+		castMultiKernels[[2]kernels.DType{kernels.F32, h}] = declareKernel[castMultiArgs]("cast_multi_f32_" + h.String())
+		castMultiKernels[[2]kernels.DType{h, kernels.F32}] = declareKernel[castMultiArgs]("cast_multi_" + h.String() + "_f32")
+		accumulateMultiKernels[h] = declareKernel[castMultiArgs]("accumulate_multi_" + h.String())
+	}
+}
+
+// multiTensor launches the lists, pairwise of the same lengths and checked
+// by the caller, in groups of mtMax tensors: launch is called with each
+// group's list and dims.
 func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l tensorList, d dims)) {
 	for i := range lists[0] {
 		for _, l := range lists {
-			if l[i].N != lists[0][i].N || l[i].DType != kernels.F32 {
-				panic(fmt.Sprintf("cuda: %s: tensor %d: %d %v elements, want %d f32", name, i, l[i].N, l[i].DType, lists[0][i].N))
+			if l[i].N != lists[0][i].N {
+				panic(fmt.Sprintf("cuda: %s: tensor %d: %d elements, want %d", name, i, l[i].N, lists[0][i].N))
 			}
 		}
 	}
@@ -582,6 +596,30 @@ func (b *Backend) CopyMany(dst, src []kernels.Buf) {
 	b.multiTensor("copy many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { kCopyMulti.launch(b, 0, d, copyMultiArgs{l}) })
 }
 
+// CastMany converts each src[i] into dst[i], one launch per 32 tensors.
+func (b *Backend) CastMany(dst, src []kernels.Buf) {
+	from, to := kernels.CheckCastLists("cast many", dst, src)
+	if len(dst) == 0 {
+		return
+	}
+	k := castMultiKernels[[2]kernels.DType{from, to}]
+	b.multiTensor("cast many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, castMultiArgs{l}) })
+}
+
+// AccumulateMany adds each src[i], converted, into dst[i], one launch per
+// 32 tensors.
+func (b *Backend) AccumulateMany(dst, src []kernels.Buf) {
+	from, to := kernels.CheckCastLists("accumulate many", dst, src)
+	if len(dst) == 0 {
+		return
+	}
+	if to != kernels.F32 {
+		panic(fmt.Sprintf("cuda: accumulate many of %v into %v: want f16 or bf16 into f32", from, to))
+	}
+	k := accumulateMultiKernels[from]
+	b.multiTensor("accumulate many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, castMultiArgs{l}) })
+}
+
 // SGD updates every parameter in one launch per 32 tensors.
 func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 	lists := [][]kernels.Buf{params, grads}
@@ -614,6 +652,7 @@ func (b *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 func (b *Backend) UnscaleCheck(grads []kernels.Buf, scale, found kernels.Buf) {
 	kernels.CheckLen("unscale", 1, scale, found)
 	kernels.CheckScalar("unscale", scale, found)
+	kernels.CheckLists("unscale", grads)
 	sp, fp := ptrOf(scale), ptrOf(found)
 	b.multiTensor("unscale", [][]kernels.Buf{grads}, func(l tensorList, d dims) { kUnscaleMulti.launch(b, 0, d, unscaleMultiArgs{l, sp, fp}) })
 }

@@ -717,6 +717,53 @@ var cases = []testCase{
 			}
 		}
 	}},
+	{"multi-tensor casts", func(s *suite) {
+		sizes := []int{1, 17, 4096, 65537, 3}
+		for len(sizes) < 40 { // more tensors than one multi-tensor launch takes
+			sizes = append(sizes, 1+s.rng.IntN(3000))
+		}
+		// want is what the host makes of vals stored in dt.
+		want := func(dt kernels.DType, vals []float32) []float64 { return decode(dt, encode(dt, vals)) }
+		bufs := func(ps []pair) (g []kernels.Buf) {
+			for _, p := range ps {
+				g = append(g, p.got)
+			}
+			return g
+		}
+		for _, h := range []kernels.DType{kernels.F16, kernels.BF16} {
+			vals := make([][]float32, len(sizes))
+			f32, half, widened, acc := make([]pair, len(sizes)), make([]pair, len(sizes)), make([]pair, len(sizes)), make([]pair, len(sizes))
+			base := make([][]float32, len(sizes))
+			for i, n := range sizes {
+				vals[i], base[i] = s.normal(n), s.normal(n)
+				f32[i], half[i] = s.in(kernels.F32, vals[i]), s.out(h, n)
+				widened[i], acc[i] = s.out(kernels.F32, n), s.in(kernels.F32, base[i])
+			}
+			s.got.CastMany(bufs(half), bufs(f32))
+			s.got.CastMany(bufs(widened), bufs(half))
+			s.got.AccumulateMany(bufs(acc), bufs(half))
+			for i, n := range sizes {
+				rounded := want(h, vals[i])
+				sum := make([]float64, n)
+				for j := range sum {
+					sum[j] = float64(base[i][j] + float32(rounded[j]))
+				}
+				for _, c := range []struct {
+					what string
+					got  kernels.Buf
+					want []float64
+				}{
+					{"cast many f32 to " + h.String(), half[i].got, rounded},
+					{"cast many " + h.String() + " to f32", widened[i].got, rounded},
+					{"accumulate many " + h.String() + " into f32", acc[i].got, sum},
+				} {
+					if got := s.read(c.got, s.got); !slices.Equal(got, c.want) {
+						s.t.Errorf("%s: tensor %d of %d (%d elements) differs from the host's rounding", c.what, i, len(sizes), n)
+					}
+				}
+			}
+		}
+	}},
 	{"optimizers", func(s *suite) {
 		sizes := []int{1, 17, 4096, 65537, 3, 300}
 		for len(sizes) < 40 { // more tensors than one multi-tensor launch takes

@@ -70,12 +70,29 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
     }
 }
 
-// p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
 // copy_multi copies list 1 into list 0.
 extern "C" __global__ void copy_multi(TensorList L) {
     MT_LOOP(L, t, i) { L.p[0][t][i] = L.p[1][t][i]; }
 }
 
+// cast_multi_S_D converts list 1 (storage type S) into list 0 (D), rounding
+// as cast_S_D does; accumulate_multi_S adds list 1 (S), converted, into list
+// 0 (float). The lists' pointers are typed float*: these read them as what
+// they hold.
+template <typename S, typename D> __device__ void cast_multi(const TensorList& L) {
+    MT_LOOP(L, t, i) { st((D*)L.p[0][t], i, ld((const S*)L.p[1][t], i)); }
+}
+template <typename S> __device__ void accumulate_multi(const TensorList& L) {
+    MT_LOOP(L, t, i) { L.p[0][t][i] += ld((const S*)L.p[1][t], i); }
+}
+extern "C" __global__ void cast_multi_f32_f16(TensorList L) { cast_multi<float, f16>(L); }
+extern "C" __global__ void cast_multi_f32_bf16(TensorList L) { cast_multi<float, bf16>(L); }
+extern "C" __global__ void cast_multi_f16_f32(TensorList L) { cast_multi<f16, float>(L); }
+extern "C" __global__ void cast_multi_bf16_f32(TensorList L) { cast_multi<bf16, float>(L); }
+extern "C" __global__ void accumulate_multi_f16(TensorList L) { accumulate_multi<f16>(L); }
+extern "C" __global__ void accumulate_multi_bf16(TensorList L) { accumulate_multi<bf16>(L); }
+
+// p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
 extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float* found) {
     float inv_scale = 1.f / *scale;
     MT_LOOP(L, t, i) {
