@@ -668,7 +668,6 @@ func (s *Step) body(x, y *tensor.Tensor) {
 	})
 }
 
-// forward runs the model's objective, under autocast with AMP.
 // phase marks, for a trace being recorded, what the step does next.
 func (s *Step) phase(name string) { s.dev.Allocator().Phase(name) }
 
@@ -685,6 +684,7 @@ func (s *Step) markParameterGradients() {
 	}
 }
 
+// forward runs the model's objective, under autocast with AMP.
 func (s *Step) forward(x, y *tensor.Tensor) (loss, right *tensor.Tensor, n int) {
 	run := func() { loss, right, n = s.Model.Loss(x, y) }
 	if s.autocast != 0 {
