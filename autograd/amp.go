@@ -167,7 +167,10 @@ func CastParameters(dev *tensor.Device, params []*T) (release func()) {
 // data-parallel reducer) reads a parameter's gradient as soon as the pass
 // has passed its last edge, so with one waiting each gradient is added at
 // once. A pass that fails drops what was gathered, as it drops the other
-// gradients it held.
+// gradients it held. A parameter read twice in the region has one copy,
+// whose two gradients the pass sums in the copy's dtype before its
+// backward (as with PyTorch's autocast cache), where casts of their own
+// would add them in F32.
 
 // gatherMost is how many gradients a gathered holds before adding them:
 // a multi-tensor launch's worth, bounding what they hold (F16 copies of
