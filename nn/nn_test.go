@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -355,5 +357,66 @@ func testConstructorsRefuseImpossibleShapes(t *testing.T, dev *tensor.Device) {
 			}()
 			tc.make()
 		}()
+	}
+}
+
+// castCounter counts the backend's casts of F32 to a 16-bit dtype by
+// length, and its multi-tensor casts.
+type castCounter struct {
+	kernels.Backend
+	single map[int]int
+	many   int
+}
+
+func (c *castCounter) Cast(dst, src kernels.Buf) {
+	if src.DType == kernels.F32 && dst.DType.Half() {
+		c.single[src.N]++
+	}
+	c.Backend.Cast(dst, src)
+}
+
+func (c *castCounter) CastMany(dst, src []kernels.Buf) {
+	c.many++
+	c.Backend.CastMany(dst, src)
+}
+
+// TestResNetCastsItsConvolutionsAtOnce: an AMP step of a ResNet without
+// checkpointing casts no convolution's weight on its own (they are cast at
+// once, autograd.CastParameters); with checkpointed blocks each
+// convolution casts its own, in the forward and again in the
+// recomputation, and nothing is cast at once.
+func TestResNetCastsItsConvolutionsAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		mode      CheckpointMode
+		perWeight int // single casts of a block's 16×16×3×3 weights
+		atOnce    bool
+	}{
+		{NoCheckpoint, 0, true},
+		{CheckpointBlocks, 2 * 2 * 3, false}, // two weights a block, three blocks of 16 channels, forward and recomputation
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			cc := &castCounter{Backend: cpu.New(), single: map[int]int{}}
+			dev := tensor.NewDevice(cc)
+			r, err := NewCIFARResNet(dev, 20, 1, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer Release(r)
+			r.SetCheckpoint(tc.mode)
+			dev.WithScope(func() {
+				x := tensor.Randn(dev, tensor.F32, 0, 1, 3, 1, 12, 12)
+				y := tensor.FromInt32(dev, []int32{1, 4, 7}, 3)
+				var loss *tensor.Tensor
+				ag.Autocast(dev, tensor.F16, func() { loss, _, _ = r.Loss(x, y) })
+				ag.Backward(loss)
+			})
+			ZeroGrad(r)
+			if got := cc.single[16*16*9]; got != tc.perWeight {
+				t.Errorf("%d single casts of a 16×16×3×3 weight, want %d", got, tc.perWeight)
+			}
+			if (cc.many > 0) != tc.atOnce {
+				t.Errorf("%d multi-tensor casts, want some: %v", cc.many, tc.atOnce)
+			}
+		})
 	}
 }

@@ -214,9 +214,8 @@ func (r *ResNet) segments(h, w int) [][]Module {
 }
 
 // Forward computes the logits for x (N×C×H×W). Under autocast without
-// checkpointing, the convolutions' and the classifier's parameters are
-// cast at once (autograd.CastParameters): every copy is kept to the
-// backward anyway.
+// checkpointing, the convolutions' parameters are cast at once
+// (autograd.CastParameters): every copy is kept to the backward anyway.
 func (r *ResNet) Forward(x *T) *T {
 	if r.Checkpoint == NoCheckpoint {
 		defer ag.CastParameters(ag.ModeOf(x), r.autocastParameters())()
@@ -235,8 +234,9 @@ func (r *ResNet) Forward(x *T) *T {
 	return then(h, r.FC.Forward)
 }
 
-// autocastParameters are the parameters of the operations that autocast:
-// the convolutions' and the classifier's.
+// autocastParameters are the convolutions' parameters, which autocast
+// copies (the classifier's product reads its F32 weight through a cast of
+// its own and returns the gradient in F32: autograd.Linear).
 func (r *ResNet) autocastParameters() []*T {
 	ps := []*T{r.Stem.Weight, r.Stem.Bias}
 	for _, b := range r.Blocks {
@@ -245,7 +245,6 @@ func (r *ResNet) autocastParameters() []*T {
 			ps = append(ps, b.ShortConv.Weight, b.ShortConv.Bias)
 		}
 	}
-	ps = append(ps, r.FC.Weight, r.FC.Bias)
 	return slices.DeleteFunc(ps, func(p *T) bool { return p == nil })
 }
 
