@@ -97,8 +97,8 @@ func autocastTo(dev *tensor.Device, x *T, dt tensor.DType) *T {
 
 // CastParameters casts the F32 tensors among params to dev's autocast
 // dtype all at once (the backend's CastMany: a launch per 32 tensors), and
-// until release is called the operations on dev that autocast (Conv2d,
-// Linear, ...) read these copies instead of casting their own. The copies'
+// until release is called the operations on dev that autocast copies of
+// their inputs (Conv2d, MatMul) read these instead of casting their own. The copies'
 // gradients return to the parameters together too (Note [parameters cast
 // at once]). Outside Autocast it does nothing.
 //

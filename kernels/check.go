@@ -188,6 +188,16 @@ func CheckCastLists(op string, dst, src []Buf) (from, to DType) {
 	return from, to
 }
 
+// CheckAccumulateLists is CheckCastLists for an addition into F32
+// tensors: it returns the dtype of src, F16 or BF16 (0 for empty lists).
+func CheckAccumulateLists(op string, dst, src []Buf) DType {
+	from, to := CheckCastLists(op, dst, src)
+	if len(dst) > 0 && to != F32 {
+		panic(fmt.Sprintf("kernels: %s of %v into %v: want f16 or bf16 into f32", op, from, to))
+	}
+	return from
+}
+
 // CheckScalar panics unless every valid buffer among bufs is F32 of one
 // element (a device scalar: a learning rate, a loss scale, a flag).
 func CheckScalar(op string, bufs ...Buf) {

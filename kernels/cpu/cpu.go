@@ -283,9 +283,7 @@ func (c *Backend) CastMany(dst, src []kernels.Buf) {
 
 // AccumulateMany adds each src[i], converted, into dst[i].
 func (c *Backend) AccumulateMany(dst, src []kernels.Buf) {
-	if from, to := kernels.CheckCastLists("accumulate many", dst, src); len(dst) > 0 && to != kernels.F32 {
-		panic(fmt.Sprintf("cpu: accumulate many of %v into %v: want f16 or bf16 into f32", from, to))
-	}
+	kernels.CheckAccumulateLists("accumulate many", dst, src)
 	for i := range dst {
 		d := f32s(dst[i])
 		s, done := view(src[i])

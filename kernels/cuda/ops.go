@@ -609,12 +609,9 @@ func (b *Backend) CastMany(dst, src []kernels.Buf) {
 // AccumulateMany adds each src[i], converted, into dst[i], one launch per
 // 32 tensors.
 func (b *Backend) AccumulateMany(dst, src []kernels.Buf) {
-	from, to := kernels.CheckCastLists("accumulate many", dst, src)
+	from := kernels.CheckAccumulateLists("accumulate many", dst, src)
 	if len(dst) == 0 {
 		return
-	}
-	if to != kernels.F32 {
-		panic(fmt.Sprintf("cuda: accumulate many of %v into %v: want f16 or bf16 into f32", from, to))
 	}
 	k := accumulateMultiKernels[from]
 	b.multiTensor("accumulate many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, castMultiArgs{l}) })
