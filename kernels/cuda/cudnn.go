@@ -38,12 +38,6 @@ const (
 	// small convolutions swap places from run to run, and its AMP step
 	// took 162 ms in one run and 216 ms in the next.
 	cudnnFindRounds = 3
-	// Algorithms that run for less than retimeBelowMs, within retimeWithin
-	// of the fastest, are timed again over retimeRuns calls back to back
-	// (Note [small convolutions timed back to back]).
-	retimeBelowMs = 0.5
-	retimeWithin  = 2
-	retimeRuns    = 16
 )
 
 type cudnnStatus uintptr
@@ -261,7 +255,6 @@ func (b *Backend) dnnFind(pl *convPlan, dir int, a, bb, out uintptr) {
 		rounds[i] = perf[:*n]
 	}
 	perf := rankAlgos(rounds)
-	b.dnnRetime(pl, dir, perf, a, bb, out, wsAddr, wsSize)
 	// Deterministic algorithms, so that runs (and resumed runs) repeat bit
 	// for bit (any kind if none is), fastest first.
 	// Strict F32 takes only FMA-math algorithms (others may round inputs to
@@ -355,89 +348,6 @@ func (b *Backend) dnnHalves(pl *convPlan, p kernels.ConvParams, dt kernels.DType
 // time as among any candidates (memory.Allocator.AllocWorkspace): a plan
 // takes halves where its workspace shaving finds them worth their time.
 // The halves' plans offer no halves of their own.
-
-// Note [small convolutions timed back to back]
-// cuDNN's search runs each algorithm once and times that call alone. For a
-// convolution of tens of microseconds the call's time is as much launch
-// and cold caches as work, and the ranking of its algorithms moved from
-// run to run even as the median of three searches: ResNet-1202's F16
-// convolutions (16 to 64 channels on 32×32 to 8×8 images) chose
-// differently each run. A step runs them back to back, inside a graph; so
-// the algorithms of a direction whose fastest runs under retimeBelowMs
-// that are within retimeWithin of it are timed again, each as the mean of
-// retimeRuns calls in a row after one to warm, and ranked by that.
-
-// retimed lists the candidates of perf, ranked fastest first, worth timing
-// again: succeeded, workspace within wsSize, time within retimeWithin of
-// the fastest, when that is under retimeBelowMs (none otherwise).
-func retimed(perf []algoPerf, wsSize uintptr) []int {
-	if len(perf) == 0 || perf[0].time >= retimeBelowMs {
-		return nil
-	}
-	var idx []int
-	for i, pr := range perf {
-		if pr.status == cudnnStatusSuccess && pr.memory <= wsSize && pr.time <= retimeWithin*perf[0].time {
-			idx = append(idx, i)
-		}
-	}
-	return idx
-}
-
-// dnnRetime times perf's small candidates again back to back (Note [small
-// convolutions timed back to back]) on the search's buffers and scratch,
-// and ranks perf again, fastest first. A candidate that fails is marked so.
-func (b *Backend) dnnRetime(pl *convPlan, dir int, perf []algoPerf, a, bb, out, ws, wsSize uintptr) {
-	idx := retimed(perf, wsSize)
-	if len(idx) < 2 {
-		return
-	}
-	c, d := b.dnn, b.d
-	var start, end uintptr
-	d.must("cuEventCreate", d.eventCreate(unsafe.Pointer(&start), 0))
-	d.must("cuEventCreate", d.eventCreate(unsafe.Pointer(&end), 0))
-	defer d.eventDestroy(start)
-	defer d.eventDestroy(end)
-	b.alpha, b.beta = 1, 0
-	alpha, beta := unsafe.Pointer(&b.alpha), unsafe.Pointer(&b.beta)
-	for _, i := range idx {
-		pr := &perf[i]
-		c.must("cudnnSetConvolutionMathType", c.setConvolutionMathType(pl.conv[dir], pr.mathType))
-		pl.math[dir] = pr.mathType
-		call := func() cudnnStatus {
-			switch dir {
-			case 0:
-				return c.forward(b.dnnHandle, alpha, pl.x, a, pl.w, bb, pl.conv[0], pr.algo, ws, pr.memory, beta, pl.y, out)
-			case 1:
-				return c.backwardData(b.dnnHandle, alpha, pl.w, a, pl.y, bb, pl.conv[1], pr.algo, ws, pr.memory, beta, pl.x, out)
-			default:
-				return c.backwardFilter(b.dnnHandle, alpha, pl.x, a, pl.y, bb, pl.conv[2], pr.algo, ws, pr.memory, beta, pl.w, out)
-			}
-		}
-		ok := call() == cudnnStatusSuccess
-		d.must("cuEventRecord", d.eventRecord(start, b.stream))
-		for r := 0; ok && r < retimeRuns; r++ {
-			ok = call() == cudnnStatusSuccess
-		}
-		d.must("cuEventRecord", d.eventRecord(end, b.stream))
-		d.must("cuEventSynchronize", d.eventSynchronize(end))
-		var ms float32
-		d.must("cuEventElapsedTime", d.eventElapsedTime(unsafe.Pointer(&ms), start, end))
-		if !ok {
-			pr.status = 3 // left out, as a failed search is
-			continue
-		}
-		pr.time = ms / retimeRuns
-	}
-	slices.SortStableFunc(perf, func(x, y algoPerf) int {
-		if (x.status == cudnnStatusSuccess) != (y.status == cudnnStatusSuccess) {
-			if x.status == cudnnStatusSuccess {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(x.time, y.time)
-	})
-}
 
 // rankAlgos merges the results of several searches of one direction: each
 // algorithm (and math type) that succeeded in every round, once, its time

@@ -56,29 +56,3 @@ func TestRankAlgos(t *testing.T) {
 		})
 	}
 }
-
-// TestRetimed: a direction's algorithms are timed again back to back only
-// when its fastest is small, and only those that succeeded, fit the
-// search's scratch and are within retimeWithin of the fastest.
-func TestRetimed(t *testing.T) {
-	p := func(ms float32, mem uintptr, status int32) algoPerf {
-		return algoPerf{time: ms, memory: mem, status: status}
-	}
-	for _, tc := range []struct {
-		name string
-		perf []algoPerf
-		ws   uintptr
-		want []int
-	}{
-		{"none", nil, 1 << 20, nil},
-		{"large: as searched", []algoPerf{p(0.6, 0, 0), p(0.7, 0, 0)}, 1 << 20, nil},
-		{"small", []algoPerf{p(0.05, 0, 0), p(0.08, 1 << 10, 0), p(0.1, 0, 0), p(0.11, 0, 0)}, 1 << 20, []int{0, 1, 2}},
-		{"beyond the scratch or failed", []algoPerf{p(0.05, 0, 0), p(0.06, 2 << 20, 0), p(0.07, 0, 3), p(0.09, 0, 0)}, 1 << 20, []int{0, 3}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := retimed(tc.perf, tc.ws); !slices.Equal(got, tc.want) {
-				t.Errorf("retimed %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
