@@ -497,9 +497,8 @@ const mtMax = 32
 
 // The multi-tensor kernels (optim.cu).
 type (
-	copyMultiArgs struct{ L tensorList }
-	castMultiArgs struct{ L tensorList }
-	sgdMultiArgs  struct {
+	listArgs     struct{ L tensorList } // copy_multi, cast_multi_*, accumulate_multi_*
+	sgdMultiArgs struct {
 		L                       tensorList
 		LR                      uintptr
 		Momentum, Dampening, WD float32
@@ -529,7 +528,7 @@ type (
 )
 
 var (
-	kCopyMulti    = declareKernel[copyMultiArgs]("copy_multi")
+	kCopyMulti    = declareKernel[listArgs]("copy_multi")
 	kSGDMulti     = declareKernel[sgdMultiArgs]("sgd_multi")
 	kAdamWMulti   = declareKernel[adamwMultiArgs]("adamw_multi")
 	kUnscaleMulti = declareKernel[unscaleMultiArgs]("unscale_multi")
@@ -537,21 +536,21 @@ var (
 	kIncrement    = declareKernel[incrementArgs]("increment")
 
 	// castMultiKernels by (from, to); accumulateMultiKernels by from.
-	castMultiKernels       = map[[2]kernels.DType]kernel[castMultiArgs]{}
-	accumulateMultiKernels = map[kernels.DType]kernel[castMultiArgs]{}
+	castMultiKernels       = map[[2]kernels.DType]kernel[listArgs]{}
+	accumulateMultiKernels = map[kernels.DType]kernel[listArgs]{}
 )
 
 func init() {
 	for _, h := range []kernels.DType{kernels.F16, kernels.BF16} {
-		castMultiKernels[[2]kernels.DType{kernels.F32, h}] = declareKernel[castMultiArgs]("cast_multi_f32_" + h.String())
-		castMultiKernels[[2]kernels.DType{h, kernels.F32}] = declareKernel[castMultiArgs]("cast_multi_" + h.String() + "_f32")
-		accumulateMultiKernels[h] = declareKernel[castMultiArgs]("accumulate_multi_" + h.String())
+		castMultiKernels[[2]kernels.DType{kernels.F32, h}] = declareKernel[listArgs]("cast_multi_f32_" + h.String())
+		castMultiKernels[[2]kernels.DType{h, kernels.F32}] = declareKernel[listArgs]("cast_multi_" + h.String() + "_f32")
+		accumulateMultiKernels[h] = declareKernel[listArgs]("accumulate_multi_" + h.String())
 	}
 }
 
-// multiTensor launches the lists, pairwise of the same lengths and checked
-// by the caller, in groups of mtMax tensors: launch is called with each
-// group's list and dims.
+// multiTensor launches the lists, pairwise of the same lengths (their
+// dtypes checked by the caller), in groups of mtMax tensors: launch is
+// called with each group's list and dims.
 func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l tensorList, d dims)) {
 	for i := range lists[0] {
 		for _, l := range lists {
@@ -593,7 +592,7 @@ func (b *Backend) CopyMany(dst, src []kernels.Buf) {
 	if len(dst) == 0 {
 		return
 	}
-	b.multiTensor("copy many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { kCopyMulti.launch(b, 0, d, copyMultiArgs{l}) })
+	b.multiTensor("copy many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { kCopyMulti.launch(b, 0, d, listArgs{l}) })
 }
 
 // CastMany converts each src[i] into dst[i], one launch per 32 tensors.
@@ -603,7 +602,7 @@ func (b *Backend) CastMany(dst, src []kernels.Buf) {
 		return
 	}
 	k := castMultiKernels[[2]kernels.DType{from, to}]
-	b.multiTensor("cast many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, castMultiArgs{l}) })
+	b.multiTensor("cast many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, listArgs{l}) })
 }
 
 // AccumulateMany adds each src[i], converted, into dst[i], one launch per
@@ -614,7 +613,7 @@ func (b *Backend) AccumulateMany(dst, src []kernels.Buf) {
 		return
 	}
 	k := accumulateMultiKernels[from]
-	b.multiTensor("accumulate many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, castMultiArgs{l}) })
+	b.multiTensor("accumulate many", [][]kernels.Buf{dst, src}, func(l tensorList, d dims) { k.launch(b, 0, d, listArgs{l}) })
 }
 
 // SGD updates every parameter in one launch per 32 tensors.

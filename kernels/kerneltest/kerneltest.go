@@ -63,6 +63,17 @@ func (p pair) slice(off int) pair {
 	return pair{got: p.got.Slice(off, p.got.N-off), ref: p.ref.Slice(off, p.ref.N-off), dt: p.dt}
 }
 
+// manySizes is the sizes of a multi-tensor operation's tensors: first, then
+// random ones of up to most elements, 40 in all, more tensors than one
+// multi-tensor launch takes.
+func (s *suite) manySizes(most int, first ...int) []int {
+	sizes := first
+	for len(sizes) < 40 {
+		sizes = append(sizes, 1+s.rng.IntN(most))
+	}
+	return sizes
+}
+
 // toF32 converts float64 values to float32.
 func toF32(v []float64) []float32 {
 	out := make([]float32, len(v))
@@ -718,10 +729,7 @@ var cases = []testCase{
 		}
 	}},
 	{"multi-tensor casts", func(s *suite) {
-		sizes := []int{1, 17, 4096, 65537, 3}
-		for len(sizes) < 40 { // more tensors than one multi-tensor launch takes
-			sizes = append(sizes, 1+s.rng.IntN(3000))
-		}
+		sizes := s.manySizes(3000, 1, 17, 4096, 65537, 3)
 		// want is what the host makes of vals stored in dt.
 		want := func(dt kernels.DType, vals []float32) []float64 { return decode(dt, encode(dt, vals)) }
 		bufs := func(ps []pair) (g []kernels.Buf) {
@@ -765,10 +773,7 @@ var cases = []testCase{
 		}
 	}},
 	{"optimizers", func(s *suite) {
-		sizes := []int{1, 17, 4096, 65537, 3, 300}
-		for len(sizes) < 40 { // more tensors than one multi-tensor launch takes
-			sizes = append(sizes, 1+s.rng.IntN(2000))
-		}
+		sizes := s.manySizes(2000, 1, 17, 4096, 65537, 3, 300)
 		mk := func(gen func(int) []float32) []pair {
 			ps := make([]pair, len(sizes))
 			for i, n := range sizes {
