@@ -51,7 +51,7 @@ type options struct {
 	ampDType, largestBatch                             string
 	vocab                                              int
 	planRoom                                           float64
-	planTolerance                                      float64
+	planTolerance, profileShare                        float64
 	micro, lean, eager, profile                        bool
 	warmup, steps, rounds                              int
 	claims                                             bool
@@ -126,6 +126,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
 	fs.StringVar(&o.merge, "merge", "", "render the report (bench.json, bench.md, plots) into -out from these bench.json files, comma separated, instead of running")
 	fs.BoolVar(&o.profile, "profile", false, "also report each kind of operation's time per eager step, for every spec (device time on a GPU, host time on the CPU)")
+	fs.Float64Var(&o.profileShare, "profile-share", 1, "with -profile, list the kinds of operation taking at least this `percent` of the step, and the rest as one sum")
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
 	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
@@ -261,6 +262,9 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.planRoom < 0 && o.planRoom != -1 {
 		say("-plan-room %v: want a fraction of 0 or more, or -1 for the default", o.planRoom)
 	}
+	if o.profileShare < 0 || o.profileShare > 100 {
+		say("-profile-share %v: want a percent from 0 to 100", o.profileShare)
+	}
 	if o.planTolerance < 0 && o.planTolerance != -1 {
 		say("-plan-tolerance %v: want a fraction of 0 or more, or -1 for the default", o.planTolerance)
 	}
@@ -339,7 +343,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("leangrad ran on GOMAXPROCS = %d goroutines.", runtime.GOMAXPROCS(0)))
 	}
 	if o.profile {
-		if err := profile(dev, specs, configs, bo, rep, stderr); err != nil {
+		if err := profile(dev, specs, configs, o.profileShare, bo, rep, stderr); err != nil {
 			return err
 		}
 	}
@@ -485,7 +489,7 @@ func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, 
 }
 
 // profile reports where each spec's step time goes, by kind of operation.
-func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
+func profile(dev *tensor.Device, specs []spec, configs []string, share float64, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
 	for _, sp := range specs {
 		for _, b := range sp.batches {
 			for _, c := range configs {
@@ -497,10 +501,17 @@ func profile(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.O
 					return err
 				}
 				var parts []string
+				var rest float64
+				var others int
 				for _, op := range ops {
-					if op.MS >= 0.01*total {
+					if op.MS >= share/100*total {
 						parts = append(parts, fmt.Sprintf("%s %.3f ms (%d×)", op.Op, op.MS, op.Count))
+					} else {
+						rest, others = rest+op.MS, others+1
 					}
+				}
+				if others > 0 {
+					parts = append(parts, fmt.Sprintf("%d more kinds %.3f ms", others, rest))
 				}
 				what := "Device time"
 				if dev.Info().Kind == "cpu" {

@@ -65,6 +65,7 @@ func TestBenchChecksBeforeWork(t *testing.T) {
 		{[]string{"-merge", merged, "-out", filepath.Dir(merged)}, []string{"-out " + merged + ": it would replace -merge " + merged}},
 		{[]string{"-device", "cpu", "-plan-room", "-0.5"}, []string{"-plan-room -0.5: want a fraction of 0 or more, or -1 for the default"}},
 		{[]string{"-device", "cpu", "-plan-tolerance", "-0.2"}, []string{"-plan-tolerance -0.2: want a fraction of 0 or more, or -1 for the default"}},
+		{[]string{"-device", "cpu", "-profile-share", "101"}, []string{"-profile-share 101: want a percent from 0 to 100"}},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)

@@ -42,8 +42,11 @@ type Backend struct {
 	// noLt (tests) runs products with epilogues unfused; ltSums fuses
 	// their bias gradients too (Note [the fused epilogues]).
 	noLt, ltSums bool
-	opts         Options
-	asked        Options // opts as given to Open, for the conflict check
+	// ltTimed (tests) hears each product plan's candidate times and choice
+	// (Note [products' algorithms timed]).
+	ltTimed func(key ltKey, ms []float32, chosen int)
+	opts    Options
+	asked   Options // opts as given to Open, for the conflict check
 
 	d      *driverAPI
 	cb     *cublasAPI
@@ -55,8 +58,15 @@ type Backend struct {
 	module      uintptr
 	funcs       [][]uintptr // the module's functions, by kernel and instantiation (newFunctionTable)
 	blas        uintptr
-	blasWS      *memory.Block // cuBLAS's and cuBLASLt's workspace
-	lt          *cublasLtAPI  // nil: products with epilogues run unfused (ltReason says why)
+	blasWS      *memory.Block // cuBLAS's and cuBLASLt's workspace (its first blasWSBytes), and reduceDone
+	blasWSBytes uintptr
+	// reduceDone is reduce_cols_split's counters, one a tile of outputs,
+	// zero between launches: n words at addr, the tail of blasWS.
+	reduceDone struct {
+		addr uintptr
+		n    int
+	}
+	lt          *cublasLtAPI // nil: products with epilogues run unfused (ltReason says why)
 	ltHandle    uintptr
 	ltReason    string
 	ltPlans     map[ltKey]*ltPlan
@@ -215,7 +225,13 @@ func open(index int, opts Options) (*Backend, error) {
 	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
 		return nil, err
 	}
-	cb.must("cublasSetWorkspace", cb.setWorkspace(b.blas, b.blasWS.Addr(), blasWorkspace))
+	// A split column reduction has at most fill/16 outputs (Reduce), and a
+	// tile at least one.
+	b.reduceDone.n = b.sms * 2048 / 16
+	b.blasWSBytes = blasWorkspace - uintptr(b.reduceDone.n*4+255)&^255
+	b.reduceDone.addr = b.blasWS.Addr() + b.blasWSBytes
+	d.must("cuMemsetD32Async", d.memsetD32Async(b.reduceDone.addr, 0, uintptr(b.reduceDone.n), b.stream))
+	cb.must("cublasSetWorkspace", cb.setWorkspace(b.blas, b.blasWS.Addr(), b.blasWSBytes))
 
 	for i := range b.staging {
 		if err := d.check("cuEventCreate", d.eventCreate(unsafe.Pointer(&b.staging[i].event), cuEventDisableTiming)); err != nil {

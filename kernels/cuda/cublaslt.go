@@ -109,28 +109,39 @@ var cublasLtLib = loader[*cublasLtAPI]{what: "cuBLASLt (libcublasLt, from the CU
 type ltKey struct {
 	transA, transB bool
 	m, n, k        int
+	lda, ldb, ldc  int // the operands' row strides
 	ab, c          kernels.DType
 	epilogue       int32
 	tf32           bool
 	align          [4]uint8 // log2 of the alignment (up to 256 bytes) of A, B, C and the bias or aux pointer
 }
 
-// ltPlan is a product's descriptors and algorithm, or why cuBLASLt has none.
+// ltPlan is a product's descriptors and algorithms, or why cuBLASLt has none.
 type ltPlan struct {
 	desc, a, b, d uintptr
-	algo          ltHeuristic
-	refused       string // non-empty: run unfused
+	algos         []ltHeuristic // the heuristic's candidates, its favourite first
+	algo          int           // the candidate the product runs
+	settled       bool          // algo is final: timed, or first run while capturing
+	refused       string        // non-empty: run unfused
 }
+
+// ltCandidates is how many of its heuristic's algorithms cuBLASLt is asked
+// for, and ltMargin how much faster than the heuristic's favourite another
+// must run to replace it (Note [products' algorithms timed]).
+const (
+	ltCandidates = 8
+	ltMargin     = 0.03
+)
 
 // ltEpilogue maps e onto one of cuBLASLt's epilogues, fusing the bias
 // gradients too with sums (Note [the fused epilogues]); fused says which
 // of e's bias gradients it fuses, and why, when non-empty, why there is
 // nothing for cuBLASLt to do.
-func ltEpilogue(p kernels.GemmParams, e kernels.Epilogue, sums bool) (epi int32, fused bool, why string) {
+func ltEpilogue(g gemmCall, e kernels.Epilogue, sums bool) (epi int32, fused bool, why string) {
 	switch {
 	case e.Act != 0 && e.Act != kernels.GELU:
 		return 0, false, "cuBLASLt fuses only GELU"
-	case e.Act != 0 && p.N%8 != 0:
+	case e.Act != 0 && g.n%8 != 0:
 		return 0, false, "GELU's auxiliary matrix needs N a multiple of 8"
 	case e.Grad && sums && e.BiasGrad.Valid():
 		return ltEpilogueDGELUBGrad, true, ""
@@ -144,10 +155,10 @@ func ltEpilogue(p kernels.GemmParams, e kernels.Epilogue, sums bool) (epi int32,
 		return ltEpilogueBias, false, ""
 	case e.Residual.Valid():
 		return ltEpilogueDefault, false, ""
-	case sums && p.TransA && e.BiasGradA.Valid() && !e.BiasGrad.Valid(): // cuBLAS's B is our A (gemm's Note)
+	case sums && g.transA && e.BiasGradA.Valid() && !e.BiasGrad.Valid(): // cuBLAS's B is our A (gemm's Note)
 		return ltEpilogueBGradB, true, ""
 	}
-	return 0, false, "no epilogue in the product"
+	return ltEpilogueDefault, false, ""
 }
 
 // alignLog2 is log2 of the largest power of two, up to 256, dividing addr.
@@ -204,16 +215,16 @@ func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
 		return pl
 	}
 	if aux != 0 {
-		ld := int64(key.n)
+		ld := int64(key.ldc)
 		if fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescAuxPointer, unsafe.Pointer(&aux), 8)) ||
 			fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescAuxLD, unsafe.Pointer(&ld), 8)) {
 			return pl
 		}
 	}
 	ta, tc := cudaType(key.ab), cudaType(key.c)
-	if fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.a), ta, uint64(aRows), uint64(aCols), int64(aRows))) ||
-		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.b), ta, uint64(bRows), uint64(bCols), int64(bRows))) ||
-		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.d), tc, uint64(key.n), uint64(key.m), int64(key.n))) {
+	if fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.a), ta, uint64(aRows), uint64(aCols), int64(key.ldb))) ||
+		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.b), ta, uint64(bRows), uint64(bCols), int64(key.lda))) ||
+		fail("cublasLtMatrixLayoutCreate", lt.layoutCreate(unsafe.Pointer(&pl.d), tc, uint64(key.n), uint64(key.m), int64(key.ldc))) {
 		return pl
 	}
 	var pref uintptr
@@ -221,7 +232,7 @@ func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
 		return pl
 	}
 	defer lt.prefDestroy(pref)
-	ws := uint64(b.blasWS.Size())
+	ws := uint64(b.blasWSBytes)
 	if fail("cublasLtMatmulPreferenceSetAttribute", lt.prefSet(pref, ltPrefWorkspace, unsafe.Pointer(&ws), 8)) {
 		return pl
 	}
@@ -233,25 +244,106 @@ func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
 		}
 	}
 	var found int32
-	if fail("cublasLtMatmulAlgoGetHeuristic", lt.heuristic(b.ltHandle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 1,
-		unsafe.Pointer(&pl.algo), unsafe.Pointer(&found))) {
+	pl.algos = make([]ltHeuristic, ltCandidates)
+	if fail("cublasLtMatmulAlgoGetHeuristic", lt.heuristic(b.ltHandle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, ltCandidates,
+		unsafe.Pointer(&pl.algos[0]), unsafe.Pointer(&found))) {
 		return pl
 	}
+	pl.algos = pl.algos[:found]
 	if found == 0 {
 		pl.refused = "cuBLASLt's heuristic has no algorithm for it"
 	}
 	return pl
 }
 
-// gemmLt runs p with what cuBLASLt fuses of its epilogue e in one call,
-// reporting whether it did and whether that included the bias gradients
-// (the caller holds the lock and does the rest; Note [the fused
-// epilogues]).
-func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) (ran, sums bool) {
-	if b.lt == nil || b.noLt {
+// ltOperands are one call's device pointers: cuBLASLt's B and A (our a and
+// b, gemm's Note), C (the residual, or d) and D.
+type ltOperands struct{ a, b, c, d uintptr }
+
+// ltMatmul queues the product of pl on x with its candidate i (the caller
+// has set b.alpha and b.beta).
+func (b *Backend) ltMatmul(pl *ltPlan, i int, x ltOperands) cublasStatus {
+	return b.lt.matmul(b.ltHandle, pl.desc, unsafe.Pointer(&b.alpha), x.b, pl.a, x.a, pl.b, unsafe.Pointer(&b.beta),
+		x.c, pl.d, x.d, pl.d, unsafe.Pointer(&pl.algos[i].algo), b.blasWS.Addr(), b.blasWSBytes, b.stream)
+}
+
+// Note [products' algorithms timed]: cuBLASLt's heuristic ranks its
+// algorithms by a model of the device, and for the products with
+// epilogues its favourite is not always the fastest. A plan's first call
+// outside a capture therefore times the heuristic's first ltCandidates on
+// the call's own operands (each once to warm up, then ltTimedRuns times
+// between two events) and keeps the fastest, but the heuristic's favourite
+// unless another is faster by ltMargin, so that close calls, which timing
+// noise could flip from one process to the next, keep one answer. This is
+// what PyTorch's TunableOp does for its products. The candidates write the
+// call's D, which the chosen algorithm then writes again; a call whose D is
+// also its C (a residual added in place, β = 1) cannot be repeated and
+// keeps the favourite, as does a plan first run while capturing. Once
+// settled a plan's algorithm never changes, so an eager step and its
+// captured graph run the same one and give the same bits.
+
+// ltTimedRuns is how many times each candidate runs between its events.
+const ltTimedRuns = 3
+
+// ltSettle chooses pl's algorithm by timing its candidates on x (Note
+// [products' algorithms timed]); the caller holds the lock and has set
+// b.alpha and b.beta.
+func (b *Backend) ltSettle(key ltKey, pl *ltPlan, x ltOperands) {
+	pl.settled = true
+	if b.capturing || len(pl.algos) < 2 || (x.c == x.d && b.beta != 0) {
+		return
+	}
+	times := b.ltTimes(pl, x)
+	best := 0
+	for i, t := range times {
+		if t > 0 && (times[best] <= 0 || t < times[best]) {
+			best = i
+		}
+	}
+	if best != 0 && times[0] > 0 && times[best] > (1-ltMargin)*times[0] {
+		best = 0
+	}
+	pl.algo = best
+	if b.ltTimed != nil {
+		b.ltTimed(key, times, best)
+	}
+}
+
+// ltTimes returns each candidate's device time in ms per product on x, 0
+// for one cuBLASLt refuses.
+func (b *Backend) ltTimes(pl *ltPlan, x ltOperands) []float32 {
+	d := b.d
+	var start, end uintptr
+	d.must("cuEventCreate", d.eventCreate(unsafe.Pointer(&start), 0))
+	defer d.eventDestroy(start)
+	d.must("cuEventCreate", d.eventCreate(unsafe.Pointer(&end), 0))
+	defer d.eventDestroy(end)
+	times := make([]float32, len(pl.algos))
+	for i := range pl.algos {
+		if b.ltMatmul(pl, i, x) != 0 {
+			continue
+		}
+		d.must("cuEventRecord", d.eventRecord(start, b.stream))
+		for range ltTimedRuns {
+			b.ltMatmul(pl, i, x)
+		}
+		d.must("cuEventRecord", d.eventRecord(end, b.stream))
+		d.must("cuEventSynchronize", d.eventSynchronize(end))
+		d.must("cuEventElapsedTime", d.eventElapsedTime(unsafe.Pointer(&times[i]), start, end))
+		times[i] /= ltTimedRuns
+	}
+	return times
+}
+
+// gemmLt runs the product g (one, not a batch) with what cuBLASLt fuses of
+// its epilogue e in one call, reporting whether it did and whether that
+// included the bias gradients (the caller holds the lock and does the
+// rest; Note [the fused epilogues]).
+func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
+	if b.lt == nil || b.noLt || g.batch > 1 {
 		return false, false
 	}
-	epi, sums, why := ltEpilogue(p, e, b.ltSums)
+	epi, sums, why := ltEpilogue(g, e, b.ltSums)
 	if why != "" {
 		return false, false
 	}
@@ -268,10 +360,10 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 	}
 	if v.Valid() {
 		vec = ptrOf(v)
-		if c.DType != kernels.F32 {
-			blk := b.workspace(int64(v.N * c.DType.Size()))
+		if g.cType != kernels.F32 {
+			blk := b.workspace(int64(v.N * g.cType.Size()))
 			defer b.alloc.Free(blk)
-			scratch = kernels.Buf{Block: blk, N: v.N, DType: c.DType}
+			scratch = kernels.Buf{Block: blk, N: v.N, DType: g.cType}
 			vec = blk.Addr()
 		}
 	}
@@ -279,13 +371,14 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 		aux = ptrOf(e.Aux)
 	}
 	// A residual is cuBLASLt's C, read with β = 1, beside the D we call C.
-	in, beta := ptrOf(c), float32(0)
+	in, beta := g.c, g.beta
 	if e.Residual.Valid() {
 		in, beta = ptrOf(e.Residual), 1
 	}
-	key := ltKey{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, ab: a.DType, c: c.DType, epilogue: epi,
-		tf32:  b.opts.MatmulTF32 && a.DType == kernels.F32,
-		align: [4]uint8{alignLog2(ptrOf(a)), alignLog2(ptrOf(bb)), min(alignLog2(ptrOf(c)), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
+	key := ltKey{transA: g.transA, transB: g.transB, m: g.m, n: g.n, k: g.k, ab: g.ab, c: g.cType, epilogue: epi,
+		tf32:  b.opts.MatmulTF32 && g.ab == kernels.F32,
+		align: [4]uint8{alignLog2(g.a), alignLog2(g.b), min(alignLog2(g.c), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
+	key.lda, key.ldb, key.ldc = g.lds()
 	pl := b.ltPlanFor(key, vec, aux)
 	if pl.refused != "" {
 		return false, false
@@ -300,17 +393,19 @@ func (b *Backend) gemmLt(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kern
 	if scratch.Valid() && e.Bias.Valid() {
 		b.cast(scratch, e.Bias)
 	}
-	b.alpha, b.beta = p.Alpha, beta
-	ws := b.blasWS
+	b.alpha, b.beta = g.alpha, beta
 	if b.prof != nil {
-		b.queued(fmt.Sprintf("cublasLt gemm %v→%v %d×%d×%d %s", a.DType, c.DType, p.M, p.N, p.K, e))
+		b.queued(fmt.Sprintf("cublasLt gemm %v→%v %d×%d×%d %s%s", g.ab, g.cType, g.m, g.n, g.k, e, map[bool]string{true: " (β=1)"}[beta != 0]))
 	} else {
 		b.queued("cublasLt gemm")
 	}
+	x := ltOperands{a: g.a, b: g.b, c: in, d: g.c}
+	if !pl.settled {
+		b.ltSettle(key, pl, x)
+	}
 	// A call cuBLASLt refuses (it checks before queuing anything) leaves
 	// the shape to the unfused path from then on.
-	if r := lt.matmul(b.ltHandle, pl.desc, unsafe.Pointer(&b.alpha), ptrOf(bb), pl.a, ptrOf(a), pl.b, unsafe.Pointer(&b.beta),
-		in, pl.d, ptrOf(c), pl.d, unsafe.Pointer(&pl.algo.algo), ws.Addr(), uintptr(ws.Size()), b.stream); r != 0 {
+	if r := b.ltMatmul(pl, pl.algo, x); r != 0 {
 		pl.refused = b.cb.check("cublasLtMatmul", r).Error()
 		return false, false
 	}

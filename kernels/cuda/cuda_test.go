@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -170,6 +172,90 @@ func TestCUDAGemmEpilogues(t *testing.T) {
 		} else {
 			t.Logf("cuBLASLt refused %+v (odd sizes, run unfused): %s", key, pl.refused)
 		}
+	}
+}
+
+// TestCUDAGemmAlgorithmsTimed: a 16-bit product's first call times
+// cuBLASLt's candidates and settles on one, later calls time nothing; a
+// product that adds into its own C (β = 1) is not repeated to be timed
+// and keeps the heuristic's favourite (Note [products' algorithms timed]).
+// The operands are small integers, so every product is exact.
+func TestCUDAGemmAlgorithmsTimed(t *testing.T) {
+	b := testBackend(t)
+	if b.lt == nil {
+		t.Fatalf("cuBLASLt did not load: %s", b.ltReason)
+	}
+	var timed []ltKey
+	b.ltTimed = func(key ltKey, ms []float32, chosen int) { timed = append(timed, key) }
+	defer func() { b.ltTimed = nil }()
+	rng := rand.New(rand.NewPCG(7, 23))
+	for _, c := range []struct {
+		name    string
+		m, n, k int
+		beta    float32
+		timed   bool // the first call times the candidates
+	}{
+		{"β=0", 128, 256, 64, 0, true},
+		{"β=1 into C", 128, 192, 64, 1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ints := func(n int) []float64 {
+				v := make([]float64, n)
+				for i := range v {
+					v[i] = float64(rng.IntN(5) - 2)
+				}
+				return v
+			}
+			av, bv, cv := ints(c.m*c.k), ints(c.k*c.n), ints(c.m*c.n)
+			upload := func(v []float64, dt kernels.DType) kernels.Buf {
+				blk := alloc(t, b, int64(len(v)*dt.Size()))
+				t.Cleanup(func() { b.Allocator().Free(blk) })
+				buf := kernels.Buf{Block: blk, N: len(v), DType: dt}
+				raw := make([]byte, len(v)*dt.Size())
+				for i, x := range v {
+					if dt == kernels.BF16 {
+						binary.LittleEndian.PutUint16(raw[2*i:], uint16(math.Float32bits(float32(x))>>16)) // exact: small integers
+					} else {
+						binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(float32(x)))
+					}
+				}
+				b.Write(buf, raw)
+				return buf
+			}
+			a, bb, cc := upload(av, kernels.BF16), upload(bv, kernels.BF16), upload(cv, kernels.F32)
+			p := kernels.GemmParams{M: c.m, N: c.n, K: c.k, Alpha: 1, Beta: c.beta, Batch: 1}
+			for call := 1; call <= 2; call++ {
+				timed = nil
+				if call == 2 {
+					b.Write(cc, make([]byte, len(cv)*4))
+					cv = make([]float64, len(cv))
+				}
+				b.Gemm(p, a, bb, cc)
+				raw := make([]byte, len(cv)*4)
+				b.Read(raw, cc)
+				for i := range c.m {
+					for j := range c.n {
+						want := float64(c.beta) * cv[i*c.n+j]
+						for l := range c.k {
+							want += av[i*c.k+l] * bv[l*c.n+j]
+						}
+						if got := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*(i*c.n+j):])); float64(got) != want {
+							t.Fatalf("call %d: C[%d,%d] = %v, want %v", call, i, j, got, want)
+						}
+					}
+				}
+				if got := len(timed) == 1; got != (c.timed && call == 1) {
+					t.Errorf("call %d timed the candidates of %v", call, timed)
+				}
+			}
+			for key, pl := range b.ltPlans {
+				if key.m == c.m && key.n == c.n && key.k == c.k {
+					if !pl.settled || pl.refused != "" || (!c.timed && pl.algo != 0) {
+						t.Errorf("plan %+v: settled %v, algorithm %d of %d, refused %q", key, pl.settled, pl.algo, len(pl.algos), pl.refused)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -23,6 +23,27 @@ type gemmCall struct {
 	lda, ldb, ldc int
 }
 
+// lds returns the operands' row strides: as set, or their own widths.
+func (g gemmCall) lds() (lda, ldb, ldc int) {
+	lda, ldb, ldc = g.k, g.n, g.n
+	if g.transA {
+		lda = g.m
+	}
+	if g.transB {
+		ldb = g.k
+	}
+	if g.lda > 0 {
+		lda = g.lda
+	}
+	if g.ldb > 0 {
+		ldb = g.ldb
+	}
+	if g.ldc > 0 {
+		ldc = g.ldc
+	}
+	return lda, ldb, ldc
+}
+
 func cudaType(dt kernels.DType) int32 {
 	switch dt {
 	case kernels.F32:
@@ -35,28 +56,25 @@ func cudaType(dt kernels.DType) int32 {
 	panic(fmt.Sprintf("cuda: gemm of %v data", dt))
 }
 
-// gemm runs g with cuBLAS (the caller holds the lock). cuBLAS is column
-// major: a row-major C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the operands
-// are passed swapped, with the row-major leading dimensions.
+// gemm runs g with cuBLAS (the caller holds the lock): one 16-bit product
+// with cuBLASLt and its timed algorithm (Note [products' algorithms
+// timed]), the rest with cublasGemmEx. cuBLAS is column major: a row-major
+// C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the operands are passed
+// swapped, with the row-major leading dimensions.
 func (b *Backend) gemm(g gemmCall) {
+	if g.batch <= 1 && g.ab != kernels.F32 {
+		if ran, _ := b.gemmLt(g, kernels.Epilogue{}); ran {
+			return
+		}
+	}
 	opA, opB := int32(cublasOpN), int32(cublasOpN)
-	lda, ldb := g.k, g.n
 	if g.transA {
-		opA, lda = cublasOpT, g.m
+		opA = cublasOpT
 	}
 	if g.transB {
-		opB, ldb = cublasOpT, g.k
+		opB = cublasOpT
 	}
-	ldc := g.n
-	if g.lda > 0 {
-		lda = g.lda
-	}
-	if g.ldb > 0 {
-		ldb = g.ldb
-	}
-	if g.ldc > 0 {
-		ldc = g.ldc
-	}
+	lda, ldb, ldc := g.lds()
 	compute := int32(cublasComputeF32)
 	if b.opts.MatmulTF32 && g.ab == kernels.F32 {
 		compute = cublasComputeF32FastTF32
@@ -78,9 +96,9 @@ func (b *Backend) gemm(g gemmCall) {
 		unsafe.Pointer(&b.beta), g.c, tc, int32(ldc), g.strideC, int32(g.batch), compute, cublasGemmDefault))
 }
 
-// Gemm computes a (batched) matrix product with cuBLAS: F16 operands are
-// multiplied on tensor cores with F32 accumulation; F32 ones in F32 (TF32
-// only when the backend was opened with MatmulTF32).
+// Gemm computes a (batched) matrix product with cuBLAS: F16 and BF16
+// operands are multiplied on tensor cores with F32 accumulation, F32 ones
+// in F32 (TF32 only when the backend was opened with MatmulTF32).
 func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 	kernels.CheckGemm(p, a, bb, c)
 	batch := max(p.Batch, 1)
@@ -107,7 +125,8 @@ var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
 func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, bb, c)
 	b.enter()
-	ran, sums := b.gemmLt(p, e, a, bb, c)
+	ran, sums := b.gemmLt(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
+		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType}, e)
 	if !ran {
 		var beta float32
 		if r := e.Residual; r.Valid() { // C starts as the residual, and the product adds to it
@@ -126,32 +145,20 @@ func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, 
 				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
 		}
 	}
-	b.exit()
+	defer b.exit()
 	if sums {
 		return
 	}
+	// The F32 bias gradients, summed from 16-bit C or A straight into F32
+	// where the reduction splits its axis (reduce).
 	if e.BiasGrad.Valid() {
-		b.sumF32(e.BiasGrad, c, kernels.Reduction{Outer: 1, Len: p.M, Inner: p.N})
+		b.reduce(kernels.Sum, e.BiasGrad, c, kernels.Reduction{Outer: 1, Len: p.M, Inner: p.N})
 	}
 	if e.BiasGradA.Valid() {
 		r := kernels.Reduction{Outer: p.M, Len: p.K, Inner: 1} // A stored M×K
 		if p.TransA {
 			r = kernels.Reduction{Outer: 1, Len: p.K, Inner: p.M} // A stored K×M
 		}
-		b.sumF32(e.BiasGradA, a.Slice(0, p.M*p.K), r)
+		b.reduce(kernels.Sum, e.BiasGradA, a.Slice(0, p.M*p.K), r)
 	}
-}
-
-// sumF32 sums x along r into the F32 dst: through a scratch of x's dtype
-// and a cast when x is 16-bit.
-func (b *Backend) sumF32(dst, x kernels.Buf, r kernels.Reduction) {
-	if x.DType == kernels.F32 {
-		b.Reduce(kernels.Sum, dst, x, r)
-		return
-	}
-	blk := b.workspace(int64(dst.N * x.DType.Size()))
-	defer b.alloc.Free(blk)
-	s := kernels.Buf{Block: blk, N: dst.N, DType: x.DType}
-	b.Reduce(kernels.Sum, s, x, r)
-	b.Cast(dst, s)
 }

@@ -124,3 +124,97 @@ func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCUDAGemmCandidates times GPT-2 small's products (batch 16,
+// context 1024, BF16) with cuBLASLt's algorithm chosen by timing, the
+// plain ones beside cublasGemmEx, and logs each candidate's µs: the
+// numbers behind Note [products' algorithms timed].
+func BenchmarkCUDAGemmCandidates(b *testing.B) {
+	be := testBackend(b)
+	buf := func(dt kernels.DType, n int) kernels.Buf {
+		blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { be.Allocator().Free(blk) })
+		be.Fill(kernels.Buf{Block: blk, N: n, DType: dt}, 0.01)
+		return kernels.Buf{Block: blk, N: n, DType: dt}
+	}
+	be.ltTimed = func(key ltKey, ms []float32, chosen int) {
+		us := make([]string, len(ms))
+		for i, t := range ms {
+			us[i] = fmt.Sprintf("%.1f", t*1000)
+		}
+		b.Logf("%d×%d×%d transA %v transB %v %v→%v epilogue %d: candidates %v µs, chose %d", key.m, key.n, key.k,
+			key.transA, key.transB, key.ab, key.c, key.epilogue, us, chosen)
+	}
+	defer func() { be.ltTimed = nil }()
+	const rows, width = 16384, 768
+	for _, s := range []struct {
+		name string
+		p    kernels.GemmParams
+		c    kernels.DType
+		e    func() kernels.Epilogue
+	}{
+		{"c_attn", kernels.GemmParams{TransB: true, M: rows, N: 3 * width, K: width}, kernels.BF16,
+			func() kernels.Epilogue { return kernels.Epilogue{Bias: buf(kernels.F32, 3*width)} }},
+		{"c_fc", kernels.GemmParams{TransB: true, M: rows, N: 4 * width, K: width}, kernels.BF16,
+			func() kernels.Epilogue {
+				return kernels.Epilogue{Bias: buf(kernels.F32, 4*width), Act: kernels.GELU, Aux: buf(kernels.BF16, rows*4*width)}
+			}},
+		{"mlp.c_proj", kernels.GemmParams{TransB: true, M: rows, N: width, K: 4 * width}, kernels.F32,
+			func() kernels.Epilogue {
+				return kernels.Epilogue{Bias: buf(kernels.F32, width), Residual: buf(kernels.F32, rows*width)}
+			}},
+		{"attn.c_proj", kernels.GemmParams{TransB: true, M: rows, N: width, K: width}, kernels.F32,
+			func() kernels.Epilogue {
+				return kernels.Epilogue{Bias: buf(kernels.F32, width), Residual: buf(kernels.F32, rows*width)}
+			}},
+		{"mlp.c_proj-dx", kernels.GemmParams{M: rows, N: 4 * width, K: width}, kernels.BF16,
+			func() kernels.Epilogue {
+				return kernels.Epilogue{Act: kernels.GELU, Grad: true, Aux: buf(kernels.BF16, rows*4*width)}
+			}},
+		{"c_fc-dx", kernels.GemmParams{M: rows, N: width, K: 4 * width}, kernels.BF16, nil},
+		{"c_attn-dx", kernels.GemmParams{M: rows, N: width, K: 3 * width}, kernels.BF16, nil},
+		{"attn.c_proj-dx", kernels.GemmParams{M: rows, N: width, K: width}, kernels.BF16, nil},
+		{"c_fc-dw", kernels.GemmParams{TransA: true, M: 4 * width, N: width, K: rows}, kernels.F32, nil},
+		{"c_attn-dw", kernels.GemmParams{TransA: true, M: 3 * width, N: width, K: rows}, kernels.F32, nil},
+		{"mlp.c_proj-dw", kernels.GemmParams{TransA: true, M: width, N: 4 * width, K: rows}, kernels.F32, nil},
+		{"attn.c_proj-dw", kernels.GemmParams{TransA: true, M: width, N: width, K: rows}, kernels.F32, nil},
+		{"classifier", kernels.GemmParams{TransB: true, M: 5312, N: 50304, K: width}, kernels.BF16, nil},
+		{"classifier-dx", kernels.GemmParams{M: 5312, N: width, K: 50304}, kernels.F32, nil},
+		{"classifier-dw", kernels.GemmParams{TransA: true, M: 50304, N: width, K: 5312}, kernels.F32, nil},
+	} {
+		p := s.p
+		p.Alpha, p.Batch = 1, 1
+		a, w, c := buf(kernels.BF16, p.M*p.K), buf(kernels.BF16, p.K*p.N), buf(s.c, p.M*p.N)
+		var e kernels.Epilogue
+		if s.e != nil {
+			e = s.e()
+		}
+		run := func() {
+			if s.e != nil {
+				be.GemmEpilogue(p, e, a, w, c)
+			} else {
+				be.Gemm(p, a, w, c)
+			}
+		}
+		for _, mode := range []string{"timed", "cublasGemmEx"} {
+			if mode == "cublasGemmEx" && s.e != nil {
+				continue
+			}
+			b.Run(s.name+"/"+mode, func(b *testing.B) {
+				be.noLt = mode == "cublasGemmEx"
+				defer func() { be.noLt = false }()
+				run() // the first call times the candidates
+				be.Synchronize()
+				b.ResetTimer()
+				for range b.N { // not b.Loop: its timer stops before the device is waited for
+					run()
+				}
+				be.Synchronize()
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e6, "µs/product")
+			})
+		}
+	}
+}

@@ -197,9 +197,10 @@ type (
 		Op, Outer, Len, Inner int32
 		X, Y                  uintptr
 	}
-	reduceColsSplitArgs struct { // reduce_cols_part (Y: the partials) and reduce_cols_finish (X: the partials)
+	reduceColsSplitArgs struct {
 		Op, Outer, Len, Inner, Splits int32
-		X, Y                          uintptr
+		OutF32                        int32 // Y is F32 whatever X's dtype
+		X, Part, Done, Y              uintptr
 	}
 	reduceMaxBwdArgs struct {
 		Len, Inner   int32
@@ -215,9 +216,8 @@ type (
 var (
 	kReduceRows   = declareTyped[reduceRowsArgs]("reduce_rows")
 	kReduceCols   = declareTyped[reduceColsArgs]("reduce_cols")
-	kReduceColsP  = declareTyped[reduceColsSplitArgs]("reduce_cols_part")
-	kReduceColsP4 = declareTyped[reduceColsSplitArgs]("reduce_cols_part4")
-	kReduceColsF  = declareTyped[reduceColsSplitArgs]("reduce_cols_finish")
+	kReduceColsS  = declareTyped[reduceColsSplitArgs]("reduce_cols_split")
+	kReduceColsS4 = declareTyped[reduceColsSplitArgs]("reduce_cols_split4")
 	kReduceMaxBwd = declareTyped[reduceMaxBwdArgs]("reduce_max_bwd")
 	kArgmax       = declareTyped[argmaxArgs]("argmax")
 )
@@ -225,39 +225,63 @@ var (
 // Reduce reduces along the middle axis: a block per row when the axis is
 // innermost, a thread per output when there are outputs enough to fill the
 // device, and otherwise the axis split into stretches that blocks reduce
-// to partials, combined in order by a second kernel.
+// to partials, the last block of each tile of outputs combining them in
+// order (reduce_cols_split).
 func (b *Backend) Reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
 	kernels.CheckReduction("reduce "+op.String(), r, x, dst)
-	s := floatType("reduce "+op.String(), dst, x)
+	floatType("reduce "+op.String(), dst, x)
 	b.enter()
 	defer b.exit()
+	b.reduce(op, dst, x, r)
+}
+
+// reduce is Reduce for a checked call (the caller holds the lock), dst of
+// x's dtype or, where x is 16-bit, F32: the split columns write it
+// directly, the other paths through a scratch of x's dtype and a cast.
+func (b *Backend) reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Reduction) {
+	s := x.DType
+	outputs := r.Outer * r.Inner
+	fill := b.sms * 2048 // threads the device runs at once
+	splits := min((r.Len+63)/64, fill/(8*outputs))
+	if r.Inner > 1 && splits >= 2 {
+		// Four columns a lane where the rows allow, the axis in four times
+		// as many stretches, so that as many blocks fill the device.
+		k, vec := kReduceColsS, 1
+		if r.Inner%4 == 0 && ptrOf(x)%uintptr(4*x.DType.Size()) == 0 {
+			k, vec = kReduceColsS4, 4
+			splits = min((r.Len+63)/64, 4*splits)
+		}
+		tiles := (r.Inner + 32*vec - 1) / (32 * vec)
+		if tiles*r.Outer > b.reduceDone.n {
+			panic(fmt.Sprintf("cuda: reduce of %+v: %d tiles of outputs, %d counters", r, tiles*r.Outer, b.reduceDone.n))
+		}
+		part := b.workspace(int64(splits*outputs) * 4)
+		defer b.alloc.Free(part)
+		outF32 := int32(0)
+		if dst.DType != s {
+			outF32 = 1
+		}
+		k.launch(b, s, dims{uint32(tiles * splits), uint32(r.Outer), 32 * 8},
+			reduceColsSplitArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), int32(splits), outF32,
+				ptrOf(x), part.Addr(), b.reduceDone.addr, ptrOf(dst)})
+		return
+	}
+	if dst.DType != s {
+		blk := b.workspace(int64(dst.N * s.Size()))
+		defer b.alloc.Free(blk)
+		scratch := kernels.Buf{Block: blk, N: dst.N, DType: s}
+		b.reduce(op, scratch, x, r)
+		b.cast(dst, scratch)
+		return
+	}
 	if r.Inner == 1 {
 		threads := min(blockSize, (r.Len+31)/32*32)
 		kReduceRows.launch(b, s, dims{uint32(min(r.Outer, 1<<16)), 1, uint32(threads)},
 			reduceRowsArgs{int32(op), int32(r.Outer), int32(r.Len), ptrOf(x), ptrOf(dst)})
 		return
 	}
-	outputs := r.Outer * r.Inner
-	fill := b.sms * 2048 // threads the device runs at once
-	splits := min((r.Len+63)/64, fill/(8*outputs))
-	if splits < 2 {
-		kReduceCols.launch(b, s, b.elems(int64(outputs)),
-			reduceColsArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
-		return
-	}
-	// Four columns a lane where the rows allow, the axis in four times as
-	// many stretches, so that as many blocks fill the device.
-	k, vec := kReduceColsP, 1
-	if r.Inner%4 == 0 && ptrOf(x)%uintptr(4*x.DType.Size()) == 0 {
-		k, vec = kReduceColsP4, 4
-		splits = min((r.Len+63)/64, 4*splits)
-	}
-	part := b.workspace(int64(splits*outputs) * 4)
-	defer b.alloc.Free(part)
-	k.launch(b, s, dims{uint32((r.Inner + 32*vec - 1) / (32 * vec) * splits), uint32(r.Outer), 32 * 8},
-		reduceColsSplitArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), int32(splits), ptrOf(x), part.Addr()})
-	kReduceColsF.launch(b, s, b.elems(int64(outputs)),
-		reduceColsSplitArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), int32(splits), part.Addr(), ptrOf(dst)})
+	kReduceCols.launch(b, s, b.elems(int64(outputs)),
+		reduceColsArgs{int32(op), int32(r.Outer), int32(r.Len), int32(r.Inner), ptrOf(x), ptrOf(dst)})
 }
 
 // ReduceMaxBackward routes dy to the elements equal to their maximum.

@@ -35,58 +35,97 @@ __device__ void reduce_cols(int op, int outer, int len, int inner, const T* x, T
 }
 
 // Columns split along the axis, for few outputs over a long axis (a bias's
-// gradient: 768 sums of 16384 rows): a block of 256 threads takes 32·VEC
-// consecutive outputs of one outer index (blockIdx.y), each lane VEC of
-// them (VEC = 4 moves 8 or 16 bytes a load; the caller checks that inner
-// and x allow it), over one of `splits` stretches of the axis (blockIdx.x:
-// tile + tiles·stretch), its eight warps striding the stretch, and writes
-// the stretch's partial result to part[split][outer][inner] (F32);
-// reduce_cols_finish combines the stretches in order, so the sum is the
-// same every run.
+// gradient: 768 sums of 16384 rows), in one launch: a block of 256 threads
+// takes 32·VEC consecutive outputs of one outer index (a tile: blockIdx.x
+// % tiles, blockIdx.y), each lane VEC of them (VEC = 4 moves 8 or 16 bytes
+// a load; the caller checks that inner and x allow it), over one of
+// `splits` stretches of the axis (blockIdx.x / tiles), its eight warps
+// striding the stretch, and writes the stretch's partial result to
+// part[split][outer][inner] (F32). The tile's last block to finish, counted
+// in done[tile] (zero between launches: that block sets it back), combines
+// the tile's partials, its warps striding the stretches and their sums
+// added in warp order, so that the result is the same every run, and
+// writes y, of T or (out_f32) F32.
+template <int VEC>
+__device__ __forceinline__ void cols_add(int op, float* a, const float* v) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? fmaxf(a[e], v[e]) : a[e] + v[e];
+}
+
 template <int VEC, typename T>
-__device__ void reduce_cols_part(int op, int outer, int len, int inner, int splits, const T* x, float* part) {
+__device__ void reduce_cols_split(int op, int outer, int len, int inner, int splits, int out_f32, const T* x,
+                                  float* part, unsigned* done, void* y) {
     __shared__ float acc[8][32 * VEC + 1];
+    __shared__ bool last;
     int tiles = (inner + 32 * VEC - 1) / (32 * VEC), tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     int col = blockIdx.x % tiles * 32 * VEC + VEC * tx, o = blockIdx.y, s = blockIdx.x / tiles;
     int stretch = (len + splits - 1) / splits, j0 = s * stretch, j1 = min(len, j0 + stretch);
-    float a[VEC];
+    const float init = op == R_MAX ? -INFINITY : 0.f;
+    float a[VEC], v[VEC];
 #pragma unroll
-    for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? -INFINITY : 0.f;
+    for (int e = 0; e < VEC; e++) a[e] = init;
     if (col < inner) {
         const T* p = x + (i64)o * len * inner + col;
 #pragma unroll 4
         for (int j = j0 + ty; j < j1; j += 8) {
-            float v[VEC];
             if (VEC == 4)
                 ld4(p, (i64)j * inner, v);
             else
                 v[0] = ld(p, (i64)j * inner);
-#pragma unroll
-            for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? fmaxf(a[e], v[e]) : a[e] + v[e];
+            cols_add<VEC>(op, a, v);
         }
     }
 #pragma unroll
     for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
     __syncthreads();
     if (ty == 0 && col < inner) {
+        for (int r = 1; r < 8; r++) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            for (int r = 1; r < 8; r++) a[e] = op == R_MAX ? fmaxf(a[e], acc[r][VEC * tx + e]) : a[e] + acc[r][VEC * tx + e];
-            part[((i64)s * outer + o) * inner + col + e] = a[e];
+            for (int e = 0; e < VEC; e++) v[e] = acc[r][VEC * tx + e];
+            cols_add<VEC>(op, a, v);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; e++) part[((i64)s * outer + o) * inner + col + e] = a[e];
+        __threadfence(); // the partials reach L2 before the count does
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = done + o * tiles + blockIdx.x % tiles;
+        last = atomicAdd(c, 1u) == (unsigned)splits - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int e = 0; e < VEC; e++) a[e] = init;
+    if (col < inner) {
+#pragma unroll 4
+        for (int r = ty; r < splits; r += 8) {
+            const float* q = part + ((i64)r * outer + o) * inner + col;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) v[e] = __ldcg(q + e); // L2: other blocks wrote them
+            cols_add<VEC>(op, a, v);
         }
     }
-}
-
-template <typename T>
-__device__ void reduce_cols_finish(int op, int outer, int len, int inner, int splits, const float* part, T* y) {
-    i64 n = (i64)outer * inner;
-    GRID_STRIDE(i, n) {
-        float a = op == R_MAX ? -INFINITY : 0.f;
-        for (int s = 0; s < splits; s++) {
-            float v = part[s * n + i];
-            a = op == R_MAX ? fmaxf(a, v) : a + v;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
+    __syncthreads();
+    if (ty == 0 && col < inner) {
+        for (int r = 1; r < 8; r++) {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) v[e] = acc[r][VEC * tx + e];
+            cols_add<VEC>(op, a, v);
         }
-        st(y, i, op == R_MEAN ? a / len : a);
+        i64 i = (i64)o * inner + col;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            float r = op == R_MEAN ? a[e] / len : a[e];
+            if (out_f32)
+                ((float*)y)[i + e] = r;
+            else
+                st((T*)y, i + e, r);
+        }
     }
 }
 
@@ -120,17 +159,15 @@ __device__ void argmax(int outer, int len, int inner, const T* x, int* y) {
     extern "C" __global__ void reduce_cols_##S(int op, int outer, int len, int inner, const T* x, T* y) {   \
         reduce_cols(op, outer, len, inner, x, y);                                                           \
     }                                                                                                       \
-    extern "C" __global__ void reduce_cols_part_##S(int op, int outer, int len, int inner, int splits, const T* x,  \
-                                                    float* part) {                                          \
-        reduce_cols_part<1>(op, outer, len, inner, splits, x, part);                                        \
+    extern "C" __global__ void reduce_cols_split_##S(int op, int outer, int len, int inner, int splits,       \
+                                                     int out_f32, const T* x, float* part, unsigned* done,  \
+                                                     void* y) {                                             \
+        reduce_cols_split<1>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
-    extern "C" __global__ void reduce_cols_part4_##S(int op, int outer, int len, int inner, int splits,       \
-                                                     const T* x, float* part) {                             \
-        reduce_cols_part<4>(op, outer, len, inner, splits, x, part);                                        \
-    }                                                                                                       \
-    extern "C" __global__ void reduce_cols_finish_##S(int op, int outer, int len, int inner, int splits,      \
-                                                      const float* part, T* y) {                            \
-        reduce_cols_finish(op, outer, len, inner, splits, part, y);                                         \
+    extern "C" __global__ void reduce_cols_split4_##S(int op, int outer, int len, int inner, int splits,      \
+                                                      int out_f32, const T* x, float* part, unsigned* done, \
+                                                      void* y) {                                            \
+        reduce_cols_split<4>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
     extern "C" __global__ void reduce_max_bwd_##S(int len, int inner, i64 n, const T* dy, const T* x,      \
                                                   const T* y, T* dx) {                                      \
