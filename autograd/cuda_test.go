@@ -17,6 +17,9 @@ func TestCUDALayerNormToIsACastOfLayerNorm(t *testing.T) {
 func TestCUDALayerNormFoldsTheResidualGradient(t *testing.T) {
 	testLayerNormFoldsTheResidualGradient(t, testdev.CUDA(t))
 }
+func TestCUDALayerNormRoundsTheGradientForAProduct(t *testing.T) {
+	testLayerNormRoundsTheGradientForAProduct(t, testdev.CUDA(t).Backend())
+}
 func TestCUDABackwardFreesGraph(t *testing.T) {
 	dev := testdev.CUDA(t)
 	testBackwardFreesGraphAndRefusesSecondPass(t, dev)

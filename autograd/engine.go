@@ -77,6 +77,12 @@ type node struct {
 	saved    []*T
 	backward func(g *T) []*T // one gradient per input; nil where none is needed
 	fold     *folder         // or nil: the backward that adds input 0's gradient to one already gathered
+	// rounds is the 16-bit dtype the backward reads its gradient in (0:
+	// none); rounded, while the backward runs, that rounding of the
+	// gradient, when the op that finished the gradient wrote it (Note
+	// [a gradient rounded where it is finished]).
+	rounds  tensor.DType
+	rounded *T
 	// takesGrad: the backward takes the pass's reference on its gradient
 	// and releases it when it no longer needs it (a checkpoint's, whose
 	// recomputation's pass frees it after its first node).
@@ -131,12 +137,28 @@ func (n *node) releaseSaved() {
 // a residual stream's two gradients summed by the norm's backward as it
 // writes its own, with no tensor and no addition of their own. The pass
 // folds when acc has the input's shape and dtype (and, pending, is the
-// pass's alone); otherwise it calls the node's backward, and adds as usual.
+// pass's alone); otherwise it calls the backward with acc nil, and adds as
+// usual. A folder whose rounds is not 0 also writes input 0's gradient, as
+// it leaves it, rounded to that dtype into round when the pass gives one.
 type folder struct {
 	shape    []int
 	dtype    tensor.DType
-	backward func(g, acc *T) []*T
+	rounds   tensor.DType
+	backward func(g, acc, round *T) []*T
 }
+
+// Note [a gradient rounded where it is finished]: under autocast a
+// transformer's residual stream is F32, and so is its gradient, which each
+// block's residual product (AddLinear, AddMLP) passes on as it is and
+// also casts to 16 bits for its own products: a pass over the gradient
+// that the layer norm whose backward finished it (the last to add into
+// it, folder) could have written beside its F32 result. So a node whose
+// backward reads its gradient rounded says so (node.rounds), the pass
+// gives the folder that writes input 0's gradient a tensor for the
+// rounding (round) when input 0's node rounds to the folder's dtype, and
+// keeps it beside the gradient (roundings) as long as nothing else is
+// added to the gradient; the node's backward finds it in node.rounded and
+// casts otherwise. The rounding is the cast's, bit for bit.
 
 // gathered is the gradient the pass already holds for input e that f can
 // fold into, or nil.
@@ -299,10 +321,18 @@ func (r *recorder) finish(out *T, backward func(g *T) []*T) {
 // finishFolding is finish with a backward that can fold input 0's gradient
 // (x, as the forward saw it) into one already gathered (folder); without
 // one it runs with acc nil and returns input 0's gradient as any backward.
-func (r *recorder) finishFolding(out, x *T, backward func(g, acc *T) []*T) {
-	r.n.fold = &folder{shape: x.Shape(), dtype: x.DType(), backward: backward}
-	r.finish(out, func(g *T) []*T { return backward(g, nil) })
+func (r *recorder) finishFolding(out, x *T, rounds tensor.DType, backward func(g, acc, round *T) []*T) {
+	r.n.fold = &folder{shape: x.Shape(), dtype: x.DType(), rounds: rounds, backward: backward}
+	r.finish(out, func(g *T) []*T { return backward(g, nil, nil) })
 }
+
+// readsRounded says the node's backward reads its gradient rounded to dt
+// (Note [a gradient rounded where it is finished]).
+func (r *recorder) readsRounded(dt tensor.DType) { r.n.rounds = dt }
+
+// takeRounded returns the rounding of the gradient the node's backward
+// runs with, or nil: the pass releases it after the backward.
+func (r *recorder) takeRounded() *T { return r.n.rounded }
 
 // Option modifies Backward.
 type Option func(*backwardOptions)
@@ -422,6 +452,9 @@ func Backward(root *T, opts ...Option) {
 	// Every gradient this pass holds is in pending, in flight (given to a
 	// node's backward) or in loose (returned by one and not yet passed on).
 	pending := map[*node]*T{rootNode: g}
+	// roundings[n] is pending[n] rounded to n.rounds, written by the folder
+	// that finished it (Note [a gradient rounded where it is finished]).
+	roundings := map[*node]*T{}
 	taken = true
 	var inFlight *T
 	var loose []*T
@@ -438,6 +471,9 @@ func Backward(root *T, opts ...Option) {
 		releaseAll(inFlight)
 		for _, pg := range pending {
 			pg.Release()
+		}
+		for _, r := range roundings {
+			r.Release()
 		}
 		for ; i >= 0; i-- {
 			order[i].free()
@@ -456,8 +492,20 @@ func Backward(root *T, opts ...Option) {
 				inFlight = nil // the backward's from here on
 			}
 			mark.phase(n)
+			n.rounded = roundings[n]
+			delete(roundings, n)
+			round := n.rounding(g)
+			if round != nil {
+				mark.gradient(round, n)
+			}
 			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
-				loose = n.fold.backward(g, acc)
+				loose = n.fold.backward(g, acc, round)
+				if round != nil {
+					roundings[n.inputs[0].node] = round // acc is pending for it
+					round = nil
+				}
+			} else if round != nil {
+				loose = n.fold.backward(g, nil, round)
 			} else {
 				loose = n.backward(g)
 			}
@@ -465,6 +513,8 @@ func Backward(root *T, opts ...Option) {
 			if !n.takesGrad {
 				g.Release()
 			}
+			releaseAll(n.rounded)
+			n.rounded = nil
 			for j, e := range n.inputs {
 				var gi *T
 				if j < len(loose) {
@@ -478,10 +528,17 @@ func Backward(root *T, opts ...Option) {
 						loose[j] = nil // addInPlace took both
 						pending[e.node] = sum
 						mark.gradient(sum, n)
+						if r := roundings[e.node]; r != nil { // no longer the sum's
+							r.Release()
+							delete(roundings, e.node)
+						}
 					} else {
 						pending[e.node] = gi
 						loose[j] = nil
 						mark.gradient(gi, n)
+						if j == 0 && round != nil { // the rounding of gi
+							roundings[e.node], round = round, nil
+						}
 					}
 				case e.leaf != nil:
 					accumulate(e.leaf, gi)
@@ -494,6 +551,7 @@ func Backward(root *T, opts ...Option) {
 			for _, extra := range loose[min(len(loose), len(n.inputs)):] {
 				releaseAll(extra)
 			}
+			releaseAll(round) // gi went elsewhere: a leaf's, or summed
 			loose = nil
 		}
 		if left != nil {
@@ -546,8 +604,22 @@ func (m *marker) gradient(g *T, n *node) {
 	}
 }
 
-// folding is on but in tests that compare a graph with and without it.
-var folding = true
+// folding and rounding are on but in tests that compare a graph with and
+// without them.
+var folding, rounding = true, true
+
+// rounding is the tensor n's folder may write input 0's gradient into,
+// rounded for the node that made input 0, or nil (Note [a gradient rounded
+// where it is finished]); g is n's own gradient, for the device.
+func (n *node) rounding(g *T) *T {
+	if !rounding || n.fold == nil || n.fold.rounds == 0 || len(n.inputs) == 0 {
+		return nil
+	}
+	if in := n.inputs[0].node; in == nil || in.rounds != n.fold.rounds {
+		return nil
+	}
+	return tensor.Empty(g.Device(), n.fold.rounds, n.fold.shape...)
+}
 
 // foldTarget is the gradient n's backward may fold input 0's into, or nil.
 func (n *node) foldTarget(pending map[*node]*T) *T {

@@ -722,6 +722,65 @@ func testLayerNormFoldsTheResidualGradient(t *testing.T, dev *tensor.Device) {
 	}
 }
 
+// TestLayerNormRoundsTheGradientForAProduct: under autocast, two blocks of
+// a residual stream (a layer norm into bf16, then AddLinear adding to the
+// F32 stream): the second norm's backward writes the stream's gradient
+// rounded for the first block's products, which cast nothing, and every
+// gradient is bit for bit the one computed with the casts (Note [a
+// gradient rounded where it is finished]). The last block's gradient
+// comes from no norm and is cast.
+func TestLayerNormRoundsTheGradientForAProduct(t *testing.T) {
+	testLayerNormRoundsTheGradientForAProduct(t, cpu.New())
+}
+
+func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend) {
+	const rows, cols = 2 * 37, 64
+	run := func(on bool) (grads [][]float32, casts int) {
+		defer ag.SetRounding(on)()
+		cb := &castCounter{Backend: be, n: rows * cols} // a gradient of the stream's
+		dev := tensor.NewDevice(cb)
+		dev.Generator().Seed(5)
+		x0 := tensor.Randn(dev, tensor.F32, 0, 1, rows, cols).SetRequiresGrad(true).Keep()
+		params := []*tensor.Tensor{x0}
+		for range 2 {
+			params = append(params,
+				tensor.Rand(dev, tensor.F32, 0.5, 1.5, cols).SetRequiresGrad(true).Keep(), // gain
+				tensor.Randn(dev, tensor.F32, 0, 1, cols).SetRequiresGrad(true).Keep(),    // bias
+				tensor.Randn(dev, tensor.F32, 0, 0.2, cols, cols).SetRequiresGrad(true).Keep(),
+				tensor.Randn(dev, tensor.F32, 0, 1, cols).SetRequiresGrad(true).Keep())
+		}
+		w := tensor.Randn(dev, tensor.F32, 0, 1, rows, cols).Keep()
+		defer releaseAll(append(params, w)...)
+		dev.WithScope(func() {
+			x := x0
+			ag.Autocast(dev, tensor.BF16, func() {
+				for b := range 2 {
+					p := params[1+4*b:]
+					x = ag.AddLinear(x, ag.LayerNormTo(x, p[0], p[1], 1e-5, tensor.BF16), p[2], p[3])
+				}
+			})
+			loss := ag.SumAll(ag.Mul(x, w))
+			cb.casts = 0
+			ag.Backward(loss)
+			casts = cb.casts
+		})
+		for _, p := range params {
+			grads = append(grads, p.Grad().Float32s())
+		}
+		return grads, casts
+	}
+	got, gotCasts := run(true)
+	want, wantCasts := run(false)
+	for i := range got {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("gradient %d differs from the one computed with casts", i)
+		}
+	}
+	if gotCasts != 1 || wantCasts != 2 {
+		t.Errorf("the backward cast the f32 stream's gradient to bf16 %d times rounding, %d not: want 1 and 2", gotCasts, wantCasts)
+	}
+}
+
 // addCounter counts the backend's additions.
 type addCounter struct {
 	kernels.Backend

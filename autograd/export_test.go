@@ -8,3 +8,12 @@ func SetFolding(on bool) (restore func()) {
 	folding = on
 	return func() { folding = old }
 }
+
+// SetRounding turns on or off the roundings a folder writes for a product's
+// backward (Note [a gradient rounded where it is finished]) and returns
+// what restores it.
+func SetRounding(on bool) (restore func()) {
+	old := rounding
+	rounding = on
+	return func() { rounding = old }
+}

@@ -193,15 +193,16 @@ func linear(r, x, w, b *T) *T {
 		bType = b.DType()
 	}
 	wType := w.DType()
+	if r != nil && r.DType() != xType {
+		rec.readsRounded(xType)
+	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 4)
 		if rec.needs(3) {
 			grads[3] = g.View(g.Shape()...)
 		}
-		if g.DType() != xType { // a residual's dtype
-			g = castRaw(g, xType)
-			defer g.Release()
-		}
+		g = roundedGrad(rec, g, xType) // a residual's dtype: the products'
+		defer g.Release()
 		if wSaved != nil {
 			grads[0] = gemm(g, wSaved, false, false) // dx = dy·w
 		}
@@ -304,15 +305,16 @@ func mlp(r, x, w1, b1, w2, b2 *T) *T {
 		hS = rec.save(h)
 	}
 	w1Type, w2Type := w1.DType(), w2.DType()
+	if yType != dt {
+		rec.readsRounded(dt)
+	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 6)
 		if rec.needs(5) {
 			grads[5] = g.View(g.Shape()...)
 		}
-		if g.DType() != dt {
-			g = castRaw(g, dt)
-			defer g.Release()
-		}
+		g = roundedGrad(rec, g, dt) // a residual's dtype: the products'
+		defer g.Release()
 		if hS != nil {
 			grads[3], grads[4] = weightGrad(g, hS, w2Type, tensor.F32, rec.needs(4))
 		} else if rec.needs(4) {
@@ -337,6 +339,19 @@ func mlp(r, x, w1, b1, w2, b2 *T) *T {
 		return grads
 	})
 	return y
+}
+
+// roundedGrad returns a new handle on g in dtype dt: g's, the rounding
+// the op that finished g wrote for rec's node (Note [a gradient rounded
+// where it is finished]), or g cast.
+func roundedGrad(rec *recorder, g *T, dt tensor.DType) *T {
+	switch r := rec.takeRounded(); {
+	case g.DType() == dt:
+		return g.View(g.Shape()...)
+	case r != nil:
+		return r.View(r.Shape()...)
+	}
+	return castRaw(g, dt)
 }
 
 // shapeOf is t's shape, or nil for a nil tensor.

@@ -55,7 +55,9 @@ func LayerNorm(x, gamma, beta *T, eps float32) *T { return LayerNormTo(x, gamma,
 // the F32 result is rounded once, as the product's cast of it would be,
 // and no F32 copy is written and read back. The gradient reaches x in x's
 // dtype; for an F32 x (a residual stream) the backward adds it into the
-// gradient the pass already gathered for x, when there is one (folder).
+// gradient the pass already gathered for x, when there is one (folder),
+// and with a 16-bit dt also writes it rounded to dt for a product that
+// reads it so (Note [a gradient rounded where it is finished]).
 func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xs := x.Shape()
 	cols := xs[len(xs)-1]
@@ -82,7 +84,7 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xSaved, gSaved := rec.save(x), rec.save(gamma)
 	rec.keep(mean)
 	rec.keep(rstd)
-	backward := func(g, acc *T) []*T {
+	backward := func(g, acc, round *T) []*T {
 		dg, db := tensor.Empty(g.Device(), tensor.F32, cols), tensor.Empty(g.Device(), tensor.F32, cols)
 		gc := asDType(g.Device(), g, dt)
 		defer gc.Release()
@@ -92,6 +94,9 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 		} else {
 			pb.Accumulate = true
 		}
+		if round != nil {
+			pb.Rounded = round.Buf()
+		}
 		be.LayerNormBackward(pb, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
 		if acc != nil {
 			dx = nil // added to acc
@@ -99,9 +104,13 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 		return []*T{dx, dg, db}
 	}
 	if x.DType() == tensor.F32 { // a residual stream: its other gradient is summed in the backward's pass
-		rec.finishFolding(y, x, backward)
+		var rounds tensor.DType // and rounded where the output is 16-bit, for a product that reads it so
+		if dt != x.DType() {
+			rounds = dt
+		}
+		rec.finishFolding(y, x, rounds, backward)
 	} else {
-		rec.finish(y, func(g *T) []*T { return backward(g, nil) })
+		rec.finish(y, func(g *T) []*T { return backward(g, nil, nil) })
 	}
 	return y
 }

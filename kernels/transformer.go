@@ -64,11 +64,16 @@ type TransformerOps interface {
 // LayerNormParams describes layer normalisation of a Rows×Cols array over
 // its rows. Accumulate (backward, F32 x only) adds dx to what dx holds
 // instead of overwriting it: a residual stream's two gradients summed by
-// the norm's backward, without a pass of their own.
+// the norm's backward, without a pass of their own. Rounded (backward, an
+// F32 x with a 16-bit dy; or invalid) is a buffer of dx's length in dy's
+// dtype into which the backward also writes dx, as it leaves it, rounded
+// as Cast would: the copy of the gradient a 16-bit product reads, with no
+// pass of its own.
 type LayerNormParams struct {
 	Rows, Cols int
 	Eps        float32
 	Accumulate bool
+	Rounded    Buf
 }
 
 // AttentionParams describes causal attention of B batches of Tq queries
@@ -136,6 +141,19 @@ func CheckLayerNorm(op string, p LayerNormParams, x, gamma, mean, rstd Buf, rows
 	CheckLen(op+" gain", p.Cols, gamma)
 	CheckLen(op+" statistics", p.Rows, mean, rstd)
 	CheckF32(op, gamma, mean, rstd)
+}
+
+// CheckLayerNormRounded panics unless p.Rounded is invalid or fits a
+// backward of F32 dx from the 16-bit dy (LayerNormParams).
+func CheckLayerNormRounded(op string, p LayerNormParams, dy, dx Buf) {
+	r := p.Rounded
+	if !r.Valid() {
+		return
+	}
+	if dx.DType != F32 || dy.DType == F32 || r.DType != dy.DType {
+		panic(fmt.Sprintf("kernels: %s: %v dx rounded into %v from a %v dy: want f32 dx rounded into dy's 16-bit dtype", op, dx.DType, r.DType, dy.DType))
+	}
+	CheckLen(op+" rounded dx", dx.N, r)
 }
 
 // CheckAttention checks p and that every buffer holds the extent its

@@ -109,7 +109,9 @@ func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	kernels.CheckLike("layer norm backward dx", x, dx)
 	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
 	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
+	kernels.CheckLayerNormRounded("layer norm backward", p, dy, dx)
 	xv, dyv, dxv, g := valuesOf(x), valuesOf(dy), valuesOf(dx), f32s(gamma)
+	rv := optValuesOf(p.Rounded)
 	mu, rs := f32s(mean), f32s(rstd)
 	blocks := (p.Rows + rowBlock - 1) / rowBlock
 	partial := make([]float64, blocks*2*p.Cols) // per block: dγ, then dβ
@@ -143,6 +145,7 @@ func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 					ds[j] = d
 				}
 				dxv.commit(r*p.Cols, ds)
+				rv.commit(r*p.Cols, ds) // 16-bit: ds rounded
 			}
 		}
 	})

@@ -52,6 +52,7 @@ type (
 		Rows, Cols                   int32
 		X, G, Mean, R, Dy, Dx, Parts uintptr
 		Acc                          int32
+		Rounded                      uintptr // dx rounded to dy's dtype, or 0
 	}
 	layerNormGradsArgs struct {
 		Warps, Cols   int32
@@ -291,6 +292,7 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	kernels.CheckLike("layer norm backward dx", x, dx)
 	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
 	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
+	kernels.CheckLayerNormRounded("layer norm backward", p, dy, dx)
 	k, s := kLayerNormBwd, floatType("layer norm backward", x, dx)
 	if dy.DType != x.DType {
 		k, s = kLayerNormBwdMixed, dy.DType
@@ -302,7 +304,7 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)
 	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
-		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate)})
+		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded)})
 	// The warps' sums in two rounds: stretches of warps side by side, then
 	// the stretches in order.
 	parts, splits := ws.Addr(), warps
@@ -578,12 +580,10 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
 }
 
-// clipBlocks is the blocks per tensor of the sums of squares: a fixed
-// number, so the order of the sums is too.
-const clipBlocks = 64
-
-// SumSquares: each tensor's squares summed by clipBlocks blocks, the
-// partial sums by one block (in double).
+// SumSquares: each tensor's squares summed by as many blocks as fill the
+// device for the largest (multiDims), the same number for every tensor of
+// the call, so that the order of the sums is fixed; the partial sums by one
+// block (in double).
 func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
 	kernels.CheckLen("sum of squares", 1, sumsq)
 	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
@@ -592,17 +592,23 @@ func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
 		b.Fill(sumsq, 0)
 		return
 	}
+	var most int64
+	for _, g := range grads {
+		most = max(most, int64(g.N))
+	}
 	b.enter()
 	defer b.exit()
-	ws := b.workspace(int64(len(grads)*clipBlocks) * 4)
+	d := b.multiDims((most+3)/4, 1) // four elements a load
+	ws := b.workspace(int64(len(grads)) * int64(d.gx) * 4)
 	defer b.alloc.Free(ws)
 	partial := ws.Addr()
 	for lo := 0; lo < len(grads); lo += mtMax {
 		hi := min(lo+mtMax, len(grads))
 		l, _ := listOf(grads[lo:hi])
-		kSumsqMulti.launch(b, 0, dims{clipBlocks, uint32(hi - lo), blockSize}, sumsqMultiArgs{l, int32(lo), partial})
+		d.gy = uint32(hi - lo)
+		kSumsqMulti.launch(b, 0, d, sumsqMultiArgs{l, int32(lo), partial})
 	}
-	kSumsqFinish.launch(b, 0, dims{1, 1, blockSize}, sumsqFinishArgs{int32(len(grads) * clipBlocks), partial, ptrOf(sumsq)})
+	kSumsqFinish.launch(b, 0, dims{1, 1, blockSize}, sumsqFinishArgs{int32(len(grads)) * int32(d.gx), partial, ptrOf(sumsq)})
 }
 
 // ClipGradNorm: the coefficient from the sum of squares (one thread), then

@@ -1003,6 +1003,28 @@ var cases = []testCase{
 					s.ref.LayerNormBackward(pa, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, acc.ref, dg.ref, db.ref)
 					s.check("layer norm accumulated dx "+what, acc, TolAccumulate)
 				}
+				if dts.y != dt { // dx also rounded into dy's dtype, bit for bit its cast
+					for _, accumulate := range []bool{false, true} {
+						dxr, rnd, cast := s.randIn(kernels.F32, p.Rows*p.Cols), s.out(dts.y, p.Rows*p.Cols), s.out(dts.y, p.Rows*p.Cols)
+						pg, pr := p, p
+						pg.Accumulate, pr.Accumulate = accumulate, accumulate
+						pg.Rounded, pr.Rounded = rnd.got, rnd.ref
+						s.got.LayerNormBackward(pg, x.got, g.got, mean.got, rstd.got, dy.got, dxr.got, dg.got, db.got)
+						s.ref.LayerNormBackward(pr, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, dxr.ref, dg.ref, db.ref)
+						w := fmt.Sprintf("%s accumulate %v", what, accumulate)
+						s.check("layer norm dx with its rounding "+w, dxr, TolAccumulate)
+						s.check("layer norm rounded dx "+w, rnd, TolAccumulate)
+						for _, be := range []struct {
+							b           kernels.Backend
+							dx, r, cast kernels.Buf
+						}{{s.got, dxr.got, rnd.got, cast.got}, {s.ref, dxr.ref, rnd.ref, cast.ref}} {
+							be.b.Cast(be.cast, be.dx)
+							if got, want := s.read(be.r, be.b), s.read(be.cast, be.b); !slices.Equal(got, want) {
+								s.t.Errorf("%s: layer norm rounded dx %s differs from the cast of its dx", be.b.Name(), w)
+							}
+						}
+					}
+				}
 			}
 		}
 	}},

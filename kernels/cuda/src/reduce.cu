@@ -45,7 +45,9 @@ __device__ void reduce_cols(int op, int outer, int len, int inner, const T* x, T
 // in done[tile] (zero between launches: that block sets it back), combines
 // the tile's partials, its warps striding the stretches and their sums
 // added in warp order, so that the result is the same every run, and
-// writes y, of T or (out_f32) F32.
+// writes y, of T or (out_f32) F32. The blocks are as many as the device
+// holds at once, eight of 256 threads a multiprocessor (Reduce), which the
+// kernels' launch bounds keep within its registers: one wave.
 template <int VEC>
 __device__ __forceinline__ void cols_add(int op, float* a, const float* v) {
 #pragma unroll
@@ -159,14 +161,14 @@ __device__ void argmax(int outer, int len, int inner, const T* x, int* y) {
     extern "C" __global__ void reduce_cols_##S(int op, int outer, int len, int inner, const T* x, T* y) {   \
         reduce_cols(op, outer, len, inner, x, y);                                                           \
     }                                                                                                       \
-    extern "C" __global__ void reduce_cols_split_##S(int op, int outer, int len, int inner, int splits,       \
-                                                     int out_f32, const T* x, float* part, unsigned* done,  \
-                                                     void* y) {                                             \
+    extern "C" __global__ void __launch_bounds__(256, 8) reduce_cols_split_##S(                             \
+        int op, int outer, int len, int inner, int splits, int out_f32, const T* x, float* part,            \
+        unsigned* done, void* y) {                                                                          \
         reduce_cols_split<1>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
-    extern "C" __global__ void reduce_cols_split4_##S(int op, int outer, int len, int inner, int splits,      \
-                                                      int out_f32, const T* x, float* part, unsigned* done, \
-                                                      void* y) {                                            \
+    extern "C" __global__ void __launch_bounds__(256, 8) reduce_cols_split4_##S(                            \
+        int op, int outer, int len, int inner, int splits, int out_f32, const T* x, float* part,            \
+        unsigned* done, void* y) {                                                                          \
         reduce_cols_split<4>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
     extern "C" __global__ void reduce_max_bwd_##S(int len, int inner, i64 n, const T* dy, const T* x,      \

@@ -191,10 +191,11 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // row by row. dy is of the forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
-// contracted into it).
+// contracted into it). With rnd (kernels.LayerNormParams.Rounded) dx as
+// written is also written rounded to O.
 template <int VEC, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                                  const O* dy, T* dx, float* partial, int acc) {
+                                  const O* dy, T* dx, float* partial, int acc, O* rnd) {
     const int PER = LN_REG_COLS / (32 * VEC);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
@@ -246,6 +247,7 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                     for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(prev[e], o[e]);
                 }
                 stv<VEC>(dx, (i64)r * cols + j, o);
+                if (rnd) stv<VEC>(rnd, (i64)r * cols + j, o);
             }
         }
     }
@@ -264,12 +266,12 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
 
 template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                              const O* dy, T* dx, float* partial, int acc) {
+                              const O* dy, T* dx, float* partial, int acc, O* rnd) {
     if (cols <= LN_REG_COLS) {
-        if (cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g))
-            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);
+        if (cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)))
+            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
         else
-            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);
+            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -293,7 +295,9 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
         for (int j = lane; j < cols; j += 32) {
             float xh = (ld(xr, j) - m) * is, o = is * (ld(gr, j) * g[j] - mg - xh * mgx);
             i64 at = (i64)r * cols + j;
-            st(dx, at, acc ? __fadd_rn(ld(dx, at), o) : o);
+            o = acc ? __fadd_rn(ld(dx, at), o) : o;
+            st(dx, at, o);
+            if (rnd) st(rnd, at, o);
         }
     }
 }
@@ -583,16 +587,22 @@ extern "C" __global__ void cls_finish(int n, const float* rowloss, const float* 
 // ---- the gradient-norm clip ----
 
 // partial[(base + t)·GX + blockIdx.x] = Σ g² over this block's share of
-// tensor t of the list (GX = gridDim.x).
+// tensor t of the list (GX = gridDim.x), four elements a load where the
+// tensor allows.
 extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
     __shared__ float scratch[32];
     int t = blockIdx.y;
     if (t >= L.count) return;
+    const float* G = L.p[0][t];
+    i64 n = L.n[t], n4 = vec4(G) ? n / 4 : 0;
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
     float s = 0.f;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < L.n[t]; i += (i64)gridDim.x * blockDim.x) {
-        float g = L.p[0][t][i];
-        s += g * g;
+    for (i64 j = first; j < n4; j += stride) {
+        float g[4];
+        ld4(G, 4 * j, g);
+        s += g[0] * g[0] + g[1] * g[1] + g[2] * g[2] + g[3] * g[3];
     }
+    for (i64 i = 4 * n4 + first; i < n; i += stride) s += G[i] * G[i];
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) partial[(i64)(base + t) * gridDim.x + blockIdx.x] = s;
 }
@@ -669,8 +679,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
-                                                 float* partial, int acc) {                                     \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
+                                                 float* partial, int acc, T* rnd) {                             \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);                                 \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* b, float eps, T* y, float* mean, float* rstd) { \
@@ -678,8 +688,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* mean, const float* rstd, const T* dy,       \
-                                                       float* dx, float* partial, int acc) {                    \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc);                                      \
+                                                       float* dx, float* partial, int acc, T* rnd) {            \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);                                 \
     }                                                                                                           \
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
                                                T* dst) {                                                        \
