@@ -83,6 +83,10 @@ type node struct {
 	// [a gradient rounded where it is finished]).
 	rounds  tensor.DType
 	rounded *T
+	// passRounding, for a node whose backward hands its gradient on
+	// reshaped (Reshape), reshapes the rounding of its gradient for input
+	// 0's node.
+	passRounding func(r *T) *T
 	// takesGrad: the backward takes the pass's reference on its gradient
 	// and releases it when it no longer needs it (a checkpoint's, whose
 	// recomputation's pass frees it after its first node).
@@ -158,7 +162,9 @@ type folder struct {
 // rounding (round) when input 0's node rounds to the folder's dtype, and
 // keeps it beside the gradient (roundings) as long as nothing else is
 // added to the gradient; the node's backward finds it in node.rounded and
-// casts otherwise. The rounding is the cast's, bit for bit.
+// casts otherwise. A reshape between them (a block's 2-D stream made 3-D
+// again) passes the rounding on reshaped (node.passRounding). The rounding
+// is the cast's, bit for bit.
 
 // gathered is the gradient the pass already holds for input e that f can
 // fold into, or nil.
@@ -329,6 +335,16 @@ func (r *recorder) finishFolding(out, x *T, rounds tensor.DType, backward func(g
 // readsRounded says the node's backward reads its gradient rounded to dt
 // (Note [a gradient rounded where it is finished]).
 func (r *recorder) readsRounded(dt tensor.DType) { r.n.rounds = dt }
+
+// passesRounding says the node's backward hands input 0 its gradient
+// reshaped, as reshape reshapes the gradient's rounding, so that a rounding
+// input 0's node reads reaches it through this node (Note [a gradient
+// rounded where it is finished]).
+func (r *recorder) passesRounding(reshape func(*T) *T) {
+	if in := r.n.inputs[0].node; in != nil && in.rounds != 0 {
+		r.n.rounds, r.n.passRounding = in.rounds, reshape
+	}
+}
 
 // takeRounded returns the rounding of the gradient the node's backward
 // runs with, or nil: the pass releases it after the backward.
@@ -512,6 +528,9 @@ func Backward(root *T, opts ...Option) {
 			inFlight = nil
 			if !n.takesGrad {
 				g.Release()
+			}
+			if n.rounded != nil && n.passRounding != nil {
+				round = n.passRounding(n.rounded)
 			}
 			releaseAll(n.rounded)
 			n.rounded = nil

@@ -479,6 +479,41 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 	}
 }
 
+// TestGPTBackwardCastsOneStreamGradient: under autocast the residual
+// stream's F32 gradient reaches every block's residual products already
+// rounded to bf16 by the layer norm whose backward finished it, through
+// the blocks' reshapes (Note [a gradient rounded where it is finished]):
+// the backward casts one gradient of the stream's size, the classifier's
+// F32 gradient for the final layer norm. A checkpointed block's output
+// gradient enters its recomputation's pass unrounded, and is cast once
+// more a block.
+func TestGPTBackwardCastsOneStreamGradient(t *testing.T) {
+	cb := &castCounter{Backend: cpu.New(), single: map[int]int{}}
+	dev := tensor.NewDevice(cb)
+	rng := rand.New(rand.NewPCG(8, 9))
+	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
+	const stream = 2 * 6 * 8 // batch × context × width
+	for _, tc := range []struct {
+		mode  CheckpointMode
+		casts int
+	}{{NoCheckpoint, 1}, {CheckpointBlocks, 3}} {
+		g := tinyGPT(t, dev, 9)
+		g.SetCheckpoint(tc.mode)
+		dev.WithScope(func() {
+			var loss *tensor.Tensor
+			ag.Autocast(dev, tensor.BF16, func() {
+				loss, _, _ = g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
+			})
+			clear(cb.single)
+			ag.Backward(loss)
+			if n := cb.single[stream]; n != tc.casts {
+				t.Errorf("%v: the backward cast %d f32 tensors of the stream's %d elements, want %d", tc.mode, n, stream, tc.casts)
+			}
+		})
+		Release(g)
+	}
+}
+
 // TestGPTBlockHoldsOnlyWhatItSaves: after a block's forward, with dropout
 // and without, in float32 and under autocast, the memory it added is its
 // output and what its graph saved for the backward, nothing left over.

@@ -60,8 +60,10 @@ type Backend struct {
 	blas        uintptr
 	blasWS      *memory.Block // cuBLAS's and cuBLASLt's workspace (its first blasWSBytes), and reduceDone
 	blasWSBytes uintptr
-	// reduceDone is reduce_cols_split's counters, one a tile of outputs,
-	// zero between launches: n words at addr, the tail of blasWS.
+	// reduceDone is the counters of the kernels whose last block to finish
+	// combines the others' results (reduce_cols_split: one a tile of
+	// outputs; sumsq_finish: the first), zero between launches, which run
+	// one at a time on the stream: n words at addr, the tail of blasWS.
 	reduceDone struct {
 		addr uintptr
 		n    int

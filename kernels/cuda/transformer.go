@@ -165,8 +165,8 @@ type (
 		Partial uintptr
 	}
 	sumsqFinishArgs struct {
-		N            int32
-		Partial, Out uintptr
+		N                           int32
+		Partial, Stretch, Done, Out uintptr
 	}
 	clipCoefArgs struct {
 		Sumsq      uintptr
@@ -582,8 +582,8 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 
 // SumSquares: each tensor's squares summed by as many blocks as fill the
 // device for the largest (multiDims), the same number for every tensor of
-// the call, so that the order of the sums is fixed; the partial sums by one
-// block (in double).
+// the call, so that the order of the sums is fixed; the partial sums in
+// double, by stretches and then the stretches in order (sumsq_finish).
 func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
 	kernels.CheckLen("sum of squares", 1, sumsq)
 	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
@@ -608,7 +608,11 @@ func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
 		d.gy = uint32(hi - lo)
 		kSumsqMulti.launch(b, 0, d, sumsqMultiArgs{l, int32(lo), partial})
 	}
-	kSumsqFinish.launch(b, 0, dims{1, 1, blockSize}, sumsqFinishArgs{int32(len(grads)) * int32(d.gx), partial, ptrOf(sumsq)})
+	n := len(grads) * int(d.gx)
+	stretches := min(b.sms, (n+4*blockSize-1)/(4*blockSize)) // four partials a thread at least
+	st := b.workspace(int64(stretches) * 8)
+	defer b.alloc.Free(st)
+	kSumsqFinish.launch(b, 0, dims{uint32(stretches), 1, blockSize}, sumsqFinishArgs{int32(n), partial, st.Addr(), b.reduceDone.addr, ptrOf(sumsq)})
 }
 
 // ClipGradNorm: the coefficient from the sum of squares (one thread), then

@@ -607,18 +607,46 @@ extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
     if (threadIdx.x == 0) partial[(i64)(base + t) * gridDim.x + blockIdx.x] = s;
 }
 
-// out = Σ partial[0..n) (in double, one block, a fixed order).
-extern "C" __global__ void sumsq_finish(int n, const float* partial, float* out) {
-    __shared__ double sd[THREADS];
-    double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
-    sd[threadIdx.x] = s;
+// out = Σ partial[0..n) in double and a fixed order: each of the
+// gridDim.x blocks sums its stretch of partial into stretch[blockIdx.x],
+// and the last block to finish (counted in *done, which it sets back to
+// zero) adds the stretches in order.
+__device__ double block_sum_double(double v, double* sd) {
+    sd[threadIdx.x] = v;
     __syncthreads();
     for (int o = blockDim.x / 2; o > 0; o >>= 1) {
         if (threadIdx.x < o) sd[threadIdx.x] += sd[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[0] = (float)sd[0];
+    return sd[0];
+}
+
+extern "C" __global__ void sumsq_finish(int n, const float* partial, double* stretch, unsigned* done, float* out) {
+    __shared__ double sd[THREADS];
+    __shared__ bool last;
+    int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(n, lo + per);
+    double s = 0.0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += partial[i];
+    s = block_sum_double(s, sd);
+    if (threadIdx.x == 0) {
+        stretch[blockIdx.x] = s;
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    s = 0.0;
+    for (int b0 = 0; b0 < gridDim.x; b0 += blockDim.x) { // the stretches through shared memory, added by one thread
+        int b = b0 + threadIdx.x;
+        sd[threadIdx.x] = b < gridDim.x ? __ldcg(stretch + b) : 0.0;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int k = 0; k < min((int)blockDim.x, (int)gridDim.x - b0); k++) s += sd[k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = (float)s;
 }
 
 // norm = √sumsq, coef = min(1, maxnorm/(norm+1e-6)), a NaN norm giving a
