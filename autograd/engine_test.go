@@ -722,6 +722,42 @@ func testLayerNormFoldsTheResidualGradient(t *testing.T, dev *tensor.Device) {
 	}
 }
 
+// TestEmbeddingFoldsTheTiedGradient: a table read by an embedding and by
+// the classifier (tied, as GPT-2's) gets the embedding's gradient added
+// into the classifier's in place, bit for bit the sum of the two, with one
+// table fewer allocated.
+func TestEmbeddingFoldsTheTiedGradient(t *testing.T) {
+	dev := tensor.CPU()
+	const vocab, dim, n = 37, 16, 24
+	run := func(fold bool) (grad []float32, allocated int64) {
+		defer ag.SetFolding(fold)()
+		dev.Generator().Seed(4)
+		w := tensor.Randn(dev, tensor.F32, 0, 1, vocab, dim).SetRequiresGrad(true).Keep()
+		defer w.Release()
+		rng := rand.New(rand.NewPCG(1, 2))
+		ids, labels := make([]int32, n), make([]int32, n)
+		for i := range ids {
+			ids[i], labels[i] = int32(rng.IntN(vocab)), int32(rng.IntN(vocab))
+		}
+		dev.WithScope(func() {
+			h := ag.Embedding(w, tensor.FromInt32(dev, ids, n))
+			loss, _ := ag.ClassifierLoss(ag.Mul(h, h), w, tensor.FromInt32(dev, labels, n))
+			before := dev.Allocator().Stats().Allocated[memory.All].Allocated
+			ag.Backward(loss)
+			allocated = dev.Allocator().Stats().Allocated[memory.All].Allocated - before
+		})
+		return w.Grad().Float32s(), allocated
+	}
+	got, gotBytes := run(true)
+	want, wantBytes := run(false)
+	if !slices.Equal(got, want) {
+		t.Errorf("the folded gradient differs from the sum of the two")
+	}
+	if saved := wantBytes - gotBytes; saved != memory.RoundSize(vocab*dim*4) {
+		t.Errorf("the backward allocated %d bytes folding, %d not: want one f32 table fewer (%d)", gotBytes, wantBytes, memory.RoundSize(vocab*dim*4))
+	}
+}
+
 // TestLayerNormRoundsTheGradientForAProduct: under autocast, two blocks of
 // a residual stream (a layer norm into bf16, then AddLinear adding to the
 // F32 stream): the second norm's backward writes the stream's gradient

@@ -16,7 +16,9 @@ import (
 // Embedding returns the rows of table (V×D) at the I32 ids, of shape
 // ids.Shape()+[D] and table's dtype. Its backward sums the gradient's rows
 // into the table's, in position order (the same bits every run), and saves
-// only the ids.
+// only the ids. An F32 table tied to a classifier (ClassifierLoss) has its
+// other gradient already gathered when this backward runs, and the sums are
+// added to it in place (folder): no table of their own, no addition.
 func Embedding(table, ids *T) *T {
 	ts := table.Shape()
 	if len(ts) != 2 || ids.DType() != tensor.I32 || ids.Numel() == 0 {
@@ -31,16 +33,25 @@ func Embedding(table, ids *T) *T {
 	if rec := begin("embedding", table, ids); rec != nil {
 		idSaved := rec.save(ids)
 		dt := table.DType()
-		rec.finish(y, func(g *T) []*T {
+		backward := func(g, acc, _ *T) []*T {
+			if acc != nil { // added to it
+				be.EmbeddingBackward(acc.Buf(), g.Buf(), idSaved.Buf(), n, vocab, dim, true)
+				return []*T{nil, nil}
+			}
 			d := tensor.Empty(g.Device(), tensor.F32, vocab, dim)
-			be.EmbeddingBackward(d.Buf(), g.Buf(), idSaved.Buf(), n, vocab, dim)
+			be.EmbeddingBackward(d.Buf(), g.Buf(), idSaved.Buf(), n, vocab, dim, false)
 			if dt != tensor.F32 {
 				c := castRaw(d, dt)
 				d.Release()
 				d = c
 			}
 			return []*T{d, nil}
-		})
+		}
+		if dt == tensor.F32 { // a tied table: its other gradient (the classifier's) is summed in the backward's pass
+			rec.finishFolding(y, table, 0, backward)
+		} else {
+			rec.finish(y, func(g *T) []*T { return backward(g, nil, nil) })
+		}
 	}
 	return y
 }

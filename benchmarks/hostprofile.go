@@ -285,9 +285,9 @@ func (h *hostProfiler) Embedding(y, table, ids kernels.Buf, n, vocab, dim int) {
 	h.b.Embedding(y, table, ids, n, vocab, dim)
 }
 
-func (h *hostProfiler) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int) {
+func (h *hostProfiler) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int, accumulate bool) {
 	defer h.op("EmbeddingBackward", dy)()
-	h.b.EmbeddingBackward(dtable, dy, ids, n, vocab, dim)
+	h.b.EmbeddingBackward(dtable, dy, ids, n, vocab, dim, accumulate)
 }
 
 func (h *hostProfiler) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {

@@ -15,8 +15,11 @@ type TransformerOps interface {
 	Embedding(y, table, ids Buf, n, vocab, dim int)
 	// EmbeddingBackward writes into dtable (vocab×dim, F32) the sum of the
 	// rows of dy (n×dim) at each id, in the order of the positions (the
-	// same bits every run), and zero in the rows of ids that do not occur.
-	EmbeddingBackward(dtable, dy, ids Buf, n, vocab, dim int)
+	// same bits every run), and zero in the rows of ids that do not occur;
+	// with accumulate it adds each id's sum to what its row holds (one
+	// addition an element, as adding the tables would) and leaves the other
+	// rows be: a tied embedding's gradient added to the classifier's.
+	EmbeddingBackward(dtable, dy, ids Buf, n, vocab, dim int, accumulate bool)
 
 	// LayerNorm normalises each row of x: y = (x−μ)·rstd·γ + β (γ, β F32
 	// of Cols), and writes each row's μ and rstd = 1/√(σ²+ε) (F32 of Rows)

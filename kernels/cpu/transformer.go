@@ -1,8 +1,10 @@
 package cpu
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
@@ -43,23 +45,52 @@ func checkIDs(op string, ids []int32, vocab int) {
 
 // EmbeddingBackward sums dy's rows into their ids' rows, in position
 // order; the cores split the columns, so each column is one sequential sum.
-func (c *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int) {
+// Accumulating, each id's sum is made apart (the positions sorted by id)
+// and then added to its row.
+func (c *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int, accumulate bool) {
 	kernels.CheckEmbedding("embedding backward", dy, dtable, ids, n, vocab, dim)
 	kernels.CheckF32("embedding backward table", dtable)
 	id := i32s(ids)
 	checkIDs("embedding backward", id, vocab)
 	dt, dv := f32s(dtable), valuesOf(dy)
-	clear(dt)
 	const cols = 64
+	if !accumulate {
+		clear(dt)
+		parallel((dim+cols-1)/cols, 1, func(lo, hi int) {
+			var buf [cols]float32
+			for j0 := lo * cols; j0 < min(dim, hi*cols); j0 += cols {
+				w := min(cols, dim-j0)
+				for i, v := range id {
+					row := dv.span(i*dim+j0, w, buf[:])
+					d := dt[int(v)*dim+j0:][:w]
+					for j, x := range row {
+						d[j] += x
+					}
+				}
+			}
+		})
+		return
+	}
+	order := make([]int, n) // positions by id, then position
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(id[a], id[b]) })
 	parallel((dim+cols-1)/cols, 1, func(lo, hi int) {
-		var buf [cols]float32
+		var buf, sum [cols]float32
 		for j0 := lo * cols; j0 < min(dim, hi*cols); j0 += cols {
 			w := min(cols, dim-j0)
-			for i, v := range id {
-				row := dv.span(i*dim+j0, w, buf[:])
+			for s := 0; s < n; {
+				v := id[order[s]]
+				clear(sum[:w])
+				for ; s < n && id[order[s]] == v; s++ {
+					for j, x := range dv.span(order[s]*dim+j0, w, buf[:]) {
+						sum[j] += x
+					}
+				}
 				d := dt[int(v)*dim+j0:][:w]
-				for j, x := range row {
-					d[j] += x
+				for j := range d {
+					d[j] += sum[j]
 				}
 			}
 		}

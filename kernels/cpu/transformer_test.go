@@ -68,7 +68,7 @@ func TestEmbedding(t *testing.T) {
 	check(t, "embedding", y, want, 0)
 	dy := randVals(rng, n*dim)
 	dt := buf(t, kernels.F32, vocab*dim)
-	be.EmbeddingBackward(dt, bufOf(t, dy), idsOf(t, ids), n, vocab, dim)
+	be.EmbeddingBackward(dt, bufOf(t, dy), idsOf(t, ids), n, vocab, dim, false)
 	// d/dtable of Σ dy·embedding(table)
 	wantD := numGrad(table, func() float64 {
 		var s float64

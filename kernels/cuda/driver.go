@@ -20,6 +20,7 @@ const (
 	attrComputeCapMajor              = 75
 	attrComputeCapMinor              = 76
 	attrMultiprocessorCount          = 16
+	attrL2CacheSize                  = 38
 )
 
 // Error is a failed CUDA library call.

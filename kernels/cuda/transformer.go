@@ -41,6 +41,7 @@ type (
 	embeddingBwdArgs struct {
 		N, Dim           int32
 		Keys, Dy, Dtable uintptr
+		Acc              int32
 	}
 	layerNormFwdArgs struct {
 		Rows, Cols int32
@@ -150,7 +151,7 @@ type (
 		DqBatch  int64
 	}
 	clsRowsArgs struct {
-		V, Ld, R0                    int32
+		N, V, Ld, R0                 int32
 		Z, Labels, RowLoss, RowRight uintptr
 		Grad                         int32
 		Dz                           uintptr
@@ -227,12 +228,15 @@ func (b *Backend) Embedding(y, table, ids kernels.Buf, n, vocab, dim int) {
 }
 
 // EmbeddingBackward sorts (id, position) keys, then sums each id's run of
-// rows in position order into its row of the zeroed table.
-func (b *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int) {
+// rows in position order into its row of the table, zeroed first unless
+// it accumulates.
+func (b *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim int, accumulate bool) {
 	kernels.CheckEmbedding("embedding backward", dy, dtable, ids, n, vocab, dim)
 	kernels.CheckF32("embedding backward table", dtable)
 	s := floatType("embedding backward", dy)
-	b.Fill(dtable, 0)
+	if !accumulate {
+		b.Fill(dtable, 0)
+	}
 	b.enter()
 	defer b.exit()
 	p := 1 << bits.Len(uint(max(n, 2*blockSize)-1))
@@ -241,7 +245,7 @@ func (b *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim i
 	keys := ws.Addr()
 	kEmbeddingKeys.launch(b, 0, b.elems(int64(p)), embeddingKeysArgs{int32(n), int32(p), ptrOf(ids), keys})
 	b.sortKeys(keys, p)
-	kEmbeddingBwd.launch(b, s, dims{uint32(n), 1, 128}, embeddingBwdArgs{int32(n), int32(dim), keys, ptrOf(dy), ptrOf(dtable)})
+	kEmbeddingBwd.launch(b, s, dims{uint32(n), 1, 128}, embeddingBwdArgs{int32(n), int32(dim), keys, ptrOf(dy), ptrOf(dtable), boolInt(accumulate)})
 }
 
 // sortKeys sorts p 64-bit keys (a power of two, at least 2·blockSize)
@@ -546,6 +550,10 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	type part struct{ lo, n int } // a stretch of the vocabulary
 	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
 	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
+	// cls_rows reads each row twice: its blocks take rows in turn, as many
+	// at once as fill half the L2 cache (two a multiprocessor at least), so
+	// that the second read finds the row there.
+	inFlight := max(2*b.sms, b.l2/2/(ld*int(es)))
 	for r0 := 0; r0 < p.N; r0 += m {
 		n := min(m, p.N-r0)
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
@@ -555,8 +563,8 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
 			}
 		}
-		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
-			boolInt(p.Grad), z.Addr()})
+		kClsRows.launch(b, s, dims{uint32(min(n, inFlight)), 1, 512}, clsRowsArgs{int32(n), int32(p.V), int32(ld), int32(r0), z.Addr(),
+			ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr()})
 		if !p.Grad {
 			continue
 		}

@@ -957,9 +957,13 @@ var cases = []testCase{
 				s.check(fmt.Sprintf("embedding %v %v", dt, c), y, 0)
 				dy := s.randIn(dt, n*dim)
 				dtab := s.out(kernels.F32, vocab*dim)
-				s.got.EmbeddingBackward(dtab.got, dy.got, id.got, n, vocab, dim)
-				s.ref.EmbeddingBackward(dtab.ref, dy.ref, id.ref, n, vocab, dim)
+				s.got.EmbeddingBackward(dtab.got, dy.got, id.got, n, vocab, dim, false)
+				s.ref.EmbeddingBackward(dtab.ref, dy.ref, id.ref, n, vocab, dim, false)
 				s.check(fmt.Sprintf("embedding backward %v %v", dt, c), dtab, TolAccumulate)
+				acc := s.randIn(kernels.F32, vocab*dim) // a gradient the table already has
+				s.got.EmbeddingBackward(acc.got, dy.got, id.got, n, vocab, dim, true)
+				s.ref.EmbeddingBackward(acc.ref, dy.ref, id.ref, n, vocab, dim, true)
+				s.check(fmt.Sprintf("embedding backward accumulated %v %v", dt, c), acc, TolAccumulate)
 			}
 		}
 	}},

@@ -63,9 +63,9 @@ extern "C" __global__ void bitonic_step(unsigned long long* keys, int p, int k, 
 
 // One block per sorted position: the first position of each id's run sums
 // the run's rows of dy (in position order, the keys' order) into the
-// table's row; the others return.
+// table's row, or adds the sum to it; the others return.
 template <typename T>
-__device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, const T* dy, float* dtable) {
+__device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, const T* dy, float* dtable, int accumulate) {
     int s = blockIdx.x;
     if (s >= n) return;
     unsigned id = (unsigned)(keys[s] >> 32);
@@ -75,7 +75,8 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         float acc = 0.f;
         for (int r = s; r < e; r++) acc += ld(dy, (i64)(unsigned)keys[r] * dim + c);
-        dtable[(i64)id * dim + c] = acc;
+        float* d = dtable + (i64)id * dim + c;
+        *d = accumulate ? __fadd_rn(*d, acc) : acc;
     }
 }
 
@@ -488,12 +489,10 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
     }
 }
 
+// cls_row is row r of cls_rows (sm, ss and si: the block's shared scratch).
 template <typename T>
-__device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
-                         T* dz) {
-    __shared__ float sm[32], ss[32];
-    __shared__ int si[32];
-    int r = blockIdx.x;
+__device__ void cls_row(int r, int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright,
+                        int grad, T* dz, float* sm, float* ss, int* si) {
     const T* zr = z + (i64)r * ldz;
     // One pass for the maximum, its first index and the sum of exponentials
     // (each thread's running sum rescaled as its maximum grows), four
@@ -565,6 +564,20 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
     if (labelled) {
         __syncthreads(); // the label's element is written above by some thread
         if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
+    }
+}
+
+// Each block takes rows r = blockIdx.x, + gridDim.x, ...: the caller
+// launches as many blocks as keep the rows being read, which each is read
+// twice (its maximum and sum, then its softmax), within the L2 cache.
+template <typename T>
+__device__ void cls_rows(int n, int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright,
+                         int grad, T* dz) {
+    __shared__ float sm[32], ss[32];
+    __shared__ int si[32];
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        cls_row(r, V, ldz, r0, z, labels, rowloss, rowright, grad, dz, sm, ss, si);
+        __syncthreads(); // sm, ss and si are the next row's
     }
 }
 
@@ -698,8 +711,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
         embedding(n, dim, ids, table, y);                                                                       \
     }                                                                                                           \
     extern "C" __global__ void embedding_bwd_##S(int n, int dim, const unsigned long long* keys, const T* dy,   \
-                                                 float* dtable) {                                               \
-        embedding_bwd(n, dim, keys, dy, dtable);                                                                \
+                                                 float* dtable, int accumulate) {                               \
+        embedding_bwd(n, dim, keys, dy, dtable, accumulate);                                                    \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_##S(int rows, int cols, const T* x, const float* g, const float* b, \
                                                  float eps, T* y, float* mean, float* rstd) {                   \
@@ -747,8 +760,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                const T* o, float* dvec) {                                       \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
+    extern "C" __global__ void cls_rows_##S(int n, int V, int ldz, int r0, const T* z, const int* labels,       \
                                             float* rowloss, float* rowright, int grad, T* dz) {                 \
-        cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                           \
+        cls_rows(n, V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                        \
     }
 FOR_TYPES(TRANSFORMER)
