@@ -29,7 +29,6 @@ type Backend struct {
 	devName string
 	arch    string // sm_XY
 	sms     int
-	l2      int // bytes of L2 cache
 	// chunkBudget caps one chunk of attention's or the classifier's
 	// workspace (defaultChunkBudget).
 	chunkBudget int
@@ -163,7 +162,6 @@ func open(index int, opts Options) (*Backend, error) {
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
 	b.tensorCores = attr(attrComputeCapMajor) >= 8
 	b.sms = attr(attrMultiprocessorCount)
-	b.l2 = attr(attrL2CacheSize)
 	b.chunkBudget = defaultChunkBudget
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err

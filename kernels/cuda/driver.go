@@ -20,7 +20,6 @@ const (
 	attrComputeCapMajor              = 75
 	attrComputeCapMinor              = 76
 	attrMultiprocessorCount          = 16
-	attrL2CacheSize                  = 38
 )
 
 // Error is a failed CUDA library call.

@@ -151,7 +151,7 @@ type (
 		DqBatch  int64
 	}
 	clsRowsArgs struct {
-		N, V, Ld, R0                 int32
+		V, Ld, R0                    int32
 		Z, Labels, RowLoss, RowRight uintptr
 		Grad                         int32
 		Dz                           uintptr
@@ -550,10 +550,6 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	type part struct{ lo, n int } // a stretch of the vocabulary
 	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
 	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
-	// cls_rows reads each row twice: its blocks take rows in turn, as many
-	// at once as fill half the L2 cache (two a multiprocessor at least), so
-	// that the second read finds the row there.
-	inFlight := max(2*b.sms, b.l2/2/(ld*int(es)))
 	for r0 := 0; r0 < p.N; r0 += m {
 		n := min(m, p.N-r0)
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
@@ -563,8 +559,8 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
 			}
 		}
-		kClsRows.launch(b, s, dims{uint32(min(n, inFlight)), 1, 512}, clsRowsArgs{int32(n), int32(p.V), int32(ld), int32(r0), z.Addr(),
-			ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr()})
+		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
+			boolInt(p.Grad), z.Addr()})
 		if !p.Grad {
 			continue
 		}

@@ -489,10 +489,12 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
     }
 }
 
-// cls_row is row r of cls_rows (sm, ss and si: the block's shared scratch).
 template <typename T>
-__device__ void cls_row(int r, int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright,
-                        int grad, T* dz, float* sm, float* ss, int* si) {
+__device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
+                         T* dz) {
+    __shared__ float sm[32], ss[32];
+    __shared__ int si[32];
+    int r = blockIdx.x;
     const T* zr = z + (i64)r * ldz;
     // One pass for the maximum, its first index and the sum of exponentials
     // (each thread's running sum rescaled as its maximum grows), four
@@ -564,20 +566,6 @@ __device__ void cls_row(int r, int V, int ldz, int r0, const T* z, const int* la
     if (labelled) {
         __syncthreads(); // the label's element is written above by some thread
         if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
-    }
-}
-
-// Each block takes rows r = blockIdx.x, + gridDim.x, ...: the caller
-// launches as many blocks as keep the rows being read, which each is read
-// twice (its maximum and sum, then its softmax), within the L2 cache.
-template <typename T>
-__device__ void cls_rows(int n, int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright,
-                         int grad, T* dz) {
-    __shared__ float sm[32], ss[32];
-    __shared__ int si[32];
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
-        cls_row(r, V, ldz, r0, z, labels, rowloss, rowright, grad, dz, sm, ss, si);
-        __syncthreads(); // sm, ss and si are the next row's
     }
 }
 
@@ -760,8 +748,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
                                                const T* o, float* dvec) {                                       \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void cls_rows_##S(int n, int V, int ldz, int r0, const T* z, const int* labels,       \
+    extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
                                             float* rowloss, float* rowright, int grad, T* dz) {                 \
-        cls_rows(n, V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                        \
+        cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                           \
     }
 FOR_TYPES(TRANSFORMER)
