@@ -268,10 +268,6 @@ func (b *Backend) sortKeys(keys uintptr, p int) {
 // device alone).
 const lnWarps = 8
 
-// lnRegCols is the longest row the layer-norm kernels keep in registers:
-// 32 values a lane at most.
-const lnRegCols = 1024
-
 // lnSplits is how many stretches of warps the layer-norm backward's sums
 // are added in first, side by side.
 const lnSplits = 32
@@ -308,21 +304,18 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	b.enter()
 	defer b.exit()
 	blocks := b.lnBlocks(p.Rows)
-	sums := blocks * lnWarps // rows of partial sums: a warp's, or a block's for rows kept in registers
-	if p.Cols <= lnRegCols {
-		sums = blocks
-	}
-	ws := b.workspace(int64(sums) * 2 * int64(p.Cols) * 4)
+	warps := blocks * lnWarps
+	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
 	defer b.alloc.Free(ws)
 	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded)})
-	// The partial sums in two rounds: stretches of them side by side, then
+	// The warps' sums in two rounds: stretches of warps side by side, then
 	// the stretches in order.
-	parts, splits := ws.Addr(), sums
-	if sums > 4*lnSplits {
+	parts, splits := ws.Addr(), warps
+	if warps > 4*lnSplits {
 		part := b.workspace(int64(lnSplits) * 2 * int64(p.Cols) * 4)
 		defer b.alloc.Free(part)
-		kLayerNormPart.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256}, layerNormGradsPartArgs{int32(sums), int32(p.Cols), lnSplits, ws.Addr(), part.Addr()})
+		kLayerNormPart.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256}, layerNormGradsPartArgs{int32(warps), int32(p.Cols), lnSplits, ws.Addr(), part.Addr()})
 		parts, splits = part.Addr(), lnSplits
 	}
 	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256}, layerNormGradsArgs{int32(splits), int32(p.Cols), parts, ptrOf(dgamma), ptrOf(dbeta)})

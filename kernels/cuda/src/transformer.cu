@@ -82,6 +82,7 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 
 // ---- layer norm: a warp per row ----
 
+#define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers: 32 values a lane at most
 // Blocks of LN_WARPS warps (the prelude's, Go's lnWarps) each multiprocessor
 // should hold: the registers each kernel may take follow.
 #define LN_FWD_BLOCKS 2
@@ -183,13 +184,12 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
-// dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; the sums of dy·x̂
-// and dy over the rows go to rows of partial (2·cols floats each), which
-// layernorm_grads adds in order. Rows of up to LN_REG_COLS columns (the
-// prelude's, Go's lnRegCols) keep a warp's sums in registers (the columns
-// as layernorm_fwd_reg's); the block's warps then add theirs in shared
-// memory one after another and the block writes one row of partial.
-// Longer rows add into a row of partial a warp, row by row. dy is of the forward's output type O. With acc (an F32 dx,
+// dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
+// dy·x̂ and dy into its own row of partial (2·cols floats), which
+// layernorm_grads sums over the warps in order. Rows of up to
+// LN_REG_COLS columns keep a warp's sums in registers (the columns as
+// layernorm_fwd_reg's) and write them once; longer rows add into partial
+// row by row. dy is of the forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
 // contracted into it). With rnd (kernels.LayerNormParams.Rounded) dx as
@@ -252,24 +252,17 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
             }
         }
     }
-    __shared__ float bsum[2 * LN_REG_COLS];
-    for (int turn = 0; turn < warps; turn++) { // warp by warp: a fixed order
-        if ((threadIdx.x >> 5) == turn) {
+    float* pw = partial + (i64)w * 2 * cols;
 #pragma unroll
-            for (int k = 0; k < PER; k++) {
-                int j = VEC * (lane + 32 * k);
-                if (j < cols)
+    for (int k = 0; k < PER; k++) {
+        int j = VEC * (lane + 32 * k);
+        if (j < cols)
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        bsum[j + e] = turn == 0 ? pg[k][e] : bsum[j + e] + pg[k][e];
-                        bsum[cols + j + e] = turn == 0 ? pb[k][e] : bsum[cols + j + e] + pb[k][e];
-                    }
+            for (int e = 0; e < VEC; e++) {
+                pw[j + e] = pg[k][e];
+                pw[cols + j + e] = pb[k][e];
             }
-        }
-        __syncthreads();
     }
-    float* pw = partial + (i64)blockIdx.x * 2 * cols;
-    for (int j = threadIdx.x; j < 2 * cols; j += blockDim.x) pw[j] = bsum[j];
 }
 
 template <typename T, typename O>
