@@ -7,12 +7,12 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-// cuBLASLt, bound at run time: the products with epilogues
-// (kernels.Epilogue). A product's descriptors and the algorithm cuBLASLt's
-// heuristic picks for it are made once per shape, alignment and epilogue
-// (ltPlan) and reused; only the pointers are set per call, so a step's
-// products cost the host no more than cublasGemmEx's and are captured the
-// same way.
+// cuBLASLt, bound at run time: every single 16-bit product, with its
+// epilogue (kernels.Epilogue) or none. A product's descriptors and
+// algorithm (Note [products' algorithms timed]) are made once per shape,
+// strides, alignment and epilogue (ltPlan) and reused; only the pointers
+// are set per call, so a step's products cost the host no more than
+// cublasGemmEx's and are captured the same way.
 //
 // Note [the fused epilogues]: cuBLASLt fuses a bias, GELU in its tanh
 // form with its input written to an auxiliary matrix, and GELU's
@@ -22,13 +22,13 @@ import (
 // is cast into a scratch vector first, one small launch, as PyTorch's
 // autocast casts it. cuBLASLt can also fuse the bias gradients (BGRADB,
 // DGELU_BGRAD), but they are not fused by default (ltSums): on the H200
-// (BenchmarkCUDAGemmEpilogues, GPT-2 small's shapes in BF16, each time
-// with the column sums of reduce_cols when unfused) the c_proj input
-// gradient through GELU′ took 432 µs with DGELU_BGRAD against 188 µs with
-// DGELU, and the weight gradients with BGRADB 144, 115 and 119 µs against
-// 124, 108 and 109 µs (c_fc, c_attn, mlp.c_proj), faster only for
-// attn.c_proj's 768×768 (49 against 54 µs); BGRADB also has no algorithm
-// unless A is transposed. What cuBLASLt does
+// (BenchmarkCUDAGemmEpilogues, GPT-2 small's shapes in BF16, the timed
+// algorithms, each time with the column sums of reduce_cols when unfused)
+// the c_proj input gradient through GELU′ took 432 µs with DGELU_BGRAD
+// against 165 µs with DGELU, and the weight gradients with BGRADB 137, 114
+// and 112 µs against 121, 105 and 104 µs (c_fc, c_attn, mlp.c_proj),
+// faster only for attn.c_proj's 768×768 (47 against 49 µs); BGRADB also
+// has no algorithm unless A is transposed. What cuBLASLt does
 // not fuse (another activation, N not a multiple of 8 with GELU's
 // auxiliary matrix), a shape its heuristic has no algorithm for, or a
 // machine without the library runs the product with cublasGemmEx and the
@@ -268,13 +268,16 @@ func (b *Backend) ltMatmul(pl *ltPlan, i int, x ltOperands) cublasStatus {
 }
 
 // Note [products' algorithms timed]: cuBLASLt's heuristic ranks its
-// algorithms by a model of the device, and for the products with
-// epilogues its favourite is not always the fastest. A plan's first call
-// outside a capture therefore times the heuristic's first ltCandidates on
-// the call's own operands (each once to warm up, then ltTimedRuns times
-// between two events) and keeps the fastest, but the heuristic's favourite
-// unless another is faster by ltMargin, so that close calls, which timing
-// noise could flip from one process to the next, keep one answer. This is
+// algorithms by a model of the device, and its favourite is not always the
+// fastest: on the H200, for GPT-2 small's products with a bias and a
+// residual (73 µs against 44), GELU's derivative (146 against 132) and the
+// classifier's logits (523 against 445; BenchmarkCUDAGemmCandidates). A
+// plan's first call outside a capture therefore times the heuristic's
+// first ltCandidates on the call's own operands (each once to warm up,
+// then ltTimedRuns times between two events) and keeps the fastest, but
+// the heuristic's favourite unless another is faster by ltMargin, so that
+// close calls, which timing noise could flip from one process to the
+// next, keep one answer. This is
 // what PyTorch's TunableOp does for its products. The candidates write the
 // call's D, which the chosen algorithm then writes again; a call whose D is
 // also its C (a residual added in place, β = 1) cannot be repeated and
