@@ -98,9 +98,12 @@ func autocastTo(dev *tensor.Device, x *T, dt tensor.DType) *T {
 // CastParameters casts the F32 tensors among params to dev's autocast
 // dtype all at once (the backend's CastMany: a launch per 32 tensors), and
 // until release is called the operations on dev that autocast copies of
-// their inputs (Conv2d, MatMul) read these instead of casting their own. The copies'
-// gradients return to the parameters together too (Note [parameters cast
-// at once]). Outside Autocast it does nothing.
+// their inputs (Conv2d, MatMul) read these instead of casting their own,
+// and their gradients return to the parameters together too (Note
+// [parameters cast at once]); the operations that compute a weight's
+// gradient from its copy themselves, in the weight's dtype (Linear, MLP,
+// ClassifierLoss), read the copies recording nothing. Outside Autocast it
+// does nothing.
 //
 // A model calls it at the start of its forward where each copy is kept to
 // the backward anyway, as a convolution keeps its weight's: a deep

@@ -38,13 +38,20 @@ func castRawOn(dev *tensor.Device, x *T, dt tensor.DType) *T {
 }
 
 // asDType returns x if it has dtype dt (a new handle on dev, in dev's
-// current scope) or a converted copy made on dev. dev is the handle of the
-// operation (ModeOf): a parameter made on the device and used by a
-// session's operation must not leave its temporary in the device's scope,
-// which another goroutine closes.
+// current scope), the copy of x CastParameters made in dt (a new handle,
+// recording nothing: the caller computes x's gradient itself), or a
+// converted copy made on dev. dev is the handle of the operation (ModeOf):
+// a parameter made on the device and used by a session's operation must
+// not leave its temporary in the device's scope, which another goroutine
+// closes.
 func asDType(dev *tensor.Device, x *T, dt tensor.DType) *T {
 	if x.DType() == dt {
 		return x.On(dev)
+	}
+	if copies, _ := dev.Modes().Copies.(map[*T]*T); copies != nil {
+		if y := copies[x]; y != nil && y.DType() == dt {
+			return y.On(dev) // a handle of its own: no graph
+		}
 	}
 	return castRawOn(dev, x, dt)
 }

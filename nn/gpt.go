@@ -262,7 +262,13 @@ func (g *GPT) hidden(x *T) *T {
 
 // Forward returns the logits of every position of x (B×T tokens):
 // B×T×Vocab, in full (for inference on short inputs: training uses Loss).
+// Under autocast without checkpointing, the products' weights are cast at
+// once (autograd.CastParameters): every copy is kept to the backward
+// anyway.
 func (g *GPT) Forward(x *T) *T {
+	if g.Checkpoint == NoCheckpoint {
+		defer ag.CastParameters(ag.ModeOf(x), g.productWeights())()
+	}
 	h := g.hidden(x)
 	B, Tn := x.Dim(0), x.Dim(1)
 	h = then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, g.Cfg.Width) })
@@ -272,12 +278,25 @@ func (g *GPT) Forward(x *T) *T {
 
 // Loss is the mean cross-entropy of every position's next-token prediction
 // against the I32 targets y (B×T), through the fused classifier, and the
-// positions predicted right.
+// positions predicted right. Its products' weights are cast as Forward's.
 func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
+	if g.Checkpoint == NoCheckpoint {
+		defer ag.CastParameters(ag.ModeOf(x), g.productWeights())()
+	}
 	h := g.hidden(x)
 	defer h.Release()
 	loss, right = ag.ClassifierLoss(h, g.WTE, y)
 	return loss, right, y.Numel()
+}
+
+// productWeights are the weights the matrix products read: the blocks'
+// linear layers' and the tied token embedding, the classifier's.
+func (g *GPT) productWeights() []*T {
+	ws := []*T{g.WTE}
+	for _, b := range g.Blocks {
+		ws = append(ws, b.Attn.Weight, b.AttnProj.Weight, b.FC.Weight, b.Proj.Weight)
+	}
+	return ws
 }
 
 // State lists the parameters by Hugging Face GPT-2's names

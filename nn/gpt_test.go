@@ -479,6 +479,48 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 	}
 }
 
+// TestGPTCastsItsWeightsAtOnce: an AMP step of a GPT without
+// checkpointing casts no product's weight on its own (they are cast at
+// once, autograd.CastParameters); with checkpointed blocks each linear
+// layer casts its own, in the forward and again in the recomputation, and
+// nothing is cast at once.
+func TestGPTCastsItsWeightsAtOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
+	for _, tc := range []struct {
+		mode   CheckpointMode
+		cAttn  int // single casts of a block's 24×8 c_attn weight
+		atOnce bool
+	}{
+		{NoCheckpoint, 0, true},
+		{CheckpointBlocks, 2 * 2, false}, // two blocks, forward and recomputation
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			cc := &castCounter{Backend: cpu.New(), single: map[int]int{}}
+			dev := tensor.NewDevice(cc)
+			g := tinyGPT(t, dev, 9)
+			defer Release(g)
+			g.SetCheckpoint(tc.mode)
+			dev.WithScope(func() {
+				var loss *tensor.Tensor
+				ag.Autocast(dev, tensor.BF16, func() {
+					loss, _, _ = g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
+				})
+				ag.Backward(loss)
+			})
+			if got := cc.single[24*8]; got != tc.cAttn {
+				t.Errorf("%d single casts of a 24×8 weight, want %d", got, tc.cAttn)
+			}
+			if got := cc.single[11*8]; got != 0 && tc.atOnce {
+				t.Errorf("%d single casts of the token embedding, want none", got)
+			}
+			if (cc.many > 0) != tc.atOnce {
+				t.Errorf("%d multi-tensor casts, want some: %v", cc.many, tc.atOnce)
+			}
+		})
+	}
+}
+
 // TestGPTBackwardCastsOneStreamGradient: under autocast the residual
 // stream's F32 gradient reaches every block's residual products already
 // rounded to bf16 by the layer norm whose backward finished it, through
