@@ -510,15 +510,15 @@ func Backward(root *T, opts ...Option) {
 			mark.phase(n)
 			n.rounded = roundings[n]
 			delete(roundings, n)
-			round := n.rounding(g)
+			round := n.newRounding(g)
 			if round != nil {
 				mark.gradient(round, n)
 			}
 			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
 				loose = n.fold.backward(g, acc, round)
-				if round != nil {
-					roundings[n.inputs[0].node] = round // acc is pending for it
-					round = nil
+				if in := n.inputs[0].node; round != nil { // acc is pending for in
+					releaseAll(roundings[in]) // an earlier sum's
+					roundings[in], round = round, nil
 				}
 			} else if round != nil {
 				loose = n.fold.backward(g, nil, round)
@@ -627,10 +627,10 @@ func (m *marker) gradient(g *T, n *node) {
 // without them.
 var folding, rounding = true, true
 
-// rounding is the tensor n's folder may write input 0's gradient into,
+// newRounding is the tensor n's folder may write input 0's gradient into,
 // rounded for the node that made input 0, or nil (Note [a gradient rounded
 // where it is finished]); g is n's own gradient, for the device.
-func (n *node) rounding(g *T) *T {
+func (n *node) newRounding(g *T) *T {
 	if !rounding || n.fold == nil || n.fold.rounds == 0 || len(n.inputs) == 0 {
 		return nil
 	}
