@@ -125,6 +125,7 @@ var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
 func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, bb, c)
 	b.enter()
+	defer b.exit()
 	ran, sums := b.gemmLt(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
 		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType}, e)
 	if !ran {
@@ -145,7 +146,6 @@ func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, 
 				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
 		}
 	}
-	defer b.exit()
 	if sums {
 		return
 	}
