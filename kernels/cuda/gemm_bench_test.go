@@ -25,14 +25,7 @@ func BenchmarkCUDAGemmShapes(b *testing.B) {
 	} {
 		for _, out := range []kernels.DType{kernels.F32, kernels.BF16} {
 			b.Run(fmt.Sprintf("%s-%v", s.name, out), func(b *testing.B) {
-				buf := func(dt kernels.DType, n int) kernels.Buf {
-					blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.Cleanup(func() { be.Allocator().Free(blk) })
-					return kernels.Buf{Block: blk, N: n, DType: dt}
-				}
+				buf := func(dt kernels.DType, n int) kernels.Buf { return benchBuf(b, be, dt, n) }
 				a, w, c := buf(kernels.BF16, s.batch*s.m*s.k), buf(kernels.BF16, s.batch*s.n*s.k), buf(out, s.batch*s.m*s.n)
 				call := gemmCall{transB: s.transB, m: s.m, n: s.n, k: s.k, alpha: 1, a: ptrOf(a), b: ptrOf(w), c: ptrOf(c),
 					strideA: int64(s.m * s.k), strideB: int64(s.n * s.k), strideC: int64(s.m * s.n), batch: s.batch, ab: kernels.BF16, cType: out}
@@ -54,6 +47,17 @@ func BenchmarkCUDAGemmShapes(b *testing.B) {
 	}
 }
 
+// benchBuf is a buffer of n elements of dt from be's pool for the
+// benchmark b, freed when it ends.
+func benchBuf(b *testing.B, be *Backend, dt kernels.DType, n int) kernels.Buf {
+	blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { be.Allocator().Free(blk) })
+	return kernels.Buf{Block: blk, N: n, DType: dt}
+}
+
 // BenchmarkCUDAGemmEpilogues times GPT-2 small's products with epilogues
 // (batch 16, context 1024, BF16) three ways: unfused (cublasGemmEx, then
 // gemm_epilogue and the column sums), with cuBLASLt's epilogues, and with
@@ -61,14 +65,7 @@ func BenchmarkCUDAGemmShapes(b *testing.B) {
 // epilogues] decides by. b.ReportMetric gives µs per product.
 func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 	be := testBackend(b)
-	buf := func(dt kernels.DType, n int) kernels.Buf {
-		blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { be.Allocator().Free(blk) })
-		return kernels.Buf{Block: blk, N: n, DType: dt}
-	}
+	buf := func(dt kernels.DType, n int) kernels.Buf { return benchBuf(b, be, dt, n) }
 	const rows, width = 16384, 768
 	for _, s := range []struct {
 		name string
@@ -132,13 +129,9 @@ func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 func BenchmarkCUDAGemmCandidates(b *testing.B) {
 	be := testBackend(b)
 	buf := func(dt kernels.DType, n int) kernels.Buf {
-		blk, err := be.Allocator().Alloc(int64(n*dt.Size()), be.Stream())
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { be.Allocator().Free(blk) })
-		be.Fill(kernels.Buf{Block: blk, N: n, DType: dt}, 0.01)
-		return kernels.Buf{Block: blk, N: n, DType: dt}
+		x := benchBuf(b, be, dt, n)
+		be.Fill(x, 0.01)
+		return x
 	}
 	be.ltTimed = func(key ltKey, ms []float32, chosen int) {
 		us := make([]string, len(ms))
