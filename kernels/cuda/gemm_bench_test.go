@@ -58,6 +58,16 @@ func benchBuf(b *testing.B, be *Backend, dt kernels.DType, n int) kernels.Buf {
 	return kernels.Buf{Block: blk, N: n, DType: dt}
 }
 
+// gptProduct is one of GPT-2 small's products for the benchmarks: its
+// parameters, C's dtype and its epilogue (nil: none), made with the
+// benchmark's buffers.
+type gptProduct struct {
+	name string
+	p    kernels.GemmParams
+	c    kernels.DType
+	e    func() kernels.Epilogue
+}
+
 // BenchmarkCUDAGemmEpilogues times GPT-2 small's products with epilogues
 // (batch 16, context 1024, BF16) three ways: unfused (cublasGemmEx, then
 // gemm_epilogue and the column sums), with cuBLASLt's epilogues, and with
@@ -67,12 +77,7 @@ func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 	be := testBackend(b)
 	buf := func(dt kernels.DType, n int) kernels.Buf { return benchBuf(b, be, dt, n) }
 	const rows, width = 16384, 768
-	for _, s := range []struct {
-		name string
-		p    kernels.GemmParams
-		c    kernels.DType
-		e    func() kernels.Epilogue
-	}{
+	for _, s := range []gptProduct{
 		{"c_attn-bias", kernels.GemmParams{TransB: true, M: rows, N: 3 * width, K: width, Alpha: 1, Batch: 1}, kernels.BF16,
 			func() kernels.Epilogue { return kernels.Epilogue{Bias: buf(kernels.F32, 3*width)} }},
 		{"c_fc-bias+gelu", kernels.GemmParams{TransB: true, M: rows, N: 4 * width, K: width, Alpha: 1, Batch: 1}, kernels.BF16,
@@ -143,12 +148,7 @@ func BenchmarkCUDAGemmCandidates(b *testing.B) {
 	}
 	defer func() { be.ltTimed = nil }()
 	const rows, width = 16384, 768
-	for _, s := range []struct {
-		name string
-		p    kernels.GemmParams
-		c    kernels.DType
-		e    func() kernels.Epilogue
-	}{
+	for _, s := range []gptProduct{
 		{"c_attn", kernels.GemmParams{TransB: true, M: rows, N: 3 * width, K: width}, kernels.BF16,
 			func() kernels.Epilogue { return kernels.Epilogue{Bias: buf(kernels.F32, 3*width)} }},
 		{"c_fc", kernels.GemmParams{TransB: true, M: rows, N: 4 * width, K: width}, kernels.BF16,
