@@ -29,6 +29,9 @@ type Backend struct {
 	devName string
 	arch    string // sm_XY
 	sms     int
+	// sharedPerSM and sharedPerBlock are the shared memory a multiprocessor
+	// has and a block may opt in to (launchShared).
+	sharedPerSM, sharedPerBlock int
 	// chunkBudget caps one chunk of attention's or the classifier's
 	// workspace (defaultChunkBudget).
 	chunkBudget int
@@ -56,7 +59,8 @@ type Backend struct {
 
 	mu          sync.Mutex // guards everything below
 	module      uintptr
-	funcs       [][]uintptr // the module's functions, by kernel and instantiation (newFunctionTable)
+	funcs       [][]uintptr     // the module's functions, by kernel and instantiation (newFunctionTable)
+	funcShared  map[uintptr]int // the dynamic shared memory a function was allowed past 48 KiB (launchShared)
 	blas        uintptr
 	blasWS      *memory.Block // cuBLAS's and cuBLASLt's workspace (its first blasWSBytes), and reduceDone
 	blasWSBytes uintptr
@@ -145,7 +149,7 @@ func open(index int, opts Options) (*Backend, error) {
 	defer runtime.UnlockOSThread()
 
 	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, asked: asked, d: d, cb: cb,
-		funcs: newFunctionTable(), args: new(launchArgs), plans: map[planKey]*convPlan{}}
+		funcs: newFunctionTable(), funcShared: map[uintptr]int{}, args: new(launchArgs), plans: map[planKey]*convPlan{}}
 	b.captureDone = sync.NewCond(&b.mu)
 	var dev int32
 	if err := d.check("cuDeviceGet", d.deviceGet(unsafe.Pointer(&dev), int32(index))); err != nil {
@@ -162,6 +166,7 @@ func open(index int, opts Options) (*Backend, error) {
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
 	b.tensorCores = attr(attrComputeCapMajor) >= 8
 	b.sms = attr(attrMultiprocessorCount)
+	b.sharedPerSM, b.sharedPerBlock = attr(attrSharedPerSM), attr(attrSharedPerBlockOptin)
 	b.chunkBudget = defaultChunkBudget
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err

@@ -13,13 +13,17 @@ import (
 type cuResult uintptr
 
 const (
-	cudaSuccess             cuResult = 0
-	cudaErrorOutOfMemory    cuResult = 2
-	cuStreamNonBlocking              = 1
-	cuEventDisableTiming             = 2
-	attrComputeCapMajor              = 75
-	attrComputeCapMinor              = 76
-	attrMultiprocessorCount          = 16
+	cudaSuccess              cuResult = 0
+	cudaErrorOutOfMemory     cuResult = 2
+	cuStreamNonBlocking               = 1
+	cuEventDisableTiming              = 2
+	attrComputeCapMajor               = 75
+	attrComputeCapMinor               = 76
+	attrMultiprocessorCount           = 16
+	attrSharedPerSM                   = 81 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+	attrSharedPerBlockOptin           = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+	funcAttrMaxDynamicShared          = 8  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	staticSharedLimit                 = 48 << 10
 )
 
 // Error is a failed CUDA library call.

@@ -135,17 +135,31 @@ func (b *Backend) blocks(n int64, threads int) uint32 {
 // kernel) with args; the caller holds the backend's lock. An empty grid
 // launches nothing.
 func (k kernel[A]) launch(b *Backend, dt kernels.DType, d dims, args A) {
+	k.launchShared(b, dt, d, 0, args)
+}
+
+// launchShared is launch with shared bytes of dynamic shared memory a
+// block (extern __shared__), at most b.sharedPerBlock: past the 48 KiB a
+// block has without asking, the function is first allowed them.
+func (k kernel[A]) launchShared(b *Backend, dt kernels.DType, d dims, shared int, args A) {
 	if d.gx == 0 || d.gy == 0 {
 		return
 	}
+	if shared > b.sharedPerBlock {
+		panic(fmt.Sprintf("cuda: kernel %s with %d bytes of shared memory, %d a block at most", k.name, shared, b.sharedPerBlock))
+	}
 	f := b.function(k.kernelDecl, k.variant(dt))
+	if shared > staticSharedLimit && b.funcShared[f] < shared {
+		b.d.must("cuFuncSetAttribute("+k.name+")", b.d.funcSetAttribute(f, funcAttrMaxDynamicShared, int32(shared)))
+		b.funcShared[f] = shared
+	}
 	a := b.args
 	*(*A)(unsafe.Pointer(&a.data[0])) = args
 	for i, p := range k.params {
 		a.ptrs[i] = unsafe.Add(unsafe.Pointer(&a.data[0]), p.offset)
 	}
 	b.queued(k.name)
-	b.d.must("cuLaunchKernel("+k.name+")", b.d.launchKernel(f, d.gx, d.gy, 1, d.block, 1, 1, 0, b.stream,
+	b.d.must("cuLaunchKernel("+k.name+")", b.d.launchKernel(f, d.gx, d.gy, 1, d.block, 1, 1, uint32(shared), b.stream,
 		unsafe.Pointer(&a.ptrs[0]), nil))
 }
 

@@ -244,12 +244,17 @@ func (b *Backend) reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 	fill := b.sms * 2048 // threads the device runs at once
 	splits := min((r.Len+63)/64, fill/(8*outputs))
 	if r.Inner > 1 && splits >= 2 {
-		// Four columns a lane where the rows allow, the axis in four times
-		// as many stretches, so that as many blocks fill the device.
+		// Four columns a lane where the rows allow, the axis in up to four
+		// times as many stretches, so that as many blocks fill the device,
+		// but each of at least 512 rows: more, shorter stretches wait
+		// longer than they read (on the H200, 16384 bf16 rows of 768, 2304
+		// and 3072 columns took 24.2, 34.7 and 39.9 µs in 176, 56 and 44
+		// stretches, 20.4, 33.2 and 38.5 in 32; scripts/reduce-bench.py,
+		// 2026-12-02).
 		k, vec := kReduceColsS, 1
 		if r.Inner%4 == 0 && ptrOf(x)%uintptr(4*x.DType.Size()) == 0 {
 			k, vec = kReduceColsS4, 4
-			splits = min((r.Len+63)/64, 4*splits)
+			splits = max(1, min((r.Len+511)/512, 4*splits))
 		}
 		tiles := (r.Inner + 32*vec - 1) / (32 * vec)
 		if tiles*r.Outer > b.reduceDone.n {

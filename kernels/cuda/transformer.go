@@ -206,6 +206,7 @@ var (
 	kAttnDScores       = declareTyped[attnDScoresArgs]("attn_dscores")
 	kAttnRowDot        = declareTyped[attnRowDotArgs]("attn_rowdot")
 	kClsRows           = declareTyped[clsRowsArgs]("cls_rows")
+	kClsRowsStash      = declareTyped[clsRowsArgs]("cls_rows_stash")
 	// The flash kernels exist for the tensor cores' F16 and BF16 only.
 	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
 	kFlashBwdKV  = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
@@ -262,17 +263,26 @@ func (b *Backend) sortKeys(keys uintptr, p int) {
 	}
 }
 
-// lnWarps is the warps per block of the layer-norm kernels; lnBlocks the
-// blocks, a fixed number per device (the backward's partial sums are one
-// row per warp, so their count, and the order of the sums, depends on the
-// device alone).
-const lnWarps = 8
+// lnWarps is the warps per block of the layer-norm kernels and
+// lnBlocksPerSM the blocks a multiprocessor holds at once (their launch
+// bounds); lnBlocks the blocks, a fixed number per device, all at once
+// (the backward's partial sums are one row per warp, so their count, and
+// the order of the sums, depends on the device alone). One wave rather
+// than two halves the backward's partial sums: on the H200 at 16384×768
+// the backward with its sums took 0.089 ms against 0.096
+// (scripts/ln-bench.py, 2026-12-02).
+const (
+	lnWarps       = 8
+	lnBlocksPerSM = 2
+)
 
 // lnSplits is how many stretches of warps the layer-norm backward's sums
 // are added in first, side by side.
 const lnSplits = 32
 
-func (b *Backend) lnBlocks(rows int) int { return max(1, min((rows+lnWarps-1)/lnWarps, 4*b.sms)) }
+func (b *Backend) lnBlocks(rows int) int {
+	return max(1, min((rows+lnWarps-1)/lnWarps, lnBlocksPerSM*b.sms))
+}
 
 // LayerNorm normalises a row per warp.
 func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
@@ -550,6 +560,7 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	type part struct{ lo, n int } // a stretch of the vocabulary
 	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
 	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
+	stash := b.clsStash(p, int(es))
 	for r0 := 0; r0 < p.N; r0 += m {
 		n := min(m, p.N-r0)
 		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
@@ -559,8 +570,12 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
 			}
 		}
-		kClsRows.launch(b, s, dims{uint32(n), 1, 512}, clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight,
-			boolInt(p.Grad), z.Addr()})
+		args := clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr()}
+		if stash > 0 {
+			kClsRowsStash.launchShared(b, s, dims{uint32(n), 1, clsThreads}, stash, args)
+		} else {
+			kClsRows.launch(b, s, dims{uint32(n), 1, clsThreads}, args)
+		}
 		if !p.Grad {
 			continue
 		}
@@ -582,6 +597,24 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 		}
 	}
 	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
+}
+
+// clsThreads is the threads of a block of the classifier's rows.
+const clsThreads = 1024
+
+// clsStash is the shared memory a block of cls_rows_stash keeps a row's
+// 16-byte groups of logits (es bytes each) in, or 0 where cls_rows reads
+// the logits twice instead: for the loss alone (one pass), or where two
+// blocks a multiprocessor could not keep their rows (the stash pays for
+// itself by the rows in flight it keeps in the L2 cache's stead).
+// ClassifierLoss's chunks' rows are 16-byte aligned, their ld a multiple
+// of 16 values.
+func (b *Backend) clsStash(p kernels.ClassifierParams, es int) int {
+	bytes := p.V / (16 / es) * 16
+	if !p.Grad || 2*(bytes+2<<10) > b.sharedPerSM || bytes > b.sharedPerBlock {
+		return 0
+	}
+	return bytes
 }
 
 // SumSquares: each tensor's squares summed by as many blocks as fill the

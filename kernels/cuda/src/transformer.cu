@@ -83,10 +83,31 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 // ---- layer norm: a warp per row ----
 
 #define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers: 32 values a lane at most
-// Blocks of LN_WARPS warps (the prelude's, Go's lnWarps) each multiprocessor
-// should hold: the registers each kernel may take follow.
-#define LN_FWD_BLOCKS 2
-#define LN_BWD_BLOCKS 2
+// Blocks of LN_WARPS warps each multiprocessor should hold, the registers
+// each kernel may take following from them: both the prelude's (Go's
+// lnWarps and lnBlocksPerSM, which size the grid).
+#define LN_FWD_BLOCKS LN_BLOCKS
+#define LN_BWD_BLOCKS LN_BLOCKS
+
+// ln_reg calls f(LnShape<VEC, PER>()) for a row of cols ≤ LN_REG_COLS held
+// in registers, PER groups of VEC columns a lane: VEC = 4 where vec allows
+// it, with PER the least of 2, 4, 6 or 8 that holds the row, so that a
+// shorter row takes fewer registers (GPT-2 small's 768 columns: 6).
+template <int V, int P> struct LnShape {
+    static constexpr int VEC = V, PER = P;
+};
+template <typename F> __device__ __forceinline__ void ln_reg(int cols, bool vec, F f) {
+    if (!vec)
+        f(LnShape<1, LN_REG_COLS / 32>());
+    else if (cols <= 256)
+        f(LnShape<4, 2>());
+    else if (cols <= 512)
+        f(LnShape<4, 4>());
+    else if (cols <= 768)
+        f(LnShape<4, 6>());
+    else
+        f(LnShape<4, 8>());
+}
 
 // ldv and stv move VEC (1 or 4) consecutive elements, as ld/st or ld4/st4.
 template <int VEC, typename T> __device__ __forceinline__ void ldv(const T* p, i64 i, float* v) {
@@ -103,13 +124,12 @@ template <int VEC, typename T> __device__ __forceinline__ void stv(T* p, i64 i, 
 }
 
 // The row in registers, read once: lane l holds the columns VEC·(l + 32k)
-// .. +VEC−1. VEC = 4 moves 16 bytes of F32 a load where the rows allow
-// (the caller checks); VEC = 1 adds in the same order as the longer rows'
-// loop.
-template <int VEC, typename T, typename O>
+// .. +VEC−1, k < PER (ln_reg). VEC = 4 moves 16 bytes of F32 a load where
+// the rows allow (the caller checks); VEC = 1 adds in the same order as
+// the longer rows' loop.
+template <int VEC, int PER, typename T, typename O>
 __device__ void layernorm_fwd_reg(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
                                   float* mean, float* rstd) {
-    const int PER = LN_REG_COLS / (32 * VEC);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
@@ -158,10 +178,9 @@ template <typename T, typename O>
 __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
                               float* mean, float* rstd) {
     if (cols <= LN_REG_COLS) {
-        if (cols % 4 == 0 && vec4(x) && vec4(y) && vec4(g) && vec4(b))
-            layernorm_fwd_reg<4>(rows, cols, x, g, b, eps, y, mean, rstd);
-        else
-            layernorm_fwd_reg<1>(rows, cols, x, g, b, eps, y, mean, rstd);
+        ln_reg(cols, cols % 4 == 0 && vec4(x) && vec4(y) && vec4(g) && vec4(b), [&](auto s) {
+            layernorm_fwd_reg<decltype(s)::VEC, decltype(s)::PER>(rows, cols, x, g, b, eps, y, mean, rstd);
+        });
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -192,12 +211,13 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // row by row. dy is of the forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
-// contracted into it). With rnd (kernels.LayerNormParams.Rounded) dx as
-// written is also written rounded to O.
-template <int VEC, typename T, typename O>
+// contracted into it); the row's dx is loaded before its sums, so that
+// the load waits beside the row's own. With rnd
+// (kernels.LayerNormParams.Rounded) dx as written is also written rounded
+// to O.
+template <int VEC, int PER, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const O* dy, T* dx, float* partial, int acc, O* rnd) {
-    const int PER = LN_REG_COLS / (32 * VEC);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
     float pg[PER][VEC], pb[PER][VEC];
@@ -210,6 +230,14 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
         const O* gr = dy + (i64)r * cols;
         float m = mean[r], is = rstd[r];
         float sg = 0.f, sgx = 0.f;
+        float prev[PER][VEC];
+        if (acc) {
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                int j = VEC * (lane + 32 * k);
+                if (j < cols) ldv<VEC>(dx, (i64)r * cols + j, prev[k]);
+            }
+        }
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             int j = VEC * (lane + 32 * k);
@@ -241,12 +269,9 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 ldv<VEC>(g, j, gg);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) o[e] = is * (d[e] * gg[e] - mg - (xv[e] - m) * is * mgx);
-                if (acc) {
-                    float prev[VEC];
-                    ldv<VEC>(dx, (i64)r * cols + j, prev);
+                if (acc)
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(prev[e], o[e]);
-                }
+                    for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(prev[k][e], o[e]);
                 stv<VEC>(dx, (i64)r * cols + j, o);
                 if (rnd) stv<VEC>(rnd, (i64)r * cols + j, o);
             }
@@ -269,10 +294,9 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial, int acc, O* rnd) {
     if (cols <= LN_REG_COLS) {
-        if (cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)))
-            layernorm_bwd_reg<4>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
-        else
-            layernorm_bwd_reg<1>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
+        ln_reg(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), [&](auto s) {
+            layernorm_bwd_reg<decltype(s)::VEC, decltype(s)::PER>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
+        });
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -462,20 +486,31 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
 //
 // The rows are as bound by instruction issue as by memory on the H200, so
 // each element costs few instructions: the exponentials are ex2 of a fused
-// multiply-add in log2 units, the running maximum is tested a group of
-// four at a time, and the label's −1 is written once, after the row.
+// multiply-add in log2 units, the running maximum is tested a group at a
+// time, and the label's −1 is written once, after the row.
 //
-// online4 adds the group v (indices j..j+3) to a running maximum m (first
-// at arg) and sum s of 2^((· − m)·log2 e).
-__device__ __forceinline__ void online4(const float* v, int j, float& m, float& s, int& arg) {
-    float m4 = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
-    if (m4 > m) {
-        s *= ex2((m - m4) * LOG2E);
-        m = m4;
-        arg = j + (v[0] == m4 ? 0 : v[1] == m4 ? 1 : v[2] == m4 ? 2 : 3);
+// online adds the group v (indices j..j+N−1, N a power of two) to a
+// running maximum m (first at arg) and sum s of 2^((· − m)·log2 e).
+template <int N> __device__ __forceinline__ void online(const float* v, int j, float& m, float& s, int& arg) {
+    float mn = v[0];
+#pragma unroll
+    for (int e = 1; e < N; e++) mn = fmaxf(mn, v[e]);
+    if (mn > m) {
+        s *= ex2((m - mn) * LOG2E);
+        m = mn;
+        int first = N - 1;
+#pragma unroll
+        for (int e = N - 2; e >= 0; e--) first = v[e] == mn ? e : first;
+        arg = j + first;
     }
-    float ml = m * LOG2E;
-    s += (ex2(fmaf(v[0], LOG2E, -ml)) + ex2(fmaf(v[1], LOG2E, -ml))) + (ex2(fmaf(v[2], LOG2E, -ml)) + ex2(fmaf(v[3], LOG2E, -ml)));
+    float ml = m * LOG2E, t[N];
+#pragma unroll
+    for (int e = 0; e < N; e++) t[e] = ex2(fmaf(v[e], LOG2E, -ml));
+#pragma unroll
+    for (int w = 1; w < N; w *= 2) // pairwise: (t0 + t1) + (t2 + t3) ...
+#pragma unroll
+        for (int e = 0; e + w < N; e += 2 * w) t[e] += t[e + w];
+    s += t[0];
 }
 
 // merge combines two running (maximum, sum, first index of the maximum).
@@ -489,11 +524,46 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
     }
 }
 
+// cls_row_end combines the block's threads' running (m, s, arg) over a row
+// with label y (zy its logit, read by thread 0 before this, the first
+// barrier), writes the row's loss and right count and returns its
+// log-sum-exp to every thread.
+__device__ float cls_row_end(float m, float s, int arg, int y, bool labelled, float zy, float* rowloss, float* rowright) {
+    __shared__ float sm[32], ss[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1)
+        merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) {
+        sm[warp] = m;
+        ss[warp] = s;
+        si[warp] = arg;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < nwarps ? sm[lane] : -INFINITY;
+        s = lane < nwarps ? ss[lane] : 0.f;
+        arg = lane < nwarps ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1)
+            merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
+        if (lane == 0) {
+            sm[0] = m;
+            ss[0] = s;
+            si[0] = arg;
+        }
+    }
+    __syncthreads();
+    float lse = sm[0] + logf(ss[0]);
+    if (threadIdx.x == 0) {
+        *rowloss = labelled ? lse - zy : __int_as_float(0x7fc00000);
+        *rowright = si[0] == y ? 1.f : 0.f;
+    }
+    return lse;
+}
+
 template <typename T>
 __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
                          T* dz) {
-    __shared__ float sm[32], ss[32];
-    __shared__ int si[32];
     int r = blockIdx.x;
     const T* zr = z + (i64)r * ldz;
     // One pass for the maximum, its first index and the sum of exponentials
@@ -509,45 +579,17 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
         for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
             float v[4];
             ld4(zr, j, v);
-            online4(v, j, m, s, arg);
+            online<4>(v, j, m, s, arg);
         }
     }
     for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) {
         float v[4] = {ld(zr, j), -INFINITY, -INFINITY, -INFINITY};
-        online4(v, j, m, s, arg);
+        online<4>(v, j, m, s, arg);
     }
-    for (int o = 16; o > 0; o >>= 1)
-        merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    if (lane == 0) {
-        sm[warp] = m;
-        ss[warp] = s;
-        si[warp] = arg;
-    }
-    __syncthreads();
     int y = labels[r0 + r];
     bool labelled = y >= 0 && y < V;
     float zy = (threadIdx.x == 0 && labelled) ? ld(zr, y) : 0.f; // before the barrier: dz may overwrite z
-    if (warp == 0) {
-        m = lane < nwarps ? sm[lane] : -INFINITY;
-        s = lane < nwarps ? ss[lane] : 0.f;
-        arg = lane < nwarps ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1)
-            merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
-        if (lane == 0) {
-            sm[0] = m;
-            ss[0] = s;
-            si[0] = arg;
-        }
-    }
-    __syncthreads();
-    m = sm[0];
-    arg = si[0];
-    float lse = m + logf(ss[0]);
-    if (threadIdx.x == 0) {
-        rowloss[r0 + r] = labelled ? lse - zy : __int_as_float(0x7fc00000);
-        rowright[r0 + r] = arg == y ? 1.f : 0.f;
-    }
+    float lse = cls_row_end(m, s, arg, y, labelled, zy, rowloss + r0 + r, rowright + r0 + r);
     if (!grad) return;
     // The softmax, 2^(z·log2 e − lse·log2 e); then the label's −1.
     T* dr = dz + (i64)r * ldz;
@@ -563,6 +605,97 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
         }
     }
     for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
+    if (labelled) {
+        __syncthreads(); // the label's element is written above by some thread
+        if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
+    }
+}
+
+// Sixteen bytes of T: Vec16<T>::E values, unpacked to float and packed back
+// (rounded as st rounds).
+template <typename T> struct Vec16;
+template <> struct Vec16<float> {
+    static constexpr int E = 4;
+    static __device__ __forceinline__ void unpack(uint4 u, float* v) {
+        v[0] = __uint_as_float(u.x), v[1] = __uint_as_float(u.y), v[2] = __uint_as_float(u.z), v[3] = __uint_as_float(u.w);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    }
+};
+template <> struct Vec16<bf16> {
+    static constexpr int E = 8;
+    static __device__ __forceinline__ void unpack(uint4 u, float* v) {
+        unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        unsigned w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = (unsigned)f2bf(v[2 * i]).x | ((unsigned)f2bf(v[2 * i + 1]).x << 16);
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+template <> struct Vec16<f16> {
+    static constexpr int E = 8;
+    static __device__ __forceinline__ void unpack(uint4 u, float* v) {
+        unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[2 * i] = h2f((f16)(w[i] & 0xffffu)), v[2 * i + 1] = h2f((f16)(w[i] >> 16));
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        unsigned w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = (unsigned)f2h(v[2 * i]) | ((unsigned)f2h(v[2 * i + 1]) << 16);
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+
+// cls_rows_stash is cls_rows for rows whose 16-byte groups fit in the
+// block's dynamic shared memory (z and dz 16-byte aligned, ldz a multiple
+// of a group): the first pass keeps each group it reads where the same
+// thread finds it again for the softmax, so that the logits are read from
+// memory once. Read twice, as cls_rows reads them, the second reading of a
+// row missed the L2 cache once the rows in flight (four blocks a
+// multiprocessor) outgrew it.
+template <typename T>
+__device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
+                               T* dz) {
+    extern __shared__ uint4 stash[];
+    typedef Vec16<T> W;
+    int r = blockIdx.x, groups = V / W::E;
+    const T* zr = z + (i64)r * ldz;
+    float m = -INFINITY, s = 0.f;
+    int arg = 0x7fffffff;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < groups; i += blockDim.x) {
+        uint4 u = ((const uint4*)zr)[i];
+        stash[i] = u;
+        float v[W::E];
+        W::unpack(u, v);
+        online<W::E>(v, i * W::E, m, s, arg);
+    }
+    for (int j = groups * W::E + threadIdx.x; j < V; j += blockDim.x) {
+        float v[4] = {ld(zr, j), -INFINITY, -INFINITY, -INFINITY};
+        online<4>(v, j, m, s, arg);
+    }
+    int y = labels[r0 + r];
+    bool labelled = y >= 0 && y < V;
+    float zy = (threadIdx.x == 0 && labelled) ? ld(zr, y) : 0.f; // before the barrier: dz may overwrite z
+    float lse = cls_row_end(m, s, arg, y, labelled, zy, rowloss + r0 + r, rowright + r0 + r);
+    if (!grad) return;
+    T* dr = dz + (i64)r * ldz;
+    float ll = lse * LOG2E;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < groups; i += blockDim.x) {
+        float v[W::E];
+        W::unpack(stash[i], v);
+#pragma unroll
+        for (int e = 0; e < W::E; e++) v[e] = ex2(fmaf(v[e], LOG2E, -ll));
+        ((uint4*)dr)[i] = W::pack(v);
+    }
+    for (int j = groups * W::E + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
     if (labelled) {
         __syncthreads(); // the label's element is written above by some thread
         if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
@@ -751,5 +884,9 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
                                             float* rowloss, float* rowright, int grad, T* dz) {                 \
         cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                           \
+    }                                                                                                           \
+    extern "C" __global__ void cls_rows_stash_##S(int V, int ldz, int r0, const T* z, const int* labels,        \
+                                                  float* rowloss, float* rowright, int grad, T* dz) {           \
+        cls_rows_stash(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                     \
     }
 FOR_TYPES(TRANSFORMER)
