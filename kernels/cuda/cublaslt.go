@@ -17,8 +17,9 @@ import (
 // Note [the fused epilogues]: cuBLASLt fuses a bias, GELU in its tanh
 // form with its input written to an auxiliary matrix, and GELU's
 // derivative from that matrix into the product's own kernel. A 16-bit
-// product's bias is of its dtype (cuBLASLt refuses an F32 one, with
-// CUBLAS_STATUS_INVALID_VALUE, on the H200 with cuBLAS 13): the F32 bias
+// product's bias is of its dtype (cuBLASLt's heuristic refuses an F32 one
+// with CUBLAS_STATUS_INVALID_VALUE on the H200 with cuBLAS 13, even with
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE set to it): the F32 bias
 // is cast into a scratch vector first, one small launch, as PyTorch's
 // autocast casts it. cuBLASLt can also fuse the bias gradients (BGRADB,
 // DGELU_BGRAD), but they are not fused by default (ltSums): on the H200
@@ -46,7 +47,6 @@ const (
 	ltDescBiasPointer = 8
 	ltDescAuxPointer  = 11
 	ltDescAuxLD       = 12
-	ltDescBiasType    = 26 // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
 
 	ltPrefAlignA    = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
 	ltPrefWorkspace = 1
@@ -112,7 +112,6 @@ type ltKey struct {
 	m, n, k        int
 	lda, ldb, ldc  int // the operands' row strides
 	ab, c          kernels.DType
-	bias           kernels.DType // the bias's (or fused bias gradient's) dtype; 0: none
 	epilogue       int32
 	tf32           bool
 	align          [4]uint8 // log2 of the alignment (up to 256 bytes) of A, B, C and the bias or aux pointer
@@ -215,11 +214,6 @@ func (b *Backend) ltPlanFor(key ltKey, vec, aux uintptr) *ltPlan {
 	}
 	if vec != 0 && fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescBiasPointer, unsafe.Pointer(&vec), 8)) {
 		return pl
-	}
-	if key.bias != 0 && key.bias != key.c {
-		if fail("cublasLtMatmulDescSetAttribute", lt.descSet(pl.desc, ltDescBiasType, unsafe.Pointer(&[]int32{cudaType(key.bias)}[0]), 4)) {
-			return pl
-		}
 	}
 	if aux != 0 {
 		ld := int64(key.ldc)
@@ -357,25 +351,9 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 	if why != "" {
 		return false, false
 	}
+	// vec is the bias or the fused bias gradient: for a 16-bit C, a
+	// scratch vector of its dtype.
 	var vec, aux uintptr
-	if e.Aux.Valid() {
-		aux = ptrOf(e.Aux)
-	}
-	// A residual is cuBLASLt's C, read with β = 1, beside the D we call C.
-	in, beta := g.c, g.beta
-	if e.Residual.Valid() {
-		in, beta = ptrOf(e.Residual), 1
-	}
-	plan := func(bias kernels.DType) (ltKey, *ltPlan) {
-		key := ltKey{transA: g.transA, transB: g.transB, m: g.m, n: g.n, k: g.k, ab: g.ab, c: g.cType, bias: bias, epilogue: epi,
-			tf32:  b.opts.MatmulTF32 && g.ab == kernels.F32,
-			align: [4]uint8{alignLog2(g.a), alignLog2(g.b), min(alignLog2(g.c), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
-		key.lda, key.ldb, key.ldc = g.lds()
-		return key, b.ltPlanFor(key, vec, aux)
-	}
-	// vec is the bias or the fused bias gradient. An F32 bias is read as it
-	// is where cuBLASLt takes it beside a 16-bit C; otherwise, and for a
-	// fused bias gradient, a 16-bit C's is a scratch vector of its dtype.
 	var scratch kernels.Buf
 	v := e.Bias
 	if sums {
@@ -384,28 +362,28 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 			v = e.BiasGradA
 		}
 	}
-	var key ltKey
-	var pl *ltPlan
 	if v.Valid() {
 		vec = ptrOf(v)
-		if !sums && v.DType == kernels.F32 {
-			key, pl = plan(kernels.F32)
-		}
-		if g.cType != kernels.F32 && (pl == nil || pl.refused != "") {
+		if g.cType != kernels.F32 {
 			blk := b.workspace(int64(v.N * g.cType.Size()))
 			defer b.alloc.Free(blk)
 			scratch = kernels.Buf{Block: blk, N: v.N, DType: g.cType}
 			vec = blk.Addr()
-			pl = nil
 		}
 	}
-	if pl == nil {
-		bias := kernels.DType(0)
-		if vec != 0 {
-			bias = g.cType
-		}
-		key, pl = plan(bias)
+	if e.Aux.Valid() {
+		aux = ptrOf(e.Aux)
 	}
+	// A residual is cuBLASLt's C, read with β = 1, beside the D we call C.
+	in, beta := g.c, g.beta
+	if e.Residual.Valid() {
+		in, beta = ptrOf(e.Residual), 1
+	}
+	key := ltKey{transA: g.transA, transB: g.transB, m: g.m, n: g.n, k: g.k, ab: g.ab, c: g.cType, epilogue: epi,
+		tf32:  b.opts.MatmulTF32 && g.ab == kernels.F32,
+		align: [4]uint8{alignLog2(g.a), alignLog2(g.b), min(alignLog2(g.c), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
+	key.lda, key.ldb, key.ldc = g.lds()
+	pl := b.ltPlanFor(key, vec, aux)
 	if pl.refused != "" {
 		return false, false
 	}

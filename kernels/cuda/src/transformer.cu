@@ -89,25 +89,23 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 #define LN_FWD_BLOCKS LN_BLOCKS
 #define LN_BWD_BLOCKS LN_BLOCKS
 
-// ln_reg calls f(LnShape<VEC, PER>()) for a row of cols ≤ LN_REG_COLS held
-// in registers, PER groups of VEC columns a lane: VEC = 4 where vec allows
+// LN_REG runs CALL(VEC, PER) for a row of cols ≤ LN_REG_COLS held in
+// registers, PER groups of VEC columns a lane: VEC = 4 where vec allows
 // it, with PER the least of 2, 4, 6 or 8 that holds the row, so that a
 // shorter row takes fewer registers (GPT-2 small's 768 columns: 6).
-template <int V, int P> struct LnShape {
-    static constexpr int VEC = V, PER = P;
-};
-template <typename F> __device__ __forceinline__ void ln_reg(int cols, bool vec, F f) {
-    if (!vec)
-        f(LnShape<1, LN_REG_COLS / 32>());
-    else if (cols <= 256)
-        f(LnShape<4, 2>());
-    else if (cols <= 512)
-        f(LnShape<4, 4>());
-    else if (cols <= 768)
-        f(LnShape<4, 6>());
-    else
-        f(LnShape<4, 8>());
-}
+#define LN_REG(cols, vec, CALL)         \
+    do {                                \
+        if (!(vec))                     \
+            CALL(1, LN_REG_COLS / 32);  \
+        else if ((cols) <= 256)         \
+            CALL(4, 2);                 \
+        else if ((cols) <= 512)         \
+            CALL(4, 4);                 \
+        else if ((cols) <= 768)         \
+            CALL(4, 6);                 \
+        else                            \
+            CALL(4, 8);                 \
+    } while (0)
 
 // ldv and stv move VEC (1 or 4) consecutive elements, as ld/st or ld4/st4.
 template <int VEC, typename T> __device__ __forceinline__ void ldv(const T* p, i64 i, float* v) {
@@ -178,9 +176,9 @@ template <typename T, typename O>
 __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, const float* b, float eps, O* y,
                               float* mean, float* rstd) {
     if (cols <= LN_REG_COLS) {
-        ln_reg(cols, cols % 4 == 0 && vec4(x) && vec4(y) && vec4(g) && vec4(b), [&](auto s) {
-            layernorm_fwd_reg<decltype(s)::VEC, decltype(s)::PER>(rows, cols, x, g, b, eps, y, mean, rstd);
-        });
+#define LN_FWD(VEC, PER) layernorm_fwd_reg<VEC, PER>(rows, cols, x, g, b, eps, y, mean, rstd)
+        LN_REG(cols, cols % 4 == 0 && vec4(x) && vec4(y) && vec4(g) && vec4(b), LN_FWD);
+#undef LN_FWD
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -211,8 +209,9 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // row by row. dy is of the forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
-// contracted into it); the row's dx is loaded before its sums, so that
-// the load waits beside the row's own. With rnd
+// contracted into it); with four columns a load, the row's dx is loaded
+// before its sums, so that the load waits beside the row's own (a value
+// at a time, 32 more registers would spill). With rnd
 // (kernels.LayerNormParams.Rounded) dx as written is also written rounded
 // to O.
 template <int VEC, int PER, typename T, typename O>
@@ -230,8 +229,9 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
         const O* gr = dy + (i64)r * cols;
         float m = mean[r], is = rstd[r];
         float sg = 0.f, sgx = 0.f;
-        float prev[PER][VEC];
-        if (acc) {
+        constexpr bool early = VEC == 4;
+        float prev[early ? PER : 1][VEC];
+        if (early && acc) {
 #pragma unroll
             for (int k = 0; k < PER; k++) {
                 int j = VEC * (lane + 32 * k);
@@ -269,9 +269,12 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 ldv<VEC>(g, j, gg);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) o[e] = is * (d[e] * gg[e] - mg - (xv[e] - m) * is * mgx);
-                if (acc)
+                if (acc) {
+                    float* pv = prev[early ? k : 0];
+                    if (!early) ldv<VEC>(dx, (i64)r * cols + j, pv);
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(prev[k][e], o[e]);
+                    for (int e = 0; e < VEC; e++) o[e] = __fadd_rn(pv[e], o[e]);
+                }
                 stv<VEC>(dx, (i64)r * cols + j, o);
                 if (rnd) stv<VEC>(rnd, (i64)r * cols + j, o);
             }
@@ -294,9 +297,9 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial, int acc, O* rnd) {
     if (cols <= LN_REG_COLS) {
-        ln_reg(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), [&](auto s) {
-            layernorm_bwd_reg<decltype(s)::VEC, decltype(s)::PER>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);
-        });
+#define LN_BWD(VEC, PER) layernorm_bwd_reg<VEC, PER>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd)
+        LN_REG(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), LN_BWD);
+#undef LN_BWD
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
