@@ -75,7 +75,7 @@ def main():
                 sys.exit("%s: the source has no #define %s" % (spec, m))
         mod = cp.RawModule(code=src, options=("--std=c++17",))
         fwd, bwd = mod.get_function("layernorm_fwd_mixed_bf16"), mod.get_function("layernorm_bwd_mixed_bf16")
-        gpart, gsum = mod.get_function("layernorm_grads_part"), mod.get_function("layernorm_grads")
+        grads = mod.get_function("layernorm_grads")
         y = torch.full((rows, cols), float("nan"), device="cuda").bfloat16()
         mean, rstd = torch.full((rows,), float("nan"), device="cuda"), torch.full((rows,), float("nan"), device="cuda")
         dx = prev.clone()
@@ -92,9 +92,10 @@ def main():
             run_kernel()
             parts, n = part, nwarps
             if nwarps > 4 * splits:
-                gpart(((cols + 31) // 32, splits), (256,), (i32(nwarps), i32(cols), i32(splits), ptr(part), ptr(part2)))
+                grads(((cols + 31) // 32, splits), (256,), (i32(nwarps), i32(cols), i32(splits), ptr(part), ptr(part2),
+                                                            np.uint64(part2.data_ptr() + 4 * cols), i32(2 * cols)))
                 parts, n = part2, splits
-            gsum(((cols + 31) // 32,), (256,), (i32(n), i32(cols), ptr(parts), ptr(dg), ptr(db)))
+            grads(((cols + 31) // 32,), (256,), (i32(n), i32(cols), i32(1), ptr(parts), ptr(dg), ptr(db), i32(0)))
 
         run_fwd()
         run_bwd()

@@ -56,12 +56,9 @@ type (
 		Rounded                      uintptr // dx rounded to dy's dtype, or 0
 	}
 	layerNormGradsArgs struct {
-		Warps, Cols   int32
-		Parts, Dg, Db uintptr
-	}
-	layerNormGradsPartArgs struct {
 		Warps, Cols, Splits int32
-		Parts, Out          uintptr
+		Parts, Dg, Db       uintptr
+		Stride              int32
 	}
 	attnLayout struct { // a strided [B, T, H, D] operand
 		B, H, Tn, D, Row int32
@@ -197,7 +194,6 @@ var (
 	kLayerNormFwdMixed = declareTyped[layerNormFwdArgs]("layernorm_fwd_mixed")
 	kLayerNormBwdMixed = declareTyped[layerNormBwdArgs]("layernorm_bwd_mixed")
 	kLayerNormGrads    = declareKernel[layerNormGradsArgs]("layernorm_grads")
-	kLayerNormPart     = declareKernel[layerNormGradsPartArgs]("layernorm_grads_part")
 	kAttnGather        = declareTyped[attnMoveArgs]("attn_gather")
 	kAttnScatter       = declareTyped[attnMoveArgs]("attn_scatter")
 	kAttnScatterF32    = declareTyped[attnMoveArgs]("attn_scatter_f32")
@@ -325,10 +321,12 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	if warps > 4*lnSplits {
 		part := b.workspace(int64(lnSplits) * 2 * int64(p.Cols) * 4)
 		defer b.alloc.Free(part)
-		kLayerNormPart.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256}, layerNormGradsPartArgs{int32(warps), int32(p.Cols), lnSplits, ws.Addr(), part.Addr()})
+		kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256},
+			layerNormGradsArgs{int32(warps), int32(p.Cols), lnSplits, ws.Addr(), part.Addr(), part.Addr() + uintptr(p.Cols*4), int32(2 * p.Cols)})
 		parts, splits = part.Addr(), lnSplits
 	}
-	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256}, layerNormGradsArgs{int32(splits), int32(p.Cols), parts, ptrOf(dgamma), ptrOf(dbeta)})
+	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256},
+		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, parts, ptrOf(dgamma), ptrOf(dbeta), 0})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of

@@ -54,6 +54,23 @@ __device__ __forceinline__ void cols_add(int op, float* a, const float* v) {
     for (int e = 0; e < VEC; e++) a[e] = op == R_MAX ? fmaxf(a[e], v[e]) : a[e] + v[e];
 }
 
+// cols_block adds the eight warps' a (each lane's VEC columns) in warp
+// order through acc, into warp 0's a; every thread passes the barrier.
+template <int VEC>
+__device__ __forceinline__ void cols_block(int op, float (*acc)[32 * VEC + 1], float* a, int tx, int ty, bool in) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
+    __syncthreads();
+    if (ty == 0 && in) {
+        float v[VEC];
+        for (int r = 1; r < 8; r++) {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) v[e] = acc[r][VEC * tx + e];
+            cols_add<VEC>(op, a, v);
+        }
+    }
+}
+
 template <int VEC, typename T>
 __device__ void reduce_cols_split(int op, int outer, int len, int inner, int splits, int out_f32, const T* x,
                                   float* part, unsigned* done, void* y) {
@@ -77,15 +94,8 @@ __device__ void reduce_cols_split(int op, int outer, int len, int inner, int spl
             cols_add<VEC>(op, a, v);
         }
     }
-#pragma unroll
-    for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
-    __syncthreads();
+    cols_block<VEC>(op, acc, a, tx, ty, col < inner);
     if (ty == 0 && col < inner) {
-        for (int r = 1; r < 8; r++) {
-#pragma unroll
-            for (int e = 0; e < VEC; e++) v[e] = acc[r][VEC * tx + e];
-            cols_add<VEC>(op, a, v);
-        }
 #pragma unroll
         for (int e = 0; e < VEC; e++) part[((i64)s * outer + o) * inner + col + e] = a[e];
         __threadfence(); // the partials reach L2 before the count does
@@ -110,15 +120,8 @@ __device__ void reduce_cols_split(int op, int outer, int len, int inner, int spl
             cols_add<VEC>(op, a, v);
         }
     }
-#pragma unroll
-    for (int e = 0; e < VEC; e++) acc[ty][VEC * tx + e] = a[e];
-    __syncthreads();
+    cols_block<VEC>(op, acc, a, tx, ty, col < inner);
     if (ty == 0 && col < inner) {
-        for (int r = 1; r < 8; r++) {
-#pragma unroll
-            for (int e = 0; e < VEC; e++) v[e] = acc[r][VEC * tx + e];
-            cols_add<VEC>(op, a, v);
-        }
         i64 i = (i64)o * inner + col;
 #pragma unroll
         for (int e = 0; e < VEC; e++) {

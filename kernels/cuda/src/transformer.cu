@@ -330,10 +330,14 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
-// layernorm_grads_part adds the partials of a stretch of warps: block
-// (x, y) sums 32 columns over the warps y·warps/splits.. into row y of out
-// (2·cols floats a row), for layernorm_grads to add in order.
-extern "C" __global__ void layernorm_grads_part(int warps, int cols, int splits, const float* partial, float* out) {
+// layernorm_grads adds the warps' partial sums (partial: 2·cols floats a
+// warp, dγ's then dβ's) a stretch at a time: block (x, y) sums 32 columns
+// over the warps y·warps/splits.. into row y of dg and db (stride floats
+// apart): the stretches' sums side by side (dg and db the two halves of
+// rows of 2·cols), or with one stretch the gradients themselves. Its eight
+// warps take every eighth warp's row, then the eight sums are added in
+// order.
+extern "C" __global__ void layernorm_grads(int warps, int cols, int splits, const float* partial, float* dg, float* db, int stride) {
     __shared__ float acc[2][8][33];
     int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx, y = blockIdx.y;
     int w0 = (int)((i64)y * warps / splits), w1 = (int)((i64)(y + 1) * warps / splits);
@@ -352,33 +356,8 @@ extern "C" __global__ void layernorm_grads_part(int warps, int cols, int splits,
             sg += acc[0][r][tx];
             sb += acc[1][r][tx];
         }
-        out[(i64)y * 2 * cols + j] = sg;
-        out[(i64)y * 2 * cols + cols + j] = sb;
-    }
-}
-
-// A block of 256 threads sums 32 columns' partials: its eight warps take
-// every eighth warp's row, then the eight sums are added in order.
-extern "C" __global__ void layernorm_grads(int warps, int cols, const float* partial, float* dg, float* db) {
-    __shared__ float acc[2][8][33];
-    int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx;
-    float sg = 0.f, sb = 0.f;
-    if (j < cols) {
-        for (int w = ty; w < warps; w += 8) {
-            sg += partial[(i64)w * 2 * cols + j];
-            sb += partial[(i64)w * 2 * cols + cols + j];
-        }
-    }
-    acc[0][ty][tx] = sg;
-    acc[1][ty][tx] = sb;
-    __syncthreads();
-    if (ty == 0 && j < cols) {
-        for (int r = 1; r < 8; r++) {
-            sg += acc[0][r][tx];
-            sb += acc[1][r][tx];
-        }
-        dg[j] = sg;
-        db[j] = sb;
+        dg[(i64)y * stride + j] = sg;
+        db[(i64)y * stride + j] = sb;
     }
 }
 
