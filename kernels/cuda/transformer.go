@@ -545,10 +545,7 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	// The logits in h's dtype, their gradient written over them. Twice the
 	// chunk budget: each chunk's weight-gradient product reads and writes
 	// all of dw (F32, V×C), so fewer chunks move less.
-	m := max(1, min(p.N, 2*b.chunkBudget/(ld*int(es))))
-	if m > 64 && m < p.N {
-		m &^= 63
-	}
+	m := clsChunkRows(p.N, 2*b.chunkBudget/(ld*int(es)))
 	z := b.workspace(int64(m*ld) * es)
 	defer b.alloc.Free(z)
 	rows := b.workspace(int64(p.N) * 8)
@@ -595,6 +592,21 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 		}
 	}
 	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
+}
+
+// clsChunkRows is how many of n rows each chunk of the classifier takes,
+// at most most: as few chunks as that allows, of rows as even as multiples
+// of 64 let them be (where a chunk is not all the rows), so that no chunk's
+// products are left with a sliver of rows (GPT-2 small at batch 16: 4096
+// rows four times rather than 5312 three times and 448).
+func clsChunkRows(n, most int) int {
+	m := max(1, min(n, most))
+	if m == n || m <= 64 {
+		return m
+	}
+	m &^= 63
+	chunks := (n + m - 1) / m
+	return min(m, ((n+chunks-1)/chunks+63)&^63)
 }
 
 // clsThreads is the threads of a block of the classifier's rows.
