@@ -506,13 +506,22 @@ __device__ __forceinline__ void merge(float& m, float& s, int& arg, float m2, fl
     }
 }
 
-// cls_row_end combines the block's threads' running (m, s, arg) over a row
-// with label y (zy its logit, read by thread 0 before this, the first
-// barrier), writes the row's loss and right count and returns its
-// log-sum-exp to every thread.
-__device__ float cls_row_end(float m, float s, int arg, int y, bool labelled, float zy, float* rowloss, float* rowright) {
+// cls_row_end adds the row's values from j0 on (a value at a time, as a
+// group padded with −∞) to the thread's running (m, s, arg), combines the
+// block's threads' over the row, writes its loss and right count for
+// label y and returns its log-sum-exp to every thread; thread 0 reads the
+// label's logit zy before the first barrier (dz may overwrite z).
+template <typename T>
+__device__ float cls_row_end(int V, int j0, const T* zr, int y, float m, float s, int arg, float& zy, float* rowloss,
+                             float* rowright) {
     __shared__ float sm[32], ss[32];
     __shared__ int si[32];
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) {
+        float v[4] = {ld(zr, j), -INFINITY, -INFINITY, -INFINITY};
+        online<4>(v, j, m, s, arg);
+    }
+    bool labelled = y >= 0 && y < V;
+    zy = (threadIdx.x == 0 && labelled) ? ld(zr, y) : 0.f;
     for (int o = 16; o > 0; o >>= 1)
         merge(m, s, arg, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, arg, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
@@ -543,6 +552,16 @@ __device__ float cls_row_end(float m, float s, int arg, int y, bool labelled, fl
     return lse;
 }
 
+// cls_grad_end writes the softmax of the row's values from j0 on, a value
+// at a time, then the label's −1 once every thread has written its part.
+template <typename T> __device__ void cls_grad_end(int V, int j0, const T* zr, T* dr, int y, float zy, float ll) {
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
+    if (y >= 0 && y < V) {
+        __syncthreads();
+        if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
+    }
+}
+
 template <typename T>
 __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
                          T* dz) {
@@ -564,14 +583,8 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
             online<4>(v, j, m, s, arg);
         }
     }
-    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) {
-        float v[4] = {ld(zr, j), -INFINITY, -INFINITY, -INFINITY};
-        online<4>(v, j, m, s, arg);
-    }
     int y = labels[r0 + r];
-    bool labelled = y >= 0 && y < V;
-    float zy = (threadIdx.x == 0 && labelled) ? ld(zr, y) : 0.f; // before the barrier: dz may overwrite z
-    float lse = cls_row_end(m, s, arg, y, labelled, zy, rowloss + r0 + r, rowright + r0 + r);
+    float zy, lse = cls_row_end(V, j0, zr, y, m, s, arg, zy, rowloss + r0 + r, rowright + r0 + r);
     if (!grad) return;
     // The softmax, 2^(z·log2 e − lse·log2 e); then the label's −1.
     T* dr = dz + (i64)r * ldz;
@@ -586,11 +599,7 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
             st4(dr, j, v);
         }
     }
-    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
-    if (labelled) {
-        __syncthreads(); // the label's element is written above by some thread
-        if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
-    }
+    cls_grad_end(V, j0, zr, dr, y, zy, ll);
 }
 
 // Sixteen bytes of T: Vec16<T>::E values, unpacked to float and packed back
@@ -658,14 +667,8 @@ __device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* la
         W::unpack(u, v);
         online<W::E>(v, i * W::E, m, s, arg);
     }
-    for (int j = groups * W::E + threadIdx.x; j < V; j += blockDim.x) {
-        float v[4] = {ld(zr, j), -INFINITY, -INFINITY, -INFINITY};
-        online<4>(v, j, m, s, arg);
-    }
     int y = labels[r0 + r];
-    bool labelled = y >= 0 && y < V;
-    float zy = (threadIdx.x == 0 && labelled) ? ld(zr, y) : 0.f; // before the barrier: dz may overwrite z
-    float lse = cls_row_end(m, s, arg, y, labelled, zy, rowloss + r0 + r, rowright + r0 + r);
+    float zy, lse = cls_row_end(V, groups * W::E, zr, y, m, s, arg, zy, rowloss + r0 + r, rowright + r0 + r);
     if (!grad) return;
     T* dr = dz + (i64)r * ldz;
     float ll = lse * LOG2E;
@@ -677,11 +680,7 @@ __device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* la
         for (int e = 0; e < W::E; e++) v[e] = ex2(fmaf(v[e], LOG2E, -ll));
         ((uint4*)dr)[i] = W::pack(v);
     }
-    for (int j = groups * W::E + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
-    if (labelled) {
-        __syncthreads(); // the label's element is written above by some thread
-        if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
-    }
+    cls_grad_end(V, groups * W::E, zr, dr, y, zy, ll);
 }
 
 // The mean loss and the right count, summed in one block in a fixed order.
