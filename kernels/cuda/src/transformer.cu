@@ -122,7 +122,7 @@ template <int VEC, typename T> __device__ __forceinline__ void stv(T* p, i64 i, 
 }
 
 // The row in registers, read once: lane l holds the columns VEC·(l + 32k)
-// .. +VEC−1, k < PER (ln_reg). VEC = 4 moves 16 bytes of F32 a load where
+// .. +VEC−1, k < PER (LN_REG). VEC = 4 moves 16 bytes of F32 a load where
 // the rows allow (the caller checks); VEC = 1 adds in the same order as
 // the longer rows' loop.
 template <int VEC, int PER, typename T, typename O>
@@ -210,8 +210,8 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
 // contracted into it); with four columns a load, the row's dx is loaded
-// before its sums, so that the load waits beside the row's own (a value
-// at a time, 32 more registers would spill). With rnd
+// before its sums, so that the load waits beside the row's own (a value a
+// load, PER is 32, and the row's dx is loaded where it is added). With rnd
 // (kernels.LayerNormParams.Rounded) dx as written is also written rounded
 // to O.
 template <int VEC, int PER, typename T, typename O>
