@@ -90,6 +90,11 @@ func (h *hostProfiler) Copy(dst, src kernels.Buf) {
 	h.b.Copy(dst, src)
 }
 
+func (h *hostProfiler) Transpose(dst, src kernels.Buf, t kernels.Transposition) {
+	defer h.op("Transpose", dst)()
+	h.b.Transpose(dst, src, t)
+}
+
 func (h *hostProfiler) CopyMany(dst, src []kernels.Buf) {
 	defer h.op("CopyMany", first(dst))()
 	h.b.CopyMany(dst, src)

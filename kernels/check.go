@@ -113,6 +113,18 @@ func CheckConv(op string, p ConvParams, x, w, y Buf) {
 	}
 }
 
+// CheckTranspose checks a transposition's buffers: one dtype, t.Len()
+// elements each, and no axis empty.
+func CheckTranspose(t Transposition, dst, src Buf) {
+	if t.Outer <= 0 || t.Rows <= 0 || t.Cols <= 0 {
+		panic(fmt.Sprintf("kernels: transpose: invalid %+v", t))
+	}
+	CheckLen("transpose", t.Len(), dst, src)
+	if dst.DType != src.DType {
+		panic(fmt.Sprintf("kernels: transpose of a %v source into a %v destination", src.DType, dst.DType))
+	}
+}
+
 // CheckPool checks a pooling's input and output against p.
 func CheckPool(op string, p PoolParams, x, y Buf) {
 	p.Validate()

@@ -184,11 +184,17 @@ func (e Epilogue) String() string {
 // ConvParams describes a 2-D convolution (cross-correlation, as in every deep
 // learning framework) of an N×C×H×W input with K filters of C×R×S, with
 // zero padding and stride. There is no bias: add one with Binary.
+//
+// With ChannelsLast the tensors are laid out channels innermost (NHWC):
+// the input N×H×W×C, the output N×OH×OW×K and the filters K×R×S×C, the
+// layout in which cuDNN's 16-bit tensor-core kernels read them without
+// transposing around themselves (Note [channels last], layout.go).
 type ConvParams struct {
 	N, C, H, W       int
 	K, R, S          int
 	StrideH, StrideW int
 	PadH, PadW       int
+	ChannelsLast     bool
 }
 
 // OutH is the output height.
@@ -329,6 +335,10 @@ type Backend interface {
 	Read(dst []byte, src Buf)
 	// Copy copies src into dst; both have the same dtype and length.
 	Copy(dst, src Buf)
+	// Transpose swaps the inner axes of src into dst, both of one dtype
+	// and t.Len() elements: a filter or an activation to or from
+	// channels-last (Note [channels last]).
+	Transpose(dst, src Buf, t Transposition)
 	// CopyMany copies each src[i] into dst[i] (F32, the same lengths), in
 	// one launch per 32 tensors where the backend launches kernels: what
 	// gathers a data-parallel bucket's gradients.
@@ -569,12 +579,13 @@ type Options struct {
 // Info describes a backend's device, for reports and for code that needs
 // the device's number or capability without parsing its name.
 type Info struct {
-	Kind         string            `json:"kind"`         // "cpu" or "cuda"
-	Index        int               `json:"index"`        // the device's number (0 for the CPU)
-	Name         string            `json:"name"`         // "cpu", "cuda:0"
-	Model        string            `json:"model"`        // "NVIDIA H200"; for the CPU, its cores
-	Capability   string            `json:"capability"`   // "sm_90"; for the CPU, the SIMD its kernels use ("avx512")
-	Memory       int64             `json:"memory"`       // total bytes, as the driver (or the OS) reports them
-	Convolutions string            `json:"convolutions"` // what runs convolutions, and how
-	Libraries    map[string]string `json:"libraries"`    // library -> version
+	Kind         string            `json:"kind"`          // "cpu" or "cuda"
+	Index        int               `json:"index"`         // the device's number (0 for the CPU)
+	Name         string            `json:"name"`          // "cpu", "cuda:0"
+	Model        string            `json:"model"`         // "NVIDIA H200"; for the CPU, its cores
+	Capability   string            `json:"capability"`    // "sm_90"; for the CPU, the SIMD its kernels use ("avx512")
+	Memory       int64             `json:"memory"`        // total bytes, as the driver (or the OS) reports them
+	Convolutions string            `json:"convolutions"`  // what runs convolutions, and how
+	ChannelsLast bool              `json:"channels_last"` // 16-bit convolutions run faster channels-last: a CNN's layout under autocast (Note [channels last])
+	Libraries    map[string]string `json:"libraries"`     // library -> version
 }

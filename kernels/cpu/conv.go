@@ -558,6 +558,10 @@ func (c *Backend) shiftFilterGrad(p kernels.ConvParams, xs, dys values, dws []fl
 // Conv2d computes y from x and w.
 func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	kernels.CheckConv("conv2d", p, x, w, y)
+	if p.ChannelsLast {
+		c.channelsFirst(p, [3]kernels.Buf{x, w, y}, 2, func(q kernels.ConvParams, o [3]kernels.Buf) { c.Conv2d(q, o[0], o[1], o[2]) })
+		return
+	}
 	ws, doneW := view(w)
 	defer doneW()
 	if shiftable(p) {
@@ -591,6 +595,10 @@ func (c *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 // goroutine (stretches), a chunk of images at a time.
 func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	kernels.CheckConv("conv2d backward data", p, dx, w, dy)
+	if p.ChannelsLast {
+		c.channelsFirst(p, [3]kernels.Buf{dx, w, dy}, 0, func(q kernels.ConvParams, o [3]kernels.Buf) { c.Conv2dBackwardData(q, o[2], o[1], o[0]) })
+		return
+	}
 	ws, doneW := view(w)
 	defer doneW()
 	if shiftableGrads(p) {
@@ -630,6 +638,10 @@ func (c *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 // result is deterministic for a given number of goroutines.
 func (c *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	kernels.CheckConv("conv2d backward filter", p, x, dw, dy)
+	if p.ChannelsLast {
+		c.channelsFirst(p, [3]kernels.Buf{x, dw, dy}, 1, func(q kernels.ConvParams, o [3]kernels.Buf) { c.Conv2dBackwardFilter(q, o[0], o[2], o[1]) })
+		return
+	}
 	dws, done := out(dw)
 	defer done()
 	if shiftableGrads(p) {
@@ -657,4 +669,22 @@ func growScratch(x []float32, n int) []float32 {
 	}
 	putScratch(x)
 	return getScratch(n)
+}
+
+// channelsFirst runs a direction of a channels-last convolution on
+// channels-first copies (kernels.ConvChannelsFirst): the CPU's kernels
+// read channels first, and a network chooses channels-last only where
+// the backend says it pays (Info.ChannelsLast).
+func (c *Backend) channelsFirst(p kernels.ConvParams, ops [3]kernels.Buf, out int, conv func(kernels.ConvParams, [3]kernels.Buf)) {
+	kernels.ConvChannelsFirst(p, ops, out, c.temp, c.Transpose, conv)
+}
+
+// temp is a scratch buffer of n elements of dt from the pool, and its
+// release.
+func (c *Backend) temp(n int, dt kernels.DType) (kernels.Buf, func()) {
+	blk, err := c.alloc.Alloc(int64(n*dt.Size()), c.Stream())
+	if err != nil {
+		panic(err)
+	}
+	return kernels.Buf{Block: blk, N: n, DType: dt}, func() { c.alloc.Free(blk) }
 }

@@ -348,3 +348,35 @@ func (c *Backend) Cast(dst, src kernels.Buf) {
 	copy(o, s)
 	done()
 }
+
+// Transpose swaps the inner axes of src into dst, moving the elements'
+// bits (no rounding), a tile at a time so that both sides stay in cache.
+func (c *Backend) Transpose(dst, src kernels.Buf, t kernels.Transposition) {
+	kernels.CheckTranspose(t, dst, src)
+	switch dst.DType.Size() {
+	case 4:
+		transpose(unsafe.Slice((*uint32)(unsafe.Pointer(&raw(dst)[0])), dst.N), unsafe.Slice((*uint32)(unsafe.Pointer(&raw(src)[0])), src.N), t)
+	case 2:
+		transpose(u16s(dst), u16s(src), t)
+	default:
+		panic(fmt.Sprintf("cpu: transpose of %v", dst.DType))
+	}
+}
+
+// transpose is Transpose for elements of one width.
+func transpose[E uint16 | uint32](dst, src []E, t kernels.Transposition) {
+	const tile = 32
+	n := t.Rows * t.Cols
+	for o := 0; o < t.Outer; o++ {
+		d, s := dst[o*n:][:n], src[o*n:][:n]
+		for r0 := 0; r0 < t.Rows; r0 += tile {
+			for c0 := 0; c0 < t.Cols; c0 += tile {
+				for r := r0; r < min(r0+tile, t.Rows); r++ {
+					for c := c0; c < min(c0+tile, t.Cols); c++ {
+						d[c*t.Rows+r] = s[r*t.Cols+c]
+					}
+				}
+			}
+		}
+	}
+}

@@ -362,7 +362,7 @@ func (b *Backend) Info() kernels.Info {
 		libs["nccl"] = v
 	}
 	return kernels.Info{Kind: "cuda", Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
-		Memory: total, Convolutions: b.ConvEngine(), Libraries: libs}
+		Memory: total, Convolutions: b.ConvEngine(), ChannelsLast: b.dnn != nil, Libraries: libs}
 }
 
 // DeviceName is the device's marketing name, as nvidia-smi shows it.

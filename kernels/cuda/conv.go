@@ -1,6 +1,10 @@
 package cuda
 
-import "github.com/leangrad/leangrad/kernels"
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/kernels"
+)
 
 // Convolutions run on cuDNN when it is present (cudnn.go); otherwise by
 // im2col and cuBLAS, in chunks of images whose column matrix fits the
@@ -21,13 +25,50 @@ type (
 		Nb, K, L int32
 		X, Y     uintptr
 	}
+	transposeArgs struct {
+		Outer, Rows, Cols int32
+		X, Y              uintptr
+	}
 )
 
 var (
-	kIm2col   = declareTyped[colArgs]("im2col")
-	kCol2im   = declareTyped[colArgs]("col2im")
-	kNklToKnl = declareTyped[nklToKnlArgs]("nkl_to_knl")
+	kIm2col    = declareTyped[colArgs]("im2col")
+	kCol2im    = declareTyped[colArgs]("col2im")
+	kNklToKnl  = declareTyped[nklToKnlArgs]("nkl_to_knl")
+	kTranspose = declareTyped[transposeArgs]("transpose")
 )
+
+// Transpose swaps the inner axes of src into dst, a 32×32 tile a block.
+func (b *Backend) Transpose(dst, src kernels.Buf, t kernels.Transposition) {
+	kernels.CheckTranspose(t, dst, src)
+	s := floatType("transpose", dst, src)
+	b.enter()
+	defer b.exit()
+	b.transpose(s, dst, src, t)
+}
+
+// transpose is Transpose for a checked call (the caller holds the lock).
+func (b *Backend) transpose(s kernels.DType, dst, src kernels.Buf, t kernels.Transposition) {
+	tiles := int64((t.Rows+31)/32) * int64((t.Cols+31)/32)
+	if tiles >= 1<<31 {
+		panic(fmt.Sprintf("cuda: transpose %+v: %d tiles", t, tiles))
+	}
+	kTranspose.launch(b, s, dims{uint32(tiles), uint32(min(t.Outer, 65535)), 256},
+		transposeArgs{int32(t.Outer), int32(t.Rows), int32(t.Cols), ptrOf(src), ptrOf(dst)})
+}
+
+// channelsFirst runs a direction of a channels-last convolution that
+// cuDNN did not take on channels-first copies (kernels.ConvChannelsFirst),
+// through conv, the direction's im2col and cuBLAS path (the caller holds
+// the lock).
+func (b *Backend) channelsFirst(p kernels.ConvParams, ops [3]kernels.Buf, out int, conv func(kernels.ConvParams, [3]kernels.Buf)) {
+	temp := func(n int, dt kernels.DType) (kernels.Buf, func()) {
+		blk := b.workspace(int64(n * dt.Size()))
+		return kernels.Buf{Block: blk, N: n, DType: dt}, func() { b.alloc.Free(blk) }
+	}
+	tr := func(dst, src kernels.Buf, t kernels.Transposition) { b.transpose(src.DType, dst, src, t) }
+	kernels.ConvChannelsFirst(p, ops, out, temp, tr, conv)
+}
 
 func geom(p kernels.ConvParams, nb int) convGeom {
 	return convGeom{int32(nb), int32(p.C), int32(p.H), int32(p.W), int32(p.R), int32(p.S), int32(p.StrideH), int32(p.StrideW),
@@ -59,13 +100,22 @@ func (b *Backend) im2col(s kernels.DType, p kernels.ConvParams, n0, cnt int, x k
 // Conv2d computes y = w ⊛ x.
 func (b *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 	s := checkConv("conv2d", p, x, w, y)
-	es := int64(x.DType.Size())
-	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
 	if b.dnn != nil && b.dnnConv(p, x.DType, 0, ptrOf(x), ptrOf(w), ptrOf(y)) {
 		return
 	}
+	if p.ChannelsLast {
+		b.channelsFirst(p, [3]kernels.Buf{x, w, y}, 2, func(q kernels.ConvParams, o [3]kernels.Buf) { b.forwardByColumns(s, q, o[0], o[1], o[2]) })
+		return
+	}
+	b.forwardByColumns(s, p, x, w, y)
+}
+
+// forwardByColumns is Conv2d by im2col and cuBLAS (the caller holds the lock).
+func (b *Backend) forwardByColumns(s kernels.DType, p kernels.ConvParams, x, w, y kernels.Buf) {
+	es := int64(x.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	g := gemmCall{m: p.K, n: l, k: crs, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(crs * l),
 		strideC: int64(p.K * l), ab: x.DType, cType: y.DType}
 	if direct(p) {
@@ -87,13 +137,23 @@ func (b *Backend) Conv2d(p kernels.ConvParams, x, w, y kernels.Buf) {
 // Conv2dBackwardData computes dx: columns wᵀ·dy per image, then col2im.
 func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf) {
 	s := checkConv("conv2d backward data", p, dx, w, dy)
-	es := int64(dx.DType.Size())
-	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
 	if b.dnn != nil && b.dnnConv(p, dx.DType, 1, ptrOf(w), ptrOf(dy), ptrOf(dx)) {
 		return
 	}
+	if p.ChannelsLast {
+		b.channelsFirst(p, [3]kernels.Buf{dx, w, dy}, 0, func(q kernels.ConvParams, o [3]kernels.Buf) { b.dataByColumns(s, q, o[2], o[1], o[0]) })
+		return
+	}
+	b.dataByColumns(s, p, dy, w, dx)
+}
+
+// dataByColumns is Conv2dBackwardData by cuBLAS and col2im (the caller
+// holds the lock).
+func (b *Backend) dataByColumns(s kernels.DType, p kernels.ConvParams, dy, w, dx kernels.Buf) {
+	es := int64(dx.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	g := gemmCall{transA: true, m: crs, n: l, k: p.K, alpha: 1, a: ptrOf(w), strideA: 0, strideB: int64(p.K * l),
 		strideC: int64(crs * l), ab: dy.DType, cType: dx.DType}
 	if direct(p) {
@@ -120,13 +180,23 @@ func (b *Backend) Conv2dBackwardData(p kernels.ConvParams, dy, w, dx kernels.Buf
 // dimension. Chunks after the first accumulate (β = 1).
 func (b *Backend) Conv2dBackwardFilter(p kernels.ConvParams, x, dy, dw kernels.Buf) {
 	s := checkConv("conv2d backward filter", p, x, dw, dy)
-	es := int64(x.DType.Size())
-	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	b.enter()
 	defer b.exit()
 	if b.dnn != nil && b.dnnConv(p, x.DType, 2, ptrOf(x), ptrOf(dy), ptrOf(dw)) {
 		return
 	}
+	if p.ChannelsLast {
+		b.channelsFirst(p, [3]kernels.Buf{x, dw, dy}, 1, func(q kernels.ConvParams, o [3]kernels.Buf) { b.filterByColumns(s, q, o[0], o[2], o[1]) })
+		return
+	}
+	b.filterByColumns(s, p, x, dy, dw)
+}
+
+// filterByColumns is Conv2dBackwardFilter by im2col and cuBLAS (the caller
+// holds the lock).
+func (b *Backend) filterByColumns(s kernels.DType, p kernels.ConvParams, x, dy, dw kernels.Buf) {
+	es := int64(x.DType.Size())
+	l, crs := p.OutH()*p.OutW(), p.C*p.R*p.S
 	nb := b.chunk(p, int64(crs*l+p.K*l)*es)
 	ws := b.workspace(int64(nb*(crs*l+p.K*l)) * es)
 	defer b.alloc.Free(ws)

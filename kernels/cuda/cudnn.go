@@ -27,6 +27,7 @@ const (
 	cudnnDataHalf          = 2
 	cudnnDataBF16          = 9
 	cudnnTensorNCHW        = 0
+	cudnnTensorNHWC        = 1
 	cudnnCrossCorrelation  = 1
 	cudnnTensorOpMath      = 1
 	cudnnFMAMath           = 3 // FMA kernels only: no TF32 for F32 data
@@ -209,11 +210,15 @@ func (b *Backend) dnnPlanOf(k planKey) *convPlan {
 	if b.opts.LeanConvWorkspace {
 		pl.wsBudget = uintptr(max(p.N*p.C*p.H*p.W, p.N*p.K*p.OutH()*p.OutW()) * 4)
 	}
-	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.x, cudnnTensorNCHW, dtype,
+	format := int32(cudnnTensorNCHW) // of all three: NHWC filters are K×R×S×C
+	if p.ChannelsLast {
+		format = cudnnTensorNHWC
+	}
+	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.x, format, dtype,
 		int32(p.N), int32(p.C), int32(p.H), int32(p.W)))
-	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.y, cudnnTensorNCHW, dtype,
+	c.must("cudnnSetTensor4dDescriptor", c.setTensor4dDescriptor(pl.y, format, dtype,
 		int32(p.N), int32(p.K), int32(p.OutH()), int32(p.OutW())))
-	c.must("cudnnSetFilter4dDescriptor", c.setFilter4dDescriptor(pl.w, dtype, cudnnTensorNCHW,
+	c.must("cudnnSetFilter4dDescriptor", c.setFilter4dDescriptor(pl.w, dtype, format,
 		int32(p.K), int32(p.C), int32(p.R), int32(p.S)))
 	b.plans[k] = pl
 	return pl

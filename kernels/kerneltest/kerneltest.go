@@ -259,6 +259,15 @@ var cases = []testCase{
 		s.got.Copy(c.got, x.got)
 		s.ref.Copy(c.ref, x.ref)
 		s.check("copy", c, 0)
+		for _, t := range []kernels.Transposition{{Outer: 3, Rows: 5, Cols: 7}, {Outer: 2, Rows: 33, Cols: 65}, {Outer: 128, Rows: 16, Cols: 9}, {Outer: 5, Rows: 784, Cols: 16}, {Outer: 4, Rows: 3, Cols: 1024}} {
+			for _, dt := range dtypes {
+				x := s.randIn(dt, t.Len())
+				y := s.out(dt, t.Len())
+				s.got.Transpose(y.got, x.got, t)
+				s.ref.Transpose(y.ref, x.ref, t)
+				s.check(fmt.Sprintf("transpose %v %+v", dt, t), y, 0)
+			}
+		}
 		for _, tc := range [][2]kernels.DType{{kernels.F32, kernels.F16}, {kernels.F16, kernels.F32}, {kernels.I32, kernels.F32}, {kernels.F32, kernels.I32},
 			{kernels.F32, kernels.BF16}, {kernels.BF16, kernels.F32}} {
 			vals := s.normal(513)
@@ -488,7 +497,13 @@ var cases = []testCase{
 		}
 	}},
 	{"conv", func(s *suite) {
-		for _, p := range ConvShapes {
+		var shapes []kernels.ConvParams
+		for _, p := range ConvShapes { // each channels first and channels last
+			last := p
+			last.ChannelsLast = true
+			shapes = append(shapes, p, last)
+		}
+		for _, p := range shapes {
 			for _, dt := range dtypes {
 				x := s.randIn(dt, p.N*p.C*p.H*p.W)
 				w := s.randIn(dt, p.K*p.C*p.R*p.S)

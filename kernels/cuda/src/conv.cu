@@ -54,6 +54,31 @@ __device__ void nkl_to_knl(int nb, int K, int L, const T* x, T* y) {
     }
 }
 
+// transpose swaps the inner axes of an outer×rows×cols array: a block of
+// 32×8 threads moves a 32×32 tile (blockIdx.x: its place among the
+// tiles) through shared memory, padded a column against bank conflicts,
+// so that both its reads and its writes are coalesced; blockIdx.y strides
+// over outer.
+template <typename T>
+__device__ void transpose(int outer, int rows, int cols, const T* x, T* y) {
+    __shared__ T tile[32][33];
+    int ct = (cols + 31) / 32, r0 = blockIdx.x / ct * 32, c0 = blockIdx.x % ct * 32;
+    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int o = blockIdx.y; o < outer; o += gridDim.y) {
+        i64 base = (i64)o * rows * cols;
+        for (int i = ty; i < 32; i += 8) {
+            int r = r0 + i, c = c0 + tx;
+            if (r < rows && c < cols) tile[i][tx] = x[base + (i64)r * cols + c];
+        }
+        __syncthreads();
+        for (int i = ty; i < 32; i += 8) {
+            int c = c0 + i, r = r0 + tx;
+            if (r < rows && c < cols) y[base + (i64)c * rows + r] = tile[tx][i];
+        }
+        __syncthreads();
+    }
+}
+
 #define CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(int nb, int C, int H, int W, int R, int S_, int sh, int sw, int ph,  \
                                           int pw, int OH, int OW, const T* x, T* col, i64 sN, i64 sCRS) {     \
@@ -63,5 +88,8 @@ __device__ void nkl_to_knl(int nb, int K, int L, const T* x, T* y) {
                                           int pw, int OH, int OW, const T* col, T* dx, i64 sN, i64 sCRS) {    \
         col2im(nb, C, H, W, R, S_, sh, sw, ph, pw, OH, OW, col, dx, sN, sCRS);                                \
     }                                                                                                          \
-    extern "C" __global__ void nkl_to_knl_##S(int nb, int K, int L, const T* x, T* y) { nkl_to_knl(nb, K, L, x, y); }
+    extern "C" __global__ void nkl_to_knl_##S(int nb, int K, int L, const T* x, T* y) { nkl_to_knl(nb, K, L, x, y); } \
+    extern "C" __global__ void transpose_##S(int outer, int rows, int cols, const T* x, T* y) {                \
+        transpose(outer, rows, cols, x, y);                                                                    \
+    }
 FOR_TYPES(CONV)
