@@ -12,32 +12,62 @@ import (
 // optional bias b of K.
 //
 // Under Autocast the convolution runs in its dtype on copies of x, w and b.
-func Conv2d(x, w, b *T, stride, pad int) *T {
+func Conv2d(x, w, b *T, stride, pad int) *T { return conv2d(x, w, b, stride, pad, false) }
+
+// Conv2dNHWC is Conv2d of a channels-last x (N×H×W×C) into a channels-last
+// result (N×OH×OW×K). The filters w are K×C×R×S as for Conv2d; the
+// convolution reads a K×R×S×C copy of them (of their autocast copy, under
+// Autocast), whose gradient returns to w transposed back.
+func Conv2dNHWC(x, w, b *T, stride, pad int) *T { return conv2d(x, w, b, stride, pad, true) }
+
+// conv2d is Conv2d, or Conv2dNHWC when last.
+func conv2d(x, w, b *T, stride, pad int, last bool) *T {
 	dev := ModeOf(x, w, b)
 	if AutocastEnabled(dev) {
 		defer autocastIn(dev, AutocastDType(dev), &x, &w, &b)()
 	}
 	xs, ws := x.Shape(), w.Shape()
-	if len(xs) != 4 || len(ws) != 4 || xs[1] != ws[1] {
-		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v: want N×C×H×W and K×C×R×S with equal C", xs, ws))
+	c := 1
+	if len(xs) == 4 {
+		c = xs[1]
+		if last {
+			c = xs[3]
+		}
+	}
+	if len(xs) != 4 || len(ws) != 4 || c != ws[1] {
+		want := "N×C×H×W"
+		if last {
+			want = "N×H×W×C"
+		}
+		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v: want %s and K×C×R×S with equal C", xs, ws, want))
 	}
 	if x.DType() != w.DType() {
 		panic(fmt.Sprintf("autograd: conv2d of a %v input with a %v weight", x.DType(), w.DType()))
 	}
 	sameDevice("conv2d", x, w)
-	p := kernels.ConvParams{N: xs[0], C: xs[1], H: xs[2], W: xs[3], K: ws[0], R: ws[2], S: ws[3],
-		StrideH: stride, StrideW: stride, PadH: pad, PadW: pad}
+	p := kernels.ConvParams{N: xs[0], C: c, H: xs[2], W: xs[3], K: ws[0], R: ws[2], S: ws[3],
+		StrideH: stride, StrideW: stride, PadH: pad, PadW: pad, ChannelsLast: last}
+	if last {
+		p.H, p.W = xs[1], xs[2]
+	}
 	if stride <= 0 || pad < 0 || p.OutH() <= 0 || p.OutW() <= 0 {
 		panic(fmt.Sprintf("autograd: conv2d of input %v with weight %v, stride %d, padding %d has no output", xs, ws, stride, pad))
 	}
+	outShape, biasShape := []int{p.N, p.K, p.OutH(), p.OutW()}, []int{p.K, 1, 1}
+	if last {
+		outShape, biasShape = []int{p.N, p.OutH(), p.OutW(), p.K}, []int{p.K}
+		w = filterNHWC(w)
+		defer w.Release()
+		ws = w.Shape()
+	}
 	be := x.Backend()
-	y := tensor.Empty(dev, x.DType(), p.N, p.K, p.OutH(), p.OutW())
+	y := tensor.Empty(dev, x.DType(), outShape...)
 	be.Conv2d(p, x.Buf(), w.Buf(), y.Buf())
 	if b != nil {
 		if b.NDim() != 1 || b.Dim(0) != p.K {
 			panic(fmt.Sprintf("autograd: conv2d bias of shape %v for %d filters", b.Shape(), p.K))
 		}
-		addBias(y, b, []int{p.K, 1, 1})
+		addBias(y, b, biasShape)
 	}
 	rec := begin("conv2d", x, w, b)
 	if rec == nil {
@@ -69,10 +99,10 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 			bSaved = rec.save(b)
 		}
 		rec.n.again = func() *T {
-			y := tensor.Empty(xSaved.Device(), xSaved.DType(), p.N, p.K, p.OutH(), p.OutW())
+			y := tensor.Empty(xSaved.Device(), xSaved.DType(), outShape...)
 			be.Conv2d(p, xSaved.Buf(), wSaved.Buf(), y.Buf())
 			if bSaved != nil {
-				addBias(y, bSaved, []int{p.K, 1, 1})
+				addBias(y, bSaved, biasShape)
 			}
 			return y
 		}
@@ -97,7 +127,7 @@ func Conv2d(x, w, b *T, stride, pad int) *T {
 			grads[1] = dw
 		}
 		if hasBias && rec.needs(2) {
-			grads[2] = biasGrad(g, []int{p.K, 1, 1}, bType)
+			grads[2] = biasGrad(g, biasShape, bType)
 		}
 		return grads
 	})

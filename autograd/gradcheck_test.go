@@ -102,11 +102,15 @@ func binaryCase(name string, a, b []int, gen func(*rand.Rand) float32, f func(x,
 		f: func(in []*tensor.Tensor) *tensor.Tensor { return f(in[0], in[1]) }}
 }
 
-func convCase(n, c, h, w, k, r, stride, pad int, bias bool) gradCase {
+func convCase(n, c, h, w, k, r, stride, pad int, bias, last bool) gradCase {
+	name, shape, conv := "conv2d", []int{n, c, h, w}, ag.Conv2d
+	if last {
+		name, shape, conv = "conv2d-nhwc", []int{n, h, w, c}, ag.Conv2dNHWC
+	}
 	return gradCase{
-		name: fmt.Sprintf("conv2d/x%dx%dx%dx%d/w%dx%dx%d/s%d/p%d/bias=%v", n, c, h, w, k, r, r, stride, pad, bias),
+		name: fmt.Sprintf("%s/x%dx%dx%dx%d/w%dx%dx%d/s%d/p%d/bias=%v", name, n, c, h, w, k, r, r, stride, pad, bias),
 		inputs: func(rng src) []*tensor.Tensor {
-			in := []*tensor.Tensor{param(rng, normal, n, c, h, w), param(rng, normal, k, c, r, r)}
+			in := []*tensor.Tensor{param(rng, normal, shape...), param(rng, normal, k, c, r, r)}
 			if bias {
 				in = append(in, param(rng, normal, k))
 			}
@@ -117,7 +121,7 @@ func convCase(n, c, h, w, k, r, stride, pad int, bias bool) gradCase {
 			if bias {
 				b = in[2]
 			}
-			return ag.Conv2d(in[0], in[1], b, stride, pad)
+			return conv(in[0], in[1], b, stride, pad)
 		},
 	}
 }
@@ -129,6 +133,14 @@ func gradCases() []gradCase {
 		gen := map[kernels.Domain]func(*rand.Rand) float32{kernels.AnyReal: normal, kernels.Positive: positive,
 			kernels.AwayFromZero: awayFromZero}[op.Def().Domain]
 		cases = append(cases, unaryCase(op.String(), gen, func(x *tensor.Tensor) *tensor.Tensor { return ag.Unary(op, x) }))
+	}
+	for _, last := range []bool{false, true} {
+		cases = append(cases,
+			convCase(2, 3, 7, 6, 4, 3, 1, 1, true, last),
+			convCase(1, 2, 9, 9, 3, 3, 2, 1, false, last),
+			convCase(2, 3, 8, 8, 5, 1, 2, 0, false, last),
+			convCase(3, 2, 5, 7, 2, 1, 1, 0, true, last),
+			convCase(1, 1, 6, 5, 2, 3, 2, 0, true, last))
 	}
 	cases = append(cases, []gradCase{
 		unaryCase("affine", normal, func(x *tensor.Tensor) *tensor.Tensor { return ag.Affine(x, -1.5, 0.25) }),
@@ -167,11 +179,6 @@ func gradCases() []gradCase {
 		{name: "linear/nobias/batch1", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 1, 6), param(r, normal, 4, 6)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.Linear(in[0], in[1], nil) }},
-		convCase(2, 3, 7, 6, 4, 3, 1, 1, true),
-		convCase(1, 2, 9, 9, 3, 3, 2, 1, false),
-		convCase(2, 3, 8, 8, 5, 1, 2, 0, false),
-		convCase(3, 2, 5, 7, 2, 1, 1, 0, true),
-		convCase(1, 1, 6, 5, 2, 3, 2, 0, true),
 		{name: "batchnorm/train", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 3, 4, 3, 5), param(r, positive, 4), param(r, normal, 4)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
@@ -290,6 +297,42 @@ func gradCases() []gradCase {
 		{name: "mlp+residual", inputs: func(r src) []*tensor.Tensor {
 			return []*tensor.Tensor{param(r, normal, 5, 3), param(r, normal, 5, 4), param(r, normal, 6, 4), param(r, normal, 6), param(r, normal, 3, 6), param(r, normal, 3)}
 		}, f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.AddMLP(in[0], in[1], in[2], in[3], in[4], in[5]) }},
+		// Channels last: the layout changes, the batch norm and pooling over
+		// the last axis, and a block (Note [channels last] in package kernels).
+		unaryCase("to_nhwc", normal, func(x *tensor.Tensor) *tensor.Tensor { return ag.ToNHWC(ag.Reshape(x, 3, 5, 7, 1)) }),
+		{name: "to_nhwc/to_nchw", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 3, 4, 5)} },
+			f: func(in []*tensor.Tensor) *tensor.Tensor {
+				return ag.Mul(ag.ToNCHW(ag.Tanh(ag.ToNHWC(in[0]))), in[0])
+			}},
+		{name: "batchnorm-nhwc/train/residual+relu", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 3, 3, 5, 4), param(r, small, 4), param(r, normal, 4), param(r, farFromZero, 3, 3, 5, 4)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 4), tensor.Ones(in[0].Device(), tensor.F32, 4)
+			return ag.BatchNormActNHWC(in[0], in[3], in[1], in[2], rm, rv, true, 0.1, 1e-5, true)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "batchnorm-nhwc/train", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 4, 3, 5), param(r, positive, 5), param(r, normal, 5)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 5), tensor.Ones(in[0].Device(), tensor.F32, 5)
+			return ag.BatchNormActNHWC(in[0], nil, in[1], in[2], rm, rv, true, 0.1, 1e-5, false)
+		}, opt: ag.GradCheckOptions{Eps: 1e-2, RTol: 5e-2}},
+		{name: "batchnorm-nhwc/eval/residual+relu", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, normal, 2, 4, 4, 3), param(r, small, 3), param(r, normal, 3), param(r, farFromZero, 2, 4, 4, 3)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm := tensor.FromFloat32(in[0].Device(), []float32{0.1, -0.2, 0.3}, 3)
+			rv := tensor.FromFloat32(in[0].Device(), []float32{0.5, 1.5, 2}, 3)
+			return ag.BatchNormActNHWC(in[0], in[3], in[1], in[2], rm, rv, false, 0.1, 1e-5, true)
+		}},
+		{name: "globalavgpool-nhwc", inputs: func(r src) []*tensor.Tensor { return []*tensor.Tensor{param(r, normal, 2, 5, 3, 3)} },
+			f: func(in []*tensor.Tensor) *tensor.Tensor { return ag.GlobalAvgPoolNHWC(in[0]) }},
+		{name: "conv2d+batchnorm+residual+relu+conv2d-nhwc/train", inputs: func(r src) []*tensor.Tensor {
+			return []*tensor.Tensor{param(r, farFromZero, 2, 5, 4, 3), param(r, normal, 3, 3, 3, 3), param(r, small, 3), param(r, normal, 3), param(r, normal, 4, 3, 3, 3)}
+		}, f: func(in []*tensor.Tensor) *tensor.Tensor {
+			rm, rv := tensor.Zeros(in[0].Device(), tensor.F32, 3), tensor.Ones(in[0].Device(), tensor.F32, 3)
+			h := ag.Conv2dNHWC(in[0], in[1], nil, 1, 1) // saves in[0], the shortcut
+			y := ag.BatchNormActNHWC(h, in[0], in[2], in[3], rm, rv, true, 0.1, 1e-5, true)
+			return ag.Conv2dNHWC(y, in[4], nil, 1, 1)
+		}, opt: ag.GradCheckOptions{Eps: 3e-3, RTol: 5e-2}}, // at ±1e-2 a ReLU kink is in reach
 		// A block's first batch norm and ReLU with its second convolution,
 		// the batch norm's output written again in the convolution's
 		// backward; and a block's second batch norm, its shortcut held by

@@ -28,14 +28,34 @@ func BatchNorm2d(x, gamma, beta, runMean, runVar *T, training bool, momentum, ep
 // output, whose sign is the mask (Note [a batch norm's output written
 // again]).
 func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu bool) *T {
+	return batchNormAct(x, residual, gamma, beta, runMean, runVar, training, momentum, eps, relu, false)
+}
+
+// BatchNormActNHWC is BatchNormAct of a channels-last x (N×H×W×C) and
+// residual.
+func BatchNormActNHWC(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu bool) *T {
+	return batchNormAct(x, residual, gamma, beta, runMean, runVar, training, momentum, eps, relu, true)
+}
+
+// batchNormAct is BatchNormAct, or BatchNormActNHWC when last: to the
+// kernels a channels-last batch is N·H·W images of one pixel.
+func batchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu, last bool) *T {
 	xs := x.Shape()
 	if len(xs) != 4 {
-		panic(fmt.Sprintf("autograd: batch norm of shape %v: want N×C×H×W", xs))
+		want := "N×C×H×W"
+		if last {
+			want = "N×H×W×C"
+		}
+		panic(fmt.Sprintf("autograd: batch norm of shape %v: want %s", xs, want))
 	}
-	c := xs[1]
-	for _, p := range []*T{gamma, beta, runMean, runVar} {
-		if p.NDim() != 1 || p.Dim(0) != c {
-			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, p.Shape()))
+	p := kernels.BNParams{N: xs[0], C: xs[1], HW: xs[2] * xs[3], Eps: eps, ReLU: relu}
+	if last {
+		p.N, p.C, p.HW = xs[0]*xs[1]*xs[2], xs[3], 1
+	}
+	c := p.C
+	for _, t := range []*T{gamma, beta, runMean, runVar} {
+		if t.NDim() != 1 || t.Dim(0) != c {
+			panic(fmt.Sprintf("autograd: batch norm of input %v with a per-channel tensor of shape %v", xs, t.Shape()))
 		}
 	}
 	if residual != nil {
@@ -51,10 +71,10 @@ func BatchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, m
 	if Recomputing(ModeOf(x)) {
 		momentum = 0 // r ← 1·r + 0·batch: unchanged
 	}
-	p := kernels.BNParams{N: xs[0], C: c, HW: xs[2] * xs[3], Eps: eps, Momentum: momentum, ReLU: relu}
+	p.Momentum = momentum
 	be := x.Backend()
 	if !training {
-		return batchNormEval(x, residual, gamma, beta, runMean, runVar, p)
+		return batchNormEval(x, residual, gamma, beta, runMean, runVar, p, last)
 	}
 	y := emptyLike(x)
 	mean := tensor.Empty(x.Device(), tensor.F32, c)
@@ -203,7 +223,7 @@ func bufOf(t *T) kernels.Buf {
 // batchNormEval normalises with the running statistics: one fused kernel when
 // nothing is recorded, differentiable operations otherwise (fine-tuning with
 // frozen statistics).
-func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNParams) *T {
+func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNParams, last bool) *T {
 	if !recording(x, gamma, beta, residual) {
 		y := emptyLike(x)
 		x.Backend().BatchNormEval(p, x.Buf(), bufOf(residual), gamma.Buf(), beta.Buf(), runMean.Buf(), runVar.Buf(), y.Buf())
@@ -217,8 +237,11 @@ func batchNormEval(x, residual, gamma, beta, runMean, runVar *T, p kernels.BNPar
 	std := Sqrt(Affine(Detach(runVar).On(dev), 1, p.Eps))
 	scale := Div(on(dev, gamma), std)
 	shift := Sub(on(dev, beta), Mul(Detach(runMean).On(dev), scale))
-	c := p.C
-	y := Add(Mul(x, Reshape(scale, c, 1, 1)), Reshape(shift, c, 1, 1))
+	per := []int{p.C, 1, 1} // a per-channel tensor as it broadcasts over x
+	if last {
+		per = []int{p.C}
+	}
+	y := Add(Mul(x, Reshape(scale, per...)), Reshape(shift, per...))
 	if y.DType() != x.DType() {
 		y = Cast(y, x.DType())
 	}

@@ -49,9 +49,11 @@ func (l *Linear) State(prefix string) []Named {
 func (l *Linear) SetTraining(bool) {}
 
 // Conv2d is a 2-D convolution with square kernels, stride and zero padding.
+// Its weight is K×C×R×S in either layout.
 type Conv2d struct {
 	Weight, Bias *T
 	Stride, Pad  int
+	ChannelsLast bool // inputs and outputs N×H×W×C (autograd.Conv2dNHWC)
 }
 
 // NewConv2d returns a convolution of in to out channels with k×k kernels,
@@ -68,8 +70,13 @@ func NewConv2d(dev *tensor.Device, in, out, k, stride, pad int, bias bool) *Conv
 	return c
 }
 
-// Forward convolves x (N×C×H×W).
-func (c *Conv2d) Forward(x *T) *T { return ag.Conv2d(x, c.Weight, c.Bias, c.Stride, c.Pad) }
+// Forward convolves x (N×C×H×W, or N×H×W×C channels last).
+func (c *Conv2d) Forward(x *T) *T {
+	if c.ChannelsLast {
+		return ag.Conv2dNHWC(x, c.Weight, c.Bias, c.Stride, c.Pad)
+	}
+	return ag.Conv2d(x, c.Weight, c.Bias, c.Stride, c.Pad)
+}
 
 // State lists weight and bias.
 func (c *Conv2d) State(prefix string) []Named {
@@ -90,6 +97,7 @@ type BatchNorm2d struct {
 	RunningMean, RunningVar *T
 	Momentum, Eps           float32
 	Training                bool
+	ChannelsLast            bool // inputs N×H×W×C (autograd.BatchNormActNHWC)
 }
 
 // NewBatchNorm2d returns batch normalisation over c channels with PyTorch's
@@ -107,13 +115,16 @@ func NewBatchNorm2d(dev *tensor.Device, c int) *BatchNorm2d {
 	}
 }
 
-// Forward normalises x (N×C×H×W).
+// Forward normalises x (N×C×H×W, or N×H×W×C channels last).
 func (b *BatchNorm2d) Forward(x *T) *T { return b.ForwardAct(x, nil, false) }
 
 // ForwardAct normalises x, adds residual (nil for none) and, with relu,
 // applies a ReLU: one fused operation (autograd.BatchNormAct), the tail of a
 // residual block.
 func (b *BatchNorm2d) ForwardAct(x, residual *T, relu bool) *T {
+	if b.ChannelsLast {
+		return ag.BatchNormActNHWC(x, residual, b.Weight, b.Bias, b.RunningMean, b.RunningVar, b.Training, b.Momentum, b.Eps, relu)
+	}
 	return ag.BatchNormAct(x, residual, b.Weight, b.Bias, b.RunningMean, b.RunningVar, b.Training, b.Momentum, b.Eps, relu)
 }
 

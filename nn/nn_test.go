@@ -420,3 +420,54 @@ func TestResNetCastsItsConvolutionsAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestChannelsLastMatchesChannelsFirst: a ResNet-20 run channels last
+// (SetChannelsLast) gives the loss, gradients and running statistics of the
+// same network run channels first, on a three-channel input (transposed, not
+// viewed), in F32 and under autocast.
+func TestChannelsLastMatchesChannelsFirst(t *testing.T) {
+	testChannelsLast(t, tensor.CPU(), map[bool]float64{false: 1e-5, true: 2e-2})
+}
+
+func testChannelsLast(t *testing.T, dev *tensor.Device, tol map[bool]float64) {
+	for _, amp := range []bool{false, true} {
+		var losses [2]float32
+		var states [2][]Named
+		for i, last := range []bool{false, true} {
+			dev.Generator().Seed(7)
+			r, _ := NewCIFARResNet(dev, 20, 3, 10)
+			defer Release(r)
+			r.SetChannelsLast(last)
+			dev.WithScope(func() {
+				x := tensor.Empty(dev, tensor.F32, 6, 3, 12, 10)
+				dev.Backend().Normal(x.Buf(), 0, 1, tensor.NewGenerator(42).Next(x.Numel()))
+				y := tensor.FromInt32(dev, []int32{3, 1, 4, 1, 5, 9}, 6)
+				run := func() {
+					logits := r.Forward(x)
+					loss := ag.CrossEntropy(logits, y)
+					logits.Release()
+					ag.Backward(loss)
+					losses[i] = loss.Item()
+				}
+				if amp {
+					ag.Autocast(dev, tensor.F16, run)
+				} else {
+					run()
+				}
+			})
+			states[i] = r.State("")
+		}
+		if e := math.Abs(float64(losses[1]-losses[0])) / math.Abs(float64(losses[0])); e > tol[amp] {
+			t.Errorf("amp %v: loss channels last %v, first %v", amp, losses[1], losses[0])
+		}
+		for j, first := range states[0] {
+			a, b := states[1][j].T, first.T
+			if first.Param {
+				a, b = a.Grad(), b.Grad()
+			}
+			if e := relErr(a.Float32s(), b.Float32s()); e > tol[amp] {
+				t.Errorf("amp %v: %s (a parameter's gradient: %v) channels last differs from first: relative error %.3g", amp, first.Name, first.Param, e)
+			}
+		}
+	}
+}

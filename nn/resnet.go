@@ -116,6 +116,13 @@ type Checkpointer interface {
 	SetCheckpoint(CheckpointMode)
 }
 
+// ChannelsLaster is a model whose activations can run channels last
+// (ResNet): the layout is the runner's choice, not part of the model's
+// state.
+type ChannelsLaster interface {
+	SetChannelsLast(bool)
+}
+
 // ParseCheckpointMode reads "none", "blocks" or "sqrt".
 func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	switch s {
@@ -174,6 +181,22 @@ func NewCIFARResNet(dev *tensor.Device, depth, inChannels, classes int) (*ResNet
 // SetCheckpoint chooses what the forward checkpoints.
 func (r *ResNet) SetCheckpoint(c CheckpointMode) { r.Checkpoint = c }
 
+// SetChannelsLast chooses the layout of the activations: channels last
+// (N×H×W×C) or first (N×C×H×W, the default). The input and the parameters
+// are the same either way; Forward transposes the input. Channels last is
+// where 16-bit convolutions run fastest on cuDNN (Note [channels last] in
+// package kernels; kernels.Info.ChannelsLast).
+func (r *ResNet) SetChannelsLast(on bool) {
+	r.Stem.ChannelsLast, r.StemBN.ChannelsLast = on, on
+	for _, b := range r.Blocks {
+		b.Conv1.ChannelsLast, b.BN1.ChannelsLast = on, on
+		b.Conv2.ChannelsLast, b.BN2.ChannelsLast = on, on
+		if b.ShortConv != nil {
+			b.ShortConv.ChannelsLast, b.ShortBN.ChannelsLast = on, on
+		}
+	}
+}
+
 // SetDropout puts dropout with probability p between the two convolutions
 // of every block (p = 0 removes it).
 func (r *ResNet) SetDropout(p float32) {
@@ -213,15 +236,22 @@ func (r *ResNet) segments(h, w int) [][]Module {
 	return segs
 }
 
-// Forward computes the logits for x (N×C×H×W). Under autocast without
-// checkpointing, the convolutions' parameters are cast at once
-// (autograd.CastParameters): every copy is kept to the backward anyway.
+// Forward computes the logits for x (N×C×H×W, whatever the layout). Under
+// autocast without checkpointing, the convolutions' parameters are cast at
+// once (autograd.CastParameters): every copy is kept to the backward anyway.
 func (r *ResNet) Forward(x *T) *T {
 	if r.Checkpoint == NoCheckpoint {
 		defer ag.CastParameters(ag.ModeOf(x), r.autocastParameters())()
 	}
+	height, width := x.Dim(2), x.Dim(3)
+	pool := ag.GlobalAvgPool
+	if r.Stem.ChannelsLast {
+		x = ag.ToNHWC(x)
+		defer x.Release()
+		pool = ag.GlobalAvgPoolNHWC
+	}
 	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
-	for _, seg := range r.segments(x.Dim(2), x.Dim(3)) {
+	for _, seg := range r.segments(height, width) {
 		if r.Checkpoint == NoCheckpoint {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
@@ -230,7 +260,7 @@ func (r *ResNet) Forward(x *T) *T {
 			return ag.Checkpoint(func(in []*T) *T { return forwardAll(seg, in[0]) }, h)
 		})
 	}
-	h = then(h, ag.GlobalAvgPool)
+	h = then(h, pool)
 	return then(h, r.FC.Forward)
 }
 

@@ -36,7 +36,8 @@ func TestCUDAInfSkipsStepAsEagerDoes(t *testing.T) {
 func TestCUDADropoutMasksDifferBetweenSteps(t *testing.T) {
 	testDropoutMasksDifferBetweenSteps(t, testdev.CUDA(t), Captured)
 }
-func TestCUDAStepReadsNothing(t *testing.T) { testStepReadsNothing(t, testdev.CUDA(t), Captured) }
+func TestCUDAStepReadsNothing(t *testing.T)     { testStepReadsNothing(t, testdev.CUDA(t), Captured) }
+func TestCUDAStepChoosesTheLayout(t *testing.T) { testStepChoosesTheLayout(t, testdev.CUDA(t)) }
 
 // On two GPUs (nvidia-h200-x2): NCCL reduces the gradients inside the
 // captured step.

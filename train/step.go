@@ -133,13 +133,19 @@ type shapeState struct {
 // under autocast to the dtype amp (0: none, fp32; F16: mixed precision,
 // with a GradScaler; BF16: mixed precision, without one). It panics when mode is Captured and the device
 // cannot capture graphs (ModeFor says which mode to ask for), or for an
-// amp it has no autocast for.
+// amp it has no autocast for. A model whose layout can change
+// (nn.ChannelsLaster) is set to run channels last under autocast where
+// the backend's 16-bit convolutions are fastest so (kernels.Info), and
+// channels first otherwise.
 func NewStep(dev *tensor.Device, model nn.Model, opt optim.Optimizer, amp tensor.DType, mode Mode) *Step {
 	if _, ok := dev.Backend().(kernels.Capturer); !ok && mode == Captured {
 		panic(fmt.Sprintf("train: a Captured step on %s, which cannot capture graphs", dev.Name()))
 	}
 	if amp != 0 && !amp.Half() {
 		panic(fmt.Sprintf("train: autocast to %v", amp))
+	}
+	if c, ok := model.(nn.ChannelsLaster); ok {
+		c.SetChannelsLast(amp != 0 && dev.Backend().Info().ChannelsLast)
 	}
 	return &Step{Model: model, Opt: opt, Scaler: optim.NewGradScaler(dev, amp == tensor.F16), autocast: amp, Mode: mode, dev: dev,
 		Planning: memory.DefaultPlanOptions,

@@ -364,3 +364,18 @@ func TestStepReturnsOOM(t *testing.T) {
 		t.Errorf("error %q does not say where", buf.String())
 	}
 }
+
+// TestStepChoosesTheLayout: a ResNet's step runs it channels last under
+// autocast where the backend says so, and channels first otherwise.
+func TestStepChoosesTheLayout(t *testing.T) { testStepChoosesTheLayout(t, tensor.CPU()) }
+
+func testStepChoosesTheLayout(t *testing.T, dev *tensor.Device) {
+	for _, v := range Variants("blocks") {
+		r := newRig(dev, v, Eager, 0)
+		want := v.AMP && dev.Backend().Info().ChannelsLast
+		if got := r.model.Stem.ChannelsLast; got != want {
+			t.Errorf("%s on %s: channels last %v, want %v", v.Name, dev.Name(), got, want)
+		}
+		r.release()
+	}
+}

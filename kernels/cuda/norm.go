@@ -39,6 +39,7 @@ type (
 
 var (
 	kBNPartial  = declareTyped[bnPartialArgs]("bn_partial")
+	kBNRows     = declareTyped[bnPartialArgs]("bn_partial_rows")
 	kBNStats    = declareTyped[bnStatsArgs]("bn_stats")
 	kBNApply    = declareTyped[bnApplyArgs]("bn_apply")
 	kBNGrads    = declareKernel[bnGradsArgs]("bn_grads")
@@ -50,9 +51,28 @@ func perChannel(c int) dims { return dims{uint32((c + blockSize - 1) / blockSize
 
 // partitions is how many blocks share each channel's reduction: enough for
 // about four blocks per multiprocessor, none with fewer than 256 elements.
+// A channels-last batch (HW 1) whose channels divide the block is reduced
+// by bn_partial_rows, a block for all channels: then about four blocks per
+// multiprocessor, none with fewer than 2048 elements.
 func (b *Backend) partitions(p kernels.BNParams) int {
 	m := p.N * p.HW
+	if byRows(p) {
+		return max(1, min(4*b.sms, m*p.C/2048))
+	}
 	return max(1, min((4*b.sms+p.C-1)/p.C, (m+255)/256))
+}
+
+// byRows is whether bn_partial_rows reduces p's batch.
+func byRows(p kernels.BNParams) bool { return p.HW == 1 && blockSize%p.C == 0 }
+
+// bnPartial launches the partial sums of the forward (dy invalid in a) or
+// the backward over parts blocks per channel.
+func (b *Backend) bnPartial(s kernels.DType, p kernels.BNParams, parts int, a bnPartialArgs) {
+	if byRows(p) {
+		kBNRows.launch(b, s, dims{uint32(parts), 1, blockSize}, a)
+		return
+	}
+	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, a)
 }
 
 // BatchNormTrain: partial sums over a (P, C) grid, per-channel statistics and
@@ -69,7 +89,7 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	ws := b.workspace(int64(p.C * parts * 2 * 4))
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
-	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{N: n, C: c, HW: hw, P: np, X: ptrOf(x), Partial: ws.Addr()})
+	b.bnPartial(s, p, parts, bnPartialArgs{N: n, C: c, HW: hw, P: np, X: ptrOf(x), Partial: ws.Addr()})
 	kBNStats.launch(b, s, perChannel(p.C), bnStatsArgs{n, c, hw, np, ptrOf(x), ws.Addr(), p.Eps, p.Momentum,
 		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(runMean), ptrOf(runVar)})
 	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{c, hw, int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
@@ -125,7 +145,7 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamm
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
 	relu := boolInt(p.ReLU)
-	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), res, ptrOf(dy),
+	b.bnPartial(s, p, parts, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), res, ptrOf(dy),
 		ptrOf(gamma), ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
 	kBNGrads.launch(b, 0, perChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
 	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), res, ptrOf(dy), ptrOf(gamma),

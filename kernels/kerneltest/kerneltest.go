@@ -530,6 +530,11 @@ var cases = []testCase{
 			{N: 8, C: 16, HW: 784, Eps: 1e-5, Momentum: 0.1},
 			{N: 33, C: 5, HW: 7, Eps: 1e-3, Momentum: 0.3},
 			{N: 256, C: 64, HW: 49, Eps: 1e-5, Momentum: 0.1},
+			// Channels last (Note [channels last]): a channel per column of
+			// N·H·W rows, C dividing a block of threads or not.
+			{N: 8 * 196, C: 16, HW: 1, Eps: 1e-5, Momentum: 0.1},
+			{N: 2 * 49, C: 64, HW: 1, Eps: 1e-5, Momentum: 0.1},
+			{N: 1000, C: 24, HW: 1, Eps: 1e-3, Momentum: 0.3},
 		} {
 			for _, dt := range dtypes {
 				for _, fused := range []struct {

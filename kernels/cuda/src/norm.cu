@@ -58,6 +58,49 @@ __device__ void bn_partial(int N, int C, int HW, int P, const T* x, const T* y, 
     }
 }
 
+// bn_partial_rows is bn_partial for channels innermost (HW 1: a
+// channels-last batch of N rows) with C dividing the block: thread t
+// always reads channel t % C, so a warp reads whole rows, contiguous,
+// where bn_partial would read one channel's elements C apart. Block p sums
+// rows [lo, hi) and then the threads of each channel add theirs.
+template <typename T>
+__device__ void bn_partial_rows(int N, int C, int P, const T* x, const T* y, const T* res, const T* dy,
+                                const float* gamma, const float* beta, int relu, const float* mean,
+                                const float* invstd, float* partial) {
+    __shared__ float sums[2][1024];
+    int t = threadIdx.x, c = t % C, step = blockDim.x / C;
+    unsigned chunk = (N + P - 1) / P, lo = blockIdx.x * chunk, hi = min((unsigned)N, lo + chunk);
+    float s1 = 0.f, s2 = 0.f;
+    if (dy == nullptr) {
+        float shift = ld(x, c); // bn_stats' shift: channel c's first element
+        for (unsigned r = lo + t / C; r < hi; r += step) {
+            float v = ld(x, r * C + c) - shift;
+            s1 += v;
+            s2 += v * v;
+        }
+    } else {
+        float m = mean[c], is = invstd[c];
+        for (unsigned r = lo + t / C; r < hi; r += step) {
+            unsigned k = r * C + c;
+            float g = ld(dy, k);
+            if (relu && !passed(x, y, res, k, c, gamma, beta, mean, invstd)) g = 0.f;
+            s1 += g;
+            s2 += g * (ld(x, k) - m) * is;
+        }
+    }
+    sums[0][t] = s1;
+    sums[1][t] = s2;
+    __syncthreads();
+    if (t < C) {
+        for (int j = t + C; j < blockDim.x; j += C) {
+            s1 += sums[0][j];
+            s2 += sums[1][j];
+        }
+        partial[((i64)c * P + blockIdx.x) * 2] = s1;
+        partial[((i64)c * P + blockIdx.x) * 2 + 1] = s2;
+    }
+}
+
 template <typename T>
 __device__ void bn_stats(int N, int C, int HW, int P, const T* x, const float* partial, float eps, float momentum,
                          float* mean, float* invstd, float* run_mean, float* run_var) {
@@ -126,6 +169,12 @@ __device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y
                                               const T* dy, const float* gamma, const float* beta, int relu,      \
                                               const float* mean, const float* invstd, float* partial) {          \
         bn_partial(N, C, HW, P, x, y, res, dy, gamma, beta, relu, mean, invstd, partial);                       \
+    }                                                                                                           \
+    extern "C" __global__ void bn_partial_rows_##S(int N, int C, int HW, int P, const T* x, const T* y,        \
+                                                   const T* res, const T* dy, const float* gamma,              \
+                                                   const float* beta, int relu, const float* mean,             \
+                                                   const float* invstd, float* partial) {                      \
+        bn_partial_rows(N, C, P, x, y, res, dy, gamma, beta, relu, mean, invstd, partial);                     \
     }                                                                                                           \
     extern "C" __global__ void bn_stats_##S(int N, int C, int HW, int P, const T* x, const float* partial,      \
                                             float eps, float momentum, float* mean, float* invstd,              \
