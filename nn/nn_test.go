@@ -446,7 +446,11 @@ func testChannelsLast(t *testing.T, dev *tensor.Device, tol map[bool]float64) {
 					logits := r.Forward(x)
 					loss := ag.CrossEntropy(logits, y)
 					logits.Release()
-					ag.Backward(loss)
+					if amp { // scaled, as a GradScaler would: no F16 gradient is flushed to zero
+						ag.Backward(loss, ag.WithGrad(tensor.Full(dev, tensor.F32, 1024, 1)))
+					} else {
+						ag.Backward(loss)
+					}
 					losses[i] = loss.Item()
 				}
 				if amp {

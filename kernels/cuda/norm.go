@@ -46,8 +46,8 @@ var (
 	kBNBwdApply = declareTyped[bnBwdApplyArgs]("bn_bwd_apply")
 )
 
-// perChannel is the launch of a kernel with a thread per channel.
-func perChannel(c int) dims { return dims{uint32((c + blockSize - 1) / blockSize), 1, blockSize} }
+// warpPerChannel is the launch of a kernel with a warp per channel.
+func warpPerChannel(c int) dims { return dims{uint32((32*c + blockSize - 1) / blockSize), 1, blockSize} }
 
 // partitions is how many blocks share each channel's reduction: enough for
 // about four blocks per multiprocessor, none with fewer than 256 elements.
@@ -90,7 +90,7 @@ func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y
 	defer b.alloc.Free(ws)
 	n, c, hw, np := int32(p.N), int32(p.C), int32(p.HW), int32(parts)
 	b.bnPartial(s, p, parts, bnPartialArgs{N: n, C: c, HW: hw, P: np, X: ptrOf(x), Partial: ws.Addr()})
-	kBNStats.launch(b, s, perChannel(p.C), bnStatsArgs{n, c, hw, np, ptrOf(x), ws.Addr(), p.Eps, p.Momentum,
+	kBNStats.launch(b, s, warpPerChannel(p.C), bnStatsArgs{n, c, hw, np, ptrOf(x), ws.Addr(), p.Eps, p.Momentum,
 		ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(runMean), ptrOf(runVar)})
 	kBNApply.launch(b, s, b.elems(int64(x.N)), bnApplyArgs{c, hw, int32(x.N), ptrOf(x), ptrOf(residual), ptrOf(gamma), ptrOf(beta),
 		ptrOf(saveMean), ptrOf(saveInvStd), 0, p.Eps, boolInt(p.ReLU), ptrOf(y)})
@@ -147,7 +147,7 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamm
 	relu := boolInt(p.ReLU)
 	b.bnPartial(s, p, parts, bnPartialArgs{n, c, hw, np, ptrOf(x), ptrOf(y), res, ptrOf(dy),
 		ptrOf(gamma), ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ws.Addr()})
-	kBNGrads.launch(b, 0, perChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
+	kBNGrads.launch(b, 0, warpPerChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
 	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), res, ptrOf(dy), ptrOf(gamma),
 		ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
 }

@@ -101,16 +101,21 @@ __device__ void bn_partial_rows(int N, int C, int P, const T* x, const T* y, con
     }
 }
 
+// bn_stats and bn_grads run a warp per channel: lane l adds partials l,
+// l+32, ..., then the warp adds its lanes' sums, in a fixed order.
 template <typename T>
 __device__ void bn_stats(int N, int C, int HW, int P, const T* x, const float* partial, float eps, float momentum,
                          float* mean, float* invstd, float* run_mean, float* run_var) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (c >= C) return; // the whole warp: c is the warp's
     double s1 = 0, s2 = 0;
-    for (int p = 0; p < P; p++) {
+    for (int p = lane; p < P; p += 32) {
         s1 += partial[((i64)c * P + p) * 2];
         s2 += partial[((i64)c * P + p) * 2 + 1];
     }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane != 0) return;
     double M = (double)N * HW, shift = ld(x, (i64)c * HW);
     double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), mu = shift + d;
     mean[c] = (float)mu;
@@ -136,15 +141,19 @@ __device__ void bn_apply(int C, int HW, int n, const T* x, const T* res, const f
 }
 
 extern "C" __global__ void bn_grads(int C, int P, const float* partial, float* dgamma, float* dbeta) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (c >= C) return;
     float s1 = 0.f, s2 = 0.f;
-    for (int p = 0; p < P; p++) {
+    for (int p = lane; p < P; p += 32) {
         s1 += partial[((i64)c * P + p) * 2];
         s2 += partial[((i64)c * P + p) * 2 + 1];
     }
-    dbeta[c] = s1;
-    dgamma[c] = s2;
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane == 0) {
+        dbeta[c] = s1;
+        dgamma[c] = s2;
+    }
 }
 
 // dx = γ·invstd/M · (M·g − dβ − x̂·dγ) and dresidual = g, g being dy masked
