@@ -429,10 +429,18 @@ func TestResNetCastsItsConvolutionsAtOnce(t *testing.T) {
 func TestChannelsLastMatchesChannelsFirst(t *testing.T) { testChannelsLast(t, tensor.CPU(), 1e-5) }
 
 func testChannelsLast(t *testing.T, dev *tensor.Device, tol float64) {
+	a := dev.Allocator()
+	base := a.Stats().Allocated[memory.All].Current
+	held := map[bool]int64{} // by autocast: the bytes a step leaves, channels first
 	run := func(amp, last bool) (loss float32, state [][]float32, names []string) {
 		dev.Generator().Seed(7)
 		r, _ := NewCIFARResNet(dev, 20, 3, 10)
-		defer Release(r)
+		defer func() {
+			Release(r)
+			if now := a.Stats().Allocated[memory.All].Current; now != base {
+				t.Errorf("amp %v, channels last %v: %d bytes allocated after the model's release, %d before", amp, last, now, base)
+			}
+		}()
 		r.SetChannelsLast(last)
 		dev.WithScope(func() {
 			x := tensor.Empty(dev, tensor.F32, 6, 3, 12, 10)
@@ -452,6 +460,14 @@ func testChannelsLast(t *testing.T, dev *tensor.Device, tol float64) {
 				step()
 			}
 		})
+		// The step leaves the parameters, their gradients and the running
+		// statistics, in either layout.
+		now := a.Stats().Allocated[memory.All].Current
+		if first, ok := held[amp]; !last {
+			held[amp] = now
+		} else if ok && now != first {
+			t.Errorf("amp %v: a channels-last step leaves %d bytes allocated, a channels-first one %d", amp, now, first)
+		}
 		for _, n := range r.State("") {
 			v := n.T
 			if n.Param {
