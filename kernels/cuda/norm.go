@@ -47,7 +47,9 @@ var (
 )
 
 // warpPerChannel is the launch of a kernel with a warp per channel.
-func warpPerChannel(c int) dims { return dims{uint32((32*c + blockSize - 1) / blockSize), 1, blockSize} }
+func warpPerChannel(c int) dims {
+	return dims{uint32((32*c + blockSize - 1) / blockSize), 1, blockSize}
+}
 
 // partitions is how many blocks share each channel's reduction: enough for
 // about four blocks per multiprocessor, none with fewer than 256 elements.
