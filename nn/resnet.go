@@ -121,6 +121,7 @@ type Checkpointer interface {
 // state.
 type ChannelsLaster interface {
 	SetChannelsLast(bool)
+	ChannelsLast() bool
 }
 
 // ParseCheckpointMode reads "none", "blocks" or "sqrt".
@@ -197,6 +198,9 @@ func (r *ResNet) SetChannelsLast(on bool) {
 	}
 }
 
+// ChannelsLast reports whether the activations run channels last.
+func (r *ResNet) ChannelsLast() bool { return r.Stem.ChannelsLast }
+
 // SetDropout puts dropout with probability p between the two convolutions
 // of every block (p = 0 removes it).
 func (r *ResNet) SetDropout(p float32) {
@@ -245,7 +249,7 @@ func (r *ResNet) Forward(x *T) *T {
 	}
 	height, width := x.Dim(2), x.Dim(3)
 	pool := ag.GlobalAvgPool
-	if r.Stem.ChannelsLast {
+	if r.ChannelsLast() {
 		x = ag.ToNHWC(x)
 		defer x.Release()
 		pool = ag.GlobalAvgPoolNHWC

@@ -499,8 +499,12 @@ func (r *runner) fit() error {
 			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Epochs*r.cfg.EvalEvery,
 			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, r.t.Step.Mode)
 	} else {
-		fmt.Fprintf(r.say, "training %s (%s parameters) on %s images, %s of %s, %s, %s steps\n",
-			r.cfg.Model, count(nn.CountParams(r.model)), count(r.job.Train.N), plural(r.cfg.Epochs, "epoch"), plural(r.trainL.Len(), "step"), chosen, r.t.Step.Mode)
+		layout := ""
+		if c, ok := r.model.(nn.ChannelsLaster); ok && c.ChannelsLast() {
+			layout = ", channels last"
+		}
+		fmt.Fprintf(r.say, "training %s (%s parameters) on %s images, %s of %s, %s%s, %s steps\n",
+			r.cfg.Model, count(nn.CountParams(r.model)), count(r.job.Train.N), plural(r.cfg.Epochs, "epoch"), plural(r.trainL.Len(), "step"), chosen, layout, r.t.Step.Mode)
 	}
 	r.report.Title = fmt.Sprintf("%s, %s, batch %d on %s", r.cfg.Model, chosen, r.cfg.Batch, r.dev.Name())
 	if g := r.job.Group; g != nil {

@@ -373,7 +373,7 @@ func testStepChoosesTheLayout(t *testing.T, dev *tensor.Device) {
 	for _, v := range Variants("blocks") {
 		r := newRig(dev, v, Eager, 0)
 		want := v.AMP && dev.Backend().Info().ChannelsLast
-		if got := r.model.Stem.ChannelsLast; got != want {
+		if got := r.model.ChannelsLast(); got != want {
 			t.Errorf("%s on %s: channels last %v, want %v", v.Name, dev.Name(), got, want)
 		}
 		r.release()

@@ -478,7 +478,8 @@ func needsWorkspace(cands []algoChoice) bool {
 }
 
 // ConvEngine names what runs convolutions: cuDNN and its version, the eager
-// workspace policy and whether F32 may use TF32, or im2col + cuBLAS.
+// workspace policy, whether F32 may use TF32 and the 16-bit layout, or
+// im2col + cuBLAS.
 func (b *Backend) ConvEngine() string {
 	if b.dnn != nil {
 		v := b.dnn.version
@@ -490,7 +491,7 @@ func (b *Backend) ConvEngine() string {
 		if b.opts.StrictConvF32 {
 			tf32 = "strict F32"
 		}
-		return fmt.Sprintf("cuDNN %d.%d.%d, %s when eager, %s", v/10000, v/100%100, v%100, policy, tf32)
+		return fmt.Sprintf("cuDNN %d.%d.%d, %s when eager, %s, F16 and BF16 channels last", v/10000, v/100%100, v%100, policy, tf32)
 	}
 	return "im2col + cuBLAS (cuDNN: " + b.dnnReason + ")"
 }
