@@ -68,7 +68,8 @@ func (b *Backend) partitions(p kernels.BNParams) int {
 func byRows(p kernels.BNParams) bool { return p.HW == 1 && blockSize%p.C == 0 }
 
 // bnPartial launches the partial sums of the forward (dy invalid in a) or
-// the backward over parts blocks per channel.
+// the backward: parts blocks per channel, or parts blocks for all channels
+// where bn_partial_rows takes the batch.
 func (b *Backend) bnPartial(s kernels.DType, p kernels.BNParams, parts int, a bnPartialArgs) {
 	if byRows(p) {
 		kBNRows.launch(b, s, dims{uint32(parts), 1, blockSize}, a)
@@ -77,7 +78,7 @@ func (b *Backend) bnPartial(s kernels.DType, p kernels.BNParams, parts int, a bn
 	kBNPartial.launch(b, s, dims{uint32(parts), uint32(p.C), blockSize}, a)
 }
 
-// BatchNormTrain: partial sums over a (P, C) grid, per-channel statistics and
+// BatchNormTrain: partial sums (bnPartial), per-channel statistics and
 // running-average update, then the normalisation with the residual and the
 // ReLU: three launches.
 func (b *Backend) BatchNormTrain(p kernels.BNParams, x, residual, gamma, beta, y, runMean, runVar, saveMean, saveInvStd kernels.Buf) {

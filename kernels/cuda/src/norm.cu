@@ -1,9 +1,11 @@
 // Batch normalisation over the N and HW axes of an N×C×HW array. The
 // statistics are reduced in two stages so that the whole GPU works even when
 // C is small: a (P, C) grid of blocks each sums one slice of a channel into
-// partial[(c·P + p)·2 + {0,1}], then one thread per channel combines its P
-// partials. Sums are taken of x − shift, shift being the channel's first
-// element, which keeps the one-pass variance accurate.
+// partial[(c·P + p)·2 + {0,1}] (or, channels last, P blocks each sum a
+// slice of rows for every channel: bn_partial_rows), then a warp per
+// channel combines its P partials. Sums are taken of x − shift, shift
+// being the channel's first element, which keeps the one-pass variance
+// accurate.
 //
 // With relu set, the output went through a ReLU, fused: y = max(0, γ·x̂ + β
 // + residual), and the backward masks dy where y was not positive: y read,
