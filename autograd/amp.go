@@ -173,7 +173,9 @@ func CastParameters(dev *tensor.Device, params []*T) (release func()) {
 // gradients it held. A parameter read twice in the region has one copy,
 // whose two gradients the pass sums in the copy's dtype before its
 // backward (as with PyTorch's autocast cache), where casts of their own
-// would add them in F32.
+// would add them in F32. A bias that a 16-bit product's epilogue adds is
+// read from its copy too (biasIn); its gradient is summed in F32 by the
+// product's backward, and never reaches the copy.
 
 // gatherMost is how many gradients a gathered holds before adding them:
 // a multi-tensor launch's worth, bounding what they hold (F16 copies of

@@ -346,6 +346,23 @@ func (r *recorder) passesRounding(reshape func(*T) *T) {
 	}
 }
 
+// isSeed says g is the implied gradient of a Backward's scalar root, a
+// one, in a pass that frees the graph as it goes (Modes.Seed): the node's
+// backward may return what it kept (takeKept) unscaled.
+func (r *recorder) isSeed(g *T) bool { return g != nil && g.Device().Modes().Seed == g }
+
+// takeKept removes t, which keep gave the node, from what the node holds,
+// and returns it to the caller's ownership: a backward that runs once
+// (isSeed) handing on a gradient made in the forward, with no copy.
+func (r *recorder) takeKept(t *T) *T {
+	i := slices.Index(r.n.saved, t)
+	if i < 0 {
+		panic(fmt.Sprintf("autograd: %s takes a %v %v tensor it did not keep", r.n.name, t.DType(), t.Shape()))
+	}
+	r.n.saved = slices.Delete(r.n.saved, i, i+1)
+	return t
+}
+
 // takeRounded returns the rounding of the gradient the node's backward
 // runs with, or nil: the pass releases it after the backward.
 func (r *recorder) takeRounded() *T { return r.n.rounded }
@@ -438,6 +455,11 @@ func Backward(root *T, opts ...Option) {
 		}
 	} else {
 		g = tensor.Ones(root.Device(), root.DType(), root.Shape()...)
+		if !o.retain {
+			outer := modes.Seed
+			modes.Seed = g
+			defer func() { modes.Seed = outer }()
+		}
 	}
 	gn := root.GradNode()
 	if gn == nil {

@@ -817,6 +817,92 @@ func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend)
 	}
 }
 
+// TestClassifierHandsOnItsGradients: the classifier's backward scales the
+// gradients its forward made by the loss's gradient, and with Backward's
+// implied one (the loss the root, the graph freed as it goes) hands them
+// on as they are: no multiplication, no table-sized allocation, the same
+// bits. A retained graph keeps them for the next pass.
+func TestClassifierHandsOnItsGradients(t *testing.T) {
+	const vocab, dim, n = 37, 16, 24
+	type result struct {
+		dw, dh    []float32
+		muls      int
+		allocated int64
+	}
+	run := func(backward func(loss *tensor.Tensor)) result {
+		mc := &mulCounter{Backend: cpu.New()}
+		dev := tensor.NewDevice(mc)
+		dev.Generator().Seed(4)
+		w := tensor.Randn(dev, tensor.F32, 0, 1, vocab, dim).SetRequiresGrad(true).Keep()
+		h := tensor.Randn(dev, tensor.F32, 0, 1, n, dim).SetRequiresGrad(true).Keep()
+		defer releaseAll(w, h)
+		rng := rand.New(rand.NewPCG(1, 2))
+		labels := make([]int32, n)
+		for i := range labels {
+			labels[i] = int32(rng.IntN(vocab))
+		}
+		var r result
+		dev.WithScope(func() {
+			loss, _ := ag.ClassifierLoss(h, w, tensor.FromInt32(dev, labels, n))
+			before := dev.Allocator().Stats().Allocated[memory.All].Allocated
+			backward(loss)
+			r.allocated = dev.Allocator().Stats().Allocated[memory.All].Allocated - before
+		})
+		r.dw, r.dh, r.muls = w.Grad().Float32s(), h.Grad().Float32s(), mc.muls
+		return r
+	}
+	implied := run(func(loss *tensor.Tensor) { ag.Backward(loss) })
+	for _, tc := range []struct {
+		name     string
+		backward func(loss *tensor.Tensor)
+		times    float32 // the gradients, as multiples of the implied pass's
+		muls     int
+	}{
+		{"explicit one", func(loss *tensor.Tensor) { ag.Backward(loss, ag.WithGrad(tensor.Ones(loss.Device(), tensor.F32, 1))) }, 1, 2},
+		{"scaled", func(loss *tensor.Tensor) { ag.Backward(ag.Scale(loss, 2)) }, 2, 2},
+		{"retained, twice", func(loss *tensor.Tensor) {
+			ag.Backward(loss, ag.RetainGraph())
+			ag.Backward(loss)
+		}, 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := run(tc.backward)
+			if got.muls != tc.muls {
+				t.Errorf("%d multiplications, want %d", got.muls, tc.muls)
+			}
+			for _, c := range []struct {
+				name      string
+				got, want []float32
+			}{{"w", got.dw, implied.dw}, {"h", got.dh, implied.dh}} {
+				for i := range c.want {
+					if c.got[i] != tc.times*c.want[i] {
+						t.Fatalf("%s's gradient [%d] = %v, want %v × the implied pass's %v", c.name, i, c.got[i], tc.times, c.want[i])
+					}
+				}
+			}
+			if tc.name == "explicit one" && got.allocated-implied.allocated < memory.RoundSize(vocab*dim*4) {
+				t.Errorf("the implied pass allocated %d bytes, the explicit one %d: want at least a table fewer", implied.allocated, got.allocated)
+			}
+		})
+	}
+	if implied.muls != 0 {
+		t.Errorf("the implied pass multiplied %d times, want none", implied.muls)
+	}
+}
+
+// mulCounter counts the backend's multiplications.
+type mulCounter struct {
+	kernels.Backend
+	muls int
+}
+
+func (c *mulCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
+	if op == kernels.Mul {
+		c.muls++
+	}
+	c.Backend.Binary(op, y, a, b, bc)
+}
+
 // addCounter counts the backend's additions.
 type addCounter struct {
 	kernels.Backend

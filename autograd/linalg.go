@@ -138,10 +138,24 @@ func checkResidual(op string, r, b *T, n, out int, dt tensor.DType) {
 	}
 }
 
+// biasIn is the bias b as an epilogue adds it to a product written in dt:
+// b's copy in dt where CastParameters made one (a 16-bit product adds its
+// bias rounded to its dtype: the same values, with no cast of its own;
+// Note [parameters cast at once]), or b.
+func biasIn(dev *tensor.Device, b *T, dt tensor.DType) kernels.Buf {
+	if copies, _ := dev.Modes().Copies.(map[*T]*T); copies != nil && dt != b.DType() {
+		if c := copies[b]; c != nil && c.DType() == dt {
+			return c.Buf()
+		}
+	}
+	return b.Buf()
+}
+
 // linear is Linear (r nil) and AddLinear.
 func linear(r, x, w, b *T) *T {
+	dev := ModeOf(x, w, b)
 	wc := w // the weight the product reads: w, or its F16 copy under autocast
-	if dev := ModeOf(x, w, b); AutocastEnabled(dev) {
+	if AutocastEnabled(dev) {
 		dt := AutocastDType(dev)
 		defer autocastIn(dev, dt, &x)()
 		wc = asDType(dev, w, dt)
@@ -161,11 +175,11 @@ func linear(r, x, w, b *T) *T {
 	case r != nil:
 		e := kernels.Epilogue{Residual: r.Buf()}
 		if b != nil {
-			e.Bias = b.Buf()
+			e.Bias = biasIn(dev, b, r.DType())
 		}
 		y = gemmEpilogue(x, wc, false, true, r.DType(), e)
 	case fusesBias(b):
-		y = gemmEpilogue(x, wc, false, true, xType, kernels.Epilogue{Bias: b.Buf()})
+		y = gemmEpilogue(x, wc, false, true, xType, kernels.Epilogue{Bias: biasIn(dev, b, xType)})
 	default:
 		y = gemm(x, wc, false, true)
 		if b != nil {
@@ -271,14 +285,15 @@ func mlp(r, x, w1, b1, w2, b2 *T) *T {
 	}
 	dt := x.DType()
 	checkResidual("mlp", r, b2, xs[0], s2[0], dt)
-	yType, out := dt, kernels.Epilogue{Bias: b2.Buf()}
+	yType, out := dt, kernels.Epilogue{}
 	name := "mlp"
 	if r != nil {
 		yType, out.Residual, name = r.DType(), r.Buf(), "mlp+residual"
 	}
+	out.Bias = biasIn(dev, b2, yType)
 	pre := tensor.Empty(dev, dt, xs[0], s1[0]) // GELU's input
 	defer pre.Release()
-	h := gemmEpilogue(x, w1c, false, true, dt, kernels.Epilogue{Bias: b1.Buf(), Act: kernels.GELU, Aux: pre.Buf()})
+	h := gemmEpilogue(x, w1c, false, true, dt, kernels.Epilogue{Bias: biasIn(dev, b1, dt), Act: kernels.GELU, Aux: pre.Buf()})
 	defer h.Release()
 	rec := begin(name, x, w1, b1, w2, b2, r)
 	var y *T

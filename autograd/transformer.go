@@ -191,7 +191,8 @@ func packed(b kernels.Buf, c int) (q, k, v kernels.Buf) {
 // never exist whole; with recording on, the forward pass computes the
 // gradients of the loss with respect to h and w as it goes (the logits are
 // there), keeps them, and the backward scales them by the incoming
-// gradient. Under Autocast the products run in its dtype on copies of h
+// gradient, or hands them on as they are when that is Backward's implied
+// one (the loss itself the root). Under Autocast the products run in its dtype on copies of h
 // and w, and the logits are rounded to it (as PyTorch's autocast head
 // holds them); w's gradient is computed in F32, not rounded.
 func ClassifierLoss(h, w, labels *T) (loss, right *T) {
@@ -230,13 +231,21 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 	hType := h.DType()
 	rec.finish(loss, func(g *T) []*T {
 		grads := make([]*T, 3)
+		// The gradients were made for a loss gradient of one: scaled by g,
+		// or, when g is Backward's implied one, handed on as they are.
+		scaled := func(d *T) *T {
+			if rec.isSeed(g) {
+				return rec.takeKept(d)
+			}
+			return binaryRaw(kernels.Mul, d, g)
+		}
 		if rec.needs(0) {
-			s := binaryRaw(kernels.Mul, dh, g)
+			s := scaled(dh)
 			grads[0] = asDType(s.Device(), s, hType)
 			s.Release()
 		}
 		if rec.needs(1) {
-			grads[1] = binaryRaw(kernels.Mul, dw, g)
+			grads[1] = scaled(dw)
 		}
 		return grads
 	})

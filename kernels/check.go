@@ -78,7 +78,9 @@ func CheckGemmEpilogue(p GemmParams, e Epilogue, a, b, c Buf) {
 		if e.Grad {
 			panic("kernels: gemm epilogue with both Grad and a Bias")
 		}
-		CheckF32("gemm epilogue bias", e.Bias)
+		if e.Bias.DType != F32 && e.Bias.DType != c.DType {
+			panic(fmt.Sprintf("kernels: gemm epilogue bias of %v for a %v C: want f32 or C's dtype", e.Bias.DType, c.DType))
+		}
 		CheckLen("gemm epilogue bias", p.N, e.Bias)
 	}
 	if e.BiasGrad.Valid() {

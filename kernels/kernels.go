@@ -147,7 +147,7 @@ type GemmParams struct {
 // gradient, transposed). A backend may round them to C's or A's 16-bit
 // dtype, as a bias gradient of that dtype would be.
 type Epilogue struct {
-	Bias      Buf     // F32, N elements; forward only
+	Bias      Buf     // F32 or C's dtype, N elements; forward only (a 16-bit C adds it rounded to its dtype)
 	Act       UnaryOp // 0: none; else an op whose derivative reads its input (UsesInput)
 	Grad      bool
 	Aux       Buf // C's dtype, M×N

@@ -262,12 +262,12 @@ func (g *GPT) hidden(x *T) *T {
 
 // Forward returns the logits of every position of x (B×T tokens):
 // B×T×Vocab, in full (for inference on short inputs: training uses Loss).
-// Under autocast without checkpointing, the products' weights are cast at
-// once (autograd.CastParameters): every copy is kept to the backward
-// anyway.
+// Under autocast without checkpointing, the products' weights and biases
+// are cast at once (autograd.CastParameters): every weight's copy is kept
+// to the backward anyway, and the biases' are small.
 func (g *GPT) Forward(x *T) *T {
 	if g.Checkpoint == NoCheckpoint {
-		defer ag.CastParameters(ag.ModeOf(x), g.productWeights())()
+		defer ag.CastParameters(ag.ModeOf(x), g.productParameters())()
 	}
 	h := g.hidden(x)
 	B, Tn := x.Dim(0), x.Dim(1)
@@ -278,10 +278,10 @@ func (g *GPT) Forward(x *T) *T {
 
 // Loss is the mean cross-entropy of every position's next-token prediction
 // against the I32 targets y (B×T), through the fused classifier, and the
-// positions predicted right. Its products' weights are cast as Forward's.
+// positions predicted right. Its products' parameters are cast as Forward's.
 func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
 	if g.Checkpoint == NoCheckpoint {
-		defer ag.CastParameters(ag.ModeOf(x), g.productWeights())()
+		defer ag.CastParameters(ag.ModeOf(x), g.productParameters())()
 	}
 	h := g.hidden(x)
 	defer h.Release()
@@ -289,14 +289,17 @@ func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
 	return loss, right, y.Numel()
 }
 
-// productWeights are the weights the matrix products read: the blocks'
-// linear layers' and the tied token embedding, the classifier's.
-func (g *GPT) productWeights() []*T {
-	ws := []*T{g.WTE}
+// productParameters are what the matrix products read of the parameters:
+// the blocks' linear layers' weights and the biases their epilogues add,
+// and the tied token embedding, the classifier's.
+func (g *GPT) productParameters() []*T {
+	ps := []*T{g.WTE}
 	for _, b := range g.Blocks {
-		ws = append(ws, b.Attn.Weight, b.AttnProj.Weight, b.FC.Weight, b.Proj.Weight)
+		for _, l := range []*Linear{b.Attn, b.AttnProj, b.FC, b.Proj} {
+			ps = append(ps, l.Weight, l.Bias)
+		}
 	}
-	return ws
+	return ps
 }
 
 // State lists the parameters by Hugging Face GPT-2's names

@@ -480,20 +480,21 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 }
 
 // TestGPTCastsItsWeightsAtOnce: an AMP step of a GPT without
-// checkpointing casts no product's weight on its own (they are cast at
-// once, autograd.CastParameters); with checkpointed blocks each linear
-// layer casts its own, in the forward and again in the recomputation, and
-// nothing is cast at once.
+// checkpointing casts no product's weight or bias on its own (they are
+// cast at once, autograd.CastParameters); with checkpointed blocks each
+// linear layer casts its own, in the forward and again in the
+// recomputation, and nothing is cast at once.
 func TestGPTCastsItsWeightsAtOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 9))
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	for _, tc := range []struct {
 		mode   CheckpointMode
 		cAttn  int // single casts of a block's 24×8 c_attn weight
+		biases int // F32 biases given to bf16 products (c_attn's and c_fc's)
 		atOnce bool
 	}{
-		{NoCheckpoint, 0, true},
-		{CheckpointBlocks, 2 * 2, false}, // two blocks, forward and recomputation
+		{NoCheckpoint, 0, 0, true},
+		{CheckpointBlocks, 2 * 2, 2 * 2 * 2, false}, // two blocks, forward and recomputation
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			cc := &castCounter{Backend: cpu.New(), single: map[int]int{}}
@@ -510,6 +511,9 @@ func TestGPTCastsItsWeightsAtOnce(t *testing.T) {
 			})
 			if got := cc.single[24*8]; got != tc.cAttn {
 				t.Errorf("%d single casts of a 24×8 weight, want %d", got, tc.cAttn)
+			}
+			if cc.biases != tc.biases {
+				t.Errorf("%d f32 biases given to bf16 products, want %d", cc.biases, tc.biases)
 			}
 			if got := cc.single[11*8]; got != 0 && tc.atOnce {
 				t.Errorf("%d single casts of the token embedding, want none", got)

@@ -366,6 +366,14 @@ type castCounter struct {
 	kernels.Backend
 	single map[int]int
 	many   int
+	biases int // F32 biases given to 16-bit products, which cast them
+}
+
+func (c *castCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
+	if e.Bias.DType == kernels.F32 && out.DType.Half() {
+		c.biases++
+	}
+	c.Backend.GemmEpilogue(p, e, a, b, out)
 }
 
 func (c *castCounter) Cast(dst, src kernels.Buf) {

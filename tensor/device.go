@@ -62,6 +62,12 @@ type Modes struct {
 	// ok false when it failed: autograd's gradients gathered to be added to
 	// the parameters' at once.
 	PassEnd []func(ok bool)
+	// Seed is the running Backward's implied gradient of its scalar root
+	// (a one), while the pass frees the graph as it goes (no RetainGraph):
+	// a backward that receives this very tensor need not scale by it, and
+	// may hand on a gradient it kept from the forward (autograd's; nil:
+	// none).
+	Seed *Tensor
 }
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.

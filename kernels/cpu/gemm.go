@@ -99,7 +99,11 @@ func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c
 		toF32, fromF32 = half.BF16ToFloat32, half.BF16FromFloat32
 	}
 	var bias []float32 // rounded to a 16-bit C's dtype, as C adds it
-	if e.Bias.Valid() {
+	switch {
+	case e.Bias.DType.Half(): // C's dtype
+		bias = make([]float32, e.Bias.N)
+		toF32(bias, u16s(e.Bias))
+	case e.Bias.Valid():
 		bias = f32s(e.Bias)
 		if cb.DType.Half() {
 			h := make([]uint16, len(bias))

@@ -351,8 +351,8 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 	if why != "" {
 		return false, false
 	}
-	// vec is the bias or the fused bias gradient: for a 16-bit C, a
-	// scratch vector of its dtype.
+	// vec is the bias or the fused bias gradient, in C's dtype: where it
+	// has another, a scratch vector.
 	var vec, aux uintptr
 	var scratch kernels.Buf
 	v := e.Bias
@@ -364,7 +364,7 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 	}
 	if v.Valid() {
 		vec = ptrOf(v)
-		if g.cType != kernels.F32 {
+		if v.DType != g.cType {
 			blk := b.workspace(int64(v.N * g.cType.Size()))
 			defer b.alloc.Free(blk)
 			scratch = kernels.Buf{Block: blk, N: v.N, DType: g.cType}

@@ -142,8 +142,15 @@ func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, 
 			if e.Grad {
 				grad = 1
 			}
+			bias := e.Bias // the kernel reads an F32 bias: a 16-bit one widened, exactly
+			if bias.Valid() && bias.DType != kernels.F32 {
+				blk := b.workspace(int64(bias.N * 4))
+				defer b.alloc.Free(blk)
+				bias = kernels.Buf{Block: blk, N: bias.N, DType: kernels.F32}
+				b.cast(bias, e.Bias)
+			}
 			kGemmEpilogue.launch(b, c.DType, dims{uint32(min(p.M, b.sms*32)), 1, uint32(min(blockSize, (p.N+31)/32*32))},
-				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), grad})
+				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(bias), ptrOf(e.Aux), int32(e.Act), grad})
 		}
 	}
 	if sums {

@@ -421,6 +421,7 @@ var cases = []testCase{
 			name                             string
 			bias, act, grad, biasGrad, gradA bool
 			residual                         bool
+			biasC                            bool // the bias in C's 16-bit dtype (the reference's in F32, rounded as it adds it)
 		}
 		for _, p := range []kernels.GemmParams{
 			{TransB: true, M: 96, N: 64, K: 40, Alpha: 1, Batch: 1},   // a linear layer's forward: x·wᵀ
@@ -432,6 +433,8 @@ var cases = []testCase{
 			for _, e := range []ep{
 				{name: "bias", bias: true},
 				{name: "bias+gelu", bias: true, act: true},
+				{name: "16-bit bias", bias: true, biasC: true},
+				{name: "16-bit bias+gelu", bias: true, act: true, biasC: true},
 				{name: "gelu", act: true},
 				{name: "gelu′", act: true, grad: true},
 				{name: "gelu′+bias grad", act: true, grad: true, biasGrad: true},
@@ -442,14 +445,18 @@ var cases = []testCase{
 			} {
 				for _, dt := range dtypes {
 					for _, cdt := range dtypes {
-						if cdt != kernels.F32 && cdt != dt {
+						if (cdt != kernels.F32 && cdt != dt) || (e.biasC && !cdt.Half()) {
 							continue
 						}
 						a, b := s.randIn(dt, p.M*p.K), s.randIn(dt, p.K*p.N)
 						c := s.out(cdt, p.M*p.N)
 						var eg, er kernels.Epilogue
 						var aux, biasGrad, gradA pair
-						if e.bias {
+						switch {
+						case e.biasC:
+							vals := s.normal(p.N)
+							eg.Bias, er.Bias = s.in(cdt, vals).got, s.in(kernels.F32, vals).ref
+						case e.bias:
 							bias := s.randIn(kernels.F32, p.N)
 							eg.Bias, er.Bias = bias.got, bias.ref
 						}
