@@ -21,6 +21,14 @@ type castCounter struct {
 	kernels.Backend
 	n, casts        int
 	filters, failAt int
+	biasSums        int // products that sum their bias's gradient
+}
+
+func (c *castCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
+	if e.BiasGrad.Valid() || e.BiasGradA.Valid() {
+		c.biasSums++
+	}
+	c.Backend.GemmEpilogue(p, e, a, b, out)
 }
 
 func (c *castCounter) Cast(dst, src kernels.Buf) {

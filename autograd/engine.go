@@ -78,11 +78,13 @@ type node struct {
 	backward func(g *T) []*T // one gradient per input; nil where none is needed
 	fold     *folder         // or nil: the backward that adds input 0's gradient to one already gathered
 	// rounds is the 16-bit dtype the backward reads its gradient in (0:
-	// none); rounded, while the backward runs, that rounding of the
-	// gradient, when the op that finished the gradient wrote it (Note
-	// [a gradient rounded where it is finished]).
+	// none), sums whether it also sums the gradient's columns (a bias's
+	// gradient); rounded, while the backward runs, what the op that
+	// finished the gradient wrote of these beside it, or nil (Note [a
+	// gradient rounded where it is finished]).
 	rounds  tensor.DType
-	rounded *T
+	sums    bool
+	rounded *finished
 	// passRounding, for a node whose backward hands its gradient on
 	// reshaped (Reshape), reshapes the rounding of its gradient for input
 	// 0's node.
@@ -143,12 +145,27 @@ func (n *node) releaseSaved() {
 // folds when acc has the input's shape and dtype (and, pending, is the
 // pass's alone); otherwise it calls the backward with acc nil, and adds as
 // usual. A folder whose rounds is not 0 also writes input 0's gradient, as
-// it leaves it, rounded to that dtype into round when the pass gives one.
+// it leaves it, rounded to that dtype into round.rounded when the pass
+// gives a round, and its column sums into round.sums when that is set.
 type folder struct {
 	shape    []int
 	dtype    tensor.DType
 	rounds   tensor.DType
-	backward func(g, acc, round *T) []*T
+	backward func(g, acc *T, round *finished) []*T
+}
+
+// finished is what the op that finished a gradient wrote beside it for
+// the node that reads it next (Note [a gradient rounded where it is
+// finished]): the gradient rounded to the node's dtype and, where the node
+// sums its columns, their F32 sums.
+type finished struct {
+	rounded, sums *T
+}
+
+func (f *finished) release() {
+	if f != nil {
+		releaseAll(f.rounded, f.sums)
+	}
 }
 
 // Note [a gradient rounded where it is finished]: under autocast a
@@ -164,7 +181,11 @@ type folder struct {
 // added to the gradient; the node's backward finds it in node.rounded and
 // casts otherwise. A reshape between them (a block's 2-D stream made 3-D
 // again) passes the rounding on reshaped (node.passRounding). The rounding
-// is the cast's, bit for bit.
+// is the cast's, bit for bit. A node that also sums its gradient's
+// columns (a residual product's bias gradient, node.sums) finds them
+// beside the rounding, summed by the folder from the F32 gradient as it
+// writes it, with no pass of their own; a reshape passes them on where it
+// keeps the last dimension.
 
 // gathered is the gradient the pass already holds for input e that f can
 // fold into, or nil.
@@ -327,7 +348,7 @@ func (r *recorder) finish(out *T, backward func(g *T) []*T) {
 // finishFolding is finish with a backward that can fold input 0's gradient
 // (x, as the forward saw it) into one already gathered (folder); without
 // one it runs with acc nil and returns input 0's gradient as any backward.
-func (r *recorder) finishFolding(out, x *T, rounds tensor.DType, backward func(g, acc, round *T) []*T) {
+func (r *recorder) finishFolding(out, x *T, rounds tensor.DType, backward func(g, acc *T, round *finished) []*T) {
 	r.n.fold = &folder{shape: x.Shape(), dtype: x.DType(), rounds: rounds, backward: backward}
 	r.finish(out, func(g *T) []*T { return backward(g, nil, nil) })
 }
@@ -336,13 +357,18 @@ func (r *recorder) finishFolding(out, x *T, rounds tensor.DType, backward func(g
 // (Note [a gradient rounded where it is finished]).
 func (r *recorder) readsRounded(dt tensor.DType) { r.n.rounds = dt }
 
+// readsColumnSums says the node's backward, which reads its gradient
+// rounded, also sums its columns (Note [a gradient rounded where it is
+// finished]).
+func (r *recorder) readsColumnSums() { r.n.sums = true }
+
 // passesRounding says the node's backward hands input 0 its gradient
 // reshaped, as reshape reshapes the gradient's rounding, so that a rounding
 // input 0's node reads reaches it through this node (Note [a gradient
 // rounded where it is finished]).
 func (r *recorder) passesRounding(reshape func(*T) *T) {
 	if in := r.n.inputs[0].node; in != nil && in.rounds != 0 {
-		r.n.rounds, r.n.passRounding = in.rounds, reshape
+		r.n.rounds, r.n.sums, r.n.passRounding = in.rounds, in.sums, reshape
 	}
 }
 
@@ -365,7 +391,25 @@ func (r *recorder) takeKept(t *T) *T {
 
 // takeRounded returns the rounding of the gradient the node's backward
 // runs with, or nil: the pass releases it after the backward.
-func (r *recorder) takeRounded() *T { return r.n.rounded }
+func (r *recorder) takeRounded() *T {
+	if r.n.rounded == nil {
+		return nil
+	}
+	return r.n.rounded.rounded
+}
+
+// takeColumnSums returns the F32 column sums of the gradient the node's
+// backward runs with, summed by the op that finished it, or nil: the
+// caller's to release.
+func (r *recorder) takeColumnSums() *T {
+	f := r.n.rounded
+	if f == nil {
+		return nil
+	}
+	s := f.sums
+	f.sums = nil
+	return s
+}
 
 // Option modifies Backward.
 type Option func(*backwardOptions)
@@ -492,7 +536,7 @@ func Backward(root *T, opts ...Option) {
 	pending := map[*node]*T{rootNode: g}
 	// roundings[n] is pending[n] rounded to n.rounds, written by the folder
 	// that finished it (Note [a gradient rounded where it is finished]).
-	roundings := map[*node]*T{}
+	roundings := map[*node]*finished{}
 	taken = true
 	var inFlight *T
 	var loose []*T
@@ -511,7 +555,7 @@ func Backward(root *T, opts ...Option) {
 			pg.Release()
 		}
 		for _, r := range roundings {
-			r.Release()
+			r.release()
 		}
 		for ; i >= 0; i-- {
 			order[i].free()
@@ -534,12 +578,15 @@ func Backward(root *T, opts ...Option) {
 			delete(roundings, n)
 			round := n.newRounding(g)
 			if round != nil {
-				mark.gradient(round, n)
+				mark.gradient(round.rounded, n)
+				if round.sums != nil {
+					mark.gradient(round.sums, n)
+				}
 			}
 			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
 				loose = n.fold.backward(g, acc, round)
 				if in := n.inputs[0].node; round != nil { // acc is pending for in
-					releaseAll(roundings[in]) // an earlier sum's
+					roundings[in].release() // an earlier sum's
 					roundings[in], round = round, nil
 				}
 			} else if round != nil {
@@ -552,9 +599,9 @@ func Backward(root *T, opts ...Option) {
 				g.Release()
 			}
 			if n.rounded != nil && n.passRounding != nil {
-				round = n.passRounding(n.rounded)
+				round = n.passRounded()
 			}
-			releaseAll(n.rounded)
+			n.rounded.release()
 			n.rounded = nil
 			for j, e := range n.inputs {
 				var gi *T
@@ -570,7 +617,7 @@ func Backward(root *T, opts ...Option) {
 						pending[e.node] = sum
 						mark.gradient(sum, n)
 						if r := roundings[e.node]; r != nil { // no longer the sum's
-							r.Release()
+							r.release()
 							delete(roundings, e.node)
 						}
 					} else {
@@ -592,7 +639,7 @@ func Backward(root *T, opts ...Option) {
 			for _, extra := range loose[min(len(loose), len(n.inputs)):] {
 				releaseAll(extra)
 			}
-			releaseAll(round) // gi went elsewhere: a leaf's, or summed
+			round.release() // gi went elsewhere: a leaf's, or summed
 			loose = nil
 		}
 		if left != nil {
@@ -649,17 +696,36 @@ func (m *marker) gradient(g *T, n *node) {
 // without them.
 var folding, rounding = true, true
 
-// newRounding is the tensor n's folder may write input 0's gradient into,
-// rounded for the node that made input 0, or nil (Note [a gradient rounded
-// where it is finished]); g is n's own gradient, for the device.
-func (n *node) newRounding(g *T) *T {
+// newRounding is where n's folder may write input 0's gradient, rounded
+// for the node that made input 0, and its column sums where that node
+// sums them, or nil (Note [a gradient rounded where it is finished]); g
+// is n's own gradient, for the device.
+func (n *node) newRounding(g *T) *finished {
 	if !rounding || n.fold == nil || n.fold.rounds == 0 || len(n.inputs) == 0 {
 		return nil
 	}
-	if in := n.inputs[0].node; in == nil || in.rounds != n.fold.rounds {
+	in := n.inputs[0].node
+	if in == nil || in.rounds != n.fold.rounds {
 		return nil
 	}
-	return tensor.Empty(g.Device(), n.fold.rounds, n.fold.shape...)
+	f := &finished{rounded: tensor.Empty(g.Device(), n.fold.rounds, n.fold.shape...)}
+	if in.sums {
+		f.sums = tensor.Empty(g.Device(), tensor.F32, n.fold.shape[len(n.fold.shape)-1])
+	}
+	return f
+}
+
+// passRounded is what n's backward passes on to input 0's node of what
+// finished n's gradient: the rounding reshaped, and the column sums where
+// the reshape keeps the last dimension (n.rounded's, handed on).
+func (n *node) passRounded() *finished {
+	f := &finished{rounded: n.passRounding(n.rounded.rounded)}
+	if s := n.rounded.sums; s != nil {
+		if rs := f.rounded.Shape(); rs[len(rs)-1] == s.Numel() {
+			f.sums, n.rounded.sums = s, nil
+		}
+	}
+	return f
 }
 
 // foldTarget is the gradient n's backward may fold input 0's into, or nil.

@@ -761,16 +761,20 @@ func TestEmbeddingFoldsTheTiedGradient(t *testing.T) {
 // TestLayerNormRoundsTheGradientForAProduct: under autocast, two blocks of
 // a residual stream (a layer norm into bf16, then AddLinear adding to the
 // F32 stream): the second norm's backward writes the stream's gradient
-// rounded for the first block's products, which cast nothing, and every
-// gradient is bit for bit the one computed with the casts (Note [a
-// gradient rounded where it is finished]). The last block's gradient
-// comes from no norm and is cast.
+// rounded for the first block's products, which cast nothing, and its
+// column sums, the first block's bias gradient, which its product does
+// not sum; every other gradient is bit for bit the one computed with the
+// casts, and the bias's the sums of the F32 gradient, not of its rounding
+// (Note [a gradient rounded where it is finished]). The last block's
+// gradient comes from no norm: it is cast and summed.
 func TestLayerNormRoundsTheGradientForAProduct(t *testing.T) {
 	testLayerNormRoundsTheGradientForAProduct(t, cpu.New())
 }
 
 func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend) {
 	const rows, cols = 2 * 37, 64
+	const summed = 4 // the first block's bias, whose gradient the norm sums
+	var gotSums, wantSums int
 	run := func(on bool) (grads [][]float32, casts int) {
 		defer ag.SetRounding(on)()
 		cb := &castCounter{Backend: be, n: rows * cols} // a gradient of the stream's
@@ -796,9 +800,14 @@ func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend)
 				}
 			})
 			loss := ag.SumAll(ag.Mul(x, w))
-			cb.casts = 0
+			cb.casts, cb.biasSums = 0, 0
 			ag.Backward(loss)
 			casts = cb.casts
+			if on {
+				gotSums = cb.biasSums
+			} else {
+				wantSums = cb.biasSums
+			}
 		})
 		for _, p := range params {
 			grads = append(grads, p.Grad().Float32s())
@@ -808,12 +817,21 @@ func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend)
 	got, gotCasts := run(true)
 	want, wantCasts := run(false)
 	for i := range got {
+		if i == summed {
+			if d := relErr(got[i], want[i]); d == 0 || d > 1e-2 {
+				t.Errorf("the bias gradient summed from the f32 gradient is %.2g from the sums of its rounding: want a difference, below 1e-2", d)
+			}
+			continue
+		}
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("gradient %d differs from the one computed with casts", i)
 		}
 	}
 	if gotCasts != 1 || wantCasts != 2 {
 		t.Errorf("the backward cast the f32 stream's gradient to bf16 %d times rounding, %d not: want 1 and 2", gotCasts, wantCasts)
+	}
+	if gotSums != 1 || wantSums != 2 {
+		t.Errorf("%d products summed their bias's gradient rounding, %d not: want 1 and 2", gotSums, wantSums)
 	}
 }
 

@@ -209,11 +209,17 @@ func linear(r, x, w, b *T) *T {
 	wType := w.DType()
 	if r != nil && r.DType() != xType {
 		rec.readsRounded(xType)
+		if fusesBias(b) {
+			rec.readsColumnSums()
+		}
 	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 4)
 		if rec.needs(3) {
 			grads[3] = g.View(g.Shape()...)
+		}
+		if hasBias && rec.needs(2) {
+			grads[2] = columnSums(rec, ws[0]) // of the F32 gradient, where the op that finished it summed them
 		}
 		g = roundedGrad(rec, g, xType) // a residual's dtype: the products'
 		defer g.Release()
@@ -221,7 +227,11 @@ func linear(r, x, w, b *T) *T {
 			grads[0] = gemm(g, wSaved, false, false) // dx = dy·w
 		}
 		if xSaved != nil {
-			grads[1], grads[2] = weightGrad(g, xSaved, wType, bType, hasBias && rec.needs(2)) // dw = dyᵀ·x, db = Σ dy
+			dw, db := weightGrad(g, xSaved, wType, bType, hasBias && rec.needs(2) && grads[2] == nil) // dw = dyᵀ·x, db = Σ dy
+			grads[1] = dw
+			if db != nil {
+				grads[2] = db
+			}
 		}
 		if hasBias && rec.needs(2) && grads[2] == nil {
 			grads[2] = biasGrad(g, []int{ws[0]}, bType)
@@ -322,17 +332,25 @@ func mlp(r, x, w1, b1, w2, b2 *T) *T {
 	w1Type, w2Type := w1.DType(), w2.DType()
 	if yType != dt {
 		rec.readsRounded(dt)
+		rec.readsColumnSums()
 	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 6)
 		if rec.needs(5) {
 			grads[5] = g.View(g.Shape()...)
 		}
+		if rec.needs(4) {
+			grads[4] = columnSums(rec, s2[0]) // of the F32 gradient, where the op that finished it summed them
+		}
 		g = roundedGrad(rec, g, dt) // a residual's dtype: the products'
 		defer g.Release()
 		if hS != nil {
-			grads[3], grads[4] = weightGrad(g, hS, w2Type, tensor.F32, rec.needs(4))
-		} else if rec.needs(4) {
+			dw, db := weightGrad(g, hS, w2Type, tensor.F32, rec.needs(4) && grads[4] == nil)
+			grads[3] = dw
+			if db != nil {
+				grads[4] = db
+			}
+		} else if rec.needs(4) && grads[4] == nil {
 			grads[4] = biasGrad(g, []int{s2[0]}, tensor.F32)
 		}
 		if !first {
@@ -354,6 +372,19 @@ func mlp(r, x, w1, b1, w2, b2 *T) *T {
 		return grads
 	})
 	return y
+}
+
+// columnSums returns the F32 column sums of the gradient rec's node's
+// backward runs with, where the op that finished the gradient wrote them
+// (Note [a gradient rounded where it is finished]) and there are cols of
+// them, or nil: a bias's gradient, the caller's.
+func columnSums(rec *recorder, cols int) *T {
+	s := rec.takeColumnSums()
+	if s != nil && s.Numel() != cols {
+		s.Release()
+		return nil
+	}
+	return s
 }
 
 // roundedGrad returns a new handle on g in dtype dt: g's, the rounding

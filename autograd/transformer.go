@@ -33,7 +33,7 @@ func Embedding(table, ids *T) *T {
 	if rec := begin("embedding", table, ids); rec != nil {
 		idSaved := rec.save(ids)
 		dt := table.DType()
-		backward := func(g, acc, _ *T) []*T {
+		backward := func(g, acc *T, _ *finished) []*T {
 			if acc != nil { // added to it
 				be.EmbeddingBackward(acc.Buf(), g.Buf(), idSaved.Buf(), n, vocab, dim, true)
 				return []*T{nil, nil}
@@ -68,7 +68,8 @@ func LayerNorm(x, gamma, beta *T, eps float32) *T { return LayerNormTo(x, gamma,
 // dtype; for an F32 x (a residual stream) the backward adds it into the
 // gradient the pass already gathered for x, when there is one (folder),
 // and with a 16-bit dt also writes it rounded to dt for a product that
-// reads it so (Note [a gradient rounded where it is finished]).
+// reads it so, with its column sums for that product's bias where it sums
+// them (Note [a gradient rounded where it is finished]).
 func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xs := x.Shape()
 	cols := xs[len(xs)-1]
@@ -95,7 +96,7 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 	xSaved, gSaved := rec.save(x), rec.save(gamma)
 	rec.keep(mean)
 	rec.keep(rstd)
-	backward := func(g, acc, round *T) []*T {
+	backward := func(g, acc *T, round *finished) []*T {
 		dg, db := tensor.Empty(g.Device(), tensor.F32, cols), tensor.Empty(g.Device(), tensor.F32, cols)
 		gc := asDType(g.Device(), g, dt)
 		defer gc.Release()
@@ -106,7 +107,10 @@ func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
 			pb.Accumulate = true
 		}
 		if round != nil {
-			pb.Rounded = round.Buf()
+			pb.Rounded = round.rounded.Buf()
+			if round.sums != nil {
+				pb.Sums = round.sums.Buf()
+			}
 		}
 		be.LayerNormBackward(pb, xSaved.Buf(), gSaved.Buf(), mean.Buf(), rstd.Buf(), gc.Buf(), dx.Buf(), dg.Buf(), db.Buf())
 		if acc != nil {

@@ -71,12 +71,16 @@ type TransformerOps interface {
 // F32 x with a 16-bit dy; or invalid) is a buffer of dx's length in dy's
 // dtype into which the backward also writes dx, as it leaves it, rounded
 // as Cast would: the copy of the gradient a 16-bit product reads, with no
+// pass of its own. Sums (backward, an F32 dx; or invalid), F32 of Cols,
+// receives the column sums of dx as the backward leaves it: the bias
+// gradient of the product whose result dx is the gradient of, with no
 // pass of its own.
 type LayerNormParams struct {
 	Rows, Cols int
 	Eps        float32
 	Accumulate bool
 	Rounded    Buf
+	Sums       Buf
 }
 
 // AttentionParams describes causal attention of B batches of Tq queries
@@ -147,8 +151,16 @@ func CheckLayerNorm(op string, p LayerNormParams, x, gamma, mean, rstd Buf, rows
 }
 
 // CheckLayerNormRounded panics unless p.Rounded is invalid or fits a
-// backward of F32 dx from the 16-bit dy (LayerNormParams).
+// backward of F32 dx from the 16-bit dy, and p.Sums is invalid or F32 of
+// p.Cols for an F32 dx (LayerNormParams).
 func CheckLayerNormRounded(op string, p LayerNormParams, dy, dx Buf) {
+	if s := p.Sums; s.Valid() {
+		if dx.DType != F32 {
+			panic(fmt.Sprintf("kernels: %s: column sums of a %v dx: want f32", op, dx.DType))
+		}
+		CheckF32(op+" column sums", s)
+		CheckLen(op+" column sums", p.Cols, s)
+	}
 	r := p.Rounded
 	if !r.Valid() {
 		return

@@ -527,12 +527,14 @@ func TestGPTCastsItsWeightsAtOnce(t *testing.T) {
 
 // TestGPTBackwardCastsOneStreamGradient: under autocast the residual
 // stream's F32 gradient reaches every block's residual products already
-// rounded to bf16 by the layer norm whose backward finished it, through
-// the blocks' reshapes (Note [a gradient rounded where it is finished]):
-// the backward casts one gradient of the stream's size, the classifier's
-// F32 gradient for the final layer norm. A checkpointed block's output
-// gradient enters its recomputation's pass unrounded, and is cast once
-// more a block.
+// rounded to bf16, and their biases' gradients summed, by the layer norm
+// whose backward finished it, through the blocks' reshapes (Note [a
+// gradient rounded where it is finished]): the backward casts one
+// gradient of the stream's size, the classifier's F32 gradient for the
+// final layer norm, and the products sum two biases' gradients a block
+// (c_attn's, c_fc's). A checkpointed block's output gradient enters its
+// recomputation's pass unrounded, and is cast and summed once more a
+// block.
 func TestGPTBackwardCastsOneStreamGradient(t *testing.T) {
 	cb := &castCounter{Backend: cpu.New(), single: map[int]int{}}
 	dev := tensor.NewDevice(cb)
@@ -540,9 +542,9 @@ func TestGPTBackwardCastsOneStreamGradient(t *testing.T) {
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	const stream = 2 * 6 * 8 // batch × context × width
 	for _, tc := range []struct {
-		mode  CheckpointMode
-		casts int
-	}{{NoCheckpoint, 1}, {CheckpointBlocks, 3}} {
+		mode        CheckpointMode
+		casts, sums int
+	}{{NoCheckpoint, 1, 2 * 2}, {CheckpointBlocks, 3, 2 * 3}} {
 		g := tinyGPT(t, dev, 9)
 		g.SetCheckpoint(tc.mode)
 		dev.WithScope(func() {
@@ -551,9 +553,13 @@ func TestGPTBackwardCastsOneStreamGradient(t *testing.T) {
 				loss, _, _ = g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
 			})
 			clear(cb.single)
+			cb.sums = 0
 			ag.Backward(loss)
 			if n := cb.single[stream]; n != tc.casts {
 				t.Errorf("%v: the backward cast %d f32 tensors of the stream's %d elements, want %d", tc.mode, n, stream, tc.casts)
+			}
+			if cb.sums != tc.sums {
+				t.Errorf("%v: %d products summed their bias's gradient, want %d", tc.mode, cb.sums, tc.sums)
 			}
 		})
 		Release(g)

@@ -367,11 +367,15 @@ type castCounter struct {
 	single map[int]int
 	many   int
 	biases int // F32 biases given to 16-bit products, which cast them
+	sums   int // products that sum their bias's gradient
 }
 
 func (c *castCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
 	if e.Bias.DType == kernels.F32 && out.DType.Half() {
 		c.biases++
+	}
+	if e.BiasGrad.Valid() || e.BiasGradA.Valid() {
+		c.sums++
 	}
 	c.Backend.GemmEpilogue(p, e, a, b, out)
 }

@@ -134,7 +134,8 @@ func (c *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 
 // LayerNormBackward: dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)) with ĝ = dy·γ
 // (added to dx's values with p.Accumulate), per row; dγ = Σ dy·x̂ and dβ =
-// Σ dy over the rows, in blocks of rowBlock rows added in order.
+// Σ dy over the rows (and p.Sums = Σ dx), in blocks of rowBlock rows
+// added in order.
 func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
 	kernels.CheckLike("layer norm backward dx", x, dx)
@@ -145,14 +146,22 @@ func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	rv := optValuesOf(p.Rounded)
 	mu, rs := f32s(mean), f32s(rstd)
 	blocks := (p.Rows + rowBlock - 1) / rowBlock
-	partial := make([]float64, blocks*2*p.Cols) // per block: dγ, then dβ
+	sets := 2
+	if p.Sums.Valid() {
+		sets = 3
+	}
+	partial := make([]float64, blocks*sets*p.Cols) // per block: dγ, dβ, then Σ dx
 	parallel(blocks, 1, func(lo, hi int) {
 		xb, gb, db := getScratch(p.Cols), getScratch(p.Cols), getScratch(p.Cols)
 		defer putScratch(xb)
 		defer putScratch(gb)
 		defer putScratch(db)
 		for blk := lo; blk < hi; blk++ {
-			pg, pb := partial[blk*2*p.Cols:][:p.Cols], partial[(blk*2+1)*p.Cols:][:p.Cols]
+			pg, pb := partial[blk*sets*p.Cols:][:p.Cols], partial[(blk*sets+1)*p.Cols:][:p.Cols]
+			var pd []float64
+			if sets == 3 {
+				pd = partial[(blk*sets+2)*p.Cols:][:p.Cols]
+			}
 			for r := blk * rowBlock; r < min(p.Rows, (blk+1)*rowBlock); r++ {
 				xs, gs := xv.span(r*p.Cols, p.Cols, xb), dyv.span(r*p.Cols, p.Cols, gb)
 				m, is := mu[r], rs[r]
@@ -175,19 +184,32 @@ func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 					}
 					ds[j] = d
 				}
+				for j, d := range pd { // dx is F32 (CheckLayerNormRounded)
+					pd[j] = d + float64(ds[j])
+				}
 				dxv.commit(r*p.Cols, ds)
 				rv.commit(r*p.Cols, ds) // 16-bit: ds rounded
 			}
 		}
 	})
 	dg, dbt := f32s(dgamma), f32s(dbeta)
+	var sums []float32
+	if sets == 3 {
+		sums = f32s(p.Sums)
+	}
 	for j := 0; j < p.Cols; j++ {
-		var sg, sb float64
+		var sg, sb, sd float64
 		for blk := 0; blk < blocks; blk++ {
-			sg += partial[blk*2*p.Cols+j]
-			sb += partial[(blk*2+1)*p.Cols+j]
+			sg += partial[blk*sets*p.Cols+j]
+			sb += partial[(blk*sets+1)*p.Cols+j]
+			if sums != nil {
+				sd += partial[(blk*sets+2)*p.Cols+j]
+			}
 		}
 		dg[j], dbt[j] = float32(sg), float32(sb)
+		if sums != nil {
+			sums[j] = float32(sd)
+		}
 	}
 }
 

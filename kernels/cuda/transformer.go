@@ -54,11 +54,12 @@ type (
 		X, G, Mean, R, Dy, Dx, Parts uintptr
 		Acc                          int32
 		Rounded                      uintptr // dx rounded to dy's dtype, or 0
+		Sums                         int32   // the warps' partial sums of dx too
 	}
 	layerNormGradsArgs struct {
-		Warps, Cols, Splits int32
-		Parts, Dg, Db       uintptr
-		Stride              int32
+		Warps, Cols, Splits, Sets int32
+		Parts, Dg, Db, Ds         uintptr
+		Stride                    int32
 	}
 	attnLayout struct { // a strided [B, T, H, D] operand
 		B, H, Tn, D, Row int32
@@ -311,22 +312,29 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	defer b.exit()
 	blocks := b.lnBlocks(p.Rows)
 	warps := blocks * lnWarps
-	ws := b.workspace(int64(warps) * 2 * int64(p.Cols) * 4)
+	sets := int64(2) // dγ's and dβ's partial sums, and dx's for Sums
+	if p.Sums.Valid() {
+		sets = 3
+	}
+	row := sets * int64(p.Cols) // floats
+	ws := b.workspace(int64(warps) * row * 4)
 	defer b.alloc.Free(ws)
 	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
-		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded)})
+		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded),
+		boolInt(p.Sums.Valid())})
 	// The warps' sums in two rounds: stretches of warps side by side, then
 	// the stretches in order.
 	parts, splits := ws.Addr(), warps
 	if warps > 4*lnSplits {
-		part := b.workspace(int64(lnSplits) * 2 * int64(p.Cols) * 4)
+		part := b.workspace(int64(lnSplits) * row * 4)
 		defer b.alloc.Free(part)
+		at := func(set int) uintptr { return part.Addr() + uintptr(set*p.Cols*4) }
 		kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256},
-			layerNormGradsArgs{int32(warps), int32(p.Cols), lnSplits, ws.Addr(), part.Addr(), part.Addr() + uintptr(p.Cols*4), int32(2 * p.Cols)})
+			layerNormGradsArgs{int32(warps), int32(p.Cols), lnSplits, int32(sets), ws.Addr(), at(0), at(1), at(2), int32(row)})
 		parts, splits = part.Addr(), lnSplits
 	}
 	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256},
-		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, parts, ptrOf(dgamma), ptrOf(dbeta), 0})
+		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, int32(sets), parts, ptrOf(dgamma), ptrOf(dbeta), ptrOf(p.Sums), 0})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of

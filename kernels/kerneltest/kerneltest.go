@@ -1033,6 +1033,36 @@ var cases = []testCase{
 					s.got.LayerNormBackward(pa, x.got, g.got, mean.got, rstd.got, dy.got, acc.got, dg.got, db.got)
 					s.ref.LayerNormBackward(pa, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, acc.ref, dg.ref, db.ref)
 					s.check("layer norm accumulated dx "+what, acc, TolAccumulate)
+					// dx's column sums beside it (with its rounding where dy is
+					// 16-bit), against the reference and against the sums of dx
+					// as written, in float64.
+					for _, accumulate := range []bool{false, true} {
+						dxs, sums := s.randIn(kernels.F32, p.Rows*p.Cols), s.out(kernels.F32, p.Cols)
+						pg, pr := p, p
+						pg.Accumulate, pr.Accumulate = accumulate, accumulate
+						pg.Sums, pr.Sums = sums.got, sums.ref
+						if dts.y != dt {
+							rnd := s.out(dts.y, p.Rows*p.Cols)
+							pg.Rounded, pr.Rounded = rnd.got, rnd.ref
+						}
+						s.got.LayerNormBackward(pg, x.got, g.got, mean.got, rstd.got, dy.got, dxs.got, dg.got, db.got)
+						s.ref.LayerNormBackward(pr, x.ref, g.ref, mean.ref, rstd.ref, dy.ref, dxs.ref, dg.ref, db.ref)
+						w := fmt.Sprintf("%s accumulate %v", what, accumulate)
+						s.check("layer norm dx with its column sums "+w, dxs, TolAccumulate)
+						s.check("layer norm column sums of dx "+w, sums, TolAccumulate)
+						written, got := s.read(dxs.got, s.got), s.read(sums.got, s.got)
+						for j := range p.Cols {
+							var want, scale float64
+							for r := range p.Rows {
+								v := float64(written[r*p.Cols+j])
+								want, scale = want+v, scale+math.Abs(v)
+							}
+							if math.Abs(float64(got[j])-want) > 1e-5*(scale+1) {
+								s.t.Errorf("%s: layer norm column sum %d of dx %s = %v, the sum of dx as written %v", s.got.Name(), j, w, got[j], want)
+								break
+							}
+						}
+					}
 				}
 				if dts.y != dt { // dx also rounded into dy's dtype, bit for bit its cast
 					for _, accumulate := range []bool{false, true} {

@@ -202,7 +202,8 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 }
 
 // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
-// dy·x̂ and dy into its own row of partial (2·cols floats), which
+// dy·x̂ and dy into its own row of partial (2·cols floats; with SUMS,
+// kernels.LayerNormParams.Sums, 3·cols: also dx as written), which
 // layernorm_grads sums over the warps in order. Rows of up to
 // LN_REG_COLS columns keep a warp's sums in registers (the columns as
 // layernorm_fwd_reg's) and write them once; longer rows add into partial
@@ -214,16 +215,16 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // load, PER is 32, and the row's dx is loaded where it is added). With rnd
 // (kernels.LayerNormParams.Rounded) dx as written is also written rounded
 // to O.
-template <int VEC, int PER, typename T, typename O>
+template <int VEC, int PER, bool SUMS, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const O* dy, T* dx, float* partial, int acc, O* rnd) {
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
-    float pg[PER][VEC], pb[PER][VEC];
+    float pg[PER][VEC], pb[PER][VEC], pd[SUMS ? PER : 1][VEC];
 #pragma unroll
     for (int k = 0; k < PER; k++)
 #pragma unroll
-        for (int e = 0; e < VEC; e++) pg[k][e] = pb[k][e] = 0.f;
+        for (int e = 0; e < VEC; e++) pg[k][e] = pb[k][e] = pd[SUMS ? k : 0][e] = 0.f;
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         const O* gr = dy + (i64)r * cols;
@@ -277,10 +278,13 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 }
                 stv<VEC>(dx, (i64)r * cols + j, o);
                 if (rnd) stv<VEC>(rnd, (i64)r * cols + j, o);
+                if (SUMS)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) pd[SUMS ? k : 0][e] += o[e];
             }
         }
     }
-    float* pw = partial + (i64)w * 2 * cols;
+    float* pw = partial + (i64)w * (SUMS ? 3 : 2) * cols;
 #pragma unroll
     for (int k = 0; k < PER; k++) {
         int j = VEC * (lane + 32 * k);
@@ -289,24 +293,35 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
             for (int e = 0; e < VEC; e++) {
                 pw[j + e] = pg[k][e];
                 pw[cols + j + e] = pb[k][e];
+                if (SUMS) pw[2 * cols + j + e] = pd[SUMS ? k : 0][e];
             }
     }
 }
 
 template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                              const O* dy, T* dx, float* partial, int acc, O* rnd) {
+                              const O* dy, T* dx, float* partial, int acc, O* rnd, int sums) {
     if (cols <= LN_REG_COLS) {
-#define LN_BWD(VEC, PER) layernorm_bwd_reg<VEC, PER>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd)
+#define LN_BWD(VEC, PER)                                                                                   \
+    do {                                                                                                   \
+        if (sums)                                                                                          \
+            layernorm_bwd_reg<VEC, PER, true>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);  \
+        else                                                                                               \
+            layernorm_bwd_reg<VEC, PER, false>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd); \
+    } while (0)
         LN_REG(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), LN_BWD);
 #undef LN_BWD
         return;
     }
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
-    float* pg = partial + (i64)w * 2 * cols;
+    float* pg = partial + (i64)w * (sums ? 3 : 2) * cols;
     float* pb = pg + cols;
-    for (int j = lane; j < cols; j += 32) pg[j] = pb[j] = 0.f;
+    float* pd = pb + cols;
+    for (int j = lane; j < cols; j += 32) {
+        pg[j] = pb[j] = 0.f;
+        if (sums) pd[j] = 0.f;
+    }
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         const O* gr = dy + (i64)r * cols;
@@ -326,38 +341,45 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
             o = acc ? __fadd_rn(ld(dx, at), o) : o;
             st(dx, at, o);
             if (rnd) st(rnd, at, o);
+            if (sums) pd[j] += o;
         }
     }
 }
 
-// layernorm_grads adds the warps' partial sums (partial: 2·cols floats a
-// warp, dγ's then dβ's) a stretch at a time: block (x, y) sums 32 columns
-// over the warps y·warps/splits.. into row y of dg and db (stride floats
-// apart): the stretches' sums side by side (dg and db the two halves of
-// rows of 2·cols), or with one stretch the gradients themselves. Its eight
-// warps take every eighth warp's row, then the eight sums are added in
-// order.
-extern "C" __global__ void layernorm_grads(int warps, int cols, int splits, const float* partial, float* dg, float* db, int stride) {
-    __shared__ float acc[2][8][33];
+// layernorm_grads adds the warps' partial sums (partial: sets·cols floats
+// a warp, dγ's, dβ's and, with three sets, dx's) a stretch at a time:
+// block (x, y) sums 32 columns over the warps y·warps/splits.. into row y
+// of dg, db and ds (stride floats apart): the stretches' sums side by side
+// (dg, db and ds the parts of rows of sets·cols), or with one stretch the
+// gradients themselves. Its eight warps take every eighth warp's row, then
+// the eight sums are added in order.
+extern "C" __global__ void layernorm_grads(int warps, int cols, int splits, int sets, const float* partial, float* dg,
+                                           float* db, float* ds, int stride) {
+    __shared__ float acc[3][8][33];
     int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx, y = blockIdx.y;
     int w0 = (int)((i64)y * warps / splits), w1 = (int)((i64)(y + 1) * warps / splits);
-    float sg = 0.f, sb = 0.f;
+    float sg = 0.f, sb = 0.f, sd = 0.f;
     if (j < cols) {
         for (int w = w0 + ty; w < w1; w += 8) {
-            sg += partial[(i64)w * 2 * cols + j];
-            sb += partial[(i64)w * 2 * cols + cols + j];
+            const float* pw = partial + (i64)w * sets * cols + j;
+            sg += pw[0];
+            sb += pw[cols];
+            if (sets == 3) sd += pw[2 * cols];
         }
     }
     acc[0][ty][tx] = sg;
     acc[1][ty][tx] = sb;
+    acc[2][ty][tx] = sd;
     __syncthreads();
     if (ty == 0 && j < cols) {
         for (int r = 1; r < 8; r++) {
             sg += acc[0][r][tx];
             sb += acc[1][r][tx];
+            sd += acc[2][r][tx];
         }
         dg[(i64)y * stride + j] = sg;
         db[(i64)y * stride + j] = sb;
+        if (sets == 3) ds[(i64)y * stride + j] = sd;
     }
 }
 
@@ -822,8 +844,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
-                                                 float* partial, int acc, T* rnd) {                             \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);                                 \
+                                                 float* partial, int acc, T* rnd, int sums) {                   \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, sums);                           \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* b, float eps, T* y, float* mean, float* rstd) { \
@@ -831,8 +853,8 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* mean, const float* rstd, const T* dy,       \
-                                                       float* dx, float* partial, int acc, T* rnd) {            \
-        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);                                 \
+                                                       float* dx, float* partial, int acc, T* rnd, int sums) {  \
+        layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, sums);                           \
     }                                                                                                           \
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
                                                T* dst) {                                                        \
