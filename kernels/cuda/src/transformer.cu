@@ -203,7 +203,8 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 
 // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
 // dy·x̂ and dy into its own row of partial (2·cols floats; with SUMS,
-// kernels.LayerNormParams.Sums, 3·cols: also dx as written), which
+// kernels.LayerNormParams.Sums, 3·cols: also dx as written, whose sums a
+// warp keeps in shared memory, the registers being taken), which
 // layernorm_grads sums over the warps in order. Rows of up to
 // LN_REG_COLS columns keep a warp's sums in registers (the columns as
 // layernorm_fwd_reg's) and write them once; longer rows add into partial
@@ -217,14 +218,19 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // to O.
 template <int VEC, int PER, bool SUMS, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                                  const O* dy, T* dx, float* partial, int acc, O* rnd) {
+                                  const O* dy, T* dx, float* partial, int acc, O* rnd, float* pd) {
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int w = blockIdx.x * warps + (threadIdx.x >> 5);
-    float pg[PER][VEC], pb[PER][VEC], pd[SUMS ? PER : 1][VEC];
+    float pg[PER][VEC], pb[PER][VEC];
 #pragma unroll
-    for (int k = 0; k < PER; k++)
+    for (int k = 0; k < PER; k++) {
+        int j = VEC * (lane + 32 * k);
 #pragma unroll
-        for (int e = 0; e < VEC; e++) pg[k][e] = pb[k][e] = pd[SUMS ? k : 0][e] = 0.f;
+        for (int e = 0; e < VEC; e++) {
+            pg[k][e] = pb[k][e] = 0.f;
+            if (SUMS && j < cols) pd[j + e] = 0.f;
+        }
+    }
     for (int r = w; r < rows; r += gridDim.x * warps) {
         const T* xr = x + (i64)r * cols;
         const O* gr = dy + (i64)r * cols;
@@ -280,7 +286,7 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
                 if (rnd) stv<VEC>(rnd, (i64)r * cols + j, o);
                 if (SUMS)
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) pd[SUMS ? k : 0][e] += o[e];
+                    for (int e = 0; e < VEC; e++) pd[j + e] += o[e];
             }
         }
     }
@@ -293,7 +299,7 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
             for (int e = 0; e < VEC; e++) {
                 pw[j + e] = pg[k][e];
                 pw[cols + j + e] = pb[k][e];
-                if (SUMS) pw[2 * cols + j + e] = pd[SUMS ? k : 0][e];
+                if (SUMS) pw[2 * cols + j + e] = pd[j + e];
             }
     }
 }
@@ -302,12 +308,14 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial, int acc, O* rnd, int sums) {
     if (cols <= LN_REG_COLS) {
-#define LN_BWD(VEC, PER)                                                                                   \
-    do {                                                                                                   \
-        if (sums)                                                                                          \
-            layernorm_bwd_reg<VEC, PER, true>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd);  \
-        else                                                                                               \
-            layernorm_bwd_reg<VEC, PER, false>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd); \
+        __shared__ float dsums[LN_WARPS * LN_REG_COLS]; // with sums, a row a warp, each lane's columns its own
+        float* pd = dsums + (threadIdx.x >> 5) * cols;
+#define LN_BWD(VEC, PER)                                                                                       \
+    do {                                                                                                       \
+        if (sums)                                                                                              \
+            layernorm_bwd_reg<VEC, PER, true>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, pd);  \
+        else                                                                                                   \
+            layernorm_bwd_reg<VEC, PER, false>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, pd); \
     } while (0)
         LN_REG(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), LN_BWD);
 #undef LN_BWD
