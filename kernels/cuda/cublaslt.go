@@ -19,9 +19,10 @@ import (
 // derivative from that matrix into the product's own kernel. A 16-bit
 // product's bias is of its dtype (cuBLASLt's heuristic refuses an F32 one
 // with CUBLAS_STATUS_INVALID_VALUE on the H200 with cuBLAS 13, even with
-// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE set to it): the F32 bias
-// is cast into a scratch vector first, one small launch, as PyTorch's
-// autocast casts it. cuBLASLt can also fuse the bias gradients (BGRADB,
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE set to it): an F32 bias is cast
+// into a scratch vector first, one small launch, as PyTorch's autocast
+// casts it, unless the caller gives it in C's dtype (autograd's copies,
+// cast with the weights at once). cuBLASLt can also fuse the bias gradients (BGRADB,
 // DGELU_BGRAD), but they are not fused by default (ltSums): on the H200
 // (BenchmarkCUDAGemmEpilogues, GPT-2 small's shapes in BF16, the timed
 // algorithms, each time with the column sums of reduce_cols when unfused)
