@@ -33,6 +33,22 @@ func Autocast(dev *tensor.Device, dt tensor.DType, f func()) {
 	f()
 }
 
+// LossScaled runs f, a forward on dev whose loss will be multiplied by
+// scale (F32, one value on the device: a GradScaler's scale) before
+// Backward, with the scale known to the loss ops that make their
+// gradients in the forward (ClassifierLoss): they make them for the
+// scaled loss, so that no pass of the backward multiplies them by it.
+func LossScaled(dev *tensor.Device, scale *T, f func()) {
+	if scale.DType() != tensor.F32 || scale.Numel() != 1 {
+		panic(fmt.Sprintf("autograd: LossScaled by a %v %v tensor: want one f32 value", scale.DType(), scale.Shape()))
+	}
+	m := dev.Modes()
+	outer := m.LossScale
+	m.LossScale = scale
+	defer func() { m.LossScale = outer }()
+	f()
+}
+
 // AutocastEnabled reports whether Autocast is in effect on dev (nil: no).
 func AutocastEnabled(dev *tensor.Device) bool { return dev != nil && dev.Modes().Autocast > 0 }
 

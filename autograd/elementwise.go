@@ -203,7 +203,9 @@ func binary(op kernels.BinaryOp, a, b *T) *T {
 				grads[1] = reduce(gb, bShape, bType)
 			}
 		case kernels.Mul:
-			if rec.needs(0) {
+			if rec.needs(0) && rec.isSeed(g) && slices.Equal(bs.Shape(), aShape) && bs.DType() == aType {
+				grads[0] = bs.View(aShape...) // 1·b: b itself (a loss times a GradScaler's scale)
+			} else if rec.needs(0) {
 				t := binaryRaw(kernels.Mul, g, bs)
 				grads[0] = reduce(t, aShape, aType)
 				t.Release()

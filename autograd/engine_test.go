@@ -839,7 +839,10 @@ func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend)
 // gradients its forward made by the loss's gradient, and with Backward's
 // implied one (the loss the root, the graph freed as it goes) hands them
 // on as they are: no multiplication, no table-sized allocation, the same
-// bits. A retained graph keeps them for the next pass.
+// bits. A retained graph keeps them for the next pass. Made inside
+// LossScaled for the loss times a GradScaler's scale, they are handed on
+// when that product is the root, and scaled by the loss's gradient over
+// the scale otherwise.
 func TestClassifierHandsOnItsGradients(t *testing.T) {
 	const vocab, dim, n = 37, 16, 24
 	type result struct {
@@ -847,7 +850,7 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 		muls      int
 		allocated int64
 	}
-	run := func(backward func(loss *tensor.Tensor)) result {
+	run := func(scale float32, backward func(loss, scale *tensor.Tensor)) result {
 		mc := &mulCounter{Backend: cpu.New()}
 		dev := tensor.NewDevice(mc)
 		dev.Generator().Seed(4)
@@ -861,30 +864,44 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 		}
 		var r result
 		dev.WithScope(func() {
-			loss, _ := ag.ClassifierLoss(h, w, tensor.FromInt32(dev, labels, n))
+			var loss, s *tensor.Tensor
+			forward := func() { loss, _ = ag.ClassifierLoss(h, w, tensor.FromInt32(dev, labels, n)) }
+			if scale != 0 {
+				s = tensor.FromFloat32(dev, []float32{scale}, 1)
+				ag.LossScaled(dev, s, forward)
+			} else {
+				forward()
+			}
 			before := dev.Allocator().Stats().Allocated[memory.All].Allocated
-			backward(loss)
+			mc.muls = 0
+			backward(loss, s)
 			r.allocated = dev.Allocator().Stats().Allocated[memory.All].Allocated - before
 		})
 		r.dw, r.dh, r.muls = w.Grad().Float32s(), h.Grad().Float32s(), mc.muls
 		return r
 	}
-	implied := run(func(loss *tensor.Tensor) { ag.Backward(loss) })
+	implied := run(0, func(loss, _ *tensor.Tensor) { ag.Backward(loss) })
 	for _, tc := range []struct {
 		name     string
-		backward func(loss *tensor.Tensor)
+		scale    float32 // LossScaled's (0: none)
+		backward func(loss, scale *tensor.Tensor)
 		times    float32 // the gradients, as multiples of the implied pass's
 		muls     int
 	}{
-		{"explicit one", func(loss *tensor.Tensor) { ag.Backward(loss, ag.WithGrad(tensor.Ones(loss.Device(), tensor.F32, 1))) }, 1, 2},
-		{"scaled", func(loss *tensor.Tensor) { ag.Backward(ag.Scale(loss, 2)) }, 2, 2},
-		{"retained, twice", func(loss *tensor.Tensor) {
+		{"explicit one", 0, func(loss, _ *tensor.Tensor) { ag.Backward(loss, ag.WithGrad(tensor.Ones(loss.Device(), tensor.F32, 1))) }, 1, 2},
+		{"scaled", 0, func(loss, _ *tensor.Tensor) { ag.Backward(ag.Scale(loss, 2)) }, 2, 2},
+		{"retained, twice", 0, func(loss, _ *tensor.Tensor) {
 			ag.Backward(loss, ag.RetainGraph())
 			ag.Backward(loss)
 		}, 2, 2},
+		// The loss times the scale is one multiplication; the backward
+		// makes none, or, with the root's gradient a half, the product's
+		// and the classifier's two.
+		{"loss-scaled", 1024, func(loss, s *tensor.Tensor) { ag.Backward(ag.Mul(loss, s)) }, 1024, 1},
+		{"loss-scaled, half a batch", 1024, func(loss, s *tensor.Tensor) { ag.Backward(ag.Scale(ag.Mul(loss, s), 0.5)) }, 512, 1 + 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := run(tc.backward)
+			got := run(tc.scale, tc.backward)
 			if got.muls != tc.muls {
 				t.Errorf("%d multiplications, want %d", got.muls, tc.muls)
 			}

@@ -196,7 +196,11 @@ func packed(b kernels.Buf, c int) (q, k, v kernels.Buf) {
 // gradients of the loss with respect to h and w as it goes (the logits are
 // there), keeps them, and the backward scales them by the incoming
 // gradient, or hands them on as they are when that is Backward's implied
-// one (the loss itself the root). Under Autocast the products run in its dtype on copies of h
+// one (the loss itself the root). Inside LossScaled the forward makes
+// them for the loss times the scale (the logits' gradient scaled before
+// it is rounded, as a GradScaler's scaled loss gives it), and a pass
+// whose gradient for the loss is that scale (the loss times it the root)
+// hands them on too. Under Autocast the products run in its dtype on copies of h
 // and w, and the logits are rounded to it (as PyTorch's autocast head
 // holds them); w's gradient is computed in F32, not rounded.
 func ClassifierLoss(h, w, labels *T) (loss, right *T) {
@@ -218,6 +222,10 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 	dev := ModeOf(h, w, labels)
 	rec := begin("classifier_loss", h, w, labels)
 	p := kernels.ClassifierParams{N: N, C: C, V: ws[0], Grad: rec != nil}
+	scale := dev.Modes().LossScale // the gradients made for the loss times it
+	if scale != nil && p.Grad {
+		p.GradScale = scale.Buf()
+	}
 	loss, right = tensor.Empty(dev, tensor.F32, 1), tensor.Empty(dev, tensor.F32, 1)
 	var dh, dw *T
 	var dhb, dwb kernels.Buf
@@ -233,15 +241,29 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 	rec.keep(dh)
 	rec.keep(dw)
 	hType := h.DType()
+	var scaledBy *T // the loss gradient the forward made the gradients for: one, or the loss scale
+	if p.GradScale.Valid() {
+		scaledBy = rec.save(scale)
+	}
 	rec.finish(loss, func(g *T) []*T {
 		grads := make([]*T, 3)
-		// The gradients were made for a loss gradient of one: scaled by g,
-		// or, when g is Backward's implied one, handed on as they are.
+		// The gradients were made for a loss gradient of one (or the loss
+		// scale): scaled by g (over the scale), or handed on as they are
+		// when g is Backward's implied one (or, in a pass so seeded, the
+		// scale itself).
+		f := g
+		switch {
+		case scaledBy == nil && rec.isSeed(g), scaledBy != nil && g.Buf() == scaledBy.Buf() && g.Device().Modes().Seed != nil:
+			f = nil
+		case scaledBy != nil:
+			f = binaryRaw(kernels.Div, g, scaledBy)
+			defer f.Release()
+		}
 		scaled := func(d *T) *T {
-			if rec.isSeed(g) {
+			if f == nil {
 				return rec.takeKept(d)
 			}
-			return binaryRaw(kernels.Mul, d, g)
+			return binaryRaw(kernels.Mul, d, f)
 		}
 		if rec.needs(0) {
 			s := scaled(dh)

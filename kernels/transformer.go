@@ -100,10 +100,16 @@ type AttentionParams struct {
 }
 
 // ClassifierParams describes the fused classifier: N rows of width C
-// against a vocabulary of V, with the gradients when Grad is set.
+// against a vocabulary of V, with the gradients when Grad is set. With
+// GradScale (F32, one value; or invalid) the gradients are those of the
+// loss multiplied by GradScale[0], read on the device (a GradScaler's
+// scale): the logits' gradient is scaled (and divided by N) before a
+// backend rounds it to the logits' dtype, as an autocast loss's scaled
+// gradient reaches a 16-bit head.
 type ClassifierParams struct {
-	N, C, V int
-	Grad    bool
+	N, C, V   int
+	Grad      bool
+	GradScale Buf
 }
 
 // Slice is the view of n elements of b from element off on.
@@ -213,6 +219,10 @@ func CheckClassifier(p ClassifierParams, h, w, labels, loss, right, dh, dw Buf) 
 		CheckLen("classifier input gradient", p.N*p.C, dh)
 		CheckLen("classifier weight gradient", p.V*p.C, dw)
 		CheckF32("classifier gradients", dh, dw)
+	}
+	if p.GradScale.Valid() {
+		CheckLen("classifier gradient scale", 1, p.GradScale)
+		CheckF32("classifier gradient scale", p.GradScale)
 	}
 }
 

@@ -66,6 +66,18 @@ func (s *GradScaler) Scale() float64 { return float64(s.scale.Item()) }
 // Skipped reads from the device how many steps were skipped so far.
 func (s *GradScaler) Skipped() int { return int(s.skipped.Item()) }
 
+// Forward runs f, the forward on dev (the handle it runs on) whose loss
+// ScaleLoss will scale, with the scale known to the loss ops that make
+// their gradients in the forward (autograd.LossScaled), which then make
+// them for the scaled loss; disabled, it runs f.
+func (s *GradScaler) Forward(dev *tensor.Device, f func()) {
+	if !s.enabled {
+		f()
+		return
+	}
+	ag.LossScaled(dev, s.scale, f)
+}
+
 // ScaleLoss returns loss·scale (recorded, so the gradients are scaled; the
 // scale is read on the device), or loss itself (a new handle) when the
 // scaler is disabled.

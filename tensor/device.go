@@ -62,6 +62,11 @@ type Modes struct {
 	// ok false when it failed: autograd's gradients gathered to be added to
 	// the parameters' at once.
 	PassEnd []func(ok bool)
+	// LossScale is what the loss a running forward computes will be
+	// multiplied by before Backward (a GradScaler's scale; autograd's
+	// LossScaled): a loss op that makes its gradients in the forward
+	// makes them for the scaled loss (nil: none).
+	LossScale *Tensor
 	// Seed is the running Backward's implied gradient of its scalar root
 	// (a one), while the pass frees the graph as it goes (no RetainGraph):
 	// a backward that receives this very tensor need not scale by it, and

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
@@ -113,5 +115,51 @@ func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mo
 				t.Errorf("the gradient norm %v is not above the clip of 0.5: the test does not clip", en)
 			}
 		})
+	}
+}
+
+// mulCounter counts the backend's multiplications of n elements.
+type mulCounter struct {
+	kernels.Backend
+	n, muls int
+}
+
+func (c *mulCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
+	if op == kernels.Mul && y.N == c.n {
+		c.muls++
+	}
+	c.Backend.Binary(op, y, a, b, bc)
+}
+
+// TestGPTStepScalesTheClassifierInItsForward: in an fp16 step the
+// classifier makes its gradients for the loss times the GradScaler's
+// scale (GradScaler.Forward), and the backward multiplies no gradient of
+// its table's size by the scale.
+func TestGPTStepScalesTheClassifierInItsForward(t *testing.T) {
+	const T, V, C = 8, 37, 16
+	mc := &mulCounter{Backend: cpu.New(), n: V * C}
+	dev := tensor.NewDevice(mc)
+	xs, ys := tokenBatches(dev, 2, 2, T, V, 1)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 1, Heads: 2, Width: C, Vocab: V, Context: T})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nn.Release(g)
+	opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
+	defer opt.Release()
+	s := NewStep(dev, g, opt, tensor.F16, Eager)
+	defer s.Release()
+	if !s.Scaler.Enabled() {
+		t.Fatal("an fp16 step without a GradScaler")
+	}
+	for i := range xs {
+		if err := s.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mc.muls != 0 {
+		t.Errorf("the steps multiplied %d tensors of the token table's %d elements, want none", mc.muls, V*C)
 	}
 }

@@ -690,9 +690,10 @@ func (s *Step) markParameterGradients() {
 	}
 }
 
-// forward runs the model's objective, under autocast with AMP.
+// forward runs the model's objective, under autocast with AMP, with the
+// loss scale known to it (GradScaler.Forward).
 func (s *Step) forward(x, y *tensor.Tensor) (loss, right *tensor.Tensor, n int) {
-	run := func() { loss, right, n = s.Model.Loss(x, y) }
+	run := func() { s.Scaler.Forward(s.dev, func() { loss, right, n = s.Model.Loss(x, y) }) }
 	if s.autocast != 0 {
 		ag.Autocast(s.dev, s.autocast, run)
 	} else {

@@ -342,6 +342,9 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	var total float64
 	count := 0
 	inv := 1 / float32(p.N)
+	if p.GradScale.Valid() && p.Grad { // the logits' gradient stays F32 here: the scale joins 1/N
+		inv *= f32s(p.GradScale)[0]
+	}
 	for r0 := 0; r0 < p.N; r0 += m {
 		rows := min(m, p.N-r0)
 		// logits = h[r0:r0+rows]·wᵀ

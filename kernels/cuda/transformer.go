@@ -153,6 +153,8 @@ type (
 		Z, Labels, RowLoss, RowRight uintptr
 		Grad                         int32
 		Dz                           uintptr
+		Scale                        uintptr // kernels.ClassifierParams.GradScale, or 0
+		Inv                          float32 // 1/N, which the rows take with a scale
 	}
 	clsFinishArgs struct {
 		N                           int32
@@ -559,7 +561,13 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	rows := b.workspace(int64(p.N) * 8)
 	defer b.alloc.Free(rows)
 	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
-	inv := 1 / float32(p.N)
+	// The products scale the logits' gradient by 1/N, or with a gradient
+	// scale, which the host does not know, the rows kernel does, by
+	// scale/N, before rounding it (cls_scale).
+	inv, alpha := 1/float32(p.N), 1/float32(p.N)
+	if p.GradScale.Valid() {
+		alpha = 1
+	}
 	type part struct{ lo, n int } // a stretch of the vocabulary
 	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
 	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
@@ -573,7 +581,8 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
 			}
 		}
-		args := clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr()}
+		args := clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr(),
+			ptrOf(p.GradScale), inv}
 		if stash > 0 {
 			kClsRowsStash.launchShared(b, s, dims{uint32(n), 1, clsThreads}, stash, args)
 		} else {
@@ -592,9 +601,9 @@ func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 				continue
 			}
 			dzv := z.Addr() + uintptr(int64(v.lo)*es)
-			b.gemm(gemmCall{m: n, n: p.C, k: v.n, alpha: inv, beta: dhBeta, a: dzv, b: wAt(v.lo), c: ptrOf(dh) + uintptr(r0*p.C*4),
+			b.gemm(gemmCall{m: n, n: p.C, k: v.n, alpha: alpha, beta: dhBeta, a: dzv, b: wAt(v.lo), c: ptrOf(dh) + uintptr(r0*p.C*4),
 				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
-			b.gemm(gemmCall{transA: true, m: v.n, n: p.C, k: n, alpha: inv, beta: beta, a: dzv, b: hc, c: ptrOf(dw) + uintptr(v.lo*p.C*4),
+			b.gemm(gemmCall{transA: true, m: v.n, n: p.C, k: n, alpha: alpha, beta: beta, a: dzv, b: hc, c: ptrOf(dw) + uintptr(v.lo*p.C*4),
 				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
 			dhBeta = 1
 		}

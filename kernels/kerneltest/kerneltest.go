@@ -1140,16 +1140,25 @@ var cases = []testCase{
 					lv[i] = float32(s.rng.IntN(c.V))
 				}
 				labels := s.in(kernels.I32, lv)
-				for _, grad := range []bool{false, true} {
+				// Without gradients, with them, and with them for the loss
+				// times a GradScaler's scale: scale times the unscaled ones.
+				var plain [2][]float64
+				for _, scale := range []float32{-1, 0, 1024} {
+					grad := scale >= 0
 					p := kernels.ClassifierParams{N: c.N, C: c.C, V: c.V, Grad: grad}
+					pr := p
+					if scale > 0 {
+						gs := s.in(kernels.F32, []float32{scale})
+						p.GradScale, pr.GradScale = gs.got, gs.ref
+					}
 					loss, right := s.out(kernels.F32, 1), s.out(kernels.F32, 1)
 					var dh, dw pair
 					if grad {
 						dh, dw = s.out(kernels.F32, c.N*c.C), s.out(kernels.F32, c.V*c.C)
 					}
 					s.got.ClassifierLoss(p, h.got, w.got, labels.got, loss.got, right.got, dh.got, dw.got)
-					s.ref.ClassifierLoss(p, h.ref, w.ref, labels.ref, loss.ref, right.ref, dh.ref, dw.ref)
-					what := fmt.Sprintf("%v %+v grad %v", dt, c, grad)
+					s.ref.ClassifierLoss(pr, h.ref, w.ref, labels.ref, loss.ref, right.ref, dh.ref, dw.ref)
+					what := fmt.Sprintf("%v %+v grad %v scale %v", dt, c, grad, scale)
 					s.check("classifier loss "+what, loss, TolAccumulate)
 					s.check("classifier right "+what, right, 0)
 					if grad {
@@ -1164,6 +1173,21 @@ var cases = []testCase{
 						}
 						s.check("classifier dh "+what, dh, tol)
 						s.check("classifier dw "+what, dw, tol)
+						for i, d := range []pair{dh, dw} {
+							got := s.read(d.got, s.got)
+							if scale == 0 {
+								plain[i] = got
+								continue
+							}
+							var num, den float64
+							for j, v := range got {
+								e := v/float64(scale) - plain[i][j]
+								num, den = num+e*e, den+plain[i][j]*plain[i][j]
+							}
+							if math.Sqrt(num) > tol*math.Sqrt(den)+1e-30 {
+								s.t.Errorf("%s: classifier gradient %d %s is not %v times the unscaled one (relative error %.3g)", s.got.Name(), i, what, scale, math.Sqrt(num/den))
+							}
+						}
 					}
 				}
 			}

@@ -583,18 +583,24 @@ __device__ float cls_row_end(int V, int j0, const T* zr, int y, float m, float s
 }
 
 // cls_grad_end writes the softmax of the row's values from j0 on, a value
-// at a time, then the label's −1 once every thread has written its part.
-template <typename T> __device__ void cls_grad_end(int V, int j0, const T* zr, T* dr, int y, float zy, float ll) {
-    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, ex2(fmaf(ld(zr, j), LOG2E, -ll)));
+// at a time, then the label's −1 once every thread has written its part,
+// each times k (1, or a GradScaler's scale over the rows: cls_scale).
+template <typename T> __device__ void cls_grad_end(int V, int j0, const T* zr, T* dr, int y, float zy, float ll, float k) {
+    for (int j = j0 + threadIdx.x; j < V; j += blockDim.x) st(dr, j, k * ex2(fmaf(ld(zr, j), LOG2E, -ll)));
     if (y >= 0 && y < V) {
         __syncthreads();
-        if (threadIdx.x == 0) st(dr, y, ex2(fmaf(zy, LOG2E, -ll)) - 1.f);
+        if (threadIdx.x == 0) st(dr, y, k * (ex2(fmaf(zy, LOG2E, -ll)) - 1.f));
     }
 }
 
+// cls_scale is what the logits' gradient is multiplied by before it is
+// rounded: 1, or with a gradient scale gs (kernels.ClassifierParams) gs/N,
+// the products then taking α = 1 instead of 1/N.
+__device__ __forceinline__ float cls_scale(const float* gs, float inv) { return gs ? gs[0] * inv : 1.f; }
+
 template <typename T>
 __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
-                         T* dz) {
+                         T* dz, const float* gs, float inv) {
     int r = blockIdx.x;
     const T* zr = z + (i64)r * ldz;
     // One pass for the maximum, its first index and the sum of exponentials
@@ -618,18 +624,18 @@ __device__ void cls_rows(int V, int ldz, int r0, const T* z, const int* labels, 
     if (!grad) return;
     // The softmax, 2^(z·log2 e − lse·log2 e); then the label's −1.
     T* dr = dz + (i64)r * ldz;
-    float ll = lse * LOG2E;
+    float ll = lse * LOG2E, k = cls_scale(gs, inv);
     j0 = 0;
     if (vec && vec4(dr)) {
         j0 = V / 4 * 4;
         for (int j = 4 * threadIdx.x; j < j0; j += 4 * blockDim.x) {
             float v[4];
             ld4(zr, j, v);
-            for (int e = 0; e < 4; e++) v[e] = ex2(fmaf(v[e], LOG2E, -ll));
+            for (int e = 0; e < 4; e++) v[e] = k * ex2(fmaf(v[e], LOG2E, -ll));
             st4(dr, j, v);
         }
     }
-    cls_grad_end(V, j0, zr, dr, y, zy, ll);
+    cls_grad_end(V, j0, zr, dr, y, zy, ll, k);
 }
 
 // Sixteen bytes of T: Vec16<T>::E values, unpacked to float and packed back
@@ -682,7 +688,7 @@ template <> struct Vec16<f16> {
 // multiprocessor) outgrew it.
 template <typename T>
 __device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* labels, float* rowloss, float* rowright, int grad,
-                               T* dz) {
+                               T* dz, const float* gs, float inv) {
     extern __shared__ uint4 stash[];
     typedef Vec16<T> W;
     int r = blockIdx.x, groups = V / W::E;
@@ -701,16 +707,16 @@ __device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* la
     float zy, lse = cls_row_end(V, groups * W::E, zr, y, m, s, arg, zy, rowloss + r0 + r, rowright + r0 + r);
     if (!grad) return;
     T* dr = dz + (i64)r * ldz;
-    float ll = lse * LOG2E;
+    float ll = lse * LOG2E, k = cls_scale(gs, inv);
 #pragma unroll 4
     for (int i = threadIdx.x; i < groups; i += blockDim.x) {
         float v[W::E];
         W::unpack(stash[i], v);
 #pragma unroll
-        for (int e = 0; e < W::E; e++) v[e] = ex2(fmaf(v[e], LOG2E, -ll));
+        for (int e = 0; e < W::E; e++) v[e] = k * ex2(fmaf(v[e], LOG2E, -ll));
         ((uint4*)dr)[i] = W::pack(v);
     }
-    cls_grad_end(V, groups * W::E, zr, dr, y, zy, ll);
+    cls_grad_end(V, groups * W::E, zr, dr, y, zy, ll, k);
 }
 
 // The mean loss and the right count, summed in one block in a fixed order.
@@ -893,11 +899,13 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
     extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
-                                            float* rowloss, float* rowright, int grad, T* dz) {                 \
-        cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                           \
+                                            float* rowloss, float* rowright, int grad, T* dz, const float* gs,  \
+                                            float inv) {                                                        \
+        cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz, gs, inv);                                  \
     }                                                                                                           \
     extern "C" __global__ void cls_rows_stash_##S(int V, int ldz, int r0, const T* z, const int* labels,        \
-                                                  float* rowloss, float* rowright, int grad, T* dz) {           \
-        cls_rows_stash(V, ldz, r0, z, labels, rowloss, rowright, grad, dz);                                     \
+                                                  float* rowloss, float* rowright, int grad, T* dz,             \
+                                                  const float* gs, float inv) {                                 \
+        cls_rows_stash(V, ldz, r0, z, labels, rowloss, rowright, grad, dz, gs, inv);                            \
     }
 FOR_TYPES(TRANSFORMER)
