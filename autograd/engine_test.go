@@ -888,7 +888,9 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 		times    float32 // the gradients, as multiples of the implied pass's
 		muls     int
 	}{
-		{"explicit one", 0, func(loss, _ *tensor.Tensor) { ag.Backward(loss, ag.WithGrad(tensor.Ones(loss.Device(), tensor.F32, 1))) }, 1, 2},
+		{"explicit one", 0, func(loss, _ *tensor.Tensor) {
+			ag.Backward(loss, ag.WithGrad(tensor.Ones(loss.Device(), tensor.F32, 1)))
+		}, 1, 2},
 		{"scaled", 0, func(loss, _ *tensor.Tensor) { ag.Backward(ag.Scale(loss, 2)) }, 2, 2},
 		{"retained, twice", 0, func(loss, _ *tensor.Tensor) {
 			ag.Backward(loss, ag.RetainGraph())
