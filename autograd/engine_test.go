@@ -851,7 +851,7 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 		allocated int64
 	}
 	run := func(scale float32, backward func(loss, scale *tensor.Tensor)) result {
-		mc := &mulCounter{Backend: cpu.New()}
+		mc := &binaryCounter{Backend: cpu.New(), op: kernels.Mul}
 		dev := tensor.NewDevice(mc)
 		dev.Generator().Seed(4)
 		w := tensor.Randn(dev, tensor.F32, 0, 1, vocab, dim).SetRequiresGrad(true).Keep()
@@ -873,11 +873,11 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 				forward()
 			}
 			before := dev.Allocator().Stats().Allocated[memory.All].Allocated
-			mc.muls = 0
+			mc.n = 0
 			backward(loss, s)
 			r.allocated = dev.Allocator().Stats().Allocated[memory.All].Allocated - before
 		})
-		r.dw, r.dh, r.muls = w.Grad().Float32s(), h.Grad().Float32s(), mc.muls
+		r.dw, r.dh, r.muls = w.Grad().Float32s(), h.Grad().Float32s(), mc.n
 		return r
 	}
 	implied := run(0, func(loss, _ *tensor.Tensor) { ag.Backward(loss) })
@@ -927,28 +927,16 @@ func TestClassifierHandsOnItsGradients(t *testing.T) {
 	}
 }
 
-// mulCounter counts the backend's multiplications.
-type mulCounter struct {
+// binaryCounter counts the backend's binaries of one op.
+type binaryCounter struct {
 	kernels.Backend
-	muls int
+	op kernels.BinaryOp
+	n  int
 }
 
-func (c *mulCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
-	if op == kernels.Mul {
-		c.muls++
-	}
-	c.Backend.Binary(op, y, a, b, bc)
-}
-
-// addCounter counts the backend's additions.
-type addCounter struct {
-	kernels.Backend
-	adds int
-}
-
-func (c *addCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
-	if op == kernels.Add {
-		c.adds++
+func (c *binaryCounter) Binary(op kernels.BinaryOp, y, a, b kernels.Buf, bc kernels.Broadcast) {
+	if op == c.op {
+		c.n++
 	}
 	c.Backend.Binary(op, y, a, b, bc)
 }
@@ -976,7 +964,7 @@ func TestUnread(t *testing.T) {
 		}, 0, "mul saves f32 [5], the result of add, which a checkpoint's recomputation left unwritten"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cb := &addCounter{Backend: cpu.New()}
+			cb := &binaryCounter{Backend: cpu.New(), op: kernels.Add}
 			dev := tensor.NewDevice(cb)
 			rng := rand.New(rand.NewPCG(3, 4))
 			vals := func() []float32 {
@@ -1008,12 +996,12 @@ func TestUnread(t *testing.T) {
 				return
 			}
 			x0, c0 := run(false)
-			plain := cb.adds
+			plain := cb.n
 			x1, c1 := run(true)
 			if !slices.Equal(x0, x1) || !slices.Equal(c0, c1) {
 				t.Errorf("checkpointed gradients %v, %v; unchecked %v, %v", x1, c1, x0, c0)
 			}
-			if extra := cb.adds - 2*plain; extra != tc.extra {
+			if extra := cb.n - 2*plain; extra != tc.extra {
 				t.Errorf("%d additions recomputed, want %d", extra, tc.extra)
 			}
 		})
