@@ -94,59 +94,77 @@ func Target(arch string, nvrtcMajor int) string {
 // Compile compiles src for arch ("sm_90") with NVRTC and returns the CUBIN.
 // A compilation failure returns a *CompileError holding NVRTC's log.
 func Compile(src, arch string) ([]byte, error) {
-	return compile(src, "--gpu-architecture="+arch, arch, false)
+	cubin, _, err := compile(src, arch, false)
+	return cubin, err
 }
 
 // CompilePTX compiles src for the virtual architecture arch ("compute_90")
 // and returns the PTX, as text: what the tests read the kernels'
 // parameter lists from.
 func CompilePTX(src, arch string) (string, error) {
-	ptx, err := compile(src, "--gpu-architecture="+arch, arch, true)
+	ptx, _, err := compile(src, arch, true)
 	return strings.TrimRight(string(ptx), "\x00"), err
 }
 
-func compile(src, archOpt, arch string, ptx bool) ([]byte, error) {
-	n, err := loadNVRTC()
+// KernelResources compiles src for arch ("sm_90") and returns what ptxas
+// gave each kernel, in the order it compiled them: registers, spills and
+// static shared memory (KernelUse), from its verbose log.
+func KernelResources(src, arch string) ([]KernelUse, error) {
+	_, log, err := compile(src, arch, false, "--ptxas-options=-v")
 	if err != nil {
 		return nil, err
+	}
+	return ParsePtxasLog(log), nil
+}
+
+// compile runs NVRTC on src for arch with extra options, returning the
+// CUBIN (or, with ptx, the PTX) and NVRTC's log.
+func compile(src, arch string, ptx bool, extra ...string) (out []byte, log string, err error) {
+	n, err := loadNVRTC()
+	if err != nil {
+		return nil, "", err
 	}
 	var prog uintptr
 	csrc, cname := cBytes(src), cBytes("leangrad.cu")
 	if err := n.check("nvrtcCreateProgram", n.createProgram(unsafe.Pointer(&prog),
 		unsafe.Pointer(&csrc[0]), unsafe.Pointer(&cname[0]), 0, nil, nil)); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer n.destroyProgram(unsafe.Pointer(&prog))
 	// The option strings are reached through an array of pointers: pin them
 	// so that they are on the heap, unmoving, for the call.
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	opts := [][]byte{cBytes(archOpt), cBytes("--std=c++17")}
+	opts := [][]byte{cBytes("--gpu-architecture=" + arch), cBytes("--std=c++17")}
+	for _, o := range extra {
+		opts = append(opts, cBytes(o))
+	}
 	optPtrs := make([]unsafe.Pointer, len(opts))
 	for i, o := range opts {
 		pin.Pin(&o[0])
 		optPtrs[i] = unsafe.Pointer(&o[0])
 	}
-	if r := n.compileProgram(prog, int32(len(opts)), unsafe.Pointer(&optPtrs[0])); r != 0 {
-		var size uintptr
-		n.getLogSize(prog, unsafe.Pointer(&size))
-		log := make([]byte, size+1)
-		n.getLog(prog, unsafe.Pointer(&log[0]))
-		return nil, &CompileError{Arch: arch, Log: strings.TrimRight(string(log), "\x00")}
+	r := n.compileProgram(prog, int32(len(opts)), unsafe.Pointer(&optPtrs[0]))
+	var size uintptr
+	n.getLogSize(prog, unsafe.Pointer(&size))
+	buf := make([]byte, size+1)
+	n.getLog(prog, unsafe.Pointer(&buf[0]))
+	log = strings.TrimRight(string(buf), "\x00")
+	if r != 0 {
+		return nil, "", &CompileError{Arch: arch, Log: log}
 	}
 	getSize, get, what := n.getCUBINSize, n.getCUBIN, "nvrtcGetCUBIN"
 	if ptx {
 		getSize, get, what = n.getPTXSize, n.getPTX, "nvrtcGetPTX"
 	}
-	var size uintptr
 	if err := n.check(what+"Size", getSize(prog, unsafe.Pointer(&size))); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	out := make([]byte, size)
+	out = make([]byte, size)
 	if err := n.check(what, get(prog, unsafe.Pointer(&out[0]))); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return out, nil
+	return out, log, nil
 }
 
 // cacheDir is where compiled modules are kept: dir (Options.KernelCache)
