@@ -5,7 +5,7 @@
 // any device time is spent on it. The figures are this machine's NVRTC's
 // (its ptxas may allocate otherwise than the GPU machine's, and NVRTC 11
 // compiles sm_90 without the flash kernels' sm_90a path). A kernel's
-// figures are its worst variant's: spills in one template instance (a
+// figures cover every variant it holds: spills in one template instance (a
 // row length GPT-2 never has) show on the whole kernel.
 //
 //	go run ./scripts/kernelres                      # every kernel, for sm_90
