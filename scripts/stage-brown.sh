@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the Brown corpus and its GPT-2 token file (as datasets.OpenBrown
 # finds and writes them: run train -model gpt once here first) into
-# .gpu/brown.tar.xz for scripts/gpu-gpt.sh, and drops the staged
+# .gpu/brown.tar.xz for scripts/gpu-gpt.sh (scripts/gpu-brown.sh unpacks it there), and drops the staged
 # Fashion-MNIST, to stay under the 64 MiB a device run carries.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"

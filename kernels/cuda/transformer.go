@@ -299,7 +299,8 @@ func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 }
 
 // LayerNormBackward computes dx a row per warp, each warp's sums for dγ and
-// dβ in its own row of a workspace, summed over the warps in order.
+// dβ (and, with p.Sums, dx's column sums) in its own row of a workspace,
+// summed over the warps in order.
 func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
 	kernels.CheckLike("layer norm backward dx", x, dx)
