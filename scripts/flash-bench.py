@@ -17,7 +17,9 @@ and the competitor's times (CUDA events, median of --iters).
 For each variant: the relative error of o, lse, dq, dk and dv against the
 float32 reference on fresh random inputs (outputs poisoned with NaN first),
 whether each output equals the first variant's bit for bit, and the median
-device time of flash_fwd, flash_bwd_kv and flash_bwd_q.
+device time of flash_fwd and of the backward: flash_bwd_kv and flash_bwd_q,
+or flash_bwd, the one-kernel backward of the flash.cu files in
+benchmarks/results/2026-12-03-h200-fused-bwd/.
 """
 import argparse
 import ctypes
@@ -77,6 +79,10 @@ def nvrtc_module(src, arch):
     return cp.RawModule(path=path)
 
 
+# flash_bwd's dynamic shared memory: six padded tiles, four rows of floats, 1024 bytes to align.
+BWD_SHARED = 6 * 64 * (64 + 8) * 2 + 4 * 64 * 4 + 1024
+
+
 def macro(text, name, default):
     m = re.search(r"#define %s (\d+)" % name, text)
     return int(m.group(1)) if m else default
@@ -90,6 +96,7 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--torch", action="store_true", help="time PyTorch's SDPA backends too")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--carveout", type=int, help="flash_bwd's preferred shared memory carveout, percent")
     ap.add_argument("variants", nargs="+",
                     help="name=flash.cu[@MACRO=VALUE,...][%%arch]: each MACRO's #define rewritten; arch sm_90a unless named")
     a = ap.parse_args()
@@ -130,8 +137,22 @@ def main():
         rows, threads = 64 * wg, (128 * wg,)
         mod = nvrtc_module(src, arch or "sm_90a")
         fwd = mod.get_function("flash_fwd_" + a.dtype)
-        bkv = mod.get_function("flash_bwd_kv_" + a.dtype)
-        bq = mod.get_function("flash_bwd_q_" + a.dtype)
+        # Two backward kernels (flash_bwd_kv, then flash_bwd_q) or one
+        # (flash_bwd: dq's shares added in turn).
+        try:
+            bwd = mod.get_function("flash_bwd_" + a.dtype)
+            bwd.max_dynamic_shared_size_bytes = BWD_SHARED
+            if a.carveout is not None:
+                bwd.preferred_shared_memory_carveout = a.carveout
+            try:
+                occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(bwd.kernel.ptr, 128, BWD_SHARED)
+                print("%s: flash_bwd holds %d blocks a multiprocessor at most" % (name, occ), flush=True)
+            except Exception as e:
+                print("%s: no occupancy: %s" % (name, e), flush=True)
+        except cp.cuda.driver.CUDADriverError:
+            bwd = None
+            bkv = mod.get_function("flash_bwd_kv_" + a.dtype)
+            bq = mod.get_function("flash_bwd_q_" + a.dtype)
         o = torch.full((B, T, H, D), float("nan"), device="cuda", dtype=dt)
         lse = torch.full((B * H, T), float("nan"), device="cuda")
         dqkv = torch.full((B, T, 3, H, D), float("nan"), device="cuda", dtype=dt)
@@ -151,14 +172,29 @@ def main():
         common = (i32(B), i32(H), i32(T), f32(scale)) + qa + ka + va + doa + (ptr(lse), ptr(dvec))
         grid = ((T + rows - 1) // rows, B * H)
 
+        tiles = (T + 63) // 64
+        dqacc = torch.full((B * H * T * D,), float("nan"), device="cuda")
+        # flash_bwd's counters: one a warp's rows of a tile, and one more for
+        # the ticket probe of flash-warp-turns-probes.cu.
+        turn = torch.zeros(B * H * tiles * 4 + 1, device="cuda", dtype=torch.int32)
+
+        def run_bwd():  # the turns zeroed as the Go side does, then flash_bwd
+            turn.zero_()
+            bwd((tiles, B * H), (128,),
+                common + (ptr(dqkv), i32(row), i64(batch), ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row),
+                          i64(batch), ptr(dqacc), ptr(turn)), shared_mem=BWD_SHARED)
+
         def run_kv():
             bkv(grid, threads, common + (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch)))
 
         def run_q():
             bq(grid, threads, common + (ptr(dqkv), i32(row), i64(batch)))
 
-        run_kv()
-        run_q()
+        if bwd:
+            run_bwd()
+        else:
+            run_kv()
+            run_q()
         torch.cuda.synchronize()
         out = {"o": o.permute(0, 2, 1, 3), "lse": lse.view(B, H, T)}
         for i, g in enumerate(("dq", "dk", "dv")):
@@ -168,8 +204,11 @@ def main():
             first = {n: x.clone() for n, x in out.items()}
         r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}
         r["max_diff_vs_first"] = {n: float((x.float() - first[n].float()).abs().max()) for n, x in out.items()}
-        r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd_kv": timed(run_kv, a.iters), "bwd_q": timed(run_q, a.iters)}
-        r["ms"]["bwd"] = r["ms"]["bwd_kv"] + r["ms"]["bwd_q"]
+        if bwd:
+            r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd": timed(run_bwd, a.iters)}
+        else:
+            r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd_kv": timed(run_kv, a.iters), "bwd_q": timed(run_q, a.iters)}
+            r["ms"]["bwd"] = r["ms"]["bwd_kv"] + r["ms"]["bwd_q"]
         r["tflops"] = {"fwd": fwd_flop / r["ms"]["fwd"] / 1e9, "bwd": 2.5 * fwd_flop / r["ms"]["bwd"] / 1e9}
         results[name] = r
         print(name, json.dumps(r), flush=True)
