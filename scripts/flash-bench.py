@@ -18,8 +18,8 @@ For each variant: the relative error of o, lse, dq, dk and dv against the
 float32 reference on fresh random inputs (outputs poisoned with NaN first),
 whether each output equals the first variant's bit for bit, and the median
 device time of flash_fwd and of the backward: flash_bwd_kv and flash_bwd_q,
-or flash_bwd, the one-kernel backward of the flash.cu files in
-benchmarks/results/2026-12-03-h200-fused-bwd/.
+or flash_bwd, the one-kernel backward of scripts/gpu-fused-bwd.sh's
+versions.
 """
 import argparse
 import ctypes
@@ -175,7 +175,7 @@ def main():
         tiles = (T + 63) // 64
         dqacc = torch.full((B * H * T * D,), float("nan"), device="cuda")
         # flash_bwd's counters: one a warp's rows of a tile, and one more for
-        # the ticket probe of flash-warp-turns-probes.cu.
+        # the ticket probe of scripts/gpu-fused-bwd.sh's warp-turns-probes.
         turn = torch.zeros(B * H * tiles * 4 + 1, device="cuda", dtype=torch.int32)
 
         def run_bwd():  # the turns zeroed as the Go side does, then flash_bwd
