@@ -19,7 +19,10 @@ float32 reference on fresh random inputs (outputs poisoned with NaN first),
 whether each output equals the first variant's bit for bit, and the median
 device time of flash_fwd and of the backward: flash_bwd_kv and flash_bwd_q,
 or flash_bwd, the one-kernel backward of scripts/gpu-fused-bwd.sh's
-versions.
+versions. A flash.cu whose flash_bwd_q takes o (it writes Σ do·o for
+flash_bwd_kv, which runs after it) and the blocks' column sums is also
+timed writing the sums (bwd+sums), and the sums are checked against the
+packed gradient's.
 """
 import argparse
 import ctypes
@@ -184,17 +187,40 @@ def main():
                 common + (ptr(dqkv), i32(row), i64(batch), ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row),
                           i64(batch), ptr(dqacc), ptr(turn)), shared_mem=BWD_SHARED)
 
+        # flash_bwd_q writing dvec for flash_bwd_kv (then launched first),
+        # and both the blocks' column sums (rows of 3·C for each batch and
+        # block), or the kernels before them.
+        qfirst = "FlashOperand o," in flash
+        dvw = torch.full((B * H * T,), float("nan"), device="cuda")
+        parts = torch.full((B * grid[0], 3 * C), float("nan"), device="cuda")
+        sums_on = [False]
+
         def run_kv():
-            bkv(grid, threads, common + (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch)))
+            args = common if not qfirst else common[:-1] + (ptr(dvw),)
+            args += (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch))
+            if qfirst:
+                args += (ptr(parts) if sums_on[0] else np.uint64(0),)
+            bkv(grid, threads, args)
 
         def run_q():
-            bq(grid, threads, common + (ptr(dqkv), i32(row), i64(batch)))
+            if not qfirst:
+                bq(grid, threads, common + (ptr(dqkv), i32(row), i64(batch)))
+                return
+            bq(grid, threads, common[:-2] + (ptr(o), i32(C), i64(T * C), ptr(lse), ptr(dvw), ptr(dqkv), i32(row), i64(batch),
+                                            ptr(parts) if sums_on[0] else np.uint64(0)))
+
+        def run_two():
+            if qfirst:
+                run_q()
+                run_kv()
+            else:
+                run_kv()
+                run_q()
 
         if bwd:
             run_bwd()
         else:
-            run_kv()
-            run_q()
+            run_two()
         torch.cuda.synchronize()
         out = {"o": o.permute(0, 2, 1, 3), "lse": lse.view(B, H, T)}
         for i, g in enumerate(("dq", "dk", "dv")):
@@ -203,12 +229,25 @@ def main():
         if first is None:
             first = {n: x.clone() for n, x in out.items()}
         r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}
+        if qfirst:
+            r["err"]["dvec"] = rel(dvw.view(B, H, T), dvec.view(B, H, T))
+            sums_on[0] = True
+            dqkv.fill_(float("nan"))
+            run_two()
+            torch.cuda.synchronize()
+            got = parts.sum(0, dtype=torch.float64)
+            want = dqkv.view(B * T, 3 * C).double().sum(0)
+            r["err"]["sums"] = float((got - want).norm() / want.norm())
+            r["ms_sums"] = timed(run_two, a.iters)
+            sums_on[0] = False
         r["max_diff_vs_first"] = {n: float((x.float() - first[n].float()).abs().max()) for n, x in out.items()}
         if bwd:
             r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd": timed(run_bwd, a.iters)}
         else:
             r["ms"] = {"fwd": timed(run_fwd, a.iters), "bwd_kv": timed(run_kv, a.iters), "bwd_q": timed(run_q, a.iters)}
             r["ms"]["bwd"] = r["ms"]["bwd_kv"] + r["ms"]["bwd_q"]
+            if "ms_sums" in r:
+                r["ms"]["bwd_sums"] = r.pop("ms_sums")
         r["tflops"] = {"fwd": fwd_flop / r["ms"]["fwd"] / 1e9, "bwd": 2.5 * fwd_flop / r["ms"]["bwd"] / 1e9}
         results[name] = r
         print(name, json.dumps(r), flush=True)
@@ -237,6 +276,8 @@ def main():
             continue
         ms = r["ms"]
         bwd = "%.3f" % ms["bwd"] + (" (%.3f + %.3f)" % (ms["bwd_kv"], ms["bwd_q"]) if "bwd_kv" in ms else "")
+        if "bwd_sums" in ms:
+            bwd += ", with sums %.3f" % ms["bwd_sums"]
         err = "%.2e" % max(r["err"].values(), key=lambda e: e if e == e else float("inf")) if "err" in r else "–"
         same = ",".join(n for n, v in r.get("same_bits_as_first", {}).items() if v) or "–"
         print("| %s | %.3f | %s | %.1f | %.1f | %s | %s |" % (name, ms["fwd"], bwd, r["tflops"]["fwd"], r["tflops"]["bwd"], err, same))

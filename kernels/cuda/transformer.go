@@ -126,6 +126,7 @@ type (
 		Dv       uintptr
 		DvRow    int32
 		DvBatch  int64
+		Sums     uintptr // the blocks' column sums, or 0
 	}
 	flashBwdQArgs struct {
 		B, H, Tn int32
@@ -142,11 +143,15 @@ type (
 		Do       uintptr
 		DoRow    int32
 		DoBatch  int64
+		O        uintptr
+		ORow     int32
+		OBatch   int64
 		Lse      uintptr
-		Dvec     uintptr
+		Dvec     uintptr // written
 		Dq       uintptr
 		DqRow    int32
 		DqBatch  int64
+		Sums     uintptr // the blocks' column sums, or 0
 	}
 	clsRowsArgs struct {
 		V, Ld, R0                    int32
@@ -275,6 +280,11 @@ const (
 	lnBlocksPerSM = 2
 )
 
+// lnRegCols is the longest row the layer-norm kernels keep in registers
+// (32 values a lane): their backward adds its sums a block at a time for
+// such rows, a warp at a time for longer ones (LN_REG_COLS).
+const lnRegCols = 1024
+
 // lnSplits is how many stretches of warps the layer-norm backward's sums
 // are added in first, side by side.
 const lnSplits = 32
@@ -298,9 +308,10 @@ func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, 
 		ptrOf(x), ptrOf(gamma), ptrOf(beta), p.Eps, ptrOf(y), ptrOf(mean), ptrOf(rstd)})
 }
 
-// LayerNormBackward computes dx a row per warp, each warp's sums for dγ and
-// dβ (and, with p.Sums, dx's column sums) in its own row of a workspace,
-// summed over the warps in order.
+// LayerNormBackward computes dx a row per warp, the sums for dγ and dβ
+// (and, with p.Sums, dx's column sums) in a row of a workspace for each
+// block (each warp, for rows longer than lnRegCols), summed over the rows
+// in order.
 func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
 	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
 	kernels.CheckLike("layer norm backward dx", x, dx)
@@ -314,30 +325,33 @@ func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, r
 	b.enter()
 	defer b.exit()
 	blocks := b.lnBlocks(p.Rows)
-	warps := blocks * lnWarps
+	parts := blocks * lnWarps // rows of partial sums
+	if p.Cols <= lnRegCols {
+		parts = blocks
+	}
 	sets := int64(2) // dγ's and dβ's partial sums, and dx's for Sums
 	if p.Sums.Valid() {
 		sets = 3
 	}
 	row := sets * int64(p.Cols) // floats
-	ws := b.workspace(int64(warps) * row * 4)
+	ws := b.workspace(int64(parts) * row * 4)
 	defer b.alloc.Free(ws)
 	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
 		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded),
 		boolInt(p.Sums.Valid())})
-	// The warps' sums in two rounds: stretches of warps side by side, then
+	// The rows' sums in two rounds: stretches of rows side by side, then
 	// the stretches in order.
-	parts, splits := ws.Addr(), warps
-	if warps > 4*lnSplits {
+	sums, splits := ws.Addr(), parts
+	if parts > 4*lnSplits {
 		part := b.workspace(int64(lnSplits) * row * 4)
 		defer b.alloc.Free(part)
 		at := func(set int) uintptr { return part.Addr() + uintptr(set*p.Cols*4) }
 		kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256},
-			layerNormGradsArgs{int32(warps), int32(p.Cols), lnSplits, int32(sets), ws.Addr(), at(0), at(1), at(2), int32(row)})
-		parts, splits = part.Addr(), lnSplits
+			layerNormGradsArgs{int32(parts), int32(p.Cols), lnSplits, int32(sets), ws.Addr(), at(0), at(1), at(2), int32(row)})
+		sums, splits = part.Addr(), lnSplits
 	}
 	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256},
-		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, int32(sets), parts, ptrOf(dgamma), ptrOf(dbeta), ptrOf(p.Sums), 0})
+		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, int32(sets), sums, ptrOf(dgamma), ptrOf(dbeta), ptrOf(p.Sums), 0})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of
@@ -462,18 +476,31 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	b.enter()
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
+		// flash_bwd_q writes the rows' Σ do·o (dvec) that flash_bwd_kv,
+		// after it, reads; with p.Sums each block writes its rows' column
+		// sums of dq, dk and dv, summed here over the batches and blocks.
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
 		defer b.alloc.Free(dvec)
-		kAttnRowDot.launch(b, s, b.elems(int64(p.B*p.H*p.Tq)), attnRowDotArgs{layout(p, p.Tq, p.ORow, p.OBatch), ptrOf(do), ptrOf(o), dvec.Addr()})
 		grid := flashGrid(p)
+		var part kernels.Buf
+		rows := p.B * int(grid.gx)
+		if p.Sums.Valid() {
+			part = kernels.Buf{Block: b.workspace(int64(rows*3*p.H*p.D) * 4), N: rows * 3 * p.H * p.D, DType: kernels.F32}
+			defer b.alloc.Free(part.Block)
+		}
+		sums := ptrOf(part)
 		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
+		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
+			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
+			Do, int32(p.ORow), int64(p.OBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
+			ptrOf(dq), int32(p.QRow), int64(p.QBatch), sums})
 		kFlashBwdKV[s].launch(b, 0, grid, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
 			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
-			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch)})
-		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
-			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
-			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(), ptrOf(dq), int32(p.QRow), int64(p.QBatch)})
+			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch), sums})
+		if part.Valid() {
+			b.reduce(kernels.Sum, p.Sums, part, kernels.Reduction{Outer: 1, Len: rows, Inner: 3 * p.H * p.D})
+		}
 		return
 	}
 	T, D, bh, es := p.Tq, p.D, p.B*p.H, int64(q.DType.Size())
@@ -490,7 +517,9 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		}
 	}()
 	qh, kh, vh, doh := ws(n*es), ws(n*es), ws(n*es), ws(n*es)
+	doCopy := blocks[len(blocks)-1] // doh's
 	dqh, dkh, dvh, dvec := ws(n*4), ws(n*4), ws(n*4), ws(int64(bh*T)*4)
+	dqWide := kernels.Buf{Block: blocks[len(blocks)-4], N: int(n), DType: kernels.F32} // dqh's
 	b.attnGather(s, p, T, p.QRow, p.QBatch, q, qh)
 	b.attnGather(s, p, T, p.KRow, p.KBatch, k, kh)
 	b.attnGather(s, p, T, p.VRow, p.VBatch, v, vh)
@@ -523,12 +552,31 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		b.gemm(gemmCall{transA: true, m: kl, n: D, k: rows, alpha: 1, beta: 1, a: pr, b: qc, c: dkh,
 			strideA: int64(rows * kl), strideB: int64(T * D), strideC: int64(T * D), batch: bh, ab: q.DType, cType: kernels.F32})
 	}
-	for _, g := range []struct {
+	// With p.Sums, each gradient as written is gathered again (over do's
+	// copy, no longer read), widened to F32 where it is not (over dq's,
+	// scattered first), summed over T, then over B.
+	var stored, byBatch kernels.Buf
+	if p.Sums.Valid() {
+		stored = kernels.Buf{Block: doCopy, N: int(n), DType: q.DType}
+		byBatch = kernels.Buf{Block: b.workspace(int64(bh*D) * 4), N: bh * D, DType: kernels.F32}
+		blocks = append(blocks, byBatch.Block)
+	}
+	for i, g := range []struct {
 		src        uintptr
 		dst        kernels.Buf
 		row, batch int
 	}{{dqh, dq, p.QRow, p.QBatch}, {dkh, dk, p.KRow, p.KBatch}, {dvh, dv, p.VRow, p.VBatch}} {
 		kAttnScatterF32.launch(b, s, b.elems(n), attnMoveArgs{layout(p, T, g.row, g.batch), g.src, ptrOf(g.dst)})
+		if p.Sums.Valid() {
+			b.attnGather(s, p, T, g.row, g.batch, g.dst, doh)
+			wide := stored
+			if stored.DType != kernels.F32 {
+				b.cast(dqWide, stored)
+				wide = dqWide
+			}
+			b.reduce(kernels.Sum, byBatch, wide, kernels.Reduction{Outer: bh, Len: T, Inner: D})
+			b.reduce(kernels.Sum, p.Sums.Slice(i*p.H*D, p.H*D), byBatch, kernels.Reduction{Outer: 1, Len: p.B, Inner: p.H * D})
+		}
 	}
 }
 

@@ -6,15 +6,21 @@
 //   flash_fwd     a block per FLASH_ROWS queries of one (batch, head): the
 //                 key tiles in turn, online softmax; o and the log-sum-exp
 //                 written.
-//   flash_bwd_kv  a block per FLASH_ROWS keys: the query tiles that see
-//                 them in turn, p recomputed from the log-sum-exp; dk and
-//                 dv accumulated in registers and written once.
-//   flash_bwd_q   a block per FLASH_ROWS queries: the key tiles in turn; dq
-//                 accumulated in registers and written once.
+//   flash_bwd_q   a block per FLASH_ROWS queries: its rows' Σ do·o (dvec)
+//                 first, then the key tiles in turn; dq accumulated in
+//                 registers and written once.
+//   flash_bwd_kv  a block per FLASH_ROWS keys, launched after flash_bwd_q:
+//                 the query tiles that see them in turn, p recomputed from
+//                 the log-sum-exp; dk and dv accumulated in registers and
+//                 written once.
 //
 // Each reduction runs in a fixed order (no atomics), so results repeat bit
 // for bit. Operands are strided [B, T, H, D] as attn_gather reads them;
-// lse and dvec (Σ do·o, attn_rowdot's) are [B·H, T] F32. A warp owns 16
+// lse and dvec are [B·H, T] F32. With sums (kernels.AttentionParams.Sums)
+// the backward kernels also write the column sums of their blocks' rows of
+// dq, dk and dv as stored, a row of 3·H·FLASH_D floats for each batch and
+// block of rows (dq's heads, dk's, dv's: the packed gradient's columns),
+// which the Go side sums over the rows. A warp owns 16
 // of its block's rows and runs mma.sync.m16n8k16; its A fragments come
 // from global memory as 32-bit pairs, the tiles it shares into shared
 // memory 16 bytes at a time and its B fragments from there by ldmatrix, so
@@ -391,6 +397,53 @@ __device__ __forceinline__ void store32(unsigned short* p, int row, i64 batch, i
     if (t < Tn) *(unsigned*)(p + b * batch + (i64)t * row + h * FLASH_D + d) = pack2<T>(x, y);
 }
 
+// unpack2 is the two T elements of a 32-bit pair, lo first, as floats.
+template <typename T> __device__ __forceinline__ float2 unpack2(unsigned u);
+template <> __device__ __forceinline__ float2 unpack2<f16>(unsigned u) {
+    return make_float2(h2f((f16)(u & 0xffffu)), h2f((f16)(u >> 16)));
+}
+template <> __device__ __forceinline__ float2 unpack2<bf16>(unsigned u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// dot2 is the dot product of two pairs of T elements, in F32.
+template <typename T> __device__ __forceinline__ float dot2(unsigned a, unsigned b) {
+    float2 x = unpack2<T>(a), y = unpack2<T>(b);
+    return x.x * y.x + x.y * y.y;
+}
+
+// rounded is x as store32 writes it: rounded to T (to nearest even).
+template <typename T> __device__ __forceinline__ float rounded(float x) { return unpack2<T>(pack2<T>(x, 0.f)).x; }
+
+// col_sums writes the column sums of a block's rows of a result as stored
+// (c·mul rounded to T: this thread's rows row0 and row0 + 8, those below Tn,
+// and columns 8j + 2qd and the next, as the accumulators hold them) to
+// out's FLASH_D floats: summed over each warp's rows with shuffles, then
+// over the block's warps in order in red (FLASH_THREADS / 32 · FLASH_D
+// floats of shared memory). Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ void col_sums(const float (&c)[DT][4], float mul, int row0, int Tn, float* red, float* out) {
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float v = 0.f;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (row0 + 8 * r < Tn) v += rounded<T>(c[j][2 * r + e] * mul);
+#pragma unroll
+            for (int m = 4; m < 32; m <<= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+            if (g == 0) red[warp * FLASH_D + 8 * j + 2 * qd + e] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < FLASH_D) {
+        float v = 0.f;
+        for (int w = 0; w < FLASH_THREADS / 32; w++) v += red[w * FLASH_D + threadIdx.x];
+        out[threadIdx.x] = v;
+    }
+}
+
 // fwd_softmax folds a tile of scores s (16 rows × 64 keys of a warp; this
 // thread's first row and key are row and key) into the running maxima m
 // and sums l, leaves the tile's probabilities in s and the factor by which
@@ -537,7 +590,7 @@ __device__ __forceinline__ void kv_ds(const float (&p)[NT][4], float (&dp)[NT][4
 template <typename T>
 __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                              FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
-                             i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch) {
+                             i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch, float* sums) {
     __shared__ __align__(1024) unsigned short sq[2][FLASH_TILE * FLASH_LD];
     __shared__ __align__(1024) unsigned short sdo[2][FLASH_TILE * FLASH_LD];
     __shared__ float slse[2][FLASH_TILE], sdvec[2][FLASH_TILE];
@@ -613,6 +666,13 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
             store32<T>(dv, dvrow, dvbatch, b, h, key, 8 * j + 2 * qd, Tn, dva[j][2 * r], dva[j][2 * r + 1]);
         }
     }
+    if (sums) {
+        __shared__ float red[FLASH_THREADS / 32 * FLASH_D];
+        float* part = sums + ((i64)b * gridDim.x + blockIdx.x) * 3 * H * FLASH_D + h * FLASH_D;
+        col_sums<T>(dka, scale, r0 + g, Tn, red, part + H * FLASH_D);
+        __syncthreads();
+        col_sums<T>(dva, 1.f, r0 + g, Tn, red, part + 2 * H * FLASH_D);
+    }
 }
 
 // q_probs turns a tile of scores s = q·kᵀ (16 queries × 64 keys of a
@@ -646,11 +706,13 @@ __device__ __forceinline__ void q_ds(float (&s)[NT][4], const float (&dp)[NT][4]
 // flash_bwd_q: dq = ds·k·scale for a block of FLASH_ROWS queries, over the
 // key tiles they see (Tq == Tk), double-buffered and shared by the block's
 // warpgroups; each skips the tiles that follow all of its 64 queries.
-// Grid (⌈T/FLASH_ROWS⌉, B·H).
+// First it writes its rows' Σ do·o to dvec, for flash_bwd_kv: o is read
+// once, beside do, and no pass of its own goes over the two. Grid
+// (⌈T/FLASH_ROWS⌉, B·H).
 template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
-                            FlashOperand dout, const float* lse, const float* dvec, unsigned short* dq, int dqrow,
-                            i64 dqbatch) {
+                            FlashOperand dout, FlashOperand o, const float* lse, float* dvec, unsigned short* dq,
+                            int dqrow, i64 dqbatch, float* sums) {
     __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     check_tiles(sk), check_tiles(sv);
@@ -665,18 +727,26 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     load_tile_async(sk[0], k, b, h, 0, Tn);
     load_tile_async(sv[0], v, b, h, 0, Tn);
     cp_commit();
+    // Σ do·o of the thread's two rows, from do's A fragments and o's pairs
+    // at the same places (0 past Tn), before q's are loaded.
     unsigned qa[KS][4], da[KS][4];
+    float rl[2], rd[2] = {0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < KS; s++) {
-        frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
+        unsigned oa[4];
         frag_a_global(da[s], dout, b, h, r0, 16 * s, Tn);
+        frag_a_global(oa, o, b, h, r0, 16 * s, Tn);
+        rd[0] += dot2<T>(da[s][0], oa[0]) + dot2<T>(da[s][2], oa[2]);
+        rd[1] += dot2<T>(da[s][1], oa[1]) + dot2<T>(da[s][3], oa[3]);
     }
-    float rl[2], rd[2];
+#pragma unroll
+    for (int s = 0; s < KS; s++) frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = r0 + g + 8 * r;
         rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
-        rd[r] = row < Tn ? dvec[(i64)bh * Tn + row] : 0.f;
+        rd[r] = quad_sum(rd[r]);
+        if (qd == 0 && row < Tn) dvec[(i64)bh * Tn + row] = rd[r];
     }
     float acc[DT][4];
 #pragma unroll
@@ -717,6 +787,10 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
 #pragma unroll
         for (int j = 0; j < DT; j++)
             store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
+    if (sums) {
+        __shared__ float red[FLASH_THREADS / 32 * FLASH_D];
+        col_sums<T>(acc, scale, r0 + g, Tn, red, sums + ((i64)b * gridDim.x + blockIdx.x) * 3 * H * FLASH_D + h * FLASH_D);
+    }
 }
 
 #define FLASH(T, S)                                                                                               \
@@ -730,22 +804,23 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_KV_WARPGROUPS / FLASH_WG) flash_bwd_kv_##S(                                          \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
-        const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
+        const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch, float* sums) {         \
         flash_bwd_kv<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                  \
                         FlashOperand{(const unsigned short*)k, krow, kbatch},                                    \
                         FlashOperand{(const unsigned short*)v, vrow, vbatch},                                    \
                         FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec,                    \
-                        (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch);               \
+                        (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch, sums);         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_Q_WARPGROUPS / FLASH_WG) flash_bwd_q_##S(                                           \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
-        const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
-        const float* dvec, T* dq, int dqrow, i64 dqbatch) {                                                      \
+        const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const T* o, int orow,          \
+        i64 obatch, const float* lse, float* dvec, T* dq, int dqrow, i64 dqbatch, float* sums) {                 \
         flash_bwd_q<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                   \
                        FlashOperand{(const unsigned short*)k, krow, kbatch},                                     \
                        FlashOperand{(const unsigned short*)v, vrow, vbatch},                                     \
-                       FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec, (unsigned short*)dq, \
-                       dqrow, dqbatch);                                                                          \
+                       FlashOperand{(const unsigned short*)dout, dorow, dobatch},                                \
+                       FlashOperand{(const unsigned short*)o, orow, obatch}, lse, dvec, (unsigned short*)dq,     \
+                       dqrow, dqbatch, sums);                                                                    \
     }
 FLASH(f16, f16)
 FLASH(bf16, bf16)

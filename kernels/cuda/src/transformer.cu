@@ -82,7 +82,8 @@ __device__ void embedding_bwd(int n, int dim, const unsigned long long* keys, co
 
 // ---- layer norm: a warp per row ----
 
-#define LN_REG_COLS 1024 // rows the layer-norm kernels keep in registers: 32 values a lane at most
+// Rows of up to LN_REG_COLS columns (the prelude's, Go's lnRegCols) the
+// layer-norm kernels keep in registers: 32 values a lane at most.
 // Blocks of LN_WARPS warps each multiprocessor should hold, the registers
 // each kernel may take following from them: both the prelude's (Go's
 // lnWarps and lnBlocksPerSM, which size the grid).
@@ -202,12 +203,13 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 }
 
 // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
-// dy·x̂ and dy into its own row of partial (2·cols floats; with SUMS,
-// kernels.LayerNormParams.Sums, 3·cols: also dx as written, whose sums a
-// warp keeps in shared memory, the registers being taken), which
-// layernorm_grads sums over the warps in order. Rows of up to
-// LN_REG_COLS columns keep a warp's sums in registers (the columns as
-// layernorm_fwd_reg's) and write them once; longer rows add into partial
+// dy·x̂ and dy (and, with SUMS, kernels.LayerNormParams.Sums, dx as
+// written) into sums of its own, which layernorm_grads adds up in order.
+// Rows of up to LN_REG_COLS columns keep a warp's sums in registers (the
+// columns as layernorm_fwd_reg's; dx's in shared memory, red, the
+// registers being taken), and the block adds its warps' in order in red
+// into its own row of partial (2·cols floats, 3·cols with SUMS): one row
+// a block, not one a warp. Longer rows add into a row of partial a warp,
 // row by row. dy is of the forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
@@ -216,11 +218,22 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
 // load, PER is 32, and the row's dx is loaded where it is added). With rnd
 // (kernels.LayerNormParams.Rounded) dx as written is also written rounded
 // to O.
+// block_rows writes to out the sums of the block's n rows of cols floats
+// in red (shared), each column's added in order.
+__device__ __forceinline__ void block_rows(const float* red, int n, int cols, float* out) {
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float s = 0.f;
+        for (int w = 0; w < n; w++) s += red[w * cols + j];
+        out[j] = s;
+    }
+}
+
 template <int VEC, int PER, bool SUMS, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
-                                  const O* dy, T* dx, float* partial, int acc, O* rnd, float* pd) {
-    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    int w = blockIdx.x * warps + (threadIdx.x >> 5);
+                                  const O* dy, T* dx, float* partial, int acc, O* rnd, float* red) {
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    int w = blockIdx.x * warps + warp;
+    float* pd = red + warp * cols; // the warp's sums of dx
     float pg[PER][VEC], pb[PER][VEC];
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -290,17 +303,25 @@ __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g
             }
         }
     }
-    float* pw = partial + (i64)w * (SUMS ? 3 : 2) * cols;
+    // The block's sums: dx's already in red, then dy·x̂'s and dy's put
+    // there in turn, each added over the warps in order.
+    float* pw = partial + (i64)blockIdx.x * (SUMS ? 3 : 2) * cols;
+    if (SUMS) {
+        __syncthreads();
+        block_rows(red, warps, cols, pw + 2 * cols);
+    }
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int j = VEC * (lane + 32 * k);
-        if (j < cols)
+    for (int set = 0; set < 2; set++) {
+        __syncthreads(); // red's rows are read
 #pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                pw[j + e] = pg[k][e];
-                pw[cols + j + e] = pb[k][e];
-                if (SUMS) pw[2 * cols + j + e] = pd[j + e];
-            }
+        for (int k = 0; k < PER; k++) {
+            int j = VEC * (lane + 32 * k);
+            if (j < cols)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) pd[j + e] = set == 0 ? pg[k][e] : pb[k][e];
+        }
+        __syncthreads();
+        block_rows(red, warps, cols, pw + set * cols);
     }
 }
 
@@ -308,14 +329,13 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial, int acc, O* rnd, int sums) {
     if (cols <= LN_REG_COLS) {
-        __shared__ float dsums[LN_WARPS * LN_REG_COLS]; // with sums, a row a warp, each lane's columns its own
-        float* pd = dsums + (threadIdx.x >> 5) * cols;
+        __shared__ float red[LN_WARPS * LN_REG_COLS]; // a row a warp, each lane's columns its own
 #define LN_BWD(VEC, PER)                                                                                       \
     do {                                                                                                       \
         if (sums)                                                                                              \
-            layernorm_bwd_reg<VEC, PER, true>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, pd);  \
-        else                                                                                                   \
-            layernorm_bwd_reg<VEC, PER, false>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, pd); \
+            layernorm_bwd_reg<VEC, PER, true>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, red);  \
+        else                                                                                                    \
+            layernorm_bwd_reg<VEC, PER, false>(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, red); \
     } while (0)
         LN_REG(cols, cols % 4 == 0 && vec4(x) && vec4(dy) && vec4(dx) && vec4(g) && (!rnd || vec4(rnd)), LN_BWD);
 #undef LN_BWD
@@ -354,13 +374,13 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
-// layernorm_grads adds the warps' partial sums (partial: sets·cols floats
-// a warp, dγ's, dβ's and, with three sets, dx's) a stretch at a time:
-// block (x, y) sums 32 columns over the warps y·warps/splits.. into row y
-// of dg, db and ds (stride floats apart): the stretches' sums side by side
-// (dg, db and ds the parts of rows of sets·cols), or with one stretch the
-// gradients themselves. Its eight warps take every eighth warp's row, then
-// the eight sums are added in order.
+// layernorm_grads adds the rows of partial sums (partial: sets·cols floats
+// a row, dγ's, dβ's and, with three sets, dx's; warps rows) a stretch at a
+// time: block (x, y) sums 32 columns over the rows y·warps/splits.. into
+// row y of dg, db and ds (stride floats apart): the stretches' sums side by
+// side (dg, db and ds the parts of rows of sets·cols), or with one stretch
+// the gradients themselves. Its eight warps take every eighth row, then the
+// eight sums are added in order.
 extern "C" __global__ void layernorm_grads(int warps, int cols, int splits, int sets, const float* partial, float* dg,
                                            float* db, float* ds, int stride) {
     __shared__ float acc[3][8][33];
