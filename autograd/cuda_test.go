@@ -20,9 +20,6 @@ func TestCUDALayerNormFoldsTheResidualGradient(t *testing.T) {
 func TestCUDALayerNormRoundsTheGradientForAProduct(t *testing.T) {
 	testLayerNormRoundsTheGradientForAProduct(t, testdev.CUDA(t).Backend())
 }
-func TestCUDAAttentionSumsTheBiasGradient(t *testing.T) {
-	testAttentionSumsTheBiasGradient(t, testdev.CUDA(t).Backend())
-}
 func TestCUDABackwardFreesGraph(t *testing.T) {
 	dev := testdev.CUDA(t)
 	testBackwardFreesGraphAndRefusesSecondPass(t, dev)

@@ -356,8 +356,9 @@ func Reshape(x *T, shape ...int) *T {
 	y := x.View(shape...)
 	if rec := begin("reshape", x); rec != nil {
 		in := x.Shape()
-		rec.passesRounding(in)
-		rec.finish(y, func(g *T) []*T { return []*T{g.View(in...)} })
+		back := func(g *T) *T { return g.View(in...) }
+		rec.passesRounding(back)
+		rec.finish(y, func(g *T) []*T { return []*T{back(g)} })
 	}
 	return y
 }

@@ -85,15 +85,10 @@ type node struct {
 	rounds  tensor.DType
 	sums    bool
 	rounded *finished
-	// passShape, for a node whose backward hands its gradient on reshaped
-	// (Reshape), is the shape input 0's gradient takes: what finished the
-	// node's gradient is handed on in it.
-	passShape []int
-	// sumsCols, for a node whose backward can also write input 0's
-	// gradient's column sums (sumsColumns: that many), and written while
-	// the backward runs, where to write them, or nil.
-	sumsCols int
-	written  *finished
+	// passRounding, for a node whose backward hands its gradient on
+	// reshaped (Reshape), reshapes the rounding of its gradient for input
+	// 0's node.
+	passRounding func(r *T) *T
 	// takesGrad: the backward takes the pass's reference on its gradient
 	// and releases it when it no longer needs it (a checkpoint's, whose
 	// recomputation's pass frees it after its first node).
@@ -161,9 +156,8 @@ type folder struct {
 
 // finished is what the op that finished a gradient wrote beside it for
 // the node that reads it next (Note [a gradient rounded where it is
-// finished]): the gradient rounded to the node's dtype (nil where the
-// gradient is in it already) and, where the node sums its columns, their
-// F32 sums.
+// finished]): the gradient rounded to the node's dtype and, where the node
+// sums its columns, their F32 sums.
 type finished struct {
 	rounded, sums *T
 }
@@ -191,10 +185,7 @@ func (f *finished) release() {
 // columns (a residual product's bias gradient, node.sums) finds them
 // beside the rounding, summed by the folder from the F32 gradient as it
 // writes it, with no pass of their own; a reshape passes them on where it
-// keeps the last dimension. A gradient that is already in the node's
-// dtype may come with its column sums alone, from an op whose backward
-// writes them as it makes the gradient (node.sumsCols: causal attention's
-// of its packed qkv, for c_attn's bias).
+// keeps the last dimension.
 
 // gathered is the gradient the pass already holds for input e that f can
 // fold into, or nil.
@@ -371,27 +362,13 @@ func (r *recorder) readsRounded(dt tensor.DType) { r.n.rounds = dt }
 // finished]).
 func (r *recorder) readsColumnSums() { r.n.sums = true }
 
-// sumsColumns says the node's backward can write the column sums of input
-// 0's gradient (cols of them) as it makes it, where sumsOut says, for a
-// node that reads them (Note [a gradient rounded where it is finished]).
-func (r *recorder) sumsColumns(cols int) { r.n.sumsCols = cols }
-
-// sumsOut is where the node's backward, running, writes the column sums of
-// input 0's gradient, or nil where nothing reads them.
-func (r *recorder) sumsOut() *T {
-	if r.n.written == nil {
-		return nil
-	}
-	return r.n.written.sums
-}
-
 // passesRounding says the node's backward hands input 0 its gradient
-// reshaped to shape, so that what finished the gradient (its rounding, its
-// column sums) reaches input 0's node through this node (Note [a gradient
+// reshaped, as reshape reshapes the gradient's rounding, so that a rounding
+// input 0's node reads reaches it through this node (Note [a gradient
 // rounded where it is finished]).
-func (r *recorder) passesRounding(shape []int) {
-	if in := r.n.inputs[0].node; in != nil && (in.rounds != 0 || in.sums) {
-		r.n.rounds, r.n.sums, r.n.passShape = in.rounds, in.sums, shape
+func (r *recorder) passesRounding(reshape func(*T) *T) {
+	if in := r.n.inputs[0].node; in != nil && in.rounds != 0 {
+		r.n.rounds, r.n.sums, r.n.passRounding = in.rounds, in.sums, reshape
 	}
 }
 
@@ -601,10 +578,9 @@ func Backward(root *T, opts ...Option) {
 			delete(roundings, n)
 			round := n.newRounding(g)
 			if round != nil {
-				for _, t := range []*T{round.rounded, round.sums} {
-					if t != nil {
-						mark.gradient(t, n)
-					}
+				mark.gradient(round.rounded, n)
+				if round.sums != nil {
+					mark.gradient(round.sums, n)
 				}
 			}
 			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
@@ -613,18 +589,16 @@ func Backward(root *T, opts ...Option) {
 					roundings[in].release() // an earlier sum's
 					roundings[in], round = round, nil
 				}
-			} else if round != nil && n.fold != nil {
+			} else if round != nil {
 				loose = n.fold.backward(g, nil, round)
 			} else {
-				n.written = round
 				loose = n.backward(g)
-				n.written = nil
 			}
 			inFlight = nil
 			if !n.takesGrad {
 				g.Release()
 			}
-			if n.rounded != nil && n.passShape != nil {
+			if n.rounded != nil && n.passRounding != nil {
 				round = n.passRounded()
 			}
 			n.rounded.release()
@@ -722,43 +696,34 @@ func (m *marker) gradient(g *T, n *node) {
 // without them.
 var folding, rounding = true, true
 
-// newRounding is where n's backward may write input 0's gradient, rounded
-// for the node that made input 0 (n's folder), and its column sums where
-// that node sums them, or nil (Note [a gradient rounded where it is
-// finished]); g is n's own gradient, for the device.
+// newRounding is where n's folder may write input 0's gradient, rounded
+// for the node that made input 0, and its column sums where that node
+// sums them, or nil (Note [a gradient rounded where it is finished]); g
+// is n's own gradient, for the device.
 func (n *node) newRounding(g *T) *finished {
-	if !rounding || len(n.inputs) == 0 {
+	if !rounding || n.fold == nil || n.fold.rounds == 0 || len(n.inputs) == 0 {
 		return nil
 	}
 	in := n.inputs[0].node
-	switch {
-	case in == nil:
+	if in == nil || in.rounds != n.fold.rounds {
 		return nil
-	case n.fold != nil && n.fold.rounds != 0 && in.rounds == n.fold.rounds:
-		f := &finished{rounded: tensor.Empty(g.Device(), n.fold.rounds, n.fold.shape...)}
-		if in.sums {
-			f.sums = tensor.Empty(g.Device(), tensor.F32, n.fold.shape[len(n.fold.shape)-1])
-		}
-		return f
-	case n.sumsCols > 0 && in.sums && in.rounds == 0:
-		return &finished{sums: tensor.Empty(g.Device(), tensor.F32, n.sumsCols)}
 	}
-	return nil
+	f := &finished{rounded: tensor.Empty(g.Device(), n.fold.rounds, n.fold.shape...)}
+	if in.sums {
+		f.sums = tensor.Empty(g.Device(), tensor.F32, n.fold.shape[len(n.fold.shape)-1])
+	}
+	return f
 }
 
 // passRounded is what n's backward passes on to input 0's node of what
 // finished n's gradient: the rounding reshaped, and the column sums where
 // the reshape keeps the last dimension (n.rounded's, handed on).
 func (n *node) passRounded() *finished {
-	f := &finished{}
-	if r := n.rounded.rounded; r != nil {
-		f.rounded = r.View(n.passShape...)
-	}
-	if s := n.rounded.sums; s != nil && n.passShape[len(n.passShape)-1] == s.Numel() {
-		f.sums, n.rounded.sums = s, nil
-	}
-	if f.rounded == nil && f.sums == nil {
-		return nil
+	f := &finished{rounded: n.passRounding(n.rounded.rounded)}
+	if s := n.rounded.sums; s != nil {
+		if rs := f.rounded.Shape(); rs[len(rs)-1] == s.Numel() {
+			f.sums, n.rounded.sums = s, nil
+		}
 	}
 	return f
 }

@@ -835,67 +835,6 @@ func testLayerNormRoundsTheGradientForAProduct(t *testing.T, be kernels.Backend)
 	}
 }
 
-// TestAttentionSumsTheBiasGradient: c_attn (a Linear with an F32 bias),
-// reshaped, into causal attention, in float32 and under bf16 autocast: the
-// attention's backward writes the column sums of its packed input's
-// gradient, which the Linear takes as its bias's gradient and does not sum
-// (Note [a gradient rounded where it is finished]); with the roundings off
-// the product sums them. Every other gradient is bit for bit the same, and
-// the bias's the same sums in another order.
-func TestAttentionSumsTheBiasGradient(t *testing.T) {
-	testAttentionSumsTheBiasGradient(t, cpu.New())
-}
-
-func testAttentionSumsTheBiasGradient(t *testing.T, be kernels.Backend) {
-	const B, T, C, heads = 2, 37, 128, 2 // heads of 64: CUDA's flash kernels at bf16
-	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
-		run := func(on bool) (grads [][]float32, sums int) {
-			defer ag.SetRounding(on)()
-			cb := &castCounter{Backend: be}
-			dev := tensor.NewDevice(cb)
-			dev.Generator().Seed(11)
-			x := tensor.Randn(dev, tensor.F32, 0, 1, B*T, C).SetRequiresGrad(true).Keep()
-			w := tensor.Randn(dev, tensor.F32, 0, 0.1, 3*C, C).SetRequiresGrad(true).Keep()
-			b := tensor.Randn(dev, tensor.F32, 0, 1, 3*C).SetRequiresGrad(true).Keep()
-			r := tensor.Randn(dev, tensor.F32, 0, 1, B, T, C).Keep()
-			defer releaseAll(x, w, b, r)
-			dev.WithScope(func() {
-				var y *tensor.Tensor
-				attend := func() {
-					qkv := ag.Reshape(ag.Linear(x, w, b), B, T, 3*C)
-					y = ag.CausalAttention(qkv, heads)
-				}
-				if dt == tensor.F32 {
-					attend()
-				} else {
-					ag.Autocast(dev, dt, attend)
-				}
-				loss := ag.SumAll(ag.Mul(ag.Cast(y, tensor.F32), r))
-				cb.biasSums = 0
-				ag.Backward(loss)
-				sums = cb.biasSums
-			})
-			for _, p := range []*tensor.Tensor{x, w, b} {
-				grads = append(grads, p.Grad().Float32s())
-			}
-			return grads, sums
-		}
-		got, gotSums := run(true)
-		want, wantSums := run(false)
-		for i, name := range []string{"x", "w"} {
-			if !slices.Equal(got[i], want[i]) {
-				t.Errorf("%v: %s's gradient differs with the attention's sums", dt, name)
-			}
-		}
-		if d := relErr(got[2], want[2]); d > 1e-5 {
-			t.Errorf("%v: the bias gradient the attention summed is %.2g from the product's", dt, d)
-		}
-		if gotSums != 0 || wantSums != 1 {
-			t.Errorf("%v: %d products summed the bias's gradient with the attention's sums, %d without: want 0 and 1", dt, gotSums, wantSums)
-		}
-	}
-}
-
 // TestClassifierHandsOnItsGradients: the classifier's backward scales the
 // gradients its forward made by the loss's gradient, and with Backward's
 // implied one (the loss the root, the graph freed as it goes) hands them

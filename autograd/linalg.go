@@ -207,14 +207,11 @@ func linear(r, x, w, b *T) *T {
 		bType = b.DType()
 	}
 	wType := w.DType()
-	switch {
-	case r != nil && r.DType() != xType:
+	if r != nil && r.DType() != xType {
 		rec.readsRounded(xType)
 		if fusesBias(b) {
 			rec.readsColumnSums()
 		}
-	case r == nil && fusesBias(b):
-		rec.readsColumnSums() // where the op that made the gradient summed them (causal attention)
 	}
 	rec.finish(y, func(g *T) []*T {
 		grads := make([]*T, 4)

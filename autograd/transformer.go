@@ -170,18 +170,13 @@ func CausalAttention(qkv *T, heads int) *T {
 	}
 	qkvSaved, ySaved := rec.save(qkv), rec.save(y)
 	rec.keep(lse)
-	rec.sumsColumns(3 * C) // c_attn's bias gradient, where its Linear reads it
 	rec.finish(y, func(g *T) []*T {
 		gc := asDType(g.Device(), g, qkvSaved.DType())
 		defer gc.Release()
 		d := emptyLike(qkvSaved)
 		q, k, v := packed(qkvSaved.Buf(), C)
 		dq, dk, dv := packed(d.Buf(), C)
-		pb := p
-		if s := rec.sumsOut(); s != nil {
-			pb.Sums = s.Buf()
-		}
-		be.AttentionBackward(pb, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv)
+		be.AttentionBackward(p, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv)
 		return []*T{d}
 	})
 	return y

@@ -92,18 +92,11 @@ type LayerNormParams struct {
 // [h·D, h·D+D) of a row; likewise for k, v and o. A packed [B, T, 3, H, D]
 // qkv gives q, k and v as views of one buffer, C = H·D and 2C elements
 // apart, all with row stride 3C.
-//
-// Sums (F32 of 3·H·D, or invalid) asks the backward for the column sums of
-// dq, dk and dv as written, over the batches and positions, side by side
-// (dq's heads, then dk's, then dv's: a packed gradient's columns, the
-// gradient of the bias of the product that made qkv), summed where the
-// gradients are made rather than in a pass of their own.
 type AttentionParams struct {
 	B, H, D, Tq, Tk                int
 	Scale                          float32
 	QRow, KRow, VRow, ORow         int
 	QBatch, KBatch, VBatch, OBatch int
-	Sums                           Buf
 }
 
 // ClassifierParams describes the fused classifier: N rows of width C
@@ -207,10 +200,6 @@ func CheckAttention(op string, p AttentionParams, q, k, v, o, lse Buf) {
 	extent("o", o, p.ORow, p.OBatch, p.Tq)
 	CheckLen(op+" log-sum-exp", p.B*p.H*p.Tq, lse)
 	CheckF32(op+" log-sum-exp", lse)
-	if p.Sums.Valid() {
-		CheckLen(op+" column sums", 3*p.H*p.D, p.Sums)
-		CheckF32(op+" column sums", p.Sums)
-	}
 }
 
 // CheckClassifier checks the fused classifier's operands against p.

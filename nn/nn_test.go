@@ -368,14 +368,6 @@ type castCounter struct {
 	many   int
 	biases int // F32 biases given to 16-bit products, which cast them
 	sums   int // products that sum their bias's gradient
-	attn   int // attention backwards that sum the packed gradient's columns
-}
-
-func (c *castCounter) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
-	if p.Sums.Valid() {
-		c.attn++
-	}
-	c.Backend.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
 }
 
 func (c *castCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {

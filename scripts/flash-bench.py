@@ -19,10 +19,11 @@ float32 reference on fresh random inputs (outputs poisoned with NaN first),
 whether each output equals the first variant's bit for bit, and the median
 device time of flash_fwd and of the backward: flash_bwd_kv and flash_bwd_q,
 or flash_bwd, the one-kernel backward of scripts/gpu-fused-bwd.sh's
-versions. A flash.cu whose flash_bwd_q takes o (it writes Σ do·o for
-flash_bwd_kv, which runs after it) and the blocks' column sums is also
-timed writing the sums (bwd+sums), and the sums are checked against the
-packed gradient's.
+versions. A flash.cu whose flash_bwd_q takes o writes Σ do·o for
+flash_bwd_kv, which runs after it; one whose backward kernels also take
+the blocks' column sums of dq, dk and dv (benchmarks/results/
+2026-12-03-h200-bwd-sums/attention-sums.diff) is also timed writing them
+(bwd+sums), and they are checked against the packed gradient's.
 """
 import argparse
 import ctypes
@@ -191,6 +192,7 @@ def main():
         # and both the blocks' column sums (rows of 3·C for each batch and
         # block), or the kernels before them.
         qfirst = "FlashOperand o," in flash
+        sums_arg = "float* sums" in flash
         dvw = torch.full((B * H * T,), float("nan"), device="cuda")
         parts = torch.full((B * grid[0], 3 * C), float("nan"), device="cuda")
         sums_on = [False]
@@ -198,7 +200,7 @@ def main():
         def run_kv():
             args = common if not qfirst else common[:-1] + (ptr(dvw),)
             args += (ptr(dqkv, C), i32(row), i64(batch), ptr(dqkv, 2 * C), i32(row), i64(batch))
-            if qfirst:
+            if sums_arg:
                 args += (ptr(parts) if sums_on[0] else np.uint64(0),)
             bkv(grid, threads, args)
 
@@ -206,8 +208,10 @@ def main():
             if not qfirst:
                 bq(grid, threads, common + (ptr(dqkv), i32(row), i64(batch)))
                 return
-            bq(grid, threads, common[:-2] + (ptr(o), i32(C), i64(T * C), ptr(lse), ptr(dvw), ptr(dqkv), i32(row), i64(batch),
-                                            ptr(parts) if sums_on[0] else np.uint64(0)))
+            args = common[:-2] + (ptr(o), i32(C), i64(T * C), ptr(lse), ptr(dvw), ptr(dqkv), i32(row), i64(batch))
+            if sums_arg:
+                args += (ptr(parts) if sums_on[0] else np.uint64(0),)
+            bq(grid, threads, args)
 
         def run_two():
             if qfirst:
@@ -231,6 +235,7 @@ def main():
         r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}
         if qfirst:
             r["err"]["dvec"] = rel(dvw.view(B, H, T), dvec.view(B, H, T))
+        if sums_arg:
             sums_on[0] = True
             dqkv.fill_(float("nan"))
             run_two()

@@ -262,8 +262,7 @@ func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 
 // AttentionBackward recomputes each query's probabilities from its
 // log-sum-exp: dv += p·do, ds = p·(do·v − do·o), dq = Scale·Σ ds·k,
-// dk += Scale·ds·q; each batch and head on its own, queries in order;
-// then p.Sums from the gradients as written.
+// dk += Scale·ds·q; each batch and head on its own, queries in order.
 func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
 	kernels.CheckAttention("attention backward", p, q, k, v, o, lse)
 	kernels.CheckAttention("attention backward gradients", p, dq, dk, dv, do, lse)
@@ -324,26 +323,6 @@ func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 			}
 		}
 	})
-	if p.Sums.Valid() {
-		sums, row := f32s(p.Sums), make([]float32, D)
-		clear(sums)
-		for i, g := range []struct {
-			v          values
-			row, batch int
-		}{{dqv, p.QRow, p.QBatch}, {dkv, p.KRow, p.KBatch}, {dvv, p.VRow, p.VBatch}} {
-			s := sums[i*p.H*D : (i+1)*p.H*D]
-			for b := range p.B {
-				for t := range T {
-					for h := range p.H {
-						g.v.read(row, b*g.batch+t*g.row+h*D)
-						for d, x := range row {
-							s[h*D+d] += x
-						}
-					}
-				}
-			}
-		}
-	}
 }
 
 // classifierChunk is how many rows of logits the CPU's fused classifier

@@ -126,7 +126,6 @@ type (
 		Dv       uintptr
 		DvRow    int32
 		DvBatch  int64
-		Sums     uintptr // the blocks' column sums, or 0
 	}
 	flashBwdQArgs struct {
 		B, H, Tn int32
@@ -151,7 +150,6 @@ type (
 		Dq       uintptr
 		DqRow    int32
 		DqBatch  int64
-		Sums     uintptr // the blocks' column sums, or 0
 	}
 	clsRowsArgs struct {
 		V, Ld, R0                    int32
@@ -477,30 +475,19 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
 		// flash_bwd_q writes the rows' Σ do·o (dvec) that flash_bwd_kv,
-		// after it, reads; with p.Sums each block writes its rows' column
-		// sums of dq, dk and dv, summed here over the batches and blocks.
+		// after it, reads.
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
 		defer b.alloc.Free(dvec)
 		grid := flashGrid(p)
-		var part kernels.Buf
-		rows := p.B * int(grid.gx)
-		if p.Sums.Valid() {
-			part = kernels.Buf{Block: b.workspace(int64(rows*3*p.H*p.D) * 4), N: rows * 3 * p.H * p.D, DType: kernels.F32}
-			defer b.alloc.Free(part.Block)
-		}
-		sums := ptrOf(part)
 		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
 		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
 			Do, int32(p.ORow), int64(p.OBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
-			ptrOf(dq), int32(p.QRow), int64(p.QBatch), sums})
+			ptrOf(dq), int32(p.QRow), int64(p.QBatch)})
 		kFlashBwdKV[s].launch(b, 0, grid, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
 			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
-			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch), sums})
-		if part.Valid() {
-			b.reduce(kernels.Sum, p.Sums, part, kernels.Reduction{Outer: 1, Len: rows, Inner: 3 * p.H * p.D})
-		}
+			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch)})
 		return
 	}
 	T, D, bh, es := p.Tq, p.D, p.B*p.H, int64(q.DType.Size())
@@ -517,9 +504,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		}
 	}()
 	qh, kh, vh, doh := ws(n*es), ws(n*es), ws(n*es), ws(n*es)
-	doCopy := blocks[len(blocks)-1] // doh's
 	dqh, dkh, dvh, dvec := ws(n*4), ws(n*4), ws(n*4), ws(int64(bh*T)*4)
-	dqWide := kernels.Buf{Block: blocks[len(blocks)-4], N: int(n), DType: kernels.F32} // dqh's
 	b.attnGather(s, p, T, p.QRow, p.QBatch, q, qh)
 	b.attnGather(s, p, T, p.KRow, p.KBatch, k, kh)
 	b.attnGather(s, p, T, p.VRow, p.VBatch, v, vh)
@@ -552,31 +537,12 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		b.gemm(gemmCall{transA: true, m: kl, n: D, k: rows, alpha: 1, beta: 1, a: pr, b: qc, c: dkh,
 			strideA: int64(rows * kl), strideB: int64(T * D), strideC: int64(T * D), batch: bh, ab: q.DType, cType: kernels.F32})
 	}
-	// With p.Sums, each gradient as written is gathered again (over do's
-	// copy, no longer read), widened to F32 where it is not (over dq's,
-	// scattered first), summed over T, then over B.
-	var stored, byBatch kernels.Buf
-	if p.Sums.Valid() {
-		stored = kernels.Buf{Block: doCopy, N: int(n), DType: q.DType}
-		byBatch = kernels.Buf{Block: b.workspace(int64(bh*D) * 4), N: bh * D, DType: kernels.F32}
-		blocks = append(blocks, byBatch.Block)
-	}
-	for i, g := range []struct {
+	for _, g := range []struct {
 		src        uintptr
 		dst        kernels.Buf
 		row, batch int
 	}{{dqh, dq, p.QRow, p.QBatch}, {dkh, dk, p.KRow, p.KBatch}, {dvh, dv, p.VRow, p.VBatch}} {
 		kAttnScatterF32.launch(b, s, b.elems(n), attnMoveArgs{layout(p, T, g.row, g.batch), g.src, ptrOf(g.dst)})
-		if p.Sums.Valid() {
-			b.attnGather(s, p, T, g.row, g.batch, g.dst, doh)
-			wide := stored
-			if stored.DType != kernels.F32 {
-				b.cast(dqWide, stored)
-				wide = dqWide
-			}
-			b.reduce(kernels.Sum, byBatch, wide, kernels.Reduction{Outer: bh, Len: T, Inner: D})
-			b.reduce(kernels.Sum, p.Sums.Slice(i*p.H*D, p.H*D), byBatch, kernels.Reduction{Outer: 1, Len: p.B, Inner: p.H * D})
-		}
 	}
 }
 

@@ -16,11 +16,7 @@
 //
 // Each reduction runs in a fixed order (no atomics), so results repeat bit
 // for bit. Operands are strided [B, T, H, D] as attn_gather reads them;
-// lse and dvec are [B·H, T] F32. With sums (kernels.AttentionParams.Sums)
-// the backward kernels also write the column sums of their blocks' rows of
-// dq, dk and dv as stored, a row of 3·H·FLASH_D floats for each batch and
-// block of rows (dq's heads, dk's, dv's: the packed gradient's columns),
-// which the Go side sums over the rows. A warp owns 16
+// lse and dvec (Σ do·o, flash_bwd_q's) are [B·H, T] F32. A warp owns 16
 // of its block's rows and runs mma.sync.m16n8k16; its A fragments come
 // from global memory as 32-bit pairs, the tiles it shares into shared
 // memory 16 bytes at a time and its B fragments from there by ldmatrix, so
@@ -412,38 +408,6 @@ template <typename T> __device__ __forceinline__ float dot2(unsigned a, unsigned
     return x.x * y.x + x.y * y.y;
 }
 
-// rounded is x as store32 writes it: rounded to T (to nearest even).
-template <typename T> __device__ __forceinline__ float rounded(float x) { return unpack2<T>(pack2<T>(x, 0.f)).x; }
-
-// col_sums writes the column sums of a block's rows of a result as stored
-// (c·mul rounded to T: this thread's rows row0 and row0 + 8, those below Tn,
-// and columns 8j + 2qd and the next, as the accumulators hold them) to
-// out's FLASH_D floats: summed over each warp's rows with shuffles, then
-// over the block's warps in order in red (FLASH_THREADS / 32 · FLASH_D
-// floats of shared memory). Every thread of the block calls it.
-template <typename T>
-__device__ __forceinline__ void col_sums(const float (&c)[DT][4], float mul, int row0, int Tn, float* red, float* out) {
-    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
-#pragma unroll
-    for (int j = 0; j < DT; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float v = 0.f;
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                if (row0 + 8 * r < Tn) v += rounded<T>(c[j][2 * r + e] * mul);
-#pragma unroll
-            for (int m = 4; m < 32; m <<= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-            if (g == 0) red[warp * FLASH_D + 8 * j + 2 * qd + e] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < FLASH_D) {
-        float v = 0.f;
-        for (int w = 0; w < FLASH_THREADS / 32; w++) v += red[w * FLASH_D + threadIdx.x];
-        out[threadIdx.x] = v;
-    }
-}
-
 // fwd_softmax folds a tile of scores s (16 rows × 64 keys of a warp; this
 // thread's first row and key are row and key) into the running maxima m
 // and sums l, leaves the tile's probabilities in s and the factor by which
@@ -590,7 +554,7 @@ __device__ __forceinline__ void kv_ds(const float (&p)[NT][4], float (&dp)[NT][4
 template <typename T>
 __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                              FlashOperand dout, const float* lse, const float* dvec, unsigned short* dk, int dkrow,
-                             i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch, float* sums) {
+                             i64 dkbatch, unsigned short* dv, int dvrow, i64 dvbatch) {
     __shared__ __align__(1024) unsigned short sq[2][FLASH_TILE * FLASH_LD];
     __shared__ __align__(1024) unsigned short sdo[2][FLASH_TILE * FLASH_LD];
     __shared__ float slse[2][FLASH_TILE], sdvec[2][FLASH_TILE];
@@ -666,13 +630,6 @@ __device__ void flash_bwd_kv(int B, int H, int Tn, float scale, FlashOperand q, 
             store32<T>(dv, dvrow, dvbatch, b, h, key, 8 * j + 2 * qd, Tn, dva[j][2 * r], dva[j][2 * r + 1]);
         }
     }
-    if (sums) {
-        __shared__ float red[FLASH_THREADS / 32 * FLASH_D];
-        float* part = sums + ((i64)b * gridDim.x + blockIdx.x) * 3 * H * FLASH_D + h * FLASH_D;
-        col_sums<T>(dka, scale, r0 + g, Tn, red, part + H * FLASH_D);
-        __syncthreads();
-        col_sums<T>(dva, 1.f, r0 + g, Tn, red, part + 2 * H * FLASH_D);
-    }
 }
 
 // q_probs turns a tile of scores s = q·kᵀ (16 queries × 64 keys of a
@@ -712,7 +669,7 @@ __device__ __forceinline__ void q_ds(float (&s)[NT][4], const float (&dp)[NT][4]
 template <typename T>
 __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, FlashOperand k, FlashOperand v,
                             FlashOperand dout, FlashOperand o, const float* lse, float* dvec, unsigned short* dq,
-                            int dqrow, i64 dqbatch, float* sums) {
+                            int dqrow, i64 dqbatch) {
     __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     check_tiles(sk), check_tiles(sv);
@@ -787,10 +744,6 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
 #pragma unroll
         for (int j = 0; j < DT; j++)
             store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
-    if (sums) {
-        __shared__ float red[FLASH_THREADS / 32 * FLASH_D];
-        col_sums<T>(acc, scale, r0 + g, Tn, red, sums + ((i64)b * gridDim.x + blockIdx.x) * 3 * H * FLASH_D + h * FLASH_D);
-    }
 }
 
 #define FLASH(T, S)                                                                                               \
@@ -804,23 +757,23 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_KV_WARPGROUPS / FLASH_WG) flash_bwd_kv_##S(                                          \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
-        const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch, float* sums) {         \
+        const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
         flash_bwd_kv<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                  \
                         FlashOperand{(const unsigned short*)k, krow, kbatch},                                    \
                         FlashOperand{(const unsigned short*)v, vrow, vbatch},                                    \
                         FlashOperand{(const unsigned short*)dout, dorow, dobatch}, lse, dvec,                    \
-                        (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch, sums);         \
+                        (unsigned short*)dk, dkrow, dkbatch, (unsigned short*)dv, dvrow, dvbatch);               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_Q_WARPGROUPS / FLASH_WG) flash_bwd_q_##S(                                           \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const T* o, int orow,          \
-        i64 obatch, const float* lse, float* dvec, T* dq, int dqrow, i64 dqbatch, float* sums) {                 \
+        i64 obatch, const float* lse, float* dvec, T* dq, int dqrow, i64 dqbatch) {                              \
         flash_bwd_q<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                   \
                        FlashOperand{(const unsigned short*)k, krow, kbatch},                                     \
                        FlashOperand{(const unsigned short*)v, vrow, vbatch},                                     \
                        FlashOperand{(const unsigned short*)dout, dorow, dobatch},                                \
                        FlashOperand{(const unsigned short*)o, orow, obatch}, lse, dvec, (unsigned short*)dq,     \
-                       dqrow, dqbatch, sums);                                                                    \
+                       dqrow, dqbatch);                                                                          \
     }
 FLASH(f16, f16)
 FLASH(bf16, bf16)
