@@ -15,8 +15,9 @@ gradient dx held, as the residual stream's gradient is in GPT-2's
 backward), of its bf16 rounding and of dgamma and dbeta against the
 reference, whether they equal the first variant's bit for bit, and the
 median device times of layernorm_fwd_mixed_bf16 and of the whole
-backward: layernorm_bwd_mixed_bf16 and the two kernels that add its warps'
-sums (bwd), and the first of those alone (bwd kernel).
+backward: layernorm_bwd_mixed_bf16 and the two kernels that add its rows
+of partial sums (one a block, or one a warp for rows longer than
+LN_REG_COLS; bwd), and the first of those alone (bwd kernel).
 """
 import argparse
 import json
@@ -81,21 +82,22 @@ def main():
         dx = prev.clone()
         rnd = torch.full((rows, cols), float("nan"), device="cuda").bfloat16()
         dg, db = torch.full((cols,), float("nan"), device="cuda"), torch.full((cols,), float("nan"), device="cuda")
-        nwarps = nblocks * warps
-        part = torch.empty(nwarps * 2 * cols, device="cuda")
+        reg_cols = int(re.search(r"#define LN_REG_COLS (\d+)", src).group(1))
+        nparts = nblocks if cols <= reg_cols else nblocks * warps  # rows of partial sums
+        part = torch.empty(nparts * 2 * cols, device="cuda")
         part2 = torch.empty(splits * 2 * cols, device="cuda")
         run_fwd = lambda: fwd((nblocks,), (32 * warps,), (i32(rows), i32(cols), ptr(x), ptr(g), ptr(b), f32(1e-5), ptr(y), ptr(mean), ptr(rstd)))
         run_kernel = lambda: bwd((nblocks,), (32 * warps,), (i32(rows), i32(cols), ptr(x), ptr(g), ptr(mean), ptr(rstd), ptr(dy), ptr(dx),
-                                                            ptr(part), i32(1), ptr(rnd)))
+                                                            ptr(part), i32(1), ptr(rnd), i32(0)))
 
         def run_bwd():  # as LayerNormBackward launches them
             run_kernel()
-            parts, n = part, nwarps
-            if nwarps > 4 * splits:
-                grads(((cols + 31) // 32, splits), (256,), (i32(nwarps), i32(cols), i32(splits), ptr(part), ptr(part2),
-                                                            np.uint64(part2.data_ptr() + 4 * cols), i32(2 * cols)))
+            parts, n = part, nparts
+            if nparts > 4 * splits:
+                grads(((cols + 31) // 32, splits), (256,), (i32(nparts), i32(cols), i32(splits), i32(2), ptr(part), ptr(part2),
+                                                            np.uint64(part2.data_ptr() + 4 * cols), np.uint64(0), i32(2 * cols)))
                 parts, n = part2, splits
-            grads(((cols + 31) // 32,), (256,), (i32(n), i32(cols), i32(1), ptr(parts), ptr(dg), ptr(db), i32(0)))
+            grads(((cols + 31) // 32,), (256,), (i32(n), i32(cols), i32(1), i32(2), ptr(parts), ptr(dg), ptr(db), np.uint64(0), i32(0)))
 
         run_fwd()
         run_bwd()

@@ -54,12 +54,12 @@ type (
 		X, G, Mean, R, Dy, Dx, Parts uintptr
 		Acc                          int32
 		Rounded                      uintptr // dx rounded to dy's dtype, or 0
-		Sums                         int32   // the warps' partial sums of dx too
+		Sums                         int32   // the partial sums of dx too
 	}
 	layerNormGradsArgs struct {
-		Warps, Cols, Splits, Sets int32
-		Parts, Dg, Db, Ds         uintptr
-		Stride                    int32
+		Rows, Cols, Splits, Sets int32
+		Parts, Dg, Db, Ds        uintptr
+		Stride                   int32
 	}
 	attnLayout struct { // a strided [B, T, H, D] operand
 		B, H, Tn, D, Row int32
@@ -268,8 +268,9 @@ func (b *Backend) sortKeys(keys uintptr, p int) {
 // lnWarps is the warps per block of the layer-norm kernels and
 // lnBlocksPerSM the blocks a multiprocessor holds at once (their launch
 // bounds); lnBlocks the blocks, a fixed number per device, all at once
-// (the backward's partial sums are one row per warp, so their count, and
-// the order of the sums, depends on the device alone). One wave rather
+// (the backward's partial sums are a row per block, or per warp for rows
+// longer than lnRegCols, so their count, and the order of the sums,
+// depends on the device alone). One wave rather
 // than two halves the backward's partial sums: on the H200 at 16384×768
 // the backward with its sums took 0.089 ms against 0.096
 // (scripts/ln-bench.py, 2026-12-02).
@@ -283,8 +284,8 @@ const (
 // such rows, a warp at a time for longer ones (LN_REG_COLS).
 const lnRegCols = 1024
 
-// lnSplits is how many stretches of warps the layer-norm backward's sums
-// are added in first, side by side.
+// lnSplits is how many stretches of its rows of partial sums the
+// layer-norm backward adds first, side by side.
 const lnSplits = 32
 
 func (b *Backend) lnBlocks(rows int) int {

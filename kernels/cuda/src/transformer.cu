@@ -375,17 +375,17 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
 }
 
 // layernorm_grads adds the rows of partial sums (partial: sets·cols floats
-// a row, dγ's, dβ's and, with three sets, dx's; warps rows) a stretch at a
-// time: block (x, y) sums 32 columns over the rows y·warps/splits.. into
+// a row, dγ's, dβ's and, with three sets, dx's; rows of them) a stretch at
+// a time: block (x, y) sums 32 columns over the rows y·rows/splits.. into
 // row y of dg, db and ds (stride floats apart): the stretches' sums side by
 // side (dg, db and ds the parts of rows of sets·cols), or with one stretch
 // the gradients themselves. Its eight warps take every eighth row, then the
 // eight sums are added in order.
-extern "C" __global__ void layernorm_grads(int warps, int cols, int splits, int sets, const float* partial, float* dg,
+extern "C" __global__ void layernorm_grads(int rows, int cols, int splits, int sets, const float* partial, float* dg,
                                            float* db, float* ds, int stride) {
     __shared__ float acc[3][8][33];
     int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx, y = blockIdx.y;
-    int w0 = (int)((i64)y * warps / splits), w1 = (int)((i64)(y + 1) * warps / splits);
+    int w0 = (int)((i64)y * rows / splits), w1 = (int)((i64)(y + 1) * rows / splits);
     float sg = 0.f, sb = 0.f, sd = 0.f;
     if (j < cols) {
         for (int w = w0 + ty; w < w1; w += 8) {
