@@ -202,22 +202,6 @@ __device__ void layernorm_fwd(int rows, int cols, const T* x, const float* g, co
     }
 }
 
-// dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
-// dy·x̂ and dy (and, with SUMS, kernels.LayerNormParams.Sums, dx as
-// written) into sums of its own, which layernorm_grads adds up in order.
-// Rows of up to LN_REG_COLS columns keep a warp's sums in registers (the
-// columns as layernorm_fwd_reg's; dx's in shared memory, red, the
-// registers being taken), and the block adds its warps' in order in red
-// into its own row of partial (2·cols floats, 3·cols with SUMS): one row
-// a block, not one a warp. Longer rows add into a row of partial a warp,
-// row by row. dy is of the forward's output type O. With acc (an F32 dx,
-// kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
-// rounded as that separate addition would be (__fadd_rn: no multiply-add
-// contracted into it); with four columns a load, the row's dx is loaded
-// before its sums, so that the load waits beside the row's own (a value a
-// load, PER is 32, and the row's dx is loaded where it is added). With rnd
-// (kernels.LayerNormParams.Rounded) dx as written is also written rounded
-// to O.
 // block_rows writes to out the sums of the block's n rows of cols floats
 // in red (shared), each column's added in order.
 __device__ __forceinline__ void block_rows(const float* red, int n, int cols, float* out) {
@@ -228,6 +212,21 @@ __device__ __forceinline__ void block_rows(const float* red, int n, int cols, fl
     }
 }
 
+// dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = dy·γ; each warp adds its rows'
+// dy·x̂ and dy (and, with SUMS, kernels.LayerNormParams.Sums, dx as
+// written) into sums of its own, which layernorm_grads adds up in order.
+// Rows of up to LN_REG_COLS columns keep a warp's sums in registers (the
+// columns as layernorm_fwd_reg's; dx's in shared memory, red, the
+// registers being taken), and the block adds its warps' in order in red
+// into its own row of partial (2·cols floats, 3·cols with SUMS). Longer
+// rows add into a row of partial a warp, row by row. dy is of the forward's output type O. With acc (an F32 dx,
+// kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
+// rounded as that separate addition would be (__fadd_rn: no multiply-add
+// contracted into it); with four columns a load, the row's dx is loaded
+// before its sums, so that the load waits beside the row's own (a value a
+// load, PER is 32, and the row's dx is loaded where it is added). With rnd
+// (kernels.LayerNormParams.Rounded) dx as written is also written rounded
+// to O.
 template <int VEC, int PER, bool SUMS, typename T, typename O>
 __device__ void layernorm_bwd_reg(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                                   const O* dy, T* dx, float* partial, int acc, O* rnd, float* red) {
