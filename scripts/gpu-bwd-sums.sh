@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The attention backward's Σ do·o made by flash_bwd_q, the attention and layer-norm backward's
-# column sums, on the GPU machine, after, here:
+# Σ do·o made by flash_bwd_q, the layer-norm backward's sums a block at a time and the variants
+# tried beside them (docs/benchmarks.md, "Σ do·o made by flash_bwd_q"), on the GPU machine, after, here:
 #   ../shared/gpu/stage ./kernels/cuda ./autograd ./nn && rm -rf .gpu/data
 #   BASE=<commit> bash scripts/gpu-flash.sh prep
 #   and the base commit's bench in .gpu/old/bench.xz (scripts/gpu-ab.sh)
