@@ -219,7 +219,8 @@ __device__ __forceinline__ void block_rows(const float* red, int n, int cols, fl
 // columns as layernorm_fwd_reg's; dx's in shared memory, red, the
 // registers being taken), and the block adds its warps' in order in red
 // into its own row of partial (2·cols floats, 3·cols with SUMS). Longer
-// rows add into a row of partial a warp, row by row. dy is of the forward's output type O. With acc (an F32 dx,
+// rows add into a row of partial a warp, row by row. dy is of the
+// forward's output type O. With acc (an F32 dx,
 // kernels.LayerNormParams.Accumulate) dx becomes dx + the row's gradient,
 // rounded as that separate addition would be (__fadd_rn: no multiply-add
 // contracted into it); with four columns a load, the row's dx is loaded
@@ -328,7 +329,7 @@ template <typename T, typename O>
 __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, const float* mean, const float* rstd,
                               const O* dy, T* dx, float* partial, int acc, O* rnd, int sums) {
     if (cols <= LN_REG_COLS) {
-        __shared__ float red[LN_WARPS * LN_REG_COLS]; // a row a warp, each lane's columns its own
+        __shared__ float red[LN_WARPS * LN_REG_COLS]; // a row of cols a warp (layernorm_bwd_reg)
 #define LN_BWD(VEC, PER)                                                                                       \
     do {                                                                                                       \
         if (sums)                                                                                              \
