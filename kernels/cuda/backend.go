@@ -42,6 +42,10 @@ type Backend struct {
 	// which the flash attention kernels need; noFlash (tests) runs the
 	// chunked attention instead.
 	tensorCores, noFlash bool
+	// programmatic launches the module's kernels as programmatic
+	// dependents (Note [programmatic dependent launch]): compute capability
+	// 9.0 and later, with cuLaunchKernelEx.
+	programmatic bool
 	// noLt (tests) runs products with epilogues unfused; ltSums fuses
 	// their bias gradients too (Note [the fused epilogues]).
 	noLt, ltSums bool
@@ -165,6 +169,7 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 	b.arch = fmt.Sprintf("sm_%d%d", attr(attrComputeCapMajor), attr(attrComputeCapMinor))
 	b.tensorCores = attr(attrComputeCapMajor) >= 8
+	b.programmatic = attr(attrComputeCapMajor) >= 9 && d.launchKernelEx != nil
 	b.sms = attr(attrMultiprocessorCount)
 	b.sharedPerSM, b.sharedPerBlock = attr(attrSharedPerSM), attr(attrSharedPerBlockOptin)
 	b.chunkBudget = defaultChunkBudget

@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -92,5 +94,78 @@ func TestCompileErrorCarriesLog(t *testing.T) {
 	var ce *CompileError
 	if !errors.As(err, &ce) || !strings.Contains(ce.Log, "undefined_thing") {
 		t.Fatalf("err = %v, want a CompileError whose log names the undefined identifier", err)
+	}
+}
+
+// ptxMemoryOp matches a PTX instruction that reads or writes memory other
+// than the kernel's parameters, predicated or not.
+var ptxMemoryOp = regexp.MustCompile(`(?m)^\s*(?:@!?%\w+\s+)?(ld|ldu|st|atom|red|cp|ldmatrix|stmatrix|prefetch|tex|suld|sust|mbarrier)\.(\S+)`)
+
+// waitLate names each kernel of ptx whose first memory access is not
+// preceded by griddepcontrol.wait, or that never waits.
+func waitLate(ptx string) []string {
+	var late []string
+	for _, entry := range strings.Split(ptx, ".entry ")[1:] {
+		name, _, _ := strings.Cut(entry, "(")
+		wait := strings.Index(entry, "griddepcontrol.wait")
+		if wait < 0 || !strings.Contains(entry, "griddepcontrol.launch_dependents") {
+			late = append(late, name+" (no griddepcontrol.wait and launch_dependents)")
+			continue
+		}
+		for _, m := range ptxMemoryOp.FindAllStringSubmatchIndex(entry, -1) {
+			if op := entry[m[2]:m[3]]; op == "ld" && strings.HasPrefix(entry[m[4]:m[5]], "param") {
+				continue
+			}
+			if m[0] < wait {
+				late = append(late, fmt.Sprintf("%s (%s before the wait)", name, strings.TrimSpace(entry[m[0]:m[1]])))
+			}
+			break
+		}
+	}
+	return late
+}
+
+// TestKernelsWaitFirst checks Note [programmatic dependent launch]: on
+// compute capability 9.0 every kernel of the module waits for the grids
+// before it (griddepcontrol.wait) before it touches memory, and lets the
+// next be placed; a kernel that read its input first could read it
+// unfinished.
+func TestKernelsWaitFirst(t *testing.T) {
+	needNVRTC(t)
+	ptx, err := CompilePTX(Source(), "compute_90")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(ptx, ".entry "); n < 100 {
+		t.Fatalf("the PTX holds %d kernels: the split missed them", n)
+	}
+	for _, e := range waitLate(ptx) {
+		t.Errorf("kernel %s", e)
+	}
+}
+
+// TestWaitFirstCatchesALateWait requires the check above to name a kernel
+// that loads before it waits and one that never waits, and to pass one
+// that waits first.
+func TestWaitFirstCatchesALateWait(t *testing.T) {
+	needNVRTC(t)
+	ptx, err := CompilePTX(`
+#define WAIT asm volatile("griddepcontrol.wait;" ::: "memory")
+#define LAUNCH asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+extern "C" __global__ void first(float* x) { WAIT; LAUNCH; x[threadIdx.x] += 1.f; }
+extern "C" __global__ void late(float* x) { float v = x[threadIdx.x]; WAIT; LAUNCH; x[threadIdx.x + 1] = v; }
+extern "C" __global__ void never(float* x) { x[threadIdx.x] = 1.f; }
+`, "compute_90")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(waitLate(ptx), "; ")
+	for _, want := range []string{"late (ld.global", "never (no griddepcontrol.wait"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("waitLate = %q, want it to name %q", got, want)
+		}
+	}
+	if strings.Contains(got, "first") {
+		t.Errorf("waitLate = %q names first, which waits before it loads", got)
 	}
 }

@@ -484,3 +484,63 @@ func TestCUDAOpenClose100(t *testing.T) {
 		t.Errorf("100 open/close cycles lost %d MiB of device memory", (free0-free1)>>20)
 	}
 }
+
+// TestCUDAProgrammaticLaunches runs chains of kernels each of which reads
+// what the one before wrote and writes what it read (Note [programmatic
+// dependent launch]), eagerly and from a captured graph: a kernel that
+// touched memory before its wait would read a stale element or overwrite
+// one still to be read, and the sums would come out wrong. On compute
+// capability 9.0 the launches must be programmatic.
+func TestCUDAProgrammaticLaunches(t *testing.T) {
+	b := testBackend(t)
+	var cc int
+	fmt.Sscanf(b.Arch(), "sm_%d", &cc)
+	if cc >= 90 && !b.programmatic {
+		t.Errorf("%s launches kernels as ordinary ones: cuLaunchKernelEx bound: %v", b.Arch(), b.d.launchKernelEx != nil)
+	}
+	t.Logf("%s: programmatic launches %v", b.Arch(), b.programmatic)
+	const n = 8 << 20 // grid-stride kernels of several waves
+	x, y := alloc(t, b, 4*n), alloc(t, b, 4*n)
+	defer b.Allocator().Free(x)
+	defer b.Allocator().Free(y)
+	bx, by := kernels.Buf{Block: x, N: n, DType: kernels.F32}, kernels.Buf{Block: y, N: n, DType: kernels.F32}
+	chain := func(pairs int) {
+		for range pairs {
+			b.Affine(by, bx, 1, 1)
+			b.Affine(bx, by, 2, -1) // 2(x+1) − 1 = 2x + 1
+		}
+	}
+	check := func(what string, want float32) {
+		t.Helper()
+		out := make([]byte, 4*n)
+		b.Read(out, bx)
+		v := unsafe.Slice((*float32)(unsafe.Pointer(&out[0])), n)
+		for i := 0; i < n; i += 4099 {
+			if v[i] != want {
+				t.Fatalf("%s: x[%d] = %v, want %v", what, i, v[i], want)
+			}
+		}
+		if v[n-1] != want {
+			t.Fatalf("%s: x[%d] = %v, want %v", what, n-1, v[n-1], want)
+		}
+	}
+	b.Fill(bx, 0)
+	chain(20) // x = 2^20 − 1, exact in F32
+	check("eager", 1<<20-1)
+	b.Fill(bx, 0)
+	if err := b.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	chain(10)
+	g, err := b.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Release()
+	for range 2 {
+		if err := g.Launch(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("captured, twice", 1<<20-1)
+}

@@ -23,6 +23,7 @@ const (
 	attrSharedPerSM                   = 81 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
 	attrSharedPerBlockOptin           = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 	funcAttrMaxDynamicShared          = 8  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	launchAttrProgrammatic            = 6  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 	staticSharedLimit                 = 48 << 10
 )
 
@@ -70,6 +71,7 @@ type driverAPI struct {
 	moduleUnload       func(mod uintptr) cuResult
 	moduleGetFunction  func(f unsafe.Pointer, mod uintptr, name unsafe.Pointer) cuResult
 	launchKernel       func(f uintptr, gx, gy, gz, bx, by, bz, sharedBytes uint32, stream uintptr, params, extra unsafe.Pointer) cuResult
+	launchKernelEx     func(config unsafe.Pointer, f uintptr, params, extra unsafe.Pointer) cuResult // nil before CUDA 12
 	streamCreate       func(stream unsafe.Pointer, flags uint32) cuResult
 	streamDestroy      func(stream uintptr) cuResult
 	streamSynchronize  func(stream uintptr) cuResult
@@ -127,6 +129,12 @@ func (d *driverAPI) init(lib *library) error {
 	}
 	if d.eventElapsedTime == nil {
 		return fmt.Errorf("the CUDA driver is too old or incomplete: %s has no cuEventElapsedTime", lib.name)
+	}
+	// CUDA 12.0 added cuLaunchKernelEx, which programmatic dependent
+	// launches need (Note [programmatic dependent launch]); without it
+	// launches are ordinary.
+	if p, err := lib.sym("cuLaunchKernelEx"); err == nil {
+		fn4("cuLaunchKernelEx", &d.launchKernelEx).set(p)
 	}
 	if err := d.check("cuInit", d.init_(0)); err != nil {
 		return err

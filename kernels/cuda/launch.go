@@ -159,18 +159,48 @@ func (k kernel[A]) launchShared(b *Backend, dt kernels.DType, d dims, shared int
 		a.ptrs[i] = unsafe.Add(unsafe.Pointer(&a.data[0]), p.offset)
 	}
 	b.queued(k.name)
-	b.d.must("cuLaunchKernel("+k.name+")", b.d.launchKernel(f, d.gx, d.gy, 1, d.block, 1, 1, uint32(shared), b.stream,
+	if !b.programmatic {
+		b.d.must("cuLaunchKernel("+k.name+")", b.d.launchKernel(f, d.gx, d.gy, 1, d.block, 1, 1, uint32(shared), b.stream,
+			unsafe.Pointer(&a.ptrs[0]), nil))
+		return
+	}
+	a.config = launchConfig{gridX: d.gx, gridY: d.gy, gridZ: 1, blockX: d.block, blockY: 1, blockZ: 1,
+		shared: uint32(shared), stream: b.stream, attrs: uintptr(unsafe.Pointer(&a.attr)), numAttrs: 1}
+	a.attr = launchAttr{id: launchAttrProgrammatic}
+	a.attr.value[0] = 1 // programmaticStreamSerializationAllowed, an int
+	b.d.must("cuLaunchKernelEx("+k.name+")", b.d.launchKernelEx(unsafe.Pointer(&a.config), f,
 		unsafe.Pointer(&a.ptrs[0]), nil))
 }
 
 // launchArgs holds the arguments of one launch: cuLaunchKernel takes an
-// array of pointers to argument values. It lives on the Go heap, whose
-// objects do not move, is reachable from the Backend for as long as the
-// driver may read it (the launch call), and is reused under the backend's
-// lock.
+// array of pointers to argument values, cuLaunchKernelEx also a
+// configuration that points to its attributes. It lives on the Go heap,
+// whose objects do not move, is reachable from the Backend for as long as
+// the driver may read it (the launch call), and is reused under the
+// backend's lock.
 type launchArgs struct {
-	data [512]uint64 // the parameter struct, 8-byte aligned
-	ptrs [64]unsafe.Pointer
+	data   [512]uint64 // the parameter struct, 8-byte aligned
+	ptrs   [64]unsafe.Pointer
+	config launchConfig
+	attr   launchAttr
+}
+
+// launchConfig is the driver's CUlaunchConfig.
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	shared                 uint32
+	stream                 uintptr
+	attrs                  uintptr // *launchAttr, in the same launchArgs
+	numAttrs               uint32
+}
+
+// launchAttr is the driver's CUlaunchAttribute: an id, padding to 8 bytes
+// and a 64-byte union of values.
+type launchAttr struct {
+	id    uint32
+	_     uint32
+	value [8]uint64
 }
 
 // function returns the kernel's instantiation v from the module.

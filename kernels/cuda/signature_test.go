@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 // ptxParam is one parameter of a kernel in the PTX: its type (u32, u64,
@@ -198,4 +199,26 @@ func TestSignatureCheckCatchesMismatch(t *testing.T) {
 func mismatch[A any](name string, typed bool) *kernelDecl {
 	t := reflect.TypeFor[A]()
 	return &kernelDecl{name: name, typed: typed, args: t, params: flatten(t, 0)}
+}
+
+// TestLaunchConfigLayout holds launchConfig and launchAttr to the driver's
+// CUlaunchConfig and CUlaunchAttribute (cuda.h, 64-bit): cuLaunchKernelEx
+// reads them by offset.
+func TestLaunchConfigLayout(t *testing.T) {
+	for _, c := range []struct {
+		what      string
+		got, want uintptr
+	}{
+		{"sizeof(CUlaunchConfig)", unsafe.Sizeof(launchConfig{}), 56},
+		{"offsetof(CUlaunchConfig, sharedMemBytes)", unsafe.Offsetof(launchConfig{}.shared), 24},
+		{"offsetof(CUlaunchConfig, hStream)", unsafe.Offsetof(launchConfig{}.stream), 32},
+		{"offsetof(CUlaunchConfig, attrs)", unsafe.Offsetof(launchConfig{}.attrs), 40},
+		{"offsetof(CUlaunchConfig, numAttrs)", unsafe.Offsetof(launchConfig{}.numAttrs), 48},
+		{"sizeof(CUlaunchAttribute)", unsafe.Sizeof(launchAttr{}), 72},
+		{"offsetof(CUlaunchAttribute, value)", unsafe.Offsetof(launchAttr{}.value), 8},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.what, c.got, c.want)
+		}
+	}
 }

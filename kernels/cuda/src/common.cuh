@@ -84,6 +84,25 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// Note [programmatic dependent launch]: on compute capability 9.0 and
+// later the backend launches every kernel of this module as a programmatic
+// dependent of the kernel before it in its stream (launch.go), so that the
+// driver can place its blocks while that kernel's last blocks still run,
+// rather than after it has finished. kernel_entry, every kernel's first
+// statement, waits until the grids before it have finished and their
+// writes are visible (griddepcontrol.wait: nothing of the kernel touches
+// memory before it), then lets the kernel after it be placed
+// (griddepcontrol.launch_dependents), whose blocks wait in their turn.
+// Stream order is kept; only the launch overlaps. Elsewhere both are
+// absent and launches are ordinary. TestKernelsWaitFirst checks every
+// kernel's PTX.
+__device__ __forceinline__ void kernel_entry() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 

@@ -82,14 +82,20 @@ __device__ void transpose(int outer, int rows, int cols, const T* x, T* y) {
 #define CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(int nb, int C, int H, int W, int R, int S_, int sh, int sw, int ph,  \
                                           int pw, int OH, int OW, const T* x, T* col, i64 sN, i64 sCRS) {     \
+        kernel_entry();                                                                                       \
         im2col(nb, C, H, W, R, S_, sh, sw, ph, pw, OH, OW, x, col, sN, sCRS);                                 \
     }                                                                                                          \
     extern "C" __global__ void col2im_##S(int nb, int C, int H, int W, int R, int S_, int sh, int sw, int ph,  \
                                           int pw, int OH, int OW, const T* col, T* dx, i64 sN, i64 sCRS) {    \
+        kernel_entry();                                                                                       \
         col2im(nb, C, H, W, R, S_, sh, sw, ph, pw, OH, OW, col, dx, sN, sCRS);                                \
     }                                                                                                          \
-    extern "C" __global__ void nkl_to_knl_##S(int nb, int K, int L, const T* x, T* y) { nkl_to_knl(nb, K, L, x, y); } \
+    extern "C" __global__ void nkl_to_knl_##S(int nb, int K, int L, const T* x, T* y) {                        \
+        kernel_entry();                                                                                        \
+        nkl_to_knl(nb, K, L, x, y);                                                                            \
+    }                                                                                                          \
     extern "C" __global__ void transpose_##S(int outer, int rows, int cols, const T* x, T* y) {                \
+        kernel_entry();                                                                                        \
         transpose(outer, rows, cols, x, y);                                                                    \
     }
 FOR_TYPES(CONV)

@@ -15,16 +15,16 @@ template <typename S, typename D> __device__ void cast4(i64 n, const S* x, D* y)
     }
     GRID_STRIDE(i, n) st(y, i, ld(x, i));
 }
-extern "C" __global__ void cast_f32_f16(i64 n, const float* x, f16* y) { cast4(n, x, y); }
-extern "C" __global__ void cast_f16_f32(i64 n, const f16* x, float* y) { cast4(n, x, y); }
-extern "C" __global__ void cast_i32_f32(i64 n, const int* x, float* y) { GRID_STRIDE(i, n) y[i] = (float)x[i]; }
-extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)x[i]; }
-extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
-extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
-extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { cast4(n, x, y); }
-extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { cast4(n, x, y); }
-extern "C" __global__ void cast_i32_bf16(i64 n, const int* x, bf16* y) { GRID_STRIDE(i, n) y[i] = f2bf((float)x[i]); }
-extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { GRID_STRIDE(i, n) y[i] = (int)bf2f(x[i]); }
+extern "C" __global__ void cast_f32_f16(i64 n, const float* x, f16* y) { kernel_entry(); cast4(n, x, y); }
+extern "C" __global__ void cast_f16_f32(i64 n, const f16* x, float* y) { kernel_entry(); cast4(n, x, y); }
+extern "C" __global__ void cast_i32_f32(i64 n, const int* x, float* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (float)x[i]; }
+extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)x[i]; }
+extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
+extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
+extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { kernel_entry(); cast4(n, x, y); }
+extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { kernel_entry(); cast4(n, x, y); }
+extern "C" __global__ void cast_i32_bf16(i64 n, const int* x, bf16* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = f2bf((float)x[i]); }
+extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)bf2f(x[i]); }
 
 // unary_f, unary_grad and binary_f are generated from package kernels'
 // tables (source.go).
@@ -159,18 +159,25 @@ __device__ void binary_mixed(int op, int swap, i64 n, Bcast bc, const float* a, 
 }
 
 #define ELEMENTWISE(T, S)                                                                                   \
-    extern "C" __global__ void unary_##S(int op, i64 n, const T* x, T* y) { unary(op, n, x, y); }            \
+    extern "C" __global__ void unary_##S(int op, i64 n, const T* x, T* y) {                                 \
+        kernel_entry();                                                                                     \
+        unary(op, n, x, y);                                                                                 \
+    }                                                                                                       \
     extern "C" __global__ void unary_bwd_##S(int op, i64 n, const T* dy, const T* x, const T* y, T* dx) {   \
+        kernel_entry();                                                                                     \
         unary_bwd(op, n, dy, x, y, dx);                                                                     \
     }                                                                                                       \
     extern "C" __global__ void affine_##S(i64 n, const T* x, T* y, float alpha, float beta) {               \
+        kernel_entry();                                                                                     \
         affine(n, x, y, alpha, beta);                                                                       \
     }                                                                                                       \
     extern "C" __global__ void binary_##S(int op, i64 n, Bcast bc, const T* a, const T* b, T* y) {          \
+        kernel_entry();                                                                                     \
         binary(op, n, bc, a, b, y);                                                                         \
     }                                                                                                       \
     extern "C" __global__ void binary_mixed_##S(int op, int swap, i64 n, Bcast bc, const float* a, const T* b, \
                                                 float* y) {                                                 \
+        kernel_entry();                                                                                     \
         binary_mixed(op, swap, n, bc, a, b, y);                                                             \
     }
 FOR_TYPES(ELEMENTWISE)
@@ -206,6 +213,7 @@ __device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* au
 #define GEMM_EPILOGUE(T, S)                                                                                   \
     extern "C" __global__ void gemm_epilogue_##S(int rows, int cols, T* c, const float* bias, T* aux, int op, \
                                                  int grad) {                                                  \
+        kernel_entry();                                                                                       \
         gemm_epilogue(rows, cols, c, bias, aux, op, grad);                                                    \
     }
 FOR_TYPES(GEMM_EPILOGUE)
@@ -214,6 +222,7 @@ FOR_TYPES(GEMM_EPILOGUE)
 // timer: queued first, it lets the host queue work ahead of the device, so
 // that a profile measures device time without host gaps.
 extern "C" __global__ void spin(long long ns) {
+    kernel_entry();
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     do {

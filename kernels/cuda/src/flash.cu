@@ -750,6 +750,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_FWD_WARPGROUPS / FLASH_WG) flash_fwd_##S(                                             \
         int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
         i64 kbatch, const T* v, int vrow, i64 vbatch, T* o, int orow, i64 obatch, float* lse) {                  \
+        kernel_entry();                                                                                         \
         flash_fwd<T>(B, H, Tq, Tk, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                 \
                      FlashOperand{(const unsigned short*)k, krow, kbatch},                                       \
                      FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
@@ -758,6 +759,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const float* lse,              \
         const float* dvec, T* dk, int dkrow, i64 dkbatch, T* dv, int dvrow, i64 dvbatch) {                      \
+        kernel_entry();                                                                                         \
         flash_bwd_kv<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                  \
                         FlashOperand{(const unsigned short*)k, krow, kbatch},                                    \
                         FlashOperand{(const unsigned short*)v, vrow, vbatch},                                    \
@@ -768,6 +770,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
         const T* v, int vrow, i64 vbatch, const T* dout, int dorow, i64 dobatch, const T* o, int orow,          \
         i64 obatch, const float* lse, float* dvec, T* dq, int dqrow, i64 dqbatch) {                              \
+        kernel_entry();                                                                                         \
         flash_bwd_q<T>(B, H, Tn, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                   \
                        FlashOperand{(const unsigned short*)k, krow, kbatch},                                     \
                        FlashOperand{(const unsigned short*)v, vrow, vbatch},                                     \

@@ -66,6 +66,7 @@ __device__ void count_correct(int n, int k, const T* logits, const int* labels, 
 // sums += (loss·n, right, n): a run's loss and accuracy, accumulated on the
 // device and read once per progress update.
 extern "C" __global__ void metrics(int n, const float* loss, const float* right, float* sums) {
+    kernel_entry();
     sums[0] += loss[0] * n;
     sums[1] += right[0];
     sums[2] += (float)n;
@@ -74,14 +75,17 @@ extern "C" __global__ void metrics(int n, const float* loss, const float* right,
 #define LOSS(T, S)                                                                                             \
     extern "C" __global__ void ce_fwd_##S(int n, int k, const T* logits, const int* labels, float* lse,        \
                                           float* loss) {                                                       \
+        kernel_entry();                                                                                       \
         ce_fwd(n, k, logits, labels, lse, loss);                                                              \
     }                                                                                                          \
     extern "C" __global__ void ce_bwd_##S(int n, int k, const T* logits, const int* labels, const float* lse,  \
                                           const float* dloss, T* dx) {                                         \
+        kernel_entry();                                                                                       \
         ce_bwd(n, k, logits, labels, lse, dloss, dx);                                                         \
     }                                                                                                          \
     extern "C" __global__ void count_correct_##S(int n, int k, const T* logits, const int* labels,          \
                                                  float* right) {                                              \
+        kernel_entry();                                                                                       \
         count_correct(n, k, logits, labels, right);                                                           \
     }
 FOR_TYPES(LOSS)

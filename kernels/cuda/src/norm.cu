@@ -143,6 +143,7 @@ __device__ void bn_apply(int C, int HW, int n, const T* x, const T* res, const f
 }
 
 extern "C" __global__ void bn_grads(int C, int P, const float* partial, float* dgamma, float* dbeta) {
+    kernel_entry();
     int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (c >= C) return;
     float s1 = 0.f, s2 = 0.f;
@@ -179,22 +180,26 @@ __device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y
     extern "C" __global__ void bn_partial_##S(int N, int C, int HW, int P, const T* x, const T* y, const T* res, \
                                               const T* dy, const float* gamma, const float* beta, int relu,      \
                                               const float* mean, const float* invstd, float* partial) {          \
+        kernel_entry();                                                                                         \
         bn_partial(N, C, HW, P, x, y, res, dy, gamma, beta, relu, mean, invstd, partial);                       \
     }                                                                                                           \
     extern "C" __global__ void bn_partial_rows_##S(int N, int C, int HW, int P, const T* x, const T* y,        \
                                                    const T* res, const T* dy, const float* gamma,              \
                                                    const float* beta, int relu, const float* mean,             \
                                                    const float* invstd, float* partial) {                      \
+        kernel_entry();                                                                                        \
         bn_partial_rows(N, C, P, x, y, res, dy, gamma, beta, relu, mean, invstd, partial);                     \
     }                                                                                                           \
     extern "C" __global__ void bn_stats_##S(int N, int C, int HW, int P, const T* x, const float* partial,      \
                                             float eps, float momentum, float* mean, float* invstd,              \
                                             float* run_mean, float* run_var) {                                  \
+        kernel_entry();                                                                                        \
         bn_stats(N, C, HW, P, x, partial, eps, momentum, mean, invstd, run_mean, run_var);                     \
     }                                                                                                           \
     extern "C" __global__ void bn_apply_##S(int C, int HW, int n, const T* x, const T* res, const float* gamma, \
                                             const float* beta, const float* mean, const float* invstd,          \
                                             const float* var, float eps, int relu, T* y) {                      \
+        kernel_entry();                                                                                        \
         bn_apply(C, HW, n, x, res, gamma, beta, mean, invstd, var, eps, relu, y);                              \
     }                                                                                                           \
     extern "C" __global__ void bn_bwd_apply_##S(int N, int C, int HW, int n, const T* x, const T* y,           \
@@ -202,6 +207,7 @@ __device__ void bn_bwd_apply(int N, int C, int HW, int n, const T* x, const T* y
                                                 const float* beta, int relu, const float* mean,                 \
                                                 const float* invstd, const float* dgamma, const float* dbeta,   \
                                                 T* dx, T* dres) {                                               \
+        kernel_entry();                                                                                        \
         bn_bwd_apply(N, C, HW, n, x, y, res, dy, gamma, beta, relu, mean, invstd, dgamma, dbeta, dx, dres);    \
     }
 FOR_TYPES(NORM)

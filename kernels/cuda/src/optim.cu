@@ -11,6 +11,7 @@
 // p[0] params, p[1] grads, p[2] momentum buffers (unused when momentum is 0).
 extern "C" __global__ void sgd_multi(TensorList L, const float* lr_p, float momentum, float dampening, float wd,
                                      int nesterov, int first, const float* skip) {
+    kernel_entry();
     if (skip && *skip != 0.f) return;
     float lr = *lr_p;
     MT_LOOP(L, t, i) {
@@ -41,6 +42,7 @@ __device__ __forceinline__ void adamw_step(float& p, float g, float& m, float& v
 
 extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float beta1, float beta2, float eps, float wd,
                                        const long long* step, const float* skip, const float* gscale) {
+    kernel_entry();
     if (skip && *skip != 0.f) return;
     bool scaled = gscale != 0;
     float gs = scaled ? *gscale : 1.f;
@@ -72,6 +74,7 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
 
 // copy_multi copies list 1 into list 0.
 extern "C" __global__ void copy_multi(TensorList L) {
+    kernel_entry();
     MT_LOOP(L, t, i) { L.p[0][t][i] = L.p[1][t][i]; }
 }
 
@@ -85,15 +88,16 @@ template <typename S, typename D> __device__ void cast_multi(const TensorList& L
 template <typename S> __device__ void accumulate_multi(const TensorList& L) {
     MT_LOOP(L, t, i) { L.p[0][t][i] += ld((const S*)L.p[1][t], i); }
 }
-extern "C" __global__ void cast_multi_f32_f16(TensorList L) { cast_multi<float, f16>(L); }
-extern "C" __global__ void cast_multi_f32_bf16(TensorList L) { cast_multi<float, bf16>(L); }
-extern "C" __global__ void cast_multi_f16_f32(TensorList L) { cast_multi<f16, float>(L); }
-extern "C" __global__ void cast_multi_bf16_f32(TensorList L) { cast_multi<bf16, float>(L); }
-extern "C" __global__ void accumulate_multi_f16(TensorList L) { accumulate_multi<f16>(L); }
-extern "C" __global__ void accumulate_multi_bf16(TensorList L) { accumulate_multi<bf16>(L); }
+extern "C" __global__ void cast_multi_f32_f16(TensorList L) { kernel_entry(); cast_multi<float, f16>(L); }
+extern "C" __global__ void cast_multi_f32_bf16(TensorList L) { kernel_entry(); cast_multi<float, bf16>(L); }
+extern "C" __global__ void cast_multi_f16_f32(TensorList L) { kernel_entry(); cast_multi<f16, float>(L); }
+extern "C" __global__ void cast_multi_bf16_f32(TensorList L) { kernel_entry(); cast_multi<bf16, float>(L); }
+extern "C" __global__ void accumulate_multi_f16(TensorList L) { kernel_entry(); accumulate_multi<f16>(L); }
+extern "C" __global__ void accumulate_multi_bf16(TensorList L) { kernel_entry(); accumulate_multi<bf16>(L); }
 
 // p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
 extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float* found) {
+    kernel_entry();
     float inv_scale = 1.f / *scale;
     MT_LOOP(L, t, i) {
         float g = L.p[0][t][i] * inv_scale;
@@ -106,6 +110,7 @@ extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float
 // skipped step), else grow after `interval` clean steps in a row.
 extern "C" __global__ void update_scale(float* scale, int* tracker, const float* found, float* skipped, float growth,
                                         float backoff, int interval) {
+    kernel_entry();
     if (*found != 0.f) {
         *scale *= backoff;
         *tracker = 0;
@@ -122,6 +127,7 @@ extern "C" __global__ void update_scale(float* scale, int* tracker, const float*
 
 // counter += n unless the flag is set.
 extern "C" __global__ void increment(long long* counter, long long n, const float* unless) {
+    kernel_entry();
     if (unless && *unless != 0.f) return;
     *counter += n;
 }

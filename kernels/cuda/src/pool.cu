@@ -91,9 +91,21 @@ __device__ void avgpool_bwd(Pool p, const T* dy, T* dx) {
     }
 }
 
-#define POOL(T, S)                                                                                              \
-    extern "C" __global__ void maxpool_##S(Pool p, const T* x, T* y) { maxpool(p, x, y); }                     \
-    extern "C" __global__ void maxpool_bwd_##S(Pool p, const T* x, const T* dy, T* dx) { maxpool_bwd(p, x, dy, dx); } \
-    extern "C" __global__ void avgpool_##S(Pool p, const T* x, T* y) { avgpool(p, x, y); }                     \
-    extern "C" __global__ void avgpool_bwd_##S(Pool p, const T* dy, T* dx) { avgpool_bwd(p, dy, dx); }
+#define POOL(T, S)                                                                   \
+    extern "C" __global__ void maxpool_##S(Pool p, const T* x, T* y) {              \
+        kernel_entry();                                                              \
+        maxpool(p, x, y);                                                            \
+    }                                                                                \
+    extern "C" __global__ void maxpool_bwd_##S(Pool p, const T* x, const T* dy, T* dx) { \
+        kernel_entry();                                                              \
+        maxpool_bwd(p, x, dy, dx);                                                   \
+    }                                                                                \
+    extern "C" __global__ void avgpool_##S(Pool p, const T* x, T* y) {              \
+        kernel_entry();                                                              \
+        avgpool(p, x, y);                                                            \
+    }                                                                                \
+    extern "C" __global__ void avgpool_bwd_##S(Pool p, const T* dy, T* dx) {        \
+        kernel_entry();                                                              \
+        avgpool_bwd(p, dy, dx);                                                      \
+    }
 FOR_TYPES(POOL)

@@ -72,14 +72,17 @@ __device__ void dropout(i64 n, unsigned long long seed, unsigned long long offse
 #define RANDOM(T, S)                                                                                            \
     extern "C" __global__ void uniform_##S(i64 n, unsigned long long seed, unsigned long long offset,            \
                                            const long long* base, float lo, float hi, T* y) {                   \
+        kernel_entry();                                                                                        \
         uniform(n, seed, offset + (base ? *base : 0), lo, hi, y);                                              \
     }                                                                                                           \
     extern "C" __global__ void normal_##S(i64 n, unsigned long long seed, unsigned long long offset,             \
                                           const long long* base, float mean, float std, T* y) {                 \
+        kernel_entry();                                                                                        \
         normal(n, seed, offset + (base ? *base : 0), mean, std, y);                                            \
     }                                                                                                           \
     extern "C" __global__ void dropout_##S(i64 n, unsigned long long seed, unsigned long long offset,            \
                                            const long long* base, float p, const T* x, T* y) {                  \
+        kernel_entry();                                                                                        \
         dropout(n, seed, offset + (base ? *base : 0), p, x, y);                                                \
     }
 FOR_TYPES(RANDOM)

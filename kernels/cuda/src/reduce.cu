@@ -159,26 +159,32 @@ __device__ void argmax(int outer, int len, int inner, const T* x, int* y) {
 
 #define REDUCE(T, S)                                                                                         \
     extern "C" __global__ void reduce_rows_##S(int op, int outer, int len, const T* x, T* y) {              \
+        kernel_entry();                                                                                     \
         reduce_rows(op, outer, len, x, y);                                                                  \
     }                                                                                                       \
     extern "C" __global__ void reduce_cols_##S(int op, int outer, int len, int inner, const T* x, T* y) {   \
+        kernel_entry();                                                                                     \
         reduce_cols(op, outer, len, inner, x, y);                                                           \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 8) reduce_cols_split_##S(                             \
         int op, int outer, int len, int inner, int splits, int out_f32, const T* x, float* part,            \
         unsigned* done, void* y) {                                                                          \
+        kernel_entry();                                                                                     \
         reduce_cols_split<1>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 8) reduce_cols_split4_##S(                            \
         int op, int outer, int len, int inner, int splits, int out_f32, const T* x, float* part,            \
         unsigned* done, void* y) {                                                                          \
+        kernel_entry();                                                                                     \
         reduce_cols_split<4>(op, outer, len, inner, splits, out_f32, x, part, done, y);                     \
     }                                                                                                       \
     extern "C" __global__ void reduce_max_bwd_##S(int len, int inner, i64 n, const T* dy, const T* x,      \
                                                   const T* y, T* dx) {                                      \
+        kernel_entry();                                                                                     \
         reduce_max_bwd(len, inner, n, dy, x, y, dx);                                                        \
     }                                                                                                       \
     extern "C" __global__ void argmax_##S(int outer, int len, int inner, const T* x, int* y) {              \
+        kernel_entry();                                                                                     \
         argmax(outer, len, inner, x, y);                                                                    \
     }
 FOR_TYPES(REDUCE)

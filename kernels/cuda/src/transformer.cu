@@ -16,6 +16,7 @@ __device__ void embedding(int n, int dim, const int* ids, const T* table, T* y) 
 // keys[i] = id << 32 | position for i < n, all ones (after every real key)
 // up to the padded length p.
 extern "C" __global__ void embedding_keys(int n, int p, const int* ids, unsigned long long* keys) {
+    kernel_entry();
     GRID_STRIDE(i, p) { keys[i] = i < n ? ((unsigned long long)(unsigned)ids[i] << 32) | (unsigned)i : ~0ull; }
 }
 
@@ -24,6 +25,7 @@ extern "C" __global__ void embedding_keys(int n, int p, const int* ids, unsigned
 // merge of stage k from j = THREADS down; bitonic_step is one global
 // compare-exchange at distance j of stage k.
 extern "C" __global__ void bitonic_local(unsigned long long* keys, int p, int k0) {
+    kernel_entry();
     __shared__ unsigned long long s[2 * THREADS];
     int base = blockIdx.x * 2 * THREADS, t = threadIdx.x;
     s[t] = keys[base + t];
@@ -48,6 +50,7 @@ extern "C" __global__ void bitonic_local(unsigned long long* keys, int p, int k0
 }
 
 extern "C" __global__ void bitonic_step(unsigned long long* keys, int p, int k, int j) {
+    kernel_entry();
     GRID_STRIDE(i, p) {
         int l = (int)i ^ j;
         if (l > i) {
@@ -383,6 +386,7 @@ __device__ void layernorm_bwd(int rows, int cols, const T* x, const float* g, co
 // eight sums are added in order.
 extern "C" __global__ void layernorm_grads(int rows, int cols, int splits, int sets, const float* partial, float* dg,
                                            float* db, float* ds, int stride) {
+    kernel_entry();
     __shared__ float acc[3][8][33];
     int tx = threadIdx.x % 32, ty = threadIdx.x / 32, j = blockIdx.x * 32 + tx, y = blockIdx.y;
     int w0 = (int)((i64)y * rows / splits), w1 = (int)((i64)(y + 1) * rows / splits);
@@ -741,6 +745,7 @@ __device__ void cls_rows_stash(int V, int ldz, int r0, const T* z, const int* la
 
 // The mean loss and the right count, summed in one block in a fixed order.
 extern "C" __global__ void cls_finish(int n, const float* rowloss, const float* rowright, float* loss, float* right) {
+    kernel_entry();
     __shared__ float scratch[32];
     float l = 0.f, c = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -761,6 +766,7 @@ extern "C" __global__ void cls_finish(int n, const float* rowloss, const float* 
 // tensor t of the list (GX = gridDim.x), four elements a load where the
 // tensor allows.
 extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
+    kernel_entry();
     __shared__ float scratch[32];
     int t = blockIdx.y;
     if (t >= L.count) return;
@@ -793,6 +799,7 @@ __device__ double block_sum_double(double v, double* sd) {
 }
 
 extern "C" __global__ void sumsq_finish(int n, const float* partial, double* stretch, unsigned* done, float* out) {
+    kernel_entry();
     __shared__ double sd[THREADS];
     __shared__ bool last;
     int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(n, lo + per);
@@ -823,6 +830,7 @@ extern "C" __global__ void sumsq_finish(int n, const float* partial, double* str
 // norm = √sumsq, coef = min(1, maxnorm/(norm+1e-6)), a NaN norm giving a
 // NaN coefficient as torch's (one thread).
 extern "C" __global__ void clip_coef(const float* sumsq, float maxnorm, float* norm, float* coef) {
+    kernel_entry();
     float nm = (float)sqrt((double)sumsq[0]);
     float c = maxnorm / (nm + 1e-6f);
     norm[0] = nm;
@@ -834,6 +842,7 @@ extern "C" __global__ void clip_coef(const float* sumsq, float maxnorm, float* n
 // scale, no clip for maxnorm 0), and the inf check.
 extern "C" __global__ void unscale_clip(const float* sumsq, const float* scale, float maxnorm, float* norm, float* mult,
                                         float* found) {
+    kernel_entry();
     float s = scale ? *scale : 1.f;
     float ss = sumsq[0];
     float nm = __fdiv_rn((float)sqrt((double)ss), s);
@@ -848,6 +857,7 @@ extern "C" __global__ void unscale_clip(const float* sumsq, const float* scale, 
 }
 
 extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
+    kernel_entry();
     float c = *coef;
     if (c == 1.f) return;
     int t = blockIdx.y;
@@ -866,66 +876,81 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
 
 #define TRANSFORMER(T, S)                                                                                        \
     extern "C" __global__ void embedding_##S(int n, int dim, const int* ids, const T* table, T* y) {            \
+        kernel_entry();                                                                                         \
         embedding(n, dim, ids, table, y);                                                                       \
     }                                                                                                           \
     extern "C" __global__ void embedding_bwd_##S(int n, int dim, const unsigned long long* keys, const T* dy,   \
                                                  float* dtable, int accumulate) {                               \
+        kernel_entry();                                                                                         \
         embedding_bwd(n, dim, keys, dy, dtable, accumulate);                                                    \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_##S(int rows, int cols, const T* x, const float* g, const float* b, \
                                                  float eps, T* y, float* mean, float* rstd) {                   \
+        kernel_entry();                                                                                         \
         layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_##S(int rows, int cols, const T* x, const float* g,                \
                                                  const float* mean, const float* rstd, const T* dy, T* dx,      \
                                                  float* partial, int acc, T* rnd, int sums) {                   \
+        kernel_entry();                                                                                         \
         layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, sums);                           \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_FWD_BLOCKS) layernorm_fwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* b, float eps, T* y, float* mean, float* rstd) { \
+        kernel_entry();                                                                                         \
         layernorm_fwd(rows, cols, x, g, b, eps, y, mean, rstd);                                                 \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * LN_WARPS, LN_BWD_BLOCKS) layernorm_bwd_mixed_##S(int rows, int cols, const float* x, const float* g,      \
                                                        const float* mean, const float* rstd, const T* dy,       \
                                                        float* dx, float* partial, int acc, T* rnd, int sums) {  \
+        kernel_entry();                                                                                         \
         layernorm_bwd(rows, cols, x, g, mean, rstd, dy, dx, partial, acc, rnd, sums);                           \
     }                                                                                                           \
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
                                                T* dst) {                                                        \
+        kernel_entry();                                                                                         \
         attn_gather(B, H, Tn, D, row, batch, src, dst);                                                         \
     }                                                                                                           \
     extern "C" __global__ void attn_scatter_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,  \
                                                 T* dst) {                                                       \
+        kernel_entry();                                                                                         \
         attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
     }                                                                                                           \
     extern "C" __global__ void attn_scatter_f32_##S(int B, int H, int Tn, int D, int row, i64 batch,            \
                                                     const float* src, T* dst) {                                 \
+        kernel_entry();                                                                                         \
         attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
     }                                                                                                           \
     extern "C" __global__ void attn_softmax_##S(int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, \
                                                 float* lse) {                                                   \
+        kernel_entry();                                                                                         \
         attn_softmax(rows, kl, q0, Tq, Tk, s, p, lse);                                                          \
     }                                                                                                           \
     extern "C" __global__ void attn_probs_##S(int bhrows, int rows, int kl, int q0, int Tq, int Tk,             \
                                               const float* s, const float* lse, T* p) {                         \
+        kernel_entry();                                                                                         \
         attn_probs(bhrows, rows, kl, q0, Tq, Tk, s, lse, p);                                                    \
     }                                                                                                           \
     extern "C" __global__ void attn_dscores_##S(int bhrows, int rows, int kl, int q0, int Tq, float scale,      \
                                                 const float* dp, const float* dvec, T* p) {                     \
+        kernel_entry();                                                                                         \
         attn_dscores(bhrows, rows, kl, q0, Tq, scale, dp, dvec, p);                                             \
     }                                                                                                           \
     extern "C" __global__ void attn_rowdot_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* dout,  \
                                                const T* o, float* dvec) {                                       \
+        kernel_entry();                                                                                         \
         attn_rowdot(B, H, Tn, D, row, batch, dout, o, dvec);                                                    \
     }                                                                                                           \
     extern "C" __global__ void cls_rows_##S(int V, int ldz, int r0, const T* z, const int* labels,              \
                                             float* rowloss, float* rowright, int grad, T* dz, const float* gs,  \
                                             float inv) {                                                        \
+        kernel_entry();                                                                                         \
         cls_rows(V, ldz, r0, z, labels, rowloss, rowright, grad, dz, gs, inv);                                  \
     }                                                                                                           \
     extern "C" __global__ void cls_rows_stash_##S(int V, int ldz, int r0, const T* z, const int* labels,        \
                                                   float* rowloss, float* rowright, int grad, T* dz,             \
                                                   const float* gs, float inv) {                                 \
+        kernel_entry();                                                                                         \
         cls_rows_stash(V, ldz, r0, z, labels, rowloss, rowright, grad, dz, gs, inv);                            \
     }
 FOR_TYPES(TRANSFORMER)
