@@ -140,7 +140,9 @@ func (k kernel[A]) launch(b *Backend, dt kernels.DType, d dims, args A) {
 
 // launchShared is launch with shared bytes of dynamic shared memory a
 // block (extern __shared__), at most b.sharedPerBlock: past the 48 KiB a
-// block has without asking, the function is first allowed them.
+// block has without asking, the function is first allowed them. Where
+// b.programmatic, the launch is a programmatic dependent of the kernel
+// before it (Note [programmatic dependent launch], common.cuh).
 func (k kernel[A]) launchShared(b *Backend, dt kernels.DType, d dims, shared int, args A) {
 	if d.gx == 0 || d.gy == 0 {
 		return
