@@ -15,7 +15,7 @@ for what in "$@"; do
   case $what in
   tests)
     OUT="$out" TESTS="${TESTS:-CUDA|WGMMA}" bash scripts/gpu-attn.sh tests
-    grep -E -- "--- (PASS|SKIP|FAIL): .*Programmatic" -A2 "$out/tests.log" | head
+    grep -A2 -E -- "--- (PASS|SKIP|FAIL): .*Programmatic" "$out/tests.log" | head
     grep -E "programmatic launches" "$out/tests.log" | head -2
     ;;
   gpt)
