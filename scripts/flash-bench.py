@@ -139,8 +139,19 @@ def main():
         # Warpgroups a block: FLASH_WG (the prelude's) where flash.cu's blocks have them, else one.
         wg = macro(src, "FLASH_WG", 1) if "FLASH_ROWS" in flash else 1
         rows, threads = 64 * wg, (128 * wg,)
+        # The forward's own warpgroups (FLASH_FWD_WG) where flash.cu's forward
+        # has them, and its dynamic shared memory where it takes some (the
+        # steps of 128 keys of benchmarks/results/2026-12-03-h200-fwd-keys/).
+        fwd_wg, fwd_shared = wg, 0
+        if "FWD_ROWS" in flash:
+            fwd_wg = macro(src, "FLASH_FWD_WG", 1)
+        if "flash_fwd_shared" in flash:
+            ld = D if (arch or "sm_90a") == "sm_90a" else D + 8
+            fwd_shared = 2 * 2 * macro(src, "FLASH_FWD_KEYS", 64) * ld * 2 + 1024
         mod = nvrtc_module(src, arch or "sm_90a")
         fwd = mod.get_function("flash_fwd_" + a.dtype)
+        if fwd_shared > 48 * 1024:
+            fwd.max_dynamic_shared_size_bytes = fwd_shared
         # Two backward kernels (flash_bwd_kv, then flash_bwd_q) or one
         # (flash_bwd: dq's shares added in turn).
         try:
@@ -167,8 +178,9 @@ def main():
         doa = (ptr(do), i32(C), i64(T * C))
 
         def run_fwd():
-            fwd(((T + rows - 1) // rows, B * H), threads,
-                (i32(B), i32(H), i32(T), i32(T), f32(scale)) + qa + ka + va + (ptr(o), i32(C), i64(T * C), ptr(lse)))
+            fwd(((T + 64 * fwd_wg - 1) // (64 * fwd_wg), B * H), (128 * fwd_wg,),
+                (i32(B), i32(H), i32(T), i32(T), f32(scale)) + qa + ka + va + (ptr(o), i32(C), i64(T * C), ptr(lse)),
+                shared_mem=fwd_shared)
 
         run_fwd()
         torch.cuda.synchronize()
@@ -229,7 +241,7 @@ def main():
         out = {"o": o.permute(0, 2, 1, 3), "lse": lse.view(B, H, T)}
         for i, g in enumerate(("dq", "dk", "dv")):
             out[g] = dqkv[:, :, i].permute(0, 2, 1, 3)
-        r = {"wg": wg, "err": {n: rel(x, ref[n]) for n, x in out.items()}}
+        r = {"wg": wg, "fwd_wg": fwd_wg, "fwd_shared": fwd_shared, "err": {n: rel(x, ref[n]) for n, x in out.items()}}
         if first is None:
             first = {n: x.clone() for n, x in out.items()}
         r["same_bits_as_first"] = {n: bool(torch.equal(x, first[n])) for n, x in out.items()}

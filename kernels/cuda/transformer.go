@@ -376,7 +376,7 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	b.enter()
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o) {
-		kFlashFwd[s].launch(b, 0, flashGrid(p), flashFwdArgs{
+		kFlashFwd[s].launch(b, 0, flashGrid(p, flashFwdWarpgroups), flashFwdArgs{
 			int32(p.B), int32(p.H), int32(p.Tq), int32(p.Tk), p.Scale,
 			ptrOf(q), int32(p.QRow), int64(p.QBatch), ptrOf(k), int32(p.KRow), int64(p.KBatch),
 			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
@@ -412,24 +412,28 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 }
 
 // flashTile is the flash kernels' tile of keys (queries in the backward's
-// kv kernel), flashD the head width they are compiled for, and a block is
-// flashWarpgroups warpgroups of 128 threads, each taking 64 rows of
-// queries (keys) and all sharing each tile the block copies (FLASH_TILE,
-// FLASH_D and FLASH_WG in the prelude). Two warpgroups halve the tiles'
-// copies but, at the registers the backward's kernels hold, leave fewer
-// warpgroups on a multiprocessor: on the H200 at GPT-2 small's shape the
-// forward gained 2% and the backward lost 9% (2026-12-02, flash-bench).
+// kv kernel) and flashD the head width they are compiled for. A block of
+// the backward's kernels is flashWarpgroups warpgroups of 128 threads and
+// one of the forward's flashFwdWarpgroups, each warpgroup taking 64 rows
+// of queries (keys) and all sharing each tile the block copies
+// (FLASH_TILE, FLASH_D, FLASH_WG and FLASH_FWD_WG in the prelude). Two
+// warpgroups halve the tiles' copies; at the registers the backward's
+// kernels hold they also leave fewer warpgroups on a multiprocessor. On
+// the H200 at GPT-2 small's shape, blocks of two cost the backward 9%
+// (2026-12-02) and took the forward from 0.148-0.149 to 0.142-0.143 ms
+// (2026-12-03; scripts/flash-bench.py).
 const (
-	flashTile       = 64
-	flashD          = 64
-	flashWarpgroups = 1
+	flashTile          = 64
+	flashD             = 64
+	flashWarpgroups    = 1
+	flashFwdWarpgroups = 2
 )
 
 // flashGrid is the flash kernels' grid and block for p: a block for every
-// 64·flashWarpgroups queries (keys) of each head.
-func flashGrid(p kernels.AttentionParams) dims {
-	rows := 64 * flashWarpgroups
-	return dims{uint32((p.Tq + rows - 1) / rows), uint32(p.B * p.H), 128 * flashWarpgroups}
+// 64·warpgroups queries (keys) of each head.
+func flashGrid(p kernels.AttentionParams, warpgroups int) dims {
+	rows := 64 * warpgroups
+	return dims{uint32((p.Tq + rows - 1) / rows), uint32(p.B * p.H), uint32(128 * warpgroups)}
 }
 
 // flash reports whether the flash kernels take an attention: F16 or BF16
@@ -479,7 +483,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		// after it, reads.
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
 		defer b.alloc.Free(dvec)
-		grid := flashGrid(p)
+		grid := flashGrid(p, flashWarpgroups)
 		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
 		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),

@@ -3,7 +3,7 @@
 // head width of FLASH_D. No kernel stores a score matrix: scores live in
 // registers a tile at a time.
 //
-//   flash_fwd     a block per FLASH_ROWS queries of one (batch, head): the
+//   flash_fwd     a block per FWD_ROWS queries of one (batch, head): the
 //                 key tiles in turn, online softmax; o and the log-sum-exp
 //                 written.
 //   flash_bwd_q   a block per FLASH_ROWS queries: its rows' Σ do·o (dvec)
@@ -31,7 +31,8 @@
 // instances of fwd_softmax, kv_probs and q_probs), probabilities round in
 // pairs with one cvt, 2^x is one MUFU.EX2, the backward kernels apply the
 // scale to dk and dq once, and ldmatrix addresses are a base plus
-// constants. FLASH_D, FLASH_TILE and FLASH_WG come from Go (source.go's prelude).
+// constants. FLASH_D, FLASH_TILE, FLASH_WG and FLASH_FWD_WG come from Go
+// (source.go's prelude).
 //
 // On Hopper (sm_90a, the target the backend compiles for on compute
 // capability 9.0) the same kernels run their products as warpgroup MMAs
@@ -46,12 +47,16 @@
 // (mma_abt, mma_ab, and mma_wait and mma_done after them) hide which of
 // the two runs; everything else is shared.
 
-// A block is FLASH_WG warpgroups (from Go), FLASH_ROWS rows of queries
-// (keys in flash_bwd_kv), 64 a warpgroup, sharing each tile it copies.
-// The warpgroups of each kernel a multiprocessor should hold at once: a
-// bound on its registers (measured on the H200 with scripts/flash-bench.py).
+// A block of the backward's kernels is FLASH_WG warpgroups, FLASH_ROWS
+// rows of queries (keys in flash_bwd_kv), and one of the forward's
+// FLASH_FWD_WG, FWD_ROWS queries (both from Go): 64 rows a warpgroup, all
+// sharing each tile the block copies. The warpgroups of each kernel a
+// multiprocessor should hold at once: a bound on its registers (measured
+// on the H200 with scripts/flash-bench.py).
 #define FLASH_ROWS (64 * FLASH_WG)
 #define FLASH_THREADS (128 * FLASH_WG)
+#define FWD_ROWS (64 * FLASH_FWD_WG)
+#define FWD_THREADS (128 * FLASH_FWD_WG)
 #define FLASH_FWD_WARPGROUPS 4
 #define FLASH_BWD_KV_WARPGROUPS 2
 #define FLASH_BWD_Q_WARPGROUPS 3
@@ -448,7 +453,7 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&alpha)[2]
 }
 
 // flash_fwd: o = softmax(scale·q·kᵀ, causal)·v, lse its log-sum-exp.
-// Grid (⌈Tq/FLASH_ROWS⌉, B·H), FLASH_THREADS threads. Query i sees keys
+// Grid (⌈Tq/FWD_ROWS⌉, B·H), FWD_THREADS threads. Query i sees keys
 // 0..Tk−Tq+i. The key and value tiles are double-buffered: the next pair's
 // copy runs during the current pair's products. The block's warpgroups
 // share the tiles; each skips those its 64 rows all precede.
@@ -459,12 +464,12 @@ __device__ void flash_fwd(int B, int H, int Tq, int Tk, float scale, FlashOperan
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     check_tiles(sk), check_tiles(sv);
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_ROWS; // the costliest blocks first
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FWD_ROWS; // the costliest blocks first
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     int r0 = q0 + warp * 16;
     float sl2 = scale * LOG2E;
     int shift = Tk - Tq;
-    int last = shift + min(q0 + FLASH_ROWS, Tq) - 1;                   // the block's last visible key
+    int last = shift + min(q0 + FWD_ROWS, Tq) - 1;                   // the block's last visible key
     int mine = shift + min(q0 + 64 * ((threadIdx.x >> 7) + 1), Tq) - 1; // its warpgroup's
     unsigned ka = smem_addr(sk[0]), va = smem_addr(sv[0]);
     load_tile_async(sk[0], k, b, h, 0, Tk);
@@ -747,7 +752,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
 }
 
 #define FLASH(T, S)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_FWD_WARPGROUPS / FLASH_WG) flash_fwd_##S(                                             \
+    extern "C" __global__ void __launch_bounds__(FWD_THREADS, FLASH_FWD_WARPGROUPS / FLASH_FWD_WG) flash_fwd_##S(                                             \
         int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
         i64 kbatch, const T* v, int vrow, i64 vbatch, T* o, int orow, i64 obatch, float* lse) {                  \
         kernel_entry();                                                                                         \
