@@ -87,6 +87,8 @@ type Backend struct {
 	dnnHandle   uintptr
 	dnnReason   string // why cuDNN is not used
 	plans       map[planKey]*convPlan
+	dnnAttn     map[dnnAttnKey]*dnnAttnPlan // attention's plans (Note [cuDNN's attention forward])
+	noDNNAttn   bool                        // tests: attention's forward by the flash kernels
 	dnnFailures []string
 	alpha       float32 // cuBLAS and cuDNN read their scalars through host pointers
 	beta        float32
@@ -153,7 +155,8 @@ func open(index int, opts Options) (*Backend, error) {
 	defer runtime.UnlockOSThread()
 
 	b := &Backend{index: index, name: fmt.Sprintf("cuda:%d", index), opts: opts, asked: asked, d: d, cb: cb,
-		funcs: newFunctionTable(), funcShared: map[uintptr]int{}, args: new(launchArgs), plans: map[planKey]*convPlan{}}
+		funcs: newFunctionTable(), funcShared: map[uintptr]int{}, args: new(launchArgs), plans: map[planKey]*convPlan{},
+		dnnAttn: map[dnnAttnKey]*dnnAttnPlan{}}
 	b.captureDone = sync.NewCond(&b.mu)
 	var dev int32
 	if err := d.check("cuDeviceGet", d.deviceGet(unsafe.Pointer(&dev), int32(index))); err != nil {
@@ -303,9 +306,12 @@ func (b *Backend) Close() error {
 				}
 			}
 		}
+		for _, pl := range b.dnnAttn {
+			keep(destroyDescs(dnn, pl.descs))
+		}
 		keep(dnn.check("cudnnDestroy", dnn.destroy(b.dnnHandle)))
 	}
-	b.plans = nil
+	b.plans, b.dnnAttn = nil, nil
 	if lt := b.lt; lt != nil {
 		for _, pl := range b.ltPlans {
 			for _, l := range []uintptr{pl.a, pl.b, pl.d} {

@@ -131,6 +131,40 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
+// TestCUDADNNAttention: with cuDNN loaded, attention's forward with as
+// many queries as keys runs as cuDNN's graph (Note [cuDNN's attention
+// forward]), its o and log-sum-exp checked by the conformance cases
+// against the CPU's, and the flash kernels' backward from them; with
+// noDNNAttn the flash kernels take the forward too.
+func TestCUDADNNAttention(t *testing.T) {
+	b := testBackend(t)
+	if b.dnn == nil || !b.tensorCores {
+		t.Skipf("no cuDNN (%s) or no tensor cores on %s", b.dnnReason, b.arch)
+	}
+	for _, off := range []bool{false, true} {
+		b.noDNNAttn = off
+		b.StartProfile()
+		kerneltest.Run(t, b, "attention")
+		ops, err := b.StopProfile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := 0
+		for _, op := range ops {
+			if strings.HasPrefix(op.Op, "cudnn attention forward") {
+				ran++
+			}
+		}
+		if got := ran > 0; got == off {
+			t.Errorf("noDNNAttn %v: cuDNN's attention ran %d times; its refusals: %q", off, ran, b.DNNAttention())
+		}
+	}
+	b.noDNNAttn = false
+	if why := b.DNNAttention(); why != "" {
+		t.Errorf("cuDNN %d refused attention: %s", b.dnn.version, why)
+	}
+}
+
 // TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt, with
 // and without the bias gradients (ltSums), and again with noLt, unfused
 // (cublasGemmEx and gemm_epilogue); cuBLASLt must have an algorithm for

@@ -72,6 +72,16 @@ type cudnnAPI struct {
 		requested int32, returned, results unsafe.Pointer, ws, wsSize uintptr) cudnnStatus
 	forward, backwardData, backwardFilter func(handle uintptr, alpha unsafe.Pointer, aDesc, a, bDesc, b, convDesc uintptr,
 		algo int32, ws, wsSize uintptr, beta unsafe.Pointer, yDesc, y uintptr) cudnnStatus
+
+	// The backend (graph) API, for attention (sdpa.go): a descriptor's
+	// type or attribute name, an attribute's type, a count of elements and
+	// where they are.
+	backendCreate       func(typ int32, d unsafe.Pointer) cudnnStatus
+	backendDestroy      func(d uintptr) cudnnStatus
+	backendSetAttribute func(d uintptr, name, typ int32, n int64, elems unsafe.Pointer) cudnnStatus
+	backendGetAttribute func(d uintptr, name, typ int32, requested int64, n, elems unsafe.Pointer) cudnnStatus
+	backendFinalize     func(d uintptr) cudnnStatus
+	backendExecute      func(handle, plan, pack uintptr) cudnnStatus
 }
 
 func (c *cudnnAPI) symbols() []symbol {
@@ -91,6 +101,9 @@ func (c *cudnnAPI) symbols() []symbol {
 		fn13("cudnnFindConvolutionBackwardFilterAlgorithmEx", &c.findBackwardFilter),
 		fn13("cudnnConvolutionForward", &c.forward), fn13("cudnnConvolutionBackwardData", &c.backwardData),
 		fn13("cudnnConvolutionBackwardFilter", &c.backwardFilter),
+		fn2("cudnnBackendCreateDescriptor", &c.backendCreate), fn1("cudnnBackendDestroyDescriptor", &c.backendDestroy),
+		fn5("cudnnBackendSetAttribute", &c.backendSetAttribute), fn6("cudnnBackendGetAttribute", &c.backendGetAttribute),
+		fn1("cudnnBackendFinalize", &c.backendFinalize), fn3("cudnnBackendExecute", &c.backendExecute),
 	}
 }
 

@@ -376,6 +376,9 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	b.enter()
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o) {
+		if b.dnnAttention(p, s, q, k, v, o, lse) {
+			return
+		}
 		kFlashFwd[s].launch(b, 0, flashGrid(p, flashFwdWarpgroups), flashFwdArgs{
 			int32(p.B), int32(p.H), int32(p.Tq), int32(p.Tk), p.Scale,
 			ptrOf(q), int32(p.QRow), int64(p.QBatch), ptrOf(k), int32(p.KRow), int64(p.KBatch),
