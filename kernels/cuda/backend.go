@@ -87,8 +87,8 @@ type Backend struct {
 	dnnHandle   uintptr
 	dnnReason   string // why cuDNN is not used
 	plans       map[planKey]*convPlan
-	dnnAttn     map[dnnAttnKey]*dnnAttnPlan // attention's plans (Note [cuDNN's attention forward])
-	noDNNAttn   bool                        // tests: attention's forward by the flash kernels
+	dnnAttn     map[dnnAttnKey]*dnnAttnPlan // attention's plans (Note [cuDNN's attention])
+	noDNNAttn   bool                        // tests: attention by the flash kernels
 	dnnFailures []string
 	alpha       float32 // cuBLAS and cuDNN read their scalars through host pointers
 	beta        float32

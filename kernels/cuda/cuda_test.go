@@ -131,11 +131,10 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
-// TestCUDADNNAttention: with cuDNN loaded, attention's forward with as
-// many queries as keys runs as cuDNN's graph (Note [cuDNN's attention
-// forward]), its o and log-sum-exp checked by the conformance cases
-// against the CPU's, and the flash kernels' backward from them; with
-// noDNNAttn the flash kernels take the forward too.
+// TestCUDADNNAttention: with cuDNN loaded, attention with as many
+// queries as keys runs as cuDNN's graphs, forward and backward (Note
+// [cuDNN's attention]), checked by the conformance cases against the
+// CPU's; with noDNNAttn the flash kernels take it.
 func TestCUDADNNAttention(t *testing.T) {
 	b := testBackend(t)
 	if b.dnn == nil || !b.tensorCores {
@@ -149,14 +148,16 @@ func TestCUDADNNAttention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ran := 0
+		ran := map[string]int{}
 		for _, op := range ops {
-			if strings.HasPrefix(op.Op, "cudnn attention forward") {
-				ran++
+			for _, dir := range []string{"forward", "backward"} {
+				if strings.HasPrefix(op.Op, "cudnn attention "+dir) {
+					ran[dir]++
+				}
 			}
 		}
-		if got := ran > 0; got == off {
-			t.Errorf("noDNNAttn %v: cuDNN's attention ran %d times; its refusals: %q", off, ran, b.DNNAttention())
+		if off != (ran["forward"] == 0) || off != (ran["backward"] == 0) {
+			t.Errorf("noDNNAttn %v: cuDNN's attention ran %v; its refusals: %q", off, ran, b.DNNAttention())
 		}
 	}
 	b.noDNNAttn = false

@@ -7,27 +7,30 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
 )
 
-// Note [cuDNN's attention forward]: where cuDNN is loaded, a causal
-// attention's forward with as many queries as keys runs as one cuDNN
-// graph, built with cuDNN's backend API: the graph cuDNN's C++ frontend
-// makes of its scaled-dot-product attention for cuDNN before 9.21 (which
-// we cannot link), whose fused flash-attention engine cuDNN picks for it.
-// Its nodes: s = q·kᵀ (F32), s·scale, the causal mask (the row and column
-// indices, row ≥ column, and -∞ elsewhere by a binary select), the
-// softmax with its statistics (the rows' maxima, exp(s − max), their sums,
-// max + log sum: the log-sum-exp the backward reads, which the flash
-// kernels' forward writes too), the probabilities in the operands' dtype,
-// and o = p·v. q, k, v and o keep their strides (k's transposed by its
-// strides), so c_attn's packed output is read in place. The backward stays
-// the flash kernels' (cuDNN 9.14, the GPU machine's, has no backward
-// operation of its own, and the frontend's backward graph is not built
-// here). Each shape's plan is built once, the first engine configuration
-// of cuDNN's heuristic that finalizes, and never while a graph is being
-// captured (a shape first seen then takes the flash kernels); a shape
-// cuDNN refuses keeps the flash kernels, with the reason kept
-// (Backend.DNNAttention).
+// Note [cuDNN's attention]: where cuDNN is loaded, a causal attention
+// with as many queries as keys runs as cuDNN's graphs, forward and
+// backward, built with cuDNN's backend API: the graphs cuDNN's C++
+// frontend makes of its scaled-dot-product attention for cuDNN before
+// 9.21 (which we cannot link), whose fused flash-attention engines cuDNN
+// picks for them. The forward: s = q·kᵀ (F32), s·scale, the causal mask
+// (the row and column indices, row ≥ column, and -∞ elsewhere by a binary
+// select), the softmax with its statistics (the rows' maxima, exp(s −
+// max), their sums, max + log sum: the log-sum-exp the backward reads,
+// which the flash kernels' forward writes too), the probabilities in the
+// operands' dtype, and o = p·v. The backward: Σ do·o a row, p again from
+// q·kᵀ and the log-sum-exp, dv = pᵀ·do, ds = p·(do·vᵀ − Σ do·o)·scale, dk
+// = dsᵀ·q and dq = ds·k through an F32 accumulator (cuDNN 9.6 or later,
+// which clears it itself). q, k, v, o and their gradients keep their
+// strides (k's and v's transposed by their strides), so c_attn's packed
+// output and its packed gradient are read and written in place. Each
+// direction's plan for a shape is built once, the first engine
+// configuration of cuDNN's heuristic that finalizes, and never while a
+// graph is being captured (a shape first seen then takes the flash
+// kernels); the other shapes, and any cuDNN refuses, keep the flash
+// kernels, with the reason kept (Backend.DNNAttention).
 
 // The backend API's enums (cudnn_graph.h).
 const (
@@ -43,6 +46,7 @@ const (
 	dnnOpMatmulDesc    = 19
 	dnnReductionDesc   = 21
 	dnnOpReductionDesc = 22
+	dnnOpReshapeDesc   = 31
 
 	dnnTypeHandle     = 0
 	dnnTypeDataType   = 1
@@ -90,6 +94,8 @@ const (
 	dnnAttrOpReductionX      = 1610
 	dnnAttrOpReductionY      = 1611
 	dnnAttrOpReductionDesc   = 1612
+	dnnAttrOpReshapeX        = 2200
+	dnnAttrOpReshapeY        = 2201
 
 	dnnDataInt32   = 4
 	dnnDataBoolean = 11
@@ -100,6 +106,7 @@ const (
 	dnnPwSub          = 9
 	dnnPwExp          = 13
 	dnnPwLog          = 15
+	dnnPwIdentity     = 21
 	dnnPwCmpGE        = 303
 	dnnPwGenIndex     = 501
 	dnnPwBinarySelect = 601
@@ -233,6 +240,15 @@ func (g *dnnGraph) reduction(op int32, x, y uintptr) uintptr {
 	return o
 }
 
+// reshape is the operation y = x seen through y's dims and strides.
+func (g *dnnGraph) reshape(x, y uintptr) uintptr {
+	op := g.desc(dnnOpReshapeDesc)
+	g.setDesc(op, dnnAttrOpReshapeX, x)
+	g.setDesc(op, dnnAttrOpReshapeY, y)
+	g.finalize(op, "reshape operation")
+	return op
+}
+
 // plan finalizes the operation graph of ops and returns the execution
 // plan of the first of cuDNN's heuristic's engine configurations that
 // finalizes, and its workspace bytes.
@@ -305,8 +321,9 @@ func destroyDescs(c *cudnnAPI, ds []uintptr) error {
 	return first
 }
 
-// dnnAttnKey is a shape and layout of attention forward.
+// dnnAttnKey is a direction, shape and layout of attention.
 type dnnAttnKey struct {
+	backward                       bool
 	dt                             kernels.DType
 	b, h, t, d                     int
 	qRow, kRow, vRow, oRow         int
@@ -322,7 +339,7 @@ type dnnAttnPlan struct {
 	descs   []uintptr
 }
 
-// The graph's tensors' unique ids: the ones the variant pack names, then
+// The graphs' tensors' unique ids: the ones the variant packs name, then
 // the virtual ones.
 const (
 	uidQ = iota + 1
@@ -332,6 +349,13 @@ const (
 	uidStats
 	uidScale
 	uidNegInf
+	uidDO
+	uidDQ
+	uidDK
+	uidDV
+	uidOne
+	uidRowDot  // the backward's Σ do·o of each row, F32
+	uidDQAccum // the backward's F32 dq before its rounding
 	uidVirtual = 100
 )
 
@@ -344,12 +368,22 @@ func (b *Backend) dnnAttnPlanFor(key dnnAttnKey) *dnnAttnPlan {
 	if b.capturing {
 		return nil
 	}
-	g := &dnnGraph{c: b.dnn}
-	plan, ws := buildAttnForward(g, b.dnnHandle, key)
-	pl := &dnnAttnPlan{plan: plan, ws: ws, descs: g.made}
-	if g.err != nil {
-		pl.refused = g.err.Error()
-		if err := g.free(); err != nil {
+	a := &attnGraph{dnnGraph: dnnGraph{c: b.dnn}, k: key, uid: uidVirtual}
+	var ops []uintptr
+	if key.backward {
+		ops = a.backward()
+	} else {
+		ops = a.forward()
+	}
+	var plan uintptr
+	var ws int64
+	if a.err == nil {
+		plan, ws = a.plan(b.dnnHandle, ops)
+	}
+	pl := &dnnAttnPlan{plan: plan, ws: ws, descs: a.made}
+	if a.err != nil {
+		pl.refused = a.err.Error()
+		if err := a.free(); err != nil {
 			pl.refused += "; " + err.Error()
 		}
 		pl.descs = nil
@@ -358,93 +392,207 @@ func (b *Backend) dnnAttnPlanFor(key dnnAttnKey) *dnnAttnPlan {
 	return pl
 }
 
-// buildAttnForward builds the forward graph of Note [cuDNN's attention
-// forward] for key and returns its plan.
-func buildAttnForward(g *dnnGraph, handle uintptr, k dnnAttnKey) (uintptr, int64) {
-	dt := int32(cudnnDataBF16)
-	if k.dt == kernels.F16 {
-		dt = cudnnDataHalf
-	}
-	B, H, T, D := int64(k.b), int64(k.h), int64(k.t), int64(k.d)
-	q := g.tensor(uidQ, dt, [4]int64{B, H, T, D}, [4]int64{int64(k.qBatch), D, int64(k.qRow), 1}, false, false)
-	kt := g.tensor(uidK, dt, [4]int64{B, H, D, T}, [4]int64{int64(k.kBatch), D, 1, int64(k.kRow)}, false, false)
-	v := g.tensor(uidV, dt, [4]int64{B, H, T, D}, [4]int64{int64(k.vBatch), D, int64(k.vRow), 1}, false, false)
-	o := g.tensor(uidO, dt, [4]int64{B, H, T, D}, [4]int64{int64(k.oBatch), D, int64(k.oRow), 1}, false, false)
-	rowDims, rowStrides := [4]int64{B, H, T, 1}, [4]int64{H * T, T, 1, 1}
-	stats := g.tensor(uidStats, cudnnDataFloat, rowDims, rowStrides, false, false)
-	one := [4]int64{1, 1, 1, 1}
-	scale := g.tensor(uidScale, cudnnDataFloat, one, one, false, true)
-	negInf := g.tensor(uidNegInf, cudnnDataFloat, one, one, false, true)
-	uid := int64(uidVirtual)
-	virtual := func(dt int32, dims, strides [4]int64) uintptr {
-		uid++
-		return g.tensor(uid, dt, dims, strides, true, false)
-	}
-	sDims, sStrides := [4]int64{B, H, T, T}, [4]int64{H * T * T, T * T, T, 1}
-	score := func() uintptr { return virtual(cudnnDataFloat, sDims, sStrides) }
-	rowVec := func() uintptr { return virtual(cudnnDataFloat, rowDims, rowStrides) }
-	f32 := int32(cudnnDataFloat)
+// attnGraph builds the graphs of Note [cuDNN's attention] for k.
+type attnGraph struct {
+	dnnGraph
+	k   dnnAttnKey
+	uid int64 // the last virtual tensor's
+}
 
-	s := score()
-	ops := []uintptr{g.matmul(q, kt, s)}
-	scaled := score()
-	ops = append(ops, g.pointwise(dnnPwMul, f32, 0, s, scale, 0, scaled))
-	row, col := virtual(dnnDataInt32, sDims, sStrides), virtual(dnnDataInt32, sDims, sStrides)
-	ops = append(ops, g.pointwise(dnnPwGenIndex, f32, 2, scaled, 0, 0, row), g.pointwise(dnnPwGenIndex, f32, 3, scaled, 0, 0, col))
-	seen := virtual(dnnDataBoolean, sDims, sStrides)
-	ops = append(ops, g.pointwise(dnnPwCmpGE, dnnDataBoolean, 0, row, col, 0, seen))
-	masked := score()
-	ops = append(ops, g.pointwise(dnnPwBinarySelect, f32, 0, scaled, negInf, seen, masked))
-	mx := rowVec()
-	ops = append(ops, g.reduction(dnnReduceMax, masked, mx))
-	sub, ex := score(), score()
-	ops = append(ops, g.pointwise(dnnPwSub, f32, 0, masked, mx, 0, sub), g.pointwise(dnnPwExp, f32, 0, sub, 0, 0, ex))
-	sum, lg := rowVec(), rowVec()
-	ops = append(ops, g.reduction(dnnReduceAdd, ex, sum), g.pointwise(dnnPwLog, f32, 0, sum, 0, 0, lg))
-	ops = append(ops, g.pointwise(dnnPwAdd, f32, 0, mx, lg, 0, stats))
-	p := virtual(dt, sDims, sStrides) // the probabilities in the operands' dtype, as the second product reads them
-	ops = append(ops, g.pointwise(dnnPwDiv, f32, 0, ex, sum, 0, p))
-	ops = append(ops, g.matmul(p, v, o))
-	if g.err != nil {
-		return 0, 0
+// dt is the operands' cuDNN data type.
+func (a *attnGraph) dt() int32 {
+	if a.k.dt == kernels.F16 {
+		return cudnnDataHalf
 	}
-	return g.plan(handle, ops)
+	return cudnnDataBF16
+}
+
+// operand is a [B, H, T, D] operand of a's dtype with rows row and
+// batches batch elements apart, or (transposed) its [B, H, D, T] view;
+// a virtual one takes the next virtual uid.
+func (a *attnGraph) operand(uid int64, row, batch int, transposed, virtual bool) uintptr {
+	B, H, T, D := int64(a.k.b), int64(a.k.h), int64(a.k.t), int64(a.k.d)
+	if virtual {
+		a.uid++
+		uid = a.uid
+	}
+	if transposed {
+		return a.tensor(uid, a.dt(), [4]int64{B, H, D, T}, [4]int64{int64(batch), D, 1, int64(row)}, virtual, false)
+	}
+	return a.tensor(uid, a.dt(), [4]int64{B, H, T, D}, [4]int64{int64(batch), D, int64(row), 1}, virtual, false)
+}
+
+// virtual is a new virtual tensor of type dt.
+func (a *attnGraph) virtual(dt int32, dims, strides [4]int64) uintptr {
+	a.uid++
+	return a.tensor(a.uid, dt, dims, strides, true, false)
+}
+
+// scores is a virtual [B, H, T, T] tensor of type dt, row-major or (transposed) column-major.
+func (a *attnGraph) scores(dt int32, transposed bool) uintptr {
+	B, H, T := int64(a.k.b), int64(a.k.h), int64(a.k.t)
+	if transposed {
+		return a.virtual(dt, [4]int64{B, H, T, T}, [4]int64{H * T * T, T * T, 1, T})
+	}
+	return a.virtual(dt, [4]int64{B, H, T, T}, [4]int64{H * T * T, T * T, T, 1})
+}
+
+// rows is a [B, H, T, 1] F32 tensor: uid's, or virtual when uid is 0.
+func (a *attnGraph) rows(uid int64) uintptr {
+	B, H, T := int64(a.k.b), int64(a.k.h), int64(a.k.t)
+	dims, strides := [4]int64{B, H, T, 1}, [4]int64{H * T, T, 1, 1}
+	if uid == 0 {
+		return a.virtual(cudnnDataFloat, dims, strides)
+	}
+	return a.tensor(uid, cudnnDataFloat, dims, strides, false, false)
+}
+
+// scalar is an F32 scalar passed by value.
+func (a *attnGraph) scalar(uid int64) uintptr {
+	one := [4]int64{1, 1, 1, 1}
+	return a.tensor(uid, cudnnDataFloat, one, one, false, true)
+}
+
+// causal returns s with -∞ where a key follows its query, and the operations.
+func (a *attnGraph) causal(s uintptr) (uintptr, []uintptr) {
+	f32 := int32(cudnnDataFloat)
+	row, col := a.scores(dnnDataInt32, false), a.scores(dnnDataInt32, false)
+	seen, masked := a.scores(dnnDataBoolean, false), a.scores(f32, false)
+	return masked, []uintptr{a.pointwise(dnnPwGenIndex, f32, 2, s, 0, 0, row), a.pointwise(dnnPwGenIndex, f32, 3, s, 0, 0, col),
+		a.pointwise(dnnPwCmpGE, dnnDataBoolean, 0, row, col, 0, seen),
+		a.pointwise(dnnPwBinarySelect, f32, 0, s, a.scalar(uidNegInf), seen, masked)}
+}
+
+// forward is the forward graph's operations.
+func (a *attnGraph) forward() []uintptr {
+	k, f32 := a.k, int32(cudnnDataFloat)
+	q, kt := a.operand(uidQ, k.qRow, k.qBatch, false, false), a.operand(uidK, k.kRow, k.kBatch, true, false)
+	v, o := a.operand(uidV, k.vRow, k.vBatch, false, false), a.operand(uidO, k.oRow, k.oBatch, false, false)
+	s, scaled := a.scores(f32, false), a.scores(f32, false)
+	ops := []uintptr{a.matmul(q, kt, s), a.pointwise(dnnPwMul, f32, 0, s, a.scalar(uidScale), 0, scaled)}
+	masked, mask := a.causal(scaled)
+	ops = append(ops, mask...)
+	mx, sum, lg := a.rows(0), a.rows(0), a.rows(0)
+	sub, ex := a.scores(f32, false), a.scores(f32, false)
+	p := a.scores(a.dt(), false) // the probabilities in the operands' dtype, as the second product reads them
+	return append(ops, a.reduction(dnnReduceMax, masked, mx), a.pointwise(dnnPwSub, f32, 0, masked, mx, 0, sub),
+		a.pointwise(dnnPwExp, f32, 0, sub, 0, 0, ex), a.reduction(dnnReduceAdd, ex, sum),
+		a.pointwise(dnnPwLog, f32, 0, sum, 0, 0, lg), a.pointwise(dnnPwAdd, f32, 0, mx, lg, 0, a.rows(uidStats)),
+		a.pointwise(dnnPwDiv, f32, 0, ex, sum, 0, p), a.matmul(p, v, o))
+}
+
+// backward is the backward graph's operations: p recomputed from the
+// log-sum-exp, dv = pᵀ·do, ds = p·(do·vᵀ − Σ do·o)·scale, dk = dsᵀ·q and
+// dq = ds·k, dq through an F32 accumulator (uidDQAccum) and Σ do·o kept
+// in uidRowDot, both given by the caller, as the frontend's graph has them.
+func (a *attnGraph) backward() []uintptr {
+	k, f32 := a.k, int32(cudnnDataFloat)
+	B, H, T, D := int64(k.b), int64(k.h), int64(k.t), int64(k.d)
+	q, kt := a.operand(uidQ, k.qRow, k.qBatch, false, false), a.operand(uidK, k.kRow, k.kBatch, true, false)
+	vt, o := a.operand(uidV, k.vRow, k.vBatch, true, false), a.operand(uidO, k.oRow, k.oBatch, false, false)
+	do := a.operand(uidDO, k.oRow, k.oBatch, false, false)
+	dq, dk := a.operand(uidDQ, k.qRow, k.qBatch, false, false), a.operand(uidDK, k.kRow, k.kBatch, false, false)
+	dv := a.operand(uidDV, k.vRow, k.vBatch, false, false)
+	scale, stats := a.scalar(uidScale), a.rows(uidStats)
+
+	prod := a.virtual(f32, [4]int64{B, H, T, D}, [4]int64{H * T * D, T * D, H * D, 1})
+	dot, rowDot := a.rows(0), a.rows(uidRowDot)
+	ops := []uintptr{a.pointwise(dnnPwMul, f32, 0, do, o, 0, prod), a.reduction(dnnReduceAdd, prod, dot),
+		a.pointwise(dnnPwMul, f32, 0, dot, a.scalar(uidOne), 0, rowDot)}
+
+	s, scaled, centred := a.scores(f32, false), a.scores(f32, false), a.scores(f32, false)
+	ops = append(ops, a.matmul(q, kt, s), a.pointwise(dnnPwMul, f32, 0, s, scale, 0, scaled),
+		a.pointwise(dnnPwSub, f32, 0, scaled, stats, 0, centred))
+	masked, mask := a.causal(centred)
+	ops = append(ops, mask...)
+	p, pt := a.scores(f32, false), a.scores(a.dt(), true)
+	ops = append(ops, a.pointwise(dnnPwExp, f32, 0, masked, 0, 0, p), a.reshape(p, pt), a.matmul(pt, do, dv))
+
+	dp, dpc, ds, dss := a.scores(f32, false), a.scores(f32, false), a.scores(f32, false), a.scores(f32, false)
+	dst := a.scores(a.dt(), true)
+	ops = append(ops, a.matmul(do, vt, dp), a.pointwise(dnnPwSub, f32, 0, dp, rowDot, 0, dpc),
+		a.pointwise(dnnPwMul, f32, 0, dpc, p, 0, ds), a.pointwise(dnnPwMul, f32, 0, ds, scale, 0, dss),
+		a.reshape(dss, dst), a.matmul(dst, q, dk))
+
+	kr := a.operand(0, k.kRow, k.kBatch, false, true)
+	acc := a.tensor(uidDQAccum, f32, [4]int64{B, H, T, D}, [4]int64{H * T * D, T * D, D, 1}, false, false)
+	return append(ops, a.reshape(kt, kr), a.matmul(dss, kr, acc), a.pointwise(dnnPwIdentity, f32, 0, acc, 0, 0, dq))
 }
 
 // dnnAttention runs Attention's forward as cuDNN's graph (Note [cuDNN's
-// attention forward]) and reports whether it did: F16 or BF16, as many
+// attention]) and reports whether it did: F16 or BF16, as many
 // queries as keys, the flash kernels' layout conditions (the caller's
 // b.flash), cuDNN loaded and not b.noDNNAttn.
 func (b *Backend) dnnAttention(p kernels.AttentionParams, s kernels.DType, q, k, v, o, lse kernels.Buf) bool {
+	return b.dnnAttnRun(false, p, s, map[int64]uintptr{uidQ: ptrOf(q), uidK: ptrOf(k), uidV: ptrOf(v), uidO: ptrOf(o),
+		uidStats: ptrOf(lse)})
+}
+
+// dnnAttentionBackward is dnnAttention for AttentionBackward; cuDNN 9.6
+// or later (before, the frontend clears the F32 dq first).
+func (b *Backend) dnnAttentionBackward(p kernels.AttentionParams, s kernels.DType, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) bool {
+	if b.dnn == nil || b.dnn.version < 90600 {
+		return false
+	}
+	return b.dnnAttnRun(true, p, s, map[int64]uintptr{uidQ: ptrOf(q), uidK: ptrOf(k), uidV: ptrOf(v), uidO: ptrOf(o),
+		uidStats: ptrOf(lse), uidDO: ptrOf(do), uidDQ: ptrOf(dq), uidDK: ptrOf(dk), uidDV: ptrOf(dv)})
+}
+
+// dnnAttnRun runs the graph of p in direction backward on the tensors
+// ptrs names, with the scalars and the backward's F32 buffers added, and
+// reports whether it did.
+func (b *Backend) dnnAttnRun(backward bool, p kernels.AttentionParams, s kernels.DType, ptrs map[int64]uintptr) bool {
 	if b.dnn == nil || b.noDNNAttn || p.Tq != p.Tk {
 		return false
 	}
-	pl := b.dnnAttnPlanFor(dnnAttnKey{dt: s, b: p.B, h: p.H, t: p.Tq, d: p.D, qRow: p.QRow, kRow: p.KRow, vRow: p.VRow,
-		oRow: p.ORow, qBatch: p.QBatch, kBatch: p.KBatch, vBatch: p.VBatch, oBatch: p.OBatch})
+	pl := b.dnnAttnPlanFor(dnnAttnKey{backward: backward, dt: s, b: p.B, h: p.H, t: p.Tq, d: p.D, qRow: p.QRow, kRow: p.KRow,
+		vRow: p.VRow, oRow: p.ORow, qBatch: p.QBatch, kBatch: p.KBatch, vBatch: p.VBatch, oBatch: p.OBatch})
 	if pl == nil || pl.refused != "" {
 		return false
 	}
+	var blocks []*memory.Block
+	defer func() {
+		for _, blk := range blocks {
+			b.alloc.Free(blk)
+		}
+	}()
+	space := func(bytes int64) uintptr {
+		blk := b.workspace(bytes)
+		blocks = append(blocks, blk)
+		return blk.Addr()
+	}
 	var ws uintptr
 	if pl.ws > 0 {
-		blk := b.workspace(pl.ws)
-		defer b.alloc.Free(blk)
-		ws = blk.Addr()
+		ws = space(pl.ws)
+	}
+	if backward {
+		rows := int64(p.B * p.H * p.Tq)
+		ptrs[uidRowDot], ptrs[uidDQAccum] = space(rows*4), space(rows*int64(p.D)*4)
 	}
 	// The scalars go by value: cuDNN reads them from host memory during
 	// the call, from a heap object, which does not move.
-	scalars := &[2]float32{p.Scale, float32(math.Inf(-1))}
-	uids := [...]int64{uidQ, uidK, uidV, uidO, uidStats, uidScale, uidNegInf}
-	ptrs := [...]uintptr{ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(o), ptrOf(lse),
-		uintptr(unsafe.Pointer(&scalars[0])), uintptr(unsafe.Pointer(&scalars[1]))}
+	scalars := &[3]float32{p.Scale, float32(math.Inf(-1)), 1}
+	ptrs[uidScale], ptrs[uidNegInf] = uintptr(unsafe.Pointer(&scalars[0])), uintptr(unsafe.Pointer(&scalars[1]))
+	if backward {
+		ptrs[uidOne] = uintptr(unsafe.Pointer(&scalars[2]))
+	}
+	uids, addrs := make([]int64, 0, len(ptrs)), make([]uintptr, 0, len(ptrs))
+	for u, a := range ptrs {
+		uids, addrs = append(uids, u), append(addrs, a)
+	}
 	g := &dnnGraph{c: b.dnn}
 	pack := g.desc(dnnVariantPackDesc)
 	g.set(pack, dnnAttrPackUIDs, dnnTypeInt64, len(uids), unsafe.Pointer(&uids[0]))
-	g.set(pack, dnnAttrPackPointers, dnnTypeVoidPtr, len(ptrs), unsafe.Pointer(&ptrs[0]))
+	g.set(pack, dnnAttrPackPointers, dnnTypeVoidPtr, len(addrs), unsafe.Pointer(&addrs[0]))
 	g.set(pack, dnnAttrPackWorkspace, dnnTypeVoidPtr, 1, unsafe.Pointer(&ws))
 	g.finalize(pack, "variant pack")
 	if g.err == nil {
-		b.queued("cudnn attention forward " + s.String())
-		g.check("cudnnBackendExecute(attention forward)", b.dnn.backendExecute(b.dnnHandle, pl.plan, pack))
+		what := "forward"
+		if backward {
+			what = "backward"
+		}
+		b.queued("cudnn attention " + what + " " + s.String())
+		g.check("cudnnBackendExecute(attention "+what+")", b.dnn.backendExecute(b.dnnHandle, pl.plan, pack))
 	}
 	runtime.KeepAlive(scalars)
 	if err := g.free(); g.err == nil {
@@ -456,8 +604,9 @@ func (b *Backend) dnnAttention(p kernels.AttentionParams, s kernels.DType, q, k,
 	return true
 }
 
-// DNNAttention says whether cuDNN's graph ran the attention forwards of
-// the shapes seen so far: each shape's refusal, or "" when every one ran.
+// DNNAttention says whether cuDNN's graphs ran the attentions of the
+// shapes seen so far: each direction and shape's refusal, or "" when
+// every one ran.
 func (b *Backend) DNNAttention() string {
 	b.enter()
 	defer b.exit()

@@ -482,6 +482,9 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	b.enter()
 	defer b.exit()
 	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
+		if b.dnnAttentionBackward(p, s, q, k, v, o, lse, do, dq, dk, dv) {
+			return
+		}
 		// flash_bwd_q writes the rows' Σ do·o (dvec) that flash_bwd_kv,
 		// after it, reads.
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
