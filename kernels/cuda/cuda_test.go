@@ -103,13 +103,16 @@ func TestCUDATransformerChunks(t *testing.T) {
 }
 
 // TestCUDAFlashAttention: on tensor cores, F16 and BF16 attention of head
-// width 64 runs the flash kernels (the conformance cases check their
-// results); the chunked path takes the rest, and all of it with noFlash.
+// width 64 runs the flash kernels where cuDNN's graphs do not (noDNNAttn;
+// the conformance cases check their results); the chunked path takes the
+// rest, and all of it with noFlash.
 func TestCUDAFlashAttention(t *testing.T) {
 	b := testBackend(t)
 	if !b.tensorCores {
 		t.Skipf("%s has no mma.sync for F16 and BF16", b.arch)
 	}
+	b.noDNNAttn = true
+	defer func() { b.noDNNAttn = false }()
 	for _, noFlash := range []bool{false, true} {
 		b.noFlash = noFlash
 		b.StartProfile()
