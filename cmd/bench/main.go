@@ -73,6 +73,16 @@ type spec struct {
 	batches []int
 }
 
+// hasText says whether a language model is among specs.
+func hasText(specs []spec) bool {
+	for _, sp := range specs {
+		if a, err := train.LookupArch(sp.model); err == nil && a.Text {
+			return true
+		}
+	}
+	return false
+}
+
 func parseSpecs(s string) ([]spec, error) {
 	var out []spec
 	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' }) {
@@ -317,6 +327,9 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	}
 	if c, ok := dev.Backend().(interface{ ConvEngine() string }); ok {
 		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
+	}
+	if a, ok := dev.Backend().(interface{ AttnEngine() string }); ok && hasText(specs) {
+		rep.Notes = append(rep.Notes, "leangrad attention: "+a.AttnEngine()+".")
 	}
 	configs := strings.Split(o.configs, ",")
 	bo := o.harness()

@@ -166,3 +166,22 @@ printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4
 		t.Errorf("no round-by-round notes against PyTorch and fp32: %q", rep.Notes)
 	}
 }
+
+func TestHasText(t *testing.T) {
+	for _, c := range []struct {
+		specs string
+		want  bool
+	}{
+		{"resnet20:256 mlp:32", false},
+		{"gpt2:16", true},
+		{"mlp:32 gpt-small:8", true},
+	} {
+		specs, err := parseSpecs(c.specs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hasText(specs); got != c.want {
+			t.Errorf("hasText(%q) = %v, want %v", c.specs, got, c.want)
+		}
+	}
+}

@@ -159,7 +159,8 @@ func TestCUDADNNAttention(t *testing.T) {
 				}
 			}
 		}
-		if off != (ran["forward"] == 0) || off != (ran["backward"] == 0) {
+		backward := !off && b.dnn.version >= 90600 // the backward graph needs cuDNN 9.6
+		if (ran["forward"] > 0) == off || (ran["backward"] > 0) != backward {
 			t.Errorf("noDNNAttn %v: cuDNN's attention ran %v; its refusals: %q", off, ran, b.DNNAttention())
 		}
 	}

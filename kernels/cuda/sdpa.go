@@ -621,3 +621,24 @@ func (b *Backend) DNNAttention() string {
 	}
 	return msg
 }
+
+// AttnEngine names what runs causal attention of F16 and BF16 operands:
+// cuDNN's graphs and the version (Note [cuDNN's attention]), the flash
+// kernels for what they do not take, the chunked path (cuBLAS and a
+// softmax kernel) for the rest.
+func (b *Backend) AttnEngine() string {
+	flash := "flash kernels"
+	if !b.tensorCores {
+		return "the chunked path (no tensor cores for the flash kernels)"
+	}
+	if b.dnn == nil {
+		return flash + " (cuDNN is not loaded: " + b.dnnReason + ")"
+	}
+	v := b.dnn.version
+	dirs := "forward and backward"
+	if v < 90600 {
+		dirs = "forward"
+	}
+	return fmt.Sprintf("cuDNN %d.%d.%d graphs (%s) where queries and keys are as many, else %s", v/10000, v/100%100, v%100,
+		dirs, flash)
+}
