@@ -29,7 +29,8 @@ import (
 // direction's plan for a shape is built once, the first engine
 // configuration of cuDNN's heuristic that finalizes, and never while a
 // graph is being captured (a shape first seen then takes the flash
-// kernels); the other shapes, and any cuDNN refuses, keep the flash
+// kernels, whose results differ from cuDNN's in the last bits); the other
+// shapes, and any cuDNN refuses, keep the flash
 // kernels, with the reason kept (Backend.DNNAttention).
 
 // The backend API's enums (cudnn_graph.h).
@@ -125,6 +126,7 @@ type dnnGraph struct {
 	err  error
 }
 
+// check keeps r as g's error, named by what, unless g has one already.
 func (g *dnnGraph) check(what string, r cudnnStatus) {
 	if g.err == nil {
 		g.err = g.c.check(what, r)
@@ -152,6 +154,8 @@ func (g *dnnGraph) set(d uintptr, name, typ int32, n int, p unsafe.Pointer) {
 	g.check(fmt.Sprintf("cudnnBackendSetAttribute(%d)", name), g.c.backendSetAttribute(d, name, typ, int64(n), p))
 }
 
+// setInt, setEnum and setDesc set an attribute of d to one value: an
+// int64, an enum of attribute type typ, or a descriptor.
 func (g *dnnGraph) setInt(d uintptr, name int32, v int64) {
 	g.set(d, name, dnnTypeInt64, 1, unsafe.Pointer(&v))
 }
@@ -160,6 +164,7 @@ func (g *dnnGraph) setDesc(d uintptr, name int32, v uintptr) {
 	g.set(d, name, dnnTypeDescriptor, 1, unsafe.Pointer(&v))
 }
 
+// finalize finalizes d, what naming it in an error.
 func (g *dnnGraph) finalize(d uintptr, what string) {
 	if g.err == nil {
 		g.check("cudnnBackendFinalize("+what+")", g.c.backendFinalize(d))
