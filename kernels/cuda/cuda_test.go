@@ -115,23 +115,31 @@ func TestCUDAFlashAttention(t *testing.T) {
 	defer func() { b.noDNNAttn = false }()
 	for _, noFlash := range []bool{false, true} {
 		b.noFlash = noFlash
-		b.StartProfile()
-		kerneltest.Run(t, b, "attention")
-		ops, err := b.StopProfile()
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]bool{}
-		for _, op := range ops {
-			seen[op.Op] = true
-		}
+		ran := attentionOps(t, b)
 		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
-			if seen[k] == noFlash {
-				t.Errorf("noFlash %v: %s ran: %v", noFlash, k, seen[k])
+			if (ran[k] > 0) == noFlash {
+				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
 			}
 		}
 	}
 	b.noFlash = false
+}
+
+// attentionOps runs the attention conformance cases on b and counts the
+// operations each ran.
+func attentionOps(t *testing.T, b *Backend) map[string]int {
+	t.Helper()
+	b.StartProfile()
+	kerneltest.Run(t, b, "attention")
+	ops, err := b.StopProfile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]int{}
+	for _, op := range ops {
+		ran[op.Op]++
+	}
+	return ran
 }
 
 // TestCUDADNNAttention: with cuDNN loaded, attention with as many
@@ -145,17 +153,11 @@ func TestCUDADNNAttention(t *testing.T) {
 	}
 	for _, off := range []bool{false, true} {
 		b.noDNNAttn = off
-		b.StartProfile()
-		kerneltest.Run(t, b, "attention")
-		ops, err := b.StopProfile()
-		if err != nil {
-			t.Fatal(err)
-		}
 		ran := map[string]int{}
-		for _, op := range ops {
+		for op, n := range attentionOps(t, b) {
 			for _, dir := range []string{"forward", "backward"} {
-				if strings.HasPrefix(op.Op, "cudnn attention "+dir) {
-					ran[dir]++
+				if strings.HasPrefix(op, "cudnn attention "+dir) {
+					ran[dir] += n
 				}
 			}
 		}
