@@ -366,10 +366,12 @@ func attnChunk(budget, bh, tq, tk, es int) int {
 	return m
 }
 
-// Attention: q, k and v gathered into [B·H, T, D]; per chunk of query
-// rows, the scores over the keys the chunk sees (cuBLAS, F32, scaled),
-// their masked softmax (the log-sum-exp saved, the probabilities in the
-// operands' dtype) and their product with v; o scattered back.
+// Attention runs as cuDNN's graph (Note [cuDNN's attention]) or the flash
+// kernels where they take it, else chunked: q, k and v gathered into
+// [B·H, T, D]; per chunk of query rows, the scores over the keys the
+// chunk sees (cuBLAS, F32, scaled), their masked softmax (the log-sum-exp
+// saved, the probabilities in the operands' dtype) and their product with
+// v; o scattered back.
 func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
 	kernels.CheckAttention("attention", p, q, k, v, o, lse)
 	s := floatType("attention", q, k, v, o)
@@ -468,7 +470,8 @@ func (b *Backend) attnGather(s kernels.DType, p kernels.AttentionParams, t, row,
 	kAttnGather.launch(b, s, b.elems(int64(p.B*p.H*t*p.D)), attnMoveArgs{layout(p, t, row, batch), ptrOf(src), dst})
 }
 
-// AttentionBackward recomputes each chunk's scores and probabilities from
+// AttentionBackward runs as cuDNN's graph or the flash kernels where they
+// take it, else it recomputes each chunk's scores and probabilities from
 // the saved log-sum-exp: dv += pᵀ·do, dp = do·vᵀ, ds = p·(dp − Σdo·o)·Scale,
 // dq = ds·k, dk += dsᵀ·q, with dq, dk and dv accumulated in F32 and
 // scattered into the gradients' dtype at the end.
