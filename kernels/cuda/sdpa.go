@@ -26,7 +26,8 @@ import (
 // which clears it itself). q, k, v, o and their gradients keep their
 // strides (k's and v's transposed by their strides), so c_attn's packed
 // output and its packed gradient are read and written in place. Each
-// direction's plan for a shape is built once, the first engine
+// direction's plan for a shape is built once (cuDNN compiles its kernels
+// then: most of a second a shape on the H200), the first engine
 // configuration of cuDNN's heuristic that finalizes, and never while a
 // graph is being captured (a shape first seen then takes the flash
 // kernels, whose results differ from cuDNN's in the last bits); the other
