@@ -7,7 +7,10 @@
 #   (scripts/gpu-ab.sh)
 # there: bash scripts/gpu-fwd-keys.sh flash tests gpt bench
 #   flash  flash-bench: the base's kernels, the tree's, and the tree's with the forward's variants
-#          (VARIANTS replaces them; VARIANTS=" " runs none), twice
+#          (VARIANTS replaces them; VARIANTS=" " runs none), twice. The default variant is the
+#          forward in blocks of one warpgroup; the steps of 128 keys measured on 2026-12-03
+#          (FLASH_FWD_KEYS, FLASH_FWD_WARPGROUPS) need that run's fwd-keys.diff applied
+#          (benchmarks/results/2026-12-03-h200-fwd-keys/1-variants/)
 #   tests  the CUDA tests of the staged packages (TESTS)
 #   gpt    GPT-2 small bf16, the old bench and the new alternating (ROUNDS, 2)
 #   bench  GPT-2 small beside PyTorch eager and compiled, bf16 with and without checkpointing and
@@ -17,7 +20,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 src=kernels/cuda/src/flash.cu
-variants=${VARIANTS:-"k128w3=$src@FLASH_FWD_KEYS=128,FLASH_FWD_WARPGROUPS=3 k128w2=$src@FLASH_FWD_KEYS=128,FLASH_FWD_WARPGROUPS=2 wg2=$src@FLASH_FWD_WG=2"}
+variants=${VARIANTS:-"wg1=$src@FLASH_FWD_WG=1"}
 for what in "$@"; do
   case $what in
   flash)

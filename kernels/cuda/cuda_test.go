@@ -115,7 +115,7 @@ func TestCUDAFlashAttention(t *testing.T) {
 	defer func() { b.noDNNAttn = false }()
 	for _, noFlash := range []bool{false, true} {
 		b.noFlash = noFlash
-		ran := attentionOps(t, b)
+		ran := profiledOps(t, b, "attention")
 		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
 			if (ran[k] > 0) == noFlash {
 				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
@@ -125,12 +125,12 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
-// attentionOps runs the attention conformance cases on b and counts the
-// operations each ran.
-func attentionOps(t *testing.T, b *Backend) map[string]int {
+// profiledOps runs the conformance cases named on b and counts the
+// operations they ran, by name.
+func profiledOps(t *testing.T, b *Backend, names ...string) map[string]int {
 	t.Helper()
 	b.StartProfile()
-	kerneltest.Run(t, b, "attention")
+	kerneltest.Run(t, b, names...)
 	ops, err := b.StopProfile()
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestCUDADNNAttention(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		b.noDNNAttn = off
 		ran := map[string]int{}
-		for op, n := range attentionOps(t, b) {
+		for op, n := range profiledOps(t, b, "attention") {
 			for _, dir := range []string{"forward", "backward"} {
 				if strings.HasPrefix(op, "cudnn attention "+dir) {
 					ran[dir] += n
@@ -185,16 +185,10 @@ func TestCUDAGemmEpilogues(t *testing.T) {
 	for _, mode := range []struct{ noLt, sums bool }{{false, false}, {false, true}, {true, false}} {
 		noLt := mode.noLt
 		b.noLt, b.ltSums = mode.noLt, mode.sums
-		b.StartProfile()
-		kerneltest.Run(t, b, "gemm-epilogue")
-		ops, err := b.StopProfile()
-		if err != nil {
-			t.Fatal(err)
-		}
 		seen := map[string]bool{}
-		for _, op := range ops {
+		for op := range profiledOps(t, b, "gemm-epilogue") {
 			for _, name := range []string{"cublasLt", "gemm_epilogue"} {
-				if strings.HasPrefix(op.Op, name) {
+				if strings.HasPrefix(op, name) {
 					seen[name] = true
 				}
 			}

@@ -633,18 +633,17 @@ func (b *Backend) DNNAttention() string {
 // kernels for what they do not take, the chunked path (cuBLAS and a
 // softmax kernel) for the rest.
 func (b *Backend) AttnEngine() string {
-	flash := "flash kernels"
 	if !b.tensorCores {
 		return "the chunked path (no tensor cores for the flash kernels)"
 	}
 	if b.dnn == nil {
-		return flash + " (cuDNN is not loaded: " + b.dnnReason + ")"
+		return "flash kernels (cuDNN is not loaded: " + b.dnnReason + ")"
 	}
 	v := b.dnn.version
 	dirs := "forward and backward"
 	if v < 90600 {
 		dirs = "forward"
 	}
-	return fmt.Sprintf("cuDNN %d.%d.%d graphs (%s) where queries and keys are as many, else %s", v/10000, v/100%100, v%100,
-		dirs, flash)
+	return fmt.Sprintf("cuDNN %d.%d.%d graphs (%s) where queries and keys are as many, else flash kernels",
+		v/10000, v/100%100, v%100, dirs)
 }
