@@ -241,11 +241,32 @@ def bench(a):
     result = {"engine": engine, "mode": "bench", "pytorch": torch.__version__,
               "args": vars(a), "ranks": world, "median_ms": ms, "tokens_per_s": world * a.batch * a.context / (ms / 1e3),
               "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+    if a.profile:
+        result["profile"] = profile(step, a.profile)
     if world > 1:
         dist.destroy_process_group()
         if rank != 0:
             return None
     return result
+
+
+def profile(step, steps):
+    """The device time of each kernel (by name) in a step, the mean of `steps` steps under torch.profiler,
+    longest first: [{"kernel", "ms", "calls"}], per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0.0, 0])
+            k[0] += e.device_time / 1e3  # µs to ms
+            k[1] += 1
+    rows = [{"kernel": name, "ms": ms / steps, "calls": n / steps} for name, (ms, n) in kernels.items()]
+    return sorted(rows, key=lambda r: -r["ms"])
 
 
 def largest(a):
@@ -309,6 +330,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup-steps", type=int, default=5, help="bench: untimed steps")
     p.add_argument("--timed", type=int, default=20, help="bench: timed steps")
+    p.add_argument("--profile", type=int, default=0, help="bench: this many more steps under torch.profiler, "
+                   "each kernel's device time a step in the JSON's profile")
     p.add_argument("--dist-backend", default="nccl", help="bench under torchrun: the process group's backend")
     a = p.parse_args()
     if a.mode == "train" and not a.tokens:
