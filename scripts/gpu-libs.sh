@@ -101,10 +101,7 @@ EOF
     cat "$out/versions.txt"
     ;;
   tests)
-    timeout 360 bash .gpu/run tests -test.run "${TESTS:-CUDA|WGMMA}" -test.count 1 -test.v > "$out/tests.log" 2>&1
-    echo "tests exit: $?"
-    grep -E "^(--- FAIL|FAIL|ok|panic)|_test.go" "$out/tests.log" | tail -30
-    echo "passed: $(grep -c -- '--- PASS' "$out/tests.log"), skipped: $(grep -c -- '--- SKIP' "$out/tests.log"), failed: $(grep -c -- '--- FAIL' "$out/tests.log")"
+    OUT="$out" TESTS="${TESTS:-CUDA|WGMMA}" bash scripts/gpu-attn.sh tests
     ;;
   profile)
     for set in system wheels; do
