@@ -85,18 +85,13 @@ for what in "$@"; do
     {
       echo "PyTorch's cuBLAS and cuDNN: $wheels"
       nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit,power.max_limit --format=csv
-      python3 - "$wheels" <<'EOF'
-import ctypes, sys
-for where in ["/usr/local/cuda/lib64/", "/usr/lib/x86_64-linux-gnu/", *[d + "/" for d in sys.argv[1].split(":")]]:
-    for name, fn in (("libcublasLt.so.13", "cublasLtGetVersion"), ("libcudnn.so.9", "cudnnGetVersion")):
-        try:
-            lib = ctypes.CDLL(where + name)
-            f = getattr(lib, fn)
-            f.restype = ctypes.c_size_t
-            print(where + name, f())
-        except OSError as e:
-            pass
-EOF
+      # One process a library: a second library of the same soname would not load beside the first.
+      for dir in /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu ${wheels//:/ }; do
+        for lib in libcublasLt.so.13:cublasLtGetVersion libcudnn.so.9:cudnnGetVersion; do
+          [ -e "$dir/${lib%%:*}" ] && python3 -c 'import ctypes, sys
+f = getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2]); f.restype = ctypes.c_size_t; print(sys.argv[1], f())' "$dir/${lib%%:*}" "${lib##*:}"
+        done
+      done
     } > "$out/versions.txt" 2>&1
     cat "$out/versions.txt"
     ;;
