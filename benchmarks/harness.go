@@ -88,6 +88,34 @@ func arch(model string, o Options) (train.Arch, error) {
 	return m, err
 }
 
+// LMReference is a language model's shape and recipe as the PyTorch
+// reference builds and trains it (benchmarks/pytorch/ref.py's --lm).
+type LMReference struct {
+	Layers  int     `json:"layers"`
+	Heads   int     `json:"heads"`
+	Width   int     `json:"width"`
+	Vocab   int     `json:"vocab"`
+	Context int     `json:"context"`
+	Dropout float32 `json:"dropout"`
+	LR      float64 `json:"lr"`
+	Beta2   float64 `json:"beta2"`
+	WD      float64 `json:"wd"`
+	Clip    float64 `json:"clip"`
+}
+
+// ReferenceLM returns the LMReference of model, a language model of the
+// registry, with o's vocabulary: what Run trains; false for any other
+// model.
+func ReferenceLM(model string, o Options) (LMReference, bool) {
+	m, err := arch(model, o)
+	if err != nil || !m.Text {
+		return LMReference{}, false
+	}
+	g, r := m.GPT, m.Recipe
+	return LMReference{Layers: g.Layers, Heads: g.Heads, Width: g.Width, Vocab: m.Classes, Context: m.Input[0],
+		Dropout: g.Dropout, LR: r.LR, Beta2: r.Beta2, WD: r.WeightDecay, Clip: r.ClipNorm}, true
+}
+
 // variant is the configuration named name (one of train.Variants, in whose
 // order reports list them) for m: its checkpointing checkpoints m.Segments.
 func variant(m train.Arch, name string) (train.Variant, error) {

@@ -4,7 +4,8 @@
 Runs the same models (ResNet-20 on 1x28x28 with 1x1 projection shortcuts,
 ResNet-18 CIFAR variant on 3x32x32, an MLP 784-256-256-10), batch sizes and
 configurations (fp32, amp, checkpoint, amp+checkpoint) in PyTorch eager:
-torch.autocast(float16) + torch.amp.GradScaler for AMP, torch.utils.checkpoint
+torch.autocast to --amp-dtype (float16 by default, with a
+torch.amp.GradScaler; bfloat16 without) for AMP, torch.utils.checkpoint
 per residual block with use_reentrant=False, cudnn.benchmark on, PyTorch's
 default TF32 policy (cuDNN convolutions may use TF32, matmuls may not: the
 same as leangrad's default), SGD with Nesterov momentum and a learning rate
@@ -13,6 +14,13 @@ configurations also run with the model under
 torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs), the loss,
 scaler and optimiser as in eager; the first --compile-warmup steps compile
 and are timed apart (compile_seconds).
+
+Language models (--lm: their shapes and recipes, as leangrad's registry
+gives them) are gpt.py's GPT trained as gpt.py trains it: AdamW (fused on
+a GPU), the recipe's learning rate, betas, decay and clipping, autocast to
+--amp-dtype, checkpointing every block, random tokens; they run under
+torch.compile in its default mode, as the issues' held-out measurements
+did, not "reduce-overhead".
 
 Each timed step is followed by torch.cuda.synchronize(); the median is
 reported, and the peaks come from torch.cuda.max_memory_allocated and
@@ -34,6 +42,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+import gpt
 
 
 class BasicBlock(nn.Module):
@@ -95,28 +105,49 @@ MODELS = {
 CONFIGS = {"fp32": (False, False), "amp": (True, False), "checkpoint": (False, True), "amp+checkpoint": (True, True)}
 
 
-def bench(model_name, batch, config, warmup, steps, device, compiled=False):
-    shape, build = MODELS[model_name]
+def bench(model_name, batch, config, warmup, steps, device, amp_dtype, lm=None, compiled=False):
+    """Times one spec's training steps; lm is a language model's shape and recipe (None: a CNN or the MLP)."""
     amp, ckpt = CONFIGS[config]
-    torch.manual_seed(1)
-    model = build().to(device)
-    if ckpt:
-        model.checkpoint = True
-        if model_name == "resnet1202":
-            model.segments = "sqrt"
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=True)
     kind = torch.device(device).type
-    scaler = torch.amp.GradScaler(kind, enabled=amp)
-    x = torch.randn(batch, *shape, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    fwd = torch.compile(model, mode="reduce-overhead") if compiled else model
+    dtype = torch.bfloat16 if amp_dtype == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler(kind, enabled=amp and dtype == torch.float16)
+    torch.manual_seed(1)
+    if lm is None:
+        shape, build = MODELS[model_name]
+        model = build().to(device)
+        if ckpt:
+            model.checkpoint = True
+            if model_name == "resnet1202":
+                model.segments = "sqrt"
+        lr = 0.01
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
+        x = torch.randn(batch, *shape, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+        fwd = torch.compile(model, mode="reduce-overhead") if compiled else model
+
+        def loss():
+            return F.cross_entropy(fwd(x), y)
+    else:
+        model = gpt.GPT(lm["layers"], lm["heads"], lm["width"], lm["vocab"], lm["context"], lm["dropout"], ckpt).to(device)
+        lr = lm["lr"]
+        recipe = argparse.Namespace(lr=lr, beta2=lm["beta2"], wd=lm["wd"])
+        opt = gpt.optimizer(model, recipe, fused=kind == "cuda")
+        x = torch.randint(0, lm["vocab"], (batch, lm["context"]), device=device)
+        y = torch.randint(0, lm["vocab"], (batch, lm["context"]), device=device)
+        fwd = torch.compile(model) if compiled else model
+
+        def loss():
+            return fwd(x, y)
 
     def step():
         for g in opt.param_groups:
-            g["lr"] = 0.01
-        with torch.autocast(kind, dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(fwd(x), y)
-        scaler.scale(loss).backward()
+            g["lr"] = lr  # set every step, as a schedule does
+        with torch.autocast(kind, dtype=dtype, enabled=amp):
+            l = loss()
+        scaler.scale(l).backward()
+        if lm is not None and lm["clip"] > 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), lm["clip"])
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
@@ -164,7 +195,11 @@ def main():
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--threads", type=int, default=0, help="on the CPU, intra-op threads (0: PyTorch's default)")
+    ap.add_argument("--amp-dtype", default="f16", choices=["f16", "bf16"], help="what the amp configurations compute in")
+    ap.add_argument("--lm", default="{}", help="the language models among --specs, as JSON: {name: {layers, heads, width, "
+                    "vocab, context, dropout, lr, beta2, wd, clip}}")
     args = ap.parse_args()
+    lms = json.loads(args.lm)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("ref.py: PyTorch sees no CUDA device")
     if args.threads > 0:
@@ -181,8 +216,11 @@ def main():
                     sys.exit(f"ref.py: unknown config {c}")
                 if CONFIGS[c][1] and name == "mlp":
                     continue
+                if name not in MODELS and name not in lms:
+                    sys.exit(f"ref.py: unknown model {name}")
+                lm = lms.get(name)
                 try:
-                    r = bench(name, int(b), c, args.warmup, args.steps, args.device)
+                    r = bench(name, int(b), c, args.warmup, args.steps, args.device, args.amp_dtype, lm)
                 except RuntimeError as e:  # e.g. an autocast dtype this device does not support
                     print(f"pytorch {name} batch {b} {c}: failed: {e}", file=sys.stderr, flush=True)
                     continue
@@ -190,7 +228,8 @@ def main():
                       file=sys.stderr, flush=True)
                 results.append(r)
                 if c in args.compile_configs.split(","):
-                    r = bench(name, int(b), c, args.compile_warmup, args.steps, args.device, compiled=True)
+                    r = bench(name, int(b), c, args.compile_warmup, args.steps, args.device, args.amp_dtype, lm,
+                              compiled=True)
                     print(f"pytorch-compile {name} batch {b} {c}: {r['median_ms']:.2f} ms, "
                           f"{r['peak_allocated'] / 2**20:.1f} MiB, compiled in {r['compile_seconds']:.0f} s",
                           file=sys.stderr, flush=True)

@@ -590,7 +590,8 @@ func claims(dev *tensor.Device, rep *benchmarks.Report, specs []spec, bo benchma
 	return nil
 }
 
-// runPyTorch runs the reference script with the same specs and returns
+// runPyTorch runs the reference script with the same specs (a language
+// model's shape and recipe given as ReferenceLM has them) and returns
 // PyTorch's version and its results. On the CPU it runs there with as many
 // threads as leangrad's goroutines (and on the same cores: it inherits the
 // process's affinity), without torch.compile.
@@ -598,7 +599,21 @@ func runPyTorch(o options, cpu bool, specs []spec, stderr io.Writer) (string, []
 	if _, err := os.Stat(o.pytorch); err != nil {
 		return "", nil, fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
 	}
-	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs}
+	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs,
+		"--amp-dtype", o.ampDType}
+	lms := map[string]benchmarks.LMReference{}
+	for _, sp := range specs {
+		if lm, ok := benchmarks.ReferenceLM(sp.model, o.harness()); ok {
+			lms[sp.model] = lm
+		}
+	}
+	if len(lms) > 0 {
+		js, err := json.Marshal(lms)
+		if err != nil {
+			return "", nil, err
+		}
+		args = append(args, "--lm", string(js))
+	}
 	if cpu {
 		args = append(args, "--device", "cpu", "--threads", strconv.Itoa(runtime.GOMAXPROCS(0)))
 	} else {

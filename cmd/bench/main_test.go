@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -164,6 +165,56 @@ printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"mlp","batch":4
 	}
 	if !torchNote || !ampNote {
 		t.Errorf("no round-by-round notes against PyTorch and fp32: %q", rep.Notes)
+	}
+}
+
+// TestBenchGivesPyTorchTheLanguageModel: the reference script hears the
+// AMP dtype and each language model's shape and recipe as the harness
+// trains them (the vocabulary -vocab sets), and its GPT's results stand
+// beside leangrad's. A stand-in interpreter records its arguments.
+func TestBenchGivesPyTorchTheLanguageModel(t *testing.T) {
+	dir := t.TempDir()
+	python := filepath.Join(dir, "python")
+	stub := `#!/bin/sh
+[ "$1" = -c ] && exit 0
+printf '%s\n' "$@" > "$0.args"
+printf '{"pytorch":"stub","results":[{"engine":"pytorch","model":"gpt-mini","batch":2,"config":"amp","device":"cpu","steps":1,"median_ms":5,"img_per_s":400}]}\n'
+`
+	if err := os.WriteFile(python, []byte(stub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := run([]string{"-device", "cpu", "-specs", "gpt-mini:2", "-configs", "amp", "-amp-dtype", "bf16", "-vocab", "96",
+		"-steps", "1", "-warmup", "0", "-pytorch", python, "-python", python, "-claims=false", "-out", dir}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	data, err := os.ReadFile(python + ".args")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimSpace(string(data)), "\n")
+	flag := func(name string) string {
+		if i := slices.Index(args, name); i >= 0 && i+1 < len(args) {
+			return args[i+1]
+		}
+		return ""
+	}
+	if got := flag("--amp-dtype"); got != "bf16" {
+		t.Errorf("--amp-dtype %q, want bf16 (args %q)", got, args)
+	}
+	want := `{"gpt-mini":{"layers":2,"heads":2,"width":128,"vocab":96,"context":64,"dropout":0,"lr":0.002,"beta2":0.99,"wd":0.1,"clip":1}}`
+	if got := flag("--lm"); got != want {
+		t.Errorf("--lm %s, want %s", got, want)
+	}
+	row := ""
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "| gpt-mini | 2 | amp |") {
+			row = line
+		}
+	}
+	if cells := strings.Split(row, "|"); len(cells) < 7 || strings.TrimSpace(cells[6]) != "5.00" {
+		t.Errorf("the gpt-mini row %q lacks PyTorch's 5.00 ms:\n%s", row, out.String())
 	}
 }
 
