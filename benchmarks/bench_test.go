@@ -289,3 +289,24 @@ func TestModelFLOPsAndMFU(t *testing.T) {
 		t.Errorf("MFU notes:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestReportNamesTheCompileModes: a report beside PyTorch on a GPU says
+// which torch.compile mode ran, language models' (the default) named only
+// where one is among the results.
+func TestReportNamesTheCompileModes(t *testing.T) {
+	for _, tc := range []struct {
+		model string
+		lm    bool
+	}{{"resnet20", false}, {"gpt2", true}, {"gpt-mini", true}} {
+		rep := Report{Device: "cuda:0 (a GPU)", Date: "2026-12-03", PyTorch: "2.11",
+			Results: []Result{{Engine: engineLeangrad, Model: tc.model, Batch: 2, Config: "amp", MedianMS: 1, ImgPerSec: 2}}}
+		var b bytes.Buffer
+		rep.Markdown(&b)
+		if !strings.Contains(b.String(), `torch.compile(mode="reduce-overhead")`) {
+			t.Errorf("%s: the report does not name reduce-overhead:\n%s", tc.model, b.String())
+		}
+		if got := strings.Contains(b.String(), "for language models torch.compile in its default mode"); got != tc.lm {
+			t.Errorf("%s: the report names the language models' mode: %v, want %v:\n%s", tc.model, got, tc.lm, b.String())
+		}
+	}
+}

@@ -44,7 +44,8 @@ func configOrder(name string) int {
 
 // The engines a report holds: leangrad's step as the trainer runs it
 // (captured on a GPU), leangrad's eager step, PyTorch eager, and PyTorch
-// under torch.compile(mode="reduce-overhead").
+// under torch.compile (mode "reduce-overhead", for language models its
+// default; benchmarks/pytorch/ref.py).
 const (
 	engineLeangrad = "leangrad"
 	engineEager    = "leangrad-eager"
@@ -93,6 +94,16 @@ func ms(r Result, ok bool) string {
 	return fmt.Sprintf("%.2f", r.MedianMS)
 }
 
+// hasLanguageModel says whether a language model is among the results.
+func (r *Report) hasLanguageModel() bool {
+	for _, x := range r.Results {
+		if m, err := train.LookupArch(x.Model); err == nil && m.Text {
+			return true
+		}
+	}
+	return false
+}
+
 // Markdown writes the side-by-side table, the claims and the notes.
 func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Benchmarks on %s, %s", r.Device, r.Date)
@@ -104,8 +115,13 @@ func (r *Report) Markdown(w io.Writer) {
 	case strings.HasPrefix(r.Device, "cpu"):
 		fmt.Fprintf(w, ", beside PyTorch %s eager on the same CPU cores (its CPU allocator reports no peaks)", r.PyTorch)
 	default:
-		fmt.Fprintf(w, ", beside PyTorch %s on the same GPU: eager, and torch.compile(mode=\"reduce-overhead\") (Inductor with CUDA graphs); "+
-			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not), as leangrad's default", r.PyTorch)
+		compiled := `torch.compile(mode="reduce-overhead") (Inductor with CUDA graphs)`
+		if r.hasLanguageModel() {
+			compiled += ", for language models torch.compile in its default mode"
+		}
+		fmt.Fprintf(w, ", beside PyTorch %s on the same GPU: eager, and %s; "+
+			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not), as leangrad's default",
+			r.PyTorch, compiled)
 	}
 	fmt.Fprintln(w, ". Median step time over the timed steps, each synchronised with the device; "+
 		"speed ratios are leangrad's img/s over the other's; peaks from each engine's allocator over the timed steps.")

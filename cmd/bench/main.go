@@ -139,7 +139,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.profileShare, "profile-share", 1, "with -profile, list the kinds of operation taking at least this `percent` of the step, and the rest as one sum")
 	fs.BoolVar(&o.lean, "lean", false, "on a GPU, also run the eager step with lean convolution workspaces (engine leangrad-lean)")
 	fs.BoolVar(&o.eager, "eager", true, "on a GPU, also run the eager step beside the captured one (engine leangrad-eager)")
-	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile(mode="reduce-overhead") ("" for none)`)
+	fs.StringVar(&o.compileConfigs, "compile-configs", "fp32,amp", `configurations PyTorch also runs under torch.compile (mode "reduce-overhead"; a language model's default) ("" for none)`)
 	fs.BoolVar(&o.shardOptimizer, "shard-optimizer", false, "with -nproc: shard the optimizer state over the ranks (ZeRO stage 1)")
 	fs.BoolVar(&o.overlap, "overlap", true, "with -nproc: overlap the gradients' all-reduce with the backward (false: all-reduce after it, to measure the difference)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
