@@ -26,10 +26,14 @@ func TestCUDAAMPSavesMemory(t *testing.T) {
 	testAMPSavesMemory(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 128)
 }
 
-// TestCUDAChannelsLastMatchesChannelsFirst allows for cuDNN's algorithms,
-// which differ between the layouts (TF32 in F32).
+// TestCUDAChannelsLastMatchesChannelsFirst keeps F32 convolutions strict
+// (StrictConvF32): cuDNN's algorithms differ between the layouts, and
+// TF32's rounding in them can move a batch-norm weight's gradient by more
+// than the 1% allowed (5.9% seen on an H200), which says nothing of the
+// layout; strict, the F32 runs differ by F32's rounding alone, and the AMP
+// runs are measured against that reference.
 func TestCUDAChannelsLastMatchesChannelsFirst(t *testing.T) {
-	testChannelsLast(t, testdev.CUDA(t), 1e-2)
+	testChannelsLast(t, testdev.CUDAWith(t, tensor.Options{StrictConvF32: true}), 1e-2)
 }
 
 func TestCUDAGPTMatchesFloat64Reference(t *testing.T) { testGPTMatchesReference(t, testdev.CUDA(t)) }
