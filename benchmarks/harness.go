@@ -223,7 +223,7 @@ type Options struct {
 type launchCounter interface{ Launches() uint64 }
 
 // stepper is a training run of one model and configuration: a
-// train.Trainer (SGD with Nesterov momentum, a constant learning rate)
+// train.Trainer (the optimiser recipe gives, at a constant learning rate)
 // whose steps are the ones users run, on one fixed batch.
 type stepper struct {
 	dev   *tensor.Device
