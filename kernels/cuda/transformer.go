@@ -70,8 +70,8 @@ type (
 		Src, Dst uintptr
 	}
 	attnSoftmaxArgs struct {
-		Rows, Kl, Q0, Tq, Tk int32
-		S, P, Lse            uintptr
+		BHRows, Rows, Kl, Q0, Tq, Tk int32
+		S, P, Lse                    uintptr
 	}
 	attnProbsArgs struct {
 		BHRows, Rows, Kl, Q0, Tq, Tk int32
@@ -408,12 +408,12 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: p.Scale, a: qh.Addr() + uintptr(int64(q0*D)*es),
 			b: kh.Addr(), c: sc.Addr(), strideA: int64(p.Tq * D), strideB: int64(p.Tk * D), strideC: int64(rows * kl),
 			batch: bh, ab: q.DType, cType: kernels.F32})
-		kAttnSoftmax.launch(b, s, dims{uint32(bh * rows), 1, blockSize}, attnSoftmaxArgs{int32(rows), int32(kl), int32(q0),
+		kAttnSoftmax.launch(b, s, b.warpRows(bh*rows), attnSoftmaxArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
 			int32(p.Tq), int32(p.Tk), sc.Addr(), pr.Addr(), ptrOf(lse)})
 		b.gemm(gemmCall{m: rows, n: D, k: kl, alpha: 1, a: pr.Addr(), b: vh.Addr(), c: oh.Addr() + uintptr(int64(q0*D)*es),
 			strideA: int64(rows * kl), strideB: int64(p.Tk * D), strideC: int64(p.Tq * D), batch: bh, ab: q.DType, cType: q.DType})
 	}
-	kAttnScatter.launch(b, s, b.elems(int64(bh*p.Tq*D)), attnMoveArgs{layout(p, p.Tq, p.ORow, p.OBatch), oh.Addr(), ptrOf(o)})
+	kAttnScatter.launch(b, s, b.moveDims(p, p.Tq), attnMoveArgs{layout(p, p.Tq, p.ORow, p.OBatch), oh.Addr(), ptrOf(o)})
 }
 
 // flashTile is the flash kernels' tile of keys (queries in the backward's
@@ -466,8 +466,21 @@ func layout(p kernels.AttentionParams, t, row, batch int) attnLayout {
 	return attnLayout{int32(p.B), int32(p.H), int32(t), int32(p.D), int32(row), int64(batch)}
 }
 
+// moveDims is the grid of attn_gather and attn_scatter for t rows of
+// each head: a row of blocks a head (up to 65,535 rows, striding past
+// them), enough along it for the head's elements four at a time.
+func (b *Backend) moveDims(p kernels.AttentionParams, t int) dims {
+	return dims{b.blocks(int64(t*p.D+3)/4, blockSize), uint32(min(p.B*p.H, 65535)), blockSize}
+}
+
+// warpRows is the grid of a kernel that runs a warp a row over rows rows
+// (the attention chunks' softmax, probabilities and score gradients).
+func (b *Backend) warpRows(rows int) dims {
+	return dims{b.blocks(int64(rows)*32, blockSize), 1, blockSize}
+}
+
 func (b *Backend) attnGather(s kernels.DType, p kernels.AttentionParams, t, row, batch int, src kernels.Buf, dst uintptr) {
-	kAttnGather.launch(b, s, b.elems(int64(p.B*p.H*t*p.D)), attnMoveArgs{layout(p, t, row, batch), ptrOf(src), dst})
+	kAttnGather.launch(b, s, b.moveDims(p, t), attnMoveArgs{layout(p, t, row, batch), ptrOf(src), dst})
 }
 
 // AttentionBackward runs as cuDNN's graph or the flash kernels where they
@@ -535,7 +548,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		// s = Scale·q·kᵀ, p from the log-sum-exp
 		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: p.Scale, a: qc, b: kh, c: sc,
 			strideA: int64(T * D), strideB: int64(T * D), strideC: int64(rows * kl), batch: bh, ab: q.DType, cType: kernels.F32})
-		kAttnProbs.launch(b, s, b.elems(int64(bh*rows*kl)), attnProbsArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
+		kAttnProbs.launch(b, s, b.warpRows(bh*rows), attnProbsArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
 			int32(T), int32(T), sc, ptrOf(lse), pr})
 		// dv[:kl] += pᵀ·do
 		b.gemm(gemmCall{transA: true, m: kl, n: D, k: rows, alpha: 1, beta: 1, a: pr, b: doc, c: dvh,
@@ -543,7 +556,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		// dp = do·vᵀ (over the scores' buffer), then ds over p's
 		b.gemm(gemmCall{transB: true, m: rows, n: kl, k: D, alpha: 1, a: doc, b: vh, c: sc,
 			strideA: int64(T * D), strideB: int64(T * D), strideC: int64(rows * kl), batch: bh, ab: q.DType, cType: kernels.F32})
-		kAttnDScores.launch(b, s, b.elems(int64(bh*rows*kl)), attnDScoresArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
+		kAttnDScores.launch(b, s, b.warpRows(bh*rows), attnDScoresArgs{int32(bh * rows), int32(rows), int32(kl), int32(q0),
 			int32(T), p.Scale, sc, dvec, pr})
 		// dq[q0:] = ds·k;  dk[:kl] += dsᵀ·q
 		b.gemm(gemmCall{m: rows, n: D, k: kl, alpha: 1, a: pr, b: kh, c: dqh + uintptr(int64(q0*D)*4),
@@ -556,7 +569,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		dst        kernels.Buf
 		row, batch int
 	}{{dqh, dq, p.QRow, p.QBatch}, {dkh, dk, p.KRow, p.KBatch}, {dvh, dv, p.VRow, p.VBatch}} {
-		kAttnScatterF32.launch(b, s, b.elems(n), attnMoveArgs{layout(p, T, g.row, g.batch), g.src, ptrOf(g.dst)})
+		kAttnScatterF32.launch(b, s, b.moveDims(p, T), attnMoveArgs{layout(p, T, g.row, g.batch), g.src, ptrOf(g.dst)})
 	}
 }
 

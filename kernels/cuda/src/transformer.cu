@@ -417,63 +417,121 @@ extern "C" __global__ void layernorm_grads(int rows, int cols, int splits, int s
 
 // ---- attention: [B, T, H, D] strided rows <-> [B·H, T, D] ----
 
-// dst[((b·H+h)·T+t)·D+d] = src[b·batch + t·row + h·D + d]
-template <typename T>
-__device__ void attn_gather(int B, int H, int Tn, int D, int row, i64 batch, const T* src, T* dst) {
-    GRID_STRIDE(i, (i64)B * H * Tn * D) {
-        int d = (int)(i % D), t = (int)(i / D % Tn), h = (int)(i / ((i64)D * Tn) % H), b = (int)(i / ((i64)D * Tn * H));
-        dst[i] = src[b * batch + (i64)t * row + h * D + d];
+// attn_pieces copies between a strided operand (element (b, t, h, d) at
+// b·batch + t·row + h·D + d) and its packed [B·H, T, D] copy: to the
+// packed one with GATHER, back otherwise, converting S to T. blockIdx.y
+// strides over the B·H heads, the threads over each head's T·D elements V
+// at a time, so that the index arithmetic is 32-bit and once per V.
+template <int V, bool GATHER, typename S, typename T>
+__device__ void attn_pieces(int B, int H, int Tn, int D, int row, i64 batch, const S* src, T* dst) {
+    int per = D / V, n = Tn * per;
+    for (int bh = blockIdx.y; bh < B * H; bh += gridDim.y) {
+        i64 strided = (bh / H) * batch + (bh % H) * D, packed = (i64)bh * Tn * D;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+            int t = i / per, d = (i - t * per) * V;
+            i64 si = strided + (i64)t * row + d, pi = packed + (i64)t * D + d;
+            float v[V];
+            ldv<V>(src, GATHER ? si : pi, v);
+            stv<V>(dst, GATHER ? pi : si, v);
+        }
     }
 }
 
-// The reverse, converting: dst (strided, T) from src ([B·H, T, D], S).
-template <typename T, typename S>
-__device__ void attn_scatter(int B, int H, int Tn, int D, int row, i64 batch, const S* src, T* dst) {
-    GRID_STRIDE(i, (i64)B * H * Tn * D) {
-        int d = (int)(i % D), t = (int)(i / D % Tn), h = (int)(i / ((i64)D * Tn) % H), b = (int)(i / ((i64)D * Tn * H));
-        st(dst, b * batch + (i64)t * row + h * D + d, ld(src, i));
+// attn_move is attn_pieces four elements at a time where every stride and
+// pointer allows it, one otherwise.
+template <bool GATHER, typename S, typename T>
+__device__ void attn_move(int B, int H, int Tn, int D, int row, i64 batch, const S* src, T* dst) {
+    if (D % 4 == 0 && row % 4 == 0 && batch % 4 == 0 && vec4(src) && vec4(dst))
+        attn_pieces<4, GATHER>(B, H, Tn, D, row, batch, src, dst);
+    else
+        attn_pieces<1, GATHER>(B, H, Tn, D, row, batch, src, dst);
+}
+
+// The kernels over a chunk's scores (BH·rows rows of kl: row i of head bh
+// is row bh·rows + i, query q0 + i of Tq, which sees the keys up to
+// Tk − Tq + q0 + i) run a warp a row, each lane V values at a time from
+// column V·lane (V = 4 where kl and the pointers allow it, the wrappers'
+// choice).
+
+// warp_row is the calling warp's first row, warp_rows the stride between
+// its rows: a warp per row over the grid.
+__device__ __forceinline__ int warp_row() { return (blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
+__device__ __forceinline__ int warp_rows() { return (gridDim.x * blockDim.x) >> 5; }
+
+// attn_softmax: scores s (F32, already scaled) to p = exp(s − lse) (0
+// where masked), each row's log-sum-exp into lse[bh·Tq + q0+i]. Each lane
+// keeps a running maximum and the sum of its exponentials over its keys,
+// which the warp combines: one read of the row for the sums, one to
+// write p.
+template <int V, typename T>
+__device__ void attn_softmax(int bhrows, int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, float* lse) {
+    int lane = threadIdx.x & 31;
+    for (int r = warp_row(); r < bhrows; r += warp_rows()) {
+        int bh = r / rows, i = r - bh * rows, seen = min(kl, Tk - Tq + q0 + i + 1);
+        const float* sr = s + (i64)r * kl;
+        float m = -INFINITY, z = 0.f;
+        for (int j = V * lane; j < seen; j += 32 * V) {
+            float v[V];
+            ldv<V>(sr, j, v);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                if (j + e < seen && v[e] > m) {
+                    z = z * expf(m - v[e]) + 1.f;
+                    m = v[e];
+                } else if (j + e < seen) {
+                    z += expf(v[e] - m);
+                }
+            }
+        }
+        float M = warp_max(m);
+        z = warp_sum(m == -INFINITY ? 0.f : z * expf(m - M));
+        float l = M + logf(z);
+        if (lane == 0) lse[(i64)bh * Tq + q0 + i] = l;
+        for (int j = V * lane; j < kl; j += 32 * V) {
+            float v[V];
+            ldv<V>(sr, j, v);
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = j + e < seen ? expf(v[e] - l) : 0.f;
+            stv<V>(p, (i64)r * kl + j, v);
+        }
     }
 }
 
-// A chunk's scores s (F32, BH × rows × kl, already scaled), query rows
-// q0.. of Tq over keys 0..kl of Tk: row i masks keys past Tk−Tq+q0+i,
-// writes its log-sum-exp to lse[bh·Tq + q0+i] and p = exp(s − lse) (0
-// where masked). A block per row.
-template <typename T>
-__device__ void attn_softmax(int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, float* lse) {
-    __shared__ float scratch[32];
-    i64 r = blockIdx.x; // bh·rows + i
-    int bh = (int)(r / rows), i = (int)(r % rows);
-    int last = Tk - Tq + q0 + i;
-    const float* sr = s + r * kl;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j <= last && j < kl; j += blockDim.x) m = fmaxf(m, sr[j]);
-    m = block_max(m, scratch);
-    float z = 0.f;
-    for (int j = threadIdx.x; j <= last && j < kl; j += blockDim.x) z += expf(sr[j] - m);
-    z = block_sum(z, scratch);
-    float l = m + logf(z);
-    if (threadIdx.x == 0) lse[(i64)bh * Tq + q0 + i] = l;
-    for (int j = threadIdx.x; j < kl; j += blockDim.x) st(p, r * kl + j, j <= last ? expf(sr[j] - l) : 0.f);
-}
-
-// The backward's probabilities from the saved log-sum-exp (s F32, scaled).
-template <typename T>
+// attn_probs: the backward's probabilities from the saved log-sum-exp (s
+// F32, scaled).
+template <int V, typename T>
 __device__ void attn_probs(int bhrows, int rows, int kl, int q0, int Tq, int Tk, const float* s, const float* lse, T* p) {
-    GRID_STRIDE(x, (i64)bhrows * kl) {
-        i64 r = x / kl;
-        int j = (int)(x % kl), bh = (int)(r / rows), i = (int)(r % rows);
-        st(p, x, j <= Tk - Tq + q0 + i ? expf(s[x] - lse[(i64)bh * Tq + q0 + i]) : 0.f);
+    int lane = threadIdx.x & 31;
+    for (int r = warp_row(); r < bhrows; r += warp_rows()) {
+        int bh = r / rows, i = r - bh * rows, seen = min(kl, Tk - Tq + q0 + i + 1);
+        float l = lse[(i64)bh * Tq + q0 + i];
+        for (int j = V * lane; j < kl; j += 32 * V) {
+            float v[V];
+            ldv<V>(s, (i64)r * kl + j, v);
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = j + e < seen ? expf(v[e] - l) : 0.f;
+            stv<V>(p, (i64)r * kl + j, v);
+        }
     }
 }
 
-// ds = p·(dp − D_i)·scale in place over p, D_i = Σ do·o of the row.
-template <typename T>
-__device__ void attn_dscores(int bhrows, int rows, int kl, int q0, int Tq, float scale, const float* dp, const float* dvec, T* p) {
-    GRID_STRIDE(x, (i64)bhrows * kl) {
-        i64 r = x / kl;
-        int bh = (int)(r / rows), i = (int)(r % rows);
-        st(p, x, ld(p, x) * (dp[x] - dvec[(i64)bh * Tq + q0 + i]) * scale);
+// attn_dscores: ds = p·(dp − D_i)·scale in place over p, D_i = Σ do·o of
+// the row (p is 0 where masked, and so is ds).
+template <int V, typename T>
+__device__ void attn_dscores(int bhrows, int rows, int kl, int q0, int Tq, float scale, const float* dp, const float* dvec,
+                             T* p) {
+    int lane = threadIdx.x & 31;
+    for (int r = warp_row(); r < bhrows; r += warp_rows()) {
+        int bh = r / rows;
+        float dv = dvec[(i64)bh * Tq + q0 + r - bh * rows];
+        for (int j = V * lane; j < kl; j += 32 * V) {
+            float pv[V], d[V];
+            ldv<V>(p, (i64)r * kl + j, pv);
+            ldv<V>(dp, (i64)r * kl + j, d);
+#pragma unroll
+            for (int e = 0; e < V; e++) pv[e] = pv[e] * (d[e] - dv) * scale;
+            stv<V>(p, (i64)r * kl + j, pv);
+        }
     }
 }
 
@@ -909,32 +967,41 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     extern "C" __global__ void attn_gather_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,   \
                                                T* dst) {                                                        \
         kernel_entry();                                                                                         \
-        attn_gather(B, H, Tn, D, row, batch, src, dst);                                                         \
+        attn_move<true>(B, H, Tn, D, row, batch, src, dst);                                                     \
     }                                                                                                           \
     extern "C" __global__ void attn_scatter_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* src,  \
                                                 T* dst) {                                                       \
         kernel_entry();                                                                                         \
-        attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
+        attn_move<false>(B, H, Tn, D, row, batch, src, dst);                                                    \
     }                                                                                                           \
     extern "C" __global__ void attn_scatter_f32_##S(int B, int H, int Tn, int D, int row, i64 batch,            \
                                                     const float* src, T* dst) {                                 \
         kernel_entry();                                                                                         \
-        attn_scatter(B, H, Tn, D, row, batch, src, dst);                                                        \
+        attn_move<false>(B, H, Tn, D, row, batch, src, dst);                                                    \
     }                                                                                                           \
-    extern "C" __global__ void attn_softmax_##S(int rows, int kl, int q0, int Tq, int Tk, const float* s, T* p, \
-                                                float* lse) {                                                   \
+    extern "C" __global__ void attn_softmax_##S(int bhrows, int rows, int kl, int q0, int Tq, int Tk,           \
+                                                const float* s, T* p, float* lse) {                             \
         kernel_entry();                                                                                         \
-        attn_softmax(rows, kl, q0, Tq, Tk, s, p, lse);                                                          \
+        if (kl % 4 == 0 && vec4(s) && vec4(p))                                                                  \
+            attn_softmax<4>(bhrows, rows, kl, q0, Tq, Tk, s, p, lse);                                           \
+        else                                                                                                    \
+            attn_softmax<1>(bhrows, rows, kl, q0, Tq, Tk, s, p, lse);                                           \
     }                                                                                                           \
     extern "C" __global__ void attn_probs_##S(int bhrows, int rows, int kl, int q0, int Tq, int Tk,             \
                                               const float* s, const float* lse, T* p) {                         \
         kernel_entry();                                                                                         \
-        attn_probs(bhrows, rows, kl, q0, Tq, Tk, s, lse, p);                                                    \
+        if (kl % 4 == 0 && vec4(s) && vec4(p))                                                                  \
+            attn_probs<4>(bhrows, rows, kl, q0, Tq, Tk, s, lse, p);                                             \
+        else                                                                                                    \
+            attn_probs<1>(bhrows, rows, kl, q0, Tq, Tk, s, lse, p);                                             \
     }                                                                                                           \
     extern "C" __global__ void attn_dscores_##S(int bhrows, int rows, int kl, int q0, int Tq, float scale,      \
                                                 const float* dp, const float* dvec, T* p) {                     \
         kernel_entry();                                                                                         \
-        attn_dscores(bhrows, rows, kl, q0, Tq, scale, dp, dvec, p);                                             \
+        if (kl % 4 == 0 && vec4(dp) && vec4(p))                                                                 \
+            attn_dscores<4>(bhrows, rows, kl, q0, Tq, scale, dp, dvec, p);                                      \
+        else                                                                                                    \
+            attn_dscores<1>(bhrows, rows, kl, q0, Tq, scale, dp, dvec, p);                                      \
     }                                                                                                           \
     extern "C" __global__ void attn_rowdot_##S(int B, int H, int Tn, int D, int row, i64 batch, const T* dout,  \
                                                const T* o, float* dvec) {                                       \
