@@ -104,8 +104,9 @@ func TestCUDATransformerChunks(t *testing.T) {
 
 // TestCUDAFlashAttention: on tensor cores, F16 and BF16 attention of head
 // width 64 runs the flash kernels where cuDNN's graphs do not (noDNNAttn;
-// the conformance cases check their results); the chunked path takes the
-// rest, and all of it with noFlash.
+// the conformance cases check their results), and F32 attention's forward
+// flash_fwd_f32; the chunked path takes the rest, and all of it with
+// noFlash.
 func TestCUDAFlashAttention(t *testing.T) {
 	b := testBackend(t)
 	if !b.tensorCores {
@@ -116,13 +117,130 @@ func TestCUDAFlashAttention(t *testing.T) {
 	for _, noFlash := range []bool{false, true} {
 		b.noFlash = noFlash
 		ran := profiledOps(t, b, "attention")
-		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
+		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_fwd_f32", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
 			if (ran[k] > 0) == noFlash {
 				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
 			}
 		}
 	}
 	b.noFlash = false
+}
+
+// TestCUDAFlashF32Accuracy: flash_fwd_f32's three TF32 products keep F32's
+// accuracy. Against a float64 reference, on fresh random operands (c_attn's
+// packed layout, a ragged last tile; and a few queries over more keys),
+// its output and log-sum-exp are within 1e-5, or a few times the strict
+// F32 chunked path's error (noFlash: cuBLAS's F32 products) if that is
+// more: TF32 alone (11 bits) would miss by far more.
+func TestCUDAFlashF32Accuracy(t *testing.T) {
+	b := testBackend(t)
+	if !b.tensorCores {
+		t.Skipf("%s has no mma.sync for TF32", b.arch)
+	}
+	defer func() { b.noFlash = false }()
+	for _, c := range []struct{ B, H, Tq, Tk int }{{2, 3, 300, 300}, {1, 2, 5, 200}} {
+		const D = 64
+		C := c.H * D
+		rng := rand.New(rand.NewPCG(uint64(c.Tq), uint64(c.Tk)))
+		randn := func(n int) []float32 {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			return x
+		}
+		// q, k and v side by side in a row of 3C when packed, else each its own.
+		q, k, v := randn(c.B*c.Tq*C), randn(c.B*c.Tk*C), randn(c.B*c.Tk*C)
+		p := kernels.AttentionParams{B: c.B, H: c.H, D: D, Tq: c.Tq, Tk: c.Tk, Scale: 1 / float32(math.Sqrt(D)),
+			QRow: C, KRow: C, VRow: C, ORow: C, QBatch: c.Tq * C, KBatch: c.Tk * C, VBatch: c.Tk * C, OBatch: c.Tq * C}
+		upload := func(x []float32) kernels.Buf {
+			blk := alloc(t, b, int64(4*len(x)))
+			t.Cleanup(func() { b.Allocator().Free(blk) })
+			buf := kernels.Buf{Block: blk, N: len(x), DType: kernels.F32}
+			b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
+			return buf
+		}
+		qb, kb, vb := upload(q), upload(k), upload(v)
+		if c.Tq == c.Tk { // packed: the same values, c_attn's layout
+			qkv := make([]float32, 0, 3*len(q))
+			for r := 0; r < c.B*c.Tq; r++ {
+				qkv = append(append(append(qkv, q[r*C:(r+1)*C]...), k[r*C:(r+1)*C]...), v[r*C:(r+1)*C]...)
+			}
+			all := upload(qkv)
+			qb, kb, vb = all, all.Slice(C, len(qkv)-C), all.Slice(2*C, len(qkv)-2*C)
+			p.QRow, p.KRow, p.VRow, p.QBatch, p.KBatch, p.VBatch = 3*C, 3*C, 3*C, 3*c.Tq*C, 3*c.Tq*C, 3*c.Tq*C
+		}
+		wantO, wantL := attentionF64(c.B, c.H, D, c.Tq, c.Tk, q, k, v)
+		var errs [2][2]float64 // [flash, chunked][o, lse]
+		for i, noFlash := range []bool{false, true} {
+			b.noFlash = noFlash
+			o, lse := upload(randn(c.B*c.Tq*C)), upload(randn(c.B*c.H*c.Tq)) // poisoned
+			b.Attention(p, qb, kb, vb, o, lse)
+			errs[i] = [2]float64{relErr(read32(b, o), wantO), relErr(read32(b, lse), wantL)}
+		}
+		t.Logf("%+v: relative error of o and lse: flash_fwd_f32 %.2g, %.2g; chunked F32 %.2g, %.2g", c, errs[0][0], errs[0][1], errs[1][0], errs[1][1])
+		for j, what := range []string{"o", "lse"} {
+			if errs[0][j] > max(4*errs[1][j], 1e-5) {
+				t.Errorf("%+v: flash_fwd_f32's %s is %.3g from float64's, the strict F32 path's %.3g", c, what, errs[0][j], errs[1][j])
+			}
+		}
+	}
+}
+
+// attentionF64 is causal attention in float64 of q [B, Tq, H·D] over k
+// and v [B, Tk, H·D] (query i sees keys up to Tk−Tq+i): o and each row's
+// log-sum-exp, [B·H, Tq].
+func attentionF64(B, H, D, Tq, Tk int, q, k, v []float32) (o, lse []float64) {
+	C := H * D
+	o, lse = make([]float64, B*Tq*C), make([]float64, B*H*Tq)
+	s := make([]float64, Tk)
+	for b := range B {
+		for h := range H {
+			for i := range Tq {
+				seen := Tk - Tq + i + 1
+				mx := math.Inf(-1)
+				for j := range seen {
+					var d float64
+					for e := range D {
+						d += float64(q[(b*Tq+i)*C+h*D+e]) * float64(k[(b*Tk+j)*C+h*D+e])
+					}
+					s[j] = d / math.Sqrt(float64(D))
+					mx = math.Max(mx, s[j])
+				}
+				var z float64
+				for j := range seen {
+					s[j] = math.Exp(s[j] - mx)
+					z += s[j]
+				}
+				for e := range D {
+					var acc float64
+					for j := range seen {
+						acc += s[j] * float64(v[(b*Tk+j)*C+h*D+e])
+					}
+					o[(b*Tq+i)*C+h*D+e] = acc / z
+				}
+				lse[(b*H+h)*Tq+i] = mx + math.Log(z)
+			}
+		}
+	}
+	return o, lse
+}
+
+// read32 copies an F32 buffer back.
+func read32(b *Backend, x kernels.Buf) []float32 {
+	out := make([]float32, x.N)
+	b.Read(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*x.N), x)
+	return out
+}
+
+// relErr is the relative L2 distance of got from want.
+func relErr(got []float32, want []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		num, den = num+d*d, den+w*w
+	}
+	return math.Sqrt(num / den)
 }
 
 // profiledOps runs the conformance cases named on b and counts the

@@ -68,8 +68,8 @@ func prelude() string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("// ---- generated from Go by package cuda's Source: edit the Go side ----\n")
 	w("#define THREADS %d\n#define MT_MAX %d\n#define MAX_DIMS %d\n", blockSize, mtMax, kernels.MaxDims)
-	w("#define FLASH_D %d\n#define FLASH_TILE %d\n#define FLASH_WG %d\n#define FLASH_FWD_WG %d\n", flashD, flashTile,
-		flashWarpgroups, flashFwdWarpgroups)
+	w("#define FLASH_D %d\n#define FLASH_TILE %d\n#define FLASH_WG %d\n#define FLASH_FWD_WG %d\n#define F32_LD %d\n", flashD, flashTile,
+		flashWarpgroups, flashFwdWarpgroups, flash32LD)
 	w("#define LN_WARPS %d\n#define LN_BLOCKS %d\n#define LN_REG_COLS %d\n", lnWarps, lnBlocksPerSM, lnRegCols)
 	w("typedef unsigned short f16;\nstruct bf16 { unsigned short x; };\ntypedef long long i64;\n")
 	w("#define FOR_TYPES(M)")

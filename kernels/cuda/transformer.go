@@ -209,8 +209,9 @@ var (
 	kAttnRowDot        = declareTyped[attnRowDotArgs]("attn_rowdot")
 	kClsRows           = declareTyped[clsRowsArgs]("cls_rows")
 	kClsRowsStash      = declareTyped[clsRowsArgs]("cls_rows_stash")
-	// The flash kernels exist for the tensor cores' F16 and BF16 only.
-	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16")}
+	// The flash kernels exist for the tensor cores' F16 and BF16, and the
+	// forward for F32 too (three TF32 products each: flash32.cu).
+	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16"), kernels.F32: declareKernel[flashFwdArgs]("flash_fwd_f32")}
 	kFlashBwdKV  = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
 	kFlashBwdQ   = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
 	kClsFinish   = declareKernel[clsFinishArgs]("cls_finish")
@@ -377,11 +378,15 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	s := floatType("attention", q, k, v, o)
 	b.enter()
 	defer b.exit()
-	if b.flash(p, s, q, k, v, o) {
-		if b.dnnAttention(p, s, q, k, v, o, lse) {
+	if b.flash(p, s, true, q, k, v, o) {
+		if s != kernels.F32 && b.dnnAttention(p, s, q, k, v, o, lse) {
 			return
 		}
-		kFlashFwd[s].launch(b, 0, flashGrid(p, flashFwdWarpgroups), flashFwdArgs{
+		grid, shared := flashGrid(p, flashFwdWarpgroups), 0
+		if s == kernels.F32 {
+			grid, shared = flashGrid(p, 1), flash32Shared
+		}
+		kFlashFwd[s].launchShared(b, 0, grid, shared, flashFwdArgs{
 			int32(p.B), int32(p.H), int32(p.Tq), int32(p.Tk), p.Scale,
 			ptrOf(q), int32(p.QRow), int64(p.QBatch), ptrOf(k), int32(p.KRow), int64(p.KBatch),
 			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
@@ -434,6 +439,15 @@ const (
 	flashFwdWarpgroups = 2
 )
 
+// flash32LD is the words of a row of flash_fwd_f32's shared tiles (F32_LD
+// in the prelude): FLASH_D and four more, which keeps its fragments' loads
+// free of bank conflicts; flash32Shared its dynamic shared memory, a big
+// and a small tile of keys and of values (flash32.cu).
+const (
+	flash32LD     = flashD + 4
+	flash32Shared = 4 * flashTile * flash32LD * 4
+)
+
 // flashGrid is the flash kernels' grid and block for p: a block for every
 // 64·warpgroups queries (keys) of each head.
 func flashGrid(p kernels.AttentionParams, warpgroups int) dims {
@@ -441,16 +455,19 @@ func flashGrid(p kernels.AttentionParams, warpgroups int) dims {
 	return dims{uint32((p.Tq + rows - 1) / rows), uint32(p.B * p.H), uint32(128 * warpgroups)}
 }
 
-// flash reports whether the flash kernels take an attention: F16 or BF16
-// operands of head width flashD on sm_80 or later, at least as many keys as
-// queries, every operand's strides a multiple of 8 elements and its offset
+// flash reports whether the flash kernels take an attention of dtype s:
+// F16 or BF16 operands, or F32 ones for the forward (flash_fwd_f32), of
+// head width flashD on sm_80 or later, at least as many keys as queries,
+// every operand's strides a multiple of 16 bytes' elements and its offset
 // of 16 bytes (tiles move 16 bytes at a time), and not Backend.noFlash.
-func (b *Backend) flash(p kernels.AttentionParams, s kernels.DType, bufs ...kernels.Buf) bool {
-	if b.noFlash || !b.tensorCores || (s != kernels.F16 && s != kernels.BF16) || p.D != flashD || p.Tk < p.Tq {
+func (b *Backend) flash(p kernels.AttentionParams, s kernels.DType, forward bool, bufs ...kernels.Buf) bool {
+	dtype := s == kernels.F16 || s == kernels.BF16 || (forward && s == kernels.F32)
+	if b.noFlash || !b.tensorCores || !dtype || p.D != flashD || p.Tk < p.Tq {
 		return false
 	}
+	per := 16 / s.Size()
 	for _, n := range []int{p.QRow, p.KRow, p.VRow, p.ORow, p.QBatch, p.KBatch, p.VBatch, p.OBatch} {
-		if n%8 != 0 {
+		if n%per != 0 {
 			return false
 		}
 	}
@@ -497,7 +514,7 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	s := floatType("attention backward", q, k, v, o, do, dq, dk, dv)
 	b.enter()
 	defer b.exit()
-	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
+	if b.flash(p, s, false, q, k, v, o, do, dq, dk, dv) {
 		if b.dnnAttentionBackward(p, s, q, k, v, o, lse, do, dq, dk, dv) {
 			return
 		}
