@@ -628,22 +628,24 @@ func (b *Backend) DNNAttention() string {
 	return msg
 }
 
-// AttnEngine names what runs causal attention of F16 and BF16 operands:
+// AttnEngine names what runs causal attention: of F16 and BF16 operands,
 // cuDNN's graphs and the version (Note [cuDNN's attention]), the flash
-// kernels for what they do not take, the chunked path (cuBLAS and a
-// softmax kernel) for the rest.
+// kernels for what they do not take; of F32 ones, the F32 flash forward
+// and the chunked backward; the chunked path (cuBLAS and a softmax
+// kernel) for the rest.
 func (b *Backend) AttnEngine() string {
 	if !b.tensorCores {
 		return "the chunked path (no tensor cores for the flash kernels)"
 	}
+	const f32 = "; F32: the flash forward in three TF32 products each, the chunked backward"
 	if b.dnn == nil {
-		return "flash kernels (cuDNN is not loaded: " + b.dnnReason + ")"
+		return "flash kernels (cuDNN is not loaded: " + b.dnnReason + ")" + f32
 	}
 	v := b.dnn.version
 	dirs := "forward and backward"
 	if v < 90600 {
 		dirs = "forward"
 	}
-	return fmt.Sprintf("cuDNN %d.%d.%d graphs (%s) where queries and keys are as many, else flash kernels",
-		v/10000, v/100%100, v%100, dirs)
+	return fmt.Sprintf("cuDNN %d.%d.%d graphs (%s) where queries and keys are as many, else flash kernels%s",
+		v/10000, v/100%100, v%100, dirs, f32)
 }
