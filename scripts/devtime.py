@@ -1,5 +1,9 @@
-"""Device timing and error measures shared by the kernel harnesses
-(flash-bench.py, ln-bench.py) that run on the GPU machine."""
+"""Device timing, error measures and source rewriting shared by the kernel
+harnesses (flash-bench.py, flash32-bench.py, ln-bench.py) that run on the
+GPU machine."""
+import re
+import sys
+
 import numpy as np
 import torch
 
@@ -26,3 +30,12 @@ def rel(x, ref):
     if not torch.isfinite(x).all():
         return float("nan")
     return float((x - ref).norm() / ref.norm())
+
+
+def redefine(src, macro, value, spec):
+    """src with its one #define of macro set to value; exits naming the
+    variant spec if src has no such #define, or more than one."""
+    out, n = re.subn(r"#define %s \S+" % macro, "#define %s %s" % (macro, value), src)
+    if n != 1:
+        sys.exit("%s: the source has %d #defines of %s, want one" % (spec, n, macro))
+    return out

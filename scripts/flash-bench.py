@@ -37,7 +37,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from devtime import rel, timed
+from devtime import redefine, rel, timed
 
 
 def module_source(full, flash):
@@ -133,9 +133,7 @@ def main():
         src = module_source(full, flash)
         for d in filter(None, defs.split(",")):  # MACRO=VALUE: rewrite its #define
             m, val = d.split("=")
-            src, n = re.subn(r"#define %s \S+" % m, "#define %s %s" % (m, val), src)
-            if n != 1:
-                sys.exit("%s: the module has no #define %s" % (spec, m))
+            src = redefine(src, m, val, spec)
         # Warpgroups a block: FLASH_WG (the prelude's) where flash.cu's blocks have them, else one.
         wg = macro(src, "FLASH_WG", 1) if "FLASH_ROWS" in flash else 1
         rows, threads = 64 * wg, (128 * wg,)

@@ -21,7 +21,7 @@ import re
 import cupy as cp
 import torch
 import torch.nn.functional as F
-from devtime import rel, timed
+from devtime import redefine, rel, timed
 
 
 def main():
@@ -54,8 +54,7 @@ def main():
                 src = re.sub(r"\n.*mma1688\(c\[n\], ab, bs\[n\]\);", "", src)
                 src = re.sub(r"\n.*mma1688\(c\[n\], as, bb\[n\]\);", "", src)
                 continue
-            src, n = re.subn(r"#define %s \S+" % m, "#define %s %s" % (m, val), src)
-            assert n == 1, f"{m}: {n} definitions"
+            src = redefine(src, m, val, spec)
         ld = int(re.search(r"#define F32_LD (\d+)", src).group(1))
         mod = cp.RawModule(code=src, options=("--std=c++17",))
         f = mod.get_function("flash_fwd_f32")
