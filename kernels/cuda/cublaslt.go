@@ -30,8 +30,11 @@ import (
 // against 165 µs with DGELU, and the weight gradients with BGRADB 137, 114
 // and 112 µs against 121, 105 and 104 µs (c_fc, c_attn, mlp.c_proj),
 // faster only for attn.c_proj's 768×768 (47 against 49 µs); BGRADB also
-// has no algorithm unless A is transposed. What cuBLASLt does
-// not fuse (another activation, N not a multiple of 8 with GELU's
+// has no algorithm unless A is transposed. With strict F32 operands GELU′
+// runs unfused: there the same product took 1945 µs with DGELU and 1854
+// unfused (2026-12-03), the other epilogues still paying for themselves
+// (c_fc's bias and GELU 1707 against 1744, attn.c_proj's residual 408
+// against 463). What cuBLASLt does not fuse (another activation, N not a multiple of 8 with GELU's
 // auxiliary matrix), a shape its heuristic has no algorithm for, or a
 // machine without the library runs the product with cublasGemmEx and the
 // epilogue as one pass of gemm_epilogue over C: the same results within
@@ -138,13 +141,15 @@ const (
 // ltEpilogue maps e onto one of cuBLASLt's epilogues, fusing the bias
 // gradients too with sums (Note [the fused epilogues]); fused says which
 // of e's bias gradients it fuses, and why, when non-empty, why there is
-// nothing for cuBLASLt to do.
-func ltEpilogue(g gemmCall, e kernels.Epilogue, sums bool) (epi int32, fused bool, why string) {
+// nothing for cuBLASLt to do. strict says g's F32 products are strict F32.
+func ltEpilogue(g gemmCall, e kernels.Epilogue, sums, strict bool) (epi int32, fused bool, why string) {
 	switch {
 	case e.Act != 0 && e.Act != kernels.GELU:
 		return 0, false, "cuBLASLt fuses only GELU"
 	case e.Act != 0 && g.n%8 != 0:
 		return 0, false, "GELU's auxiliary matrix needs N a multiple of 8"
+	case e.Grad && g.ab == kernels.F32 && strict:
+		return 0, false, "strict F32's GELU′ runs faster unfused"
 	case e.Grad && sums && e.BiasGrad.Valid():
 		return ltEpilogueDGELUBGrad, true, ""
 	case e.Grad:
@@ -348,7 +353,7 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 	if b.lt == nil || b.noLt || g.batch > 1 {
 		return false, false
 	}
-	epi, sums, why := ltEpilogue(g, e, b.ltSums)
+	epi, sums, why := ltEpilogue(g, e, b.ltSums, !b.opts.MatmulTF32)
 	if why != "" {
 		return false, false
 	}

@@ -104,8 +104,8 @@ func TestCUDATransformerChunks(t *testing.T) {
 
 // TestCUDAFlashAttention: on tensor cores, F16 and BF16 attention of head
 // width 64 runs the flash kernels where cuDNN's graphs do not (noDNNAttn;
-// the conformance cases check their results), and F32 attention's forward
-// flash_fwd_f32; the chunked path takes the rest, and all of it with
+// the conformance cases check their results), and F32 attention the F32
+// flash kernels; the chunked path takes the rest, and all of it with
 // noFlash.
 func TestCUDAFlashAttention(t *testing.T) {
 	b := testBackend(t)
@@ -117,7 +117,7 @@ func TestCUDAFlashAttention(t *testing.T) {
 	for _, noFlash := range []bool{false, true} {
 		b.noFlash = noFlash
 		ran := profiledOps(t, b, "attention")
-		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_fwd_f32", "flash_bwd_kv_bf16", "flash_bwd_q_f16"} {
+		for _, k := range []string{"flash_fwd_f16", "flash_fwd_bf16", "flash_fwd_f32", "flash_bwd_kv_bf16", "flash_bwd_q_f16", "flash_bwd_q_f32", "flash_bwd_kv_f32"} {
 			if (ran[k] > 0) == noFlash {
 				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
 			}
@@ -126,12 +126,13 @@ func TestCUDAFlashAttention(t *testing.T) {
 	b.noFlash = false
 }
 
-// TestCUDAFlashF32Accuracy: flash_fwd_f32's three TF32 products keep F32's
-// accuracy. Against a float64 reference, on fresh random operands (c_attn's
-// packed layout, a ragged last tile; and a few queries over more keys),
-// its output and log-sum-exp are within 1e-5, or a few times the strict
-// F32 chunked path's error (noFlash: cuBLAS's F32 products) if that is
-// more: TF32 alone (11 bits) would miss by far more.
+// TestCUDAFlashF32Accuracy: the F32 flash kernels' three TF32 products
+// keep F32's accuracy. Against a float64 reference, on fresh random
+// operands (c_attn's packed layout, a ragged last tile; and a few queries
+// over more keys, forward only), the output and log-sum-exp, and dq, dk
+// and dv from a random do, are within 1e-5, or a few times the strict F32
+// chunked path's error (noFlash: cuBLAS's F32 products) if that is more:
+// TF32 alone (11 bits) would miss by far more.
 func TestCUDAFlashF32Accuracy(t *testing.T) {
 	b := testBackend(t)
 	if !b.tensorCores {
@@ -149,10 +150,6 @@ func TestCUDAFlashF32Accuracy(t *testing.T) {
 			}
 			return x
 		}
-		// q, k and v side by side in a row of 3C when packed, else each its own.
-		q, k, v := randn(c.B*c.Tq*C), randn(c.B*c.Tk*C), randn(c.B*c.Tk*C)
-		p := kernels.AttentionParams{B: c.B, H: c.H, D: D, Tq: c.Tq, Tk: c.Tk, Scale: 1 / float32(math.Sqrt(D)),
-			QRow: C, KRow: C, VRow: C, ORow: C, QBatch: c.Tq * C, KBatch: c.Tk * C, VBatch: c.Tk * C, OBatch: c.Tq * C}
 		upload := func(x []float32) kernels.Buf {
 			blk := alloc(t, b, int64(4*len(x)))
 			t.Cleanup(func() { b.Allocator().Free(blk) })
@@ -160,28 +157,64 @@ func TestCUDAFlashF32Accuracy(t *testing.T) {
 			b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
 			return buf
 		}
-		qb, kb, vb := upload(q), upload(k), upload(v)
-		if c.Tq == c.Tk { // packed: the same values, c_attn's layout
+		// q, k and v side by side in a row of 3C when packed (their
+		// gradients too), else each its own.
+		packed := c.Tq == c.Tk
+		p := kernels.AttentionParams{B: c.B, H: c.H, D: D, Tq: c.Tq, Tk: c.Tk, Scale: 1 / float32(math.Sqrt(D)),
+			QRow: C, KRow: C, VRow: C, ORow: C, QBatch: c.Tq * C, KBatch: c.Tk * C, VBatch: c.Tk * C, OBatch: c.Tq * C}
+		if packed {
+			p.QRow, p.KRow, p.VRow, p.QBatch, p.KBatch, p.VBatch = 3*C, 3*C, 3*C, 3*c.Tq*C, 3*c.Tq*C, 3*c.Tq*C
+		}
+		// operands uploads q, k and v, packed or not, and returns their buffers.
+		operands := func(q, k, v []float32) (qb, kb, vb kernels.Buf) {
+			if !packed {
+				return upload(q), upload(k), upload(v)
+			}
 			qkv := make([]float32, 0, 3*len(q))
 			for r := 0; r < c.B*c.Tq; r++ {
 				qkv = append(append(append(qkv, q[r*C:(r+1)*C]...), k[r*C:(r+1)*C]...), v[r*C:(r+1)*C]...)
 			}
 			all := upload(qkv)
-			qb, kb, vb = all, all.Slice(C, len(qkv)-C), all.Slice(2*C, len(qkv)-2*C)
-			p.QRow, p.KRow, p.VRow, p.QBatch, p.KBatch, p.VBatch = 3*C, 3*C, 3*C, 3*c.Tq*C, 3*c.Tq*C, 3*c.Tq*C
+			return all, all.Slice(C, len(qkv)-C), all.Slice(2*C, len(qkv)-2*C)
 		}
+		// unpack reads back one of q, k and v's places in a packed buffer.
+		unpack := func(x kernels.Buf, i int) []float32 {
+			all, out := read32(b, x), make([]float32, 0, c.B*c.Tq*C)
+			for r := 0; r < c.B*c.Tq; r++ {
+				out = append(out, all[r*3*C+i*C:r*3*C+(i+1)*C]...)
+			}
+			return out
+		}
+		q, k, v := randn(c.B*c.Tq*C), randn(c.B*c.Tk*C), randn(c.B*c.Tk*C)
+		qb, kb, vb := operands(q, k, v)
 		wantO, wantL := attentionF64(c.B, c.H, D, c.Tq, c.Tk, q, k, v)
-		var errs [2][2]float64 // [flash, chunked][o, lse]
+		var errs [2][5]float64 // [flash, chunked][o, lse, dq, dk, dv]
+		var o, lse kernels.Buf
 		for i, noFlash := range []bool{false, true} {
 			b.noFlash = noFlash
-			o, lse := upload(randn(c.B*c.Tq*C)), upload(randn(c.B*c.H*c.Tq)) // poisoned
+			o, lse = upload(randn(c.B*c.Tq*C)), upload(randn(c.B*c.H*c.Tq)) // poisoned
 			b.Attention(p, qb, kb, vb, o, lse)
-			errs[i] = [2]float64{relErr(read32(b, o), wantO), relErr(read32(b, lse), wantL)}
+			errs[i][0], errs[i][1] = relErr(read32(b, o), wantO), relErr(read32(b, lse), wantL)
 		}
-		t.Logf("%+v: relative error of o and lse: flash_fwd_f32 %.2g, %.2g; chunked F32 %.2g, %.2g", c, errs[0][0], errs[0][1], errs[1][0], errs[1][1])
-		for j, what := range []string{"o", "lse"} {
+		names := []string{"o", "lse"}
+		if packed {
+			names = append(names, "dq", "dk", "dv")
+			do := randn(c.B * c.Tq * C)
+			want := attentionBackwardF64(c.B, c.H, D, c.Tq, q, k, v, do)
+			dob := upload(do)
+			for i, noFlash := range []bool{false, true} { // o and lse the chunked forward's
+				b.noFlash = noFlash
+				dq, dk, dv := operands(randn(len(q)), randn(len(k)), randn(len(v))) // poisoned
+				b.AttentionBackward(p, qb, kb, vb, o, lse, dob, dq, dk, dv)
+				for j := range want {
+					errs[i][2+j] = relErr(unpack(dq, j), want[j])
+				}
+			}
+		}
+		t.Logf("%+v: relative error of %v: flash %.2g; chunked F32 %.2g", c, names, errs[0][:len(names)], errs[1][:len(names)])
+		for j, what := range names {
 			if errs[0][j] > max(4*errs[1][j], 1e-5) {
-				t.Errorf("%+v: flash_fwd_f32's %s is %.3g from float64's, the strict F32 path's %.3g", c, what, errs[0][j], errs[1][j])
+				t.Errorf("%+v: the F32 flash kernels' %s is %.3g from float64's, the strict F32 path's %.3g", c, what, errs[0][j], errs[1][j])
 			}
 		}
 	}
@@ -224,6 +257,57 @@ func attentionF64(B, H, D, Tq, Tk int, q, k, v []float32) (o, lse []float64) {
 		}
 	}
 	return o, lse
+}
+
+// attentionBackwardF64 is attentionF64's gradients in float64 for T
+// queries over as many keys, given do: dq, dk and dv, [B, T, H·D] each.
+func attentionBackwardF64(B, H, D, T int, q, k, v, do []float32) [3][]float64 {
+	C := H * D
+	var g [3][]float64
+	for i := range g {
+		g[i] = make([]float64, B*T*C)
+	}
+	dq, dk, dv := g[0], g[1], g[2]
+	scale := 1 / math.Sqrt(float64(D))
+	at := func(x []float32, b, t, h, e int) float64 { return float64(x[(b*T+t)*C+h*D+e]) }
+	p, dp := make([]float64, T), make([]float64, T)
+	for b := range B {
+		for h := range H {
+			for i := range T {
+				mx := math.Inf(-1)
+				for j := 0; j <= i; j++ {
+					var s float64
+					for e := range D {
+						s += at(q, b, i, h, e) * at(k, b, j, h, e)
+					}
+					p[j] = s * scale
+					mx = math.Max(mx, p[j])
+				}
+				var z, rd float64
+				for j := 0; j <= i; j++ {
+					p[j] = math.Exp(p[j] - mx)
+					z += p[j]
+				}
+				for j := 0; j <= i; j++ {
+					p[j] /= z
+					dp[j] = 0
+					for e := range D {
+						dp[j] += at(do, b, i, h, e) * at(v, b, j, h, e)
+					}
+					rd += p[j] * dp[j]
+				}
+				for j := 0; j <= i; j++ {
+					ds := p[j] * (dp[j] - rd) * scale
+					for e := range D {
+						dq[(b*T+i)*C+h*D+e] += ds * at(k, b, j, h, e)
+						dk[(b*T+j)*C+h*D+e] += ds * at(q, b, i, h, e)
+						dv[(b*T+j)*C+h*D+e] += p[j] * at(do, b, i, h, e)
+					}
+				}
+			}
+		}
+	}
+	return g
 }
 
 // read32 copies an F32 buffer back.

@@ -16,9 +16,9 @@
 // (cublasGemmEx: F16 operands on tensor cores with F32 accumulation, F32 in
 // F32 unless Options.MatmulTF32). Convolutions go to cuDNN (cudnn.go; F32
 // may use TF32 unless Options.StrictConvF32, as in PyTorch), or to im2col
-// plus cuBLAS without it (conv.go). F32 attention's forward multiplies on
-// tensor cores as three TF32 products each, at about F32's accuracy
-// (src/flash32.cu), as PyTorch's F32 attention does.
+// plus cuBLAS without it (conv.go). F32 attention, forward and backward,
+// multiplies on tensor cores as three TF32 products each, at about F32's
+// accuracy (src/flash32.cu), as PyTorch's F32 attention does.
 //
 // Device memory comes from a memory.Allocator over cuMemAlloc, with the same
 // statistics, summary and timeline as on the CPU; host transfers go through

@@ -69,24 +69,26 @@ type gptProduct struct {
 }
 
 // BenchmarkCUDAGemmEpilogues times GPT-2 small's products with epilogues
-// (batch 16, context 1024, BF16) three ways: unfused (cublasGemmEx, then
-// gemm_epilogue and the column sums), with cuBLASLt's epilogues, and with
-// its bias-gradient epilogues too (ltSums): the numbers Note [the fused
-// epilogues] decides by. b.ReportMetric gives µs per product.
+// (batch 16, context 1024), with BF16 operands (C in F32 where autocast's
+// step has it so) and with F32 ones, three ways: unfused (cublasGemmEx,
+// then gemm_epilogue and the column sums), with cuBLASLt's epilogues, and
+// with its bias-gradient epilogues too (ltSums): the numbers Note [the
+// fused epilogues] decides by. b.ReportMetric gives µs per product.
 func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 	be := testBackend(b)
 	buf := func(dt kernels.DType, n int) kernels.Buf { return benchBuf(b, be, dt, n) }
 	const rows, width = 16384, 768
-	for _, s := range []gptProduct{
+	ab := kernels.BF16 // the operands' dtype, GELU's auxiliary matrix's too
+	products := []gptProduct{
 		{"c_attn-bias", kernels.GemmParams{TransB: true, M: rows, N: 3 * width, K: width, Alpha: 1, Batch: 1}, kernels.BF16,
 			func() kernels.Epilogue { return kernels.Epilogue{Bias: buf(kernels.F32, 3*width)} }},
 		{"c_fc-bias+gelu", kernels.GemmParams{TransB: true, M: rows, N: 4 * width, K: width, Alpha: 1, Batch: 1}, kernels.BF16,
 			func() kernels.Epilogue {
-				return kernels.Epilogue{Bias: buf(kernels.F32, 4*width), Act: kernels.GELU, Aux: buf(kernels.BF16, rows*4*width)}
+				return kernels.Epilogue{Bias: buf(kernels.F32, 4*width), Act: kernels.GELU, Aux: buf(ab, rows*4*width)}
 			}},
 		{"c_proj-dx-gelu′+bias-grad", kernels.GemmParams{M: rows, N: 4 * width, K: width, Alpha: 1, Batch: 1}, kernels.BF16,
 			func() kernels.Epilogue {
-				return kernels.Epilogue{Act: kernels.GELU, Grad: true, Aux: buf(kernels.BF16, rows*4*width), BiasGrad: buf(kernels.F32, 4*width)}
+				return kernels.Epilogue{Act: kernels.GELU, Grad: true, Aux: buf(ab, rows*4*width), BiasGrad: buf(kernels.F32, 4*width)}
 			}},
 		{"c_fc-dw+bias-grad", kernels.GemmParams{TransA: true, M: 4 * width, N: width, K: rows, Alpha: 1, Batch: 1}, kernels.F32,
 			func() kernels.Epilogue { return kernels.Epilogue{BiasGradA: buf(kernels.F32, 4*width)} }},
@@ -100,29 +102,35 @@ func BenchmarkCUDAGemmEpilogues(b *testing.B) {
 			func() kernels.Epilogue {
 				return kernels.Epilogue{Bias: buf(kernels.F32, width), Residual: buf(kernels.F32, rows*width)}
 			}},
-	} {
-		p := s.p
-		a, w, c := buf(kernels.BF16, p.M*p.K), buf(kernels.BF16, p.K*p.N), buf(s.c, p.M*p.N)
-		for _, x := range []kernels.Buf{a, w} {
-			be.Fill(x, 0.01)
-		}
-		e := s.e()
-		for _, mode := range []struct {
-			name       string
-			noLt, sums bool
-		}{{"unfused", true, false}, {"cublasLt", false, false}, {"cublasLt+sums", false, true}} {
-			b.Run(s.name+"/"+mode.name, func(b *testing.B) {
-				be.noLt, be.ltSums = mode.noLt, mode.sums
-				defer func() { be.noLt, be.ltSums = false, false }()
-				be.GemmEpilogue(p, e, a, w, c)
-				be.Synchronize()
-				b.ResetTimer()
-				for range b.N { // not b.Loop: its timer stops before the device is waited for
+	}
+	for _, ab = range []kernels.DType{kernels.BF16, kernels.F32} {
+		for _, s := range products {
+			p, ct := s.p, s.c
+			if ab == kernels.F32 {
+				ct = kernels.F32
+			}
+			a, w, c := buf(ab, p.M*p.K), buf(ab, p.K*p.N), buf(ct, p.M*p.N)
+			for _, x := range []kernels.Buf{a, w} {
+				be.Fill(x, 0.01)
+			}
+			e := s.e()
+			for _, mode := range []struct {
+				name       string
+				noLt, sums bool
+			}{{"unfused", true, false}, {"cublasLt", false, false}, {"cublasLt+sums", false, true}} {
+				b.Run(fmt.Sprintf("%v/%s/%s", ab, s.name, mode.name), func(b *testing.B) {
+					be.noLt, be.ltSums = mode.noLt, mode.sums
+					defer func() { be.noLt, be.ltSums = false, false }()
 					be.GemmEpilogue(p, e, a, w, c)
-				}
-				be.Synchronize()
-				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e6, "µs/product")
-			})
+					be.Synchronize()
+					b.ResetTimer()
+					for range b.N { // not b.Loop: its timer stops before the device is waited for
+						be.GemmEpilogue(p, e, a, w, c)
+					}
+					be.Synchronize()
+					b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e6, "µs/product")
+				})
+			}
 		}
 	}
 }

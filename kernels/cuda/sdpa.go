@@ -630,14 +630,13 @@ func (b *Backend) DNNAttention() string {
 
 // AttnEngine names what runs causal attention: of F16 and BF16 operands,
 // cuDNN's graphs and the version (Note [cuDNN's attention]), the flash
-// kernels for what they do not take; of F32 ones, the F32 flash forward
-// and the chunked backward; the chunked path (cuBLAS and a softmax
-// kernel) for the rest.
+// kernels for what they do not take; of F32 ones, the F32 flash kernels;
+// the chunked path (cuBLAS and a softmax kernel) for the rest.
 func (b *Backend) AttnEngine() string {
 	if !b.tensorCores {
 		return "the chunked path (no tensor cores for the flash kernels)"
 	}
-	const f32 = "; F32: the flash forward in three TF32 products each, the chunked backward"
+	const f32 = "; F32: flash kernels, three TF32 products each"
 	if b.dnn == nil {
 		return "flash kernels (cuDNN is not loaded: " + b.dnnReason + ")" + f32
 	}

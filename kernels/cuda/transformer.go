@@ -209,11 +209,11 @@ var (
 	kAttnRowDot        = declareTyped[attnRowDotArgs]("attn_rowdot")
 	kClsRows           = declareTyped[clsRowsArgs]("cls_rows")
 	kClsRowsStash      = declareTyped[clsRowsArgs]("cls_rows_stash")
-	// The flash kernels exist for the tensor cores' F16 and BF16, and the
-	// forward for F32 too (three TF32 products each: flash32.cu).
-	kFlashFwd    = map[kernels.DType]kernel[flashFwdArgs]{kernels.F16: declareKernel[flashFwdArgs]("flash_fwd_f16"), kernels.BF16: declareKernel[flashFwdArgs]("flash_fwd_bf16"), kernels.F32: declareKernel[flashFwdArgs]("flash_fwd_f32")}
-	kFlashBwdKV  = map[kernels.DType]kernel[flashBwdKVArgs]{kernels.F16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_f16"), kernels.BF16: declareKernel[flashBwdKVArgs]("flash_bwd_kv_bf16")}
-	kFlashBwdQ   = map[kernels.DType]kernel[flashBwdQArgs]{kernels.F16: declareKernel[flashBwdQArgs]("flash_bwd_q_f16"), kernels.BF16: declareKernel[flashBwdQArgs]("flash_bwd_q_bf16")}
+	// The flash kernels exist for the tensor cores' F16 and BF16, and for
+	// F32 too (three TF32 products each: flash32.cu).
+	kFlashFwd    = flashKernels[flashFwdArgs]("flash_fwd")
+	kFlashBwdKV  = flashKernels[flashBwdKVArgs]("flash_bwd_kv")
+	kFlashBwdQ   = flashKernels[flashBwdQArgs]("flash_bwd_q")
 	kClsFinish   = declareKernel[clsFinishArgs]("cls_finish")
 	kSumsqMulti  = declareKernel[sumsqMultiArgs]("sumsq_multi")
 	kSumsqFinish = declareKernel[sumsqFinishArgs]("sumsq_finish")
@@ -378,7 +378,7 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	s := floatType("attention", q, k, v, o)
 	b.enter()
 	defer b.exit()
-	if b.flash(p, s, true, q, k, v, o) {
+	if b.flash(p, s, q, k, v, o) {
 		if s != kernels.F32 && b.dnnAttention(p, s, q, k, v, o, lse) {
 			return
 		}
@@ -439,14 +439,27 @@ const (
 	flashFwdWarpgroups = 2
 )
 
-// flash32LD is the words of a row of flash_fwd_f32's shared tiles (F32_LD
-// in the prelude): FLASH_D and four more, which keeps its fragments' loads
-// free of bank conflicts; flash32Shared its dynamic shared memory, a big
-// and a small tile of keys and of values (flash32.cu).
+// flash32LD is the words of a row of the F32 flash kernels' shared tiles
+// (F32_LD in the prelude): FLASH_D and four more, which keeps their
+// fragments' loads free of bank conflicts. flash32Shared is the forward's
+// dynamic shared memory, a big and a small tile of two operands
+// (flash32.cu); flash32BwdShared flash_bwd_q_f32's, with two raw tiles of
+// the block's own rows after them; flash32KVShared flash_bwd_kv_f32's,
+// with its tile's log-sum-exps and Σ do·o after those.
 const (
-	flash32LD     = flashD + 4
-	flash32Shared = 4 * flashTile * flash32LD * 4
+	flash32LD        = flashD + 4
+	flash32Tile      = flashTile * flash32LD * 4
+	flash32Shared    = 4 * flash32Tile
+	flash32BwdShared = 6 * flash32Tile
+	flash32KVShared  = flash32BwdShared + 2*flashTile*4
 )
+
+// flashKernels declares a flash kernel for each dtype it is compiled for:
+// name_f16, name_bf16 and name_f32.
+func flashKernels[A any](name string) map[kernels.DType]kernel[A] {
+	return map[kernels.DType]kernel[A]{kernels.F16: declareKernel[A](name + "_f16"),
+		kernels.BF16: declareKernel[A](name + "_bf16"), kernels.F32: declareKernel[A](name + "_f32")}
+}
 
 // flashGrid is the flash kernels' grid and block for p: a block for every
 // 64·warpgroups queries (keys) of each head.
@@ -456,12 +469,12 @@ func flashGrid(p kernels.AttentionParams, warpgroups int) dims {
 }
 
 // flash reports whether the flash kernels take an attention of dtype s:
-// F16 or BF16 operands, or F32 ones for the forward (flash_fwd_f32), of
-// head width flashD on sm_80 or later, at least as many keys as queries,
-// every operand's strides a multiple of 16 bytes' elements and its offset
-// of 16 bytes (tiles move 16 bytes at a time), and not Backend.noFlash.
-func (b *Backend) flash(p kernels.AttentionParams, s kernels.DType, forward bool, bufs ...kernels.Buf) bool {
-	dtype := s == kernels.F16 || s == kernels.BF16 || (forward && s == kernels.F32)
+// F16, BF16 or F32 operands of head width flashD on sm_80 or later, at
+// least as many keys as queries, every operand's strides a multiple of 16
+// bytes' elements and its offset of 16 bytes (tiles move 16 bytes at a
+// time), and not Backend.noFlash.
+func (b *Backend) flash(p kernels.AttentionParams, s kernels.DType, bufs ...kernels.Buf) bool {
+	dtype := s == kernels.F16 || s == kernels.BF16 || s == kernels.F32
 	if b.noFlash || !b.tensorCores || !dtype || p.D != flashD || p.Tk < p.Tq {
 		return false
 	}
@@ -514,21 +527,24 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	s := floatType("attention backward", q, k, v, o, do, dq, dk, dv)
 	b.enter()
 	defer b.exit()
-	if b.flash(p, s, false, q, k, v, o, do, dq, dk, dv) {
-		if b.dnnAttentionBackward(p, s, q, k, v, o, lse, do, dq, dk, dv) {
+	if b.flash(p, s, q, k, v, o, do, dq, dk, dv) {
+		if s != kernels.F32 && b.dnnAttentionBackward(p, s, q, k, v, o, lse, do, dq, dk, dv) {
 			return
 		}
 		// flash_bwd_q writes the rows' Σ do·o (dvec) that flash_bwd_kv,
 		// after it, reads.
 		dvec := b.workspace(int64(p.B*p.H*p.Tq) * 4)
 		defer b.alloc.Free(dvec)
-		grid := flashGrid(p, flashWarpgroups)
+		grid, qShared, kvShared := flashGrid(p, flashWarpgroups), 0, 0
+		if s == kernels.F32 {
+			grid, qShared, kvShared = flashGrid(p, 1), flash32BwdShared, flash32KVShared
+		}
 		Q, K, V, Do := ptrOf(q), ptrOf(k), ptrOf(v), ptrOf(do)
-		kFlashBwdQ[s].launch(b, 0, grid, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
+		kFlashBwdQ[s].launchShared(b, 0, grid, qShared, flashBwdQArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
 			Do, int32(p.ORow), int64(p.OBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
 			ptrOf(dq), int32(p.QRow), int64(p.QBatch)})
-		kFlashBwdKV[s].launch(b, 0, grid, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
+		kFlashBwdKV[s].launchShared(b, 0, grid, kvShared, flashBwdKVArgs{int32(p.B), int32(p.H), int32(p.Tq), p.Scale,
 			Q, int32(p.QRow), int64(p.QBatch), K, int32(p.KRow), int64(p.KBatch), V, int32(p.VRow), int64(p.VBatch),
 			Do, int32(p.ORow), int64(p.OBatch), ptrOf(lse), dvec.Addr(),
 			ptrOf(dk), int32(p.KRow), int64(p.KBatch), ptrOf(dv), int32(p.VRow), int64(p.VBatch)})
