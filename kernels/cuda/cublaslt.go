@@ -34,10 +34,11 @@ import (
 // runs unfused: there the same product took 1945 µs with DGELU and 1854
 // unfused (2026-12-03), the other epilogues still paying for themselves
 // (c_fc's bias and GELU 1707 against 1744, attn.c_proj's residual 408
-// against 463). What cuBLASLt does not fuse (another activation, N not a multiple of 8 with GELU's
-// auxiliary matrix), a shape its heuristic has no algorithm for, or a
-// machine without the library runs the product with cublasGemmEx and the
-// epilogue as one pass of gemm_epilogue over C: the same results within
+// against 463). What cuBLASLt does not fuse (another activation, N not a
+// multiple of 8 with GELU's auxiliary matrix, strict F32's GELU′), a shape
+// its heuristic has no algorithm for, or a machine without the library
+// runs the product with cublasGemmEx and the epilogue as one pass of
+// gemm_epilogue over C: the same results within
 // rounding, one more pass. A residual is cuBLASLt's C, read with β = 1,
 // and our C its D: a transformer block's residual add costs no pass of
 // its own, and its F32 D takes the F32 bias as it is (no scratch cast);
