@@ -665,6 +665,21 @@ __device__ __forceinline__ void q_ds(float (&s)[NT][4], const float (&dp)[NT][4]
         for (int e = 0; e < 4; e++) s[n][e] = s[n][e] * (dp[n][e] - rd[e >> 1]);
 }
 
+// q_rows readies the thread's two rows (r0 + g and r0 + g + 8) for the
+// dq kernels: rl their log-sum-exps from lse in log2 units (∞ past Tn,
+// where every probability is 0), and rd, the thread's shares of their
+// Σ do·o, summed over the quad and written to dvec.
+__device__ __forceinline__ void q_rows(float (&rl)[2], float (&rd)[2], const float* lse, float* dvec, int bh, int r0, int Tn) {
+    int g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r0 + g + 8 * r;
+        rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
+        rd[r] = quad_sum(rd[r]);
+        if (qd == 0 && row < Tn) dvec[(i64)bh * Tn + row] = rd[r];
+    }
+}
+
 // flash_bwd_q: dq = ds·k·scale for a block of FLASH_ROWS queries, over the
 // key tiles they see (Tq == Tk), double-buffered and shared by the block's
 // warpgroups; each skips the tiles that follow all of its 64 queries.
@@ -703,13 +718,7 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
     }
 #pragma unroll
     for (int s = 0; s < KS; s++) frag_a_global(qa[s], q, b, h, r0, 16 * s, Tn);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = r0 + g + 8 * r;
-        rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
-        rd[r] = quad_sum(rd[r]);
-        if (qd == 0 && row < Tn) dvec[(i64)bh * Tn + row] = rd[r];
-    }
+    q_rows(rl, rd, lse, dvec, bh, r0, Tn);
     float acc[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;

@@ -299,13 +299,7 @@ __device__ void flash_bwd_q_f32(int H, int Tn, float scale, const float* q, int 
 #pragma unroll
             for (int e = 0; e < 4; e++) rd[e & 1] += doa[s][e] * oa[s][e];
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = r0 + g + 8 * r;
-        rl[r] = row < Tn ? lse[(i64)bh * Tn + row] * LOG2E : INFINITY;
-        rd[r] = quad_sum(rd[r]);
-        if (t == 0 && row < Tn) dvec[(i64)bh * Tn + row] = rd[r];
-    }
+    q_rows(rl, rd, lse, dvec, bh, r0, Tn);
     float acc[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
