@@ -38,9 +38,9 @@ type Backend struct {
 	// halves (tests): every convolution of an even batch offers its halves,
 	// and an eager call takes them (Note [a convolution in two halves]).
 	halves bool
-	// tensorCores says the device runs mma.sync on F16 and BF16 (sm_80 on),
-	// which the flash attention kernels need; noFlash (tests) runs the
-	// chunked attention instead.
+	// tensorCores says the device runs mma.sync on F16, BF16 and TF32
+	// (sm_80 on), which the flash attention kernels need; noFlash (tests)
+	// runs the chunked attention instead.
 	tensorCores, noFlash bool
 	// programmatic launches the module's kernels as programmatic
 	// dependents (Note [programmatic dependent launch]): compute capability
