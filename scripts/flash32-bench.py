@@ -6,12 +6,12 @@ GPT-2 small's shape (batch 16, 12 heads of 64, 1024 tokens, c_attn's packed
 layout), beside PyTorch's F32 scaled-dot-product attention.
 
 The source comes from `go run ./scripts/kernelsrc`; each variant rewrites
-some of its #defines (F32_FWD_BLOCKS, F32_BWD_Q_BLOCKS, F32_LD, ...) or,
+some of its #defines (F32_FWD_BLOCKS, F32_BWD_KV_BLOCKS, F32_LD, ...) or,
 with ONE=1, keeps only the big·big products (1xTF32: an experiment on where
 the time goes, not F32's accuracy). CuPy compiles each with NVRTC for the
 device in hand and launches it as kernels/cuda/transformer.go does.
 
-    python3 scripts/flash32-bench.py --source kernels.cu base= q3=F32_BWD_Q_BLOCKS=3 one=ONE=1
+    python3 scripts/flash32-bench.py --source kernels.cu base= f2=F32_FWD_BLOCKS=2 one=ONE=1
 
 For each variant and kernel: registers and spilled bytes, the relative
 errors against float64 (o and lse for the forward; dq, dk and dv for the
