@@ -543,13 +543,54 @@ type CollectiveBackend interface {
 	NewCollective(id []byte, rank, size int) (Collective, error)
 }
 
+// F32Matmul is how a backend multiplies F32 matrices on a GPU.
+type F32Matmul uint8
+
+const (
+	// F32Strict multiplies in F32 on the FMA units: PyTorch's default
+	// (torch.set_float32_matmul_precision("highest")).
+	F32Strict F32Matmul = iota
+	// F32TF32x3 splits each operand into two TF32 parts, x = big + small,
+	// and multiplies on TF32 tensor cores as three products (small·big,
+	// big·small, big·big; small·small is below F32's rounding), summed in
+	// F32: F32's accuracy at tensor-core speed, as CUTLASS's 3xTF32 and
+	// PyTorch's F32 memory-efficient attention do.
+	F32TF32x3
+	// F32TF32 multiplies on TF32 tensor cores once: inputs rounded to
+	// 10-bit mantissas, as PyTorch's torch.backends.cuda.matmul.allow_tf32.
+	F32TF32
+)
+
+var f32MatmulNames = [...]string{F32Strict: "strict", F32TF32x3: "tf32x3", F32TF32: "tf32"}
+
+// String is the mode's flag value: strict, tf32x3 or tf32.
+func (m F32Matmul) String() string {
+	if int(m) < len(f32MatmulNames) {
+		return f32MatmulNames[m]
+	}
+	return fmt.Sprintf("F32Matmul(%d)", m)
+}
+
+// MarshalText is the mode's String, for flag.TextVar.
+func (m F32Matmul) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText reads a mode from its String.
+func (m *F32Matmul) UnmarshalText(text []byte) error {
+	for v, name := range f32MatmulNames {
+		if string(text) == name {
+			*m = F32Matmul(v)
+			return nil
+		}
+	}
+	return fmt.Errorf("F32 matmul mode %q: want strict, tf32x3 or tf32", text)
+}
+
 // Options configure a backend when its device is opened. A backend ignores
 // what it has nothing to apply to: the CPU backend, all of them.
 type Options struct {
-	// MatmulTF32 lets F32 matrix products (cuBLAS) use TF32 tensor cores
-	// (10-bit mantissa inputs). Off by default, as PyTorch's
-	// torch.backends.cuda.matmul.allow_tf32.
-	MatmulTF32 bool
+	// MatmulF32 is how F32 matrix products run on a GPU: strictly in F32
+	// by default, as under PyTorch's default matmul precision.
+	MatmulF32 F32Matmul
 	// StrictConvF32 keeps F32 convolutions in F32: cuDNN may use only FMA
 	// kernels. Off by default: as under PyTorch's default
 	// torch.backends.cudnn.allow_tf32 = True, cuDNN may run F32
@@ -586,6 +627,7 @@ type Info struct {
 	Capability   string            `json:"capability"`    // "sm_90"; for the CPU, the SIMD its kernels use ("avx512")
 	Memory       int64             `json:"memory"`        // total bytes, as the driver (or the OS) reports them
 	Convolutions string            `json:"convolutions"`  // what runs convolutions, and how
+	Matmul       string            `json:"matmul"`        // what runs matrix products, and how F32 ones (Options.MatmulF32)
 	ChannelsLast bool              `json:"channels_last"` // 16-bit convolutions run faster channels-last: a CNN's layout under autocast (Note [channels last])
 	Libraries    map[string]string `json:"libraries"`     // library -> version
 }

@@ -14,6 +14,17 @@ import (
 // Options configure a device when it is opened; see kernels.Options.
 type Options = kernels.Options
 
+// F32Matmul is how a GPU multiplies F32 matrices (Options.MatmulF32); see
+// kernels.F32Matmul.
+type F32Matmul = kernels.F32Matmul
+
+// The F32 matmul modes; see kernels.F32Strict, F32TF32x3 and F32TF32.
+const (
+	F32Strict = kernels.F32Strict
+	F32TF32x3 = kernels.F32TF32x3
+	F32TF32   = kernels.F32TF32
+)
+
 var (
 	openMu  sync.Mutex
 	devices = map[string]*Device{}

@@ -11,7 +11,6 @@ import (
 	"github.com/leangrad/leangrad/benchmarks"
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/cmdenv"
 	"github.com/leangrad/leangrad/internal/launch"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
@@ -38,7 +37,7 @@ type DDPReport struct {
 // the results and writes them to -out/ddp.json.
 func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io.Writer) error {
 	name := launch.Device(o.device, place)
-	dev, err := tensor.OpenWith(name, cmdenv.DeviceOptions(tensor.Options{}))
+	dev, err := tensor.OpenWith(name, o.deviceOptions(tensor.Options{}))
 	if err != nil {
 		return fmt.Errorf("-device %s: %w", name, err)
 	}

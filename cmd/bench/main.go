@@ -58,6 +58,7 @@ type options struct {
 	seed                                               uint64
 	nproc                                              int
 	overlap, shardOptimizer                            bool
+	matmulF32                                          tensor.F32Matmul
 	distTimeout                                        time.Duration
 }
 
@@ -144,6 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.overlap, "overlap", true, "with -nproc: overlap the gradients' all-reduce with the backward (false: all-reduce after it, to measure the difference)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel runs: how long a rank waits for the others")
+	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32Strict, "on a GPU, how leangrad multiplies F32 matrices: strict (F32, PyTorch's default, which the PyTorch runs keep), tf32x3 (three TF32 tensor-core products, about F32's accuracy) or tf32")
 	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses)
@@ -317,7 +319,7 @@ func buildCommit() string {
 }
 
 func bench(o options, specs []spec, stdout, stderr io.Writer) error {
-	dev, err := tensor.OpenWith(o.device, cmdenv.DeviceOptions(tensor.Options{}))
+	dev, err := tensor.OpenWith(o.device, o.deviceOptions(tensor.Options{}))
 	if err != nil {
 		return nothingRan{fmt.Errorf("-device %s: %w", o.device, err)}
 	}
@@ -327,6 +329,9 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	}
 	if c, ok := dev.Backend().(interface{ ConvEngine() string }); ok {
 		rep.Notes = append(rep.Notes, "leangrad convolutions: "+c.ConvEngine()+".")
+	}
+	if m := dev.Info().Matmul; m != "" {
+		rep.Notes = append(rep.Notes, "leangrad matrix products: "+m+".")
 	}
 	if a, ok := dev.Backend().(interface{ AttnEngine() string }); ok && hasText(specs) {
 		rep.Notes = append(rep.Notes, "leangrad attention: "+a.AttnEngine()+".")
@@ -442,7 +447,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		rep.Notes = append(rep.Notes, notes...)
 	}
 	if o.lean && dev.Name() != "cpu" {
-		if err := runLean(dev, specs, configs, bo, rep, stderr); err != nil {
+		if err := runLean(dev, o.deviceOptions(tensor.Options{}), specs, configs, bo, rep, stderr); err != nil {
 			return err
 		}
 	}
@@ -539,10 +544,12 @@ func profile(dev *tensor.Device, specs []spec, configs []string, share float64, 
 	return nil
 }
 
-// runLean repeats the specs on a second backend of the same GPU whose
-// convolutions keep their workspaces no larger than their activations.
-func runLean(dev *tensor.Device, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
-	be, err := cuda.OpenSeparate(dev.Info().Index, cmdenv.DeviceOptions(tensor.Options{LeanConvWorkspace: true}))
+// runLean repeats the specs on a second backend of the same GPU, opened
+// with opts, whose convolutions keep their workspaces no larger than their
+// activations.
+func runLean(dev *tensor.Device, opts tensor.Options, specs []spec, configs []string, bo benchmarks.Options, rep *benchmarks.Report, stderr io.Writer) error {
+	opts.LeanConvWorkspace = true
+	be, err := cuda.OpenSeparate(dev.Info().Index, opts)
 	if err != nil {
 		return err
 	}
@@ -755,6 +762,13 @@ func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]st
 
 // harness is the benchmark harness's options the flags give, for one
 // device or a data-parallel job.
+// deviceOptions is opts with the flags' device settings and the
+// environment's kernel cache.
+func (o *options) deviceOptions(opts tensor.Options) tensor.Options {
+	opts.MatmulF32 = o.matmulF32
+	return cmdenv.DeviceOptions(opts)
+}
+
 func (o *options) harness() benchmarks.Options {
 	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
 	if o.planRoom >= 0 || o.planTolerance >= 0 {

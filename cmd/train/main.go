@@ -72,6 +72,7 @@ type options struct {
 	optimizer, schedule, ckptMode          string
 	amp, ckpt, download, augment, measure  bool
 	capture, tf32                          bool
+	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
 	jsonOut, memlog, memplot, save, resume string
@@ -253,6 +254,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
+	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32Strict, "on a GPU, how F32 matrices are multiplied: strict (F32, as PyTorch by default), tf32x3 (three TF32 tensor-core products: about F32's accuracy, faster) or tf32 (one: 10-bit mantissas)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism on this machine: start N ranks of this command, one per GPU (torchrun-style; a job launched by torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT instead); -batch is per rank")
 	fs.BoolVar(&o.shardOptimizer, "shard-optimizer", false, "data-parallel jobs: each rank keeps the optimizer state of its shard of the parameters only (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered); checkpoints still hold it whole")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel jobs: how long a rank waits for the others to join, at a barrier, or for a collective over TCP")
@@ -741,7 +743,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 }
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
-	opts := tensor.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32}
+	opts := tensor.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32, MatmulF32: o.matmulF32}
 	if o.device == "auto" {
 		dev, why := tensor.OpenAutoWith(cmdenv.DeviceOptions(opts))
 		if why != "" {
@@ -761,7 +763,7 @@ func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 
 func describe(dev *tensor.Device) string {
 	if in := dev.Info(); in.Kind != "cpu" {
-		return fmt.Sprintf("%s (%s, %s; convolutions by %s)", in.Name, in.Model, in.Capability, in.Convolutions)
+		return fmt.Sprintf("%s (%s, %s; convolutions by %s; products by %s)", in.Name, in.Model, in.Capability, in.Convolutions, in.Matmul)
 	}
 	return dev.Name()
 }

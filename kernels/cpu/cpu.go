@@ -70,7 +70,8 @@ func (c *Backend) Name() string { return "cpu" }
 func (c *Backend) Info() kernels.Info {
 	_, total := c.alloc.Source().MemInfo()
 	return kernels.Info{Kind: "cpu", Name: "cpu", Model: fmt.Sprintf("%d cores", runtime.NumCPU()), Capability: c.mm.Kernel(),
-		Memory: total, Convolutions: "im2col-free packed SGEMM (" + c.mm.Kernel() + ")", Libraries: map[string]string{"sgemm": c.mm.Kernel()}}
+		Memory: total, Convolutions: "im2col-free packed SGEMM (" + c.mm.Kernel() + ")",
+		Matmul: "packed SGEMM (" + c.mm.Kernel() + "), F32 strictly", Libraries: map[string]string{"sgemm": c.mm.Kernel()}}
 }
 
 // Allocator is the backend's pool.

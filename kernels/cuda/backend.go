@@ -32,9 +32,12 @@ type Backend struct {
 	// sharedPerSM and sharedPerBlock are the shared memory a multiprocessor
 	// has and a block may opt in to (launchShared).
 	sharedPerSM, sharedPerBlock int
-	// chunkBudget caps one chunk of attention's or the classifier's
-	// workspace (defaultChunkBudget).
+	// chunkBudget caps one chunk of attention's, the classifier's or a
+	// TF32x3 product's workspace (defaultChunkBudget).
 	chunkBudget int
+	// x3 runs F32 products as three TF32 ones (Options.MatmulF32 is
+	// F32TF32x3 and the device has TF32 tensor cores; gemmX3).
+	x3 bool
 	// halves (tests): every convolution of an even batch offers its halves,
 	// and an eager call takes them (Note [a convolution in two halves]).
 	halves bool
@@ -176,6 +179,7 @@ func open(index int, opts Options) (*Backend, error) {
 	b.sms = attr(attrMultiprocessorCount)
 	b.sharedPerSM, b.sharedPerBlock = attr(attrSharedPerSM), attr(attrSharedPerBlockOptin)
 	b.chunkBudget = defaultChunkBudget
+	b.x3 = opts.MatmulF32 == kernels.F32TF32x3 && b.tensorCores
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err
 	}
@@ -205,7 +209,7 @@ func open(index int, opts Options) (*Backend, error) {
 	}
 	cb.must("cublasSetStream", cb.setStream(b.blas, b.stream))
 	mode := int32(cublasDefaultMath)
-	if opts.MatmulTF32 {
+	if opts.MatmulF32 == kernels.F32TF32 {
 		mode = cublasTF32TensorOpMath
 	}
 	cb.must("cublasSetMathMode", cb.setMathMode(b.blas, mode))
@@ -373,7 +377,22 @@ func (b *Backend) Info() kernels.Info {
 		libs["nccl"] = v
 	}
 	return kernels.Info{Kind: "cuda", Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
-		Memory: total, Convolutions: b.ConvEngine(), ChannelsLast: b.dnn != nil, Libraries: libs}
+		Memory: total, Convolutions: b.ConvEngine(), Matmul: b.MatmulEngine(), ChannelsLast: b.dnn != nil, Libraries: libs}
+}
+
+// MatmulEngine names what runs matrix products, and how F32 ones
+// (Options.MatmulF32), for reports.
+func (b *Backend) MatmulEngine() string {
+	f32 := "F32 strictly"
+	switch {
+	case b.x3:
+		f32 = "F32 as three TF32 products (tf32x3)"
+	case b.opts.MatmulF32 == kernels.F32TF32:
+		f32 = "F32 as TF32"
+	case b.opts.MatmulF32 == kernels.F32TF32x3:
+		f32 = "F32 strictly (tf32x3 asked, but the device has no TF32 tensor cores)"
+	}
+	return "cuBLAS and cuBLASLt, " + f32
 }
 
 // DeviceName is the device's marketing name, as nvidia-smi shows it.

@@ -354,7 +354,7 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 	if b.lt == nil || b.noLt || g.batch > 1 {
 		return false, false
 	}
-	epi, sums, why := ltEpilogue(g, e, b.ltSums, !b.opts.MatmulTF32)
+	epi, sums, why := ltEpilogue(g, e, b.ltSums, !b.tf32(g))
 	if why != "" {
 		return false, false
 	}
@@ -387,7 +387,7 @@ func (b *Backend) gemmLt(g gemmCall, e kernels.Epilogue) (ran, sums bool) {
 		in, beta = ptrOf(e.Residual), 1
 	}
 	key := ltKey{transA: g.transA, transB: g.transB, m: g.m, n: g.n, k: g.k, ab: g.ab, c: g.cType, epilogue: epi,
-		tf32:  b.opts.MatmulTF32 && g.ab == kernels.F32,
+		tf32:  b.tf32(g),
 		align: [4]uint8{alignLog2(g.a), alignLog2(g.b), min(alignLog2(g.c), alignLog2(in)), min(alignLog2(vec|1<<8), alignLog2(aux|1<<8))}}
 	key.lda, key.ldb, key.ldc = g.lds()
 	pl := b.ltPlanFor(key, vec, aux)

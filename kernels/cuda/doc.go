@@ -12,9 +12,10 @@
 // cached on disk, keyed by the source's hash, the architecture and the NVRTC
 // version. Every kernel is declared in Go with the struct of its parameters
 // and launched through it (launch.go, Note [typed launches]); a CPU test
-// holds each declaration to the compiled kernel. GEMMs go to cuBLAS
-// (cublasGemmEx: F16 operands on tensor cores with F32 accumulation, F32 in
-// F32 unless Options.MatmulTF32). Convolutions go to cuDNN (cudnn.go; F32
+// holds each declaration to the compiled kernel. GEMMs go to cuBLAS and
+// cuBLASLt (16-bit operands on tensor cores with F32 accumulation, F32 ones
+// as Options.MatmulF32 says: strictly, as three TF32 products at F32's
+// accuracy (tf32x3.go), or as one). Convolutions go to cuDNN (cudnn.go; F32
 // may use TF32 unless Options.StrictConvF32, as in PyTorch), or to im2col
 // plus cuBLAS without it (conv.go). F32 attention, forward and backward,
 // multiplies on tensor cores as three TF32 products each, at about F32's

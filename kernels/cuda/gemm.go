@@ -21,6 +21,14 @@ type gemmCall struct {
 	// lda, ldb and ldc, when set, are the operands' row strides, for
 	// matrices inside wider ones (0: their own widths).
 	lda, ldb, ldc int
+	// x3 says A and B are the TF32 parts of F32 operands (gemmX3): the
+	// product runs on TF32 tensor cores.
+	x3 bool
+}
+
+// tf32 says whether g's product runs on TF32 tensor cores.
+func (b *Backend) tf32(g gemmCall) bool {
+	return g.ab == kernels.F32 && (g.x3 || b.opts.MatmulF32 == kernels.F32TF32)
 }
 
 // lds returns the operands' row strides: as set, or their own widths.
@@ -56,13 +64,19 @@ func cudaType(dt kernels.DType) int32 {
 	panic(fmt.Sprintf("cuda: gemm of %v data", dt))
 }
 
-// gemm runs g with cuBLAS (the caller holds the lock): one 16-bit product
-// with cuBLASLt and its timed algorithm (Note [products' algorithms
-// timed]), the rest with cublasGemmEx. cuBLAS is column major: a row-major
-// C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the operands are passed
-// swapped, with the row-major leading dimensions.
+// gemm runs g with cuBLAS (the caller holds the lock): one 16-bit or TF32
+// product with cuBLASLt and its timed algorithm (Note [products'
+// algorithms timed]), the rest with cublasGemmEx; F32 operands as three
+// TF32 products where the backend was opened with F32TF32x3 (gemmX3).
+// cuBLAS is column major: a row-major C = A·B is the column-major Cᵀ =
+// Bᵀ·Aᵀ, so the operands are passed swapped, with the row-major leading
+// dimensions.
 func (b *Backend) gemm(g gemmCall) {
-	if g.batch <= 1 && g.ab != kernels.F32 {
+	if b.x3 && g.ab == kernels.F32 && !g.x3 {
+		b.gemmX3(g, kernels.Epilogue{})
+		return
+	}
+	if g.batch <= 1 && (g.ab != kernels.F32 || b.tf32(g)) {
 		if ran, _ := b.gemmLt(g, kernels.Epilogue{}); ran {
 			return
 		}
@@ -76,7 +90,7 @@ func (b *Backend) gemm(g gemmCall) {
 	}
 	lda, ldb, ldc := g.lds()
 	compute := int32(cublasComputeF32)
-	if b.opts.MatmulTF32 && g.ab == kernels.F32 {
+	if b.tf32(g) {
 		compute = cublasComputeF32FastTF32
 	}
 	b.alpha, b.beta = g.alpha, g.beta
@@ -98,7 +112,7 @@ func (b *Backend) gemm(g gemmCall) {
 
 // Gemm computes a (batched) matrix product with cuBLAS: F16 and BF16
 // operands are multiplied on tensor cores with F32 accumulation, F32 ones
-// in F32 (TF32 only when the backend was opened with MatmulTF32).
+// as the backend's Options.MatmulF32 says.
 func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 	kernels.CheckGemm(p, a, bb, c)
 	batch := max(p.Batch, 1)
@@ -110,9 +124,9 @@ func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 }
 
 type gemmEpilogueArgs struct {
-	Rows, Cols   int32
-	C, Bias, Aux uintptr
-	Op, Grad     int32
+	Rows, Cols, Stride int32
+	C, Bias, Aux       uintptr
+	Op, Grad           int32
 }
 
 var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
@@ -121,37 +135,19 @@ var kGemmEpilogue = declareTyped[gemmEpilogueArgs]("gemm_epilogue")
 // its derivative) and the residual in one cuBLASLt call where it fuses
 // them, otherwise the residual copied into C, cublasGemmEx adding to it
 // and one pass of gemm_epilogue over C; the bias gradients as column sums
-// after it (Note [the fused epilogues]).
+// after it (Note [the fused epilogues]). F32 operands under F32TF32x3 run
+// as gemmX3 says.
 func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, c kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, bb, c)
 	b.enter()
 	defer b.exit()
-	ran, sums := b.gemmLt(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
-		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType}, e)
-	if !ran {
-		var beta float32
-		if r := e.Residual; r.Valid() { // C starts as the residual, and the product adds to it
-			b.queued("memcpy device to device")
-			b.d.must("cuMemcpyDtoDAsync", b.d.memcpyDtoDAsync(ptrOf(c), ptrOf(r), uintptr(r.Bytes()), b.stream))
-			beta = 1
-		}
-		b.gemm(gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha, beta: beta,
-			a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType})
-		if e.Bias.Valid() || e.Act != 0 {
-			grad := int32(0)
-			if e.Grad {
-				grad = 1
-			}
-			bias := e.Bias // the kernel reads an F32 bias: a 16-bit one widened, exactly
-			if bias.Valid() && bias.DType != kernels.F32 {
-				blk := b.workspace(int64(bias.N * 4))
-				defer b.alloc.Free(blk)
-				bias = kernels.Buf{Block: blk, N: bias.N, DType: kernels.F32}
-				b.cast(bias, e.Bias)
-			}
-			kGemmEpilogue.launch(b, c.DType, dims{uint32(min(p.M, b.sms*32)), 1, uint32(min(blockSize, (p.N+31)/32*32))},
-				gemmEpilogueArgs{int32(p.M), int32(p.N), ptrOf(c), ptrOf(bias), ptrOf(e.Aux), int32(e.Act), grad})
-		}
+	g := gemmCall{transA: p.TransA, transB: p.TransB, m: p.M, n: p.N, k: p.K, alpha: p.Alpha,
+		a: ptrOf(a), b: ptrOf(bb), c: ptrOf(c), batch: 1, ab: a.DType, cType: c.DType}
+	var sums bool
+	if b.x3 && g.ab == kernels.F32 {
+		b.gemmX3(g, e)
+	} else {
+		sums = b.gemmEpilogue(g, e)
 	}
 	if sums {
 		return
@@ -168,4 +164,46 @@ func (b *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, bb, 
 		}
 		b.reduce(kernels.Sum, e.BiasGradA, a.Slice(0, p.M*p.K), r)
 	}
+}
+
+// gemmEpilogue runs the product g (one, not a batch; C at g.c with row
+// stride g.ldc, as the epilogue's Aux and Residual) with its epilogue e,
+// reporting whether that included e's bias gradients (the caller holds the
+// lock, and sums them otherwise).
+func (b *Backend) gemmEpilogue(g gemmCall, e kernels.Epilogue) (sums bool) {
+	ran, sums := b.gemmLt(g, e)
+	if ran {
+		return sums
+	}
+	_, _, ldc := g.lds()
+	if r := e.Residual; r.Valid() { // C starts as the residual, and the product adds to it
+		if ldc != g.n {
+			panic(fmt.Sprintf("cuda: gemm epilogue with a residual into C of %d columns at a row stride of %d", g.n, ldc))
+		}
+		b.queued("memcpy device to device")
+		b.d.must("cuMemcpyDtoDAsync", b.d.memcpyDtoDAsync(g.c, ptrOf(r), uintptr(g.m*g.n*g.cType.Size()), b.stream))
+		g.beta = 1
+	}
+	b.gemm(g)
+	b.epiloguePass(g, e)
+	return false
+}
+
+// epiloguePass applies e's bias and activation (or its derivative) to the
+// product g has stored in C, in one pass of gemm_epilogue (the caller holds
+// the lock).
+func (b *Backend) epiloguePass(g gemmCall, e kernels.Epilogue) {
+	if !e.Bias.Valid() && e.Act == 0 {
+		return
+	}
+	bias := e.Bias // the kernel reads an F32 bias: a 16-bit one widened, exactly
+	if bias.Valid() && bias.DType != kernels.F32 {
+		blk := b.workspace(int64(bias.N * 4))
+		defer b.alloc.Free(blk)
+		bias = kernels.Buf{Block: blk, N: bias.N, DType: kernels.F32}
+		b.cast(bias, e.Bias)
+	}
+	_, _, ldc := g.lds()
+	kGemmEpilogue.launch(b, g.cType, dims{uint32(min(g.m, b.sms*32)), 1, uint32(min(blockSize, (g.n+31)/32*32))},
+		gemmEpilogueArgs{int32(g.m), int32(g.n), int32(ldc), g.c, ptrOf(bias), ptrOf(e.Aux), int32(e.Act), boolInt(e.Grad)})
 }

@@ -33,6 +33,10 @@ type Options struct {
 	// ConvTol is the tolerance of F32 convolutions (default TolAccumulate;
 	// TolTF32 for a backend that lets them use TF32).
 	ConvTol float64
+	// GemmTol is the tolerance of F32 products into F32, with or without
+	// an epilogue (default TolAccumulate), to hold a backend that promises
+	// F32's accuracy to a tighter one.
+	GemmTol float64
 }
 
 // suite runs operations on a backend and the reference side by side.
@@ -208,6 +212,9 @@ func Run(t *testing.T, be kernels.Backend, names ...string) { RunWith(t, be, Opt
 func RunWith(t *testing.T, be kernels.Backend, opt Options, names ...string) {
 	if opt.ConvTol == 0 {
 		opt.ConvTol = TolAccumulate
+	}
+	if opt.GemmTol == 0 {
+		opt.GemmTol = TolAccumulate
 	}
 	for _, c := range cases {
 		if len(names) > 0 && !slices.Contains(names, c.name) {
@@ -411,7 +418,11 @@ var cases = []testCase{
 					c := s.randIn(cdt, (batch-1)*p.StrideC+p.M*p.N)
 					s.got.Gemm(p, a.got, b.got, c.got)
 					s.ref.Gemm(p, a.ref, b.ref, c.ref)
-					s.check(fmt.Sprintf("gemm %v->%v %+v", dt, cdt, p), c, TolAccumulate)
+					tol := TolAccumulate
+					if dt == kernels.F32 && cdt == kernels.F32 {
+						tol = s.opt.GemmTol
+					}
+					s.check(fmt.Sprintf("gemm %v->%v %+v", dt, cdt, p), c, tol)
 				}
 			}
 		}
@@ -485,6 +496,9 @@ var cases = []testCase{
 						s.ref.GemmEpilogue(p, er, a.ref, b.ref, c.ref)
 						what := fmt.Sprintf("gemm %v->%v %s %+v", dt, cdt, e.name, p)
 						tol := TolAccumulate
+						if dt == kernels.F32 && cdt == kernels.F32 {
+							tol = s.opt.GemmTol
+						}
 						if cdt.Half() {
 							tol = max(tol, map[kernels.DType]float64{kernels.F16: TolF16, kernels.BF16: TolBF16}[cdt])
 						}

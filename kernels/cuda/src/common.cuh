@@ -46,6 +46,15 @@ __device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
 __device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
 
+// tf32_split is x as big + small, both TF32 (the bits of F32 values
+// whose last 13 mantissa bits are 0), each rounded to nearest, ties away.
+__device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small) {
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(x - __uint_as_float(big)));
+#endif
+}
+
 // ld4 and st4 move the four elements i..i+3 (i a multiple of 4) in one
 // access: 16 bytes of float, 8 of f16 or bf16. vec4 says whether a pointer
 // is aligned for them.

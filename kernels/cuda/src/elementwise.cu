@@ -185,12 +185,12 @@ FOR_TYPES(ELEMENTWISE)
 // gemm_epilogue is kernels.Epilogue on a product cuBLAS stored without it
 // (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols,
 // rounded to T, or null); with an op, aux = pre as stored and C = op(aux).
-// Backward (grad): C = C·op′(aux). Blocks stride over rows, threads along
-// them.
+// Backward (grad): C = C·op′(aux). C and aux are rows × cols at a row
+// stride of stride. Blocks stride over rows, threads along them.
 template <typename T>
-__device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* aux, int op, int grad) {
+__device__ void gemm_epilogue(int rows, int cols, int stride, T* c, const float* bias, T* aux, int op, int grad) {
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-        i64 row = (i64)r * cols;
+        i64 row = (i64)r * stride;
         for (int j = threadIdx.x; j < cols; j += blockDim.x) {
             float v = ld(c, row + j);
             if (grad) {
@@ -211,10 +211,10 @@ __device__ void gemm_epilogue(int rows, int cols, T* c, const float* bias, T* au
     }
 }
 #define GEMM_EPILOGUE(T, S)                                                                                   \
-    extern "C" __global__ void gemm_epilogue_##S(int rows, int cols, T* c, const float* bias, T* aux, int op, \
-                                                 int grad) {                                                  \
+    extern "C" __global__ void gemm_epilogue_##S(int rows, int cols, int stride, T* c, const float* bias, T* aux, \
+                                                 int op, int grad) {                                          \
         kernel_entry();                                                                                       \
-        gemm_epilogue(rows, cols, c, bias, aux, op, grad);                                                    \
+        gemm_epilogue(rows, cols, stride, c, bias, aux, op, grad);                                            \
     }
 FOR_TYPES(GEMM_EPILOGUE)
 

@@ -51,15 +51,6 @@
 #define F32_BWD_Q_BLOCKS 2
 #define F32_BWD_KV_BLOCKS 2
 
-// tf32_split is x as big + small, both TF32 (the bits of F32 values
-// whose last 13 mantissa bits are 0), each rounded to nearest, ties away.
-__device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small) {
-#if __CUDA_ARCH__ >= 800
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(x - __uint_as_float(big)));
-#endif
-}
-
 // mma1688 is c += a·b for a 16×8 TF32 A (4 registers), an 8×8 B (2) and a
 // 16×8 F32 C. Not volatile, so that the compiler may schedule the
 // products of different accumulators, which mma3 issues in turn, around

@@ -1,0 +1,235 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/kernels"
+)
+
+// Note [F32 products as three TF32 ones]: under Options.MatmulF32 =
+// F32TF32x3 an F32 product C = A·B runs on TF32 tensor cores at about
+// F32's accuracy. Each operand x is split into big = tf32(x) and small =
+// tf32(x − big), both rounded to nearest, so that x = big + small to about
+// 2⁻²² of x, and C = As·Bb + Ab·Bs + Ab·Bb (As·Bs, about 2⁻²² of C, is
+// below F32's rounding of the sum): one cuBLASLt TF32 product over three
+// times the inner size, of A' = [As Ab Ab] and B' = [Bb; Bs; Bb], which
+// tf32x3_split writes into a workspace, the small terms first. The three
+// terms are summed in the product's own F32 accumulators, so C is written
+// once, and the epilogues fuse as into any TF32 product. The workspace
+// holds three times the operands: past the chunk budget the product is cut
+// along the batch, or along M, N or K (x3Cut), each chunk split and
+// multiplied in turn; an operand a cut leaves whole (B along M, A along N)
+// is split once, and chunks along K add into C (β = 1), their epilogue a
+// pass over C after the last.
+
+// x3Dim is the dimension a TF32x3 product is cut along.
+type x3Dim uint8
+
+const (
+	x3Whole x3Dim = iota
+	x3Batch
+	x3M
+	x3N
+	x3K
+)
+
+// x3Chunk is the alignment of chunks along M, N and K: tensor-core tiles'
+// multiples, and the split's four-float accesses.
+const x3Chunk = 64
+
+// x3PerChunk is what another chunk costs, in floats moved: a launch or two
+// and a smaller product's tail, about 16 MiB of traffic on an H200.
+const x3PerChunk = 4 << 20
+
+// x3Cut says how g (its epilogue non-empty when epi) is cut so that each
+// chunk's split operands fit budget bytes, and the chunks' extent along
+// that dimension, as even as multiples of x3Chunk make them. Of the cuts
+// whose chunks fit, it takes the one that moves the fewest extra floats:
+// K's add their partial C into C, M's and N's cost only their launches; N
+// is not cut under an epilogue (its Aux and Residual would be strided).
+// Where none fits, chunks of x3Chunk along K.
+func x3Cut(g gemmCall, epi bool, budget int) (x3Dim, int) {
+	floats := int64(budget / 4 / 3) // of A's and B's chunks, each stored three times
+	m, n, k := int64(g.m), int64(g.n), int64(g.k)
+	if per := m*k + k*n; per*int64(max(g.batch, 1)) <= floats {
+		return x3Whole, 0
+	} else if g.batch > 1 {
+		return x3Batch, int(max(1, floats/per))
+	}
+	best, size, cost := x3K, x3Chunk, int64(-1)
+	try := func(d x3Dim, extent, fixed, per, extra int64) {
+		c := (floats - fixed) / per / x3Chunk * x3Chunk
+		if c < x3Chunk {
+			return
+		}
+		chunks := (extent + c - 1) / c
+		if x := (chunks-1)*extra + chunks*x3PerChunk; cost < 0 || x < cost {
+			even := ((extent+chunks-1)/chunks + x3Chunk - 1) / x3Chunk * x3Chunk // chunks as even as x3Chunk allows
+			best, size, cost = d, int(min(even, extent)), x
+		}
+	}
+	try(x3M, m, k*n, k, 0)
+	if !epi {
+		try(x3N, n, m*k, k, 0)
+	}
+	try(x3K, k, 0, m+n, 2*m*n)
+	return best, size
+}
+
+type tf32x3SplitArgs struct {
+	Batch, Rows, Cols, Ld int32
+	Stride                int64
+	X, Out                uintptr
+	Stacked, SmallMask    int32
+	Vec4                  int32
+}
+
+var kTF32x3Split = declareKernel[tf32x3SplitArgs]("tf32x3_split")
+
+// x3Operand is a stretch of an operand to split: rows × cols floats at a
+// row stride of ld from ptr, batch of them stride apart, written stacked
+// (K along the stored rows) or side by side, the small part where small
+// has its bit.
+type x3Operand struct {
+	ptr            uintptr
+	rows, cols, ld int
+	batch          int
+	stride         int64
+	stacked        bool
+	small          int32
+}
+
+// x3Split writes o's parts into a new workspace block, returning its
+// address and a func that frees it (the caller holds the lock).
+func (b *Backend) x3Split(o x3Operand) (uintptr, func()) {
+	items := o.batch
+	if o.stride == 0 {
+		items = 1 // one matrix for the whole batch
+	}
+	blk := b.workspace(int64(3*o.rows*o.cols*items) * 4)
+	vec4 := o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0
+	threads := o.cols
+	if vec4 {
+		threads /= 4
+	}
+	kTF32x3Split.launch(b, 0, dims{uint32(min(items*o.rows, b.sms*32)), 1, uint32(min(blockSize, (threads+31)/32*32))},
+		tf32x3SplitArgs{int32(items), int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, blk.Addr(),
+			boolInt(o.stacked), o.small, boolInt(vec4)})
+	return blk.Addr(), func() { b.alloc.Free(blk) }
+}
+
+// gemmX3 runs the F32 product g, and e but its bias gradients, which the
+// caller sums, as TF32x3 products (Note [F32 products as three TF32 ones];
+// the caller holds the lock).
+func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
+	if g.ab != kernels.F32 || g.cType != kernels.F32 {
+		panic(fmt.Sprintf("cuda: a TF32x3 product of %v operands into %v", g.ab, g.cType))
+	}
+	e.BiasGrad, e.BiasGradA = kernels.Buf{}, kernels.Buf{}
+	epi := e.Bias.Valid() || e.Act != 0 || e.Residual.Valid()
+	batch := max(g.batch, 1)
+	cut, size := x3Cut(g, epi, b.chunkBudget)
+	lda, ldb, ldc := g.lds()
+	// a and bOp are the chunk [b0, b0+nb) × [m0, m0+mc) × [k0, k0+kc) of
+	// A and [k0, k0+kc) × [n0, n0+nc) of B, in their stored layouts.
+	a := func(b0, nb, m0, mc, k0, kc int) x3Operand {
+		o := x3Operand{rows: mc, cols: kc, ld: lda, batch: nb, stride: g.strideA, small: 0b001}
+		off := m0*lda + k0
+		if g.transA {
+			o.rows, o.cols, o.stacked, off = kc, mc, true, k0*lda+m0
+		}
+		o.ptr = g.a + uintptr((int64(b0)*g.strideA+int64(off))*4)
+		return o
+	}
+	bOp := func(b0, nb, k0, kc, n0, nc int) x3Operand {
+		o := x3Operand{rows: kc, cols: nc, ld: ldb, batch: nb, stride: g.strideB, stacked: true, small: 0b010}
+		off := k0*ldb + n0
+		if g.transB {
+			o.rows, o.cols, o.stacked, off = nc, kc, false, n0*ldb+k0
+		}
+		o.ptr = g.b + uintptr((int64(b0)*g.strideB+int64(off))*4)
+		return o
+	}
+	// product multiplies split chunks: pa and pb at addresses wa and wb.
+	product := func(b0, nb, m0, mc, n0, nc, k0, kc int, pa, pb x3Operand, wa, wb uintptr, e kernels.Epilogue) {
+		call := gemmCall{transA: g.transA, transB: g.transB, m: mc, n: nc, k: 3 * kc, alpha: g.alpha, beta: g.beta,
+			a: wa, b: wb, c: g.c + uintptr((int64(b0)*g.strideC+int64(m0*ldc+n0))*4), batch: nb,
+			ab: kernels.F32, cType: kernels.F32, ldc: ldc, x3: true}
+		if k0 > 0 {
+			call.beta = 1 // adding to the earlier chunks along K
+		}
+		call.lda, call.ldb = 3*kc, nc
+		if g.transA {
+			call.lda = mc
+		}
+		if g.transB {
+			call.ldb = 3 * kc
+		}
+		if pa.stride != 0 {
+			call.strideA = int64(3 * pa.rows * pa.cols)
+		}
+		if pb.stride != 0 {
+			call.strideB = int64(3 * pb.rows * pb.cols)
+		}
+		call.strideC = g.strideC
+		if nb > 1 || !epi {
+			b.gemm(call)
+		} else {
+			b.gemmEpilogue(call, e)
+		}
+	}
+	both := func(b0, nb, m0, mc, n0, nc, k0, kc int, e kernels.Epilogue) {
+		pa, pb := a(b0, nb, m0, mc, k0, kc), bOp(b0, nb, k0, kc, n0, nc)
+		wa, freeA := b.x3Split(pa)
+		defer freeA()
+		wb, freeB := b.x3Split(pb)
+		defer freeB()
+		product(b0, nb, m0, mc, n0, nc, k0, kc, pa, pb, wa, wb, e)
+	}
+	switch cut {
+	case x3Whole:
+		both(0, batch, 0, g.m, 0, g.n, 0, g.k, e)
+	case x3Batch:
+		for b0 := 0; b0 < batch; b0 += size {
+			both(b0, min(size, batch-b0), 0, g.m, 0, g.n, 0, g.k, e)
+		}
+	case x3M: // B split once
+		pb := bOp(0, 1, 0, g.k, 0, g.n)
+		wb, freeB := b.x3Split(pb)
+		defer freeB()
+		for m0 := 0; m0 < g.m; m0 += size {
+			mc := min(size, g.m-m0)
+			ec := e
+			if ec.Aux.Valid() {
+				ec.Aux = ec.Aux.Slice(m0*ldc, mc*ldc)
+			}
+			if ec.Residual.Valid() {
+				ec.Residual = ec.Residual.Slice(m0*ldc, mc*ldc)
+			}
+			pa := a(0, 1, m0, mc, 0, g.k)
+			wa, freeA := b.x3Split(pa)
+			product(0, 1, m0, mc, 0, g.n, 0, g.k, pa, pb, wa, wb, ec)
+			freeA()
+		}
+	case x3N: // A split once; no epilogue
+		pa := a(0, 1, 0, g.m, 0, g.k)
+		wa, freeA := b.x3Split(pa)
+		defer freeA()
+		for n0 := 0; n0 < g.n; n0 += size {
+			nc := min(size, g.n-n0)
+			pb := bOp(0, 1, 0, g.k, n0, nc)
+			wb, freeB := b.x3Split(pb)
+			product(0, 1, 0, g.m, n0, nc, 0, g.k, pa, pb, wa, wb, e)
+			freeB()
+		}
+	case x3K: // the residual with the first chunk, the rest of e after the last
+		for k0 := 0; k0 < g.k; k0 += size {
+			ec := kernels.Epilogue{}
+			if k0 == 0 {
+				ec.Residual = e.Residual
+			}
+			both(0, 1, 0, g.m, 0, g.n, k0, min(size, g.k-k0), ec)
+		}
+		b.epiloguePass(g, e)
+	}
+}

@@ -1,0 +1,238 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/kerneltest"
+)
+
+// TestX3Cut: GPT-2 small's products at batch 16 (16,384 tokens) under the
+// default budget, and the cases the cut falls back to.
+func TestX3Cut(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		g     gemmCall
+		epi   bool
+		bytes int
+		dim   x3Dim
+		size  int
+	}{
+		{"fits whole", gemmCall{m: 96, n: 64, k: 40}, true, 256 << 20, x3Whole, 0},
+		{"c_fc forward", gemmCall{transB: true, m: 16384, n: 3072, k: 768}, true, 256 << 20, x3Whole, 0},
+		// A is 16,384 × 3,072: its rows in three chunks, w split once.
+		{"mlp.c_proj forward", gemmCall{transB: true, m: 16384, n: 768, k: 3072}, true, 256 << 20, x3M, 5504},
+		// C is only 768 × 3,072: along the tokens, C added to twice.
+		{"c_fc weight gradient", gemmCall{transA: true, m: 3072, n: 768, k: 16384}, false, 256 << 20, x3K, 5504},
+		// The classifier's 4,096 rows of logits: the vocabulary in three.
+		{"logits", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, false, 256 << 20, x3N, 16768},
+		{"logits with an epilogue", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, true, 256 << 20, x3K, 384},
+		{"batched", gemmCall{m: 64, n: 64, k: 64, batch: 10}, false, 12 * 3 * (64*64 + 64*64), x3Batch, 3},
+		{"nothing fits", gemmCall{m: 96, n: 64, k: 640}, true, 1 << 10, x3K, x3Chunk},
+	} {
+		if dim, size := x3Cut(c.g, c.epi, c.bytes); dim != c.dim || size != c.size {
+			t.Errorf("%s: cut %d in chunks of %d, want %d in chunks of %d", c.name, dim, size, c.dim, c.size)
+		}
+	}
+}
+
+// x3Case is a product and its epilogue for the TF32x3 tests, with the
+// budget that cuts it as dim says.
+type x3Case struct {
+	name   string
+	p      kernels.GemmParams
+	epi    string // "", "bias+gelu", "gelu′", "bias+residual"
+	budget int
+	dim    x3Dim
+}
+
+// x3Cases cut each way, with each kind of epilogue the cut allows.
+var x3Cases = []x3Case{
+	{"whole", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 328, Alpha: 1}, "bias+gelu", defaultChunkBudget, x3Whole},
+	{"M, bias+gelu", kernels.GemmParams{TransB: true, M: 1000, N: 136, K: 328, Alpha: 1}, "bias+gelu", 12 * (328*136 + 256*328), x3M},
+	{"M transposed, residual", kernels.GemmParams{TransA: true, M: 1000, N: 136, K: 328, Alpha: 1}, "bias+residual", 12 * (328*136 + 256*328), x3M},
+	{"K, gelu′", kernels.GemmParams{M: 136, N: 200, K: 1000, Alpha: 1}, "gelu′", 12 * 128 * 336, x3K},
+	{"K transposed, bias+residual", kernels.GemmParams{TransA: true, TransB: true, M: 136, N: 200, K: 1000, Alpha: 0.5}, "bias+residual", 12 * 128 * 336, x3K},
+	{"N, β", kernels.GemmParams{TransB: true, M: 200, N: 1000, K: 328, Alpha: 1, Beta: 0.5}, "", 12 * (200*328 + 256*328), x3N},
+	{"N transposed", kernels.GemmParams{TransA: true, M: 200, N: 1000, K: 328, Alpha: 2}, "", 12 * (200*328 + 256*328), x3N},
+	{"batch, shared A", kernels.GemmParams{M: 64, N: 96, K: 136, Alpha: 1, Batch: 5, StrideA: 0, StrideB: 136 * 96, StrideC: 64 * 96}, "", 12 * 2 * (64*136 + 136*96), x3Batch},
+}
+
+// TestCUDATF32x3: every cut and epilogue of the TF32x3 products against a
+// float64 reference, at F32's accuracy; then the conformance cases of the
+// products (and what runs them: the classifier, im2col convolutions) under
+// F32TF32x3, whole and in chunks of a 64 KiB budget, held to 1e-5.
+func TestCUDATF32x3(t *testing.T) {
+	testBackend(t)
+	b, err := open(0, Options{MatmulF32: kernels.F32TF32x3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.x3 {
+		t.Skipf("%s has no TF32 tensor cores", b.arch)
+	}
+	rng := rand.New(rand.NewPCG(3, 32))
+	for _, c := range x3Cases {
+		g := gemmCall{transA: c.p.TransA, transB: c.p.TransB, m: c.p.M, n: c.p.N, k: c.p.K, batch: max(c.p.Batch, 1)}
+		if dim, _ := x3Cut(g, c.epi != "", c.budget); dim != c.dim {
+			t.Fatalf("%s: the budget cuts along %d, not %d", c.name, dim, c.dim)
+		}
+		b.chunkBudget = c.budget
+		got, want := x3Run(t, b, rng, c)
+		if e := relErr(got, want); e > 1e-5 || math.IsNaN(e) {
+			t.Errorf("%s: relative error %.2g against float64", c.name, e)
+		}
+	}
+	const tol = 1e-5
+	for _, budget := range []int{defaultChunkBudget, 64 << 10} {
+		b.chunkBudget = budget
+		kerneltest.RunWith(t, b, kerneltest.Options{GemmTol: tol}, "gemm", "gemm-epilogue", "classifier")
+	}
+	noDNN, err := open(0, Options{MatmulF32: kernels.F32TF32x3, NoCuDNN: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kerneltest.RunWith(t, noDNN, kerneltest.Options{GemmTol: tol, ConvTol: tol}, "conv")
+}
+
+// x3Run runs c on b from fresh random operands, returning C (or Aux, for
+// the forward GELU, after C: both compared) and its float64 reference.
+func x3Run(t *testing.T, b *Backend, rng *rand.Rand, c x3Case) ([]float32, []float64) {
+	p := c.p
+	batch := max(p.Batch, 1)
+	randn := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	upload := func(x []float32) kernels.Buf {
+		blk := alloc(t, b, int64(4*len(x)))
+		t.Cleanup(func() { b.Allocator().Free(blk) })
+		buf := kernels.Buf{Block: blk, N: len(x), DType: kernels.F32}
+		b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
+		return buf
+	}
+	na, nb, nc := (batch-1)*p.StrideA+p.M*p.K, (batch-1)*p.StrideB+p.K*p.N, (batch-1)*p.StrideC+p.M*p.N
+	av, bv, cv := randn(na), randn(nb), randn(nc) // C poisoned, or added to with β
+	a, bb, cb := upload(av), upload(bv), upload(cv)
+	want := make([]float64, nc)
+	for i := range want {
+		want[i] = float64(p.Beta) * float64(cv[i])
+	}
+	for m := range batch {
+		matmulF64(p, av[m*p.StrideA:], bv[m*p.StrideB:], want[m*p.StrideC:])
+	}
+	if c.epi == "" {
+		b.Gemm(p, a, bb, cb)
+		return read32(b, cb), want
+	}
+	var e kernels.Epilogue
+	var auxv []float32
+	switch c.epi {
+	case "bias+gelu", "bias+residual":
+		bias := randn(p.N)
+		e.Bias = upload(bias)
+		for i := range want {
+			want[i] += float64(bias[i%p.N])
+		}
+		if c.epi == "bias+residual" {
+			r := randn(nc)
+			e.Residual = upload(r)
+			for i := range want {
+				want[i] += float64(r[i])
+			}
+		} else {
+			e.Act, e.Aux = kernels.GELU, upload(randn(nc))
+		}
+	case "gelu′":
+		auxv = randn(nc)
+		e.Act, e.Grad, e.Aux = kernels.GELU, true, upload(auxv)
+		for i := range want {
+			want[i] *= geluGradF64(float64(auxv[i]))
+		}
+	default:
+		panic(fmt.Sprintf("x3Run: epilogue %q", c.epi))
+	}
+	b.GemmEpilogue(p, e, a, bb, cb)
+	got := read32(b, cb)
+	if e.Act != 0 && !e.Grad { // C = gelu(Aux), Aux the product and bias
+		pre := make([]float64, nc)
+		copy(pre, want)
+		for i := range want {
+			want[i] = geluF64(pre[i])
+		}
+		return append(got, read32(b, e.Aux)...), append(want, pre...)
+	}
+	return got, want
+}
+
+// matmulF64 adds p.Alpha·op(A)·op(B) of one matrix of the batch into c.
+func matmulF64(p kernels.GemmParams, a, b []float32, c []float64) {
+	for i := range p.M {
+		for j := range p.N {
+			var s float64
+			for l := range p.K {
+				ai, bi := i*p.K+l, l*p.N+j
+				if p.TransA {
+					ai = l*p.M + i
+				}
+				if p.TransB {
+					bi = j*p.K + l
+				}
+				s += float64(a[ai]) * float64(b[bi])
+			}
+			c[i*p.N+j] += float64(p.Alpha) * s
+		}
+	}
+}
+
+// geluF64 and geluGradF64 are GELU in its tanh form and its derivative.
+func geluF64(x float64) float64 {
+	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+}
+
+func geluGradF64(x float64) float64 {
+	u := math.Sqrt(2/math.Pi) * (x + 0.044715*x*x*x)
+	th := math.Tanh(u)
+	return 0.5*(1+th) + 0.5*x*(1-th*th)*math.Sqrt(2/math.Pi)*(1+3*0.044715*x*x)
+}
+
+// TestCUDAMatmulF32Accuracy measures each F32 mode's products against
+// float64 at GPT-2 small's inner sizes: TF32x3 within a few times strict
+// F32's error (rounding its accumulators as tensor cores do), one TF32
+// product two orders of magnitude above.
+func TestCUDAMatmulF32Accuracy(t *testing.T) {
+	testBackend(t)
+	rng := rand.New(rand.NewPCG(32, 3))
+	backends := map[kernels.F32Matmul]*Backend{}
+	for _, m := range []kernels.F32Matmul{kernels.F32Strict, kernels.F32TF32x3, kernels.F32TF32} {
+		b, err := open(0, Options{MatmulF32: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		backends[m] = b
+	}
+	if !backends[kernels.F32TF32x3].x3 {
+		t.Skip("no TF32 tensor cores")
+	}
+	for _, k := range []int{768, 3072} {
+		c := x3Case{name: fmt.Sprint(k), p: kernels.GemmParams{TransB: true, M: 256, N: 384, K: k, Alpha: 1}}
+		errs := map[kernels.F32Matmul]float64{}
+		seed := rng.Uint64() // the same operands for each mode
+		for m, b := range backends {
+			got, want := x3Run(t, b, rand.New(rand.NewPCG(seed, 0)), c)
+			errs[m] = relErr(got, want)
+		}
+		s, x3, tf := errs[kernels.F32Strict], errs[kernels.F32TF32x3], errs[kernels.F32TF32]
+		t.Logf("K %d: relative errors against float64: strict %.2g, tf32x3 %.2g, tf32 %.2g", k, s, x3, tf)
+		if !(x3 <= 8*s && 100*x3 <= tf) {
+			t.Errorf("K %d: tf32x3's error %.2g is not within 8× strict F32's %.2g and 1/100 of TF32's %.2g", k, x3, s, tf)
+		}
+	}
+}
