@@ -37,23 +37,38 @@ const (
 // multiples, and the split's four-float accesses.
 const x3Chunk = 64
 
+// x3MaxK is the longest stretch of the inner dimension one TF32x3 product
+// sums (Note [F32 products as three TF32 ones]).
+const x3MaxK = 1024
+
 // x3PerChunk is what another chunk costs, in floats moved: a launch or two
 // and a smaller product's tail, about 16 MiB of traffic on an H200.
 const x3PerChunk = 4 << 20
 
-// x3Cut says how g (its epilogue non-empty when epi) is cut so that each
-// chunk's split operands fit budget bytes, and the chunks' extent along
-// that dimension, as even as multiples of x3Chunk make them. Of the cuts
-// whose chunks fit, it takes the one that moves the fewest extra floats:
-// K's add their partial C into C, M's and N's cost only their launches; N
-// is not cut under an epilogue (its Aux and Residual would be strided).
-// Where none fits, chunks of x3Chunk along K.
+// x3Cut says how g (its epilogue non-empty when epi) is cut, and the
+// chunks' extent along that dimension, as even as multiples of x3Chunk
+// make them: along K in chunks of at most x3MaxK, and so that each chunk's
+// split operands fit budget bytes. Of the cuts whose chunks fit, it takes
+// the one that moves the fewest extra floats: K's add their partial C into
+// C, M's and N's cost only their launches; N is not cut under an epilogue
+// (its Aux and Residual would be strided). Where none fits, chunks of
+// x3Chunk along K.
 func x3Cut(g gemmCall, epi bool, budget int) (x3Dim, int) {
 	floats := int64(budget / 4 / 3) // of A's and B's chunks, each stored three times
 	m, n, k := int64(g.m), int64(g.n), int64(g.k)
-	if per := m*k + k*n; per*int64(max(g.batch, 1)) <= floats {
+	even := func(extent, c int64) int { // c or less, the chunks as even as x3Chunk allows
+		chunks := (extent + c - 1) / c
+		return int(min(extent, ((extent+chunks-1)/chunks+x3Chunk-1)/x3Chunk*x3Chunk))
+	}
+	per := m*k + k*n
+	switch {
+	case k > x3MaxK && g.batch > 1:
+		return x3Batch, 1 // each matrix on its own, cut along K
+	case k > x3MaxK:
+		return x3K, even(k, max(x3Chunk, min(x3MaxK, floats/(m+n)/x3Chunk*x3Chunk)))
+	case per*int64(max(g.batch, 1)) <= floats:
 		return x3Whole, 0
-	} else if g.batch > 1 {
+	case g.batch > 1:
 		return x3Batch, int(max(1, floats/per))
 	}
 	best, size, cost := x3K, x3Chunk, int64(-1)
@@ -64,8 +79,7 @@ func x3Cut(g gemmCall, epi bool, budget int) (x3Dim, int) {
 		}
 		chunks := (extent + c - 1) / c
 		if x := (chunks-1)*extra + chunks*x3PerChunk; cost < 0 || x < cost {
-			even := ((extent+chunks-1)/chunks + x3Chunk - 1) / x3Chunk * x3Chunk // chunks as even as x3Chunk allows
-			best, size, cost = d, int(min(even, extent)), x
+			best, size, cost = d, even(extent, c), x
 		}
 	}
 	try(x3M, m, k*n, k, 0)
@@ -108,11 +122,11 @@ func (b *Backend) x3Split(o x3Operand) (uintptr, func()) {
 	}
 	blk := b.workspace(int64(3*o.rows*o.cols*items) * 4)
 	vec4 := o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0
-	threads := o.cols
+	n := int64(items * o.rows * o.cols)
 	if vec4 {
-		threads /= 4
+		n /= 4
 	}
-	kTF32x3Split.launch(b, 0, dims{uint32(min(items*o.rows, b.sms*32)), 1, uint32(min(blockSize, (threads+31)/32*32))},
+	kTF32x3Split.launch(b, 0, b.elems(n),
 		tf32x3SplitArgs{int32(items), int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, blk.Addr(),
 			boolInt(o.stacked), o.small, boolInt(vec4)})
 	return blk.Addr(), func() { b.alloc.Free(blk) }
@@ -178,6 +192,7 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			b.gemmEpilogue(call, e)
 		}
 	}
+	// both splits both operands' chunks and multiplies them.
 	both := func(b0, nb, m0, mc, n0, nc, k0, kc int, e kernels.Epilogue) {
 		pa, pb := a(b0, nb, m0, mc, k0, kc), bOp(b0, nb, k0, kc, n0, nc)
 		wa, freeA := b.x3Split(pa)
@@ -191,7 +206,16 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 		both(0, batch, 0, g.m, 0, g.n, 0, g.k, e)
 	case x3Batch:
 		for b0 := 0; b0 < batch; b0 += size {
-			both(b0, min(size, batch-b0), 0, g.m, 0, g.n, 0, g.k, e)
+			if size > 1 {
+				both(b0, min(size, batch-b0), 0, g.m, 0, g.n, 0, g.k, e)
+				continue
+			}
+			one := g // a matrix on its own, cut as it needs
+			one.batch, one.strideA, one.strideB, one.strideC = 1, 0, 0, 0
+			one.a += uintptr(int64(b0) * g.strideA * 4)
+			one.b += uintptr(int64(b0) * g.strideB * 4)
+			one.c += uintptr(int64(b0) * g.strideC * 4)
+			b.gemmX3(one, e)
 		}
 	case x3M: // B split once
 		pb := bOp(0, 1, 0, g.k, 0, g.n)

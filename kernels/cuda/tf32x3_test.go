@@ -24,10 +24,12 @@ func TestX3Cut(t *testing.T) {
 	}{
 		{"fits whole", gemmCall{m: 96, n: 64, k: 40}, true, 256 << 20, x3Whole, 0},
 		{"c_fc forward", gemmCall{transB: true, m: 16384, n: 3072, k: 768}, true, 256 << 20, x3Whole, 0},
-		// A is 16,384 × 3,072: its rows in three chunks, w split once.
-		{"mlp.c_proj forward", gemmCall{transB: true, m: 16384, n: 768, k: 3072}, true, 256 << 20, x3M, 5504},
-		// C is only 768 × 3,072: along the tokens, C added to twice.
-		{"c_fc weight gradient", gemmCall{transA: true, m: 3072, n: 768, k: 16384}, false, 256 << 20, x3K, 5504},
+		// Inner sizes past x3MaxK in stretches of it.
+		{"mlp.c_proj forward", gemmCall{transB: true, m: 16384, n: 768, k: 3072}, true, 256 << 20, x3K, 1024},
+		{"c_fc weight gradient", gemmCall{transA: true, m: 3072, n: 768, k: 16384}, false, 256 << 20, x3K, 1024},
+		{"batched, long", gemmCall{m: 64, n: 64, k: 2048, batch: 3}, false, 256 << 20, x3Batch, 1},
+		// At batch 64 x is 65,536 × 768: its rows in three chunks, w split once.
+		{"c_fc forward, batch 64", gemmCall{transB: true, m: 65536, n: 3072, k: 768}, true, 256 << 20, x3M, 21888},
 		// The classifier's 4,096 rows of logits: the vocabulary in three.
 		{"logits", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, false, 256 << 20, x3N, 16768},
 		{"logits with an epilogue", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, true, 256 << 20, x3K, 384},
@@ -60,6 +62,8 @@ var x3Cases = []x3Case{
 	{"N, β", kernels.GemmParams{TransB: true, M: 200, N: 1000, K: 328, Alpha: 1, Beta: 0.5}, "", 12 * (200*328 + 256*328), x3N},
 	{"N transposed", kernels.GemmParams{TransA: true, M: 200, N: 1000, K: 328, Alpha: 2}, "", 12 * (200*328 + 256*328), x3N},
 	{"batch, shared A", kernels.GemmParams{M: 64, N: 96, K: 136, Alpha: 1, Batch: 5, StrideA: 0, StrideB: 136 * 96, StrideC: 64 * 96}, "", 12 * 2 * (64*136 + 136*96), x3Batch},
+	{"K past x3MaxK, bias+residual", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 2500, Alpha: 1}, "bias+residual", defaultChunkBudget, x3K},
+	{"batch, K past x3MaxK, shared B", kernels.GemmParams{M: 64, N: 96, K: 1100, Alpha: 1, Beta: 1, Batch: 3, StrideA: 64 * 1100, StrideB: 0, StrideC: 64 * 96}, "", defaultChunkBudget, x3Batch},
 }
 
 // TestCUDATF32x3: every cut and epilogue of the TF32x3 products against a
