@@ -29,6 +29,7 @@ var cStructs = []struct {
 	{"Bcast", reflect.TypeFor[bcast]()},
 	{"Pool", reflect.TypeFor[poolArgs]()},
 	{"TensorList", reflect.TypeFor[tensorList]()},
+	{"X3Part", reflect.TypeFor[x3Part]()},
 }
 
 // cTypeNames are the C storage type of each float dtype (common.cuh

@@ -7,20 +7,34 @@ import (
 )
 
 // Note [F32 products as three TF32 ones]: under Options.MatmulF32 =
-// F32TF32x3 an F32 product C = A·B runs on TF32 tensor cores at about
-// F32's accuracy. Each operand x is split into big = tf32(x) and small =
+// F32TF32x3 an F32 product C = A·B runs on TF32 tensor cores, near F32's
+// accuracy. Each operand x is split into big = tf32(x) and small =
 // tf32(x − big), both rounded to nearest, so that x = big + small to about
 // 2⁻²² of x, and C = As·Bb + Ab·Bs + Ab·Bb (As·Bs, about 2⁻²² of C, is
-// below F32's rounding of the sum): one cuBLASLt TF32 product over three
-// times the inner size, of A' = [As Ab Ab] and B' = [Bb; Bs; Bb], which
-// tf32x3_split writes into a workspace, the small terms first. The three
-// terms are summed in the product's own F32 accumulators, so C is written
-// once, and the epilogues fuse as into any TF32 product. The workspace
-// holds three times the operands: past the chunk budget the product is cut
-// along the batch, or along M, N or K (x3Cut), each chunk split and
-// multiplied in turn; an operand a cut leaves whole (B along M, A along N)
-// is split once, and chunks along K add into C (β = 1), their epilogue a
-// pass over C after the last.
+// below F32's rounding): one cuBLASLt TF32 product over three times the
+// inner size, of A' = [As Ab Ab] and B' = [Bb; Bs; Bb], which
+// tf32x3_split writes into a workspace, the small terms first, all summed
+// in the product's F32 accumulators; the epilogues fuse as into any TF32
+// product.
+//
+// Those accumulators lose more than an FMA sum as the stretch of K they
+// sum grows: linearly, where an FMA sum's error grows about as its square
+// root. On the H200 (scripts/tf32x3-accuracy.py, PyTorch's cuBLAS, the
+// same split; 2026-12-04) a 16,384×768×3,072 product's relative error
+// against float64 was 7.2e-6 summed whole, 2.4e-6 in stretches of 1,024
+// and 6.4e-7 of 256, strict F32's 9.9e-7; a 768×3,072×16,384 one's
+// 3.8e-5 whole, 2.4e-6 and 6.5e-7, strict 7.7e-7. So a product sums at
+// most x3MaxK of K at a time, each stretch added into C (β = 1): a pass
+// over C a stretch, which costs GPT-2 small's fp32 step about 9% (228.6
+// against 250.0 ms) for errors two to five times strict F32's (against
+// one TF32 product's 2.9e-4; TestCUDAMatmulF32Accuracy).
+//
+// The workspace holds three times the operands: past the chunk budget the
+// product is cut along the batch, or along M, N or K (x3Cut), each chunk
+// split and multiplied in turn; an operand a cut leaves whole (B along M,
+// A along N) is split once. A cut along K has the residual added with its
+// first stretch and the rest of the epilogue as a pass over C after the
+// last.
 
 // x3Dim is the dimension a TF32x3 product is cut along.
 type x3Dim uint8
@@ -90,13 +104,17 @@ func x3Cut(g gemmCall, epi bool, budget int) (x3Dim, int) {
 	return best, size
 }
 
-type tf32x3SplitArgs struct {
+// x3Part is one operand's split as tf32x3_split takes it (X3Part).
+type x3Part struct {
 	Batch, Rows, Cols, Ld int32
 	Stride                int64
-	X, Out                uintptr
+	X                     uintptr `c:"const float*"`
+	Out                   uintptr `c:"float*"`
 	Stacked, SmallMask    int32
 	Vec4                  int32
 }
+
+type tf32x3SplitArgs struct{ A, B x3Part }
 
 var kTF32x3Split = declareKernel[tf32x3SplitArgs]("tf32x3_split")
 
@@ -113,23 +131,44 @@ type x3Operand struct {
 	small          int32
 }
 
-// x3Split writes o's parts into a new workspace block, returning its
-// address and a func that frees it (the caller holds the lock).
-func (b *Backend) x3Split(o x3Operand) (uintptr, func()) {
+// floats is the size of o's parts: three floats for each of its own, or
+// each of one matrix's where the batch shares it (stride 0).
+func (o x3Operand) floats() int64 {
 	items := o.batch
 	if o.stride == 0 {
-		items = 1 // one matrix for the whole batch
+		items = 1
 	}
-	blk := b.workspace(int64(3*o.rows*o.cols*items) * 4)
-	vec4 := o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0
-	n := int64(items * o.rows * o.cols)
-	if vec4 {
-		n /= 4
+	return 3 * int64(items*o.rows*o.cols)
+}
+
+// x3Split writes the parts of the operands (one or two; the rest zero
+// values) into a new workspace block, returning their addresses and a func
+// that frees the block (the caller holds the lock).
+func (b *Backend) x3Split(ops ...x3Operand) (addrs [2]uintptr, free func()) {
+	var parts [2]x3Part
+	var offs [2]int64
+	var bytes int64
+	for i, o := range ops {
+		offs[i] = bytes
+		bytes += (o.floats()*4 + 255) &^ 255 // each operand's parts 256-byte aligned
 	}
-	kTF32x3Split.launch(b, 0, b.elems(n),
-		tf32x3SplitArgs{int32(items), int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, blk.Addr(),
-			boolInt(o.stacked), o.small, boolInt(vec4)})
-	return blk.Addr(), func() { b.alloc.Free(blk) }
+	blk := b.workspace(bytes)
+	for i, o := range ops {
+		items := int32(o.floats() / 3 / int64(o.rows*o.cols))
+		addrs[i] = blk.Addr() + uintptr(offs[i])
+		parts[i] = x3Part{items, int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, addrs[i],
+			boolInt(o.stacked), o.small, boolInt(o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0)}
+	}
+	n := int64(0)
+	for _, p := range parts {
+		v := int64(p.Batch) * int64(p.Rows) * int64(p.Cols)
+		if p.Vec4 != 0 {
+			v /= 4
+		}
+		n += v
+	}
+	kTF32x3Split.launch(b, 0, b.elems(n), tf32x3SplitArgs{parts[0], parts[1]})
+	return addrs, func() { b.alloc.Free(blk) }
 }
 
 // gemmX3 runs the F32 product g, and e but its bias gradients, which the
@@ -195,11 +234,9 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	// both splits both operands' chunks and multiplies them.
 	both := func(b0, nb, m0, mc, n0, nc, k0, kc int, e kernels.Epilogue) {
 		pa, pb := a(b0, nb, m0, mc, k0, kc), bOp(b0, nb, k0, kc, n0, nc)
-		wa, freeA := b.x3Split(pa)
-		defer freeA()
-		wb, freeB := b.x3Split(pb)
-		defer freeB()
-		product(b0, nb, m0, mc, n0, nc, k0, kc, pa, pb, wa, wb, e)
+		w, free := b.x3Split(pa, pb)
+		defer free()
+		product(b0, nb, m0, mc, n0, nc, k0, kc, pa, pb, w[0], w[1], e)
 	}
 	switch cut {
 	case x3Whole:
@@ -232,7 +269,7 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			}
 			pa := a(0, 1, m0, mc, 0, g.k)
 			wa, freeA := b.x3Split(pa)
-			product(0, 1, m0, mc, 0, g.n, 0, g.k, pa, pb, wa, wb, ec)
+			product(0, 1, m0, mc, 0, g.n, 0, g.k, pa, pb, wa[0], wb[0], ec)
 			freeA()
 		}
 	case x3N: // A split once; no epilogue
@@ -243,7 +280,7 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			nc := min(size, g.n-n0)
 			pb := bOp(0, 1, 0, g.k, n0, nc)
 			wb, freeB := b.x3Split(pb)
-			product(0, 1, 0, g.m, n0, nc, 0, g.k, pa, pb, wa, wb, e)
+			product(0, 1, 0, g.m, n0, nc, 0, g.k, pa, pb, wa[0], wb[0], e)
 			freeB()
 		}
 	case x3K: // the residual with the first chunk, the rest of e after the last

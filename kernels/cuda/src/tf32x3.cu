@@ -1,46 +1,49 @@
-// tf32x3_split writes the TF32 parts of F32 matrices for a product run as
-// three TF32 ones (Note [F32 products as three TF32 ones]): batch matrices
-// of rows × cols at a row stride of ld, stride apart, each into 3·rows·cols
-// floats of out, its parts in the order small_mask gives (bit p set: part
-// p is the small one, else the big one), side by side within each row
-// (stacked 0: rows of 3·cols) or one under the other (stacked 1: three
-// rows × cols blocks). Threads stride over the elements, four at a time
-// where vec4 (cols, ld, stride and x multiples of four floats).
+// tf32x3_split writes the TF32 parts of F32 matrices for products run as
+// three TF32 ones (Note [F32 products as three TF32 ones]), for two
+// operands in one launch (an empty one has no rows). Each X3Part is Batch
+// matrices of Rows × Cols at a row stride of Ld, Stride apart, each written
+// into 3·Rows·Cols floats of Out, its parts in the order SmallMask gives
+// (bit p set: part p is the small one, else the big one), side by side
+// within each row (Stacked 0: rows of 3·Cols) or one under the other
+// (Stacked 1: three Rows × Cols blocks). Threads stride over both
+// operands' elements, four at a time where Vec4 (Cols, Ld, Stride and X
+// multiples of four floats).
 template <int V>
-__device__ void tf32x3_split_rows(int batch, int rows, int cols, int ld, i64 stride, const float* x, float* out,
-                                  int stacked, int small_mask) {
-    i64 row_vecs = cols / V, n = (i64)batch * rows * row_vecs;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        i64 br = i / row_vecs, m = br / rows;
-        int r = (int)(br - m * rows), j = (int)(i - br * row_vecs) * V;
-        float v[V];
-        unsigned big[V], small[V];
+__device__ void tf32x3_split_at(const X3Part& o, i64 i) {
+    i64 row_vecs = o.Cols / V, br = i / row_vecs, m = br / o.Rows;
+    int r = (int)(br - m * o.Rows), j = (int)(i - br * row_vecs) * V;
+    float v[V];
+    unsigned big[V], small[V];
+    if (V == 4) {
+        ld4(o.X + m * o.Stride + (i64)r * o.Ld, j, v);
+    } else {
+        v[0] = o.X[m * o.Stride + (i64)r * o.Ld + j];
+    }
+    for (int e = 0; e < V; e++) tf32_split(v[e], big[e], small[e]);
+    float* dst = o.Out + m * 3 * (i64)o.Rows * o.Cols + (o.Stacked ? (i64)r * o.Cols : (i64)r * 3 * o.Cols) + j;
+    i64 part = o.Stacked ? (i64)o.Rows * o.Cols : o.Cols; // from one part's element to the next's
+    for (int p = 0; p < 3; p++) {
+        const unsigned* w = (o.SmallMask >> p & 1) ? small : big;
         if (V == 4) {
-            ld4(x + m * stride + (i64)r * ld, j, v);
+            *(uint4*)(dst + p * part) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
-            v[0] = x[m * stride + (i64)r * ld + j];
-        }
-        for (int e = 0; e < V; e++) tf32_split(v[e], big[e], small[e]);
-        // Part p of the element: rows × cols blocks one under the other, or
-        // side by side in rows of 3·cols.
-        float* dst = out + m * 3 * (i64)rows * cols + (stacked ? (i64)r * cols : (i64)r * 3 * cols) + j;
-        i64 part = stacked ? (i64)rows * cols : cols;
-        for (int p = 0; p < 3; p++) {
-            const unsigned* w = (small_mask >> p & 1) ? small : big;
-            if (V == 4) {
-                *(uint4*)(dst + p * part) = make_uint4(w[0], w[1], w[2], w[3]);
-            } else {
-                dst[p * part] = __uint_as_float(w[0]);
-            }
+            dst[p * part] = __uint_as_float(w[0]);
         }
     }
 }
-extern "C" __global__ void tf32x3_split(int batch, int rows, int cols, int ld, i64 stride, const float* x, float* out,
-                                        int stacked, int small_mask, int vec4) {
+__device__ __forceinline__ i64 tf32x3_vecs(const X3Part& o) {
+    return (i64)o.Batch * o.Rows * o.Cols / (o.Vec4 ? 4 : 1);
+}
+extern "C" __global__ void tf32x3_split(X3Part a, X3Part b) {
     kernel_entry();
-    if (vec4) {
-        tf32x3_split_rows<4>(batch, rows, cols, ld, stride, x, out, stacked, small_mask);
-    } else {
-        tf32x3_split_rows<1>(batch, rows, cols, ld, stride, x, out, stacked, small_mask);
+    i64 na = tf32x3_vecs(a), n = na + tf32x3_vecs(b);
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const X3Part& o = i < na ? a : b;
+        i64 k = i < na ? i : i - na;
+        if (o.Vec4) {
+            tf32x3_split_at<4>(o, k);
+        } else {
+            tf32x3_split_at<1>(o, k);
+        }
     }
 }
