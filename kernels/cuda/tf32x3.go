@@ -159,15 +159,13 @@ func (b *Backend) x3Split(ops ...x3Operand) (addrs [2]uintptr, free func()) {
 		parts[i] = x3Part{items, int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, addrs[i],
 			boolInt(o.stacked), o.small, boolInt(o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0)}
 	}
-	n := int64(0)
+	rows, threads := int64(0), 0 // a block a row, a thread for each four floats (or one) of the widest
 	for _, p := range parts {
-		v := int64(p.Batch) * int64(p.Rows) * int64(p.Cols)
-		if p.Vec4 != 0 {
-			v /= 4
-		}
-		n += v
+		rows += int64(p.Batch) * int64(p.Rows)
+		threads = max(threads, int(p.Cols)>>(2*p.Vec4))
 	}
-	kTF32x3Split.launch(b, 0, b.elems(n), tf32x3SplitArgs{parts[0], parts[1]})
+	kTF32x3Split.launch(b, 0, dims{uint32(min(rows, int64(b.sms)*32)), 1, uint32(min(blockSize, (threads+31)/32*32))},
+		tf32x3SplitArgs{parts[0], parts[1]})
 	return addrs, func() { b.alloc.Free(blk) }
 }
 
