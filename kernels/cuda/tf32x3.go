@@ -55,8 +55,8 @@ const x3Chunk = 64
 // sums (Note [F32 products as three TF32 ones]).
 const x3MaxK = 1024
 
-// x3PerChunk is what another chunk costs, in floats moved: a launch or two
-// and a smaller product's tail, about 16 MiB of traffic on an H200.
+// x3PerChunk is what x3Cut counts another chunk as, in floats moved: its
+// launches and a smaller product's tail, taken as 16 MiB of traffic.
 const x3PerChunk = 4 << 20
 
 // x3Cut says how g (its epilogue non-empty when epi) is cut, and the
