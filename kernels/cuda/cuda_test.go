@@ -143,20 +143,6 @@ func TestCUDAFlashF32Accuracy(t *testing.T) {
 		const D = 64
 		C := c.H * D
 		rng := rand.New(rand.NewPCG(uint64(c.Tq), uint64(c.Tk)))
-		randn := func(n int) []float32 {
-			x := make([]float32, n)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
-			return x
-		}
-		upload := func(x []float32) kernels.Buf {
-			blk := alloc(t, b, int64(4*len(x)))
-			t.Cleanup(func() { b.Allocator().Free(blk) })
-			buf := kernels.Buf{Block: blk, N: len(x), DType: kernels.F32}
-			b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
-			return buf
-		}
 		// q, k and v side by side in a row of 3C when packed (their
 		// gradients too), else each its own.
 		packed := c.Tq == c.Tk
@@ -168,13 +154,13 @@ func TestCUDAFlashF32Accuracy(t *testing.T) {
 		// operands uploads q, k and v, packed or not, and returns their buffers.
 		operands := func(q, k, v []float32) (qb, kb, vb kernels.Buf) {
 			if !packed {
-				return upload(q), upload(k), upload(v)
+				return upload(t, b, q), upload(t, b, k), upload(t, b, v)
 			}
 			qkv := make([]float32, 0, 3*len(q))
 			for r := 0; r < c.B*c.Tq; r++ {
 				qkv = append(append(append(qkv, q[r*C:(r+1)*C]...), k[r*C:(r+1)*C]...), v[r*C:(r+1)*C]...)
 			}
-			all := upload(qkv)
+			all := upload(t, b, qkv)
 			return all, all.Slice(C, len(qkv)-C), all.Slice(2*C, len(qkv)-2*C)
 		}
 		// unpack reads back one of q, k and v's places in a packed buffer.
@@ -185,26 +171,26 @@ func TestCUDAFlashF32Accuracy(t *testing.T) {
 			}
 			return out
 		}
-		q, k, v := randn(c.B*c.Tq*C), randn(c.B*c.Tk*C), randn(c.B*c.Tk*C)
+		q, k, v := randn(rng, c.B*c.Tq*C), randn(rng, c.B*c.Tk*C), randn(rng, c.B*c.Tk*C)
 		qb, kb, vb := operands(q, k, v)
 		wantO, wantL := attentionF64(c.B, c.H, D, c.Tq, c.Tk, q, k, v)
 		var errs [2][5]float64 // [flash, chunked][o, lse, dq, dk, dv]
 		var o, lse kernels.Buf
 		for i, noFlash := range []bool{false, true} {
 			b.noFlash = noFlash
-			o, lse = upload(randn(c.B*c.Tq*C)), upload(randn(c.B*c.H*c.Tq)) // poisoned
+			o, lse = upload(t, b, randn(rng, c.B*c.Tq*C)), upload(t, b, randn(rng, c.B*c.H*c.Tq)) // poisoned
 			b.Attention(p, qb, kb, vb, o, lse)
 			errs[i][0], errs[i][1] = relErr(read32(b, o), wantO), relErr(read32(b, lse), wantL)
 		}
 		names := []string{"o", "lse"}
 		if packed {
 			names = append(names, "dq", "dk", "dv")
-			do := randn(c.B * c.Tq * C)
+			do := randn(rng, c.B*c.Tq*C)
 			want := attentionBackwardF64(c.B, c.H, D, c.Tq, q, k, v, do)
-			dob := upload(do)
+			dob := upload(t, b, do)
 			for i, noFlash := range []bool{false, true} { // o and lse the chunked forward's
 				b.noFlash = noFlash
-				dq, dk, dv := operands(randn(len(q)), randn(len(k)), randn(len(v))) // poisoned
+				dq, dk, dv := operands(randn(rng, len(q)), randn(rng, len(k)), randn(rng, len(v))) // poisoned
 				b.AttentionBackward(p, qb, kb, vb, o, lse, dob, dq, dk, dv)
 				for j := range want {
 					errs[i][2+j] = relErr(unpack(dq, j), want[j])
@@ -315,6 +301,24 @@ func read32(b *Backend, x kernels.Buf) []float32 {
 	out := make([]float32, x.N)
 	b.Read(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*x.N), x)
 	return out
+}
+
+// randn returns n standard normal float32s from rng.
+func randn(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// upload copies x into a new F32 buffer on b, freed when t ends.
+func upload(t *testing.T, b *Backend, x []float32) kernels.Buf {
+	blk := alloc(t, b, int64(4*len(x)))
+	t.Cleanup(func() { b.Allocator().Free(blk) })
+	buf := kernels.Buf{Block: blk, N: len(x), DType: kernels.F32}
+	b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
+	return buf
 }
 
 // relErr is the relative L2 distance of got from want.
@@ -444,7 +448,7 @@ func TestCUDAGemmAlgorithmsTimed(t *testing.T) {
 				return v
 			}
 			av, bv, cv := ints(c.m*c.k), ints(c.k*c.n), ints(c.m*c.n)
-			upload := func(v []float64, dt kernels.DType) kernels.Buf {
+			uploadAs := func(v []float64, dt kernels.DType) kernels.Buf {
 				blk := alloc(t, b, int64(len(v)*dt.Size()))
 				t.Cleanup(func() { b.Allocator().Free(blk) })
 				buf := kernels.Buf{Block: blk, N: len(v), DType: dt}
@@ -459,7 +463,7 @@ func TestCUDAGemmAlgorithmsTimed(t *testing.T) {
 				b.Write(buf, raw)
 				return buf
 			}
-			a, bb, cc := upload(av, kernels.BF16), upload(bv, kernels.BF16), upload(cv, kernels.F32)
+			a, bb, cc := uploadAs(av, kernels.BF16), uploadAs(bv, kernels.BF16), uploadAs(cv, kernels.F32)
 			p := kernels.GemmParams{M: c.m, N: c.n, K: c.k, Alpha: 1, Beta: c.beta, Batch: 1}
 			for call := 1; call <= 2; call++ {
 				timed = nil

@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/kerneltest"
@@ -108,23 +107,9 @@ func TestCUDATF32x3(t *testing.T) {
 func x3Run(t *testing.T, b *Backend, rng *rand.Rand, c x3Case) ([]float32, []float64) {
 	p := c.p
 	batch := max(p.Batch, 1)
-	randn := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		return x
-	}
-	upload := func(x []float32) kernels.Buf {
-		blk := alloc(t, b, int64(4*len(x)))
-		t.Cleanup(func() { b.Allocator().Free(blk) })
-		buf := kernels.Buf{Block: blk, N: len(x), DType: kernels.F32}
-		b.Write(buf, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)))
-		return buf
-	}
 	na, nb, nc := (batch-1)*p.StrideA+p.M*p.K, (batch-1)*p.StrideB+p.K*p.N, (batch-1)*p.StrideC+p.M*p.N
-	av, bv, cv := randn(na), randn(nb), randn(nc) // C poisoned, or added to with β
-	a, bb, cb := upload(av), upload(bv), upload(cv)
+	av, bv, cv := randn(rng, na), randn(rng, nb), randn(rng, nc) // C poisoned, or added to with β
+	a, bb, cb := upload(t, b, av), upload(t, b, bv), upload(t, b, cv)
 	want := make([]float64, nc)
 	for i := range want {
 		want[i] = float64(p.Beta) * float64(cv[i])
@@ -140,23 +125,23 @@ func x3Run(t *testing.T, b *Backend, rng *rand.Rand, c x3Case) ([]float32, []flo
 	var auxv []float32
 	switch c.epi {
 	case "bias+gelu", "bias+residual":
-		bias := randn(p.N)
-		e.Bias = upload(bias)
+		bias := randn(rng, p.N)
+		e.Bias = upload(t, b, bias)
 		for i := range want {
 			want[i] += float64(bias[i%p.N])
 		}
 		if c.epi == "bias+residual" {
-			r := randn(nc)
-			e.Residual = upload(r)
+			r := randn(rng, nc)
+			e.Residual = upload(t, b, r)
 			for i := range want {
 				want[i] += float64(r[i])
 			}
 		} else {
-			e.Act, e.Aux = kernels.GELU, upload(randn(nc))
+			e.Act, e.Aux = kernels.GELU, upload(t, b, randn(rng, nc))
 		}
 	case "gelu′":
-		auxv = randn(nc)
-		e.Act, e.Grad, e.Aux = kernels.GELU, true, upload(auxv)
+		auxv = randn(rng, nc)
+		e.Act, e.Grad, e.Aux = kernels.GELU, true, upload(t, b, auxv)
 		for i := range want {
 			want[i] *= geluGradF64(float64(auxv[i]))
 		}
