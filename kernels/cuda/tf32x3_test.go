@@ -66,7 +66,7 @@ var x3Cases = []x3Case{
 }
 
 // TestCUDATF32x3: every cut and epilogue of the TF32x3 products against a
-// float64 reference, at F32's accuracy; then the conformance cases of the
+// float64 reference, to 1e-5; then the conformance cases of the
 // products (and what runs them: the classifier, im2col convolutions) under
 // F32TF32x3, whole and in chunks of a 64 KiB budget, held to 1e-5.
 func TestCUDATF32x3(t *testing.T) {
