@@ -131,15 +131,17 @@ type x3Operand struct {
 	small          int32
 }
 
-// floats is the size of o's parts: three floats for each of its own, or
-// each of one matrix's where the batch shares it (stride 0).
-func (o x3Operand) floats() int64 {
-	items := o.batch
+// items is how many matrices o's split holds: one where the batch shares
+// it (stride 0).
+func (o x3Operand) items() int {
 	if o.stride == 0 {
-		items = 1
+		return 1
 	}
-	return 3 * int64(items*o.rows*o.cols)
+	return o.batch
 }
+
+// floats is the size of o's parts: three floats for each of its own.
+func (o x3Operand) floats() int64 { return 3 * int64(o.items()*o.rows*o.cols) }
 
 // x3Split writes the parts of the operands (one or two; the rest zero
 // values) into a new workspace block, returning their addresses and a func
@@ -154,9 +156,8 @@ func (b *Backend) x3Split(ops ...x3Operand) (addrs [2]uintptr, free func()) {
 	}
 	blk := b.workspace(bytes)
 	for i, o := range ops {
-		items := int32(o.floats() / 3 / int64(o.rows*o.cols))
 		addrs[i] = blk.Addr() + uintptr(offs[i])
-		parts[i] = x3Part{items, int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, addrs[i],
+		parts[i] = x3Part{int32(o.items()), int32(o.rows), int32(o.cols), int32(o.ld), o.stride, o.ptr, addrs[i],
 			boolInt(o.stacked), o.small, boolInt(o.cols%4 == 0 && o.ld%4 == 0 && o.stride%4 == 0 && o.ptr%16 == 0)}
 	}
 	rows, threads := int64(0), 0 // a block a row, a thread for each four floats (or one) of the widest
