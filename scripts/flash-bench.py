@@ -37,7 +37,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from devtime import redefine, rel, timed
+from devtime import nvrtc_module, redefine, rel, timed
 
 
 def module_source(full, flash):
@@ -45,42 +45,6 @@ def module_source(full, flash):
     before the first src/*.cu), then flash."""
     head = full[: re.search(r"// ---- \w+\.cu ----\n", full).start()]
     return head + "// ---- flash.cu ----\n" + flash + "\n"
-
-
-def nvrtc_module(src, arch):
-    """src compiled by NVRTC for arch as the Go backend compiles it
-    (--gpu-architecture, --std=c++17; sm_90a is its target on an H200),
-    with ptxas's report of each kernel's registers and spills printed."""
-    lib = None
-    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            pass
-    if lib is None:
-        sys.exit("no NVRTC")
-    prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"flash.cu", 0, None, None):
-        sys.exit("nvrtcCreateProgram failed")
-    opts = [b"--gpu-architecture=" + arch.encode(), b"--std=c++17", b"--ptxas-options=-v"]
-    r = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    text = log.value.decode(errors="replace")
-    keep = [l for l in text.splitlines() if "flash" in l or "warning" in l or "error" in l or "Used" in l or "spill" in l]
-    print("\n".join("  nvrtc %s: %s" % (arch, l.strip()) for l in keep[:60]), flush=True)
-    if r:
-        sys.exit("NVRTC could not compile for %s:\n%s" % (arch, text))
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetCUBIN(prog, cubin)
-    fd, path = tempfile.mkstemp(suffix=".cubin")
-    os.write(fd, cubin.raw)
-    os.close(fd)
-    return cp.RawModule(path=path)
 
 
 # flash_bwd's dynamic shared memory: six padded tiles, four rows of floats, 1024 bytes to align.
@@ -146,7 +110,7 @@ def main():
         if "flash_fwd_shared" in flash:
             ld = D if (arch or "sm_90a") == "sm_90a" else D + 8
             fwd_shared = 2 * 2 * macro(src, "FLASH_FWD_KEYS", 64) * ld * 2 + 1024
-        mod = nvrtc_module(src, arch or "sm_90a")
+        mod = nvrtc_module(src, arch or "sm_90a", "flash")
         fwd = mod.get_function("flash_fwd_" + a.dtype)
         if fwd_shared > 48 * 1024:
             fwd.max_dynamic_shared_size_bytes = fwd_shared

@@ -32,12 +32,15 @@ type Backend struct {
 	// sharedPerSM and sharedPerBlock are the shared memory a multiprocessor
 	// has and a block may opt in to (launchShared).
 	sharedPerSM, sharedPerBlock int
-	// chunkBudget caps one chunk of attention's, the classifier's or a
-	// TF32x3 product's workspace (defaultChunkBudget).
+	// chunkBudget caps one chunk of attention's or the classifier's
+	// workspace, or a TF32x3 product's partial sums (defaultChunkBudget).
 	chunkBudget int
 	// x3 runs F32 products as three TF32 ones (Options.MatmulF32 is
-	// F32TF32x3 and the device has TF32 tensor cores; gemmX3).
-	x3 bool
+	// F32TF32x3, and the device has TF32 tensor cores and the shared
+	// memory x3_gemm asks; gemmX3); x3Shared is what x3_gemm asks for the
+	// target its kernels were compiled for.
+	x3       bool
+	x3Shared int
 	// halves (tests): every convolution of an even batch offers its halves,
 	// and an eager call takes them (Note [a convolution in two halves]).
 	halves bool
@@ -179,7 +182,6 @@ func open(index int, opts Options) (*Backend, error) {
 	b.sms = attr(attrMultiprocessorCount)
 	b.sharedPerSM, b.sharedPerBlock = attr(attrSharedPerSM), attr(attrSharedPerBlockOptin)
 	b.chunkBudget = defaultChunkBudget
-	b.x3 = opts.MatmulF32 == kernels.F32TF32x3 && b.tensorCores
 	if err := d.check("cuDevicePrimaryCtxRetain", d.primaryCtxRetain(unsafe.Pointer(&b.ctx), dev)); err != nil {
 		return nil, err
 	}
@@ -195,6 +197,11 @@ func open(index int, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.x3Shared = x3Shared
+	if target == "sm_90a" {
+		b.x3Shared = x3WGShared
+	}
+	b.x3 = opts.MatmulF32 == kernels.F32TF32x3 && b.tensorCores && b.x3Shared <= b.sharedPerBlock
 	how := "compiled by NVRTC"
 	if cached {
 		how = "loaded from the cache in " + cacheDir(opts.KernelCache)
@@ -386,11 +393,11 @@ func (b *Backend) MatmulEngine() string {
 	f32 := "F32 strictly"
 	switch {
 	case b.x3:
-		f32 = "F32 as three TF32 products (tf32x3)"
+		f32 = "F32 as three TF32 products (tf32x3, leangrad's kernels)"
 	case b.opts.MatmulF32 == kernels.F32TF32:
 		f32 = "F32 as TF32"
 	case b.opts.MatmulF32 == kernels.F32TF32x3:
-		f32 = "F32 strictly (tf32x3 asked, but the device has no TF32 tensor cores)"
+		f32 = "F32 strictly (tf32x3 asked, but the device lacks TF32 tensor cores or the shared memory)"
 	}
 	return "cuBLAS and cuBLASLt, " + f32
 }

@@ -21,14 +21,11 @@ type gemmCall struct {
 	// lda, ldb and ldc, when set, are the operands' row strides, for
 	// matrices inside wider ones (0: their own widths).
 	lda, ldb, ldc int
-	// x3 says A and B are the TF32 parts of F32 operands (gemmX3): the
-	// product runs on TF32 tensor cores.
-	x3 bool
 }
 
 // tf32 says whether g's product runs on TF32 tensor cores.
 func (b *Backend) tf32(g gemmCall) bool {
-	return g.ab == kernels.F32 && (g.x3 || b.opts.MatmulF32 == kernels.F32TF32)
+	return g.ab == kernels.F32 && b.opts.MatmulF32 == kernels.F32TF32
 }
 
 // lds returns the operands' row strides: as set, or their own widths.
@@ -67,12 +64,13 @@ func cudaType(dt kernels.DType) int32 {
 // gemm runs g with cuBLAS (the caller holds the lock): one 16-bit or TF32
 // product with cuBLASLt and its timed algorithm (Note [products'
 // algorithms timed]), the rest with cublasGemmEx; F32 operands as three
-// TF32 products where the backend was opened with F32TF32x3 (gemmX3).
+// TF32 products where the backend was opened with F32TF32x3 (gemmX3,
+// leangrad's own kernels).
 // cuBLAS is column major: a row-major C = A·B is the column-major Cᵀ =
 // Bᵀ·Aᵀ, so the operands are passed swapped, with the row-major leading
 // dimensions.
 func (b *Backend) gemm(g gemmCall) {
-	if b.x3 && g.ab == kernels.F32 && !g.x3 {
+	if b.x3 && g.ab == kernels.F32 {
 		b.gemmX3(g, kernels.Epilogue{})
 		return
 	}

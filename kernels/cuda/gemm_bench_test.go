@@ -219,3 +219,48 @@ func BenchmarkCUDAGemmCandidates(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCUDAGemmF32 times GPT-2 small's F32 products (batch 16,
+// context 1024: the linear layers' forward, input and weight gradients,
+// and a chunk of the classifier's logits) under each F32 mode:
+// b.ReportMetric gives TFLOP/s, counting the F32 product's flops once.
+func BenchmarkCUDAGemmF32(b *testing.B) {
+	testBackend(b)
+	const rows, width = 16384, 768
+	products := []struct {
+		name string
+		p    kernels.GemmParams
+	}{
+		{"c_attn", kernels.GemmParams{TransB: true, M: rows, N: 3 * width, K: width}},
+		{"c_fc", kernels.GemmParams{TransB: true, M: rows, N: 4 * width, K: width}},
+		{"mlp.c_proj", kernels.GemmParams{TransB: true, M: rows, N: width, K: 4 * width}},
+		{"c_fc-dx", kernels.GemmParams{M: rows, N: width, K: 4 * width}},
+		{"c_fc-dw", kernels.GemmParams{TransA: true, M: 4 * width, N: width, K: rows}},
+		{"c_attn-dw", kernels.GemmParams{TransA: true, M: 3 * width, N: width, K: rows}},
+		{"attn.c_proj-dw", kernels.GemmParams{TransA: true, M: width, N: width, K: rows}},
+		{"logits", kernels.GemmParams{TransB: true, M: 2048, N: 50304, K: width}},
+	}
+	for _, mode := range []kernels.F32Matmul{kernels.F32Strict, kernels.F32TF32x3} {
+		be, err := open(0, Options{MatmulF32: mode})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range products {
+			p := s.p
+			p.Alpha, p.Batch = 1, 1
+			a, w, c := benchBuf(b, be, kernels.F32, p.M*p.K), benchBuf(b, be, kernels.F32, p.K*p.N), benchBuf(b, be, kernels.F32, p.M*p.N)
+			be.Fill(a, 0.01)
+			be.Fill(w, 0.02)
+			b.Run(fmt.Sprintf("%v/%s", mode, s.name), func(b *testing.B) {
+				be.Gemm(p, a, w, c)
+				be.Synchronize()
+				b.ResetTimer()
+				for range b.N { // not b.Loop: its timer stops before the device is waited for
+					be.Gemm(p, a, w, c)
+				}
+				be.Synchronize()
+				b.ReportMetric(2*float64(p.M)*float64(p.N)*float64(p.K)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+			})
+		}
+	}
+}

@@ -29,7 +29,7 @@ var cStructs = []struct {
 	{"Bcast", reflect.TypeFor[bcast]()},
 	{"Pool", reflect.TypeFor[poolArgs]()},
 	{"TensorList", reflect.TypeFor[tensorList]()},
-	{"X3Part", reflect.TypeFor[x3Part]()},
+	{"X3Gemm", reflect.TypeFor[x3Gemm]()},
 }
 
 // cTypeNames are the C storage type of each float dtype (common.cuh
@@ -72,6 +72,8 @@ func prelude() string {
 	w("#define FLASH_D %d\n#define FLASH_TILE %d\n#define FLASH_WG %d\n#define FLASH_FWD_WG %d\n#define F32_LD %d\n", flashD, flashTile,
 		flashWarpgroups, flashFwdWarpgroups, flash32LD)
 	w("#define LN_WARPS %d\n#define LN_BLOCKS %d\n#define LN_REG_COLS %d\n", lnWarps, lnBlocksPerSM, lnRegCols)
+	w("#define X3_TILE %d\n#define X3_BK %d\n#define X3_STAGES %d\n#define X3_THREADS %d\n#define X3_GROUP %d\n", x3Tile, x3BK, x3Stages,
+		x3Threads, x3Group)
 	w("typedef unsigned short f16;\nstruct bf16 { unsigned short x; };\ntypedef long long i64;\n")
 	w("#define FOR_TYPES(M)")
 	for _, dt := range floatTypes {

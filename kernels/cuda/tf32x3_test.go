@@ -10,65 +10,62 @@ import (
 	"github.com/leangrad/leangrad/kernels/kerneltest"
 )
 
-// TestX3Cut: GPT-2 small's products at batch 16 (16,384 tokens) under the
-// default budget, and the cases the cut falls back to.
-func TestX3Cut(t *testing.T) {
+// TestX3Splits: GPT-2 small's products at batch 16 (16,384 tokens) on
+// the H200's 132 multiprocessors, and the limits on splitting.
+func TestX3Splits(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		g     gemmCall
-		epi   bool
-		bytes int
-		dim   x3Dim
-		size  int
+		name           string
+		m, n, k, batch int
+		budget         int
+		splits, chunk  int
 	}{
-		{"fits whole", gemmCall{m: 96, n: 64, k: 40}, true, 256 << 20, x3Whole, 0},
-		{"c_fc forward", gemmCall{transB: true, m: 16384, n: 3072, k: 768}, true, 256 << 20, x3Whole, 0},
-		// Inner sizes past x3MaxK in stretches of it.
-		{"mlp.c_proj forward", gemmCall{transB: true, m: 16384, n: 768, k: 3072}, true, 256 << 20, x3K, 1024},
-		{"c_fc weight gradient", gemmCall{transA: true, m: 3072, n: 768, k: 16384}, false, 256 << 20, x3K, 1024},
-		{"batched, long", gemmCall{m: 64, n: 64, k: 2048, batch: 3}, false, 256 << 20, x3Batch, 1},
-		// At batch 64 x is 65,536 × 768: its rows in three chunks, w split once.
-		{"c_fc forward, batch 64", gemmCall{transB: true, m: 65536, n: 3072, k: 768}, true, 256 << 20, x3M, 21888},
-		// The classifier's 4,096 rows of logits: the vocabulary in three.
-		{"logits", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, false, 256 << 20, x3N, 16768},
-		{"logits with an epilogue", gemmCall{transB: true, m: 4096, n: 50240, k: 768}, true, 256 << 20, x3K, 384},
-		{"batched", gemmCall{m: 64, n: 64, k: 64, batch: 10}, false, 12 * 3 * (64*64 + 64*64), x3Batch, 3},
-		{"nothing fits", gemmCall{m: 96, n: 64, k: 640}, true, 1 << 10, x3K, x3Chunk},
+		{"c_fc forward: many tiles", 16384, 3072, 768, 1, 256 << 20, 1, 768},
+		// 36 tiles: eleven splits fill three waves.
+		{"attn.c_proj weight gradient", 768, 768, 16384, 1, 256 << 20, 11, 1504},
+		// 108 tiles: six splits fill 98% of five waves.
+		{"c_attn weight gradient", 768, 2304, 16384, 1, 256 << 20, 6, 2752},
+		// 144 tiles, a wave and 12 blocks: ten splits fill 99% of eleven waves.
+		{"c_fc weight gradient", 3072, 768, 16384, 1, 256 << 20, 10, 1664},
+		{"partial sums past the budget", 768, 768, 16384, 1, 8 << 20, 3, 5472},
+		{"chunks of at least x3MinChunk", 768, 768, 600, 1, 256 << 20, 2, 320},
+		{"batched", 128, 128, 4096, 40, 256 << 20, 13, 320},
+		{"no inner size", 64, 64, 0, 1, 256 << 20, 1, 0},
 	} {
-		if dim, size := x3Cut(c.g, c.epi, c.bytes); dim != c.dim || size != c.size {
-			t.Errorf("%s: cut %d in chunks of %d, want %d in chunks of %d", c.name, dim, size, c.dim, c.size)
+		if s, k := x3Splits(c.m, c.n, c.k, c.batch, 132, c.budget); s != c.splits || k != c.chunk {
+			t.Errorf("%s: %d splits of %d, want %d of %d", c.name, s, k, c.splits, c.chunk)
 		}
 	}
 }
 
-// x3Case is a product and its epilogue for the TF32x3 tests, with the
-// budget that cuts it as dim says.
+// x3Case is a product and its epilogue for the TF32x3 tests.
 type x3Case struct {
-	name   string
-	p      kernels.GemmParams
-	epi    string // "", "bias+gelu", "gelu′", "bias+residual"
-	budget int
-	dim    x3Dim
+	name string
+	p    kernels.GemmParams
+	epi  string // "", "bias+gelu", "gelu′", "bias+residual"
 }
 
-// x3Cases cut each way, with each kind of epilogue the cut allows.
+// x3Cases: every transpose, sizes off the tiles' multiples, operands that
+// cannot move 16 bytes at a time, batches, K split among blocks, α and β,
+// and each kind of epilogue.
 var x3Cases = []x3Case{
-	{"whole", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 328, Alpha: 1}, "bias+gelu", defaultChunkBudget, x3Whole},
-	{"M, bias+gelu", kernels.GemmParams{TransB: true, M: 1000, N: 136, K: 328, Alpha: 1}, "bias+gelu", 12 * (328*136 + 256*328), x3M},
-	{"M transposed, residual", kernels.GemmParams{TransA: true, M: 1000, N: 136, K: 328, Alpha: 1}, "bias+residual", 12 * (328*136 + 256*328), x3M},
-	{"K, gelu′", kernels.GemmParams{M: 136, N: 200, K: 1000, Alpha: 1}, "gelu′", 12 * 128 * 336, x3K},
-	{"K transposed, bias+residual", kernels.GemmParams{TransA: true, TransB: true, M: 136, N: 200, K: 1000, Alpha: 0.5}, "bias+residual", 12 * 128 * 336, x3K},
-	{"N, β", kernels.GemmParams{TransB: true, M: 200, N: 1000, K: 328, Alpha: 1, Beta: 0.5}, "", 12 * (200*328 + 256*328), x3N},
-	{"N transposed", kernels.GemmParams{TransA: true, M: 200, N: 1000, K: 328, Alpha: 2}, "", 12 * (200*328 + 256*328), x3N},
-	{"batch, shared A", kernels.GemmParams{M: 64, N: 96, K: 136, Alpha: 1, Batch: 5, StrideA: 0, StrideB: 136 * 96, StrideC: 64 * 96}, "", 12 * 2 * (64*136 + 136*96), x3Batch},
-	{"K past x3MaxK, bias+residual", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 2500, Alpha: 1}, "bias+residual", defaultChunkBudget, x3K},
-	{"batch, K past x3MaxK, shared B", kernels.GemmParams{M: 64, N: 96, K: 1100, Alpha: 1, Beta: 1, Batch: 3, StrideA: 64 * 1100, StrideB: 0, StrideC: 64 * 96}, "", defaultChunkBudget, x3Batch},
+	{"nt, bias+gelu", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 328, Alpha: 1}, "bias+gelu"},
+	{"nn, bias+residual", kernels.GemmParams{M: 300, N: 264, K: 96, Alpha: 1}, "bias+residual"},
+	{"tn, gelu′", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 100, Alpha: 1}, "gelu′"},
+	{"tt, α", kernels.GemmParams{TransA: true, TransB: true, M: 136, N: 260, K: 77, Alpha: 0.5}, ""},
+	{"odd sizes, 4-byte copies, β", kernels.GemmParams{M: 131, N: 67, K: 45, Alpha: 1, Beta: 0.5}, ""},
+	{"odd, transposed", kernels.GemmParams{TransA: true, TransB: true, M: 67, N: 131, K: 9, Alpha: 2}, ""},
+	{"K shorter than a stage", kernels.GemmParams{TransB: true, M: 64, N: 64, K: 5, Alpha: 1}, ""},
+	{"batch, shared A", kernels.GemmParams{M: 64, N: 96, K: 136, Alpha: 1, Batch: 5, StrideA: 0, StrideB: 136 * 96, StrideC: 64 * 96}, ""},
+	{"batch, K split, shared B, β", kernels.GemmParams{M: 64, N: 96, K: 1100, Alpha: 1, Beta: 1, Batch: 3, StrideA: 64 * 1100, StrideB: 0, StrideC: 64 * 96}, ""},
+	{"K split, bias+residual", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 2500, Alpha: 1}, "bias+residual"},
+	{"K split, transposed, gelu′", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 2100, Alpha: 1}, "gelu′"},
 }
 
-// TestCUDATF32x3: every cut and epilogue of the TF32x3 products against a
-// float64 reference, to 1e-5; then the conformance cases of the
-// products (and what runs them: the classifier, im2col convolutions) under
-// F32TF32x3, whole and in chunks of a 64 KiB budget, held to 1e-5.
+// TestCUDATF32x3: every case of the TF32x3 products against a float64
+// reference, to 1e-5; then the conformance cases of the products (and
+// what runs them: the classifier, im2col convolutions) under F32TF32x3,
+// under the default budget and a 64 KiB one (which splits K less and
+// the classifier more), held to 1e-5.
 func TestCUDATF32x3(t *testing.T) {
 	testBackend(t)
 	b, err := open(0, Options{MatmulF32: kernels.F32TF32x3})
@@ -80,11 +77,6 @@ func TestCUDATF32x3(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 32))
 	for _, c := range x3Cases {
-		g := gemmCall{transA: c.p.TransA, transB: c.p.TransB, m: c.p.M, n: c.p.N, k: c.p.K, batch: max(c.p.Batch, 1)}
-		if dim, _ := x3Cut(g, c.epi != "", c.budget); dim != c.dim {
-			t.Fatalf("%s: the budget cuts along %d, not %d", c.name, dim, c.dim)
-		}
-		b.chunkBudget = c.budget
 		got, want := x3Run(t, b, rng, c)
 		if e := relErr(got, want); e > 1e-5 || math.IsNaN(e) {
 			t.Errorf("%s: relative error %.2g against float64", c.name, e)

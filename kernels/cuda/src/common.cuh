@@ -55,6 +55,41 @@ __device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& sma
 #endif
 }
 
+// mma1688 is c += a·b for a 16×8 TF32 A (4 registers), an 8×8 B (2) and a
+// 16×8 F32 C. Not volatile, so that the compiler may schedule the
+// products of different accumulators, which mma3 issues in turn, around
+// each other.
+__device__ __forceinline__ void mma1688(float* c, const unsigned* a, const unsigned* b) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// mma1688_zero is c = a·b, the sum from zero.
+__device__ __forceinline__ void mma1688_zero(float* c, const unsigned* a, const unsigned* b) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f));
+#endif
+}
+
+// mma3 is c[n] += a·b[n] for each of N accumulators at F32's accuracy from
+// the split fragments (tf32_split): the small terms first, each term over all N before
+// the next.
+template <int N>
+__device__ __forceinline__ void mma3(float (&c)[N][4], const unsigned* ab, const unsigned* as, const unsigned (&bb)[N][2],
+                                     const unsigned (&bs)[N][2]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) mma1688(c[n], ab, bs[n]);
+#pragma unroll
+    for (int n = 0; n < N; n++) mma1688(c[n], as, bb[n]);
+#pragma unroll
+    for (int n = 0; n < N; n++) mma1688(c[n], ab, bb[n]);
+}
+
 // ld4 and st4 move the four elements i..i+3 (i a multiple of 4) in one
 // access: 16 bytes of float, 8 of f16 or bf16. vec4 says whether a pointer
 // is aligned for them.

@@ -51,32 +51,6 @@
 #define F32_BWD_Q_BLOCKS 2
 #define F32_BWD_KV_BLOCKS 2
 
-// mma1688 is c += a·b for a 16×8 TF32 A (4 registers), an 8×8 B (2) and a
-// 16×8 F32 C. Not volatile, so that the compiler may schedule the
-// products of different accumulators, which mma3 issues in turn, around
-// each other.
-__device__ __forceinline__ void mma1688(float* c, const unsigned* a, const unsigned* b) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// mma3 is c[n] += a·b[n] for each of N accumulators at F32's accuracy from
-// the split fragments: the small terms first, each term over all N before
-// the next.
-template <int N>
-__device__ __forceinline__ void mma3(float (&c)[N][4], const unsigned* ab, const unsigned* as, const unsigned (&bb)[N][2],
-                                     const unsigned (&bs)[N][2]) {
-#pragma unroll
-    for (int n = 0; n < N; n++) mma1688(c[n], ab, bs[n]);
-#pragma unroll
-    for (int n = 0; n < N; n++) mma1688(c[n], as, bb[n]);
-#pragma unroll
-    for (int n = 0; n < N; n++) mma1688(c[n], ab, bb[n]);
-}
-
 // F32_TILE is the words of one shared tile; the forward's dynamic shared
 // memory holds four, the backward's six (Go's flash32Shared and
 // flash32BwdShared), flash_bwd_kv_f32's the tile's log-sum-exps and

@@ -1,54 +1,345 @@
-// tf32x3_split writes the TF32 parts of F32 matrices for products run as
-// three TF32 ones (Note [F32 products as three TF32 ones]), for two
-// operands in one launch (an empty one has no rows). Each X3Part is Batch
-// matrices of Rows × Cols at a row stride of Ld, Stride apart, each written
-// into 3·Rows·Cols floats of Out, its parts in the order SmallMask gives
-// (bit p set: part p is the small one, else the big one), side by side
-// within each row (Stacked 0: rows of 3·Cols) or one under the other
-// (Stacked 1: three Rows × Cols blocks). Blocks stride over both operands'
-// rows, threads along them, four columns at a time where Vec4 (Cols, Ld,
-// Stride and X multiples of four floats).
-template <int V>
-__device__ void tf32x3_split_row(X3Part o, i64 br) {
-    i64 m = br / o.Rows;
-    int r = (int)(br - m * o.Rows);
-    const float* src = o.X + m * o.Stride + (i64)r * o.Ld;
-    float* dst = o.Out + m * 3 * (i64)o.Rows * o.Cols + (o.Stacked ? (i64)r * o.Cols : (i64)r * 3 * o.Cols);
-    i64 part = o.Stacked ? (i64)o.Rows * o.Cols : o.Cols; // from one part's row to the next's
-    for (int j = threadIdx.x * V; j < o.Cols; j += blockDim.x * V) {
-        float v[V];
-        unsigned big[V], small[V];
-        if (V == 4) {
-            ld4(src, j, v);
-        } else {
-            v[0] = src[j];
+// x3_gemm_{nn,nt,tn,tt}: F32 products C = α·op(A)·op(B) + β·R on TF32
+// tensor cores at F32's accuracy (Note [F32 products as three TF32 ones],
+// tf32x3.go). A block computes an X3_TILE × X3_TILE tile of C with
+// X3_THREADS threads; the inner dimension moves through shared memory
+// X3_BK at a time in X3_STAGES stages of cp.async copies, raw F32. Each
+// operand is split into big and small TF32 parts (x3_split) on its way to
+// the tensor cores, which sum small·big, big·small and big·big into
+// accumulators that start from zero for each stretch of K and are then
+// added to running F32 accumulators: the tensor cores' additions, which
+// do not round to nearest, never sum a long stretch.
+//
+// On Hopper (sm_90a) the block is two warpgroups, 64 rows of the tile
+// each, running wgmma.mma_async m64n128k8: A from registers, each
+// fragment split as the warp loads it, and B from two 128-byte-swizzled
+// K-major tiles (big and small) that the block splits B's stage into, the
+// next stage's into a second pair while the tensor cores multiply this
+// one's; a stage (X3_BK of K, twelve instructions) is summed from zero.
+// Elsewhere (sm_80 on) eight warps, two along M and four along N, each 64
+// × 32 of C in 4 × 4 mma.sync.m16n8k8 accumulators, split both fragments
+// as they load them and sum each step of eight of K from zero.
+//
+// Raw tiles are stored as their rows run in memory: K along the row (A, or
+// Bᵀ) in rows of X3_BK + 4 words, else across it in rows of X3_TILE + 8,
+// which keeps the fragments' loads free of bank conflicts (a thread (g, t)
+// of the warp reads word 4g + t or 8t + g, modulo 32).
+//
+// Blocks are placed X3_GROUP rows of tiles at a time, column after column
+// within a group, so that the blocks a wave holds share their A and B
+// tiles in L2. Where p.Splits > 1 each block sums p.KChunk of K and writes
+// its raw sums to p.Partial, Splits of M × N a matrix, which x3_gemm_sum
+// adds in order: the result does not depend on scheduling.
+
+#define X3_KC_LD (X3_BK + 4)     // words of a tile's row with K along it
+#define X3_MN_LD (X3_TILE + 8)   // with K across it
+#define X3_OPERAND (X3_TILE * X3_KC_LD) // words of one operand's tile (the larger layout)
+
+// x3_split is tf32_split in integer operations, which the compiler does
+// not make of cvt.rna.tf32.f32 (the products ran 11% faster so, with the
+// same results): the big part rounded to nearest, ties away, by adding
+// half of the dropped bits' weight to the magnitude's bits, and the exact
+// remainder rounded so in turn.
+__device__ __forceinline__ void x3_split(float x, unsigned& big, unsigned& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = (__float_as_uint(x - __uint_as_float(big)) + 0x1000u) & 0xffffe000u;
+}
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// x3_word is the shared word of a tile's element (r, k): r along M (A) or
+// N (B), k along the stage's X3_BK.
+template <bool KC> __device__ __forceinline__ int x3_word(int r, int k) { return KC ? r * X3_KC_LD + k : k * X3_MN_LD + r; }
+
+// x3_load copies the tile of rows r0.. (of R) and k0.. (of K) of an
+// operand at p (element (r, k) at r·ld + k where KC, else k·ld + r) into
+// the shared tile s, zeros past its ends: 16 bytes a copy where vec (ld, p
+// and the batch's stride multiples of four floats), else 4.
+template <bool KC>
+__device__ __forceinline__ void x3_load(float* s, const float* p, int ld, int R, int K, int r0, int k0, bool vec) {
+    if (vec) {
+        for (int i = threadIdx.x; i < X3_TILE * X3_BK / 4; i += X3_THREADS) {
+            // KC: 8 copies along a row's X3_BK; else 32 along X3_TILE.
+            int r = KC ? i / (X3_BK / 4) : 4 * (i % (X3_TILE / 4)), k = KC ? 4 * (i % (X3_BK / 4)) : i / (X3_TILE / 4);
+            int gr = r0 + r, gk = k0 + k;
+            int inner = KC ? K - gk : R - gr;
+            bool outer = KC ? gr < R : gk < K;
+            int bytes = outer ? 4 * max(0, min(4, inner)) : 0;
+            cp_async16(s + x3_word<KC>(r, k), bytes ? p + (KC ? (i64)gr * ld + gk : (i64)gk * ld + gr) : p, bytes);
         }
-        for (int e = 0; e < V; e++) tf32_split(v[e], big[e], small[e]);
-        for (int p = 0; p < 3; p++) {
-            const unsigned* w = (o.SmallMask >> p & 1) ? small : big;
-            if (V == 4) {
-                *(uint4*)(dst + p * part + j) = make_uint4(w[0], w[1], w[2], w[3]);
+        return;
+    }
+    for (int i = threadIdx.x; i < X3_TILE * X3_BK; i += X3_THREADS) {
+        int r = KC ? i / X3_BK : i % X3_TILE, k = KC ? i % X3_BK : i / X3_TILE;
+        int gr = r0 + r, gk = k0 + k;
+        int bytes = gr < R && gk < K ? 4 : 0;
+        cp_async4(s + x3_word<KC>(r, k), bytes ? p + (KC ? (i64)gr * ld + gk : (i64)gk * ld + gr) : p, bytes);
+    }
+}
+
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define X3_WGMMA 1
+#else
+#define X3_WGMMA 0
+#endif
+
+#if X3_WGMMA
+// x3_wgmma is d (64×128, F32) = a·b + (ACC ? d : 0) for the warpgroup on
+// TF32: a 64×8 A from registers (each warp's 16 rows as mma.sync's A
+// fragment) and an 8×128 B, K-major in shared memory at descriptor b.
+template <int ACC> __device__ __forceinline__ void x3_wgmma(float (&d)[16][4], const unsigned* a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(ACC));
+}
+#endif
+
+#if X3_WGMMA
+// x3_swizzled is the word of element (n, k) of a K-major tile of 128-byte
+// rows (X3_BK floats) in wgmma's 128-byte swizzle: the row's 16-byte
+// chunk k/4 XOR the row's index within its group of 8.
+__device__ __forceinline__ int x3_swizzled(int n, int k) { return n * X3_BK + 4 * ((k >> 2) ^ (n & 7)) + (k & 3); }
+
+// x3_desc is the wgmma descriptor of a 128-byte-swizzled K-major tile at
+// shared address a (1024-aligned): groups of 8 rows 1024 bytes apart.
+__device__ __forceinline__ unsigned long long x3_desc(unsigned a) {
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | (64ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+template <int N> __device__ __forceinline__ void x3_fence(float (&d)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+#endif
+
+// x3_store writes the two sums v of row r, columns c and c + 1, of a
+// product's tile: into C as α·v + β·R, or raw into the split's partial
+// sums (out and ld are where they go).
+__device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int ld, bool pair, int r, int c, float v0,
+                                         float v1) {
+    if (r >= p.M || c >= p.N) return;
+    float v[2] = {v0, v1};
+    i64 o = (i64)r * ld + c;
+    int n = min(2, p.N - c);
+    if (p.Splits == 1)
+        for (int e = 0; e < n; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * res[o + e] : 0.f);
+    if (pair && n == 2) {
+        *(float2*)(out + o) = make_float2(v[0], v[1]);
+    } else {
+        for (int e = 0; e < n; e++) out[o + e] = v[e];
+    }
+}
+
+template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
+    kernel_entry();
+    extern __shared__ uint4 x3_shared[];
+#if X3_WGMMA
+    // Two buffers of split B tiles, each big then small, on 1024 bytes,
+    // then the stages.
+    unsigned* split = (unsigned*)(((unsigned long long)x3_shared + 1023) & ~1023ull);
+    float* tiles = (float*)(split + 4 * X3_TILE * X3_BK);
+#else
+    float* tiles = (float*)x3_shared; // per stage: A's tile, then B's
+#endif
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+
+    // The tile: X3_GROUP rows of tiles at a time, down each column of the group.
+    int pid = blockIdx.x, per_group = X3_GROUP * p.TilesN;
+    int first = pid / per_group * X3_GROUP, rows = min(p.TilesM - first, X3_GROUP);
+    int tm = first + pid % per_group % rows, tn = pid % per_group / rows;
+    int item = blockIdx.y / p.Splits, part_k = blockIdx.y % p.Splits;
+    const float* A = p.A + item * p.StrideA;
+    const float* B = p.B + item * p.StrideB;
+    int k0 = part_k * p.KChunk, k1 = min(p.K, k0 + p.KChunk);
+    int steps = max(0, (k1 - k0 + X3_BK - 1) / X3_BK);
+
+    // load_stage copies the stage-th tiles of K (from k0) into buffer s.
+    auto load_stage = [&](int s, int step) {
+        float* sa = tiles + s * 2 * X3_OPERAND;
+        int k = k0 + step * X3_BK;
+        // Past k1 (the split's end) rows read as zeros: K here is k1.
+        x3_load<!TA>(sa, A, p.Lda, p.M, k1, tm * X3_TILE, k, p.VecA);
+        x3_load<TB>(sa + X3_OPERAND, B, p.Ldb, p.N, k1, tn * X3_TILE, k, p.VecB);
+    };
+    for (int s = 0; s < X3_STAGES - 1; s++) {
+        if (s < steps) load_stage(s, s);
+        cp_async_commit();
+    }
+    float* out = p.Splits > 1 ? p.Partial + (i64)blockIdx.y * p.M * p.N : p.C + item * p.StrideC;
+    const float* res = p.R + item * p.StrideC;
+    int ld = p.Splits > 1 ? p.N : p.Ldc;
+    bool pair = p.Splits > 1 ? p.N % 2 == 0 : p.VecC;
+
+#if X3_WGMMA
+    // Two warpgroups, 64 rows each, all X3_TILE columns; a warp's 16 rows.
+    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
+    float acc[16][4];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    // convert splits B's tile in stage s into the swizzled big and small
+    // tiles of buffer buf, four of K a thread at a time: a warp's threads
+    // along K's rows where B's tile has them (TB), else along N, which
+    // keeps the reads free of bank conflicts.
+    auto convert = [&](int s, int buf) {
+        const float* sb = tiles + s * 2 * X3_OPERAND + X3_OPERAND;
+        unsigned* big = split + buf * 2 * X3_TILE * X3_BK;
+        for (int i = threadIdx.x; i < X3_TILE * X3_BK / 4; i += X3_THREADS) {
+            int n = TB ? i / (X3_BK / 4) : i % X3_TILE, k = 4 * (TB ? i % (X3_BK / 4) : i / X3_TILE);
+            uint4 vb, vs;
+            x3_split(sb[x3_word<TB>(n, k)], vb.x, vs.x);
+            x3_split(sb[x3_word<TB>(n, k + 1)], vb.y, vs.y);
+            x3_split(sb[x3_word<TB>(n, k + 2)], vb.z, vs.z);
+            x3_split(sb[x3_word<TB>(n, k + 3)], vb.w, vs.w);
+            *(uint4*)(big + x3_swizzled(n, k)) = vb;
+            *(uint4*)(big + X3_TILE * X3_BK + x3_swizzled(n, k)) = vs;
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); // before wgmma reads them
+    };
+    unsigned tiles0 = (unsigned)__cvta_generic_to_shared(split);
+    if (steps > 0) {
+        cp_async_wait<X3_STAGES - 2>();
+        __syncthreads();
+        convert(0, 0);
+        __syncthreads();
+    }
+    // Each step multiplies its stage while B's next tile is split into the
+    // other buffer; the copy of a later stage goes into the one before.
+    for (int step = 0; step < steps; step++) {
+        const float* sa = tiles + (step % X3_STAGES) * 2 * X3_OPERAND;
+        unsigned ab[X3_BK / 8][4], as[X3_BK / 8][4];
+#pragma unroll
+        for (int q = 0; q < X3_BK / 8; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                x3_split(sa[x3_word<!TA>(row0 + g + 8 * (e & 1), 8 * q + t + 4 * (e >> 1))], ab[q][e], as[q][e]);
+        unsigned big_tile = tiles0 + (step & 1) * 2 * X3_TILE * X3_BK * 4, small_tile = big_tile + X3_TILE * X3_BK * 4;
+        float part[16][4]; // this stage's sums, from zero
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int q = 0; q < X3_BK / 8; q++) {
+            if (q == 0) {
+                x3_wgmma<0>(part, as[q], x3_desc(big_tile));
             } else {
-                dst[p * part + j] = __uint_as_float(w[0]);
+                x3_wgmma<1>(part, as[q], x3_desc(big_tile + 32 * q));
+            }
+            x3_wgmma<1>(part, ab[q], x3_desc(small_tile + 32 * q));
+            x3_wgmma<1>(part, ab[q], x3_desc(big_tile + 32 * q));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (step + 1 < steps) {
+            cp_async_wait<X3_STAGES - 3>();
+            __syncthreads(); // the next stage is in
+            convert((step + 1) % X3_STAGES, (step + 1) & 1);
+        }
+        int next = step + X3_STAGES - 1;
+        if (next < steps) load_stage(next % X3_STAGES, next);
+        cp_async_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        x3_fence(part);
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] += part[j][e];
+        __syncthreads(); // the next tiles are split; this step's are free
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            x3_store(p, out, res, ld, pair, tm * X3_TILE + row0 + g + 8 * h, tn * X3_TILE + 8 * j + 2 * t, acc[j][2 * h],
+                     acc[j][2 * h + 1]);
+#else
+    const int wm = warp >> 2, wn = warp & 3; // the warp's 64 rows and 32 columns of the tile
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    for (int step = 0; step < steps; step++) {
+        cp_async_wait<X3_STAGES - 2>();
+        __syncthreads(); // the stage is in; every warp is done with the one the next copy reuses
+        int next = step + X3_STAGES - 1;
+        if (next < steps) load_stage(next % X3_STAGES, next);
+        cp_async_commit();
+
+        const float* sa = tiles + (step % X3_STAGES) * 2 * X3_OPERAND;
+        const float* sb = sa + X3_OPERAND;
+#pragma unroll 1
+        for (int ks = 0; ks < X3_BK; ks += 8) {
+            unsigned bb[4][2], bs[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    x3_split(sb[x3_word<TB>(wn * 32 + j * 8 + g, ks + t + 4 * e)], bb[j][e], bs[j][e]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                unsigned ab[4], as[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    x3_split(sa[x3_word<!TA>(wm * 64 + i * 16 + g + 8 * (e & 1), ks + t + 4 * (e >> 1))], ab[e], as[e]);
+                float part[4][4]; // this step's sums, from zero
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma1688_zero(part[j], ab, bs[j]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma1688(part[j], as, bb[j]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma1688(part[j], ab, bb[j]);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[i][j][e] += part[j][e];
             }
         }
     }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                x3_store(p, out, res, ld, pair, tm * X3_TILE + wm * 64 + i * 16 + g + 8 * h, tn * X3_TILE + wn * 32 + j * 8 + 2 * t,
+                         acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+#endif
 }
-__device__ __forceinline__ void tf32x3_split_one(X3Part o, i64 br) {
-    if (o.Vec4) {
-        tf32x3_split_row<4>(o, br);
-    } else {
-        tf32x3_split_row<1>(o, br);
-    }
-}
-extern "C" __global__ void tf32x3_split(X3Part a, X3Part b) {
+
+extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_nn(X3Gemm p) { x3_gemm<false, false>(p); }
+extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_nt(X3Gemm p) { x3_gemm<false, true>(p); }
+extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tn(X3Gemm p) { x3_gemm<true, false>(p); }
+extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tt(X3Gemm p) { x3_gemm<true, true>(p); }
+
+// x3_gemm_sum adds each element's p.Splits partial sums in order into C:
+// C = α·Σ + β·R, for the Batch (blockIdx.y) matrices of C.
+extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
     kernel_entry();
-    i64 ra = (i64)a.Batch * a.Rows, rows = ra + (i64)b.Batch * b.Rows;
-    for (i64 br = blockIdx.x; br < rows; br += gridDim.x) {
-        if (br < ra) {
-            tf32x3_split_one(a, br);
-        } else {
-            tf32x3_split_one(b, br - ra);
-        }
+    i64 mn = (i64)p.M * p.N;
+    const float* part = p.Partial + (i64)blockIdx.y * p.Splits * mn;
+    float* c = p.C + blockIdx.y * p.StrideC;
+    const float* res = p.R + blockIdx.y * p.StrideC;
+    GRID_STRIDE(i, mn) {
+        float s = 0.f;
+        for (int k = 0; k < p.Splits; k++) s += part[k * mn + i];
+        i64 o = i / p.N * p.Ldc + i % p.N;
+        c[o] = p.Alpha * s + (p.Beta != 0.f ? p.Beta * res[o] : 0.f);
     }
 }

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Checks and times the TF32x3 product kernels (kernels/cuda/src/tf32x3.cu:
+x3_gemm_{nn,nt,tn,tt}, F32 products as three TF32 ones) on the GPU machine
+at GPT-2 small's shapes (batch 16, context 1024), beside PyTorch's strict F32
+products (TF32 off) and TF32 ones.
+
+The source comes from `go run ./scripts/kernelsrc`; each variant rewrites
+some of its #defines (X3_STAGES, X3_GROUP, ...) or, with ARCH=sm_90, the
+architecture (sm_90a by default: the warpgroup path). NVRTC compiles each
+as the Go backend does; the kernels take their X3Gemm by
+value, launched through the driver as kernels/cuda/tf32x3.go does (no
+split of K: the shapes here have a wave of tiles or more).
+
+    python3 scripts/x3gemm-bench.py --source kernels.cu base= s4=X3_STAGES=4
+
+For each variant and shape: registers and local bytes, the relative error
+against float64, the median device time and TFLOP/s (the F32 product's
+flops, counted once).
+"""
+import argparse
+import ctypes
+import re
+
+import cupy as cp
+import torch
+from devtime import nvrtc_module, redefine, rel, timed
+
+I32, I64, U64, F32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_float
+
+
+class X3Gemm(ctypes.Structure):
+    """kernels/cuda/tf32x3.go's x3Gemm."""
+    _fields_ = [(n, I32) for n in ("M", "N", "K", "Lda", "Ldb", "Ldc")] + \
+        [(n, I64) for n in ("StrideA", "StrideB", "StrideC")] + \
+        [(n, U64) for n in ("A", "B", "R", "C", "Partial")] + [("Alpha", F32), ("Beta", F32)] + \
+        [(n, I32) for n in ("Splits", "KChunk", "TilesM", "TilesN", "VecA", "VecB", "VecC")]
+
+
+# name, A transposed, B transposed, M, N, K
+SHAPES = [
+    ("c_fc", False, True, 16384, 3072, 768),
+    ("mlp.c_proj", False, True, 16384, 768, 3072),
+    ("c_fc-dx", False, False, 16384, 768, 3072),
+    ("c_fc-dw", True, False, 3072, 768, 16384),
+    ("logits", False, True, 2048, 50304, 768),
+]
+
+
+def define(src, macro):
+    return int(re.search(r"#define %s (\d+)" % macro, src).group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True, help="the kernels' CUDA C (go run ./scripts/kernelsrc)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("variants", nargs="+", help="name=[MACRO=VALUE,...]")
+    a = ap.parse_args()
+    # Only what tf32x3.cu needs: the generated prelude, common.cuh and itself.
+    sections = re.split(r"(?m)^(?=// ---- )", open(a.source).read())
+    full = "".join(x for x in sections if re.match(r"// ---- (generated from Go|common\.cuh|tf32x3\.cu)", x))
+    torch.manual_seed(1)
+    cases = []
+    for name, ta, tb, m, n, k in SHAPES:
+        x = torch.randn((k, m) if ta else (m, k), device="cuda")
+        w = torch.randn((n, k) if tb else (k, n), device="cuda")
+        op = lambda t, tr: t.t() if tr else t
+        ref = op(x.double(), ta) @ op(w.double(), tb)
+        cases.append((name, ta, tb, m, n, k, x, w, ref))
+    print("| variant | shape | regs | local | ms | TFLOP/s | error |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, ta, tb, m, n, k, x, w, ref in cases:
+        op = lambda t, tr: t.t() if tr else t
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            out = op(x, ta) @ op(w, tb)
+            ms = timed(lambda: op(x, ta) @ op(w, tb), a.iters)
+            label = "PyTorch TF32" if tf32 else "PyTorch strict F32"
+            print(f"| {label} | {name} | | | {ms:.4f} | {2 * m * n * k / ms / 1e9:.1f} | {rel(out, ref):.2e} |")
+        torch.backends.cuda.matmul.allow_tf32 = False
+    for spec in a.variants:
+        vname, _, macros = spec.partition("=")
+        src, arch = full, "sm_90a"
+        for kv in filter(None, macros.split(",")):
+            mac, val = kv.split("=")
+            if mac == "ARCH":
+                arch = val
+                continue
+            src = redefine(src, mac, val, spec)
+        tile, bk, stages, threads = (define(src, d) for d in ("X3_TILE", "X3_BK", "X3_STAGES", "X3_THREADS"))
+        shared = stages * 2 * tile * (bk + 4) * 4
+        if arch == "sm_90a":  # the warpgroup path's two buffers of split B tiles, on 1024 bytes
+            shared += 4 * tile * bk * 4 + 1024
+        mod = nvrtc_module(src, arch, "x3_gemm")
+        for name, ta, tb, m, n, k, x, w, ref in cases:
+            f = mod.get_function("x3_gemm_" + "nt"[ta] + "nt"[tb])
+            f.max_dynamic_shared_size_bytes = shared
+            c = torch.full((m, n), float("nan"), device="cuda")
+            p = X3Gemm(M=m, N=n, K=k, Lda=m if ta else k, Ldb=k if tb else n, Ldc=n, A=x.data_ptr(), B=w.data_ptr(),
+                       R=c.data_ptr(), C=c.data_ptr(), Alpha=1, Beta=0, Splits=1, KChunk=k,
+                       TilesM=(m + tile - 1) // tile, TilesN=(n + tile - 1) // tile, VecA=1, VecB=1, VecC=1)
+            args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
+            launch = lambda: cp.cuda.driver.launchKernel(f.kernel.ptr, p.TilesM * p.TilesN, 1, 1, threads, 1, 1, shared, 0,
+                                                         ctypes.addressof(args), 0)
+            ms = timed(launch, a.iters)
+            print(f"| {vname} | {name} | {f.num_regs} | {f.local_size_bytes} | {ms:.4f} | {2 * m * n * k / ms / 1e9:.1f} "
+                  f"| {rel(c, ref):.2e} |")
+
+
+if __name__ == "__main__":
+    main()
