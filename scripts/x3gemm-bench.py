@@ -32,8 +32,8 @@ class X3Gemm(ctypes.Structure):
     """kernels/cuda/tf32x3.go's x3Gemm."""
     _fields_ = [(n, I32) for n in ("M", "N", "K", "Lda", "Ldb", "Ldc")] + \
         [(n, I64) for n in ("StrideA", "StrideB", "StrideC")] + \
-        [(n, U64) for n in ("A", "B", "R", "C", "Partial", "Bias", "Aux")] + [("Alpha", F32), ("Beta", F32)] + \
-        [(n, I32) for n in ("Op", "Grad", "Splits", "KChunk", "TilesM", "TilesN", "VecA", "VecB", "VecC")]
+        [(n, U64) for n in ("A", "B", "R", "C", "Partial")] + [("Alpha", F32), ("Beta", F32)] + \
+        [(n, I32) for n in ("Splits", "KChunk", "TilesM", "TilesN", "VecA", "VecB", "VecC")]
 
 
 # name, A transposed, B transposed, M, N, K

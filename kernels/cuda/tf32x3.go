@@ -30,8 +30,8 @@ import (
 // weight gradients: 768×768 summed over 16,384 tokens) split K among more
 // blocks (x3Splits) into partial sums in a workspace, added in order by
 // x3_gemm_sum: results do not depend on scheduling. An epilogue's
-// residual is the β term of the product, and its bias and activation are
-// applied as C is stored.
+// residual is the β term of the product; its bias and activation are a
+// pass over C after it.
 
 // The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner
@@ -61,8 +61,7 @@ const (
 
 // x3Gemm is the x3_gemm kernels' parameters (X3Gemm): C = α·op(A)·op(B) +
 // β·R for each of a batch of matrices (blockIdx.y / Splits), R at C's
-// strides, with gemm_epilogue's Bias, Op (Grad) and Aux (a matrix's
-// alone); where Splits > 1 each block sums KChunk of K into Partial and
+// strides; where Splits > 1 each block sums KChunk of K into Partial and
 // x3_gemm_sum adds them. VecA and VecB say an operand moves 16 bytes at a
 // time, VecC that C's pairs of columns are stored as one.
 type x3Gemm struct {
@@ -73,10 +72,7 @@ type x3Gemm struct {
 	R                         uintptr `c:"const float*"`
 	C                         uintptr `c:"float*"`
 	Partial                   uintptr `c:"float*"`
-	Bias                      uintptr `c:"const float*"`
-	Aux                       uintptr `c:"float*"`
 	Alpha, Beta               float32
-	Op, Grad                  int32
 	Splits, KChunk            int32
 	TilesM, TilesN            int32
 	VecA, VecB, VecC          int32
@@ -122,8 +118,9 @@ func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
 }
 
 // gemmX3 runs the F32 product g with e's residual, bias and activation
-// (its bias gradients the caller sums) as x3_gemm's three TF32 products,
-// the epilogue in the kernel's store (the caller holds the lock).
+// (its bias gradients the caller sums) as x3_gemm's three TF32 products;
+// the bias and activation in a pass over C after it (the caller holds the
+// lock).
 func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	if g.ab != kernels.F32 || g.cType != kernels.F32 {
 		panic(fmt.Sprintf("cuda: a TF32x3 product of %v operands into %v", g.ab, g.cType))
@@ -139,12 +136,6 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			panic(fmt.Sprintf("cuda: a TF32x3 product with a residual into %d matrices of %d columns at a row stride of %d", batch, g.n, ldc))
 		}
 		p.R, p.Beta = ptrOf(r), 1
-	}
-	// The bias and activation in the store where the bias is F32, else in
-	// a pass after it.
-	fused := batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32)
-	if fused {
-		p.Bias, p.Aux, p.Op, p.Grad = ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), boolInt(e.Grad)
 	}
 	vec := func(ld int, stride int64, ptr uintptr) int32 {
 		return boolInt(ld%4 == 0 && stride%4 == 0 && ptr%16 == 0)
@@ -174,7 +165,5 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			free()
 		}
 	}
-	if !fused {
-		b.epiloguePass(g, e)
-	}
+	b.epiloguePass(g, e)
 }

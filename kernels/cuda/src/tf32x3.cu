@@ -125,22 +125,9 @@ template <int N> __device__ __forceinline__ void x3_fence(float (&d)[N][4]) {
 }
 #endif
 
-// x3_epilogue is gemm_epilogue's (elementwise.cu) on the F32 value v of
-// C at offset o, column c: the bias and the activation, its input kept in
-// Aux, or the activation's derivative at Aux.
-__device__ __forceinline__ float x3_epilogue(const X3Gemm& p, i64 o, int c, float v) {
-    if (p.Grad) return unary_grad(p.Op, v, p.Aux[o], 0.f);
-    if (p.Bias) v += p.Bias[c];
-    if (p.Op) {
-        p.Aux[o] = v;
-        v = unary_f(p.Op, v);
-    }
-    return v;
-}
-
 // x3_store writes the two sums v of row r, columns c and c + 1, of a
-// product's tile: into C as the epilogue of α·v + β·R, or raw into the
-// split's partial sums (out and ld are where they go).
+// product's tile: into C as α·v + β·R, or raw into the split's partial
+// sums (out and ld are where they go).
 __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int ld, bool pair, int r, int c, float v0,
                                          float v1) {
     if (r >= p.M || c >= p.N) return;
@@ -148,7 +135,7 @@ __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const floa
     i64 o = (i64)r * ld + c;
     int n = min(2, p.N - c);
     if (p.Splits == 1)
-        for (int e = 0; e < n; e++) v[e] = x3_epilogue(p, o + e, c + e, p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * res[o + e] : 0.f));
+        for (int e = 0; e < n; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * res[o + e] : 0.f);
     if (pair && n == 2) {
         *(float2*)(out + o) = make_float2(v[0], v[1]);
     } else {
@@ -342,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tn(X3Gemm p)
 extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tt(X3Gemm p) { x3_gemm<true, true>(p); }
 
 // x3_gemm_sum adds each element's p.Splits partial sums in order into C:
-// C = the epilogue of α·Σ + β·R, for the matrices (blockIdx.y) of C.
+// C = α·Σ + β·R, for the Batch (blockIdx.y) matrices of C.
 extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
     kernel_entry();
     i64 mn = (i64)p.M * p.N;
@@ -353,6 +340,6 @@ extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
         float s = 0.f;
         for (int k = 0; k < p.Splits; k++) s += part[k * mn + i];
         i64 o = i / p.N * p.Ldc + i % p.N;
-        c[o] = x3_epilogue(p, o, (int)(i % p.N), p.Alpha * s + (p.Beta != 0.f ? p.Beta * res[o] : 0.f));
+        c[o] = p.Alpha * s + (p.Beta != 0.f ? p.Beta * res[o] : 0.f);
     }
 }
