@@ -554,10 +554,9 @@ const (
 	// and multiplies on TF32 tensor cores as three products (small·big,
 	// big·small, big·big; small·small is below F32's rounding), summed in
 	// F32, as CUTLASS's 3xTF32 and PyTorch's F32 memory-efficient
-	// attention do: on the H200, GPT-2 small's fp32 step 1.2 times as fast,
-	// its products' errors two to five times strict F32's and a hundredth
-	// of one TF32 product's (the CUDA backend's Note [F32 products as three
-	// TF32 ones]).
+	// attention do: on the H200 the products' errors are below strict
+	// F32's and GPT-2 small's fp32 step is 1.07 times PyTorch's strict one
+	// (the CUDA backend's Note [F32 products as three TF32 ones]).
 	F32TF32x3
 	// F32TF32 multiplies on TF32 tensor cores once: inputs rounded to
 	// 10-bit mantissas, as PyTorch's torch.backends.cuda.matmul.allow_tf32.

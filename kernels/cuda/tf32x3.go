@@ -12,9 +12,9 @@ import (
 // x is split into big = tf32(x) and small = tf32(x − big), both rounded to
 // nearest, so that x = big + small to about 2⁻²² of x, and C = As·Bb +
 // Ab·Bs + Ab·Bb (As·Bs, about 2⁻²² of C, is below F32's rounding), as
-// CUTLASS's 3xTF32 and flash32.cu do. The kernels split each fragment as
-// a warp loads it from shared memory: the operands are read once, raw,
-// and nothing is written but C.
+// CUTLASS's 3xTF32 and flash32.cu do. The kernels split the operands on
+// their way from shared memory to the tensor cores: they are read once,
+// raw, and nothing is written but C.
 //
 // The tensor cores' F32 additions do not round to nearest, and the error
 // of one accumulator grows linearly with the stretch of K it sums, where
@@ -22,16 +22,28 @@ import (
 // the same split, scripts/tf32x3-accuracy.py on the H200, 2026-12-04) a
 // 768×3,072×16,384 product's relative error against float64 was 3.8e-5
 // summed whole, 2.4e-6 in stretches of 1,024 and 6.5e-7 of 256, strict
-// F32's 7.7e-7. So x3_gemm sums each stage of x3BK of K from zero on the
-// tensor cores and adds it into accumulators of its own, in F32 rounded to
-// nearest.
+// F32's 7.7e-7. So the kernels sum each short stretch of K from zero on
+// the tensor cores (a stage of x3BK on sm_90a, a step of eight elsewhere)
+// and add it into accumulators of their own, in F32 rounded to nearest:
+// TestCUDAMatmulF32Accuracy measured 2.5e-7 and 2.6e-7 at K 768 and
+// 3,072, strict F32's 3.5e-7 and 5.0e-7.
 //
-// Products with fewer tiles than the device has multiprocessors (the
-// weight gradients: 768×768 summed over 16,384 tokens) split K among more
-// blocks (x3Splits) into partial sums in a workspace, added in order by
-// x3_gemm_sum: results do not depend on scheduling. An epilogue's
-// residual is the β term of the product; its bias and activation are a
-// pass over C after it.
+// Speed, on the H200 (BenchmarkCUDAGemmF32, 2026-12-04): GPT-2 small's
+// products at 52-60 TFLOP/s, strict F32's (cuBLAS) at 46-52. The
+// mma.sync kernel (sm_80 on) stops near 50: the legacy tensor-core path
+// is throttled (47% of the tensor pipe busy, warps waiting on the pipe and
+// on their products; scripts/x3gemm-bench.py), so Hopper runs warpgroup
+// MMAs, B split into a second pair of tiles while the tensor cores
+// multiply the first.
+//
+// Products with fewer tiles than two waves of the device's
+// multiprocessors (the weight gradients: 768×768 summed over 16,384
+// tokens) split K among more blocks (x3Splits) into partial sums in a
+// workspace, added in order by x3_gemm_sum: results do not depend on
+// scheduling. An epilogue's residual is the β term of the product; its
+// bias and activation are a pass over C after it (applied in the store
+// they cost the kernels their registers: GPT-2 small's step 358.7 ms
+// against 279.4).
 
 // The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner

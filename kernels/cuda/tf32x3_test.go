@@ -185,9 +185,9 @@ func geluGradF64(x float64) float64 {
 }
 
 // TestCUDAMatmulF32Accuracy measures each F32 mode's products against
-// float64 at GPT-2 small's inner sizes: TF32x3 within a few times strict
-// F32's error (rounding its accumulators as tensor cores do), one TF32
-// product two orders of magnitude above.
+// float64 at GPT-2 small's inner sizes: TF32x3 within strict F32's error
+// (its stretches of K summed from zero), one TF32 product two orders of
+// magnitude above.
 func TestCUDAMatmulF32Accuracy(t *testing.T) {
 	testBackend(t)
 	rng := rand.New(rand.NewPCG(32, 3))
@@ -212,8 +212,8 @@ func TestCUDAMatmulF32Accuracy(t *testing.T) {
 		}
 		s, x3, tf := errs[kernels.F32Strict], errs[kernels.F32TF32x3], errs[kernels.F32TF32]
 		t.Logf("K %d: relative errors against float64: strict %.2g, tf32x3 %.2g, tf32 %.2g", k, s, x3, tf)
-		if !(x3 <= 8*s && 100*x3 <= tf) {
-			t.Errorf("K %d: tf32x3's error %.2g is not within 8× strict F32's %.2g and 1/100 of TF32's %.2g", k, x3, s, tf)
+		if !(x3 <= s && 100*x3 <= tf) {
+			t.Errorf("K %d: tf32x3's error %.2g is not within strict F32's %.2g and 1/100 of TF32's %.2g", k, x3, s, tf)
 		}
 	}
 }
