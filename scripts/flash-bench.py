@@ -26,12 +26,9 @@ the blocks' column sums of dq, dk and dv (benchmarks/results/
 (bwd+sums), and they are checked against the packed gradient's.
 """
 import argparse
-import ctypes
 import json
-import os
 import re
 import sys
-import tempfile
 
 import cupy as cp
 import numpy as np

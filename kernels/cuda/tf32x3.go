@@ -48,9 +48,10 @@ import (
 // The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner
 // dimension at a time through x3Stages shared stages, a block a
-// multiprocessor, and blocks are placed x3Group rows of tiles at a time. x3Shared is a block's dynamic
-// shared memory: each stage an A and a B tile of x3Tile rows of x3BK + 4
-// words (the larger of a tile's two layouts).
+// multiprocessor, and blocks are placed x3Group rows of tiles at a time.
+// x3Shared is a block's dynamic shared memory: each stage an A and a B
+// tile of x3Tile rows of x3BK + 4 words (the larger of a tile's two
+// layouts).
 const (
 	x3Tile    = 128
 	x3BK      = 32
@@ -64,7 +65,7 @@ const (
 )
 
 // x3MinChunk is the least of K one split of a product sums: a product
-// with fewer blocks than a wave splits K into chunks of at least this
+// with fewer blocks than two waves splits K into chunks of at least this
 // many (x3Splits); x3MaxSplits caps the splits.
 const (
 	x3MinChunk  = 256
@@ -103,9 +104,9 @@ var kX3GemmSum = declareKernel[x3GemmArgs]("x3_gemm_sum")
 // x3Splits is how many chunks of K, each a multiple of x3BK, the product
 // of tiles blocks a matrix (batch of them) sums apart, and the chunk, for
 // a device that runs slots blocks at once: where the product has fewer
-// blocks than two waves, the number of splits, within x3MaxSplits and chunks
-// of x3MinChunk, that keeps the most slots busy over the product's waves,
-// the fewest of the ties; partial sums past budget bytes
+// blocks than two waves, the number of splits, within x3MaxSplits and
+// chunks of x3MinChunk, that keeps the most slots busy over the product's
+// waves, the fewest of the ties; partial sums past budget bytes
 // (splits·batch·m·n floats) are not taken.
 func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
 	tiles := ((m + x3Tile - 1) / x3Tile) * ((n + x3Tile - 1) / x3Tile) * batch
