@@ -34,11 +34,11 @@
 #define X3_MN_LD (X3_TILE + 8)   // with K across it
 #define X3_OPERAND (X3_TILE * X3_KC_LD) // words of one operand's tile (the larger layout)
 
-// x3_split is tf32_split in integer operations, which the compiler does
-// not make of cvt.rna.tf32.f32 (the products ran 11% faster so, with the
-// same results): the big part rounded to nearest, ties away, by adding
-// half of the dropped bits' weight to the magnitude's bits, and the exact
-// remainder rounded so in turn.
+// x3_split is tf32_split in three integer operations and a subtraction:
+// the big part rounded to nearest, ties away, by adding half of the
+// dropped bits' weight to the magnitude's bits, and the exact remainder
+// rounded so in turn. The same parts as cvt.rna.tf32.f32's for finite x,
+// and the mma.sync kernel ran 11% faster with it (scripts/x3gemm-bench.py).
 __device__ __forceinline__ void x3_split(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = (__float_as_uint(x - __uint_as_float(big)) + 0x1000u) & 0xffffe000u;
