@@ -393,7 +393,7 @@ func (b *Backend) MatmulEngine() string {
 	f32 := "F32 strictly"
 	switch {
 	case b.x3:
-		f32 = "F32 as three TF32 products (tf32x3, leangrad's kernels)"
+		return "cuBLAS and cuBLASLt; F32 in leangrad's kernels as three TF32 products (tf32x3)"
 	case b.opts.MatmulF32 == kernels.F32TF32:
 		f32 = "F32 as TF32"
 	case b.opts.MatmulF32 == kernels.F32TF32x3:
