@@ -13,7 +13,8 @@
 #              unfused and fused
 #   ab         GPT-2 small fp32, batch 16, the old bench and the new alternating (ROUNDS, 2)
 #   profile    an eager fp32 step's device time by kernel, old and new (every kind of at least
-#              0.3% of the step; MATMUL=tf32x3 sets the new one's -matmul-f32)
+#              0.3% of the step)
+# MATMUL=tf32x3 sets -matmul-f32 for ab and profile, old and new.
 # Everything lands in $OUT, packed into $OUT/all.tgz.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -33,14 +34,14 @@ for what in "$@"; do
     echo "epilogues exit: $?"; grep -E "µs|FAIL|rror" "$out/epilogues.log" | sed -E 's/BenchmarkCUDAGemmEpilogues\///'
     ;;
   ab)
-    OUT="$out/ab" SPECS=gpt2:16 CONFIGS=fp32 EXTRA="-vocab 50304" ROUNDS="${ROUNDS:-2}" bash scripts/gpu-ab.sh | tail -6
+    OUT="$out/ab" SPECS=gpt2:16 CONFIGS=fp32 EXTRA="-vocab 50304 ${MATMUL:+-matmul-f32 $MATMUL}" ROUNDS="${ROUNDS:-2}" bash scripts/gpu-ab.sh | tail -6
     ;;
   profile)
     [ -x /tmp/old-bench ] || { xz -dc .gpu/old/bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench; }
     for which in old new; do
-      bin="bash .gpu/run bin/bench ${MATMUL:+-matmul-f32 $MATMUL}"
+      bin="bash .gpu/run bin/bench"
       [ $which = old ] && bin=/tmp/old-bench
-      timeout 200 $bin -device cuda -specs gpt2:16 -configs fp32 -vocab 50304 -pytorch "" -claims=false \
+      timeout 200 $bin ${MATMUL:+-matmul-f32 $MATMUL} -device cuda -specs gpt2:16 -configs fp32 -vocab 50304 -pytorch "" -claims=false \
         -eager=false -steps 3 -warmup 1 -profile -profile-share 0.3 -out "$out/profile-$which" > "$out/profile-$which.log" 2>&1
       echo "profile $which exit: $?"
       grep -E "^profile:" "$out/profile-$which.log" | cut -c1-2500

@@ -6,7 +6,8 @@ products (TF32 off) and TF32 ones.
 
 The source comes from `go run ./scripts/kernelsrc`; each variant rewrites
 some of its #defines (X3_STAGES, X3_GROUP, ...) or, with ARCH=sm_90, the
-architecture (sm_90a by default: the warpgroup path). NVRTC compiles each
+architecture (sm_90a by default: the warpgroup path); with EPI=1 it runs
+x3_gemm_epi_*, C stored with a bias added. NVRTC compiles each
 as the Go backend does; the kernels take their X3Gemm by
 value, launched through the driver as kernels/cuda/tf32x3.go does (no
 split of K: the shapes here have a wave of tiles or more).
@@ -32,8 +33,8 @@ class X3Gemm(ctypes.Structure):
     """kernels/cuda/tf32x3.go's x3Gemm."""
     _fields_ = [(n, I32) for n in ("M", "N", "K", "Lda", "Ldb", "Ldc")] + \
         [(n, I64) for n in ("StrideA", "StrideB", "StrideC")] + \
-        [(n, U64) for n in ("A", "B", "R", "C", "Partial")] + [("Alpha", F32), ("Beta", F32)] + \
-        [(n, I32) for n in ("Splits", "KChunk", "TilesM", "TilesN", "VecA", "VecB", "VecC")]
+        [(n, U64) for n in ("A", "B", "R", "C", "Partial", "Bias", "Aux")] + [("Alpha", F32), ("Beta", F32)] + \
+        [(n, I32) for n in ("Op", "Grad", "Splits", "KChunk", "TilesM", "TilesN", "VecA", "VecB", "VecC", "VecC4")]
 
 
 # name, A transposed, B transposed, M, N, K
@@ -56,9 +57,9 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("variants", nargs="+", help="name=[MACRO=VALUE,...]")
     a = ap.parse_args()
-    # Only what tf32x3.cu needs: the generated prelude, common.cuh and itself.
+    # Only what tf32x3.cu needs: the generated prelude and op tables, common.cuh and itself.
     sections = re.split(r"(?m)^(?=// ---- )", open(a.source).read())
-    full = "".join(x for x in sections if re.match(r"// ---- (generated from Go|common\.cuh|tf32x3\.cu)", x))
+    full = "".join(x for x in sections if re.match(r"// ---- (generated from|common\.cuh|tf32x3\.cu)", x))
     torch.manual_seed(1)
     cases = []
     for name, ta, tb, m, n, k in SHAPES:
@@ -80,31 +81,37 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
     for spec in a.variants:
         vname, _, macros = spec.partition("=")
-        src, arch = full, "sm_90a"
+        src, arch, epi = full, "sm_90a", False
         for kv in filter(None, macros.split(",")):
             mac, val = kv.split("=")
             if mac == "ARCH":
                 arch = val
+                continue
+            if mac == "EPI":
+                epi = val == "1"
                 continue
             src = redefine(src, mac, val, spec)
         tile, bk, stages, threads = (define(src, d) for d in ("X3_TILE", "X3_BK", "X3_STAGES", "X3_THREADS"))
         shared = stages * 2 * tile * (bk + 4) * 4
         if arch == "sm_90a":  # the warpgroup path's two buffers of split B tiles, on 1024 bytes
             shared += 4 * tile * bk * 4 + 1024
+        shared = max(shared, (tile * (tile + 8) + tile * tile) * 4)  # x3_gemm_epi's staged tiles
         mod = nvrtc_module(src, arch, "x3_gemm")
         for name, ta, tb, m, n, k, x, w, ref in cases:
-            f = mod.get_function("x3_gemm_" + "nt"[ta] + "nt"[tb])
+            f = mod.get_function(("x3_gemm_epi_" if epi else "x3_gemm_") + "nt"[ta] + "nt"[tb])
+            bias = torch.randn(n, device="cuda") if epi else torch.zeros(n, device="cuda")
             f.max_dynamic_shared_size_bytes = shared
             c = torch.full((m, n), float("nan"), device="cuda")
             p = X3Gemm(M=m, N=n, K=k, Lda=m if ta else k, Ldb=k if tb else n, Ldc=n, A=x.data_ptr(), B=w.data_ptr(),
-                       R=c.data_ptr(), C=c.data_ptr(), Alpha=1, Beta=0, Splits=1, KChunk=k,
-                       TilesM=(m + tile - 1) // tile, TilesN=(n + tile - 1) // tile, VecA=1, VecB=1, VecC=1)
+                       R=c.data_ptr(), C=c.data_ptr(), Bias=bias.data_ptr() if epi else 0, Alpha=1, Beta=0, Splits=1,
+                       KChunk=k, TilesM=(m + tile - 1) // tile, TilesN=(n + tile - 1) // tile, VecA=1, VecB=1, VecC=1,
+                       VecC4=1)
             args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
             launch = lambda: cp.cuda.driver.launchKernel(f.kernel.ptr, p.TilesM * p.TilesN, 1, 1, threads, 1, 1, shared, 0,
                                                          ctypes.addressof(args), 0)
             ms = timed(launch, a.iters)
             print(f"| {vname} | {name} | {f.num_regs} | {f.local_size_bytes} | {ms:.4f} | {2 * m * n * k / ms / 1e9:.1f} "
-                  f"| {rel(c, ref):.2e} |")
+                  f"| {rel(c, ref + bias.double()):.2e} |")
 
 
 if __name__ == "__main__":

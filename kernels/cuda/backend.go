@@ -37,8 +37,8 @@ type Backend struct {
 	chunkBudget int
 	// x3 runs F32 products as three TF32 ones (Options.MatmulF32 is
 	// F32TF32x3, and the device has TF32 tensor cores and the shared
-	// memory x3_gemm asks; gemmX3); x3Shared is what x3_gemm asks for the
-	// target its kernels were compiled for.
+	// memory x3_gemm asks; gemmX3); x3Shared is what the x3_gemm kernels
+	// ask for the target they were compiled for.
 	x3       bool
 	x3Shared int
 	// halves (tests): every convolution of an even batch offers its halves,
@@ -197,9 +197,9 @@ func open(index int, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.x3Shared = x3Shared
+	b.x3Shared = max(x3Shared, x3EpiShared)
 	if target == "sm_90a" {
-		b.x3Shared = x3WGShared
+		b.x3Shared = max(x3WGShared, x3EpiShared)
 	}
 	b.x3 = opts.MatmulF32 == kernels.F32TF32x3 && b.tensorCores && b.x3Shared <= b.sharedPerBlock
 	how := "compiled by NVRTC"

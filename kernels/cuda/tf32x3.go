@@ -9,10 +9,11 @@ import (
 // Note [F32 products as three TF32 ones]: under Options.MatmulF32 =
 // F32TF32x3 an F32 product C = A·B runs on TF32 tensor cores at F32's
 // accuracy, in leangrad's own kernels (x3_gemm, tf32x3.cu). Each operand
-// x is split into big = tf32(x) and small = tf32(x − big), both rounded to
-// nearest, so that x = big + small to about 2⁻²² of x, and C = As·Bb +
-// Ab·Bs + Ab·Bb (As·Bs, about 2⁻²² of C, is below F32's rounding), as
-// CUTLASS's 3xTF32 and flash32.cu do. The kernels split the operands on
+// x is split into big = tf32(x), rounded to nearest, and small = x − big,
+// which the tensor cores truncate to TF32, so that x = big + small to at
+// most 2⁻²¹ of x (tf32_split, common.cuh), and C = As·Bb + Ab·Bs + Ab·Bb
+// (As·Bs, at most 2⁻²² of C, is below F32's rounding), as CUTLASS's
+// 3xTF32 and flash32.cu do. The kernels split the operands on
 // their way from shared memory to the tensor cores: they are read once,
 // raw, and nothing is written but C.
 //
@@ -41,9 +42,12 @@ import (
 // tokens) split K among more blocks (x3Splits) into partial sums in a
 // workspace, added in order by x3_gemm_sum: results do not depend on
 // scheduling. An epilogue's residual is the β term of the product; its
-// bias and activation are a pass over C after it (applied in the store
-// they cost the kernels their registers: GPT-2 small's step 358.7 ms
-// against 279.4).
+// bias and activation (an F32 bias, one matrix) are applied as C is
+// stored, by kernels of their own (x3_gemm_epi) that stage the finished
+// tile in shared memory and store it in a rolled loop: in the plain
+// kernels' store, unrolled over the accumulators, the epilogue's code
+// cost the products their registers (GPT-2 small's step 358.7 ms against
+// 279.4, ce6c811).
 
 // The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner
@@ -62,6 +66,10 @@ const (
 	// x3WGShared is the warpgroup path's (sm_90a): two buffers of split B
 	// tiles, big and small, on 1024 bytes, before the stages.
 	x3WGShared = 4*x3Tile*x3BK*4 + 1024 + x3Shared
+	// x3EpiShared is what x3_gemm_epi uses of it after the products
+	// (X3_EPI_SHARED): the tile of C staged at x3Tile + 8 words a row, and
+	// a tile of R or Aux.
+	x3EpiShared = (x3Tile*(x3Tile+8) + x3Tile*x3Tile) * 4
 )
 
 // x3MinChunk is the least of K one split of a product sums: a product
@@ -74,9 +82,11 @@ const (
 
 // x3Gemm is the x3_gemm kernels' parameters (X3Gemm): C = α·op(A)·op(B) +
 // β·R for each of a batch of matrices (blockIdx.y / Splits), R at C's
-// strides; where Splits > 1 each block sums KChunk of K into Partial and
-// x3_gemm_sum adds them. VecA and VecB say an operand moves 16 bytes at a
-// time, VecC that C's pairs of columns are stored as one.
+// strides, then gemm_epilogue's Bias, Op (Grad) and Aux (x3_gemm_epi and
+// x3_gemm_sum; one matrix); where Splits > 1 each block sums KChunk of K
+// into Partial and x3_gemm_sum adds them. VecA and VecB say an operand
+// moves 16 bytes at a time, VecC that C's pairs of columns are stored as
+// one, VecC4 that C, R, Aux and Bias move 16 bytes at a time.
 type x3Gemm struct {
 	M, N, K, Lda, Ldb, Ldc    int32
 	StrideA, StrideB, StrideC int64
@@ -85,19 +95,29 @@ type x3Gemm struct {
 	R                         uintptr `c:"const float*"`
 	C                         uintptr `c:"float*"`
 	Partial                   uintptr `c:"float*"`
+	Bias                      uintptr `c:"const float*"`
+	Aux                       uintptr `c:"float*"`
 	Alpha, Beta               float32
+	Op, Grad                  int32
 	Splits, KChunk            int32
 	TilesM, TilesN            int32
-	VecA, VecB, VecC          int32
+	VecA, VecB, VecC, VecC4   int32
 }
 
 type x3GemmArgs struct{ P x3Gemm }
 
-// kX3Gemm are the product's kernels by A's and B's transposes.
-var kX3Gemm = [2][2]kernel[x3GemmArgs]{
-	{declareKernel[x3GemmArgs]("x3_gemm_nn"), declareKernel[x3GemmArgs]("x3_gemm_nt")},
-	{declareKernel[x3GemmArgs]("x3_gemm_tn"), declareKernel[x3GemmArgs]("x3_gemm_tt")},
-}
+// kX3Gemm are the product's kernels by A's and B's transposes, and
+// kX3GemmEpi those that apply the bias and activation too.
+var (
+	kX3Gemm = [2][2]kernel[x3GemmArgs]{
+		{declareKernel[x3GemmArgs]("x3_gemm_nn"), declareKernel[x3GemmArgs]("x3_gemm_nt")},
+		{declareKernel[x3GemmArgs]("x3_gemm_tn"), declareKernel[x3GemmArgs]("x3_gemm_tt")},
+	}
+	kX3GemmEpi = [2][2]kernel[x3GemmArgs]{
+		{declareKernel[x3GemmArgs]("x3_gemm_epi_nn"), declareKernel[x3GemmArgs]("x3_gemm_epi_nt")},
+		{declareKernel[x3GemmArgs]("x3_gemm_epi_tn"), declareKernel[x3GemmArgs]("x3_gemm_epi_tt")},
+	}
+)
 
 var kX3GemmSum = declareKernel[x3GemmArgs]("x3_gemm_sum")
 
@@ -131,9 +151,10 @@ func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
 }
 
 // gemmX3 runs the F32 product g with e's residual, bias and activation
-// (its bias gradients the caller sums) as x3_gemm's three TF32 products;
-// the bias and activation in a pass over C after it (the caller holds the
-// lock).
+// (its bias gradients the caller sums) as x3_gemm's three TF32 products,
+// the bias and activation as C is stored where they apply to one matrix
+// and the bias is F32, else in a pass over C after it (the caller holds
+// the lock).
 func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	if g.ab != kernels.F32 || g.cType != kernels.F32 {
 		panic(fmt.Sprintf("cuda: a TF32x3 product of %v operands into %v", g.ab, g.cType))
@@ -150,14 +171,23 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 		}
 		p.R, p.Beta = ptrOf(r), 1
 	}
+	fused := (e.Bias.Valid() || e.Act != 0) && batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32)
+	if fused {
+		p.Bias, p.Aux, p.Op, p.Grad = ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), boolInt(e.Grad)
+	}
 	vec := func(ld int, stride int64, ptr uintptr) int32 {
 		return boolInt(ld%4 == 0 && stride%4 == 0 && ptr%16 == 0)
 	}
 	p.VecA, p.VecB = vec(lda, g.strideA, g.a), vec(ldb, g.strideB, g.b)
 	p.VecC = boolInt(ldc%2 == 0 && g.strideC%2 == 0 && p.C%8 == 0 && p.R%8 == 0)
+	p.VecC4 = boolInt(ldc%4 == 0 && (p.C|p.R|p.Aux|p.Bias)%16 == 0)
 	splits, chunk := x3Splits(g.m, g.n, g.k, batch, b.sms, b.chunkBudget)
 	p.Splits, p.KChunk = int32(splits), int32(chunk)
 	ta, tb := boolInt(g.transA), boolInt(g.transB)
+	products := kX3Gemm[ta][tb]
+	if fused && splits == 1 {
+		products = kX3GemmEpi[ta][tb] // else x3_gemm_sum applies them
+	}
 	// At most 65,535 matrices (and their splits) a launch.
 	per := max(1, 65535/splits)
 	for b0 := 0; b0 < batch; b0 += per {
@@ -172,11 +202,13 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 			blk := b.workspace(int64(nb) * int64(splits) * int64(g.m) * int64(g.n) * 4)
 			q.Partial, free = blk.Addr(), func() { b.alloc.Free(blk) }
 		}
-		kX3Gemm[ta][tb].launchShared(b, 0, dims{uint32(p.TilesM * p.TilesN), uint32(nb * splits), x3Threads}, b.x3Shared, x3GemmArgs{q})
+		products.launchShared(b, 0, dims{uint32(p.TilesM * p.TilesN), uint32(nb * splits), x3Threads}, b.x3Shared, x3GemmArgs{q})
 		if splits > 1 {
 			kX3GemmSum.launch(b, 0, dims{b.blocks(int64(g.m*g.n), blockSize), uint32(nb), blockSize}, x3GemmArgs{q})
 			free()
 		}
 	}
-	b.epiloguePass(g, e)
+	if !fused {
+		b.epiloguePass(g, e)
+	}
 }

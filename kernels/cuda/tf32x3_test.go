@@ -53,6 +53,7 @@ var x3Cases = []x3Case{
 	{"tn, gelu′", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 100, Alpha: 1}, "gelu′"},
 	{"tt, α", kernels.GemmParams{TransA: true, TransB: true, M: 136, N: 260, K: 77, Alpha: 0.5}, ""},
 	{"odd sizes, 4-byte copies, β", kernels.GemmParams{M: 131, N: 67, K: 45, Alpha: 1, Beta: 0.5}, ""},
+	{"odd sizes, bias+gelu", kernels.GemmParams{TransB: true, M: 131, N: 67, K: 45, Alpha: 1}, "bias+gelu"},
 	{"odd, transposed", kernels.GemmParams{TransA: true, TransB: true, M: 67, N: 131, K: 9, Alpha: 2}, ""},
 	{"K shorter than a stage", kernels.GemmParams{TransB: true, M: 64, N: 64, K: 5, Alpha: 1}, ""},
 	{"batch, shared A", kernels.GemmParams{M: 64, N: 96, K: 136, Alpha: 1, Batch: 5, StrideA: 0, StrideB: 136 * 96, StrideC: 64 * 96}, ""},
@@ -77,9 +78,28 @@ func TestCUDATF32x3(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 32))
 	for _, c := range x3Cases {
-		got, want := x3Run(t, b, rng, c)
+		got, want := x3Run(t, b, rng, c, false)
 		if e := relErr(got, want); e > 1e-5 || math.IsNaN(e) {
 			t.Errorf("%s: relative error %.2g against float64", c.name, e)
+		}
+	}
+	// A NaN in A is NaN in its row of C (the split's integer rounding
+	// would carry the canonical NaN into −0), and nowhere else.
+	for _, c := range x3Cases {
+		got, want := x3Run(t, b, rng, c, true)
+		nans := 0
+		for i, w := range want {
+			if math.IsNaN(w) != math.IsNaN(float64(got[i])) {
+				t.Errorf("%s, a NaN in A: element %d is %v, want %v", c.name, i, got[i], w)
+				break
+			}
+			if math.IsNaN(w) {
+				got[i], want[i] = 0, 0
+				nans++
+			}
+		}
+		if e := relErr(got, want); nans == 0 || e > 1e-5 || math.IsNaN(e) {
+			t.Errorf("%s, a NaN in A: %d NaNs, relative error %.2g elsewhere", c.name, nans, e)
 		}
 	}
 	const tol = 1e-5
@@ -94,13 +114,17 @@ func TestCUDATF32x3(t *testing.T) {
 	kerneltest.RunWith(t, noDNN, kerneltest.Options{GemmTol: tol, ConvTol: tol}, "conv")
 }
 
-// x3Run runs c on b from fresh random operands, returning C (or Aux, for
-// the forward GELU, after C: both compared) and its float64 reference.
-func x3Run(t *testing.T, b *Backend, rng *rand.Rand, c x3Case) ([]float32, []float64) {
+// x3Run runs c on b from fresh random operands (A's first element NaN
+// where nanA), returning C (or Aux, for the forward GELU, after C: both
+// compared) and its float64 reference.
+func x3Run(t *testing.T, b *Backend, rng *rand.Rand, c x3Case, nanA bool) ([]float32, []float64) {
 	p := c.p
 	batch := max(p.Batch, 1)
 	na, nb, nc := (batch-1)*p.StrideA+p.M*p.K, (batch-1)*p.StrideB+p.K*p.N, (batch-1)*p.StrideC+p.M*p.N
 	av, bv, cv := randn(rng, na), randn(rng, nb), randn(rng, nc) // C poisoned, or added to with β
+	if nanA {
+		av[0] = float32(math.NaN())
+	}
 	a, bb, cb := upload(t, b, av), upload(t, b, bv), upload(t, b, cv)
 	want := make([]float64, nc)
 	for i := range want {
@@ -207,7 +231,7 @@ func TestCUDAMatmulF32Accuracy(t *testing.T) {
 		errs := map[kernels.F32Matmul]float64{}
 		seed := rng.Uint64() // the same operands for each mode
 		for m, b := range backends {
-			got, want := x3Run(t, b, rand.New(rand.NewPCG(seed, 0)), c)
+			got, want := x3Run(t, b, rand.New(rand.NewPCG(seed, 0)), c, false)
 			errs[m] = relErr(got, want)
 		}
 		s, x3, tf := errs[kernels.F32Strict], errs[kernels.F32TF32x3], errs[kernels.F32TF32]

@@ -46,13 +46,20 @@ __device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
 __device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
 
-// tf32_split is x as big + small, both TF32 (the bits of F32 values
-// whose last 13 mantissa bits are 0), each rounded to nearest, ties away.
+// tf32_split is x as big + small for TF32 products: big is x rounded to
+// TF32 (the bits of F32 values whose last 13 mantissa bits are 0) to
+// nearest, ties away, by adding half of the dropped bits' weight to the
+// magnitude's bits; small is the remainder x − big, exact in F32, whose
+// last bits the tensor cores ignore (truncated: its error is at most 2⁻²¹
+// of x, where rounding it too gave 2⁻²²). A NaN's big part may be −0
+// (the addition carries into the sign) but its small part is NaN, as is
+// an infinity's, so that non-finite operands reach the products. Three
+// operations: the mma.sync product kernel ran 11% faster with the
+// integer rounding than with cvt.rna.tf32.f32 (scripts/x3gemm-bench.py,
+// 2026-12-04).
 __device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small) {
-#if __CUDA_ARCH__ >= 800
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(x - __uint_as_float(big)));
-#endif
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
 }
 
 // mma1688 is c += a·b for a 16×8 TF32 A (4 registers), an 8×8 B (2) and a

@@ -5,9 +5,10 @@
 // once, the probabilities recomputed from the log-sum-exp; no score matrix
 // stored, no atomics) for F32 operands of head width FLASH_D, with each
 // product run as three TF32 products (3xTF32): an F32 x is big + small,
-// big = x rounded to TF32 and small = (x − big) rounded to TF32, and a·b
-// is taken as big_a·small_b + small_a·big_b + big_a·big_b, the small·small
-// term (about 2^-22 of the product) dropped: close to F32's 24 bits, where
+// big = x rounded to TF32 and small = x − big, truncated to TF32 by the
+// tensor cores (tf32_split), and a·b is taken as big_a·small_b +
+// small_a·big_b + big_a·big_b, the small·small term (at most 2^-22 of the
+// product) dropped: close to F32's 24 bits, where
 // TF32 alone keeps 11 (TestCUDAFlashF32Accuracy measures it against
 // float64 and the strict F32 path). CUTLASS's OpMultiplyAddFastF32
 // multiplies F32 so, and PyTorch's memory-efficient attention runs its F32

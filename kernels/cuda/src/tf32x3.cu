@@ -3,7 +3,7 @@
 // tf32x3.go). A block computes an X3_TILE × X3_TILE tile of C with
 // X3_THREADS threads; the inner dimension moves through shared memory
 // X3_BK at a time in X3_STAGES stages of cp.async copies, raw F32. Each
-// operand is split into big and small TF32 parts (x3_split) on its way to
+// operand is split into big and small TF32 parts (tf32_split) on its way to
 // the tensor cores, which sum small·big, big·small and big·big into
 // accumulators that start from zero for each stretch of K and are then
 // added to running F32 accumulators: the tensor cores' additions, which
@@ -29,20 +29,15 @@
 // tiles in L2. Where p.Splits > 1 each block sums p.KChunk of K and writes
 // its raw sums to p.Partial, Splits of M × N a matrix, which x3_gemm_sum
 // adds in order: the result does not depend on scheduling.
+//
+// x3_gemm_epi_* also apply gemm_epilogue's bias and activation (or its
+// derivative) as they store C: the finished tile is staged in shared
+// memory and stored a row at a time by a loop the compiler keeps rolled,
+// so that the epilogue's code costs the products no registers.
 
 #define X3_KC_LD (X3_BK + 4)     // words of a tile's row with K along it
 #define X3_MN_LD (X3_TILE + 8)   // with K across it
 #define X3_OPERAND (X3_TILE * X3_KC_LD) // words of one operand's tile (the larger layout)
-
-// x3_split is tf32_split in three integer operations and a subtraction:
-// the big part rounded to nearest, ties away, by adding half of the
-// dropped bits' weight to the magnitude's bits, and the exact remainder
-// rounded so in turn. The same parts as cvt.rna.tf32.f32's for finite x,
-// and the mma.sync kernel ran 11% faster with it (scripts/x3gemm-bench.py).
-__device__ __forceinline__ void x3_split(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    small = (__float_as_uint(x - __uint_as_float(big)) + 0x1000u) & 0xffffe000u;
-}
 
 __device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -143,7 +138,103 @@ __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const floa
     }
 }
 
-template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
+// The epilogue's tile, staged in shared memory (x3_gemm_epi): X3_TILE
+// rows of X3_STAGED_LD words, whose 8 past X3_TILE keep the accumulators'
+// 8-byte writes (a half-warp's four rows, eight words of each) free of
+// bank conflicts; then, where the epilogue reads R or Aux 16 bytes at a
+// time, the tile of it, copied in while the accumulators are staged, at
+// X3_TILE words a row. X3_EPI_SHARED (Go's x3EpiShared) is the bytes of
+// both.
+#define X3_STAGED_LD (X3_TILE + 8)
+#define X3_EPI_SHARED ((X3_TILE * X3_STAGED_LD + X3_TILE * X3_TILE) * 4)
+
+// x3_epilogue stores the n ≤ 4 sums v of C's row, elements o.. and
+// columns col.., into c: α·v + β·R (R's at r), then gemm_epilogue's
+// (elementwise.cu) bias and activation, its input kept in p.Aux, or the
+// activation's derivative at Aux's (at aux); 16 bytes an access where
+// vec (n is 4). r and aux are generic pointers: global memory, or the
+// tile staged in shared memory.
+__device__ __forceinline__ void x3_epilogue(const X3Gemm& p, float* c, i64 o, int col, int n, bool vec, float (&v)[4],
+                                            const float* r, const float* aux) {
+    float w[4] = {0.f, 0.f, 0.f, 0.f};
+    auto load = [&](const float* a) {
+        if (vec) {
+            ld4(a, 0, w);
+        } else {
+            for (int e = 0; e < n; e++) w[e] = a[e];
+        }
+    };
+    auto store = [&](float* a) {
+        if (vec) {
+            st4(a, 0, v);
+        } else {
+            for (int e = 0; e < n; e++) a[e] = v[e];
+        }
+    };
+    if (p.Beta != 0.f) load(r);
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * w[e] : 0.f);
+    if (p.Grad) {
+        load(aux);
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[e] = unary_grad(p.Op, v[e], w[e], 0.f);
+    } else {
+        if (p.Bias) {
+            load(p.Bias + col);
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] += w[e];
+        }
+        if (p.Op) {
+            store(p.Aux + o);
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = unary_f(p.Op, v[e]);
+        }
+    }
+    store(c + o);
+}
+
+// x3_chunk is the i-th chunk of four columns of the tile (i < X3_TILE² /
+// 4): a warp's 32 threads cover a row.
+__device__ __forceinline__ void x3_chunk(int i, int& r, int& c) { r = i / (X3_TILE / 4), c = 4 * (i % (X3_TILE / 4)); }
+
+// x3_prefetch_epi copies the thread's chunks of the tile at (r0, c0) of
+// what the epilogue reads (Aux where p.Grad, else R) into the shared tile
+// in, 16 bytes a copy (zeros past C's ends): where p.VecC4 and the
+// epilogue reads one of them; it says whether it did.
+__device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int r0, int c0) {
+    if (!p.VecC4 || !(p.Grad || p.Beta != 0.f)) return false;
+    const float* src = p.Grad ? p.Aux : p.R;
+    for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
+        int r, c;
+        x3_chunk(i, r, c);
+        int bytes = r0 + r < p.M ? 4 * max(0, min(4, p.N - c0 - c)) : 0;
+        cp_async16(in + r * X3_TILE + c, bytes ? src + (i64)(r0 + r) * p.Ldc + c0 + c : src, bytes);
+    }
+    cp_async_commit();
+    return true;
+}
+
+// x3_store_staged stores the tile at (r0, c0) of C, staged in shared
+// memory, through x3_epilogue: a warp a row at a time, four columns a
+// thread, in a loop the compiler keeps rolled. in: the prefetched tile of
+// R or Aux (x3_prefetch_epi), or null.
+__device__ void x3_store_staged(const X3Gemm& p, const float* staged, const float* in, int r0, int c0) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
+        int r, c;
+        x3_chunk(i, r, c);
+        if (r0 + r >= p.M || c0 + c >= p.N) continue;
+        float4 s = *(const float4*)(staged + r * X3_STAGED_LD + c);
+        float v[4] = {s.x, s.y, s.z, s.w};
+        int n = min(4, p.N - c0 - c);
+        i64 o = (i64)(r0 + r) * p.Ldc + c0 + c;
+        const float* pre = in ? in + r * X3_TILE + c : nullptr;
+        x3_epilogue(p, p.C, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !p.Grad ? pre : p.R + o, pre && p.Grad ? pre : p.Aux + o);
+    }
+}
+
+// x3_gemm is the product's kernel; EPI: x3_gemm_epi's (p.Splits is 1).
+template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
     kernel_entry();
     extern __shared__ uint4 x3_shared[];
 #if X3_WGMMA
@@ -201,10 +292,10 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
         for (int i = threadIdx.x; i < X3_TILE * X3_BK / 4; i += X3_THREADS) {
             int n = TB ? i / (X3_BK / 4) : i % X3_TILE, k = 4 * (TB ? i % (X3_BK / 4) : i / X3_TILE);
             uint4 vb, vs;
-            x3_split(sb[x3_word<TB>(n, k)], vb.x, vs.x);
-            x3_split(sb[x3_word<TB>(n, k + 1)], vb.y, vs.y);
-            x3_split(sb[x3_word<TB>(n, k + 2)], vb.z, vs.z);
-            x3_split(sb[x3_word<TB>(n, k + 3)], vb.w, vs.w);
+            tf32_split(sb[x3_word<TB>(n, k)], vb.x, vs.x);
+            tf32_split(sb[x3_word<TB>(n, k + 1)], vb.y, vs.y);
+            tf32_split(sb[x3_word<TB>(n, k + 2)], vb.z, vs.z);
+            tf32_split(sb[x3_word<TB>(n, k + 3)], vb.w, vs.w);
             *(uint4*)(big + x3_swizzled(n, k)) = vb;
             *(uint4*)(big + X3_TILE * X3_BK + x3_swizzled(n, k)) = vs;
         }
@@ -226,7 +317,7 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
         for (int q = 0; q < X3_BK / 8; q++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                x3_split(sa[x3_word<!TA>(row0 + g + 8 * (e & 1), 8 * q + t + 4 * (e >> 1))], ab[q][e], as[q][e]);
+                tf32_split(sa[x3_word<!TA>(row0 + g + 8 * (e & 1), 8 * q + t + 4 * (e >> 1))], ab[q][e], as[q][e]);
         unsigned big_tile = tiles0 + (step & 1) * 2 * X3_TILE * X3_BK * 4, small_tile = big_tile + X3_TILE * X3_BK * 4;
         float part[16][4]; // this stage's sums, from zero
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -258,6 +349,20 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
         __syncthreads(); // the next tiles are split; this step's are free
     }
     cp_async_wait<0>();
+    if (EPI) {
+        float *staged = (float*)x3_shared, *in = staged + X3_TILE * X3_STAGED_LD;
+        __syncthreads(); // every warp is done with the stages
+        bool pre = x3_prefetch_epi(p, in, tm * X3_TILE, tn * X3_TILE);
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *(float2*)(staged + (row0 + g + 8 * h) * X3_STAGED_LD + 8 * j + 2 * t) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        cp_async_wait<0>();
+        __syncthreads();
+        x3_store_staged(p, staged, pre ? in : nullptr, tm * X3_TILE, tn * X3_TILE);
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -290,13 +395,13 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    x3_split(sb[x3_word<TB>(wn * 32 + j * 8 + g, ks + t + 4 * e)], bb[j][e], bs[j][e]);
+                    tf32_split(sb[x3_word<TB>(wn * 32 + j * 8 + g, ks + t + 4 * e)], bb[j][e], bs[j][e]);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 unsigned ab[4], as[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    x3_split(sa[x3_word<!TA>(wm * 64 + i * 16 + g + 8 * (e & 1), ks + t + 4 * (e >> 1))], ab[e], as[e]);
+                    tf32_split(sa[x3_word<!TA>(wm * 64 + i * 16 + g + 8 * (e & 1), ks + t + 4 * (e >> 1))], ab[e], as[e]);
                 float part[4][4]; // this step's sums, from zero
 #pragma unroll
                 for (int j = 0; j < 4; j++) mma1688_zero(part[j], ab, bs[j]);
@@ -312,6 +417,23 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
         }
     }
     cp_async_wait<0>();
+    if (EPI) {
+        float *staged = (float*)x3_shared, *in = staged + X3_TILE * X3_STAGED_LD;
+        __syncthreads(); // every warp is done with the stages
+        bool pre = x3_prefetch_epi(p, in, tm * X3_TILE, tn * X3_TILE);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *(float2*)(staged + (wm * 64 + i * 16 + g + 8 * h) * X3_STAGED_LD + wn * 32 + j * 8 + 2 * t) =
+                        make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        cp_async_wait<0>();
+        __syncthreads();
+        x3_store_staged(p, staged, pre ? in : nullptr, tm * X3_TILE, tn * X3_TILE);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -323,13 +445,19 @@ template <bool TA, bool TB> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_nn(X3Gemm p) { x3_gemm<false, false>(p); }
-extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_nt(X3Gemm p) { x3_gemm<false, true>(p); }
-extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tn(X3Gemm p) { x3_gemm<true, false>(p); }
-extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) x3_gemm_tt(X3Gemm p) { x3_gemm<true, true>(p); }
+#define X3_KERNEL(NAME, TA, TB, EPI) \
+    extern "C" __global__ void __launch_bounds__(X3_THREADS, 1) NAME(X3Gemm p) { x3_gemm<TA, TB, EPI>(p); }
+X3_KERNEL(x3_gemm_nn, false, false, false)
+X3_KERNEL(x3_gemm_nt, false, true, false)
+X3_KERNEL(x3_gemm_tn, true, false, false)
+X3_KERNEL(x3_gemm_tt, true, true, false)
+X3_KERNEL(x3_gemm_epi_nn, false, false, true)
+X3_KERNEL(x3_gemm_epi_nt, false, true, true)
+X3_KERNEL(x3_gemm_epi_tn, true, false, true)
+X3_KERNEL(x3_gemm_epi_tt, true, true, true)
 
-// x3_gemm_sum adds each element's p.Splits partial sums in order into C:
-// C = α·Σ + β·R, for the Batch (blockIdx.y) matrices of C.
+// x3_gemm_sum adds each element's p.Splits partial sums in order into C,
+// through x3_epilogue, for the matrices (blockIdx.y) of C.
 extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
     kernel_entry();
     i64 mn = (i64)p.M * p.N;
@@ -337,9 +465,9 @@ extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
     float* c = p.C + blockIdx.y * p.StrideC;
     const float* res = p.R + blockIdx.y * p.StrideC;
     GRID_STRIDE(i, mn) {
-        float s = 0.f;
-        for (int k = 0; k < p.Splits; k++) s += part[k * mn + i];
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k = 0; k < p.Splits; k++) v[0] += part[k * mn + i];
         i64 o = i / p.N * p.Ldc + i % p.N;
-        c[o] = p.Alpha * s + (p.Beta != 0.f ? p.Beta * res[o] : 0.f);
+        x3_epilogue(p, c, o, (int)(i % p.N), 1, false, v, res + o, p.Aux + o);
     }
 }
