@@ -547,17 +547,18 @@ type CollectiveBackend interface {
 type F32Matmul uint8
 
 const (
+	// F32TF32x3, the default, splits each operand into two TF32 parts, x
+	// = big + small, and multiplies on TF32 tensor cores as three products
+	// (small·big, big·small, big·big; small·small is below F32's
+	// rounding), summed in F32, as CUTLASS's 3xTF32 and PyTorch's F32
+	// memory-efficient attention do: on the H200 the products' errors are
+	// below strict F32's and GPT-2 small's fp32 step is 1.14 times
+	// PyTorch's strict one (the CUDA backend's Note [F32 products as three
+	// TF32 ones]). A device without TF32 tensor cores multiplies strictly.
+	F32TF32x3 F32Matmul = iota
 	// F32Strict multiplies in F32 on the FMA units: PyTorch's default
 	// (torch.set_float32_matmul_precision("highest")).
-	F32Strict F32Matmul = iota
-	// F32TF32x3 splits each operand into two TF32 parts, x = big + small,
-	// and multiplies on TF32 tensor cores as three products (small·big,
-	// big·small, big·big; small·small is below F32's rounding), summed in
-	// F32, as CUTLASS's 3xTF32 and PyTorch's F32 memory-efficient
-	// attention do: on the H200 the products' errors are below strict
-	// F32's and GPT-2 small's fp32 step is 1.07 times PyTorch's strict one
-	// (the CUDA backend's Note [F32 products as three TF32 ones]).
-	F32TF32x3
+	F32Strict
 	// F32TF32 multiplies on TF32 tensor cores once: inputs rounded to
 	// 10-bit mantissas, as PyTorch's torch.backends.cuda.matmul.allow_tf32.
 	F32TF32

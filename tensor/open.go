@@ -18,10 +18,11 @@ type Options = kernels.Options
 // kernels.F32Matmul.
 type F32Matmul = kernels.F32Matmul
 
-// The F32 matmul modes; see kernels.F32Strict, F32TF32x3 and F32TF32.
+// The F32 matmul modes; see kernels.F32TF32x3 (the default), F32Strict
+// and F32TF32.
 const (
-	F32Strict = kernels.F32Strict
 	F32TF32x3 = kernels.F32TF32x3
+	F32Strict = kernels.F32Strict
 	F32TF32   = kernels.F32TF32
 )
 

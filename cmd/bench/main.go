@@ -145,7 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.overlap, "overlap", true, "with -nproc: overlap the gradients' all-reduce with the backward (false: all-reduce after it, to measure the difference)")
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism: start N ranks of this command, one per GPU, and time the data-parallel step of every spec and configuration (leangrad only; batch per rank); writes ddp.json")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel runs: how long a rank waits for the others")
-	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32Strict, "on a GPU, how leangrad multiplies F32 matrices: strict (F32, PyTorch's default, which the PyTorch runs keep), tf32x3 (three TF32 tensor-core products, at F32's accuracy) or tf32")
+	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how leangrad multiplies F32 matrices: tf32x3 (three TF32 tensor-core products, at F32's accuracy), strict (F32 on the FMA units, PyTorch's default, which the PyTorch runs keep) or tf32")
 	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses)

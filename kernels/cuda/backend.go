@@ -397,7 +397,7 @@ func (b *Backend) MatmulEngine() string {
 	case b.opts.MatmulF32 == kernels.F32TF32:
 		f32 = "F32 as TF32"
 	case b.opts.MatmulF32 == kernels.F32TF32x3:
-		f32 = "F32 strictly (tf32x3 asked, but the device lacks TF32 tensor cores or the shared memory)"
+		f32 = "F32 strictly (the device lacks the TF32 tensor cores or the shared memory of tf32x3)"
 	}
 	return "cuBLAS and cuBLASLt, " + f32
 }

@@ -30,17 +30,19 @@ func testBackend(t testing.TB) *Backend {
 	return b
 }
 
-// TestCUDAConformance runs the suite on a backend whose F32 is strict, and
-// the convolutions again on the default one, whose F32 convolutions may use
-// TF32 (as PyTorch's do by default), at TF32's tolerance.
+// TestCUDAConformance runs the suite on a backend whose F32 is strict
+// (products by cuBLAS, convolutions without TF32), and again on the
+// default one, whose F32 products are three TF32 ones and whose F32
+// convolutions may use TF32 (as PyTorch's do by default), those at TF32's
+// tolerance.
 func TestCUDAConformance(t *testing.T) {
 	def := testBackend(t)
-	strict, err := OpenSeparate(0, Options{StrictConvF32: true})
+	strict, err := OpenSeparate(0, Options{StrictConvF32: true, MatmulF32: kernels.F32Strict})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kerneltest.Run(t, strict)
-	kerneltest.RunWith(t, def, kerneltest.Options{ConvTol: kerneltest.TolTF32}, "conv")
+	kerneltest.RunWith(t, def, kerneltest.Options{ConvTol: kerneltest.TolTF32})
 	for _, b := range []*Backend{strict, def} {
 		if f := b.CuDNNFailures(); len(f) > 0 {
 			t.Errorf("%d cuDNN calls failed (those shapes fell back to im2col + cuBLAS); the first: %s", len(f), f[0])
@@ -378,13 +380,17 @@ func TestCUDADNNAttention(t *testing.T) {
 	}
 }
 
-// TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt, with
-// and without the bias gradients (ltSums), and again with noLt, unfused
-// (cublasGemmEx and gemm_epilogue); cuBLASLt must have an algorithm for
-// every case it is asked with sizes in multiples of 8, as a transformer's
-// are.
+// TestCUDAGemmEpilogues runs the epilogue cases fused by cuBLASLt (F32
+// products strict, so that cuBLASLt runs those too), with and without the
+// bias gradients (ltSums), and again with noLt, unfused (cublasGemmEx and
+// gemm_epilogue); cuBLASLt must have an algorithm for every case it is
+// asked with sizes in multiples of 8, as a transformer's are.
 func TestCUDAGemmEpilogues(t *testing.T) {
-	b := testBackend(t)
+	testBackend(t)
+	b, err := open(0, Options{MatmulF32: kernels.F32Strict})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if b.lt == nil {
 		t.Fatalf("cuBLASLt did not load: %s", b.ltReason)
 	}

@@ -13,10 +13,10 @@
 // version. Every kernel is declared in Go with the struct of its parameters
 // and launched through it (launch.go, Note [typed launches]); a CPU test
 // holds each declaration to the compiled kernel. GEMMs go to cuBLAS and
-// cuBLASLt (16-bit operands on tensor cores with F32 accumulation, F32 ones
-// as Options.MatmulF32 says: strictly, or as one TF32 product), or, for F32
-// operands under F32TF32x3, to leangrad's own kernels as three TF32
-// products at F32's accuracy (tf32x3.go). Convolutions go to cuDNN (cudnn.go; F32
+// cuBLASLt (16-bit operands on tensor cores with F32 accumulation), and F32
+// ones, by default (Options.MatmulF32 is F32TF32x3), to leangrad's own
+// kernels as three TF32 products at F32's accuracy (tf32x3.go), else to
+// cuBLAS, strictly or as one TF32 product. Convolutions go to cuDNN (cudnn.go; F32
 // may use TF32 unless Options.StrictConvF32, as in PyTorch), or to im2col
 // plus cuBLAS without it (conv.go). F32 attention, forward and backward,
 // multiplies on tensor cores as three TF32 products each, at about F32's

@@ -108,9 +108,9 @@ func (b *Backend) gemm(g gemmCall) {
 		unsafe.Pointer(&b.beta), g.c, tc, int32(ldc), g.strideC, int32(g.batch), compute, cublasGemmDefault))
 }
 
-// Gemm computes a (batched) matrix product with cuBLAS: F16 and BF16
-// operands are multiplied on tensor cores with F32 accumulation, F32 ones
-// as the backend's Options.MatmulF32 says.
+// Gemm computes a (batched) matrix product: F16 and BF16 operands by
+// cuBLAS on tensor cores with F32 accumulation, F32 ones as the backend's
+// Options.MatmulF32 says.
 func (b *Backend) Gemm(p kernels.GemmParams, a, bb, c kernels.Buf) {
 	kernels.CheckGemm(p, a, bb, c)
 	batch := max(p.Batch, 1)

@@ -7,15 +7,15 @@ import (
 )
 
 // Note [F32 products as three TF32 ones]: under Options.MatmulF32 =
-// F32TF32x3 an F32 product C = A·B runs on TF32 tensor cores at F32's
-// accuracy, in leangrad's own kernels (x3_gemm, tf32x3.cu). Each operand
-// x is split into big = tf32(x), rounded to nearest, and small = x − big,
-// which the tensor cores truncate to TF32, so that x = big + small to at
-// most 2⁻²¹ of x (tf32_split, common.cuh), and C = As·Bb + Ab·Bs + Ab·Bb
-// (As·Bs, at most 2⁻²² of C, is below F32's rounding), as CUTLASS's
-// 3xTF32 and flash32.cu do. The kernels split the operands on
-// their way from shared memory to the tensor cores: they are read once,
-// raw, and nothing is written but C.
+// F32TF32x3, the default, an F32 product C = A·B runs on TF32 tensor
+// cores at F32's accuracy, in leangrad's own kernels (x3_gemm,
+// tf32x3.cu). Each operand x is split into big = tf32(x), rounded to
+// nearest, and small = x − big, which the tensor cores truncate to TF32,
+// so that x = big + small to at most 2⁻²¹ of x (tf32_split, common.cuh),
+// and C = As·Bb + Ab·Bs + Ab·Bb (As·Bs, at most 2⁻²² of each term, is
+// below F32's rounding), as CUTLASS's 3xTF32 and flash32.cu do. The
+// kernels split the operands on their way from shared memory to the
+// tensor cores: they are read once, raw, and nothing is written but C.
 //
 // The tensor cores' F32 additions do not round to nearest, and the error
 // of one accumulator grows linearly with the stretch of K it sums, where
@@ -26,11 +26,12 @@ import (
 // F32's 7.7e-7. So the kernels sum each short stretch of K from zero on
 // the tensor cores (a stage of x3BK on sm_90a, a step of eight elsewhere)
 // and add it into accumulators of their own, in F32 rounded to nearest:
-// TestCUDAMatmulF32Accuracy measured 2.5e-7 and 2.6e-7 at K 768 and
-// 3,072, strict F32's 3.5e-7 and 5.0e-7.
+// TestCUDAMatmulF32Accuracy measured 2.6e-7 at K 768 and at 3,072,
+// strict F32's 3.5e-7 and 5.0e-7 (328c441).
 //
-// Speed, on the H200 (BenchmarkCUDAGemmF32, 2026-12-04): GPT-2 small's
-// products at 52-60 TFLOP/s, strict F32's (cuBLAS) at 46-52. The
+// Speed, on the H200 (scripts/x3gemm-bench.py, 2026-12-04, 328c441):
+// GPT-2 small's products at 59-62 TFLOP/s (a weight gradient's whole K
+// in one block, 33), strict F32's (cuBLAS) at 48-51. The
 // mma.sync kernel (sm_80 on) stops near 50: the legacy tensor-core path
 // is throttled (47% of the tensor pipe busy, warps waiting on the pipe and
 // on their products; scripts/x3gemm-bench.py), so Hopper runs warpgroup
@@ -107,16 +108,14 @@ type x3Gemm struct {
 type x3GemmArgs struct{ P x3Gemm }
 
 // kX3Gemm are the product's kernels by A's and B's transposes, and
-// kX3GemmEpi those that apply the bias and activation too.
+// kX3GemmEpi by B's those that apply the bias and activation too, A not
+// transposed.
 var (
 	kX3Gemm = [2][2]kernel[x3GemmArgs]{
 		{declareKernel[x3GemmArgs]("x3_gemm_nn"), declareKernel[x3GemmArgs]("x3_gemm_nt")},
 		{declareKernel[x3GemmArgs]("x3_gemm_tn"), declareKernel[x3GemmArgs]("x3_gemm_tt")},
 	}
-	kX3GemmEpi = [2][2]kernel[x3GemmArgs]{
-		{declareKernel[x3GemmArgs]("x3_gemm_epi_nn"), declareKernel[x3GemmArgs]("x3_gemm_epi_nt")},
-		{declareKernel[x3GemmArgs]("x3_gemm_epi_tn"), declareKernel[x3GemmArgs]("x3_gemm_epi_tt")},
-	}
+	kX3GemmEpi = [2]kernel[x3GemmArgs]{declareKernel[x3GemmArgs]("x3_gemm_epi_nn"), declareKernel[x3GemmArgs]("x3_gemm_epi_nt")}
 )
 
 var kX3GemmSum = declareKernel[x3GemmArgs]("x3_gemm_sum")
@@ -153,8 +152,8 @@ func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
 // gemmX3 runs the F32 product g with e's residual, bias and activation
 // (its bias gradients the caller sums) as x3_gemm's three TF32 products,
 // the bias and activation as C is stored where they apply to one matrix
-// and the bias is F32, else in a pass over C after it (the caller holds
-// the lock).
+// and the bias is F32, A not transposed or K split, else in a pass over C
+// after it (the caller holds the lock).
 func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	if g.ab != kernels.F32 || g.cType != kernels.F32 {
 		panic(fmt.Sprintf("cuda: a TF32x3 product of %v operands into %v", g.ab, g.cType))
@@ -171,9 +170,19 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 		}
 		p.R, p.Beta = ptrOf(r), 1
 	}
-	fused := (e.Bias.Valid() || e.Act != 0) && batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32)
+	splits, chunk := x3Splits(g.m, g.n, g.k, batch, b.sms, b.chunkBudget)
+	p.Splits, p.KChunk = int32(splits), int32(chunk)
+	ta, tb := boolInt(g.transA), boolInt(g.transB)
+	products := kX3Gemm[ta][tb]
+	// The bias and activation as C is stored: by x3_gemm_sum where K is
+	// split, else by x3_gemm_epi, which A transposed has none of.
+	fused := (e.Bias.Valid() || e.Act != 0) && batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32) &&
+		(splits > 1 || !g.transA)
 	if fused {
 		p.Bias, p.Aux, p.Op, p.Grad = ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), boolInt(e.Grad)
+		if splits == 1 {
+			products = kX3GemmEpi[tb]
+		}
 	}
 	vec := func(ld int, stride int64, ptr uintptr) int32 {
 		return boolInt(ld%4 == 0 && stride%4 == 0 && ptr%16 == 0)
@@ -181,13 +190,6 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	p.VecA, p.VecB = vec(lda, g.strideA, g.a), vec(ldb, g.strideB, g.b)
 	p.VecC = boolInt(ldc%2 == 0 && g.strideC%2 == 0 && p.C%8 == 0 && p.R%8 == 0)
 	p.VecC4 = boolInt(ldc%4 == 0 && (p.C|p.R|p.Aux|p.Bias)%16 == 0)
-	splits, chunk := x3Splits(g.m, g.n, g.k, batch, b.sms, b.chunkBudget)
-	p.Splits, p.KChunk = int32(splits), int32(chunk)
-	ta, tb := boolInt(g.transA), boolInt(g.transB)
-	products := kX3Gemm[ta][tb]
-	if fused && splits == 1 {
-		products = kX3GemmEpi[ta][tb] // else x3_gemm_sum applies them
-	}
 	// At most 65,535 matrices (and their splits) a launch.
 	per := max(1, 65535/splits)
 	for b0 := 0; b0 < batch; b0 += per {

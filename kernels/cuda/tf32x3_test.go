@@ -50,7 +50,8 @@ type x3Case struct {
 var x3Cases = []x3Case{
 	{"nt, bias+gelu", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 328, Alpha: 1}, "bias+gelu"},
 	{"nn, bias+residual", kernels.GemmParams{M: 300, N: 264, K: 96, Alpha: 1}, "bias+residual"},
-	{"tn, gelu′", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 100, Alpha: 1}, "gelu′"},
+	{"nn, gelu′", kernels.GemmParams{M: 136, N: 200, K: 100, Alpha: 1}, "gelu′"},
+	{"tn, gelu′ in a pass", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 100, Alpha: 1}, "gelu′"},
 	{"tt, α", kernels.GemmParams{TransA: true, TransB: true, M: 136, N: 260, K: 77, Alpha: 0.5}, ""},
 	{"odd sizes, 4-byte copies, β", kernels.GemmParams{M: 131, N: 67, K: 45, Alpha: 1, Beta: 0.5}, ""},
 	{"odd sizes, bias+gelu", kernels.GemmParams{TransB: true, M: 131, N: 67, K: 45, Alpha: 1}, "bias+gelu"},

@@ -30,8 +30,8 @@
 // its raw sums to p.Partial, Splits of M × N a matrix, which x3_gemm_sum
 // adds in order: the result does not depend on scheduling.
 //
-// x3_gemm_epi_* also apply gemm_epilogue's bias and activation (or its
-// derivative) as they store C: the finished tile is staged in shared
+// x3_gemm_epi_nn and _nt also apply gemm_epilogue's bias and activation
+// (or its derivative) as they store C: the finished tile is staged in shared
 // memory and stored a row at a time by a loop the compiler keeps rolled,
 // so that the epilogue's code costs the products no registers.
 
@@ -451,10 +451,10 @@ X3_KERNEL(x3_gemm_nn, false, false, false)
 X3_KERNEL(x3_gemm_nt, false, true, false)
 X3_KERNEL(x3_gemm_tn, true, false, false)
 X3_KERNEL(x3_gemm_tt, true, true, false)
+// The epilogue's only where A is not transposed, as in a layer's forward
+// (nt) and its input's gradient (nn): NVRTC takes 4 s over each.
 X3_KERNEL(x3_gemm_epi_nn, false, false, true)
 X3_KERNEL(x3_gemm_epi_nt, false, true, true)
-X3_KERNEL(x3_gemm_epi_tn, true, false, true)
-X3_KERNEL(x3_gemm_epi_tt, true, true, true)
 
 // x3_gemm_sum adds each element's p.Splits partial sums in order into C,
 // through x3_epilogue, for the matrices (blockIdx.y) of C.
