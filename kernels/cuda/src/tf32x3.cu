@@ -452,7 +452,8 @@ X3_KERNEL(x3_gemm_nt, false, true, false)
 X3_KERNEL(x3_gemm_tn, true, false, false)
 X3_KERNEL(x3_gemm_tt, true, true, false)
 // The epilogue's only where A is not transposed, as in a layer's forward
-// (nt) and its input's gradient (nn): NVRTC takes 4 s over each.
+// (nt) and its input's gradient (nn); gemmX3 applies a transposed A's in
+// a pass after the product.
 X3_KERNEL(x3_gemm_epi_nn, false, false, true)
 X3_KERNEL(x3_gemm_epi_nt, false, true, true)
 
