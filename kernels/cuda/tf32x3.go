@@ -67,9 +67,9 @@ const (
 	// x3WGShared is the warpgroup path's (sm_90a): two buffers of split B
 	// tiles, big and small, on 1024 bytes, before the stages.
 	x3WGShared = 4*x3Tile*x3BK*4 + 1024 + x3Shared
-	// x3EpiShared is what x3_gemm_epi uses of it after the products
-	// (X3_EPI_SHARED): the tile of C staged at x3Tile + 8 words a row, and
-	// a tile of R or Aux.
+	// x3EpiShared is what x3_gemm_epi uses of it after the products: the
+	// tile of C staged at x3Tile + 8 words a row (X3_STAGED_LD), and a tile
+	// of R or Aux.
 	x3EpiShared = (x3Tile*(x3Tile+8) + x3Tile*x3Tile) * 4
 )
 

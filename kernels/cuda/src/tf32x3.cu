@@ -143,10 +143,8 @@ __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const floa
 // 8-byte writes (a half-warp's four rows, eight words of each) free of
 // bank conflicts; then, where the epilogue reads R or Aux 16 bytes at a
 // time, the tile of it, copied in while the accumulators are staged, at
-// X3_TILE words a row. X3_EPI_SHARED (Go's x3EpiShared) is the bytes of
-// both.
+// X3_TILE words a row (Go's x3EpiShared: both).
 #define X3_STAGED_LD (X3_TILE + 8)
-#define X3_EPI_SHARED ((X3_TILE * X3_STAGED_LD + X3_TILE * X3_TILE) * 4)
 
 // x3_epilogue stores the n ≤ 4 sums v of C's row, elements o.. and
 // columns col.., into c: α·v + β·R (R's at r), then gemm_epilogue's
@@ -231,6 +229,21 @@ __device__ void x3_store_staged(const X3Gemm& p, const float* staged, const floa
         const float* pre = in ? in + r * X3_TILE + c : nullptr;
         x3_epilogue(p, p.C, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !p.Grad ? pre : p.R + o, pre && p.Grad ? pre : p.Aux + o);
     }
+}
+
+// x3_store_epi stores the block's tile at (r0, c0) of C through the
+// epilogue, from the dynamic shared memory at shared once every warp is
+// done with the stages: stage(staged) writes the thread's accumulators
+// into the staged tile, as the prefetch of R or Aux runs.
+template <typename Stage>
+__device__ __forceinline__ void x3_store_epi(const X3Gemm& p, float* shared, int r0, int c0, Stage stage) {
+    float *staged = shared, *in = staged + X3_TILE * X3_STAGED_LD;
+    __syncthreads();
+    bool pre = x3_prefetch_epi(p, in, r0, c0);
+    stage(staged);
+    cp_async_wait<0>();
+    __syncthreads();
+    x3_store_staged(p, staged, pre ? in : nullptr, r0, c0);
 }
 
 // x3_gemm is the product's kernel; EPI: x3_gemm_epi's (p.Splits is 1).
@@ -350,17 +363,13 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
     }
     cp_async_wait<0>();
     if (EPI) {
-        float *staged = (float*)x3_shared, *in = staged + X3_TILE * X3_STAGED_LD;
-        __syncthreads(); // every warp is done with the stages
-        bool pre = x3_prefetch_epi(p, in, tm * X3_TILE, tn * X3_TILE);
+        x3_store_epi(p, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+            for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-                *(float2*)(staged + (row0 + g + 8 * h) * X3_STAGED_LD + 8 * j + 2 * t) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-        cp_async_wait<0>();
-        __syncthreads();
-        x3_store_staged(p, staged, pre ? in : nullptr, tm * X3_TILE, tn * X3_TILE);
+                for (int h = 0; h < 2; h++)
+                    *(float2*)(staged + (row0 + g + 8 * h) * X3_STAGED_LD + 8 * j + 2 * t) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        });
         return;
     }
 #pragma unroll
@@ -418,20 +427,16 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
     }
     cp_async_wait<0>();
     if (EPI) {
-        float *staged = (float*)x3_shared, *in = staged + X3_TILE * X3_STAGED_LD;
-        __syncthreads(); // every warp is done with the stages
-        bool pre = x3_prefetch_epi(p, in, tm * X3_TILE, tn * X3_TILE);
+        x3_store_epi(p, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *(float2*)(staged + (wm * 64 + i * 16 + g + 8 * h) * X3_STAGED_LD + wn * 32 + j * 8 + 2 * t) =
-                        make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        cp_async_wait<0>();
-        __syncthreads();
-        x3_store_staged(p, staged, pre ? in : nullptr, tm * X3_TILE, tn * X3_TILE);
+                    for (int h = 0; h < 2; h++)
+                        *(float2*)(staged + (wm * 64 + i * 16 + g + 8 * h) * X3_STAGED_LD + wn * 32 + j * 8 + 2 * t) =
+                            make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        });
         return;
     }
 #pragma unroll
