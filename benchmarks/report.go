@@ -120,7 +120,7 @@ func (r *Report) Markdown(w io.Writer) {
 			compiled += ", for language models torch.compile in its default mode"
 		}
 		fmt.Fprintf(w, ", beside PyTorch %s on the same GPU: eager, and %s; "+
-			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not), as leangrad's default",
+			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not); leangrad's convolutions alike, its F32 matmuls as below",
 			r.PyTorch, compiled)
 	}
 	fmt.Fprintln(w, ". Median step time over the timed steps, each synchronised with the device; "+

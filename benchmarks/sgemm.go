@@ -64,7 +64,8 @@ func SGEMM(sizes []int, steps int) []string {
 }
 
 // GemmPeak is the device's measured matrix-product rate in TFLOP/s for dt
-// operands (the F32 product for F32, strict unless the backend runs TF32):
+// operands (for F32, the backend's F32 product: three TF32 products by
+// default, strict or one TF32 product as its options say):
 // the median of steps n×n×n products, each timed to the device's
 // completion. The MFU the harness reports is a step's model FLOPs per
 // second over this, the rate this backend's products reach, not the

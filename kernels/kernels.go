@@ -591,8 +591,9 @@ func (m *F32Matmul) UnmarshalText(text []byte) error {
 // Options configure a backend when its device is opened. A backend ignores
 // what it has nothing to apply to: the CPU backend, all of them.
 type Options struct {
-	// MatmulF32 is how F32 matrix products run on a GPU: strictly in F32
-	// by default, as under PyTorch's default matmul precision.
+	// MatmulF32 is how F32 matrix products run on a GPU: by default as
+	// three TF32 products at F32's accuracy (F32TF32x3); F32Strict as
+	// under PyTorch's default matmul precision.
 	MatmulF32 F32Matmul
 	// StrictConvF32 keeps F32 convolutions in F32: cuDNN may use only FMA
 	// kernels. Off by default: as under PyTorch's default

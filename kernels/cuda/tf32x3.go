@@ -30,8 +30,8 @@ import (
 // strict F32's 3.5e-7 and 5.0e-7 (328c441).
 //
 // Speed, on the H200 (scripts/x3gemm-bench.py, 2026-12-04, 328c441):
-// GPT-2 small's products at 59-62 TFLOP/s (a weight gradient's whole K
-// in one block, 33), strict F32's (cuBLAS) at 48-51. The
+// GPT-2 small's products at 59-62 TFLOP/s (33 for a weight gradient
+// whose K is not split), strict F32's (cuBLAS) at 48-51. The
 // mma.sync kernel (sm_80 on) stops near 50: the legacy tensor-core path
 // is throttled (47% of the tensor pipe busy, warps waiting on the pipe and
 // on their products; scripts/x3gemm-bench.py), so Hopper runs warpgroup
