@@ -182,8 +182,8 @@ __device__ void binary_mixed(int op, int swap, i64 n, Bcast bc, const float* a, 
     }
 FOR_TYPES(ELEMENTWISE)
 
-// gemm_epilogue is kernels.Epilogue on a product cuBLAS stored without it
-// (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols,
+// gemm_epilogue is kernels.Epilogue on a product stored without it, by
+// cuBLAS or x3_gemm (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols,
 // rounded to T, or null); with an op, aux = pre as stored and C = op(aux).
 // Backward (grad): C = C·op′(aux). C and aux are rows × cols at a row
 // stride of stride. Blocks stride over rows, threads along them.
