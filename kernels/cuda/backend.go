@@ -33,7 +33,7 @@ type Backend struct {
 	// has and a block may opt in to (launchShared).
 	sharedPerSM, sharedPerBlock int
 	// chunkBudget caps one chunk of attention's or the classifier's
-	// workspace, or a TF32x3 product's partial sums (defaultChunkBudget).
+	// workspace (defaultChunkBudget).
 	chunkBudget int
 	// x3 runs F32 products as three TF32 ones (Options.MatmulF32 is
 	// F32TF32x3, and the device has TF32 tensor cores and the shared

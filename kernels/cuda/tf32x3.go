@@ -40,11 +40,15 @@ import (
 //
 // Products with fewer tiles than two waves of the device's
 // multiprocessors (the weight gradients: 768×768 summed over 16,384
-// tokens) split K among more blocks (x3Splits) into partial sums in a
-// workspace, added in order by x3_gemm_sum: results do not depend on
-// scheduling. An epilogue's residual is the β term of the product; its
-// bias and activation (an F32 bias, one matrix) are applied as C is
-// stored, by kernels of their own (x3_gemm_epi) that stage the finished
+// tokens) split K among more blocks (x3Splits), and the splits of a tile
+// add their sums into C in turn, in K's order, each block waiting at the
+// tile's counter (kept in reduceDone) for the splits before it: results
+// do not depend on scheduling, and no workspace holds partial sums (which
+// took 100 MiB a product at GPT-2 small's largest fp32 batch and cost it
+// a tenth of the batch). An epilogue's residual is the β term of the
+// product; its bias and activation (an F32 bias, one matrix) are applied
+// as C is stored, by the last split, in kernels of their own
+// (x3_gemm_epi) that stage the finished
 // tile in shared memory and store it in a rolled loop: in the plain
 // kernels' store, unrolled over the accumulators, the epilogue's code
 // cost the products their registers (GPT-2 small's step 358.7 ms against
@@ -83,9 +87,10 @@ const (
 
 // x3Gemm is the x3_gemm kernels' parameters (X3Gemm): C = α·op(A)·op(B) +
 // β·R for each of a batch of matrices (blockIdx.y / Splits), R at C's
-// strides, then gemm_epilogue's Bias, Op (Grad) and Aux (x3_gemm_epi and
-// x3_gemm_sum; one matrix); where Splits > 1 each block sums KChunk of K
-// into Partial and x3_gemm_sum adds them. VecA and VecB say an operand
+// strides, then gemm_epilogue's Bias, Op (Grad) and Aux (x3_gemm_epi; one
+// matrix); where Splits > 1 each block sums KChunk of K and adds it into
+// C in turn, Flags (zero between launches) counting each tile's splits
+// done, a word a tile of each matrix. VecA and VecB say an operand
 // moves 16 bytes at a time, VecC that C's pairs of columns are stored as
 // one, VecC4 that C, R, Aux and Bias move 16 bytes at a time.
 type x3Gemm struct {
@@ -95,7 +100,7 @@ type x3Gemm struct {
 	B                         uintptr `c:"const float*"`
 	R                         uintptr `c:"const float*"`
 	C                         uintptr `c:"float*"`
-	Partial                   uintptr `c:"float*"`
+	Flags                     uintptr `c:"int*"`
 	Bias                      uintptr `c:"const float*"`
 	Aux                       uintptr `c:"float*"`
 	Alpha, Beta               float32
@@ -118,20 +123,17 @@ var (
 	kX3GemmEpi = [2]kernel[x3GemmArgs]{declareKernel[x3GemmArgs]("x3_gemm_epi_nn"), declareKernel[x3GemmArgs]("x3_gemm_epi_nt")}
 )
 
-var kX3GemmSum = declareKernel[x3GemmArgs]("x3_gemm_sum")
-
 // x3Splits is how many chunks of K, each a multiple of x3BK, the product
 // of tiles blocks a matrix (batch of them) sums apart, and the chunk, for
 // a device that runs slots blocks at once: where the product has fewer
 // blocks than two waves, the number of splits, within x3MaxSplits and
 // chunks of x3MinChunk, that keeps the most slots busy over the product's
-// waves, the fewest of the ties; partial sums past budget bytes
-// (splits·batch·m·n floats) are not taken.
-func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
+// waves, the fewest of the ties.
+func x3Splits(m, n, k, batch, slots int) (splits, chunk int) {
 	tiles := ((m + x3Tile - 1) / x3Tile) * ((n + x3Tile - 1) / x3Tile) * batch
 	best, busy := 1, 0.0
 	for s := 1; s <= x3MaxSplits; s++ {
-		if s > 1 && (k < s*x3MinChunk || int64(s)*int64(batch)*int64(m)*int64(n)*4 > int64(budget)) {
+		if s > 1 && k < s*x3MinChunk {
 			break
 		}
 		waves := (tiles*s + slots - 1) / slots
@@ -151,9 +153,9 @@ func x3Splits(m, n, k, batch, slots, budget int) (splits, chunk int) {
 
 // gemmX3 runs the F32 product g with e's residual, bias and activation
 // (its bias gradients the caller sums) as x3_gemm's three TF32 products,
-// the bias and activation as C is stored where they apply to one matrix
-// and the bias is F32, A not transposed or K split, else in a pass over C
-// after it (the caller holds the lock).
+// the bias and activation as C is stored where they apply to one matrix,
+// the bias is F32 and A is not transposed, else in a pass over C after it
+// (the caller holds the lock).
 func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 	if g.ab != kernels.F32 || g.cType != kernels.F32 {
 		panic(fmt.Sprintf("cuda: a TF32x3 product of %v operands into %v", g.ab, g.cType))
@@ -170,19 +172,19 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 		}
 		p.R, p.Beta = ptrOf(r), 1
 	}
-	splits, chunk := x3Splits(g.m, g.n, g.k, batch, b.sms, b.chunkBudget)
-	p.Splits, p.KChunk = int32(splits), int32(chunk)
+	splits, chunk := x3Splits(g.m, g.n, g.k, batch, b.sms)
+	p.Splits, p.KChunk, p.Flags = int32(splits), int32(chunk), b.reduceDone.addr
+	if tiles := int(p.TilesM*p.TilesN) * batch; splits > 1 && tiles > b.reduceDone.n {
+		panic(fmt.Sprintf("cuda: a TF32x3 product of %d tiles split %d ways: %d counters", tiles, splits, b.reduceDone.n))
+	}
 	ta, tb := boolInt(g.transA), boolInt(g.transB)
 	products := kX3Gemm[ta][tb]
-	// The bias and activation as C is stored: by x3_gemm_sum where K is
-	// split, else by x3_gemm_epi, which A transposed has none of.
-	fused := (e.Bias.Valid() || e.Act != 0) && batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32) &&
-		(splits > 1 || !g.transA)
+	// The bias and activation as C is stored, by x3_gemm_epi, which A
+	// transposed has none of.
+	fused := (e.Bias.Valid() || e.Act != 0) && batch == 1 && (!e.Bias.Valid() || e.Bias.DType == kernels.F32) && !g.transA
 	if fused {
 		p.Bias, p.Aux, p.Op, p.Grad = ptrOf(e.Bias), ptrOf(e.Aux), int32(e.Act), boolInt(e.Grad)
-		if splits == 1 {
-			products = kX3GemmEpi[tb]
-		}
+		products = kX3GemmEpi[tb]
 	}
 	vec := func(ld int, stride int64, ptr uintptr) int32 {
 		return boolInt(ld%4 == 0 && stride%4 == 0 && ptr%16 == 0)
@@ -199,16 +201,7 @@ func (b *Backend) gemmX3(g gemmCall, e kernels.Epilogue) {
 		q.B += uintptr(int64(b0) * g.strideB * 4)
 		q.C += uintptr(int64(b0) * g.strideC * 4)
 		q.R += uintptr(int64(b0) * g.strideC * 4)
-		var free func()
-		if splits > 1 {
-			blk := b.workspace(int64(nb) * int64(splits) * int64(g.m) * int64(g.n) * 4)
-			q.Partial, free = blk.Addr(), func() { b.alloc.Free(blk) }
-		}
 		products.launchShared(b, 0, dims{uint32(p.TilesM * p.TilesN), uint32(nb * splits), x3Threads}, b.x3Shared, x3GemmArgs{q})
-		if splits > 1 {
-			kX3GemmSum.launch(b, 0, dims{b.blocks(int64(g.m*g.n), blockSize), uint32(nb), blockSize}, x3GemmArgs{q})
-			free()
-		}
 	}
 	if !fused {
 		b.epiloguePass(g, e)

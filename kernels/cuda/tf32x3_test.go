@@ -16,22 +16,20 @@ func TestX3Splits(t *testing.T) {
 	for _, c := range []struct {
 		name           string
 		m, n, k, batch int
-		budget         int
 		splits, chunk  int
 	}{
-		{"c_fc forward: many tiles", 16384, 3072, 768, 1, 256 << 20, 1, 768},
+		{"c_fc forward: many tiles", 16384, 3072, 768, 1, 1, 768},
 		// 36 tiles: eleven splits fill three waves.
-		{"attn.c_proj weight gradient", 768, 768, 16384, 1, 256 << 20, 11, 1504},
+		{"attn.c_proj weight gradient", 768, 768, 16384, 1, 11, 1504},
 		// 108 tiles: six splits fill 98% of five waves.
-		{"c_attn weight gradient", 768, 2304, 16384, 1, 256 << 20, 6, 2752},
+		{"c_attn weight gradient", 768, 2304, 16384, 1, 6, 2752},
 		// 144 tiles, a wave and 12 blocks: ten splits fill 99% of eleven waves.
-		{"c_fc weight gradient", 3072, 768, 16384, 1, 256 << 20, 10, 1664},
-		{"partial sums past the budget", 768, 768, 16384, 1, 8 << 20, 3, 5472},
-		{"chunks of at least x3MinChunk", 768, 768, 600, 1, 256 << 20, 2, 320},
-		{"batched", 128, 128, 4096, 40, 256 << 20, 13, 320},
-		{"no inner size", 64, 64, 0, 1, 256 << 20, 1, 0},
+		{"c_fc weight gradient", 3072, 768, 16384, 1, 10, 1664},
+		{"chunks of at least x3MinChunk", 768, 768, 600, 1, 2, 320},
+		{"batched", 128, 128, 4096, 40, 13, 320},
+		{"no inner size", 64, 64, 0, 1, 1, 0},
 	} {
-		if s, k := x3Splits(c.m, c.n, c.k, c.batch, 132, c.budget); s != c.splits || k != c.chunk {
+		if s, k := x3Splits(c.m, c.n, c.k, c.batch, 132); s != c.splits || k != c.chunk {
 			t.Errorf("%s: %d splits of %d, want %d of %d", c.name, s, k, c.splits, c.chunk)
 		}
 	}
@@ -61,13 +59,18 @@ var x3Cases = []x3Case{
 	{"batch, K split, shared B, β", kernels.GemmParams{M: 64, N: 96, K: 1100, Alpha: 1, Beta: 1, Batch: 3, StrideA: 64 * 1100, StrideB: 0, StrideC: 64 * 96}, ""},
 	{"K split, bias+residual", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 2500, Alpha: 1}, "bias+residual"},
 	{"K split, transposed, gelu′", kernels.GemmParams{TransA: true, M: 136, N: 200, K: 2100, Alpha: 1}, "gelu′"},
+	{"K split, nn, gelu′", kernels.GemmParams{M: 136, N: 200, K: 2100, Alpha: 1}, "gelu′"},
+	{"K split, bias+gelu", kernels.GemmParams{TransB: true, M: 200, N: 136, K: 2500, Alpha: 1}, "bias+gelu"},
+	{"K split, odd sizes, β", kernels.GemmParams{M: 131, N: 67, K: 1500, Alpha: 1, Beta: 0.5}, ""},
+	{"K split sixteen ways, α, β", kernels.GemmParams{TransA: true, M: 256, N: 256, K: 8192, Alpha: 0.5, Beta: 1}, ""},
 }
 
 // TestCUDATF32x3: every case of the TF32x3 products against a float64
 // reference, to 1e-5; then the conformance cases of the products (and
 // what runs them: the classifier, im2col convolutions) under F32TF32x3,
-// under the default budget and a 64 KiB one (which splits K less and
-// the classifier more), held to 1e-5.
+// under the default budget and a 64 KiB one (which splits the
+// classifier into more chunks), held to 1e-5; and a product whose K is
+// split (its splits added into C in turn) repeats bit for bit.
 func TestCUDATF32x3(t *testing.T) {
 	testBackend(t)
 	b, err := open(0, Options{MatmulF32: kernels.F32TF32x3})
@@ -101,6 +104,28 @@ func TestCUDATF32x3(t *testing.T) {
 		}
 		if e := relErr(got, want); nans == 0 || e > 1e-5 || math.IsNaN(e) {
 			t.Errorf("%s, a NaN in A: %d NaNs, relative error %.2g elsewhere", c.name, nans, e)
+		}
+	}
+	// GPT-2 small's attn.c_proj weight gradient: eleven splits, in three
+	// waves, each added into C after the one before it.
+	p := kernels.GemmParams{TransA: true, M: 768, N: 768, K: 16384, Alpha: 1, Beta: 1}
+	if s, _ := x3Splits(p.M, p.N, p.K, 1, b.sms); s < 2 {
+		t.Fatalf("%+v: %d splits on %d multiprocessors, want K split", p, s, b.sms)
+	}
+	a, bb, c0 := upload(t, b, randn(rng, p.K*p.M)), upload(t, b, randn(rng, p.K*p.N)), randn(rng, p.M*p.N)
+	var first []float32
+	for run := range 3 {
+		c := upload(t, b, c0)
+		b.Gemm(p, a, bb, c)
+		got := read32(b, c)
+		if run == 0 {
+			first = got
+			continue
+		}
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
+				t.Fatalf("a split product, run %d: element %d is %v, the first run's %v", run, i, got[i], first[i])
+			}
 		}
 	}
 	const tol = 1e-5

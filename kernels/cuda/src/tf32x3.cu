@@ -26,9 +26,13 @@
 //
 // Blocks are placed X3_GROUP rows of tiles at a time, column after column
 // within a group, so that the blocks a wave holds share their A and B
-// tiles in L2. Where p.Splits > 1 each block sums p.KChunk of K and writes
-// its raw sums to p.Partial, Splits of M × N a matrix, which x3_gemm_sum
-// adds in order: the result does not depend on scheduling.
+// tiles in L2. Where p.Splits > 1 each block sums p.KChunk of K, and the
+// splits of a tile add their sums into C in turn, split 0 first (α·sums +
+// β·R), each waiting at the tile's word of p.Flags for the count of
+// splits done to reach its own (x3_split_wait): the result does not depend
+// on scheduling, and no workspace holds partial sums. A split waits only
+// for blocks placed before it (blockIdx.y orders the splits), which are
+// running or done.
 //
 // x3_gemm_epi_nn and _nt also apply gemm_epilogue's bias and activation
 // (or its derivative) as they store C: the finished tile is staged in shared
@@ -121,20 +125,57 @@ template <int N> __device__ __forceinline__ void x3_fence(float (&d)[N][4]) {
 #endif
 
 // x3_store writes the two sums v of row r, columns c and c + 1, of a
-// product's tile: into C as α·v + β·R, or raw into the split's partial
-// sums (out and ld are where they go).
-__device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int ld, bool pair, int r, int c, float v0,
+// product's tile into C (out): α·v + β·R (res) from K's first split (or
+// only one), else α·v added to what the splits before it stored there.
+__device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int part, int r, int c, float v0,
                                          float v1) {
     if (r >= p.M || c >= p.N) return;
-    float v[2] = {v0, v1};
-    i64 o = (i64)r * ld + c;
+    float v[2] = {v0, v1}, w[2] = {0.f, 0.f};
+    i64 o = (i64)r * p.Ldc + c;
     int n = min(2, p.N - c);
-    if (p.Splits == 1)
-        for (int e = 0; e < n; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * res[o + e] : 0.f);
-    if (pair && n == 2) {
+    bool pair = p.VecC && n == 2;
+    float beta = part == 0 ? p.Beta : 1.f;
+    const float* in = part == 0 ? res : out; // L2's: an earlier split's block stored C
+    if (beta != 0.f) {
+        if (pair) {
+            float2 t = __ldcg((const float2*)(in + o));
+            w[0] = t.x, w[1] = t.y;
+        } else {
+            for (int e = 0; e < n; e++) w[e] = __ldcg(in + o + e);
+        }
+    }
+    for (int e = 0; e < 2; e++) v[e] = p.Alpha * v[e] + beta * w[e];
+    if (pair) {
         *(float2*)(out + o) = make_float2(v[0], v[1]);
     } else {
         for (int e = 0; e < n; e++) out[o + e] = v[e];
+    }
+}
+
+// x3_split_wait waits, where K is split, until the part splits before the
+// block's have added theirs into its tile: the tile's flag counts them.
+__device__ __forceinline__ void x3_split_wait(const X3Gemm& p, const int* flag, int part) {
+    if (part > 0 && threadIdx.x == 0) {
+        int done;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(flag) : "memory");
+            if (done == part) break;
+            __nanosleep(64);
+        }
+    }
+    __syncthreads();
+}
+
+// x3_split_done counts the block's split done once its stores are in L2:
+// the flag is part + 1, or zero after the last, as the next launch
+// expects.
+__device__ __forceinline__ void x3_split_done(const X3Gemm& p, int* flag, int part) {
+    if (p.Splits == 1) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int next = part + 1 == p.Splits ? 0 : part + 1;
+        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(next) : "memory");
     }
 }
 
@@ -147,13 +188,14 @@ __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const floa
 #define X3_STAGED_LD (X3_TILE + 8)
 
 // x3_epilogue stores the n ≤ 4 sums v of C's row, elements o.. and
-// columns col.., into c: α·v + β·R (R's at r), then gemm_epilogue's
-// (elementwise.cu) bias and activation, its input kept in p.Aux, or the
-// activation's derivative at Aux's (at aux); 16 bytes an access where
-// vec (n is 4). r and aux are generic pointers: global memory, or the
-// tile staged in shared memory.
-__device__ __forceinline__ void x3_epilogue(const X3Gemm& p, float* c, i64 o, int col, int n, bool vec, float (&v)[4],
-                                            const float* r, const float* aux) {
+// columns col.., into c: α·v + β·R (R's at r) from K's first split (or
+// only one), else α·v added to what the splits before it stored in c;
+// then, from the last split, gemm_epilogue's (elementwise.cu) bias and
+// activation, its input kept in p.Aux, or the activation's derivative at
+// Aux's (at aux); 16 bytes an access where vec (n is 4). r and aux are
+// generic pointers: global memory, or the tile staged in shared memory.
+__device__ __forceinline__ void x3_epilogue(const X3Gemm& p, int part, float* c, i64 o, int col, int n, bool vec,
+                                            float (&v)[4], const float* r, const float* aux) {
     float w[4] = {0.f, 0.f, 0.f, 0.f};
     auto load = [&](const float* a) {
         if (vec) {
@@ -169,9 +211,23 @@ __device__ __forceinline__ void x3_epilogue(const X3Gemm& p, float* c, i64 o, in
             for (int e = 0; e < n; e++) a[e] = v[e];
         }
     };
-    if (p.Beta != 0.f) load(r);
+    float beta = part == 0 ? p.Beta : 1.f;
+    if (part > 0) { // L2's: an earlier split's block stored it
+        if (vec) {
+            float4 t = __ldcg((const float4*)(c + o));
+            w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+        } else {
+            for (int e = 0; e < n; e++) w[e] = __ldcg(c + o + e);
+        }
+    } else if (beta != 0.f) {
+        load(r);
+    }
 #pragma unroll
-    for (int e = 0; e < 4; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * w[e] : 0.f);
+    for (int e = 0; e < 4; e++) v[e] = p.Alpha * v[e] + beta * w[e];
+    if (part + 1 < p.Splits) {
+        store(c + o);
+        return;
+    }
     if (p.Grad) {
         load(aux);
 #pragma unroll
@@ -196,12 +252,14 @@ __device__ __forceinline__ void x3_epilogue(const X3Gemm& p, float* c, i64 o, in
 __device__ __forceinline__ void x3_chunk(int i, int& r, int& c) { r = i / (X3_TILE / 4), c = 4 * (i % (X3_TILE / 4)); }
 
 // x3_prefetch_epi copies the thread's chunks of the tile at (r0, c0) of
-// what the epilogue reads (Aux where p.Grad, else R) into the shared tile
+// what the epilogue of K's part-th split reads (Aux where p.Grad and the
+// split is the last, else R where it is the first) into the shared tile
 // in, 16 bytes a copy (zeros past C's ends): where p.VecC4 and the
 // epilogue reads one of them; it says whether it did.
-__device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int r0, int c0) {
-    if (!p.VecC4 || !(p.Grad || p.Beta != 0.f)) return false;
-    const float* src = p.Grad ? p.Aux : p.R;
+__device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int r0, int c0, int part) {
+    bool aux = p.Grad && part + 1 == p.Splits, r = part == 0 && p.Beta != 0.f;
+    if (!p.VecC4 || !(aux || r)) return false;
+    const float* src = aux ? p.Aux : p.R;
     for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
         int r, c;
         x3_chunk(i, r, c);
@@ -213,10 +271,10 @@ __device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int 
 }
 
 // x3_store_staged stores the tile at (r0, c0) of C, staged in shared
-// memory, through x3_epilogue: a warp a row at a time, four columns a
-// thread, in a loop the compiler keeps rolled. in: the prefetched tile of
-// R or Aux (x3_prefetch_epi), or null.
-__device__ void x3_store_staged(const X3Gemm& p, const float* staged, const float* in, int r0, int c0) {
+// memory, through x3_epilogue as K's part-th split: a warp a row at a
+// time, four columns a thread, in a loop the compiler keeps rolled. in:
+// the prefetched tile of R or Aux (x3_prefetch_epi), or null.
+__device__ void x3_store_staged(const X3Gemm& p, int part, const float* staged, const float* in, int r0, int c0) {
 #pragma unroll 1
     for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
         int r, c;
@@ -227,26 +285,29 @@ __device__ void x3_store_staged(const X3Gemm& p, const float* staged, const floa
         int n = min(4, p.N - c0 - c);
         i64 o = (i64)(r0 + r) * p.Ldc + c0 + c;
         const float* pre = in ? in + r * X3_TILE + c : nullptr;
-        x3_epilogue(p, p.C, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !p.Grad ? pre : p.R + o, pre && p.Grad ? pre : p.Aux + o);
+        bool aux = p.Grad && part + 1 == p.Splits;
+        x3_epilogue(p, part, p.C, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !aux ? pre : p.R + o, pre && aux ? pre : p.Aux + o);
     }
 }
 
 // x3_store_epi stores the block's tile at (r0, c0) of C through the
-// epilogue, from the dynamic shared memory at shared once every warp is
-// done with the stages: stage(staged) writes the thread's accumulators
-// into the staged tile, as the prefetch of R or Aux runs.
+// epilogue as K's part-th split (its flag: the tile's), from the dynamic
+// shared memory at shared once every warp is done with the stages:
+// stage(staged) writes the thread's accumulators into the staged tile, as
+// the prefetch of R or Aux runs.
 template <typename Stage>
-__device__ __forceinline__ void x3_store_epi(const X3Gemm& p, float* shared, int r0, int c0, Stage stage) {
+__device__ __forceinline__ void x3_store_epi(const X3Gemm& p, int part, int* flag, float* shared, int r0, int c0, Stage stage) {
     float *staged = shared, *in = staged + X3_TILE * X3_STAGED_LD;
     __syncthreads();
-    bool pre = x3_prefetch_epi(p, in, r0, c0);
+    bool pre = x3_prefetch_epi(p, in, r0, c0, part);
     stage(staged);
     cp_async_wait<0>();
-    __syncthreads();
-    x3_store_staged(p, staged, pre ? in : nullptr, r0, c0);
+    x3_split_wait(p, flag, part); // and every thread's part of the tile is staged
+    x3_store_staged(p, part, staged, pre ? in : nullptr, r0, c0);
+    x3_split_done(p, flag, part);
 }
 
-// x3_gemm is the product's kernel; EPI: x3_gemm_epi's (p.Splits is 1).
+// x3_gemm is the product's kernel; EPI: x3_gemm_epi's.
 template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
     kernel_entry();
     extern __shared__ uint4 x3_shared[];
@@ -282,10 +343,9 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         if (s < steps) load_stage(s, s);
         cp_async_commit();
     }
-    float* out = p.Splits > 1 ? p.Partial + (i64)blockIdx.y * p.M * p.N : p.C + item * p.StrideC;
+    float* out = p.C + item * p.StrideC;
     const float* res = p.R + item * p.StrideC;
-    int ld = p.Splits > 1 ? p.N : p.Ldc;
-    bool pair = p.Splits > 1 ? p.N % 2 == 0 : p.VecC;
+    int* flag = p.Flags + item * gridDim.x + blockIdx.x; // the tile's count of splits done
 
 #if X3_WGMMA
     // Two warpgroups, 64 rows each, all X3_TILE columns; a warp's 16 rows.
@@ -363,7 +423,7 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
     }
     cp_async_wait<0>();
     if (EPI) {
-        x3_store_epi(p, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
+        x3_store_epi(p, part_k, flag, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
             for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -372,12 +432,14 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         });
         return;
     }
+    x3_split_wait(p, flag, part_k);
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            x3_store(p, out, res, ld, pair, tm * X3_TILE + row0 + g + 8 * h, tn * X3_TILE + 8 * j + 2 * t, acc[j][2 * h],
+            x3_store(p, out, res, part_k, tm * X3_TILE + row0 + g + 8 * h, tn * X3_TILE + 8 * j + 2 * t, acc[j][2 * h],
                      acc[j][2 * h + 1]);
+    x3_split_done(p, flag, part_k);
 #else
     const int wm = warp >> 2, wn = warp & 3; // the warp's 64 rows and 32 columns of the tile
     float acc[4][4][4];
@@ -427,7 +489,7 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
     }
     cp_async_wait<0>();
     if (EPI) {
-        x3_store_epi(p, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
+        x3_store_epi(p, part_k, flag, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -439,14 +501,16 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         });
         return;
     }
+    x3_split_wait(p, flag, part_k);
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                x3_store(p, out, res, ld, pair, tm * X3_TILE + wm * 64 + i * 16 + g + 8 * h, tn * X3_TILE + wn * 32 + j * 8 + 2 * t,
+                x3_store(p, out, res, part_k, tm * X3_TILE + wm * 64 + i * 16 + g + 8 * h, tn * X3_TILE + wn * 32 + j * 8 + 2 * t,
                          acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    x3_split_done(p, flag, part_k);
 #endif
 }
 
@@ -461,19 +525,3 @@ X3_KERNEL(x3_gemm_tt, true, true, false)
 // a pass after the product.
 X3_KERNEL(x3_gemm_epi_nn, false, false, true)
 X3_KERNEL(x3_gemm_epi_nt, false, true, true)
-
-// x3_gemm_sum adds each element's p.Splits partial sums in order into C,
-// through x3_epilogue, for the matrices (blockIdx.y) of C.
-extern "C" __global__ void x3_gemm_sum(X3Gemm p) {
-    kernel_entry();
-    i64 mn = (i64)p.M * p.N;
-    const float* part = p.Partial + (i64)blockIdx.y * p.Splits * mn;
-    float* c = p.C + blockIdx.y * p.StrideC;
-    const float* res = p.R + blockIdx.y * p.StrideC;
-    GRID_STRIDE(i, mn) {
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int k = 0; k < p.Splits; k++) v[0] += part[k * mn + i];
-        i64 o = i / p.N * p.Ldc + i % p.N;
-        x3_epilogue(p, c, o, (int)(i % p.N), 1, false, v, res + o, p.Aux + o);
-    }
-}
