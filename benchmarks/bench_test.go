@@ -116,6 +116,54 @@ func BenchmarkMLP(b *testing.B) {
 	}
 }
 
+// TestConfigsNamedByDType: an AMP configuration named by its dtype runs
+// in it whatever Options.AMPDType says, the others in Options'; names off
+// the list are refused.
+func TestConfigsNamedByDType(t *testing.T) {
+	m, err := train.LookupArch("resnet20")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name          string
+		amp, ckpt     bool
+		ampDType      string // the Options variant gives
+		productsDType string // ConfigDType's
+	}{
+		{"fp32", false, false, "f16", "fp32"},
+		{"amp", true, false, "f16", "f16"},
+		{"bf16", true, false, "bf16", "bf16"},
+		{"f16", true, false, "f16", "f16"},
+		{"checkpoint", false, true, "f16", "fp32"},
+		{"amp+checkpoint", true, true, "f16", "f16"},
+		{"bf16+checkpoint", true, true, "bf16", "bf16"},
+	} {
+		v, o, err := variant(m, c.name, Options{AMPDType: "f16"})
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if v.Name != c.name || v.AMP != c.amp || (v.Checkpoint != "none") != c.ckpt || o.AMPDType != c.ampDType {
+			t.Errorf("%s: %+v in %q, want AMP %v, checkpointing %v, in %q", c.name, v, o.AMPDType, c.amp, c.ckpt, c.ampDType)
+		}
+		if d := ConfigDType(c.name, "f16"); d != c.productsDType {
+			t.Errorf("ConfigDType(%q) = %q, want %q", c.name, d, c.productsDType)
+		}
+		if err := CheckConfigs(c.name); err != nil {
+			t.Errorf("CheckConfigs(%q): %v", c.name, err)
+		}
+	}
+	for _, bad := range []string{"fp16", "amp+bf16", "bf16+", "bf16,amp+f16"} {
+		if err := CheckConfigs(bad); err == nil {
+			t.Errorf("CheckConfigs(%q) accepted it", bad)
+		}
+	}
+	r, err := Run(tensor.CPU(), Spec{Model: "mlp", Batch: 2, Config: "bf16"}, Options{Warmup: 1, Steps: 1, Seed: 1, AMPDType: "f16"})
+	if err != nil || r.Config != "bf16" || r.MedianMS <= 0 {
+		t.Errorf("a bf16 run of the MLP: %v, %+v", err, r)
+	}
+}
+
 // The fragmentation claim measures inactive split bytes, after every shape
 // ran once, and reports the cached bytes beside them.
 func TestFragmentationClaim(t *testing.T) {
@@ -279,11 +327,14 @@ func TestModelFLOPsAndMFU(t *testing.T) {
 		{Engine: "leangrad", Model: "gpt2", Batch: 16, Config: "fp32", MedianMS: 300, FLOPsPerStep: 14.09e12},
 		{Engine: "pytorch", Model: "gpt2", Batch: 16, Config: "amp", MedianMS: 48, FLOPsPerStep: 14.09e12},
 		{Engine: "leangrad", Model: "resnet20", Batch: 256, Config: "amp", MedianMS: 5},
+		{Engine: "leangrad", Model: "gpt2", Batch: 16, Config: "f16+checkpoint", MedianMS: 60, FLOPsPerStep: 14.09e12},
 	}
-	got := MFU(results, map[string]float64{"amp": 780, "fp32": 50}, map[string]string{"amp": "bf16 8192³ product", "fp32": "f32 8192³ product"})
+	got := MFU(results, "bf16", map[string]float64{"bf16": 780, "f16": 700, "fp32": 50},
+		map[string]string{"bf16": "bf16 8192³ product", "f16": "f16 8192³ product", "fp32": "f32 8192³ product"})
 	want := []string{
 		"leangrad gpt2 batch 16 amp: 14.09 TFLOP a step (6N + 12·L·C·T a token), 313.1 TFLOP/s, MFU 40.1% of the measured bf16 8192³ product peak (780 TFLOP/s).",
 		"leangrad gpt2 batch 16 fp32: 14.09 TFLOP a step (6N + 12·L·C·T a token), 47.0 TFLOP/s, MFU 93.9% of the measured f32 8192³ product peak (50 TFLOP/s).",
+		"leangrad gpt2 batch 16 f16+checkpoint: 14.09 TFLOP a step (6N + 12·L·C·T a token), 234.8 TFLOP/s, MFU 33.5% of the measured f16 8192³ product peak (700 TFLOP/s).",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("MFU notes:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

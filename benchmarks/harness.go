@@ -64,19 +64,51 @@ func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool,
 	return cfg
 }
 
-// CheckConfigs checks a comma-separated list of configuration names
-// (fp32, amp, checkpoint, amp+checkpoint) before any work.
-func CheckConfigs(list string) error {
+// A configuration's name is one of train.Variants' (fp32, amp,
+// checkpoint, amp+checkpoint: AMP in Options.AMPDType) or an AMP one named
+// by what it autocasts to (bf16, f16, bf16+checkpoint, f16+checkpoint), so
+// that one run holds both AMP dtypes.
+var ampDTypes = []string{"bf16", "f16"}
+
+// configNames is every configuration's name, in reports' order.
+func configNames() []string {
 	var names []string
 	for _, v := range train.Variants("blocks") {
 		names = append(names, v.Name)
+		if rest, ok := strings.CutPrefix(v.Name, "amp"); ok {
+			for _, d := range ampDTypes {
+				names = append(names, d+rest)
+			}
+		}
 	}
+	return names
+}
+
+// CheckConfigs checks a comma-separated list of configuration names
+// before any work.
+func CheckConfigs(list string) error {
+	names := configNames()
 	for _, c := range strings.Split(list, ",") {
 		if !slices.Contains(names, c) {
 			return fmt.Errorf("unknown configuration %q: want %s", c, strings.Join(names, ", "))
 		}
 	}
 	return nil
+}
+
+// ConfigDType is what the configuration named name computes its products
+// in: "fp32", or AMP's dtype ("bf16" or "f16"; ampDType for amp and
+// amp+checkpoint).
+func ConfigDType(name, ampDType string) string {
+	for _, d := range ampDTypes {
+		if name == d || strings.HasPrefix(name, d+"+") {
+			return d
+		}
+	}
+	if strings.HasPrefix(name, "amp") {
+		return ampDType
+	}
+	return "fp32"
 }
 
 // arch is the registry's entry for model, with o's vocabulary.
@@ -116,18 +148,25 @@ func ReferenceLM(model string, o Options) (LMReference, bool) {
 		Dropout: g.Dropout, LR: r.LR, Beta2: r.Beta2, WD: r.WeightDecay, Clip: r.ClipNorm}, true
 }
 
-// variant is the configuration named name (one of train.Variants, in whose
-// order reports list them) for m: its checkpointing checkpoints m.Segments.
-func variant(m train.Arch, name string) (train.Variant, error) {
+// variant is the configuration named name (configNames) for m and o: its
+// checkpointing checkpoints m.Segments, and o's AMPDType is the one name
+// gives.
+func variant(m train.Arch, name string, o Options) (train.Variant, Options, error) {
+	base := name
+	if d := ConfigDType(name, ""); d != "fp32" && d != "" {
+		base = "amp" + strings.TrimPrefix(name, d)
+		o.AMPDType = d
+	}
 	for _, v := range train.Variants(m.Segments) {
-		if v.Name == name {
+		if v.Name == base {
 			if v.Checkpoint != "none" && !m.Blocks {
-				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
+				return v, o, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
 			}
-			return v, nil
+			v.Name = name
+			return v, o, nil
 		}
 	}
-	return train.Variant{}, fmt.Errorf("unknown configuration %q", name)
+	return train.Variant{}, o, fmt.Errorf("unknown configuration %q", name)
 }
 
 // Spec is one benchmark: a model, a batch size and a configuration.
@@ -275,7 +314,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	c, err := variant(m, spec.Config)
+	c, o, err := variant(m, spec.Config, o)
 	if err != nil {
 		return Result{}, err
 	}

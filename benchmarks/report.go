@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -32,14 +33,13 @@ type rowKey struct {
 	config string
 }
 
+// configOrder is where reports list the configuration named name.
 func configOrder(name string) int {
-	vs := train.Variants("")
-	for i, v := range vs {
-		if v.Name == name {
-			return i
-		}
+	names := configNames()
+	if i := slices.Index(names, name); i >= 0 {
+		return i
 	}
-	return len(vs)
+	return len(names)
 }
 
 // The engines a report holds: leangrad's step as the trainer runs it

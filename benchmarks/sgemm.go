@@ -95,18 +95,15 @@ func GemmPeak(dev *tensor.Device, dt tensor.DType, n, steps int) (float64, error
 }
 
 // MFU notes each language-model result's model FLOPs rate and its share of
-// peak, the measured rate of its products' dtype (peaks by configuration:
-// "fp32", "amp").
-func MFU(results []Result, peaks map[string]float64, peakName map[string]string) []string {
+// peak, the measured rate of its products' dtype (peaks by ConfigDType's
+// names: "fp32", "bf16", "f16"; ampDType is the amp configurations').
+func MFU(results []Result, ampDType string, peaks map[string]float64, peakName map[string]string) []string {
 	var notes []string
 	for _, r := range results {
 		if r.FLOPsPerStep == 0 || r.MedianMS == 0 || !strings.HasPrefix(r.Engine, "leangrad") {
 			continue
 		}
-		cfg := "fp32"
-		if strings.Contains(r.Config, "amp") {
-			cfg = "amp"
-		}
+		cfg := ConfigDType(r.Config, ampDType)
 		rate := r.FLOPsPerStep / (r.MedianMS / 1e3) / 1e12
 		note := fmt.Sprintf("%s %s batch %d %s: %.2f TFLOP a step (6N + 12·L·C·T a token), %.1f TFLOP/s", r.Engine, r.Model, r.Batch, r.Config, r.FLOPsPerStep/1e12, rate)
 		if p := peaks[cfg]; p > 0 {

@@ -5,8 +5,10 @@
 #   bash scripts/gpu-gpt.sh train   train -model gpt (bf16, captured) beside its PyTorch twin
 #   bash scripts/gpu-gpt.sh bench   GPT-2 small, batch 16, context 1024: leangrad's harness and PyTorch eager
 #   bash scripts/gpu-gpt.sh harness GPT-2 small in one harness run with PyTorch eager and compiled beside
-#                                   (CONFIGS, amp,amp+checkpoint; DTYPE, bf16; COMMIT names the commit;
-#                                   MATMUL=tf32x3 sets leangrad's -matmul-f32)
+#                                   (CONFIGS, amp,amp+checkpoint, and COMPILE, CONFIGS, for torch.compile;
+#                                   DTYPE, bf16: the amp configurations'; COMMIT names the commit;
+#                                   MATMUL=strict sets leangrad's -matmul-f32; LARGEST=gpt2:512:24 adds
+#                                   the largest batch under 24 GiB at context 512, fp32 and AMP in DTYPE)
 #   bash scripts/gpu-gpt.sh profile each operation's device time in an eager GPT-2 small step (bf16)
 #   bash scripts/gpu-gpt.sh claims  the largest GPT-2 small batch under 24 GiB at context 512, fp32 and AMP, both engines
 #   bash scripts/gpu-gpt.sh conformance  the CUDA conformance and GPT tests alone
@@ -37,10 +39,10 @@ for what in "$@"; do
     ;;
   harness)
     cfgs=${CONFIGS:-amp,amp+checkpoint}
-    timeout 560 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "$cfgs" \
-      -amp-dtype "${DTYPE:-bf16}" ${VOCAB:+-vocab $VOCAB} ${MATMUL:+-matmul-f32 $MATMUL} -claims=false -eager=false -steps 10 -warmup 3 \
-      -out "$out/harness" -commit "${COMMIT:-}" > "$out/harness.log" 2>&1
-    echo "harness exit: $?"; grep -E "^\| gpt2|MFU|rror" "$out/harness.log" | head -12
+    timeout 560 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" \
+      -amp-dtype "${DTYPE:-bf16}" ${VOCAB:+-vocab $VOCAB} ${MATMUL:+-matmul-f32 $MATMUL} ${LARGEST:+-largest-batch $LARGEST} \
+      -claims=false -eager=false -steps 10 -warmup 3 -out "$out/harness" -commit "${COMMIT:-}" > "$out/harness.log" 2>&1
+    echo "harness exit: $?"; grep -E "^\| gpt2|MFU|^claim|rror" "$out/harness.log" | head -16
     ;;
   profile)
     timeout 200 bash .gpu/run bin/bench -device cuda -specs "${SPECS:-gpt2:16}" -configs amp -amp-dtype bf16 -profile ${VOCAB:+-vocab $VOCAB} \

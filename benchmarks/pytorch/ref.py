@@ -3,9 +3,11 @@
 
 Runs the same models (ResNet-20 on 1x28x28 with 1x1 projection shortcuts,
 ResNet-18 CIFAR variant on 3x32x32, an MLP 784-256-256-10), batch sizes and
-configurations (fp32, amp, checkpoint, amp+checkpoint) in PyTorch eager:
+configurations (fp32, amp, checkpoint, amp+checkpoint, and AMP named by
+its dtype: bf16, f16, bf16+checkpoint, f16+checkpoint) in PyTorch eager:
 torch.autocast to --amp-dtype (float16 by default, with a
-torch.amp.GradScaler; bfloat16 without) for AMP, torch.utils.checkpoint
+torch.amp.GradScaler; bfloat16 without), or the dtype the configuration
+names, for AMP, torch.utils.checkpoint
 per residual block with use_reentrant=False, cudnn.benchmark on, PyTorch's
 default TF32 policy (cuDNN convolutions may use TF32, matmuls may not: the
 same as leangrad's default), SGD with Nesterov momentum and a learning rate
@@ -102,14 +104,17 @@ MODELS = {
     "mlp": ((1, 28, 28), lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
                                                 nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))),
 }
-CONFIGS = {"fp32": (False, False), "amp": (True, False), "checkpoint": (False, True), "amp+checkpoint": (True, True)}
+# Each configuration: AMP, checkpointing, and AMP's dtype where the name gives it (else --amp-dtype).
+CONFIGS = {"fp32": (False, False, None), "amp": (True, False, None), "bf16": (True, False, "bf16"), "f16": (True, False, "f16"),
+           "checkpoint": (False, True, None), "amp+checkpoint": (True, True, None),
+           "bf16+checkpoint": (True, True, "bf16"), "f16+checkpoint": (True, True, "f16")}
 
 
 def bench(model_name, batch, config, warmup, steps, device, amp_dtype, lm=None, compiled=False):
     """Times one spec's training steps; lm is a language model's shape and recipe (None: a CNN or the MLP)."""
-    amp, ckpt = CONFIGS[config]
+    amp, ckpt, named = CONFIGS[config]
     kind = torch.device(device).type
-    dtype = torch.bfloat16 if amp_dtype == "bf16" else torch.float16
+    dtype = torch.bfloat16 if (named or amp_dtype) == "bf16" else torch.float16
     scaler = torch.amp.GradScaler(kind, enabled=amp and dtype == torch.float16)
     torch.manual_seed(1)
     if lm is None:

@@ -116,8 +116,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
-	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations")
-	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations compute in: f16 (with loss scaling) or bf16")
+	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations: fp32, amp, checkpoint, amp+checkpoint (AMP in -amp-dtype), or AMP in the dtype named: bf16, f16, bf16+checkpoint, f16+checkpoint")
+	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations (and -largest-batch's AMP) compute in: f16 (with loss scaling) or bf16")
 	fs.Float64Var(&o.planRoom, "plan-room", -1, "planned and captured steps: how far convolution workspaces may raise the arena above the other buffers' extent, as a fraction (-1: the default, "+
 		fmt.Sprint(memory.DefaultPlanOptions.MaxSlack)+", within "+fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance*100)+"% of the fastest algorithms)")
 	fs.Float64Var(&o.planTolerance, "plan-tolerance", -1, "planned and captured steps: how much longer, as a fraction, the convolutions' algorithms may take than the fastest's when their workspaces make the arena smaller (-1: the default, "+
@@ -740,24 +740,23 @@ func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
 // result's model FLOPs rate and its share of that peak.
 func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]string, error) {
 	const n = 8192
-	amp := tensor.F16
-	if ampDType == "bf16" {
-		amp = tensor.BF16
-	}
+	dtypes := map[string]tensor.DType{"fp32": tensor.F32, "bf16": tensor.BF16, "f16": tensor.F16}
 	peaks, names := map[string]float64{}, map[string]string{}
 	var notes []string
-	for cfg, dt := range map[string]tensor.DType{"fp32": tensor.F32, "amp": amp} {
-		p, err := benchmarks.GemmPeak(dev, dt, n, 10)
-		if err != nil {
-			return nil, fmt.Errorf("measuring the %v product peak: %w", dt, err)
+	for _, r := range results {
+		d := benchmarks.ConfigDType(r.Config, ampDType)
+		if _, done := peaks[d]; done || r.FLOPsPerStep == 0 {
+			continue
 		}
-		peaks[cfg], names[cfg] = p, fmt.Sprintf("%v %d³ product", dt, n)
+		p, err := benchmarks.GemmPeak(dev, dtypes[d], n, 10)
+		if err != nil {
+			return nil, fmt.Errorf("measuring the %v product peak: %w", dtypes[d], err)
+		}
+		peaks[d], names[d] = p, fmt.Sprintf("%v %d³ product", dtypes[d], n)
+		notes = append(notes, fmt.Sprintf("Measured peak of the %s: %.1f TFLOP/s.", names[d], p))
 	}
 	dev.Allocator().EmptyCache() // the operands are not what later measurements should find cached
-	for _, cfg := range []string{"amp", "fp32"} {
-		notes = append(notes, fmt.Sprintf("Measured peak of the %s: %.1f TFLOP/s.", names[cfg], peaks[cfg]))
-	}
-	return append(notes, benchmarks.MFU(results, peaks, names)...), nil
+	return append(notes, benchmarks.MFU(results, ampDType, peaks, names)...), nil
 }
 
 // deviceOptions is opts with the flags' device settings and the
