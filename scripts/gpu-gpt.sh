@@ -39,7 +39,7 @@ for what in "$@"; do
     ;;
   harness)
     cfgs=${CONFIGS:-amp,amp+checkpoint}
-    timeout 560 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" \
+    timeout 585 bash .gpu/run bin/bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" \
       -amp-dtype "${DTYPE:-bf16}" ${VOCAB:+-vocab $VOCAB} ${MATMUL:+-matmul-f32 $MATMUL} ${LARGEST:+-largest-batch $LARGEST} \
       -claims=false -eager=false -steps 10 -warmup 3 -out "$out/harness" -commit "${COMMIT:-}" > "$out/harness.log" 2>&1
     echo "harness exit: $?"; grep -E "^\| gpt2|MFU|^claim|rror" "$out/harness.log" | head -16
