@@ -125,27 +125,14 @@ template <int N> __device__ __forceinline__ void x3_fence(float (&d)[N][4]) {
 #endif
 
 // x3_store writes the two sums v of row r, columns c and c + 1, of a
-// product's tile into C (out): α·v + β·R (res) from K's first split (or
-// only one), else α·v added to what the splits before it stored there.
-__device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int part, int r, int c, float v0,
-                                         float v1) {
+// product's tile whose K is whole into C (out): α·v + β·R (res).
+__device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const float* res, int r, int c, float v0, float v1) {
     if (r >= p.M || c >= p.N) return;
-    float v[2] = {v0, v1}, w[2] = {0.f, 0.f};
+    float v[2] = {v0, v1};
     i64 o = (i64)r * p.Ldc + c;
     int n = min(2, p.N - c);
-    bool pair = p.VecC && n == 2;
-    float beta = part == 0 ? p.Beta : 1.f;
-    const float* in = part == 0 ? res : out; // L2's: an earlier split's block stored C
-    if (beta != 0.f) {
-        if (pair) {
-            float2 t = __ldcg((const float2*)(in + o));
-            w[0] = t.x, w[1] = t.y;
-        } else {
-            for (int e = 0; e < n; e++) w[e] = __ldcg(in + o + e);
-        }
-    }
-    for (int e = 0; e < 2; e++) v[e] = p.Alpha * v[e] + beta * w[e];
-    if (pair) {
+    for (int e = 0; e < n; e++) v[e] = p.Alpha * v[e] + (p.Beta != 0.f ? p.Beta * res[o + e] : 0.f);
+    if (p.VecC && n == 2) {
         *(float2*)(out + o) = make_float2(v[0], v[1]);
     } else {
         for (int e = 0; e < n; e++) out[o + e] = v[e];
@@ -253,13 +240,13 @@ __device__ __forceinline__ void x3_chunk(int i, int& r, int& c) { r = i / (X3_TI
 
 // x3_prefetch_epi copies the thread's chunks of the tile at (r0, c0) of
 // what the epilogue of K's part-th split reads (Aux where p.Grad and the
-// split is the last, else R where it is the first) into the shared tile
-// in, 16 bytes a copy (zeros past C's ends): where p.VecC4 and the
-// epilogue reads one of them; it says whether it did.
-__device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int r0, int c0, int part) {
-    bool aux = p.Grad && part + 1 == p.Splits, r = part == 0 && p.Beta != 0.f;
-    if (!p.VecC4 || !(aux || r)) return false;
-    const float* src = aux ? p.Aux : p.R;
+// split is the last, else the matrix's R, res, where it is the first) into
+// the shared tile in, 16 bytes a copy (zeros past C's ends): where
+// p.VecC4 and the epilogue reads one of them; it says whether it did.
+__device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, const float* res, float* in, int r0, int c0, int part) {
+    bool aux = p.Grad && part + 1 == p.Splits, beta = part == 0 && p.Beta != 0.f;
+    if (!p.VecC4 || !(aux || beta)) return false;
+    const float* src = aux ? p.Aux : res;
     for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
         int r, c;
         x3_chunk(i, r, c);
@@ -270,11 +257,13 @@ __device__ __forceinline__ bool x3_prefetch_epi(const X3Gemm& p, float* in, int 
     return true;
 }
 
-// x3_store_staged stores the tile at (r0, c0) of C, staged in shared
-// memory, through x3_epilogue as K's part-th split: a warp a row at a
-// time, four columns a thread, in a loop the compiler keeps rolled. in:
-// the prefetched tile of R or Aux (x3_prefetch_epi), or null.
-__device__ void x3_store_staged(const X3Gemm& p, int part, const float* staged, const float* in, int r0, int c0) {
+// x3_store_staged stores the tile at (r0, c0) of the matrix's C (out, R at
+// res), staged in shared memory, through x3_epilogue as K's part-th
+// split: a warp a row at a time, four columns a thread, in a loop the
+// compiler keeps rolled. in: the prefetched tile of R or Aux
+// (x3_prefetch_epi), or null.
+__device__ void x3_store_staged(const X3Gemm& p, int part, float* out, const float* res, const float* staged, const float* in,
+                                int r0, int c0) {
 #pragma unroll 1
     for (int i = threadIdx.x; i < X3_TILE * X3_TILE / 4; i += X3_THREADS) {
         int r, c;
@@ -286,28 +275,31 @@ __device__ void x3_store_staged(const X3Gemm& p, int part, const float* staged, 
         i64 o = (i64)(r0 + r) * p.Ldc + c0 + c;
         const float* pre = in ? in + r * X3_TILE + c : nullptr;
         bool aux = p.Grad && part + 1 == p.Splits;
-        x3_epilogue(p, part, p.C, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !aux ? pre : p.R + o, pre && aux ? pre : p.Aux + o);
+        x3_epilogue(p, part, out, o, c0 + c, n, p.VecC4 && n == 4, v, pre && !aux ? pre : res + o, pre && aux ? pre : p.Aux + o);
     }
 }
 
-// x3_store_epi stores the block's tile at (r0, c0) of C through the
-// epilogue as K's part-th split (its flag: the tile's), from the dynamic
-// shared memory at shared once every warp is done with the stages:
-// stage(staged) writes the thread's accumulators into the staged tile, as
-// the prefetch of R or Aux runs.
+// x3_store_epi stores the block's tile at (r0, c0) of the matrix's C (out,
+// R at res) through the epilogue as K's part-th split (its flag: the
+// tile's), from the dynamic shared memory at shared once every warp is
+// done with the stages: stage(staged) writes the thread's accumulators
+// into the staged tile, as the prefetch of R or Aux runs.
 template <typename Stage>
-__device__ __forceinline__ void x3_store_epi(const X3Gemm& p, int part, int* flag, float* shared, int r0, int c0, Stage stage) {
+__device__ __forceinline__ void x3_store_epi(const X3Gemm& p, int part, int* flag, float* out, const float* res, float* shared,
+                                             int r0, int c0, Stage stage) {
     float *staged = shared, *in = staged + X3_TILE * X3_STAGED_LD;
     __syncthreads();
-    bool pre = x3_prefetch_epi(p, in, r0, c0, part);
+    bool pre = x3_prefetch_epi(p, res, in, r0, c0, part);
     stage(staged);
     cp_async_wait<0>();
     x3_split_wait(p, flag, part); // and every thread's part of the tile is staged
-    x3_store_staged(p, part, staged, pre ? in : nullptr, r0, c0);
+    x3_store_staged(p, part, out, res, staged, pre ? in : nullptr, r0, c0);
     x3_split_done(p, flag, part);
 }
 
-// x3_gemm is the product's kernel; EPI: x3_gemm_epi's.
+// x3_gemm is the product's kernel; EPI: x3_gemm_epi's. The tile is stored
+// through the staged epilogue where EPI or K is split, else from the
+// accumulators.
 template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3Gemm p) {
     kernel_entry();
     extern __shared__ uint4 x3_shared[];
@@ -422,8 +414,8 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         __syncthreads(); // the next tiles are split; this step's are free
     }
     cp_async_wait<0>();
-    if (EPI) {
-        x3_store_epi(p, part_k, flag, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
+    if (EPI || p.Splits > 1) {
+        x3_store_epi(p, part_k, flag, out, res, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
             for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -432,14 +424,11 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         });
         return;
     }
-    x3_split_wait(p, flag, part_k);
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            x3_store(p, out, res, part_k, tm * X3_TILE + row0 + g + 8 * h, tn * X3_TILE + 8 * j + 2 * t, acc[j][2 * h],
-                     acc[j][2 * h + 1]);
-    x3_split_done(p, flag, part_k);
+            x3_store(p, out, res, tm * X3_TILE + row0 + g + 8 * h, tn * X3_TILE + 8 * j + 2 * t, acc[j][2 * h], acc[j][2 * h + 1]);
 #else
     const int wm = warp >> 2, wn = warp & 3; // the warp's 64 rows and 32 columns of the tile
     float acc[4][4][4];
@@ -488,8 +477,8 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         }
     }
     cp_async_wait<0>();
-    if (EPI) {
-        x3_store_epi(p, part_k, flag, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
+    if (EPI || p.Splits > 1) {
+        x3_store_epi(p, part_k, flag, out, res, (float*)x3_shared, tm * X3_TILE, tn * X3_TILE, [&](float* staged) {
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -501,16 +490,14 @@ template <bool TA, bool TB, bool EPI> __device__ __forceinline__ void x3_gemm(X3
         });
         return;
     }
-    x3_split_wait(p, flag, part_k);
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                x3_store(p, out, res, part_k, tm * X3_TILE + wm * 64 + i * 16 + g + 8 * h, tn * X3_TILE + wn * 32 + j * 8 + 2 * t,
+                x3_store(p, out, res, tm * X3_TILE + wm * 64 + i * 16 + g + 8 * h, tn * X3_TILE + wn * 32 + j * 8 + 2 * t,
                          acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-    x3_split_done(p, flag, part_k);
 #endif
 }
 
