@@ -43,16 +43,17 @@ import (
 // tokens) split K among more blocks (x3Splits), and the splits of a tile
 // add their sums into C in turn, in K's order, each block waiting at the
 // tile's counter (kept in reduceDone) for the splits before it: results
-// do not depend on scheduling, and no workspace holds partial sums (which
-// took 100 MiB a product at GPT-2 small's largest fp32 batch and cost it
-// a tenth of the batch). An epilogue's residual is the β term of the
+// do not depend on scheduling, and no workspace holds partial sums (at
+// GPT-2 small's largest fp32 batch they would take 100 MiB a product
+// among the step's blocks: 64 windows fitted 24 GiB with them, 73
+// without, ca66e6d). An epilogue's residual is the β term of the
 // product; its bias and activation (an F32 bias, one matrix) are applied
-// as C is stored, by the last split, in kernels of their own
-// (x3_gemm_epi) that stage the finished
-// tile in shared memory and store it in a rolled loop: in the plain
-// kernels' store, unrolled over the accumulators, the epilogue's code
-// cost the products their registers (GPT-2 small's step 358.7 ms against
-// 279.4, ce6c811).
+// as C is stored. Where they apply, and where K is split, the finished
+// tile is staged in shared memory and stored in a rolled loop (by the
+// last split, with the epilogue; x3_gemm_epi are the kernels that have
+// it): in the plain kernels' store, unrolled over the accumulators, the
+// epilogue's code cost the products their registers (GPT-2 small's step
+// 358.7 ms against 279.4, ce6c811).
 
 // The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner
@@ -141,7 +142,7 @@ func x3Splits(m, n, k, batch, slots int) (splits, chunk int) {
 			best, busy = s, u
 		}
 		if tiles >= 2*slots {
-			break // two waves or more: the last one's idle slots cost less than the partial sums
+			break // two waves or more: the last one's idle slots cost less than the splits' additions
 		}
 	}
 	if best == 1 {

@@ -35,9 +35,11 @@
 // running or done.
 //
 // x3_gemm_epi_nn and _nt also apply gemm_epilogue's bias and activation
-// (or its derivative) as they store C: the finished tile is staged in shared
-// memory and stored a row at a time by a loop the compiler keeps rolled,
-// so that the epilogue's code costs the products no registers.
+// (or its derivative) as they store C (the last split, where K is split):
+// the finished tile is staged in shared memory and stored a row at a time
+// by a loop the compiler keeps rolled, so that the epilogue's code costs
+// the products no registers. Every kernel stores a split tile so, which
+// leaves the store from the accumulators (K whole) a plain α·v + β·R.
 
 #define X3_KC_LD (X3_BK + 4)     // words of a tile's row with K along it
 #define X3_MN_LD (X3_TILE + 8)   // with K across it
