@@ -339,6 +339,9 @@ func TestModelFLOPsAndMFU(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("MFU notes:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	if r, err := GemmPeak(dev, tensor.F32, 32, 3); err != nil || !(r > 0) || math.IsInf(r, 0) {
+		t.Errorf("GemmPeak on the CPU: %v TFLOP/s, %v", r, err)
+	}
 }
 
 // TestReportNamesTheCompileModes: a report beside PyTorch on a GPU says
