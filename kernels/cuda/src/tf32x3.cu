@@ -143,7 +143,7 @@ __device__ __forceinline__ void x3_store(const X3Gemm& p, float* out, const floa
 
 // x3_split_wait waits, where K is split, until the part splits before the
 // block's have added theirs into its tile: the tile's flag counts them.
-__device__ __forceinline__ void x3_split_wait(const X3Gemm& p, const int* flag, int part) {
+__device__ __forceinline__ void x3_split_wait(const int* flag, int part) {
     if (part > 0 && threadIdx.x == 0) {
         int done;
         for (;;) {
@@ -294,7 +294,7 @@ __device__ __forceinline__ void x3_store_epi(const X3Gemm& p, int part, int* fla
     bool pre = x3_prefetch_epi(p, res, in, r0, c0, part);
     stage(staged);
     cp_async_wait<0>();
-    x3_split_wait(p, flag, part); // and every thread's part of the tile is staged
+    x3_split_wait(flag, part); // and every thread's part of the tile is staged
     x3_store_staged(p, part, out, res, staged, pre ? in : nullptr, r0, c0);
     x3_split_done(p, flag, part);
 }
