@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -118,7 +119,8 @@ func BenchmarkMLP(b *testing.B) {
 
 // TestConfigsNamedByDType: an AMP configuration named by its dtype runs
 // in it whatever Options.AMPDType says, the others in Options'; names off
-// the list are refused.
+// the list are refused; PyTorch's reference (pytorch/ref.py) takes the
+// same names.
 func TestConfigsNamedByDType(t *testing.T) {
 	m, err := train.LookupArch("resnet20")
 	if err != nil {
@@ -161,6 +163,22 @@ func TestConfigsNamedByDType(t *testing.T) {
 	r, err := Run(tensor.CPU(), Spec{Model: "mlp", Batch: 2, Config: "bf16"}, Options{Warmup: 1, Steps: 1, Seed: 1, AMPDType: "f16"})
 	if err != nil || r.Config != "bf16" || r.MedianMS <= 0 {
 		t.Errorf("a bf16 run of the MLP: %v, %+v", err, r)
+	}
+	// PyTorch's reference takes the same names.
+	src, err := os.ReadFile("pytorch/ref.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := regexp.MustCompile(`(?s)\nCONFIGS = \{(.*?)\}\n`).FindSubmatch(src)
+	if table == nil {
+		t.Fatal("pytorch/ref.py: no CONFIGS table")
+	}
+	var keys []string
+	for _, m := range regexp.MustCompile(`"([a-z0-9+]+)": \(`).FindAllSubmatch(table[1], -1) {
+		keys = append(keys, string(m[1]))
+	}
+	if names := configNames(); !slices.Equal(keys, names) {
+		t.Errorf("pytorch/ref.py's configurations %v, the harness's %v", keys, names)
 	}
 }
 
