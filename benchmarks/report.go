@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/train"
 	"gonum.org/v1/plot"
@@ -296,7 +296,7 @@ func save(p *plot.Plot, path string, w, h vg.Length) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(path, func(out io.Writer) error {
+	return fileio.Write(path, func(out io.Writer) error {
 		_, err := wt.WriteTo(out)
 		return err
 	})

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/fileio"
 )
 
 // FashionMNISTURL is where DownloadFashionMNIST fetches the files from.
@@ -49,7 +49,7 @@ func DownloadFashionMNIST(dir string) error {
 		if err := verifyGzipSHA256(data, sum); err != nil {
 			return fmt.Errorf("%s: %w", url, err)
 		}
-		if err := atomicfile.WriteFile(filepath.Join(dir, name), data); err != nil {
+		if err := fileio.WriteFile(filepath.Join(dir, name), data); err != nil {
 			return err
 		}
 	}

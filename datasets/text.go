@@ -16,8 +16,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/fserr"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/pkoukk/tiktoken-go"
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
@@ -131,13 +130,13 @@ const ValFraction = 0.1
 func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("text %s: %w", path, fserr.Cause(err))
+		return nil, fmt.Errorf("text %s: %w", path, fileio.Cause(err))
 	}
 	var files []string
 	if st.IsDir() {
 		root, err := filepath.EvalSymlinks(path) // WalkDir does not follow a linked root
 		if err != nil {
-			return nil, fmt.Errorf("text %s: %w", path, fserr.Cause(err))
+			return nil, fmt.Errorf("text %s: %w", path, fileio.Cause(err))
 		}
 		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -249,7 +248,7 @@ func readTexts(files []string) ([]string, [32]byte, error) {
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, fserr.Cause(err))
+			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, fileio.Cause(err))
 		}
 		if bytes.IndexByte(data, 0) >= 0 || !utf8.Valid(data) {
 			return nil, [32]byte{}, fmt.Errorf("text %s: not UTF-8 text (binary data?)", f)
@@ -332,7 +331,7 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte) (string, []int32, er
 			continue
 		}
 		if err != nil {
-			return "", nil, fmt.Errorf("token file %s: %w", p, fserr.Cause(err))
+			return "", nil, fmt.Errorf("token file %s: %w", p, fileio.Cause(err))
 		}
 		if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
 			return "", nil, fmt.Errorf("token file %s: not a leangrad token file (remove it to tokenize again)", p)
@@ -378,7 +377,7 @@ func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (stri
 	}
 	var errs []error
 	for _, p := range tokenPaths(path, tok) {
-		err := atomicfile.WriteFile(p, data)
+		err := fileio.WriteFile(p, data)
 		if err == nil {
 			return p, nil
 		}

@@ -12,7 +12,7 @@ import (
 	"sort"
 	"syscall"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -282,7 +282,7 @@ func (st *Safetensors) Encode(w io.Writer) error {
 
 // WriteSafetensors writes st to path atomically.
 func WriteSafetensors(path string, st *Safetensors) error {
-	return atomicfile.Write(path, st.Encode)
+	return fileio.Write(path, st.Encode)
 }
 
 // StateDict copies a module's state to the host.

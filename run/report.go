@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/train"
 	"gonum.org/v1/plot"
@@ -243,7 +243,7 @@ func PlotMemory(samples []train.MemSample, title, path string) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(path, func(w io.Writer) error {
+	return fileio.Write(path, func(w io.Writer) error {
 		_, err := wt.WriteTo(w)
 		return err
 	})

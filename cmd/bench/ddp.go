@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/leangrad/leangrad/benchmarks"
+	"github.com/leangrad/leangrad/cmd/internal/launch"
 	"github.com/leangrad/leangrad/dist"
-	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/launch"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -103,5 +103,5 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(filepath.Join(o.out, "ddp.json"), append(data, '\n'))
+	return fileio.WriteFile(filepath.Join(o.out, "ddp.json"), append(data, '\n'))
 }

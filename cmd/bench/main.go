@@ -30,10 +30,10 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/benchmarks"
-	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/cmdenv"
-	"github.com/leangrad/leangrad/internal/iopaths"
-	"github.com/leangrad/leangrad/internal/launch"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/iopaths"
+	"github.com/leangrad/leangrad/cmd/internal/launch"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
@@ -715,12 +715,12 @@ func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(o.out, "bench.json"), append(data, '\n')); err != nil {
+	if err := fileio.WriteFile(filepath.Join(o.out, "bench.json"), append(data, '\n')); err != nil {
 		return err
 	}
 	var md bytes.Buffer
 	rep.Markdown(&md)
-	if err := atomicfile.WriteFile(filepath.Join(o.out, "bench.md"), md.Bytes()); err != nil {
+	if err := fileio.WriteFile(filepath.Join(o.out, "bench.md"), md.Bytes()); err != nil {
 		return err
 	}
 	stdout.Write(md.Bytes())

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 )
 
 func TestBenchCommandOnCPU(t *testing.T) {

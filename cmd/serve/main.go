@@ -25,8 +25,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
-	"github.com/leangrad/leangrad/internal/fserr"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/serve"
 	"github.com/leangrad/leangrad/tensor"
@@ -72,7 +72,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	case 1:
 		o.model = fs.Arg(0)
 		if st, err := os.Stat(o.model); err != nil {
-			say("%s: %v", o.model, fserr.Cause(err))
+			say("%s: %v", o.model, fileio.Cause(err))
 		} else if !st.Mode().IsRegular() {
 			say("%s: not a checkpoint file", o.model)
 		}

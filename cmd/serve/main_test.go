@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"

@@ -3,8 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/dist"
-	"github.com/leangrad/leangrad/internal/cmdenv"
 )
 
 // jobPlace is this process's place in a data-parallel job (nil: none),

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
-	"github.com/leangrad/leangrad/internal/launch"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/launch"
 	"github.com/leangrad/leangrad/run"
 )
 

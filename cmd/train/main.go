@@ -43,13 +43,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/iopaths"
+	"github.com/leangrad/leangrad/cmd/internal/launch"
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/dist"
-	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/cmdenv"
-	"github.com/leangrad/leangrad/internal/fserr"
-	"github.com/leangrad/leangrad/internal/iopaths"
-	"github.com/leangrad/leangrad/internal/launch"
+	"github.com/leangrad/leangrad/fileio"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -315,7 +314,7 @@ func (o *options) check() error {
 	}
 	if o.data != "" {
 		if st, err := os.Stat(o.data); err != nil {
-			bad("-data %s: %v", o.data, fserr.Cause(err))
+			bad("-data %s: %v", o.data, fileio.Cause(err))
 		} else if !st.IsDir() && !o.text {
 			bad("-data %s: not a folder", o.data)
 		}
@@ -376,11 +375,11 @@ func (o *options) check() error {
 	}
 	if o.resume != "" {
 		if st, err := os.Stat(o.resume); err != nil {
-			bad("-resume %s: %v", o.resume, fserr.Cause(err))
+			bad("-resume %s: %v", o.resume, fileio.Cause(err))
 		} else if st.IsDir() {
 			bad("-resume %s: a folder, not a checkpoint file", o.resume)
 		} else if info, err := train.ReadCheckpointInfo(o.resume); err != nil {
-			bad("-resume %s: %v", o.resume, strings.TrimPrefix(fserr.Cause(err).Error(), o.resume+": "))
+			bad("-resume %s: %v", o.resume, strings.TrimPrefix(fileio.Cause(err).Error(), o.resume+": "))
 		} else if model := o.trainedModel(); archErr == nil && info.Config.Model != model {
 			bad("-resume %s: a checkpoint of %s, and this run trains %s", o.resume, info.Config.Model, model)
 		}
@@ -710,7 +709,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 		if err == nil && o.jsonOut == iopaths.Stdout {
 			_, err = o.stdout.Write(append(data, '\n'))
 		} else if err == nil {
-			err = atomicfile.WriteFile(o.jsonOut, append(data, '\n'))
+			err = fileio.WriteFile(o.jsonOut, append(data, '\n'))
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("-json %s: %w", o.jsonOut, err))
@@ -721,7 +720,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 	}
 	a := dev.Allocator()
 	if o.memlog != "" {
-		err := atomicfile.Write(o.memlog, func(w io.Writer) error { return memory.WriteTimelineCSV(w, a.Timeline()) })
+		err := fileio.Write(o.memlog, func(w io.Writer) error { return memory.WriteTimelineCSV(w, a.Timeline()) })
 		if err != nil {
 			errs = append(errs, fmt.Errorf("-memlog %s: %w", o.memlog, err))
 		} else if a.TimelineTruncated() {
@@ -734,7 +733,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 		}
 	}
 	if o.memsnapshot != "" {
-		err := atomicfile.Write(o.memsnapshot, func(w io.Writer) error { return memory.WriteSnapshot(w, a.Snapshot()) })
+		err := fileio.Write(o.memsnapshot, func(w io.Writer) error { return memory.WriteSnapshot(w, a.Snapshot()) })
 		if err != nil {
 			errs = append(errs, fmt.Errorf("-memsnapshot %s: %w", o.memsnapshot, err))
 		}

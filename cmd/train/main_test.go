@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/run"
 	"github.com/leangrad/leangrad/tensor"

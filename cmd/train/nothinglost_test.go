@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/leangrad/leangrad/internal/cmdenv"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/run"
 )

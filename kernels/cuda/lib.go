@@ -96,7 +96,7 @@ func (l *loader[A]) load() (A, error) {
 // they are how every CUDA program (nvcc, PyTorch, CuPy) is told where a
 // toolkit lives; they change where a library comes from, never what a
 // computation does. Every other setting is an option or an argument
-// (internal/cmdenv lists what the commands read).
+// (cmd/internal/cmdenv lists what the commands read).
 func searchDirs() []string {
 	var dirs []string
 	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {

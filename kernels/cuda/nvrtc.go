@@ -10,7 +10,7 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
+	"github.com/leangrad/leangrad/fileio"
 )
 
 type nvrtcResult uintptr
@@ -201,6 +201,6 @@ func compileCached(arch, dir string) (cubin []byte, target string, fromCache boo
 		return nil, "", false, err
 	}
 	// A cache that cannot be written costs a recompile next time, nothing more.
-	_ = atomicfile.WriteFile(path, cubin)
+	_ = fileio.WriteFile(path, cubin)
 	return cubin, target, false, nil
 }

@@ -1,4 +1,4 @@
-package fserr
+package fileio
 
 import (
 	"errors"

@@ -1,7 +1,10 @@
-// Package atomicfile writes files so that a reader sees the old content or
-// the new, never a torn mix: the data goes to a temporary file in the same
-// folder, is synced, and is renamed over the target.
-package atomicfile
+// Package fileio is how leangrad's library touches the file system: files
+// written so that a reader sees the old content or the new, never a torn
+// mix (the data goes to a temporary file in the same folder, is synced, and
+// is renamed over the target), and file-system errors worded for messages
+// that already name the path. It imports nothing of leangrad's: every
+// layer may use it.
+package fileio
 
 import (
 	"bufio"

@@ -13,8 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/leangrad/leangrad/internal/atomicfile"
-	"github.com/leangrad/leangrad/internal/fserr"
+	"github.com/leangrad/leangrad/fileio"
 )
 
 // Stdout is the output path that means standard output.
@@ -72,10 +71,10 @@ func (s *Set) Problems() []string {
 			}
 			continue
 		}
-		target, err := atomicfile.Target(o.path)
+		target, err := fileio.Target(o.path)
 		if err != nil {
-			why := fserr.Cause(err).Error()
-			var nr *atomicfile.NotRegularError
+			why := fileio.Cause(err).Error()
+			var nr *fileio.NotRegularError
 			if errors.As(err, &nr) {
 				why = nr.Kind + ", not a regular file"
 				if nr.Path != o.path {
@@ -162,13 +161,13 @@ func creatable(path string) error {
 			break
 		}
 		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(dir) == dir {
-			return fserr.Cause(err)
+			return fileio.Cause(err)
 		}
 		dir = filepath.Dir(dir)
 	}
 	f, err := os.CreateTemp(dir, ".leangrad-write-check-*")
 	if err != nil {
-		return fmt.Errorf("cannot write in %s: %v", dir, fserr.Cause(err))
+		return fmt.Errorf("cannot write in %s: %v", dir, fileio.Cause(err))
 	}
 	f.Close()
 	return os.Remove(f.Name())
@@ -186,5 +185,5 @@ func Folder(path string) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return creatable(path)
 	}
-	return fserr.Cause(err)
+	return fileio.Cause(err)
 }

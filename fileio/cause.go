@@ -1,6 +1,4 @@
-// Package fserr words file-system errors for messages that already name
-// the path.
-package fserr
+package fileio
 
 import (
 	"errors"
