@@ -29,7 +29,7 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float6
 		if dev.Info().Kind != "cpu" {
 			return nil, 0, fmt.Errorf("%s has no device profiler", dev.Name())
 		}
-		h := &hostProfiler{b: dev.Backend()}
+		h := newHostProfiler(dev.Backend())
 		dev, p = tensor.NewDevice(h), h
 	}
 	m, err := arch(spec.Model, o)

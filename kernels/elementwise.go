@@ -5,6 +5,24 @@ import (
 	"math"
 )
 
+// ElementwiseOps apply the functions of the op tables (UnaryOps, BinaryOps)
+// element by element.
+type ElementwiseOps interface {
+	// Unary computes dst = op(x).
+	Unary(op UnaryOp, dst, x Buf)
+
+	// UnaryBackward computes dx = dy·op'(x), from x or the forward output y.
+	UnaryBackward(op UnaryOp, dx, dy, x, y Buf)
+
+	// Affine computes dst = alpha·x + beta.
+	Affine(dst, x Buf, alpha, beta float32)
+
+	// Binary computes dst = a op b, broadcasting as bc says. a and b have
+	// dst's dtype, or dst and one of them are F32 and the other is read in
+	// its own (a 16-bit residual branch added to an F32 stream, uncast).
+	Binary(op BinaryOp, dst, a, b Buf, bc Broadcast)
+}
+
 // The elementwise operations are defined here, each in one declaration: its
 // name, its function and derivative on the CPU (float32), the same two as
 // CUDA C expressions, and a float64 reference the tests hold every backend
@@ -271,4 +289,24 @@ func (op BinaryOp) String() string {
 		return fmt.Sprintf("binary(%d)", op)
 	}
 	return binaryDefs[op].Name
+}
+
+func (o *Observed) Unary(op UnaryOp, dst, x Buf) {
+	defer o.op("Unary", op.String(), x)()
+	o.B.Unary(op, dst, x)
+}
+
+func (o *Observed) UnaryBackward(op UnaryOp, dx, dy, x, y Buf) {
+	defer o.op("UnaryBackward", op.String()+" backward", dy)()
+	o.B.UnaryBackward(op, dx, dy, x, y)
+}
+
+func (o *Observed) Affine(dst, x Buf, alpha, beta float32) {
+	defer o.op("Affine", "Affine", x)()
+	o.B.Affine(dst, x, alpha, beta)
+}
+
+func (o *Observed) Binary(op BinaryOp, dst, a, b Buf, bc Broadcast) {
+	defer o.op("Binary", op.String(), dst)()
+	o.B.Binary(op, dst, a, b, bc)
 }

@@ -469,3 +469,119 @@ func (c *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamm
 	doneG()
 	doneB()
 }
+
+// LayerNorm normalises each row, with its statistics in float64.
+func (c *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm", p, x, gamma, mean, rstd, y)
+	kernels.CheckLen("layer norm bias", p.Cols, beta)
+	kernels.CheckF32("layer norm bias", beta)
+	xv, yv, g, b := valuesOf(x), valuesOf(y), f32s(gamma), f32s(beta)
+	mu, rs := f32s(mean), f32s(rstd)
+	parallel(p.Rows, max(1, elemGrain/p.Cols), func(lo, hi int) {
+		xb, yb := getScratch(p.Cols), getScratch(p.Cols)
+		defer putScratch(xb)
+		defer putScratch(yb)
+		for r := lo; r < hi; r++ {
+			xs := xv.span(r*p.Cols, p.Cols, xb)
+			var s float64
+			for _, v := range xs {
+				s += float64(v)
+			}
+			m := s / float64(p.Cols)
+			var ss float64
+			for _, v := range xs {
+				d := float64(v) - m
+				ss += d * d
+			}
+			inv := 1 / math.Sqrt(ss/float64(p.Cols)+float64(p.Eps))
+			mu[r], rs[r] = float32(m), float32(inv)
+			mf, is := float32(m), float32(inv)
+			ys := yv.target(r*p.Cols, p.Cols, yb)
+			for j, v := range xs {
+				ys[j] = (v-mf)*is*g[j] + b[j]
+			}
+			yv.commit(r*p.Cols, ys)
+		}
+	})
+}
+
+// LayerNormBackward: dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)) with ĝ = dy·γ
+// (added to dx's values with p.Accumulate), per row; dγ = Σ dy·x̂ and dβ =
+// Σ dy over the rows (and p.Sums = Σ dx), in blocks of rowBlock rows
+// added in order.
+func (c *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
+	kernels.CheckLike("layer norm backward dx", x, dx)
+	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
+	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
+	kernels.CheckLayerNormRounded("layer norm backward", p, dy, dx)
+	xv, dyv, dxv, g := valuesOf(x), valuesOf(dy), valuesOf(dx), f32s(gamma)
+	rv := optValuesOf(p.Rounded)
+	mu, rs := f32s(mean), f32s(rstd)
+	blocks := (p.Rows + rowBlock - 1) / rowBlock
+	sets := 2
+	if p.Sums.Valid() {
+		sets = 3
+	}
+	partial := make([]float64, blocks*sets*p.Cols) // per block: dγ, dβ, then Σ dx
+	parallel(blocks, 1, func(lo, hi int) {
+		xb, gb, db := getScratch(p.Cols), getScratch(p.Cols), getScratch(p.Cols)
+		defer putScratch(xb)
+		defer putScratch(gb)
+		defer putScratch(db)
+		for blk := lo; blk < hi; blk++ {
+			pg, pb := partial[blk*sets*p.Cols:][:p.Cols], partial[(blk*sets+1)*p.Cols:][:p.Cols]
+			var pd []float64
+			if sets == 3 {
+				pd = partial[(blk*sets+2)*p.Cols:][:p.Cols]
+			}
+			for r := blk * rowBlock; r < min(p.Rows, (blk+1)*rowBlock); r++ {
+				xs, gs := xv.span(r*p.Cols, p.Cols, xb), dyv.span(r*p.Cols, p.Cols, gb)
+				m, is := mu[r], rs[r]
+				var sg, sgx float64
+				for j, v := range xs {
+					xh := (v - m) * is
+					gh := gs[j] * g[j]
+					sg += float64(gh)
+					sgx += float64(gh) * float64(xh)
+					pg[j] += float64(gs[j]) * float64(xh)
+					pb[j] += float64(gs[j])
+				}
+				mg, mgx := float32(sg/float64(p.Cols)), float32(sgx/float64(p.Cols))
+				ds := dxv.target(r*p.Cols, p.Cols, db)
+				for j, v := range xs {
+					xh := (v - m) * is
+					d := is * (gs[j]*g[j] - mg - xh*mgx)
+					if p.Accumulate { // F32 (CheckLayerNorm): ds is dx itself
+						d = ds[j] + float32(d) // the conversion rounds d first: no fused multiply-add
+					}
+					ds[j] = d
+				}
+				for j, d := range pd { // dx is F32 (CheckLayerNormRounded)
+					pd[j] = d + float64(ds[j])
+				}
+				dxv.commit(r*p.Cols, ds)
+				rv.commit(r*p.Cols, ds) // 16-bit: ds rounded
+			}
+		}
+	})
+	dg, dbt := f32s(dgamma), f32s(dbeta)
+	var sums []float32
+	if sets == 3 {
+		sums = f32s(p.Sums)
+	}
+	for j := 0; j < p.Cols; j++ {
+		var sg, sb, sd float64
+		for blk := 0; blk < blocks; blk++ {
+			sg += partial[blk*sets*p.Cols+j]
+			sb += partial[(blk*sets+1)*p.Cols+j]
+			if sums != nil {
+				sd += partial[(blk*sets+2)*p.Cols+j]
+			}
+		}
+		dg[j], dbt[j] = float32(sg), float32(sb)
+		if sums != nil {
+			sums[j] = float32(sd)
+		}
+	}
+}

@@ -228,33 +228,49 @@ func (c *Backend) Increment(ctr kernels.Buf, n int64, unless kernels.Buf) {
 	*counter(ctr) += n
 }
 
-// CountCorrect counts the rows whose first maximum is at their label.
-func (c *Backend) CountCorrect(right, logits, labels kernels.Buf, n, k int) {
-	kernels.CheckCountCorrect(right, logits, labels, n, k)
-	xs, doneX := view(logits)
-	defer doneX()
-	ys := i32s(labels)
-	count := 0
-	for r := 0; r < n; r++ {
-		best, bi := float32(math.Inf(-1)), 0
-		for j, v := range xs[r*k : (r+1)*k] {
-			if v > best {
-				best, bi = v, j
+// SumSquares sums the squares of every gradient in float64, in blocks of
+// elemGrain values added in order.
+func (c *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
+	kernels.CheckLen("sum of squares", 1, sumsq)
+	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
+	var total float64
+	for _, gb := range grads {
+		g := f32s(gb)
+		blocks := (len(g) + elemGrain - 1) / elemGrain
+		part := make([]float64, blocks)
+		parallel(blocks, 1, func(lo, hi int) {
+			for b := lo; b < hi; b++ {
+				var s float64
+				for _, v := range g[b*elemGrain : min(len(g), (b+1)*elemGrain)] {
+					s += float64(v) * float64(v)
+				}
+				part[b] = s
 			}
-		}
-		if int32(bi) == ys[r] {
-			count++
+		})
+		for _, s := range part {
+			total += s
 		}
 	}
-	f32s(right)[0] = float32(count)
+	f32s(sumsq)[0] = float32(total)
 }
 
-// AccumulateMetrics adds the batch's summed loss, its right predictions
-// and their number to sums.
-func (c *Backend) AccumulateMetrics(sums, loss, right kernels.Buf, n int) {
-	kernels.CheckMetrics(sums, loss, right, n)
-	s := f32s(sums)
-	s[0] += f32s(loss)[0] * float32(n)
-	s[1] += f32s(right)[0]
-	s[2] += float32(n)
+// ClipGradNorm scales every gradient by the clip coefficient of the norm
+// √sumsq.
+func (c *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm kernels.Buf) {
+	kernels.CheckLen("clip grad norm", 1, sumsq, norm)
+	kernels.CheckF32("clip grad norm", append([]kernels.Buf{sumsq, norm}, grads...)...)
+	n := float32(math.Sqrt(float64(f32s(sumsq)[0])))
+	f32s(norm)[0] = n
+	coef := min(1, maxNorm/(n+1e-6))
+	if coef == 1 {
+		return
+	}
+	for _, gb := range grads {
+		g := f32s(gb)
+		parallel(len(g), elemGrain, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				g[i] *= coef
+			}
+		})
+	}
 }

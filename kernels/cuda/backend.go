@@ -500,27 +500,6 @@ func (b *Backend) Launches() uint64 {
 	return b.launches
 }
 
-// staging is a pinned host buffer for copies, with the event of its last use.
-type staging struct {
-	mem     []byte
-	ptr     unsafe.Pointer
-	event   uintptr
-	pending bool
-}
-
-const stagingChunk = 8 << 20
-
-func (s *staging) ready(d *driverAPI) {
-	if s.pending {
-		d.must("cuEventSynchronize", d.eventSynchronize(s.event))
-		s.pending = false
-	}
-	if s.ptr == nil {
-		d.must("cuMemHostAlloc", d.memHostAlloc(unsafe.Pointer(&s.ptr), stagingChunk, 0))
-		s.mem = unsafe.Slice((*byte)(s.ptr), stagingChunk)
-	}
-}
-
 // ptrOf is the device address of a buffer.
 func ptrOf(buf kernels.Buf) uintptr {
 	if buf.Block == nil {
@@ -532,66 +511,11 @@ func ptrOf(buf kernels.Buf) uintptr {
 	return buf.Block.Addr() + uintptr(buf.Off)
 }
 
-// Write copies host bytes into dst through the pinned staging buffers: the
-// call returns once the bytes are staged; the copies run on the stream.
-func (b *Backend) Write(dst kernels.Buf, src []byte) {
-	if int64(len(src)) != dst.Bytes() {
-		panic(fmt.Sprintf("cuda: write of %d bytes into a %d-byte buffer", len(src), dst.Bytes()))
-	}
-	b.enter()
-	defer b.exit()
-	b.notCapturing("write of host bytes")
-	base := ptrOf(dst)
-	for off := 0; off < len(src); off += stagingChunk {
-		n := min(stagingChunk, len(src)-off)
-		s := &b.staging[b.nextStage]
-		b.nextStage ^= 1
-		s.ready(b.d)
-		copy(s.mem[:n], src[off:off+n])
-		b.queued("memcpy host to device")
-		b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(base+uintptr(off), s.ptr, uintptr(n), b.stream))
-		b.d.must("cuEventRecord", b.d.eventRecord(s.event, b.stream))
-		s.pending = true
-	}
-}
-
-// Read waits for the stream and copies src into host bytes.
-func (b *Backend) Read(dst []byte, src kernels.Buf) {
-	if int64(len(dst)) != src.Bytes() {
-		panic(fmt.Sprintf("cuda: read of a %d-byte buffer into %d bytes", src.Bytes(), len(dst)))
-	}
-	b.enter()
-	defer b.exit()
-	b.notCapturing("read into host memory")
-	base := ptrOf(src)
-	s := &b.staging[0]
-	for off := 0; off < len(dst); off += stagingChunk {
-		n := min(stagingChunk, len(dst)-off)
-		s.ready(b.d)
-		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(s.ptr, base+uintptr(off), uintptr(n), b.stream))
-		b.d.must("cuStreamSynchronize", b.d.streamSynchronize(b.stream))
-		copy(dst[off:off+n], s.mem[:n])
-	}
-}
-
 // notCapturing panics when the stream is being captured: a captured graph
 // cannot wait for the host, and a host copy in it would replay stale bytes.
 func (b *Backend) notCapturing(what string) {
 	if b.capturing {
 		panic("cuda: " + what + " while capturing a graph: a captured step must not exchange data with the host")
-	}
-}
-
-// Copy copies src into dst on the stream.
-func (b *Backend) Copy(dst, src kernels.Buf) {
-	if dst.DType != src.DType || dst.N != src.N {
-		panic(fmt.Sprintf("cuda: copy of %d %v into %d %v", src.N, src.DType, dst.N, dst.DType))
-	}
-	b.enter()
-	defer b.exit()
-	if src.N > 0 {
-		b.queued("memcpy device to device")
-		b.d.must("cuMemcpyDtoDAsync", b.d.memcpyDtoDAsync(ptrOf(dst), ptrOf(src), uintptr(src.Bytes()), b.stream))
 	}
 }
 

@@ -1,8 +1,6 @@
 package cuda
 
 import (
-	"fmt"
-
 	"github.com/leangrad/leangrad/kernels"
 )
 
@@ -12,50 +10,26 @@ import (
 
 // The im2col kernels (conv.cu). The geometry's fields are the kernels'
 // leading parameters.
-type (
-	convGeom struct {
-		Nb, C, H, W, R, S, Sh, Sw, Ph, Pw, OH, OW int32
-	}
-	colArgs struct { // im2col: x → col; col2im: col → dx
-		convGeom
-		In, Out  uintptr
-		SN, SCRS int64
-	}
-	nklToKnlArgs struct {
-		Nb, K, L int32
-		X, Y     uintptr
-	}
-	transposeArgs struct {
-		Outer, Rows, Cols int32
-		X, Y              uintptr
-	}
-)
+type convGeom struct {
+	Nb, C, H, W, R, S, Sh, Sw, Ph, Pw, OH, OW int32
+}
+
+type colArgs struct { // im2col: x → col; col2im: col → dx
+	convGeom
+	In, Out  uintptr
+	SN, SCRS int64
+}
+
+type nklToKnlArgs struct {
+	Nb, K, L int32
+	X, Y     uintptr
+}
 
 var (
-	kIm2col    = declareTyped[colArgs]("im2col")
-	kCol2im    = declareTyped[colArgs]("col2im")
-	kNklToKnl  = declareTyped[nklToKnlArgs]("nkl_to_knl")
-	kTranspose = declareTyped[transposeArgs]("transpose")
+	kIm2col   = declareTyped[colArgs]("im2col")
+	kCol2im   = declareTyped[colArgs]("col2im")
+	kNklToKnl = declareTyped[nklToKnlArgs]("nkl_to_knl")
 )
-
-// Transpose swaps the inner axes of src into dst, a 32×32 tile a block.
-func (b *Backend) Transpose(dst, src kernels.Buf, t kernels.Transposition) {
-	kernels.CheckTranspose(t, dst, src)
-	s := floatType("transpose", dst, src)
-	b.enter()
-	defer b.exit()
-	b.transpose(s, dst, src, t)
-}
-
-// transpose is Transpose for a checked call (the caller holds the lock).
-func (b *Backend) transpose(s kernels.DType, dst, src kernels.Buf, t kernels.Transposition) {
-	tiles := int64((t.Rows+31)/32) * int64((t.Cols+31)/32)
-	if tiles >= 1<<31 {
-		panic(fmt.Sprintf("cuda: transpose %+v: %d tiles", t, tiles))
-	}
-	kTranspose.launch(b, s, dims{uint32(tiles), uint32(min(t.Outer, 65535)), 256},
-		transposeArgs{int32(t.Outer), int32(t.Rows), int32(t.Cols), ptrOf(src), ptrOf(dst)})
-}
 
 // channelsFirst runs a direction of a channels-last convolution that
 // cuDNN did not take on channels-first copies (kernels.ConvChannelsFirst),

@@ -15,12 +15,12 @@
 // holds each declaration to the compiled kernel. GEMMs go to cuBLAS and
 // cuBLASLt (16-bit operands on tensor cores with F32 accumulation), and F32
 // ones, by default (Options.MatmulF32 is F32TF32x3), to leangrad's own
-// kernels as three TF32 products at F32's accuracy (tf32x3.go), else to
+// kernels as three TF32 products at F32's accuracy (gemm_tf32x3.go), else to
 // cuBLAS, strictly or as one TF32 product. Convolutions go to cuDNN (cudnn.go; F32
 // may use TF32 unless Options.StrictConvF32, as in PyTorch), or to im2col
 // plus cuBLAS without it (conv.go). F32 attention, forward and backward,
 // multiplies on tensor cores as three TF32 products each, at about F32's
-// accuracy (src/flash32.cu), as PyTorch's F32 attention does.
+// accuracy (src/transformer_flash32.cu), as PyTorch's F32 attention does.
 //
 // Device memory comes from a memory.Allocator over cuMemAlloc, with the same
 // statistics, summary and timeline as on the CPU; host transfers go through

@@ -227,3 +227,25 @@ func newFunctionTable() [][]uintptr {
 	}
 	return t
 }
+
+// floatType returns the dtype of buffers that must share a float dtype: the
+// instantiation of a typed kernel that runs on them.
+func floatType(op string, bufs ...kernels.Buf) kernels.DType {
+	dt := bufs[0].DType
+	for _, b := range bufs {
+		if b.Block != nil && b.DType != dt {
+			panic(fmt.Sprintf("cuda: %s of mixed dtypes %v and %v", op, dt, b.DType))
+		}
+	}
+	if _, ok := cTypeNames[dt]; !ok {
+		panic(fmt.Sprintf("cuda: %s of %v data", op, dt))
+	}
+	return dt
+}
+
+func boolInt(v bool) int32 {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -4,7 +4,8 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 )
 
-// The batch-norm kernels (norm.cu).
+// Batch and layer normalisation (kernels.NormOps; norm.cu).
+
 type (
 	bnPartialArgs struct {
 		N, C, HW, P                int32
@@ -153,4 +154,125 @@ func (b *Backend) BatchNormBackward(p kernels.BNParams, x, y, residual, dy, gamm
 	kBNGrads.launch(b, 0, warpPerChannel(p.C), bnGradsArgs{c, np, ws.Addr(), ptrOf(dgamma), ptrOf(dbeta)})
 	kBNBwdApply.launch(b, s, b.elems(int64(x.N)), bnBwdApplyArgs{n, c, hw, int32(x.N), ptrOf(x), ptrOf(y), res, ptrOf(dy), ptrOf(gamma),
 		ptrOf(beta), relu, ptrOf(saveMean), ptrOf(saveInvStd), ptrOf(dgamma), ptrOf(dbeta), ptrOf(dx), ptrOf(dresidual)})
+}
+
+type layerNormFwdArgs struct {
+	Rows, Cols int32
+	X, G, B    uintptr
+	Eps        float32
+	Y, Mean, R uintptr
+}
+
+type layerNormBwdArgs struct {
+	Rows, Cols                   int32
+	X, G, Mean, R, Dy, Dx, Parts uintptr
+	Acc                          int32
+	Rounded                      uintptr // dx rounded to dy's dtype, or 0
+	Sums                         int32   // the partial sums of dx too
+}
+
+type layerNormGradsArgs struct {
+	Rows, Cols, Splits, Sets int32
+	Parts, Dg, Db, Ds        uintptr
+	Stride                   int32
+}
+
+var (
+	kLayerNormFwd = declareTyped[layerNormFwdArgs]("layernorm_fwd")
+	kLayerNormBwd = declareTyped[layerNormBwdArgs]("layernorm_bwd")
+)
+
+// The mixed ones take an F32 x (and dx) with y (and dy) of their type.
+var (
+	kLayerNormFwdMixed = declareTyped[layerNormFwdArgs]("layernorm_fwd_mixed")
+	kLayerNormBwdMixed = declareTyped[layerNormBwdArgs]("layernorm_bwd_mixed")
+	kLayerNormGrads    = declareKernel[layerNormGradsArgs]("layernorm_grads")
+)
+
+// lnWarps is the warps per block of the layer-norm kernels and
+// lnBlocksPerSM the blocks a multiprocessor holds at once (their launch
+// bounds); lnBlocks the blocks, a fixed number per device, all at once
+// (the backward's partial sums are a row per block, or per warp for rows
+// longer than lnRegCols, so their count, and the order of the sums,
+// depends on the device alone). One wave rather
+// than two halves the backward's partial sums: on the H200 at 16384×768
+// the backward with its sums took 0.089 ms against 0.096
+// (scripts/ln-bench.py, 2026-12-02).
+const (
+	lnWarps       = 8
+	lnBlocksPerSM = 2
+)
+
+// lnRegCols is the longest row the layer-norm kernels keep in registers
+// (32 values a lane): their backward adds its sums a block at a time for
+// such rows, a warp at a time for longer ones (LN_REG_COLS).
+const lnRegCols = 1024
+
+// lnSplits is how many stretches of its rows of partial sums the
+// layer-norm backward adds first, side by side.
+const lnSplits = 32
+
+func (b *Backend) lnBlocks(rows int) int {
+	return max(1, min((rows+lnWarps-1)/lnWarps, lnBlocksPerSM*b.sms))
+}
+
+// LayerNorm normalises a row per warp.
+func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm", p, x, gamma, mean, rstd, y)
+	kernels.CheckLen("layer norm bias", p.Cols, beta)
+	kernels.CheckF32("layer norm bias", beta)
+	k, s := kLayerNormFwd, floatType("layer norm", x)
+	if y.DType != x.DType {
+		k, s = kLayerNormFwdMixed, y.DType
+	}
+	b.enter()
+	defer b.exit()
+	k.launch(b, s, dims{uint32(b.lnBlocks(p.Rows)), 1, 32 * lnWarps}, layerNormFwdArgs{int32(p.Rows), int32(p.Cols),
+		ptrOf(x), ptrOf(gamma), ptrOf(beta), p.Eps, ptrOf(y), ptrOf(mean), ptrOf(rstd)})
+}
+
+// LayerNormBackward computes dx a row per warp, the sums for dγ and dβ
+// (and, with p.Sums, dx's column sums) in a row of a workspace for each
+// block (each warp, for rows longer than lnRegCols), summed over the rows
+// in order.
+func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
+	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
+	kernels.CheckLike("layer norm backward dx", x, dx)
+	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
+	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
+	kernels.CheckLayerNormRounded("layer norm backward", p, dy, dx)
+	k, s := kLayerNormBwd, floatType("layer norm backward", x, dx)
+	if dy.DType != x.DType {
+		k, s = kLayerNormBwdMixed, dy.DType
+	}
+	b.enter()
+	defer b.exit()
+	blocks := b.lnBlocks(p.Rows)
+	parts := blocks * lnWarps // rows of partial sums
+	if p.Cols <= lnRegCols {
+		parts = blocks
+	}
+	sets := int64(2) // dγ's and dβ's partial sums, and dx's for Sums
+	if p.Sums.Valid() {
+		sets = 3
+	}
+	row := sets * int64(p.Cols) // floats
+	ws := b.workspace(int64(parts) * row * 4)
+	defer b.alloc.Free(ws)
+	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
+		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded),
+		boolInt(p.Sums.Valid())})
+	// The rows' sums in two rounds: stretches of rows side by side, then
+	// the stretches in order.
+	sums, splits := ws.Addr(), parts
+	if parts > 4*lnSplits {
+		part := b.workspace(int64(lnSplits) * row * 4)
+		defer b.alloc.Free(part)
+		at := func(set int) uintptr { return part.Addr() + uintptr(set*p.Cols*4) }
+		kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256},
+			layerNormGradsArgs{int32(parts), int32(p.Cols), lnSplits, int32(sets), ws.Addr(), at(0), at(1), at(2), int32(row)})
+		sums, splits = part.Addr(), lnSplits
+	}
+	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256},
+		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, int32(sets), sums, ptrOf(dgamma), ptrOf(dbeta), ptrOf(p.Sums), 0})
 }

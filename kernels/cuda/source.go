@@ -81,7 +81,7 @@ func prelude() string {
 	}
 	w("\n")
 	w("enum {")
-	for i, op := range kernels.ReduceOps() {
+	for i, op := range kernels.Reductions() {
 		if i > 0 {
 			w(",")
 		}

@@ -8,219 +8,168 @@ import (
 	"github.com/leangrad/leangrad/memory"
 )
 
-// The transformer operations (kernels.TransformerOps). Attention and the
-// fused classifier put their products on cuBLAS a chunk of rows at a time,
-// around small kernels (transformer.cu): what a chunk needs is workspace
-// from the pool, freed when the call returns, so neither operation ever
-// holds the whole Tq×Tk (or N×V) matrix. Every reduction runs in a fixed
-// order, so results repeat bit for bit.
+// The transformer operations (kernels.TransformerOps): embeddings and
+// attention. Attention runs the fused kernels (transformer_flash.cu,
+// transformer_flash32.cu) or cuDNN's (sdpa.go) where they apply; otherwise
+// it and the fused classifier (loss.go) put their products on cuBLAS a
+// chunk of rows at a time, around small kernels (transformer.cu, loss.cu):
+// what a chunk needs is workspace from the pool, freed when the call
+// returns, so neither operation ever holds the whole Tq×Tk (or N×V) matrix.
+// Every reduction runs in a fixed order, so results repeat bit for bit.
 
 // defaultChunkBudget caps the workspace of one chunk of attention's scores
 // (or, twice it, of the classifier's logits), in bytes (Backend.chunkBudget,
 // which tests lower to run many chunks).
 const defaultChunkBudget = 256 << 20
 
-type (
-	embeddingArgs struct {
-		N, Dim     int32
-		IDs, Table uintptr
-		Y          uintptr
-	}
-	embeddingKeysArgs struct {
-		N, P      int32
-		IDs, Keys uintptr
-	}
-	bitonicLocalArgs struct {
-		Keys  uintptr
-		P, K0 int32
-	}
-	bitonicStepArgs struct {
-		Keys    uintptr
-		P, K, J int32
-	}
-	embeddingBwdArgs struct {
-		N, Dim           int32
-		Keys, Dy, Dtable uintptr
-		Acc              int32
-	}
-	layerNormFwdArgs struct {
-		Rows, Cols int32
-		X, G, B    uintptr
-		Eps        float32
-		Y, Mean, R uintptr
-	}
-	layerNormBwdArgs struct {
-		Rows, Cols                   int32
-		X, G, Mean, R, Dy, Dx, Parts uintptr
-		Acc                          int32
-		Rounded                      uintptr // dx rounded to dy's dtype, or 0
-		Sums                         int32   // the partial sums of dx too
-	}
-	layerNormGradsArgs struct {
-		Rows, Cols, Splits, Sets int32
-		Parts, Dg, Db, Ds        uintptr
-		Stride                   int32
-	}
-	attnLayout struct { // a strided [B, T, H, D] operand
-		B, H, Tn, D, Row int32
-		Batch            int64
-	}
-	attnMoveArgs struct {
-		attnLayout
-		Src, Dst uintptr
-	}
-	attnSoftmaxArgs struct {
-		BHRows, Rows, Kl, Q0, Tq, Tk int32
-		S, P, Lse                    uintptr
-	}
-	attnProbsArgs struct {
-		BHRows, Rows, Kl, Q0, Tq, Tk int32
-		S, Lse, P                    uintptr
-	}
-	attnDScoresArgs struct {
-		BHRows, Rows, Kl, Q0, Tq int32
-		Scale                    float32
-		Dp, Dvec, P              uintptr
-	}
-	attnRowDotArgs struct {
-		attnLayout
-		Do, O, Dvec uintptr
-	}
-	flashFwdArgs struct {
-		B, H, Tq, Tk int32
-		Scale        float32
-		Q            uintptr
-		QRow         int32
-		QBatch       int64
-		K            uintptr
-		KRow         int32
-		KBatch       int64
-		V            uintptr
-		VRow         int32
-		VBatch       int64
-		O            uintptr
-		ORow         int32
-		OBatch       int64
-		Lse          uintptr
-	}
-	flashBwdKVArgs struct {
-		B, H, Tn int32
-		Scale    float32
-		Q        uintptr
-		QRow     int32
-		QBatch   int64
-		K        uintptr
-		KRow     int32
-		KBatch   int64
-		V        uintptr
-		VRow     int32
-		VBatch   int64
-		Do       uintptr
-		DoRow    int32
-		DoBatch  int64
-		Lse      uintptr
-		Dvec     uintptr
-		Dk       uintptr
-		DkRow    int32
-		DkBatch  int64
-		Dv       uintptr
-		DvRow    int32
-		DvBatch  int64
-	}
-	flashBwdQArgs struct {
-		B, H, Tn int32
-		Scale    float32
-		Q        uintptr
-		QRow     int32
-		QBatch   int64
-		K        uintptr
-		KRow     int32
-		KBatch   int64
-		V        uintptr
-		VRow     int32
-		VBatch   int64
-		Do       uintptr
-		DoRow    int32
-		DoBatch  int64
-		O        uintptr
-		ORow     int32
-		OBatch   int64
-		Lse      uintptr
-		Dvec     uintptr // written
-		Dq       uintptr
-		DqRow    int32
-		DqBatch  int64
-	}
-	clsRowsArgs struct {
-		V, Ld, R0                    int32
-		Z, Labels, RowLoss, RowRight uintptr
-		Grad                         int32
-		Dz                           uintptr
-		Scale                        uintptr // kernels.ClassifierParams.GradScale, or 0
-		Inv                          float32 // 1/N, which the rows take with a scale
-	}
-	clsFinishArgs struct {
-		N                           int32
-		RowLoss, RowRight, Loss, Rt uintptr
-	}
-	sumsqMultiArgs struct {
-		L       tensorList
-		Base    int32
-		Partial uintptr
-	}
-	sumsqFinishArgs struct {
-		N                           int32
-		Partial, Stretch, Done, Out uintptr
-	}
-	clipCoefArgs struct {
-		Sumsq      uintptr
-		MaxNorm    float32
-		Norm, Coef uintptr
-	}
-	unscaleClipArgs struct {
-		Sumsq, Scale      uintptr
-		MaxNorm           float32
-		Norm, Mult, Found uintptr
-	}
-	scaleMultiArgs struct {
-		L    tensorList
-		Coef uintptr
-	}
-)
+type embeddingArgs struct {
+	N, Dim     int32
+	IDs, Table uintptr
+	Y          uintptr
+}
+
+type embeddingKeysArgs struct {
+	N, P      int32
+	IDs, Keys uintptr
+}
+
+type bitonicLocalArgs struct {
+	Keys  uintptr
+	P, K0 int32
+}
+
+type bitonicStepArgs struct {
+	Keys    uintptr
+	P, K, J int32
+}
+
+type embeddingBwdArgs struct {
+	N, Dim           int32
+	Keys, Dy, Dtable uintptr
+	Acc              int32
+}
+
+type attnLayout struct { // a strided [B, T, H, D] operand
+	B, H, Tn, D, Row int32
+	Batch            int64
+}
+
+type attnMoveArgs struct {
+	attnLayout
+	Src, Dst uintptr
+}
+
+type attnSoftmaxArgs struct {
+	BHRows, Rows, Kl, Q0, Tq, Tk int32
+	S, P, Lse                    uintptr
+}
+
+type attnProbsArgs struct {
+	BHRows, Rows, Kl, Q0, Tq, Tk int32
+	S, Lse, P                    uintptr
+}
+
+type attnDScoresArgs struct {
+	BHRows, Rows, Kl, Q0, Tq int32
+	Scale                    float32
+	Dp, Dvec, P              uintptr
+}
+
+type attnRowDotArgs struct {
+	attnLayout
+	Do, O, Dvec uintptr
+}
+
+type flashFwdArgs struct {
+	B, H, Tq, Tk int32
+	Scale        float32
+	Q            uintptr
+	QRow         int32
+	QBatch       int64
+	K            uintptr
+	KRow         int32
+	KBatch       int64
+	V            uintptr
+	VRow         int32
+	VBatch       int64
+	O            uintptr
+	ORow         int32
+	OBatch       int64
+	Lse          uintptr
+}
+
+type flashBwdKVArgs struct {
+	B, H, Tn int32
+	Scale    float32
+	Q        uintptr
+	QRow     int32
+	QBatch   int64
+	K        uintptr
+	KRow     int32
+	KBatch   int64
+	V        uintptr
+	VRow     int32
+	VBatch   int64
+	Do       uintptr
+	DoRow    int32
+	DoBatch  int64
+	Lse      uintptr
+	Dvec     uintptr
+	Dk       uintptr
+	DkRow    int32
+	DkBatch  int64
+	Dv       uintptr
+	DvRow    int32
+	DvBatch  int64
+}
+
+type flashBwdQArgs struct {
+	B, H, Tn int32
+	Scale    float32
+	Q        uintptr
+	QRow     int32
+	QBatch   int64
+	K        uintptr
+	KRow     int32
+	KBatch   int64
+	V        uintptr
+	VRow     int32
+	VBatch   int64
+	Do       uintptr
+	DoRow    int32
+	DoBatch  int64
+	O        uintptr
+	ORow     int32
+	OBatch   int64
+	Lse      uintptr
+	Dvec     uintptr // written
+	Dq       uintptr
+	DqRow    int32
+	DqBatch  int64
+}
 
 var (
-	kEmbedding     = declareTyped[embeddingArgs]("embedding")
-	kEmbeddingKeys = declareKernel[embeddingKeysArgs]("embedding_keys")
-	kBitonicLocal  = declareKernel[bitonicLocalArgs]("bitonic_local")
-	kBitonicStep   = declareKernel[bitonicStepArgs]("bitonic_step")
-	kEmbeddingBwd  = declareTyped[embeddingBwdArgs]("embedding_bwd")
-	kLayerNormFwd  = declareTyped[layerNormFwdArgs]("layernorm_fwd")
-	kLayerNormBwd  = declareTyped[layerNormBwdArgs]("layernorm_bwd")
-	// The mixed ones take an F32 x (and dx) with y (and dy) of their type.
-	kLayerNormFwdMixed = declareTyped[layerNormFwdArgs]("layernorm_fwd_mixed")
-	kLayerNormBwdMixed = declareTyped[layerNormBwdArgs]("layernorm_bwd_mixed")
-	kLayerNormGrads    = declareKernel[layerNormGradsArgs]("layernorm_grads")
-	kAttnGather        = declareTyped[attnMoveArgs]("attn_gather")
-	kAttnScatter       = declareTyped[attnMoveArgs]("attn_scatter")
-	kAttnScatterF32    = declareTyped[attnMoveArgs]("attn_scatter_f32")
-	kAttnSoftmax       = declareTyped[attnSoftmaxArgs]("attn_softmax")
-	kAttnProbs         = declareTyped[attnProbsArgs]("attn_probs")
-	kAttnDScores       = declareTyped[attnDScoresArgs]("attn_dscores")
-	kAttnRowDot        = declareTyped[attnRowDotArgs]("attn_rowdot")
-	kClsRows           = declareTyped[clsRowsArgs]("cls_rows")
-	kClsRowsStash      = declareTyped[clsRowsArgs]("cls_rows_stash")
-	// The flash kernels exist for the tensor cores' F16 and BF16, and for
-	// F32 too (three TF32 products each: flash32.cu).
-	kFlashFwd    = flashKernels[flashFwdArgs]("flash_fwd")
-	kFlashBwdKV  = flashKernels[flashBwdKVArgs]("flash_bwd_kv")
-	kFlashBwdQ   = flashKernels[flashBwdQArgs]("flash_bwd_q")
-	kClsFinish   = declareKernel[clsFinishArgs]("cls_finish")
-	kSumsqMulti  = declareKernel[sumsqMultiArgs]("sumsq_multi")
-	kSumsqFinish = declareKernel[sumsqFinishArgs]("sumsq_finish")
-	kClipCoef    = declareKernel[clipCoefArgs]("clip_coef")
-	kUnscaleClip = declareKernel[unscaleClipArgs]("unscale_clip")
-	kScaleMulti  = declareKernel[scaleMultiArgs]("scale_multi")
+	kEmbedding      = declareTyped[embeddingArgs]("embedding")
+	kEmbeddingKeys  = declareKernel[embeddingKeysArgs]("embedding_keys")
+	kBitonicLocal   = declareKernel[bitonicLocalArgs]("bitonic_local")
+	kBitonicStep    = declareKernel[bitonicStepArgs]("bitonic_step")
+	kEmbeddingBwd   = declareTyped[embeddingBwdArgs]("embedding_bwd")
+	kAttnGather     = declareTyped[attnMoveArgs]("attn_gather")
+	kAttnScatter    = declareTyped[attnMoveArgs]("attn_scatter")
+	kAttnScatterF32 = declareTyped[attnMoveArgs]("attn_scatter_f32")
+	kAttnSoftmax    = declareTyped[attnSoftmaxArgs]("attn_softmax")
+	kAttnProbs      = declareTyped[attnProbsArgs]("attn_probs")
+	kAttnDScores    = declareTyped[attnDScoresArgs]("attn_dscores")
+	kAttnRowDot     = declareTyped[attnRowDotArgs]("attn_rowdot")
 )
+
+// The flash kernels exist for the tensor cores' F16 and BF16, and for
+// F32 too (three TF32 products each: transformer_flash32.cu).
+var kFlashFwd = flashKernels[flashFwdArgs]("flash_fwd")
+
+var kFlashBwdKV = flashKernels[flashBwdKVArgs]("flash_bwd_kv")
+
+var kFlashBwdQ = flashKernels[flashBwdQArgs]("flash_bwd_q")
 
 // Embedding gathers the ids' rows.
 func (b *Backend) Embedding(y, table, ids kernels.Buf, n, vocab, dim int) {
@@ -264,94 +213,6 @@ func (b *Backend) sortKeys(keys uintptr, p int) {
 		}
 		kBitonicLocal.launch(b, 0, runs, bitonicLocalArgs{keys, int32(p), int32(k)})
 	}
-}
-
-// lnWarps is the warps per block of the layer-norm kernels and
-// lnBlocksPerSM the blocks a multiprocessor holds at once (their launch
-// bounds); lnBlocks the blocks, a fixed number per device, all at once
-// (the backward's partial sums are a row per block, or per warp for rows
-// longer than lnRegCols, so their count, and the order of the sums,
-// depends on the device alone). One wave rather
-// than two halves the backward's partial sums: on the H200 at 16384×768
-// the backward with its sums took 0.089 ms against 0.096
-// (scripts/ln-bench.py, 2026-12-02).
-const (
-	lnWarps       = 8
-	lnBlocksPerSM = 2
-)
-
-// lnRegCols is the longest row the layer-norm kernels keep in registers
-// (32 values a lane): their backward adds its sums a block at a time for
-// such rows, a warp at a time for longer ones (LN_REG_COLS).
-const lnRegCols = 1024
-
-// lnSplits is how many stretches of its rows of partial sums the
-// layer-norm backward adds first, side by side.
-const lnSplits = 32
-
-func (b *Backend) lnBlocks(rows int) int {
-	return max(1, min((rows+lnWarps-1)/lnWarps, lnBlocksPerSM*b.sms))
-}
-
-// LayerNorm normalises a row per warp.
-func (b *Backend) LayerNorm(p kernels.LayerNormParams, x, gamma, beta, y, mean, rstd kernels.Buf) {
-	kernels.CheckLayerNorm("layer norm", p, x, gamma, mean, rstd, y)
-	kernels.CheckLen("layer norm bias", p.Cols, beta)
-	kernels.CheckF32("layer norm bias", beta)
-	k, s := kLayerNormFwd, floatType("layer norm", x)
-	if y.DType != x.DType {
-		k, s = kLayerNormFwdMixed, y.DType
-	}
-	b.enter()
-	defer b.exit()
-	k.launch(b, s, dims{uint32(b.lnBlocks(p.Rows)), 1, 32 * lnWarps}, layerNormFwdArgs{int32(p.Rows), int32(p.Cols),
-		ptrOf(x), ptrOf(gamma), ptrOf(beta), p.Eps, ptrOf(y), ptrOf(mean), ptrOf(rstd)})
-}
-
-// LayerNormBackward computes dx a row per warp, the sums for dγ and dβ
-// (and, with p.Sums, dx's column sums) in a row of a workspace for each
-// block (each warp, for rows longer than lnRegCols), summed over the rows
-// in order.
-func (b *Backend) LayerNormBackward(p kernels.LayerNormParams, x, gamma, mean, rstd, dy, dx, dgamma, dbeta kernels.Buf) {
-	kernels.CheckLayerNorm("layer norm backward", p, x, gamma, mean, rstd, dy, dx)
-	kernels.CheckLike("layer norm backward dx", x, dx)
-	kernels.CheckLen("layer norm backward gradients", p.Cols, dgamma, dbeta)
-	kernels.CheckF32("layer norm backward gradients", dgamma, dbeta)
-	kernels.CheckLayerNormRounded("layer norm backward", p, dy, dx)
-	k, s := kLayerNormBwd, floatType("layer norm backward", x, dx)
-	if dy.DType != x.DType {
-		k, s = kLayerNormBwdMixed, dy.DType
-	}
-	b.enter()
-	defer b.exit()
-	blocks := b.lnBlocks(p.Rows)
-	parts := blocks * lnWarps // rows of partial sums
-	if p.Cols <= lnRegCols {
-		parts = blocks
-	}
-	sets := int64(2) // dγ's and dβ's partial sums, and dx's for Sums
-	if p.Sums.Valid() {
-		sets = 3
-	}
-	row := sets * int64(p.Cols) // floats
-	ws := b.workspace(int64(parts) * row * 4)
-	defer b.alloc.Free(ws)
-	k.launch(b, s, dims{uint32(blocks), 1, 32 * lnWarps}, layerNormBwdArgs{int32(p.Rows), int32(p.Cols),
-		ptrOf(x), ptrOf(gamma), ptrOf(mean), ptrOf(rstd), ptrOf(dy), ptrOf(dx), ws.Addr(), boolInt(p.Accumulate), ptrOf(p.Rounded),
-		boolInt(p.Sums.Valid())})
-	// The rows' sums in two rounds: stretches of rows side by side, then
-	// the stretches in order.
-	sums, splits := ws.Addr(), parts
-	if parts > 4*lnSplits {
-		part := b.workspace(int64(lnSplits) * row * 4)
-		defer b.alloc.Free(part)
-		at := func(set int) uintptr { return part.Addr() + uintptr(set*p.Cols*4) }
-		kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), lnSplits, 256},
-			layerNormGradsArgs{int32(parts), int32(p.Cols), lnSplits, int32(sets), ws.Addr(), at(0), at(1), at(2), int32(row)})
-		sums, splits = part.Addr(), lnSplits
-	}
-	kLayerNormGrads.launch(b, 0, dims{uint32((p.Cols + 31) / 32), 1, 256},
-		layerNormGradsArgs{int32(splits), int32(p.Cols), 1, int32(sets), sums, ptrOf(dgamma), ptrOf(dbeta), ptrOf(p.Sums), 0})
 }
 
 // attnChunk is how many query rows of each batch and head a chunk of
@@ -443,7 +304,7 @@ const (
 // (F32_LD in the prelude): FLASH_D and four more, which keeps their
 // fragments' loads free of bank conflicts. flash32Shared is the forward's
 // dynamic shared memory, a big and a small tile of two operands
-// (flash32.cu); flash32BwdShared flash_bwd_q_f32's, with two raw tiles of
+// (transformer_flash32.cu); flash32BwdShared flash_bwd_q_f32's, with two raw tiles of
 // the block's own rows after them; flash32KVShared flash_bwd_kv_f32's,
 // with its tile's log-sum-exps and Σ do·o after those.
 const (
@@ -610,186 +471,4 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 func (b *Backend) memsetF32(p uintptr, n int64) {
 	b.queued("memset")
 	b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, 0, uintptr(n), b.stream))
-}
-
-// ClassifierLoss: per chunk of rows, the logits (cuBLAS, in the operands'
-// dtype), each row's loss, right prediction and softmax − one-hot (written
-// over the logits), then dh = softmax·w/N and dw += softmaxᵀ·h/N; the mean
-// loss and the right count summed at the end in one block. cuBLAS's tensor-core kernels want
-// aligned shapes, and GPT-2's vocabulary of 50,257 is odd (its products
-// run 6× slower than 50,240's on the H200): each product is split into the
-// vocabulary's first multiple of 64 tokens and the few left, the chunks'
-// rows are a multiple of 64 and padded to a multiple of 16 values.
-func (b *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
-	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
-	s := floatType("classifier loss", h, w)
-	b.enter()
-	defer b.exit()
-	es := int64(h.DType.Size())
-	ld := (p.V + 15) &^ 15
-	// The logits in h's dtype, their gradient written over them. Twice the
-	// chunk budget: each chunk's weight-gradient product reads and writes
-	// all of dw (F32, V×C), so fewer chunks move less.
-	m := clsChunkRows(p.N, 2*b.chunkBudget/(ld*int(es)))
-	z := b.workspace(int64(m*ld) * es)
-	defer b.alloc.Free(z)
-	rows := b.workspace(int64(p.N) * 8)
-	defer b.alloc.Free(rows)
-	rowLoss, rowRight := rows.Addr(), rows.Addr()+uintptr(p.N*4)
-	// The products scale the logits' gradient by 1/N, or with a gradient
-	// scale, which the host does not know, the rows kernel does, by
-	// scale/N, before rounding it (cls_scale).
-	inv, alpha := 1/float32(p.N), 1/float32(p.N)
-	if p.GradScale.Valid() {
-		alpha = 1
-	}
-	type part struct{ lo, n int } // a stretch of the vocabulary
-	parts := []part{{0, p.V &^ 63}, {p.V &^ 63, p.V % 64}}
-	wAt := func(t int) uintptr { return ptrOf(w) + uintptr(int64(t*p.C)*es) }
-	stash := b.clsStash(p, int(es))
-	for r0 := 0; r0 < p.N; r0 += m {
-		n := min(m, p.N-r0)
-		hc := ptrOf(h) + uintptr(int64(r0*p.C)*es)
-		for _, v := range parts {
-			if v.n > 0 {
-				b.gemm(gemmCall{transB: true, m: n, n: v.n, k: p.C, alpha: 1, a: hc, b: wAt(v.lo), c: z.Addr() + uintptr(int64(v.lo)*es),
-					batch: 1, ab: h.DType, cType: h.DType, ldc: ld})
-			}
-		}
-		args := clsRowsArgs{int32(p.V), int32(ld), int32(r0), z.Addr(), ptrOf(labels), rowLoss, rowRight, boolInt(p.Grad), z.Addr(),
-			ptrOf(p.GradScale), inv}
-		if stash > 0 {
-			kClsRowsStash.launchShared(b, s, dims{uint32(n), 1, clsThreads}, stash, args)
-		} else {
-			kClsRows.launch(b, s, dims{uint32(n), 1, clsThreads}, args)
-		}
-		if !p.Grad {
-			continue
-		}
-		beta := float32(1) // dw accumulates over the chunks
-		if r0 == 0 {
-			beta = 0
-		}
-		dhBeta := float32(0) // dh sums the stretches
-		for _, v := range parts {
-			if v.n == 0 {
-				continue
-			}
-			dzv := z.Addr() + uintptr(int64(v.lo)*es)
-			b.gemm(gemmCall{m: n, n: p.C, k: v.n, alpha: alpha, beta: dhBeta, a: dzv, b: wAt(v.lo), c: ptrOf(dh) + uintptr(r0*p.C*4),
-				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
-			b.gemm(gemmCall{transA: true, m: v.n, n: p.C, k: n, alpha: alpha, beta: beta, a: dzv, b: hc, c: ptrOf(dw) + uintptr(v.lo*p.C*4),
-				batch: 1, ab: h.DType, cType: kernels.F32, lda: ld})
-			dhBeta = 1
-		}
-	}
-	kClsFinish.launch(b, 0, dims{1, 1, 1024}, clsFinishArgs{int32(p.N), rowLoss, rowRight, ptrOf(loss), ptrOf(right)})
-}
-
-// clsChunkRows is how many of n rows each chunk of the classifier takes,
-// at most most: as few chunks as that allows, of rows as even as multiples
-// of 64 let them be (where a chunk is not all the rows), so that no chunk's
-// products are left with a sliver of rows (GPT-2 small at batch 16: 4096
-// rows four times rather than 5312 three times and 448).
-func clsChunkRows(n, most int) int {
-	m := max(1, min(n, most))
-	if m == n || m <= 64 {
-		return m
-	}
-	m &^= 63
-	chunks := (n + m - 1) / m
-	return min(m, ((n+chunks-1)/chunks+63)&^63)
-}
-
-// clsThreads is the threads of a block of the classifier's rows.
-const clsThreads = 1024
-
-// clsStash is the shared memory a block of cls_rows_stash keeps a row's
-// 16-byte groups of logits (es bytes each) in, or 0 where cls_rows reads
-// the logits twice instead: for the loss alone (one pass), or where two
-// blocks a multiprocessor could not keep their rows (the stash pays for
-// itself by the rows in flight it keeps in the L2 cache's stead).
-// ClassifierLoss's chunks' rows are 16-byte aligned, their ld a multiple
-// of 16 values.
-func (b *Backend) clsStash(p kernels.ClassifierParams, es int) int {
-	bytes := p.V / (16 / es) * 16
-	if !p.Grad || 2*(bytes+2<<10) > b.sharedPerSM || bytes > b.sharedPerBlock {
-		return 0
-	}
-	return bytes
-}
-
-// SumSquares: each tensor's squares summed by as many blocks as fill the
-// device for the largest (multiDims), the same number for every tensor of
-// the call, so that the order of the sums is fixed; the partial sums in
-// double, by stretches and then the stretches in order (sumsq_finish).
-func (b *Backend) SumSquares(grads []kernels.Buf, sumsq kernels.Buf) {
-	kernels.CheckLen("sum of squares", 1, sumsq)
-	kernels.CheckF32("sum of squares", append([]kernels.Buf{sumsq}, grads...)...)
-	kernels.CheckLists("sum of squares", grads)
-	if len(grads) == 0 {
-		b.Fill(sumsq, 0)
-		return
-	}
-	var most int64
-	for _, g := range grads {
-		most = max(most, int64(g.N))
-	}
-	b.enter()
-	defer b.exit()
-	d := b.multiDims((most+3)/4, 1) // four elements a load
-	ws := b.workspace(int64(len(grads)) * int64(d.gx) * 4)
-	defer b.alloc.Free(ws)
-	partial := ws.Addr()
-	for lo := 0; lo < len(grads); lo += mtMax {
-		hi := min(lo+mtMax, len(grads))
-		l, _ := listOf(grads[lo:hi])
-		d.gy = uint32(hi - lo)
-		kSumsqMulti.launch(b, 0, d, sumsqMultiArgs{l, int32(lo), partial})
-	}
-	n := len(grads) * int(d.gx)
-	stretches := min(b.sms, (n+4*blockSize-1)/(4*blockSize)) // four partials a thread at least
-	st := b.workspace(int64(stretches) * 8)
-	defer b.alloc.Free(st)
-	kSumsqFinish.launch(b, 0, dims{uint32(stretches), 1, blockSize}, sumsqFinishArgs{int32(n), partial, st.Addr(), b.reduceDone.addr, ptrOf(sumsq)})
-}
-
-// ClipGradNorm: the coefficient from the sum of squares (one thread), then
-// every gradient scaled by it, read on the device.
-func (b *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm kernels.Buf) {
-	kernels.CheckLen("clip grad norm", 1, sumsq, norm)
-	kernels.CheckF32("clip grad norm", append([]kernels.Buf{sumsq, norm}, grads...)...)
-	kernels.CheckLists("clip grad norm", grads)
-	b.enter()
-	defer b.exit()
-	ws := b.workspace(4)
-	defer b.alloc.Free(ws)
-	coef := ws.Addr()
-	kClipCoef.launch(b, 0, dims{1, 1, 1}, clipCoefArgs{ptrOf(sumsq), maxNorm, ptrOf(norm), coef})
-	for lo := 0; lo < len(grads); lo += mtMax {
-		hi := min(lo+mtMax, len(grads))
-		l, most := listOf(grads[lo:hi])
-		kScaleMulti.launch(b, 0, b.multiDims(most, hi-lo), scaleMultiArgs{l, coef})
-	}
-}
-
-// UnscaleClip computes the update's gradient multiplier, the norm and the
-// inf check in one thread (kernels.Backend.UnscaleClip).
-func (b *Backend) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found kernels.Buf) {
-	kernels.CheckLen("unscale and clip", 1, sumsq, norm, mult)
-	kernels.CheckScalar("unscale and clip", sumsq, scale, norm, mult, found)
-	b.enter()
-	defer b.exit()
-	kUnscaleClip.launch(b, 0, dims{1, 1, 1}, unscaleClipArgs{ptrOf(sumsq), ptrOf(scale), maxNorm, ptrOf(norm), ptrOf(mult), ptrOf(found)})
-}
-
-// listOf is a tensorList of one list of up to mtMax buffers, and the
-// largest one's length.
-func listOf(bufs []kernels.Buf) (l tensorList, most int64) {
-	for i, buf := range bufs {
-		l.n[i], l.p[0][i] = int64(buf.N), ptrOf(buf)
-		most = max(most, l.n[i])
-	}
-	l.count = int32(len(bufs))
-	return l, most
 }

@@ -1,30 +1,5 @@
-// Elementwise kernels: casts, unary functions and their backwards, affine,
-// and binary operations with broadcasting.
-
-// cast4 converts n floats between storage types, four at a time where the
-// pointers are aligned for it.
-template <typename S, typename D> __device__ void cast4(i64 n, const S* x, D* y) {
-    if (vec4(x) && vec4(y)) {
-        GRID_STRIDE(j, n / 4) {
-            float v[4];
-            ld4(x, 4 * j, v);
-            st4(y, 4 * j, v);
-        }
-        for (i64 i = n / 4 * 4 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) st(y, i, ld(x, i));
-        return;
-    }
-    GRID_STRIDE(i, n) st(y, i, ld(x, i));
-}
-extern "C" __global__ void cast_f32_f16(i64 n, const float* x, f16* y) { kernel_entry(); cast4(n, x, y); }
-extern "C" __global__ void cast_f16_f32(i64 n, const f16* x, float* y) { kernel_entry(); cast4(n, x, y); }
-extern "C" __global__ void cast_i32_f32(i64 n, const int* x, float* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (float)x[i]; }
-extern "C" __global__ void cast_f32_i32(i64 n, const float* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)x[i]; }
-extern "C" __global__ void cast_i32_f16(i64 n, const int* x, f16* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = f2h((float)x[i]); }
-extern "C" __global__ void cast_f16_i32(i64 n, const f16* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)h2f(x[i]); }
-extern "C" __global__ void cast_f32_bf16(i64 n, const float* x, bf16* y) { kernel_entry(); cast4(n, x, y); }
-extern "C" __global__ void cast_bf16_f32(i64 n, const bf16* x, float* y) { kernel_entry(); cast4(n, x, y); }
-extern "C" __global__ void cast_i32_bf16(i64 n, const int* x, bf16* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = f2bf((float)x[i]); }
-extern "C" __global__ void cast_bf16_i32(i64 n, const bf16* x, int* y) { kernel_entry(); GRID_STRIDE(i, n) y[i] = (int)bf2f(x[i]); }
+// Elementwise kernels: unary functions and their backwards, affine, and
+// binary operations with broadcasting.
 
 // unary_f, unary_grad and binary_f are generated from package kernels'
 // tables (source.go).
@@ -181,52 +156,3 @@ __device__ void binary_mixed(int op, int swap, i64 n, Bcast bc, const float* a, 
         binary_mixed(op, swap, n, bc, a, b, y);                                                             \
     }
 FOR_TYPES(ELEMENTWISE)
-
-// gemm_epilogue is kernels.Epilogue on a product stored without it, by
-// cuBLAS or x3_gemm (Note [the fused epilogues]). Forward: pre = C + bias (F32 of cols,
-// rounded to T, or null); with an op, aux = pre as stored and C = op(aux).
-// Backward (grad): C = C·op′(aux). C and aux are rows × cols at a row
-// stride of stride. Blocks stride over rows, threads along them.
-template <typename T>
-__device__ void gemm_epilogue(int rows, int cols, int stride, T* c, const float* bias, T* aux, int op, int grad) {
-    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-        i64 row = (i64)r * stride;
-        for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-            float v = ld(c, row + j);
-            if (grad) {
-                v = unary_grad(op, v, ld(aux, row + j), 0.f);
-            } else {
-                if (bias) {
-                    T bt;
-                    st(&bt, 0, bias[j]);
-                    v += ld(&bt, 0);
-                }
-                if (op) {
-                    st(aux, row + j, v);
-                    v = unary_f(op, ld(aux, row + j));
-                }
-            }
-            st(c, row + j, v);
-        }
-    }
-}
-#define GEMM_EPILOGUE(T, S)                                                                                   \
-    extern "C" __global__ void gemm_epilogue_##S(int rows, int cols, int stride, T* c, const float* bias, T* aux, \
-                                                 int op, int grad) {                                          \
-        kernel_entry();                                                                                       \
-        gemm_epilogue(rows, cols, stride, c, bias, aux, op, grad);                                            \
-    }
-FOR_TYPES(GEMM_EPILOGUE)
-
-// spin keeps its one thread busy for ns nanoseconds of the GPU's global
-// timer: queued first, it lets the host queue work ahead of the device, so
-// that a profile measures device time without host gaps.
-extern "C" __global__ void spin(long long ns) {
-    kernel_entry();
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        __nanosleep(10000);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while ((long long)(now - start) < ns);
-}

@@ -72,29 +72,6 @@ extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float be
     }
 }
 
-// copy_multi copies list 1 into list 0.
-extern "C" __global__ void copy_multi(TensorList L) {
-    kernel_entry();
-    MT_LOOP(L, t, i) { L.p[0][t][i] = L.p[1][t][i]; }
-}
-
-// cast_multi_S_D converts list 1 (storage type S) into list 0 (D), rounding
-// as cast_S_D does; accumulate_multi_S adds list 1 (S), converted, into list
-// 0 (float). The lists' pointers are typed float*: these read them as what
-// they hold.
-template <typename S, typename D> __device__ void cast_multi(const TensorList& L) {
-    MT_LOOP(L, t, i) { st((D*)L.p[0][t], i, ld((const S*)L.p[1][t], i)); }
-}
-template <typename S> __device__ void accumulate_multi(const TensorList& L) {
-    MT_LOOP(L, t, i) { L.p[0][t][i] += ld((const S*)L.p[1][t], i); }
-}
-extern "C" __global__ void cast_multi_f32_f16(TensorList L) { kernel_entry(); cast_multi<float, f16>(L); }
-extern "C" __global__ void cast_multi_f32_bf16(TensorList L) { kernel_entry(); cast_multi<float, bf16>(L); }
-extern "C" __global__ void cast_multi_f16_f32(TensorList L) { kernel_entry(); cast_multi<f16, float>(L); }
-extern "C" __global__ void cast_multi_bf16_f32(TensorList L) { kernel_entry(); cast_multi<bf16, float>(L); }
-extern "C" __global__ void accumulate_multi_f16(TensorList L) { kernel_entry(); accumulate_multi<f16>(L); }
-extern "C" __global__ void accumulate_multi_bf16(TensorList L) { kernel_entry(); accumulate_multi<bf16>(L); }
-
 // p[0] grads: divided by the scale in place; found[0] set to 1 on any inf or NaN.
 extern "C" __global__ void unscale_multi(TensorList L, const float* scale, float* found) {
     kernel_entry();
@@ -130,4 +107,118 @@ extern "C" __global__ void increment(long long* counter, long long n, const floa
     kernel_entry();
     if (unless && *unless != 0.f) return;
     *counter += n;
+}
+
+// ---- the gradient-norm clip ----
+
+// partial[(base + t)·GX + blockIdx.x] = Σ g² over this block's share of
+// tensor t of the list (GX = gridDim.x), four elements a load where the
+// tensor allows.
+extern "C" __global__ void sumsq_multi(TensorList L, int base, float* partial) {
+    kernel_entry();
+    __shared__ float scratch[32];
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    const float* G = L.p[0][t];
+    i64 n = L.n[t], n4 = vec4(G) ? n / 4 : 0;
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    float s = 0.f;
+    for (i64 j = first; j < n4; j += stride) {
+        float g[4];
+        ld4(G, 4 * j, g);
+        s += g[0] * g[0] + g[1] * g[1] + g[2] * g[2] + g[3] * g[3];
+    }
+    for (i64 i = 4 * n4 + first; i < n; i += stride) s += G[i] * G[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) partial[(i64)(base + t) * gridDim.x + blockIdx.x] = s;
+}
+
+// out = Σ partial[0..n) in double and a fixed order: each of the
+// gridDim.x blocks sums its stretch of partial into stretch[blockIdx.x],
+// and the last block to finish (counted in *done, which it sets back to
+// zero) adds the stretches in order.
+__device__ double block_sum_double(double v, double* sd) {
+    sd[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sd[threadIdx.x] += sd[threadIdx.x + o];
+        __syncthreads();
+    }
+    return sd[0];
+}
+
+extern "C" __global__ void sumsq_finish(int n, const float* partial, double* stretch, unsigned* done, float* out) {
+    kernel_entry();
+    __shared__ double sd[THREADS];
+    __shared__ bool last;
+    int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(n, lo + per);
+    double s = 0.0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += partial[i];
+    s = block_sum_double(s, sd);
+    if (threadIdx.x == 0) {
+        stretch[blockIdx.x] = s;
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    s = 0.0;
+    for (int b0 = 0; b0 < gridDim.x; b0 += blockDim.x) { // the stretches through shared memory, added by one thread
+        int b = b0 + threadIdx.x;
+        sd[threadIdx.x] = b < gridDim.x ? __ldcg(stretch + b) : 0.0;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int k = 0; k < min((int)blockDim.x, (int)gridDim.x - b0); k++) s += sd[k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = (float)s;
+}
+
+// norm = √sumsq, coef = min(1, maxnorm/(norm+1e-6)), a NaN norm giving a
+// NaN coefficient as torch's (one thread).
+extern "C" __global__ void clip_coef(const float* sumsq, float maxnorm, float* norm, float* coef) {
+    kernel_entry();
+    float nm = (float)sqrt((double)sumsq[0]);
+    float c = maxnorm / (nm + 1e-6f);
+    norm[0] = nm;
+    coef[0] = isnan(c) ? c : fminf(c, 1.f);
+}
+
+// The norm of gradients still multiplied by the scale (null: 1), the
+// multiplier an update reads them with (the clip coefficient over the
+// scale, no clip for maxnorm 0), and the inf check.
+extern "C" __global__ void unscale_clip(const float* sumsq, const float* scale, float maxnorm, float* norm, float* mult,
+                                        float* found) {
+    kernel_entry();
+    float s = scale ? *scale : 1.f;
+    float ss = sumsq[0];
+    float nm = __fdiv_rn((float)sqrt((double)ss), s);
+    float c = 1.f;
+    if (maxnorm > 0.f) {
+        c = maxnorm / (nm + 1e-6f);
+        c = isnan(c) ? c : fminf(c, 1.f);
+    }
+    norm[0] = nm;
+    mult[0] = __fdiv_rn(c, s);
+    if (found && !isfinite(ss)) found[0] = 1.f;
+}
+
+extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
+    kernel_entry();
+    float c = *coef;
+    if (c == 1.f) return;
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    float* P = L.p[0][t];
+    i64 n = L.n[t], n4 = vec4(P) ? n / 4 : 0;
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    for (i64 j = first; j < n4; j += stride) {
+        float p[4];
+        ld4(P, 4 * j, p);
+        for (int e = 0; e < 4; e++) p[e] *= c;
+        st4(P, 4 * j, p);
+    }
+    for (i64 i = 4 * n4 + first; i < n; i += stride) P[i] *= c;
 }

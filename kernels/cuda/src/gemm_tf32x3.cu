@@ -1,6 +1,6 @@
 // x3_gemm_{nn,nt,tn,tt}: F32 products C = α·op(A)·op(B) + β·R on TF32
 // tensor cores at F32's accuracy (Note [F32 products as three TF32 ones],
-// tf32x3.go). A block computes an X3_TILE × X3_TILE tile of C with
+// gemm_tf32x3.go). A block computes an X3_TILE × X3_TILE tile of C with
 // X3_THREADS threads; the inner dimension moves through shared memory
 // X3_BK at a time in X3_STAGES stages of cp.async copies, raw F32. Each
 // operand is split into big and small TF32 parts (tf32_split) on its way to
@@ -179,7 +179,7 @@ __device__ __forceinline__ void x3_split_done(const X3Gemm& p, int* flag, int pa
 // x3_epilogue stores the n ≤ 4 sums v of C's row, elements o.. and
 // columns col.., into c: α·v + β·R (R's at r) from K's first split (or
 // only one), else α·v added to what the splits before it stored in c;
-// then, from the last split, gemm_epilogue's (elementwise.cu) bias and
+// then, from the last split, gemm_epilogue's (gemm.cu) bias and
 // activation, its input kept in p.Aux, or the activation's derivative at
 // Aux's (at aux); 16 bytes an access where vec (n is 4). r and aux are
 // generic pointers: global memory, or the tile staged in shared memory.

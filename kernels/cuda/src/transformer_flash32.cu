@@ -1,4 +1,4 @@
-// F32 causal attention on tensor cores at F32's accuracy: flash.cu's
+// F32 causal attention on tensor cores at F32's accuracy: transformer_flash.cu's
 // algorithms (flash_fwd: the key tiles in turn, online softmax, o and the
 // log-sum-exp written; flash_bwd_q and flash_bwd_kv: dq, then dk and dv,
 // each accumulated in registers over the tiles its rows meet and written

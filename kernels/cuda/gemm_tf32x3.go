@@ -9,11 +9,11 @@ import (
 // Note [F32 products as three TF32 ones]: under Options.MatmulF32 =
 // F32TF32x3, the default, an F32 product C = A·B runs on TF32 tensor
 // cores at F32's accuracy, in leangrad's own kernels (x3_gemm,
-// tf32x3.cu). Each operand x is split into big = tf32(x), rounded to
+// gemm_tf32x3.cu). Each operand x is split into big = tf32(x), rounded to
 // nearest, and small = x − big, which the tensor cores truncate to TF32,
 // so that x = big + small to at most 2⁻²¹ of x (tf32_split, common.cuh),
 // and C = As·Bb + Ab·Bs + Ab·Bb (As·Bs, at most 2⁻²² of each term, is
-// below F32's rounding), as CUTLASS's 3xTF32 and flash32.cu do. The
+// below F32's rounding), as CUTLASS's 3xTF32 and transformer_flash32.cu do. The
 // kernels split the operands on their way from shared memory to the
 // tensor cores: they are read once, raw, and nothing is written but C.
 //
@@ -55,7 +55,7 @@ import (
 // epilogue's code cost the products their registers (GPT-2 small's step
 // 358.7 ms against 279.4, ce6c811).
 
-// The x3_gemm kernels' shape (tf32x3.cu): a block computes an x3Tile ×
+// The x3_gemm kernels' shape (gemm_tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner
 // dimension at a time through x3Stages shared stages, a block a
 // multiprocessor, and blocks are placed x3Group rows of tiles at a time.

@@ -1,0 +1,128 @@
+package kernels
+
+// OptimOps are the optimisers' updates and what AMP and clipping do to the
+// gradients before them, all on the device.
+type OptimOps interface {
+	// SGD updates params in place (and their momentum buffers, when Momentum != 0).
+	SGD(p SGDParams, params, grads, moms []Buf)
+
+	// AdamW updates params and their moment estimates in place.
+	AdamW(p AdamWParams, params, grads, m, v []Buf)
+
+	// UnscaleCheck divides every grad by scale (F32, 1 element, read on the
+	// device) in place and sets found (F32, 1 element, not cleared) to 1 if
+	// any value is infinite or NaN.
+	UnscaleCheck(grads []Buf, scale, found Buf)
+
+	// UnscaleClip is UnscaleCheck and ClipGradNorm for an update that
+	// multiplies the gradients as it reads them (AdamWParams.GradScale),
+	// in one thread on the device: from the sum of squares sumsq (F32, 1)
+	// of gradients still multiplied by scale (F32, 1; invalid: 1), it
+	// writes their norm √sumsq/scale to norm, mult = c/scale where c is
+	// the clip coefficient min(1, maxNorm/(norm + 10⁻⁶)) (1 for maxNorm
+	// 0), and sets found (F32, 1, not cleared; invalid: none) to 1 if
+	// sumsq is not finite: an inf or NaN gradient, or one whose square
+	// overflows.
+	UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found Buf)
+
+	// SumSquares writes the sum of the squares of all of grads together
+	// (F32) into sumsq (F32, 1), summed in a fixed order (0 for no grads).
+	SumSquares(grads []Buf, sumsq Buf)
+
+	// ClipGradNorm writes the L2 norm √sumsq into norm (F32, 1) and
+	// multiplies every grad (F32) in place by min(1, maxNorm/(norm+1e-6)),
+	// as torch.nn.utils.clip_grad_norm_ once SumSquares has summed the
+	// squares (of one rank's gradients, or of a sharded job's ranks' shards
+	// after an all-reduce): on the device, without the host.
+	ClipGradNorm(grads []Buf, maxNorm float32, sumsq, norm Buf)
+
+	// UpdateScale is torch's _amp_update_scale_, on the device: when found
+	// is set, scale ← scale·Backoff and tracker (I32, 1) ← 0, and skipped
+	// (F32, 1) counts one more skipped step; otherwise the tracker counts up
+	// and at Interval the scale grows by Growth and the tracker restarts.
+	UpdateScale(p ScalerParams, scale, tracker, found, skipped Buf)
+
+	// Increment adds n to a counter, unless unless is valid and holds a
+	// value other than zero.
+	Increment(counter Buf, n int64, unless Buf)
+}
+
+// CounterLen is the I32 elements of a device counter, a little-endian
+// two's-complement int64 that operations read and advance without the
+// host (tensor.Counter owns them; Philox bases, AdamW's step count).
+const CounterLen = 2
+
+// SGDParams are the hyper-parameters of one SGD step, as in torch.optim.SGD.
+// The learning rate is read on the device, so that a captured step follows
+// the schedule; with FirstStep, momentum buffers are initialised to the
+// gradient.
+type SGDParams struct {
+	LR                               Buf // F32, 1 element
+	Momentum, Dampening, WeightDecay float32
+	Nesterov                         bool
+	FirstStep                        bool
+	// Skip, when valid (F32, 1 element), makes the update do nothing if its
+	// value is not zero: GradScaler's found-inf flag, read on the device.
+	Skip Buf
+}
+
+// AdamWParams are the hyper-parameters of one AdamW step, as in
+// torch.optim.AdamW. Step is a counter holding the step number, counted from
+// 1, that drives the bias correction; it is read on the device.
+type AdamWParams struct {
+	LR                             Buf // F32, 1 element
+	Beta1, Beta2, Eps, WeightDecay float32
+	Step                           Buf // a counter
+	Skip                           Buf // as SGDParams.Skip
+	// GradScale, when valid (F32, 1 element, read on the device),
+	// multiplies each gradient as the update reads it: UnscaleClip's
+	// multiplier, the GradScaler's 1/scale and the clip's coefficient
+	// applied without a pass of their own over the gradients.
+	GradScale Buf
+}
+
+// ScalerParams are GradScaler's growth and backoff, as in torch.amp.GradScaler.
+type ScalerParams struct {
+	Growth, Backoff float32
+	Interval        int
+}
+
+func (o *Observed) SGD(p SGDParams, params, grads, moms []Buf) {
+	defer o.op("SGD", "SGD", first(params))()
+	o.B.SGD(p, params, grads, moms)
+}
+
+func (o *Observed) AdamW(p AdamWParams, params, grads, m, v []Buf) {
+	defer o.op("AdamW", "AdamW", first(params))()
+	o.B.AdamW(p, params, grads, m, v)
+}
+
+func (o *Observed) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found Buf) {
+	defer o.op("UnscaleClip", "UnscaleClip", sumsq)()
+	o.B.UnscaleClip(maxNorm, sumsq, scale, norm, mult, found)
+}
+
+func (o *Observed) UnscaleCheck(grads []Buf, scale, found Buf) {
+	defer o.op("UnscaleCheck", "UnscaleCheck", first(grads))()
+	o.B.UnscaleCheck(grads, scale, found)
+}
+
+func (o *Observed) UpdateScale(p ScalerParams, scale, tracker, found, skipped Buf) {
+	defer o.op("UpdateScale", "UpdateScale", scale)()
+	o.B.UpdateScale(p, scale, tracker, found, skipped)
+}
+
+func (o *Observed) Increment(counter Buf, n int64, unless Buf) {
+	defer o.op("Increment", "Increment", counter)()
+	o.B.Increment(counter, n, unless)
+}
+
+func (o *Observed) SumSquares(grads []Buf, sumsq Buf) {
+	defer o.op("SumSquares", "SumSquares", first(grads))()
+	o.B.SumSquares(grads, sumsq)
+}
+
+func (o *Observed) ClipGradNorm(grads []Buf, maxNorm float32, sumsq, norm Buf) {
+	defer o.op("ClipGradNorm", "ClipGradNorm", first(grads))()
+	o.B.ClipGradNorm(grads, maxNorm, sumsq, norm)
+}
