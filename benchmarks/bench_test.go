@@ -23,7 +23,7 @@ import (
 func TestHarnessOnCPU(t *testing.T) {
 	dev := tensor.CPU()
 	rep := &Report{Date: "test", Device: dev.Name()}
-	for _, c := range train.Variants("") {
+	for _, c := range train.Variants(nn.NoCheckpoint, train.AMPF16) {
 		r, err := Run(dev, Spec{Model: "resnet20", Batch: 2, Config: c.Name}, Options{Warmup: 1, Steps: 2, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -100,26 +100,26 @@ func benchmarkStep(b *testing.B, model string, batch int, config string) {
 }
 
 func BenchmarkResNet20(b *testing.B) {
-	for _, c := range train.Variants("") {
+	for _, c := range train.Variants(nn.NoCheckpoint, train.AMPF16) {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet20", 256, c.Name) })
 	}
 }
 
 func BenchmarkResNet18(b *testing.B) {
-	for _, c := range train.Variants("") {
+	for _, c := range train.Variants(nn.NoCheckpoint, train.AMPF16) {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "resnet18", 256, c.Name) })
 	}
 }
 
 func BenchmarkMLP(b *testing.B) {
-	for _, c := range train.Variants("")[:2] {
+	for _, c := range train.Variants(nn.NoCheckpoint, train.AMPF16)[:2] {
 		b.Run(c.Name, func(b *testing.B) { benchmarkStep(b, "mlp", 256, c.Name) })
 	}
 }
 
 // TestConfigsNamedByDType: an AMP configuration named by its dtype runs
-// in it whatever Options.AMPDType says, the others in Options'; names off
-// the list are refused; PyTorch's reference (pytorch/ref.py) takes the
+// in it whatever Options.AMP says, amp and amp+checkpoint in Options'; names
+// off the list are refused; PyTorch's reference (pytorch/ref.py) takes the
 // same names.
 func TestConfigsNamedByDType(t *testing.T) {
 	m, err := train.LookupArch("resnet20")
@@ -128,39 +128,42 @@ func TestConfigsNamedByDType(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name          string
-		amp, ckpt     bool
-		ampDType      string // the Options variant gives
-		productsDType string // ConfigDType's
+		amp           train.AMP // the variant's
+		ckpt          bool
+		productsDType tensor.DType // ConfigDType's
 	}{
-		{"fp32", false, false, "f16", "fp32"},
-		{"amp", true, false, "f16", "f16"},
-		{"bf16", true, false, "bf16", "bf16"},
-		{"f16", true, false, "f16", "f16"},
-		{"checkpoint", false, true, "f16", "fp32"},
-		{"amp+checkpoint", true, true, "f16", "f16"},
-		{"bf16+checkpoint", true, true, "bf16", "bf16"},
+		{"fp32", train.NoAMP, false, tensor.F32},
+		{"amp", train.AMPF16, false, tensor.F16},
+		{"bf16", train.AMPBF16, false, tensor.BF16},
+		{"f16", train.AMPF16, false, tensor.F16},
+		{"checkpoint", train.NoAMP, true, tensor.F32},
+		{"amp+checkpoint", train.AMPF16, true, tensor.F16},
+		{"bf16+checkpoint", train.AMPBF16, true, tensor.BF16},
 	} {
-		v, o, err := variant(m, c.name, Options{AMPDType: "f16"})
+		v, err := variant(m, c.name, Options{AMP: train.AMPF16})
 		if err != nil {
 			t.Errorf("%s: %v", c.name, err)
 			continue
 		}
-		if v.Name != c.name || v.AMP != c.amp || (v.Checkpoint != "none") != c.ckpt || o.AMPDType != c.ampDType {
-			t.Errorf("%s: %+v in %q, want AMP %v, checkpointing %v, in %q", c.name, v, o.AMPDType, c.amp, c.ckpt, c.ampDType)
+		if v.Name != c.name || v.AMP != c.amp || (v.Checkpoint != nn.NoCheckpoint) != c.ckpt {
+			t.Errorf("%s: %+v, want AMP %v, checkpointing %v", c.name, v, c.amp, c.ckpt)
 		}
-		if d := ConfigDType(c.name, "f16"); d != c.productsDType {
-			t.Errorf("ConfigDType(%q) = %q, want %q", c.name, d, c.productsDType)
+		if d := ConfigDType(c.name, train.AMPF16); d != c.productsDType {
+			t.Errorf("ConfigDType(%q) = %v, want %v", c.name, d, c.productsDType)
 		}
 		if err := CheckConfigs(c.name); err != nil {
 			t.Errorf("CheckConfigs(%q): %v", c.name, err)
 		}
+	}
+	if v, _ := variant(m, "amp", Options{AMP: train.AMPBF16}); v.AMP != train.AMPBF16 {
+		t.Errorf("amp under Options{AMP: bf16}: %+v, want bf16", v)
 	}
 	for _, bad := range []string{"fp16", "amp+bf16", "bf16+", "bf16,amp+f16"} {
 		if err := CheckConfigs(bad); err == nil {
 			t.Errorf("CheckConfigs(%q) accepted it", bad)
 		}
 	}
-	r, err := Run(tensor.CPU(), Spec{Model: "mlp", Batch: 2, Config: "bf16"}, Options{Warmup: 1, Steps: 1, Seed: 1, AMPDType: "f16"})
+	r, err := Run(tensor.CPU(), Spec{Model: "mlp", Batch: 2, Config: "bf16"}, Options{Warmup: 1, Steps: 1, Seed: 1, AMP: train.AMPF16})
 	if err != nil || r.Config != "bf16" || r.MedianMS <= 0 {
 		t.Errorf("a bf16 run of the MLP: %v, %+v", err, r)
 	}
@@ -177,7 +180,7 @@ func TestConfigsNamedByDType(t *testing.T) {
 	for _, m := range regexp.MustCompile(`"([a-z0-9+]+)": \(`).FindAllSubmatch(table[1], -1) {
 		keys = append(keys, string(m[1]))
 	}
-	if names := configNames(); !slices.Equal(keys, names) {
+	if names := ConfigNames(); !slices.Equal(keys, names) {
 		t.Errorf("pytorch/ref.py's configurations %v, the harness's %v", keys, names)
 	}
 }
@@ -233,7 +236,7 @@ func TestLargestBatchClaim(t *testing.T) {
 		a.SetLimit(limit)
 		defer a.SetLimit(0)
 		defer func() { recover() }() // an OOM while building is a batch that does not fit
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, b, Options{Seed: 1}, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, b, Options{Seed: 1}, false)
 		if err != nil {
 			return err
 		}
@@ -347,8 +350,8 @@ func TestModelFLOPsAndMFU(t *testing.T) {
 		{Engine: "leangrad", Model: "resnet20", Batch: 256, Config: "amp", MedianMS: 5},
 		{Engine: "leangrad", Model: "gpt2", Batch: 16, Config: "f16+checkpoint", MedianMS: 60, FLOPsPerStep: 14.09e12},
 	}
-	got := MFU(results, "bf16", map[string]float64{"bf16": 780, "f16": 700, "fp32": 50},
-		map[string]string{"bf16": "bf16 8192³ product", "f16": "f16 8192³ product", "fp32": "f32 8192³ product"})
+	got := MFU(results, train.AMPBF16, map[tensor.DType]float64{tensor.BF16: 780, tensor.F16: 700, tensor.F32: 50},
+		map[tensor.DType]string{tensor.BF16: "bf16 8192³ product", tensor.F16: "f16 8192³ product", tensor.F32: "f32 8192³ product"})
 	want := []string{
 		"leangrad gpt2 batch 16 amp: 14.09 TFLOP a step (6N + 12·L·C·T a token), 313.1 TFLOP/s, MFU 40.1% of the measured bf16 8192³ product peak (780 TFLOP/s).",
 		"leangrad gpt2 batch 16 fp32: 14.09 TFLOP a step (6N + 12·L·C·T a token), 47.0 TFLOP/s, MFU 93.9% of the measured f32 8192³ product peak (50 TFLOP/s).",

@@ -86,7 +86,7 @@ func EmptyCacheEveryBatch(dev *tensor.Device, model string, batch int, o Options
 		return Claim{}, err
 	}
 	run := func(empty bool) (ms float64, peakA, reservedAfter int64, err error) {
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, o, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32"}, batch, o, false)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -149,7 +149,7 @@ func LeakyLoop(dev *tensor.Device, model string, batch, epochs, steps int, seed 
 	}
 	a := dev.Allocator()
 	measure := func(leak bool) (perEpoch []int64, report string, err error) {
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, batch, Options{Seed: seed}, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32"}, batch, Options{Seed: seed}, false)
 		if err != nil {
 			return nil, "", err
 		}
@@ -236,7 +236,7 @@ func Fragmentation(dev *tensor.Device, model string, maxBatch, steps, k int, see
 	type arm struct{ meanFrag, maxFrag, meanCached, ms float64 }
 	run := func(every int, warm bool) (r arm, err error) {
 		a.EmptyCache()
-		s, err := newStepper(dev, m, train.Variant{Name: "fp32", Checkpoint: "none"}, 1, Options{Seed: seed}, false)
+		s, err := newStepper(dev, m, train.Variant{Name: "fp32"}, 1, Options{Seed: seed}, false)
 		if err != nil {
 			return r, err
 		}
@@ -374,17 +374,14 @@ func LargestBatch(dev *tensor.Device, model string, context int, limit int64, o 
 		}
 		return lo, nil
 	}
-	fp32, err := largest(train.Variant{Name: "fp32", Checkpoint: "none"})
+	fp32, err := largest(train.Variant{Name: "fp32"})
 	if err != nil {
 		return Claim{}, err
 	}
-	amp, err := largest(train.Variant{Name: "amp", AMP: true, Checkpoint: "none"})
+	dt := ConfigAMP("amp", o.AMP)
+	amp, err := largest(train.Variant{Name: "amp", AMP: dt})
 	if err != nil {
 		return Claim{}, err
-	}
-	dt := o.AMPDType
-	if dt == "" {
-		dt = "f16"
 	}
 	ratio := float64(amp) / float64(max(fp32, 1))
 	c := Claim{Name: "amp-batch", Claim: "mixed precision lets a model train a much larger batch in the same memory (a BERT's from 16 to 64: 4x)",

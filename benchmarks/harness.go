@@ -52,12 +52,9 @@ func randomBatch(dev *tensor.Device, m train.Arch, b int, rng *rand.Rand) (x, y 
 // Nesterov momentum at a constant rate for the image models; a language
 // model's own recipe's optimiser and clipping (AdamW, gradients clipped to
 // norm 1), as PyTorch's twin runs them, at a constant rate.
-func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool, ampDType string) train.Config {
+func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool) train.Config {
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
 		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
-	if v.AMP {
-		cfg.AMPDType = ampDType
-	}
 	if r := m.Recipe; r != nil {
 		cfg.Optimizer, cfg.LR, cfg.Momentum, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm = r.Optimizer, r.LR, 0, r.Beta2, r.WeightDecay, r.ClipNorm
 	}
@@ -65,19 +62,19 @@ func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool,
 }
 
 // A configuration's name is one of train.Variants' (fp32, amp,
-// checkpoint, amp+checkpoint: AMP in Options.AMPDType) or an AMP one named
-// by what it autocasts to (bf16, f16, bf16+checkpoint, f16+checkpoint), so
+// checkpoint, amp+checkpoint: AMP in Options.AMP) or an AMP one named by
+// what it autocasts to (bf16, f16, bf16+checkpoint, f16+checkpoint), so
 // that one run holds both AMP dtypes.
-var ampDTypes = []string{"bf16", "f16"}
+var ampDTypes = []train.AMP{train.AMPBF16, train.AMPF16}
 
-// configNames is every configuration's name, in reports' order.
-func configNames() []string {
+// ConfigNames is every configuration's name, in reports' order.
+func ConfigNames() []string {
 	var names []string
-	for _, v := range train.Variants("blocks") {
+	for _, v := range train.Variants(nn.CheckpointBlocks, train.AMPF16) {
 		names = append(names, v.Name)
 		if rest, ok := strings.CutPrefix(v.Name, "amp"); ok {
 			for _, d := range ampDTypes {
-				names = append(names, d+rest)
+				names = append(names, d.String()+rest)
 			}
 		}
 	}
@@ -87,7 +84,7 @@ func configNames() []string {
 // CheckConfigs checks a comma-separated list of configuration names
 // before any work.
 func CheckConfigs(list string) error {
-	names := configNames()
+	names := ConfigNames()
 	for _, c := range strings.Split(list, ",") {
 		if !slices.Contains(names, c) {
 			return fmt.Errorf("unknown configuration %q: want %s", c, strings.Join(names, ", "))
@@ -96,19 +93,31 @@ func CheckConfigs(list string) error {
 	return nil
 }
 
-// ConfigDType is what the configuration named name computes its products
-// in: "fp32", or AMP's dtype ("bf16" or "f16"; ampDType for amp and
-// amp+checkpoint).
-func ConfigDType(name, ampDType string) string {
+// ConfigAMP is what the configuration named name autocasts to: the dtype
+// its name gives (bf16, f16+checkpoint, ...), amp's for amp and
+// amp+checkpoint (AMPF16 when amp is NoAMP), and NoAMP for the others.
+func ConfigAMP(name string, amp train.AMP) train.AMP {
 	for _, d := range ampDTypes {
-		if name == d || strings.HasPrefix(name, d+"+") {
+		if name == d.String() || strings.HasPrefix(name, d.String()+"+") {
 			return d
 		}
 	}
 	if strings.HasPrefix(name, "amp") {
-		return ampDType
+		if !amp.On() {
+			return train.AMPF16
+		}
+		return amp
 	}
-	return "fp32"
+	return train.NoAMP
+}
+
+// ConfigDType is the dtype the configuration named name computes its
+// products in: F32, or what its AMP autocasts to (ConfigAMP).
+func ConfigDType(name string, amp train.AMP) tensor.DType {
+	if a := ConfigAMP(name, amp); a.On() {
+		return a.DType()
+	}
+	return tensor.F32
 }
 
 // arch is the registry's entry for model, with o's vocabulary.
@@ -148,25 +157,25 @@ func ReferenceLM(model string, o Options) (LMReference, bool) {
 		Dropout: g.Dropout, LR: r.LR, Beta2: r.Beta2, WD: r.WeightDecay, Clip: r.ClipNorm}, true
 }
 
-// variant is the configuration named name (configNames) for m and o: its
-// checkpointing checkpoints m.Segments, and o's AMPDType is the one name
-// gives.
-func variant(m train.Arch, name string, o Options) (train.Variant, Options, error) {
+// variant is the configuration named name (ConfigNames) for m and o: its
+// checkpointing checkpoints m.Segments, and its AMP autocasts to what
+// ConfigAMP says.
+func variant(m train.Arch, name string, o Options) (train.Variant, error) {
+	amp := ConfigAMP(name, o.AMP)
 	base := name
-	if d := ConfigDType(name, ""); d != "fp32" && d != "" {
+	if d := amp.String(); amp.On() && strings.HasPrefix(name, d) {
 		base = "amp" + strings.TrimPrefix(name, d)
-		o.AMPDType = d
 	}
-	for _, v := range train.Variants(m.Segments) {
+	for _, v := range train.Variants(m.Segments, amp) {
 		if v.Name == base {
-			if v.Checkpoint != "none" && !m.Blocks {
-				return v, o, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
+			if v.Checkpoint != nn.NoCheckpoint && !m.Blocks {
+				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
 			}
 			v.Name = name
-			return v, o, nil
+			return v, nil
 		}
 	}
-	return train.Variant{}, o, fmt.Errorf("unknown configuration %q", name)
+	return train.Variant{}, fmt.Errorf("unknown configuration %q", name)
 }
 
 // Spec is one benchmark: a model, a batch size and a configuration.
@@ -246,9 +255,10 @@ type Options struct {
 	// ShardOptimizer shards the optimiser's state over the group's ranks
 	// (dist.Shard).
 	ShardOptimizer bool
-	// AMPDType is what the AMP configurations autocast to: "f16" (the
-	// default, with a GradScaler) or "bf16".
-	AMPDType string
+	// AMP is what the amp configurations autocast to: F16 (the default,
+	// with a GradScaler) or BF16; the configurations named by their dtype
+	// (bf16, f16+checkpoint, ...) autocast to it.
+	AMP train.AMP
 	// Vocab, if set, is a language model's vocabulary instead of its
 	// preset's: 50,304 is GPT-2's padded to a multiple of 64, as nanoGPT
 	// and llm.c train it.
@@ -276,7 +286,7 @@ func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, o 
 	if err != nil {
 		return nil, err
 	}
-	tr, err := train.New(model, dev, recipe(m, v, batch, o.Seed, capture, o.AMPDType), 1)
+	tr, err := train.New(model, dev, recipe(m, v, batch, o.Seed, capture), 1)
 	if err != nil {
 		nn.Release(model)
 		return nil, err
@@ -314,7 +324,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	c, o, err := variant(m, spec.Config, o)
+	c, err := variant(m, spec.Config, o)
 	if err != nil {
 		return Result{}, err
 	}

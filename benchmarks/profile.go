@@ -36,7 +36,7 @@ func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float6
 	if err != nil {
 		return nil, 0, err
 	}
-	c, o, err := variant(m, spec.Config, o)
+	c, err := variant(m, spec.Config, o)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -35,7 +35,7 @@ type rowKey struct {
 
 // configOrder is where reports list the configuration named name.
 func configOrder(name string) int {
-	names := configNames()
+	names := ConfigNames()
 	if i := slices.Index(names, name); i >= 0 {
 		return i
 	}

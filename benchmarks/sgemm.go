@@ -10,6 +10,7 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
 )
 
 // SGEMM times the CPU backend's square matrix products (n×n by n×n, row
@@ -105,15 +106,15 @@ func GemmPeak(dev *tensor.Device, dt tensor.DType, n, steps int) (float64, error
 }
 
 // MFU notes each language-model result's model FLOPs rate and its share of
-// peak, the measured rate of its products' dtype (peaks by ConfigDType's
-// names: "fp32", "bf16", "f16"; ampDType is the amp configurations').
-func MFU(results []Result, ampDType string, peaks map[string]float64, peakName map[string]string) []string {
+// peak, the measured rate of its products' dtype (peaks by ConfigDType;
+// amp is the amp configurations').
+func MFU(results []Result, amp train.AMP, peaks map[tensor.DType]float64, peakName map[tensor.DType]string) []string {
 	var notes []string
 	for _, r := range results {
 		if r.FLOPsPerStep == 0 || r.MedianMS == 0 || !strings.HasPrefix(r.Engine, "leangrad") {
 			continue
 		}
-		cfg := ConfigDType(r.Config, ampDType)
+		cfg := ConfigDType(r.Config, amp)
 		rate := r.FLOPsPerStep / (r.MedianMS / 1e3) / 1e12
 		note := fmt.Sprintf("%s %s batch %d %s: %.2f TFLOP a step (6N + 12·L·C·T a token), %.1f TFLOP/s", r.Engine, r.Model, r.Batch, r.Config, r.FLOPsPerStep/1e12, rate)
 		if p := peaks[cfg]; p > 0 {

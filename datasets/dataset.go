@@ -84,6 +84,25 @@ const (
 	SyntheticSet = "synthetic"
 )
 
+// DatasetNames names the datasets Open knows, for messages and -h.
+const DatasetNames = FashionMNIST + ", " + CIFAR10 + " or " + SyntheticSet
+
+// DatasetName is a name Open knows. It is a flag.Value: Set refuses any
+// other name.
+type DatasetName string
+
+// Set checks s against DatasetNames.
+func (d *DatasetName) Set(s string) error {
+	switch s {
+	case FashionMNIST, CIFAR10, SyntheticSet:
+		*d = DatasetName(s)
+		return nil
+	}
+	return fmt.Errorf("dataset %q: want %s", s, DatasetNames)
+}
+
+func (d DatasetName) String() string { return string(d) }
+
 // ErrNotFound is wrapped by Find's error when a dataset is in none of the places searched.
 var ErrNotFound = errors.New("dataset not found")
 

@@ -40,6 +40,9 @@ const (
 	ByteTokens = "bytes" // one token a byte (256)
 )
 
+// TokenizerNames names the tokenizers NewTokenizer makes, for -h.
+const TokenizerNames = GPT2Tokens + " (GPT-2's byte-pair encoding) or " + ByteTokens + " (one token a byte)"
+
 // NewTokenizer returns the named tokenizer: "gpt2" (GPT-2's byte-pair
 // encoding through tiktoken-go, its ranks embedded in the binary: nothing
 // is downloaded) or "bytes".

@@ -64,6 +64,28 @@ func (d DType) String() string {
 	return fmt.Sprintf("dtype(%d)", d)
 }
 
+// ParseDType reads a dtype by its String: "f32", "f16", "bf16" or "i32".
+func ParseDType(s string) (DType, error) {
+	for _, d := range []DType{F32, F16, BF16, I32} {
+		if s == d.String() {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("dtype %q: want f32, f16, bf16 or i32", s)
+}
+
+// MarshalText is the dtype's String.
+func (d DType) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a dtype as ParseDType does.
+func (d *DType) UnmarshalText(text []byte) error {
+	v, err := ParseDType(string(text))
+	if err == nil {
+		*d = v
+	}
+	return err
+}
+
 // Buf is a typed view of N contiguous elements starting Off bytes into a block.
 type Buf struct {
 	Block *memory.Block

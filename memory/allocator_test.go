@@ -732,3 +732,36 @@ func TestBestFitIgnoresAddresses(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetParsesSizesAndFractionsWithoutWrapping: sizes in every unit,
+// fractions of the device, and refusals that name what is wrong: too
+// small, an unknown unit, and sizes past what an int64 holds (1e20GiB once
+// wrapped to a budget that bound nothing).
+func TestBudgetParsesSizesAndFractionsWithoutWrapping(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Budget
+	}{{"200MiB", Budget{Bytes: 200 << 20}}, {"1.5GiB", Budget{Bytes: 3 << 29}}, {"500MB", Budget{Bytes: 5e8}}, {"0.5", Budget{Fraction: 0.5}},
+		{"1", Budget{Fraction: 1}}, {"2097152", Budget{Bytes: 2 << 20}}, {"8EiB", Budget{}}} {
+		var b Budget
+		err := b.Set(c.in)
+		if c.want == (Budget{}) {
+			if err == nil {
+				t.Errorf("%q: accepted as %+v", c.in, b)
+			}
+			continue
+		}
+		if err != nil || b != c.want {
+			t.Errorf("%q: %+v, %v; want %+v", c.in, b, err, c.want)
+		}
+	}
+	for _, c := range []struct{ in, want string }{{"1e20GiB", "more bytes than a 64-bit count holds"}, {"20XB", `unknown unit "XB"`},
+		{"10KiB", "less than 1 MiB"}, {"lots", "want a size"}, {"-1GiB", "want a size"}, {"NaN", "want a"}} {
+		if _, err := ParseBudget(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.in, err, c.want)
+		}
+	}
+	if got := (Budget{Fraction: 0.25}).Of(8 << 30); got != 2<<30 {
+		t.Errorf("a quarter of 8 GiB: %d", got)
+	}
+}

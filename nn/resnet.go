@@ -124,6 +124,9 @@ type ChannelsLaster interface {
 	ChannelsLast() bool
 }
 
+// CheckpointModes names the modes, for messages and -h.
+const CheckpointModes = "none, blocks or sqrt"
+
 // ParseCheckpointMode reads "none", "blocks" or "sqrt".
 func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	switch s {
@@ -134,7 +137,19 @@ func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	case "sqrt":
 		return CheckpointSqrt, nil
 	}
-	return 0, fmt.Errorf("checkpoint mode %q: want none, blocks or sqrt", s)
+	return 0, fmt.Errorf("checkpoint mode %q: want %s", s, CheckpointModes)
+}
+
+// MarshalText is the mode's String: JSON and flag.TextVar write it so.
+func (c CheckpointMode) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText reads a mode as ParseCheckpointMode does.
+func (c *CheckpointMode) UnmarshalText(text []byte) error {
+	m, err := ParseCheckpointMode(string(text))
+	if err == nil {
+		*c = m
+	}
+	return err
 }
 
 // ResNet is a residual network: a 3×3 stem convolution, stages of basic

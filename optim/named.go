@@ -113,3 +113,36 @@ func NewNamedSchedule(name string, lr float64, warmup, total int) (Schedule, err
 	}
 	return nil, CheckSchedule(name)
 }
+
+// OptimizerName is an optimiser's name (OptimizerNames). It is a
+// flag.Value: Set refuses any other.
+type OptimizerName string
+
+// Set checks s with CheckOptimizer.
+func (n *OptimizerName) Set(s string) error {
+	if err := CheckOptimizer(s); err != nil {
+		return err
+	}
+	*n = OptimizerName(s)
+	return nil
+}
+
+func (n OptimizerName) String() string { return string(n) }
+
+// ScheduleName is a schedule's name (ScheduleNames). It is a flag.Value:
+// Set refuses any other.
+type ScheduleName string
+
+// Set checks s with CheckSchedule.
+func (n *ScheduleName) Set(s string) error {
+	if err := CheckSchedule(s); err != nil {
+		return err
+	}
+	*n = ScheduleName(s)
+	return nil
+}
+
+func (n ScheduleName) String() string { return string(n) }
+
+// Choices is "a, b or c" of names, for flags' help.
+func Choices(names []string) string { return or(names) }

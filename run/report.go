@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/leangrad/leangrad/fileio"
@@ -195,6 +197,26 @@ func writeKinds(w io.Writer, h *train.Breakdown) {
 		fmt.Fprintf(w, "  saved by: %s\n", by)
 	}
 }
+
+// PlotFormats are the file types PlotMemory (and the harness's plots)
+// write, by extension.
+var PlotFormats = []string{"png", "svg", "pdf"}
+
+// PlotFile is a path PlotMemory can write: its extension one of
+// PlotFormats. It is a flag.Value: Set refuses any other path.
+type PlotFile string
+
+// Set checks s's extension.
+func (p *PlotFile) Set(s string) error {
+	ext := strings.ToLower(strings.TrimPrefix(filepath.Ext(s), "."))
+	if !slices.Contains(PlotFormats, ext) {
+		return fmt.Errorf("plot file %q: want a .%s or .%s file", s, strings.Join(PlotFormats[:len(PlotFormats)-1], ", ."), PlotFormats[len(PlotFormats)-1])
+	}
+	*p = PlotFile(s)
+	return nil
+}
+
+func (p PlotFile) String() string { return string(p) }
 
 // PlotMemory draws allocated, reserved and each step's peak allocated bytes
 // over the run's steps, as a PNG (or SVG, PDF by path's extension), written

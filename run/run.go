@@ -45,9 +45,11 @@ type Job struct {
 	// Measure runs one step of fp32, AMP, checkpointing and both first,
 	// and reports each one's peak (Report.Measured).
 	Measure bool
-	// CheckpointMode is what the measured and budget configurations
-	// checkpoint: "blocks" (the default) or "sqrt".
-	CheckpointMode string
+	// CheckpointMode is what the measured configurations checkpoint
+	// (NoCheckpoint: blocks), and MeasuredAMP what their AMP, and the
+	// budget's, autocasts to (NoAMP: Config.AMP's, or F16).
+	CheckpointMode nn.CheckpointMode
+	MeasuredAMP    train.AMP
 	// MaxMemory caps the pool at this many bytes and fits the step into it
 	// (train.FitBudget; 0: no cap). Allow, if set, rules out candidates.
 	MaxMemory int64
@@ -78,44 +80,67 @@ type Job struct {
 	ShardOptimizer bool
 }
 
-// CPUModelNote says what train.ForCPU chose for gpt.
-const CPUModelNote = "the gpt-mini preset (2 layers of width 128, context 64; its recipe: 200 steps of 16 windows; -model gpt-small trains the GPU's gpt here too)"
+// The CPU policy: what a run on a CPU trains, where the user did not
+// choose, so that it ends in minutes rather than hours. These constants,
+// CPUModel and Job.CPUDefaults are its one statement; CPUPolicy says it
+// for -h.
+const (
+	CPULimit     = 2000 // training images
+	CPUTestLimit = 1000 // test images
+	CPUEpochs    = 1
+	CPUBatch     = 32 // with the learning rate scaled linearly
+)
 
-// CPUDefaults shrinks the job to a few minutes on a CPU, where given says
-// the user did not choose: for an image classifier the first 2000 training
-// images ("limit") and 1000 test images ("test-limit"), one epoch
-// ("epochs"), and a batch of 32 ("batch") with the learning rate ("lr")
-// scaled linearly; for a language model, gpt is the gpt-mini preset
-// (2 layers of width 128, context 64; its recipe: 200 steps of 16 windows).
-// It returns what it changed, to be said.
+// CPUPolicy says the CPU policy, for a command's -h.
+var CPUPolicy = fmt.Sprintf("On a CPU, unless given: -limit %d -test-limit %d -epochs %d -batch %d (the learning rate scaled to it), and -model gpt is %s.",
+	CPULimit, CPUTestLimit, CPUEpochs, CPUBatch, cpuGPT)
+
+// cpuGPT is what a CPU trains for gpt, whose GPU-sized default (gpt-small)
+// would take hours there.
+const cpuGPT = "gpt-mini"
+
+// CPUModel is the model a CPU trains for name, and why when it is another.
+func CPUModel(name string) (model, why string) {
+	if name == "gpt" {
+		return cpuGPT, "the gpt-mini preset (2 layers of width 128, context 64; its recipe: 200 steps of 16 windows; -model gpt-small trains the GPU's gpt here too)"
+	}
+	return name, ""
+}
+
+// CPUDefaults applies the CPU policy to the job, where given says the user
+// did not choose: for an image classifier the first CPULimit training
+// images ("limit") and CPUTestLimit test images ("test-limit"), CPUEpochs
+// ("epochs"), and a batch of CPUBatch ("batch") with the learning rate
+// ("lr") scaled linearly; for a language model, CPUModel's. It returns
+// what it changed, to be said.
 func (j *Job) CPUDefaults(given func(name string) bool) []string {
 	var notes []string
 	if j.Text != nil {
-		if m := train.ForCPU(j.Model); m != j.Model {
+		if m, why := CPUModel(j.Model); m != j.Model {
 			j.Model = m
-			notes = append(notes, CPUModelNote)
+			notes = append(notes, why)
 		}
 		return notes
 	}
-	if !given("limit") && j.Train.N > 2000 {
-		j.Train = j.Train.Subset(2000)
-		notes = append(notes, "the first 2000 training images")
+	if !given("limit") && j.Train.N > CPULimit {
+		j.Train = j.Train.Subset(CPULimit)
+		notes = append(notes, fmt.Sprintf("the first %d training images", CPULimit))
 	}
-	if !given("test-limit") && j.Test.N > 1000 {
-		j.Test = j.Test.Subset(1000)
-		notes = append(notes, "1000 test images")
+	if !given("test-limit") && j.Test.N > CPUTestLimit {
+		j.Test = j.Test.Subset(CPUTestLimit)
+		notes = append(notes, fmt.Sprintf("%d test images", CPUTestLimit))
 	}
-	if !given("epochs") && j.Epochs > 1 {
-		j.Epochs = 1
-		notes = append(notes, "1 epoch")
+	if !given("epochs") && j.Epochs > CPUEpochs {
+		j.Epochs = CPUEpochs
+		notes = append(notes, plural(CPUEpochs, "epoch"))
 	}
-	if !given("batch") && j.Batch > 32 {
+	if !given("batch") && j.Batch > CPUBatch {
 		if !given("lr") {
-			j.LR *= 32 / float64(j.Batch) // the linear scaling rule
+			j.LR *= CPUBatch / float64(j.Batch) // the linear scaling rule
 			notes = append(notes, fmt.Sprintf("lr %g", j.LR))
 		}
-		j.Batch = 32
-		notes = append(notes, "batch 32")
+		j.Batch = CPUBatch
+		notes = append(notes, fmt.Sprintf("batch %d", CPUBatch))
 	}
 	return notes
 }
@@ -234,14 +259,14 @@ func (r *runner) checkResume() error {
 	saved, now := info.Config, r.cfg
 	now.Examples = r.examples()
 	if r.job.MaxMemory > 0 {
-		saved.AMP, saved.AMPDType, saved.Checkpoint = now.AMP, now.AMPDType, now.Checkpoint
+		saved.AMP, saved.Checkpoint = now.AMP, now.Checkpoint
 	}
 	if _, err := train.CheckResume(r.job.Resume, saved, now, r.job.ResumeForce); err != nil {
 		return err
 	}
-	if info.Epoch >= r.cfg.Epochs {
+	if info.Epoch >= r.cfg.Periods() {
 		return fmt.Errorf("%s: the run it holds has done %s, and this one asks for %s: nothing is left to train (ask for more to go on)",
-			r.job.Resume, r.length(info.Epoch), r.length(r.cfg.Epochs))
+			r.job.Resume, r.length(info.Epoch), r.length(r.cfg.Periods()))
 	}
 	r.startEpoch = info.Epoch
 	return nil
@@ -364,7 +389,7 @@ func (r *runner) fitBudget() (err error) {
 	}
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
-		choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.job.Allow), x, y,
+		choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.measuredAMP(), r.job.Allow), x, y,
 			r.mode != train.Eager, r.job.MaxMemory)
 	})
 	r.report.Budget = &choice
@@ -384,6 +409,15 @@ func (r *runner) fitBudget() (err error) {
 	return nil
 }
 
+// measuredAMP is what the measured and budget configurations' AMP
+// autocasts to.
+func (r *runner) measuredAMP() train.AMP {
+	if r.job.MeasuredAMP.On() {
+		return r.job.MeasuredAMP
+	}
+	return r.cfg.AMP
+}
+
 // measure runs one step of each memory configuration and reports their peaks.
 func (r *runner) measure() (err error) {
 	if !r.job.Measure {
@@ -391,8 +425,8 @@ func (r *runner) measure() (err error) {
 	}
 	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", r.cfg.Model, r.cfg.Batch)
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
-		for _, v := range train.Variants(r.job.CheckpointMode) {
-			if !r.arch.Blocks && v.Checkpoint != "none" {
+		for _, v := range train.Variants(r.job.CheckpointMode, r.measuredAMP()) {
+			if !r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint {
 				continue
 			}
 			var m train.Measurement
@@ -496,7 +530,7 @@ func (r *runner) fit() error {
 	chosen := r.variant()
 	if r.arch.Text {
 		fmt.Fprintf(r.say, "training %s (%s parameters) on %s's %s tokens, %d steps of %d windows of %d tokens (evaluated every %d), %s, %s steps\n",
-			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Epochs*r.cfg.EvalEvery,
+			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Steps,
 			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, r.t.Step.Mode)
 	} else {
 		layout := ""
@@ -655,8 +689,8 @@ func (r *runner) sample() error {
 // variant names the run's configuration, with AMP's dtype: "amp (bf16)+checkpoint".
 func (r *runner) variant() string {
 	name := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
-	if r.cfg.AMP {
-		name = strings.Replace(name, "amp", "amp ("+r.cfg.Autocast().String()+")", 1)
+	if r.cfg.AMP.On() {
+		name = strings.Replace(name, "amp", "amp ("+r.cfg.AMP.String()+")", 1)
 	}
 	return name
 }

@@ -20,7 +20,7 @@ func TestTrain(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	var log bytes.Buffer
 	job := Job{Config: train.Config{Model: "resnet8", Dataset: "synthetic", Epochs: 1, Batch: 16, LR: 0.05, Momentum: 0.9,
-		Optimizer: "sgd", Schedule: "cosine", AMP: true, Checkpoint: "blocks", Seed: 1},
+		Optimizer: "sgd", Schedule: "cosine", AMP: train.AMPF16, Checkpoint: nn.CheckpointBlocks, Seed: 1},
 		Train: datasets.SyntheticSize(64, 1, 12), Test: datasets.SyntheticSize(32, 2, 12), Measure: true, Log: &log}
 	r, err := Train(dev, job)
 	if err != nil {

@@ -49,11 +49,73 @@ func Open(spec string) (*Device, error) { return open(spec, nil) }
 // configuration.
 func OpenWith(spec string, opts Options) (*Device, error) { return open(spec, &opts) }
 
-func open(spec string, opts *Options) (*Device, error) {
+// DeviceSpecs names what Open takes, for messages and -h.
+const DeviceSpecs = "cpu, cuda, cuda:N or auto (the GPU if there is one)"
+
+// DeviceSpec names a device as Open reads it: "cpu", "cuda", "cuda:N" or
+// "auto". It is a flag.Value: Set refuses any other name.
+type DeviceSpec string
+
+// ParseDeviceSpec checks s's grammar and returns it as a DeviceSpec.
+func ParseDeviceSpec(s string) (DeviceSpec, error) {
+	if _, _, err := parseSpec(s); err != nil {
+		return "", err
+	}
+	return DeviceSpec(s), nil
+}
+
+// Set reads s as ParseDeviceSpec does.
+func (d *DeviceSpec) Set(s string) error {
+	v, err := ParseDeviceSpec(s)
+	if err == nil {
+		*d = v
+	}
+	return err
+}
+
+func (d DeviceSpec) String() string { return string(d) }
+
+// CUDA reports whether d names a GPU ("cuda", "cuda:N", or "auto" on a
+// machine with a usable one) and, for cuda:N, its number (-1 otherwise).
+func (d DeviceSpec) CUDA() (ok bool, index int) {
+	kind, index, _ := parseSpec(string(d))
+	switch kind {
+	case "cuda":
+		return true, index
+	case "auto":
+		return cuda.Available() == nil, -1
+	}
+	return false, -1
+}
+
+// parseSpec splits a device spec into its kind ("cpu", "cuda", "auto")
+// and, for cuda:N, N (else -1).
+func parseSpec(spec string) (kind string, index int, err error) {
 	switch {
 	case spec == "cpu":
-		return CPU(), nil
+		return "cpu", -1, nil
 	case spec == "auto" || spec == "":
+		return "auto", -1, nil
+	case spec == "cuda":
+		return "cuda", -1, nil
+	case strings.HasPrefix(spec, "cuda:"):
+		i, err := strconv.Atoi(strings.TrimPrefix(spec, "cuda:"))
+		if err != nil || i < 0 {
+			return "", 0, fmt.Errorf("device %q: want cuda:N with N a device number", spec)
+		}
+		return "cuda", i, nil
+	}
+	return "", 0, fmt.Errorf("unknown device %q: want %s", spec, DeviceSpecs)
+}
+
+func open(spec string, opts *Options) (*Device, error) {
+	kind, index, err := parseSpec(spec)
+	switch {
+	case err != nil:
+		return nil, err
+	case kind == "cpu":
+		return CPU(), nil
+	case kind == "auto":
 		if cuda.Available() == nil {
 			d, err := openCUDA(0, opts)
 			if err == nil || errors.Is(err, ErrOptionsConflict) {
@@ -61,18 +123,8 @@ func open(spec string, opts *Options) (*Device, error) {
 			}
 		}
 		return CPU(), nil
-	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
-		index := 0
-		if rest, ok := strings.CutPrefix(spec, "cuda:"); ok {
-			i, err := strconv.Atoi(rest)
-			if err != nil || i < 0 {
-				return nil, fmt.Errorf("device %q: want cuda:N with N a device number", spec)
-			}
-			index = i
-		}
-		return openCUDA(index, opts)
 	}
-	return nil, fmt.Errorf("unknown device %q: want cpu, cuda, cuda:N or auto", spec)
+	return openCUDA(max(index, 0), opts)
 }
 
 // OpenAuto returns the first GPU if one can be used, and otherwise the CPU

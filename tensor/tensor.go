@@ -44,6 +44,10 @@ const (
 	I32  = kernels.I32
 )
 
+// ParseDType reads a dtype by its name: f32, f16, bf16 or i32; see
+// kernels.ParseDType.
+func ParseDType(s string) (DType, error) { return kernels.ParseDType(s) }
+
 // GradNode is what package autograd attaches to a tensor computed by a
 // recorded operation. Release is called once, when the last reference to the
 // tensor is dropped.

@@ -208,7 +208,7 @@ func (t *Trainer) Resume(path string, force bool) (info ResumeInfo, err error) {
 	if err := t.Opt.LoadState(optState, meta.Optim); err != nil {
 		return info, fmt.Errorf("%s: %w", path, err)
 	}
-	if meta.Config.AMP && t.Cfg.AMP {
+	if meta.Config.AMP.On() && t.Cfg.AMP.On() {
 		if err := t.Step.Scaler.LoadCounters(meta.Scaler); err != nil {
 			return info, fmt.Errorf("%s: %w", path, err)
 		}
@@ -252,9 +252,6 @@ func Mismatches(a, b Config) []string {
 	}
 	diff("optimizer", a.Optimizer, b.Optimizer)
 	diff("amp", a.AMP, b.AMP)
-	if a.AMP && b.AMP {
-		diff("amp_dtype", a.Autocast(), b.Autocast())
-	}
 	diff("checkpoint", a.Checkpoint, b.Checkpoint)
 	diff("batch", a.Batch, b.Batch)
 	diff("schedule", a.Schedule, b.Schedule)
@@ -262,6 +259,7 @@ func Mismatches(a, b Config) []string {
 	diff("momentum", a.Momentum, b.Momentum)
 	diff("weight_decay", a.WeightDecay, b.WeightDecay)
 	diff("warmup_epochs", a.WarmupEpochs, b.WarmupEpochs)
+	diff("warmup_steps", a.WarmupSteps, b.WarmupSteps)
 	diff("seed", a.Seed, b.Seed)
 	diff("beta2", a.Beta2, b.Beta2)
 	diff("clip_norm", a.ClipNorm, b.ClipNorm)

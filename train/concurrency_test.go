@@ -37,7 +37,7 @@ func TestTrainingBesideInference(t *testing.T) {
 func testTrainingBesideInference(t *testing.T, dev *tensor.Device, tol float64) {
 	ds := datasets.SyntheticSize(192, 5, 12)
 	cfg := baseConfig("tiny")
-	cfg.Batch, cfg.AMP, cfg.Checkpoint, cfg.Capture = 16, true, "blocks", true
+	cfg.Batch, cfg.AMP, cfg.Checkpoint, cfg.Capture = 16, AMPF16, nn.CheckpointBlocks, true
 	newTrainer := func() (*Trainer, nn.Model) {
 		dev.Generator().Seed(1)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})

@@ -213,7 +213,7 @@ func testDataParallelFit(t *testing.T, dir string, shard bool) {
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		defer nn.Release(m)
 		cfg := baseConfig("tiny")
-		cfg.AMP, cfg.Batch = true, 16
+		cfg.AMP, cfg.Batch = AMPF16, 16
 		mean, std := trainSet.MeanStd()
 		trainL := datasets.NewLoader(trainSet, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 1, Mean: mean, Std: std,
 			Rank: g.Rank(), Ranks: g.Size(), EvenShards: true})

@@ -26,7 +26,7 @@ func ExampleTrainer() {
 	}
 	defer nn.Release(model) // the model is the caller's, not the trainer's
 	cfg := train.Config{Model: "resnet8", Epochs: 3, Batch: 32, LR: 0.05, Momentum: 0.9, WeightDecay: 5e-4,
-		Optimizer: "sgd", Schedule: "cosine", AMP: true, Checkpoint: "blocks", Seed: 1}
+		Optimizer: "sgd", Schedule: "cosine", AMP: train.AMPF16, Checkpoint: nn.CheckpointBlocks, Seed: 1}
 	loader := datasets.NewLoader(trainSet, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 1})
 	tr, err := train.New(model, dev, cfg, loader.Len())
 	if err != nil {
@@ -60,7 +60,7 @@ func ExampleMeasureStep() {
 	defer y.Release()
 	cfg := train.Config{Model: "resnet20", Batch: 16, LR: 0.1, Momentum: 0.9, Optimizer: "sgd", Schedule: "constant"}
 	var fp32 int64
-	for _, v := range train.Variants("blocks") {
+	for _, v := range train.Variants(nn.CheckpointBlocks, train.AMPF16) {
 		m, err := train.MeasureStep(dev, build, cfg, v, x, y, false)
 		if err != nil {
 			panic(err)

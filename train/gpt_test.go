@@ -51,7 +51,8 @@ func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mo
 		name, amp, ckpt string
 	}{{"fp32", "", "none"}, {"amp f16", "f16", "none"}, {"amp bf16", "bf16", "none"}, {"checkpoint", "", "blocks"}, {"amp bf16+sqrt", "bf16", "sqrt"}} {
 		t.Run(v.name, func(t *testing.T) {
-			cfg := Config{AMP: v.amp != "", AMPDType: v.amp}
+			amp, _ := ParseAMP(v.amp)
+			cfg := Config{AMP: amp}
 			run := func(mode Mode) (params [][]float32, loss float64, right int, scale float64, norm float64) {
 				dev.Generator().Seed(3)
 				g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: V, Context: T, Dropout: 0.1})

@@ -12,34 +12,39 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
-// Variant is one memory configuration: AMP on or off, checkpointing mode.
+// Variant is one memory configuration: AMP or not, checkpointing mode.
 type Variant struct {
-	Name       string `json:"name"`
-	AMP        bool   `json:"amp"`
-	Checkpoint string `json:"checkpoint"`
-	MicroBatch int    `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
+	Name       string            `json:"name"`
+	AMP        AMP               `json:"amp"`
+	Checkpoint nn.CheckpointMode `json:"checkpoint"`
+	MicroBatch int               `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
 }
 
-// Variants are the four configurations the savings are measured across.
-func Variants(checkpoint string) []Variant {
-	if checkpoint == "" || checkpoint == "none" {
-		checkpoint = "blocks"
+// Variants are the four configurations the savings are measured across:
+// fp32, AMP in amp's dtype (AMPF16 when amp is NoAMP), checkpointing as
+// mode says (blocks when it says none), and both.
+func Variants(mode nn.CheckpointMode, amp AMP) []Variant {
+	if mode == nn.NoCheckpoint {
+		mode = nn.CheckpointBlocks
+	}
+	if !amp.On() {
+		amp = AMPF16
 	}
 	return []Variant{
-		{Name: "fp32", Checkpoint: "none"},
-		{Name: "amp", AMP: true, Checkpoint: "none"},
-		{Name: "checkpoint", Checkpoint: checkpoint},
-		{Name: "amp+checkpoint", AMP: true, Checkpoint: checkpoint},
+		{Name: "fp32"},
+		{Name: "amp", AMP: amp},
+		{Name: "checkpoint", Checkpoint: mode},
+		{Name: "amp+checkpoint", AMP: amp, Checkpoint: mode},
 	}
 }
 
 // VariantName names a configuration as Variants does.
-func VariantName(amp bool, checkpoint string) string {
-	ck := checkpoint != "" && checkpoint != "none"
+func VariantName(amp AMP, mode nn.CheckpointMode) string {
+	ck := mode != nn.NoCheckpoint
 	switch {
-	case amp && ck:
+	case amp.On() && ck:
 		return "amp+checkpoint"
-	case amp:
+	case amp.On():
 		return "amp"
 	case ck:
 		return "checkpoint"
@@ -273,7 +278,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	defer gen.SetState(state)
 	model := build()
 	defer nn.Release(model)
-	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, false
+	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
 	t, err := New(model, dev, cfg, 2)
 	if err != nil {
 		return Measurement{}, err
@@ -346,15 +351,16 @@ type BudgetChoice struct {
 }
 
 // BudgetVariants are the configurations a memory budget is fitted with,
-// fastest first on a GPU: fp32, AMP, checkpointed blocks, both, then
-// checkpointed sqrt(n) segments without and with AMP (only the first two
-// for a model without residual blocks). keep drops those a user ruled out.
-func BudgetVariants(resnet bool, keep func(Variant) bool) []Variant {
-	vs := Variants("blocks")
-	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: "sqrt"}, Variant{Name: "amp+checkpoint-sqrt", AMP: true, Checkpoint: "sqrt"})
+// fastest first on a GPU: fp32, AMP (in amp's dtype, as Variants), checkpointed
+// blocks, both, then checkpointed sqrt(n) segments without and with AMP
+// (only the first two for a model without residual blocks). keep drops
+// those a user ruled out.
+func BudgetVariants(resnet bool, amp AMP, keep func(Variant) bool) []Variant {
+	vs := Variants(nn.CheckpointBlocks, amp)
+	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}, Variant{Name: "amp+checkpoint-sqrt", AMP: vs[1].AMP, Checkpoint: nn.CheckpointSqrt})
 	var out []Variant
 	for _, v := range vs {
-		if (resnet || v.Checkpoint == "none") && (keep == nil || keep(v)) {
+		if (resnet || v.Checkpoint == nn.NoCheckpoint) && (keep == nil || keep(v)) {
 			out = append(out, v)
 		}
 	}

@@ -30,9 +30,9 @@ type Arch struct {
 	Recipe *Recipe
 	// Blocks says the model has blocks to checkpoint (Config.Checkpoint
 	// applies); Segments is what the harness's checkpointing configurations
-	// checkpoint: "blocks" (each block) or "sqrt" (√n segments of blocks).
+	// checkpoint: each block, or √n segments of blocks.
 	Blocks   bool
-	Segments string
+	Segments nn.CheckpointMode
 	// CNN says the model convolves images: random crops and flips suit
 	// it, and convolution workspaces matter.
 	CNN bool
@@ -49,8 +49,32 @@ type Recipe struct {
 	WarmupSteps                          int
 }
 
-// ModelNames says, for messages, which names LookupArch knows.
-const ModelNames = "resnetN (N = 6n+2: resnet20, resnet56, ...), resnet18, mlp, gpt (gpt-small), gpt-mini or gpt2"
+// ModelNames says, for messages and -h, which names LookupArch knows.
+const ModelNames = "resnet (resnet20), resnetN (N = 6n+2: resnet20, resnet56, ..., resnet1202), resnet18, mlp, gpt (gpt-small), gpt-mini or gpt2"
+
+// ModelName is a name LookupArch knows. It is a flag.Value: Set refuses any
+// other name, saying which it knows.
+type ModelName string
+
+// Set checks s with LookupArch.
+func (m *ModelName) Set(s string) error {
+	if _, err := LookupArch(s); err != nil {
+		return err
+	}
+	*m = ModelName(s)
+	return nil
+}
+
+func (m ModelName) String() string { return string(m) }
+
+// Arch is m's entry in the registry (ModelName's Set checked it).
+func (m ModelName) Arch() Arch {
+	a, err := LookupArch(string(m))
+	if err != nil {
+		panic(fmt.Sprintf("train: ModelName %q not in the registry: %v", string(m), err))
+	}
+	return a
+}
 
 // The GPT presets and their recipes (AdamW, GPT-2's decoupled decay of
 // 0.1 without decay on biases and norms, gradients clipped to norm 1, a
@@ -71,19 +95,43 @@ var gptPresets = map[string]struct {
 		Recipe{Optimizer: "adamw", LR: 6e-4, Beta2: 0.95, WeightDecay: 0.1, ClipNorm: 1, Batch: 16, Steps: 1000, EvalEvery: 200, WarmupSteps: 100}},
 }
 
+// LanguageModels lists the names of the registry's language models.
+func LanguageModels() []string {
+	names := []string{"gpt"}
+	for name := range gptPresets {
+		names = append(names, name)
+	}
+	slices.Sort(names[1:])
+	return names
+}
+
+// PresetDefaults says a language-model preset setting for each preset,
+// for flags' help: "256 for gpt-small, 64 for gpt-mini, 1024 for gpt2".
+func PresetDefaults(of func(Arch) string) string {
+	var parts []string
+	for _, name := range LanguageModels()[1:] {
+		a, _ := LookupArch(name)
+		parts = append(parts, of(a)+" for "+name)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // LookupArch returns the registry's entry for a model name: "resnetN" (a
 // CIFAR-style ResNet of depth N = 6n+2: resnet20, resnet56, resnet1202,
-// ...), "resnet18", "mlp" (two hidden layers of 256), or the GPTs
+// ...; "resnet" is resnet20), "resnet18", "mlp" (two hidden layers of 256), or the GPTs
 // "gpt-small" (6 layers of width 384, context 256; "gpt" is its other
 // name), "gpt-mini" (2 of 128, context 64) and "gpt2" (GPT-2 small).
 func LookupArch(name string) (Arch, error) {
 	preset := name
-	if name == "gpt" {
+	switch name {
+	case "gpt":
 		preset = "gpt-small"
+	case "resnet":
+		name = "resnet20"
 	}
 	if p, ok := gptPresets[preset]; ok {
 		g, recipe := p.cfg, p.recipe
-		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: "blocks",
+		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: nn.CheckpointBlocks,
 			build: func(dev *tensor.Device, input []int, classes int) (nn.Model, error) {
 				c := g
 				c.Context, c.Vocab = input[0], classes
@@ -92,7 +140,7 @@ func LookupArch(name string) (Arch, error) {
 	}
 	switch name {
 	case "resnet18":
-		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: true, Segments: "blocks", CNN: true,
+		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: true, Segments: nn.CheckpointBlocks, CNN: true,
 			build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
 				return nn.NewResNet18(dev, in[0], classes), nil
 			}}, nil
@@ -106,9 +154,9 @@ func LookupArch(name string) (Arch, error) {
 		if depth, err := strconv.Atoi(d); err == nil && depth >= 8 && (depth-2)%6 == 0 {
 			// The deep ones checkpoint √n segments: a block each would keep
 			// hundreds of boundaries.
-			segments := "blocks"
+			segments := nn.CheckpointBlocks
 			if depth > 200 {
-				segments = "sqrt"
+				segments = nn.CheckpointSqrt
 			}
 			return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10, Blocks: true, Segments: segments, CNN: true,
 				build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
@@ -117,15 +165,6 @@ func LookupArch(name string) (Arch, error) {
 		}
 	}
 	return Arch{}, fmt.Errorf("model %q: want %s", name, ModelNames)
-}
-
-// ForCPU is the model a CPU trains for name: gpt-mini for gpt, whose
-// GPU-sized default (gpt-small) would take hours there; name otherwise.
-func ForCPU(name string) string {
-	if name == "gpt" {
-		return "gpt-mini"
-	}
-	return name
 }
 
 // model is m as an nn.Model, or nil (not a nil *M) with err.

@@ -40,7 +40,7 @@ func snapshotState(m nn.Model) [][]byte {
 // model has batch norm and dropout, with AMP (so the scaler takes part) and
 // without.
 func TestFailedStepLeavesNoTrace(t *testing.T) {
-	for _, v := range []Variant{{Name: "fp32", Checkpoint: "none"}, {Name: "amp+checkpoint", AMP: true, Checkpoint: "blocks"}} {
+	for _, v := range []Variant{{Name: "fp32", Checkpoint: nn.NoCheckpoint}, {Name: "amp+checkpoint", AMP: AMPF16, Checkpoint: nn.CheckpointBlocks}} {
 		t.Run(v.Name, func(t *testing.T) {
 			dev, src := faultyDevice(true)
 			xs, ys := batches(dev, 2, 16, 3)
@@ -243,7 +243,7 @@ func TestOOMFallsBackToMicroBatches(t *testing.T) {
 func TestDivergenceStopsTheRun(t *testing.T) {
 	dev := tensor.CPU()
 	ds := datasets.SyntheticSize(512, 5, 8)
-	for _, amp := range []bool{false, true} {
+	for _, amp := range []AMP{NoAMP, AMPF16} {
 		cfg := baseConfig("mlp")
 		cfg.Epochs, cfg.Batch, cfg.AMP, cfg.LR, cfg.Schedule = 2, 8, amp, 1e9, "constant"
 		dev.Generator().Seed(3)

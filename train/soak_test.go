@@ -25,7 +25,7 @@ func BenchmarkSoak10k(b *testing.B) {
 		dev.Generator().Seed(1)
 		model := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		cfg := baseConfig("tiny")
-		cfg.Batch, cfg.AMP, cfg.Checkpoint = 16, true, "blocks"
+		cfg.Batch, cfg.AMP, cfg.Checkpoint = 16, AMPF16, nn.CheckpointBlocks
 		l := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 2, CropPad: 2, Flip: true})
 		cfg.Epochs = steps / l.Len()
 		tr, err := New(model, dev, cfg, l.Len())

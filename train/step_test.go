@@ -38,7 +38,7 @@ func newRig(dev *tensor.Device, v Variant, mode Mode, dropout float32) *stepRig 
 	dev.Generator().Seed(7)
 	m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 	m.SetDropout(dropout)
-	if v.Checkpoint != "none" {
+	if v.Checkpoint != nn.NoCheckpoint {
 		m.Checkpoint = nn.CheckpointBlocks
 	}
 	r := &stepRig{dev: dev, model: m, opt: optim.NewSGD(nn.Parameters(m), 0.05, 0.9, 5e-4, true)}
@@ -102,7 +102,7 @@ func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode)
 	tail, tailY := batches(dev, 1, 3, 2)
 	defer releaseAll(tail)
 	defer releaseAll(tailY)
-	for _, v := range Variants("blocks") {
+	for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 		t.Run(v.Name, func(t *testing.T) {
 			run := func(mode Mode) (params [][]float32, loss float64, right int, scale float64, rng uint64) {
 				r := newRig(dev, v, mode, 0.2)
@@ -175,7 +175,7 @@ func testPlannedStepMemory(t *testing.T, dev *tensor.Device, planMode Mode, src 
 	xs, ys := batches(dev, 1, 16, 3)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
-	for _, v := range Variants("blocks") {
+	for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 		t.Run(v.Name, func(t *testing.T) {
 			r := newRig(dev, v, planMode, 0)
 			defer r.release()
@@ -257,7 +257,7 @@ func testInfSkipsStepAsEagerDoes(t *testing.T, dev *tensor.Device, planMode Mode
 	}
 	xInf := tensor.FromFloat32(dev, bad, 8, 1, 12, 12).Keep()
 	defer xInf.Release()
-	v := Variant{Name: "amp", AMP: true, Checkpoint: "none"}
+	v := Variant{Name: "amp", AMP: AMPF16, Checkpoint: nn.NoCheckpoint}
 	for _, mode := range []Mode{Eager, planMode} {
 		r := newRig(dev, v, mode, 0)
 		for i := 0; i < 3; i++ { // warm-up, trace, capture
@@ -297,7 +297,7 @@ func testDropoutMasksDifferBetweenSteps(t *testing.T, dev *tensor.Device, planMo
 	defer releaseAll(xs)
 	defer releaseAll(ys)
 	for _, p := range []float32{0.5, 0} {
-		r := newRig(dev, Variant{Name: "fp32", Checkpoint: "none"}, planMode, p)
+		r := newRig(dev, Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, planMode, p)
 		r.opt.SetLR(0)
 		var losses []float64
 		for i := 0; i < 6; i++ {
@@ -330,7 +330,7 @@ func testStepReadsNothing(t *testing.T, dev *tensor.Device, planMode Mode) {
 	xs, ys := batches(dev, 1, 4, 6)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
-	r := newRig(dev, Variant{Name: "fp32", Checkpoint: "none"}, Eager, 0)
+	r := newRig(dev, Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, Eager, 0)
 	defer r.release()
 	r.step.Observe = func(loss *tensor.Tensor) { _ = loss.Item() }
 	defer func() {
@@ -348,7 +348,7 @@ func testStepReadsNothing(t *testing.T, dev *tensor.Device, planMode Mode) {
 func TestStepReturnsOOM(t *testing.T) {
 	src := memory.Limit(memory.NewHeapSource(), 3<<20)
 	dev := tensor.NewDevice(cpu.NewWithAllocator(memory.New(src, memory.Config{Device: "cpu"})))
-	r := newRig(dev, Variant{Name: "fp32", Checkpoint: "none"}, Eager, 0)
+	r := newRig(dev, Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, Eager, 0)
 	defer r.release()
 	xs, ys := batches(dev, 1, 256, 7)
 	defer releaseAll(xs)
@@ -370,9 +370,9 @@ func TestStepReturnsOOM(t *testing.T) {
 func TestStepChoosesTheLayout(t *testing.T) { testStepChoosesTheLayout(t, tensor.CPU()) }
 
 func testStepChoosesTheLayout(t *testing.T, dev *tensor.Device) {
-	for _, v := range Variants("blocks") {
+	for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 		r := newRig(dev, v, Eager, 0)
-		want := v.AMP && dev.Backend().Info().ChannelsLast
+		want := v.AMP.On() && dev.Backend().Info().ChannelsLast
 		if got := r.model.ChannelsLast(); got != want {
 			t.Errorf("%s on %s: channels last %v, want %v", v.Name, dev.Name(), got, want)
 		}

@@ -14,6 +14,7 @@
 package train
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -46,45 +47,138 @@ type Config struct {
 	Beta2       float64 `json:"beta2,omitempty"` // AdamW's second-moment decay (0: 0.999)
 	// ClipNorm clips the gradients' global L2 norm to it before each
 	// update (0: no clipping).
-	ClipNorm        float64 `json:"clip_norm,omitempty"`
-	Schedule        string  `json:"schedule"` // "cosine" (with warmup), "onecycle" or "constant"
-	WarmupEpochs    float64 `json:"warmup_epochs"`
-	AMP             bool    `json:"amp"`
-	AMPDType        string  `json:"amp_dtype,omitempty"` // what AMP autocasts to: "f16" (the default, with a GradScaler) or "bf16"
-	Checkpoint      string  `json:"checkpoint"`          // "none", "blocks", "sqrt"
-	EmptyCacheEvery int     `json:"empty_cache_every"`
-	Seed            uint64  `json:"seed"`
+	ClipNorm        float64           `json:"clip_norm,omitempty"`
+	Schedule        string            `json:"schedule"` // "cosine" (with warmup), "onecycle" or "constant"
+	WarmupEpochs    float64           `json:"warmup_epochs"`
+	AMP             AMP               `json:"amp"`
+	Checkpoint      nn.CheckpointMode `json:"checkpoint"`
+	EmptyCacheEvery int               `json:"empty_cache_every"`
+	Seed            uint64            `json:"seed"`
 	// Capture runs the step captured as a graph where the backend can
 	// (CUDA), and eagerly elsewhere.
 	Capture bool `json:"capture"`
 	// Language models: the window of tokens each example is (0: the
-	// model's preset), the tokenizer, the training steps between
-	// evaluations (each an "epoch" of the Trainer) and how many batches of
-	// the validation split an evaluation reads (0: all of it).
+	// model's preset), the tokenizer, the training steps (Steps, of which
+	// the first WarmupSteps warm the schedule up; Epochs and WarmupEpochs
+	// are an image classifier's), the steps between evaluations, and how
+	// many batches of the validation split an evaluation reads (0: all of
+	// it). Steps is a multiple of EvalEvery: the Trainer's periods between
+	// evaluations are its "epochs" (Periods).
 	Context     int    `json:"context,omitempty"`
 	Tokenizer   string `json:"tokenizer,omitempty"`
+	Steps       int    `json:"steps,omitempty"`
+	WarmupSteps int    `json:"warmup_steps,omitempty"`
 	EvalEvery   int    `json:"eval_every,omitempty"`
 	EvalBatches int    `json:"eval_batches,omitempty"`
 }
 
-// Autocast is the dtype the configuration's steps autocast to: with AMP,
-// F16 (and a GradScaler) or BF16 as AMPDType says; 0 (fp32) without.
-func (c Config) Autocast() tensor.DType {
-	switch {
-	case !c.AMP:
-		return 0
-	case c.AMPDType == "bf16":
-		return tensor.BF16
+// Periods is the number of the Trainer's epochs: an image classifier's
+// Epochs, or a language model's Steps in periods of EvalEvery steps, each
+// ending in an evaluation.
+func (c Config) Periods() int {
+	if c.EvalEvery > 0 {
+		return c.Steps / c.EvalEvery
 	}
-	return tensor.F16
+	return c.Epochs
 }
 
-// CheckAMPDType says whether s names a dtype AMP autocasts to.
-func CheckAMPDType(s string) error {
-	if s != "" && s != "f16" && s != "bf16" {
-		return fmt.Errorf("AMP dtype %q: want f16 or bf16", s)
+// UnmarshalJSON reads a Config, also as checkpoints that predate AMP as one
+// value and a language model's steps as steps wrote it: "amp" a bool
+// beside "amp_dtype", and the steps as epochs of eval_every steps.
+func (c *Config) UnmarshalJSON(b []byte) error {
+	type config Config // without this method
+	var v struct {
+		config
+		AMPDType string `json:"amp_dtype"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*c = Config(v.config)
+	if c.AMP == AMPF16 && v.AMPDType == "bf16" {
+		c.AMP = AMPBF16
+	}
+	if c.EvalEvery > 0 && c.Steps == 0 {
+		c.Steps, c.WarmupSteps = c.Epochs*c.EvalEvery, int(c.WarmupEpochs*float64(c.EvalEvery))
+		c.Epochs, c.WarmupEpochs = 0, 0
 	}
 	return nil
+}
+
+// Autocast is the dtype the configuration's steps autocast to: F16 (and a
+// GradScaler) or BF16 under AMP, 0 (fp32) without.
+func (c Config) Autocast() tensor.DType { return c.AMP.DType() }
+
+// AMP is what a step's forward autocasts to under mixed precision: NoAMP
+// (fp32 throughout), AMPF16 (F16, with a GradScaler) or AMPBF16 (BF16,
+// which needs none). Its text, for flags, JSON and messages, is "none",
+// "f16" or "bf16".
+type AMP tensor.DType
+
+// The AMP settings.
+const (
+	NoAMP   AMP = 0
+	AMPF16      = AMP(tensor.F16)
+	AMPBF16     = AMP(tensor.BF16)
+)
+
+// AMPDTypes names what AMP autocasts to, for messages and -h.
+const AMPDTypes = "f16 (with loss scaling) or bf16 (no scaling needed)"
+
+// On reports whether a is mixed precision.
+func (a AMP) On() bool { return a != NoAMP }
+
+// DType is what a autocasts to: F16, BF16, or 0 for NoAMP.
+func (a AMP) DType() tensor.DType { return tensor.DType(a) }
+
+// String is "none", "f16" or "bf16".
+func (a AMP) String() string {
+	if a == NoAMP {
+		return "none"
+	}
+	return tensor.DType(a).String()
+}
+
+// ParseAMP reads "none" (or "") or the dtype AMP autocasts to, "f16" or
+// "bf16".
+func ParseAMP(s string) (AMP, error) {
+	if s == "none" || s == "" {
+		return NoAMP, nil
+	}
+	if d, err := tensor.ParseDType(s); err == nil && d.Half() {
+		return AMP(d), nil
+	}
+	return 0, fmt.Errorf("AMP %q: want %s, or none", s, AMPDTypes)
+}
+
+// MarshalText is a's String.
+func (a AMP) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// UnmarshalText reads a as ParseAMP does.
+func (a *AMP) UnmarshalText(text []byte) error {
+	v, err := ParseAMP(string(text))
+	if err == nil {
+		*a = v
+	}
+	return err
+}
+
+// UnmarshalJSON reads a's text, or a bool (true: F16), as checkpoints
+// that predate AMP as one value wrote it.
+func (a *AMP) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*a = AMPF16
+		return nil
+	case "false":
+		*a = NoAMP
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("AMP: %w", err)
+	}
+	return a.UnmarshalText([]byte(s))
 }
 
 // Float is a float64 that JSON writes as null when it is NaN or infinite
@@ -313,10 +407,14 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	if cfg.Schedule == "" {
 		cfg.Schedule = "cosine"
 	}
-	total := max(1, cfg.Epochs*stepsPerEpoch)
+	total := max(1, cfg.Periods()*stepsPerEpoch)
+	warmup := int(cfg.WarmupEpochs * float64(stepsPerEpoch))
+	if cfg.EvalEvery > 0 {
+		warmup = cfg.WarmupSteps
+	}
 	// Warmup is capped at a tenth of the run, so that a short run spends
 	// most of its steps at useful rates.
-	warmup := min(int(cfg.WarmupEpochs*float64(stepsPerEpoch)), total/10)
+	warmup = min(warmup, total/10)
 	sched, err := optim.NewNamedSchedule(cfg.Schedule, cfg.LR, warmup, total)
 	if err != nil {
 		return nil, err
@@ -326,11 +424,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	if err != nil {
 		return nil, err
 	}
-	mode, err := nn.ParseCheckpointMode(cfg.Checkpoint)
-	if err != nil {
-		opt.Release()
-		return nil, err
-	}
+	mode := cfg.Checkpoint
 	if c, ok := model.(nn.Checkpointer); ok {
 		c.SetCheckpoint(mode)
 	} else if mode != nn.NoCheckpoint {
@@ -554,7 +648,7 @@ func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string)
 	if err := tensor.Catch(func() { xs, ys = t.Step.Inputs(trainL.Inputs()) }); err != nil {
 		return fmt.Errorf("the step's input buffers: %w", err)
 	}
-	for ; t.Epoch < t.Cfg.Epochs; t.Epoch++ {
+	for ; t.Epoch < t.Cfg.Periods(); t.Epoch++ {
 		if err := t.fitEpoch(trainL, testL, obs, save, xs, ys); err != nil {
 			return err
 		}
@@ -701,7 +795,7 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 			return err
 		}
 	}
-	if t.Epoch+1 < t.Cfg.Epochs {
+	if t.Epoch+1 < t.Cfg.Periods() {
 		// The last step was a progress update: the ranks agree here too.
 		if stop, err := t.stopping(true); err != nil || stop {
 			t.Epoch++
@@ -811,7 +905,7 @@ func (t *Trainer) interrupt(pos *Position, save string) error {
 // steps in a row skipped. Consecutive skips are counted over whole
 // windows between updates.
 func (t *Trainer) diverged(lossSum float64, skipped, steps int) error {
-	if !t.Cfg.AMP {
+	if !t.Cfg.AMP.On() {
 		if math.IsNaN(lossSum) || math.IsInf(lossSum, 0) {
 			return &DivergedError{Epoch: t.Epoch, Step: t.Steps,
 				Why: fmt.Sprintf("the training loss became %v in the last %s", lossSum, stepCount(steps))}

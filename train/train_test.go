@@ -38,7 +38,7 @@ func TestNoGrowthOverManySteps(t *testing.T) { testNoGrowthOverManySteps(t, tens
 
 func testNoGrowthOverManySteps(t *testing.T, dev *tensor.Device) {
 	ds := datasets.SyntheticSize(240, 1, 12)
-	for _, v := range Variants("blocks") {
+	for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 		t.Run(v.Name, func(t *testing.T) {
 			dev.Generator().Seed(1)
 			model := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
@@ -81,7 +81,7 @@ func TestSaveResumeContinuesExactly(t *testing.T) { testSaveResumeContinuesExact
 func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 	ds := datasets.Synthetic(128, 3)
 	cfg := baseConfig("resnet8")
-	cfg.Epochs, cfg.AMP, cfg.Checkpoint = 2, true, "blocks"
+	cfg.Epochs, cfg.AMP, cfg.Checkpoint = 2, AMPF16, nn.CheckpointBlocks
 	loader := func() *datasets.Loader {
 		return datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: 32, Shuffle: true, Seed: 4, CropPad: 2, Flip: true})
 	}
@@ -138,9 +138,9 @@ func testSaveResumeContinuesExactly(t *testing.T, dev *tensor.Device) {
 	}
 	// A checkpoint of another configuration is refused, every difference
 	// listed; with force it resumes, and says what changed.
-	tb.Cfg.Batch, tb.Cfg.Optimizer, tb.Cfg.AMP = 64, "adamw", false
+	tb.Cfg.Batch, tb.Cfg.Optimizer, tb.Cfg.AMP = 64, "adamw", NoAMP
 	_, err := tb.Resume(path, false)
-	for _, want := range []string{path, "batch: 32 -> 64", "optimizer: sgd -> adamw", "amp: true -> false", "-resume-force"} {
+	for _, want := range []string{path, "batch: 32 -> 64", "optimizer: sgd -> adamw", "amp: f16 -> none", "-resume-force"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("resuming with another batch, optimiser and AMP: %v; want %q", err, want)
 		}
@@ -176,7 +176,7 @@ func testMeasuredSavings(t *testing.T, dev *tensor.Device, measureBatch int) {
 	dev.WithScope(func() {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, measureBatch, 1, 28, 28)
 		y := tensor.FromInt32(dev, make([]int32, measureBatch), measureBatch)
-		for _, v := range Variants("blocks") {
+		for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 			r, err := MeasureStep(dev, build, baseConfig("resnet20"), v, x, y, false)
 			if err != nil {
 				t.Fatal(err)
@@ -214,7 +214,7 @@ func TestStepHoldings(t *testing.T) {
 	dev.WithScope(func() {
 		x := tensor.Randn(dev, tensor.F32, 0, 1, 8, 1, 28, 28)
 		y := tensor.FromInt32(dev, make([]int32, 8), 8)
-		for _, v := range Variants("blocks") {
+		for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
 			m, err := MeasureStep(dev, build, baseConfig("resnet8"), v, x, y, false)
 			if err != nil {
 				t.Fatal(err)
@@ -232,10 +232,10 @@ func TestStepHoldings(t *testing.T) {
 				h.Other < 0 || h.Backward < 0 || h.Allocated+h.Backward != m.PeakAllocated {
 				t.Errorf("%s: %+v does not add up (parameters %d, peak %d)", v.Name, *h, params, m.PeakAllocated)
 			}
-			if ops["batch_norm"] == 0 || (v.Checkpoint != "none") != (ops["checkpoint"] > 0) {
+			if ops["batch_norm"] == 0 || (v.Checkpoint != nn.NoCheckpoint) != (ops["checkpoint"] > 0) {
 				t.Errorf("%s: saved by %v", v.Name, ops)
 			}
-			checkPeak(t, v.Name+", eager", m.Peak, params, m.PeakAllocated, v.Checkpoint != "none")
+			checkPeak(t, v.Name+", eager", m.Peak, params, m.PeakAllocated, v.Checkpoint != nn.NoCheckpoint)
 			if v.Name == "amp+checkpoint" { // and planned
 				m, err := MeasureStep(dev, build, baseConfig("resnet8"), v, x, y, true)
 				if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/leangrad/leangrad/benchmarks"
+	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/cmd/internal/launch"
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/fileio"
@@ -36,10 +37,9 @@ type DDPReport struct {
 // of every spec and configuration (captured on a GPU), and rank 0 prints
 // the results and writes them to -out/ddp.json.
 func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io.Writer) error {
-	name := launch.Device(o.device, place)
-	dev, err := tensor.OpenWith(name, o.deviceOptions(tensor.Options{}))
+	dev, err := cmdenv.OpenDevice(launch.Device(o.device, place), o.deviceOptions(tensor.Options{}), io.Discard)
 	if err != nil {
-		return fmt.Errorf("-device %s: %w", name, err)
+		return err
 	}
 	g, err := launch.Join(dev, place, stderr)
 	if err != nil {

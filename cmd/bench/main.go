@@ -46,20 +46,22 @@ func main() {
 }
 
 type options struct {
-	device, specs, configs, pytorch, python, out, date string
-	compileConfigs, commit, cpuprofile, merge          string
-	ampDType, largestBatch                             string
-	vocab                                              int
-	planRoom                                           float64
-	planTolerance, profileShare                        float64
-	micro, lean, eager, profile                        bool
-	warmup, steps, rounds                              int
-	claims                                             bool
-	seed                                               uint64
-	nproc                                              int
-	overlap, shardOptimizer                            bool
-	matmulF32                                          tensor.F32Matmul
-	distTimeout                                        time.Duration
+	device                                     tensor.DeviceSpec
+	ampDType                                   train.AMP
+	specs, configs, pytorch, python, out, date string
+	compileConfigs, commit, cpuprofile, merge  string
+	largestBatch                               string
+	vocab                                      int
+	planRoom                                   float64
+	planTolerance, profileShare                float64
+	micro, lean, eager, profile                bool
+	warmup, steps, rounds                      int
+	claims                                     bool
+	seed                                       uint64
+	nproc                                      int
+	overlap, shardOptimizer                    bool
+	matmulF32                                  tensor.F32Matmul
+	distTimeout                                time.Duration
 }
 
 // hasBlocks says whether a model (known to the registry) has blocks to checkpoint.
@@ -84,25 +86,30 @@ func hasText(specs []spec) bool {
 	return false
 }
 
+// parseSpecs reads -specs: model:batch[,batch] specs, apart by spaces,
+// semicolons or commas ("resnet20:256,1024 mlp:64" and "mlp:64,resnet20:32"
+// both name two models).
 func parseSpecs(s string) ([]spec, error) {
 	var out []spec
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' }) {
-		name, bs, ok := strings.Cut(f, ":")
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ';' || r == ',' }) {
+		name, b, ok := strings.Cut(f, ":")
 		if !ok {
-			return nil, fmt.Errorf("-specs %q: want model:batch[,batch], with model %s", f, train.ModelNames)
-		}
-		if _, err := train.LookupArch(name); err != nil {
-			return nil, fmt.Errorf("-specs %q: %v", f, err)
-		}
-		sp := spec{model: name}
-		for _, b := range strings.Split(bs, ",") {
-			n, err := strconv.Atoi(b)
-			if err != nil || n < 1 {
-				return nil, fmt.Errorf("-specs %q: batch %q is not a positive number", f, b)
+			if len(out) == 0 {
+				return nil, fmt.Errorf("-specs %q: want model:batch[,batch], with model %s", f, train.ModelNames)
 			}
-			sp.batches = append(sp.batches, n)
+			b = f // another batch of the spec before
+		} else {
+			if _, err := train.LookupArch(name); err != nil {
+				return nil, fmt.Errorf("-specs %q: %v", f, err)
+			}
+			out = append(out, spec{model: name})
 		}
-		out = append(out, sp)
+		n, err := strconv.Atoi(b)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-specs %q: batch %q is not a positive number", f, b)
+		}
+		sp := &out[len(out)-1]
+		sp.batches = append(sp.batches, n)
 	}
 	if len(out) == 0 {
 		return nil, errors.New("-specs is empty")
@@ -111,13 +118,13 @@ func parseSpecs(s string) ([]spec, error) {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	o := options{}
+	o := options{device: "auto", ampDType: train.AMPF16}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
+	fs.Var(&o.device, "device", "device: "+tensor.DeviceSpecs)
 	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
-	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations: fp32, amp, checkpoint, amp+checkpoint (AMP in -amp-dtype), or AMP in the dtype named: bf16, f16, bf16+checkpoint, f16+checkpoint")
-	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what the amp configurations (and -largest-batch's AMP) compute in: f16 (with loss scaling) or bf16")
+	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations, comma separated: "+strings.Join(benchmarks.ConfigNames(), ", ")+" (amp: in -amp-dtype; the others named by a dtype, in that dtype)")
+	fs.TextVar(&o.ampDType, "amp-dtype", o.ampDType, "what the amp configurations (and -largest-batch's AMP) compute in: "+train.AMPDTypes)
 	fs.Float64Var(&o.planRoom, "plan-room", -1, "planned and captured steps: how far convolution workspaces may raise the arena above the other buffers' extent, as a fraction (-1: the default, "+
 		fmt.Sprint(memory.DefaultPlanOptions.MaxSlack)+", within "+fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance*100)+"% of the fastest algorithms)")
 	fs.Float64Var(&o.planTolerance, "plan-tolerance", -1, "planned and captured steps: how much longer, as a fraction, the convolutions' algorithms may take than the fastest's when their workspaces make the arena smaller (-1: the default, "+
@@ -151,13 +158,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return cmdenv.ExitUsage
+	problems, refused, err := cmdenv.ParseFlags(fs, args)
+	if err != nil {
+		return 0 // -h
 	}
-	specs, problems := o.check(fs)
+	specs, more := o.check(fs)
+	problems = append(problems, cmdenv.Unsaid(more, refused)...)
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintf(stderr, "bench: %s\n", p)
@@ -216,7 +222,7 @@ func parseLargestBatch(s string) (largestBatch, error) {
 		return lb, errors.New("want MODEL:CONTEXT:GIB, as gpt2:512:24")
 	}
 	if a, err := train.LookupArch(lb.model); err != nil || !a.Text {
-		return lb, fmt.Errorf("%s is not a language model (want gpt, gpt-small, gpt-mini or gpt2)", lb.model)
+		return lb, fmt.Errorf("%s is not a language model (want %s)", lb.model, strings.Join(train.LanguageModels(), ", "))
 	}
 	lb.bytes = int64(gib * (1 << 30))
 	return lb, nil
@@ -235,8 +241,8 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if fs.NArg() > 0 {
 		say("unexpected argument %q (flags start with -; quote a list of specs)", fs.Arg(0))
 	}
-	if err := train.CheckAMPDType(o.ampDType); err != nil {
-		say("-%v", err)
+	if !o.ampDType.On() {
+		say("-amp-dtype %v: want %s", o.ampDType, train.AMPDTypes)
 	}
 	if err := iopaths.Folder(o.out); err != nil {
 		say("-out %s: %v", o.out, err)
@@ -319,9 +325,9 @@ func buildCommit() string {
 }
 
 func bench(o options, specs []spec, stdout, stderr io.Writer) error {
-	dev, err := tensor.OpenWith(o.device, o.deviceOptions(tensor.Options{}))
+	dev, err := cmdenv.OpenDevice(o.device, o.deviceOptions(tensor.Options{}), io.Discard)
 	if err != nil {
-		return nothingRan{fmt.Errorf("-device %s: %w", o.device, err)}
+		return nothingRan{err}
 	}
 	rep := &benchmarks.Report{Date: o.date, Device: dev.Name(), Commit: o.commit}
 	if n, ok := dev.Backend().(interface{ DeviceName() string }); ok {
@@ -607,7 +613,7 @@ func runPyTorch(o options, cpu bool, specs []spec, stderr io.Writer) (string, []
 		return "", nil, fmt.Errorf("-pytorch %s: %w", o.pytorch, err)
 	}
 	args := []string{o.pytorch, "--warmup", strconv.Itoa(o.warmup), "--steps", strconv.Itoa(o.steps), "--configs", o.configs,
-		"--amp-dtype", o.ampDType}
+		"--amp-dtype", o.ampDType.String()}
 	lms := map[string]benchmarks.LMReference{}
 	for _, sp := range specs {
 		if lm, ok := benchmarks.ReferenceLM(sp.model, o.harness()); ok {
@@ -738,38 +744,37 @@ func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
 // mfu measures the device's matrix-product peaks in the dtypes the
 // language models ran in (8192³ products) and notes each language-model
 // result's model FLOPs rate and its share of that peak.
-func mfu(dev *tensor.Device, ampDType string, results []benchmarks.Result) ([]string, error) {
+func mfu(dev *tensor.Device, amp train.AMP, results []benchmarks.Result) ([]string, error) {
 	const n = 8192
-	dtypes := map[string]tensor.DType{"fp32": tensor.F32, "bf16": tensor.BF16, "f16": tensor.F16}
-	peaks, names := map[string]float64{}, map[string]string{}
+	peaks, names := map[tensor.DType]float64{}, map[tensor.DType]string{}
 	var notes []string
 	for _, r := range results {
-		d := benchmarks.ConfigDType(r.Config, ampDType)
+		d := benchmarks.ConfigDType(r.Config, amp)
 		if _, done := peaks[d]; done || r.FLOPsPerStep == 0 {
 			continue
 		}
-		p, err := benchmarks.GemmPeak(dev, dtypes[d], n, 10)
+		p, err := benchmarks.GemmPeak(dev, d, n, 10)
 		if err != nil {
-			return nil, fmt.Errorf("measuring the %v product peak: %w", dtypes[d], err)
+			return nil, fmt.Errorf("measuring the %v product peak: %w", d, err)
 		}
-		peaks[d], names[d] = p, fmt.Sprintf("%v %d³ product", dtypes[d], n)
+		peaks[d], names[d] = p, fmt.Sprintf("%v %d³ product", d, n)
 		notes = append(notes, fmt.Sprintf("Measured peak of the %s: %.1f TFLOP/s.", names[d], p))
 	}
 	dev.Allocator().EmptyCache() // the operands are not what later measurements should find cached
-	return append(notes, benchmarks.MFU(results, ampDType, peaks, names)...), nil
+	return append(notes, benchmarks.MFU(results, amp, peaks, names)...), nil
 }
 
 // deviceOptions is opts with the flags' device settings and the
 // environment's kernel cache.
 func (o *options) deviceOptions(opts tensor.Options) tensor.Options {
 	opts.MatmulF32 = o.matmulF32
-	return cmdenv.DeviceOptions(opts)
+	return opts
 }
 
 // harness is the benchmark harness's options the flags give, for one
 // device or a data-parallel job.
 func (o *options) harness() benchmarks.Options {
-	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMPDType: o.ampDType, Vocab: o.vocab}
+	bo := benchmarks.Options{Warmup: o.warmup, Steps: o.steps, Seed: o.seed, AMP: o.ampDType, Vocab: o.vocab}
 	if o.planRoom >= 0 || o.planTolerance >= 0 {
 		p := memory.DefaultPlanOptions
 		if o.planRoom >= 0 {

@@ -38,13 +38,14 @@ func main() {
 }
 
 type options struct {
-	addr, device, model string
-	opts                serve.Options
-	drain               time.Duration
+	addr, model string
+	device      tensor.DeviceSpec
+	opts        serve.Options
+	drain       time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
+	o := &options{device: "auto"}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -52,7 +53,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
-	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto (the GPU if there is one)")
+	fs.Var(&o.device, "device", "device: "+tensor.DeviceSpecs)
 	fs.IntVar(&o.opts.MaxBatch, "max-batch", 64, "the most images one forward pass takes (requests are batched up to it)")
 	fs.DurationVar(&o.opts.Window, "window", 2*time.Millisecond, "how long the batcher waits after a request for others to join its batch")
 	fs.IntVar(&o.opts.Queue, "queue", 1024, "requests that may wait for the device; beyond it they get 503 (a GPT: generations at once)")
@@ -60,11 +61,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&maxBody, "max-body", 16<<20, "the most bytes a request body may have (413 beyond)")
 	fs.IntVar(&o.opts.EmptyCacheEvery, "empty-cache-every", 0, "call EmptyCache after every N requests (0: never; the pool does not need it: this measures the advice)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGINT or SIGTERM, how long requests in flight may take to finish")
-	if err := fs.Parse(args); err != nil {
+	bad, _, err := cmdenv.ParseFlags(fs, args)
+	if err != nil {
 		return nil, err
 	}
 	o.opts.MaxBody = maxBody
-	var bad []string
 	say := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 	switch fs.NArg() {
 	case 0:
@@ -113,14 +114,9 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 		}
 		return cmdenv.ExitUsage
 	}
-	var dev *tensor.Device
-	if o.device == "auto" {
-		var why string
-		if dev, why = tensor.OpenAutoWith(cmdenv.DeviceOptions(tensor.Options{})); why != "" {
-			fmt.Fprintf(stdout, "device: cpu (no usable GPU: %s)\n", strings.SplitN(why, "\n", 2)[0])
-		}
-	} else if dev, err = tensor.OpenWith(o.device, cmdenv.DeviceOptions(tensor.Options{})); err != nil {
-		fmt.Fprintf(stderr, "serve: -device %s: %v\n", o.device, err)
+	dev, err := cmdenv.OpenDevice(o.device, tensor.Options{}, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return cmdenv.ExitNothingRan
 	}
 	srv, err := serve.Open(dev, o.model, o.opts)

@@ -37,9 +37,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -65,19 +62,27 @@ func main() {
 
 // options are the command's flags.
 type options struct {
-	model, device, dataset, data           string
+	model                                  train.ModelName
+	device                                 tensor.DeviceSpec
+	dataset                                datasets.DatasetName
+	data                                   string
 	depth, epochs, batch, limit, testLimit int
 	lr, momentum, wd, warmup               float64
-	optimizer, schedule, ckptMode          string
+	optimizer                              optim.OptimizerName
+	schedule                               optim.ScheduleName
+	ckptMode                               nn.CheckpointMode
 	amp, ckpt, download, augment, measure  bool
+	ampDType                               train.AMP
 	capture, tf32                          bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
-	jsonOut, memlog, memplot, save, resume string
-	memsnapshot, maxMemory, convWorkspace  string
+	jsonOut, memlog, save, resume          string
+	memplot                                run.PlotFile
+	memsnapshot, convWorkspace             string
+	maxMemory                              memory.Budget
 	resumeForce                            bool
-	ampDType, tokenizer, prompt            string
+	tokenizer, prompt                      string
 	context, steps, evalEvery, evalBatches int
 	warmupSteps, sample, topK              int
 	clip, temperature                      float64
@@ -94,9 +99,6 @@ const (
 	defaultBatch = 128
 	defaultLR    = 0.1
 )
-
-// cpuDefaults is what -h says a CPU run changes (run.Job.CPUDefaults).
-const cpuDefaults = "On a CPU, unless given: -limit 2000 -test-limit 1000 -epochs 1 -batch 32 (so lr 0.025), and -model gpt is gpt-mini."
 
 // textFlags are the flags of language models only.
 var textFlags = []string{"tokenizer", "context", "steps", "eval-every", "eval-batches", "warmup-steps", "sample", "prompt", "temperature", "top-k"}
@@ -136,11 +138,7 @@ func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
 	if !(o.temperature >= 0) || math.IsInf(o.temperature, 0) {
 		bad("-temperature %v: want 0 (greedy) or more", o.temperature)
 	}
-	name := modelName(o)
-	if o.cpuRun() {
-		name = train.ForCPU(name)
-	}
-	a, _ := train.LookupArch(name)
+	a, _ := train.LookupArch(o.trainedModel())
 	r := o.recipe(a)
 	if r.Steps%r.EvalEvery != 0 {
 		bad("-steps %d: want a multiple of -eval-every %d (each ends in a validation)", r.Steps, r.EvalEvery)
@@ -155,17 +153,13 @@ func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
 }
 
 // trainedModel is the model the run trains: -model's, or on a CPU the
-// preset train.ForCPU says for it.
+// one run.CPUModel says for it.
 func (o *options) trainedModel() string {
-	if o.text && o.cpuRun() {
-		return train.ForCPU(modelName(o))
+	if gpu, _ := o.device.CUDA(); !gpu {
+		m, _ := run.CPUModel(modelName(o))
+		return m
 	}
 	return modelName(o)
-}
-
-// cpuRun says whether the run will be on the CPU.
-func (o *options) cpuRun() bool {
-	return o.device == "cpu" || o.device == "auto" && cuda.Available() != nil
 }
 
 // recipe is a language model's recipe with the flags given instead of its
@@ -184,6 +178,9 @@ func (o *options) recipe(a train.Arch) train.Recipe {
 			*f.v = f.to
 		}
 	}
+	if o.set["steps"] && !o.set["eval-every"] && r.Steps%r.EvalEvery != 0 {
+		r.EvalEvery = largestDivisor(r.Steps, r.EvalEvery) // the preset's period, cut to fit -steps
+	}
 	if o.set["lr"] {
 		r.LR = o.lr
 	}
@@ -191,7 +188,7 @@ func (o *options) recipe(a train.Arch) train.Recipe {
 		r.WeightDecay = o.wd
 	}
 	if o.set["optimizer"] {
-		r.Optimizer = o.optimizer
+		r.Optimizer = string(o.optimizer)
 	}
 	if o.set["clip"] {
 		r.ClipNorm = max(o.clip, 0)
@@ -200,17 +197,17 @@ func (o *options) recipe(a train.Arch) train.Recipe {
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
+	o := &options{model: "resnet", device: "auto", dataset: datasets.FashionMNIST, optimizer: "sgd", schedule: "cosine"}
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n%s\n%s\nFlags:\n", cpuDefaults, cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n%s\n%s\nFlags:\n", run.CPUPolicy, cmdenv.ExitStatuses)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.model, "model", "resnet", "model: resnet (CIFAR-style, see -depth), resnet18, mlp, or the GPTs gpt (6 layers of width 384 on a GPU, gpt-mini on a CPU), gpt-small, gpt-mini (2 of 128) or gpt2 (GPT-2 small, 124M)")
+	fs.Var(&o.model, "model", "model: "+train.ModelNames+" (resnet: see -depth)")
 	fs.IntVar(&o.depth, "depth", 20, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, 1202)")
-	fs.StringVar(&o.device, "device", "auto", "device: cpu, cuda, cuda:N or auto (the GPU if there is one)")
-	fs.StringVar(&o.dataset, "dataset", datasets.FashionMNIST, "dataset: fashion-mnist, cifar10 or synthetic")
+	fs.Var(&o.device, "device", "device: "+tensor.DeviceSpecs)
+	fs.Var(&o.dataset, "dataset", "dataset: "+datasets.DatasetNames)
 	fs.StringVar(&o.data, "data", "", "folder holding the dataset's files (searched first); for a GPT, a text file or a folder of them (default: the Brown corpus)")
 	fs.BoolVar(&o.download, "download", false, "download Fashion-MNIST (checksums verified) if it is not found")
 	fs.IntVar(&o.epochs, "epochs", 15, "epochs")
@@ -218,37 +215,47 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.lr, "lr", defaultLR, "peak learning rate, at -batch 128: with another -batch and no -lr, scaled linearly (0.05 at 64)")
 	fs.Float64Var(&o.momentum, "momentum", 0.9, "SGD momentum (Nesterov)")
 	fs.Float64Var(&o.wd, "wd", 5e-4, "weight decay")
-	fs.StringVar(&o.optimizer, "optimizer", "sgd", "optimizer: sgd or adamw")
-	fs.StringVar(&o.schedule, "schedule", "cosine", "learning-rate schedule: cosine (with warmup), onecycle or constant")
+	fs.Var(&o.optimizer, "optimizer", "optimizer: "+optim.Choices(optim.OptimizerNames))
+	fs.Var(&o.schedule, "schedule", "learning-rate schedule: "+optim.Choices(optim.ScheduleNames)+" (cosine warms up first)")
 	fs.Float64Var(&o.warmup, "warmup", 1, "warmup epochs of the cosine schedule (at most a tenth of the run)")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed (initialisation, shuffling, augmentation, dropout)")
 	fs.IntVar(&o.limit, "limit", 0, "train on the first N images only (0: all; on a CPU the default is 2000)")
 	fs.IntVar(&o.testLimit, "test-limit", 0, "evaluate on the first N test images only (0: all; on a CPU the default is 1000)")
 	fs.BoolVar(&o.amp, "amp", false, "mixed precision: F16 convolutions and matmuls, F32 master weights, loss scaling (see -amp-dtype)")
-	fs.StringVar(&o.ampDType, "amp-dtype", "f16", "what -amp computes in: f16 (with loss scaling) or bf16 (no scaling needed)")
-	fs.StringVar(&o.tokenizer, "tokenizer", datasets.GPT2Tokens, "GPTs: gpt2 (GPT-2's byte-pair encoding) or bytes")
-	fs.IntVar(&o.context, "context", 0, "GPTs: tokens a window (0: the preset's: 256, 64 for gpt-mini, 1024 for gpt2)")
-	fs.IntVar(&o.steps, "steps", 0, "GPTs: training steps (0: the preset's: 1000, 200 for gpt-mini)")
-	fs.IntVar(&o.evalEvery, "eval-every", 0, "GPTs: steps between validations (0: the preset's: 200, 100 for gpt-mini)")
-	fs.IntVar(&o.evalBatches, "eval-batches", 0, "GPTs: batches of the validation split each validation reads (0: the preset's: all, 20 for gpt-mini)")
-	fs.IntVar(&o.warmupSteps, "warmup-steps", 0, "GPTs: warmup steps of the cosine schedule (0: the preset's: 100, 20 for gpt-mini)")
+	o.ampDType = train.AMPF16
+	fs.TextVar(&o.ampDType, "amp-dtype", o.ampDType, "what -amp computes in: "+train.AMPDTypes)
+	fs.StringVar(&o.tokenizer, "tokenizer", datasets.GPT2Tokens, "GPTs: "+datasets.TokenizerNames)
+	preset := func(f func(train.Arch) int) string {
+		return "(0: the preset's: " + train.PresetDefaults(func(a train.Arch) string {
+			if n := f(a); n > 0 {
+				return fmt.Sprint(n)
+			}
+			return "all"
+		}) + ")"
+	}
+	fs.IntVar(&o.context, "context", 0, "GPTs: tokens a window "+preset(func(a train.Arch) int { return a.Input[0] }))
+	fs.IntVar(&o.steps, "steps", 0, "GPTs: training steps "+preset(func(a train.Arch) int { return a.Recipe.Steps }))
+	fs.IntVar(&o.evalEvery, "eval-every", 0, "GPTs: steps between validations "+preset(func(a train.Arch) int { return a.Recipe.EvalEvery })+
+		"; with -steps alone, the largest divisor of -steps up to it")
+	fs.IntVar(&o.evalBatches, "eval-batches", 0, "GPTs: batches of the validation split each validation reads "+preset(func(a train.Arch) int { return a.Recipe.EvalBatches }))
+	fs.IntVar(&o.warmupSteps, "warmup-steps", 0, "GPTs: warmup steps of the cosine schedule "+preset(func(a train.Arch) int { return a.Recipe.WarmupSteps }))
 	fs.Float64Var(&o.clip, "clip", 0, "clip the gradients' global norm to this before each update (GPTs' default: 1; negative: never)")
 	fs.IntVar(&o.sample, "sample", 0, "GPTs: print N tokens the trained model generates at the end")
 	fs.StringVar(&o.prompt, "prompt", "", "GPTs: the text -sample continues (default: the validation split's first tokens)")
 	fs.Float64Var(&o.temperature, "temperature", 0.8, "GPTs: -sample's temperature (0: the most likely token each time)")
 	fs.IntVar(&o.topK, "top-k", 40, "GPTs: -sample draws from the K most likely tokens (0: all)")
 	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks: recompute them in the backward instead of keeping their activations")
-	fs.StringVar(&o.ckptMode, "checkpoint-mode", "blocks", "what -checkpoint checkpoints: blocks (every block) or sqrt (sqrt(n) segments)")
+	fs.TextVar(&o.ckptMode, "checkpoint-mode", nn.CheckpointBlocks, "what -checkpoint checkpoints: "+nn.CheckpointModes+" (blocks: every block; sqrt: sqrt(n) segments)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
 	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training")
 	fs.IntVar(&o.emptyCache, "empty-cache", 0, "call EmptyCache every N steps (0: never) and report what it cost")
 	fs.StringVar(&o.jsonOut, "json", "", "write metrics as JSON to this file (-: to standard output, and what the run says to standard error)")
 	fs.StringVar(&o.memlog, "memlog", "", "write the allocator's timeline of every alloc and free as CSV to this file")
-	fs.StringVar(&o.memplot, "memplot", "", "plot allocated and reserved memory over the run to this PNG")
+	fs.Var(&o.memplot, "memplot", "plot allocated and reserved memory over the run to this file (."+strings.Join(run.PlotFormats, ", .")+")")
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
 	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save (its model, optimiser, AMP, checkpointing, batch, dataset and schedule must be this run's)")
 	fs.BoolVar(&o.resumeForce, "resume-force", false, "resume even where the checkpoint's configuration differs from this run's (the report lists what changed)")
-	fs.StringVar(&o.maxMemory, "max-memory", "", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments and micro-batches whose measured step fits; -amp and -checkpoint given on the command line are kept")
+	fs.Var(&o.maxMemory, "max-memory", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments and micro-batches whose measured step fits; -amp and -checkpoint given on the command line are kept")
 	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
@@ -257,60 +264,54 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.nproc, "nproc", 1, "data parallelism on this machine: start N ranks of this command, one per GPU (torchrun-style; a job launched by torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT instead); -batch is per rank")
 	fs.BoolVar(&o.shardOptimizer, "shard-optimizer", false, "data-parallel jobs: each rank keeps the optimizer state of its shard of the parameters only (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered); checkpoints still hold it whole")
 	fs.DurationVar(&o.distTimeout, "dist-timeout", 10*time.Minute, "data-parallel jobs: how long a rank waits for the others to join, at a barrier, or for a collective over TCP")
-	if err := fs.Parse(args); err != nil {
+	problems, refused, err := cmdenv.ParseFlags(fs, args)
+	if err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (flags start with -)", fs.Arg(0))
+		problems = append(problems, fmt.Sprintf("unexpected argument %q (flags start with -)", fs.Arg(0)))
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
-	if err := o.check(); err != nil {
-		return nil, err
+	problems = append(problems, cmdenv.Unsaid(o.check(), refused)...)
+	if len(problems) > 0 {
+		return nil, errors.New(strings.Join(problems, "\n"))
 	}
 	return o, nil
 }
 
-// check validates every flag before anything is loaded or trained, and
-// reports every problem it finds, one a line.
-func (o *options) check() error {
+// check validates the flags together before anything is loaded or
+// trained, and returns every problem it finds, one a line.
+func (o *options) check() []string {
 	var errs []string
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	arch, archErr := train.LookupArch(modelName(o))
 	switch {
-	case o.model == "resnet" && archErr != nil:
+	case archErr != nil:
 		bad("-depth %d: want 6n+2 (20, 32, 44, 56, 110, 1202)", o.depth)
-	case archErr != nil || strings.HasPrefix(o.model, "resnet") && o.model != "resnet18" && o.model != "resnet":
-		bad("-model %q: want resnet, resnet18, mlp, gpt, gpt-small, gpt-mini or gpt2", o.model)
-	}
-	if archErr == nil {
+	default:
 		o.text = arch.Text
 		o.checkText(arch, bad)
 	}
-	if train.CheckAMPDType(o.ampDType) != nil {
-		bad("-amp-dtype %q: want f16 or bf16", o.ampDType)
-	}
-	if o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !cudaIndex.MatchString(o.device) {
-		bad("-device %q: want cpu, cuda, cuda:N or auto", o.device)
+	if o.amp && !o.ampDType.On() {
+		bad("-amp-dtype %v with -amp: want %s", o.ampDType, train.AMPDTypes)
 	}
 	if _, inJob, _ := cmdenv.Job(); o.shardOptimizer && o.nproc == 1 && !inJob {
 		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 	}
+	gpu, index := o.device.CUDA()
 	switch {
 	case o.nproc < 1:
 		bad("-nproc %d: want 1 or more processes", o.nproc)
-	case o.nproc > 1 && cudaIndex.MatchString(o.device):
+	case o.nproc > 1 && index >= 0:
 		bad("-nproc %d with -device %s: each rank takes its own GPU (cuda:RANK); use -device cuda or auto", o.nproc, o.device)
-	case o.nproc > 1 && (o.device == "cuda" || (o.device == "auto" && cuda.Available() == nil)):
+	case o.nproc > 1 && gpu:
 		if n, err := cuda.DeviceCount(); err != nil || n < o.nproc {
 			bad("-nproc %d: one GPU per rank, and this machine has %d (%v)", o.nproc, n, err)
 		}
 	}
 	if !(o.distTimeout > 0) {
 		bad("-dist-timeout %v: want a positive duration", o.distTimeout)
-	}
-	if o.dataset != datasets.FashionMNIST && o.dataset != datasets.CIFAR10 && o.dataset != datasets.SyntheticSet {
-		bad("-dataset %q: want fashion-mnist, cifar10 or synthetic", o.dataset)
 	}
 	if o.data != "" {
 		if st, err := os.Stat(o.data); err != nil {
@@ -350,28 +351,14 @@ func (o *options) check() error {
 			bad("-%s %v: want %s", v.name, v.v, v.interval)
 		}
 	}
-	if err := optim.CheckOptimizer(o.optimizer); err != nil {
-		bad("-%v", err)
-	}
-	if err := optim.CheckSchedule(o.schedule); err != nil {
-		bad("-%v", err)
-	}
 	if o.ckpt && archErr == nil && !arch.Blocks {
 		bad("-checkpoint needs a model with blocks to checkpoint: %s has none", modelName(o))
-	}
-	if _, err := nn.ParseCheckpointMode(o.ckptMode); err != nil {
-		bad("-checkpoint-mode: %v", err)
 	}
 	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
 		bad("-conv-workspace %q: want fast or lean", o.convWorkspace)
 	}
 	if o.download && o.data != "" {
 		bad("-download fetches into the user cache folder, and -data %s says where the dataset is: give one of them", o.data)
-	}
-	if o.maxMemory != "" {
-		if _, _, err := parseBudget(o.maxMemory); err != nil {
-			bad("-max-memory %q: %v", o.maxMemory, err)
-		}
 	}
 	if o.resume != "" {
 		if st, err := os.Stat(o.resume); err != nil {
@@ -389,20 +376,8 @@ func (o *options) check() error {
 	for _, p := range o.paths(arch).Problems() {
 		bad("%s", p)
 	}
-	if o.memplot != "" && !plotFormats[strings.ToLower(strings.TrimPrefix(filepath.Ext(o.memplot), "."))] {
-		bad("-memplot %s: want a .png, .svg or .pdf file", o.memplot)
-	}
-	if len(errs) > 0 {
-		return errors.New(strings.Join(errs, "\n"))
-	}
-	return nil
+	return errs
 }
-
-var (
-	cudaIndex    = regexp.MustCompile(`^cuda:[0-9]+$`)
-	budgetSyntax = regexp.MustCompile(`^([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)$`)
-	plotFormats  = map[string]bool{"png": true, "svg": true, "pdf": true}
-)
 
 // paths are the run's inputs and outputs, for iopaths to check: the
 // checkpoint resumed (which -save may replace: that is how a resumed run
@@ -428,14 +403,14 @@ func (o *options) paths(arch train.Arch) *iopaths.Set {
 	case o.data != "":
 		s.Input("-data", o.data)
 	case o.dataset != datasets.SyntheticSet:
-		if dir, err := datasets.Find(o.dataset, src.Roots...); err == nil {
+		if dir, err := datasets.Find(string(o.dataset), src.Roots...); err == nil {
 			s.Input("the dataset in", dir)
 		}
 	}
 	s.Output("-save", o.save, false)
 	s.Output("-json", o.jsonOut, true)
 	s.Output("-memlog", o.memlog, false)
-	s.Output("-memplot", o.memplot, false)
+	s.Output("-memplot", string(o.memplot), false)
 	s.Output("-memsnapshot", o.memsnapshot, false)
 	return &s
 }
@@ -445,35 +420,6 @@ func sameFile(a, b string) bool {
 	sa, err1 := os.Stat(a)
 	sb, err2 := os.Stat(b)
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
-}
-
-// parseBudget reads -max-memory: a size with a unit (200MiB, 1.5GiB, 64KiB,
-// 500MB, or plain bytes) or a fraction of the device's memory in (0, 1].
-func parseBudget(s string) (bytes int64, fraction float64, err error) {
-	m := budgetSyntax.FindStringSubmatch(strings.TrimSpace(s))
-	if m == nil {
-		return 0, 0, errors.New("want a size such as 200MiB or 2GiB, or a fraction of the device's memory such as 0.5")
-	}
-	v, err := strconv.ParseFloat(m[1], 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-		return 0, 0, errors.New("want a positive size such as 200MiB or 2GiB, or a fraction of the device's memory such as 0.5")
-	}
-	unit := strings.ToLower(m[2])
-	if unit == "" && v <= 1 {
-		return 0, v, nil
-	}
-	mult := map[string]float64{"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
-	if mult == 0 {
-		return 0, 0, fmt.Errorf("unknown unit %q: want B, KiB, MiB, GiB (or KB, MB, GB), or a fraction such as 0.5", m[2])
-	}
-	if unit == "" && v < 1<<20 {
-		return 0, 0, fmt.Errorf("a number without a unit is a fraction of the device's memory, at most 1, or bytes, at least 1 MiB: want %sGiB or %sMiB, or a fraction such as 0.5", m[1], m[1])
-	}
-	if v*mult < 1<<20 {
-		return 0, 0, errors.New("less than 1 MiB: no model trains in that")
-	}
-	return int64(v * mult), 0, nil
 }
 
 func command(args []string, stdout, stderr io.Writer) int {
@@ -567,21 +513,22 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		}()
 	}
 	job.Group, job.ShardOptimizer, job.Log, job.Stop = group, o.shardOptimizer, stdout, stop
-	if o.maxMemory != "" {
-		job.MaxMemory = budgetBytes(o.maxMemory, dev)
+	if o.maxMemory.IsSet() {
+		_, total := dev.MemInfo()
+		job.MaxMemory = o.maxMemory.Of(total)
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
-			ok := !o.set["amp"] || v.AMP == o.amp
+			ok := !o.set["amp"] || v.AMP.On() == o.amp
 			if o.set["checkpoint"] {
-				ok = ok && (v.Checkpoint != "none") == o.ckpt
+				ok = ok && (v.Checkpoint != nn.NoCheckpoint) == o.ckpt
 			}
-			if o.set["checkpoint-mode"] && v.Checkpoint != "none" {
+			if o.set["checkpoint-mode"] && v.Checkpoint != nn.NoCheckpoint {
 				ok = ok && v.Checkpoint == o.ckptMode
 			}
 			return ok
 		}
 	}
 	if rank0 {
-		job.Progress = newProgress(stderr, job.Epochs, o.text)
+		job.Progress = newProgress(stderr, job.Periods(), o.text)
 	}
 	report, err := run.Train(dev, job)
 	if err == nil {
@@ -601,14 +548,17 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 
 // config is the run's configuration from the flags, for either kind of model.
 func (o *options) config(model string) train.Config {
-	ckpt := "none"
+	var ckpt nn.CheckpointMode
 	if o.ckpt {
 		ckpt = o.ckptMode
 	}
-	clip := max(o.clip, 0)
+	var amp train.AMP
+	if o.amp {
+		amp = o.ampDType
+	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
-		WeightDecay: o.wd, Optimizer: o.optimizer, Schedule: o.schedule, WarmupEpochs: o.warmup, AMP: o.amp, AMPDType: o.ampDType,
-		ClipNorm: clip, Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
+		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU
@@ -642,16 +592,18 @@ func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error)
 // its corpus opened (tokenized, the first time).
 func textJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) {
 	model := modelName(o)
-	if dev.Name() == "cpu" && train.ForCPU(model) != model {
-		model = train.ForCPU(model)
-		fmt.Fprintf(stdout, "CPU run: %s\n", run.CPUModelNote)
+	if dev.Name() == "cpu" {
+		var why string
+		if model, why = run.CPUModel(model); why != "" {
+			fmt.Fprintf(stdout, "CPU run: %s\n", why)
+		}
 	}
 	arch, _ := train.LookupArch(model) // checked by parse
 	r := o.recipe(arch)
 	cfg := o.config(model)
 	cfg.Optimizer, cfg.LR, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm, cfg.Batch = r.Optimizer, r.LR, r.Beta2, r.WeightDecay, r.ClipNorm, r.Batch
-	cfg.Epochs, cfg.EvalEvery, cfg.EvalBatches = r.Steps/r.EvalEvery, r.EvalEvery, r.EvalBatches
-	cfg.WarmupEpochs = float64(r.WarmupSteps) / float64(r.EvalEvery)
+	cfg.Epochs, cfg.WarmupEpochs = 0, 0
+	cfg.Steps, cfg.WarmupSteps, cfg.EvalEvery, cfg.EvalBatches = r.Steps, r.WarmupSteps, r.EvalEvery, r.EvalBatches
 	cfg.Context, cfg.Tokenizer = o.context, o.tokenizer
 	tok, err := datasets.NewTokenizer(o.tokenizer)
 	if err != nil {
@@ -677,9 +629,19 @@ func textJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) 
 
 // job is a run of cfg with the flags' outputs, measurements and resume.
 func (o *options) job(cfg train.Config) run.Job {
-	return run.Job{Config: cfg, Measure: o.measure, CheckpointMode: o.ckptMode,
+	return run.Job{Config: cfg, Measure: o.measure, CheckpointMode: o.ckptMode, MeasuredAMP: o.ampDType,
 		Save: o.save, Resume: o.resume, ResumeForce: o.resumeForce,
 		RecordTimeline: o.memlog != "", RecordHistory: o.memsnapshot != ""}
+}
+
+// largestDivisor is the largest divisor of n that is at most most.
+func largestDivisor(n, most int) int {
+	for d := min(n, most); d > 1; d-- {
+		if n%d == 0 {
+			return d
+		}
+	}
+	return 1
 }
 
 // modelName is the model -model and -depth name ("resnet20").
@@ -687,17 +649,7 @@ func modelName(o *options) string {
 	if o.model == "resnet" {
 		return fmt.Sprintf("resnet%d", o.depth)
 	}
-	return o.model
-}
-
-// budgetBytes is -max-memory in bytes (checked by parse).
-func budgetBytes(s string, dev *tensor.Device) int64 {
-	bytes, fraction, _ := parseBudget(s)
-	if fraction > 0 {
-		_, total := dev.MemInfo()
-		bytes = int64(fraction * float64(total))
-	}
-	return bytes
+	return string(o.model)
 }
 
 // writeReports writes the reports that were asked for, with what the run
@@ -728,7 +680,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 		}
 	}
 	if o.memplot != "" && len(r.Memory) > 0 {
-		if err := run.PlotMemory(r.Memory, r.Title, o.memplot); err != nil {
+		if err := run.PlotMemory(r.Memory, r.Title, string(o.memplot)); err != nil {
 			errs = append(errs, fmt.Errorf("-memplot %s: %w", o.memplot, err))
 		}
 	}
@@ -743,28 +695,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 
 func openDevice(o *options, stdout io.Writer) (*tensor.Device, error) {
 	opts := tensor.Options{LeanConvWorkspace: o.convWorkspace == "lean", StrictConvF32: !o.tf32, MatmulF32: o.matmulF32}
-	if o.device == "auto" {
-		dev, why := tensor.OpenAutoWith(cmdenv.DeviceOptions(opts))
-		if why != "" {
-			fmt.Fprintf(stdout, "device: cpu (no usable GPU: %s)\n", firstLine(why))
-		} else {
-			fmt.Fprintf(stdout, "device: %s\n", describe(dev))
-		}
-		return dev, nil
-	}
-	dev, err := tensor.OpenWith(o.device, cmdenv.DeviceOptions(opts))
-	if err != nil {
-		return nil, fmt.Errorf("-device %s: %w", o.device, err)
-	}
-	fmt.Fprintf(stdout, "device: %s\n", describe(dev))
-	return dev, nil
-}
-
-func describe(dev *tensor.Device) string {
-	if in := dev.Info(); in.Kind != "cpu" {
-		return fmt.Sprintf("%s (%s, %s; convolutions by %s; products by %s)", in.Name, in.Model, in.Capability, in.Convolutions, in.Matmul)
-	}
-	return dev.Name()
+	return cmdenv.OpenDevice(o.device, opts, stdout)
 }
 
 func firstLine(s string) string {
@@ -779,7 +710,7 @@ func firstLine(s string) string {
 // the default Fashion-MNIST is not found), limited by -limit and -test-limit.
 func openData(o *options, stdout io.Writer) (trainSet, testSet *datasets.Dataset, err error) {
 	src := datasets.Source{Dir: o.data, Roots: cmdenv.DataRoots(), Download: o.download}
-	trainSet, testSet, err = datasets.Open(o.dataset, src, o.seed)
+	trainSet, testSet, err = datasets.Open(string(o.dataset), src, o.seed)
 	if err != nil {
 		if o.set["dataset"] || o.data != "" || !errors.Is(err, datasets.ErrNotFound) {
 			return nil, nil, fmt.Errorf("-dataset %s: %w", o.dataset, err)

@@ -21,11 +21,15 @@
 package cmdenv
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -46,6 +50,49 @@ func DeviceOptions(o tensor.Options) tensor.Options {
 		o.KernelCache = d
 	}
 	return o
+}
+
+// OpenDevice opens the device spec names, with opts and the kernel cache
+// of LEANGRAD_CACHE, and says on w which device it is, in one line: the
+// GPU's model and what runs its products and convolutions, or, when "auto"
+// found no usable GPU, why in a few words (-device cuda gives the whole
+// reason as an error). It is the one way the commands open their device.
+func OpenDevice(spec tensor.DeviceSpec, opts tensor.Options, w io.Writer) (*tensor.Device, error) {
+	opts = DeviceOptions(opts)
+	if spec == "auto" || spec == "" {
+		dev, why := tensor.OpenAutoWith(opts)
+		if why != "" {
+			fmt.Fprintf(w, "device: cpu (no usable GPU: %s; -device cuda says more)\n", shortReason(why))
+			return dev, nil
+		}
+		fmt.Fprintf(w, "device: %s\n", Describe(dev))
+		return dev, nil
+	}
+	dev, err := tensor.OpenWith(string(spec), opts)
+	if err != nil {
+		return nil, fmt.Errorf("-device %s: %w", spec, err)
+	}
+	fmt.Fprintf(w, "device: %s\n", Describe(dev))
+	return dev, nil
+}
+
+// Describe is a device in a few words: its name, and for a GPU its model,
+// capability and what runs its convolutions and products.
+func Describe(dev *tensor.Device) string {
+	if in := dev.Info(); in.Kind != "cpu" {
+		return fmt.Sprintf("%s (%s, %s; convolutions by %s; products by %s)", in.Name, in.Model, in.Capability, in.Convolutions, in.Matmul)
+	}
+	return dev.Name()
+}
+
+// shortReason is the first clause of why: what failed, without where it
+// was looked for.
+func shortReason(why string) string {
+	why, _, _ = strings.Cut(why, "\n")
+	if head, _, ok := strings.Cut(why, ": tried"); ok {
+		why = head
+	}
+	return why
 }
 
 // Job is this process's place in a data-parallel job; ok is false when
@@ -158,4 +205,84 @@ func (in *Interrupts) Signal() os.Signal {
 func (in *Interrupts) Release() {
 	signal.Stop(in.notify)
 	close(in.done)
+}
+
+// ParseFlags parses args into fs and returns every problem, one line each
+// naming the flag: a value that its flag.Value refuses (the owner's
+// message, with the value named once; the flag keeps its default), a
+// malformed number, an unknown flag (arguments after the flags are the
+// caller's to check); and refused, the
+// flags whose values were refused, so that a check of the flags together
+// can leave unsaid what follows from them. Go's flag package stops at the
+// first problem and prints the whole usage; here nothing is printed, and
+// -h prints fs.Usage and returns flag.ErrHelp. Every flag must be defined
+// before the call.
+func ParseFlags(fs *flag.FlagSet, args []string) (problems []string, refused map[string]bool, err error) {
+	refused = map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		f.Value = &collected{Value: f.Value, name: f.Name, problems: &problems, refused: refused}
+	})
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err = fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return nil, nil, err
+	case err != nil:
+		problems = append(problems, err.Error())
+	}
+	return problems, refused, nil
+}
+
+// Unsaid drops the problems that name a refused flag (ParseFlags): they
+// follow from its default standing in for the value given.
+func Unsaid(problems []string, refused map[string]bool) []string {
+	var out []string
+	for _, p := range problems {
+		mentions := false
+		for name := range refused {
+			if strings.Contains(p, "-"+name+" ") || strings.Contains(p, "-"+name+":") {
+				mentions = true
+			}
+		}
+		if !mentions {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// collected is a flag's Value whose refusals are collected, not returned.
+type collected struct {
+	flag.Value
+	name     string
+	problems *[]string
+	refused  map[string]bool
+}
+
+func (c *collected) Set(s string) error {
+	delete(c.refused, c.name) // the last value given is the one that counts
+	before := c.Value.String()
+	if err := c.Value.Set(s); err != nil {
+		c.Value.Set(before) // the flag package's numbers keep what failed to parse
+		msg := err.Error()
+		if _, rest, ok := strings.Cut(msg, strconv.Quote(s)+": "); ok {
+			msg = rest // the owner named the value already: name it once
+		}
+		if msg == "parse error" { // the flag package's numbers say only that
+			msg = "not a number"
+		}
+		*c.problems = append(*c.problems, fmt.Sprintf("-%s %q: %s", c.name, s, msg))
+		c.refused[c.name] = true
+	}
+	return nil
+}
+
+// IsBoolFlag passes a bool flag's nature through, so that -flag alone
+// still sets it.
+func (c *collected) IsBoolFlag() bool {
+	b, ok := c.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }

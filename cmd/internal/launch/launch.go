@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/dist"
-	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -40,12 +39,12 @@ const FailureGrace = 30 * time.Second
 // Device is the device a rank trains on: with -device auto or cuda,
 // cuda:LOCAL_RANK (the CPU when there is no GPU and -device is auto);
 // otherwise what -device says.
-func Device(device string, cfg *dist.Config) string {
+func Device(device tensor.DeviceSpec, cfg *dist.Config) tensor.DeviceSpec {
 	if cfg == nil || cfg.Size == 1 {
 		return device
 	}
-	if device == "cuda" || (device == "auto" && cuda.Available() == nil) {
-		return fmt.Sprintf("cuda:%d", cfg.LocalRank)
+	if gpu, index := device.CUDA(); gpu && index < 0 {
+		return tensor.DeviceSpec(fmt.Sprintf("cuda:%d", cfg.LocalRank))
 	}
 	return device
 }
