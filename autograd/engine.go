@@ -467,16 +467,8 @@ func Backward(root *T, opts ...Option) {
 			o.grad.Release()
 		}
 	}()
-	if root.Released() {
-		panic("autograd: Backward of a released tensor (its last Release ran, or the scope it was made in closed: Keep it or run Backward inside the scope)")
-	}
-	if !root.RequiresGrad() {
-		panic(fmt.Sprintf("autograd: Backward of a %v %v tensor that does not require grad", root.DType(), root.Shape()))
-	}
-	if o.grad == nil && root.Numel() != 1 {
-		panic(fmt.Sprintf("autograd: Backward of a %v tensor of %d elements without WithGrad: a gradient is implied only for a scalar (a loss); pass WithGrad(g) of shape %v",
-			root.Shape(), root.Numel(), root.Shape()))
-	}
+	// ---- the root and its gradient
+	checkRoot(root, o)
 	modes := root.Device().Modes()
 	if o.ready == nil {
 		o.ready = modes.GradReady // a pass inside another: a checkpointed block's
@@ -487,28 +479,16 @@ func Backward(root *T, opts ...Option) {
 	}
 	s := root.Device().NewScope() // temporaries of the backward pass
 	defer s.Close()
-	var g *T
-	if o.grad != nil {
-		if !o.grad.SameShape(root) {
-			panic(fmt.Sprintf("autograd: Backward gradient of shape %v for a root of shape %v", o.grad.Shape(), root.Shape()))
-		}
-		if o.take {
-			g = o.grad
-		} else {
-			g = o.grad.Clone()
-		}
-	} else {
-		g = tensor.Ones(root.Device(), root.DType(), root.Shape()...)
-		if !o.retain {
-			outer := modes.Seed
-			modes.Seed = g
-			defer func() { modes.Seed = outer }()
-		}
+	g := seedGradient(root, o)
+	if g.seed { // the ones of an implied gradient, which a node may keep for itself (isSeed)
+		outer := modes.Seed
+		modes.Seed = g.T
+		defer func() { modes.Seed = outer }()
 	}
 	gn := root.GradNode()
-	if gn == nil {
+	if gn == nil { // a leaf: its gradient is g
 		taken = true
-		accumulate(root, g)
+		accumulate(root, g.T)
 		if o.ready != nil {
 			o.ready(root)
 		}
@@ -517,147 +497,225 @@ func Backward(root *T, opts ...Option) {
 		}
 		return
 	}
-	rootNode := gn.(*node)
+	// ---- the nodes, last first
+	p := newPass(root, gn.(*node), g.T, o)
+	taken = true
+	defer p.abandon() // a backward that panicked must not pin the graph
+	for ; p.i >= 0; p.i-- {
+		p.process(p.order[p.i])
+	}
+	endPass(modes, true)
+}
+
+// checkRoot panics unless Backward can start from root with o's gradient.
+func checkRoot(root *T, o backwardOptions) {
+	if root.Released() {
+		panic("autograd: Backward of a released tensor (its last Release ran, or the scope it was made in closed: Keep it or run Backward inside the scope)")
+	}
+	if !root.RequiresGrad() {
+		panic(fmt.Sprintf("autograd: Backward of a %v %v tensor that does not require grad", root.DType(), root.Shape()))
+	}
+	if o.grad == nil && root.Numel() != 1 {
+		panic(fmt.Sprintf("autograd: Backward of a %v tensor of %d elements without WithGrad: a gradient is implied only for a scalar (a loss); pass WithGrad(g) of shape %v",
+			root.Shape(), root.Numel(), root.Shape()))
+	}
+	if o.grad != nil && !o.grad.SameShape(root) {
+		panic(fmt.Sprintf("autograd: Backward gradient of shape %v for a root of shape %v", o.grad.Shape(), root.Shape()))
+	}
+}
+
+// seedGradient is the gradient the pass starts from: o's (taken, or a
+// copy), or ones, which a pass that frees its graph offers its nodes as the
+// seed.
+func seedGradient(root *T, o backwardOptions) (g struct {
+	*T
+	seed bool
+}) {
+	switch {
+	case o.grad != nil && o.take:
+		g.T = o.grad
+	case o.grad != nil:
+		g.T = o.grad.Clone()
+	default:
+		g.T, g.seed = tensor.Ones(root.Device(), root.DType(), root.Shape()...), !o.retain
+	}
+	return g
+}
+
+// pass is one backward pass under way: the nodes in topological order,
+// processed from the last (i counts down), and every gradient the pass
+// holds, which is in pending (the sum so far of a node's output gradient),
+// in flight (given to a node's backward) or in loose (returned by one and
+// not yet passed on).
+type pass struct {
+	order   []*node
+	i       int
+	pending map[*node]*T
+	// roundings[n] is pending[n] rounded to n.rounds, written by the
+	// folder that finished it (Note [a gradient rounded where it is
+	// finished]).
+	roundings map[*node]*finished
+	inFlight  *T
+	loose     []*T
+	left      map[*T]int // edges into each leaf the pass has yet to pass (with a ready hook)
+	ready     func(leaf *T)
+	retain    bool
+	mark      *marker
+	modes     *tensor.Modes
+}
+
+// newPass holds the graph under root's node for a pass that starts from
+// g, and takes the caller's reference on root when o says so.
+func newPass(root *T, rootNode *node, g *T, o backwardOptions) *pass {
 	if rootNode.done {
 		panic("autograd: Backward through a graph that an earlier Backward already freed; " +
 			"pass autograd.RetainGraph() to the first Backward to run it twice")
 	}
-	order := topoOrder(rootNode)
-	mark := traceMarker(root.Device())
-	for _, n := range order {
+	p := &pass{order: topoOrder(rootNode), pending: map[*node]*T{rootNode: g}, roundings: map[*node]*finished{},
+		ready: o.ready, retain: o.retain, mark: traceMarker(root.Device()), modes: root.Device().Modes()}
+	for _, n := range p.order {
 		n.refs.Add(1) // held until this pass has processed the node
 	}
 	if o.take {
 		root.Release() // what its node saved of it stays
 	}
-	left := leafEdges(order, o.ready) // edges into each leaf the pass has yet to pass
-	// Every gradient this pass holds is in pending, in flight (given to a
-	// node's backward) or in loose (returned by one and not yet passed on).
-	pending := map[*node]*T{rootNode: g}
-	// roundings[n] is pending[n] rounded to n.rounds, written by the folder
-	// that finished it (Note [a gradient rounded where it is finished]).
-	roundings := map[*node]*finished{}
-	taken = true
-	var inFlight *T
-	var loose []*T
-	i := len(order) - 1
-	defer func() {
-		if i < 0 {
-			return
+	p.left = leafEdges(p.order, o.ready)
+	p.i = len(p.order) - 1
+	return p
+}
+
+// process runs n's backward if a gradient reached it, tells the hook of
+// the leaves the pass has finished, and lets n go.
+func (p *pass) process(n *node) {
+	if g := p.pending[n]; g != nil {
+		delete(p.pending, n)
+		if n.done {
+			panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
 		}
-		// A backward that panicked (out of memory, say) must not pin the
-		// graph: release the gradients held, free what the nodes not yet
-		// processed saved, and drop this pass's hold on them.
-		endPass(modes, false)
-		releaseAll(loose...)
-		releaseAll(inFlight)
-		for _, pg := range pending {
-			pg.Release()
-		}
-		for _, r := range roundings {
-			r.release()
-		}
-		for ; i >= 0; i-- {
-			order[i].free()
-			order[i].Release()
-		}
-	}()
-	for ; i >= 0; i-- {
-		n := order[i]
-		if g := pending[n]; g != nil {
-			delete(pending, n)
-			if n.done {
-				panic(fmt.Sprintf("autograd: Backward reached %s, whose graph an earlier Backward already freed", n.name))
-			}
-			inFlight = g
-			if n.takesGrad {
-				inFlight = nil // the backward's from here on
-			}
-			mark.phase(n)
-			n.rounded = roundings[n]
-			delete(roundings, n)
-			round := n.newRounding(g)
-			if round != nil {
-				mark.gradient(round.rounded, n)
-				if round.sums != nil {
-					mark.gradient(round.sums, n)
-				}
-			}
-			if acc := n.foldTarget(pending); acc != nil { // stays where it is: pending, or the leaf's
-				loose = n.fold.backward(g, acc, round)
-				if in := n.inputs[0].node; round != nil { // acc is pending for in
-					roundings[in].release() // an earlier sum's
-					roundings[in], round = round, nil
-				}
-			} else if round != nil {
-				loose = n.fold.backward(g, nil, round)
-			} else {
-				loose = n.backward(g)
-			}
-			inFlight = nil
-			if !n.takesGrad {
-				g.Release()
-			}
-			if n.rounded != nil && n.passRounding != nil {
-				round = n.passRounded()
-			}
-			n.rounded.release()
-			n.rounded = nil
-			for j, e := range n.inputs {
-				var gi *T
-				if j < len(loose) {
-					gi = loose[j]
-				}
-				switch {
-				case gi == nil:
-				case e.node != nil:
-					if old := pending[e.node]; old != nil {
-						sum := addInPlace(old, gi)
-						loose[j] = nil // addInPlace took both
-						pending[e.node] = sum
-						mark.gradient(sum, n)
-						if r := roundings[e.node]; r != nil { // no longer the sum's
-							r.release()
-							delete(roundings, e.node)
-						}
-					} else {
-						pending[e.node] = gi
-						loose[j] = nil
-						mark.gradient(gi, n)
-						if j == 0 && round != nil { // the rounding of gi
-							roundings[e.node], round = round, nil
-						}
-					}
-				case e.leaf != nil:
-					accumulate(e.leaf, gi)
-					loose[j] = nil
-				default:
-					loose[j] = nil
-					gi.Release()
-				}
-			}
-			for _, extra := range loose[min(len(loose), len(n.inputs)):] {
-				releaseAll(extra)
-			}
-			round.release() // gi went elsewhere: a leaf's, or summed
-			loose = nil
-		}
-		if left != nil {
-			for _, e := range n.inputs {
-				if e.leaf == nil {
-					continue
-				}
-				if left[e.leaf]--; left[e.leaf] == 0 {
-					o.ready(e.leaf)
-				}
-			}
-		}
-		if !o.retain {
-			n.free()
-		}
-		n.Release()
+		p.route(n, p.run(n, g))
 	}
-	endPass(modes, true)
+	if p.left != nil {
+		for _, e := range n.inputs {
+			if e.leaf == nil {
+				continue
+			}
+			if p.left[e.leaf]--; p.left[e.leaf] == 0 {
+				p.ready(e.leaf)
+			}
+		}
+	}
+	if !p.retain {
+		n.free()
+	}
+	n.Release()
+}
+
+// run runs n's backward from its gradient g, leaving the input gradients
+// in p.loose, and returns the rounding that goes with the first of them,
+// if any.
+func (p *pass) run(n *node, g *T) *finished {
+	p.inFlight = g
+	if n.takesGrad {
+		p.inFlight = nil // the backward's from here on
+	}
+	p.mark.phase(n)
+	n.rounded = p.roundings[n]
+	delete(p.roundings, n)
+	round := n.newRounding(g)
+	if round != nil {
+		p.mark.gradient(round.rounded, n)
+		if round.sums != nil {
+			p.mark.gradient(round.sums, n)
+		}
+	}
+	if acc := n.foldTarget(p.pending); acc != nil { // stays where it is: pending, or the leaf's
+		p.loose = n.fold.backward(g, acc, round)
+		if in := n.inputs[0].node; round != nil { // acc is pending for in
+			p.roundings[in].release() // an earlier sum's
+			p.roundings[in], round = round, nil
+		}
+	} else if round != nil {
+		p.loose = n.fold.backward(g, nil, round)
+	} else {
+		p.loose = n.backward(g)
+	}
+	p.inFlight = nil
+	if !n.takesGrad {
+		g.Release()
+	}
+	if n.rounded != nil && n.passRounding != nil {
+		round = n.passRounded()
+	}
+	n.rounded.release()
+	n.rounded = nil
+	return round
+}
+
+// route passes n's input gradients on: summed into a node's pending
+// gradient, added to a leaf's Grad, or released; round, the rounding of
+// the first, goes with it where it stays whole.
+func (p *pass) route(n *node, round *finished) {
+	for j, e := range n.inputs {
+		var gi *T
+		if j < len(p.loose) {
+			gi = p.loose[j]
+		}
+		switch {
+		case gi == nil:
+		case e.node != nil:
+			if old := p.pending[e.node]; old != nil {
+				sum := addInPlace(old, gi)
+				p.loose[j] = nil // addInPlace took both
+				p.pending[e.node] = sum
+				p.mark.gradient(sum, n)
+				if r := p.roundings[e.node]; r != nil { // no longer the sum's
+					r.release()
+					delete(p.roundings, e.node)
+				}
+			} else {
+				p.pending[e.node] = gi
+				p.loose[j] = nil
+				p.mark.gradient(gi, n)
+				if j == 0 && round != nil { // the rounding of gi
+					p.roundings[e.node], round = round, nil
+				}
+			}
+		case e.leaf != nil:
+			accumulate(e.leaf, gi)
+			p.loose[j] = nil
+		default:
+			p.loose[j] = nil
+			gi.Release()
+		}
+	}
+	for _, extra := range p.loose[min(len(p.loose), len(n.inputs)):] {
+		releaseAll(extra)
+	}
+	round.release() // gi went elsewhere: a leaf's, or summed
+	p.loose = nil
+}
+
+// abandon, after a backward that panicked (out of memory, say), releases
+// the gradients the pass holds, frees what the nodes not yet processed
+// saved, and drops the pass's hold on them. A finished pass has nothing
+// to abandon.
+func (p *pass) abandon() {
+	if p.i < 0 {
+		return
+	}
+	endPass(p.modes, false)
+	releaseAll(p.loose...)
+	releaseAll(p.inFlight)
+	for _, pg := range p.pending {
+		pg.Release()
+	}
+	for _, r := range p.roundings {
+		r.release()
+	}
+	for ; p.i >= 0; p.i-- {
+		p.order[p.i].free()
+		p.order[p.i].Release()
+	}
 }
 
 // marker tells a trace being recorded (memory.Allocator.Phase, SetRole)

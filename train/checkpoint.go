@@ -135,7 +135,11 @@ type ResumeInfo struct {
 // Save writes a training checkpoint to path, atomically. With an optimiser
 // sharded over a job's ranks (dist.ShardedOptimizer), every rank calls its
 // Gather first.
-func (t *Trainer) Save(path string) error {
+func (t *Trainer) Save(path string) error { return t.saveAt(path, t.Epoch, t.position) }
+
+// saveAt is Save of a checkpoint that resumes at epoch and, within it, pos
+// (nil: its start).
+func (t *Trainer) saveAt(path string, epoch int, pos *Position) error {
 	st := &nn.Safetensors{Tensors: map[string]nn.Stored{}, Metadata: map[string]string{}}
 	for _, n := range t.Model.State("model") {
 		st.Tensors[n.Name] = nn.Stored{DType: n.T.DType(), Shape: n.T.Shape(), Data: n.T.Raw()}
@@ -144,9 +148,9 @@ func (t *Trainer) Save(path string) error {
 		st.Tensors["optim."+k] = nn.Stored{DType: v.DType(), Shape: v.Shape(), Data: v.Raw()}
 	}
 	t.Step.SyncRNG()
-	meta, err := json.Marshal(checkpointMeta{Version: checkpointVersion, Config: t.Cfg, Epoch: t.Epoch, Step: t.Steps,
+	meta, err := json.Marshal(checkpointMeta{Version: checkpointVersion, Config: t.Cfg, Epoch: epoch, Step: t.Steps,
 		Optim: t.Opt.Counters(), Scaler: t.Step.Scaler.Counters(), RNG: t.Dev.Generator().State(), History: t.History,
-		Position: t.position, Inputs: t.Inputs})
+		Position: pos, Inputs: t.Inputs})
 	if err != nil {
 		return err
 	}

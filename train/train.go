@@ -656,112 +656,185 @@ func (t *Trainer) Fit(trainL, testL datasets.Batches, obs Observer, save string)
 	return nil
 }
 
-// fitEpoch runs epoch t.Epoch, from its recorded position.
-func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save string, xs, ys *tensor.Tensor) (err error) {
-	a := t.Dev.Allocator()
-	steps := trainL.Len()
-	every := t.ProgressEvery
-	if every <= 0 {
-		every = max(1, steps/50)
-	}
-	if obs != nil {
-		obs.EpochStart(t.Epoch, steps)
-	}
-	a.WindowPeak()
-	pos := Position{}
-	if t.position != nil {
-		pos, t.position = *t.position, nil
-		if t.rank0() {
-			t.Step.setMetrics(pos.Metrics) // the job's sums
-		} else {
-			t.Step.ResetMetrics()
-		}
-	} else {
-		t.Step.ResetMetrics()
-		_, pos.Skipped = t.Step.Metrics()
-	}
-	t.skipsSeen = pos.Skipped
-	world := t.ranks() // every rank runs as many steps of as many examples
-	checked := pos.Batch
-	ep := trainL.EpochFrom(t.Epoch, pos.Batch)
-	defer ep.Close()
-	t0 := time.Now().Add(-time.Duration(pos.Seconds * float64(time.Second)))
-	for s := pos.Batch; ; s++ {
-		var ok bool
-		var bs int
-		var stepErr error
-		err := tensor.Catch(func() {
-			t.Dev.WithScope(func() {
-				var x, y *tensor.Tensor
-				x, y, ok = ep.NextInto(xs, ys)
-				if !ok {
-					return
-				}
-				bs = x.Dim(0)
-				stepErr = t.RunStep(x, y)
-			})
-		})
-		if err = errors.Join(err, stepErr); err != nil {
+// fitEpoch runs epoch t.Epoch (a language model's period between
+// evaluations), from its recorded position, in three stages as llm.c marks
+// its step's: the epoch begins (where a resumed checkpoint left it), its
+// steps run (each followed by its memory sample, publishing, and at
+// progress updates the metrics, the divergence check and the agreement to
+// stop), and it ends (its figures, the evaluation, the checkpoint).
+func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save string, xs, ys *tensor.Tensor) error {
+	// ---- begin
+	e := t.beginEpoch(trainL, obs)
+	defer e.batches.Close()
+	// ---- the steps
+	for s := e.pos.Batch; ; s++ {
+		ok, err := e.step(xs, ys)
+		if err != nil {
 			return err
 		}
 		if !ok {
 			break
 		}
-		pos.Batch, pos.Seen = s+1, pos.Seen+bs
-		pa, pr := a.WindowPeak()
-		st := a.Stats()
-		pos.PeakAllocated, pos.PeakReserved = max(pos.PeakAllocated, pa), max(pos.PeakReserved, pr)
-		t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
-		t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
-			Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
-		if t.Publisher != nil && t.PublishEvery > 0 && t.Steps%t.PublishEvery == 0 {
-			if _, err := t.Publisher.Publish(t.Model); err != nil {
-				return err
-			}
+		if err := e.sample(); err != nil {
+			return err
 		}
-		update := (s+1)%every == 0 || s+1 == steps
+		update := (s+1)%e.every == 0 || s+1 == e.steps
 		if update {
-			tally, skipped, err := t.Step.JobMetrics()
-			if err != nil {
+			if err := e.progress(s + 1); err != nil {
 				return err
-			}
-			if err := t.diverged(tally.LossSum, skipped, s+1-checked); err != nil {
-				return err
-			}
-			checked = s + 1
-			if obs != nil {
-				secs := time.Since(t0).Seconds()
-				obs.Step(StepStats{Epoch: t.Epoch, Step: s + 1, Steps: steps, Loss: tally.Loss(), Acc: tally.Accuracy(),
-					ImgPerSec: float64(pos.Seen*world) / secs, PredictionsPerSec: float64(tally.Count) / secs,
-					Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
 			}
 		}
-		if s+1 < steps {
-			stop, err := t.stopping(update)
-			if err != nil {
+		if s+1 < e.steps {
+			if stop, err := t.stopping(update); err != nil {
 				return err
-			}
-			if stop {
-				pos.Seconds = time.Since(t0).Seconds()
-				return t.interrupt(&pos, save)
+			} else if stop {
+				e.pos.Seconds = time.Since(e.t0).Seconds()
+				return t.interrupt(&e.pos, save)
 			}
 		}
 	}
-	if err := t.Dev.Synchronize(); err != nil {
+	// ---- end
+	m, err := e.metrics()
+	if err != nil {
 		return err
 	}
-	secs := time.Since(t0).Seconds()
+	if err := t.evaluateEpoch(testL, &m); err != nil {
+		return err
+	}
+	return t.endEpoch(m, obs, save)
+}
+
+// epochRun is an epoch under way: its batches, where it is (the Position
+// a checkpoint records mid-epoch), and how far its progress updates have
+// checked the metrics.
+type epochRun struct {
+	t       *Trainer
+	obs     Observer
+	batches datasets.Iterator
+	pos     Position
+	steps   int // the epoch's
+	every   int // steps between progress updates
+	checked int // steps whose metrics a progress update has read
+	t0      time.Time
+}
+
+// beginEpoch starts epoch t.Epoch where a resumed checkpoint left it (its
+// metrics then the job's sums so far), or at its first batch.
+func (t *Trainer) beginEpoch(trainL datasets.Batches, obs Observer) *epochRun {
+	e := &epochRun{t: t, obs: obs, steps: trainL.Len(), every: t.ProgressEvery}
+	if e.every <= 0 {
+		e.every = max(1, e.steps/50)
+	}
+	if obs != nil {
+		obs.EpochStart(t.Epoch, e.steps)
+	}
+	t.Dev.Allocator().WindowPeak()
+	if t.position != nil {
+		e.pos, t.position = *t.position, nil
+		if t.rank0() {
+			t.Step.setMetrics(e.pos.Metrics) // the job's sums
+		} else {
+			t.Step.ResetMetrics()
+		}
+	} else {
+		t.Step.ResetMetrics()
+		_, e.pos.Skipped = t.Step.Metrics()
+	}
+	t.skipsSeen = e.pos.Skipped
+	e.checked = e.pos.Batch
+	e.batches = trainL.EpochFrom(t.Epoch, e.pos.Batch)
+	e.t0 = time.Now().Add(-time.Duration(e.pos.Seconds * float64(time.Second)))
+	return e
+}
+
+// step runs the next batch's training step; ok is false at the epoch's
+// end.
+func (e *epochRun) step(xs, ys *tensor.Tensor) (ok bool, err error) {
+	var bs int
+	var stepErr error
+	err = tensor.Catch(func() {
+		e.t.Dev.WithScope(func() {
+			var x, y *tensor.Tensor
+			x, y, ok = e.batches.NextInto(xs, ys)
+			if !ok {
+				return
+			}
+			bs = x.Dim(0)
+			stepErr = e.t.RunStep(x, y)
+		})
+	})
+	if err = errors.Join(err, stepErr); err != nil || !ok {
+		return false, err
+	}
+	e.pos.Batch, e.pos.Seen = e.pos.Batch+1, e.pos.Seen+bs
+	return true, nil
+}
+
+// sample records the pool's state after a step, and publishes the
+// weights every PublishEvery steps.
+func (e *epochRun) sample() error {
+	t, a := e.t, e.t.Dev.Allocator()
+	pa, pr := a.WindowPeak()
+	st := a.Stats()
+	e.pos.PeakAllocated, e.pos.PeakReserved = max(e.pos.PeakAllocated, pa), max(e.pos.PeakReserved, pr)
+	t.peakAllocated, t.peakReserved = max(t.peakAllocated, pa), max(t.peakReserved, pr)
+	t.Memory = append(t.Memory, MemSample{Step: t.Steps, Seconds: time.Since(t.start).Seconds(),
+		Allocated: st.Allocated[memory.All].Current, Reserved: st.Reserved[memory.All].Current, PeakAllocated: pa})
+	if t.Publisher != nil && t.PublishEvery > 0 && t.Steps%t.PublishEvery == 0 {
+		if _, err := t.Publisher.Publish(t.Model); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progress is a progress update after done steps of the epoch: the
+// metrics read from the device (one of the loop's few reads), checked for
+// divergence, and told to the observer.
+func (e *epochRun) progress(done int) error {
+	t := e.t
 	tally, skipped, err := t.Step.JobMetrics()
 	if err != nil {
 		return err
 	}
-	seen := pos.Seen * world
+	if err := t.diverged(tally.LossSum, skipped, done-e.checked); err != nil {
+		return err
+	}
+	e.checked = done
+	if e.obs != nil {
+		secs := time.Since(e.t0).Seconds()
+		st := t.Dev.Allocator().Stats()
+		e.obs.Step(StepStats{Epoch: t.Epoch, Step: done, Steps: e.steps, Loss: tally.Loss(), Acc: tally.Accuracy(),
+			ImgPerSec: float64(e.pos.Seen*t.ranks()) / secs, PredictionsPerSec: float64(tally.Count) / secs,
+			Allocated: st.Allocated[memory.All].Current, PeakAllocated: t.peakAllocated, Reserved: st.Reserved[memory.All].Current})
+	}
+	return nil
+}
+
+// metrics are the finished epoch's training figures, the device drained.
+func (e *epochRun) metrics() (EpochMetrics, error) {
+	t := e.t
+	if err := t.Dev.Synchronize(); err != nil {
+		return EpochMetrics{}, err
+	}
+	secs := time.Since(e.t0).Seconds()
+	tally, skipped, err := t.Step.JobMetrics()
+	if err != nil {
+		return EpochMetrics{}, err
+	}
 	m := EpochMetrics{Epoch: t.Epoch, TrainLoss: Float(tally.Loss()), TrainAcc: Float(tally.Accuracy()),
-		ImgPerSec: float64(seen) / secs, PredictionsPerSec: float64(tally.Count) / secs, Seconds: secs,
-		PeakAllocated: pos.PeakAllocated, PeakReserved: pos.PeakReserved, SkippedSteps: skipped - pos.Skipped, LR: t.Opt.LR()}
+		ImgPerSec: float64(e.pos.Seen*t.ranks()) / secs, PredictionsPerSec: float64(tally.Count) / secs, Seconds: secs,
+		PeakAllocated: e.pos.PeakAllocated, PeakReserved: e.pos.PeakReserved, SkippedSteps: skipped - e.pos.Skipped, LR: t.Opt.LR()}
 	if t.Step.Scaler.Enabled() {
 		m.LossScale = t.Step.Scaler.Scale()
 	}
+	return m, nil
+}
+
+// evaluateEpoch evaluates on testL into m, its peak kept apart from the
+// training's, and fails on a test loss that is not finite.
+func (t *Trainer) evaluateEpoch(testL datasets.Batches, m *EpochMetrics) error {
+	a := t.Dev.Allocator()
 	a.WindowPeak()
 	testLoss, testAcc, err := t.Evaluate(testL)
 	if err != nil {
@@ -778,6 +851,13 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 		// steps do not use: give it back.
 		a.EmptyCache()
 	}
+	return nil
+}
+
+// endEpoch records the epoch, publishes the weights, saves the checkpoint
+// (which resumes at the next epoch) and, before another epoch, lets the
+// ranks agree whether to stop.
+func (t *Trainer) endEpoch(m EpochMetrics, obs Observer, save string) error {
 	t.History = append(t.History, m)
 	if obs != nil {
 		obs.EpochEnd(m)
@@ -788,10 +868,7 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 		}
 	}
 	if save != "" {
-		t.Epoch++ // the checkpoint resumes at the next epoch
-		err := t.saveJob(save)
-		t.Epoch--
-		if err != nil {
+		if err := t.saveJob(save, t.Epoch+1, nil); err != nil {
 			return err
 		}
 	}
@@ -815,9 +892,10 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 // rank0 says whether this trainer writes the job's checkpoints.
 func (t *Trainer) rank0() bool { return t.group == nil || t.group.Rank() == 0 }
 
-// saveJob writes the job's checkpoint: every rank gathers a sharded
-// optimiser's state, and rank 0 saves.
-func (t *Trainer) saveJob(path string) error {
+// saveJob writes the job's checkpoint, to resume at epoch and, within it,
+// pos (nil: its start): every rank gathers a sharded optimiser's state,
+// and rank 0 saves.
+func (t *Trainer) saveJob(path string, epoch int, pos *Position) error {
 	if o, ok := t.Opt.(*dist.ShardedOptimizer); ok {
 		var err error
 		if cerr := tensor.Catch(func() { err = o.Gather() }); cerr != nil || err != nil {
@@ -827,13 +905,8 @@ func (t *Trainer) saveJob(path string) error {
 	if !t.rank0() {
 		return nil
 	}
-	return t.save(path)
-}
-
-// save is Save with running out of memory returned as an error.
-func (t *Trainer) save(path string) error {
 	var err error
-	if cerr := tensor.Catch(func() { err = t.Save(path) }); cerr != nil {
+	if cerr := tensor.Catch(func() { err = t.saveAt(path, epoch, pos) }); cerr != nil {
 		return fmt.Errorf("saving the training checkpoint: %w", cerr)
 	}
 	return err
@@ -887,10 +960,7 @@ func (t *Trainer) interrupt(pos *Position, save string) error {
 		return errors.Join(ie, err)
 	}
 	pos.Metrics = []float32{float32(tally.LossSum), float32(tally.Right), float32(tally.Count)}
-	t.position = pos
-	err = t.saveJob(save)
-	t.position = nil
-	if err != nil {
+	if err := t.saveJob(save, t.Epoch, pos); err != nil {
 		return errors.Join(ie, err)
 	}
 	ie.Saved = save
