@@ -402,18 +402,35 @@ func TestSessionOpsLeaveNothingInTheDevicesScope(t *testing.T) {
 			}
 		}
 	}()
-	defer func() { close(stop); <-done }()
-	ag.NoGrad(s, func() {
-		for i := 0; i < 5000; i++ {
-			s.WithScope(func() {
-				x := tensor.Randn(s, tensor.F32, 0, 1, 5, 4)
-				ag.Linear(x, w, b)              // the bias, added
-				ag.Add(ag.Linear(x, w, nil), b) // a parameter in a binary operation
-				img := tensor.Randn(s, tensor.F32, 0, 1, 2, 2, 3, 3)
-				ag.Autocast(s, tensor.F16, func() { ag.BatchNorm2d(img, gamma, beta, rm, rv, false, 0.1, 1e-5) }) // F32 parameters under autocast
-			})
-		}
+	ops := func(n int) {
+		ag.NoGrad(s, func() {
+			for i := 0; i < n; i++ {
+				s.WithScope(func() {
+					x := tensor.Randn(s, tensor.F32, 0, 1, 5, 4)
+					ag.Linear(x, w, b)              // the bias, added
+					ag.Add(ag.Linear(x, w, nil), b) // a parameter in a binary operation
+					img := tensor.Randn(s, tensor.F32, 0, 1, 2, 2, 3, 3)
+					ag.Autocast(s, tensor.F16, func() { ag.BatchNorm2d(img, gamma, beta, rm, rv, false, 0.1, 1e-5) }) // F32 parameters under autocast
+				})
+			}
+		})
+	}
+	ops(5000) // beside the racing scopes: a temporary they released under the session would panic
+	close(stop)
+	<-done
+	// And explicitly: with the device's scope held open, the session's
+	// scopes give back everything its operations made.
+	allocated := func() int64 { return dev.Allocator().Stats().Allocated[memory.All].Current }
+	before := allocated()
+	var during int64
+	dev.WithScope(func() {
+		ops(10)
+		during = allocated()
 	})
+	if during != before || allocated() != before {
+		t.Errorf("allocated %d bytes before, %d with the session's work done inside a device scope, %d after it closed: the device's scope held the session's temporaries",
+			before, during, allocated())
+	}
 }
 
 func releaseAll(ts ...*tensor.Tensor) {

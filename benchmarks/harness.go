@@ -385,7 +385,7 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 		times[i] = time.Since(t0).Seconds() * 1e3
 	}
 	engine := "leangrad"
-	if o.Eager && dev.Name() != "cpu" {
+	if o.Eager && train.ModeFor(dev, true) != train.Eager { // eager beside a device's captured steps
 		engine = "leangrad-eager"
 	}
 	if o.Group != nil {

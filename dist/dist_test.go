@@ -2,7 +2,6 @@ package dist
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -361,13 +360,20 @@ func TestRendezvousErrors(t *testing.T) {
 }
 
 func TestTimeAllReduce(t *testing.T) {
-	errs := ranks(t, 2, 10*time.Second, func(g *Group) error {
-		d, err := g.TimeAllReduce(1<<16, 3)
+	errs := ranks(t, 2, 20*time.Second, func(g *Group) error {
+		small, err := g.TimeAllReduce(4, 5)
 		if err != nil {
 			return err
 		}
-		if d <= 0 || math.IsNaN(d.Seconds()) {
-			return fmt.Errorf("all-reduce time %v", d)
+		big, err := g.TimeAllReduce(8<<20, 5)
+		if err != nil {
+			return err
+		}
+		// 8 MiB go to rank 0 and back over TCP each time, four bytes in a
+		// message of their own: an all-reduce not done, or not waited
+		// for, would time the two alike.
+		if !(small > 0) || !(big > 4*small) {
+			return fmt.Errorf("all-reduce of 4 B %v, of 8 MiB %v: want the second several times the first", small, big)
 		}
 		return g.Close()
 	})

@@ -23,8 +23,8 @@ import (
 // at MASTER_ADDR:MASTER_PORT directly.
 //
 // The protocol, as PyTorch 2.11's client speaks it
-// (benchmarks/pytorch/tcpstore_wire.py records it through a relay;
-// results in benchmarks/results/2026-12-01-h200-tcpstore/): every integer
+// (benchmarks/pytorch/tcpstore_wire.py records it through a relay): every
+// integer
 // little-endian; a query is one byte of QueryType then its arguments,
 // strings and byte strings as a uint64 length and the bytes, lists as a
 // uint64 count and the items. On connecting, the client sends VALIDATE

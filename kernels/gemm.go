@@ -101,8 +101,8 @@ const (
 	// rounding), summed in F32, as CUTLASS's 3xTF32 and PyTorch's F32
 	// memory-efficient attention do: on the H200 the products' errors are
 	// below strict F32's and GPT-2 small's fp32 step is 1.13 times
-	// PyTorch's strict one (ca66e6d; the CUDA backend's Note [F32 products
-	// as three TF32 ones]). A device without TF32 tensor cores (or the
+	// PyTorch's strict one (docs/benchmarks.md; the CUDA backend's Note [F32
+	// products as three TF32 ones]). A device without TF32 tensor cores (or the
 	// shared memory its kernels ask) multiplies strictly.
 	F32TF32x3 F32Matmul = iota
 	// F32Strict multiplies in F32 on the FMA units: PyTorch's default

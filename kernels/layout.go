@@ -24,7 +24,7 @@ func ToChannelsFirst(n, c, hw int) Transposition { return Transposition{n, hw, c
 // on the H200 at batch 128, a 3×3 convolution of 16 channels at 28×28 took
 // 30.6, 36.3 and 47.0 µs (forward, data and filter gradients) in F16 NCHW,
 // 15.3, 20.2 and 31.9 in F16 NHWC, and 43.1, 42.7 and 50.8 in TF32 NCHW
-// (scripts/nhwc-bench.py, 2026-12-02). So on a backend that says so
+// (scripts/nhwc-bench.py). So on a backend that says so
 // (Info.ChannelsLast), a step under autocast (train.NewStep) runs a
 // ResNet's activations channels last from its input to the pooling
 // (nn.ResNet.SetChannelsLast, autograd's NHWC operations): batch norm

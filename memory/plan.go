@@ -125,10 +125,9 @@ type PlanOptions struct {
 // time: cuDNN's timings of one search vary by a few percent, and room is
 // memory. (At 10%, the data-parallel ResNet-18 fp32 step at batch 256 on
 // an H200, whose convolutions are most of its time, took no room and ran
-// 0.7 ms, 6%, slower than with the room 3% gives it. On one H200 at
-// 3638403, 10% took ResNet-20 at batch 1024 with AMP from 602.7 to 503.0
-// MiB at the same step time and left the harness's other fp32 and AMP
-// ResNet arenas as they were; bench -plan-tolerance measures it.)
+// 0.7 ms, 6%, slower than with the room 3% gives it, while ResNet-20 at
+// batch 1024 with AMP fell from 602.7 to 503.0 MiB at the same step time;
+// bench -plan-tolerance measures it.)
 var DefaultPlanOptions = PlanOptions{MaxSlack: 0.5, TimeTolerance: 0.03}
 
 // PlanTrace assigns offsets to the buffers of t.
@@ -378,13 +377,13 @@ func (s *shaver) several(p *Plan, spent float64) (*Plan, float64) {
 // live for one call, often when the activations live at that moment are
 // fewer than at the step's peak, so its bytes are there; but the buffers
 // placed before it, packed for their own peak, may leave them in pieces.
-// On the H200 (6470712, ResNet-20 at batch 1024 with AMP), the eager step,
+// On the H200 (ResNet-20 at batch 1024 with AMP), the eager step,
 // cuDNN's fastest algorithms with workspaces from the pool, peaked at
 // 700.7 MiB, while workspaces placed after the rest needed an arena of
 // 786.0 MiB for algorithms as fast. Placed among the rest, at their
 // fastest sizes, they fit in 700.7 MiB; at batch 256, 189.4 MiB instead
 // of 217.0 (eager: 186.5); ResNet-18's at 256, 722.8 instead of 743.3
-// (eager: 720.1), at the same speed within 2% (085c97b, 9af6e95). With
+// (eager: 720.1), at the same speed within 2%. With
 // checkpointed blocks the first way stays ahead: 448.8 MiB at batch 1024
 // against the eager step's 425.4.
 

@@ -9,7 +9,7 @@
 // every line:
 //
 //	dev.WithScope(func() {
-//		loss := model.Loss(x, y)
+//		loss, _, _ := model.Loss(x, y)
 //		autograd.Backward(loss)
 //		opt.Step()
 //	}) // every intermediate is back in the pool here

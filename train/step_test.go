@@ -321,26 +321,43 @@ func testDropoutMasksDifferBetweenSteps(t *testing.T, dev *tensor.Device, planMo
 	}
 }
 
-// TestStepReadsNothing: the step's body runs in a sync-free section: a
-// model that reads a value back inside the step panics, naming the call.
+// TestStepReadsNothing: a read from the device inside the step (here, of
+// the loss, by Observe) panics, naming the read and the sync-free step, in
+// every mode the device runs steps in: eager, and the planned (CPU) or
+// captured (GPU) steps that follow the first two.
 func TestStepReadsNothing(t *testing.T) { testStepReadsNothing(t, tensor.CPU(), Planned) }
 
 // testStepReadsNothing runs on dev with planMode, Planned on the CPU and Captured on the GPU.
 func testStepReadsNothing(t *testing.T, dev *tensor.Device, planMode Mode) {
-	xs, ys := batches(dev, 1, 4, 6)
+	xs, ys := batches(dev, 3, 4, 6)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
-	r := newRig(dev, Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, Eager, 0)
-	defer r.release()
-	r.step.Observe = func(loss *tensor.Tensor) { _ = loss.Item() }
-	defer func() {
-		msg := fmt.Sprint(recover())
-		if !strings.Contains(msg, "Float32s") || !strings.Contains(msg, "sync-free") {
-			t.Errorf("a read inside the step: %q", msg)
-		}
-	}()
-	r.step.Run(xs[0], ys[0])
-	t.Error("a read inside the step did not panic")
+	for _, mode := range []Mode{Eager, planMode} {
+		t.Run(mode.String(), func(t *testing.T) {
+			r := newRig(dev, Variant{Name: "fp32"}, mode, 0)
+			defer r.release()
+			first := 0
+			if mode != Eager { // the eager and the traced steps before the plan
+				for ; first < 2; first++ {
+					if err := r.step.Run(xs[first], ys[first]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if r.step.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape()) == nil {
+					t.Fatalf("%v: no plan after two steps", mode)
+				}
+			}
+			r.step.Observe = func(loss *tensor.Tensor) { _ = loss.Item() }
+			msg := func() (msg string) {
+				defer func() { msg = fmt.Sprint(recover()) }()
+				r.step.Run(xs[first], ys[first])
+				return "no panic"
+			}()
+			if !strings.Contains(msg, "Float32s") || !strings.Contains(msg, "sync-free") {
+				t.Errorf("%v: a read inside the step: %q", mode, msg)
+			}
+		})
+	}
 }
 
 // TestStepReturnsOOM: running out of memory inside a step is an error

@@ -32,7 +32,7 @@ import (
 // faster only for attn.c_proj's 768×768 (47 against 49 µs); BGRADB also
 // has no algorithm unless A is transposed. With strict F32 operands GELU′
 // runs unfused: there the same product took 1945 µs with DGELU and 1854
-// unfused (2026-12-03), the other epilogues still paying for themselves
+// unfused, the other epilogues still paying for themselves
 // (c_fc's bias and GELU 1707 against 1744, attn.c_proj's residual 408
 // against 463). What cuBLASLt does not fuse (another activation, N not a
 // multiple of 8 with GELU's auxiliary matrix, strict F32's GELU′), a shape

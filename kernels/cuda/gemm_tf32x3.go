@@ -20,16 +20,16 @@ import (
 // The tensor cores' F32 additions do not round to nearest, and the error
 // of one accumulator grows linearly with the stretch of K it sums, where
 // an FMA sum's grows about as its square root: through cuBLAS (PyTorch's,
-// the same split, scripts/tf32x3-accuracy.py on the H200, 2026-12-04) a
+// the same split, scripts/tf32x3-accuracy.py on the H200) a
 // 768×3,072×16,384 product's relative error against float64 was 3.8e-5
 // summed whole, 2.4e-6 in stretches of 1,024 and 6.5e-7 of 256, strict
 // F32's 7.7e-7. So the kernels sum each short stretch of K from zero on
 // the tensor cores (a stage of x3BK on sm_90a, a step of eight elsewhere)
 // and add it into accumulators of their own, in F32 rounded to nearest:
 // TestCUDAMatmulF32Accuracy measured 2.6e-7 at K 768 and at 3,072,
-// strict F32's 3.5e-7 and 5.0e-7 (328c441).
+// strict F32's 3.5e-7 and 5.0e-7.
 //
-// Speed, on the H200 (scripts/x3gemm-bench.py, 2026-12-04, 328c441):
+// Speed, on the H200 (scripts/x3gemm-bench.py):
 // GPT-2 small's products at 59-62 TFLOP/s (33 for a weight gradient
 // whose K is not split), strict F32's (cuBLAS) at 48-51. The
 // mma.sync kernel (sm_80 on) stops near 50: the legacy tensor-core path
@@ -46,14 +46,14 @@ import (
 // do not depend on scheduling, and no workspace holds partial sums (at
 // GPT-2 small's largest fp32 batch they would take 100 MiB a product
 // among the step's blocks: 64 windows fitted 24 GiB with them, 73
-// without, ca66e6d). An epilogue's residual is the β term of the
+// without). An epilogue's residual is the β term of the
 // product; its bias and activation (an F32 bias, one matrix) are applied
 // as C is stored. Where they apply, and where K is split, the finished
 // tile is staged in shared memory and stored in a rolled loop (by the
 // last split, with the epilogue; x3_gemm_epi are the kernels that have
 // it): in the plain kernels' store, unrolled over the accumulators, the
 // epilogue's code cost the products their registers (GPT-2 small's step
-// 358.7 ms against 279.4, ce6c811).
+// 358.7 ms against 279.4).
 
 // The x3_gemm kernels' shape (gemm_tf32x3.cu): a block computes an x3Tile ×
 // x3Tile tile of C with x3Threads threads, moving x3BK of the inner

@@ -15,9 +15,9 @@ import (
 // TestKernelSignatures (CPU only: NVRTC compiles the module to PTX) checks
 // every declaration against the kernel's parameter list in the PTX: the
 // same number of parameters, each of the same size, alignment and kind,
-// and no kernel without a declaration. The structs passed by value (bcast,
-// poolArgs, tensorList) are generated into the CUDA source from their Go
-// types (source.go), so no layout is mirrored by hand either.
+// and no kernel without a declaration. The structs passed by value
+// (source.go's cStructs) are generated into the CUDA source from their Go
+// types, so no layout is mirrored by hand either.
 //
 // Field types: int32, uint32, int64, uint64, float32, uintptr (a device
 // pointer; 0 is NULL) and the by-value structs. The fields of an embedded

@@ -196,8 +196,7 @@ var (
 // longer than lnRegCols, so their count, and the order of the sums,
 // depends on the device alone). One wave rather
 // than two halves the backward's partial sums: on the H200 at 16384×768
-// the backward with its sums took 0.089 ms against 0.096
-// (scripts/ln-bench.py, 2026-12-02).
+// the backward with its sums took 0.089 ms against 0.096.
 const (
 	lnWarps       = 8
 	lnBlocksPerSM = 2

@@ -71,8 +71,7 @@ func (b *Backend) reduce(op kernels.ReduceOp, dst, x kernels.Buf, r kernels.Redu
 		// but each of at least 512 rows: more, shorter stretches wait
 		// longer than they read (on the H200, 16384 bf16 rows of 768, 2304
 		// and 3072 columns took 24.2, 34.7 and 39.9 µs in 176, 56 and 44
-		// stretches, 20.4, 33.2 and 38.5 in 32; scripts/reduce-bench.py,
-		// 2026-12-02).
+		// stretches, 20.4, 33.2 and 38.5 in 32).
 		k, vec := kReduceColsS, 1
 		if r.Inner%4 == 0 && ptrOf(x)%uintptr(4*x.DType.Size()) == 0 {
 			k, vec = kReduceColsS4, 4

@@ -290,9 +290,9 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 // (FLASH_TILE, FLASH_D, FLASH_WG and FLASH_FWD_WG in the prelude). Two
 // warpgroups halve the tiles' copies; at the registers the backward's
 // kernels hold they also leave fewer warpgroups on a multiprocessor. On
-// the H200 at GPT-2 small's shape, blocks of two cost the backward 9%
-// (2026-12-02) and took the forward from 0.148-0.149 to 0.142-0.143 ms
-// (2026-12-03; scripts/flash-bench.py).
+// the H200 at GPT-2 small's shape, blocks of two cost the backward 9% and
+// took the forward from 0.148-0.149 to 0.142-0.143 ms
+// (scripts/flash-bench.py).
 const (
 	flashTile          = 64
 	flashD             = 64

@@ -55,8 +55,7 @@ __device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2bf(v); }
 // (the addition carries into the sign) but its small part is NaN, as is
 // an infinity's, so that non-finite operands reach the products. Three
 // operations: the mma.sync product kernel ran 11% faster with the
-// integer rounding than with cvt.rna.tf32.f32 (scripts/x3gemm-bench.py,
-// 2026-12-04).
+// integer rounding than with cvt.rna.tf32.f32 (scripts/x3gemm-bench.py).
 __device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));

@@ -17,8 +17,8 @@
 // tiles (o, dq, dk, dv) is summed from zero and then added to it, as
 // CUTLASS stages 3xTF32's sums: the tensor cores' additions do not round
 // to nearest, and into one running accumulator a row of 1024 keys loses
-// more bits (scripts/flash32-bench.py on the H200 at GPT-2 small's shape,
-// 2026-12-03: relative errors of o and dk 2.4e-6 and 1.1e-5 unstaged,
+// more bits (scripts/flash32-bench.py on the H200 at GPT-2 small's shape:
+// relative errors of o and dk 2.4e-6 and 1.1e-5 unstaged,
 // 7.2e-7 and 1.3e-6 staged; PyTorch's memory-efficient kernel 4.6e-7 and
 // 7.7e-7, its strict-F32 math path 3.3e-7 and 7.7e-7).
 //
@@ -42,8 +42,8 @@
 // F32_FWD_BLOCKS, F32_BWD_Q_BLOCKS and F32_BWD_KV_BLOCKS are the blocks of
 // each kernel a multiprocessor should hold, a bound on the registers: more
 // blocks hide more of the kernels' waits, which cost them more than their
-// products. On the H200 at GPT-2 small's shape (scripts/flash32-bench.py,
-// 2026-12-03) the forward took 0.97 ms with three blocks (168 registers,
+// products. On the H200 at GPT-2 small's shape (scripts/flash32-bench.py)
+// the forward took 0.97 ms with three blocks (168 registers,
 // 96 bytes spilled) and 1.20 with two (250, none); the backward's shared
 // memory leaves room for two (q 213 registers, kv 255 and 184 bytes
 // spilled: 2.94 ms for both kernels; PyTorch's memory-efficient
