@@ -1,6 +1,6 @@
 """Device timing, error measures, source rewriting and NVRTC compilation
 shared by the kernel harnesses (flash-bench.py, flash32-bench.py,
-ln-bench.py, x3gemm-bench.py) that run on the GPU machine."""
+x3gemm-bench.py) that run on the GPU machine (scripts/gpu.sh kernels)."""
 import ctypes
 import os
 import re

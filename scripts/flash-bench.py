@@ -18,11 +18,9 @@ For each variant: the relative error of o, lse, dq, dk and dv against the
 float32 reference on fresh random inputs (outputs poisoned with NaN first),
 whether each output equals the first variant's bit for bit, and the median
 device time of flash_fwd and of the backward: flash_bwd_kv and flash_bwd_q,
-or flash_bwd, the one-kernel backward of scripts/gpu-fused-bwd.sh's
-versions. A flash.cu whose flash_bwd_q takes o writes Σ do·o for
+or flash_bwd, the one-kernel backward some variants have. A flash.cu whose flash_bwd_q takes o writes Σ do·o for
 flash_bwd_kv, which runs after it; one whose backward kernels also take
-the blocks' column sums of dq, dk and dv (benchmarks/results/
-2026-12-03-h200-bwd-sums/attention-sums.diff) is also timed writing them
+the blocks' column sums of dq, dk and dv is also timed writing them
 (bwd+sums), and they are checked against the packed gradient's.
 """
 import argparse
@@ -99,8 +97,8 @@ def main():
         wg = macro(src, "FLASH_WG", 1) if "FLASH_ROWS" in flash else 1
         rows, threads = 64 * wg, (128 * wg,)
         # The forward's own warpgroups (FLASH_FWD_WG) where flash.cu's forward
-        # has them, and its dynamic shared memory where it takes some (the
-        # steps of 128 keys of benchmarks/results/2026-12-03-h200-fwd-keys/).
+        # has them, and its dynamic shared memory where it takes some (a
+        # variant that steps through 128 keys at a time).
         fwd_wg, fwd_shared = wg, 0
         if "FWD_ROWS" in flash:
             fwd_wg = macro(src, "FLASH_FWD_WG", 1)
@@ -150,7 +148,7 @@ def main():
         tiles = (T + 63) // 64
         dqacc = torch.full((B * H * T * D,), float("nan"), device="cuda")
         # flash_bwd's counters: one a warp's rows of a tile, and one more for
-        # the ticket probe of scripts/gpu-fused-bwd.sh's warp-turns-probes.
+        # the ticket probe of a one-kernel backward's variants.
         turn = torch.zeros(B * H * tiles * 4 + 1, device="cuda", dtype=torch.int32)
 
         def run_bwd():  # the turns zeroed as the Go side does, then flash_bwd

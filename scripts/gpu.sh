@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# gpu.sh: the named suites behind docs/benchmarks.md, run on the GPU machine from the project root
+# after scripts/stage.sh here (see docs/benchmarks.md, "How to run a suite"):
+#
+#   bash scripts/gpu.sh SUITE...
+#
+# Suites (each in $OUT's one archive, results.tgz, beside summary.txt; COMMIT names the commit):
+#   tests     the staged packages' tests matching TESTS (default CUDA)
+#   cnn       ResNet-20 at 256 and 1024 and ResNet-18 at 256 in fp32, AMP, checkpointing and both,
+#             then ResNet-1202 at 128 with AMP and sqrt(n) segments, each beside PyTorch eager
+#   gpt2      GPT-2 small (batch 16, context 1024, vocabulary 50,304) in CONFIGS (default
+#             fp32,bf16,f16,bf16+checkpoint) beside PyTorch eager and torch.compile, and the largest
+#             batch under 24 GiB at context 512 (LARGEST=gpt2:512:24; "" to skip)
+#   mainjob   train -model resnet -amp -checkpoint, once a seed of SEEDS (default 1), with PyTorch's
+#             twin (benchmarks/pytorch/mainjob.py) beside when TWIN=1 (all at once: accuracy only)
+#   text      train -model gpt -amp -amp-dtype bf16 beside its PyTorch twin (staged with BROWN=1)
+#   claims    the seed claims: bench's suite (ResNet-20) and GPT-2 small's largest batches, both engines
+#   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
+#   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
+#   profile   each operation's device time in an eager step of SPECS in CONFIGS
+#   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
+#   ddp       data parallel over NPROC GPUs (default 2) beside PyTorch DDP, and the main job on them
+#   kernels   the kernel harnesses: flash-bench.py, flash32-bench.py and x3gemm-bench.py
+#   cpu       leangrad beside PyTorch on two pinned cores of this machine (CORES), ROUNDS alternating
+set -uo pipefail
+cd "$(dirname "$0")/.."
+final=${OUT:-gpu-out}
+w=$(mktemp -d)/results
+mkdir -p "$w" "$final"
+trap 'tar -C "$(dirname "$w")" -czf "$final/results.tgz" results; cp "$w/summary.txt" "$final/" 2>/dev/null' EXIT
+say() { echo "$*" | tee -a "$w/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$w/machine.txt" 2>&1
+commit=${COMMIT:-$(cat .gpu/commit 2>/dev/null || echo unknown)}
+bench() { bash .gpu/run bin/bench -commit "$commit" "$@"; }
+rows() { grep -E "^\| $1" "$2" | cut -d'|' -f2-13 | tee -a "$w/summary.txt"; }
+
+for suite in "$@"; do
+  say "== $suite"
+  case $suite in
+  tests)
+    timeout 560 bash .gpu/run tests -test.run "${TESTS:-CUDA}" -test.v -test.count 1 > "$w/tests.log" 2>&1
+    say "tests exit $?"
+    grep -E '^(--- FAIL|FAIL|panic)|^\s+--- FAIL' "$w/tests.log" | head -40 | tee -a "$w/summary.txt"
+    say "top-level passed: $(grep -cE '^--- PASS' "$w/tests.log"), skipped: $(grep -cE '^--- SKIP' "$w/tests.log")"
+    ;;
+  cnn)
+    timeout 300 bench -device cuda -specs "resnet20:256,1024 resnet18:256" -configs fp32,amp,checkpoint,amp+checkpoint \
+      -compile-configs "" -claims=false -steps 15 -warmup 4 -out "$w/cnn" > "$w/cnn.log" 2>&1
+    say "cnn exit $?"; rows resnet "$w/cnn/bench.md"
+    timeout 240 bench -device cuda -specs resnet1202:128 -configs amp+checkpoint \
+      -compile-configs "" -claims=false -steps 5 -warmup 3 -out "$w/resnet1202" > "$w/resnet1202.log" 2>&1
+    say "resnet1202 exit $?"; rows resnet "$w/resnet1202/bench.md"
+    ;;
+  gpt2)
+    cfgs=${CONFIGS:-fp32,bf16,f16,bf16+checkpoint}
+    largest=${LARGEST-gpt2:512:24}
+    timeout 585 bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" -amp-dtype f16 \
+      -vocab "${VOCAB:-50304}" ${largest:+-largest-batch $largest} -claims=false -eager=false \
+      -steps 10 -warmup 3 -out "$w/gpt2" > "$w/gpt2.log" 2>&1
+    say "gpt2 exit $?"; rows gpt2 "$w/gpt2/bench.md"; grep -E "MFU|^claim|largest" "$w/gpt2.log" | head -12 | tee -a "$w/summary.txt"
+    ;;
+  mainjob)
+    for s in ${SEEDS:-1}; do
+      bash .gpu/run bin/train -model resnet -amp -checkpoint -device cuda -seed "$s" -json "$w/main-$s.json" > "$w/main-$s.log" 2>&1 &
+      [ -n "${TWIN:-}" ] && python3 benchmarks/pytorch/mainjob.py --data .gpu/data/fashion-mnist --seed "$s" \
+        > "$w/twin-$s.json" 2> "$w/twin-$s.log" &
+    done
+    wait
+    for s in ${SEEDS:-1}; do say "seed $s: $(grep -E '^(test accuracy|throughput|peak)' "$w/main-$s.log" | tr '\n' ' ')"; done
+    ;;
+  text)
+    timeout 300 bash .gpu/run bin/train -model gpt -amp -amp-dtype bf16 -sample 64 -device cuda \
+      -json "$w/text.json" > "$w/text.log" 2> "$w/text.err"
+    say "text exit $?"; grep -E "^(validation|throughput|peak|text)" "$w/text.log" | tee -a "$w/summary.txt"
+    tokens=$(grep -o 'tokens in [^)]*' "$w/text.log" | head -1 | cut -c11-)
+    timeout 240 python3 benchmarks/pytorch/gpt.py train --tokens "$tokens" --layers 6 --heads 6 --width 384 --context 256 \
+      --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 --warmup 100 --amp bf16 \
+      > "$w/twin.json" 2> "$w/twin.err"
+    say "twin exit $?"; tail -2 "$w/twin.err" | tee -a "$w/summary.txt"
+    ;;
+  claims)
+    timeout 300 bench -device cuda -specs resnet20:256 -configs fp32,amp,checkpoint,amp+checkpoint -compile-configs "" \
+      -steps 15 -warmup 4 -out "$w/claims-cnn" > "$w/claims-cnn.log" 2>&1
+    say "cnn claims exit $?"; grep -E "^- \*\*" "$w/claims-cnn/bench.md" | cut -c1-200 | tee -a "$w/summary.txt"
+    timeout 300 bench -device cuda -specs gpt2:1 -configs fp32 -largest-batch gpt2:512:24 -amp-dtype f16 \
+      -pytorch "" -claims=false -eager=false -steps 1 -warmup 1 -out "$w/claims-gpt2" > "$w/claims-gpt2.log" 2>&1
+    say "gpt2 claims exit $?"; grep -E "^claim|largest" "$w/claims-gpt2.log" | tee -a "$w/summary.txt"
+    for cfg in "--amp none" "--amp f16"; do
+      timeout 150 python3 benchmarks/pytorch/gpt.py largest --layers 12 --heads 12 --width 768 --context 512 --cap-gib 24 $cfg \
+        >> "$w/claims-pytorch-largest.jsonl" 2>> "$w/claims-pytorch.err"
+      say "pytorch largest $cfg: $(tail -1 "$w/claims-pytorch-largest.jsonl" | grep -o '"largest_batch": [0-9]*')"
+    done
+    ;;
+  budget)
+    bash .gpu/run bin/train -model resnet -device cuda -epochs "${EPOCHS:-15}" -json "$w/fp32.json" > "$w/fp32.log" 2>&1
+    say "fp32 exit $?"
+    half=$(python3 -c "
+import json
+m = [m for m in json.load(open('$w/fp32.json'))['measured_step_peaks'] if m['name'] == 'fp32'][0]
+print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
+    bash .gpu/run bin/train -model resnet -device cuda -epochs "${EPOCHS:-15}" -max-memory "${half}B" \
+      -json "$w/budget.json" > "$w/budget.log" 2>&1
+    say "budget ${half}B exit $?"; grep -E "^(chose|test accuracy|throughput|peak)" "$w/budget.log" | tee -a "$w/summary.txt"
+    ;;
+  serve)
+    timeout 120 bash .gpu/run bin/train -model resnet -dataset synthetic -epochs 1 -measure=false -device cuda \
+      -save "$w/r20.st" > "$w/r20-train.log" 2>&1
+    timeout 420 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestLoad$" -test.v \
+      -load.checkpoint "$0" -load.device cuda -load.requests "${REQUESTS:-100000}" -load.single "${SINGLE:-10000}" \
+      -load.clients 16' "$w/r20.st" > "$w/serve-load.log" 2>&1
+    say "serve exit $?"; grep -E "serve_test" "$w/serve-load.log" | tee -a "$w/summary.txt"
+    rm -f "$w/r20.st"
+    ;;
+  profile)
+    timeout 300 bench -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \
+      -pytorch "" -claims=false -eager=false -steps 3 -warmup 2 -out "$w/profile" > "$w/profile.log" 2>&1
+    say "profile exit $?"; grep -E "^profile|leangrad .*ms" "$w/profile.log" | head -30 | tee -a "$w/summary.txt"
+    ;;
+  ab)
+    xz -dc .gpu/old/bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
+    args=(-device cuda -specs "${SPECS:-resnet20:256,1024 resnet18:256}" -configs "${CONFIGS:-fp32,amp,checkpoint,amp+checkpoint}"
+      -pytorch "" -claims=false -eager=false -steps 20 -warmup 5 ${EXTRA:-})
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+      order="old new"; [ $((r % 2)) -eq 0 ] && order="new old"
+      for which in $order; do
+        if [ "$which" = old ]; then /tmp/old-bench "${args[@]}" -out "$w/ab-old-$r" > "$w/ab-old-$r.log" 2>&1
+        else bench "${args[@]}" -out "$w/ab-new-$r" > "$w/ab-new-$r.log" 2>&1; fi
+        say "$which ($( [ "$which" = old ] && cat .gpu/old/commit || echo "$commit")) round $r exit $?"
+        grep -E "^leangrad \(captured\)" "$w/ab-$which-$r.log" | sed -E 's/ \(host[^)]*\)//; s/, reserved.*//' | tee -a "$w/summary.txt"
+      done
+    done
+    ;;
+  ddp)
+    n=${NPROC:-2}
+    specs=${SPECS:-"resnet18:256 resnet20:256"}
+    bench -device cuda -specs "$specs" -configs fp32,amp -pytorch "" -claims=false -eager=false -warmup 10 -steps 30 \
+      -out "$w/ddp-1" > "$w/ddp-1.log" 2>&1
+    bench -nproc "$n" -device cuda -specs "$specs" -configs fp32,amp -warmup 10 -steps 30 -out "$w/ddp-$n" > "$w/ddp-$n.log" 2>&1
+    say "leangrad on $n GPUs exit $?"; grep -E 'leangrad-ddp' "$w/ddp-$n.log" | tee -a "$w/summary.txt"
+    for k in 1 "$n"; do
+      torchrun --standalone --nproc-per-node "$k" benchmarks/pytorch/ddp.py --specs $specs --configs fp32,amp \
+        --warmup 10 --steps 30 --out "$w/pytorch-ddp-$k.json" > "$w/pytorch-ddp-$k.log" 2>&1
+      say "pytorch on $k GPU(s) exit $?"
+    done
+    bash .gpu/run bin/train -nproc "$n" -model resnet -amp -checkpoint -batch $((128 / n)) -json "$w/main-ddp.json" > "$w/main-ddp.log" 2>&1
+    say "main job on $n GPUs exit $?"; grep -E 'test accuracy|throughput' "$w/main-ddp.log" | tee -a "$w/summary.txt"
+    ;;
+  kernels)
+    export PATH="$PATH:/usr/local/cuda/bin"
+    python3 scripts/flash-bench.py --torch --source .gpu/kernels.cu tree=kernels/cuda/src/transformer_flash.cu \
+      > "$w/flash-bench.log" 2>&1; say "flash-bench exit $?"; tail -8 "$w/flash-bench.log" | tee -a "$w/summary.txt"
+    python3 scripts/flash32-bench.py --source .gpu/kernels.cu tree= > "$w/flash32-bench.log" 2>&1
+    say "flash32-bench exit $?"; tail -6 "$w/flash32-bench.log" | tee -a "$w/summary.txt"
+    python3 scripts/x3gemm-bench.py --source .gpu/kernels.cu tree= > "$w/x3gemm-bench.log" 2>&1
+    say "x3gemm-bench exit $?"; tail -8 "$w/x3gemm-bench.log" | tee -a "$w/summary.txt"
+    ;;
+  cpu)
+    cores=${CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | tail -2 | cut -d, -f1 | paste -sd,)}
+    lscpu -p=CPU,CORE,SOCKET > "$w/lscpu.txt"; say "pinned to CPUs $cores"
+    timeout 400 taskset -c "$cores" bash .gpu/run bin/bench -device cpu -out "$w/cpu" -specs "resnet20:32 mlp:128" \
+      -configs fp32 -steps 15 -warmup 3 -rounds "${ROUNDS:-6}" -claims=false -commit "$commit" > "$w/cpu.log" 2>&1
+    say "cpu exit $?"; grep -E 'over [0-9]+ rounds' "$w/cpu.log" | tee -a "$w/summary.txt"
+    start=$(date +%s)
+    timeout 200 taskset -c "$cores" bash .gpu/run bin/train -model resnet -amp -checkpoint -device cpu -json "$w/cpu-main.json" \
+      > "$w/cpu-main.log" 2>&1
+    say "cpu main job exit $?, $(( $(date +%s) - start )) s"
+    ;;
+  *)
+    say "gpu.sh: unknown suite $suite (see the list at the top of scripts/gpu.sh)"
+    ;;
+  esac
+done
