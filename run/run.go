@@ -362,6 +362,8 @@ func (r *runner) textLoaders() error {
 		return fmt.Errorf("corpus %s: tokenized by %s, and the configuration says %s", c.Name, c.Tokenizer.Name(), cfg.Tokenizer)
 	case cfg.EvalEvery < 1:
 		return fmt.Errorf("a language model's run needs the steps between evaluations (EvalEvery), not %d", cfg.EvalEvery)
+	case cfg.Steps < cfg.EvalEvery || cfg.Steps%cfg.EvalEvery != 0:
+		return fmt.Errorf("a language model's run of %d steps (Steps) evaluated every %d (EvalEvery): want a positive multiple of EvalEvery", cfg.Steps, cfg.EvalEvery)
 	case T < 1 || cfg.Batch < 1:
 		return fmt.Errorf("batch %d of context %d: want positive sizes", cfg.Batch, T)
 	case len(c.Val) < T+1:

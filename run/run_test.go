@@ -75,8 +75,8 @@ func TestTrainGPT(t *testing.T) {
 	}
 	dev := tensor.NewDevice(cpu.New())
 	var log bytes.Buffer
-	job := Job{Config: train.Config{Model: "gpt-mini", Dataset: corpus.Name, Epochs: 2, Batch: 8, LR: 3e-3, Optimizer: "adamw", Beta2: 0.99,
-		WeightDecay: 0.1, ClipNorm: 1, Schedule: "cosine", WarmupEpochs: 0.25, Seed: 1, Context: 32, EvalEvery: 40, EvalBatches: 8},
+	job := Job{Config: train.Config{Model: "gpt-mini", Dataset: corpus.Name, Steps: 80, Batch: 8, LR: 3e-3, Optimizer: "adamw", Beta2: 0.99,
+		WeightDecay: 0.1, ClipNorm: 1, Schedule: "cosine", WarmupSteps: 10, Seed: 1, Context: 32, EvalEvery: 40, EvalBatches: 8},
 		Text: corpus, Measure: true, Sample: 12, Sampling: nn.Sampling{Temperature: 0.8, TopK: 40}, Log: &log}
 	r, err := Train(dev, job)
 	if err != nil {
