@@ -27,6 +27,55 @@ type TransformerOps interface {
 	// AttentionBackward writes dq, dk and dv (the strides of q, k, v) from
 	// do and what the forward computed; p.Tq must equal p.Tk.
 	AttentionBackward(p AttentionParams, q, k, v, o, lse, do, dq, dk, dv Buf)
+
+	// WritePaged copies each row r's key and value (H·D values at row
+	// r·p.QRow of k and of v, the strides of a packed qkv) into the paged
+	// caches kcache and vcache (one layer's, [Blocks, BlockSize, H·D], k's
+	// dtype) at slot slots[r] (I32: block·BlockSize + offset); a negative
+	// slot skips its row (a captured batch's padding).
+	WritePaged(p PagedParams, k, v, kcache, vcache, slots Buf)
+	// PagedAttention computes, for each query row r (H·D values at r·p.QRow
+	// of q), causal attention over its sequence's keys and values in the
+	// paged caches: the sequence is rowSeq[r] (I32), a row of tables
+	// (I32, Seqs×MaxBlocks: the sequence's blocks in order), and the row,
+	// at position rowPos[r] (I32), sees the positions 0 to its own, which
+	// must have been written. o is Rows×H·D in q's dtype. A decode step's
+	// rows are one a sequence; a prefill's, a sequence's new positions
+	// after its cached prefix.
+	PagedAttention(p PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o Buf)
+}
+
+// PagedParams describes key-value memory cut into Blocks blocks of
+// BlockSize positions, H heads of D values a position, and Rows rows of
+// queries (or of keys and values to write), QRow elements apart, each of
+// one of Seqs sequences whose block tables are MaxBlocks long. MaxLen
+// bounds the positions any row sees (its position + 1); Scale multiplies
+// the scores.
+type PagedParams struct {
+	Rows, H, D, QRow  int
+	Blocks, BlockSize int
+	Seqs, MaxBlocks   int
+	MaxLen            int
+	Scale             float32
+}
+
+// CheckPaged checks a paged operation's caches (Blocks×BlockSize×H·D, of
+// one float dtype) and rows (QRow at least H·D, the last row's values
+// within rows) against p.
+func CheckPaged(op string, p PagedParams, rows, kcache, vcache Buf) {
+	if p.Rows <= 0 || p.H <= 0 || p.D <= 0 || p.QRow < p.H*p.D || p.Blocks <= 0 || p.BlockSize <= 0 ||
+		p.Seqs <= 0 || p.MaxBlocks <= 0 || p.MaxLen <= 0 || p.MaxLen > p.MaxBlocks*p.BlockSize {
+		panic(fmt.Sprintf("kernels: %s: invalid parameters %+v", op, p))
+	}
+	C := p.H * p.D
+	CheckLen(op+" key cache", p.Blocks*p.BlockSize*C, kcache)
+	CheckLen(op+" value cache", p.Blocks*p.BlockSize*C, vcache)
+	if kcache.DType != vcache.DType || !kcache.DType.Float() || rows.DType != kcache.DType {
+		panic(fmt.Sprintf("kernels: %s of %v rows into %v and %v caches: want one float dtype", op, rows.DType, kcache.DType, vcache.DType))
+	}
+	if need := (p.Rows-1)*p.QRow + C; rows.N < need {
+		panic(fmt.Sprintf("kernels: %s: rows of %d elements, their strides reach %d (%+v)", op, rows.N, need, p))
+	}
 }
 
 // AttentionParams describes causal attention of B batches of Tq queries
@@ -102,4 +151,14 @@ func (ob *Observed) Attention(p AttentionParams, q, k, v, o, lse Buf) {
 func (ob *Observed) AttentionBackward(p AttentionParams, q, k, v, o, lse, do, dq, dk, dv Buf) {
 	defer ob.op("AttentionBackward", "AttentionBackward", q)()
 	ob.B.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+}
+
+func (o *Observed) WritePaged(p PagedParams, k, v, kcache, vcache, slots Buf) {
+	defer o.op("WritePaged", "WritePaged", k)()
+	o.B.WritePaged(p, k, v, kcache, vcache, slots)
+}
+
+func (ob *Observed) PagedAttention(p PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o Buf) {
+	defer ob.op("PagedAttention", "PagedAttention", q)()
+	ob.B.PagedAttention(p, q, kcache, vcache, tables, rowSeq, rowPos, o)
 }

@@ -2,6 +2,8 @@ package cpu
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -80,3 +82,132 @@ func resolve(g kernels.Philox) kernels.Philox {
 
 // counter is the int64 a counter buffer holds.
 func counter(b kernels.Buf) *int64 { return (*int64)(unsafe.Pointer(&raw(b)[0])) }
+
+// Sample draws each row's token as kernels.SampleParams describes: sums
+// in float64, a row a goroutine.
+func (c *Backend) Sample(p kernels.SampleParams, logits, temperature, topK, topP, seeds, steps, tokens, logprobs, topTokens, topLogprobs kernels.Buf) {
+	kernels.CheckSample(p, logits, temperature, topK, topP, seeds, steps, tokens, logprobs, topTokens, topLogprobs)
+	lv := valuesOf(logits)
+	temp, ks, ps, sd, st := f32s(temperature), i32s(topK), f32s(topP), i32s(seeds), i32s(steps)
+	tok, lp := i32s(tokens), f32s(logprobs)
+	var tt []int32
+	var tl []float32
+	if p.TopN > 0 {
+		tt, tl = i32s(topTokens), f32s(topLogprobs)
+	}
+	parallel(p.Rows, 1, func(lo, hi int) {
+		buf := make([]float32, p.V)
+		w := make([]float32, p.V)
+		for r := lo; r < hi; r++ {
+			z := lv.span(r*p.V, p.V, buf)
+			best := 0
+			for i, x := range z {
+				if x > z[best] {
+					best = i
+				}
+			}
+			m := z[best]
+			var sum float64
+			for _, x := range z {
+				sum += float64(expf(x - m))
+			}
+			logZ := m + float32(math.Log(sum))
+			pick := best
+			if t := temp[r]; t > 0 {
+				seed := uint64(uint32(sd[2*r])) | uint64(uint32(sd[2*r+1]))<<32
+				u := kernels.ToUniform(kernels.PhiloxBlock(seed, uint64(uint32(st[r])))[0])
+				pick = sampleRow(z, w, m, t, int(ks[r]), ps[r], u)
+			}
+			tok[r], lp[r] = int32(pick), z[pick]-logZ
+			for n := range p.TopN {
+				b := -1
+				for i, x := range z {
+					if slices.Contains(tt[r*p.TopN:r*p.TopN+n], int32(i)) {
+						continue
+					}
+					if b < 0 || x > z[b] {
+						b = i
+					}
+				}
+				tt[r*p.TopN+n], tl[r*p.TopN+n] = int32(b), z[b]-logZ
+			}
+		}
+	})
+}
+
+// sampleRow draws from the row z (whose maximum is m) at temperature t,
+// restricted to its top k and then its top p, with the uniform u in [0, 1),
+// by kernels.SampleParams' rule; w is scratch of z's length.
+func sampleRow(z, w []float32, m, t float32, k int, topP, u float32) int {
+	lo, inv := float32(0), 1/t
+	for i, x := range z {
+		w[i] = (x - m) * inv
+		lo = min(lo, w[i])
+	}
+	cut := float32(math.Inf(-1))
+	if k > 0 && k < len(z) {
+		hi := float32(0)
+		for range kernels.SampleRounds {
+			mid := (lo + hi) * 0.5
+			n := 0
+			for _, x := range w {
+				if x >= mid {
+					n++
+				}
+			}
+			if n >= k {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		cut = lo
+	}
+	var total float64
+	for i, x := range w {
+		if x >= cut {
+			w[i] = expf(x)
+		} else {
+			w[i] = 0
+		}
+		total += float64(w[i])
+	}
+	floor := float32(0)
+	if topP < 1 {
+		lo, hi := float32(0), float32(1)
+		need := float64(topP) * total
+		for range kernels.SampleRounds {
+			mid := (lo + hi) * 0.5
+			var s float64
+			for _, e := range w {
+				if e >= mid {
+					s += float64(e)
+				}
+			}
+			if s >= need {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		floor = lo
+	}
+	var kept float64
+	last := 0
+	for i, e := range w {
+		if e > 0 && e >= floor {
+			kept += float64(e)
+			last = i
+		}
+	}
+	target := float64(u) * kept
+	var acc float64
+	for i, e := range w {
+		if e > 0 && e >= floor {
+			if acc += float64(e); acc > target {
+				return i
+			}
+		}
+	}
+	return last
+}

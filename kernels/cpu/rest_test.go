@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -149,4 +150,138 @@ func TestUpdateScale(t *testing.T) {
 				step, inf, f32s(scale)[0], i32s(tracker)[0], f32s(skipped)[0], s, tr, sk)
 		}
 	}
+}
+
+// TestSample holds the sampler to its definition, in float64: greedy rows
+// take the first maximum; every row reports the log-softmax of its token
+// and its top tokens in order; a draw depends on its seed and step alone;
+// and over many steps the draws of a row follow the softmax at its
+// temperature, restricted to the top k and then the top p, within
+// sampling noise.
+func TestSample(t *testing.T) {
+	logits := []float64{1.0, 2.5, -1.0, 2.5, 0.5, 1.8, -3.0}
+	V := len(logits)
+	lse := func(v []float64) float64 {
+		m := slices.Max(v)
+		var s float64
+		for _, x := range v {
+			s += math.Exp(x - m)
+		}
+		return m + math.Log(s)
+	}
+	c := New()
+	// expected is the distribution a row of settings draws from.
+	expected := func(temp float64, k int, topP float64) []float64 {
+		idx := make([]int, V)
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmpDesc(logits[a], logits[b]) })
+		if k > 0 && k < V {
+			for k < V && logits[idx[k]] == logits[idx[k-1]] { // ties at the k-th are kept
+				k++
+			}
+			idx = idx[:k]
+		}
+		w := make([]float64, V)
+		var z float64
+		for _, i := range idx {
+			w[i] = math.Exp((logits[i] - logits[idx[0]]) / temp)
+			z += w[i]
+		}
+		if topP < 1 { // the most likely whose mass reaches topP of what is left
+			var acc float64
+			keep := 0
+			for keep < len(idx) && acc < topP*z {
+				acc += w[idx[keep]]
+				keep++
+			}
+			for _, i := range idx[keep:] {
+				w[i] = 0
+			}
+			z = acc
+		}
+		for i := range w {
+			w[i] /= z
+		}
+		return w
+	}
+	const draws = 20000
+	for _, st := range []struct {
+		temp float32
+		k    int
+		topP float32
+	}{{0, 0, 1}, {1, 0, 1}, {1, 3, 1}, {0.7, 0, 0.8}, {1.5, 4, 0.9}, {1, 2, 1}} {
+		in := bufOf(t, repeat(logits, draws))
+		rows := make([]int32, draws)
+		for i := range rows {
+			rows[i] = int32(i) // the step: a new draw each row
+		}
+		tok, lp := buf(t, kernels.I32, draws), buf(t, kernels.F32, draws)
+		tt, tl := buf(t, kernels.I32, draws*3), buf(t, kernels.F32, draws*3)
+		seeds := make([]int32, 2*draws)
+		for i := range draws {
+			seeds[2*i] = 99
+		}
+		c.Sample(kernels.SampleParams{Rows: draws, V: V, TopN: 3}, in, bufOf(t, repeat([]float64{float64(st.temp)}, draws)),
+			idsOf(t, slices.Repeat([]int32{int32(st.k)}, draws)), bufOf(t, repeat([]float64{float64(st.topP)}, draws)),
+			idsOf(t, seeds), idsOf(t, rows), tok, lp, tt, tl)
+		want := expected(float64(st.temp), st.k, float64(st.topP))
+		if st.temp == 0 {
+			want = make([]float64, V)
+			want[1] = 1 // the first of the two maxima
+		}
+		got := make([]float64, V)
+		for r, k := range i32s(tok) {
+			got[k]++
+			if d := float64(f32s(lp)[r]) - (logits[k] - lse(logits)); math.Abs(d) > 1e-5 {
+				t.Fatalf("%+v: token %d's log-probability off by %g", st, k, d)
+			}
+		}
+		for i := range got {
+			got[i] /= draws
+			sd := math.Sqrt(want[i]*(1-want[i])/draws) + 1e-9
+			if want[i] == 0 && got[i] != 0 || math.Abs(got[i]-want[i]) > 5*sd {
+				t.Errorf("%+v: token %d drawn %.4f of the time, want %.4f", st, i, got[i], want[i])
+			}
+		}
+		if top := i32s(tt)[:3]; !slices.Equal(top, []int32{1, 3, 5}) || math.Abs(float64(f32s(tl)[2])-(logits[5]-lse(logits))) > 1e-5 {
+			t.Errorf("%+v: top tokens %v (%v), want 1, 3, 5", st, top, f32s(tl)[:3])
+		}
+	}
+	// The same seed and step draw the same token; another step, another.
+	one := func(step int32) int32 {
+		tok := buf(t, kernels.I32, 1)
+		c.Sample(kernels.SampleParams{Rows: 1, V: V}, bufOf(t, logits), bufOf(t, []float64{1}), idsOf(t, []int32{0}), bufOf(t, []float64{1}),
+			idsOf(t, []int32{5, 0}), idsOf(t, []int32{step}), tok, buf(t, kernels.F32, 1), kernels.Buf{}, kernels.Buf{})
+		return i32s(tok)[0]
+	}
+	differs := false
+	for step := range int32(20) {
+		if one(step) != one(step) {
+			t.Fatalf("step %d drew two tokens", step)
+		}
+		differs = differs || one(step) != one(0)
+	}
+	if !differs {
+		t.Error("twenty steps drew one token")
+	}
+}
+
+func cmpDesc(a, b float64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
+}
+
+func repeat(v []float64, n int) []float64 {
+	out := make([]float64, 0, len(v)*n)
+	for range n {
+		out = append(out, v...)
+	}
+	return out
 }

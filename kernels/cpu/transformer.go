@@ -190,3 +190,88 @@ func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 		}
 	})
 }
+
+// WritePaged copies each row's key and value bytes into their slot.
+func (c *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots kernels.Buf) {
+	kernels.CheckPaged("write paged", p, k, kcache, vcache)
+	kernels.CheckPaged("write paged", p, v, kcache, vcache)
+	kernels.CheckLen("write paged slots", p.Rows, slots)
+	sl := i32s(slots)
+	C, es := p.H*p.D, k.DType.Size()
+	kb, vb, kc, vc := raw(k), raw(v), raw(kcache), raw(vcache)
+	for r, s := range sl {
+		if s < 0 {
+			continue
+		}
+		if int(s) >= p.Blocks*p.BlockSize {
+			panic(fmt.Sprintf("cpu: write paged: row %d's slot %d is outside the %d of the cache", r, s, p.Blocks*p.BlockSize))
+		}
+		copy(kc[int(s)*C*es:(int(s)+1)*C*es], kb[r*p.QRow*es:(r*p.QRow+C)*es])
+		copy(vc[int(s)*C*es:(int(s)+1)*C*es], vb[r*p.QRow*es:(r*p.QRow+C)*es])
+	}
+}
+
+// PagedAttention attends each query row to its sequence's positions up
+// to its own, gathered through the sequence's block table: the scores in
+// float32, their softmax's sum in float64, as Attention's.
+func (c *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o kernels.Buf) {
+	kernels.CheckPaged("paged attention", p, q, kcache, vcache)
+	C := p.H * p.D
+	kernels.CheckLen("paged attention output", p.Rows*C, o)
+	kernels.CheckLen("paged attention tables", p.Seqs*p.MaxBlocks, tables)
+	kernels.CheckLen("paged attention rows", p.Rows, rowSeq, rowPos)
+	if o.DType != q.DType {
+		panic(fmt.Sprintf("cpu: paged attention of %v queries into %v", q.DType, o.DType))
+	}
+	tb, seqs, pos := i32s(tables), i32s(rowSeq), i32s(rowPos)
+	qv, kv, vv, ov := valuesOf(q), valuesOf(kcache), valuesOf(vcache), valuesOf(o)
+	slot := func(r, j int) int { // the cache row of position j of row r's sequence
+		b := tb[int(seqs[r])*p.MaxBlocks+j/p.BlockSize]
+		if b < 0 || int(b) >= p.Blocks {
+			panic(fmt.Sprintf("cpu: paged attention: row %d's position %d is in block %d, outside the %d of the cache", r, j, b, p.Blocks))
+		}
+		return int(b)*p.BlockSize + j%p.BlockSize
+	}
+	for r := range p.Rows {
+		if s, n := int(seqs[r]), int(pos[r])+1; s < 0 || s >= p.Seqs || n < 1 || n > p.MaxLen {
+			panic(fmt.Sprintf("cpu: paged attention: row %d of sequence %d at position %d: want a sequence below %d and a position below %d", r, s, n-1, p.Seqs, p.MaxLen))
+		}
+	}
+	parallel(p.Rows*p.H, 1, func(lo, hi int) {
+		s := make([]float32, p.MaxLen)
+		qb, kb, vb, ob := make([]float32, p.D), make([]float32, p.D), make([]float32, p.D), make([]float32, p.D)
+		for rh := lo; rh < hi; rh++ {
+			r, h := rh/p.H, rh%p.H
+			n := int(pos[r]) + 1
+			qi := qv.span(r*p.QRow+h*p.D, p.D, qb)
+			m := float32(math.Inf(-1))
+			for j := range n {
+				kj := kv.span(slot(r, j)*C+h*p.D, p.D, kb)
+				var dot float32
+				for d, x := range qi {
+					dot += x * kj[d]
+				}
+				s[j] = dot * p.Scale
+				m = max(m, s[j])
+			}
+			var sum float64
+			for j := range n {
+				s[j] = expf(s[j] - m)
+				sum += float64(s[j])
+			}
+			inv := float32(1 / sum)
+			clear(ob)
+			for j := range n {
+				vj := vv.span(slot(r, j)*C+h*p.D, p.D, vb)
+				w := s[j] * inv
+				for d, x := range vj {
+					ob[d] += w * x
+				}
+			}
+			at := r*C + h*p.D
+			t := ov.target(at, p.D, kb)
+			copy(t, ob)
+			ov.commit(at, t)
+		}
+	})
+}

@@ -378,3 +378,87 @@ func TestClipGradNorm(t *testing.T) {
 		check(t, "clipped b", gb, wb, 1e-6)
 	}
 }
+
+// TestPagedAttention: attention through block tables against float64
+// attention over each sequence's keys laid out in order, for decoding rows
+// (one a sequence), a prefill after a cached prefix, ragged lengths across
+// block boundaries; WritePaged puts each row where its slot says and
+// leaves the rest alone, padding rows included.
+func TestPagedAttention(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 2))
+	const H, D, bs = 2, 5, 3
+	C := H * D
+	lens, fresh := []int{1, 4, 7, 11}, []int{1, 4, 1, 5}
+	maxBlocks := 5
+	blocks := len(lens)*maxBlocks + 1
+	perm := rng.Perm(blocks - 1)
+	tables := make([]int32, len(lens)*maxBlocks)
+	for i := range tables {
+		tables[i] = int32(1 + perm[i])
+	}
+	kc, vc := randVals(rng, blocks*bs*C), randVals(rng, blocks*bs*C)
+	kcache, vcache := bufOf(t, kc), bufOf(t, vc)
+	var rowSeq, rowPos, slots []int32
+	for s, n := range lens {
+		for j := n - fresh[s]; j < n; j++ {
+			rowSeq, rowPos = append(rowSeq, int32(s)), append(rowPos, int32(j))
+			slots = append(slots, tables[s*maxBlocks+j/bs]*bs+int32(j%bs))
+		}
+	}
+	rows := len(rowSeq)
+	qkv := randVals(rng, (rows+1)*3*C)
+	q := bufOf(t, qkv)
+	p := kernels.PagedParams{Rows: rows + 1, H: H, D: D, QRow: 3 * C, Blocks: blocks, BlockSize: bs, Seqs: len(lens), MaxBlocks: maxBlocks,
+		MaxLen: 11, Scale: 0.4}
+	c := New()
+	c.WritePaged(p, q.Slice(C, q.N-C), q.Slice(2*C, q.N-2*C), kcache, vcache, idsOf(t, append(slices.Clone(slots), -1)))
+	at := func(s, j int) int { return int(tables[s*maxBlocks+j/bs])*bs + j%bs } // a position's cache row
+	for r, sl := range slots {
+		for i := range C {
+			kc[int(sl)*C+i], vc[int(sl)*C+i] = qkv[r*3*C+C+i], qkv[r*3*C+2*C+i]
+		}
+	}
+	if !slices.Equal(f32s(kcache), toF32s(kc)) || !slices.Equal(f32s(vcache), toF32s(vc)) {
+		t.Fatal("WritePaged wrote other than each row's key and value at its slot (or wrote the padding row)")
+	}
+	p.Rows = rows
+	o := buf(t, kernels.F32, rows*C)
+	c.PagedAttention(p, q, kcache, vcache, idsOf(t, tables), idsOf(t, rowSeq), idsOf(t, rowPos), o)
+	var worst float64
+	for r := range rows {
+		s, n := int(rowSeq[r]), int(rowPos[r])+1
+		for h := range H {
+			w := make([]float64, n)
+			var m, sum float64 = math.Inf(-1), 0
+			for j := range n {
+				for d := range D {
+					w[j] += qkv[r*3*C+h*D+d] * kc[at(s, j)*C+h*D+d]
+				}
+				w[j] *= float64(p.Scale)
+				m = max(m, w[j])
+			}
+			for j := range w {
+				w[j] = math.Exp(w[j] - m)
+				sum += w[j]
+			}
+			for d := range D {
+				var want float64
+				for j := range n {
+					want += w[j] / sum * vc[at(s, j)*C+h*D+d]
+				}
+				worst = max(worst, math.Abs(float64(f32s(o)[r*C+h*D+d])-want))
+			}
+		}
+	}
+	if worst > 1e-5 {
+		t.Errorf("paged attention against float64: worst difference %g", worst)
+	}
+}
+
+func toF32s(v []float64) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}

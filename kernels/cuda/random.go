@@ -66,3 +66,29 @@ func basePtr(g kernels.Philox) uintptr {
 	kernels.CheckCounter("philox base", g.Base)
 	return ptrOf(g.Base)
 }
+
+// The sampling kernel (random.cu): a block of sampleThreads threads a row.
+type sampleArgs struct {
+	V, TopN                  int32
+	Logits, Temperature      uintptr
+	TopK, TopP, Seeds, Steps uintptr
+	Tokens, Logprobs         uintptr
+	TopTokens, TopLogprobs   uintptr
+}
+
+var kSample = declareTyped[sampleArgs]("sample")
+
+// sampleThreads is the sampling kernel's block: each thread takes a
+// contiguous stretch of the row for the draw's scan.
+const sampleThreads = 512
+
+// Sample draws each row's token in a block of its own.
+func (b *Backend) Sample(p kernels.SampleParams, logits, temperature, topK, topP, seeds, steps, tokens, logprobs, topTokens, topLogprobs kernels.Buf) {
+	kernels.CheckSample(p, logits, temperature, topK, topP, seeds, steps, tokens, logprobs, topTokens, topLogprobs)
+	s := floatType("sample", logits)
+	b.enter()
+	defer b.exit()
+	kSample.launch(b, s, dims{gx: uint32(p.Rows), gy: 1, block: sampleThreads}, sampleArgs{int32(p.V), int32(p.TopN),
+		ptrOf(logits), ptrOf(temperature), ptrOf(topK), ptrOf(topP), ptrOf(seeds), ptrOf(steps), ptrOf(tokens), ptrOf(logprobs),
+		ptrOf(topTokens), ptrOf(topLogprobs)})
+}

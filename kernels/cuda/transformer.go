@@ -472,3 +472,55 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 	b.queued("memset")
 	b.d.must("cuMemsetD32Async", b.d.memsetD32Async(p, 0, uintptr(n), b.stream))
 }
+
+// The paged key-value memory's kernels (transformer.cu): write_paged over
+// rows × H·D elements; paged_attention a block of pagedThreads threads a
+// (head, row), the row's query and its scores in dynamic shared memory.
+type writePagedArgs struct {
+	Rows, C, QRow int32
+	K, V, Slots   uintptr
+	KC, VC        uintptr
+}
+
+type pagedAttentionArgs struct {
+	H, D, BlockSize, MaxBlocks, MaxLen, QRow int32
+	Scale                                    float32
+	Q, KC, VC, Tables, RowSeq, RowPos, O     uintptr
+}
+
+var (
+	kWritePaged     = declareTyped[writePagedArgs]("write_paged")
+	kPagedAttention = declareTyped[pagedAttentionArgs]("paged_attention")
+)
+
+// pagedThreads is paged_attention's block: its warps take turns over a
+// row's positions for the scores, its threads over the values' columns.
+const pagedThreads = 128
+
+// WritePaged scatters each row's key and value into its slot.
+func (b *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots kernels.Buf) {
+	kernels.CheckPaged("write paged", p, k, kcache, vcache)
+	kernels.CheckPaged("write paged", p, v, kcache, vcache)
+	kernels.CheckLen("write paged slots", p.Rows, slots)
+	s := floatType("write paged", k, v, kcache, vcache)
+	b.enter()
+	defer b.exit()
+	C := p.H * p.D
+	kWritePaged.launch(b, s, b.elems(int64(p.Rows*C)), writePagedArgs{int32(p.Rows), int32(C), int32(p.QRow),
+		ptrOf(k), ptrOf(v), ptrOf(slots), ptrOf(kcache), ptrOf(vcache)})
+}
+
+// PagedAttention attends each (head, row) in a block of its own.
+func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o kernels.Buf) {
+	kernels.CheckPaged("paged attention", p, q, kcache, vcache)
+	kernels.CheckLen("paged attention output", p.Rows*p.H*p.D, o)
+	kernels.CheckLen("paged attention tables", p.Seqs*p.MaxBlocks, tables)
+	kernels.CheckLen("paged attention rows", p.Rows, rowSeq, rowPos)
+	s := floatType("paged attention", q, kcache, vcache, o)
+	shared := 4 * (p.D + p.MaxLen + max(pagedThreads, p.D))
+	b.enter()
+	defer b.exit()
+	kPagedAttention.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32(p.Rows), block: pagedThreads}, shared,
+		pagedAttentionArgs{int32(p.H), int32(p.D), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.MaxLen), int32(p.QRow), p.Scale,
+			ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
+}

@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
 )
@@ -72,6 +73,60 @@ var transformerCases = []testCase{
 				s.got.AttentionBackward(p, q.got, k.got, v.got, o.got, lse.got, do.got, dq.got, dk.got, dv.got)
 				s.ref.AttentionBackward(p, q.ref, k.ref, v.ref, o.ref, lse.ref, do.ref, dq.ref, dk.ref, dv.ref)
 				s.check("attention dqkv "+what, dqkv, TolAccumulate)
+			}
+		}
+	}},
+	{"paged attention", func(s *suite) {
+		for _, dt := range dtypes {
+			// Decoding steps (a row a sequence), prefills after a cached
+			// prefix, a padding row, ragged lengths across block
+			// boundaries, D below, at and above the CUDA block's threads.
+			for _, c := range []struct {
+				H, D, bs int
+				lens     []int // each sequence's positions in all
+				fresh    []int // of which the last are the rows
+			}{
+				{2, 8, 4, []int{1, 5, 9}, []int{1, 1, 1}},
+				{3, 16, 16, []int{37, 16, 70}, []int{37, 3, 20}},
+				{12, 64, 16, []int{300, 1, 17, 64, 65, 250, 2, 129}, []int{1, 1, 1, 1, 1, 1, 1, 1}},
+				{2, 128, 8, []int{33, 9}, []int{5, 9}},
+				{1, 160, 4, []int{13}, []int{13}},
+			} {
+				C, maxLen := c.H*c.D, slices.Max(c.lens)
+				maxBlocks := (maxLen+c.bs-1)/c.bs + 1
+				blocks := len(c.lens)*maxBlocks + 3
+				perm := s.rng.Perm(blocks - 1) // the sequences' blocks, scattered; block 0 spare
+				tables := make([]float32, len(c.lens)*maxBlocks)
+				var rowSeq, rowPos, slots []float32
+				next := 0
+				for q, n := range c.lens {
+					for b := range maxBlocks {
+						tables[q*maxBlocks+b] = float32(1 + perm[next])
+						next++
+					}
+					for j := n - c.fresh[q]; j < n; j++ {
+						rowSeq, rowPos = append(rowSeq, float32(q)), append(rowPos, float32(j))
+						slots = append(slots, tables[q*maxBlocks+j/c.bs]*float32(c.bs)+float32(j%c.bs))
+					}
+				}
+				rows := len(rowSeq)
+				rowSeq, rowPos, slots = append(rowSeq, 0), append(rowPos, 0), append(slots, -1) // a padding row
+				p := kernels.PagedParams{Rows: rows + 1, H: c.H, D: c.D, QRow: 3 * C, Blocks: blocks, BlockSize: c.bs,
+					Seqs: len(c.lens), MaxBlocks: maxBlocks, MaxLen: maxLen, Scale: 1 / float32(math.Sqrt(float64(c.D)))}
+				kc, vc := s.randIn(dt, blocks*c.bs*C), s.randIn(dt, blocks*c.bs*C) // the cached prefixes, and junk
+				qkv := s.randIn(dt, (rows+1)*3*C)
+				sl, tb := s.in(kernels.I32, slots), s.in(kernels.I32, tables)
+				rs, rp := s.in(kernels.I32, rowSeq[:rows]), s.in(kernels.I32, rowPos[:rows])
+				s.got.WritePaged(p, qkv.slice(C).got, qkv.slice(2*C).got, kc.got, vc.got, sl.got)
+				s.ref.WritePaged(p, qkv.slice(C).ref, qkv.slice(2*C).ref, kc.ref, vc.ref, sl.ref)
+				what := fmt.Sprintf("%v %+v", dt, c)
+				s.check("write paged keys "+what, kc, 0)
+				s.check("write paged values "+what, vc, 0)
+				p.Rows = rows // the padding row's attention is nothing's
+				o := s.out(dt, rows*C)
+				s.got.PagedAttention(p, qkv.got, kc.got, vc.got, tb.got, rs.got, rp.got, o.got)
+				s.ref.PagedAttention(p, qkv.ref, kc.ref, vc.ref, tb.ref, rs.ref, rp.ref, o.ref)
+				s.check("paged attention "+what, o, TolAccumulate)
 			}
 		}
 	}},

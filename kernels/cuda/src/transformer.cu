@@ -237,6 +237,86 @@ __device__ void attn_rowdot(int B, int H, int Tn, int D, int row, i64 batch, con
     }
 }
 
+// ---- paged key-value memory ----
+
+// write_paged copies row r's key and value (C values at r·qrow) into slot
+// slots[r] of the caches; a negative slot skips the row.
+template <typename T>
+__device__ void write_paged(int rows, int C, int qrow, const T* k, const T* v, const int* slots, T* kc, T* vc) {
+    GRID_STRIDE(i, (i64)rows * C) {
+        int r = (int)(i / C), c = (int)(i % C), s = slots[r];
+        if (s < 0) continue;
+        kc[(i64)s * C + c] = k[(i64)r * qrow + c];
+        vc[(i64)s * C + c] = v[(i64)r * qrow + c];
+    }
+}
+
+// paged_attention attends head blockIdx.x of query row blockIdx.y over its
+// sequence's positions 0 to rowPos (the block's warps take turns over the
+// positions for the scores, which dynamic shared memory holds beside the
+// query), then its threads, in groups of D, over the positions again for
+// the values, each thread a column; the groups' sums meet in shared memory.
+template <typename T>
+__device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale, const T* q,
+                                const T* kc, const T* vc, const int* tables, const int* rowSeq, const int* rowPos,
+                                T* o) {
+    extern __shared__ float pa_smem[];
+    __shared__ float scratch[32];
+    int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int C = H * D, len = rowPos[r] + 1;
+    const int* table = tables + (i64)rowSeq[r] * maxBlocks;
+    float *qs = pa_smem, *s = qs + D, *part = s + maxLen;
+    for (int d = tid; d < D; d += nt) qs[d] = ld(q, (i64)r * qrow + h * D + d) * scale;
+    __syncthreads();
+    int warp = tid >> 5, lane = tid & 31, warps = nt >> 5;
+    for (int j = warp; j < len; j += warps) {
+        i64 at = ((i64)table[j / bs] * bs + j % bs) * C + h * D;
+        float acc = 0.f;
+        for (int d = lane; d < D; d += 32) acc += qs[d] * ld(kc, at + d);
+        acc = warp_sum(acc);
+        if (lane == 0) s[j] = acc;
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (int j = tid; j < len; j += nt) m = fmaxf(m, s[j]);
+    m = block_max(m, scratch);
+    float sum = 0.f;
+    for (int j = tid; j < len; j += nt) {
+        float e = __expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, scratch);
+    int groups = D >= nt ? 1 : nt / D, g = D >= nt ? 0 : tid / D;
+    if (g < groups)
+        for (int d = D >= nt ? tid : tid % D; d < D; d += D >= nt ? nt : D) {
+            float acc = 0.f;
+            for (int j = g; j < len; j += groups) acc += s[j] * ld(vc, ((i64)table[j / bs] * bs + j % bs) * C + h * D + d);
+            part[g * D + d] = acc;
+        }
+    __syncthreads();
+    float inv = 1.f / sum;
+    for (int d = tid; d < D; d += nt) {
+        float acc = 0.f;
+        for (int k = 0; k < groups; k++) acc += part[k * D + d];
+        st(o, (i64)r * C + h * D + d, acc * inv);
+    }
+}
+
+#define PAGED(T, S)                                                                                              \
+    extern "C" __global__ void write_paged_##S(int rows, int C, int qrow, const T* k, const T* v, const int* slots, \
+                                               T* kc, T* vc) {                                                   \
+        kernel_entry();                                                                                         \
+        write_paged(rows, C, qrow, k, v, slots, kc, vc);                                                        \
+    }                                                                                                           \
+    extern "C" __global__ void paged_attention_##S(int H, int D, int bs, int maxBlocks, int maxLen, int qrow,   \
+                                                   float scale, const T* q, const T* kc, const T* vc,            \
+                                                   const int* tables, const int* rowSeq, const int* rowPos, T* o) { \
+        kernel_entry();                                                                                         \
+        paged_attention(H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o);       \
+    }
+FOR_TYPES(PAGED)
+
 #define TRANSFORMER(T, S)                                                                                      \
     extern "C" __global__ void embedding_##S(int n, int dim, const int* ids, const T* table, T* y) {           \
         kernel_entry();                                                                                        \
