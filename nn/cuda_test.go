@@ -39,3 +39,12 @@ func TestCUDAChannelsLastMatchesChannelsFirst(t *testing.T) {
 func TestCUDAGPTMatchesFloat64Reference(t *testing.T) { testGPTMatchesReference(t, testdev.CUDA(t)) }
 
 func TestCUDAGPTGenerateMatchesFullForward(t *testing.T) { testGPTGenerate(t, testdev.CUDA(t)) }
+
+// TestCUDAGPTForwardPagedMatchesForward: the paged forward on the GPU, in
+// F32 (its products at F32's accuracy) and under bf16 autocast (keys,
+// values and products in bf16, held to bf16's rounding of logits near 1).
+func TestCUDAGPTForwardPagedMatchesForward(t *testing.T) {
+	dev := testdev.CUDA(t)
+	t.Run("f32", func(t *testing.T) { testGPTForwardPaged(t, dev, 0, 1e-4) })
+	t.Run("bf16", func(t *testing.T) { testGPTForwardPaged(t, dev, tensor.BF16, 0.1) })
+}
