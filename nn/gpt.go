@@ -267,7 +267,7 @@ func (g *GPT) hidden(x *T) *T {
 // to the backward anyway, and the biases' are small.
 func (g *GPT) Forward(x *T) *T {
 	if g.Checkpoint == NoCheckpoint {
-		defer ag.CastParameters(ag.ModeOf(x), g.productParameters())()
+		defer ag.CastParameters(ag.ModeOf(x), g.ProductParameters())()
 	}
 	h := g.hidden(x)
 	B, Tn := x.Dim(0), x.Dim(1)
@@ -281,7 +281,7 @@ func (g *GPT) Forward(x *T) *T {
 // positions predicted right. Its products' parameters are cast as Forward's.
 func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
 	if g.Checkpoint == NoCheckpoint {
-		defer ag.CastParameters(ag.ModeOf(x), g.productParameters())()
+		defer ag.CastParameters(ag.ModeOf(x), g.ProductParameters())()
 	}
 	h := g.hidden(x)
 	defer h.Release()
@@ -289,10 +289,11 @@ func (g *GPT) Loss(x, y *T) (loss, right *T, n int) {
 	return loss, right, y.Numel()
 }
 
-// productParameters are what the matrix products read of the parameters:
+// ProductParameters are what the matrix products read of the parameters:
 // the blocks' linear layers' weights and the biases their epilogues add,
-// and the tied token embedding, the classifier's.
-func (g *GPT) productParameters() []*T {
+// and the tied token embedding, the classifier's: what an autocast casts
+// at once (autograd.CastParameters), per forward or, serving, once.
+func (g *GPT) ProductParameters() []*T {
 	ps := []*T{g.WTE}
 	for _, b := range g.Blocks {
 		for _, l := range []*Linear{b.Attn, b.AttnProj, b.FC, b.Proj} {

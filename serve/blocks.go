@@ -227,6 +227,12 @@ func (m *BlockManager) Append(t *BlockTable) (slot int32, cp *BlockCopy, err err
 	return b*int32(m.size) + int32(off), cp, nil
 }
 
+// NeedsBlock says whether t's next position takes a block: its last is
+// full, or shared (copied before the write).
+func (m *BlockManager) NeedsBlock(t *BlockTable) bool {
+	return t.Len%m.size == 0 || m.refs[t.Blocks[len(t.Blocks)-1]] > 1
+}
+
 // Fork is a new table sharing every block of t: a second sample of the
 // same prompt.
 func (m *BlockManager) Fork(t *BlockTable) *BlockTable {

@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/leangrad/leangrad/datasets"
-	"github.com/leangrad/leangrad/nn"
 )
 
 // Handler is the server's HTTP interface (see the package doc).
@@ -28,9 +25,12 @@ func (s *Server) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.HandleFunc("GET /metrics", s.m.serve)
+	mux.Handle("GET /metrics", s.m.handler())
 	if s.arch.Text {
 		mux.HandleFunc("POST /v1/generate", s.measured("/v1/generate", s.generate))
+		mux.HandleFunc("POST /v1/completions", s.openAI("/v1/completions", s.completions))
+		mux.HandleFunc("GET /v1/models", s.openAI("/v1/models", s.models))
+		mux.HandleFunc("GET /v1/models/{model}", s.openAI("/v1/models", s.modelInfo))
 	} else {
 		mux.HandleFunc("POST /v1/predict", s.measured("/v1/predict", s.predictHTTP))
 	}
@@ -191,15 +191,22 @@ func (s *Server) predictHTTP(w http.ResponseWriter, r *http.Request) error {
 	return json.NewEncoder(w).Encode(out)
 }
 
-// GenerateRequest is a /v1/generate body.
+// GenerateRequest is a /v1/generate body: every field but the prompt has
+// a default.
 type GenerateRequest struct {
 	Prompt      string   `json:"prompt"`
-	MaxTokens   int      `json:"max_tokens"`
+	MaxTokens   *int     `json:"max_tokens"`  // default 16
 	Temperature *float64 `json:"temperature"` // default 0.8; 0: greedy
 	TopK        *int     `json:"top_k"`       // default 40; 0: all
+	TopP        *float64 `json:"top_p"`       // default 1: all
+	Stop        []string `json:"stop"`
 	Seed        uint64   `json:"seed"`
 }
 
+// generate answers /v1/generate: NDJSON, a line per token ({"token": 262,
+// "text": " the"}) and a last one ({"done": true, "text": "...",
+// "tokens": n, "finish_reason": "length"}), or {"error": "..."} after the
+// first token when the model fails.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
 	data, err := s.body(w, r)
 	if err != nil {
@@ -209,62 +216,57 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(data, &req); err != nil {
 		return err
 	}
-	prompt := s.tok.Encode(req.Prompt)
-	context := s.in.Shape[0]
-	sampling := nn.Sampling{Temperature: 0.8, TopK: 40, Rand: rand.New(rand.NewPCG(req.Seed, 0x5e))}
+	q := Request{Prompt: s.tok.Encode(req.Prompt), MaxTokens: 16, Temperature: 0.8, TopK: 40, TopP: 1, Stop: req.Stop, Seed: req.Seed}
+	if req.MaxTokens != nil {
+		q.MaxTokens = *req.MaxTokens
+	}
 	if req.Temperature != nil {
-		sampling.Temperature = *req.Temperature
+		q.Temperature = *req.Temperature
 	}
 	if req.TopK != nil {
-		sampling.TopK = *req.TopK
+		q.TopK = *req.TopK
 	}
+	if req.TopP != nil {
+		q.TopP = *req.TopP
+	}
+	ch, err := s.engine.Submit(r.Context(), q)
+	var re *RequestError
 	switch {
-	case len(prompt) == 0:
-		return badRequest("an empty prompt: give the text to continue")
-	case len(prompt) >= context:
-		return badRequest("a prompt of %d tokens: the model's context is %d", len(prompt), context)
-	case req.MaxTokens < 1 || len(prompt)+req.MaxTokens > context:
-		return badRequest("max_tokens %d after a prompt of %d tokens: want 1 to %d (the context is %d)", req.MaxTokens, len(prompt), context-len(prompt), context)
-	case !(sampling.Temperature >= 0) || math.IsInf(sampling.Temperature, 0):
-		return badRequest("temperature %v: want 0 (greedy) or more", sampling.Temperature)
-	case sampling.TopK < 0:
-		return badRequest("top_k %d: want 0 (all) or more", sampling.TopK)
-	}
-	select {
-	case s.gens <- struct{}{}:
-		defer func() { <-s.gens }()
-	default:
+	case errors.As(err, &re):
+		return badRequest("%s", re.Msg)
+	case errors.Is(err, ErrOverloaded):
 		return errOverloaded
+	case err != nil:
+		return err
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	flusher, _ := w.(http.Flusher)
 	enc := json.NewEncoder(w)
-	var toks []int32
-	sent := 0 // bytes of the decoded text already sent
-	sampling.OnToken = func(tok int32) bool {
-		toks = append(toks, tok)
-		text := s.tok.Decode(toks)
-		if !utf8.ValidString(text[sent:]) { // a character split across tokens: wait for the rest
-			return r.Context().Err() == nil
+	var text strings.Builder
+	n := 0
+	for ev := range events(ch, 1) {
+		switch {
+		case ev.Err != nil && n == 0:
+			return ev.Err
+		case ev.Err != nil:
+			enc.Encode(map[string]any{"error": ev.Err.Error()})
+			return nil
+		case ev.Token >= 0:
+			n++
+			if err := enc.Encode(map[string]any{"token": ev.Token, "text": ev.Text}); err != nil {
+				return nil // the client went away: its context ends the generation
+			}
 		}
-		if err := enc.Encode(map[string]any{"token": tok, "text": text[sent:]}); err != nil {
-			return false
+		text.WriteString(ev.Text)
+		if ev.Finish != "" {
+			s.answered(1)
+			return enc.Encode(map[string]any{"done": true, "text": text.String(), "tokens": n, "finish_reason": ev.Finish})
 		}
-		sent = len(text)
 		if flusher != nil {
 			flusher.Flush()
 		}
-		return r.Context().Err() == nil // the client went away: stop
 	}
-	if _, err := s.model.(*nn.GPT).Generate(s.dev.Session(), prompt, req.MaxTokens, sampling); err != nil {
-		if len(toks) == 0 {
-			return err
-		}
-		enc.Encode(map[string]any{"error": err.Error()})
-		return nil
-	}
-	s.answered(1)
-	return enc.Encode(map[string]any{"done": true, "text": s.tok.Decode(toks), "tokens": len(toks)})
+	return nil
 }
 
 func product(d []int) int {

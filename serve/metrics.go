@@ -3,89 +3,86 @@ package serve
 import (
 	"fmt"
 	"net/http"
-	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metrics are what /metrics reports, in Prometheus' text exposition format
-// (version 0.0.4): counters, gauges and histograms, leangrad_-prefixed.
+// metrics are the server's Prometheus collectors, leangrad_-prefixed: its
+// requests, the image batcher's batches, the pool and, for a GPT, its
+// engine's (engineMetrics). Server.Collectors hands them to a service's
+// own registry; /metrics serves the server's.
 type metrics struct {
-	s         *Server
-	mu        sync.Mutex
-	requests  map[[2]string]int64 // path, status -> count
-	latency   map[string]*histogram
-	batches   *histogram
-	empties   int64
-	emptySecs float64
+	registry *prometheus.Registry
+	all      []prometheus.Collector // what the registry holds
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	images   prometheus.Histogram
+	empties  prometheus.Counter
+	emptySec prometheus.Counter
+
+	mu                       sync.Mutex
+	imageTotal, batchesTotal int64
 }
 
 // latencyBuckets are the request-latency histogram's bounds, in seconds.
-var latencyBuckets = []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5}
-
-type histogram struct {
-	bounds []float64
-	counts []int64 // per bound, not cumulative; one more for +Inf
-	sum    float64
-	n      int64
-}
-
-func newHistogram(bounds []float64) *histogram {
-	return &histogram{bounds: bounds, counts: make([]int64, len(bounds)+1)}
-}
-
-func (h *histogram) observe(v float64) {
-	i := sort.SearchFloat64s(h.bounds, v) // the first bound >= v
-	h.counts[i]++
-	h.sum += v
-	h.n++
-}
-
-func (h *histogram) write(b *strings.Builder, name, labels string) {
-	var cum int64
-	sep := ""
-	if labels != "" {
-		sep = ","
-	}
-	for i, bound := range h.bounds {
-		cum += h.counts[i]
-		fmt.Fprintf(b, "%s_bucket{%s%sle=\"%g\"} %d\n", name, labels, sep, bound, cum)
-	}
-	fmt.Fprintf(b, "%s_bucket{%s%sle=\"+Inf\"} %d\n", name, labels, sep, h.n)
-	if labels != "" {
-		labels = "{" + labels + "}"
-	}
-	fmt.Fprintf(b, "%s_sum%s %g\n%s_count%s %d\n", name, labels, h.sum, name, labels, h.n)
-}
+var latencyBuckets = []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30}
 
 func newMetrics(s *Server) *metrics {
 	var bounds []float64
 	for _, b := range s.buckets {
 		bounds = append(bounds, float64(b))
 	}
-	return &metrics{s: s, requests: map[[2]string]int64{}, latency: map[string]*histogram{}, batches: newHistogram(bounds)}
+	m := &metrics{registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_requests_total",
+			Help: "Requests answered, by path and HTTP status."}, []string{"path", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leangrad_request_duration_seconds",
+			Help: "Time from a request's arrival to its answer (its last byte, streamed).", Buckets: latencyBuckets}, []string{"path"}),
+		images: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_batch_images",
+			Help: "Images in each forward pass the batcher ran.", Buckets: bounds}),
+		empties: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_empty_cache_calls_total",
+			Help: "EmptyCache calls made by -empty-cache-every."}),
+		emptySec: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_empty_cache_seconds_total",
+			Help: "Time spent inside those calls."}),
+	}
+	pool := func(name, help string, v func(memory.Stats) int64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return float64(v(s.dev.Allocator().Stats())) })
+	}
+	m.register(m.requests, m.latency, m.empties, m.emptySec,
+		pool("leangrad_pool_allocated_bytes", "Bytes of the device's pool held by tensors.", func(st memory.Stats) int64 { return st.Allocated[memory.All].Current }),
+		pool("leangrad_pool_reserved_bytes", "Bytes the pool holds from the device, cached blocks included.", func(st memory.Stats) int64 { return st.Reserved[memory.All].Current }),
+		pool("leangrad_pool_peak_allocated_bytes", "The most bytes tensors held at once since the process started.", func(st memory.Stats) int64 { return st.Allocated[memory.All].Peak }),
+		pool("leangrad_pool_peak_reserved_bytes", "The most bytes the pool held at once.", func(st memory.Stats) int64 { return st.Reserved[memory.All].Peak }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_tensor_leaks_total",
+			Help: "Tensors the garbage collector found unreleased (their memory went back)."}, func() float64 { return float64(tensor.Leaks()) }))
+	if !s.arch.Text {
+		m.register(m.images, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leangrad_queue_requests",
+			Help: "Requests waiting for the device."}, func() float64 { return float64(len(s.queue)) }))
+	}
+	return m
+}
+
+// register adds collectors to the registry.
+func (m *metrics) register(cs ...prometheus.Collector) {
+	m.registry.MustRegister(cs...)
+	m.all = append(m.all, cs...)
 }
 
 func (m *metrics) request(path string, code int, d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.requests[[2]string{path, fmt.Sprint(code)}]++
-	h := m.latency[path]
-	if h == nil {
-		h = newHistogram(latencyBuckets)
-		m.latency[path] = h
-	}
-	h.observe(d.Seconds())
+	m.requests.WithLabelValues(path, fmt.Sprint(code)).Inc()
+	m.latency.WithLabelValues(path).Observe(d.Seconds())
 }
 
 func (m *metrics) batch(images int) {
+	m.images.Observe(float64(images))
 	m.mu.Lock()
-	m.batches.observe(float64(images))
+	m.imageTotal += int64(images)
+	m.batchesTotal++
 	m.mu.Unlock()
 }
 
@@ -93,67 +90,132 @@ func (m *metrics) batch(images int) {
 func (m *metrics) batchTotals() (images, batches int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return int64(m.batches.sum), m.batches.n
+	return m.imageTotal, m.batchesTotal
 }
 
 func (m *metrics) emptied(d time.Duration) {
+	m.empties.Inc()
+	m.emptySec.Add(d.Seconds())
+}
+
+// handler serves the registry in Prometheus' text format.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
+// engineMetrics are a GPT engine's collectors.
+type engineMetrics struct {
+	e            *Engine
+	ttft, itl    prometheus.Histogram
+	batchSeqs    prometheus.Histogram
+	batchRows    prometheus.Histogram
+	running      prometheus.Gauge
+	waiting      prometheus.Gauge
+	blocksUsed   prometheus.Gauge
+	blocksFree   prometheus.Gauge
+	waste        prometheus.Gauge
+	preemptions  prometheus.Counter
+	hits, misses prometheus.CounterFunc
+	tokens       prometheus.Counter
+	finished     *prometheus.CounterVec
+	overloaded   prometheus.Counter
+	mu           sync.Mutex
+	kv           KVStats // the memory's state at the last step
+	maxWaste     float64 // the most waste seen at any step
+}
+
+// tokenBuckets are the inter-token latency histogram's bounds, in seconds.
+var tokenBuckets = []float64{0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1}
+
+func newEngineMetrics(e *Engine) *engineMetrics {
+	var bounds []float64
+	for _, b := range buckets(e.opts.MaxSeqs) {
+		bounds = append(bounds, float64(b))
+	}
+	return &engineMetrics{e: e,
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_time_to_first_token_seconds",
+			Help: "Time from a sample's submission to its first token.", Buckets: latencyBuckets}),
+		itl: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_inter_token_latency_seconds",
+			Help: "Time between a sample's consecutive tokens.", Buckets: tokenBuckets}),
+		batchSeqs: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_batch_sequences",
+			Help: "Sequences each step ran.", Buckets: bounds}),
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_batch_tokens",
+			Help: "Tokens each step ran, prefills' included.", Buckets: prometheus.ExponentialBuckets(1, 2, 14)}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_running_sequences", Help: "Sequences decoding."}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_waiting_sequences",
+			Help: "Sequences waiting to run, or part way through their prefill."}),
+		blocksUsed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_blocks_used", Help: "Key-value blocks some sequence holds."}),
+		blocksFree: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_blocks_free",
+			Help: "Key-value blocks no sequence holds (cached prefix blocks among them)."}),
+		waste: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_waste_ratio",
+			Help: "Slots of the held key-value blocks that hold no token, over the slots held."}),
+		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_preemptions_total",
+			Help: "Sequences preempted for want of key-value blocks (to be prefilled again)."}),
+		hits: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_prefix_cache_hits_total",
+			Help: "Prompt blocks found in the prefix cache."}, func() float64 { return float64(e.kvStats().Hits) }),
+		misses: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_prefix_cache_misses_total",
+			Help: "Full prompt blocks not in the prefix cache."}, func() float64 { return float64(e.kvStats().Misses) }),
+		tokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_generated_tokens_total", Help: "Tokens generated."}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_samples_total",
+			Help: "Samples ended, by finish reason (length, stop, error)."}, []string{"finish"}),
+		overloaded: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_overloaded_total",
+			Help: "Requests refused because the queue was full."}),
+	}
+}
+
+// collectors are the engine's collectors.
+func (m *engineMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.ttft, m.itl, m.batchSeqs, m.batchRows, m.running, m.waiting, m.blocksUsed, m.blocksFree,
+		m.waste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded}
+}
+
+func (m *engineMetrics) batch(b *batch) {
+	m.batchSeqs.Observe(float64(len(b.seqs)))
+	m.batchRows.Observe(float64(len(b.tokens)))
+}
+
+func (m *engineMetrics) token(s *sequence, now time.Time) {
+	if s.last.IsZero() {
+		m.ttft.Observe(now.Sub(s.arrived).Seconds())
+	} else {
+		m.itl.Observe(now.Sub(s.last).Seconds())
+	}
+	s.last = now
+	m.tokens.Inc()
+}
+
+func (m *engineMetrics) ended(s *sequence, finish string, err error) {
+	if err != nil {
+		finish = "error"
+	}
+	m.finished.WithLabelValues(finish).Inc()
+}
+
+func (m *engineMetrics) preempted() { m.preemptions.Inc() }
+func (m *engineMetrics) refused()   { m.overloaded.Inc() }
+
+// gauges updates the engine's gauges from its loop.
+func (m *engineMetrics) gauges() {
+	m.running.Set(float64(len(m.e.running)))
+	m.waiting.Set(float64(len(m.e.waiting)))
+	m.sampleKV()
+}
+
+// sampleKV takes the memory's state for the gauges and for kvStats (the
+// engine's loop calls it), and the most waste seen.
+func (m *engineMetrics) sampleKV() {
+	if m.e.blocks == nil {
+		return
+	}
+	st := m.e.blocks.Stats()
 	m.mu.Lock()
-	m.empties++
-	m.emptySecs += d.Seconds()
+	m.kv = st
 	m.mu.Unlock()
-}
-
-func (m *metrics) serve(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	fmt.Fprint(w, m.text())
-}
-
-// text is the exposition of every metric.
-func (m *metrics) text() string {
-	var b strings.Builder
-	metric := func(name, kind, help string) { fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind) }
-	st := m.s.dev.Allocator().Stats()
+	m.blocksUsed.Set(float64(st.Used))
+	m.blocksFree.Set(float64(st.Free))
+	w := st.Waste()
+	m.waste.Set(w)
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	metric("leangrad_requests_total", "counter", "Requests answered, by path and HTTP status.")
-	keys := make([][2]string, 0, len(m.requests))
-	for k := range m.requests {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b [2]string) int { return strings.Compare(a[0]+a[1], b[0]+b[1]) })
-	for _, k := range keys {
-		fmt.Fprintf(&b, "leangrad_requests_total{path=%q,code=%q} %d\n", k[0], k[1], m.requests[k])
-	}
-	metric("leangrad_request_duration_seconds", "histogram", "Time from a request's arrival to its answer.")
-	paths := make([]string, 0, len(m.latency))
-	for p := range m.latency {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		m.latency[p].write(&b, "leangrad_request_duration_seconds", fmt.Sprintf("path=%q", p))
-	}
-	metric("leangrad_batch_images", "histogram", "Images in each forward pass the batcher ran.")
-	m.batches.write(&b, "leangrad_batch_images", "")
-	metric("leangrad_queue_requests", "gauge", "Requests waiting for the device.")
-	fmt.Fprintf(&b, "leangrad_queue_requests %d\n", len(m.s.queue))
-	for _, g := range []struct {
-		name, help string
-		v          int64
-	}{
-		{"leangrad_pool_allocated_bytes", "Bytes of the device's pool held by tensors.", st.Allocated[memory.All].Current},
-		{"leangrad_pool_reserved_bytes", "Bytes the pool holds from the device, cached blocks included.", st.Reserved[memory.All].Current},
-		{"leangrad_pool_peak_allocated_bytes", "The most bytes tensors held at once since the process started.", st.Allocated[memory.All].Peak},
-		{"leangrad_pool_peak_reserved_bytes", "The most bytes the pool held at once.", st.Reserved[memory.All].Peak},
-	} {
-		metric(g.name, "gauge", g.help)
-		fmt.Fprintf(&b, "%s %d\n", g.name, g.v)
-	}
-	metric("leangrad_tensor_leaks_total", "counter", "Tensors the garbage collector found unreleased (their memory went back).")
-	fmt.Fprintf(&b, "leangrad_tensor_leaks_total %d\n", tensor.Leaks())
-	metric("leangrad_empty_cache_calls_total", "counter", "EmptyCache calls made by -empty-cache-every.")
-	fmt.Fprintf(&b, "leangrad_empty_cache_calls_total %d\n", m.empties)
-	metric("leangrad_empty_cache_seconds_total", "counter", "Time spent inside those calls.")
-	fmt.Fprintf(&b, "leangrad_empty_cache_seconds_total %g\n", m.emptySecs)
-	return b.String()
+	m.maxWaste = max(m.maxWaste, w)
+	m.mu.Unlock()
 }

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ import (
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Options configure a Server; the zero value of each field is its default.
@@ -59,6 +61,8 @@ type Options struct {
 	// measured (the pool does not need it: what a request allocates goes
 	// back when it is answered).
 	EmptyCacheEvery int
+	// Engine configures a GPT's engine (its Queue is Queue).
+	Engine EngineOptions
 }
 
 func (o Options) withDefaults() Options {
@@ -85,10 +89,11 @@ type Server struct {
 	cfg      train.Config
 	in       train.Inputs
 	tok      datasets.Tokenizer // a GPT's
+	engine   *Engine            // a GPT's
 	opts     Options
-	buckets  []int // the batch sizes forward passes run at
+	started  time.Time // when Open returned: the model card's created
+	buckets  []int     // the batch sizes forward passes run at
 	queue    chan *request
-	gens     chan struct{} // a GPT's running generations
 	ready    atomic.Bool
 	answers  atomic.Int64 // requests answered, for EmptyCacheEvery
 	arriving atomic.Int64 // predict requests being read and parsed, not yet queued
@@ -120,7 +125,7 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	s := &Server{dev: dev, arch: arch, cfg: info.Config, in: *info.Inputs, opts: o.withDefaults(), stop: make(chan struct{})}
+	s := &Server{dev: dev, arch: arch, cfg: info.Config, in: *info.Inputs, opts: o.withDefaults(), stop: make(chan struct{}), started: time.Now()}
 	if arch.Text {
 		if s.tok, err = datasets.NewTokenizer(s.in.Tokenizer); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -149,9 +154,13 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 	}
 	s.buckets = append(s.buckets, s.opts.MaxBatch)
 	s.queue = make(chan *request, s.opts.Queue)
-	s.gens = make(chan struct{}, s.opts.Queue)
 	s.m = newMetrics(s)
-	if !arch.Text {
+	if arch.Text {
+		eo := s.opts.Engine
+		eo.MaxQueue = s.opts.Queue
+		s.engine = NewEngine(dev, s.model.(*nn.GPT), s.tok, info.Config.Model, eo)
+		s.m.register(s.engine.Collectors()...)
+	} else {
 		s.wg.Add(1)
 		go s.batcher()
 	}
@@ -173,11 +182,11 @@ func (s *Server) Model() string {
 func (s *Server) Buckets() []int { return s.buckets }
 
 // WarmUp runs every shape the server will run once (each bucket's forward
-// pass; a GPT's generation of a token), then makes the server ready.
+// pass; a GPT's engine sizes its key-value memory and captures its steps),
+// then makes the server ready.
 func (s *Server) WarmUp() error {
 	if s.arch.Text {
-		sess := s.dev.Session()
-		if _, err := s.model.(*nn.GPT).Generate(sess, []int32{0}, 2, nn.Sampling{}); err != nil {
+		if err := <-s.engine.Ready(); err != nil {
 			return fmt.Errorf("warming up: %w", err)
 		}
 	} else {
@@ -201,9 +210,20 @@ func (s *Server) Close() {
 	s.closed.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
+		if s.engine != nil {
+			s.engine.Close()
+		}
 		nn.Release(s.model)
 	})
 }
+
+// Engine is a GPT's engine (nil for an image classifier): its Submit is
+// the Go API for services that embed the server.
+func (s *Server) Engine() *Engine { return s.engine }
+
+// Collectors are the server's Prometheus collectors (its requests, the
+// pool, a GPT's engine), for a service's own registry.
+func (s *Server) Collectors() []prometheus.Collector { return slices.Clone(s.m.all) }
 
 // request is one predict request waiting for the batcher.
 type request struct {

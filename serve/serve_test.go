@@ -191,7 +191,7 @@ func TestBadRequests(t *testing.T) {
 	if resp, err := http.Get(hs.URL + "/v1/predict"); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("GET /v1/predict: %v %v", err, resp.Status)
 	}
-	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": `leangrad_requests_total{path="/v1/predict",code="413"} 2`} {
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": `leangrad_requests_total{code="413",path="/v1/predict"} 2`} {
 		resp, err := http.Get(hs.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -273,11 +273,11 @@ func TestGenerate(t *testing.T) {
 		t.Errorf("greedy generation differs between two requests:\n%s\n%s", out, again)
 	}
 	for body, want := range map[string]string{
-		`{"prompt": "", "max_tokens": 5}`:                       "an empty prompt",
-		`{"prompt": "abc", "max_tokens": 62}`:                   "max_tokens 62 after a prompt of 3 tokens: want 1 to 61",
-		`{"prompt": "abc", "max_tokens": 0}`:                    "max_tokens 0",
-		`{"prompt": "abc", "max_tokens": 5, "temperature": -1}`: "temperature -1",
-		`{"prompt": "abc", "max_tokens": 5, "top_k": -1}`:       "top_k -1",
+		`{"prompt": "", "max_tokens": 5}`:                       "prompt: empty",
+		`{"prompt": "abc", "max_tokens": 62}`:                   "max_tokens: 62 after a prompt of 3 tokens: want 1 to 61",
+		`{"prompt": "abc", "max_tokens": 0}`:                    "max_tokens: 0",
+		`{"prompt": "abc", "max_tokens": 5, "temperature": -1}`: "temperature: -1",
+		`{"prompt": "abc", "max_tokens": 5, "top_k": -1}`:       "top_k: -1",
 		`{"prompt": "abc", "max_tokens": 5, "topk": 3}`:         `unknown field \"topk\"`,
 	} {
 		if code, out := post(t, hs.URL+"/v1/generate", "application/json", []byte(body)); code != 400 || !strings.Contains(out, want) {

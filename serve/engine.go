@@ -1,0 +1,398 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// EngineOptions configure an Engine; the zero value of each field is its
+// default.
+type EngineOptions struct {
+	// BlockSize is the positions a key-value block holds (default 16,
+	// vLLM's): a sequence wastes at most BlockSize − 1 slots.
+	BlockSize int
+	// KVMemory sizes the key-value memory once, at start: bytes, or a
+	// fraction of what is free after the model and the step's workspace
+	// (default: room for MaxSeqs sequences of the whole context, at most
+	// nine tenths of what is free).
+	KVMemory memory.Budget
+	// MaxSeqs bounds the sequences a step decodes (default 256 on a GPU,
+	// 16 on the CPU), and with it the captured steps' batch sizes.
+	MaxSeqs int
+	// MaxBatchTokens bounds the tokens one step runs, prompts' included
+	// (default 2048 and at least MaxSeqs): a long prompt is prefilled in
+	// chunks beside the others' decoding, never stalling them for its
+	// whole length.
+	MaxBatchTokens int
+	// MaxQueue bounds the requests waiting and running (default 1024);
+	// beyond it Submit returns ErrOverloaded.
+	MaxQueue int
+	// NoPrefixCache turns the prefix cache off (Note [paged key-value
+	// memory]).
+	NoPrefixCache bool
+	// StaticBatching admits new requests only when every running one has
+	// ended, as a server of static batches does: for comparison.
+	StaticBatching bool
+	// DType is what the model computes in (default BF16 on a GPU, F32 on
+	// the CPU); the keys and values are stored in it.
+	DType tensor.DType
+	// NoCapture runs every step eagerly, also on a GPU.
+	NoCapture bool
+}
+
+// Engine serves a GPT to many requests at once (Note [continuous
+// batching]): each step runs the next token of every running sequence in
+// one batched forward through paged key-value memory, beside chunks of the
+// prompts waiting, and samples on the device.
+type Engine struct {
+	dev    *tensor.Device // the engine's own session of the model's device
+	g      *nn.GPT
+	tok    datasets.Tokenizer
+	eot    int32 // the end-of-text token, -1 for none
+	name   string
+	opts   EngineOptions
+	kv     *nn.PagedKV
+	blocks *BlockManager
+	width  int          // a block table's blocks: the context's
+	nblock atomic.Int64 // the key-value memory's blocks, once warmed up
+
+	submit  chan *sequence
+	queued  atomic.Int64 // samples submitted and not ended
+	waiting []*sequence
+	running []*sequence
+	order   uint64
+	runner  *runner
+	m       *engineMetrics
+
+	ready chan error
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+// Note [continuous batching]: the engine's loop owns the key-value
+// memory and the batch. Each iteration:
+//
+//  1. takes the requests submitted since the last one into the waiting
+//     queue (a request is refused with ErrOverloaded past MaxQueue), and
+//     drops the sequences whose context was cancelled;
+//  2. gives each running sequence the slot of its next token; when the
+//     memory has no block left it preempts the newest sequence (its blocks
+//     freed, its tokens put back at the head of the queue to be prefilled
+//     again: recompute, not swap), so running out of memory never fails a
+//     request;
+//  3. admits waiting sequences, oldest first, while MaxSeqs and the step's
+//     token budget (MaxBatchTokens) allow: each takes its prompt's blocks,
+//     its first full blocks from the prefix cache where they match, and
+//     runs as much of the rest of its prompt as the budget leaves (chunked
+//     prefill); a prompt's last chunk yields its first token;
+//  4. runs the step: a batch of decoding rows only is replayed as the CUDA
+//     graph captured for its size rounded up to a power of two (padding
+//     rows write and read block 0), anything else eagerly; the sampler runs
+//     on the device and only the tokens and their log-probabilities come
+//     back;
+//  5. sends each token to its request's channel, and ends the samples
+//     that reached MaxTokens, a stop string, the end-of-text token or the
+//     context, freeing their blocks at once.
+//
+// With StaticBatching, step 3 admits only when nothing runs, as a server of
+// static batches would: the same engine, for comparison.
+
+// NewEngine starts an engine of the GPT g (in evaluation mode) on dev; its
+// loop warms up (sizes and allocates the key-value memory, captures the
+// decoding steps) before it serves: Ready says when. name is what the API
+// calls the model.
+func NewEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name string, o EngineOptions) *Engine {
+	gpu := train.ModeFor(dev, true) == train.Captured
+	if o.BlockSize <= 0 {
+		o.BlockSize = 16
+	}
+	if o.MaxSeqs <= 0 {
+		o.MaxSeqs = 16
+		if gpu {
+			o.MaxSeqs = 256
+		}
+	}
+	if o.MaxBatchTokens <= 0 {
+		o.MaxBatchTokens = 2048
+	}
+	o.MaxBatchTokens = max(o.MaxBatchTokens, o.MaxSeqs)
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 1024
+	}
+	if o.DType == 0 {
+		o.DType = tensor.F32
+		if gpu {
+			o.DType = tensor.BF16
+		}
+	}
+	if !gpu {
+		o.NoCapture = true
+	}
+	e := &Engine{dev: dev.Session(), g: g, tok: tok, eot: -1, name: name, opts: o,
+		width:  (g.Cfg.Context + o.BlockSize - 1) / o.BlockSize,
+		submit: make(chan *sequence, o.MaxQueue*MaxN), ready: make(chan error, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if tok.Name() == datasets.GPT2Tokens {
+		e.eot = 50256 // <|endoftext|>
+	}
+	e.m = newEngineMetrics(e)
+	go e.loop()
+	return e
+}
+
+// Ready is closed, or receives an error, when the warm-up ends.
+func (e *Engine) Ready() <-chan error { return e.ready }
+
+// Model is the name the API serves the model as.
+func (e *Engine) Model() string { return e.name }
+
+// Close stops the loop (the requests still running end with an error)
+// and frees the key-value memory.
+func (e *Engine) Close() {
+	e.once.Do(func() { close(e.stop) })
+	<-e.done
+}
+
+// Submit queues a request and returns the channel its events come on, one
+// a token and a last one a sample (with its Finish, or Err): the channel
+// holds them all, so the engine never waits for a slow reader. Cancelling
+// ctx ends the request's samples at the next step. A request that cannot
+// run is a *RequestError; a full queue, ErrOverloaded.
+func (e *Engine) Submit(ctx context.Context, r Request) (<-chan Event, error) {
+	if err := e.check(&r); err != nil {
+		return nil, err
+	}
+	if e.queued.Add(int64(r.N)) > int64(e.opts.MaxQueue) {
+		e.queued.Add(-int64(r.N))
+		e.m.refused()
+		return nil, ErrOverloaded
+	}
+	out := make(chan Event, r.N*(r.MaxTokens+1))
+	now := time.Now()
+	first := &sequence{ctx: ctx, req: &r, out: out, tokens: slices.Clone(r.Prompt), prompt: len(r.Prompt), arrived: now}
+	seqs := []*sequence{first}
+	for i := 1; i < r.N; i++ {
+		seqs = append(seqs, &sequence{ctx: ctx, req: &r, index: i, out: out, tokens: slices.Clone(r.Prompt), prompt: len(r.Prompt),
+			arrived: now})
+	}
+	first.forks = seqs[1:]
+	select {
+	case e.submit <- first:
+	case <-e.stop:
+		e.queued.Add(-int64(r.N))
+		return nil, errors.New("the engine is closed")
+	}
+	return out, nil
+}
+
+// check validates r for this engine and fills its defaults.
+func (e *Engine) check(r *Request) error {
+	return r.check(e.g.Cfg.Context, e.g.Cfg.Vocab, e.kvBlocks(), e.opts.BlockSize, e.opts.MaxSeqs)
+}
+
+// kvStats is the key-value memory's state at the last step: safe from any
+// goroutine.
+func (e *Engine) kvStats() KVStats {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	return e.m.kv
+}
+
+// KVStats is the key-value memory's state at the last step, and the most
+// waste seen at any step since the engine started: for the memory report
+// and the load generator.
+func (e *Engine) KVStats() (now KVStats, maxWaste float64) {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	return e.m.kv, e.m.maxWaste
+}
+
+// Collectors are the engine's Prometheus collectors, for a service's own
+// registry.
+func (e *Engine) Collectors() []prometheus.Collector { return e.m.collectors() }
+
+// kvBlocks is the key-value memory's blocks, once it exists (before, as
+// many as a request could ever need).
+func (e *Engine) kvBlocks() int {
+	if n := e.nblock.Load(); n > 0 {
+		return int(n)
+	}
+	return 1 << 30
+}
+
+// loop is the engine: its goroutine does all of the engine's device work,
+// under no gradient and, with a 16-bit DType, autocast, the model's
+// weights cast once for its whole life.
+func (e *Engine) loop() {
+	defer close(e.done)
+	var err error
+	ag.NoGrad(e.dev, func() {
+		run := func() {
+			release := ag.CastParameters(e.dev, e.g.ProductParameters())
+			defer release()
+			if err = e.warmUp(); err != nil {
+				e.ready <- err
+				return
+			}
+			close(e.ready)
+			e.serve()
+		}
+		if e.opts.DType.Half() {
+			ag.Autocast(e.dev, e.opts.DType, run)
+		} else {
+			run()
+		}
+	})
+	e.shutdown(err)
+}
+
+// serve runs steps until Close.
+func (e *Engine) serve() {
+	for {
+		idle := len(e.waiting) == 0 && len(e.running) == 0
+		if idle {
+			select {
+			case s := <-e.submit:
+				e.enqueue(s)
+			case <-e.stop:
+				return
+			}
+		}
+		for drained := false; !drained; {
+			select {
+			case s := <-e.submit:
+				e.enqueue(s)
+			case <-e.stop:
+				return
+			default:
+				drained = true
+			}
+		}
+		e.cancelled()
+		b := e.schedule()
+		if b == nil {
+			continue
+		}
+		if err := e.runner.run(b); err != nil {
+			e.failAll(fmt.Errorf("the model failed: %w", err))
+			continue
+		}
+		e.deliver(b)
+		e.m.sampleKV()
+	}
+}
+
+// enqueue takes a submitted request into the waiting queue.
+func (e *Engine) enqueue(s *sequence) {
+	e.order++
+	s.order = e.order
+	e.waiting = append(e.waiting, s)
+	e.m.gauges()
+}
+
+// cancelled ends the samples whose requests went away.
+func (e *Engine) cancelled() {
+	keep := func(list []*sequence) []*sequence {
+		return slices.DeleteFunc(list, func(s *sequence) bool {
+			if err := s.ctx.Err(); err != nil {
+				e.end(s, "", err)
+				for _, f := range s.forks { // forks not yet made end with their parent
+					e.end(f, "", err)
+				}
+				s.forks = nil
+				return true
+			}
+			return false
+		})
+	}
+	e.waiting, e.running = keep(e.waiting), keep(e.running)
+}
+
+// end ends a sample: its blocks go back, its last event goes out.
+func (e *Engine) end(s *sequence, finish string, err error) {
+	if s.table != nil {
+		e.blocks.Release(s.table)
+		s.table = nil
+	}
+	ev := Event{Index: s.index, Token: -1, Finish: finish, Err: err}
+	if err == nil {
+		ev.Text = s.text.rest()
+	}
+	s.out <- ev
+	e.queued.Add(-1)
+	e.m.ended(s, finish, err)
+}
+
+// failAll ends every sample with err: a step that failed (the device).
+func (e *Engine) failAll(err error) {
+	for _, s := range append(e.running, e.waiting...) {
+		e.end(s, "", err)
+		for _, f := range s.forks {
+			e.end(f, "", err)
+		}
+	}
+	e.running, e.waiting = nil, nil
+}
+
+// shutdown ends what remains, after the loop stopped, and frees the memory.
+func (e *Engine) shutdown(err error) {
+	if err == nil {
+		err = errors.New("the engine is closed")
+	}
+	for {
+		select {
+		case s := <-e.submit:
+			e.waiting = append(e.waiting, s)
+			continue
+		default:
+		}
+		break
+	}
+	if e.blocks != nil {
+		e.failAll(err)
+	} else {
+		for _, s := range e.waiting {
+			for _, x := range append([]*sequence{s}, s.forks...) {
+				x.out <- Event{Index: x.index, Token: -1, Err: err}
+			}
+		}
+	}
+	if e.runner != nil {
+		e.runner.release()
+	}
+	if e.kv != nil {
+		e.kv.Release()
+	}
+}
+
+// preempt frees the newest running sequence's blocks and puts it back at
+// the head of the queue, to be prefilled again when it resumes.
+func (e *Engine) preempt() *sequence {
+	i := 0
+	for j, s := range e.running {
+		if s.order > e.running[i].order {
+			i = j
+		}
+	}
+	s := e.running[i]
+	e.running = slices.Delete(e.running, i, i+1)
+	e.blocks.Release(s.table)
+	s.table, s.done = nil, 0
+	e.waiting = slices.Insert(e.waiting, 0, s)
+	e.m.preempted()
+	return s
+}

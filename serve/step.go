@@ -1,0 +1,310 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// layout is how a step's inputs and outputs are packed, for S sequences
+// of R rows in all, tables W blocks wide and TopN top tokens a sequence:
+// the I32 inputs in one buffer (tokens, positions, slots and sequences of
+// the rows; the last rows, top-k settings, seed pairs, draw steps and
+// block tables of the sequences), the F32 ones in another (temperatures,
+// top-p settings), and the outputs in two (tokens and top tokens;
+// log-probabilities and theirs), so that a step writes twice and reads
+// twice.
+type layout struct{ S, R, W, TopN, MaxLen int }
+
+func (l layout) ints() int      { return 4*l.R + 5*l.S + l.S*l.W }
+func (l layout) floats() int    { return 2 * l.S }
+func (l layout) outInts() int   { return l.S * (1 + l.TopN) }
+func (l layout) outFloats() int { return l.S * (1 + l.TopN) }
+
+// buffers are a layout's device buffers.
+type buffers struct{ in, fin, out, fout *tensor.Tensor }
+
+func newBuffers(dev *tensor.Device, l layout) buffers {
+	return buffers{tensor.Empty(dev, tensor.I32, l.ints()).Keep(), tensor.Empty(dev, tensor.F32, l.floats()).Keep(),
+		tensor.Empty(dev, tensor.I32, l.outInts()).Keep(), tensor.Empty(dev, tensor.F32, l.outFloats()).Keep()}
+}
+
+func (b buffers) release() {
+	for _, t := range []*tensor.Tensor{b.in, b.fin, b.out, b.fout} {
+		t.Release()
+	}
+}
+
+// graph is a decoding step of a bucket's size captured over the arena.
+type graph struct {
+	l    layout
+	bufs buffers
+	plan *memory.Plan
+	g    kernels.Graph
+}
+
+// runner runs the engine's steps on the device (Note [continuous
+// batching], step 4) and holds the last step's outputs, by sequence.
+type runner struct {
+	e      *Engine
+	dev    *tensor.Device
+	graphs map[int]*graph // by bucket: batches of decoding rows, padded to a power of two
+	arena  *memory.Arena
+
+	ints   []int32
+	floats []float32
+	// The last step's outputs.
+	tokens, topTokens     []int32
+	logprobs, topLogprobs []float32
+	topN                  int
+}
+
+// buckets are the batch sizes decoding steps are captured at: powers of
+// two up to maxSeqs, and maxSeqs.
+func buckets(maxSeqs int) []int {
+	var b []int
+	for n := 1; n < maxSeqs; n *= 2 {
+		b = append(b, n)
+	}
+	return append(b, maxSeqs)
+}
+
+// bucket is the captured size n decoding rows run at.
+func (r *runner) bucket(n int) int {
+	b := 1 << bits.Len(uint(max(n, 1)-1))
+	return min(b, r.e.opts.MaxSeqs)
+}
+
+// pack fills r.ints and r.floats with b's inputs in layout l (l.S and l.R
+// at least b's; the rest padding: a row writing nowhere, reading block 0,
+// drawn greedily).
+func (r *runner) pack(b *batch, l layout) {
+	r.ints = slices0(r.ints, l.ints())
+	r.floats = slices0f(r.floats, l.floats())
+	in := r.ints
+	tokens, in := in[:l.R], in[l.R:]
+	positions, in := in[:l.R], in[l.R:]
+	slots, in := in[:l.R], in[l.R:]
+	rowSeq, in := in[:l.R], in[l.R:]
+	last, in := in[:l.S], in[l.S:]
+	topK, in := in[:l.S], in[l.S:]
+	seeds, in := in[:2*l.S], in[2*l.S:]
+	steps, tables := in[:l.S], in[l.S:]
+	temp, topP := r.floats[:l.S], r.floats[l.S:]
+	copy(tokens, b.tokens)
+	copy(positions, b.positions)
+	copy(slots, b.slots)
+	copy(rowSeq, b.rowSeq)
+	for i := len(b.tokens); i < l.R; i++ {
+		slots[i], rowSeq[i] = -1, int32(min(i, l.S-1))
+	}
+	copy(last, b.last)
+	for i := len(b.seqs); i < l.S; i++ {
+		last[i] = int32(min(i, l.R-1))
+	}
+	for i := range topP {
+		topP[i] = 1
+	}
+	for i, s := range b.seqs {
+		q := s.req
+		temp[i], topK[i], topP[i] = float32(q.Temperature), int32(q.TopK), float32(q.TopP)
+		seed := q.Seed + uint64(s.index)*0x9E3779B97F4A7C15 // each sample its own stream
+		seeds[2*i], seeds[2*i+1], steps[i] = int32(uint32(seed)), int32(uint32(seed>>32)), int32(s.generated())
+		for j, blk := range s.table.Blocks {
+			tables[i*l.W+j] = blk
+		}
+	}
+}
+
+// slices0 is s resized to n and zeroed.
+func slices0(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+func slices0f(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+// body is the step itself, the same eager and captured: the forward
+// through the paged memory and the sampler, from bufs' inputs into bufs'
+// outputs. It allocates nothing that outlives it.
+func (r *runner) body(l layout, bufs buffers) {
+	e := r.e
+	r.dev.WithScope(func() {
+		off := 0
+		view := func(t *tensor.Tensor, n int) *tensor.Tensor {
+			v := t.Rows(off, off+n)
+			off += n
+			return v
+		}
+		b := nn.PagedBatch{Tokens: view(bufs.in, l.R), Positions: view(bufs.in, l.R), Slots: view(bufs.in, l.R), RowSeq: view(bufs.in, l.R),
+			Last: view(bufs.in, l.S), MaxLen: l.MaxLen}
+		topK, seeds, steps := view(bufs.in, l.S), view(bufs.in, 2*l.S), view(bufs.in, l.S)
+		b.Tables = view(bufs.in, l.S*l.W).View(l.S, l.W)
+		logits := e.g.ForwardPaged(e.kv, b)
+		p := kernels.SampleParams{Rows: l.S, V: e.g.Cfg.Vocab, TopN: l.TopN}
+		ob, of := bufs.out.Buf(), bufs.fout.Buf()
+		var tt, tl kernels.Buf
+		if l.TopN > 0 {
+			tt, tl = ob.Slice(l.S, l.S*l.TopN), of.Slice(l.S, l.S*l.TopN)
+		}
+		fin := bufs.fin.Buf()
+		r.dev.Backend().Sample(p, logits.Buf(), fin.Slice(0, l.S), topK.Buf(), fin.Slice(l.S, l.S), seeds.Buf(), steps.Buf(),
+			ob.Slice(0, l.S), of.Slice(0, l.S), tt, tl)
+	})
+}
+
+// run runs b and leaves its outputs in r (by b's sequences).
+func (r *runner) run(b *batch) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = tensor.AsError(p)
+		}
+	}()
+	r.copyBlocks(b.copies)
+	be := r.dev.Backend()
+	topN := 0
+	for _, s := range b.seqs {
+		topN = max(topN, s.req.TopLogprobs)
+	}
+	var l layout
+	var bufs buffers
+	if g := r.graphs[r.bucket(len(b.seqs))]; b.decode && g != nil && len(b.seqs) <= g.l.S {
+		l, bufs = g.l, g.bufs
+		r.pack(b, l)
+		be.Write(bufs.in.Buf(), int32Bytes(r.ints))
+		be.Write(bufs.fin.Buf(), float32Bytes(r.floats))
+		if err := g.g.Launch(); err != nil {
+			return err
+		}
+		r.dev.Allocator().Replayed(r.arena)
+	} else {
+		l = layout{S: len(b.seqs), R: len(b.tokens), W: r.e.width, TopN: topN, MaxLen: b.maxLen}
+		r.pack(b, l)
+		bufs = buffers{tensor.FromInt32(r.dev, r.ints, len(r.ints)), tensor.FromFloat32(r.dev, r.floats, len(r.floats)),
+			tensor.Empty(r.dev, tensor.I32, l.outInts()), tensor.Empty(r.dev, tensor.F32, l.outFloats())}
+		defer bufs.release()
+		r.body(l, bufs)
+	}
+	outI, outF := make([]int32, l.outInts()), make([]float32, l.outFloats())
+	be.Read(int32Bytes(outI), bufs.out.Buf())
+	be.Read(float32Bytes(outF), bufs.fout.Buf())
+	r.tokens, r.logprobs, r.topN = outI[:l.S], outF[:l.S], l.TopN
+	r.topTokens, r.topLogprobs = outI[l.S:], outF[l.S:]
+	return nil
+}
+
+// copyBlocks makes the step's copies-on-write, every layer's keys and
+// values.
+func (r *runner) copyBlocks(cps []BlockCopy) {
+	kv, be, C, bs := r.e.kv, r.dev.Backend(), r.e.g.Cfg.Width, r.e.opts.BlockSize
+	for _, cp := range cps {
+		for i := range kv.K {
+			for _, t := range []*tensor.Tensor{kv.K[i], kv.V[i]} {
+				buf := t.Buf()
+				be.Copy(buf.Slice(int(cp.To)*bs*C, cp.N*C), buf.Slice(int(cp.From)*bs*C, cp.N*C))
+			}
+		}
+	}
+}
+
+// capture records each bucket's decoding step as a graph over one arena:
+// each runs once eagerly (its kernels, its products' algorithms), once
+// traced and planned, then all are captured over an arena of the largest
+// plan.
+func (r *runner) capture() error {
+	c, ok := r.dev.Backend().(kernels.Capturer)
+	if !ok {
+		return nil
+	}
+	a := r.dev.Allocator()
+	idle := &batch{}
+	var size int64
+	for _, n := range buckets(r.e.opts.MaxSeqs) {
+		l := layout{S: n, R: n, W: r.e.width, TopN: kernels.MaxTopN, MaxLen: r.e.g.Cfg.Context}
+		g := &graph{l: l, bufs: newBuffers(r.dev, l)}
+		r.graphs[n] = g
+		r.pack(idle, l)
+		r.dev.Backend().Write(g.bufs.in.Buf(), int32Bytes(r.ints))
+		r.dev.Backend().Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
+		r.body(l, g.bufs)
+		a.StartTrace()
+		r.body(l, g.bufs)
+		trace, err := a.StopTrace()
+		if err != nil {
+			return fmt.Errorf("tracing the decoding step of %d: %w", n, err)
+		}
+		g.plan = memory.PlanTrace(trace, memory.DefaultPlanOptions)
+		size = max(size, g.plan.Size)
+	}
+	a.EmptyCache() // the eager steps' temporaries: planned steps never use them again
+	var err error
+	if r.arena, err = a.NewArena(size); err != nil {
+		return fmt.Errorf("the decoding steps' arena of %s: %w", memory.Bytes(size), err)
+	}
+	for _, n := range buckets(r.e.opts.MaxSeqs) {
+		g := r.graphs[n]
+		if err := a.BeginPlanned(g.plan, r.arena); err != nil {
+			return err
+		}
+		if err := c.BeginCapture(); err != nil {
+			a.EndPlanned()
+			return err
+		}
+		r.body(g.l, g.bufs)
+		gr, cerr := c.EndCapture()
+		if err := errors.Join(cerr, a.EndPlanned()); err != nil {
+			if gr != nil {
+				gr.Release()
+			}
+			return fmt.Errorf("capturing the decoding step of %d: %w", n, err)
+		}
+		g.g = gr
+	}
+	return nil
+}
+
+// release frees the graphs, their buffers and the arena.
+func (r *runner) release() {
+	for _, g := range r.graphs {
+		if g.g != nil {
+			g.g.Release()
+		}
+		g.bufs.release()
+	}
+	r.graphs = nil
+	if r.arena != nil {
+		r.arena.Release()
+		r.arena = nil
+	}
+}
+
+func int32Bytes(v []int32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+func float32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}

@@ -1,0 +1,110 @@
+package serve
+
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// warmUp readies the engine on its loop's goroutine: it measures the
+// workspace of the largest decoding step and of the largest prefill (over
+// a memory of one block), sizes and allocates the key-value memory from
+// what is left (EngineOptions.KVMemory), and captures the decoding steps.
+func (e *Engine) warmUp() error {
+	e.runner = &runner{e: e, dev: e.dev, graphs: map[int]*graph{}}
+	work, err := e.workspace()
+	if err != nil {
+		return err
+	}
+	blocks, err := e.kvSize(work)
+	if err != nil {
+		return err
+	}
+	if e.kv, err = e.g.NewPagedKV(e.dev, e.opts.DType, blocks, e.opts.BlockSize); err != nil {
+		return err
+	}
+	e.blocks = NewBlockManager(blocks, e.opts.BlockSize, !e.opts.NoPrefixCache)
+	e.nblock.Store(int64(blocks))
+	if !e.opts.NoCapture {
+		if err := e.runner.capture(); err != nil {
+			return err
+		}
+	}
+	e.m.gauges()
+	return nil
+}
+
+// workspace is the most the pool's allocated bytes rise in an eager step
+// of MaxSeqs decoding rows or of MaxBatchTokens prefill rows: what must
+// stay free beside the key-value memory.
+func (e *Engine) workspace() (int64, error) {
+	kv, err := e.g.NewPagedKV(e.dev, e.opts.DType, 1, e.opts.BlockSize)
+	if err != nil {
+		return 0, err
+	}
+	e.kv = kv
+	defer func() { kv.Release(); e.kv = nil }()
+	a := e.dev.Allocator()
+	var most int64
+	for _, l := range []layout{
+		{S: e.opts.MaxSeqs, R: e.opts.MaxSeqs, W: e.width, TopN: kernels.MaxTopN, MaxLen: e.g.Cfg.Context},
+		{S: 1, R: e.opts.MaxBatchTokens, W: e.width, TopN: kernels.MaxTopN, MaxLen: e.g.Cfg.Context},
+	} {
+		base := a.Stats().Allocated[memory.All].Current
+		a.WindowPeak()
+		err := tensor.Catch(func() {
+			bufs := newBuffers(e.dev, l)
+			defer bufs.release()
+			e.runner.pack(&batch{}, l)
+			e.dev.Backend().Write(bufs.in.Buf(), int32Bytes(e.runner.ints))
+			e.dev.Backend().Write(bufs.fin.Buf(), float32Bytes(e.runner.floats))
+			e.runner.body(l, bufs)
+			if err := e.dev.Synchronize(); err != nil {
+				panic(err)
+			}
+		})
+		if err != nil {
+			return 0, fmt.Errorf("warming up a step of %d rows: %w", l.R, err)
+		}
+		peak, _ := a.WindowPeak()
+		most = max(most, peak-base)
+	}
+	a.EmptyCache()
+	return most, nil
+}
+
+// kvSize is the blocks of the key-value memory: EngineOptions.KVMemory of
+// what is free beside work bytes of a step's workspace (twice over: a
+// captured step's arena and an eager step beside it), or by default room
+// for MaxSeqs sequences of the whole context, at most nine tenths of that.
+// Fewer blocks than one sequence of the whole context needs is an error.
+func (e *Engine) kvSize(work int64) (int, error) {
+	per := e.g.KVBlockBytes(e.opts.DType, e.opts.BlockSize)
+	a := e.dev.Allocator()
+	free, _ := e.dev.MemInfo()
+	if lim := a.Limit(); lim > 0 {
+		free = min(free, lim-a.Stats().Reserved[memory.All].Current)
+	}
+	avail := max(0, free-2*work)
+	var want int64
+	switch b := e.opts.KVMemory; {
+	case b.Bytes > 0:
+		want = b.Bytes
+	case b.Fraction > 0:
+		want = int64(b.Fraction * float64(avail))
+	default:
+		want = min(int64(e.opts.MaxSeqs*e.width+1)*per, avail/10*9)
+	}
+	if want > avail {
+		return 0, fmt.Errorf("the key-value memory of %s: %s is free beside the model and a step's workspace of %s", memory.Bytes(want),
+			memory.Bytes(avail), memory.Bytes(work))
+	}
+	blocks := int(want / per)
+	if blocks < e.width+1 {
+		return 0, fmt.Errorf("the key-value memory of %s holds %d blocks of %d positions (%s each), and one sequence of the whole context (%d) needs %d: give it more",
+			memory.Bytes(want), blocks, e.opts.BlockSize, memory.Bytes(per), e.g.Cfg.Context, e.width+1)
+	}
+	return blocks, nil
+}
