@@ -107,7 +107,7 @@ func ParseBudget(s string) (Budget, error) {
 	}
 	bytes := v * mult
 	if bytes < 1<<20 {
-		return Budget{}, errors.New("less than 1 MiB: no model trains in that")
+		return Budget{}, errors.New("less than 1 MiB: too little for a model; did you mean MiB or GiB?")
 	}
 	if bytes >= math.MaxInt64 {
 		return Budget{}, fmt.Errorf("%s is more bytes than a 64-bit count holds", s)

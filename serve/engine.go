@@ -157,6 +157,21 @@ func NewEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name strin
 // Ready is closed, or receives an error, when the warm-up ends.
 func (e *Engine) Ready() <-chan error { return e.ready }
 
+// Prepared says what the warm-up made: the key-value memory and the
+// decoding steps.
+func (e *Engine) Prepared() string {
+	if e.kv == nil {
+		return "not warmed up"
+	}
+	per := e.g.KVBlockBytes(e.opts.DType, e.opts.BlockSize)
+	steps := fmt.Sprintf("decoding steps of up to %d sequences run eagerly", e.opts.MaxSeqs)
+	if len(e.runner.graphs) > 0 {
+		steps = fmt.Sprintf("decoding steps of %v sequences captured as CUDA graphs over one arena of %s", buckets(e.opts.MaxSeqs), memory.Bytes(e.runner.arena.Size()))
+	}
+	return fmt.Sprintf("a key-value memory of %d blocks of %d positions in %v (%s: the whole context of %.1f sequences); %s",
+		e.kv.Blocks, e.opts.BlockSize, e.opts.DType, memory.Bytes(int64(e.kv.Blocks)*per), float64(e.kv.Blocks-1)/float64(e.width), steps)
+}
+
 // Model is the name the API serves the model as.
 func (e *Engine) Model() string { return e.name }
 

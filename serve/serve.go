@@ -181,6 +181,15 @@ func (s *Server) Model() string {
 // shape before the first request.
 func (s *Server) Buckets() []int { return s.buckets }
 
+// Prepared says what the warm-up made ready: the image batches, or a GPT's
+// key-value memory and decoding steps.
+func (s *Server) Prepared() string {
+	if s.engine != nil {
+		return s.engine.Prepared()
+	}
+	return fmt.Sprintf("warmed up batches of %v", s.buckets)
+}
+
 // WarmUp runs every shape the server will run once (each bucket's forward
 // pass; a GPT's engine sizes its key-value memory and captures its steps),
 // then makes the server ready.

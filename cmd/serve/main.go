@@ -61,6 +61,15 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&maxBody, "max-body", 16<<20, "the most bytes a request body may have (413 beyond)")
 	fs.IntVar(&o.opts.EmptyCacheEvery, "empty-cache-every", 0, "call EmptyCache after every N requests (0: never; the pool does not need it: this measures the advice)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGINT or SIGTERM, how long requests in flight may take to finish")
+	e := &o.opts.Engine
+	fs.Var(&e.KVMemory, "kv-memory", "a GPT's key-value memory, allocated once: a size (2GiB) or a fraction of what is free beside the model and a step (0.9); default: room for -max-seqs sequences of the whole context")
+	fs.IntVar(&e.BlockSize, "block-size", 16, "a GPT's key-value block: the positions it holds")
+	fs.IntVar(&e.MaxSeqs, "max-seqs", 0, "the most sequences a GPT's step decodes at once (default 256 on a GPU, 16 on the CPU)")
+	fs.IntVar(&e.MaxBatchTokens, "max-batch-tokens", 2048, "the most tokens a GPT's step runs, prompts' chunks included")
+	fs.BoolVar(&e.NoPrefixCache, "no-prefix-cache", false, "do not reuse the key-value blocks of prompts' shared beginnings")
+	fs.BoolVar(&e.StaticBatching, "static-batching", false, "admit new generations only when every running one ended (for comparison)")
+	fs.BoolVar(&e.NoCapture, "eager", false, "run a GPT's decoding steps eagerly, not as captured CUDA graphs")
+	fs.TextVar(&e.DType, "dtype", tensor.DType(0), "what a GPT computes in and stores its keys and values in: f32, f16 or bf16 (default bf16 on a GPU, f32 on the CPU)")
 	bad, _, err := cmdenv.ParseFlags(fs, args)
 	if err != nil {
 		return nil, err
@@ -84,10 +93,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		name string
 		v    int64
 		min  int64
-	}{{"max-batch", int64(o.opts.MaxBatch), 1}, {"queue", int64(o.opts.Queue), 1}, {"max-body", maxBody, 1}, {"empty-cache-every", int64(o.opts.EmptyCacheEvery), 0}} {
+	}{{"max-batch", int64(o.opts.MaxBatch), 1}, {"queue", int64(o.opts.Queue), 1}, {"max-body", maxBody, 1}, {"empty-cache-every", int64(o.opts.EmptyCacheEvery), 0},
+		{"block-size", int64(e.BlockSize), 1}, {"max-seqs", int64(e.MaxSeqs), 0}, {"max-batch-tokens", int64(e.MaxBatchTokens), 1}} {
 		if v.v < v.min {
 			say("-%s %d: want %d or more", v.name, v.v, v.min)
 		}
+	}
+	if e.DType == tensor.I32 {
+		say("-dtype i32: want f32, f16 or bf16")
+	}
+	if e.BlockSize > 1024 {
+		say("-block-size %d: want at most 1024", e.BlockSize)
 	}
 	if o.opts.Window < 0 || o.drain <= 0 {
 		say("-window %v -drain %v: want a window of 0 or more and a positive drain", o.opts.Window, o.drain)
@@ -139,8 +155,8 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 		return cmdenv.ExitFailed
 	}
 	a := dev.Allocator().Stats()
-	fmt.Fprintf(stdout, "serving %s on %s from %s: warmed up batches of %v in %v; the pool holds %d bytes (%d reserved)\n",
-		srv.Model(), dev.Name(), o.model, srv.Buckets(), time.Since(start).Round(time.Millisecond), a.Allocated[memory.All].Current, a.Reserved[memory.All].Current)
+	fmt.Fprintf(stdout, "serving %s on %s from %s: %s, in %v; the pool holds %s (%s reserved)\n",
+		srv.Model(), dev.Name(), o.model, srv.Prepared(), time.Since(start).Round(time.Millisecond), memory.Bytes(a.Allocated[memory.All].Current), memory.Bytes(a.Reserved[memory.All].Current))
 	fmt.Fprintf(stdout, "ready on http://%s\n", ln.Addr())
 	if ready != nil {
 		ready(ln.Addr().String())

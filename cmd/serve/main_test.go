@@ -36,22 +36,26 @@ func serveCmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
-// checkpoint is a ResNet-8 checkpoint as train -save writes it.
-func checkpoint(t *testing.T) string {
+// checkpoint is an untrained model's checkpoint as train -save writes it:
+// a ResNet-8 of 28×28 images, or a GPT of bytes.
+func checkpoint(t *testing.T, model string) string {
 	dev := tensor.CPU()
 	in := train.Inputs{Shape: []int{1, 28, 28}, Classes: 10, Mean: []float32{0.3}, Std: []float32{0.3}}
-	m, err := train.BuildModel(dev, "resnet8", in.Shape, in.Classes, 1)
+	if model == "gpt-mini" {
+		in = train.Inputs{Shape: []int{64}, Classes: 256, Tokenizer: "bytes"}
+	}
+	m, err := train.BuildModel(dev, model, in.Shape, in.Classes, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nn.Release(m)
-	tr, err := train.New(m, dev, train.Config{Model: "resnet8", Epochs: 1, Batch: 8, LR: 0.1, Seed: 1}, 1)
+	tr, err := train.New(m, dev, train.Config{Model: model, Epochs: 1, Batch: 8, LR: 0.1, Seed: 1, Tokenizer: in.Tokenizer}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Release()
 	tr.Inputs = &in
-	path := filepath.Join(t.TempDir(), "r8.st")
+	path := filepath.Join(t.TempDir(), model+".st")
 	if err := tr.Save(path); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +65,7 @@ func checkpoint(t *testing.T) string {
 // The command end to end: it warms up, says where it listens, answers, and
 // on SIGTERM answers the request in flight before it exits 0.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
-	ck := checkpoint(t)
+	ck := checkpoint(t, "resnet8")
 	cmd := serveCmd("-addr", "127.0.0.1:0", "-device", "cpu", "-window", "400ms", ck)
 	out, _ := cmd.StdoutPipe()
 	var stderr bytes.Buffer
@@ -120,6 +124,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 func TestServeMistakes(t *testing.T) {
 	junk := filepath.Join(t.TempDir(), "junk.st")
 	os.WriteFile(junk, []byte("not a checkpoint"), 0o644)
+	gpt := checkpoint(t, "gpt-mini")
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -129,6 +134,12 @@ func TestServeMistakes(t *testing.T) {
 		{[]string{"/nonexistent.st"}, cmdenv.ExitUsage, "/nonexistent.st: no such file or directory"},
 		{[]string{"-max-batch", "0", "-addr", "nohost", junk}, cmdenv.ExitUsage, "-max-batch 0: want 1 or more"},
 		{[]string{"-device", "cpu", junk}, cmdenv.ExitNothingRan, junk + ":"},
+		{[]string{"-dtype", "i32", "-block-size", "0", junk}, cmdenv.ExitUsage, "-dtype i32: want f32, f16 or bf16"},
+		{[]string{"-dtype", "f64", junk}, cmdenv.ExitUsage, "f64"},
+		{[]string{"-block-size", "0", junk}, cmdenv.ExitUsage, "-block-size 0: want 1 or more"},
+		{[]string{"-kv-memory", "lots", junk}, cmdenv.ExitUsage, "-kv-memory"},
+		{[]string{"-kv-memory", "1KiB", gpt}, cmdenv.ExitUsage, "-kv-memory \"1KiB\": less than 1 MiB"},
+		{[]string{"-device", "cpu", "-block-size", "1024", "-kv-memory", "1MiB", gpt}, cmdenv.ExitFailed, "holds 0 blocks of 1024 positions"},
 	} {
 		var o, e bytes.Buffer
 		cmd := serveCmd(tc.args...)
@@ -138,5 +149,47 @@ func TestServeMistakes(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(e.String(), tc.want) || strings.Contains(e.String(), "goroutine ") {
 			t.Errorf("serve %v: %v\n%s%s; want exit %d and %q", tc.args, err, o.String(), e.String(), tc.code, tc.want)
 		}
+	}
+}
+
+// A GPT is served through the OpenAI-compatible API: the ready line says
+// what its key-value memory holds, and a completion comes back.
+func TestServeGPT(t *testing.T) {
+	ck := checkpoint(t, "gpt-mini")
+	cmd := serveCmd("-addr", "127.0.0.1:0", "-device", "cpu", "-kv-memory", "4MiB", "-max-seqs", "4", ck)
+	out, _ := cmd.StdoutPipe()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(out)
+	var addr string
+	var said strings.Builder
+	for sc.Scan() {
+		said.WriteString(sc.Text() + "\n")
+		if a, ok := strings.CutPrefix(sc.Text(), "ready on http://"); ok {
+			addr = a
+			break
+		}
+	}
+	if addr == "" || !strings.Contains(said.String(), "a key-value memory of ") || !strings.Contains(said.String(), "run eagerly") {
+		t.Fatalf("no ready line:\n%s%s", said.String(), stderr.String())
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model": "gpt-mini", "prompt": "Hi", "max_tokens": 5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"completion_tokens":5`) {
+		t.Errorf("a completion: %d %s", resp.StatusCode, b)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	for sc.Scan() {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("exit: %v\n%s", err, stderr.String())
 	}
 }
