@@ -68,12 +68,24 @@ type KVStats struct {
 	Evictions         int64
 }
 
-// Waste is the share of the allocated slots that hold no token.
+// Waste is the share of the allocated slots that hold no token: the last
+// block of each sequence, part full (at most BlockSize−1 slots a sequence).
 func (s KVStats) Waste() float64 {
 	if s.SlotsAllocated == 0 {
 		return 0
 	}
 	return float64(s.SlotsAllocated-s.SlotsHeld) / float64(s.SlotsAllocated)
+}
+
+// ArenaWaste is the allocated slots that hold no token over all the
+// memory's slots: what the paging loses of the arena (a cache of the
+// whole context a sequence, as unpaged servers keep, loses the context
+// less each sequence's length).
+func (s KVStats) ArenaWaste() float64 {
+	if s.Blocks == 0 {
+		return 0
+	}
+	return float64(s.SlotsAllocated-s.SlotsHeld) / float64(s.Blocks*s.BlockSize)
 }
 
 // BlockManager gives out the blocks of a paged key-value memory (Note

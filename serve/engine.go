@@ -77,10 +77,11 @@ type Engine struct {
 	runner  *runner
 	m       *engineMetrics
 
-	ready chan error
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	ready   chan error
+	stop    chan struct{}
+	done    chan struct{}
+	closing sync.RWMutex // Submit sends under its read lock, Close sets closed under its write lock
+	closed  bool
 }
 
 // Note [continuous batching]: the engine's loop owns the key-value
@@ -144,7 +145,7 @@ func NewEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name strin
 	}
 	e := &Engine{dev: dev.Session(), g: g, tok: tok, eot: -1, name: name, opts: o,
 		width:  (g.Cfg.Context + o.BlockSize - 1) / o.BlockSize,
-		submit: make(chan *sequence, o.MaxQueue*MaxN), ready: make(chan error, 1),
+		submit: make(chan *sequence, o.MaxQueue), ready: make(chan error, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if tok.Name() == datasets.GPT2Tokens {
 		e.eot = 50256 // <|endoftext|>
@@ -178,7 +179,12 @@ func (e *Engine) Model() string { return e.name }
 // Close stops the loop (the requests still running end with an error)
 // and frees the key-value memory.
 func (e *Engine) Close() {
-	e.once.Do(func() { close(e.stop) })
+	e.closing.Lock()
+	if !e.closed {
+		e.closed = true
+		close(e.stop)
+	}
+	e.closing.Unlock()
 	<-e.done
 }
 
@@ -205,12 +211,13 @@ func (e *Engine) Submit(ctx context.Context, r Request) (<-chan Event, error) {
 			arrived: now})
 	}
 	first.forks = seqs[1:]
-	select {
-	case e.submit <- first:
-	case <-e.stop:
+	e.closing.RLock()
+	defer e.closing.RUnlock()
+	if e.closed {
 		e.queued.Add(-int64(r.N))
 		return nil, errors.New("the engine is closed")
 	}
+	e.submit <- first // never blocks: it holds MaxQueue, and each request counts at least one sample there
 	return out, nil
 }
 
@@ -228,12 +235,12 @@ func (e *Engine) kvStats() KVStats {
 }
 
 // KVStats is the key-value memory's state at the last step, and the most
-// waste seen at any step since the engine started: for the memory report
-// and the load generator.
-func (e *Engine) KVStats() (now KVStats, maxWaste float64) {
+// waste (KVStats.Waste, KVStats.ArenaWaste) seen at any step since the
+// engine started.
+func (e *Engine) KVStats() (now KVStats, maxWaste, maxArenaWaste float64) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
-	return e.m.kv, e.m.maxWaste
+	return e.m.kv, e.m.maxWaste, e.m.maxArena
 }
 
 // Collectors are the engine's Prometheus collectors, for a service's own
@@ -368,6 +375,12 @@ func (e *Engine) shutdown(err error) {
 	if err == nil {
 		err = errors.New("the engine is closed")
 	}
+	e.closing.Lock() // no Submit after this: a loop that failed its warm-up takes no more
+	if !e.closed {
+		e.closed = true
+		close(e.stop)
+	}
+	e.closing.Unlock()
 	for {
 		select {
 		case s := <-e.submit:

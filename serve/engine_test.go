@@ -150,7 +150,7 @@ func TestEngineGreedyMatchesGenerate(t *testing.T) {
 				}
 				wg.Wait()
 				waitIdle(t, e)
-				kv, _ := e.KVStats()
+				kv, _, _ := e.KVStats()
 				if kv.Used != 0 {
 					t.Errorf("round %d: %d blocks held with nothing running", round, kv.Used)
 				}
@@ -165,7 +165,7 @@ func TestEngineGreedyMatchesGenerate(t *testing.T) {
 			if !c.preemptions && pre != 0 {
 				t.Errorf("%v preemptions with memory to spare", pre)
 			}
-			if kv, _ := e.KVStats(); !c.o.NoPrefixCache && kv.Hits == 0 {
+			if kv, _, _ := e.KVStats(); !c.o.NoPrefixCache && kv.Hits == 0 {
 				t.Errorf("no prefix-cache hit for prompts that share 20 tokens: %+v", kv)
 			}
 		})
@@ -296,7 +296,7 @@ func TestEngineCancelFreesBlocks(t *testing.T) {
 		t.Errorf("the other request: %d tokens, %v", len(r.tokens), r.err)
 	}
 	waitIdle(t, e)
-	if kv, _ := e.KVStats(); kv.Used != 0 {
+	if kv, _, _ := e.KVStats(); kv.Used != 0 {
 		t.Errorf("%d blocks held after every request ended", kv.Used)
 	}
 }
@@ -409,7 +409,7 @@ func TestEngineMemoryIsFlat(t *testing.T) {
 	if b, a := before.Reserved[memory.All].Current, after.Reserved[memory.All].Current; a > b {
 		t.Errorf("the pool reserves %d bytes after %d requests, %d before", a, n, b)
 	}
-	if kv, _ := e.KVStats(); kv.Used != 0 {
+	if kv, _, _ := e.KVStats(); kv.Used != 0 {
 		t.Errorf("%d blocks held after every request ended", kv.Used)
 	}
 }

@@ -111,9 +111,12 @@ type engineMetrics struct {
 	batchRows    prometheus.Histogram
 	running      prometheus.Gauge
 	waiting      prometheus.Gauge
+	blocks       prometheus.GaugeFunc
+	blockSize    prometheus.GaugeFunc
 	blocksUsed   prometheus.Gauge
 	blocksFree   prometheus.Gauge
 	waste        prometheus.Gauge
+	arenaWaste   prometheus.Gauge
 	preemptions  prometheus.Counter
 	hits, misses prometheus.CounterFunc
 	tokens       prometheus.Counter
@@ -122,6 +125,7 @@ type engineMetrics struct {
 	mu           sync.Mutex
 	kv           KVStats // the memory's state at the last step
 	maxWaste     float64 // the most waste seen at any step
+	maxArena     float64 // the most arena waste seen at any step
 }
 
 // tokenBuckets are the inter-token latency histogram's bounds, in seconds.
@@ -144,11 +148,17 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_running_sequences", Help: "Sequences decoding."}),
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_waiting_sequences",
 			Help: "Sequences waiting to run, or part way through their prefill."}),
+		blocks: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leangrad_kv_blocks",
+			Help: "Key-value blocks in the memory (0 before the warm-up sized it)."}, func() float64 { return float64(e.nblock.Load()) }),
+		blockSize: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leangrad_kv_block_size",
+			Help: "Positions a key-value block holds."}, func() float64 { return float64(e.opts.BlockSize) }),
 		blocksUsed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_blocks_used", Help: "Key-value blocks some sequence holds."}),
 		blocksFree: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_blocks_free",
 			Help: "Key-value blocks no sequence holds (cached prefix blocks among them)."}),
 		waste: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_waste_ratio",
 			Help: "Slots of the held key-value blocks that hold no token, over the slots held."}),
+		arenaWaste: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leangrad_kv_arena_waste_ratio",
+			Help: "Slots of the held key-value blocks that hold no token, over all the memory's slots."}),
 		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_preemptions_total",
 			Help: "Sequences preempted for want of key-value blocks (to be prefilled again)."}),
 		hits: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_prefix_cache_hits_total",
@@ -165,8 +175,8 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 
 // collectors are the engine's collectors.
 func (m *engineMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.ttft, m.itl, m.batchSeqs, m.batchRows, m.running, m.waiting, m.blocksUsed, m.blocksFree,
-		m.waste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded}
+	return []prometheus.Collector{m.ttft, m.itl, m.batchSeqs, m.batchRows, m.running, m.waiting, m.blocks, m.blockSize, m.blocksUsed, m.blocksFree,
+		m.waste, m.arenaWaste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded}
 }
 
 func (m *engineMetrics) batch(b *batch) {
@@ -213,9 +223,10 @@ func (m *engineMetrics) sampleKV() {
 	m.mu.Unlock()
 	m.blocksUsed.Set(float64(st.Used))
 	m.blocksFree.Set(float64(st.Free))
-	w := st.Waste()
+	w, aw := st.Waste(), st.ArenaWaste()
 	m.waste.Set(w)
+	m.arenaWaste.Set(aw)
 	m.mu.Lock()
-	m.maxWaste = max(m.maxWaste, w)
+	m.maxWaste, m.maxArena = max(m.maxWaste, w), max(m.maxArena, aw)
 	m.mu.Unlock()
 }

@@ -76,7 +76,8 @@ func (s *Server) openAI(path string, h func(w http.ResponseWriter, r *http.Reque
 	}
 }
 
-// models answers GET /v1/models: the one model served.
+// models answers GET /v1/models: the one model served, with its context
+// (max_model_len, as vLLM names it) and vocabulary (vocab_size).
 func (s *Server) models(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{s.modelCard()}})
@@ -92,7 +93,8 @@ func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) modelCard() map[string]any {
-	return map[string]any{"id": s.engine.Model(), "object": "model", "created": s.started.Unix(), "owned_by": "leangrad"}
+	return map[string]any{"id": s.engine.Model(), "object": "model", "created": s.started.Unix(), "owned_by": "leangrad",
+		"max_model_len": s.engine.g.Cfg.Context, "vocab_size": s.engine.g.Cfg.Vocab}
 }
 
 // completionRequest is a /v1/completions body: OpenAI's fields, and top_k

@@ -172,7 +172,7 @@ func TestModels(t *testing.T) {
 	_, hs := open(t, "gpt-mini", gptInputs, Options{})
 	for path, want := range map[string]string{
 		"/v1/models":          `{"data":[{"created":`,
-		"/v1/models/gpt-mini": `"id":"gpt-mini","object":"model"`,
+		"/v1/models/gpt-mini": `"id":"gpt-mini","max_model_len":64,"object":"model"`,
 		"/v1/models/other":    `"code":"model_not_found"`,
 	} {
 		resp, err := hsClient(hs).Get(hs.URL + path)
