@@ -17,6 +17,10 @@
 #   claims    the seed claims: bench's suite (ResNet-20) and GPT-2 small's largest batches, both engines
 #   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
+#   gptserve  GPT-2 small trained STEPS (default 300) steps on text made there, then served in bf16:
+#             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
+#             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
+#             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
 #   ddp       data parallel over NPROC GPUs (default 2) beside PyTorch DDP, and the main job on them
@@ -110,6 +114,53 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       -load.clients 16' "$w/r20.st" > "$w/serve-load.log" 2>&1
     say "serve exit $?"; grep -E "serve_test" "$w/serve-load.log" | tee -a "$w/summary.txt"
     rm -f "$w/r20.st"
+    ;;
+  gptserve)
+    python3 -c "
+import pathlib, sys, sysconfig
+n = 0
+for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
+    t = f.read_text(errors='ignore'); sys.stdout.write(t); n += len(t)
+    if n > 24e6: break" > "$w/text.txt"
+    timeout 300 bash .gpu/run bin/train -model gpt2 -device cuda -amp -amp-dtype bf16 -steps "${STEPS:-300}" -batch 8 \
+      -measure=false -data "$w/text.txt" -save "$w/gpt2.st" > "$w/gpt2-train.log" 2>&1
+    say "train exit $?"; grep -E "^(validation|throughput|peak)" "$w/gpt2-train.log" | tail -3 | tee -a "$w/summary.txt"
+    timeout 240 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestCUDAEngineMatchesForwardTrained$" \
+      -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-trained.log" 2>&1
+    say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
+    port=18080
+    serving() { # serving NAME [serve flags]: start a server, wait until it is ready
+      name=$1; shift
+      bash .gpu/run bin/serve -addr "127.0.0.1:$port" -device cuda "$@" "$w/gpt2.st" > "$w/serve-$name.log" 2>&1 &
+      spid=$!
+      for _ in $(seq 1 240); do grep -q "^ready on" "$w/serve-$name.log" && break; sleep 0.5; done
+      say "server $name: $(grep -E '^serving' "$w/serve-$name.log" | sed -E 's/^serving [^:]*: //')"
+    }
+    stopped() { kill -TERM "$spid"; wait "$spid"; say "server $name exit $?"; }
+    load() { # load NAME [loadgen flags]
+      lname=$1; shift
+      timeout 120 bash .gpu/run bin/loadgen -url "http://127.0.0.1:$port" -json "$w/load-$name-$lname.json" "$@" \
+        > "$w/load-$name-$lname.log" 2>&1
+      say "load $name $lname exit $?"; tee -a "$w/summary.txt" < "$w/load-$name-$lname.log"
+    }
+    mixed=(-prompt 8-512 -max-tokens 16-512 -requests 512 -clients 256 -rate 400)
+    prefix=(-shared-prefix 512 -prompt 16 -max-tokens 32 -requests 64 -clients 64)
+    serving continuous
+    load continuous warm -clients 16 -requests 32 -max-tokens 32
+    for c in 1 16 64 256; do load continuous "c$c" -clients "$c" -requests $((c == 1 ? 8 : 4 * c)) -max-tokens 128; done
+    load continuous mixed "${mixed[@]}"
+    load continuous prefix "${prefix[@]}"
+    stopped
+    for m in 64 256; do
+      serving "static$m" -static-batching -max-seqs "$m"
+      load "static$m" c64 -clients 64 -requests 256 -max-tokens 128
+      load "static$m" mixed "${mixed[@]}"
+      stopped
+    done
+    serving noprefix -no-prefix-cache
+    load noprefix prefix "${prefix[@]}"
+    stopped
+    rm -f "$w/gpt2.st" "$w/text.txt"
     ;;
   profile)
     timeout 300 bench -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \

@@ -19,11 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// engineGPT is a small untrained GPT of the byte tokenizer on a fresh CPU
-// device, in evaluation mode.
-func engineGPT(t testing.TB) (*tensor.Device, *nn.GPT, datasets.Tokenizer) {
+// engineGPT is a small untrained GPT of the byte tokenizer on dev (nil:
+// a fresh CPU device), in evaluation mode.
+func engineGPT(t testing.TB, dev *tensor.Device) (*tensor.Device, *nn.GPT, datasets.Tokenizer) {
 	t.Helper()
-	dev := tensor.NewDevice(cpu.New())
+	if dev == nil {
+		dev = tensor.NewDevice(cpu.New())
+	}
 	g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: 256, Context: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -87,8 +89,12 @@ func randomPrompt(rng *rand.Rand, prefix []int32, n int) []int32 {
 // small that sequences are preempted and recomputed, without the prefix
 // cache, static batches. After, every block is back and the pool holds
 // what it held after the warm-up, to the byte.
-func TestEngineGreedyMatchesGenerate(t *testing.T) {
-	dev, g, tok := engineGPT(t)
+func TestEngineGreedyMatchesGenerate(t *testing.T) { testEngineGreedy(t, nil) }
+
+// testEngineGreedy is TestEngineGreedyMatchesGenerate on dev, in F32 (on
+// a GPU, its decoding steps replayed as CUDA graphs).
+func testEngineGreedy(t *testing.T, dev *tensor.Device) {
+	dev, g, tok := engineGPT(t, dev)
 	rng := rand.New(rand.NewPCG(1, 2))
 	shared := randomPrompt(rng, nil, 20)
 	type job struct {
@@ -127,6 +133,7 @@ func TestEngineGreedyMatchesGenerate(t *testing.T) {
 		{"static batches", EngineOptions{StaticBatching: true, MaxSeqs: 5}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			c.o.DType = tensor.F32
 			e := startEngine(t, dev, g, tok, c.o)
 			warm := dev.Allocator().Stats().Allocated[memory.All].Current
 			for round := range 2 {
@@ -188,9 +195,11 @@ func waitIdle(t testing.TB, e *Engine) {
 // seed and each sample's index alone: the same with another request
 // beside them or alone, different between samples and between seeds, and
 // within top_k.
-func TestEngineSamplesAreSeeded(t *testing.T) {
-	dev, g, tok := engineGPT(t)
-	e := startEngine(t, dev, g, tok, EngineOptions{})
+func TestEngineSamplesAreSeeded(t *testing.T) { testEngineSamplesAreSeeded(t, nil) }
+
+func testEngineSamplesAreSeeded(t *testing.T, dev *tensor.Device) {
+	dev, g, tok := engineGPT(t, dev)
+	e := startEngine(t, dev, g, tok, EngineOptions{DType: tensor.F32})
 	prompt := tok.Encode("Once upon a time")
 	req := Request{Prompt: prompt, MaxTokens: 20, Temperature: 1, TopK: 50, Seed: 7, N: 3}
 	run := func(r Request) []sampleResult {
@@ -266,7 +275,7 @@ func lastLogits(t testing.TB, dev *tensor.Device, g *nn.GPT, tokens []int32) []f
 // with the context's error at the next step and gives its blocks back;
 // the others run on.
 func TestEngineCancelFreesBlocks(t *testing.T) {
-	dev, g, tok := engineGPT(t)
+	dev, g, tok := engineGPT(t, nil)
 	e := startEngine(t, dev, g, tok, EngineOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -305,7 +314,7 @@ func TestEngineCancelFreesBlocks(t *testing.T) {
 // field, before they run; a full queue is ErrOverloaded; a closed engine
 // ends what it runs with an error.
 func TestEngineRefuses(t *testing.T) {
-	dev, g, tok := engineGPT(t)
+	dev, g, tok := engineGPT(t, nil)
 	per := g.KVBlockBytes(tensor.F32, 16)
 	model := dev.Allocator().Stats().Allocated[memory.All].Current
 	e := startEngine(t, dev, g, tok, EngineOptions{MaxQueue: 4, MaxSeqs: 8, KVMemory: memory.Budget{Bytes: 6 * per}})
@@ -362,12 +371,13 @@ func TestEngineRefuses(t *testing.T) {
 // thousands of short requests from many goroutines, with cancellations,
 // leave the pool's allocated and reserved bytes where the warm-up left
 // them and every block back.
-func TestEngineMemoryIsFlat(t *testing.T) {
-	n := 2000
+func TestEngineMemoryIsFlat(t *testing.T) { testEngineMemoryIsFlat(t, nil, 2000) }
+
+func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 	if testing.Short() {
-		n = 300
+		n = min(n, 300)
 	}
-	dev, g, tok := engineGPT(t)
+	dev, g, tok := engineGPT(t, dev)
 	e := startEngine(t, dev, g, tok, EngineOptions{BlockSize: 8})
 	a := dev.Allocator()
 	before := a.Stats()
