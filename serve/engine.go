@@ -82,6 +82,7 @@ type Engine struct {
 	done    chan struct{}
 	closing sync.RWMutex // Submit sends under its read lock, Close sets closed under its write lock
 	closed  bool
+	started bool // the loop was started
 }
 
 // Note [continuous batching]: the engine's loop owns the key-value
@@ -117,6 +118,13 @@ type Engine struct {
 // decoding steps) before it serves: Ready says when. name is what the API
 // calls the model.
 func NewEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name string, o EngineOptions) *Engine {
+	e := newEngine(dev, g, tok, name, o)
+	e.start()
+	return e
+}
+
+// newEngine is NewEngine without its loop: start begins the warm-up.
+func newEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name string, o EngineOptions) *Engine {
 	gpu := train.ModeFor(dev, true) == train.Captured
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
@@ -151,7 +159,6 @@ func NewEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name strin
 		e.eot = 50256 // <|endoftext|>
 	}
 	e.m = newEngineMetrics(e)
-	go e.loop()
 	return e
 }
 
@@ -183,6 +190,11 @@ func (e *Engine) Close() {
 	if !e.closed {
 		e.closed = true
 		close(e.stop)
+		if !e.started { // no loop to stop
+			e.started = true
+			e.ready <- errors.New("the engine was closed before its warm-up")
+			close(e.done)
+		}
 	}
 	e.closing.Unlock()
 	<-e.done
@@ -254,6 +266,16 @@ func (e *Engine) kvBlocks() int {
 		return int(n)
 	}
 	return 1 << 30
+}
+
+// start starts the loop (once, and not after Close).
+func (e *Engine) start() {
+	e.closing.Lock()
+	defer e.closing.Unlock()
+	if !e.started && !e.closed {
+		e.started = true
+		go e.loop()
+	}
 }
 
 // loop is the engine: its goroutine does all of the engine's device work,

@@ -158,7 +158,7 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 	if arch.Text {
 		eo := s.opts.Engine
 		eo.MaxQueue = s.opts.Queue
-		s.engine = NewEngine(dev, s.model.(*nn.GPT), s.tok, info.Config.Model, eo)
+		s.engine = newEngine(dev, s.model.(*nn.GPT), s.tok, info.Config.Model, eo) // its loop starts in WarmUp
 		s.m.register(s.engine.Collectors()...)
 	} else {
 		s.wg.Add(1)
@@ -195,6 +195,7 @@ func (s *Server) Prepared() string {
 // then makes the server ready.
 func (s *Server) WarmUp() error {
 	if s.arch.Text {
+		s.engine.start()
 		if err := <-s.engine.Ready(); err != nil {
 			return fmt.Errorf("warming up: %w", err)
 		}
