@@ -31,7 +31,9 @@ cd "$(dirname "$0")/.."
 final=${OUT:-gpu-out}
 w=$(mktemp -d)/results
 mkdir -p "$w" "$final"
-trap 'tar -C "$(dirname "$w")" -czf "$final/results.tgz" results; cp "$w/summary.txt" "$final/" 2>/dev/null' EXIT
+trap 'tar -C "$(dirname "$w")" -czf "$final/results.tgz" results' EXIT
+trap 'exit 143' TERM # the archive, also when a time limit stops the run
+ln -sf "$(realpath "$final")/summary.txt" "$w/summary.txt" # the summary where it is read, as it grows
 say() { echo "$*" | tee -a "$w/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$w/machine.txt" 2>&1
 commit=${COMMIT:-$(cat .gpu/commit 2>/dev/null || echo unknown)}
