@@ -148,19 +148,19 @@ for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
     mixed=(-prompt 8-512 -max-tokens 16-512 -requests 512 -clients 256 -rate 400)
     prefix=(-shared-prefix 512 -prompt 16 -max-tokens 32 -requests 64 -clients 64)
     serving continuous
-    load continuous warm -clients 16 -requests 32 -max-tokens 32
+    load warm -clients 16 -requests 32 -max-tokens 32
     for c in 1 16 64 256; do load continuous "c$c" -clients "$c" -requests $((c == 1 ? 8 : 4 * c)) -max-tokens 128; done
-    load continuous mixed "${mixed[@]}"
-    load continuous prefix "${prefix[@]}"
+    load mixed "${mixed[@]}"
+    load prefix "${prefix[@]}"
     stopped
     for m in 64 256; do
       serving "static$m" -static-batching -max-seqs "$m"
-      load "static$m" c64 -clients 64 -requests 256 -max-tokens 128
-      load "static$m" mixed "${mixed[@]}"
+      load c64 -clients 64 -requests 256 -max-tokens 128
+      load mixed "${mixed[@]}"
       stopped
     done
     serving noprefix -no-prefix-cache
-    load noprefix prefix "${prefix[@]}"
+    load prefix "${prefix[@]}"
     stopped
     rm -f "$w/gpt2.st" "$w/text.txt"
     ;;
