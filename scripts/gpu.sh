@@ -149,7 +149,7 @@ for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
     prefix=(-shared-prefix 512 -prompt 16 -max-tokens 32 -requests 64 -clients 64)
     serving continuous
     load warm -clients 16 -requests 32 -max-tokens 32
-    for c in 1 16 64 256; do load continuous "c$c" -clients "$c" -requests $((c == 1 ? 8 : 4 * c)) -max-tokens 128; done
+    for c in 1 16 64 256; do load "c$c" -clients "$c" -requests $((c == 1 ? 8 : 4 * c)) -max-tokens 128; done
     load mixed "${mixed[@]}"
     load prefix "${prefix[@]}"
     stopped
