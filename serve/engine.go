@@ -74,6 +74,7 @@ type Engine struct {
 	waiting []*sequence
 	running []*sequence
 	order   uint64
+	static  int // with StaticBatching: the waiting sequences of the batch still to admit
 	runner  *runner
 	m       *engineMetrics
 
@@ -110,8 +111,10 @@ type Engine struct {
 //     that reached MaxTokens, a stop string, the end-of-text token or the
 //     context, freeing their blocks at once.
 //
-// With StaticBatching, step 3 admits only when nothing runs, as a server of
-// static batches would: the same engine, for comparison.
+// With StaticBatching, step 3 takes a batch of the waiting sequences (up
+// to MaxSeqs) only when nothing runs, and admits no other until all of it
+// ended, as a server of static batches would: the same engine, for
+// comparison.
 
 // NewEngine starts an engine of the GPT g (in evaluation mode) on dev; its
 // loop warms up (sizes and allocates the key-value memory, captures the
@@ -174,7 +177,8 @@ func (e *Engine) Prepared() string {
 	per := e.g.KVBlockBytes(e.opts.DType, e.opts.BlockSize)
 	steps := fmt.Sprintf("decoding steps of up to %d sequences run eagerly", e.opts.MaxSeqs)
 	if len(e.runner.graphs) > 0 {
-		steps = fmt.Sprintf("decoding steps of %v sequences captured as CUDA graphs over one arena of %s", buckets(e.opts.MaxSeqs), memory.Bytes(e.runner.arena.Size()))
+		steps = fmt.Sprintf("decoding steps of %v sequences (with and without log-probabilities) captured as CUDA graphs over one arena of %s",
+			buckets(e.opts.MaxSeqs), memory.Bytes(e.runner.arena.Size()))
 	}
 	return fmt.Sprintf("a key-value memory of %d blocks of %d positions in %v (%s: the whole context of %.1f sequences); %s",
 		e.kv.Blocks, e.opts.BlockSize, e.opts.DType, memory.Bytes(int64(e.kv.Blocks)*per), float64(e.kv.Blocks-1)/float64(e.width), steps)
@@ -326,17 +330,21 @@ func (e *Engine) serve() {
 				drained = true
 			}
 		}
+		start := time.Now()
 		e.cancelled()
 		b := e.schedule()
 		if b == nil {
 			continue
 		}
+		scheduled := time.Now()
 		if err := e.runner.run(b); err != nil {
 			e.failAll(fmt.Errorf("the model failed: %w", err))
 			continue
 		}
+		ran := time.Now()
 		e.deliver(b)
 		e.m.sampleKV()
+		e.m.step(scheduled.Sub(start), e.runner.launched.Sub(scheduled), ran.Sub(e.runner.launched), time.Since(ran))
 	}
 }
 
@@ -443,6 +451,9 @@ func (e *Engine) preempt() *sequence {
 	e.blocks.Release(s.table)
 	s.table, s.done = nil, 0
 	e.waiting = slices.Insert(e.waiting, 0, s)
+	if e.opts.StaticBatching {
+		e.static++ // still of the batch
+	}
 	e.m.preempted()
 	return s
 }

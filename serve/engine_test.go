@@ -54,6 +54,8 @@ func startEngine(t testing.TB, dev *tensor.Device, g *nn.GPT, tok datasets.Token
 // sampleResult is what a request's events made of one sample.
 type sampleResult struct {
 	tokens []int32
+	lps    []float32      // each token's log-probability
+	tops   [][]TopLogprob // each token's most likely alternatives
 	text   string
 	finish string
 	err    error
@@ -65,7 +67,7 @@ func drain(ch <-chan Event, n int) []sampleResult {
 	for ev := range events(ch, n) {
 		r := &out[ev.Index]
 		if ev.Token >= 0 {
-			r.tokens = append(r.tokens, ev.Token)
+			r.tokens, r.lps, r.tops = append(r.tokens, ev.Token), append(r.lps, ev.Logprob), append(r.tops, ev.Top)
 		}
 		r.text += ev.Text
 		r.finish, r.err = ev.Finish, ev.Err
@@ -201,7 +203,7 @@ func testEngineSamplesAreSeeded(t *testing.T, dev *tensor.Device) {
 	dev, g, tok := engineGPT(t, dev)
 	e := startEngine(t, dev, g, tok, EngineOptions{DType: tensor.F32})
 	prompt := tok.Encode("Once upon a time")
-	req := Request{Prompt: prompt, MaxTokens: 20, Temperature: 1, TopK: 50, Seed: 7, N: 3}
+	req := Request{Prompt: prompt, MaxTokens: 20, Temperature: 1, TopK: 50, Seed: 7, N: 3, TopLogprobs: 2}
 	run := func(r Request) []sampleResult {
 		ch, err := e.Submit(context.Background(), r)
 		if err != nil {
@@ -211,6 +213,11 @@ func testEngineSamplesAreSeeded(t *testing.T, dev *tensor.Device) {
 		for i, s := range out {
 			if s.err != nil || len(s.tokens) != r.MaxTokens {
 				t.Fatalf("sample %d: %d tokens, %v", i, len(s.tokens), s.err)
+			}
+			for j, top := range s.tops { // the most likely first, the drawn one no likelier
+				if len(top) != r.TopLogprobs || r.TopLogprobs == 2 && (top[0].Logprob < top[1].Logprob || s.lps[j] > top[0].Logprob+1e-4 || s.lps[j] > 0) {
+					t.Fatalf("sample %d token %d: log-probability %v, top %+v", i, j, s.lps[j], top)
+				}
 			}
 		}
 		return out

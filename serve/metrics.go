@@ -122,6 +122,8 @@ type engineMetrics struct {
 	tokens       prometheus.Counter
 	finished     *prometheus.CounterVec
 	overloaded   prometheus.Counter
+	steps        prometheus.Counter
+	stepSeconds  *prometheus.CounterVec
 	mu           sync.Mutex
 	kv           KVStats // the memory's state at the last step
 	maxWaste     float64 // the most waste seen at any step
@@ -170,13 +172,17 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 			Help: "Samples ended, by finish reason (length, stop, error)."}, []string{"finish"}),
 		overloaded: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_overloaded_total",
 			Help: "Requests refused because the queue was full."}),
+		steps: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_steps_total", Help: "Steps the engine ran."}),
+		stepSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_step_seconds_total",
+			Help: "Time in the engine's steps, by phase: schedule (the batch made), launch (its inputs written, its work queued), " +
+				"wait (for the device, its outputs read) and deliver (the tokens to their requests)."}, []string{"phase"}),
 	}
 }
 
 // collectors are the engine's collectors.
 func (m *engineMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.ttft, m.itl, m.batchSeqs, m.batchRows, m.running, m.waiting, m.blocks, m.blockSize, m.blocksUsed, m.blocksFree,
-		m.waste, m.arenaWaste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded}
+		m.waste, m.arenaWaste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded, m.steps, m.stepSeconds}
 }
 
 func (m *engineMetrics) batch(b *batch) {
@@ -199,6 +205,17 @@ func (m *engineMetrics) ended(s *sequence, finish string, err error) {
 		finish = "error"
 	}
 	m.finished.WithLabelValues(finish).Inc()
+}
+
+// step records a step's phases.
+func (m *engineMetrics) step(schedule, launch, wait, deliver time.Duration) {
+	m.steps.Inc()
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{{"schedule", schedule}, {"launch", launch}, {"wait", wait}, {"deliver", deliver}} {
+		m.stepSeconds.WithLabelValues(p.name).Add(p.d.Seconds())
+	}
 }
 
 func (m *engineMetrics) preempted() { m.preemptions.Inc() }

@@ -145,17 +145,19 @@ func (s *sequence) generated() int { return len(s.tokens) - s.prompt }
 // split across tokens waits for the rest, and stop strings are held back
 // until they can no longer begin in what was sent.
 type textState struct {
-	sent    int    // bytes of the decoded text sent
-	decoded string // the text of the generated tokens so far
+	sent int    // bytes of text sent
+	text []byte // the text of the generated tokens so far
 }
 
-// next takes the decoded text after a new token and returns what can be
-// sent, and whether a stop string ended the sample (what is returned then
-// is the text before it). What was sent never ends with the beginning of
-// a stop string, so a stop string begins after it.
-func (t *textState) next(decoded string, stop []string) (send string, stopped bool) {
-	t.decoded = decoded
-	tail := decoded[t.sent:]
+// next takes a new token's text (its bytes: both tokenizers are byte
+// level, so a sequence's text is its tokens' texts one after the other)
+// and returns what can be sent, and whether a stop string ended the
+// sample (what is returned then is the text before it). What was sent
+// never ends with the beginning of a stop string, so a stop string begins
+// after it.
+func (t *textState) next(piece string, stop []string) (send string, stopped bool) {
+	t.text = append(t.text, piece...)
+	tail := string(t.text[t.sent:])
 	first := -1
 	for _, s := range stop {
 		if i := strings.Index(tail, s); i >= 0 && (first < 0 || i < first) {
@@ -164,7 +166,7 @@ func (t *textState) next(decoded string, stop []string) (send string, stopped bo
 	}
 	if first >= 0 {
 		t.sent += first
-		t.decoded = decoded[:t.sent] // nothing after the stop string is sent
+		t.text = t.text[:t.sent] // nothing after the stop string is sent
 		return tail[:first], true
 	}
 	hold := len(tail)
@@ -190,7 +192,7 @@ func (t *textState) next(decoded string, stop []string) (send string, stopped bo
 
 // rest is the text held back, sent when the sample ends otherwise.
 func (t *textState) rest() string {
-	r := t.decoded[t.sent:]
-	t.sent = len(t.decoded)
+	r := string(t.text[t.sent:])
+	t.sent = len(t.text)
 	return strings.ToValidUTF8(r, "\uFFFD")
 }

@@ -12,7 +12,7 @@ import (
 func TestTextStreamsWhatIsSure(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		pieces []string // the decoded text after each token
+		pieces []string // the text after each token
 		stop   []string
 		sent   []string
 		halt   int // the piece that stops (-1: none)
@@ -28,7 +28,11 @@ func TestTextStreamsWhatIsSure(t *testing.T) {
 		var ts textState
 		halted := -1
 		for i, p := range c.pieces {
-			got, stopped := ts.next(p, c.stop)
+			prev := ""
+			if i > 0 {
+				prev = c.pieces[i-1]
+			}
+			got, stopped := ts.next(p[len(prev):], c.stop)
 			if got != c.sent[i] {
 				t.Errorf("%s: piece %d sent %q, want %q", c.name, i, got, c.sent[i])
 			}

@@ -51,15 +51,24 @@ func (e *Engine) schedule() *batch {
 		b.add(s, []int32{s.tokens[pos]}, pos, []int32{slot}, true)
 	}
 	// The waiting sequences, oldest first, as far as the step's rows and
-	// MaxSeqs allow; with StaticBatching, new ones only into an empty
-	// engine.
+	// MaxSeqs allow; with StaticBatching, only the batch taken from the
+	// queue when the last one ended (e.static of them still to admit).
 	budget := e.opts.MaxBatchTokens - len(e.running)
 	seqs := len(e.running)
-	admitting := !e.opts.StaticBatching || len(e.running) == 0
+	if e.opts.StaticBatching {
+		if len(e.running) == 0 && e.static == 0 {
+			for n := 0; e.static < len(e.waiting); e.static++ { // as many as MaxSeqs holds, their samples counted
+				if n += 1 + len(e.waiting[e.static].forks); n > e.opts.MaxSeqs {
+					break
+				}
+			}
+		}
+		e.static = min(e.static, len(e.waiting))
+	}
 	for len(e.waiting) > 0 && budget > 0 {
 		s := e.waiting[0]
 		if s.table == nil {
-			if !admitting || seqs+1+len(s.forks) > e.opts.MaxSeqs {
+			if e.opts.StaticBatching && e.static == 0 || seqs+1+len(s.forks) > e.opts.MaxSeqs {
 				break
 			}
 			t, cached, err := e.blocks.Prefill(s.tokens)
@@ -67,9 +76,9 @@ func (e *Engine) schedule() *batch {
 				break // the running sequences free blocks as they end
 			}
 			s.table, s.done = t, cached
-		}
-		if e.opts.StaticBatching && s.done == 0 && !admitting {
-			break
+			if e.opts.StaticBatching {
+				e.static--
+			}
 		}
 		n := min(len(s.tokens)-s.done, budget)
 		slots := make([]int32, n)
@@ -150,7 +159,7 @@ func (e *Engine) deliver(b *batch) {
 			s.tokens = s.tokens[:len(s.tokens)-1] // the end of the text is no text of its own
 			finish = FinishStop
 		} else {
-			text, stopped := s.text.next(e.tok.Decode(s.tokens[s.prompt:]), s.req.Stop)
+			text, stopped := s.text.next(e.tok.Decode(s.tokens[len(s.tokens)-1:]), s.req.Stop)
 			ev.Text = text
 			s.out <- ev
 			switch {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"time"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -41,6 +42,13 @@ func (b buffers) release() {
 	}
 }
 
+// graphKey names a captured decoding step: its bucket, and whether it
+// finds each row's most likely tokens (kernels.MaxTopN) for log-probabilities.
+type graphKey struct {
+	n   int
+	top bool
+}
+
 // graph is a decoding step of a bucket's size captured over the arena.
 type graph struct {
 	l    layout
@@ -54,7 +62,7 @@ type graph struct {
 type runner struct {
 	e      *Engine
 	dev    *tensor.Device
-	graphs map[int]*graph // by bucket: batches of decoding rows, padded to a power of two
+	graphs map[graphKey]*graph // batches of decoding rows, padded to a power of two
 	arena  *memory.Arena
 
 	ints   []int32
@@ -63,6 +71,7 @@ type runner struct {
 	tokens, topTokens     []int32
 	logprobs, topLogprobs []float32
 	topN                  int
+	launched              time.Time // when the last step's work was queued on the device
 }
 
 // buckets are the batch sizes decoding steps are captured at: powers of
@@ -185,7 +194,7 @@ func (r *runner) run(b *batch) (err error) {
 	}
 	var l layout
 	var bufs buffers
-	if g := r.graphs[r.bucket(len(b.seqs))]; b.decode && g != nil && len(b.seqs) <= g.l.S {
+	if g := r.graphs[graphKey{r.bucket(len(b.seqs)), topN > 0}]; b.decode && g != nil && len(b.seqs) <= g.l.S {
 		l, bufs = g.l, g.bufs
 		r.pack(b, l)
 		be.Write(bufs.in.Buf(), int32Bytes(r.ints))
@@ -194,6 +203,7 @@ func (r *runner) run(b *batch) (err error) {
 			return err
 		}
 		r.dev.Allocator().Replayed(r.arena)
+		r.launched = time.Now()
 	} else {
 		l = layout{S: len(b.seqs), R: len(b.tokens), W: r.e.width, TopN: topN, MaxLen: b.maxLen}
 		r.pack(b, l)
@@ -201,6 +211,7 @@ func (r *runner) run(b *batch) (err error) {
 			tensor.Empty(r.dev, tensor.I32, l.outInts()), tensor.Empty(r.dev, tensor.F32, l.outFloats())}
 		defer bufs.release()
 		r.body(l, bufs)
+		r.launched = time.Now()
 	}
 	outI, outF := make([]int32, l.outInts()), make([]float32, l.outFloats())
 	be.Read(int32Bytes(outI), bufs.out.Buf())
@@ -237,29 +248,33 @@ func (r *runner) capture() error {
 	idle := &batch{}
 	var size int64
 	for _, n := range buckets(r.e.opts.MaxSeqs) {
-		l := layout{S: n, R: n, W: r.e.width, TopN: kernels.MaxTopN, MaxLen: r.e.g.Cfg.Context}
-		g := &graph{l: l, bufs: newBuffers(r.dev, l)}
-		r.graphs[n] = g
-		r.pack(idle, l)
-		r.dev.Backend().Write(g.bufs.in.Buf(), int32Bytes(r.ints))
-		r.dev.Backend().Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
-		r.body(l, g.bufs)
-		a.StartTrace()
-		r.body(l, g.bufs)
-		trace, err := a.StopTrace()
-		if err != nil {
-			return fmt.Errorf("tracing the decoding step of %d: %w", n, err)
+		for _, top := range []bool{false, true} {
+			l := layout{S: n, R: n, W: r.e.width, MaxLen: r.e.g.Cfg.Context}
+			if top {
+				l.TopN = kernels.MaxTopN
+			}
+			g := &graph{l: l, bufs: newBuffers(r.dev, l)}
+			r.graphs[graphKey{n, top}] = g
+			r.pack(idle, l)
+			r.dev.Backend().Write(g.bufs.in.Buf(), int32Bytes(r.ints))
+			r.dev.Backend().Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
+			r.body(l, g.bufs)
+			a.StartTrace()
+			r.body(l, g.bufs)
+			trace, err := a.StopTrace()
+			if err != nil {
+				return fmt.Errorf("tracing the decoding step of %d: %w", n, err)
+			}
+			g.plan = memory.PlanTrace(trace, memory.DefaultPlanOptions)
+			size = max(size, g.plan.Size)
 		}
-		g.plan = memory.PlanTrace(trace, memory.DefaultPlanOptions)
-		size = max(size, g.plan.Size)
 	}
 	a.EmptyCache() // the eager steps' temporaries: planned steps never use them again
 	var err error
 	if r.arena, err = a.NewArena(size); err != nil {
 		return fmt.Errorf("the decoding steps' arena of %s: %w", memory.Bytes(size), err)
 	}
-	for _, n := range buckets(r.e.opts.MaxSeqs) {
-		g := r.graphs[n]
+	for key, g := range r.graphs {
 		if err := a.BeginPlanned(g.plan, r.arena); err != nil {
 			return err
 		}
@@ -273,7 +288,7 @@ func (r *runner) capture() error {
 			if gr != nil {
 				gr.Release()
 			}
-			return fmt.Errorf("capturing the decoding step of %d: %w", n, err)
+			return fmt.Errorf("capturing the decoding step of %d: %w", key.n, err)
 		}
 		g.g = gr
 	}

@@ -13,7 +13,7 @@ import (
 // a memory of one block), sizes and allocates the key-value memory from
 // what is left (EngineOptions.KVMemory), and captures the decoding steps.
 func (e *Engine) warmUp() error {
-	e.runner = &runner{e: e, dev: e.dev, graphs: map[int]*graph{}}
+	e.runner = &runner{e: e, dev: e.dev, graphs: map[graphKey]*graph{}}
 	work, err := e.workspace()
 	if err != nil {
 		return err

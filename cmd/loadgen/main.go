@@ -262,6 +262,10 @@ type results struct {
 	Preemptions         int
 	PrefixHits          int
 	PrefixMisses        int
+	// The engine's steps during the run and their mean time in each
+	// phase, in seconds (leangrad_step_seconds_total).
+	Steps               int
+	StepPhases          map[string]float64
 	PoolAllocatedBefore int64
 	PoolAllocatedAfter  int64
 
@@ -459,8 +463,8 @@ func complete(client *http.Client, o *options, model string, prompt []int32, max
 // metricsSnapshot is what the run reads from /metrics.
 type metricsSnapshot map[string]float64
 
-// scrape reads the server's unlabelled samples from /metrics (Prometheus'
-// text format).
+// scrape reads the server's samples from /metrics (Prometheus' text
+// format), each by its name and labels as written there.
 func scrape(base string) (metricsSnapshot, error) {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
@@ -474,10 +478,11 @@ func scrape(base string) (metricsSnapshot, error) {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "#") || strings.Contains(l, "{") {
+		if strings.HasPrefix(l, "#") {
 			continue
 		}
-		name, v, ok := strings.Cut(l, " ")
+		i := strings.LastIndexByte(l, ' ')
+		name, v, ok := l[:max(i, 0)], l[i+1:], i > 0
 		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); ok && err == nil {
 			m[name] = f
 		}
@@ -522,8 +527,19 @@ func (r *results) server(before, after metricsSnapshot) {
 	r.Preemptions = rose("leangrad_preemptions_total")
 	r.PrefixHits, r.PrefixMisses = rose("leangrad_prefix_cache_hits_total"), rose("leangrad_prefix_cache_misses_total")
 	r.BlockSize = int(after["leangrad_kv_block_size"])
+	r.Steps = rose("leangrad_steps_total")
+	r.StepPhases = map[string]float64{}
+	for _, p := range phases {
+		k := `leangrad_step_seconds_total{phase="` + p + `"}`
+		if r.Steps > 0 {
+			r.StepPhases[p] = (after[k] - before[k]) / float64(r.Steps)
+		}
+	}
 	r.PoolAllocatedBefore, r.PoolAllocatedAfter = int64(before["leangrad_pool_allocated_bytes"]), int64(after["leangrad_pool_allocated_bytes"])
 }
+
+// phases are the engine's step phases, in order.
+var phases = []string{"schedule", "launch", "wait", "deliver"}
 
 func (r *results) print(w io.Writer, o *options, card modelCard) {
 	ms := func(p percentiles) string {
@@ -553,5 +569,12 @@ func (r *results) print(w io.Writer, o *options, card modelCard) {
 	fmt.Fprintf(w, "  request latency %s\n", ms(r.Latency))
 	fmt.Fprintf(w, "  key-value memory (%d samples): empty slots at most %.2f%% of those allocated (mean %.2f%%), at most %.2f%% of the memory; at most %d blocks of %d in use; %d preemptions; prefix cache %d hits, %d misses\n",
 		len(r.samples), 100*r.WasteMax, 100*r.WasteMean, 100*r.ArenaWasteMax, r.BlocksUsedMax, r.BlockSize, r.Preemptions, r.PrefixHits, r.PrefixMisses)
+	if r.Steps > 0 {
+		fmt.Fprintf(w, "  %d steps (%.1f tokens generated a step): ", r.Steps, float64(r.GeneratedTokens)/float64(r.Steps))
+		for i, p := range phases {
+			fmt.Fprintf(w, "%s%s %.0f µs", map[bool]string{true: "", false: ", "}[i == 0], p, r.StepPhases[p]*1e6)
+		}
+		fmt.Fprintln(w, " a step on average")
+	}
 	fmt.Fprintf(w, "  the server's pool: %d bytes allocated before, %d after\n", r.PoolAllocatedBefore, r.PoolAllocatedAfter)
 }
