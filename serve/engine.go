@@ -102,11 +102,13 @@ type Engine struct {
 //     its first full blocks from the prefix cache where they match, and
 //     runs as much of the rest of its prompt as the budget leaves (chunked
 //     prefill); a prompt's last chunk yields its first token;
-//  4. runs the step: a batch of decoding rows only is replayed as the CUDA
-//     graph captured for its size rounded up to a power of two (padding
-//     rows write and read block 0), anything else eagerly; the sampler runs
-//     on the device and only the tokens and their log-probabilities come
-//     back;
+//  4. runs the step: on a GPU the decoding rows (a row a running sequence)
+//     replay the CUDA graph captured for their count rounded up to a power
+//     of two (padding rows write nowhere and read block 0), and the
+//     prompts' chunks run eagerly behind them, their kernels launched while
+//     the graph runs; on the CPU both run as one eager forward. The
+//     sampler runs on the device and only the tokens and their
+//     log-probabilities come back;
 //  5. sends each token to its request's channel, and ends the samples
 //     that reached MaxTokens, a stop string, the end-of-text token or the
 //     context, freeing their blocks at once.

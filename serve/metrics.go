@@ -185,9 +185,9 @@ func (m *engineMetrics) collectors() []prometheus.Collector {
 		m.waste, m.arenaWaste, m.preemptions, m.hits, m.misses, m.tokens, m.finished, m.overloaded, m.steps, m.stepSeconds}
 }
 
-func (m *engineMetrics) batch(b *batch) {
-	m.batchSeqs.Observe(float64(len(b.seqs)))
-	m.batchRows.Observe(float64(len(b.tokens)))
+func (m *engineMetrics) batch(w *work) {
+	m.batchSeqs.Observe(float64(w.seqs()))
+	m.batchRows.Observe(float64(len(w.dec.tokens) + len(w.pre.tokens)))
 }
 
 func (m *engineMetrics) token(s *sequence, now time.Time) {

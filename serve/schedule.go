@@ -6,25 +6,37 @@ import (
 	"time"
 )
 
-// batch is one step's work: the sequences it runs, in order, each with
-// the rows of its new positions (none for a fork, which takes its
-// parent's logits), and those that take a token at its end.
+// batch is sequences that run in one forward: each with the rows of its
+// new positions (none for a fork, which takes its parent's logits), and
+// those that take a token at its end.
 type batch struct {
 	seqs    []*sequence
 	rows    []int   // each sequence's rows this step
 	last    []int32 // the row whose logits each sequence takes
 	samples []bool  // whether each sequence takes a token at the end
-	copies  []BlockCopy
 	// The rows: token, position, slot, sequence (an index into seqs).
 	tokens, positions, slots, rowSeq []int32
-	decode                           bool // a row a sequence, every one sampling
 	maxLen                           int
 }
 
-// schedule makes the next step's batch (Note [continuous batching], steps
-// 2 and 3), or nil when nothing can run.
-func (e *Engine) schedule() *batch {
-	b := &batch{decode: true}
+// work is one step: the running sequences' next tokens (dec, a row each,
+// replayed as a captured graph on a GPU) and the admitted prompts' chunks
+// and forks (pre, run eagerly behind it), after the copies-on-write.
+type work struct {
+	dec, pre batch
+	copies   []BlockCopy
+}
+
+// parts are the step's batches in the order of its outputs.
+func (w *work) parts() []*batch { return []*batch{&w.dec, &w.pre} }
+
+// seqs is the step's sequences.
+func (w *work) seqs() int { return len(w.dec.seqs) + len(w.pre.seqs) }
+
+// schedule makes the next step (Note [continuous batching], steps 2 and
+// 3), or nil when nothing can run.
+func (e *Engine) schedule() *work {
+	w := &work{}
 	// The running sequences' next tokens, preempting the newest until
 	// every one of them has its block.
 	for len(e.running) > 0 {
@@ -45,10 +57,10 @@ func (e *Engine) schedule() *batch {
 			panic("serve: a running sequence's block: " + err.Error())
 		}
 		if cp != nil {
-			b.copies = append(b.copies, *cp)
+			w.copies = append(w.copies, *cp)
 		}
 		pos := len(s.tokens) - 1
-		b.add(s, []int32{s.tokens[pos]}, pos, []int32{slot}, true)
+		w.dec.add(s, []int32{s.tokens[pos]}, pos, []int32{slot}, true)
 	}
 	// The waiting sequences, oldest first, as far as the step's rows and
 	// MaxSeqs allow; with StaticBatching, only the batch taken from the
@@ -86,7 +98,7 @@ func (e *Engine) schedule() *batch {
 			slots[i] = s.table.Slot(s.done+i, e.opts.BlockSize)
 		}
 		finished := s.done+n == len(s.tokens)
-		b.add(s, s.tokens[s.done:s.done+n], s.done, slots, finished)
+		w.pre.add(s, s.tokens[s.done:s.done+n], s.done, slots, finished)
 		budget -= n
 		if !finished {
 			break // the budget is spent: the rest of this prompt next step
@@ -96,17 +108,17 @@ func (e *Engine) schedule() *batch {
 		seqs++
 		for _, f := range s.forks { // the other samples: the prompt's blocks shared, its logits drawn again
 			f.table, f.done, f.order = e.blocks.Fork(s.table), s.done+n, s.order
-			b.fork(f, b.last[len(b.last)-1])
+			w.pre.fork(f, w.pre.last[len(w.pre.last)-1])
 			e.running = append(e.running, f)
 			seqs++
 		}
 		s.forks = nil
 	}
-	if len(b.seqs) == 0 {
+	if w.seqs() == 0 {
 		return nil
 	}
-	e.m.batch(b)
-	return b
+	e.m.batch(w)
+	return w
 }
 
 // add puts sequence s in the batch with rows for tokens at positions from
@@ -114,7 +126,6 @@ func (e *Engine) schedule() *batch {
 func (b *batch) add(s *sequence, tokens []int32, from int, slots []int32, samples bool) {
 	i := int32(len(b.seqs))
 	b.seqs, b.rows, b.samples = append(b.seqs, s), append(b.rows, len(tokens)), append(b.samples, samples)
-	b.decode = b.decode && len(tokens) == 1 && samples && s.done == from
 	for j, t := range tokens {
 		b.tokens, b.positions = append(b.tokens, t), append(b.positions, int32(from+j))
 		b.slots, b.rowSeq = append(b.slots, slots[j]), append(b.rowSeq, i)
@@ -127,52 +138,78 @@ func (b *batch) add(s *sequence, tokens []int32, from int, slots []int32, sample
 // logits.
 func (b *batch) fork(f *sequence, row int32) {
 	b.seqs, b.rows, b.samples, b.last = append(b.seqs, f), append(b.rows, 0), append(b.samples, true), append(b.last, row)
-	b.decode = false
+}
+
+// join is a and b as one batch: a's sequences, then b's.
+func join(a, b *batch) *batch {
+	j := &batch{maxLen: max(a.maxLen, b.maxLen)}
+	for _, x := range []*batch{a, b} {
+		seq, row := int32(len(j.seqs)), int32(len(j.tokens))
+		j.seqs, j.rows, j.samples = append(j.seqs, x.seqs...), append(j.rows, x.rows...), append(j.samples, x.samples...)
+		for _, l := range x.last {
+			j.last = append(j.last, l+row)
+		}
+		for _, r := range x.rowSeq {
+			j.rowSeq = append(j.rowSeq, r+seq)
+		}
+		j.tokens, j.positions, j.slots = append(j.tokens, x.tokens...), append(j.positions, x.positions...), append(j.slots, x.slots...)
+	}
+	return j
 }
 
 // deliver takes the step's tokens to their sequences (Note [continuous
 // batching], step 5): each sampling sequence's token is sent, and the
 // samples that are done end; the prefills' new blocks enter the prefix
 // cache.
-func (e *Engine) deliver(b *batch) {
+func (e *Engine) deliver(w *work) {
 	now := time.Now()
-	for i, s := range b.seqs {
-		s.done += b.rows[i]
-		if s.done <= s.prompt {
-			e.blocks.Computed(s.table, s.tokens[:s.prompt], s.done)
-		}
-		if !b.samples[i] {
-			continue
-		}
-		tok := e.runner.tokens[i]
-		s.tokens = append(s.tokens, tok)
-		ev := Event{Index: s.index, Token: tok, Logprob: e.runner.logprobs[i]}
-		if n := s.req.TopLogprobs; n > 0 {
-			for j := range n {
-				t := e.runner.topTokens[i*e.runner.topN+j]
-				ev.Top = append(ev.Top, TopLogprob{Token: t, Text: e.tok.Decode([]int32{t}), Logprob: e.runner.topLogprobs[i*e.runner.topN+j]})
-			}
-		}
-		e.m.token(s, now)
-		finish := ""
-		if tok == e.eot && !s.req.IgnoreEOS {
-			s.tokens = s.tokens[:len(s.tokens)-1] // the end of the text is no text of its own
-			finish = FinishStop
-		} else {
-			text, stopped := s.text.next(e.tok.Decode(s.tokens[len(s.tokens)-1:]), s.req.Stop)
-			ev.Text = text
-			s.out <- ev
-			switch {
-			case stopped:
-				finish = FinishStop
-			case s.generated() >= s.req.MaxTokens:
-				finish = FinishLength
-			}
-		}
-		if finish != "" {
-			e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
-			e.end(s, finish, nil)
+	i := -1
+	for _, b := range w.parts() {
+		for k, s := range b.seqs {
+			i++
+			e.deliverOne(s, b.rows[k], b.samples[k], i, now)
 		}
 	}
 	e.m.gauges()
+}
+
+// deliverOne takes sequence s's part of the step: rows new positions, and
+// when it samples, the runner's token i.
+func (e *Engine) deliverOne(s *sequence, rows int, samples bool, i int, now time.Time) {
+	s.done += rows
+	if s.done <= s.prompt {
+		e.blocks.Computed(s.table, s.tokens[:s.prompt], s.done)
+	}
+	if !samples {
+		return
+	}
+	tok := e.runner.tokens[i]
+	s.tokens = append(s.tokens, tok)
+	ev := Event{Index: s.index, Token: tok, Logprob: e.runner.logprobs[i]}
+	if n := s.req.TopLogprobs; n > 0 {
+		for j := range n {
+			t := e.runner.topTokens[i*e.runner.topN+j]
+			ev.Top = append(ev.Top, TopLogprob{Token: t, Text: e.tok.Decode([]int32{t}), Logprob: e.runner.topLogprobs[i*e.runner.topN+j]})
+		}
+	}
+	e.m.token(s, now)
+	finish := ""
+	if tok == e.eot && !s.req.IgnoreEOS {
+		s.tokens = s.tokens[:len(s.tokens)-1] // the end of the text is no text of its own
+		finish = FinishStop
+	} else {
+		text, stopped := s.text.next(e.tok.Decode(s.tokens[len(s.tokens)-1:]), s.req.Stop)
+		ev.Text = text
+		s.out <- ev
+		switch {
+		case stopped:
+			finish = FinishStop
+		case s.generated() >= s.req.MaxTokens:
+			finish = FinishLength
+		}
+	}
+	if finish != "" {
+		e.running = slices.DeleteFunc(e.running, func(x *sequence) bool { return x == s })
+		e.end(s, finish, nil)
+	}
 }

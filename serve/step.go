@@ -179,45 +179,72 @@ func (r *runner) body(l layout, bufs buffers) {
 	})
 }
 
-// run runs b and leaves its outputs in r (by b's sequences).
-func (r *runner) run(b *batch) (err error) {
+// run runs the step w and leaves its outputs in r, by sequence in the
+// order of w.parts (a sequence's top tokens kernels.MaxTopN apart). On a
+// GPU the decoding rows replay the graph captured for their bucket, and
+// the prompts' chunks run eagerly behind it, their kernels launched while
+// the graph runs; elsewhere both run as one eager forward.
+func (r *runner) run(w *work) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = tensor.AsError(p)
 		}
 	}()
-	r.copyBlocks(b.copies)
+	r.copyBlocks(w.copies)
 	be := r.dev.Backend()
-	topN := 0
-	for _, s := range b.seqs {
-		topN = max(topN, s.req.TopLogprobs)
+	type part struct {
+		l    layout
+		bufs buffers
+		n    int
 	}
-	var l layout
-	var bufs buffers
-	if g := r.graphs[graphKey{r.bucket(len(b.seqs)), topN > 0}]; b.decode && g != nil && len(b.seqs) <= g.l.S {
-		l, bufs = g.l, g.bufs
-		r.pack(b, l)
-		be.Write(bufs.in.Buf(), int32Bytes(r.ints))
-		be.Write(bufs.fin.Buf(), float32Bytes(r.floats))
-		if err := g.g.Launch(); err != nil {
-			return err
+	var parts []part
+	eager := join(&w.dec, &w.pre)
+	if n := len(w.dec.seqs); n > 0 {
+		topN := 0
+		for _, s := range w.dec.seqs {
+			topN = max(topN, s.req.TopLogprobs)
 		}
-		r.dev.Allocator().Replayed(r.arena)
-		r.launched = time.Now()
-	} else {
-		l = layout{S: len(b.seqs), R: len(b.tokens), W: r.e.width, TopN: topN, MaxLen: b.maxLen}
-		r.pack(b, l)
-		bufs = buffers{tensor.FromInt32(r.dev, r.ints, len(r.ints)), tensor.FromFloat32(r.dev, r.floats, len(r.floats)),
+		if g := r.graphs[graphKey{r.bucket(n), topN > 0}]; g != nil && n <= g.l.S {
+			r.pack(&w.dec, g.l)
+			be.Write(g.bufs.in.Buf(), int32Bytes(r.ints))
+			be.Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
+			if err := g.g.Launch(); err != nil {
+				return err
+			}
+			r.dev.Allocator().Replayed(r.arena)
+			parts = append(parts, part{g.l, g.bufs, n})
+			eager = &w.pre
+		}
+	}
+	if len(eager.seqs) > 0 {
+		topN := 0
+		for _, s := range eager.seqs {
+			topN = max(topN, s.req.TopLogprobs)
+		}
+		l := layout{S: len(eager.seqs), R: len(eager.tokens), W: r.e.width, TopN: topN, MaxLen: eager.maxLen}
+		r.pack(eager, l)
+		bufs := buffers{tensor.FromInt32(r.dev, r.ints, len(r.ints)), tensor.FromFloat32(r.dev, r.floats, len(r.floats)),
 			tensor.Empty(r.dev, tensor.I32, l.outInts()), tensor.Empty(r.dev, tensor.F32, l.outFloats())}
 		defer bufs.release()
 		r.body(l, bufs)
-		r.launched = time.Now()
+		parts = append(parts, part{l, bufs, l.S})
 	}
-	outI, outF := make([]int32, l.outInts()), make([]float32, l.outFloats())
-	be.Read(int32Bytes(outI), bufs.out.Buf())
-	be.Read(float32Bytes(outF), bufs.fout.Buf())
-	r.tokens, r.logprobs, r.topN = outI[:l.S], outF[:l.S], l.TopN
-	r.topTokens, r.topLogprobs = outI[l.S:], outF[l.S:]
+	r.launched = time.Now()
+	r.tokens, r.logprobs = r.tokens[:0], r.logprobs[:0]
+	r.topN = kernels.MaxTopN
+	r.topTokens, r.topLogprobs = slices0(r.topTokens, w.seqs()*r.topN), slices0f(r.topLogprobs, w.seqs()*r.topN)
+	at := 0 // the part's first sequence
+	for _, p := range parts {
+		outI, outF := make([]int32, p.l.outInts()), make([]float32, p.l.outFloats())
+		be.Read(int32Bytes(outI), p.bufs.out.Buf())
+		be.Read(float32Bytes(outF), p.bufs.fout.Buf())
+		r.tokens, r.logprobs = append(r.tokens, outI[:p.n]...), append(r.logprobs, outF[:p.n]...)
+		for i := range p.n * min(p.l.TopN, 1) {
+			copy(r.topTokens[(at+i)*r.topN:], outI[p.l.S+i*p.l.TopN:p.l.S+(i+1)*p.l.TopN])
+			copy(r.topLogprobs[(at+i)*r.topN:], outF[p.l.S+i*p.l.TopN:p.l.S+(i+1)*p.l.TopN])
+		}
+		at += p.n
+	}
 	return nil
 }
 

@@ -495,7 +495,9 @@ var (
 
 // pagedThreads is paged_attention's block: its warps take turns over a
 // row's positions for the scores, its threads over the values' columns.
-const pagedThreads = 128
+// A decoding step of a few sequences has only heads × sequences blocks,
+// each a chain of dependent loads per warp, so the block is wide.
+const pagedThreads = 256
 
 // WritePaged scatters each row's key and value into its slot.
 func (b *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots kernels.Buf) {
