@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -315,6 +316,9 @@ func TestEngineCancelFreesBlocks(t *testing.T) {
 	if kv, _, _ := e.KVStats(); kv.Used != 0 {
 		t.Errorf("%d blocks held after every request ended", kv.Used)
 	}
+	if testutil.ToFloat64(e.m.preemptions) == 0 {
+		t.Errorf("no preemption: the memory was not the limit this test means it to be")
+	}
 }
 
 // TestEngineRefuses: requests that cannot run are refused naming the
@@ -374,20 +378,30 @@ func TestEngineRefuses(t *testing.T) {
 	}
 }
 
-// TestEngineMemoryIsFlat is the long-run memory test, shortened for CI:
-// thousands of short requests from many goroutines, with cancellations,
-// leave the pool's allocated and reserved bytes where the warm-up left
-// them and every block back.
+// TestEngineMemoryIsFlat is the long-run memory test, shortened for CI
+// (-engine.requests sets its length): thousands of short requests from
+// many goroutines into a memory too small for them all, with
+// cancellations, are preempted and never fail, and leave the pool's
+// allocated and reserved bytes where the warm-up left them and every
+// block back.
 func TestEngineMemoryIsFlat(t *testing.T) { testEngineMemoryIsFlat(t, nil, 2000) }
 
+var flatRequests = flag.Int("engine.requests", 0, "TestEngineMemoryIsFlat, TestCUDAEngineMemoryIsFlat: the requests (0: 2,000 on the CPU, 20,000 on a GPU)")
+
 func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
+	if *flatRequests > 0 {
+		n = *flatRequests
+	}
 	if testing.Short() {
 		n = min(n, 300)
 	}
 	dev, g, tok := engineGPT(t, dev)
-	e := startEngine(t, dev, g, tok, EngineOptions{BlockSize: 8})
+	// A memory of 24 blocks of 8 for 32 clients of up to 46 positions:
+	// sequences are preempted, and no request may fail for it.
+	e := startEngine(t, dev, g, tok, EngineOptions{BlockSize: 8, DType: tensor.F32, KVMemory: memory.Budget{Bytes: 24 * g.KVBlockBytes(tensor.F32, 8)}})
 	a := dev.Allocator()
 	before := a.Stats()
+	start := time.Now()
 	var wg sync.WaitGroup
 	work := make(chan int)
 	for range 32 {
@@ -407,7 +421,10 @@ func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 				if i%7 == 0 {
 					cancel()
 				}
-				for range events(ch, 1) {
+				for ev := range events(ch, 1) {
+					if ev.Err != nil && !(i%7 == 0 && errors.Is(ev.Err, context.Canceled)) {
+						t.Errorf("request %d failed: %v", i, ev.Err)
+					}
 				}
 				cancel()
 			}
@@ -420,6 +437,10 @@ func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 	wg.Wait()
 	waitIdle(t, e)
 	after := a.Stats()
+	_, most, mostArena := e.KVStats()
+	t.Logf("%d requests in %.1f s: the pool holds %d bytes (%d before), reserves %d (%d before); waste at most %.1f%% of the blocks held, %.2f%% of the memory; %v preemptions",
+		n, time.Since(start).Seconds(), after.Allocated[memory.All].Current, before.Allocated[memory.All].Current,
+		after.Reserved[memory.All].Current, before.Reserved[memory.All].Current, 100*most, 100*mostArena, testutil.ToFloat64(e.m.preemptions))
 	if b, a := before.Allocated[memory.All].Current, after.Allocated[memory.All].Current; a != b {
 		t.Errorf("the pool holds %d bytes after %d requests, %d before", a, n, b)
 	}
@@ -428,5 +449,8 @@ func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 	}
 	if kv, _, _ := e.KVStats(); kv.Used != 0 {
 		t.Errorf("%d blocks held after every request ended", kv.Used)
+	}
+	if testutil.ToFloat64(e.m.preemptions) == 0 {
+		t.Errorf("no preemption: the memory was not the limit this test means it to be")
 	}
 }

@@ -77,6 +77,7 @@ func (s span) draw(rng *rand.Rand) int { return s.lo + rng.IntN(s.hi-s.lo+1) }
 
 type options struct {
 	url          string
+	api          string
 	model        string
 	clients      int
 	requests     int
@@ -100,6 +101,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.url, "url", "http://127.0.0.1:8080", "the server (a loopback address)")
+	fs.StringVar(&o.api, "api", "completions", "completions (OpenAI's /v1/completions) or generate (/v1/generate, which older servers have: prompts of random lowercase letters, a token each with the bytes tokenizer)")
 	fs.StringVar(&o.model, "model", "", "the model to ask for (default: the one GET /v1/models lists)")
 	fs.IntVar(&o.clients, "clients", 16, "clients sending at once (with -rate: the most requests in flight)")
 	fs.IntVar(&o.requests, "requests", 0, "requests in all (default: 4 a client)")
@@ -134,6 +136,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.sharedPrefix < 0 || !(o.rate >= 0) || math.IsInf(o.rate, 0) || !(o.temperature >= 0) {
 		say("-shared-prefix %d -rate %v -temperature %v: want 0 or more each", o.sharedPrefix, o.rate, o.temperature)
+	}
+	if o.api != "completions" && o.api != "generate" {
+		say("-api %s: want completions or generate", o.api)
 	}
 	if err := loopback(o.url); err != nil {
 		say("-url %s: %v", o.url, err)
@@ -187,10 +192,12 @@ func command(args []string, stdout, stderr io.Writer) int {
 		}
 		return cmdenv.ExitUsage
 	}
-	card, err := model(o)
-	if err != nil {
-		fmt.Fprintf(stderr, "loadgen: %s: %v\n", o.url, err)
-		return cmdenv.ExitNothingRan
+	card := modelCard{ID: "the model", Context: math.MaxInt32, Vocab: 26} // /v1/generate: letters
+	if o.api == "completions" {
+		if card, err = model(o); err != nil {
+			fmt.Fprintf(stderr, "loadgen: %s: %v\n", o.url, err)
+			return cmdenv.ExitNothingRan
+		}
 	}
 	if need := o.sharedPrefix + o.prompt.hi + o.maxTokens.hi; need > card.Context {
 		fmt.Fprintf(stderr, "loadgen: -shared-prefix %d, -prompt %v and -max-tokens %v reach %d positions; %s's context is %d\n",
@@ -337,7 +344,12 @@ func run(o *options, card modelCard) *results {
 		go func() {
 			defer wg.Done()
 			for j := range next {
-				a := complete(client, o, card.ID, j.prompt, j.max)
+				var a answer
+				if o.api == "generate" {
+					a = generate(client, o, j.prompt, j.max)
+				} else {
+					a = complete(client, o, card.ID, j.prompt, j.max)
+				}
 				mu.Lock()
 				r.Requests++
 				if a.err != nil {
@@ -458,6 +470,54 @@ func complete(client *http.Client, o *options, model string, prompt []int32, max
 		return answer{err: fmt.Errorf("%d tokens of the %d asked (ignore_eos)", a.tokens, maxTokens)}
 	}
 	return a
+}
+
+// generate sends one /v1/generate request (streamed NDJSON, a line a
+// token and a last one) and times it; its prompt is letters, a-z for 0-25.
+func generate(client *http.Client, o *options, prompt []int32, maxTokens int) (a answer) {
+	text := make([]byte, len(prompt))
+	for i, t := range prompt {
+		text[i] = byte('a' + t)
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": string(text), "max_tokens": maxTokens, "temperature": o.temperature})
+	start := time.Now()
+	resp, err := client.Post(o.url+"/v1/generate", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return answer{err: fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))}
+	}
+	dec := json.NewDecoder(resp.Body)
+	last := start
+	for {
+		var line struct {
+			Token  *int32
+			Done   bool
+			Tokens int
+			Error  string
+		}
+		if err := dec.Decode(&line); err != nil {
+			return answer{err: fmt.Errorf("the stream ended before its last line: %v", err)}
+		}
+		now := time.Now()
+		switch {
+		case line.Error != "":
+			return answer{err: errors.New(line.Error)}
+		case line.Done:
+			a.latency, a.tokens = now.Sub(start).Seconds(), line.Tokens
+			return a
+		case line.Token != nil:
+			if a.ttft == 0 {
+				a.ttft = now.Sub(start).Seconds()
+			} else {
+				a.itl = append(a.itl, now.Sub(last).Seconds())
+			}
+			last = now
+		}
+	}
 }
 
 // metricsSnapshot is what the run reads from /metrics.
