@@ -162,7 +162,7 @@ for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
     serving noprefix -no-prefix-cache
     load prefix "${prefix[@]}"
     stopped
-    rm -f "$w/gpt2.st" "$w/text.txt"
+    rm -f "$w/gpt2.st" "$w/text.txt"*
     ;;
   profile)
     timeout 300 bench -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \

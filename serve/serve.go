@@ -1,25 +1,30 @@
 // Package serve answers HTTP requests with a model trained by leangrad:
 // an image classifier's predictions, batched on the device from many
-// concurrent requests, or a GPT's generated text, streamed. cmd/serve is
-// its command; a Go service mounts Server.Handler on its own mux.
+// concurrent requests, or a GPT's generated text from an Engine that
+// batches every running sequence's next token in one step over paged
+// key-value memory (see docs/serving.md). cmd/serve is its command; a Go
+// service mounts Server.Handler on its own mux, or submits to the Engine.
 //
 // The endpoints:
 //
-//	POST /v1/predict   {"images": [[...], ...]} (each image flattened in C×H×W
-//	                   order, pixels in [0, 1]), or an IDX file of unsigned
-//	                   bytes (Content-Type application/octet-stream) →
-//	                   {"predictions": [{"class": 3, "probabilities": [...]}, ...]}
-//	POST /v1/generate  {"prompt": "...", "max_tokens": 50, "temperature": 0.8,
-//	                   "top_k": 40, "seed": 1} → NDJSON, a line per token
-//	                   ({"token": 262, "text": " the"}) and a last one
-//	                   ({"done": true, "text": "..."})
-//	GET  /healthz      200 while the process runs
-//	GET  /readyz       200 once every batch shape is warmed up, else 503
-//	GET  /metrics      Prometheus' text format, leangrad_-prefixed
+//	POST /v1/predict      {"images": [[...], ...]} (each image flattened in C×H×W
+//	                      order, pixels in [0, 1]), or an IDX file of unsigned
+//	                      bytes (Content-Type application/octet-stream) →
+//	                      {"predictions": [{"class": 3, "probabilities": [...]}, ...]}
+//	POST /v1/completions  OpenAI's completions, streamed as server-sent events
+//	                      or not (a GPT)
+//	GET  /v1/models       OpenAI's list of the one model served (a GPT)
+//	POST /v1/generate     {"prompt": "...", "max_tokens": 50, "temperature": 0.8,
+//	                      "top_k": 40, "seed": 1} → NDJSON, a line per token
+//	                      ({"token": 262, "text": " the"}) and a last one
+//	                      ({"done": true, "text": "..."}) (a GPT)
+//	GET  /healthz         200 while the process runs
+//	GET  /readyz          200 once warmed up, else 503
+//	GET  /metrics         Prometheus' text format, leangrad_-prefixed
 //
 // Bad requests get 400 (413 for a body over Options.MaxBody, refused
-// before it is read whole) and a JSON {"error": "..."}; the model's
-// failures 500; a full queue 503.
+// before it is read whole) and a JSON error (OpenAI's shape on its
+// endpoints); the model's failures 500; a full queue 503.
 package serve
 
 import (
