@@ -366,7 +366,7 @@ type Sampling struct {
 // goroutines may generate at once on sessions of their own. The prompt is
 // run in one pass, then each new token in one.
 func (g *GPT) Generate(dev *tensor.Device, prompt []int32, n int, s Sampling) (out []int32, err error) {
-	if len(prompt) == 0 || n < 0 || len(prompt)+n > g.Cfg.Context {
+	if len(prompt) == 0 || n < 0 || len(prompt) > g.Cfg.Context || n > g.Cfg.Context-len(prompt) {
 		return nil, fmt.Errorf("generate: a prompt of %d tokens and %d more: want a prompt and at most %d positions in all", len(prompt), n, g.Cfg.Context)
 	}
 	for i, t := range prompt {

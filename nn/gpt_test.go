@@ -322,6 +322,9 @@ func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 	if _, err := g.Generate(s, []int32{1}, 6, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 6") {
 		t.Errorf("generating past the context: %v", err)
 	}
+	if _, err := g.Generate(s, []int32{1}, math.MaxInt, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 6") { // not wrapped past the check
+		t.Errorf("a generation of MaxInt tokens: %v", err)
+	}
 	if _, err := g.Generate(s, []int32{11}, 1, Sampling{}); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
 		t.Errorf("a prompt token outside the vocabulary: %v", err)
 	}

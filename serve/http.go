@@ -91,7 +91,11 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.ContentLength > s.opts.MaxBody {
 		return nil, &http.MaxBytesError{Limit: s.opts.MaxBody}
 	}
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBody))
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, badRequest("the body ended after %d of the %d bytes its Content-Length says", len(data), r.ContentLength)
+	}
+	return data, err
 }
 
 // decodeJSON decodes a JSON body into v, refusing unknown fields and

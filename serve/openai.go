@@ -36,9 +36,12 @@ func invalid(param, format string, args ...any) *apiError {
 func writeAPIError(w http.ResponseWriter, err error) int {
 	var ae *apiError
 	var re *RequestError
+	var he *httpError
 	var mb *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
+	case errors.As(err, &he):
+		ae = &apiError{he.code, "invalid_request_error", "", "", he.msg}
 	case errors.As(err, &re):
 		ae = &apiError{http.StatusBadRequest, "invalid_request_error", "", "", re.Msg}
 	case errors.As(err, &mb):

@@ -3,6 +3,8 @@ package serve
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -219,4 +221,40 @@ func hsClient(hs *httptest.Server) *http.Client { return hs.Client() }
 
 type completionUsage struct {
 	CompletionTokens int `json:"completion_tokens"`
+}
+
+// Every request gets a status and a message, never an empty reply: sizes
+// that overflow, and a body shorter than its Content-Length, are 400s.
+func TestAnswersEveryRequest(t *testing.T) {
+	_, hs := open(t, "gpt-mini", gptInputs, Options{})
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "max_tokens": 9223372036854775807}`, "max_tokens: 9223372036854775807 after a prompt of 1 tokens"},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "max_tokens": 99999999999999999999}`, "max_tokens"},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "n": 9223372036854775807}`, "n: 9223372036854775807"},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": [1, 4294967297]}`, "prompt"},
+		{"/v1/generate", `{"prompt": "a", "max_tokens": 9223372036854775807}`, "max_tokens: 9223372036854775807 after a prompt of 1 tokens"},
+	} {
+		code, out := post(t, hs.URL+c.path, "application/json", []byte(c.body))
+		if code != 400 || !strings.Contains(out, c.want) {
+			t.Errorf("%s %s: %d %q; want 400 and %q", c.path, c.body, code, out, c.want)
+		}
+	}
+	for _, path := range []string{"/v1/completions", "/v1/generate"} {
+		conn, err := net.Dial("tcp", hs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":", path)
+		conn.(*net.TCPConn).CloseWrite()
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s, a short body: no answer: %v", path, err)
+		}
+		var b strings.Builder
+		bufio.NewReader(resp.Body).WriteTo(&b)
+		conn.Close()
+		if resp.StatusCode != 400 || !strings.Contains(b.String(), "the body ended after 10 of the 100 bytes its Content-Length says") {
+			t.Errorf("%s, a short body: %d %s", path, resp.StatusCode, b.String())
+		}
+	}
 }

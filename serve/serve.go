@@ -30,6 +30,7 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"strings"
@@ -137,11 +138,18 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 		}
 	} else if c := s.in.Shape[0]; len(s.in.Shape) != 3 || len(s.in.Mean) != c || len(s.in.Std) != c {
 		return nil, fmt.Errorf("%s: inputs of shape %v with %d means and %d deviations: want C×H×W and one of each a channel", path, s.in.Shape, len(s.in.Mean), len(s.in.Std))
+	} else {
+		for i := range c {
+			if m, d := float64(s.in.Mean[i]), float64(s.in.Std[i]); math.IsNaN(m) || math.IsInf(m, 0) || !(d > 0) || math.IsInf(d, 0) {
+				return nil, fmt.Errorf("%s: channel %d's normalisation has mean %v and deviation %v: want finite, the deviation above 0", path, i, s.in.Mean[i], s.in.Std[i])
+			}
+		}
 	}
-	if err := tensor.Catch(func() { s.model, err = arch.Build(dev, s.in.Shape, s.in.Classes, info.Config.Seed) }); err != nil {
+	var buildErr error
+	if err := tensor.Catch(func() { s.model, buildErr = arch.Build(dev, s.in.Shape, s.in.Classes, info.Config.Seed) }); err != nil {
 		return nil, fmt.Errorf("%s: building %s: %w", path, info.Config.Model, err)
-	} else if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	} else if buildErr != nil {
+		return nil, fmt.Errorf("%s: building %s: %w", path, info.Config.Model, buildErr)
 	}
 	weights := &nn.Safetensors{Tensors: map[string]nn.Stored{}}
 	for name, t := range st.Tensors {
@@ -152,6 +160,13 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 	if err := nn.LoadStateDict(s.model, weights, path); err != nil {
 		nn.Release(s.model)
 		return nil, err
+	}
+	if name, err := nonFinite(s.model); err != nil || name != "" {
+		nn.Release(s.model)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return nil, fmt.Errorf("%s: the weight %s is not finite (NaN or infinite): the run that wrote it diverged", path, name)
 	}
 	s.model.SetTraining(false)
 	for b := 1; b < s.opts.MaxBatch; b *= 2 {
@@ -170,6 +185,22 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 		go s.batcher()
 	}
 	return s, nil
+}
+
+// nonFinite is the first of m's weights holding a NaN or an infinity ("":
+// none).
+func nonFinite(m nn.Model) (name string, err error) {
+	err = tensor.Catch(func() {
+		for _, n := range m.State("") {
+			for _, v := range n.T.Float32s() {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					name = n.Name
+					return
+				}
+			}
+		}
+	})
+	return name, err
 }
 
 // Model names what the server serves: "resnet20 (1×28×28 images, 10

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -470,5 +471,42 @@ func TestOpenMapsTheCheckpoint(t *testing.T) {
 	t.Logf("file %d bytes, model %d bytes: the heap took %d bytes while opening", st.Size(), modelBytes, grew)
 	if st.Size() < 2*modelBytes || grew > modelBytes+st.Size()/4 {
 		t.Errorf("opening a %d-byte checkpoint of a %d-byte model allocated %d bytes", st.Size(), modelBytes, grew)
+	}
+}
+
+// A checkpoint whose weights are not finite, or whose normalisation
+// divides by zero, is refused at Open with one line naming what is wrong,
+// not served as garbage.
+func TestOpenRefusesWhatCannotAnswer(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	in := mnistInputs
+	in.Std = []float32{0}
+	if _, err := Open(dev, checkpoint(t, dev, "resnet8", in), Options{}); err == nil || !strings.Contains(err.Error(), "channel 0's normalisation has mean 0.29 and deviation 0") {
+		t.Errorf("a deviation of 0: %v", err)
+	}
+	m, err := train.BuildModel(dev, "gpt-mini", gptInputs.Shape, gptInputs.Classes, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := m.State("")[3]
+	v := w.T.Float32s()
+	v[len(v)/2] = float32(math.NaN())
+	dev.Backend().Write(w.T.Buf(), float32Bytes(v))
+	tr, err := train.New(m, dev, train.Config{Model: "gpt-mini", Epochs: 1, Batch: 8, LR: 0.1, Seed: 1, Tokenizer: "bytes"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Inputs = &gptInputs
+	path := filepath.Join(t.TempDir(), "nan.st")
+	if err := tr.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	tr.Release()
+	nn.Release(m)
+	if _, err := Open(dev, path, Options{}); err == nil || !strings.Contains(err.Error(), "the weight "+w.Name+" is not finite") {
+		t.Errorf("a NaN weight: %v", err)
+	}
+	if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != 0 {
+		t.Errorf("the refused checkpoints left %d bytes in the pool", got)
 	}
 }

@@ -42,6 +42,7 @@ type options struct {
 	device      tensor.DeviceSpec
 	opts        serve.Options
 	drain       time.Duration
+	readTimeout time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -61,6 +62,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&maxBody, "max-body", 16<<20, "the most bytes a request body may have (413 beyond)")
 	fs.IntVar(&o.opts.EmptyCacheEvery, "empty-cache-every", 0, "call EmptyCache after every N requests (0: never; the pool does not need it: this measures the advice)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGINT or SIGTERM, how long requests in flight may take to finish")
+	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "how long a client may take to send a request, its body included")
 	e := &o.opts.Engine
 	fs.Var(&e.KVMemory, "kv-memory", "a GPT's key-value memory, allocated once: a size (2GiB) or a fraction of what is free beside the model and a step (0.9); default: room for -max-seqs sequences of the whole context")
 	fs.IntVar(&e.BlockSize, "block-size", 16, "a GPT's key-value block: the positions it holds")
@@ -105,8 +107,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if e.BlockSize > 1024 {
 		say("-block-size %d: want at most 1024", e.BlockSize)
 	}
-	if o.opts.Window < 0 || o.drain <= 0 {
-		say("-window %v -drain %v: want a window of 0 or more and a positive drain", o.opts.Window, o.drain)
+	if o.opts.Window < 0 || o.drain <= 0 || o.readTimeout <= 0 {
+		say("-window %v -drain %v -read-timeout %v: want a window of 0 or more, a positive drain and read timeout", o.opts.Window, o.drain, o.readTimeout)
 	}
 	if _, _, err := net.SplitHostPort(o.addr); err != nil {
 		say("-addr %s: %v", o.addr, err)
@@ -146,7 +148,10 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 		fmt.Fprintf(stderr, "serve: -addr %s: %v\n", o.addr, err)
 		return cmdenv.ExitNothingRan
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Slow clients are bounded: a request's headers and body must arrive
+	// within their timeouts, an idle connection closes; a streamed answer
+	// has no write limit.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: o.readTimeout, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }() // /healthz answers while it warms up
 	start := time.Now()
