@@ -90,6 +90,8 @@ func TestOutputsNeverDestroyInputs(t *testing.T) {
 		{"-save on a device", slices.Concat(smallRun, []string{"-save", "/dev/full"}), "/dev/full", "-save /dev/full: a device, not a regular file"},
 		{"-memlog on a FIFO", slices.Concat(smallRun, []string{"-memlog", fifo}), fifo, "-memlog " + fifo + ": a FIFO, not a regular file"},
 		{"-memlog on standard output", slices.Concat(smallRun, []string{"-memlog", "-"}), "", "-memlog -: standard output is for -json"},
+		{"-save into a new folder", slices.Concat(smallRun, []string{"-save", dir + "/newdir/"}), "", "-save " + dir + "/newdir/: names a folder; give a file's path"},
+		{"-json into a new folder", slices.Concat(smallRun, []string{"-json", dir + "/newdir/"}), "", "-json " + dir + "/newdir/: names a folder"},
 	} {
 		var before []byte
 		var mode os.FileMode

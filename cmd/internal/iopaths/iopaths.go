@@ -71,6 +71,10 @@ func (s *Set) Problems() []string {
 			}
 			continue
 		}
+		if strings.HasSuffix(o.path, "/") || strings.HasSuffix(o.path, string(filepath.Separator)) || filepath.Base(o.path) == "." || filepath.Base(o.path) == ".." {
+			say(o, "names a folder; give a file's path")
+			continue
+		}
 		target, err := fileio.Target(o.path)
 		if err != nil {
 			why := fileio.Cause(err).Error()

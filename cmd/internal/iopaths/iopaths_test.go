@@ -33,6 +33,8 @@ func TestProblems(t *testing.T) {
 		{"standard output twice", [][2]string{{"-json", "-"}, {"-log", "-"}}, []string{"-log -: -json writes to standard output already"}},
 		{"a device", [][2]string{{"-json", "/dev/null"}}, []string{"-json /dev/null: a device, not a regular file (write - for standard output)"}},
 		{"a folder", [][2]string{{"-json", dir}}, []string{"a folder, not a regular file"}},
+		{"a new folder", [][2]string{{"-save", filepath.Join(dir, "newdir") + "/"}}, []string{"-save " + filepath.Join(dir, "newdir") + "/: names a folder; give a file's path"}},
+		{"dot", [][2]string{{"-json", dir + "/new/.."}}, []string{"names a folder"}},
 	} {
 		var s Set
 		s.Input("-resume", ckpt)
