@@ -1,14 +1,17 @@
 // Command serve answers HTTP requests with a model that train -save wrote:
 // an image classifier's predictions, batched on the device from concurrent
-// requests, or a GPT's generated text, streamed (see package serve for the
-// endpoints).
+// requests, or a GPT's generated text through OpenAI's API, from an engine
+// that batches every running sequence (see package serve for the
+// endpoints, docs/serving.md for the engine).
 //
 //	serve -addr 127.0.0.1:8080 -device auto model.st
-//	curl -s localhost:8080/v1/predict -d '{"images": [[0, 0.5, ...]]}'
+//	curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 16}'
 //	curl -s localhost:8080/metrics
 //
-// It warms up every batch shape before /readyz says ready, and on SIGINT or
-// SIGTERM stops taking requests, answers those in flight and exits 0.
+// It warms up before /readyz says ready (an image classifier's batch
+// shapes; a GPT's key-value memory and captured decoding steps), and on
+// SIGINT or SIGTERM stops taking requests, answers those in flight and
+// exits 0.
 package main
 
 import (
@@ -50,7 +53,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: serve [flags] model.st\n\nServes a checkpoint that train -save wrote over HTTP: POST /v1/predict (or /v1/generate for a GPT),\nGET /healthz, /readyz and /metrics.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: serve [flags] model.st\n\nServes a checkpoint that train -save wrote over HTTP: POST /v1/predict (an image classifier) or\nPOST /v1/completions, GET /v1/models and POST /v1/generate (a GPT); GET /healthz, /readyz and /metrics.\n%s\nFlags:\n", cmdenv.ExitStatuses)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
