@@ -40,6 +40,7 @@ import (
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
@@ -188,15 +189,30 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 }
 
 // nonFinite is the first of m's weights holding a NaN or an infinity ("":
-// none).
+// none), checked on the device (an exact division by 1 that raises a flag)
+// so that no weight is copied to the host.
 func nonFinite(m nn.Model) (name string, err error) {
 	err = tensor.Catch(func() {
 		for _, n := range m.State("") {
-			for _, v := range n.T.Float32s() {
-				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					name = n.Name
-					return
+			t := n.T
+			dev := t.Device()
+			if t.DType() != tensor.F32 {
+				for _, v := range t.Float32s() {
+					if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+						name = n.Name
+						return
+					}
 				}
+				continue
+			}
+			one, found := tensor.FromFloat32(dev, []float32{1}, 1), tensor.FromFloat32(dev, []float32{0}, 1)
+			dev.Backend().UnscaleCheck([]kernels.Buf{t.Buf()}, one.Buf(), found.Buf())
+			bad := found.Float32s()[0] != 0
+			one.Release()
+			found.Release()
+			if bad {
+				name = n.Name
+				return
 			}
 		}
 	})
