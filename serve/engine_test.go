@@ -450,7 +450,4 @@ func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 	if testutil.ToFloat64(e.m.preemptions) == 0 {
 		t.Errorf("no preemption: the memory was not the limit this test means it to be")
 	}
-	if testutil.ToFloat64(e.m.preemptions) == 0 {
-		t.Errorf("no preemption: the memory was not the limit this test means it to be")
-	}
 }
