@@ -183,14 +183,8 @@ type modelCard struct {
 
 func command(args []string, stdout, stderr io.Writer) int {
 	o, err := parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "loadgen: %s\n", line)
-		}
-		return cmdenv.ExitUsage
+		return cmdenv.Refused("loadgen", stderr, err)
 	}
 	card := modelCard{ID: "the model", Context: math.MaxInt32, Vocab: 26} // /v1/generate: letters
 	if o.api == "completions" {

@@ -126,14 +126,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // ready, if set, hears the address once the server answers.
 func command(args []string, stdout, stderr io.Writer, ready func(addr string)) int {
 	o, err := parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "serve: %s\n", line)
-		}
-		return cmdenv.ExitUsage
+		return cmdenv.Refused("serve", stderr, err)
 	}
 	dev, err := cmdenv.OpenDevice(o.device, tensor.Options{}, stdout)
 	if err != nil {

@@ -424,14 +424,8 @@ func sameFile(a, b string) bool {
 
 func command(args []string, stdout, stderr io.Writer) int {
 	o, err := parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "train: %s\n", line)
-		}
-		return cmdenv.ExitUsage
+		return cmdenv.Refused("train", stderr, err)
 	}
 	if o.nproc > 1 {
 		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)

@@ -236,6 +236,19 @@ func ParseFlags(fs *flag.FlagSet, args []string) (problems []string, refused map
 	return problems, refused, nil
 }
 
+// Refused answers a command's parse error (its flags' problems joined by
+// newlines, or flag.ErrHelp after -h): each problem on its own line as
+// "name: problem" on stderr, and the exit status, ExitUsage (0 after -h).
+func Refused(name string, stderr io.Writer, err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintf(stderr, "%s: %s\n", name, line)
+	}
+	return ExitUsage
+}
+
 // Unsaid drops the problems that name a refused flag (ParseFlags): they
 // follow from its default standing in for the value given.
 func Unsaid(problems []string, refused map[string]bool) []string {
