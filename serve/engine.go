@@ -244,14 +244,6 @@ func (e *Engine) check(r *Request) error {
 	return r.check(e.g.Cfg.Context, e.g.Cfg.Vocab, e.kvBlocks(), e.opts.BlockSize, e.opts.MaxSeqs)
 }
 
-// kvStats is the key-value memory's state at the last step: safe from any
-// goroutine.
-func (e *Engine) kvStats() KVStats {
-	e.m.mu.Lock()
-	defer e.m.mu.Unlock()
-	return e.m.kv
-}
-
 // KVStats is the key-value memory's state at the last step, and the most
 // waste (KVStats.Waste, KVStats.ArenaWaste) seen at any step since the
 // engine started.

@@ -67,7 +67,7 @@ func (s *Server) measured(path string, h func(w http.ResponseWriter, r *http.Req
 			case errors.As(err, &mb):
 				code = http.StatusRequestEntityTooLarge
 				err = fmt.Errorf("the body is over the %d bytes a request may have", mb.Limit)
-			case errors.Is(err, errOverloaded):
+			case errors.Is(err, ErrOverloaded):
 				code = http.StatusServiceUnavailable
 			default:
 				code = http.StatusInternalServerError
@@ -221,25 +221,17 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	q := Request{Prompt: s.tok.Encode(req.Prompt), MaxTokens: 16, Temperature: 0.8, TopK: 40, TopP: 1, Stop: req.Stop, Seed: req.Seed}
-	if req.MaxTokens != nil {
-		q.MaxTokens = *req.MaxTokens
-	}
-	if req.Temperature != nil {
-		q.Temperature = *req.Temperature
-	}
-	if req.TopK != nil {
-		q.TopK = *req.TopK
-	}
-	if req.TopP != nil {
-		q.TopP = *req.TopP
-	}
+	given(&q.MaxTokens, req.MaxTokens)
+	given(&q.Temperature, req.Temperature)
+	given(&q.TopK, req.TopK)
+	given(&q.TopP, req.TopP)
 	ch, err := s.engine.Submit(r.Context(), q)
 	var re *RequestError
 	switch {
 	case errors.As(err, &re):
 		return badRequest("%s", re.Msg)
 	case errors.Is(err, ErrOverloaded):
-		return errOverloaded
+		return ErrOverloaded
 	case err != nil:
 		return err
 	}

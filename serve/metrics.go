@@ -164,9 +164,9 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_preemptions_total",
 			Help: "Sequences preempted for want of key-value blocks (to be prefilled again)."}),
 		hits: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_prefix_cache_hits_total",
-			Help: "Prompt blocks found in the prefix cache."}, func() float64 { return float64(e.kvStats().Hits) }),
+			Help: "Prompt blocks found in the prefix cache."}, func() float64 { kv, _, _ := e.KVStats(); return float64(kv.Hits) }),
 		misses: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_prefix_cache_misses_total",
-			Help: "Full prompt blocks not in the prefix cache."}, func() float64 { return float64(e.kvStats().Misses) }),
+			Help: "Full prompt blocks not in the prefix cache."}, func() float64 { kv, _, _ := e.KVStats(); return float64(kv.Misses) }),
 		tokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_generated_tokens_total", Help: "Tokens generated."}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_samples_total",
 			Help: "Samples ended, by finish reason (length, stop, error)."}, []string{"finish"}),
@@ -228,22 +228,19 @@ func (m *engineMetrics) gauges() {
 	m.sampleKV()
 }
 
-// sampleKV takes the memory's state for the gauges and for kvStats (the
-// engine's loop calls it), and the most waste seen.
+// sampleKV takes the memory's state for the gauges and for
+// Engine.KVStats (the engine's loop calls it), and the most waste seen.
 func (m *engineMetrics) sampleKV() {
 	if m.e.blocks == nil {
 		return
 	}
 	st := m.e.blocks.Stats()
+	w, aw := st.Waste(), st.ArenaWaste()
 	m.mu.Lock()
-	m.kv = st
+	m.kv, m.maxWaste, m.maxArena = st, max(m.maxWaste, w), max(m.maxArena, aw)
 	m.mu.Unlock()
 	m.blocksUsed.Set(float64(st.Used))
 	m.blocksFree.Set(float64(st.Free))
-	w, aw := st.Waste(), st.ArenaWaste()
 	m.waste.Set(w)
 	m.arenaWaste.Set(aw)
-	m.mu.Lock()
-	m.maxWaste, m.maxArena = max(m.maxWaste, w), max(m.maxArena, aw)
-	m.mu.Unlock()
 }

@@ -46,7 +46,7 @@ func writeAPIError(w http.ResponseWriter, err error) int {
 		ae = &apiError{http.StatusBadRequest, "invalid_request_error", "", "", re.Msg}
 	case errors.As(err, &mb):
 		ae = &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error", "", "", fmt.Sprintf("the body is over the %d bytes a request may have", mb.Limit)}
-	case errors.Is(err, ErrOverloaded) || errors.Is(err, errOverloaded):
+	case errors.Is(err, ErrOverloaded):
 		ae = &apiError{http.StatusServiceUnavailable, "server_error", "", "overloaded", err.Error()}
 	default:
 		ae = &apiError{http.StatusInternalServerError, "server_error", "", "", "the model failed: " + err.Error()}
@@ -177,24 +177,12 @@ func (c *completionRequest) stops() ([]string, error) {
 // a field is absent (max_tokens 16, temperature 1, top_p 1, n 1).
 func (c *completionRequest) request(prompt []int32) (Request, error) {
 	r := Request{Prompt: prompt, MaxTokens: 16, Temperature: 1, TopP: 1, N: 1, IgnoreEOS: c.IgnoreEOS}
-	if c.MaxTokens != nil {
-		r.MaxTokens = *c.MaxTokens
-	}
-	if c.Temperature != nil {
-		r.Temperature = *c.Temperature
-	}
-	if c.TopP != nil {
-		r.TopP = *c.TopP
-	}
-	if c.TopK != nil {
-		r.TopK = *c.TopK
-	}
-	if c.N != nil {
-		r.N = *c.N
-	}
-	if c.Logprobs != nil {
-		r.TopLogprobs = *c.Logprobs
-	}
+	given(&r.MaxTokens, c.MaxTokens)
+	given(&r.Temperature, c.Temperature)
+	given(&r.TopP, c.TopP)
+	given(&r.TopK, c.TopK)
+	given(&r.N, c.N)
+	given(&r.TopLogprobs, c.Logprobs)
 	if c.Seed != nil {
 		r.Seed = uint64(*c.Seed)
 	} else {
@@ -428,6 +416,13 @@ func merged(chans []<-chan Event, n int) func(func(promptEvent) bool) {
 				return
 			}
 		}
+	}
+}
+
+// given sets *dst to a request field's value when the request gave one.
+func given[T any](dst, v *T) {
+	if v != nil {
+		*dst = *v
 	}
 }
 

@@ -69,7 +69,8 @@ func (e *RequestError) Error() string { return e.Msg }
 
 func badReq(format string, args ...any) error { return &RequestError{fmt.Sprintf(format, args...)} }
 
-// ErrOverloaded is a request refused because the engine's queue is full.
+// ErrOverloaded is a request refused because a queue is full (an image
+// server's, or a GPT engine's).
 var ErrOverloaded = errors.New("the server is overloaded: its queue is full; try again")
 
 // MaxN bounds Request.N.

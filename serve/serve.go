@@ -28,7 +28,6 @@
 package serve
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -299,9 +298,6 @@ type result struct {
 	err   error
 }
 
-// errOverloaded is a request refused because the queue is full.
-var errOverloaded = errors.New("the server is overloaded: its queue is full; try again")
-
 // predict queues n normalised images and waits for their probabilities;
 // queued is called once the request is in the queue (or refused).
 func (s *Server) predict(x []float32, n int, queued func()) ([][]float32, error) {
@@ -311,7 +307,7 @@ func (s *Server) predict(x []float32, n int, queued func()) ([][]float32, error)
 		queued()
 	default:
 		queued()
-		return nil, errOverloaded
+		return nil, ErrOverloaded
 	}
 	res := <-r.reply
 	return res.probs, res.err

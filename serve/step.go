@@ -94,8 +94,8 @@ func (r *runner) bucket(n int) int {
 // at least b's; the rest padding: a row writing nowhere, reading block 0,
 // drawn greedily).
 func (r *runner) pack(b *batch, l layout) {
-	r.ints = slices0(r.ints, l.ints())
-	r.floats = slices0f(r.floats, l.floats())
+	r.ints = zeroed(r.ints, l.ints())
+	r.floats = zeroed(r.floats, l.floats())
 	in := r.ints
 	tokens, in := in[:l.R], in[l.R:]
 	positions, in := in[:l.R], in[l.R:]
@@ -131,19 +131,11 @@ func (r *runner) pack(b *batch, l layout) {
 	}
 }
 
-// slices0 is s resized to n and zeroed.
-func slices0(s []int32, n int) []int32 {
+// zeroed is s resized to n and cleared, its array reused when it is large
+// enough.
+func zeroed[T any](s []T, n int) []T {
 	if cap(s) < n {
-		return make([]int32, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
-}
-
-func slices0f(s []float32, n int) []float32 {
-	if cap(s) < n {
-		return make([]float32, n)
+		return make([]T, n)
 	}
 	s = s[:n]
 	clear(s)
@@ -232,7 +224,7 @@ func (r *runner) run(w *work) (err error) {
 	r.launched = time.Now()
 	r.tokens, r.logprobs = r.tokens[:0], r.logprobs[:0]
 	r.topN = kernels.MaxTopN
-	r.topTokens, r.topLogprobs = slices0(r.topTokens, w.seqs()*r.topN), slices0f(r.topLogprobs, w.seqs()*r.topN)
+	r.topTokens, r.topLogprobs = zeroed(r.topTokens, w.seqs()*r.topN), zeroed(r.topLogprobs, w.seqs()*r.topN)
 	at := 0 // the part's first sequence
 	for _, p := range parts {
 		outI, outF := make([]int32, p.l.outInts()), make([]float32, p.l.outFloats())
