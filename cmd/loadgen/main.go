@@ -380,32 +380,52 @@ type answer struct {
 	err     error
 }
 
+// token times a token that came at now, the request sent at start and the
+// last token at last, and returns now.
+func (a *answer) token(start, last, now time.Time) time.Time {
+	if a.ttft == 0 {
+		a.ttft = now.Sub(start).Seconds()
+	} else {
+		a.itl = append(a.itl, now.Sub(last).Seconds())
+	}
+	return now
+}
+
+// postJSON posts v as JSON; an answer other than 200 is an error with its
+// status and the beginning of its body.
+func postJSON(client *http.Client, url string, v any) (*http.Response, error) {
+	body, _ := json.Marshal(v)
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != 200 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return nil, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	return resp, nil
+}
+
+// usage is a completion's count of tokens (OpenAI's usage object).
+type usage struct {
+	CompletionTokens int `json:"completion_tokens"`
+}
+
 // complete sends one completion and times it.
 func complete(client *http.Client, o *options, model string, prompt []int32, maxTokens int) (a answer) {
 	req := map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "temperature": o.temperature, "ignore_eos": true}
 	if o.stream {
 		req["stream"], req["stream_options"] = true, map[string]bool{"include_usage": true}
 	}
-	body, _ := json.Marshal(req)
 	start := time.Now()
-	resp, err := client.Post(o.url+"/v1/completions", "application/json", bytes.NewReader(body))
+	resp, err := postJSON(client, o.url+"/v1/completions", req)
 	if err != nil {
 		return answer{err: err}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-		return answer{err: fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))}
-	}
-	var usage struct {
-		CompletionTokens int `json:"completion_tokens"`
-	}
 	if !o.stream {
-		var out struct {
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			}
-		}
+		var out struct{ Usage *usage }
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Usage == nil {
 			return answer{err: fmt.Errorf("the answer: %v", err)}
 		}
@@ -430,9 +450,7 @@ func complete(client *http.Client, o *options, model string, prompt []int32, max
 			Choices []struct {
 				FinishReason *string `json:"finish_reason"`
 			}
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			}
+			Usage *usage
 			Error *struct{ Message string }
 		}
 		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
@@ -442,24 +460,17 @@ func complete(client *http.Client, o *options, model string, prompt []int32, max
 			return answer{err: errors.New(chunk.Error.Message)}
 		}
 		if chunk.Usage != nil {
-			usage.CompletionTokens = chunk.Usage.CompletionTokens
+			a.tokens = chunk.Usage.CompletionTokens
 		}
 		if len(chunk.Choices) == 0 || chunk.Choices[0].FinishReason != nil {
 			continue // the usage chunk, or the finish
 		}
-		now := time.Now()
-		if a.ttft == 0 {
-			a.ttft = now.Sub(start).Seconds()
-		} else {
-			a.itl = append(a.itl, now.Sub(last).Seconds())
-		}
-		last = now
+		last = a.token(start, last, time.Now())
 	}
 	if err := sc.Err(); err != nil || !done {
 		return answer{err: fmt.Errorf("the stream ended before [DONE]: %v", err)}
 	}
 	a.latency = time.Since(start).Seconds()
-	a.tokens = usage.CompletionTokens
 	if a.tokens != maxTokens {
 		return answer{err: fmt.Errorf("%d tokens of the %d asked (ignore_eos)", a.tokens, maxTokens)}
 	}
@@ -473,17 +484,12 @@ func generate(client *http.Client, o *options, prompt []int32, maxTokens int) (a
 	for i, t := range prompt {
 		text[i] = byte('a' + t)
 	}
-	body, _ := json.Marshal(map[string]any{"prompt": string(text), "max_tokens": maxTokens, "temperature": o.temperature})
 	start := time.Now()
-	resp, err := client.Post(o.url+"/v1/generate", "application/json", bytes.NewReader(body))
+	resp, err := postJSON(client, o.url+"/v1/generate", map[string]any{"prompt": string(text), "max_tokens": maxTokens, "temperature": o.temperature})
 	if err != nil {
 		return answer{err: err}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-		return answer{err: fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))}
-	}
 	dec := json.NewDecoder(resp.Body)
 	last := start
 	for {
@@ -504,12 +510,7 @@ func generate(client *http.Client, o *options, prompt []int32, maxTokens int) (a
 			a.latency, a.tokens = now.Sub(start).Seconds(), line.Tokens
 			return a
 		case line.Token != nil:
-			if a.ttft == 0 {
-				a.ttft = now.Sub(start).Seconds()
-			} else {
-				a.itl = append(a.itl, now.Sub(last).Seconds())
-			}
-			last = now
+			last = a.token(start, last, now)
 		}
 	}
 }
