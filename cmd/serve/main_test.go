@@ -62,21 +62,21 @@ func checkpoint(t *testing.T, model string) string {
 	return path
 }
 
-// The command end to end: it warms up, says where it listens, answers, and
-// on SIGTERM answers the request in flight before it exits 0.
-func TestServeDrainsOnSIGTERM(t *testing.T) {
-	ck := checkpoint(t, "resnet8")
-	cmd := serveCmd("-addr", "127.0.0.1:0", "-device", "cpu", "-window", "400ms", ck)
+// start starts the command and reads its output to the line that says
+// where it listens: it returns the command (killed when the test ends),
+// the rest of its output, the address, what it said and its stderr.
+func start(t *testing.T, args ...string) (*exec.Cmd, *bufio.Scanner, string, *strings.Builder, *bytes.Buffer) {
+	cmd := serveCmd(args...)
 	out, _ := cmd.StdoutPipe()
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	sc := bufio.NewScanner(out)
 	var addr string
-	var said strings.Builder
+	said := &strings.Builder{}
 	for sc.Scan() {
 		said.WriteString(sc.Text() + "\n")
 		if a, ok := strings.CutPrefix(sc.Text(), "ready on http://"); ok {
@@ -84,6 +84,14 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 			break
 		}
 	}
+	return cmd, sc, addr, said, stderr
+}
+
+// The command end to end: it warms up, says where it listens, answers, and
+// on SIGTERM answers the request in flight before it exits 0.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	ck := checkpoint(t, "resnet8")
+	cmd, sc, addr, said, stderr := start(t, "-addr", "127.0.0.1:0", "-device", "cpu", "-window", "400ms", ck)
 	if addr == "" || !strings.Contains(said.String(), "warmed up batches of [1 2 4 8 16 32 64]") {
 		t.Fatalf("no ready line:\n%s%s", said.String(), stderr.String())
 	}
@@ -156,24 +164,7 @@ func TestServeMistakes(t *testing.T) {
 // what its key-value memory holds, and a completion comes back.
 func TestServeGPT(t *testing.T) {
 	ck := checkpoint(t, "gpt-mini")
-	cmd := serveCmd("-addr", "127.0.0.1:0", "-device", "cpu", "-kv-memory", "4MiB", "-max-seqs", "4", ck)
-	out, _ := cmd.StdoutPipe()
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	sc := bufio.NewScanner(out)
-	var addr string
-	var said strings.Builder
-	for sc.Scan() {
-		said.WriteString(sc.Text() + "\n")
-		if a, ok := strings.CutPrefix(sc.Text(), "ready on http://"); ok {
-			addr = a
-			break
-		}
-	}
+	cmd, sc, addr, said, stderr := start(t, "-addr", "127.0.0.1:0", "-device", "cpu", "-kv-memory", "4MiB", "-max-seqs", "4", ck)
 	if addr == "" || !strings.Contains(said.String(), "a key-value memory of ") || !strings.Contains(said.String(), "run eagerly") {
 		t.Fatalf("no ready line:\n%s%s", said.String(), stderr.String())
 	}
