@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leangrad/leangrad/internal/testmodel"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -33,23 +34,7 @@ import (
 // checkpoint writes a checkpoint of an untrained model, as train -save
 // writes one, and returns its path.
 func checkpoint(t testing.TB, dev *tensor.Device, model string, in train.Inputs) string {
-	m, err := train.BuildModel(dev, model, in.Shape, in.Classes, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := train.Config{Model: model, Epochs: 1, Batch: 8, LR: 0.1, Optimizer: "sgd", Schedule: "constant", Seed: 1, Tokenizer: in.Tokenizer}
-	tr, err := train.New(m, dev, cfg, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Release()
-	tr.Inputs = &in
-	path := filepath.Join(t.TempDir(), model+".st")
-	if err := tr.Save(path); err != nil {
-		t.Fatal(err)
-	}
-	nn.Release(m)
-	return path
+	return testmodel.Checkpoint(t, dev, model, in, nil)
 }
 
 var mnistInputs = train.Inputs{Shape: []int{1, 28, 28}, Classes: 10, Mean: []float32{0.29}, Std: []float32{0.35}}
@@ -484,25 +469,13 @@ func TestOpenRefusesWhatCannotAnswer(t *testing.T) {
 	if _, err := Open(dev, checkpoint(t, dev, "resnet8", in), Options{}); err == nil || !strings.Contains(err.Error(), "channel 0's normalisation has mean 0.29 and deviation 0") {
 		t.Errorf("a deviation of 0: %v", err)
 	}
-	m, err := train.BuildModel(dev, "gpt-mini", gptInputs.Shape, gptInputs.Classes, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := m.State("")[3]
-	v := w.T.Float32s()
-	v[len(v)/2] = float32(math.NaN())
-	dev.Backend().Write(w.T.Buf(), float32Bytes(v))
-	tr, err := train.New(m, dev, train.Config{Model: "gpt-mini", Epochs: 1, Batch: 8, LR: 0.1, Seed: 1, Tokenizer: "bytes"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.Inputs = &gptInputs
-	path := filepath.Join(t.TempDir(), "nan.st")
-	if err := tr.Save(path); err != nil {
-		t.Fatal(err)
-	}
-	tr.Release()
-	nn.Release(m)
+	var w nn.Named
+	path := testmodel.Checkpoint(t, dev, "gpt-mini", gptInputs, func(m nn.Model) {
+		w = m.State("")[3]
+		v := w.T.Float32s()
+		v[len(v)/2] = float32(math.NaN())
+		dev.Backend().Write(w.T.Buf(), float32Bytes(v))
+	})
 	if _, err := Open(dev, path, Options{}); err == nil || !strings.Contains(err.Error(), "the weight "+w.Name+" is not finite") {
 		t.Errorf("a NaN weight: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
-	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/internal/testmodel"
 	"github.com/leangrad/leangrad/serve"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
@@ -19,22 +19,7 @@ import (
 // gptServer serves an untrained gpt-mini of bytes on the CPU, warmed up.
 func gptServer(t *testing.T) *httptest.Server {
 	dev := tensor.CPU()
-	in := train.Inputs{Shape: []int{64}, Classes: 256, Tokenizer: "bytes"}
-	m, err := train.BuildModel(dev, "gpt-mini", in.Shape, in.Classes, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := train.New(m, dev, train.Config{Model: "gpt-mini", Epochs: 1, Batch: 8, LR: 0.1, Seed: 1, Tokenizer: "bytes"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.Inputs = &in
-	path := filepath.Join(t.TempDir(), "gpt.st")
-	if err := tr.Save(path); err != nil {
-		t.Fatal(err)
-	}
-	tr.Release()
-	nn.Release(m)
+	path := testmodel.Checkpoint(t, dev, "gpt-mini", train.Inputs{Shape: []int{64}, Classes: 256, Tokenizer: "bytes"}, nil)
 	s, err := serve.Open(tensor.NewDevice(dev.Backend()), path, serve.Options{})
 	if err != nil {
 		t.Fatal(err)

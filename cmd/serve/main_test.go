@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
-	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/internal/testmodel"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -39,27 +39,11 @@ func serveCmd(args ...string) *exec.Cmd {
 // checkpoint is an untrained model's checkpoint as train -save writes it:
 // a ResNet-8 of 28×28 images, or a GPT of bytes.
 func checkpoint(t *testing.T, model string) string {
-	dev := tensor.CPU()
 	in := train.Inputs{Shape: []int{1, 28, 28}, Classes: 10, Mean: []float32{0.3}, Std: []float32{0.3}}
 	if model == "gpt-mini" {
 		in = train.Inputs{Shape: []int{64}, Classes: 256, Tokenizer: "bytes"}
 	}
-	m, err := train.BuildModel(dev, model, in.Shape, in.Classes, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nn.Release(m)
-	tr, err := train.New(m, dev, train.Config{Model: model, Epochs: 1, Batch: 8, LR: 0.1, Seed: 1, Tokenizer: in.Tokenizer}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Release()
-	tr.Inputs = &in
-	path := filepath.Join(t.TempDir(), model+".st")
-	if err := tr.Save(path); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return testmodel.Checkpoint(t, tensor.CPU(), model, in, nil)
 }
 
 // start starts the command and reads its output to the line that says
