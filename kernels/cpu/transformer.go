@@ -92,38 +92,48 @@ func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 			for i := 0; i < p.Tq; i++ {
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*p.D, p.D, qb)
 				last := p.Tk - p.Tq + i // the last key this query sees
-				m := float32(math.Inf(-1))
-				for j := 0; j <= last; j++ {
-					kj := kv.span(b*p.KBatch+j*p.KRow+h*p.D, p.D, kb)
-					var dot float32
-					for d, x := range qi {
-						dot += x * kj[d]
-					}
-					s[j] = dot * p.Scale
-					m = max(m, s[j])
-				}
-				var sum float64
-				for j := 0; j <= last; j++ {
-					s[j] = expf(s[j] - m)
-					sum += float64(s[j])
-				}
-				ls[bh*p.Tq+i] = m + float32(math.Log(sum))
-				inv := float32(1 / sum)
-				clear(ob)
-				for j := 0; j <= last; j++ {
-					vj := vv.span(b*p.VBatch+j*p.VRow+h*p.D, p.D, vb)
-					w := s[j] * inv
-					for d, x := range vj {
-						ob[d] += w * x
-					}
-				}
-				at := b*p.OBatch + i*p.ORow + h*p.D
-				t := ov.target(at, p.D, kb)
-				copy(t, ob)
-				ov.commit(at, t)
+				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, kv, vv, ov, b*p.OBatch+i*p.ORow+h*p.D,
+					func(j int) int { return b*p.KBatch + j*p.KRow + h*p.D }, func(j int) int { return b*p.VBatch + j*p.VRow + h*p.D },
+					s, kb, vb, ob)
 			}
 		}
 	})
+}
+
+// attendRow is one query qi's attention over its first n keys, the key
+// and the value of position j at key(j) and value(j) of kv and vv: it
+// writes the output row at out of ov and returns the scores' log-sum-exp.
+// s (n long), kb, vb and ob (a head's width) are scratch.
+func attendRow(qi []float32, n int, scale float32, kv, vv, ov values, out int, key, value func(j int) int, s, kb, vb, ob []float32) float32 {
+	D := len(qi)
+	m := float32(math.Inf(-1))
+	for j := range n {
+		kj := kv.span(key(j), D, kb)
+		var dot float32
+		for d, x := range qi {
+			dot += x * kj[d]
+		}
+		s[j] = dot * scale
+		m = max(m, s[j])
+	}
+	var sum float64
+	for j := range n {
+		s[j] = expf(s[j] - m)
+		sum += float64(s[j])
+	}
+	inv := float32(1 / sum)
+	clear(ob)
+	for j := range n {
+		vj := vv.span(value(j), D, vb)
+		w := s[j] * inv
+		for d, x := range vj {
+			ob[d] += w * x
+		}
+	}
+	t := ov.target(out, D, kb)
+	copy(t, ob)
+	ov.commit(out, t)
+	return m + float32(math.Log(sum))
 }
 
 // AttentionBackward recomputes each query's probabilities from its
@@ -244,34 +254,8 @@ func (c *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, table
 			r, h := rh/p.H, rh%p.H
 			n := int(pos[r]) + 1
 			qi := qv.span(r*p.QRow+h*p.D, p.D, qb)
-			m := float32(math.Inf(-1))
-			for j := range n {
-				kj := kv.span(slot(r, j)*C+h*p.D, p.D, kb)
-				var dot float32
-				for d, x := range qi {
-					dot += x * kj[d]
-				}
-				s[j] = dot * p.Scale
-				m = max(m, s[j])
-			}
-			var sum float64
-			for j := range n {
-				s[j] = expf(s[j] - m)
-				sum += float64(s[j])
-			}
-			inv := float32(1 / sum)
-			clear(ob)
-			for j := range n {
-				vj := vv.span(slot(r, j)*C+h*p.D, p.D, vb)
-				w := s[j] * inv
-				for d, x := range vj {
-					ob[d] += w * x
-				}
-			}
-			at := r*C + h*p.D
-			t := ov.target(at, p.D, kb)
-			copy(t, ob)
-			ov.commit(at, t)
+			at := func(j int) int { return slot(r, j)*C + h*p.D }
+			attendRow(qi, n, p.Scale, kv, vv, ov, r*C+h*p.D, at, at, s, kb, vb, ob)
 		}
 	})
 }
