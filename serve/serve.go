@@ -30,7 +30,6 @@ package serve
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -57,8 +56,8 @@ type Options struct {
 	// client's request runs at once, and a full batch goes at once.
 	Window time.Duration
 	// Queue bounds the requests waiting for the device (default 1024);
-	// beyond it requests get 503. For a GPT it bounds the generations
-	// running at once.
+	// beyond it requests get 503. For a GPT it is the engine's MaxQueue:
+	// the samples waiting and running.
 	Queue int
 	// MaxBody is the most bytes a request body may have (default 16 MiB).
 	MaxBody int64
@@ -67,7 +66,7 @@ type Options struct {
 	// measured (the pool does not need it: what a request allocates goes
 	// back when it is answered).
 	EmptyCacheEvery int
-	// Engine configures a GPT's engine (its Queue is Queue).
+	// Engine configures a GPT's engine (its MaxQueue is Queue).
 	Engine EngineOptions
 }
 
@@ -169,10 +168,7 @@ func Open(dev *tensor.Device, path string, o Options) (*Server, error) {
 		return nil, fmt.Errorf("%s: the weight %s is not finite (NaN or infinite): the run that wrote it diverged", path, name)
 	}
 	s.model.SetTraining(false)
-	for b := 1; b < s.opts.MaxBatch; b *= 2 {
-		s.buckets = append(s.buckets, b)
-	}
-	s.buckets = append(s.buckets, s.opts.MaxBatch)
+	s.buckets = buckets(s.opts.MaxBatch)
 	s.queue = make(chan *request, s.opts.Queue)
 	s.m = newMetrics(s)
 	if arch.Text {
@@ -370,7 +366,7 @@ func (s *Server) batcher() {
 			copy(buf[off*per:], r.x)
 			off += r.n
 		}
-		b := s.bucket(n)
+		b := bucket(n, s.opts.MaxBatch)
 		clear(buf[n*per : b*per])
 		probs, err := s.forward(sess, buf[:b*per], b)
 		s.m.batch(n)
@@ -385,15 +381,6 @@ func (s *Server) batcher() {
 		}
 		s.answered(len(batch))
 	}
-}
-
-// bucket is the batch size n images run at: the next bucket.
-func (s *Server) bucket(n int) int {
-	if n <= 1 {
-		return 1
-	}
-	b := 1 << bits.Len(uint(n-1))
-	return min(b, s.opts.MaxBatch)
 }
 
 // answered counts requests answered and empties the pool's cache when

@@ -74,20 +74,21 @@ type runner struct {
 	launched              time.Time // when the last step's work was queued on the device
 }
 
-// buckets are the batch sizes decoding steps are captured at: powers of
-// two up to maxSeqs, and maxSeqs.
-func buckets(maxSeqs int) []int {
+// buckets are the batch sizes a server warms up (an image classifier's
+// forward passes, a GPT's captured decoding steps): powers of two below
+// most, and most.
+func buckets(most int) []int {
 	var b []int
-	for n := 1; n < maxSeqs; n *= 2 {
+	for n := 1; n < most; n *= 2 {
 		b = append(b, n)
 	}
-	return append(b, maxSeqs)
+	return append(b, most)
 }
 
-// bucket is the captured size n decoding rows run at.
-func (r *runner) bucket(n int) int {
-	b := 1 << bits.Len(uint(max(n, 1)-1))
-	return min(b, r.e.opts.MaxSeqs)
+// bucket is the bucket a batch of n runs at: the next power of two, at
+// most most.
+func bucket(n, most int) int {
+	return min(1<<bits.Len(uint(max(n, 1)-1)), most)
 }
 
 // pack fills r.ints and r.floats with b's inputs in layout l (l.S and l.R
@@ -196,7 +197,7 @@ func (r *runner) run(w *work) (err error) {
 		for _, s := range w.dec.seqs {
 			topN = max(topN, s.req.TopLogprobs)
 		}
-		if g := r.graphs[graphKey{r.bucket(n), topN > 0}]; g != nil && n <= g.l.S {
+		if g := r.graphs[graphKey{bucket(n, r.e.opts.MaxSeqs), topN > 0}]; g != nil && n <= g.l.S {
 			r.pack(&w.dec, g.l)
 			be.Write(g.bufs.in.Buf(), int32Bytes(r.ints))
 			be.Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
