@@ -4,12 +4,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/leangrad/leangrad/fileio"
 )
 
 // CIFAR10Classes names CIFAR-10's labels.
 var CIFAR10Classes = []string{"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"}
 
 const cifarRecord = 1 + 3*32*32
+
+// cifarBatchMax is the size of a CIFAR-10 batch file: 10,000 records.
+const cifarBatchMax = 10000 * cifarRecord
 
 // ParseCIFAR decodes one CIFAR-10 binary batch: records of a label byte and
 // 3×32×32 pixel bytes (the red plane, then green, then blue).
@@ -51,7 +56,7 @@ func LoadCIFAR10(dir string) (train, test *Dataset, err error) {
 		var all *Dataset
 		for _, f := range files {
 			p := filepath.Join(dir, f)
-			data, err := os.ReadFile(p)
+			data, err := fileio.ReadFile(p, cifarBatchMax)
 			if err != nil {
 				return nil, err
 			}

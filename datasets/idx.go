@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/leangrad/leangrad/fileio"
 )
 
 // FashionMNISTClasses names Fashion-MNIST's labels.
@@ -43,9 +45,13 @@ func ParseIDX(data []byte) (dims []int, body []byte, err error) {
 	return dims, body, nil
 }
 
+// idxHeaderMax is the most bytes an IDX header takes: its magic and 255
+// dimensions.
+const idxHeaderMax = 4 + 4*255
+
 // readMaybeGzip reads a file, decompressing it when it starts with gzip's magic.
 func readMaybeGzip(path string, limit int64) ([]byte, error) {
-	raw, err := os.ReadFile(path)
+	raw, err := fileio.ReadFile(path, limit+idxHeaderMax) // its gzip or its raw bytes
 	if err != nil {
 		return nil, err
 	}

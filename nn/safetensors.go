@@ -7,7 +7,6 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"sort"
 	"syscall"
@@ -184,7 +183,7 @@ func ParseSafetensors(data []byte) (*Safetensors, error) {
 
 // ReadSafetensors reads and checks a safetensors file; errors name it.
 func ReadSafetensors(path string) (*Safetensors, error) {
-	data, err := os.ReadFile(path)
+	data, err := fileio.ReadFile(path, fileio.NoLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +200,7 @@ func ReadSafetensors(path string) (*Safetensors, error) {
 // device one at a time keeps the program's own memory near one tensor, not
 // the file: the mapped pages belong to the page cache.
 func MapSafetensors(path string) (st *Safetensors, close func() error, err error) {
-	f, err := os.Open(path)
+	f, err := fileio.Open(path)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,6 +2,7 @@ package run
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -66,7 +67,7 @@ func TestTrainGPT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpus, err := datasets.OpenBrown(datasets.Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
+	corpus, err := datasets.OpenBrown(context.Background(), datasets.Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
 			t.Fatal(err)

@@ -357,7 +357,9 @@ type Trainer struct {
 	// saves a checkpoint there (Position records how far into the epoch it
 	// got) and returns an *InterruptedError. In a data-parallel job the
 	// ranks agree at each progress update to stop there together (one
-	// all-reduce of a flag), so any rank's Stop stops them all.
+	// all-reduce of a flag), so any rank's Stop stops them all. In a single
+	// process it stops an evaluation too, between its batches: the
+	// checkpoint then resumes at the epoch's end, which evaluates again.
 	Stop <-chan struct{}
 
 	peakAllocated, peakReserved int64
@@ -534,7 +536,9 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 // independent, so the result is the same); later batches keep the size.
 //
 // In a data-parallel job every rank evaluates its share of l with rank 0's
-// batch-norm statistics (broadcast first), and the sums are the job's.
+// batch-norm statistics (broadcast first), and the sums are the job's. In
+// a single process a closed Stop ends it between batches with an error
+// that wraps ErrInterrupted.
 func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 	if t.ranks() > 1 {
 		var buffers []*tensor.Tensor
@@ -564,6 +568,11 @@ func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 		})
 		if !ok {
 			break
+		}
+		if t.ranks() == 1 && t.stopRequested() {
+			x.Release()
+			y.Release()
+			return 0, 0, fmt.Errorf("evaluation: %w", ErrInterrupted)
 		}
 		err := t.evaluateBatch(x, y)
 		x.Release()
@@ -699,6 +708,10 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 		return err
 	}
 	if err := t.evaluateEpoch(testL, &m); err != nil {
+		if errors.Is(err, ErrInterrupted) { // stopped during the evaluation: resume evaluates again
+			e.pos.Seconds = time.Since(e.t0).Seconds()
+			return t.interrupt(&e.pos, save)
+		}
 		return err
 	}
 	return t.endEpoch(m, obs, save)
@@ -912,16 +925,21 @@ func (t *Trainer) saveJob(path string, epoch int, pos *Position) error {
 	return err
 }
 
+// stopRequested says whether Stop was closed, on this rank.
+func (t *Trainer) stopRequested() bool {
+	select {
+	case <-t.Stop:
+		return t.Stop != nil
+	default:
+		return false
+	}
+}
+
 // stopping says whether Stop was closed. In a data-parallel job the
 // answer is the job's, agreed at progress updates only (an all-reduce of
 // each rank's flag): between them it is false.
 func (t *Trainer) stopping(update bool) (bool, error) {
-	mine := false
-	select {
-	case <-t.Stop:
-		mine = t.Stop != nil
-	default:
-	}
+	mine := t.stopRequested()
 	if t.group == nil || t.group.Size() == 1 {
 		return mine, nil
 	}

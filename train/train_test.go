@@ -2,6 +2,7 @@ package train
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -386,5 +387,87 @@ func testBuildModel(t *testing.T, dev *tensor.Device) {
 			t.Errorf("%s: the same seed made other parameters", tc.name)
 		}
 		nn.Release(m2)
+	}
+}
+
+// stopAtEpochEnd closes stop at the progress update of an epoch's last
+// step, so that the stop request arrives during the evaluation that
+// follows.
+type stopAtEpochEnd struct {
+	stop chan struct{}
+}
+
+func (o *stopAtEpochEnd) EpochStart(epoch, steps int) {}
+func (o *stopAtEpochEnd) EpochEnd(m EpochMetrics)     {}
+func (o *stopAtEpochEnd) Step(s StepStats) {
+	if s.Step == s.Steps {
+		select {
+		case <-o.stop:
+		default:
+			close(o.stop)
+		}
+	}
+}
+
+// TestStopDuringEvaluationResumesThere: a stop asked for while an epoch's
+// evaluation runs ends the evaluation between its batches, saves the run
+// at the epoch's end, and the resumed run evaluates again and goes on to
+// the weights and history of a run that was never stopped.
+func TestStopDuringEvaluationResumesThere(t *testing.T) {
+	dev := tensor.CPU()
+	ds := datasets.Synthetic(64, 3)
+	cfg := baseConfig("resnet8")
+	cfg.Epochs = 2
+	loader := func() *datasets.Loader {
+		return datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: 32, Shuffle: true, Seed: 4})
+	}
+	test := func() *datasets.Loader {
+		return datasets.NewLoader(datasets.Synthetic(96, 8), dev, datasets.LoaderConfig{Batch: 32})
+	}
+	path := filepath.Join(t.TempDir(), "run.ckpt")
+	fit := func(seed uint64, stop *stopAtEpochEnd, resume string) (nn.Model, *Trainer, error) {
+		dev.Generator().Seed(seed)
+		m := resnet(dev)()
+		t.Cleanup(func() { nn.Release(m) })
+		tr, _ := New(m, dev, cfg, 2)
+		t.Cleanup(tr.Release)
+		if resume != "" {
+			if _, err := tr.Resume(resume, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var obs Observer
+		if stop != nil {
+			tr.Stop, obs = stop.stop, stop
+		}
+		return m, tr, tr.Fit(loader(), test(), obs, path)
+	}
+	a, ta, err := fit(11, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = fit(11, &stopAtEpochEnd{stop: make(chan struct{})}, "")
+	var ie *InterruptedError
+	if !errors.As(err, &ie) || ie.Epoch != 0 || ie.Batch != 2 || ie.Saved != path {
+		t.Fatalf("stopped during the first evaluation: %v (%+v); want an interruption at epoch 0's end, saved", err, ie)
+	}
+	b, tb, err := fit(999, nil, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, bs := a.State(""), b.State("")
+	for i := range as {
+		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
+			t.Errorf("%s differs between the uninterrupted and the resumed run", as[i].Name)
+		}
+	}
+	if len(ta.History) != 2 || len(tb.History) != 2 {
+		t.Fatalf("histories of %d and %d epochs", len(ta.History), len(tb.History))
+	}
+	for e := range ta.History {
+		ha, hb := ta.History[e], tb.History[e]
+		if ha.TestLoss != hb.TestLoss || ha.TestAcc != hb.TestAcc || ha.TrainLoss != hb.TrainLoss {
+			t.Errorf("epoch %d: %+v vs %+v", e, ha, hb)
+		}
 	}
 }

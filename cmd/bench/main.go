@@ -662,7 +662,7 @@ func runPyTorch(o options, cpu bool, specs []spec, stderr io.Writer) (string, []
 func merge(o options, stdout io.Writer) error {
 	var rep *benchmarks.Report
 	for _, path := range strings.Split(o.merge, ",") {
-		data, err := os.ReadFile(path)
+		data, err := fileio.ReadFile(path, 1<<30)
 		if err != nil {
 			return fmt.Errorf("-merge: %w", err)
 		}

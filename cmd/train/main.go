@@ -29,6 +29,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -444,8 +445,8 @@ func command(args []string, stdout, stderr io.Writer) int {
 	var setup *run.SetupError
 	switch {
 	case errors.Is(err, train.ErrInterrupted):
-		if o.save != "" {
-			fmt.Fprintf(stderr, "train: -resume %s goes on from there\n", o.save)
+		if ie := (*train.InterruptedError)(nil); errors.As(err, &ie) && ie.Saved != "" {
+			fmt.Fprintf(stderr, "train: -resume %s goes on from there\n", ie.Saved)
 		}
 		return cmdenv.ExitSignal(interrupts.Signal())
 	case errors.Is(err, train.ErrDiverged):
@@ -485,7 +486,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	}
 	var job run.Job
 	if o.text {
-		job, err = textJob(o, dev, stdout)
+		job, err = textJob(o, dev, stdout, stop)
 	} else {
 		job, err = imageJob(o, dev, stdout)
 	}
@@ -583,8 +584,8 @@ func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error)
 }
 
 // textJob is a language model's run: its recipe with the flags given, and
-// its corpus opened (tokenized, the first time).
-func textJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) {
+// its corpus opened (tokenized, the first time, until stop closes).
+func textJob(o *options, dev *tensor.Device, stdout io.Writer, stop <-chan struct{}) (run.Job, error) {
 	model := modelName(o)
 	if dev.Name() == "cpu" {
 		var why string
@@ -603,11 +604,16 @@ func textJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error) 
 	if err != nil {
 		return run.Job{}, fmt.Errorf("-tokenizer: %w", err)
 	}
+	ctx, cancel := cmdenv.StopContext(stop)
+	defer cancel()
 	var c *datasets.Corpus
 	if o.data != "" {
-		c, err = datasets.OpenCorpus(o.data, tok)
+		c, err = datasets.OpenCorpus(ctx, o.data, tok)
 	} else {
-		c, err = datasets.OpenBrown(datasets.Source{Roots: cmdenv.DataRoots()}, tok)
+		c, err = datasets.OpenBrown(ctx, datasets.Source{Roots: cmdenv.DataRoots()}, tok)
+	}
+	if errors.Is(err, context.Canceled) {
+		return run.Job{}, fmt.Errorf("%w while reading the text, before any training", train.ErrInterrupted)
 	}
 	if err != nil {
 		return run.Job{}, fmt.Errorf("-data: %w", err)

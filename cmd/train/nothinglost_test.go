@@ -317,3 +317,76 @@ func TestSmallerCases(t *testing.T) {
 		}
 	}
 }
+
+// TestInputsThatAreNotFiles: a text that is a FIFO without a writer, or a
+// link to /dev/zero, is refused at once with one line that says what it
+// is, and the JSON report says why.
+func TestInputsThatAreNotFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo, zero := filepath.Join(dir, "fifo"), filepath.Join(dir, "zero")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Skip("no FIFOs here:", err)
+	}
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{fifo, "train: -data: text " + fifo + ": a FIFO, not a regular file"},
+		{zero, "train: -data: text " + zero + ": a device, not a regular file"},
+	} {
+		js := filepath.Join(dir, "r.json")
+		code, _, stderr := runBinary(t, "-model", "gpt-mini", "-device", "cpu", "-data", c.path, "-json", js)
+		if code != cmdenv.ExitNothingRan || strings.TrimSpace(stderr) != c.want {
+			t.Errorf("-data %s: exit %d\n%s\nwant %q", c.path, code, stderr, c.want)
+		}
+		var r run.Report
+		if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || !strings.Contains(r.Error, "not a regular file") {
+			t.Errorf("-json after -data %s: %v %s", c.path, err, data)
+		}
+	}
+}
+
+// TestSIGINTWhileReadingTheText: a signal while the text is tokenized stops
+// the run there (it does not wait for the tokens), with one line, the
+// signal's exit status, no promise of a -resume file that was never
+// written, and the JSON report.
+func TestSIGINTWhileReadingTheText(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text.txt")
+	line := []byte("The jury further said in term-end presentments that the City Executive Committee deserves praise.\n")
+	if err := os.WriteFile(text, bytes.Repeat(line, 400_000), 0o644); err != nil { // 40 MB: a minute of GPT-2 tokenizing
+		t.Fatal(err)
+	}
+	js, save := filepath.Join(dir, "r.json"), filepath.Join(dir, "s.ckpt")
+	cmd := trainCmd("-model", "gpt-mini", "-device", "cpu", "-tokenizer", "gpt2", "-data", text, "-json", js, "-save", save)
+	out, _ := cmd.StdoutPipe()
+	var e bytes.Buffer
+	cmd.Stderr = &e
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "device: ") { // the device is open: the text is read next
+			cmd.Process.Signal(os.Interrupt)
+			break
+		}
+	}
+	for sc.Scan() {
+	}
+	err := cmd.Wait()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	if code != 130 || !strings.Contains(e.String(), "train: training interrupted while reading the text, before any training") || strings.Contains(e.String(), "-resume") {
+		t.Fatalf("SIGINT while tokenizing: exit %d\n%s", code, e.String())
+	}
+	if _, err := os.Stat(save); err == nil {
+		t.Errorf("%s written by a run that never trained", save)
+	}
+	var r run.Report
+	if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || !strings.Contains(r.Error, "interrupted") {
+		t.Errorf("-json after SIGINT: %v %s", err, data)
+	}
+}

@@ -193,7 +193,7 @@ func compileCached(arch, dir string) (cubin []byte, target string, fromCache boo
 	src := Source()
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00nvrtc %d.%d", src, target, n.major, n.minor)))
 	path := filepath.Join(cacheDir(dir), hex.EncodeToString(sum[:16])+"-"+target+".cubin")
-	if data, err := os.ReadFile(path); err == nil && len(data) > 0 {
+	if data, err := fileio.ReadFile(path, 256<<20); err == nil && len(data) > 0 {
 		return data, target, true, nil
 	}
 	cubin, err = Compile(src, target)

@@ -21,6 +21,7 @@
 package cmdenv
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -193,6 +194,20 @@ func CatchInterrupts(name string, w io.Writer) *Interrupts {
 		}
 	}()
 	return in
+}
+
+// StopContext is a context that ends when stop is closed (a nil stop never
+// closes), for work that takes a context; cancel releases it.
+func StopContext(stop <-chan struct{}) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Signal is the first signal caught, or nil.
