@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -763,5 +764,26 @@ func TestBudgetParsesSizesAndFractionsWithoutWrapping(t *testing.T) {
 	}
 	if got := (Budget{Fraction: 0.25}).Of(8 << 30); got != 2<<30 {
 		t.Errorf("a quarter of 8 GiB: %d", got)
+	}
+}
+
+func TestProduct(t *testing.T) {
+	for _, c := range []struct {
+		xs   []int
+		want int
+		ok   bool
+	}{
+		{nil, 1, true},
+		{[]int{3, 4}, 12, true},
+		{[]int{1 << 40, 1 << 40}, 0, false},
+		{[]int{1<<62 + 1, 4}, 0, false},
+		{[]int{1 << 40, 1 << 40, 0}, 0, true},
+		{[]int{math.MaxInt, 1}, math.MaxInt, true},
+		{[]int{math.MaxInt/2 + 1, 2}, 0, false},
+		{[]int{3, -1}, 0, false},
+	} {
+		if got, ok := Product(c.xs...); got != c.want || ok != c.ok {
+			t.Errorf("Product(%v) = %d, %v; want %d, %v", c.xs, got, ok, c.want, c.ok)
+		}
 	}
 }

@@ -37,6 +37,29 @@ func (n Bytes) String() string {
 // MiB is n in mebibytes.
 func (n Bytes) MiB() float64 { return float64(n) / (1 << 20) }
 
+// Product is the product of counts (a shape's dimensions, elements times
+// their size, windows times their length), or false when one is negative
+// or the product does not fit an int: the one place where sizes are
+// multiplied, so that none wraps.
+func Product(xs ...int) (int, bool) {
+	n := 1
+	for _, x := range xs {
+		if x < 0 {
+			return 0, false
+		}
+		if x != 0 && n > math.MaxInt/x {
+			for _, y := range xs { // a zero makes any product fit
+				if y == 0 {
+					return 0, true
+				}
+			}
+			return 0, false
+		}
+		n *= x
+	}
+	return n, true
+}
+
 // Budget is an amount of memory given as a size ("200MiB", "1.5GiB",
 // "500MB", or plain bytes, at least 1 MiB) or as a fraction of a device's
 // memory in (0, 1] ("0.5"). It is a flag.Value: Set refuses anything else,

@@ -95,13 +95,17 @@ func (s *storage) release() {
 	}
 }
 
+// numel is shape's element count; it panics naming a shape with a
+// negative dimension or more elements than an int holds.
 func numel(shape []int) int {
-	n := 1
 	for _, d := range shape {
 		if d < 0 {
 			panic(fmt.Sprintf("tensor: negative dimension in shape %v", shape))
 		}
-		n *= d
+	}
+	n, ok := memory.Product(shape...)
+	if !ok {
+		panic(fmt.Sprintf("tensor: shape %v has more elements than an int holds", shape))
 	}
 	return n
 }
@@ -110,7 +114,11 @@ func numel(shape []int) int {
 func newTensor(dev *Device, dtype DType, shape []int) (*Tensor, error) {
 	drainLeaked()
 	n := numel(shape)
-	block, err := dev.Allocator().Alloc(int64(n)*int64(dtype.Size()), dev.Backend().Stream())
+	bytes, ok := memory.Product(n, dtype.Size())
+	if !ok {
+		return nil, fmt.Errorf("tensor: a %v tensor of shape %v is more bytes than a 64-bit count holds: %w", dtype, shape, memory.ErrOutOfMemory)
+	}
+	block, err := dev.Allocator().Alloc(int64(bytes), dev.Backend().Stream())
 	if err != nil {
 		return nil, err
 	}
@@ -194,8 +202,8 @@ func FromInt32(dev *Device, data []int32, shape ...int) *Tensor {
 // FromBytes returns a tensor of dtype whose memory is a copy of raw
 // (little-endian elements, as the device stores them).
 func FromBytes(dev *Device, dtype DType, raw []byte, shape ...int) *Tensor {
-	if n := numel(shape); n*dtype.Size() != len(raw) {
-		panic(fmt.Sprintf("tensor: %d bytes for %v shape %v (%d bytes)", len(raw), dtype, shape, n*dtype.Size()))
+	if n, ok := memory.Product(numel(shape), dtype.Size()); !ok || n != len(raw) {
+		panic(fmt.Sprintf("tensor: %d bytes for %v shape %v (%d elements of %d bytes)", len(raw), dtype, shape, numel(shape), dtype.Size()))
 	}
 	dev.mustExchange("FromBytes")
 	t := Empty(dev, dtype, shape...)

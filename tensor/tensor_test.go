@@ -386,3 +386,41 @@ func TestCatch(t *testing.T) {
 	}
 	mustPanic(t, "negative dimension", func() { Catch(func() { Zeros(d, F32, -1) }) })
 }
+
+// TestSizesThatOverflow: a shape whose elements do not fit an int panics
+// naming it, before any memory is asked for; one whose bytes do not fit
+// an int64 is the pool's out-of-memory error, which Catch returns; no
+// tensor of a wrapped size is ever made.
+func TestSizesThatOverflow(t *testing.T) {
+	dev := newTestDevice()
+	for _, c := range []struct {
+		name  string
+		make  func()
+		panic string // a programmer error's message, or "" for an error
+	}{
+		{"elements past an int", func() { Zeros(dev, F32, 1<<40, 1<<40) }, "tensor: shape [1099511627776 1099511627776] has more elements than an int holds"},
+		{"elements past an int, then a sum", func() { Ones(dev, F32, 1<<62+1, 4) }, "tensor: shape [4611686018427387905 4] has more elements than an int holds"},
+		{"a negative dimension", func() { Zeros(dev, F32, -1, 4) }, "tensor: negative dimension in shape [-1 4]"},
+		{"bytes past an int64", func() { Zeros(dev, F32, 1<<61) }, ""},
+		{"raw bytes past an int", func() { FromBytes(dev, F32, make([]byte, 16), 1<<62) }, "tensor: 16 bytes for f32 shape [4611686018427387904] (4611686018427387904 elements of 4 bytes)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := dev.Allocator().Stats().Allocations[memory.All].Allocated
+			var got any
+			err := func() (err error) {
+				defer func() { got = recover() }()
+				return Catch(c.make)
+			}()
+			if c.panic != "" {
+				if got != c.panic {
+					t.Errorf("panic %v, want %q", got, c.panic)
+				}
+			} else if got != nil || !errors.Is(err, memory.ErrOutOfMemory) || !strings.Contains(err.Error(), "more bytes than a 64-bit count holds") {
+				t.Errorf("panic %v, error %v: want an out-of-memory error naming the size", got, err)
+			}
+			if after := dev.Allocator().Stats().Allocations[memory.All].Allocated; after != before {
+				t.Errorf("%d allocations asked for", after-before)
+			}
+		})
+	}
+}
