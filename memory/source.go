@@ -3,8 +3,9 @@ package memory
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"runtime/metrics"
 	"sync"
-	"syscall"
 	"unsafe"
 )
 
@@ -47,18 +48,23 @@ type HeapSource struct {
 	total int64
 }
 
-// NewHeapSource returns a Source of Go heap slabs whose total is the machine's
-// physical memory.
+// NewHeapSource returns a Source of Go heap slabs whose total is
+// HostMemory: the machine's physical memory, or its control group's limit.
 func NewHeapSource() *HeapSource {
-	var info syscall.Sysinfo_t
-	total := int64(1) << 40
-	if syscall.Sysinfo(&info) == nil {
-		total = int64(info.Totalram) * int64(info.Unit)
-	}
-	return &HeapSource{total: total}
+	return &HeapSource{total: HostMemory()}
 }
 
-// Alloc returns a zeroed Go heap slab of size bytes.
+// HeapShare is the share of HostMemory that the process's Go heap may
+// reach with a new segment: the rest is for the runtime, the program and
+// the kernel's accounting of it, so that a container's limit is met by the
+// pool's error rather than the kernel's kill.
+const HeapShare = 0.9
+
+// Alloc returns a zeroed Go heap slab of size bytes. It fails with
+// ErrOutOfMemory when the segments would pass the source's total, or when
+// the Go heap as a whole (the segments and everything else the program
+// holds: datasets, host buffers) would pass HeapShare of it even after a
+// garbage collection.
 func (h *HeapSource) Alloc(size int64) (Segment, error) {
 	if size <= 0 {
 		return Segment{}, fmt.Errorf("memory: heap segment of %d bytes", size)
@@ -68,10 +74,26 @@ func (h *HeapSource) Alloc(size int64) (Segment, error) {
 		h.mu.Unlock()
 		return Segment{}, fmt.Errorf("heap: %d bytes requested, %d of %d in use: %w", size, h.used, h.total, ErrOutOfMemory)
 	}
+	heap := int64(float64(h.total) * HeapShare)
+	if goHeap()+size > heap {
+		runtime.GC() // the segments freed since the last collection
+		if g := goHeap(); g+size > heap {
+			h.mu.Unlock()
+			return Segment{}, fmt.Errorf("heap: %d bytes requested, %d in the pool and %d elsewhere in the process, of the %d it may hold (%.0f%% of %d): %w",
+				size, h.used, max(g-h.used, 0), heap, 100*HeapShare, h.total, ErrOutOfMemory)
+		}
+	}
 	h.used += size
 	h.mu.Unlock()
 	buf := make([]byte, size)
 	return Segment{Addr: uintptr(unsafe.Pointer(&buf[0])), Size: size, Host: buf}, nil
+}
+
+// goHeap is the bytes of the Go heap's objects, live or not yet swept.
+func goHeap() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
 }
 
 // Free forgets the slab; the garbage collector reclaims it.

@@ -314,6 +314,21 @@ func (r *runner) build() nn.Model {
 	return m
 }
 
+// hostFits checks, before they are made, that n examples of per bytes each
+// (a batch's host buffers, outside the pool) fit the host memory the Go
+// heap may hold (memory.HostMemory, memory.HeapShare); what names them.
+func hostFits(n, per int, what string) error {
+	host := int64(float64(memory.HostMemory()) * memory.HeapShare)
+	if b, ok := memory.Product(n, per); !ok || int64(b) > host {
+		size := "more bytes than an int holds"
+		if ok {
+			size = memory.Bytes(b).String()
+		}
+		return fmt.Errorf("%s: its host buffers alone take %s, more than the %s this process may hold on this machine", what, size, memory.Bytes(host))
+	}
+	return nil
+}
+
 // loaders makes the training loader (shuffled, augmented where the model
 // suits it, sharded across the job's ranks) and the test loader; for a
 // language model, the loaders of random training windows and of the
@@ -368,6 +383,9 @@ func (r *runner) textLoaders() error {
 		return fmt.Errorf("batch %d of context %d: want positive sizes", cfg.Batch, T)
 	case len(c.Val) < T+1:
 		return fmt.Errorf("corpus %s: %d validation tokens, fewer than one window of the context %d and its next token", c.Name, len(c.Val), T)
+	}
+	if err := hostFits(cfg.Batch, T*2*4, fmt.Sprintf("batch %d of %d-token windows", cfg.Batch, T)); err != nil { // the windows and their targets, int32s
+		return err
 	}
 	r.input, r.classes = []int{T}, c.Tokenizer.Vocab()
 	cfg.Examples = len(c.Train)

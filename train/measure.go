@@ -373,10 +373,19 @@ func BudgetVariants(resnet bool, amp AMP, keep func(Variant) bool) []Variant {
 // with micro-batches of half the batch, a quarter, ... down to one example,
 // and chooses the first that fits. It returns an error wrapping
 // memory.ErrOutOfMemory when nothing fits. Each measurement is written to w
-// as it is taken.
+// as it is taken. The pool is capped at the budget while they run: a
+// candidate that needs more stops there, out of memory, and the process
+// never holds more than the budget in its pool.
 func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
 	limit := int64(float64(budget) * (1 - BudgetHeadroom))
+	a := dev.Allocator()
+	old := a.Limit()
+	a.EmptyCache()
+	if err := a.SetLimit(budget); err != nil { // a candidate that does not fit stops at the budget: the process never holds more
+		return c, err
+	}
+	defer a.SetLimit(old)
 	try := func(v Variant) (bool, error) {
 		m, err := MeasureStep(dev, build, cfg, v, x, y, plan)
 		if errors.Is(err, memory.ErrOutOfMemory) {
@@ -387,7 +396,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		}
 		c.Measured = append(c.Measured, m)
 		fits := !m.OutOfMemory && m.Need() <= limit
-		need := "out of memory"
+		need := "over the budget"
 		if !m.OutOfMemory {
 			need = memory.Bytes(m.Need()).String()
 		}

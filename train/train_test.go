@@ -471,3 +471,42 @@ func TestStopDuringEvaluationResumesThere(t *testing.T) {
 		}
 	}
 }
+
+// TestFitBudgetHoldsNoMoreThanTheBudget: while FitBudget measures
+// candidates that do not fit, the pool never reserves more than the
+// budget (they stop there, out of memory), it chooses one that fits, and
+// the pool's cap is what it was before.
+func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	build := func() nn.Model {
+		r, _ := nn.NewCIFARResNet(dev, 20, 1, 10)
+		return r
+	}
+	cfg := baseConfig("resnet20")
+	dev.WithScope(func() {
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 16, 1, 28, 28)
+		y := tensor.FromInt32(dev, make([]int32, 16), 16)
+		fp32, err := MeasureStep(dev, build, cfg, Variants(nn.CheckpointBlocks, AMPF16)[0], x, y, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := dev.Allocator()
+		a.EmptyCache()
+		a.ResetPeak()
+		budget := fp32.Need() * 3 / 4 // fp32 does not fit; the leaner variants do
+		var out strings.Builder
+		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		if peak := a.Stats().Reserved[memory.All].Peak; peak > budget {
+			t.Errorf("the pool reserved %v while fitting into %v", memory.Bytes(peak), memory.Bytes(budget))
+		}
+		if !c.Measured[0].OutOfMemory || c.Chosen.Name == "fp32" || !strings.Contains(out.String(), "over the budget") {
+			t.Errorf("fp32 (%v) in a budget of %v: chose %s\n%s", memory.Bytes(fp32.Need()), memory.Bytes(budget), c.Chosen.Name, out.String())
+		}
+		if a.Limit() != 0 {
+			t.Errorf("the pool is left capped at %d", a.Limit())
+		}
+	})
+}

@@ -273,6 +273,10 @@ func TestSmallerCases(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "r.json")
 	ck := filepath.Join(dir, "run.ckpt")
+	text := filepath.Join(dir, "text.txt")
+	if err := os.WriteFile(text, bytes.Repeat([]byte("The jury further said in term-end presentments.\n"), 200), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if code, _, stderr := runCLI(slices.Concat(smallRun, []string{"-epochs", "1", "-save", ck})...); code != 0 {
 		t.Fatalf("the first run: %d\n%s", code, stderr)
 	}
@@ -284,6 +288,8 @@ func TestSmallerCases(t *testing.T) {
 	}{
 		{"a batch larger than the dataset", []string{"-model", "mlp", "-dataset", "synthetic", "-device", "cpu", "-batch", "1000000", "-limit", "64", "-max-memory", "1GiB", "-json", js},
 			cmdenv.ExitNothingRan, "batch 1000000: more than the 64 training images"},
+		{"a GPT batch past the host's memory", []string{"-model", "gpt-mini", "-device", "cpu", "-tokenizer", "bytes", "-data", text, "-batch", "2000000000", "-json", js},
+			cmdenv.ExitNothingRan, "train: batch 2000000000 of 64-token windows: its host buffers alone take 953.67 GiB, more than the "},
 		{"-download beside -data", []string{"-download", "-data", dir}, cmdenv.ExitUsage, "-download fetches into the user cache folder, and -data " + dir},
 		{"-max-memory without a unit", []string{"-max-memory", "1.5"}, cmdenv.ExitUsage, "want 1.5GiB or 1.5MiB"},
 		{"resuming a finished run", slices.Concat(smallRun, []string{"-epochs", "1", "-resume", ck, "-json", js}),

@@ -35,6 +35,7 @@ import (
 	"syscall"
 
 	"github.com/leangrad/leangrad/dist"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -145,8 +146,15 @@ func SignalName(s os.Signal) string {
 
 // Main runs a command's body and returns its exit status; a panic on the
 // command's goroutine (a bug) becomes one line and ExitInternal instead of
-// a stack trace, which LEANGRAD_DEBUG=1 prints as well.
+// a stack trace, which LEANGRAD_DEBUG=1 prints as well. Unless GOMEMLIMIT
+// says otherwise, the Go runtime's memory limit is the host's memory
+// (memory.HostMemory, a container's limit where one is set): the CPU
+// pool's segments that were given back are collected before the process
+// grows past it.
 func Main(name string, body func() int) (code int) {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(memory.HostMemory() / 100 * 95)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(os.Stderr, "%s: internal error: %v\n(a bug in leangrad: please report it with the command line; LEANGRAD_DEBUG=1 prints where it happened)\n", name, r)
