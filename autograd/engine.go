@@ -855,10 +855,12 @@ func addInPlace(acc, g *T) *T {
 	return acc
 }
 
-// accumulate adds g into leaf's gradient, taking g's reference. If it
-// panics (out of memory), it has not released g: it releases g only after
-// its last allocation.
+// accumulate adds g into leaf's gradient, taking g's reference, under the
+// leaf's gradient lock (sessions may backward into one parameter at once).
+// If it panics (out of memory), it has not released g: it releases g only
+// after its last allocation.
 func accumulate(leaf, g *T) {
+	defer leaf.LockGrad()()
 	if leaf.Released() {
 		g.Release()
 		return

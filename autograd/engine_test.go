@@ -1332,3 +1332,46 @@ func activationBytes(amp tensor.DType, n int64) int64 {
 	}
 	return memory.RoundSize(4 * n)
 }
+
+// TestSessionsBackwardIntoOneParameter: sessions whose backward passes
+// add into one parameter at once lose nothing: the gradient is the sum of
+// every pass's (whole numbers, so the order of the additions does not
+// change it).
+func TestSessionsBackwardIntoOneParameter(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	const n, goroutines, passes = 4096, 4, 50
+	w := tensor.Ones(dev, tensor.F32, n).Keep().SetRequiresGrad(true)
+	defer w.Release()
+	start := make(chan struct{})
+	done := make(chan struct{})
+	for g := 0; g < goroutines; g++ {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			s := dev.Session()
+			<-start
+			for p := 0; p < passes; p++ {
+				s.WithScope(func() {
+					x := tensor.Full(s, tensor.F32, float32(g+1), n) // d(sum(w*x))/dw = x
+					ag.Backward(ag.SumAll(ag.Mul(w, x)))
+				})
+			}
+		}()
+	}
+	close(start)
+	for g := 0; g < goroutines; g++ {
+		<-done
+	}
+	want := float32(0)
+	for g := 0; g < goroutines; g++ {
+		want += float32(passes * (g + 1))
+	}
+	wrong := 0
+	for _, v := range w.Grad().Float32s() {
+		if v != want {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("%d of %d elements of the gradient are not %v", wrong, n, want)
+	}
+}

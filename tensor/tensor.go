@@ -26,6 +26,7 @@ package tensor
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -75,11 +76,12 @@ type Tensor struct {
 // catches leaks holds the handle, never the Tensor, so the Tensor can become
 // unreachable.
 type handle struct {
-	refs atomic.Int32
-	st   *storage
-	node GradNode
-	grad *Tensor
-	info *liveInfo // debug mode only
+	refs   atomic.Int32
+	st     *storage
+	node   GradNode
+	grad   *Tensor
+	gradMu sync.Mutex // LockGrad's
+	info   *liveInfo  // debug mode only
 }
 
 type storage struct {
@@ -515,6 +517,15 @@ func (t *Tensor) SetGrad(g *Tensor) {
 	if old != nil {
 		old.Release()
 	}
+}
+
+// LockGrad locks t's gradient for one accumulation into it and returns
+// the unlock: the backward passes of two sessions into one parameter add
+// their gradients one after the other (on the device's one stream, in the
+// order they took the lock), and neither is lost.
+func (t *Tensor) LockGrad() (unlock func()) {
+	t.h.gradMu.Lock()
+	return t.h.gradMu.Unlock
 }
 
 // ZeroGrad releases t's gradient, returning its memory to the pool.
