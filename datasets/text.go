@@ -131,9 +131,9 @@ const ValFraction = 0.1
 
 // OpenCorpus tokenizes the text at path (a file, or a folder of files: the
 // Brown corpus's tagged files are read as the words they tag) with tok, or
-// reads the token file that an earlier call left beside it
-// (<path>.<tokenizer>.tokens; when that folder cannot be written, in the
-// user cache dir). A mistyped path, an empty folder, a file that is not
+// reads the token file that an earlier call left in the user cache dir
+// (TokenFiles), checked against the text's hash and its own checksum. A
+// text with too few tokens leaves no token file. A mistyped path, an empty folder, a file that is not
 // text, or a token file of another tokenizer or another text is one clear
 // error, and so is what is neither a regular file nor a folder (a device,
 // a FIFO). Tokenizing stops within a fraction of a second of ctx's end,
@@ -185,7 +185,7 @@ func OpenCorpus(ctx context.Context, path string, tok Tokenizer) (*Corpus, error
 	var tokens []int32
 	c.Cache, tokens, err = cachedTokens(path, tok, sum, textBytes(texts))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("text %s: %w", path, err)
 	}
 	if tokens == nil {
 		brown := isBrown(files)
@@ -197,12 +197,12 @@ func OpenCorpus(ctx context.Context, path string, tok Tokenizer) (*Corpus, error
 				return nil, fmt.Errorf("text %s: tokenizing: %w", path, err)
 			}
 		}
+		if len(tokens) < 20 { // refused before a token file is written
+			return nil, fmt.Errorf("text %s: %d tokens: too few to train on", path, len(tokens))
+		}
 		if c.Cache, err = writeTokens(path, tok, sum, tokens); err != nil {
 			return nil, err
 		}
-	}
-	if len(tokens) < 20 {
-		return nil, fmt.Errorf("text %s: %d tokens: too few to train on", path, len(tokens))
 	}
 	split := len(tokens) - max(1, int(float64(len(tokens))*ValFraction))
 	c.Train, c.Val = tokens[:split], tokens[split:]
@@ -361,25 +361,25 @@ func untag(s string) string {
 }
 
 // The token file: "leangrad-tokens\x00", a version, the tokenizer's name
-// (16 bytes) and vocabulary, the hash of the text, the number of tokens,
-// then the tokens as little-endian uint32s.
+// (16 bytes) and vocabulary, the SHA-256 of the text, the number of
+// tokens, the SHA-256 of the tokens' bytes, then the tokens as
+// little-endian uint32s.
 const (
 	tokenMagic   = "leangrad-tokens\x00"
-	tokenVersion = 1
-	tokenHeader  = 16 + 4 + 16 + 4 + 32 + 8
+	tokenVersion = 2
+	tokenHeader  = 16 + 4 + 16 + 4 + 32 + 8 + 32
 )
 
-// tokenPaths are where the token file of path may be: beside it, then in
-// the user cache dir (under a hash of the absolute path).
+// tokenPaths are where the token file of path is kept: in the user cache
+// dir, under a hash of the absolute path (the user's folders get nothing
+// of leangrad's), or beside it where there is no cache dir.
 func tokenPaths(path string, tok Tokenizer) []string {
-	beside := strings.TrimRight(path, string(filepath.Separator)) + "." + tok.Name() + ".tokens"
-	paths := []string{beside}
 	if c, err := os.UserCacheDir(); err == nil {
 		abs, _ := filepath.Abs(path)
 		h := sha256.Sum256([]byte(abs))
-		paths = append(paths, filepath.Join(c, "leangrad", "tokens", fmt.Sprintf("%x.%s.tokens", h[:8], tok.Name())))
+		return []string{filepath.Join(c, "leangrad", "tokens", fmt.Sprintf("%x-%s.%s.tokens", h[:8], filepath.Base(abs), tok.Name()))}
 	}
-	return paths
+	return []string{strings.TrimRight(path, string(filepath.Separator)) + "." + tok.Name() + ".tokens"}
 }
 
 // textBytes is the bytes of the texts: at least as many as their tokens.
@@ -407,18 +407,21 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []
 		if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
 			return "", nil, fmt.Errorf("token file %s: not a leangrad token file (remove it to tokenize again)", p)
 		}
+		if binary.LittleEndian.Uint32(data[16:20]) != tokenVersion || !bytes.Equal(data[40:72], sum[:]) {
+			continue // another version's, or the text changed since: tokenize again
+		}
 		name := strings.TrimRight(string(data[20:36]), "\x00")
 		vocab := int(binary.LittleEndian.Uint32(data[36:40]))
-		if v := binary.LittleEndian.Uint32(data[16:20]); v != tokenVersion || name != tok.Name() || vocab != tok.Vocab() {
-			return "", nil, fmt.Errorf("token file %s: version %d, tokenizer %q of %d tokens; this run tokenizes with %q of %d (remove it to tokenize again)",
-				p, v, name, vocab, tok.Name(), tok.Vocab())
-		}
-		if !bytes.Equal(data[40:72], sum[:]) {
-			continue // the text changed since: tokenize again
+		if name != tok.Name() || vocab != tok.Vocab() {
+			return "", nil, fmt.Errorf("token file %s: tokenizer %q of %d tokens; this run tokenizes with %q of %d (remove it to tokenize again)",
+				p, name, vocab, tok.Name(), tok.Vocab())
 		}
 		n := binary.LittleEndian.Uint64(data[72:80])
 		if uint64(len(data)-tokenHeader) != 4*n {
 			return "", nil, fmt.Errorf("token file %s: %d bytes of tokens, its header says %d tokens (a truncated file? remove it)", p, len(data)-tokenHeader, n)
+		}
+		if got := sha256.Sum256(data[tokenHeader:]); !bytes.Equal(got[:], data[80:112]) {
+			return "", nil, fmt.Errorf("token file %s: its tokens do not match their checksum (changed or damaged: remove it to tokenize again)", p)
 		}
 		tokens := make([]int32, n)
 		for i := range tokens {
@@ -433,8 +436,7 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []
 	return "", nil, nil
 }
 
-// writeTokens writes the token file beside path, or in the user cache dir
-// when that folder cannot be written, and returns where.
+// writeTokens writes the token file of path (tokenPaths) and returns where.
 func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (string, error) {
 	data := make([]byte, tokenHeader+4*len(tokens))
 	copy(data, tokenMagic)
@@ -446,6 +448,8 @@ func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (stri
 	for i, v := range tokens {
 		binary.LittleEndian.PutUint32(data[tokenHeader+4*i:], uint32(v))
 	}
+	check := sha256.Sum256(data[tokenHeader:])
+	copy(data[80:112], check[:])
 	var errs []error
 	for _, p := range tokenPaths(path, tok) {
 		err := fileio.WriteFile(p, data)

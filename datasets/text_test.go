@@ -2,6 +2,7 @@ package datasets
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -72,6 +73,7 @@ func writeText(t *testing.T, files map[string]string) string {
 }
 
 func TestOpenCorpusErrors(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
 	bytesTok, _ := NewTokenizer(ByteTokens)
 	gpt2, _ := NewTokenizer(GPT2Tokens)
 	long := strings.Repeat("words of a text to train on. ", 10)
@@ -80,16 +82,18 @@ func TestOpenCorpusErrors(t *testing.T) {
 	if _, err := OpenCorpus(context.Background(), mismatch, bytesTok); err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(mismatch + ".bytes.tokens")
+	tokenFile := func(path string, tok Tokenizer) string { return TokenFiles(path, tok)[0] }
+	data, err := os.ReadFile(tokenFile(mismatch, bytesTok))
 	if err != nil {
-		t.Fatalf("no token file beside the folder: %v", err)
+		t.Fatalf("no token file: %v", err)
 	}
-	os.WriteFile(mismatch+".gpt2.tokens", data, 0o644)
+	os.WriteFile(tokenFile(mismatch, gpt2), data, 0o644)
 	truncated := writeText(t, map[string]string{"a.txt": long})
 	OpenCorpus(context.Background(), truncated, bytesTok)
-	os.Truncate(truncated+".bytes.tokens", 100)
+	os.Truncate(tokenFile(truncated, bytesTok), tokenHeader+100)
 	junk := writeText(t, map[string]string{"a.txt": long})
-	os.WriteFile(junk+".bytes.tokens", []byte("not a token file at all, but long enough to have a header of eighty bytes in it......"), 0o644)
+	os.WriteFile(tokenFile(junk, bytesTok), []byte("not a token file at all, but long enough to have a header of eighty bytes in it......"), 0o644)
+	short := writeText(t, map[string]string{"a.txt": "hi"})
 
 	for _, tc := range []struct {
 		name, path string
@@ -100,7 +104,7 @@ func TestOpenCorpusErrors(t *testing.T) {
 		{"empty folder", t.TempDir(), bytesTok, "without text files"},
 		{"binary junk", writeText(t, map[string]string{"a.txt": long, "b.bin": "\x7fELF\x00\x01\x02"}), bytesTok, "b.bin: not UTF-8 text"},
 		{"invalid UTF-8", writeText(t, map[string]string{"a.txt": "caf\xe9 " + long}), bytesTok, "a.txt: not UTF-8 text"},
-		{"too short", writeText(t, map[string]string{"a.txt": "hi"}), bytesTok, "too few to train on"},
+		{"too short", short, bytesTok, "too few to train on"},
 		{"another tokenizer's token file", mismatch, gpt2, `tokenizer "bytes" of 256 tokens; this run tokenizes with "gpt2"`},
 		{"truncated token file", truncated, bytesTok, "truncated"},
 		{"not a token file", junk, bytesTok, "not a leangrad token file"},
@@ -115,9 +119,14 @@ func TestOpenCorpusErrors(t *testing.T) {
 			}
 		})
 	}
+	if _, err := os.Stat(tokenFile(short, bytesTok)); err == nil {
+		t.Errorf("a text refused as too short left a token file")
+	}
 }
 
 func TestOpenCorpusCachesTokens(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
 	tok, _ := NewTokenizer(GPT2Tokens)
 	dir := writeText(t, map[string]string{
 		"b.txt":          strings.Repeat("The second file, read second. ", 20),
@@ -130,8 +139,11 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Cache != dir+".gpt2.tokens" {
-		t.Errorf("token file at %s, want beside the folder", c.Cache)
+	if !strings.HasPrefix(c.Cache, filepath.Join(cache, "leangrad", "tokens")+string(filepath.Separator)) || !strings.HasSuffix(c.Cache, "-"+filepath.Base(dir)+".gpt2.tokens") {
+		t.Errorf("token file at %s, want in the user cache dir %s, named after the folder", c.Cache, cache)
+	}
+	if _, err := os.Stat(dir + ".gpt2.tokens"); err == nil {
+		t.Errorf("a token file beside the folder")
 	}
 	all := append(slices.Clone(c.Train), c.Val...)
 	text := tok.Decode(all)
@@ -146,12 +158,23 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 	if err != nil || !slices.Equal(again.Train, c.Train) || !slices.Equal(again.Val, c.Val) {
 		t.Fatalf("reopened from %s: %v, tokens equal: %v", again.Cache, err, err == nil && slices.Equal(again.Train, c.Train))
 	}
-	// The token file is what the second open read: a token changed in it shows.
+	// The token file is what the second open read, checked: a token
+	// changed in it is refused, naming the file.
 	data, _ := os.ReadFile(c.Cache)
 	data[tokenHeader] ^= 1
 	os.WriteFile(c.Cache, data, 0o644)
-	if again, _ = OpenCorpus(context.Background(), dir, tok); again.Train[0] == c.Train[0] {
-		t.Errorf("the second open tokenized again instead of reading %s", c.Cache)
+	if _, err = OpenCorpus(context.Background(), dir, tok); err == nil || !strings.Contains(err.Error(), c.Cache+": its tokens do not match their checksum") {
+		t.Errorf("a token changed in %s: %v", c.Cache, err)
+	}
+	// A token file of an earlier version is replaced.
+	data[tokenHeader] ^= 1
+	binary.LittleEndian.PutUint32(data[16:], tokenVersion-1)
+	os.WriteFile(c.Cache, data, 0o644)
+	if again, err = OpenCorpus(context.Background(), dir, tok); err != nil || !slices.Equal(again.Train, c.Train) {
+		t.Errorf("over a token file of version %d: %v", tokenVersion-1, err)
+	}
+	if data, _ = os.ReadFile(c.Cache); binary.LittleEndian.Uint32(data[16:]) != tokenVersion {
+		t.Errorf("the token file of version %d was not replaced", tokenVersion-1)
 	}
 	// A changed text is tokenized again.
 	os.WriteFile(filepath.Join(dir, "a.txt"), []byte(strings.Repeat("Changed. ", 40)), 0o644)

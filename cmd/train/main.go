@@ -128,12 +128,14 @@ func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
 	for _, v := range []struct {
 		name string
 		v    int
+		zero string // what 0 means
 	}{
-		{"context", o.context}, {"steps", o.steps}, {"eval-every", o.evalEvery}, {"eval-batches", o.evalBatches},
-		{"warmup-steps", o.warmupSteps}, {"sample", o.sample}, {"top-k", o.topK},
+		{"context", o.context, "the preset's"}, {"steps", o.steps, "the preset's"}, {"eval-every", o.evalEvery, "the preset's"},
+		{"eval-batches", o.evalBatches, "the preset's"}, {"warmup-steps", o.warmupSteps, "the preset's"}, {"sample", o.sample, "none"},
+		{"top-k", o.topK, "every token"},
 	} {
 		if v.v < 0 {
-			bad("-%s %d: want 0 (the preset's) or more", v.name, v.v)
+			bad("-%s %d: want 0 (%s) or more", v.name, v.v, v.zero)
 		}
 	}
 	if !(o.temperature >= 0) || math.IsInf(o.temperature, 0) {

@@ -35,7 +35,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, cmdenv.ExitUsage, `-tokenizer "sentencepiece": want gpt2 or bytes`},
 		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, cmdenv.ExitUsage, "-steps 250: want a multiple of -eval-every 100"},
 		{[]string{"-model", "gpt-mini", "-sample", "64"}, cmdenv.ExitUsage, "-sample 64: want fewer tokens than the context of 64"},
-		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, cmdenv.ExitUsage, "-top-k -2: want 0 (the preset's) or more"},
+		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, cmdenv.ExitUsage, "-top-k -2: want 0 (every token) or more"},
 		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, cmdenv.ExitUsage, "-data /nonexistent/texts: no such file or directory"},
 		{[]string{"-amp-dtype", "fp8"}, cmdenv.ExitUsage, `-amp-dtype "fp8": want f16 (with loss scaling) or bf16`},
 		{[]string{"-depth", "21"}, cmdenv.ExitUsage, "-depth 21: want 6n+2"},

@@ -245,10 +245,12 @@ func ParseFlags(fs *flag.FlagSet, args []string) (problems []string, refused map
 	fs.VisitAll(func(f *flag.Flag) {
 		f.Value = &collected{Value: f.Value, name: f.Name, problems: &problems, refused: refused}
 	})
-	out := fs.Output()
+	out, usage := fs.Output(), fs.Usage
 	fs.SetOutput(io.Discard)
+	fs.Usage = func() {} // the flag package calls it on any error, before returning the error
 	err = fs.Parse(args)
 	fs.SetOutput(out)
+	fs.Usage = usage
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fs.Usage()

@@ -53,7 +53,12 @@ func TestParseFlagsReportsEveryProblemOnce(t *testing.T) {
 		t.Errorf("-h: %v", err)
 	}
 	fs, _, _, _, _ = newSet()
-	if problems, _, _ := ParseFlags(fs, []string{"-nope"}); len(problems) != 1 || !strings.Contains(problems[0], "-nope") {
-		t.Errorf("an unknown flag: %q", problems)
+	usages := 0
+	fs.Usage = func() { usages++ } // a command's own usage, written where it pleases
+	if problems, _, _ := ParseFlags(fs, []string{"-nope"}); len(problems) != 1 || !strings.Contains(problems[0], "-nope") || usages != 0 {
+		t.Errorf("an unknown flag: %q, the usage written %d times", problems, usages)
+	}
+	if _, _, err := ParseFlags(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) || usages != 1 {
+		t.Errorf("-h: %v, the usage written %d times", err, usages)
 	}
 }
