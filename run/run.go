@@ -243,6 +243,20 @@ func (r *runner) lookup() (err error) {
 	return nil
 }
 
+// textDefaults fills a language model's context and tokenizer, where the
+// job leaves them to the model and the corpus.
+func (r *runner) textDefaults() {
+	if !r.arch.Text {
+		return
+	}
+	if r.cfg.Context == 0 {
+		r.cfg.Context = r.arch.Input[0]
+	}
+	if r.cfg.Tokenizer == "" {
+		r.cfg.Tokenizer = r.job.Text.Tokenizer.Name()
+	}
+}
+
 // checkResume reads the checkpoint to resume (its checksums checked)
 // and compares its configuration with the job's before any work: all of
 // it, less AMP and checkpointing when the budget chooses them (they are
@@ -256,6 +270,7 @@ func (r *runner) checkResume() error {
 	if err != nil {
 		return err
 	}
+	r.textDefaults()
 	saved, now := info.Config, r.cfg
 	now.Examples = r.examples()
 	if r.job.MaxMemory > 0 {
@@ -267,6 +282,10 @@ func (r *runner) checkResume() error {
 	if info.Epoch >= r.cfg.Periods() {
 		return fmt.Errorf("%s: the run it holds has done %s, and this one asks for %s: nothing is left to train (ask for more to go on)",
 			r.job.Resume, r.length(info.Epoch), r.length(r.cfg.Periods()))
+	}
+	if p := info.Config.Periods(); p != r.cfg.Periods() && r.cfg.Schedule != "constant" {
+		fmt.Fprintf(r.say, "resuming a run of %s as one of %s: the %s schedule takes the new length from here, so the learning rate differs from a run that asked for %s from the start\n",
+			r.length(p), r.length(r.cfg.Periods()), r.cfg.Schedule, r.length(r.cfg.Periods()))
 	}
 	r.startEpoch = info.Epoch
 	return nil
@@ -365,12 +384,7 @@ func (r *runner) loaders() error {
 
 func (r *runner) textLoaders() error {
 	c, cfg := r.job.Text, &r.cfg
-	if cfg.Context == 0 {
-		cfg.Context = r.arch.Input[0]
-	}
-	if cfg.Tokenizer == "" {
-		cfg.Tokenizer = c.Tokenizer.Name()
-	}
+	r.textDefaults()
 	T := cfg.Context
 	switch {
 	case cfg.Tokenizer != c.Tokenizer.Name():

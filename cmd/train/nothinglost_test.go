@@ -309,6 +309,25 @@ func TestSmallerCases(t *testing.T) {
 			}
 		}
 	}
+	// A GPT resumes with the preset's context left unsaid, and a resume
+	// whose configuration differs is refused before the text is read.
+	gpt := []string{"-model", "gpt-mini", "-device", "cpu", "-tokenizer", "bytes", "-data", text, "-eval-every", "2", "-measure=false"}
+	gck := filepath.Join(dir, "gpt.ckpt")
+	if code, _, stderr := runCLI(slices.Concat(gpt, []string{"-steps", "2", "-save", gck})...); code != 0 {
+		t.Fatalf("the GPT's first run: %d\n%s", code, stderr)
+	}
+	if code, stdout, stderr := runCLI(slices.Concat(gpt, []string{"-steps", "4", "-resume", gck})...); code != 0 || !strings.Contains(stdout, "resumed from "+gck+" at step 3") {
+		t.Errorf("resuming the GPT: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(slices.Concat(gpt, []string{"-steps", "4", "-context", "32", "-resume", gck})...); code != cmdenv.ExitNothingRan ||
+		!strings.Contains(stderr, "context: 64 -> 32") || strings.Contains(stdout, "text: ") {
+		t.Errorf("resuming the GPT with another context: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// A longer run resumed says that the schedule stretches from there.
+	if code, stdout, stderr := runCLI(slices.Concat(smallRun, []string{"-epochs", "2", "-resume", ck})...); code != 0 ||
+		!strings.Contains(stdout, "resuming a run of 1 epoch as one of 2 epochs: the cosine schedule takes the new length from here") {
+		t.Errorf("resuming with more epochs: exit %d\n%s%s", code, stdout, stderr)
+	}
 	// -batch without -lr scales the learning rate as the CPU defaults do,
 	// and says so; one epoch is "1 epoch".
 	code, stdout, _ := runCLI(slices.Concat(smallRun, []string{"-epochs", "1", "-batch", "64"})...)
