@@ -22,6 +22,7 @@ func Conv2dNHWC(x, w, b *T, stride, pad int) *T { return conv2d(x, w, b, stride,
 
 // conv2d is Conv2d, or Conv2dNHWC when last.
 func conv2d(x, w, b *T, stride, pad int, last bool) *T {
+	required("Conv2d", x, w)
 	dev := ModeOf(x, w, b)
 	if AutocastEnabled(dev) {
 		defer autocastIn(dev, AutocastDType(dev), &x, &w, &b)()

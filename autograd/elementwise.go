@@ -11,11 +11,22 @@ import (
 func emptyLike(x *T) *T { return tensor.Empty(x.Device(), x.DType(), x.Shape()...) }
 
 func sameDevice(op string, a, b *T) {
+	required(op, a, b)
 	if !a.Device().Same(b.Device()) {
 		if a.Device().Name() == b.Device().Name() {
 			panic(fmt.Sprintf("autograd: %s of tensors on two different %s devices (each tensor.NewDevice makes another; make both on one)", op, a.Device()))
 		}
 		panic(fmt.Sprintf("autograd: %s of tensors on %s and %s", op, a.Device(), b.Device()))
+	}
+}
+
+// required panics, naming op and the operand, when a tensor an operation
+// needs is nil (a programmer error, named rather than a nil dereference).
+func required(op string, xs ...*T) {
+	for i, x := range xs {
+		if x == nil {
+			panic(fmt.Sprintf("autograd: %s: operand %d of %d is nil", op, i+1, len(xs)))
+		}
 	}
 }
 
@@ -260,6 +271,7 @@ func Scale(x *T, alpha float32) *T { return Affine(x, alpha, 0) }
 func Unary(op kernels.UnaryOp, x *T) *T { return unary(op, x) }
 
 func unary(op kernels.UnaryOp, x *T) *T {
+	required(op.String(), x)
 	y := emptyLike(x)
 	x.Backend().Unary(op, y.Buf(), x.Buf())
 	if rec := begin(op.String(), x); rec != nil {

@@ -1375,3 +1375,32 @@ func TestSessionsBackwardIntoOneParameter(t *testing.T) {
 		t.Errorf("%d of %d elements of the gradient are not %v", wrong, n, want)
 	}
 }
+
+// TestNilOperandsAreNamed: an operation given a nil tensor panics naming
+// the operation and the operand, not with a nil dereference.
+func TestNilOperandsAreNamed(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	w := tensor.Ones(dev, tensor.F32, 3, 4)
+	defer w.Release()
+	for _, c := range []struct {
+		name string
+		f    func()
+		want string
+	}{
+		{"MatMul", func() { ag.MatMul(nil, w) }, "autograd: MatMul: operand 1 of 2 is nil"},
+		{"Linear", func() { ag.Linear(w, nil, nil) }, "autograd: Linear: operand 2 of 2 is nil"},
+		{"Add", func() { ag.Add(w, nil) }, "autograd: add: operand 2 of 2 is nil"},
+		{"ReLU", func() { ag.ReLU(nil) }, "autograd: relu: operand 1 of 1 is nil"},
+		{"SumAll", func() { ag.SumAll(nil) }, "autograd: sum: operand 1 of 1 is nil"},
+		{"CrossEntropy", func() { ag.CrossEntropy(w, nil) }, "autograd: CrossEntropy: operand 2 of 2 is nil"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if r := recover(); r != c.want {
+					t.Errorf("panic %v, want %q", r, c.want)
+				}
+			}()
+			c.f()
+		})
+	}
+}

@@ -73,6 +73,7 @@ func fusesBias(b *T) bool { return b != nil && b.DType() == tensor.F32 && b.NDim
 //
 // Under Autocast the product runs in its dtype on copies of a and b.
 func MatMul(a, b *T) *T {
+	required("MatMul", a, b)
 	if dev := ModeOf(a, b); AutocastEnabled(dev) {
 		defer autocastIn(dev, AutocastDType(dev), &a, &b)()
 	}
@@ -153,6 +154,7 @@ func biasIn(dev *tensor.Device, b *T, dt tensor.DType) kernels.Buf {
 
 // linear is Linear (r nil) and AddLinear.
 func linear(r, x, w, b *T) *T {
+	required("Linear", x, w)
 	dev := ModeOf(x, w, b)
 	wc := w // the weight the product reads: w, or its F16 copy under autocast
 	if AutocastEnabled(dev) {

@@ -11,6 +11,7 @@ import (
 // logits and each row's log-sum-exp. The loss is F32 of shape [1]. Under
 // Autocast, 16-bit logits are cast to F32 first.
 func CrossEntropy(logits, labels *T) *T {
+	required("CrossEntropy", logits, labels)
 	if dev := ModeOf(logits, labels); AutocastEnabled(dev) {
 		logits = autocastTo(dev, logits, tensor.F32)
 		defer logits.Release()

@@ -40,6 +40,7 @@ func BatchNormActNHWC(x, residual, gamma, beta, runMean, runVar *T, training boo
 // batchNormAct is BatchNormAct, or BatchNormActNHWC when last: to the
 // kernels a channels-last batch is N·H·W images of one pixel.
 func batchNormAct(x, residual, gamma, beta, runMean, runVar *T, training bool, momentum, eps float32, relu, last bool) *T {
+	required("BatchNorm2d", x, gamma, beta, runMean, runVar)
 	xs := x.Shape()
 	if len(xs) != 4 {
 		want := "N×C×H×W"

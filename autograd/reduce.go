@@ -38,12 +38,14 @@ func MeanAll(x *T) *T { return reduceAll(kernels.Mean, x) }
 
 // reduceAll reduces x as one row.
 func reduceAll(op kernels.ReduceOp, x *T) *T {
+	required(op.String(), x)
 	row := Reshape(x, 1, -1)
 	defer row.Release()
 	return reduceAxis(op, row, 1)
 }
 
 func reduceAxis(op kernels.ReduceOp, x *T, axis int) *T {
+	required(op.String(), x)
 	if dev := x.Device(); AutocastEnabled(dev) && op != kernels.Max {
 		x = autocastTo(dev, x, tensor.F32)
 		defer x.Release()

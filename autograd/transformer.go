@@ -20,6 +20,7 @@ import (
 // other gradient already gathered when this backward runs, and the sums are
 // added to it in place (folder): no table of their own, no addition.
 func Embedding(table, ids *T) *T {
+	required("Embedding", table, ids)
 	ts := table.Shape()
 	if len(ts) != 2 || ids.DType() != tensor.I32 || ids.Numel() == 0 {
 		panic(fmt.Sprintf("autograd: embedding of a %v table %v by %v ids %v: want V×D and non-empty i32 ids", table.DType(), ts, ids.DType(), ids.Shape()))
@@ -71,6 +72,7 @@ func LayerNorm(x, gamma, beta *T, eps float32) *T { return LayerNormTo(x, gamma,
 // reads it so, with its column sums for that product's bias where it sums
 // them (Note [a gradient rounded where it is finished]).
 func LayerNormTo(x, gamma, beta *T, eps float32, dt tensor.DType) *T {
+	required("LayerNorm", x, gamma, beta)
 	xs := x.Shape()
 	cols := xs[len(xs)-1]
 	if gamma.NDim() != 1 || gamma.Dim(0) != cols || !beta.SameShape(gamma) || gamma.DType() != tensor.F32 || beta.DType() != tensor.F32 {

@@ -43,7 +43,7 @@ func (s *Scope) Close() {
 	}
 	if s.dev.scope != s {
 		scopeMu.Unlock()
-		panic("tensor: scope closed while an inner scope is still open")
+		panic("tensor: scope closed while an inner scope is still open (scopes close innermost first; two goroutines that use one device handle interleave theirs: give each goroutine its own dev.Session())")
 	}
 	s.dev.scope = s.parent
 	s.closed = true

@@ -424,3 +424,21 @@ func TestSizesThatOverflow(t *testing.T) {
 		})
 	}
 }
+
+// TestInterleavedScopesNameSessions: scopes closed out of order, as two
+// goroutines that share one device handle close theirs, panic saying to
+// give each goroutine its own Session.
+func TestInterleavedScopesNameSessions(t *testing.T) {
+	dev := newTestDevice()
+	first := dev.NewScope()  // one goroutine's
+	second := dev.NewScope() // another's, on the same handle
+	defer func() {
+		r, _ := recover().(string)
+		if !strings.Contains(r, "scope closed while an inner scope is still open") || !strings.Contains(r, "its own dev.Session()") {
+			t.Errorf("panic %q", r)
+		}
+		second.Close()
+		first.Close()
+	}()
+	first.Close()
+}

@@ -18,8 +18,8 @@
 // are reported together, exit status 64. A run that cannot start (the
 // device, the data, the checkpoint) exits 4, one that fails 1, one that
 // diverges 3, and one that SIGINT or SIGTERM stops, after saving where it
-// got to, 130 or 143; in every case -json is written (valid JSON, saying
-// why) and the last good -save checkpoint is left as it was.
+// got to, 130 or 143; in every case but bad flags -json is written (valid
+// JSON, saying why) and the last good -save checkpoint is left as it was.
 //
 // Data-parallel jobs: a process is one rank when WORLD_SIZE is set (as
 // torchrun sets it; see dist.ConfigFromEnv); -nproc N starts N ranks on
