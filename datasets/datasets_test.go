@@ -3,6 +3,7 @@ package datasets
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -399,4 +400,40 @@ func TestLoaderShards(t *testing.T) {
 			t.Errorf("even %v: %d examples in all, want %d", even, total, wantTotal)
 		}
 	}
+}
+
+// FuzzParseTokens builds token files whose header fields and tokens vary
+// (the checksum made right or left as the bytes say, so that the fuzzer
+// reaches past it) and reads them: an error or a stale file, or tokens as
+// many as the header says, each inside the vocabulary; never a panic or
+// an allocation the file's size does not justify.
+func FuzzParseTokens(f *testing.F) {
+	f.Add([]byte{1, 0, 0, 0, 2, 0, 0, 0}, uint64(2), uint32(256), true)
+	f.Add([]byte{1, 0, 0, 0}, uint64(1<<62), uint32(256), true)
+	f.Add([]byte{0, 1, 0, 0}, uint64(1), uint32(256), true)
+	f.Add([]byte{1, 0, 0}, uint64(0), uint32(256), false)
+	tok := byteTokenizer{}
+	sum := sha256.Sum256([]byte("the text"))
+	f.Fuzz(func(t *testing.T, body []byte, n uint64, vocab uint32, fix bool) {
+		data := encodeTokens(tok, sum, nil)
+		data = append(data, body...)
+		binary.LittleEndian.PutUint32(data[36:], vocab)
+		binary.LittleEndian.PutUint64(data[72:], n)
+		if fix {
+			check := sha256.Sum256(data[tokenHeader:])
+			copy(data[80:112], check[:])
+		}
+		tokens, stale, err := parseTokens(data, tok, sum)
+		if err != nil || stale {
+			return
+		}
+		if uint64(len(tokens)) != n || 4*len(tokens) != len(body) {
+			t.Fatalf("%d tokens from %d bytes whose header says %d", len(tokens), len(body), n)
+		}
+		for i, v := range tokens {
+			if v < 0 || int(v) >= tok.Vocab() {
+				t.Fatalf("token %d at %d outside the vocabulary", v, i)
+			}
+		}
+	})
 }

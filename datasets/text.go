@@ -404,40 +404,54 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []
 		if err != nil {
 			return "", nil, fmt.Errorf("token file %s: %w", p, fileio.Cause(err))
 		}
-		if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
-			return "", nil, fmt.Errorf("token file %s: not a leangrad token file (remove it to tokenize again)", p)
+		tokens, stale, err := parseTokens(data, tok, sum)
+		if err != nil {
+			return "", nil, fmt.Errorf("token file %s: %w", p, err)
 		}
-		if binary.LittleEndian.Uint32(data[16:20]) != tokenVersion || !bytes.Equal(data[40:72], sum[:]) {
+		if stale {
 			continue // another version's, or the text changed since: tokenize again
-		}
-		name := strings.TrimRight(string(data[20:36]), "\x00")
-		vocab := int(binary.LittleEndian.Uint32(data[36:40]))
-		if name != tok.Name() || vocab != tok.Vocab() {
-			return "", nil, fmt.Errorf("token file %s: tokenizer %q of %d tokens; this run tokenizes with %q of %d (remove it to tokenize again)",
-				p, name, vocab, tok.Name(), tok.Vocab())
-		}
-		n := binary.LittleEndian.Uint64(data[72:80])
-		if uint64(len(data)-tokenHeader) != 4*n {
-			return "", nil, fmt.Errorf("token file %s: %d bytes of tokens, its header says %d tokens (a truncated file? remove it)", p, len(data)-tokenHeader, n)
-		}
-		if got := sha256.Sum256(data[tokenHeader:]); !bytes.Equal(got[:], data[80:112]) {
-			return "", nil, fmt.Errorf("token file %s: its tokens do not match their checksum (changed or damaged: remove it to tokenize again)", p)
-		}
-		tokens := make([]int32, n)
-		for i := range tokens {
-			v := binary.LittleEndian.Uint32(data[tokenHeader+4*i:])
-			if int(v) >= vocab {
-				return "", nil, fmt.Errorf("token file %s: token %d at %d is outside the vocabulary of %d", p, v, i, vocab)
-			}
-			tokens[i] = int32(v)
 		}
 		return p, tokens, nil
 	}
 	return "", nil, nil
 }
 
-// writeTokens writes the token file of path (tokenPaths) and returns where.
-func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (string, error) {
+// parseTokens reads a token file's tokens for tok and the text's hash sum;
+// stale when it is another version's or another text's (to tokenize
+// again), an error naming what is wrong when it cannot be the tokens.
+func parseTokens(data []byte, tok Tokenizer, sum [32]byte) (tokens []int32, stale bool, err error) {
+	if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
+		return nil, false, errors.New("not a leangrad token file (remove it to tokenize again)")
+	}
+	if binary.LittleEndian.Uint32(data[16:20]) != tokenVersion || !bytes.Equal(data[40:72], sum[:]) {
+		return nil, true, nil
+	}
+	name := strings.TrimRight(string(data[20:36]), "\x00")
+	vocab := int(binary.LittleEndian.Uint32(data[36:40]))
+	if name != tok.Name() || vocab != tok.Vocab() {
+		return nil, false, fmt.Errorf("tokenizer %q of %d tokens; this run tokenizes with %q of %d (remove it to tokenize again)",
+			name, vocab, tok.Name(), tok.Vocab())
+	}
+	body := data[tokenHeader:]
+	if n := binary.LittleEndian.Uint64(data[72:80]); len(body)%4 != 0 || n != uint64(len(body)/4) {
+		return nil, false, fmt.Errorf("%d bytes of tokens, its header says %d tokens (a truncated file? remove it)", len(body), n)
+	}
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], data[80:112]) {
+		return nil, false, errors.New("its tokens do not match their checksum (changed or damaged: remove it to tokenize again)")
+	}
+	tokens = make([]int32, len(body)/4)
+	for i := range tokens {
+		v := binary.LittleEndian.Uint32(body[4*i:])
+		if int(v) >= vocab {
+			return nil, false, fmt.Errorf("token %d at %d is outside the vocabulary of %d", v, i, vocab)
+		}
+		tokens[i] = int32(v)
+	}
+	return tokens, false, nil
+}
+
+// encodeTokens is the token file of tokens, for tok and the text's hash.
+func encodeTokens(tok Tokenizer, sum [32]byte, tokens []int32) []byte {
 	data := make([]byte, tokenHeader+4*len(tokens))
 	copy(data, tokenMagic)
 	binary.LittleEndian.PutUint32(data[16:], tokenVersion)
@@ -450,6 +464,12 @@ func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (stri
 	}
 	check := sha256.Sum256(data[tokenHeader:])
 	copy(data[80:112], check[:])
+	return data
+}
+
+// writeTokens writes the token file of path (tokenPaths) and returns where.
+func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (string, error) {
+	data := encodeTokens(tok, sum, tokens)
 	var errs []error
 	for _, p := range tokenPaths(path, tok) {
 		err := fileio.WriteFile(p, data)

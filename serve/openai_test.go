@@ -2,8 +2,10 @@ package serve
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/train"
@@ -257,4 +260,49 @@ func TestAnswersEveryRequest(t *testing.T) {
 			t.Errorf("%s, a short body: %d %s", path, resp.StatusCode, b.String())
 		}
 	}
+}
+
+// FuzzRequests: whatever body a client posts to the GPT server's
+// endpoints, the answer has a status and a message: a 200 with its
+// answer, or a 4xx or 503 whose body says why; never a 500, an empty
+// reply or a panic.
+func FuzzRequests(f *testing.F) {
+	for _, seed := range []struct {
+		path uint8
+		body string
+	}{
+		{0, `{"model": "gpt-mini", "prompt": "Once", "max_tokens": 4}`},
+		{0, `{"model": "gpt-mini", "prompt": ["a", "b"], "max_tokens": 2, "n": 2, "logprobs": 2, "stream": true}`},
+		{0, `{"model": "gpt-mini", "prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0.5, "top_p": 0.9, "stop": ["x"], "seed": 3}`},
+		{0, `{"model": "gpt-mini", "prompt": "a", "max_tokens": 9223372036854775807}`},
+		{1, `{"prompt": "Once", "max_tokens": 4, "top_k": 3}`},
+		{1, `{"prompt": "a", "max_tokens": -1}`},
+		{1, `{"prompt": "\xff\xfe", "stop": [""]}`},
+		{0, `[]`},
+		{1, `{"prompt": null}`},
+	} {
+		f.Add(seed.path, []byte(seed.body))
+	}
+	_, hs := open(f, "gpt-mini", gptInputs, Options{})
+	client := hsClient(hs)
+	client.Timeout = 20 * time.Second // far more than any request here takes: a request that hangs fails
+	f.Fuzz(func(t *testing.T, path uint8, body []byte) {
+		url := hs.URL + []string{"/v1/completions", "/v1/generate"}[path%2]
+		resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("%s %q: no answer: %v", url, body, err)
+		}
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("%s %q: %d, the answer broke off: %v", url, body, resp.StatusCode, err)
+		}
+		ok := resp.StatusCode == http.StatusOK || resp.StatusCode/100 == 4 || resp.StatusCode == http.StatusServiceUnavailable
+		if !ok || len(out) == 0 {
+			t.Fatalf("%s %q: %d %q", url, body, resp.StatusCode, out)
+		}
+		if resp.StatusCode != http.StatusOK && !json.Valid(out) {
+			t.Fatalf("%s %q: %d, not a JSON error: %q", url, body, resp.StatusCode, out)
+		}
+	})
 }
