@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 
 	ag "github.com/leangrad/leangrad/autograd"
@@ -358,16 +359,25 @@ type Sampling struct {
 	OnToken func(tok int32) bool
 }
 
-// Generate continues prompt (token ids) by n tokens and returns them. It
-// runs on the device handle dev (a Session of the model's device, for a
-// serving goroutine) with recording off, keeping a key-value cache of every
-// layer's packed queries, keys and values (len(prompt)+n positions, at
-// most the context) in the pool, released when it returns; several
-// goroutines may generate at once on sessions of their own. The prompt is
-// run in one pass, then each new token in one.
+// MaxGenerate is the most tokens one Generate call draws.
+const MaxGenerate = 1 << 24
+
+// Generate continues prompt (token ids) by n tokens (at most MaxGenerate)
+// and returns them. It runs on the device handle dev (a Session of the
+// model's device, for a serving goroutine) with recording off, keeping a
+// key-value cache of every layer's packed queries, keys and values
+// (len(prompt)+n positions, at most the context) in the pool, released
+// when it returns; several goroutines may generate at once on sessions of
+// their own. The prompt is run in one pass, then each new token in one.
+//
+// The model sees at most its context: a longer prompt is cut to its last
+// Context tokens, and when the window is full, its last half begins the
+// next one (run again in one pass at positions from 0), as nanoGPT's
+// generate crops the sequence to the block size.
 func (g *GPT) Generate(dev *tensor.Device, prompt []int32, n int, s Sampling) (out []int32, err error) {
-	if len(prompt) == 0 || n < 0 || len(prompt) > g.Cfg.Context || n > g.Cfg.Context-len(prompt) {
-		return nil, fmt.Errorf("generate: a prompt of %d tokens and %d more: want a prompt and at most %d positions in all", len(prompt), n, g.Cfg.Context)
+	W := g.Cfg.Context
+	if len(prompt) == 0 || n < 0 || n > MaxGenerate {
+		return nil, fmt.Errorf("generate: a prompt of %d tokens and %d more: want a prompt and at most %d tokens more", len(prompt), n, MaxGenerate)
 	}
 	for i, t := range prompt {
 		if t < 0 || int(t) >= g.Cfg.Vocab {
@@ -382,25 +392,31 @@ func (g *GPT) Generate(dev *tensor.Device, prompt []int32, n int, s Sampling) (o
 			err = fmt.Errorf("generate: %w", tensor.AsError(r))
 		}
 	}()
+	prompt = prompt[max(0, len(prompt)-W):]
 	C := g.Cfg.Width
-	total := len(prompt) + n
+	total := min(len(prompt)+n, W)
 	ag.NoGrad(dev, func() {
 		dev.WithScope(func() {
 			caches := make([]*T, len(g.Blocks))
 			for i := range caches {
 				caches[i] = tensor.Empty(dev, tensor.F32, total, 3*C)
 			}
+			seq := slices.Clone(prompt) // the window's tokens
 			next := prompt
 			for pos := 0; len(out) < n; {
 				logits := g.decode(dev, caches, next, pos)
 				pos += len(next)
 				tok := sample(logits.Float32s(), s)
 				logits.Release()
-				out = append(out, tok)
+				out, seq = append(out, tok), append(seq, tok)
 				if s.OnToken != nil && !s.OnToken(tok) {
 					break
 				}
 				next = []int32{tok}
+				if pos == W { // full: its last half begins the next window
+					seq = seq[len(seq)-max(1, W/2):]
+					next, pos = seq, 0
+				}
 			}
 		})
 	})

@@ -319,10 +319,44 @@ func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 	if after := dev.Allocator().Stats().Allocated[0].Current; after != before {
 		t.Errorf("allocated %d bytes after Generate, %d before: the cache was not released", after, before)
 	}
-	if _, err := g.Generate(s, []int32{1}, 6, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 6") {
-		t.Errorf("generating past the context: %v", err)
+	// Past the context (6), the window slides: when it is full its last
+	// half begins the next, and each token is the full forward's argmax
+	// over the window; a prompt longer than the context is cut to its end.
+	// Larger weights make the argmax depend on the window's tokens.
+	for _, n := range g.State("") {
+		dev.Backend().Normal(n.T.Buf(), 0, 1.5, dev.Generator().Next(n.T.Numel()))
 	}
-	if _, err := g.Generate(s, []int32{1}, math.MaxInt, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 6") { // not wrapped past the check
+	for _, prompt := range [][]int32{{1}, {5, 2, 7, 1, 8, 2, 8, 1, 8}} {
+		out, err := g.Generate(s, prompt, 14, Sampling{})
+		if err != nil || len(out) != 14 {
+			t.Fatalf("generating 14 tokens past a context of 6 after %v: %v, %v", prompt, out, err)
+		}
+		seq := slices.Clone(prompt[max(0, len(prompt)-6):])
+		start := 0
+		for i, tok := range out {
+			if len(seq)-start > 6 {
+				start = len(seq) - 3
+			}
+			var want int32
+			ag.NoGrad(dev, func() {
+				dev.WithScope(func() {
+					w := seq[start:]
+					logits := g.Forward(tensor.FromInt32(dev, w, 1, len(w))).Float32s()
+					last := logits[(len(w)-1)*11:]
+					for j, v := range last {
+						if v > last[want] {
+							want = int32(j)
+						}
+					}
+				})
+			})
+			if tok != want {
+				t.Errorf("after %v, token %d: %d generated, %d from the window %v", prompt, i, tok, want, seq[start:])
+			}
+			seq = append(seq, tok)
+		}
+	}
+	if _, err := g.Generate(s, []int32{1}, math.MaxInt, Sampling{}); err == nil || !strings.Contains(err.Error(), "at most 16777216") { // not wrapped past the check
 		t.Errorf("a generation of MaxInt tokens: %v", err)
 	}
 	if _, err := g.Generate(s, []int32{11}, 1, Sampling{}); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {

@@ -707,11 +707,7 @@ func (r *runner) sample() error {
 	if r.job.Prompt == "" {
 		prompt = r.job.Text.Val[:min(len(r.job.Text.Val), 16, r.cfg.Context/2)]
 	}
-	n := r.job.Sample
-	if len(prompt)+n > r.cfg.Context {
-		return fmt.Errorf("a sample of %d tokens after a prompt of %d: more than the context of %d", n, len(prompt), r.cfg.Context)
-	}
-	out, err := g.Generate(r.dev, prompt, n, r.job.Sampling)
+	out, err := g.Generate(r.dev, prompt, r.job.Sample, r.job.Sampling)
 	if err != nil {
 		return fmt.Errorf("sampling: %w", err)
 	}

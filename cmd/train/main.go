@@ -146,12 +146,8 @@ func (o *options) checkText(arch train.Arch, bad func(string, ...any)) {
 	if r.Steps%r.EvalEvery != 0 {
 		bad("-steps %d: want a multiple of -eval-every %d (each ends in a validation)", r.Steps, r.EvalEvery)
 	}
-	context := a.Input[0]
-	if o.context > 0 {
-		context = o.context
-	}
-	if o.sample > 0 && o.sample >= context {
-		bad("-sample %d: want fewer tokens than the context of %d (the prompt takes some)", o.sample, context)
+	if o.sample > nn.MaxGenerate {
+		bad("-sample %d: want at most %d tokens", o.sample, nn.MaxGenerate)
 	}
 }
 

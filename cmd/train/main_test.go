@@ -34,7 +34,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-model", "mlp", "-context", "64"}, cmdenv.ExitUsage, "-context: -model mlp classifies images, which -context is not for"},
 		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, cmdenv.ExitUsage, `-tokenizer "sentencepiece": want gpt2 or bytes`},
 		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, cmdenv.ExitUsage, "-steps 250: want a multiple of -eval-every 100"},
-		{[]string{"-model", "gpt-mini", "-sample", "64"}, cmdenv.ExitUsage, "-sample 64: want fewer tokens than the context of 64"},
+		{[]string{"-model", "gpt-mini", "-sample", "16777217"}, cmdenv.ExitUsage, "-sample 16777217: want at most 16777216 tokens"},
 		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, cmdenv.ExitUsage, "-top-k -2: want 0 (every token) or more"},
 		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, cmdenv.ExitUsage, "-data /nonexistent/texts: no such file or directory"},
 		{[]string{"-amp-dtype", "fp8"}, cmdenv.ExitUsage, `-amp-dtype "fp8": want f16 (with loss scaling) or bf16`},
