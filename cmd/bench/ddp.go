@@ -103,5 +103,10 @@ func dataParallel(o options, specs []spec, place *dist.Config, stdout, stderr io
 	if err != nil {
 		return err
 	}
-	return fileio.WriteFile(filepath.Join(o.out, "ddp.json"), append(data, '\n'))
+	p := filepath.Join(o.out, "ddp.json")
+	if err := fileio.WriteFile(p, append(data, '\n')); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s\n", p)
+	return nil
 }

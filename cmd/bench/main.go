@@ -171,7 +171,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdenv.ExitUsage
 	}
 	if o.merge != "" {
-		if err := merge(o, stdout); err != nil {
+		if err := merge(o, stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "bench: %v\n", err)
 			return cmdenv.ExitFailed
 		}
@@ -475,7 +475,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 	if o.claims && len(specs) > 0 {
 		rep.Claims = append(benchmarks.ClaimsFromResults(rep.Results, specs[0].model, specs[0].batches[0]), rep.Claims...)
 	}
-	return write(o, rep, stdout)
+	return write(o, rep, stdout, stderr)
 }
 
 // runLeangrad times every spec and configuration in leangrad (on a GPU the
@@ -659,7 +659,7 @@ func runPyTorch(o options, cpu bool, specs []spec, stderr io.Writer) (string, []
 // merge renders one report from several runs' bench.json: their results
 // side by side (a later run's result for the same engine and spec replaces
 // an earlier one's), the first run's date, device and claims, every note.
-func merge(o options, stdout io.Writer) error {
+func merge(o options, stdout, stderr io.Writer) error {
 	var rep *benchmarks.Report
 	for _, path := range strings.Split(o.merge, ",") {
 		data, err := fileio.ReadFile(path, 1<<30)
@@ -710,34 +710,54 @@ func merge(o options, stdout io.Writer) error {
 	if o.commit != "" {
 		rep.Commit = o.commit
 	}
-	return write(o, rep, stdout)
+	return write(o, rep, stdout, stderr)
 }
 
-func write(o options, rep *benchmarks.Report, stdout io.Writer) error {
+// write writes the report into -out (bench.json, bench.md, the plots),
+// the Markdown on stdout too, and a line per file written on said.
+func write(o options, rep *benchmarks.Report, stdout, said io.Writer) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
+	var written []string
+	defer func() {
+		for _, p := range written {
+			fmt.Fprintf(said, "wrote %s\n", p)
+		}
+	}()
 	data, err := json.MarshalIndent(rep, "", " ")
 	if err != nil {
 		return err
 	}
-	if err := fileio.WriteFile(filepath.Join(o.out, "bench.json"), append(data, '\n')); err != nil {
+	file := func(name string, write func(path string) error) error {
+		p := filepath.Join(o.out, name)
+		if err := write(p); err != nil {
+			return err
+		}
+		written = append(written, p)
+		return nil
+	}
+	if err := file("bench.json", func(p string) error { return fileio.WriteFile(p, append(data, '\n')) }); err != nil {
 		return err
 	}
 	var md bytes.Buffer
 	rep.Markdown(&md)
-	if err := fileio.WriteFile(filepath.Join(o.out, "bench.md"), md.Bytes()); err != nil {
+	if err := file("bench.md", func(p string) error { return fileio.WriteFile(p, md.Bytes()) }); err != nil {
 		return err
 	}
 	stdout.Write(md.Bytes())
-	if err := rep.PlotBars(filepath.Join(o.out, "step_time.png"), "median step time", "ms", func(r benchmarks.Result) float64 { return r.MedianMS }); err != nil {
+	if err := file("step_time.png", func(p string) error {
+		return rep.PlotBars(p, "median step time", "ms", func(r benchmarks.Result) float64 { return r.MedianMS })
+	}); err != nil {
 		return err
 	}
-	if err := rep.PlotBars(filepath.Join(o.out, "peak_memory.png"), "peak allocated", "MiB",
-		func(r benchmarks.Result) float64 { return memory.Bytes(r.PeakAllocated).MiB() }); err != nil {
+	if err := file("peak_memory.png", func(p string) error {
+		return rep.PlotBars(p, "peak allocated", "MiB", func(r benchmarks.Result) float64 { return memory.Bytes(r.PeakAllocated).MiB() })
+	}); err != nil {
 		return err
 	}
-	_, err = rep.PlotTimelines(o.out)
+	timelines, err := rep.PlotTimelines(o.out)
+	written = append(written, timelines...)
 	return err
 }
 

@@ -33,9 +33,13 @@ func TestBenchCommandOnCPU(t *testing.T) {
 	if err := json.Unmarshal(data, &rep); err != nil || len(rep.Results) != 2 || rep.Results[1].Config != "amp" || rep.Results[0].MedianMS <= 0 {
 		t.Errorf("bench.json: %v %+v", err, rep)
 	}
-	for _, f := range []string{"bench.md", "step_time.png", "peak_memory.png", "timeline_mlp_b4.png"} {
-		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+	for _, f := range []string{"bench.json", "bench.md", "step_time.png", "peak_memory.png", "timeline_mlp_b4.png"} {
+		p := filepath.Join(dir, f)
+		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v", f, err)
+		}
+		if !strings.Contains(errb.String(), "wrote "+p+"\n") {
+			t.Errorf("no line says it wrote %s:\n%s", p, errb.String())
 		}
 	}
 	if !strings.Contains(out.String(), "| mlp | 4 | fp32 |") {

@@ -217,6 +217,7 @@ func command(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "loadgen: -json %s: %v\n", o.jsonOut, err)
 			return cmdenv.ExitFailed
 		}
+		fmt.Fprintf(stdout, "wrote %s (the run's report)\n", o.jsonOut)
 	}
 	if r.Failed > 0 {
 		return cmdenv.ExitFailed

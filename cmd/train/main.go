@@ -681,6 +681,16 @@ func modelName(o *options) string {
 // got to; it returns every error, naming the flag.
 func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Writer) error {
 	var errs []error
+	wrote := func(flag, path, what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", flag, path, err))
+		} else if path != iopaths.Stdout {
+			fmt.Fprintf(stdout, "wrote %s (%s)\n", path, what)
+		}
+	}
+	if o.save != "" && (len(r.Epochs) > 0 || r.Interrupted != nil && r.Interrupted.Saved != "") {
+		wrote("-save", o.save, "the training checkpoint: -resume goes on from it, serve serves it", nil)
+	}
 	if o.jsonOut != "" {
 		data, err := json.MarshalIndent(r, "", "  ")
 		if err == nil && o.jsonOut == iopaths.Stdout {
@@ -688,9 +698,7 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 		} else if err == nil {
 			err = fileio.WriteFile(o.jsonOut, append(data, '\n'))
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("-json %s: %w", o.jsonOut, err))
-		}
+		wrote("-json", o.jsonOut, "the run's report", err)
 	}
 	if dev == nil {
 		return errors.Join(errs...) // nothing ran: there is no memory to report
@@ -698,22 +706,17 @@ func writeReports(o *options, dev *tensor.Device, r *run.Report, stdout io.Write
 	a := dev.Allocator()
 	if o.memlog != "" {
 		err := fileio.Write(o.memlog, func(w io.Writer) error { return memory.WriteTimelineCSV(w, a.Timeline()) })
-		if err != nil {
-			errs = append(errs, fmt.Errorf("-memlog %s: %w", o.memlog, err))
-		} else if a.TimelineTruncated() {
+		wrote("-memlog", o.memlog, "the pool's timeline, CSV", err)
+		if err == nil && a.TimelineTruncated() {
 			fmt.Fprintf(stdout, "memlog: the timeline stopped after %d events\n", memory.TimelineLimit)
 		}
 	}
 	if o.memplot != "" && len(r.Memory) > 0 {
-		if err := run.PlotMemory(r.Memory, r.Title, string(o.memplot)); err != nil {
-			errs = append(errs, fmt.Errorf("-memplot %s: %w", o.memplot, err))
-		}
+		wrote("-memplot", string(o.memplot), "the memory plot", run.PlotMemory(r.Memory, r.Title, string(o.memplot)))
 	}
 	if o.memsnapshot != "" {
 		err := fileio.Write(o.memsnapshot, func(w io.Writer) error { return memory.WriteSnapshot(w, a.Snapshot()) })
-		if err != nil {
-			errs = append(errs, fmt.Errorf("-memsnapshot %s: %w", o.memsnapshot, err))
-		}
+		wrote("-memsnapshot", o.memsnapshot, "the pool's snapshot, PyTorch's pickle", err)
 	}
 	return errors.Join(errs...)
 }

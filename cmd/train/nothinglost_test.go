@@ -277,8 +277,10 @@ func TestSmallerCases(t *testing.T) {
 	if err := os.WriteFile(text, bytes.Repeat([]byte("The jury further said in term-end presentments.\n"), 200), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, stderr := runCLI(slices.Concat(smallRun, []string{"-epochs", "1", "-save", ck})...); code != 0 {
-		t.Fatalf("the first run: %d\n%s", code, stderr)
+	first := filepath.Join(dir, "first.json")
+	if code, stdout, stderr := runCLI(slices.Concat(smallRun, []string{"-epochs", "1", "-save", ck, "-json", first})...); code != 0 ||
+		!strings.HasSuffix(stdout, "wrote "+ck+" (the training checkpoint: -resume goes on from it, serve serves it)\nwrote "+first+" (the run's report)\n") {
+		t.Fatalf("the first run: %d, its last lines not one per file written\n%s%s", code, stdout, stderr)
 	}
 	for _, tc := range []struct {
 		name string
