@@ -217,8 +217,9 @@ type runner struct {
 
 	arch          train.Arch
 	mode          train.Mode
-	input         []int // one example's shape
-	classes       int   // or the vocabulary
+	input         []int    // one example's shape
+	classes       int      // or the vocabulary
+	labels        []string // the classes' names, where the dataset has them
 	trainL, testL datasets.Batches
 	micro         int // the micro-batch size the budget chose (0: whole batches)
 	model         nn.Model
@@ -363,6 +364,9 @@ func (r *runner) loaders() error {
 	r.cfg.Examples = d.N
 	r.report.Config = r.cfg
 	r.input, r.classes = []int{d.C, d.H, d.W}, d.Classes
+	if len(d.ClassNames) == d.Classes {
+		r.labels = d.ClassNames
+	}
 	mean, std := d.MeanStd()
 	r.mean, r.std = mean, std
 	lc := datasets.LoaderConfig{Batch: r.cfg.Batch, Shuffle: true, Seed: r.cfg.Seed, Mean: mean, Std: std}
@@ -507,7 +511,7 @@ func (r *runner) trainer() (err error) {
 		fmt.Fprintf(r.say, "data parallel: %d ranks over %s, batch %d per rank (%d in all); the gradients take %s (%s), all-reduced in %.3f ms\n",
 			g.Size(), g.Backend(), r.cfg.Batch, r.cfg.Batch*g.Size(), buckets(red.Buckets()), memory.Bytes(red.Bytes()), 1e3*d.Seconds())
 	}
-	r.t.Stop, r.t.Inputs = r.job.Stop, &train.Inputs{Shape: r.input, Classes: r.classes, Mean: r.mean, Std: r.std}
+	r.t.Stop, r.t.Inputs = r.job.Stop, &train.Inputs{Shape: r.input, Classes: r.classes, Mean: r.mean, Std: r.std, Labels: r.labels}
 	if r.arch.Text {
 		r.t.Inputs.Tokenizer = r.cfg.Tokenizer
 	}

@@ -114,7 +114,9 @@ func decodeJSON(data []byte, v any) error {
 
 // Prediction is one image's answer.
 type Prediction struct {
-	Class         int       `json:"class"`
+	Class int    `json:"class"`
+	Label string `json:"label,omitempty"` // the class's name, where the checkpoint has the dataset's
+
 	Probabilities []float32 `json:"probabilities"`
 }
 
@@ -189,7 +191,11 @@ func (s *Server) predictHTTP(w http.ResponseWriter, r *http.Request) error {
 		Predictions []Prediction `json:"predictions"`
 	}{make([]Prediction, n)}
 	for i, p := range probs {
-		out.Predictions[i] = Prediction{Class: argmax(p), Probabilities: p}
+		c := argmax(p)
+		out.Predictions[i] = Prediction{Class: c, Probabilities: p}
+		if len(s.in.Labels) == len(p) {
+			out.Predictions[i].Label = s.in.Labels[c]
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(out)

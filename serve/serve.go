@@ -10,7 +10,8 @@
 //	POST /v1/predict      {"images": [[...], ...]} (each image flattened in C×H×W
 //	                      order, pixels in [0, 1]), or an IDX file of unsigned
 //	                      bytes (Content-Type application/octet-stream) →
-//	                      {"predictions": [{"class": 3, "probabilities": [...]}, ...]}
+//	                      {"predictions": [{"class": 3, "label": "Dress", "probabilities": [...]}, ...]}
+//	                      (label: the class's name, where the checkpoint has the dataset's)
 //	POST /v1/completions  OpenAI's completions, streamed as server-sent events
 //	                      or not (a GPT)
 //	GET  /v1/models       OpenAI's list of the one model served (a GPT)

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/testmodel"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
@@ -77,9 +78,12 @@ func post(t testing.TB, url, ctype string, body []byte) (int, string) {
 
 // A prediction is the model's forward pass of the normalised image, batched
 // or alone: the probabilities a batch of requests gets equal those of each
-// request alone, and those of JSON equal those of the same pixels as IDX.
+// request alone, and those of JSON equal those of the same pixels as IDX;
+// each names its class as the checkpoint's dataset does.
 func TestPredict(t *testing.T) {
-	s, hs := open(t, "resnet8", mnistInputs, Options{Window: 20 * time.Millisecond})
+	in := mnistInputs
+	in.Labels = datasets.FashionMNISTClasses
+	s, hs := open(t, "resnet8", in, Options{Window: 20 * time.Millisecond})
 	rng := rand.New(rand.NewPCG(1, 2))
 	ims := images(3, rng)
 	for i := range ims[2] { // exact in bytes, for the IDX request
@@ -120,6 +124,9 @@ func TestPredict(t *testing.T) {
 		}
 		if sum < 0.9999 || sum > 1.0001 || a.Class != slices.Index(a.Probabilities, slices.Max(a.Probabilities)) {
 			t.Errorf("image %d: probabilities sum to %v, class %d", i, sum, a.Class)
+		}
+		if a.Label != datasets.FashionMNISTClasses[a.Class] {
+			t.Errorf("image %d: class %d labelled %q", i, a.Class, a.Label)
 		}
 	}
 	if code != 200 || len(fromIDX.Predictions) != 1 || fromIDX.Predictions[0].Class != alone[2][0].Class {

@@ -47,6 +47,9 @@ type Inputs struct {
 	Mean      []float32 `json:"mean,omitempty"`
 	Std       []float32 `json:"std,omitempty"`
 	Tokenizer string    `json:"tokenizer,omitempty"`
+	// Labels are the classes' names where the dataset has them (Classes
+	// of them), for a server's answers.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Position is how far into an epoch a run got: what Fit needs to go on
