@@ -3,6 +3,7 @@ package benchmarks
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -43,11 +44,11 @@ func ClaimsFromResults(rs []Result, model string, batch int) []Claim {
 			Numbers: map[string]float64{"fp32_peak_mib": memory.Bytes(fp.PeakAllocated).MiB(), "amp_peak_mib": memory.Bytes(amp.PeakAllocated).MiB(),
 				"saving": amp.SavingVsFP32, "time_change": amp.OverheadFP32}}
 		c.Verdict = verdict(amp.SavingVsFP32 >= 0.3, amp.SavingVsFP32 > 0)
-		c.Summary = fmt.Sprintf("%s batch %d: peak allocated %.1f MiB with AMP vs %.1f MiB in fp32 (%.0f%% less); step time %+.0f%%",
-			model, batch, memory.Bytes(amp.PeakAllocated).MiB(), memory.Bytes(fp.PeakAllocated).MiB(), 100*amp.SavingVsFP32, 100*amp.OverheadFP32)
+		c.Summary = fmt.Sprintf("%s batch %d: peak allocated %.1f MiB with AMP vs %.1f MiB in fp32 (%s); step time %+.0f%%",
+			model, batch, memory.Bytes(amp.PeakAllocated).MiB(), memory.Bytes(fp.PeakAllocated).MiB(), lessOrMore(amp.SavingVsFP32), 100*amp.OverheadFP32)
 		if pa, ok := find(rs, "pytorch", model, batch, "amp"); ok {
 			c.Numbers["pytorch_saving"] = pa.SavingVsFP32
-			c.Summary += fmt.Sprintf("; PyTorch: %.0f%% less", 100*pa.SavingVsFP32)
+			c.Summary += "; PyTorch: " + lessOrMore(pa.SavingVsFP32)
 		}
 		out = append(out, c)
 	}
@@ -56,15 +57,27 @@ func ClaimsFromResults(rs []Result, model string, batch int) []Claim {
 			Numbers: map[string]float64{"fp32_peak_mib": memory.Bytes(fp.PeakAllocated).MiB(), "checkpoint_peak_mib": memory.Bytes(ck.PeakAllocated).MiB(),
 				"saving": ck.SavingVsFP32, "time_overhead": ck.OverheadFP32}}
 		c.Verdict = verdict(ck.SavingVsFP32 > 0.2 && ck.OverheadFP32 > 0.1 && ck.OverheadFP32 < 0.5, ck.SavingVsFP32 > 0)
-		c.Summary = fmt.Sprintf("%s batch %d: checkpointing every block: %.0f%% less peak memory, %+.0f%% step time",
-			model, batch, 100*ck.SavingVsFP32, 100*ck.OverheadFP32)
+		c.Summary = fmt.Sprintf("%s batch %d: checkpointing every block: %s peak memory, %+.0f%% step time",
+			model, batch, lessOrMore(ck.SavingVsFP32), 100*ck.OverheadFP32)
 		if pc, ok := find(rs, "pytorch", model, batch, "checkpoint"); ok {
 			c.Numbers["pytorch_saving"], c.Numbers["pytorch_overhead"] = pc.SavingVsFP32, pc.OverheadFP32
-			c.Summary += fmt.Sprintf("; PyTorch: %.0f%% less, %+.0f%% time", 100*pc.SavingVsFP32, 100*pc.OverheadFP32)
+			c.Summary += fmt.Sprintf("; PyTorch: %s, %+.0f%% time", lessOrMore(pc.SavingVsFP32), 100*pc.OverheadFP32)
 		}
 		out = append(out, c)
 	}
 	return out
+}
+
+// lessOrMore words a saving (a fraction; negative when it costs more):
+// "30% less", "2% more", "the same".
+func lessOrMore(saving float64) string {
+	switch p := math.Round(100 * saving); {
+	case p > 0:
+		return fmt.Sprintf("%.0f%% less", p)
+	case p < 0:
+		return fmt.Sprintf("%.0f%% more", -p)
+	}
+	return "the same"
 }
 
 func verdict(yes, partly bool) string {

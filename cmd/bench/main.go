@@ -46,6 +46,8 @@ func main() {
 }
 
 type options struct {
+	set                                        map[string]bool // the flags given
+	stop                                       <-chan struct{} // closed by SIGINT or SIGTERM
 	device                                     tensor.DeviceSpec
 	ampDType                                   train.AMP
 	specs, configs, pytorch, python, out, date string
@@ -162,6 +164,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 0 // -h
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	specs, more := o.check(fs)
 	problems = append(problems, cmdenv.Unsaid(more, refused)...)
 	if len(problems) > 0 {
@@ -197,8 +201,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench: -shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 		return cmdenv.ExitUsage
 	}
+	interrupts := cmdenv.CatchInterrupts("bench", stderr)
+	defer interrupts.Release()
+	o.stop = interrupts.C
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
+		if errors.Is(err, errInterrupted) {
+			return cmdenv.ExitSignal(interrupts.Signal())
+		}
 		var nr nothingRan
 		if errors.As(err, &nr) {
 			return cmdenv.ExitNothingRan
@@ -226,6 +236,51 @@ func parseLargestBatch(s string) (largestBatch, error) {
 	}
 	lb.bytes = int64(gib * (1 << 30))
 	return lb, nil
+}
+
+// cpuSpecs, cpuSteps and cpuWarmup are bench's defaults on a CPU, where
+// the GPU's (-specs "resnet20:256,1024 resnet18:256 mlp:256", 30 steps)
+// take an hour: a few minutes instead.
+const (
+	cpuSpecs  = "resnet20:32 mlp:64"
+	cpuSteps  = 10
+	cpuWarmup = 2
+)
+
+// cpuDefaults sets, on a CPU, the specs and steps not given to CPU-sized
+// ones, and says what it set.
+func (o *options) cpuDefaults(specs []spec) ([]spec, string) {
+	var said []string
+	if !o.set["specs"] {
+		specs, _ = parseSpecs(cpuSpecs)
+		said = append(said, fmt.Sprintf("-specs %q", cpuSpecs))
+	}
+	if !o.set["steps"] {
+		o.steps = cpuSteps
+		said = append(said, fmt.Sprintf("-steps %d", cpuSteps))
+	}
+	if !o.set["warmup"] {
+		o.warmup = cpuWarmup
+		said = append(said, fmt.Sprintf("-warmup %d", cpuWarmup))
+	}
+	if len(said) == 0 {
+		return specs, ""
+	}
+	return specs, "CPU run: " + strings.Join(said, " ") + " (the defaults suit a GPU; give these flags to choose)"
+}
+
+// errInterrupted is bench's error when SIGINT or SIGTERM stopped it: the
+// rounds finished before are written.
+var errInterrupted = errors.New("interrupted")
+
+// stopped says whether SIGINT or SIGTERM asked bench to stop.
+func (o *options) stopped() bool {
+	select {
+	case <-o.stop:
+		return o.stop != nil
+	default:
+		return false
+	}
 }
 
 // nothingRan is bench's error when the device could not be opened.
@@ -330,6 +385,13 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		return nothingRan{err}
 	}
 	rep := &benchmarks.Report{Date: o.date, Device: dev.Name(), Commit: o.commit}
+	if dev.Name() == "cpu" {
+		var said string
+		if specs, said = o.cpuDefaults(specs); said != "" {
+			fmt.Fprintln(stderr, said)
+			rep.Notes = append(rep.Notes, said+".")
+		}
+	}
 	if n, ok := dev.Backend().(interface{ DeviceName() string }); ok {
 		rep.Device = fmt.Sprintf("%s (%s)", dev.Name(), n.DeviceName())
 	}
@@ -422,13 +484,27 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		if round%2 == 1 {
 			first, second = second, first
 		}
-		if err := first(); err != nil {
-			return err
-		}
+		err := first()
 		if o.cpuprofile != "" && round == 0 {
 			pprof.StopCPUProfile() // the first round's leangrad steps are enough
 		}
-		if err := second(); err != nil {
+		if err == nil && !o.stopped() {
+			err = second()
+		}
+		if errors.Is(err, errInterrupted) || err == nil && o.stopped() {
+			// What was measured is kept: this round's results so far, and
+			// the report of them written before exiting.
+			if r := append(lg, pt...); len(r) > 0 {
+				rounds = append(rounds, r)
+			}
+			note := fmt.Sprintf("Interrupted (SIGINT or SIGTERM) in round %d of %d: the report holds what was measured before.", round+1, o.rounds)
+			fmt.Fprintln(stderr, note)
+			rep.Notes = append(rep.Notes, note)
+			rep.Results, _ = benchmarks.MedianRounds(rounds)
+			benchmarks.Relate(rep.Results)
+			return errors.Join(errInterrupted, write(o, rep, stdout, stderr))
+		}
+		if err != nil {
 			return err
 		}
 		rounds = append(rounds, append(lg, pt...))
@@ -493,6 +569,9 @@ func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, 
 					eagerToo = append(eagerToo, true)
 				}
 				for _, eager := range eagerToo {
+					if o.stopped() {
+						return out, errInterrupted
+					}
 					dev.Allocator().EmptyCache() // each configuration's reserved peak is its own
 					bo.Eager = eager
 					r, err := benchmarks.Run(dev, benchmarks.Spec{Model: sp.model, Batch: b, Config: c}, bo)

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 )
@@ -238,5 +240,50 @@ func TestHasText(t *testing.T) {
 		if got := hasText(specs); got != c.want {
 			t.Errorf("hasText(%q) = %v, want %v", c.specs, got, c.want)
 		}
+	}
+}
+
+// signalOnResult sends this process SIGINT once the first result is said.
+type signalOnResult struct {
+	bytes.Buffer
+	sent bool
+}
+
+func (w *signalOnResult) Write(p []byte) (int, error) {
+	if !w.sent && bytes.Contains(p, []byte(" batch 4 fp32: ")) {
+		w.sent = true
+		syscall.Kill(os.Getpid(), syscall.SIGINT)
+		time.Sleep(100 * time.Millisecond) // the signal arrives before the next configuration starts
+	}
+	return w.Buffer.Write(p)
+}
+
+// SIGINT after the first result stops bench before the next one and keeps
+// what was measured: the report is written, saying where it stopped, and
+// the exit status is SIGINT's.
+func TestBenchSIGINTKeepsResults(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	var errb signalOnResult
+	code := run([]string{"-device", "cpu", "-specs", "mlp:4", "-configs", "fp32,amp", "-steps", "2", "-warmup", "0", "-pytorch", "", "-claims=false", "-out", dir}, &out, &errb)
+	if code != 130 || !strings.Contains(errb.String(), "Interrupted (SIGINT or SIGTERM) in round 1 of 1") {
+		t.Fatalf("exit %d\n%s", code, errb.String())
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	var rep struct {
+		Results []struct{ Config string }
+	}
+	if err != nil || json.Unmarshal(data, &rep) != nil || len(rep.Results) != 1 || rep.Results[0].Config != "fp32" {
+		t.Errorf("bench.json after SIGINT: %v %s", err, data)
+	}
+}
+
+// On a CPU the specs and steps not given are CPU-sized, and bench says so.
+func TestBenchCPUDefaults(t *testing.T) {
+	o := options{set: map[string]bool{"steps": true}, steps: 3, warmup: 5}
+	specs, said := o.cpuDefaults(nil)
+	if len(specs) != 2 || specs[0].model != "resnet20" || o.steps != 3 || o.warmup != cpuWarmup ||
+		said != `CPU run: -specs "resnet20:32 mlp:64" -warmup 2 (the defaults suit a GPU; give these flags to choose)` {
+		t.Errorf("specs %+v, steps %d, warmup %d, said %q", specs, o.steps, o.warmup, said)
 	}
 }
