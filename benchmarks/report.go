@@ -14,6 +14,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Report is everything one harness run produced.
@@ -194,45 +196,128 @@ var engineColors = map[string]color.Color{
 	engineCompile:  color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 }
 
-// PlotBars draws one metric per spec, each engine's bar side by side.
+// ConfigColor is configuration name's colour in every plot: fp32 blue,
+// AMP orange (in any dtype: amp, f16, bf16), checkpoint green, AMP with
+// checkpointing purple, anything else grey.
+func ConfigColor(name string) color.Color {
+	amp, ckpt := false, false
+	for _, part := range strings.Split(name, "+") {
+		switch part {
+		case "amp", "f16", "bf16":
+			amp = true
+		case "checkpoint":
+			ckpt = true
+		case "fp32":
+		default:
+			return color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff}
+		}
+	}
+	switch {
+	case amp && ckpt:
+		return color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
+	case ckpt:
+		return color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	case amp:
+		return color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}
+	}
+	return color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
+}
+
+// LegendRoom raises p's Y axis above the data's top, max, so that a
+// legend at the top sits over empty space, not over the lines: n entries.
+func LegendRoom(p *plot.Plot, max float64, n int) {
+	p.Y.Max = max * (1 + 0.09*float64(n) + 0.05)
+}
+
+// PlotBars draws one metric per spec: a panel per model and batch, each
+// with its own axis (a small model's bars do not vanish beside a large
+// one's), its configurations along it and each engine's bar side by side
+// above its label.
 func (r *Report) PlotBars(path, title, ylabel string, metric func(Result) float64) error {
 	keys, by := r.table()
-	p := plot.New()
-	p.Title.Text = title
-	p.Y.Label.Text = ylabel
-	var names []string
-	for _, k := range keys {
-		names = append(names, fmt.Sprintf("%s/%d\n%s", k.model, k.batch, k.config))
-	}
-	w := vg.Points(6)
 	var engines []string
 	for _, e := range []string{engineLeangrad, engineEager, enginePyTorch, engineCompile} {
 		if len(by[e]) > 0 {
 			engines = append(engines, e)
 		}
 	}
-	for i, engine := range engines {
-		vals := make(plotter.Values, len(keys))
-		for j, k := range keys {
-			if x, ok := by[engine][k]; ok {
-				vals[j] = metric(x)
+	type panel struct {
+		model string
+		batch int
+		keys  []rowKey
+	}
+	var panels []*panel
+	for _, k := range keys {
+		if n := len(panels); n == 0 || panels[n-1].model != k.model || panels[n-1].batch != k.batch {
+			panels = append(panels, &panel{model: k.model, batch: k.batch})
+		}
+		panels[len(panels)-1].keys = append(panels[len(panels)-1].keys, k)
+	}
+	if len(panels) == 0 {
+		return fmt.Errorf("%s: no results to plot", path)
+	}
+	w := vg.Points(min(14, 60/float64(len(engines))))
+	plots := make([][]*plot.Plot, 1)
+	most := 0 // configurations in the widest panel: the tiles are equal
+	for i, pn := range panels {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s, batch %d", pn.model, pn.batch)
+		if i == 0 {
+			p.Y.Label.Text = ylabel
+		}
+		var names []string
+		top := 0.0
+		for _, k := range pn.keys {
+			names = append(names, k.config)
+		}
+		for e, engine := range engines {
+			vals := make(plotter.Values, len(pn.keys))
+			for j, k := range pn.keys {
+				if x, ok := by[engine][k]; ok {
+					vals[j] = metric(x)
+					top = max(top, vals[j])
+				}
+			}
+			bars, err := plotter.NewBarChart(vals, w)
+			if err != nil {
+				return err
+			}
+			bars.Color = engineColors[engine]
+			bars.LineStyle.Width = 0
+			bars.Offset = w * vg.Length(2*e-len(engines)+1) / 2
+			p.Add(bars)
+			if i == len(panels)-1 {
+				p.Legend.Add(engine, bars)
 			}
 		}
-		bars, err := plotter.NewBarChart(vals, w)
-		if err != nil {
-			return err
-		}
-		bars.Color = engineColors[engine]
-		bars.LineStyle.Width = 0
-		bars.Offset = w * vg.Length(2*i-len(engines)+1) / 2
-		p.Add(bars)
-		p.Legend.Add(engine, bars)
+		p.Y.Min = 0
+		LegendRoom(p, top, len(engines))
+		p.Legend.Top = true
+		p.Legend.XOffs = -vg.Points(6)
+		p.NominalX(names...)
+		p.X.Min, p.X.Max = -0.7, float64(len(names))-0.3 // room beside the outer bars
+		p.X.Tick.Label.Rotation = 0.5
+		p.X.Tick.Label.XAlign = draw.XRight // the label ends under its bars
+		p.X.Tick.Label.YAlign = draw.YTop
+		plots[0] = append(plots[0], p)
+		most = max(most, len(pn.keys))
 	}
-	p.Legend.Top = true
-	p.NominalX(names...)
-	p.X.Tick.Label.Rotation = 0.6
-	p.X.Tick.Label.XAlign = -0.1
-	return save(p, path, vg.Length(max(8, len(keys)))*vg.Inch*0.7, 5*vg.Inch)
+	width := vg.Length(len(panels)) * (vg.Length(most)*(w*vg.Length(len(engines))+vg.Points(22)) + vg.Inch*0.9)
+	img := vgimg.New(max(width, 5*vg.Inch), 5*vg.Inch)
+	dc := draw.New(img)
+	t := plot.New()
+	t.Title.Text = title
+	t.HideAxes()
+	t.Draw(dc)
+	body := draw.Crop(dc, 0, 0, 0, -0.35*vg.Inch)
+	canvases := plot.Align(plots, draw.Tiles{Rows: 1, Cols: len(plots[0]), PadX: vg.Points(12), PadY: vg.Points(6)}, body)
+	for j, p := range plots[0] {
+		p.Draw(canvases[0][j])
+	}
+	return fileio.Write(path, func(out io.Writer) error {
+		_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(out)
+		return err
+	})
 }
 
 // PlotTimelines draws, for each model and batch, allocated bytes over one
@@ -251,13 +336,12 @@ func (r *Report) PlotTimelines(dir string) ([]string, error) {
 		groups[k] = append(groups[k], x)
 	}
 	var paths []string
-	colors := []color.Color{color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-		color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}}
 	for _, k := range order {
 		p := plot.New()
 		p.Title.Text = "allocated bytes during one training step, " + strings.Replace(k, "_b", ", batch ", 1)
 		p.X.Label.Text = "ms since the step started"
 		p.Y.Label.Text = "MiB allocated"
+		top := 0.0
 		for _, x := range groups[k] {
 			var xy plotter.XYs
 			var t0 float64
@@ -276,12 +360,17 @@ func (r *Report) PlotTimelines(dir string) ([]string, error) {
 			if err != nil {
 				return nil, err
 			}
-			line.Color = colors[configOrder(x.Config)%len(colors)]
+			line.Color = ConfigColor(x.Config)
+			line.Width = vg.Points(1.2)
 			p.Add(line)
 			p.Legend.Add(x.Config, line)
+			for _, v := range xy {
+				top = max(top, v.Y)
+			}
 		}
 		p.Legend.Top = true
 		p.Y.Min = 0
+		LegendRoom(p, top, len(groups[k]))
 		path := fmt.Sprintf("%s/timeline_%s.png", dir, k)
 		if err := save(p, path, 8*vg.Inch, 4*vg.Inch); err != nil {
 			return nil, err

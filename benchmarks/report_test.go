@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"image/color"
 	"strings"
 	"testing"
 )
@@ -22,5 +23,20 @@ func TestClaimsSayTheSignRight(t *testing.T) {
 	}
 	if cs := ClaimsFromResults(rs, "mlp", 4); len(cs) != 1 || !strings.Contains(cs[0].Summary, "3.4 MiB with AMP vs 3.3 MiB in fp32 (2% more)") {
 		t.Errorf("claims %+v", cs)
+	}
+}
+
+// TestConfigColors: each configuration has its own colour, the same in
+// every dtype of AMP.
+func TestConfigColors(t *testing.T) {
+	seen := map[color.Color]string{}
+	for _, c := range []string{"fp32", "amp", "checkpoint", "amp+checkpoint"} {
+		if other, ok := seen[ConfigColor(c)]; ok {
+			t.Errorf("%s and %s share a colour", c, other)
+		}
+		seen[ConfigColor(c)] = c
+	}
+	if ConfigColor("bf16+checkpoint") != ConfigColor("amp+checkpoint") || ConfigColor("f16") != ConfigColor("amp") {
+		t.Errorf("AMP's dtypes take other colours")
 	}
 }

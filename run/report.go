@@ -244,8 +244,10 @@ func PlotMemory(samples []train.MemSample, title, path string) error {
 		{"reserved (segments held)", func(s train.MemSample) int64 { return s.Reserved }},
 		{"allocated after the step", func(s train.MemSample) int64 { return s.Allocated }},
 	}
+	top := 0.0
 	for i, l := range lines {
-		line, err := plotter.NewLine(series(l.f))
+		xy := series(l.f)
+		line, err := plotter.NewLine(xy)
 		if err != nil {
 			return err
 		}
@@ -253,10 +255,14 @@ func PlotMemory(samples []train.MemSample, title, path string) error {
 		line.Width = vg.Points(1.2)
 		p.Add(line)
 		p.Legend.Add(l.name, line)
+		for _, v := range xy {
+			top = max(top, v.Y)
+		}
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Y.Min = 0
+	p.Y.Max = top * (1 + 0.09*float64(len(lines)) + 0.05) // the legend above the lines, not over them
 	format := "png"
 	if i := strings.LastIndexByte(path, '.'); i >= 0 {
 		format = strings.ToLower(path[i+1:])
