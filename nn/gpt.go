@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -39,6 +40,11 @@ func (c GPTConfig) Check() error {
 		return fmt.Errorf("GPT %+v: the width %d is not a multiple of the %d heads", c, c.Width, c.Heads)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return fmt.Errorf("GPT %+v: dropout %v outside [0, 1)", c, c.Dropout)
+	}
+	blocks, ok1 := memory.Product(13, c.Layers, c.Width, c.Width)
+	embed, ok2 := memory.Product(c.Vocab+c.Context, c.Width)
+	if !ok1 || !ok2 || blocks > math.MaxInt-embed {
+		return fmt.Errorf("GPT %+v: more parameters than an int counts", c)
 	}
 	return nil
 }

@@ -241,6 +241,41 @@ func (r *runner) lookup() (err error) {
 	case !r.arch.Text && (r.job.Train == nil || r.job.Test == nil):
 		return fmt.Errorf("model %s classifies images: the job needs training and test images (Job.Train, Job.Test)", r.cfg.Model)
 	}
+	return r.stateFits()
+}
+
+// stateFits refuses, before anything is built, a language model whose
+// parameters, gradients and optimizer state alone (F32: 4 bytes each, and
+// AdamW's two moments or SGD's momentum) pass the device's memory, or the
+// budget: no configuration of activations can make it fit.
+func (r *runner) stateFits() error {
+	if !r.arch.Text {
+		return nil
+	}
+	per := int64(4 + 4 + 8) // weights, gradients, AdamW's moments
+	if r.cfg.Optimizer == "sgd" {
+		per = 4 + 4 + 4
+	}
+	g := r.arch.GPT
+	g.Vocab = r.job.Text.Tokenizer.Vocab()
+	if r.cfg.Context > 0 {
+		g.Context = r.cfg.Context
+	}
+	params := int64(g.Params())
+	need := params * per
+	_, total := r.dev.MemInfo()
+	limit, of := total, r.dev.Name()+"'s memory"
+	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
+		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
+	}
+	if need > limit {
+		elsewhere := ""
+		if r.dev.Name() != "cpu" {
+			elsewhere = "; leangrad cannot yet keep them in host memory"
+		}
+		return fmt.Errorf("model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s%s",
+			r.cfg.Model, count(int(params)), memory.Bytes(need), r.cfg.Optimizer, memory.Bytes(limit), of, elsewhere)
+	}
 	return nil
 }
 

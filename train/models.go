@@ -50,7 +50,7 @@ type Recipe struct {
 }
 
 // ModelNames says, for messages and -h, which names LookupArch knows.
-const ModelNames = "resnet (resnet20), resnetN (N = 6n+2: resnet20, resnet56, ..., resnet1202), resnet18, mlp, gpt (gpt-small), gpt-mini or gpt2"
+const ModelNames = "resnet (resnet20), resnetN (N = 6n+2: resnet20, resnet56, ..., resnet1202), resnet18, mlp, gpt (gpt-small), gpt-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-1.3b, gpt3-2.7b, gpt3-6.7b, or any GPT's shape as gpt:L24,W2048,H16[,C2048][,V50257] (layers, width, heads, context, vocabulary)"
 
 // ModelName is a name LookupArch knows. It is a flag.Value: Set refuses any
 // other name, saying which it knows.
@@ -93,6 +93,48 @@ var gptPresets = map[string]struct {
 		Recipe{Optimizer: "adamw", LR: 2e-3, Beta2: 0.99, WeightDecay: 0.1, ClipNorm: 1, Batch: 16, Steps: 200, EvalEvery: 100, EvalBatches: 20, WarmupSteps: 20}},
 	"gpt2": {nn.GPT2Small(),
 		Recipe{Optimizer: "adamw", LR: 6e-4, Beta2: 0.95, WeightDecay: 0.1, ClipNorm: 1, Batch: 16, Steps: 1000, EvalEvery: 200, WarmupSteps: 100}},
+	// GPT-2's larger shapes (context 1024), and GPT-3's (context 2048; the
+	// 1.3B's 16 heads of 128, as Megatron and the released models have
+	// them, where the paper's table says 24), with the paper's learning
+	// rates.
+	"gpt2-medium": {nn.GPTConfig{Layers: 24, Heads: 16, Width: 1024, Vocab: 50257, Context: 1024}, bigRecipe(3e-4)},
+	"gpt2-large":  {nn.GPTConfig{Layers: 36, Heads: 20, Width: 1280, Vocab: 50257, Context: 1024}, bigRecipe(2.5e-4)},
+	"gpt2-xl":     {nn.GPTConfig{Layers: 48, Heads: 25, Width: 1600, Vocab: 50257, Context: 1024}, bigRecipe(2e-4)},
+	"gpt3-1.3b":   {nn.GPTConfig{Layers: 24, Heads: 16, Width: 2048, Vocab: 50257, Context: 2048}, bigRecipe(2e-4)},
+	"gpt3-2.7b":   {nn.GPTConfig{Layers: 32, Heads: 32, Width: 2560, Vocab: 50257, Context: 2048}, bigRecipe(1.6e-4)},
+	"gpt3-6.7b":   {nn.GPTConfig{Layers: 32, Heads: 32, Width: 4096, Vocab: 50257, Context: 2048}, bigRecipe(1.2e-4)},
+}
+
+// bigRecipe is the recipe of the larger GPTs: GPT-2's, at learning rate lr
+// and batches of 8.
+func bigRecipe(lr float64) Recipe {
+	return Recipe{Optimizer: "adamw", LR: lr, Beta2: 0.95, WeightDecay: 0.1, ClipNorm: 1, Batch: 8, Steps: 1000, EvalEvery: 200, WarmupSteps: 100}
+}
+
+// gptShape reads "gpt:L24,W2048,H16[,C2048][,V50257]": a GPT of that
+// shape (context 1024 and GPT-2's vocabulary unless given) with the
+// larger GPTs' recipe.
+func gptShape(name string) (nn.GPTConfig, Recipe, error) {
+	spec, _ := strings.CutPrefix(name, "gpt:")
+	c := nn.GPTConfig{Vocab: 50257, Context: 1024}
+	fields := map[byte]*int{'L': &c.Layers, 'W': &c.Width, 'H': &c.Heads, 'C': &c.Context, 'V': &c.Vocab}
+	for _, f := range strings.Split(spec, ",") {
+		if len(f) < 2 || fields[f[0]] == nil {
+			return c, Recipe{}, fmt.Errorf("model %q: %q is not one of L (layers), W (width), H (heads), C (context), V (vocabulary) and a number, as gpt:L24,W2048,H16", name, f)
+		}
+		n, err := strconv.Atoi(f[1:])
+		if err != nil || n < 1 || n > 1<<24 {
+			return c, Recipe{}, fmt.Errorf("model %q: %q: want a positive number", name, f)
+		}
+		*fields[f[0]] = n
+	}
+	if c.Layers == 0 || c.Width == 0 || c.Heads == 0 {
+		return c, Recipe{}, fmt.Errorf("model %q: want at least L (layers), W (width) and H (heads), as gpt:L24,W2048,H16", name)
+	}
+	if err := c.Check(); err != nil {
+		return c, Recipe{}, fmt.Errorf("model %q: %w", name, err)
+	}
+	return c, bigRecipe(3e-4), nil
 }
 
 // LanguageModels lists the names of the registry's language models.
@@ -129,7 +171,15 @@ func LookupArch(name string) (Arch, error) {
 	case "resnet":
 		name = "resnet20"
 	}
-	if p, ok := gptPresets[preset]; ok {
+	p, ok := gptPresets[preset]
+	if strings.HasPrefix(name, "gpt:") {
+		var err error
+		if p.cfg, p.recipe, err = gptShape(name); err != nil {
+			return Arch{}, err
+		}
+		ok = true
+	}
+	if ok {
 		g, recipe := p.cfg, p.recipe
 		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: nn.CheckpointBlocks,
 			build: func(dev *tensor.Device, input []int, classes int) (nn.Model, error) {

@@ -270,6 +270,7 @@ func modelTensors(t *testing.T, path string) map[string][]byte {
 // The smaller cases: each is a clear line with its own exit status, and
 // -json is valid JSON whatever happened.
 func TestSmallerCases(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // the token files
 	dir := t.TempDir()
 	js := filepath.Join(dir, "r.json")
 	ck := filepath.Join(dir, "run.ckpt")
@@ -292,6 +293,8 @@ func TestSmallerCases(t *testing.T) {
 			cmdenv.ExitNothingRan, "batch 1000000: more than the 64 training images"},
 		{"a GPT batch past the host's memory", []string{"-model", "gpt-mini", "-device", "cpu", "-tokenizer", "bytes", "-data", text, "-batch", "2000000000", "-json", js},
 			cmdenv.ExitNothingRan, "train: batch 2000000000 of 64-token windows: its host buffers alone take 953.67 GiB, more than the "},
+		{"a GPT whose state alone passes the budget", []string{"-model", "gpt2-medium", "-device", "cpu", "-tokenizer", "bytes", "-data", text, "-max-memory", "1GiB", "-json", js},
+			cmdenv.ExitNothingRan, "train: model gpt2-medium: its 303,622,144 parameters take 4.52 GiB in F32 with their gradients and adamw's state, more than the 1.00 GiB of the budget (-max-memory)"},
 		{"-download beside -data", []string{"-download", "-data", dir}, cmdenv.ExitUsage, "-download fetches into the user cache folder, and -data " + dir},
 		{"-max-memory without a unit", []string{"-max-memory", "1.5"}, cmdenv.ExitUsage, "want 1.5GiB or 1.5MiB"},
 		{"resuming a finished run", slices.Concat(smallRun, []string{"-epochs", "1", "-resume", ck, "-json", js}),
@@ -378,6 +381,7 @@ func TestInputsThatAreNotFiles(t *testing.T) {
 // signal's exit status, no promise of a -resume file that was never
 // written, and the JSON report.
 func TestSIGINTWhileReadingTheText(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
 	dir := t.TempDir()
 	text := filepath.Join(dir, "text.txt")
 	line := []byte("The jury further said in term-end presentments that the City Executive Committee deserves praise.\n")
