@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -21,15 +22,53 @@ func needNVRTC(t *testing.T) {
 	}
 }
 
+// The module compiled once for each target the tests read, each compile
+// taking most of a minute on two cores: sm_90's CUBIN with ptxas's verbose
+// log (TestKernelsCompile, TestKernelResources) and compute_90's PTX
+// (TestKernelsWaitFirst, TestKernelSignatures).
+var (
+	sm90Once  sync.Once
+	sm90Cubin []byte
+	sm90Log   string
+	sm90Err   error
+
+	ptx90Once sync.Once
+	ptx90     string
+	ptx90Err  error
+)
+
+// moduleSM90 is the module's sm_90 CUBIN and ptxas's log of it.
+func moduleSM90(t *testing.T) ([]byte, string) {
+	t.Helper()
+	needNVRTC(t)
+	sm90Once.Do(func() { sm90Cubin, sm90Log, sm90Err = compile(Source(), "sm_90", false, "--ptxas-options=-v") })
+	if sm90Err != nil {
+		t.Fatal(sm90Err)
+	}
+	return sm90Cubin, sm90Log
+}
+
+// modulePTX90 is the module's compute_90 PTX.
+func modulePTX90(t *testing.T) string {
+	t.Helper()
+	needNVRTC(t)
+	ptx90Once.Do(func() { ptx90, ptx90Err = CompilePTX(Source(), "compute_90") })
+	if ptx90Err != nil {
+		t.Fatal(ptx90Err)
+	}
+	return ptx90
+}
+
 // TestKernelsCompile compiles every kernel with whatever NVRTC this machine
 // has (no GPU is needed), for the architectures leangrad targets.
 func TestKernelsCompile(t *testing.T) {
 	needNVRTC(t)
-	for _, arch := range []string{"sm_80", "sm_90"} {
-		cubin, err := Compile(Source(), arch)
-		if err != nil {
-			t.Fatalf("%s: %v", arch, err)
-		}
+	sm80, err := Compile(Source(), "sm_80")
+	if err != nil {
+		t.Fatalf("sm_80: %v", err)
+	}
+	sm90, _ := moduleSM90(t)
+	for arch, cubin := range map[string][]byte{"sm_80": sm80, "sm_90": sm90} {
 		if len(cubin) < 1000 || string(cubin[1:4]) != "ELF" {
 			t.Errorf("%s: %d bytes that are not an ELF cubin", arch, len(cubin))
 		}
@@ -131,11 +170,7 @@ func waitLate(ptx string) []string {
 // next be placed; a kernel that read its input first could read it
 // unfinished.
 func TestKernelsWaitFirst(t *testing.T) {
-	needNVRTC(t)
-	ptx, err := CompilePTX(Source(), "compute_90")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ptx := modulePTX90(t)
 	if n := strings.Count(ptx, ".entry "); n < 100 {
 		t.Fatalf("the PTX holds %d kernels: the split missed them", n)
 	}

@@ -35,11 +35,8 @@ ptxas info    : Used 128 registers, used 1 barriers, 32768 bytes smem, 424 bytes
 // sm_90 is reported with the registers ptxas gave it, layer norm's backward
 // among them.
 func TestKernelResources(t *testing.T) {
-	needNVRTC(t)
-	uses, err := KernelResources(Source(), "sm_90")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, log := moduleSM90(t)
+	uses := ParsePtxasLog(log)
 	found := false
 	for _, k := range uses {
 		if k.Registers <= 0 {

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"unsafe"
 )
@@ -100,24 +99,11 @@ func checkDecl(d *kernelDecl, entries map[string][]ptxParam) []string {
 	return errs
 }
 
-var (
-	ptxOnce    sync.Once
-	ptxEntries map[string][]ptxParam
-	ptxErr     error
-)
-
-// modulePTX compiles the module to PTX once and parses its entries.
+// modulePTX is the entries of the module's PTX (compute_90's: the
+// parameter lists are every architecture's).
 func modulePTX(t *testing.T) map[string][]ptxParam {
 	t.Helper()
-	needNVRTC(t)
-	ptxOnce.Do(func() {
-		var ptx string
-		ptx, ptxErr = CompilePTX(Source(), "compute_80")
-		ptxEntries = parsePTX(ptx)
-	})
-	if ptxErr != nil {
-		t.Fatal(ptxErr)
-	}
+	ptxEntries := parsePTX(modulePTX90(t))
 	if len(ptxEntries) < 20 {
 		t.Fatalf("the PTX holds %d kernels: the parser missed them", len(ptxEntries))
 	}
