@@ -157,7 +157,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how leangrad multiplies F32 matrices: tf32x3 (three TF32 tensor-core products, at F32's accuracy), strict (F32 on the FMA units, PyTorch's default, which the PyTorch runs keep) or tf32")
 	fs.StringVar(&o.commit, "commit", buildCommit(), "leangrad's commit, written into the report (default: the one the binary was built from)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: bench [flags]\n\nRuns leangrad's benchmark harness beside PyTorch and writes bench.json, bench.md and plots into -out.\n%s\nFlags:\n", cmdenv.ExitStatuses("after writing the report of what was measured", map[int]string{cmdenv.ExitFailed: "", cmdenv.ExitNothingRan: "nothing ran (the device could not be opened)"}))
 		fs.PrintDefaults()
 	}
 	problems, refused, err := cmdenv.ParseFlags(fs, args)

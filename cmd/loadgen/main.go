@@ -97,7 +97,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: loadgen [flags]\n\nLoads a leangrad GPT server on this machine through /v1/completions and reports its throughput,\nlatencies and key-value memory.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: loadgen [flags]\n\nLoads a leangrad GPT server on this machine through /v1/completions and reports its throughput,\nlatencies and key-value memory.\n%s\nFlags:\n", cmdenv.ExitStatuses("", map[int]string{cmdenv.ExitFailed: "failed (a request failed, or the server could not be read)"}))
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.url, "url", "http://127.0.0.1:8080", "the server (a loopback address)")

@@ -53,7 +53,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: serve [flags] model.st\n\nServes a checkpoint that train -save wrote over HTTP: POST /v1/predict (an image classifier) or\nPOST /v1/completions, GET /v1/models and POST /v1/generate (a GPT); GET /healthz, /readyz and /metrics.\n%s\nFlags:\n", cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: serve [flags] model.st\n\nServes a checkpoint that train -save wrote over HTTP: POST /v1/predict (an image classifier) or\nPOST /v1/completions, GET /v1/models and POST /v1/generate (a GPT); GET /healthz, /readyz and /metrics.\n%s\nFlags:\n", cmdenv.ExitStatuses("", map[int]string{0: "stopped by SIGINT or SIGTERM after answering the requests in flight", cmdenv.ExitFailed: "failed (or the requests in flight outlasted -drain)", cmdenv.ExitNothingRan: "nothing ran (the device or the checkpoint could not be opened)"}))
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")

@@ -200,7 +200,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n%s\n%s\nFlags:\n", run.CPUPolicy, cmdenv.ExitStatuses)
+		fmt.Fprintf(stderr, "Usage: train [flags]\n\nTrains a model and reports accuracy, throughput and memory, with the savings of -amp and\n-checkpoint measured by the allocator. Defaults: ResNet-20 on Fashion-MNIST, on the GPU if there is one.\n%s\n%s\nFlags:\n", run.CPUPolicy, cmdenv.ExitStatuses("after saving where it got to", map[int]string{cmdenv.ExitFailed: "", cmdenv.ExitDiverged: "", cmdenv.ExitNothingRan: ""}))
 		fs.PrintDefaults()
 	}
 	fs.Var(&o.model, "model", "model: "+train.ModelNames+" (resnet: see -depth)")

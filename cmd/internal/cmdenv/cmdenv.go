@@ -121,9 +121,31 @@ const (
 	// 130 for SIGINT, 143 for SIGTERM (ExitSignal).
 )
 
-// ExitStatuses is the table the commands' -h prints.
-const ExitStatuses = "Exit status: 0 done, 1 failed, 3 diverged, 4 nothing ran (the device, data or checkpoint could not be opened),\n" +
-	"64 bad flags (nothing ran), 70 a bug in leangrad, 130 or 143 stopped by SIGINT or SIGTERM (after saving where it got to).\n"
+// ExitStatuses is the line a command's -h prints of the statuses it exits
+// with: 0 and the codes given, in their usual words unless a command says
+// them in its own (0: "done"; failed: "a request failed"), then 64 and 70,
+// and, when stopped is not empty, 130 or 143 and what a stop does.
+func ExitStatuses(stopped string, codes map[int]string) string {
+	words := map[int]string{ExitFailed: "failed", ExitDiverged: "diverged", ExitNothingRan: "nothing ran (the device, data or checkpoint could not be opened)"}
+	done := "done"
+	if w := codes[0]; w != "" {
+		done = w
+	}
+	parts := []string{"0 " + done}
+	for _, c := range []int{ExitFailed, ExitDiverged, ExitNothingRan} {
+		if w, ok := codes[c]; ok {
+			if w == "" {
+				w = words[c]
+			}
+			parts = append(parts, fmt.Sprintf("%d %s", c, w))
+		}
+	}
+	parts = append(parts, "64 bad flags (nothing ran)", "70 a bug in leangrad")
+	if stopped != "" {
+		parts = append(parts, "130 or 143 stopped by SIGINT or SIGTERM ("+stopped+")")
+	}
+	return "Exit status: " + strings.Join(parts, ", ") + ".\n"
+}
 
 // ExitSignal is the exit status of a run a signal stopped: 128 + its number.
 func ExitSignal(sig os.Signal) int {

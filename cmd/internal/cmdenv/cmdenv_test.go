@@ -75,3 +75,22 @@ func TestPanicIsOneLine(t *testing.T) {
 		t.Errorf("a panic printed %q", s)
 	}
 }
+
+// TestExitStatuses: each command's -h lists the statuses it exits with, in
+// its words where it has its own, and no other.
+func TestExitStatuses(t *testing.T) {
+	for _, c := range []struct {
+		stopped string
+		codes   map[int]string
+		want    string
+	}{
+		{"after saving where it got to", map[int]string{ExitFailed: "", ExitDiverged: "", ExitNothingRan: ""},
+			"Exit status: 0 done, 1 failed, 3 diverged, 4 nothing ran (the device, data or checkpoint could not be opened), 64 bad flags (nothing ran), 70 a bug in leangrad, 130 or 143 stopped by SIGINT or SIGTERM (after saving where it got to).\n"},
+		{"", map[int]string{0: "stopped", ExitFailed: "a request failed"},
+			"Exit status: 0 stopped, 1 a request failed, 64 bad flags (nothing ran), 70 a bug in leangrad.\n"},
+	} {
+		if got := ExitStatuses(c.stopped, c.codes); got != c.want {
+			t.Errorf("ExitStatuses(%q, %v) =\n%q, want\n%q", c.stopped, c.codes, got, c.want)
+		}
+	}
+}
