@@ -664,6 +664,10 @@ func (r *runner) summarize() error {
 	for _, m := range r.report.Measured {
 		if m.Name == "fp32" && chosen != "fp32" {
 			line += fmt.Sprintf(" (fp32: %s, %s)", memory.Bytes(m.PeakAllocated), Percent(peakA, m.PeakAllocated))
+			if cfg.AMP.On() && peakA > m.PeakAllocated {
+				line += fmt.Sprintf(": AMP holds a 16-bit copy of the weights (%s) beside the F32 ones, more than it saves on this batch's activations",
+					memory.Bytes(2*int64(nn.CountParams(r.model))))
+			}
 		}
 	}
 	add("%s", line)
