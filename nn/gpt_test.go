@@ -278,6 +278,23 @@ func testGPTCheckpointedMatchesPlain(t *testing.T, p float32) {
 	}
 }
 
+// greedyNext is the most likely token after seq by g's full forward,
+// without a cache.
+func greedyNext(g *GPT, dev *tensor.Device, seq []int32) (next int32) {
+	ag.NoGrad(dev, func() {
+		dev.WithScope(func() {
+			logits := g.Forward(tensor.FromInt32(dev, seq, 1, len(seq))).Float32s()
+			last := logits[(len(seq)-1)*g.Cfg.Vocab:]
+			for j, v := range last {
+				if v > last[next] {
+					next = int32(j)
+				}
+			}
+		})
+	})
+	return next
+}
+
 // TestGPTGenerateMatchesFullForward: greedy decoding with the key-value
 // cache picks, at every step, the argmax of the full forward over the
 // sequence so far, recomputed without a cache; and it leaves nothing
@@ -299,19 +316,7 @@ func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 	}
 	seq := append([]int32(nil), prompt...)
 	for i, tok := range out {
-		var want int32
-		ag.NoGrad(dev, func() {
-			dev.WithScope(func() {
-				logits := g.Forward(tensor.FromInt32(dev, seq, 1, len(seq))).Float32s()
-				last := logits[(len(seq)-1)*11:]
-				for j, v := range last {
-					if v > last[want] {
-						want = int32(j)
-					}
-				}
-			})
-		})
-		if tok != want {
+		if want := greedyNext(g, dev, seq); tok != want {
 			t.Errorf("token %d: %d with the cache, %d from the full forward", i, tok, want)
 		}
 		seq = append(seq, tok)
@@ -337,20 +342,7 @@ func testGPTGenerate(t *testing.T, dev *tensor.Device) {
 			if len(seq)-start > 6 {
 				start = len(seq) - 3
 			}
-			var want int32
-			ag.NoGrad(dev, func() {
-				dev.WithScope(func() {
-					w := seq[start:]
-					logits := g.Forward(tensor.FromInt32(dev, w, 1, len(w))).Float32s()
-					last := logits[(len(w)-1)*11:]
-					for j, v := range last {
-						if v > last[want] {
-							want = int32(j)
-						}
-					}
-				})
-			})
-			if tok != want {
+			if want := greedyNext(g, dev, seq[start:]); tok != want {
 				t.Errorf("after %v, token %d: %d generated, %d from the window %v", prompt, i, tok, want, seq[start:])
 			}
 			seq = append(seq, tok)

@@ -46,8 +46,8 @@ func main() {
 }
 
 type options struct {
-	set                                        map[string]bool // the flags given
-	stop                                       <-chan struct{} // closed by SIGINT or SIGTERM
+	set                                        map[string]bool    // the flags given
+	interrupts                                 *cmdenv.Interrupts // SIGINT and SIGTERM
 	device                                     tensor.DeviceSpec
 	ampDType                                   train.AMP
 	specs, configs, pytorch, python, out, date string
@@ -203,7 +203,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	interrupts := cmdenv.CatchInterrupts("bench", stderr)
 	defer interrupts.Release()
-	o.stop = interrupts.C
+	o.interrupts = interrupts
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		if errors.Is(err, errInterrupted) {
@@ -274,14 +274,7 @@ func (o *options) cpuDefaults(specs []spec) ([]spec, string) {
 var errInterrupted = errors.New("interrupted")
 
 // stopped says whether SIGINT or SIGTERM asked bench to stop.
-func (o *options) stopped() bool {
-	select {
-	case <-o.stop:
-		return o.stop != nil
-	default:
-		return false
-	}
-}
+func (o *options) stopped() bool { return o.interrupts != nil && o.interrupts.Stopped() }
 
 // nothingRan is bench's error when the device could not be opened.
 type nothingRan struct{ error }

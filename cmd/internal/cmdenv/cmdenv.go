@@ -240,6 +240,9 @@ func StopContext(stop <-chan struct{}) (ctx context.Context, cancel context.Canc
 	return ctx, cancel
 }
 
+// Stopped says whether a signal asked to stop (C is closed).
+func (in *Interrupts) Stopped() bool { return in.Signal() != nil }
+
 // Signal is the first signal caught, or nil.
 func (in *Interrupts) Signal() os.Signal {
 	s, _ := in.sig.Load().(os.Signal)
