@@ -18,8 +18,9 @@
 // are reported together, exit status 64. A run that cannot start (the
 // device, the data, the checkpoint) exits 4, one that fails 1, one that
 // diverges 3, and one that SIGINT or SIGTERM stops, after saving where it
-// got to, 130 or 143; in every case but bad flags -json is written (valid
-// JSON, saying why) and the last good -save checkpoint is left as it was.
+// got to, 130 or 143; in every case -json is written (valid JSON, saying
+// why; with bad flags, unless its own path was refused) and the last good
+// -save checkpoint is left as it was.
 //
 // Data-parallel jobs: a process is one rank when WORLD_SIZE is set (as
 // torchrun sets it; see dist.ConfigFromEnv); -nproc N starts N ranks on
@@ -274,7 +275,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	problems = append(problems, cmdenv.Unsaid(o.check(), refused)...)
 	if len(problems) > 0 {
-		return nil, errors.New(strings.Join(problems, "\n"))
+		return o, errors.New(strings.Join(problems, "\n")) // o for -json, which says why too
 	}
 	return o, nil
 }
@@ -424,7 +425,12 @@ func sameFile(a, b string) bool {
 func command(args []string, stdout, stderr io.Writer) int {
 	o, err := parse(args, stderr)
 	if err != nil {
-		return cmdenv.Refused("train", stderr, err)
+		code := cmdenv.Refused("train", stderr, err)
+		if o != nil && o.jsonOut != "" && !strings.Contains(err.Error(), "-json") { // a -json path that is good says why nothing ran
+			o.stdout = stdout
+			writeReports(o, nil, &run.Report{Error: err.Error()}, stderr)
+		}
+		return code
 	}
 	if o.nproc > 1 {
 		return launch.Run(o.nproc, launch.WithoutFlag(args, "nproc"), stdout, stderr)

@@ -295,6 +295,7 @@ func TestSmallerCases(t *testing.T) {
 			cmdenv.ExitNothingRan, "train: batch 2000000000 of 64-token windows: its host buffers alone take 953.67 GiB, more than the "},
 		{"a GPT whose state alone passes the budget", []string{"-model", "gpt2-medium", "-device", "cpu", "-tokenizer", "bytes", "-data", text, "-max-memory", "1GiB", "-json", js},
 			cmdenv.ExitNothingRan, "train: model gpt2-medium: its 303,622,144 parameters take 4.52 GiB in F32 with their gradients and adamw's state, more than the 1.00 GiB of the budget (-max-memory)"},
+		{"bad flags", []string{"-epochs", "0", "-batch", "-3", "-json", js}, cmdenv.ExitUsage, "train: -epochs 0: want at least 1\ntrain: -batch -3: want at least 1\n"},
 		{"-download beside -data", []string{"-download", "-data", dir}, cmdenv.ExitUsage, "-download fetches into the user cache folder, and -data " + dir},
 		{"-max-memory without a unit", []string{"-max-memory", "1.5"}, cmdenv.ExitUsage, "want 1.5GiB or 1.5MiB"},
 		{"resuming a finished run", slices.Concat(smallRun, []string{"-epochs", "1", "-resume", ck, "-json", js}),
