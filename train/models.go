@@ -148,14 +148,24 @@ func LanguageModels() []string {
 }
 
 // PresetDefaults says a language-model preset setting for each preset,
-// for flags' help: "256 for gpt-small, 64 for gpt-mini, 1024 for gpt2".
+// the presets that share a value together, for flags' help: "64 for
+// gpt-mini, 256 for gpt-small, 1024 for gpt2, gpt2-large, ...".
 func PresetDefaults(of func(Arch) string) string {
-	var parts []string
+	var values []string
+	names := map[string][]string{}
 	for _, name := range LanguageModels()[1:] {
 		a, _ := LookupArch(name)
-		parts = append(parts, of(a)+" for "+name)
+		v := of(a)
+		if names[v] == nil {
+			values = append(values, v)
+		}
+		names[v] = append(names[v], name)
 	}
-	return strings.Join(parts, ", ")
+	parts := make([]string, len(values))
+	for i, v := range values {
+		parts[i] = v + " for " + strings.Join(names[v], ", ")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // LookupArch returns the registry's entry for a model name: "resnetN" (a
