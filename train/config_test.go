@@ -2,6 +2,7 @@ package train
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,7 +71,7 @@ func TestModelNameRefusesWhatTheRegistryLacks(t *testing.T) {
 			t.Errorf("%s: %v", bad, err)
 		}
 	}
-	if got := LanguageModels(); len(got) != 4 || got[0] != "gpt" {
+	if got := LanguageModels(); len(got) != 10 || got[0] != "gpt" || !slices.Contains(got, "gpt3-6.7b") {
 		t.Errorf("LanguageModels = %v", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -243,19 +244,31 @@ func TestHasText(t *testing.T) {
 	}
 }
 
-// signalOnResult sends this process SIGINT once the first result is said.
+// signalOnResult sends this process SIGINT once the first result is said;
+// the command and its signal handler write to it from two goroutines.
 type signalOnResult struct {
-	bytes.Buffer
+	mu   sync.Mutex
+	buf  bytes.Buffer
 	sent bool
 }
 
 func (w *signalOnResult) Write(p []byte) (int, error) {
-	if !w.sent && bytes.Contains(p, []byte(" batch 4 fp32: ")) {
-		w.sent = true
+	w.mu.Lock()
+	send := !w.sent && bytes.Contains(p, []byte(" batch 4 fp32: "))
+	w.sent = w.sent || send
+	n, err := w.buf.Write(p)
+	w.mu.Unlock()
+	if send {
 		syscall.Kill(os.Getpid(), syscall.SIGINT)
 		time.Sleep(100 * time.Millisecond) // the signal arrives before the next configuration starts
 	}
-	return w.Buffer.Write(p)
+	return n, err
+}
+
+func (w *signalOnResult) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 // SIGINT after the first result stops bench before the next one and keeps
