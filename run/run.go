@@ -502,6 +502,10 @@ func (r *runner) measure() (err error) {
 			if !r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint {
 				continue
 			}
+			if r.stopped() { // between measurements: nothing to save yet
+				err = &train.InterruptedError{Epoch: r.startEpoch}
+				return
+			}
 			var m train.Measurement
 			if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil {
 				return

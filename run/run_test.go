@@ -3,6 +3,7 @@ package run
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -112,5 +113,38 @@ func TestTrainGPT(t *testing.T) {
 	job.Text = nil
 	if _, err := Train(dev, job); err == nil || !strings.Contains(err.Error(), "language model") {
 		t.Errorf("a GPT without a corpus: %v", err)
+	}
+}
+
+// closeOnWrite closes stop when a line containing at is written.
+type closeOnWrite struct {
+	at   string
+	stop chan struct{}
+}
+
+func (w *closeOnWrite) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.at)) {
+		select {
+		case <-w.stop:
+		default:
+			close(w.stop)
+		}
+	}
+	return len(p), nil
+}
+
+// TestStopDuringMeasurements: a stop asked for while the configurations'
+// steps are measured acts before the next measurement, not after all of
+// them, and ends the run as interrupted with nothing saved.
+func TestStopDuringMeasurements(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	w := &closeOnWrite{at: "measured by the pool", stop: make(chan struct{})}
+	job := Job{Config: train.Config{Model: "resnet8", Dataset: "synthetic", Epochs: 1, Batch: 16, LR: 0.05, Momentum: 0.9,
+		Optimizer: "sgd", Schedule: "cosine", Seed: 1},
+		Train: datasets.SyntheticSize(64, 1, 12), Test: datasets.SyntheticSize(32, 2, 12), Measure: true, Log: w, Stop: w.stop}
+	r, err := Train(dev, job)
+	var ie *train.InterruptedError
+	if !errors.As(err, &ie) || ie.Saved != "" || len(r.Measured) != 0 {
+		t.Errorf("stopped as the measurements began: %v, %d measured", err, len(r.Measured))
 	}
 }
