@@ -463,7 +463,7 @@ func (r *runner) fitBudget() (err error) {
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.measuredAMP(), r.job.Allow), x, y,
-			r.mode != train.Eager, r.job.MaxMemory)
+			r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 	})
 	r.report.Budget = &choice
 	if err != nil {

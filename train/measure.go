@@ -375,8 +375,9 @@ func BudgetVariants(resnet bool, amp AMP, keep func(Variant) bool) []Variant {
 // memory.ErrOutOfMemory when nothing fits. Each measurement is written to w
 // as it is taken. The pool is capped at the budget while they run: a
 // candidate that needs more stops there, out of memory, and the process
-// never holds more than the budget in its pool.
-func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64) (BudgetChoice, error) {
+// never holds more than the budget in its pool. A closed stop ends it
+// before the next measurement with an error wrapping ErrInterrupted.
+func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64, stop <-chan struct{}) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
 	limit := int64(float64(budget) * (1 - BudgetHeadroom))
 	a := dev.Allocator()
@@ -387,6 +388,11 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	}
 	defer a.SetLimit(old)
 	try := func(v Variant) (bool, error) {
+		select {
+		case <-stop:
+			return false, fmt.Errorf("fitting a step into the budget: %w", ErrInterrupted)
+		default:
+		}
 		m, err := MeasureStep(dev, build, cfg, v, x, y, plan)
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			m, err = Measurement{Variant: v, OutOfMemory: true}, nil

@@ -3,6 +3,7 @@ package train
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -475,7 +476,8 @@ func TestStopDuringEvaluationResumesThere(t *testing.T) {
 // TestFitBudgetHoldsNoMoreThanTheBudget: while FitBudget measures
 // candidates that do not fit, the pool never reserves more than the
 // budget (they stop there, out of memory), it chooses one that fits, and
-// the pool's cap is what it was before.
+// the pool's cap is what it was before; a stop asked for ends it before
+// the next measurement.
 func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	build := func() nn.Model {
@@ -495,7 +497,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		a.ResetPeak()
 		budget := fp32.Need() * 3 / 4 // fp32 does not fit; the leaner variants do
 		var out strings.Builder
-		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget)
+		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget, nil)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, out.String())
 		}
@@ -507,6 +509,11 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		}
 		if a.Limit() != 0 {
 			t.Errorf("the pool is left capped at %d", a.Limit())
+		}
+		stop := make(chan struct{})
+		close(stop)
+		if c, err := FitBudget(io.Discard, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget, stop); !errors.Is(err, ErrInterrupted) || len(c.Measured) != 0 {
+			t.Errorf("fitting with stop closed: %v, %d measured", err, len(c.Measured))
 		}
 	})
 }
