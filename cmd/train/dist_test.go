@@ -163,7 +163,7 @@ func TestNprocRankDies(t *testing.T) {
 func TestNprocSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	ck, js := filepath.Join(dir, "run.ckpt"), filepath.Join(dir, "r.json")
-	args := []string{"-nproc", "2", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic", "-limit", "1024", "-test-limit", "64",
+	args := []string{"-nproc", "2", "-device", "cpu", "-model", "mlp", "-dataset", "synthetic", "-limit", "256", "-test-limit", "64",
 		"-epochs", "3", "-batch", "8", "-measure=false", "-save", ck}
 	cmd := trainCmd(append(args, "-json", js)...)
 	pipe, _ := cmd.StderrPipe()
