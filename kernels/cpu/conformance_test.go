@@ -13,7 +13,13 @@ import (
 // operation to a float64 reference written from its definition. With outputs
 // poisoned before every operation, it shows that each CPU operation writes
 // every element of its output, and keeps the suite running on every CI run
-// (the CUDA backend runs it against the CPU).
+// (the CUDA backend runs it against the CPU). It runs without the race
+// detector, under which it takes three minutes on two cores where the
+// operations' concurrency is already held to it by cpu_test.go's and
+// rest_test.go's cases: CI runs it in a step of its own.
 func TestConformance(t *testing.T) {
+	if raceDetector {
+		t.Skip("the CPU against itself, without the race detector (CI: go test ./kernels/cpu -run TestConformance)")
+	}
 	kerneltest.Run(t, cpu.New())
 }
