@@ -57,7 +57,7 @@ func ReadFile(path string, limit int64) ([]byte, error) {
 		r = io.LimitReader(f, limit+1) // a file that grows past its size as it is read
 	}
 	var buf bytes.Buffer
-	buf.Grow(int(min(st.Size(), 1<<40)) + 512) // a file of the kernel's (size 0) is read to its end, as os.ReadFile does
+	buf.Grow(int(min(st.Size(), 1<<30)) + 512) // grown further as it is read; a file of the kernel's (size 0) is read to its end, as os.ReadFile does
 	if _, err := buf.ReadFrom(r); err != nil {
 		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
