@@ -257,10 +257,7 @@ func (r *runner) stateFits() error {
 		per = 4 + 4 + 4
 	}
 	g := r.arch.GPT
-	g.Vocab = r.job.Text.Tokenizer.Vocab()
-	if r.cfg.Context > 0 {
-		g.Context = r.cfg.Context
-	}
+	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
 	need := params * per
 	_, total := r.dev.MemInfo()
@@ -285,19 +282,60 @@ func (r *runner) textDefaults() {
 	if !r.arch.Text {
 		return
 	}
-	if r.cfg.Context == 0 {
-		r.cfg.Context = r.arch.Input[0]
-	}
+	r.cfg.Context = contextOf(r.arch, r.cfg.Context)
 	if r.cfg.Tokenizer == "" {
 		r.cfg.Tokenizer = r.job.Text.Tokenizer.Name()
 	}
 }
 
+// contextOf is a language model's context: the one given, else arch's.
+func contextOf(arch train.Arch, given int) int {
+	if given > 0 {
+		return given
+	}
+	return arch.Input[0]
+}
+
+// CheckResumeBeforeData compares the checkpoint job.Resume holds with the
+// job in all that its data does not decide (the dataset, its examples), so
+// that a language model's resume is refused before its corpus is
+// tokenized; budget says that -max-memory will choose AMP and
+// checkpointing. Train compares the rest.
+func CheckResumeBeforeData(job Job, budget bool) error {
+	if job.Resume == "" {
+		return nil
+	}
+	arch, err := train.LookupArch(job.Model)
+	if err != nil {
+		return err
+	}
+	info, err := train.ReadCheckpointInfo(job.Resume)
+	if err != nil {
+		return err
+	}
+	now := job.Config
+	if arch.Text {
+		now.Context = contextOf(arch, now.Context)
+	}
+	now.Dataset, now.Examples = info.Config.Dataset, info.Config.Examples
+	return resumeMatches(job.Resume, info.Config, now, budget, job.ResumeForce)
+}
+
+// resumeMatches compares a checkpoint's configuration, saved, with the
+// run's: all of it, less AMP and checkpointing when the budget chooses
+// them (they are compared once it has, when the trainer resumes).
+func resumeMatches(path string, saved, now train.Config, budget, force bool) error {
+	if budget {
+		saved.AMP, saved.Checkpoint = now.AMP, now.Checkpoint
+	}
+	_, err := train.CheckResume(path, saved, now, force)
+	return err
+}
+
 // checkResume reads the checkpoint to resume (its checksums checked)
-// and compares its configuration with the job's before any work: all of
-// it, less AMP and checkpointing when the budget chooses them (they are
-// compared once it has, when the trainer resumes). A checkpoint that
-// finished every epoch of the job has nothing left to train.
+// and compares its configuration with the job's before any work
+// (resumeMatches). A checkpoint that finished every epoch of the job has
+// nothing left to train.
 func (r *runner) checkResume() error {
 	if r.job.Resume == "" {
 		return nil
@@ -307,12 +345,9 @@ func (r *runner) checkResume() error {
 		return err
 	}
 	r.textDefaults()
-	saved, now := info.Config, r.cfg
+	now := r.cfg
 	now.Examples = r.examples()
-	if r.job.MaxMemory > 0 {
-		saved.AMP, saved.Checkpoint = now.AMP, now.Checkpoint
-	}
-	if _, err := train.CheckResume(r.job.Resume, saved, now, r.job.ResumeForce); err != nil {
+	if err := resumeMatches(r.job.Resume, info.Config, now, r.job.MaxMemory > 0, r.job.ResumeForce); err != nil {
 		return err
 	}
 	if info.Epoch >= r.cfg.Periods() {

@@ -618,7 +618,7 @@ func textJob(o *options, dev *tensor.Device, stdout io.Writer, stop <-chan struc
 	if err != nil {
 		return run.Job{}, fmt.Errorf("-tokenizer: %w", err)
 	}
-	if err := o.resumesText(cfg, arch); err != nil { // before the corpus, which can take minutes to tokenize
+	if err := run.CheckResumeBeforeData(o.job(cfg), o.maxMemory.IsSet()); err != nil { // before the corpus, which can take minutes to tokenize
 		return run.Job{}, err
 	}
 	ctx, cancel := cmdenv.StopContext(stop)
@@ -642,30 +642,6 @@ func textJob(o *options, dev *tensor.Device, stdout io.Writer, stop <-chan struc
 	fmt.Fprintf(stdout, "text: %s, %d training and %d validation tokens (%s tokenizer), read from %s (tokens in %s)\n",
 		c.Name, len(c.Train), len(c.Val), tok.Name(), c.Path, c.Cache)
 	return job, nil
-}
-
-// resumesText compares -resume's configuration with a language model's
-// run of cfg in all that the corpus does not decide (run compares the
-// rest once it is read); AMP and checkpointing too unless -max-memory
-// chooses them.
-func (o *options) resumesText(cfg train.Config, arch train.Arch) error {
-	if o.resume == "" {
-		return nil
-	}
-	info, err := train.ReadCheckpointInfo(o.resume)
-	if err != nil {
-		return err
-	}
-	now := cfg
-	now.Dataset, now.Examples = info.Config.Dataset, info.Config.Examples
-	if now.Context == 0 {
-		now.Context = arch.Input[0]
-	}
-	if o.maxMemory.IsSet() {
-		now.AMP, now.Checkpoint = info.Config.AMP, info.Config.Checkpoint
-	}
-	_, err = train.CheckResume(o.resume, info.Config, now, o.resumeForce)
-	return err
 }
 
 // job is a run of cfg with the flags' outputs, measurements and resume.
