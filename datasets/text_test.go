@@ -82,17 +82,16 @@ func TestOpenCorpusErrors(t *testing.T) {
 	if _, err := OpenCorpus(context.Background(), mismatch, bytesTok); err != nil {
 		t.Fatal(err)
 	}
-	tokenFile := func(path string, tok Tokenizer) string { return TokenFiles(path, tok)[0] }
-	data, err := os.ReadFile(tokenFile(mismatch, bytesTok))
+	data, err := os.ReadFile(TokenFile(mismatch, bytesTok))
 	if err != nil {
 		t.Fatalf("no token file: %v", err)
 	}
-	os.WriteFile(tokenFile(mismatch, gpt2), data, 0o644)
+	os.WriteFile(TokenFile(mismatch, gpt2), data, 0o644)
 	truncated := writeText(t, map[string]string{"a.txt": long})
 	OpenCorpus(context.Background(), truncated, bytesTok)
-	os.Truncate(tokenFile(truncated, bytesTok), tokenHeader+100)
+	os.Truncate(TokenFile(truncated, bytesTok), tokenHeader+100)
 	junk := writeText(t, map[string]string{"a.txt": long})
-	os.WriteFile(tokenFile(junk, bytesTok), []byte("not a token file at all, but long enough to have a header of eighty bytes in it......"), 0o644)
+	os.WriteFile(TokenFile(junk, bytesTok), []byte("not a token file at all, but long enough to have a header of eighty bytes in it......"), 0o644)
 	short := writeText(t, map[string]string{"a.txt": "hi"})
 
 	for _, tc := range []struct {
@@ -119,7 +118,7 @@ func TestOpenCorpusErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := os.Stat(tokenFile(short, bytesTok)); err == nil {
+	if _, err := os.Stat(TokenFile(short, bytesTok)); err == nil {
 		t.Errorf("a text refused as too short left a token file")
 	}
 }

@@ -396,9 +396,7 @@ func (o *options) paths(arch train.Arch) *iopaths.Set {
 		if err == nil {
 			s.Input("the corpus", corpus)
 			if tok, err := datasets.NewTokenizer(o.tokenizer); err == nil {
-				for _, f := range datasets.TokenFiles(corpus, tok) {
-					s.Input("the corpus's token file", f)
-				}
+				s.Input("the corpus's token file", datasets.TokenFile(corpus, tok))
 			}
 		}
 	case o.data != "":
