@@ -41,6 +41,9 @@ func (c GPTConfig) Check() error {
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return fmt.Errorf("GPT %+v: dropout %v outside [0, 1)", c, c.Dropout)
 	}
+	// Params without wrapping: a block holds 12·W² weights and 13·W
+	// biases and gains, under 13·W² for any width of 13 or more (and far
+	// from an int's limit below).
 	blocks, ok1 := memory.Product(13, c.Layers, c.Width, c.Width)
 	embed, ok2 := memory.Product(c.Vocab+c.Context, c.Width)
 	if !ok1 || !ok2 || blocks > math.MaxInt-embed {
