@@ -164,8 +164,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 0 // -h
 	}
-	o.set = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	o.set = cmdenv.Given(fs)
 	specs, more := o.check(fs)
 	problems = append(problems, cmdenv.Unsaid(more, refused)...)
 	if len(problems) > 0 {
@@ -206,7 +205,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	o.interrupts = interrupts
 	if err := bench(o, specs, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
-		if errors.Is(err, errInterrupted) {
+		if errors.Is(err, train.ErrInterrupted) {
 			return cmdenv.ExitSignal(interrupts.Signal())
 		}
 		var nr nothingRan
@@ -268,10 +267,6 @@ func (o *options) cpuDefaults(specs []spec) ([]spec, string) {
 	}
 	return specs, "CPU run: " + strings.Join(said, " ") + " (the defaults suit a GPU; give these flags to choose)"
 }
-
-// errInterrupted is bench's error when SIGINT or SIGTERM stopped it: the
-// rounds finished before are written.
-var errInterrupted = errors.New("interrupted")
 
 // stopped says whether SIGINT or SIGTERM asked bench to stop.
 func (o *options) stopped() bool { return o.interrupts != nil && o.interrupts.Stopped() }
@@ -484,7 +479,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		if err == nil && !o.stopped() {
 			err = second()
 		}
-		if errors.Is(err, errInterrupted) || err == nil && o.stopped() {
+		if errors.Is(err, train.ErrInterrupted) || err == nil && o.stopped() {
 			// What was measured is kept: this round's results so far, and
 			// the report of them written before exiting.
 			if r := append(lg, pt...); len(r) > 0 {
@@ -495,7 +490,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			rep.Notes = append(rep.Notes, note)
 			rep.Results, _ = benchmarks.MedianRounds(rounds)
 			benchmarks.Relate(rep.Results)
-			return errors.Join(errInterrupted, write(o, rep, stdout, stderr))
+			return errors.Join(train.ErrInterrupted, write(o, rep, stdout, stderr))
 		}
 		if err != nil {
 			return err
@@ -563,7 +558,7 @@ func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, 
 				}
 				for _, eager := range eagerToo {
 					if o.stopped() {
-						return out, errInterrupted
+						return out, train.ErrInterrupted
 					}
 					dev.Allocator().EmptyCache() // each configuration's reserved peak is its own
 					bo.Eager = eager

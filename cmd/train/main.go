@@ -272,8 +272,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		problems = append(problems, fmt.Sprintf("unexpected argument %q (flags start with -)", fs.Arg(0)))
 	}
-	o.set = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	o.set = cmdenv.Given(fs)
 	problems = append(problems, cmdenv.Unsaid(o.check(), refused)...)
 	if len(problems) > 0 {
 		return o, errors.New(strings.Join(problems, "\n")) // o for -json, which says why too

@@ -286,6 +286,14 @@ func ParseFlags(fs *flag.FlagSet, args []string) (problems []string, refused map
 	return problems, refused, nil
 }
 
+// Given is the set of fs's flags given on the command line (after
+// ParseFlags): what a command's defaults may change.
+func Given(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
 // Refused answers a command's parse error (its flags' problems joined by
 // newlines, or flag.ErrHelp after -h): each problem on its own line as
 // "name: problem" on stderr, and the exit status, ExitUsage (0 after -h).
