@@ -65,9 +65,9 @@ type Job struct {
 	// says as it goes: measurements, the budget, resume (nil: nothing).
 	Progress train.Observer
 	Log      io.Writer
-	// Stop, when closed, stops the run at the next step boundary (or
-	// between stages before the training): a checkpoint is saved there
-	// when Save is set, and Train returns an error wrapping
+	// Stop, when closed, stops the run at the next step boundary (before
+	// the training: between stages, and between the measured or fitted
+	// configurations' steps): a checkpoint is saved there when Save is set, and Train returns an error wrapping
 	// train.ErrInterrupted with the report (see train.Trainer.Stop).
 	Stop <-chan struct{}
 	// Group, if set, makes the run one rank of a data-parallel job
