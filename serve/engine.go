@@ -68,6 +68,7 @@ type Engine struct {
 	blocks *BlockManager
 	width  int          // a block table's blocks: the context's
 	nblock atomic.Int64 // the key-value memory's blocks, once warmed up
+	pad    bool         // eager steps run at bucketed sizes (Note [continuous batching], step 4)
 
 	submit  chan *sequence
 	queued  atomic.Int64 // samples submitted and not ended
@@ -106,9 +107,14 @@ type Engine struct {
 //     replay the CUDA graph captured for their count rounded up to a power
 //     of two (padding rows write nowhere and read block 0), and the
 //     prompts' chunks run eagerly behind them, their kernels launched while
-//     the graph runs; on the CPU both run as one eager forward. The
-//     sampler runs on the device and only the tokens and their
-//     log-probabilities come back;
+//     the graph runs; on the CPU both run as one eager forward. On a GPU
+//     an eager step's rows are padded to one of a few sizes (rowBucket)
+//     and its sequences to a power of two, and the warm-up runs each size
+//     once: a matrix product's algorithm is chosen by timing its
+//     candidates the first time its shape is seen, a wait for the device
+//     that ragged sizes would pay on almost every step. The sampler runs
+//     on the device and only the tokens and their log-probabilities come
+//     back;
 //  5. sends each token to its request's channel, and ends the samples
 //     that reached MaxTokens, a stop string, the end-of-text token or the
 //     context, freeing their blocks at once.
@@ -156,7 +162,7 @@ func newEngine(dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, name strin
 	if !gpu {
 		o.NoCapture = true
 	}
-	e := &Engine{dev: dev.Session(), g: g, tok: tok, eot: -1, name: name, opts: o,
+	e := &Engine{dev: dev.Session(), g: g, tok: tok, eot: -1, name: name, opts: o, pad: gpu,
 		width:  (g.Cfg.Context + o.BlockSize - 1) / o.BlockSize,
 		submit: make(chan *sequence, o.MaxQueue), ready: make(chan error, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}

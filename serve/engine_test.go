@@ -41,9 +41,13 @@ func engineGPT(t testing.TB, dev *tensor.Device) (*tensor.Device, *nn.GPT, datas
 }
 
 // startEngine starts an engine and waits for its warm-up.
-func startEngine(t testing.TB, dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, o EngineOptions) *Engine {
+func startEngine(t testing.TB, dev *tensor.Device, g *nn.GPT, tok datasets.Tokenizer, o EngineOptions, pad ...bool) *Engine {
 	t.Helper()
-	e := NewEngine(dev, g, tok, "gpt-test", o)
+	e := newEngine(dev, g, tok, "gpt-test", o)
+	if len(pad) > 0 {
+		e.pad = pad[0]
+	}
+	e.start()
 	if err := <-e.Ready(); err != nil {
 		e.Close()
 		t.Fatal(err)
@@ -127,17 +131,19 @@ func testEngineGreedy(t *testing.T, dev *tensor.Device) {
 		name        string
 		o           EngineOptions
 		preemptions bool
+		pad         bool // eager steps padded, as on a GPU
 	}{
-		{"default", EngineOptions{}, false},
-		{"chunked prefill", EngineOptions{MaxBatchTokens: 16, MaxSeqs: 4}, false},
-		{"blocks of 4", EngineOptions{BlockSize: 4}, false},
-		{"preempted", EngineOptions{BlockSize: 4, KVMemory: memory.Budget{Bytes: 24 * per}}, true},
-		{"no prefix cache", EngineOptions{NoPrefixCache: true, BlockSize: 8}, false},
-		{"static batches", EngineOptions{StaticBatching: true, MaxSeqs: 5}, false},
+		{"default", EngineOptions{}, false, false},
+		{"chunked prefill", EngineOptions{MaxBatchTokens: 16, MaxSeqs: 4}, false, false},
+		{"blocks of 4", EngineOptions{BlockSize: 4}, false, false},
+		{"preempted", EngineOptions{BlockSize: 4, KVMemory: memory.Budget{Bytes: 24 * per}}, true, false},
+		{"no prefix cache", EngineOptions{NoPrefixCache: true, BlockSize: 8}, false, false},
+		{"static batches", EngineOptions{StaticBatching: true, MaxSeqs: 5}, false, false},
+		{"padded steps", EngineOptions{MaxBatchTokens: 40, MaxSeqs: 6}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.o.DType = tensor.F32
-			e := startEngine(t, dev, g, tok, c.o)
+			e := startEngine(t, dev, g, tok, c.o, c.pad)
 			warm := dev.Allocator().Stats().Allocated[memory.All].Current
 			for round := range 2 {
 				var wg sync.WaitGroup
@@ -447,5 +453,27 @@ func testEngineMemoryIsFlat(t *testing.T, dev *tensor.Device, n int) {
 	}
 	if testutil.ToFloat64(e.m.preemptions) == 0 {
 		t.Errorf("no preemption: the memory was not the limit this test means it to be")
+	}
+}
+
+// TestRowBucket: an eager step's rows are padded by at most a quarter, to
+// few sizes, never past the most unless the rows themselves are more.
+func TestRowBucket(t *testing.T) {
+	for _, c := range []struct{ n, most, want int }{
+		{1, 2048, 16}, {16, 2048, 16}, {17, 2048, 20}, {33, 2048, 40}, {100, 2048, 112},
+		{1025, 2048, 1280}, {2047, 2048, 2048}, {10, 8, 10}, {17, 18, 18}, {3000, 2048, 3000},
+	} {
+		if got := rowBucket(c.n, c.most); got != c.want {
+			t.Errorf("rowBucket(%d, %d) = %d, want %d", c.n, c.most, got, c.want)
+		}
+	}
+	b := rowBuckets(2048)
+	if len(b) > 60 || b[0] != 16 || b[len(b)-1] != 2048 {
+		t.Errorf("rowBuckets(2048) = %v: want 16 to 2048 in at most 60 sizes", b)
+	}
+	for n := 1; n <= 2048; n++ {
+		if r := rowBucket(n, 2048); r < n || (n > 16 && 4*r > 5*n) || !slices.Contains(b, r) {
+			t.Fatalf("rowBucket(%d, 2048) = %d: not among %v or more than a quarter over", n, r, b)
+		}
 	}
 }

@@ -91,6 +91,30 @@ func bucket(n, most int) int {
 	return min(1<<bits.Len(uint(max(n, 1)-1)), most)
 }
 
+// rowBucket is the rows an eager step of n rows runs at on a GPU (Note
+// [continuous batching], step 4): 16 at least, then the next multiple of
+// an eighth of n's power of two (at most a quarter more rows, 8 sizes an
+// octave), at most most unless n is more.
+func rowBucket(n, most int) int {
+	r := 16
+	if n > 16 {
+		step := 1 << (bits.Len(uint(n-1)) - 3)
+		r = (n + step - 1) / step * step
+	}
+	return max(n, min(r, most))
+}
+
+// rowBuckets are every rowBucket of 1 to most rows.
+func rowBuckets(most int) []int {
+	var b []int
+	for n := 1; n <= most; n++ {
+		if r := rowBucket(n, most); len(b) == 0 || b[len(b)-1] != r {
+			b = append(b, r)
+		}
+	}
+	return b
+}
+
 // pack fills r.ints and r.floats with b's inputs in layout l (l.S and l.R
 // at least b's; the rest padding: a row writing nowhere, reading block 0,
 // drawn greedily).
@@ -215,12 +239,15 @@ func (r *runner) run(w *work) (err error) {
 			topN = max(topN, s.req.TopLogprobs)
 		}
 		l := layout{S: len(eager.seqs), R: len(eager.tokens), W: r.e.width, TopN: topN, MaxLen: eager.maxLen}
+		if r.e.pad {
+			l.S, l.R = max(l.S, bucket(l.S, r.e.opts.MaxSeqs)), rowBucket(l.R, r.e.opts.MaxBatchTokens)
+		}
 		r.pack(eager, l)
 		bufs := buffers{tensor.FromInt32(r.dev, r.ints, len(r.ints)), tensor.FromFloat32(r.dev, r.floats, len(r.floats)),
 			tensor.Empty(r.dev, tensor.I32, l.outInts()), tensor.Empty(r.dev, tensor.F32, l.outFloats())}
 		defer bufs.release()
 		r.body(l, bufs)
-		parts = append(parts, part{l, bufs, l.S})
+		parts = append(parts, part{l, bufs, len(eager.seqs)})
 	}
 	r.launched = time.Now()
 	r.tokens, r.logprobs = r.tokens[:0], r.logprobs[:0]
@@ -255,6 +282,42 @@ func (r *runner) copyBlocks(cps []BlockCopy) {
 	}
 }
 
+// idle runs the step of layout l on a batch of padding alone (a step's
+// work without a sequence), in bufs, or in buffers of its own when bufs
+// is nil.
+func (r *runner) idle(l layout, bufs *buffers) {
+	if bufs == nil {
+		b := newBuffers(r.dev, l)
+		defer b.release()
+		bufs = &b
+	}
+	r.pack(&batch{}, l)
+	r.dev.Backend().Write(bufs.in.Buf(), int32Bytes(r.ints))
+	r.dev.Backend().Write(bufs.fin.Buf(), float32Bytes(r.floats))
+	r.body(l, *bufs)
+}
+
+// settle runs an eager step of each size a padded eager step can have
+// (Note [continuous batching], step 4), so that their products'
+// algorithms are chosen before the engine serves.
+func (r *runner) settle() error {
+	e := r.e
+	var ls []layout
+	for _, n := range rowBuckets(e.opts.MaxBatchTokens) {
+		ls = append(ls, layout{S: 1, R: n})
+	}
+	for _, n := range buckets(e.opts.MaxSeqs) {
+		ls = append(ls, layout{S: n, R: rowBucket(n, e.opts.MaxBatchTokens)})
+	}
+	for _, l := range ls {
+		l.W, l.MaxLen = e.width, e.g.Cfg.Context
+		if err := tensor.Catch(func() { r.idle(l, nil) }); err != nil {
+			return fmt.Errorf("warming up an eager step of %d rows of %d sequences: %w", l.R, l.S, err)
+		}
+	}
+	return r.dev.Synchronize()
+}
+
 // capture records each bucket's decoding step as a graph over one arena:
 // each runs once eagerly (its kernels, its products' algorithms), once
 // traced and planned, then all are captured over an arena of the largest
@@ -265,7 +328,6 @@ func (r *runner) capture() error {
 		return nil
 	}
 	a := r.dev.Allocator()
-	idle := &batch{}
 	var size int64
 	for _, n := range buckets(r.e.opts.MaxSeqs) {
 		for _, top := range []bool{false, true} {
@@ -275,10 +337,7 @@ func (r *runner) capture() error {
 			}
 			g := &graph{l: l, bufs: newBuffers(r.dev, l)}
 			r.graphs[graphKey{n, top}] = g
-			r.pack(idle, l)
-			r.dev.Backend().Write(g.bufs.in.Buf(), int32Bytes(r.ints))
-			r.dev.Backend().Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
-			r.body(l, g.bufs)
+			r.idle(l, &g.bufs)
 			a.StartTrace()
 			r.body(l, g.bufs)
 			trace, err := a.StopTrace()

@@ -11,7 +11,8 @@ import (
 // warmUp readies the engine on its loop's goroutine: it measures the
 // workspace of the largest decoding step and of the largest prefill (over
 // a memory of one block), sizes and allocates the key-value memory from
-// what is left (EngineOptions.KVMemory), and captures the decoding steps.
+// what is left (EngineOptions.KVMemory), runs the eager steps' padded
+// sizes once where they are padded, and captures the decoding steps.
 func (e *Engine) warmUp() error {
 	e.runner = &runner{e: e, dev: e.dev, graphs: map[graphKey]*graph{}}
 	work, err := e.workspace()
@@ -27,6 +28,11 @@ func (e *Engine) warmUp() error {
 	}
 	e.blocks = NewBlockManager(blocks, e.opts.BlockSize, !e.opts.NoPrefixCache)
 	e.nblock.Store(int64(blocks))
+	if e.pad {
+		if err := e.runner.settle(); err != nil {
+			return err
+		}
+	}
 	if !e.opts.NoCapture {
 		if err := e.runner.capture(); err != nil {
 			return err
@@ -55,12 +61,7 @@ func (e *Engine) workspace() (int64, error) {
 		base := a.Stats().Allocated[memory.All].Current
 		a.WindowPeak()
 		err := tensor.Catch(func() {
-			bufs := newBuffers(e.dev, l)
-			defer bufs.release()
-			e.runner.pack(&batch{}, l)
-			e.dev.Backend().Write(bufs.in.Buf(), int32Bytes(e.runner.ints))
-			e.dev.Backend().Write(bufs.fin.Buf(), float32Bytes(e.runner.floats))
-			e.runner.body(l, bufs)
+			e.runner.idle(l, nil)
 			if err := e.dev.Synchronize(); err != nil {
 				panic(err)
 			}
