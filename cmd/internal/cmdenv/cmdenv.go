@@ -278,6 +278,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) (problems []string, refused map
 	fs.Usage = usage
 	switch {
 	case errors.Is(err, flag.ErrHelp):
+		fs.VisitAll(func(f *flag.Flag) { f.Value = f.Value.(*collected).Value }) // the usage names each flag's type and default
 		fs.Usage()
 		return nil, nil, err
 	case err != nil:

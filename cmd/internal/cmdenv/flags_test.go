@@ -16,7 +16,7 @@ import (
 // one line each naming the flag and the value once, in the owner's words;
 // the flag keeps its default and is marked refused, so that what follows
 // from it can be left unsaid; bool flags still take no value; -h is
-// ErrHelp.
+// ErrHelp, and its usage names each flag's type and default.
 func TestParseFlagsReportsEveryProblemOnce(t *testing.T) {
 	newSet := func() (*flag.FlagSet, *tensor.DeviceSpec, *train.ModelName, *bool, *int) {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
@@ -49,8 +49,13 @@ func TestParseFlagsReportsEveryProblemOnce(t *testing.T) {
 		t.Errorf("Unsaid kept %q", got)
 	}
 	fs, _, _, _, _ = newSet()
+	var usage strings.Builder
+	fs.SetOutput(&usage)
 	if _, _, err := ParseFlags(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v", err)
+	}
+	if u := usage.String(); strings.Contains(u, "panic") || !strings.Contains(u, "-batch int") || !strings.Contains(u, "(default 8)") || strings.Contains(u, "default false") {
+		t.Errorf("-h wrote a usage without each flag's type and default:\n%s", u)
 	}
 	fs, _, _, _, _ = newSet()
 	usages := 0
