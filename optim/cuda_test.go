@@ -15,3 +15,8 @@ func TestCUDAOptimizers(t *testing.T) {
 	t.Run("clip-grad-norm", func(t *testing.T) { testClipGradNorm(t, dev) })
 	t.Run("step-clipped", func(t *testing.T) { testStepClipped(t, dev) })
 }
+
+// TestCUDAOffloaded: AdamW and SGD with their state in host memory follow
+// the GPU's own within rounding (the host's arithmetic is the CPU
+// backend's), and the GPU holds none of their state.
+func TestCUDAOffloaded(t *testing.T) { testOffloaded(t, testdev.CUDA(t), 1e-5) }

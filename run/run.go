@@ -247,31 +247,41 @@ func (r *runner) lookup() (err error) {
 // stateFits refuses, before anything is built, a language model whose
 // parameters, gradients and optimizer state alone (F32: 4 bytes each, and
 // AdamW's two moments or SGD's momentum) pass the device's memory, or the
-// budget: no configuration of activations can make it fit.
+// budget: no configuration of activations can make it fit. With the
+// optimizer offloaded, the device holds the parameters and gradients, and
+// the host their copies and the state (optim.Offload).
 func (r *runner) stateFits() error {
 	if !r.arch.Text {
 		return nil
 	}
-	per := int64(4 + 4 + 8) // weights, gradients, AdamW's moments
+	state := int64(8) // AdamW's moments
 	if r.cfg.Optimizer == "sgd" {
-		per = 4 + 4 + 4
+		state = 4
 	}
 	g := r.arch.GPT
 	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
-	need := params * per
+	offload := r.cfg.OffloadOptimizer && r.dev.Name() != "cpu"
+	need, what := params*(4+4+state), fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
+	if offload {
+		need, what = params*(4+4), "with their gradients (the optimizer's state in host memory)"
+		if host, hostNeed := memory.HostMemory(), params*(4+4+state); hostNeed > host {
+			return fmt.Errorf("model %s: -offload-optimizer keeps %s of copies of its %s parameters, their gradients and %s's state in host memory, and the host has %s",
+				r.cfg.Model, memory.Bytes(hostNeed), count(int(params)), r.cfg.Optimizer, memory.Bytes(host))
+		}
+	}
 	_, total := r.dev.MemInfo()
 	limit, of := total, r.dev.Name()+"'s memory"
 	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
 		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
 	}
 	if need > limit {
-		elsewhere := ""
-		if r.dev.Name() != "cpu" {
-			elsewhere = "; leangrad cannot yet keep them in host memory"
+		hint := ""
+		if !offload && r.dev.Name() != "cpu" && params*8 <= limit {
+			hint = " (-offload-optimizer keeps the state in host memory)"
 		}
-		return fmt.Errorf("model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s%s",
-			r.cfg.Model, count(int(params)), memory.Bytes(need), r.cfg.Optimizer, memory.Bytes(limit), of, elsewhere)
+		return fmt.Errorf("model %s: its %s parameters take %s in F32 %s, more than the %s of %s%s",
+			r.cfg.Model, count(int(params)), memory.Bytes(need), what, memory.Bytes(limit), of, hint)
 	}
 	return nil
 }

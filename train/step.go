@@ -203,11 +203,14 @@ func (s *Step) OptimizerStateBytes() int64 {
 	return n
 }
 
-// deviceState is what opt holds on its device: its State, or a sharded
-// optimiser's shard of it.
+// deviceState is what opt holds on its device: its State, a sharded
+// optimiser's shard of it, or nothing for one offloaded to host memory.
 func deviceState(opt optim.Optimizer) map[string]*tensor.Tensor {
-	if o, ok := opt.(*dist.ShardedOptimizer); ok {
+	switch o := opt.(type) {
+	case *dist.ShardedOptimizer:
 		return o.Local()
+	case *optim.Offloaded:
+		return nil
 	}
 	return opt.State()
 }

@@ -57,6 +57,11 @@ type Config struct {
 	// Capture runs the step captured as a graph where the backend can
 	// (CUDA), and eagerly elsewhere.
 	Capture bool `json:"capture"`
+	// OffloadOptimizer keeps the optimiser's state in host memory and
+	// runs its update on the host's cores (optim.Offload) when the device
+	// is not the CPU: the device holds the parameters and gradients only,
+	// and its steps run eagerly (the update reads the device).
+	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
 	// Language models: the window of tokens each example is (0: the
 	// model's preset), the tokenizer, the training steps (Steps, of which
 	// the first WarmupSteps warm the schedule up; Epochs and WarmupEpochs
@@ -437,7 +442,16 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt.Release()
 		return nil, fmt.Errorf("gradient clipping to a norm of %v: want a positive norm, or 0 for none", cfg.ClipNorm)
 	}
-	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture))
+	offload := cfg.OffloadOptimizer && dev.Name() != "cpu"
+	if offload {
+		off, err := optim.Offload(opt, tensor.CPU())
+		if err != nil {
+			opt.Release()
+			return nil, err
+		}
+		opt = off
+	}
+	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload))
 	step.ClipNorm = cfg.ClipNorm
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
 		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),

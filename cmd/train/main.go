@@ -76,7 +76,7 @@ type options struct {
 	ckptMode                               nn.CheckpointMode
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
-	capture, tf32                          bool
+	capture, tf32, offload                 bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
@@ -259,6 +259,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&o.maxMemory, "max-memory", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments and micro-batches whose measured step fits; -amp and -checkpoint given on the command line are kept")
 	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
+	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: the device holds the parameters and gradients only (steps then run eagerly)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how F32 matrices are multiplied: tf32x3 (three TF32 tensor-core products: F32's accuracy, faster), strict (F32 on the FMA units, as PyTorch by default) or tf32 (one TF32 product: 10-bit mantissas)")
@@ -564,7 +565,7 @@ func (o *options) config(model string) train.Config {
 	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
-		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture}
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU

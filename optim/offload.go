@@ -1,0 +1,256 @@
+package optim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// Offloaded is an optimiser whose state lives in host memory (ZeRO-Offload's
+// optimizer offload): the device keeps the parameters and their gradients,
+// the host keeps an F32 copy of every parameter, its gradient and the
+// optimiser's state (AdamW's two moments: 8 bytes a parameter the device
+// no longer holds), and the update runs on the host's cores.
+//
+// Note [the offloaded step]: a step reads the skip flag and the gradients'
+// multiplier from the device (so it waits for the backward), then streams
+// the parameters through three stages: each gradient comes down into its
+// host copy, the host updates that parameter with the optimiser of its own
+// (multi-threaded, fused over parameter, moments and gradient), and the
+// parameter goes back up, while the next gradient already comes down. The
+// device copy of a parameter is its host copy after every step, so the
+// host's is the master. The update of a parameter is the on-device
+// optimiser's own arithmetic run by the host's backend: on a CPU device
+// an offloaded run equals an unoffloaded one bit for bit. Each parameter
+// counts its own steps (as PyTorch does) where the on-device AdamW keeps
+// one count: the two differ only for a parameter without a gradient in
+// some steps. Because the host reads the device, a step with an offloaded
+// optimiser cannot be captured as a graph (train runs it eagerly).
+type Offloaded struct {
+	params []*tensor.Tensor // on the device
+	host   []*tensor.Tensor // their copies in host memory, each with its gradient's copy
+	inner  []Optimizer      // inner[i] updates host[i]
+	mult   *tensor.Tensor   // host F32[1]: the gradients' multiplier of the step
+	lr     float64
+	kinds  []string
+}
+
+// Offload moves opt's state to host, the host's device (tensor.CPU()):
+// it returns an optimiser of opt's kind and hyper-parameters over opt's
+// parameters whose state, and copies of the parameters and gradients, live
+// there, and releases opt. opt must be SGD or AdamW and must not have
+// stepped; when Offload fails (host memory), opt is as it was.
+func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
+	kinds, err := StateKinds(opt)
+	if err != nil {
+		return nil, err
+	}
+	if len(opt.State()) > 0 {
+		return nil, fmt.Errorf("optim: offloading an optimizer that has taken steps (its state would be lost)")
+	}
+	params := opt.Params()
+	o = &Offloaded{params: params, lr: opt.LR(), kinds: kinds}
+	defer func() {
+		if r := recover(); r != nil {
+			o.Release()
+			o, err = nil, fmt.Errorf("optim: offloading the optimizer's state: %w", tensor.AsError(r))
+		}
+	}()
+	o.mult = tensor.Zeros(host, tensor.F32, 1).Keep()
+	for i, p := range params {
+		h := tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
+		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
+		o.host = append(o.host, h)
+		in, err := Partition(opt, []*tensor.Tensor{h}, []int{i})
+		if err != nil {
+			panic(err)
+		}
+		o.inner = append(o.inner, in)
+	}
+	opt.Release()
+	return o, nil
+}
+
+// Step updates every parameter that has a gradient.
+func (o *Offloaded) Step() { o.StepScaled(kernels.Buf{}, kernels.Buf{}) }
+
+// StepUnless is Step unless skip (F32, 1 element, on the device) is set.
+func (o *Offloaded) StepUnless(skip kernels.Buf) { o.StepScaled(kernels.Buf{}, skip) }
+
+// StepScaled is StepUnless with every gradient multiplied by mult (F32, 1
+// element, on the device; invalid: 1) as the update reads it (Note [the
+// offloaded step]).
+func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
+	if len(o.params) == 0 {
+		return
+	}
+	be := o.params[0].Backend()
+	if skip.Valid() && scalar(be, skip) != 0 {
+		return
+	}
+	var m kernels.Buf
+	mv := float32(1)
+	if mult.Valid() {
+		mv = scalar(be, mult)
+		o.mult.Backend().Fill(o.mult.Buf(), mv)
+		m = o.mult.Buf()
+	}
+	ready := make(chan int, 2)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the gradients come down, one ahead of the updates
+		defer wg.Done()
+		defer close(ready)
+		for i, p := range o.params {
+			if g := p.Grad(); g != nil {
+				if g.DType() != tensor.F32 || !g.SameShape(p) {
+					panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want f32 %v", i, g.DType(), g.Shape(), p.Shape()))
+				}
+				be.Read(hostBytes(o.host[i].Grad()), g.Buf())
+				ready <- i
+			}
+		}
+	}()
+	defer wg.Wait()
+	for i := range ready {
+		switch in := o.inner[i].(type) {
+		case ScaledStepper:
+			in.StepScaled(m, kernels.Buf{})
+		default:
+			if m.Valid() {
+				f := hostF32s(o.host[i].Grad())
+				for k := range f {
+					f[k] *= mv
+				}
+			}
+			in.Step()
+		}
+		be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
+	}
+}
+
+// scalar reads a one-element F32 buffer of be's device.
+func scalar(be kernels.Backend, b kernels.Buf) float32 {
+	kernels.CheckScalar("optimizer flag", b)
+	var v float32
+	be.Read(unsafe.Slice((*byte)(unsafe.Pointer(&v)), 4), b)
+	return v
+}
+
+// hostBytes is the memory of t, an F32 tensor in host memory.
+func hostBytes(t *tensor.Tensor) []byte {
+	b := t.Buf()
+	mem := b.Block.Bytes()
+	if mem == nil {
+		panic(fmt.Sprintf("optim: a %v tensor on %s is not in host memory", t.Shape(), t.Device().Name()))
+	}
+	return mem[b.Off : b.Off+b.Bytes()]
+}
+
+// hostF32s is the elements of t, an F32 tensor in host memory.
+func hostF32s(t *tensor.Tensor) []float32 {
+	b := hostBytes(t)
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+// ZeroGrad releases the device's gradients (the host's copies stay, to be
+// overwritten).
+func (o *Offloaded) ZeroGrad() { zeroGrad(o.params) }
+
+// Params are the parameters, on the device.
+func (o *Offloaded) Params() []*tensor.Tensor { return o.params }
+
+// LR is the learning rate.
+func (o *Offloaded) LR() float64 { return o.lr }
+
+// SetLR sets every parameter's learning rate.
+func (o *Offloaded) SetLR(lr float64) {
+	o.lr = lr
+	for _, in := range o.inner {
+		in.SetLR(lr)
+	}
+}
+
+// State lists the state in host memory, named as the on-device
+// optimiser's ("<kind>.<param index>"), so that checkpoints move between
+// the two.
+func (o *Offloaded) State() map[string]*tensor.Tensor {
+	s := map[string]*tensor.Tensor{}
+	for i, in := range o.inner {
+		for k, t := range in.State() {
+			s[strings.TrimSuffix(k, ".0")+"."+strconv.Itoa(i)] = t
+		}
+	}
+	return s
+}
+
+// HostBytes is the host memory the optimiser holds: the parameters' and
+// gradients' copies and the state.
+func (o *Offloaded) HostBytes() int64 {
+	var n int64
+	for _, h := range o.host {
+		n += h.Bytes() + h.Grad().Bytes()
+	}
+	for _, t := range o.State() {
+		n += t.Bytes()
+	}
+	return n
+}
+
+// Counters lists the learning rate and, for AdamW, the step count (the
+// most any parameter took).
+func (o *Offloaded) Counters() map[string]float64 {
+	c := map[string]float64{"lr": o.lr}
+	for _, in := range o.inner {
+		if s, ok := in.Counters()["step"]; ok {
+			c["step"] = max(c["step"], s)
+		}
+	}
+	return c
+}
+
+// LoadState restores what State and Counters (of this optimiser or of the
+// on-device one of its kind) returned.
+func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
+	for i, in := range o.inner {
+		mine := map[string]*tensor.Tensor{}
+		for _, k := range o.kinds {
+			if t, ok := ts[k+"."+strconv.Itoa(i)]; ok {
+				mine[k+".0"] = t
+			}
+		}
+		cc := map[string]float64{}
+		for k, v := range c {
+			cc[k] = v
+		}
+		if len(mine) == 0 {
+			delete(cc, "step") // a parameter without state has not stepped
+		}
+		if err := in.LoadState(mine, cc); err != nil {
+			return fmt.Errorf("parameter %d: %w", i, err)
+		}
+	}
+	if lr, ok := c["lr"]; ok {
+		o.lr = lr
+	}
+	return nil
+}
+
+// Release frees the host copies and the state.
+func (o *Offloaded) Release() {
+	for _, in := range o.inner {
+		in.Release()
+	}
+	for _, h := range o.host {
+		h.Release() // its gradient with it
+	}
+	if o.mult != nil {
+		o.mult.Release()
+	}
+	o.inner, o.host, o.mult = nil, nil, nil
+}

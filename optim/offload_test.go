@@ -1,0 +1,187 @@
+package optim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// TestOffloaded: an optimiser offloaded to host memory takes the steps the
+// on-device one takes, bit for bit on the CPU (the same arithmetic), with
+// weight decay groups, skipped steps, a gradient multiplier and a
+// parameter without a gradient; its state is named as the on-device one's,
+// so that each resumes from the other's; a GPU holds none of its state.
+func TestOffloaded(t *testing.T) { testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), 0) }
+
+// testOffloaded runs the comparison on dev, the parameters within tol of
+// the on-device optimiser's (relative; 0: bit for bit).
+func testOffloaded(t *testing.T, dev *tensor.Device, tol float64) {
+	shapes := [][]int{{33, 7}, {7}, {5000}} // a matrix, a bias (no decay), one large enough to split over threads
+	for _, c := range []struct {
+		name string
+		make func(ps []*tensor.Tensor) Optimizer
+	}{
+		{"adamw", func(ps []*tensor.Tensor) Optimizer {
+			o := NewAdamW(ps, 0.01, 0.1)
+			o.NoDecay = []bool{false, true, false}
+			return o
+		}},
+		{"sgd", func(ps []*tensor.Tensor) Optimizer {
+			o := NewSGD(ps, 0.1, 0.9, 0.01, true)
+			o.NoDecay = []bool{false, true, false}
+			return o
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, uint64(len(c.name))))
+			random := func(shape []int, scale float64) []float32 {
+				n := 1
+				for _, d := range shape {
+					n *= d
+				}
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = float32(rng.NormFloat64() * scale)
+				}
+				return v
+			}
+			var on, off []*tensor.Tensor
+			for _, s := range shapes {
+				v := random(s, 1)
+				on = append(on, tensor.FromFloat32(dev, v, s...).Keep().SetRequiresGrad(true))
+				off = append(off, tensor.FromFloat32(dev, v, s...).Keep().SetRequiresGrad(true))
+			}
+			defer func() {
+				for _, p := range append(on, off...) {
+					p.Release()
+				}
+			}()
+			ref := c.make(on)
+			defer ref.Release()
+			flag := tensor.Zeros(dev, tensor.F32, 1).Keep()
+			mult := tensor.Zeros(dev, tensor.F32, 1).Keep()
+			defer flag.Release()
+			defer mult.Release()
+			before := dev.Allocator().Stats().Allocated[memory.All].Current
+			o, err := Offload(c.make(off), tensor.CPU())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Release()
+			for step := range 6 {
+				for i, s := range shapes {
+					if step == 3 && i == 2 && c.name == "sgd" {
+						continue // no gradient this step (AdamW counts steps once for all on the device: Note [the offloaded step])
+					}
+					g := random(s, 0.1)
+					on[i].SetGrad(tensor.FromFloat32(dev, g, s...))
+					off[i].SetGrad(tensor.FromFloat32(dev, g, s...))
+				}
+				lr := 0.01 * float64(step+1)
+				ref.SetLR(lr)
+				o.SetLR(lr)
+				skip := float32(0)
+				if step == 2 {
+					skip = 1
+				}
+				flag.Backend().Fill(flag.Buf(), skip)
+				mult.Backend().Fill(mult.Buf(), 0.5+0.25*float32(step))
+				switch {
+				case step%2 == 0:
+					ref.StepUnless(flag.Buf())
+					o.StepUnless(flag.Buf())
+				case c.name == "adamw":
+					ref.(ScaledStepper).StepScaled(mult.Buf(), kernels.Buf{})
+					o.StepScaled(mult.Buf(), kernels.Buf{})
+				default:
+					ref.Step()
+					o.Step()
+				}
+				ref.ZeroGrad()
+				o.ZeroGrad()
+				for i := range shapes {
+					same(t, fmt.Sprintf("step %d, parameter %d", step, i), off[i].Float32s(), on[i].Float32s(), tol)
+				}
+			}
+			var refState int64
+			for _, v := range ref.State() {
+				refState += v.Block().Size()
+			}
+			if now := dev.Allocator().Stats().Allocated[memory.All].Current; dev.Allocator() != tensor.CPU().Allocator() && now-before != refState {
+				t.Errorf("the device holds %d bytes more after the steps, the on-device optimizer's state %d: want only that", now-before, refState)
+			}
+			st, rs := o.State(), ref.State()
+			if len(st) != len(rs) {
+				t.Fatalf("state %d tensors, on the device %d", len(st), len(rs))
+			}
+			for k, v := range rs {
+				same(t, "state "+k, st[k].Float32s(), v.Float32s(), tol)
+			}
+			if c.name == "adamw" {
+				if got, want := o.Counters()["step"], ref.Counters()["step"]; got != want {
+					t.Errorf("step count %v, on the device %v", got, want)
+				}
+				if h := o.HostBytes(); h != 4*4*int64(33*7+7+5000) {
+					t.Errorf("host bytes %d: want four F32 copies of every parameter", h)
+				}
+			}
+			// Each resumes from the other's state.
+			back := c.make(on)
+			defer back.Release()
+			if err := back.LoadState(o.State(), o.Counters()); err != nil {
+				t.Fatal(err)
+			}
+			again, err := Offload(c.make(off), tensor.CPU())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer again.Release()
+			if err := again.LoadState(ref.State(), ref.Counters()); err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range shapes {
+				g := random(s, 0.1)
+				on[i].SetGrad(tensor.FromFloat32(dev, g, s...))
+				off[i].SetGrad(tensor.FromFloat32(dev, g, s...))
+			}
+			back.Step()
+			again.Step()
+			for i := range shapes {
+				same(t, fmt.Sprintf("resumed, parameter %d", i), off[i].Float32s(), on[i].Float32s(), tol)
+			}
+			back.ZeroGrad()
+			again.ZeroGrad()
+		})
+	}
+}
+
+// same fails t where got and want differ: in any bit (tol 0), or by more
+// than tol relative to want.
+func same(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	for i := range want {
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if (tol == 0 && math.Float32bits(got[i]) != math.Float32bits(want[i])) || d > tol*(1e-3+math.Abs(float64(want[i]))) {
+			t.Fatalf("%s[%d] = %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestOffloadRefuses: an optimiser that has stepped keeps its state on the
+// device, with a message.
+func TestOffloadRefuses(t *testing.T) {
+	p := param(tensor.CPU(), 1, 2)
+	defer p.Release()
+	o := NewAdamW([]*tensor.Tensor{p}, 0.1, 0)
+	defer o.Release()
+	setGrad(p, 1, 1)
+	o.Step()
+	if _, err := Offload(o, tensor.CPU()); err == nil {
+		t.Error("an optimizer with state was offloaded")
+	}
+}
