@@ -21,6 +21,9 @@
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
+#   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8, STEPS (default 8) steps, its
+#             optimizer state on the device and then in host memory (-offload-optimizer); the host's
+#             AdamW (kernels/cpu's benchmark, 1 and 16 cores) beside PyTorch's fused CPU AdamW
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
 #   ddp       data parallel over NPROC GPUs (default 2) beside PyTorch DDP, and the main job on them
@@ -39,6 +42,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 commit=${COMMIT:-$(cat .gpu/commit 2>/dev/null || echo unknown)}
 bench() { bash .gpu/run bin/bench -commit "$commit" "$@"; }
 rows() { grep -E "^\| $1" "$2" | cut -d'|' -f2-13 | tee -a "$w/summary.txt"; }
+
+python_text() { # about 24 MB of text: the machine's Python standard library
+  python3 -c "
+import pathlib, sys, sysconfig
+n = 0
+for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
+    t = f.read_text(errors='ignore'); sys.stdout.write(t); n += len(t)
+    if n > 24e6: break"
+}
 
 for suite in "$@"; do
   say "== $suite"
@@ -118,12 +130,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     rm -f "$w/r20.st"
     ;;
   gptserve)
-    python3 -c "
-import pathlib, sys, sysconfig
-n = 0
-for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
-    t = f.read_text(errors='ignore'); sys.stdout.write(t); n += len(t)
-    if n > 24e6: break" > "$w/text.txt"
+    python_text > "$w/text.txt"
     timeout 300 bash .gpu/run bin/train -model gpt2 -device cuda -amp -amp-dtype bf16 -steps "${STEPS:-300}" -batch 8 \
       -measure=false -data "$w/text.txt" -save "$w/gpt2.st" > "$w/gpt2-train.log" 2>&1
     say "train exit $?"; grep -E "^(validation|throughput|peak)" "$w/gpt2-train.log" | tail -3 | tee -a "$w/summary.txt"
@@ -163,6 +170,33 @@ for f in sorted(pathlib.Path(sysconfig.get_paths()['stdlib']).rglob('*.py')):
     load prefix "${prefix[@]}"
     stopped
     rm -f "$w/gpt2.st" "$w/text.txt"*
+    ;;
+  offload)
+    python_text > "$w/text.txt"
+    for where in device host; do
+      flags=(); [ "$where" = host ] && flags=(-offload-optimizer)
+      timeout 280 bash .gpu/run bin/train -model "${MODEL:-gpt2-xl}" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
+        -steps "${STEPS:-8}" -eval-every "${STEPS:-8}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
+        -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
+      say "${MODEL:-gpt2-xl}, optimizer state on the $where: exit $?"
+      grep -E "^(validation|throughput|peak|model)" "$w/offload-$where.log" | tail -5 | tee -a "$w/summary.txt"
+    done
+    timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \
+      -test.cpu 1,16' > "$w/adamw.log" 2>&1
+    say "leangrad's host AdamW exit $?"; grep -E "^Benchmark" "$w/adamw.log" | tee -a "$w/summary.txt"
+    timeout 120 python3 -c "
+import time, torch
+n = 1 << 24
+for threads in (1, 16):
+    torch.set_num_threads(threads)
+    p = torch.nn.Parameter(torch.randn(n)); p.grad = torch.randn(n) * 0.01
+    o = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    o.step()
+    t = time.perf_counter()
+    for _ in range(10): o.step()
+    print(f'PyTorch {torch.__version__} fused AdamW on the CPU, {threads} threads: {(time.perf_counter() - t) / 10 / n * 1e9:.3f} ns/param')
+" 2>&1 | tee -a "$w/summary.txt"
+    rm -f "$w/text.txt"*
     ;;
   profile)
     timeout 300 bench -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \

@@ -113,26 +113,30 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(step))
 	stepSize := float32(float64(lr) / bc1)
 	bc2Sqrt := float32(math.Sqrt(bc2))
-	scaled := hp.GradScale.Valid()
-	var gs float32
-	if scaled {
-		gs = f32s(hp.GradScale)[0]
+	a := adamw{decay: 1 - lr*hp.WeightDecay, b1: hp.Beta1, b2: hp.Beta2, c1: 1 - hp.Beta1, c2: 1 - hp.Beta2,
+		eps: hp.Eps, stepSize: stepSize, bc2Sqrt: bc2Sqrt, gs: 1} // a gradient times 1 is itself: one loop for both
+	if hp.GradScale.Valid() {
+		a.gs = f32s(hp.GradScale)[0]
 	}
 	for t := range params {
 		p, gr, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
-		parallel(len(p), elemGrain, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				g := gr[i]
-				if scaled {
-					g *= gs
-				}
-				p[i] *= 1 - lr*hp.WeightDecay
-				ms[i] = hp.Beta1*ms[i] + (1-hp.Beta1)*g
-				vs[i] = hp.Beta2*vs[i] + (1-hp.Beta2)*g*g
-				denom := float32(math.Sqrt(float64(vs[i])))/bc2Sqrt + hp.Eps
-				p[i] -= stepSize * ms[i] / denom
-			}
-		})
+		parallel(len(p), elemGrain, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) })
+	}
+}
+
+// adamw is one AdamW step's constants, in locals for its loop.
+type adamw struct{ decay, b1, b2, c1, c2, eps, stepSize, bc2Sqrt, gs float32 }
+
+// update is the step over one stretch of a parameter, its gradient and
+// moments, in one pass.
+func (a adamw) update(p, g, m, v []float32) {
+	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
+	for i, x := range p {
+		gi := g[i] * a.gs
+		mi := a.b1*m[i] + a.c1*gi
+		vi := a.b2*v[i] + a.c2*gi*gi
+		m[i], v[i] = mi, vi
+		p[i] = x*a.decay - a.stepSize*mi/(float32(math.Sqrt(float64(vi)))/a.bc2Sqrt+a.eps)
 	}
 }
 
