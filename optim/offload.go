@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -38,6 +39,8 @@ type Offloaded struct {
 	mult   *tensor.Tensor   // host F32[1]: the gradients' multiplier of the step
 	lr     float64
 	kinds  []string
+	steps  int           // updates taken
+	took   time.Duration // by them, from the gradients' first byte down to the parameters' last queued up
 }
 
 // Offload moves opt's state to host, the host's device (tensor.CPU()):
@@ -100,6 +103,8 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		o.mult.Backend().Fill(o.mult.Buf(), mv)
 		m = o.mult.Buf()
 	}
+	start := time.Now()
+	defer func() { o.steps, o.took = o.steps+1, o.took+time.Since(start) }()
 	ready := make(chan int, 2)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -132,6 +137,15 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		}
 		be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
 	}
+}
+
+// MeanStep is the mean time of an update so far, from the gradients'
+// first byte down to the parameters' last queued up (0 before one).
+func (o *Offloaded) MeanStep() time.Duration {
+	if o.steps == 0 {
+		return 0
+	}
+	return o.took / time.Duration(o.steps)
 }
 
 // scalar reads a one-element F32 buffer of be's device.

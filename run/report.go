@@ -27,6 +27,11 @@ type Final struct {
 	PeakAllocated     int64       `json:"peak_allocated"` // by the training steps
 	PeakReserved      int64       `json:"peak_reserved"`
 	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
+	// HostOptimizerBytes is the host memory an offloaded optimizer held
+	// (train.Config.OffloadOptimizer), and HostStepSeconds its update's
+	// mean time a step: gradients down, the update, parameters up.
+	HostOptimizerBytes int64   `json:"host_optimizer_bytes,omitempty"`
+	HostStepSeconds    float64 `json:"host_step_seconds,omitempty"`
 }
 
 // Diverged says where a run diverged (see train.DivergedError).

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -721,6 +723,12 @@ func (r *runner) summarize() error {
 	}
 	add("%s", line)
 	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
+	if o, ok := t.Opt.(*optim.Offloaded); ok {
+		f := r.report.Final
+		f.HostOptimizerBytes, f.HostStepSeconds = o.HostBytes(), o.MeanStep().Seconds()
+		add("host memory    %s for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; its update took %.3f s a step (gradients down, the update on %d cores, parameters up)",
+			memory.Bytes(f.HostOptimizerBytes), cfg.Optimizer, f.HostStepSeconds, runtime.GOMAXPROCS(0))
+	}
 	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
 		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak()), float64(t.Step.OptimizerStateBytes())})
 		if err != nil {

@@ -1,9 +1,13 @@
 package train
 
 import (
+	"math"
 	"testing"
 
+	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/testdev"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -78,4 +82,46 @@ func TestCUDAShardedOptimizerNCCL(t *testing.T) {
 	devs := testdev.CUDAs(t, 2)
 	two := func(n int) []*tensor.Device { return devs[:n] }
 	testShardedOptimizer(t, shardJobs{two, Captured, 5, 1e-6}, []shardCase{{ranks: 2, opt: "adamw", amp: true}, {ranks: 2, opt: "sgd", clip: 0.05}}, 2)
+}
+
+// TestCUDAOffloadedOptimizer: a run with its optimizer's state in host
+// memory (F16 AMP, clipping, AdamW) follows the on-device run within
+// rounding, its steps eager, and the GPU holds none of the state.
+func TestCUDAOffloadedOptimizer(t *testing.T) {
+	dev := testdev.CUDA(t)
+	ds := datasets.SyntheticSize(192, 5, 12)
+	run := func(offload bool) (*Trainer, []float32) {
+		cfg := baseConfig("tiny")
+		cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, AMPF16, "adamw", 1e-3, 0.5, true, offload
+		dev.Generator().Seed(1)
+		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
+		t.Cleanup(func() { nn.Release(m) })
+		tr, err := New(m, dev, cfg, 12)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.Release)
+		l := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 2})
+		if err := tr.Fit(l, datasets.NewLoader(ds.Subset(32), dev, datasets.LoaderConfig{Batch: 32}), nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		var ps []float32
+		for _, p := range nn.Parameters(m) {
+			ps = append(ps, p.Float32s()...)
+		}
+		return tr, ps
+	}
+	on, want := run(false)
+	off, got := run(true)
+	if _, ok := off.Opt.(*optim.Offloaded); !ok || off.Step.Mode != Eager || off.Step.OptimizerStateBytes() != 0 {
+		t.Fatalf("offloaded: optimizer %T, mode %v, %d bytes of its state on the GPU", off.Opt, off.Step.Mode, off.Step.OptimizerStateBytes())
+	}
+	if on.Step.OptimizerStateBytes() == 0 {
+		t.Fatal("the on-device run holds no optimizer state")
+	}
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); d > 1e-3*(1e-2+math.Abs(float64(want[i]))) {
+			t.Fatalf("parameter element %d: %v offloaded, %v on the device", i, got[i], want[i])
+		}
+	}
 }
