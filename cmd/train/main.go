@@ -300,6 +300,9 @@ func (o *options) check() []string {
 	if _, inJob, _ := cmdenv.Job(); o.shardOptimizer && o.nproc == 1 && !inJob {
 		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 	}
+	if o.shardOptimizer && o.offload {
+		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
+	}
 	gpu, index := o.device.CUDA()
 	switch {
 	case o.nproc < 1:

@@ -49,6 +49,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-device", "tpu"}, cmdenv.ExitUsage, `-device "tpu": want cpu, cuda, cuda:N or auto`},
 		{[]string{"-nproc", "0"}, cmdenv.ExitUsage, "-nproc 0: want 1 or more processes"},
 		{[]string{"-shard-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer: not a data-parallel job"},
+		{[]string{"-nproc", "2", "-shard-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer with -offload-optimizer: choose one"},
 		{[]string{"-nproc", "2", "-device", "cuda:1"}, cmdenv.ExitUsage, "each rank takes its own GPU"},
 		{[]string{"-dist-timeout", "-1s"}, cmdenv.ExitUsage, "-dist-timeout -1s: want a positive duration"},
 		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, cmdenv.ExitUsage, "-resume /nonexistent/run.ckpt: no such file"},
