@@ -263,7 +263,7 @@ func (r *runner) stateFits() error {
 	g := r.arch.GPT
 	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
-	offload := r.cfg.OffloadOptimizer && r.dev.Name() != "cpu"
+	offload := r.cfg.Offloads(r.dev)
 	need, what := params*(4+4+state), fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
 	if offload {
 		need, what = params*(4+4), "with their gradients (the optimizer's state in host memory)"

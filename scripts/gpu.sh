@@ -173,12 +173,13 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     ;;
   offload)
     python_text > "$w/text.txt"
+    model=${MODEL:-gpt2-xl} steps=${STEPS:-8}
     for where in device host; do
       flags=(); [ "$where" = host ] && flags=(-offload-optimizer)
-      timeout 280 bash .gpu/run bin/train -model "${MODEL:-gpt2-xl}" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
-        -steps "${STEPS:-8}" -eval-every "${STEPS:-8}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
+      timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
+        -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
-      say "${MODEL:-gpt2-xl}, optimizer state on the $where: exit $?"
+      say "$model, optimizer state on the $where: exit $?"
       grep -E "^(validation|throughput|peak|model)" "$w/offload-$where.log" | tail -5 | tee -a "$w/summary.txt"
     done
     timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \

@@ -77,6 +77,11 @@ type Config struct {
 	EvalBatches int    `json:"eval_batches,omitempty"`
 }
 
+// Offloads says whether a run on dev keeps its optimiser's state in host
+// memory: OffloadOptimizer, on a device other than the CPU (whose memory
+// is the host's).
+func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && dev.Name() != "cpu" }
+
 // Periods is the number of the Trainer's epochs: an image classifier's
 // Epochs, or a language model's Steps in periods of EvalEvery steps, each
 // ending in an evaluation.
@@ -442,7 +447,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt.Release()
 		return nil, fmt.Errorf("gradient clipping to a norm of %v: want a positive norm, or 0 for none", cfg.ClipNorm)
 	}
-	offload := cfg.OffloadOptimizer && dev.Name() != "cpu"
+	offload := cfg.Offloads(dev)
 	if offload {
 		off, err := optim.Offload(opt, tensor.CPU())
 		if err != nil {

@@ -518,7 +518,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		}()
 	}
 	job.Group, job.ShardOptimizer, job.Log, job.Stop = group, o.shardOptimizer, stdout, stop
-	if o.offload && dev.Name() == "cpu" {
+	if job.OffloadOptimizer && !job.Offloads(dev) {
 		fmt.Fprintln(stdout, "CPU run: -offload-optimizer changes nothing here (the device's memory is the host's)")
 	}
 	if o.maxMemory.IsSet() {

@@ -18,7 +18,7 @@ import (
 
 var be = New()
 
-func buf(t *testing.T, dt kernels.DType, n int) kernels.Buf {
+func buf(t testing.TB, dt kernels.DType, n int) kernels.Buf {
 	t.Helper()
 	blk, err := be.Allocator().Alloc(int64(n*dt.Size()), 0)
 	if err != nil {

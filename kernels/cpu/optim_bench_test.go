@@ -13,27 +13,19 @@ import (
 func BenchmarkAdamW(b *testing.B) {
 	const n = 1 << 24
 	rng := rand.New(rand.NewPCG(1, 2))
-	alloc := func(dt kernels.DType, n int) kernels.Buf {
-		blk, err := be.Allocator().Alloc(int64(n*dt.Size()), 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { be.Allocator().Free(blk) })
-		return kernels.Buf{Block: blk, N: n, DType: dt}
-	}
-	buf := func(scale float64) kernels.Buf {
-		t := alloc(kernels.F32, n)
+	random := func(scale float64) kernels.Buf {
+		t := buf(b, kernels.F32, n)
 		f := f32s(t)
 		for i := range f {
 			f[i] = float32(rng.NormFloat64() * scale)
 		}
 		return t
 	}
-	p, g, m, v := buf(1), buf(0.01), buf(0.001), buf(0)
+	p, g, m, v := random(1), random(0.01), random(0.001), random(0)
 	for i, x := range f32s(v) {
 		f32s(v)[i] = x * x
 	}
-	lr, step := alloc(kernels.F32, 1), alloc(kernels.I32, kernels.CounterLen)
+	lr, step := buf(b, kernels.F32, 1), buf(b, kernels.I32, kernels.CounterLen)
 	f32s(lr)[0] = 1e-4
 	*counter(step) = 10
 	hp := kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: step}
