@@ -1,6 +1,10 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/leangrad/leangrad/memory"
+)
 
 // CopyOps move and convert data: between the host and the device, between
 // buffers, across dtypes and layouts.
@@ -42,6 +46,23 @@ type CopyOps interface {
 
 	// Cast converts src into dst's dtype, rounding to nearest even.
 	Cast(dst, src Buf)
+}
+
+// PinnedCopier is a backend that copies between its device and page-locked
+// host memory directly, without staging through buffers of its own (the
+// CUDA backend: such copies run at the bus's speed and need no host
+// thread). Package tensor's Device.Pinned makes a host device over it.
+type PinnedCopier interface {
+	// PinnedSource is a raw allocator of page-locked host memory (its
+	// segments fill Segment.Host): a CPU backend's pool over it holds host
+	// tensors that Read fills and WritePinned sends in one direct copy.
+	PinnedSource() memory.Source
+
+	// WritePinned queues a copy of src, which must lie in memory from
+	// PinnedSource, into dst and returns at once: src must not change
+	// until the device has passed the copy, that is until a later Read or
+	// Synchronize returns.
+	WritePinned(dst Buf, src []byte)
 }
 
 // CheckTranspose checks a transposition's buffers: one dtype, t.Len()

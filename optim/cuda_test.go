@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/internal/testdev"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
 )
 
 func TestCUDAOptimizers(t *testing.T) {
@@ -16,7 +18,15 @@ func TestCUDAOptimizers(t *testing.T) {
 	t.Run("step-clipped", func(t *testing.T) { testStepClipped(t, dev) })
 }
 
-// TestCUDAOffloaded: AdamW and SGD with their state in host memory follow
-// the GPU's own within rounding (the host's arithmetic is the CPU
-// backend's), and the GPU holds none of their state.
-func TestCUDAOffloaded(t *testing.T) { testOffloaded(t, testdev.CUDA(t), 1e-5) }
+// TestCUDAOffloaded: AdamW and SGD with their state in host memory, the
+// device's page-locked memory or the Go heap's, follow the GPU's own
+// within rounding (the host's arithmetic is the CPU backend's), and the
+// GPU holds none of their state.
+func TestCUDAOffloaded(t *testing.T) {
+	dev := testdev.CUDA(t)
+	t.Run("page-locked", func(t *testing.T) { testOffloaded(t, dev, dev.Pinned(), 1e-5) })
+	t.Run("pageable", func(t *testing.T) { testOffloaded(t, dev, tensor.CPU(), 1e-5) })
+	if n := dev.Pinned().Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+		t.Errorf("%d bytes of page-locked memory still allocated after the optimizers' release", n)
+	}
+}

@@ -23,7 +23,13 @@ import (
 // the parameters through three stages: each gradient comes down into its
 // host copy, the host updates that parameter with the optimiser of its own
 // (multi-threaded, fused over parameter, moments and gradient), and the
-// parameter goes back up, while the next gradient already comes down. The
+// parameter goes back up, while the next gradient already comes down. In
+// the device's page-locked memory (tensor's Device.Pinned) each copy is one
+// direct transfer by the copy engines; in ordinary host memory it goes
+// through the backend's staging buffers, at a fraction of the speed. A
+// parameter's upload is queued, not waited for: its host copy changes next
+// in the next step's update, after that step's gradient has come down,
+// which waits for everything queued before it. The
 // device copy of a parameter is its host copy after every step, so the
 // host's is the master. The update of a parameter is the on-device
 // optimiser's own arithmetic run by the host's backend: on a CPU device
@@ -33,17 +39,19 @@ import (
 // some steps. Because the host reads the device, a step with an offloaded
 // optimiser cannot be captured as a graph (train runs it eagerly).
 type Offloaded struct {
-	params []*tensor.Tensor // on the device
-	host   []*tensor.Tensor // their copies in host memory, each with its gradient's copy
-	inner  []Optimizer      // inner[i] updates host[i]
-	mult   *tensor.Tensor   // host F32[1]: the gradients' multiplier of the step
+	params []*tensor.Tensor     // on the device
+	host   []*tensor.Tensor     // their copies in host memory, each with its gradient's copy
+	up     kernels.PinnedCopier // the device's backend when host is its page-locked memory (nil: staged copies)
+	inner  []Optimizer          // inner[i] updates host[i]
+	mult   *tensor.Tensor       // host F32[1]: the gradients' multiplier of the step
 	lr     float64
 	kinds  []string
 	steps  int           // updates taken
 	took   time.Duration // by them, from the gradients' first byte down to the parameters' last queued up
 }
 
-// Offload moves opt's state to host, the host's device (tensor.CPU()):
+// Offload moves opt's state to host, a host device: the device's Pinned
+// for the fastest copies, or tensor.CPU():
 // it returns an optimiser of opt's kind and hyper-parameters over opt's
 // parameters whose state, and copies of the parameters and gradients, live
 // there, and releases opt. opt must be SGD or AdamW and must not have
@@ -64,6 +72,11 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 			o, err = nil, fmt.Errorf("optim: offloading the optimizer's state: %w", tensor.AsError(r))
 		}
 	}()
+	if len(params) > 0 {
+		if pc, ok := params[0].Backend().(kernels.PinnedCopier); ok && host.Allocator().Source() == pc.PinnedSource() {
+			o.up = pc
+		}
+	}
 	o.mult = tensor.Zeros(host, tensor.F32, 1).Keep()
 	for i, p := range params {
 		h := tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
@@ -135,7 +148,11 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			}
 			in.Step()
 		}
-		be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
+		if o.up != nil {
+			o.up.WritePinned(o.params[i].Buf(), hostBytes(o.host[i])) // the next change to host[i] follows a Read
+		} else {
+			be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
+		}
 	}
 }
 
@@ -203,6 +220,10 @@ func (o *Offloaded) State() map[string]*tensor.Tensor {
 	return s
 }
 
+// Pinned reports whether the host copies are in the device's page-locked
+// memory (copied directly; see Note [the offloaded step]).
+func (o *Offloaded) Pinned() bool { return o.up != nil }
+
 // HostBytes is the host memory the optimiser holds: the parameters' and
 // gradients' copies and the state.
 func (o *Offloaded) HostBytes() int64 {
@@ -229,8 +250,13 @@ func (o *Offloaded) Counters() map[string]float64 {
 }
 
 // LoadState restores what State and Counters (of this optimiser or of the
-// on-device one of its kind) returned.
+// on-device one of its kind) returned, and copies the parameters' values
+// from the device into the host's master copies: a resumed run loads the
+// model's weights first, then the optimiser's state.
 func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
+	for i, p := range o.params {
+		p.Backend().Read(hostBytes(o.host[i]), p.Buf())
+	}
 	for i, in := range o.inner {
 		mine := map[string]*tensor.Tensor{}
 		for _, k := range o.kinds {
@@ -255,8 +281,14 @@ func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64
 	return nil
 }
 
-// Release frees the host copies and the state.
+// Release frees the host copies and the state, once the device has read
+// the parameters' last copies up.
 func (o *Offloaded) Release() {
+	if o.up != nil && len(o.params) > 0 {
+		if err := o.params[0].Device().Synchronize(); err != nil {
+			panic(fmt.Sprintf("optim: releasing the offloaded optimizer: %v", err))
+		}
+	}
 	for _, in := range o.inner {
 		in.Release()
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/memory"
@@ -16,11 +17,12 @@ import (
 // weight decay groups, skipped steps, a gradient multiplier and a
 // parameter without a gradient; its state is named as the on-device one's,
 // so that each resumes from the other's; a GPU holds none of its state.
-func TestOffloaded(t *testing.T) { testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), 0) }
+func TestOffloaded(t *testing.T) { testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU(), 0) }
 
-// testOffloaded runs the comparison on dev, the parameters within tol of
-// the on-device optimiser's (relative; 0: bit for bit).
-func testOffloaded(t *testing.T, dev *tensor.Device, tol float64) {
+// testOffloaded runs the comparison on dev with the state on host, the
+// parameters within tol of the on-device optimiser's (relative; 0: bit for
+// bit).
+func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 	shapes := [][]int{{33, 7}, {7}, {5000}} // a matrix, a bias (no decay), one large enough to split over threads
 	for _, c := range []struct {
 		name string
@@ -68,11 +70,14 @@ func testOffloaded(t *testing.T, dev *tensor.Device, tol float64) {
 			defer flag.Release()
 			defer mult.Release()
 			before := dev.Allocator().Stats().Allocated[memory.All].Current
-			o, err := Offload(c.make(off), tensor.CPU())
+			o, err := Offload(c.make(off), host)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer o.Release()
+			if pinned := host != tensor.CPU(); o.Pinned() != pinned {
+				t.Errorf("Pinned() = %v: want %v", o.Pinned(), pinned)
+			}
 			for step := range 6 {
 				for i, s := range shapes {
 					if step == 3 && i == 2 && c.name == "sgd" {
@@ -136,11 +141,19 @@ func testOffloaded(t *testing.T, dev *tensor.Device, tol float64) {
 			if err := back.LoadState(o.State(), o.Counters()); err != nil {
 				t.Fatal(err)
 			}
-			again, err := Offload(c.make(off), tensor.CPU())
+			again, err := Offload(c.make(off), host)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer again.Release()
+			// A resumed run loads the model's weights after making its
+			// optimizer: LoadState takes them up as the host's masters.
+			for i, s := range shapes {
+				v := random(s, 1)
+				raw := unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+				on[i].Backend().Write(on[i].Buf(), raw)
+				off[i].Backend().Write(off[i].Buf(), raw)
+			}
 			if err := again.LoadState(ref.State(), ref.Counters()); err != nil {
 				t.Fatal(err)
 			}

@@ -29,9 +29,11 @@ type Final struct {
 	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
 	// HostOptimizerBytes is the host memory an offloaded optimizer held
 	// (train.Config.OffloadOptimizer), and HostStepSeconds its update's
-	// mean time a step: gradients down, the update, parameters up.
-	HostOptimizerBytes int64   `json:"host_optimizer_bytes,omitempty"`
-	HostStepSeconds    float64 `json:"host_step_seconds,omitempty"`
+	// mean time a step: gradients down, the update, parameters up;
+	// HostOptimizerPinned says whether that memory was page-locked.
+	HostOptimizerBytes  int64   `json:"host_optimizer_bytes,omitempty"`
+	HostStepSeconds     float64 `json:"host_step_seconds,omitempty"`
+	HostOptimizerPinned bool    `json:"host_optimizer_pinned,omitempty"`
 }
 
 // Diverged says where a run diverged (see train.DivergedError).

@@ -182,7 +182,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       say "$model, optimizer state on the $where: exit $?"
       grep -E "^(validation|throughput|peak|model)" "$w/offload-$where.log" | tail -5 | tee -a "$w/summary.txt"
     done
-    timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \
+    timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/kernels_cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \
       -test.cpu 1,16' > "$w/adamw.log" 2>&1
     say "leangrad's host AdamW exit $?"; grep -E "^Benchmark" "$w/adamw.log" | tee -a "$w/summary.txt"
     timeout 120 python3 -c "

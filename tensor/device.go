@@ -26,6 +26,9 @@ type Device struct {
 	gen  *Generator
 	base *Device // the handle Sessions were made from (itself for NewDevice's)
 
+	pinnedOnce sync.Once // on base: makes pinned
+	pinned     *Device   // on base: the host device over page-locked memory (Pinned)
+
 	scope    *Scope       // the innermost open scope
 	modes    Modes        // read and written by autograd
 	syncFree atomic.Int32 // > 0 inside sync-free sections
@@ -97,6 +100,12 @@ func (d *Device) Session() *Device {
 // it; a session's Close closes the device.
 func (d *Device) Close() error {
 	if c, ok := d.b.(interface{ Close() error }); ok {
+		if p := d.base.pinned; p != nil {
+			if n := p.Allocator().Stats().Allocated[memory.All].Current; n > 0 {
+				return fmt.Errorf("tensor: %s: Close while %d bytes of its page-locked host memory are allocated (release those tensors first)", d.Name(), n)
+			}
+			p.Allocator().EmptyCache()
+		}
 		if err := c.Close(); err != nil {
 			return err
 		}
@@ -111,6 +120,27 @@ func (d *Device) Close() error {
 	}
 	d.Allocator().EmptyCache()
 	return nil
+}
+
+// Pinned is the host device whose tensors d's backend copies to and from
+// directly (kernels.PinnedCopier: page-locked memory, which a GPU's copy
+// engines read and write at the bus's speed, without staging): a CPU
+// device of its own pool, which the host's kernels run on as on CPU(). Its
+// memory is taken from the host's and cannot be swapped out: keep there
+// only what crosses the bus often (an offloaded optimizer's copies). For a
+// backend without such memory (the CPU's) it is CPU().
+func (d *Device) Pinned() *Device {
+	base := d.base
+	base.pinnedOnce.Do(func() {
+		pc, ok := base.b.(kernels.PinnedCopier)
+		if ok {
+			base.pinned = NewDevice(cpu.NewWithAllocator(memory.New(pc.PinnedSource(), memory.Config{Device: "cpu (page-locked for " + base.Name() + ")"})))
+		}
+	})
+	if base.pinned == nil {
+		return CPU()
+	}
+	return base.pinned
 }
 
 // Same reports whether d and e are handles on the same device.

@@ -449,7 +449,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	}
 	offload := cfg.Offloads(dev)
 	if offload {
-		off, err := optim.Offload(opt, tensor.CPU())
+		off, err := optim.Offload(opt, dev.Pinned())
 		if err != nil {
 			opt.Release()
 			return nil, err

@@ -89,6 +89,8 @@ type Backend struct {
 	args        *launchArgs
 	staging     [2]staging
 	nextStage   int
+	pinned      *pinnedSource // nil until PinnedSource is first asked for
+	pinnedOnce  sync.Once
 	dnn         *cudnnAPI // nil: convolutions by im2col + cuBLAS
 	dnnHandle   uintptr
 	dnnReason   string // why cuDNN is not used
@@ -286,6 +288,12 @@ func (b *Backend) Close() error {
 	if st := b.alloc.Stats(); st.Allocated[memory.All].Current > b.blasWS.Size() {
 		return fmt.Errorf("cuda: %s: Close while %d bytes of its pool are allocated (release the tensors, arenas and graphs first)",
 			b.name, st.Allocated[memory.All].Current-b.blasWS.Size())
+	}
+	if b.pinned != nil {
+		if free, total := b.pinned.MemInfo(); free < total {
+			return fmt.Errorf("cuda: %s: Close while %d bytes of page-locked host memory are allocated (empty the pinned host pool first)",
+				b.name, total-free)
+		}
 	}
 	b.closed = true
 	openMu.Lock()

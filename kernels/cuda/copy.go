@@ -169,7 +169,9 @@ func (b *Backend) Write(dst kernels.Buf, src []byte) {
 	}
 }
 
-// Read waits for the stream and copies src into host bytes.
+// Read waits for the stream and copies src into host bytes: in one direct
+// copy when they are page-locked memory from PinnedSource, else through the
+// staging buffers.
 func (b *Backend) Read(dst []byte, src kernels.Buf) {
 	if int64(len(dst)) != src.Bytes() {
 		panic(fmt.Sprintf("cuda: read of a %d-byte buffer into %d bytes", src.Bytes(), len(dst)))
@@ -178,6 +180,11 @@ func (b *Backend) Read(dst []byte, src kernels.Buf) {
 	defer b.exit()
 	b.notCapturing("read into host memory")
 	base := ptrOf(src)
+	if b.pinned.holds(dst) { // one direct copy
+		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), base, uintptr(len(dst)), b.stream))
+		b.d.must("cuStreamSynchronize", b.d.streamSynchronize(b.stream))
+		return
+	}
 	s := &b.staging[0]
 	for off := 0; off < len(dst); off += stagingChunk {
 		n := min(stagingChunk, len(dst)-off)
