@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -71,6 +72,7 @@ func TestIDXErrorsNameTheFileAndProblem(t *testing.T) {
 }
 
 func TestRealFashionMNIST(t *testing.T) {
+	race.Skip(t, "go test ./datasets -run TestRealFashionMNIST")
 	dir, err := Find(FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
@@ -163,6 +165,7 @@ func TestDownloadVerifiesChecksums(t *testing.T) {
 		t.Errorf("a file that failed verification was written: %v", entries)
 	}
 	// With the real data behind the server, the download verifies and loads.
+	race.Skip(t, "go test ./datasets -run TestDownloadVerifiesChecksums")
 	src, err := Find(FashionMNIST, os.Getenv("LEANGRAD_DATA"))
 	if err != nil {
 		t.Skip("no local Fashion-MNIST to serve: ", err)

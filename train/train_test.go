@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -308,7 +309,10 @@ func testEmptyCacheEvery(t *testing.T, dev *tensor.Device) {
 // TestMLPFashionMNIST is the end-to-end check on real data: an MLP reaches
 // 84% test accuracy in one epoch of Fashion-MNIST. CI installs the data
 // (dataset-fashion-mnist) and sets LEANGRAD_REQUIRE_DATA, so there it cannot skip.
-func TestMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, tensor.CPU()) }
+func TestMLPFashionMNIST(t *testing.T) {
+	race.Skip(t, "go test ./train -run TestMLPFashionMNIST")
+	testMLPFashionMNIST(t, tensor.CPU())
+}
 
 func testMLPFashionMNIST(t *testing.T, dev *tensor.Device) {
 	dir, err := datasets.Find(datasets.FashionMNIST, os.Getenv("LEANGRAD_DATA"))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/internal/race"
 )
 
 // readmeTrain matches the README's train commands: the arguments after
@@ -23,9 +24,10 @@ var readmeTrain = regexp.MustCompile(`(?m)^\s+go run \./cmd/train ([^#\n]*?)\s*(
 // small for a step, a minute under the race detector's instrumentation of
 // the CPU kernels: CI runs it in a step of its own, without it.
 func TestREADMECommands(t *testing.T) {
-	if testing.Short() || raceDetector {
-		t.Skip("trains each README command for a step (CI: go test ./cmd/train -run TestREADMECommands)")
+	if testing.Short() {
+		t.Skip("trains each README command for a step")
 	}
+	race.Skip(t, "go test ./cmd/train -run TestREADMECommands")
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package cpu_test
 import (
 	"testing"
 
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/kernels/kerneltest"
 )
@@ -18,8 +19,6 @@ import (
 // operations' concurrency is already held to it by cpu_test.go's and
 // rest_test.go's cases: CI runs it in a step of its own.
 func TestConformance(t *testing.T) {
-	if raceDetector {
-		t.Skip("the CPU against itself, without the race detector (CI: go test ./kernels/cpu -run TestConformance)")
-	}
+	race.Skip(t, "go test ./kernels/cpu -run TestConformance")
 	kerneltest.Run(t, cpu.New())
 }

@@ -22,41 +22,25 @@ func needNVRTC(t *testing.T) {
 	}
 }
 
-// The module compiled once for each target the tests read, each compile
-// taking most of a minute on two cores: sm_90's CUBIN with ptxas's verbose
-// log (TestKernelsCompile, TestKernelResources) and compute_90's PTX
+// The module compiled once for sm_90, with ptxas's verbose log, a compile
+// that takes most of a minute on two cores: its CUBIN and log
+// (TestKernelsCompile, TestKernelResources) and its PTX
 // (TestKernelsWaitFirst, TestKernelSignatures).
 var (
-	sm90Once  sync.Once
-	sm90Cubin []byte
-	sm90Log   string
-	sm90Err   error
-
-	ptx90Once sync.Once
-	ptx90     string
-	ptx90Err  error
+	sm90Once sync.Once
+	sm90     compiled
+	sm90Err  error
 )
 
-// moduleSM90 is the module's sm_90 CUBIN and ptxas's log of it.
-func moduleSM90(t *testing.T) ([]byte, string) {
+// moduleSM90 is the module compiled for sm_90.
+func moduleSM90(t *testing.T) compiled {
 	t.Helper()
 	needNVRTC(t)
-	sm90Once.Do(func() { sm90Cubin, sm90Log, sm90Err = compile(Source(), "sm_90", false, "--ptxas-options=-v") })
+	sm90Once.Do(func() { sm90, sm90Err = compile(Source(), "sm_90", "--ptxas-options=-v") })
 	if sm90Err != nil {
 		t.Fatal(sm90Err)
 	}
-	return sm90Cubin, sm90Log
-}
-
-// modulePTX90 is the module's compute_90 PTX.
-func modulePTX90(t *testing.T) string {
-	t.Helper()
-	needNVRTC(t)
-	ptx90Once.Do(func() { ptx90, ptx90Err = CompilePTX(Source(), "compute_90") })
-	if ptx90Err != nil {
-		t.Fatal(ptx90Err)
-	}
-	return ptx90
+	return sm90
 }
 
 // TestKernelsCompile compiles every kernel with whatever NVRTC this machine
@@ -67,8 +51,7 @@ func TestKernelsCompile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sm_80: %v", err)
 	}
-	sm90, _ := moduleSM90(t)
-	for arch, cubin := range map[string][]byte{"sm_80": sm80, "sm_90": sm90} {
+	for arch, cubin := range map[string][]byte{"sm_80": sm80, "sm_90": moduleSM90(t).cubin} {
 		if len(cubin) < 1000 || string(cubin[1:4]) != "ELF" {
 			t.Errorf("%s: %d bytes that are not an ELF cubin", arch, len(cubin))
 		}
@@ -170,7 +153,7 @@ func waitLate(ptx string) []string {
 // next be placed; a kernel that read its input first could read it
 // unfinished.
 func TestKernelsWaitFirst(t *testing.T) {
-	ptx := modulePTX90(t)
+	ptx := moduleSM90(t).ptx
 	if n := strings.Count(ptx, ".entry "); n < 100 {
 		t.Fatalf("the PTX holds %d kernels: the split missed them", n)
 	}

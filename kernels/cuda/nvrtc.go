@@ -94,41 +94,48 @@ func Target(arch string, nvrtcMajor int) string {
 // Compile compiles src for arch ("sm_90") with NVRTC and returns the CUBIN.
 // A compilation failure returns a *CompileError holding NVRTC's log.
 func Compile(src, arch string) ([]byte, error) {
-	cubin, _, err := compile(src, arch, false)
-	return cubin, err
+	c, err := compile(src, arch)
+	return c.cubin, err
 }
 
 // CompilePTX compiles src for the virtual architecture arch ("compute_90")
 // and returns the PTX, as text: what the tests read the kernels'
 // parameter lists from.
 func CompilePTX(src, arch string) (string, error) {
-	ptx, _, err := compile(src, arch, true)
-	return strings.TrimRight(string(ptx), "\x00"), err
+	c, err := compile(src, arch)
+	return c.ptx, err
 }
 
 // KernelResources compiles src for arch ("sm_90") and returns what ptxas
 // gave each kernel, in the order it compiled them: registers, spills and
 // static shared memory (KernelUse), from its verbose log.
 func KernelResources(src, arch string) ([]KernelUse, error) {
-	_, log, err := compile(src, arch, false, "--ptxas-options=-v")
+	c, err := compile(src, arch, "--ptxas-options=-v")
 	if err != nil {
 		return nil, err
 	}
-	return ParsePtxasLog(log), nil
+	return ParsePtxasLog(c.log), nil
 }
 
-// compile runs NVRTC on src for arch with extra options, returning the
-// CUBIN (or, with ptx, the PTX) and NVRTC's log.
-func compile(src, arch string, ptx bool, extra ...string) (out []byte, log string, err error) {
+// compiled is what one NVRTC run gives: the PTX, the CUBIN when the
+// architecture is a real one ("sm_90", not "compute_90"), and the log.
+type compiled struct {
+	ptx   string
+	cubin []byte
+	log   string
+}
+
+// compile runs NVRTC on src for arch with extra options.
+func compile(src, arch string, extra ...string) (c compiled, err error) {
 	n, err := loadNVRTC()
 	if err != nil {
-		return nil, "", err
+		return c, err
 	}
 	var prog uintptr
 	csrc, cname := cBytes(src), cBytes("leangrad.cu")
 	if err := n.check("nvrtcCreateProgram", n.createProgram(unsafe.Pointer(&prog),
 		unsafe.Pointer(&csrc[0]), unsafe.Pointer(&cname[0]), 0, nil, nil)); err != nil {
-		return nil, "", err
+		return c, err
 	}
 	defer n.destroyProgram(unsafe.Pointer(&prog))
 	// The option strings are reached through an array of pointers: pin them
@@ -149,22 +156,28 @@ func compile(src, arch string, ptx bool, extra ...string) (out []byte, log strin
 	n.getLogSize(prog, unsafe.Pointer(&size))
 	buf := make([]byte, size+1)
 	n.getLog(prog, unsafe.Pointer(&buf[0]))
-	log = strings.TrimRight(string(buf), "\x00")
+	c.log = strings.TrimRight(string(buf), "\x00")
 	if r != 0 {
-		return nil, "", &CompileError{Arch: arch, Log: log}
+		return compiled{}, &CompileError{Arch: arch, Log: c.log}
 	}
-	getSize, get, what := n.getCUBINSize, n.getCUBIN, "nvrtcGetCUBIN"
-	if ptx {
-		getSize, get, what = n.getPTXSize, n.getPTX, "nvrtcGetPTX"
+	get := func(what string, getSize, get func(uintptr, unsafe.Pointer) nvrtcResult) ([]byte, error) {
+		if err := n.check(what+"Size", getSize(prog, unsafe.Pointer(&size))); err != nil {
+			return nil, err
+		}
+		out := make([]byte, size)
+		return out, n.check(what, get(prog, unsafe.Pointer(&out[0])))
 	}
-	if err := n.check(what+"Size", getSize(prog, unsafe.Pointer(&size))); err != nil {
-		return nil, "", err
+	ptx, err := get("nvrtcGetPTX", n.getPTXSize, n.getPTX)
+	if err != nil {
+		return compiled{}, err
 	}
-	out = make([]byte, size)
-	if err := n.check(what, get(prog, unsafe.Pointer(&out[0]))); err != nil {
-		return nil, "", err
+	c.ptx = strings.TrimRight(string(ptx), "\x00")
+	if strings.HasPrefix(arch, "sm_") {
+		if c.cubin, err = get("nvrtcGetCUBIN", n.getCUBINSize, n.getCUBIN); err != nil {
+			return compiled{}, err
+		}
 	}
-	return out, log, nil
+	return c, nil
 }
 
 // cacheDir is where compiled modules are kept: dir (Options.KernelCache)

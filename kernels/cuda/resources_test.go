@@ -35,7 +35,7 @@ ptxas info    : Used 128 registers, used 1 barriers, 32768 bytes smem, 424 bytes
 // sm_90 is reported with the registers ptxas gave it, layer norm's backward
 // among them.
 func TestKernelResources(t *testing.T) {
-	_, log := moduleSM90(t)
+	log := moduleSM90(t).log
 	uses := ParsePtxasLog(log)
 	found := false
 	for _, k := range uses {

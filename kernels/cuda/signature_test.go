@@ -103,7 +103,7 @@ func checkDecl(d *kernelDecl, entries map[string][]ptxParam) []string {
 // parameter lists are every architecture's).
 func modulePTX(t *testing.T) map[string][]ptxParam {
 	t.Helper()
-	ptxEntries := parsePTX(modulePTX90(t))
+	ptxEntries := parsePTX(moduleSM90(t).ptx)
 	if len(ptxEntries) < 20 {
 		t.Fatalf("the PTX holds %d kernels: the parser missed them", len(ptxEntries))
 	}
