@@ -17,7 +17,9 @@ import (
 // weight decay groups, skipped steps, a gradient multiplier and a
 // parameter without a gradient; its state is named as the on-device one's,
 // so that each resumes from the other's; a GPU holds none of its state.
-func TestOffloaded(t *testing.T) { testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU(), 0) }
+func TestOffloaded(t *testing.T) {
+	testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU(), 0)
+}
 
 // testOffloaded runs the comparison on dev with the state on host, the
 // parameters within tol of the on-device optimiser's (relative; 0: bit for
