@@ -475,7 +475,9 @@ func (b *Backend) memsetF32(p uintptr, n int64) {
 
 // The paged key-value memory's kernels (transformer.cu): write_paged over
 // rows × H·D elements; paged_attention a block of pagedThreads threads a
-// (head, row), the row's query and its scores in dynamic shared memory.
+// (head, row), the row's query and its scores in dynamic shared memory;
+// paged_tiles a block a (head, pagedTileRows rows), which reads a
+// sequence's keys and values once for all of its rows in the tile.
 type writePagedArgs struct {
 	Rows, C, QRow int32
 	K, V, Slots   uintptr
@@ -488,9 +490,23 @@ type pagedAttentionArgs struct {
 	Q, KC, VC, Tables, RowSeq, RowPos, O     uintptr
 }
 
+type pagedTilesArgs struct {
+	Rows, H, D, BlockSize, MaxBlocks, MaxLen, QRow int32
+	Scale                                          float32
+	Q, KC, VC, Tables, RowSeq, RowPos, O           uintptr
+}
+
 var (
 	kWritePaged     = declareTyped[writePagedArgs]("write_paged")
 	kPagedAttention = declareTyped[pagedAttentionArgs]("paged_attention")
+	kPagedTiles     = declareTyped[pagedTilesArgs]("paged_tiles")
+)
+
+// paged_tiles' tile: pagedTileRows query rows (PAGED_TQ) against
+// pagedTileKeys positions at a time (PAGED_KT, a warp's width).
+const (
+	pagedTileRows = 16
+	pagedTileKeys = 32
 )
 
 // pagedThreads is paged_attention's block: its warps take turns over a
@@ -512,7 +528,9 @@ func (b *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots 
 		ptrOf(k), ptrOf(v), ptrOf(slots), ptrOf(kcache), ptrOf(vcache)})
 }
 
-// PagedAttention attends each (head, row) in a block of its own.
+// PagedAttention attends each (head, row) in a block of its own when every
+// sequence has one row (a decoding step), else each (head, tile of rows),
+// so that a prefill's rows share their sequence's keys and values.
 func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o kernels.Buf) {
 	kernels.CheckPaged("paged attention", p, q, kcache, vcache)
 	kernels.CheckLen("paged attention output", p.Rows*p.H*p.D, o)
@@ -522,6 +540,13 @@ func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, table
 	shared := 4 * (p.D + p.MaxLen + max(pagedThreads, p.D))
 	b.enter()
 	defer b.exit()
+	if p.Rows > p.Seqs {
+		tiles := 4 * (2*pagedTileRows*p.D + 2*pagedTileKeys*(p.D+1) + pagedTileRows*pagedTileKeys + 3*pagedTileRows)
+		kPagedTiles.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32((p.Rows + pagedTileRows - 1) / pagedTileRows), block: pagedThreads},
+			max(shared, tiles), pagedTilesArgs{int32(p.Rows), int32(p.H), int32(p.D), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.MaxLen),
+				int32(p.QRow), p.Scale, ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
+		return
+	}
 	kPagedAttention.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32(p.Rows), block: pagedThreads}, shared,
 		pagedAttentionArgs{int32(p.H), int32(p.D), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.MaxLen), int32(p.QRow), p.Scale,
 			ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})

@@ -251,21 +251,21 @@ __device__ void write_paged(int rows, int C, int qrow, const T* k, const T* v, c
     }
 }
 
-// paged_attention attends head blockIdx.x of query row blockIdx.y over its
-// sequence's positions 0 to rowPos (the block's warps take turns over the
-// positions for the scores, which dynamic shared memory holds beside the
-// query), then its threads, in groups of D, over the positions again for
-// the values, each thread a column; the groups' sums meet in shared memory.
+// paged_row attends head h of query row r over its sequence's positions 0
+// to rowPos[r] (the block's warps take turns over the positions for the
+// scores, which shared memory holds beside the query: D + maxLen +
+// max(blockDim.x, D) floats at smem), then its threads, in groups of D,
+// over the positions again for the values, each thread a column; the
+// groups' sums meet in shared memory. Every thread of the block calls it.
 template <typename T>
-__device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale, const T* q,
-                                const T* kc, const T* vc, const int* tables, const int* rowSeq, const int* rowPos,
-                                T* o) {
-    extern __shared__ float pa_smem[];
-    __shared__ float scratch[32];
-    int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+__device__ void paged_row(int h, int r, int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale,
+                          const T* q, const T* kc, const T* vc, const int* tables, const int* rowSeq,
+                          const int* rowPos, T* o, float* smem, float* scratch) {
+    int tid = threadIdx.x, nt = blockDim.x;
     int C = H * D, len = rowPos[r] + 1;
     const int* table = tables + (i64)rowSeq[r] * maxBlocks;
-    float *qs = pa_smem, *s = qs + D, *part = s + maxLen;
+    float *qs = smem, *s = qs + D, *part = s + maxLen;
+    __syncthreads(); // the block's previous use of smem is over
     for (int d = tid; d < D; d += nt) qs[d] = ld(q, (i64)r * qrow + h * D + d) * scale;
     __syncthreads();
     int warp = tid >> 5, lane = tid & 31, warps = nt >> 5;
@@ -303,6 +303,114 @@ __device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen,
     }
 }
 
+// paged_attention attends head blockIdx.x of query row blockIdx.y
+// (paged_row): a decoding step's rows, one a sequence.
+template <typename T>
+__device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale, const T* q,
+                                const T* kc, const T* vc, const int* tables, const int* rowSeq, const int* rowPos,
+                                T* o) {
+    extern __shared__ float pa_smem[];
+    __shared__ float scratch[32];
+    paged_row(blockIdx.x, blockIdx.y, H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o,
+              pa_smem, scratch);
+}
+
+// PAGED_TQ rows of queries and PAGED_KT positions of keys make a tile of
+// paged_tiles (Go's pagedTileRows and pagedTileKeys).
+#define PAGED_TQ 16
+#define PAGED_KT 32
+
+// paged_tiles attends head blockIdx.x of the query rows blockIdx.y·PAGED_TQ
+// onwards (at most PAGED_TQ, below rows): a prefill's rows, many of one
+// sequence at consecutive positions. The block splits its rows into runs of
+// one sequence's consecutive positions. A run of one row is paged_row's; a
+// longer one reads each key and value of its sequence once for all its rows,
+// PAGED_KT positions at a time into shared memory (flash attention's
+// online softmax: each row's running maximum m, sum l and output acc, which
+// a tile's new maximum rescales), where paged_row would read them once per
+// row. Shared memory: as paged_row needs, or the run's queries and outputs
+// (2·PAGED_TQ·D), a tile of keys and of values (2·PAGED_KT·(D+1): a row
+// padded so that a warp's threads, each a position, read distinct banks),
+// the scores (PAGED_TQ·PAGED_KT) and three floats a row, whichever is more.
+template <typename T>
+__device__ void paged_tiles(int rows, int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale,
+                            const T* q, const T* kc, const T* vc, const int* tables, const int* rowSeq,
+                            const int* rowPos, T* o) {
+    extern __shared__ float pa_smem[];
+    __shared__ float scratch[32];
+    int h = blockIdx.x, r0 = blockIdx.y * PAGED_TQ, r1 = min(r0 + PAGED_TQ, rows);
+    int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31, warps = nt >> 5;
+    int C = H * D, Dp = D + 1;
+    float *qs = pa_smem, *acc = qs + PAGED_TQ * D, *ks = acc + PAGED_TQ * D, *vs = ks + PAGED_KT * Dp;
+    float *sc = vs + PAGED_KT * Dp, *rm = sc + PAGED_TQ * PAGED_KT, *rl = rm + PAGED_TQ, *rc = rl + PAGED_TQ;
+    for (int rs = r0, re; rs < r1; rs = re) {
+        int seq = rowSeq[rs], p0 = rowPos[rs];
+        for (re = rs + 1; re < r1 && rowSeq[re] == seq && rowPos[re] == p0 + (re - rs);) re++;
+        int nr = re - rs;
+        if (nr == 1) {
+            paged_row(h, rs, H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o, pa_smem,
+                      scratch);
+            continue;
+        }
+        const int* table = tables + (i64)seq * maxBlocks;
+        int len = p0 + nr; // the last row sees positions 0 to p0 + nr - 1
+        __syncthreads();   // the block's previous use of shared memory is over
+        for (int i = tid; i < nr * D; i += nt) {
+            int rr = i / D, d = i % D;
+            qs[i] = ld(q, (i64)(rs + rr) * qrow + h * D + d) * scale;
+            acc[i] = 0.f;
+        }
+        for (int rr = tid; rr < nr; rr += nt) {
+            rm[rr] = -INFINITY;
+            rl[rr] = 0.f;
+        }
+        for (int k0 = 0; k0 < len; k0 += PAGED_KT) {
+            int kn = min(PAGED_KT, len - k0);
+            __syncthreads(); // the last tile's keys, values and scores are read
+            for (int i = tid; i < kn * D; i += nt) {
+                int j = i / D, d = i % D, pos = k0 + j;
+                i64 at = ((i64)table[pos / bs] * bs + pos % bs) * C + h * D + d;
+                ks[j * Dp + d] = ld(kc, at);
+                vs[j * Dp + d] = ld(vc, at);
+            }
+            __syncthreads();
+            for (int i = tid; i < nr * PAGED_KT; i += nt) { // the scores, a position a thread of a warp
+                int rr = i / PAGED_KT, j = i % PAGED_KT;
+                float v = -INFINITY;
+                if (j < kn && k0 + j <= p0 + rr) {
+                    v = 0.f;
+                    for (int d = 0; d < D; d++) v += qs[rr * D + d] * ks[j * Dp + d];
+                }
+                sc[i] = v;
+            }
+            __syncthreads();
+            for (int rr = warp; rr < nr; rr += warps) { // each row's softmax over the tile, a warp a row
+                float v = sc[rr * PAGED_KT + lane], mt = warp_max(v), mn = fmaxf(rm[rr], mt);
+                float e = v == -INFINITY ? 0.f : __expf(v - mn), sum = warp_sum(e);
+                sc[rr * PAGED_KT + lane] = e;
+                if (lane == 0) {
+                    float c = __expf(rm[rr] - mn); // 0 for the first tile: rm is -inf, mn is not (position 0 is seen)
+                    rc[rr] = c;
+                    rl[rr] = rl[rr] * c + sum;
+                    rm[rr] = mn;
+                }
+            }
+            __syncthreads();
+            for (int i = tid; i < nr * D; i += nt) {
+                int rr = i / D, d = i % D;
+                float a = acc[i] * rc[rr];
+                for (int j = 0; j < kn; j++) a += sc[rr * PAGED_KT + j] * vs[j * Dp + d];
+                acc[i] = a;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < nr * D; i += nt) {
+            int rr = i / D, d = i % D;
+            st(o, (i64)(rs + rr) * C + h * D + d, acc[i] / rl[rr]);
+        }
+    }
+}
+
 #define PAGED(T, S)                                                                                              \
     extern "C" __global__ void write_paged_##S(int rows, int C, int qrow, const T* k, const T* v, const int* slots, \
                                                T* kc, T* vc) {                                                   \
@@ -314,6 +422,12 @@ __device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen,
                                                    const int* tables, const int* rowSeq, const int* rowPos, T* o) { \
         kernel_entry();                                                                                         \
         paged_attention(H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o);       \
+    }                                                                                                           \
+    extern "C" __global__ void paged_tiles_##S(int rows, int H, int D, int bs, int maxBlocks, int maxLen,      \
+                                               int qrow, float scale, const T* q, const T* kc, const T* vc,     \
+                                               const int* tables, const int* rowSeq, const int* rowPos, T* o) { \
+        kernel_entry();                                                                                         \
+        paged_tiles(rows, H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o);     \
     }
 FOR_TYPES(PAGED)
 
