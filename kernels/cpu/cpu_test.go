@@ -1109,3 +1109,32 @@ func TestElementwiseHalfMatchesF32(t *testing.T) {
 		}
 	}
 }
+
+// TestAdamWPassMatchesLoop: AdamW's vector pass (AVX-512, where the CPU has
+// it) gives the bits of the Go loop, at every length around its sixteen
+// values and with a gradient scale, so that an update is the same wherever
+// a stretch ends (a sharded or offloaded optimizer's stretches).
+func TestAdamWPassMatchesLoop(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 15, 16, 17, 33, 1000, 4099} {
+		for _, a := range []adamw{
+			{decay: 1 - 1e-4*0.1, b1: 0.9, b2: 0.95, c1: 0.1, c2: 0.05, eps: 1e-8, stepSize: 1e-4 / 0.19, bc2Sqrt: 0.31, gs: 1},
+			{decay: 1, b1: 0.8, b2: 0.999, c1: 0.2, c2: 0.001, eps: 1e-6, stepSize: 3e-3, bc2Sqrt: 0.9, gs: 1.0 / 1024},
+		} {
+			p, g, m, v := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+			for i := range p {
+				p[i], g[i], m[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64()*0.01), float32(rng.NormFloat64()*0.001)
+				v[i] = m[i] * m[i] * float32(rng.Float64())
+			}
+			p2, m2, v2 := slices.Clone(p), slices.Clone(m), slices.Clone(v)
+			a.update(p, g, m, v)
+			a.loop(p2, g, m2, v2)
+			for i := range p {
+				if math.Float32bits(p[i]) != math.Float32bits(p2[i]) || math.Float32bits(m[i]) != math.Float32bits(m2[i]) ||
+					math.Float32bits(v[i]) != math.Float32bits(v2[i]) {
+					t.Fatalf("n %d, %+v, value %d: pass p %v m %v v %v, loop p %v m %v v %v", n, a, i, p[i], m[i], v[i], p2[i], m2[i], v2[i])
+				}
+			}
+		}
+	}
+}

@@ -128,9 +128,16 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 type adamw struct{ decay, b1, b2, c1, c2, eps, stepSize, bc2Sqrt, gs float32 }
 
 // update is the step over one stretch of a parameter, its gradient and
-// moments, in one pass.
+// moments, in one pass: sixteen values an instruction with AVX-512
+// (adamwVec), the rest in Go, with the same rounding.
 func (a adamw) update(p, g, m, v []float32) {
 	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
+	k := adamwVec(&a, p, g, m, v)
+	a.loop(p[k:], g[k:], m[k:], v[k:])
+}
+
+// loop is update's Go loop.
+func (a adamw) loop(p, g, m, v []float32) {
 	for i, x := range p {
 		gi := g[i] * a.gs
 		mi := a.b1*m[i] + a.c1*gi

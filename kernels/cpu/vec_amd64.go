@@ -33,6 +33,9 @@ func sgdMomentum16(p, grad, buf *float32, n int, lr, wd, mom, damp float32, nest
 func unscale16(grad *float32, n int, inv float32) (bad bool)
 
 //go:noescape
+func adamw16(p, grad, m, v *float32, n int, a *adamw)
+
+//go:noescape
 func sum16h(x *uint16, planes, ld, n int) float64
 
 //go:noescape
@@ -86,7 +89,7 @@ func sumRows16(acc *float64, x *float32, rows, ld, n int)
 //go:noescape
 func sumRows16h(acc *float64, x *uint16, rows, ld, n int)
 
-// hasAVX512 turns on the AVX-512 passes: the SGD update and the scaler's
+// hasAVX512 turns on the AVX-512 passes: the SGD and AdamW updates and the scaler's
 // unscale (optim_amd64.s) and ReLU (elementwise_amd64.s). Each Go wrapper
 // below runs its pass over the leading multiple of 16 values and returns
 // how many it took; the caller's Go loop does the rest.
@@ -168,6 +171,16 @@ func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int {
 		copy(buf[n:len(p)], tb[:t])
 	}
 	return len(p)
+}
+
+// adamwVec updates the leading values of p (a multiple of 16) with AdamW's
+// rule, returning how many: the same bits as adamw.update's loop.
+func adamwVec(a *adamw, p, g, m, v []float32) int {
+	n := vecLen(len(p))
+	if n > 0 {
+		adamw16(ptr(p), ptr(g[:n]), ptr(m[:n]), ptr(v[:n]), n, a)
+	}
+	return n
 }
 
 // reluGradVec writes the leading values of ReLU's gradient (dy where y > 0),

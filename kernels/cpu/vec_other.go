@@ -4,10 +4,12 @@ package cpu
 
 import "github.com/leangrad/leangrad/kernels"
 
-// Without amd64 assembly the vector passes (SGD, ReLU, unscale) take no
+// Without amd64 assembly the vector passes (SGD, AdamW, ReLU, unscale) take no
 // values: the Go loops that call them do all the work.
 
 func sgdMomentumVec(hp kernels.SGDParams, lr float32, p, g, buf []float32) int { return 0 }
+
+func adamwVec(a *adamw, p, g, m, v []float32) int { return 0 }
 
 func reluGradVec(dx, dy, y []float32) int { return 0 }
 
