@@ -12,6 +12,7 @@ import (
 )
 
 // reference is C = alpha·op(A)·op(B) + beta·C in float64, the plain triple loop.
+//
 //go:norace
 func reference(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) []float64 {
 	out := make([]float64, len(c))
@@ -109,6 +110,7 @@ func TestGemmAgainstFloat64(t *testing.T) {
 
 // checkClose compares C's m×n block with the reference, to float32
 // accumulation error over k terms; the padding between rows must be untouched.
+//
 //go:norace
 func checkClose(t *testing.T, name string, got []float32, want []float64, m, n, ldc, k int) {
 	t.Helper()
