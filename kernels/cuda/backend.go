@@ -463,10 +463,15 @@ func (b *Backend) exit() {
 // context current itself.
 type deviceSource struct{ b *Backend }
 
-func (s *deviceSource) withContext(f func()) {
+func (s *deviceSource) withContext(f func()) { s.b.withContext(f) }
+
+// withContext runs f on a locked OS thread with the backend's context
+// current, without the backend lock: for raw allocators, which the pools
+// may call from inside an operation.
+func (b *Backend) withContext(f func()) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	s.b.d.must("cuCtxSetCurrent", s.b.d.ctxSetCurrent(s.b.ctx))
+	b.d.must("cuCtxSetCurrent", b.d.ctxSetCurrent(b.ctx))
 	f()
 }
 

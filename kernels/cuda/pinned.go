@@ -47,7 +47,7 @@ func (s *pinnedSource) Alloc(size int64) (memory.Segment, error) {
 	}
 	var p unsafe.Pointer
 	var err error
-	(&deviceSource{s.b}).withContext(func() {
+	s.b.withContext(func() {
 		err = s.b.d.check("cuMemHostAlloc", s.b.d.memHostAlloc(unsafe.Pointer(&p), uintptr(size), 0))
 	})
 	if isOOM(err) {
@@ -75,7 +75,7 @@ func (s *pinnedSource) Free(seg memory.Segment) error {
 	s.ranges = append(s.ranges[:i], s.ranges[i+1:]...)
 	s.used -= seg.Size
 	var err error
-	(&deviceSource{s.b}).withContext(func() {
+	s.b.withContext(func() {
 		err = s.b.d.check("cuMemFreeHost", s.b.d.memFreeHost(unsafe.Pointer(unsafe.SliceData(seg.Host))))
 	})
 	return err
