@@ -109,6 +109,11 @@ type OpTime struct {
 	MS    float64 // milliseconds in all
 }
 
+// IdleOp is the OpTime of an asynchronous backend's stream while it waited
+// for the host: from the end of each read into host memory (or
+// synchronization) to the next operation queued.
+const IdleOp = "idle (the stream waits for the host)"
+
 // Backend runs operations on one device. Output Bufs are written, never read,
 // unless documented otherwise; dtypes are F32, F16 or BF16 for data (mixed
 // freely where documented, computed in float32) and I32 for labels.

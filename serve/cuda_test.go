@@ -3,11 +3,15 @@ package serve
 import (
 	"context"
 	"flag"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/internal/testdev"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -106,5 +110,102 @@ func TestCUDAEngineMatchesForwardTrained(t *testing.T) {
 	t.Logf("%d of %d continuations of %d tokens identical to the forward's; %d identical for at least 16", full, len(prompts), n, short)
 	if full < 12 {
 		t.Errorf("%d of %d continuations identical: want at least 12", full, len(prompts))
+	}
+}
+
+// BenchmarkCUDAEngineMixed serves gpu.sh gptserve's mixed load (512
+// requests arriving at 400 a second, prompts of 8-512 random tokens, 16-512
+// tokens generated each) from the GPT of -engine.checkpoint in BF16, its
+// decoding steps captured and then eager, and logs where the device's time
+// went, by operation: a captured decoding step's replay counts as one, the
+// eager work as its kernels. An event is recorded before each operation,
+// so the tokens a second it reports are a little below a server's.
+func BenchmarkCUDAEngineMixed(b *testing.B) {
+	if *engineCheckpoint == "" {
+		b.Skip("needs -engine.checkpoint: a trained GPT (scripts/gpu.sh gptserve trains one)")
+	}
+	dev := testdev.CUDA(b)
+	prof, ok := dev.Backend().(interface {
+		StartProfile()
+		StopProfile() ([]kernels.OpTime, error)
+	})
+	if !ok {
+		b.Skip("the backend attributes no device time")
+	}
+	for _, eager := range []bool{false, true} {
+		b.Run(map[bool]string{false: "captured", true: "eager"}[eager], func(b *testing.B) {
+			s, err := Open(dev, *engineCheckpoint, Options{Engine: EngineOptions{DType: tensor.BF16, NoCapture: eager}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.WarmUp(); err != nil {
+				b.Fatal(err)
+			}
+			for range b.N {
+				mixedLoad(b, s, prof)
+			}
+		})
+	}
+}
+
+// mixedLoad runs BenchmarkCUDAEngineMixed's load on s's engine once, with
+// prof on, and logs its operations.
+func mixedLoad(b *testing.B, s *Server, prof interface {
+	StartProfile()
+	StopProfile() ([]kernels.OpTime, error)
+}) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	type job struct {
+		prompt []int32
+		max    int
+	}
+	jobs := make([]job, 512)
+	for i := range jobs {
+		p := make([]int32, 8+rng.IntN(505))
+		for j := range p {
+			p[j] = int32(rng.IntN(s.Engine().g.Cfg.Vocab - 1))
+		}
+		jobs[i] = job{p, 16 + rng.IntN(497)}
+	}
+	var wg sync.WaitGroup
+	var generated atomic.Int64
+	prof.StartProfile()
+	start := time.Now()
+	for i, j := range jobs {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / 400)))
+		ch, err := s.Engine().Submit(context.Background(), Request{Prompt: j.prompt, MaxTokens: j.max, IgnoreEOS: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := drain(ch, 1)[0]
+			if r.err != nil {
+				b.Error(r.err)
+			}
+			generated.Add(int64(len(r.tokens)))
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	ops, err := prof.StopProfile()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var busy float64
+	for _, o := range ops {
+		if o.Op != kernels.IdleOp {
+			busy += o.MS
+		}
+	}
+	b.ReportMetric(float64(generated.Load())/wall.Seconds(), "tokens/s")
+	b.Logf("%d tokens generated in %v; the device busy %.0f ms of it", generated.Load(), wall.Round(time.Millisecond), busy)
+	for i, o := range ops {
+		if i == 24 {
+			break
+		}
+		b.Logf("%8.1f ms %5.1f%% %7d× %8.1f µs  %s", o.MS, 100*o.MS/float64(wall.Milliseconds()), o.Count, 1000*o.MS/float64(o.Count), o.Op)
 	}
 }

@@ -90,9 +90,10 @@ func TestCUDAShardedOptimizerNCCL(t *testing.T) {
 func TestCUDAOffloadedOptimizer(t *testing.T) {
 	dev := testdev.CUDA(t)
 	ds := datasets.SyntheticSize(192, 5, 12)
+	const lr = 1e-3
 	run := func(offload bool) (*Trainer, []float32) {
 		cfg := baseConfig("tiny")
-		cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, AMPF16, "adamw", 1e-3, 0.5, true, offload
+		cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, AMPF16, "adamw", lr, 0.5, true, offload
 		dev.Generator().Seed(1)
 		m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 		t.Cleanup(func() { nn.Release(m) })
@@ -119,9 +120,21 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 	if on.Step.OptimizerStateBytes() == 0 {
 		t.Fatal("the on-device run holds no optimizer state")
 	}
+	// AdamW moves each element by about the learning rate a step whatever its
+	// gradient's size, so an element whose gradient is near zero turns
+	// rounding-level differences (F16 gradients, the captured step's kernels
+	// against the eager ones, the host's arithmetic against the device's) into
+	// a fraction of one step: bound each element by a quarter of a step and
+	// the mean by a hundredth of one.
+	var sum float64
 	for i := range want {
-		if d := math.Abs(float64(got[i] - want[i])); d > 1e-3*(1e-2+math.Abs(float64(want[i]))) {
-			t.Fatalf("parameter element %d: %v offloaded, %v on the device", i, got[i], want[i])
+		d := math.Abs(float64(got[i] - want[i]))
+		sum += d
+		if d > 0.25*lr+1e-3*math.Abs(float64(want[i])) {
+			t.Fatalf("parameter element %d: %v offloaded, %v on the device (learning rate %g)", i, got[i], want[i], lr)
 		}
+	}
+	if mean := sum / float64(len(want)); mean > 0.01*lr {
+		t.Fatalf("parameters differ by %.3g on average, want at most %.3g (a hundredth of a step)", mean, 0.01*lr)
 	}
 }

@@ -430,6 +430,7 @@ func (b *Backend) Synchronize() error {
 	if b.capturing {
 		return errors.New("cuda: Synchronize while capturing a graph")
 	}
+	defer b.mark(kernels.IdleOp)
 	return b.d.check("cuStreamSynchronize", b.d.streamSynchronize(b.stream))
 }
 

@@ -179,6 +179,8 @@ func (b *Backend) Read(dst []byte, src kernels.Buf) {
 	b.enter()
 	defer b.exit()
 	b.notCapturing("read into host memory")
+	b.mark("memcpy device to host")
+	defer b.mark(kernels.IdleOp)
 	base := ptrOf(src)
 	if b.pinned.holds(dst) { // one direct copy
 		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), base, uintptr(len(dst)), b.stream))

@@ -104,7 +104,7 @@ func (g *graph) Launch() error {
 	if g.exec == 0 {
 		panic("cuda: launch of a released graph")
 	}
-	b.launches++
+	b.queued("graph replay")
 	return b.d.check("cuGraphLaunch", b.d.graphLaunch(g.exec, b.stream))
 }
 

@@ -13,7 +13,9 @@ import (
 // every operation the backend queues (kernel, library call, copy, memset),
 // and StopProfile attributes the device time between consecutive events to
 // the operation that started there. The stream runs one operation at a
-// time, so the times add up to the device time of the work. Recording an
+// time, so the times add up to the device time of the work, and to the
+// stream's idle time after each read into host memory or synchronization,
+// which counts as kernels.IdleOp. Recording an
 // event per operation adds host time: profile to see where device time
 // goes, not to time a step. Graph replays count as one operation; profile
 // eager steps.
@@ -24,10 +26,15 @@ type profiler struct {
 	spare  []uintptr
 }
 
-// queued counts an operation about to be queued, and marks its start when
-// profiling (not while capturing: a graph records no events of ours).
+// queued counts an operation about to be queued, and marks its start.
 func (b *Backend) queued(op string) {
 	b.launches++
+	b.mark(op)
+}
+
+// mark records where op starts on the stream when profiling (not while
+// capturing: a graph records no events of ours).
+func (b *Backend) mark(op string) {
 	p := b.prof
 	if p == nil || b.capturing {
 		return

@@ -500,7 +500,28 @@ var (
 	kWritePaged     = declareTyped[writePagedArgs]("write_paged")
 	kPagedAttention = declareTyped[pagedAttentionArgs]("paged_attention")
 	kPagedTiles     = declareTyped[pagedTilesArgs]("paged_tiles")
+	kPagedDecode    = declareTyped[pagedAttentionArgs]("paged_decode")
 )
+
+// paged_decode's shape (PAGED_EL): each thread reads pagedDecodeElems
+// elements of a key or value row, a group of D/pagedDecodeElems threads a
+// position; a block of pagedDecodeThreads threads a (head, row).
+const (
+	pagedDecodeElems   = 8
+	pagedDecodeThreads = 128
+)
+
+// pagedDecodes says whether paged_decode takes a decoding step of p: its
+// groups (D/pagedDecodeElems threads) are a power of two within a warp and
+// the query, keys and values are aligned for its vector loads.
+func pagedDecodes(p kernels.PagedParams, q, kcache, vcache kernels.Buf) bool {
+	g := p.D / pagedDecodeElems
+	if p.D%pagedDecodeElems != 0 || g > 32 || g&(g-1) != 0 || p.QRow%4 != 0 {
+		return false
+	}
+	align := uintptr(4 * q.DType.Size())
+	return ptrOf(q)%align == 0 && ptrOf(kcache)%align == 0 && ptrOf(vcache)%align == 0
+}
 
 // paged_tiles' tile: pagedTileRows query rows (PAGED_TQ) against
 // pagedTileKeys positions at a time (PAGED_KT, a warp's width).
@@ -529,8 +550,9 @@ func (b *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots 
 }
 
 // PagedAttention attends each (head, row) in a block of its own when every
-// sequence has one row (a decoding step), else each (head, tile of rows),
-// so that a prefill's rows share their sequence's keys and values.
+// sequence has one row (a decoding step; paged_decode's vector loads where
+// the head size and alignment allow), else each (head, tile of rows), so
+// that a prefill's rows share their sequence's keys and values.
 func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o kernels.Buf) {
 	kernels.CheckPaged("paged attention", p, q, kcache, vcache)
 	kernels.CheckLen("paged attention output", p.Rows*p.H*p.D, o)
@@ -547,7 +569,12 @@ func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, table
 				int32(p.QRow), p.Scale, ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
 		return
 	}
-	kPagedAttention.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32(p.Rows), block: pagedThreads}, shared,
-		pagedAttentionArgs{int32(p.H), int32(p.D), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.MaxLen), int32(p.QRow), p.Scale,
-			ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
+	args := pagedAttentionArgs{int32(p.H), int32(p.D), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.MaxLen), int32(p.QRow), p.Scale,
+		ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)}
+	if pagedDecodes(p, q, kcache, vcache) {
+		kPagedDecode.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32(p.Rows), block: pagedDecodeThreads},
+			4*(p.MaxLen+pagedDecodeThreads*pagedDecodeElems), args)
+		return
+	}
+	kPagedAttention.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32(p.Rows), block: pagedThreads}, shared, args)
 }

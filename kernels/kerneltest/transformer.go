@@ -78,9 +78,11 @@ var transformerCases = []testCase{
 	}},
 	{"paged attention", func(s *suite) {
 		for _, dt := range dtypes {
-			// Decoding steps (a row a sequence), prefills after a cached
-			// prefix, a padding row, ragged lengths across block
-			// boundaries, D below, at and above the CUDA block's threads;
+			// Decoding steps (a row a sequence; on CUDA, head sizes its
+			// vector decoding kernel takes, 8 to 256, and one it does
+			// not, 160), prefills after a cached prefix, a padding row,
+			// ragged lengths across block boundaries, D below, at and
+			// above the CUDA block's threads;
 			// a step that decodes some sequences while it fills another
 			// (on CUDA, rows of one sequence and of several in one tile).
 			for _, c := range []struct {
@@ -92,6 +94,9 @@ var transformerCases = []testCase{
 				{3, 16, 16, []int{37, 16, 70}, []int{37, 3, 20}},
 				{4, 32, 16, []int{50, 9, 100, 1, 66}, []int{1, 9, 1, 1, 40}},
 				{12, 64, 16, []int{300, 1, 17, 64, 65, 250, 2, 129}, []int{1, 1, 1, 1, 1, 1, 1, 1}},
+				{2, 128, 16, []int{700, 33, 1}, []int{1, 1, 1}},
+				{1, 256, 16, []int{90, 5}, []int{1, 1}},
+				{2, 160, 8, []int{40, 3}, []int{1, 1}},
 				{2, 128, 8, []int{33, 9}, []int{5, 9}},
 				{1, 160, 4, []int{13}, []int{13}},
 			} {

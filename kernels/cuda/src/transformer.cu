@@ -315,6 +315,110 @@ __device__ void paged_attention(int H, int D, int bs, int maxBlocks, int maxLen,
               pa_smem, scratch);
 }
 
+// PAGED_EL elements of a key or value row a thread (two ld4s), PAGED_UNROLL
+// positions in flight a group of threads: paged_decode's shape (Go's
+// pagedDecodeElems).
+#define PAGED_EL 8
+#define PAGED_UNROLL 4
+
+// paged_decode attends head blockIdx.x of query row blockIdx.y over its
+// sequence's positions, as paged_row does, for head sizes D whose groups of
+// G = D/PAGED_EL threads (a power of two up to 32) each read a position's
+// key or value in vector loads: the query's slice in registers, each group
+// PAGED_UNROLL positions at a time (its scores summed by shuffles within the
+// group), the scores and then the groups' partial sums of the values in
+// shared memory (maxLen + blockDim.x·PAGED_EL floats). The pointers and
+// qrow are aligned for ld4 (Go checks).
+template <typename T>
+__device__ void paged_decode(int H, int D, int bs, int maxBlocks, int maxLen, int qrow, float scale, const T* q,
+                             const T* kc, const T* vc, const int* tables, const int* rowSeq, const int* rowPos,
+                             T* o) {
+    extern __shared__ float pd_smem[];
+    __shared__ float scratch[32];
+    int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int G = D / PAGED_EL, lane = tid % G, grp = tid / G, groups = nt / G, step = groups * PAGED_UNROLL;
+    int C = H * D, len = rowPos[r] + 1, col = h * D + lane * PAGED_EL;
+    const int* table = tables + (i64)rowSeq[r] * maxBlocks;
+    float *s = pd_smem, *part = s + maxLen;
+    float qv[PAGED_EL];
+    ld4(q, (i64)r * qrow + col, qv);
+    ld4(q, (i64)r * qrow + col + 4, qv + 4);
+#pragma unroll
+    for (int e = 0; e < PAGED_EL; e++) qv[e] *= scale;
+    // The scores. Every group runs the same iterations, so that the
+    // shuffles find all of a warp's lanes.
+    float m = -INFINITY;
+    for (int j0 = 0; j0 < len; j0 += step) {
+        float kv[PAGED_UNROLL][PAGED_EL];
+#pragma unroll
+        for (int u = 0; u < PAGED_UNROLL; u++) {
+            int j = j0 + u * groups + grp;
+            if (j < len) {
+                i64 at = ((i64)table[j / bs] * bs + j % bs) * C + col;
+                ld4(kc, at, kv[u]);
+                ld4(kc, at + 4, kv[u] + 4);
+            } else {
+#pragma unroll
+                for (int e = 0; e < PAGED_EL; e++) kv[u][e] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PAGED_UNROLL; u++) {
+            float acc = 0.f;
+#pragma unroll
+            for (int e = 0; e < PAGED_EL; e++) acc += qv[e] * kv[u][e];
+            for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            int j = j0 + u * groups + grp;
+            if (j < len) {
+                if (lane == 0) s[j] = acc;
+                m = fmaxf(m, acc);
+            }
+        }
+    }
+    m = block_max(m, scratch); // its barriers also publish s
+    float sum = 0.f;
+    for (int j = tid; j < len; j += nt) {
+        float e = __expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, scratch);
+    __syncthreads(); // the weights in s, for every group
+    float acc[PAGED_EL];
+#pragma unroll
+    for (int e = 0; e < PAGED_EL; e++) acc[e] = 0.f;
+    for (int j0 = 0; j0 < len; j0 += step) {
+        float vv[PAGED_UNROLL][PAGED_EL], w[PAGED_UNROLL];
+#pragma unroll
+        for (int u = 0; u < PAGED_UNROLL; u++) {
+            int j = j0 + u * groups + grp;
+            w[u] = 0.f;
+            if (j < len) {
+                i64 at = ((i64)table[j / bs] * bs + j % bs) * C + col;
+                ld4(vc, at, vv[u]);
+                ld4(vc, at + 4, vv[u] + 4);
+                w[u] = s[j];
+            } else {
+#pragma unroll
+                for (int e = 0; e < PAGED_EL; e++) vv[u][e] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PAGED_UNROLL; u++)
+#pragma unroll
+            for (int e = 0; e < PAGED_EL; e++) acc[e] += w[u] * vv[u][e];
+    }
+#pragma unroll
+    for (int e = 0; e < PAGED_EL; e++) part[grp * D + lane * PAGED_EL + e] = acc[e];
+    __syncthreads();
+    float inv = 1.f / sum;
+    for (int d = tid; d < D; d += nt) {
+        float a = 0.f;
+        for (int k = 0; k < groups; k++) a += part[k * D + d];
+        st(o, (i64)r * C + h * D + d, a * inv);
+    }
+}
+
 // PAGED_TQ rows of queries and PAGED_KT positions of keys make a tile of
 // paged_tiles (Go's pagedTileRows and pagedTileKeys).
 #define PAGED_TQ 16
@@ -422,6 +526,12 @@ __device__ void paged_tiles(int rows, int H, int D, int bs, int maxBlocks, int m
                                                    const int* tables, const int* rowSeq, const int* rowPos, T* o) { \
         kernel_entry();                                                                                         \
         paged_attention(H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o);       \
+    }                                                                                                           \
+    extern "C" __global__ void paged_decode_##S(int H, int D, int bs, int maxBlocks, int maxLen, int qrow,      \
+                                                float scale, const T* q, const T* kc, const T* vc,               \
+                                                const int* tables, const int* rowSeq, const int* rowPos, T* o) { \
+        kernel_entry();                                                                                         \
+        paged_decode(H, D, bs, maxBlocks, maxLen, qrow, scale, q, kc, vc, tables, rowSeq, rowPos, o);          \
     }                                                                                                           \
     extern "C" __global__ void paged_tiles_##S(int rows, int H, int D, int bs, int maxBlocks, int maxLen,      \
                                                int qrow, float scale, const T* q, const T* kc, const T* vc,     \
