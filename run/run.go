@@ -54,8 +54,15 @@ type Job struct {
 	MeasuredAMP    train.AMP
 	// MaxMemory caps the pool at this many bytes and fits the step into it
 	// (train.FitBudget; 0: no cap). Allow, if set, rules out candidates.
-	MaxMemory int64
-	Allow     func(train.Variant) bool
+	//
+	// A language model whose F32 parameters, gradients and optimizer
+	// state pass MaxMemory on a GPU, and whose parameters and gradients
+	// alone do not, keeps the state in host memory (Config.OffloadOptimizer)
+	// unless KeepOptimizerOnDevice; the sizes are planned from the shape,
+	// before anything is built.
+	MaxMemory             int64
+	Allow                 func(train.Variant) bool
+	KeepOptimizerOnDevice bool
 	// Save writes a checkpoint after every epoch; Resume starts from one
 	// (with ResumeForce, even one of another configuration).
 	Save, Resume string
@@ -277,6 +284,9 @@ func (r *runner) stateFits() error {
 	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
 		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
 	}
+	if need > limit && !offload && r.offloadChosen(params, state, limit, of) {
+		return nil
+	}
 	if need > limit {
 		hint := ""
 		if !offload && r.dev.Name() != "cpu" && params*8 <= limit {
@@ -286,6 +296,24 @@ func (r *runner) stateFits() error {
 			r.cfg.Model, count(int(params)), memory.Bytes(need), what, memory.Bytes(limit), of, hint)
 	}
 	return nil
+}
+
+// offloadChosen turns Config.OffloadOptimizer on, and says so, when the
+// budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
+// sharded state) and it makes the state of params parameters (state bytes
+// of optimizer state each) fit: their F32 copies and gradients within
+// limit on the device, the rest within the host's memory.
+func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
+	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.Name() == "cpu" ||
+		params*8 > limit || params*(8+state) > memory.HostMemory() {
+		return false
+	}
+	r.cfg.OffloadOptimizer = true
+	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
+		"the state goes to host memory (-offload-optimizer), %s there, %s on the device\n",
+		r.cfg.Model, count(int(params)), memory.Bytes(params*(8+state)), r.cfg.Optimizer, memory.Bytes(limit), of,
+		memory.Bytes(params*(8+state)), memory.Bytes(params*8))
+	return true
 }
 
 // textDefaults fills a language model's context and tokenizer, where the

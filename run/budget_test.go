@@ -1,0 +1,83 @@
+package run
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/tensor"
+	"github.com/leangrad/leangrad/train"
+)
+
+// gpuNamed is the CPU backend under another name: a device that is not
+// the host's memory, as far as the plans of a run are concerned.
+type gpuNamed struct{ *cpu.Backend }
+
+func (gpuNamed) Name() string { return "cuda:0" }
+
+// TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
+// parameters, gradients and AdamW state pass the budget, and whose
+// parameters and gradients alone do not, keeps its state in host memory,
+// planned before anything is built; otherwise the run is refused naming
+// the sizes, and nothing moves on the CPU, or where the user kept the state
+// on the device.
+func TestBudgetOffloadsTheState(t *testing.T) {
+	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, err := train.LookupArch("gpt2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := arch.GPT
+	g.Vocab, g.Context = tok.Vocab(), contextOf(arch, 0)
+	params := int64(g.Params())
+	if host := memory.HostMemory(); params*16 > host {
+		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
+	}
+	gpu, host := tensor.NewDevice(gpuNamed{cpu.New()}), tensor.NewDevice(cpu.New())
+	for _, c := range []struct {
+		name    string
+		dev     *tensor.Device
+		budget  int64
+		keep    bool
+		offload bool
+		says    string
+	}{
+		{"the state to the host", gpu, params * 12, false, true, "the state goes to host memory (-offload-optimizer)"},
+		{"everything fits", gpu, params * 17, false, false, ""},
+		{"no budget", gpu, 0, false, false, ""},
+		{"the parameters alone too large", gpu, params * 7, false, false, "more than the"},
+		{"kept on the device", gpu, params * 12, true, false, "(-offload-optimizer keeps the state in host memory)"},
+		{"the CPU", host, params * 12, false, false, "more than the"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log bytes.Buffer
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 1}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok},
+				MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep}
+			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log}
+			err := r.lookup()
+			if r.cfg.OffloadOptimizer != c.offload {
+				t.Errorf("OffloadOptimizer %v, want %v (error %v)", r.cfg.OffloadOptimizer, c.offload, err)
+			}
+			said := log.String()
+			if err != nil {
+				said = err.Error()
+			}
+			if c.offload || c.says == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+			} else if err == nil {
+				t.Fatalf("not refused; said %q", said)
+			}
+			if !strings.Contains(said, c.says) {
+				t.Errorf("said %q, want it to say %q", said, c.says)
+			}
+		})
+	}
+}
