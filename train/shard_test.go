@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/dist"
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -204,12 +205,16 @@ func compareShardResults(t *testing.T, got, want shardResult, tol float64) {
 // unsharded rank, to the byte. The whole state gathered from a 2-rank job
 // resumes a 3-rank one, sharded or not, to the same step.
 func TestShardedOptimizerMatchesUnsharded(t *testing.T) {
-	testShardedOptimizer(t, shardJobs{cpuRanks, Eager, 3, 0}, []shardCase{
-		{ranks: 2, opt: "sgd"},
+	cases := []shardCase{
 		{ranks: 3, opt: "adamw"},
 		{ranks: 2, opt: "adamw", amp: true, clip: 0.05},
+		{ranks: 2, opt: "sgd"},
 		{ranks: 3, opt: "sgd", clip: 0.05},
-	}, 3)
+	}
+	if race.Enabled { // the ranks' concurrency is the same in each case: .ci/run runs them all without the detector
+		cases = cases[:2]
+	}
+	testShardedOptimizer(t, shardJobs{cpuRanks, Eager, 3, 0}, cases, 3)
 }
 
 // testShardedOptimizer runs the cases sharded and not, then resumes a job
