@@ -23,7 +23,8 @@
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8, STEPS (default 8) steps, its
-#             optimizer state on the device and then in host memory (-offload-optimizer); the host's
+#             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
+#             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose); the host's
 #             AdamW (kernels/cpu's benchmark, 1 and 16 cores) beside PyTorch's fused CPU AdamW
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
@@ -179,13 +180,13 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
   offload)
     python_text > "$w/text.txt"
     model=${MODEL:-gpt2-xl} steps=${STEPS:-8}
-    for where in device host; do
-      flags=(); [ "$where" = host ] && flags=(-offload-optimizer)
+    for where in ${WHERE:-device host}; do
+      case $where in host) flags=(-offload-optimizer) ;; budget) flags=(-max-memory "${BUDGET:-10GiB}") ;; *) flags=() ;; esac
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
         -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, optimizer state on the $where: exit $?"
-      grep -E "^(validation|throughput|peak|model)" "$w/offload-$where.log" | tail -5 | tee -a "$w/summary.txt"
+      grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
     done
     timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/kernels_cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \
       -test.cpu 1,16' > "$w/adamw.log" 2>&1
