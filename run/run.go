@@ -537,8 +537,11 @@ func (r *runner) fitBudget() (err error) {
 	}
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
-		choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.measuredAMP(), r.job.Allow), x, y,
-			r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
+		err = r.interruptible(func() (err error) {
+			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.measuredAMP(), r.job.Allow), x, y,
+				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
+			return err
+		})
 	})
 	r.report.Budget = &choice
 	if err != nil {
@@ -555,6 +558,24 @@ func (r *runner) fitBudget() (err error) {
 		fmt.Fprintf(r.say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update%s\n", r.micro, r.cfg.Batch, bn)
 	}
 	return nil
+}
+
+// interruptible runs f, a stage's measured steps, so that on a device
+// whose steps run eagerly (the CPU) a closed Job.Stop ends it within one
+// operation (tensor.Interruptible) rather than after steps that can take
+// minutes; the error then says the run was interrupted, nothing saved.
+func (r *runner) interruptible(f func() error) error {
+	if r.job.Stop == nil || r.mode != train.Eager {
+		return f()
+	}
+	var err error
+	if cerr := tensor.Catch(func() { r.dev.Interruptible(r.job.Stop, func() { err = f() }) }); cerr != nil {
+		err = cerr
+	}
+	if errors.Is(err, tensor.ErrInterrupted) {
+		return &train.InterruptedError{Epoch: r.startEpoch}
+	}
+	return err
 }
 
 // measuredAMP is what the measured and budget configurations' AMP
@@ -582,7 +603,10 @@ func (r *runner) measure() (err error) {
 				return
 			}
 			var m train.Measurement
-			if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil {
+			if err = r.interruptible(func() (err error) {
+				m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager)
+				return err
+			}); err != nil {
 				return
 			}
 			r.report.Measured = append(r.report.Measured, m)

@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -29,9 +30,42 @@ type Device struct {
 	pinnedOnce sync.Once // on base: makes pinned
 	pinned     *Device   // on base: the host device over page-locked memory (Pinned)
 
-	scope    *Scope       // the innermost open scope
-	modes    Modes        // read and written by autograd
-	syncFree atomic.Int32 // > 0 inside sync-free sections
+	scope    *Scope          // the innermost open scope
+	modes    Modes           // read and written by autograd
+	syncFree atomic.Int32    // > 0 inside sync-free sections
+	stop     <-chan struct{} // Interruptible's, while it runs
+}
+
+// ErrInterrupted is wrapped by the error of an allocation that found the
+// stop of an Interruptible closed (Empty and the operations panic with it,
+// TryEmpty returns it).
+var ErrInterrupted = errors.New("interrupted")
+
+// Interruptible runs f so that once stop is closed, the next tensor
+// allocated on this handle fails with an error wrapping ErrInterrupted
+// (a panic that Catch returns, as for running out of memory): work of many operations (a training step's forward
+// and backward on a CPU, minutes for a large model) stops within one of
+// them instead of at its end. Only the handle's goroutine may call it, as
+// for its modes; a nil stop never interrupts.
+func (d *Device) Interruptible(stop <-chan struct{}, f func()) {
+	old := d.stop
+	d.stop = stop
+	defer func() { d.stop = old }()
+	f()
+}
+
+// interrupted is the error, naming the tensor of dtype and shape it was
+// to allocate, once Interruptible's stop is closed; else nil.
+func (d *Device) interrupted(dtype DType, shape []int) error {
+	if d.stop == nil {
+		return nil
+	}
+	select {
+	case <-d.stop:
+		return fmt.Errorf("tensor: a %v tensor of shape %v not allocated: %w", dtype, shape, ErrInterrupted)
+	default:
+		return nil
+	}
 }
 
 // Note [sessions]: PyTorch keeps grad mode, autocast and the like per

@@ -115,6 +115,9 @@ func numel(shape []int) int {
 // newTensor allocates a tensor of shape on dev, registered in the current scope.
 func newTensor(dev *Device, dtype DType, shape []int) (*Tensor, error) {
 	drainLeaked()
+	if err := dev.interrupted(dtype, shape); err != nil {
+		return nil, err
+	}
 	n := numel(shape)
 	bytes, ok := memory.Product(n, dtype.Size())
 	if !ok {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/x448/float16"
 )
@@ -441,4 +442,30 @@ func TestInterleavedScopesNameSessions(t *testing.T) {
 		first.Close()
 	}()
 	first.Close()
+}
+
+// TestInterruptible: inside Interruptible, once its stop is closed, an
+// allocation on the handle fails with ErrInterrupted (TryEmpty returns it,
+// Empty panics with it, which Catch returns); before that, outside it, on
+// another handle, or with a nil stop, allocations succeed.
+func TestInterruptible(t *testing.T) {
+	dev := NewDevice(cpu.New())
+	other := dev.Session()
+	stop := make(chan struct{})
+	dev.Interruptible(stop, func() {
+		Empty(dev, F32, 4).Release()
+		close(stop)
+		if x, err := TryEmpty(dev, F32, 2, 3); x != nil || !errors.Is(err, ErrInterrupted) || !strings.Contains(err.Error(), "shape [2 3]") {
+			t.Errorf("TryEmpty after the stop: %v, %v", x, err)
+		}
+		if err := Catch(func() { Empty(dev, BF16, 5) }); !errors.Is(err, ErrInterrupted) {
+			t.Errorf("Empty after the stop: %v", err)
+		}
+		Empty(other, F32, 4).Release() // another handle
+		dev.Interruptible(nil, func() { Empty(dev, F32, 4).Release() })
+		if _, err := TryEmpty(dev, F32, 1); !errors.Is(err, ErrInterrupted) {
+			t.Errorf("after a nested Interruptible(nil): %v", err)
+		}
+	})
+	Empty(dev, F32, 4).Release()
 }

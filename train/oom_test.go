@@ -341,3 +341,66 @@ func TestOutOfMemoryOutsideTheStepIsAnError(t *testing.T) {
 		t.Errorf("Fit with no room for its inputs: %v", err)
 	}
 }
+
+// TestInterruptedStepLeavesNoTrace: a step whose Stop is closed before it
+// begins, or between its forward and its backward, fails with
+// tensor.ErrInterrupted at its next allocation and leaves what a failed step
+// leaves (TestFailedStepLeavesNoTrace): the pool as before, and, run again
+// without the stop, the clean run's weights and metrics.
+func TestInterruptedStepLeavesNoTrace(t *testing.T) {
+	closed := make(chan struct{})
+	close(closed)
+	dev := tensor.NewDevice(cpu.New())
+	xs, ys := batches(dev, 3, 16, 3)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	v := Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}
+	clean := newRig(dev, v, Eager, 0.2)
+	defer clean.release()
+	for i := range xs {
+		if err := clean.step.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := snapshotState(clean.model)
+	wantTally, _ := clean.step.Metrics()
+	for _, c := range []struct {
+		name    string
+		observe bool // close the stop after the forward, else before the step
+	}{{"before the step", false}, {"between the forward and the backward", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(dev, v, Eager, 0.2)
+			defer r.release()
+			for i := range xs {
+				before := dev.Allocator().Stats().Allocated[memory.All].Current
+				stop := closed
+				if c.observe {
+					open := make(chan struct{})
+					stop = open
+					r.step.Observe = func(*tensor.Tensor) { close(open) }
+				}
+				r.step.Stop = stop
+				err := r.step.Run(xs[i], ys[i])
+				if !errors.Is(err, tensor.ErrInterrupted) {
+					t.Fatalf("step %d: %v, want an interruption", i, err)
+				}
+				if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != before && i > 0 { // the first keeps its undo copy
+					t.Fatalf("step %d: %d bytes allocated after the interrupted step, %d before", i, got, before)
+				}
+				r.step.Stop, r.step.Observe = nil, nil
+				if err := r.step.Run(xs[i], ys[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := snapshotState(r.model)
+			for j := range want {
+				if !bytes.Equal(got[j], want[j]) {
+					t.Errorf("%s differs from the clean run's after interrupted steps", r.model.State("")[j].Name)
+				}
+			}
+			if tally, _ := r.step.Metrics(); tally != wantTally {
+				t.Errorf("metrics %+v; clean run %+v", tally, wantTally)
+			}
+		})
+	}
+}

@@ -102,6 +102,13 @@ type Step struct {
 	// Retain and Keep it to hold it past the step. A micro-batched step
 	// calls it once a micro-batch.
 	Observe func(loss *tensor.Tensor)
+	// Stop, once closed, ends a step of Mode Eager in a single process
+	// within one operation of its forward or backward
+	// (tensor.Interruptible): Run returns an error wrapping
+	// tensor.ErrInterrupted, the step undone as after any failure. The
+	// update itself is never interrupted, nor a data-parallel step, whose
+	// ranks must run the same collectives.
+	Stop <-chan struct{}
 
 	dev      *tensor.Device
 	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
@@ -611,37 +618,20 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			// it ran).
 			defer s.reducer.Join()
 		}
+		stop := s.Stop
+		if s.group != nil || s.Mode != Eager { // the planned and captured steps' traces and graphs run whole
+			stop = nil
+		}
 		s.dev.WithScope(func() {
 			n := x.Dim(0)
 			m := s.micro
 			if m <= 0 || m >= n {
 				m = n
 			}
-			for lo := 0; lo < n; lo += m {
-				hi := min(n, lo+m)
-				var hooks []ag.Option
-				if s.reducer != nil && hi == n { // the last micro-batch finishes the gradients
-					hooks = append(hooks, ag.OnGradReady(s.reducer.Ready))
-				}
-				s.dev.WithScope(func() {
-					xs, ys := x, y
-					if m < n {
-						xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
-					}
-					s.phase("the forward")
-					loss, right, preds := s.forward(xs, ys)
-					be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
-					right.Release()
-					if s.Observe != nil {
-						s.Observe(loss)
-					}
-					scaled := s.Scaler.ScaleLoss(loss)
-					if m < n {
-						scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
-					}
-					s.phase("the backward")
-					ag.Backward(scaled, hooks...)
-				})
+			if stop != nil {
+				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m) })
+			} else { // an Interruptible around Run still holds
+				s.passes(x, y, n, m)
 			}
 			s.markParameterGradients()
 			s.phase("the optimiser step")
@@ -675,6 +665,38 @@ func (s *Step) body(x, y *tensor.Tensor) {
 		})
 		done = true
 	})
+}
+
+// passes runs the forward and the backward of the batch x, y of n
+// examples in micro-batches of m, accumulating the gradients.
+func (s *Step) passes(x, y *tensor.Tensor, n, m int) {
+	be := s.dev.Backend()
+	for lo := 0; lo < n; lo += m {
+		hi := min(n, lo+m)
+		var hooks []ag.Option
+		if s.reducer != nil && hi == n { // the last micro-batch finishes the gradients
+			hooks = append(hooks, ag.OnGradReady(s.reducer.Ready))
+		}
+		s.dev.WithScope(func() {
+			xs, ys := x, y
+			if m < n {
+				xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
+			}
+			s.phase("the forward")
+			loss, right, preds := s.forward(xs, ys)
+			be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
+			right.Release()
+			if s.Observe != nil {
+				s.Observe(loss)
+			}
+			scaled := s.Scaler.ScaleLoss(loss)
+			if m < n {
+				scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
+			}
+			s.phase("the backward")
+			ag.Backward(scaled, hooks...)
+		})
+	}
 }
 
 // phase marks, for a trace being recorded, what the step does next.

@@ -473,6 +473,7 @@ func (t *Trainer) Release() {
 
 // RunStep sets the scheduled learning rate and runs one training step on a
 // batch (see Step.Run), then calls EmptyCache if Cfg.EmptyCacheEvery says so.
+// A closed Stop ends an eager step within one operation (Step.Stop).
 //
 // A step that runs out of memory leaves no trace (Step.Run is a
 // transaction) and runs again, unless FailOnOOM: first whole, after the
@@ -484,6 +485,7 @@ func (t *Trainer) Release() {
 // done.
 func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
 	t.Opt.SetLR(t.Sched.LR(t.Steps))
+	t.Step.Stop = t.Stop
 	err := t.Step.Run(x, y)
 	if errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM {
 		err = t.recoverOOM(x, y, err)
@@ -556,8 +558,8 @@ func (t *Trainer) recoverOOM(x, y *tensor.Tensor, err error) error {
 //
 // In a data-parallel job every rank evaluates its share of l with rank 0's
 // batch-norm statistics (broadcast first), and the sums are the job's. In
-// a single process a closed Stop ends it between batches with an error
-// that wraps ErrInterrupted.
+// a single process a closed Stop ends it within one operation
+// (tensor.Interruptible) with an error that wraps ErrInterrupted.
 func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 	if t.ranks() > 1 {
 		var buffers []*tensor.Tensor
@@ -593,9 +595,17 @@ func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 			y.Release()
 			return 0, 0, fmt.Errorf("evaluation: %w", ErrInterrupted)
 		}
-		err := t.evaluateBatch(x, y)
+		var err error
+		if t.ranks() == 1 && t.Stop != nil {
+			t.Dev.Interruptible(t.Stop, func() { err = t.evaluateBatch(x, y) })
+		} else {
+			err = t.evaluateBatch(x, y)
+		}
 		x.Release()
 		y.Release()
+		if errors.Is(err, tensor.ErrInterrupted) {
+			return 0, 0, fmt.Errorf("evaluation: %w", ErrInterrupted)
+		}
 		if err != nil {
 			return 0, 0, err
 		}
@@ -697,6 +707,10 @@ func (t *Trainer) fitEpoch(trainL, testL datasets.Batches, obs Observer, save st
 	// ---- the steps
 	for s := e.pos.Batch; ; s++ {
 		ok, err := e.step(xs, ys)
+		if errors.Is(err, tensor.ErrInterrupted) { // stopped within the step, which left no trace: resume runs it
+			e.pos.Seconds = time.Since(e.t0).Seconds()
+			return t.interrupt(&e.pos, save)
+		}
 		if err != nil {
 			return err
 		}

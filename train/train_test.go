@@ -477,6 +477,69 @@ func TestStopDuringEvaluationResumesThere(t *testing.T) {
 	}
 }
 
+// TestStopWithinAStepResumesThere: a Stop closed between a step's forward
+// and its backward ends that step at its next allocation, undone: the run
+// saves where that step was to begin, without it, and the run resumed from
+// there ends with the uninterrupted run's weights and history, bit for bit.
+func TestStopWithinAStepResumesThere(t *testing.T) {
+	dev := tensor.CPU()
+	ds := datasets.Synthetic(128, 3)
+	cfg := baseConfig("resnet8")
+	cfg.Epochs, cfg.Batch = 2, 16
+	path := filepath.Join(t.TempDir(), "run.ckpt")
+	fit := func(seed uint64, stopAt int, resume string) (nn.Model, *Trainer, error) {
+		dev.Generator().Seed(seed)
+		m := resnet(dev)()
+		t.Cleanup(func() { nn.Release(m) })
+		tr, _ := New(m, dev, cfg, 8)
+		t.Cleanup(tr.Release)
+		if resume != "" {
+			if _, err := tr.Resume(resume, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if stopAt > 0 {
+			stop, forwards := make(chan struct{}), 0
+			tr.Stop = stop
+			tr.Step.Observe = func(*tensor.Tensor) { // after the forward, before the backward
+				if forwards++; forwards == stopAt {
+					close(stop)
+				}
+			}
+		}
+		train := datasets.NewLoader(ds, dev, datasets.LoaderConfig{Batch: cfg.Batch, Shuffle: true, Seed: 4})
+		test := datasets.NewLoader(datasets.Synthetic(64, 8), dev, datasets.LoaderConfig{Batch: 32})
+		return m, tr, tr.Fit(train, test, nil, path)
+	}
+	a, ta, err := fit(11, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = fit(11, 11, "") // epoch 1's third step
+	var ie *InterruptedError
+	if !errors.As(err, &ie) || ie.Epoch != 1 || ie.Batch != 2 || ie.Step != 10 || ie.Saved != path {
+		t.Fatalf("stopped within step 11: %v (%+v); want an interruption before epoch 1's batch 2, after 10 steps, saved", err, ie)
+	}
+	b, tb, err := fit(999, 0, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, bs := a.State(""), b.State("")
+	for i := range as {
+		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
+			t.Errorf("%s differs between the uninterrupted and the resumed run", as[i].Name)
+		}
+	}
+	if len(ta.History) != 2 || len(tb.History) != 2 {
+		t.Fatalf("histories of %d and %d epochs", len(ta.History), len(tb.History))
+	}
+	for e := range ta.History {
+		if ha, hb := ta.History[e], tb.History[e]; ha.TestLoss != hb.TestLoss || ha.TestAcc != hb.TestAcc || ha.TrainLoss != hb.TrainLoss {
+			t.Errorf("epoch %d: %+v vs %+v", e, ha, hb)
+		}
+	}
+}
+
 // TestFitBudgetHoldsNoMoreThanTheBudget: while FitBudget measures
 // candidates that do not fit, the pool never reserves more than the
 // budget (they stop there, out of memory), it chooses one that fits, and

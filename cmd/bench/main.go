@@ -200,7 +200,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench: -shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 		return cmdenv.ExitUsage
 	}
-	interrupts := cmdenv.CatchInterrupts("bench", stderr)
+	interrupts := cmdenv.CatchInterrupts("bench", "after the measurement under way, keeping the results so far", stderr)
 	defer interrupts.Release()
 	o.interrupts = interrupts
 	if err := bench(o, specs, stdout, stderr); err != nil {

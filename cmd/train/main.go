@@ -441,7 +441,7 @@ func command(args []string, stdout, stderr io.Writer) int {
 	if o.jsonOut == iopaths.Stdout { // the JSON alone on standard output, what is said on standard error
 		stdout = stderr
 	}
-	interrupts := cmdenv.CatchInterrupts("train", stderr)
+	interrupts := cmdenv.CatchInterrupts("train", "within the operation under way, then saving and writing the reports", stderr)
 	defer interrupts.Release()
 	err = trainRun(o, stdout, stderr, interrupts.C)
 	if err == nil {

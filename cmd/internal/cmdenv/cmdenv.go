@@ -192,8 +192,7 @@ func Main(name string, body func() int) (code int) {
 func debugOn() bool { v := os.Getenv("LEANGRAD_DEBUG"); return v != "" && v != "0" }
 
 // Interrupts turns SIGINT and SIGTERM into a request to stop: the first
-// closes C (a run stops at its next step boundary, saves and reports) and
-// says so; a second exits at once with ExitSignal. Release ends it.
+// closes C (a run stops, saves and reports: how says how) and says so; a second exits at once with ExitSignal. Release ends it.
 type Interrupts struct {
 	C      <-chan struct{}
 	sig    atomic.Value // the first signal
@@ -202,8 +201,8 @@ type Interrupts struct {
 }
 
 // CatchInterrupts starts catching SIGINT and SIGTERM for the command name,
-// saying what it does on w.
-func CatchInterrupts(name string, w io.Writer) *Interrupts {
+// saying on w that it is stopping, and how.
+func CatchInterrupts(name, how string, w io.Writer) *Interrupts {
 	c := make(chan struct{})
 	in := &Interrupts{C: c, notify: make(chan os.Signal, 2), done: make(chan struct{})}
 	signal.Notify(in.notify, os.Interrupt, syscall.SIGTERM)
@@ -211,7 +210,7 @@ func CatchInterrupts(name string, w io.Writer) *Interrupts {
 		select {
 		case s := <-in.notify:
 			in.sig.Store(s)
-			fmt.Fprintf(w, "%s: %s: stopping at the next step, then saving and writing the reports (again to exit at once)\n", name, SignalName(s))
+			fmt.Fprintf(w, "%s: %s: stopping %s (again to exit at once)\n", name, SignalName(s), how)
 			close(c)
 		case <-in.done:
 			return

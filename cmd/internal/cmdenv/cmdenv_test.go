@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 		os.Exit(Main("cmd", func() int { panic(fmt.Sprintf("index %d out of range", 7)) }))
 	case "work":
 		os.Exit(Main("cmd", func() int {
-			in := CatchInterrupts("cmd", os.Stderr)
+			in := CatchInterrupts("cmd", "after the work under way", os.Stderr)
 			defer in.Release()
 			fmt.Println("ready")
 			select {} // a run that never reaches a step boundary
@@ -58,7 +58,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != 128+int(sig) {
 			t.Errorf("%v twice: %v, want exit %d", sig, err, 128+int(sig))
 		}
-		if !strings.Contains(first, "stopping at the next step") || !strings.Contains(second, "again: exiting at once") {
+		if !strings.Contains(first, "cmd: "+SignalName(sig)+": stopping after the work under way (again to exit at once)") || !strings.Contains(second, "again: exiting at once") {
 			t.Errorf("%v twice said %q then %q", sig, first, second)
 		}
 	}
