@@ -46,15 +46,7 @@ func TestFailedStepLeavesNoTrace(t *testing.T) {
 			xs, ys := batches(dev, 2, 16, 3)
 			defer releaseAll(xs)
 			defer releaseAll(ys)
-			clean := newRig(dev, v, Eager, 0.2)
-			defer clean.release()
-			for i := range xs {
-				if err := clean.step.Run(xs[i], ys[i]); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want := snapshotState(clean.model)
-			wantTally, _ := clean.step.Metrics()
+			want, wantTally := cleanRun(t, dev, v, xs, ys)
 
 			r := newRig(dev, v, Eager, 0.2)
 			defer r.release()
@@ -342,6 +334,21 @@ func TestOutOfMemoryOutsideTheStepIsAnError(t *testing.T) {
 	}
 }
 
+// cleanRun runs a rig of v over the batches xs, ys without a failure and
+// returns its state and metrics.
+func cleanRun(t *testing.T, dev *tensor.Device, v Variant, xs, ys []*tensor.Tensor) ([][]byte, Tally) {
+	t.Helper()
+	clean := newRig(dev, v, Eager, 0.2)
+	defer clean.release()
+	for i := range xs {
+		if err := clean.step.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tally, _ := clean.step.Metrics()
+	return snapshotState(clean.model), tally
+}
+
 // TestInterruptedStepLeavesNoTrace: a step whose Stop is closed before it
 // begins, or between its forward and its backward, fails with
 // tensor.ErrInterrupted at its next allocation and leaves what a failed step
@@ -355,15 +362,7 @@ func TestInterruptedStepLeavesNoTrace(t *testing.T) {
 	defer releaseAll(xs)
 	defer releaseAll(ys)
 	v := Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}
-	clean := newRig(dev, v, Eager, 0.2)
-	defer clean.release()
-	for i := range xs {
-		if err := clean.step.Run(xs[i], ys[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want := snapshotState(clean.model)
-	wantTally, _ := clean.step.Metrics()
+	want, wantTally := cleanRun(t, dev, v, xs, ys)
 	for _, c := range []struct {
 		name    string
 		observe bool // close the stop after the forward, else before the step

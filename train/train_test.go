@@ -460,21 +460,7 @@ func TestStopDuringEvaluationResumesThere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	as, bs := a.State(""), b.State("")
-	for i := range as {
-		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
-			t.Errorf("%s differs between the uninterrupted and the resumed run", as[i].Name)
-		}
-	}
-	if len(ta.History) != 2 || len(tb.History) != 2 {
-		t.Fatalf("histories of %d and %d epochs", len(ta.History), len(tb.History))
-	}
-	for e := range ta.History {
-		ha, hb := ta.History[e], tb.History[e]
-		if ha.TestLoss != hb.TestLoss || ha.TestAcc != hb.TestAcc || ha.TrainLoss != hb.TrainLoss {
-			t.Errorf("epoch %d: %+v vs %+v", e, ha, hb)
-		}
-	}
+	sameRuns(t, a, b, ta, tb, 2)
 }
 
 // TestStopWithinAStepResumesThere: a Stop closed between a step's forward
@@ -524,14 +510,22 @@ func TestStopWithinAStepResumesThere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sameRuns(t, a, b, ta, tb, 2)
+}
+
+// sameRuns checks that an uninterrupted run (model a, trainer ta) and a
+// resumed one (b, tb) ended with the same state, bit for bit, and the same
+// history of epochs.
+func sameRuns(t *testing.T, a, b nn.Model, ta, tb *Trainer, epochs int) {
+	t.Helper()
 	as, bs := a.State(""), b.State("")
 	for i := range as {
 		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
 			t.Errorf("%s differs between the uninterrupted and the resumed run", as[i].Name)
 		}
 	}
-	if len(ta.History) != 2 || len(tb.History) != 2 {
-		t.Fatalf("histories of %d and %d epochs", len(ta.History), len(tb.History))
+	if len(ta.History) != epochs || len(tb.History) != epochs {
+		t.Fatalf("histories of %d and %d epochs, want %d", len(ta.History), len(tb.History), epochs)
 	}
 	for e := range ta.History {
 		if ha, hb := ta.History[e], tb.History[e]; ha.TestLoss != hb.TestLoss || ha.TestAcc != hb.TestAcc || ha.TrainLoss != hb.TrainLoss {

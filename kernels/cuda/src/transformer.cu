@@ -251,6 +251,22 @@ __device__ void write_paged(int rows, int C, int qrow, const T* k, const T* v, c
     }
 }
 
+// scores_to_weights turns a block's scores s[0, len) into their softmax's
+// numerators exp(s − max) in place and returns their sum to every thread;
+// m is each thread's share of the maximum (the block's is found here, its
+// barriers publishing s). Every thread of the block calls it.
+__device__ float scores_to_weights(float* s, int len, float m, float* scratch) {
+    int tid = threadIdx.x, nt = blockDim.x;
+    m = block_max(m, scratch);
+    float sum = 0.f;
+    for (int j = tid; j < len; j += nt) {
+        float e = __expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    return block_sum(sum, scratch);
+}
+
 // paged_row attends head h of query row r over its sequence's positions 0
 // to rowPos[r] (the block's warps take turns over the positions for the
 // scores, which shared memory holds beside the query: D + maxLen +
@@ -279,14 +295,7 @@ __device__ void paged_row(int h, int r, int H, int D, int bs, int maxBlocks, int
     __syncthreads();
     float m = -INFINITY;
     for (int j = tid; j < len; j += nt) m = fmaxf(m, s[j]);
-    m = block_max(m, scratch);
-    float sum = 0.f;
-    for (int j = tid; j < len; j += nt) {
-        float e = __expf(s[j] - m);
-        s[j] = e;
-        sum += e;
-    }
-    sum = block_sum(sum, scratch);
+    float sum = scores_to_weights(s, len, m, scratch);
     int groups = D >= nt ? 1 : nt / D, g = D >= nt ? 0 : tid / D;
     if (g < groups)
         for (int d = D >= nt ? tid : tid % D; d < D; d += D >= nt ? nt : D) {
@@ -375,14 +384,7 @@ __device__ void paged_decode(int H, int D, int bs, int maxBlocks, int maxLen, in
             }
         }
     }
-    m = block_max(m, scratch); // its barriers also publish s
-    float sum = 0.f;
-    for (int j = tid; j < len; j += nt) {
-        float e = __expf(s[j] - m);
-        s[j] = e;
-        sum += e;
-    }
-    sum = block_sum(sum, scratch);
+    float sum = scores_to_weights(s, len, m, scratch);
     __syncthreads(); // the weights in s, for every group
     float acc[PAGED_EL];
 #pragma unroll
