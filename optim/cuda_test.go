@@ -30,3 +30,6 @@ func TestCUDAOffloaded(t *testing.T) {
 		t.Errorf("%d bytes of page-locked memory still allocated after the optimizers' release", n)
 	}
 }
+
+// TestCUDAPerParameterMatchesStep: TestPerParameterMatchesStep on the GPU.
+func TestCUDAPerParameterMatchesStep(t *testing.T) { testPerParameterMatchesStep(t, testdev.CUDA(t)) }

@@ -87,15 +87,24 @@ func (d *deviceLR) release() {
 }
 
 // withGrads returns the parameters that have gradients, with their indices.
-func withGrads(params []*tensor.Tensor) (idx []int, ps, gs []kernels.Buf) {
+func withGrads(params []*tensor.Tensor) (idx []int) {
 	for i, p := range params {
-		if g := p.Grad(); g != nil {
+		if p.Grad() != nil {
 			idx = append(idx, i)
-			ps = append(ps, p.Buf())
-			gs = append(gs, g.Buf())
 		}
 	}
-	return idx, ps, gs
+	return idx
+}
+
+// PerParameter is an optimizer that can update its parameters one at a
+// time, as each gradient is finished in the backward (train's
+// FuseOptimizer), to the results of Step bit for bit: Begin counts the
+// step, once, before the first parameter; StepParam updates parameter i
+// (in Params' order) from its gradient, if it has one, and releases the
+// gradient.
+type PerParameter interface {
+	Begin()
+	StepParam(i int)
 }
 
 func checkParams(params []*tensor.Tensor) {
@@ -175,8 +184,23 @@ func (o *SGD) Step() { o.StepUnless(kernels.Buf{}) }
 // buffer starts now, and the others. Momentum buffers start at zero, so a
 // first step that skip cancels leaves a state from which the next step
 // computes what a first step would (with Dampening 0, torch's default).
-func (o *SGD) StepUnless(skip kernels.Buf) {
-	idx, ps, gs := withGrads(o.params)
+func (o *SGD) StepUnless(skip kernels.Buf) { o.update(withGrads(o.params), skip) }
+
+// Begin starts a step of updates by StepParam (PerParameter): SGD counts
+// nothing.
+func (o *SGD) Begin() {}
+
+// StepParam updates parameter i from its gradient and releases the
+// gradient (PerParameter).
+func (o *SGD) StepParam(i int) {
+	if o.params[i].Grad() != nil {
+		o.update([]int{i}, kernels.Buf{})
+		o.params[i].ZeroGrad()
+	}
+}
+
+// update updates the parameters idx, which have gradients (StepUnless).
+func (o *SGD) update(idx []int, skip kernels.Buf) {
 	if len(idx) == 0 {
 		return
 	}
@@ -194,7 +218,7 @@ func (o *SGD) StepUnless(skip kernels.Buf) {
 	var groups [2][2][3][]kernels.Buf
 	for k, i := range idx {
 		g := &groups[boolIndex(fresh[k])][boolIndex(decays(o.NoDecay, i))]
-		g[0], g[1] = append(g[0], ps[k]), append(g[1], gs[k])
+		g[0], g[1] = append(g[0], o.params[i].Buf()), append(g[1], o.params[i].Grad().Buf())
 		if o.Momentum != 0 {
 			g[2] = append(g[2], o.moms[i].Buf())
 		}
@@ -324,24 +348,44 @@ func (o *AdamW) StepUnless(skip kernels.Buf) { o.StepScaled(kernels.Buf{}, skip)
 // StepScaled is StepUnless with every gradient multiplied by mult (F32, 1
 // element, read on the device; invalid: 1) as the update reads it.
 func (o *AdamW) StepScaled(mult, skip kernels.Buf) {
-	idx, ps, gs := withGrads(o.params)
+	idx := withGrads(o.params)
 	if len(idx) == 0 {
 		return
 	}
 	ensureState(o.params, idx, o.m, o.v)
-	var ms, vs []kernels.Buf
-	for _, i := range idx {
-		ms, vs = append(ms, o.m[i].Buf()), append(vs, o.v[i].Buf())
+	o.params[idx[0]].Backend().Increment(o.step.Buf(), 1, skip)
+	o.update(idx, mult, skip)
+}
+
+// Begin counts a step of updates by StepParam (PerParameter).
+func (o *AdamW) Begin() {
+	if len(o.params) > 0 {
+		o.params[0].Backend().Increment(o.step.Buf(), 1, kernels.Buf{})
 	}
+}
+
+// StepParam updates parameter i from its gradient and releases the
+// gradient (PerParameter).
+func (o *AdamW) StepParam(i int) {
+	if o.params[i].Grad() != nil {
+		ensureState(o.params, []int{i}, o.m, o.v)
+		o.update([]int{i}, kernels.Buf{}, kernels.Buf{})
+		o.params[i].ZeroGrad()
+	}
+}
+
+// update updates the parameters idx, which have gradients and state, in
+// the step the counter counts (StepScaled).
+func (o *AdamW) update(idx []int, mult, skip kernels.Buf) {
 	be := o.params[idx[0]].Backend()
-	be.Increment(o.step.Buf(), 1, skip)
 	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
 		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}
 	// One launch per group: the decayed parameters, the others.
 	var groups [2][4][]kernels.Buf
-	for k, i := range idx {
+	for _, i := range idx {
 		g := &groups[boolIndex(decays(o.NoDecay, i))]
-		g[0], g[1], g[2], g[3] = append(g[0], ps[k]), append(g[1], gs[k]), append(g[2], ms[k]), append(g[3], vs[k])
+		g[0], g[1] = append(g[0], o.params[i].Buf()), append(g[1], o.params[i].Grad().Buf())
+		g[2], g[3] = append(g[2], o.m[i].Buf()), append(g[3], o.v[i].Buf())
 	}
 	for d, g := range groups {
 		if len(g[0]) == 0 {

@@ -329,3 +329,49 @@ func testStepClipped(t *testing.T, dev *tensor.Device) {
 		})
 	}
 }
+
+// TestPerParameterMatchesStep: each named optimizer updating its
+// parameters one at a time (Begin, then StepParam in the backward's order,
+// which is not Params') gives Step's results bit for bit over three steps,
+// decayed and undecayed parameters both, and releases each gradient.
+func TestPerParameterMatchesStep(t *testing.T) { testPerParameterMatchesStep(t, tensor.CPU()) }
+
+func testPerParameterMatchesStep(t *testing.T, dev *tensor.Device) {
+	grads := [][][]float32{{{0.2, -0.1}, {0.3, 0.4, -0.7}}, {{-0.5, 0.25}, {0.1, -0.2, 0.05}}, {{0.05, 0.6}, {-0.3, 0.9, 0.15}}}
+	for _, name := range OptimizerNames {
+		run := func(each bool) [][]float32 {
+			a, b := param(dev, 1, -2), param(dev, 0.5, 3, -1)
+			defer a.Release()
+			defer b.Release()
+			o, err := NewNamed(name, []*tensor.Tensor{a, b}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: 0.05, NoDecay: []bool{false, true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Release()
+			for _, g := range grads {
+				setGrad(a, g[0]...)
+				setGrad(b, g[1]...)
+				if !each {
+					o.Step()
+					continue
+				}
+				pp := o.(PerParameter)
+				pp.Begin()
+				pp.StepParam(1)
+				if b.Grad() != nil {
+					t.Errorf("%s: StepParam(1) left its gradient", name)
+				}
+				pp.StepParam(0)
+			}
+			return [][]float32{a.Float32s(), b.Float32s()}
+		}
+		got, want := run(true), run(false)
+		for i := range want {
+			for j := range want[i] {
+				if got[i][j] != want[i][j] {
+					t.Errorf("%s: parameter %d element %d: %v updated one at a time, %v by Step", name, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+	}
+}

@@ -704,17 +704,21 @@ func (r *runner) fit() error {
 		a.RecordHistory(true)
 	}
 	chosen := r.variant()
+	mode := r.t.Step.Mode.String() + " steps"
+	if r.cfg.FuseOptimizer {
+		mode += ", each parameter updated in the backward (-fuse-optimizer)"
+	}
 	if r.arch.Text {
-		fmt.Fprintf(r.say, "training %s (%s parameters) on %s's %s tokens, %d steps of %d windows of %d tokens (evaluated every %d), %s, %s steps\n",
+		fmt.Fprintf(r.say, "training %s (%s parameters) on %s's %s tokens, %d steps of %d windows of %d tokens (evaluated every %d), %s, %s\n",
 			r.cfg.Model, count(nn.CountParams(r.model)), r.job.Text.Name, count(len(r.job.Text.Train)), r.cfg.Steps,
-			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, r.t.Step.Mode)
+			r.cfg.Batch, r.cfg.Context, r.cfg.EvalEvery, chosen, mode)
 	} else {
 		layout := ""
 		if c, ok := r.model.(nn.ChannelsLaster); ok && c.ChannelsLast() {
 			layout = ", channels last"
 		}
-		fmt.Fprintf(r.say, "training %s (%s parameters) on %s images, %s of %s, %s%s, %s steps\n",
-			r.cfg.Model, count(nn.CountParams(r.model)), count(r.job.Train.N), plural(r.cfg.Epochs, "epoch"), plural(r.trainL.Len(), "step"), chosen, layout, r.t.Step.Mode)
+		fmt.Fprintf(r.say, "training %s (%s parameters) on %s images, %s of %s, %s%s, %s\n",
+			r.cfg.Model, count(nn.CountParams(r.model)), count(r.job.Train.N), plural(r.cfg.Epochs, "epoch"), plural(r.trainL.Len(), "step"), chosen, layout, mode)
 	}
 	r.report.Title = fmt.Sprintf("%s, %s, batch %d on %s", r.cfg.Model, chosen, r.cfg.Batch, r.dev.Name())
 	if g := r.job.Group; g != nil {

@@ -138,3 +138,6 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 		t.Fatalf("parameters differ by %.3g on average, want at most %.3g (a hundredth of a step)", mean, 0.01*lr)
 	}
 }
+
+// TestCUDAFusedOptimizer: TestFusedOptimizerMatchesAndSaves on the GPU.
+func TestCUDAFusedOptimizer(t *testing.T) { testFusedOptimizer(t, testdev.CUDA(t)) }

@@ -109,6 +109,16 @@ type Step struct {
 	// update itself is never interrupted, nor a data-parallel step, whose
 	// ranks must run the same collectives.
 	Stop <-chan struct{}
+	// FuseOptimizer updates each parameter as soon as the backward has
+	// finished its gradient (optim.PerParameter) and releases the gradient
+	// there, so that a step never holds all of them at once (LOMO's
+	// update fused into the backward). New checks what it needs: an
+	// optimizer that can, no clipping, no loss scaling, one process, eager
+	// steps. A step of micro-batches updates after its last, as without
+	// it. Once a parameter is updated a failing step cannot be undone: Run
+	// then returns an error wrapping ErrPartlyUpdated, and Stop does not
+	// interrupt such steps.
+	FuseOptimizer bool
 
 	dev      *tensor.Device
 	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
@@ -124,7 +134,13 @@ type Step struct {
 	group    *dist.Group            // the data-parallel job, or nil
 	reducer  *dist.Reducer          // averages the gradients over group
 	sharded  *dist.ShardedOptimizer // Opt, when its state is sharded over group
+	params   map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
+	updated  bool                   // the running step's fused update has begun
 }
+
+// ErrPartlyUpdated is wrapped by the error of a step with FuseOptimizer that
+// failed after it had updated some parameters.
+var ErrPartlyUpdated = errors.New("the step failed after its fused update began: some parameters are updated and some not; resume from the last checkpoint")
 
 // shapeState is what a Step knows about one batch shape.
 type shapeState struct {
@@ -381,6 +397,9 @@ func (s *Step) eager(x, y *tensor.Tensor) (err error) {
 		if r := recover(); r != nil {
 			s.restore()
 			err = fmt.Errorf("training step: %w", tensor.AsError(r))
+			if s.updated {
+				err = fmt.Errorf("%w: %w", ErrPartlyUpdated, err)
+			}
 		}
 	}()
 	s.body(x, y)
@@ -619,21 +638,29 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			defer s.reducer.Join()
 		}
 		stop := s.Stop
-		if s.group != nil || s.Mode != Eager { // the planned and captured steps' traces and graphs run whole
+		if s.group != nil || s.Mode != Eager || s.FuseOptimizer { // the planned and captured steps' traces and graphs run whole
 			stop = nil
 		}
+		s.updated = false
 		s.dev.WithScope(func() {
 			n := x.Dim(0)
 			m := s.micro
 			if m <= 0 || m >= n {
 				m = n
 			}
+			var fused optim.PerParameter
+			if s.FuseOptimizer && m == n {
+				fused = s.Opt.(optim.PerParameter)
+			}
 			if stop != nil {
-				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m) })
+				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m, fused) })
 			} else { // an Interruptible around Run still holds
-				s.passes(x, y, n, m)
+				s.passes(x, y, n, m, fused)
 			}
 			s.markParameterGradients()
+			if fused != nil {
+				return // updated in the backward
+			}
 			s.phase("the optimiser step")
 			if s.reducer != nil {
 				if err := s.reducer.Finish(); err != nil {
@@ -668,14 +695,18 @@ func (s *Step) body(x, y *tensor.Tensor) {
 }
 
 // passes runs the forward and the backward of the batch x, y of n
-// examples in micro-batches of m, accumulating the gradients.
-func (s *Step) passes(x, y *tensor.Tensor, n, m int) {
+// examples in micro-batches of m, accumulating the gradients; with fused,
+// each parameter is updated as its gradient is finished.
+func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 	be := s.dev.Backend()
 	for lo := 0; lo < n; lo += m {
 		hi := min(n, lo+m)
 		var hooks []ag.Option
 		if s.reducer != nil && hi == n { // the last micro-batch finishes the gradients
 			hooks = append(hooks, ag.OnGradReady(s.reducer.Ready))
+		}
+		if fused != nil && hi == n {
+			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }))
 		}
 		s.dev.WithScope(func() {
 			xs, ys := x, y
@@ -697,6 +728,26 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int) {
 			ag.Backward(scaled, hooks...)
 		})
 	}
+}
+
+// updateNow updates the parameter leaf, whose gradient the backward has
+// finished, counting the step at the first (FuseOptimizer).
+func (s *Step) updateNow(fused optim.PerParameter, leaf *tensor.Tensor) {
+	if s.params == nil {
+		s.params = map[*tensor.Tensor]int{}
+		for i, p := range s.Opt.Params() {
+			s.params[p] = i
+		}
+	}
+	i, ok := s.params[leaf]
+	if !ok {
+		return // not the optimizer's
+	}
+	if !s.updated {
+		fused.Begin()
+		s.updated = true
+	}
+	fused.StepParam(i)
 }
 
 // phase marks, for a trace being recorded, what the step does next.

@@ -62,6 +62,12 @@ type Config struct {
 	// is not the CPU: the device holds the parameters and gradients only,
 	// and its steps run eagerly (the update reads the device).
 	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
+	// FuseOptimizer updates each parameter in the backward as soon as its
+	// gradient is finished, and releases the gradient (Step.FuseOptimizer):
+	// the step never holds every gradient. It needs AdamW or SGD, no
+	// clipping, no F16 loss scaling (BF16 AMP is fine), the optimizer on
+	// the device and one process; steps run eagerly.
+	FuseOptimizer bool `json:"fuse_optimizer,omitempty"`
 	// Language models: the window of tokens each example is (0: the
 	// model's preset), the tokenizer, the training steps (Steps, of which
 	// the first WarmupSteps warm the schedule up; Epochs and WarmupEpochs
@@ -394,6 +400,9 @@ type Trainer struct {
 // runs out of memory ends the run (FailOnOOM): retrying it on one rank
 // alone would leave the others waiting in its all-reduce.
 func (t *Trainer) SetGroup(g *dist.Group, shard bool) error {
+	if t.Step.FuseOptimizer && g != nil && g.Size() > 1 {
+		return errors.New("fusing the optimizer into the backward: a data-parallel step updates after the gradients are all-reduced")
+	}
 	if err := t.Step.SetGroup(g, shard); err != nil {
 		return err
 	}
@@ -447,6 +456,12 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt.Release()
 		return nil, fmt.Errorf("gradient clipping to a norm of %v: want a positive norm, or 0 for none", cfg.ClipNorm)
 	}
+	if cfg.FuseOptimizer {
+		if err := fusable(cfg, dev, opt); err != nil {
+			opt.Release()
+			return nil, err
+		}
+	}
 	offload := cfg.Offloads(dev)
 	if offload {
 		off, err := optim.Offload(opt, dev.Pinned())
@@ -456,11 +471,31 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		}
 		opt = off
 	}
-	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload))
-	step.ClipNorm = cfg.ClipNorm
+	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload && !cfg.FuseOptimizer))
+	step.ClipNorm, step.FuseOptimizer = cfg.ClipNorm, cfg.FuseOptimizer
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
 		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
+}
+
+// fusable says why cfg's optimizer cannot be fused into the backward
+// (Config.FuseOptimizer), or nil.
+func fusable(cfg Config, dev *tensor.Device, opt optim.Optimizer) error {
+	why := ""
+	switch _, ok := opt.(optim.PerParameter); {
+	case !ok:
+		why = fmt.Sprintf("the %s optimizer updates all of its parameters at once", cfg.Optimizer)
+	case cfg.ClipNorm > 0:
+		why = fmt.Sprintf("clipping to a norm of %v needs every gradient before the first update", cfg.ClipNorm)
+	case cfg.Autocast() == tensor.F16:
+		why = "F16 AMP's loss scaling skips a step whose gradients overflow, known only after the last (BF16 AMP needs none)"
+	case cfg.Offloads(dev):
+		why = "the offloaded optimizer updates on the host after the backward"
+	}
+	if why != "" {
+		return fmt.Errorf("fusing the optimizer into the backward: %s", why)
+	}
+	return nil
 }
 
 // Release frees the step's, the optimiser's and the scaler's state (the
@@ -487,7 +522,7 @@ func (t *Trainer) RunStep(x, y *tensor.Tensor) error {
 	t.Opt.SetLR(t.Sched.LR(t.Steps))
 	t.Step.Stop = t.Stop
 	err := t.Step.Run(x, y)
-	if errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM {
+	if errors.Is(err, memory.ErrOutOfMemory) && !t.FailOnOOM && !errors.Is(err, ErrPartlyUpdated) {
 		err = t.recoverOOM(x, y, err)
 	}
 	if err != nil {

@@ -76,7 +76,7 @@ type options struct {
 	ckptMode                               nn.CheckpointMode
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
-	capture, tf32, offload                 bool
+	capture, tf32, offload, fuse           bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
@@ -193,6 +193,8 @@ func (o *options) recipe(a train.Arch) train.Recipe {
 	}
 	if o.set["clip"] {
 		r.ClipNorm = max(o.clip, 0)
+	} else if o.fuse {
+		r.ClipNorm = 0 // clipping needs every gradient before the first update
 	}
 	return r
 }
@@ -260,6 +262,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: the device holds the parameters and gradients only (steps then run eagerly)")
+	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP, -offload-optimizer or -nproc; steps run eagerly)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how F32 matrices are multiplied: tf32x3 (three TF32 tensor-core products: F32's accuracy, faster), strict (F32 on the FMA units, as PyTorch by default) or tf32 (one TF32 product: 10-bit mantissas)")
@@ -299,6 +302,16 @@ func (o *options) check() []string {
 	}
 	if _, inJob, _ := cmdenv.Job(); o.shardOptimizer && o.nproc == 1 && !inJob {
 		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
+	}
+	switch {
+	case o.fuse && o.set["clip"] && o.clip > 0:
+		bad("-fuse-optimizer with -clip %v: clipping needs every gradient before the first update (-clip -1 turns it off)", o.clip)
+	case o.fuse && o.amp && o.ampDType == train.AMPF16:
+		bad("-fuse-optimizer with -amp-dtype f16: F16's loss scaling skips a step whose gradients overflow, known only after the last (use -amp-dtype bf16)")
+	case o.fuse && o.offload:
+		bad("-fuse-optimizer with -offload-optimizer: choose one (the update in the backward on the device, or after it on the host)")
+	case o.fuse && o.nproc > 1:
+		bad("-fuse-optimizer with -nproc %d: a data-parallel step updates after the gradients are all-reduced", o.nproc)
 	}
 	if o.shardOptimizer && o.offload {
 		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
@@ -572,7 +585,8 @@ func (o *options) config(model string) train.Config {
 	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
-		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload}
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload,
+		FuseOptimizer: o.fuse}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU

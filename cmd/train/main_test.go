@@ -50,6 +50,10 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-nproc", "0"}, cmdenv.ExitUsage, "-nproc 0: want 1 or more processes"},
 		{[]string{"-shard-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer: not a data-parallel job"},
 		{[]string{"-nproc", "2", "-shard-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer with -offload-optimizer: choose one"},
+		{[]string{"-fuse-optimizer", "-clip", "0.5"}, cmdenv.ExitUsage, "-fuse-optimizer with -clip 0.5: clipping needs every gradient before the first update"},
+		{[]string{"-fuse-optimizer", "-amp", "-amp-dtype", "f16"}, cmdenv.ExitUsage, "-fuse-optimizer with -amp-dtype f16: F16's loss scaling"},
+		{[]string{"-fuse-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-fuse-optimizer with -offload-optimizer: choose one"},
+		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
 		{[]string{"-nproc", "2", "-device", "cuda:1"}, cmdenv.ExitUsage, "each rank takes its own GPU"},
 		{[]string{"-dist-timeout", "-1s"}, cmdenv.ExitUsage, "-dist-timeout -1s: want a positive duration"},
 		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, cmdenv.ExitUsage, "-resume /nonexistent/run.ckpt: no such file"},
@@ -153,6 +157,43 @@ func TestTextRun(t *testing.T) {
 	code, _, stderr = runCLI("-model", "gpt-mini", "-device", "cpu", "-data", junk, "-measure=false")
 	if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, junk+": not UTF-8 text") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("binary -data: exit %d, %q", code, stderr)
+	}
+}
+
+// TestFuseOptimizerRun: -fuse-optimizer trains a GPT to the plain run's
+// losses exactly, turns the GPT's default clipping off, and says what it
+// did.
+func TestFuseOptimizerRun(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 100)), 0o644)
+	reports := map[bool]run.Report{}
+	for _, fuse := range []bool{false, true} {
+		js := filepath.Join(dir, fmt.Sprintf("r-%v.json", fuse))
+		args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
+			"-eval-batches", "2", "-steps", "8", "-eval-every", "8", "-json", js, "-measure=false", "-clip", "-1"}
+		if fuse {
+			args = append(args[:len(args)-2], "-fuse-optimizer")
+		}
+		code, stdout, stderr := runCLI(args...)
+		if code != 0 {
+			t.Fatalf("-fuse-optimizer %v: exit %d\n%s\n%s", fuse, code, stdout, stderr)
+		}
+		if said := strings.Contains(stdout, "each parameter updated in the backward (-fuse-optimizer)"); said != fuse {
+			t.Errorf("-fuse-optimizer %v: the training line says it %v:\n%s", fuse, said, stdout)
+		}
+		var r run.Report
+		if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 1 {
+			t.Fatalf("-json: %v %+v", err, r)
+		}
+		reports[fuse] = r
+	}
+	plain, fused := reports[false], reports[true]
+	if fused.Config.ClipNorm != 0 || !fused.Config.FuseOptimizer {
+		t.Errorf("the fused run's configuration: clip %v, fused %v", fused.Config.ClipNorm, fused.Config.FuseOptimizer)
+	}
+	if a, b := plain.Epochs[0], fused.Epochs[0]; a.TrainLoss != b.TrainLoss || a.TestLoss != b.TestLoss {
+		t.Errorf("losses: %v/%v plain, %v/%v fused", a.TrainLoss, a.TestLoss, b.TrainLoss, b.TestLoss)
 	}
 }
 
