@@ -2,6 +2,7 @@ package train
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -111,5 +112,79 @@ func TestFuseOptimizerRefuses(t *testing.T) {
 				t.Errorf("refused with %q, want it to say %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestFusedStepThatFailsSaysSo: a fused step that runs out of memory
+// before its first update leaves no trace, as any step; one that fails
+// after it says the parameters are partly updated (ErrPartlyUpdated), and
+// the Trainer does not run it again.
+func TestFusedStepThatFailsSaysSo(t *testing.T) {
+	dev, src := faultyDevice(true)
+	xs, ys := batches(dev, 2, 16, 3)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	r := newRig(dev, Variant{Name: "fp32", Checkpoint: nn.NoCheckpoint}, Eager, 0)
+	defer r.release()
+	r.step.FuseOptimizer = true
+	if err := r.step.Run(xs[0], ys[0]); err != nil { // the optimizer's state exists from here on
+		t.Fatal(err)
+	}
+	clean, partly := 0, 0
+	for fault := 1; ; fault++ {
+		src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
+		err := r.step.Run(xs[1], ys[1])
+		src.Set(memory.Faults{})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, memory.ErrOutOfMemory) {
+			t.Fatalf("fault at allocation %d: %v", fault, err)
+		}
+		if errors.Is(err, ErrPartlyUpdated) {
+			partly++
+		} else {
+			clean++
+		}
+	}
+	if clean == 0 || partly == 0 {
+		t.Fatalf("%d failures before the first update, %d after: want some of each", clean, partly)
+	}
+	cfg := baseConfig("tiny")
+	cfg.Optimizer, cfg.FuseOptimizer = "adamw", true
+	m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
+	defer nn.Release(m)
+	tr, err := New(m, dev, cfg, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Release()
+	if err := tr.RunStep(xs[0], ys[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Every allocation from the fault on fails, the Trainer's attempts
+	// again included: a step that failed cleanly is tried again, one
+	// partly updated is not.
+	for fault := 1; ; fault++ {
+		before := tr.OOM.Recoveries
+		src.Set(memory.Faults{Every: fault, Burst: 1 << 20, Max: 1})
+		err := tr.RunStep(xs[1], ys[1])
+		src.Set(memory.Faults{})
+		tried := tr.OOM.Recoveries - before
+		if err == nil {
+			t.Fatalf("fault at allocation %d: the step ran", fault)
+		}
+		if errors.Is(err, ErrPartlyUpdated) {
+			if tried != 0 {
+				t.Errorf("fault at allocation %d: the Trainer ran a partly updated step again", fault)
+			}
+			break
+		}
+		if tried != 1 {
+			t.Fatalf("fault at allocation %d, before the first update: %d attempts to recover, want 1 (%v)", fault, tried, err)
+		}
+		if err := tr.Step.SetMicroBatch(0); err != nil { // the recovery's micro-batches update after the last: whole batches again
+			t.Fatal(err)
+		}
 	}
 }
