@@ -114,7 +114,7 @@ type Step struct {
 	// there, so that a step never holds all of them at once (LOMO's
 	// update fused into the backward). New checks what it needs: an
 	// optimizer that can, no clipping, no loss scaling, one process, eager
-	// steps. A step of micro-batches updates after its last, as without
+	// steps (Run panics on the last two). A step of micro-batches updates after its last, as without
 	// it. Once a parameter is updated a failing step cannot be undone: Run
 	// then returns an error wrapping ErrPartlyUpdated, and Stop does not
 	// interrupt such steps.
@@ -310,6 +310,9 @@ func (s *Step) Inputs(xdt tensor.DType, xShape, yShape []int) (x, y *tensor.Tens
 // It queues the work and returns without waiting for the device. Set the
 // learning rate (Opt.SetLR) before it: that write is not part of the step.
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
+	if s.FuseOptimizer && (s.Mode != Eager || s.group != nil) {
+		panic(fmt.Sprintf("train: FuseOptimizer in a %v step (data parallel: %v): it needs eager steps of one process", s.Mode, s.group != nil))
+	}
 	defer recoverError(&err)
 	if !s.rngFresh {
 		s.rng.Write(int64(s.dev.Generator().State().Offset))
