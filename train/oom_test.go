@@ -73,15 +73,7 @@ func TestFailedStepLeavesNoTrace(t *testing.T) {
 					t.Errorf("step %d failed at only %d of its allocations", i, faults)
 				}
 			}
-			got := snapshotState(r.model)
-			for j := range want {
-				if !bytes.Equal(got[j], want[j]) {
-					t.Errorf("%s differs from the clean run's after failed steps", r.model.State("")[j].Name)
-				}
-			}
-			if tally, _ := r.step.Metrics(); tally != wantTally {
-				t.Errorf("metrics %+v; clean run %+v", tally, wantTally)
-			}
+			sameAsClean(t, r, want, wantTally, "failed steps")
 		})
 	}
 }
@@ -349,6 +341,21 @@ func cleanRun(t *testing.T, dev *tensor.Device, v Variant, xs, ys []*tensor.Tens
 	return snapshotState(clean.model), tally
 }
 
+// sameAsClean checks that rig r ended with cleanRun's state and metrics,
+// after what.
+func sameAsClean(t *testing.T, r *stepRig, want [][]byte, wantTally Tally, after string) {
+	t.Helper()
+	got := snapshotState(r.model)
+	for j := range want {
+		if !bytes.Equal(got[j], want[j]) {
+			t.Errorf("%s differs from the clean run's after %s", r.model.State("")[j].Name, after)
+		}
+	}
+	if tally, _ := r.step.Metrics(); tally != wantTally {
+		t.Errorf("metrics %+v; clean run %+v", tally, wantTally)
+	}
+}
+
 // TestInterruptedStepLeavesNoTrace: a step whose Stop is closed before it
 // begins, or between its forward and its backward, fails with
 // tensor.ErrInterrupted at its next allocation and leaves what a failed step
@@ -391,15 +398,7 @@ func TestInterruptedStepLeavesNoTrace(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got := snapshotState(r.model)
-			for j := range want {
-				if !bytes.Equal(got[j], want[j]) {
-					t.Errorf("%s differs from the clean run's after interrupted steps", r.model.State("")[j].Name)
-				}
-			}
-			if tally, _ := r.step.Metrics(); tally != wantTally {
-				t.Errorf("metrics %+v; clean run %+v", tally, wantTally)
-			}
+			sameAsClean(t, r, want, wantTally, "interrupted steps")
 		})
 	}
 }
