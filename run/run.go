@@ -867,7 +867,16 @@ func (r *runner) sample() error {
 	if r.job.Prompt == "" {
 		prompt = r.job.Text.Val[:min(len(r.job.Text.Val), 16, r.cfg.Context/2)]
 	}
-	out, err := g.Generate(r.dev, prompt, r.job.Sample, r.job.Sampling)
+	var out []int32
+	var err error
+	if cerr := tensor.Catch(func() {
+		r.dev.Interruptible(r.job.Stop, func() { out, err = g.Generate(r.dev, prompt, r.job.Sample, r.job.Sampling) })
+	}); cerr != nil {
+		err = cerr
+	}
+	if errors.Is(err, tensor.ErrInterrupted) {
+		return fmt.Errorf("sampling stopped (the training's checkpoint and reports are written): %w", train.ErrInterrupted)
+	}
 	if err != nil {
 		return fmt.Errorf("sampling: %w", err)
 	}
