@@ -875,7 +875,7 @@ func (r *runner) sample() error {
 		err = cerr
 	}
 	if errors.Is(err, tensor.ErrInterrupted) {
-		return fmt.Errorf("sampling stopped (the training's checkpoint and reports are written): %w", train.ErrInterrupted)
+		return fmt.Errorf("sampling stopped after the training had finished (its checkpoint, with -save, and its reports are written): %w", train.ErrInterrupted)
 	}
 	if err != nil {
 		return fmt.Errorf("sampling: %w", err)
