@@ -11,8 +11,7 @@ import (
 // deviceProfiler is implemented by backends that attribute device time to
 // operations (CUDA), and by hostProfiler.
 type deviceProfiler interface {
-	StartProfile()
-	StopProfile() ([]kernels.OpTime, error)
+	kernels.Profiler
 	Delay(time.Duration)
 }
 

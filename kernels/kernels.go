@@ -109,6 +109,14 @@ type OpTime struct {
 	MS    float64 // milliseconds in all
 }
 
+// Profiler is a backend that attributes time to its operations (CUDA's,
+// by events on its stream): StartProfile begins, StopProfile returns each
+// kind of operation's time since, the most first.
+type Profiler interface {
+	StartProfile()
+	StopProfile() ([]OpTime, error)
+}
+
 // IdleOp is the OpTime of an asynchronous backend's stream while it waited
 // for the host: from the end of each read into host memory (or
 // synchronization) to the next operation queued.

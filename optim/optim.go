@@ -86,7 +86,7 @@ func (d *deviceLR) release() {
 	}
 }
 
-// withGrads returns the parameters that have gradients, with their indices.
+// withGrads returns the indices of the parameters that have gradients.
 func withGrads(params []*tensor.Tensor) (idx []int) {
 	for i, p := range params {
 		if p.Grad() != nil {

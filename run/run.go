@@ -562,18 +562,26 @@ func (r *runner) fitBudget() (err error) {
 
 // interruptible runs f, a stage's measured steps, so that on a device
 // whose steps run eagerly (the CPU) a closed Job.Stop ends it within one
-// operation (tensor.Interruptible) rather than after steps that can take
-// minutes; the error then says the run was interrupted, nothing saved.
+// operation rather than after steps that can take minutes; the error then
+// says the run was interrupted, nothing saved.
 func (r *runner) interruptible(f func() error) error {
 	if r.job.Stop == nil || r.mode != train.Eager {
 		return f()
 	}
+	err := r.stoppable(f)
+	if errors.Is(err, tensor.ErrInterrupted) {
+		return &train.InterruptedError{Epoch: r.startEpoch}
+	}
+	return err
+}
+
+// stoppable runs f under tensor.Interruptible with Job.Stop, its panics
+// returned as errors: one that wraps tensor.ErrInterrupted once Stop is
+// closed.
+func (r *runner) stoppable(f func() error) error {
 	var err error
 	if cerr := tensor.Catch(func() { r.dev.Interruptible(r.job.Stop, func() { err = f() }) }); cerr != nil {
 		err = cerr
-	}
-	if errors.Is(err, tensor.ErrInterrupted) {
-		return &train.InterruptedError{Epoch: r.startEpoch}
 	}
 	return err
 }
@@ -868,12 +876,10 @@ func (r *runner) sample() error {
 		prompt = r.job.Text.Val[:min(len(r.job.Text.Val), 16, r.cfg.Context/2)]
 	}
 	var out []int32
-	var err error
-	if cerr := tensor.Catch(func() {
-		r.dev.Interruptible(r.job.Stop, func() { out, err = g.Generate(r.dev, prompt, r.job.Sample, r.job.Sampling) })
-	}); cerr != nil {
-		err = cerr
-	}
+	err := r.stoppable(func() (err error) {
+		out, err = g.Generate(r.dev, prompt, r.job.Sample, r.job.Sampling)
+		return err
+	})
 	if errors.Is(err, tensor.ErrInterrupted) {
 		return fmt.Errorf("sampling stopped after the training had finished (its checkpoint, with -save, and its reports are written): %w", train.ErrInterrupted)
 	}

@@ -185,7 +185,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
         -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
-      say "$model, optimizer state on the $where: exit $?"
+      say "$model, $where (${flags[*]:-the state on the device}): exit $?"
       grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
     done
     timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/kernels_cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \

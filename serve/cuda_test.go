@@ -125,10 +125,7 @@ func BenchmarkCUDAEngineMixed(b *testing.B) {
 		b.Skip("needs -engine.checkpoint: a trained GPT (scripts/gpu.sh gptserve trains one)")
 	}
 	dev := testdev.CUDA(b)
-	prof, ok := dev.Backend().(interface {
-		StartProfile()
-		StopProfile() ([]kernels.OpTime, error)
-	})
+	prof, ok := dev.Backend().(kernels.Profiler)
 	if !ok {
 		b.Skip("the backend attributes no device time")
 	}
@@ -151,10 +148,7 @@ func BenchmarkCUDAEngineMixed(b *testing.B) {
 
 // mixedLoad runs BenchmarkCUDAEngineMixed's load on s's engine once, with
 // prof on, and logs its operations.
-func mixedLoad(b *testing.B, s *Server, prof interface {
-	StartProfile()
-	StopProfile() ([]kernels.OpTime, error)
-}) {
+func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	type job struct {
 		prompt []int32

@@ -42,11 +42,12 @@ type Device struct {
 var ErrInterrupted = errors.New("interrupted")
 
 // Interruptible runs f so that once stop is closed, the next tensor
-// allocated on this handle fails with an error wrapping ErrInterrupted
-// (a panic that Catch returns, as for running out of memory): work of many operations (a training step's forward
-// and backward on a CPU, minutes for a large model) stops within one of
-// them instead of at its end. Only the handle's goroutine may call it, as
-// for its modes; a nil stop never interrupts.
+// allocated on this handle fails with an error wrapping ErrInterrupted (a
+// panic that Catch returns, as for running out of memory): work of many
+// operations (a training step's forward and backward on a CPU, minutes
+// for a large model) stops within one of them instead of at its end. Only
+// the handle's goroutine may call it, as for its modes; a nil stop never
+// interrupts.
 func (d *Device) Interruptible(stop <-chan struct{}, f func()) {
 	old := d.stop
 	d.stop = stop

@@ -114,10 +114,10 @@ type Step struct {
 	// there, so that a step never holds all of them at once (LOMO's
 	// update fused into the backward). New checks what it needs: an
 	// optimizer that can, no clipping, no loss scaling, one process, eager
-	// steps (Run panics on the last two). A step of micro-batches updates after its last, as without
-	// it. Once a parameter is updated a failing step cannot be undone: Run
-	// then returns an error wrapping ErrPartlyUpdated, and Stop does not
-	// interrupt such steps.
+	// steps (Run panics on the last two). A step of micro-batches updates
+	// after its last, as without it. Once a parameter is updated a failing
+	// step cannot be undone: Run then returns an error wrapping
+	// ErrPartlyUpdated, and Stop does not interrupt such steps.
 	FuseOptimizer bool
 
 	dev      *tensor.Device

@@ -464,8 +464,6 @@ func (b *Backend) exit() {
 // context current itself.
 type deviceSource struct{ b *Backend }
 
-func (s *deviceSource) withContext(f func()) { s.b.withContext(f) }
-
 // withContext runs f on a locked OS thread with the backend's context
 // current, without the backend lock: for raw allocators, which the pools
 // may call from inside an operation.
@@ -479,7 +477,7 @@ func (b *Backend) withContext(f func()) {
 func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
 	var ptr uintptr
 	var err error
-	s.withContext(func() {
+	s.b.withContext(func() {
 		err = s.b.d.check("cuMemAlloc", s.b.d.memAlloc(unsafe.Pointer(&ptr), uintptr(size)))
 	})
 	if isOOM(err) {
@@ -493,13 +491,13 @@ func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
 
 func (s *deviceSource) Free(seg memory.Segment) error {
 	var err error
-	s.withContext(func() { err = s.b.d.check("cuMemFree", s.b.d.memFree(seg.Addr)) })
+	s.b.withContext(func() { err = s.b.d.check("cuMemFree", s.b.d.memFree(seg.Addr)) })
 	return err
 }
 
 func (s *deviceSource) MemInfo() (free, total int64) {
 	var f, t uintptr
-	s.withContext(func() {
+	s.b.withContext(func() {
 		s.b.d.must("cuMemGetInfo", s.b.d.memGetInfo(unsafe.Pointer(&f), unsafe.Pointer(&t)))
 	})
 	return int64(f), int64(t)

@@ -15,10 +15,9 @@ import (
 // the operation that started there. The stream runs one operation at a
 // time, so the times add up to the device time of the work, and to the
 // stream's idle time after each read into host memory or synchronization,
-// which counts as kernels.IdleOp. Recording an
-// event per operation adds host time: profile to see where device time
-// goes, not to time a step. Graph replays count as one operation; profile
-// eager steps.
+// which counts as kernels.IdleOp. Recording an event per operation adds
+// host time: profile to see where device time goes, not to time a step.
+// A graph's replay counts as one operation.
 
 type profiler struct {
 	events []uintptr

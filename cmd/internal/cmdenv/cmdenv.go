@@ -192,7 +192,8 @@ func Main(name string, body func() int) (code int) {
 func debugOn() bool { v := os.Getenv("LEANGRAD_DEBUG"); return v != "" && v != "0" }
 
 // Interrupts turns SIGINT and SIGTERM into a request to stop: the first
-// closes C (a run stops, saves and reports: how says how) and says so; a second exits at once with ExitSignal. Release ends it.
+// closes C (a run stops, saves and reports, as CatchInterrupts' how says)
+// and says so; a second exits at once with ExitSignal. Release ends it.
 type Interrupts struct {
 	C      <-chan struct{}
 	sig    atomic.Value // the first signal
