@@ -28,12 +28,14 @@ type DType uint8
 
 // The element types. F16 is IEEE 754 binary16 and BF16 bfloat16 (a
 // float32's top 16 bits), both stored as 16 bits and computed in float32,
-// rounded to nearest even when stored; I32 holds labels and indices.
+// rounded to nearest even when stored; I32 holds labels and indices; U8
+// holds bytes (the codes of 8-bit optimizer states).
 const (
 	F32 DType = iota + 1
 	F16
 	I32
 	BF16
+	U8
 )
 
 // Size is the size of one element in bytes.
@@ -43,6 +45,8 @@ func (d DType) Size() int {
 		return 4
 	case F16, BF16:
 		return 2
+	case U8:
+		return 1
 	}
 	panic(fmt.Sprintf("kernels: unknown dtype %d", d))
 }
@@ -60,18 +64,21 @@ func (d DType) String() string {
 		return "i32"
 	case BF16:
 		return "bf16"
+	case U8:
+		return "u8"
 	}
 	return fmt.Sprintf("dtype(%d)", d)
 }
 
-// ParseDType reads a dtype by its String: "f32", "f16", "bf16" or "i32".
+// ParseDType reads a dtype by its String: "f32", "f16", "bf16", "i32" or
+// "u8".
 func ParseDType(s string) (DType, error) {
-	for _, d := range []DType{F32, F16, BF16, I32} {
+	for _, d := range []DType{F32, F16, BF16, I32, U8} {
 		if s == d.String() {
 			return d, nil
 		}
 	}
-	return 0, fmt.Errorf("dtype %q: want f32, f16, bf16 or i32", s)
+	return 0, fmt.Errorf("dtype %q: want f32, f16, bf16, i32 or u8", s)
 }
 
 // MarshalText is the dtype's String.

@@ -9,6 +9,25 @@ type OptimOps interface {
 	// AdamW updates params and their moment estimates in place.
 	AdamW(p AdamWParams, params, grads, m, v []Buf)
 
+	// AdamW8 is AdamW with each parameter's moments held in 8 bits a value,
+	// quantised block by block (Quant8Block values a block): codes[i]
+	// (U8, two a value of params[i]) holds each value's first-moment code
+	// into qmap's signed half, then the code of its second moment's square
+	// root into the unsigned half; absmax[i] (F32, two a block) the
+	// block's largest |first moment| and largest root, which scale the
+	// codes' values. qmap is Quant8Maps (F32, 512) on the device. Each
+	// value's update dequantises its moments (m, and v = s·s), runs
+	//
+	//	p ← p·(1−lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g·g;  s ← √v
+	//	p ← p − (lr/(1−β1ᵗ))·m / (s/√(1−β2ᵗ) + ε)
+	//
+	// in F32, each operation rounded (no fused multiply-adds), and stores
+	// the new m and s as the codes nearest m/max|m| and s/max s over the
+	// block (Quant8Code; 0 for a block of zeros), the maxima as its absmax:
+	// every backend's codes are the CPU's, bit for bit. A fresh state is
+	// absmax 0 (any codes). Skip, Step, LR and GradScale are as AdamW's.
+	AdamW8(p AdamWParams, qmap Buf, params, grads, codes, absmax []Buf)
+
 	// UnscaleCheck divides every grad by scale (F32, 1 element, read on the
 	// device) in place and sets found (F32, 1 element, not cleared) to 1 if
 	// any value is infinite or NaN.
@@ -95,6 +114,11 @@ func (o *Observed) SGD(p SGDParams, params, grads, moms []Buf) {
 func (o *Observed) AdamW(p AdamWParams, params, grads, m, v []Buf) {
 	defer o.op("AdamW", "AdamW", first(params))()
 	o.B.AdamW(p, params, grads, m, v)
+}
+
+func (o *Observed) AdamW8(p AdamWParams, qmap Buf, params, grads, codes, absmax []Buf) {
+	defer o.op("AdamW8", "AdamW8", first(params))()
+	o.B.AdamW8(p, qmap, params, grads, codes, absmax)
 }
 
 func (o *Observed) UnscaleClip(maxNorm float32, sumsq, scale, norm, mult, found Buf) {

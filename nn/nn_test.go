@@ -255,6 +255,32 @@ func TestSafetensorsLayout(t *testing.T) {
 	}
 }
 
+// Every dtype a tensor has is written under its safetensors name and read
+// back as itself (an 8-bit optimizer's U8 codes among them).
+func TestSafetensorsEveryDType(t *testing.T) {
+	for _, c := range []struct {
+		dt   tensor.DType
+		name string
+	}{{tensor.F32, "F32"}, {tensor.F16, "F16"}, {tensor.BF16, "BF16"}, {tensor.I32, "I32"}, {tensor.U8, "U8"}} {
+		data := make([]byte, 3*c.dt.Size())
+		for i := range data {
+			data[i] = byte(7 * i)
+		}
+		st := &Safetensors{Tensors: map[string]Stored{"x": {DType: c.dt, Shape: []int{3}, Data: data}}}
+		var buf bytes.Buffer
+		if err := st.Encode(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(buf.String(), `"dtype":"`+c.name+`"`) {
+			t.Errorf("%v written without its name %s", c.dt, c.name)
+		}
+		back, err := ParseSafetensors(buf.Bytes())
+		if err != nil || back.Tensors["x"].DType != c.dt || !bytes.Equal(back.Tensors["x"].Data, data) {
+			t.Errorf("%v read back as %v (%v)", c.dt, back.Tensors["x"].DType, err)
+		}
+	}
+}
+
 // A flipped byte anywhere is found and named: in a tensor, in the metadata,
 // in the checksums, or a tensor added to the header afterwards.
 func TestSafetensorsChecksumsFindCorruption(t *testing.T) {

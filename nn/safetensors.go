@@ -98,7 +98,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 const maxHeader = 100 << 20
 
-var dtypeNames = map[tensor.DType]string{tensor.F32: "F32", tensor.F16: "F16", tensor.BF16: "BF16", tensor.I32: "I32"}
+var dtypeNames = map[tensor.DType]string{tensor.F32: "F32", tensor.F16: "F16", tensor.BF16: "BF16", tensor.I32: "I32", tensor.U8: "U8"}
 
 func dtypeByName(s string) (tensor.DType, bool) {
 	for dt, name := range dtypeNames {
@@ -150,7 +150,7 @@ func ParseSafetensors(data []byte) (*Safetensors, error) {
 		}
 		dt, ok := dtypeByName(e.DType)
 		if !ok {
-			return nil, fmt.Errorf("tensor %q: dtype %q is not supported (want F32, F16 or I32)", name, e.DType)
+			return nil, fmt.Errorf("tensor %q: dtype %q is not supported (want F32, F16, BF16, I32 or U8)", name, e.DType)
 		}
 		elems := int64(1)
 		for _, d := range e.Shape {
@@ -253,7 +253,11 @@ func (st *Safetensors) Encode(w io.Writer) error {
 		if shape == nil {
 			shape = []int{}
 		}
-		header[k] = headerEntry{DType: dtypeNames[t.DType], Shape: shape, Offsets: []int64{off, off + int64(len(t.Data))}}
+		name, ok := dtypeNames[t.DType]
+		if !ok {
+			panic(fmt.Sprintf("nn: tensor %q of dtype %v has no safetensors name", k, t.DType))
+		}
+		header[k] = headerEntry{DType: name, Shape: shape, Offsets: []int64{off, off + int64(len(t.Data))}}
 		off += int64(len(t.Data))
 	}
 	hj, err := json.Marshal(header)

@@ -12,6 +12,7 @@ func TestCUDAOptimizers(t *testing.T) {
 	dev := testdev.CUDA(t)
 	t.Run("sgd", func(t *testing.T) { testSGD(t, dev) })
 	t.Run("adamw", func(t *testing.T) { testAdamW(t, dev) })
+	t.Run("adamw8bit", func(t *testing.T) { testAdamW8bit(t, dev) })
 	t.Run("scaler", func(t *testing.T) { testGradScaler(t, dev) })
 	t.Run("no-decay-groups", func(t *testing.T) { testNoDecayGroups(t, dev) })
 	t.Run("clip-grad-norm", func(t *testing.T) { testClipGradNorm(t, dev) })

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -32,6 +33,15 @@ var optimizers = []struct {
 	}},
 	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer {
 		o := NewAdamW(ps, h.LR, h.WeightDecay)
+		if h.Beta2 > 0 {
+			o.Beta2 = h.Beta2
+		}
+		o.NoDecay = h.NoDecay
+		return o
+	}},
+	// AdamW with its larger parameters' moments in 8 bits a value.
+	{"adamw8bit", func(ps []*tensor.Tensor, h Hyper) Optimizer {
+		o := NewAdamW8bit(ps, h.LR, h.WeightDecay)
 		if h.Beta2 > 0 {
 			o.Beta2 = h.Beta2
 		}
@@ -89,7 +99,7 @@ func CheckSchedule(name string) error {
 }
 
 // NewNamed returns the optimiser name over params: "sgd" (with Nesterov
-// momentum when h.Momentum > 0) or "adamw".
+// momentum when h.Momentum > 0), "adamw" or "adamw8bit" (NewAdamW8bit).
 func NewNamed(name string, params []*tensor.Tensor, h Hyper) (Optimizer, error) {
 	if h.NoDecay != nil && len(h.NoDecay) != len(params) {
 		panic(fmt.Sprintf("optim: %d NoDecay entries for %d parameters", len(h.NoDecay), len(params)))
@@ -100,6 +110,20 @@ func NewNamed(name string, params []*tensor.Tensor, h Hyper) (Optimizer, error) 
 		}
 	}
 	return nil, CheckOptimizer(name)
+}
+
+// StateBytes is about the bytes of state the optimiser name keeps for n
+// F32 parameters: SGD's momentum 4 a parameter, AdamW's moments 8, and
+// adamw8bit's codes 2 and scales 8 a block of kernels.Quant8Block (its
+// parameters under Min8Bit elements, a few biases and gains, keep 8).
+func StateBytes(name string, n int64) int64 {
+	switch name {
+	case "sgd":
+		return 4 * n
+	case "adamw8bit":
+		return 2*n + 8*int64(kernels.Quant8Blocks(int(n)))
+	}
+	return 8 * n
 }
 
 // NewNamedSchedule returns the schedule name at peak rate lr over total

@@ -13,6 +13,7 @@ package optim
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
@@ -126,12 +127,32 @@ func stateTensor(p *tensor.Tensor) *tensor.Tensor {
 	return tensor.Zeros(p.Device(), tensor.F32, p.Shape()...).Keep()
 }
 
-// ensureState gives the parameters idx state tensors in each of lists where
-// they have none, all or none: when an allocation fails (out of memory), the
-// ones made here are released before the panic goes on, so that a step run
-// again finds the state as it was (a first step rounds differently from a
-// later one on zero state, so half-made state would change the result).
+// ensureState gives the parameters idx state tensors (made like the
+// parameter by stateTensor) in each of lists where they have none
+// (ensureStates).
 func ensureState(params []*tensor.Tensor, idx []int, lists ...[]*tensor.Tensor) {
+	sl := make([]stateList, len(lists))
+	for k, l := range lists {
+		sl[k] = stateList{l: l, make: stateTensor}
+	}
+	ensureStates(params, idx, sl...)
+}
+
+// stateList is a list of state tensors, one a parameter, made by make for
+// the parameters i for which of(i) holds (nil: every parameter).
+type stateList struct {
+	l    []*tensor.Tensor
+	of   func(i int) bool
+	make func(p *tensor.Tensor) *tensor.Tensor
+}
+
+// ensureStates gives the parameters idx state tensors in each of lists
+// where they have none, all or none: when an allocation fails (out of
+// memory), the ones made here are released before the panic goes on, so
+// that a step run again finds the state as it was (a first step rounds
+// differently from a later one on zero state, so half-made state would
+// change the result).
+func ensureStates(params []*tensor.Tensor, idx []int, lists ...stateList) {
 	var made []**tensor.Tensor
 	ok := false
 	defer func() {
@@ -144,9 +165,9 @@ func ensureState(params []*tensor.Tensor, idx []int, lists ...[]*tensor.Tensor) 
 	}()
 	for _, i := range idx {
 		for _, l := range lists {
-			if l[i] == nil {
-				l[i] = stateTensor(params[i])
-				made = append(made, &l[i])
+			if (l.of == nil || l.of(i)) && l.l[i] == nil {
+				l.l[i] = l.make(params[i])
+				made = append(made, &l.l[i])
 			}
 		}
 	}
@@ -314,11 +335,19 @@ func (o *SGD) Release() {
 // correction is one device counter for all parameters, not one per
 // parameter; the two differ only for a parameter that has no gradient in
 // some steps.
+//
+// An AdamW made by NewAdamW8bit holds the moments of each parameter of at
+// least Min8Bit elements in 8 bits a value (kernels.OptimOps.AdamW8):
+// codes (U8, the parameter's shape and 2) and two scales a block of
+// kernels.Quant8Block values (F32, [blocks, 2]), 2.03 bytes a parameter
+// where AdamW's F32 moments take 8.
 type AdamW struct {
 	deviceLR
 	params                         []*tensor.Tensor
-	m, v                           []*tensor.Tensor
-	step                           *tensor.Counter // steps taken (not skipped)
+	m, v                           []*tensor.Tensor // F32 moments (nil until a parameter's first step)
+	codes, absmax                  []*tensor.Tensor // 8-bit moments (NewAdamW8bit; nil until a first step)
+	qmap                           *tensor.Tensor   // kernels.Quant8Maps on the device (NewAdamW8bit)
+	step                           *tensor.Counter  // steps taken (not skipped)
 	Beta1, Beta2, Eps, WeightDecay float64
 	// NoDecay, if set, has one entry a parameter: true exempts it from the
 	// weight decay (AdamW's parameter groups: biases, norms' gains and
@@ -338,6 +367,43 @@ func NewAdamW(params []*tensor.Tensor, lr, weightDecay float64) *AdamW {
 	return o
 }
 
+// Min8Bit is the fewest elements for which an AdamW made by NewAdamW8bit
+// keeps a parameter's moments in 8 bits: smaller ones (biases, norms'
+// gains), whose F32 state costs little, keep it in F32, as bitsandbytes'
+// 8-bit optimizers do by default.
+const Min8Bit = 4096
+
+// NewAdamW8bit returns AdamW over params whose moments are held in 8 bits
+// a value, quantised block by block (kernels.OptimOps.AdamW8), for every
+// parameter of at least Min8Bit elements: a quarter of AdamW's state. The
+// update itself runs in F32 from the dequantised moments; what the
+// quantisation costs is measured beside F32 AdamW in the package's tests
+// (a GPT's loss curve) and in docs/benchmarks.md.
+func NewAdamW8bit(params []*tensor.Tensor, lr, weightDecay float64) *AdamW {
+	o := NewAdamW(params, lr, weightDecay)
+	o.codes, o.absmax = make([]*tensor.Tensor, len(params)), make([]*tensor.Tensor, len(params))
+	if len(params) > 0 {
+		o.qmap = tensor.FromFloat32(params[0].Device(), kernels.Quant8Maps, len(kernels.Quant8Maps)).Keep()
+	}
+	return o
+}
+
+// Is8Bit reports whether parameter i's moments are held in 8 bits.
+func (o *AdamW) Is8Bit(i int) bool { return o.qmap != nil && o.params[i].Numel() >= Min8Bit }
+
+// ensure gives the parameters idx their state, all or none
+// (ensureStates): F32 moments, or 8-bit codes and scales.
+func (o *AdamW) ensure(idx []int) {
+	f32 := func(i int) bool { return !o.Is8Bit(i) }
+	ensureStates(o.params, idx, stateList{o.m, f32, stateTensor}, stateList{o.v, f32, stateTensor},
+		stateList{o.codes, o.Is8Bit, func(p *tensor.Tensor) *tensor.Tensor {
+			return tensor.Zeros(p.Device(), tensor.U8, append(p.Shape(), 2)...).Keep()
+		}},
+		stateList{o.absmax, o.Is8Bit, func(p *tensor.Tensor) *tensor.Tensor {
+			return tensor.Zeros(p.Device(), tensor.F32, kernels.Quant8Blocks(p.Numel()), 2).Keep()
+		}})
+}
+
 // Step updates the parameters with gradients.
 func (o *AdamW) Step() { o.StepUnless(kernels.Buf{}) }
 
@@ -352,7 +418,7 @@ func (o *AdamW) StepScaled(mult, skip kernels.Buf) {
 	if len(idx) == 0 {
 		return
 	}
-	ensureState(o.params, idx, o.m, o.v)
+	o.ensure(idx)
 	o.params[idx[0]].Backend().Increment(o.step.Buf(), 1, skip)
 	o.update(idx, mult, skip)
 }
@@ -368,7 +434,7 @@ func (o *AdamW) Begin() {
 // gradient (PerParameter).
 func (o *AdamW) StepParam(i int) {
 	if o.params[i].Grad() != nil {
-		ensureState(o.params, []int{i}, o.m, o.v)
+		o.ensure([]int{i})
 		o.update([]int{i}, kernels.Buf{}, kernels.Buf{})
 		o.params[i].ZeroGrad()
 	}
@@ -380,22 +446,32 @@ func (o *AdamW) update(idx []int, mult, skip kernels.Buf) {
 	be := o.params[idx[0]].Backend()
 	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
 		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}
-	// One launch per group: the decayed parameters, the others.
-	var groups [2][4][]kernels.Buf
+	// One launch per group: decayed or not, F32 or 8-bit moments.
+	var groups [2][2][4][]kernels.Buf
 	for _, i := range idx {
-		g := &groups[boolIndex(decays(o.NoDecay, i))]
+		q8 := o.Is8Bit(i)
+		g := &groups[boolIndex(decays(o.NoDecay, i))][boolIndex(q8)]
 		g[0], g[1] = append(g[0], o.params[i].Buf()), append(g[1], o.params[i].Grad().Buf())
-		g[2], g[3] = append(g[2], o.m[i].Buf()), append(g[3], o.v[i].Buf())
-	}
-	for d, g := range groups {
-		if len(g[0]) == 0 {
-			continue
+		if q8 {
+			g[2], g[3] = append(g[2], o.codes[i].Buf()), append(g[3], o.absmax[i].Buf())
+		} else {
+			g[2], g[3] = append(g[2], o.m[i].Buf()), append(g[3], o.v[i].Buf())
 		}
+	}
+	for d, byKind := range groups {
 		hp.WeightDecay = 0
 		if d == 1 {
 			hp.WeightDecay = float32(o.WeightDecay)
 		}
-		be.AdamW(hp, g[0], g[1], g[2], g[3])
+		for q8, g := range byKind {
+			switch {
+			case len(g[0]) == 0:
+			case q8 == 1:
+				be.AdamW8(hp, o.qmap.Buf(), g[0], g[1], g[2], g[3])
+			default:
+				be.AdamW(hp, g[0], g[1], g[2], g[3])
+			}
+		}
 	}
 }
 
@@ -405,13 +481,19 @@ func (o *AdamW) ZeroGrad() { zeroGrad(o.params) }
 // Params are the parameters.
 func (o *AdamW) Params() []*tensor.Tensor { return o.params }
 
-// State lists the moment estimates.
+// State lists the moment estimates: exp_avg and exp_avg_sq (F32), or for
+// 8-bit moments codes8 (U8) and absmax8 (F32), each followed by "." and
+// the parameter's index.
 func (o *AdamW) State() map[string]*tensor.Tensor {
 	s := map[string]*tensor.Tensor{}
 	for i := range o.params {
 		if o.m[i] != nil {
 			s[fmt.Sprintf("exp_avg.%d", i)] = o.m[i]
 			s[fmt.Sprintf("exp_avg_sq.%d", i)] = o.v[i]
+		}
+		if o.codes != nil && o.codes[i] != nil {
+			s[fmt.Sprintf("codes8.%d", i)] = o.codes[i]
+			s[fmt.Sprintf("absmax8.%d", i)] = o.absmax[i]
 		}
 	}
 	return s
@@ -428,26 +510,49 @@ func (o *AdamW) Counters() map[string]float64 {
 
 // LoadState restores moments, the step count and the learning rate.
 // Checkpoints with a step count per parameter ("step.<i>", from before the
-// count moved to the device) load with the largest.
+// count moved to the device) load with the largest. Moments held in 8 bits
+// load only into an AdamW that holds that parameter's in 8 bits, and F32
+// ones only into one that holds them in F32.
 func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	if lr, ok := c["lr"]; ok {
 		o.SetLR(lr)
 	}
 	step, ok := c["step"]
 	for i := range o.params {
-		m, okm := ts[fmt.Sprintf("exp_avg.%d", i)]
-		v, okv := ts[fmt.Sprintf("exp_avg_sq.%d", i)]
-		if okm != okv {
-			return fmt.Errorf("optimizer state of parameter %d has one moment but not the other", i)
+		pair, other := [2]string{"exp_avg", "exp_avg_sq"}, [2]string{"codes8", "absmax8"}
+		if o.Is8Bit(i) {
+			pair, other = other, pair
 		}
-		if !okm {
+		a, oka := ts[fmt.Sprintf("%s.%d", pair[0], i)]
+		b, okb := ts[fmt.Sprintf("%s.%d", pair[1], i)]
+		if okb != oka {
+			return fmt.Errorf("optimizer state of parameter %d has %s but not %s", i, pair[boolIndex(okb)], pair[boolIndex(oka)])
+		}
+		if _, found := ts[fmt.Sprintf("%s.%d", other[0], i)]; found {
+			want := "F32 (adamw)"
+			if o.Is8Bit(i) {
+				want = "8 bits (adamw8bit)"
+			}
+			return fmt.Errorf("optimizer state of parameter %d is %s; this optimizer holds its moments in %s", i, other[0], want)
+		}
+		if !oka {
 			continue
 		}
-		if err := copyState(&o.m[i], o.params[i], m, fmt.Sprintf("exp_avg.%d", i)); err != nil {
-			return err
-		}
-		if err := copyState(&o.v[i], o.params[i], v, fmt.Sprintf("exp_avg_sq.%d", i)); err != nil {
-			return err
+		p := o.params[i]
+		if o.Is8Bit(i) {
+			if err := loadAs(&o.codes[i], p.Device(), a, tensor.U8, append(p.Shape(), 2), fmt.Sprintf("codes8.%d", i)); err != nil {
+				return err
+			}
+			if err := loadAs(&o.absmax[i], p.Device(), b, tensor.F32, []int{kernels.Quant8Blocks(p.Numel()), 2}, fmt.Sprintf("absmax8.%d", i)); err != nil {
+				return err
+			}
+		} else {
+			if err := copyState(&o.m[i], p, a, fmt.Sprintf("exp_avg.%d", i)); err != nil {
+				return err
+			}
+			if err := copyState(&o.v[i], p, b, fmt.Sprintf("exp_avg_sq.%d", i)); err != nil {
+				return err
+			}
 		}
 		if !ok {
 			step = max(step, c[fmt.Sprintf("step.%d", i)])
@@ -459,14 +564,42 @@ func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) er
 	return nil
 }
 
+// loadAs copies src into *dst (made on dev if nil), checking it is of
+// dtype and shape.
+func loadAs(dst **tensor.Tensor, dev *tensor.Device, src *tensor.Tensor, dtype tensor.DType, shape []int, name string) error {
+	if src.DType() != dtype || !slices.Equal(src.Shape(), shape) {
+		return fmt.Errorf("optimizer state %s is %v %v, want %v %v", name, src.DType(), src.Shape(), dtype, shape)
+	}
+	if *dst == nil {
+		*dst = tensor.Empty(dev, dtype, shape...).Keep()
+	}
+	(*dst).Backend().Write((*dst).Buf(), src.Raw())
+	return nil
+}
+
+// releaseState releases the state tensors of the parameters idx in lists.
+func releaseState(idx []int, lists ...[]*tensor.Tensor) {
+	for _, i := range idx {
+		for _, l := range lists {
+			if l[i] != nil {
+				l[i].Release()
+				l[i] = nil
+			}
+		}
+	}
+}
+
 // Release releases the optimiser's state tensors.
 func (o *AdamW) Release() {
-	for i := range o.params {
-		if o.m[i] != nil {
-			o.m[i].Release()
-			o.v[i].Release()
-			o.m[i], o.v[i] = nil, nil
-		}
+	all := make([]int, len(o.params))
+	for i := range all {
+		all[i] = i
+	}
+	releaseState(all, o.m, o.v)
+	if o.qmap != nil {
+		releaseState(all, o.codes, o.absmax)
+		o.qmap.Release()
+		o.qmap = nil
 	}
 	if o.step != nil {
 		o.step.Release()

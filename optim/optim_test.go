@@ -338,12 +338,25 @@ func TestPerParameterMatchesStep(t *testing.T) { testPerParameterMatchesStep(t, 
 
 func testPerParameterMatchesStep(t *testing.T, dev *tensor.Device) {
 	grads := [][][]float32{{{0.2, -0.1}, {0.3, 0.4, -0.7}}, {{-0.5, 0.25}, {0.1, -0.2, 0.05}}, {{0.05, 0.6}, {-0.3, 0.9, 0.15}}}
+	// A third parameter large enough for adamw8bit's 8-bit moments.
+	ramp := func(n int, f func(i int) float32) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = f(i)
+		}
+		return v
+	}
+	c0 := ramp(Min8Bit+300, func(i int) float32 { return float32(math.Sin(float64(i))) })
+	for k := range grads {
+		grads[k] = append(grads[k], ramp(len(c0), func(i int) float32 { return float32(math.Cos(float64(i*(k+2)))) / float32(1+i%7) }))
+	}
 	for _, name := range OptimizerNames {
 		run := func(each bool) [][]float32 {
-			a, b := param(dev, 1, -2), param(dev, 0.5, 3, -1)
+			a, b, c := param(dev, 1, -2), param(dev, 0.5, 3, -1), param(dev, c0...)
 			defer a.Release()
 			defer b.Release()
-			o, err := NewNamed(name, []*tensor.Tensor{a, b}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: 0.05, NoDecay: []bool{false, true}})
+			defer c.Release()
+			o, err := NewNamed(name, []*tensor.Tensor{a, b, c}, Hyper{LR: 0.1, Momentum: 0.9, WeightDecay: 0.05, NoDecay: []bool{false, true, false}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -351,6 +364,7 @@ func testPerParameterMatchesStep(t *testing.T, dev *tensor.Device) {
 			for _, g := range grads {
 				setGrad(a, g[0]...)
 				setGrad(b, g[1]...)
+				setGrad(c, g[2]...)
 				if !each {
 					o.Step()
 					continue
@@ -361,9 +375,10 @@ func testPerParameterMatchesStep(t *testing.T, dev *tensor.Device) {
 				if b.Grad() != nil {
 					t.Errorf("%s: StepParam(1) left its gradient", name)
 				}
+				pp.StepParam(2)
 				pp.StepParam(0)
 			}
-			return [][]float32{a.Float32s(), b.Float32s()}
+			return [][]float32{a.Float32s(), b.Float32s(), c.Float32s()}
 		}
 		got, want := run(true), run(false)
 		for i := range want {

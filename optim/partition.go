@@ -42,12 +42,20 @@ func Partition(opt Optimizer, parts []*tensor.Tensor, of []int) (Optimizer, erro
 		p.Dampening, p.NoDecay = o.Dampening, noDecay(o.NoDecay)
 		return p, nil
 	case *AdamW:
+		if o.qmap != nil {
+			return nil, errNot8Bit
+		}
 		p := NewAdamW(parts, o.LR(), o.WeightDecay)
 		p.Beta1, p.Beta2, p.Eps, p.NoDecay = o.Beta1, o.Beta2, o.Eps, noDecay(o.NoDecay)
 		return p, nil
 	}
 	return nil, fmt.Errorf("optim: cannot partition a %T (SGD and AdamW only)", opt)
 }
+
+// errNot8Bit is why an AdamW with 8-bit moments is neither partitioned
+// (sharded, offloaded) nor told apart by StateKinds: its blocks of codes
+// belong to whole parameters on the device.
+var errNot8Bit = fmt.Errorf("optim: AdamW's 8-bit moments stay whole on the device: they are not sharded over ranks or offloaded to the host (use adamw)")
 
 // StateKinds are the kinds of tensor opt's State lists (the names before
 // the "."), whether or not a step has made them yet: exp_avg and
@@ -60,6 +68,9 @@ func StateKinds(opt Optimizer) ([]string, error) {
 		}
 		return []string{"momentum"}, nil
 	case *AdamW:
+		if o.qmap != nil {
+			return nil, errNot8Bit
+		}
 		return []string{"exp_avg", "exp_avg_sq"}, nil
 	}
 	return nil, fmt.Errorf("optim: the state of a %T is unknown (SGD and AdamW only)", opt)

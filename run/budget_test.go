@@ -22,8 +22,9 @@ func (gpuNamed) Name() string { return "cuda:0" }
 // parameters, gradients and AdamW state pass the budget, and whose
 // parameters and gradients alone do not, keeps its state in host memory,
 // planned before anything is built; otherwise the run is refused naming
-// the sizes, and nothing moves on the CPU, or where the user kept the state
-// on the device.
+// the sizes, and nothing moves on the CPU, where the user kept the state
+// on the device, or for 8-bit moments (which stay on the device, in a
+// quarter of the bytes).
 func TestBudgetOffloadsTheState(t *testing.T) {
 	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
 	if err != nil {
@@ -41,23 +42,27 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 	}
 	gpu, host := tensor.NewDevice(gpuNamed{cpu.New()}), tensor.NewDevice(cpu.New())
 	for _, c := range []struct {
-		name    string
-		dev     *tensor.Device
-		budget  int64
-		keep    bool
-		offload bool
-		says    string
+		name      string
+		dev       *tensor.Device
+		optimizer string
+		budget    int64
+		keep      bool
+		offload   bool
+		says      string
 	}{
-		{"the state to the host", gpu, params * 12, false, true, "the state goes to host memory (-offload-optimizer)"},
-		{"everything fits", gpu, params * 17, false, false, ""},
-		{"no budget", gpu, 0, false, false, ""},
-		{"the parameters alone too large", gpu, params * 7, false, false, "more than the"},
-		{"kept on the device", gpu, params * 12, true, false, "(-offload-optimizer keeps the state in host memory)"},
-		{"the CPU", host, params * 12, false, false, "more than the"},
+		{"the state to the host", gpu, "adamw", params * 12, false, true, "the state goes to host memory (-offload-optimizer)"},
+		{"everything fits", gpu, "adamw", params * 17, false, false, ""},
+		{"no budget", gpu, "adamw", 0, false, false, ""},
+		{"the parameters alone too large", gpu, "adamw", params * 7, false, false, "more than the"},
+		{"kept on the device", gpu, "adamw", params * 12, true, false,
+			"(-offload-optimizer keeps the state in host memory; -optimizer adamw8bit holds AdamW's moments in a quarter of the bytes)"},
+		{"8-bit moments fit", gpu, "adamw8bit", params * 11, false, false, ""},
+		{"8-bit moments stay on the device", gpu, "adamw8bit", params * 9, false, false, "adamw8bit's state, more than the"},
+		{"the CPU", host, "adamw", params * 12, false, false, "more than the"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var log bytes.Buffer
-			job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 1}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok},
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: c.optimizer, Batch: 1}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok},
 				MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep}
 			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log}
 			err := r.lookup()

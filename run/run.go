@@ -255,7 +255,7 @@ func (r *runner) lookup() (err error) {
 
 // stateFits refuses, before anything is built, a language model whose
 // parameters, gradients and optimizer state alone (F32: 4 bytes each, and
-// AdamW's two moments or SGD's momentum) pass the device's memory, or the
+// the optimizer's state, optim.StateBytes) pass the device's memory, or the
 // budget: no configuration of activations can make it fit. With the
 // optimizer offloaded, the device holds the parameters and gradients, and
 // the host their copies and the state (optim.Offload).
@@ -263,18 +263,15 @@ func (r *runner) stateFits() error {
 	if !r.arch.Text {
 		return nil
 	}
-	state := int64(8) // AdamW's moments
-	if r.cfg.Optimizer == "sgd" {
-		state = 4
-	}
 	g := r.arch.GPT
 	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
+	state := optim.StateBytes(r.cfg.Optimizer, params)
 	offload := r.cfg.Offloads(r.dev)
-	need, what := params*(4+4+state), fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
+	need, what := params*8+state, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
 	if offload {
-		need, what = params*(4+4), "with their gradients (the optimizer's state in host memory)"
-		if host, hostNeed := memory.HostMemory(), params*(4+4+state); hostNeed > host {
+		need, what = params*8, "with their gradients (the optimizer's state in host memory)"
+		if host, hostNeed := memory.HostMemory(), params*8+state; hostNeed > host {
 			return fmt.Errorf("model %s: -offload-optimizer keeps %s of copies of its %s parameters, their gradients and %s's state in host memory, and the host has %s",
 				r.cfg.Model, memory.Bytes(hostNeed), count(int(params)), r.cfg.Optimizer, memory.Bytes(host))
 		}
@@ -288,9 +285,16 @@ func (r *runner) stateFits() error {
 		return nil
 	}
 	if need > limit {
+		var hints []string
+		if !offload && r.dev.Name() != "cpu" && params*8 <= limit && r.cfg.Optimizer != "adamw8bit" {
+			hints = append(hints, "-offload-optimizer keeps the state in host memory")
+		}
+		if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
+			hints = append(hints, "-optimizer adamw8bit holds AdamW's moments in a quarter of the bytes")
+		}
 		hint := ""
-		if !offload && r.dev.Name() != "cpu" && params*8 <= limit {
-			hint = " (-offload-optimizer keeps the state in host memory)"
+		if len(hints) > 0 {
+			hint = " (" + strings.Join(hints, "; ") + ")"
 		}
 		return fmt.Errorf("model %s: its %s parameters take %s in F32 %s, more than the %s of %s%s",
 			r.cfg.Model, count(int(params)), memory.Bytes(need), what, memory.Bytes(limit), of, hint)
@@ -300,19 +304,20 @@ func (r *runner) stateFits() error {
 
 // offloadChosen turns Config.OffloadOptimizer on, and says so, when the
 // budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
-// sharded state) and it makes the state of params parameters (state bytes
-// of optimizer state each) fit: their F32 copies and gradients within
-// limit on the device, the rest within the host's memory.
+// sharded state, an optimizer whose state can move: not adamw8bit's) and
+// it makes params parameters with state bytes of optimizer state fit:
+// their F32 copies and gradients within limit on the device, the rest
+// within the host's memory.
 func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.Name() == "cpu" ||
-		params*8 > limit || params*(8+state) > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" || params*8 > limit || params*8+state > memory.HostMemory() {
 		return false
 	}
 	r.cfg.OffloadOptimizer = true
 	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
 		"the state goes to host memory (-offload-optimizer), %s there, %s on the device\n",
-		r.cfg.Model, count(int(params)), memory.Bytes(params*(8+state)), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(params*(8+state)), memory.Bytes(params*8))
+		r.cfg.Model, count(int(params)), memory.Bytes(params*8+state), r.cfg.Optimizer, memory.Bytes(limit), of,
+		memory.Bytes(params*8+state), memory.Bytes(params*8))
 	return true
 }
 

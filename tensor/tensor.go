@@ -43,9 +43,10 @@ const (
 	F16  = kernels.F16
 	BF16 = kernels.BF16
 	I32  = kernels.I32
+	U8   = kernels.U8
 )
 
-// ParseDType reads a dtype by its name: f32, f16, bf16 or i32; see
+// ParseDType reads a dtype by its name: f32, f16, bf16, i32 or u8; see
 // kernels.ParseDType.
 func ParseDType(s string) (DType, error) { return kernels.ParseDType(s) }
 
@@ -446,14 +447,22 @@ func (t *Tensor) Raw() []byte {
 	return raw
 }
 
-// Float32s returns a copy of t's elements as float32 (F16 and I32 converted).
+// Float32s returns a copy of t's elements as float32 (F16, BF16, I32 and
+// U8 converted).
 func (t *Tensor) Float32s() []float32 {
 	t.live()
 	t.dev.mustExchange("Float32s")
-	if t.dtype == F32 {
+	switch t.dtype {
+	case F32:
 		out := make([]float32, t.n)
 		if t.n > 0 {
 			t.Backend().Read(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*t.n), t.Buf())
+		}
+		return out
+	case U8:
+		out := make([]float32, t.n)
+		for i, b := range t.Raw() {
+			out[i] = float32(b)
 		}
 		return out
 	}

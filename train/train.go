@@ -43,7 +43,7 @@ type Config struct {
 	LR          float64 `json:"lr"`
 	Momentum    float64 `json:"momentum"`
 	WeightDecay float64 `json:"weight_decay"`
-	Optimizer   string  `json:"optimizer"`       // "sgd" (Nesterov) or "adamw"
+	Optimizer   string  `json:"optimizer"`       // "sgd" (Nesterov), "adamw" or "adamw8bit"
 	Beta2       float64 `json:"beta2,omitempty"` // AdamW's second-moment decay (0: 0.999)
 	// ClipNorm clips the gradients' global L2 norm to it before each
 	// update (0: no clipping).

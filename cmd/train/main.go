@@ -316,6 +316,9 @@ func (o *options) check() []string {
 	if o.shardOptimizer && o.offload {
 		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
 	}
+	if o.optimizer == "adamw8bit" && (o.offload || o.shardOptimizer) {
+		bad("-optimizer adamw8bit with %s: 8-bit moments stay whole on the device (use -optimizer adamw)", map[bool]string{true: "-offload-optimizer", false: "-shard-optimizer"}[o.offload])
+	}
 	gpu, index := o.device.CUDA()
 	switch {
 	case o.nproc < 1:

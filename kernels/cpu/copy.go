@@ -85,6 +85,11 @@ func (c *Backend) Fill(dst kernels.Buf, v float32) {
 		for i := range d {
 			d[i] = int32(v)
 		}
+	case kernels.U8:
+		d := raw(dst)[:dst.N]
+		for i := range d {
+			d[i] = uint8(v)
+		}
 	}
 }
 

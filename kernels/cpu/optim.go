@@ -104,20 +104,7 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	if skipped(hp.Skip) {
 		return
 	}
-	step := *counter(hp.Step)
-	if step < 1 {
-		panic(fmt.Sprintf("cpu: adamw step %d, want >= 1", step))
-	}
-	lr := f32s(hp.LR)[0]
-	bc1 := 1 - math.Pow(float64(hp.Beta1), float64(step))
-	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(step))
-	stepSize := float32(float64(lr) / bc1)
-	bc2Sqrt := float32(math.Sqrt(bc2))
-	a := adamw{decay: 1 - lr*hp.WeightDecay, b1: hp.Beta1, b2: hp.Beta2, c1: 1 - hp.Beta1, c2: 1 - hp.Beta2,
-		eps: hp.Eps, stepSize: stepSize, bc2Sqrt: bc2Sqrt, gs: 1} // a gradient times 1 is itself: one loop for both
-	if hp.GradScale.Valid() {
-		a.gs = f32s(hp.GradScale)[0]
-	}
+	a := adamwConstants(hp)
 	for t := range params {
 		p, gr, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
 		parallel(len(p), elemGrain, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) })
@@ -126,6 +113,24 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 
 // adamw is one AdamW step's constants, in locals for its loop.
 type adamw struct{ decay, b1, b2, c1, c2, eps, stepSize, bc2Sqrt, gs float32 }
+
+// adamwConstants are the constants of the AdamW step hp, its step count,
+// learning rate and gradient multiplier read from their buffers.
+func adamwConstants(hp kernels.AdamWParams) adamw {
+	step := *counter(hp.Step)
+	if step < 1 {
+		panic(fmt.Sprintf("cpu: adamw step %d, want >= 1", step))
+	}
+	lr := f32s(hp.LR)[0]
+	bc1 := 1 - math.Pow(float64(hp.Beta1), float64(step))
+	bc2 := 1 - math.Pow(float64(hp.Beta2), float64(step))
+	a := adamw{decay: 1 - float32(lr*hp.WeightDecay), b1: hp.Beta1, b2: hp.Beta2, c1: 1 - hp.Beta1, c2: 1 - hp.Beta2,
+		eps: hp.Eps, stepSize: float32(float64(lr) / bc1), bc2Sqrt: float32(math.Sqrt(bc2)), gs: 1} // a gradient times 1 is itself: one loop for both
+	if hp.GradScale.Valid() {
+		a.gs = f32s(hp.GradScale)[0]
+	}
+	return a
+}
 
 // update is the step over one stretch of a parameter, its gradient and
 // moments, in one pass: sixteen values an instruction with AVX-512
@@ -284,4 +289,57 @@ func (c *Backend) ClipGradNorm(grads []kernels.Buf, maxNorm float32, sumsq, norm
 			}
 		})
 	}
+}
+
+// AdamW8 is AdamW over 8-bit block-wise quantised moments
+// (kernels.OptimOps.AdamW8), block by block over the cores.
+func (c *Backend) AdamW8(hp kernels.AdamWParams, qmap kernels.Buf, params, grads, codes, absmax []kernels.Buf) {
+	kernels.CheckQuant8("adamw8", qmap, params, grads, codes, absmax)
+	kernels.CheckLen("adamw8 learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw8", hp.LR, hp.Skip, hp.GradScale)
+	kernels.CheckCounter("adamw8 step", hp.Step)
+	if skipped(hp.Skip) {
+		return
+	}
+	a := adamwConstants(hp)
+	maps := f32s(qmap)
+	for t := range params {
+		p, g, cs, am := f32s(params[t]), f32s(grads[t]), raw(codes[t]), f32s(absmax[t])
+		parallel(kernels.Quant8Blocks(len(p)), elemGrain/kernels.Quant8Block, func(lo, hi int) {
+			for b := lo; b < hi; b++ {
+				i0, i1 := b*kernels.Quant8Block, min((b+1)*kernels.Quant8Block, len(p))
+				a.update8(maps, p[i0:i1], g[i0:i1], cs[2*i0:2*i1], am[2*b:2*b+2])
+			}
+		})
+	}
+}
+
+// update8 is AdamW8's update of one block: its parameters p, gradients g,
+// codes (two a value) and absmax (two).
+func (a adamw) update8(maps, p, g []float32, codes []byte, absmax []float32) {
+	var m, s [kernels.Quant8Block]float32
+	signed, unsigned := maps[:256], maps[256:]
+	var mMax, sMax float32
+	for i, x := range p {
+		mi := signed[codes[2*i]] * absmax[0]
+		si := unsigned[codes[2*i+1]] * absmax[1]
+		gi := g[i] * a.gs
+		mi = float32(a.b1*mi) + float32(a.c1*gi)
+		vi := float32(a.b2*float32(si*si)) + float32(float32(a.c2*gi)*gi)
+		si = float32(math.Sqrt(float64(vi)))
+		p[i] = float32(x*a.decay) - float32(a.stepSize*mi)/(si/a.bc2Sqrt+a.eps)
+		m[i], s[i] = mi, si
+		mMax, sMax = max(mMax, float32(math.Abs(float64(mi)))), max(sMax, si)
+	}
+	for i := range p {
+		var qm, qs float32
+		if mMax > 0 {
+			qm = m[i] / mMax
+		}
+		if sMax > 0 {
+			qs = s[i] / sMax
+		}
+		codes[2*i], codes[2*i+1] = kernels.Quant8Code(signed, qm), kernels.Quant8Code(unsigned, qs)
+	}
+	absmax[0], absmax[1] = mMax, sMax
 }

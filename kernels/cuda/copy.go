@@ -46,6 +46,8 @@ func (b *Backend) Fill(dst kernels.Buf, v float32) {
 		b.d.must("cuMemsetD16Async", b.d.memsetD16Async(p, float16.Fromfloat32(v).Bits(), n, b.stream))
 	case kernels.BF16:
 		b.d.must("cuMemsetD16Async", b.d.memsetD16Async(p, bf16Bits(v), n, b.stream))
+	case kernels.U8:
+		b.d.must("cuMemsetD8Async", b.d.memsetD8Async(p, uint8(v), n, b.stream))
 	}
 }
 

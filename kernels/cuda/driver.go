@@ -67,6 +67,7 @@ type driverAPI struct {
 	memcpyDtoDAsync    func(dst, src uintptr, n uintptr, stream uintptr) cuResult
 	memsetD32Async     func(dst uintptr, v uint32, n uintptr, stream uintptr) cuResult
 	memsetD16Async     func(dst uintptr, v uint16, n uintptr, stream uintptr) cuResult
+	memsetD8Async      func(dst uintptr, v uint8, n uintptr, stream uintptr) cuResult
 	moduleLoadData     func(mod unsafe.Pointer, image unsafe.Pointer) cuResult
 	moduleUnload       func(mod uintptr) cuResult
 	moduleGetFunction  func(f unsafe.Pointer, mod uintptr, name unsafe.Pointer) cuResult
@@ -104,6 +105,7 @@ func (d *driverAPI) symbols() []symbol {
 		fn4("cuMemcpyHtoDAsync_v2", &d.memcpyHtoDAsync), fn4("cuMemcpyDtoHAsync_v2", &d.memcpyDtoHAsync),
 		fn4("cuMemcpyDtoDAsync_v2", &d.memcpyDtoDAsync),
 		fn4("cuMemsetD32Async", &d.memsetD32Async), fn4("cuMemsetD16Async", &d.memsetD16Async),
+		fn4("cuMemsetD8Async", &d.memsetD8Async),
 		fn2("cuModuleLoadData", &d.moduleLoadData), fn1("cuModuleUnload", &d.moduleUnload),
 		fn3("cuModuleGetFunction", &d.moduleGetFunction), fn11("cuLaunchKernel", &d.launchKernel),
 		fn3("cuFuncSetAttribute", &d.funcSetAttribute),

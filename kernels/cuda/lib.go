@@ -206,7 +206,7 @@ func cBytes(s string) []byte { return append([]byte(s), 0) }
 // word is a C function's argument: an integer, a handle or device address
 // (uintptr), or host memory (unsafe.Pointer).
 type word interface {
-	~uintptr | ~int | ~int32 | ~uint32 | ~uint16 | ~int64 | ~uint64 | unsafe.Pointer
+	~uintptr | ~int | ~int32 | ~uint32 | ~uint16 | ~uint8 | ~int64 | ~uint64 | unsafe.Pointer
 }
 
 // result is a C function's status or return value.

@@ -31,6 +31,13 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l 
 			}
 		}
 	}
+	b.multiGroups(lists, func(l tensorList, most int64) { launch(l, b.multiDims(most, int(l.count))) })
+}
+
+// multiGroups calls launch with the lists (checked by the caller) in
+// groups of mtMax tensors: each group's list, whose lengths are the first
+// list's, and its longest length.
+func (b *Backend) multiGroups(lists [][]kernels.Buf, launch func(l tensorList, most int64)) {
 	b.enter()
 	defer b.exit()
 	for lo := 0; lo < len(lists[0]); lo += mtMax {
@@ -45,7 +52,7 @@ func (b *Backend) multiTensor(name string, lists [][]kernels.Buf, launch func(l 
 			}
 		}
 		tl.count = int32(hi - lo)
-		launch(tl, b.multiDims(most, hi-lo))
+		launch(tl, most)
 	}
 }
 

@@ -20,6 +20,13 @@ type adamwMultiArgs struct {
 	Step, Skip, GradScale uintptr
 }
 
+type adamw8MultiArgs struct {
+	L                     tensorList
+	QMap, LR              uintptr
+	Beta1, Beta2, Eps, WD float32
+	Step, Skip, GradScale uintptr
+}
+
 type unscaleMultiArgs struct {
 	L            tensorList
 	Scale, Found uintptr
@@ -40,10 +47,27 @@ type incrementArgs struct {
 var (
 	kSGDMulti     = declareKernel[sgdMultiArgs]("sgd_multi")
 	kAdamWMulti   = declareKernel[adamwMultiArgs]("adamw_multi")
+	kAdamW8Multi  = declareKernel[adamw8MultiArgs]("adamw8_multi")
 	kUnscaleMulti = declareKernel[unscaleMultiArgs]("unscale_multi")
 	kUpdateScale  = declareKernel[updateScaleArgs]("update_scale")
 	kIncrement    = declareKernel[incrementArgs]("increment")
 )
+
+// AdamW8 updates every parameter over its 8-bit moments in one launch per
+// 32 tensors: a thread block a quantisation block (kernels.Quant8Block
+// threads), as many as fill the device for the largest tensor.
+func (b *Backend) AdamW8(hp kernels.AdamWParams, qmap kernels.Buf, params, grads, codes, absmax []kernels.Buf) {
+	kernels.CheckQuant8("adamw8", qmap, params, grads, codes, absmax)
+	kernels.CheckLen("adamw8 learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw8", hp.LR, hp.Skip, hp.GradScale)
+	kernels.CheckCounter("adamw8 step", hp.Step)
+	qm, lr, step, skip, gs := ptrOf(qmap), ptrOf(hp.LR), ptrOf(hp.Step), ptrOf(hp.Skip), ptrOf(hp.GradScale)
+	b.multiGroups([][]kernels.Buf{params, grads, codes, absmax}, func(l tensorList, most int64) {
+		blocks := int64(kernels.Quant8Blocks(int(most)))
+		d := dims{uint32(max(1, min(blocks, int64(8*b.sms)))), uint32(l.count), kernels.Quant8Block}
+		kAdamW8Multi.launch(b, 0, d, adamw8MultiArgs{l, qm, lr, hp.Beta1, hp.Beta2, hp.Eps, hp.WeightDecay, step, skip, gs})
+	})
+}
 
 // SGD updates every parameter in one launch per 32 tensors.
 func (b *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {

@@ -70,6 +70,7 @@ func prelude() string {
 	w("// ---- generated from Go by package cuda's Source: edit the Go side ----\n")
 	w("#define THREADS %d\n#define MT_MAX %d\n#define MAX_DIMS %d\n", blockSize, mtMax, kernels.MaxDims)
 	w("#define MAX_TOPN %d\n#define SAMPLE_ROUNDS %d\n", kernels.MaxTopN, kernels.SampleRounds)
+	w("#define QUANT8_BLOCK %d\n", kernels.Quant8Block)
 	w("#define FLASH_D %d\n#define FLASH_TILE %d\n#define FLASH_WG %d\n#define FLASH_FWD_WG %d\n#define F32_LD %d\n", flashD, flashTile,
 		flashWarpgroups, flashFwdWarpgroups, flash32LD)
 	w("#define LN_WARPS %d\n#define LN_BLOCKS %d\n#define LN_REG_COLS %d\n", lnWarps, lnBlocksPerSM, lnRegCols)

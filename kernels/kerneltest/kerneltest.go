@@ -121,6 +121,8 @@ func encode(dt kernels.DType, vals []float32) []byte {
 			*(*uint16)(unsafe.Pointer(&raw[2*i])) = float16.Fromfloat32(v).Bits()
 		case kernels.BF16:
 			*(*uint16)(unsafe.Pointer(&raw[2*i])) = bf16Bits(v)
+		case kernels.U8:
+			raw[i] = uint8(v)
 		}
 	}
 	return raw
@@ -138,6 +140,8 @@ func decode(dt kernels.DType, raw []byte) []float64 {
 			out[i] = float64(float16.Frombits(*(*uint16)(unsafe.Pointer(&raw[2*i]))).Float32())
 		case kernels.BF16:
 			out[i] = float64(math.Float32frombits(uint32(*(*uint16)(unsafe.Pointer(&raw[2*i]))) << 16))
+		case kernels.U8:
+			out[i] = float64(raw[i])
 		}
 	}
 	return out

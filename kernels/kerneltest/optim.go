@@ -125,6 +125,62 @@ var optimCases = []testCase{
 			s.t.Errorf("unscale did not flag an infinite gradient in tensor %d of %d", last, len(sizes))
 		}
 	}},
+	{"adamw8", func(s *suite) {
+		// Three steps (the gradients read through a multiplier, plain, then
+		// skipped) from random codes and scales over tensors whose lengths
+		// end inside a block, on one, and past one: every backend's codes
+		// are the CPU's (kernels.OptimOps.AdamW8 pins the rounding), so they
+		// must agree exactly, and the parameters with them.
+		sizes := s.manySizes(3000, 1, kernels.Quant8Block, kernels.Quant8Block+1, 4099, 65537)
+		var params, codes, absmax []pair
+		var pg, pr, gg, gr, cg, cr, ag, ar []kernels.Buf
+		for _, n := range sizes {
+			cs := make([]float32, 2*n)
+			for i := range cs {
+				cs[i] = float32(s.rng.IntN(256))
+			}
+			am := s.positive(2 * kernels.Quant8Blocks(n))
+			am[0] = 0 // a fresh block: zero moments whatever its codes
+			p, g, c, a := s.randIn(kernels.F32, n), s.randIn(kernels.F32, n), s.in(kernels.U8, cs), s.in(kernels.F32, am)
+			params, codes, absmax = append(params, p), append(codes, c), append(absmax, a)
+			pg, pr, gg, gr = append(pg, p.got), append(pr, p.ref), append(gg, g.got), append(gr, g.ref)
+			cg, cr, ag, ar = append(cg, c.got), append(cr, c.ref), append(ag, a.got), append(ar, a.ref)
+		}
+		qmap := s.in(kernels.F32, kernels.Quant8Maps)
+		lr, step := s.in(kernels.F32, []float32{1e-3}), s.in(kernels.I32, []float32{0, 0})
+		before := s.read(pg[0], s.got)
+		for k := 1; k <= 3; k++ {
+			skip := s.in(kernels.F32, []float32{0})
+			if k == 3 {
+				skip = s.in(kernels.F32, []float32{1})
+			}
+			s.got.Increment(step.got, 1, skip.got)
+			s.ref.Increment(step.ref, 1, skip.ref)
+			hg := kernels.AdamWParams{LR: lr.got, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: step.got, Skip: skip.got}
+			hr := hg
+			hr.LR, hr.Step, hr.Skip = lr.ref, step.ref, skip.ref
+			if k == 1 {
+				gs := s.in(kernels.F32, []float32{0.37})
+				hg.GradScale, hr.GradScale = gs.got, gs.ref
+			}
+			s.got.AdamW8(hg, qmap.got, pg, gg, cg, ag)
+			s.ref.AdamW8(hr, qmap.ref, pr, gr, cr, ar)
+		}
+		if slices.Equal(before, s.read(pg[0], s.got)) {
+			s.t.Errorf("adamw8: two steps left parameter 0 as it was")
+		}
+		for i, n := range sizes {
+			s.check(fmt.Sprintf("adamw8 param %d (%d values)", i, n), params[i], TolElementwise)
+			s.check(fmt.Sprintf("adamw8 absmax %d", i), absmax[i], 0)
+			got, ref := s.read(cg[i], s.got), s.read(cr[i], s.ref)
+			for j := range got {
+				if got[j] != ref[j] {
+					s.t.Errorf("adamw8 tensor %d (%d values): value %d's %s code is %v, the CPU's %v", i, n, j/2, []string{"first moment", "second moment root"}[j%2], got[j], ref[j])
+					break
+				}
+			}
+		}
+	}},
 	{"scaler", func(s *suite) {
 		// torch's _amp_update_scale_ over a sequence of clean and inf steps:
 		// growth every 3 clean steps, backoff (and a skipped step) on inf.

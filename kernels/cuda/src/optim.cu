@@ -222,3 +222,83 @@ extern "C" __global__ void scale_multi(TensorList L, const float* coef) {
     }
     for (i64 i = 4 * n4 + first; i < n; i += stride) P[i] *= c;
 }
+
+// Go's max of floats: NaN if either is (so a NaN moment poisons its block's
+// absmax, as on the CPU), else the larger.
+__device__ __forceinline__ float go_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+
+// quant8_code is kernels.Quant8Code: the index of the value of the
+// ascending code book m (256 values) nearest x, the lower of a tie.
+__device__ __forceinline__ unsigned char quant8_code(const float* m, float x) {
+    if (x <= m[0]) return 0;
+    if (x >= m[255]) return 255;
+    int lo = 0, hi = 255;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (m[mid] <= x) lo = mid;
+        else hi = mid;
+    }
+    return __fsub_rn(x, m[lo]) <= __fsub_rn(m[hi], x) ? lo : hi;
+}
+
+// AdamW over 8-bit block-wise quantised moments (kernels.OptimOps.AdamW8):
+// p[0] params, p[1] grads, p[2] codes (u8, two a value), p[3] absmax (two a
+// block). A thread block of QUANT8_BLOCK threads takes one quantisation
+// block at a time, a value a thread; the code books sit in shared memory.
+// Every operation is rounded as the CPU rounds it, so the codes match its.
+extern "C" __global__ void __launch_bounds__(QUANT8_BLOCK) adamw8_multi(TensorList L, const float* qmap, const float* lr_p, float beta1,
+                                                                      float beta2, float eps, float wd, const long long* step,
+                                                                      const float* skip, const float* gscale) {
+    kernel_entry();
+    if (skip && *skip != 0.f) return;
+    int t = blockIdx.y;
+    if (t >= L.count) return;
+    __shared__ float maps[512];
+    __shared__ float red[2][QUANT8_BLOCK / 32];
+    for (int k = threadIdx.x; k < 512; k += blockDim.x) maps[k] = qmap[k];
+    __syncthreads();
+    const float *signd = maps, *unsignd = maps + 256;
+    bool scaled = gscale != 0;
+    float gs = scaled ? *gscale : 1.f;
+    float lr = *lr_p;
+    double steps = (double)*step;
+    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, steps));
+    float decay = __fsub_rn(1.f, __fmul_rn(lr, wd));
+    float *P = L.p[0][t], *G = L.p[1][t], *A = L.p[3][t];
+    unsigned char* C = (unsigned char*)L.p[2][t];
+    i64 n = L.n[t], nb = (n + QUANT8_BLOCK - 1) / QUANT8_BLOCK;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 b = blockIdx.x; b < nb; b += gridDim.x) {
+        i64 i = b * QUANT8_BLOCK + threadIdx.x;
+        bool in = i < n;
+        float m = 0.f, s = 0.f;
+        float am = A[2 * b], as = A[2 * b + 1];
+        if (in) {
+            m = __fmul_rn(signd[C[2 * i]], am);
+            s = __fmul_rn(unsignd[C[2 * i + 1]], as);
+            float g = scaled ? __fmul_rn(G[i], gs) : G[i];
+            m = __fadd_rn(__fmul_rn(beta1, m), __fmul_rn(1.f - beta1, g));
+            float v = __fadd_rn(__fmul_rn(beta2, __fmul_rn(s, s)), __fmul_rn(__fmul_rn(1.f - beta2, g), g));
+            s = __fsqrt_rn(v);
+            float p = __fmul_rn(P[i], decay);
+            P[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), __fadd_rn(__fdiv_rn(s, bc2_sqrt), eps)));
+        }
+        // The block's largest |m| and s, NaN if any is.
+        float mx = fabsf(m), sx = s;
+        for (int o = 16; o > 0; o >>= 1) {
+            mx = go_max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            sx = go_max(sx, __shfl_xor_sync(0xffffffffu, sx, o));
+        }
+        __syncthreads(); // the last block's readers of red are done
+        if (lane == 0) red[0][warp] = mx, red[1][warp] = sx;
+        __syncthreads();
+        mx = red[0][0], sx = red[1][0];
+        for (int w = 1; w < QUANT8_BLOCK / 32; w++) mx = go_max(mx, red[0][w]), sx = go_max(sx, red[1][w]);
+        if (in) {
+            C[2 * i] = quant8_code(signd, mx > 0.f ? __fdiv_rn(m, mx) : 0.f);
+            C[2 * i + 1] = quant8_code(unsignd, sx > 0.f ? __fdiv_rn(s, sx) : 0.f);
+        }
+        if (threadIdx.x == 0) A[2 * b] = mx, A[2 * b + 1] = sx;
+    }
+}
