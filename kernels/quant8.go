@@ -55,28 +55,21 @@ func quant8Map(signed bool) []float32 {
 }
 
 // Quant8Code is the code of x in the code book m (256 ascending values):
-// the index of the value nearest x, the lower one of a tie, found by the
-// binary search that every backend's kernel runs, in float32.
+// the index of the value nearest x, the lower one of a tie, found as every
+// backend's kernel finds it, in float32: the last value not above x, by
+// eight halvings that compile without branches, then it or the next.
 func Quant8Code(m []float32, x float32) uint8 {
-	if x <= m[0] {
-		return 0
-	}
-	if x >= m[255] {
-		return 255
-	}
-	lo, hi := 0, 255 // m[lo] <= x < m[hi]
-	for hi-lo > 1 {
-		mid := (lo + hi) / 2
-		if m[mid] <= x {
-			lo = mid
-		} else {
-			hi = mid
+	m = m[:256]
+	lo := 0
+	for half := 128; half > 0; half >>= 1 {
+		if m[lo+half] <= x {
+			lo += half
 		}
 	}
-	if x-m[lo] <= m[hi]-x {
+	if lo == 255 || x-m[lo] <= m[lo+1]-x {
 		return uint8(lo)
 	}
-	return uint8(hi)
+	return uint8(lo + 1)
 }
 
 // CheckQuant8 panics unless AdamW8's lists agree: params and grads F32 of

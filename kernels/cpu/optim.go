@@ -318,7 +318,7 @@ func (c *Backend) AdamW8(hp kernels.AdamWParams, qmap kernels.Buf, params, grads
 // codes (two a value) and absmax (two).
 func (a adamw) update8(maps, p, g []float32, codes []byte, absmax []float32) {
 	var m, s [kernels.Quant8Block]float32
-	signed, unsigned := maps[:256], maps[256:]
+	signed, unsigned := maps[:256], maps[256:512]
 	var mMax, sMax float32
 	for i, x := range p {
 		mi := signed[codes[2*i]] * absmax[0]
@@ -339,7 +339,83 @@ func (a adamw) update8(maps, p, g []float32, codes []byte, absmax []float32) {
 		if sMax > 0 {
 			qs = s[i] / sMax
 		}
-		codes[2*i], codes[2*i+1] = kernels.Quant8Code(signed, qm), kernels.Quant8Code(unsigned, qs)
+		codes[2*i], codes[2*i+1] = quant8Signed.code(qm), quant8Unsigned.code(qs)
 	}
 	absmax[0], absmax[1] = mMax, sMax
+}
+
+// quant8Book is a code book (kernels.Quant8Maps' halves) with a table that
+// finds a value's code without a branch: guess[b] is the last code not
+// above any value of bucket b, where a value's bucket is its sign, its
+// binary exponent from 2⁻⁴⁰ (smaller ones share the lowest) to 2⁰, and
+// the top 7 bits of its mantissa; from it, code steps up (quant8Steps
+// times at most, as the table's making checks) to the last value not above
+// x, and rounds to the nearer neighbour: the codes of kernels.Quant8Code,
+// whose eight dependent halvings cost 50 ns a parameter here.
+type quant8Book struct {
+	book  [257]float32 // the 256 values, then +Inf
+	guess [2 * quant8Exps * 128]uint8
+}
+
+// quant8Exps are the binary exponents the table tells apart, and
+// quant8Steps the most codes past its guess a value of a bucket can be.
+const quant8Exps, quant8Steps = 41, 2
+
+var quant8Signed, quant8Unsigned = newQuant8Book(kernels.Quant8Maps[:256]), newQuant8Book(kernels.Quant8Maps[256:512])
+
+func newQuant8Book(book []float32) *quant8Book {
+	q := &quant8Book{}
+	copy(q.book[:], book)
+	q.book[256] = float32(math.Inf(1))
+	last := func(v float64) int { // the last code not above v (0 if none)
+		g := 0
+		for i, b := range book {
+			if float64(b) <= v {
+				g = i
+			}
+		}
+		return g
+	}
+	for sign := range 2 {
+		for e := range quant8Exps {
+			for m := range 128 {
+				scale := math.Ldexp(1, e-quant8Exps+1)
+				lo, hi := scale*(1+float64(m)/128), scale*(1+float64(m+1)/128) // the bucket's values' magnitudes
+				if e == 0 {
+					lo = 0 // the smaller exponents too, down to 0
+				}
+				if sign == 1 {
+					lo, hi = -hi, -lo
+				}
+				g := last(lo)
+				if steps := last(hi) - g; steps > quant8Steps {
+					panic(fmt.Sprintf("cpu: 8-bit code book: %d codes in the bucket [%v, %v]", steps, lo, hi))
+				}
+				q.guess[(sign*quant8Exps+e)*128+m] = uint8(g)
+			}
+		}
+	}
+	return q
+}
+
+// code is kernels.Quant8Code(book, x).
+func (q *quant8Book) code(x float32) uint8 {
+	b := math.Float32bits(x)
+	e := int(b>>23&0xff) - (127 - quant8Exps + 1)
+	if e >= quant8Exps { // |x| ≥ 2, an infinity or a NaN: not in the table
+		return kernels.Quant8Code(q.book[:256], x)
+	}
+	lo := int(q.guess[(int(b>>31)*quant8Exps+max(e, 0))*128+int(b>>16&0x7f)])
+	for range quant8Steps {
+		lo += b2i(q.book[lo+1] <= x)
+	}
+	return uint8(lo + b2i(!(x-q.book[lo] <= q.book[lo+1]-x)))
+}
+
+// b2i is 1 for true, 0 for false (a SETcc, not a branch).
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -94,3 +94,34 @@ func nearest64(book []float32, x float64) int {
 	}
 	return best
 }
+
+// TestQuant8TableMatchesSearch: the CPU's table finds kernels.Quant8Code's
+// code for every value of each code book, the midpoints between them and
+// just beside each, zeros of both signs, the ends and past them, NaN, and
+// random values of every scale.
+func TestQuant8TableMatchesSearch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 8))
+	for k, q := range []*quant8Book{quant8Signed, quant8Unsigned} {
+		book := kernels.Quant8Maps[256*k : 256*k+256]
+		xs := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 2, -2, 1.5, -1.5, 1e-30, -1e-30, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+		for i, v := range book {
+			xs = append(xs, v, math.Nextafter32(v, 2), math.Nextafter32(v, -2))
+			if i < 255 {
+				mid := (v + book[i+1]) / 2
+				xs = append(xs, mid, math.Nextafter32(mid, 2), math.Nextafter32(mid, -2))
+			}
+		}
+		for range 200000 {
+			x := float32(math.Pow(10, -12*rng.Float64()))
+			if rng.IntN(2) == 0 {
+				x = -x
+			}
+			xs = append(xs, x)
+		}
+		for _, x := range xs {
+			if got, want := q.code(x), kernels.Quant8Code(book, x); got != want {
+				t.Fatalf("book %d: the table's code of %v is %d, the search's %d", k, x, got, want)
+			}
+		}
+	}
+}

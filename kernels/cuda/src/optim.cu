@@ -230,15 +230,11 @@ __device__ __forceinline__ float go_max(float a, float b) { return (a != a || b 
 // quant8_code is kernels.Quant8Code: the index of the value of the
 // ascending code book m (256 values) nearest x, the lower of a tie.
 __device__ __forceinline__ unsigned char quant8_code(const float* m, float x) {
-    if (x <= m[0]) return 0;
-    if (x >= m[255]) return 255;
-    int lo = 0, hi = 255;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) >> 1;
-        if (m[mid] <= x) lo = mid;
-        else hi = mid;
-    }
-    return __fsub_rn(x, m[lo]) <= __fsub_rn(m[hi], x) ? lo : hi;
+    int lo = 0;
+#pragma unroll
+    for (int half = 128; half > 0; half >>= 1)
+        if (m[lo + half] <= x) lo += half;
+    return (lo == 255 || __fsub_rn(x, m[lo]) <= __fsub_rn(m[lo + 1], x)) ? lo : lo + 1;
 }
 
 // AdamW over 8-bit block-wise quantised moments (kernels.OptimOps.AdamW8):
