@@ -31,23 +31,21 @@ var optimizers = []struct {
 		o.NoDecay = h.NoDecay
 		return o
 	}},
-	{"adamw", func(ps []*tensor.Tensor, h Hyper) Optimizer {
-		o := NewAdamW(ps, h.LR, h.WeightDecay)
-		if h.Beta2 > 0 {
-			o.Beta2 = h.Beta2
-		}
-		o.NoDecay = h.NoDecay
-		return o
-	}},
+	{"adamw", adamW(NewAdamW)},
 	// AdamW with its larger parameters' moments in 8 bits a value.
-	{"adamw8bit", func(ps []*tensor.Tensor, h Hyper) Optimizer {
-		o := NewAdamW8bit(ps, h.LR, h.WeightDecay)
+	{"adamw8bit", adamW(NewAdamW8bit)},
+}
+
+// adamW makes an AdamW by newAdamW with the hyper-parameters h.
+func adamW(newAdamW func(params []*tensor.Tensor, lr, weightDecay float64) *AdamW) func([]*tensor.Tensor, Hyper) Optimizer {
+	return func(ps []*tensor.Tensor, h Hyper) Optimizer {
+		o := newAdamW(ps, h.LR, h.WeightDecay)
 		if h.Beta2 > 0 {
 			o.Beta2 = h.Beta2
 		}
 		o.NoDecay = h.NoDecay
 		return o
-	}},
+	}
 }
 
 var schedules = []struct {

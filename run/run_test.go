@@ -60,13 +60,10 @@ func TestCPUDefaults(t *testing.T) {
 	}
 }
 
-// TestTrainGPT is the text job on the Brown corpus, shrunk to seconds (a
-// byte-level vocabulary keeps the classifier small under the race
-// detector): the validation loss must fall well below a uniform guess's
-// ln 256 = 5.55 and keep falling, the report must say what a text run is,
-// and nothing may stay allocated.
-func TestTrainGPT(t *testing.T) {
-	race.Skip(t, "go test ./run -run TestTrainGPT")
+// brownBytes is the Brown corpus under the byte tokenizer, or a skip where
+// the machine lacks it (a failure under LEANGRAD_REQUIRE_DATA).
+func brownBytes(t *testing.T) *datasets.Corpus {
+	t.Helper()
 	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +75,17 @@ func TestTrainGPT(t *testing.T) {
 		}
 		t.Skip(err)
 	}
+	return corpus
+}
+
+// TestTrainGPT is the text job on the Brown corpus, shrunk to seconds (a
+// byte-level vocabulary keeps the classifier small under the race
+// detector): the validation loss must fall well below a uniform guess's
+// ln 256 = 5.55 and keep falling, the report must say what a text run is,
+// and nothing may stay allocated.
+func TestTrainGPT(t *testing.T) {
+	race.Skip(t, "go test ./run -run TestTrainGPT")
+	corpus := brownBytes(t)
 	dev := tensor.NewDevice(cpu.New())
 	var log bytes.Buffer
 	job := Job{Config: train.Config{Model: "gpt-mini", Dataset: corpus.Name, Steps: 80, Batch: 8, LR: 3e-3, Optimizer: "adamw", Beta2: 0.99,
@@ -126,17 +134,7 @@ func TestTrainGPT(t *testing.T) {
 // 3.
 func TestAdamW8bitFollowsAdamW(t *testing.T) {
 	race.Skip(t, "go test ./run -run TestAdamW8bitFollowsAdamW")
-	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	corpus, err := datasets.OpenBrown(context.Background(), datasets.Source{Roots: []string{os.Getenv("LEANGRAD_DATA")}}, tok)
-	if err != nil {
-		if os.Getenv("LEANGRAD_REQUIRE_DATA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	corpus := brownBytes(t)
 	dev := tensor.NewDevice(cpu.New())
 	losses := map[string][]float64{}
 	for _, opt := range []string{"adamw", "adamw8bit"} {

@@ -40,20 +40,33 @@ __device__ __forceinline__ void adamw_step(float& p, float g, float& m, float& v
     p = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2_sqrt), eps)));
 }
 
+// adamw_consts are an AdamW step's constants, from the learning rate, the
+// step count and the gradient multiplier read on the device, rounded as the
+// CPU rounds them.
+struct adamw_consts {
+    bool scaled;
+    float gs, step_size, bc2_sqrt, decay;
+    __device__ adamw_consts(const float* lr_p, float beta1, float beta2, float wd, const long long* step, const float* gscale) {
+        scaled = gscale != 0;
+        gs = scaled ? *gscale : 1.f;
+        float lr = *lr_p;
+        double steps = (double)*step;
+        step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
+        bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, steps));
+        decay = __fsub_rn(1.f, __fmul_rn(lr, wd));
+    }
+};
+
 extern "C" __global__ void adamw_multi(TensorList L, const float* lr_p, float beta1, float beta2, float eps, float wd,
                                        const long long* step, const float* skip, const float* gscale) {
     kernel_entry();
     if (skip && *skip != 0.f) return;
-    bool scaled = gscale != 0;
-    float gs = scaled ? *gscale : 1.f;
-    float lr = *lr_p;
-    double steps = (double)*step;
-    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, steps));
+    adamw_consts c(lr_p, beta1, beta2, wd, step, gscale);
+    bool scaled = c.scaled;
+    float gs = c.gs, step_size = c.step_size, bc2_sqrt = c.bc2_sqrt, decay = c.decay;
     int t = blockIdx.y;
     if (t >= L.count) return;
     float *P = L.p[0][t], *G = L.p[1][t], *M = L.p[2][t], *V = L.p[3][t];
-    float decay = 1.f - lr * wd;
     i64 n = L.n[t], n4 = vec4(P) && vec4(G) && vec4(M) && vec4(V) ? n / 4 : 0;
     i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
     // Four elements an access where the tensors allow.
@@ -254,13 +267,9 @@ extern "C" __global__ void __launch_bounds__(QUANT8_BLOCK) adamw8_multi(TensorLi
     for (int k = threadIdx.x; k < 512; k += blockDim.x) maps[k] = qmap[k];
     __syncthreads();
     const float *signd = maps, *unsignd = maps + 256;
-    bool scaled = gscale != 0;
-    float gs = scaled ? *gscale : 1.f;
-    float lr = *lr_p;
-    double steps = (double)*step;
-    float step_size = (float)((double)lr / (1.0 - pow((double)beta1, steps)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, steps));
-    float decay = __fsub_rn(1.f, __fmul_rn(lr, wd));
+    adamw_consts c(lr_p, beta1, beta2, wd, step, gscale);
+    bool scaled = c.scaled;
+    float gs = c.gs, step_size = c.step_size, bc2_sqrt = c.bc2_sqrt, decay = c.decay;
     float *P = L.p[0][t], *G = L.p[1][t], *A = L.p[3][t];
     unsigned char* C = (unsigned char*)L.p[2][t];
     i64 n = L.n[t], nb = (n + QUANT8_BLOCK - 1) / QUANT8_BLOCK;
