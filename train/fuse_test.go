@@ -94,8 +94,8 @@ func TestFuseOptimizerRefuses(t *testing.T) {
 		set  func(*Config)
 		want string
 	}{
-		{"clipping", func(c *Config) { c.ClipNorm = 1 }, "clipping to a norm of 1 needs every gradient"},
-		{"F16 AMP", func(c *Config) { c.AMP = AMPF16 }, "F16 AMP's loss scaling"},
+		{"clipping", func(c *Config) { c.ClipNorm = 1 }, "(-fuse-optimizer) with -clip 1: clipping needs every gradient"},
+		{"F16 AMP", func(c *Config) { c.AMP = AMPF16 }, "with -amp-dtype f16: F16's loss scaling"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := baseConfig("tiny")

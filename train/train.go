@@ -481,21 +481,32 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 // fusable says why cfg's optimizer cannot be fused into the backward
 // (Config.FuseOptimizer), or nil.
 func fusable(cfg Config, dev *tensor.Device, opt optim.Optimizer) error {
-	why := ""
-	switch _, ok := opt.(optim.PerParameter); {
-	case !ok:
-		why = fmt.Sprintf("the %s optimizer updates all of its parameters at once", cfg.Optimizer)
-	case cfg.ClipNorm > 0:
-		why = fmt.Sprintf("clipping to a norm of %v needs every gradient before the first update", cfg.ClipNorm)
-	case cfg.Autocast() == tensor.F16:
-		why = "F16 AMP's loss scaling skips a step whose gradients overflow, known only after the last (BF16 AMP needs none)"
-	case cfg.Offloads(dev):
-		why = "the offloaded optimizer updates on the host after the backward"
+	why := FuseRefusal(cfg.ClipNorm, cfg.AMP, cfg.Offloads(dev), 1)
+	if _, ok := opt.(optim.PerParameter); !ok {
+		why = fmt.Sprintf("the %s optimizer: it updates all of its parameters at once", cfg.Optimizer)
 	}
 	if why != "" {
-		return fmt.Errorf("fusing the optimizer into the backward: %s", why)
+		return fmt.Errorf("fusing the optimizer into the backward (-fuse-optimizer) with %s", why)
 	}
 	return nil
+}
+
+// FuseRefusal says why an optimizer cannot be fused into the backward
+// (Config.FuseOptimizer) beside clipping to clip, amp, an offloaded
+// optimizer or a data-parallel job of ranks processes, naming the
+// command's flag, or "" where nothing stops it.
+func FuseRefusal(clip float64, amp AMP, offload bool, ranks int) string {
+	switch {
+	case clip > 0:
+		return fmt.Sprintf("-clip %v: clipping needs every gradient before the first update (-clip -1 turns it off)", clip)
+	case amp == AMPF16:
+		return "-amp-dtype f16: F16's loss scaling skips a step whose gradients overflow, known only after the last (use -amp-dtype bf16)"
+	case offload:
+		return "-offload-optimizer: choose one (the update in the backward on the device, or after it on the host)"
+	case ranks > 1:
+		return fmt.Sprintf("-nproc %d: a data-parallel step updates after the gradients are all-reduced", ranks)
+	}
+	return ""
 }
 
 // Release frees the step's, the optimiser's and the scaler's state (the

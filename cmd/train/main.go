@@ -303,15 +303,17 @@ func (o *options) check() []string {
 	if _, inJob, _ := cmdenv.Job(); o.shardOptimizer && o.nproc == 1 && !inJob {
 		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 	}
-	switch {
-	case o.fuse && o.set["clip"] && o.clip > 0:
-		bad("-fuse-optimizer with -clip %v: clipping needs every gradient before the first update (-clip -1 turns it off)", o.clip)
-	case o.fuse && o.amp && o.ampDType == train.AMPF16:
-		bad("-fuse-optimizer with -amp-dtype f16: F16's loss scaling skips a step whose gradients overflow, known only after the last (use -amp-dtype bf16)")
-	case o.fuse && o.offload:
-		bad("-fuse-optimizer with -offload-optimizer: choose one (the update in the backward on the device, or after it on the host)")
-	case o.fuse && o.nproc > 1:
-		bad("-fuse-optimizer with -nproc %d: a data-parallel step updates after the gradients are all-reduced", o.nproc)
+	if o.fuse {
+		clip, amp := 0.0, train.NoAMP // a GPT's default clip is turned off for it
+		if o.set["clip"] {
+			clip = o.clip
+		}
+		if o.amp {
+			amp = o.ampDType
+		}
+		if why := train.FuseRefusal(clip, amp, o.offload, o.nproc); why != "" {
+			bad("-fuse-optimizer with %s", why)
+		}
 	}
 	if o.shardOptimizer && o.offload {
 		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
