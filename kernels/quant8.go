@@ -55,8 +55,8 @@ func quant8Map(signed bool) []float32 {
 }
 
 // Quant8Code is the code of x in the code book m (256 ascending values):
-// the index of the value nearest x, the lower one of a tie, found as every
-// backend's kernel finds it, in float32: the last value not above x, by
+// the index of the value nearest x, the lower one of a tie, in float32 (the
+// code every backend's kernel must give): the last value not above x, by
 // eight halvings that compile without branches, then it or the next.
 func Quant8Code(m []float32, x float32) uint8 {
 	m = m[:256]

@@ -305,17 +305,10 @@ func (o *SGD) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) erro
 	return nil
 }
 
-// copyState copies src into *dst (made like p if nil), checking the shape.
+// copyState copies src into *dst (made like p if nil), checking that it
+// is F32 of p's shape.
 func copyState(dst **tensor.Tensor, p, src *tensor.Tensor, name string) error {
-	if !src.SameShape(p) || src.DType() != tensor.F32 {
-		return fmt.Errorf("optimizer state %s is %v %v, its parameter is f32 %v", name, src.DType(), src.Shape(), p.Shape())
-	}
-	if *dst == nil {
-		*dst = stateTensor(p)
-	}
-	raw := src.Raw()
-	(*dst).Backend().Write((*dst).Buf(), raw)
-	return nil
+	return loadAs(dst, p.Device(), src, tensor.F32, p.Shape(), name)
 }
 
 // Release releases the optimiser's state tensors.
