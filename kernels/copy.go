@@ -50,19 +50,44 @@ type CopyOps interface {
 
 // PinnedCopier is a backend that copies between its device and page-locked
 // host memory directly, without staging through buffers of its own (the
-// CUDA backend: such copies run at the bus's speed and need no host
-// thread). Package tensor's Device.Pinned makes a host device over it.
+// CUDA backend: such copies run at the bus's speed on the copy engines and
+// need no host thread). Package tensor's Device.Pinned makes a host device
+// over it.
+//
+// Note [copies beside the stream]: StartRead and StartWrite queue their
+// copies on two streams of their own, one each way, so that a copy down
+// and a copy up run at once and neither holds up the kernels queued after
+// it. Each copy waits for the work queued on the backend's stream before
+// it; nothing queued on the backend's stream after it waits for it: a
+// reader waits for a read with its Transfer, and the stream for the writes
+// with JoinWrites. So the buffers a copy reads or writes must not change,
+// nor be freed, until then.
 type PinnedCopier interface {
 	// PinnedSource is a raw allocator of page-locked host memory (its
 	// segments fill Segment.Host): a CPU backend's pool over it holds host
-	// tensors that Read fills and WritePinned sends in one direct copy.
+	// tensors that Read fills and StartRead and StartWrite copy directly.
 	PinnedSource() memory.Source
 
-	// WritePinned queues a copy of src, which must lie in memory from
-	// PinnedSource, into dst and returns at once: src must not change
-	// until the device has passed the copy, that is until a later Read or
-	// Synchronize returns.
-	WritePinned(dst Buf, src []byte)
+	// StartRead queues a copy of src into dst, which must lie in memory
+	// from PinnedSource, after the work queued so far, and returns at
+	// once: dst holds src once the Transfer's Wait returns, which every
+	// StartRead must be given.
+	StartRead(dst []byte, src Buf) Transfer
+
+	// StartWrite queues a copy of src, which must lie in memory from
+	// PinnedSource, into dst after the work queued so far, and returns at
+	// once: the work queued after JoinWrites sees it.
+	StartWrite(dst Buf, src []byte)
+
+	// JoinWrites makes the work queued from now on wait for every
+	// StartWrite so far.
+	JoinWrites()
+}
+
+// Transfer is a copy under way (PinnedCopier.StartRead).
+type Transfer interface {
+	// Wait returns once the copy is done; later calls return at once.
+	Wait()
 }
 
 // CheckTranspose checks a transposition's buffers: one dtype, t.Len()

@@ -18,20 +18,26 @@ import (
 // optimiser's state (AdamW's two moments: 8 bytes a parameter the device
 // no longer holds), and the update runs on the host's cores.
 //
-// Note [the offloaded step]: a step reads the skip flag and the gradients'
-// multiplier from the device (so it waits for the backward), then streams
-// the parameters through three stages: each gradient comes down into its
-// host copy, the host updates that parameter with the optimiser of its own
-// (multi-threaded, fused over parameter, moments and gradient), and the
-// parameter goes back up, while the next gradient already comes down. In
-// the device's page-locked memory (tensor's Device.Pinned) each copy is one
-// direct transfer by the copy engines; in ordinary host memory it goes
-// through the backend's staging buffers, at a fraction of the speed. A
-// parameter's upload is queued, not waited for: its host copy changes next
-// in the next step's update, after that step's gradient has come down,
-// which waits for everything queued before it. The
-// device copy of a parameter is its host copy after every step, so the
-// host's is the master. The update of a parameter is the on-device
+// Note [the offloaded step]: the backward hands each parameter to Ready
+// as soon as its gradient is finished (autograd.OnGradReady), and Ready
+// starts that gradient's copy into its host copy, so that the gradients
+// come down during the rest of the backward. A step reads the skip flag
+// and the gradients' multiplier from the device (so it waits for the
+// backward), starts the copies of the gradients Ready was not given, then
+// streams the parameters: as each gradient is down, the host updates
+// that parameter with the optimiser of its own (multi-threaded, fused
+// over parameter, moments and gradient) and its copy up is queued. In the
+// device's page-locked memory (tensor's Device.Pinned) each copy is one
+// direct transfer by the copy engines, down and up on streams of their
+// own beside the kernels (Note [copies beside the stream] in kernels); in
+// ordinary host memory it goes through the backend's staging buffers, at
+// a fraction of the speed, and Ready copies at once. The step ends by
+// making the device's later work wait for the copies up; a parameter's
+// host copy changes next in the next step's update, after that step's
+// gradient has come down, which follows them. The device copy of a
+// parameter is its host copy after every step, so the host's is the
+// master. A gradient must not change after Ready and is read until the
+// step (or ZeroGrad) returns. The update of a parameter is the on-device
 // optimiser's own arithmetic run by the host's backend: on a CPU device
 // an offloaded run equals an unoffloaded one bit for bit. Each parameter
 // counts its own steps (as PyTorch does) where the on-device AdamW keeps
@@ -39,15 +45,20 @@ import (
 // some steps. Because the host reads the device, a step with an offloaded
 // optimiser cannot be captured as a graph (train runs it eagerly).
 type Offloaded struct {
-	params []*tensor.Tensor     // on the device
-	host   []*tensor.Tensor     // their copies in host memory, each with its gradient's copy
-	up     kernels.PinnedCopier // the device's backend when host is its page-locked memory (nil: staged copies)
-	inner  []Optimizer          // inner[i] updates host[i]
-	mult   *tensor.Tensor       // host F32[1]: the gradients' multiplier of the step
+	params []*tensor.Tensor       // on the device
+	slot   map[*tensor.Tensor]int // a parameter's index in params
+	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy
+	pc     kernels.PinnedCopier   // the device's backend when host is its page-locked memory (nil: staged copies)
+	inner  []Optimizer            // inner[i] updates host[i]
+	mult   *tensor.Tensor         // host F32[1]: the gradients' multiplier of the step
 	lr     float64
 	kinds  []string
-	steps  int           // updates taken
-	took   time.Duration // by them, from the gradients' first byte down to the parameters' last queued up
+	down   []kernels.Transfer // down[i]: gradient i's copy into host[i]'s, started this step (nil: not started)
+	early  []bool             // early[i]: Ready started down[i]
+	steps  int                // updates taken
+	took   time.Duration      // by them, from the step's call to the parameters' last copy queued up
+	hidden int64              // gradients' bytes Ready started down, over the steps
+	total  int64              // gradients' bytes down, over the steps
 }
 
 // Offload moves opt's state to host, a host device: the device's Pinned
@@ -65,7 +76,8 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 		return nil, fmt.Errorf("optim: offloading an optimizer that has taken steps (its state would be lost)")
 	}
 	params := opt.Params()
-	o = &Offloaded{params: params, lr: opt.LR(), kinds: kinds}
+	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds,
+		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params))}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -74,11 +86,12 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}()
 	if len(params) > 0 {
 		if pc, ok := params[0].Backend().(kernels.PinnedCopier); ok && host.Allocator().Source() == pc.PinnedSource() {
-			o.up = pc
+			o.pc = pc
 		}
 	}
 	o.mult = tensor.Zeros(host, tensor.F32, 1).Keep()
 	for i, p := range params {
+		o.slot[p] = i
 		h := tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
 		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
 		o.host = append(o.host, h)
@@ -92,6 +105,53 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	return o, nil
 }
 
+// Ready is the backward's hook (autograd.OnGradReady): it starts the copy
+// of leaf's gradient, which the backward has finished, into host memory
+// (Note [the offloaded step]). Leaves that are not the optimiser's
+// parameters are ignored. Give it only to the backward that finishes the
+// gradients (a step's last micro-batch).
+func (o *Offloaded) Ready(leaf *tensor.Tensor) {
+	i, ok := o.slot[leaf]
+	if !ok || leaf.Grad() == nil {
+		return
+	}
+	o.early[i] = true
+	o.startDown(i) // again for a gradient finished twice: the later copy lands last
+}
+
+// startDown starts gradient i's copy into its host copy (at once, through
+// the staging buffers, without page-locked memory).
+func (o *Offloaded) startDown(i int) {
+	p := o.params[i]
+	g := p.Grad()
+	if g.DType() != tensor.F32 || !g.SameShape(p) {
+		panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want f32 %v", i, g.DType(), g.Shape(), p.Shape()))
+	}
+	if o.pc != nil {
+		o.down[i] = o.pc.StartRead(hostBytes(o.host[i].Grad()), g.Buf())
+		return
+	}
+	p.Backend().Read(hostBytes(o.host[i].Grad()), g.Buf())
+	o.down[i] = done{}
+}
+
+// done is a copy already done.
+type done struct{}
+
+func (done) Wait() {}
+
+// settle waits for the gradients' copies under way and forgets them: the
+// device's gradients may change after it.
+func (o *Offloaded) settle() {
+	for i, d := range o.down {
+		if d != nil {
+			d.Wait()
+			o.down[i] = nil
+		}
+		o.early[i] = false
+	}
+}
+
 // Step updates every parameter that has a gradient.
 func (o *Offloaded) Step() { o.StepScaled(kernels.Buf{}, kernels.Buf{}) }
 
@@ -102,6 +162,7 @@ func (o *Offloaded) StepUnless(skip kernels.Buf) { o.StepScaled(kernels.Buf{}, s
 // element, on the device; invalid: 1) as the update reads it (Note [the
 // offloaded step]).
 func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
+	defer o.settle()
 	if len(o.params) == 0 {
 		return
 	}
@@ -118,6 +179,13 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}
 	start := time.Now()
 	defer func() { o.steps, o.took = o.steps+1, o.took+time.Since(start) }()
+	if o.pc != nil { // the rest come down at once, behind those Ready started
+		for i, p := range o.params {
+			if p.Grad() != nil && o.down[i] == nil {
+				o.startDown(i)
+			}
+		}
+	}
 	ready := make(chan int, 2)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -126,10 +194,14 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		defer close(ready)
 		for i, p := range o.params {
 			if g := p.Grad(); g != nil {
-				if g.DType() != tensor.F32 || !g.SameShape(p) {
-					panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want f32 %v", i, g.DType(), g.Shape(), p.Shape()))
+				if o.down[i] == nil {
+					o.startDown(i)
 				}
-				be.Read(hostBytes(o.host[i].Grad()), g.Buf())
+				o.down[i].Wait()
+				o.total += g.Bytes()
+				if o.early[i] {
+					o.hidden += g.Bytes()
+				}
 				ready <- i
 			}
 		}
@@ -148,21 +220,34 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			}
 			in.Step()
 		}
-		if o.up != nil {
-			o.up.WritePinned(o.params[i].Buf(), hostBytes(o.host[i])) // the next change to host[i] follows a Read
+		if o.pc != nil {
+			o.pc.StartWrite(o.params[i].Buf(), hostBytes(o.host[i]))
 		} else {
 			be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
 		}
 	}
+	if o.pc != nil {
+		o.pc.JoinWrites()
+	}
 }
 
-// MeanStep is the mean time of an update so far, from the gradients'
-// first byte down to the parameters' last queued up (0 before one).
+// MeanStep is the mean time of an update so far, from the step's call to
+// the parameters' last copy queued up (0 before one): what the backward
+// did not hide.
 func (o *Offloaded) MeanStep() time.Duration {
 	if o.steps == 0 {
 		return 0
 	}
 	return o.took / time.Duration(o.steps)
+}
+
+// Overlapped is the share of the gradients' bytes that began to come down
+// during the backward (Ready), over the steps so far (0 before one).
+func (o *Offloaded) Overlapped() float64 {
+	if o.total == 0 {
+		return 0
+	}
+	return float64(o.hidden) / float64(o.total)
 }
 
 // scalar reads a one-element F32 buffer of be's device.
@@ -190,8 +275,12 @@ func hostF32s(t *tensor.Tensor) []float32 {
 }
 
 // ZeroGrad releases the device's gradients (the host's copies stay, to be
-// overwritten).
-func (o *Offloaded) ZeroGrad() { zeroGrad(o.params) }
+// overwritten), once the copies Ready started are done: after a step that
+// failed before its update, too.
+func (o *Offloaded) ZeroGrad() {
+	o.settle()
+	zeroGrad(o.params)
+}
 
 // Params are the parameters, on the device.
 func (o *Offloaded) Params() []*tensor.Tensor { return o.params }
@@ -222,7 +311,7 @@ func (o *Offloaded) State() map[string]*tensor.Tensor {
 
 // Pinned reports whether the host copies are in the device's page-locked
 // memory (copied directly; see Note [the offloaded step]).
-func (o *Offloaded) Pinned() bool { return o.up != nil }
+func (o *Offloaded) Pinned() bool { return o.pc != nil }
 
 // HostBytes is the host memory the optimiser holds: the parameters' and
 // gradients' copies and the state.
@@ -284,7 +373,10 @@ func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64
 // Release frees the host copies and the state, once the device has read
 // the parameters' last copies up.
 func (o *Offloaded) Release() {
-	if o.up != nil && len(o.params) > 0 {
+	if o.down != nil {
+		o.settle()
+	}
+	if o.pc != nil && len(o.params) > 0 {
 		if err := o.params[0].Device().Synchronize(); err != nil {
 			panic(fmt.Sprintf("optim: releasing the offloaded optimizer: %v", err))
 		}

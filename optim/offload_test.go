@@ -14,8 +14,10 @@ import (
 
 // TestOffloaded: an optimiser offloaded to host memory takes the steps the
 // on-device one takes, bit for bit on the CPU (the same arithmetic), with
-// weight decay groups, skipped steps, a gradient multiplier and a
-// parameter without a gradient; its state is named as the on-device one's,
+// weight decay groups, skipped steps, a gradient multiplier, a parameter
+// without a gradient, and gradients handed to Ready as a backward
+// finishes them (once, twice, in a step then skipped, or not at all); its
+// state is named as the on-device one's,
 // so that each resumes from the other's; a GPU holds none of its state.
 func TestOffloaded(t *testing.T) {
 	testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU(), 0)
@@ -80,6 +82,10 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 			if pinned := host != tensor.CPU(); o.Pinned() != pinned {
 				t.Errorf("Pinned() = %v: want %v", o.Pinned(), pinned)
 			}
+			stranger := tensor.Zeros(dev, tensor.F32, 3).Keep().SetRequiresGrad(true)
+			defer stranger.Release()
+			stranger.SetGrad(tensor.Zeros(dev, tensor.F32, 3))
+			var early, total int64 // gradients' bytes handed to Ready, and in all, in the steps taken
 			for step := range 6 {
 				for i, s := range shapes {
 					if step == 3 && i == 2 && c.name == "sgd" {
@@ -88,7 +94,20 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 					g := random(s, 0.1)
 					on[i].SetGrad(tensor.FromFloat32(dev, g, s...))
 					off[i].SetGrad(tensor.FromFloat32(dev, g, s...))
+					if step != 2 {
+						total += int64(4 * len(g))
+					}
+					if (step%2 == 1 || step == 2) && i != 1 { // as the backward finishes them
+						o.Ready(off[i])
+						if step == 5 && i == 0 {
+							o.Ready(off[i]) // finished twice
+						}
+						if step != 2 {
+							early += int64(4 * len(g))
+						}
+					}
 				}
+				o.Ready(stranger) // not a parameter: ignored
 				lr := 0.01 * float64(step+1)
 				ref.SetLR(lr)
 				o.SetLR(lr)
@@ -114,6 +133,9 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 				for i := range shapes {
 					same(t, fmt.Sprintf("step %d, parameter %d", step, i), off[i].Float32s(), on[i].Float32s(), tol)
 				}
+			}
+			if got, want := o.Overlapped(), float64(early)/float64(total); got != want {
+				t.Errorf("Overlapped() = %v: want %v (%d of %d bytes handed to Ready)", got, want, early, total)
 			}
 			var refState int64
 			for _, v := range ref.State() {

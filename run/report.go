@@ -29,10 +29,13 @@ type Final struct {
 	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
 	// HostOptimizerBytes is the host memory an offloaded optimizer held
 	// (train.Config.OffloadOptimizer), and HostStepSeconds its update's
-	// mean time a step: gradients down, the update, parameters up;
+	// mean time a step after the backward: the gradients not yet down, the
+	// update, parameters up; HostGradsOverlapped is the share of the
+	// gradients' bytes that began to come down during the backward;
 	// HostOptimizerPinned says whether that memory was page-locked.
 	HostOptimizerBytes  int64   `json:"host_optimizer_bytes,omitempty"`
 	HostStepSeconds     float64 `json:"host_step_seconds,omitempty"`
+	HostGradsOverlapped float64 `json:"host_grads_overlapped,omitempty"`
 	HostOptimizerPinned bool    `json:"host_optimizer_pinned,omitempty"`
 }
 

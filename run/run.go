@@ -794,13 +794,13 @@ func (r *runner) summarize() error {
 	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
 	if o, ok := t.Opt.(*optim.Offloaded); ok {
 		f := r.report.Final
-		f.HostOptimizerBytes, f.HostStepSeconds, f.HostOptimizerPinned = o.HostBytes(), o.MeanStep().Seconds(), o.Pinned()
+		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinned = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.Pinned()
 		kind := "pageable"
 		if f.HostOptimizerPinned {
 			kind = "page-locked"
 		}
-		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; its update took %.3f s a step (gradients down, the update on %d cores, parameters up)",
-			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, f.HostStepSeconds, runtime.GOMAXPROCS(0))
+		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %s of the gradients' bytes began to come down during the backward; the rest of the update took %.3f s a step (the update on %d cores, parameters up)",
+			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, fmt.Sprintf("%.0f%%", 100*f.HostGradsOverlapped), f.HostStepSeconds, runtime.GOMAXPROCS(0))
 	}
 	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
 		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak()), float64(t.Step.OptimizerStateBytes())})

@@ -24,21 +24,8 @@ import (
 func TestFusedOptimizerMatchesAndSaves(t *testing.T) { testFusedOptimizer(t, tensor.CPU()) }
 
 func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
-	const batch, context, vocab = 2, 16, 64
-	rng := rand.New(rand.NewPCG(3, 4))
-	var xs, ys []*tensor.Tensor
-	for range 3 {
-		tok := make([]int32, batch*(context+1))
-		for i := range tok {
-			tok[i] = int32(rng.IntN(vocab))
-		}
-		var x, y []int32
-		for b := range batch {
-			w := tok[b*(context+1) : (b+1)*(context+1)]
-			x, y = append(x, w[:context]...), append(y, w[1:]...)
-		}
-		xs, ys = append(xs, tensor.FromInt32(dev, x, batch, context).Keep()), append(ys, tensor.FromInt32(dev, y, batch, context).Keep())
-	}
+	const context, vocab = 16, 64
+	xs, ys := gptBatches(dev, 3, context, vocab)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
@@ -187,4 +174,24 @@ func TestFusedStepThatFailsSaysSo(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// gptBatches is n batches of 2 random token windows of context+1 tokens
+// below vocab: the inputs and their next tokens.
+func gptBatches(dev *tensor.Device, n, context, vocab int) (xs, ys []*tensor.Tensor) {
+	const batch = 2
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range n {
+		tok := make([]int32, batch*(context+1))
+		for i := range tok {
+			tok[i] = int32(rng.IntN(vocab))
+		}
+		var x, y []int32
+		for b := range batch {
+			w := tok[b*(context+1) : (b+1)*(context+1)]
+			x, y = append(x, w[:context]...), append(y, w[1:]...)
+		}
+		xs, ys = append(xs, tensor.FromInt32(dev, x, batch, context).Keep()), append(ys, tensor.FromInt32(dev, y, batch, context).Keep())
+	}
+	return xs, ys
 }

@@ -711,6 +711,9 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 		if fused != nil && hi == n {
 			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }))
 		}
+		if off, ok := s.Opt.(*optim.Offloaded); ok && s.reducer == nil && hi == n { // the gradients come down during the backward
+			hooks = append(hooks, ag.OnGradReady(off.Ready))
+		}
 		s.dev.WithScope(func() {
 			xs, ys := x, y
 			if m < n {

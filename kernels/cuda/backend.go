@@ -90,6 +90,7 @@ type Backend struct {
 	staging     [2]staging
 	nextStage   int
 	pinned      *pinnedSource // nil until PinnedSource is first asked for
+	copies      *copyStreams  // nil until StartRead or StartWrite is first called
 	pinnedOnce  sync.Once
 	dnn         *cudnnAPI // nil: convolutions by im2col + cuBLAS
 	dnnHandle   uintptr
@@ -357,6 +358,7 @@ func (b *Backend) Close() error {
 		}
 		keep(d.check("cuEventDestroy", d.eventDestroy(s.event)))
 	}
+	keep(b.closeCopies())
 	keep(d.check("cuModuleUnload", d.moduleUnload(b.module)))
 	keep(d.check("cuStreamDestroy", d.streamDestroy(b.stream)))
 	var dev int32

@@ -685,10 +685,13 @@ func TestCUDAWriteReadLarge(t *testing.T) {
 }
 
 // TestCUDAPinned: page-locked host memory from PinnedSource goes to the
-// device and back in direct copies (the bytes unchanged, at offsets inside
-// a segment, across several staging chunks' worth), Write and Read still
-// stage other memory, WritePinned refuses memory that is not page-locked,
-// and Close refuses while page-locked memory is allocated.
+// device and back in direct copies on the copy streams (the bytes
+// unchanged, at offsets inside a segment, across several staging chunks'
+// worth), each after the kernels queued before it and each seen by the
+// kernels queued after JoinWrites or after the reader's Wait; Write and
+// Read still stage other memory; StartWrite and StartRead refuse memory
+// that is not page-locked; and Close refuses while page-locked memory is
+// allocated.
 func TestCUDAPinned(t *testing.T) {
 	if err := Available(); err != nil {
 		t.Skipf("no CUDA device: %v", err)
@@ -699,24 +702,38 @@ func TestCUDAPinned(t *testing.T) {
 	}
 	src := b.PinnedSource()
 	const n = 5<<20 + 3 // more than a staging chunk
-	seg, err := src.Alloc(2*n*4 + 64)
+	seg, err := src.Alloc(3*n*4 + 64)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if free, total := src.MemInfo(); total-free != seg.Size {
 		t.Errorf("MemInfo: %d of %d free after a %d-byte segment", free, total, seg.Size)
 	}
-	in, out := seg.Host[16:16+n*4], seg.Host[32+n*4:32+2*n*4]
+	in, out, early := seg.Host[16:16+n*4], seg.Host[32+n*4:32+2*n*4], seg.Host[48+2*n*4:48+3*n*4]
 	for i := 0; i < n; i++ {
 		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(math.Sin(float64(i)))))
 	}
-	for i := range out {
-		out[i] = 0xff
+	for _, m := range [][]byte{out, early} {
+		for i := range m {
+			m[i] = 0xff
+		}
 	}
-	blk := alloc(t, b, n*4)
+	blk, other := alloc(t, b, n*4), alloc(t, b, n*4)
 	buf := kernels.Buf{Block: blk, N: n, DType: kernels.F32}
-	b.WritePinned(buf, in)
-	b.Read(out, buf) // direct: the destination is page-locked
+	buf2 := kernels.Buf{Block: other, N: n, DType: kernels.F32}
+	b.Fill(buf2, 3)
+	r := b.StartRead(early, buf2) // after the fill
+	b.StartWrite(buf, in)
+	b.JoinWrites()
+	r.Wait()
+	r.Wait()          // again: at once
+	b.Copy(buf2, buf) // after the write
+	for i := 0; i < n; i++ {
+		if v := math.Float32frombits(binary.LittleEndian.Uint32(early[4*i:])); v != 3 {
+			t.Fatalf("StartRead after a fill: element %d is %v, want 3", i, v)
+		}
+	}
+	b.StartRead(out, buf2).Wait() // direct: the destination is page-locked
 	if !bytes.Equal(in, out) {
 		t.Fatal("page-locked bytes differ after a direct round trip")
 	}
@@ -725,15 +742,21 @@ func TestCUDAPinned(t *testing.T) {
 	if !bytes.Equal(in, heap) {
 		t.Fatal("a staged read of what a direct write sent differs")
 	}
-	func() {
-		defer func() {
-			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "page-locked") {
-				t.Errorf("WritePinned of Go heap memory: %v, want a panic naming page-locked memory", r)
-			}
+	for name, f := range map[string]func(){
+		"StartWrite": func() { b.StartWrite(buf, heap) },
+		"StartRead":  func() { b.StartRead(heap, buf) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "page-locked") {
+					t.Errorf("%s of Go heap memory: %v, want a panic naming page-locked memory", name, r)
+				}
+			}()
+			f()
 		}()
-		b.WritePinned(buf, heap)
-	}()
+	}
 	b.Allocator().Free(blk)
+	b.Allocator().Free(other)
 	if err := b.Close(); err == nil || !strings.Contains(err.Error(), "page-locked") {
 		t.Fatalf("Close with page-locked memory allocated: %v", err)
 	}

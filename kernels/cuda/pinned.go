@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -15,9 +16,9 @@ var _ kernels.PinnedCopier = (*Backend)(nil)
 // pinnedSource is a raw allocator of page-locked host memory
 // (cuMemHostAlloc) for a CPU pool: the host side of direct copies. Like
 // deviceSource it takes no backend lock and makes the context current
-// itself. It keeps the address ranges it handed out, so that Read and
-// WritePinned can tell its memory from the Go heap's, and it counts them
-// against the host's memory (memory.HostMemory).
+// itself. It keeps the address ranges it handed out, so that Read,
+// StartRead and StartWrite can tell its memory from the Go heap's, and it
+// counts them against the host's memory (memory.HostMemory).
 type pinnedSource struct {
 	b      *Backend
 	mu     sync.Mutex
@@ -102,18 +103,152 @@ func (s *pinnedSource) holds(mem []byte) bool {
 	return i >= 0 && end <= s.ranges[i].end
 }
 
-// WritePinned queues one direct copy of src, page-locked memory from
-// PinnedSource, into dst (kernels.PinnedCopier).
-func (b *Backend) WritePinned(dst kernels.Buf, src []byte) {
-	if int64(len(src)) != dst.Bytes() {
-		panic(fmt.Sprintf("cuda: write of %d bytes into a %d-byte buffer", len(src), dst.Bytes()))
+// copyStreams are the streams StartRead and StartWrite queue their copies
+// on, made at the first (Note [copies beside the stream] in kernels), with
+// the events that order them.
+type copyStreams struct {
+	down, up uintptr // device to host, host to device
+	fork     uintptr // recorded on the backend's stream: what a copy waits for
+	join     uintptr // recorded on up: what JoinWrites makes the backend's stream wait for
+	written  bool    // a write was queued since the last JoinWrites
+
+	mu   sync.Mutex
+	free []uintptr // events of reads waited for
+}
+
+// copies returns the copy streams, making them at the first call (with
+// the backend entered).
+func (b *Backend) copyStreams() *copyStreams {
+	if b.copies != nil {
+		return b.copies
 	}
-	if !b.pinned.holds(src) {
-		panic(fmt.Sprintf("cuda: WritePinned of %d bytes that are not this backend's page-locked memory", len(src)))
+	c, d := &copyStreams{}, b.d
+	for _, s := range []*uintptr{&c.down, &c.up} {
+		d.must("cuStreamCreate", d.streamCreate(unsafe.Pointer(s), cuStreamNonBlocking))
 	}
+	for _, ev := range []*uintptr{&c.fork, &c.join} {
+		d.must("cuEventCreate", d.eventCreate(unsafe.Pointer(ev), cuEventDisableTiming))
+	}
+	b.copies = c
+	return c
+}
+
+// after makes stream wait for the work queued so far on the backend's.
+func (b *Backend) after(stream uintptr) {
+	c := b.copies
+	b.d.must("cuEventRecord", b.d.eventRecord(c.fork, b.stream))
+	b.d.must("cuStreamWaitEvent", b.d.streamWaitEvent(stream, c.fork, 0))
+}
+
+// checkPinned panics unless host, n bytes to or from buf, is page-locked
+// memory from PinnedSource.
+func (b *Backend) checkPinned(what string, host []byte, buf kernels.Buf) {
+	if int64(len(host)) != buf.Bytes() {
+		panic(fmt.Sprintf("cuda: %s of %d host bytes for a %d-byte buffer", what, len(host), buf.Bytes()))
+	}
+	if b.pinned == nil || !b.pinned.holds(host) {
+		panic(fmt.Sprintf("cuda: %s of %d bytes that are not this backend's page-locked memory", what, len(host)))
+	}
+}
+
+// StartRead queues one direct copy of src into dst, page-locked memory from
+// PinnedSource, on the copy stream down, after the work queued so far
+// (kernels.PinnedCopier).
+func (b *Backend) StartRead(dst []byte, src kernels.Buf) kernels.Transfer {
+	b.checkPinned("StartRead", dst, src)
+	b.enter()
+	defer b.exit()
+	b.notCapturing("read into host memory")
+	c := b.copyStreams()
+	b.after(c.down)
+	b.launches++ // not queued: a profile's events are on the backend's stream
+	b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), ptrOf(src), uintptr(len(dst)), c.down))
+	c.mu.Lock()
+	var ev uintptr
+	if n := len(c.free); n > 0 {
+		ev, c.free = c.free[n-1], c.free[:n-1]
+	}
+	c.mu.Unlock()
+	if ev == 0 {
+		b.d.must("cuEventCreate", b.d.eventCreate(unsafe.Pointer(&ev), cuEventDisableTiming))
+	}
+	b.d.must("cuEventRecord", b.d.eventRecord(ev, c.down))
+	return &read{b: b, ev: ev}
+}
+
+// read is a StartRead's copy: its event, recorded after it on the stream
+// down, goes back to the free list once waited for.
+type read struct {
+	b    *Backend
+	once sync.Once
+	ev   uintptr
+}
+
+// Wait waits for the copy without the backend's lock, so that other
+// goroutines queue work meanwhile.
+func (r *read) Wait() {
+	r.once.Do(func() {
+		r.b.withContext(func() { r.b.d.must("cuEventSynchronize", r.b.d.eventSynchronize(r.ev)) })
+		c := r.b.copies
+		c.mu.Lock()
+		c.free = append(c.free, r.ev)
+		c.mu.Unlock()
+	})
+}
+
+// StartWrite queues one direct copy of src, page-locked memory from
+// PinnedSource, into dst on the copy stream up, after the work queued so
+// far (kernels.PinnedCopier).
+func (b *Backend) StartWrite(dst kernels.Buf, src []byte) {
+	b.checkPinned("StartWrite", src, dst)
 	b.enter()
 	defer b.exit()
 	b.notCapturing("write of host bytes")
-	b.queued("memcpy host to device")
-	b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(ptrOf(dst), unsafe.Pointer(unsafe.SliceData(src)), uintptr(len(src)), b.stream))
+	c := b.copyStreams()
+	b.after(c.up)
+	b.launches++
+	b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(ptrOf(dst), unsafe.Pointer(unsafe.SliceData(src)), uintptr(len(src)), c.up))
+	c.written = true
+}
+
+// JoinWrites makes the backend's stream wait for the writes queued on the
+// copy stream up (kernels.PinnedCopier).
+func (b *Backend) JoinWrites() {
+	b.enter()
+	defer b.exit()
+	c := b.copies
+	if c == nil || !c.written {
+		return
+	}
+	b.notCapturing("wait for writes of host bytes")
+	b.d.must("cuEventRecord", b.d.eventRecord(c.join, c.up))
+	b.d.must("cuStreamWaitEvent", b.d.streamWaitEvent(b.stream, c.join, 0))
+	c.written = false
+}
+
+// closeCopies waits for the copy streams and destroys them and their
+// events (with the backend entered, from Close).
+func (b *Backend) closeCopies() error {
+	c := b.copies
+	if c == nil {
+		return nil
+	}
+	d := b.d
+	var errs []error
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, s := range []uintptr{c.down, c.up} {
+		keep(d.check("cuStreamSynchronize", d.streamSynchronize(s)))
+		keep(d.check("cuStreamDestroy", d.streamDestroy(s)))
+	}
+	c.mu.Lock()
+	for _, ev := range append(c.free, c.fork, c.join) {
+		keep(d.check("cuEventDestroy", d.eventDestroy(ev)))
+	}
+	c.mu.Unlock()
+	b.copies = nil
+	return errors.Join(errs...)
 }
