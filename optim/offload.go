@@ -18,28 +18,32 @@ import (
 // optimiser's state (AdamW's two moments: 8 bytes a parameter the device
 // no longer holds), and the update runs on the host's cores.
 //
-// Note [the offloaded step]: the backward hands each parameter to Ready
-// as soon as its gradient is finished (autograd.OnGradReady), and Ready
-// starts that gradient's copy into its host copy, so that the gradients
-// come down during the rest of the backward. A step reads the skip flag
-// and the gradients' multiplier from the device (so it waits for the
-// backward), starts the copies of the gradients Ready was not given, then
-// streams the parameters: as each gradient is down, the host updates
-// that parameter with the optimiser of its own (multi-threaded, fused
-// over parameter, moments and gradient) and its copy up is queued. In the
-// device's page-locked memory (tensor's Device.Pinned) each copy is one
-// direct transfer by the copy engines, down and up on streams of their
-// own beside the kernels (Note [copies beside the stream] in kernels); in
-// ordinary host memory it goes through the backend's staging buffers, at
-// a fraction of the speed, and Ready copies at once. The step ends by
-// making the device's later work wait for the copies up; a parameter's
-// host copy changes next in the next step's update, after that step's
-// gradient has come down, which follows them. The device copy of a
-// parameter is its host copy after every step, so the host's is the
-// master. A gradient must not change after Ready and is read until the
-// step (or ZeroGrad) returns. The update of a parameter is the on-device
-// optimiser's own arithmetic run by the host's backend: on a CPU device
-// an offloaded run equals an unoffloaded one bit for bit. Each parameter
+// Note [the offloaded step]: the backward hands each parameter to Ready as
+// soon as its gradient is finished (autograd.OnGradReady), and Ready sums
+// the gradient's squares on the device (for clipping and the loss scaler's
+// check, SumGradSquares), starts its copy into its host copy and releases
+// it on the device once it is down, so that the gradients come down during
+// the rest of the backward and the device holds only about a sixteenth
+// of them at once. A step reads the skip flag and the gradients'
+// multiplier from the device (so it waits for the backward), starts the
+// copies of the gradients Ready was not given, then streams the
+// parameters: as each gradient is down, the host updates that parameter
+// with the optimiser of its own (multi-threaded, fused over parameter,
+// moments and gradient) and its copy up is queued. In the device's
+// page-locked memory (tensor's Device.Pinned) each copy is one direct
+// transfer by the copy engines, down and up on streams of their own beside
+// the kernels (Note [copies beside the stream] in kernels); in ordinary
+// host memory it goes through the backend's staging buffers, at a fraction
+// of the speed, and Ready copies at once. The step ends by making the
+// device's later work wait for the copies up; a parameter's host copy
+// changes next in the next step's update, after that step's gradient has
+// come down, which follows them. The device copy of a parameter is its
+// host copy after every step, so the host's is the master. A gradient must
+// not change after Ready. The update of a parameter is the on-device
+// optimiser's own arithmetic run by the host's backend: on a CPU device an
+// offloaded run equals an unoffloaded one bit for bit, but for the norm of
+// clipped gradients, summed a parameter at a time (it may differ in its
+// last bit). Each parameter
 // counts its own steps (as PyTorch does) where the on-device AdamW keeps
 // one count: the two differ only for a parameter without a gradient in
 // some steps. Because the host reads the device, a step with an offloaded
@@ -55,10 +59,24 @@ type Offloaded struct {
 	kinds  []string
 	down   []kernels.Transfer // down[i]: gradient i's copy into host[i]'s, started this step (nil: not started)
 	early  []bool             // early[i]: Ready started down[i]
-	steps  int                // updates taken
-	took   time.Duration      // by them, from the step's call to the parameters' last copy queued up
-	hidden int64              // gradients' bytes Ready started down, over the steps
-	total  int64              // gradients' bytes down, over the steps
+	// queue lists the gradients Ready started down and has not released
+	// on the device, oldest first, inFlight their bytes: Ready waits for
+	// the oldest while they are more than flightMost, a sixteenth of all
+	// the parameters' bytes (the backward runs that far ahead of the
+	// copies), and there is more than one.
+	queue                []int
+	inFlight, flightMost int64
+	// squares holds each gradient's sum of squares this step (device
+	// F32[len(params), 1]; nil until the first is summed); summed[i] says
+	// squares[i] holds gradient i's, and begun that squares was cleared
+	// for this step.
+	squares *tensor.Tensor
+	summed  []bool
+	begun   bool
+	steps   int           // updates taken
+	took    time.Duration // by them, from the step's call to the parameters' last copy queued up
+	hidden  int64         // gradients' bytes Ready started down, over the steps
+	total   int64         // gradients' bytes down, over the steps
 }
 
 // Offload moves opt's state to host, a host device: the device's Pinned
@@ -77,7 +95,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	params := opt.Params()
 	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds,
-		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params))}
+		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), summed: make([]bool, len(params))}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -92,6 +110,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	o.mult = tensor.Zeros(host, tensor.F32, 1).Keep()
 	for i, p := range params {
 		o.slot[p] = i
+		o.flightMost += p.Bytes() / 16
 		h := tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
 		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
 		o.host = append(o.host, h)
@@ -105,18 +124,77 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	return o, nil
 }
 
-// Ready is the backward's hook (autograd.OnGradReady): it starts the copy
-// of leaf's gradient, which the backward has finished, into host memory
-// (Note [the offloaded step]). Leaves that are not the optimiser's
-// parameters are ignored. Give it only to the backward that finishes the
-// gradients (a step's last micro-batch).
+// OffloadedDeviceBytes is the least device memory n parameters take
+// under an offloaded optimizer whose gradients leave the device during the
+// backward (Ready): the parameters in F32 and the sixteenth of their
+// gradients in flight. Micro-batches hold the whole gradients between
+// their backwards.
+func OffloadedDeviceBytes(n int64) int64 { return n*4 + n*4/16 }
+
+// Ready is the backward's hook (autograd.OnGradReady): leaf's gradient is
+// finished, so Ready sums its squares on the device (for the step's
+// clipping), starts its copy into host memory and, once the copy is done,
+// releases it on the device (Note [the offloaded step]): after such a
+// backward the parameters' gradients are in host memory only (Grad is
+// nil), and the step, SumGradSquares and ZeroGrad know which had one.
+// Leaves that are not the optimiser's parameters are ignored. Give it only
+// to the backward that finishes the gradients (a step's last micro-batch).
 func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
 	if !ok || leaf.Grad() == nil {
 		return
 	}
+	o.sumSquares(i)
 	o.early[i] = true
 	o.startDown(i) // again for a gradient finished twice: the later copy lands last
+	o.queue = append(o.queue, i)
+	o.inFlight += leaf.Bytes()
+	for len(o.queue) > 1 && o.inFlight > o.flightMost {
+		j := o.queue[0]
+		o.queue = o.queue[1:]
+		o.down[j].Wait()
+		o.inFlight -= o.params[j].Bytes()
+		o.params[j].SetGrad(nil)
+	}
+}
+
+// sumSquares queues the sum of the squares of gradient i into squares[i].
+func (o *Offloaded) sumSquares(i int) {
+	p := o.params[i]
+	if o.squares == nil {
+		o.squares = tensor.Zeros(p.Device(), tensor.F32, len(o.params), 1).Keep()
+	}
+	if !o.begun { // the step's first: a parameter without a gradient adds 0
+		p.Backend().Fill(o.squares.Buf(), 0)
+		o.begun = true
+	}
+	row := o.squares.Rows(i, i+1)
+	defer row.Release()
+	p.Backend().SumSquares([]kernels.Buf{p.Grad().Buf()}, row.Buf())
+	o.summed[i] = true
+}
+
+// SumGradSquares writes the sum of the squares of the step's gradients,
+// those Ready released on the device among them, into sumsq (F32, 1
+// element, on the device) (SquareSummer).
+func (o *Offloaded) SumGradSquares(sumsq kernels.Buf) {
+	for i, p := range o.params {
+		if p.Grad() != nil && !o.summed[i] {
+			o.sumSquares(i)
+		}
+	}
+	if o.squares == nil { // no gradient yet
+		if len(o.params) > 0 {
+			o.params[0].Backend().Fill(sumsq, 0)
+		}
+		return
+	}
+	if !o.begun { // none this step
+		o.squares.Backend().Fill(o.squares.Buf(), 0)
+		o.begun = true
+	}
+	be := o.squares.Backend()
+	be.Reduce(kernels.Sum, sumsq, o.squares.Buf(), kernels.Reduction{Outer: 1, Len: len(o.params), Inner: 1})
 }
 
 // startDown starts gradient i's copy into its host copy (at once, through
@@ -140,16 +218,17 @@ type done struct{}
 
 func (done) Wait() {}
 
-// settle waits for the gradients' copies under way and forgets them: the
-// device's gradients may change after it.
+// settle waits for the gradients' copies under way and forgets the step:
+// the device's gradients may change or be released after it.
 func (o *Offloaded) settle() {
 	for i, d := range o.down {
 		if d != nil {
 			d.Wait()
 			o.down[i] = nil
 		}
-		o.early[i] = false
+		o.early[i], o.summed[i] = false, false
 	}
+	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
 }
 
 // Step updates every parameter that has a gradient.
@@ -181,7 +260,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	defer func() { o.steps, o.took = o.steps+1, o.took+time.Since(start) }()
 	if o.pc != nil { // the rest come down at once, behind those Ready started
 		for i, p := range o.params {
-			if p.Grad() != nil && o.down[i] == nil {
+			if o.down[i] == nil && p.Grad() != nil {
 				o.startDown(i)
 			}
 		}
@@ -193,14 +272,15 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		defer wg.Done()
 		defer close(ready)
 		for i, p := range o.params {
-			if g := p.Grad(); g != nil {
-				if o.down[i] == nil {
-					o.startDown(i)
-				}
+			if o.down[i] == nil && p.Grad() != nil {
+				o.startDown(i)
+			}
+			if o.down[i] != nil { // it has a gradient this step
 				o.down[i].Wait()
-				o.total += g.Bytes()
+				n := o.host[i].Grad().Bytes()
+				o.total += n
 				if o.early[i] {
-					o.hidden += g.Bytes()
+					o.hidden += n
 				}
 				ready <- i
 			}
@@ -387,8 +467,10 @@ func (o *Offloaded) Release() {
 	for _, h := range o.host {
 		h.Release() // its gradient with it
 	}
-	if o.mult != nil {
-		o.mult.Release()
+	for _, t := range []*tensor.Tensor{o.mult, o.squares} {
+		if t != nil {
+			t.Release()
+		}
 	}
-	o.inner, o.host, o.mult = nil, nil, nil
+	o.inner, o.host, o.mult, o.squares = nil, nil, nil, nil
 }

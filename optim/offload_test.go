@@ -16,8 +16,8 @@ import (
 // on-device one takes, bit for bit on the CPU (the same arithmetic), with
 // weight decay groups, skipped steps, a gradient multiplier, a parameter
 // without a gradient, and gradients handed to Ready as a backward
-// finishes them (once, twice, in a step then skipped, or not at all); its
-// state is named as the on-device one's,
+// finishes them (once, twice, in a step then skipped, or not at all),
+// which releases them on the device once they are down; its state is named as the on-device one's,
 // so that each resumes from the other's; a GPU holds none of its state.
 func TestOffloaded(t *testing.T) {
 	testOffloaded(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU(), 0)
@@ -108,6 +108,9 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 					}
 				}
 				o.Ready(stranger) // not a parameter: ignored
+				if step == 5 && off[0].Grad() != nil {
+					t.Error("parameter 0's gradient is still on the device after it came down and a larger one followed it")
+				}
 				lr := 0.01 * float64(step+1)
 				ref.SetLR(lr)
 				o.SetLR(lr)

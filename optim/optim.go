@@ -55,6 +55,15 @@ type ScaledStepper interface {
 	StepScaled(mult, skip kernels.Buf)
 }
 
+// A SquareSummer sums the squares of its gradients itself: an optimiser
+// whose gradients leave the device during the backward (Offloaded).
+// GradScaler.StepClipped asks it instead of reading the gradients.
+type SquareSummer interface {
+	// SumGradSquares writes the sum of the squares of the step's gradients
+	// into sumsq (F32, 1 element, on the device).
+	SumGradSquares(sumsq kernels.Buf)
+}
+
 // deviceLR is a learning rate with its device copy.
 type deviceLR struct {
 	lr  float64

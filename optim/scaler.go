@@ -140,17 +140,21 @@ func (s *GradScaler) StepClipped(opt Optimizer, maxNorm float64, norm *tensor.Te
 		s.Step(opt)
 		return
 	}
-	var grads []kernels.Buf
-	for _, p := range opt.Params() {
-		if g := p.Grad(); g != nil {
-			grads = append(grads, g.Buf())
-		}
-	}
 	be := s.dev.Backend()
 	sumsq, mult := tensor.Empty(s.dev, tensor.F32, 1), tensor.Empty(s.dev, tensor.F32, 1)
 	defer sumsq.Release()
 	defer mult.Release()
-	be.SumSquares(grads, sumsq.Buf())
+	if ss, ok := opt.(SquareSummer); ok {
+		ss.SumGradSquares(sumsq.Buf())
+	} else {
+		var grads []kernels.Buf
+		for _, p := range opt.Params() {
+			if g := p.Grad(); g != nil {
+				grads = append(grads, g.Buf())
+			}
+		}
+		be.SumSquares(grads, sumsq.Buf())
+	}
 	var scale, found kernels.Buf
 	if s.enabled {
 		scale, found = s.scale.Buf(), s.found.Buf()

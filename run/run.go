@@ -257,8 +257,9 @@ func (r *runner) lookup() (err error) {
 // parameters, gradients and optimizer state alone (F32: 4 bytes each, and
 // the optimizer's state, optim.StateBytes) pass the device's memory, or the
 // budget: no configuration of activations can make it fit. With the
-// optimizer offloaded, the device holds the parameters and gradients, and
-// the host their copies and the state (optim.Offload).
+// optimizer offloaded, the device holds the parameters and the gradients
+// in flight (optim.OffloadedDeviceBytes), and the host their copies and
+// the state (optim.Offload).
 func (r *runner) stateFits() error {
 	if !r.arch.Text {
 		return nil
@@ -270,7 +271,7 @@ func (r *runner) stateFits() error {
 	offload := r.cfg.Offloads(r.dev)
 	need, what := params*8+state, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
 	if offload {
-		need, what = params*8, "with their gradients (the optimizer's state in host memory)"
+		need, what = optim.OffloadedDeviceBytes(params), "with the gradients in flight to host memory (the optimizer's state there)"
 		if host, hostNeed := memory.HostMemory(), params*8+state; hostNeed > host {
 			return fmt.Errorf("model %s: -offload-optimizer keeps %s of copies of its %s parameters, their gradients and %s's state in host memory, and the host has %s",
 				r.cfg.Model, memory.Bytes(hostNeed), count(int(params)), r.cfg.Optimizer, memory.Bytes(host))
@@ -286,7 +287,7 @@ func (r *runner) stateFits() error {
 	}
 	if need > limit {
 		var hints []string
-		if !offload && r.dev.Name() != "cpu" && params*8 <= limit && r.cfg.Optimizer != "adamw8bit" {
+		if !offload && r.dev.Name() != "cpu" && optim.OffloadedDeviceBytes(params) <= limit && r.cfg.Optimizer != "adamw8bit" {
 			hints = append(hints, "-offload-optimizer keeps the state in host memory")
 		}
 		if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
@@ -306,18 +307,18 @@ func (r *runner) stateFits() error {
 // budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
 // sharded state, an optimizer whose state can move: not adamw8bit's) and
 // it makes params parameters with state bytes of optimizer state fit:
-// their F32 copies and gradients within limit on the device, the rest
-// within the host's memory.
+// what they take on the device (optim.OffloadedDeviceBytes) within limit,
+// their copies, gradients and state within the host's memory.
 func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.Name() == "cpu" ||
-		r.cfg.Optimizer == "adamw8bit" || params*8 > limit || params*8+state > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(params) > limit || params*8+state > memory.HostMemory() {
 		return false
 	}
 	r.cfg.OffloadOptimizer = true
 	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
 		"the state goes to host memory (-offload-optimizer), %s there, %s on the device\n",
 		r.cfg.Model, count(int(params)), memory.Bytes(params*8+state), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(params*8+state), memory.Bytes(params*8))
+		memory.Bytes(params*8+state), memory.Bytes(optim.OffloadedDeviceBytes(params)))
 	return true
 }
 
