@@ -36,7 +36,7 @@ func TestOffloadedStepMatches(t *testing.T) {
 		var params int64
 		run := func(offload bool) [][]byte {
 			dev.Generator().Seed(5)
-			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 256, Vocab: vocab, Context: context})
+			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context})
 			if err != nil {
 				t.Fatal(err)
 			}
