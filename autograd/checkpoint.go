@@ -68,7 +68,24 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 	}
 	rec.n.saved = append(rec.n.saved, k.results...) // the node owns them: released after its backward
 	k.replay = true
+	var off *offloaded
+	if o, _ := dev.Modes().Offload.(*Offloader); o != nil && len(rec.n.saved) > 0 { // Note [checkpoints offloaded]
+		var refs []**T
+		for i := range saved {
+			if saved[i] != nil {
+				refs = append(refs, &saved[i])
+			}
+		}
+		for i := range k.results {
+			refs = append(refs, &k.results[i])
+		}
+		off = o.offload(refs, rec.n.saved)
+	}
 	rec.finish(out, func(g *T) []*T {
+		if off != nil {
+			off.bringBack()
+			defer off.drop()
+		}
 		after := gen.State()
 		gen.SetState(rng)
 		m := dev.Modes()

@@ -206,10 +206,10 @@ func (o *Offloaded) startDown(i int) {
 		panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want f32 %v", i, g.DType(), g.Shape(), p.Shape()))
 	}
 	if o.pc != nil {
-		o.down[i] = o.pc.StartRead(hostBytes(o.host[i].Grad()), g.Buf())
+		o.down[i] = o.pc.StartRead(o.host[i].Grad().HostBytes(), g.Buf())
 		return
 	}
-	p.Backend().Read(hostBytes(o.host[i].Grad()), g.Buf())
+	p.Backend().Read(o.host[i].Grad().HostBytes(), g.Buf())
 	o.down[i] = done{}
 }
 
@@ -301,9 +301,9 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			in.Step()
 		}
 		if o.pc != nil {
-			o.pc.StartWrite(o.params[i].Buf(), hostBytes(o.host[i]))
+			o.pc.StartWrite(o.params[i].Buf(), o.host[i].HostBytes())
 		} else {
-			be.Write(o.params[i].Buf(), hostBytes(o.host[i]))
+			be.Write(o.params[i].Buf(), o.host[i].HostBytes())
 		}
 	}
 	if o.pc != nil {
@@ -338,19 +338,9 @@ func scalar(be kernels.Backend, b kernels.Buf) float32 {
 	return v
 }
 
-// hostBytes is the memory of t, an F32 tensor in host memory.
-func hostBytes(t *tensor.Tensor) []byte {
-	b := t.Buf()
-	mem := b.Block.Bytes()
-	if mem == nil {
-		panic(fmt.Sprintf("optim: a %v tensor on %s is not in host memory", t.Shape(), t.Device().Name()))
-	}
-	return mem[b.Off : b.Off+b.Bytes()]
-}
-
 // hostF32s is the elements of t, an F32 tensor in host memory.
 func hostF32s(t *tensor.Tensor) []float32 {
-	b := hostBytes(t)
+	b := t.HostBytes()
 	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
@@ -424,7 +414,7 @@ func (o *Offloaded) Counters() map[string]float64 {
 // model's weights first, then the optimiser's state.
 func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	for i, p := range o.params {
-		p.Backend().Read(hostBytes(o.host[i]), p.Buf())
+		p.Backend().Read(o.host[i].HostBytes(), p.Buf())
 	}
 	for i, in := range o.inner {
 		mine := map[string]*tensor.Tensor{}

@@ -37,6 +37,9 @@ type Final struct {
 	HostStepSeconds     float64 `json:"host_step_seconds,omitempty"`
 	HostGradsOverlapped float64 `json:"host_grads_overlapped,omitempty"`
 	HostOptimizerPinned bool    `json:"host_optimizer_pinned,omitempty"`
+	// HostActivationBytes is the most host memory one forward's
+	// checkpointed blocks kept there (train.Config.OffloadActivations).
+	HostActivationBytes int64 `json:"host_activation_bytes,omitempty"`
 }
 
 // Diverged says where a run diverged (see train.DivergedError).

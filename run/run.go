@@ -803,6 +803,11 @@ func (r *runner) summarize() error {
 		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %s of the gradients' bytes began to come down during the backward; the rest of the update took %.3f s a step (the update on %d cores, parameters up)",
 			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, fmt.Sprintf("%.0f%%", 100*f.HostGradsOverlapped), f.HostStepSeconds, runtime.GOMAXPROCS(0))
 	}
+	if o := t.Step.Offloader; o != nil {
+		r.report.Final.HostActivationBytes = o.Bytes()
+		add("host memory    %s (page-locked) for what the checkpointed blocks keep, at most, a forward: the device held none of it but while each block recomputed",
+			memory.Bytes(o.Bytes()))
+	}
 	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
 		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak()), float64(t.Step.OptimizerStateBytes())})
 		if err != nil {

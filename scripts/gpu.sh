@@ -25,7 +25,8 @@
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8, STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
-#             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both); beside "host",
+#             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
+#             "host+acts" -offload-activations alone and with -offload-optimizer); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
@@ -188,6 +189,8 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       8bit) flags=(-optimizer adamw8bit) ;;
       fused) flags=(-fuse-optimizer) ;;
       8bit+fused) flags=(-optimizer adamw8bit -fuse-optimizer) ;;
+      acts) flags=(-offload-activations) ;;
+      host+acts) flags=(-offload-optimizer -offload-activations) ;;
       *) flags=() ;;
       esac
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \

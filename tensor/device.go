@@ -89,6 +89,9 @@ type Modes struct {
 	// Kept is the running checkpointed function's record of the results
 	// its ops keep for the recomputation (autograd's; nil outside one).
 	Kept any
+	// Offload is the autograd.Offloader whose Forward is running (nil:
+	// none): checkpointed functions hand it what they keep.
+	Offload any
 	// GradReady is the running Backward's autograd.OnGradReady hook, which
 	// the passes it runs inside (a checkpointed block's) call too.
 	GradReady func(leaf *Tensor)

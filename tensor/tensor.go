@@ -281,6 +281,25 @@ func (t *Tensor) Backend() kernels.Backend { return t.dev.Backend() }
 // Bytes is the size of the tensor's elements in bytes.
 func (t *Tensor) Bytes() int64 { return int64(t.n) * int64(t.dtype.Size()) }
 
+// SharesStorage reports whether another handle (a view, an alias) holds
+// t's storage too: releasing t alone would not free it.
+func (t *Tensor) SharesStorage() bool {
+	t.live()
+	return t.h.st.refs.Load() > 1
+}
+
+// HostBytes is t's own memory, without a copy, where its device's memory
+// is the host's (a CPU pool, page-locked or not): for copies to and from
+// another device. It panics for a tensor in a GPU's memory.
+func (t *Tensor) HostBytes() []byte {
+	b := t.Buf()
+	mem := b.Block.Bytes()
+	if mem == nil {
+		panic(fmt.Sprintf("tensor: a %v %v tensor on %s is not in host memory", t.dtype, t.shape, t.dev.Name()))
+	}
+	return mem[b.Off : b.Off+b.Bytes()]
+}
+
 // Block is the pool block holding the tensor's storage (shared by its views).
 func (t *Tensor) Block() *memory.Block {
 	t.live()

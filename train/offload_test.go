@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unsafe"
 
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -123,4 +124,71 @@ func TestOffloadedStepMatches(t *testing.T) {
 // f32sOf reads b as F32 values.
 func f32sOf(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+// TestOffloadedActivationsMatch: a checkpointed GPT's steps with an
+// Offloader to a host pool of their own (Step.Offloader) end with the
+// weights of the same steps keeping their checkpoints on the device, bit
+// for bit, in F32 and under BF16 autocast; the step's peak is lower by at
+// least half of what the blocks keep; and the host pool is empty after
+// the steps.
+func TestOffloadedActivationsMatch(t *testing.T) {
+	dev := tensor.CPU()
+	const context, vocab = 256, 64
+	xs, ys := gptBatches(dev, 3, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	for _, amp := range []tensor.DType{0, tensor.BF16} {
+		var offloaded int64
+		run := func(offload bool) (state [][]byte, peak, held int64) {
+			dev.Generator().Seed(5)
+			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 6, Heads: 2, Width: 32, Vocab: vocab, Context: context})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nn.Release(g)
+			g.SetCheckpoint(nn.CheckpointBlocks)
+			opt := optim.NewSGD(nn.Parameters(g), 0.1, 0, 0, false) // no state: the backward sets the peak
+			defer opt.Release()
+			s := NewStep(dev, g, opt, amp, Eager)
+			defer s.Release()
+			host := tensor.NewDevice(cpu.New())
+			if offload {
+				s.Offloader = ag.NewOffloader(dev, host)
+			}
+			a := dev.Allocator()
+			s.Observe = func(*tensor.Tensor) { // after the forward: the backward's window begins
+				held = a.Stats().Allocated[memory.All].Current
+				a.WindowPeak()
+			}
+			for i := range xs {
+				if err := s.Run(xs[i], ys[i]); err != nil {
+					t.Fatal(err)
+				}
+				p, _ := a.WindowPeak()
+				peak = max(peak, p)
+			}
+			if offload {
+				offloaded = s.Offloader.Bytes()
+			}
+			if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+				t.Errorf("autocast %v: the host pool holds %d bytes after the steps", amp, n)
+			}
+			return snapshotState(g), peak, held
+		}
+		want, plain, heldPlain := run(false)
+		got, off, heldOff := run(true)
+		for i := range want {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Errorf("autocast %v: state %d differs with the checkpoints offloaded", amp, i)
+			}
+		}
+		t.Logf("autocast %v: the backward's peak %s kept on the device, %s offloaded (%s a forward in host memory)", amp, memory.Bytes(plain), memory.Bytes(off), memory.Bytes(offloaded))
+		if offloaded == 0 || heldPlain-heldOff != offloaded {
+			t.Errorf("autocast %v: after the forward the device holds %d bytes offloaded, %d kept: want less by exactly the %d the Offloader moved", amp, heldOff, heldPlain, offloaded)
+		}
+		if off >= plain {
+			t.Errorf("autocast %v: the backward's peak is %s offloaded, %s kept: want less", amp, memory.Bytes(off), memory.Bytes(plain))
+		}
+	}
 }

@@ -119,6 +119,12 @@ type Step struct {
 	// step cannot be undone: Run then returns an error wrapping
 	// ErrPartlyUpdated, and Stop does not interrupt such steps.
 	FuseOptimizer bool
+	// Offloader, if set, moves what checkpointed blocks keep for their
+	// recomputation to host memory during each forward and brings it back
+	// ahead of the recomputation (autograd.Offloader); steps must run
+	// eagerly (Run panics otherwise). Without checkpointed blocks it moves
+	// nothing.
+	Offloader *ag.Offloader
 
 	dev      *tensor.Device
 	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
@@ -312,6 +318,9 @@ func (s *Step) Inputs(xdt tensor.DType, xShape, yShape []int) (x, y *tensor.Tens
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 	if s.FuseOptimizer && (s.Mode != Eager || s.group != nil) {
 		panic(fmt.Sprintf("train: FuseOptimizer in a %v step (data parallel: %v): it needs eager steps of one process", s.Mode, s.group != nil))
+	}
+	if s.Offloader != nil && s.Mode != Eager {
+		panic(fmt.Sprintf("train: an Offloader in a %v step: its copies follow the forward as it runs, which needs eager steps", s.Mode))
 	}
 	defer recoverError(&err)
 	if !s.rngFresh {
@@ -720,7 +729,13 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 				xs, ys = x.Rows(lo, hi), y.Rows(lo, hi)
 			}
 			s.phase("the forward")
-			loss, right, preds := s.forward(xs, ys)
+			var loss, right *tensor.Tensor
+			var preds int
+			if s.Offloader != nil {
+				s.Offloader.Forward(func() { loss, right, preds = s.forward(xs, ys) })
+			} else {
+				loss, right, preds = s.forward(xs, ys)
+			}
 			be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
 			right.Release()
 			if s.Observe != nil {

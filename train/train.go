@@ -62,6 +62,12 @@ type Config struct {
 	// is not the CPU: the device holds the parameters and gradients only,
 	// and its steps run eagerly (the update reads the device).
 	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
+	// OffloadActivations moves what checkpointed blocks keep for their
+	// recomputation (their inputs, attention's results) to host memory in
+	// the forward and brings it back ahead of the recomputation
+	// (Step.Offloader) when the device is not the CPU; it needs
+	// Checkpoint, and steps run eagerly.
+	OffloadActivations bool `json:"offload_activations,omitempty"`
 	// FuseOptimizer updates each parameter in the backward as soon as its
 	// gradient is finished, and releases the gradient (Step.FuseOptimizer):
 	// the step never holds every gradient. It needs AdamW or SGD, no
@@ -87,6 +93,13 @@ type Config struct {
 // memory: OffloadOptimizer, on a device other than the CPU (whose memory
 // is the host's).
 func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && dev.Name() != "cpu" }
+
+// OffloadsActivations says whether a run on dev moves what its checkpointed
+// blocks keep to host memory: OffloadActivations, on a device other than
+// the CPU.
+func (c Config) OffloadsActivations(dev *tensor.Device) bool {
+	return c.OffloadActivations && dev.Name() != "cpu"
+}
 
 // Periods is the number of the Trainer's epochs: an image classifier's
 // Epochs, or a language model's Steps in periods of EvalEvery steps, each
@@ -456,6 +469,10 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt.Release()
 		return nil, fmt.Errorf("gradient clipping to a norm of %v: want a positive norm, or 0 for none", cfg.ClipNorm)
 	}
+	if cfg.OffloadActivations && mode == nn.NoCheckpoint {
+		opt.Release()
+		return nil, errors.New(ActivationsRefusal)
+	}
 	if cfg.FuseOptimizer {
 		if err := fusable(cfg, dev, opt); err != nil {
 			opt.Release()
@@ -471,8 +488,12 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		}
 		opt = off
 	}
-	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload && !cfg.FuseOptimizer))
+	acts := cfg.OffloadsActivations(dev)
+	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload && !cfg.FuseOptimizer && !acts))
 	step.ClipNorm, step.FuseOptimizer = cfg.ClipNorm, cfg.FuseOptimizer
+	if acts {
+		step.Offloader = ag.NewOffloader(dev, dev.Pinned())
+	}
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
 		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
@@ -490,6 +511,10 @@ func fusable(cfg Config, dev *tensor.Device, opt optim.Optimizer) error {
 	}
 	return nil
 }
+
+// ActivationsRefusal is why OffloadActivations is refused without
+// checkpointing.
+const ActivationsRefusal = "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"
 
 // FuseRefusal says why an optimizer cannot be fused into the backward
 // (Config.FuseOptimizer) beside clipping to clip, amp, an offloaded

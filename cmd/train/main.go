@@ -76,7 +76,7 @@ type options struct {
 	ckptMode                               nn.CheckpointMode
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
-	capture, tf32, offload, fuse           bool
+	capture, tf32, offload, fuse, acts     bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
@@ -262,6 +262,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: the device holds the parameters and gradients only (steps then run eagerly)")
+	fs.BoolVar(&o.acts, "offload-activations", false, "on a GPU, with -checkpoint: move what the checkpointed blocks keep for their recomputation (their inputs, attention's results) to host memory during the forward, and bring it back ahead of each block's recomputation (steps then run eagerly)")
 	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP, -offload-optimizer or -nproc; steps run eagerly)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
@@ -314,6 +315,9 @@ func (o *options) check() []string {
 		if why := train.FuseRefusal(clip, amp, o.offload, o.nproc); why != "" {
 			bad("-fuse-optimizer with %s", why)
 		}
+	}
+	if o.acts && !o.ckpt {
+		bad("%s", train.ActivationsRefusal)
 	}
 	if o.shardOptimizer && o.offload {
 		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
@@ -539,6 +543,9 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	if job.OffloadOptimizer && !job.Offloads(dev) {
 		fmt.Fprintln(stdout, "CPU run: -offload-optimizer changes nothing here (the device's memory is the host's)")
 	}
+	if job.OffloadActivations && !job.OffloadsActivations(dev) {
+		fmt.Fprintln(stdout, "CPU run: -offload-activations changes nothing here (the device's memory is the host's)")
+	}
 	if o.maxMemory.IsSet() {
 		_, total := dev.MemInfo()
 		job.MaxMemory = o.maxMemory.Of(total)
@@ -590,7 +597,7 @@ func (o *options) config(model string) train.Config {
 	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
-		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload,
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts,
 		FuseOptimizer: o.fuse}
 }
 

@@ -54,6 +54,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-fuse-optimizer", "-amp", "-amp-dtype", "f16"}, cmdenv.ExitUsage, "-fuse-optimizer with -amp-dtype f16: F16's loss scaling"},
 		{[]string{"-fuse-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-fuse-optimizer with -offload-optimizer: choose one"},
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
+		{[]string{"-offload-activations"}, cmdenv.ExitUsage, "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"},
 		{[]string{"-nproc", "2", "-device", "cuda:1"}, cmdenv.ExitUsage, "each rank takes its own GPU"},
 		{[]string{"-dist-timeout", "-1s"}, cmdenv.ExitUsage, "-dist-timeout -1s: want a positive duration"},
 		{[]string{"-model", "mlp", "-dataset", "synthetic", "-resume", "/nonexistent/run.ckpt", "-measure=false"}, cmdenv.ExitUsage, "-resume /nonexistent/run.ckpt: no such file"},

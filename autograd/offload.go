@@ -1,0 +1,198 @@
+package autograd
+
+import (
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/tensor"
+)
+
+// An Offloader moves what checkpointed functions keep on a device for
+// their recomputation (their inputs, and the results their ops keep:
+// Note [what a checkpoint keeps]) to host memory during a forward, and
+// brings it back ahead of each recomputation in the backward (Note
+// [checkpoints offloaded]). One Offloader serves one device handle's
+// forwards, one at a time.
+type Offloader struct {
+	dev, host *tensor.Device
+	pc        kernels.PinnedCopier // dev's backend when host is its page-locked memory (nil: staged copies)
+	pending   []*offloaded         // this forward's checkpoints whose copies down are under way
+	pass      *[]*offloaded        // this forward's checkpoints, in order
+	bytes     int64                // in host memory after this forward
+	most      int64                // the most after a forward
+}
+
+// NewOffloader returns an Offloader from dev to host: dev.Pinned() for
+// direct copies on the copy engines, beside the kernels (a GPU's), or
+// another CPU pool.
+func NewOffloader(dev, host *tensor.Device) *Offloader {
+	o := &Offloader{dev: dev, host: host}
+	if pc, ok := dev.Backend().(kernels.PinnedCopier); ok && host.Allocator().Source() == pc.PinnedSource() {
+		o.pc = pc
+	}
+	return o
+}
+
+// Forward runs f, a forward pass on the Offloader's device, with what its
+// checkpointed functions keep moved to host memory: when it returns, the
+// device holds none of it but what is held elsewhere too (the caller's
+// input of the first).
+func (o *Offloader) Forward(f func()) {
+	m := o.dev.Modes()
+	outer := m.Offload
+	m.Offload = o
+	o.pass, o.bytes = new([]*offloaded), 0
+	defer func() {
+		m.Offload = outer
+		o.settle(0)
+		o.most = max(o.most, o.bytes)
+	}()
+	f()
+}
+
+// Bytes is the most that one forward left in host memory.
+func (o *Offloader) Bytes() int64 { return o.most }
+
+// offloaded is what one checkpoint keeps, in host memory.
+type offloaded struct {
+	o       *Offloader
+	pass    *[]*offloaded // its forward's checkpoints, in order
+	index   int           // in pass
+	saved   []*T          // the checkpoint node's, which holds each host copy while there is one
+	tensors []offloadedTensor
+	up      bool // the copies up are queued (brought back, or on their way)
+}
+
+// offloadedTensor is one tensor a checkpoint keeps.
+type offloadedTensor struct {
+	ref  **T              // where the checkpoint reads it: set while it is on the device
+	slot int              // its index in saved
+	host *T               // its copy in host memory (nil: it stays on the device)
+	dev  *T               // on the device: while it comes down, where it stays, or brought back
+	down kernels.Transfer // its copy down, while under way
+}
+
+// offload starts the copies of the tensors *refs[i] (on o's device, each
+// in saved, the checkpoint node's list) into host memory, where saved then
+// holds them, and settles the checkpoint before.
+func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
+	c := &offloaded{o: o, pass: o.pass, index: len(*o.pass), saved: saved}
+	for _, r := range refs {
+		d := *r
+		h := tensor.Empty(o.host, d.DType(), d.Shape()...).Keep()
+		ot := offloadedTensor{ref: r, slot: -1, host: h, dev: d}
+		if o.pc != nil {
+			ot.down = o.pc.StartRead(h.HostBytes(), d.Buf())
+		} else {
+			d.Backend().Read(h.HostBytes(), d.Buf())
+		}
+		for j := range saved {
+			if saved[j] == d {
+				saved[j], ot.slot = h, j
+			}
+		}
+		*r = nil
+		o.bytes += d.Bytes()
+		c.tensors = append(c.tensors, ot)
+	}
+	*o.pass = append(*o.pass, c)
+	o.pending = append(o.pending, c)
+	o.settle(1)
+	return c
+}
+
+// settle waits for the copies down of all but the last keep pending
+// checkpoints and releases their device tensors; a tensor whose storage
+// another handle holds (the caller's input) stays on the device, its host
+// copy dropped: releasing it would free nothing.
+func (o *Offloader) settle(keep int) {
+	for len(o.pending) > keep {
+		c := o.pending[0]
+		o.pending = o.pending[1:]
+		for i := range c.tensors {
+			ot := &c.tensors[i]
+			if ot.down != nil {
+				ot.down.Wait()
+				ot.down = nil
+			}
+			if ot.dev.SharesStorage() {
+				*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
+				ot.host.Release()
+				ot.host = nil
+				o.bytes -= ot.dev.Bytes()
+				continue
+			}
+			ot.dev.Release()
+			ot.dev = nil
+		}
+	}
+}
+
+// bringBack puts the checkpoint's tensors on the device again, where it
+// reads them, and queues the copies up of the checkpoint before it in the
+// forward, whose recomputation comes next in a sequential model's
+// backward.
+func (c *offloaded) bringBack() {
+	c.queueUp()
+	if c.o.pc != nil {
+		c.o.pc.JoinWrites()
+	}
+	for _, ot := range c.tensors {
+		*ot.ref = ot.dev
+	}
+	if i := c.index - 1; i >= 0 {
+		(*c.pass)[i].queueUp()
+	}
+}
+
+// queueUp makes the checkpoint's device tensors and queues their copies up
+// (at once, through the staging buffers, without page-locked memory).
+func (c *offloaded) queueUp() {
+	if c.up {
+		return
+	}
+	c.up = true
+	for i := range c.tensors {
+		ot := &c.tensors[i]
+		if ot.host == nil {
+			continue
+		}
+		ot.dev = tensor.Empty(c.o.dev, ot.host.DType(), ot.host.Shape()...).Keep()
+		if c.o.pc != nil {
+			c.o.pc.StartWrite(ot.dev.Buf(), ot.host.HostBytes())
+		} else {
+			ot.dev.Backend().Write(ot.dev.Buf(), ot.host.HostBytes())
+		}
+	}
+}
+
+// drop releases the device tensors brought back, after the checkpoint's
+// backward; the host copies stay with its node.
+func (c *offloaded) drop() {
+	for i := range c.tensors {
+		ot := &c.tensors[i]
+		if ot.host == nil || ot.dev == nil {
+			continue
+		}
+		*ot.ref = nil
+		ot.dev.Release()
+		ot.dev = nil
+	}
+	c.up = false
+}
+
+// Note [checkpoints offloaded]: a checkpointed function keeps on the
+// device only its inputs and a few of its ops' results (Note [what a
+// checkpoint keeps]), for its recomputation; in a transformer's backward
+// they are what stays alive through the pass, one set a block. An
+// Offloader's Forward moves each set to host memory as soon as the
+// function has run: the copies down start at once (on a GPU, on a copy
+// stream beside the kernels: Note [copies beside the stream] in kernels),
+// and the device's tensors are released once they are down, one
+// checkpoint later, so that the forward seldom waits; one whose storage
+// is held elsewhere too (the first block's input, the caller's) stays.
+// In the backward, a checkpoint about to recompute waits for its set to be
+// up again and queues the copies up of the checkpoint before it, whose
+// recomputation a sequential model's backward runs next: the copies
+// overlap a block's backward, and the device holds at most two sets. The
+// copies are exact, so the gradients are those of the checkpoints kept on
+// the device, bit for bit. The host copies are the checkpoint node's,
+// freed with it.
