@@ -243,14 +243,15 @@ func (r *runner) lookup() (err error) {
 	if r.arch, err = train.LookupArch(r.cfg.Model); err != nil {
 		return err
 	}
-	r.mode = train.ModeFor(r.dev, r.cfg.Capture)
 	switch {
 	case r.arch.Text && r.job.Text == nil:
 		return fmt.Errorf("model %s is a language model: the job needs a text corpus (Job.Text)", r.cfg.Model)
 	case !r.arch.Text && (r.job.Train == nil || r.job.Test == nil):
 		return fmt.Errorf("model %s classifies images: the job needs training and test images (Job.Train, Job.Test)", r.cfg.Model)
 	}
-	return r.stateFits()
+	err = r.stateFits()        // which may offload the optimizer
+	r.mode = r.cfg.Mode(r.dev) // how the steps will run
+	return err
 }
 
 // stateFits refuses, before anything is built, a language model whose

@@ -279,6 +279,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	model := build()
 	defer nn.Release(model)
 	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
+	cfg.OffloadActivations = cfg.OffloadActivations && v.Checkpoint != nn.NoCheckpoint // without checkpoints nothing is kept to move
 	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
 		cfg.FuseOptimizer = false
 	}
@@ -288,6 +289,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	}
 	defer t.Release()
 	t.FailOnOOM = true
+	plan = plan && t.Step.Offloader == nil // its copies follow the forward as it runs
 	if plan {
 		t.Step.Mode = Planned
 	}

@@ -94,6 +94,14 @@ type Config struct {
 // is the host's).
 func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && dev.Name() != "cpu" }
 
+// Mode is how a run of c on dev steps: captured where the backend can and
+// Capture asks, unless an offloaded optimizer or offloaded activations
+// (whose copies follow the step as it runs) or the update fused into the
+// backward need eager steps.
+func (c Config) Mode(dev *tensor.Device) Mode {
+	return ModeFor(dev, c.Capture && !c.Offloads(dev) && !c.OffloadsActivations(dev) && !c.FuseOptimizer)
+}
+
 // OffloadsActivations says whether a run on dev moves what its checkpointed
 // blocks keep to host memory: OffloadActivations, on a device other than
 // the CPU.
@@ -488,10 +496,9 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		}
 		opt = off
 	}
-	acts := cfg.OffloadsActivations(dev)
-	step := NewStep(dev, model, opt, cfg.Autocast(), ModeFor(dev, cfg.Capture && !offload && !cfg.FuseOptimizer && !acts))
+	step := NewStep(dev, model, opt, cfg.Autocast(), cfg.Mode(dev))
 	step.ClipNorm, step.FuseOptimizer = cfg.ClipNorm, cfg.FuseOptimizer
-	if acts {
+	if cfg.OffloadsActivations(dev) {
 		step.Offloader = ag.NewOffloader(dev, dev.Pinned())
 	}
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
