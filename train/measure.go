@@ -280,7 +280,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	defer nn.Release(model)
 	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
 	cfg.OffloadActivations = cfg.OffloadActivations && v.Checkpoint != nn.NoCheckpoint // without checkpoints nothing is kept to move
-	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
+	if cfg.Autocast() == tensor.F16 {                                                  // F16's loss scaling cannot fuse the update into the backward: measured after it
 		cfg.FuseOptimizer = false
 	}
 	t, err := New(model, dev, cfg, 2)
