@@ -279,8 +279,9 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	model := build()
 	defer nn.Release(model)
 	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
-	cfg.OffloadActivations = cfg.OffloadActivations && v.Checkpoint != nn.NoCheckpoint // without checkpoints nothing is kept to move
-	if cfg.Autocast() == tensor.F16 {                                                  // F16's loss scaling cannot fuse the update into the backward: measured after it
+	// Without checkpoints nothing is kept to move to host memory.
+	cfg.OffloadActivations = cfg.OffloadActivations && v.Checkpoint != nn.NoCheckpoint
+	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
 		cfg.FuseOptimizer = false
 	}
 	t, err := New(model, dev, cfg, 2)
