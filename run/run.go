@@ -545,7 +545,7 @@ func (r *runner) fitBudget() (err error) {
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		err = r.interruptible(func() (err error) {
-			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.measuredAMP(), r.job.Allow), x, y,
+			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.dev.Name() != "cpu", r.measuredAMP(), r.job.Allow), x, y,
 				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 			return err
 		})
@@ -555,6 +555,8 @@ func (r *runner) fitBudget() (err error) {
 		return err
 	}
 	r.cfg.AMP, r.cfg.Checkpoint, r.micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
+	r.cfg.OffloadActivations = r.cfg.OffloadActivations || choice.Chosen.OffloadActivations
+	r.mode = r.cfg.Mode(r.dev)
 	r.report.Config = r.cfg
 	fmt.Fprintf(r.say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(r.job.MaxMemory))
 	if r.micro > 0 {

@@ -18,6 +18,9 @@ type Variant struct {
 	AMP        AMP               `json:"amp"`
 	Checkpoint nn.CheckpointMode `json:"checkpoint"`
 	MicroBatch int               `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
+	// OffloadActivations moves what the checkpointed blocks keep to host
+	// memory (Config.OffloadActivations).
+	OffloadActivations bool `json:"offload_activations,omitempty"`
 }
 
 // Variants are the four configurations the savings are measured across:
@@ -280,7 +283,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	defer nn.Release(model)
 	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
 	// Without checkpoints nothing is kept to move to host memory.
-	cfg.OffloadActivations = cfg.OffloadActivations && v.Checkpoint != nn.NoCheckpoint
+	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
 	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
 		cfg.FuseOptimizer = false
 	}
@@ -358,12 +361,17 @@ type BudgetChoice struct {
 
 // BudgetVariants are the configurations a memory budget is fitted with,
 // fastest first on a GPU: fp32, AMP (in amp's dtype, as Variants), checkpointed
-// blocks, both, then checkpointed sqrt(n) segments without and with AMP
+// blocks, both, then checkpointed sqrt(n) segments without and with AMP,
+// then, where offload says the device can move activations to host memory
+// (not the CPU's), AMP with checkpointed blocks whose kept tensors go there
 // (only the first two for a model without residual blocks). keep drops
 // those a user ruled out.
-func BudgetVariants(resnet bool, amp AMP, keep func(Variant) bool) []Variant {
+func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Variant {
 	vs := Variants(nn.CheckpointBlocks, amp)
 	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}, Variant{Name: "amp+checkpoint-sqrt", AMP: vs[1].AMP, Checkpoint: nn.CheckpointSqrt})
+	if offload {
+		vs = append(vs, Variant{Name: "amp+checkpoint+offload", AMP: vs[1].AMP, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true})
+	}
 	var out []Variant
 	for _, v := range vs {
 		if (resnet || v.Checkpoint == nn.NoCheckpoint) && (keep == nil || keep(v)) {

@@ -562,7 +562,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		a.ResetPeak()
 		budget := fp32.Need() * 3 / 4 // fp32 does not fit; the leaner variants do
 		var out strings.Builder
-		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget, nil)
+		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, budget, nil)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, out.String())
 		}
@@ -577,8 +577,42 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		}
 		stop := make(chan struct{})
 		close(stop)
-		if c, err := FitBudget(io.Discard, dev, build, cfg, BudgetVariants(true, AMPF16, nil), x, y, false, budget, stop); !errors.Is(err, ErrInterrupted) || len(c.Measured) != 0 {
+		if c, err := FitBudget(io.Discard, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, budget, stop); !errors.Is(err, ErrInterrupted) || len(c.Measured) != 0 {
 			t.Errorf("fitting with stop closed: %v, %d measured", err, len(c.Measured))
 		}
 	})
+}
+
+// TestBudgetVariants: the configurations a budget is fitted with, fastest
+// first, for a model with blocks and without, with and without offloaded
+// activations (a GPU's), and with the user's choices kept.
+func TestBudgetVariants(t *testing.T) {
+	names := func(vs []Variant) string {
+		var n []string
+		for _, v := range vs {
+			n = append(n, v.Name)
+		}
+		return strings.Join(n, " ")
+	}
+	noAMP := func(v Variant) bool { return !v.AMP.On() }
+	for _, c := range []struct {
+		blocks, offload bool
+		keep            func(Variant) bool
+		want            string
+	}{
+		{true, false, nil, "fp32 amp checkpoint amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
+		{true, true, nil, "fp32 amp checkpoint amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt amp+checkpoint+offload"},
+		{false, true, nil, "fp32 amp"},
+		{true, true, noAMP, "fp32 checkpoint checkpoint-sqrt"},
+	} {
+		vs := BudgetVariants(c.blocks, c.offload, AMPBF16, c.keep)
+		if got := names(vs); got != c.want {
+			t.Errorf("blocks %v, offload %v: %s, want %s", c.blocks, c.offload, got, c.want)
+		}
+		for _, v := range vs {
+			if v.OffloadActivations && (v.Checkpoint == nn.NoCheckpoint || !v.AMP.On()) {
+				t.Errorf("%s offloads activations with checkpoint %v, AMP %v", v.Name, v.Checkpoint, v.AMP)
+			}
+		}
+	}
 }
