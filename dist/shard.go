@@ -264,8 +264,8 @@ func (o *ShardedOptimizer) LoadState(ts map[string]*tensor.Tensor, c map[string]
 		if _, err := fmt.Sscan(index, &i); !ok || err != nil || i < 0 || i >= len(o.r.params) {
 			return fmt.Errorf("optimizer state %q names no parameter of %d", name, len(o.r.params))
 		}
-		if p := o.r.params[i].t; !t.SameShape(p) {
-			return fmt.Errorf("optimizer state %s is %v, its parameter is %v", name, t.Shape(), p.Shape())
+		if err := optim.CheckState(name, t, tensor.F32, o.r.params[i].t.Shape()); err != nil {
+			return err
 		}
 		for k, pc := range o.pieces {
 			if pc.param == i {

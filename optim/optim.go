@@ -566,11 +566,21 @@ func (o *AdamW) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) er
 	return nil
 }
 
+// CheckState says, for a state tensor src named name that a checkpoint
+// gives an optimizer, whether it is of dtype and shape: an error naming
+// what it is and what was wanted if not.
+func CheckState(name string, src *tensor.Tensor, dtype tensor.DType, shape []int) error {
+	if src.DType() != dtype || !slices.Equal(src.Shape(), shape) {
+		return fmt.Errorf("optimizer state %s is %v %v, want %v %v", name, src.DType(), src.Shape(), dtype, shape)
+	}
+	return nil
+}
+
 // loadAs copies src into *dst (made on dev if nil), checking it is of
 // dtype and shape.
 func loadAs(dst **tensor.Tensor, dev *tensor.Device, src *tensor.Tensor, dtype tensor.DType, shape []int, name string) error {
-	if src.DType() != dtype || !slices.Equal(src.Shape(), shape) {
-		return fmt.Errorf("optimizer state %s is %v %v, want %v %v", name, src.DType(), src.Shape(), dtype, shape)
+	if err := CheckState(name, src, dtype, shape); err != nil {
+		return err
 	}
 	if *dst == nil {
 		*dst = tensor.Empty(dev, dtype, shape...).Keep()
