@@ -1,6 +1,7 @@
 package optim
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -387,6 +388,28 @@ func testPerParameterMatchesStep(t *testing.T, dev *tensor.Device) {
 					t.Errorf("%s: parameter %d element %d: %v updated one at a time, %v by Step", name, i, j, got[i][j], want[i][j])
 				}
 			}
+		}
+	}
+}
+
+// TestCheckState: a state tensor of another dtype or shape than its
+// parameter's state is refused, naming it, what it is and what was wanted.
+func TestCheckState(t *testing.T) {
+	dev := tensor.CPU()
+	st := tensor.Zeros(dev, tensor.F32, 3, 4).Keep()
+	defer st.Release()
+	for _, c := range []struct {
+		dtype tensor.DType
+		shape []int
+		want  string
+	}{
+		{tensor.F32, []int{3, 4}, ""},
+		{tensor.F32, []int{4, 3}, "optimizer state exp_avg.2 is f32 [3 4], want f32 [4 3]"},
+		{tensor.U8, []int{3, 4}, "optimizer state exp_avg.2 is f32 [3 4], want u8 [3 4]"},
+	} {
+		err := CheckState("exp_avg.2", st, c.dtype, c.shape)
+		if got := fmt.Sprint(err); (c.want == "" && err != nil) || (c.want != "" && got != c.want) {
+			t.Errorf("CheckState(%v %v) = %v, want %q", c.dtype, c.shape, err, c.want)
 		}
 	}
 }
