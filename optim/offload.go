@@ -59,6 +59,7 @@ type Offloaded struct {
 	kinds  []string
 	down   []kernels.Transfer // down[i]: gradient i's copy into host[i]'s, started this step (nil: not started)
 	early  []bool             // early[i]: Ready started down[i]
+	gone   []bool             // gone[i]: Ready released gradient i on the device
 	// queue lists the gradients Ready started down and has not released
 	// on the device, oldest first, inFlight their bytes: Ready waits for
 	// the oldest while they are more than flightMost, a sixteenth of all
@@ -95,7 +96,8 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	params := opt.Params()
 	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds,
-		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), summed: make([]bool, len(params))}
+		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), gone: make([]bool, len(params)),
+		summed: make([]bool, len(params))}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -144,9 +146,13 @@ func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 	if !ok || leaf.Grad() == nil {
 		return
 	}
+	if o.gone[i] {
+		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its first part had left the device: a parameter read in several checkpointed blocks cannot stream its gradient to host memory as the backward finishes it",
+			i, leaf.Shape()))
+	}
 	o.sumSquares(i)
 	o.early[i] = true
-	o.startDown(i) // again for a gradient finished twice: the later copy lands last
+	o.startDown(i) // again for a gradient finished twice while on the device: the later copy lands last
 	o.queue = append(o.queue, i)
 	o.inFlight += leaf.Bytes()
 	for len(o.queue) > 1 && o.inFlight > o.flightMost {
@@ -154,7 +160,10 @@ func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 		o.queue = o.queue[1:]
 		o.down[j].Wait()
 		o.inFlight -= o.params[j].Bytes()
-		o.params[j].SetGrad(nil)
+		if !o.gone[j] { // j may be queued twice
+			o.params[j].SetGrad(nil)
+			o.gone[j] = true
+		}
 	}
 }
 
@@ -226,7 +235,7 @@ func (o *Offloaded) settle() {
 			d.Wait()
 			o.down[i] = nil
 		}
-		o.early[i], o.summed[i] = false, false
+		o.early[i], o.gone[i], o.summed[i] = false, false, false
 	}
 	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
 }

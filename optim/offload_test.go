@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -224,4 +225,36 @@ func TestOffloadRefuses(t *testing.T) {
 	if _, err := Offload(o, tensor.CPU()); err == nil {
 		t.Error("an optimizer with state was offloaded")
 	}
+}
+
+// TestOffloadedRefusesAGradientFinishedTwice: a gradient the backward
+// finishes again after its first part left the device (a parameter read in
+// several checkpointed blocks) is refused, naming the parameter, not
+// updated from its second part alone.
+func TestOffloadedRefusesAGradientFinishedTwice(t *testing.T) {
+	dev, host := tensor.NewDevice(tensor.CPU().Backend()), tensor.CPU()
+	small := tensor.Zeros(dev, tensor.F32, 4).Keep().SetRequiresGrad(true)
+	large := tensor.Zeros(dev, tensor.F32, 1000).Keep().SetRequiresGrad(true)
+	defer small.Release()
+	defer large.Release()
+	o, err := Offload(NewAdamW([]*tensor.Tensor{small, large}, 0.01, 0), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Release()
+	small.SetGrad(tensor.Ones(dev, tensor.F32, 4))
+	large.SetGrad(tensor.Ones(dev, tensor.F32, 1000))
+	o.Ready(small)
+	o.Ready(large) // past a sixteenth in flight: small's gradient leaves the device
+	if small.Grad() != nil {
+		t.Fatal("the first gradient is still on the device")
+	}
+	small.SetGrad(tensor.Ones(dev, tensor.F32, 4)) // the backward adds another part
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "gradient of parameter 0 (shape [4]) was finished twice") {
+			t.Errorf("Ready of a gradient finished twice: %v, want a panic naming parameter 0", r)
+		}
+		o.ZeroGrad()
+	}()
+	o.Ready(small)
 }
