@@ -2,6 +2,7 @@ package optim
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,14 @@ type Offloaded struct {
 	down   []kernels.Transfer // down[i]: gradient i's copy into host[i]'s, started this step (nil: not started)
 	early  []bool             // early[i]: Ready started down[i]
 	gone   []bool             // gone[i]: Ready released gradient i on the device
+	// work hands the parameters ReadyAndUpdate was given to the goroutine
+	// that updates them during the backward (nil when none runs), which
+	// closes worked when it ends; updated[i] says it updated parameter i
+	// this step.
+	work    chan update
+	worked  chan struct{}
+	updated []bool
+	early2  int64 // parameters' bytes updated during the backward, over the steps
 	// queue lists the gradients Ready started down and has not released
 	// on the device, oldest first, inFlight their bytes: Ready waits for
 	// the oldest while they are more than flightMost, a sixteenth of all
@@ -96,7 +105,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	params := opt.Params()
 	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds,
-		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), gone: make([]bool, len(params)),
+		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), gone: make([]bool, len(params)), updated: make([]bool, len(params)),
 		summed: make([]bool, len(params))}
 	defer func() {
 		if r := recover(); r != nil {
@@ -124,6 +133,84 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	opt.Release()
 	return o, nil
+}
+
+// ReadyAndUpdate is Ready, and then, as soon as the gradient is down, the
+// parameter's update on the host and its copy up, on a goroutine of their
+// own while the backward goes on: the update hidden behind the backward,
+// for steps whose gradients need neither a multiplier nor a skip flag (no
+// clipping, no loss scaling: the step's StepScaled panics when given
+// either after such a backward). A parameter updated there cannot take a
+// second part of its gradient: a second call for it panics, naming it.
+func (o *Offloaded) ReadyAndUpdate(leaf *tensor.Tensor) {
+	i, ok := o.slot[leaf]
+	if !ok || leaf.Grad() == nil {
+		return
+	}
+	if o.early[i] {
+		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its update began: a parameter read in several checkpointed blocks cannot be updated in the backward", i, leaf.Shape()))
+	}
+	o.Ready(leaf)
+	if o.work == nil {
+		o.work, o.worked = make(chan update, len(o.params)), make(chan struct{})
+		go func() {
+			defer close(o.worked)
+			for u := range o.work {
+				u.down.Wait()
+				o.update(u.i, kernels.Buf{}, 1)
+				o.updated[u.i] = true
+			}
+		}()
+	}
+	o.work <- update{i, o.down[i]}
+}
+
+// update is a parameter whose gradient is coming down, for the goroutine
+// that updates it during the backward.
+type update struct {
+	i    int
+	down kernels.Transfer
+}
+
+// stopWork waits for the updates ReadyAndUpdate started.
+func (o *Offloaded) stopWork() {
+	if o.work != nil {
+		close(o.work)
+		<-o.worked
+		o.work, o.worked = nil, nil
+	}
+}
+
+// update updates parameter i on the host from its gradient there, read
+// through the multiplier m (on the host; invalid: none) of value mv, and
+// queues its copy up.
+func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
+	switch in := o.inner[i].(type) {
+	case ScaledStepper:
+		in.StepScaled(m, kernels.Buf{})
+	default:
+		if m.Valid() {
+			f := hostF32s(o.host[i].Grad())
+			for k := range f {
+				f[k] *= mv
+			}
+		}
+		in.Step()
+	}
+	if o.pc != nil {
+		o.pc.StartWrite(o.params[i].Buf(), o.host[i].HostBytes())
+	} else {
+		o.params[i].Backend().Write(o.params[i].Buf(), o.host[i].HostBytes())
+	}
+}
+
+// UpdatedInBackward is the share of the parameters' bytes updated during
+// the backward (ReadyAndUpdate), over the steps so far (0 before one).
+func (o *Offloaded) UpdatedInBackward() float64 {
+	if o.total == 0 {
+		return 0
+	}
+	return float64(o.early2) / float64(o.total)
 }
 
 // OffloadedDeviceBytes is the least device memory n parameters take
@@ -230,12 +317,13 @@ func (done) Wait() {}
 // settle waits for the gradients' copies under way and forgets the step:
 // the device's gradients may change or be released after it.
 func (o *Offloaded) settle() {
+	o.stopWork()
 	for i, d := range o.down {
 		if d != nil {
 			d.Wait()
 			o.down[i] = nil
 		}
-		o.early[i], o.gone[i], o.summed[i] = false, false, false
+		o.early[i], o.gone[i], o.summed[i], o.updated[i] = false, false, false, false
 	}
 	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
 }
@@ -253,6 +341,10 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	defer o.settle()
 	if len(o.params) == 0 {
 		return
+	}
+	o.stopWork()
+	if slices.Contains(o.updated, true) && (mult.Valid() || skip.Valid()) {
+		panic("optim: an offloaded optimizer's step given a gradient multiplier or a skip flag after ReadyAndUpdate updated parameters in the backward (use Ready with clipping or loss scaling)")
 	}
 	be := o.params[0].Backend()
 	if skip.Valid() && scalar(be, skip) != 0 {
@@ -291,29 +383,17 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 				if o.early[i] {
 					o.hidden += n
 				}
+				if o.updated[i] {
+					o.early2 += n
+					continue
+				}
 				ready <- i
 			}
 		}
 	}()
 	defer wg.Wait()
 	for i := range ready {
-		switch in := o.inner[i].(type) {
-		case ScaledStepper:
-			in.StepScaled(m, kernels.Buf{})
-		default:
-			if m.Valid() {
-				f := hostF32s(o.host[i].Grad())
-				for k := range f {
-					f[k] *= mv
-				}
-			}
-			in.Step()
-		}
-		if o.pc != nil {
-			o.pc.StartWrite(o.params[i].Buf(), o.host[i].HostBytes())
-		} else {
-			be.Write(o.params[i].Buf(), o.host[i].HostBytes())
-		}
+		o.update(i, m, mv)
 	}
 	if o.pc != nil {
 		o.pc.JoinWrites()

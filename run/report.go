@@ -36,7 +36,10 @@ type Final struct {
 	HostOptimizerBytes  int64   `json:"host_optimizer_bytes,omitempty"`
 	HostStepSeconds     float64 `json:"host_step_seconds,omitempty"`
 	HostGradsOverlapped float64 `json:"host_grads_overlapped,omitempty"`
-	HostOptimizerPinned bool    `json:"host_optimizer_pinned,omitempty"`
+	// HostUpdatedInBackward is the share of the parameters' bytes the host
+	// updated during the backward (no clipping, no loss scaling).
+	HostUpdatedInBackward float64 `json:"host_updated_in_backward,omitempty"`
+	HostOptimizerPinned   bool    `json:"host_optimizer_pinned,omitempty"`
 	// HostActivationBytes is the most host memory one forward's
 	// checkpointed blocks kept there (train.Config.OffloadActivations).
 	HostActivationBytes int64 `json:"host_activation_bytes,omitempty"`

@@ -799,12 +799,13 @@ func (r *runner) summarize() error {
 	if o, ok := t.Opt.(*optim.Offloaded); ok {
 		f := r.report.Final
 		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinned = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.Pinned()
+		f.HostUpdatedInBackward = o.UpdatedInBackward()
 		kind := "pageable"
 		if f.HostOptimizerPinned {
 			kind = "page-locked"
 		}
-		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %s of the gradients' bytes began to come down during the backward; the rest of the update took %.3f s a step (the update on %d cores, parameters up)",
-			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, fmt.Sprintf("%.0f%%", 100*f.HostGradsOverlapped), f.HostStepSeconds, runtime.GOMAXPROCS(0))
+		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step (the update on %d cores, parameters up)",
+			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, 100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0))
 	}
 	if o := t.Step.Offloader; o != nil {
 		r.report.Final.HostActivationBytes = o.Bytes()

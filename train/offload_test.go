@@ -19,7 +19,8 @@ import (
 // in F32, within a millionth under BF16 autocast with clipping (the norm
 // is summed a parameter at a time). Every gradient begins to come down
 // during the backward (the step gives the optimizer the backward's hook)
-// and leaves the device then, so that the step's peak is below the
+// and leaves the device then, and without clipping every parameter is
+// updated there too, so that the step's peak is below the
 // on-device one's by the state and some of the gradients; the device holds
 // none of the optimizer's state, the host pool exactly the optimizer's
 // copies, state and scalars, and nothing once it is released.
@@ -77,6 +78,9 @@ func TestOffloadedStepMatches(t *testing.T) {
 			if off, ok := opt.(*optim.Offloaded); ok {
 				if got := off.Overlapped(); got != 1 {
 					t.Errorf("autocast %v: %.3f of the gradients' bytes came down during the backward, want all", c.amp, got)
+				}
+				if got, want := off.UpdatedInBackward(), map[bool]float64{true: 1, false: 0}[c.clip == 0]; got != want {
+					t.Errorf("autocast %v, clip %v: %.3f of the parameters' bytes updated during the backward, want %v", c.amp, c.clip, got, want)
 				}
 				if n := s.OptimizerStateBytes(); n != 0 {
 					t.Errorf("autocast %v: the device holds %d bytes of the offloaded optimizer's state", c.amp, n)

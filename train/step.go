@@ -107,7 +107,8 @@ type Step struct {
 	// (tensor.Interruptible): Run returns an error wrapping
 	// tensor.ErrInterrupted, the step undone as after any failure. The
 	// update itself is never interrupted, nor a data-parallel step, whose
-	// ranks must run the same collectives.
+	// ranks must run the same collectives, nor one whose update runs in
+	// its backward.
 	Stop <-chan struct{}
 	// FuseOptimizer updates each parameter as soon as the backward has
 	// finished its gradient (optim.PerParameter) and releases the gradient
@@ -144,9 +145,11 @@ type Step struct {
 	updated  bool                   // the running step's fused update has begun
 }
 
-// ErrPartlyUpdated is wrapped by the error of a step with FuseOptimizer that
-// failed after it had updated some parameters.
-var ErrPartlyUpdated = errors.New("the step failed after its fused update began: some parameters are updated and some not; resume from the last checkpoint")
+// ErrPartlyUpdated is wrapped by the error of a step whose update runs in
+// its backward (FuseOptimizer, or an offloaded optimizer's without
+// clipping or loss scaling) that failed after it had updated some
+// parameters.
+var ErrPartlyUpdated = errors.New("the step failed after its update in the backward began: some parameters are updated and some not; resume from the last checkpoint")
 
 // shapeState is what a Step knows about one batch shape.
 type shapeState struct {
@@ -650,7 +653,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			defer s.reducer.Join()
 		}
 		stop := s.Stop
-		if s.group != nil || s.Mode != Eager || s.FuseOptimizer { // the planned and captured steps' traces and graphs run whole
+		if s.group != nil || s.Mode != Eager || s.updatesInBackward() { // the planned and captured steps' traces and graphs run whole; an update begun is not undone
 			stop = nil
 		}
 		s.updated = false
@@ -721,7 +724,14 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }))
 		}
 		if off, ok := s.Opt.(*optim.Offloaded); ok && s.reducer == nil && hi == n { // the gradients come down during the backward
-			hooks = append(hooks, ag.OnGradReady(off.Ready))
+			if s.updatesInBackward() { // and the host updates the parameters as they come
+				hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) {
+					s.updated = true
+					off.ReadyAndUpdate(leaf)
+				}))
+			} else {
+				hooks = append(hooks, ag.OnGradReady(off.Ready))
+			}
 		}
 		s.dev.WithScope(func() {
 			xs, ys := x, y
@@ -749,6 +759,16 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 			ag.Backward(scaled, hooks...)
 		})
 	}
+}
+
+// updatesInBackward says whether the step's update runs in its backward:
+// FuseOptimizer's on the device, or an offloaded optimizer's on the host
+// when the gradients need neither clipping nor loss scaling.
+func (s *Step) updatesInBackward() bool {
+	if _, ok := s.Opt.(*optim.Offloaded); ok && s.reducer == nil {
+		return s.ClipNorm <= 0 && !s.Scaler.Enabled()
+	}
+	return s.FuseOptimizer
 }
 
 // updateNow updates the parameter leaf, whose gradient the backward has
