@@ -24,31 +24,33 @@ import (
 // the gradient's squares on the device (for clipping and the loss scaler's
 // check, SumGradSquares), starts its copy into its host copy and releases
 // it on the device once it is down, so that the gradients come down during
-// the rest of the backward and the device holds only about a sixteenth
-// of them at once. A step reads the skip flag and the gradients'
-// multiplier from the device (so it waits for the backward), starts the
-// copies of the gradients Ready was not given, then streams the
-// parameters: as each gradient is down, the host updates that parameter
-// with the optimiser of its own (multi-threaded, fused over parameter,
-// moments and gradient) and its copy up is queued. In the device's
-// page-locked memory (tensor's Device.Pinned) each copy is one direct
-// transfer by the copy engines, down and up on streams of their own beside
-// the kernels (Note [copies beside the stream] in kernels); in ordinary
-// host memory it goes through the backend's staging buffers, at a fraction
-// of the speed, and Ready copies at once. The step ends by making the
-// device's later work wait for the copies up; a parameter's host copy
+// the rest of the backward and the device holds only about a sixteenth of
+// them at once; without clipping or loss scaling, ReadyAndUpdate also
+// updates each parameter on the host as its gradient arrives and sends it
+// up, while the backward goes on. A step reads the skip flag and the
+// gradients' multiplier from the device (so it waits for the backward),
+// starts the copies of the gradients Ready was not given, then streams the
+// parameters not yet updated: as each gradient is down, the host updates
+// that parameter with the optimiser of its own (multi-threaded, fused over
+// parameter, moments and gradient) and its copy up is queued. In the
+// device's page-locked memory (tensor's Device.Pinned) each copy is one
+// direct transfer by the copy engines, down and up on streams of their own
+// beside the kernels (Note [copies beside the stream] in kernels); in
+// ordinary host memory it goes through the backend's staging buffers, at a
+// fraction of the speed, and Ready copies at once. The step ends by making
+// the device's later work wait for the copies up; a parameter's host copy
 // changes next in the next step's update, after that step's gradient has
-// come down, which follows them. The device copy of a parameter is its
-// host copy after every step, so the host's is the master. A gradient must
-// not change after Ready. The update of a parameter is the on-device
+// come down, which follows them. The device copy of a parameter is its host
+// copy after every step, so the host's is the master. A gradient must not
+// change after Ready. The update of a parameter is the on-device
 // optimiser's own arithmetic run by the host's backend: on a CPU device an
 // offloaded run equals an unoffloaded one bit for bit, but for the norm of
 // clipped gradients, summed a parameter at a time (it may differ in its
-// last bit). Each parameter
-// counts its own steps (as PyTorch does) where the on-device AdamW keeps
-// one count: the two differ only for a parameter without a gradient in
-// some steps. Because the host reads the device, a step with an offloaded
-// optimiser cannot be captured as a graph (train runs it eagerly).
+// last bit). Each parameter counts its own steps (as PyTorch does) where
+// the on-device AdamW keeps one count: the two differ only for a parameter
+// without a gradient in some steps. Because the host reads the device, a
+// step with an offloaded optimiser cannot be captured as a graph (train
+// runs it eagerly).
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
@@ -65,10 +67,10 @@ type Offloaded struct {
 	// that updates them during the backward (nil when none runs), which
 	// closes worked when it ends; updated[i] says it updated parameter i
 	// this step.
-	work    chan update
-	worked  chan struct{}
-	updated []bool
-	early2  int64 // parameters' bytes updated during the backward, over the steps
+	work         chan update
+	worked       chan struct{}
+	updated      []bool
+	updatedBytes int64 // parameters' bytes updated during the backward, over the steps
 	// queue lists the gradients Ready started down and has not released
 	// on the device, oldest first, inFlight their bytes: Ready waits for
 	// the oldest while they are more than flightMost, a sixteenth of all
@@ -104,9 +106,9 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 		return nil, fmt.Errorf("optim: offloading an optimizer that has taken steps (its state would be lost)")
 	}
 	params := opt.Params()
-	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds,
-		down: make([]kernels.Transfer, len(params)), early: make([]bool, len(params)), gone: make([]bool, len(params)), updated: make([]bool, len(params)),
-		summed: make([]bool, len(params))}
+	n := len(params)
+	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
+		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n), summed: make([]bool, n)}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -210,7 +212,7 @@ func (o *Offloaded) UpdatedInBackward() float64 {
 	if o.total == 0 {
 		return 0
 	}
-	return float64(o.early2) / float64(o.total)
+	return float64(o.updatedBytes) / float64(o.total)
 }
 
 // OffloadedDeviceBytes is the least device memory n parameters take
@@ -384,7 +386,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 					o.hidden += n
 				}
 				if o.updated[i] {
-					o.early2 += n
+					o.updatedBytes += n
 					continue
 				}
 				ready <- i
