@@ -151,29 +151,45 @@ func (b *Backend) checkPinned(what string, host []byte, buf kernels.Buf) {
 	}
 }
 
+// copyBeside queues a direct copy between host, page-locked memory from
+// PinnedSource, and buf on the copy stream down (or up), after the work
+// queued so far on the backend's stream: queue issues it, with the backend
+// entered (Note [copies beside the stream] in kernels).
+func (b *Backend) copyBeside(what, doing string, host []byte, buf kernels.Buf, up bool, queue func(c *copyStreams, stream uintptr)) {
+	b.checkPinned(what, host, buf)
+	b.enter()
+	defer b.exit()
+	b.notCapturing(doing)
+	c := b.copyStreams()
+	stream := c.down
+	if up {
+		stream = c.up
+	}
+	b.after(stream)
+	b.launches++ // not queued: a profile's events are on the backend's stream
+	queue(c, stream)
+}
+
 // StartRead queues one direct copy of src into dst, page-locked memory from
 // PinnedSource, on the copy stream down, after the work queued so far
 // (kernels.PinnedCopier).
 func (b *Backend) StartRead(dst []byte, src kernels.Buf) kernels.Transfer {
-	b.checkPinned("StartRead", dst, src)
-	b.enter()
-	defer b.exit()
-	b.notCapturing("read into host memory")
-	c := b.copyStreams()
-	b.after(c.down)
-	b.launches++ // not queued: a profile's events are on the backend's stream
-	b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), ptrOf(src), uintptr(len(dst)), c.down))
-	c.mu.Lock()
-	var ev uintptr
-	if n := len(c.free); n > 0 {
-		ev, c.free = c.free[n-1], c.free[:n-1]
-	}
-	c.mu.Unlock()
-	if ev == 0 {
-		b.d.must("cuEventCreate", b.d.eventCreate(unsafe.Pointer(&ev), cuEventDisableTiming))
-	}
-	b.d.must("cuEventRecord", b.d.eventRecord(ev, c.down))
-	return &read{b: b, ev: ev}
+	var r *read
+	b.copyBeside("StartRead", "read into host memory", dst, src, false, func(c *copyStreams, down uintptr) {
+		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), ptrOf(src), uintptr(len(dst)), down))
+		c.mu.Lock()
+		var ev uintptr
+		if n := len(c.free); n > 0 {
+			ev, c.free = c.free[n-1], c.free[:n-1]
+		}
+		c.mu.Unlock()
+		if ev == 0 {
+			b.d.must("cuEventCreate", b.d.eventCreate(unsafe.Pointer(&ev), cuEventDisableTiming))
+		}
+		b.d.must("cuEventRecord", b.d.eventRecord(ev, down))
+		r = &read{b: b, ev: ev}
+	})
+	return r
 }
 
 // read is a StartRead's copy: its event, recorded after it on the stream
@@ -200,15 +216,10 @@ func (r *read) Wait() {
 // PinnedSource, into dst on the copy stream up, after the work queued so
 // far (kernels.PinnedCopier).
 func (b *Backend) StartWrite(dst kernels.Buf, src []byte) {
-	b.checkPinned("StartWrite", src, dst)
-	b.enter()
-	defer b.exit()
-	b.notCapturing("write of host bytes")
-	c := b.copyStreams()
-	b.after(c.up)
-	b.launches++
-	b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(ptrOf(dst), unsafe.Pointer(unsafe.SliceData(src)), uintptr(len(src)), c.up))
-	c.written = true
+	b.copyBeside("StartWrite", "write of host bytes", src, dst, true, func(c *copyStreams, up uintptr) {
+		b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(ptrOf(dst), unsafe.Pointer(unsafe.SliceData(src)), uintptr(len(src)), up))
+		c.written = true
+	})
 }
 
 // JoinWrites makes the backend's stream wait for the writes queued on the
