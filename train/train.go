@@ -59,8 +59,9 @@ type Config struct {
 	Capture bool `json:"capture"`
 	// OffloadOptimizer keeps the optimiser's state in host memory and
 	// runs its update on the host's cores (optim.Offload) when the device
-	// is not the CPU: the device holds the parameters and gradients only,
-	// and its steps run eagerly (the update reads the device).
+	// is not the CPU: the gradients stream down as the backward finishes
+	// them, the device holds the parameters and the gradients in flight
+	// only, and its steps run eagerly (the update reads the device).
 	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
 	// OffloadActivations moves what checkpointed blocks keep for their
 	// recomputation (their inputs, attention's results) to host memory in
