@@ -38,6 +38,12 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		NoGrad(dev, func() {
 			s := dev.NewScope()
 			defer s.Close()
+			defer func() {
+				if out == nil { // fn failed (out of memory): what its ops kept is no one's
+					releaseAll(k.results...)
+					k.results = nil
+				}
+			}()
 			out = fn(inputs)
 			s.Escape(out)
 		})
@@ -47,9 +53,8 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 	edges := make([]edge, len(inputs))
 	for i, x := range inputs {
 		if x.RequiresGrad() {
-			if gn := x.GradNode(); gn != nil {
+			if gn := x.GradNode(); gn != nil { // referenced by finish
 				edges[i].node = gn.(*node)
-				edges[i].node.refs.Add(1)
 			} else {
 				edges[i].leaf = x
 			}
@@ -82,10 +87,6 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 		off = o.offload(refs, rec.n.saved)
 	}
 	rec.finish(out, func(g *T) []*T {
-		if off != nil {
-			off.bringBack()
-			defer off.drop()
-		}
 		after := gen.State()
 		gen.SetState(rng)
 		m := dev.Modes()
@@ -109,6 +110,10 @@ func Checkpoint(fn func(inputs []*T) *T, inputs ...*T) *T {
 				releaseAll(grads...)
 			}
 		}()
+		if off != nil { // what it kept, up again (Note [checkpoints offloaded])
+			defer off.drop()
+			off.bringBack()
+		}
 		for i, sv := range saved {
 			switch {
 			case again[i] != nil && rec.needs(i):

@@ -241,9 +241,8 @@ func beginOn(dev *tensor.Device, name string, inputs ...*T) *recorder {
 		if x == nil || !x.RequiresGrad() {
 			continue
 		}
-		if gn := x.GradNode(); gn != nil {
+		if gn := x.GradNode(); gn != nil { // referenced from finish on: an op that fails before it holds nothing
 			e := gn.(*node)
-			e.refs.Add(1)
 			r.n.inputs[i].node = e
 			r.n.unwritten = r.n.unwritten || e.unwritten
 		} else {
@@ -311,7 +310,7 @@ func rereadAgain(x *T) func() *T {
 // save keeps a handle on t's storage for the backward.
 func (r *recorder) save(t *T) *T {
 	if gn, _ := t.GradNode().(*node); gn != nil && gn.unwritten {
-		r.n.free() // the node will not be finished: drop what it holds
+		r.n.releaseSaved() // the node will not be finished: drop what it holds
 		panic(fmt.Sprintf("autograd: %s saves %v %v, the result of %s, which a checkpoint's recomputation left unwritten (autograd.Unread): only ops whose backward reads no value of it may follow it there",
 			r.n.name, t.DType(), t.Shape(), gn.name))
 	}
@@ -338,9 +337,16 @@ func (r *recorder) keep(t *T) *T {
 	return t
 }
 
-// finish attaches the node to out.
+// finish attaches the node to out, and takes its references on its
+// inputs' nodes: an operation that fails before it (out of memory) holds
+// none of the graph behind it.
 func (r *recorder) finish(out *T, backward func(g *T) []*T) {
 	r.n.backward = backward
+	for _, e := range r.n.inputs {
+		if e.node != nil {
+			e.node.refs.Add(1)
+		}
+	}
 	r.n.refs.Add(1)
 	out.SetGradNode(r.n)
 }

@@ -48,6 +48,21 @@ func (o *Offloader) Forward(f func()) {
 	f()
 }
 
+// End releases what the backward of the last forward brought back to the
+// device and still holds: nothing after a backward that ran through, the
+// sets queued up ahead of a backward that failed. Call it once the
+// backward has returned (or will not run).
+func (o *Offloader) End() {
+	if o.pass == nil {
+		return
+	}
+	for _, c := range *o.pass {
+		if c.up {
+			c.drop()
+		}
+	}
+}
+
 // Bytes is the most that one forward left in host memory.
 func (o *Offloader) Bytes() int64 { return o.most }
 

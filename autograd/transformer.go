@@ -267,14 +267,23 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 			}
 			return binaryRaw(kernels.Mul, d, f)
 		}
+		done := false
+		defer func() {
+			if !done { // out of memory: the gradients made so far are no one's
+				releaseAll(grads...)
+			}
+		}()
 		if rec.needs(0) {
 			s := scaled(dh)
-			grads[0] = asDType(s.Device(), s, hType)
-			s.Release()
+			func() {
+				defer s.Release() // taken from the node: its own, whether the cast is made or not
+				grads[0] = asDType(s.Device(), s, hType)
+			}()
 		}
 		if rec.needs(1) {
 			grads[1] = scaled(dw)
 		}
+		done = true
 		return grads
 	})
 	return loss, right

@@ -2,6 +2,7 @@ package train
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"testing"
 	"unsafe"
@@ -193,6 +194,74 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 		}
 		if off >= plain {
 			t.Errorf("autocast %v: the backward's peak is %s offloaded, %s kept: want less", amp, memory.Bytes(off), memory.Bytes(plain))
+		}
+	}
+}
+
+// TestOffloadedStepThatFailsLeavesNoTrace: a checkpointed GPT's step with
+// its checkpoints offloaded that runs out of memory at any of its
+// allocations (the copies brought back ahead of a recomputation among
+// them) gives back every byte of the device's pool and of the host's, and
+// the steps run again end as steps that never failed do, bit for bit.
+func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
+	const context, vocab = 32, 64
+	run := func(faulty bool) [][]byte {
+		dev, src := faultyDevice(true)
+		xs, ys := gptBatches(dev, 2, context, vocab)
+		defer releaseAll(xs)
+		defer releaseAll(ys)
+		dev.Generator().Seed(5)
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 3, Heads: 2, Width: 32, Vocab: vocab, Context: context})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nn.Release(g)
+		g.SetCheckpoint(nn.CheckpointBlocks)
+		opt := optim.NewSGD(nn.Parameters(g), 0.1, 0.9, 0, false)
+		defer opt.Release()
+		s := NewStep(dev, g, opt, tensor.BF16, Eager)
+		defer s.Release()
+		host := tensor.NewDevice(cpu.New())
+		s.Offloader = ag.NewOffloader(dev, host)
+		for i := range xs {
+			before := dev.Allocator().Stats().Allocated[memory.All].Current
+			faults := 0
+			for fault := 1; faulty; fault++ {
+				src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
+				err := s.Run(xs[i], ys[i])
+				src.Set(memory.Faults{})
+				if err == nil {
+					break
+				}
+				faults++
+				if !errors.Is(err, memory.ErrOutOfMemory) {
+					t.Fatalf("step %d, fault at allocation %d: %v", i, fault, err)
+				}
+				if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != before && i > 0 { // the first keeps its undo copy
+					t.Fatalf("step %d, fault at allocation %d: %d bytes allocated after the failed step, %d before", i, fault, got, before)
+				}
+				if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+					t.Fatalf("step %d, fault at allocation %d: the host pool holds %d bytes after the failed step", i, fault, n)
+				}
+			}
+			if faulty && faults < 50 {
+				t.Errorf("step %d failed at only %d of its allocations", i, faults)
+			}
+			if !faulty {
+				if err := s.Run(xs[i], ys[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if s.Offloader.Bytes() == 0 {
+			t.Error("the Offloader moved nothing")
+		}
+		return snapshotState(g)
+	}
+	want, got := run(false), run(true)
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Errorf("state %d differs after failed steps run again", i)
 		}
 	}
 }

@@ -756,6 +756,9 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 				scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
 			}
 			s.phase("the backward")
+			if s.Offloader != nil {
+				defer s.Offloader.End() // a backward that fails leaves no set on the device
+			}
 			ag.Backward(scaled, hooks...)
 		})
 	}
