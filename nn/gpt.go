@@ -60,6 +60,20 @@ func (c GPTConfig) Params() int {
 	return c.Vocab*C + c.Context*C + c.Layers*block + 2*C
 }
 
+// CheckpointBytes is what one checkpointed block keeps for its
+// recomputation at a batch of windows of the model's context, with matrix
+// products in amp (0: F32): its F32 input, attention's output (in amp's
+// dtype) and attention's F32 log-sum-exps (autograd's Note [what a
+// checkpoint keeps]).
+func (c GPTConfig) CheckpointBytes(batch int, amp tensor.DType) int64 {
+	out := int64(4)
+	if amp != 0 {
+		out = int64(amp.Size())
+	}
+	tokens := int64(batch) * int64(c.Context)
+	return tokens*int64(c.Width)*(4+out) + tokens*int64(c.Heads)*4
+}
+
 // LayerNorm is layer normalisation over the last dimension, with a gain
 // and a bias.
 type LayerNorm struct {

@@ -2,12 +2,14 @@ package run
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -85,5 +87,27 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 				t.Errorf("said %q, want it to say %q", said, c.says)
 			}
 		})
+	}
+}
+
+// TestHostTooSmallForTheOffloads: what the offloaded optimizer and the
+// offloaded activations keep in host memory together, past the host's
+// memory, is refused before anything is built, naming both and the sizes.
+func TestHostTooSmallForTheOffloads(t *testing.T) {
+	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 100000, Checkpoint: nn.CheckpointBlocks, AMP: train.AMPBF16,
+		OffloadOptimizer: true, OffloadActivations: true}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok}}
+	r := &runner{dev: tensor.NewDevice(gpuNamed{cpu.New()}), job: job, cfg: job.Config, say: io.Discard}
+	err = r.lookup()
+	if err == nil {
+		t.Fatal("not refused")
+	}
+	for _, want := range []string{"model gpt2: in host memory -offload-optimizer ", "and -offload-activations ", "of what its 12 blocks keep a step", "and the host has"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refused with %q, want it to say %q", err, want)
+		}
 	}
 }

@@ -271,12 +271,22 @@ func (r *runner) stateFits() error {
 	state := optim.StateBytes(r.cfg.Optimizer, params)
 	offload := r.cfg.Offloads(r.dev)
 	need, what := params*8+state, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
+	var hostNeed int64
+	var held []string
 	if offload {
 		need, what = optim.OffloadedDeviceBytes(params), "with the gradients in flight to host memory (the optimizer's state there)"
-		if host, hostNeed := memory.HostMemory(), params*8+state; hostNeed > host {
-			return fmt.Errorf("model %s: -offload-optimizer keeps %s of copies of its %s parameters, their gradients and %s's state in host memory, and the host has %s",
-				r.cfg.Model, memory.Bytes(hostNeed), count(int(params)), r.cfg.Optimizer, memory.Bytes(host))
-		}
+		hostNeed += params*8 + state
+		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
+			memory.Bytes(params*8+state), count(int(params)), r.cfg.Optimizer))
+	}
+	if r.cfg.OffloadsActivations(r.dev) {
+		acts := int64(g.Layers) * g.CheckpointBytes(r.cfg.Batch, r.cfg.Autocast())
+		hostNeed += acts
+		held = append(held, fmt.Sprintf("-offload-activations %s of what its %d blocks keep a step", memory.Bytes(acts), g.Layers))
+	}
+	if host := memory.HostMemory(); hostNeed > host {
+		return fmt.Errorf("model %s: in host memory %s, %s in all, and the host has %s",
+			r.cfg.Model, strings.Join(held, " and "), memory.Bytes(hostNeed), memory.Bytes(host))
 	}
 	_, total := r.dev.MemInfo()
 	limit, of := total, r.dev.Name()+"'s memory"

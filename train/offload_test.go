@@ -189,6 +189,12 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 			}
 		}
 		t.Logf("autocast %v: the backward's peak %s kept on the device, %s offloaded (%s a forward in host memory)", amp, memory.Bytes(plain), memory.Bytes(off), memory.Bytes(offloaded))
+		// nn's estimate of what the blocks keep, less the first block's
+		// input (the embeddings', shared with the caller: it stays).
+		gc := nn.GPTConfig{Layers: 6, Heads: 2, Width: 32, Vocab: vocab, Context: context}
+		if want := 6*gc.CheckpointBytes(2, amp) - 2*context*32*4; offloaded != want {
+			t.Errorf("autocast %v: the Offloader moved %d bytes a forward, nn.GPTConfig.CheckpointBytes says %d", amp, offloaded, want)
+		}
 		if offloaded == 0 || heldPlain-heldOff != offloaded {
 			t.Errorf("autocast %v: after the forward the device holds %d bytes offloaded, %d kept: want less by exactly the %d the Offloader moved", amp, heldOff, heldPlain, offloaded)
 		}
