@@ -276,6 +276,7 @@ func (o *Offloaded) sumSquares(i int) {
 // those Ready released on the device among them, into sumsq (F32, 1
 // element, on the device) (SquareSummer).
 func (o *Offloaded) SumGradSquares(sumsq kernels.Buf) {
+	o.checkLate()
 	for i, p := range o.params {
 		if p.Grad() != nil && !o.summed[i] {
 			o.sumSquares(i)
@@ -316,6 +317,17 @@ type done struct{}
 
 func (done) Wait() {}
 
+// checkLate panics when a gradient the backward finished (Ready) and
+// released on the device has a part again: one the backward added after
+// saying it was finished, which no copy would carry.
+func (o *Offloaded) checkLate() {
+	for i, p := range o.params {
+		if o.gone[i] && p.Grad() != nil {
+			panic(fmt.Sprintf("optim: parameter %d (shape %v) has a gradient again after the backward finished it and its copy left the device", i, p.Shape()))
+		}
+	}
+}
+
 // settle waits for the gradients' copies under way and forgets the step:
 // the device's gradients may change or be released after it.
 func (o *Offloaded) settle() {
@@ -345,6 +357,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		return
 	}
 	o.stopWork()
+	o.checkLate()
 	if slices.Contains(o.updated, true) && (mult.Valid() || skip.Valid()) {
 		panic("optim: an offloaded optimizer's step given a gradient multiplier or a skip flag after ReadyAndUpdate updated parameters in the backward (use Ready with clipping or loss scaling)")
 	}
