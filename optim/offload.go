@@ -86,7 +86,8 @@ type Offloaded struct {
 	summed  []bool
 	begun   bool
 	steps   int           // updates taken
-	took    time.Duration // by them, from the step's call to the parameters' last copy queued up
+	first   time.Duration // by the first, which makes the state, from the step's call to the parameters' last copy queued up
+	took    time.Duration // by the others
 	hidden  int64         // gradients' bytes Ready started down, over the steps
 	total   int64         // gradients' bytes down, over the steps
 }
@@ -373,7 +374,13 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		m = o.mult.Buf()
 	}
 	start := time.Now()
-	defer func() { o.steps, o.took = o.steps+1, o.took+time.Since(start) }()
+	defer func() {
+		if o.steps++; o.steps == 1 {
+			o.first = time.Since(start)
+		} else {
+			o.took += time.Since(start)
+		}
+	}()
 	if o.pc != nil { // the rest come down at once, behind those Ready started
 		for i, p := range o.params {
 			if o.down[i] == nil && p.Grad() != nil {
@@ -415,15 +422,21 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}
 }
 
-// MeanStep is the mean time of an update so far, from the step's call to
-// the parameters' last copy queued up (0 before one): what the backward
-// did not hide.
+// MeanStep is the mean time of the updates after the first (FirstStep,
+// until there is a second), from the step's call to the parameters' last
+// copy queued up (0 before one): what the backward did not hide.
 func (o *Offloaded) MeanStep() time.Duration {
-	if o.steps == 0 {
-		return 0
+	if o.steps < 2 {
+		return o.first
 	}
-	return o.took / time.Duration(o.steps)
+	return o.took / time.Duration(o.steps-1)
 }
+
+// FirstStep is the time of the first update, which also makes the
+// optimiser's state in host memory (page-locking it takes seconds for
+// billions of parameters), from the step's call to the parameters' last
+// copy queued up (0 before one).
+func (o *Offloaded) FirstStep() time.Duration { return o.first }
 
 // Overlapped is the share of the gradients' bytes that began to come down
 // during the backward (Ready), over the steps so far (0 before one).

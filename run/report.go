@@ -29,8 +29,9 @@ type Final struct {
 	EvalPeakAllocated int64       `json:"eval_peak_allocated"`
 	// HostOptimizerBytes is the host memory an offloaded optimizer held
 	// (train.Config.OffloadOptimizer), and HostStepSeconds its update's
-	// mean time a step after the backward: the gradients not yet down, the
-	// update, parameters up; HostGradsOverlapped is the share of the
+	// mean time a step after the backward, over the steps after the first
+	// (which makes the state): the gradients not yet down, the update,
+	// parameters up; HostGradsOverlapped is the share of the
 	// gradients' bytes that began to come down during the backward;
 	// HostOptimizerPinned says whether that memory was page-locked.
 	HostOptimizerBytes  int64   `json:"host_optimizer_bytes,omitempty"`

@@ -814,8 +814,8 @@ func (r *runner) summarize() error {
 		if f.HostOptimizerPinned {
 			kind = "page-locked"
 		}
-		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step (the update on %d cores, parameters up)",
-			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, 100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0))
+		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which page-locks the state, %.3f s)",
+			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, 100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0), o.FirstStep().Seconds())
 	}
 	if o := t.Step.Offloader; o != nil {
 		r.report.Final.HostActivationBytes = o.Bytes()
