@@ -26,7 +26,8 @@
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
-#             "host+acts" -offload-activations alone and with -offload-optimizer); beside "host",
+#             "host+acts" -offload-activations alone and with -offload-optimizer; "host-noclip"
+#             -offload-optimizer -clip 0, whose update runs in the backward); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
@@ -191,6 +192,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       8bit+fused) flags=(-optimizer adamw8bit -fuse-optimizer) ;;
       acts) flags=(-offload-activations) ;;
       host+acts) flags=(-offload-optimizer -offload-activations) ;;
+      host-noclip) flags=(-offload-optimizer -clip 0) ;;
       *) flags=() ;;
       esac
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
