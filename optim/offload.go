@@ -357,6 +357,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	if len(o.params) == 0 {
 		return
 	}
+	start := time.Now() // what the backward did not hide: the updates it began, finished, too
 	o.stopWork()
 	o.checkLate()
 	if slices.Contains(o.updated, true) && (mult.Valid() || skip.Valid()) {
@@ -373,7 +374,6 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		o.mult.Backend().Fill(o.mult.Buf(), mv)
 		m = o.mult.Buf()
 	}
-	start := time.Now()
 	defer func() {
 		if o.steps++; o.steps == 1 {
 			o.first = time.Since(start)

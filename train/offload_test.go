@@ -21,7 +21,7 @@ import (
 // is summed a parameter at a time). Every gradient begins to come down
 // during the backward (the step gives the optimizer the backward's hook)
 // and leaves the device then, and without clipping every parameter is
-// updated there too, so that the step's peak is below the
+// updated there too (HostUpdateInBackward), so that the step's peak is below the
 // on-device one's by the state and some of the gradients; the device holds
 // none of the optimizer's state, the host pool exactly the optimizer's
 // copies, state and scalars, and nothing once it is released.
@@ -54,7 +54,7 @@ func TestOffloadedStepMatches(t *testing.T) {
 				}
 			}
 			s := NewStep(dev, g, opt, c.amp, Eager)
-			s.ClipNorm = c.clip
+			s.ClipNorm, s.HostUpdateInBackward = c.clip, true
 			defer s.Release()
 			a := dev.Allocator()
 			var peak int64
