@@ -139,7 +139,7 @@ func f32sOf(b []byte) []float32 {
 // the steps.
 func TestOffloadedActivationsMatch(t *testing.T) {
 	dev := tensor.CPU()
-	const context, vocab = 256, 64
+	const layers, context, vocab = 6, 256, 64
 	xs, ys := gptBatches(dev, 3, context, vocab)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
@@ -147,7 +147,7 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 		var offloaded int64
 		run := func(offload bool) (state [][]byte, peak, held int64) {
 			dev.Generator().Seed(5)
-			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 6, Heads: 2, Width: 32, Vocab: vocab, Context: context})
+			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,8 +191,8 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 		t.Logf("autocast %v: the backward's peak %s kept on the device, %s offloaded (%s a forward in host memory)", amp, memory.Bytes(plain), memory.Bytes(off), memory.Bytes(offloaded))
 		// nn's estimate of what the blocks keep, less the first block's
 		// input (the embeddings', shared with the caller: it stays).
-		gc := nn.GPTConfig{Layers: 6, Heads: 2, Width: 32, Vocab: vocab, Context: context}
-		if want := 6*gc.CheckpointBytes(2, amp) - 2*context*32*4; offloaded != want {
+		gc := nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context}
+		if want := layers*gc.CheckpointBytes(2, amp) - 2*context*16*4; offloaded != want {
 			t.Errorf("autocast %v: the Offloader moved %d bytes a forward, nn.GPTConfig.CheckpointBytes says %d", amp, offloaded, want)
 		}
 		if offloaded == 0 || heldPlain-heldOff != offloaded {
@@ -210,14 +210,14 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 // them) gives back every byte of the device's pool and of the host's, and
 // the steps run again end as steps that never failed do, bit for bit.
 func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
-	const context, vocab = 32, 64
+	const context, vocab = 16, 64
 	run := func(faulty bool) [][]byte {
 		dev, src := faultyDevice(true)
 		xs, ys := gptBatches(dev, 2, context, vocab)
 		defer releaseAll(xs)
 		defer releaseAll(ys)
 		dev.Generator().Seed(5)
-		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 3, Heads: 2, Width: 32, Vocab: vocab, Context: context})
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: vocab, Context: context})
 		if err != nil {
 			t.Fatal(err)
 		}
