@@ -2,7 +2,6 @@ package train
 
 import (
 	"bytes"
-	"errors"
 	"math"
 	"testing"
 	"unsafe"
@@ -230,34 +229,17 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 		host := tensor.NewDevice(cpu.New())
 		s.Offloader = ag.NewOffloader(dev, host)
 		for i := range xs {
-			before := dev.Allocator().Stats().Allocated[memory.All].Current
-			faults := 0
-			for fault := 1; faulty; fault++ {
-				src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
-				err := s.Run(xs[i], ys[i])
-				src.Set(memory.Faults{})
-				if err == nil {
-					break
-				}
-				faults++
-				if !errors.Is(err, memory.ErrOutOfMemory) {
-					t.Fatalf("step %d, fault at allocation %d: %v", i, fault, err)
-				}
-				if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != before && i > 0 { // the first keeps its undo copy
-					t.Fatalf("step %d, fault at allocation %d: %d bytes allocated after the failed step, %d before", i, fault, got, before)
-				}
-				if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
-					t.Fatalf("step %d, fault at allocation %d: the host pool holds %d bytes after the failed step", i, fault, n)
-				}
-			}
-			if faulty && faults < 50 {
-				t.Errorf("step %d failed at only %d of its allocations", i, faults)
-			}
 			if !faulty {
 				if err := s.Run(xs[i], ys[i]); err != nil {
 					t.Fatal(err)
 				}
+				continue
 			}
+			failEveryAllocation(t, dev, src, i, func() error { return s.Run(xs[i], ys[i]) }, func(fault int) {
+				if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+					t.Fatalf("step %d, fault at allocation %d: the host pool holds %d bytes after the failed step", i, fault, n)
+				}
+			})
 		}
 		if s.Offloader.Bytes() == 0 {
 			t.Error("the Offloader moved nothing")

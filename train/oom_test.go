@@ -51,27 +51,7 @@ func TestFailedStepLeavesNoTrace(t *testing.T) {
 			r := newRig(dev, v, Eager, 0.2)
 			defer r.release()
 			for i := range xs {
-				before := dev.Allocator().Stats().Allocated[memory.All].Current
-				faults := 0
-				for fault := 1; ; fault++ {
-					src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
-					err := r.step.Run(xs[i], ys[i])
-					src.Set(memory.Faults{})
-					if err == nil {
-						break
-					}
-					faults++
-					if !errors.Is(err, memory.ErrOutOfMemory) {
-						t.Fatalf("step %d, fault at allocation %d: %v", i, fault, err)
-					}
-					// (The first step keeps what it made for its undo copy.)
-					if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != before && i > 0 {
-						t.Fatalf("step %d, fault at allocation %d: %d bytes allocated after the failed step, %d before", i, fault, got, before)
-					}
-				}
-				if faults < 50 {
-					t.Errorf("step %d failed at only %d of its allocations", i, faults)
-				}
+				failEveryAllocation(t, dev, src, i, func() error { return r.step.Run(xs[i], ys[i]) }, nil)
 			}
 			sameAsClean(t, r, want, wantTally, "failed steps")
 		})
@@ -400,5 +380,37 @@ func TestInterruptedStepLeavesNoTrace(t *testing.T) {
 			}
 			sameAsClean(t, r, want, wantTally, "interrupted steps")
 		})
+	}
+}
+
+// failEveryAllocation runs step i (run) with an out-of-memory fault at its
+// first allocation, then its second, and so on until it succeeds, and
+// fails t unless each failed run gave back every byte of dev's pool (after
+// the first step, which keeps what it made for its undo copy) and passed
+// check (nil: none), or the step failed at fewer than 50 allocations.
+func failEveryAllocation(t *testing.T, dev *tensor.Device, src *memory.FaultySource, i int, run func() error, check func(fault int)) {
+	t.Helper()
+	before := dev.Allocator().Stats().Allocated[memory.All].Current
+	faults := 0
+	for fault := 1; ; fault++ {
+		src.Set(memory.Faults{Every: fault, Burst: 3, Max: 1})
+		err := run()
+		src.Set(memory.Faults{})
+		if err == nil {
+			break
+		}
+		faults++
+		if !errors.Is(err, memory.ErrOutOfMemory) {
+			t.Fatalf("step %d, fault at allocation %d: %v", i, fault, err)
+		}
+		if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != before && i > 0 {
+			t.Fatalf("step %d, fault at allocation %d: %d bytes allocated after the failed step, %d before", i, fault, got, before)
+		}
+		if check != nil {
+			check(fault)
+		}
+	}
+	if faults < 50 {
+		t.Errorf("step %d failed at only %d of its allocations", i, faults)
 	}
 }
