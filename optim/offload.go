@@ -79,11 +79,10 @@ type Offloaded struct {
 	queue                []int
 	inFlight, flightMost int64
 	// squares holds each gradient's sum of squares this step (device
-	// F32[len(params), 1]; nil until the first is summed); summed[i] says
-	// squares[i] holds gradient i's, and begun that squares was cleared
-	// for this step.
+	// F32[len(params), 1]; nil until the first is summed; Ready sums
+	// gradient i's as it starts it down, early[i]); begun says it was
+	// cleared for this step.
 	squares *tensor.Tensor
-	summed  []bool
 	begun   bool
 	steps   int           // updates taken
 	first   time.Duration // by the first, which makes the state, from the step's call to the parameters' last copy queued up
@@ -109,7 +108,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	params := opt.Params()
 	n := len(params)
 	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
-		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n), summed: make([]bool, n)}
+		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n)}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -270,7 +269,6 @@ func (o *Offloaded) sumSquares(i int) {
 	row := o.squares.Rows(i, i+1)
 	defer row.Release()
 	p.Backend().SumSquares([]kernels.Buf{p.Grad().Buf()}, row.Buf())
-	o.summed[i] = true
 }
 
 // SumGradSquares writes the sum of the squares of the step's gradients,
@@ -279,7 +277,7 @@ func (o *Offloaded) sumSquares(i int) {
 func (o *Offloaded) SumGradSquares(sumsq kernels.Buf) {
 	o.checkLate()
 	for i, p := range o.params {
-		if p.Grad() != nil && !o.summed[i] {
+		if p.Grad() != nil && !o.early[i] { // not summed by Ready
 			o.sumSquares(i)
 		}
 	}
@@ -338,7 +336,7 @@ func (o *Offloaded) settle() {
 			d.Wait()
 			o.down[i] = nil
 		}
-		o.early[i], o.gone[i], o.summed[i], o.updated[i] = false, false, false, false
+		o.early[i], o.gone[i], o.updated[i] = false, false, false
 	}
 	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
 }

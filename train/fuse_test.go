@@ -1,8 +1,8 @@
 package train
 
 import (
-	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -30,11 +30,7 @@ func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
 	defer releaseAll(ys)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		run := func(fused bool) (state [][]byte, peak, grads int64) {
-			dev.Generator().Seed(5)
-			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 4, Heads: 4, Width: 256, Vocab: vocab, Context: context})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := seededGPT(t, dev, nn.GPTConfig{Layers: 4, Heads: 4, Width: 256, Vocab: vocab, Context: context})
 			defer nn.Release(g)
 			opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
 			opt.NoDecay = nn.NoDecay(g)
@@ -42,16 +38,7 @@ func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
 			s := NewStep(dev, g, opt, amp, Eager)
 			s.FuseOptimizer = fused
 			defer s.Release()
-			a := dev.Allocator()
-			for i := range xs {
-				a.WindowPeak()
-				if err := s.Run(xs[i], ys[i]); err != nil {
-					t.Fatal(err)
-				}
-				if p, _ := a.WindowPeak(); i > 0 { // the optimizer's state exists
-					peak = max(peak, p)
-				}
-			}
+			peak = peakAfterFirst(t, s, xs, ys)
 			for _, p := range opt.Params() {
 				grads += p.Bytes()
 			}
@@ -59,11 +46,7 @@ func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
 		}
 		want, plain, grads := run(false)
 		got, fused, _ := run(true)
-		for i := range want {
-			if !bytes.Equal(got[i], want[i]) {
-				t.Errorf("autocast %v: state %d differs with the update fused into the backward", amp, i)
-			}
-		}
+		sameState(t, got, want, fmt.Sprintf("with the update fused into the backward under autocast %v", amp))
 		t.Logf("autocast %v: peak %s plain, %s fused; the gradients %s", amp, memory.Bytes(plain), memory.Bytes(fused), memory.Bytes(grads))
 		if plain-fused < grads/4 {
 			t.Errorf("autocast %v: the fused step's peak is %s, the plain one's %s: want at least a quarter of the gradients' %s less",
@@ -194,4 +177,33 @@ func gptBatches(dev *tensor.Device, n, context, vocab int) (xs, ys []*tensor.Ten
 		xs, ys = append(xs, tensor.FromInt32(dev, x, batch, context).Keep()), append(ys, tensor.FromInt32(dev, y, batch, context).Keep())
 	}
 	return xs, ys
+}
+
+// peakAfterFirst runs s on each batch and returns the pool's highest
+// peak in the steps after the first (the optimizer's state exists then).
+func peakAfterFirst(t *testing.T, s *Step, xs, ys []*tensor.Tensor) (peak int64) {
+	t.Helper()
+	a := s.dev.Allocator()
+	for i := range xs {
+		a.WindowPeak()
+		if err := s.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := a.WindowPeak(); i > 0 {
+			peak = max(peak, p)
+		}
+	}
+	return peak
+}
+
+// seededGPT is a GPT of cfg on dev, its weights drawn from the generator
+// seeded with 5 (the same for every run of a comparison).
+func seededGPT(t *testing.T, dev *tensor.Device, cfg nn.GPTConfig) *nn.GPT {
+	t.Helper()
+	dev.Generator().Seed(5)
+	g, err := nn.NewGPT(dev, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }

@@ -2,6 +2,7 @@ package train
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"testing"
 	"unsafe"
@@ -37,35 +38,23 @@ func TestOffloadedStepMatches(t *testing.T) {
 		var peaks [2]int64
 		var params int64
 		run := func(offload bool) [][]byte {
-			dev.Generator().Seed(5)
-			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context})
 			defer nn.Release(g)
 			adamw := optim.NewAdamW(nn.Parameters(g), 1e-2, 0.1)
 			adamw.NoDecay = nn.NoDecay(g)
 			var opt optim.Optimizer = adamw
 			host := tensor.NewDevice(cpu.New())
 			if offload {
-				if opt, err = optim.Offload(adamw, host); err != nil {
+				off, err := optim.Offload(adamw, host)
+				if err != nil {
 					t.Fatal(err)
 				}
+				opt = off
 			}
 			s := NewStep(dev, g, opt, c.amp, Eager)
 			s.ClipNorm, s.HostUpdateInBackward = c.clip, true
 			defer s.Release()
-			a := dev.Allocator()
-			var peak int64
-			for i := range xs {
-				a.WindowPeak()
-				if err := s.Run(xs[i], ys[i]); err != nil {
-					t.Fatal(err)
-				}
-				if p, _ := a.WindowPeak(); i > 0 {
-					peak = max(peak, p)
-				}
-			}
+			peak := peakAfterFirst(t, s, xs, ys)
 			params = 0
 			for _, p := range opt.Params() {
 				params += p.Bytes()
@@ -145,11 +134,7 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		var offloaded int64
 		run := func(offload bool) (state [][]byte, peak, held int64) {
-			dev.Generator().Seed(5)
-			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := seededGPT(t, dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context})
 			defer nn.Release(g)
 			g.SetCheckpoint(nn.CheckpointBlocks)
 			opt := optim.NewSGD(nn.Parameters(g), 0.1, 0, 0, false) // no state: the backward sets the peak
@@ -182,11 +167,7 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 		}
 		want, plain, heldPlain := run(false)
 		got, off, heldOff := run(true)
-		for i := range want {
-			if !bytes.Equal(got[i], want[i]) {
-				t.Errorf("autocast %v: state %d differs with the checkpoints offloaded", amp, i)
-			}
-		}
+		sameState(t, got, want, fmt.Sprintf("with the checkpoints offloaded under autocast %v", amp))
 		t.Logf("autocast %v: the backward's peak %s kept on the device, %s offloaded (%s a forward in host memory)", amp, memory.Bytes(plain), memory.Bytes(off), memory.Bytes(offloaded))
 		// nn's estimate of what the blocks keep, less the first block's
 		// input (the embeddings', shared with the caller: it stays).
@@ -215,11 +196,7 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 		xs, ys := gptBatches(dev, 2, context, vocab)
 		defer releaseAll(xs)
 		defer releaseAll(ys)
-		dev.Generator().Seed(5)
-		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: vocab, Context: context})
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 2, Width: 32, Vocab: vocab, Context: context})
 		defer nn.Release(g)
 		g.SetCheckpoint(nn.CheckpointBlocks)
 		opt := optim.NewSGD(nn.Parameters(g), 0.1, 0.9, 0, false)
@@ -247,9 +224,5 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 		return snapshotState(g)
 	}
 	want, got := run(false), run(true)
-	for i := range want {
-		if !bytes.Equal(got[i], want[i]) {
-			t.Errorf("state %d differs after failed steps run again", i)
-		}
-	}
+	sameState(t, got, want, "after failed steps run again")
 }

@@ -32,6 +32,17 @@ func snapshotState(m nn.Model) [][]byte {
 	return out
 }
 
+// sameState fails t for each tensor of want (snapshotState's) that got
+// does not hold bit for bit, saying how got was made.
+func sameState(t *testing.T, got, want [][]byte, how string) {
+	t.Helper()
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Errorf("state %d differs %s", i, how)
+		}
+	}
+}
+
 // TestFailedStepLeavesNoTrace: a step that runs out of memory at any of its
 // allocations (forward, backward, the optimiser's first state) leaves the
 // parameters, batch norm's running statistics, the optimiser, the metrics

@@ -153,9 +153,8 @@ type Step struct {
 }
 
 // ErrPartlyUpdated is wrapped by the error of a step whose update runs in
-// its backward (FuseOptimizer, or an offloaded optimizer's without
-// clipping or loss scaling) that failed after it had updated some
-// parameters.
+// its backward (FuseOptimizer, or HostUpdateInBackward) that failed after
+// it had updated some parameters.
 var ErrPartlyUpdated = errors.New("the step failed after its update in the backward began: some parameters are updated and some not; resume from the last checkpoint")
 
 // shapeState is what a Step knows about one batch shape.
@@ -749,6 +748,7 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 			var loss, right *tensor.Tensor
 			var preds int
 			if s.Offloader != nil {
+				defer s.Offloader.End() // after the backward: one that fails leaves no set on the device
 				s.Offloader.Forward(func() { loss, right, preds = s.forward(xs, ys) })
 			} else {
 				loss, right, preds = s.forward(xs, ys)
@@ -763,9 +763,6 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 				scaled = ag.Scale(scaled, float32(hi-lo)/float32(n))
 			}
 			s.phase("the backward")
-			if s.Offloader != nil {
-				defer s.Offloader.End() // a backward that fails leaves no set on the device
-			}
 			ag.Backward(scaled, hooks...)
 		})
 	}
