@@ -25,7 +25,7 @@ type deviceProfiler interface {
 func Profile(dev *tensor.Device, spec Spec, o Options) ([]kernels.OpTime, float64, error) {
 	p, ok := dev.Backend().(deviceProfiler)
 	if !ok {
-		if dev.Info().Kind != "cpu" {
+		if !dev.OnHost() {
 			return nil, 0, fmt.Errorf("%s has no device profiler", dev.Name())
 		}
 		h := newHostProfiler(dev.Backend())

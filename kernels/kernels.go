@@ -292,10 +292,16 @@ type Options struct {
 	KernelCache string
 }
 
+// The kinds of device a backend drives (Info.Kind).
+const (
+	KindCPU  = "cpu"  // the host's cores over host memory
+	KindCUDA = "cuda" // an NVIDIA GPU
+)
+
 // Info describes a backend's device, for reports and for code that needs
 // the device's number or capability without parsing its name.
 type Info struct {
-	Kind         string            `json:"kind"`          // "cpu" or "cuda"
+	Kind         string            `json:"kind"`          // KindCPU or KindCUDA
 	Index        int               `json:"index"`         // the device's number (0 for the CPU)
 	Name         string            `json:"name"`          // "cpu", "cuda:0"
 	Model        string            `json:"model"`         // "NVIDIA H200"; for the CPU, its cores

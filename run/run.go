@@ -298,7 +298,7 @@ func (r *runner) stateFits() error {
 	}
 	if need > limit {
 		var hints []string
-		if !offload && r.dev.Name() != "cpu" && optim.OffloadedDeviceBytes(params) <= limit && r.cfg.Optimizer != "adamw8bit" {
+		if !offload && !r.dev.OnHost() && optim.OffloadedDeviceBytes(params) <= limit && r.cfg.Optimizer != "adamw8bit" {
 			hints = append(hints, "-offload-optimizer keeps the state in host memory")
 		}
 		if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
@@ -321,7 +321,7 @@ func (r *runner) stateFits() error {
 // what they take on the device (optim.OffloadedDeviceBytes) within limit,
 // their copies, gradients and state within the host's memory.
 func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
-	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.Name() == "cpu" ||
+	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
 		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(params) > limit || params*8+state > memory.HostMemory() {
 		return false
 	}
@@ -555,7 +555,7 @@ func (r *runner) fitBudget() (err error) {
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		err = r.interruptible(func() (err error) {
-			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, r.dev.Name() != "cpu", r.measuredAMP(), r.job.Allow), x, y,
+			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, !r.dev.OnHost(), r.measuredAMP(), r.job.Allow), x, y,
 				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 			return err
 		})
@@ -858,7 +858,7 @@ func (r *runner) summarize() error {
 	for _, n := range t.Step.Notes() {
 		add("step           %s", n)
 	}
-	if free, total := r.dev.MemInfo(); r.dev.Info().Kind != "cpu" {
+	if free, total := r.dev.MemInfo(); !r.dev.OnHost() {
 		add("device memory  %s free of %s (the driver's view)", memory.Bytes(free), memory.Bytes(total))
 	}
 	if cfg.EmptyCacheEvery > 0 {

@@ -25,6 +25,9 @@ func TestCUDAOpenOptionsInfoClose(t *testing.T) {
 		in.Libraries["driver"] == "" || in.Libraries["nvrtc"] == "" {
 		t.Errorf("Info %+v", in)
 	}
+	if d.OnHost() || !d.Pinned().OnHost() {
+		t.Errorf("OnHost: the GPU's %v, its pinned host device's %v", d.OnHost(), d.Pinned().OnHost())
+	}
 	if e, err := Open("cuda:0"); err != nil || e != d {
 		t.Errorf("Open of the open device: %v, %v", e, err)
 	}

@@ -198,6 +198,11 @@ func CPU() *Device { return cpuDevice() }
 // Name is the device's name: "cpu", "cuda:0".
 func (d *Device) Name() string { return d.b.Name() }
 
+// OnHost reports whether the handle's backend computes on the host's cores
+// in host memory (kernels.KindCPU): there is no device memory to offload
+// from, no copy engine and no graph to capture.
+func (d *Device) OnHost() bool { return d.b.Info().Kind == kernels.KindCPU }
+
 func (d *Device) String() string { return d.b.Name() }
 
 // Backend is the device's compute backend.

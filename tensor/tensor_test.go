@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/x448/float16"
@@ -442,6 +443,15 @@ func TestInterleavedScopesNameSessions(t *testing.T) {
 		first.Close()
 	}()
 	first.Close()
+}
+
+// TestOnHost: the CPU backend's handles, sessions included, compute on the
+// host (TestCUDAOpen checks a GPU's).
+func TestOnHost(t *testing.T) {
+	dev := NewDevice(cpu.New())
+	if !dev.OnHost() || !dev.Session().OnHost() || dev.Info().Kind != kernels.KindCPU {
+		t.Errorf("OnHost of the CPU's handle %v, of its session %v; Info().Kind %q", dev.OnHost(), dev.Session().OnHost(), dev.Info().Kind)
+	}
 }
 
 // TestInterruptible: inside Interruptible, once its stop is closed, an

@@ -93,7 +93,7 @@ type Config struct {
 // Offloads says whether a run on dev keeps its optimiser's state in host
 // memory: OffloadOptimizer, on a device other than the CPU (whose memory
 // is the host's).
-func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && dev.Name() != "cpu" }
+func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && !dev.OnHost() }
 
 // Mode is how a run of c on dev steps: captured where the backend can and
 // Capture asks, unless an offloaded optimizer or offloaded activations
@@ -107,7 +107,7 @@ func (c Config) Mode(dev *tensor.Device) Mode {
 // blocks keep to host memory: OffloadActivations, on a device other than
 // the CPU.
 func (c Config) OffloadsActivations(dev *tensor.Device) bool {
-	return c.OffloadActivations && dev.Name() != "cpu"
+	return c.OffloadActivations && !dev.OnHost()
 }
 
 // Periods is the number of the Trainer's epochs: an image classifier's

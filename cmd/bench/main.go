@@ -373,7 +373,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		return nothingRan{err}
 	}
 	rep := &benchmarks.Report{Date: o.date, Device: dev.Name(), Commit: o.commit}
-	if dev.Name() == "cpu" {
+	if dev.OnHost() {
 		var said string
 		if specs, said = o.cpuDefaults(specs); said != "" {
 			fmt.Fprintln(stderr, said)
@@ -409,7 +409,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			rep.Notes = append(rep.Notes, "Host cost: "+line+".")
 		}
 	}
-	if dev.Name() == "cpu" {
+	if dev.OnHost() {
 		for _, line := range benchmarks.SGEMM([]int{256, 512, 1024}, max(o.steps, 3)) {
 			fmt.Fprintln(stderr, line)
 			rep.Notes = append(rep.Notes, line+".")
@@ -465,7 +465,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			}
 			dev.Allocator().EmptyCache()
 			var err error
-			rep.PyTorch, pt, err = runPyTorch(o, dev.Name() == "cpu", specs, stderr)
+			rep.PyTorch, pt, err = runPyTorch(o, dev.OnHost(), specs, stderr)
 			return err
 		}
 		first, second := timeLeangrad, timePyTorch
@@ -497,7 +497,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		}
 		rounds = append(rounds, append(lg, pt...))
 	}
-	if torch && dev.Name() == "cpu" {
+	if torch && dev.OnHost() {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("PyTorch ran on the CPU with torch.set_num_threads(%d), on the same cores.", runtime.GOMAXPROCS(0)))
 	}
 	var roundNotes []string
@@ -506,7 +506,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, n)
 	}
 	rep.Notes = append(rep.Notes, roundNotes...)
-	if dev.Name() != "cpu" && slices.ContainsFunc(rep.Results, func(r benchmarks.Result) bool { return r.FLOPsPerStep > 0 }) {
+	if !dev.OnHost() && slices.ContainsFunc(rep.Results, func(r benchmarks.Result) bool { return r.FLOPsPerStep > 0 }) {
 		notes, err := mfu(dev, o.ampDType, rep.Results)
 		if err != nil {
 			return err
@@ -516,7 +516,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		}
 		rep.Notes = append(rep.Notes, notes...)
 	}
-	if o.lean && dev.Name() != "cpu" {
+	if o.lean && !dev.OnHost() {
 		if err := runLean(dev, o.deviceOptions(tensor.Options{}), specs, configs, bo, rep, stderr); err != nil {
 			return err
 		}
@@ -553,7 +553,7 @@ func runLeangrad(o options, dev *tensor.Device, specs []spec, configs []string, 
 					continue
 				}
 				eagerToo := []bool{false}
-				if o.eager && dev.Name() != "cpu" {
+				if o.eager && !dev.OnHost() {
 					eagerToo = append(eagerToo, true)
 				}
 				for _, eager := range eagerToo {
@@ -605,7 +605,7 @@ func profile(dev *tensor.Device, specs []spec, configs []string, share float64, 
 					parts = append(parts, fmt.Sprintf("%d more kinds %.3f ms", others, rest))
 				}
 				what := "Device time"
-				if dev.Info().Kind == "cpu" {
+				if dev.OnHost() {
 					what = "Host time of the operations" // they run as they are called
 				}
 				line := fmt.Sprintf("%s of an eager %s batch %d %s step: %.3f ms: %s.", what, sp.model, b, c, total, strings.Join(parts, ", "))

@@ -549,7 +549,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	if o.maxMemory.IsSet() {
 		_, total := dev.MemInfo()
 		job.MaxMemory = o.maxMemory.Of(total)
-		if dev.Name() == "cpu" && os.Getenv("GOMEMLIMIT") == "" {
+		if dev.OnHost() && os.Getenv("GOMEMLIMIT") == "" {
 			// The pool's segments are Go memory: the runtime collects the
 			// ones given back before the process grows much past the budget.
 			debug.SetMemoryLimit(min(debug.SetMemoryLimit(-1), job.MaxMemory+cpuRuntimeRoom))
@@ -617,7 +617,7 @@ func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error)
 		job.LR = defaultLR * float64(o.batch) / defaultBatch // the linear scaling rule, as the CPU defaults apply it
 		fmt.Fprintf(stdout, "lr %g: -lr's %g for a batch of %d, scaled to -batch %d (set -lr to choose it)\n", job.LR, defaultLR, defaultBatch, o.batch)
 	}
-	if dev.Name() == "cpu" {
+	if dev.OnHost() {
 		if notes := job.CPUDefaults(func(flag string) bool { return o.set[flag] }); len(notes) > 0 {
 			fmt.Fprintf(stdout, "CPU run: %s, to finish in a few minutes (set -limit 0 -test-limit 0 -epochs 15 -batch 128 for the full run)\n", strings.Join(notes, ", "))
 		}
@@ -635,7 +635,7 @@ func imageJob(o *options, dev *tensor.Device, stdout io.Writer) (run.Job, error)
 // its corpus opened (tokenized, the first time, until stop closes).
 func textJob(o *options, dev *tensor.Device, stdout io.Writer, stop <-chan struct{}) (run.Job, error) {
 	model := modelName(o)
-	if dev.Name() == "cpu" {
+	if dev.OnHost() {
 		var why string
 		if model, why = run.CPUModel(model); why != "" {
 			fmt.Fprintf(stdout, "CPU run: %s\n", why)

@@ -68,7 +68,7 @@ func (c *Backend) Name() string { return "cpu" }
 // Info describes the CPU: its cores, the SIMD its kernels use and its memory.
 func (c *Backend) Info() kernels.Info {
 	_, total := c.alloc.Source().MemInfo()
-	return kernels.Info{Kind: "cpu", Name: "cpu", Model: fmt.Sprintf("%d cores", runtime.NumCPU()), Capability: c.mm.Kernel(),
+	return kernels.Info{Kind: kernels.KindCPU, Name: "cpu", Model: fmt.Sprintf("%d cores", runtime.NumCPU()), Capability: c.mm.Kernel(),
 		Memory: total, Convolutions: "im2col-free packed SGEMM (" + c.mm.Kernel() + ")",
 		Matmul: "packed SGEMM (" + c.mm.Kernel() + "), F32 strictly", Libraries: map[string]string{"sgemm": c.mm.Kernel()}}
 }

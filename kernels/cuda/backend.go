@@ -393,7 +393,7 @@ func (b *Backend) Info() kernels.Info {
 	if v, err := NCCLVersion(); err == nil {
 		libs["nccl"] = v
 	}
-	return kernels.Info{Kind: "cuda", Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
+	return kernels.Info{Kind: kernels.KindCUDA, Index: b.index, Name: b.name, Model: b.devName, Capability: b.arch,
 		Memory: total, Convolutions: b.ConvEngine(), Matmul: b.MatmulEngine(), ChannelsLast: b.dnn != nil, Libraries: libs}
 }
 

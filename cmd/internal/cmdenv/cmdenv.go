@@ -81,7 +81,7 @@ func OpenDevice(spec tensor.DeviceSpec, opts tensor.Options, w io.Writer) (*tens
 // Describe is a device in a few words: its name, and for a GPU its model,
 // capability and what runs its convolutions and products.
 func Describe(dev *tensor.Device) string {
-	if in := dev.Info(); in.Kind != "cpu" {
+	if in := dev.Info(); !dev.OnHost() {
 		return fmt.Sprintf("%s (%s, %s; convolutions by %s; products by %s)", in.Name, in.Model, in.Capability, in.Convolutions, in.Matmul)
 	}
 	return dev.Name()
