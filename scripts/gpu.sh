@@ -155,11 +155,11 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       say "server $name: $(grep -E '^serving' "$w/serve-$name.log" | sed -E 's/^serving [^:]*: //')"
     }
     stopped() { kill -TERM "$spid"; wait "$spid"; say "server $name exit $?"; }
-    load() { # load NAME [loadgen flags]
+    load() { # load NAME [loadgen flags]: its report goes into summary.txt, its figures into a JSON file
       lname=$1; shift
       timeout 120 bash .gpu/run bin/loadgen -url "http://127.0.0.1:$port" -json "$w/load-$name-$lname.json" "$@" \
-        > "$w/load-$name-$lname.log" 2>&1
-      say "load $name $lname exit $?"; tee -a "$w/summary.txt" < "$w/load-$name-$lname.log"
+        > "$w/load.out" 2>&1
+      say "load $name $lname exit $?"; tee -a "$w/summary.txt" < "$w/load.out"; rm -f "$w/load.out"
     }
     mixed=(-prompt 8-512 -max-tokens 16-512 -requests 512 -clients 256 -rate 400)
     prefix=(-shared-prefix 512 -prompt 16 -max-tokens 32 -requests 64 -clients 64)
