@@ -52,9 +52,17 @@ func gemmEpilogue(a, b *T, transA, transB bool, dt tensor.DType, e kernels.Epilo
 	if batch > 1 || a.NDim() == 3 {
 		shape = []int{batch, m, n}
 	}
-	c := tensor.Empty(ModeOf(a, b), dt, shape...)
+	dev := ModeOf(a, b)
+	c := tensor.Empty(dev, dt, shape...)
 	p := kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
 		StrideA: m * k, StrideB: k * n, StrideC: m * n}
+	if sg, ok := a.Backend().(kernels.Stoppable); ok && dev.Stopping() != nil {
+		if !sg.GemmStoppable(p, e, a.Buf(), b.Buf(), c.Buf(), dev.Stopping()) {
+			c.Release()
+			panic(fmt.Errorf("autograd: a product of shapes %v and %v stopped part way: %w", a.Shape(), b.Shape(), tensor.ErrInterrupted))
+		}
+		return c
+	}
 	if e == (kernels.Epilogue{}) {
 		a.Backend().Gemm(p, a.Buf(), b.Buf(), c.Buf())
 	} else {

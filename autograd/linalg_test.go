@@ -1,11 +1,16 @@
 package autograd_test
 
 import (
+	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/x448/float16"
 )
@@ -228,4 +233,71 @@ func normals(rng src, n int) []float32 {
 		v[i] = float32(rng.NormFloat64())
 	}
 	return v
+}
+
+// closingOps is the CPU backend whose stoppable operations close stop as
+// they begin, as a signal arriving during a long one would, and count
+// themselves.
+type closingOps struct {
+	*cpu.Backend
+	stop  chan struct{}
+	calls *int
+}
+
+func (c closingOps) GemmStoppable(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf, stop <-chan struct{}) bool {
+	*c.calls++
+	close(c.stop)
+	return c.Backend.GemmStoppable(p, e, a, b, cb, stop)
+}
+
+func (c closingOps) ClassifierLossStoppable(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf, stop <-chan struct{}) bool {
+	*c.calls++
+	close(c.stop)
+	return c.Backend.ClassifierLossStoppable(p, h, w, labels, loss, right, dh, dw, stop)
+}
+
+// TestOpsStopPartWay: inside Interruptible, a product or a classifier loss
+// whose stop closes while it runs panics with an error wrapping
+// ErrInterrupted that names its shapes, and leaves no tensor behind;
+// outside it, they run whole without looking at any stop.
+func TestOpsStopPartWay(t *testing.T) {
+	for _, c := range []struct {
+		name, says string
+		inputs     func(dev *tensor.Device) []*tensor.Tensor
+		op         func(in []*tensor.Tensor) []*tensor.Tensor
+	}{
+		{"product", "[300 50] and [50 70]", func(dev *tensor.Device) []*tensor.Tensor {
+			return []*tensor.Tensor{tensor.Randn(dev, tensor.F32, 0, 1, 300, 50), tensor.Randn(dev, tensor.F32, 0, 1, 50, 70)}
+		}, func(in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{ag.MatMul(in[0], in[1])} }},
+		{"classifier loss", "input [40 16]", func(dev *tensor.Device) []*tensor.Tensor {
+			return []*tensor.Tensor{
+				tensor.Randn(dev, tensor.F32, 0, 1, 40, 16).SetRequiresGrad(true),
+				tensor.Randn(dev, tensor.F32, 0, 1, 300, 16).SetRequiresGrad(true),
+				tensor.FromInt32(dev, make([]int32, 40), 40),
+			}
+		}, func(in []*tensor.Tensor) []*tensor.Tensor {
+			loss, right := ag.ClassifierLoss(in[0], in[1], in[2])
+			return []*tensor.Tensor{loss, right}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			calls := 0
+			stop := make(chan struct{})
+			dev := tensor.NewDevice(closingOps{cpu.New(), stop, &calls})
+			in := c.inputs(dev)
+			defer releaseAll(in...)
+			releaseAll(c.op(in)...)
+			if calls != 0 {
+				t.Fatalf("outside Interruptible the stoppable operation ran %d times", calls)
+			}
+			before := dev.Allocator().Stats().Allocated[memory.All].Current
+			err := tensor.Catch(func() { dev.Interruptible(stop, func() { c.op(in) }) })
+			if !errors.Is(err, tensor.ErrInterrupted) || !strings.Contains(err.Error(), c.says) || calls != 1 {
+				t.Fatalf("stopped part way: %v (the stoppable operation ran %d times)", err, calls)
+			}
+			if after := dev.Allocator().Stats().Allocated[memory.All].Current; after != before {
+				t.Errorf("%d bytes allocated after it stopped, %d before", after, before)
+			}
+		})
+	}
 }

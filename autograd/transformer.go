@@ -236,7 +236,14 @@ func ClassifierLoss(h, w, labels *T) (loss, right *T) {
 		dhb, dwb = dh.Buf(), dw.Buf()
 	}
 	be := h.Backend()
-	be.ClassifierLoss(p, h.Buf(), wc.Buf(), labels.Buf(), loss.Buf(), right.Buf(), dhb, dwb)
+	if sb, ok := be.(kernels.Stoppable); ok && dev.Stopping() != nil {
+		if !sb.ClassifierLossStoppable(p, h.Buf(), wc.Buf(), labels.Buf(), loss.Buf(), right.Buf(), dhb, dwb, dev.Stopping()) {
+			releaseAll(loss, right, dh, dw)
+			panic(fmt.Errorf("autograd: the classifier loss of %v input %v stopped part way: %w", h.DType(), hs, tensor.ErrInterrupted))
+		}
+	} else {
+		be.ClassifierLoss(p, h.Buf(), wc.Buf(), labels.Buf(), loss.Buf(), right.Buf(), dhb, dwb)
+	}
 	if rec == nil {
 		return loss, right
 	}

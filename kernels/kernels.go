@@ -189,6 +189,17 @@ var Families = []Family{
 	{"transformer", reflect.TypeFor[TransformerOps]()},
 }
 
+// Stoppable is a backend whose long operations can stop part way, for the
+// CPU's, where one product of a large model takes seconds: each is the
+// operation of the same name without "Stoppable" that stops soon after
+// stop is closed and reports whether it ran whole; when it did not, its
+// outputs are partly written. GemmStoppable is GemmEpilogue, or Gemm for
+// a zero Epilogue. autograd calls them inside tensor.Device.Interruptible.
+type Stoppable interface {
+	GemmStoppable(p GemmParams, e Epilogue, a, b, c Buf, stop <-chan struct{}) bool
+	ClassifierLossStoppable(p ClassifierParams, h, w, labels, loss, right, dh, dw Buf, stop <-chan struct{}) bool
+}
+
 // Capturer is implemented by backends that can record the operations queued
 // between BeginCapture and EndCapture as a Graph instead of running them,
 // and replay the Graph (the CUDA backend, with CUDA graphs). Recorded

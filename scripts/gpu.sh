@@ -5,7 +5,7 @@
 #   bash scripts/gpu.sh SUITE...
 #
 # Suites (each in $OUT's one archive, results.tgz, beside summary.txt; COMMIT names the commit):
-#   tests     the staged packages' tests matching TESTS (default CUDA)
+#   tests     the staged packages' tests matching TESTS (default CUDA), COUNT times each (default 1)
 #   cnn       ResNet-20 at 256 and 1024 and ResNet-18 at 256 in fp32, AMP, checkpointing and both,
 #             then ResNet-1202 at 128 with AMP and sqrt(n) segments, each beside PyTorch eager
 #   gpt2      GPT-2 small (batch 16, context 1024, vocabulary 50,304) in CONFIGS (default
@@ -61,7 +61,7 @@ for suite in "$@"; do
   say "== $suite"
   case $suite in
   tests)
-    timeout 560 bash .gpu/run tests -test.run "${TESTS:-CUDA}" -test.v -test.count 1 > "$w/tests.log" 2>&1
+    timeout 560 bash .gpu/run tests -test.run "${TESTS:-CUDA}" -test.v -test.count "${COUNT:-1}" > "$w/tests.log" 2>&1
     say "tests exit $?"
     grep -E '^(--- FAIL|FAIL|panic)|^\s+--- FAIL' "$w/tests.log" | head -40 | tee -a "$w/summary.txt"
     say "top-level passed: $(grep -cE '^--- PASS' "$w/tests.log"), skipped: $(grep -cE '^--- SKIP' "$w/tests.log")"

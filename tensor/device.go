@@ -55,6 +55,12 @@ func (d *Device) Interruptible(stop <-chan struct{}, f func()) {
 	f()
 }
 
+// Stopping is the stop of the Interruptible running on the handle, nil
+// outside one: an operation that can stop part way watches it (autograd's
+// products on a backend that is a kernels.Stoppable), and when it
+// stops, panics with an error wrapping ErrInterrupted.
+func (d *Device) Stopping() <-chan struct{} { return d.stop }
+
 // interrupted is the error, naming the tensor of dtype and shape it was
 // to allocate, once Interruptible's stop is closed; else nil.
 func (d *Device) interrupted(dtype DType, shape []int) error {

@@ -86,9 +86,13 @@ func TestCUDAShardedOptimizerNCCL(t *testing.T) {
 }
 
 // TestCUDAOffloadedOptimizer: a run with its optimizer's state in host
-// memory (AdamW under F16 AMP with and without clipping, under BF16 with
-// and without: the last updates in the backward) follows the on-device run
-// within rounding, its steps eager, and the GPU holds none of the state.
+// memory (AdamW under F16 and BF16 AMP, with and without clipping)
+// follows the on-device run within rounding, its steps eager, and the GPU
+// holds none of the state. The on-device run is eager too, so that both
+// run the same convolution algorithms: a captured step's plan may choose
+// others, whose rounding differences AdamW turns into a fraction of a step
+// for elements of near-zero gradient (the test failed so, at times, when
+// its reference was captured).
 func TestCUDAOffloadedOptimizer(t *testing.T) {
 	dev := testdev.CUDA(t)
 	ds := datasets.SyntheticSize(192, 5, 12)
@@ -100,7 +104,7 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 		t.Run(fmt.Sprintf("%v,clip=%v", c.amp, c.clip), func(t *testing.T) {
 			run := func(offload bool) (*Trainer, []float32) {
 				cfg := baseConfig("tiny")
-				cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, c.amp, "adamw", lr, c.clip, true, offload
+				cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, c.amp, "adamw", lr, c.clip, false, offload
 				dev.Generator().Seed(1)
 				m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 				t.Cleanup(func() { nn.Release(m) })
@@ -121,8 +125,8 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 			}
 			on, want := run(false)
 			off, got := run(true)
-			if _, ok := off.Opt.(*optim.Offloaded); !ok || off.Step.Mode != Eager || off.Step.OptimizerStateBytes() != 0 {
-				t.Fatalf("offloaded: optimizer %T, mode %v, %d bytes of its state on the GPU", off.Opt, off.Step.Mode, off.Step.OptimizerStateBytes())
+			if _, ok := off.Opt.(*optim.Offloaded); !ok || off.Step.Mode != Eager || on.Step.Mode != Eager || off.Step.OptimizerStateBytes() != 0 {
+				t.Fatalf("offloaded: optimizer %T, mode %v (on the device %v), %d bytes of its state on the GPU", off.Opt, off.Step.Mode, on.Step.Mode, off.Step.OptimizerStateBytes())
 			}
 			if on.Step.OptimizerStateBytes() == 0 {
 				t.Fatal("the on-device run holds no optimizer state")

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -177,6 +178,78 @@ func TestGemmEpilogueChecks(t *testing.T) {
 				}
 			}()
 			be.GemmEpilogue(tc.p, tc.e, a, b, c)
+		})
+	}
+}
+
+// TestGemmStoppable: with its stop open, GemmStoppable is Gemm (batched
+// too) or GemmEpilogue to the bit and reports that it ran whole; with its
+// stop closed it reports that it did not, and has not written all of C.
+func TestGemmStoppable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	gelu := kernels.Epilogue{Act: kernels.GELU}
+	for _, c := range []struct {
+		name string
+		p    kernels.GemmParams
+		e    kernels.Epilogue
+		dt   kernels.DType
+	}{
+		{"plain", kernels.GemmParams{M: 300, N: 70, K: 50, Alpha: 1, Batch: 1}, kernels.Epilogue{}, kernels.F32},
+		{"transposed-bf16", kernels.GemmParams{TransA: true, TransB: true, M: 150, N: 40, K: 64, Alpha: 1, Batch: 1}, kernels.Epilogue{}, kernels.BF16},
+		{"batched", kernels.GemmParams{M: 30, N: 20, K: 10, Alpha: 1, Batch: 4, StrideA: 300, StrideB: 200, StrideC: 600}, kernels.Epilogue{}, kernels.F32},
+		{"gelu-f16", kernels.GemmParams{M: 200, N: 48, K: 16, Alpha: 1, Batch: 1}, gelu, kernels.F16},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			batch := max(c.p.Batch, 1)
+			operand := func(n int) kernels.Buf {
+				f, _ := randBuf(t, rng, n)
+				if !c.dt.Half() {
+					return f
+				}
+				h := buf(t, c.dt, n)
+				be.Cast(h, f)
+				return h
+			}
+			a, b := operand(batch*c.p.M*c.p.K), operand(batch*c.p.K*c.p.N)
+			run := func(stop <-chan struct{}) (kernels.Buf, bool) {
+				out := buf(t, c.dt, batch*c.p.M*c.p.N)
+				e := c.e
+				if e.Act != 0 {
+					e.Aux = buf(t, c.dt, c.p.M*c.p.N)
+				}
+				switch {
+				case stop != nil:
+					return out, be.GemmStoppable(c.p, e, a, b, out, stop)
+				case e == (kernels.Epilogue{}):
+					be.Gemm(c.p, a, b, out)
+				default:
+					be.GemmEpilogue(c.p, e, a, b, out)
+				}
+				return out, true
+			}
+			want, _ := run(nil)
+			got, whole := run(make(chan struct{}))
+			if !whole {
+				t.Fatal("GemmStoppable with its stop open says it stopped")
+			}
+			w, g := in(want), in(got)
+			for i := range w {
+				if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+					t.Fatalf("element %d: %v, Gemm's %v", i, g[i], w[i])
+				}
+			}
+			shut := make(chan struct{})
+			close(shut)
+			got, whole = run(shut)
+			unwritten := 0
+			for _, v := range in(got) {
+				if v != v {
+					unwritten++
+				}
+			}
+			if whole || unwritten == 0 {
+				t.Errorf("GemmStoppable with its stop closed: ran whole %v, %d elements unwritten", whole, unwritten)
+			}
 		})
 	}
 }

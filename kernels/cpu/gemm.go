@@ -15,6 +15,28 @@ import (
 // each is finished (sgemm's GemmOpTiles), hot in cache.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 	kernels.CheckGemm(p, a, b, cb)
+	c.gemm(c.mm, p, a, b, cb)
+}
+
+// GemmStoppable is GemmEpilogue, or Gemm for a zero e, that stops part way
+// once stop is closed (see kernels.Stoppable): the product's
+// goroutines look at stop before each block of A, and a batch before each
+// product. It reports whether the product ran whole; when it did not, C
+// is partly written.
+func (c *Backend) GemmStoppable(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf, stop <-chan struct{}) bool {
+	mm := c.mm.WithStop(stop)
+	if e == (kernels.Epilogue{}) {
+		kernels.CheckGemm(p, a, b, cb)
+		c.gemm(mm, p, a, b, cb)
+	} else {
+		kernels.CheckGemmEpilogue(p, e, a, b, cb)
+		c.gemmEpilogue(mm, p, e, a, b, cb)
+	}
+	return !mm.Stopped()
+}
+
+// gemm is Gemm on mm's goroutines.
+func (c *Backend) gemm(mm *sgemm.Multiplier, p kernels.GemmParams, a, b, cb kernels.Buf) {
 	batch := max(p.Batch, 1)
 	var cs []float32
 	var ch []uint16 // a 16-bit C
@@ -49,12 +71,12 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 		})
 	}
 	if batch == 1 {
-		product(c.mm, 0)
+		product(mm, 0)
 		return
 	}
-	one := c.mm.WithThreads(1)
+	one := mm.WithThreads(1)
 	parallel(batch, 1, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
+		for i := lo; i < hi && !one.Stopped(); i++ {
 			product(one, i)
 		}
 	})
@@ -86,6 +108,11 @@ func operand(buf kernels.Buf, off, ld int, trans, isA bool) sgemm.Operand {
 // gradients are Reduce's sums.
 func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
 	kernels.CheckGemmEpilogue(p, e, a, b, cb)
+	c.gemmEpilogue(c.mm, p, e, a, b, cb)
+}
+
+// gemmEpilogue is GemmEpilogue on mm's goroutines.
+func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
 	var cs []float32
 	var ch []uint16
 	if cb.DType.Half() {
@@ -123,7 +150,7 @@ func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, c
 	if p.TransB {
 		ldb = p.K
 	}
-	c.mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), operand(b, 0, ldb, p.TransB, false), 0, cs, p.N,
+	mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), operand(b, 0, ldb, p.TransB, false), 0, cs, p.N,
 		func(i0, i1, j0, j1 int) {
 			var pre []float32 // a row's pre-activation, as Aux holds it
 			if e.Act != 0 {

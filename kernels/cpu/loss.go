@@ -78,6 +78,22 @@ const classifierChunk = 256
 // whose products with w and h are the chunk's share of dh and dw.
 func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
 	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
+	c.classifierLoss(c.mm, p, h, w, labels, loss, right, dh, dw)
+}
+
+// ClassifierLossStoppable is ClassifierLoss that stops part way once stop
+// is closed (see kernels.Stoppable): its products look at stop before each
+// block, and the loss before each chunk of rows. It reports whether it ran
+// whole; when it did not, its outputs are partly written.
+func (c *Backend) ClassifierLossStoppable(p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf, stop <-chan struct{}) bool {
+	kernels.CheckClassifier(p, h, w, labels, loss, right, dh, dw)
+	mm := c.mm.WithStop(stop)
+	c.classifierLoss(mm, p, h, w, labels, loss, right, dh, dw)
+	return !mm.Stopped()
+}
+
+// classifierLoss is ClassifierLoss on mm's goroutines.
+func (c *Backend) classifierLoss(mm *sgemm.Multiplier, p kernels.ClassifierParams, h, w, labels, loss, right, dh, dw kernels.Buf) {
 	lab := i32s(labels)
 	checkIDs("classifier loss", lab, p.V)
 	m := min(classifierChunk, p.N)
@@ -89,10 +105,10 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 	if p.GradScale.Valid() && p.Grad { // the logits' gradient stays F32 here: the scale joins 1/N
 		inv *= f32s(p.GradScale)[0]
 	}
-	for r0 := 0; r0 < p.N; r0 += m {
+	for r0 := 0; r0 < p.N && !mm.Stopped(); r0 += m {
 		rows := min(m, p.N-r0)
 		// logits = h[r0:r0+rows]·wᵀ
-		c.mm.GemmOp(rows, p.V, p.C, 1, operand(h, r0*p.C, p.C, false, true), operand(w, 0, p.C, true, false), 0, logits, p.V)
+		mm.GemmOp(rows, p.V, p.C, 1, operand(h, r0*p.C, p.C, false, true), operand(w, 0, p.C, true, false), 0, logits, p.V)
 		losses := make([]float64, rows)
 		hits := make([]bool, rows)
 		parallel(rows, max(1, elemGrain/p.V), func(lo, hi int) {
@@ -133,12 +149,12 @@ func (c *Backend) ClassifierLoss(p kernels.ClassifierParams, h, w, labels, loss,
 			continue
 		}
 		// dh[r0:] = (1/N)·dlogits·w;  dw += (1/N)·dlogitsᵀ·h[r0:]
-		c.mm.GemmOp(rows, p.C, p.V, inv, sgemm.MatrixA(logits, p.V, false), operand(w, 0, p.C, false, false), 0, f32s(dh)[r0*p.C:], p.C)
+		mm.GemmOp(rows, p.C, p.V, inv, sgemm.MatrixA(logits, p.V, false), operand(w, 0, p.C, false, false), 0, f32s(dh)[r0*p.C:], p.C)
 		beta := float32(1)
 		if r0 == 0 {
 			beta = 0
 		}
-		c.mm.GemmOp(p.V, p.C, rows, inv, sgemm.MatrixA(logits, p.V, true), operand(h, r0*p.C, p.C, false, false), beta, f32s(dw), p.C)
+		mm.GemmOp(p.V, p.C, rows, inv, sgemm.MatrixA(logits, p.V, true), operand(h, r0*p.C, p.C, false, false), beta, f32s(dw), p.C)
 	}
 	f32s(loss)[0] = float32(total / float64(p.N))
 	f32s(right)[0] = float32(count)

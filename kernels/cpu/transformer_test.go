@@ -290,6 +290,29 @@ func TestClassifierLoss(t *testing.T) {
 		obj := func() float64 { l, _ := lossOf(); return l }
 		check(t, "classifier dh", dh, numGrad(h, obj), 1e-4)
 		check(t, "classifier dw", dw, numGrad(w, obj), 1e-4)
+
+		// ClassifierLossStoppable: with its stop open, the same bits; with
+		// it closed, it says so and leaves dh unwritten.
+		open, shut := make(chan struct{}), make(chan struct{})
+		close(shut)
+		for _, stop := range []chan struct{}{open, shut} {
+			l, r := buf(t, kernels.F32, 1), buf(t, kernels.F32, 1)
+			sh, sw := buf(t, kernels.F32, c.N*c.C), buf(t, kernels.F32, c.V*c.C)
+			whole := be.ClassifierLossStoppable(p, bufOf(t, h), bufOf(t, w), idsOf(t, labels), l, r, sh, sw, stop)
+			if stop == shut {
+				if whole || !math.IsNaN(float64(in(sh)[0])) {
+					t.Errorf("%+v: ClassifierLossStoppable with its stop closed: ran whole %v, dh[0] %v", c, whole, in(sh)[0])
+				}
+				continue
+			}
+			for _, o := range [][2]kernels.Buf{{loss, l}, {right, r}, {dh, sh}, {dw, sw}} {
+				for i, v := range in(o[0]) {
+					if g := in(o[1])[i]; !whole || math.Float32bits(g) != math.Float32bits(v) {
+						t.Fatalf("%+v: ClassifierLossStoppable with its stop open (ran whole %v): element %d %v, ClassifierLoss's %v", c, whole, i, g, v)
+					}
+				}
+			}
+		}
 	}
 }
 

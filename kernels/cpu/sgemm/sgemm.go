@@ -71,6 +71,7 @@ func Kernels() []string {
 type Multiplier struct {
 	k       *microkernel
 	threads int
+	stop    <-chan struct{} // WithStop's
 }
 
 var defaultMultiplier = &Multiplier{k: kernels[0]}
@@ -98,7 +99,31 @@ func (mu *Multiplier) WithThreads(threads int) *Multiplier {
 	if threads < 0 {
 		panic(fmt.Sprintf("sgemm: %d threads", threads))
 	}
-	return &Multiplier{k: mu.k, threads: threads}
+	return &Multiplier{k: mu.k, threads: threads, stop: mu.stop}
+}
+
+// WithStop is mu whose products (GemmOp, GemmOpTiles, Gemm, GemmShifted)
+// stop part way once stop is closed: each goroutine looks at it before
+// each block of A it multiplies (blockM rows by blockN columns by blockK
+// steps, milliseconds), and leaves the rest of C as it was. A product of
+// a large model on a CPU takes seconds; Stopped says afterwards whether C
+// may be partly written.
+func (mu *Multiplier) WithStop(stop <-chan struct{}) *Multiplier {
+	return &Multiplier{k: mu.k, threads: mu.threads, stop: stop}
+}
+
+// Stopped reports whether WithStop's channel is closed: a product that
+// returned since may have stopped part way.
+func (mu *Multiplier) Stopped() bool { return closed(mu.stop) }
+
+// closed reports whether stop is closed (never, for nil).
+func closed(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // Threads is how many goroutines mu's products run on at most, now.
@@ -336,7 +361,7 @@ func (mu *Multiplier) gemm(m, n, k int, alpha float32, a, b Operand, sh *Shifted
 		if beta != 0 {
 			scaleC(c, i0, i1, j0, j1, ldc, beta)
 		}
-		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc, done)
+		block(kern, i0, i1, j0, j1, k, alpha, a, b, sh, beta != 0, c, ldc, done, mu.stop)
 	})
 }
 
@@ -380,8 +405,9 @@ func grow(x []float32, n int) []float32 {
 // block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
 // overwrites the block with it. B is packed from b or read in place from sh.
 // done, when given, is called with each column of tiles (the block's rows
-// by one tile's columns) as its last step of k is added.
-func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int, done func(i0, i1, j0, j1 int)) {
+// by one tile's columns) as its last step of k is added. Once stop is
+// closed it returns before the next block of A.
+func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand, sh *Shifted, add bool, c []float32, ldc int, done func(i0, i1, j0, j1 int), stop <-chan struct{}) {
 	buf := bufferPool.Get().(*buffers)
 	defer bufferPool.Put(buf)
 	mr, nr := kern.mr, kern.nr
@@ -399,6 +425,9 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 				b.Pack(buf.b, jc, nc, pc, kc, nr)
 			}
 			for ic := i0; ic < i1; ic += blockM {
+				if stop != nil && closed(stop) {
+					return
+				}
 				mc := min(blockM, i1-ic)
 				a.Pack(buf.a, ic, mc, pc, kc, mr)
 				if alpha != 1 {

@@ -447,3 +447,69 @@ func BenchmarkGemmConv(b *testing.B) {
 		}
 	}
 }
+
+// TestWithStop: a product whose stop is closed before it starts leaves C
+// as it was; one whose stop closes after its first block of A (closed from
+// done) stops there, leaving later blocks unwritten, and says so; with
+// the stop open, or nil, it is the same product to the bit.
+func TestWithStop(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	const m, n, k = 3*blockM + 5, 40, 33
+	a, b := random(rng, m*k), random(rng, k*n)
+	plain := make([]float32, m*n)
+	Default().WithThreads(1).GemmOp(m, n, k, 1, MatrixA(a, k, false), MatrixB(b, n, false), 0, plain, n)
+	poison := func() []float32 {
+		c := make([]float32, m*n)
+		for i := range c {
+			c[i] = float32(math.NaN())
+		}
+		return c
+	}
+	untouched := func(c []float32) (n int) {
+		for _, v := range c {
+			if v != v {
+				n++
+			}
+		}
+		return n
+	}
+	for _, mu := range multipliers(t) {
+		name := fmt.Sprintf("%s/t%d", mu.Kernel(), mu.threads)
+		open := make(chan struct{})
+		for _, s := range []*Multiplier{mu.WithStop(nil), mu.WithStop(open), mu.WithStop(open).WithThreads(mu.threads)} {
+			c := poison()
+			s.GemmOp(m, n, k, 1, MatrixA(a, k, false), MatrixB(b, n, false), 0, c, n)
+			if s.Stopped() || untouched(c) != 0 {
+				t.Fatalf("%s: with the stop open: Stopped %v, %d elements unwritten", name, s.Stopped(), untouched(c))
+			}
+			for i := range c {
+				if c[i] != plain[i] && mu.Kernel() == Default().Kernel() {
+					t.Fatalf("%s: element %d is %v with the stop open, %v without", name, i, c[i], plain[i])
+				}
+			}
+		}
+		shut := make(chan struct{})
+		close(shut)
+		c := poison()
+		s := mu.WithStop(shut)
+		s.GemmOp(m, n, k, 1, MatrixA(a, k, false), MatrixB(b, n, false), 0, c, n)
+		if !s.Stopped() || untouched(c) != len(c) {
+			t.Errorf("%s: stop closed before: Stopped %v, %d of %d elements unwritten", name, s.Stopped(), untouched(c), len(c))
+		}
+		if mu.threads != 1 {
+			continue // blocks on other goroutines may start before the first is done
+		}
+		stop := make(chan struct{})
+		s = mu.WithStop(stop)
+		c = poison()
+		blocks := map[int]bool{}
+		s.GemmOpTiles(m, n, k, 1, MatrixA(a, k, false), MatrixB(b, n, false), 0, c, n, func(i0, i1, j0, j1 int) {
+			if blocks[i0] = true; len(blocks) == 1 && j1 == n {
+				close(stop)
+			}
+		})
+		if !s.Stopped() || len(blocks) != 1 || untouched(c) != (m-blockM)*n {
+			t.Errorf("%s: stop closed in the first block: Stopped %v, %d blocks done, %d elements unwritten (want %d)", name, s.Stopped(), len(blocks), untouched(c), (m-blockM)*n)
+		}
+	}
+}
