@@ -385,3 +385,64 @@ func TestReportNamesTheCompileModes(t *testing.T) {
 		}
 	}
 }
+
+// TestLargestModelClaim: the search takes the models smallest first,
+// trains each in the fastest configuration that fits the cap, rules out
+// without running one whose parameters, gradients and optimizer state
+// alone pass it, goes on to 8-bit AdamW after a step that runs out of
+// memory, and stops at the first model that trains in none; on a CPU no
+// configuration offloads, and the pool ends as it began.
+func TestLargestModelClaim(t *testing.T) {
+	dev := tensor.CPU()
+	m, _ := arch("gpt-mini", Options{})
+	g := m.GPT
+	g.Context = 32
+	mini := 16 * int64(g.Params()) // parameters, gradients and AdamW's moments
+	const ruledOut, outOfMemory = "bf16+checkpoint: ruled out, its parameters, gradients and optimizer state take", "bf16+checkpoint: out of memory"
+	for _, c := range []struct {
+		name   string
+		limit  int64
+		config string // gpt-mini's ("": none trains)
+		tried  string // what gpt-mini tried before it
+		next   string // what the model after the largest says first
+	}{
+		{"mini trains, small is ruled out", 200 << 20, "bf16+checkpoint", "", ruledOut},
+		{"mini's F32 step runs out, 8-bit AdamW trains", mini + 1<<20, "bf16+checkpoint, 8-bit AdamW", outOfMemory, ruledOut},
+		{"nothing fits", 60 << 20, "", "", ruledOut},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := dev.Allocator().Stats().Allocated[memory.All].Current
+			var seen []string
+			claim, fits, err := LargestModel(dev, []string{"gpt-small", "gpt-mini"}, c.limit, 32, 2, 3, Options{Seed: 1}, func(f ModelFit) { seen = append(seen, f.Model) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(claim.Summary)
+			want := []string{"gpt-mini", "gpt-small"}
+			if c.config == "" {
+				want = want[:1]
+			}
+			if !slices.Equal(seen, want) || len(fits) != len(want) {
+				t.Fatalf("models tried %v, want %v (fits %+v)", seen, want, fits)
+			}
+			last := fits[len(fits)-1]
+			if last.Config != "" || len(last.Tried) == 0 || !strings.HasPrefix(last.Tried[0], c.next) {
+				t.Errorf("the model that did not train: %+v, want %q first", last, c.next)
+			}
+			if c.config == "" {
+				if claim.Verdict != "refuted" || !strings.Contains(claim.Summary, "none of") {
+					t.Errorf("no model trains: %s: %s", claim.Verdict, claim.Summary)
+				}
+				return
+			}
+			f := fits[0]
+			if f.Config != c.config || strings.Join(f.Tried, "; ") != c.tried || f.TokensPerS <= 0 || f.PeakAllocated > c.limit ||
+				claim.Numbers["largest_params"] != float64(f.Params) {
+				t.Errorf("gpt-mini: %+v, want %q after %q; claim %v", f, c.config, c.tried, claim.Numbers)
+			}
+			if after := dev.Allocator().Stats().Allocated[memory.All].Current; after != before {
+				t.Errorf("%d bytes allocated after the search, %d before", after, before)
+			}
+		})
+	}
+}

@@ -1,14 +1,18 @@
 package benchmarks
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/leangrad/leangrad/memory"
+	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -407,4 +411,189 @@ func LargestBatch(dev *tensor.Device, model string, context int, limit int64, o 
 	c.Summary = fmt.Sprintf("%s, %s, the pool capped at %s: the largest batch is %d in fp32 and %d with AMP (%s), %.2fx",
 		model, shape, memory.Bytes(limit), fp32, amp, dt, ratio)
 	return c, nil
+}
+
+// ModelFit is how one model fared in LargestModel: the first configuration
+// that trained under the cap, its speed and peak, and what was ruled out
+// or ran out of memory before it.
+type ModelFit struct {
+	Model         string   `json:"model"`
+	Params        int64    `json:"params"`
+	Config        string   `json:"config,omitempty"` // "" when none trained
+	TokensPerS    float64  `json:"tokens_per_s,omitempty"`
+	PeakAllocated int64    `json:"peak_allocated,omitempty"`
+	Tried         []string `json:"tried,omitempty"`
+}
+
+// seedParams is the model size the seed opens with: "a 24 GB GPU such as
+// an RTX 3090 can train a model of about 1.2 billion parameters".
+const seedParams = 1.2e9
+
+// LargestModel measures the seed's opening claim, that a 24 GB GPU trains
+// a model of about 1.2 billion parameters: of models (language models of
+// the registry, taken smallest first), the largest whose training steps
+// run with the pool capped at limit bytes, in windows of context tokens
+// (0: each preset's), batch windows a step. Each model runs in the first
+// of these that trains, fastest first: bf16 autocast with checkpointed
+// blocks; that with 8-bit AdamW (a quarter of the state, on the device);
+// that with AdamW's state in the host's page-locked memory
+// (-offload-optimizer); and that with what the blocks keep there too
+// (-offload-activations). A
+// configuration whose parameters, gradients and state alone pass the cap
+// on the device, or the host's memory, is ruled out without running. Each
+// runs steps steps (at least two); tokens/s is over those after the first,
+// which page-locks the state. The search stops at the first model that
+// trains in none of them.
+func LargestModel(dev *tensor.Device, models []string, limit int64, context, batch, steps int, o Options, progress func(ModelFit)) (Claim, []ModelFit, error) {
+	type candidate struct {
+		arch   train.Arch
+		params int64
+	}
+	var cs []candidate
+	for _, name := range models {
+		m, err := arch(name, o)
+		if err != nil {
+			return Claim{}, nil, err
+		}
+		if !m.Text {
+			return Claim{}, nil, fmt.Errorf("model %s is not a language model", name)
+		}
+		if context > 0 {
+			m.Input = []int{context}
+		}
+		g := m.GPT
+		g.Context, g.Vocab = m.Input[0], m.Classes
+		cs = append(cs, candidate{m, int64(g.Params())})
+	}
+	slices.SortStableFunc(cs, func(a, b candidate) int { return cmp.Compare(a.params, b.params) })
+	steps = max(steps, 2)
+	a := dev.Allocator()
+	run := func(m train.Arch, v train.Variant) (tps float64, peak int64, ok bool, err error) {
+		a.EmptyCache()
+		if err := a.SetLimit(limit); err != nil {
+			return 0, 0, false, err
+		}
+		defer a.SetLimit(0)
+		defer a.EmptyCache()
+		defer func() { // building the model under the cap may run out of memory too
+			if r := recover(); r != nil {
+				if e, isErr := r.(error); isErr && errors.Is(e, memory.ErrOutOfMemory) {
+					ok, err = false, nil
+					return
+				}
+				panic(r)
+			}
+		}()
+		s, err := newStepper(dev, m, v, batch, o, false)
+		if err != nil {
+			return 0, 0, false, err
+		}
+		defer s.release()
+		s.tr.FailOnOOM = true
+		var start time.Time
+		for i := range steps {
+			if i == 1 {
+				if err := dev.Synchronize(); err != nil {
+					return 0, 0, false, err
+				}
+				a.WindowPeak()
+				start = time.Now()
+			}
+			if err := s.step(); err != nil {
+				if errors.Is(err, memory.ErrOutOfMemory) {
+					return 0, 0, false, nil
+				}
+				return 0, 0, false, err
+			}
+		}
+		if err := dev.Synchronize(); err != nil {
+			return 0, 0, false, err
+		}
+		peak, _ = a.WindowPeak()
+		tokens := float64((steps - 1) * batch * m.Input[0])
+		return tokens / time.Since(start).Seconds(), peak, true, nil
+	}
+	var fits []ModelFit
+	largest := -1
+	for _, c := range cs {
+		f := ModelFit{Model: c.arch.Name, Params: c.params}
+		state := c.params*8 + optim.StateBytes(c.arch.Recipe.Optimizer, c.params) // parameters, gradients, state
+		state8 := c.params*8 + optim.StateBytes("adamw8bit", c.params)
+		g := c.arch.GPT
+		g.Context = c.arch.Input[0]
+		acts := int64(g.Layers) * g.CheckpointBytes(batch, tensor.BF16)
+		for _, v := range []struct {
+			v         train.Variant
+			device    int64 // what the device must hold before any activation
+			host      int64 // what the host must hold
+			deviceFor string
+		}{
+			{train.Variant{Name: "bf16+checkpoint", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks}, state, 0,
+				"its parameters, gradients and optimizer state"},
+			{train.Variant{Name: "bf16+checkpoint, 8-bit AdamW", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks, Optimizer: "adamw8bit"}, state8, 0,
+				"its parameters, gradients and 8-bit AdamW's state"},
+			{train.Variant{Name: "bf16+checkpoint, optimizer in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks, OffloadOptimizer: true},
+				optim.OffloadedDeviceBytes(c.params), state, "its F32 parameters and the gradients in flight"},
+			{train.Variant{Name: "bf16+checkpoint, optimizer and activations in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
+				OffloadOptimizer: true, OffloadActivations: true}, optim.OffloadedDeviceBytes(c.params), state + acts,
+				"its F32 parameters and the gradients in flight"},
+		} {
+			if (v.v.OffloadOptimizer || v.v.OffloadActivations) && dev.OnHost() {
+				continue
+			}
+			if v.device > limit {
+				f.Tried = append(f.Tried, fmt.Sprintf("%s: ruled out, %s take %s", v.v.Name, v.deviceFor, memory.Bytes(v.device)))
+				continue
+			}
+			if host := memory.HostMemory(); v.host > host {
+				f.Tried = append(f.Tried, fmt.Sprintf("%s: ruled out, it needs %s of host memory, the host has %s", v.v.Name, memory.Bytes(v.host), memory.Bytes(host)))
+				continue
+			}
+			tps, peak, ok, err := run(c.arch, v.v)
+			if err != nil {
+				return Claim{}, fits, fmt.Errorf("%s in %s: %w", c.arch.Name, v.v.Name, err)
+			}
+			if !ok {
+				f.Tried = append(f.Tried, v.v.Name+": out of memory")
+				continue
+			}
+			f.Config, f.TokensPerS, f.PeakAllocated = v.v.Name, tps, peak
+			break
+		}
+		fits = append(fits, f)
+		if progress != nil {
+			progress(f)
+		}
+		if f.Config == "" {
+			break
+		}
+		largest = len(fits) - 1
+	}
+	c := Claim{Name: "largest-model", Claim: "a 24 GB GPU trains a model of about 1.2 billion parameters",
+		Numbers: map[string]float64{"limit_gib": float64(limit) / (1 << 30)}}
+	if largest < 0 {
+		c.Verdict = verdict(false, false)
+		c.Summary = fmt.Sprintf("the pool capped at %s: none of %s trains (%s)", memory.Bytes(limit), strings.Join(models, ", "), strings.Join(fits[0].Tried, "; "))
+		return c, fits, nil
+	}
+	f := fits[largest]
+	ratio := float64(f.Params) / seedParams
+	c.Numbers["largest_params"], c.Numbers["tokens_per_s"], c.Numbers["peak_allocated_gib"], c.Numbers["ratio"] =
+		float64(f.Params), f.TokensPerS, float64(f.PeakAllocated)/(1<<30), ratio
+	c.Verdict = verdict(ratio >= 0.9*float64(limit)/(24<<30), ratio >= 0.5*float64(limit)/(24<<30))
+	c.Summary = fmt.Sprintf("the pool capped at %s, batches of %d × %d tokens: the largest model that trains is %s (%s parameters, %.2fx the seed's 1.2B) in %s, %.0f tokens/s, peak %s",
+		memory.Bytes(limit), batch, cs[largest].arch.Input[0], f.Model, countParams(f.Params), ratio, f.Config, f.TokensPerS, memory.Bytes(f.PeakAllocated))
+	if largest+1 < len(fits) {
+		next := fits[largest+1]
+		c.Summary += fmt.Sprintf("; %s (%s) does not: %s", next.Model, countParams(next.Params), strings.Join(next.Tried, "; "))
+	}
+	return c, fits, nil
+}
+
+// countParams writes n parameters as "1.56B" or "355M".
+func countParams(n int64) string {
+	if n >= 1e9 {
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	}
+	return fmt.Sprintf("%.0fM", float64(n)/1e6)
 }

@@ -54,9 +54,13 @@ func randomBatch(dev *tensor.Device, m train.Arch, b int, rng *rand.Rand) (x, y 
 // norm 1), as PyTorch's twin runs them, at a constant rate.
 func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool) train.Config {
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
-		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture}
+		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture,
+		OffloadOptimizer: v.OffloadOptimizer, OffloadActivations: v.OffloadActivations}
 	if r := m.Recipe; r != nil {
 		cfg.Optimizer, cfg.LR, cfg.Momentum, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm = r.Optimizer, r.LR, 0, r.Beta2, r.WeightDecay, r.ClipNorm
+	}
+	if v.Optimizer != "" {
+		cfg.Optimizer = v.Optimizer
 	}
 	return cfg
 }

@@ -26,7 +26,9 @@ type Report struct {
 	PyTorch string   `json:"pytorch,omitempty"` // version, when it ran
 	Results []Result `json:"results"`
 	Claims  []Claim  `json:"claims,omitempty"`
-	Notes   []string `json:"notes,omitempty"`
+	// LargestModel is how each model fared in LargestModel's search.
+	LargestModel []ModelFit `json:"largest_model,omitempty"`
+	Notes        []string   `json:"notes,omitempty"`
 }
 
 type rowKey struct {
@@ -125,6 +127,17 @@ func (r *Report) Markdown(w io.Writer) {
 			"both with cudnn.benchmark and PyTorch's default TF32 policy (convolutions may use TF32, matmuls do not); leangrad's convolutions alike, its F32 matmuls as below",
 			r.PyTorch, compiled)
 	}
+	if len(r.Results) == 0 {
+		fmt.Fprintln(w, ".")
+	} else {
+		r.resultsTable(w)
+	}
+	r.claimsMarkdown(w)
+}
+
+// resultsTable writes the timed results, and what the planned steps hold
+// at their peaks.
+func (r *Report) resultsTable(w io.Writer) {
 	fmt.Fprintln(w, ". Median step time over the timed steps, each synchronised with the device; "+
 		"speed ratios are leangrad's img/s over the other's; peaks from each engine's allocator over the timed steps.")
 	fmt.Fprintln(w)
@@ -176,12 +189,30 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// claimsMarkdown writes the seed claims, the largest model's search and
+// the notes.
+func (r *Report) claimsMarkdown(w io.Writer) {
 	if len(r.Claims) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Seed claims:")
 		fmt.Fprintln(w)
 		for _, c := range r.Claims {
 			fmt.Fprintf(w, "- **%s** — *%s*: %s. %s\n", c.Verdict, c.Claim, c.Name, c.Summary)
+		}
+	}
+	if len(r.LargestModel) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| model | parameters | trains in | tokens/s | peak allocated | before it |")
+		fmt.Fprintln(w, "|---|---:|---|---:|---:|---|")
+		for _, f := range r.LargestModel {
+			tried := strings.Join(f.Tried, "; ")
+			if f.Config == "" {
+				fmt.Fprintf(w, "| %s | %s | nothing | | | %s |\n", f.Model, countParams(f.Params), tried)
+				continue
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %.0f | %s | %s |\n", f.Model, countParams(f.Params), f.Config, f.TokensPerS, memory.Bytes(f.PeakAllocated), tried)
 		}
 	}
 	for _, n := range r.Notes {

@@ -29,6 +29,8 @@
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-noclip"
 #             -offload-optimizer -clip 0, whose update runs in the backward); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
+#   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family,
+#             then PyTorch's largest under the same cap (benchmarks/pytorch/gpt.py largest-model; TORCH=0 skips it)
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
 #   ddp       data parallel over NPROC GPUs (default 2) beside PyTorch DDP, and the main job on them
@@ -45,7 +47,8 @@ ln -sf "$(realpath "$final")/summary.txt" "$w/summary.txt" # the summary where i
 say() { echo "$*" | tee -a "$w/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$w/machine.txt" 2>&1
 commit=${COMMIT:-$(cat .gpu/commit 2>/dev/null || echo unknown)}
-bench() { bash .gpu/run bin/bench -commit "$commit" "$@"; }
+bench=(bash .gpu/run bin/bench -commit "$commit") # timeout runs it as a command
+bench() { "${bench[@]}" "$@"; }
 rows() { grep -E "^\| $1" "$2" | cut -d'|' -f2-13 | tee -a "$w/summary.txt"; }
 
 python_text() { # about 24 MB of text: the machine's Python standard library
@@ -67,17 +70,17 @@ for suite in "$@"; do
     say "top-level passed: $(grep -cE '^--- PASS' "$w/tests.log"), skipped: $(grep -cE '^--- SKIP' "$w/tests.log")"
     ;;
   cnn)
-    timeout 300 bench -device cuda -specs "resnet20:256,1024 resnet18:256" -configs fp32,amp,checkpoint,amp+checkpoint \
+    timeout 300 "${bench[@]}" -device cuda -specs "resnet20:256,1024 resnet18:256" -configs fp32,amp,checkpoint,amp+checkpoint \
       -compile-configs "" -claims=false -steps 15 -warmup 4 -out "$w/cnn" > "$w/cnn.log" 2>&1
     say "cnn exit $?"; rows resnet "$w/cnn/bench.md"
-    timeout 240 bench -device cuda -specs resnet1202:128 -configs amp+checkpoint \
+    timeout 240 "${bench[@]}" -device cuda -specs resnet1202:128 -configs amp+checkpoint \
       -compile-configs "" -claims=false -steps 5 -warmup 3 -out "$w/resnet1202" > "$w/resnet1202.log" 2>&1
     say "resnet1202 exit $?"; rows resnet "$w/resnet1202/bench.md"
     ;;
   gpt2)
     cfgs=${CONFIGS:-fp32,bf16,f16,bf16+checkpoint}
     largest=${LARGEST-gpt2:512:24}
-    timeout 585 bench -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" -amp-dtype f16 \
+    timeout 585 "${bench[@]}" -device cuda -specs gpt2:16 -configs "$cfgs" -compile-configs "${COMPILE:-$cfgs}" -amp-dtype f16 \
       -vocab "${VOCAB:-50304}" ${largest:+-largest-batch $largest} -claims=false -eager=false \
       -steps 10 -warmup 3 -out "$w/gpt2" > "$w/gpt2.log" 2>&1
     say "gpt2 exit $?"; rows gpt2 "$w/gpt2/bench.md"; grep -E "MFU|^claim|largest" "$w/gpt2.log" | head -12 | tee -a "$w/summary.txt"
@@ -102,10 +105,10 @@ for suite in "$@"; do
     say "twin exit $?"; tail -2 "$w/twin.err" | tee -a "$w/summary.txt"
     ;;
   claims)
-    timeout 300 bench -device cuda -specs resnet20:256 -configs fp32,amp,checkpoint,amp+checkpoint -compile-configs "" \
+    timeout 300 "${bench[@]}" -device cuda -specs resnet20:256 -configs fp32,amp,checkpoint,amp+checkpoint -compile-configs "" \
       -steps 15 -warmup 4 -out "$w/claims-cnn" > "$w/claims-cnn.log" 2>&1
     say "cnn claims exit $?"; grep -E "^- \*\*" "$w/claims-cnn/bench.md" | cut -c1-200 | tee -a "$w/summary.txt"
-    timeout 300 bench -device cuda -specs gpt2:1 -configs fp32 -largest-batch gpt2:512:24 -amp-dtype f16 \
+    timeout 300 "${bench[@]}" -device cuda -specs gpt2:1 -configs fp32 -largest-batch gpt2:512:24 -amp-dtype f16 \
       -pytorch "" -claims=false -eager=false -steps 1 -warmup 1 -out "$w/claims-gpt2" > "$w/claims-gpt2.log" 2>&1
     say "gpt2 claims exit $?"; grep -E "^claim|largest" "$w/claims-gpt2.log" | tee -a "$w/summary.txt"
     for cfg in "--amp none" "--amp f16"; do
@@ -220,8 +223,25 @@ for threads in (1, 16):
     fi
     rm -f "$w/text.txt"*
     ;;
+  largest)
+    cap=${CAP:-24}
+    timeout 420 "${bench[@]}" -device cuda -specs "" -pytorch "" -claims=false -largest-model "$cap" -out "$w/largest" > "$w/largest.log" 2>&1
+    say "leangrad's largest model under ${cap} GiB exit $?"; grep -E "^(largest model|claim)" "$w/largest.log" | tee -a "$w/summary.txt"
+    if [ "${TORCH:-1}" = 1 ]; then
+      timeout 300 python3 benchmarks/pytorch/gpt.py largest-model --cap-gib "$cap" --context 1024 --batch 8 --steps 3 \
+        --shapes "gpt2=12,12,768 gpt2-medium=24,16,1024 gpt2-large=36,20,1280 gpt2-xl=48,25,1600 gpt3-1.3b=24,16,2048 gpt3-2.7b=32,32,2560 gpt3-6.7b=32,32,4096" \
+        --vocab 50257 --amp bf16 --checkpoint --lr 2e-4 --beta2 0.95 --wd 0.1 --clip 1 > "$w/largest-pytorch.json" 2> "$w/largest-pytorch.log"
+      say "PyTorch's largest model under ${cap} GiB exit $?"
+      python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+for m in r['models']:
+    print(m['model'], m.get('params'), 'fits' if m['fits'] else 'out of memory', round(m.get('tokens_per_s', 0)), m.get('peak_allocated'))
+print('largest', r['largest'])" "$w/largest-pytorch.json" 2>&1 | tee -a "$w/summary.txt"
+    fi
+    ;;
   profile)
-    timeout 300 bench -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \
+    timeout 300 "${bench[@]}" -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \
       -pytorch "" -claims=false -eager=false -steps 3 -warmup 2 -out "$w/profile" > "$w/profile.log" 2>&1
     say "profile exit $?"; grep -E "^profile|leangrad .*ms" "$w/profile.log" | head -30 | tee -a "$w/summary.txt"
     ;;

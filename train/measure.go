@@ -21,6 +21,12 @@ type Variant struct {
 	// OffloadActivations moves what the checkpointed blocks keep to host
 	// memory (Config.OffloadActivations).
 	OffloadActivations bool `json:"offload_activations,omitempty"`
+	// OffloadOptimizer keeps the optimizer's state in host memory
+	// (Config.OffloadOptimizer).
+	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
+	// Optimizer replaces the recipe's optimizer ("": the recipe's), for
+	// the benchmarks' searches (adamw8bit's quarter-size state).
+	Optimizer string `json:"optimizer,omitempty"`
 }
 
 // Variants are the four configurations the savings are measured across:
@@ -284,6 +290,10 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
 	// Without checkpoints nothing is kept to move to host memory.
 	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
+	cfg.OffloadOptimizer = cfg.OffloadOptimizer || v.OffloadOptimizer
+	if v.Optimizer != "" {
+		cfg.Optimizer = v.Optimizer
+	}
 	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
 		cfg.FuseOptimizer = false
 	}

