@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -14,11 +15,18 @@ import (
 	"github.com/leangrad/leangrad/train"
 )
 
-// gpuNamed is the CPU backend under another name: a device that is not
-// the host's memory, as far as the plans of a run are concerned.
+// gpuNamed is the CPU backend under a GPU's name and kind: a device that
+// is not the host's memory (tensor.Device.OnHost), as far as the plans of
+// a run are concerned.
 type gpuNamed struct{ *cpu.Backend }
 
 func (gpuNamed) Name() string { return "cuda:0" }
+
+func (g gpuNamed) Info() kernels.Info {
+	in := g.Backend.Info()
+	in.Kind, in.Name = kernels.KindCUDA, "cuda:0"
+	return in
+}
 
 // TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
 // parameters, gradients and AdamW state pass the budget, and whose

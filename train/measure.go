@@ -72,6 +72,9 @@ type Measurement struct {
 	Planned int64 `json:"planned,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
+	// Examples is how many of the batch's examples the step ran, when
+	// FitBudget sized the variant on a few (0: the whole batch).
+	Examples int `json:"examples,omitempty"`
 	// Holds says what the measured step held at the end of its forward.
 	Holds *Breakdown `json:"holds,omitempty"`
 	// Peak says what the measured step held at its peak, from its trace.
@@ -391,16 +394,23 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 	return out
 }
 
-// FitBudget measures the candidates' training steps on the batch x, y in
-// order (MeasureStep) and chooses the first whose need fits the budget
-// (see BudgetHeadroom). When none does, it measures the leanest of them
-// with micro-batches of half the batch, a quarter, ... down to one example,
-// and chooses the first that fits. It returns an error wrapping
-// memory.ErrOutOfMemory when nothing fits. Each measurement is written to w
+// FitBudget chooses the fastest of the candidates whose training step on
+// the batch x, y fits the budget (see BudgetHeadroom), or else the leanest
+// with micro-batches of half the batch, a quarter, ... down to one example.
+// It returns an error wrapping memory.ErrOutOfMemory when nothing fits.
+//
+// A batch of at least minSizedBatch examples is sized first, without
+// running the configurations that do not fit on it: each candidate's step
+// is measured (MeasureStep) on two slices of the batch, of b and 2b
+// examples (b an eighth of it), which gives what the step holds whatever
+// the batch and what each example adds; the candidates predicted to fit,
+// fastest first, then the micro-batches predicted to fit, are measured on
+// the whole batch, and the first that fits is chosen. A smaller batch is
+// measured whole, candidate by candidate. Each measurement is written to w
 // as it is taken. The pool is capped at the budget while they run: a
-// candidate that needs more stops there, out of memory, and the process
-// never holds more than the budget in its pool. A closed stop ends it
-// before the next measurement with an error wrapping ErrInterrupted.
+// candidate that does not fit stops there, out of memory, so the process
+// never holds more than the budget. stop, when closed, ends the search
+// before its next measurement with an error wrapping ErrInterrupted.
 func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64, stop <-chan struct{}) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
 	limit := int64(float64(budget) * (1 - BudgetHeadroom))
@@ -411,20 +421,34 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		return c, err
 	}
 	defer a.SetLimit(old)
-	try := func(v Variant) (bool, error) {
+	n := x.Dim(0)
+	measure := func(v Variant, examples int) (Measurement, error) {
 		select {
 		case <-stop:
-			return false, fmt.Errorf("fitting a step into the budget: %w", ErrInterrupted)
+			return Measurement{}, fmt.Errorf("fitting a step into the budget: %w", ErrInterrupted)
 		default:
 		}
-		m, err := MeasureStep(dev, build, cfg, v, x, y, plan)
+		xs, ys := x, y
+		if examples < n {
+			xs, ys = x.Rows(0, examples), y.Rows(0, examples)
+		}
+		m, err := MeasureStep(dev, build, cfg, v, xs, ys, plan)
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			m, err = Measurement{Variant: v, OutOfMemory: true}, nil
 		}
+		if examples < n {
+			m.Examples = examples
+		}
+		if err == nil {
+			c.Measured = append(c.Measured, m)
+		}
+		return m, err
+	}
+	try := func(v Variant) (bool, error) {
+		m, err := measure(v, n)
 		if err != nil {
 			return false, err
 		}
-		c.Measured = append(c.Measured, m)
 		fits := !m.OutOfMemory && m.Need() <= limit
 		need := "over the budget"
 		if !m.OutOfMemory {
@@ -434,13 +458,16 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if fits {
 			verdict = "fits"
 		}
-		fmt.Fprintf(w, "  %-38s %10s  %s\n", describeVariant(v, x.Dim(0)), need, verdict)
+		fmt.Fprintf(w, "  %-38s %10s  %s\n", describeVariant(v, n), need, verdict)
 		if fits {
 			c.Chosen = v
 		}
 		return fits, nil
 	}
 	fmt.Fprintf(w, "fitting a step into a budget of %s (%s after %.0f%% headroom):\n", memory.Bytes(budget), memory.Bytes(limit), 100*BudgetHeadroom)
+	if n >= minSizedBatch {
+		return fitSized(w, &c, candidates, n, limit, measure, try)
+	}
 	for _, v := range candidates {
 		if ok, err := try(v); ok || err != nil {
 			return c, err
@@ -456,14 +483,117 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		leanest = len(c.Measured) - 1
 	}
 	v := c.Measured[leanest].Variant
-	for n := x.Dim(0); n > 1; {
-		n = (n + 1) / 2
-		v.MicroBatch = n
+	for m := n; m > 1; {
+		m = (m + 1) / 2
+		v.MicroBatch = m
 		if ok, err := try(v); ok || err != nil {
 			return c, err
 		}
 	}
 	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(budget), v.Name, memory.ErrOutOfMemory)
+}
+
+// minSizedBatch is the smallest batch FitBudget sizes on slices of it
+// before it measures whole steps.
+const minSizedBatch = 8
+
+// fitSized is FitBudget's search on a batch of n examples sized on two
+// slices of it (see FitBudget): measure(v, k) measures v's step on k of
+// the examples, try(v) on all of them, saying whether it fits.
+func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error)) (BudgetChoice, error) {
+	b := max(1, n/8)
+	type size struct {
+		v         Variant
+		fits      int     // the most examples measured within the budget: 0, b or 2b
+		base, per float64 // the need of k examples, base + k·per, when fits is 2b
+	}
+	predict := func(s size, k int) int64 { return int64(s.base + float64(k)*s.per) }
+	fmt.Fprintf(w, "  sizing each on %d and %d of the batch's %d examples:\n", b, 2*b, n)
+	var sizes []size
+	for _, v := range candidates {
+		var need [2]int64
+		s := size{v: v}
+		for i, k := range []int{b, 2 * b} {
+			m, err := measure(v, k)
+			if err != nil {
+				return *c, err
+			}
+			if m.OutOfMemory || m.Need() > limit {
+				break
+			}
+			need[i], s.fits = m.Need(), k
+		}
+		switch s.fits {
+		case 0:
+			fmt.Fprintf(w, "  %-38s over the budget on %d examples\n", v.Name, b)
+		case b:
+			fmt.Fprintf(w, "  %-38s %10s on %d examples, over the budget on %d\n", v.Name, memory.Bytes(need[0]), b, 2*b)
+		default:
+			s.per = max(0, float64(need[1]-need[0])/float64(b))
+			s.base = float64(need[0]) - float64(b)*s.per
+			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
+		}
+		sizes = append(sizes, s)
+	}
+	for _, s := range sizes {
+		if s.fits == 2*b && predict(s, n) <= limit {
+			if ok, err := try(s.v); ok || err != nil {
+				return *c, err
+			}
+		}
+	}
+	// Micro-batches of the leanest: the least per example of those sized,
+	// else the first that ran on b examples, else the last candidate (the
+	// leanest by their order) on fewer than b.
+	leanest := -1
+	for i, s := range sizes {
+		if s.fits == 2*b && (leanest < 0 || s.per < sizes[leanest].per) {
+			leanest = i
+		}
+	}
+	for i, s := range sizes {
+		if leanest < 0 && s.fits == b {
+			leanest = i
+		}
+	}
+	v := candidates[len(candidates)-1]
+	var extra int64 // what a micro-batched step holds beyond an unbatched one of its micro-batch
+	if leanest >= 0 {
+		v = sizes[leanest].v
+		// Micro-batches accumulate the gradients: size that on one example
+		// at a time over two.
+		one := v
+		one.MicroBatch = 1
+		m, err := measure(one, 2)
+		if err != nil {
+			return *c, err
+		}
+		if m.OutOfMemory || m.Need() > limit {
+			fmt.Fprintf(w, "  %-38s over the budget on 2 examples\n", describeVariant(one, 2))
+			return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
+		}
+		said := ""
+		if s := sizes[leanest]; s.fits == 2*b {
+			extra = max(0, m.Need()-predict(s, 1))
+			said = fmt.Sprintf(", %s more than one example alone", memory.Bytes(extra))
+		}
+		fmt.Fprintf(w, "  %-38s %10s on 2 examples%s\n", describeVariant(one, 2), memory.Bytes(m.Need()), said)
+	}
+	for m := n; m > 1; {
+		m = (m + 1) / 2
+		if leanest >= 0 && sizes[leanest].fits == 2*b {
+			if predict(sizes[leanest], m)+extra > limit {
+				continue
+			}
+		} else if leanest >= 0 && m > b || leanest < 0 && m >= b {
+			continue // more examples than ran within the budget
+		}
+		v.MicroBatch = m
+		if ok, err := try(v); ok || err != nil {
+			return *c, err
+		}
+	}
+	return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
 }
 
 // describeVariant names v at a batch of n: "amp+checkpoint, micro-batches of 16".
