@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/kernels"
@@ -298,6 +299,60 @@ func TestOpsStopPartWay(t *testing.T) {
 			if after := dev.Allocator().Stats().Allocated[memory.All].Current; after != before {
 				t.Errorf("%d bytes allocated after it stopped, %d before", after, before)
 			}
+		})
+	}
+}
+
+// BenchmarkStopPartWay reports how long an operation of GPT-2 small's
+// size on the CPU takes to stop after its stop closes, 50 ms in
+// (ms-after-stop), beside the time it takes whole (ms-whole): the
+// classifier loss of 4,096 tokens over GPT-2's vocabulary with its
+// gradients, and the product of 4,096×768 by 768×50,257.
+//
+//	go test ./autograd -run XXX -bench StopPartWay -benchtime 3x
+func BenchmarkStopPartWay(b *testing.B) {
+	dev := tensor.CPU()
+	const n, c, v = 4096, 768, 50257
+	for _, op := range []struct {
+		name   string
+		inputs func() []*tensor.Tensor
+		run    func(in []*tensor.Tensor)
+	}{
+		{"classifier-loss", func() []*tensor.Tensor {
+			return []*tensor.Tensor{tensor.Randn(dev, tensor.F32, 0, 1, n, c).SetRequiresGrad(true),
+				tensor.Randn(dev, tensor.F32, 0, 0.02, v, c).SetRequiresGrad(true), tensor.FromInt32(dev, make([]int32, n), n)}
+		}, func(in []*tensor.Tensor) {
+			loss, right := ag.ClassifierLoss(in[0], in[1], in[2])
+			releaseAll(loss, right)
+		}},
+		{"product", func() []*tensor.Tensor {
+			return []*tensor.Tensor{tensor.Randn(dev, tensor.F32, 0, 1, n, c), tensor.Randn(dev, tensor.F32, 0, 1, c, v)}
+		}, func(in []*tensor.Tensor) { ag.MatMul(in[0], in[1]).Release() }},
+	} {
+		b.Run(op.name, func(b *testing.B) {
+			in := op.inputs()
+			defer releaseAll(in...)
+			var whole, after time.Duration
+			for range b.N {
+				t0 := time.Now()
+				op.run(in)
+				whole += time.Since(t0)
+				stop := make(chan struct{})
+				closed := make(chan time.Time, 1)
+				go func() {
+					time.Sleep(50 * time.Millisecond)
+					closed <- time.Now()
+					close(stop)
+				}()
+				err := tensor.Catch(func() { dev.Interruptible(stop, func() { op.run(in) }) })
+				end := time.Now()
+				if !errors.Is(err, tensor.ErrInterrupted) {
+					b.Fatalf("not stopped: %v", err)
+				}
+				after += end.Sub(<-closed)
+			}
+			b.ReportMetric(float64(whole.Microseconds())/1e3/float64(b.N), "ms-whole")
+			b.ReportMetric(float64(after.Microseconds())/1e3/float64(b.N), "ms-after-stop")
 		})
 	}
 }

@@ -403,9 +403,10 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // running the configurations that do not fit on it: each candidate's step
 // is measured (MeasureStep) on two slices of the batch, of b and 2b
 // examples (b an eighth of it), which gives what the step holds whatever
-// the batch and what each example adds; the candidates predicted to fit,
-// fastest first, then the micro-batches predicted to fit, are measured on
-// the whole batch, and the first that fits is chosen. A smaller batch is
+// the batch and what each example adds; in order, fastest first, a
+// candidate predicted to fit is measured on the whole batch before the
+// next is sized, then the micro-batches predicted to fit, and the first
+// that fits is chosen. A smaller batch is
 // measured whole, candidate by candidate. Each measurement is written to w
 // as it is taken. The pool is capped at the budget while they run: a
 // candidate that does not fit stops there, out of memory, so the process
@@ -534,9 +535,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit i
 			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
 		}
 		sizes = append(sizes, s)
-	}
-	for _, s := range sizes {
-		if s.fits == 2*b && predict(s, n) <= limit {
+		if s.fits == 2*b && predict(s, n) <= limit { // the fastest predicted to fit, before sizing the rest
 			if ok, err := try(s.v); ok || err != nil {
 				return *c, err
 			}
