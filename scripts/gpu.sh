@@ -229,7 +229,7 @@ for threads in (1, 16):
     say "leangrad's largest model under ${cap} GiB exit $?"; grep -E "^(largest model|claim)" "$w/largest.log" | tee -a "$w/summary.txt"
     if [ "${TORCH:-1}" = 1 ]; then
       timeout 300 python3 benchmarks/pytorch/gpt.py largest-model --cap-gib "$cap" --context 1024 --batch 8 --steps 3 \
-        --shapes "gpt2=12,12,768 gpt2-medium=24,16,1024 gpt2-large=36,20,1280 gpt2-xl=48,25,1600 gpt3-1.3b=24,16,2048 gpt3-2.7b=32,32,2560 gpt3-6.7b=32,32,4096" \
+        --shapes "gpt2=12,12,768 gpt2-medium=24,16,1024 gpt2-large=36,20,1280 gpt3-1.3b=24,16,2048 gpt2-xl=48,25,1600 gpt3-2.7b=32,32,2560 gpt3-6.7b=32,32,4096" \
         --vocab 50257 --amp bf16 --checkpoint --lr 2e-4 --beta2 0.95 --wd 0.1 --clip 1 > "$w/largest-pytorch.json" 2> "$w/largest-pytorch.log"
       say "PyTorch's largest model under ${cap} GiB exit $?"
       python3 -c "
