@@ -159,7 +159,17 @@ func TestConfigsNamedByDType(t *testing.T) {
 	if v, _ := variant(m, "amp", Options{AMP: train.AMPBF16}); v.AMP != train.AMPBF16 {
 		t.Errorf("amp under Options{AMP: bf16}: %+v, want bf16", v)
 	}
-	for _, bad := range []string{"fp16", "amp+bf16", "bf16+", "bf16,amp+f16"} {
+	if v, err := variant(m, "bf16+checkpoint+offload", Options{}); err != nil || !v.OffloadActivations || v.Checkpoint == nn.NoCheckpoint || v.AMP != train.AMPBF16 {
+		t.Errorf("bf16+checkpoint+offload: %+v, %v", v, err)
+	}
+	if v, _ := variant(m, "bf16+checkpoint", Options{}); v.OffloadActivations {
+		t.Errorf("bf16+checkpoint offloads: %+v", v)
+	}
+	if _, err := Run(tensor.CPU(), Spec{Model: "gpt-mini", Batch: 1, Config: "checkpoint+offload"}, Options{Warmup: 1, Steps: 1}); err == nil ||
+		!strings.Contains(err.Error(), "nothing to offload") {
+		t.Errorf("an offloaded configuration on the CPU: %v", err)
+	}
+	for _, bad := range []string{"fp16", "amp+bf16", "bf16+", "bf16,amp+f16", "bf16+offload", "offload"} {
 		if err := CheckConfigs(bad); err == nil {
 			t.Errorf("CheckConfigs(%q) accepted it", bad)
 		}

@@ -71,19 +71,31 @@ func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool)
 // that one run holds both AMP dtypes.
 var ampDTypes = []train.AMP{train.AMPBF16, train.AMPF16}
 
-// ConfigNames is every configuration's name, in reports' order.
+// ConfigNames is every configuration's name, in reports' order: each
+// checkpointed one also with "+offload", what its checkpoints keep held in
+// host memory (train.Variant.OffloadActivations; a GPU's).
 func ConfigNames() []string {
 	var names []string
 	for _, v := range train.Variants(nn.CheckpointBlocks, train.AMPF16) {
-		names = append(names, v.Name)
+		named := []string{v.Name}
 		if rest, ok := strings.CutPrefix(v.Name, "amp"); ok {
 			for _, d := range ampDTypes {
-				names = append(names, d.String()+rest)
+				named = append(named, d.String()+rest)
+			}
+		}
+		names = append(names, named...)
+		if v.Checkpoint != nn.NoCheckpoint {
+			for _, n := range named {
+				names = append(names, n+offloadSuffix)
 			}
 		}
 	}
 	return names
 }
+
+// offloadSuffix marks a configuration whose checkpoints' kept tensors go
+// to host memory.
+const offloadSuffix = "+offload"
 
 // CheckConfigs checks a comma-separated list of configuration names
 // before any work.
@@ -166,16 +178,20 @@ func ReferenceLM(model string, o Options) (LMReference, bool) {
 // ConfigAMP says.
 func variant(m train.Arch, name string, o Options) (train.Variant, error) {
 	amp := ConfigAMP(name, o.AMP)
-	base := name
-	if d := amp.String(); amp.On() && strings.HasPrefix(name, d) {
-		base = "amp" + strings.TrimPrefix(name, d)
+	unloaded, offload := strings.CutSuffix(name, offloadSuffix)
+	base := unloaded
+	if d := amp.String(); amp.On() && strings.HasPrefix(unloaded, d) {
+		base = "amp" + strings.TrimPrefix(unloaded, d)
 	}
 	for _, v := range train.Variants(m.Segments, amp) {
 		if v.Name == base {
 			if v.Checkpoint != nn.NoCheckpoint && !m.Blocks {
 				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
 			}
-			v.Name = name
+			if offload && v.Checkpoint == nn.NoCheckpoint {
+				return v, fmt.Errorf("configuration %q: only checkpoints keep what %s moves to host memory", name, offloadSuffix)
+			}
+			v.Name, v.OffloadActivations = name, offload
 			return v, nil
 		}
 	}
@@ -331,6 +347,9 @@ func Run(dev *tensor.Device, spec Spec, o Options) (Result, error) {
 	c, err := variant(m, spec.Config, o)
 	if err != nil {
 		return Result{}, err
+	}
+	if c.OffloadActivations && dev.OnHost() {
+		return Result{}, fmt.Errorf("configuration %s: host memory is the CPU's own: nothing to offload", spec.Config)
 	}
 	s, err := newStepper(dev, m, c, spec.Batch, o, !o.Eager)
 	if err != nil {

@@ -33,6 +33,7 @@ leangrad's benchmarks.Result (engine "pytorch" or "pytorch-compile").
     python3 ref.py --specs resnet20:256,1024 resnet18:256 mlp:256 --steps 30 --compile-configs fp32,amp
 """
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -104,15 +105,20 @@ MODELS = {
     "mlp": ((1, 28, 28), lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
                                                 nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))),
 }
-# Each configuration: AMP, checkpointing, and AMP's dtype where the name gives it (else --amp-dtype).
-CONFIGS = {"fp32": (False, False, None), "amp": (True, False, None), "bf16": (True, False, "bf16"), "f16": (True, False, "f16"),
-           "checkpoint": (False, True, None), "amp+checkpoint": (True, True, None),
-           "bf16+checkpoint": (True, True, "bf16"), "f16+checkpoint": (True, True, "f16")}
+# Each configuration: AMP, checkpointing, AMP's dtype where the name gives it (else --amp-dtype), and
+# whether what the backward keeps goes to page-locked host memory (torch.autograd.graph.save_on_cpu:
+# with checkpointing, the checkpoints' inputs), the harness's "+offload".
+CONFIGS = {"fp32": (False, False, None, False), "amp": (True, False, None, False), "bf16": (True, False, "bf16", False),
+           "f16": (True, False, "f16", False), "checkpoint": (False, True, None, False),
+           "checkpoint+offload": (False, True, None, True), "amp+checkpoint": (True, True, None, False),
+           "bf16+checkpoint": (True, True, "bf16", False), "f16+checkpoint": (True, True, "f16", False),
+           "amp+checkpoint+offload": (True, True, None, True), "bf16+checkpoint+offload": (True, True, "bf16", True),
+           "f16+checkpoint+offload": (True, True, "f16", True)}
 
 
 def bench(model_name, batch, config, warmup, steps, device, amp_dtype, lm=None, compiled=False):
     """Times one spec's training steps; lm is a language model's shape and recipe (None: a CNN or the MLP)."""
-    amp, ckpt, named = CONFIGS[config]
+    amp, ckpt, named, offload = CONFIGS[config]
     kind = torch.device(device).type
     dtype = torch.bfloat16 if (named or amp_dtype) == "bf16" else torch.float16
     scaler = torch.amp.GradScaler(kind, enabled=amp and dtype == torch.float16)
@@ -147,7 +153,8 @@ def bench(model_name, batch, config, warmup, steps, device, amp_dtype, lm=None, 
     def step():
         for g in opt.param_groups:
             g["lr"] = lr  # set every step, as a schedule does
-        with torch.autocast(kind, dtype=dtype, enabled=amp):
+        saved = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
+        with torch.autocast(kind, dtype=dtype, enabled=amp), saved:
             l = loss()
         scaler.scale(l).backward()
         if lm is not None and lm["clip"] > 0:
