@@ -40,12 +40,18 @@ func (o *Offloader) Forward(f func()) {
 	outer := m.Offload
 	m.Offload = o
 	o.pass, o.bytes = new([]*offloaded), 0
+	done := false
 	defer func() {
 		m.Offload = outer
+		if !done {
+			o.abandon()
+			return
+		}
 		o.settle(0)
 		o.most = max(o.most, o.bytes)
 	}()
 	f()
+	done = true
 }
 
 // End releases what the backward of the last forward brought back to the
@@ -83,12 +89,20 @@ type offloadedTensor struct {
 	host *T               // its copy in host memory (nil: it stays on the device)
 	dev  *T               // on the device: while it comes down, where it stays, or brought back
 	down kernels.Transfer // its copy down, while under way
+	// stays is decided when the next checkpoint begins (or the forward
+	// ends), when the tensor's storage is held elsewhere too (the caller's
+	// input): then it stays on the device, as releasing it would free
+	// nothing, and its host copy is dropped once down.
+	stays, decided bool
 }
 
 // offload starts the copies of the tensors *refs[i] (on o's device, each
 // in saved, the checkpoint node's list) into host memory, where saved then
 // holds them, and settles the checkpoint before.
 func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
+	if n := len(o.pending); n > 0 {
+		o.pending[n-1].decide()
+	}
 	c := &offloaded{o: o, pass: o.pass, index: len(*o.pass), saved: saved}
 	for _, r := range refs {
 		d := *r
@@ -110,25 +124,62 @@ func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
 	}
 	*o.pass = append(*o.pass, c)
 	o.pending = append(o.pending, c)
-	o.settle(1)
+	o.settle(inFlight)
 	return c
 }
 
-// settle waits for the copies down of all but the last keep pending
-// checkpoints and releases their device tensors; a tensor whose storage
-// another handle holds (the caller's input) stays on the device, its host
-// copy dropped: releasing it would free nothing.
-func (o *Offloader) settle(keep int) {
-	for len(o.pending) > keep {
-		c := o.pending[0]
-		o.pending = o.pending[1:]
+// inFlight is how many checkpoints' copies down may be under way while
+// the forward goes on: the device holds their tensors until their copies
+// are down, and the host waits for the oldest beyond them. A transformer
+// block's copies take longer than its forward at PCIe's rate. Measured on
+// GPT-2 small, batch 16, bf16, on an H100 (the eager step 37.5 ms without
+// offloading, 3,048 MiB): 1 in flight 46.3 ms, 2,615 MiB; 3 43.2 ms,
+// 2,613 MiB; 6 41.8 ms, 2,660 MiB; all of them 41.7 ms, 3,048 MiB.
+const inFlight = 6
+
+// abandon ends a forward that failed: it waits for the copies down under
+// way and releases the device tensors the Offloader holds; the host copies
+// stay with the checkpoints' nodes, which the failed step releases.
+func (o *Offloader) abandon() {
+	for _, c := range o.pending {
 		for i := range c.tensors {
 			ot := &c.tensors[i]
 			if ot.down != nil {
 				ot.down.Wait()
 				ot.down = nil
 			}
-			if ot.dev.SharesStorage() {
+			ot.dev.Release()
+			ot.dev = nil
+		}
+	}
+	o.pending = nil
+}
+
+// decide says, for each of the checkpoint's tensors, whether it stays on
+// the device (offloadedTensor.stays), once.
+func (c *offloaded) decide() {
+	for i := range c.tensors {
+		if ot := &c.tensors[i]; !ot.decided {
+			ot.stays, ot.decided = ot.dev.SharesStorage(), true
+		}
+	}
+}
+
+// settle waits for the copies down of all but the last keep pending
+// checkpoints and releases their device tensors, but for those that stay
+// on the device (offloadedTensor.stays), whose host copies it drops.
+func (o *Offloader) settle(keep int) {
+	for len(o.pending) > keep {
+		c := o.pending[0]
+		o.pending = o.pending[1:]
+		c.decide()
+		for i := range c.tensors {
+			ot := &c.tensors[i]
+			if ot.down != nil {
+				ot.down.Wait()
+				ot.down = nil
+			}
+			if ot.stays {
 				*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
 				ot.host.Release()
 				ot.host = nil
