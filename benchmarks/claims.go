@@ -94,6 +94,31 @@ func verdict(yes, partly bool) string {
 	return "refuted"
 }
 
+// capped runs f, the training steps of one trial, with dev's pool capped
+// at limit bytes and emptied before and after: ok is false when f ran out
+// of memory (an error wrapping memory.ErrOutOfMemory, or a panic with one
+// while the model or its batch is built), err any other failure.
+func capped(dev *tensor.Device, limit int64, f func() error) (ok bool, err error) {
+	a := dev.Allocator()
+	a.EmptyCache()
+	if err := a.SetLimit(limit); err != nil {
+		return false, err
+	}
+	defer a.SetLimit(0)
+	defer a.EmptyCache()
+	if err := tensor.Catch(func() {
+		if err := f(); err != nil {
+			panic(err)
+		}
+	}); err != nil {
+		if errors.Is(err, memory.ErrOutOfMemory) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
 // EmptyCacheEveryBatch measures the advice (in the seed's training template)
 // to call EmptyCache after every batch: step time and peak memory, with and
 // without it.
@@ -332,38 +357,21 @@ func LargestBatch(dev *tensor.Device, model string, context int, limit int64, o 
 	if m.Text && context > 0 {
 		m.Input = []int{context}
 	}
-	a := dev.Allocator()
-	fits := func(v train.Variant, b int) (ok bool, err error) {
-		a.EmptyCache()
-		if err := a.SetLimit(limit); err != nil {
-			return false, err
-		}
-		defer a.SetLimit(0)
-		defer a.EmptyCache()
-		defer func() { // building the model or its batch under the cap may run out of memory too
-			if r := recover(); r != nil {
-				if e, isErr := r.(error); isErr && errors.Is(e, memory.ErrOutOfMemory) {
-					ok, err = false, nil
-					return
-				}
-				panic(r)
+	fits := func(v train.Variant, b int) (bool, error) {
+		return capped(dev, limit, func() error {
+			s, err := newStepper(dev, m, v, b, o, false)
+			if err != nil {
+				return err
 			}
-		}()
-		s, err := newStepper(dev, m, v, b, o, false)
-		if err != nil {
-			return false, err
-		}
-		defer s.release()
-		s.tr.FailOnOOM = true
-		for range 2 {
-			if err := s.step(); err != nil {
-				if errors.Is(err, memory.ErrOutOfMemory) {
-					return false, nil
+			defer s.release()
+			s.tr.FailOnOOM = true
+			for range 2 {
+				if err := s.step(); err != nil {
+					return err
 				}
-				return false, err
 			}
-		}
-		return true, dev.Synchronize()
+			return dev.Synchronize()
+		})
 	}
 	largest := func(v train.Variant) (int, error) {
 		lo, hi := 0, 1 // lo fits (0: nothing yet), hi is the next to try
@@ -469,49 +477,34 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 	steps = max(steps, 2)
 	a := dev.Allocator()
 	run := func(m train.Arch, v train.Variant) (tps float64, peak int64, ok bool, err error) {
-		a.EmptyCache()
-		if err := a.SetLimit(limit); err != nil {
-			return 0, 0, false, err
-		}
-		defer a.SetLimit(0)
-		defer a.EmptyCache()
-		defer func() { // building the model under the cap may run out of memory too
-			if r := recover(); r != nil {
-				if e, isErr := r.(error); isErr && errors.Is(e, memory.ErrOutOfMemory) {
-					ok, err = false, nil
-					return
-				}
-				panic(r)
+		ok, err = capped(dev, limit, func() error {
+			s, err := newStepper(dev, m, v, batch, o, false)
+			if err != nil {
+				return err
 			}
-		}()
-		s, err := newStepper(dev, m, v, batch, o, false)
-		if err != nil {
-			return 0, 0, false, err
-		}
-		defer s.release()
-		s.tr.FailOnOOM = true
-		var start time.Time
-		for i := range steps {
-			if i == 1 {
-				if err := dev.Synchronize(); err != nil {
-					return 0, 0, false, err
+			defer s.release()
+			s.tr.FailOnOOM = true
+			var start time.Time
+			for i := range steps {
+				if i == 1 { // the first step page-locks an offloaded state
+					if err := dev.Synchronize(); err != nil {
+						return err
+					}
+					a.WindowPeak()
+					start = time.Now()
 				}
-				a.WindowPeak()
-				start = time.Now()
-			}
-			if err := s.step(); err != nil {
-				if errors.Is(err, memory.ErrOutOfMemory) {
-					return 0, 0, false, nil
+				if err := s.step(); err != nil {
+					return err
 				}
-				return 0, 0, false, err
 			}
-		}
-		if err := dev.Synchronize(); err != nil {
-			return 0, 0, false, err
-		}
-		peak, _ = a.WindowPeak()
-		tokens := float64((steps - 1) * batch * m.Input[0])
-		return tokens / time.Since(start).Seconds(), peak, true, nil
+			if err := dev.Synchronize(); err != nil {
+				return err
+			}
+			peak, _ = a.WindowPeak()
+			tps = float64((steps-1)*batch*m.Input[0]) / time.Since(start).Seconds()
+			return nil
+		})
+		return tps, peak, ok, err
 	}
 	var fits []ModelFit
 	largest := -1
