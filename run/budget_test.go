@@ -31,7 +31,8 @@ func (g gpuNamed) Info() kernels.Info {
 // TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
 // parameters, gradients and AdamW state pass the budget, and whose
 // parameters and gradients alone do not, keeps its state in host memory,
-// planned before anything is built; otherwise the run is refused naming
+// planned before anything is built, and names 8-bit AdamW where its state
+// would fit on the device; otherwise the run is refused naming
 // the sizes, and nothing moves on the CPU, where the user kept the state
 // on the device, or for 8-bit moments (which stay on the device, in a
 // quarter of the bytes).
@@ -60,10 +61,12 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 		offload   bool
 		says      string
 	}{
-		{"the state to the host", gpu, "adamw", params * 12, false, true, "the state goes to host memory (-offload-optimizer)"},
+		{"the state to the host", gpu, "adamw", params * 12, false, true,
+			"on the device; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes"},
 		{"everything fits", gpu, "adamw", params * 17, false, false, ""},
 		{"no budget", gpu, "adamw", 0, false, false, ""},
 		{"the gradients stream to the host", gpu, "adamw", params * 5, false, true, "the state goes to host memory (-offload-optimizer)"},
+		{"8-bit moments would not fit either", gpu, "adamw", params * 9, false, true, "on the device\n"},
 		{"the parameters alone too large", gpu, "adamw", params * 4, false, false, "more than the"},
 		{"kept on the device", gpu, "adamw", params * 12, true, false,
 			"(-offload-optimizer keeps the state in host memory; -optimizer adamw8bit holds AdamW's moments in a quarter of the bytes)"},

@@ -326,10 +326,14 @@ func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
 		return false
 	}
 	r.cfg.OffloadOptimizer = true
+	alternative := ""
+	if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
+		alternative = "; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes, the steps captured"
+	}
 	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
-		"the state goes to host memory (-offload-optimizer), %s there, %s on the device\n",
+		"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
 		r.cfg.Model, count(int(params)), memory.Bytes(params*8+state), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(params*8+state), memory.Bytes(optim.OffloadedDeviceBytes(params)))
+		memory.Bytes(params*8+state), memory.Bytes(optim.OffloadedDeviceBytes(params)), alternative)
 	return true
 }
 
