@@ -98,7 +98,8 @@ type offloadedTensor struct {
 
 // offload starts the copies of the tensors *refs[i] (on o's device, each
 // in saved, the checkpoint node's list) into host memory, where saved then
-// holds them, and settles the checkpoint before.
+// holds them; it decides which of the checkpoint before's tensors stay on
+// the device and settles those beyond inFlight.
 func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
 	if n := len(o.pending); n > 0 {
 		o.pending[n-1].decide()
@@ -252,9 +253,10 @@ func (c *offloaded) drop() {
 // Offloader's Forward moves each set to host memory as soon as the
 // function has run: the copies down start at once (on a GPU, on a copy
 // stream beside the kernels: Note [copies beside the stream] in kernels),
-// and the device's tensors are released once they are down, one
-// checkpoint later, so that the forward seldom waits; one whose storage
-// is held elsewhere too (the first block's input, the caller's) stays.
+// and the device's tensors are released once they are down, up to
+// inFlight checkpoints later, so that the forward seldom waits; one whose
+// storage is held elsewhere too when the next checkpoint begins (the first
+// block's input, the caller's) stays.
 // In the backward, a checkpoint about to recompute waits for its set to be
 // up again and queues the copies up of the checkpoint before it, whose
 // recomputation a sequential model's backward runs next: the copies

@@ -399,16 +399,15 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // with micro-batches of half the batch, a quarter, ... down to one example.
 // It returns an error wrapping memory.ErrOutOfMemory when nothing fits.
 //
-// A batch of at least minSizedBatch examples is sized first, without
-// running the configurations that do not fit on it: each candidate's step
-// is measured (MeasureStep) on two slices of the batch, of b and 2b
+// A batch of at least minSizedBatch examples is sized first, so that what
+// is predicted not to fit never runs on the whole batch: each candidate's
+// step is measured (MeasureStep) on two slices of the batch, of b and 2b
 // examples (b an eighth of it), which gives what the step holds whatever
 // the batch and what each example adds; in order, fastest first, a
 // candidate predicted to fit is measured on the whole batch before the
 // next is sized, then the micro-batches predicted to fit, and the first
-// that fits is chosen. A smaller batch is
-// measured whole, candidate by candidate. Each measurement is written to w
-// as it is taken. The pool is capped at the budget while they run: a
+// that fits is chosen. A smaller batch is measured whole, candidate by
+// candidate. Each measurement is written to w as it is taken. The pool is capped at the budget while they run: a
 // candidate that does not fit stops there, out of memory, so the process
 // never holds more than the budget. stop, when closed, ends the search
 // before its next measurement with an error wrapping ErrInterrupted.
