@@ -26,6 +26,7 @@ type Device struct {
 	b    kernels.Backend
 	gen  *Generator
 	base *Device // the handle Sessions were made from (itself for NewDevice's)
+	host bool    // on base: the backend's Info().Kind is kernels.KindCPU (OnHost)
 
 	pinnedOnce sync.Once // on base: makes pinned
 	pinned     *Device   // on base: the host device over page-locked memory (Pinned)
@@ -124,7 +125,7 @@ type Modes struct {
 
 // NewDevice wraps a backend. Most programs use CPU() or Open.
 func NewDevice(b kernels.Backend) *Device {
-	d := &Device{b: b, gen: NewGenerator(0)}
+	d := &Device{b: b, gen: NewGenerator(0), host: b.Info().Kind == kernels.KindCPU}
 	d.base = d
 	return d
 }
@@ -206,8 +207,9 @@ func (d *Device) Name() string { return d.b.Name() }
 
 // OnHost reports whether the handle's backend computes on the host's cores
 // in host memory (kernels.KindCPU): there is no device memory to offload
-// from, no copy engine and no graph to capture.
-func (d *Device) OnHost() bool { return d.b.Info().Kind == kernels.KindCPU }
+// from, no copy engine and no graph to capture. It is asked once, when
+// the device is made: a GPU's Info asks its driver.
+func (d *Device) OnHost() bool { return d.base.host }
 
 func (d *Device) String() string { return d.b.Name() }
 
