@@ -455,6 +455,7 @@ const seedParams = 1.2e9
 func LargestModel(dev *tensor.Device, models []string, limit int64, context, batch, steps int, o Options, progress func(ModelFit)) (Claim, []ModelFit, error) {
 	type candidate struct {
 		arch   train.Arch
+		gpt    nn.GPTConfig // its shape, at the context run
 		params int64
 	}
 	var cs []candidate
@@ -471,7 +472,7 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 		}
 		g := m.GPT
 		g.Context, g.Vocab = m.Input[0], m.Classes
-		cs = append(cs, candidate{m, int64(g.Params())})
+		cs = append(cs, candidate{m, g, int64(g.Params())})
 	}
 	slices.SortStableFunc(cs, func(a, b candidate) int { return cmp.Compare(a.params, b.params) })
 	steps = max(steps, 2)
@@ -510,11 +511,9 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 	largest := -1
 	for _, c := range cs {
 		f := ModelFit{Model: c.arch.Name, Params: c.params}
-		state := c.params*8 + optim.StateBytes(c.arch.Recipe.Optimizer, c.params) // parameters, gradients, state
-		state8 := c.params*8 + optim.StateBytes("adamw8bit", c.params)
-		g := c.arch.GPT
-		g.Context = c.arch.Input[0]
-		acts := int64(g.Layers) * g.CheckpointBytes(batch, tensor.BF16)
+		state := optim.TrainingBytes(c.arch.Recipe.Optimizer, c.params)
+		state8 := optim.TrainingBytes("adamw8bit", c.params)
+		acts := c.gpt.KeptBytes(batch, tensor.BF16)
 		for _, v := range []struct {
 			v         train.Variant
 			device    int64 // what the device must hold before any activation

@@ -74,6 +74,12 @@ func (c GPTConfig) CheckpointBytes(batch int, amp tensor.DType) int64 {
 	return tokens*int64(c.Width)*(4+out) + tokens*int64(c.Heads)*4
 }
 
+// KeptBytes is what all its checkpointed blocks keep a forward, Layers ×
+// CheckpointBytes: what offloaded activations take in host memory.
+func (c GPTConfig) KeptBytes(batch int, amp tensor.DType) int64 {
+	return int64(c.Layers) * c.CheckpointBytes(batch, amp)
+}
+
 // LayerNorm is layer normalisation over the last dimension, with a gain
 // and a bias.
 type LayerNorm struct {

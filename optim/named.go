@@ -124,6 +124,12 @@ func StateBytes(name string, n int64) int64 {
 	return 8 * n
 }
 
+// TrainingBytes is what n F32 parameters take with their gradients and
+// the optimiser name's state (StateBytes): what the device holds for them
+// when nothing is offloaded, and what an offloaded optimiser keeps in
+// host memory.
+func TrainingBytes(name string, n int64) int64 { return 8*n + StateBytes(name, n) }
+
 // NewNamedSchedule returns the schedule name at peak rate lr over total
 // steps: "cosine" (warmup steps rising linearly, then a half cosine to 0),
 // "onecycle" or "constant".

@@ -268,19 +268,19 @@ func (r *runner) stateFits() error {
 	g := r.arch.GPT
 	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
-	state := optim.StateBytes(r.cfg.Optimizer, params)
+	whole := optim.TrainingBytes(r.cfg.Optimizer, params)
 	offload := r.cfg.Offloads(r.dev)
-	need, what := params*8+state, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
+	need, what := whole, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
 	var hostNeed int64
 	var held []string
 	if offload {
 		need, what = optim.OffloadedDeviceBytes(params), "with the gradients in flight to host memory (the optimizer's state there)"
-		hostNeed += params*8 + state
+		hostNeed += whole
 		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
-			memory.Bytes(params*8+state), count(int(params)), r.cfg.Optimizer))
+			memory.Bytes(whole), count(int(params)), r.cfg.Optimizer))
 	}
 	if r.cfg.OffloadsActivations(r.dev) {
-		acts := int64(g.Layers) * g.CheckpointBytes(r.cfg.Batch, r.cfg.Autocast())
+		acts := g.KeptBytes(r.cfg.Batch, r.cfg.Autocast())
 		hostNeed += acts
 		held = append(held, fmt.Sprintf("-offload-activations %s of what its %d blocks keep a step", memory.Bytes(acts), g.Layers))
 	}
@@ -293,7 +293,7 @@ func (r *runner) stateFits() error {
 	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
 		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
 	}
-	if need > limit && !offload && r.offloadChosen(params, state, limit, of) {
+	if need > limit && !offload && r.offloadChosen(params, whole, limit, of) {
 		return nil
 	}
 	if need > limit {
@@ -301,7 +301,7 @@ func (r *runner) stateFits() error {
 		if !offload && !r.dev.OnHost() && optim.OffloadedDeviceBytes(params) <= limit && r.cfg.Optimizer != "adamw8bit" {
 			hints = append(hints, "-offload-optimizer keeps the state in host memory")
 		}
-		if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
+		if r.eightBitFits(params, limit) {
 			hints = append(hints, "-optimizer adamw8bit holds AdamW's moments in a quarter of the bytes")
 		}
 		hint := ""
@@ -317,24 +317,31 @@ func (r *runner) stateFits() error {
 // offloadChosen turns Config.OffloadOptimizer on, and says so, when the
 // budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
 // sharded state, an optimizer whose state can move: not adamw8bit's) and
-// it makes params parameters with state bytes of optimizer state fit:
-// what they take on the device (optim.OffloadedDeviceBytes) within limit,
-// their copies, gradients and state within the host's memory.
-func (r *runner) offloadChosen(params, state, limit int64, of string) bool {
+// it makes params parameters fit, which with their gradients and state
+// take whole bytes: what they take on the device
+// (optim.OffloadedDeviceBytes) within limit, whole within the host's
+// memory.
+func (r *runner) offloadChosen(params, whole, limit int64, of string) bool {
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
-		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(params) > limit || params*8+state > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(params) > limit || whole > memory.HostMemory() {
 		return false
 	}
 	r.cfg.OffloadOptimizer = true
 	alternative := ""
-	if r.cfg.Optimizer == "adamw" && params*8+optim.StateBytes("adamw8bit", params) <= limit {
+	if r.eightBitFits(params, limit) {
 		alternative = "; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes, the steps captured"
 	}
 	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
 		"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
-		r.cfg.Model, count(int(params)), memory.Bytes(params*8+state), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(params*8+state), memory.Bytes(optim.OffloadedDeviceBytes(params)), alternative)
+		r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
+		memory.Bytes(whole), memory.Bytes(optim.OffloadedDeviceBytes(params)), alternative)
 	return true
+}
+
+// eightBitFits says whether an AdamW run's params parameters would fit
+// within limit on the device with 8-bit moments (-optimizer adamw8bit).
+func (r *runner) eightBitFits(params, limit int64) bool {
+	return r.cfg.Optimizer == "adamw" && optim.TrainingBytes("adamw8bit", params) <= limit
 }
 
 // textDefaults fills a language model's context and tokenizer, where the
