@@ -74,4 +74,12 @@ func TestModelNameRefusesWhatTheRegistryLacks(t *testing.T) {
 	if got := LanguageModels(); len(got) != 10 || got[0] != "gpt" || !slices.Contains(got, "gpt3-6.7b") {
 		t.Errorf("LanguageModels = %v", got)
 	}
+	for _, name := range GPTFamily() { // the presets of GPT-2's and GPT-3's shapes, each known
+		if a, err := LookupArch(name); err != nil || !a.Text || !strings.HasPrefix(name, "gpt2") && !strings.HasPrefix(name, "gpt3") {
+			t.Errorf("GPTFamily's %s: %v", name, err)
+		}
+	}
+	if n := len(GPTFamily()); n != 7 {
+		t.Errorf("GPTFamily has %d presets, want GPT-2's four and GPT-3's three", n)
+	}
 }

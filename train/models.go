@@ -147,6 +147,12 @@ func LanguageModels() []string {
 	return names
 }
 
+// GPTFamily is the GPT presets of GPT-2's and GPT-3's shapes, from GPT-2
+// small to GPT-3 6.7B: what the largest-model search tries unless told.
+func GPTFamily() []string {
+	return []string{"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b"}
+}
+
 // PresetDefaults says a language-model preset setting for each preset,
 // the presets that share a value together, for flags' help: "64 for
 // gpt-mini, 256 for gpt-small, 1024 for gpt2, gpt2-large, ...".

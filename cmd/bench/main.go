@@ -232,8 +232,8 @@ func parseLargestBatch(s string) (largestBatch, error) {
 	if _, err := fmt.Sscanf(strings.ReplaceAll(s, ":", " "), "%s %d %g", &lb.model, &lb.context, &gib); err != nil || gib <= 0 || lb.context < 1 {
 		return lb, errors.New("want MODEL:CONTEXT:GIB, as gpt2:512:24")
 	}
-	if a, err := train.LookupArch(lb.model); err != nil || !a.Text {
-		return lb, fmt.Errorf("%s is not a language model (want %s)", lb.model, strings.Join(train.LanguageModels(), ", "))
+	if err := languageModel(lb.model); err != nil {
+		return lb, err
 	}
 	lb.bytes = int64(gib * (1 << 30))
 	return lb, nil
@@ -247,11 +247,8 @@ type largestModel struct {
 	models         []string
 }
 
-// gptFamily is -largest-model's models unless given.
-var gptFamily = []string{"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b"}
-
 func parseLargestModel(s string) (largestModel, error) {
-	lm := largestModel{context: 1024, batch: 8, models: gptFamily}
+	lm := largestModel{context: 1024, batch: 8, models: train.GPTFamily()}
 	parts := strings.Split(s, ":")
 	if len(parts) != 1 && len(parts) != 4 {
 		return lm, errors.New("want GIB or GIB:CONTEXT:BATCH:MODEL,..., as 24 or 0.25:32:2:gpt-mini,gpt-small")
@@ -272,11 +269,20 @@ func parseLargestModel(s string) (largestModel, error) {
 	}
 	lm.models = strings.Split(parts[3], ",")
 	for _, m := range lm.models {
-		if a, err := train.LookupArch(m); err != nil || !a.Text {
-			return lm, fmt.Errorf("%s is not a language model (want %s)", m, strings.Join(train.LanguageModels(), ", "))
+		if err := languageModel(m); err != nil {
+			return lm, err
 		}
 	}
 	return lm, nil
+}
+
+// languageModel says why name is not a language model of the registry,
+// or nil.
+func languageModel(name string) error {
+	if a, err := train.LookupArch(name); err != nil || !a.Text {
+		return fmt.Errorf("%s is not a language model (want %s)", name, strings.Join(train.LanguageModels(), ", "))
+	}
+	return nil
 }
 
 // cpuSpecs, cpuSteps and cpuWarmup are bench's defaults on a CPU, where
