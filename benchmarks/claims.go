@@ -429,6 +429,7 @@ type ModelFit struct {
 	Params        int64    `json:"params"`
 	Config        string   `json:"config,omitempty"` // "" when none trained
 	TokensPerS    float64  `json:"tokens_per_s,omitempty"`
+	TFLOPs        float64  `json:"tflops,omitempty"` // the model FLOPs rate, TFLOP/s (tokenFLOPs)
 	PeakAllocated int64    `json:"peak_allocated,omitempty"`
 	Tried         []string `json:"tried,omitempty"`
 }
@@ -445,8 +446,10 @@ const seedParams = 1.2e9
 // of these that trains, fastest first: bf16 autocast with checkpointed
 // blocks; that with 8-bit AdamW (a quarter of the state, on the device);
 // that with AdamW's state in the host's page-locked memory
-// (-offload-optimizer); and that with what the blocks keep there too
-// (-offload-activations). A
+// (-offload-optimizer); that with what the blocks keep there too
+// (-offload-activations); and those two with the blocks' weights in bf16
+// on the device, their F32 masters in host memory
+// (nn.GPTConfig.ProductWeights). A
 // configuration whose parameters, gradients and state alone pass the cap
 // on the device, or the host's memory, is ruled out without running. Each
 // runs steps steps (at least two); tokens/s is over those after the first,
@@ -514,6 +517,8 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 		state := optim.TrainingBytes(c.arch.Recipe.Optimizer, c.params)
 		state8 := optim.TrainingBytes("adamw8bit", c.params)
 		acts := c.gpt.KeptBytes(batch, tensor.BF16)
+		bf16 := c.gpt
+		bf16.ProductWeights = tensor.BF16
 		for _, v := range []struct {
 			v         train.Variant
 			device    int64 // what the device must hold before any activation
@@ -525,10 +530,16 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 			{train.Variant{Name: "bf16+checkpoint, 8-bit AdamW", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks, Optimizer: "adamw8bit"}, state8, 0,
 				"its parameters, gradients and 8-bit AdamW's state"},
 			{train.Variant{Name: "bf16+checkpoint, optimizer in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks, OffloadOptimizer: true},
-				optim.OffloadedDeviceBytes(c.params), state, "its F32 parameters and the gradients in flight"},
+				optim.OffloadedDeviceBytes(c.gpt.ParamBytes()), state, "its F32 parameters and the gradients in flight"},
 			{train.Variant{Name: "bf16+checkpoint, optimizer and activations in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
-				OffloadOptimizer: true, OffloadActivations: true}, optim.OffloadedDeviceBytes(c.params), state + acts,
+				OffloadOptimizer: true, OffloadActivations: true}, optim.OffloadedDeviceBytes(c.gpt.ParamBytes()), state + acts,
 				"its F32 parameters and the gradients in flight"},
+			{train.Variant{Name: "bf16+checkpoint, bf16 weights, optimizer in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
+				OffloadOptimizer: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), state,
+				"its parameters (the blocks' weights in bf16) and the gradients in flight"},
+			{train.Variant{Name: "bf16+checkpoint, bf16 weights, optimizer and activations in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
+				OffloadOptimizer: true, OffloadActivations: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), state + acts,
+				"its parameters (the blocks' weights in bf16) and the gradients in flight"},
 		} {
 			if (v.v.OffloadOptimizer || v.v.OffloadActivations) && dev.OnHost() {
 				continue
@@ -550,6 +561,7 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 				continue
 			}
 			f.Config, f.TokensPerS, f.PeakAllocated = v.v.Name, tps, peak
+			f.TFLOPs = tps * tokenFLOPs(c.params, c.gpt) / 1e12
 			break
 		}
 		fits = append(fits, f)

@@ -253,8 +253,14 @@ func modelFLOPs(model nn.Model, batch int) float64 {
 		n += p.Numel()
 	}
 	c := g.Cfg
-	perToken := 6*float64(n) + 12*float64(c.Layers)*float64(c.Width)*float64(c.Context)
-	return perToken * float64(batch*c.Context)
+	return tokenFLOPs(int64(n), c) * float64(batch*c.Context)
+}
+
+// tokenFLOPs is a training step's model FLOPs a token of a GPT of c with
+// params parameters, in windows of its context: 6N + 12·L·C·T (PaLM's
+// count, attention's products included, a recomputation not).
+func tokenFLOPs(params int64, c nn.GPTConfig) float64 {
+	return 6*float64(params) + 12*float64(c.Layers)*float64(c.Width)*float64(c.Context)
 }
 
 // Options tune a run.
@@ -302,6 +308,9 @@ type stepper struct {
 }
 
 func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, o Options, capture bool) (*stepper, error) {
+	if v.BF16Weights {
+		m.GPT.ProductWeights = tensor.BF16
+	}
 	model, err := build(dev, m, o.Seed)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,14 @@ type GPTConfig struct {
 	// (0: none, GPT-2's fine-tuning default); attention weights are not
 	// dropped.
 	Dropout float32
+	// ProductWeights is the dtype the blocks' matrix weights (c_attn,
+	// attn.c_proj, mlp.c_fc, mlp.c_proj: all but the embeddings' share of
+	// the parameters) are held in: F32 (0), or BF16 or F16 as working
+	// weights under autocast to that dtype, half the device memory, whose
+	// F32 master copies an offloaded optimizer keeps in host memory
+	// (optim.Offload). Their gradients come in the same dtype. The
+	// embeddings, biases and layer norms stay F32.
+	ProductWeights tensor.DType `json:",omitempty"`
 }
 
 // GPT2Small is GPT-2 small: 12 layers, 12 heads, width 768, GPT-2's BPE
@@ -40,6 +48,8 @@ func (c GPTConfig) Check() error {
 		return fmt.Errorf("GPT %+v: the width %d is not a multiple of the %d heads", c, c.Width, c.Heads)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return fmt.Errorf("GPT %+v: dropout %v outside [0, 1)", c, c.Dropout)
+	case c.ProductWeights != 0 && c.ProductWeights != tensor.F32 && !c.ProductWeights.Half():
+		return fmt.Errorf("GPT %+v: product weights in %v: want f32, bf16 or f16", c, c.ProductWeights)
 	}
 	// Params without wrapping: a block holds 12·W² weights and 13·W
 	// biases and gains, under 13·W² for any width of 13 or more (and far
@@ -72,6 +82,22 @@ func (c GPTConfig) CheckpointBytes(batch int, amp tensor.DType) int64 {
 	}
 	tokens := int64(batch) * int64(c.Context)
 	return tokens*int64(c.Width)*(4+out) + tokens*int64(c.Heads)*4
+}
+
+// ParamBytes is what the parameters of a model of c take on the device:
+// four bytes each, two for the blocks' matrix weights in a 16-bit
+// ProductWeights.
+func (c GPTConfig) ParamBytes() int64 {
+	n, w := int64(c.Params()), c.productWeights()
+	if c.ProductWeights.Half() {
+		return 4*(n-w) + 2*w
+	}
+	return 4 * n
+}
+
+// productWeights counts the blocks' matrix weights: 12·W² a block.
+func (c GPTConfig) productWeights() int64 {
+	return 12 * int64(c.Layers) * int64(c.Width) * int64(c.Width)
 }
 
 // KeptBytes is what all its checkpointed blocks keep a forward, Layers ×
@@ -230,7 +256,8 @@ type GPT struct {
 // NewGPT builds a GPT of cfg with GPT-2's initialisation from dev's
 // generator: weights and embeddings N(0, 0.02), the residual projections
 // (attn.c_proj, mlp.c_proj) N(0, 0.02/√(2·Layers)), biases 0, layer norms'
-// gains 1.
+// gains 1. 16-bit ProductWeights are those draws rounded, the same
+// numbers drawn.
 func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
@@ -238,7 +265,14 @@ func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
 	C := cfg.Width
 	normal := func(std float32, shape ...int) *T { return newParam(tensor.Randn(dev, tensor.F32, 0, std, shape...)) }
 	linear := func(in, out int, std float32) *Linear {
-		return &Linear{Weight: normal(std, out, in), Bias: newParam(tensor.Zeros(dev, tensor.F32, out))}
+		w := tensor.Randn(dev, tensor.F32, 0, std, out, in)
+		if dt := cfg.ProductWeights; dt.Half() { // drawn as F32 and rounded: a weight's F32 is the most the device holds twice
+			h := tensor.Empty(dev, dt, out, in)
+			dev.Backend().Cast(h.Buf(), w.Buf())
+			w.Release()
+			w = h
+		}
+		return &Linear{Weight: newParam(w), Bias: newParam(tensor.Zeros(dev, tensor.F32, out))}
 	}
 	resid := float32(0.02 / math.Sqrt(2*float64(cfg.Layers)))
 	g := &GPT{Cfg: cfg, WTE: normal(0.02, cfg.Vocab, C), WPE: normal(0.02, cfg.Context, C), LNF: NewLayerNorm(dev, C)}

@@ -642,3 +642,50 @@ func TestGPTBlockHoldsOnlyWhatItSaves(t *testing.T) {
 		}
 	}
 }
+
+// TestGPTProductWeights: a GPT with 16-bit product weights draws the F32
+// model's numbers and holds them rounded, the rest of its parameters F32
+// and equal, in the bytes ParamBytes counts; other dtypes are refused.
+func TestGPTProductWeights(t *testing.T) {
+	dev := tensor.CPU()
+	base := GPTConfig{Layers: 2, Heads: 2, Width: 16, Vocab: 50, Context: 8}
+	build := func(dt tensor.DType) *GPT {
+		c := base
+		c.ProductWeights = dt
+		dev.Generator().Seed(9)
+		g, err := NewGPT(dev, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	f32 := build(0)
+	defer Release(f32)
+	want := Parameters(f32)
+	for _, dt := range []tensor.DType{tensor.BF16, tensor.F16} {
+		g := build(dt)
+		var bytes int64
+		for i, p := range Parameters(g) {
+			bytes += p.Bytes()
+			w := want[i].Float32s()
+			if p.DType() != tensor.F32 {
+				r := tensor.Empty(dev, p.DType(), want[i].Shape()...)
+				dev.Backend().Cast(r.Buf(), want[i].Buf())
+				w = r.Float32s()
+				r.Release()
+			}
+			if got := p.Float32s(); !slices.Equal(got, w) {
+				t.Errorf("%v: parameter %d (%v %v) differs from the F32 model's, rounded", dt, i, p.DType(), p.Shape())
+			}
+		}
+		if c := g.Cfg; bytes != c.ParamBytes() || c.ParamBytes() >= base.ParamBytes() {
+			t.Errorf("%v: the parameters take %d bytes, ParamBytes says %d (F32: %d)", dt, bytes, c.ParamBytes(), base.ParamBytes())
+		}
+		Release(g)
+	}
+	bad := base
+	bad.ProductWeights = tensor.I32
+	if err := bad.Check(); err == nil {
+		t.Error("a GPT with i32 product weights passed Check")
+	}
+}

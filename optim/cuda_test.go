@@ -27,6 +27,10 @@ func TestCUDAOffloaded(t *testing.T) {
 	dev := testdev.CUDA(t)
 	t.Run("page-locked", func(t *testing.T) { testOffloaded(t, dev, dev.Pinned(), 1e-5) })
 	t.Run("pageable", func(t *testing.T) { testOffloaded(t, dev, tensor.CPU(), 1e-5) })
+	for _, dt := range []tensor.DType{tensor.BF16, tensor.F16} {
+		t.Run(dt.String()+" weights, page-locked", func(t *testing.T) { testOffloadedHalf(t, dev, dev.Pinned(), dt) })
+	}
+	t.Run("bf16 weights, pageable", func(t *testing.T) { testOffloadedHalf(t, dev, tensor.CPU(), tensor.BF16) })
 	if n := dev.Pinned().Allocator().Stats().Allocated[memory.All].Current; n != 0 {
 		t.Errorf("%d bytes of page-locked memory still allocated after the optimizers' release", n)
 	}

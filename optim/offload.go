@@ -1,7 +1,9 @@
 package optim
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/x448/float16"
 )
 
 // Offloaded is an optimiser whose state lives in host memory (ZeRO-Offload's
@@ -51,6 +54,18 @@ import (
 // without a gradient in some steps. Because the host reads the device, a
 // step with an offloaded optimiser cannot be captured as a graph (train
 // runs it eagerly).
+//
+// Note [working weights in 16 bits]: a parameter in BF16 or F16 on the
+// device (nn.GPTConfig.ProductWeights) is a working copy of its F32
+// master in host memory. Its gradient comes in its dtype and comes down
+// into the first half of its F32 host copy, which the host widens in
+// place (halves of the buffer from the end: each half's values land past
+// the narrow ones still unread) before the update; the update rounds the
+// master to the parameter's dtype into the same buffer, nearest even as
+// the device's casts do, and that is the copy up. The device holds two
+// bytes a value and sends two down and two up; the host holds F32 master,
+// gradient and state, and a checkpoint the masters ("master.<index>" in
+// State).
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
@@ -124,7 +139,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	for i, p := range params {
 		o.slot[p] = i
 		o.flightMost += p.Bytes() / 16
-		h := tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
+		h := hostMaster(host, p)
 		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
 		o.host = append(o.host, h)
 		in, err := Partition(opt, []*tensor.Tensor{h}, []int{i})
@@ -135,6 +150,22 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	opt.Release()
 	return o, nil
+}
+
+// hostMaster is p's F32 master copy in host memory: p's values, widened
+// from a 16-bit p.
+func hostMaster(host *tensor.Device, p *tensor.Tensor) *tensor.Tensor {
+	if p.DType() == tensor.F32 {
+		return tensor.FromBytes(host, tensor.F32, p.Raw(), p.Shape()...).Keep()
+	}
+	if !p.DType().Half() {
+		panic(fmt.Sprintf("optim: offloading a %v parameter of shape %v: want f32, bf16 or f16", p.DType(), p.Shape()))
+	}
+	narrow := tensor.FromBytes(host, p.DType(), p.Raw(), p.Shape()...)
+	defer narrow.Release()
+	h := tensor.Empty(host, tensor.F32, p.Shape()...).Keep()
+	host.Backend().Cast(h.Buf(), narrow.Buf())
+	return h
 }
 
 // ReadyAndUpdate is Ready, and then, as soon as the gradient is down, the
@@ -187,6 +218,11 @@ func (o *Offloaded) stopWork() {
 // through the multiplier m (on the host; invalid: none) of value mv, and
 // queues its copy up.
 func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
+	p, h := o.params[i], o.host[i]
+	half := p.DType().Half()
+	if half {
+		widen(h.Grad(), p.DType())
+	}
 	switch in := o.inner[i].(type) {
 	case ScaledStepper:
 		in.StepScaled(m, kernels.Buf{})
@@ -199,10 +235,55 @@ func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 		}
 		in.Step()
 	}
+	up := h.HostBytes()
+	if half { // rounded into the gradient's buffer, which the next step's gradient overwrites after the copy
+		narrow := narrowed(h.Grad(), p.DType())
+		h.Backend().Cast(narrow, h.Buf())
+		up = h.Grad().HostBytes()[:p.Bytes()]
+	}
 	if o.pc != nil {
-		o.pc.StartWrite(o.params[i].Buf(), o.host[i].HostBytes())
+		o.pc.StartWrite(p.Buf(), up)
 	} else {
-		o.params[i].Backend().Write(o.params[i].Buf(), o.host[i].HostBytes())
+		p.Backend().Write(p.Buf(), up)
+	}
+}
+
+// narrowed is the first half of g, an F32 host tensor, as a buffer of its
+// values in dt, a 16-bit dtype (Note [working weights in 16 bits]).
+func narrowed(g *tensor.Tensor, dt tensor.DType) kernels.Buf {
+	b := g.Buf()
+	b.DType = dt
+	return b
+}
+
+// widen converts the 16-bit values of dt in the first half of g, an F32
+// host tensor, into g's F32 values in place: in passes over halves of the
+// values from the end, [⌈hi/2⌉, hi) each, whose F32 values (from byte
+// 4⌈hi/2⌉ on) land past the narrow ones they read (below byte 2hi) and
+// the ones not yet read (below byte 2⌈hi/2⌉), so that each pass is one
+// conversion over the backend's threads.
+func widen(g *tensor.Tensor, dt tensor.DType) {
+	b, be := g.Buf(), g.Backend()
+	for hi := b.N; hi > 0; {
+		lo := (hi + 1) / 2
+		if hi == 1 {
+			lo = 0
+		}
+		n := hi - lo
+		src := kernels.Buf{Block: b.Block, Off: b.Off + 2*int64(lo), N: n, DType: dt}
+		dst := kernels.Buf{Block: b.Block, Off: b.Off + 4*int64(lo), N: n, DType: tensor.F32}
+		if lo == 0 { // the first value, in place: read before it is written
+			raw := g.HostBytes()
+			bits := binary.LittleEndian.Uint16(raw)
+			v := math.Float32frombits(uint32(bits) << 16)
+			if dt == tensor.F16 {
+				v = float16.Frombits(bits).Float32()
+			}
+			binary.LittleEndian.PutUint32(raw, math.Float32bits(v))
+		} else {
+			be.Cast(dst, src)
+		}
+		hi = lo
 	}
 }
 
@@ -215,12 +296,12 @@ func (o *Offloaded) UpdatedInBackward() float64 {
 	return float64(o.updatedBytes) / float64(o.total)
 }
 
-// OffloadedDeviceBytes is the least device memory n parameters take
-// under an offloaded optimizer whose gradients leave the device during the
-// backward (Ready): the parameters in F32 and the sixteenth of their
-// gradients in flight. Micro-batches hold the whole gradients between
-// their backwards.
-func OffloadedDeviceBytes(n int64) int64 { return n*4 + n*4/16 }
+// OffloadedDeviceBytes is the least device memory parameters of
+// paramBytes take under an offloaded optimizer whose gradients leave the
+// device during the backward (Ready): the parameters and the sixteenth of
+// their gradients (of the parameters' dtypes) in flight. Micro-batches
+// hold the whole gradients between their backwards.
+func OffloadedDeviceBytes(paramBytes int64) int64 { return paramBytes + paramBytes/16 }
 
 // Ready is the backward's hook (autograd.OnGradReady): leaf's gradient is
 // finished, so Ready sums its squares on the device (for the step's
@@ -268,7 +349,14 @@ func (o *Offloaded) sumSquares(i int) {
 	}
 	row := o.squares.Rows(i, i+1)
 	defer row.Release()
-	p.Backend().SumSquares([]kernels.Buf{p.Grad().Buf()}, row.Buf())
+	g := p.Grad()
+	if g.DType() != tensor.F32 { // a 16-bit working weight's: summed widened
+		wide := tensor.Empty(p.Device(), tensor.F32, g.Shape()...)
+		defer wide.Release()
+		p.Backend().Cast(wide.Buf(), g.Buf())
+		g = wide
+	}
+	p.Backend().SumSquares([]kernels.Buf{g.Buf()}, row.Buf())
 }
 
 // SumGradSquares writes the sum of the squares of the step's gradients,
@@ -300,14 +388,15 @@ func (o *Offloaded) SumGradSquares(sumsq kernels.Buf) {
 func (o *Offloaded) startDown(i int) {
 	p := o.params[i]
 	g := p.Grad()
-	if g.DType() != tensor.F32 || !g.SameShape(p) {
-		panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want f32 %v", i, g.DType(), g.Shape(), p.Shape()))
+	if g.DType() != p.DType() || !g.SameShape(p) {
+		panic(fmt.Sprintf("optim: parameter %d's gradient is %v %v; want %v %v", i, g.DType(), g.Shape(), p.DType(), p.Shape()))
 	}
+	dst := o.host[i].Grad().HostBytes()[:g.Bytes()] // a 16-bit one into the first half (Note [working weights in 16 bits])
 	if o.pc != nil {
-		o.down[i] = o.pc.StartRead(o.host[i].Grad().HostBytes(), g.Buf())
+		o.down[i] = o.pc.StartRead(dst, g.Buf())
 		return
 	}
-	p.Backend().Read(o.host[i].Grad().HostBytes(), g.Buf())
+	p.Backend().Read(dst, g.Buf())
 	o.down[i] = done{}
 }
 
@@ -398,7 +487,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			}
 			if o.down[i] != nil { // it has a gradient this step
 				o.down[i].Wait()
-				n := o.host[i].Grad().Bytes()
+				n := o.params[i].Bytes()
 				o.total += n
 				if o.early[i] {
 					o.hidden += n
@@ -485,6 +574,20 @@ func (o *Offloaded) SetLR(lr float64) {
 // optimiser's ("<kind>.<param index>"), so that checkpoints move between
 // the two.
 func (o *Offloaded) State() map[string]*tensor.Tensor {
+	s := o.innerState()
+	for i, p := range o.params {
+		if p.DType().Half() { // the device's copy is rounded (Note [working weights in 16 bits])
+			s[masterKind+"."+strconv.Itoa(i)] = o.host[i]
+		}
+	}
+	return s
+}
+
+// masterKind names the F32 master copies of 16-bit parameters in State.
+const masterKind = "master"
+
+// innerState is the optimisers' state, named as State names it.
+func (o *Offloaded) innerState() map[string]*tensor.Tensor {
 	s := map[string]*tensor.Tensor{}
 	for i, in := range o.inner {
 		for k, t := range in.State() {
@@ -505,7 +608,7 @@ func (o *Offloaded) HostBytes() int64 {
 	for _, h := range o.host {
 		n += h.Bytes() + h.Grad().Bytes()
 	}
-	for _, t := range o.State() {
+	for _, t := range o.innerState() {
 		n += t.Bytes()
 	}
 	return n
@@ -529,7 +632,22 @@ func (o *Offloaded) Counters() map[string]float64 {
 // model's weights first, then the optimiser's state.
 func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	for i, p := range o.params {
-		p.Backend().Read(o.host[i].HostBytes(), p.Buf())
+		if !p.DType().Half() {
+			p.Backend().Read(o.host[i].HostBytes(), p.Buf())
+			continue
+		}
+		name := masterKind + "." + strconv.Itoa(i)
+		m, ok := ts[name]
+		if !ok { // from an on-device optimiser's checkpoint: the rounded values
+			h := hostMaster(o.host[i].Device(), p)
+			copy(o.host[i].HostBytes(), h.HostBytes())
+			h.Release()
+			continue
+		}
+		if err := CheckState(name, m, tensor.F32, p.Shape()); err != nil {
+			return err
+		}
+		copy(o.host[i].HostBytes(), m.Raw())
 	}
 	for i, in := range o.inner {
 		mine := map[string]*tensor.Tensor{}

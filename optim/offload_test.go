@@ -261,3 +261,168 @@ func TestOffloadedRefusesAGradientFinishedTwice(t *testing.T) {
 	}()
 	o.Ready(small)
 }
+
+// TestOffloadedHalfWeights: AdamW offloaded over 16-bit working weights
+// (Note [working weights in 16 bits]) keeps F32 masters that are, bit for
+// bit, what F32 AdamW makes of the gradients widened, and the device's
+// weights are those masters rounded, through plain steps, gradients handed
+// to Ready and ReadyAndUpdate, a multiplier, a skipped step, and a resume
+// from State.
+func TestOffloadedHalfWeights(t *testing.T) {
+	for _, dt := range []tensor.DType{tensor.BF16, tensor.F16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			testOffloadedHalf(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), dt)
+		})
+	}
+}
+
+// testOffloadedHalf runs TestOffloadedHalfWeights' comparison with the
+// weights on dev in dt and the state on host.
+func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) {
+	ref := tensor.NewDevice(tensor.CPU().Backend()) // F32 AdamW's, on the CPU
+	// A matrix, an F32 bias (no decay), a weight of an odd length whose
+	// widening takes many passes, and one of a single value.
+	shapes := [][]int{{33, 7}, {7}, {5001}, {1}}
+	types := []tensor.DType{dt, tensor.F32, dt, dt}
+	rng := rand.New(rand.NewPCG(3, uint64(dt)))
+	random := func(shape []int, scale float64) []float32 {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return v
+	}
+	in := func(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
+		f := tensor.FromFloat32(d, v, shape...)
+		if dt == tensor.F32 {
+			return f
+		}
+		defer f.Release()
+		h := tensor.Empty(d, dt, shape...)
+		d.Backend().Cast(h.Buf(), f.Buf())
+		return h
+	}
+	var work, master []*tensor.Tensor
+	for i, s := range shapes {
+		w := in(dev, random(s, 1), types[i], s).Keep().SetRequiresGrad(true)
+		work = append(work, w)
+		master = append(master, tensor.FromFloat32(ref, w.Float32s(), s...).Keep().SetRequiresGrad(true))
+	}
+	defer func() {
+		for _, p := range append(work, master...) {
+			p.Release()
+		}
+	}()
+	adamw := func(ps []*tensor.Tensor) *AdamW {
+		o := NewAdamW(ps, 0.01, 0.1)
+		o.NoDecay = []bool{false, true, false, false}
+		return o
+	}
+	want := adamw(master)
+	defer want.Release()
+	o, err := Offload(adamw(work), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Release()
+	rounded := func(v []float32, dt tensor.DType) []float32 {
+		f := in(ref, v, dt, []int{len(v)})
+		defer f.Release()
+		return f.Float32s()
+	}
+	check := func(what string) {
+		t.Helper()
+		st := o.State()
+		for i := range shapes {
+			m := master[i].Float32s()
+			same(t, fmt.Sprintf("%s, the weight on the device %d", what, i), work[i].Float32s(), rounded(m, types[i]), 0)
+			if types[i] == tensor.F32 {
+				if _, ok := st[fmt.Sprintf("master.%d", i)]; ok {
+					t.Errorf("%s: State holds a master copy of the F32 parameter %d", what, i)
+				}
+				continue
+			}
+			same(t, fmt.Sprintf("%s, master %d", what, i), st[fmt.Sprintf("master.%d", i)].Float32s(), m, 0)
+		}
+	}
+	mult := tensor.FromFloat32(dev, []float32{0.75}, 1).Keep()
+	refMult := tensor.FromFloat32(ref, []float32{0.75}, 1).Keep()
+	skip := tensor.FromFloat32(dev, []float32{1}, 1).Keep()
+	sumsq := tensor.Zeros(dev, tensor.F32, 1).Keep()
+	defer releaseAll(mult, refMult, skip, sumsq)
+	for step := range 5 {
+		var squares float64
+		for i, s := range shapes {
+			g := in(dev, random(s, 0.1), types[i], s)
+			work[i].SetGrad(g)
+			wide := g.Float32s()
+			master[i].SetGrad(tensor.FromFloat32(ref, wide, s...))
+			for _, v := range wide {
+				squares += float64(v) * float64(v)
+			}
+			switch step {
+			case 1:
+				o.Ready(work[i])
+			case 2:
+				o.ReadyAndUpdate(work[i])
+			}
+		}
+		o.SumGradSquares(sumsq.Buf())
+		if got := sumsq.Float32s()[0]; math.Abs(float64(got)-squares) > 1e-5*squares {
+			t.Errorf("step %d: the gradients' sum of squares %v, want %v", step, got, squares)
+		}
+		switch step {
+		case 1:
+			o.StepScaled(mult.Buf(), kernels.Buf{})
+			want.StepScaled(refMult.Buf(), kernels.Buf{})
+		case 3: // skipped
+			o.StepUnless(skip.Buf())
+		default:
+			o.Step()
+			want.Step()
+		}
+		o.ZeroGrad()
+		want.ZeroGrad()
+		check(fmt.Sprintf("step %d", step))
+	}
+	if h, n := o.HostBytes(), int64(33*7+7+5001+1); h != 16*n {
+		t.Errorf("host bytes %d: want four F32 values for each of the %d parameters", h, n)
+	}
+	// A resumed run takes the masters from the state, not the rounded
+	// weights.
+	again, err := Offload(adamw(work), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Release()
+	if err := again.LoadState(o.State(), o.Counters()); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range shapes {
+		g := in(dev, random(s, 0.1), types[i], s)
+		work[i].SetGrad(g)
+		master[i].SetGrad(tensor.FromFloat32(ref, g.Float32s(), s...))
+	}
+	again.Step()
+	want.Step()
+	again.ZeroGrad()
+	want.ZeroGrad()
+	o = again
+	check("resumed")
+	bad := map[string]*tensor.Tensor{"master.0": tensor.Zeros(ref, tensor.F32, 7, 33).Keep()}
+	defer bad["master.0"].Release()
+	if err := again.LoadState(bad, nil); err == nil || !strings.Contains(err.Error(), "master.0") {
+		t.Errorf("a master of the wrong shape loaded: %v, want an error naming it", err)
+	}
+}
+
+// releaseAll releases ts.
+func releaseAll(ts ...*tensor.Tensor) {
+	for _, t := range ts {
+		t.Release()
+	}
+}

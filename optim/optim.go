@@ -117,10 +117,23 @@ type PerParameter interface {
 	StepParam(i int)
 }
 
+// checkParams panics unless params are leaves in F32, or in 16 bits as
+// working weights for Offload (Note [working weights in 16 bits]).
 func checkParams(params []*tensor.Tensor) {
 	for i, p := range params {
-		if p.DType() != tensor.F32 || !p.IsLeaf() {
-			panic(fmt.Sprintf("optim: parameter %d is a %v %v tensor; want F32 leaves (master weights)", i, p.DType(), p.Shape()))
+		if (p.DType() != tensor.F32 && !p.DType().Half()) || !p.IsLeaf() {
+			panic(fmt.Sprintf("optim: parameter %d is a %v %v tensor; want F32 leaves (master weights), or 16-bit working weights to offload", i, p.DType(), p.Shape()))
+		}
+	}
+}
+
+// checkMasters panics when a parameter of idx is a 16-bit working weight:
+// its F32 master is an offloaded optimizer's (Offload), and an update of the
+// working copy on the device would round most updates away.
+func checkMasters(params []*tensor.Tensor, idx []int) {
+	for _, i := range idx {
+		if p := params[i]; p.DType() != tensor.F32 {
+			panic(fmt.Sprintf("optim: stepping parameter %d, a %v %v working weight, on the device: its F32 master needs the optimizer offloaded (Offload)", i, p.DType(), p.Shape()))
 		}
 	}
 }
@@ -234,6 +247,7 @@ func (o *SGD) update(idx []int, skip kernels.Buf) {
 	if len(idx) == 0 {
 		return
 	}
+	checkMasters(o.params, idx)
 	hp := kernels.SGDParams{LR: o.buf.Buf(), Momentum: float32(o.Momentum), Dampening: float32(o.Dampening),
 		Nesterov: o.Nesterov, Skip: skip}
 	be := o.params[idx[0]].Backend()
@@ -445,6 +459,7 @@ func (o *AdamW) StepParam(i int) {
 // update updates the parameters idx, which have gradients and state, in
 // the step the counter counts (StepScaled).
 func (o *AdamW) update(idx []int, mult, skip kernels.Buf) {
+	checkMasters(o.params, idx)
 	be := o.params[idx[0]].Backend()
 	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
 		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}

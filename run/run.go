@@ -274,7 +274,7 @@ func (r *runner) stateFits() error {
 	var hostNeed int64
 	var held []string
 	if offload {
-		need, what = optim.OffloadedDeviceBytes(params), "with the gradients in flight to host memory (the optimizer's state there)"
+		need, what = optim.OffloadedDeviceBytes(4*params), "with the gradients in flight to host memory (the optimizer's state there)"
 		hostNeed += whole
 		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
 			memory.Bytes(whole), count(int(params)), r.cfg.Optimizer))
@@ -298,7 +298,7 @@ func (r *runner) stateFits() error {
 	}
 	if need > limit {
 		var hints []string
-		if !offload && !r.dev.OnHost() && optim.OffloadedDeviceBytes(params) <= limit && r.cfg.Optimizer != "adamw8bit" {
+		if !offload && !r.dev.OnHost() && optim.OffloadedDeviceBytes(4*params) <= limit && r.cfg.Optimizer != "adamw8bit" {
 			hints = append(hints, "-offload-optimizer keeps the state in host memory")
 		}
 		if r.eightBitFits(params, limit) {
@@ -323,7 +323,7 @@ func (r *runner) stateFits() error {
 // memory.
 func (r *runner) offloadChosen(params, whole, limit int64, of string) bool {
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
-		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(params) > limit || whole > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(4*params) > limit || whole > memory.HostMemory() {
 		return false
 	}
 	r.cfg.OffloadOptimizer = true
@@ -334,7 +334,7 @@ func (r *runner) offloadChosen(params, whole, limit int64, of string) bool {
 	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
 		"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
 		r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(whole), memory.Bytes(optim.OffloadedDeviceBytes(params)), alternative)
+		memory.Bytes(whole), memory.Bytes(optim.OffloadedDeviceBytes(4*params)), alternative)
 	return true
 }
 

@@ -85,6 +85,13 @@ func TestCUDAShardedOptimizerNCCL(t *testing.T) {
 	testShardedOptimizer(t, shardJobs{two, Captured, 5, 1e-6}, []shardCase{{ranks: 2, opt: "adamw", amp: true}, {ranks: 2, opt: "sgd", clip: 0.05}}, 2)
 }
 
+// TestCUDABF16Weights: TestOffloadedBF16WeightsFollowF32 on the GPU, the
+// masters in its page-locked memory.
+func TestCUDABF16Weights(t *testing.T) {
+	dev := testdev.CUDA(t)
+	testBF16Weights(t, dev, dev.Pinned())
+}
+
 // TestCUDAOffloadedOptimizer: a run with its optimizer's state in host
 // memory (AdamW under F16 and BF16 AMP, with and without clipping)
 // follows the on-device run within rounding, its steps eager, and the GPU

@@ -27,6 +27,10 @@ type Variant struct {
 	// Optimizer replaces the recipe's optimizer ("": the recipe's), for
 	// the benchmarks' searches (adamw8bit's quarter-size state).
 	Optimizer string `json:"optimizer,omitempty"`
+	// BF16Weights holds a GPT's product weights in BF16 on the device
+	// (nn.GPTConfig.ProductWeights), their F32 masters with the offloaded
+	// optimizer: with OffloadOptimizer and BF16 autocast.
+	BF16Weights bool `json:"bf16_weights,omitempty"`
 }
 
 // Variants are the four configurations the savings are measured across:

@@ -197,12 +197,7 @@ func LookupArch(name string) (Arch, error) {
 	}
 	if ok {
 		g, recipe := p.cfg, p.recipe
-		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: nn.CheckpointBlocks,
-			build: func(dev *tensor.Device, input []int, classes int) (nn.Model, error) {
-				c := g
-				c.Context, c.Vocab = input[0], classes
-				return model(nn.NewGPT(dev, c))
-			}}, nil
+		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: nn.CheckpointBlocks}, nil
 	}
 	switch name {
 	case "resnet18":
@@ -261,7 +256,15 @@ func (a Arch) BuildWith(dev *tensor.Device, input []int, classes int, gen *tenso
 	if len(input) != len(a.Input) || slices.ContainsFunc(input, func(n int) bool { return n < 1 }) || classes < 2 {
 		return nil, fmt.Errorf("model %s for inputs of %v and %d classes: want %s and at least 2 classes", a.Name, input, classes, want)
 	}
-	dev.WithGenerator(gen, func() { m, err = a.build(dev, input, classes) })
+	build := a.build
+	if a.Text { // the GPT of a.GPT's shape and weights' dtype
+		build = func(dev *tensor.Device, input []int, classes int) (nn.Model, error) {
+			c := a.GPT
+			c.Context, c.Vocab = input[0], classes
+			return model(nn.NewGPT(dev, c))
+		}
+	}
+	dev.WithGenerator(gen, func() { m, err = build(dev, input, classes) })
 	return m, err
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -225,4 +226,91 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 	}
 	want, got := run(false), run(true)
 	sameState(t, got, want, "after failed steps run again")
+}
+
+// TestOffloadedBF16WeightsFollowF32: a GPT whose blocks' weights are BF16
+// working copies on the device, their F32 masters with AdamW in a host pool
+// (nn.GPTConfig.ProductWeights), trains under BF16 autocast as the F32
+// model with AdamW on the device does: the same products, whose weights'
+// gradients come rounded to BF16. After three steps, with clipping and with
+// the update in the backward, the loss on a fourth batch is within 2e-3 of
+// the F32 model's and the masters within 1% of its weights; the device
+// holds two bytes for each of those weights, and train.New refuses them
+// without an offloaded optimizer.
+func TestOffloadedBF16WeightsFollowF32(t *testing.T) {
+	testBF16Weights(t, tensor.CPU(), tensor.NewDevice(cpu.New()))
+	cfg := nn.GPTConfig{Layers: 1, Heads: 2, Width: 32, Vocab: 64, Context: 8, ProductWeights: tensor.BF16}
+	g := seededGPT(t, tensor.CPU(), cfg)
+	defer nn.Release(g)
+	if _, err := New(g, tensor.CPU(), Config{Model: "gpt", Optimizer: "adamw", LR: 1e-3, AMP: AMPBF16}, 1); err == nil || !strings.Contains(err.Error(), "-offload-optimizer") {
+		t.Errorf("train.New of BF16 working weights on the CPU: %v, want a refusal naming -offload-optimizer", err)
+	}
+}
+
+// testBF16Weights runs TestOffloadedBF16WeightsFollowF32's comparison on
+// dev, the masters and state on host.
+func testBF16Weights(t *testing.T, dev, host *tensor.Device) {
+	const context, vocab = 16, 64
+	xs, ys := gptBatches(dev, 4, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	shape := nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context}
+	for _, clip := range []float64{0, 0.05} {
+		run := func(dt tensor.DType) (weights []float32, loss float32, paramBytes int64) {
+			cfg := shape
+			cfg.ProductWeights = dt
+			g := seededGPT(t, dev, cfg)
+			defer nn.Release(g)
+			adamw := optim.NewAdamW(nn.Parameters(g), 1e-2, 0.1)
+			adamw.NoDecay = nn.NoDecay(g)
+			var opt optim.Optimizer = adamw
+			if dt == tensor.BF16 {
+				off, err := optim.Offload(adamw, host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opt = off
+			}
+			defer opt.Release()
+			s := NewStep(dev, g, opt, tensor.BF16, Eager)
+			s.ClipNorm, s.HostUpdateInBackward = clip, true
+			defer s.Release()
+			for i := range 3 {
+				if err := s.Run(xs[i], ys[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			state := opt.State()
+			for i, p := range opt.Params() {
+				paramBytes += p.Bytes()
+				if m, ok := state[fmt.Sprintf("master.%d", i)]; ok {
+					weights = append(weights, m.Float32s()...)
+				} else {
+					weights = append(weights, p.Float32s()...)
+				}
+			}
+			ag.NoGrad(dev, func() {
+				ag.Autocast(dev, tensor.BF16, func() {
+					l, right, _ := g.Loss(xs[3], ys[3])
+					loss = l.Float32s()[0]
+					l.Release()
+					right.Release()
+				})
+			})
+			return weights, loss, paramBytes
+		}
+		want, wantLoss, f32Bytes := run(0)
+		got, gotLoss, bf16Bytes := run(tensor.BF16)
+		t.Logf("clip %v: loss %.6f, F32 %.6f; weights %.3g apart (relative)", clip, gotLoss, wantLoss, relDiff(got, want))
+		if d := relDiff(got, want); d > 1e-2 {
+			t.Errorf("clip %v: the masters are %.2g from the F32 model's weights (relative): want within 1%%", clip, d)
+		}
+		if math.Abs(float64(gotLoss-wantLoss)) > 2e-3 {
+			t.Errorf("clip %v: loss %v, the F32 model's %v: want within 2e-3", clip, gotLoss, wantLoss)
+		}
+		products := int64(12 * shape.Layers * shape.Width * shape.Width)
+		if f32Bytes-bf16Bytes != 2*products {
+			t.Errorf("clip %v: the device's parameters take %d bytes, %d in F32: want two bytes less for each of the %d product weights", clip, bf16Bytes, f32Bytes, products)
+		}
+	}
 }

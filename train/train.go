@@ -488,6 +488,10 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 			return nil, err
 		}
 	}
+	if err := workingWeights(model, cfg, dev); err != nil {
+		opt.Release()
+		return nil, err
+	}
 	offload := cfg.Offloads(dev)
 	if offload {
 		off, err := optim.Offload(opt, dev.Pinned())
@@ -505,6 +509,26 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	return &Trainer{Cfg: cfg, Model: model, Dev: dev, Opt: opt, Sched: sched, Step: step,
 		evalSums: tensor.Zeros(dev, tensor.F32, 3).Keep(),
 		Empty:    EmptyCacheReport{Every: cfg.EmptyCacheEvery}, MaxSkips: 50}, nil
+}
+
+// workingWeights refuses a model with 16-bit parameters (working weights,
+// nn.GPTConfig.ProductWeights) unless the optimizer keeps their F32
+// masters in host memory (OffloadOptimizer, on a GPU) and the step
+// autocasts to their dtype.
+func workingWeights(model nn.Model, cfg Config, dev *tensor.Device) error {
+	for _, n := range model.State("") {
+		dt := n.T.DType()
+		if !dt.Half() {
+			continue
+		}
+		switch {
+		case !cfg.Offloads(dev):
+			return fmt.Errorf("model %s holds %s in %v, working weights whose F32 masters live in host memory: that needs -offload-optimizer on a GPU", cfg.Model, n.Name, dt)
+		case cfg.Autocast() != dt:
+			return fmt.Errorf("model %s holds %s in %v: train it under autocast to %v (-amp -amp-dtype %v)", cfg.Model, n.Name, dt, dt, dt)
+		}
+	}
+	return nil
 }
 
 // fusable says why cfg's optimizer cannot be fused into the backward

@@ -593,11 +593,24 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 				fmt.Fprintf(stderr, "largest model: %s does not train: %s\n", f.Model, strings.Join(f.Tried, "; "))
 				return
 			}
-			fmt.Fprintf(stderr, "largest model: %s trains in %s: %.0f tokens/s, peak %s\n", f.Model, f.Config, f.TokensPerS, memory.Bytes(f.PeakAllocated))
+			fmt.Fprintf(stderr, "largest model: %s trains in %s: %.0f tokens/s (%.1f TFLOP/s of the model's), peak %s\n",
+				f.Model, f.Config, f.TokensPerS, f.TFLOPs, memory.Bytes(f.PeakAllocated))
 		})
 		rep.LargestModel = fits
 		if err != nil {
 			return fmt.Errorf("-largest-model: %w", err)
+		}
+		if !dev.OnHost() && len(fits) > 0 {
+			peak, err := benchmarks.GemmPeak(dev, tensor.BF16, 8192, 10)
+			if err != nil {
+				return fmt.Errorf("-largest-model: measuring the bf16 product peak: %w", err)
+			}
+			dev.Allocator().EmptyCache()
+			for _, f := range fits {
+				if f.TFLOPs > 0 {
+					fmt.Fprintf(stderr, "largest model: %s: MFU %.1f%% of the measured bf16 8192³ product peak (%.0f TFLOP/s)\n", f.Model, 100*f.TFLOPs/peak, peak)
+				}
+			}
 		}
 		fmt.Fprintf(stderr, "claim %s: %s: %s\n", c.Name, c.Verdict, c.Summary)
 		rep.Claims = append(rep.Claims, c)
