@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/x448/float16"
 )
@@ -65,7 +66,11 @@ import (
 // the device's casts do, and that is the copy up. The device holds two
 // bytes a value and sends two down and two up; the host holds F32 master,
 // gradient and state, and a checkpoint the masters ("master.<index>" in
-// State).
+// State). With host the device's page-locked memory, only the gradient's
+// buffer is there: no copy reads the master or the state, which stay in
+// a pageable pool of their own (pageable), so that page-locking, which
+// takes seconds for billions of values and the memory from everything
+// else, is a quarter of it.
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
@@ -139,7 +144,11 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	for i, p := range params {
 		o.slot[p] = i
 		o.flightMost += p.Bytes() / 16
-		h := hostMaster(host, p)
+		at := host
+		if p.DType().Half() && o.pc != nil { // no copy reads the master or the state: only the gradient's buffer is page-locked
+			at = pageable()
+		}
+		h := hostMaster(at, p)
 		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
 		o.host = append(o.host, h)
 		in, err := Partition(opt, []*tensor.Tensor{h}, []int{i})
@@ -151,6 +160,12 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	opt.Release()
 	return o, nil
 }
+
+// pageable is the host device of 16-bit parameters' masters and state
+// when their gradients are in page-locked memory: the CPU's, in a pool of
+// its own, whose handle no step's scope shares (Note [working weights in
+// 16 bits]).
+var pageable = sync.OnceValue(func() *tensor.Device { return tensor.NewDevice(cpu.New()) })
 
 // hostMaster is p's F32 master copy in host memory: p's values, widened
 // from a 16-bit p.
