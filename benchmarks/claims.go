@@ -425,13 +425,17 @@ func LargestBatch(dev *tensor.Device, model string, context int, limit int64, o 
 // that trained under the cap, its speed and peak, and what was ruled out
 // or ran out of memory before it.
 type ModelFit struct {
-	Model         string   `json:"model"`
-	Params        int64    `json:"params"`
-	Config        string   `json:"config,omitempty"` // "" when none trained
-	TokensPerS    float64  `json:"tokens_per_s,omitempty"`
-	TFLOPs        float64  `json:"tflops,omitempty"` // the model FLOPs rate, TFLOP/s (tokenFLOPs)
-	PeakAllocated int64    `json:"peak_allocated,omitempty"`
-	Tried         []string `json:"tried,omitempty"`
+	Model         string  `json:"model"`
+	Params        int64   `json:"params"`
+	Config        string  `json:"config,omitempty"` // "" when none trained
+	TokensPerS    float64 `json:"tokens_per_s,omitempty"`
+	TFLOPs        float64 `json:"tflops,omitempty"` // the model FLOPs rate, TFLOP/s (tokenFLOPs)
+	PeakAllocated int64   `json:"peak_allocated,omitempty"`
+	// HostStepS is an offloaded optimizer's update, seconds a step after
+	// the first, from the step's call to the last copy up queued: what the
+	// backward did not hide (optim.Offloaded.MeanStep).
+	HostStepS float64  `json:"host_step_s,omitempty"`
+	Tried     []string `json:"tried,omitempty"`
 }
 
 // seedParams is the model size the seed opens with: "a 24 GB GPU such as
@@ -480,7 +484,9 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 	slices.SortStableFunc(cs, func(a, b candidate) int { return cmp.Compare(a.params, b.params) })
 	steps = max(steps, 2)
 	a := dev.Allocator()
+	var hostStep float64 // the last run's offloaded update, seconds a step
 	run := func(m train.Arch, v train.Variant) (tps float64, peak int64, ok bool, err error) {
+		hostStep = 0
 		ok, err = capped(dev, limit, func() error {
 			s, err := newStepper(dev, m, v, batch, o, false)
 			if err != nil {
@@ -506,6 +512,9 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 			}
 			peak, _ = a.WindowPeak()
 			tps = float64((steps-1)*batch*m.Input[0]) / time.Since(start).Seconds()
+			if off, ok := s.tr.Opt.(*optim.Offloaded); ok {
+				hostStep = off.MeanStep().Seconds()
+			}
 			return nil
 		})
 		return tps, peak, ok, err
@@ -561,7 +570,7 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 				continue
 			}
 			f.Config, f.TokensPerS, f.PeakAllocated = v.v.Name, tps, peak
-			f.TFLOPs = tps * tokenFLOPs(c.params, c.gpt) / 1e12
+			f.TFLOPs, f.HostStepS = tps*tokenFLOPs(c.params, c.gpt)/1e12, hostStep
 			break
 		}
 		fits = append(fits, f)

@@ -593,8 +593,12 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 				fmt.Fprintf(stderr, "largest model: %s does not train: %s\n", f.Model, strings.Join(f.Tried, "; "))
 				return
 			}
-			fmt.Fprintf(stderr, "largest model: %s trains in %s: %.0f tokens/s (%.1f TFLOP/s of the model's), peak %s\n",
-				f.Model, f.Config, f.TokensPerS, f.TFLOPs, memory.Bytes(f.PeakAllocated))
+			host := ""
+			if f.HostStepS > 0 {
+				host = fmt.Sprintf(", the host's update %.3f s a step", f.HostStepS)
+			}
+			fmt.Fprintf(stderr, "largest model: %s trains in %s: %.0f tokens/s (%.1f TFLOP/s of the model's), peak %s%s\n",
+				f.Model, f.Config, f.TokensPerS, f.TFLOPs, memory.Bytes(f.PeakAllocated), host)
 		})
 		rep.LargestModel = fits
 		if err != nil {
