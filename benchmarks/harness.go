@@ -55,7 +55,7 @@ func randomBatch(dev *tensor.Device, m train.Arch, b int, rng *rand.Rand) (x, y 
 func recipe(m train.Arch, v train.Variant, batch int, seed uint64, capture bool) train.Config {
 	cfg := train.Config{Model: m.Name, Epochs: 1, Batch: batch, LR: 0.01, Momentum: 0.9, WeightDecay: 5e-4,
 		Optimizer: "sgd", Schedule: "constant", AMP: v.AMP, Checkpoint: v.Checkpoint, Seed: seed, Capture: capture,
-		OffloadOptimizer: v.OffloadOptimizer, OffloadActivations: v.OffloadActivations}
+		OffloadOptimizer: v.OffloadOptimizer, OffloadActivations: v.OffloadActivations, BF16Weights: v.BF16Weights}
 	if r := m.Recipe; r != nil {
 		cfg.Optimizer, cfg.LR, cfg.Momentum, cfg.Beta2, cfg.WeightDecay, cfg.ClipNorm = r.Optimizer, r.LR, 0, r.Beta2, r.WeightDecay, r.ClipNorm
 	}
@@ -308,14 +308,16 @@ type stepper struct {
 }
 
 func newStepper(dev *tensor.Device, m train.Arch, v train.Variant, batch int, o Options, capture bool) (*stepper, error) {
-	if v.BF16Weights {
-		m.GPT.ProductWeights = tensor.BF16
+	cfg := recipe(m, v, batch, o.Seed, capture)
+	m, err := m.For(cfg)
+	if err != nil {
+		return nil, err
 	}
 	model, err := build(dev, m, o.Seed)
 	if err != nil {
 		return nil, err
 	}
-	tr, err := train.New(model, dev, recipe(m, v, batch, o.Seed, capture), 1)
+	tr, err := train.New(model, dev, cfg, 1)
 	if err != nil {
 		nn.Release(model)
 		return nil, err

@@ -592,14 +592,15 @@ func (o *Offloaded) State() map[string]*tensor.Tensor {
 	s := o.innerState()
 	for i, p := range o.params {
 		if p.DType().Half() { // the device's copy is rounded (Note [working weights in 16 bits])
-			s[masterKind+"."+strconv.Itoa(i)] = o.host[i]
+			s[MasterKind+"."+strconv.Itoa(i)] = o.host[i]
 		}
 	}
 	return s
 }
 
-// masterKind names the F32 master copies of 16-bit parameters in State.
-const masterKind = "master"
+// MasterKind names the F32 master copies of 16-bit parameters in State
+// ("master.<index>").
+const MasterKind = "master"
 
 // innerState is the optimisers' state, named as State names it.
 func (o *Offloaded) innerState() map[string]*tensor.Tensor {
@@ -610,6 +611,18 @@ func (o *Offloaded) innerState() map[string]*tensor.Tensor {
 		}
 	}
 	return s
+}
+
+// Master is the F32 master copy in host memory of p, one of the
+// parameters (nil for another tensor): what p's values are, unrounded, for
+// a 16-bit p (Note [working weights in 16 bits]). Its values change in the
+// steps; writing them sets the master, and the device's copy at the next
+// update.
+func (o *Offloaded) Master(p *tensor.Tensor) *tensor.Tensor {
+	if i, ok := o.slot[p]; ok {
+		return o.host[i]
+	}
+	return nil
 }
 
 // Pinned reports whether the host copies are in the device's page-locked
@@ -651,7 +664,7 @@ func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64
 			p.Backend().Read(o.host[i].HostBytes(), p.Buf())
 			continue
 		}
-		name := masterKind + "." + strconv.Itoa(i)
+		name := MasterKind + "." + strconv.Itoa(i)
 		m, ok := ts[name]
 		if !ok { // from an on-device optimiser's checkpoint: the rounded values
 			h := hostMaster(o.host[i].Device(), p)

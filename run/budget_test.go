@@ -7,26 +7,13 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
-	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
-
-// gpuNamed is the CPU backend under a GPU's name and kind: a device that
-// is not the host's memory (tensor.Device.OnHost), as far as the plans of
-// a run are concerned.
-type gpuNamed struct{ *cpu.Backend }
-
-func (gpuNamed) Name() string { return "cuda:0" }
-
-func (g gpuNamed) Info() kernels.Info {
-	in := g.Backend.Info()
-	in.Kind, in.Name = kernels.KindCUDA, "cuda:0"
-	return in
-}
 
 // TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
 // parameters, gradients and AdamW state pass the budget, and whose
@@ -51,7 +38,7 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 	if host := memory.HostMemory(); params*16 > host {
 		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
 	}
-	gpu, host := tensor.NewDevice(gpuNamed{cpu.New()}), tensor.NewDevice(cpu.New())
+	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
 	for _, c := range []struct {
 		name      string
 		dev       *tensor.Device
@@ -60,28 +47,41 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 		keep      bool
 		offload   bool
 		says      string
+		amp       train.AMP // asked for (NoAMP: none)
+		bf16      bool      // -bf16-weights asked for
+		bf16Out   bool      // BF16Weights after the plan
 	}{
 		{"the state to the host", gpu, "adamw", params * 12, false, true,
-			"on the device; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes"},
-		{"everything fits", gpu, "adamw", params * 17, false, false, ""},
-		{"no budget", gpu, "adamw", 0, false, false, ""},
-		{"the gradients stream to the host", gpu, "adamw", params * 5, false, true, "the state goes to host memory (-offload-optimizer)"},
-		{"8-bit moments would not fit either", gpu, "adamw", params * 9, false, true, "on the device\n"},
-		{"the parameters alone too large", gpu, "adamw", params * 4, false, false, "more than the"},
+			"on the device; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes", 0, false, false},
+		{"everything fits", gpu, "adamw", params * 17, false, false, "", 0, false, false},
+		{"no budget", gpu, "adamw", 0, false, false, "", 0, false, false},
+		{"the gradients stream to the host", gpu, "adamw", params * 5, false, true, "the state goes to host memory (-offload-optimizer)", 0, false, false},
+		{"8-bit moments would not fit either", gpu, "adamw", params * 9, false, true, "on the device\n", 0, false, false},
+		{"the blocks' weights in bf16", gpu, "adamw", params * 4, false, true, "the blocks' weights go to the device in bf16 (-bf16-weights, under bf16 AMP)", 0, false, true},
+		{"the blocks' weights in bf16, asked for", gpu, "adamw", params * 4, false, true, "", train.AMPBF16, true, true},
+		{"bf16 weights but f16 AMP", gpu, "adamw", params * 4, false, false, "more than the", train.AMPF16, false, false},
+		{"bf16 weights too large too", gpu, "adamw", params * 2, false, false, "more than the", 0, false, false},
+		{"bf16 weights without -offload-optimizer", gpu, "adamw", 0, true, false, "add -offload-optimizer", train.AMPBF16, true, true},
+		{"bf16 weights without bf16 AMP", gpu, "adamw", 0, false, false, "add -amp -amp-dtype bf16", 0, true, true},
+		{"bf16 weights on the CPU", host, "adamw", 0, false, false, "on the CPU", train.AMPBF16, true, true},
 		{"kept on the device", gpu, "adamw", params * 12, true, false,
-			"(-offload-optimizer keeps the state in host memory; -optimizer adamw8bit holds AdamW's moments in a quarter of the bytes)"},
-		{"8-bit moments fit", gpu, "adamw8bit", params * 11, false, false, ""},
-		{"8-bit moments stay on the device", gpu, "adamw8bit", params * 9, false, false, "adamw8bit's state, more than the"},
-		{"the CPU", host, "adamw", params * 12, false, false, "more than the"},
+			"(-offload-optimizer keeps the state in host memory; -optimizer adamw8bit holds AdamW's moments in a quarter of the bytes)", 0, false, false},
+		{"8-bit moments fit", gpu, "adamw8bit", params * 11, false, false, "", 0, false, false},
+		{"8-bit moments stay on the device", gpu, "adamw8bit", params * 9, false, false, "adamw8bit's state, more than the", 0, false, false},
+		{"the CPU", host, "adamw", params * 12, false, false, "more than the", 0, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var log bytes.Buffer
-			job := Job{Config: train.Config{Model: "gpt2", Optimizer: c.optimizer, Batch: 1}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok},
-				MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep}
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: c.optimizer, Batch: 1, AMP: c.amp, BF16Weights: c.bf16,
+				OffloadOptimizer: c.bf16 && !c.keep}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep}
 			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log}
 			err := r.lookup()
-			if r.cfg.OffloadOptimizer != c.offload {
+			if r.cfg.OffloadOptimizer != c.offload && !(c.bf16 && c.says != "") { // a refused -bf16-weights keeps what was asked
 				t.Errorf("OffloadOptimizer %v, want %v (error %v)", r.cfg.OffloadOptimizer, c.offload, err)
+			}
+			if r.cfg.BF16Weights != c.bf16Out || (c.bf16Out && err == nil && (r.cfg.AMP != train.AMPBF16 || r.arch.GPT.ProductWeights != tensor.BF16)) {
+				t.Errorf("BF16Weights %v, AMP %v, the model's product weights %v: want BF16Weights %v under bf16 AMP (error %v)",
+					r.cfg.BF16Weights, r.cfg.AMP, r.arch.GPT.ProductWeights, c.bf16Out, err)
 			}
 			said := log.String()
 			if err != nil {
@@ -111,7 +111,7 @@ func TestHostTooSmallForTheOffloads(t *testing.T) {
 	}
 	job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 100000, Checkpoint: nn.CheckpointBlocks, AMP: train.AMPBF16,
 		OffloadOptimizer: true, OffloadActivations: true}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok}}
-	r := &runner{dev: tensor.NewDevice(gpuNamed{cpu.New()}), job: job, cfg: job.Config, say: io.Discard}
+	r := &runner{dev: testdev.FakeGPU(), job: job, cfg: job.Config, say: io.Discard}
 	err = r.lookup()
 	if err == nil {
 		t.Fatal("not refused")

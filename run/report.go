@@ -166,13 +166,13 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 			mark = "  <- this run"
 		}
 		vs := ""
-		if m.Name != "fp32" {
+		if m.Name != "fp32" && fp32 > 0 { // none measured for BF16 working weights
 			vs = fmt.Sprintf("  (%s vs fp32)", Percent(m.PeakAllocated, fp32))
 		}
 		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, memory.Bytes(m.PeakAllocated), vs)
 		if m.Planned > 0 {
 			pvs := ""
-			if m.Name != "fp32" {
+			if m.Name != "fp32" && fp32Planned > 0 {
 				pvs = fmt.Sprintf(" (%s)", Percent(m.Planned, fp32Planned))
 			}
 			line += fmt.Sprintf("  planned %10s%s", memory.Bytes(m.Planned), pvs)

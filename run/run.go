@@ -243,6 +243,9 @@ func (r *runner) lookup() (err error) {
 	if r.arch, err = train.LookupArch(r.cfg.Model); err != nil {
 		return err
 	}
+	if r.arch, err = r.arch.For(r.cfg); err != nil {
+		return err
+	}
 	switch {
 	case r.arch.Text && r.job.Text == nil:
 		return fmt.Errorf("model %s is a language model: the job needs a text corpus (Job.Text)", r.cfg.Model)
@@ -269,12 +272,15 @@ func (r *runner) stateFits() error {
 	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
 	params := int64(g.Params())
 	whole := optim.TrainingBytes(r.cfg.Optimizer, params)
+	if err := r.bf16Weights(); err != nil {
+		return err
+	}
 	offload := r.cfg.Offloads(r.dev)
 	need, what := whole, fmt.Sprintf("with their gradients and %s's state", r.cfg.Optimizer)
 	var hostNeed int64
 	var held []string
 	if offload {
-		need, what = optim.OffloadedDeviceBytes(4*params), "with the gradients in flight to host memory (the optimizer's state there)"
+		need, what = optim.OffloadedDeviceBytes(g.ParamBytes()), "with the gradients in flight to host memory (the optimizer's state there)"
 		hostNeed += whole
 		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
 			memory.Bytes(whole), count(int(params)), r.cfg.Optimizer))
@@ -293,13 +299,19 @@ func (r *runner) stateFits() error {
 	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
 		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
 	}
-	if need > limit && !offload && r.offloadChosen(params, whole, limit, of) {
+	if need > limit && !r.cfg.BF16Weights && r.offloadChosen(g, whole, limit, of) {
 		return nil
 	}
 	if need > limit {
 		var hints []string
-		if !offload && !r.dev.OnHost() && optim.OffloadedDeviceBytes(4*params) <= limit && r.cfg.Optimizer != "adamw8bit" {
+		halved := g
+		halved.ProductWeights = tensor.BF16
+		switch {
+		case r.dev.OnHost() || r.cfg.Optimizer == "adamw8bit":
+		case !offload && optim.OffloadedDeviceBytes(4*params) <= limit:
 			hints = append(hints, "-offload-optimizer keeps the state in host memory")
+		case !r.cfg.BF16Weights && optim.OffloadedDeviceBytes(halved.ParamBytes()) <= limit && r.cfg.AMP != train.AMPF16:
+			hints = append(hints, "-offload-optimizer -bf16-weights -amp -amp-dtype bf16 keeps the state and F32 masters in host memory, the blocks' weights in bf16 on the device")
 		}
 		if r.eightBitFits(params, limit) {
 			hints = append(hints, "-optimizer adamw8bit holds AdamW's moments in a quarter of the bytes")
@@ -308,8 +320,12 @@ func (r *runner) stateFits() error {
 		if len(hints) > 0 {
 			hint = " (" + strings.Join(hints, "; ") + ")"
 		}
-		return fmt.Errorf("model %s: its %s parameters take %s in F32 %s, more than the %s of %s%s",
-			r.cfg.Model, count(int(params)), memory.Bytes(need), what, memory.Bytes(limit), of, hint)
+		in := "in F32"
+		if r.cfg.BF16Weights && offload {
+			in = "with the blocks' weights in bf16"
+		}
+		return fmt.Errorf("model %s: its %s parameters take %s %s %s, more than the %s of %s%s",
+			r.cfg.Model, count(int(params)), memory.Bytes(need), in, what, memory.Bytes(limit), of, hint)
 	}
 	return nil
 }
@@ -317,25 +333,60 @@ func (r *runner) stateFits() error {
 // offloadChosen turns Config.OffloadOptimizer on, and says so, when the
 // budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
 // sharded state, an optimizer whose state can move: not adamw8bit's) and
-// it makes params parameters fit, which with their gradients and state
+// it makes the parameters of g fit, which with their gradients and state
 // take whole bytes: what they take on the device
 // (optim.OffloadedDeviceBytes) within limit, whole within the host's
-// memory.
-func (r *runner) offloadChosen(params, whole, limit int64, of string) bool {
+// memory. Where their F32 weights do not fit and the blocks' weights in
+// BF16 would, it turns Config.BF16Weights and BF16 AMP on too (unless the
+// run asked for F16).
+func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of string) bool {
+	params := int64(g.Params())
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
-		r.cfg.Optimizer == "adamw8bit" || optim.OffloadedDeviceBytes(4*params) > limit || whole > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" || whole > memory.HostMemory() {
 		return false
 	}
-	r.cfg.OffloadOptimizer = true
-	alternative := ""
-	if r.eightBitFits(params, limit) {
-		alternative = "; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes, the steps captured"
+	halved := g
+	halved.ProductWeights = tensor.BF16
+	device := optim.OffloadedDeviceBytes(4 * params)
+	switch {
+	case device <= limit && !r.cfg.OffloadOptimizer:
+		r.cfg.OffloadOptimizer = true
+		alternative := ""
+		if r.eightBitFits(params, limit) {
+			alternative = "; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes, the steps captured"
+		}
+		fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
+			"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
+			r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
+			memory.Bytes(whole), memory.Bytes(device), alternative)
+	case device > limit && optim.OffloadedDeviceBytes(halved.ParamBytes()) <= limit && r.cfg.AMP != train.AMPF16 && r.job.MeasuredAMP != train.AMPF16:
+		r.cfg.OffloadOptimizer, r.cfg.BF16Weights, r.cfg.AMP = true, true, train.AMPBF16
+		r.arch.GPT.ProductWeights = tensor.BF16
+		fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with the gradients in flight, more than the %s of %s: "+
+			"the blocks' weights go to the device in bf16 (-bf16-weights, under bf16 AMP), %s there, their F32 masters and %s's state to host memory (-offload-optimizer), %s\n",
+			r.cfg.Model, count(int(params)), memory.Bytes(device), memory.Bytes(limit), of,
+			memory.Bytes(optim.OffloadedDeviceBytes(halved.ParamBytes())), r.cfg.Optimizer, memory.Bytes(whole))
+	default:
+		return false
 	}
-	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
-		"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
-		r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
-		memory.Bytes(whole), memory.Bytes(optim.OffloadedDeviceBytes(4*params)), alternative)
 	return true
+}
+
+// bf16Weights refuses, before any work, BF16 working weights
+// (Config.BF16Weights) without what they need: the optimizer's state and
+// masters in host memory on a GPU, and BF16 AMP.
+func (r *runner) bf16Weights() error {
+	switch {
+	case !r.cfg.BF16Weights:
+		return nil
+	case r.dev.OnHost():
+		return fmt.Errorf("-bf16-weights keeps F32 masters in host memory for a GPU's bf16 weights: on the CPU, train in F32 or with -amp")
+	case !r.cfg.OffloadOptimizer:
+		return fmt.Errorf("-bf16-weights keeps the F32 masters with the optimizer's state in host memory: add -offload-optimizer")
+	case r.cfg.AMP != train.AMPBF16:
+		return fmt.Errorf("-bf16-weights trains the bf16 weights under bf16 autocast: add -amp -amp-dtype bf16")
+	}
+	return nil
 }
 
 // eightBitFits says whether an AdamW run's params parameters would fit
@@ -566,7 +617,7 @@ func (r *runner) fitBudget() (err error) {
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		err = r.interruptible(func() (err error) {
-			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, !r.dev.OnHost(), r.measuredAMP(), r.job.Allow), x, y,
+			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
 				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 			return err
 		})
@@ -619,13 +670,23 @@ func (r *runner) stoppable(f func() error) error {
 // measuredAMP is what the measured and budget configurations' AMP
 // autocasts to.
 func (r *runner) measuredAMP() train.AMP {
+	if r.cfg.BF16Weights { // which train under BF16 AMP only
+		return train.AMPBF16
+	}
 	if r.job.MeasuredAMP.On() {
 		return r.job.MeasuredAMP
 	}
 	return r.cfg.AMP
 }
 
-// measure runs one step of each memory configuration and reports their peaks.
+// allowed says whether the budget may choose v: the user's Job.Allow, and
+// for BF16 working weights only the AMP configurations.
+func (r *runner) allowed(v train.Variant) bool {
+	return (r.job.Allow == nil || r.job.Allow(v)) && (!r.cfg.BF16Weights || v.AMP.On())
+}
+
+// measure runs one step of each memory configuration and reports their peaks
+// (for BF16 working weights, the AMP ones).
 func (r *runner) measure() (err error) {
 	if !r.job.Measure {
 		return nil
@@ -633,7 +694,7 @@ func (r *runner) measure() (err error) {
 	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", r.cfg.Model, r.cfg.Batch)
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		for _, v := range train.Variants(r.job.CheckpointMode, r.measuredAMP()) {
-			if !r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint {
+			if (!r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint) || (r.cfg.BF16Weights && !v.AMP.On()) {
 				continue
 			}
 			if r.stopped() { // between measurements: nothing to save yet

@@ -3,10 +3,12 @@ package train
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -144,10 +146,18 @@ func (t *Trainer) Save(path string) error { return t.saveAt(path, t.Epoch, t.pos
 // (nil: its start).
 func (t *Trainer) saveAt(path string, epoch int, pos *Position) error {
 	st := &nn.Safetensors{Tensors: map[string]nn.Stored{}, Metadata: map[string]string{}}
+	off, _ := t.Opt.(*optim.Offloaded)
 	for _, n := range t.Model.State("model") {
-		st.Tensors[n.Name] = nn.Stored{DType: n.T.DType(), Shape: n.T.Shape(), Data: n.T.Raw()}
+		w := n.T
+		if m := masterOf(off, w); m != nil { // Note [16-bit weights in a checkpoint]
+			w = m
+		}
+		st.Tensors[n.Name] = nn.Stored{DType: w.DType(), Shape: w.Shape(), Data: w.Raw()}
 	}
 	for k, v := range t.Opt.State() {
+		if off != nil && strings.HasPrefix(k, optim.MasterKind+".") { // the model's weights above
+			continue
+		}
 		st.Tensors["optim."+k] = nn.Stored{DType: v.DType(), Shape: v.Shape(), Data: v.Raw()}
 	}
 	t.Step.SyncRNG()
@@ -163,6 +173,22 @@ func (t *Trainer) saveAt(path string, epoch int, pos *Position) error {
 	}
 	return nil
 }
+
+// masterOf is the F32 master of w, a 16-bit working weight of the
+// offloaded optimizer off (nil: none), or nil.
+func masterOf(off *optim.Offloaded, w *tensor.Tensor) *tensor.Tensor {
+	if off == nil || !w.DType().Half() {
+		return nil
+	}
+	return off.Master(w)
+}
+
+// Note [16-bit weights in a checkpoint]
+// A run with its product weights in BF16 on the device (Config.BF16Weights)
+// saves each one's F32 master as the model's weight, as an F32 run saves
+// its weights: the checkpoint is an F32 model, which serve loads and an F32
+// run resumes. Resuming into BF16 weights rounds each to the device and
+// takes the F32 values as the optimizer's masters.
 
 // Resume restores a checkpoint written by Save, its checksums checked:
 // model, optimiser, scaler, random generator, epoch (and the position in
@@ -209,11 +235,18 @@ func (t *Trainer) Resume(path string, force bool) (info ResumeInfo, err error) {
 			return info, fmt.Errorf("%s: unexpected tensor %q", path, name)
 		}
 	}
+	masters, err := t.narrowWeights(model)
+	if err != nil {
+		return info, fmt.Errorf("%s: %w", path, err)
+	}
 	if err := nn.LoadStateDict(t.Model, model, path); err != nil {
 		return info, err
 	}
 	if err := t.Opt.LoadState(optState, meta.Optim); err != nil {
 		return info, fmt.Errorf("%s: %w", path, err)
+	}
+	for w, data := range masters {
+		copy(masterOf(t.Opt.(*optim.Offloaded), w).HostBytes(), data)
 	}
 	if meta.Config.AMP.On() && t.Cfg.AMP.On() {
 		if err := t.Step.Scaler.LoadCounters(meta.Scaler); err != nil {
@@ -224,6 +257,34 @@ func (t *Trainer) Resume(path string, force bool) (info ResumeInfo, err error) {
 	t.Step.rngFresh = false // the next step takes the restored position
 	t.Epoch, t.Steps, t.History, t.position = meta.Epoch, meta.Step, meta.History, meta.Position
 	return info, nil
+}
+
+// narrowWeights rounds, in st, each F32 weight that the model holds in 16
+// bits to the model's dtype, and returns the F32 values by weight, the
+// optimizer's masters (Note [16-bit weights in a checkpoint]).
+func (t *Trainer) narrowWeights(st *nn.Safetensors) (map[*tensor.Tensor][]byte, error) {
+	masters := map[*tensor.Tensor][]byte{}
+	off, _ := t.Opt.(*optim.Offloaded)
+	for _, n := range t.Model.State("") {
+		s, ok := st.Tensors[n.Name]
+		dt := n.T.DType()
+		if !ok || !dt.Half() || s.DType != tensor.F32 || masterOf(off, n.T) == nil {
+			continue
+		}
+		if !slices.Equal(s.Shape, n.T.Shape()) {
+			return nil, fmt.Errorf("tensor %q is %v %v, the model's is %v %v", n.Name, s.DType, s.Shape, dt, n.T.Shape())
+		}
+		var narrow []byte
+		t.Dev.WithScope(func() {
+			wide := tensor.FromBytes(t.Dev, tensor.F32, s.Data, s.Shape...)
+			h := tensor.Empty(t.Dev, dt, s.Shape...)
+			t.Dev.Backend().Cast(h.Buf(), wide.Buf())
+			narrow = h.Raw()
+		})
+		masters[n.T] = s.Data
+		st.Tensors[n.Name] = nn.Stored{DType: dt, Shape: s.Shape, Data: narrow}
+	}
+	return masters, nil
 }
 
 // CheckResume compares the configuration a checkpoint at path was saved
@@ -259,6 +320,7 @@ func Mismatches(a, b Config) []string {
 	}
 	diff("optimizer", a.Optimizer, b.Optimizer)
 	diff("amp", a.AMP, b.AMP)
+	diff("bf16_weights", a.BF16Weights, b.BF16Weights)
 	diff("checkpoint", a.Checkpoint, b.Checkpoint)
 	diff("batch", a.Batch, b.Batch)
 	diff("schedule", a.Schedule, b.Schedule)

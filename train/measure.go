@@ -27,9 +27,9 @@ type Variant struct {
 	// Optimizer replaces the recipe's optimizer ("": the recipe's), for
 	// the benchmarks' searches (adamw8bit's quarter-size state).
 	Optimizer string `json:"optimizer,omitempty"`
-	// BF16Weights holds a GPT's product weights in BF16 on the device
-	// (nn.GPTConfig.ProductWeights), their F32 masters with the offloaded
-	// optimizer: with OffloadOptimizer and BF16 autocast.
+	// BF16Weights holds a GPT's product weights in BF16 on the device, their
+	// F32 masters with the offloaded optimizer (Config.BF16Weights): with
+	// OffloadOptimizer and BF16 autocast.
 	BF16Weights bool `json:"bf16_weights,omitempty"`
 }
 
@@ -298,6 +298,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	// Without checkpoints nothing is kept to move to host memory.
 	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
 	cfg.OffloadOptimizer = cfg.OffloadOptimizer || v.OffloadOptimizer
+	cfg.BF16Weights = cfg.BF16Weights || v.BF16Weights
 	if v.Optimizer != "" {
 		cfg.Optimizer = v.Optimizer
 	}

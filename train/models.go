@@ -268,6 +268,19 @@ func (a Arch) BuildWith(dev *tensor.Device, input []int, classes int, gen *tenso
 	return m, err
 }
 
+// For is a as cfg trains it: a GPT's product weights in BF16 for
+// cfg.BF16Weights. Only a GPT has them.
+func (a Arch) For(cfg Config) (Arch, error) {
+	if !cfg.BF16Weights {
+		return a, nil
+	}
+	if !a.Text {
+		return a, fmt.Errorf("model %s: -bf16-weights holds a GPT's product weights in bf16, and it is not a GPT", a.Name)
+	}
+	a.GPT.ProductWeights = tensor.BF16
+	return a, nil
+}
+
 // BuildModel is LookupArch(name) and its Build.
 func BuildModel(dev *tensor.Device, name string, input []int, classes int, seed uint64) (nn.Model, error) {
 	a, err := LookupArch(name)

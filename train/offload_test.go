@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unsafe"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
@@ -312,5 +314,101 @@ func testBF16Weights(t *testing.T, dev, host *tensor.Device) {
 		if f32Bytes-bf16Bytes != 2*products {
 			t.Errorf("clip %v: the device's parameters take %d bytes, %d in F32: want two bytes less for each of the %d product weights", clip, bf16Bytes, f32Bytes, products)
 		}
+	}
+}
+
+// TestBF16WeightsCheckpoint: a run with BF16 working weights (on a device
+// that plans as a GPU) saves each one's F32 master as the model's weight,
+// and no master beside the optimizer's state (Note [16-bit weights in a
+// checkpoint]); resumed, it takes the masters back, its device weights
+// their rounding, and its next steps are the uninterrupted run's bit for
+// bit; an F32 run resumes from the same file.
+func TestBF16WeightsCheckpoint(t *testing.T) {
+	dev := testdev.FakeGPU()
+	const context, vocab = 16, 64
+	xs, ys := gptBatches(dev, 4, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	shape := nn.GPTConfig{Layers: 2, Heads: 4, Width: 64, Vocab: vocab, Context: context}
+	cfg := Config{Model: "gpt", Optimizer: "adamw", LR: 1e-2, WeightDecay: 0.1, ClipNorm: 1, Schedule: "constant", Epochs: 1, Batch: 2,
+		AMP: AMPBF16, OffloadOptimizer: true, BF16Weights: true}
+	trainer := func(cfg Config, seed uint64) *Trainer {
+		g := shape
+		if cfg.BF16Weights {
+			g.ProductWeights = tensor.BF16
+		}
+		dev.Generator().Seed(seed)
+		m, err := nn.NewGPT(dev, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := New(m, dev, cfg, 4)
+		if err != nil {
+			nn.Release(m)
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Release(); nn.Release(m) })
+		return tr
+	}
+	step := func(tr *Trainer, i int) {
+		if err := tr.RunStep(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "run.ckpt")
+	a := trainer(cfg, 1)
+	step(a, 0)
+	step(a, 1)
+	if err := a.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	st, err := nn.ReadSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := a.Opt.(*optim.Offloaded)
+	halves := 0
+	for _, n := range a.Model.State("model") {
+		s := st.Tensors[n.Name]
+		if s.DType != tensor.F32 {
+			t.Errorf("the checkpoint holds %s in %v: want F32", n.Name, s.DType)
+		}
+		if n.T.DType() == tensor.BF16 {
+			halves++
+			if !bytes.Equal(s.Data, off.Master(n.T).Raw()) {
+				t.Errorf("the checkpoint's %s is not the optimizer's master", n.Name)
+			}
+		}
+	}
+	if halves != 4*shape.Layers {
+		t.Errorf("%d weights in bf16: want the %d of the blocks' products", halves, 4*shape.Layers)
+	}
+	for name := range st.Tensors {
+		if strings.HasPrefix(name, "optim."+optim.MasterKind) {
+			t.Errorf("the checkpoint holds %s beside the model's weights", name)
+		}
+	}
+	b := trainer(cfg, 99) // another initialisation, which Resume overwrites
+	if _, err := b.Resume(path, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{2, 3} {
+		step(a, i)
+		step(b, i)
+	}
+	as, bs := a.Model.State(""), b.Model.State("")
+	for i := range as {
+		if !bytes.Equal(as[i].T.Raw(), bs[i].T.Raw()) {
+			t.Errorf("after the resumed steps, %s differs from the uninterrupted run's", as[i].Name)
+		}
+		if m := off.Master(as[i].T); as[i].T.DType() == tensor.BF16 && !bytes.Equal(m.Raw(), b.Opt.(*optim.Offloaded).Master(bs[i].T).Raw()) {
+			t.Errorf("after the resumed steps, %s's master differs from the uninterrupted run's", as[i].Name)
+		}
+	}
+	f32 := cfg
+	f32.BF16Weights, f32.OffloadOptimizer = false, false
+	c := trainer(f32, 5)
+	if _, err := c.Resume(path, true); err != nil {
+		t.Fatalf("an F32 run resuming from BF16 weights' checkpoint: %v", err)
 	}
 }

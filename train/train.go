@@ -69,6 +69,14 @@ type Config struct {
 	// (Step.Offloader) when the device is not the CPU; it needs
 	// Checkpoint, and steps run eagerly.
 	OffloadActivations bool `json:"offload_activations,omitempty"`
+	// BF16Weights holds a GPT's product weights (nn.GPTConfig.ProductWeights)
+	// in BF16 on the device, working copies of F32 masters that the
+	// offloaded optimizer keeps in host memory (Note [working weights in
+	// 16 bits] in optim): half the bytes on the device and over PCIe, the
+	// weights' gradients rounded to BF16. It needs OffloadOptimizer on a
+	// GPU and BF16 AMP. A checkpoint holds the masters as the model's
+	// weights.
+	BF16Weights bool `json:"bf16_weights,omitempty"`
 	// FuseOptimizer updates each parameter in the backward as soon as its
 	// gradient is finished, and releases the gradient (Step.FuseOptimizer):
 	// the step never holds every gradient. It needs AdamW or SGD, no
@@ -512,9 +520,9 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 }
 
 // workingWeights refuses a model with 16-bit parameters (working weights,
-// nn.GPTConfig.ProductWeights) unless the optimizer keeps their F32
-// masters in host memory (OffloadOptimizer, on a GPU) and the step
-// autocasts to their dtype.
+// Config.BF16Weights) unless the optimizer keeps their F32 masters in host
+// memory (OffloadOptimizer, on a GPU) and the step autocasts to their
+// dtype.
 func workingWeights(model nn.Model, cfg Config, dev *tensor.Device) error {
 	for _, n := range model.State("") {
 		dt := n.T.DType()
@@ -523,9 +531,9 @@ func workingWeights(model nn.Model, cfg Config, dev *tensor.Device) error {
 		}
 		switch {
 		case !cfg.Offloads(dev):
-			return fmt.Errorf("model %s holds %s in %v, working weights whose F32 masters live in host memory: that needs -offload-optimizer on a GPU", cfg.Model, n.Name, dt)
+			return fmt.Errorf("model %s holds %s in %v, working weights whose F32 masters live in host memory (-bf16-weights): that needs -offload-optimizer on a GPU", cfg.Model, n.Name, dt)
 		case cfg.Autocast() != dt:
-			return fmt.Errorf("model %s holds %s in %v: train it under autocast to %v (-amp -amp-dtype %v)", cfg.Model, n.Name, dt, dt, dt)
+			return fmt.Errorf("model %s holds %s in %v (-bf16-weights): train it under autocast to %v (-amp -amp-dtype %v)", cfg.Model, n.Name, dt, dt, dt)
 		}
 	}
 	return nil

@@ -77,6 +77,7 @@ type options struct {
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
 	capture, tf32, offload, fuse, acts     bool
+	bf16Weights                            bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
 	seed                                   uint64
@@ -263,6 +264,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: each gradient streams down as the backward finishes it, and the device holds the parameters and the gradients in flight only (steps then run eagerly)")
 	fs.BoolVar(&o.acts, "offload-activations", false, "on a GPU, with -checkpoint: move what the checkpointed blocks keep for their recomputation (their inputs, attention's results) to host memory during the forward, and bring it back ahead of each block's recomputation (steps then run eagerly)")
+	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
 	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP, -offload-optimizer or -nproc; steps run eagerly)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
@@ -318,6 +320,16 @@ func (o *options) check() []string {
 	}
 	if o.acts && !o.ckpt {
 		bad("%s", train.ActivationsRefusal)
+	}
+	if o.bf16Weights {
+		switch {
+		case !o.text:
+			bad("-bf16-weights: model %s is not a GPT", o.model)
+		case !o.offload:
+			bad("-bf16-weights keeps the F32 masters with the optimizer's state in host memory: add -offload-optimizer")
+		case !o.amp || o.ampDType != train.AMPBF16:
+			bad("-bf16-weights trains the bf16 weights under bf16 autocast: add -amp -amp-dtype bf16")
+		}
 	}
 	if o.shardOptimizer && o.offload {
 		bad("-shard-optimizer with -offload-optimizer: choose one (the state sharded over the ranks' GPUs, or kept whole in host memory)")
@@ -600,7 +612,7 @@ func (o *options) config(model string) train.Config {
 	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
-		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts,
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
 		FuseOptimizer: o.fuse}
 }
 

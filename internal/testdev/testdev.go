@@ -12,6 +12,8 @@ import (
 	"net"
 	"testing"
 
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -27,6 +29,24 @@ func CUDA(t testing.TB) *tensor.Device {
 		t.Fatalf("cuda:0 is present but does not open: %v", err)
 	}
 	return d
+}
+
+// FakeGPU is a new device of the CPU backend under a GPU's name and kind:
+// not the host's memory (tensor.Device.OnHost), as far as the plans of a
+// run are concerned (an offloaded optimizer's host copies go to
+// tensor.CPU, through the backend's reads and writes), with the CPU's
+// arithmetic.
+func FakeGPU() *tensor.Device { return tensor.NewDevice(gpuNamed{cpu.New()}) }
+
+// gpuNamed is the CPU backend under a GPU's name and kind.
+type gpuNamed struct{ *cpu.Backend }
+
+func (gpuNamed) Name() string { return "cuda:0" }
+
+func (g gpuNamed) Info() kernels.Info {
+	in := g.Backend.Info()
+	in.Kind, in.Name = kernels.KindCUDA, "cuda:0"
+	return in
 }
 
 // CUDAs returns the first n GPUs (cuda:0 ... cuda:n-1), or skips t when
