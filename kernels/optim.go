@@ -1,5 +1,7 @@
 package kernels
 
+import "fmt"
+
 // OptimOps are the optimisers' updates and what AMP and clipping do to the
 // gradients before them, all on the device.
 type OptimOps interface {
@@ -98,6 +100,37 @@ type AdamWParams struct {
 	// multiplier, the GradScaler's 1/scale and the clip's coefficient
 	// applied without a pass of their own over the gradients.
 	GradScale Buf
+}
+
+// MasterAdamW is a backend that updates F32 master weights of 16-bit
+// working weights in one pass (the host's side of an offloaded optimizer
+// over BF16 or F16 weights, Note [working weights in 16 bits] in optim).
+type MasterAdamW interface {
+	// AdamWMaster is AdamW over masters (F32) from gradients in a 16-bit
+	// dtype, widened as the update reads them, with the same arithmetic as
+	// AdamW over the widened gradients; each updated master is rounded,
+	// nearest even, into working[i], of grads[i]'s dtype and length. A
+	// working buffer may be its gradient's: each value is read before it
+	// is written.
+	AdamWMaster(hp AdamWParams, masters, grads, m, v, working []Buf)
+}
+
+// CheckMasterAdamW panics unless AdamWMaster's lists agree: masters, m
+// and v F32, grads and working one 16-bit dtype, every list as long and
+// each i's buffers of one length.
+func CheckMasterAdamW(masters, grads, m, v, working []Buf) {
+	CheckLists("adamw over masters", masters, m, v)
+	for _, l := range [][]Buf{grads, working} {
+		if len(l) != len(masters) {
+			panic(fmt.Sprintf("kernels: adamw over masters: %d masters and a list of %d", len(masters), len(l)))
+		}
+	}
+	for i := range masters {
+		g, w := grads[i], working[i]
+		if !g.DType.Half() || w.DType != g.DType || g.N != masters[i].N || w.N != g.N {
+			panic(fmt.Sprintf("kernels: adamw over masters: tensor %d: a master of %d, a gradient of %d %v and working weights of %d %v; want one 16-bit dtype and length", i, masters[i].N, g.N, g.DType, w.N, w.DType))
+		}
+	}
 }
 
 // ScalerParams are GradScaler's growth and backoff, as in torch.amp.GradScaler.

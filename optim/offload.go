@@ -59,11 +59,13 @@ import (
 // Note [working weights in 16 bits]: a parameter in BF16 or F16 on the
 // device (nn.GPTConfig.ProductWeights) is a working copy of its F32
 // master in host memory. Its gradient comes in its dtype and comes down
-// into the first half of its F32 host copy, which the host widens in
-// place (halves of the buffer from the end: each half's values land past
-// the narrow ones still unread) before the update; the update rounds the
-// master to the parameter's dtype into the same buffer, nearest even as
-// the device's casts do, and that is the copy up. The device holds two
+// into the first half of its F32 host copy. AdamW on the host widens it
+// as it reads it and rounds the updated master to the parameter's dtype
+// into the same buffer, nearest even as the device's casts do, in one
+// pass (kernels.MasterAdamW); SGD's update widens it in place first
+// (halves of the buffer from the end: each half's values land past the
+// narrow ones still unread) and rounds after. The rounded values are the
+// copy up. The device holds two
 // bytes a value and sends two down and two up; the host holds F32 master,
 // gradient and state, and a checkpoint the masters ("master.<index>" in
 // State). With host the device's page-locked memory, only the gradient's
@@ -235,9 +237,36 @@ func (o *Offloaded) stopWork() {
 func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 	p, h := o.params[i], o.host[i]
 	half := p.DType().Half()
-	if half {
+	narrow := narrowed(h.Grad(), p.DType())
+	adamw, ok := o.inner[i].(*AdamW)
+	switch {
+	case half && fuseMasters && ok && adamw.stepMasters(m, []kernels.Buf{narrow}, []kernels.Buf{narrow}):
+		// widened, updated and rounded in one pass
+	case half:
 		widen(h.Grad(), p.DType())
+		o.step(i, m, mv)
+		h.Backend().Cast(narrow, h.Buf())
+	default:
+		o.step(i, m, mv)
 	}
+	up := h.HostBytes()
+	if half { // rounded into the gradient's buffer, which the next step's gradient overwrites after the copy
+		up = h.Grad().HostBytes()[:p.Bytes()]
+	}
+	if o.pc != nil {
+		o.pc.StartWrite(p.Buf(), up)
+	} else {
+		p.Backend().Write(p.Buf(), up)
+	}
+}
+
+// fuseMasters turns on the one-pass update of 16-bit weights' masters
+// (AdamW.stepMasters); the package's benchmark turns it off to compare.
+var fuseMasters = true
+
+// step runs inner optimizer i over host copy i's F32 gradient, read
+// through the multiplier m (on the host; invalid: none) of value mv.
+func (o *Offloaded) step(i int, m kernels.Buf, mv float32) {
 	switch in := o.inner[i].(type) {
 	case ScaledStepper:
 		in.StepScaled(m, kernels.Buf{})
@@ -249,17 +278,6 @@ func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 			}
 		}
 		in.Step()
-	}
-	up := h.HostBytes()
-	if half { // rounded into the gradient's buffer, which the next step's gradient overwrites after the copy
-		narrow := narrowed(h.Grad(), p.DType())
-		h.Backend().Cast(narrow, h.Buf())
-		up = h.Grad().HostBytes()[:p.Bytes()]
-	}
-	if o.pc != nil {
-		o.pc.StartWrite(p.Buf(), up)
-	} else {
-		p.Backend().Write(p.Buf(), up)
 	}
 }
 

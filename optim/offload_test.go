@@ -267,12 +267,17 @@ func TestOffloadedRefusesAGradientFinishedTwice(t *testing.T) {
 // bit, what F32 AdamW makes of the gradients widened, and the device's
 // weights are those masters rounded, through plain steps, gradients handed
 // to Ready and ReadyAndUpdate, a multiplier, a skipped step, and a resume
-// from State.
+// from State; with the host's one-pass update (kernels.MasterAdamW) and
+// with the passes of their own that other optimizers take.
 func TestOffloadedHalfWeights(t *testing.T) {
+	defer func(on bool) { fuseMasters = on }(fuseMasters)
 	for _, dt := range []tensor.DType{tensor.BF16, tensor.F16} {
-		t.Run(dt.String(), func(t *testing.T) {
-			testOffloadedHalf(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), dt)
-		})
+		for _, fuse := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/one pass=%v", dt, fuse), func(t *testing.T) {
+				fuseMasters = fuse
+				testOffloadedHalf(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), dt)
+			})
+		}
 	}
 }
 

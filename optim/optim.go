@@ -456,13 +456,60 @@ func (o *AdamW) StepParam(i int) {
 	}
 }
 
+// hyper is the step's hyper-parameters, without weight decay.
+func (o *AdamW) hyper(mult, skip kernels.Buf) kernels.AdamWParams {
+	return kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
+		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}
+}
+
+// stepMasters is StepScaled(mult) for an AdamW whose parameters are the
+// F32 masters of 16-bit working weights (Note [working weights in 16
+// bits]) on a backend that updates them in one pass (kernels.MasterAdamW):
+// every parameter's gradient is grads[i], in the working dtype (the
+// parameters' own gradients are not read), and its updated master is
+// rounded into working[i]. It reports false, having done nothing, where
+// the backend has no such pass or the moments are 8-bit.
+func (o *AdamW) stepMasters(mult kernels.Buf, grads, working []kernels.Buf) bool {
+	if len(o.params) == 0 {
+		return true
+	}
+	be, ok := o.params[0].Backend().(kernels.MasterAdamW)
+	if !ok || o.qmap != nil {
+		return false
+	}
+	idx := make([]int, len(o.params))
+	for i := range idx {
+		idx[i] = i
+	}
+	o.ensure(idx)
+	checkMasters(o.params, idx)
+	o.params[0].Backend().Increment(o.step.Buf(), 1, kernels.Buf{})
+	hp := o.hyper(mult, kernels.Buf{})
+	var groups [2][5][]kernels.Buf // decayed or not: masters, gradients, moments, working weights
+	for i, p := range o.params {
+		g := &groups[boolIndex(decays(o.NoDecay, i))]
+		for k, b := range []kernels.Buf{p.Buf(), grads[i], o.m[i].Buf(), o.v[i].Buf(), working[i]} {
+			g[k] = append(g[k], b)
+		}
+	}
+	for d, g := range groups {
+		hp.WeightDecay = 0
+		if d == 1 {
+			hp.WeightDecay = float32(o.WeightDecay)
+		}
+		if len(g[0]) > 0 {
+			be.AdamWMaster(hp, g[0], g[1], g[2], g[3], g[4])
+		}
+	}
+	return true
+}
+
 // update updates the parameters idx, which have gradients and state, in
 // the step the counter counts (StepScaled).
 func (o *AdamW) update(idx []int, mult, skip kernels.Buf) {
 	checkMasters(o.params, idx)
 	be := o.params[idx[0]].Backend()
-	hp := kernels.AdamWParams{LR: o.buf.Buf(), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2),
-		Eps: float32(o.Eps), Step: o.step.Buf(), Skip: skip, GradScale: mult}
+	hp := o.hyper(mult, skip)
 	// One launch per group: decayed or not, F32 or 8-bit moments.
 	var groups [2][2][4][]kernels.Buf
 	for _, i := range idx {

@@ -30,7 +30,8 @@
 #             -offload-optimizer -clip 0, whose update runs in the backward); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
-#             (MODELS, comma-separated, for only those; LIMIT seconds, default 420), then PyTorch's largest under the same cap
+#             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
+#             profile, largest-cpu.prof), then PyTorch's largest under the same cap
 #             (benchmarks/pytorch/gpt.py largest-model; TORCH=0 skips it)
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
@@ -227,7 +228,7 @@ for threads in (1, 16):
   largest)
     cap=${CAP:-24}
     timeout "${LIMIT:-420}" "${bench[@]}" -device cuda -specs "" -pytorch "" -claims=false -largest-model "$cap${MODELS:+:1024:8:$MODELS}" \
-      -out "$w/largest" > "$w/largest.log" 2>&1
+      ${PROFILE:+-cpuprofile "$w/largest-cpu.prof"} -out "$w/largest" > "$w/largest.log" 2>&1
     say "leangrad's largest model under ${cap} GiB exit $?"; grep -E "^(largest model|claim)" "$w/largest.log" | tee -a "$w/summary.txt"
     if [ "${TORCH:-1}" = 1 ]; then
       timeout 300 python3 benchmarks/pytorch/gpt.py largest-model --cap-gib "$cap" --context 1024 --batch 8 --steps 3 \

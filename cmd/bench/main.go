@@ -144,7 +144,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.out, "out", "bench-results", "folder for bench.json, bench.md and the plots")
 	fs.StringVar(&o.date, "date", time.Now().UTC().Format("2006-01-02"), "date written into the report")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks to this file")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the leangrad benchmarks (the first round's, and -largest-model's and -largest-batch's searches) to this file")
 	fs.BoolVar(&o.micro, "micro", false, "also time the host cost of single operations (launch, tensor, recorded op)")
 	fs.StringVar(&o.merge, "merge", "", "render the report (bench.json, bench.md, plots) into -out from these bench.json files, comma separated, instead of running")
 	fs.BoolVar(&o.profile, "profile", false, "also report each kind of operation's time per eager step, for every spec (device time on a GPU, host time on the CPU)")
@@ -529,8 +529,8 @@ func bench(o options, specs []spec, stdout, stderr io.Writer) error {
 			first, second = second, first
 		}
 		err := first()
-		if o.cpuprofile != "" && round == 0 {
-			pprof.StopCPUProfile() // the first round's leangrad steps are enough
+		if o.cpuprofile != "" && round == 0 && o.largestModel == "" && o.largestBatch == "" {
+			pprof.StopCPUProfile() // the first round's leangrad steps are enough; the searches run later
 		}
 		if err == nil && !o.stopped() {
 			err = second()

@@ -1138,3 +1138,85 @@ func TestAdamWPassMatchesLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestAdamWMaster: AdamW over F32 masters from 16-bit gradients
+// (AdamWMaster) gives the bits of widening the gradients (Cast), AdamW
+// and rounding the masters (Cast), in BF16 and F16, at lengths around its
+// stretches and over many goroutines, with and without decay and a
+// gradient scale, its working weights in a buffer of their own or the
+// gradients'; and a set skip flag leaves everything as it was.
+func TestAdamWMaster(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	random := func(n int, scale float64) kernels.Buf {
+		b := buf(t, kernels.F32, n)
+		for i := range f32s(b) {
+			f32s(b)[i] = float32(rng.NormFloat64() * scale)
+		}
+		return b
+	}
+	bits := func(b kernels.Buf) []byte { return slices.Clone(raw(b)[:b.Bytes()]) }
+	lr, scale := buf(t, kernels.F32, 1), buf(t, kernels.F32, 1)
+	f32s(lr)[0], f32s(scale)[0] = 3e-3, 0.25
+	step := buf(t, kernels.I32, kernels.CounterLen)
+	*counter(step) = 3
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+		for _, n := range []int{1, 17, masterChunk + 5, 3*elemGrain + 1001} {
+			for _, c := range []struct {
+				decay   float32
+				scaled  bool
+				inPlace bool
+			}{{0, false, false}, {0.1, true, false}, {0.1, false, true}} {
+				name := fmt.Sprintf("%v n %d %+v", dt, n, c)
+				p, m, v := random(n, 1), random(n, 1e-3), random(n, 1e-3)
+				for i, x := range f32s(v) {
+					f32s(v)[i] = x * x
+				}
+				g := buf(t, dt, n)
+				be.Cast(g, random(n, 0.01))
+				hp := kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: c.decay, Step: step}
+				if c.scaled {
+					hp.GradScale = scale
+				}
+				// The reference: widened, updated, rounded, each a pass.
+				rp, rm, rv, rg := buf(t, kernels.F32, n), buf(t, kernels.F32, n), buf(t, kernels.F32, n), buf(t, kernels.F32, n)
+				be.Copy(rp, p)
+				be.Copy(rm, m)
+				be.Copy(rv, v)
+				be.Cast(rg, g)
+				be.AdamW(hp, []kernels.Buf{rp}, []kernels.Buf{rg}, []kernels.Buf{rm}, []kernels.Buf{rv})
+				rw := buf(t, dt, n)
+				be.Cast(rw, rp)
+				w := g
+				if !c.inPlace {
+					w = buf(t, dt, n) // poisoned
+				}
+				be.AdamWMaster(hp, []kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m}, []kernels.Buf{v}, []kernels.Buf{w})
+				for _, s := range []struct {
+					what      string
+					got, want kernels.Buf
+				}{{"master", p, rp}, {"first moment", m, rm}, {"second moment", v, rv}, {"working weights", w, rw}} {
+					if got, want := bits(s.got), bits(s.want); !slices.Equal(got, want) {
+						i := 0
+						for got[i] == want[i] {
+							i++
+						}
+						t.Fatalf("%s: %s differ from the passes' at byte %d of %d", name, s.what, i, len(got))
+					}
+				}
+			}
+		}
+	}
+	// A skipped step writes nothing.
+	skip := buf(t, kernels.F32, 1)
+	f32s(skip)[0] = 1
+	p, m, v, g, w := random(40, 1), random(40, 1), random(40, 1), buf(t, kernels.BF16, 40), buf(t, kernels.BF16, 40)
+	be.Cast(g, random(40, 1))
+	before := [][]byte{bits(p), bits(m), bits(v), bits(w)}
+	be.AdamWMaster(kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Step: step, Skip: skip},
+		[]kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m}, []kernels.Buf{v}, []kernels.Buf{w})
+	for i, b := range []kernels.Buf{p, m, v, w} {
+		if !slices.Equal(bits(b), before[i]) {
+			t.Errorf("a skipped step changed buffer %d", i)
+		}
+	}
+}

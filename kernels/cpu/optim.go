@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 )
 
 // skipped reports whether a Skip flag is set.
@@ -110,6 +111,43 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 		parallel(len(p), elemGrain, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) })
 	}
 }
+
+// AdamWMaster is AdamW over F32 masters from 16-bit gradients, rounding
+// the masters into the working weights (kernels.MasterAdamW): a stretch
+// of masterChunk values at a time, its gradient widened into a buffer
+// that stays in cache, updated by AdamW's pass and rounded, so that each
+// value crosses memory once (where widening, updating and rounding in
+// passes of their own cross it three times).
+func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, working []kernels.Buf) {
+	kernels.CheckMasterAdamW(masters, grads, m, v, working)
+	kernels.CheckLen("adamw learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw learning rate", hp.LR, hp.GradScale)
+	kernels.CheckCounter("adamw step", hp.Step)
+	if skipped(hp.Skip) {
+		return
+	}
+	a := adamwConstants(hp)
+	for t := range masters {
+		p, g, ms, vs, w := f32s(masters[t]), u16s(grads[t]), f32s(m[t]), f32s(v[t]), u16s(working[t])
+		widen, round := half.ToFloat32, half.FromFloat32
+		if grads[t].DType == kernels.BF16 {
+			widen, round = half.BF16ToFloat32, half.BF16FromFloat32
+		}
+		parallel(len(p), elemGrain, func(lo, hi int) {
+			var wide [masterChunk]float32
+			for s := lo; s < hi; s += masterChunk {
+				e := min(s+masterChunk, hi)
+				widen(wide[:e-s], g[s:e]) // all of the stretch's gradient read before w, which may be g, is written
+				a.update(p[s:e], wide[:e-s], ms[s:e], vs[s:e])
+				round(w[s:e], p[s:e])
+			}
+		})
+	}
+}
+
+// masterChunk is how many values AdamWMaster widens, updates and rounds
+// at a time: their widened gradient, 4 KiB, stays in the core's cache.
+const masterChunk = 1024
 
 // adamw is one AdamW step's constants, in locals for its loop.
 type adamw struct{ decay, b1, b2, c1, c2, eps, stepSize, bc2Sqrt, gs float32 }

@@ -3,6 +3,7 @@ package half
 import (
 	"math"
 	"math/big"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -84,4 +85,76 @@ func TestBF16Rounding(t *testing.T) {
 	if f[0] != 1 || f[1] != 2 || f[2] != 3 {
 		t.Errorf("round trip of 1, 2, 3: %v", f)
 	}
+}
+
+// TestBF16Paths: BF16's conversions on every path this CPU has (AVX-512's,
+// with masked tails, and Go's loops) give BF16Bits's and BF16Value's bits
+// for every 16-bit pattern, the rounding cases (ties, NaNs, infinities,
+// out-of-range values), and rows of every length from 1 to 40 with strides
+// wider than the rows, whose gaps they leave alone.
+func TestBF16Paths(t *testing.T) {
+	src := roundingCases()
+	for i := uint32(0); i < 1<<16; i++ { // BF16's own ties and neighbours
+		src = append(src, math.Float32frombits(i<<16|0x8000), math.Float32frombits(i<<16|0x7fff), math.Float32frombits(i<<16|0x18000))
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	eachPath(t, func(t *testing.T) {
+		got := make([]uint16, len(src))
+		BF16FromFloat32(got, src)
+		for i, f := range src {
+			if want := BF16Bits(f); got[i] != want {
+				t.Fatalf("BF16FromFloat32(%g = %#08x) = %#04x, want %#04x", f, math.Float32bits(f), got[i], want)
+			}
+		}
+		every := make([]uint16, 1<<16+5)
+		for i := range every {
+			every[i] = uint16(i)
+		}
+		wide := make([]float32, len(every))
+		BF16ToFloat32(wide, every)
+		for i, h := range every {
+			if want := BF16Value(h); math.Float32bits(wide[i]) != math.Float32bits(want) {
+				t.Fatalf("BF16ToFloat32(%#04x) = %#08x, want %#08x", h, math.Float32bits(wide[i]), math.Float32bits(want))
+			}
+		}
+		for n := 1; n <= 40; n++ {
+			const rows = 5
+			lds, ldd := n+3, n+7
+			in := make([]uint16, (rows-1)*lds+n)
+			for i := range in {
+				in[i] = uint16(rng.Uint32())
+			}
+			out := make([]float32, (rows-1)*ldd+n)
+			for i := range out {
+				out[i] = -7
+			}
+			BF16ToFloat32Rows(out, ldd, in, lds, rows, n)
+			for i, v := range out {
+				want := float32(-7)
+				if r, j := i/ldd, i%ldd; j < n {
+					want = BF16Value(in[r*lds+j])
+				}
+				if math.Float32bits(v) != math.Float32bits(want) {
+					t.Fatalf("n %d: BF16ToFloat32Rows: out[%d] = %#08x, want %#08x", n, i, math.Float32bits(v), math.Float32bits(want))
+				}
+			}
+			for i := range out { // fresh values to round, off BF16's grid
+				out[i] = float32(rng.NormFloat64() * 100)
+			}
+			back := make([]uint16, len(in))
+			for i := range back {
+				back[i] = 0xbeef
+			}
+			BF16FromFloat32Rows(back, lds, out, ldd, rows, n)
+			for i, h := range back {
+				want := uint16(0xbeef)
+				if r, j := i/lds, i%lds; j < n {
+					want = BF16Bits(out[r*ldd+j])
+				}
+				if h != want {
+					t.Fatalf("n %d: BF16FromFloat32Rows: back[%d] = %#04x, want %#04x", n, i, h, want)
+				}
+			}
+		}
+	})
 }

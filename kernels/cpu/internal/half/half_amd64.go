@@ -14,6 +14,12 @@ func fromFloat8(dst *uint16, src *float32, n int)
 func toFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
 
 //go:noescape
+func bf16ToFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
+
+//go:noescape
+func bf16FromFloatRows16(dst *uint16, ldd int, src *float32, lds int, rows, n int)
+
+//go:noescape
 func copyRows16(dst *float32, ldd int, src *float32, lds int, rows, n int)
 
 //go:noescape
@@ -103,5 +109,26 @@ func copyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) bool 
 		return false
 	}
 	copyRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return true
+}
+
+// bf16ToFloatRows converts rows of n BF16 values with strides ldd and lds
+// (the callers have checked the bounds) in one assembly call with
+// AVX-512, reporting whether it did.
+func bf16ToFloatRows(dst []float32, ldd int, src []uint16, lds int, rows, n int) bool {
+	if !wide || rows == 0 || n == 0 {
+		return wide
+	}
+	bf16ToFloatRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return true
+}
+
+// bf16FromFloatRows rounds rows of n values into BF16 as bf16ToFloatRows
+// converts them back.
+func bf16FromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) bool {
+	if !wide || rows == 0 || n == 0 {
+		return wide
+	}
+	bf16FromFloatRows16(&dst[0], ldd, &src[0], lds, rows, n)
 	return true
 }

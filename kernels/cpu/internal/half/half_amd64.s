@@ -113,3 +113,31 @@ TEXT ·fromFloatRows16(SB), NOSPLIT, $0-48
 // func copyRows16(dst *float32, ldd int, src *float32, lds int, rows, n int)
 TEXT ·copyRows16(SB), NOSPLIT, $0-48
 	ROWS(LOADF, MLOADF, STOREF, MSTOREF, 2, 2)
+
+// ... and BF16: loaded by zero-extending each value's bits into the top
+// half of a lane; stored rounded to nearest even as BF16Bits rounds (a
+// NaN's top bits with its quiet bit set), through Z2-Z4 and K2, from the
+// constants BF16CONSTS sets.
+#define LOADB(z, addr) VPMOVZXWD addr, z; VPSLLD $16, z, z
+#define MLOADB(z, addr) VMOVDQU16.Z addr, K1, Y1; VPMOVZXWD Y1, z; VPSLLD $16, z, z
+#define ROUNDB(z) \
+	VPSRLD $16, z, Z3; VPANDD Z21, Z3, Z2; VPADDD Z2, z, Z2; VPADDD Z20, Z2, Z2; VPSRLD $16, Z2, Z2; \
+	VPANDD Z22, z, Z4; VPCMPUD $6, Z23, Z4, K2; VPORD Z24, Z3, K2, Z2
+#define STOREB(z, addr) ROUNDB(z); VPMOVDW Z2, addr
+#define MSTOREB(z, addr) ROUNDB(z); VPMOVDW Z2, K1, addr
+
+// BF16CONSTS sets Z20-Z24 to 0x7fff, 1, 0x7fffffff, 0x7f800000 (the
+// largest bits below a NaN's) and 0x40 (BF16's quiet bit) in every lane.
+#define BF16CONSTS \
+	MOVL $0x7fff, AX; VPBROADCASTD AX, Z20; MOVL $1, AX; VPBROADCASTD AX, Z21; \
+	MOVL $0x7fffffff, AX; VPBROADCASTD AX, Z22; MOVL $0x7f800000, AX; VPBROADCASTD AX, Z23; \
+	MOVL $0x40, AX; VPBROADCASTD AX, Z24
+
+// func bf16ToFloatRows16(dst *float32, ldd int, src *uint16, lds int, rows, n int)
+TEXT ·bf16ToFloatRows16(SB), NOSPLIT, $0-48
+	ROWS(LOADB, MLOADB, STOREF, MSTOREF, 1, 2)
+
+// func bf16FromFloatRows16(dst *uint16, ldd int, src *float32, lds int, rows, n int)
+TEXT ·bf16FromFloatRows16(SB), NOSPLIT, $0-48
+	BF16CONSTS
+	ROWS(LOADF, MLOADF, STOREB, MSTOREB, 2, 1)

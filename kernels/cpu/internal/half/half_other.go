@@ -22,3 +22,9 @@ func fromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) i
 
 // copyRows copies nothing without amd64 assembly.
 func copyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
+
+// bf16ToFloatRows converts nothing without amd64 assembly.
+func bf16ToFloatRows(dst []float32, ldd int, src []uint16, lds int, rows, n int) bool { return false }
+
+// bf16FromFloatRows converts nothing without amd64 assembly.
+func bf16FromFloatRows(dst []uint16, ldd int, src []float32, lds int, rows, n int) bool { return false }
