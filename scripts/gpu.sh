@@ -22,12 +22,14 @@
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
-#   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8, STEPS (default 8) steps, its
+#   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8 (of CONTEXT tokens, default the
+#             model's), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-noclip"
-#             -offload-optimizer -clip 0, whose update runs in the backward); beside "host",
+#             -offload-optimizer -clip 0, whose update runs in the backward; "bf16w" and "bf16w-noclip"
+#             those with -bf16-weights under -max-memory BUDGET, default 24GiB here); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
 #             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
@@ -198,10 +200,12 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       acts) flags=(-offload-activations) ;;
       host+acts) flags=(-offload-optimizer -offload-activations) ;;
       host-noclip) flags=(-offload-optimizer -clip 0) ;;
+      bf16w) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}") ;;
+      bf16w-noclip) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -clip 0) ;;
       *) flags=() ;;
       esac
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
-        -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
+        ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
       grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
