@@ -19,11 +19,15 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 	kernels.CheckLen("unary "+op.String(), x.N, dst)
 	f := op.Def().F
 	mapChunks(valuesOf(dst), valuesOf(x), x.N, func(y, x []float32) {
-		if op == kernels.ReLU { // the common one, without a call per element
+		switch op { // the common ones, without a call per element
+		case kernels.ReLU:
 			n := reluVec(y, x)
 			for i, v := range x[n:] {
 				y[n+i] = max(v, 0)
 			}
+			return
+		case kernels.GELU:
+			geluRow(y, x)
 			return
 		}
 		for i, v := range x {
@@ -31,6 +35,32 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 		}
 	})
 }
+
+// geluRow writes GELU of x into y, which may be x: the tanh form
+// (kernels.GELU) as x·σ(2u) = x / (1 + e^(−2u)), u = √(2/π)(x +
+// 0.044715x³), in float32 with expf's exponentials (eight an instruction
+// with AVX2), a stretch at a time, within a few ulp of the float64
+// definition where GELU's F rounds it, and several times cheaper.
+func geluRow(y, x []float32) {
+	var t [chunkLen]float32
+	for len(x) > 0 {
+		n := min(len(x), len(t))
+		for i, v := range x[:n] {
+			t[i] = -2 * geluC * (v + 0.044715*v*v*v)
+		}
+		k, _ := expShiftVec(t[:n], 0)
+		for i := k; i < n; i++ {
+			t[i] = expf(t[i])
+		}
+		for i, v := range x[:n] {
+			y[i] = v / (1 + t[i])
+		}
+		x, y = x[n:], y[n:]
+	}
+}
+
+// geluC is √(2/π), GELU's tanh form's scale.
+const geluC = 0.7978845608028654
 
 // mapChunks runs f(y, x) over n values of x and y a chunk at a time (see
 // chunkLen), over goroutines: in place for F32, through float32 on the stack

@@ -182,10 +182,15 @@ func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e ker
 					copy(f32s(e.Aux)[at:at+len(row)], row)
 					copy(pre, row)
 				}
-				for j, x := range pre {
-					if e.Grad {
+				switch {
+				case e.Grad:
+					for j, x := range pre {
 						row[j] = act.Grad(row[j], x, 0)
-					} else {
+					}
+				case e.Act == kernels.GELU:
+					geluRow(row, pre)
+				default:
+					for j, x := range pre {
 						row[j] = act.F(x)
 					}
 				}
