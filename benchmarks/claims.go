@@ -528,6 +528,7 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 		acts := c.gpt.KeptBytes(batch, tensor.BF16)
 		bf16 := c.gpt
 		bf16.ProductWeights = tensor.BF16
+		halvedState := optim.OffloadedHostBytes(c.arch.Recipe.Optimizer, c.params, bf16.ParamBytes())
 		for _, v := range []struct {
 			v         train.Variant
 			device    int64 // what the device must hold before any activation
@@ -544,10 +545,10 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 				OffloadOptimizer: true, OffloadActivations: true}, optim.OffloadedDeviceBytes(c.gpt.ParamBytes()), state + acts,
 				"its F32 parameters and the gradients in flight"},
 			{train.Variant{Name: "bf16+checkpoint, bf16 weights, optimizer in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
-				OffloadOptimizer: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), state,
+				OffloadOptimizer: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), halvedState,
 				"its parameters (the blocks' weights in bf16) and the gradients in flight"},
 			{train.Variant{Name: "bf16+checkpoint, bf16 weights, optimizer and activations in host memory", AMP: train.AMPBF16, Checkpoint: nn.CheckpointBlocks,
-				OffloadOptimizer: true, OffloadActivations: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), state + acts,
+				OffloadOptimizer: true, OffloadActivations: true, BF16Weights: true}, optim.OffloadedDeviceBytes(bf16.ParamBytes()), halvedState + acts,
 				"its parameters (the blocks' weights in bf16) and the gradients in flight"},
 		} {
 			if (v.v.OffloadOptimizer || v.v.OffloadActivations) && dev.OnHost() {

@@ -58,21 +58,22 @@ import (
 //
 // Note [working weights in 16 bits]: a parameter in BF16 or F16 on the
 // device (nn.GPTConfig.ProductWeights) is a working copy of its F32
-// master in host memory. Its gradient comes in its dtype and comes down
-// into the first half of its F32 host copy. AdamW on the host widens it
-// as it reads it and rounds the updated master to the parameter's dtype
-// into the same buffer, nearest even as the device's casts do, in one
-// pass (kernels.MasterAdamW); SGD's update widens it in place first
-// (halves of the buffer from the end: each half's values land past the
-// narrow ones still unread) and rounds after. The rounded values are the
-// copy up. The device holds two
-// bytes a value and sends two down and two up; the host holds F32 master,
-// gradient and state, and a checkpoint the masters ("master.<index>" in
-// State). With host the device's page-locked memory, only the gradient's
-// buffer is there: no copy reads the master or the state, which stay in
-// a pageable pool of their own (pageable), so that page-locking, which
-// takes seconds for billions of values and the memory from everything
-// else, is a quarter of it.
+// master in host memory. Its gradient comes in its dtype. AdamW on the
+// host keeps its copy in that dtype too, widens it as it reads it and
+// rounds the updated master to the parameter's dtype into the same
+// buffer, nearest even as the device's casts do, in one pass
+// (kernels.MasterAdamW; OffloadedHostBytes counts two bytes a gradient).
+// SGD's gradient comes down into the first half of an F32 copy, which its
+// update widens in place first (halves of the buffer from the end: each
+// half's values land past the narrow ones still unread) and rounds into
+// after. The rounded values are the copy up. The device holds two
+// bytes a value and sends two down and two up; the host holds the F32
+// master and state and the gradient, and a checkpoint the masters
+// ("master.<index>" in State). With host the device's page-locked memory,
+// only the gradient's buffer is there: no copy reads the master or the
+// state, which stay in a pageable pool of their own (pageable), so that
+// page-locking, which takes seconds for billions of values and the memory
+// from everything else, is a seventh of it under AdamW.
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
@@ -151,16 +152,46 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 			at = pageable()
 		}
 		h := hostMaster(at, p)
-		h.SetGrad(tensor.Zeros(host, tensor.F32, p.Shape()...).Keep())
-		o.host = append(o.host, h)
 		in, err := Partition(opt, []*tensor.Tensor{h}, []int{i})
 		if err != nil {
 			panic(err)
 		}
+		gradType := tensor.F32
+		if onePass(p, in) {
+			gradType = p.DType()
+		}
+		h.SetGrad(tensor.Zeros(host, gradType, p.Shape()...).Keep())
+		o.host = append(o.host, h)
 		o.inner = append(o.inner, in)
 	}
 	opt.Release()
 	return o, nil
+}
+
+// onePass says whether parameter p's update by in, its optimizer on the
+// host, reads its gradient in p's 16-bit dtype and rounds p's master in
+// the same pass (AdamW.stepMasters), so that the gradient's host copy
+// takes p's bytes rather than F32's.
+func onePass(p *tensor.Tensor, in Optimizer) bool {
+	a, ok := in.(*AdamW)
+	if !ok || !p.DType().Half() || !fuseMasters || a.qmap != nil {
+		return false
+	}
+	_, ok = a.params[0].Backend().(kernels.MasterAdamW)
+	return ok
+}
+
+// OffloadedHostBytes is the host memory an offloaded optimizer (Offload)
+// of kind name holds for n parameters of paramBytes on the device: their
+// F32 copies (the masters of 16-bit ones), the state, and the gradients'
+// copies, in the parameters' dtypes for AdamW (its update reads a 16-bit
+// gradient as it is), in F32 for the others.
+func OffloadedHostBytes(name string, n, paramBytes int64) int64 {
+	grads := 4 * n
+	if name == "adamw" {
+		grads = paramBytes
+	}
+	return 4*n + grads + StateBytes(name, n)
 }
 
 // pageable is the host device of 16-bit parameters' masters and state
@@ -238,10 +269,11 @@ func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 	p, h := o.params[i], o.host[i]
 	half := p.DType().Half()
 	narrow := narrowed(h.Grad(), p.DType())
-	adamw, ok := o.inner[i].(*AdamW)
 	switch {
-	case half && fuseMasters && ok && adamw.stepMasters(m, []kernels.Buf{narrow}, []kernels.Buf{narrow}):
-		// widened, updated and rounded in one pass
+	case h.Grad().DType().Half(): // widened, updated and rounded in one pass (onePass)
+		if !o.inner[i].(*AdamW).stepMasters(m, []kernels.Buf{narrow}, []kernels.Buf{narrow}) {
+			panic(fmt.Sprintf("optim: parameter %d's host optimizer cannot update its %v master in one pass", i, p.DType()))
+		}
 	case half:
 		widen(h.Grad(), p.DType())
 		o.step(i, m, mv)
@@ -282,7 +314,8 @@ func (o *Offloaded) step(i int, m kernels.Buf, mv float32) {
 }
 
 // narrowed is the first half of g, an F32 host tensor, as a buffer of its
-// values in dt, a 16-bit dtype (Note [working weights in 16 bits]).
+// values in dt, a 16-bit dtype (Note [working weights in 16 bits]); g
+// itself when it is of dt.
 func narrowed(g *tensor.Tensor, dt tensor.DType) kernels.Buf {
 	b := g.Buf()
 	b.DType = dt

@@ -281,9 +281,10 @@ func (r *runner) stateFits() error {
 	var held []string
 	if offload {
 		need, what = optim.OffloadedDeviceBytes(g.ParamBytes()), "with the gradients in flight to host memory (the optimizer's state there)"
-		hostNeed += whole
+		onHost := optim.OffloadedHostBytes(r.cfg.Optimizer, params, g.ParamBytes())
+		hostNeed += onHost
 		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
-			memory.Bytes(whole), count(int(params)), r.cfg.Optimizer))
+			memory.Bytes(onHost), count(int(params)), r.cfg.Optimizer))
 	}
 	if r.cfg.OffloadsActivations(r.dev) {
 		acts := g.KeptBytes(r.cfg.Batch, r.cfg.Autocast())
@@ -335,21 +336,21 @@ func (r *runner) stateFits() error {
 // sharded state, an optimizer whose state can move: not adamw8bit's) and
 // it makes the parameters of g fit, which with their gradients and state
 // take whole bytes: what they take on the device
-// (optim.OffloadedDeviceBytes) within limit, whole within the host's
-// memory. Where their F32 weights do not fit and the blocks' weights in
+// (optim.OffloadedDeviceBytes) within limit, what the host keeps
+// (optim.OffloadedHostBytes) within its memory. Where their F32 weights do not fit and the blocks' weights in
 // BF16 would, it turns Config.BF16Weights and BF16 AMP on too (unless the
 // run asked for F16).
 func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of string) bool {
 	params := int64(g.Params())
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
-		r.cfg.Optimizer == "adamw8bit" || whole > memory.HostMemory() {
+		r.cfg.Optimizer == "adamw8bit" {
 		return false
 	}
 	halved := g
 	halved.ProductWeights = tensor.BF16
-	device := optim.OffloadedDeviceBytes(4 * params)
+	device, hostHalved := optim.OffloadedDeviceBytes(4*params), optim.OffloadedHostBytes(r.cfg.Optimizer, params, halved.ParamBytes())
 	switch {
-	case device <= limit && !r.cfg.OffloadOptimizer:
+	case device <= limit && !r.cfg.OffloadOptimizer && whole <= memory.HostMemory():
 		r.cfg.OffloadOptimizer = true
 		alternative := ""
 		if r.eightBitFits(params, limit) {
@@ -359,13 +360,14 @@ func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of string) bo
 			"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
 			r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
 			memory.Bytes(whole), memory.Bytes(device), alternative)
-	case device > limit && optim.OffloadedDeviceBytes(halved.ParamBytes()) <= limit && r.cfg.AMP != train.AMPF16 && r.job.MeasuredAMP != train.AMPF16:
+	case device > limit && optim.OffloadedDeviceBytes(halved.ParamBytes()) <= limit && r.cfg.AMP != train.AMPF16 && r.job.MeasuredAMP != train.AMPF16 &&
+		hostHalved <= memory.HostMemory():
 		r.cfg.OffloadOptimizer, r.cfg.BF16Weights, r.cfg.AMP = true, true, train.AMPBF16
 		r.arch.GPT.ProductWeights = tensor.BF16
 		fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with the gradients in flight, more than the %s of %s: "+
 			"the blocks' weights go to the device in bf16 (-bf16-weights, under bf16 AMP), %s there, their F32 masters and %s's state to host memory (-offload-optimizer), %s\n",
 			r.cfg.Model, count(int(params)), memory.Bytes(device), memory.Bytes(limit), of,
-			memory.Bytes(optim.OffloadedDeviceBytes(halved.ParamBytes())), r.cfg.Optimizer, memory.Bytes(whole))
+			memory.Bytes(optim.OffloadedDeviceBytes(halved.ParamBytes())), r.cfg.Optimizer, memory.Bytes(hostHalved))
 	default:
 		return false
 	}

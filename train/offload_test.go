@@ -282,6 +282,22 @@ func testBF16Weights(t *testing.T, dev, host *tensor.Device) {
 					t.Fatal(err)
 				}
 			}
+			if off, ok := opt.(*optim.Offloaded); ok { // the host holds what was planned, to the byte
+				var n, onDevice int64
+				want := memory.RoundSize(4) // the multiplier
+				for _, p := range off.Params() {
+					n, onDevice = n+int64(p.Numel()), onDevice+p.Bytes()
+					// The master, its moments, the gradient in the weight's
+					// dtype, and AdamW's learning rate and step count.
+					want += 3*memory.RoundSize(4*int64(p.Numel())) + memory.RoundSize(p.Bytes()) + 2*memory.RoundSize(4)
+				}
+				if got, plan := off.HostBytes(), optim.OffloadedHostBytes("adamw", n, onDevice); got != plan {
+					t.Errorf("clip %v: the offloaded optimizer holds %d host bytes, %d planned", clip, got, plan)
+				}
+				if held := host.Allocator().Stats().Allocated[memory.All].Current; !off.Pinned() && held != want {
+					t.Errorf("clip %v: the host pool holds %d bytes, want %d", clip, held, want)
+				}
+			}
 			state := opt.State()
 			for i, p := range opt.Params() {
 				paramBytes += p.Bytes()
