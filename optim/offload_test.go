@@ -46,17 +46,7 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, uint64(len(c.name))))
-			random := func(shape []int, scale float64) []float32 {
-				n := 1
-				for _, d := range shape {
-					n *= d
-				}
-				v := make([]float32, n)
-				for i := range v {
-					v[i] = float32(rng.NormFloat64() * scale)
-				}
-				return v
-			}
+			random := func(shape []int, scale float64) []float32 { return normals(rng, shape, scale) }
 			var on, off []*tensor.Tensor
 			for _, s := range shapes {
 				v := random(s, 1)
@@ -290,17 +280,7 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	shapes := [][]int{{33, 7}, {7}, {5001}, {1}}
 	types := []tensor.DType{dt, tensor.F32, dt, dt}
 	rng := rand.New(rand.NewPCG(3, uint64(dt)))
-	random := func(shape []int, scale float64) []float32 {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * scale)
-		}
-		return v
-	}
+	random := func(shape []int, scale float64) []float32 { return normals(rng, shape, scale) }
 	in := func(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
 		f := tensor.FromFloat32(d, v, shape...)
 		if dt == tensor.F32 {
@@ -428,6 +408,20 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	if err := again.LoadState(bad, nil); err == nil || !strings.Contains(err.Error(), "master.0") {
 		t.Errorf("a master of the wrong shape loaded: %v, want an error naming it", err)
 	}
+}
+
+// normals are values of shape drawn from a normal distribution of
+// standard deviation scale.
+func normals(rng *rand.Rand, shape []int, scale float64) []float32 {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
 }
 
 // releaseAll releases ts.

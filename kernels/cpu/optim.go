@@ -99,13 +99,10 @@ func sgdUpdate(hp kernels.SGDParams, lr float32, p, g, buf []float32) {
 //	p -= lr·(m/(1−β1ᵗ)) / (√(v/(1−β2ᵗ)) + ε)
 func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Buf) {
 	kernels.CheckLists("adamw", params, grads, m, v)
-	kernels.CheckLen("adamw learning rate", 1, hp.LR)
-	kernels.CheckScalar("adamw learning rate", hp.LR, hp.GradScale)
-	kernels.CheckCounter("adamw step", hp.Step)
-	if skipped(hp.Skip) {
+	a, ok := adamwStep(hp)
+	if !ok {
 		return
 	}
-	a := adamwConstants(hp)
 	for t := range params {
 		p, gr, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
 		parallel(len(p), elemGrain, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) })
@@ -120,13 +117,10 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 // passes of their own cross it three times).
 func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, working []kernels.Buf) {
 	kernels.CheckMasterAdamW(masters, grads, m, v, working)
-	kernels.CheckLen("adamw learning rate", 1, hp.LR)
-	kernels.CheckScalar("adamw learning rate", hp.LR, hp.GradScale)
-	kernels.CheckCounter("adamw step", hp.Step)
-	if skipped(hp.Skip) {
+	a, ok := adamwStep(hp)
+	if !ok {
 		return
 	}
-	a := adamwConstants(hp)
 	for t := range masters {
 		p, g, ms, vs, w := f32s(masters[t]), u16s(grads[t]), f32s(m[t]), f32s(v[t]), u16s(working[t])
 		widen, round := half.ToFloat32, half.FromFloat32
@@ -148,6 +142,18 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 // masterChunk is how many values AdamWMaster widens, updates and rounds
 // at a time: their widened gradient, 4 KiB, stays in the core's cache.
 const masterChunk = 1024
+
+// adamwStep checks hp's scalars and returns the step's constants, or
+// false when its skip flag is set.
+func adamwStep(hp kernels.AdamWParams) (adamw, bool) {
+	kernels.CheckLen("adamw learning rate", 1, hp.LR)
+	kernels.CheckScalar("adamw learning rate", hp.LR, hp.GradScale)
+	kernels.CheckCounter("adamw step", hp.Step)
+	if skipped(hp.Skip) {
+		return adamw{}, false
+	}
+	return adamwConstants(hp), true
+}
 
 // adamw is one AdamW step's constants, in locals for its loop.
 type adamw struct{ decay, b1, b2, c1, c2, eps, stepSize, bc2Sqrt, gs float32 }
