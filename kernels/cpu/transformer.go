@@ -127,36 +127,49 @@ func attendRow(qi []float32, n int, scale float32, kv, vv, ov values, out int, k
 	return m + float32(math.Log(sum))
 }
 
-// dot is Σ a[i]·b[i] over a's length, in four interleaved partial sums
-// (added in a fixed order, so the same bits on every machine): four
-// chains of adds where one would wait on each.
+// dot is Σ a[i]·b[i] over a's length as dotLanes sums it: the AVX-512
+// pass (dotVec) and Go give the same bits.
 func dot(a, b []float32) float32 {
 	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+	if s, ok := dotVec(a, b); ok {
+		return s
 	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
+	return dotLanes(a, b)
 }
 
-// axpy adds w·x into y, over y's length.
+// dotLanes is Σ a[i]·b[i] in sixteen lanes: lane l adds the products of
+// the indices ≡ l mod 16 in order, each product rounded before it is
+// added; then lane l adds lane l+8, l+4, l+2 and l+1 in turn (four
+// halvings), as a vector pass sums its lanes.
+func dotLanes(a, b []float32) float32 {
+	b = b[:len(a)]
+	var l [16]float32
+	i := 0
+	for ; i+16 <= len(a); i += 16 {
+		x, y := a[i:i+16:i+16], b[i:i+16:i+16]
+		for j := range l {
+			l[j] += x[j] * y[j]
+		}
+	}
+	for j := range len(a) - i {
+		l[j] += a[i+j] * b[i+j]
+	}
+	for w := 8; w > 0; w /= 2 {
+		for j := range w {
+			l[j] += l[j+w]
+		}
+	}
+	return l[0]
+}
+
+// axpy adds w·x into y, over y's length, each product rounded before it
+// is added (the AVX-512 pass, axpyVec, gives the same bits).
 func axpy(y []float32, w float32, x []float32) {
 	x = x[:len(y)]
-	i := 0
-	for ; i+4 <= len(y); i += 4 {
-		y[i] += w * x[i]
-		y[i+1] += w * x[i+1]
-		y[i+2] += w * x[i+2]
-		y[i+3] += w * x[i+3]
+	if axpyVec(y, w, x) {
+		return
 	}
-	for ; i < len(y); i++ {
+	for i := range y {
 		y[i] += w * x[i]
 	}
 }

@@ -485,3 +485,51 @@ func toF32s(v []float64) []float32 {
 	}
 	return out
 }
+
+// TestDotAxpy checks attention's dot products and weighted sums on fresh
+// random rows of every length to 70 (whole vectors, tails, both), at
+// offsets that leave the rows unaligned: the vector passes give the same
+// bits as the Go loops that define them (dotLanes, axpy's loop), and
+// both are within float32's rounding of a float64 reference; axpy writes
+// only y's length.
+func TestDotAxpy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for n := 0; n <= 70; n++ {
+		for _, off := range []int{0, 3} {
+			a, b := randSlice(rng, n+off)[off:], randSlice(rng, n+off)[off:]
+			var want, mag float64
+			for i := range a {
+				want += float64(a[i]) * float64(b[i])
+				mag += math.Abs(float64(a[i]) * float64(b[i]))
+			}
+			got, lanes := dot(a, b), dotLanes(a, b)
+			if math.Float32bits(got) != math.Float32bits(lanes) {
+				t.Errorf("n %d offset %d: dot %v, its Go definition %v", n, off, got, lanes)
+			}
+			if d := math.Abs(float64(got) - want); d > 1e-6*mag+1e-30 {
+				t.Errorf("n %d offset %d: dot %v, float64 %v", n, off, got, want)
+			}
+			w := float32(rng.NormFloat64())
+			y := randSlice(rng, n+off+1)[off:]
+			y0 := slices.Clone(y)
+			axpy(y[:n], w, a)
+			for i := range n {
+				if want := y0[i] + w*a[i]; math.Float32bits(y[i]) != math.Float32bits(want) {
+					t.Fatalf("n %d offset %d: axpy's y[%d] = %v, want %v", n, off, i, y[i], want)
+				}
+			}
+			if y[n] != y0[n] {
+				t.Fatalf("n %d offset %d: axpy wrote past y's end: %v, was %v", n, off, y[n], y0[n])
+			}
+		}
+	}
+}
+
+// randSlice is n standard normal float32 values.
+func randSlice(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}

@@ -242,6 +242,31 @@ func unscaleVec(g []float32, inv float32) (int, bool) {
 	return n, unscale16(ptr(g), n, inv)
 }
 
+//go:noescape
+func dot16(a, b *float32, n int) float32
+
+//go:noescape
+func axpy16(y, x *float32, w float32, n int)
+
+// dotVec is dot's AVX-512 pass over all of a and b (as long as a), and
+// whether it ran.
+func dotVec(a, b []float32) (float32, bool) {
+	if !hasAVX512 || len(a) == 0 {
+		return 0, false
+	}
+	return dot16(ptr(a), ptr(b), len(a)), true
+}
+
+// axpyVec is axpy's AVX-512 pass over all of y and x (as long as y), and
+// whether it ran.
+func axpyVec(y []float32, w float32, x []float32) bool {
+	if !hasAVX512 || len(y) == 0 {
+		return false
+	}
+	axpy16(ptr(y), ptr(x), w, len(y))
+	return true
+}
+
 // ptrH is &x[0], or nil for an empty or missing slice.
 func ptrH(x []uint16) *uint16 {
 	if len(x) == 0 {

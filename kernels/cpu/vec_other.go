@@ -29,6 +29,10 @@ const noPasses = "cpu: batch norm's passes without amd64 assembly"
 
 func reluVec(y, x []float32) int { return 0 }
 
+func dotVec(a, b []float32) (float32, bool) { return 0, false }
+
+func axpyVec(y []float32, w float32, x []float32) bool { return false }
+
 func expShiftVec(z []float32, shift float32) (int, float32) { return 0, 0 }
 
 func dealVec(dst []float32, wp, plane int, src []float32, w, h int) bool { return false }
