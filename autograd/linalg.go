@@ -56,17 +56,21 @@ func gemmEpilogue(a, b *T, transA, transB bool, dt tensor.DType, e kernels.Epilo
 	c := tensor.Empty(dev, dt, shape...)
 	p := kernels.GemmParams{TransA: transA, TransB: transB, M: m, N: n, K: k, Alpha: 1, Batch: batch,
 		StrideA: m * k, StrideB: k * n, StrideC: m * n}
+	bb := b.Buf()
+	if pk := packedWeight(dev, b, transB, batch); pk != nil {
+		bb, p.PackedB, p.StrideB = pk.Buf(), true, 0
+	}
 	if sg, ok := a.Backend().(kernels.Stoppable); ok && dev.Stopping() != nil {
-		if !sg.GemmStoppable(p, e, a.Buf(), b.Buf(), c.Buf(), dev.Stopping()) {
+		if !sg.GemmStoppable(p, e, a.Buf(), bb, c.Buf(), dev.Stopping()) {
 			c.Release()
 			panic(fmt.Errorf("autograd: a product of shapes %v and %v stopped part way: %w", a.Shape(), b.Shape(), tensor.ErrInterrupted))
 		}
 		return c
 	}
 	if e == (kernels.Epilogue{}) {
-		a.Backend().Gemm(p, a.Buf(), b.Buf(), c.Buf())
+		a.Backend().Gemm(p, a.Buf(), bb, c.Buf())
 	} else {
-		a.Backend().GemmEpilogue(p, e, a.Buf(), b.Buf(), c.Buf())
+		a.Backend().GemmEpilogue(p, e, a.Buf(), bb, c.Buf())
 	}
 	return c
 }

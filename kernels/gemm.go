@@ -28,6 +28,23 @@ type GemmParams struct {
 	Alpha, Beta               float32
 	Batch                     int
 	StrideA, StrideB, StrideC int
+	// PackedB says B is a Prepacker's packing of the K×N operand (see
+	// Prepacker), not a matrix: TransB and StrideB do not apply, and the
+	// product is unbatched. Only a Prepacker takes it.
+	PackedB bool
+}
+
+// Prepacker is a backend whose products can read a B operand packed once
+// ahead of them, in the layout its products pack B into for themselves
+// (the CPU's: a served model's weights are read by every decoding step,
+// whose few rows of A make packing B cost about as much as the product).
+// The packing is a copy: it goes stale if B changes.
+type Prepacker interface {
+	// PrepackLen is the F32 elements the packing of a K×N B takes.
+	PrepackLen(k, n int) int
+	// Prepack packs b, a product's k×n B (stored n×k when trans), into
+	// dst (F32, PrepackLen(k, n) elements), for products with PackedB.
+	Prepack(dst, b Buf, k, n int, trans bool)
 }
 
 // Epilogue is what a single (unbatched, Beta = 0) matrix product does to
@@ -137,8 +154,28 @@ func (m *F32Matmul) UnmarshalText(text []byte) error {
 	return fmt.Errorf("F32 matmul mode %q: want strict, tf32x3 or tf32", text)
 }
 
-// CheckGemm checks the operands' sizes and dtypes against p.
+// CheckGemm checks the operands' sizes and dtypes against p, which must
+// not have PackedB.
 func CheckGemm(p GemmParams, a, b, c Buf) {
+	if p.PackedB {
+		panic(fmt.Sprintf("kernels: gemm of a packed B on a backend that packs none (%+v)", p))
+	}
+	checkGemm(p, a, b, c, p.K*p.N)
+}
+
+// CheckGemmPacked is CheckGemm for a product with PackedB whose B a
+// Prepacker packed into packedLen elements.
+func CheckGemmPacked(packedLen int, p GemmParams, a, b, c Buf) {
+	if !p.PackedB || max(p.Batch, 1) != 1 {
+		panic(fmt.Sprintf("kernels: checking a packed gemm of %+v: want PackedB and no batch", p))
+	}
+	CheckF32("gemm packed B", b)
+	checkGemm(p, a, b, c, packedLen)
+}
+
+// checkGemm is CheckGemm with B's elements (a matrix's, one of a batch)
+// given: bSize.
+func checkGemm(p GemmParams, a, b, c Buf, bSize int) {
 	batch := max(p.Batch, 1)
 	if p.M <= 0 || p.N <= 0 || p.K <= 0 {
 		panic(fmt.Sprintf("kernels: gemm with M=%d N=%d K=%d", p.M, p.N, p.K))
@@ -147,12 +184,12 @@ func CheckGemm(p GemmParams, a, b, c Buf) {
 		name         string
 		buf          Buf
 		size, stride int
-	}{{"A", a, p.M * p.K, p.StrideA}, {"B", b, p.K * p.N, p.StrideB}, {"C", c, p.M * p.N, p.StrideC}} {
+	}{{"A", a, p.M * p.K, p.StrideA}, {"B", b, bSize, p.StrideB}, {"C", c, p.M * p.N, p.StrideC}} {
 		if n := (batch-1)*o.stride + o.size; o.buf.N < n {
 			panic(fmt.Sprintf("kernels: gemm %s has %d elements, needs %d (%+v)", o.name, o.buf.N, n, p))
 		}
 	}
-	if a.DType != b.DType {
+	if a.DType != b.DType && !p.PackedB { // a packed B is F32 panels
 		panic(fmt.Sprintf("kernels: gemm of %v A and %v B", a.DType, b.DType))
 	}
 	if c.DType != F32 && c.DType != a.DType {
@@ -164,6 +201,12 @@ func CheckGemm(p GemmParams, a, b, c Buf) {
 // CheckGemm does, and the epilogue's buffers against p.
 func CheckGemmEpilogue(p GemmParams, e Epilogue, a, b, c Buf) {
 	CheckGemm(p, a, b, c)
+	CheckEpilogue(p, e, c)
+}
+
+// CheckEpilogue checks an epilogue's buffers against p and C: the
+// epilogue's part of CheckGemmEpilogue.
+func CheckEpilogue(p GemmParams, e Epilogue, c Buf) {
 	if max(p.Batch, 1) != 1 || p.Beta != 0 {
 		panic(fmt.Sprintf("kernels: gemm epilogue of a batched product or one with β ≠ 0 (%+v)", p))
 	}

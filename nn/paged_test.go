@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
 
@@ -127,4 +130,136 @@ func testGPTForwardPaged(t *testing.T, dev *tensor.Device, amp tensor.DType, tol
 		}
 		step([]*seq{a, b, c}, []int{1, 1, 1}, 2)
 	}
+}
+
+// decodeStep is a decoding step of seqs sequences of cached positions
+// each (their next token: random), over blocks of bs positions, a table
+// of width blocks a sequence, sequence i's in blocks [i·width, i·width+width).
+func decodeStep(dev *tensor.Device, rng *rand.Rand, vocab, seqs, cached, bs, width int) func() PagedBatch {
+	var tok, pos, slot, rowSeq, tables, last []int32
+	for i := range seqs {
+		for j := range width {
+			tables = append(tables, int32(i*width+j))
+		}
+		tok, pos, rowSeq = append(tok, int32(rng.IntN(vocab))), append(pos, int32(cached)), append(rowSeq, int32(i))
+		slot, last = append(slot, int32(i*width*bs+cached)), append(last, int32(i))
+	}
+	return func() PagedBatch {
+		return PagedBatch{Tokens: tensor.FromInt32(dev, tok, seqs), Positions: tensor.FromInt32(dev, pos, seqs),
+			Slots: tensor.FromInt32(dev, slot, seqs), RowSeq: tensor.FromInt32(dev, rowSeq, seqs),
+			Tables: tensor.FromInt32(dev, tables, seqs, width), Last: tensor.FromInt32(dev, last, seqs), MaxLen: cached + 1}
+	}
+}
+
+// TestForwardPagedPackedWeights: a decoding step under PackParameters
+// gives the logits of the one without to the bit, in F32 and under BF16
+// autocast with the weights cast once; the packings take exactly the
+// pool bytes their sizes say and give them back at release; and the
+// products read them (a weight changed inside the region is not seen,
+// and is after).
+func TestForwardPagedPackedWeights(t *testing.T) {
+	dev := tensor.CPU()
+	pp, ok := dev.Backend().(kernels.Prepacker)
+	if !ok {
+		t.Fatal("the CPU backend does not pack weights ahead")
+	}
+	g, err := NewGPT(dev, GPTConfig{Layers: 2, Heads: 2, Width: 64, Vocab: 97, Context: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Release(g)
+	g.SetTraining(false)
+	for _, amp := range []tensor.DType{0, tensor.BF16} {
+		dt := tensor.F32
+		if amp != 0 {
+			dt = amp
+		}
+		kv, err := g.NewPagedKV(dev, dt, 24, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := decodeStep(dev, rand.New(rand.NewPCG(3, 3)), 97, 6, 11, 8, 4)
+		logits := func() (out []float32) {
+			dev.WithScope(func() { out = g.ForwardPaged(kv, batch()).Float32s() })
+			return out
+		}
+		region := func(f func()) {
+			if amp == 0 {
+				f()
+				return
+			}
+			ag.Autocast(dev, amp, func() {
+				defer ag.CastParameters(dev, g.ProductParameters())()
+				f()
+			})
+		}
+		var plain, packed, stale, after []float32
+		var held, want int64
+		w := g.Blocks[1].FC.Weight
+		saved := w.Float32s()
+		region(func() { plain = logits() })
+		region(func() {
+			before := dev.Allocator().Stats().Allocated[0].Current
+			release := ag.PackParameters(dev, g.ProductParameters())
+			held = dev.Allocator().Stats().Allocated[0].Current - before
+			for _, p := range g.ProductParameters() {
+				if p.NDim() == 2 {
+					want += memory.RoundSize(int64(4 * pp.PrepackLen(p.Dim(1), p.Dim(0))))
+				}
+			}
+			packed = logits()
+			w.Backend().Fill(w.Buf(), 0)
+			stale = logits()
+			release()
+			if left := dev.Allocator().Stats().Allocated[0].Current - before; left != 0 {
+				t.Errorf("autocast %v: %d bytes left after the packings' release", amp, left)
+			}
+		})
+		region(func() { after = logits() }) // the weights cast again
+		keep := tensor.FromFloat32(dev, saved, w.Shape()...)
+		w.Backend().Copy(w.Buf(), keep.Buf())
+		keep.Release()
+		kv.Release()
+		if held != want {
+			t.Errorf("autocast %v: the packings hold %d bytes, their sizes say %d", amp, held, want)
+		}
+		for i := range plain {
+			if math.Float32bits(packed[i]) != math.Float32bits(plain[i]) || math.Float32bits(stale[i]) != math.Float32bits(plain[i]) {
+				t.Fatalf("autocast %v: logit %d is %v packed and %v after the weight changed, %v unpacked", amp, i, packed[i], stale[i], plain[i])
+			}
+		}
+		if slices.Equal(after, plain) {
+			t.Errorf("autocast %v: after release the changed weight is not seen", amp)
+		}
+	}
+}
+
+// BenchmarkForwardPagedDecode is one decoding step of a server on the CPU:
+// gpt-mini's shape (2 layers of 128, context 64) over a vocabulary of 256
+// (the bytes tokenizer), 16 sequences of 32 cached positions each running
+// their next token through paged memory of 16-position blocks, with the
+// weights packed ahead as the engine packs them.
+func BenchmarkForwardPagedDecode(b *testing.B) {
+	dev := tensor.CPU()
+	g, err := NewGPT(dev, GPTConfig{Layers: 2, Heads: 2, Width: 128, Vocab: 256, Context: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer Release(g)
+	g.SetTraining(false)
+	const seqs, width = 16, 4 // a table's blocks: the context's
+	kv, err := g.NewPagedKV(dev, tensor.F32, seqs*width, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kv.Release()
+	defer ag.PackParameters(dev, g.ProductParameters())()
+	batch := decodeStep(dev, rand.New(rand.NewPCG(1, 2)), 256, seqs, 32, 16, width)
+	run := func() { dev.WithScope(func() { g.ForwardPaged(kv, batch()).Release() }) }
+	run()
+	b.ResetTimer()
+	for range b.N {
+		run()
+	}
+	b.ReportMetric(float64(seqs*b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

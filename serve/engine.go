@@ -284,7 +284,8 @@ func (e *Engine) start() {
 
 // loop is the engine: its goroutine does all of the engine's device work,
 // under no gradient and, with a 16-bit DType, autocast, the model's
-// weights cast once for its whole life.
+// weights cast once for its whole life and, on the CPU, packed for its
+// products once (autograd.PackParameters).
 func (e *Engine) loop() {
 	defer close(e.done)
 	var err error
@@ -292,6 +293,7 @@ func (e *Engine) loop() {
 		run := func() {
 			release := ag.CastParameters(e.dev, e.g.ProductParameters())
 			defer release()
+			defer ag.PackParameters(e.dev, e.g.ProductParameters())()
 			if err = e.warmUp(); err != nil {
 				e.ready <- err
 				return

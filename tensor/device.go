@@ -106,6 +106,9 @@ type Modes struct {
 	// in the autocast dtype, which operations read instead of casting
 	// (autograd's; nil: none).
 	Copies any
+	// Packed is autograd.PackParameters' record of the product weights
+	// packed ahead, which products read instead (autograd's; nil: none).
+	Packed any
 	// PassEnd is what the running Backward calls when its pass ends, with
 	// ok false when it failed: autograd's gradients gathered to be added to
 	// the parameters' at once.

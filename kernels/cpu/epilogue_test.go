@@ -93,6 +93,13 @@ func TestGemmEpilogue(t *testing.T) {
 					}
 					c := buf(t, cdt, p.M*p.N)
 					be.GemmEpilogue(p, k, a, b, c)
+					// B packed ahead (Prepack): the same bits.
+					packed, pc := buf(t, kernels.F32, be.PrepackLen(p.K, p.N)), buf(t, cdt, p.M*p.N)
+					be.Prepack(packed, b, p.K, p.N, p.TransB)
+					pp := p
+					pp.PackedB = true
+					be.GemmEpilogue(pp, k, a, packed, pc)
+					sameBits(t, "C through a prepacked B", pc, c)
 
 					want, pre := make([]float64, p.M*p.N), make([]float64, p.M*p.N)
 					colSums, sumsA := make([]float64, p.N), make([]float64, p.M)
@@ -251,5 +258,88 @@ func TestGemmStoppable(t *testing.T) {
 				t.Errorf("GemmStoppable with its stop closed: ran whole %v, %d elements unwritten", whole, unwritten)
 			}
 		})
+	}
+}
+
+// sameBits fails unless got holds want's values to the bit.
+func sameBits(t *testing.T, what string, got, want kernels.Buf) {
+	t.Helper()
+	g, w := in(got), in(want)
+	if len(g) != len(w) {
+		t.Fatalf("%s: %d values, want %d", what, len(g), len(w))
+	}
+	for i := range w {
+		if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+			t.Fatalf("%s: element %d is %v, want %v", what, i, g[i], w[i])
+		}
+	}
+}
+
+// TestPrepack: products through a B packed ahead (Prepack) give the bits
+// of the products that pack it themselves, on every microkernel, for B
+// stored both ways and in each dtype, with β adding C, across several of
+// the packings' stretches of k; a stale packing is what it packed, not
+// B's new values; the misuses are refused.
+func TestPrepack(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, kb := range kernelBackends(t) {
+		for _, p := range []kernels.GemmParams{
+			{M: 3, N: 50, K: 7, Alpha: 1, Batch: 1},
+			{TransB: true, M: 16, N: 130, K: 800, Alpha: 0.5, Beta: 1, Batch: 1},
+			{TransA: true, TransB: true, M: 9, N: 48, K: 385, Alpha: 1, Beta: 0.25, Batch: 1},
+		} {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+				name := fmt.Sprintf("%s/%+v/%v", kb.Kernel(), p, dt)
+				operand := func(n int) kernels.Buf {
+					f, _ := randBuf(t, rng, n)
+					if !dt.Half() {
+						return f
+					}
+					h := buf(t, dt, n)
+					be.Cast(h, f)
+					return h
+				}
+				a, b := operand(p.M*p.K), operand(p.K*p.N)
+				c0, _ := randBuf(t, rng, p.M*p.N)
+				want, got := buf(t, kernels.F32, p.M*p.N), buf(t, kernels.F32, p.M*p.N)
+				be.Copy(want, c0)
+				be.Copy(got, c0)
+				kb.Gemm(p, a, b, want)
+				packed := buf(t, kernels.F32, kb.PrepackLen(p.K, p.N))
+				kb.Prepack(packed, b, p.K, p.N, p.TransB)
+				pp := p
+				pp.PackedB = true
+				kb.Gemm(pp, a, packed, got)
+				sameBits(t, name, got, want)
+				be.Fill(b, 0) // the packing keeps what it packed
+				be.Copy(got, c0)
+				kb.Gemm(pp, a, packed, got)
+				sameBits(t, name+" after B changed", got, want)
+			}
+		}
+	}
+	p := kernels.GemmParams{M: 2, N: 5, K: 3, Alpha: 1, Batch: 1, PackedB: true}
+	a, c := buf(t, kernels.F32, 6), buf(t, kernels.F32, 10)
+	for _, tc := range []struct {
+		name string
+		run  func()
+	}{
+		{"short packing", func() { be.Gemm(p, a, buf(t, kernels.F32, be.PrepackLen(3, 5)-1), c) }},
+		{"batched", func() {
+			q := p
+			q.Batch, q.StrideA, q.StrideC = 2, 0, 0
+			be.Gemm(q, a, buf(t, kernels.F32, be.PrepackLen(3, 5)), c)
+		}},
+		{"a backend that packs none", func() { kernels.CheckGemm(p, a, buf(t, kernels.F32, 15), c) }},
+		{"prepack into too little", func() { be.Prepack(buf(t, kernels.F32, 15), buf(t, kernels.F32, 15), 3, 5, false) }},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Errorf("%s: accepted", tc.name)
+				}
+			}()
+			tc.run()
+		}()
 	}
 }

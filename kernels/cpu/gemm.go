@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"fmt"
+
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu/internal/half"
 	"github.com/leangrad/leangrad/kernels/cpu/sgemm"
@@ -14,8 +16,57 @@ import (
 // in float32 scratch and rounded into C a column of tiles at a time, as
 // each is finished (sgemm's GemmOpTiles), hot in cache.
 func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
-	kernels.CheckGemm(p, a, b, cb)
+	c.checkGemm(p, a, b, cb)
 	c.gemm(c.mm, p, a, b, cb)
+}
+
+// checkGemm is kernels.CheckGemm, or CheckGemmPacked for a B that
+// Prepack packed.
+func (c *Backend) checkGemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
+	if p.PackedB {
+		kernels.CheckGemmPacked(c.PrepackLen(p.K, p.N), p, a, b, cb)
+		return
+	}
+	kernels.CheckGemm(p, a, b, cb)
+}
+
+// checkGemmEpilogue is kernels.CheckGemmEpilogue, for a packed B too.
+func (c *Backend) checkGemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
+	c.checkGemm(p, a, b, cb)
+	kernels.CheckEpilogue(p, e, cb)
+}
+
+// PrepackLen implements kernels.Prepacker.
+func (c *Backend) PrepackLen(k, n int) int { return c.mm.PackedLen(k, n) }
+
+// Prepack implements kernels.Prepacker: B in the panels this backend's
+// products pack it into (sgemm.Multiplier.PackB), 16-bit values widened
+// to float32 as the products widen them.
+func (c *Backend) Prepack(dst, b kernels.Buf, k, n int, trans bool) {
+	if k <= 0 || n <= 0 {
+		panic(fmt.Sprintf("cpu: prepacking a %d×%d B", k, n))
+	}
+	kernels.CheckF32("prepacked B", dst)
+	kernels.CheckLen("prepacked B", c.PrepackLen(k, n), dst)
+	kernels.CheckLen("B to prepack", k*n, b)
+	ldb := n
+	if trans {
+		ldb = k
+	}
+	c.mm.PackB(f32s(dst), operand(b, 0, ldb, trans, false), k, n)
+}
+
+// operandB is a product's B, the i-th of a batch: Prepack's panels for a
+// PackedB, else the matrix as operand reads it.
+func (c *Backend) operandB(p kernels.GemmParams, b kernels.Buf, i int) sgemm.Operand {
+	if p.PackedB {
+		return c.mm.Packed(f32s(b), p.K, p.N)
+	}
+	ldb := p.N
+	if p.TransB {
+		ldb = p.K
+	}
+	return operand(b, i*p.StrideB, ldb, p.TransB, false)
 }
 
 // GemmStoppable is GemmEpilogue, or Gemm for a zero e, that stops part way
@@ -26,10 +77,10 @@ func (c *Backend) Gemm(p kernels.GemmParams, a, b, cb kernels.Buf) {
 func (c *Backend) GemmStoppable(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf, stop <-chan struct{}) bool {
 	mm := c.mm.WithStop(stop)
 	if e == (kernels.Epilogue{}) {
-		kernels.CheckGemm(p, a, b, cb)
+		c.checkGemm(p, a, b, cb)
 		c.gemm(mm, p, a, b, cb)
 	} else {
-		kernels.CheckGemmEpilogue(p, e, a, b, cb)
+		c.checkGemmEpilogue(p, e, a, b, cb)
 		c.gemmEpilogue(mm, p, e, a, b, cb)
 	}
 	return !mm.Stopped()
@@ -50,15 +101,12 @@ func (c *Backend) gemm(mm *sgemm.Multiplier, p kernels.GemmParams, a, b, cb kern
 		cs = f32s(cb)
 	}
 	round := roundRows(cb.DType)
-	lda, ldb := p.K, p.N
+	lda := p.K
 	if p.TransA {
 		lda = p.M
 	}
-	if p.TransB {
-		ldb = p.K
-	}
 	product := func(mu *sgemm.Multiplier, i int) {
-		a, b := operand(a, i*p.StrideA, lda, p.TransA, true), operand(b, i*p.StrideB, ldb, p.TransB, false)
+		a, b := operand(a, i*p.StrideA, lda, p.TransA, true), c.operandB(p, b, i)
 		c := cs[i*p.StrideC:]
 		if ch == nil {
 			mu.GemmOp(p.M, p.N, p.K, p.Alpha, a, b, p.Beta, c, p.N)
@@ -107,7 +155,7 @@ func operand(buf kernels.Buf, off, ld int, trans, isA bool) sgemm.Operand {
 // Aux before the activation reads it, as the backward will. The bias
 // gradients are Reduce's sums.
 func (c *Backend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, cb kernels.Buf) {
-	kernels.CheckGemmEpilogue(p, e, a, b, cb)
+	c.checkGemmEpilogue(p, e, a, b, cb)
 	c.gemmEpilogue(c.mm, p, e, a, b, cb)
 }
 
@@ -143,14 +191,11 @@ func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e ker
 	if e.Act != 0 {
 		act = e.Act.Def()
 	}
-	lda, ldb := p.K, p.N
+	lda := p.K
 	if p.TransA {
 		lda = p.M
 	}
-	if p.TransB {
-		ldb = p.K
-	}
-	mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), operand(b, 0, ldb, p.TransB, false), 0, cs, p.N,
+	mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), c.operandB(p, b, 0), 0, cs, p.N,
 		func(i0, i1, j0, j1 int) {
 			var pre []float32 // a row's pre-activation, as Aux holds it
 			if e.Act != 0 {

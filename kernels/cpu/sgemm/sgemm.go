@@ -10,7 +10,9 @@
 // (see Operand), and F16 matrices are converted as they are packed (Half). Two shapes of operand skip packing with the AVX kernels:
 // a Shifted B, whose rows are windows of one array (GemmShifted: a stride-1
 // convolution over a padded grid), and rows of A and B contiguous along k
-// (GemmRows: its filter gradient, as tiles of dot products).
+// (GemmRows: its filter gradient, as tiles of dot products). A B that many
+// products read unchanged (a served model's weights) can be packed once
+// ahead of them (PackB), its panels then read in place.
 package sgemm
 
 import (
@@ -403,7 +405,8 @@ func grow(x []float32, n int) []float32 {
 }
 
 // block adds alpha·A·B to C's block [i0, i1)×[j0, j1), or, unless add,
-// overwrites the block with it. B is packed from b or read in place from sh.
+// overwrites the block with it. B is packed from b, or read in place from
+// sh or from b's panels when b is Packed for this kernel.
 // done, when given, is called with each column of tiles (the block's rows
 // by one tile's columns) as its last step of k is added. Once stop is
 // closed it returns before the next block of A.
@@ -412,7 +415,9 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 	defer bufferPool.Put(buf)
 	mr, nr := kern.mr, kern.nr
 	buf.a = grow(buf.a, ceil(min(blockM, i1-i0), mr)*mr*min(blockK, k))
-	if sh == nil {
+	pk, packed := b.(Packed) // its panels read in place
+	packed = packed && sh == nil && pk.nr == nr
+	if sh == nil && !packed {
 		buf.b = grow(buf.b, ceil(min(blockN, j1-j0), nr)*nr*min(blockK, k))
 	}
 	for jc := j0; jc < j1; jc += blockN {
@@ -421,7 +426,7 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 			kc := min(blockK, k-pc)
 			acc := add || pc > 0
 			last := done != nil && pc+kc == k
-			if sh == nil {
+			if sh == nil && !packed {
 				b.Pack(buf.b, jc, nc, pc, kc, nr)
 			}
 			for ic := i0; ic < i1; ic += blockM {
@@ -439,9 +444,12 @@ func block(kern *microkernel, i0, i1, j0, j1, k int, alpha float32, a, b Operand
 				for jr := 0; jr < nc; jr += nr {
 					var bp *float32
 					var offs *int // B's rows, read in place
-					if sh == nil {
+					switch {
+					case packed:
+						bp = &pk.panel(pc, kc, jc+jr)[0]
+					case sh == nil:
 						bp = &buf.b[jr*kc]
-					} else {
+					default:
 						bp, offs = &sh.Data[jc+jr], &sh.Offsets[pc]
 					}
 					w := min(nr, nc-jr)
