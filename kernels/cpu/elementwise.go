@@ -42,22 +42,31 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 // with AVX2), a stretch at a time, within a few ulp of the float64
 // definition where GELU's F rounds it, and several times cheaper.
 func geluRow(y, x []float32) {
-	var t [chunkLen]float32
+	var t [geluStretch]float32
 	for len(x) > 0 {
 		n := min(len(x), len(t))
-		for i, v := range x[:n] {
-			t[i] = -2 * geluC * (v + 0.044715*v*v*v)
+		if !geluInVec(t[:n], x[:n]) {
+			for i, v := range x[:n] {
+				t[i] = -2 * geluC * (v + 0.044715*v*v*v)
+			}
 		}
 		k, _ := expShiftVec(t[:n], 0)
 		for i := k; i < n; i++ {
 			t[i] = expf(t[i])
 		}
-		for i, v := range x[:n] {
-			y[i] = v / (1 + t[i])
+		if !geluOutVec(y[:n], x[:n], t[:n]) {
+			for i, v := range x[:n] {
+				y[i] = v / (1 + t[i])
+			}
 		}
 		x, y = x[n:], y[n:]
 	}
 }
+
+// geluStretch is the values geluRow's exponentials take at a time: a
+// stretch on the stack, zeroed at each call, and the epilogue calls it a
+// tile's row (48 values) at a time.
+const geluStretch = 256
 
 // geluC is √(2/π), GELU's tanh form's scale.
 const geluC = 0.7978845608028654

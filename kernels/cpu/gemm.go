@@ -197,16 +197,14 @@ func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e ker
 	}
 	mm.GemmOpTiles(p.M, p.N, p.K, p.Alpha, operand(a, 0, lda, p.TransA, true), c.operandB(p, b, 0), 0, cs, p.N,
 		func(i0, i1, j0, j1 int) {
-			var pre []float32 // a row's pre-activation, as Aux holds it
-			if e.Act != 0 {
+			var pre []float32 // a row's 16-bit pre-activation widened, as Aux holds it
+			if e.Act != 0 && ch != nil {
 				pre = make([]float32, j1-j0)
 			}
 			for i := i0; i < i1; i++ {
 				row, at := cs[i*p.N+j0:i*p.N+j1], i*p.N+j0
 				if bias != nil {
-					for j := range row {
-						row[j] += bias[j0+j]
-					}
+					addInto(row, bias[j0:j1])
 				}
 				if r := e.Residual; r.Valid() {
 					addRow(row, r, at)
@@ -214,29 +212,32 @@ func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e ker
 				if e.Act == 0 {
 					continue
 				}
+				var x []float32 // the activation's input
 				switch {
 				case e.Grad && ch != nil:
-					toF32(pre, u16s(e.Aux)[at:at+len(row)])
+					x = pre
+					toF32(x, u16s(e.Aux)[at:at+len(row)])
 				case e.Grad:
-					copy(pre, f32s(e.Aux)[at:])
+					x = f32s(e.Aux)[at : at+len(row)]
 				case ch != nil:
 					aux := u16s(e.Aux)[at : at+len(row)]
 					fromF32(aux, row)
-					toF32(pre, aux)
+					x = pre
+					toF32(x, aux)
 				default:
 					copy(f32s(e.Aux)[at:at+len(row)], row)
-					copy(pre, row)
+					x = row
 				}
 				switch {
 				case e.Grad:
-					for j, x := range pre {
-						row[j] = act.Grad(row[j], x, 0)
+					for j, v := range x {
+						row[j] = act.Grad(row[j], v, 0)
 					}
 				case e.Act == kernels.GELU:
-					geluRow(row, pre)
+					geluRow(row, x)
 				default:
-					for j, x := range pre {
-						row[j] = act.F(x)
+					for j, v := range x {
+						row[j] = act.F(v)
 					}
 				}
 			}
@@ -260,9 +261,7 @@ func (c *Backend) gemmEpilogue(mm *sgemm.Multiplier, p kernels.GemmParams, e ker
 // addRow adds len(row) elements of r from element at on to row.
 func addRow(row []float32, r kernels.Buf, at int) {
 	if !r.DType.Half() {
-		for j, v := range f32s(r)[at : at+len(row)] {
-			row[j] += v
-		}
+		addInto(row, f32s(r)[at:at+len(row)])
 		return
 	}
 	v := make([]float32, len(row))
@@ -273,6 +272,17 @@ func addRow(row []float32, r kernels.Buf, at int) {
 	}
 	for j := range row {
 		row[j] += v[j]
+	}
+}
+
+// addInto adds x to y, over y's length.
+func addInto(y, x []float32) {
+	x = x[:len(y)]
+	if addVec(y, x) {
+		return
+	}
+	for j, v := range x {
+		y[j] += v
 	}
 }
 

@@ -267,6 +267,41 @@ func axpyVec(y []float32, w float32, x []float32) bool {
 	return true
 }
 
+//go:noescape
+func geluIn16(t, x *float32, n int, c1, c3 float32)
+
+//go:noescape
+func geluOut16(y, x, t *float32, n int)
+
+// geluInVec is geluRow's first pass, −2·√(2/π)·(x + 0.044715·x³) into t,
+// with AVX-512 (the bits of the Go loop), and whether it ran.
+func geluInVec(t, x []float32) bool {
+	if !hasAVX512 || len(x) == 0 {
+		return false
+	}
+	geluIn16(ptr(t[:len(x)]), ptr(x), len(x), -2*geluC, 0.044715)
+	return true
+}
+
+// geluOutVec is geluRow's last pass, y = x / (1 + t), with AVX-512 (the
+// bits of the Go loop), and whether it ran.
+func geluOutVec(y, x, t []float32) bool {
+	if !hasAVX512 || len(x) == 0 {
+		return false
+	}
+	geluOut16(ptr(y[:len(x)]), ptr(x), ptr(t[:len(x)]), len(x))
+	return true
+}
+
+// addVec adds x to y (as long) with add16, and reports whether it did.
+func addVec(y, x []float32) bool {
+	if !maskedPasses || len(y) == 0 {
+		return false
+	}
+	add16(ptr(y), ptr(y), ptr(x), len(y))
+	return true
+}
+
 // ptrH is &x[0], or nil for an empty or missing slice.
 func ptrH(x []uint16) *uint16 {
 	if len(x) == 0 {

@@ -31,6 +31,12 @@ func reluVec(y, x []float32) int { return 0 }
 
 func dotVec(a, b []float32) (float32, bool) { return 0, false }
 
+func geluInVec(t, x []float32) bool { return false }
+
+func addVec(y, x []float32) bool { return false }
+
+func geluOutVec(y, x, t []float32) bool { return false }
+
 func axpyVec(y []float32, w float32, x []float32) bool { return false }
 
 func expShiftVec(z []float32, shift float32) (int, float32) { return 0, 0 }
