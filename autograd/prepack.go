@@ -61,6 +61,17 @@ func PackParameters(dev *tensor.Device, params []*T) (release func()) {
 	return release
 }
 
+// PackedBytes is the pool bytes PackParameters' packings hold on dev now
+// (0 outside its region). Call it on the handle's goroutine.
+func PackedBytes(dev *tensor.Device) int64 {
+	packed, _ := dev.Modes().Packed.(map[kernels.Buf]*T)
+	var n int64
+	for _, y := range packed {
+		n += y.Block().Size()
+	}
+	return n
+}
+
 // packedWeight is PackParameters' packing of b for a product that reads
 // it as its B (transposed when transB), or nil.
 func packedWeight(dev *tensor.Device, b *T, transB bool, batch int) *T {

@@ -68,6 +68,7 @@ type Engine struct {
 	blocks *BlockManager
 	width  int          // a block table's blocks: the context's
 	nblock atomic.Int64 // the key-value memory's blocks, once warmed up
+	packed atomic.Int64 // the pool bytes of the weights packed for the products (autograd.PackParameters)
 	pad    bool         // eager steps run at bucketed sizes (Note [continuous batching], step 4)
 
 	submit  chan *sequence
@@ -188,6 +189,9 @@ func (e *Engine) Prepared() string {
 		steps = fmt.Sprintf("decoding steps of %v sequences (with and without log-probabilities) captured as CUDA graphs over one arena of %s",
 			buckets(e.opts.MaxSeqs), memory.Bytes(e.runner.arena.Size()))
 	}
+	if n := e.packed.Load(); n > 0 {
+		steps += fmt.Sprintf(", their products reading the weights packed once (%s)", memory.Bytes(n))
+	}
 	return fmt.Sprintf("a key-value memory of %d blocks of %d positions in %v (%s: the whole context of %.1f sequences); %s",
 		e.kv.Blocks, e.opts.BlockSize, e.opts.DType, memory.Bytes(int64(e.kv.Blocks)*per), float64(e.kv.Blocks-1)/float64(e.width), steps)
 }
@@ -294,6 +298,7 @@ func (e *Engine) loop() {
 			release := ag.CastParameters(e.dev, e.g.ProductParameters())
 			defer release()
 			defer ag.PackParameters(e.dev, e.g.ProductParameters())()
+			e.packed.Store(ag.PackedBytes(e.dev))
 			if err = e.warmUp(); err != nil {
 				e.ready <- err
 				return

@@ -477,3 +477,27 @@ func TestRowBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestEnginePacksWeightsOnCPU: on the CPU the engine packs its model's
+// product weights once, says so with their bytes (each weight's
+// PrepackLen, as the pool rounds it), and gives them back at Close with
+// everything else it held.
+func TestEnginePacksWeightsOnCPU(t *testing.T) {
+	dev, g, tok := engineGPT(t, nil)
+	be := dev.Backend().(*cpu.Backend)
+	var want int64
+	for _, p := range g.ProductParameters() {
+		if p.NDim() == 2 {
+			want += memory.RoundSize(int64(4 * be.PrepackLen(p.Dim(1), p.Dim(0))))
+		}
+	}
+	before := dev.Allocator().Stats().Allocated[memory.All].Current
+	e := startEngine(t, dev, g, tok, EngineOptions{DType: tensor.F32})
+	if said := fmt.Sprintf("weights packed once (%s)", memory.Bytes(want)); !strings.Contains(e.Prepared(), said) {
+		t.Errorf("the engine says %q, want it to say %q", e.Prepared(), said)
+	}
+	e.Close()
+	if after := dev.Allocator().Stats().Allocated[memory.All].Current; after != before {
+		t.Errorf("the pool holds %d bytes after Close, %d before the engine started", after, before)
+	}
+}
