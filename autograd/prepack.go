@@ -38,9 +38,9 @@ func PackParameters(dev *tensor.Device, params []*T) (release func()) {
 			packed = nil
 		}
 	}
-	ok = false
+	done := false
 	defer func() {
-		if !ok {
+		if !done {
 			release()
 		}
 	}()
@@ -57,7 +57,7 @@ func PackParameters(dev *tensor.Device, params []*T) (release func()) {
 		packed[w.Buf()] = y
 		pp.Prepack(y.Buf(), w.Buf(), k, n, true)
 	}
-	ok = true
+	done = true
 	return release
 }
 

@@ -39,8 +39,10 @@ func (c *Backend) Unary(op kernels.UnaryOp, dst, x kernels.Buf) {
 // geluRow writes GELU of x into y, which may be x: the tanh form
 // (kernels.GELU) as x·σ(2u) = x / (1 + e^(−2u)), u = √(2/π)(x +
 // 0.044715x³), in float32 with expf's exponentials (eight an instruction
-// with AVX2), a stretch at a time, within a few ulp of the float64
-// definition where GELU's F rounds it, and several times cheaper.
+// with AVX2) and u and the quotient sixteen an instruction with AVX-512
+// (geluInVec, geluOutVec: the Go loops' bits), a stretch at a time, within
+// a few ulp of the float64 definition where GELU's F rounds it, and
+// several times cheaper.
 func geluRow(y, x []float32) {
 	var t [geluStretch]float32
 	for len(x) > 0 {
@@ -63,9 +65,9 @@ func geluRow(y, x []float32) {
 	}
 }
 
-// geluStretch is the values geluRow's exponentials take at a time: a
-// stretch on the stack, zeroed at each call, and the epilogue calls it a
-// tile's row (48 values) at a time.
+// geluStretch is the values geluRow takes at a time: a stretch on the
+// stack, zeroed at each call, and the epilogue calls it a tile's row (a
+// few dozen values) at a time.
 const geluStretch = 256
 
 // geluC is √(2/π), GELU's tanh form's scale.

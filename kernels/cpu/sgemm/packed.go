@@ -26,20 +26,16 @@ func (mu *Multiplier) PackedLen(k, n int) int { return k * ceil(n, mu.k.nr) * mu
 // PackB packs b, a k×n B, into dst (PackedLen(k, n) values) for this
 // Multiplier's products: its packing of the whole matrix, done once.
 func (mu *Multiplier) PackB(dst []float32, b Operand, k, n int) Packed {
-	if k < 0 || n < 0 || len(dst) < mu.PackedLen(k, n) {
-		panic(fmt.Sprintf("sgemm: packing a %d×%d B into %d values (want %d)", k, n, len(dst), mu.PackedLen(k, n)))
-	}
-	nr := mu.k.nr
-	np := ceil(n, nr) * nr
+	pk := mu.Packed(dst, k, n)
+	np := ceil(n, pk.nr) * pk.nr
 	for p0 := 0; p0 < k; p0 += blockK {
-		kc := min(blockK, k-p0)
-		b.Pack(dst[p0*np:], 0, n, p0, kc, nr)
+		b.Pack(pk.Data[p0*np:], 0, n, p0, min(blockK, k-p0), pk.nr)
 	}
-	return Packed{Data: dst[:k*np], K: k, N: n, nr: nr}
+	return pk
 }
 
-// Packed is data, which PackB wrote for a k×n B with this Multiplier's
-// kernel, as the Packed it returned.
+// Packed is data, which PackB wrote (or writes) for a k×n B with this
+// Multiplier's kernel, as the Packed PackB returns.
 func (mu *Multiplier) Packed(data []float32, k, n int) Packed {
 	if k < 0 || n < 0 || len(data) < mu.PackedLen(k, n) {
 		panic(fmt.Sprintf("sgemm: %d values as a packed %d×%d B (want %d)", len(data), k, n, mu.PackedLen(k, n)))

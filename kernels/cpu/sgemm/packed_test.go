@@ -53,7 +53,7 @@ func TestPackedB(t *testing.T) {
 func TestPackBRefusesShortDestination(t *testing.T) {
 	mu := Default()
 	defer func() {
-		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "4×50 B into") || !strings.Contains(fmt.Sprint(r), "want") {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "4×50 B") || !strings.Contains(fmt.Sprint(r), "want") {
 			t.Fatalf("PackB into too few values: recovered %v", r)
 		}
 	}()
