@@ -806,7 +806,10 @@ func (r *runner) fit() error {
 	}
 	chosen := r.variant()
 	mode := r.t.Step.Mode.String() + " steps"
-	if r.cfg.FuseOptimizer {
+	switch {
+	case r.t.Step.HostUpdateInBackward:
+		mode += ", each parameter updated on the host as its gradient arrives, beside the backward (-fuse-optimizer)"
+	case r.cfg.FuseOptimizer:
 		mode += ", each parameter updated in the backward (-fuse-optimizer)"
 	}
 	if r.arch.Text {

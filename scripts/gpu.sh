@@ -13,7 +13,8 @@
 #             batch under 24 GiB at context 512 (LARGEST=gpt2:512:24; "" to skip)
 #   mainjob   train -model resnet -amp -checkpoint, once a seed of SEEDS (default 1), with PyTorch's
 #             twin (benchmarks/pytorch/mainjob.py) beside when TWIN=1 (all at once: accuracy only)
-#   text      train -model gpt -amp -amp-dtype bf16 beside its PyTorch twin (staged with BROWN=1)
+#   text      train -model gpt -amp -amp-dtype bf16 beside its PyTorch twin (TWIN=0 skips it; staged with BROWN=1),
+#             once an optimizer of OPTIMIZERS (default adamw; adamw8bit, offload: -offload-optimizer)
 #   claims    the seed claims: bench's suite (ResNet-20) and GPT-2 small's largest batches, both engines
 #   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
@@ -27,9 +28,11 @@
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
-#             "host+acts" -offload-activations alone and with -offload-optimizer; "host-noclip"
-#             -offload-optimizer -clip 0, whose update runs in the backward; "bf16w" and "bf16w-noclip"
-#             those with -bf16-weights under -max-memory BUDGET, default 24GiB here); beside "host",
+#             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
+#             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
+#             cores but one; "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
+#             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores;
+#             EVERY steps a period, default STEPS, each period's tokens/s printed); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
 #             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
@@ -99,9 +102,18 @@ for suite in "$@"; do
     for s in ${SEEDS:-1}; do say "seed $s: $(grep -E '^(test accuracy|throughput|peak)' "$w/main-$s.log" | tr '\n' ' ')"; done
     ;;
   text)
-    timeout 300 bash .gpu/run bin/train -model gpt -amp -amp-dtype bf16 -sample 64 -device cuda \
-      -json "$w/text.json" > "$w/text.log" 2> "$w/text.err"
-    say "text exit $?"; grep -E "^(validation|throughput|peak|text)" "$w/text.log" | tee -a "$w/summary.txt"
+    for opt in ${OPTIMIZERS:-adamw}; do # the same job with another optimizer: its loss curve beside AdamW's
+      case $opt in
+      adamw) flags=(); name=text ;;
+      adamw8bit) flags=(-optimizer adamw8bit); name=text-8bit ;;
+      offload) flags=(-offload-optimizer); name=text-offload ;;
+      *) say "text: unknown optimizer $opt"; continue ;;
+      esac
+      timeout 300 bash .gpu/run bin/train -model gpt -amp -amp-dtype bf16 -sample 64 -device cuda "${flags[@]}" \
+        -json "$w/$name.json" > "$w/$name.log" 2> "$w/$name.err"
+      say "text, $opt: exit $?"; grep -E "^(validation|throughput|peak|text)" "$w/$name.log" | tee -a "$w/summary.txt"
+    done
+    [ "${TWIN:-1}" = 1 ] || continue
     tokens=$(grep -o 'tokens in [^)]*' "$w/text.log" | head -1 | cut -c11-)
     timeout 240 python3 benchmarks/pytorch/gpt.py train --tokens "$tokens" --layers 6 --heads 6 --width 384 --context 256 \
       --dropout 0.1 --batch 32 --steps 1000 --eval-every 200 --lr 1e-3 --beta2 0.99 --warmup 100 --amp bf16 \
@@ -199,16 +211,19 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       8bit+fused) flags=(-optimizer adamw8bit -fuse-optimizer) ;;
       acts) flags=(-offload-activations) ;;
       host+acts) flags=(-offload-optimizer -offload-activations) ;;
-      host-noclip) flags=(-offload-optimizer -clip 0) ;;
+      host-fused) flags=(-offload-optimizer -fuse-optimizer) ;;
       bf16w) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}") ;;
-      bf16w-noclip) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -clip 0) ;;
+      bf16w-fused) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer) ;;
+      bf16w-fused-all) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -host-threads "$(nproc)") ;;
       *) flags=() ;;
       esac
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
-        ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "$steps" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
+        ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
       grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
+      python3 -c "import json, sys; print('tokens/s a period:', ' '.join(f\"{e['predictions_per_sec']:.0f}\" for e in json.load(open(sys.argv[1]))['epochs']))" \
+        "$w/offload-$where.json" 2>&1 | tee -a "$w/summary.txt"
     done
     if [[ " ${WHERE:-device host} " == *" host "* ]]; then # the host's AdamW beside a run that offloads
       timeout 120 bash .gpu/run sh -c '"$LEANGRAD_BIN/../tests/kernels_cpu.test" -test.run XXX -test.bench BenchmarkAdamW -test.benchtime 10x \

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/dist"
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/optim"
@@ -123,10 +125,13 @@ type Step struct {
 	// HostUpdateInBackward has an offloaded optimizer update each
 	// parameter on the host as its gradient arrives, during the backward
 	// (optim.Offloaded.ReadyAndUpdate), when neither clipping nor loss
-	// scaling needs every gradient first. It is off by default: on an H100
-	// it made GPT-2 XL's steps slower, the host's cores busy with the
-	// update while one of them queues the backward's kernels.
+	// scaling needs every gradient first. Meanwhile the host's operations
+	// spread over HostThreads goroutines (0: GOMAXPROCS less one, which
+	// the goroutine queueing the backward's kernels keeps: with every
+	// core busy with the update, it waited for one), through
+	// kernels/cpu's SetThreads, for the process, until the step ends.
 	HostUpdateInBackward bool
+	HostThreads          int
 	// Offloader, if set, moves what checkpointed blocks keep for their
 	// recomputation to host memory during each forward and brings it back
 	// ahead of the recomputation (autograd.Offloader); steps must run
@@ -672,6 +677,13 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			var fused optim.PerParameter
 			if s.FuseOptimizer && m == n {
 				fused = s.Opt.(optim.PerParameter)
+			}
+			if _, ok := s.Opt.(*optim.Offloaded); ok && s.updatesInBackward() && !s.dev.OnHost() {
+				threads := s.HostThreads
+				if threads <= 0 {
+					threads = max(1, runtime.GOMAXPROCS(0)-1)
+				}
+				defer cpu.SetThreads(cpu.SetThreads(threads))
 			}
 			if stop != nil {
 				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m, fused) })

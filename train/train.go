@@ -79,10 +79,16 @@ type Config struct {
 	BF16Weights bool `json:"bf16_weights,omitempty"`
 	// FuseOptimizer updates each parameter in the backward as soon as its
 	// gradient is finished, and releases the gradient (Step.FuseOptimizer):
-	// the step never holds every gradient. It needs AdamW or SGD, no
-	// clipping, no F16 loss scaling (BF16 AMP is fine), the optimizer on
-	// the device and one process; steps run eagerly.
+	// the step never holds every gradient. With the optimizer offloaded,
+	// the host updates each parameter as its gradient arrives there, while
+	// the backward goes on (Step.HostUpdateInBackward). It needs AdamW or
+	// SGD, no clipping, no F16 loss scaling (BF16 AMP is fine) and one
+	// process; steps run eagerly.
 	FuseOptimizer bool `json:"fuse_optimizer,omitempty"`
+	// HostThreads is how many goroutines the host's update spreads over
+	// while it runs beside the backward (Step.HostThreads; 0: all cores
+	// but one).
+	HostThreads int `json:"host_threads,omitempty"`
 	// Language models: the window of tokens each example is (0: the
 	// model's preset), the tokenizer, the training steps (Steps, of which
 	// the first WarmupSteps warm the schedule up; Epochs and WarmupEpochs
@@ -491,7 +497,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		return nil, errors.New(ActivationsRefusal)
 	}
 	if cfg.FuseOptimizer {
-		if err := fusable(cfg, dev, opt); err != nil {
+		if err := fusable(cfg, opt); err != nil {
 			opt.Release()
 			return nil, err
 		}
@@ -510,7 +516,9 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		opt = off
 	}
 	step := NewStep(dev, model, opt, cfg.Autocast(), cfg.Mode(dev))
-	step.ClipNorm, step.FuseOptimizer = cfg.ClipNorm, cfg.FuseOptimizer
+	step.ClipNorm = cfg.ClipNorm
+	step.FuseOptimizer, step.HostUpdateInBackward = cfg.FuseOptimizer && !offload, cfg.FuseOptimizer && offload
+	step.HostThreads = cfg.HostThreads
 	if cfg.OffloadsActivations(dev) {
 		step.Offloader = ag.NewOffloader(dev, dev.Pinned())
 	}
@@ -541,8 +549,8 @@ func workingWeights(model nn.Model, cfg Config, dev *tensor.Device) error {
 
 // fusable says why cfg's optimizer cannot be fused into the backward
 // (Config.FuseOptimizer), or nil.
-func fusable(cfg Config, dev *tensor.Device, opt optim.Optimizer) error {
-	why := FuseRefusal(cfg.ClipNorm, cfg.AMP, cfg.Offloads(dev), 1)
+func fusable(cfg Config, opt optim.Optimizer) error {
+	why := FuseRefusal(cfg.ClipNorm, cfg.AMP, 1)
 	if _, ok := opt.(optim.PerParameter); !ok {
 		why = fmt.Sprintf("the %s optimizer: it updates all of its parameters at once", cfg.Optimizer)
 	}
@@ -557,17 +565,15 @@ func fusable(cfg Config, dev *tensor.Device, opt optim.Optimizer) error {
 const ActivationsRefusal = "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"
 
 // FuseRefusal says why an optimizer cannot be fused into the backward
-// (Config.FuseOptimizer) beside clipping to clip, amp, an offloaded
-// optimizer or a data-parallel job of ranks processes, naming the
-// command's flag, or "" where nothing stops it.
-func FuseRefusal(clip float64, amp AMP, offload bool, ranks int) string {
+// (Config.FuseOptimizer) beside clipping to clip, amp or a data-parallel
+// job of ranks processes, naming the command's flag, or "" where nothing
+// stops it.
+func FuseRefusal(clip float64, amp AMP, ranks int) string {
 	switch {
 	case clip > 0:
 		return fmt.Sprintf("-clip %v: clipping needs every gradient before the first update (-clip -1 turns it off)", clip)
 	case amp == AMPF16:
 		return "-amp-dtype f16: F16's loss scaling skips a step whose gradients overflow, known only after the last (use -amp-dtype bf16)"
-	case offload:
-		return "-offload-optimizer: choose one (the update in the backward on the device, or after it on the host)"
 	case ranks > 1:
 		return fmt.Sprintf("-nproc %d: a data-parallel step updates after the gradients are all-reduced", ranks)
 	}

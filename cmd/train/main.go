@@ -77,6 +77,7 @@ type options struct {
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
 	capture, tf32, offload, fuse, acts     bool
+	hostThreads                            int
 	bf16Weights                            bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
@@ -265,7 +266,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: each gradient streams down as the backward finishes it, and the device holds the parameters and the gradients in flight only (steps then run eagerly)")
 	fs.BoolVar(&o.acts, "offload-activations", false, "on a GPU, with -checkpoint: move what the checkpointed blocks keep for their recomputation (their inputs, attention's results) to host memory during the forward, and bring it back ahead of each block's recomputation (steps then run eagerly)")
 	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
-	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP, -offload-optimizer or -nproc; steps run eagerly)")
+	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward")
+	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -fuse-optimizer -offload-optimizer on a GPU: the host's cores its update in the backward spreads over (default all but one, which queues the GPU's kernels)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how F32 matrices are multiplied: tf32x3 (three TF32 tensor-core products: F32's accuracy, faster), strict (F32 on the FMA units, as PyTorch by default) or tf32 (one TF32 product: 10-bit mantissas)")
@@ -314,9 +316,15 @@ func (o *options) check() []string {
 		if o.amp {
 			amp = o.ampDType
 		}
-		if why := train.FuseRefusal(clip, amp, o.offload, o.nproc); why != "" {
+		if why := train.FuseRefusal(clip, amp, o.nproc); why != "" {
 			bad("-fuse-optimizer with %s", why)
 		}
+	}
+	switch {
+	case o.hostThreads < 0:
+		bad("-host-threads %d: want a count of cores, or 0 for all but one", o.hostThreads)
+	case o.set["host-threads"] && !(o.fuse && o.offload):
+		bad("-host-threads sizes the host's update in the backward: it needs -fuse-optimizer -offload-optimizer")
 	}
 	if o.acts && !o.ckpt {
 		bad("%s", train.ActivationsRefusal)
@@ -613,7 +621,7 @@ func (o *options) config(model string) train.Config {
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
 		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
-		FuseOptimizer: o.fuse}
+		FuseOptimizer: o.fuse, HostThreads: o.hostThreads}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU

@@ -215,10 +215,20 @@ func storeF16(dst []uint16, src []float32) {
 	parallel(len(src), convertGrain, func(lo, hi int) { floatsToHalfs(dst[lo:hi], src[lo:hi]) })
 }
 
+// SetThreads caps at n, for the whole process, how many goroutines one
+// operation of a CPU backend spreads over, its matrix products' included
+// (as torch.set_num_threads does; n < 1: GOMAXPROCS, the default), and
+// returns the cap it replaces (0: none). A process whose host work runs
+// beside a goroutine that must not wait for a core, such as the one
+// queueing a GPU's kernels while the host updates the parameters the
+// backward has finished, leaves that goroutine one so.
+func SetThreads(n int) int { return par.SetLimit(n) }
+
 // parallel runs f over [0, n) in contiguous chunks on up to GOMAXPROCS
-// goroutines, giving each at least grain elements; small work runs inline.
+// goroutines (or SetThreads' cap), giving each at least grain elements;
+// small work runs inline.
 func parallel(n, grain int, f func(lo, hi int)) {
-	workers := runtime.GOMAXPROCS(0)
+	workers := par.Threads()
 	if grain < 1 {
 		grain = 1
 	}

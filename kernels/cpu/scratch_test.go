@@ -1,6 +1,10 @@
 package cpu
 
-import "testing"
+import (
+	"runtime"
+	"sync/atomic"
+	"testing"
+)
 
 // TestScratchIsBounded: the free lists reuse what they hold and never hold
 // more than scratchLimit bytes, however much is given back.
@@ -30,5 +34,28 @@ func TestScratchIsBounded(t *testing.T) {
 	scratch.Unlock()
 	if held > scratchLimit {
 		t.Errorf("lists hold %d bytes, limit %d", held, scratchLimit)
+	}
+}
+
+// SetThreads caps the goroutines an operation spreads over, its products'
+// included, and the cap is lifted again.
+func TestSetThreads(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	chunks := func() int {
+		var n atomic.Int32
+		parallel(1<<12, 1, func(lo, hi int) { n.Add(1) })
+		return int(n.Load())
+	}
+	for _, c := range []struct{ threads, want int }{{0, 4}, {2, 2}, {1, 1}, {8, 4}} {
+		SetThreads(c.threads)
+		if got := chunks(); got != c.want {
+			t.Errorf("SetThreads(%d), GOMAXPROCS 4: an operation ran in %d parts, want %d", c.threads, got, c.want)
+		}
+		if got := New().mm.Threads(); got != c.want {
+			t.Errorf("SetThreads(%d), GOMAXPROCS 4: products run on %d goroutines, want %d", c.threads, got, c.want)
+		}
+	}
+	if prev := SetThreads(0); prev != 8 {
+		t.Errorf("SetThreads returned %d, want the cap it replaced, 8", prev)
 	}
 }

@@ -96,7 +96,8 @@ func New(kernel string, threads int) (*Multiplier, error) {
 	return nil, fmt.Errorf("sgemm: kernel %q is not available on this CPU (have %v)", kernel, Kernels())
 }
 
-// WithThreads is mu running on up to threads goroutines (0 for GOMAXPROCS).
+// WithThreads is mu running on up to threads goroutines (0 for GOMAXPROCS,
+// or the process's cap: Threads).
 func (mu *Multiplier) WithThreads(threads int) *Multiplier {
 	if threads < 0 {
 		panic(fmt.Sprintf("sgemm: %d threads", threads))
@@ -128,10 +129,11 @@ func closed(stop <-chan struct{}) bool {
 	}
 }
 
-// Threads is how many goroutines mu's products run on at most, now.
+// Threads is how many goroutines mu's products run on at most, now: with
+// threads 0, GOMAXPROCS or the process's cap (kernels/cpu's SetThreads).
 func (mu *Multiplier) Threads() int {
 	if mu.threads == 0 {
-		return runtime.GOMAXPROCS(0)
+		return par.Threads()
 	}
 	return mu.threads
 }

@@ -86,6 +86,25 @@ func (w *worker) loop() {
 	}
 }
 
+// limit caps Threads (SetLimit); 0: none.
+var limit atomic.Int32
+
+// SetLimit caps Threads at n for the whole process (n < 1 lifts the cap)
+// and returns the cap it replaces (0: none).
+func SetLimit(n int) int {
+	return int(limit.Swap(int32(max(n, 0))))
+}
+
+// Threads is how many goroutines an operation spreads its parts over at
+// most: GOMAXPROCS, or SetLimit's cap where lower.
+func Threads() int {
+	n := runtime.GOMAXPROCS(0)
+	if l := int(limit.Load()); l > 0 && l < n {
+		return l
+	}
+	return n
+}
+
 // Do runs f(0), …, f(n−1) and returns when all have returned: f(0) on the
 // caller, the others on workers that are free, or on the caller when none
 // is (Do is safe to call from many goroutines, and from inside f). The

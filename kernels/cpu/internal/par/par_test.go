@@ -1,6 +1,7 @@
 package par
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,6 +61,23 @@ func TestDoWaitsForTheParts(t *testing.T) {
 			if v != round+i {
 				t.Fatalf("round %d: part %d wrote %d before Do returned, want %d", round, i, v, round+i)
 			}
+		}
+	}
+}
+
+// Threads is GOMAXPROCS, or SetLimit's cap where lower; SetLimit returns
+// the cap it replaces.
+func TestThreadsLimit(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(6))
+	defer SetLimit(SetLimit(0))
+	for _, c := range []struct{ limit, want, prev int }{
+		{0, 6, 0}, {4, 4, 0}, {9, 6, 4}, {-1, 6, 9}, {1, 1, 0},
+	} {
+		if prev := SetLimit(c.limit); prev != c.prev {
+			t.Errorf("SetLimit(%d) returned %d, want %d", c.limit, prev, c.prev)
+		}
+		if got := Threads(); got != c.want {
+			t.Errorf("with the cap at %d and GOMAXPROCS 6: Threads %d, want %d", c.limit, got, c.want)
 		}
 	}
 }
