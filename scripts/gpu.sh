@@ -23,7 +23,7 @@
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
-#   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch 8 (of CONTEXT tokens, default the
+#   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
@@ -31,7 +31,8 @@
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
 #             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
 #             cores but one; "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
-#             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores;
+#             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores,
+#             "bf16w-fused-acts" with -offload-activations;
 #             EVERY steps a period, default STEPS, each period's tokens/s printed); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
@@ -215,9 +216,10 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       bf16w) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}") ;;
       bf16w-fused) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer) ;;
       bf16w-fused-all) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -host-threads "$(nproc)") ;;
+      bf16w-fused-acts) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -offload-activations) ;;
       *) flags=() ;;
       esac
-      timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch 8 \
+      timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
         ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
