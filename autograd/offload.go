@@ -18,6 +18,16 @@ type Offloader struct {
 	pass      *[]*offloaded        // this forward's checkpoints, in order
 	bytes     int64                // in host memory after this forward
 	most      int64                // the most after a forward
+	// dropped are the host copies of the sets the forward's last
+	// checkpoints keep on the device (stayLast), each with its copy down,
+	// which may be under way: End releases them once it is done.
+	dropped []droppedCopy
+}
+
+// droppedCopy is a host copy no checkpoint reads, and its copy down.
+type droppedCopy struct {
+	host *T
+	down kernels.Transfer
 }
 
 // NewOffloader returns an Offloader from dev to host: dev.Pinned() for
@@ -34,20 +44,22 @@ func NewOffloader(dev, host *tensor.Device) *Offloader {
 // Forward runs f, a forward pass on the Offloader's device, with what its
 // checkpointed functions keep moved to host memory: when it returns, the
 // device holds none of it but what is held elsewhere too (the caller's
-// input of the first).
+// input of the first) and the last stayLast checkpoints' sets.
 func (o *Offloader) Forward(f func()) {
 	m := o.dev.Modes()
 	outer := m.Offload
 	m.Offload = o
 	o.pass, o.bytes = new([]*offloaded), 0
 	done := false
+	o.release()
 	defer func() {
 		m.Offload = outer
 		if !done {
 			o.abandon()
 			return
 		}
-		o.settle(0)
+		o.settle(stayLast)
+		o.stay()
 		o.most = max(o.most, o.bytes)
 	}()
 	f()
@@ -55,10 +67,12 @@ func (o *Offloader) Forward(f func()) {
 }
 
 // End releases what the backward of the last forward brought back to the
-// device and still holds: nothing after a backward that ran through, the
-// sets queued up ahead of a backward that failed. Call it once the
-// backward has returned (or will not run).
+// device and still holds (nothing after a backward that ran through, the
+// sets queued up ahead of a backward that failed) and the host copies of
+// the sets that stayed. Call it once the backward has returned (or will
+// not run).
 func (o *Offloader) End() {
+	o.release()
 	if o.pass == nil {
 		return
 	}
@@ -67,6 +81,18 @@ func (o *Offloader) End() {
 			c.drop()
 		}
 	}
+}
+
+// release waits for the copies down of the host copies dropped and
+// releases them.
+func (o *Offloader) release() {
+	for _, d := range o.dropped {
+		if d.down != nil {
+			d.down.Wait()
+		}
+		d.host.Release()
+	}
+	o.dropped = nil
 }
 
 // Bytes is the most that one forward left in host memory.
@@ -127,6 +153,30 @@ func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
 	o.pending = append(o.pending, c)
 	o.settle(inFlight)
 	return c
+}
+
+// stayLast is how many of a forward's last checkpoints keep their sets on
+// the device: the backward recomputes them first, so that it begins
+// without waiting for their copies down and up again, and the device
+// holds no more sets in it than it would (the one recomputing and the
+// next, which would be coming up).
+const stayLast = 2
+
+// stay keeps the sets of the checkpoints still pending at the forward's
+// end on the device, as if their storage were held elsewhere too: their
+// host copies are dropped once their copies down are done (release).
+func (o *Offloader) stay() {
+	for _, c := range o.pending {
+		c.decide()
+		for i := range c.tensors {
+			ot := &c.tensors[i]
+			*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
+			o.dropped = append(o.dropped, droppedCopy{ot.host, ot.down})
+			o.bytes -= ot.dev.Bytes()
+			ot.host, ot.down = nil, nil
+		}
+	}
+	o.pending = nil
 }
 
 // inFlight is how many checkpoints' copies down may be under way while
@@ -256,7 +306,8 @@ func (c *offloaded) drop() {
 // and the device's tensors are released once they are down, up to
 // inFlight checkpoints later, so that the forward seldom waits; one whose
 // storage is held elsewhere too when the next checkpoint begins (the first
-// block's input, the caller's) stays.
+// block's input, the caller's) stays, and so do the sets of the forward's
+// last stayLast checkpoints, which the backward reads first.
 // In the backward, a checkpoint about to recompute waits for its set to be
 // up again and queues the copies up of the checkpoint before it, whose
 // recomputation a sequential model's backward runs next: the copies
