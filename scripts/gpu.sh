@@ -39,6 +39,8 @@
 #             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
 #             profile, largest-cpu.prof), then PyTorch's largest under the same cap
 #             (benchmarks/pytorch/gpt.py largest-model; TORCH=0 skips it)
+#   acts      GPT-2 small's checkpointed bf16 step (batch 16) with and without -offload-activations, eager and
+#             captured, beside PyTorch (TORCH=0: without it)
 #   profile   each operation's device time in an eager step of SPECS in CONFIGS
 #   ab        bench of .gpu/old (stage.sh OLD=<commit>) against this build, ROUNDS alternating, on SPECS
 #   ddp       data parallel over NPROC GPUs (default 2) beside PyTorch DDP, and the main job on them
@@ -263,6 +265,12 @@ for m in r['models']:
     print(m['model'], m.get('params'), 'fits' if m['fits'] else 'out of memory', round(m.get('tokens_per_s', 0)), m.get('peak_allocated'))
 print('largest', r['largest'])" "$w/largest-pytorch.json" 2>&1 | tee -a "$w/summary.txt"
     fi
+    ;;
+  acts)
+    torch=(); [ "${TORCH:-1}" = 0 ] && torch=(-pytorch "")
+    timeout 300 "${bench[@]}" -device cuda -specs gpt2:16 -configs bf16+checkpoint,bf16+checkpoint+offload -vocab 50304 -eager \
+      -compile-configs "" "${torch[@]}" -claims=false -steps 10 -warmup 3 -out "$w/acts" > "$w/acts.log" 2>&1
+    say "acts exit $?"; rows gpt2 "$w/acts/bench.md"
     ;;
   profile)
     timeout 300 "${bench[@]}" -device cuda -specs "${SPECS:-gpt2:16}" -configs "${CONFIGS:-bf16}" -vocab "${VOCAB:-50304}" -profile \
