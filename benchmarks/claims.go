@@ -429,7 +429,7 @@ type ModelFit struct {
 	Params        int64   `json:"params"`
 	Config        string  `json:"config,omitempty"` // "" when none trained
 	TokensPerS    float64 `json:"tokens_per_s,omitempty"`
-	TFLOPs        float64 `json:"tflops,omitempty"` // the model FLOPs rate, TFLOP/s (tokenFLOPs)
+	TFLOPs        float64 `json:"tflops,omitempty"` // the model FLOPs rate, TFLOP/s (nn.GPTConfig.TokenFLOPs)
 	PeakAllocated int64   `json:"peak_allocated,omitempty"`
 	// HostStepS is an offloaded optimizer's update, seconds a step after
 	// the first, from the step's call to the last copy up queued: what the
@@ -571,7 +571,7 @@ func LargestModel(dev *tensor.Device, models []string, limit int64, context, bat
 				continue
 			}
 			f.Config, f.TokensPerS, f.PeakAllocated = v.v.Name, tps, peak
-			f.TFLOPs, f.HostStepS = tps*tokenFLOPs(c.params, c.gpt)/1e12, hostStep
+			f.TFLOPs, f.HostStepS = tps*c.gpt.TokenFLOPs(c.params)/1e12, hostStep
 			break
 		}
 		fits = append(fits, f)

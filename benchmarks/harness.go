@@ -253,14 +253,7 @@ func modelFLOPs(model nn.Model, batch int) float64 {
 		n += p.Numel()
 	}
 	c := g.Cfg
-	return tokenFLOPs(int64(n), c) * float64(batch*c.Context)
-}
-
-// tokenFLOPs is a training step's model FLOPs a token of a GPT of c with
-// params parameters, in windows of its context: 6N + 12·L·C·T (PaLM's
-// count, attention's products included, a recomputation not).
-func tokenFLOPs(params int64, c nn.GPTConfig) float64 {
-	return 6*float64(params) + 12*float64(c.Layers)*float64(c.Width)*float64(c.Context)
+	return c.TokenFLOPs(int64(n)) * float64(batch*c.Context)
 }
 
 // Options tune a run.

@@ -70,6 +70,13 @@ func (c GPTConfig) Params() int {
 	return c.Vocab*C + c.Context*C + c.Layers*block + 2*C
 }
 
+// TokenFLOPs is a training step's model FLOPs a token of a model of c
+// with params parameters, in windows of its context: 6N + 12·L·C·T
+// (PaLM's count, attention's products included, a recomputation not).
+func (c GPTConfig) TokenFLOPs(params int64) float64 {
+	return 6*float64(params) + 12*float64(c.Layers)*float64(c.Width)*float64(c.Context)
+}
+
 // CheckpointBytes is what one checkpointed block keeps for its
 // recomputation at a batch of windows of the model's context, with matrix
 // products in amp (0: F32): its F32 input, attention's output (in amp's

@@ -862,7 +862,11 @@ func (r *runner) summarize() error {
 		add("\nvalidation     loss %.4f (perplexity %.1f, next token right %.2f%%) after %d steps; training loss %.4f over the last %d",
 			last.TestLoss, math.Exp(float64(last.TestLoss)), 100*last.TestAcc, t.Steps, last.TrainLoss, cfg.EvalEvery)
 		if secs > 0 {
-			add("throughput     %.0f tokens/s over this run's training steps (%.1f s), %.1f s in all with evaluation", preds/secs, secs, r.wall.Seconds())
+			flops := ""
+			if g, ok := r.model.(*nn.GPT); ok {
+				flops = fmt.Sprintf(" (%.1f TFLOP/s of the model's: 6N + 12·L·C·T a token)", preds/secs*g.Cfg.TokenFLOPs(int64(nn.CountParams(g)))/1e12)
+			}
+			add("throughput     %.0f tokens/s%s over this run's training steps (%.1f s), %.1f s in all with evaluation", preds/secs, flops, secs, r.wall.Seconds())
 		}
 	} else {
 		add("\ntest accuracy  %.2f%% (loss %.4f) after %s", 100*last.TestAcc, last.TestLoss, plural(len(t.History), "epoch"))

@@ -141,7 +141,7 @@ func TestTextRun(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	for _, want := range []string{"text: " + text, "training gpt-mini", "20 steps of 4 windows of 32 tokens (evaluated every 10)",
-		"validation     loss", "tokens/s", `sample (8 tokens, temperature 0.8, top-k 40) after "The 3"`} {
+		"validation     loss", "tokens/s (", "TFLOP/s of the model's: 6N + 12·L·C·T a token)", `sample (8 tokens, temperature 0.8, top-k 40) after "The 3"`} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}
