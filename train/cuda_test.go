@@ -142,21 +142,28 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 			// gradient's size, so an element whose gradient is near zero turns
 			// rounding-level differences (16-bit gradients, the captured step's kernels
 			// against the eager ones, the host's arithmetic against the device's) into
-			// a fraction of one step: bound each element by a quarter of a step and
-			// the mean by a hundredth of one.
+			// a fraction of one step (up to a third of one for an element, on H100s
+			// and the H200): bound each element by one step, at most one in 500
+			// by more than a quarter of one, and the mean by a
+			// hundredth of one. A lost or doubled update moves whole steps.
 			var sum float64
-			bad := 0
+			far, quarter := 0, 0
 			for i := range want {
 				d := math.Abs(float64(got[i] - want[i]))
 				sum += d
-				if d > 0.25*lr+1e-3*math.Abs(float64(want[i])) {
-					if bad++; bad <= 3 {
+				rel := 1e-3 * math.Abs(float64(want[i]))
+				if d > 0.25*lr+rel {
+					quarter++
+				}
+				if d > lr+rel {
+					if far++; far <= 3 {
 						t.Errorf("parameter element %d of %d: %v offloaded, %v on the device (learning rate %g)", i, len(want), got[i], want[i], lr)
 					}
 				}
 			}
-			if mean := sum / float64(len(want)); mean > 0.01*lr || bad > 0 {
-				t.Errorf("parameters differ by %.3g on average (want at most %.3g, a hundredth of a step); %d elements by more than a quarter of a step", mean, 0.01*lr, bad)
+			if mean := sum / float64(len(want)); mean > 0.01*lr || far > 0 || quarter > len(want)/500 {
+				t.Errorf("parameters differ by %.3g on average (want at most %.3g, a hundredth of a step); %d of %d elements by more than a quarter of a step (want at most %d), %d by more than a step",
+					mean, 0.01*lr, quarter, len(want), len(want)/500, far)
 			}
 		})
 	}
