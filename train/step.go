@@ -126,9 +126,8 @@ type Step struct {
 	// parameter on the host as its gradient arrives, during the backward
 	// (optim.Offloaded.ReadyAndUpdate), when neither clipping nor loss
 	// scaling needs every gradient first. Meanwhile the host's operations
-	// spread over HostThreads goroutines (0: GOMAXPROCS less one, which
-	// the goroutine queueing the backward's kernels keeps: with every
-	// core busy with the update, it waited for one), through
+	// spread over HostThreads goroutines (0: GOMAXPROCS less one, leaving
+	// a core to the goroutine that queues the backward's kernels), through
 	// kernels/cpu's SetThreads, for the process, until the step ends.
 	HostUpdateInBackward bool
 	HostThreads          int
