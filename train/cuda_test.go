@@ -107,11 +107,13 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 	for _, c := range []struct {
 		amp  AMP
 		clip float64
-	}{{AMPF16, 0.5}, {AMPF16, 0}, {AMPBF16, 0.5}, {AMPBF16, 0}} {
-		t.Run(fmt.Sprintf("%v,clip=%v", c.amp, c.clip), func(t *testing.T) {
+		fuse bool // the update in the backward: on the host offloaded, on the device not
+	}{{AMPF16, 0.5, false}, {AMPF16, 0, false}, {AMPBF16, 0.5, false}, {AMPBF16, 0, false}, {AMPBF16, 0, true}} {
+		t.Run(fmt.Sprintf("%v,clip=%v,fused=%v", c.amp, c.clip, c.fuse), func(t *testing.T) {
 			run := func(offload bool) (*Trainer, []float32) {
 				cfg := baseConfig("tiny")
 				cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, c.amp, "adamw", lr, c.clip, false, offload
+				cfg.FuseOptimizer = c.fuse
 				dev.Generator().Seed(1)
 				m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 				t.Cleanup(func() { nn.Release(m) })
@@ -137,6 +139,13 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 			}
 			if on.Step.OptimizerStateBytes() == 0 {
 				t.Fatal("the on-device run holds no optimizer state")
+			}
+			if off.Step.HostUpdateInBackward != c.fuse || off.Step.FuseOptimizer || on.Step.FuseOptimizer != c.fuse {
+				t.Fatalf("fused %v: offloaded updates in the backward on the host %v, on the device %v; not offloaded on the device %v",
+					c.fuse, off.Step.HostUpdateInBackward, off.Step.FuseOptimizer, on.Step.FuseOptimizer)
+			}
+			if u := off.Opt.(*optim.Offloaded).UpdatedInBackward(); c.fuse != (u > 0.9) {
+				t.Errorf("fused %v: %.0f%% of the parameters' bytes updated in the backward", c.fuse, 100*u)
 			}
 			// AdamW moves each element by about the learning rate a step whatever its
 			// gradient's size, so an element whose gradient is near zero turns
