@@ -1,8 +1,12 @@
 package cpu
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/leangrad/leangrad/kernels"
 )
@@ -12,6 +16,17 @@ import (
 // GOMAXPROCS allows, and the memory it streams (28 bytes a parameter).
 func BenchmarkAdamW(b *testing.B) {
 	const n = 1 << 24
+	update := adamwOver(b, n)
+	b.SetBytes(28 * n)
+	b.ResetTimer()
+	for range b.N {
+		update()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/param")
+}
+
+// adamwOver returns one AdamW update of n random parameters on the host.
+func adamwOver(b *testing.B, n int) func() {
 	rng := rand.New(rand.NewPCG(1, 2))
 	random := func(scale float64) kernels.Buf {
 		t := buf(b, kernels.F32, n)
@@ -29,12 +44,57 @@ func BenchmarkAdamW(b *testing.B) {
 	f32s(lr)[0] = 1e-4
 	*counter(step) = 10
 	hp := kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: step}
-	b.SetBytes(28 * n)
-	b.ResetTimer()
-	for range b.N {
-		be.AdamW(hp, []kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m}, []kernels.Buf{v})
+	return func() { be.AdamW(hp, []kernels.Buf{p}, []kernels.Buf{g}, []kernels.Buf{m}, []kernels.Buf{v}) }
+}
+
+// BenchmarkWakeBesideAdamW: how late a goroutine that sleeps 100 µs at a
+// time wakes while AdamW updates 16M parameters over and over beside it,
+// on every core GOMAXPROCS allows and on all but one (SetThreads; and
+// beside nothing, threads=0, the timer's own lateness), as
+// the goroutine queueing a GPU's kernels does while the host updates the
+// parameters in the backward: the mean, median and 99th percentile of
+// the lateness. An update's part is one call of assembly, which the
+// scheduler does not preempt: a goroutine that wakes while every core
+// runs one waits for a part to end.
+func BenchmarkWakeBesideAdamW(b *testing.B) {
+	update := adamwOver(b, 1<<24)
+	all := runtime.GOMAXPROCS(0)
+	for _, threads := range []int{0, all, all - 1} { // 0: no update, the timer's own lateness
+		if threads < 1 && all == 1 {
+			continue
+		}
+		b.Run(fmt.Sprintf("threads=%d-of-%d", threads, all), func(b *testing.B) {
+			defer SetThreads(SetThreads(threads))
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for threads > 0 {
+					select {
+					case <-stop:
+						return
+					default:
+						update()
+					}
+				}
+			}()
+			late := make([]time.Duration, 0, b.N)
+			for range b.N {
+				start := time.Now()
+				time.Sleep(100 * time.Microsecond)
+				late = append(late, time.Since(start)-100*time.Microsecond)
+			}
+			close(stop)
+			<-done
+			slices.Sort(late)
+			var sum time.Duration
+			for _, d := range late {
+				sum += d
+			}
+			b.ReportMetric(float64(sum.Microseconds())/float64(len(late)), "µs-late/mean")
+			b.ReportMetric(float64(late[len(late)/2].Microseconds()), "µs-late/p50")
+			b.ReportMetric(float64(late[len(late)*99/100].Microseconds()), "µs-late/p99")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/param")
 }
 
 // BenchmarkAdamW8: AdamW over 8-bit moments (AdamW8) on the host, over 16M
