@@ -243,6 +243,28 @@ func parallel(n, grain int, f func(lo, hi int)) {
 	par.Do((n+step-1)/step, func(c int) { f(c*step, min(n, (c+1)*step)) })
 }
 
+// yielding is f over [lo, hi) in runs of at most run values, letting the
+// scheduler give the core to another goroutine between them. A part of an
+// optimizer's update over a large parameter is otherwise one long call
+// (of assembly, which Go does not preempt, or of Go, which it preempts
+// after 10 ms): a goroutine that wakes while every core runs one waits
+// for a part to end, milliseconds (BenchmarkWakeBesideAdamW).
+func yielding(run int, f func(lo, hi int)) func(lo, hi int) {
+	return func(lo, hi int) {
+		for lo < hi {
+			e := min(hi, lo+run)
+			f(lo, e)
+			if lo = e; lo < hi {
+				runtime.Gosched()
+			}
+		}
+	}
+}
+
+// yieldRun is how many values an optimizer's pass updates between yields
+// (yielding): tens of microseconds of one core's work.
+const yieldRun = 1 << 16
+
 // serial runs f over [0, n) on the calling goroutine: parallel's signature,
 // for work that a caller has already spread over the cores.
 func serial(n, _ int, f func(lo, hi int)) {

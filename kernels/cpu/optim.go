@@ -37,9 +37,9 @@ func (c *Backend) SGD(hp kernels.SGDParams, params, grads, moms []kernels.Buf) {
 		if hp.Momentum != 0 {
 			buf = f32s(moms[t])
 		}
-		parallel(len(p), elemGrain, func(lo, hi int) {
+		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
 			sgdUpdate(hp, lr, p[lo:hi], g[lo:hi], optSlice(buf, lo, hi))
-		})
+		}))
 	}
 }
 
@@ -105,7 +105,7 @@ func (c *Backend) AdamW(hp kernels.AdamWParams, params, grads, m, v []kernels.Bu
 	}
 	for t := range params {
 		p, gr, ms, vs := f32s(params[t]), f32s(grads[t]), f32s(m[t]), f32s(v[t])
-		parallel(len(p), elemGrain, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) })
+		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) { a.update(p[lo:hi], gr[lo:hi], ms[lo:hi], vs[lo:hi]) }))
 	}
 }
 
@@ -127,7 +127,7 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 		if grads[t].DType == kernels.BF16 {
 			widen, round = half.BF16ToFloat32, half.BF16FromFloat32
 		}
-		parallel(len(p), elemGrain, func(lo, hi int) {
+		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
 			var wide [masterChunk]float32
 			for s := lo; s < hi; s += masterChunk {
 				e := min(s+masterChunk, hi)
@@ -135,7 +135,7 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 				a.update(p[s:e], wide[:e-s], ms[s:e], vs[s:e])
 				round(w[s:e], p[s:e])
 			}
-		})
+		}))
 	}
 }
 
@@ -349,12 +349,12 @@ func (c *Backend) AdamW8(hp kernels.AdamWParams, qmap kernels.Buf, params, grads
 	maps := f32s(qmap)
 	for t := range params {
 		p, g, cs, am := f32s(params[t]), f32s(grads[t]), raw(codes[t]), f32s(absmax[t])
-		parallel(kernels.Quant8Blocks(len(p)), elemGrain/kernels.Quant8Block, func(lo, hi int) {
+		parallel(kernels.Quant8Blocks(len(p)), elemGrain/kernels.Quant8Block, yielding(yieldRun/kernels.Quant8Block, func(lo, hi int) {
 			for b := lo; b < hi; b++ {
 				i0, i1 := b*kernels.Quant8Block, min((b+1)*kernels.Quant8Block, len(p))
 				a.update8(maps, p[i0:i1], g[i0:i1], cs[2*i0:2*i1], am[2*b:2*b+2])
 			}
-		})
+		}))
 	}
 }
 

@@ -53,9 +53,9 @@ func adamwOver(b *testing.B, n int) func() {
 // beside nothing, threads=0, the timer's own lateness), as
 // the goroutine queueing a GPU's kernels does while the host updates the
 // parameters in the backward: the mean, median and 99th percentile of
-// the lateness. An update's part is one call of assembly, which the
-// scheduler does not preempt: a goroutine that wakes while every core
-// runs one waits for a part to end.
+// the lateness. The update yields its core every yieldRun values; a
+// part of it in one call (of assembly, which Go does not preempt) kept a
+// goroutine that woke while every core ran one waiting milliseconds.
 func BenchmarkWakeBesideAdamW(b *testing.B) {
 	update := adamwOver(b, 1<<24)
 	all := runtime.GOMAXPROCS(0)

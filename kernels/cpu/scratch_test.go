@@ -59,3 +59,21 @@ func TestSetThreads(t *testing.T) {
 		t.Errorf("SetThreads returned %d, want the cap it replaced, 8", prev)
 	}
 }
+
+// yielding covers [lo, hi) once, in order, in runs of at most run values.
+func TestYielding(t *testing.T) {
+	for _, c := range []struct{ lo, hi, run int }{{0, 0, 4}, {3, 4, 4}, {0, 8, 4}, {5, 18, 4}, {7, 1000, 1}, {0, 100, 1 << 16}} {
+		var got [][2]int
+		yielding(c.run, func(lo, hi int) { got = append(got, [2]int{lo, hi}) })(c.lo, c.hi)
+		at := c.lo
+		for _, r := range got {
+			if r[0] != at || r[1] <= r[0] || r[1]-r[0] > c.run {
+				t.Fatalf("yielding(%d) over [%d, %d): runs %v", c.run, c.lo, c.hi, got)
+			}
+			at = r[1]
+		}
+		if at != c.hi || (c.hi > c.lo) != (len(got) > 0) {
+			t.Errorf("yielding(%d) over [%d, %d): runs %v, want [%d, %d) covered", c.run, c.lo, c.hi, got, c.lo, c.hi)
+		}
+	}
+}
