@@ -128,7 +128,7 @@ type Step struct {
 	// scaling needs every gradient first. Meanwhile the host's operations
 	// spread over HostThreads goroutines (0: GOMAXPROCS less one, leaving
 	// a core to the goroutine that queues the backward's kernels), through
-	// kernels/cpu's SetThreads, for the process, until the step ends.
+	// kernels/cpu's LeaveCores, for the process, until the step ends.
 	HostUpdateInBackward bool
 	HostThreads          int
 	// Offloader, if set, moves what checkpointed blocks keep for their
@@ -678,11 +678,11 @@ func (s *Step) body(x, y *tensor.Tensor) {
 				fused = s.Opt.(optim.PerParameter)
 			}
 			if _, ok := s.Opt.(*optim.Offloaded); ok && s.updatesInBackward() && !s.dev.OnHost() {
-				threads := s.HostThreads
-				if threads <= 0 {
-					threads = max(1, runtime.GOMAXPROCS(0)-1)
+				leave := 1
+				if s.HostThreads > 0 {
+					leave = max(0, runtime.GOMAXPROCS(0)-s.HostThreads)
 				}
-				defer cpu.SetThreads(cpu.SetThreads(threads))
+				defer cpu.LeaveCores(leave)()
 			}
 			if stop != nil {
 				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m, fused) })

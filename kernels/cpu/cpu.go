@@ -11,8 +11,9 @@
 // (cpu_test.go), on every sgemm kernel the CPU runs.
 //
 // Operations run synchronously on the calling goroutine, fanning out over
-// GOMAXPROCS cores when the work is large enough, to workers that stay
-// awake between operations (package par). Scratch space (F16
+// GOMAXPROCS cores (less those LeaveCores keeps free) when the work is
+// large enough, to workers that stay awake between operations (package
+// par); the optimizers' passes yield their cores now and then (yielding). Scratch space (F16
 // conversions, convolution grids and product outputs, packed panels) lives on
 // the Go heap, outside the pool: the pool accounts for tensors.
 package cpu
@@ -215,18 +216,19 @@ func storeF16(dst []uint16, src []float32) {
 	parallel(len(src), convertGrain, func(lo, hi int) { floatsToHalfs(dst[lo:hi], src[lo:hi]) })
 }
 
-// SetThreads caps at n, for the whole process, how many goroutines one
-// operation of a CPU backend spreads over, its matrix products' included
-// (as torch.set_num_threads does; n < 1: GOMAXPROCS, the default), and
-// returns the cap it replaces (0: none). A process whose host work runs
-// beside a goroutine that must not wait for a core, such as the one
-// queueing a GPU's kernels while the host updates the parameters the
-// backward has finished, leaves that goroutine one so.
-func SetThreads(n int) int { return par.SetLimit(n) }
+// LeaveCores keeps n cores free, for the whole process, of the goroutines
+// that one operation of a CPU backend spreads over (its matrix products'
+// included) until release is called: an operation runs on GOMAXPROCS less
+// every holder's n, at least one. A process whose host work runs beside a
+// goroutine that must not wait for a core, such as the one queueing a
+// GPU's kernels while the host updates the parameters the backward has
+// finished, leaves that goroutine one so; holders add up (two GPUs' queues
+// beside one host).
+func LeaveCores(n int) (release func()) { return par.Leave(n) }
 
 // parallel runs f over [0, n) in contiguous chunks on up to GOMAXPROCS
-// goroutines (or SetThreads' cap), giving each at least grain elements;
-// small work runs inline.
+// goroutines (less the cores LeaveCores keeps free), giving each at least
+// grain elements; small work runs inline.
 func parallel(n, grain int, f func(lo, hi int)) {
 	workers := par.Threads()
 	if grain < 1 {

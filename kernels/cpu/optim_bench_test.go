@@ -49,7 +49,7 @@ func adamwOver(b *testing.B, n int) func() {
 
 // BenchmarkWakeBesideAdamW: how late a goroutine that sleeps 100 µs at a
 // time wakes while AdamW updates 16M parameters over and over beside it,
-// on every core GOMAXPROCS allows and on all but one (SetThreads; and
+// on every core GOMAXPROCS allows and on all but one (LeaveCores; and
 // beside nothing, threads=0, the timer's own lateness), as
 // the goroutine queueing a GPU's kernels does while the host updates the
 // parameters in the backward: the mean, median and 99th percentile of
@@ -64,7 +64,7 @@ func BenchmarkWakeBesideAdamW(b *testing.B) {
 			continue
 		}
 		b.Run(fmt.Sprintf("threads=%d-of-%d", threads, all), func(b *testing.B) {
-			defer SetThreads(SetThreads(threads))
+			defer LeaveCores(all - threads)()
 			stop, done := make(chan struct{}), make(chan struct{})
 			go func() {
 				defer close(done)

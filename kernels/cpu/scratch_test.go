@@ -37,26 +37,27 @@ func TestScratchIsBounded(t *testing.T) {
 	}
 }
 
-// SetThreads caps the goroutines an operation spreads over, its products'
-// included, and the cap is lifted again.
-func TestSetThreads(t *testing.T) {
+// LeaveCores keeps cores free of an operation's goroutines, its
+// products' included, until released.
+func TestLeaveCores(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
 	chunks := func() int {
 		var n atomic.Int32
 		parallel(1<<12, 1, func(lo, hi int) { n.Add(1) })
 		return int(n.Load())
 	}
-	for _, c := range []struct{ threads, want int }{{0, 4}, {2, 2}, {1, 1}, {8, 4}} {
-		SetThreads(c.threads)
+	for _, c := range []struct{ leave, want int }{{0, 4}, {2, 2}, {3, 1}, {8, 1}} {
+		release := LeaveCores(c.leave)
 		if got := chunks(); got != c.want {
-			t.Errorf("SetThreads(%d), GOMAXPROCS 4: an operation ran in %d parts, want %d", c.threads, got, c.want)
+			t.Errorf("LeaveCores(%d), GOMAXPROCS 4: an operation ran in %d parts, want %d", c.leave, got, c.want)
 		}
 		if got := New().mm.Threads(); got != c.want {
-			t.Errorf("SetThreads(%d), GOMAXPROCS 4: products run on %d goroutines, want %d", c.threads, got, c.want)
+			t.Errorf("LeaveCores(%d), GOMAXPROCS 4: products run on %d goroutines, want %d", c.leave, got, c.want)
 		}
+		release()
 	}
-	if prev := SetThreads(0); prev != 8 {
-		t.Errorf("SetThreads returned %d, want the cap it replaced, 8", prev)
+	if got := chunks(); got != 4 {
+		t.Errorf("after every release an operation ran in %d parts, want 4", got)
 	}
 }
 

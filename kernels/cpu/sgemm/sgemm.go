@@ -97,7 +97,7 @@ func New(kernel string, threads int) (*Multiplier, error) {
 }
 
 // WithThreads is mu running on up to threads goroutines (0 for GOMAXPROCS,
-// or the process's cap: Threads).
+// less the cores kept free: Threads).
 func (mu *Multiplier) WithThreads(threads int) *Multiplier {
 	if threads < 0 {
 		panic(fmt.Sprintf("sgemm: %d threads", threads))
@@ -130,7 +130,7 @@ func closed(stop <-chan struct{}) bool {
 }
 
 // Threads is how many goroutines mu's products run on at most, now: with
-// threads 0, GOMAXPROCS or the process's cap (kernels/cpu's SetThreads).
+// threads 0, GOMAXPROCS less the cores kept free (kernels/cpu's LeaveCores).
 func (mu *Multiplier) Threads() int {
 	if mu.threads == 0 {
 		return par.Threads()

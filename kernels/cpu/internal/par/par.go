@@ -86,23 +86,24 @@ func (w *worker) loop() {
 	}
 }
 
-// limit caps Threads (SetLimit); 0: none.
-var limit atomic.Int32
+// left is how many cores the holders of Leave keep free of the parts.
+var left atomic.Int32
 
-// SetLimit caps Threads at n for the whole process (n < 1 lifts the cap)
-// and returns the cap it replaces (0: none).
-func SetLimit(n int) int {
-	return int(limit.Swap(int32(max(n, 0))))
+// Leave keeps n more cores free of the parts of operations (Threads)
+// until release is called, once; holders add up.
+func Leave(n int) (release func()) {
+	if n < 0 {
+		panic("par: leaving a negative number of cores")
+	}
+	left.Add(int32(n))
+	var once sync.Once
+	return func() { once.Do(func() { left.Add(-int32(n)) }) }
 }
 
 // Threads is how many goroutines an operation spreads its parts over at
-// most: GOMAXPROCS, or SetLimit's cap where lower.
+// most: GOMAXPROCS less the cores Leave keeps free, at least one.
 func Threads() int {
-	n := runtime.GOMAXPROCS(0)
-	if l := int(limit.Load()); l > 0 && l < n {
-		return l
-	}
-	return n
+	return max(1, runtime.GOMAXPROCS(0)-int(left.Load()))
 }
 
 // Do runs f(0), …, f(n−1) and returns when all have returned: f(0) on the

@@ -65,19 +65,30 @@ func TestDoWaitsForTheParts(t *testing.T) {
 	}
 }
 
-// Threads is GOMAXPROCS, or SetLimit's cap where lower; SetLimit returns
-// the cap it replaces.
-func TestThreadsLimit(t *testing.T) {
+// Threads is GOMAXPROCS less the cores Leave's holders keep free, at
+// least one; the holders add up, and a release counts once.
+func TestLeave(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(6))
-	defer SetLimit(SetLimit(0))
-	for _, c := range []struct{ limit, want, prev int }{
-		{0, 6, 0}, {4, 4, 0}, {9, 6, 4}, {-1, 6, 9}, {1, 1, 0},
-	} {
-		if prev := SetLimit(c.limit); prev != c.prev {
-			t.Errorf("SetLimit(%d) returned %d, want %d", c.limit, prev, c.prev)
-		}
-		if got := Threads(); got != c.want {
-			t.Errorf("with the cap at %d and GOMAXPROCS 6: Threads %d, want %d", c.limit, got, c.want)
-		}
+	if got := Threads(); got != 6 {
+		t.Fatalf("Threads %d with GOMAXPROCS 6 and no holder", got)
+	}
+	a := Leave(1)
+	b := Leave(2)
+	if got := Threads(); got != 3 {
+		t.Errorf("Threads %d with 1 and 2 cores left of 6, want 3", got)
+	}
+	a()
+	a()
+	if got := Threads(); got != 4 {
+		t.Errorf("Threads %d after one holder of 1 released (twice), want 4", got)
+	}
+	c := Leave(9)
+	if got := Threads(); got != 1 {
+		t.Errorf("Threads %d with 11 cores left of 6, want 1", got)
+	}
+	b()
+	c()
+	if got := Threads(); got != 6 {
+		t.Errorf("Threads %d after every holder released, want 6", got)
 	}
 }
