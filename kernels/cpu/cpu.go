@@ -13,9 +13,10 @@
 // Operations run synchronously on the calling goroutine, fanning out over
 // GOMAXPROCS cores (less those LeaveCores keeps free) when the work is
 // large enough, to workers that stay awake between operations (package
-// par); the optimizers' passes yield their cores now and then (yielding). Scratch space (F16
-// conversions, convolution grids and product outputs, packed panels) lives on
-// the Go heap, outside the pool: the pool accounts for tensors.
+// par); the optimizers' passes yield their cores now and then (yielding).
+// Scratch space (F16 conversions, convolution grids and product outputs,
+// packed panels) lives on the Go heap, outside the pool: the pool accounts
+// for tensors.
 package cpu
 
 import (
