@@ -107,17 +107,17 @@ type AdamWParams struct {
 // over BF16 or F16 weights, Note [working weights in 16 bits] in optim).
 type MasterAdamW interface {
 	// AdamWMaster is AdamW over masters (F32) from gradients in a 16-bit
-	// dtype, widened as the update reads them, with the same arithmetic as
-	// AdamW over the widened gradients; each updated master is rounded,
-	// nearest even, into working[i], of grads[i]'s dtype and length. A
-	// working buffer may be its gradient's: each value is read before it
-	// is written.
+	// dtype, widened as the update reads them, or in F32 (a micro-batched
+	// step's sums, PartSummer), with the same arithmetic as AdamW over the
+	// F32 gradients; each updated master is rounded, nearest even, into
+	// working[i], 16-bit and as long. A working buffer may be its 16-bit
+	// gradient's: each value is read before it is written.
 	AdamWMaster(hp AdamWParams, masters, grads, m, v, working []Buf)
 }
 
 // CheckMasterAdamW panics unless AdamWMaster's lists agree: masters, m
-// and v F32, grads and working one 16-bit dtype, every list as long and
-// each i's buffers of one length.
+// and v F32, working one 16-bit dtype, grads that dtype or F32, every list
+// as long and each i's buffers of one length.
 func CheckMasterAdamW(masters, grads, m, v, working []Buf) {
 	CheckLists("adamw over masters", masters, m, v)
 	for _, l := range [][]Buf{grads, working} {
@@ -127,10 +127,22 @@ func CheckMasterAdamW(masters, grads, m, v, working []Buf) {
 	}
 	for i := range masters {
 		g, w := grads[i], working[i]
-		if !g.DType.Half() || w.DType != g.DType || g.N != masters[i].N || w.N != g.N {
-			panic(fmt.Sprintf("kernels: adamw over masters: tensor %d: a master of %d, a gradient of %d %v and working weights of %d %v; want one 16-bit dtype and length", i, masters[i].N, g.N, g.DType, w.N, w.DType))
+		if !w.DType.Half() || g.DType != w.DType && g.DType != F32 || g.N != masters[i].N || w.N != g.N {
+			panic(fmt.Sprintf("kernels: adamw over masters: tensor %d: a master of %d, a gradient of %d %v and working weights of %d %v; want 16-bit working weights, a gradient of their dtype or F32, one length", i, masters[i].N, g.N, g.DType, w.N, w.DType))
 		}
 	}
+}
+
+// PartSummer is a backend that sums a step's gradients from its
+// micro-batches' parts in F32 (the host's side of an offloaded optimizer
+// over micro-batches, Note [parts summed on the host] in optim).
+type PartSummer interface {
+	// SumPart writes into dst, F32, part widened (F32, BF16 or F16; sum
+	// invalid) or sum, F32, plus part widened, and returns the sum of the
+	// squares of the values written, in float64. dst may be sum, or part
+	// when part is F32: each value is read before it is written. The
+	// squares are summed in a fixed order whatever the threads.
+	SumPart(dst, sum, part Buf) float64
 }
 
 // ScalerParams are GradScaler's growth and backoff, as in torch.amp.GradScaler.

@@ -96,6 +96,11 @@ func raw(b kernels.Buf) []byte {
 	return mem[b.Off : b.Off+b.Bytes()]
 }
 
+// overlaps reports whether a and b share a byte.
+func overlaps(a, b kernels.Buf) bool {
+	return a.Block == b.Block && a.Off < b.Off+b.Bytes() && b.Off < a.Off+a.Bytes()
+}
+
 func f32s(b kernels.Buf) []float32 {
 	if b.DType != kernels.F32 {
 		panic(fmt.Sprintf("cpu: want f32 buffer, have %v", b.DType))

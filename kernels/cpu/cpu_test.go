@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
@@ -1139,12 +1140,78 @@ func TestAdamWPassMatchesLoop(t *testing.T) {
 	}
 }
 
+// TestSumPart: a part widened into a sum (SumPart) gives, on fresh
+// random values, the float64 reference's sum rounded once to F32, and the
+// squares of the values written within float64's rounding, for F32, BF16
+// and F16 parts, first parts and later ones, lengths around its blocks,
+// in place on the sum or on an F32 part; and a 16-bit part that overlaps
+// its destination panics.
+func TestSumPart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		for _, n := range []int{1, chunkLen + 3, 2*elemGrain + 17} {
+			for _, c := range []struct {
+				first bool
+				into  string // dst: "own" (poisoned), "sum", "part" (F32 only)
+			}{{true, "own"}, {false, "own"}, {false, "sum"}, {false, "part"}, {true, "part"}} {
+				if c.into == "part" && dt != kernels.F32 || c.first && c.into == "sum" {
+					continue
+				}
+				name := fmt.Sprintf("%v n %d %+v", dt, n, c)
+				wide := buf(t, kernels.F32, n)
+				for i := range f32s(wide) {
+					f32s(wide)[i] = float32(rng.NormFloat64())
+				}
+				part := wide
+				if dt != kernels.F32 {
+					part = buf(t, dt, n)
+					be.Cast(part, wide)
+				}
+				var sum kernels.Buf
+				want := make([]float64, n)
+				for i, v := range in(part) {
+					want[i] = float64(v)
+				}
+				if !c.first {
+					sum = buf(t, kernels.F32, n)
+					for i := range f32s(sum) {
+						f32s(sum)[i] = float32(rng.NormFloat64() * 3)
+						want[i] += float64(f32s(sum)[i])
+					}
+				}
+				dst := map[string]kernels.Buf{"own": buf(t, kernels.F32, n), "sum": sum, "part": part}[c.into] // buf poisons
+				got := be.SumPart(dst, sum, part)
+				var squares float64
+				for i, w := range want {
+					if v := f32s(dst)[i]; v != float32(w) {
+						t.Fatalf("%s: value %d is %v, want %v", name, i, v, float32(w))
+					}
+					squares += float64(float32(w)) * float64(float32(w))
+				}
+				if math.Abs(got-squares) > 1e-12*squares {
+					t.Errorf("%s: the squares sum to %v, want %v", name, got, squares)
+				}
+			}
+		}
+	}
+	whole := buf(t, kernels.BF16, 128)
+	part := kernels.Buf{Block: whole.Block, Off: whole.Off, N: 64, DType: kernels.BF16} // the first half of dst's bytes
+	dst := kernels.Buf{Block: whole.Block, Off: whole.Off, N: 64, DType: kernels.F32}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "overlaps") {
+			t.Errorf("a BF16 part under its destination: recovered %v, want a panic naming the overlap", r)
+		}
+	}()
+	be.SumPart(dst, kernels.Buf{}, part)
+}
+
 // TestAdamWMaster: AdamW over F32 masters from 16-bit gradients
 // (AdamWMaster) gives the bits of widening the gradients (Cast), AdamW
 // and rounding the masters (Cast), in BF16 and F16, at lengths around its
 // stretches and over many goroutines, with and without decay and a
 // gradient scale, its working weights in a buffer of their own or the
-// gradients'; and a set skip flag leaves everything as it was.
+// gradients'; from F32 gradients, those of AdamW and rounding; and a set
+// skip flag leaves everything as it was.
 func TestAdamWMaster(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	random := func(n int, scale float64) kernels.Buf {
@@ -1165,7 +1232,8 @@ func TestAdamWMaster(t *testing.T) {
 				decay   float32
 				scaled  bool
 				inPlace bool
-			}{{0, false, false}, {0.1, true, false}, {0.1, false, true}} {
+				wide    bool // an F32 gradient (a micro-batched step's sum)
+			}{{0, false, false, false}, {0.1, true, false, false}, {0.1, false, true, false}, {0.1, true, false, true}} {
 				name := fmt.Sprintf("%v n %d %+v", dt, n, c)
 				p, m, v := random(n, 1), random(n, 1e-3), random(n, 1e-3)
 				for i, x := range f32s(v) {
@@ -1173,6 +1241,9 @@ func TestAdamWMaster(t *testing.T) {
 				}
 				g := buf(t, dt, n)
 				be.Cast(g, random(n, 0.01))
+				if c.wide {
+					g = random(n, 0.01)
+				}
 				hp := kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: c.decay, Step: step}
 				if c.scaled {
 					hp.GradScale = scale

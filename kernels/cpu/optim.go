@@ -122,11 +122,23 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 		return
 	}
 	for t := range masters {
-		p, g, ms, vs, w := f32s(masters[t]), u16s(grads[t]), f32s(m[t]), f32s(v[t]), u16s(working[t])
-		widen, round := half.ToFloat32, half.FromFloat32
-		if grads[t].DType == kernels.BF16 {
-			widen, round = half.BF16ToFloat32, half.BF16FromFloat32
+		p, ms, vs, w := f32s(masters[t]), f32s(m[t]), f32s(v[t]), u16s(working[t])
+		round := half.FromFloat32
+		if working[t].DType == kernels.BF16 {
+			round = half.BF16FromFloat32
 		}
+		if grads[t].DType == kernels.F32 { // a micro-batched step's sum: read as it is
+			g := f32s(grads[t])
+			parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
+				for s := lo; s < hi; s += masterChunk {
+					e := min(s+masterChunk, hi)
+					a.update(p[s:e], g[s:e], ms[s:e], vs[s:e])
+					round(w[s:e], p[s:e])
+				}
+			}))
+			continue
+		}
+		g, widen := u16s(grads[t]), widener(grads[t].DType)
 		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
 			var wide [masterChunk]float32
 			for s := lo; s < hi; s += masterChunk {
@@ -137,6 +149,75 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 			}
 		}))
 	}
+}
+
+// widener is the conversion of dt's values, BF16 or F16, to float32.
+func widener(dt kernels.DType) func(dst []float32, src []uint16) {
+	if dt == kernels.BF16 {
+		return half.BF16ToFloat32
+	}
+	return half.ToFloat32
+}
+
+// SumPart writes part widened, plus sum when it is valid, into dst and
+// returns the sum of the squares of the values written
+// (kernels.PartSummer): in blocks of elemGrain values, each block's
+// squares summed in float64 in order and the blocks' sums added in order.
+func (c *Backend) SumPart(dst, sum, part kernels.Buf) float64 {
+	kernels.CheckF32("sum of parts", dst)
+	kernels.CheckLen("sum of parts", dst.N, part)
+	if sum.Valid() {
+		kernels.CheckF32("sum of parts", sum)
+		kernels.CheckLen("sum of parts", dst.N, sum)
+	}
+	var widen func(dst []float32, src []uint16)
+	switch part.DType {
+	case kernels.F32:
+	case kernels.BF16, kernels.F16:
+		if overlaps(dst, part) {
+			panic(fmt.Sprintf("cpu: sum of parts: a %v part overlaps its F32 destination", part.DType))
+		}
+		widen = widener(part.DType)
+	default:
+		panic(fmt.Sprintf("cpu: sum of parts: a %v part; want F32, BF16 or F16", part.DType))
+	}
+	d := f32s(dst)
+	var s []float32
+	if sum.Valid() {
+		s = f32s(sum)
+	}
+	blocks := (len(d) + elemGrain - 1) / elemGrain
+	squares := make([]float64, blocks)
+	parallel(blocks, 1, yielding(1, func(lo, hi int) {
+		var wide [chunkLen]float32
+		for b := lo; b < hi; b++ {
+			var sq float64
+			for k := b * elemGrain; k < min(len(d), (b+1)*elemGrain); k += chunkLen {
+				e := min(k+chunkLen, len(d), (b+1)*elemGrain)
+				x := wide[:e-k]
+				if widen != nil {
+					widen(x, u16s(part)[k:e])
+				} else {
+					copy(x, f32s(part)[k:e])
+				}
+				if s != nil {
+					for i, v := range s[k:e] {
+						x[i] += v
+					}
+				}
+				for _, v := range x {
+					sq += float64(v) * float64(v)
+				}
+				copy(d[k:e], x)
+			}
+			squares[b] = sq
+		}
+	}))
+	var total float64
+	for _, sq := range squares {
+		total += sq
+	}
+	return total
 }
 
 // masterChunk is how many values AdamWMaster widens, updates and rounds
