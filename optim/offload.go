@@ -74,11 +74,31 @@ import (
 // state, which stay in a pageable pool of their own (pageable), so that
 // page-locking, which takes seconds for billions of values and the memory
 // from everything else, is a seventh of it under AdamW.
+//
+// Note [parts summed on the host]: a step of micro-batches hands each
+// gradient of every micro-batch but the last to Part, which copies it
+// down like Ready and releases it on the device, so that the device never
+// holds the step's gradients whole (nor sums them in a 16-bit dtype), and
+// PartsDown ends each such micro-batch. A goroutine adds each part,
+// widened, into the parameter's F32 sum in host memory (4 bytes a
+// parameter, made at the first part: OffloadedSumBytes; pageable beside
+// page-locked copies, as the masters of 16-bit weights) while the
+// backward goes on, before the next part of it may land where this one
+// did. The last micro-batch's gradient comes through Ready or
+// ReadyAndUpdate, and its sum is the step's gradient: in the F32 gradient
+// copy of an F32 parameter, in the sum of a 16-bit one, which AdamW reads
+// in F32 (kernels.MasterAdamW) and the others through the F32 copy. The
+// sum's squares are summed as it is written, so the step's norm is the
+// host's for those parameters (the device's rows for the others). The
+// parts are added in the order the device would add them, so on a CPU
+// device a micro-batched offloaded step of F32 parameters equals the
+// unoffloaded one bit for bit.
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
 	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy
 	pc     kernels.PinnedCopier   // the device's backend when host is its page-locked memory (nil: staged copies)
+	at     *tensor.Device         // the host device Offload was given
 	inner  []Optimizer            // inner[i] updates host[i]
 	mult   *tensor.Tensor         // host F32[1]: the gradients' multiplier of the step
 	lr     float64
@@ -86,14 +106,27 @@ type Offloaded struct {
 	down   []kernels.Transfer // down[i]: gradient i's copy into host[i]'s, started this step (nil: not started)
 	early  []bool             // early[i]: Ready started down[i]
 	gone   []bool             // gone[i]: Ready released gradient i on the device
-	// work hands the parameters ReadyAndUpdate was given to the goroutine
-	// that updates them during the backward (nil when none runs), which
-	// closes worked when it ends; updated[i] says it updated parameter i
-	// this step.
-	work         chan update
+	// work hands the goroutine that runs during the backward (nil when
+	// none runs) the parts to sum and the parameters ReadyAndUpdate was
+	// given to update, in order; it closes worked when it ends. updated[i]
+	// says it updated parameter i this step.
+	work         chan job
 	worked       chan struct{}
 	updated      []bool
 	updatedBytes int64 // parameters' bytes updated during the backward, over the steps
+	steppedBytes int64 // parameters' bytes with a gradient, over the steps
+	// Note [parts summed on the host]: sums[i] is gradient i's F32 sum
+	// (nil until a part comes), parts[i] the parts of it started down this
+	// step, summed[i] says the step's is summed (its squares' sum in sq[i]), and
+	// landing[i], when not nil, is closed once the host is done with the
+	// gradient's copy down, so that the next may land there; pending lists
+	// the parts Part started and PartsDown has not released.
+	sums    []*tensor.Tensor
+	parts   []int
+	summed  []bool
+	sq      []float64
+	landing []chan struct{}
+	pending []int
 	// queue lists the gradients Ready started down and has not released
 	// on the device, oldest first, inFlight their bytes: Ready waits for
 	// the oldest while they are more than flightMost, a sixteenth of all
@@ -130,8 +163,9 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	}
 	params := opt.Params()
 	n := len(params)
-	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
-		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n)}
+	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, at: host, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
+		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n),
+		sums: make([]*tensor.Tensor, n), parts: make([]int, n), summed: make([]bool, n), sq: make([]float64, n), landing: make([]chan struct{}, n)}
 	defer func() {
 		if r := recover(); r != nil {
 			o.Release()
@@ -194,6 +228,11 @@ func OffloadedHostBytes(name string, n, paramBytes int64) int64 {
 	return 4*n + grads + StateBytes(name, n)
 }
 
+// OffloadedSumBytes is the host memory an offloaded optimizer adds for n
+// parameters once a step runs in micro-batches: their gradients' F32 sums
+// (Note [parts summed on the host]).
+func OffloadedSumBytes(n int64) int64 { return 4 * n }
+
 // pageable is the host device of 16-bit parameters' masters and state
 // when their gradients are in page-locked memory: the CPU's, in a pool of
 // its own, whose handle no step's scope shares (Note [working weights in
@@ -232,34 +271,177 @@ func (o *Offloaded) ReadyAndUpdate(leaf *tensor.Tensor) {
 		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its update began: a parameter read in several checkpointed blocks cannot be updated in the backward", i, leaf.Shape()))
 	}
 	o.Ready(leaf)
+	o.enqueue(job{i: i, down: o.down[i], update: true})
+}
+
+// job is work for the goroutine that runs beside the backward: the part of
+// gradient i coming down (down) to sum into its sum (sum; last says it is
+// the step's last), then, with update, parameter i's update.
+type job struct {
+	i                        int
+	down                     kernels.Transfer
+	sum, first, last, update bool
+	landed                   chan struct{} // closed once the part is summed
+}
+
+// enqueue hands j to the goroutine beside the backward, starting it.
+func (o *Offloaded) enqueue(j job) {
 	if o.work == nil {
-		o.work, o.worked = make(chan update, len(o.params)), make(chan struct{})
+		o.work, o.worked = make(chan job, 2*len(o.params)), make(chan struct{})
 		go func() {
 			defer close(o.worked)
-			for u := range o.work {
-				u.down.Wait()
-				o.update(u.i, kernels.Buf{}, 1)
-				o.updated[u.i] = true
+			for j := range o.work {
+				j.down.Wait()
+				if j.sum {
+					o.sumPart(j.i, j.first, j.last)
+					close(j.landed)
+				}
+				if j.update {
+					o.update(j.i, kernels.Buf{}, 1)
+					o.updated[j.i] = true
+				}
 			}
 		}()
 	}
-	o.work <- update{i, o.down[i]}
+	if j.sum {
+		j.landed = make(chan struct{})
+		o.landing[j.i] = j.landed
+	}
+	o.work <- j
 }
 
-// update is a parameter whose gradient is coming down, for the goroutine
-// that updates it during the backward.
-type update struct {
-	i    int
-	down kernels.Transfer
-}
-
-// stopWork waits for the updates ReadyAndUpdate started.
+// stopWork waits for the work queued beside the backward.
 func (o *Offloaded) stopWork() {
 	if o.work != nil {
 		close(o.work)
 		<-o.worked
 		o.work, o.worked = nil, nil
 	}
+}
+
+// Part is the backward's hook (autograd.OnGradReady) in a step's
+// micro-batches but the last: leaf's gradient, a part of the step's,
+// comes down into host memory, leaves the device (PartsDown waits for the
+// last ones) and is added to the parameter's F32 sum there by the
+// goroutine beside the backward (Note [parts summed on the host]).
+// Leaves that are not the optimiser's parameters are ignored.
+func (o *Offloaded) Part(leaf *tensor.Tensor) {
+	i, ok := o.slot[leaf]
+	if !ok || leaf.Grad() == nil {
+		return
+	}
+	if o.early[i] {
+		panic(fmt.Sprintf("optim: a part of the gradient of parameter %d (shape %v) after the step's last (Ready)", i, leaf.Shape()))
+	}
+	if slices.Contains(o.pending, i) {
+		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one micro-batch's backward", i, leaf.Shape()))
+	}
+	if o.sums[i] == nil { // here, where running out of host memory is an error the step returns
+		at := o.at
+		if o.pc != nil { // no copy reads it
+			at = pageable()
+		}
+		o.sums[i] = tensor.Empty(at, tensor.F32, leaf.Shape()...).Keep()
+	}
+	o.land(i)
+	o.startDown(i)
+	o.enqueue(job{i: i, down: o.down[i], sum: true, first: o.parts[i] == 0})
+	o.parts[i]++
+	o.pending = append(o.pending, i)
+	for len(o.pending) > 1 && o.partBytes() > o.flightMost { // the backward runs as far ahead of the copies as Ready lets it
+		o.release(o.pending[0])
+		o.pending = o.pending[1:]
+	}
+}
+
+// partBytes is the bytes of the parts on the device whose copies down
+// Part started.
+func (o *Offloaded) partBytes() int64 {
+	var n int64
+	for _, i := range o.pending {
+		n += o.params[i].Bytes()
+	}
+	return n
+}
+
+// release waits for part i's copy down and releases it on the device.
+func (o *Offloaded) release(i int) {
+	o.down[i].Wait()
+	o.params[i].SetGrad(nil)
+	o.down[i] = nil
+}
+
+// PartsDown ends a micro-batch whose gradients went to Part: it waits for
+// their copies down and releases them on the device, so that the next
+// micro-batch's backward starts from none.
+func (o *Offloaded) PartsDown() {
+	for _, i := range o.pending {
+		o.release(i)
+	}
+	o.pending = o.pending[:0]
+}
+
+// land waits until the host is done with gradient i's last copy down, so
+// that the next may land where it did.
+func (o *Offloaded) land(i int) {
+	if c := o.landing[i]; c != nil {
+		<-c
+		o.landing[i] = nil
+	}
+}
+
+// landed is gradient i's copy down, where the host reads it: its host
+// copy's gradient, in the first half of an F32 one for a 16-bit parameter
+// that is not updated in one pass (Note [working weights in 16 bits]).
+func (o *Offloaded) landed(i int) kernels.Buf {
+	b := narrowed(o.host[i].Grad(), o.params[i].DType())
+	b.N = o.params[i].Numel()
+	return b
+}
+
+// sumPart adds the part of gradient i that came down into its sum; the
+// step's last part writes the step's gradient where the update reads it
+// (Note [parts summed on the host]) and keeps its sum of squares.
+func (o *Offloaded) sumPart(i int, first, last bool) {
+	p, h := o.params[i], o.host[i]
+	sum, part := o.sums[i].Buf(), o.landed(i)
+	var prev kernels.Buf
+	if !first {
+		prev = sum
+	}
+	dst := sum
+	if last && p.DType() == tensor.F32 { // the F32 copy the update reads
+		dst = part
+	}
+	sq := h.Backend().(kernels.PartSummer).SumPart(dst, prev, part)
+	n := p.Bytes()
+	o.total += n
+	o.hidden += n
+	if last {
+		o.summed[i], o.sq[i] = true, sq
+	}
+}
+
+// finishSum makes the step's gradient of parameter i, whose last part did
+// not come (it had no gradient in the last micro-batch), its sum so far.
+func (o *Offloaded) finishSum(i int) {
+	p, h := o.params[i], o.host[i]
+	dst := o.sums[i].Buf()
+	if p.DType() == tensor.F32 {
+		dst = h.Grad().Buf()
+	}
+	o.sq[i] = h.Backend().(kernels.PartSummer).SumPart(dst, kernels.Buf{}, o.sums[i].Buf())
+	o.summed[i] = true
+}
+
+// hostGrad is the buffer the update reads parameter i's gradient from
+// when the step summed it from parts, in F32: its sum, or its F32 copy
+// for an F32 parameter.
+func (o *Offloaded) hostGrad(i int) kernels.Buf {
+	if o.params[i].DType() == tensor.F32 {
+		return o.host[i].Grad().Buf()
+	}
+	return o.sums[i].Buf()
 }
 
 // update updates parameter i on the host from its gradient there, read
@@ -269,13 +451,22 @@ func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 	p, h := o.params[i], o.host[i]
 	half := p.DType().Half()
 	narrow := narrowed(h.Grad(), p.DType())
+	summed := o.parts[i] > 0 // the gradient is the F32 sum of parts (Note [parts summed on the host])
 	switch {
 	case h.Grad().DType().Half(): // widened, updated and rounded in one pass (onePass)
-		if !o.inner[i].(*AdamW).stepMasters(m, []kernels.Buf{narrow}, []kernels.Buf{narrow}) {
+		g := narrow
+		if summed {
+			g = o.hostGrad(i)
+		}
+		if !o.inner[i].(*AdamW).stepMasters(m, []kernels.Buf{g}, []kernels.Buf{narrow}) {
 			panic(fmt.Sprintf("optim: parameter %d's host optimizer cannot update its %v master in one pass", i, p.DType()))
 		}
 	case half:
-		widen(h.Grad(), p.DType())
+		if summed {
+			h.Backend().Copy(h.Grad().Buf(), o.hostGrad(i))
+		} else {
+			widen(h.Grad(), p.DType())
+		}
 		o.step(i, m, mv)
 		h.Backend().Cast(narrow, h.Buf())
 	default:
@@ -356,10 +547,10 @@ func widen(g *tensor.Tensor, dt tensor.DType) {
 // UpdatedInBackward is the share of the parameters' bytes updated during
 // the backward (ReadyAndUpdate), over the steps so far (0 before one).
 func (o *Offloaded) UpdatedInBackward() float64 {
-	if o.total == 0 {
+	if o.steppedBytes == 0 {
 		return 0
 	}
-	return float64(o.updatedBytes) / float64(o.total)
+	return float64(o.updatedBytes) / float64(o.steppedBytes)
 }
 
 // OffloadedDeviceBytes is the least device memory parameters of
@@ -386,9 +577,21 @@ func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its first part had left the device: a parameter read in several checkpointed blocks cannot stream its gradient to host memory as the backward finishes it",
 			i, leaf.Shape()))
 	}
-	o.sumSquares(i)
+	summing := o.parts[i] > 0 // the last part of a sum (Note [parts summed on the host])
+	switch {
+	case summing && o.early[i]:
+		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in a micro-batched step's last backward: its sum cannot take the second part", i, leaf.Shape()))
+	case summing:
+		o.land(i)
+	default:
+		o.sumSquares(i)
+	}
 	o.early[i] = true
 	o.startDown(i) // again for a gradient finished twice while on the device: the later copy lands last
+	if summing {
+		o.enqueue(job{i: i, down: o.down[i], sum: true, last: true})
+		o.parts[i]++
+	}
 	o.queue = append(o.queue, i)
 	o.inFlight += leaf.Bytes()
 	for len(o.queue) > 1 && o.inFlight > o.flightMost {
@@ -406,13 +609,7 @@ func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 // sumSquares queues the sum of the squares of gradient i into squares[i].
 func (o *Offloaded) sumSquares(i int) {
 	p := o.params[i]
-	if o.squares == nil {
-		o.squares = tensor.Zeros(p.Device(), tensor.F32, len(o.params), 1).Keep()
-	}
-	if !o.begun { // the step's first: a parameter without a gradient adds 0
-		p.Backend().Fill(o.squares.Buf(), 0)
-		o.begun = true
-	}
+	o.beginSquares()
 	row := o.squares.Rows(i, i+1)
 	defer row.Release()
 	g := p.Grad()
@@ -425,28 +622,69 @@ func (o *Offloaded) sumSquares(i int) {
 	p.Backend().SumSquares([]kernels.Buf{g.Buf()}, row.Buf())
 }
 
+// beginSquares makes squares, and clears it at the step's first use: a
+// parameter without a gradient adds 0.
+func (o *Offloaded) beginSquares() {
+	if o.squares == nil { // the device's rows, then the host's (Note [parts summed on the host])
+		o.squares = tensor.Zeros(o.params[0].Device(), tensor.F32, 2*len(o.params), 1).Keep()
+	}
+	if !o.begun {
+		o.squares.Backend().Fill(o.squares.Buf(), 0)
+		o.begun = true
+	}
+}
+
 // SumGradSquares writes the sum of the squares of the step's gradients,
-// those Ready released on the device among them, into sumsq (F32, 1
-// element, on the device) (SquareSummer).
+// those Ready released on the device and those summed from parts on the
+// host among them, into sumsq (F32, 1 element, on the device)
+// (SquareSummer).
 func (o *Offloaded) SumGradSquares(sumsq kernels.Buf) {
 	o.checkLate()
+	summed := o.sumsDone()
 	for i, p := range o.params {
 		if p.Grad() != nil && !o.early[i] { // not summed by Ready
 			o.sumSquares(i)
 		}
 	}
-	if o.squares == nil { // no gradient yet
-		if len(o.params) > 0 {
-			o.params[0].Backend().Fill(sumsq, 0)
-		}
+	if len(o.params) == 0 {
 		return
 	}
-	if !o.begun { // none this step
-		o.squares.Backend().Fill(o.squares.Buf(), 0)
-		o.begun = true
+	o.beginSquares()
+	if summed { // the host's squares of the sums into the rows past the device's
+		host := make([]float32, len(o.params))
+		for i, ok := range o.summed {
+			if ok {
+				host[i] = float32(o.sq[i])
+			}
+		}
+		rows := o.squares.Rows(len(o.params), 2*len(o.params))
+		defer rows.Release()
+		rows.Backend().Write(rows.Buf(), unsafe.Slice((*byte)(unsafe.Pointer(&host[0])), 4*len(host)))
 	}
 	be := o.squares.Backend()
-	be.Reduce(kernels.Sum, sumsq, o.squares.Buf(), kernels.Reduction{Outer: 1, Len: len(o.params), Inner: 1})
+	be.Reduce(kernels.Sum, sumsq, o.squares.Buf(), kernels.Reduction{Outer: 1, Len: 2 * len(o.params), Inner: 1})
+}
+
+// sumsDone waits for the parts' sums the goroutine beside the backward
+// makes, finishes those whose last part did not come, and reports whether
+// the step summed any gradient from parts.
+func (o *Offloaded) sumsDone() bool {
+	o.stopWork()
+	any := false
+	for i, n := range o.parts {
+		if n == 0 {
+			continue
+		}
+		any = true
+		if o.summed[i] {
+			continue
+		}
+		if o.params[i].Grad() != nil {
+			panic(fmt.Sprintf("optim: parameter %d (shape %v) has parts of its gradient summed on the host and its last on the device: give a micro-batched step's last backward Ready", i, o.params[i].Shape()))
+		}
+		o.finishSum(i)
+	}
+	return any
 }
 
 // startDown starts gradient i's copy into its host copy (at once, through
@@ -492,8 +730,9 @@ func (o *Offloaded) settle() {
 			o.down[i] = nil
 		}
 		o.early[i], o.gone[i], o.updated[i] = false, false, false
+		o.parts[i], o.summed[i], o.landing[i] = 0, false, nil
 	}
-	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
+	o.queue, o.inFlight, o.begun, o.pending = o.queue[:0], 0, false, o.pending[:0]
 }
 
 // Step updates every parameter that has a gradient.
@@ -511,7 +750,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		return
 	}
 	start := time.Now() // what the backward did not hide: the updates it began, finished, too
-	o.stopWork()
+	o.sumsDone()
 	o.checkLate()
 	if slices.Contains(o.updated, true) && (mult.Valid() || skip.Valid()) {
 		panic("optim: an offloaded optimizer's step given a gradient multiplier or a skip flag after ReadyAndUpdate updated parameters in the backward (use Ready with clipping or loss scaling)")
@@ -548,6 +787,15 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		defer wg.Done()
 		defer close(ready)
 		for i, p := range o.params {
+			if o.parts[i] > 0 { // summed from parts on the host, counted as they came down
+				o.steppedBytes += p.Bytes()
+				if o.updated[i] {
+					o.updatedBytes += p.Bytes()
+				} else {
+					ready <- i
+				}
+				continue
+			}
 			if o.down[i] == nil && p.Grad() != nil {
 				o.startDown(i)
 			}
@@ -555,6 +803,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 				o.down[i].Wait()
 				n := o.params[i].Bytes()
 				o.total += n
+				o.steppedBytes += n
 				if o.early[i] {
 					o.hidden += n
 				}
@@ -681,11 +930,15 @@ func (o *Offloaded) Master(p *tensor.Tensor) *tensor.Tensor {
 func (o *Offloaded) Pinned() bool { return o.pc != nil }
 
 // HostBytes is the host memory the optimiser holds: the parameters' and
-// gradients' copies and the state.
+// gradients' copies, the state, and the gradients' sums once a step ran in
+// micro-batches.
 func (o *Offloaded) HostBytes() int64 {
 	var n int64
-	for _, h := range o.host {
+	for i, h := range o.host {
 		n += h.Bytes() + h.Grad().Bytes()
+		if o.sums[i] != nil {
+			n += o.sums[i].Bytes()
+		}
 	}
 	for _, t := range o.innerState() {
 		n += t.Bytes()
@@ -769,6 +1022,12 @@ func (o *Offloaded) Release() {
 	for _, h := range o.host {
 		h.Release() // its gradient with it
 	}
+	for _, t := range o.sums {
+		if t != nil {
+			t.Release()
+		}
+	}
+	clear(o.sums)
 	for _, t := range []*tensor.Tensor{o.mult, o.squares} {
 		if t != nil {
 			t.Release()

@@ -136,8 +136,8 @@ func testOffloaded(t *testing.T, dev, host *tensor.Device, tol float64) {
 				refState += v.Block().Size()
 			}
 			// Beside it the offloaded one holds each gradient's sum of
-			// squares, one F32 a parameter.
-			if now, squares := dev.Allocator().Stats().Allocated[memory.All].Current, memory.RoundSize(4*int64(len(shapes))); dev.Allocator() != tensor.CPU().Allocator() && now-before != refState+squares {
+			// squares, two F32s a parameter (the device's and the host's).
+			if now, squares := dev.Allocator().Stats().Allocated[memory.All].Current, memory.RoundSize(8*int64(len(shapes))); dev.Allocator() != tensor.CPU().Allocator() && now-before != refState+squares {
 				t.Errorf("the device holds %d bytes more after the steps, the on-device optimizer's state %d and the offloaded one's sums of squares %d: want only those",
 					now-before, refState, squares)
 			}
@@ -407,6 +407,162 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	defer bad["master.0"].Release()
 	if err := again.LoadState(bad, nil); err == nil || !strings.Contains(err.Error(), "master.0") {
 		t.Errorf("a master of the wrong shape loaded: %v, want an error naming it", err)
+	}
+}
+
+// TestOffloadedParts: a step's gradient in parts, micro-batches', summed
+// on the host (Note [parts summed on the host]), gives the steps of the
+// on-device optimizer over the F32 sums of the parts: bit for bit for F32
+// parameters under AdamW and SGD, and for 16-bit working weights under
+// AdamW, the F32 masters of those sums, in one pass and in passes; with
+// the last part handed to Ready and to ReadyAndUpdate, a gradient
+// multiplier, a skipped step, a parameter without a last part and one
+// with only a last part; the device holds no part after PartsDown, the
+// sum of squares is the sums', and the host holds the sums beside the
+// rest.
+func TestOffloadedParts(t *testing.T) {
+	defer func(on bool) { fuseMasters = on }(fuseMasters)
+	for _, c := range []struct {
+		name string
+		dt   tensor.DType // the working weights'
+		fuse bool
+	}{{"adamw", tensor.F32, true}, {"sgd", tensor.F32, true}, {"adamw", tensor.BF16, true}, {"adamw", tensor.F16, false}} {
+		t.Run(fmt.Sprintf("%s/%v/one pass=%v", c.name, c.dt, c.fuse), func(t *testing.T) {
+			fuseMasters = c.fuse
+			testOffloadedParts(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), c.name, c.dt)
+		})
+	}
+}
+
+// testOffloadedParts runs TestOffloadedParts' comparison with the
+// parameters on dev, the working ones in dt, and the state on host.
+func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt tensor.DType) {
+	ref := tensor.NewDevice(tensor.CPU().Backend()) // the on-device optimizer's, over F32 masters
+	shapes := [][]int{{33, 7}, {7}, {5001}, {1}}
+	types := []tensor.DType{dt, tensor.F32, dt, dt}
+	rng := rand.New(rand.NewPCG(11, uint64(dt)))
+	in := func(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
+		f := tensor.FromFloat32(d, v, shape...)
+		if dt == tensor.F32 {
+			return f
+		}
+		defer f.Release()
+		h := tensor.Empty(d, dt, shape...)
+		d.Backend().Cast(h.Buf(), f.Buf())
+		return h
+	}
+	var work, master []*tensor.Tensor
+	for i, s := range shapes {
+		w := in(dev, normals(rng, s, 1), types[i], s).Keep().SetRequiresGrad(true)
+		work = append(work, w)
+		master = append(master, tensor.FromFloat32(ref, w.Float32s(), s...).Keep().SetRequiresGrad(true))
+	}
+	defer func() {
+		for _, p := range append(work, master...) {
+			p.Release()
+		}
+	}()
+	newOpt := func(ps []*tensor.Tensor) Optimizer {
+		if kind == "sgd" {
+			o := NewSGD(ps, 0.1, 0.9, 0.01, true)
+			o.NoDecay = []bool{false, true, false, false}
+			return o
+		}
+		o := NewAdamW(ps, 0.01, 0.1)
+		o.NoDecay = []bool{false, true, false, false}
+		return o
+	}
+	want := newOpt(master)
+	defer want.Release()
+	o, err := Offload(newOpt(work), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Release()
+	held := o.HostBytes()
+	mult := tensor.FromFloat32(dev, []float32{0.75}, 1).Keep()
+	refMult := tensor.FromFloat32(ref, []float32{0.75}, 1).Keep()
+	skip := tensor.FromFloat32(dev, []float32{1}, 1).Keep()
+	sumsq := tensor.Zeros(dev, tensor.F32, 1).Keep()
+	defer releaseAll(mult, refMult, skip, sumsq)
+	const parts = 3
+	for step := range 5 {
+		sums := make([][]float32, len(shapes))
+		for part := range parts {
+			last := part == parts-1
+			for i, s := range shapes {
+				if step == 3 && (i == 3 && last || i == 1 && !last) {
+					continue // parameter 3 has no last part, parameter 1 only a last
+				}
+				g := in(dev, normals(rng, s, 0.1), types[i], s)
+				if sums[i] == nil {
+					sums[i] = g.Float32s()
+				} else {
+					for k, v := range g.Float32s() {
+						sums[i][k] += v // as the device adds a backward's parts, in F32
+					}
+				}
+				work[i].SetGrad(g)
+				switch {
+				case !last:
+					o.Part(work[i])
+				case step == 2 && kind == "adamw":
+					o.ReadyAndUpdate(work[i])
+				default:
+					o.Ready(work[i])
+				}
+			}
+			if !last {
+				o.PartsDown()
+				for i, w := range work {
+					if w.Grad() != nil {
+						t.Fatalf("step %d, part %d: parameter %d's part is on the device after PartsDown", step, part, i)
+					}
+				}
+			}
+		}
+		var squares float64
+		for i, s := range shapes {
+			master[i].SetGrad(tensor.FromFloat32(ref, sums[i], s...))
+			for _, v := range sums[i] {
+				squares += float64(v) * float64(v)
+			}
+		}
+		if step != 2 { // ReadyAndUpdate's steps need no norm
+			o.SumGradSquares(sumsq.Buf())
+			if got := sumsq.Float32s()[0]; math.Abs(float64(got)-squares) > 1e-5*squares {
+				t.Errorf("step %d: the sums' sum of squares %v, want %v", step, got, squares)
+			}
+		}
+		switch {
+		case step == 1 && kind == "adamw":
+			o.StepScaled(mult.Buf(), kernels.Buf{})
+			want.(ScaledStepper).StepScaled(refMult.Buf(), kernels.Buf{})
+		case step == 4:
+			o.StepUnless(skip.Buf())
+		default:
+			o.Step()
+			want.Step()
+		}
+		o.ZeroGrad()
+		want.ZeroGrad()
+		for i := range shapes {
+			m := master[i].Float32s()
+			if types[i] != tensor.F32 {
+				r := in(ref, m, types[i], shapes[i])
+				m = r.Float32s()
+				r.Release()
+				same(t, fmt.Sprintf("step %d, master %d", step, i), o.Master(work[i]).Float32s(), master[i].Float32s(), 0)
+			}
+			same(t, fmt.Sprintf("step %d, the weight on the device %d", step, i), work[i].Float32s(), m, 0)
+		}
+	}
+	var state int64 // made at the first step
+	for _, s := range o.innerState() {
+		state += s.Bytes()
+	}
+	if got, want := o.HostBytes()-held-state, OffloadedSumBytes(33*7+7+5001+1); got != want {
+		t.Errorf("the host holds %d bytes more after micro-batched steps than its copies and state: want the sums' %d", got, want)
 	}
 }
 

@@ -740,15 +740,18 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 		if fused != nil && hi == n {
 			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }))
 		}
-		if off, ok := s.Opt.(*optim.Offloaded); ok && s.reducer == nil && hi == n { // the gradients come down during the backward
-			if s.updatesInBackward() { // and the host updates the parameters as they come
-				hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) {
-					s.updated = true
-					off.ReadyAndUpdate(leaf)
-				}))
-			} else {
-				hooks = append(hooks, ag.OnGradReady(off.Ready))
-			}
+		off, offloaded := s.Opt.(*optim.Offloaded)
+		offloaded = offloaded && s.reducer == nil
+		switch { // the gradients come down during the backward
+		case offloaded && hi < n: // and are summed on the host (Note [parts summed on the host] in optim)
+			hooks = append(hooks, ag.OnGradReady(off.Part))
+		case offloaded && s.updatesInBackward(): // and the host updates the parameters as they come
+			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) {
+				s.updated = true
+				off.ReadyAndUpdate(leaf)
+			}))
+		case offloaded:
+			hooks = append(hooks, ag.OnGradReady(off.Ready))
 		}
 		s.dev.WithScope(func() {
 			xs, ys := x, y
@@ -775,6 +778,9 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 			}
 			s.phase("the backward")
 			ag.Backward(scaled, hooks...)
+			if offloaded && hi < n {
+				off.PartsDown()
+			}
 		})
 	}
 }
