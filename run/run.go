@@ -282,9 +282,14 @@ func (r *runner) stateFits() error {
 	if offload {
 		need, what = optim.OffloadedDeviceBytes(g.ParamBytes()), "with the gradients in flight to host memory (the optimizer's state there)"
 		onHost := optim.OffloadedHostBytes(r.cfg.Optimizer, params, g.ParamBytes())
+		sums := ""
+		if m := r.cfg.MicroBatch; m > 0 && m < r.cfg.Batch {
+			onHost += optim.OffloadedSumBytes(params)
+			sums = fmt.Sprintf(" and their sums over micro-batches of %d", m)
+		}
 		hostNeed += onHost
-		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients and %s's state",
-			memory.Bytes(onHost), count(int(params)), r.cfg.Optimizer))
+		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients%s and %s's state",
+			memory.Bytes(onHost), count(int(params)), sums, r.cfg.Optimizer))
 	}
 	if r.cfg.OffloadsActivations(r.dev) {
 		acts := g.KeptBytes(r.cfg.Batch, r.cfg.Autocast())
@@ -733,6 +738,9 @@ func (r *runner) trainer() (err error) {
 	if r.t, err = train.New(r.model, r.dev, r.cfg, r.trainL.Len()); err != nil {
 		return err
 	}
+	if r.micro == 0 {
+		r.micro = r.cfg.MicroBatch
+	}
 	if err := r.t.Step.SetMicroBatch(r.micro); err != nil {
 		return err
 	}
@@ -811,6 +819,12 @@ func (r *runner) fit() error {
 		mode += ", each parameter updated on the host as its gradient arrives, beside the backward (-fuse-optimizer)"
 	case r.cfg.FuseOptimizer:
 		mode += ", each parameter updated in the backward (-fuse-optimizer)"
+	}
+	if m := r.t.Step.MicroBatch(); m > 0 && m < r.cfg.Batch && r.cfg.MicroBatch > 0 { // the budget's choice is said where it is made
+		mode += fmt.Sprintf(", micro-batches of %d (-micro-batch)", m)
+		if r.cfg.Offloads(r.dev) {
+			mode += ", their gradients summed in F32 in host memory"
+		}
 	}
 	if r.arch.Text {
 		fmt.Fprintf(r.say, "training %s (%s parameters) on %s's %s tokens, %d steps of %d windows of %d tokens (evaluated every %d), %s, %s\n",

@@ -93,8 +93,9 @@ func TestCUDABF16Weights(t *testing.T) {
 }
 
 // TestCUDAOffloadedOptimizer: a run with its optimizer's state in host
-// memory (AdamW under F16 and BF16 AMP, with and without clipping)
-// follows the on-device run within rounding, its steps eager, and the GPU
+// memory (AdamW under F16 and BF16 AMP, with and without clipping, the
+// update in the backward or after it, in whole batches and in micro-batches
+// summed on the host) follows the on-device run within rounding, its steps eager, and the GPU
 // holds none of the state. The on-device run is eager too, so that both
 // run the same convolution algorithms: a captured step's plan may choose
 // others, whose rounding differences AdamW turns into a fraction of a step
@@ -105,15 +106,17 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 	ds := datasets.SyntheticSize(192, 5, 12)
 	const lr = 1e-3
 	for _, c := range []struct {
-		amp  AMP
-		clip float64
-		fuse bool // the update in the backward: on the host offloaded, on the device not
-	}{{AMPF16, 0.5, false}, {AMPF16, 0, false}, {AMPBF16, 0.5, false}, {AMPBF16, 0, false}, {AMPBF16, 0, true}} {
-		t.Run(fmt.Sprintf("%v,clip=%v,fused=%v", c.amp, c.clip, c.fuse), func(t *testing.T) {
+		amp   AMP
+		clip  float64
+		fuse  bool // the update in the backward: on the host offloaded, on the device not
+		micro int  // micro-batches of this many (0: none), offloaded summed on the host
+	}{{AMPF16, 0.5, false, 0}, {AMPF16, 0, false, 0}, {AMPBF16, 0.5, false, 0}, {AMPBF16, 0, false, 0}, {AMPBF16, 0, true, 0},
+		{AMPBF16, 0.5, false, 4}, {AMPBF16, 0, true, 4}} {
+		t.Run(fmt.Sprintf("%v,clip=%v,fused=%v,micro=%d", c.amp, c.clip, c.fuse, c.micro), func(t *testing.T) {
 			run := func(offload bool) (*Trainer, []float32) {
 				cfg := baseConfig("tiny")
 				cfg.Batch, cfg.AMP, cfg.Optimizer, cfg.LR, cfg.ClipNorm, cfg.Capture, cfg.OffloadOptimizer = 16, c.amp, "adamw", lr, c.clip, false, offload
-				cfg.FuseOptimizer = c.fuse
+				cfg.FuseOptimizer, cfg.MicroBatch = c.fuse, c.micro
 				dev.Generator().Seed(1)
 				m := nn.NewResNet(dev, "tiny", 1, 10, []int{8, 16}, []int{1, 1})
 				t.Cleanup(func() { nn.Release(m) })

@@ -85,6 +85,14 @@ type Config struct {
 	// SGD, no clipping, no F16 loss scaling (BF16 AMP is fine) and one
 	// process; steps run eagerly.
 	FuseOptimizer bool `json:"fuse_optimizer,omitempty"`
+	// MicroBatch runs each batch as micro-batches of at most this many
+	// examples whose gradients are summed before one update
+	// (Step.SetMicroBatch; 0: whole batches): the same effective batch in
+	// the activations of a micro-batch. With the optimizer offloaded the
+	// gradients are summed in F32 in host memory and leave the device
+	// during each micro-batch's backward (Note [parts summed on the host]
+	// in optim). Under a budget (run.Job.MaxMemory) the budget chooses it.
+	MicroBatch int `json:"micro_batch,omitempty"`
 	// HostThreads is how many goroutines the host's update spreads over
 	// while it runs beside the backward (Step.HostThreads; 0: all cores
 	// but one).
@@ -519,6 +527,11 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	step.ClipNorm = cfg.ClipNorm
 	step.FuseOptimizer, step.HostUpdateInBackward = cfg.FuseOptimizer && !offload, cfg.FuseOptimizer && offload
 	step.HostThreads = cfg.HostThreads
+	if err := step.SetMicroBatch(cfg.MicroBatch); err != nil {
+		step.Release()
+		opt.Release()
+		return nil, err
+	}
 	if cfg.OffloadsActivations(dev) {
 		step.Offloader = ag.NewOffloader(dev, dev.Pinned())
 	}

@@ -78,6 +78,7 @@ type options struct {
 	ampDType                               train.AMP
 	capture, tf32, offload, fuse, acts     bool
 	hostThreads                            int
+	micro                                  int
 	bf16Weights                            bool
 	matmulF32                              tensor.F32Matmul
 	emptyCache                             int
@@ -267,6 +268,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.acts, "offload-activations", false, "on a GPU, with -checkpoint: move what the checkpointed blocks keep for their recomputation (their inputs, attention's results) to host memory during the forward, and bring it back ahead of each block's recomputation (steps then run eagerly)")
 	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
 	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward")
+	fs.IntVar(&o.micro, "micro-batch", 0, "run each batch as micro-batches of N examples whose gradients are summed before one update: the batch's update in a micro-batch's activations (0: whole batches; with -offload-optimizer the sums are kept in F32 in host memory, 4 bytes a parameter, and leave the device as each backward finishes them)")
 	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -fuse-optimizer -offload-optimizer on a GPU: the host's cores its update in the backward spreads over (default all but one, which queues the GPU's kernels)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
@@ -325,6 +327,14 @@ func (o *options) check() []string {
 		bad("-host-threads %d: want a count of cores, or 0 for all but one", o.hostThreads)
 	case o.set["host-threads"] && !(o.fuse && o.offload):
 		bad("-host-threads sizes the host's update in the backward: it needs -fuse-optimizer -offload-optimizer")
+	}
+	switch {
+	case o.micro < 0 || o.set["micro-batch"] && o.micro == 0 || o.micro > o.batch:
+		bad("-micro-batch %d: want a count of examples from 1 to -batch's %d", o.micro, o.batch)
+	case o.micro > 0 && o.maxMemory.IsSet():
+		bad("-micro-batch with -max-memory: the budget chooses the micro-batches itself")
+	case o.micro > 0 && o.micro < o.batch && o.fuse && !o.offload:
+		bad("-micro-batch %d with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients in one backward (with -offload-optimizer the host sums them and updates in the last)", o.micro)
 	}
 	if o.acts && !o.ckpt {
 		bad("%s", train.ActivationsRefusal)
@@ -621,7 +631,7 @@ func (o *options) config(model string) train.Config {
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
 		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
-		FuseOptimizer: o.fuse, HostThreads: o.hostThreads}
+		FuseOptimizer: o.fuse, HostThreads: o.hostThreads, MicroBatch: o.micro}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU

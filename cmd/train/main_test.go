@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,6 +56,10 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-host-threads", "4"}, cmdenv.ExitUsage, "-host-threads sizes the host's update in the backward: it needs -fuse-optimizer -offload-optimizer"},
 		{[]string{"-fuse-optimizer", "-offload-optimizer", "-host-threads", "-2"}, cmdenv.ExitUsage, "-host-threads -2: want a count of cores"},
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
+		{[]string{"-micro-batch", "0"}, cmdenv.ExitUsage, "-micro-batch 0: want a count of examples from 1 to -batch's 128"},
+		{[]string{"-batch", "8", "-micro-batch", "9"}, cmdenv.ExitUsage, "-micro-batch 9: want a count of examples from 1 to -batch's 8"},
+		{[]string{"-micro-batch", "4", "-max-memory", "1GiB"}, cmdenv.ExitUsage, "-micro-batch with -max-memory: the budget chooses the micro-batches itself"},
+		{[]string{"-micro-batch", "4", "-fuse-optimizer"}, cmdenv.ExitUsage, "-micro-batch 4 with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients"},
 		{[]string{"-offload-activations"}, cmdenv.ExitUsage, "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"},
 		{[]string{"-bf16-weights"}, cmdenv.ExitUsage, "-bf16-weights: model resnet is not a GPT"},
 		{[]string{"-model", "gpt-mini", "-bf16-weights", "-amp", "-amp-dtype", "bf16"}, cmdenv.ExitUsage, "-bf16-weights keeps the F32 masters with the optimizer's state in host memory: add -offload-optimizer"},
@@ -164,6 +169,42 @@ func TestTextRun(t *testing.T) {
 	code, _, stderr = runCLI("-model", "gpt-mini", "-device", "cpu", "-data", junk, "-measure=false")
 	if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, junk+": not UTF-8 text") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("binary -data: exit %d, %q", code, stderr)
+	}
+}
+
+// TestMicroBatchRun: -micro-batch trains a GPT in micro-batches to
+// within rounding of the whole batches' losses (the same mean gradient),
+// says so, and records it in the report.
+func TestMicroBatchRun(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 100)), 0o644)
+	var losses [2]float64
+	for i, micro := range []string{"0", "2"} {
+		js := filepath.Join(dir, "r-"+micro+".json")
+		args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
+			"-eval-batches", "2", "-steps", "8", "-eval-every", "8", "-json", js, "-measure=false"}
+		if micro != "0" {
+			args = append(args, "-micro-batch", micro)
+		}
+		code, stdout, stderr := runCLI(args...)
+		if code != 0 {
+			t.Fatalf("-micro-batch %s: exit %d\n%s\n%s", micro, code, stdout, stderr)
+		}
+		if said := strings.Contains(stdout, "micro-batches of 2 (-micro-batch)"); said != (micro == "2") {
+			t.Errorf("-micro-batch %s: the training line says micro-batches %v:\n%s", micro, said, stdout)
+		}
+		var r run.Report
+		if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 1 {
+			t.Fatalf("-json: %v %+v", err, r)
+		}
+		if got := fmt.Sprint(r.Config.MicroBatch); got != micro {
+			t.Errorf("-micro-batch %s: the report's micro_batch is %s", micro, got)
+		}
+		losses[i] = float64(r.Epochs[0].TestLoss)
+	}
+	if d := math.Abs(losses[1] - losses[0]); !(d <= 1e-3*losses[0]) {
+		t.Errorf("validation loss %v in micro-batches of 2, %v in whole batches of 4: want the same within rounding", losses[1], losses[0])
 	}
 }
 
