@@ -1142,7 +1142,7 @@ func TestAdamWPassMatchesLoop(t *testing.T) {
 
 // TestSumPart: a part widened into a sum (SumPart) gives, on fresh
 // random values, the float64 reference's sum rounded once to F32, and the
-// squares of the values written within float64's rounding, for F32, BF16
+// squares of the values written within a millionth, for F32, BF16
 // and F16 parts, first parts and later ones, lengths around its blocks,
 // in place on the sum or on an F32 part; and a 16-bit part that overlaps
 // its destination panics.
@@ -1188,7 +1188,7 @@ func TestSumPart(t *testing.T) {
 					}
 					squares += float64(float32(w)) * float64(float32(w))
 				}
-				if math.Abs(got-squares) > 1e-12*squares {
+				if math.Abs(got-squares) > 1e-6*squares { // float32 lanes within a stretch (sumSquares)
 					t.Errorf("%s: the squares sum to %v, want %v", name, got, squares)
 				}
 			}

@@ -161,8 +161,10 @@ func widener(dt kernels.DType) func(dst []float32, src []uint16) {
 
 // SumPart writes part widened, plus sum when it is valid, into dst and
 // returns the sum of the squares of the values written
-// (kernels.PartSummer): in blocks of elemGrain values, each block's
-// squares summed in float64 in order and the blocks' sums added in order.
+// (kernels.PartSummer): a stretch of chunkLen values at a time through a
+// buffer that stays in cache, with AVX-512 where there is; each stretch's
+// squares summed (sumSquares), in float64 over the stretches of a block of
+// elemGrain values in order, and the blocks' sums added in order.
 func (c *Backend) SumPart(dst, sum, part kernels.Buf) float64 {
 	kernels.CheckF32("sum of parts", dst)
 	kernels.CheckLen("sum of parts", dst.N, part)
@@ -194,20 +196,18 @@ func (c *Backend) SumPart(dst, sum, part kernels.Buf) float64 {
 			var sq float64
 			for k := b * elemGrain; k < min(len(d), (b+1)*elemGrain); k += chunkLen {
 				e := min(k+chunkLen, len(d), (b+1)*elemGrain)
-				x := wide[:e-k]
+				x := wide[:e-k] // dst may be sum, or the F32 part: each stretch is read before it is written
 				if widen != nil {
 					widen(x, u16s(part)[k:e])
 				} else {
 					copy(x, f32s(part)[k:e])
 				}
-				if s != nil {
+				if s != nil && !addVec(x, s[k:e]) {
 					for i, v := range s[k:e] {
 						x[i] += v
 					}
 				}
-				for _, v := range x {
-					sq += float64(v) * float64(v)
-				}
+				sq += sumSquares(x)
 				copy(d[k:e], x)
 			}
 			squares[b] = sq
@@ -543,4 +543,25 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// sumSquares is the sum of x's squares: in float32 over sixteen lanes
+// with AVX-512 (the batch-norm pass with a mean of 0), added in float64,
+// else in float64 over four accumulators.
+func sumSquares(x []float32) float64 {
+	if maskedPasses && len(x) > 0 {
+		return sumSqDevPass(channel{f: x, planes: 1, ld: len(x), hw: len(x)}, 0)
+	}
+	var a [4]float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		for j := range a {
+			v := float64(x[i+j])
+			a[j] += v * v
+		}
+	}
+	for ; i < len(x); i++ {
+		a[0] += float64(x[i]) * float64(x[i])
+	}
+	return (a[0] + a[1]) + (a[2] + a[3])
 }

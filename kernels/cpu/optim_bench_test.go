@@ -25,6 +25,23 @@ func BenchmarkAdamW(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/param")
 }
 
+// BenchmarkSumPart: a micro-batch's BF16 gradient widened into its F32
+// sum (what an offloaded optimizer does for each micro-batch but the
+// first) over 16M values, in ns a value across every core GOMAXPROCS
+// allows, and the memory it streams (10 bytes a value).
+func BenchmarkSumPart(b *testing.B) {
+	const n = 1 << 24
+	sum, part := buf(b, kernels.F32, n), buf(b, kernels.BF16, n)
+	be.Fill(sum, 0.5)
+	be.Fill(part, 0.25)
+	b.SetBytes(10 * n)
+	b.ResetTimer()
+	for range b.N {
+		be.SumPart(sum, sum, part)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/value")
+}
+
 // adamwOver returns one AdamW update of n random parameters on the host.
 func adamwOver(b *testing.B, n int) func() {
 	rng := rand.New(rand.NewPCG(1, 2))
