@@ -125,7 +125,8 @@ type Step struct {
 	// HostUpdateInBackward has an offloaded optimizer update each
 	// parameter on the host as its gradient arrives, during the backward
 	// (optim.Offloaded.ReadyAndUpdate), when neither clipping nor loss
-	// scaling needs every gradient first. Meanwhile the host's operations
+	// scaling needs every gradient first. Meanwhile, and while it sums
+	// micro-batches' gradients (SetMicroBatch), the host's operations
 	// spread over HostThreads goroutines (0: GOMAXPROCS less one, leaving
 	// a core to the goroutine that queues the backward's kernels), through
 	// kernels/cpu's LeaveCores, for the process, until the step ends.
@@ -677,7 +678,7 @@ func (s *Step) body(x, y *tensor.Tensor) {
 			if s.FuseOptimizer && m == n {
 				fused = s.Opt.(optim.PerParameter)
 			}
-			if _, ok := s.Opt.(*optim.Offloaded); ok && s.updatesInBackward() && !s.dev.OnHost() {
+			if _, ok := s.Opt.(*optim.Offloaded); ok && (s.updatesInBackward() || m < n) && !s.dev.OnHost() { // the host works beside the backward
 				leave := 1
 				if s.HostThreads > 0 {
 					leave = max(0, runtime.GOMAXPROCS(0)-s.HostThreads)

@@ -93,9 +93,9 @@ type Config struct {
 	// during each micro-batch's backward (Note [parts summed on the host]
 	// in optim). Under a budget (run.Job.MaxMemory) the budget chooses it.
 	MicroBatch int `json:"micro_batch,omitempty"`
-	// HostThreads is how many goroutines the host's update spreads over
-	// while it runs beside the backward (Step.HostThreads; 0: all cores
-	// but one).
+	// HostThreads is how many goroutines the host's work spreads over
+	// while it runs beside the backward, the update or micro-batches' sums
+	// (Step.HostThreads; 0: all cores but one).
 	HostThreads int `json:"host_threads,omitempty"`
 	// Language models: the window of tokens each example is (0: the
 	// model's preset), the tokenizer, the training steps (Steps, of which

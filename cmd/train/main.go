@@ -269,7 +269,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
 	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward")
 	fs.IntVar(&o.micro, "micro-batch", 0, "run each batch as micro-batches of N examples whose gradients are summed before one update: the batch's update in a micro-batch's activations (0: whole batches; with -offload-optimizer the sums are kept in F32 in host memory, 4 bytes a parameter, and leave the device as each backward finishes them)")
-	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -fuse-optimizer -offload-optimizer on a GPU: the host's cores its update in the backward spreads over (default all but one, which queues the GPU's kernels)")
+	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -offload-optimizer and -fuse-optimizer or -micro-batch on a GPU: the host's cores its work beside the backward (the update, the micro-batches' sums) spreads over (default all but one, which queues the GPU's kernels)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
 	fs.TextVar(&o.matmulF32, "matmul-f32", tensor.F32TF32x3, "on a GPU, how F32 matrices are multiplied: tf32x3 (three TF32 tensor-core products: F32's accuracy, faster), strict (F32 on the FMA units, as PyTorch by default) or tf32 (one TF32 product: 10-bit mantissas)")
@@ -325,8 +325,8 @@ func (o *options) check() []string {
 	switch {
 	case o.hostThreads < 0:
 		bad("-host-threads %d: want a count of cores, or 0 for all but one", o.hostThreads)
-	case o.set["host-threads"] && !(o.fuse && o.offload):
-		bad("-host-threads sizes the host's update in the backward: it needs -fuse-optimizer -offload-optimizer")
+	case o.set["host-threads"] && !(o.offload && (o.fuse || o.micro > 0 && o.micro < o.batch)):
+		bad("-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch")
 	}
 	switch {
 	case o.micro < 0 || o.set["micro-batch"] && o.micro == 0 || o.micro > o.batch:
