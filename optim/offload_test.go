@@ -275,47 +275,13 @@ func TestOffloadedHalfWeights(t *testing.T) {
 // weights on dev in dt and the state on host.
 func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) {
 	ref := tensor.NewDevice(tensor.CPU().Backend()) // F32 AdamW's, on the CPU
-	// A matrix, an F32 bias (no decay), a weight of an odd length whose
-	// widening takes many passes, and one of a single value.
-	shapes := [][]int{{33, 7}, {7}, {5001}, {1}}
-	types := []tensor.DType{dt, tensor.F32, dt, dt}
 	rng := rand.New(rand.NewPCG(3, uint64(dt)))
 	random := func(shape []int, scale float64) []float32 { return normals(rng, shape, scale) }
-	in := func(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
-		f := tensor.FromFloat32(d, v, shape...)
-		if dt == tensor.F32 {
-			return f
-		}
-		defer f.Release()
-		h := tensor.Empty(d, dt, shape...)
-		d.Backend().Cast(h.Buf(), f.Buf())
-		return h
-	}
-	var work, master []*tensor.Tensor
-	for i, s := range shapes {
-		w := in(dev, random(s, 1), types[i], s).Keep().SetRequiresGrad(true)
-		work = append(work, w)
-		master = append(master, tensor.FromFloat32(ref, w.Float32s(), s...).Keep().SetRequiresGrad(true))
-	}
-	defer func() {
-		for _, p := range append(work, master...) {
-			p.Release()
-		}
-	}()
-	adamw := func(ps []*tensor.Tensor) *AdamW {
-		o := NewAdamW(ps, 0.01, 0.1)
-		o.NoDecay = []bool{false, true, false, false}
-		return o
-	}
-	want := adamw(master)
-	defer want.Release()
-	o, err := Offload(adamw(work), host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Release()
+	shapes, types, work, master := workingWeights(t, dev, ref, rng, dt)
+	adamw := func(ps []*tensor.Tensor) Optimizer { return newWorkingOptimizer("adamw", ps) }
+	want, o := offloadedPair(t, adamw, work, master, host)
 	rounded := func(v []float32, dt tensor.DType) []float32 {
-		f := in(ref, v, dt, []int{len(v)})
+		f := asDType(ref, v, dt, []int{len(v)})
 		defer f.Release()
 		return f.Float32s()
 	}
@@ -342,7 +308,7 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	for step := range 5 {
 		var squares float64
 		for i, s := range shapes {
-			g := in(dev, random(s, 0.1), types[i], s)
+			g := asDType(dev, random(s, 0.1), types[i], s)
 			work[i].SetGrad(g)
 			wide := g.Float32s()
 			master[i].SetGrad(tensor.FromFloat32(ref, wide, s...))
@@ -360,18 +326,7 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 		if got := sumsq.Float32s()[0]; math.Abs(float64(got)-squares) > 1e-5*squares {
 			t.Errorf("step %d: the gradients' sum of squares %v, want %v", step, got, squares)
 		}
-		switch step {
-		case 1:
-			o.StepScaled(mult.Buf(), kernels.Buf{})
-			want.StepScaled(refMult.Buf(), kernels.Buf{})
-		case 3: // skipped
-			o.StepUnless(skip.Buf())
-		default:
-			o.Step()
-			want.Step()
-		}
-		o.ZeroGrad()
-		want.ZeroGrad()
+		stepBoth(o, want, step == 1, step == 3, mult, refMult, skip)
 		check(fmt.Sprintf("step %d", step))
 	}
 	half, f32 := int64(33*7+5001+1), int64(7)
@@ -393,7 +348,7 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 		t.Fatal(err)
 	}
 	for i, s := range shapes {
-		g := in(dev, random(s, 0.1), types[i], s)
+		g := asDType(dev, random(s, 0.1), types[i], s)
 		work[i].SetGrad(g)
 		master[i].SetGrad(tensor.FromFloat32(ref, g.Float32s(), s...))
 	}
@@ -438,47 +393,10 @@ func TestOffloadedParts(t *testing.T) {
 // parameters on dev, the working ones in dt, and the state on host.
 func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt tensor.DType) {
 	ref := tensor.NewDevice(tensor.CPU().Backend()) // the on-device optimizer's, over F32 masters
-	shapes := [][]int{{33, 7}, {7}, {5001}, {1}}
-	types := []tensor.DType{dt, tensor.F32, dt, dt}
 	rng := rand.New(rand.NewPCG(11, uint64(dt)))
-	in := func(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
-		f := tensor.FromFloat32(d, v, shape...)
-		if dt == tensor.F32 {
-			return f
-		}
-		defer f.Release()
-		h := tensor.Empty(d, dt, shape...)
-		d.Backend().Cast(h.Buf(), f.Buf())
-		return h
-	}
-	var work, master []*tensor.Tensor
-	for i, s := range shapes {
-		w := in(dev, normals(rng, s, 1), types[i], s).Keep().SetRequiresGrad(true)
-		work = append(work, w)
-		master = append(master, tensor.FromFloat32(ref, w.Float32s(), s...).Keep().SetRequiresGrad(true))
-	}
-	defer func() {
-		for _, p := range append(work, master...) {
-			p.Release()
-		}
-	}()
-	newOpt := func(ps []*tensor.Tensor) Optimizer {
-		if kind == "sgd" {
-			o := NewSGD(ps, 0.1, 0.9, 0.01, true)
-			o.NoDecay = []bool{false, true, false, false}
-			return o
-		}
-		o := NewAdamW(ps, 0.01, 0.1)
-		o.NoDecay = []bool{false, true, false, false}
-		return o
-	}
-	want := newOpt(master)
-	defer want.Release()
-	o, err := Offload(newOpt(work), host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Release()
+	shapes, types, work, master := workingWeights(t, dev, ref, rng, dt)
+	newOpt := func(ps []*tensor.Tensor) Optimizer { return newWorkingOptimizer(kind, ps) }
+	want, o := offloadedPair(t, newOpt, work, master, host)
 	held := o.HostBytes()
 	mult := tensor.FromFloat32(dev, []float32{0.75}, 1).Keep()
 	refMult := tensor.FromFloat32(ref, []float32{0.75}, 1).Keep()
@@ -494,7 +412,7 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 				if step == 3 && (i == 3 && last || i == 1 && !last) {
 					continue // parameter 3 has no last part, parameter 1 only a last
 				}
-				g := in(dev, normals(rng, s, 0.1), types[i], s)
+				g := asDType(dev, normals(rng, s, 0.1), types[i], s)
 				if sums[i] == nil {
 					sums[i] = g.Float32s()
 				} else {
@@ -534,22 +452,11 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 				t.Errorf("step %d: the sums' sum of squares %v, want %v", step, got, squares)
 			}
 		}
-		switch {
-		case step == 1 && kind == "adamw":
-			o.StepScaled(mult.Buf(), kernels.Buf{})
-			want.(ScaledStepper).StepScaled(refMult.Buf(), kernels.Buf{})
-		case step == 4:
-			o.StepUnless(skip.Buf())
-		default:
-			o.Step()
-			want.Step()
-		}
-		o.ZeroGrad()
-		want.ZeroGrad()
+		stepBoth(o, want, step == 1 && kind == "adamw", step == 4, mult, refMult, skip)
 		for i := range shapes {
 			m := master[i].Float32s()
 			if types[i] != tensor.F32 {
-				r := in(ref, m, types[i], shapes[i])
+				r := asDType(ref, m, types[i], shapes[i])
 				m = r.Float32s()
 				r.Release()
 				same(t, fmt.Sprintf("step %d, master %d", step, i), o.Master(work[i]).Float32s(), master[i].Float32s(), 0)
@@ -564,6 +471,79 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 	if got, want := o.HostBytes()-held-state, OffloadedSumBytes(33*7+7+5001+1); got != want {
 		t.Errorf("the host holds %d bytes more after micro-batched steps than its copies and state: want the sums' %d", got, want)
 	}
+}
+
+// workingWeights are the comparisons' parameters: a matrix, an F32 bias
+// (no decay), a weight of an odd length whose widening takes many passes,
+// and one of a single value, drawn from rng; work in their types (dt but
+// the bias) on dev, master their F32 values on ref, both released when t
+// ends.
+func workingWeights(t *testing.T, dev, ref *tensor.Device, rng *rand.Rand, dt tensor.DType) (shapes [][]int, types []tensor.DType, work, master []*tensor.Tensor) {
+	shapes = [][]int{{33, 7}, {7}, {5001}, {1}}
+	types = []tensor.DType{dt, tensor.F32, dt, dt}
+	for i, s := range shapes {
+		w := asDType(dev, normals(rng, s, 1), types[i], s).Keep().SetRequiresGrad(true)
+		work = append(work, w)
+		master = append(master, tensor.FromFloat32(ref, w.Float32s(), s...).Keep().SetRequiresGrad(true))
+	}
+	t.Cleanup(func() { releaseAll(append(work, master...)...) })
+	return shapes, types, work, master
+}
+
+// newWorkingOptimizer is an optimizer of kind over workingWeights'
+// parameters: the bias not decayed.
+func newWorkingOptimizer(kind string, ps []*tensor.Tensor) Optimizer {
+	if kind == "sgd" {
+		o := NewSGD(ps, 0.1, 0.9, 0.01, true)
+		o.NoDecay = []bool{false, true, false, false}
+		return o
+	}
+	o := NewAdamW(ps, 0.01, 0.1)
+	o.NoDecay = []bool{false, true, false, false}
+	return o
+}
+
+// offloadedPair is newOpt's optimizer over master, the reference, and over
+// work offloaded to host, both released when t ends.
+func offloadedPair(t *testing.T, newOpt func([]*tensor.Tensor) Optimizer, work, master []*tensor.Tensor, host *tensor.Device) (Optimizer, *Offloaded) {
+	want := newOpt(master)
+	t.Cleanup(want.Release)
+	o, err := Offload(newOpt(work), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Release)
+	return want, o
+}
+
+// stepBoth steps o and its reference want: with the gradients multiplied
+// by mult (refMult on want's device) when scaled, o alone under the set
+// flag skip (want not at all) when skipped; then zeroes both's gradients.
+func stepBoth(o *Offloaded, want Optimizer, scaled, skipped bool, mult, refMult, skip *tensor.Tensor) {
+	switch {
+	case scaled:
+		o.StepScaled(mult.Buf(), kernels.Buf{})
+		want.(ScaledStepper).StepScaled(refMult.Buf(), kernels.Buf{})
+	case skipped:
+		o.StepUnless(skip.Buf())
+	default:
+		o.Step()
+		want.Step()
+	}
+	o.ZeroGrad()
+	want.ZeroGrad()
+}
+
+// asDType is v, of shape, on d in dt: rounded from F32 for a 16-bit dt.
+func asDType(d *tensor.Device, v []float32, dt tensor.DType, shape []int) *tensor.Tensor {
+	f := tensor.FromFloat32(d, v, shape...)
+	if dt == tensor.F32 {
+		return f
+	}
+	defer f.Release()
+	h := tensor.Empty(d, dt, shape...)
+	d.Backend().Cast(h.Buf(), f.Buf())
+	return h
 }
 
 // normals are values of shape drawn from a normal distribution of
