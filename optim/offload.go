@@ -89,10 +89,12 @@ import (
 // copy of an F32 parameter, in the sum of a 16-bit one, which AdamW reads
 // in F32 (kernels.MasterAdamW) and the others through the F32 copy. The
 // sum's squares are summed as it is written, so the step's norm is the
-// host's for those parameters (the device's rows for the others). The
-// parts are added in the order the device would add them, so on a CPU
-// device a micro-batched offloaded step of F32 parameters equals the
-// unoffloaded one bit for bit.
+// host's for those parameters (the device's rows for the others). Each
+// part is added to the sum of those before it, as the device adds a
+// backward's gradient to the one it holds, so on a CPU device a
+// micro-batched offloaded step equals the unoffloaded one bit for bit for
+// F32 parameters whose gradient a backward makes in one piece (a tied
+// one, finished from several, adds them in another order there).
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
