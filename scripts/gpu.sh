@@ -24,7 +24,7 @@
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
-#             model's; in micro-batches of MICRO when set), STEPS (default 8) steps, its
+#             model's; in micro-batches of MICRO when set, then without -max-memory), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
@@ -221,6 +221,11 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       bf16w-fused-acts) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -offload-activations) ;;
       *) flags=() ;;
       esac
+      if [ -n "${MICRO:-}" ]; then # train refuses -micro-batch beside -max-memory (the budget chooses micro-batches itself): uncapped
+        kept=(); for ((k = 0; k < ${#flags[@]}; k++)); do
+          if [ "${flags[k]}" = -max-memory ]; then k=$((k + 1)); else kept+=("${flags[k]}"); fi
+        done; flags=("${kept[@]}")
+      fi
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
         ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
