@@ -557,9 +557,9 @@ func (o *Offloaded) UpdatedInBackward() float64 {
 
 // OffloadedDeviceBytes is the least device memory parameters of
 // paramBytes take under an offloaded optimizer whose gradients leave the
-// device during the backward (Ready): the parameters and the sixteenth of
-// their gradients (of the parameters' dtypes) in flight. Micro-batches
-// hold the whole gradients between their backwards.
+// device during the backward (Ready, and Part in micro-batches): the
+// parameters and the sixteenth of their gradients (of the parameters'
+// dtypes) in flight.
 func OffloadedDeviceBytes(paramBytes int64) int64 { return paramBytes + paramBytes/16 }
 
 // Ready is the backward's hook (autograd.OnGradReady): leaf's gradient is
