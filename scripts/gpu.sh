@@ -225,6 +225,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
         kept=(); for ((k = 0; k < ${#flags[@]}; k++)); do
           if [ "${flags[k]}" = -max-memory ]; then k=$((k + 1)); else kept+=("${flags[k]}"); fi
         done; flags=("${kept[@]}")
+        say "$model, $where: micro-batches of $MICRO, without -max-memory (uncapped; see the peak)"
       fi
       timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
         ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
