@@ -121,19 +121,17 @@ type Offloaded struct {
 	// (nil until a part comes), parts[i] the parts of it started down this
 	// step, summed[i] says the step's is summed (its squares' sum in sq[i]), and
 	// landing[i], when not nil, is closed once the host is done with the
-	// gradient's copy down, so that the next may land there; pending lists
-	// the parts Part started and PartsDown has not released.
+	// gradient's copy down, so that the next may land there.
 	sums    []*tensor.Tensor
 	parts   []int
 	summed  []bool
 	sq      []float64
 	landing []chan struct{}
-	pending []int
-	// queue lists the gradients Ready started down and has not released
-	// on the device, oldest first, inFlight their bytes: Ready waits for
-	// the oldest while they are more than flightMost, a sixteenth of all
-	// the parameters' bytes (the backward runs that far ahead of the
-	// copies), and there is more than one.
+	// queue lists the gradients Ready and Part started down and have not
+	// released on the device, oldest first, inFlight their bytes: they
+	// wait for the oldest while they are more than flightMost, a sixteenth
+	// of all the parameters' bytes (the backward runs that far ahead of
+	// the copies), and there is more than one (drain).
 	queue                []int
 	inFlight, flightMost int64
 	// squares holds each gradient's sum of squares this step (device
@@ -184,8 +182,8 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 		o.slot[p] = i
 		o.flightMost += p.Bytes() / 16
 		at := host
-		if p.DType().Half() && o.pc != nil { // no copy reads the master or the state: only the gradient's buffer is page-locked
-			at = pageable()
+		if p.DType().Half() { // no copy reads the master or the state: only the gradient's buffer is page-locked
+			at = o.unread()
 		}
 		h := hostMaster(at, p)
 		in, err := Partition(opt, []*tensor.Tensor{h}, []int{i})
@@ -335,52 +333,34 @@ func (o *Offloaded) Part(leaf *tensor.Tensor) {
 	if o.early[i] {
 		panic(fmt.Sprintf("optim: a part of the gradient of parameter %d (shape %v) after the step's last (Ready)", i, leaf.Shape()))
 	}
-	if slices.Contains(o.pending, i) {
+	if slices.Contains(o.queue, i) {
 		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one micro-batch's backward", i, leaf.Shape()))
 	}
 	if o.sums[i] == nil { // here, where running out of host memory is an error the step returns
-		at := o.at
-		if o.pc != nil { // no copy reads it
-			at = pageable()
-		}
-		o.sums[i] = tensor.Empty(at, tensor.F32, leaf.Shape()...).Keep()
+		o.sums[i] = tensor.Empty(o.unread(), tensor.F32, leaf.Shape()...).Keep()
 	}
 	o.land(i)
 	o.startDown(i)
 	o.enqueue(job{i: i, down: o.down[i], sum: true, first: o.parts[i] == 0})
 	o.parts[i]++
-	o.pending = append(o.pending, i)
-	for len(o.pending) > 1 && o.partBytes() > o.flightMost { // the backward runs as far ahead of the copies as Ready lets it
-		o.release(o.pending[0])
-		o.pending = o.pending[1:]
-	}
-}
-
-// partBytes is the bytes of the parts on the device whose copies down
-// Part started.
-func (o *Offloaded) partBytes() int64 {
-	var n int64
-	for _, i := range o.pending {
-		n += o.params[i].Bytes()
-	}
-	return n
-}
-
-// release waits for part i's copy down and releases it on the device.
-func (o *Offloaded) release(i int) {
-	o.down[i].Wait()
-	o.params[i].SetGrad(nil)
-	o.down[i] = nil
+	o.queue = append(o.queue, i)
+	o.inFlight += leaf.Bytes()
+	o.drain(o.flightMost)
 }
 
 // PartsDown ends a micro-batch whose gradients went to Part: it waits for
 // their copies down and releases them on the device, so that the next
 // micro-batch's backward starts from none.
-func (o *Offloaded) PartsDown() {
-	for _, i := range o.pending {
-		o.release(i)
+func (o *Offloaded) PartsDown() { o.drain(-1) }
+
+// unread is where the host keeps what no copy reads: pageable memory
+// beside page-locked copies (Note [working weights in 16 bits]), else the
+// host device Offload was given.
+func (o *Offloaded) unread() *tensor.Device {
+	if o.pc != nil {
+		return pageable()
 	}
-	o.pending = o.pending[:0]
+	return o.at
 }
 
 // land waits until the host is done with gradient i's last copy down, so
@@ -412,8 +392,8 @@ func (o *Offloaded) sumPart(i int, first, last bool) {
 		prev = sum
 	}
 	dst := sum
-	if last && p.DType() == tensor.F32 { // the F32 copy the update reads
-		dst = part
+	if last { // where the update reads it
+		dst = o.hostGrad(i)
 	}
 	sq := h.Backend().(kernels.PartSummer).SumPart(dst, prev, part)
 	n := p.Bytes()
@@ -427,12 +407,7 @@ func (o *Offloaded) sumPart(i int, first, last bool) {
 // finishSum makes the step's gradient of parameter i, whose last part did
 // not come (it had no gradient in the last micro-batch), its sum so far.
 func (o *Offloaded) finishSum(i int) {
-	p, h := o.params[i], o.host[i]
-	dst := o.sums[i].Buf()
-	if p.DType() == tensor.F32 {
-		dst = h.Grad().Buf()
-	}
-	o.sq[i] = h.Backend().(kernels.PartSummer).SumPart(dst, kernels.Buf{}, o.sums[i].Buf())
+	o.sq[i] = o.host[i].Backend().(kernels.PartSummer).SumPart(o.hostGrad(i), kernels.Buf{}, o.sums[i].Buf())
 	o.summed[i] = true
 }
 
@@ -596,14 +571,23 @@ func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 	}
 	o.queue = append(o.queue, i)
 	o.inFlight += leaf.Bytes()
-	for len(o.queue) > 1 && o.inFlight > o.flightMost {
+	o.drain(o.flightMost)
+}
+
+// drain waits for the oldest gradients in flight (queue) while there is
+// more than one and they pass most bytes, or for all of them when most is
+// negative, and releases each on the device once it is down: for good
+// (gone) when Ready started it, until the next micro-batch's part when
+// Part did.
+func (o *Offloaded) drain(most int64) {
+	for len(o.queue) > 0 && (most < 0 || len(o.queue) > 1 && o.inFlight > most) {
 		j := o.queue[0]
 		o.queue = o.queue[1:]
 		o.down[j].Wait()
 		o.inFlight -= o.params[j].Bytes()
 		if !o.gone[j] { // j may be queued twice
 			o.params[j].SetGrad(nil)
-			o.gone[j] = true
+			o.gone[j] = o.early[j]
 		}
 	}
 }
@@ -734,7 +718,7 @@ func (o *Offloaded) settle() {
 		o.early[i], o.gone[i], o.updated[i] = false, false, false
 		o.parts[i], o.summed[i], o.landing[i] = 0, false, nil
 	}
-	o.queue, o.inFlight, o.begun, o.pending = o.queue[:0], 0, false, o.pending[:0]
+	o.queue, o.inFlight, o.begun = o.queue[:0], 0, false
 }
 
 // Step updates every parameter that has a gradient.

@@ -127,24 +127,25 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 		if working[t].DType == kernels.BF16 {
 			round = half.BF16FromFloat32
 		}
-		if grads[t].DType == kernels.F32 { // a micro-batched step's sum: read as it is
-			g := f32s(grads[t])
-			parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
-				for s := lo; s < hi; s += masterChunk {
-					e := min(s+masterChunk, hi)
-					a.update(p[s:e], g[s:e], ms[s:e], vs[s:e])
-					round(w[s:e], p[s:e])
-				}
-			}))
-			continue
+		var g32 []float32 // a micro-batched step's sum, read as it is
+		var g16 []uint16
+		var widen func(dst []float32, src []uint16)
+		if grads[t].DType == kernels.F32 {
+			g32 = f32s(grads[t])
+		} else {
+			g16, widen = u16s(grads[t]), widener(grads[t].DType)
 		}
-		g, widen := u16s(grads[t]), widener(grads[t].DType)
 		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
 			var wide [masterChunk]float32
 			for s := lo; s < hi; s += masterChunk {
 				e := min(s+masterChunk, hi)
-				widen(wide[:e-s], g[s:e]) // all of the stretch's gradient read before w, which may be g, is written
-				a.update(p[s:e], wide[:e-s], ms[s:e], vs[s:e])
+				g := wide[:e-s]
+				if widen != nil {
+					widen(g, g16[s:e]) // all of the stretch's gradient read before w, which may be g16, is written
+				} else {
+					g = g32[s:e]
+				}
+				a.update(p[s:e], g, ms[s:e], vs[s:e])
 				round(w[s:e], p[s:e])
 			}
 		}))
@@ -202,10 +203,8 @@ func (c *Backend) SumPart(dst, sum, part kernels.Buf) float64 {
 				} else {
 					copy(x, f32s(part)[k:e])
 				}
-				if s != nil && !addVec(x, s[k:e]) {
-					for i, v := range s[k:e] {
-						x[i] += v
-					}
+				if s != nil {
+					addInto(x, s[k:e])
 				}
 				sq += sumSquares(x)
 				copy(d[k:e], x)

@@ -69,26 +69,21 @@ func TestDoWaitsForTheParts(t *testing.T) {
 // least one; the holders add up, and a release counts once.
 func TestLeave(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(6))
-	if got := Threads(); got != 6 {
-		t.Fatalf("Threads %d with GOMAXPROCS 6 and no holder", got)
+	want := func(n int, when string) {
+		t.Helper()
+		if got := Threads(); got != n {
+			t.Errorf("Threads %d %s, want %d", got, when, n)
+		}
 	}
-	a := Leave(1)
-	b := Leave(2)
-	if got := Threads(); got != 3 {
-		t.Errorf("Threads %d with 1 and 2 cores left of 6, want 3", got)
-	}
+	want(6, "with GOMAXPROCS 6 and no holder")
+	a, b := Leave(1), Leave(2)
+	want(3, "with 1 and 2 cores left of 6")
 	a()
 	a()
-	if got := Threads(); got != 4 {
-		t.Errorf("Threads %d after one holder of 1 released (twice), want 4", got)
-	}
+	want(4, "after one holder of 1 released (twice)")
 	c := Leave(9)
-	if got := Threads(); got != 1 {
-		t.Errorf("Threads %d with 11 cores left of 6, want 1", got)
-	}
+	want(1, "with 11 cores left of 6")
 	b()
 	c()
-	if got := Threads(); got != 6 {
-		t.Errorf("Threads %d after every holder released, want 6", got)
-	}
+	want(6, "after every holder released")
 }
