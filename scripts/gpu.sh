@@ -232,7 +232,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
       grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
-      python3 -c "import json, sys; print('tokens/s a period:', ' '.join(f\"{e['predictions_per_sec']:.0f}\" for e in json.load(open(sys.argv[1]))['epochs']))" \
+      [ -s "$w/offload-$where.json" ] && python3 -c "import json, sys; print('tokens/s a period:', ' '.join(f\"{e['predictions_per_sec']:.0f}\" for e in json.load(open(sys.argv[1]))['epochs']))" \
         "$w/offload-$where.json" 2>&1 | tee -a "$w/summary.txt"
     done
     if [[ " ${WHERE:-device host} " == *" host "* ]]; then # the host's AdamW beside a run that offloads
