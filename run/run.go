@@ -638,7 +638,7 @@ func (r *runner) fitBudget() (err error) {
 	r.mode = r.cfg.Mode(r.dev)
 	r.report.Config = r.cfg
 	fmt.Fprintf(r.say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(r.job.MaxMemory))
-	if r.micro > 0 {
+	if r.micro > 0 && r.cfg.MicroBatch == 0 { // the user's are said with the training's mode
 		bn := "; batch norm normalises each micro-batch on its own"
 		if r.arch.Text {
 			bn = ""

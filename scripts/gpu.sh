@@ -24,7 +24,7 @@
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
-#             model's; in micro-batches of MICRO when set, then without -max-memory), STEPS (default 8) steps, its
+#             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
@@ -33,7 +33,8 @@
 #             cores but one; "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
 #             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores,
 #             "bf16w-fused-acts" with -offload-activations;
-#             EVERY steps a period, default STEPS, each period's tokens/s printed); beside "host",
+#             EVERY steps a period, default STEPS, each period's tokens/s printed; LIMIT seconds a run,
+#             default 280); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
 #             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
@@ -221,13 +222,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       bf16w-fused-acts) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -offload-activations) ;;
       *) flags=() ;;
       esac
-      if [ -n "${MICRO:-}" ]; then # train refuses -micro-batch beside -max-memory (the budget chooses micro-batches itself): uncapped
-        kept=(); for ((k = 0; k < ${#flags[@]}; k++)); do
-          if [ "${flags[k]}" = -max-memory ]; then k=$((k + 1)); else kept+=("${flags[k]}"); fi
-        done; flags=("${kept[@]}")
-        say "$model, $where: micro-batches of $MICRO, without -max-memory (uncapped; see the peak)"
-      fi
-      timeout 280 bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
+      timeout "${LIMIT:-280}" bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
         ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"

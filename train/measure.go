@@ -74,6 +74,10 @@ type Measurement struct {
 	// before the step (parameters, optimiser state) plus the arena its
 	// traced allocations were planned into. Zero when not planned.
 	Planned int64 `json:"planned,omitempty"`
+	// Standing is what stays allocated between steps (parameters,
+	// optimiser state, whatever else outlives a step): allocated once, it
+	// does not fragment the pool as the step's own bytes can.
+	Standing int64 `json:"standing,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Examples is how many of the batch's examples the step ran, when
@@ -350,7 +354,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	if err := dev.Synchronize(); err != nil {
 		return Measurement{}, err
 	}
-	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Holds: h.worst}
+	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Standing: base, Holds: h.worst}
 	if h.worst != nil {
 		h.worst.Backward = pa - h.worst.Allocated
 	}
@@ -365,10 +369,20 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	return m, nil
 }
 
-// BudgetHeadroom is the share of a memory budget that FitBudget leaves to
-// the pool's rounding and fragmentation: a configuration fits when its
-// measured need is at most (1-BudgetHeadroom) of the budget.
+// BudgetHeadroom is the share of a step's own bytes (its need above what
+// stands between steps, Measurement.Standing) that FitBudget leaves to the
+// pool's fragmentation: the parameters and the optimiser's state are
+// allocated once and stay, while the step's activations, gradients and
+// workspaces come and go in blocks of many sizes.
 const BudgetHeadroom = 0.1
+
+// withinBudget says whether a step that needs need bytes, standing of them
+// allocated between steps, fits budget with BudgetHeadroom of the rest
+// spare; headroom is that spare.
+func withinBudget(need, standing, budget int64) (ok bool, headroom int64) {
+	headroom = int64(BudgetHeadroom * float64(max(0, need-standing)))
+	return need+headroom <= budget, headroom
+}
 
 // BudgetChoice is what FitBudget measured and chose.
 type BudgetChoice struct {
@@ -401,8 +415,10 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 
 // FitBudget chooses the fastest of the candidates whose training step on
 // the batch x, y fits the budget (see BudgetHeadroom), or else the leanest
-// with micro-batches of half the batch, a quarter, ... down to one example.
-// It returns an error wrapping memory.ErrOutOfMemory when nothing fits.
+// with micro-batches of half the batch, a quarter, ... down to one example;
+// with cfg.MicroBatch below the batch, the first of the candidates that fits
+// in those micro-batches, each measured on the whole batch. It returns an
+// error wrapping memory.ErrOutOfMemory when nothing fits.
 //
 // A batch of at least minSizedBatch examples is sized first, so that what
 // is predicted not to fit never runs on the whole batch: each candidate's
@@ -418,7 +434,6 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // before its next measurement with an error wrapping ErrInterrupted.
 func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64, stop <-chan struct{}) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
-	limit := int64(float64(budget) * (1 - BudgetHeadroom))
 	a := dev.Allocator()
 	old := a.Limit()
 	a.EmptyCache()
@@ -454,24 +469,37 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if err != nil {
 			return false, err
 		}
-		fits := !m.OutOfMemory && m.Need() <= limit
+		fits, headroom := withinBudget(m.Need(), m.Standing, budget)
+		fits = fits && !m.OutOfMemory
 		need := "over the budget"
 		if !m.OutOfMemory {
-			need = memory.Bytes(m.Need()).String()
+			need = fmt.Sprintf("%s + %s", memory.Bytes(m.Need()), memory.Bytes(headroom))
 		}
 		verdict := "does not fit"
 		if fits {
 			verdict = "fits"
 		}
-		fmt.Fprintf(w, "  %-38s %10s  %s\n", describeVariant(v, n), need, verdict)
+		fmt.Fprintf(w, "  %-38s %22s  %s\n", describeVariant(v, n), need, verdict)
 		if fits {
 			c.Chosen = v
 		}
 		return fits, nil
 	}
-	fmt.Fprintf(w, "fitting a step into a budget of %s (%s after %.0f%% headroom):\n", memory.Bytes(budget), memory.Bytes(limit), 100*BudgetHeadroom)
+	fmt.Fprintf(w, "fitting a step into a budget of %s (a step's need + %.0f%% of its own bytes, beyond what stays between steps, for the pool's fragmentation):\n", memory.Bytes(budget), 100*BudgetHeadroom)
+	if m := cfg.MicroBatch; m > 0 && m < n {
+		// The user's micro-batches: a step holds a micro-batch's
+		// activations whatever the batch, so each candidate is measured
+		// on the whole batch, in them.
+		for _, v := range candidates {
+			v.MicroBatch = m
+			if ok, err := try(v); ok || err != nil {
+				return c, err
+			}
+		}
+		return c, fmt.Errorf("no configuration fits a budget of %s in micro-batches of %d (try fewer examples a micro-batch): %w", memory.Bytes(budget), m, memory.ErrOutOfMemory)
+	}
 	if n >= minSizedBatch {
-		return fitSized(w, &c, candidates, n, limit, measure, try)
+		return fitSized(w, &c, candidates, n, budget, measure, try)
 	}
 	for _, v := range candidates {
 		if ok, err := try(v); ok || err != nil {
@@ -505,12 +533,17 @@ const minSizedBatch = 8
 // fitSized is FitBudget's search on a batch of n examples sized on two
 // slices of it (see FitBudget): measure(v, k) measures v's step on k of
 // the examples, try(v) on all of them, saying whether it fits.
-func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error)) (BudgetChoice, error) {
+func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error)) (BudgetChoice, error) {
 	b := max(1, n/8)
 	type size struct {
 		v         Variant
 		fits      int     // the most examples measured within the budget: 0, b or 2b
 		base, per float64 // the need of k examples, base + k·per, when fits is 2b
+		standing  int64   // what stays between its steps
+	}
+	within := func(need, standing int64) bool {
+		ok, _ := withinBudget(need, standing, budget)
+		return ok
 	}
 	predict := func(s size, k int) int64 { return int64(s.base + float64(k)*s.per) }
 	fmt.Fprintf(w, "  sizing each on %d and %d of the batch's %d examples:\n", b, 2*b, n)
@@ -523,10 +556,10 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit i
 			if err != nil {
 				return *c, err
 			}
-			if m.OutOfMemory || m.Need() > limit {
+			if m.OutOfMemory || !within(m.Need(), m.Standing) {
 				break
 			}
-			need[i], s.fits = m.Need(), k
+			need[i], s.fits, s.standing = m.Need(), k, m.Standing
 		}
 		switch s.fits {
 		case 0:
@@ -539,7 +572,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit i
 			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
 		}
 		sizes = append(sizes, s)
-		if s.fits == 2*b && predict(s, n) <= limit { // the fastest predicted to fit, before sizing the rest
+		if s.fits == 2*b && within(predict(s, n), s.standing) { // the fastest predicted to fit, before sizing the rest
 			if ok, err := try(s.v); ok || err != nil {
 				return *c, err
 			}
@@ -571,7 +604,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit i
 		if err != nil {
 			return *c, err
 		}
-		if m.OutOfMemory || m.Need() > limit {
+		if m.OutOfMemory || !within(m.Need(), m.Standing) {
 			fmt.Fprintf(w, "  %-38s over the budget on 2 examples\n", describeVariant(one, 2))
 			return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
 		}
@@ -585,7 +618,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, limit i
 	for m := n; m > 1; {
 		m = (m + 1) / 2
 		if leanest >= 0 && sizes[leanest].fits == 2*b {
-			if predict(sizes[leanest], m)+extra > limit {
+			if s := sizes[leanest]; !within(predict(s, m)+extra, s.standing) {
 				continue
 			}
 		} else if leanest >= 0 && m > b || leanest < 0 && m >= b {

@@ -579,6 +579,8 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		}
 		if last := c.Measured[len(c.Measured)-1]; last.Variant != c.Chosen || last.Examples != 0 || last.Need() > budget {
 			t.Errorf("the choice %+v was not measured last on the whole batch within the budget: %+v", c.Chosen, last)
+		} else if ok, _ := withinBudget(last.Need(), last.Standing, budget); !ok || last.Standing <= 0 || last.Standing >= last.Need() {
+			t.Errorf("the choice needs %d bytes, %d of them standing between steps: want 0 < standing < need, and the headroom within %d", last.Need(), last.Standing, budget)
 		}
 		// A budget that no whole batch fits: micro-batches, sized with the
 		// gradients they accumulate, the first tried fits.
@@ -610,6 +612,32 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 			t.Errorf("fitting with stop closed: %v, %d measured", err, len(c.Measured))
 		}
 	})
+}
+
+// TestWithinBudget: the headroom is a tenth of a step's bytes beyond what
+// stands between steps.
+func TestWithinBudget(t *testing.T) {
+	const gib = 1 << 30
+	for _, c := range []struct {
+		need, standing, budget int64
+		ok                     bool
+		headroom               int64
+	}{
+		{100, 0, 110, true, 10},
+		{100, 0, 109, false, 10},
+		{100, 60, 104, true, 4},
+		{100, 60, 103, false, 4},
+		{100, 100, 100, true, 0},
+		{100, 120, 100, true, 0}, // a step that frees some of what stood
+		{101, 0, 100, false, 10},
+		// gpt3-6.7b's step under 24 GiB: bf16 weights stand, the rest comes and goes.
+		{2166 * gib / 100, 1241 * gib / 100, 24 * gib, true, (2166 - 1241) * gib / 1000},
+	} {
+		ok, headroom := withinBudget(c.need, c.standing, c.budget)
+		if ok != c.ok || headroom < c.headroom-1 || headroom > c.headroom+1 {
+			t.Errorf("need %d, standing %d, budget %d: fits %v with headroom %d, want %v and %d", c.need, c.standing, c.budget, ok, headroom, c.ok, c.headroom)
+		}
+	}
 }
 
 // TestBudgetVariants: the configurations a budget is fitted with, fastest

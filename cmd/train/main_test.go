@@ -58,7 +58,6 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
 		{[]string{"-micro-batch", "0"}, cmdenv.ExitUsage, "-micro-batch 0: want a count of examples from 1 to -batch's 128"},
 		{[]string{"-batch", "8", "-micro-batch", "9"}, cmdenv.ExitUsage, "-micro-batch 9: want a count of examples from 1 to -batch's 8"},
-		{[]string{"-micro-batch", "4", "-max-memory", "1GiB"}, cmdenv.ExitUsage, "-micro-batch with -max-memory: the budget chooses the micro-batches itself"},
 		{[]string{"-micro-batch", "4", "-fuse-optimizer"}, cmdenv.ExitUsage, "-micro-batch 4 with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients"},
 		{[]string{"-offload-activations"}, cmdenv.ExitUsage, "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"},
 		{[]string{"-bf16-weights"}, cmdenv.ExitUsage, "-bf16-weights: model resnet is not a GPT"},
@@ -174,37 +173,53 @@ func TestTextRun(t *testing.T) {
 
 // TestMicroBatchRun: -micro-batch trains a GPT in micro-batches to
 // within rounding of the whole batches' losses (the same mean gradient),
-// says so, and records it in the report.
+// says so, and records it in the report; -max-memory keeps them, measuring
+// each configuration on the whole batch in them rather than sizing it.
 func TestMicroBatchRun(t *testing.T) {
 	dir := t.TempDir()
 	text := filepath.Join(dir, "story.txt")
 	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 100)), 0o644)
-	var losses [2]float64
-	for i, micro := range []string{"0", "2"} {
-		js := filepath.Join(dir, "r-"+micro+".json")
+	var losses []float64
+	for i, c := range []struct {
+		micro  string
+		budget bool // under -max-memory, which keeps them
+	}{{"0", false}, {"2", false}, {"2", true}} {
+		js := filepath.Join(dir, fmt.Sprintf("r-%d.json", i))
 		args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
 			"-eval-batches", "2", "-steps", "8", "-eval-every", "8", "-json", js, "-measure=false"}
-		if micro != "0" {
-			args = append(args, "-micro-batch", micro)
+		if c.micro != "0" {
+			args = append(args, "-micro-batch", c.micro)
+		}
+		if c.budget {
+			args = append(args, "-max-memory", "1GiB")
 		}
 		code, stdout, stderr := runCLI(args...)
 		if code != 0 {
-			t.Fatalf("-micro-batch %s: exit %d\n%s\n%s", micro, code, stdout, stderr)
+			t.Fatalf("-micro-batch %s (budget %v): exit %d\n%s\n%s", c.micro, c.budget, code, stdout, stderr)
 		}
-		if said := strings.Contains(stdout, "micro-batches of 2 (-micro-batch)"); said != (micro == "2") {
-			t.Errorf("-micro-batch %s: the training line says micro-batches %v:\n%s", micro, said, stdout)
+		if said := strings.Contains(stdout, "micro-batches of 2 (-micro-batch)"); said != (c.micro == "2") {
+			t.Errorf("-micro-batch %s: the training line says micro-batches %v:\n%s", c.micro, said, stdout)
 		}
 		var r run.Report
 		if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 1 {
 			t.Fatalf("-json: %v %+v", err, r)
 		}
-		if got := fmt.Sprint(r.Config.MicroBatch); got != micro {
-			t.Errorf("-micro-batch %s: the report's micro_batch is %s", micro, got)
+		if got := fmt.Sprint(r.Config.MicroBatch); got != c.micro {
+			t.Errorf("-micro-batch %s: the report's micro_batch is %s", c.micro, got)
 		}
-		losses[i] = float64(r.Epochs[0].TestLoss)
+		if c.budget {
+			if r.Budget == nil || r.Budget.Chosen.MicroBatch != 2 || len(r.Budget.Measured) != 1 || r.Budget.Measured[0].Examples != 0 ||
+				!strings.Contains(stdout, "fp32, micro-batches of 2") || strings.Contains(stdout, "sizing") {
+				t.Errorf("-micro-batch 2 -max-memory 1GiB: the budget measured %+v and chose %+v, want fp32 in micro-batches of 2 on the whole batch\n%s", r.Budget.Measured, r.Budget.Chosen, stdout)
+			}
+		}
+		losses = append(losses, float64(r.Epochs[0].TestLoss))
 	}
 	if d := math.Abs(losses[1] - losses[0]); !(d <= 1e-3*losses[0]) {
 		t.Errorf("validation loss %v in micro-batches of 2, %v in whole batches of 4: want the same within rounding", losses[1], losses[0])
+	}
+	if losses[2] != losses[1] {
+		t.Errorf("validation loss %v in micro-batches of 2 under -max-memory, %v without: want the same", losses[2], losses[1])
 	}
 }
 
