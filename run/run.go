@@ -283,9 +283,9 @@ func (r *runner) stateFits() error {
 		need, what = optim.OffloadedDeviceBytes(g.ParamBytes()), "with the gradients in flight to host memory (the optimizer's state there)"
 		onHost := optim.OffloadedHostBytes(r.cfg.Optimizer, params, g.ParamBytes())
 		sums := ""
-		if m := r.cfg.MicroBatch; m > 0 && m < r.cfg.Batch {
+		if r.cfg.MicroBatched() {
 			onHost += optim.OffloadedSumBytes(params)
-			sums = fmt.Sprintf(" and their sums over micro-batches of %d", m)
+			sums = fmt.Sprintf(" and their sums over micro-batches of %d", r.cfg.MicroBatch)
 		}
 		hostNeed += onHost
 		held = append(held, fmt.Sprintf("-offload-optimizer %s of copies of its %s parameters, their gradients%s and %s's state",
@@ -820,8 +820,8 @@ func (r *runner) fit() error {
 	case r.cfg.FuseOptimizer:
 		mode += ", each parameter updated in the backward (-fuse-optimizer)"
 	}
-	if m := r.t.Step.MicroBatch(); m > 0 && m < r.cfg.Batch && r.cfg.MicroBatch > 0 { // the budget's choice is said where it is made
-		mode += fmt.Sprintf(", micro-batches of %d (-micro-batch)", m)
+	if r.cfg.MicroBatched() { // the budget's choice is said where it is made
+		mode += fmt.Sprintf(", micro-batches of %d (-micro-batch)", r.cfg.MicroBatch)
 		if r.cfg.Offloads(r.dev) {
 			mode += ", their gradients summed in F32 in host memory"
 		}

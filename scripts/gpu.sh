@@ -34,7 +34,7 @@
 #             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores,
 #             "bf16w-fused-acts" with -offload-activations;
 #             EVERY steps a period, default STEPS, each period's tokens/s printed; LIMIT seconds a run,
-#             default 280); beside "host",
+#             default 280; FLAGS, more of train's flags for every run); beside "host",
 #             the host's AdamW (kernels/cpu's benchmark, 1 and 16 cores) and PyTorch's fused CPU AdamW
 #   largest   the seed's "24 GB trains 1.2B parameters": bench -largest-model CAP (default 24 GiB) over the GPT family
 #             (MODELS, comma-separated, for only those; LIMIT seconds, default 420; PROFILE=1 adds the Go CPU
@@ -223,7 +223,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       *) flags=() ;;
       esac
       timeout "${LIMIT:-280}" bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
-        ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" \
+        ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" ${FLAGS:-} \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
       grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"

@@ -112,6 +112,10 @@ type Config struct {
 	EvalBatches int    `json:"eval_batches,omitempty"`
 }
 
+// MicroBatched says whether steps run the batch as micro-batches of
+// MicroBatch (set and below Batch).
+func (c Config) MicroBatched() bool { return c.MicroBatch > 0 && c.MicroBatch < c.Batch }
+
 // Offloads says whether a run on dev keeps its optimiser's state in host
 // memory: OffloadOptimizer, on a device other than the CPU (whose memory
 // is the host's).

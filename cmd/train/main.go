@@ -322,16 +322,17 @@ func (o *options) check() []string {
 			bad("-fuse-optimizer with %s", why)
 		}
 	}
+	micro := train.Config{Batch: o.batch, MicroBatch: o.micro}.MicroBatched()
 	switch {
 	case o.hostThreads < 0:
 		bad("-host-threads %d: want a count of cores, or 0 for all but one", o.hostThreads)
-	case o.set["host-threads"] && !(o.offload && (o.fuse || o.micro > 0 && o.micro < o.batch)):
+	case o.set["host-threads"] && !(o.offload && (o.fuse || micro)):
 		bad("-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch")
 	}
 	switch {
 	case o.micro < 0 || o.set["micro-batch"] && o.micro == 0 || o.micro > o.batch:
 		bad("-micro-batch %d: want a count of examples from 1 to -batch's %d", o.micro, o.batch)
-	case o.micro > 0 && o.micro < o.batch && o.fuse && !o.offload:
+	case micro && o.fuse && !o.offload:
 		bad("-micro-batch %d with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients in one backward (with -offload-optimizer the host sums them and updates in the last)", o.micro)
 	}
 	if o.acts && !o.ckpt {
