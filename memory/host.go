@@ -2,12 +2,68 @@ package memory
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
+
+// outside is the host memory the process holds outside the Go heap
+// (page-locked segments: NoteOutsideHeap), which the Go runtime's memory
+// limit does not see; goLimit is what LimitGoHeap was given (0: the
+// runtime's limit is left alone).
+var outside struct {
+	mu      sync.Mutex
+	bytes   int64
+	goLimit int64
+}
+
+// NoteOutsideHeap records delta bytes of host memory taken by the process
+// outside the Go heap (page-locked memory; negative: given back). The Go
+// heap's limit (LimitGoHeap) and the CPU pool's room (HeapSource) shrink by
+// what is held there, so that the Go heap's garbage and the page-locked
+// memory beside it cannot together pass the host's memory.
+func NoteOutsideHeap(delta int64) {
+	outside.mu.Lock()
+	defer outside.mu.Unlock()
+	if outside.bytes+delta < 0 {
+		panic(fmt.Sprintf("memory: %d bytes of host memory given back outside the Go heap, where %d were held: more host memory given back than was taken", -delta, outside.bytes))
+	}
+	outside.bytes += delta
+	applyGoLimit()
+}
+
+// OutsideHeap is the host memory the process holds outside the Go heap
+// (NoteOutsideHeap).
+func OutsideHeap() int64 {
+	outside.mu.Lock()
+	defer outside.mu.Unlock()
+	return outside.bytes
+}
+
+// LimitGoHeap sets the Go runtime's memory limit to bytes, less the host
+// memory held outside the Go heap, and keeps it so as that changes: the
+// garbage collector collects before the process as a whole passes bytes.
+// The commands call it with a share of HostMemory; bytes <= 0 leaves the
+// runtime's limit alone from here on.
+func LimitGoHeap(bytes int64) {
+	outside.mu.Lock()
+	defer outside.mu.Unlock()
+	outside.goLimit = bytes
+	applyGoLimit()
+}
+
+// applyGoLimit sets the runtime's limit from outside (locked), at least
+// 64 MiB so that the runtime is never left without room.
+func applyGoLimit() {
+	if outside.goLimit > 0 {
+		debug.SetMemoryLimit(max(outside.goLimit-outside.bytes, 64<<20))
+	}
+}
 
 // HostMemory is the memory this process may use on its host: the
 // machine's physical memory, or less where a control group (a container's

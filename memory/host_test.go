@@ -2,9 +2,11 @@ package memory
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -64,7 +66,7 @@ func TestHeapSourceCountsTheWholeHeap(t *testing.T) {
 		elsewhere[i] = 1
 	}
 	_, err = h.Alloc(32 << 20)
-	if !errors.Is(err, ErrOutOfMemory) || !strings.Contains(err.Error(), "elsewhere in the process") {
+	if !errors.Is(err, ErrOutOfMemory) || !strings.Contains(err.Error(), "elsewhere in the Go heap") {
 		t.Errorf("a segment past the heap's share: %v", err)
 	}
 	runtime.KeepAlive(elsewhere)
@@ -74,4 +76,52 @@ func TestHeapSourceCountsTheWholeHeap(t *testing.T) {
 		t.Errorf("after the buffer was dropped: %v", err)
 	}
 	h.Free(s)
+	// Page-locked memory is outside the Go heap, and counts as well.
+	NoteOutsideHeap(80 << 20)
+	_, err = h.Alloc(32 << 20)
+	NoteOutsideHeap(-80 << 20)
+	if !errors.Is(err, ErrOutOfMemory) || !strings.Contains(err.Error(), "less 83886080 page-locked") {
+		t.Errorf("a segment past the heap's share beside 80 MiB page-locked: %v", err)
+	}
+	if s, err = h.Alloc(32 << 20); err != nil {
+		t.Errorf("after the page-locked memory was given back: %v", err)
+	}
+	h.Free(s)
+}
+
+// TestLimitGoHeap: the Go runtime's limit is LimitGoHeap's less what is
+// held outside the heap, as that changes, and is left alone once
+// LimitGoHeap(0) gives it up; giving back more than was taken panics.
+func TestLimitGoHeap(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(old)
+	defer LimitGoHeap(0)
+	const gib = 1 << 30
+	base := OutsideHeap()
+	LimitGoHeap(1024 * gib)
+	for _, c := range []struct {
+		delta, want int64
+	}{
+		{3 * gib, 1021*gib - base},
+		{-2 * gib, 1023*gib - base},
+		{-gib, 1024*gib - base},
+	} {
+		NoteOutsideHeap(c.delta)
+		if got := debug.SetMemoryLimit(-1); got != c.want {
+			t.Errorf("after %d bytes outside the heap: the runtime's limit is %d, want %d", c.delta, got, c.want)
+		}
+	}
+	LimitGoHeap(0)
+	debug.SetMemoryLimit(old)
+	NoteOutsideHeap(gib)
+	NoteOutsideHeap(-gib)
+	if got := debug.SetMemoryLimit(-1); got != old {
+		t.Errorf("unmanaged, the runtime's limit moved from %d to %d", old, got)
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "more host memory given back") {
+			t.Errorf("giving back more than was taken: %v", r)
+		}
+	}()
+	NoteOutsideHeap(-base - 1)
 }

@@ -54,17 +54,22 @@ func NewHeapSource() *HeapSource {
 	return &HeapSource{total: HostMemory()}
 }
 
-// HeapShare is the share of HostMemory that the process's Go heap may
+// HeapShare is the share of HostMemory that the process's Go heap and the
+// host memory it holds outside it (OutsideHeap: page-locked segments) may
 // reach with a new segment: the rest is for the runtime, the program and
 // the kernel's accounting of it, so that a container's limit is met by the
 // pool's error rather than the kernel's kill.
 const HeapShare = 0.9
 
+// HostShare is HeapShare of HostMemory: the host memory a run may plan to
+// hold, in the Go heap and page-locked together.
+func HostShare() int64 { return int64(float64(HostMemory()) * HeapShare) }
+
 // Alloc returns a zeroed Go heap slab of size bytes. It fails with
 // ErrOutOfMemory when the segments would pass the source's total, or when
 // the Go heap as a whole (the segments and everything else the program
-// holds: datasets, host buffers) would pass HeapShare of it even after a
-// garbage collection.
+// holds: datasets, host buffers) and the memory held outside the heap
+// would pass HeapShare of it even after a garbage collection.
 func (h *HeapSource) Alloc(size int64) (Segment, error) {
 	if size <= 0 {
 		return Segment{}, fmt.Errorf("memory: heap segment of %d bytes", size)
@@ -74,13 +79,13 @@ func (h *HeapSource) Alloc(size int64) (Segment, error) {
 		h.mu.Unlock()
 		return Segment{}, fmt.Errorf("heap: %d bytes requested, %d of %d in use: %w", size, h.used, h.total, ErrOutOfMemory)
 	}
-	heap := int64(float64(h.total) * HeapShare)
+	heap := int64(float64(h.total)*HeapShare) - OutsideHeap()
 	if goHeap()+size > heap {
 		runtime.GC() // the segments freed since the last collection
 		if g := goHeap(); g+size > heap {
 			h.mu.Unlock()
-			return Segment{}, fmt.Errorf("heap: %d bytes requested, %d in the pool and %d elsewhere in the process, of the %d it may hold (%.0f%% of %d): %w",
-				size, h.used, max(g-h.used, 0), heap, 100*HeapShare, h.total, ErrOutOfMemory)
+			return Segment{}, fmt.Errorf("heap: %d bytes requested, %d in the pool and %d elsewhere in the Go heap, of the %d it may hold (%.0f%% of %d, less %d page-locked): %w",
+				size, h.used, max(g-h.used, 0), heap, 100*HeapShare, h.total, OutsideHeap(), ErrOutOfMemory)
 		}
 	}
 	h.used += size

@@ -296,9 +296,9 @@ func (r *runner) stateFits() error {
 		hostNeed += acts
 		held = append(held, fmt.Sprintf("-offload-activations %s of what its %d blocks keep a step", memory.Bytes(acts), g.Layers))
 	}
-	if host := memory.HostMemory(); hostNeed > host {
-		return fmt.Errorf("model %s: in host memory %s, %s in all, and the host has %s",
-			r.cfg.Model, strings.Join(held, " and "), memory.Bytes(hostNeed), memory.Bytes(host))
+	if may := memory.HostShare(); hostNeed > may {
+		return fmt.Errorf("model %s: in host memory %s, %s in all, more than the %s this process may hold (%.0f%% of the host's %s)",
+			r.cfg.Model, strings.Join(held, " and "), memory.Bytes(hostNeed), memory.Bytes(may), 100*memory.HeapShare, memory.Bytes(memory.HostMemory()))
 	}
 	_, total := r.dev.MemInfo()
 	limit, of := total, r.dev.Name()+"'s memory"
@@ -534,7 +534,7 @@ func (r *runner) build() nn.Model {
 // (a batch's host buffers, outside the pool) fit the host memory the Go
 // heap may hold (memory.HostMemory, memory.HeapShare); what names them.
 func hostFits(n, per int, what string) error {
-	host := int64(float64(memory.HostMemory()) * memory.HeapShare)
+	host := memory.HostShare()
 	if b, ok := memory.Product(n, per); !ok || int64(b) > host {
 		size := "more bytes than an int holds"
 		if ok {

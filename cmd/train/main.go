@@ -581,7 +581,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		if dev.OnHost() && os.Getenv("GOMEMLIMIT") == "" {
 			// The pool's segments are Go memory: the runtime collects the
 			// ones given back before the process grows much past the budget.
-			debug.SetMemoryLimit(min(debug.SetMemoryLimit(-1), job.MaxMemory+cpuRuntimeRoom))
+			memory.LimitGoHeap(min(debug.SetMemoryLimit(-1), job.MaxMemory+cpuRuntimeRoom))
 		}
 		job.KeepOptimizerOnDevice = o.set["offload-optimizer"] && !o.offload
 		job.Allow = func(v train.Variant) bool { // the flags given are kept

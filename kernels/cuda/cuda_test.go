@@ -702,12 +702,16 @@ func TestCUDAPinned(t *testing.T) {
 	}
 	src := b.PinnedSource()
 	const n = 5<<20 + 3 // more than a staging chunk
+	outside := memory.OutsideHeap()
 	seg, err := src.Alloc(3*n*4 + 64)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if free, total := src.MemInfo(); total-free != seg.Size {
 		t.Errorf("MemInfo: %d of %d free after a %d-byte segment", free, total, seg.Size)
+	}
+	if got := memory.OutsideHeap() - outside; got != seg.Size {
+		t.Errorf("a %d-byte page-locked segment counts %d bytes outside the Go heap", seg.Size, got)
 	}
 	in, out, early := seg.Host[16:16+n*4], seg.Host[32+n*4:32+2*n*4], seg.Host[48+2*n*4:48+3*n*4]
 	for i := 0; i < n; i++ {
@@ -762,6 +766,9 @@ func TestCUDAPinned(t *testing.T) {
 	}
 	if err := src.Free(seg); err != nil {
 		t.Fatal(err)
+	}
+	if got := memory.OutsideHeap(); got != outside {
+		t.Errorf("after the segment was freed, %d bytes outside the Go heap, want %d", got, outside)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

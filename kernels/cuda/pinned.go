@@ -63,6 +63,7 @@ func (s *pinnedSource) Alloc(size int64) (memory.Segment, error) {
 	copy(s.ranges[i+1:], s.ranges[i:])
 	s.ranges[i] = r
 	s.used += size
+	memory.NoteOutsideHeap(size)
 	return memory.Segment{Addr: uintptr(p), Size: size, Host: unsafe.Slice((*byte)(p), size)}, nil
 }
 
@@ -75,6 +76,7 @@ func (s *pinnedSource) Free(seg memory.Segment) error {
 	}
 	s.ranges = append(s.ranges[:i], s.ranges[i+1:]...)
 	s.used -= seg.Size
+	memory.NoteOutsideHeap(-seg.Size)
 	var err error
 	s.b.withContext(func() {
 		err = s.b.d.check("cuMemFreeHost", s.b.d.memFreeHost(unsafe.Pointer(unsafe.SliceData(seg.Host))))

@@ -169,13 +169,13 @@ func SignalName(s os.Signal) string {
 // Main runs a command's body and returns its exit status; a panic on the
 // command's goroutine (a bug) becomes one line and ExitInternal instead of
 // a stack trace, which LEANGRAD_DEBUG=1 prints as well. Unless GOMEMLIMIT
-// says otherwise, the Go runtime's memory limit is the host's memory
-// (memory.HostMemory, a container's limit where one is set): the CPU
-// pool's segments that were given back are collected before the process
-// grows past it.
+// says otherwise, the Go runtime's memory limit is 95% of the host's memory
+// (memory.HostMemory, a container's limit where one is set) less what is
+// page-locked (memory.LimitGoHeap): the CPU pool's segments that were
+// given back are collected before the process grows past it.
 func Main(name string, body func() int) (code int) {
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(memory.HostMemory() / 100 * 95)
+		memory.LimitGoHeap(memory.HostMemory() / 100 * 95)
 	}
 	defer func() {
 		if r := recover(); r != nil {
