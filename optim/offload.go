@@ -920,16 +920,37 @@ func (o *Offloaded) Pinned() bool { return o.pc != nil }
 // micro-batches.
 func (o *Offloaded) HostBytes() int64 {
 	var n int64
+	o.eachHeld(func(t *tensor.Tensor) { n += t.Bytes() })
+	return n
+}
+
+// PinnedBytes is the part of HostBytes in the device's page-locked memory,
+// which the copies read and write directly (0 with staged copies); the
+// rest is pageable (Note [working weights in 16 bits]).
+func (o *Offloaded) PinnedBytes() int64 {
+	var n int64
+	if o.pc != nil {
+		o.eachHeld(func(t *tensor.Tensor) {
+			if t.Device() == o.at {
+				n += t.Bytes()
+			}
+		})
+	}
+	return n
+}
+
+// eachHeld calls f with each tensor the optimiser holds in host memory.
+func (o *Offloaded) eachHeld(f func(*tensor.Tensor)) {
 	for i, h := range o.host {
-		n += h.Bytes() + h.Grad().Bytes()
+		f(h)
+		f(h.Grad())
 		if o.sums[i] != nil {
-			n += o.sums[i].Bytes()
+			f(o.sums[i])
 		}
 	}
 	for _, t := range o.innerState() {
-		n += t.Bytes()
+		f(t)
 	}
-	return n
 }
 
 // Counters lists the learning rate and, for AdamW, the step count (the

@@ -337,6 +337,18 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	if h := o.HostBytes(); h != held {
 		t.Errorf("host bytes %d, want %d: F32 masters and moments, and gradients in two bytes where the update reads them so", h, held)
 	}
+	// Page-locked: an F32 parameter's copy, gradient and moments (the
+	// copies read the first two), and a 16-bit one's gradient alone.
+	pinned := 16*f32 + int64(dt.Size())*half
+	if !fuseMasters {
+		pinned = 16*f32 + 4*half
+	}
+	if !o.Pinned() {
+		pinned = 0
+	}
+	if got := o.PinnedBytes(); got != pinned {
+		t.Errorf("page-locked bytes %d of %d, want %d", got, o.HostBytes(), pinned)
+	}
 	// A resumed run takes the masters from the state, not the rounded
 	// weights.
 	again, err := Offload(adamw(work), host)

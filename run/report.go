@@ -33,14 +33,14 @@ type Final struct {
 	// (which makes the state): the gradients not yet down, the update,
 	// parameters up; HostGradsOverlapped is the share of the
 	// gradients' bytes that began to come down during the backward;
-	// HostOptimizerPinned says whether that memory was page-locked.
+	// HostOptimizerPinnedBytes is the part of it in page-locked memory.
 	HostOptimizerBytes  int64   `json:"host_optimizer_bytes,omitempty"`
 	HostStepSeconds     float64 `json:"host_step_seconds,omitempty"`
 	HostGradsOverlapped float64 `json:"host_grads_overlapped,omitempty"`
 	// HostUpdatedInBackward is the share of the parameters' bytes the host
 	// updated during the backward (no clipping, no loss scaling).
-	HostUpdatedInBackward float64 `json:"host_updated_in_backward,omitempty"`
-	HostOptimizerPinned   bool    `json:"host_optimizer_pinned,omitempty"`
+	HostUpdatedInBackward    float64 `json:"host_updated_in_backward,omitempty"`
+	HostOptimizerPinnedBytes int64   `json:"host_optimizer_pinned_bytes,omitempty"`
 	// HostActivationBytes is the most host memory one forward's
 	// checkpointed blocks kept there (train.Config.OffloadActivations).
 	HostActivationBytes int64 `json:"host_activation_bytes,omitempty"`

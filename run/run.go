@@ -903,14 +903,11 @@ func (r *runner) summarize() error {
 	add("peak reserved  %s by the training steps", memory.Bytes(peakR))
 	if o, ok := t.Opt.(*optim.Offloaded); ok {
 		f := r.report.Final
-		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinned = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.Pinned()
+		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinnedBytes = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.PinnedBytes()
 		f.HostUpdatedInBackward = o.UpdatedInBackward()
-		kind := "pageable"
-		if f.HostOptimizerPinned {
-			kind = "page-locked"
-		}
-		add("host memory    %s (%s) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which page-locks the state, %.3f s)",
-			memory.Bytes(f.HostOptimizerBytes), kind, cfg.Optimizer, 100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0), o.FirstStep().Seconds())
+		add("host memory    %s (%s page-locked, %s pageable) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which allocates the host's memory and page-locks its part, %.3f s)",
+			memory.Bytes(f.HostOptimizerBytes), memory.Bytes(f.HostOptimizerPinnedBytes), memory.Bytes(f.HostOptimizerBytes-f.HostOptimizerPinnedBytes), cfg.Optimizer,
+			100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0), o.FirstStep().Seconds())
 	}
 	if o := t.Step.Offloader; o != nil {
 		r.report.Final.HostActivationBytes = o.Bytes()
