@@ -74,15 +74,17 @@ const geluStretch = 256
 const geluC = 0.7978845608028654
 
 // mapChunks runs f(y, x) over n values of x and y a chunk at a time (see
-// chunkLen), over goroutines: in place for F32, through float32 on the stack
-// for F16.
+// chunkLen), over goroutines: in place for F32, through float32 scratch
+// for F16 and BF16.
 func mapChunks(yv, xv values, n int, f func(y, x []float32)) {
 	parallel(n, elemGrain, func(lo, hi int) {
-		var xb, yb [chunkLen]float32
+		xb, yb := getScratch(chunkLen), getScratch(chunkLen)
+		defer putScratch(xb)
+		defer putScratch(yb)
 		for at := lo; at < hi; at += chunkLen {
 			k := min(chunkLen, hi-at)
-			y := yv.target(at, k, yb[:])
-			f(y, xv.span(at, k, xb[:]))
+			y := yv.target(at, k, yb)
+			f(y, xv.span(at, k, xb))
 			yv.commit(at, y)
 		}
 	})

@@ -136,7 +136,8 @@ func (c *Backend) AdamWMaster(hp kernels.AdamWParams, masters, grads, m, v, work
 			g16, widen = u16s(grads[t]), widener(grads[t].DType)
 		}
 		parallel(len(p), elemGrain, yielding(yieldRun, func(lo, hi int) {
-			var wide [masterChunk]float32
+			wide := getScratch(masterChunk) // scratch, not an array on the stack: widen's call would move that to the heap each time
+			defer putScratch(wide)
 			for s := lo; s < hi; s += masterChunk {
 				e := min(s+masterChunk, hi)
 				g := wide[:e-s]
@@ -192,7 +193,8 @@ func (c *Backend) SumPart(dst, sum, part kernels.Buf) float64 {
 	blocks := (len(d) + elemGrain - 1) / elemGrain
 	squares := make([]float64, blocks)
 	parallel(blocks, 1, yielding(1, func(lo, hi int) {
-		var wide [chunkLen]float32
+		wide := getScratch(chunkLen)
+		defer putScratch(wide)
 		for b := lo; b < hi; b++ {
 			var sq float64
 			for k := b * elemGrain; k < min(len(d), (b+1)*elemGrain); k += chunkLen {
