@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+
+	"github.com/leangrad/leangrad/kernels"
 )
 
 // TestScratchIsBounded: the free lists reuse what they hold and never hold
@@ -75,6 +77,39 @@ func TestYielding(t *testing.T) {
 		}
 		if at != c.hi || (c.hi > c.lo) != (len(got) > 0) {
 			t.Errorf("yielding(%d) over [%d, %d): runs %v, want [%d, %d) covered", c.run, c.lo, c.hi, got, c.lo, c.hi)
+		}
+	}
+}
+
+// TestStretchesLeaveNoGarbage: operations that work a stretch at a time
+// through scratch (16-bit elementwise maps, the sums of micro-batches'
+// parts, AdamW over 16-bit working weights) allocate next to nothing on
+// the Go heap once warm, whatever the values' count: their stretches are
+// scratch from the free lists, not arrays the compiler moves to the heap
+// at every chunk.
+func TestStretchesLeaveNoGarbage(t *testing.T) {
+	const n = 1 << 22
+	x, y := buf(t, kernels.BF16, n), buf(t, kernels.BF16, n)
+	dst, sum := buf(t, kernels.F32, n), buf(t, kernels.F32, n)
+	be.Fill(x, 0.5)
+	be.Fill(sum, 0.25)
+	for _, op := range []struct {
+		name string
+		run  func()
+	}{
+		{"GELU over BF16", func() { be.Unary(kernels.GELU, y, x) }},
+		{"SumPart of a BF16 part", func() { be.SumPart(dst, sum, x) }},
+	} {
+		op.run() // warm: the free lists fill
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		before := ms.TotalAlloc
+		for range 3 {
+			op.run()
+		}
+		runtime.ReadMemStats(&ms)
+		if got := (ms.TotalAlloc - before) / 3; got > 64<<10 {
+			t.Errorf("%s over %d values: %d bytes allocated on the Go heap a call (%.3f a value), want next to nothing", op.name, n, got, float64(got)/n)
 		}
 	}
 }
