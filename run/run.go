@@ -738,11 +738,10 @@ func (r *runner) trainer() (err error) {
 	if r.t, err = train.New(r.model, r.dev, r.cfg, r.trainL.Len()); err != nil {
 		return err
 	}
-	if r.micro == 0 {
-		r.micro = r.cfg.MicroBatch
-	}
-	if err := r.t.Step.SetMicroBatch(r.micro); err != nil {
-		return err
+	if r.micro > 0 { // the budget's choice; train.New applied Config.MicroBatch
+		if err := r.t.Step.SetMicroBatch(r.micro); err != nil {
+			return err
+		}
 	}
 	if g := r.job.Group; g != nil {
 		if err := r.t.SetGroup(g, r.job.ShardOptimizer); err != nil {

@@ -91,7 +91,8 @@ type Config struct {
 	// the activations of a micro-batch. With the optimizer offloaded the
 	// gradients are summed in F32 in host memory and leave the device
 	// during each micro-batch's backward (Note [parts summed on the host]
-	// in optim). Under a budget (run.Job.MaxMemory) the budget chooses it.
+	// in optim). A budget (run.Job.MaxMemory, FitBudget) keeps it when set,
+	// and may choose one when not.
 	MicroBatch int `json:"micro_batch,omitempty"`
 	// HostThreads is how many goroutines the host's work spreads over
 	// while it runs beside the backward, the update or micro-batches' sums
