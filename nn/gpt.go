@@ -256,8 +256,11 @@ type GPT struct {
 	Blocks     []*GPTBlock
 	LNF        *LayerNorm
 	Checkpoint CheckpointMode
-	Drop       *Dropout
-	positions  *T // I32 0 ... Context−1, for the position embeddings
+	// Checkpointed limits CheckpointBlocks to the first blocks
+	// (SetCheckpointed; 0: all).
+	Checkpointed int
+	Drop         *Dropout
+	positions    *T // I32 0 ... Context−1, for the position embeddings
 }
 
 // NewGPT builds a GPT of cfg with GPT-2's initialisation from dev's
@@ -306,6 +309,12 @@ func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
 // segments of blocks, or nothing.
 func (g *GPT) SetCheckpoint(c CheckpointMode) { g.Checkpoint = c }
 
+// SetCheckpointed makes CheckpointBlocks checkpoint the first k blocks only.
+func (g *GPT) SetCheckpointed(k int) { g.Checkpointed = checkedFirst(k, len(g.Blocks)) }
+
+// Checkpointable is the number of transformer blocks.
+func (g *GPT) Checkpointable() int { return len(g.Blocks) }
+
 // hidden is the last layer norm's output for tokens x (B×T), for the
 // classifier's product.
 func (g *GPT) hidden(x *T) *T {
@@ -327,7 +336,7 @@ func (g *GPT) hidden(x *T) *T {
 	for i, b := range g.Blocks {
 		blocks[i] = b
 	}
-	h = then(h, func(h *T) *T { return forwardSegments(blocks, g.Checkpoint, h) })
+	h = then(h, func(h *T) *T { return forwardSegments(blocks, g.Checkpoint, g.Checkpointed, h) })
 	return then(h, g.LNF.ForProduct)
 }
 
@@ -401,14 +410,15 @@ func (g *GPT) SetTraining(on bool) {
 // releaseOwned frees the position table, which is not state (Release).
 func (g *GPT) releaseOwned() { g.positions.Release() }
 
-// forwardSegments runs modules in order, checkpointed as mode says (each
-// module, segments of ⌈√n⌉ of them, or none: segmentSpans), releasing the
-// intermediates.
-func forwardSegments(mods []Module, mode CheckpointMode, x *T) *T {
+// forwardSegments runs modules in order, checkpointed as mode and first
+// say (each module or the first first of them, segments of ⌈√n⌉, or none:
+// checkpointSpans), releasing the intermediates.
+func forwardSegments(mods []Module, mode CheckpointMode, first int, x *T) *T {
 	h := ag.Identity(x) // a new handle, the graph unbroken
-	for _, sp := range segmentSpans(mode, len(mods), 0, nil) {
+	spans, checkpointed := checkpointSpans(mode, first, len(mods), 0, nil)
+	for i, sp := range spans {
 		seg := mods[sp[0]:sp[1]]
-		if mode == NoCheckpoint {
+		if i >= checkpointed {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
 		}

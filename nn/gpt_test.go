@@ -232,9 +232,10 @@ func testGPTMatchesReference(t *testing.T, dev *tensor.Device) {
 	ZeroGrad(g)
 }
 
-// TestGPTCheckpointedMatchesPlain: checkpointed blocks and √n segments give
-// the same loss and gradients as keeping every activation, with dropout
-// (its masks drawn again in the recomputation) and without.
+// TestGPTCheckpointedMatchesPlain: checkpointed blocks (all, or the first
+// of them) and √n segments give the same loss and gradients as keeping
+// every activation, with dropout (its masks drawn again in the
+// recomputation) and without.
 func TestGPTCheckpointedMatchesPlain(t *testing.T) {
 	for _, p := range []float32{0, 0.2} {
 		testGPTCheckpointedMatchesPlain(t, p)
@@ -245,10 +246,11 @@ func testGPTCheckpointedMatchesPlain(t *testing.T, p float32) {
 	dev := tensor.CPU()
 	rng := rand.New(rand.NewPCG(6, 7))
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
-	run := func(mode CheckpointMode) (float32, [][]float32) {
+	run := func(mode CheckpointMode, first int) (float32, [][]float32) {
 		g := tinyGPTDropping(t, dev, 9, p)
 		defer Release(g)
 		g.SetCheckpoint(mode)
+		g.SetCheckpointed(first)
 		var l float32
 		dev.WithScope(func() {
 			loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
@@ -262,16 +264,19 @@ func testGPTCheckpointedMatchesPlain(t *testing.T, p float32) {
 		ZeroGrad(g)
 		return l, grads
 	}
-	l0, g0 := run(NoCheckpoint)
-	for _, mode := range []CheckpointMode{CheckpointBlocks, CheckpointSqrt} {
-		l, gs := run(mode)
+	l0, g0 := run(NoCheckpoint, 0)
+	for _, tc := range []struct {
+		mode  CheckpointMode
+		first int
+	}{{CheckpointBlocks, 0}, {CheckpointBlocks, 1}, {CheckpointSqrt, 0}} {
+		l, gs := run(tc.mode, tc.first)
 		if l != l0 {
-			t.Errorf("dropout %v, %v: loss %v, plain %v", p, mode, l, l0)
+			t.Errorf("dropout %v, %v (first %d): loss %v, plain %v", p, tc.mode, tc.first, l, l0)
 		}
 		for i := range gs {
 			for j := range gs[i] {
 				if gs[i][j] != g0[i][j] {
-					t.Fatalf("dropout %v, %v: gradient %d differs at %d: %v vs %v", p, mode, i, j, gs[i][j], g0[i][j])
+					t.Fatalf("dropout %v, %v (first %d): gradient %d differs at %d: %v vs %v", p, tc.mode, tc.first, i, j, gs[i][j], g0[i][j])
 				}
 			}
 		}

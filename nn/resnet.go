@@ -114,6 +114,13 @@ func (c CheckpointMode) String() string {
 // activations (ResNet, GPT).
 type Checkpointer interface {
 	SetCheckpoint(CheckpointMode)
+	// SetCheckpointed makes CheckpointBlocks checkpoint only the first k
+	// blocks, the rest keeping their activations (0: every block; Note
+	// [checkpointing some blocks]). It panics for k outside 0 to
+	// Checkpointable().
+	SetCheckpointed(k int)
+	// Checkpointable is the number of blocks checkpointing recomputes.
+	Checkpointable() int
 }
 
 // ChannelsLaster is a model whose activations can run channels last
@@ -160,7 +167,10 @@ type ResNet struct {
 	Blocks     []*BasicBlock
 	FC         *Linear
 	Checkpoint CheckpointMode
-	Name       string
+	// Checkpointed limits CheckpointBlocks to the first blocks
+	// (SetCheckpointed; 0: all).
+	Checkpointed int
+	Name         string
 }
 
 // NewResNet builds a ResNet with blocks[i] blocks of widths[i] channels per
@@ -196,6 +206,12 @@ func NewCIFARResNet(dev *tensor.Device, depth, inChannels, classes int) (*ResNet
 
 // SetCheckpoint chooses what the forward checkpoints.
 func (r *ResNet) SetCheckpoint(c CheckpointMode) { r.Checkpoint = c }
+
+// SetCheckpointed makes CheckpointBlocks checkpoint the first k blocks only.
+func (r *ResNet) SetCheckpointed(k int) { r.Checkpointed = checkedFirst(k, len(r.Blocks)) }
+
+// Checkpointable is the number of residual blocks.
+func (r *ResNet) Checkpointable() int { return len(r.Blocks) }
 
 // SetChannelsLast chooses the layout of the activations: channels last
 // (N×H×W×C) or first (N×C×H×W, the default). The input and the parameters
@@ -233,9 +249,9 @@ func NewResNet18(dev *tensor.Device, inChannels, classes int) *ResNet {
 	return NewResNet(dev, "resnet18", inChannels, classes, []int{64, 128, 256, 512}, []int{2, 2, 2, 2})
 }
 
-// segments groups the blocks for checkpointing (segmentSpans), for an
-// input of h×w pixels.
-func (r *ResNet) segments(h, w int) [][]Module {
+// segments groups the blocks for checkpointing (checkpointSpans), for an
+// input of h×w pixels: the first checkpointed of them are checkpointed.
+func (r *ResNet) segments(h, w int) (segs [][]Module, checkpointed int) {
 	in := int64(r.StemBN.Weight.Dim(0) * h * w) // the stem's output, per image
 	var out []int64                             // each block's
 	for _, b := range r.Blocks {
@@ -244,15 +260,15 @@ func (r *ResNet) segments(h, w int) [][]Module {
 		}
 		out = append(out, int64(b.Conv2.Weight.Dim(0)*h*w))
 	}
-	var segs [][]Module
-	for _, sp := range segmentSpans(r.Checkpoint, len(r.Blocks), in, out) {
+	spans, checkpointed := checkpointSpans(r.Checkpoint, r.Checkpointed, len(r.Blocks), in, out)
+	for _, sp := range spans {
 		var seg []Module
 		for _, b := range r.Blocks[sp[0]:sp[1]] {
 			seg = append(seg, b)
 		}
 		segs = append(segs, seg)
 	}
-	return segs
+	return segs, checkpointed
 }
 
 // Forward computes the logits for x (N×C×H×W, whatever the layout). Under
@@ -270,8 +286,9 @@ func (r *ResNet) Forward(x *T) *T {
 		pool = ag.GlobalAvgPoolNHWC
 	}
 	h := then(r.Stem.Forward(x), func(h *T) *T { return r.StemBN.ForwardAct(h, nil, true) })
-	for _, seg := range r.segments(height, width) {
-		if r.Checkpoint == NoCheckpoint {
+	segs, checkpointed := r.segments(height, width)
+	for i, seg := range segs {
+		if i >= checkpointed {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
 		}

@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"fmt"
 	"math"
 )
 
@@ -47,6 +48,45 @@ func segmentSpans(mode CheckpointMode, n int, in int64, out []int64) [][2]int {
 	}
 	return spans
 }
+
+// checkpointSpans is segmentSpans with, under CheckpointBlocks, only the
+// first `first` of the n modules checkpointed (0, or n and more: all of
+// them): it returns the spans and how many of them, from the first, are
+// checkpointed; the modules after those run as one span that keeps its
+// activations (Note [checkpointing some blocks]).
+func checkpointSpans(mode CheckpointMode, first, n int, in int64, out []int64) (spans [][2]int, checkpointed int) {
+	spans = segmentSpans(mode, n, in, out)
+	switch {
+	case mode == NoCheckpoint:
+		return spans, 0
+	case mode == CheckpointBlocks && first > 0 && first < n:
+		return append(spans[:first:first], [2]int{first, n}), first
+	}
+	return spans, len(spans)
+}
+
+// checkedFirst is k, the number of a model's n blocks to checkpoint
+// (Checkpointer.SetCheckpointed), or a panic naming both.
+func checkedFirst(k, n int) int {
+	if k < 0 || k > n {
+		panic(fmt.Sprintf("nn: checkpointing the first %d of %d blocks: want 0 (all) to %d", k, n, n))
+	}
+	return k
+}
+
+// Note [checkpointing some blocks]: checkpointing every block trades a
+// block's activations for its recomputation, about a third of its work;
+// when the memory allows some blocks' activations, checkpointing only the
+// others costs less. It is the first blocks that are checkpointed: the
+// backward reaches them last, when the kept blocks' activations are gone,
+// so their recomputation adds nothing to the step's peak, which is where
+// the backward begins: the kept blocks' activations, the checkpointed
+// blocks' inputs. A ResNet's first blocks are also its largest (its first
+// stage's activations are four times its last's, for the same work). With
+// k of n equal blocks checkpointed the peak is about
+// none − k·(none − all)/n, a little less, none and all being the peaks of
+// none and of all the blocks checkpointed (the budget's prediction:
+// train.FitBudget); for a ResNet, less still.
 
 // Note [checkpoint segments by size]: a model checkpointed in segments
 // keeps every segment's input until that segment's backward, and during a

@@ -42,6 +42,28 @@ func TestSegmentSpans(t *testing.T) {
 		})
 	}
 
+	for _, tc := range []struct {
+		name         string
+		mode         CheckpointMode
+		first, n     int
+		want         [][2]int
+		checkpointed int
+	}{
+		{"none", NoCheckpoint, 0, 3, [][2]int{{0, 3}}, 0},
+		{"every block", CheckpointBlocks, 0, 3, [][2]int{{0, 1}, {1, 2}, {2, 3}}, 3},
+		{"the first two", CheckpointBlocks, 2, 5, [][2]int{{0, 1}, {1, 2}, {2, 5}}, 2},
+		{"the first, of two", CheckpointBlocks, 1, 2, [][2]int{{0, 1}, {1, 2}}, 1},
+		{"all of them by number", CheckpointBlocks, 3, 3, [][2]int{{0, 1}, {1, 2}, {2, 3}}, 3},
+		{"sqrt ignores first", CheckpointSqrt, 2, 10, [][2]int{{0, 4}, {4, 8}, {8, 10}}, 3},
+	} {
+		t.Run("checkpointSpans "+tc.name, func(t *testing.T) {
+			got, ck := checkpointSpans(tc.mode, tc.first, tc.n, 0, nil)
+			if !slices.Equal(got, tc.want) || ck != tc.checkpointed {
+				t.Errorf("checkpointSpans = %v, %d checkpointed; want %v, %d", got, ck, tc.want, tc.checkpointed)
+			}
+		})
+	}
+
 	// ResNet-1202 on 28×28 images: 200 blocks a stage of 16·28², 32·14²,
 	// 64·7² values. The balanced cut's peak by the Note's count is near
 	// half of ⌈√n⌉ blocks a segment's.

@@ -452,7 +452,7 @@ func CheckResumeBeforeData(job Job, budget bool) error {
 // them (they are compared once it has, when the trainer resumes).
 func resumeMatches(path string, saved, now train.Config, budget, force bool) error {
 	if budget {
-		saved.AMP, saved.Checkpoint = now.AMP, now.Checkpoint
+		saved.AMP, saved.Checkpoint, saved.Checkpointed = now.AMP, now.Checkpoint, now.Checkpointed
 	}
 	_, err := train.CheckResume(path, saved, now, force)
 	return err
@@ -633,7 +633,7 @@ func (r *runner) fitBudget() (err error) {
 	if err != nil {
 		return err
 	}
-	r.cfg.AMP, r.cfg.Checkpoint, r.micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.MicroBatch
+	r.cfg.AMP, r.cfg.Checkpoint, r.cfg.Checkpointed, r.micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.Checkpointed, choice.Chosen.MicroBatch
 	r.cfg.OffloadActivations = r.cfg.OffloadActivations || choice.Chosen.OffloadActivations
 	r.mode = r.cfg.Mode(r.dev)
 	r.report.Config = r.cfg
@@ -1007,11 +1007,15 @@ func (r *runner) sample() error {
 	return nil
 }
 
-// variant names the run's configuration, with AMP's dtype: "amp (bf16)+checkpoint".
+// variant names the run's configuration, with AMP's dtype and the blocks
+// checkpointed when not all are: "amp (bf16)+checkpoint of the first 3 blocks".
 func (r *runner) variant() string {
 	name := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
 	if r.cfg.AMP.On() {
 		name = strings.Replace(name, "amp", "amp ("+r.cfg.AMP.String()+")", 1)
+	}
+	if k := r.cfg.Checkpointed; k > 0 {
+		name += fmt.Sprintf(" of the first %d blocks", k)
 	}
 	return name
 }

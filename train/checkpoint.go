@@ -322,6 +322,7 @@ func Mismatches(a, b Config) []string {
 	diff("amp", a.AMP, b.AMP)
 	diff("bf16_weights", a.BF16Weights, b.BF16Weights)
 	diff("checkpoint", a.Checkpoint, b.Checkpoint)
+	diff("checkpointed", a.Checkpointed, b.Checkpointed)
 	diff("batch", a.Batch, b.Batch)
 	diff("schedule", a.Schedule, b.Schedule)
 	diff("lr", a.LR, b.LR)

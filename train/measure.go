@@ -17,7 +17,15 @@ type Variant struct {
 	Name       string            `json:"name"`
 	AMP        AMP               `json:"amp"`
 	Checkpoint nn.CheckpointMode `json:"checkpoint"`
-	MicroBatch int               `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
+	// Checkpointed limits CheckpointBlocks to the first blocks
+	// (Config.Checkpointed; 0: all).
+	Checkpointed int `json:"checkpointed,omitempty"`
+	// Some, in FitBudget's candidates, checkpoints as few of the first
+	// blocks as the budget allows: FitBudget predicts how many from its
+	// twins' needs, Checkpoint without Some and no checkpointing, and sets
+	// Checkpointed (Note [checkpointing some blocks] in package nn).
+	Some       bool `json:"some,omitempty"`
+	MicroBatch int  `json:"micro_batch,omitempty"` // 0: whole batches (Step.SetMicroBatch)
 	// OffloadActivations moves what the checkpointed blocks keep to host
 	// memory (Config.OffloadActivations).
 	OffloadActivations bool `json:"offload_activations,omitempty"`
@@ -78,6 +86,9 @@ type Measurement struct {
 	// optimiser state, whatever else outlives a step): allocated once, it
 	// does not fragment the pool as the step's own bytes can.
 	Standing int64 `json:"standing,omitempty"`
+	// Blocks is how many blocks the model can checkpoint
+	// (nn.Checkpointer.Checkpointable).
+	Blocks int `json:"blocks,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Examples is how many of the batch's examples the step ran, when
@@ -298,7 +309,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	defer gen.SetState(state)
 	model := build()
 	defer nn.Release(model)
-	cfg.AMP, cfg.Checkpoint, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, 1, 0, 0, 0, false
+	cfg.AMP, cfg.Checkpoint, cfg.Checkpointed, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, v.Checkpointed, 1, 0, 0, 0, false
 	// Without checkpoints nothing is kept to move to host memory.
 	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
 	cfg.OffloadOptimizer = cfg.OffloadOptimizer || v.OffloadOptimizer
@@ -355,6 +366,9 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		return Measurement{}, err
 	}
 	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Standing: base, Holds: h.worst}
+	if c, ok := model.(nn.Checkpointer); ok {
+		m.Blocks = c.Checkpointable()
+	}
 	if h.worst != nil {
 		h.worst.Backward = pa - h.worst.Allocated
 	}
@@ -392,15 +406,21 @@ type BudgetChoice struct {
 }
 
 // BudgetVariants are the configurations a memory budget is fitted with,
-// fastest first on a GPU: fp32, AMP (in amp's dtype, as Variants), checkpointed
-// blocks, both, then checkpointed sqrt(n) segments without and with AMP,
+// fastest first on a GPU: fp32, AMP (in amp's dtype, as Variants), some of
+// the blocks checkpointed (Variant.Some) and all of them, without AMP and
+// then with it, then checkpointed sqrt(n) segments without and with AMP,
 // then, where offload says the device can move activations to host memory
 // (not the CPU's), AMP with checkpointed blocks whose kept tensors go there
 // (only the first two for a model without residual blocks). keep drops
 // those a user ruled out.
 func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Variant {
-	vs := Variants(nn.CheckpointBlocks, amp)
-	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}, Variant{Name: "amp+checkpoint-sqrt", AMP: vs[1].AMP, Checkpoint: nn.CheckpointSqrt})
+	four := Variants(nn.CheckpointBlocks, amp)
+	some := func(v Variant) Variant {
+		v.Name, v.Some = v.Name+"-some", true
+		return v
+	}
+	vs := []Variant{four[0], four[1], some(four[2]), four[2], some(four[3]), four[3]}
+	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}, Variant{Name: "amp+checkpoint-sqrt", AMP: four[1].AMP, Checkpoint: nn.CheckpointSqrt})
 	if offload {
 		vs = append(vs, Variant{Name: "amp+checkpoint+offload", AMP: vs[1].AMP, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true})
 	}
@@ -423,15 +443,22 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // A batch of at least minSizedBatch examples is sized first, so that what
 // is predicted not to fit never runs on the whole batch: each candidate's
 // step is measured (MeasureStep) on two slices of the batch, of b and 2b
-// examples (b an eighth of it), which gives what the step holds whatever
+// examples (b an eighth of it, at least two), which gives what the step holds whatever
 // the batch and what each example adds; in order, fastest first, a
 // candidate predicted to fit is measured on the whole batch before the
 // next is sized, then the micro-batches predicted to fit, and the first
 // that fits is chosen. A smaller batch is measured whole, candidate by
-// candidate. Each measurement is written to w as it is taken. The pool is capped at the budget while they run: a
-// candidate that does not fit stops there, out of memory, so the process
-// never holds more than the budget. stop, when closed, ends the search
-// before its next measurement with an error wrapping ErrInterrupted.
+// candidate. A candidate that checkpoints some blocks (Variant.Some) is
+// not measured until its number is known: it is the fewest of the first
+// blocks whose step is predicted to fit from the needs of its twins,
+// without checkpoints (measured before it) and with every block
+// checkpointed (measured then), as Note [checkpointing some blocks] in
+// package nn says; it is then measured as the others are. Each
+// measurement is written to w as it is taken. The pool is capped at the
+// budget while they run: a candidate that does not fit stops there, out of
+// memory, so the process never holds more than the budget. stop, when
+// closed, ends the search before its next measurement with an error
+// wrapping ErrInterrupted.
 func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64, stop <-chan struct{}) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
 	a := dev.Allocator()
@@ -442,7 +469,19 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	}
 	defer a.SetLimit(old)
 	n := x.Dim(0)
+	type key struct {
+		v        Variant // without its name
+		examples int
+	}
+	keyOf := func(v Variant, examples int) key {
+		v.Name = ""
+		return key{v, examples}
+	}
+	measured := map[key]Measurement{}
 	measure := func(v Variant, examples int) (Measurement, error) {
+		if m, ok := measured[keyOf(v, examples)]; ok {
+			return m, nil
+		}
 		select {
 		case <-stop:
 			return Measurement{}, fmt.Errorf("fitting a step into the budget: %w", ErrInterrupted)
@@ -461,9 +500,11 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		}
 		if err == nil {
 			c.Measured = append(c.Measured, m)
+			measured[keyOf(v, examples)] = m
 		}
 		return m, err
 	}
+	said := map[key]bool{}
 	try := func(v Variant) (bool, error) {
 		m, err := measure(v, n)
 		if err != nil {
@@ -471,19 +512,66 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		}
 		fits, headroom := withinBudget(m.Need(), m.Standing, budget)
 		fits = fits && !m.OutOfMemory
-		need := "over the budget"
-		if !m.OutOfMemory {
-			need = fmt.Sprintf("%s + %s", memory.Bytes(m.Need()), memory.Bytes(headroom))
+		if k := keyOf(v, n); !said[k] {
+			said[k] = true
+			need := "over the budget"
+			if !m.OutOfMemory {
+				need = fmt.Sprintf("%s + %s", memory.Bytes(m.Need()), memory.Bytes(headroom))
+			}
+			verdict := "does not fit"
+			if fits {
+				verdict = "fits"
+			}
+			fmt.Fprintf(w, "  %-38s %22s  %s\n", describeVariant(v, n), need, verdict)
 		}
-		verdict := "does not fit"
-		if fits {
-			verdict = "fits"
-		}
-		fmt.Fprintf(w, "  %-38s %22s  %s\n", describeVariant(v, n), need, verdict)
 		if fits {
 			c.Chosen = v
 		}
 		return fits, nil
+	}
+	// some tries v, a Variant.Some, with the fewest blocks checkpointed
+	// that needAt's needs of its twins predict to fit; needAt says what a
+	// variant's step on the whole batch needs, measuring it only when
+	// asked to.
+	some := func(v Variant, needAt func(u Variant, measure bool) (need, standing int64, blocks int, ok bool, err error)) (bool, error) {
+		all := v
+		all.Some, all.Name = false, strings.TrimSuffix(v.Name, "-some")
+		none := all
+		none.Checkpoint, none.Name = nn.NoCheckpoint, VariantName(v.AMP, nn.NoCheckpoint)
+		kept, _, _, ok, err := needAt(none, false)
+		if !ok || err != nil {
+			return false, err
+		}
+		recomputed, standing, blocks, ok, err := needAt(all, true)
+		if !ok || err != nil {
+			return false, err
+		}
+		k, need := fewestCheckpointed(kept, recomputed, standing, blocks, budget)
+		if k == 0 {
+			return false, nil
+		}
+		v.Checkpointed, v.Name = k, fmt.Sprintf("%s-%d/%d", all.Name, k, blocks)
+		fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n",
+			describeVariant(v, n), k, blocks, memory.Bytes(need), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
+		return try(v)
+	}
+	// whole is needAt for steps measured on the whole batch.
+	whole := func(u Variant, measureIt bool) (int64, int64, int, bool, error) {
+		m, ok := measured[keyOf(u, n)]
+		if !ok && measureIt {
+			var err error
+			if m, err = measure(u, n); err != nil {
+				return 0, 0, 0, false, err
+			}
+			ok = true
+		}
+		return m.Need(), m.Standing, m.Blocks, ok && !m.OutOfMemory, nil
+	}
+	next := func(v Variant) (bool, error) {
+		if v.Some {
+			return some(v, whole)
+		}
+		return try(v)
 	}
 	fmt.Fprintf(w, "fitting a step into a budget of %s (a step's need + %.0f%% of its own bytes, beyond what stays between steps, for the pool's fragmentation):\n", memory.Bytes(budget), 100*BudgetHeadroom)
 	if m := cfg.MicroBatch; m > 0 && m < n {
@@ -492,17 +580,17 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		// on the whole batch, in them.
 		for _, v := range candidates {
 			v.MicroBatch = m
-			if ok, err := try(v); ok || err != nil {
+			if ok, err := next(v); ok || err != nil {
 				return c, err
 			}
 		}
 		return c, fmt.Errorf("no configuration fits a budget of %s in micro-batches of %d (try fewer examples a micro-batch): %w", memory.Bytes(budget), m, memory.ErrOutOfMemory)
 	}
 	if n >= minSizedBatch {
-		return fitSized(w, &c, candidates, n, budget, measure, try)
+		return fitSized(w, &c, candidates, n, budget, measure, try, some)
 	}
 	for _, v := range candidates {
-		if ok, err := try(v); ok || err != nil {
+		if ok, err := next(v); ok || err != nil {
 			return c, err
 		}
 	}
@@ -526,20 +614,39 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(budget), v.Name, memory.ErrOutOfMemory)
 }
 
+// fewestCheckpointed is the fewest of a model's first blocks, of blocks,
+// that a step must checkpoint to fit the budget beside standing, and the
+// need predicted for it: none − k·(none − all)/blocks, none and all being
+// the needs of the step without checkpoints and with every block
+// checkpointed (Note [checkpointing some blocks] in package nn); 0 when
+// only all of them would do.
+func fewestCheckpointed(none, all, standing int64, blocks int, budget int64) (k int, need int64) {
+	for k := 1; k < blocks; k++ {
+		need := none - int64(float64(k)*float64(none-all)/float64(blocks))
+		if ok, _ := withinBudget(need, standing, budget); ok {
+			return k, need
+		}
+	}
+	return 0, 0
+}
+
 // minSizedBatch is the smallest batch FitBudget sizes on slices of it
 // before it measures whole steps.
 const minSizedBatch = 8
 
 // fitSized is FitBudget's search on a batch of n examples sized on two
 // slices of it (see FitBudget): measure(v, k) measures v's step on k of
-// the examples, try(v) on all of them, saying whether it fits.
-func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error)) (BudgetChoice, error) {
-	b := max(1, n/8)
+// the examples, try(v) on all of them, saying whether it fits, and some(v,
+// needAt) tries a Variant.Some with needAt's predictions.
+func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error),
+	some func(Variant, func(Variant, bool) (int64, int64, int, bool, error)) (bool, error)) (BudgetChoice, error) {
+	b := max(2, n/8) // a step of one example holds more than its share: what it holds whatever the batch
 	type size struct {
 		v         Variant
 		fits      int     // the most examples measured within the budget: 0, b or 2b
 		base, per float64 // the need of k examples, base + k·per, when fits is 2b
 		standing  int64   // what stays between its steps
+		blocks    int     // the blocks it can checkpoint
 	}
 	within := func(need, standing int64) bool {
 		ok, _ := withinBudget(need, standing, budget)
@@ -548,18 +655,24 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 	predict := func(s size, k int) int64 { return int64(s.base + float64(k)*s.per) }
 	fmt.Fprintf(w, "  sizing each on %d and %d of the batch's %d examples:\n", b, 2*b, n)
 	var sizes []size
-	for _, v := range candidates {
+	sized := map[Variant]size{} // by the variant without its name
+	sizeOf := func(v Variant) (size, error) {
+		k := v
+		k.Name = ""
+		if s, ok := sized[k]; ok {
+			return s, nil
+		}
 		var need [2]int64
 		s := size{v: v}
 		for i, k := range []int{b, 2 * b} {
 			m, err := measure(v, k)
 			if err != nil {
-				return *c, err
+				return s, err
 			}
 			if m.OutOfMemory || !within(m.Need(), m.Standing) {
 				break
 			}
-			need[i], s.fits, s.standing = m.Need(), k, m.Standing
+			need[i], s.fits, s.standing, s.blocks = m.Need(), k, m.Standing, m.Blocks
 		}
 		switch s.fits {
 		case 0:
@@ -572,6 +685,35 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
 		}
 		sizes = append(sizes, s)
+		sized[k] = s
+		return s, nil
+	}
+	predicted := func(u Variant, measureIt bool) (int64, int64, int, bool, error) {
+		k := u
+		k.Name = ""
+		s, ok := sized[k]
+		if !ok && measureIt {
+			var err error
+			if s, err = sizeOf(u); err != nil {
+				return 0, 0, 0, false, err
+			}
+		}
+		if s.fits != 2*b {
+			return 0, 0, 0, false, nil
+		}
+		return predict(s, n), s.standing, s.blocks, true, nil
+	}
+	for _, v := range candidates {
+		if v.Some {
+			if ok, err := some(v, predicted); ok || err != nil {
+				return *c, err
+			}
+			continue
+		}
+		s, err := sizeOf(v)
+		if err != nil {
+			return *c, err
+		}
 		if s.fits == 2*b && within(predict(s, n), s.standing) { // the fastest predicted to fit, before sizing the rest
 			if ok, err := try(s.v); ok || err != nil {
 				return *c, err

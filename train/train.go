@@ -47,13 +47,18 @@ type Config struct {
 	Beta2       float64 `json:"beta2,omitempty"` // AdamW's second-moment decay (0: 0.999)
 	// ClipNorm clips the gradients' global L2 norm to it before each
 	// update (0: no clipping).
-	ClipNorm        float64           `json:"clip_norm,omitempty"`
-	Schedule        string            `json:"schedule"` // "cosine" (with warmup), "onecycle" or "constant"
-	WarmupEpochs    float64           `json:"warmup_epochs"`
-	AMP             AMP               `json:"amp"`
-	Checkpoint      nn.CheckpointMode `json:"checkpoint"`
-	EmptyCacheEvery int               `json:"empty_cache_every"`
-	Seed            uint64            `json:"seed"`
+	ClipNorm     float64           `json:"clip_norm,omitempty"`
+	Schedule     string            `json:"schedule"` // "cosine" (with warmup), "onecycle" or "constant"
+	WarmupEpochs float64           `json:"warmup_epochs"`
+	AMP          AMP               `json:"amp"`
+	Checkpoint   nn.CheckpointMode `json:"checkpoint"`
+	// Checkpointed limits CheckpointBlocks to the model's first blocks
+	// (nn.Checkpointer.SetCheckpointed; 0: all of them), the others
+	// keeping their activations: less recomputation for more memory. A
+	// budget (FitBudget) chooses it.
+	Checkpointed    int    `json:"checkpointed,omitempty"`
+	EmptyCacheEvery int    `json:"empty_cache_every"`
+	Seed            uint64 `json:"seed"`
 	// Capture runs the step captured as a graph where the backend can
 	// (CUDA), and eagerly elsewhere.
 	Capture bool `json:"capture"`
@@ -495,11 +500,21 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 		return nil, err
 	}
 	mode := cfg.Checkpoint
-	if c, ok := model.(nn.Checkpointer); ok {
-		c.SetCheckpoint(mode)
-	} else if mode != nn.NoCheckpoint {
+	c, ok := model.(nn.Checkpointer)
+	blocks := 0
+	if ok {
+		blocks = c.Checkpointable()
+	}
+	switch {
+	case !ok && mode != nn.NoCheckpoint:
 		opt.Release()
 		return nil, fmt.Errorf("checkpointing needs a model with blocks to checkpoint (nn.Checkpointer); %s has none", cfg.Model)
+	case cfg.Checkpointed != 0 && (mode != nn.CheckpointBlocks || cfg.Checkpointed < 0 || cfg.Checkpointed > blocks):
+		opt.Release()
+		return nil, fmt.Errorf("checkpointing the first %d blocks (Checkpointed) with checkpoint mode %v: want blocks, and 1 to the %d blocks of %s", cfg.Checkpointed, mode, blocks, cfg.Model)
+	case ok:
+		c.SetCheckpoint(mode)
+		c.SetCheckpointed(cfg.Checkpointed)
 	}
 	if !(cfg.ClipNorm >= 0) {
 		opt.Release()

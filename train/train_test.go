@@ -3,6 +3,7 @@ package train
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -614,6 +615,73 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 	})
 }
 
+// TestCheckpointingSomeBlocks: a GPT of six blocks with its first k
+// checkpointed needs less as k grows, and no more than FitBudget predicts
+// from the needs of none and all (Note [checkpointing some blocks] in
+// package nn); under a budget between those two, FitBudget chooses some of
+// the blocks, measured last within the budget, and never runs the
+// unfitting configuration on the whole batch.
+func TestCheckpointingSomeBlocks(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	const layers, batch, T, V = 6, 8, 32, 96
+	build := func() nn.Model {
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 64, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	cfg := Config{Model: "gpt", Batch: batch, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
+	dev.WithScope(func() {
+		xs, ys := tokenBatches(dev, 1, batch, T, V, 3)
+		x, y := xs[0], ys[0]
+		defer x.Release()
+		defer y.Release()
+		needs := make([]int64, layers+1) // by the blocks checkpointed
+		var standing int64
+		for k := range needs {
+			v := Variant{Name: fmt.Sprintf("checkpoint-%d/%d", k, layers), Checkpoint: nn.CheckpointBlocks, Checkpointed: k}
+			switch k {
+			case 0:
+				v.Checkpoint = nn.NoCheckpoint
+			case layers:
+				v.Checkpointed = 0
+			}
+			m, err := MeasureStep(dev, build, cfg, v, x, y, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Blocks != layers {
+				t.Fatalf("%s: %d blocks measured, want %d", v.Name, m.Blocks, layers)
+			}
+			needs[k], standing = m.Need(), m.Standing
+		}
+		none, all := needs[0], needs[layers]
+		for k := 1; k < layers; k++ {
+			predicted := none - int64(float64(k)*float64(none-all)/layers)
+			if needs[k] >= needs[k-1] || needs[k] > predicted {
+				t.Errorf("the first %d blocks checkpointed need %d bytes (%d with one fewer), predicted %d: want less than with one fewer, and no more than predicted", k, needs[k], needs[k-1], predicted)
+			}
+		}
+		t.Logf("needs by the blocks checkpointed: %v", needs)
+		// A budget that the prediction fits with three blocks checkpointed.
+		three := none - 3*(none-all)/layers
+		budget := three + int64(BudgetHeadroom*float64(three-standing)) + 1
+		var out strings.Builder
+		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		t.Logf("%s", out.String())
+		last := c.Measured[len(c.Measured)-1]
+		wholeFP32 := slices.ContainsFunc(c.Measured, func(m Measurement) bool { return m.Name == "fp32" && m.Examples == 0 })
+		if !c.Chosen.Some || c.Chosen.Checkpointed < 1 || c.Chosen.Checkpointed > 3 || last.Variant != c.Chosen || last.Need() > budget || wholeFP32 ||
+			!strings.Contains(out.String(), fmt.Sprintf("the first %d of %d blocks", c.Chosen.Checkpointed, layers)) {
+			t.Errorf("a budget of %d bytes (none %d, all %d): chose %+v, measured last %+v (fp32 run whole: %v)\n%s", budget, none, all, c.Chosen, last, wholeFP32, out.String())
+		}
+	})
+}
+
 // TestWithinBudget: the headroom is a tenth of a step's bytes beyond what
 // stands between steps.
 func TestWithinBudget(t *testing.T) {
@@ -657,16 +725,19 @@ func TestBudgetVariants(t *testing.T) {
 		keep            func(Variant) bool
 		want            string
 	}{
-		{true, false, nil, "fp32 amp checkpoint amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
-		{true, true, nil, "fp32 amp checkpoint amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt amp+checkpoint+offload"},
+		{true, false, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
+		{true, true, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt amp+checkpoint+offload"},
 		{false, true, nil, "fp32 amp"},
-		{true, true, noAMP, "fp32 checkpoint checkpoint-sqrt"},
+		{true, true, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
 	} {
 		vs := BudgetVariants(c.blocks, c.offload, AMPBF16, c.keep)
 		if got := names(vs); got != c.want {
 			t.Errorf("blocks %v, offload %v: %s, want %s", c.blocks, c.offload, got, c.want)
 		}
 		for _, v := range vs {
+			if v.Some && v.Checkpoint != nn.CheckpointBlocks {
+				t.Errorf("%s checkpoints some of %v", v.Name, v.Checkpoint)
+			}
 			if v.OffloadActivations && (v.Checkpoint == nn.NoCheckpoint || !v.AMP.On()) {
 				t.Errorf("%s offloads activations with checkpoint %v, AMP %v", v.Name, v.Checkpoint, v.AMP)
 			}

@@ -74,6 +74,7 @@ type options struct {
 	optimizer                              optim.OptimizerName
 	schedule                               optim.ScheduleName
 	ckptMode                               nn.CheckpointMode
+	ckptFirst                              int
 	amp, ckpt, download, augment, measure  bool
 	ampDType                               train.AMP
 	capture, tf32, offload, fuse, acts     bool
@@ -252,6 +253,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.topK, "top-k", 40, "GPTs: -sample draws from the K most likely tokens (0: all)")
 	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks: recompute them in the backward instead of keeping their activations")
 	fs.TextVar(&o.ckptMode, "checkpoint-mode", nn.CheckpointBlocks, "what -checkpoint checkpoints: "+nn.CheckpointModes+" (blocks: every block; sqrt: sqrt(n) segments)")
+	fs.IntVar(&o.ckptFirst, "checkpoint-blocks", 0, "with -checkpoint: checkpoint only the first N blocks, the others keeping their activations (less recomputation, more memory; 0: every block; -max-memory chooses N itself)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
 	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training")
 	fs.IntVar(&o.emptyCache, "empty-cache", 0, "call EmptyCache every N steps (0: never) and report what it cost")
@@ -408,6 +410,18 @@ func (o *options) check() []string {
 	}
 	if o.ckpt && archErr == nil && !arch.Blocks {
 		bad("-checkpoint needs a model with blocks to checkpoint: %s has none", modelName(o))
+	}
+	if k := o.ckptFirst; o.set["checkpoint-blocks"] {
+		switch {
+		case k < 1:
+			bad("-checkpoint-blocks %d: want a count of blocks, 1 or more", k)
+		case archErr == nil && arch.Text && k > arch.GPT.Layers:
+			bad("-checkpoint-blocks %d: %s has %d blocks", k, modelName(o), arch.GPT.Layers)
+		case !o.ckpt || o.ckptMode != nn.CheckpointBlocks:
+			bad("-checkpoint-blocks %d needs -checkpoint with -checkpoint-mode blocks", k)
+		case o.maxMemory.IsSet():
+			bad("-checkpoint-blocks %d with -max-memory: the budget chooses how many blocks to checkpoint", k)
+		}
 	}
 	if o.convWorkspace != "fast" && o.convWorkspace != "lean" {
 		bad("-conv-workspace %q: want fast or lean", o.convWorkspace)
@@ -586,8 +600,8 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		job.KeepOptimizerOnDevice = o.set["offload-optimizer"] && !o.offload
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
 			ok := !o.set["amp"] || v.AMP.On() == o.amp
-			if o.set["checkpoint"] {
-				ok = ok && (v.Checkpoint != nn.NoCheckpoint) == o.ckpt
+			if o.set["checkpoint"] { // every block, or none
+				ok = ok && (v.Checkpoint != nn.NoCheckpoint) == o.ckpt && !v.Some
 			}
 			if o.set["checkpoint-mode"] && v.Checkpoint != nn.NoCheckpoint {
 				ok = ok && v.Checkpoint == o.ckptMode
@@ -629,7 +643,7 @@ func (o *options) config(model string) train.Config {
 	}
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
-		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
+		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, Checkpointed: o.ckptFirst, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
 		FuseOptimizer: o.fuse, HostThreads: o.hostThreads, MicroBatch: o.micro}
 }
 

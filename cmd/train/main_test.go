@@ -56,6 +56,11 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-host-threads", "4"}, cmdenv.ExitUsage, "-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch"},
 		{[]string{"-fuse-optimizer", "-offload-optimizer", "-host-threads", "-2"}, cmdenv.ExitUsage, "-host-threads -2: want a count of cores"},
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
+		{[]string{"-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks"},
+		{[]string{"-checkpoint", "-checkpoint-mode", "sqrt", "-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks"},
+		{[]string{"-checkpoint", "-checkpoint-blocks", "0"}, cmdenv.ExitUsage, "-checkpoint-blocks 0: want a count of blocks, 1 or more"},
+		{[]string{"-model", "gpt-mini", "-checkpoint", "-checkpoint-blocks", "3"}, cmdenv.ExitUsage, "-checkpoint-blocks 3: gpt-mini has 2 blocks"},
+		{[]string{"-checkpoint", "-checkpoint-blocks", "2", "-max-memory", "1GiB"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 with -max-memory: the budget chooses how many blocks to checkpoint"},
 		{[]string{"-micro-batch", "0"}, cmdenv.ExitUsage, "-micro-batch 0: want a count of examples from 1 to -batch's 128"},
 		{[]string{"-batch", "8", "-micro-batch", "9"}, cmdenv.ExitUsage, "-micro-batch 9: want a count of examples from 1 to -batch's 8"},
 		{[]string{"-micro-batch", "4", "-fuse-optimizer"}, cmdenv.ExitUsage, "-micro-batch 4 with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients"},
@@ -220,6 +225,54 @@ func TestMicroBatchRun(t *testing.T) {
 	}
 	if losses[2] != losses[1] {
 		t.Errorf("validation loss %v in micro-batches of 2 under -max-memory, %v without: want the same", losses[2], losses[1])
+	}
+}
+
+// TestCheckpointSomeBlocksRun: -checkpoint -checkpoint-blocks 2 trains a
+// GPT of four blocks to the losses of every block checkpointed, exactly,
+// says so and records it; under -max-memory between the needs measured
+// for fp32 and for every block checkpointed, the budget chooses to
+// checkpoint some of them, and the run does.
+func TestCheckpointSomeBlocksRun(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 100)), 0o644)
+	base := []string{"-model", "gpt:L4,W128,H2,C128", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-batch", "8",
+		"-eval-batches", "2", "-steps", "4", "-eval-every", "4"}
+	train := func(name string, args ...string) (run.Report, string) {
+		js := filepath.Join(dir, name+".json")
+		code, stdout, stderr := runCLI(append(append(base, "-json", js), args...)...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s\n%s", name, code, stdout, stderr)
+		}
+		var r run.Report
+		if data, err := os.ReadFile(js); err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 1 {
+			t.Fatalf("%s -json: %v %+v", name, err, r)
+		}
+		return r, stdout
+	}
+	all, _ := train("all", "-checkpoint")
+	some, stdout := train("some", "-checkpoint", "-checkpoint-blocks", "2", "-measure=false")
+	if !strings.Contains(stdout, "checkpoint of the first 2 blocks") || some.Config.Checkpointed != 2 {
+		t.Errorf("-checkpoint-blocks 2: the report's checkpointed is %d, and the output says\n%s", some.Config.Checkpointed, stdout)
+	}
+	if a, s := all.Epochs[0], some.Epochs[0]; a.TestLoss != s.TestLoss || a.TrainLoss != s.TrainLoss {
+		t.Errorf("losses with two of four blocks checkpointed %v, %v; with all of them %v, %v: want the same", s.TrainLoss, s.TestLoss, a.TrainLoss, a.TestLoss)
+	}
+	need := map[string]int64{}
+	for _, m := range all.Measured {
+		need[m.Name] = m.Need()
+	}
+	if need["fp32"] <= need["checkpoint"] {
+		t.Fatalf("measured needs %v: want fp32's above checkpoint's", need)
+	}
+	// Just below fp32's: a pool this small reserves a third more than it
+	// allocates, which the budget's headroom does not cover.
+	budget := need["fp32"] * 19 / 20
+	r, stdout := train("budget", "-amp=false", "-measure=false", "-max-memory", fmt.Sprint(budget)+"B")
+	if c := r.Budget.Chosen; !c.Some || c.Checkpointed < 1 || c.Checkpointed > 3 || r.Config.Checkpointed != c.Checkpointed ||
+		!strings.Contains(stdout, fmt.Sprintf("chose %s", c.Name)) || !strings.Contains(stdout, fmt.Sprintf("checkpoint of the first %d blocks", c.Checkpointed)) {
+		t.Errorf("-max-memory %d (fp32 needs %d, every block checkpointed %d): chose %+v, trained with %d blocks checkpointed\n%s", budget, need["fp32"], need["checkpoint"], c, r.Config.Checkpointed, stdout)
 	}
 }
 
