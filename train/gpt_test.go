@@ -31,7 +31,7 @@ func tokenBatches(dev *tensor.Device, n, b, T, vocab int, seed uint64) (xs, ys [
 // TestGPTPlannedStepsMatchEager: a GPT's planned (on a GPU, captured)
 // steps, with AdamW's groups, gradient clipping and dropout, leave the
 // parameters, metrics and scale bit for bit where eager steps do, in fp32,
-// under f16 (scaled) and bf16 autocast, and checkpointed, with a shorter
+// under f16 (scaled) and bf16 autocast, and checkpointed (all blocks, √n segments, the first block), with a shorter
 // last batch beside the full ones; and the pool holds no more after the
 // steps than before them but the optimiser's state.
 func TestGPTPlannedStepsMatchEager(t *testing.T) {
@@ -49,7 +49,9 @@ func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mo
 	defer releaseAll(tailY)
 	for _, v := range []struct {
 		name, amp, ckpt string
-	}{{"fp32", "", "none"}, {"amp f16", "f16", "none"}, {"amp bf16", "bf16", "none"}, {"checkpoint", "", "blocks"}, {"amp bf16+sqrt", "bf16", "sqrt"}} {
+		first           int // the blocks checkpointed, of two (0: all)
+	}{{"fp32", "", "none", 0}, {"amp f16", "f16", "none", 0}, {"amp bf16", "bf16", "none", 0}, {"checkpoint", "", "blocks", 0},
+		{"amp bf16+sqrt", "bf16", "sqrt", 0}, {"amp bf16+the first block", "bf16", "blocks", 1}} {
 		t.Run(v.name, func(t *testing.T) {
 			amp, _ := ParseAMP(v.amp)
 			cfg := Config{AMP: amp}
@@ -62,6 +64,7 @@ func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mo
 				defer nn.Release(g)
 				ck, _ := nn.ParseCheckpointMode(v.ckpt)
 				g.SetCheckpoint(ck)
+				g.SetCheckpointed(v.first)
 				opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
 				opt.NoDecay = nn.NoDecay(g)
 				defer opt.Release()
