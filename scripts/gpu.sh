@@ -26,7 +26,8 @@
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
-#             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose; "8bit",
+#             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose, "budget-blocks"
+#             without -checkpoint, to let it choose how many blocks to checkpoint too; "8bit",
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
 #             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
@@ -207,9 +208,11 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     python_text > "$w/text.txt"
     model=${MODEL:-gpt2-xl} steps=${STEPS:-8}
     for where in ${WHERE:-device host}; do
+      ckpt=(-checkpoint)
       case $where in
       host) flags=(-offload-optimizer) ;;
       budget) flags=(-max-memory "${BUDGET:-10GiB}") ;;
+      budget-blocks) flags=(-max-memory "${BUDGET:-10GiB}"); ckpt=() ;;
       8bit) flags=(-optimizer adamw8bit) ;;
       fused) flags=(-fuse-optimizer) ;;
       8bit+fused) flags=(-optimizer adamw8bit -fuse-optimizer) ;;
@@ -222,11 +225,11 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       bf16w-fused-acts) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -offload-activations) ;;
       *) flags=() ;;
       esac
-      timeout "${LIMIT:-280}" bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 -checkpoint -batch "${BATCH:-8}" \
+      timeout "${LIMIT:-280}" bash .gpu/run bin/train -model "$model" -device cuda -amp -amp-dtype bf16 "${ckpt[@]}" -batch "${BATCH:-8}" \
         ${MICRO:+-micro-batch "$MICRO"} ${CONTEXT:+-context "$CONTEXT"} -steps "$steps" -eval-every "${EVERY:-$steps}" -eval-batches 1 -measure=false -data "$w/text.txt" "${flags[@]}" ${FLAGS:-} \
         -json "$w/offload-$where.json" > "$w/offload-$where.log" 2>&1
       say "$model, $where (${flags[*]:-the state on the device}): exit $?"
-      grep -E "^(validation|throughput|peak|model|chose|host memory)|fits" "$w/offload-$where.log" | tail -9 | tee -a "$w/summary.txt"
+      grep -E "^(validation|throughput|peak|model|chose|host memory)|fits|predicted" "$w/offload-$where.log" | tail -12 | tee -a "$w/summary.txt"
       [ -s "$w/offload-$where.json" ] && python3 -c "import json, sys; print('tokens/s a period:', ' '.join(f\"{e['predictions_per_sec']:.0f}\" for e in json.load(open(sys.argv[1]))['epochs']))" \
         "$w/offload-$where.json" 2>&1 | tee -a "$w/summary.txt"
     done
