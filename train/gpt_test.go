@@ -31,9 +31,10 @@ func tokenBatches(dev *tensor.Device, n, b, T, vocab int, seed uint64) (xs, ys [
 // TestGPTPlannedStepsMatchEager: a GPT's planned (on a GPU, captured)
 // steps, with AdamW's groups, gradient clipping and dropout, leave the
 // parameters, metrics and scale bit for bit where eager steps do, in fp32,
-// under f16 (scaled) and bf16 autocast, and checkpointed (all blocks, √n segments, the first block), with a shorter
-// last batch beside the full ones; and the pool holds no more after the
-// steps than before them but the optimiser's state.
+// under f16 (scaled) and bf16 autocast, and checkpointed (every block, √n
+// segments, the first block), with a shorter last batch beside the full
+// ones; and the pool holds no more after the steps than before them but
+// the optimiser's state.
 func TestGPTPlannedStepsMatchEager(t *testing.T) {
 	testGPTPlannedStepsMatchEager(t, tensor.CPU(), Planned)
 }
