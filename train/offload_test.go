@@ -152,21 +152,30 @@ func f32sOf(b []byte) []float32 {
 // TestOffloadedActivationsMatch: a checkpointed GPT's steps with an
 // Offloader to a host pool of their own (Step.Offloader) end with the
 // weights of the same steps keeping their checkpoints on the device, bit
-// for bit, in F32 and under BF16 autocast; the step's peak is lower by at
-// least half of what the blocks keep; and the host pool is empty after
-// the steps.
+// for bit, in F32 and under BF16 autocast, with every block checkpointed
+// and the first four of six; the step's peak is lower by at least half of
+// what the checkpointed blocks keep; and the host pool is empty after the
+// steps.
 func TestOffloadedActivationsMatch(t *testing.T) {
 	dev := tensor.CPU()
 	const layers, context, vocab = 6, 256, 64
 	xs, ys := gptBatches(dev, 3, context, vocab)
 	defer releaseAll(xs)
 	defer releaseAll(ys)
-	for _, amp := range []tensor.DType{0, tensor.BF16} {
+	for _, c := range []struct {
+		amp   tensor.DType
+		first int // the blocks checkpointed (0: all)
+	}{{0, 0}, {tensor.BF16, 0}, {tensor.BF16, 4}} {
+		amp, checkpointed := c.amp, layers
+		if c.first > 0 {
+			checkpointed = c.first
+		}
 		var offloaded int64
 		run := func(offload bool) (state [][]byte, peak, held int64) {
 			g := seededGPT(t, dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context})
 			defer nn.Release(g)
 			g.SetCheckpoint(nn.CheckpointBlocks)
+			g.SetCheckpointed(c.first)
 			opt := optim.NewSGD(nn.Parameters(g), 0.1, 0, 0, false) // no state: the backward sets the peak
 			defer opt.Release()
 			s := NewStep(dev, g, opt, amp, Eager)
@@ -203,8 +212,8 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 		// stay for the backward to read first), less the first block's
 		// input (the embeddings', shared with the caller: it stays).
 		gc := nn.GPTConfig{Layers: layers, Heads: 2, Width: 16, Vocab: vocab, Context: context}
-		if want := (layers-2)*gc.CheckpointBytes(2, amp) - 2*context*16*4; offloaded != want {
-			t.Errorf("autocast %v: the Offloader moved %d bytes a forward, nn.GPTConfig.CheckpointBytes says %d", amp, offloaded, want)
+		if want := int64(checkpointed-2)*gc.CheckpointBytes(2, amp) - 2*context*16*4; offloaded != want {
+			t.Errorf("autocast %v, %d blocks checkpointed: the Offloader moved %d bytes a forward, nn.GPTConfig.CheckpointBytes says %d", amp, checkpointed, offloaded, want)
 		}
 		if offloaded == 0 || heldPlain-heldOff != offloaded {
 			t.Errorf("autocast %v: after the forward the device holds %d bytes offloaded, %d kept: want less by exactly the %d the Offloader moved", amp, heldOff, heldPlain, offloaded)
