@@ -443,11 +443,11 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // A batch of at least minSizedBatch examples is sized first, so that what
 // is predicted not to fit never runs on the whole batch: each candidate's
 // step is measured (MeasureStep) on two slices of the batch, of b and 2b
-// examples (b an eighth of it, at least two), which gives what the step holds whatever
-// the batch and what each example adds; in order, fastest first, a
-// candidate predicted to fit is measured on the whole batch before the
-// next is sized, then the micro-batches predicted to fit, and the first
-// that fits is chosen. A smaller batch is measured whole, candidate by
+// examples (b an eighth of it, at least two), which gives what the step
+// holds whatever the batch and what each example adds; in order, fastest
+// first, a candidate predicted to fit is measured on the whole batch
+// before the next is sized, then the micro-batches predicted to fit, and
+// the first that fits is chosen. A smaller batch is measured whole, candidate by
 // candidate. A candidate that checkpoints some blocks (Variant.Some) is
 // not measured until its number is known: it is the fewest of the first
 // blocks whose step is predicted to fit from the needs of its twins,
