@@ -40,6 +40,7 @@ func newRig(dev *tensor.Device, v Variant, mode Mode, dropout float32) *stepRig 
 	m.SetDropout(dropout)
 	if v.Checkpoint != nn.NoCheckpoint {
 		m.Checkpoint = nn.CheckpointBlocks
+		m.SetCheckpointed(v.Checkpointed)
 	}
 	r := &stepRig{dev: dev, model: m, opt: optim.NewSGD(nn.Parameters(m), 0.05, 0.9, 5e-4, true)}
 	r.step = NewStep(dev, m, r.opt, Config{AMP: v.AMP}.Autocast(), mode)
@@ -88,7 +89,8 @@ func relDiff(a, b []float32) float64 {
 
 // TestPlannedStepsMatchEager: parameters, metrics and loss scale after
 // steps in the planned (on a GPU, captured) mode equal those of eager steps
-// on the same batches bit for bit, in all four configurations, with dropout
+// on the same batches bit for bit, in all four configurations and with
+// the first of two blocks checkpointed, with dropout
 // (its masks come from the device counter in both modes), and with a
 // second batch shape (the last, smaller batch of an epoch) that gets its
 // own plan.
@@ -102,7 +104,8 @@ func testPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mode)
 	tail, tailY := batches(dev, 1, 3, 2)
 	defer releaseAll(tail)
 	defer releaseAll(tailY)
-	for _, v := range Variants(nn.CheckpointBlocks, AMPF16) {
+	vs := append(Variants(nn.CheckpointBlocks, AMPF16), Variant{Name: "amp+checkpoint-1/2", AMP: AMPF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 1})
+	for _, v := range vs {
 		t.Run(v.Name, func(t *testing.T) {
 			run := func(mode Mode) (params [][]float32, loss float64, right int, scale float64, rng uint64) {
 				r := newRig(dev, v, mode, 0.2)
