@@ -411,7 +411,7 @@ func (g *GPT) SetTraining(on bool) {
 func (g *GPT) releaseOwned() { g.positions.Release() }
 
 // forwardSegments runs modules in order, checkpointed as mode and first
-// say (each module or the first first of them, segments of ⌈√n⌉, or none:
+// say (each module, or only the first `first`; segments of ⌈√n⌉; or none:
 // checkpointSpans), releasing the intermediates.
 func forwardSegments(mods []Module, mode CheckpointMode, first int, x *T) *T {
 	h := ag.Identity(x) // a new handle, the graph unbroken
