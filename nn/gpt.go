@@ -315,6 +315,15 @@ func (g *GPT) SetCheckpointed(k int) { g.Checkpointed = checkedFirst(k, len(g.Bl
 // Checkpointable is the number of transformer blocks.
 func (g *GPT) Checkpointable() int { return len(g.Blocks) }
 
+// CheckpointShares are equal: every block keeps as much.
+func (g *GPT) CheckpointShares([]int) []float64 {
+	out := make([]int64, len(g.Blocks))
+	for i := range out {
+		out[i] = 1
+	}
+	return shares(out)
+}
+
 // hidden is the last layer norm's output for tokens x (B×T), for the
 // classifier's product.
 func (g *GPT) hidden(x *T) *T {

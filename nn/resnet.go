@@ -121,6 +121,11 @@ type Checkpointer interface {
 	SetCheckpointed(k int)
 	// Checkpointable is the number of blocks checkpointing recomputes.
 	Checkpointable() int
+	// CheckpointShares is about what checkpointing each block saves, for
+	// examples of shape in, as shares of what checkpointing every block
+	// does: Checkpointable() of them, summing to 1 (Note [checkpointing
+	// some blocks]).
+	CheckpointShares(in []int) []float64
 }
 
 // ChannelsLaster is a model whose activations can run channels last
@@ -213,6 +218,17 @@ func (r *ResNet) SetCheckpointed(k int) { r.Checkpointed = checkedFirst(k, len(r
 // Checkpointable is the number of residual blocks.
 func (r *ResNet) Checkpointable() int { return len(r.Blocks) }
 
+// CheckpointShares are the blocks' output sizes for C×H×W images of shape
+// in, as shares of their sum: a block keeps about keepPerBlock tensors of
+// its output's size.
+func (r *ResNet) CheckpointShares(in []int) []float64 {
+	if len(in) != 3 {
+		panic(fmt.Sprintf("nn: ResNet checkpoint shares for examples of shape %v: want C×H×W", in))
+	}
+	_, out := r.blockSizes(in[1], in[2])
+	return shares(out)
+}
+
 // SetChannelsLast chooses the layout of the activations: channels last
 // (N×H×W×C) or first (N×C×H×W, the default). The input and the parameters
 // are the same either way; Forward transposes the input. Channels last is
@@ -252,14 +268,7 @@ func NewResNet18(dev *tensor.Device, inChannels, classes int) *ResNet {
 // segments groups the blocks for checkpointing (checkpointSpans), for an
 // input of h×w pixels: the first checkpointed of them are checkpointed.
 func (r *ResNet) segments(h, w int) (segs [][]Module, checkpointed int) {
-	in := int64(r.StemBN.Weight.Dim(0) * h * w) // the stem's output, per image
-	var out []int64                             // each block's
-	for _, b := range r.Blocks {
-		if s := b.Conv1.Stride; s > 1 {
-			h, w = (h-1)/s+1, (w-1)/s+1 // a 3×3 convolution padded by 1
-		}
-		out = append(out, int64(b.Conv2.Weight.Dim(0)*h*w))
-	}
+	in, out := r.blockSizes(h, w)
 	spans, checkpointed := checkpointSpans(r.Checkpoint, r.Checkpointed, len(r.Blocks), in, out)
 	for _, sp := range spans {
 		var seg []Module
@@ -269,6 +278,19 @@ func (r *ResNet) segments(h, w int) (segs [][]Module, checkpointed int) {
 		segs = append(segs, seg)
 	}
 	return segs, checkpointed
+}
+
+// blockSizes are the stem's output size, in, and each block's, out, per
+// image of h×w pixels.
+func (r *ResNet) blockSizes(h, w int) (in int64, out []int64) {
+	in = int64(r.StemBN.Weight.Dim(0) * h * w)
+	for _, b := range r.Blocks {
+		if s := b.Conv1.Stride; s > 1 {
+			h, w = (h-1)/s+1, (w-1)/s+1 // a 3×3 convolution padded by 1
+		}
+		out = append(out, int64(b.Conv2.Weight.Dim(0)*h*w))
+	}
+	return in, out
 }
 
 // Forward computes the logits for x (N×C×H×W, whatever the layout). Under

@@ -74,6 +74,19 @@ func checkedFirst(k, n int) int {
 	return k
 }
 
+// shares is each of sizes as a share of their sum.
+func shares(sizes []int64) []float64 {
+	var sum int64
+	for _, s := range sizes {
+		sum += s
+	}
+	out := make([]float64, len(sizes))
+	for i, s := range sizes {
+		out[i] = float64(s) / float64(max(sum, 1))
+	}
+	return out
+}
+
 // Note [checkpointing some blocks]: checkpointing every block trades a
 // block's activations for its recomputation, about a third of its work;
 // when the memory allows some blocks' activations, checkpointing only the
@@ -83,10 +96,15 @@ func checkedFirst(k, n int) int {
 // the backward begins: the kept blocks' activations, the checkpointed
 // blocks' inputs. A ResNet's first blocks are also its largest (its first
 // stage's activations are four times its last's, for the same work). With
-// k of n equal blocks checkpointed the peak is about
-// none − k·(none − all)/n, a little less, none and all being the peaks of
-// none and of all the blocks checkpointed (the budget's prediction:
-// train.FitBudget); for a ResNet, less still.
+// the first k blocks checkpointed the peak is about none − w·(none − all),
+// a little less, none and all being the peaks of none and of all the
+// blocks checkpointed and w the first k blocks' share of what
+// checkpointing saves (Checkpointer.CheckpointShares: k/n for a GPT's
+// equal blocks, by their outputs' sizes for a ResNet's): checkpointing
+// every block saves the sum of what each keeps beyond its input, less the
+// recomputation of one block at the end of the backward, which
+// checkpointing some leaves out. This is the budget's prediction
+// (train.FitBudget).
 
 // Note [checkpoint segments by size]: a model checkpointed in segments
 // keeps every segment's input until that segment's backward, and during a

@@ -86,9 +86,10 @@ type Measurement struct {
 	// optimiser state, whatever else outlives a step): allocated once, it
 	// does not fragment the pool as the step's own bytes can.
 	Standing int64 `json:"standing,omitempty"`
-	// Blocks is how many blocks the model can checkpoint
-	// (nn.Checkpointer.Checkpointable).
-	Blocks int `json:"blocks,omitempty"`
+	// Shares is about what checkpointing each of the model's blocks saves,
+	// as shares of what checkpointing all of them does
+	// (nn.Checkpointer.CheckpointShares).
+	Shares []float64 `json:"checkpoint_shares,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Examples is how many of the batch's examples the step ran, when
@@ -367,7 +368,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	}
 	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Standing: base, Holds: h.worst}
 	if c, ok := model.(nn.Checkpointer); ok {
-		m.Blocks = c.Checkpointable()
+		m.Shares = c.CheckpointShares(x.Shape()[1:])
 	}
 	if h.worst != nil {
 		h.worst.Backward = pa - h.worst.Allocated
@@ -533,7 +534,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	// that needAt's needs of its twins predict to fit; needAt says what a
 	// variant's step on the whole batch needs, measuring it only when
 	// asked to.
-	some := func(v Variant, needAt func(u Variant, measure bool) (need, standing int64, blocks int, ok bool, err error)) (bool, error) {
+	some := func(v Variant, needAt func(u Variant, measure bool) (need, standing int64, shares []float64, ok bool, err error)) (bool, error) {
 		all := v
 		all.Some, all.Name = false, strings.TrimSuffix(v.Name, "-some")
 		none := all
@@ -542,11 +543,12 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if !ok || err != nil {
 			return false, err
 		}
-		recomputed, standing, blocks, ok, err := needAt(all, true)
+		recomputed, standing, shares, ok, err := needAt(all, true)
 		if !ok || err != nil {
 			return false, err
 		}
-		k, need := fewestCheckpointed(kept, recomputed, standing, blocks, budget)
+		k, need := fewestCheckpointed(kept, recomputed, standing, shares, budget)
+		blocks := len(shares)
 		if k == 0 {
 			return false, nil
 		}
@@ -556,16 +558,16 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		return try(v)
 	}
 	// whole is needAt for steps measured on the whole batch.
-	whole := func(u Variant, measureIt bool) (int64, int64, int, bool, error) {
+	whole := func(u Variant, measureIt bool) (int64, int64, []float64, bool, error) {
 		m, ok := measured[keyOf(u, n)]
 		if !ok && measureIt {
 			var err error
 			if m, err = measure(u, n); err != nil {
-				return 0, 0, 0, false, err
+				return 0, 0, nil, false, err
 			}
 			ok = true
 		}
-		return m.Need(), m.Standing, m.Blocks, ok && !m.OutOfMemory, nil
+		return m.Need(), m.Standing, m.Shares, ok && !m.OutOfMemory, nil
 	}
 	next := func(v Variant) (bool, error) {
 		if v.Some {
@@ -614,15 +616,17 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	return c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(budget), v.Name, memory.ErrOutOfMemory)
 }
 
-// fewestCheckpointed is the fewest of a model's first blocks, of blocks,
-// that a step must checkpoint to fit the budget beside standing, and the
-// need predicted for it: none − k·(none − all)/blocks, none and all being
-// the needs of the step without checkpoints and with every block
-// checkpointed (Note [checkpointing some blocks] in package nn); 0 when
-// only all of them would do.
-func fewestCheckpointed(none, all, standing int64, blocks int, budget int64) (k int, need int64) {
-	for k := 1; k < blocks; k++ {
-		need := none - int64(float64(k)*float64(none-all)/float64(blocks))
+// fewestCheckpointed is the fewest of a model's first blocks that a step
+// must checkpoint to fit the budget beside standing, and the need
+// predicted for it: none − w·(none − all), none and all being the needs of
+// the step without checkpoints and with every block checkpointed and w the
+// sum of the first k blocks' shares (Note [checkpointing some blocks] in
+// package nn); 0 when only all of them would do.
+func fewestCheckpointed(none, all, standing int64, shares []float64, budget int64) (k int, need int64) {
+	w := 0.0
+	for k := 1; k < len(shares); k++ {
+		w += shares[k-1]
+		need := none - int64(w*float64(none-all))
 		if ok, _ := withinBudget(need, standing, budget); ok {
 			return k, need
 		}
@@ -639,14 +643,14 @@ const minSizedBatch = 8
 // the examples, try(v) on all of them, saying whether it fits, and some(v,
 // needAt) tries a Variant.Some with needAt's predictions.
 func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error),
-	some func(Variant, func(Variant, bool) (int64, int64, int, bool, error)) (bool, error)) (BudgetChoice, error) {
+	some func(Variant, func(Variant, bool) (int64, int64, []float64, bool, error)) (bool, error)) (BudgetChoice, error) {
 	b := max(2, n/8) // a step of one example holds more than its share: what it holds whatever the batch
 	type size struct {
 		v         Variant
-		fits      int     // the most examples measured within the budget: 0, b or 2b
-		base, per float64 // the need of k examples, base + k·per, when fits is 2b
-		standing  int64   // what stays between its steps
-		blocks    int     // the blocks it can checkpoint
+		fits      int       // the most examples measured within the budget: 0, b or 2b
+		base, per float64   // the need of k examples, base + k·per, when fits is 2b
+		standing  int64     // what stays between its steps
+		shares    []float64 // its blocks' checkpoint shares (Measurement.Shares)
 	}
 	within := func(need, standing int64) bool {
 		ok, _ := withinBudget(need, standing, budget)
@@ -672,7 +676,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 			if m.OutOfMemory || !within(m.Need(), m.Standing) {
 				break
 			}
-			need[i], s.fits, s.standing, s.blocks = m.Need(), k, m.Standing, m.Blocks
+			need[i], s.fits, s.standing, s.shares = m.Need(), k, m.Standing, m.Shares
 		}
 		switch s.fits {
 		case 0:
@@ -688,20 +692,20 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		sized[k] = s
 		return s, nil
 	}
-	predicted := func(u Variant, measureIt bool) (int64, int64, int, bool, error) {
+	predicted := func(u Variant, measureIt bool) (int64, int64, []float64, bool, error) {
 		k := u
 		k.Name = ""
 		s, ok := sized[k]
 		if !ok && measureIt {
 			var err error
 			if s, err = sizeOf(u); err != nil {
-				return 0, 0, 0, false, err
+				return 0, 0, nil, false, err
 			}
 		}
 		if s.fits != 2*b {
-			return 0, 0, 0, false, nil
+			return 0, 0, nil, false, nil
 		}
-		return predict(s, n), s.standing, s.blocks, true, nil
+		return predict(s, n), s.standing, s.shares, true, nil
 	}
 	for _, v := range candidates {
 		if v.Some {

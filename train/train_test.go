@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"gonum.org/v1/gonum/floats"
 	"io"
 	"os"
 	"path/filepath"
@@ -615,71 +616,120 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 	})
 }
 
-// TestCheckpointingSomeBlocks: a GPT of six blocks with its first k
-// checkpointed needs less as k grows, and no more than FitBudget predicts
-// from the needs of none and all (Note [checkpointing some blocks] in
-// package nn); under a budget between those two, FitBudget chooses some of
-// the blocks, measured last within the budget, and never runs the
-// unfitting configuration on the whole batch.
+// TestCheckpointingSomeBlocks: a GPT of six blocks and ResNet-20 with their
+// first k blocks checkpointed need less as k grows, and no more than
+// FitBudget predicts from the needs of none and all and the blocks'
+// shares (Note [checkpointing some blocks] in package nn), and no more
+// than with one fewer; under a budget that the prediction fits with three
+// blocks, FitBudget chooses at most three, measured last within the
+// budget, and never runs the unfitting configuration on the whole batch.
 func TestCheckpointingSomeBlocks(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
-	const layers, batch, T, V = 6, 8, 32, 96
-	build := func() nn.Model {
-		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: layers, Heads: 2, Width: 64, Vocab: V, Context: T})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
-	cfg := Config{Model: "gpt", Batch: batch, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
-	dev.WithScope(func() {
-		xs, ys := tokenBatches(dev, 1, batch, T, V, 3)
-		x, y := xs[0], ys[0]
-		defer x.Release()
-		defer y.Release()
-		needs := make([]int64, layers+1) // by the blocks checkpointed
-		var standing int64
-		for k := range needs {
-			v := Variant{Name: fmt.Sprintf("checkpoint-%d/%d", k, layers), Checkpoint: nn.CheckpointBlocks, Checkpointed: k}
-			switch k {
-			case 0:
-				v.Checkpoint = nn.NoCheckpoint
-			case layers:
-				v.Checkpointed = 0
-			}
-			m, err := MeasureStep(dev, build, cfg, v, x, y, false)
+	const T, V = 32, 96
+	for _, c := range []struct {
+		name   string
+		blocks int
+		build  func() nn.Model
+		cfg    Config
+		batch  func() (x, y *tensor.Tensor)
+	}{
+		{"gpt", 6, func() nn.Model {
+			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 6, Heads: 2, Width: 64, Vocab: V, Context: T})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.Blocks != layers {
-				t.Fatalf("%s: %d blocks measured, want %d", v.Name, m.Blocks, layers)
-			}
-			needs[k], standing = m.Need(), m.Standing
+			return g
+		}, Config{Model: "gpt", Batch: 8, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1},
+			func() (x, y *tensor.Tensor) {
+				xs, ys := tokenBatches(dev, 1, 8, T, V, 3)
+				return xs[0], ys[0]
+			}},
+		{"resnet20", 9, func() nn.Model {
+			r, _ := nn.NewCIFARResNet(dev, 20, 1, 10)
+			return r
+		}, baseConfig("resnet20"),
+			func() (x, y *tensor.Tensor) {
+				return tensor.Randn(dev, tensor.F32, 0, 1, 16, 1, 28, 28).Keep(), tensor.FromInt32(dev, make([]int32, 16), 16).Keep()
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dev.WithScope(func() {
+				x, y := c.batch()
+				defer x.Release()
+				defer y.Release()
+				needs := make([]int64, c.blocks+1) // by the blocks checkpointed
+				var standing int64
+				var shares []float64
+				for k := range needs {
+					v := Variant{Name: fmt.Sprintf("checkpoint-%d/%d", k, c.blocks), Checkpoint: nn.CheckpointBlocks, Checkpointed: k}
+					switch k {
+					case 0:
+						v.Checkpoint = nn.NoCheckpoint
+					case c.blocks:
+						v.Checkpointed = 0
+					}
+					m, err := MeasureStep(dev, c.build, c.cfg, v, x, y, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(m.Shares) != c.blocks {
+						t.Fatalf("%s: the shares of %d blocks measured, want %d", v.Name, len(m.Shares), c.blocks)
+					}
+					needs[k], standing, shares = m.Need(), m.Standing, m.Shares
+				}
+				none, all := needs[0], needs[c.blocks]
+				predicted := func(k int) int64 { return none - int64(floats.Sum(shares[:k])*float64(none-all)) }
+				for k := 1; k < c.blocks; k++ {
+					if needs[k] > needs[k-1] || needs[k] > predicted(k) {
+						t.Errorf("the first %d blocks checkpointed need %d bytes (%d with one fewer), predicted %d: want no more than with one fewer, nor than predicted", k, needs[k], needs[k-1], predicted(k))
+					}
+				}
+				t.Logf("needs by the blocks checkpointed: %v", needs)
+				// Room for three blocks checkpointed, with a quarter of the
+				// step's own bytes spare: a pool this small, of segments of
+				// 2 MiB, loses more than the budget's headroom to them.
+				three := predicted(3)
+				budget := three + (three-standing)/4
+				var out strings.Builder
+				ch, err := FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
+				if err != nil {
+					t.Fatalf("%v\n%s", err, out.String())
+				}
+				t.Logf("%s", out.String())
+				last := ch.Measured[len(ch.Measured)-1]
+				wholeFP32 := slices.ContainsFunc(ch.Measured, func(m Measurement) bool { return m.Name == "fp32" && m.Examples == 0 })
+				if !ch.Chosen.Some || ch.Chosen.Checkpointed < 1 || ch.Chosen.Checkpointed > 3 || last.Variant != ch.Chosen || last.Need() > budget || wholeFP32 ||
+					!strings.Contains(out.String(), fmt.Sprintf("the first %d of %d blocks", ch.Chosen.Checkpointed, c.blocks)) {
+					t.Errorf("a budget of %d bytes (none %d, all %d): chose %+v, measured last %+v (fp32 run whole: %v)\n%s", budget, none, all, ch.Chosen, last, wholeFP32, out.String())
+				}
+			})
+		})
+	}
+}
+
+// TestFewestCheckpointed: the fewest first blocks predicted to fit, by the
+// blocks' shares, and none when only every block would do.
+func TestFewestCheckpointed(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		none, all, st int64
+		shares        []float64
+		budget        int64
+		k             int
+		need          int64
+	}{
+		// none − w·(none − all) with need + (need − standing)/10 ≤ budget.
+		{"equal shares", 200, 100, 0, []float64{0.25, 0.25, 0.25, 0.25}, 180, 2, 150},
+		{"the first blocks largest", 200, 100, 0, []float64{0.5, 0.2, 0.2, 0.1}, 180, 1, 150},
+		{"standing counts no headroom", 200, 100, 100, []float64{0.25, 0.25, 0.25, 0.25}, 184, 1, 175},
+		{"only every block", 200, 100, 0, []float64{0.25, 0.25, 0.25, 0.25}, 120, 0, 0},
+		{"one block", 200, 100, 0, []float64{1}, 1000, 0, 0},
+	} {
+		k, need := fewestCheckpointed(c.none, c.all, c.st, c.shares, c.budget)
+		if k != c.k || need != c.need {
+			t.Errorf("%s: the first %d blocks, %d bytes; want %d, %d", c.name, k, need, c.k, c.need)
 		}
-		none, all := needs[0], needs[layers]
-		for k := 1; k < layers; k++ {
-			predicted := none - int64(float64(k)*float64(none-all)/layers)
-			if needs[k] >= needs[k-1] || needs[k] > predicted {
-				t.Errorf("the first %d blocks checkpointed need %d bytes (%d with one fewer), predicted %d: want less than with one fewer, and no more than predicted", k, needs[k], needs[k-1], predicted)
-			}
-		}
-		t.Logf("needs by the blocks checkpointed: %v", needs)
-		// A budget that the prediction fits with three blocks checkpointed.
-		three := none - 3*(none-all)/layers
-		budget := three + int64(BudgetHeadroom*float64(three-standing)) + 1
-		var out strings.Builder
-		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
-		if err != nil {
-			t.Fatalf("%v\n%s", err, out.String())
-		}
-		t.Logf("%s", out.String())
-		last := c.Measured[len(c.Measured)-1]
-		wholeFP32 := slices.ContainsFunc(c.Measured, func(m Measurement) bool { return m.Name == "fp32" && m.Examples == 0 })
-		if !c.Chosen.Some || c.Chosen.Checkpointed < 1 || c.Chosen.Checkpointed > 3 || last.Variant != c.Chosen || last.Need() > budget || wholeFP32 ||
-			!strings.Contains(out.String(), fmt.Sprintf("the first %d of %d blocks", c.Chosen.Checkpointed, layers)) {
-			t.Errorf("a budget of %d bytes (none %d, all %d): chose %+v, measured last %+v (fp32 run whole: %v)\n%s", budget, none, all, c.Chosen, last, wholeFP32, out.String())
-		}
-	})
+	}
 }
 
 // TestWithinBudget: the headroom is a tenth of a step's bytes beyond what
