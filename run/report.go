@@ -160,6 +160,10 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 			fp32, fp32Planned = m.PeakAllocated, m.Planned
 		}
 	}
+	width := 15
+	for _, m := range ms {
+		width = max(width, len(m.Name))
+	}
 	for _, m := range ms {
 		mark := ""
 		if m.Name == chosen {
@@ -169,7 +173,7 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 		if m.Name != "fp32" && fp32 > 0 { // none measured for BF16 working weights
 			vs = fmt.Sprintf("  (%s vs fp32)", Percent(m.PeakAllocated, fp32))
 		}
-		line := fmt.Sprintf("  %-15s %10s%-17s", m.Name, memory.Bytes(m.PeakAllocated), vs)
+		line := fmt.Sprintf("  %-*s %10s%-17s", width, m.Name, memory.Bytes(m.PeakAllocated), vs)
 		if m.Planned > 0 {
 			pvs := ""
 			if m.Name != "fp32" && fp32Planned > 0 {

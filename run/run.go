@@ -693,14 +693,20 @@ func (r *runner) allowed(v train.Variant) bool {
 }
 
 // measure runs one step of each memory configuration and reports their peaks
-// (for BF16 working weights, the AMP ones).
+// (for BF16 working weights, the AMP ones), and the run's own where it
+// checkpoints some of the blocks.
 func (r *runner) measure() (err error) {
 	if !r.job.Measure {
 		return nil
 	}
 	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", r.cfg.Model, r.cfg.Batch)
+	vs := train.Variants(r.job.CheckpointMode, r.measuredAMP())
+	if k := r.cfg.Checkpointed; k > 0 {
+		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: nn.CheckpointBlocks, Checkpointed: k})
+	}
+	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
-		for _, v := range train.Variants(r.job.CheckpointMode, r.measuredAMP()) {
+		for _, v := range vs {
 			if (!r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint) || (r.cfg.BF16Weights && !v.AMP.On()) {
 				continue
 			}
@@ -715,13 +721,16 @@ func (r *runner) measure() (err error) {
 			}); err != nil {
 				return
 			}
+			if v.Checkpointed > 0 {
+				m.Name = train.SomeCheckpointedName(v.AMP, v.Checkpointed, len(m.Shares))
+				chosen = m.Name
+			}
 			r.report.Measured = append(r.report.Measured, m)
 		}
 	})
 	if err != nil {
 		return err
 	}
-	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
 	WriteSavings(r.say, r.report.Measured, chosen)
 	for _, m := range r.report.Measured {
 		if m.Name == chosen {

@@ -73,6 +73,12 @@ func VariantName(amp AMP, mode nn.CheckpointMode) string {
 	return "fp32"
 }
 
+// SomeCheckpointedName names the variant that checkpoints the first k of
+// a model's blocks: "amp+checkpoint-3/12".
+func SomeCheckpointedName(amp AMP, k, blocks int) string {
+	return fmt.Sprintf("%s-%d/%d", VariantName(amp, nn.CheckpointBlocks), k, blocks)
+}
+
 // Measurement is the pool's peak for one variant's training step.
 type Measurement struct {
 	Variant
@@ -552,7 +558,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if k == 0 {
 			return false, nil
 		}
-		v.Checkpointed, v.Name = k, fmt.Sprintf("%s-%d/%d", all.Name, k, blocks)
+		v.Checkpointed, v.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
 		fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n",
 			describeVariant(v, n), k, blocks, memory.Bytes(need), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
 		return try(v)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -230,7 +231,7 @@ func TestMicroBatchRun(t *testing.T) {
 
 // TestCheckpointSomeBlocksRun: -checkpoint -checkpoint-blocks 2 trains a
 // GPT of four blocks to the losses of every block checkpointed, exactly,
-// says so and records it; under -max-memory between the needs measured
+// says so, measures its step beside the four others and records it; under -max-memory between the needs measured
 // for fp32 and for every block checkpointed, the budget chooses to
 // checkpoint some of them, and the run does.
 func TestCheckpointSomeBlocksRun(t *testing.T) {
@@ -252,8 +253,9 @@ func TestCheckpointSomeBlocksRun(t *testing.T) {
 		return r, stdout
 	}
 	all, _ := train("all", "-checkpoint")
-	some, stdout := train("some", "-checkpoint", "-checkpoint-blocks", "2", "-measure=false")
-	if !strings.Contains(stdout, "checkpoint of the first 2 blocks") || some.Config.Checkpointed != 2 {
+	some, stdout := train("some", "-checkpoint", "-checkpoint-blocks", "2")
+	measured := regexp.MustCompile(`(?m)^  checkpoint-2/4 .*<- this run$`)
+	if !strings.Contains(stdout, "checkpoint of the first 2 blocks") || some.Config.Checkpointed != 2 || !measured.MatchString(stdout) {
 		t.Errorf("-checkpoint-blocks 2: the report's checkpointed is %d, and the output says\n%s", some.Config.Checkpointed, stdout)
 	}
 	if a, s := all.Epochs[0], some.Epochs[0]; a.TestLoss != s.TestLoss || a.TrainLoss != s.TrainLoss {
