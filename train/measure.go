@@ -459,8 +459,9 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // not measured until its number is known: it is the fewest of the first
 // blocks whose step is predicted to fit from the needs of its twins,
 // without checkpoints (measured before it) and with every block
-// checkpointed (measured then), as Note [checkpointing some blocks] in
-// package nn says; it is then measured as the others are. Each
+// checkpointed (measured then), and the blocks' shares
+// (Measurement.Shares), as Note [checkpointing some blocks] in package nn
+// says; it is then measured as the others are. Each
 // measurement is written to w as it is taken. The pool is capped at the
 // budget while they run: a candidate that does not fit stops there, out of
 // memory, so the process never holds more than the budget. stop, when
