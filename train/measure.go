@@ -3,10 +3,12 @@ package train
 import (
 	"errors"
 	"fmt"
-	ag "github.com/leangrad/leangrad/autograd"
 	"io"
 	"strings"
 
+	"gonum.org/v1/gonum/floats"
+
+	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
@@ -554,15 +556,24 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if !ok || err != nil {
 			return false, err
 		}
-		k, need := fewestCheckpointed(kept, recomputed, standing, shares, budget)
-		blocks := len(shares)
-		if k == 0 {
-			return false, nil
+		k, blocks := fewestCheckpointed(kept, recomputed, standing, shares, budget), len(shares)
+		for retried := false; 0 < k && k < blocks; retried = true {
+			v.Checkpointed, v.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
+			fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n", describeVariant(v, n), k, blocks,
+				memory.Bytes(checkpointedNeed(kept, recomputed, shares, k)), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
+			if ok, err := try(v); ok || err != nil || retried {
+				return ok, err
+			}
+			// The prediction bounds what the step allocates, not what
+			// the pool's segments round that up to near its cap: once
+			// more, halfway to every block.
+			if next := (k + blocks) / 2; next > k {
+				k = next
+				continue
+			}
+			break
 		}
-		v.Checkpointed, v.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
-		fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n",
-			describeVariant(v, n), k, blocks, memory.Bytes(need), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
-		return try(v)
+		return false, nil
 	}
 	// whole is needAt for steps measured on the whole batch.
 	whole := func(u Variant, measureIt bool) (int64, int64, []float64, bool, error) {
@@ -624,21 +635,24 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 }
 
 // fewestCheckpointed is the fewest of a model's first blocks that a step
-// must checkpoint to fit the budget beside standing, and the need
-// predicted for it: none − w·(none − all), none and all being the needs of
+// must checkpoint to fit the budget beside standing by the need predicted
+// for it, none − w·(none − all), none and all being the needs of
 // the step without checkpoints and with every block checkpointed and w the
 // sum of the first k blocks' shares (Note [checkpointing some blocks] in
 // package nn); 0 when only all of them would do.
-func fewestCheckpointed(none, all, standing int64, shares []float64, budget int64) (k int, need int64) {
-	w := 0.0
+func fewestCheckpointed(none, all, standing int64, shares []float64, budget int64) int {
 	for k := 1; k < len(shares); k++ {
-		w += shares[k-1]
-		need := none - int64(w*float64(none-all))
-		if ok, _ := withinBudget(need, standing, budget); ok {
-			return k, need
+		if ok, _ := withinBudget(checkpointedNeed(none, all, shares, k), standing, budget); ok {
+			return k
 		}
 	}
-	return 0, 0
+	return 0
+}
+
+// checkpointedNeed is the need predicted for a step with the first k
+// blocks checkpointed (fewestCheckpointed).
+func checkpointedNeed(none, all int64, shares []float64, k int) int64 {
+	return none - int64(floats.Sum(shares[:k])*float64(none-all))
 }
 
 // minSizedBatch is the smallest batch FitBudget sizes on slices of it

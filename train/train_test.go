@@ -622,7 +622,9 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 // shares (Note [checkpointing some blocks] in package nn), and no more
 // than with one fewer; under a budget that the prediction fits with three
 // blocks, FitBudget chooses at most three, measured last within the
-// budget, and never runs the unfitting configuration on the whole batch.
+// budget, and never runs the unfitting configuration on the whole batch;
+// where the first three blocks do not fit the pool's segments, it tries
+// once more, halfway to every block.
 func TestCheckpointingSomeBlocks(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	const T, V = 32, 96
@@ -702,6 +704,20 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 					!strings.Contains(out.String(), fmt.Sprintf("the first %d of %d blocks", ch.Chosen.Checkpointed, c.blocks)) {
 					t.Errorf("a budget of %d bytes (none %d, all %d): chose %+v, measured last %+v (fp32 run whole: %v)\n%s", budget, none, all, ch.Chosen, last, wholeFP32, out.String())
 				}
+				if c.name != "resnet20" {
+					return
+				}
+				// With only the budget's headroom, three blocks run out of
+				// memory in the pool's small segments: the search tries
+				// once more, halfway to every block.
+				tight := three + int64(BudgetHeadroom*float64(three-standing)) + 1
+				out.Reset()
+				ch, err = FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, tight, nil)
+				said := out.String()
+				failed, retried := strings.Index(said, "checkpoint-3/9                                over the budget"), strings.Index(said, "the first 6 of 9 blocks")
+				if err != nil || failed < 0 || retried < failed || ch.Chosen.Checkpoint != nn.CheckpointBlocks || ch.Measured[len(ch.Measured)-1].Need() > tight {
+					t.Errorf("a budget of %d bytes: %v, chose %+v; want the first 6 blocks tried after the first 3 did not fit, and a choice within the budget\n%s", tight, err, ch.Chosen, said)
+				}
 			})
 		})
 	}
@@ -725,7 +741,11 @@ func TestFewestCheckpointed(t *testing.T) {
 		{"only every block", 200, 100, 0, []float64{0.25, 0.25, 0.25, 0.25}, 120, 0, 0},
 		{"one block", 200, 100, 0, []float64{1}, 1000, 0, 0},
 	} {
-		k, need := fewestCheckpointed(c.none, c.all, c.st, c.shares, c.budget)
+		k := fewestCheckpointed(c.none, c.all, c.st, c.shares, c.budget)
+		need := int64(0)
+		if k > 0 {
+			need = checkpointedNeed(c.none, c.all, c.shares, k)
+		}
 		if k != c.k || need != c.need {
 			t.Errorf("%s: the first %d blocks, %d bytes; want %d, %d", c.name, k, need, c.k, c.need)
 		}
