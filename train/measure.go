@@ -480,13 +480,10 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	defer a.SetLimit(old)
 	n := x.Dim(0)
 	type key struct {
-		v        Variant // without its name
+		v        Variant // unnamed
 		examples int
 	}
-	keyOf := func(v Variant, examples int) key {
-		v.Name = ""
-		return key{v, examples}
-	}
+	keyOf := func(v Variant, examples int) key { return key{unnamed(v), examples} }
 	measured := map[key]Measurement{}
 	measure := func(v Variant, examples int) (Measurement, error) {
 		if m, ok := measured[keyOf(v, examples)]; ok {
@@ -541,22 +538,23 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	}
 	// some tries v, a Variant.Some, with the fewest blocks checkpointed
 	// that needAt's needs of its twins predict to fit; needAt says what a
-	// variant's step on the whole batch needs, measuring it only when
-	// asked to.
-	some := func(v Variant, needAt func(u Variant, measure bool) (need, standing int64, shares []float64, ok bool, err error)) (bool, error) {
+	// variant's step on the whole batch needs (measured, or predicted from
+	// sizes), measuring it only when asked to, and whether it knows.
+	some := func(v Variant, needAt func(u Variant, measure bool) (Measurement, bool, error)) (bool, error) {
 		all := v
-		all.Some, all.Name = false, strings.TrimSuffix(v.Name, "-some")
+		all.Some, all.Name = false, VariantName(v.AMP, nn.CheckpointBlocks)
 		none := all
 		none.Checkpoint, none.Name = nn.NoCheckpoint, VariantName(v.AMP, nn.NoCheckpoint)
-		kept, _, _, ok, err := needAt(none, false)
+		mNone, ok, err := needAt(none, false)
 		if !ok || err != nil {
 			return false, err
 		}
-		recomputed, standing, shares, ok, err := needAt(all, true)
+		mAll, ok, err := needAt(all, true)
 		if !ok || err != nil {
 			return false, err
 		}
-		k, blocks := fewestCheckpointed(kept, recomputed, standing, shares, budget), len(shares)
+		kept, recomputed, shares := mNone.Need(), mAll.Need(), mAll.Shares
+		k, blocks := fewestCheckpointed(kept, recomputed, mAll.Standing, shares, budget), len(shares)
 		for retried := false; 0 < k && k < blocks; retried = true {
 			v.Checkpointed, v.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
 			fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n", describeVariant(v, n), k, blocks,
@@ -576,16 +574,16 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		return false, nil
 	}
 	// whole is needAt for steps measured on the whole batch.
-	whole := func(u Variant, measureIt bool) (int64, int64, []float64, bool, error) {
+	whole := func(u Variant, measureIt bool) (Measurement, bool, error) {
 		m, ok := measured[keyOf(u, n)]
 		if !ok && measureIt {
 			var err error
 			if m, err = measure(u, n); err != nil {
-				return 0, 0, nil, false, err
+				return m, false, err
 			}
 			ok = true
 		}
-		return m.Need(), m.Standing, m.Shares, ok && !m.OutOfMemory, nil
+		return m, ok && !m.OutOfMemory, nil
 	}
 	next := func(v Variant) (bool, error) {
 		if v.Some {
@@ -664,7 +662,7 @@ const minSizedBatch = 8
 // the examples, try(v) on all of them, saying whether it fits, and some(v,
 // needAt) tries a Variant.Some with needAt's predictions.
 func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error),
-	some func(Variant, func(Variant, bool) (int64, int64, []float64, bool, error)) (bool, error)) (BudgetChoice, error) {
+	some func(Variant, func(Variant, bool) (Measurement, bool, error)) (bool, error)) (BudgetChoice, error) {
 	b := max(2, n/8) // a step of one example holds more than its share: what it holds whatever the batch
 	type size struct {
 		v         Variant
@@ -680,11 +678,10 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 	predict := func(s size, k int) int64 { return int64(s.base + float64(k)*s.per) }
 	fmt.Fprintf(w, "  sizing each on %d and %d of the batch's %d examples:\n", b, 2*b, n)
 	var sizes []size
-	sized := map[Variant]size{} // by the variant without its name
+	sized := map[Variant]size{} // by the variant, unnamed
 	sizeOf := func(v Variant) (size, error) {
-		k := v
-		k.Name = ""
-		if s, ok := sized[k]; ok {
+		key := unnamed(v)
+		if s, ok := sized[key]; ok {
 			return s, nil
 		}
 		var need [2]int64
@@ -710,23 +707,21 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
 		}
 		sizes = append(sizes, s)
-		sized[k] = s
+		sized[key] = s
 		return s, nil
 	}
-	predicted := func(u Variant, measureIt bool) (int64, int64, []float64, bool, error) {
-		k := u
-		k.Name = ""
-		s, ok := sized[k]
+	predicted := func(u Variant, measureIt bool) (Measurement, bool, error) {
+		s, ok := sized[unnamed(u)]
 		if !ok && measureIt {
 			var err error
 			if s, err = sizeOf(u); err != nil {
-				return 0, 0, nil, false, err
+				return Measurement{}, false, err
 			}
 		}
 		if s.fits != 2*b {
-			return 0, 0, nil, false, nil
+			return Measurement{}, false, nil
 		}
-		return predict(s, n), s.standing, s.shares, true, nil
+		return Measurement{Variant: u, PeakAllocated: predict(s, n), Standing: s.standing, Shares: s.shares}, true, nil
 	}
 	for _, v := range candidates {
 		if v.Some {
@@ -797,6 +792,12 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		}
 	}
 	return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
+}
+
+// unnamed is v without its name: what FitBudget keys its measurements by.
+func unnamed(v Variant) Variant {
+	v.Name = ""
+	return v
 }
 
 // describeVariant names v at a batch of n: "amp+checkpoint, micro-batches of 16".
