@@ -159,13 +159,15 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 	a := dev.Allocator().Stats()
 	fmt.Fprintf(stdout, "serving %s on %s from %s: %s, in %v; the pool holds %s (%s reserved)\n",
 		srv.Model(), dev.Name(), o.model, srv.Prepared(), time.Since(start).Round(time.Millisecond), memory.Bytes(a.Allocated[memory.All].Current), memory.Bytes(a.Reserved[memory.All].Current))
+	// The signals are ours before the ready line: a client that reads it
+	// may signal at once, and must find the drain, not the default exit.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	fmt.Fprintf(stdout, "ready on http://%s\n", ln.Addr())
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	select {
 	case err := <-served:
 		fmt.Fprintf(stderr, "serve: %v\n", err)
