@@ -185,7 +185,7 @@ func variant(m train.Arch, name string, o Options) (train.Variant, error) {
 	}
 	for _, v := range train.Variants(m.Segments, amp) {
 		if v.Name == base {
-			if v.Checkpoint != nn.NoCheckpoint && !m.Blocks {
+			if v.Checkpoint != nn.NoCheckpoint && m.Blocks == 0 {
 				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
 			}
 			if offload && v.Checkpoint == nn.NoCheckpoint {

@@ -624,7 +624,7 @@ func (r *runner) fitBudget() (err error) {
 	var choice train.BudgetChoice
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		err = r.interruptible(func() (err error) {
-			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
+			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks > 0, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
 				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 			return err
 		})
@@ -707,7 +707,7 @@ func (r *runner) measure() (err error) {
 	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		for _, v := range vs {
-			if (!r.arch.Blocks && v.Checkpoint != nn.NoCheckpoint) || (r.cfg.BF16Weights && !v.AMP.On()) {
+			if (r.arch.Blocks == 0 && v.Checkpoint != nn.NoCheckpoint) || (r.cfg.BF16Weights && !v.AMP.On()) {
 				continue
 			}
 			if r.stopped() { // between measurements: nothing to save yet

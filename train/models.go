@@ -28,10 +28,11 @@ type Arch struct {
 	// Recipe is a language model's default training recipe, which the
 	// commands apply where the user did not choose and the harness times.
 	Recipe *Recipe
-	// Blocks says the model has blocks to checkpoint (Config.Checkpoint
-	// applies); Segments is what the harness's checkpointing configurations
+	// Blocks is the number of blocks the model checkpoints
+	// (Config.Checkpoint applies; nn.Checkpointer.Checkpointable; 0:
+	// none); Segments is what the harness's checkpointing configurations
 	// checkpoint: each block, or √n segments of blocks.
-	Blocks   bool
+	Blocks   int
 	Segments nn.CheckpointMode
 	// CNN says the model convolves images: random crops and flips suit
 	// it, and convolution workspaces matter.
@@ -197,11 +198,11 @@ func LookupArch(name string) (Arch, error) {
 	}
 	if ok {
 		g, recipe := p.cfg, p.recipe
-		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: true, Segments: nn.CheckpointBlocks}, nil
+		return Arch{Name: name, Input: []int{g.Context}, Classes: g.Vocab, Text: true, GPT: g, Recipe: &recipe, Blocks: g.Layers, Segments: nn.CheckpointBlocks}, nil
 	}
 	switch name {
 	case "resnet18":
-		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: true, Segments: nn.CheckpointBlocks, CNN: true,
+		return Arch{Name: name, Input: []int{3, 32, 32}, Classes: 10, Blocks: 8, Segments: nn.CheckpointBlocks, CNN: true,
 			build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
 				return nn.NewResNet18(dev, in[0], classes), nil
 			}}, nil
@@ -219,7 +220,7 @@ func LookupArch(name string) (Arch, error) {
 			if depth > 200 {
 				segments = nn.CheckpointSqrt
 			}
-			return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10, Blocks: true, Segments: segments, CNN: true,
+			return Arch{Name: name, Input: []int{1, 28, 28}, Classes: 10, Blocks: (depth - 2) / 2, Segments: segments, CNN: true,
 				build: func(dev *tensor.Device, in []int, classes int) (nn.Model, error) {
 					return model(nn.NewCIFARResNet(dev, depth, in[0], classes))
 				}}, nil

@@ -57,3 +57,30 @@ func TestGPTFamily(t *testing.T) {
 		}
 	}
 }
+
+// TestArchBlocks: what the registry says of a model's blocks is what the
+// model built checkpoints (the count -checkpoint-blocks is checked
+// against before anything is built).
+func TestArchBlocks(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		blocks int
+	}{{"mlp", 0}, {"resnet", 9}, {"resnet8", 3}, {"resnet56", 27}, {"resnet18", 8}, {"gpt-mini", 2}, {"gpt:L3,W32,H4,C16,V64", 3}} {
+		a, err := LookupArch(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := a.Build(tensor.CPU(), a.Input, a.Classes, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		if ck, ok := m.(nn.Checkpointer); ok {
+			got = ck.Checkpointable()
+		}
+		nn.Release(m)
+		if a.Blocks != c.blocks || got != c.blocks {
+			t.Errorf("%s: the registry says %d blocks, the model has %d; want %d", c.name, a.Blocks, got, c.blocks)
+		}
+	}
+}

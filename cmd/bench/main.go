@@ -70,7 +70,7 @@ type options struct {
 // hasBlocks says whether a model (known to the registry) has blocks to checkpoint.
 func hasBlocks(model string) bool {
 	a, _ := train.LookupArch(model)
-	return a.Blocks
+	return a.Blocks > 0
 }
 
 // spec is a model with its batch sizes.

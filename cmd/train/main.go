@@ -408,15 +408,15 @@ func (o *options) check() []string {
 			bad("-%s %v: want %s", v.name, v.v, v.interval)
 		}
 	}
-	if o.ckpt && archErr == nil && !arch.Blocks {
+	if o.ckpt && archErr == nil && arch.Blocks == 0 {
 		bad("-checkpoint needs a model with blocks to checkpoint: %s has none", modelName(o))
 	}
 	if k := o.ckptFirst; o.set["checkpoint-blocks"] {
 		switch {
 		case k < 1:
 			bad("-checkpoint-blocks %d: want a count of blocks, 1 or more", k)
-		case archErr == nil && arch.Text && k > arch.GPT.Layers:
-			bad("-checkpoint-blocks %d: %s has %d blocks", k, modelName(o), arch.GPT.Layers)
+		case archErr == nil && k > arch.Blocks:
+			bad("-checkpoint-blocks %d: %s has %d blocks", k, modelName(o), arch.Blocks)
 		case !o.ckpt || o.ckptMode != nn.CheckpointBlocks:
 			bad("-checkpoint-blocks %d needs -checkpoint with -checkpoint-mode blocks", k)
 		case o.maxMemory.IsSet():

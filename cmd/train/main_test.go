@@ -61,6 +61,7 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-checkpoint", "-checkpoint-mode", "sqrt", "-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks"},
 		{[]string{"-checkpoint", "-checkpoint-blocks", "0"}, cmdenv.ExitUsage, "-checkpoint-blocks 0: want a count of blocks, 1 or more"},
 		{[]string{"-model", "gpt-mini", "-checkpoint", "-checkpoint-blocks", "3"}, cmdenv.ExitUsage, "-checkpoint-blocks 3: gpt-mini has 2 blocks"},
+		{[]string{"-model", "resnet8", "-checkpoint", "-checkpoint-blocks", "4"}, cmdenv.ExitUsage, "-checkpoint-blocks 4: resnet8 has 3 blocks"},
 		{[]string{"-checkpoint", "-checkpoint-blocks", "2", "-max-memory", "1GiB"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 with -max-memory: the budget chooses how many blocks to checkpoint"},
 		{[]string{"-micro-batch", "0"}, cmdenv.ExitUsage, "-micro-batch 0: want a count of examples from 1 to -batch's 128"},
 		{[]string{"-batch", "8", "-micro-batch", "9"}, cmdenv.ExitUsage, "-micro-batch 9: want a count of examples from 1 to -batch's 8"},
