@@ -303,14 +303,14 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 		a.remember("alloc", b.Addr(), b.size, b.pcs)
 	}
 	if a.trace != nil && a.mine() {
-		sizes := []int64{rounded}
+		sizes, asked := []int64{rounded}, []int64{size}
 		if options != nil {
-			sizes = make([]int64, len(options))
+			sizes, asked = make([]int64, len(options)), options
 			for i, o := range options {
 				sizes[i] = RoundSize(o)
 			}
 		}
-		a.trace.alloc(b, sizes, taken)
+		a.trace.alloc(b, sizes, asked, taken)
 	}
 	return b, nil
 }

@@ -13,48 +13,6 @@ import (
 	"testing"
 )
 
-// addrSource hands out address ranges without backing memory, so that tests
-// can reserve gigabytes for free. It checks that no two live segments overlap
-// and that only live segments are freed.
-type addrSource struct {
-	mu   sync.Mutex
-	next uintptr
-	live map[uintptr]int64
-}
-
-func newAddrSource() *addrSource { return &addrSource{next: 1 << 32, live: map[uintptr]int64{}} }
-
-func (s *addrSource) Alloc(size int64) (Segment, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	addr := s.next
-	s.next += uintptr(size) + 4096
-	s.live[addr] = size
-	return Segment{Addr: addr, Size: size}, nil
-}
-
-func (s *addrSource) Free(seg Segment) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.live[seg.Addr] != seg.Size {
-		return fmt.Errorf("free of unknown segment %#x", seg.Addr)
-	}
-	delete(s.live, seg.Addr)
-	return nil
-}
-
-func (s *addrSource) MemInfo() (int64, int64) { return 1 << 50, 1 << 50 }
-
-func (s *addrSource) liveBytes() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var n int64
-	for _, sz := range s.live {
-		n += sz
-	}
-	return n
-}
-
 const (
 	KiB = int64(1) << 10
 	MiB = int64(1) << 20

@@ -76,7 +76,15 @@ func (a *Allocator) mine() bool { return syscall.Gettid() == a.owner }
 
 // StopTrace ends the recording. It fails when a traced buffer is still
 // allocated: work that is to be planned must free everything it allocates.
-func (a *Allocator) StopTrace() (*Trace, error) {
+func (a *Allocator) StopTrace() (*Trace, error) { return a.stopTrace(false) }
+
+// StopTraceLeaving ends the recording of work that leaves some of what it
+// allocated (a first training step, which makes the optimiser's state):
+// the buffers still allocated are freed at the trace's last event, Events,
+// in its record; only Replay takes such a trace.
+func (a *Allocator) StopTraceLeaving() (*Trace, error) { return a.stopTrace(true) }
+
+func (a *Allocator) stopTrace(leaving bool) (*Trace, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ts := a.trace
@@ -86,7 +94,11 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 	a.trace, a.owner = nil, 0
 	a.tracing.Store(false)
 	defer runtime.UnlockOSThread() // StartTrace's lock
-	if len(ts.open) > 0 {
+	if leaving {
+		for _, i := range ts.open {
+			ts.buffers[i].Free = ts.events
+		}
+	} else if len(ts.open) > 0 {
 		var bytes int64
 		for b := range ts.open {
 			bytes += b.size
@@ -97,9 +109,9 @@ func (a *Allocator) StopTrace() (*Trace, error) {
 	return &Trace{Buffers: ts.buffers, Events: ts.events, Phases: ts.phases}, nil
 }
 
-func (ts *traceState) alloc(b *Block, sizes []int64, taken int) {
+func (ts *traceState) alloc(b *Block, sizes, asked []int64, taken int) {
 	ts.open[b] = len(ts.buffers)
-	ts.buffers = append(ts.buffers, TraceBuffer{Sizes: sizes, Taken: taken, Alloc: ts.events})
+	ts.buffers = append(ts.buffers, TraceBuffer{Sizes: sizes, Asked: asked, Taken: taken, Alloc: ts.events})
 	ts.events++
 }
 

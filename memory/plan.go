@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
@@ -28,12 +29,15 @@ type TraceBuffer struct {
 	// a workspace (AllocWorkspace), every option in the caller's order of
 	// preference, the fastest algorithm's first.
 	Sizes []int64
+	// Asked are the sizes as requested, before the pool rounded them
+	// (nil in a trace read from a file that lacks them: Sizes stand in).
+	Asked []int64 `json:",omitempty"`
 	// Times are, for a workspace, the time of each option's algorithm as
 	// the caller measured it (milliseconds); nil for a tensor.
 	Times []float32
 	Taken int  // the index into Sizes the traced run took
 	Alloc int  // event of the request
-	Free  int  // event of the release
+	Free  int  // event of the release (Events: none, in a trace of work that leaves it allocated)
 	Role  Role // what it held (Allocator.SetRole; a workspace's is Workspace)
 }
 
@@ -727,3 +731,44 @@ func (t *Trace) polish(p *Plan) *Plan {
 // in random orders (a fixed seed: plans repeat) found 460.2 MiB. The
 // passes are bounded by the trace's length (shuffledWork), since each is
 // quadratic in its buffers.
+
+// Extrapolate is the trace of the work traced as a at ka examples and as b
+// at kb (ka < kb), at k examples: the same buffers, requested and freed at
+// the same events, each of its sizes the line through its requests in a
+// and b at k (Asked; Sizes where a trace lacks them), rounded as the pool
+// rounds (RoundSize; a buffer that does not grow with the examples keeps
+// its size). A step's activations and their
+// gradients grow with its examples and its parameters' buffers do not, so
+// the trace at the whole batch, and what follows from it (its peak, its
+// plan), is known from two small ones without running it. It fails,
+// naming the first difference, when a and b are not the same sequence of
+// requests: then the work's order depends on its examples and no line
+// through two traces says what it does at k.
+func Extrapolate(a *Trace, ka int, b *Trace, kb int, k int) (*Trace, error) {
+	if ka <= 0 || kb <= ka || k <= 0 {
+		panic(fmt.Sprintf("memory: Extrapolate from %d and %d examples to %d: want 0 < ka < kb and k > 0", ka, kb, k))
+	}
+	if len(a.Buffers) != len(b.Buffers) || a.Events != b.Events {
+		return nil, fmt.Errorf("memory: the traces at %d and %d examples differ: %d and %d buffers, %d and %d events", ka, kb, len(a.Buffers), len(b.Buffers), a.Events, b.Events)
+	}
+	t := &Trace{Buffers: make([]TraceBuffer, len(a.Buffers)), Events: a.Events, Phases: a.Phases}
+	for i, x := range a.Buffers {
+		y := b.Buffers[i]
+		if x.Alloc != y.Alloc || x.Free != y.Free || len(x.Sizes) != len(y.Sizes) || x.Taken != y.Taken || x.Role != y.Role {
+			return nil, fmt.Errorf("memory: the traces at %d and %d examples differ at buffer %d: %+v and %+v", ka, kb, i, x, y)
+		}
+		xs, ys := x.Sizes, y.Sizes
+		if len(x.Asked) == len(xs) && len(y.Asked) == len(ys) {
+			xs, ys = x.Asked, y.Asked
+		}
+		z := x
+		z.Sizes, z.Asked = make([]int64, len(xs)), make([]int64, len(xs))
+		for j, s := range xs {
+			per := float64(ys[j]-s) / float64(kb-ka)
+			z.Asked[j] = max(0, s+int64(math.Round(per*float64(k-ka))))
+			z.Sizes[j] = RoundSize(z.Asked[j])
+		}
+		t.Buffers[i] = z
+	}
+	return t, nil
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/leangrad/leangrad/internal/race"
@@ -486,5 +487,44 @@ func TestTraceAndPlanAreTheCallersOnly(t *testing.T) {
 	work()
 	if err := a.EndPlanned(); err != nil {
 		t.Errorf("the planned run did not repeat the trace: %v", err)
+	}
+}
+
+// TestExtrapolate: a trace at k examples follows from traces at two
+// others, buffer by buffer, when the work's requests are the same; when
+// they are not, it is refused, naming where they part.
+func TestExtrapolate(t *testing.T) {
+	// What a step of k examples requests: a weight of 4 KiB, an activation
+	// of 3 KiB an example, a workspace of 1 KiB an example or 512 bytes,
+	// a gradient of 2 KiB an example.
+	at := func(k int64) *Trace {
+		return &Trace{Events: 8, Buffers: []TraceBuffer{
+			{Sizes: []int64{4096}, Alloc: 0, Free: 7},
+			{Sizes: []int64{3072 * k}, Alloc: 1, Free: 6},
+			{Sizes: []int64{RoundSize(1024 * k), 512}, Taken: 1, Alloc: 2, Free: 3, Role: Role{Category: Workspace}},
+			{Sizes: []int64{2048 * k}, Alloc: 4, Free: 5},
+		}}
+	}
+	for _, c := range []struct{ ka, kb, k int }{{2, 4, 64}, {2, 4, 3}, {1, 8, 1000}, {3, 5, 1}} {
+		got, err := Extrapolate(at(int64(c.ka)), c.ka, at(int64(c.kb)), c.kb, c.k)
+		want := at(int64(c.k))
+		if err != nil || !slices.EqualFunc(got.Buffers, want.Buffers, func(x, y TraceBuffer) bool {
+			return slices.Equal(x.Sizes, y.Sizes) && x.Taken == y.Taken && x.Alloc == y.Alloc && x.Free == y.Free && x.Role == y.Role
+		}) || got.Events != want.Events {
+			t.Errorf("from %d and %d to %d examples: %+v, %v; want %+v", c.ka, c.kb, c.k, got, err, want)
+		}
+		if _, live := got.Peak(nil); live != 4096+3072*int64(c.k)+max(RoundSize(1024*int64(c.k)), 2048*int64(c.k)) {
+			t.Errorf("to %d examples: the peak is %d", c.k, live)
+		}
+	}
+	other := at(4)
+	other.Buffers[3].Alloc, other.Buffers[3].Free = 3, 4
+	if _, err := Extrapolate(at(2), 2, other, 4, 8); err == nil || !strings.Contains(err.Error(), "differ at buffer 3") {
+		t.Errorf("traces of other requests: %v", err)
+	}
+	fewer := at(4)
+	fewer.Buffers = fewer.Buffers[:3]
+	if _, err := Extrapolate(at(2), 2, fewer, 4, 8); err == nil || !strings.Contains(err.Error(), "4 and 3 buffers") {
+		t.Errorf("traces of other lengths: %v", err)
 	}
 }

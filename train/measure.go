@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/gonum/floats"
@@ -109,6 +110,32 @@ type Measurement struct {
 	Peak *Breakdown `json:"peak,omitempty"`
 	// PlannedPeak says what the planned step holds at its arena's peak.
 	PlannedPeak *Breakdown `json:"planned_peak,omitempty"`
+
+	// trace is the measured step's allocations (nil when it could not be
+	// traced), and planning, for a planned step, how its plan sized them:
+	// FitBudget plans a whole batch's step from two slices' (fitSized).
+	trace          *memory.Trace
+	planning       *memory.PlanOptions
+	standingBlocks []int64 // what stands between steps, block by block
+	// first is the trace of the first step, which leaves the optimiser's
+	// state (memory.Allocator.StopTraceLeaving), and built what was
+	// allocated before it, block by block.
+	first *memory.Trace
+	built []int64
+}
+
+// allocatedBlocks are the requested sizes of a's blocks allocated now, in
+// the order of their addresses.
+func allocatedBlocks(a *memory.Allocator) []int64 {
+	var out []int64
+	for _, seg := range a.Snapshot().Segments {
+		for _, b := range seg.Blocks {
+			if b.Allocated {
+				out = append(out, b.Requested)
+			}
+		}
+	}
+	return out
 }
 
 // Breakdown is what a training step holds at one moment, by kind: at the
@@ -343,10 +370,22 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		return Measurement{}, err
 	}
 	a := dev.Allocator()
-	if err := t.RunStep(x, y); err != nil { // the optimiser's state exists from here on
+	// The first step is traced too, what it leaves (the optimiser's
+	// state) and all: with what was allocated before it, it is what the
+	// pool's books need to replay the measured step from where this pool
+	// starts (stepPlan).
+	built := allocatedBlocks(a)
+	a.StartTrace()
+	err = t.RunStep(x, y) // the optimiser's state exists from here on
+	first, ferr := a.StopTraceLeaving()
+	if err != nil {
 		return Measurement{}, err
 	}
+	if ferr != nil {
+		first = nil
+	}
 	base := a.Stats().Allocated[memory.All].Current
+	standing := allocatedBlocks(a)
 	before := t.standing(x, y, blockCounter{})
 	h := &holdings{t: t, x: x, y: y}
 	t.Step.Observe = h.observe
@@ -385,9 +424,12 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		m.Planned = base + p.Size
 		trace = p.Trace
 		m.PlannedPeak = t.PlannedPeak(x, y)
+		planning := t.Step.Planning
+		m.planning = &planning
 	}
 	if trace != nil {
 		m.Peak = peakOf(trace, trace.Taken(), before)
+		m.trace, m.first, m.built, m.standingBlocks = trace, first, built, standing
 	}
 	return m, nil
 }
@@ -452,18 +494,25 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // A batch of at least minSizedBatch examples is sized first, so that what
 // is predicted not to fit never runs on the whole batch: each candidate's
 // step is measured (MeasureStep) on two slices of the batch, of b and 2b
-// examples (b an eighth of it, at least two), which gives what the step
-// holds whatever the batch and what each example adds; in order, fastest
+// examples (b an eighth of it, at least two), and traced. Each of the
+// step's buffers grows with the examples or does not, so the two traces
+// give the trace of the whole batch's step (memory.Extrapolate), and from
+// it its need, to the byte, and, replaying the pool's books through the
+// first step and that one (memory.Replay), whether the pool, capped at the
+// budget, would run out, fragmented (where the steps cannot be traced
+// alike, the line through the two needs stands in). In order, fastest
 // first, a candidate predicted to fit is measured on the whole batch
 // before the next is sized, then the micro-batches predicted to fit, and
 // the first that fits is chosen. A smaller batch is measured whole, candidate by
 // candidate. A candidate that checkpoints some blocks (Variant.Some) is
-// not measured until its number is known: it is the fewest of the first
+// not measured until its number is known: the fewest of the first
 // blocks whose step is predicted to fit from the needs of its twins,
 // without checkpoints (measured before it) and with every block
 // checkpointed (measured then), and the blocks' shares
 // (Measurement.Shares), as Note [checkpointing some blocks] in package nn
-// says; it is then measured as the others are. Each
+// says, is sized as the others are, and counts above it, halving the
+// rest, until the fewest predicted to fit is found; it is then measured as
+// the others are. Each
 // measurement is written to w as it is taken. The pool is capped at the
 // budget while they run: a candidate that does not fit stops there, out of
 // memory, so the process never holds more than the budget. stop, when
@@ -537,10 +586,12 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		return fits, nil
 	}
 	// some tries v, a Variant.Some, with the fewest blocks checkpointed
-	// that needAt's needs of its twins predict to fit; needAt says what a
-	// variant's step on the whole batch needs (measured, or predicted from
-	// sizes), measuring it only when asked to, and whether it knows.
-	some := func(v Variant, needAt func(u Variant, measure bool) (Measurement, bool, error)) (bool, error) {
+	// whose step fits: needAt's needs of its twins predict a count (needAt
+	// says what a variant's step on the whole batch needs, measured or
+	// predicted from sizes, measuring it only when asked to, and whether it
+	// knows), and check says whether a count fits (sized, or measured
+	// whole): from the predicted count up, the fewest it passes is tried.
+	some := func(v Variant, needAt func(u Variant, measure bool) (Measurement, bool, error), check func(Variant) (bool, error)) (bool, error) {
 		all := v
 		all.Some, all.Name = false, VariantName(v.AMP, nn.CheckpointBlocks)
 		none := all
@@ -555,23 +606,22 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		}
 		kept, recomputed, shares := mNone.Need(), mAll.Need(), mAll.Shares
 		k, blocks := fewestCheckpointed(kept, recomputed, mAll.Standing, shares, budget), len(shares)
-		for retried := false; 0 < k && k < blocks; retried = true {
-			v.Checkpointed, v.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
-			fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n", describeVariant(v, n), k, blocks,
-				memory.Bytes(checkpointedNeed(kept, recomputed, shares, k)), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
-			if ok, err := try(v); ok || err != nil || retried {
-				return ok, err
-			}
-			// The prediction bounds what the step allocates, not what
-			// the pool's segments round that up to near its cap: once
-			// more, halfway to every block.
-			if next := (k + blocks) / 2; next > k {
-				k = next
-				continue
-			}
-			break
+		if k == 0 {
+			return false, nil
 		}
-		return false, nil
+		counted := func(k int) Variant {
+			u := v
+			u.Checkpointed, u.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
+			return u
+		}
+		fmt.Fprintf(w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n", describeVariant(counted(k), n), k, blocks,
+			memory.Bytes(checkpointedNeed(kept, recomputed, shares, k)), none.Name, memory.Bytes(kept), all.Name, memory.Bytes(recomputed))
+		// The prediction bounds what the step allocates, not what the
+		// pool's segments round that up to near the cap.
+		if k, err = fewestFitting(k, blocks, func(k int) (bool, error) { return check(counted(k)) }); err != nil || k == blocks {
+			return false, err
+		}
+		return try(counted(k))
 	}
 	// whole is needAt for steps measured on the whole batch.
 	whole := func(u Variant, measureIt bool) (Measurement, bool, error) {
@@ -587,11 +637,11 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 	}
 	next := func(v Variant) (bool, error) {
 		if v.Some {
-			return some(v, whole)
+			return some(v, whole, try)
 		}
 		return try(v)
 	}
-	fmt.Fprintf(w, "fitting a step into a budget of %s (a step's need + %.0f%% of its own bytes, beyond what stays between steps, for the pool's fragmentation):\n", memory.Bytes(budget), 100*BudgetHeadroom)
+	fmt.Fprintf(w, "fitting a step into a budget of %s (a step's need + %.0f%% of its own bytes, beyond what stays between steps, for the pool's fragmentation; where its traces say, the pool's books through it under the cap):\n", memory.Bytes(budget), 100*BudgetHeadroom)
 	if m := cfg.MicroBatch; m > 0 && m < n {
 		// The user's micro-batches: a step holds a micro-batch's
 		// activations whatever the batch, so each candidate is measured
@@ -647,6 +697,25 @@ func fewestCheckpointed(none, all, standing int64, shares []float64, budget int6
 	return 0
 }
 
+// fewestFitting is the fewest blocks checkpointed, from k up to blocks,
+// that fits passes (blocks when none below it does), fewer blocks never
+// fitting where more do not: k is asked first, then the rest halved.
+func fewestFitting(k, blocks int, fits func(k int) (bool, error)) (int, error) {
+	lo, hi := k, blocks
+	for probe := k; lo < hi; probe = lo + (hi-lo)/2 {
+		ok, err := fits(probe)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			hi = probe
+		} else {
+			lo = probe + 1
+		}
+	}
+	return lo, nil
+}
+
 // checkpointedNeed is the need predicted for a step with the first k
 // blocks checkpointed (fewestCheckpointed).
 func checkpointedNeed(none, all int64, shares []float64, k int) int64 {
@@ -662,7 +731,7 @@ const minSizedBatch = 8
 // the examples, try(v) on all of them, saying whether it fits, and some(v,
 // needAt) tries a Variant.Some with needAt's predictions.
 func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error),
-	some func(Variant, func(Variant, bool) (Measurement, bool, error)) (bool, error)) (BudgetChoice, error) {
+	some func(Variant, func(Variant, bool) (Measurement, bool, error), func(Variant) (bool, error)) (bool, error)) (BudgetChoice, error) {
 	b := max(2, n/8) // a step of one example holds more than its share: what it holds whatever the batch
 	type size struct {
 		v         Variant
@@ -670,12 +739,27 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		base, per float64   // the need of k examples, base + k·per, when fits is 2b
 		standing  int64     // what stays between its steps
 		shares    []float64 // its blocks' checkpoint shares (Measurement.Shares)
+		// plan is what its steps' traces on b and 2b examples say of it
+		// on any number (nil where they do not: the line through their
+		// needs stands in).
+		plan *stepPlan
 	}
 	within := func(need, standing int64) bool {
 		ok, _ := withinBudget(need, standing, budget)
 		return ok
 	}
-	predict := func(s size, k int) int64 { return int64(s.base + float64(k)*s.per) }
+	predict := func(s size, k int) int64 {
+		if s.plan == nil {
+			return int64(s.base + float64(k)*s.per)
+		}
+		return s.plan.at(k, budget).need
+	}
+	// fitsAt says whether s's step on k examples is predicted to fit: its
+	// need within the budget (withinBudget) and, where its traces say, the
+	// pool's books kept through it under the cap.
+	fitsAt := func(s size, k int) bool {
+		return within(predict(s, k), s.standing) && (s.plan == nil || s.plan.at(k, budget).fits)
+	}
 	fmt.Fprintf(w, "  sizing each on %d and %d of the batch's %d examples:\n", b, 2*b, n)
 	var sizes []size
 	sized := map[Variant]size{} // by the variant, unnamed
@@ -685,6 +769,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 			return s, nil
 		}
 		var need [2]int64
+		var ms [2]Measurement
 		s := size{v: v}
 		for i, k := range []int{b, 2 * b} {
 			m, err := measure(v, k)
@@ -694,7 +779,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 			if m.OutOfMemory || !within(m.Need(), m.Standing) {
 				break
 			}
-			need[i], s.fits, s.standing, s.shares = m.Need(), k, m.Standing, m.Shares
+			need[i], s.fits, s.standing, s.shares, ms[i] = m.Need(), k, m.Standing, m.Shares, m
 		}
 		switch s.fits {
 		case 0:
@@ -704,7 +789,18 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		default:
 			s.per = max(0, float64(need[1]-need[0])/float64(b))
 			s.base = float64(need[0]) - float64(b)*s.per
-			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n)
+			var why string
+			s.plan, why = planStep(ms[0], b, ms[1], 2*b)
+			if s.plan == nil {
+				fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d, by the line through them (%s)\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(predict(s, n)), n, why)
+				break
+			}
+			p := s.plan.at(n, budget)
+			pool := "out of memory under the budget"
+			if p.fits {
+				pool = "room under the budget"
+			}
+			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d by their traces; the pool's books: %s reserved uncapped, %s\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(p.need), n, memory.Bytes(p.reserved), pool)
 		}
 		sizes = append(sizes, s)
 		sized[key] = s
@@ -723,9 +819,13 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		}
 		return Measurement{Variant: u, PeakAllocated: predict(s, n), Standing: s.standing, Shares: s.shares}, true, nil
 	}
+	check := func(u Variant) (bool, error) {
+		s, err := sizeOf(u)
+		return err == nil && s.fits == 2*b && fitsAt(s, n), err
+	}
 	for _, v := range candidates {
 		if v.Some {
-			if ok, err := some(v, predicted); ok || err != nil {
+			if ok, err := some(v, predicted, check); ok || err != nil {
 				return *c, err
 			}
 			continue
@@ -734,7 +834,7 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		if err != nil {
 			return *c, err
 		}
-		if s.fits == 2*b && within(predict(s, n), s.standing) { // the fastest predicted to fit, before sizing the rest
+		if s.fits == 2*b && fitsAt(s, n) { // the fastest predicted to fit, before sizing the rest
 			if ok, err := try(s.v); ok || err != nil {
 				return *c, err
 			}
@@ -792,6 +892,98 @@ func fitSized(w io.Writer, c *BudgetChoice, candidates []Variant, n int, budget 
 		}
 	}
 	return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
+}
+
+// A stepPlan is what the traces of a variant's steps on ka and kb examples
+// say of its step on any number of examples (memory.Extrapolate): what it
+// needs, and what the pool's books do through it (memory.Replay).
+type stepPlan struct {
+	examples [2]int
+	traces   [2]*memory.Trace // the measured steps'
+	standing int64
+	planning *memory.PlanOptions // how a planned step's arena is planned (nil: eager)
+	// The books replay what was allocated before the first step (built),
+	// the first step (firsts) and the measured one; or, where the first
+	// steps' traces do not extrapolate, what stands between steps (blocks)
+	// and the measured step twice.
+	built, blocks []int64
+	firsts        [2]*memory.Trace
+	found         map[int]stepPrediction
+}
+
+// stepPrediction is a stepPlan's prediction for a number of examples under
+// a budget.
+type stepPrediction struct {
+	need     int64 // as Measurement.Need has it
+	reserved int64 // the most the pool's books reserve by the measured step, uncapped
+	fits     bool  // the books, capped at the budget, never run out
+}
+
+// planStep is the stepPlan of the steps measured as a, on ka examples, and
+// b, on kb; or nil and why not, where their traces do not say what the
+// step does on other numbers: a step not traced, traced in part (its peak
+// is not what stands and its trace's peak, as where copies run beside it),
+// or traced as other requests.
+func planStep(a Measurement, ka int, b Measurement, kb int) (*stepPlan, string) {
+	for _, m := range []Measurement{a, b} {
+		if m.trace == nil {
+			return nil, "a step not traced"
+		}
+		if _, live := m.trace.Peak(m.trace.Taken()); m.Standing+live != m.PeakAllocated {
+			return nil, fmt.Sprintf("the trace holds %s at most of a step that allocated %s", memory.Bytes(live), memory.Bytes(m.PeakAllocated-m.Standing))
+		}
+	}
+	if a.Standing != b.Standing {
+		return nil, fmt.Sprintf("%s and %s stand between the steps", memory.Bytes(a.Standing), memory.Bytes(b.Standing))
+	}
+	if _, err := memory.Extrapolate(a.trace, ka, b.trace, kb, kb); err != nil {
+		return nil, "their traces differ"
+	}
+	p := &stepPlan{examples: [2]int{ka, kb}, traces: [2]*memory.Trace{a.trace, b.trace}, standing: a.Standing, planning: a.planning,
+		blocks: a.standingBlocks, found: map[int]stepPrediction{}}
+	if a.first != nil && b.first != nil && slices.Equal(a.built, b.built) {
+		if _, err := memory.Extrapolate(a.first, ka, b.first, kb, kb); err == nil {
+			p.firsts, p.built = [2]*memory.Trace{a.first, b.first}, a.built
+		}
+	}
+	return p, ""
+}
+
+// at is the prediction for k examples under budget: the need of the trace
+// at k (the most it has live, or a planned step's arena where that is
+// more) beside what stands; the pool's books through the steps to it,
+// uncapped and capped at budget, and for a planned step on to its arena.
+func (p *stepPlan) at(k int, budget int64) stepPrediction {
+	if f, ok := p.found[k]; ok {
+		return f
+	}
+	extrapolate := func(t [2]*memory.Trace) *memory.Trace {
+		out, err := memory.Extrapolate(t[0], p.examples[0], t[1], p.examples[1], k)
+		if err != nil {
+			panic(fmt.Sprintf("train: the traces of a stepPlan do not extrapolate: %v", err))
+		}
+		return out
+	}
+	t := extrapolate(p.traces)
+	_, live := t.Peak(t.Taken())
+	f := stepPrediction{need: p.standing + live}
+	standing, work := p.blocks, []*memory.Trace{t, t}
+	if p.firsts[0] != nil {
+		standing, work = p.built, []*memory.Trace{extrapolate(p.firsts), t}
+	}
+	var err error
+	if _, f.reserved, err = memory.Replay(0, standing, work...); err != nil {
+		panic(fmt.Sprintf("train: the pool's books without a cap ran out: %v", err))
+	}
+	if p.planning != nil {
+		arena := memory.PlanTrace(t, *p.planning).Size
+		f.need = max(f.need, p.standing+arena)
+		work = append(work, &memory.Trace{Events: 1, Buffers: []memory.TraceBuffer{{Sizes: []int64{arena}, Free: 1}}})
+	}
+	_, _, err = memory.Replay(budget, standing, work...)
+	f.fits = err == nil
+	p.found[k] = f
+	return f
 }
 
 // unnamed is v without its name: what FitBudget keys its measurements by.

@@ -708,18 +708,107 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 					return
 				}
 				// With only the budget's headroom, three blocks run out of
-				// memory in the pool's small segments: the search tries
-				// once more, halfway to every block.
+				// memory in the pool's small segments. The pool's books say
+				// so before the whole batch runs: the search sizes more
+				// blocks, halving the rest, and no step on the whole batch
+				// runs out.
 				tight := three + int64(BudgetHeadroom*float64(three-standing)) + 1
 				out.Reset()
 				ch, err = FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, tight, nil)
 				said := out.String()
-				failed, retried := strings.Index(said, "checkpoint-3/9                                over the budget"), strings.Index(said, "the first 6 of 9 blocks")
-				if err != nil || failed < 0 || retried < failed || ch.Chosen.Checkpoint != nn.CheckpointBlocks || ch.Measured[len(ch.Measured)-1].Need() > tight {
-					t.Errorf("a budget of %d bytes: %v, chose %+v; want the first 6 blocks tried after the first 3 did not fit, and a choice within the budget\n%s", tight, err, ch.Chosen, said)
+				booked, more := strings.Index(said, "checkpoint-3/9                           3.00 MiB"), strings.Index(said, "checkpoint-6/9  ")
+				ranOut := slices.ContainsFunc(ch.Measured, func(m Measurement) bool { return m.Examples == 0 && m.OutOfMemory })
+				if err != nil || booked < 0 || !strings.Contains(said[booked:], "out of memory under the budget") || more < booked || ranOut ||
+					ch.Chosen.Checkpoint != nn.CheckpointBlocks || ch.Measured[len(ch.Measured)-1].Need() > tight {
+					t.Errorf("a budget of %d bytes: %v, chose %+v; want the first 3 blocks out of the pool's books, 6 sized next, no whole step out of memory, and a choice within the budget\n%s", tight, err, ch.Chosen, said)
 				}
 			})
 		})
+	}
+}
+
+// TestNeedPlannedFromSlices: the need of a step on the whole batch, planned
+// from the traces of its steps on two slices (stepPlan, FitBudget's
+// sizing), is what the whole batch's step then needs, to the byte, eager
+// and planned, with and without checkpoints and AMP, where the line through
+// the two slices' needs falls short by up to 6.5%; and the pool's books
+// replayed through the first step and it reserve what a pool that started
+// empty did, to the byte.
+func TestNeedPlannedFromSlices(t *testing.T) {
+	const T, V, n = 32, 96, 16
+	gpt := func(dev *tensor.Device) nn.Model {
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 4, Heads: 2, Width: 64, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	tokens := func(dev *tensor.Device) (*tensor.Tensor, *tensor.Tensor) {
+		xs, ys := tokenBatches(dev, 1, n, T, V, 3)
+		return xs[0], ys[0]
+	}
+	resnet := func(dev *tensor.Device) nn.Model {
+		r, _ := nn.NewCIFARResNet(dev, 20, 1, 10)
+		return r
+	}
+	images := func(dev *tensor.Device) (*tensor.Tensor, *tensor.Tensor) {
+		return tensor.Randn(dev, tensor.F32, 0, 1, n, 1, 28, 28).Keep(), tensor.FromInt32(dev, make([]int32, n), n).Keep()
+	}
+	gptCfg := Config{Model: "gpt", Batch: n, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
+	for _, c := range []struct {
+		name  string
+		model func(*tensor.Device) nn.Model
+		batch func(*tensor.Device) (*tensor.Tensor, *tensor.Tensor)
+		cfg   Config
+		v     Variant
+		plan  bool
+	}{
+		{"gpt", gpt, tokens, gptCfg, Variant{Name: "fp32"}, false},
+		{"gpt planned", gpt, tokens, gptCfg, Variant{Name: "fp32"}, true},
+		{"gpt checkpoint", gpt, tokens, gptCfg, Variant{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks}, false},
+		{"gpt amp+checkpoint-2/4 planned", gpt, tokens, gptCfg, Variant{Name: "amp+checkpoint-2/4", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 2}, true},
+		{"resnet20", resnet, images, baseConfig("resnet20"), Variant{Name: "fp32"}, false},
+		{"resnet20 amp+checkpoint planned", resnet, images, baseConfig("resnet20"), Variant{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks}, true},
+	} {
+		// The slices on a device, the whole batch on another: its pool's
+		// reserve starts at nothing, as the books' do.
+		var ms [3]Measurement
+		var dev *tensor.Device
+		var x, y *tensor.Tensor
+		for i, k := range []int{2, 4, n} {
+			if i != 1 {
+				dev = tensor.NewDevice(cpu.New())
+				x, y = c.batch(dev)
+				defer x.Release()
+				defer y.Release()
+			}
+			xk, yk := x, y
+			if k < n {
+				xk, yk = x.Rows(0, k), y.Rows(0, k)
+				defer xk.Release()
+				defer yk.Release()
+			}
+			m, err := MeasureStep(dev, func() nn.Model { return c.model(dev) }, c.cfg, c.v, xk, yk, c.plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.trace == nil || (m.planning != nil) != c.plan {
+				t.Fatalf("%s on %d examples: trace %v, planning %v", c.name, k, m.trace != nil, m.planning)
+			}
+			ms[i] = m
+		}
+		p, why := planStep(ms[0], 2, ms[1], 4)
+		if p == nil {
+			t.Fatalf("%s: no plan from 2 and 4 examples: %s", c.name, why)
+		}
+		got := p.at(n, 0)
+		line := ms[0].Need() + (ms[1].Need()-ms[0].Need())*(n-2)/2
+		if want := ms[2].Need(); got.need != want {
+			t.Errorf("%s: the need on %d examples planned from 2 and 4 is %d bytes, measured %d (the line through the two: %d)", c.name, n, got.need, want, line)
+		}
+		if !got.fits || got.reserved != ms[2].PeakReserved {
+			t.Errorf("%s: the pool's books through the step on %d examples reserve %d bytes (fits %v), the pool %d", c.name, n, got.reserved, got.fits, ms[2].PeakReserved)
+		}
 	}
 }
 
@@ -749,6 +838,37 @@ func TestFewestCheckpointed(t *testing.T) {
 		if k != c.k || need != c.need {
 			t.Errorf("%s: the first %d blocks, %d bytes; want %d, %d", c.name, k, need, c.k, c.need)
 		}
+	}
+}
+
+// TestFewestFitting: the fewest counts of blocks that fit, from the one
+// predicted up, asking the predicted count first and halving the rest;
+// every block when none below it fits.
+func TestFewestFitting(t *testing.T) {
+	for _, c := range []struct {
+		k, blocks, fit int // counts of fit and more fit
+		want           int
+		asked          []int
+	}{
+		{3, 9, 3, 3, []int{3}},
+		{3, 9, 4, 4, []int{3, 6, 5, 4}},
+		{3, 9, 6, 6, []int{3, 6, 5}},
+		{3, 9, 8, 8, []int{3, 6, 8, 7}},
+		{3, 9, 9, 9, []int{3, 6, 8}},
+		{1, 2, 2, 2, []int{1}},
+	} {
+		var asked []int
+		got, err := fewestFitting(c.k, c.blocks, func(k int) (bool, error) {
+			asked = append(asked, k)
+			return k >= c.fit, nil
+		})
+		if err != nil || got != c.want || !slices.Equal(asked, c.asked) {
+			t.Errorf("from %d of %d, %d and more fitting: %d (%v), asked %v; want %d, asked %v", c.k, c.blocks, c.fit, got, err, asked, c.want, c.asked)
+		}
+	}
+	boom := errors.New("boom")
+	if _, err := fewestFitting(3, 9, func(int) (bool, error) { return false, boom }); err != boom {
+		t.Errorf("a failing check: %v", err)
 	}
 }
 

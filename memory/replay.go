@@ -1,0 +1,97 @@
+package memory
+
+import (
+	"fmt"
+	"sync"
+)
+
+// addrSource hands out address ranges without backing memory: a pool over
+// it keeps the books a real one would (Replay), and tests reserve gigabytes
+// for free. It checks that only live segments are freed.
+type addrSource struct {
+	mu   sync.Mutex
+	next uintptr
+	live map[uintptr]int64
+}
+
+func newAddrSource() *addrSource { return &addrSource{next: 1 << 32, live: map[uintptr]int64{}} }
+
+func (s *addrSource) Alloc(size int64) (Segment, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addr := s.next
+	s.next += uintptr(size) + 4096
+	s.live[addr] = size
+	return Segment{Addr: addr, Size: size}, nil
+}
+
+func (s *addrSource) Free(seg Segment) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live[seg.Addr] != seg.Size {
+		return fmt.Errorf("memory: free of unknown segment %#x", seg.Addr)
+	}
+	delete(s.live, seg.Addr)
+	return nil
+}
+
+func (s *addrSource) MemInfo() (int64, int64) { return 1 << 50, 1 << 50 }
+
+// liveBytes is what the source has handed out and not had back.
+func (s *addrSource) liveBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, sz := range s.live {
+		n += sz
+	}
+	return n
+}
+
+// Replay runs a pool's books (a caching Allocator's, over no memory)
+// through work: it allocates standing, then makes the requests and
+// releases of each trace in turn, each buffer at its traced size (a buffer
+// a trace leaves allocated, StopTraceLeaving, stays so), under a cap of
+// limit bytes (0: none). It returns the most the pool had allocated and
+// reserved during the last trace, or an error wrapping ErrOutOfMemory
+// where a request found no room under the cap, as the work itself would in
+// a pool that starts empty.
+func Replay(limit int64, standing []int64, work ...*Trace) (allocated, reserved int64, err error) {
+	a := New(newAddrSource(), Config{Device: "replay"})
+	if err := a.SetLimit(limit); err != nil {
+		return 0, 0, err
+	}
+	for _, s := range standing {
+		if _, err := a.Alloc(s, 0); err != nil {
+			return 0, 0, err
+		}
+	}
+	for _, t := range work {
+		a.WindowPeak()
+		at := make([]int, t.Events) // the buffer each event requests (i+1) or releases (-(i+1))
+		for i, b := range t.Buffers {
+			at[b.Alloc] = i + 1
+			if b.Free < t.Events {
+				at[b.Free] = -(i + 1)
+			}
+		}
+		blocks := make([]*Block, len(t.Buffers))
+		for _, e := range at {
+			switch {
+			case e < 0:
+				a.Free(blocks[-e-1])
+			case e > 0:
+				b := t.Buffers[e-1]
+				size := b.Sizes[b.Taken]
+				if len(b.Asked) == len(b.Sizes) {
+					size = b.Asked[b.Taken]
+				}
+				if blocks[e-1], err = a.Alloc(size, 0); err != nil {
+					return 0, 0, err
+				}
+			}
+		}
+	}
+	allocated, reserved = a.WindowPeak()
+	return allocated, reserved, nil
+}

@@ -1,0 +1,106 @@
+package memory
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestReplayKeepsThePoolsBooks: work traced in a pool (what stands, a
+// first pass that leaves some of what it allocates, then a pass that
+// frees all it allocates), replayed from its traces, allocates and
+// reserves what the pool did, to the byte; under a cap, it runs out of
+// memory exactly where the pool does.
+func TestReplayKeepsThePoolsBooks(t *testing.T) {
+	outcomes := map[bool]int{} // by whether the pool ran out under a cap
+	for seed := range uint64(12) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		size := func() int64 {
+			switch rng.IntN(3) {
+			case 0:
+				return 1 + rng.Int64N(64*KiB) // the small pool
+			case 1:
+				return MiB + rng.Int64N(9*MiB) // the large pool's 20 MiB segments
+			}
+			return 10*MiB + rng.Int64N(6*MiB) // segments of their own
+		}
+		// A pass: n requests, each freed after a random while; leave of
+		// them are never freed.
+		pass := func(n, leave int) []int64 {
+			var ops []int64
+			var live []int64
+			for i := range n {
+				ops = append(ops, size())
+				live = append(live, int64(i))
+				for len(live) > leave && rng.IntN(2) == 0 {
+					k := rng.IntN(len(live))
+					ops = append(ops, -live[k]-1)
+					live = append(live[:k], live[k+1:]...)
+				}
+			}
+			for len(live) > leave {
+				ops = append(ops, -live[len(live)-1]-1)
+				live = live[:len(live)-1]
+			}
+			return ops
+		}
+		standing := []int64{size(), size(), size()}
+		first, step := pass(30, 4), pass(60, 0)
+		// run does the work on a fresh pool under limit, tracing the
+		// passes; err is where it ran out.
+		run := func(limit int64) (allocated, reserved int64, traces [2]*Trace, err error) {
+			a := New(newAddrSource(), Config{})
+			a.SetLimit(limit)
+			for _, s := range standing {
+				if _, err := a.Alloc(s, 0); err != nil {
+					return 0, 0, traces, err
+				}
+			}
+			for i, ops := range [][]int64{first, step} {
+				a.WindowPeak()
+				a.StartTrace()
+				var blocks []*Block
+				for _, o := range ops {
+					if o < 0 {
+						a.Free(blocks[-o-1])
+						continue
+					}
+					b, err := a.Alloc(o, 0)
+					if err != nil {
+						a.StopTraceLeaving()
+						return 0, 0, traces, err
+					}
+					blocks = append(blocks, b)
+				}
+				stop := a.StopTrace
+				if i == 0 {
+					stop = a.StopTraceLeaving
+				}
+				if traces[i], err = stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			allocated, reserved = a.WindowPeak()
+			return allocated, reserved, traces, nil
+		}
+		allocated, reserved, traces, err := run(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ra, rr, err := Replay(0, standing, traces[0], traces[1])
+		if err != nil || ra != allocated || rr != reserved {
+			t.Errorf("seed %d: the books %d allocated, %d reserved (%v); the pool %d, %d", seed, ra, rr, err, allocated, reserved)
+		}
+		for _, limit := range []int64{reserved, reserved - 1, reserved - 2*MiB, reserved * 3 / 4, reserved / 2} {
+			_, _, _, ran := run(limit)
+			outcomes[ran != nil]++
+			_, _, booked := Replay(limit, standing, traces[0], traces[1])
+			if (ran == nil) != (booked == nil) || ran != nil && !errors.Is(booked, ErrOutOfMemory) {
+				t.Errorf("seed %d, a cap of %d bytes: the pool %v, the books %v", seed, limit, ran, booked)
+			}
+		}
+	}
+	if outcomes[true] == 0 || outcomes[false] == 0 {
+		t.Errorf("the caps ran out %d times and fitted %d: want both", outcomes[true], outcomes[false])
+	}
+}
