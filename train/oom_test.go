@@ -298,22 +298,36 @@ func TestOOMBesideTheArenaFreesIt(t *testing.T) {
 }
 
 // Running out of memory outside the step (its input buffers, which Fit
-// makes first) is an error that says what ran out, not a panic.
+// makes first; the evaluation's batches, which its loader makes) is an
+// error that says what ran out, not a panic.
 func TestOutOfMemoryOutsideTheStepIsAnError(t *testing.T) {
-	dev, _ := faultyDevice(false)
-	m := nn.NewMLP(dev, []int{784, 16, 10}, 0)
-	defer nn.Release(m)
-	tr, err := New(m, dev, Config{Model: "mlp", Epochs: 1, Batch: 512, LR: 0.1}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Release()
-	a := dev.Allocator()
-	a.SetLimit(a.Stats().Reserved[memory.All].Current + 64<<10) // the model fits; a batch of 512 images (1.5 MiB) does not
-	l := datasets.NewLoader(datasets.Synthetic(512, 1), dev, datasets.LoaderConfig{Batch: 512})
-	err = tr.Fit(l, l, nil, "")
-	if !errors.Is(err, memory.ErrOutOfMemory) || !strings.Contains(err.Error(), "the step's input buffers") {
-		t.Errorf("Fit with no room for its inputs: %v", err)
+	for _, c := range []struct {
+		name        string
+		train, test int // batches
+		want        string
+	}{
+		{"inputs", 2048, 2048, "the step's input buffers"},
+		{"evaluation", 16, 2048, "evaluation: the loader's batch"},
+	} {
+		dev, _ := faultyDevice(false)
+		m := nn.NewMLP(dev, []int{784, 16, 10}, 0)
+		tr, err := New(m, dev, Config{Model: "mlp", Epochs: 1, Batch: c.train, LR: 0.1}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := dev.Allocator()
+		a.SetLimit(a.Stats().Reserved[memory.All].Current + 64<<10) // the model fits; a batch of 2048 images (6.1 MiB) does not
+		trainL := datasets.NewLoader(datasets.Synthetic(c.train, 1), dev, datasets.LoaderConfig{Batch: c.train})
+		testL := datasets.NewLoader(datasets.Synthetic(c.test, 2), dev, datasets.LoaderConfig{Batch: c.test})
+		if c.train < c.test {
+			a.SetLimit(a.Stats().Reserved[memory.All].Current + 1<<20) // and room for the small one's steps
+		}
+		err = tr.Fit(trainL, testL, nil, "")
+		if !errors.Is(err, memory.ErrOutOfMemory) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Fit with no room for them: %v; want %q", c.name, err, c.want)
+		}
+		tr.Release()
+		nn.Release(m)
 	}
 }
 

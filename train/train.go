@@ -731,12 +731,16 @@ func (t *Trainer) Evaluate(l datasets.Batches) (loss, acc float64, err error) {
 	for {
 		var x, y *tensor.Tensor
 		var ok bool
-		t.Dev.WithScope(func() {
-			if x, y, ok = ep.Next(); ok {
-				x.Keep()
-				y.Keep()
-			}
-		})
+		if err := tensor.Catch(func() {
+			t.Dev.WithScope(func() {
+				if x, y, ok = ep.Next(); ok {
+					x.Keep()
+					y.Keep()
+				}
+			})
+		}); err != nil {
+			return 0, 0, fmt.Errorf("evaluation: the loader's batch: %w", err)
+		}
 		if !ok {
 			break
 		}
