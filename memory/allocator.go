@@ -270,8 +270,10 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 	} else {
 		var err error
 		size := SegmentSize(rounded)
-		if a.cfg.NoCaching || a.limitLocked() > 0 && p.kind == Large { // Note [exact segments]
+		if a.cfg.NoCaching {
 			size = rounded
+		} else if a.limitLocked() > 0 && p.kind == Large { // Note [exact segments]
+			size = a.exact(rounded)
 		}
 		b, err = a.grow(p, rounded, size, stream)
 		if err != nil {
@@ -333,8 +335,8 @@ func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, e
 		a.stats.NumAllocRetries++
 		a.releaseCached()
 		b, err = a.newSegment(p, size, stream)
-		if errors.Is(err, ErrOutOfMemory) && rounded < size {
-			b, err = a.newSegment(p, rounded, stream)
+		if exact := a.exact(rounded); errors.Is(err, ErrOutOfMemory) && exact < size {
+			b, err = a.newSegment(p, exact, stream)
 		}
 		if errors.Is(err, ErrOutOfMemory) && !a.cfg.NoCaching {
 			o := &a.large
@@ -504,6 +506,17 @@ func (a *Allocator) releaseCached() {
 	}
 }
 
+// exact is the segment of its own that a request of rounded size takes
+// (Note [exact segments]): its size, to the source's granularity.
+func (a *Allocator) exact(rounded int64) int64 {
+	if g, ok := a.src.(Granular); ok {
+		if u := g.Granularity(); u > 1 {
+			return (rounded + u - 1) / u * u
+		}
+	}
+	return rounded
+}
+
 // Note [the other pool under a cap]: small requests (up to SmallSize) and
 // large ones keep to pools of their own, so that the small blocks that come
 // and go do not break up the large segments. Under a cap (SetLimit,
@@ -525,9 +538,10 @@ func (a *Allocator) releaseCached() {
 // blocks are what is short. ResNet-20's steps at batch 128 on the CPU
 // (memory's TestCapsFitTheSteps replays them) fitted a cap 24.5% above
 // their allocated peak with shared segments, with every block
-// checkpointed, and 1.1% above with segments of their own. The cap counts
-// the bytes the pool asked its source for, as PyTorch's does; a GPU's
-// driver may round each segment up to its page.
+// checkpointed, and 1.1% above with segments of their own. A segment of
+// its own is a multiple of the source's granularity (Granular: a GPU's
+// driver maps pages of 2 MiB), so that the cap counts what the device
+// gives.
 
 // SetLimit caps the bytes this allocator may reserve (segments held, cached
 // or not) at bytes; 0 removes the cap. With SetMemoryFraction too, the lower

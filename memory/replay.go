@@ -7,12 +7,16 @@ import (
 
 // addrSource hands out address ranges without backing memory: a pool over
 // it keeps the books a real one would (Replay), and tests reserve gigabytes
-// for free. It checks that only live segments are freed.
+// for free. It checks that only live segments are freed. Its granularity
+// is unit's (Granular; 0: none), as the source it stands for has it.
 type addrSource struct {
 	mu   sync.Mutex
 	next uintptr
 	live map[uintptr]int64
+	unit int64
 }
+
+func (s *addrSource) Granularity() int64 { return s.unit }
 
 func newAddrSource() *addrSource { return &addrSource{next: 1 << 32, live: map[uintptr]int64{}} }
 
@@ -48,26 +52,33 @@ func (s *addrSource) liveBytes() int64 {
 	return n
 }
 
-// Replay runs a pool's books (a caching Allocator's, over no memory)
-// through work: it allocates standing, then makes the requests and
-// releases of each trace in turn, each buffer at its traced size (a buffer
-// a trace leaves allocated, StopTraceLeaving, stays so), under a cap of
-// limit bytes (0: none). It returns the most the pool had allocated and
-// reserved during the last trace, or an error wrapping ErrOutOfMemory
-// where a request found no room under the cap, as the work itself would in
-// a pool that starts empty.
-func Replay(limit int64, standing []int64, work ...*Trace) (allocated, reserved int64, err error) {
-	a := New(newAddrSource(), Config{Device: "replay"})
-	if err := a.SetLimit(limit); err != nil {
+// Replay runs the books of a pool like a (its configuration, and its
+// source's granularity, over no memory) through work: it allocates
+// standing, then makes the requests and releases of each trace in turn,
+// each buffer at its traced size (a buffer a trace leaves allocated,
+// StopTraceLeaving, stays so), under a cap of limit bytes (0: none). It
+// returns the most the books had allocated and reserved during the last
+// trace, or an error wrapping ErrOutOfMemory where a request found no room
+// under the cap, as the work itself would in a pool like a that starts
+// empty.
+func (a *Allocator) Replay(limit int64, standing []int64, work ...*Trace) (allocated, reserved int64, err error) {
+	src := newAddrSource()
+	if g, ok := a.src.(Granular); ok {
+		src.unit = g.Granularity()
+	}
+	cfg := a.cfg
+	cfg.Device = "the books of " + cfg.Device
+	books := New(src, cfg)
+	if err := books.SetLimit(limit); err != nil {
 		return 0, 0, err
 	}
 	for _, s := range standing {
-		if _, err := a.Alloc(s, 0); err != nil {
+		if _, err := books.Alloc(s, 0); err != nil {
 			return 0, 0, err
 		}
 	}
 	for _, t := range work {
-		a.WindowPeak()
+		books.WindowPeak()
 		at := make([]int, t.Events) // the buffer each event requests (i+1) or releases (-(i+1))
 		for i, b := range t.Buffers {
 			at[b.Alloc] = i + 1
@@ -79,19 +90,19 @@ func Replay(limit int64, standing []int64, work ...*Trace) (allocated, reserved 
 		for _, e := range at {
 			switch {
 			case e < 0:
-				a.Free(blocks[-e-1])
+				books.Free(blocks[-e-1])
 			case e > 0:
 				b := t.Buffers[e-1]
 				size := b.Sizes[b.Taken]
 				if len(b.Asked) == len(b.Sizes) {
 					size = b.Asked[b.Taken]
 				}
-				if blocks[e-1], err = a.Alloc(size, 0); err != nil {
+				if blocks[e-1], err = books.Alloc(size, 0); err != nil {
 					return 0, 0, err
 				}
 			}
 		}
 	}
-	allocated, reserved = a.WindowPeak()
+	allocated, reserved = books.WindowPeak()
 	return allocated, reserved, nil
 }

@@ -89,14 +89,15 @@ func TestReplayKeepsThePoolsBooks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ra, rr, err := Replay(0, standing, traces[0], traces[1])
+		pool := New(newAddrSource(), Config{})
+		ra, rr, err := pool.Replay(0, standing, traces[0], traces[1])
 		if err != nil || ra != allocated || rr != reserved {
 			t.Errorf("seed %d: the books %d allocated, %d reserved (%v); the pool %d, %d", seed, ra, rr, err, allocated, reserved)
 		}
 		for _, limit := range []int64{reserved, reserved - 1, reserved - 2*MiB, reserved * 3 / 4, reserved / 2} {
 			_, _, _, ran := run(limit)
 			outcomes[ran != nil]++
-			_, _, booked := Replay(limit, standing, traces[0], traces[1])
+			_, _, booked := pool.Replay(limit, standing, traces[0], traces[1])
 			if (ran == nil) != (booked == nil) || ran != nil && !errors.Is(booked, ErrOutOfMemory) {
 				t.Errorf("seed %d, a cap of %d bytes: the pool %v, the books %v", seed, limit, ran, booked)
 			}
@@ -137,23 +138,63 @@ func TestCapsFitTheSteps(t *testing.T) {
 		if !ok {
 			t.Fatalf("no %s in the traces", c.name)
 		}
-		allocated, reserved, err := Replay(0, w.Built, w.First, w.Step)
+		pool := New(newAddrSource(), Config{}) // the CPU's: segments as asked
+		allocated, reserved, err := pool.Replay(0, w.Built, w.First, w.Step)
 		if err != nil {
 			t.Fatal(err)
 		}
 		limit := int64(float64(allocated) * (1 + c.over))
-		if _, r, err := Replay(limit, w.Built, w.First, w.Step); err != nil || r > limit {
+		if _, r, err := pool.Replay(limit, w.Built, w.First, w.Step); err != nil || r > limit {
 			t.Errorf("%s: %d bytes allocated (%d reserved uncapped); under a cap of %d: %d reserved, %v", c.name, allocated, reserved, limit, r, err)
 		}
 		// The least cap that fits, to 64 KiB, for the record.
 		lo, hi := allocated, reserved
 		for hi-lo > 64*KiB {
-			if mid := (lo + hi) / 2; func() bool { _, _, err := Replay(mid, w.Built, w.First, w.Step); return err == nil }() {
+			if mid := (lo + hi) / 2; func() bool { _, _, err := pool.Replay(mid, w.Built, w.First, w.Step); return err == nil }() {
 				hi = mid
 			} else {
 				lo = mid
 			}
 		}
 		t.Logf("%s: %s allocated at the peak, %s reserved uncapped, fits a cap of %s (%.1f%% above the peak)", c.name, Bytes(allocated), Bytes(reserved), Bytes(hi), 100*float64(hi-allocated)/float64(allocated))
+	}
+}
+
+// TestSegmentsUnderACap: under a cap, a large request takes a segment of
+// its own size, to the source's granularity, where without one it shares
+// a 20 MiB segment; a small request that finds no room for a 2 MiB
+// segment takes one of its own size, or else the large pool's free block.
+func TestSegmentsUnderACap(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		src      Source
+		limit    int64
+		sizes    []int64 // requested in turn, none freed
+		reserved int64   // after them
+	}{
+		{"no cap", newAddrSource(), 0, []int64{3 * MiB / 2}, 20 * MiB},
+		{"a cap", newAddrSource(), 64 * MiB, []int64{3 * MiB / 2}, 3 * MiB / 2},
+		{"a cap, pages of 2 MiB", &addrSource{next: 1 << 32, live: map[uintptr]int64{}, unit: 2 * MiB}, 64 * MiB, []int64{3 * MiB / 2, 5 * MiB}, 2*MiB + 6*MiB},
+		{"a small request at the cap", newAddrSource(), 2*MiB + 512*KiB, []int64{2 * MiB, 300 * KiB}, 2*MiB + 300*KiB},
+	} {
+		a := New(c.src, Config{})
+		a.SetLimit(c.limit)
+		for _, s := range c.sizes {
+			mustAlloc(t, a, s)
+		}
+		if got := a.Stats().Reserved[All].Current; got != c.reserved {
+			t.Errorf("%s: %d bytes reserved, want %d", c.name, got, c.reserved)
+		}
+	}
+	// The other pool: a large segment's free block serves a small request
+	// the cap leaves no room for.
+	a := New(newAddrSource(), Config{})
+	a.SetLimit(4 * MiB)
+	big := mustAlloc(t, a, 4*MiB)
+	a.Free(big)
+	mustAlloc(t, a, 3*MiB/2)          // the large segment, split
+	small := mustAlloc(t, a, 100*KiB) // no room for a small segment: the large one's rest
+	if st := a.Stats(); st.Reserved[All].Current != 4*MiB || st.Reserved[Small].Current != 0 || small.Pool() != Large {
+		t.Errorf("a small request beside a full cap: %d reserved (%d small), from pool %d", st.Reserved[All].Current, st.Reserved[Small].Current, small.Pool())
 	}
 }

@@ -39,6 +39,16 @@ type Source interface {
 	MemInfo() (free, total int64)
 }
 
+// A Granular source hands out memory in units of Granularity bytes: a
+// segment of another size takes the next multiple (a GPU's driver maps
+// whole pages of 2 MiB). A pool under a cap asks it for such multiples
+// when it sizes a segment to a request (Note [exact segments]), so that the
+// cap counts what the device gives. A source that is not Granular hands out
+// what is asked.
+type Granular interface {
+	Granularity() int64
+}
+
 // HeapSource is the CPU's raw allocator: segments are Go heap slabs. Go's
 // garbage collector does not move heap objects, so a slab's address is stable
 // for as long as the Segment holding it is referenced.

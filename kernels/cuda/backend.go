@@ -491,6 +491,11 @@ func (s *deviceSource) Alloc(size int64) (memory.Segment, error) {
 	return memory.Segment{Addr: ptr, Size: size}, nil
 }
 
+// Granularity is the driver's: cuMemAlloc maps device memory in pages of
+// 2 MiB (PyTorch rounds its large segments to them too), so a segment of
+// another size holds the rest of its last page (memory.Granular).
+func (s *deviceSource) Granularity() int64 { return 2 << 20 }
+
 func (s *deviceSource) Free(seg memory.Segment) error {
 	var err error
 	s.b.withContext(func() { err = s.b.d.check("cuMemFree", s.b.d.memFree(seg.Addr)) })
