@@ -937,12 +937,22 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 	}
 	p := &stepPlan{pool: pool, examples: [2]int{ka, kb}, traces: [2]*memory.Trace{a.trace, b.trace}, standing: a.Standing, planning: a.planning,
 		blocks: a.standingBlocks, found: map[int]stepPrediction{}}
+	// The first steps' traces stand for what the pool went through only
+	// where the books kept with them allocate what the pool did (nothing
+	// that ran beside the step, on another goroutine, was missed).
 	if a.first != nil && b.first != nil && slices.Equal(a.built, b.built) {
-		if _, err := memory.Extrapolate(a.first, ka, b.first, kb, kb); err == nil {
+		if _, err := memory.Extrapolate(a.first, ka, b.first, kb, kb); err == nil && p.booksAgree(a) && p.booksAgree(b) {
 			p.firsts, p.built = [2]*memory.Trace{a.first, b.first}, a.built
 		}
 	}
 	return p, ""
+}
+
+// booksAgree says whether the pool's books through m's first step and its
+// measured one allocate, at their peak, what m's pool did.
+func (p *stepPlan) booksAgree(m Measurement) bool {
+	allocated, _, err := p.pool.Replay(0, m.built, m.first, m.trace)
+	return err == nil && allocated == m.PeakAllocated
 }
 
 // at is the prediction for k examples under budget: the need of the trace
