@@ -275,7 +275,7 @@ func (a *Allocator) alloc(size int64, stream Stream, options []int64, taken int)
 		} else if a.limitLocked() > 0 && p.kind == Large { // Note [exact segments]
 			size = a.exact(rounded)
 		}
-		b, err = a.grow(p, rounded, size, stream)
+		b, err = a.grow(p, rounded, size, stream, true)
 		if err != nil {
 			return nil, err
 		}
@@ -327,9 +327,10 @@ func (a *Allocator) shouldSplit(b *Block, size int64) bool {
 }
 
 // grow obtains a new segment of size bytes for a request of rounded size,
-// flushing the cache and retrying once when the source is out of memory.
-// See Note [exact segments].
-func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, error) {
+// flushing the cache and retrying once when the source is out of memory
+// (Note [exact segments]); with other, it then takes a free block of the
+// other pool (Note [the other pool under a cap]).
+func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream, other bool) (*Block, error) {
 	b, err := a.newSegment(p, size, stream)
 	if errors.Is(err, ErrOutOfMemory) {
 		a.stats.NumAllocRetries++
@@ -338,7 +339,7 @@ func (a *Allocator) grow(p *pool, rounded, size int64, stream Stream) (*Block, e
 		if exact := a.exact(rounded); errors.Is(err, ErrOutOfMemory) && exact < size {
 			b, err = a.newSegment(p, exact, stream)
 		}
-		if errors.Is(err, ErrOutOfMemory) && !a.cfg.NoCaching {
+		if errors.Is(err, ErrOutOfMemory) && other && !a.cfg.NoCaching {
 			o := &a.large
 			if p.kind == Large {
 				o = &a.small

@@ -129,14 +129,15 @@ type Arena struct {
 	seg *segment
 }
 
-// NewArena reserves size bytes (rounded up to MinBlockSize) as one segment,
-// counted in the large pool's reserved bytes. It fails with an *OOMError
-// when the source cannot provide them even after the cache is flushed.
+// NewArena reserves size bytes (rounded up to MinBlockSize, and to the
+// source's granularity: Granular) as one segment of its own, counted in the
+// large pool's reserved bytes. It fails with an *OOMError when the source
+// cannot provide them even after the cache is flushed.
 func (a *Allocator) NewArena(size int64) (*Arena, error) {
-	size = RoundSize(max(size, 1))
+	size = a.exact(RoundSize(max(size, 1)))
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	b, err := a.grow(&a.large, size, size, 0)
+	b, err := a.grow(&a.large, size, size, 0, false) // a segment of its own
 	if err != nil {
 		return nil, err
 	}

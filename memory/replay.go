@@ -52,16 +52,25 @@ func (s *addrSource) liveBytes() int64 {
 	return n
 }
 
-// Replay runs the books of a pool like a (its configuration, and its
-// source's granularity, over no memory) through work: it allocates
-// standing, then makes the requests and releases of each trace in turn,
+// Work is what Replay runs a pool's books through: Standing allocated
+// first, then the requests and releases of each of the Traces in turn,
 // each buffer at its traced size (a buffer a trace leaves allocated,
-// StopTraceLeaving, stays so), under a cap of limit bytes (0: none). It
-// returns the most the books had allocated and reserved during the last
-// trace, or an error wrapping ErrOutOfMemory where a request found no room
-// under the cap, as the work itself would in a pool like a that starts
-// empty.
-func (a *Allocator) Replay(limit int64, standing []int64, work ...*Trace) (allocated, reserved int64, err error) {
+// StopTraceLeaving, stays so), then, where Arena is not 0, a planned
+// step's arena of that size, made as train's Step makes it: the cache
+// emptied, a segment of its own (NewArena).
+type Work struct {
+	Standing []int64
+	Traces   []*Trace
+	Arena    int64
+}
+
+// Replay runs the books of a pool like a (its configuration, and its
+// source's granularity, over no memory) through w under a cap of limit
+// bytes (0: none). It returns the most the books had allocated and
+// reserved during the last trace, or an error wrapping ErrOutOfMemory
+// where a request (or the arena) found no room under the cap, as the work
+// itself would in a pool like a that starts empty.
+func (a *Allocator) Replay(limit int64, w Work) (allocated, reserved int64, err error) {
 	src := newAddrSource()
 	if g, ok := a.src.(Granular); ok {
 		src.unit = g.Granularity()
@@ -72,12 +81,12 @@ func (a *Allocator) Replay(limit int64, standing []int64, work ...*Trace) (alloc
 	if err := books.SetLimit(limit); err != nil {
 		return 0, 0, err
 	}
-	for _, s := range standing {
+	for _, s := range w.Standing {
 		if _, err := books.Alloc(s, 0); err != nil {
 			return 0, 0, err
 		}
 	}
-	for _, t := range work {
+	for _, t := range w.Traces {
 		books.WindowPeak()
 		at := make([]int, t.Events) // the buffer each event requests (i+1) or releases (-(i+1))
 		for i, b := range t.Buffers {
@@ -104,5 +113,11 @@ func (a *Allocator) Replay(limit int64, standing []int64, work ...*Trace) (alloc
 		}
 	}
 	allocated, reserved = books.WindowPeak()
+	if w.Arena > 0 {
+		books.EmptyCache()
+		if _, err := books.NewArena(w.Arena); err != nil {
+			return 0, 0, err
+		}
+	}
 	return allocated, reserved, nil
 }

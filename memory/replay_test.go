@@ -90,14 +90,14 @@ func TestReplayKeepsThePoolsBooks(t *testing.T) {
 			t.Fatal(err)
 		}
 		pool := New(newAddrSource(), Config{})
-		ra, rr, err := pool.Replay(0, standing, traces[0], traces[1])
+		ra, rr, err := pool.Replay(0, Work{Standing: standing, Traces: traces[:]})
 		if err != nil || ra != allocated || rr != reserved {
 			t.Errorf("seed %d: the books %d allocated, %d reserved (%v); the pool %d, %d", seed, ra, rr, err, allocated, reserved)
 		}
 		for _, limit := range []int64{reserved, reserved - 1, reserved - 2*MiB, reserved * 3 / 4, reserved / 2} {
 			_, _, _, ran := run(limit)
 			outcomes[ran != nil]++
-			_, _, booked := pool.Replay(limit, standing, traces[0], traces[1])
+			_, _, booked := pool.Replay(limit, Work{Standing: standing, Traces: traces[:]})
 			if (ran == nil) != (booked == nil) || ran != nil && !errors.Is(booked, ErrOutOfMemory) {
 				t.Errorf("seed %d, a cap of %d bytes: the pool %v, the books %v", seed, limit, ran, booked)
 			}
@@ -139,18 +139,21 @@ func TestCapsFitTheSteps(t *testing.T) {
 			t.Fatalf("no %s in the traces", c.name)
 		}
 		pool := New(newAddrSource(), Config{}) // the CPU's: segments as asked
-		allocated, reserved, err := pool.Replay(0, w.Built, w.First, w.Step)
+		allocated, reserved, err := pool.Replay(0, Work{Standing: w.Built, Traces: []*Trace{w.First, w.Step}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		limit := int64(float64(allocated) * (1 + c.over))
-		if _, r, err := pool.Replay(limit, w.Built, w.First, w.Step); err != nil || r > limit {
+		if _, r, err := pool.Replay(limit, Work{Standing: w.Built, Traces: []*Trace{w.First, w.Step}}); err != nil || r > limit {
 			t.Errorf("%s: %d bytes allocated (%d reserved uncapped); under a cap of %d: %d reserved, %v", c.name, allocated, reserved, limit, r, err)
 		}
 		// The least cap that fits, to 64 KiB, for the record.
 		lo, hi := allocated, reserved
 		for hi-lo > 64*KiB {
-			if mid := (lo + hi) / 2; func() bool { _, _, err := pool.Replay(mid, w.Built, w.First, w.Step); return err == nil }() {
+			if mid := (lo + hi) / 2; func() bool {
+				_, _, err := pool.Replay(mid, Work{Standing: w.Built, Traces: []*Trace{w.First, w.Step}})
+				return err == nil
+			}() {
 				hi = mid
 			} else {
 				lo = mid
@@ -196,5 +199,23 @@ func TestSegmentsUnderACap(t *testing.T) {
 	small := mustAlloc(t, a, 100*KiB) // no room for a small segment: the large one's rest
 	if st := a.Stats(); st.Reserved[All].Current != 4*MiB || st.Reserved[Small].Current != 0 || small.Pool() != Large {
 		t.Errorf("a small request beside a full cap: %d reserved (%d small), from pool %d", st.Reserved[All].Current, st.Reserved[Small].Current, small.Pool())
+	}
+}
+
+// TestArenaIsASegmentOfItsOwn: a planned arena with no room under the cap
+// is out of memory, never a free block of another segment (which the
+// arena's work would then share with that segment's blocks); its size is
+// the source's granularity's multiple.
+func TestArenaIsASegmentOfItsOwn(t *testing.T) {
+	a := New(newAddrSource(), Config{})
+	a.SetLimit(2*MiB + 512*KiB)
+	mustAlloc(t, a, 100*KiB) // a small segment, mostly free
+	if ar, err := a.NewArena(MiB); !errors.Is(err, ErrOutOfMemory) {
+		t.Errorf("an arena of 1 MiB beside 2 MiB reserved under a cap of 2.5 MiB: %v, %v", ar, err)
+	}
+	g := New(&addrSource{next: 1 << 32, live: map[uintptr]int64{}, unit: 2 * MiB}, Config{})
+	ar, err := g.NewArena(3 * MiB)
+	if err != nil || ar.Size() != 4*MiB || g.Stats().Reserved[Large].Current != 4*MiB {
+		t.Errorf("an arena of 3 MiB in pages of 2 MiB: %v, %v, %d reserved", ar, err, g.Stats().Reserved[Large].Current)
 	}
 }

@@ -951,7 +951,7 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 // booksAgree says whether the pool's books through m's first step and its
 // measured one allocate, at their peak, what m's pool did.
 func (p *stepPlan) booksAgree(m Measurement) bool {
-	allocated, _, err := p.pool.Replay(0, m.built, m.first, m.trace)
+	allocated, _, err := p.pool.Replay(0, memory.Work{Standing: m.built, Traces: []*memory.Trace{m.first, m.trace}})
 	return err == nil && allocated == m.PeakAllocated
 }
 
@@ -973,20 +973,19 @@ func (p *stepPlan) at(k int, budget int64) stepPrediction {
 	t := extrapolate(p.traces)
 	_, live := t.Peak(t.Taken())
 	f := stepPrediction{need: p.standing + live}
-	standing, work := p.blocks, []*memory.Trace{t, t}
+	w := memory.Work{Standing: p.blocks, Traces: []*memory.Trace{t, t}}
 	if p.firsts[0] != nil {
-		standing, work = p.built, []*memory.Trace{extrapolate(p.firsts), t}
+		w = memory.Work{Standing: p.built, Traces: []*memory.Trace{extrapolate(p.firsts), t}}
 	}
 	var err error
-	if _, f.reserved, err = p.pool.Replay(0, standing, work...); err != nil {
+	if _, f.reserved, err = p.pool.Replay(0, w); err != nil {
 		panic(fmt.Sprintf("train: the pool's books without a cap ran out: %v", err))
 	}
 	if p.planning != nil {
-		arena := memory.PlanTrace(t, *p.planning).Size
-		f.need = max(f.need, p.standing+arena)
-		work = append(work, &memory.Trace{Events: 1, Buffers: []memory.TraceBuffer{{Sizes: []int64{arena}, Free: 1}}})
+		w.Arena = memory.PlanTrace(t, *p.planning).Size
+		f.need = max(f.need, p.standing+w.Arena)
 	}
-	_, _, err = p.pool.Replay(budget, standing, work...)
+	_, _, err = p.pool.Replay(budget, w)
 	f.fits = err == nil
 	p.found[k] = f
 	return f
