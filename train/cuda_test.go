@@ -26,6 +26,13 @@ func TestCUDAMLPFashionMNIST(t *testing.T) { testMLPFashionMNIST(t, testdev.CUDA
 func TestCUDAMeasuredSavings(t *testing.T) {
 	testMeasuredSavings(t, testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}), 128)
 }
+
+// Each run on a device of its own, its pool empty at the start, as the
+// books' is.
+func TestCUDABooksForeseeTheRun(t *testing.T) {
+	testBooksForeseeTheRun(t, func(t testing.TB) *tensor.Device { return testdev.CUDAWith(t, tensor.Options{LeanConvWorkspace: true}) },
+		Captured, []float64{1.1, 1.25, 1.4}, map[bool]int{})
+}
 func TestCUDAPlannedStepsMatchEager(t *testing.T) {
 	testPlannedStepsMatchEager(t, testdev.CUDA(t), Captured)
 }

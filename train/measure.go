@@ -904,7 +904,7 @@ type stepPlan struct {
 	// and the measured step twice.
 	built, blocks []int64
 	firsts        [2]*memory.Trace
-	found         map[int]stepPrediction
+	found         map[[2]int64]stepPrediction // by examples and budget
 }
 
 // stepPrediction is a stepPlan's prediction for a number of examples under
@@ -936,7 +936,7 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 		return nil, "their traces differ"
 	}
 	p := &stepPlan{pool: pool, examples: [2]int{ka, kb}, traces: [2]*memory.Trace{a.trace, b.trace}, standing: a.Standing, planning: a.planning,
-		blocks: a.standingBlocks, found: map[int]stepPrediction{}}
+		blocks: a.standingBlocks, found: map[[2]int64]stepPrediction{}}
 	// The first steps' traces stand for what the pool went through only
 	// where the books kept with them allocate what the pool did (nothing
 	// that ran beside the step, on another goroutine, was missed).
@@ -960,7 +960,8 @@ func (p *stepPlan) booksAgree(m Measurement) bool {
 // more) beside what stands; the pool's books through the steps to it,
 // uncapped and capped at budget, and for a planned step on to its arena.
 func (p *stepPlan) at(k int, budget int64) stepPrediction {
-	if f, ok := p.found[k]; ok {
+	key := [2]int64{int64(k), budget}
+	if f, ok := p.found[key]; ok {
 		return f
 	}
 	extrapolate := func(t [2]*memory.Trace) *memory.Trace {
@@ -987,7 +988,7 @@ func (p *stepPlan) at(k int, budget int64) stepPrediction {
 	}
 	_, _, err = p.pool.Replay(budget, w)
 	f.fits = err == nil
-	p.found[k] = f
+	p.found[key] = f
 	return f
 }
 

@@ -833,76 +833,88 @@ func TestNeedPlannedFromSlices(t *testing.T) {
 // not the host, where the arena comes after the eager steps' fragments.
 func TestBooksForeseeTheRun(t *testing.T) {
 	race.Skip(t, "go test ./train -run TestBooksForeseeTheRun")
-	const T, V, n = 64, 96, 16
-	cfg := Config{Model: "gpt", Batch: n, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
 	ran := map[bool]int{} // by whether the run's steps ran
-	for _, c := range []struct {
-		name string
-		dev  func() *tensor.Device
-		mode Mode
-	}{{"cpu", func() *tensor.Device { return tensor.NewDevice(cpu.New()) }, Eager}, {"planned", testdev.FakeGPU, Planned}} {
-		for _, budget := range []int64{12 << 20, 14 << 20} {
-			for _, v := range []Variant{
-				{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks},
-				{Name: "amp+checkpoint-5/6", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 5, Some: true},
-				{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks},
-			} {
-				gpt := func(dev *tensor.Device) nn.Model {
-					g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 6, Heads: 2, Width: 64, Vocab: V, Context: T})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return g
-				}
-				dev := c.dev()
-				xs, ys := tokenBatches(dev, 1, n, T, V, 3)
-				var ms [2]Measurement
-				for i, k := range []int{2, 4} {
-					x, y := xs[0].Rows(0, k), ys[0].Rows(0, k)
-					m, err := MeasureStep(dev, func() nn.Model { return gpt(dev) }, cfg, v, x, y, c.mode == Planned)
-					if err != nil {
-						t.Fatal(err)
-					}
-					ms[i] = m
-					x.Release()
-					y.Release()
-				}
-				p, why := planStep(dev.Allocator(), ms[0], 2, ms[1], 4)
-				if p == nil {
-					t.Fatalf("%s %s: no plan: %s", c.name, v.Name, why)
-				}
-				booked := p.at(n, budget).fits
-				xs[0].Release()
-				ys[0].Release()
-
-				run := c.dev()
-				rc := cfg
-				rc.AMP, rc.Checkpoint, rc.Checkpointed = v.AMP, v.Checkpoint, v.Checkpointed
-				tr, err := New(gpt(run), run, rc, 2)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tr.FailOnOOM, tr.Step.Mode = true, c.mode
-				xs, ys = tokenBatches(run, 1, n, T, V, 3)
-				run.Allocator().SetLimit(budget)
-				for range 4 {
-					if err = tr.RunStep(xs[0], ys[0]); err != nil {
-						break
-					}
-				}
-				t.Logf("%s, %s under %s: books %v, run %v", c.name, v.Name, memory.Bytes(budget), booked, err == nil)
-				if ran[err == nil]++; booked != (err == nil) {
-					t.Errorf("%s, %s under %s: the books say it fits: %v; the run: %v", c.name, v.Name, memory.Bytes(budget), booked, err)
-				}
-				xs[0].Release()
-				ys[0].Release()
-				tr.Release()
-				nn.Release(tr.Model)
-			}
-		}
-	}
+	cpuDev := func(testing.TB) *tensor.Device { return tensor.NewDevice(cpu.New()) }
+	fake := func(testing.TB) *tensor.Device { return testdev.FakeGPU() }
+	testBooksForeseeTheRun(t, cpuDev, Eager, []float64{1.25, 1.4}, ran)
+	testBooksForeseeTheRun(t, fake, Planned, []float64{1.25, 1.4}, ran)
 	if ran[true] == 0 || ran[false] == 0 {
 		t.Errorf("%d runs ran and %d ran out of memory: want some of each", ran[true], ran[false])
+	}
+}
+
+// testBooksForeseeTheRun measures each of a few variants of a GPT's step
+// on two slices of its batch on a device of newDev's, and runs the step in
+// mode on another, from an empty pool, capped at each of the caps times
+// the need predicted for the every-block checkpointed step, holding the
+// books' verdict to the run's; ran counts the runs by whether they ran.
+func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device, mode Mode, caps []float64, ran map[bool]int) {
+	const T, V, n = 64, 96, 16
+	cfg := Config{Model: "gpt", Batch: n, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
+	gpt := func(dev *tensor.Device) nn.Model {
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 6, Heads: 2, Width: 64, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	var plans []*stepPlan
+	variants := []Variant{
+		{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks},
+		{Name: "amp+checkpoint-5/6", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 5, Some: true},
+		{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks},
+	}
+	for _, v := range variants {
+		dev := newDev(t)
+		xs, ys := tokenBatches(dev, 1, n, T, V, 3)
+		var ms [2]Measurement
+		for i, k := range []int{2, 4} {
+			x, y := xs[0].Rows(0, k), ys[0].Rows(0, k)
+			m, err := MeasureStep(dev, func() nn.Model { return gpt(dev) }, cfg, v, x, y, mode != Eager)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms[i] = m
+			x.Release()
+			y.Release()
+		}
+		xs[0].Release()
+		ys[0].Release()
+		p, why := planStep(dev.Allocator(), ms[0], 2, ms[1], 4)
+		if p == nil {
+			t.Fatalf("%s %s: no plan: %s", dev.Name(), v.Name, why)
+		}
+		plans = append(plans, p)
+	}
+	base := plans[0].at(n, 0).need
+	for _, c := range caps {
+		budget := int64(c * float64(base))
+		for i, v := range variants {
+			booked := plans[i].at(n, budget).fits
+			run := newDev(t)
+			rc := cfg
+			rc.AMP, rc.Checkpoint, rc.Checkpointed = v.AMP, v.Checkpoint, v.Checkpointed
+			tr, err := New(gpt(run), run, rc, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.FailOnOOM, tr.Step.Mode = true, mode
+			xs, ys := tokenBatches(run, 1, n, T, V, 3)
+			run.Allocator().SetLimit(budget)
+			for range 4 {
+				if err = tr.RunStep(xs[0], ys[0]); err != nil {
+					break
+				}
+			}
+			t.Logf("%s %v, %s under %s: the books say it fits: %v; the run ran: %v", run.Name(), mode, v.Name, memory.Bytes(budget), booked, err == nil)
+			if ran[err == nil]++; booked != (err == nil) {
+				t.Errorf("%s %v, %s under %s: the books say it fits: %v; the run: %v", run.Name(), mode, v.Name, memory.Bytes(budget), booked, err)
+			}
+			xs[0].Release()
+			ys[0].Release()
+			tr.Release()
+			nn.Release(tr.Model)
+		}
 	}
 }
 
