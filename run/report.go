@@ -152,12 +152,14 @@ func Percent(v, base int64) string {
 }
 
 // WriteSavings prints the measured one-step peaks of the variants, marking
-// the one chosen: an eager step's, and a planned step's where it was planned.
+// the one chosen: an eager step's, and a planned step's where it was
+// planned; and what each costs, its step's time where it was timed.
 func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 	var fp32, fp32Planned int64
+	var fp32Seconds float64
 	for _, m := range ms {
 		if m.Name == "fp32" {
-			fp32, fp32Planned = m.PeakAllocated, m.Planned
+			fp32, fp32Planned, fp32Seconds = m.PeakAllocated, m.Planned, m.StepSeconds
 		}
 	}
 	width := 15
@@ -180,6 +182,13 @@ func WriteSavings(w io.Writer, ms []train.Measurement, chosen string) {
 				pvs = fmt.Sprintf(" (%s)", Percent(m.Planned, fp32Planned))
 			}
 			line += fmt.Sprintf("  planned %10s%s", memory.Bytes(m.Planned), pvs)
+		}
+		if m.StepSeconds > 0 {
+			tvs := ""
+			if m.Name != "fp32" && fp32Seconds > 0 {
+				tvs = fmt.Sprintf(" (%+.0f%%)", 100*(m.StepSeconds/fp32Seconds-1))
+			}
+			line += fmt.Sprintf("  step %9s%s", stepTime(m.StepSeconds), tvs)
 		}
 		fmt.Fprintf(w, "%s%s\n", strings.TrimRight(line, " "), mark)
 	}
@@ -303,4 +312,12 @@ var plotColors = []color.Color{
 	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+}
+
+// stepTime is a step's time to three figures: "12.3 ms", "2.07 s".
+func stepTime(seconds float64) string {
+	if seconds >= 1 {
+		return fmt.Sprintf("%.3g s", seconds)
+	}
+	return fmt.Sprintf("%.3g ms", 1000*seconds)
 }

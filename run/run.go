@@ -692,6 +692,9 @@ func (r *runner) allowed(v train.Variant) bool {
 	return (r.job.Allow == nil || r.job.Allow(v)) && (!r.cfg.BF16Weights || v.AMP.On())
 }
 
+// timedSteps is how many steps of each configuration measure times.
+const timedSteps = 3
+
 // measure runs one step of each memory configuration and reports their peaks
 // (for BF16 working weights, the AMP ones), and the run's own where it
 // checkpoints some of the blocks.
@@ -699,7 +702,7 @@ func (r *runner) measure() (err error) {
 	if !r.job.Measure {
 		return nil
 	}
-	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool:\n", r.cfg.Model, r.cfg.Batch)
+	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool, and its time (the median of %d %s steps):\n", r.cfg.Model, r.cfg.Batch, timedSteps, r.mode)
 	vs := train.Variants(r.job.CheckpointMode, r.measuredAMP())
 	if k := r.cfg.Checkpointed; k > 0 {
 		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: nn.CheckpointBlocks, Checkpointed: k})
@@ -716,7 +719,13 @@ func (r *runner) measure() (err error) {
 			}
 			var m train.Measurement
 			if err = r.interruptible(func() (err error) {
-				m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager)
+				if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil {
+					return err
+				}
+				m.StepSeconds, err = train.TimeStep(r.dev, r.build, r.cfg, v, x, y, timedSteps)
+				if errors.Is(err, memory.ErrOutOfMemory) { // measured eager, but no room for the run's arena beside it: untimed
+					m.StepSeconds, err = 0, nil
+				}
 				return err
 			}); err != nil {
 				return

@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"gonum.org/v1/gonum/floats"
 
@@ -99,6 +100,9 @@ type Measurement struct {
 	// as shares of what checkpointing all of them does
 	// (nn.Checkpointer.CheckpointShares).
 	Shares []float64 `json:"checkpoint_shares,omitempty"`
+	// StepSeconds is what the step costs, the median time of a few taken
+	// as the run takes them (TimeStep), where they were timed.
+	StepSeconds float64 `json:"step_seconds,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Examples is how many of the batch's examples the step ran, when
@@ -345,18 +349,7 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	defer gen.SetState(state)
 	model := build()
 	defer nn.Release(model)
-	cfg.AMP, cfg.Checkpoint, cfg.Checkpointed, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery, cfg.Capture = v.AMP, v.Checkpoint, v.Checkpointed, 1, 0, 0, 0, false
-	// Without checkpoints nothing is kept to move to host memory.
-	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
-	cfg.OffloadOptimizer = cfg.OffloadOptimizer || v.OffloadOptimizer
-	cfg.BF16Weights = cfg.BF16Weights || v.BF16Weights
-	if v.Optimizer != "" {
-		cfg.Optimizer = v.Optimizer
-	}
-	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
-		cfg.FuseOptimizer = false
-	}
-	t, err := New(model, dev, cfg, 2)
+	t, err := New(model, dev, variantConfig(cfg, v, false), 2)
 	if err != nil {
 		return Measurement{}, err
 	}
@@ -432,6 +425,76 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		m.trace, m.first, m.built, m.standingBlocks = trace, first, built, standing
 	}
 	return m, nil
+}
+
+// variantConfig is cfg for a run of variant v's step alone: one epoch, no
+// evaluation, captured where capture says and cfg's run would be.
+func variantConfig(cfg Config, v Variant, capture bool) Config {
+	cfg.AMP, cfg.Checkpoint, cfg.Checkpointed, cfg.Epochs, cfg.Steps, cfg.EvalEvery, cfg.EmptyCacheEvery = v.AMP, v.Checkpoint, v.Checkpointed, 1, 0, 0, 0
+	cfg.Capture = capture && cfg.Capture
+	// Without checkpoints nothing is kept to move to host memory.
+	cfg.OffloadActivations = (cfg.OffloadActivations || v.OffloadActivations) && v.Checkpoint != nn.NoCheckpoint
+	cfg.OffloadOptimizer = cfg.OffloadOptimizer || v.OffloadOptimizer
+	cfg.BF16Weights = cfg.BF16Weights || v.BF16Weights
+	if v.Optimizer != "" {
+		cfg.Optimizer = v.Optimizer
+	}
+	if cfg.Autocast() == tensor.F16 { // F16's loss scaling cannot fuse the update into the backward: measured after it
+		cfg.FuseOptimizer = false
+	}
+	return cfg
+}
+
+// TimeStep builds a fresh model and times steps of variant v on the batch
+// x, y as cfg's run would take them (captured where the device captures
+// and cfg asks; Config.Mode): after the steps that warm up, trace and
+// capture, it returns the median of timed steps' times, each waited for.
+// The model and the optimiser state are released again, and the device's
+// random generator is left as it was. It returns an error wrapping
+// memory.ErrOutOfMemory where the steps do not fit.
+func TimeStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Variant, x, y *tensor.Tensor, timed int) (seconds float64, err error) {
+	if timed < 1 {
+		panic(fmt.Sprintf("train: TimeStep of %d steps", timed))
+	}
+	gen := dev.Generator()
+	state := gen.State()
+	defer gen.SetState(state)
+	var model nn.Model
+	if err := tensor.Catch(func() { model = build() }); err != nil {
+		return 0, err
+	}
+	defer nn.Release(model)
+	t, err := New(model, dev, variantConfig(cfg, v, true), 2)
+	if err != nil {
+		return 0, err
+	}
+	defer t.Release()
+	t.FailOnOOM = true
+	if err := t.Step.SetMicroBatch(v.MicroBatch); err != nil {
+		return 0, err
+	}
+	warm := 1 // the eager step's algorithms and the optimiser's state
+	switch t.Step.Mode {
+	case Planned:
+		warm = 3 // and the traced step, and the first planned one
+	case Captured:
+		warm = 4 // and the step captured
+	}
+	times := make([]float64, 0, timed)
+	for i := range warm + timed {
+		start := time.Now()
+		if err := t.RunStep(x, y); err != nil {
+			return 0, err
+		}
+		if err := dev.Synchronize(); err != nil {
+			return 0, err
+		}
+		if i >= warm {
+			times = append(times, time.Since(start).Seconds())
+		}
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
 }
 
 // BudgetHeadroom is the share of a step's own bytes (its need above what

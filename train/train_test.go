@@ -918,6 +918,30 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 	}
 }
 
+// TestTimeStep: a variant's step is timed as the run takes it, after the
+// steps that warm up, and a step that does not fit is an error that wraps
+// memory.ErrOutOfMemory, the device's generator left as it was.
+func TestTimeStep(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	build := func() nn.Model { return nn.NewMLP(dev, []int{784, 1024, 10}, 0) }
+	x, y := tensor.Randn(dev, tensor.F32, 0, 1, 32, 1, 28, 28).Keep(), tensor.FromInt32(dev, make([]int32, 32), 32).Keep()
+	defer x.Release()
+	defer y.Release()
+	cfg := baseConfig("mlp")
+	before := dev.Generator().State()
+	s, err := TimeStep(dev, build, cfg, Variant{Name: "fp32"}, x, y, 3)
+	if err != nil || s <= 0 || dev.Generator().State() != before {
+		t.Errorf("an MLP's step: %v s, %v; the generator moved: %v", s, err, dev.Generator().State() != before)
+	}
+	a := dev.Allocator()
+	a.EmptyCache()
+	a.SetLimit(a.Stats().Reserved[memory.All].Current) // no room for the model's weights
+	defer a.SetLimit(0)
+	if _, err := TimeStep(dev, build, cfg, Variant{Name: "fp32"}, x, y, 1); !errors.Is(err, memory.ErrOutOfMemory) {
+		t.Errorf("no room: %v", err)
+	}
+}
+
 // TestFewestCheckpointed: the fewest first blocks predicted to fit, by the
 // blocks' shares, and none when only every block would do.
 func TestFewestCheckpointed(t *testing.T) {

@@ -109,7 +109,7 @@ func TestRunWritesReports(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"measured by the pool", "amp+checkpoint", "<- this run", "test accuracy",
+	for _, want := range []string{"measured by the pool", "the median of 3 eager steps", "amp+checkpoint", "<- this run", "test accuracy",
 		"img/s", "peak allocated", "(fp32: ", "EmptyCache every 3 steps: 4 calls", "leangrad memory summary, device cpu"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
@@ -119,6 +119,11 @@ func TestRunWritesReports(t *testing.T) {
 	data, err := os.ReadFile(js)
 	if err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 2 || len(r.Measured) != 4 || r.Final.PeakAllocated <= 0 {
 		t.Errorf("-json: %v %+v", err, r.Final)
+	}
+	for _, m := range r.Measured {
+		if m.StepSeconds <= 0 {
+			t.Errorf("-json: %s measured untimed", m.Name)
+		}
 	}
 	for _, f := range []string{csv, png, ck} {
 		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
