@@ -845,7 +845,8 @@ func TestBooksForeseeTheRun(t *testing.T) {
 
 // testBooksForeseeTheRun measures each of a few variants of a GPT's step
 // on two slices of its batch on a device of newDev's, and runs the step in
-// mode on another, from an empty pool, capped at each of the caps times
+// mode (eager with activations offloaded, on a device that is not the
+// host) on another, from an empty pool, capped at each of the caps times
 // the need predicted for the every-block checkpointed step, holding the
 // books' verdict to the run's; ran counts the runs by whether they ran.
 func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device, mode Mode, caps []float64, ran map[bool]int) {
@@ -863,6 +864,9 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 		{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks},
 		{Name: "amp+checkpoint-5/6", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 5, Some: true},
 		{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks},
+	}
+	if !newDev(t).OnHost() { // and what the checkpoints keep in host memory, the steps eager
+		variants = append(variants, Variant{Name: "amp+checkpoint+offload", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true})
 	}
 	for _, v := range variants {
 		dev := newDev(t)
@@ -892,13 +896,14 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 		for i, v := range variants {
 			booked := plans[i].at(n, budget).fits
 			run := newDev(t)
-			rc := cfg
-			rc.AMP, rc.Checkpoint, rc.Checkpointed = v.AMP, v.Checkpoint, v.Checkpointed
-			tr, err := New(gpt(run), run, rc, 2)
+			tr, err := New(gpt(run), run, variantConfig(cfg, v, true), 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr.FailOnOOM, tr.Step.Mode = true, mode
+			tr.FailOnOOM = true
+			if !v.OffloadActivations {
+				tr.Step.Mode = mode
+			}
 			xs, ys := tokenBatches(run, 1, n, T, V, 3)
 			run.Allocator().SetLimit(budget)
 			for range 4 {
@@ -906,9 +911,9 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 					break
 				}
 			}
-			t.Logf("%s %v, %s under %s: the books say it fits: %v; the run ran: %v", run.Name(), mode, v.Name, memory.Bytes(budget), booked, err == nil)
+			t.Logf("%s %v, %s under %s: the books say it fits: %v; the run ran: %v", run.Name(), tr.Step.Mode, v.Name, memory.Bytes(budget), booked, err == nil)
 			if ran[err == nil]++; booked != (err == nil) {
-				t.Errorf("%s %v, %s under %s: the books say it fits: %v; the run: %v", run.Name(), mode, v.Name, memory.Bytes(budget), booked, err)
+				t.Errorf("%s %v, %s under %s: the books say it fits: %v; the run: %v", run.Name(), tr.Step.Mode, v.Name, memory.Bytes(budget), booked, err)
 			}
 			xs[0].Release()
 			ys[0].Release()
