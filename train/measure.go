@@ -967,6 +967,7 @@ type stepPlan struct {
 	// and the measured step twice.
 	built, blocks []int64
 	firsts        [2]*memory.Trace
+	work          map[int]memory.Work         // by examples: the books' work, planned
 	found         map[[2]int64]stepPrediction // by examples and budget
 }
 
@@ -999,7 +1000,7 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 		return nil, "their traces differ"
 	}
 	p := &stepPlan{pool: pool, examples: [2]int{ka, kb}, traces: [2]*memory.Trace{a.trace, b.trace}, standing: a.Standing, planning: a.planning,
-		blocks: a.standingBlocks, found: map[[2]int64]stepPrediction{}}
+		blocks: a.standingBlocks, work: map[int]memory.Work{}, found: map[[2]int64]stepPrediction{}}
 	// The first steps' traces stand for what the pool went through only
 	// where the books kept with them allocate what the pool did (nothing
 	// that ran beside the step, on another goroutine, was missed).
@@ -1027,27 +1028,33 @@ func (p *stepPlan) at(k int, budget int64) stepPrediction {
 	if f, ok := p.found[key]; ok {
 		return f
 	}
-	extrapolate := func(t [2]*memory.Trace) *memory.Trace {
-		out, err := memory.Extrapolate(t[0], p.examples[0], t[1], p.examples[1], k)
-		if err != nil {
-			panic(fmt.Sprintf("train: the traces of a stepPlan do not extrapolate: %v", err))
+	w, ok := p.work[k]
+	if !ok {
+		extrapolate := func(t [2]*memory.Trace) *memory.Trace {
+			out, err := memory.Extrapolate(t[0], p.examples[0], t[1], p.examples[1], k)
+			if err != nil {
+				panic(fmt.Sprintf("train: the traces of a stepPlan do not extrapolate: %v", err))
+			}
+			return out
 		}
-		return out
+		t := extrapolate(p.traces)
+		w = memory.Work{Standing: p.blocks, Traces: []*memory.Trace{t, t}}
+		if p.firsts[0] != nil {
+			w = memory.Work{Standing: p.built, Traces: []*memory.Trace{extrapolate(p.firsts), t}}
+		}
+		if p.planning != nil {
+			w.Arena = memory.PlanTrace(t, *p.planning).Size
+		}
+		p.work[k] = w
 	}
-	t := extrapolate(p.traces)
+	t := w.Traces[len(w.Traces)-1]
 	_, live := t.Peak(t.Taken())
-	f := stepPrediction{need: p.standing + live}
-	w := memory.Work{Standing: p.blocks, Traces: []*memory.Trace{t, t}}
-	if p.firsts[0] != nil {
-		w = memory.Work{Standing: p.built, Traces: []*memory.Trace{extrapolate(p.firsts), t}}
-	}
+	f := stepPrediction{need: max(p.standing+live, p.standing+w.Arena)}
+	uncapped := w
+	uncapped.Arena = 0 // the steps' reserve, as MeasureStep's pool has it
 	var err error
-	if _, f.reserved, err = p.pool.Replay(0, w); err != nil {
+	if _, f.reserved, err = p.pool.Replay(0, uncapped); err != nil {
 		panic(fmt.Sprintf("train: the pool's books without a cap ran out: %v", err))
-	}
-	if p.planning != nil {
-		w.Arena = memory.PlanTrace(t, *p.planning).Size
-		f.need = max(f.need, p.standing+w.Arena)
 	}
 	_, _, err = p.pool.Replay(budget, w)
 	f.fits = err == nil
