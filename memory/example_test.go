@@ -50,3 +50,34 @@ func ExampleWriteSnapshot() {
 	// alloc 4096 github.com/leangrad/leangrad/memory_test.ExampleWriteSnapshot
 	// free_completed 4096 github.com/leangrad/leangrad/memory_test.ExampleWriteSnapshot
 }
+
+// The pool's books: a step traced once is replayed under caps, over no
+// memory, to see whether the pool would hold it (train's -max-memory asks
+// them before it runs a whole batch).
+func ExampleAllocator_Replay() {
+	pool := memory.New(memory.NewHeapSource(), memory.Config{Device: "cpu"})
+	pool.StartTrace()
+	a, _ := pool.Alloc(6<<20, 0) // an activation
+	b, _ := pool.Alloc(3<<20, 0) // another
+	pool.Free(a)
+	c, _ := pool.Alloc(5<<20, 0) // a gradient, in the first one's place
+	pool.Free(b)
+	pool.Free(c)
+	step, _ := pool.StopTrace()
+	for _, limit := range []int64{0, 12 << 20, 8 << 20} {
+		allocated, reserved, err := pool.Replay(limit, memory.Work{Traces: []*memory.Trace{step}})
+		capped := "uncapped"
+		if limit > 0 {
+			capped = "capped at " + memory.Bytes(limit).String()
+		}
+		if err != nil {
+			fmt.Printf("%s: out of memory\n", capped)
+			continue
+		}
+		fmt.Printf("%s: %s allocated, %s reserved\n", capped, memory.Bytes(allocated), memory.Bytes(reserved))
+	}
+	// Output:
+	// uncapped: 9.00 MiB allocated, 20.00 MiB reserved
+	// capped at 12.00 MiB: 9.00 MiB allocated, 9.00 MiB reserved
+	// capped at 8.00 MiB: out of memory
+}
