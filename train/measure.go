@@ -787,10 +787,12 @@ const minSizedBatch = 8
 // fitSized is FitBudget's search on a batch of n examples sized on two
 // slices of it (see FitBudget): measure(v, k) measures v's step on k of
 // the examples, try(v) on all of them, saying whether it fits, and some(v,
-// needAt) tries a Variant.Some with needAt's predictions.
+// needAt, check) tries a Variant.Some with needAt's predictions, each
+// count of blocks checked by sizing it. pool is the one whose books are
+// kept (stepPlan).
 func fitSized(w io.Writer, pool *memory.Allocator, c *BudgetChoice, candidates []Variant, n int, budget int64, measure func(Variant, int) (Measurement, error), try func(Variant) (bool, error),
 	some func(Variant, func(Variant, bool) (Measurement, bool, error), func(Variant) (bool, error)) (bool, error)) (BudgetChoice, error) {
-	b := max(2, n/8) // a step of one example holds more than its share: what it holds whatever the batch
+	b := max(2, n/8) // a step of one example is not traced as the others are (nor holds only its share)
 	type size struct {
 		v         Variant
 		fits      int       // the most examples measured within the budget: 0, b or 2b
