@@ -46,6 +46,8 @@ type options struct {
 	opts        serve.Options
 	drain       time.Duration
 	readTimeout time.Duration
+	maxMemory   memory.Budget
+	limit       int64 // maxMemory's bytes on the device
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -66,8 +68,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.opts.EmptyCacheEvery, "empty-cache-every", 0, "call EmptyCache after every N requests (0: never; the pool does not need it: this measures the advice)")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "on SIGINT or SIGTERM, how long requests in flight may take to finish")
 	fs.DurationVar(&o.readTimeout, "read-timeout", 30*time.Second, "how long a client may take to send a request, its body included")
+	fs.Var(&o.maxMemory, "max-memory", "cap the pool at SIZE (2GiB) or a fraction of the device (0.5) for the server's life: the model, a GPT's key-value memory and the steps beside it (default: no cap)")
 	e := &o.opts.Engine
-	fs.Var(&e.KVMemory, "kv-memory", "a GPT's key-value memory, allocated once: a size (2GiB) or a fraction of what is free beside the model and a step (0.9); default: room for -max-seqs sequences of the whole context")
+	fs.Var(&e.KVMemory, "kv-memory", "a GPT's key-value memory, allocated once: a size (2GiB) or a fraction of what is free beside the model and a step, within -max-memory (0.9); default: room for -max-seqs sequences of the whole context")
 	fs.IntVar(&e.BlockSize, "block-size", 16, "a GPT's key-value block: the positions it holds")
 	fs.IntVar(&e.MaxSeqs, "max-seqs", 0, "the most sequences a GPT's step decodes at once (default 256 on a GPU, 16 on the CPU)")
 	fs.IntVar(&e.MaxBatchTokens, "max-batch-tokens", 2048, "the most tokens a GPT's step runs, prompts' chunks included")
@@ -122,6 +125,15 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
+// capHint is what to say after err where the pool ran out of memory under
+// -max-memory: what else takes less.
+func (o *options) capHint(err error) string {
+	if o.limit == 0 || !errors.Is(err, memory.ErrOutOfMemory) {
+		return ""
+	}
+	return fmt.Sprintf(" (under -max-memory %s: a GPT's steps take less with a lower -max-seqs or -max-batch-tokens, its key-value memory with -kv-memory)", memory.Bytes(o.limit))
+}
+
 // command runs the service until a signal (or, in tests, stop) ends it.
 // ready, if set, hears the address once the server answers.
 func command(args []string, stdout, stderr io.Writer, ready func(addr string)) int {
@@ -134,9 +146,17 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return cmdenv.ExitNothingRan
 	}
+	if o.maxMemory.IsSet() {
+		o.limit = cmdenv.MemoryBudget(dev, o.maxMemory)
+		if err := dev.Allocator().SetLimit(o.limit); err != nil {
+			fmt.Fprintf(stderr, "serve: -max-memory %v: %v\n", o.maxMemory, err)
+			return cmdenv.ExitUsage
+		}
+		defer dev.Allocator().SetLimit(0)
+	}
 	srv, err := serve.Open(dev, o.model, o.opts)
 	if err != nil {
-		fmt.Fprintf(stderr, "serve: %v\n", err)
+		fmt.Fprintf(stderr, "serve: %v%s\n", err, o.capHint(err))
 		return cmdenv.ExitNothingRan
 	}
 	defer srv.Close()
@@ -153,12 +173,16 @@ func command(args []string, stdout, stderr io.Writer, ready func(addr string)) i
 	go func() { served <- hs.Serve(ln) }() // /healthz answers while it warms up
 	start := time.Now()
 	if err := srv.WarmUp(); err != nil {
-		fmt.Fprintf(stderr, "serve: %v\n", err)
+		fmt.Fprintf(stderr, "serve: %v%s\n", err, o.capHint(err))
 		return cmdenv.ExitFailed
 	}
 	a := dev.Allocator().Stats()
-	fmt.Fprintf(stdout, "serving %s on %s from %s: %s, in %v; the pool holds %s (%s reserved)\n",
-		srv.Model(), dev.Name(), o.model, srv.Prepared(), time.Since(start).Round(time.Millisecond), memory.Bytes(a.Allocated[memory.All].Current), memory.Bytes(a.Reserved[memory.All].Current))
+	capped := ""
+	if limit := dev.Allocator().Limit(); limit > 0 {
+		capped = fmt.Sprintf(", capped at %s", memory.Bytes(limit))
+	}
+	fmt.Fprintf(stdout, "serving %s on %s from %s: %s, in %v; the pool holds %s (%s reserved%s)\n",
+		srv.Model(), dev.Name(), o.model, srv.Prepared(), time.Since(start).Round(time.Millisecond), memory.Bytes(a.Allocated[memory.All].Current), memory.Bytes(a.Reserved[memory.All].Current), capped)
 	// The signals are ours before the ready line: a client that reads it
 	// may signal at once, and must find the drain, not the default exit.
 	sigs := make(chan os.Signal, 1)

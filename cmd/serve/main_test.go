@@ -132,6 +132,9 @@ func TestServeMistakes(t *testing.T) {
 		{[]string{"-kv-memory", "lots", junk}, cmdenv.ExitUsage, "-kv-memory"},
 		{[]string{"-kv-memory", "1KiB", gpt}, cmdenv.ExitUsage, "-kv-memory \"1KiB\": less than 1 MiB"},
 		{[]string{"-device", "cpu", "-block-size", "1024", "-kv-memory", "1MiB", gpt}, cmdenv.ExitFailed, "holds 0 blocks of 1024 positions"},
+		{[]string{"-max-memory", "lots", gpt}, cmdenv.ExitUsage, "-max-memory"},
+		{[]string{"-device", "cpu", "-max-memory", "1MiB", gpt}, cmdenv.ExitNothingRan, "building gpt-mini: cpu out of memory"},
+		{[]string{"-device", "cpu", "-max-memory", "6MiB", "-kv-memory", "4MiB", "-max-seqs", "4", gpt}, cmdenv.ExitFailed, "under -max-memory 6.00 MiB: a GPT's steps take less with a lower -max-seqs or -max-batch-tokens"},
 	} {
 		var o, e bytes.Buffer
 		cmd := serveCmd(tc.args...)
@@ -144,12 +147,14 @@ func TestServeMistakes(t *testing.T) {
 	}
 }
 
-// A GPT is served through the OpenAI-compatible API: the ready line says
-// what its key-value memory holds, and a completion comes back.
+// A GPT is served through the OpenAI-compatible API, its pool capped: the
+// ready line says what its key-value memory holds and the cap, and a
+// completion comes back.
 func TestServeGPT(t *testing.T) {
 	ck := checkpoint(t, "gpt-mini")
-	cmd, sc, addr, said, stderr := start(t, "-addr", "127.0.0.1:0", "-device", "cpu", "-kv-memory", "4MiB", "-max-seqs", "4", ck)
-	if addr == "" || !strings.Contains(said.String(), "a key-value memory of ") || !strings.Contains(said.String(), "run eagerly") {
+	cmd, sc, addr, said, stderr := start(t, "-addr", "127.0.0.1:0", "-device", "cpu", "-kv-memory", "4MiB", "-max-seqs", "4", "-max-memory", "64MiB", ck)
+	if addr == "" || !strings.Contains(said.String(), "a key-value memory of ") || !strings.Contains(said.String(), "run eagerly") ||
+		!strings.Contains(said.String(), "capped at 64.00 MiB") {
 		t.Fatalf("no ready line:\n%s%s", said.String(), stderr.String())
 	}
 	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model": "gpt-mini", "prompt": "Hi", "max_tokens": 5}`))

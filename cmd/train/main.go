@@ -39,7 +39,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -528,10 +527,6 @@ func command(args []string, stdout, stderr io.Writer) int {
 	return cmdenv.ExitFailed
 }
 
-// cpuRuntimeRoom is what a CPU run may hold beyond -max-memory outside
-// the pool (the dataset or the tokens, the program, the runtime's own).
-const cpuRuntimeRoom = 256 << 20
-
 // trainRun does the work and writes the reports, also when the work fails:
 // the JSON report then says why (error, diverged), and the memory logs
 // show what led there.
@@ -590,13 +585,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		fmt.Fprintln(stdout, "CPU run: -offload-activations changes nothing here (the device's memory is the host's)")
 	}
 	if o.maxMemory.IsSet() {
-		_, total := dev.MemInfo()
-		job.MaxMemory = o.maxMemory.Of(total)
-		if dev.OnHost() && os.Getenv("GOMEMLIMIT") == "" {
-			// The pool's segments are Go memory: the runtime collects the
-			// ones given back before the process grows much past the budget.
-			memory.LimitGoHeap(min(debug.SetMemoryLimit(-1), job.MaxMemory+cpuRuntimeRoom))
-		}
+		job.MaxMemory = cmdenv.MemoryBudget(dev, o.maxMemory)
 		job.KeepOptimizerOnDevice = o.set["offload-optimizer"] && !o.offload
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
 			ok := !o.set["amp"] || v.AMP.On() == o.amp

@@ -39,6 +39,24 @@ import (
 	"github.com/leangrad/leangrad/tensor"
 )
 
+// RuntimeRoom is what a CPU process may hold beyond -max-memory outside
+// the pool: the dataset or the tokens, the program, the runtime's own.
+const RuntimeRoom = 256 << 20
+
+// MemoryBudget is a -max-memory budget's bytes on dev (a fraction of the
+// device's memory where it is one). On the CPU it also brings the Go
+// runtime's memory limit within it, unless GOMEMLIMIT says otherwise: the
+// pool's segments are Go memory, and the runtime then collects the ones
+// given back before the process grows much past the budget.
+func MemoryBudget(dev *tensor.Device, b memory.Budget) int64 {
+	_, total := dev.MemInfo()
+	bytes := b.Of(total)
+	if dev.OnHost() && os.Getenv("GOMEMLIMIT") == "" {
+		memory.LimitGoHeap(min(debug.SetMemoryLimit(-1), bytes+RuntimeRoom))
+	}
+	return bytes
+}
+
 // Setup applies the process-wide settings: LEANGRAD_DEBUG.
 func Setup() {
 	if debugOn() {
