@@ -692,7 +692,8 @@ func (r *runner) allowed(v train.Variant) bool {
 	return (r.job.Allow == nil || r.job.Allow(v)) && (!r.cfg.BF16Weights || v.AMP.On())
 }
 
-// timedSteps is how many steps of each configuration measure times.
+// timedSteps is how many planned or captured steps of each configuration
+// measure times (an eager run's is the measured step's).
 const timedSteps = 3
 
 // measure runs one step of each memory configuration and reports their peaks
@@ -702,7 +703,11 @@ func (r *runner) measure() (err error) {
 	if !r.job.Measure {
 		return nil
 	}
-	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool, and its time (the median of %d %s steps):\n", r.cfg.Model, r.cfg.Batch, timedSteps, r.mode)
+	timed := "the measured step's, eager"
+	if r.mode != train.Eager {
+		timed = fmt.Sprintf("the median of %d %s steps", timedSteps, r.mode)
+	}
+	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool, and its time (%s):\n", r.cfg.Model, r.cfg.Batch, timed)
 	vs := train.Variants(r.job.CheckpointMode, r.measuredAMP())
 	if k := r.cfg.Checkpointed; k > 0 {
 		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: nn.CheckpointBlocks, Checkpointed: k})
@@ -719,7 +724,7 @@ func (r *runner) measure() (err error) {
 			}
 			var m train.Measurement
 			if err = r.interruptible(func() (err error) {
-				if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil {
+				if m, err = train.MeasureStep(r.dev, r.build, r.cfg, v, x, y, r.mode != train.Eager); err != nil || r.mode == train.Eager {
 					return err
 				}
 				m.StepSeconds, err = train.TimeStep(r.dev, r.build, r.cfg, v, x, y, timedSteps)

@@ -100,8 +100,10 @@ type Measurement struct {
 	// as shares of what checkpointing all of them does
 	// (nn.Checkpointer.CheckpointShares).
 	Shares []float64 `json:"checkpoint_shares,omitempty"`
-	// StepSeconds is what the step costs, the median time of a few taken
-	// as the run takes them (TimeStep), where they were timed.
+	// StepSeconds is what the step costs: an eager step's time, the
+	// measured one's (MeasureStep); for a run whose steps are planned or
+	// captured, the median of a few taken so (TimeStep), where they were
+	// timed.
 	StepSeconds float64 `json:"step_seconds,omitempty"`
 	// OutOfMemory is set when the step did not fit the device at all.
 	OutOfMemory bool `json:"out_of_memory,omitempty"`
@@ -341,8 +343,9 @@ func (m Measurement) Need() int64 { return max(m.PeakAllocated, m.Planned) }
 // eager step, after a first one (model, gradients, optimiser state,
 // activations and workspaces, as the pool saw them, not estimated); with
 // plan, that step is traced and planned, and Planned is the planned step's
-// need. The model and the optimiser state are released again, and the
-// device's random generator is left as it was.
+// need; without, StepSeconds is its time. The model and the optimiser
+// state are released again, and the device's random generator is left as
+// it was.
 func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Variant, x, y *tensor.Tensor, plan bool) (Measurement, error) {
 	gen := dev.Generator()
 	state := gen.State()
@@ -386,6 +389,10 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	// A planned step traces this run itself (Step.Run); an eager one is
 	// traced here, for what it holds at its peak.
 	var trace *memory.Trace
+	if err := dev.Synchronize(); err != nil { // the first step's work is not this one's time
+		return Measurement{}, err
+	}
+	start := time.Now()
 	err = func() error {
 		if plan {
 			return t.RunStep(x, y)
@@ -407,6 +414,9 @@ func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 		return Measurement{}, err
 	}
 	m := Measurement{Variant: v, PeakAllocated: pa, PeakReserved: pr, Standing: base, Holds: h.worst}
+	if !plan { // an eager run's step as it takes it, but traced
+		m.StepSeconds = time.Since(start).Seconds()
+	}
 	if c, ok := model.(nn.Checkpointer); ok {
 		m.Shares = c.CheckpointShares(x.Shape()[1:])
 	}

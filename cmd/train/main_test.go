@@ -109,7 +109,7 @@ func TestRunWritesReports(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"measured by the pool", "the median of 3 eager steps", "amp+checkpoint", "<- this run", "test accuracy",
+	for _, want := range []string{"measured by the pool", "the measured step's, eager", "amp+checkpoint", "<- this run", "test accuracy",
 		"img/s", "peak allocated", "(fp32: ", "EmptyCache every 3 steps: 4 calls", "leangrad memory summary, device cpu"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
