@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/kernels/cuda"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/run"
@@ -241,6 +242,7 @@ func TestMicroBatchRun(t *testing.T) {
 // for fp32 and for every block checkpointed, the budget chooses to
 // checkpoint some of them, and the run does.
 func TestCheckpointSomeBlocksRun(t *testing.T) {
+	race.Skip(t, "go test ./cmd/train -run TestCheckpointSomeBlocksRun")
 	dir := t.TempDir()
 	text := filepath.Join(dir, "story.txt")
 	os.WriteFile(text, []byte(strings.Repeat("The quick brown foxes jumped over the lazy dog, and the dog slept on. ", 100)), 0o644)
