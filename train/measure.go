@@ -347,6 +347,19 @@ func (m Measurement) Need() int64 { return max(m.PeakAllocated, m.Planned) }
 // state are released again, and the device's random generator is left as
 // it was.
 func MeasureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Variant, x, y *tensor.Tensor, plan bool) (Measurement, error) {
+	m, err := measureStep(dev, build, cfg, v, x, y, plan)
+	m.dropTraces()
+	return m, err
+}
+
+// dropTraces lets go of what only FitBudget's plans read: a large model's
+// traces are many buffers.
+func (m *Measurement) dropTraces() {
+	m.trace, m.first, m.built, m.standingBlocks, m.planning = nil, nil, nil, nil, nil
+}
+
+// measureStep is MeasureStep, its traces kept for stepPlan.
+func measureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Variant, x, y *tensor.Tensor, plan bool) (Measurement, error) {
 	gen := dev.Generator()
 	state := gen.State()
 	defer gen.SetState(state)
@@ -592,6 +605,11 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // wrapping ErrInterrupted.
 func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Config, candidates []Variant, x, y *tensor.Tensor, plan bool, budget int64, stop <-chan struct{}) (BudgetChoice, error) {
 	c := BudgetChoice{Budget: budget}
+	defer func() { // the choice made, its traces are read no more
+		for i := range c.Measured {
+			c.Measured[i].dropTraces()
+		}
+	}()
 	a := dev.Allocator()
 	old := a.Limit()
 	a.EmptyCache()
@@ -619,7 +637,7 @@ func FitBudget(w io.Writer, dev *tensor.Device, build func() nn.Model, cfg Confi
 		if examples < n {
 			xs, ys = x.Rows(0, examples), y.Rows(0, examples)
 		}
-		m, err := MeasureStep(dev, build, cfg, v, xs, ys, plan)
+		m, err := measureStep(dev, build, cfg, v, xs, ys, plan)
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			m, err = Measurement{Variant: v, OutOfMemory: true}, nil
 		}

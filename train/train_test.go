@@ -802,7 +802,7 @@ func TestNeedPlannedFromSlices(t *testing.T) {
 				defer xk.Release()
 				defer yk.Release()
 			}
-			m, err := MeasureStep(dev, func() nn.Model { return c.model(dev) }, c.cfg, c.v, xk, yk, c.plan)
+			m, err := measureStep(dev, func() nn.Model { return c.model(dev) }, c.cfg, c.v, xk, yk, c.plan)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -874,7 +874,7 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 		var ms [2]Measurement
 		for i, k := range []int{2, 4} {
 			x, y := xs[0].Rows(0, k), ys[0].Rows(0, k)
-			m, err := MeasureStep(dev, func() nn.Model { return gpt(dev) }, cfg, v, x, y, mode != Eager)
+			m, err := measureStep(dev, func() nn.Model { return gpt(dev) }, cfg, v, x, y, mode != Eager)
 			if err != nil {
 				t.Fatal(err)
 			}
