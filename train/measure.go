@@ -371,7 +371,9 @@ func measureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	}
 	defer t.Release()
 	t.FailOnOOM = true
-	plan = plan && t.Step.Offloader == nil // its copies follow the forward as it runs
+	// Offloaded copies follow the forward as it runs, and micro-batches
+	// accumulate: such steps run eagerly, and are measured so.
+	plan = plan && t.Step.Offloader == nil && (v.MicroBatch == 0 || v.MicroBatch >= x.Dim(0))
 	if plan {
 		t.Step.Mode = Planned
 	}
@@ -584,12 +586,13 @@ func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Va
 // step's buffers grows with the examples or does not, so the two traces
 // give the trace of the whole batch's step (memory.Extrapolate), and from
 // it its need, to the byte, and, replaying the pool's books through the
-// first step and that one (memory.Replay), whether the pool, capped at the
-// budget, would run out, fragmented (where the steps cannot be traced
-// alike, the line through the two needs stands in). In order, fastest
-// first, a candidate predicted to fit is measured on the whole batch
-// before the next is sized, then the micro-batches predicted to fit, and
-// the first that fits is chosen. A smaller batch is measured whole, candidate by
+// first step and that one (memory.Allocator.Replay), whether the pool,
+// capped at the budget, would run out, fragmented (where the steps cannot
+// be traced alike, the line through the two needs stands in). In order,
+// fastest first, a candidate predicted to fit is measured on the whole
+// batch before the next is sized, then the micro-batches predicted to fit
+// (each count sized on two of its micro-batches, which need what the whole
+// batch's do), and the first that fits is chosen. A smaller batch is measured whole, candidate by
 // candidate. A candidate that checkpoints some blocks (Variant.Some) is
 // not measured until its number is known: the fewest of the first
 // blocks whose step is predicted to fit from the needs of its twins,
@@ -943,39 +946,52 @@ func fitSized(w io.Writer, pool *memory.Allocator, c *BudgetChoice, candidates [
 		}
 	}
 	v := candidates[len(candidates)-1]
-	var extra int64 // what a micro-batched step holds beyond an unbatched one of its micro-batch
 	if leanest >= 0 {
 		v = sizes[leanest].v
-		// Micro-batches accumulate the gradients: size that on one example
-		// at a time over two.
-		one := v
-		one.MicroBatch = 1
-		m, err := measure(one, 2)
-		if err != nil {
-			return *c, err
-		}
-		if m.OutOfMemory || !within(m.Need(), m.Standing) {
-			fmt.Fprintf(w, "  %-38s over the budget on 2 examples\n", describeVariant(one, 2))
-			return *c, fmt.Errorf("no configuration fits a budget of %s, not even %s one example at a time: %w", memory.Bytes(c.Budget), v.Name, memory.ErrOutOfMemory)
-		}
-		said := ""
-		if s := sizes[leanest]; s.fits == 2*b {
-			extra = max(0, m.Need()-predict(s, 1))
-			said = fmt.Sprintf(", %s more than one example alone", memory.Bytes(extra))
-		}
-		fmt.Fprintf(w, "  %-38s %10s on 2 examples%s\n", describeVariant(one, 2), memory.Bytes(m.Need()), said)
 	}
+	// A micro-batched step holds one micro-batch's activations and the
+	// gradients' sums whatever the batch: its trace repeats a micro-batch's
+	// requests, so two micro-batches need what the whole batch's do, and
+	// keep the pool's books as it does. Each count is sized on two of its
+	// micro-batches, where a step of one micro-batch alone is predicted to
+	// fit (less than it needs).
 	for m := n; m > 1; {
 		m = (m + 1) / 2
 		if leanest >= 0 && sizes[leanest].fits == 2*b {
-			if s := sizes[leanest]; !within(predict(s, m)+extra, s.standing) {
+			if s := sizes[leanest]; !within(predict(s, m), s.standing) {
 				continue
 			}
 		} else if leanest >= 0 && m > b || leanest < 0 && m >= b {
 			continue // more examples than ran within the budget
 		}
-		v.MicroBatch = m
-		if ok, err := try(v); ok || err != nil {
+		u := v
+		u.MicroBatch = m
+		if 2*m < n {
+			mm, err := measure(u, 2*m)
+			if err != nil {
+				return *c, err
+			}
+			if mm.OutOfMemory {
+				fmt.Fprintf(w, "  %-38s over the budget on 2 of them\n", describeVariant(u, n))
+				continue
+			}
+			books := ""
+			fits := within(mm.Need(), mm.Standing)
+			if booksAgree(pool, mm) {
+				_, reserved, _ := pool.Replay(0, memory.Work{Standing: mm.built, Traces: []*memory.Trace{mm.first, mm.trace}})
+				_, _, err := pool.Replay(budget, memory.Work{Standing: mm.built, Traces: []*memory.Trace{mm.first, mm.trace}})
+				fits = fits && err == nil
+				books = fmt.Sprintf("; the pool's books: %s reserved uncapped, room under the budget", memory.Bytes(reserved))
+				if err != nil {
+					books = fmt.Sprintf("; the pool's books: %s reserved uncapped, out of memory under the budget", memory.Bytes(reserved))
+				}
+			}
+			fmt.Fprintf(w, "  %-38s %10s on 2 of them%s\n", describeVariant(u, n), memory.Bytes(mm.Need()), books)
+			if !fits {
+				continue
+			}
+		}
+		if ok, err := try(u); ok || err != nil {
 			return *c, err
 		}
 	}
@@ -1035,7 +1051,7 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 	// where the books kept with them allocate what the pool did (nothing
 	// that ran beside the step, on another goroutine, was missed).
 	if a.first != nil && b.first != nil && slices.Equal(a.built, b.built) {
-		if _, err := memory.Extrapolate(a.first, ka, b.first, kb, kb); err == nil && p.booksAgree(a) && p.booksAgree(b) {
+		if _, err := memory.Extrapolate(a.first, ka, b.first, kb, kb); err == nil && booksAgree(pool, a) && booksAgree(pool, b) {
 			p.firsts, p.built = [2]*memory.Trace{a.first, b.first}, a.built
 		}
 	}
@@ -1043,9 +1059,13 @@ func planStep(pool *memory.Allocator, a Measurement, ka int, b Measurement, kb i
 }
 
 // booksAgree says whether the pool's books through m's first step and its
-// measured one allocate, at their peak, what m's pool did.
-func (p *stepPlan) booksAgree(m Measurement) bool {
-	allocated, _, err := p.pool.Replay(0, memory.Work{Standing: m.built, Traces: []*memory.Trace{m.first, m.trace}})
+// measured one allocate, at their peak, what m's pool did: whether its
+// traces stand for what the pool went through.
+func booksAgree(pool *memory.Allocator, m Measurement) bool {
+	if m.first == nil || m.trace == nil {
+		return false
+	}
+	allocated, _, err := pool.Replay(0, memory.Work{Standing: m.built, Traces: []*memory.Trace{m.first, m.trace}})
 	return err == nil && allocated == m.PeakAllocated
 }
 

@@ -585,14 +585,14 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		} else if ok, _ := withinBudget(last.Need(), last.Standing, budget); !ok || last.Standing <= 0 || last.Standing >= last.Need() {
 			t.Errorf("the choice needs %d bytes, %d of them standing between steps: want 0 < standing < need, and the headroom within %d", last.Need(), last.Standing, budget)
 		}
-		// A budget that no whole batch fits: micro-batches, sized with the
-		// gradients they accumulate, the first tried fits.
+		// A budget that no whole batch fits: micro-batches, the first
+		// tried fits, no step of them out of memory.
 		out.Reset()
 		tight := int64(5.5 * (1 << 20))
 		c, err = FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, tight, nil)
 		last := c.Measured[len(c.Measured)-1]
 		if err != nil || c.Chosen.MicroBatch < 1 || c.Chosen.MicroBatch >= 16 || last.Variant != c.Chosen || last.Need() > tight ||
-			!strings.Contains(out.String(), "micro-batches of 1") || strings.Contains(out.String(), "does not fit") {
+			!strings.Contains(out.String(), "micro-batches of") || strings.Contains(out.String(), "does not fit") {
 			t.Errorf("a budget of %v: %v, chose %+v\n%s", memory.Bytes(tight), err, c.Chosen, out.String())
 		}
 		// A batch too small to size is measured whole, fp32 first: it stops at the budget.
@@ -944,6 +944,54 @@ func TestTimeStep(t *testing.T) {
 	defer a.SetLimit(0)
 	if _, err := TimeStep(dev, build, cfg, Variant{Name: "fp32"}, x, y, 1); !errors.Is(err, memory.ErrOutOfMemory) {
 		t.Errorf("no room: %v", err)
+	}
+}
+
+// TestMicroBatchesSizedOnTwo: a micro-batched step needs on two of its
+// micro-batches what it needs on the whole batch, to the byte (its trace
+// repeats a micro-batch's requests), so FitBudget sizes a count of
+// micro-batches on two of them before it runs the whole batch.
+func TestMicroBatchesSizedOnTwo(t *testing.T) {
+	const T, V, n = 32, 96, 16
+	dev := tensor.NewDevice(cpu.New())
+	build := func() nn.Model {
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 4, Heads: 2, Width: 64, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	cfg := Config{Model: "gpt", Batch: n, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
+	xs, ys := tokenBatches(dev, 1, n, T, V, 3)
+	x, y := xs[0], ys[0]
+	defer x.Release()
+	defer y.Release()
+	for _, m := range []int{2, 4} {
+		v := Variant{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, MicroBatch: m}
+		x2, y2 := x.Rows(0, 2*m), y.Rows(0, 2*m)
+		two, err := MeasureStep(dev, build, cfg, v, x2, y2, false)
+		x2.Release()
+		y2.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := MeasureStep(dev, build, cfg, v, x, y, false)
+		if err != nil || two.Need() != whole.Need() {
+			t.Errorf("micro-batches of %d: %d bytes on two of them, %d on %d examples (%v)", m, two.Need(), whole.Need(), n, err)
+		}
+		if m == 4 {
+			// Room for micro-batches of 4 and not of 8.
+			budget := whole.Need() + int64(BudgetHeadroom*float64(whole.Need()-whole.Standing)) + 1
+			var out strings.Builder
+			var c BudgetChoice
+			dev.WithScope(func() { // the slices' views
+				c, err = FitBudget(&out, dev, build, cfg, []Variant{{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks}}, x, y, false, budget, nil)
+			})
+			said := out.String()
+			if err != nil || c.Chosen.MicroBatch != 4 || !strings.Contains(said, "micro-batches of 4") || !strings.Contains(said, "on 2 of them") || strings.Contains(said, "does not fit") {
+				t.Errorf("a budget of %d bytes: %v, chose %+v\n%s", budget, err, c.Chosen, said)
+			}
+		}
 	}
 }
 
