@@ -22,7 +22,8 @@
 #             (the engine's mixed load profiled by operation first; LOADS=0 stops there):
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
-#             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache
+#             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache;
+#             SERVEFLAGS adds flags to every server (SERVEFLAGS="-max-memory 20GiB")
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
@@ -173,7 +174,8 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     port=18080
     serving() { # serving NAME [serve flags]: start a server, wait until it is ready
       name=$1; shift
-      bash .gpu/run bin/serve -addr "127.0.0.1:$port" -device cuda "$@" "$w/gpt2.st" > "$w/serve-$name.log" 2>&1 &
+      # shellcheck disable=SC2086 # SERVEFLAGS is words
+      bash .gpu/run bin/serve -addr "127.0.0.1:$port" -device cuda ${SERVEFLAGS:-} "$@" "$w/gpt2.st" > "$w/serve-$name.log" 2>&1 &
       spid=$!
       for _ in $(seq 1 240); do grep -q "^ready on" "$w/serve-$name.log" && break; sleep 0.5; done
       say "server $name: $(grep -E '^serving' "$w/serve-$name.log" | sed -E 's/^serving [^:]*: //')"
