@@ -887,11 +887,7 @@ func fitSized(w io.Writer, pool *memory.Allocator, c *BudgetChoice, candidates [
 				break
 			}
 			p := s.plan.at(n, budget)
-			pool := "out of memory under the budget"
-			if p.fits {
-				pool = "room under the budget"
-			}
-			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d by their traces; the pool's books: %s reserved uncapped, %s\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(p.need), n, memory.Bytes(p.reserved), pool)
+			fmt.Fprintf(w, "  %-38s %10s and %s an example: %s for %d by their traces; %s\n", v.Name, memory.Bytes(int64(s.base)), memory.Bytes(int64(s.per)), memory.Bytes(p.need), n, booksSay(p.reserved, p.fits))
 		}
 		sizes = append(sizes, s)
 		sized[key] = s
@@ -978,13 +974,8 @@ func fitSized(w io.Writer, pool *memory.Allocator, c *BudgetChoice, candidates [
 			books := ""
 			fits := within(mm.Need(), mm.Standing)
 			if booksAgree(pool, mm) {
-				_, reserved, _ := pool.Replay(0, memory.Work{Standing: mm.built, Traces: []*memory.Trace{mm.first, mm.trace}})
-				_, _, err := pool.Replay(budget, memory.Work{Standing: mm.built, Traces: []*memory.Trace{mm.first, mm.trace}})
-				fits = fits && err == nil
-				books = fmt.Sprintf("; the pool's books: %s reserved uncapped, room under the budget", memory.Bytes(reserved))
-				if err != nil {
-					books = fmt.Sprintf("; the pool's books: %s reserved uncapped, out of memory under the budget", memory.Bytes(reserved))
-				}
+				reserved, room := keepBooks(pool, mm.books(), budget)
+				fits, books = fits && room, "; "+booksSay(reserved, room)
 			}
 			fmt.Fprintf(w, "  %-38s %10s on 2 of them%s\n", describeVariant(u, n), memory.Bytes(mm.Need()), books)
 			if !fits {
@@ -1065,7 +1056,7 @@ func booksAgree(pool *memory.Allocator, m Measurement) bool {
 	if m.first == nil || m.trace == nil {
 		return false
 	}
-	allocated, _, err := pool.Replay(0, memory.Work{Standing: m.built, Traces: []*memory.Trace{m.first, m.trace}})
+	allocated, _, err := pool.Replay(0, m.books())
 	return err == nil && allocated == m.PeakAllocated
 }
 
@@ -1100,16 +1091,38 @@ func (p *stepPlan) at(k int, budget int64) stepPrediction {
 	t := w.Traces[len(w.Traces)-1]
 	_, live := t.Peak(t.Taken())
 	f := stepPrediction{need: max(p.standing+live, p.standing+w.Arena)}
-	uncapped := w
-	uncapped.Arena = 0 // the steps' reserve, as MeasureStep's pool has it
-	var err error
-	if _, f.reserved, err = p.pool.Replay(0, uncapped); err != nil {
-		panic(fmt.Sprintf("train: the pool's books without a cap ran out: %v", err))
-	}
-	_, _, err = p.pool.Replay(budget, w)
-	f.fits = err == nil
+	f.reserved, f.fits = keepBooks(p.pool, w, budget)
 	p.found[key] = f
 	return f
+}
+
+// keepBooks runs pool's books through w: the most they reserve by its
+// last trace without a cap (the arena aside, as MeasureStep's pool has
+// it), and whether, capped at budget, they never run out.
+func keepBooks(pool *memory.Allocator, w memory.Work, budget int64) (reserved int64, fits bool) {
+	uncapped := w
+	uncapped.Arena = 0
+	_, reserved, err := pool.Replay(0, uncapped)
+	if err != nil {
+		panic(fmt.Sprintf("train: the pool's books without a cap ran out: %v", err))
+	}
+	_, _, err = pool.Replay(budget, w)
+	return reserved, err == nil
+}
+
+// booksSay is what FitBudget says of the pool's books for a step.
+func booksSay(reserved int64, fits bool) string {
+	verdict := "out of memory under the budget"
+	if fits {
+		verdict = "room under the budget"
+	}
+	return fmt.Sprintf("the pool's books: %s reserved uncapped, %s", memory.Bytes(reserved), verdict)
+}
+
+// books is the work m's pool went through: what was allocated before its
+// first step, that step and the measured one.
+func (m Measurement) books() memory.Work {
+	return memory.Work{Standing: m.built, Traces: []*memory.Trace{m.first, m.trace}}
 }
 
 // unnamed is v without its name: what FitBudget keys its measurements by.
