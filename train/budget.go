@@ -36,23 +36,29 @@ type BudgetChoice struct {
 }
 
 // BudgetVariants are the configurations a memory budget is fitted with,
-// fastest first on a GPU: fp32, AMP (in amp's dtype, as Variants), some of
-// the blocks checkpointed (Variant.Some) and all of them, without AMP and
-// then with it, then checkpointed sqrt(n) segments without and with AMP,
-// then, where offload says the device can move activations to host memory
-// (not the CPU's), AMP with checkpointed blocks whose kept tensors go there
-// (only the first two for a model without residual blocks). keep drops
-// those a user ruled out.
-func BudgetVariants(resnet, offload bool, amp AMP, keep func(Variant) bool) []Variant {
+// fastest first: fp32 and AMP (in amp's dtype, as Variants), then, on the
+// CPU, some of the blocks checkpointed (Variant.Some) and all of them,
+// without AMP and then with it, and checkpointed sqrt(n) segments without
+// and with AMP. On a device other than the host (a GPU's), where AMP's
+// step is the faster in every configuration measured (ResNets and GPT-2:
+// docs/benchmarks.md), AMP's checkpointed configurations come first, then
+// AMP with checkpointed blocks whose kept tensors go to host memory, and
+// only then fp32's, for a run that rules AMP out. A model without residual
+// blocks has only fp32 and AMP. keep drops those a user ruled out.
+func BudgetVariants(resnet, device bool, amp AMP, keep func(Variant) bool) []Variant {
 	four := Variants(nn.CheckpointBlocks, amp)
 	some := func(v Variant) Variant {
 		v.Name, v.Some = v.Name+"-some", true
 		return v
 	}
-	vs := []Variant{four[0], four[1], some(four[2]), four[2], some(four[3]), four[3]}
-	vs = append(vs, Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}, Variant{Name: "amp+checkpoint-sqrt", AMP: four[1].AMP, Checkpoint: nn.CheckpointSqrt})
-	if offload {
-		vs = append(vs, Variant{Name: "amp+checkpoint+offload", AMP: vs[1].AMP, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true})
+	fp32 := []Variant{some(four[2]), four[2], {Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}}
+	mixed := []Variant{some(four[3]), four[3], {Name: "amp+checkpoint-sqrt", AMP: four[1].AMP, Checkpoint: nn.CheckpointSqrt}}
+	vs := []Variant{four[0], four[1]}
+	if device {
+		vs = append(append(append(vs, mixed...),
+			Variant{Name: "amp+checkpoint+offload", AMP: four[1].AMP, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true}), fp32...)
+	} else {
+		vs = append(vs, fp32[0], fp32[1], mixed[0], mixed[1], fp32[2], mixed[2])
 	}
 	var out []Variant
 	for _, v := range vs {

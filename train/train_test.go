@@ -1081,8 +1081,9 @@ func TestWithinBudget(t *testing.T) {
 }
 
 // TestBudgetVariants: the configurations a budget is fitted with, fastest
-// first, for a model with blocks and without, with and without offloaded
-// activations (a GPU's), and with the user's choices kept.
+// first, for a model with blocks and without, on the CPU and on a GPU (AMP's
+// checkpointed steps before fp32's, activations offloaded), and with the
+// user's choices kept.
 func TestBudgetVariants(t *testing.T) {
 	names := func(vs []Variant) string {
 		var n []string
@@ -1093,18 +1094,20 @@ func TestBudgetVariants(t *testing.T) {
 	}
 	noAMP := func(v Variant) bool { return !v.AMP.On() }
 	for _, c := range []struct {
-		blocks, offload bool
-		keep            func(Variant) bool
-		want            string
+		blocks, device bool
+		keep           func(Variant) bool
+		want           string
 	}{
 		{true, false, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
-		{true, true, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt amp+checkpoint+offload"},
+		{true, true, nil, "fp32 amp amp+checkpoint-some amp+checkpoint amp+checkpoint-sqrt amp+checkpoint+offload checkpoint-some checkpoint checkpoint-sqrt"},
 		{false, true, nil, "fp32 amp"},
+		{false, false, nil, "fp32 amp"},
 		{true, true, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
+		{true, false, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
 	} {
-		vs := BudgetVariants(c.blocks, c.offload, AMPBF16, c.keep)
+		vs := BudgetVariants(c.blocks, c.device, AMPBF16, c.keep)
 		if got := names(vs); got != c.want {
-			t.Errorf("blocks %v, offload %v: %s, want %s", c.blocks, c.offload, got, c.want)
+			t.Errorf("blocks %v, device %v: %s, want %s", c.blocks, c.device, got, c.want)
 		}
 		for _, v := range vs {
 			if v.Some && v.Checkpoint != nn.CheckpointBlocks {
