@@ -11,6 +11,7 @@ import (
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
+	"github.com/leangrad/leangrad/optim"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/leangrad/leangrad/train"
 )
@@ -19,10 +20,11 @@ import (
 // parameters, gradients and AdamW state pass the budget, and whose
 // parameters and gradients alone do not, keeps its state in host memory,
 // planned before anything is built, and names 8-bit AdamW where its state
-// would fit on the device; otherwise the run is refused naming
-// the sizes, and nothing moves on the CPU, where the user kept the state
-// on the device, or for 8-bit moments (which stay on the device, in a
-// quarter of the bytes).
+// would fit on the device (the user named the optimizer: else the budget
+// takes 8-bit moments, TestBudgetChoosesTheOptimizer); otherwise the run
+// is refused naming the sizes, and nothing moves on the CPU, where the
+// user kept the state on the device, or for 8-bit moments (which stay on
+// the device, in a quarter of the bytes).
 func TestBudgetOffloadsTheState(t *testing.T) {
 	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
 	if err != nil {
@@ -73,7 +75,7 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var log bytes.Buffer
 			job := Job{Config: train.Config{Model: "gpt2", Optimizer: c.optimizer, Batch: 1, AMP: c.amp, BF16Weights: c.bf16,
-				OffloadOptimizer: c.bf16 && !c.keep}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep}
+				OffloadOptimizer: c.bf16 && !c.keep}, Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: c.budget, KeepOptimizerOnDevice: c.keep, KeepOptimizer: true}
 			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log}
 			err := r.lookup()
 			if r.cfg.OffloadOptimizer != c.offload && !(c.bf16 && c.says != "") { // a refused -bf16-weights keeps what was asked
@@ -96,6 +98,77 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 			}
 			if !strings.Contains(said, c.says) {
 				t.Errorf("said %q, want it to say %q", said, c.says)
+			}
+		})
+	}
+}
+
+// TestBudgetChoosesTheOptimizer: under -max-memory, a language model whose
+// F32 parameters, gradients and AdamW state pass the budget, where the user
+// did not name the optimizer, holds AdamW's moments in 8 bits where those
+// fit, on the CPU too, and says so; where they do not, its state goes to
+// host memory (a GPU's) and, with clipping off and no F16 AMP, the host
+// updates each parameter in the backward, unless the user said not to.
+func TestBudgetChoosesTheOptimizer(t *testing.T) {
+	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, err := train.LookupArch("gpt2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := arch.GPT
+	g.Vocab, g.Context = tok.Vocab(), contextOf(arch, 0)
+	params := int64(g.Params())
+	if host := memory.HostMemory(); params*16 > host {
+		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
+	}
+	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
+	for _, c := range []struct {
+		name             string
+		dev              *tensor.Device
+		budget           int64 // in bytes a parameter
+		named, unfused   bool  // Job.KeepOptimizer, Job.KeepUnfused
+		clip             float64
+		amp, measured    train.AMP
+		optimizer        string // after the plan
+		offload, fused   bool
+		says, doesNotSay string
+	}{
+		{name: "8-bit moments", dev: gpu, budget: 12, optimizer: "adamw8bit",
+			says: "AdamW's moments go to 8 bits (-optimizer adamw8bit), ", doesNotSay: "host memory (-offload-optimizer)"},
+		{name: "8-bit moments on the CPU", dev: host, budget: 12, optimizer: "adamw8bit", says: "(-optimizer adamw keeps them in F32)"},
+		{name: "F32 moments fit", dev: gpu, budget: 17, optimizer: "adamw", doesNotSay: "8 bits"},
+		{name: "the optimizer named", dev: gpu, budget: 12, named: true, optimizer: "adamw", offload: true, fused: true,
+			says: "-fuse-optimizer), with the same results", doesNotSay: "AdamW's moments go to 8 bits"},
+		{name: "8-bit moments would not fit", dev: gpu, budget: 9, optimizer: "adamw", offload: true, fused: true,
+			says: "the state goes to host memory (-offload-optimizer)"},
+		{name: "clipping", dev: gpu, budget: 9, clip: 1, optimizer: "adamw", offload: true, doesNotSay: "-fuse-optimizer"},
+		{name: "unfused, as the user said", dev: gpu, budget: 9, unfused: true, optimizer: "adamw", offload: true, doesNotSay: "-fuse-optimizer"},
+		{name: "F16 AMP", dev: gpu, budget: 9, amp: train.AMPF16, optimizer: "adamw", offload: true, doesNotSay: "-fuse-optimizer"},
+		{name: "the budget's F16 AMP", dev: gpu, budget: 9, measured: train.AMPF16, optimizer: "adamw", offload: true, doesNotSay: "-fuse-optimizer"},
+		{name: "bf16 AMP", dev: gpu, budget: 9, amp: train.AMPBF16, measured: train.AMPBF16, optimizer: "adamw", offload: true, fused: true},
+		{name: "the blocks' weights in bf16", dev: gpu, budget: 4, optimizer: "adamw", offload: true, fused: true, says: "-bf16-weights"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log bytes.Buffer
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 1, AMP: c.amp, ClipNorm: c.clip},
+				Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: c.budget * params, MeasuredAMP: c.measured,
+				KeepOptimizer: c.named, KeepUnfused: c.unfused}
+			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log}
+			if err := r.lookup(); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if r.cfg.Optimizer != c.optimizer || r.cfg.OffloadOptimizer != c.offload || r.cfg.FuseOptimizer != c.fused {
+				t.Errorf("optimizer %s, offloaded %v, fused %v; want %s, %v, %v (said %q)",
+					r.cfg.Optimizer, r.cfg.OffloadOptimizer, r.cfg.FuseOptimizer, c.optimizer, c.offload, c.fused, log.String())
+			}
+			if said := log.String(); !strings.Contains(said, c.says) || c.doesNotSay != "" && strings.Contains(said, c.doesNotSay) {
+				t.Errorf("said %q, want it to say %q and not %q", said, c.says, c.doesNotSay)
+			}
+			if want := optim.TrainingBytes(c.optimizer, params); !c.offload && want > r.job.MaxMemory {
+				t.Errorf("%s's state takes %s with the parameters and gradients, past the budget's %s", c.optimizer, memory.Bytes(want), memory.Bytes(r.job.MaxMemory))
 			}
 		})
 	}

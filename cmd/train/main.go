@@ -262,7 +262,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.save, "save", "", "write a training checkpoint to this file after every epoch (atomically)")
 	fs.StringVar(&o.resume, "resume", "", "resume from a training checkpoint written by -save (its model, optimiser, AMP, checkpointing, batch, dataset and schedule must be this run's)")
 	fs.BoolVar(&o.resumeForce, "resume-force", false, "resume even where the checkpoint's configuration differs from this run's (the report lists what changed)")
-	fs.Var(&o.maxMemory, "max-memory", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments, offloaded activations (on a GPU) and micro-batches whose measured step fits; a language model whose optimizer state cannot fit beside its parameters keeps it in host memory (-offload-optimizer); -amp, -checkpoint, -offload-optimizer and -micro-batch given on the command line are kept")
+	fs.Var(&o.maxMemory, "max-memory", "memory budget: cap the pool at SIZE (200MiB, 2GiB) or a fraction of the device (0.5), and pick the fastest of fp32, AMP, checkpointing, both, sqrt segments, offloaded activations (on a GPU) and micro-batches whose measured step fits; a language model whose AdamW state cannot fit beside its parameters holds its moments in 8 bits where that fits (-optimizer adamw8bit), else keeps the state in host memory (-offload-optimizer), updated beside the backward where clipping is off (-fuse-optimizer); -amp, -checkpoint, -optimizer, -offload-optimizer, -fuse-optimizer and -micro-batch given on the command line are kept")
 	fs.StringVar(&o.memsnapshot, "memsnapshot", "", "write the allocator's segments and its trace of allocations (with Go call sites) as a pickle that pytorch.org/memory_viz opens")
 	fs.StringVar(&o.convWorkspace, "conv-workspace", "fast", "eager GPU convolutions: fast (the fastest cuDNN algorithms) or lean (workspaces no larger than the activations: less peak memory, slower); a captured step picks with its memory plan")
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: each gradient streams down as the backward finishes it, and the device holds the parameters and the gradients in flight only (steps then run eagerly)")
@@ -586,6 +586,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 	}
 	if o.maxMemory.IsSet() {
 		job.MaxMemory = cmdenv.MemoryBudget(dev, o.maxMemory)
+		job.KeepOptimizer, job.KeepUnfused = o.set["optimizer"], o.set["fuse-optimizer"] && !o.fuse
 		job.KeepOptimizerOnDevice = o.set["offload-optimizer"] && !o.offload
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
 			ok := !o.set["amp"] || v.AMP.On() == o.amp
