@@ -890,6 +890,8 @@ func (r *runner) fit() error {
 	switch {
 	case r.t.Step.HostUpdateInBackward:
 		mode += ", each parameter updated on the host as its gradient arrives, beside the backward (-fuse-optimizer)"
+	case r.cfg.FuseOptimizer && r.micro > 0:
+		mode += ", updated after the budget's micro-batches (-fuse-optimizer updates in the backward of a whole batch only)"
 	case r.cfg.FuseOptimizer:
 		mode += ", each parameter updated in the backward (-fuse-optimizer)"
 	}

@@ -321,6 +321,31 @@ func TestFuseOptimizerRun(t *testing.T) {
 	if a, b := plain.Epochs[0], fused.Epochs[0]; a.TrainLoss != b.TrainLoss || a.TestLoss != b.TestLoss {
 		t.Errorf("losses: %v/%v plain, %v/%v fused", a.TrainLoss, a.TestLoss, b.TrainLoss, b.TestLoss)
 	}
+	// Under a budget that only micro-batches fit (fp32, no checkpoints), the
+	// update waits for the last micro-batch, and the run says so.
+	budgeted := func(budget int64) (run.Report, string) {
+		js := filepath.Join(dir, fmt.Sprintf("b-%d.json", budget))
+		code, stdout, stderr := runCLI("-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "64", "-batch", "16",
+			"-eval-batches", "1", "-steps", "2", "-eval-every", "2", "-measure=false", "-fuse-optimizer", "-amp=false", "-checkpoint=false",
+			"-max-memory", fmt.Sprint(budget)+"B", "-json", js)
+		var r run.Report
+		if data, err := os.ReadFile(js); code != 0 || err != nil || json.Unmarshal(data, &r) != nil || r.Budget == nil || len(r.Budget.Measured) == 0 {
+			t.Fatalf("-fuse-optimizer -max-memory %d: exit %d, report %v\n%s\n%s", budget, code, err, stdout, stderr)
+		}
+		return r, stdout
+	}
+	r, _ := budgeted(1 << 30)
+	whole := r.Budget.Measured[len(r.Budget.Measured)-1] // the chosen, measured on the whole batch
+	if !whole.Variant.AMP.On() && whole.MicroBatch == 0 && whole.Examples == 0 && r.Budget.Chosen.MicroBatch == 0 {
+		budget := whole.Need() * 3 / 4
+		if r, stdout := budgeted(budget); r.Budget.Chosen.MicroBatch == 0 || !strings.Contains(stdout, "updated after the budget's micro-batches") ||
+			strings.Contains(stdout, "each parameter updated in the backward") {
+			t.Errorf("-fuse-optimizer -max-memory %d (the whole batch's fused step needs %d): chose %+v, want micro-batches, said to update after them:\n%s",
+				budget, whole.Need(), r.Budget.Chosen, stdout)
+		}
+	} else {
+		t.Errorf("-fuse-optimizer -max-memory 1GiB: measured %+v first, chose %+v; want fp32 whole", whole, r.Budget.Chosen)
+	}
 }
 
 // Why 1: every output path is checked before the dataset is loaded, and
