@@ -16,16 +16,10 @@ import (
 	"github.com/leangrad/leangrad/train"
 )
 
-// TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
-// parameters, gradients and AdamW state pass the budget, and whose
-// parameters and gradients alone do not, keeps its state in host memory,
-// planned before anything is built, and names 8-bit AdamW where its state
-// would fit on the device (the user named the optimizer: else the budget
-// takes 8-bit moments, TestBudgetChoosesTheOptimizer); otherwise the run
-// is refused naming the sizes, and nothing moves on the CPU, where the
-// user kept the state on the device, or for 8-bit moments (which stay on
-// the device, in a quarter of the bytes).
-func TestBudgetOffloadsTheState(t *testing.T) {
+// gpt2OfBytes is the byte tokenizer and the parameters of gpt2 over it;
+// it skips the test on a host without the memory of their offloaded state.
+func gpt2OfBytes(t *testing.T) (datasets.Tokenizer, int64) {
+	t.Helper()
 	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +34,20 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 	if host := memory.HostMemory(); params*16 > host {
 		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
 	}
+	return tok, params
+}
+
+// TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
+// parameters, gradients and AdamW state pass the budget, and whose
+// parameters and gradients alone do not, keeps its state in host memory,
+// planned before anything is built, and names 8-bit AdamW where its state
+// would fit on the device (the user named the optimizer: else the budget
+// takes 8-bit moments, TestBudgetChoosesTheOptimizer); otherwise the run
+// is refused naming the sizes, and nothing moves on the CPU, where the
+// user kept the state on the device, or for 8-bit moments (which stay on
+// the device, in a quarter of the bytes).
+func TestBudgetOffloadsTheState(t *testing.T) {
+	tok, params := gpt2OfBytes(t)
 	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
 	for _, c := range []struct {
 		name      string
@@ -110,20 +118,7 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 // host memory (a GPU's) and, with clipping off and no F16 AMP, the host
 // updates each parameter in the backward, unless the user said not to.
 func TestBudgetChoosesTheOptimizer(t *testing.T) {
-	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	arch, err := train.LookupArch("gpt2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := arch.GPT
-	g.Vocab, g.Context = tok.Vocab(), contextOf(arch, 0)
-	params := int64(g.Params())
-	if host := memory.HostMemory(); params*16 > host {
-		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
-	}
+	tok, params := gpt2OfBytes(t)
 	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
 	for _, c := range []struct {
 		name             string
