@@ -27,6 +27,16 @@ import (
 //     holds keeps its contents while cached, on a least-recently-used list,
 //     and is evicted (its hash forgotten) only when a block is needed and
 //     none is free.
+//   - Prompts that arrive together share their prefix from the first
+//     step: the full blocks a step's prefill rows write are registered for
+//     that step (Writing), and a prompt admitted later in the same step
+//     that begins with them takes them (Prefill) and runs only its own
+//     rows. Its rows read those blocks in the forward that writes them,
+//     which is sound because each layer writes every row's keys and
+//     values before any row attends (nn.GPT.ForwardPaged), and the
+//     prefill's rows are one forward. Without it, 64 prompts arriving at
+//     once with a 512-token system prompt would compute that prompt once
+//     for each of the first few, until the first step ended.
 //   - Block 0 is never given out: a captured batch's padding rows read it.
 //
 // Running out of blocks is not an error for a request: the engine preempts
@@ -92,20 +102,23 @@ func (s KVStats) ArenaWaste() float64 {
 // [paged key-value memory]). It is not safe for concurrent use: the
 // engine's loop owns it.
 type BlockManager struct {
-	size     int
-	refs     []int32 // tables holding each block
-	held     []int32 // positions of each block assigned to a token
-	free     []int32 // blocks with no holder and nothing cached, a stack
-	key      []uint64
-	tokens   [][]int32 // a cached block's tokens, to tell a hash's collision from a hit
-	cache    map[uint64]int32
-	lruPrev  []int32 // the evictable cached blocks, oldest first (-1: none)
-	lruNext  []int32
-	lruHead  int32
-	lruTail  int32
-	lruLen   int
-	seed     maphash.Seed
-	noCache  bool
+	size    int
+	refs    []int32 // tables holding each block
+	held    []int32 // positions of each block assigned to a token
+	free    []int32 // blocks with no holder and nothing cached, a stack
+	key     []uint64
+	tokens  [][]int32 // a cached block's tokens, to tell a hash's collision from a hit
+	cache   map[uint64]int32
+	lruPrev []int32 // the evictable cached blocks, oldest first (-1: none)
+	lruNext []int32
+	lruHead int32
+	lruTail int32
+	lruLen  int
+	seed    maphash.Seed
+	noCache bool
+	// writing are the full prompt blocks the step being scheduled writes,
+	// by their key (Writing), until NewStep.
+	writing  map[uint64]writingBlock
 	hits     int64
 	misses   int64
 	evicted  int64
@@ -154,8 +167,15 @@ func (m *BlockManager) Prefill(prompt []int32) (t *BlockTable, cached int, err e
 		for i := 0; (i+1)*m.size < len(prompt); i++ { // full blocks before the last position
 			h = m.chain(h, prompt[i*m.size:(i+1)*m.size])
 			b, ok := m.cache[h]
-			if !ok || !slices.Equal(m.tokens[b], prompt[i*m.size:(i+1)*m.size]) {
+			if ok && !slices.Equal(m.tokens[b], prompt[i*m.size:(i+1)*m.size]) {
 				break
+			}
+			if !ok { // written in this step by a prompt admitted before it
+				w, inStep := m.writing[h]
+				if !inStep || !slices.Equal(w.tokens, prompt[i*m.size:(i+1)*m.size]) {
+					break
+				}
+				b = w.block
 			}
 			hit = append(hit, b)
 		}
@@ -209,6 +229,46 @@ func (m *BlockManager) Computed(t *BlockTable, prompt []int32, done int) {
 		m.cachedOK++
 	}
 }
+
+// writingBlock is a block a step writes, and its tokens (the writer's
+// prompt's).
+type writingBlock struct {
+	block  int32
+	tokens []int32
+}
+
+// Writing registers the full blocks of t's prompt that the step being
+// scheduled writes, its positions below upto: a prompt admitted after it
+// in the same step shares those not cached yet (Prefill), as Note [paged
+// key-value memory] says. NewStep forgets them.
+func (m *BlockManager) Writing(t *BlockTable, prompt []int32, upto int) {
+	if m.noCache {
+		return
+	}
+	h := uint64(0)
+	for i := 0; (i+1)*m.size <= min(upto, len(prompt)); i++ {
+		toks := prompt[i*m.size : (i+1)*m.size]
+		h = m.chain(h, toks)
+		b := t.Blocks[i]
+		if m.key[b] != 0 {
+			continue // cached already
+		}
+		if _, cached := m.cache[h]; cached {
+			continue // another block holds these tokens
+		}
+		if _, ok := m.writing[h]; !ok {
+			if m.writing == nil {
+				m.writing = map[uint64]writingBlock{}
+			}
+			m.writing[h] = writingBlock{b, toks}
+		}
+	}
+}
+
+// NewStep begins the scheduling of a step: the blocks the last one wrote
+// (Writing) are cached now, where they were computed (Computed), or not
+// to be shared.
+func (m *BlockManager) NewStep() { clear(m.writing) }
 
 // Append assigns the sequence's next position a slot, taking a block when
 // its last is full, and copying its last block first when others share it

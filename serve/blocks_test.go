@@ -186,6 +186,53 @@ func TestPrefixCache(t *testing.T) {
 	}
 }
 
+// TestPrefixSharedInTheStep: a prompt admitted in the step that writes a
+// prefix's blocks shares them (those its rows in that step cover), and
+// once the step is over only what was computed is shared.
+func TestPrefixSharedInTheStep(t *testing.T) {
+	m := NewBlockManager(16, 4, true)
+	sys := toks(12, 500) // three blocks
+	p1 := append(slices.Clone(sys), 1, 2)
+	a, _, _ := m.Prefill(p1)
+	m.Writing(a, p1, 8) // a chunk of its first 8 positions this step
+	p2 := append(slices.Clone(sys), 9)
+	b, cached, err := m.Prefill(p2)
+	if err != nil || cached != 8 || !slices.Equal(b.Blocks[:2], a.Blocks[:2]) || b.Blocks[2] == a.Blocks[2] {
+		t.Fatalf("a prompt beside the chunk that writes the first two of its blocks: %v, %d cached, a %v, b %v", err, cached, a.Blocks, b.Blocks)
+	}
+	m.Writing(b, p2, len(p2)) // b writes its third block itself: the later prompts may take it
+	c, cached, _ := m.Prefill(append(slices.Clone(sys), 3, 4))
+	if cached != 12 || !slices.Equal(c.Blocks[:2], a.Blocks[:2]) || c.Blocks[2] != b.Blocks[2] {
+		t.Fatalf("a third prompt: %d cached, a %v, b %v, c %v", cached, a.Blocks, b.Blocks, c.Blocks)
+	}
+	if s := m.Stats(); s.Hits != 2+3 {
+		t.Fatalf("hits %d, want 5", s.Hits)
+	}
+	checkBlocks(t, m, a, b, c)
+	// The step ends with a's chunk and b computed; c's own never ran (say
+	// the step failed for it): the next step shares what was computed.
+	m.Computed(a, p1, 8)
+	m.Computed(b, p2, len(p2))
+	m.NewStep()
+	d, cached, _ := m.Prefill(append(slices.Clone(sys), 5))
+	if cached != 12 || d.Blocks[2] != b.Blocks[2] {
+		t.Fatalf("after the step: %d cached, %v", cached, d.Blocks)
+	}
+	m.NewStep()
+	e, cached, _ := m.Prefill(append(toks(8, 900), 1)) // written by no one
+	if cached != 0 {
+		t.Fatalf("an unseen prompt: %d cached, %v", cached, e.Blocks)
+	}
+	checkBlocks(t, m, a, b, c, d, e)
+	// Without the cache nothing is shared, in the step or after it.
+	n := NewBlockManager(16, 4, false)
+	x, _, _ := n.Prefill(p1)
+	n.Writing(x, p1, len(p1))
+	if _, cached, _ := n.Prefill(p2); cached != 0 {
+		t.Fatalf("no cache, and %d positions shared in the step", cached)
+	}
+}
+
 // TestBlocksRandomly runs random prefills, appends, forks, computations
 // and releases, checking the invariants after each: counts match the
 // tables, no block is lost or given twice, and everything comes back.
@@ -195,6 +242,17 @@ func TestBlocksRandomly(t *testing.T) {
 	prompts := [][]int32{toks(9, 0), toks(13, 0), toks(5, 100), toks(12, 100), toks(3, 7)}
 	var live []*BlockTable
 	var their [][]int32
+	// Half the prefills are written by the step being scheduled (Writing),
+	// computed when it ends, as the engine's are; the others computed at
+	// once. A step ends before anything is released.
+	var writing []int // into live
+	endStep := func() {
+		for _, i := range writing {
+			m.Computed(live[i], their[i], len(their[i]))
+		}
+		writing = nil
+		m.NewStep()
+	}
 	for step := range 3000 {
 		switch r := rng.IntN(10); {
 		case r < 3:
@@ -206,8 +264,13 @@ func TestBlocksRandomly(t *testing.T) {
 			if cached >= len(p) || cached%4 != 0 {
 				t.Fatalf("step %d: %d cached of %d", step, cached, len(p))
 			}
-			m.Computed(tb, p, len(p))
 			live, their = append(live, tb), append(their, p)
+			if rng.IntN(2) == 0 {
+				m.Writing(tb, p, len(p))
+				writing = append(writing, len(live)-1)
+			} else {
+				m.Computed(tb, p, len(p))
+			}
 		case r < 7 && len(live) > 0:
 			i := rng.IntN(len(live))
 			if _, cp, err := m.Append(live[i]); err == nil && cp != nil && (cp.N <= 0 || cp.N >= 4) {
@@ -217,12 +280,14 @@ func TestBlocksRandomly(t *testing.T) {
 			i := rng.IntN(len(live))
 			live, their = append(live, m.Fork(live[i])), append(their, their[i])
 		case len(live) > 0:
+			endStep()
 			i := rng.IntN(len(live))
 			m.Release(live[i])
 			live, their = slices.Delete(live, i, i+1), slices.Delete(their, i, i+1)
 		}
 		checkBlocks(t, m, live...)
 	}
+	endStep()
 	for _, tb := range live {
 		m.Release(tb)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // engineGPT is a small untrained GPT of the byte tokenizer on dev (nil:
@@ -181,6 +182,60 @@ func testEngineGreedy(t *testing.T, dev *tensor.Device) {
 				t.Errorf("no prefix-cache hit for prompts that share 20 tokens: %+v", kv)
 			}
 		})
+	}
+}
+
+// TestEngineSharesAPrefixInItsFirstStep: prompts that arrive together
+// with a common prefix compute it once, in the first step, where the
+// later ones read the blocks the first writes (Note [paged key-value
+// memory]); each generates greedily what GPT.Generate does alone.
+func TestEngineSharesAPrefixInItsFirstStep(t *testing.T) {
+	dev, g, tok := engineGPT(t, nil)
+	rng := rand.New(rand.NewPCG(5, 6))
+	shared := randomPrompt(rng, nil, 16) // four blocks of 4
+	const requests, own, max = 6, 3, 4
+	for _, cache := range []bool{true, false} {
+		e := newEngine(dev, g, tok, "gpt-test", EngineOptions{DType: tensor.F32, BlockSize: 4, NoPrefixCache: !cache})
+		var prompts [][]int32
+		var chans []<-chan Event
+		for range requests { // queued before the loop starts: its first step takes them all
+			p := randomPrompt(rng, shared, own)
+			ch, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompts, chans = append(prompts, p), append(chans, ch)
+		}
+		e.start()
+		if err := <-e.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		for i, ch := range chans {
+			want, err := g.Generate(dev, prompts[i], max, nn.Sampling{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := drain(ch, 1)[0]; got.err != nil || !slices.Equal(got.tokens, want) {
+				t.Errorf("cache %v, request %d: %v %v; Generate made %v", cache, i, got.tokens, got.err, want)
+			}
+		}
+		waitIdle(t, e)
+		var h dto.Metric
+		if err := e.m.batchRows.Write(&h); err != nil {
+			t.Fatal(err)
+		}
+		prefill := requests * (len(shared) + own) // each prompt whole, without the cache
+		if cache {
+			prefill = len(shared) + requests*own
+		}
+		decode := requests * (max - 1) // the first token comes with the prefill
+		if rows := h.GetHistogram().GetSampleSum(); rows != float64(prefill+decode) {
+			t.Errorf("cache %v: the steps ran %v rows, want %d prefilled and %d decoded", cache, rows, prefill, decode)
+		}
+		if kv, _, _ := e.KVStats(); cache && kv.Hits != int64((requests-1)*len(shared)/4) {
+			t.Errorf("%d prefix-cache hits, want %d", kv.Hits, (requests-1)*len(shared)/4)
+		}
+		e.Close()
 	}
 }
 

@@ -37,6 +37,7 @@ func (w *work) seqs() int { return len(w.dec.seqs) + len(w.pre.seqs) }
 // 3), or nil when nothing can run.
 func (e *Engine) schedule() *work {
 	w := &work{}
+	e.blocks.NewStep()
 	// The running sequences' next tokens, preempting the newest until
 	// every one of them has its block.
 	for len(e.running) > 0 {
@@ -99,6 +100,7 @@ func (e *Engine) schedule() *work {
 		}
 		finished := s.done+n == len(s.tokens)
 		w.pre.add(s, s.tokens[s.done:s.done+n], s.done, slots, finished)
+		e.blocks.Writing(s.table, s.tokens[:s.prompt], s.done+n) // the prompts after it in this step may share them
 		budget -= n
 		if !finished {
 			break // the budget is spent: the rest of this prompt next step
