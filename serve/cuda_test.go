@@ -23,6 +23,10 @@ func TestCUDAEngineGreedyMatchesGenerate(t *testing.T) { testEngineGreedy(t, tes
 // sample's tokens from its seed and index alone.
 func TestCUDAEngineSamplesAreSeeded(t *testing.T) { testEngineSamplesAreSeeded(t, testdev.CUDA(t)) }
 
+// TestCUDAEngineSharesAPrefix: TestEngineSharesAPrefixInItsFirstStep on the
+// GPU, its decoding steps captured.
+func TestCUDAEngineSharesAPrefix(t *testing.T) { testEngineSharesAPrefix(t, testdev.CUDA(t)) }
+
 // TestCUDAEngineMemoryIsFlat: 20,000 requests leave the GPU's pool as the
 // warm-up left it.
 func TestCUDAEngineMemoryIsFlat(t *testing.T) { testEngineMemoryIsFlat(t, testdev.CUDA(t), 20000) }

@@ -189,8 +189,12 @@ func testEngineGreedy(t *testing.T, dev *tensor.Device) {
 // with a common prefix compute it once, in the first step, where the
 // later ones read the blocks the first writes (Note [paged key-value
 // memory]); each generates greedily what GPT.Generate does alone.
-func TestEngineSharesAPrefixInItsFirstStep(t *testing.T) {
-	dev, g, tok := engineGPT(t, nil)
+func TestEngineSharesAPrefixInItsFirstStep(t *testing.T) { testEngineSharesAPrefix(t, nil) }
+
+// testEngineSharesAPrefix is TestEngineSharesAPrefixInItsFirstStep on dev
+// (nil: the CPU), in F32.
+func testEngineSharesAPrefix(t *testing.T, dev *tensor.Device) {
+	dev, g, tok := engineGPT(t, dev)
 	rng := rand.New(rand.NewPCG(5, 6))
 	shared := randomPrompt(rng, nil, 16) // four blocks of 4
 	const requests, own, max = 6, 3, 4
