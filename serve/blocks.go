@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"iter"
 	"slices"
 )
 
@@ -163,9 +164,7 @@ func (m *BlockManager) Prefill(prompt []int32) (t *BlockTable, cached int, err e
 	t = &BlockTable{Len: len(prompt)}
 	var hit []int32
 	if !m.noCache {
-		h := uint64(0)
-		for i := 0; (i+1)*m.size < len(prompt); i++ { // full blocks before the last position
-			h = m.chain(h, prompt[i*m.size:(i+1)*m.size])
+		for i, h := range m.blockKeys(prompt, len(prompt)-1) { // full blocks before the last position
 			b, ok := m.cache[h]
 			if ok && !slices.Equal(m.tokens[b], prompt[i*m.size:(i+1)*m.size]) {
 				break
@@ -214,10 +213,8 @@ func (m *BlockManager) Computed(t *BlockTable, prompt []int32, done int) {
 	if m.noCache {
 		return
 	}
-	h := uint64(0)
-	for i := 0; (i+1)*m.size <= min(done, len(prompt)); i++ {
+	for i, h := range m.blockKeys(prompt, done) {
 		toks := prompt[i*m.size : (i+1)*m.size]
-		h = m.chain(h, toks)
 		b := t.Blocks[i]
 		if m.key[b] != 0 {
 			continue // registered already (a hit, or an earlier step)
@@ -245,10 +242,7 @@ func (m *BlockManager) Writing(t *BlockTable, prompt []int32, upto int) {
 	if m.noCache {
 		return
 	}
-	h := uint64(0)
-	for i := 0; (i+1)*m.size <= min(upto, len(prompt)); i++ {
-		toks := prompt[i*m.size : (i+1)*m.size]
-		h = m.chain(h, toks)
+	for i, h := range m.blockKeys(prompt, upto) {
 		b := t.Blocks[i]
 		if m.key[b] != 0 {
 			continue // cached already
@@ -260,7 +254,7 @@ func (m *BlockManager) Writing(t *BlockTable, prompt []int32, upto int) {
 			if m.writing == nil {
 				m.writing = map[uint64]writingBlock{}
 			}
-			m.writing[h] = writingBlock{b, toks}
+			m.writing[h] = writingBlock{b, prompt[i*m.size : (i+1)*m.size]}
 		}
 	}
 }
@@ -335,6 +329,20 @@ func (m *BlockManager) Stats() KVStats {
 	}
 	s.SlotsAllocated = s.Used * m.size
 	return s
+}
+
+// blockKeys yields the index and key (chain) of each full block of
+// prompt's first upto positions.
+func (m *BlockManager) blockKeys(prompt []int32, upto int) iter.Seq2[int, uint64] {
+	return func(yield func(int, uint64) bool) {
+		h := uint64(0)
+		for i := 0; (i+1)*m.size <= min(upto, len(prompt)); i++ {
+			h = m.chain(h, prompt[i*m.size:(i+1)*m.size])
+			if !yield(i, h) {
+				return
+			}
+		}
+	}
 }
 
 // chain is the key of a block of tokens after the blocks whose key is h.
