@@ -169,6 +169,27 @@ func TestBudgetChoosesTheOptimizer(t *testing.T) {
 	}
 }
 
+// TestBudgetKeepsTheUpdateInTheBackward: with the update in the backward
+// the budget tries no F16 AMP, whose loss scaling would refuse it after the
+// search (train -fuse-optimizer -max-memory without -amp failed so), but
+// BF16 AMP and fp32; BF16 working weights take AMP only.
+func TestBudgetKeepsTheUpdateInTheBackward(t *testing.T) {
+	for _, c := range []struct {
+		fused, bf16 bool
+		amp         train.AMP
+		want        bool
+	}{
+		{true, false, train.AMPF16, false}, {true, false, train.AMPBF16, true}, {true, false, train.NoAMP, true},
+		{false, false, train.AMPF16, true}, {false, true, train.NoAMP, false}, {false, true, train.AMPBF16, true},
+	} {
+		r := &runner{cfg: train.Config{FuseOptimizer: c.fused, BF16Weights: c.bf16}}
+		v := train.Variant{AMP: c.amp, Checkpoint: nn.CheckpointBlocks}
+		if got := r.allowed(v); got != c.want {
+			t.Errorf("fused %v, bf16 weights %v: AMP %v allowed %v, want %v", c.fused, c.bf16, c.amp, got, c.want)
+		}
+	}
+}
+
 // TestHostTooSmallForTheOffloads: what the offloaded optimizer and the
 // offloaded activations keep in host memory together, past the host's
 // memory, is refused before anything is built, naming both and the sizes.
