@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -393,9 +394,11 @@ func textBytes(texts []string) int64 {
 }
 
 // cachedTokens returns the tokens of a token file of path for tok and the
-// text's hash, or nil when there is none; a token file that does not match
-// is an error naming what differs. A text of n bytes has at most n tokens:
-// a larger token file is refused before it is read.
+// text's hash, or nil when there is none or it is another text's; a token
+// file that does not match is an error naming what differs. A text of n
+// bytes has at most n tokens: a larger token file is refused before it is
+// read, unless its header says it is another text's (one that shrank
+// since), which is tokenized again.
 func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []int32, error) {
 	p := tokenPath(path, tok)
 	data, err := fileio.ReadFile(p, tokenHeader+4*n)
@@ -403,6 +406,9 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []
 		return "", nil, nil
 	}
 	if err != nil {
+		if staleTokenFile(p, sum) {
+			return "", nil, nil
+		}
 		return "", nil, fmt.Errorf("token file %s: %w", p, fileio.Cause(err))
 	}
 	tokens, stale, err := parseTokens(data, tok, sum)
@@ -415,15 +421,38 @@ func cachedTokens(path string, tok Tokenizer, sum [32]byte, n int64) (string, []
 	return p, tokens, nil
 }
 
+// staleTokenFile says whether the token file at p is a leangrad token
+// file of another version or of a text other than sum's, from its header
+// alone.
+func staleTokenFile(p string, sum [32]byte) bool {
+	f, err := fileio.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, tokenHeader)
+	if _, err := io.ReadFull(f, head); err != nil {
+		return false
+	}
+	stale, err := staleHeader(head, sum)
+	return stale && err == nil
+}
+
+// staleHeader says whether a token file beginning with data is of another
+// version or of a text other than sum's, or that it is no token file.
+func staleHeader(data []byte, sum [32]byte) (bool, error) {
+	if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
+		return false, errors.New("not a leangrad token file (remove it to tokenize again)")
+	}
+	return binary.LittleEndian.Uint32(data[16:20]) != tokenVersion || !bytes.Equal(data[40:72], sum[:]), nil
+}
+
 // parseTokens reads a token file's tokens for tok and the text's hash sum;
 // stale when it is another version's or another text's (to tokenize
 // again), an error naming what is wrong when it cannot be the tokens.
 func parseTokens(data []byte, tok Tokenizer, sum [32]byte) (tokens []int32, stale bool, err error) {
-	if len(data) < tokenHeader || string(data[:16]) != tokenMagic {
-		return nil, false, errors.New("not a leangrad token file (remove it to tokenize again)")
-	}
-	if binary.LittleEndian.Uint32(data[16:20]) != tokenVersion || !bytes.Equal(data[40:72], sum[:]) {
-		return nil, true, nil
+	if stale, err := staleHeader(data, sum); err != nil || stale {
+		return nil, stale, err
 	}
 	name := strings.TrimRight(string(data[20:36]), "\x00")
 	vocab := int(binary.LittleEndian.Uint32(data[36:40]))

@@ -181,6 +181,19 @@ func TestOpenCorpusCachesTokens(t *testing.T) {
 	if err != nil || !strings.HasPrefix(tok.Decode(changed.Train), "Changed.") {
 		t.Errorf("after the text changed: %v", err)
 	}
+	// A text that shrank below what its token file could hold is
+	// tokenized again, where the file's size alone would refuse it.
+	bytesTok, _ := NewTokenizer(ByteTokens)
+	if _, err := OpenCorpus(context.Background(), dir, bytesTok); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"b.txt", "sub/deeper.txt"} {
+		os.Remove(filepath.Join(dir, f))
+	}
+	shrunk, err := OpenCorpus(context.Background(), dir, bytesTok)
+	if err != nil || len(shrunk.Train)+len(shrunk.Val) != 360 {
+		t.Errorf("after the text shrank from 1,360 bytes to 360: %v", err)
+	}
 }
 
 func TestTextLoader(t *testing.T) {
