@@ -3,6 +3,7 @@ package run
 import (
 	"bytes"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -164,6 +165,62 @@ func TestBudgetChoosesTheOptimizer(t *testing.T) {
 			}
 			if want := optim.TrainingBytes(c.optimizer, params); !c.offload && want > r.job.MaxMemory {
 				t.Errorf("%s's state takes %s with the parameters and gradients, past the budget's %s", c.optimizer, memory.Bytes(want), memory.Bytes(r.job.MaxMemory))
+			}
+		})
+	}
+}
+
+// TestStateMovesWhenNoStepFits: where the budget's search found no step
+// that fits beside the optimizer's state, the state moves and the search
+// runs again: AdamW's moments to 8 bits, then AdamW's F32 state to host
+// memory (a GPU's), then nothing more; the optimizer the user named keeps
+// its kind, the CPU keeps its state, a resumed run its checkpoint's.
+func TestStateMovesWhenNoStepFits(t *testing.T) {
+	tok, params := gpt2OfBytes(t)
+	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
+	for _, c := range []struct {
+		name   string
+		dev    *tensor.Device
+		named  bool
+		resume string
+		want   []string // the optimizer after each move, "+host" offloaded
+	}{
+		{name: "a GPU", dev: gpu, want: []string{"adamw8bit", "adamw+host"}},
+		{name: "the optimizer named", dev: gpu, named: true, want: []string{"adamw+host"}},
+		{name: "the CPU", dev: host, want: []string{"adamw8bit"}},
+		{name: "resumed", dev: gpu, resume: "run.ckpt"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log bytes.Buffer
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 1, ClipNorm: 1},
+				Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: 17 * params, KeepOptimizer: c.named, Resume: c.resume}
+			r := &runner{dev: c.dev, job: job, cfg: job.Config, say: &log, report: &Report{}}
+			if err := r.lookup(); err != nil || r.cfg.Optimizer != "adamw" || r.cfg.OffloadOptimizer {
+				t.Fatalf("the F32 state fits: %v, %s offloaded %v", err, r.cfg.Optimizer, r.cfg.OffloadOptimizer)
+			}
+			var got []string
+			for range 3 {
+				moved, err := r.stateElsewhere()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !moved {
+					break
+				}
+				at := r.cfg.Optimizer
+				if r.cfg.OffloadOptimizer {
+					at += "+host"
+				}
+				got = append(got, at)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("moves %v, want %v (said %q)", got, c.want, log.String())
+			}
+			if len(c.want) > 0 && !strings.Contains(log.String(), "no configuration of its step fits the budget (-max-memory) beside adamw's state on the device: ") {
+				t.Errorf("said %q", log.String())
+			}
+			if r.cfg.OffloadOptimizer && (r.mode != train.Eager || r.report.Config.Optimizer != "adamw") {
+				t.Errorf("offloaded: mode %v, reported %s", r.mode, r.report.Config.Optimizer)
 			}
 		})
 	}

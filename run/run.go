@@ -62,7 +62,10 @@ type Job struct {
 	// fit keeps the state in host memory (Config.OffloadOptimizer) unless
 	// KeepOptimizerOnDevice, updated in the backward (Config.FuseOptimizer)
 	// where clipping is off, the results the same, unless KeepUnfused. The
-	// sizes are planned from the shape, before anything is built.
+	// sizes are planned from the shape, before anything is built. Where the
+	// state fits but no configuration of the step fits beside it, the
+	// budget's search runs again with the state moved the same way (8 bits,
+	// then host memory), unless the run resumes a checkpoint.
 	MaxMemory                                         int64
 	Allow                                             func(train.Variant) bool
 	KeepOptimizer, KeepOptimizerOnDevice, KeepUnfused bool
@@ -233,7 +236,8 @@ type runner struct {
 	classes       int      // or the vocabulary
 	labels        []string // the classes' names, where the dataset has them
 	trainL, testL datasets.Batches
-	micro         int // the micro-batch size the budget chose (0: whole batches)
+	micro         int  // the micro-batch size the budget chose (0: whole batches)
+	eightBit      bool // the budget took AdamW's moments to 8 bits (eightBitChosen)
 	model         nn.Model
 	t             *train.Trainer
 	resumed       int       // epochs of the history that ran before this run
@@ -271,8 +275,7 @@ func (r *runner) stateFits() error {
 	if !r.arch.Text {
 		return nil
 	}
-	g := r.arch.GPT
-	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
+	g := r.gptShape()
 	params := int64(g.Params())
 	whole := optim.TrainingBytes(r.cfg.Optimizer, params)
 	if err := r.bf16Weights(); err != nil {
@@ -303,15 +306,13 @@ func (r *runner) stateFits() error {
 		return fmt.Errorf("model %s: in host memory %s, %s in all, more than the %s this process may hold (%.0f%% of the host's %s)",
 			r.cfg.Model, strings.Join(held, " and "), memory.Bytes(hostNeed), memory.Bytes(may), 100*memory.HeapShare, memory.Bytes(memory.HostMemory()))
 	}
-	_, total := r.dev.MemInfo()
-	limit, of := total, r.dev.Name()+"'s memory"
-	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
-		limit, of = r.job.MaxMemory, "the budget (-max-memory)"
-	}
-	if need > limit && !offload && r.eightBitChosen(params, whole, limit, of) {
+	limit, of := r.stateLimit()
+	over := fmt.Sprintf("its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s",
+		count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of)
+	if need > limit && !offload && r.eightBitChosen(params, limit, over) {
 		return r.stateFits() // with the 8-bit moments' sizes
 	}
-	if need > limit && !r.cfg.BF16Weights && r.offloadChosen(g, whole, limit, of) {
+	if need > limit && !r.cfg.BF16Weights && r.offloadChosen(g, whole, limit, of, over) {
 		return nil
 	}
 	if need > limit {
@@ -342,39 +343,88 @@ func (r *runner) stateFits() error {
 	return nil
 }
 
-// eightBitChosen turns AdamW's F32 moments, whose params parameters take
-// whole bytes with their gradients and the state, more than limit, into
-// 8-bit ones (optimizer adamw8bit), and says so, where those fit within
-// limit and the budget allows it (Job.MaxMemory, not Job.KeepOptimizer, no
-// sharded state): on the device, the steps captured, which beats the state
-// in host memory (GPT-2 XL under 24 GiB on an H100: 32,627 tokens/s against
-// 20,643 with the host's update in the backward, docs/benchmarks.md), and
-// AdamW's validation loss within 0.05 nats (TestAdamW8bitFollowsAdamW).
-func (r *runner) eightBitChosen(params, whole, limit int64, of string) bool {
+// stateLimit is the device memory that a model's parameters, gradients
+// and optimizer state must fit within, and what it is called: the budget
+// (Job.MaxMemory) where it is less than the device's memory.
+func (r *runner) stateLimit() (int64, string) {
+	_, total := r.dev.MemInfo()
+	if r.job.MaxMemory > 0 && r.job.MaxMemory < total {
+		return r.job.MaxMemory, "the budget (-max-memory)"
+	}
+	return total, r.dev.Name() + "'s memory"
+}
+
+// eightBitChosen turns AdamW's F32 moments of params parameters into 8-bit
+// ones (optimizer adamw8bit) for the reason why, and says so, where those
+// fit within limit with the parameters and gradients and the budget allows
+// it (Job.MaxMemory, not Job.KeepOptimizer, no sharded state): on the
+// device, the steps captured, which beats the state in host memory (GPT-2
+// XL under 24 GiB on an H100: 32,627 tokens/s against 20,643 with the
+// host's update in the backward, docs/benchmarks.md), and AdamW's
+// validation loss within 0.05 nats (TestAdamW8bitFollowsAdamW).
+func (r *runner) eightBitChosen(params, limit int64, why string) bool {
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizer || r.job.ShardOptimizer || !r.eightBitFits(params, limit) {
 		return false
 	}
-	r.cfg.Optimizer = "adamw8bit"
+	r.cfg.Optimizer, r.eightBit = "adamw8bit", true
 	keep := "-optimizer adamw keeps them in F32"
 	if !r.dev.OnHost() {
 		keep += ", the state in host memory"
 	}
-	fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and adamw's state, more than the %s of %s: "+
-		"AdamW's moments go to 8 bits (-optimizer adamw8bit), %s in all (%s)\n",
-		r.cfg.Model, count(int(params)), memory.Bytes(whole), memory.Bytes(limit), of, memory.Bytes(optim.TrainingBytes("adamw8bit", params)), keep)
+	fmt.Fprintf(r.say, "model %s: %s: AdamW's moments go to 8 bits (-optimizer adamw8bit), %s in all (%s)\n",
+		r.cfg.Model, why, memory.Bytes(optim.TrainingBytes("adamw8bit", params)), keep)
 	return true
 }
 
-// offloadChosen turns Config.OffloadOptimizer on, and says so, when the
-// budget allows it (Job.MaxMemory, Job.KeepOptimizerOnDevice, a GPU, no
-// sharded state, an optimizer whose state can move: not adamw8bit's) and
-// it makes the parameters of g fit, which with their gradients and state
-// take whole bytes: what they take on the device
-// (optim.OffloadedDeviceBytes) within limit, what the host keeps
-// (optim.OffloadedHostBytes) within its memory. Where their F32 weights do not fit and the blocks' weights in
-// BF16 would, it turns Config.BF16Weights and BF16 AMP on too (unless the
-// run asked for F16).
-func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of string) bool {
+// stateElsewhere moves a language model's optimizer state where no
+// configuration of the step fitted the budget beside it, and says so:
+// AdamW's F32 moments to 8 bits on the device (eightBitChosen), or, where
+// those did not fit either (or are not the run's to take), AdamW's F32
+// state to host memory (offloadChosen: 8-bit moments do not go there). It
+// reports whether it moved the state, and refuses what host memory cannot
+// hold. A resumed run keeps its checkpoint's optimizer.
+func (r *runner) stateElsewhere() (bool, error) {
+	if !r.arch.Text || r.cfg.OffloadOptimizer || r.job.Resume != "" {
+		return false, nil
+	}
+	g := r.gptShape()
+	params := int64(g.Params())
+	limit, of := r.stateLimit()
+	why := fmt.Sprintf("no configuration of its step fits %s beside %s's state on the device", of, r.cfg.Optimizer)
+	switch {
+	case r.cfg.Optimizer == "adamw" && r.eightBitChosen(params, limit, why):
+	case r.eightBit: // the budget's 8 bits did not fit: AdamW's F32 state goes to the host
+		r.cfg.Optimizer, r.eightBit = "adamw", false
+		if !r.offloadChosen(g, optim.TrainingBytes("adamw", params), limit, of, why) {
+			r.cfg.Optimizer, r.eightBit = "adamw8bit", true
+			return false, nil
+		}
+	case !r.offloadChosen(g, optim.TrainingBytes(r.cfg.Optimizer, params), limit, of, why):
+		return false, nil
+	}
+	r.mode = r.cfg.Mode(r.dev)
+	r.report.Config = r.cfg
+	return true, r.stateFits()
+}
+
+// gptShape is the language model's shape with the corpus's vocabulary and
+// the run's context.
+func (r *runner) gptShape() nn.GPTConfig {
+	g := r.arch.GPT
+	g.Vocab, g.Context = r.job.Text.Tokenizer.Vocab(), contextOf(r.arch, r.cfg.Context)
+	return g
+}
+
+// offloadChosen turns Config.OffloadOptimizer on for the reason why, and
+// says so, when the budget allows it (Job.MaxMemory,
+// Job.KeepOptimizerOnDevice, a GPU, no sharded state, an optimizer whose
+// state can move: not adamw8bit's) and it makes the parameters of g fit,
+// which with their gradients and state take whole bytes: what they take
+// on the device (optim.OffloadedDeviceBytes) within limit (of), what the
+// host keeps (optim.OffloadedHostBytes) within its memory. Where their F32
+// weights do not fit and the blocks' weights in BF16 would, it turns
+// Config.BF16Weights and BF16 AMP on too (unless the run asked for F16).
+func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of, why string) bool {
 	params := int64(g.Params())
 	if r.job.MaxMemory <= 0 || r.job.KeepOptimizerOnDevice || r.job.ShardOptimizer || r.dev.OnHost() ||
 		r.cfg.Optimizer == "adamw8bit" {
@@ -390,10 +440,8 @@ func (r *runner) offloadChosen(g nn.GPTConfig, whole, limit int64, of string) bo
 		if r.eightBitFits(params, limit) {
 			alternative = "; -optimizer adamw8bit would keep its moments on the device in a quarter of the bytes, the steps captured"
 		}
-		fmt.Fprintf(r.say, "model %s: its %s parameters take %s in F32 with their gradients and %s's state, more than the %s of %s: "+
-			"the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
-			r.cfg.Model, count(int(params)), memory.Bytes(whole), r.cfg.Optimizer, memory.Bytes(limit), of,
-			memory.Bytes(whole), memory.Bytes(device), alternative)
+		fmt.Fprintf(r.say, "model %s: %s: the state goes to host memory (-offload-optimizer), %s there, %s on the device%s\n",
+			r.cfg.Model, why, memory.Bytes(whole), memory.Bytes(device), alternative)
 	case device > limit && optim.OffloadedDeviceBytes(halved.ParamBytes()) <= limit && r.cfg.AMP != train.AMPF16 && r.job.MeasuredAMP != train.AMPF16 &&
 		hostHalved <= memory.HostMemory():
 		r.cfg.OffloadOptimizer, r.cfg.BF16Weights, r.cfg.AMP = true, true, train.AMPBF16
@@ -665,19 +713,32 @@ func (r *runner) textLoaders() error {
 }
 
 // fitBudget chooses, under MaxMemory, the fastest configuration whose
-// measured step fits.
+// measured step fits; where none does, it searches again with the
+// optimizer's state moved (stateElsewhere), while that can move.
 func (r *runner) fitBudget() (err error) {
 	if r.job.MaxMemory <= 0 {
 		return nil
 	}
 	var choice train.BudgetChoice
-	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
-		err = r.interruptible(func() (err error) {
-			choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks > 0, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
-				r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
-			return err
+	for {
+		withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
+			err = r.interruptible(func() (err error) {
+				choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks > 0, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
+					r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
+				return err
+			})
 		})
-	})
+		if err == nil || !errors.Is(err, memory.ErrOutOfMemory) {
+			break
+		}
+		moved, serr := r.stateElsewhere()
+		if serr != nil {
+			err = serr
+		}
+		if !moved || serr != nil {
+			break
+		}
+	}
 	r.report.Budget = &choice
 	if err != nil {
 		return err

@@ -884,6 +884,9 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 		}
 		xs[0].Release()
 		ys[0].Release()
+		if n := dev.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+			t.Errorf("%s %s: %d bytes left allocated after its measurements", dev.Name(), v.Name, n)
+		}
 		p, why := planStep(dev.Allocator(), ms[0], 2, ms[1], 4)
 		if p == nil {
 			t.Fatalf("%s %s: no plan: %s", dev.Name(), v.Name, why)
@@ -919,6 +922,9 @@ func testBooksForeseeTheRun(t *testing.T, newDev func(testing.TB) *tensor.Device
 			ys[0].Release()
 			tr.Release()
 			nn.Release(tr.Model)
+			if n := run.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
+				t.Errorf("%s %v, %s under %s: %d bytes left allocated after the run was released (ran: %v)", run.Name(), tr.Step.Mode, v.Name, memory.Bytes(budget), n, err == nil)
+			}
 		}
 	}
 }

@@ -552,3 +552,38 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 	}
 	t.Logf("%s", stdout)
 }
+
+// -max-memory on a language model whose F32 AdamW state fits the budget
+// but no step beside it does: the search runs again with the moments in 8
+// bits and trains, where it refused; with -optimizer given it still
+// refuses, naming the budget.
+func TestMaxMemoryMovesTheStateWhenNoStepFits(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "story.txt")
+	var b strings.Builder
+	for i := range 300 {
+		fmt.Fprintf(&b, "The %d quick brown foxes jumped over the lazy dog, and the dog slept on. ", i%7)
+	}
+	os.WriteFile(text, []byte(b.String()), 0o644)
+	js := filepath.Join(dir, "r.json")
+	args := []string{"-model", "gpt:L2,W128,H2,C64", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-batch", "4",
+		"-steps", "1", "-eval-every", "1", "-eval-batches", "1", "-measure=false", "-max-memory", "7MiB", "-json", js}
+	code, stdout, stderr := runCLI(args...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	moved := "no configuration of its step fits the budget (-max-memory) beside adamw's state on the device: AdamW's moments go to 8 bits"
+	if !strings.Contains(stdout, moved) || strings.Count(stdout, "fitting a step into a budget of 7.00 MiB") != 2 {
+		t.Errorf("output lacks %q after a first search:\n%s", moved, stdout)
+	}
+	var r run.Report
+	data, err := os.ReadFile(js)
+	if err != nil || json.Unmarshal(data, &r) != nil || r.Config.Optimizer != "adamw8bit" || r.Budget == nil || r.Budget.Chosen.Name == "" ||
+		r.Final == nil || r.Final.PeakAllocated > 7<<20 {
+		t.Errorf("-json: %v %+v", err, r)
+	}
+	code, stdout, stderr = runCLI(append(args, "-optimizer", "adamw", "-json", "")...)
+	if code == 0 || strings.Contains(stdout, moved) || !strings.Contains(stderr, "no configuration fits a budget of 7.00 MiB") {
+		t.Errorf("-optimizer adamw: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
