@@ -4,15 +4,19 @@ import (
 	"context"
 	"flag"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	ag "github.com/leangrad/leangrad/autograd"
+	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels"
+	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestCUDAEngineGreedyMatchesGenerate: the engine in F32 on the GPU, its
@@ -188,6 +192,14 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	b.ReportMetric(float64(generated.Load())/wall.Seconds(), "tokens/s")
+	b.Logf("%d tokens generated in %v", generated.Load(), wall.Round(time.Millisecond))
+	logOps(b, prof, wall, 24)
+}
+
+// logOps stops prof and logs the device's busy time and its first n
+// operations, the most time first, over wall.
+func logOps(b *testing.B, prof kernels.Profiler, wall time.Duration, n int) {
 	ops, err := prof.StopProfile()
 	if err != nil {
 		b.Fatal(err)
@@ -198,12 +210,100 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 			busy += o.MS
 		}
 	}
-	b.ReportMetric(float64(generated.Load())/wall.Seconds(), "tokens/s")
-	b.Logf("%d tokens generated in %v; the device busy %.0f ms of it", generated.Load(), wall.Round(time.Millisecond), busy)
+	b.Logf("the device busy %.1f ms of %v", busy, wall.Round(time.Microsecond))
 	for i, o := range ops {
-		if i == 24 {
+		if i == n {
 			break
 		}
-		b.Logf("%8.1f ms %5.1f%% %7d× %8.1f µs  %s", o.MS, 100*o.MS/float64(wall.Milliseconds()), o.Count, 1000*o.MS/float64(o.Count), o.Op)
+		b.Logf("%8.1f ms %5.1f%% %7d× %8.1f µs  %s", o.MS, 100*o.MS/(1000*wall.Seconds()), o.Count, 1000*o.MS/float64(o.Count), o.Op)
 	}
+}
+
+// BenchmarkCUDAEnginePrefix: gpu.sh gptserve's shared-prefix load inside
+// the engine, without HTTP: 64 prompts of a shared 512 tokens and 16 of
+// their own, submitted at once, 32 tokens each, with and without the
+// prefix cache, on GPT-2 small's shape in bf16 (random weights: the time
+// does not depend on them). It reports the time to first token and logs
+// the steps' rows and each operation's device time.
+func BenchmarkCUDAEnginePrefix(b *testing.B) {
+	dev := testdev.CUDA(b)
+	prof, ok := dev.Backend().(kernels.Profiler)
+	if !ok {
+		b.Skip("the backend attributes no device time")
+	}
+	g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 12, Heads: 12, Width: 768, Vocab: 50257, Context: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g.SetTraining(false)
+	defer nn.Release(g)
+	tok, err := datasets.NewTokenizer(datasets.GPT2Tokens)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, cache := range []bool{true, false} {
+		b.Run(map[bool]string{true: "cache", false: "nocache"}[cache], func(b *testing.B) {
+			e := NewEngine(dev, g, tok, "gpt2", EngineOptions{DType: tensor.BF16, NoPrefixCache: !cache})
+			defer e.Close()
+			if err := <-e.Ready(); err != nil {
+				b.Fatal(err)
+			}
+			for range b.N {
+				prefixLoad(b, e, prof)
+			}
+		})
+	}
+}
+
+// prefixLoad runs BenchmarkCUDAEnginePrefix's load on e once, with prof on.
+func prefixLoad(b *testing.B, e *Engine, prof kernels.Profiler) {
+	const clients, shared, own, tokens = 64, 512, 16, 32
+	rng := rand.New(rand.NewPCG(3, 4))
+	prefix := make([]int32, shared)
+	for i := range prefix {
+		prefix[i] = int32(rng.IntN(50256))
+	}
+	var rows0 dto.Metric
+	if err := e.m.batchRows.Write(&rows0); err != nil {
+		b.Fatal(err)
+	}
+	firsts := make([]time.Duration, clients)
+	var wg sync.WaitGroup
+	prof.StartProfile()
+	start := time.Now()
+	for i := range clients {
+		p := slices.Clone(prefix)
+		for range own {
+			p = append(p, int32(rng.IntN(50256)))
+		}
+		ch, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: tokens, IgnoreEOS: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ev := range ch {
+				if firsts[i] == 0 && ev.Token >= 0 {
+					firsts[i] = time.Since(start)
+				}
+				if ev.Err != nil {
+					b.Error(ev.Err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	var rows dto.Metric
+	if err := e.m.batchRows.Write(&rows); err != nil {
+		b.Fatal(err)
+	}
+	steps := rows.GetHistogram().GetSampleCount() - rows0.GetHistogram().GetSampleCount()
+	slices.Sort(firsts)
+	b.ReportMetric(float64(firsts[clients/2].Microseconds())/1000, "ms-TTFT-p50")
+	b.Logf("%d requests in %v, %d steps of %.0f rows in all: time to first token p50 %v, p90 %v, max %v",
+		clients, wall.Round(time.Microsecond), steps, rows.GetHistogram().GetSampleSum()-rows0.GetHistogram().GetSampleSum(),
+		firsts[clients/2].Round(time.Microsecond), firsts[clients*9/10].Round(time.Microsecond), firsts[clients-1].Round(time.Microsecond))
+	logOps(b, prof, wall, 16)
 }
