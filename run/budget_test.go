@@ -219,6 +219,9 @@ func TestStateMovesWhenNoStepFits(t *testing.T) {
 			if len(c.want) > 0 && !strings.Contains(log.String(), "no configuration of its step fits the budget (-max-memory) beside adamw's state on the device: ") {
 				t.Errorf("said %q", log.String())
 			}
+			if len(c.want) > 1 && !strings.Contains(log.String(), "beside AdamW's 8-bit moments on the device either: the state goes to host memory") {
+				t.Errorf("said %q", log.String())
+			}
 			if r.cfg.OffloadOptimizer && (r.mode != train.Eager || r.report.Config.Optimizer != "adamw") {
 				t.Errorf("offloaded: mode %v, reported %s", r.mode, r.report.Config.Optimizer)
 			}

@@ -395,6 +395,7 @@ func (r *runner) stateElsewhere() (bool, error) {
 	case r.cfg.Optimizer == "adamw" && r.eightBitChosen(params, limit, why):
 	case r.eightBit: // the budget's 8 bits did not fit: AdamW's F32 state goes to the host
 		r.cfg.Optimizer, r.eightBit = "adamw", false
+		why = fmt.Sprintf("no configuration of its step fits %s beside AdamW's 8-bit moments on the device either", of)
 		if !r.offloadChosen(g, optim.TrainingBytes("adamw", params), limit, of, why) {
 			r.cfg.Optimizer, r.eightBit = "adamw8bit", true
 			return false, nil
