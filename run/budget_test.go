@@ -17,9 +17,10 @@ import (
 	"github.com/leangrad/leangrad/train"
 )
 
-// gpt2OfBytes is the byte tokenizer and the parameters of gpt2 over it;
-// it skips the test on a host without the memory of their offloaded state.
-func gpt2OfBytes(t *testing.T) (datasets.Tokenizer, int64) {
+// gpt2OfBytes is the byte tokenizer and the parameters of gpt2 over it,
+// and a GPU and a CPU to plan it for (testdev.FakeGPU: nothing runs); it
+// skips the test on a host without the memory of their offloaded state.
+func gpt2OfBytes(t *testing.T) (tok datasets.Tokenizer, params int64, gpu, host *tensor.Device) {
 	t.Helper()
 	tok, err := datasets.NewTokenizer(datasets.ByteTokens)
 	if err != nil {
@@ -31,11 +32,11 @@ func gpt2OfBytes(t *testing.T) (datasets.Tokenizer, int64) {
 	}
 	g := arch.GPT
 	g.Vocab, g.Context = tok.Vocab(), contextOf(arch, 0)
-	params := int64(g.Params())
-	if host := memory.HostMemory(); params*16 > host {
-		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(host), memory.Bytes(params*16))
+	params = int64(g.Params())
+	if have := memory.HostMemory(); params*16 > have {
+		t.Skipf("the host has %s, less than the %s of gpt2's offloaded state", memory.Bytes(have), memory.Bytes(params*16))
 	}
-	return tok, params
+	return tok, params, testdev.FakeGPU(), tensor.NewDevice(cpu.New())
 }
 
 // TestBudgetOffloadsTheState: under -max-memory, a language model whose F32
@@ -48,8 +49,7 @@ func gpt2OfBytes(t *testing.T) (datasets.Tokenizer, int64) {
 // user kept the state on the device, or for 8-bit moments (which stay on
 // the device, in a quarter of the bytes).
 func TestBudgetOffloadsTheState(t *testing.T) {
-	tok, params := gpt2OfBytes(t)
-	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
+	tok, params, gpu, host := gpt2OfBytes(t)
 	for _, c := range []struct {
 		name      string
 		dev       *tensor.Device
@@ -119,8 +119,7 @@ func TestBudgetOffloadsTheState(t *testing.T) {
 // host memory (a GPU's) and, with clipping off and no F16 AMP, the host
 // updates each parameter in the backward, unless the user said not to.
 func TestBudgetChoosesTheOptimizer(t *testing.T) {
-	tok, params := gpt2OfBytes(t)
-	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
+	tok, params, gpu, host := gpt2OfBytes(t)
 	for _, c := range []struct {
 		name             string
 		dev              *tensor.Device
@@ -176,8 +175,7 @@ func TestBudgetChoosesTheOptimizer(t *testing.T) {
 // memory (a GPU's), then nothing more; the optimizer the user named keeps
 // its kind, the CPU keeps its state, a resumed run its checkpoint's.
 func TestStateMovesWhenNoStepFits(t *testing.T) {
-	tok, params := gpt2OfBytes(t)
-	gpu, host := testdev.FakeGPU(), tensor.NewDevice(cpu.New())
+	tok, params, gpu, host := gpt2OfBytes(t)
 	for _, c := range []struct {
 		name   string
 		dev    *tensor.Device

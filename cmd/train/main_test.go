@@ -139,17 +139,27 @@ func TestRunWritesReports(t *testing.T) {
 	}
 }
 
-// The text job end to end on a small text: the flags' recipe, validation
-// lines, the summary, a sample, the JSON report, a checkpoint and resuming
-// it for more steps; and a text file that is not text gets one line.
-func TestTextRun(t *testing.T) {
-	dir := t.TempDir()
+// story writes a small text to train on, story.txt in dir, and returns
+// its path.
+func story(t *testing.T, dir string) string {
+	t.Helper()
 	text := filepath.Join(dir, "story.txt")
 	var b strings.Builder
 	for i := range 300 {
 		fmt.Fprintf(&b, "The %d quick brown foxes jumped over the lazy dog, and the dog slept on. ", i%7)
 	}
-	os.WriteFile(text, []byte(b.String()), 0o644)
+	if err := os.WriteFile(text, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// The text job end to end on a small text: the flags' recipe, validation
+// lines, the summary, a sample, the JSON report, a checkpoint and resuming
+// it for more steps; and a text file that is not text gets one line.
+func TestTextRun(t *testing.T) {
+	dir := t.TempDir()
+	text := story(t, dir)
 	js, ck := filepath.Join(dir, "r.json"), filepath.Join(dir, "gpt.ckpt")
 	args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
 		"-eval-batches", "4", "-warmup-steps", "2", "-sample", "8", "-prompt", "The 3", "-json", js, "-save", ck, "-measure=false"}
@@ -559,12 +569,7 @@ func TestMaxMemoryFitsTheBudget(t *testing.T) {
 // refuses, naming the budget.
 func TestMaxMemoryMovesTheStateWhenNoStepFits(t *testing.T) {
 	dir := t.TempDir()
-	text := filepath.Join(dir, "story.txt")
-	var b strings.Builder
-	for i := range 300 {
-		fmt.Fprintf(&b, "The %d quick brown foxes jumped over the lazy dog, and the dog slept on. ", i%7)
-	}
-	os.WriteFile(text, []byte(b.String()), 0o644)
+	text := story(t, dir)
 	js := filepath.Join(dir, "r.json")
 	args := []string{"-model", "gpt:L2,W128,H2,C64", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-batch", "4",
 		"-steps", "1", "-eval-every", "1", "-eval-batches", "1", "-measure=false", "-max-memory", "7MiB", "-json", js}
