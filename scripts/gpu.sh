@@ -19,7 +19,7 @@
 #   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
 #   gptserve  GPT-2 small trained STEPS (default 300) steps on text made there, then served in bf16
-#             (the engine's mixed load profiled by operation first; LOADS=0 stops there):
+#             (the engine's mixed and shared-prefix loads profiled by operation first; LOADS=0 stops there):
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache;
@@ -170,6 +170,9 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
       -test.benchtime 1x -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-mixed.log" 2>&1
     say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -60 | tee -a "$w/summary.txt"
+    timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
+      -test.benchtime 2x -test.v' > "$w/engine-prefix.log" 2>&1
+    say "the shared prefix's device time by operation exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix.log" | head -80 | tee -a "$w/summary.txt"
     if [ "${LOADS:-1}" = 0 ]; then rm -f "$w/gpt2.st" "$w/text.txt"*; continue; fi
     port=18080
     serving() { # serving NAME [serve flags]: start a server, wait until it is ready
