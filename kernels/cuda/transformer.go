@@ -253,10 +253,14 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
 		return
 	}
+	// Each workspace is given back by a defer made before the next is
+	// taken: one that runs out of memory (a panic) leaves none behind.
 	bh, es := p.B*p.H, int64(q.DType.Size())
-	qh, kh, vh := b.workspace(int64(bh*p.Tq*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es), b.workspace(int64(bh*p.Tk*p.D)*es)
+	qh := b.workspace(int64(bh*p.Tq*p.D) * es)
 	defer b.alloc.Free(qh)
+	kh := b.workspace(int64(bh*p.Tk*p.D) * es)
 	defer b.alloc.Free(kh)
+	vh := b.workspace(int64(bh*p.Tk*p.D) * es)
 	defer b.alloc.Free(vh)
 	oh := b.workspace(int64(bh*p.Tq*p.D) * es)
 	defer b.alloc.Free(oh)
@@ -264,8 +268,9 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 	b.attnGather(s, p, p.Tk, p.KRow, p.KBatch, k, kh.Addr())
 	b.attnGather(s, p, p.Tk, p.VRow, p.VBatch, v, vh.Addr())
 	m := attnChunk(b.chunkBudget, bh, p.Tq, p.Tk, int(es))
-	sc, pr := b.workspace(int64(bh*m*p.Tk)*4), b.workspace(int64(bh*m*p.Tk)*es)
+	sc := b.workspace(int64(bh*m*p.Tk) * 4)
 	defer b.alloc.Free(sc)
+	pr := b.workspace(int64(bh*m*p.Tk) * es)
 	defer b.alloc.Free(pr)
 	D := p.D
 	for q0 := 0; q0 < p.Tq; q0 += m {
