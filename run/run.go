@@ -735,8 +735,9 @@ func (r *runner) fitBudget() (err error) {
 		moved, serr := r.stateElsewhere()
 		if serr != nil {
 			err = serr
+			break
 		}
-		if !moved || serr != nil {
+		if !moved {
 			break
 		}
 	}
