@@ -245,29 +245,37 @@ func open(index int, opts Options) (*Backend, error) {
 		b.dnn = dnn
 	}
 
-	b.alloc = memory.New(&deviceSource{b: b}, memory.Config{Device: b.name})
-	// cuBLAS's workspace comes from the pool, so that the pool's numbers
-	// account for it, as PyTorch's do. Its size is the smallest the pool
-	// gives a segment of its own (a smaller request would share a 20 MiB
-	// segment that stays reserved for good).
-	const blasWorkspace = memory.MinLargeAlloc
-	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
+	if err := b.usePool(&deviceSource{b: b}, memory.Config{Device: b.name}); err != nil {
 		return nil, err
 	}
-	// A split column reduction has at most fill/16 outputs (Reduce), and a
-	// tile at least one.
-	b.reduceDone.n = b.sms * 2048 / 16
-	b.blasWSBytes = blasWorkspace - uintptr(b.reduceDone.n*4+255)&^255
-	b.reduceDone.addr = b.blasWS.Addr() + b.blasWSBytes
-	d.must("cuMemsetD32Async", d.memsetD32Async(b.reduceDone.addr, 0, uintptr(b.reduceDone.n), b.stream))
-	cb.must("cublasSetWorkspace", cb.setWorkspace(b.blas, b.blasWS.Addr(), b.blasWSBytes))
-
 	for i := range b.staging {
 		if err := d.check("cuEventCreate", d.eventCreate(unsafe.Pointer(&b.staging[i].event), cuEventDisableTiming)); err != nil {
 			return nil, err
 		}
 	}
 	return b, nil
+}
+
+// usePool makes the backend's pool an allocator over src and takes
+// cuBLAS's workspace from it, so that the pool's numbers account for it, as
+// PyTorch's do. Its size is the smallest the pool gives a segment of its own
+// (a smaller request would share a 20 MiB segment that stays reserved for
+// good). The split column reductions' counters (Reduce) are its last bytes.
+func (b *Backend) usePool(src memory.Source, cfg memory.Config) error {
+	b.alloc = memory.New(src, cfg)
+	const blasWorkspace = memory.MinLargeAlloc
+	var err error
+	if b.blasWS, err = b.alloc.Alloc(blasWorkspace, memory.Stream(b.stream)); err != nil {
+		return err
+	}
+	// A split column reduction has at most fill/16 outputs (Reduce), and a
+	// tile at least one.
+	b.reduceDone.n = b.sms * 2048 / 16
+	b.blasWSBytes = blasWorkspace - uintptr(b.reduceDone.n*4+255)&^255
+	b.reduceDone.addr = b.blasWS.Addr() + b.blasWSBytes
+	b.d.must("cuMemsetD32Async", b.d.memsetD32Async(b.reduceDone.addr, 0, uintptr(b.reduceDone.n), b.stream))
+	b.cb.must("cublasSetWorkspace", b.cb.setWorkspace(b.blas, b.blasWS.Addr(), b.blasWSBytes))
+	return nil
 }
 
 // Close gives back everything the backend holds: its pool's memory, the

@@ -51,6 +51,43 @@ func TestCUDAConformance(t *testing.T) {
 	}
 }
 
+// TestCUDAOperationsOutOfMemory fails each allocation of each operation of
+// the conformance suite in turn and checks that it gives back what it took
+// (Note [operations out of memory]): on the default paths, and on the
+// chunked attention (no flash kernels) and classifier with a 64 KiB chunk
+// budget, whose chunks take several workspaces each.
+func TestCUDAOperationsOutOfMemory(t *testing.T) {
+	testBackend(t)
+	for _, c := range []struct {
+		name  string
+		set   func(b *Backend)
+		cases []string
+	}{
+		{"default", func(*Backend) {}, nil},
+		{"chunked", func(b *Backend) { b.noFlash, b.chunkBudget = true, 64<<10 }, []string{"attention", "classifier"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := open(0, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.set(b)
+			b.alloc.Free(b.blasWS) // the pool open made, emptied for one over src
+			b.alloc.EmptyCache()
+			src := memory.Inject(&deviceSource{b: b}, memory.Faults{})
+			if err := b.usePool(src, memory.Config{Device: b.name, NoCaching: true}); err != nil {
+				t.Fatal(err)
+			}
+			if n := kerneltest.RunOOM(t, b, src, kerneltest.Options{ConvTol: kerneltest.TolTF32}, c.cases...); n == 0 {
+				t.Error("no operation failed: the sweep reached none of their allocations")
+			}
+			if err := b.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
 // TestCUDAConvChunks runs the convolutions on the im2col + cuBLAS path (not
 // cuDNN) with a 64 KiB workspace cap, so that every im2col convolution is
 // done in several chunks of images (and the backward-filter product

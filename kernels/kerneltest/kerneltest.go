@@ -40,9 +40,29 @@ type Options struct {
 	GemmTol float64
 }
 
+// withDefaults is o with its zero tolerances set to their defaults.
+func (o Options) withDefaults() Options {
+	if o.ConvTol == 0 {
+		o.ConvTol = TolAccumulate
+	}
+	if o.GemmTol == 0 {
+		o.GemmTol = TolAccumulate
+	}
+	return o
+}
+
+// reporter is what a case reports to: its test, or in RunOOM's runs, whose
+// operations fail on purpose, a quiet one.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(f func())
+}
+
 // suite runs operations on a backend and the reference side by side.
 type suite struct {
-	t        *testing.T
+	t        reporter
 	got, ref kernels.Backend
 	rng      *rand.Rand
 	opt      Options
@@ -217,12 +237,7 @@ func Run(t *testing.T, be kernels.Backend, names ...string) { RunWith(t, be, Opt
 
 // RunWith is Run with options.
 func RunWith(t *testing.T, be kernels.Backend, opt Options, names ...string) {
-	if opt.ConvTol == 0 {
-		opt.ConvTol = TolAccumulate
-	}
-	if opt.GemmTol == 0 {
-		opt.GemmTol = TolAccumulate
-	}
+	opt = opt.withDefaults()
 	var called sync.Map // method name -> true
 	if len(names) == 0 {
 		be = &kernels.Observed{B: be, Hook: func(method, _ string, _ kernels.DType) func() {
