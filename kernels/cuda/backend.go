@@ -556,3 +556,30 @@ func (b *Backend) workspace(bytes int64) *memory.Block {
 	}
 	return blk
 }
+
+// scratch is an operation's workspaces, taken one by one and given back
+// together by release, deferred before the first is taken: one that runs
+// out of memory (workspace panics) leaves none of those before it taken
+// (Note [operations out of memory] in kernels/kerneltest).
+type scratch struct {
+	b      *Backend
+	blocks []*memory.Block
+}
+
+// take is a workspace of bytes, given back by release.
+func (w *scratch) take(bytes int64) *memory.Block {
+	blk := w.b.workspace(bytes)
+	w.blocks = append(w.blocks, blk)
+	return blk
+}
+
+// addr is the address of a workspace of bytes, given back by release.
+func (w *scratch) addr(bytes int64) uintptr { return w.take(bytes).Addr() }
+
+// release gives back every workspace taken.
+func (w *scratch) release() {
+	for _, blk := range w.blocks {
+		w.b.alloc.Free(blk)
+	}
+	w.blocks = nil
+}

@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/leangrad/leangrad/memory"
 )
 
 // Note [cuDNN's attention]: where cuDNN is loaded, a causal attention
@@ -556,17 +555,9 @@ func (b *Backend) dnnAttnRun(backward bool, p kernels.AttentionParams, s kernels
 	if pl == nil || pl.refused != "" {
 		return false
 	}
-	var blocks []*memory.Block
-	defer func() {
-		for _, blk := range blocks {
-			b.alloc.Free(blk)
-		}
-	}()
-	space := func(bytes int64) uintptr {
-		blk := b.workspace(bytes)
-		blocks = append(blocks, blk)
-		return blk.Addr()
-	}
+	w := &scratch{b: b}
+	defer w.release()
+	space := w.addr
 	var ws uintptr
 	if pl.ws > 0 {
 		ws = space(pl.ws)

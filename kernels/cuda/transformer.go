@@ -5,7 +5,6 @@ import (
 	"math/bits"
 
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/leangrad/leangrad/memory"
 )
 
 // The transformer operations (kernels.TransformerOps): embeddings and
@@ -253,25 +252,16 @@ func (b *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 			ptrOf(v), int32(p.VRow), int64(p.VBatch), ptrOf(o), int32(p.ORow), int64(p.OBatch), ptrOf(lse)})
 		return
 	}
-	// Each workspace is given back by a defer made before the next is
-	// taken: one that runs out of memory (a panic) leaves none behind.
+	ws := &scratch{b: b}
+	defer ws.release()
 	bh, es := p.B*p.H, int64(q.DType.Size())
-	qh := b.workspace(int64(bh*p.Tq*p.D) * es)
-	defer b.alloc.Free(qh)
-	kh := b.workspace(int64(bh*p.Tk*p.D) * es)
-	defer b.alloc.Free(kh)
-	vh := b.workspace(int64(bh*p.Tk*p.D) * es)
-	defer b.alloc.Free(vh)
-	oh := b.workspace(int64(bh*p.Tq*p.D) * es)
-	defer b.alloc.Free(oh)
+	qh, kh := ws.take(int64(bh*p.Tq*p.D)*es), ws.take(int64(bh*p.Tk*p.D)*es)
+	vh, oh := ws.take(int64(bh*p.Tk*p.D)*es), ws.take(int64(bh*p.Tq*p.D)*es)
 	b.attnGather(s, p, p.Tq, p.QRow, p.QBatch, q, qh.Addr())
 	b.attnGather(s, p, p.Tk, p.KRow, p.KBatch, k, kh.Addr())
 	b.attnGather(s, p, p.Tk, p.VRow, p.VBatch, v, vh.Addr())
 	m := attnChunk(b.chunkBudget, bh, p.Tq, p.Tk, int(es))
-	sc := b.workspace(int64(bh*m*p.Tk) * 4)
-	defer b.alloc.Free(sc)
-	pr := b.workspace(int64(bh*m*p.Tk) * es)
-	defer b.alloc.Free(pr)
+	sc, pr := ws.take(int64(bh*m*p.Tk)*4), ws.take(int64(bh*m*p.Tk)*es)
 	D := p.D
 	for q0 := 0; q0 < p.Tq; q0 += m {
 		rows := min(m, p.Tq-q0)
@@ -418,17 +408,9 @@ func (b *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 	}
 	T, D, bh, es := p.Tq, p.D, p.B*p.H, int64(q.DType.Size())
 	n := int64(bh * T * D)
-	var blocks []*memory.Block
-	ws := func(bytes int64) uintptr {
-		blk := b.workspace(bytes)
-		blocks = append(blocks, blk)
-		return blk.Addr()
-	}
-	defer func() {
-		for _, blk := range blocks {
-			b.alloc.Free(blk)
-		}
-	}()
+	w := &scratch{b: b}
+	defer w.release()
+	ws := w.addr
 	qh, kh, vh, doh := ws(n*es), ws(n*es), ws(n*es), ws(n*es)
 	dqh, dkh, dvh, dvec := ws(n*4), ws(n*4), ws(n*4), ws(int64(bh*T)*4)
 	b.attnGather(s, p, T, p.QRow, p.QBatch, q, qh)
