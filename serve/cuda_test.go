@@ -283,7 +283,7 @@ func prefixLoad(b *testing.B, e *Engine, prof kernels.Profiler) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ev := range ch {
+			for ev := range events(ch, 1) {
 				if firsts[i] == 0 && ev.Token >= 0 {
 					firsts[i] = time.Since(start)
 				}
