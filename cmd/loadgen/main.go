@@ -264,6 +264,10 @@ type results struct {
 	Preemptions         int
 	PrefixHits          int
 	PrefixMisses        int
+	// The mean time to first token the server measured, from each
+	// request's arrival in its engine to its first token: what the
+	// client's adds to it is HTTP's and the client's own.
+	ServerTTFTMean float64 `json:",omitempty"`
 	// The engine's steps during the run and their mean time in each
 	// phase, in seconds (leangrad_step_seconds_total).
 	Steps               int
@@ -584,6 +588,9 @@ func (r *results) server(before, after metricsSnapshot) {
 	r.PrefixHits, r.PrefixMisses = rose("leangrad_prefix_cache_hits_total"), rose("leangrad_prefix_cache_misses_total")
 	r.BlockSize = int(after["leangrad_kv_block_size"])
 	r.Steps = rose("leangrad_steps_total")
+	if n := after["leangrad_time_to_first_token_seconds_count"] - before["leangrad_time_to_first_token_seconds_count"]; n > 0 {
+		r.ServerTTFTMean = (after["leangrad_time_to_first_token_seconds_sum"] - before["leangrad_time_to_first_token_seconds_sum"]) / n
+	}
 	r.StepPhases = map[string]float64{}
 	for _, p := range phases {
 		k := `leangrad_step_seconds_total{phase="` + p + `"}`
@@ -618,7 +625,11 @@ func (r *results) print(w io.Writer, o *options, card modelCard) {
 	if r.FirstError != "" {
 		fmt.Fprintf(w, "  the first failure: %s\n", r.FirstError)
 	}
-	fmt.Fprintf(w, "  time to first token %s\n", ms(r.TTFT))
+	fmt.Fprintf(w, "  time to first token %s", ms(r.TTFT))
+	if r.ServerTTFTMean > 0 {
+		fmt.Fprintf(w, " (the server's own, from arrival in its engine: mean %.2f ms)", r.ServerTTFTMean*1e3)
+	}
+	fmt.Fprintln(w)
 	if o.stream {
 		fmt.Fprintf(w, "  inter-token latency %s\n", ms(r.ITL))
 	}

@@ -49,6 +49,9 @@ func TestLoad(t *testing.T) {
 	if err != nil || json.Unmarshal(b, &r) != nil || r.Requests != 12 || r.Failed != 0 || r.GeneratedTokens < 12*4 || r.Steps == 0 {
 		t.Errorf("%v %+v", err, r)
 	}
+	if !(r.ServerTTFTMean > 0 && r.ServerTTFTMean <= r.TTFT.Max) || !strings.Contains(o.String(), "the server's own, from arrival in its engine: mean") {
+		t.Errorf("the server's mean time to first token %v s, the client's at most %v s:\n%s", r.ServerTTFTMean, r.TTFT.Max, o.String())
+	}
 	if r.PoolAllocatedAfter != r.PoolAllocatedBefore {
 		t.Errorf("the server's pool: %d bytes before the load, %d after", r.PoolAllocatedBefore, r.PoolAllocatedAfter)
 	}
