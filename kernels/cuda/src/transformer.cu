@@ -473,11 +473,13 @@ __device__ void paged_tiles(int rows, int H, int D, int bs, int maxBlocks, int m
         for (int k0 = 0; k0 < len; k0 += PAGED_KT) {
             int kn = min(PAGED_KT, len - k0);
             __syncthreads(); // the last tile's keys, values and scores are read
-            for (int i = tid; i < kn * D; i += nt) {
-                int j = i / D, d = i % D, pos = k0 + j;
-                i64 at = ((i64)table[pos / bs] * bs + pos % bs) * C + h * D + d;
-                ks[j * Dp + d] = ld(kc, at);
-                vs[j * Dp + d] = ld(vc, at);
+            for (int j = warp; j < kn; j += warps) { // a warp a position: its slot found once for its D values
+                int pos = k0 + j;
+                i64 at = ((i64)table[pos / bs] * bs + pos % bs) * C + h * D;
+                for (int d = lane; d < D; d += 32) {
+                    ks[j * Dp + d] = ld(kc, at + d);
+                    vs[j * Dp + d] = ld(vc, at + d);
+                }
             }
             __syncthreads();
             for (int i = tid; i < nr * PAGED_KT; i += nt) { // the scores, a position a thread of a warp
