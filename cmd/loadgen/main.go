@@ -30,12 +30,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leangrad/leangrad/cmd/internal/cmdenv"
@@ -255,6 +257,11 @@ type results struct {
 	GeneratedTokens    int
 	TokensPerSecond    float64 // generated, in all
 	TTFT, ITL, Latency percentiles
+	// Sent is when each request was written, from its start (its part of
+	// the time to first token that is the client's and the connection's),
+	// and NewConnections how many requests opened one.
+	Sent           percentiles
+	NewConnections int
 	// From /metrics: the waste sampled every 20 ms during the run, the
 	// most blocks in use, and what the counters rose by.
 	WasteMax, WasteMean float64
@@ -276,6 +283,7 @@ type results struct {
 	PoolAllocatedAfter  int64
 
 	ttft, itl, latency []float64
+	sent               []float64
 	samples            []metricsSnapshot
 }
 
@@ -359,7 +367,10 @@ func run(o *options, card modelCard) *results {
 				} else {
 					r.PromptTokens += len(j.prompt)
 					r.GeneratedTokens += a.tokens
-					r.ttft = append(r.ttft, a.ttft)
+					r.ttft, r.sent = append(r.ttft, a.ttft), append(r.sent, a.sent)
+					if a.fresh {
+						r.NewConnections++
+					}
 					r.itl = append(r.itl, a.itl...)
 					r.latency = append(r.latency, a.latency)
 				}
@@ -372,8 +383,21 @@ func run(o *options, card modelCard) *results {
 	stop()
 	r.samples = <-sampled
 	r.TokensPerSecond = float64(r.GeneratedTokens) / r.Seconds
-	r.TTFT, r.ITL, r.Latency = percentilesOf(r.ttft), percentilesOf(r.itl), percentilesOf(r.latency)
+	r.TTFT, r.ITL, r.Latency, r.Sent = percentilesOf(r.ttft), percentilesOf(r.itl), percentilesOf(r.latency), percentilesOf(r.sent)
 	return r
+}
+
+// sending is what the client's trace saw of a request: when it was
+// written, from its start, and whether on a new connection (set from the
+// transport's goroutines).
+type sending struct {
+	sent  atomic.Int64 // nanoseconds
+	fresh atomic.Bool
+}
+
+// note copies what s saw into a.
+func (s *sending) note(a *answer) {
+	a.sent, a.fresh = time.Duration(s.sent.Load()).Seconds(), s.fresh.Load()
 }
 
 // answer is one request's outcome.
@@ -383,6 +407,8 @@ type answer struct {
 	itl     []float64 // seconds between tokens, streamed
 	latency float64
 	err     error
+	sent    float64 // seconds from its start to its request written
+	fresh   bool    // on a new connection
 }
 
 // token times a token that came at now, the request sent at start and the
@@ -396,11 +422,21 @@ func (a *answer) token(start, last, now time.Time) time.Time {
 	return now
 }
 
-// postJSON posts v as JSON; an answer other than 200 is an error with its
-// status and the beginning of its body.
-func postJSON(client *http.Client, url string, v any) (*http.Response, error) {
+// postJSON posts v as JSON, begun at start, noting in s when the request
+// was written and whether its connection was a new one; an answer other
+// than 200 is an error with its status and the beginning of its body.
+func postJSON(client *http.Client, url string, v any, start time.Time, s *sending) (*http.Response, error) {
 	body, _ := json.Marshal(v)
-	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn:      func(c httptrace.GotConnInfo) { s.fresh.Store(!c.Reused) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { s.sent.Store(int64(time.Since(start))) },
+	}))
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -423,8 +459,10 @@ func complete(client *http.Client, o *options, model string, prompt []int32, max
 	if o.stream {
 		req["stream"], req["stream_options"] = true, map[string]bool{"include_usage": true}
 	}
+	var s sending
+	defer s.note(&a)
 	start := time.Now()
-	resp, err := postJSON(client, o.url+"/v1/completions", req)
+	resp, err := postJSON(client, o.url+"/v1/completions", req, start, &s)
 	if err != nil {
 		return answer{err: err}
 	}
@@ -489,8 +527,11 @@ func generate(client *http.Client, o *options, prompt []int32, maxTokens int) (a
 	for i, t := range prompt {
 		text[i] = byte('a' + t)
 	}
+	var s sending
+	defer s.note(&a)
 	start := time.Now()
-	resp, err := postJSON(client, o.url+"/v1/generate", map[string]any{"prompt": string(text), "max_tokens": maxTokens, "temperature": o.temperature})
+	resp, err := postJSON(client, o.url+"/v1/generate", map[string]any{"prompt": string(text), "max_tokens": maxTokens, "temperature": o.temperature},
+		start, &s)
 	if err != nil {
 		return answer{err: err}
 	}
@@ -629,7 +670,7 @@ func (r *results) print(w io.Writer, o *options, card modelCard) {
 	if r.ServerTTFTMean > 0 {
 		fmt.Fprintf(w, " (the server's own, from arrival in its engine: mean %.2f ms)", r.ServerTTFTMean*1e3)
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\n  requests written %s after they began, %d on new connections\n", ms(r.Sent), r.NewConnections)
 	if o.stream {
 		fmt.Fprintf(w, "  inter-token latency %s\n", ms(r.ITL))
 	}

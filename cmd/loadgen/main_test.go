@@ -52,6 +52,9 @@ func TestLoad(t *testing.T) {
 	if !(r.ServerTTFTMean > 0 && r.ServerTTFTMean <= r.TTFT.Max) || !strings.Contains(o.String(), "the server's own, from arrival in its engine: mean") {
 		t.Errorf("the server's mean time to first token %v s, the client's at most %v s:\n%s", r.ServerTTFTMean, r.TTFT.Max, o.String())
 	}
+	if r.NewConnections < 1 || r.NewConnections > 4 || !(r.Sent.P50 > 0 && r.Sent.Max <= r.Latency.Max) || !strings.Contains(o.String(), "on new connections") {
+		t.Errorf("4 clients' requests: %d on new connections, written %+v s after they began (latest answer %v s)", r.NewConnections, r.Sent, r.Latency.Max)
+	}
 	if r.PoolAllocatedAfter != r.PoolAllocatedBefore {
 		t.Errorf("the server's pool: %d bytes before the load, %d after", r.PoolAllocatedBefore, r.PoolAllocatedAfter)
 	}
