@@ -1,7 +1,9 @@
 // Command loadgen loads a leangrad GPT server (cmd/serve) on this machine
 // through its OpenAI-compatible API and reports what its users would see:
 // tokens per second in all, time to first token and inter-token latency
-// percentiles, requests that failed, and from the server's /metrics the
+// percentiles, requests that failed, when each request was written (the
+// client's and the connection's part of its time to first token), and
+// from the server's /metrics its own mean time to first token, the
 // key-value memory's waste, blocks, preemptions and prefix-cache hits.
 //
 //	serve -device cuda gpt2.st &
