@@ -83,6 +83,12 @@ func (s *suite) alloc(be kernels.Backend, dt kernels.DType, n int) kernels.Buf {
 	return kernels.Buf{Block: blk, N: n, DType: dt}
 }
 
+// newSuite is a run of case c on got against a fresh CPU backend, its
+// inputs drawn from a generator seeded by the case, the same at every run.
+func newSuite(t reporter, got kernels.Backend, c testCase, opt Options) *suite {
+	return &suite{t: t, got: got, ref: cpu.New(), rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE)), opt: opt}
+}
+
 // slice is p from element off on (a view into the same buffers).
 func (p pair) slice(off int) pair {
 	return pair{got: p.got.Slice(off, p.got.N-off), ref: p.ref.Slice(off, p.ref.N-off), dt: p.dt}
@@ -250,7 +256,7 @@ func RunWith(t *testing.T, be kernels.Backend, opt Options, names ...string) {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
-			s := &suite{t: t, got: be, ref: cpu.New(), rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE)), opt: opt}
+			s := newSuite(t, be, c, opt)
 			defer func() {
 				// A panicking operation fails its case, not the whole suite.
 				if r := recover(); r != nil {

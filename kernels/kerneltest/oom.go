@@ -3,12 +3,10 @@ package kerneltest
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
 )
 
@@ -96,11 +94,11 @@ func (sw *sweep) run(c testCase, k int) (failed int) {
 			}
 		}
 	}
-	s := &suite{t: sw.t, got: &kernels.Observed{B: sw.be, Hook: hook}, ref: cpu.New(),
-		rng: rand.New(rand.NewPCG(uint64(len(c.name)), 0xC0FFEE)), opt: sw.opt}
+	var r reporter = sw.t
 	if k > 0 {
-		s.t = quiet{sw.t}
+		r = quiet{sw.t}
 	}
+	s := newSuite(r, &kernels.Observed{B: sw.be, Hook: hook}, c, sw.opt)
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
