@@ -283,7 +283,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "application/json")
 		return json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.engine.Model(),
 			"choices": out, "system_fingerprint": nil,
-			"usage": map[string]int{"prompt_tokens": promptTokens * n, "completion_tokens": completionTokens, "total_tokens": promptTokens*n + completionTokens}})
+			"usage": usage{promptTokens * n, completionTokens, promptTokens*n + completionTokens}})
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -298,9 +298,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 		}
 		return true
 	}
-	chunk := func(choices ...any) map[string]any {
-		return map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.engine.Model(), "choices": choices,
-			"system_fingerprint": nil}
+	chunk := func(choices ...streamChoice) streamChunk {
+		return streamChunk{ID: id, Object: "text_completion", Created: created, Model: s.engine.Model(), Choices: choices}
 	}
 	completionTokens := 0
 	for ev := range merged(chans, n) {
@@ -319,24 +318,52 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 				lp = one.logprobs(true)
 			}
 			choices[i].add(ev.Event, false)
-			if !send(chunk(map[string]any{"index": i, "text": ev.Text, "logprobs": lp, "finish_reason": nil})) {
+			if !send(chunk(streamChoice{Index: i, Text: ev.Text, Logprobs: lp})) {
 				return nil
 			}
 		}
 		if ev.Finish != "" {
-			if !send(chunk(map[string]any{"index": i, "text": ev.Text, "logprobs": nil, "finish_reason": ev.Finish})) {
+			if !send(chunk(streamChoice{Index: i, Text: ev.Text, FinishReason: &ev.Finish})) {
 				return nil
 			}
 		}
 	}
 	if c.StreamOptions != nil && c.StreamOptions.IncludeUsage {
 		u := chunk()
-		u["choices"] = []any{}
-		u["usage"] = map[string]int{"prompt_tokens": promptTokens * n, "completion_tokens": completionTokens, "total_tokens": promptTokens*n + completionTokens}
+		u.Choices = []streamChoice{}
+		u.Usage = &usage{promptTokens * n, completionTokens, promptTokens*n + completionTokens}
 		send(u)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	return nil
+}
+
+// streamChunk is a streamed completion's event (OpenAI's completion
+// chunk): typed, where a map would make encoding/json reflect over and
+// sort its keys at every token.
+type streamChunk struct {
+	ID                string         `json:"id"`
+	Object            string         `json:"object"`
+	Created           int64          `json:"created"`
+	Model             string         `json:"model"`
+	Choices           []streamChoice `json:"choices"`
+	SystemFingerprint *string        `json:"system_fingerprint"` // always null
+	Usage             *usage         `json:"usage,omitempty"`    // the last chunk's, with stream_options.include_usage
+}
+
+// streamChoice is a chunk's choice: a token's text, or the finish.
+type streamChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+// usage is a completion's count of tokens.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
 }
 
 // add takes an event into the choice.
