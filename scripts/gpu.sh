@@ -23,7 +23,9 @@
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache;
-#             SERVEFLAGS adds flags to every server (SERVEFLAGS="-max-memory 20GiB")
+#             SERVEFLAGS adds flags to every server (SERVEFLAGS="-max-memory 20GiB"); LOADS=prefix runs only
+#             the shared prefix: its profile, then its load ROUNDS times on each server (default 1; new
+#             prompts each round), for which a model of STEPS=2 does
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
@@ -164,12 +166,14 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     timeout 300 bash .gpu/run bin/train -model gpt2 -device cuda -amp -amp-dtype bf16 -steps "${STEPS:-300}" -batch 8 \
       -measure=false -data "$w/text.txt" -save "$w/gpt2.st" > "$w/gpt2-train.log" 2>&1
     say "train exit $?"; grep -E "^(validation|throughput|peak)" "$w/gpt2-train.log" | tail -3 | tee -a "$w/summary.txt"
-    timeout 240 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestCUDAEngineMatchesForwardTrained$" \
-      -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-trained.log" 2>&1
-    say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
-    timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
-      -test.benchtime 1x -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-mixed.log" 2>&1
-    say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -60 | tee -a "$w/summary.txt"
+    if [ "${LOADS:-1}" != prefix ]; then
+      timeout 240 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestCUDAEngineMatchesForwardTrained$" \
+        -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-trained.log" 2>&1
+      say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
+      timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
+        -test.benchtime 1x -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-mixed.log" 2>&1
+      say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -60 | tee -a "$w/summary.txt"
+    fi
     timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
       -test.benchtime 2x -test.v' > "$w/engine-prefix.log" 2>&1
     say "the shared prefix's device time by operation exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix.log" | head -80 | tee -a "$w/summary.txt"
@@ -192,6 +196,17 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     }
     mixed=(-prompt 8-512 -max-tokens 16-512 -requests 512 -clients 256 -rate 400)
     prefix=(-shared-prefix 512 -prompt 16 -max-tokens 32 -requests 64 -clients 64)
+    if [ "${LOADS:-1}" = prefix ]; then # the prefix cache's time to first token, each round new prompts
+      for v in continuous noprefix; do
+        flags=(); [ "$v" = noprefix ] && flags=(-no-prefix-cache)
+        serving "$v" "${flags[@]}"
+        load warm -clients 16 -requests 32 -max-tokens 32
+        for r in $(seq "${ROUNDS:-1}"); do load "prefix$r" "${prefix[@]}" -seed "$r"; done
+        stopped
+      done
+      rm -f "$w/gpt2.st" "$w/text.txt"*
+      continue
+    fi
     serving continuous
     load warm -clients 16 -requests 32 -max-tokens 32
     for c in 1 16 64 256; do load "c$c" -clients "$c" -requests $((c == 1 ? 8 : 4 * c)) -max-tokens 128; done
