@@ -25,7 +25,8 @@
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache;
 #             SERVEFLAGS adds flags to every server (SERVEFLAGS="-max-memory 20GiB"); LOADS=prefix runs only
 #             the shared prefix: its profile, then its load ROUNDS times on each server (default 1; new
-#             prompts each round), for which a model of STEPS=2 does
+#             prompts each time), each time also with the connections opened first (loadgen -warm), for
+#             which a model of STEPS=2 does
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
@@ -201,7 +202,10 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
         flags=(); [ "$v" = noprefix ] && flags=(-no-prefix-cache)
         serving "$v" "${flags[@]}"
         load warm -clients 16 -requests 32 -max-tokens 32
-        for r in $(seq "${ROUNDS:-1}"); do load "prefix$r" "${prefix[@]}" -seed "$r"; done
+        for r in $(seq "${ROUNDS:-1}"); do
+          load "prefix$r" "${prefix[@]}" -seed "$r"
+          load "prefix$r-warm" "${prefix[@]}" -seed "$((100 + r))" -warm
+        done
         stopped
       done
       rm -f "$w/gpt2.st" "$w/text.txt"*

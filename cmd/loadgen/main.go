@@ -92,6 +92,7 @@ type options struct {
 	rate         float64
 	temperature  float64
 	stream       bool
+	warm         bool
 	seed         uint64
 	jsonOut      string
 }
@@ -116,6 +117,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.rate, "rate", 0, "requests per second arriving at random (Poisson); 0: each client sends its next when its last is answered")
 	fs.Float64Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	fs.BoolVar(&o.stream, "stream", true, "stream the tokens as server-sent events (false: one answer a request)")
+	fs.BoolVar(&o.warm, "warm", false, "open each client's connection before the load (GET /v1/models), as clients that keep theirs alive have, so that no request's time includes opening one")
 	fs.Uint64Var(&o.seed, "seed", 1, "the prompts' and the arrivals' random seed")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file (atomically)")
 	bad, _, err := cmdenv.ParseFlags(fs, args)
@@ -332,6 +334,9 @@ func run(o *options, card modelCard) *results {
 	defer stop()
 	sampled := make(chan []metricsSnapshot)
 	go func() { sampled <- sample(ctx, o.url) }()
+	if o.warm {
+		warm(client, o)
+	}
 	start := time.Now()
 	deadline := start.Add(o.duration)
 	next := make(chan job)
@@ -400,6 +405,21 @@ type sending struct {
 // note copies what s saw into a.
 func (s *sending) note(a *answer) {
 	a.sent, a.fresh = time.Duration(s.sent.Load()).Seconds(), s.fresh.Load()
+}
+
+// warm opens a connection for each client: as many requests at once, each
+// left idle in client's pool for the load to take.
+func warm(client *http.Client, o *options) {
+	var wg sync.WaitGroup
+	for range o.clients {
+		wg.Go(func() {
+			if resp, err := client.Get(o.url + "/v1/models"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // answer is one request's outcome.
@@ -654,6 +674,9 @@ func (r *results) print(w io.Writer, o *options, card modelCard) {
 	arrivals := fmt.Sprintf("%d clients", o.clients)
 	if o.rate > 0 {
 		arrivals = fmt.Sprintf("%.0f requests/s arriving (at most %d in flight)", o.rate, o.clients)
+	}
+	if o.warm {
+		arrivals += ", their connections opened first"
 	}
 	prompt := fmt.Sprintf("prompts of %v tokens", &o.prompt)
 	if o.sharedPrefix > 0 {

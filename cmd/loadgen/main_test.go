@@ -59,6 +59,11 @@ func TestLoad(t *testing.T) {
 		t.Errorf("the server's pool: %d bytes before the load, %d after", r.PoolAllocatedBefore, r.PoolAllocatedAfter)
 	}
 	o.Reset()
+	if code := command([]string{"-url", hs.URL, "-warm", "-clients", "3", "-requests", "6", "-max-tokens", "2", "-json", out}, &o, &e); code != 0 ||
+		!strings.Contains(o.String(), "3 clients, their connections opened first") || !strings.Contains(o.String(), ", 0 on new connections") {
+		t.Errorf("-warm: exit %d:\n%s%s", code, o.String(), e.String())
+	}
+	o.Reset()
 	e.Reset()
 	if code := command([]string{"-url", hs.URL, "-api", "generate", "-clients", "2", "-requests", "4", "-max-tokens", "5"}, &o, &e); code != 0 ||
 		!strings.Contains(o.String(), "4 answered, 0 failed") {
