@@ -729,7 +729,7 @@ func (r *runner) fitBudget() (err error) {
 				return err
 			})
 		})
-		if err == nil || !errors.Is(err, memory.ErrOutOfMemory) {
+		if !errors.Is(err, memory.ErrOutOfMemory) {
 			break
 		}
 		moved, serr := r.stateElsewhere()

@@ -283,7 +283,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "application/json")
 		return json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.engine.Model(),
 			"choices": out, "system_fingerprint": nil,
-			"usage": usage{promptTokens * n, completionTokens, promptTokens*n + completionTokens}})
+			"usage": newUsage(promptTokens*n, completionTokens)})
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -331,7 +331,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	if c.StreamOptions != nil && c.StreamOptions.IncludeUsage {
 		u := chunk()
 		u.Choices = []streamChoice{}
-		u.Usage = &usage{promptTokens * n, completionTokens, promptTokens*n + completionTokens}
+		used := newUsage(promptTokens*n, completionTokens)
+		u.Usage = &used
 		send(u)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
@@ -365,6 +366,9 @@ type usage struct {
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
 }
+
+// newUsage is the usage of prompt tokens read and completion tokens made.
+func newUsage(prompt, completion int) usage { return usage{prompt, completion, prompt + completion} }
 
 // add takes an event into the choice.
 func (c *completion) add(ev Event, logprobs bool) {

@@ -49,9 +49,9 @@ func RunOOM(t *testing.T, be kernels.Backend, src *memory.FaultySource, opt Opti
 // -max-memory's search, which runs steps until one fails) can go on with
 // the pool as it was. RunOOM checks this of every operation at every
 // allocation: run k of a case fails the k-th allocation of each of its
-// operations that makes k or more (each time one, the operations after it
-// in the case run on the unwritten outputs, with the checks of the results
-// quiet), until a run fails none. After each failure the pool must hold the
+// operations that makes k or more, until a run fails none. An operation
+// that failed leaves its outputs unwritten, so the operations after it run
+// on them with the checks of the results quiet. After each failure the pool must hold the
 // bytes it held when the operation began, and the case's later operations
 // must run.
 
