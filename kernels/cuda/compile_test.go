@@ -96,10 +96,12 @@ func TestTarget(t *testing.T) {
 	}
 }
 
-// TestFlashWGMMAOnSM90a checks that every flash kernel takes its warpgroup
-// path on sm_90a and only there: its PTX issues wgmma.mma_async on
-// compute_90a and none on compute_90 or compute_80. It needs NVRTC 12 or
-// later (CI's is 11.8, which has no sm_90a; the GPU machine's runs it).
+// TestFlashWGMMAOnSM90a checks that every F16 and BF16 flash kernel (the
+// paged prefill's too) takes its warpgroup path on sm_90a and only there:
+// its PTX issues wgmma.mma_async on compute_90a and none on compute_90 or
+// compute_80. The F32 kernels' TF32 products are mma.sync everywhere. It
+// needs NVRTC 12 or later (CI's is 11.8, which has no sm_90a; the GPU
+// machine's runs it).
 func TestFlashWGMMAOnSM90a(t *testing.T) {
 	needModule(t)
 	if n, _ := loadNVRTC(); n.major < 12 {
@@ -115,17 +117,18 @@ func TestFlashWGMMAOnSM90a(t *testing.T) {
 		}
 		kernels := 0
 		for _, entry := range strings.Split(ptx, ".entry ")[1:] {
-			if !strings.HasPrefix(entry, "flash_") {
+			name, _, _ := strings.Cut(entry, "(")
+			name = strings.TrimSpace(name)
+			if !strings.HasPrefix(name, "flash_") && !strings.HasPrefix(name, "paged_flash_") || strings.HasSuffix(name, "_f32") {
 				continue
 			}
 			kernels++
-			name, _, _ := strings.Cut(entry, "(")
 			if got := strings.Contains(entry, "wgmma.mma_async"); got != c.wgmma {
 				t.Errorf("%s: %s issues wgmma: %v, want %v", c.arch, name, got, c.wgmma)
 			}
 		}
-		if kernels != 6 {
-			t.Errorf("%s: %d flash kernels, want 6 (forward, backward kv and q; f16 and bf16)", c.arch, kernels)
+		if kernels != 8 {
+			t.Errorf("%s: %d flash kernels, want 8 (forward, backward kv and q, paged; f16 and bf16)", c.arch, kernels)
 		}
 	}
 }

@@ -146,7 +146,8 @@ func TestCUDATransformerChunks(t *testing.T) {
 // width 64 runs the flash kernels where cuDNN's graphs do not (noDNNAttn;
 // the conformance cases check their results), and F32 attention the F32
 // flash kernels; the chunked path takes the rest, and all of it with
-// noFlash.
+// noFlash. So too paged attention's prefills: F16 and BF16 of head width
+// 64 on paged_flash, the rest on paged_tiles, all of them with noFlash.
 func TestCUDAFlashAttention(t *testing.T) {
 	b := testBackend(t)
 	if !b.tensorCores {
@@ -161,6 +162,15 @@ func TestCUDAFlashAttention(t *testing.T) {
 			if (ran[k] > 0) == noFlash {
 				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
 			}
+		}
+		ran = profiledOps(t, b, "paged attention")
+		for _, k := range []string{"paged_flash_f16", "paged_flash_bf16"} {
+			if (ran[k] > 0) == noFlash {
+				t.Errorf("noFlash %v: %s ran %d times", noFlash, k, ran[k])
+			}
+		}
+		if noFlash && ran["paged_tiles"] == 0 {
+			t.Errorf("noFlash: paged_tiles never ran")
 		}
 	}
 	b.noFlash = false

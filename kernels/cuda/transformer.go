@@ -483,6 +483,17 @@ type pagedTilesArgs struct {
 	Q, KC, VC, Tables, RowSeq, RowPos, O           uintptr
 }
 
+// pagedFlashArgs are paged_flash's (transformer_flash.cu): PagedAttention's
+// prefill on the tensor cores, F16 and BF16 of head width flashD.
+type pagedFlashArgs struct {
+	Rows, H, BlockSize, MaxBlocks, QRow  int32
+	Scale                                float32
+	Q, KC, VC, Tables, RowSeq, RowPos, O uintptr
+}
+
+var kPagedFlash = map[kernels.DType]kernel[pagedFlashArgs]{kernels.F16: declareKernel[pagedFlashArgs]("paged_flash_f16"),
+	kernels.BF16: declareKernel[pagedFlashArgs]("paged_flash_bf16")}
+
 var (
 	kWritePaged     = declareTyped[writePagedArgs]("write_paged")
 	kPagedAttention = declareTyped[pagedAttentionArgs]("paged_attention")
@@ -508,6 +519,17 @@ func pagedDecodes(p kernels.PagedParams, q, kcache, vcache kernels.Buf) bool {
 	}
 	align := uintptr(4 * q.DType.Size())
 	return ptrOf(q)%align == 0 && ptrOf(kcache)%align == 0 && ptrOf(vcache)%align == 0
+}
+
+// pagedFlashes says whether paged_flash takes a prefill of p: F16 or BF16
+// on the tensor cores, head width flashD, the queries' rows and offsets in
+// 32-bit pairs and the caches' rows (C values) and offsets in the 16 bytes
+// its tiles move at a time; and not Backend.noFlash.
+func (b *Backend) pagedFlashes(p kernels.PagedParams, s kernels.DType, q, kcache, vcache, o kernels.Buf) bool {
+	if b.noFlash || !b.tensorCores || (s != kernels.F16 && s != kernels.BF16) || p.D != flashD {
+		return false
+	}
+	return p.QRow%2 == 0 && q.Off%4 == 0 && o.Off%4 == 0 && (p.H*p.D)%8 == 0 && kcache.Off%16 == 0 && vcache.Off%16 == 0
 }
 
 // paged_tiles' tile: pagedTileRows query rows (PAGED_TQ) against
@@ -539,7 +561,9 @@ func (b *Backend) WritePaged(p kernels.PagedParams, k, v, kcache, vcache, slots 
 // PagedAttention attends each (head, row) in a block of its own when every
 // sequence has one row (a decoding step; paged_decode's vector loads where
 // the head size and alignment allow), else each (head, tile of rows), so
-// that a prefill's rows share their sequence's keys and values.
+// that a prefill's rows share their sequence's keys and values: on the
+// tensor cores (paged_flash, 64 rows a tile) where pagedFlashes allows,
+// else on the CUDA cores (paged_tiles, pagedTileRows).
 func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, tables, rowSeq, rowPos, o kernels.Buf) {
 	kernels.CheckPaged("paged attention", p, q, kcache, vcache)
 	kernels.CheckLen("paged attention output", p.Rows*p.H*p.D, o)
@@ -549,6 +573,12 @@ func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, table
 	shared := 4 * (p.D + p.MaxLen + max(pagedThreads, p.D))
 	b.enter()
 	defer b.exit()
+	if p.Rows > p.Seqs && b.pagedFlashes(p, s, q, kcache, vcache, o) {
+		kPagedFlash[s].launch(b, 0, dims{gx: uint32(p.H), gy: uint32((p.Rows + 63) / 64), block: 128},
+			pagedFlashArgs{int32(p.Rows), int32(p.H), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.QRow), p.Scale,
+				ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
+		return
+	}
 	if p.Rows > p.Seqs {
 		tiles := 4 * (2*pagedTileRows*p.D + 2*pagedTileKeys*(p.D+1) + pagedTileRows*pagedTileKeys + 3*pagedTileRows)
 		kPagedTiles.launchShared(b, s, dims{gx: uint32(p.H), gy: uint32((p.Rows + pagedTileRows - 1) / pagedTileRows), block: pagedThreads},

@@ -84,7 +84,10 @@ var transformerCases = []testCase{
 			// ragged lengths across block boundaries, D below, at and
 			// above the CUDA block's threads;
 			// a step that decodes some sequences while it fills another
-			// (on CUDA, rows of one sequence and of several in one tile).
+			// (on CUDA, rows of one sequence and of several in one tile);
+			// prefills of head width 64 (on CUDA in F16 and BF16, the
+			// tensor cores' tiles of 64 rows): a long cached prefix, a
+			// fresh prompt, runs across tiles, many short ones in a tile.
 			for _, c := range []struct {
 				H, D, bs int
 				lens     []int // each sequence's positions in all
@@ -99,6 +102,9 @@ var transformerCases = []testCase{
 				{2, 160, 8, []int{40, 3}, []int{1, 1}},
 				{2, 128, 8, []int{33, 9}, []int{5, 9}},
 				{1, 160, 4, []int{13}, []int{13}},
+				{4, 64, 16, []int{600, 40, 17, 129, 3, 70}, []int{80, 40, 1, 70, 2, 16}},
+				{2, 64, 16, []int{116, 116, 116, 116, 116, 9}, []int{16, 16, 16, 16, 16, 1}},
+				{3, 64, 8, []int{45, 64, 1}, []int{45, 30, 1}},
 			} {
 				C, maxLen := c.H*c.D, slices.Max(c.lens)
 				maxBlocks := (maxLen+c.bs-1)/c.bs + 1

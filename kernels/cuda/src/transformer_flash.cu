@@ -760,6 +760,139 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
             store32<T>(dq, dqrow, dqbatch, b, h, r0 + g + 8 * r, 8 * j + 2 * qd, Tn, acc[j][2 * r] * scale, acc[j][2 * r + 1] * scale);
 }
 
+// load_paged_tile_async copies the keys (or values) at positions k0.. of
+// head h of a sequence whose block table is table into a FLASH_TILE ×
+// FLASH_LD shared tile, as load_tile_async does a strided operand's rows:
+// each position's row is found through the table (a block of bs
+// positions, C values a position), zeros past len.
+__device__ __forceinline__ void load_paged_tile_async(unsigned short* tile, const unsigned short* cache, const int* table,
+                                                      int bs, int C, int h, int k0, int len) {
+    const int per = FLASH_D / 8;
+    for (int i = threadIdx.x; i < FLASH_TILE * per; i += blockDim.x) {
+        int r = i / per, c = i % per;
+        int pos = min(k0 + r, len - 1); // a valid address; nothing is read past len
+        const unsigned short* src = cache + ((i64)table[pos / bs] * bs + pos % bs) * C + h * FLASH_D + 8 * c;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(tile + tile_at(r, c))), "l"(src),
+                     "r"(k0 + r < len ? 16 : 0));
+    }
+}
+
+// paged_softmax is fwd_softmax for paged_flash: each of the thread's two
+// rows sees the keys up to lim (its position, or −1 where the row is not
+// in the run the tile belongs to), every score tested. A row that has seen
+// no key yet keeps m = −∞, its factor 1 and its probabilities 0.
+__device__ __forceinline__ void paged_softmax(float (&s)[NT][4], float (&alpha)[2], float (&m)[2], float (&l)[2], float sl2,
+                                              const int (&lim)[2], int key) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float x = key + 8 * n + (e & 1) > lim[e >> 1] ? -INFINITY : s[n][e] * sl2;
+            s[n][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = quad_max(mx[r]);
+        alpha[r] = mx[r] == -INFINITY ? 1.f : ex2(m[r] - mx[r]); // m[r] is −∞ too in the first case
+        base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+        m[r] = mx[r];
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2(s[n][e] - base[e >> 1]);
+            s[n][e] = p;
+            l[e >> 1] += p;
+        }
+}
+
+// paged_flash is PagedAttention's prefill on the tensor cores: a block (a
+// warpgroup, 128 threads) attends head blockIdx.x of the 64 query rows from
+// blockIdx.y·64 (fewer at the end of rows), each row r to the positions
+// 0..rowPos[r] of its sequence rowSeq[r] through the block tables, as
+// flash_fwd attends a strided operand (its tiles, products and online
+// softmax). The block takes its rows' runs in turn, a run being rows of one
+// sequence one after another (a prompt's chunk; a padding row): the
+// sequence's keys and values in tiles of FLASH_TILE positions up to the
+// run's last, double-buffered, every row of the block in each product and
+// those outside the run masked, so that each row's maximum, sum and output
+// gather only its own run's tiles. Queries are rows of qrow elements, the
+// output rows of C = H·FLASH_D; the caches hold a position's C values at
+// slot·C, a slot being block·bs + offset.
+template <typename T>
+__device__ void paged_flash(int rows, int H, int bs, int maxBlocks, int qrow, float scale, const unsigned short* q,
+                            const unsigned short* kc, const unsigned short* vc, const int* tables, const int* rowSeq,
+                            const int* rowPos, unsigned short* o) {
+    __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
+    __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
+    __shared__ int sseq[64], spos[64];
+    check_tiles(sk), check_tiles(sv);
+    int h = blockIdx.x, r0 = blockIdx.y * 64, n = min(64, rows - r0), C = H * FLASH_D;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
+    for (int i = threadIdx.x; i < 64; i += blockDim.x) {
+        sseq[i] = i < n ? rowSeq[r0 + i] : -1;
+        spos[i] = i < n ? rowPos[r0 + i] : -1;
+    }
+    unsigned qa[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++) frag_a_global(qa[s], FlashOperand{q, qrow, 0}, 0, h, r0 + warp * 16, 16 * s, rows);
+    float acc[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, sl2 = scale * LOG2E;
+    unsigned ka = smem_addr(sk[0]), va = smem_addr(sv[0]);
+    __syncthreads();
+    int mine[2] = {warp * 16 + g, warp * 16 + g + 8}; // the thread's rows in the block
+    for (int rs = 0, re; rs < n; rs = re) {
+        int seq = sseq[rs], last = spos[rs];
+        for (re = rs + 1; re < n && sseq[re] == seq; re++) last = max(last, spos[re]);
+        int len = last + 1, lim[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) lim[r] = mine[r] >= rs && mine[r] < re ? spos[mine[r]] : -1;
+        const int* table = tables + (i64)seq * maxBlocks;
+        load_paged_tile_async(sk[0], kc, table, bs, C, h, 0, len);
+        load_paged_tile_async(sv[0], vc, table, bs, C, h, 0, len);
+        cp_commit();
+        for (int k0 = 0, buf = 0; k0 < len; k0 += FLASH_TILE, buf ^= 1) {
+            if (k0 + FLASH_TILE < len) {
+                load_paged_tile_async(sk[buf ^ 1], kc, table, bs, C, h, k0 + FLASH_TILE, len);
+                load_paged_tile_async(sv[buf ^ 1], vc, table, bs, C, h, k0 + FLASH_TILE, len);
+            }
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            float s[NT][4], alpha[2];
+            mma_abt<T>(s, qa, ka + buf * TILE_BYTES);
+            mma_wait<0>();
+            mma_done(s);
+            paged_softmax(s, alpha, m, l, sl2, lim, k0 + 2 * qd);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int j = 0; j < DT; j++) acc[j][2 * r] *= alpha[r], acc[j][2 * r + 1] *= alpha[r];
+            unsigned pa[PS][4];
+            scores_to_a<T>(pa, s);
+            mma_ab<T>(acc, pa, va + buf * TILE_BYTES);
+            mma_wait<0>();
+            mma_done(acc);
+            __syncthreads(); // the next copy writes this buffer
+        }
+        cp_wait<0>();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float inv = 1.f / quad_sum(l[r]);
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            store32<T>(o, C, 0, 0, h, r0 + mine[r], 8 * j + 2 * qd, rows, acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+    }
+}
+
 #define FLASH(T, S)                                                                                               \
     extern "C" __global__ void __launch_bounds__(FWD_THREADS, FLASH_FWD_WARPGROUPS / FLASH_FWD_WG) flash_fwd_##S(                                             \
         int B, int H, int Tq, int Tk, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow,       \
@@ -768,6 +901,13 @@ __device__ void flash_bwd_q(int B, int H, int Tn, float scale, FlashOperand q, F
         flash_fwd<T>(B, H, Tq, Tk, scale, FlashOperand{(const unsigned short*)q, qrow, qbatch},                 \
                      FlashOperand{(const unsigned short*)k, krow, kbatch},                                       \
                      FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(128) paged_flash_##S(                                           \
+        int rows, int H, int bs, int maxBlocks, int qrow, float scale, const T* q, const T* kc, const T* vc,     \
+        const int* tables, const int* rowSeq, const int* rowPos, T* o) {                                         \
+        kernel_entry();                                                                                         \
+        paged_flash<T>(rows, H, bs, maxBlocks, qrow, scale, (const unsigned short*)q, (const unsigned short*)kc, \
+                       (const unsigned short*)vc, tables, rowSeq, rowPos, (unsigned short*)o);                   \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_KV_WARPGROUPS / FLASH_WG) flash_bwd_kv_##S(                                          \
         int B, int H, int Tn, float scale, const T* q, int qrow, i64 qbatch, const T* k, int krow, i64 kbatch,  \
