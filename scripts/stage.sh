@@ -4,7 +4,8 @@
 #
 #   bash scripts/stage.sh                       # every package's tests and every command
 #   bash scripts/stage.sh ./kernels/... ./train  # only these packages' tests (the commands always)
-#   OLD=<commit> bash scripts/stage.sh ...       # also that commit's bench and train, for gpu.sh ab
+#   OLD=<commit> bash scripts/stage.sh ...       # also that commit's bench, train and serve's tests, for
+#                                                # gpu.sh ab and gptserve's engine profiles
 #   BROWN=1 bash scripts/stage.sh ...            # also the Brown corpus and its GPT-2 token file
 #
 # What it makes:
@@ -13,7 +14,7 @@
 #                      needed to build, and a static binary built here runs there)
 #   .gpu/data/         the datasets' root there (LEANGRAD_DATA): Fashion-MNIST when this machine has it
 #                      (apt-get install dataset-fashion-mnist), and with BROWN=1 the Brown corpus
-#   .gpu/old/          with OLD=<commit>: bench and train built from that commit (git worktree)
+#   .gpu/old/          with OLD=<commit>: bench, train and serve.test built from that commit (git worktree)
 #   .gpu/kernels.cu    the CUDA source the backend compiles, for the kernel harnesses
 #   .gpu/commit        the commit built (+dirty when the tree differs), which reports name
 #   .gpu/run           the entry point there: bash .gpu/run tests [go test flags] | bin/CMD ... | CMD ...
@@ -55,9 +56,10 @@ fi
 if [ -n "${OLD:-}" ]; then
   wt=$(mktemp -d)
   git worktree add -q --detach "$wt" "$OLD"
-  (cd "$wt" && go build -trimpath -ldflags='-s -w' -o "$stage/old/" ./cmd/bench ./cmd/train)
+  (cd "$wt" && go build -trimpath -ldflags='-s -w' -o "$stage/old/" ./cmd/bench ./cmd/train &&
+    go test -c -trimpath -ldflags='-s -w' -o "$stage/old/serve.test" ./serve)
   git worktree remove --force "$wt"
-  mkdir -p .gpu/old && for b in bench train; do xz -T0 -c "$stage/old/$b" > ".gpu/old/$b.xz"; done
+  mkdir -p .gpu/old && for b in bench train serve.test; do xz -T0 -c "$stage/old/$b" > ".gpu/old/$b.xz"; done
   echo "$OLD" > .gpu/old/commit
 fi
 cat > .gpu/run <<'RUN'
