@@ -218,6 +218,7 @@ type GenerateRequest struct {
 // "tokens": n, "finish_reason": "length"}), or {"error": "..."} after the
 // first token when the model fails.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
+	arrived := time.Now()
 	data, err := s.body(w, r)
 	if err != nil {
 		return err
@@ -257,6 +258,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
 			n++
 			if err := enc.Encode(map[string]any{"token": ev.Token, "text": ev.Text}); err != nil {
 				return nil // the client went away: its context ends the generation
+			}
+			if n == 1 && flusher != nil {
+				flusher.Flush()
+				s.m.firstFlushed("/v1/generate", time.Since(arrived))
 			}
 		}
 		text.WriteString(ev.Text)

@@ -21,6 +21,7 @@ type metrics struct {
 	all      []prometheus.Collector // what the registry holds
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	first    *prometheus.HistogramVec // a streamed request's first token flushed
 	images   prometheus.Histogram
 	empties  prometheus.Counter
 	emptySec prometheus.Counter
@@ -42,6 +43,9 @@ func newMetrics(s *Server) *metrics {
 			Help: "Requests answered, by path and HTTP status."}, []string{"path", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leangrad_request_duration_seconds",
 			Help: "Time from a request's arrival to its answer (its last byte, streamed).", Buckets: latencyBuckets}, []string{"path"}),
+		first: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leangrad_request_first_token_seconds",
+			Help:    "Time from a streamed request's arrival to its first token written and flushed, by path: beside the engine's leangrad_time_to_first_token_seconds, what the HTTP server adds.",
+			Buckets: latencyBuckets}, []string{"path"}),
 		images: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leangrad_batch_images",
 			Help: "Images in each forward pass the batcher ran.", Buckets: bounds}),
 		empties: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_empty_cache_calls_total",
@@ -60,7 +64,9 @@ func newMetrics(s *Server) *metrics {
 		pool("leangrad_pool_peak_reserved_bytes", "The most bytes the pool held at once.", func(st memory.Stats) int64 { return st.Reserved[memory.All].Peak }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leangrad_tensor_leaks_total",
 			Help: "Tensors the garbage collector found unreleased (their memory went back)."}, func() float64 { return float64(tensor.Leaks()) }))
-	if !s.arch.Text {
+	if s.arch.Text {
+		m.register(m.first)
+	} else {
 		m.register(m.images, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leangrad_queue_requests",
 			Help: "Requests waiting for the device."}, func() float64 { return float64(len(s.queue)) }))
 	}
@@ -76,6 +82,12 @@ func (m *metrics) register(cs ...prometheus.Collector) {
 func (m *metrics) request(path string, code int, d time.Duration) {
 	m.requests.WithLabelValues(path, fmt.Sprint(code)).Inc()
 	m.latency.WithLabelValues(path).Observe(d.Seconds())
+}
+
+// firstFlushed notes a streamed request to path whose first token was
+// flushed d after its arrival.
+func (m *metrics) firstFlushed(path string, d time.Duration) {
+	m.first.WithLabelValues(path).Observe(d.Seconds())
 }
 
 func (m *metrics) batch(images int) {

@@ -226,6 +226,7 @@ type completion struct {
 
 // completions answers POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
+	arrived := time.Now()
 	data, err := s.body(w, r)
 	if err != nil {
 		return err
@@ -320,6 +321,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 			choices[i].add(ev.Event, false)
 			if !send(chunk(streamChoice{Index: i, Text: ev.Text, Logprobs: lp})) {
 				return nil
+			}
+			if completionTokens == 1 {
+				s.m.firstFlushed("/v1/completions", time.Since(arrived))
 			}
 		}
 		if ev.Finish != "" {

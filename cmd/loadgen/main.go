@@ -215,7 +215,7 @@ func command(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loadgen: %s/metrics after the run: %v\n", o.url, err)
 		return cmdenv.ExitFailed
 	}
-	r.server(before, after)
+	r.server(before, after, "/v1/"+map[bool]string{true: "generate", false: "completions"}[o.api == "generate"])
 	r.print(stdout, o, card)
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(r, "", "  ")
@@ -279,6 +279,11 @@ type results struct {
 	// request's arrival in its engine to its first token: what the
 	// client's adds to it is HTTP's and the client's own.
 	ServerTTFTMean float64 `json:",omitempty"`
+	// The server's mean time from a streamed request's arrival over HTTP
+	// to its first token flushed (leangrad_request_first_token_seconds):
+	// what it adds to the engine's is its HTTP handler's share, what the
+	// client's adds to it the connection's and the client's own.
+	ServerFlushedMean float64 `json:",omitempty"`
 	// The engine's steps during the run and their mean time in each
 	// phase, in seconds (leangrad_step_seconds_total).
 	Steps               int
@@ -408,12 +413,18 @@ func (s *sending) note(a *answer) {
 }
 
 // warm opens a connection for each client: as many requests at once, each
-// left idle in client's pool for the load to take.
+// left idle in client's pool for the load to take. No answer is read until
+// every request has one, so that none gives its connection back for
+// another to reuse.
 func warm(client *http.Client, o *options) {
-	var wg sync.WaitGroup
+	var answered, wg sync.WaitGroup
+	answered.Add(o.clients)
 	for range o.clients {
 		wg.Go(func() {
-			if resp, err := client.Get(o.url + "/v1/models"); err == nil {
+			resp, err := client.Get(o.url + "/v1/models")
+			answered.Done()
+			answered.Wait()
+			if err == nil {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
@@ -630,8 +641,9 @@ func sample(ctx context.Context, base string) []metricsSnapshot {
 	}
 }
 
-// server fills the figures that come from /metrics.
-func (r *results) server(before, after metricsSnapshot) {
+// server fills the figures that come from /metrics, the load's requests
+// having gone to path.
+func (r *results) server(before, after metricsSnapshot, path string) {
 	var sum float64
 	n := 0
 	for _, m := range r.samples {
@@ -651,9 +663,14 @@ func (r *results) server(before, after metricsSnapshot) {
 	r.PrefixHits, r.PrefixMisses = rose("leangrad_prefix_cache_hits_total"), rose("leangrad_prefix_cache_misses_total")
 	r.BlockSize = int(after["leangrad_kv_block_size"])
 	r.Steps = rose("leangrad_steps_total")
-	if n := after["leangrad_time_to_first_token_seconds_count"] - before["leangrad_time_to_first_token_seconds_count"]; n > 0 {
-		r.ServerTTFTMean = (after["leangrad_time_to_first_token_seconds_sum"] - before["leangrad_time_to_first_token_seconds_sum"]) / n
+	mean := func(histogram, labels string) float64 {
+		if n := after[histogram+"_count"+labels] - before[histogram+"_count"+labels]; n > 0 {
+			return (after[histogram+"_sum"+labels] - before[histogram+"_sum"+labels]) / n
+		}
+		return 0
 	}
+	r.ServerTTFTMean = mean("leangrad_time_to_first_token_seconds", "")
+	r.ServerFlushedMean = mean("leangrad_request_first_token_seconds", `{path="`+path+`"}`)
 	r.StepPhases = map[string]float64{}
 	for _, p := range phases {
 		k := `leangrad_step_seconds_total{phase="` + p + `"}`
@@ -693,7 +710,11 @@ func (r *results) print(w io.Writer, o *options, card modelCard) {
 	}
 	fmt.Fprintf(w, "  time to first token %s", ms(r.TTFT))
 	if r.ServerTTFTMean > 0 {
-		fmt.Fprintf(w, " (the server's own, from arrival in its engine: mean %.2f ms)", r.ServerTTFTMean*1e3)
+		fmt.Fprintf(w, " (the server's own, from arrival in its engine: mean %.2f ms", r.ServerTTFTMean*1e3)
+		if r.ServerFlushedMean > 0 {
+			fmt.Fprintf(w, "; from arrival over HTTP to the first token flushed: mean %.2f ms", r.ServerFlushedMean*1e3)
+		}
+		fmt.Fprint(w, ")")
 	}
 	fmt.Fprintf(w, "\n  requests written %s after they began, %d on new connections\n", ms(r.Sent), r.NewConnections)
 	if o.stream {
