@@ -486,9 +486,9 @@ type pagedTilesArgs struct {
 // pagedFlashArgs are paged_flash's (transformer_flash.cu): PagedAttention's
 // prefill on the tensor cores, F16 and BF16 of head width flashD.
 type pagedFlashArgs struct {
-	Rows, H, BlockSize, MaxBlocks, QRow  int32
-	Scale                                float32
-	Q, KC, VC, Tables, RowSeq, RowPos, O uintptr
+	Rows, H, Slots, BlockSize, MaxBlocks, QRow int32
+	Scale                                      float32
+	Q, KC, VC, Tables, RowSeq, RowPos, O       uintptr
 }
 
 var kPagedFlash = map[kernels.DType]kernel[pagedFlashArgs]{kernels.F16: declareKernel[pagedFlashArgs]("paged_flash_f16"),
@@ -520,6 +520,11 @@ func pagedDecodes(p kernels.PagedParams, q, kcache, vcache kernels.Buf) bool {
 	align := uintptr(4 * q.DType.Size())
 	return ptrOf(q)%align == 0 && ptrOf(kcache)%align == 0 && ptrOf(vcache)%align == 0
 }
+
+// pagedFlashSlots is how many blocks share each of paged_flash's tiles of
+// 64 rows, each taking every pagedFlashSlots-th of the tile's runs: the 64
+// rows of four prompts of 16 after a shared prefix attend in parallel.
+const pagedFlashSlots = 4
 
 // pagedFlashes says whether paged_flash takes a prefill of p: F16 or BF16
 // on the tensor cores, head width flashD, the queries' rows and offsets in
@@ -574,8 +579,8 @@ func (b *Backend) PagedAttention(p kernels.PagedParams, q, kcache, vcache, table
 	b.enter()
 	defer b.exit()
 	if p.Rows > p.Seqs && b.pagedFlashes(p, s, q, kcache, vcache, o) {
-		kPagedFlash[s].launch(b, 0, dims{gx: uint32(p.H), gy: uint32((p.Rows + 63) / 64), block: 128},
-			pagedFlashArgs{int32(p.Rows), int32(p.H), int32(p.BlockSize), int32(p.MaxBlocks), int32(p.QRow), p.Scale,
+		kPagedFlash[s].launch(b, 0, dims{gx: uint32(p.H * pagedFlashSlots), gy: uint32((p.Rows + 63) / 64), block: 128},
+			pagedFlashArgs{int32(p.Rows), int32(p.H), pagedFlashSlots, int32(p.BlockSize), int32(p.MaxBlocks), int32(p.QRow), p.Scale,
 				ptrOf(q), ptrOf(kcache), ptrOf(vcache), ptrOf(tables), ptrOf(rowSeq), ptrOf(rowPos), ptrOf(o)})
 		return
 	}

@@ -812,27 +812,30 @@ __device__ __forceinline__ void paged_softmax(float (&s)[NT][4], float (&alpha)[
 }
 
 // paged_flash is PagedAttention's prefill on the tensor cores: a block (a
-// warpgroup, 128 threads) attends head blockIdx.x of the 64 query rows from
+// warpgroup, 128 threads) attends a head of the 64 query rows from
 // blockIdx.y·64 (fewer at the end of rows), each row r to the positions
 // 0..rowPos[r] of its sequence rowSeq[r] through the block tables, as
 // flash_fwd attends a strided operand (its tiles, products and online
-// softmax). The block takes its rows' runs in turn, a run being rows of one
-// sequence one after another (a prompt's chunk; a padding row): the
+// softmax). The rows fall in runs, a run being rows of one sequence one
+// after another (a prompt's chunk; a padding row), and blockIdx.x is the
+// head times slots plus the block's slot: the block takes the runs whose
+// index is its slot modulo slots (a prompt of its own in each of a tile's
+// runs, as after a shared prefix, runs in parallel), in turn: the
 // sequence's keys and values in tiles of FLASH_TILE positions up to the
 // run's last, double-buffered, every row of the block in each product and
 // those outside the run masked, so that each row's maximum, sum and output
-// gather only its own run's tiles. Queries are rows of qrow elements, the
-// output rows of C = H·FLASH_D; the caches hold a position's C values at
-// slot·C, a slot being block·bs + offset.
+// gather only its own run's tiles; it writes its runs' rows. Queries are
+// rows of qrow elements, the output rows of C = H·FLASH_D; the caches hold
+// a position's C values at slot·C, a slot being block·bs + offset.
 template <typename T>
-__device__ void paged_flash(int rows, int H, int bs, int maxBlocks, int qrow, float scale, const unsigned short* q,
+__device__ void paged_flash(int rows, int H, int slots, int bs, int maxBlocks, int qrow, float scale, const unsigned short* q,
                             const unsigned short* kc, const unsigned short* vc, const int* tables, const int* rowSeq,
                             const int* rowPos, unsigned short* o) {
     __shared__ __align__(1024) unsigned short sk[2][FLASH_TILE * FLASH_LD];
     __shared__ __align__(1024) unsigned short sv[2][FLASH_TILE * FLASH_LD];
     __shared__ int sseq[64], spos[64];
     check_tiles(sk), check_tiles(sv);
-    int h = blockIdx.x, r0 = blockIdx.y * 64, n = min(64, rows - r0), C = H * FLASH_D;
+    int h = blockIdx.x / slots, slot = blockIdx.x % slots, r0 = blockIdx.y * 64, n = min(64, rows - r0), C = H * FLASH_D;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, qd = threadIdx.x & 3;
     for (int i = threadIdx.x; i < 64; i += blockDim.x) {
         sseq[i] = i < n ? rowSeq[r0 + i] : -1;
@@ -848,12 +851,18 @@ __device__ void paged_flash(int rows, int H, int bs, int maxBlocks, int qrow, fl
     unsigned ka = smem_addr(sk[0]), va = smem_addr(sv[0]);
     __syncthreads();
     int mine[2] = {warp * 16 + g, warp * 16 + g + 8}; // the thread's rows in the block
-    for (int rs = 0, re; rs < n; rs = re) {
+    bool done[2] = {false, false};                     // attended by this block
+    for (int rs = 0, re, run = 0; rs < n; rs = re, run++) {
         int seq = sseq[rs], last = spos[rs];
         for (re = rs + 1; re < n && sseq[re] == seq; re++) last = max(last, spos[re]);
+        if (run % slots != slot) continue;
         int len = last + 1, lim[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) lim[r] = mine[r] >= rs && mine[r] < re ? spos[mine[r]] : -1;
+        for (int r = 0; r < 2; r++) {
+            bool in = mine[r] >= rs && mine[r] < re;
+            lim[r] = in ? spos[mine[r]] : -1;
+            done[r] |= in;
+        }
         const int* table = tables + (i64)seq * maxBlocks;
         load_paged_tile_async(sk[0], kc, table, bs, C, h, 0, len);
         load_paged_tile_async(sv[0], vc, table, bs, C, h, 0, len);
@@ -887,9 +896,10 @@ __device__ void paged_flash(int rows, int H, int bs, int maxBlocks, int qrow, fl
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float inv = 1.f / quad_sum(l[r]);
+        if (done[r])
 #pragma unroll
-        for (int j = 0; j < DT; j++)
-            store32<T>(o, C, 0, 0, h, r0 + mine[r], 8 * j + 2 * qd, rows, acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+            for (int j = 0; j < DT; j++)
+                store32<T>(o, C, 0, 0, h, r0 + mine[r], 8 * j + 2 * qd, rows, acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
     }
 }
 
@@ -903,10 +913,10 @@ __device__ void paged_flash(int rows, int H, int bs, int maxBlocks, int qrow, fl
                      FlashOperand{(const unsigned short*)v, vrow, vbatch}, (unsigned short*)o, orow, obatch, lse); \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(128) paged_flash_##S(                                           \
-        int rows, int H, int bs, int maxBlocks, int qrow, float scale, const T* q, const T* kc, const T* vc,     \
-        const int* tables, const int* rowSeq, const int* rowPos, T* o) {                                         \
+        int rows, int H, int slots, int bs, int maxBlocks, int qrow, float scale, const T* q, const T* kc,       \
+        const T* vc, const int* tables, const int* rowSeq, const int* rowPos, T* o) {                            \
         kernel_entry();                                                                                         \
-        paged_flash<T>(rows, H, bs, maxBlocks, qrow, scale, (const unsigned short*)q, (const unsigned short*)kc, \
+        paged_flash<T>(rows, H, slots, bs, maxBlocks, qrow, scale, (const unsigned short*)q, (const unsigned short*)kc, \
                        (const unsigned short*)vc, tables, rowSeq, rowPos, (unsigned short*)o);                   \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, FLASH_BWD_KV_WARPGROUPS / FLASH_WG) flash_bwd_kv_##S(                                          \
