@@ -19,8 +19,8 @@
 #   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
 #   gptserve  GPT-2 small trained STEPS (default 300) steps on text made there, then served in bf16
-#             (the engine's mixed and shared-prefix loads profiled by operation first; LOADS=0 stops there):
-#             (and the shared prefix's profile from stage.sh's OLD build too, when staged),
+#             (the engine's mixed and shared-prefix loads profiled by operation first, the latter from
+#             stage.sh's OLD build too when staged; LOADS=0 stops there):
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
 #             and static batching; 64 prompts sharing 512 tokens with and without the prefix cache;

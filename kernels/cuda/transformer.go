@@ -527,14 +527,15 @@ func pagedDecodes(p kernels.PagedParams, q, kcache, vcache kernels.Buf) bool {
 const pagedFlashSlots = 4
 
 // pagedFlashes says whether paged_flash takes a prefill of p: F16 or BF16
-// on the tensor cores, head width flashD, the queries' rows and offsets in
-// 32-bit pairs and the caches' rows (C values) and offsets in the 16 bytes
-// its tiles move at a time; and not Backend.noFlash.
+// on the tensor cores, head width flashD, the queries and output in 32-bit
+// pairs and the caches at offsets of the 16 bytes its tiles move at a time
+// (their rows, H·flashD values, are multiples of it); and not
+// Backend.noFlash.
 func (b *Backend) pagedFlashes(p kernels.PagedParams, s kernels.DType, q, kcache, vcache, o kernels.Buf) bool {
 	if b.noFlash || !b.tensorCores || (s != kernels.F16 && s != kernels.BF16) || p.D != flashD {
 		return false
 	}
-	return p.QRow%2 == 0 && q.Off%4 == 0 && o.Off%4 == 0 && (p.H*p.D)%8 == 0 && kcache.Off%16 == 0 && vcache.Off%16 == 0
+	return p.QRow%2 == 0 && q.Off%4 == 0 && o.Off%4 == 0 && kcache.Off%16 == 0 && vcache.Off%16 == 0
 }
 
 // paged_tiles' tile: pagedTileRows query rows (PAGED_TQ) against
