@@ -425,9 +425,18 @@ type promptEvent struct {
 }
 
 // merged reads several requests' events as they come, until every sample
-// of each ended.
+// of each ended: one request's straight from its channel, several through
+// a goroutine each.
 func merged(chans []<-chan Event, n int) func(func(promptEvent) bool) {
 	return func(yield func(promptEvent) bool) {
+		if len(chans) == 1 {
+			for ev := range events(chans[0], n) {
+				if !yield(promptEvent{ev, 0}) {
+					return
+				}
+			}
+			return
+		}
 		all := make(chan promptEvent)
 		stop := make(chan struct{})
 		defer close(stop)
