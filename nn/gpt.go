@@ -528,7 +528,7 @@ func (g *GPT) decode(dev *tensor.Device, caches []*T, tokens []int32, pos int) *
 		h = b.addFeedForward(h, b.LN2.ForProduct(h))
 	}
 	last := g.LNF.ForProduct(h.Rows(m-1, m))
-	return ag.Linear(last, g.WTE.On(dev), nil).Keep()
+	return ag.Linear(last, g.WTE, nil).Keep() // WTE's own handle, which finds its copy cast once (or packed)
 }
 
 // sample draws a token from logits under s.

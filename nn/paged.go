@@ -117,7 +117,7 @@ func (g *GPT) ForwardPaged(kv *PagedKV, b PagedBatch) *T {
 		last := ag.Embedding(h, b.Last) // each sequence's last row
 		h.Release()
 		last = then(last, g.LNF.ForProduct)
-		logits = ag.Linear(last, g.WTE.On(dev), nil)
+		logits = ag.Linear(last, g.WTE, nil) // WTE's own handle, which finds its copy cast once (or packed)
 		last.Release()
 	})
 	return logits

@@ -263,3 +263,36 @@ func BenchmarkForwardPagedDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(seqs*b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// TestForwardPagedReadsTheOutputCastOnce: under autocast with the weights
+// cast once, a paged step's output projection reads WTE's copy: the step's
+// peak stays below one more copy of it (the copies are keyed by the
+// parameters' handles: a handle of WTE's own would miss its copy).
+func TestForwardPagedReadsTheOutputCastOnce(t *testing.T) {
+	dev := tensor.CPU()
+	const vocab, width = 4000, 64
+	g, err := NewGPT(dev, GPTConfig{Layers: 1, Heads: 2, Width: width, Vocab: vocab, Context: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Release(g)
+	g.SetTraining(false)
+	kv, err := g.NewPagedKV(dev, tensor.BF16, 8, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Release()
+	batch := decodeStep(dev, rand.New(rand.NewPCG(5, 5)), vocab, 2, 3, 8, 4)
+	copyBytes := int64(vocab * width * tensor.BF16.Size())
+	ag.Autocast(dev, tensor.BF16, func() {
+		defer ag.CastParameters(dev, g.ProductParameters())()
+		dev.WithScope(func() { g.ForwardPaged(kv, batch()) }) // the first step's workspaces
+		a := dev.Allocator()
+		before := a.Stats().Allocated[0].Current
+		a.WindowPeak()
+		dev.WithScope(func() { g.ForwardPaged(kv, batch()) })
+		if peak, _ := a.WindowPeak(); peak-before >= copyBytes {
+			t.Errorf("a paged step's peak rose %d bytes over %d: WTE's %d-byte BF16 copy made again", peak-before, before, copyBytes)
+		}
+	})
+}

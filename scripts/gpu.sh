@@ -19,7 +19,8 @@
 #   budget    the main job's model in fp32, then under -max-memory at half its fp32 step's need
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
 #   gptserve  GPT-2 small trained STEPS (default 300) steps on text made there, then served in bf16
-#             (the engine's mixed and shared-prefix loads profiled by operation first, the latter from
+#             (the engine's mixed and shared-prefix loads profiled by operation first, the former's host
+#             time in engine-mixed-cpu.prof too, the latter from
 #             stage.sh's OLD build too when staged; LOADS=0 stops there):
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
@@ -173,7 +174,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
     if [ "${LOADS:-1}" != prefix ]; then
       timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
-        -test.benchtime 1x -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-mixed.log" 2>&1
+        -test.benchtime 1x -test.v -test.cpuprofile "$1" -engine.checkpoint "$0"' "$w/gpt2.st" "$w/engine-mixed-cpu.prof" > "$w/engine-mixed.log" 2>&1
       say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -60 | tee -a "$w/summary.txt"
     fi
     timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
