@@ -175,7 +175,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     if [ "${LOADS:-1}" != prefix ]; then
       timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
         -test.benchtime 1x -test.v -test.cpuprofile "$1" -engine.checkpoint "$0"' "$w/gpt2.st" "$w/engine-mixed-cpu.prof" > "$w/engine-mixed.log" 2>&1
-      say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -60 | tee -a "$w/summary.txt"
+      say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -64 | tee -a "$w/summary.txt"
     fi
     timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
       -test.benchtime 2x -test.v' > "$w/engine-prefix.log" 2>&1

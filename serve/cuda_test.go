@@ -16,6 +16,7 @@ import (
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -172,6 +173,7 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	}
 	var wg sync.WaitGroup
 	var generated atomic.Int64
+	phases := stepPhases(s.Engine())
 	prof.StartProfile()
 	start := time.Now()
 	for i, j := range jobs {
@@ -194,7 +196,20 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	wall := time.Since(start)
 	b.ReportMetric(float64(generated.Load())/wall.Seconds(), "tokens/s")
 	b.Logf("%d tokens generated in %v", generated.Load(), wall.Round(time.Millisecond))
+	after := stepPhases(s.Engine())
+	b.Logf("the engine's loop over %.0f steps: schedule %.1f ms, pack and launch %.1f, wait for the outputs %.1f, deliver %.1f",
+		after[0]-phases[0], 1e3*(after[1]-phases[1]), 1e3*(after[2]-phases[2]), 1e3*(after[3]-phases[3]), 1e3*(after[4]-phases[4]))
 	logOps(b, prof, wall, 24)
+}
+
+// stepPhases is e's steps and the seconds its loop spent in each phase of
+// them (engineMetrics.step) so far.
+func stepPhases(e *Engine) [5]float64 {
+	p := [5]float64{testutil.ToFloat64(e.m.steps)}
+	for i, name := range []string{"schedule", "launch", "wait", "deliver"} {
+		p[1+i] = testutil.ToFloat64(e.m.stepSeconds.WithLabelValues(name))
+	}
+	return p
 }
 
 // logOps stops prof and logs the device's busy time and its first n
