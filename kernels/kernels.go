@@ -104,6 +104,16 @@ type Buf struct {
 // Bytes is the view's length in bytes.
 func (b Buf) Bytes() int64 { return int64(b.N) * int64(b.DType.Size()) }
 
+// As is b's bytes read as dt, a type of the same size (an I32 buffer's
+// words as F32, say), or a panic naming both.
+func (b Buf) As(dt DType) Buf {
+	if dt.Size() != b.DType.Size() {
+		panic(fmt.Sprintf("kernels: a %v buffer read as %v: their sizes differ", b.DType, dt))
+	}
+	b.DType = dt
+	return b
+}
+
 // Valid reports whether b refers to memory.
 func (b Buf) Valid() bool { return b.Block != nil }
 

@@ -15,12 +15,12 @@ import (
 
 // layout is how a step's inputs and outputs are packed, for S sequences
 // of R rows in all, tables W blocks wide and TopN top tokens a sequence:
-// the I32 inputs in one buffer (tokens, positions, slots and sequences of
-// the rows; the last rows, top-k settings, seed pairs, draw steps and
-// block tables of the sequences), the F32 ones in another (temperatures,
-// top-p settings), and the outputs in two (tokens and top tokens;
-// log-probabilities and theirs), so that a step writes twice and reads
-// twice.
+// the inputs in one buffer of 4-byte words (the I32 ones: tokens,
+// positions, slots and sequences of the rows; the last rows, top-k
+// settings, seed pairs, draw steps and block tables of the sequences; then
+// the F32 ones: temperatures, top-p settings), and the outputs in another
+// (tokens and top tokens, then log-probabilities and theirs), so that a
+// step writes once and reads once.
 type layout struct{ S, R, W, TopN, MaxLen int }
 
 func (l layout) ints() int      { return 4*l.R + 5*l.S + l.S*l.W }
@@ -28,18 +28,25 @@ func (l layout) floats() int    { return 2 * l.S }
 func (l layout) outInts() int   { return l.S * (1 + l.TopN) }
 func (l layout) outFloats() int { return l.S * (1 + l.TopN) }
 
-// buffers are a layout's device buffers.
-type buffers struct{ in, fin, out, fout *tensor.Tensor }
+// buffers are a layout's device buffers: its inputs and its outputs,
+// each I32 with its F32 words last.
+type buffers struct{ in, out *tensor.Tensor }
 
 func newBuffers(dev *tensor.Device, l layout) buffers {
-	return buffers{tensor.Empty(dev, tensor.I32, l.ints()).Keep(), tensor.Empty(dev, tensor.F32, l.floats()).Keep(),
-		tensor.Empty(dev, tensor.I32, l.outInts()).Keep(), tensor.Empty(dev, tensor.F32, l.outFloats()).Keep()}
+	return buffers{tensor.Empty(dev, tensor.I32, l.ints()+l.floats()).Keep(), tensor.Empty(dev, tensor.I32, l.outInts()+l.outFloats()).Keep()}
 }
 
 func (b buffers) release() {
-	for _, t := range []*tensor.Tensor{b.in, b.fin, b.out, b.fout} {
-		t.Release()
+	b.in.Release()
+	b.out.Release()
+}
+
+// words is v's first n int32s and the float32s after them, one array.
+func words(v []int32, n int) ([]int32, []float32) {
+	if len(v) == n {
+		return v, nil
 	}
+	return v[:n], unsafe.Slice((*float32)(unsafe.Pointer(&v[n])), len(v)-n)
 }
 
 // graphKey names a captured decoding step: its bucket, and whether it
@@ -65,8 +72,7 @@ type runner struct {
 	graphs map[graphKey]*graph // batches of decoding rows, padded to a power of two
 	arena  *memory.Arena
 
-	ints   []int32
-	floats []float32
+	in, out []int32 // a step's inputs and outputs on the host, as their buffers hold them
 	// The last step's outputs.
 	tokens, topTokens     []int32
 	logprobs, topLogprobs []float32
@@ -115,13 +121,12 @@ func rowBuckets(most int) []int {
 	return b
 }
 
-// pack fills r.ints and r.floats with b's inputs in layout l (l.S and l.R
-// at least b's; the rest padding: a row writing nowhere, reading block 0,
-// drawn greedily).
+// pack fills r.in with b's inputs in layout l (l.S and l.R at least b's;
+// the rest padding: a row writing nowhere, reading block 0, drawn
+// greedily).
 func (r *runner) pack(b *batch, l layout) {
-	r.ints = zeroed(r.ints, l.ints())
-	r.floats = zeroed(r.floats, l.floats())
-	in := r.ints
+	r.in = zeroed(r.in, l.ints()+l.floats())
+	in, floats := words(r.in, l.ints())
 	tokens, in := in[:l.R], in[l.R:]
 	positions, in := in[:l.R], in[l.R:]
 	slots, in := in[:l.R], in[l.R:]
@@ -130,7 +135,7 @@ func (r *runner) pack(b *batch, l layout) {
 	topK, in := in[:l.S], in[l.S:]
 	seeds, in := in[:2*l.S], in[2*l.S:]
 	steps, tables := in[:l.S], in[l.S:]
-	temp, topP := r.floats[:l.S], r.floats[l.S:]
+	temp, topP := floats[:l.S], floats[l.S:]
 	copy(tokens, b.tokens)
 	copy(positions, b.positions)
 	copy(slots, b.slots)
@@ -183,14 +188,15 @@ func (r *runner) body(l layout, bufs buffers) {
 			Last: view(bufs.in, l.S), MaxLen: l.MaxLen}
 		topK, seeds, steps := view(bufs.in, l.S), view(bufs.in, 2*l.S), view(bufs.in, l.S)
 		b.Tables = view(bufs.in, l.S*l.W).View(l.S, l.W)
+		fin := bufs.in.Buf().Slice(l.ints(), l.floats()).As(kernels.F32)
 		logits := e.g.ForwardPaged(e.kv, b)
 		p := kernels.SampleParams{Rows: l.S, V: e.g.Cfg.Vocab, TopN: l.TopN}
-		ob, of := bufs.out.Buf(), bufs.fout.Buf()
+		ob := bufs.out.Buf()
+		of := ob.Slice(l.outInts(), l.outFloats()).As(kernels.F32)
 		var tt, tl kernels.Buf
 		if l.TopN > 0 {
 			tt, tl = ob.Slice(l.S, l.S*l.TopN), of.Slice(l.S, l.S*l.TopN)
 		}
-		fin := bufs.fin.Buf()
 		r.dev.Backend().Sample(p, logits.Buf(), fin.Slice(0, l.S), topK.Buf(), fin.Slice(l.S, l.S), seeds.Buf(), steps.Buf(),
 			ob.Slice(0, l.S), of.Slice(0, l.S), tt, tl)
 	})
@@ -223,8 +229,7 @@ func (r *runner) run(w *work) (err error) {
 		}
 		if g := r.graphs[graphKey{bucket(n, r.e.opts.MaxSeqs), topN > 0}]; g != nil && n <= g.l.S {
 			r.pack(&w.dec, g.l)
-			be.Write(g.bufs.in.Buf(), int32Bytes(r.ints))
-			be.Write(g.bufs.fin.Buf(), float32Bytes(r.floats))
+			be.Write(g.bufs.in.Buf(), int32Bytes(r.in))
 			if err := g.g.Launch(); err != nil {
 				return err
 			}
@@ -243,8 +248,7 @@ func (r *runner) run(w *work) (err error) {
 			l.S, l.R = max(l.S, bucket(l.S, r.e.opts.MaxSeqs)), rowBucket(l.R, r.e.opts.MaxBatchTokens)
 		}
 		r.pack(eager, l)
-		bufs := buffers{tensor.FromInt32(r.dev, r.ints, len(r.ints)), tensor.FromFloat32(r.dev, r.floats, len(r.floats)),
-			tensor.Empty(r.dev, tensor.I32, l.outInts()), tensor.Empty(r.dev, tensor.F32, l.outFloats())}
+		bufs := buffers{tensor.FromInt32(r.dev, r.in, len(r.in)), tensor.Empty(r.dev, tensor.I32, l.outInts()+l.outFloats())}
 		defer bufs.release()
 		r.body(l, bufs)
 		parts = append(parts, part{l, bufs, len(eager.seqs)})
@@ -255,9 +259,9 @@ func (r *runner) run(w *work) (err error) {
 	r.topTokens, r.topLogprobs = zeroed(r.topTokens, w.seqs()*r.topN), zeroed(r.topLogprobs, w.seqs()*r.topN)
 	at := 0 // the part's first sequence
 	for _, p := range parts {
-		outI, outF := make([]int32, p.l.outInts()), make([]float32, p.l.outFloats())
-		be.Read(int32Bytes(outI), p.bufs.out.Buf())
-		be.Read(float32Bytes(outF), p.bufs.fout.Buf())
+		r.out = zeroed(r.out, p.l.outInts()+p.l.outFloats())
+		be.Read(int32Bytes(r.out), p.bufs.out.Buf())
+		outI, outF := words(r.out, p.l.outInts())
 		r.tokens, r.logprobs = append(r.tokens, outI[:p.n]...), append(r.logprobs, outF[:p.n]...)
 		for i := range p.n * min(p.l.TopN, 1) {
 			copy(r.topTokens[(at+i)*r.topN:], outI[p.l.S+i*p.l.TopN:p.l.S+(i+1)*p.l.TopN])
@@ -292,8 +296,7 @@ func (r *runner) idle(l layout, bufs *buffers) {
 		bufs = &b
 	}
 	r.pack(&batch{}, l)
-	r.dev.Backend().Write(bufs.in.Buf(), int32Bytes(r.ints))
-	r.dev.Backend().Write(bufs.fin.Buf(), float32Bytes(r.floats))
+	r.dev.Backend().Write(bufs.in.Buf(), int32Bytes(r.in))
 	r.body(l, *bufs)
 }
 
