@@ -20,7 +20,7 @@
 #   serve     a trained ResNet-20 served (package serve's load test), from 1 and 16 clients
 #   gptserve  GPT-2 small trained STEPS (default 300) steps on text made there, then served in bf16
 #             (the engine's mixed and shared-prefix loads profiled by operation first, the former's host
-#             time in engine-mixed-cpu.prof too, the latter from
+#             time in engine-mixed-cpu.prof too; both from
 #             stage.sh's OLD build too when staged; LOADS=0 stops there):
 #             the engine against the plain forward (serve's TestCUDAEngineMatchesForwardTrained), and
 #             cmd/loadgen's loads: 1, 16, 64 and 256 clients x 128 tokens; mixed lengths, continuous
@@ -185,6 +185,11 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" -test.benchtime 2x -test.v) \
         > "$w/engine-prefix-old.log" 2>&1
       say "the same at $(cat .gpu/old/commit) exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix-old.log" | head -80 | tee -a "$w/summary.txt"
+      if [ "${LOADS:-1}" != prefix ]; then
+        (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$/captured" -test.benchtime 1x -test.v \
+          -engine.checkpoint "$w/gpt2.st") > "$w/engine-mixed-old.log" 2>&1
+        say "the mixed load at $(cat .gpu/old/commit) exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed-old.log" | head -30 | tee -a "$w/summary.txt"
+      fi
     fi
     if [ "${LOADS:-1}" = 0 ]; then rm -f "$w/gpt2.st" "$w/text.txt"*; continue; fi
     port=18080

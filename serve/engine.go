@@ -79,6 +79,8 @@ type Engine struct {
 	static  int // with StaticBatching: the waiting sequences of the batch still to admit
 	runner  *runner
 	m       *engineMetrics
+	outbox  []letter      // events for the samples' channels, posted to the courier each iteration
+	mail    chan []letter // the courier's (Note [events by courier])
 
 	ready   chan error
 	stop    chan struct{}
@@ -116,9 +118,10 @@ type Engine struct {
 //     that ragged sizes would pay on almost every step. The sampler runs
 //     on the device and only the tokens and their log-probabilities come
 //     back;
-//  5. sends each token to its request's channel, and ends the samples
-//     that reached MaxTokens, a stop string, the end-of-text token or the
-//     context, freeing their blocks at once.
+//  5. sends each token to its request's channel (by courier: Note
+//     [events by courier]), and ends the samples that reached MaxTokens, a
+//     stop string, the end-of-text token or the context, freeing their
+//     blocks at once.
 //
 // With StaticBatching, step 3 takes a batch of the waiting sequences (up
 // to MaxSeqs) only when nothing runs, and admits no other until all of it
@@ -292,6 +295,7 @@ func (e *Engine) start() {
 // products once (autograd.PackParameters).
 func (e *Engine) loop() {
 	defer close(e.done)
+	defer e.startCourier()()
 	var err error
 	ag.NoGrad(e.dev, func() {
 		run := func() {
@@ -318,6 +322,7 @@ func (e *Engine) loop() {
 // serve runs steps until Close.
 func (e *Engine) serve() {
 	for {
+		e.post()
 		idle := len(e.waiting) == 0 && len(e.running) == 0
 		if idle {
 			select {
@@ -391,7 +396,7 @@ func (e *Engine) end(s *sequence, finish string, err error) {
 	if err == nil {
 		ev.Text = s.text.rest()
 	}
-	s.out <- ev
+	e.emit(s, ev)
 	e.queued.Add(-1)
 	e.m.ended(s, finish, err)
 }
@@ -432,7 +437,7 @@ func (e *Engine) shutdown(err error) {
 	} else {
 		for _, s := range e.waiting {
 			for _, x := range append([]*sequence{s}, s.forks...) {
-				x.out <- Event{Index: x.index, Token: -1, Err: err}
+				e.emit(x, Event{Index: x.index, Token: -1, Err: err})
 			}
 		}
 	}
@@ -464,3 +469,54 @@ func (e *Engine) preempt() *sequence {
 	e.m.preempted()
 	return s
 }
+
+// letter is an event on its way to a sample's channel.
+type letter struct {
+	out chan<- Event
+	ev  Event
+}
+
+// emit queues ev for s's channel; the loop posts the queue at the top of
+// each iteration.
+func (e *Engine) emit(s *sequence, ev Event) { e.outbox = append(e.outbox, letter{s.out, ev}) }
+
+// post hands the queued events to the courier.
+func (e *Engine) post() {
+	if len(e.outbox) > 0 {
+		e.mail <- e.outbox
+		e.outbox = nil
+	}
+}
+
+// startCourier starts the goroutine that sends the posted events, in the
+// order posted, and returns what ends it: the events still queued are
+// posted and all sent before it returns.
+func (e *Engine) startCourier() (end func()) {
+	e.mail = make(chan []letter, 64)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for batch := range e.mail {
+			for _, l := range batch {
+				l.out <- l.ev // never blocks: a request's channel holds all of its events
+			}
+		}
+	}()
+	return func() {
+		e.post()
+		close(e.mail)
+		<-done
+	}
+}
+
+// Note [events by courier]: a step's events go to their requests'
+// channels from a goroutine of their own, while the loop schedules and
+// launches the next step. A send to a channel whose reader is parked
+// readies that goroutine and may wake an idle processor for it; over a
+// step's hundreds of samples that is host time between steps, when the
+// device waits. The loop queues the events (emit) and hands each
+// iteration's to the courier in one send (post), before it takes the
+// submitted requests; one courier keeps every sample's events in order,
+// its ending event last. The loop's counters and the blocks are updated
+// before an event is queued, so a reader that sees a sample's end sees
+// them too.

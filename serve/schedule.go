@@ -202,7 +202,7 @@ func (e *Engine) deliverOne(s *sequence, rows int, samples bool, i int, now time
 	} else {
 		text, stopped := s.text.next(e.tok.Decode(s.tokens[len(s.tokens)-1:]), s.req.Stop)
 		ev.Text = text
-		s.out <- ev
+		e.emit(s, ev)
 		switch {
 		case stopped:
 			finish = FinishStop
