@@ -124,6 +124,10 @@ type BlockManager struct {
 	misses   int64
 	evicted  int64
 	cachedOK int // cached blocks
+	// used and slotsHeld are the blocks with a holder and the sum of held,
+	// kept as they change: Stats reads them at every step.
+	used      int
+	slotsHeld int
 }
 
 // NewBlockManager manages blocks blocks of size positions (block 0
@@ -201,7 +205,7 @@ func (m *BlockManager) Prefill(prompt []int32) (t *BlockTable, cached int, err e
 		t.Blocks = append(t.Blocks, m.take())
 	}
 	for i, b := range t.Blocks {
-		m.held[b] = int32(min(m.size, len(prompt)-i*m.size))
+		m.setHeld(b, min(m.size, len(prompt)-i*m.size))
 	}
 	return t, len(hit) * m.size, nil
 }
@@ -282,13 +286,13 @@ func (m *BlockManager) Append(t *BlockTable) (slot int32, cp *BlockCopy, err err
 		}
 		old := t.Blocks[len(t.Blocks)-1]
 		b := m.take()
-		m.held[b] = int32(off)
+		m.setHeld(b, off)
 		cp = &BlockCopy{From: old, To: b, N: off}
 		m.drop(old)
 		t.Blocks[len(t.Blocks)-1] = b
 	}
 	b := t.Blocks[len(t.Blocks)-1]
-	m.held[b] = max(m.held[b], int32(off+1))
+	m.setHeld(b, max(int(m.held[b]), off+1))
 	t.Len++
 	return b*int32(m.size) + int32(off), cp, nil
 }
@@ -319,16 +323,8 @@ func (m *BlockManager) Release(t *BlockTable) {
 
 // Stats is the memory's state.
 func (m *BlockManager) Stats() KVStats {
-	s := KVStats{Blocks: len(m.refs), BlockSize: m.size, Free: m.Available(), Cached: m.cachedOK,
-		Hits: m.hits, Misses: m.misses, Evictions: m.evicted}
-	for b, r := range m.refs {
-		if r > 0 {
-			s.Used++
-			s.SlotsHeld += int(m.held[b])
-		}
-	}
-	s.SlotsAllocated = s.Used * m.size
-	return s
+	return KVStats{Blocks: len(m.refs), BlockSize: m.size, Free: m.Available(), Cached: m.cachedOK,
+		Hits: m.hits, Misses: m.misses, Evictions: m.evicted, Used: m.used, SlotsAllocated: m.used * m.size, SlotsHeld: m.slotsHeld}
 }
 
 // blockKeys yields the index and key (chain) of each full block of
@@ -380,14 +376,23 @@ func (m *BlockManager) take() int32 {
 		m.cachedOK--
 		m.evicted++
 	}
-	m.refs[b], m.held[b] = 1, 0
+	m.refs[b] = 1
+	m.used++
+	m.setHeld(b, 0)
 	return b
+}
+
+// setHeld sets b's positions assigned to a token.
+func (m *BlockManager) setHeld(b int32, n int) {
+	m.slotsHeld += n - int(m.held[b])
+	m.held[b] = int32(n)
 }
 
 // hold adds a holder to b, taking it off the evictable list.
 func (m *BlockManager) hold(b int32) {
 	if m.refs[b] == 0 {
 		m.unlink(b)
+		m.used++
 	}
 	m.refs[b]++
 }
@@ -400,7 +405,8 @@ func (m *BlockManager) drop(b int32) {
 	if m.refs[b]--; m.refs[b] > 0 {
 		return
 	}
-	m.held[b] = 0
+	m.used--
+	m.setHeld(b, 0)
 	if m.key[b] != 0 { // cached: evictable, the most recently used
 		m.lruPrev[b], m.lruNext[b] = m.lruTail, -1
 		if m.lruTail >= 0 {

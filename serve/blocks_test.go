@@ -39,6 +39,17 @@ func checkBlocks(t *testing.T, m *BlockManager, tables ...*BlockTable) {
 			t.Fatalf("block %d is held, free or evictable %d times", b, n)
 		}
 	}
+	used, held := 0, 0
+	for b, r := range m.refs {
+		if r > 0 {
+			used, held = used+1, held+int(m.held[b])
+		} else if m.held[b] != 0 {
+			t.Fatalf("block %d has no holder and %d positions held", b, m.held[b])
+		}
+	}
+	if s := m.Stats(); s.Used != used || s.SlotsHeld != held || s.SlotsAllocated != used*m.size {
+		t.Fatalf("Stats: %d blocks used, %d of %d positions held; counted, %d and %d of %d", s.Used, s.SlotsHeld, s.SlotsAllocated, used, held, used*m.size)
+	}
 	if got, want := m.Available(), len(m.free)+m.lruLen; got != want {
 		t.Fatalf("Available %d, free and evictable %d", got, want)
 	}
