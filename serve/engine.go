@@ -517,6 +517,6 @@ func (e *Engine) startCourier() (end func()) {
 // device waits. The loop queues the events (emit) and hands each
 // iteration's to the courier in one send (post), before it takes the
 // submitted requests; one courier keeps every sample's events in order,
-// its ending event last. The loop's counters and the blocks are updated
-// before an event is queued, so a reader that sees a sample's end sees
-// them too.
+// its ending event last. The loop updates its counters and gives back a
+// sample's blocks before it posts the sample's ending event, so a reader
+// that sees a sample's end sees them too.
