@@ -480,11 +480,12 @@ type letter struct {
 // each iteration.
 func (e *Engine) emit(s *sequence, ev Event) { e.outbox = append(e.outbox, letter{s.out, ev}) }
 
-// post hands the queued events to the courier.
+// post hands the queued events to the courier; the next step's queue
+// starts with room for as many.
 func (e *Engine) post() {
-	if len(e.outbox) > 0 {
+	if n := len(e.outbox); n > 0 {
 		e.mail <- e.outbox
-		e.outbox = nil
+		e.outbox = make([]letter, 0, n)
 	}
 }
 
