@@ -187,7 +187,7 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 		steps: prometheus.NewCounter(prometheus.CounterOpts{Name: "leangrad_steps_total", Help: "Steps the engine ran."}),
 		stepSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_step_seconds_total",
 			Help: "Time in the engine's steps, by phase: schedule (the batch made), launch (its inputs written, its work queued), " +
-				"wait (for the device, its outputs read) and deliver (the tokens to their requests)."}, []string{"phase"}),
+				"wait (for the device, its outputs read) and deliver (the tokens taken by their sequences, their events queued for the courier)."}, []string{"phase"}),
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/testmodel"
@@ -489,4 +490,12 @@ func TestOpenRefusesWhatCannotAnswer(t *testing.T) {
 	if got := dev.Allocator().Stats().Allocated[memory.All].Current; got != 0 {
 		t.Errorf("the refused checkpoints left %d bytes in the pool", got)
 	}
+}
+
+// float32Bytes is v's memory as bytes.
+func float32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
