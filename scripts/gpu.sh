@@ -28,7 +28,8 @@
 #             SERVEFLAGS adds flags to every server (SERVEFLAGS="-max-memory 20GiB"); LOADS=prefix runs only
 #             the shared prefix: its profile, then its load ROUNDS times on each server (default 1; new
 #             prompts each time), each time also with the connections opened first (loadgen -warm); the
-#             engine against the forward runs in every case (STEPS=2 leaves too untrained a model for it)
+#             engine against the forward runs in every case (STEPS=2 leaves too untrained a model for it);
+#             ENGINE=0 skips it and the profiles, straight to the loads
 #   offload   MODEL (default gpt2-xl) in bf16 with checkpointing, batch BATCH (default 8; of CONTEXT tokens, default the
 #             model's; in micro-batches of MICRO when set, which -max-memory keeps), STEPS (default 8) steps, its
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
@@ -169,26 +170,28 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
     timeout 300 bash .gpu/run bin/train -model gpt2 -device cuda -amp -amp-dtype bf16 -steps "${STEPS:-300}" -batch 8 \
       -measure=false -data "$w/text.txt" -save "$w/gpt2.st" > "$w/gpt2-train.log" 2>&1
     say "train exit $?"; grep -E "^(validation|throughput|peak)" "$w/gpt2-train.log" | tail -3 | tee -a "$w/summary.txt"
-    timeout 240 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestCUDAEngineMatchesForwardTrained$" \
-      -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-trained.log" 2>&1
-    say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
-    if [ "${LOADS:-1}" != prefix ]; then
-      timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
-        -test.benchtime 1x -test.v -test.cpuprofile "$1" -engine.checkpoint "$0"' "$w/gpt2.st" "$w/engine-mixed-cpu.prof" > "$w/engine-mixed.log" 2>&1
-      say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -64 | tee -a "$w/summary.txt"
-    fi
-    timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
-      -test.benchtime 2x -test.v' > "$w/engine-prefix.log" 2>&1
-    say "the shared prefix's device time by operation exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix.log" | head -80 | tee -a "$w/summary.txt"
-    if [ -f .gpu/old/serve.test.xz ]; then # the same profile from the build of stage.sh's OLD
-      xz -dc .gpu/old/serve.test.xz > /tmp/old-serve.test && chmod +x /tmp/old-serve.test
-      (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" -test.benchtime 2x -test.v) \
-        > "$w/engine-prefix-old.log" 2>&1
-      say "the same at $(cat .gpu/old/commit) exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix-old.log" | head -80 | tee -a "$w/summary.txt"
+    if [ "${ENGINE:-1}" = 1 ]; then # ENGINE=0: straight to the HTTP loads
+      timeout 240 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^TestCUDAEngineMatchesForwardTrained$" \
+        -test.v -engine.checkpoint "$0"' "$w/gpt2.st" > "$w/engine-trained.log" 2>&1
+      say "engine against the forward exit $?"; grep -E "identical|differs|FAIL" "$w/engine-trained.log" | tee -a "$w/summary.txt"
       if [ "${LOADS:-1}" != prefix ]; then
-        (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$/captured" -test.benchtime 1x -test.v \
-          -engine.checkpoint "$w/gpt2.st") > "$w/engine-mixed-old.log" 2>&1
-        say "the mixed load at $(cat .gpu/old/commit) exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed-old.log" | head -30 | tee -a "$w/summary.txt"
+        timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$" \
+          -test.benchtime 1x -test.v -test.cpuprofile "$1" -engine.checkpoint "$0"' "$w/gpt2.st" "$w/engine-mixed-cpu.prof" > "$w/engine-mixed.log" 2>&1
+        say "the mixed load's device time by operation exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed.log" | head -64 | tee -a "$w/summary.txt"
+      fi
+      timeout 120 bash .gpu/run sh -c 'cd serve && "$LEANGRAD_BIN/../tests/serve.test" -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" \
+        -test.benchtime 2x -test.v' > "$w/engine-prefix.log" 2>&1
+      say "the shared prefix's device time by operation exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix.log" | head -80 | tee -a "$w/summary.txt"
+      if [ -f .gpu/old/serve.test.xz ]; then # the same profile from the build of stage.sh's OLD
+        xz -dc .gpu/old/serve.test.xz > /tmp/old-serve.test && chmod +x /tmp/old-serve.test
+        (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEnginePrefix$" -test.benchtime 2x -test.v) \
+          > "$w/engine-prefix-old.log" 2>&1
+        say "the same at $(cat .gpu/old/commit) exit $?"; grep -E "requests in|busy|µs|^Benchmark" "$w/engine-prefix-old.log" | head -80 | tee -a "$w/summary.txt"
+        if [ "${LOADS:-1}" != prefix ]; then
+          (cd serve && timeout 120 /tmp/old-serve.test -test.run "^$" -test.bench "^BenchmarkCUDAEngineMixed$/captured" -test.benchtime 1x -test.v \
+            -engine.checkpoint "$w/gpt2.st") > "$w/engine-mixed-old.log" 2>&1
+          say "the mixed load at $(cat .gpu/old/commit) exit $?"; grep -E "tokens|ms|^Benchmark" "$w/engine-mixed-old.log" | head -30 | tee -a "$w/summary.txt"
+        fi
       fi
     fi
     if [ "${LOADS:-1}" = 0 ]; then rm -f "$w/gpt2.st" "$w/text.txt"*; continue; fi
