@@ -95,13 +95,29 @@ import (
 // micro-batched offloaded step equals the unoffloaded one bit for bit for
 // F32 parameters whose gradient a backward makes in one piece (a tied
 // one, finished from several, adds them in another order there).
+//
+// Note [state kept on the device]: OffloadSome keeps some F32 parameters'
+// state on the device, where the budget has room for it: each such
+// parameter is updated by an optimizer of its own on the device (the
+// on-device optimizer's arithmetic, bit for bit), its gradient stays on
+// the device until the step (through the micro-batches too, summed there
+// as the on-device optimizer's is), nothing of it is copied, and its
+// state is named in State as the others'. The device then holds, for each
+// parameter kept, its gradient whole and its state (12 bytes a parameter
+// under AdamW, beside the 4 of its F32 value), and the host's update
+// skips it. With the update in the backward (ReadyAndUpdate) a kept
+// parameter is updated there on the device as its gradient is finished:
+// the parameters a backward finishes last (the embeddings of a GPT,
+// which its forward reads first) are those whose host update would be
+// left after the backward, and keeping them takes that tail away.
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
-	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy
+	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy (nil: kept)
+	kept   []bool                 // kept[i]: parameter i's state stays on the device (Note [state kept on the device])
 	pc     kernels.PinnedCopier   // the device's backend when host is its page-locked memory (nil: staged copies)
 	at     *tensor.Device         // the host device Offload was given
-	inner  []Optimizer            // inner[i] updates host[i]
+	inner  []Optimizer            // inner[i] updates host[i], or parameter i where it is kept
 	mult   *tensor.Tensor         // host F32[1]: the gradients' multiplier of the step
 	lr     float64
 	kinds  []string
@@ -153,7 +169,29 @@ type Offloaded struct {
 // parameters whose state, and copies of the parameters and gradients, live
 // there, and releases opt. opt must be SGD or AdamW and must not have
 // stepped; when Offload fails (host memory), opt is as it was.
-func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
+func Offload(opt Optimizer, host *tensor.Device) (*Offloaded, error) {
+	return OffloadSome(opt, host, nil)
+}
+
+// OffloadSome is Offload but for the parameters i where keep[i] (keep is
+// nil or has a value a parameter of opt's): their state stays on the
+// device, and their update runs there (Note [state kept on the device]).
+// It panics when keep's length is not the parameters' count or it keeps a
+// 16-bit working weight, whose F32 master must be the host's.
+func OffloadSome(opt Optimizer, host *tensor.Device, keep []bool) (o *Offloaded, err error) {
+	params := opt.Params()
+	n := len(params)
+	if keep == nil {
+		keep = make([]bool, n)
+	}
+	if len(keep) != n {
+		panic(fmt.Sprintf("optim: %d parameters to keep or offload, of %d", len(keep), n))
+	}
+	for i, k := range keep {
+		if k && params[i].DType() != tensor.F32 {
+			panic(fmt.Sprintf("optim: keeping the state of parameter %d, a %v %v working weight, on the device: its F32 master is the host's", i, params[i].DType(), params[i].Shape()))
+		}
+	}
 	kinds, err := StateKinds(opt)
 	if err != nil {
 		return nil, err
@@ -161,9 +199,7 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	if len(opt.State()) > 0 {
 		return nil, fmt.Errorf("optim: offloading an optimizer that has taken steps (its state would be lost)")
 	}
-	params := opt.Params()
-	n := len(params)
-	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, at: host, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
+	o = &Offloaded{params: params, kept: slices.Clone(keep), slot: map[*tensor.Tensor]int{}, at: host, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
 		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n),
 		sums: make([]*tensor.Tensor, n), parts: make([]int, n), summed: make([]bool, n), sq: make([]float64, n), landing: make([]chan struct{}, n)}
 	defer func() {
@@ -180,6 +216,15 @@ func Offload(opt Optimizer, host *tensor.Device) (o *Offloaded, err error) {
 	o.mult = tensor.Zeros(host, tensor.F32, 1).Keep()
 	for i, p := range params {
 		o.slot[p] = i
+		if keep[i] { // updated on the device by an optimizer of its own
+			in, err := Partition(opt, []*tensor.Tensor{p}, []int{i})
+			if err != nil {
+				panic(err)
+			}
+			o.host = append(o.host, nil)
+			o.inner = append(o.inner, in)
+			continue
+		}
 		o.flightMost += p.Bytes() / 16
 		at := host
 		if p.DType().Half() { // no copy reads the master or the state: only the gradient's buffer is page-locked
@@ -260,8 +305,10 @@ func hostMaster(host *tensor.Device, p *tensor.Tensor) *tensor.Tensor {
 // own while the backward goes on: the update hidden behind the backward,
 // for steps whose gradients need neither a multiplier nor a skip flag (no
 // clipping, no loss scaling: the step's StepScaled panics when given
-// either after such a backward). A parameter updated there cannot take a
-// second part of its gradient: a second call for it panics, naming it.
+// either after such a backward); a parameter kept on the device
+// (OffloadSome) is updated there at once. A parameter updated there cannot
+// take a second part of its gradient: a second call for it panics, naming
+// it.
 func (o *Offloaded) ReadyAndUpdate(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
 	if !ok || leaf.Grad() == nil {
@@ -269,6 +316,12 @@ func (o *Offloaded) ReadyAndUpdate(leaf *tensor.Tensor) {
 	}
 	if o.early[i] {
 		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its update began: a parameter read in several checkpointed blocks cannot be updated in the backward", i, leaf.Shape()))
+	}
+	if o.kept[i] { // on the device, now
+		o.early[i], o.updated[i] = true, true
+		o.inner[i].Step()
+		leaf.ZeroGrad()
+		return
 	}
 	o.Ready(leaf)
 	o.enqueue(job{i: i, down: o.down[i], update: true})
@@ -324,10 +377,11 @@ func (o *Offloaded) stopWork() {
 // comes down into host memory, leaves the device (PartsDown waits for the
 // last ones) and is added to the parameter's F32 sum there by the
 // goroutine beside the backward (Note [parts summed on the host]).
-// Leaves that are not the optimiser's parameters are ignored.
+// Leaves that are not the optimiser's parameters are ignored, and so are
+// those kept on the device, whose parts add up there.
 func (o *Offloaded) Part(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
-	if !ok || leaf.Grad() == nil {
+	if !ok || leaf.Grad() == nil || o.kept[i] { // a kept one's parts add up on the device
 		return
 	}
 	if o.early[i] {
@@ -543,11 +597,13 @@ func OffloadedDeviceBytes(paramBytes int64) int64 { return paramBytes + paramByt
 // releases it on the device (Note [the offloaded step]): after such a
 // backward the parameters' gradients are in host memory only (Grad is
 // nil), and the step, SumGradSquares and ZeroGrad know which had one.
-// Leaves that are not the optimiser's parameters are ignored. Give it only
-// to the backward that finishes the gradients (a step's last micro-batch).
+// Leaves that are not the optimiser's parameters are ignored, and so are
+// those kept on the device (OffloadSome), whose gradients stay there for
+// the step. Give it only to the backward that finishes the gradients (a
+// step's last micro-batch).
 func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
-	if !ok || leaf.Grad() == nil {
+	if !ok || leaf.Grad() == nil || o.kept[i] { // a kept one's stays, its squares summed with the step's
 		return
 	}
 	if o.gone[i] {
@@ -759,9 +815,20 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			o.took += time.Since(start)
 		}
 	}()
+	for i, p := range o.params { // those kept on the device are updated there, first
+		switch {
+		case !o.kept[i]:
+		case o.updated[i]: // in the backward
+			o.steppedBytes += p.Bytes()
+			o.updatedBytes += p.Bytes()
+		case p.Grad() != nil:
+			o.steppedBytes += p.Bytes()
+			o.stepKept(i, mult, mv)
+		}
+	}
 	if o.pc != nil { // the rest come down at once, behind those Ready started
 		for i, p := range o.params {
-			if o.down[i] == nil && p.Grad() != nil {
+			if o.down[i] == nil && p.Grad() != nil && !o.kept[i] {
 				o.startDown(i)
 			}
 		}
@@ -773,6 +840,9 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		defer wg.Done()
 		defer close(ready)
 		for i, p := range o.params {
+			if o.kept[i] {
+				continue
+			}
 			if o.parts[i] > 0 { // summed from parts on the host, counted as they came down
 				o.steppedBytes += p.Bytes()
 				if o.updated[i] {
@@ -807,6 +877,22 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}
 	if o.pc != nil {
 		o.pc.JoinWrites()
+	}
+}
+
+// stepKept updates parameter i, kept on the device, there, its gradient
+// read through the multiplier mult (on the device; invalid: none) of value
+// mv.
+func (o *Offloaded) stepKept(i int, mult kernels.Buf, mv float32) {
+	switch in := o.inner[i].(type) {
+	case ScaledStepper:
+		in.StepScaled(mult, kernels.Buf{})
+	default:
+		if mult.Valid() {
+			g := o.params[i].Grad()
+			g.Backend().Affine(g.Buf(), g.Buf(), mv, 0)
+		}
+		in.Step()
 	}
 }
 
@@ -875,7 +961,7 @@ func (o *Offloaded) SetLR(lr float64) {
 // optimiser's ("<kind>.<param index>"), so that checkpoints move between
 // the two.
 func (o *Offloaded) State() map[string]*tensor.Tensor {
-	s := o.innerState()
+	s := o.innerState(func(int) bool { return true })
 	for i, p := range o.params {
 		if p.DType().Half() { // the device's copy is rounded (Note [working weights in 16 bits])
 			s[MasterKind+"."+strconv.Itoa(i)] = o.host[i]
@@ -888,10 +974,20 @@ func (o *Offloaded) State() map[string]*tensor.Tensor {
 // ("master.<index>").
 const MasterKind = "master"
 
-// innerState is the optimisers' state, named as State names it.
-func (o *Offloaded) innerState() map[string]*tensor.Tensor {
+// DeviceState is the state of the parameters kept on the device
+// (OffloadSome), named as State names it.
+func (o *Offloaded) DeviceState() map[string]*tensor.Tensor {
+	return o.innerState(func(i int) bool { return o.kept[i] })
+}
+
+// innerState is the state of the optimisers of the parameters i where
+// which(i), named as State names it.
+func (o *Offloaded) innerState(which func(int) bool) map[string]*tensor.Tensor {
 	s := map[string]*tensor.Tensor{}
 	for i, in := range o.inner {
+		if !which(i) {
+			continue
+		}
 		for k, t := range in.State() {
 			s[strings.TrimSuffix(k, ".0")+"."+strconv.Itoa(i)] = t
 		}
@@ -900,7 +996,7 @@ func (o *Offloaded) innerState() map[string]*tensor.Tensor {
 }
 
 // Master is the F32 master copy in host memory of p, one of the
-// parameters (nil for another tensor): what p's values are, unrounded, for
+// parameters (nil for another tensor or one kept on the device): what p's values are, unrounded, for
 // a 16-bit p (Note [working weights in 16 bits]). Its values change in the
 // steps; writing them sets the master, and the device's copy at the next
 // update.
@@ -916,8 +1012,8 @@ func (o *Offloaded) Master(p *tensor.Tensor) *tensor.Tensor {
 func (o *Offloaded) Pinned() bool { return o.pc != nil }
 
 // HostBytes is the host memory the optimiser holds: the parameters' and
-// gradients' copies, the state, and the gradients' sums once a step ran in
-// micro-batches.
+// gradients' copies, the state (but that kept on the device), and the
+// gradients' sums once a step ran in micro-batches.
 func (o *Offloaded) HostBytes() int64 {
 	var n int64
 	o.eachHeld(func(t *tensor.Tensor) { n += t.Bytes() })
@@ -942,13 +1038,16 @@ func (o *Offloaded) PinnedBytes() int64 {
 // eachHeld calls f with each tensor the optimiser holds in host memory.
 func (o *Offloaded) eachHeld(f func(*tensor.Tensor)) {
 	for i, h := range o.host {
+		if h == nil { // kept on the device
+			continue
+		}
 		f(h)
 		f(h.Grad())
 		if o.sums[i] != nil {
 			f(o.sums[i])
 		}
 	}
-	for _, t := range o.innerState() {
+	for _, t := range o.innerState(func(i int) bool { return !o.kept[i] }) {
 		f(t)
 	}
 }
@@ -971,6 +1070,9 @@ func (o *Offloaded) Counters() map[string]float64 {
 // model's weights first, then the optimiser's state.
 func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	for i, p := range o.params {
+		if o.kept[i] { // its value is the device's
+			continue
+		}
 		if !p.DType().Half() {
 			p.Backend().Read(o.host[i].HostBytes(), p.Buf())
 			continue
@@ -1027,7 +1129,9 @@ func (o *Offloaded) Release() {
 		in.Release()
 	}
 	for _, h := range o.host {
-		h.Release() // its gradient with it
+		if h != nil {
+			h.Release() // its gradient with it
+		}
 	}
 	for _, t := range o.sums {
 		if t != nil {

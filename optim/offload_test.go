@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -280,7 +282,7 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 	random := func(shape []int, scale float64) []float32 { return normals(rng, shape, scale) }
 	shapes, types, work, master := workingWeights(t, dev, ref, rng, dt)
 	adamw := func(ps []*tensor.Tensor) Optimizer { return newWorkingOptimizer("adamw", ps) }
-	want, o := offloadedPair(t, adamw, work, master, host)
+	want, o := offloadedPair(t, adamw, work, master, host, nil)
 	rounded := func(v []float32, dt tensor.DType) []float32 {
 		f := asDType(ref, v, dt, []int{len(v)})
 		defer f.Release()
@@ -387,29 +389,39 @@ func testOffloadedHalf(t *testing.T, dev, host *tensor.Device, dt tensor.DType) 
 // multiplier, a skipped step, a parameter without a last part and one
 // with only a last part; the device holds no part after PartsDown, the
 // sum of squares is the sums', and the host holds the sums beside the
-// rest.
+// rest. With some F32 parameters' state kept on the device (OffloadSome:
+// one with no last part in a step, one with only a last part, a bias
+// beside 16-bit weights), their parts add up on the device, their state
+// is the on-device optimizer's there, and the host holds none of it.
 func TestOffloadedParts(t *testing.T) {
 	defer func(on bool) { fuseMasters = on }(fuseMasters)
 	for _, c := range []struct {
 		name string
 		dt   tensor.DType // the working weights'
 		fuse bool
-	}{{"adamw", tensor.F32, true}, {"sgd", tensor.F32, true}, {"adamw", tensor.BF16, true}, {"adamw", tensor.F16, false}} {
-		t.Run(fmt.Sprintf("%s/%v/one pass=%v", c.name, c.dt, c.fuse), func(t *testing.T) {
+		keep []bool // workingWeights' parameters whose state stays on the device
+	}{
+		{"adamw", tensor.F32, true, nil}, {"sgd", tensor.F32, true, nil}, {"adamw", tensor.BF16, true, nil}, {"adamw", tensor.F16, false, nil},
+		{"adamw", tensor.F32, true, []bool{true, false, false, true}}, {"sgd", tensor.F32, true, []bool{true, true, false, false}},
+		{"adamw", tensor.BF16, true, []bool{false, true, false, false}},
+	} {
+		t.Run(fmt.Sprintf("%s/%v/one pass=%v/kept=%v", c.name, c.dt, c.fuse, c.keep), func(t *testing.T) {
 			fuseMasters = c.fuse
-			testOffloadedParts(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), c.name, c.dt)
+			testOffloadedParts(t, tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend()), c.name, c.dt, c.keep)
 		})
 	}
 }
 
 // testOffloadedParts runs TestOffloadedParts' comparison with the
-// parameters on dev, the working ones in dt, and the state on host.
-func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt tensor.DType) {
+// parameters on dev, the working ones in dt, and the state on host but
+// for those keep keeps on dev.
+func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt tensor.DType, keep []bool) {
 	ref := tensor.NewDevice(tensor.CPU().Backend()) // the on-device optimizer's, over F32 masters
 	rng := rand.New(rand.NewPCG(11, uint64(dt)))
 	shapes, types, work, master := workingWeights(t, dev, ref, rng, dt)
 	newOpt := func(ps []*tensor.Tensor) Optimizer { return newWorkingOptimizer(kind, ps) }
-	want, o := offloadedPair(t, newOpt, work, master, host)
+	want, o := offloadedPair(t, newOpt, work, master, host, keep)
+	kept := func(i int) bool { return keep != nil && keep[i] }
 	held := o.HostBytes()
 	mult := tensor.FromFloat32(dev, []float32{0.75}, 1).Keep()
 	refMult := tensor.FromFloat32(ref, []float32{0.75}, 1).Keep()
@@ -433,6 +445,10 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 						sums[i][k] += v // as the device adds a backward's parts, in F32
 					}
 				}
+				if kept(i) { // added to the part before on the device, in F32, as a backward adds
+					g.Release()
+					g = tensor.FromFloat32(dev, sums[i], s...)
+				}
 				work[i].SetGrad(g)
 				switch {
 				case !last:
@@ -446,8 +462,8 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 			if !last {
 				o.PartsDown()
 				for i, w := range work {
-					if w.Grad() != nil {
-						t.Fatalf("step %d, part %d: parameter %d's part is on the device after PartsDown", step, part, i)
+					if (w.Grad() != nil) != (kept(i) && sums[i] != nil) {
+						t.Fatalf("step %d, part %d: parameter %d (kept on the device: %v) has a gradient there after PartsDown: %v", step, part, i, kept(i), w.Grad() != nil)
 					}
 				}
 			}
@@ -478,11 +494,33 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 		}
 	}
 	var state int64 // made at the first step
-	for _, s := range o.innerState() {
+	for _, s := range o.innerState(func(i int) bool { return !kept(i) }) {
 		state += s.Bytes()
 	}
-	if got, want := o.HostBytes()-held-state, OffloadedSumBytes(33*7+7+5001+1); got != want {
+	var summed int64 // the values of the parameters whose parts the host sums
+	for i, w := range work {
+		if !kept(i) {
+			summed += int64(w.Numel())
+		}
+	}
+	if got, want := o.HostBytes()-held-state, OffloadedSumBytes(summed); got != want {
 		t.Errorf("the host holds %d bytes more after micro-batched steps than its copies and state: want the sums' %d", got, want)
+	}
+	ds, ws := o.DeviceState(), want.State()
+	for k, v := range o.State() {
+		i, err := strconv.Atoi(k[strings.LastIndexByte(k, '.')+1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := ds[k]; ok != kept(i) || ok && d != v || v.Device() != dev && kept(i) || v.Device() == dev && !kept(i) {
+			t.Errorf("state %s (parameter %d kept: %v) on %v; in DeviceState: %v", k, i, kept(i), v.Device(), ok)
+		}
+		if w, ok := ws[k]; ok && types[i] == tensor.F32 {
+			same(t, "state "+k, v.Float32s(), w.Float32s(), 0)
+		}
+	}
+	if per, n := map[string]int{"adamw": 2, "sgd": 1}[kind], len(slices.DeleteFunc(slices.Clone(keep), func(k bool) bool { return !k })); len(ds) != per*n {
+		t.Errorf("%d tensors of state on the device: want %d for each of the %d parameters kept", len(ds), per, n)
 	}
 }
 
@@ -518,10 +556,10 @@ func newWorkingOptimizer(kind string, ps []*tensor.Tensor) Optimizer {
 
 // offloadedPair is newOpt's optimizer over master, the reference, and over
 // work offloaded to host, both released when t ends.
-func offloadedPair(t *testing.T, newOpt func([]*tensor.Tensor) Optimizer, work, master []*tensor.Tensor, host *tensor.Device) (Optimizer, *Offloaded) {
+func offloadedPair(t *testing.T, newOpt func([]*tensor.Tensor) Optimizer, work, master []*tensor.Tensor, host *tensor.Device, keep []bool) (Optimizer, *Offloaded) {
 	want := newOpt(master)
 	t.Cleanup(want.Release)
-	o, err := Offload(newOpt(work), host)
+	o, err := OffloadSome(newOpt(work), host, keep)
 	if err != nil {
 		t.Fatal(err)
 	}
