@@ -522,6 +522,24 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 	if per, n := map[string]int{"adamw": 2, "sgd": 1}[kind], len(slices.DeleteFunc(slices.Clone(keep), func(k bool) bool { return !k })); len(ds) != per*n {
 		t.Errorf("%d tensors of state on the device: want %d for each of the %d parameters kept", len(ds), per, n)
 	}
+	again, err := OffloadSome(newOpt(work), host, keep) // resumed from the state, each part where it was
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Release()
+	if err := again.LoadState(o.State(), o.Counters()); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range o.State() {
+		w := again.State()[k]
+		if w == nil {
+			t.Fatalf("resumed state %s missing", k)
+		}
+		if w.Device() != v.Device() {
+			t.Errorf("resumed state %s on %v: want it on %v", k, w.Device(), v.Device())
+		}
+		same(t, "resumed state "+k, w.Float32s(), v.Float32s(), 0)
+	}
 }
 
 // workingWeights are the comparisons' parameters: a matrix, an F32 bias

@@ -2,6 +2,7 @@ package run
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -267,5 +268,32 @@ func TestHostTooSmallForTheOffloads(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("refused with %q, want it to say %q", err, want)
 		}
+	}
+}
+
+// TestDeviceStateCountsOnTheDevice: the share of an offloaded optimizer's
+// state kept on the device (-device-state) counts there, with its
+// gradients, when the plan checks the budget before anything is built: a
+// small share fits where the whole state offloaded does, all of it does
+// not, and the refusal names the flag.
+func TestDeviceStateCountsOnTheDevice(t *testing.T) {
+	tok, params, gpu, _ := gpt2OfBytes(t)
+	for _, c := range []struct {
+		share float64
+		says  string // in the refusal ("": none)
+	}{{0, ""}, {0.05, ""}, {1, "-device-state 1"}} {
+		t.Run(fmt.Sprint(c.share), func(t *testing.T) {
+			var log bytes.Buffer
+			job := Job{Config: train.Config{Model: "gpt2", Optimizer: "adamw", Batch: 1, OffloadOptimizer: true, DeviceState: c.share},
+				Text: &datasets.Corpus{Name: "t", Tokenizer: tok}, MaxMemory: params * 5, KeepOptimizer: true}
+			r := &runner{dev: gpu, job: job, cfg: job.Config, say: &log}
+			err := r.lookup()
+			switch {
+			case c.says == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.says != "" && (err == nil || !strings.Contains(err.Error(), c.says)):
+				t.Fatalf("error %v: want one that says %q", err, c.says)
+			}
+		})
 	}
 }

@@ -270,7 +270,9 @@ func (r *runner) lookup() (err error) {
 // budget: no configuration of activations can make it fit. With the
 // optimizer offloaded, the device holds the parameters and the gradients
 // in flight (optim.OffloadedDeviceBytes), and the host their copies and
-// the state (optim.Offload).
+// the state (optim.Offload), but for the share of the parameters' bytes
+// whose state stays on the device (train.Config.DeviceState), counted
+// there whole with their gradients.
 func (r *runner) stateFits() error {
 	if !r.arch.Text {
 		return nil
@@ -286,11 +288,16 @@ func (r *runner) stateFits() error {
 	var hostNeed int64
 	var held []string
 	if offload {
-		need, what = optim.OffloadedDeviceBytes(g.ParamBytes()), "with the gradients in flight to host memory (the optimizer's state there)"
-		onHost := optim.OffloadedHostBytes(r.cfg.Optimizer, params, g.ParamBytes())
+		keptBytes := int64(r.cfg.DeviceState * float64(g.ParamBytes())) // at most; F32
+		kept := keptBytes / 4
+		need, what = optim.OffloadedDeviceBytes(g.ParamBytes())+keptBytes+optim.StateBytes(r.cfg.Optimizer, kept), "with the gradients in flight to host memory (the optimizer's state there)"
+		if kept > 0 {
+			what = fmt.Sprintf("with the gradients in flight to host memory (the optimizer's state there) but %s's, whose gradients and state stay (-device-state %g)", memory.Bytes(keptBytes), r.cfg.DeviceState)
+		}
+		onHost := optim.OffloadedHostBytes(r.cfg.Optimizer, params-kept, g.ParamBytes()-keptBytes)
 		sums := ""
 		if r.cfg.MicroBatched() {
-			onHost += optim.OffloadedSumBytes(params)
+			onHost += optim.OffloadedSumBytes(params - kept)
 			sums = fmt.Sprintf(" and their sums over micro-batches of %d", r.cfg.MicroBatch)
 		}
 		hostNeed += onHost
@@ -1043,8 +1050,12 @@ func (r *runner) summarize() error {
 		f := r.report.Final
 		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinnedBytes = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.PinnedBytes()
 		f.HostUpdatedInBackward = o.UpdatedInBackward()
-		add("host memory    %s (%s page-locked, %s pageable) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): the device held none of it; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which allocates the host's memory and page-locks its part, %.3f s)",
-			memory.Bytes(f.HostOptimizerBytes), memory.Bytes(f.HostOptimizerPinnedBytes), memory.Bytes(f.HostOptimizerBytes-f.HostOptimizerPinnedBytes), cfg.Optimizer,
+		onDevice := "the device held none of it"
+		if n := t.Step.OptimizerStateBytes(); n > 0 {
+			onDevice = fmt.Sprintf("the device held %s of the state, its first parameters' (-device-state %g)", memory.Bytes(n), cfg.DeviceState)
+		}
+		add("host memory    %s (%s page-locked, %s pageable) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): %s; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which allocates the host's memory and page-locks its part, %.3f s)",
+			memory.Bytes(f.HostOptimizerBytes), memory.Bytes(f.HostOptimizerPinnedBytes), memory.Bytes(f.HostOptimizerBytes-f.HostOptimizerPinnedBytes), cfg.Optimizer, onDevice,
 			100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0), o.FirstStep().Seconds())
 	}
 	if o := t.Step.Offloader; o != nil {

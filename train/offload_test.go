@@ -29,7 +29,9 @@ import (
 // updated there too (HostUpdateInBackward), so that the step's peak is below the
 // on-device one's by the state and some of the gradients; the device holds
 // none of the optimizer's state, the host pool exactly the optimizer's
-// copies, state and scalars, and nothing once it is released.
+// copies, state and scalars, and nothing once it is released. With the
+// first parameters' state kept on the device (Config.DeviceState), the
+// same, but the device holds their state and the host nothing of them.
 func TestOffloadedStepMatches(t *testing.T) {
 	dev := tensor.CPU()
 	const context, vocab = 16, 64
@@ -39,10 +41,11 @@ func TestOffloadedStepMatches(t *testing.T) {
 	for _, c := range []struct {
 		amp   tensor.DType
 		clip  float64
-		micro int // micro-batches of this many examples (0: none)
-	}{{0, 0, 0}, {tensor.BF16, 0.05, 0}, {0, 0, 1}, {tensor.BF16, 0.05, 1}} {
+		micro int     // micro-batches of this many examples (0: none)
+		keep  float64 // the share of the parameters' bytes whose state stays on the device
+	}{{0, 0, 0, 0}, {tensor.BF16, 0.05, 0, 0}, {0, 0, 1, 0}, {tensor.BF16, 0.05, 1, 0}, {0, 0, 0, 0.4}, {tensor.BF16, 0.05, 1, 0.4}} {
 		var peaks [2]int64
-		var params int64
+		var params, offParams int64 // all the parameters' bytes, those offloaded
 		run := func(offload bool) [][]byte {
 			g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context})
 			defer nn.Release(g)
@@ -57,7 +60,7 @@ func TestOffloadedStepMatches(t *testing.T) {
 			}
 			host := tensor.NewDevice(cpu.New())
 			if offload {
-				off, err := optim.Offload(opt, host)
+				off, err := optim.OffloadSome(opt, host, KeptOnDevice(opt.Params(), c.keep))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -70,9 +73,16 @@ func TestOffloadedStepMatches(t *testing.T) {
 				t.Fatal(err)
 			}
 			peak := peakAfterFirst(t, s, xs, ys)
-			params = 0
-			for _, p := range opt.Params() {
+			params, offParams = 0, 0
+			kept := KeptOnDevice(opt.Params(), c.keep)
+			for i, p := range opt.Params() {
 				params += p.Bytes()
+				if !kept[i] {
+					offParams += p.Bytes()
+				}
+			}
+			if c.keep > 0 && (offParams == params || float64(params-offParams) > c.keep*float64(params)) {
+				t.Fatalf("%s of %s kept on the device: want some, at most %v of them", memory.Bytes(params-offParams), memory.Bytes(params), c.keep)
 			}
 			if offload {
 				peaks[1] = peak
@@ -86,11 +96,20 @@ func TestOffloadedStepMatches(t *testing.T) {
 				if got, want := off.UpdatedInBackward(), map[bool]float64{true: 1, false: 0}[c.clip == 0]; got != want {
 					t.Errorf("autocast %v, clip %v: %.3f of the parameters' bytes updated during the backward, want %v", c.amp, c.clip, got, want)
 				}
-				if n := s.OptimizerStateBytes(); n != 0 {
-					t.Errorf("autocast %v: the device holds %d bytes of the offloaded optimizer's state", c.amp, n)
+				var keptState int64 // AdamW's moments; SGD's momentum
+				for i, p := range off.Params() {
+					if kept[i] {
+						keptState += map[bool]int64{true: 2, false: 1}[c.micro == 0] * memory.RoundSize(p.Bytes())
+					}
+				}
+				if n := s.OptimizerStateBytes(); n != keptState {
+					t.Errorf("autocast %v, kept %v: the device holds %d bytes of the offloaded optimizer's state, want %d", c.amp, c.keep, n, keptState)
 				}
 				want := memory.RoundSize(4) // the multiplier
-				for _, p := range off.Params() {
+				for i, p := range off.Params() {
+					if kept[i] {
+						continue
+					}
 					// The copies of the parameter and its gradient, the moments,
 					// and its AdamW's learning rate and step count (one F32 each);
 					// under SGD, its momentum, learning rate, and the gradient's
@@ -112,13 +131,13 @@ func TestOffloadedStepMatches(t *testing.T) {
 			return snapshotState(g)
 		}
 		want, got := run(false), run(true)
-		t.Logf("autocast %v: peak %s with the optimizer on the device, %s offloaded; the parameters %s",
-			c.amp, memory.Bytes(peaks[0]), memory.Bytes(peaks[1]), memory.Bytes(params))
-		state := 2 * params // AdamW's moments; SGD's momentum
+		t.Logf("autocast %v, kept %v: peak %s with the optimizer on the device, %s offloaded; the parameters %s",
+			c.amp, c.keep, memory.Bytes(peaks[0]), memory.Bytes(peaks[1]), memory.Bytes(params))
+		state := 2 * offParams // AdamW's moments; SGD's momentum
 		if c.micro > 0 {
-			state = params
+			state = offParams
 		}
-		if peaks[1] > peaks[0]-state-params/8 {
+		if peaks[1] > peaks[0]-state-offParams/8 {
 			t.Errorf("autocast %v, micro-batches of %d: the offloaded step's peak is %s, the on-device one's %s: want less by the optimizer's state (%s) and an eighth of the gradients at least",
 				c.amp, c.micro, memory.Bytes(peaks[1]), memory.Bytes(peaks[0]), memory.Bytes(state))
 		}

@@ -247,13 +247,14 @@ func (s *Step) OptimizerStateBytes() int64 {
 }
 
 // deviceState is what opt holds on its device: its State, a sharded
-// optimiser's shard of it, or nothing for one offloaded to host memory.
+// optimiser's shard of it, or, for one offloaded to host memory, what it
+// keeps on the device.
 func deviceState(opt optim.Optimizer) map[string]*tensor.Tensor {
 	switch o := opt.(type) {
 	case *dist.ShardedOptimizer:
 		return o.Local()
 	case *optim.Offloaded:
-		return nil
+		return o.DeviceState()
 	}
 	return opt.State()
 }

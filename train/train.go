@@ -68,6 +68,12 @@ type Config struct {
 	// them, the device holds the parameters and the gradients in flight
 	// only, and its steps run eagerly (the update reads the device).
 	OffloadOptimizer bool `json:"offload_optimizer,omitempty"`
+	// DeviceState, with OffloadOptimizer, is the share (0 to 1) of the
+	// parameters' bytes whose optimiser state stays on the device, updated
+	// there (optim.OffloadSome): the first F32 parameters in the model's
+	// order, those a backward finishes last, whose host update would be
+	// left after it (Note [state kept on the device] in optim).
+	DeviceState float64 `json:"device_state,omitempty"`
 	// OffloadActivations moves what checkpointed blocks keep for their
 	// recomputation (their inputs, attention's results) to host memory in
 	// the forward and brings it back ahead of the recomputation
@@ -121,6 +127,30 @@ type Config struct {
 // MicroBatched says whether steps run the batch as micro-batches of
 // MicroBatch (set and below Batch).
 func (c Config) MicroBatched() bool { return c.MicroBatch > 0 && c.MicroBatch < c.Batch }
+
+// KeptOnDevice says which of params keep their optimiser state on the
+// device when share of their bytes may (Config.DeviceState): the first
+// F32 ones, in order, while their bytes come to at most share of all of
+// theirs; a 16-bit working weight stops the run (its master is the
+// host's). It panics unless share is within 0 and 1.
+func KeptOnDevice(params []*tensor.Tensor, share float64) []bool {
+	if share < 0 || share > 1 || math.IsNaN(share) {
+		panic(fmt.Sprintf("train: a share of %v of the parameters' optimizer state kept on the device: want 0 to 1", share))
+	}
+	var all, kept int64
+	for _, p := range params {
+		all += p.Bytes()
+	}
+	keep := make([]bool, len(params))
+	for i, p := range params {
+		if p.DType() != tensor.F32 || float64(kept+p.Bytes()) > share*float64(all) {
+			break
+		}
+		kept += p.Bytes()
+		keep[i] = true
+	}
+	return keep
+}
 
 // Offloads says whether a run on dev keeps its optimiser's state in host
 // memory: OffloadOptimizer, on a device other than the CPU (whose memory
@@ -536,7 +566,7 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	}
 	offload := cfg.Offloads(dev)
 	if offload {
-		off, err := optim.Offload(opt, dev.Pinned())
+		off, err := optim.OffloadSome(opt, dev.Pinned(), KeptOnDevice(opt.Params(), cfg.DeviceState))
 		if err != nil {
 			opt.Release()
 			return nil, err

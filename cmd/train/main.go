@@ -78,6 +78,7 @@ type options struct {
 	ampDType                               train.AMP
 	capture, tf32, offload, fuse, acts     bool
 	hostThreads                            int
+	deviceState                            float64
 	micro                                  int
 	bf16Weights                            bool
 	matmulF32                              tensor.F32Matmul
@@ -270,6 +271,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
 	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward")
 	fs.IntVar(&o.micro, "micro-batch", 0, "run each batch as micro-batches of N examples whose gradients are summed before one update: the batch's update in a micro-batch's activations (0: whole batches; with -offload-optimizer the sums are kept in F32 in host memory, 4 bytes a parameter, and leave the device as each backward finishes them)")
+	fs.Float64Var(&o.deviceState, "device-state", 0, "with -offload-optimizer, the share (0 to 1) of the parameters' bytes whose optimizer state stays on the device and is updated there: the first F32 parameters (a GPT's embeddings, which its backward finishes last and whose host update would be left after it); they hold their gradients and state on the device")
 	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -offload-optimizer and -fuse-optimizer or -micro-batch on a GPU: the host's cores its work beside the backward (the update, the micro-batches' sums) spreads over (default all but one, which queues the GPU's kernels)")
 	fs.BoolVar(&o.capture, "capture", true, "on a GPU, plan the step's memory and capture it as a CUDA graph after two eager steps, then replay it (false: every step eager, for debugging)")
 	fs.BoolVar(&o.tf32, "tf32", true, "on a GPU, let cuDNN run F32 convolutions on TF32 tensor cores, as PyTorch does by default (false: strict F32)")
@@ -324,6 +326,12 @@ func (o *options) check() []string {
 		}
 	}
 	micro := train.Config{Batch: o.batch, MicroBatch: o.micro}.MicroBatched()
+	switch {
+	case o.deviceState < 0 || o.deviceState > 1 || math.IsNaN(o.deviceState):
+		bad("-device-state %v: want a share of the parameters' bytes from 0 to 1", o.deviceState)
+	case o.deviceState > 0 && !o.offload:
+		bad("-device-state %v keeps part of an offloaded optimizer's state on the device: add -offload-optimizer", o.deviceState)
+	}
 	switch {
 	case o.hostThreads < 0:
 		bad("-host-threads %d: want a count of cores, or 0 for all but one", o.hostThreads)
@@ -634,7 +642,7 @@ func (o *options) config(model string) train.Config {
 	return train.Config{Model: model, Epochs: o.epochs, Batch: o.batch, LR: o.lr, Momentum: o.momentum,
 		WeightDecay: o.wd, Optimizer: string(o.optimizer), Schedule: string(o.schedule), WarmupEpochs: o.warmup, AMP: amp,
 		ClipNorm: max(o.clip, 0), Checkpoint: ckpt, Checkpointed: o.ckptFirst, EmptyCacheEvery: o.emptyCache, Seed: o.seed, Capture: o.capture, OffloadOptimizer: o.offload, OffloadActivations: o.acts, BF16Weights: o.bf16Weights,
-		FuseOptimizer: o.fuse, HostThreads: o.hostThreads, MicroBatch: o.micro}
+		FuseOptimizer: o.fuse, HostThreads: o.hostThreads, MicroBatch: o.micro, DeviceState: o.deviceState}
 }
 
 // imageJob is an image classifier's run: its dataset opened, and on a CPU

@@ -55,6 +55,8 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-nproc", "2", "-shard-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer with -offload-optimizer: choose one"},
 		{[]string{"-fuse-optimizer", "-clip", "0.5"}, cmdenv.ExitUsage, "-fuse-optimizer with -clip 0.5: clipping needs every gradient before the first update"},
 		{[]string{"-fuse-optimizer", "-amp", "-amp-dtype", "f16"}, cmdenv.ExitUsage, "-fuse-optimizer with -amp-dtype f16: F16's loss scaling"},
+		{[]string{"-device-state", "0.2"}, cmdenv.ExitUsage, "-device-state 0.2 keeps part of an offloaded optimizer's state on the device: add -offload-optimizer"},
+		{[]string{"-offload-optimizer", "-device-state", "1.5"}, cmdenv.ExitUsage, "-device-state 1.5: want a share of the parameters' bytes from 0 to 1"},
 		{[]string{"-host-threads", "4"}, cmdenv.ExitUsage, "-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch"},
 		{[]string{"-fuse-optimizer", "-offload-optimizer", "-host-threads", "-2"}, cmdenv.ExitUsage, "-host-threads -2: want a count of cores"},
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
