@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
+	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
@@ -296,4 +298,52 @@ func TestDeviceStateCountsOnTheDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBudgetKeepsStateInTheRoom: under -max-memory, with the optimizer
+// offloaded, the budget keeps on the device the state of as many of the
+// first parameters as its chosen step leaves room for (deviceStateInRoom):
+// the run then trains within the budget, and says what the device held.
+// The room is the budget less the chosen whole-batch step's need and its
+// headroom, each kept byte of F32 parameter taking its gradient, its
+// headroom and its state; a step that leaves none keeps nothing.
+func TestBudgetKeepsStateInTheRoom(t *testing.T) {
+	m := func(name string, examples int, peak, standing int64) train.Measurement {
+		return train.Measurement{Variant: train.Variant{Name: name}, Examples: examples, PeakAllocated: peak, Standing: standing}
+	}
+	choice := train.BudgetChoice{Chosen: train.Variant{Name: "amp"}, Measured: []train.Measurement{
+		m("fp32", 0, 2000, 300), m("amp", 2, 100, 300), m("amp", 0, 700, 300)}}
+	// room 1000 - 700 - 0.1·400 = 260; AdamW: 1.1 + 2 a kept byte.
+	for _, c := range []struct {
+		budget, params int64
+		optimizer      string
+		want           float64
+	}{{1000, 400, "adamw", 260 / 3.1 / 400}, {1000, 400, "sgd", 260 / 2.1 / 400}, {1000, 10, "adamw", 1}, {740, 400, "adamw", 0}, {600, 400, "adamw", 0}} {
+		if got := deviceStateInRoom(choice, c.budget, c.params, c.optimizer); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("budget %d, %d bytes of %s's parameters: share %v, want %v", c.budget, c.params, c.optimizer, got, c.want)
+		}
+	}
+
+	race.Skip(t, "go test ./run -run TestBudgetKeepsStateInTheRoom")
+	corpus := brownBytes(t)
+	var log bytes.Buffer
+	const budget = 8 << 20 // room for some of the state: gpt-mini's fp32 step needs about 5 MiB
+	job := Job{Config: train.Config{Model: "gpt-mini", Dataset: corpus.Name, Steps: 2, Batch: 4, LR: 1e-3, Optimizer: "adamw", Schedule: "constant",
+		Seed: 1, Context: 32, EvalEvery: 2, EvalBatches: 1, OffloadOptimizer: true}, Text: corpus, MaxMemory: budget, KeepOptimizer: true, Log: &log}
+	r, err := Train(testdev.FakeGPU(), job)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if s := r.Config.DeviceState; !(s > 0 && s < 1) || !strings.Contains(log.String(), "the first that fit in it keep theirs on the device (-device-state 0.") {
+		t.Fatalf("device state %v; log:\n%s", s, log.String())
+	}
+	if r.Final.PeakAllocated > budget {
+		t.Errorf("peak %s over the budget %s", memory.Bytes(r.Final.PeakAllocated), memory.Bytes(budget))
+	}
+	var sum bytes.Buffer
+	r.WriteSummary(&sum)
+	if !strings.Contains(sum.String(), "of the state, its first parameters' (-device-state") {
+		t.Errorf("the summary does not say what the device held:\n%s", sum.String())
+	}
+	t.Logf("kept %.3f of the parameters' state on the device; peak %s of %s", r.Config.DeviceState, memory.Bytes(r.Final.PeakAllocated), memory.Bytes(budget))
 }

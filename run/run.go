@@ -69,6 +69,11 @@ type Job struct {
 	MaxMemory                                         int64
 	Allow                                             func(train.Variant) bool
 	KeepOptimizer, KeepOptimizerOnDevice, KeepUnfused bool
+	// KeepDeviceState keeps Config.DeviceState as the user gave it; else,
+	// with the optimizer offloaded, the budget keeps on the device the
+	// state of as many of the first parameters as the chosen step leaves
+	// room for (deviceStateInRoom).
+	KeepDeviceState bool
 	// Save writes a checkpoint after every epoch; Resume starts from one
 	// (with ResumeForce, even one of another configuration).
 	Save, Resume string
@@ -755,8 +760,15 @@ func (r *runner) fitBudget() (err error) {
 	r.cfg.AMP, r.cfg.Checkpoint, r.cfg.Checkpointed, r.micro = choice.Chosen.AMP, choice.Chosen.Checkpoint, choice.Chosen.Checkpointed, choice.Chosen.MicroBatch
 	r.cfg.OffloadActivations = r.cfg.OffloadActivations || choice.Chosen.OffloadActivations
 	r.mode = r.cfg.Mode(r.dev)
+	if r.cfg.Offloads(r.dev) && !r.job.KeepDeviceState && r.arch.Text {
+		r.cfg.DeviceState = deviceStateInRoom(choice, r.job.MaxMemory, r.gptShape().ParamBytes(), r.cfg.Optimizer)
+	}
 	r.report.Config = r.cfg
 	fmt.Fprintf(r.say, "chose %s: the pool is capped at %s\n", choice.Chosen.Name, memory.Bytes(r.job.MaxMemory))
+	if r.cfg.DeviceState > 0 && !r.job.KeepDeviceState {
+		fmt.Fprintf(r.say, "  the room the step leaves holds the offloaded optimizer's state of up to %.1f%% of the parameters' bytes: the first that fit in it keep theirs on the device (-device-state %.3f)\n",
+			100*r.cfg.DeviceState, r.cfg.DeviceState)
+	}
 	if r.micro > 0 && r.cfg.MicroBatch == 0 { // the user's are said with the training's mode
 		bn := "; batch norm normalises each micro-batch on its own"
 		if r.arch.Text {
@@ -765,6 +777,29 @@ func (r *runner) fitBudget() (err error) {
 		fmt.Fprintf(r.say, "  with micro-batches of %d: each batch of %d accumulates their gradients before one update%s\n", r.micro, r.cfg.Batch, bn)
 	}
 	return nil
+}
+
+// deviceStateInRoom is the share of the parameters' paramBytes whose
+// offloaded optimizer's state (of the named optimizer) fits on the device
+// with their gradients, held whole, in the room that the chosen step of
+// choice, measured on the whole batch, leaves under budget, each kept
+// gradient with its share of train.BudgetHeadroom as the step's own bytes
+// have (0 when it leaves none; at most 1).
+func deviceStateInRoom(choice train.BudgetChoice, budget, paramBytes int64, optimizer string) float64 {
+	for i := len(choice.Measured) - 1; i >= 0; i-- {
+		m := choice.Measured[i]
+		if m.Name != choice.Chosen.Name || m.MicroBatch != choice.Chosen.MicroBatch || m.Examples != 0 || m.OutOfMemory {
+			continue
+		}
+		need := max(m.PeakAllocated, m.Planned)
+		room := budget - need - int64(train.BudgetHeadroom*float64(max(0, need-m.Standing)))
+		perByte := 1 + train.BudgetHeadroom + float64(optim.StateBytes(optimizer, 1))/4 // a kept F32 byte: its gradient's, its headroom, its state's
+		if room <= 0 || paramBytes <= 0 {
+			return 0
+		}
+		return min(1, float64(room)/perByte/float64(paramBytes))
+	}
+	return 0
 }
 
 // interruptible runs f, a stage's measured steps, so that on a device

@@ -38,7 +38,7 @@
 #             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
 #             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
-#             cores but one; "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
+#             cores but one; "host-fused-kept" that with -device-state SHARE (default 0.06: GPT-2 XL's embeddings); "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
 #             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores,
 #             "bf16w-fused-acts" with -offload-activations;
 #             EVERY steps a period, default STEPS, each period's tokens/s printed; LIMIT seconds a run,
@@ -259,6 +259,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       acts) flags=(-offload-activations) ;;
       host+acts) flags=(-offload-optimizer -offload-activations) ;;
       host-fused) flags=(-offload-optimizer -fuse-optimizer) ;;
+      host-fused-kept) flags=(-offload-optimizer -fuse-optimizer -device-state "${SHARE:-0.06}") ;;
       bf16w) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}") ;;
       bf16w-fused) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer) ;;
       bf16w-fused-all) flags=(-offload-optimizer -bf16-weights -max-memory "${BUDGET:-24GiB}" -fuse-optimizer -host-threads "$(nproc)") ;;

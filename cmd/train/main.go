@@ -596,6 +596,7 @@ func trainRun(o *options, stdout, stderr io.Writer, stop <-chan struct{}) (err e
 		job.MaxMemory = cmdenv.MemoryBudget(dev, o.maxMemory)
 		job.KeepOptimizer, job.KeepUnfused = o.set["optimizer"], o.set["fuse-optimizer"] && !o.fuse
 		job.KeepOptimizerOnDevice = o.set["offload-optimizer"] && !o.offload
+		job.KeepDeviceState = o.set["device-state"]
 		job.Allow = func(v train.Variant) bool { // the flags given are kept
 			ok := !o.set["amp"] || v.AMP.On() == o.amp
 			if o.set["checkpoint"] { // every block, or none
