@@ -518,18 +518,18 @@ func (o *Offloaded) update(i int, m kernels.Buf, mv float32) {
 // (AdamW.stepMasters); the package's benchmark turns it off to compare.
 var fuseMasters = true
 
-// step runs inner optimizer i over host copy i's F32 gradient, read
-// through the multiplier m (on the host; invalid: none) of value mv.
+// step runs inner optimizer i over its parameter's F32 gradient (host
+// copy i's, or parameter i's where it is kept on the device), read through
+// the multiplier m (on that optimizer's device; invalid: none) of value
+// mv.
 func (o *Offloaded) step(i int, m kernels.Buf, mv float32) {
 	switch in := o.inner[i].(type) {
 	case ScaledStepper:
 		in.StepScaled(m, kernels.Buf{})
 	default:
 		if m.Valid() {
-			f := hostF32s(o.host[i].Grad())
-			for k := range f {
-				f[k] *= mv
-			}
+			g := in.Params()[0].Grad()
+			g.Backend().Affine(g.Buf(), g.Buf(), mv, 0)
 		}
 		in.Step()
 	}
@@ -823,7 +823,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 			o.updatedBytes += p.Bytes()
 		case p.Grad() != nil:
 			o.steppedBytes += p.Bytes()
-			o.stepKept(i, mult, mv)
+			o.step(i, mult, mv)
 		}
 	}
 	if o.pc != nil { // the rest come down at once, behind those Ready started
@@ -880,22 +880,6 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}
 }
 
-// stepKept updates parameter i, kept on the device, there, its gradient
-// read through the multiplier mult (on the device; invalid: none) of value
-// mv.
-func (o *Offloaded) stepKept(i int, mult kernels.Buf, mv float32) {
-	switch in := o.inner[i].(type) {
-	case ScaledStepper:
-		in.StepScaled(mult, kernels.Buf{})
-	default:
-		if mult.Valid() {
-			g := o.params[i].Grad()
-			g.Backend().Affine(g.Buf(), g.Buf(), mv, 0)
-		}
-		in.Step()
-	}
-}
-
 // MeanStep is the mean time of the updates after the first (FirstStep,
 // until there is a second), from the step's call to the parameters' last
 // copy queued up (0 before one): what the backward did not hide.
@@ -927,12 +911,6 @@ func scalar(be kernels.Backend, b kernels.Buf) float32 {
 	var v float32
 	be.Read(unsafe.Slice((*byte)(unsafe.Pointer(&v)), 4), b)
 	return v
-}
-
-// hostF32s is the elements of t, an F32 tensor in host memory.
-func hostF32s(t *tensor.Tensor) []float32 {
-	b := t.HostBytes()
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
 // ZeroGrad releases the device's gradients (the host's copies stay, to be

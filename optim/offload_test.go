@@ -481,7 +481,7 @@ func testOffloadedParts(t *testing.T, dev, host *tensor.Device, kind string, dt 
 				t.Errorf("step %d: the sums' sum of squares %v, want %v", step, got, squares)
 			}
 		}
-		stepBoth(o, want, step == 1 && kind == "adamw", step == 4, mult, refMult, skip)
+		stepBoth(o, want, step == 1, step == 4, mult, refMult, skip)
 		for i := range shapes {
 			m := master[i].Float32s()
 			if types[i] != tensor.F32 {
@@ -586,13 +586,23 @@ func offloadedPair(t *testing.T, newOpt func([]*tensor.Tensor) Optimizer, work, 
 }
 
 // stepBoth steps o and its reference want: with the gradients multiplied
-// by mult (refMult on want's device) when scaled, o alone under the set
+// by mult (refMult on want's device; before the step for an optimizer that
+// is no ScaledStepper, SGD) when scaled, o alone under the set
 // flag skip (want not at all) when skipped; then zeroes both's gradients.
 func stepBoth(o *Offloaded, want Optimizer, scaled, skipped bool, mult, refMult, skip *tensor.Tensor) {
 	switch {
 	case scaled:
 		o.StepScaled(mult.Buf(), kernels.Buf{})
-		want.(ScaledStepper).StepScaled(refMult.Buf(), kernels.Buf{})
+		if ss, ok := want.(ScaledStepper); ok {
+			ss.StepScaled(refMult.Buf(), kernels.Buf{})
+			break
+		}
+		for _, p := range want.Params() { // SGD's gradients multiplied first
+			if g := p.Grad(); g != nil {
+				g.Backend().Affine(g.Buf(), g.Buf(), refMult.Float32s()[0], 0)
+			}
+		}
+		want.Step()
 	case skipped:
 		o.StepUnless(skip.Buf())
 	default:
