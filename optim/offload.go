@@ -21,7 +21,9 @@ import (
 // optimizer offload): the device keeps the parameters and their gradients,
 // the host keeps an F32 copy of every parameter, its gradient and the
 // optimiser's state (AdamW's two moments: 8 bytes a parameter the device
-// no longer holds), and the update runs on the host's cores.
+// no longer holds), and the update runs on the host's cores; but for the
+// parameters OffloadSome keeps on the device (Note [state kept on the
+// device]).
 //
 // Note [the offloaded step]: the backward hands each parameter to Ready as
 // soon as its gradient is finished (autograd.OnGradReady), and Ready sums
