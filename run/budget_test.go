@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/leangrad/leangrad/datasets"
-	"github.com/leangrad/leangrad/internal/race"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels/cpu"
 	"github.com/leangrad/leangrad/memory"
@@ -324,7 +323,6 @@ func TestBudgetKeepsStateInTheRoom(t *testing.T) {
 		}
 	}
 
-	race.Skip(t, "go test ./run -run TestBudgetKeepsStateInTheRoom")
 	corpus := brownBytes(t)
 	var log bytes.Buffer
 	const budget = 8 << 20 // room for some of the state: gpt-mini's fp32 step needs about 5 MiB
