@@ -335,6 +335,9 @@ func TestBudgetKeepsStateInTheRoom(t *testing.T) {
 	if s := r.Config.DeviceState; !(s > 0 && s < 1) || !strings.Contains(log.String(), "the first that fit in it keep theirs on the device (-device-state 0.") {
 		t.Fatalf("device state %v; log:\n%s", s, log.String())
 	}
+	if r.Final.DeviceOptimizerBytes <= 0 {
+		t.Errorf("the report's device_optimizer_bytes %d: want the state kept", r.Final.DeviceOptimizerBytes)
+	}
 	if r.Final.PeakAllocated > budget {
 		t.Errorf("peak %s over the budget %s", memory.Bytes(r.Final.PeakAllocated), memory.Bytes(budget))
 	}

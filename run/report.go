@@ -41,6 +41,9 @@ type Final struct {
 	// updated during the backward (no clipping, no loss scaling).
 	HostUpdatedInBackward    float64 `json:"host_updated_in_backward,omitempty"`
 	HostOptimizerPinnedBytes int64   `json:"host_optimizer_pinned_bytes,omitempty"`
+	// DeviceOptimizerBytes is the offloaded optimizer's state kept on the
+	// device (train.Config.DeviceState).
+	DeviceOptimizerBytes int64 `json:"device_optimizer_bytes,omitempty"`
 	// HostActivationBytes is the most host memory one forward's
 	// checkpointed blocks kept there (train.Config.OffloadActivations).
 	HostActivationBytes int64 `json:"host_activation_bytes,omitempty"`

@@ -1086,8 +1086,8 @@ func (r *runner) summarize() error {
 		f.HostOptimizerBytes, f.HostStepSeconds, f.HostGradsOverlapped, f.HostOptimizerPinnedBytes = o.HostBytes(), o.MeanStep().Seconds(), o.Overlapped(), o.PinnedBytes()
 		f.HostUpdatedInBackward = o.UpdatedInBackward()
 		onDevice := "the device held none of it"
-		if n := t.Step.OptimizerStateBytes(); n > 0 {
-			onDevice = fmt.Sprintf("the device held %s of the state, its first parameters' (-device-state %g)", memory.Bytes(n), cfg.DeviceState)
+		if f.DeviceOptimizerBytes = t.Step.OptimizerStateBytes(); f.DeviceOptimizerBytes > 0 {
+			onDevice = fmt.Sprintf("the device held %s of the state, its first parameters' (-device-state %g)", memory.Bytes(f.DeviceOptimizerBytes), cfg.DeviceState)
 		}
 		add("host memory    %s (%s page-locked, %s pageable) for the offloaded optimizer (F32 copies of the parameters and gradients, %s's state): %s; %.0f%% of the gradients' bytes began to come down during the backward, and %.0f%% of the parameters were updated there; the rest of the update took %.3f s a step after the first (the update on %d cores, parameters up; the first, which allocates the host's memory and page-locks its part, %.3f s)",
 			memory.Bytes(f.HostOptimizerBytes), memory.Bytes(f.HostOptimizerPinnedBytes), memory.Bytes(f.HostOptimizerBytes-f.HostOptimizerPinnedBytes), cfg.Optimizer, onDevice,
