@@ -38,3 +38,38 @@ func ExampleGradScaler() {
 	// Output:
 	// scale: 32768 skipped: 1 w: [0.80 -1.20 0.20 1.70]
 }
+
+// An optimizer whose state lives in host memory but for the parameters
+// kept on the device: here the embedding keeps its AdamW moments beside it
+// and the projection's go to a host pool (a GPU's page-locked memory in a
+// training run; a CPU pool of its own here). The backward hands each
+// finished gradient to Ready, which starts its copy down; the step updates
+// each parameter where its state is, to the on-device optimizer's values.
+func ExampleOffloadSome() {
+	dev, host := tensor.NewDevice(tensor.CPU().Backend()), tensor.NewDevice(tensor.CPU().Backend())
+	emb := tensor.FromFloat32(dev, []float32{0.1, -0.2, 0.3, 0.4}, 2, 2).SetRequiresGrad(true)
+	proj := tensor.FromFloat32(dev, []float32{1, 0.5}, 2, 1).SetRequiresGrad(true)
+	defer emb.Release()
+	defer proj.Release()
+	opt, err := optim.OffloadSome(optim.NewAdamW([]*tensor.Tensor{emb, proj}, 0.01, 0), host, []bool{true, false})
+	if err != nil {
+		panic(err)
+	}
+	defer opt.Release()
+
+	dev.WithScope(func() {
+		x := tensor.FromFloat32(dev, []float32{1, 2}, 1, 2)
+		loss := ag.MeanAll(ag.MatMul(ag.MatMul(x, emb), proj))
+		ag.Backward(loss, ag.OnGradReady(opt.Ready))
+	})
+	opt.Step()
+	opt.ZeroGrad()
+	for name, t := range opt.DeviceState() {
+		fmt.Println("on the device:", name, t.Device() == dev)
+	}
+	fmt.Printf("host bytes: %d, emb: %.2f, proj: %.2f\n", opt.HostBytes(), emb.Float32s(), proj.Float32s())
+	// Unordered output:
+	// on the device: exp_avg.0 true
+	// on the device: exp_avg_sq.0 true
+	// host bytes: 32, emb: [0.09 -0.21 0.29 0.39], proj: [0.99 0.49]
+}
