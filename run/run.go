@@ -482,7 +482,7 @@ func (r *runner) fuseChosen() {
 		ranks = r.job.Group.Size()
 	}
 	if r.cfg.FuseOptimizer || r.job.KeepUnfused || r.cfg.ClipNorm != 0 ||
-		train.FuseRefusal(0, r.cfg.AMP, ranks) != "" || train.FuseRefusal(0, r.measuredAMP(), ranks) != "" {
+		train.FuseRefusal(r.cfg.AMP, ranks) != "" || train.FuseRefusal(r.measuredAMP(), ranks) != "" {
 		return
 	}
 	r.cfg.FuseOptimizer = true
@@ -993,10 +993,14 @@ func (r *runner) fit() error {
 	chosen := r.variant()
 	mode := r.t.Step.Mode.String() + " steps"
 	switch {
+	case r.t.Step.HostUpdateInBackward && r.cfg.ClipNorm > 0:
+		mode += ", updated on the host after the backward (-fuse-optimizer: clipping needs the gradients' norm first)"
 	case r.t.Step.HostUpdateInBackward:
 		mode += ", each parameter updated on the host as its gradient arrives, beside the backward (-fuse-optimizer)"
 	case r.cfg.FuseOptimizer && r.micro > 0:
 		mode += ", updated after the budget's micro-batches (-fuse-optimizer updates in the backward of a whole batch only)"
+	case r.cfg.FuseOptimizer && r.cfg.ClipNorm > 0:
+		mode += ", each parameter updated in the backward (-fuse-optimizer) of a second forward and backward, the first for the gradients' norm (-clip)"
 	case r.cfg.FuseOptimizer:
 		mode += ", each parameter updated in the backward (-fuse-optimizer)"
 	}

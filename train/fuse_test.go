@@ -3,6 +3,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -64,7 +65,6 @@ func TestFuseOptimizerRefuses(t *testing.T) {
 		set  func(*Config)
 		want string
 	}{
-		{"clipping", func(c *Config) { c.ClipNorm = 1 }, "(-fuse-optimizer) with -clip 1: clipping needs every gradient"},
 		{"F16 AMP", func(c *Config) { c.AMP = AMPF16 }, "with -amp-dtype f16: F16's loss scaling"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -206,4 +206,62 @@ func seededGPT(t *testing.T, dev *tensor.Device, cfg nn.GPTConfig) *nn.GPT {
 		t.Fatal(err)
 	}
 	return g
+}
+
+// TestFusedClippedStepMatches: a GPT's clipped steps (with dropout) with
+// the update fused into the backward (Note [the norm in a first pass]) end
+// with the plain clipped steps' weights within a millionth and the same
+// gradients' norm within a hundred-thousandth (the norm's squares are
+// summed a parameter at a time), in F32 and under BF16 autocast, with a
+// clip that bites; their peak is the unclipped fused step's but for the
+// rows of squares (below the plain step's), and the metrics count one
+// pass.
+func TestFusedClippedStepMatches(t *testing.T) {
+	dev := tensor.CPU()
+	const context, vocab, clip = 16, 64, 0.05
+	xs, ys := gptBatches(dev, 3, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	for _, amp := range []tensor.DType{0, tensor.BF16} {
+		run := func(fused bool, clip float64) (state [][]byte, peak, grads int64, norm, loss float64) {
+			g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1})
+			defer nn.Release(g)
+			opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
+			opt.NoDecay = nn.NoDecay(g)
+			defer opt.Release()
+			s := NewStep(dev, g, opt, amp, Eager)
+			s.FuseOptimizer, s.ClipNorm = fused, clip
+			defer s.Release()
+			dev.Generator().Seed(9)
+			peak = peakAfterFirst(t, s, xs, ys)
+			for _, p := range opt.Params() {
+				grads += p.Bytes()
+			}
+			sums := s.metrics.Float32s()
+			return snapshotState(g), peak, grads, s.GradNorm(), float64(sums[0])
+		}
+		want, plain, grads, wantNorm, wantLoss := run(false, clip)
+		got, fused, _, gotNorm, gotLoss := run(true, clip)
+		_, unclipped, _, _, _ := run(true, 0)
+		if wantNorm <= clip {
+			t.Fatalf("autocast %v: the gradients' norm %v does not pass the clip %v", amp, wantNorm, clip)
+		}
+		if math.Abs(gotNorm-wantNorm) > 1e-5*wantNorm || gotLoss != wantLoss {
+			t.Errorf("autocast %v: norm %v and loss sum %v fused, %v and %v plain", amp, gotNorm, gotLoss, wantNorm, wantLoss)
+		}
+		for i := range want {
+			g, w := f32sOf(got[i]), f32sOf(want[i])
+			for k := range w {
+				if d := math.Abs(float64(g[k] - w[k])); d > 1e-6*(1+math.Abs(float64(w[k]))) {
+					t.Fatalf("autocast %v: state %d element %d is %v fused, %v plain", amp, i, k, g[k], w[k])
+				}
+			}
+		}
+		t.Logf("autocast %v: peak %s plain, %s fused, %s fused unclipped; the gradients %s; norm %v",
+			amp, memory.Bytes(plain), memory.Bytes(fused), memory.Bytes(unclipped), memory.Bytes(grads), gotNorm)
+		if rows := 3 * memory.RoundSize(4*32); fused > unclipped+rows || fused >= plain { // the rows, the coefficient and their sum
+			t.Errorf("autocast %v: the fused clipped step's peak is %s, the unclipped one's %s, the plain clipped one's %s: want at most the unclipped one's and its rows of squares, their sum and the coefficient (%s)",
+				amp, memory.Bytes(fused), memory.Bytes(unclipped), memory.Bytes(plain), memory.Bytes(rows))
+		}
+	}
 }

@@ -115,9 +115,10 @@ type Step struct {
 	// FuseOptimizer updates each parameter as soon as the backward has
 	// finished its gradient (optim.PerParameter) and releases the gradient
 	// there, so that a step never holds all of them at once (LOMO's
-	// update fused into the backward). New checks what it needs: an
-	// optimizer that can, no clipping, no loss scaling, one process, eager
-	// steps (Run panics on the last two). A step of micro-batches updates
+	// update fused into the backward); with ClipNorm, after a first pass
+	// for the gradients' norm (Note [the norm in a first pass]). New checks
+	// what it needs: an optimizer that can, no loss scaling, one process,
+	// eager steps (Run panics on the last two). A step of micro-batches updates
 	// after its last, as without it. Once a parameter is updated a failing
 	// step cannot be undone: Run then returns an error wrapping
 	// ErrPartlyUpdated, and Stop does not interrupt such steps.
@@ -140,21 +141,25 @@ type Step struct {
 	Offloader *ag.Offloader
 
 	dev      *tensor.Device
-	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
-	metrics  *tensor.Tensor  // F32[3]: loss sum, right predictions, predictions
-	gradNorm *tensor.Tensor  // F32[1]: the gradients' norm before clipping
-	rng      *tensor.Counter // the generator's position during steps
-	rngFresh bool            // rng holds the host generator's position
-	shapes   map[string]*shapeState
-	arena    *memory.Arena
-	notes    []string
-	micro    int                    // micro-batch size; 0: whole batches
-	undo     []*tensor.Tensor       // copies of the buffers (and metrics) an eager step changes, to restore when it fails
-	group    *dist.Group            // the data-parallel job, or nil
-	reducer  *dist.Reducer          // averages the gradients over group
-	sharded  *dist.ShardedOptimizer // Opt, when its state is sharded over group
-	params   map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
-	updated  bool                   // the running step's fused update has begun
+	autocast tensor.DType   // what Autocast runs matrix products in (0: fp32)
+	metrics  *tensor.Tensor // F32[3]: loss sum, right predictions, predictions
+	gradNorm *tensor.Tensor // F32[1]: the gradients' norm before clipping
+	// sqRows (F32[params, 1]) and coef (F32[1]) are a clipped fused step's
+	// gradients' sums of squares and clip coefficient (Note [the norm in a
+	// first pass]); nil until one runs.
+	sqRows, coef *tensor.Tensor
+	rng          *tensor.Counter // the generator's position during steps
+	rngFresh     bool            // rng holds the host generator's position
+	shapes       map[string]*shapeState
+	arena        *memory.Arena
+	notes        []string
+	micro        int                    // micro-batch size; 0: whole batches
+	undo         []*tensor.Tensor       // copies of the buffers (and metrics) an eager step changes, to restore when it fails
+	group        *dist.Group            // the data-parallel job, or nil
+	reducer      *dist.Reducer          // averages the gradients over group
+	sharded      *dist.ShardedOptimizer // Opt, when its state is sharded over group
+	params       map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
+	updated      bool                   // the running step's fused update has begun
 }
 
 // ErrPartlyUpdated is wrapped by the error of a step whose update runs in
@@ -278,6 +283,11 @@ func (s *Step) Release() {
 	}
 	s.metrics.Release()
 	s.gradNorm.Release()
+	for _, t := range []*tensor.Tensor{s.sqRows, s.coef} {
+		if t != nil {
+			t.Release()
+		}
+	}
 	s.rng.Release()
 	s.Scaler.Release()
 	for _, t := range s.undo {
@@ -686,10 +696,22 @@ func (s *Step) body(x, y *tensor.Tensor) {
 				}
 				defer cpu.LeaveCores(leave)()
 			}
+			var onGrad func(*tensor.Tensor)
+			if fused != nil {
+				onGrad = func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }
+			}
+			both := func() {
+				if fused != nil && s.ClipNorm > 0 { // Note [the norm in a first pass]
+					s.normPass(x, y, n)
+					gen.EndDevice()
+					gen.BeginDevice(s.rng.Buf()) // the second pass draws what the first did
+				}
+				s.passes(x, y, n, m, onGrad, true)
+			}
 			if stop != nil {
-				s.dev.Interruptible(stop, func() { s.passes(x, y, n, m, fused) })
+				s.dev.Interruptible(stop, both)
 			} else { // an Interruptible around Run still holds
-				s.passes(x, y, n, m, fused)
+				both()
 			}
 			s.markParameterGradients()
 			if fused != nil {
@@ -729,9 +751,11 @@ func (s *Step) body(x, y *tensor.Tensor) {
 }
 
 // passes runs the forward and the backward of the batch x, y of n
-// examples in micro-batches of m, accumulating the gradients; with fused,
-// each parameter is updated as its gradient is finished.
-func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
+// examples in micro-batches of m, accumulating the gradients; onGrad, if
+// set, is given each leaf as the last micro-batch's backward finishes its
+// gradient (the update fused into the backward). With count the losses
+// and predictions count in the step's metrics (and Observe sees them).
+func (s *Step) passes(x, y *tensor.Tensor, n, m int, onGrad func(*tensor.Tensor), count bool) {
 	be := s.dev.Backend()
 	for lo := 0; lo < n; lo += m {
 		hi := min(n, lo+m)
@@ -739,8 +763,8 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 		if s.reducer != nil && hi == n { // the last micro-batch finishes the gradients
 			hooks = append(hooks, ag.OnGradReady(s.reducer.Ready))
 		}
-		if fused != nil && hi == n {
-			hooks = append(hooks, ag.OnGradReady(func(leaf *tensor.Tensor) { s.updateNow(fused, leaf) }))
+		if onGrad != nil && hi == n {
+			hooks = append(hooks, ag.OnGradReady(onGrad))
 		}
 		off, offloaded := s.Opt.(*optim.Offloaded)
 		offloaded = offloaded && s.reducer == nil
@@ -769,9 +793,11 @@ func (s *Step) passes(x, y *tensor.Tensor, n, m int, fused optim.PerParameter) {
 			} else {
 				loss, right, preds = s.forward(xs, ys)
 			}
-			be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
+			if count {
+				be.AccumulateMetrics(s.metrics.Buf(), loss.Buf(), right.Buf(), preds)
+			}
 			right.Release()
-			if s.Observe != nil {
+			if s.Observe != nil && count {
 				s.Observe(loss)
 			}
 			scaled := s.Scaler.ScaleLoss(loss)
@@ -799,15 +825,11 @@ func (s *Step) updatesInBackward() bool {
 }
 
 // updateNow updates the parameter leaf, whose gradient the backward has
-// finished, counting the step at the first (FuseOptimizer).
+// finished, counting the step at the first (FuseOptimizer); with
+// clipping, its gradient multiplied first by the clip coefficient of the
+// step's first pass (Note [the norm in a first pass]).
 func (s *Step) updateNow(fused optim.PerParameter, leaf *tensor.Tensor) {
-	if s.params == nil {
-		s.params = map[*tensor.Tensor]int{}
-		for i, p := range s.Opt.Params() {
-			s.params[p] = i
-		}
-	}
-	i, ok := s.params[leaf]
+	i, ok := s.paramIndex(leaf)
 	if !ok {
 		return // not the optimizer's
 	}
@@ -815,7 +837,63 @@ func (s *Step) updateNow(fused optim.PerParameter, leaf *tensor.Tensor) {
 		fused.Begin()
 		s.updated = true
 	}
+	if g := leaf.Grad(); g != nil && s.ClipNorm > 0 {
+		k := g.Numel()
+		g.Backend().Binary(kernels.Mul, g.Buf(), g.Buf(), s.coef.Buf(), kernels.NewBroadcast([]int{k}, []int{k}, []int{1}))
+	}
 	fused.StepParam(i)
+}
+
+// paramIndex is leaf's index in the optimizer's parameters, if it is one.
+func (s *Step) paramIndex(leaf *tensor.Tensor) (int, bool) {
+	if s.params == nil {
+		s.params = map[*tensor.Tensor]int{}
+		for i, p := range s.Opt.Params() {
+			s.params[p] = i
+		}
+	}
+	i, ok := s.params[leaf]
+	return i, ok
+}
+
+// Note [the norm in a first pass]: an update fused into the backward
+// (FuseOptimizer) cannot wait for every gradient, which clipping to the
+// gradients' global norm needs (ClipNorm). So a clipped fused step runs
+// its forward and backward twice, as LOMO does: the first sums each
+// gradient's squares into a row of its own as the backward finishes it
+// and frees it at once, and takes the norm and the clip coefficient from
+// the rows on the device (kernels.UnscaleClip, as the unfused step's
+// update does); the second, drawing the same random numbers (dropout) from
+// the same position of the generator, updates each parameter as its
+// gradient is finished, the gradient multiplied by that coefficient first.
+// The step holds no more than an unclipped fused one, at about twice its
+// forward and backward's time; the results are the unfused clipped step's
+// but for the norm's last bits (its squares summed a parameter at a
+// time). The first pass's losses do not count in the step's metrics.
+
+// normPass is a clipped fused step's first pass over the batch x, y of n
+// examples (Note [the norm in a first pass]): it leaves the gradients'
+// norm in gradNorm and the clip coefficient in coef, and no gradient.
+func (s *Step) normPass(x, y *tensor.Tensor, n int) {
+	be := s.dev.Backend()
+	params := s.Opt.Params()
+	if s.sqRows == nil {
+		s.sqRows = tensor.Zeros(s.dev, tensor.F32, max(1, len(params)), 1).Keep()
+		s.coef = tensor.Zeros(s.dev, tensor.F32, 1).Keep()
+	}
+	be.Fill(s.sqRows.Buf(), 0) // a parameter without a gradient adds none
+	s.passes(x, y, n, n, func(leaf *tensor.Tensor) {
+		if i, ok := s.paramIndex(leaf); ok && leaf.Grad() != nil {
+			row := s.sqRows.Rows(i, i+1)
+			be.SumSquares([]kernels.Buf{leaf.Grad().Buf()}, row.Buf())
+			row.Release()
+		}
+		leaf.ZeroGrad() // the second pass makes it again
+	}, false)
+	sumsq := tensor.Empty(s.dev, tensor.F32, 1)
+	defer sumsq.Release()
+	be.Reduce(kernels.Sum, sumsq.Buf(), s.sqRows.Buf(), kernels.Reduction{Outer: 1, Len: s.sqRows.Dim(0), Inner: 1})
+	be.UnscaleClip(float32(s.ClipNorm), sumsq.Buf(), kernels.Buf{}, s.gradNorm.Buf(), s.coef.Buf(), kernels.Buf{})
 }
 
 // phase marks, for a trace being recorded, what the step does next.

@@ -92,9 +92,10 @@ type Config struct {
 	// gradient is finished, and releases the gradient (Step.FuseOptimizer):
 	// the step never holds every gradient. With the optimizer offloaded,
 	// the host updates each parameter as its gradient arrives there, while
-	// the backward goes on (Step.HostUpdateInBackward). It needs AdamW or
-	// SGD, no clipping, no F16 loss scaling (BF16 AMP is fine) and one
-	// process; steps run eagerly.
+	// the backward goes on (Step.HostUpdateInBackward), unless clipped
+	// (then after it). It needs AdamW or SGD, no F16 loss scaling (BF16 AMP
+	// is fine) and one process; steps run eagerly, and with clipping on the
+	// device, twice (Note [the norm in a first pass]).
 	FuseOptimizer bool `json:"fuse_optimizer,omitempty"`
 	// MicroBatch runs each batch as micro-batches of at most this many
 	// examples whose gradients are summed before one update
@@ -613,7 +614,7 @@ func workingWeights(model nn.Model, cfg Config, dev *tensor.Device) error {
 // fusable says why cfg's optimizer cannot be fused into the backward
 // (Config.FuseOptimizer), or nil.
 func fusable(cfg Config, opt optim.Optimizer) error {
-	why := FuseRefusal(cfg.ClipNorm, cfg.AMP, 1)
+	why := FuseRefusal(cfg.AMP, 1)
 	if _, ok := opt.(optim.PerParameter); !ok {
 		why = fmt.Sprintf("the %s optimizer: it updates all of its parameters at once", cfg.Optimizer)
 	}
@@ -628,13 +629,12 @@ func fusable(cfg Config, opt optim.Optimizer) error {
 const ActivationsRefusal = "-offload-activations moves what checkpointed blocks keep to host memory: use it with -checkpoint"
 
 // FuseRefusal says why an optimizer cannot be fused into the backward
-// (Config.FuseOptimizer) beside clipping to clip, amp or a data-parallel
-// job of ranks processes, naming the command's flag, or "" where nothing
-// stops it.
-func FuseRefusal(clip float64, amp AMP, ranks int) string {
+// (Config.FuseOptimizer) beside amp or a data-parallel job of ranks
+// processes, naming the command's flag, or "" where nothing stops it.
+// Clipping does not: the step then takes the norm in a first pass (Note
+// [the norm in a first pass]).
+func FuseRefusal(amp AMP, ranks int) string {
 	switch {
-	case clip > 0:
-		return fmt.Sprintf("-clip %v: clipping needs every gradient before the first update (-clip -1 turns it off)", clip)
 	case amp == AMPF16:
 		return "-amp-dtype f16: F16's loss scaling skips a step whose gradients overflow, known only after the last (use -amp-dtype bf16)"
 	case ranks > 1:

@@ -198,7 +198,7 @@ func (o *options) recipe(a train.Arch) train.Recipe {
 	if o.set["clip"] {
 		r.ClipNorm = max(o.clip, 0)
 	} else if o.fuse {
-		r.ClipNorm = 0 // clipping needs every gradient before the first update
+		r.ClipNorm = 0 // a clipped fused step runs its forward and backward twice: asked for only
 	}
 	return r
 }
@@ -269,7 +269,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.offload, "offload-optimizer", false, "on a GPU, keep the optimizer's state in host memory and update the parameters on the host's cores: each gradient streams down as the backward finishes it, and the device holds the parameters and the gradients in flight only (steps then run eagerly)")
 	fs.BoolVar(&o.acts, "offload-activations", false, "on a GPU, with -checkpoint: move what the checkpointed blocks keep for their recomputation (their inputs, attention's results) to host memory during the forward, and bring it back ahead of each block's recomputation (steps then run eagerly)")
 	fs.BoolVar(&o.bf16Weights, "bf16-weights", false, "GPTs on a GPU, with -offload-optimizer and -amp -amp-dtype bf16: hold the blocks' weights in bf16 on the device, their F32 masters with the optimizer's state in host memory (half the device's bytes for weights and gradients, which come rounded to bf16); checkpoints hold the F32 masters")
-	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; no clipping, so a GPT's default -clip 1 is off; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward")
+	fs.BoolVar(&o.fuse, "fuse-optimizer", false, "update each parameter in the backward as soon as its gradient is finished, and free the gradient there: no step holds them all (AdamW or SGD, same results; a GPT's default -clip 1 is off, and a -clip given runs the forward and backward twice, the first for the gradients' norm; not with F16 AMP or -nproc; steps run eagerly); with -offload-optimizer, the host updates each parameter as its gradient arrives, beside the backward (after it with -clip)")
 	fs.IntVar(&o.micro, "micro-batch", 0, "run each batch as micro-batches of N examples whose gradients are summed before one update: the batch's update in a micro-batch's activations (0: whole batches; with -offload-optimizer the sums are kept in F32 in host memory, 4 bytes a parameter, and leave the device as each backward finishes them)")
 	fs.Float64Var(&o.deviceState, "device-state", 0, "with -offload-optimizer, the share (0 to 1) of the parameters' bytes whose optimizer state stays on the device and is updated there: the first F32 parameters (a GPT's embeddings, which its backward finishes last and whose host update would be left after it); they hold their gradients and state on the device")
 	fs.IntVar(&o.hostThreads, "host-threads", 0, "with -offload-optimizer and -fuse-optimizer or -micro-batch on a GPU: the host's cores its work beside the backward (the update, the micro-batches' sums) spreads over (default all but one, which queues the GPU's kernels)")
@@ -314,14 +314,11 @@ func (o *options) check() []string {
 		bad("-shard-optimizer: not a data-parallel job (start one with -nproc N, or under torchrun)")
 	}
 	if o.fuse {
-		clip, amp := 0.0, train.NoAMP // a GPT's default clip is turned off for it
-		if o.set["clip"] {
-			clip = o.clip
-		}
+		amp := train.NoAMP
 		if o.amp {
 			amp = o.ampDType
 		}
-		if why := train.FuseRefusal(clip, amp, o.nproc); why != "" {
+		if why := train.FuseRefusal(amp, o.nproc); why != "" {
 			bad("-fuse-optimizer with %s", why)
 		}
 	}

@@ -53,7 +53,6 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-nproc", "0"}, cmdenv.ExitUsage, "-nproc 0: want 1 or more processes"},
 		{[]string{"-shard-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer: not a data-parallel job"},
 		{[]string{"-nproc", "2", "-shard-optimizer", "-offload-optimizer"}, cmdenv.ExitUsage, "-shard-optimizer with -offload-optimizer: choose one"},
-		{[]string{"-fuse-optimizer", "-clip", "0.5"}, cmdenv.ExitUsage, "-fuse-optimizer with -clip 0.5: clipping needs every gradient before the first update"},
 		{[]string{"-fuse-optimizer", "-amp", "-amp-dtype", "f16"}, cmdenv.ExitUsage, "-fuse-optimizer with -amp-dtype f16: F16's loss scaling"},
 		{[]string{"-device-state", "0.2"}, cmdenv.ExitUsage, "-device-state 0.2 keeps part of an offloaded optimizer's state on the device: add -offload-optimizer"},
 		{[]string{"-offload-optimizer", "-device-state", "1.5"}, cmdenv.ExitUsage, "-device-state 1.5: want a share of the parameters' bytes from 0 to 1"},
@@ -332,6 +331,29 @@ func TestFuseOptimizerRun(t *testing.T) {
 	}
 	if a, b := plain.Epochs[0], fused.Epochs[0]; a.TrainLoss != b.TrainLoss || a.TestLoss != b.TestLoss {
 		t.Errorf("losses: %v/%v plain, %v/%v fused", a.TrainLoss, a.TestLoss, b.TrainLoss, b.TestLoss)
+	}
+	// Clipped, it runs each step's forward and backward twice and says so,
+	// to the unfused clipped run's losses but for the norm's last bits.
+	clipped := map[bool]run.Report{}
+	for _, fuse := range []bool{false, true} {
+		js := filepath.Join(dir, fmt.Sprintf("c-%v.json", fuse))
+		args := []string{"-model", "gpt-mini", "-device", "cpu", "-data", text, "-tokenizer", "bytes", "-context", "32", "-batch", "4",
+			"-eval-batches", "2", "-steps", "8", "-eval-every", "8", "-json", js, "-measure=false", "-clip", "0.5"}
+		if fuse {
+			args = append(args, "-fuse-optimizer")
+		}
+		code, stdout, stderr := runCLI(args...)
+		var r run.Report
+		if data, err := os.ReadFile(js); code != 0 || err != nil || json.Unmarshal(data, &r) != nil || len(r.Epochs) != 1 {
+			t.Fatalf("-clip 0.5, -fuse-optimizer %v: exit %d, report %v\n%s\n%s", fuse, code, err, stdout, stderr)
+		}
+		if said := strings.Contains(stdout, "the first for the gradients' norm (-clip)"); said != fuse {
+			t.Errorf("-clip 0.5, -fuse-optimizer %v: the training line says two passes %v:\n%s", fuse, said, stdout)
+		}
+		clipped[fuse] = r
+	}
+	if a, b := clipped[false].Epochs[0], clipped[true].Epochs[0]; math.Abs(float64(a.TrainLoss-b.TrainLoss)) > 1e-4*float64(a.TrainLoss) || clipped[true].Config.ClipNorm != 0.5 {
+		t.Errorf("clipped: training loss %v plain, %v fused (clip %v)", a.TrainLoss, b.TrainLoss, clipped[true].Config.ClipNorm)
 	}
 	// Under a budget that only micro-batches fit (fp32, no checkpoints), the
 	// update waits for the last micro-batch, and the run says so.
