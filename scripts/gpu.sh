@@ -35,7 +35,8 @@
 #             optimizer state on the device and then in host memory (-offload-optimizer; WHERE lists
 #             them, and "budget" runs under -max-memory BUDGET, default 10GiB, to let it choose, "budget-blocks"
 #             without -checkpoint, to let it choose how many blocks to checkpoint too; "8bit",
-#             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both; "acts" and
+#             "fused" and "8bit+fused" run -optimizer adamw8bit, -fuse-optimizer and both
+#             ("fused-clip": -fuse-optimizer -clip 1, two passes a step); "acts" and
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
 #             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
 #             cores but one; "host-fused-kept" that with -device-state SHARE (default 0.06: GPT-2 XL's embeddings); "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
@@ -255,6 +256,7 @@ print(max(m['peak_allocated'], m.get('planned', 0)) // 2)")
       budget-blocks) flags=(-max-memory "${BUDGET:-10GiB}"); ckpt=() ;;
       8bit) flags=(-optimizer adamw8bit) ;;
       fused) flags=(-fuse-optimizer) ;;
+      fused-clip) flags=(-fuse-optimizer -clip 1) ;;
       8bit+fused) flags=(-optimizer adamw8bit -fuse-optimizer) ;;
       acts) flags=(-offload-activations) ;;
       host+acts) flags=(-offload-optimizer -offload-activations) ;;
