@@ -249,14 +249,7 @@ func TestFusedClippedStepMatches(t *testing.T) {
 		if math.Abs(gotNorm-wantNorm) > 1e-5*wantNorm || gotLoss != wantLoss {
 			t.Errorf("autocast %v: norm %v and loss sum %v fused, %v and %v plain", amp, gotNorm, gotLoss, wantNorm, wantLoss)
 		}
-		for i := range want {
-			g, w := f32sOf(got[i]), f32sOf(want[i])
-			for k := range w {
-				if d := math.Abs(float64(g[k] - w[k])); d > 1e-6*(1+math.Abs(float64(w[k]))) {
-					t.Fatalf("autocast %v: state %d element %d is %v fused, %v plain", amp, i, k, g[k], w[k])
-				}
-			}
-		}
+		closeState(t, got, want, fmt.Sprintf("under autocast %v fused, against plain", amp))
 		t.Logf("autocast %v: peak %s plain, %s fused, %s fused unclipped; the gradients %s; norm %v",
 			amp, memory.Bytes(plain), memory.Bytes(fused), memory.Bytes(unclipped), memory.Bytes(grads), gotNorm)
 		if rows := 3 * memory.RoundSize(4*32); fused > unclipped+rows || fused >= plain { // the rows, the coefficient and their sum

@@ -43,6 +43,21 @@ func sameState(t *testing.T, got, want [][]byte, how string) {
 	}
 }
 
+// closeState fails t at the first value of want (snapshotState's F32
+// tensors) that got does not hold within a millionth (relative, past 1),
+// saying how got was made.
+func closeState(t *testing.T, got, want [][]byte, how string) {
+	t.Helper()
+	for i := range want {
+		g, w := f32sOf(got[i]), f32sOf(want[i])
+		for k := range w {
+			if d := math.Abs(float64(g[k] - w[k])); d > 1e-6*(1+math.Abs(float64(w[k]))) {
+				t.Fatalf("state %d element %d is %v %s, %v", i, k, g[k], how, w[k])
+			}
+		}
+	}
+}
+
 // TestFailedStepLeavesNoTrace: a step that runs out of memory at any of its
 // allocations (forward, backward, the optimiser's first state) leaves the
 // parameters, batch norm's running statistics, the optimiser, the metrics
