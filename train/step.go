@@ -141,25 +141,23 @@ type Step struct {
 	Offloader *ag.Offloader
 
 	dev      *tensor.Device
-	autocast tensor.DType   // what Autocast runs matrix products in (0: fp32)
-	metrics  *tensor.Tensor // F32[3]: loss sum, right predictions, predictions
-	gradNorm *tensor.Tensor // F32[1]: the gradients' norm before clipping
-	// sqRows (F32[params, 1]) and coef (F32[1]) are a clipped fused step's
-	// gradients' sums of squares and clip coefficient (Note [the norm in a
-	// first pass]); nil until one runs.
-	sqRows, coef *tensor.Tensor
-	rng          *tensor.Counter // the generator's position during steps
-	rngFresh     bool            // rng holds the host generator's position
-	shapes       map[string]*shapeState
-	arena        *memory.Arena
-	notes        []string
-	micro        int                    // micro-batch size; 0: whole batches
-	undo         []*tensor.Tensor       // copies of the buffers (and metrics) an eager step changes, to restore when it fails
-	group        *dist.Group            // the data-parallel job, or nil
-	reducer      *dist.Reducer          // averages the gradients over group
-	sharded      *dist.ShardedOptimizer // Opt, when its state is sharded over group
-	params       map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
-	updated      bool                   // the running step's fused update has begun
+	autocast tensor.DType    // what Autocast runs matrix products in (0: fp32)
+	metrics  *tensor.Tensor  // F32[3]: loss sum, right predictions, predictions
+	gradNorm *tensor.Tensor  // F32[1]: the gradients' norm before clipping
+	rng      *tensor.Counter // the generator's position during steps
+	rngFresh bool            // rng holds the host generator's position
+	shapes   map[string]*shapeState
+	arena    *memory.Arena
+	notes    []string
+	micro    int                    // micro-batch size; 0: whole batches
+	undo     []*tensor.Tensor       // copies of the buffers (and metrics) an eager step changes, to restore when it fails
+	group    *dist.Group            // the data-parallel job, or nil
+	reducer  *dist.Reducer          // averages the gradients over group
+	sharded  *dist.ShardedOptimizer // Opt, when its state is sharded over group
+	params   map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
+	updated  bool                   // the running step's fused update has begun
+	sqRows   *tensor.Tensor         // F32[params, 1]: a clipped fused step's gradients' sums of squares (nil until one runs)
+	coef     *tensor.Tensor         // F32[1]: their clip coefficient (Note [the norm in a first pass])
 }
 
 // ErrPartlyUpdated is wrapped by the error of a step whose update runs in
