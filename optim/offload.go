@@ -115,8 +115,7 @@ import (
 type Offloaded struct {
 	params []*tensor.Tensor       // on the device
 	slot   map[*tensor.Tensor]int // a parameter's index in params
-	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy (nil: kept)
-	kept   []bool                 // kept[i]: parameter i's state stays on the device (Note [state kept on the device])
+	host   []*tensor.Tensor       // their copies in host memory, each with its gradient's copy (nil: kept, Note [state kept on the device])
 	pc     kernels.PinnedCopier   // the device's backend when host is its page-locked memory (nil: staged copies)
 	at     *tensor.Device         // the host device Offload was given
 	inner  []Optimizer            // inner[i] updates host[i], or parameter i where it is kept
@@ -201,7 +200,7 @@ func OffloadSome(opt Optimizer, host *tensor.Device, keep []bool) (o *Offloaded,
 	if len(opt.State()) > 0 {
 		return nil, fmt.Errorf("optim: offloading an optimizer that has taken steps (its state would be lost)")
 	}
-	o = &Offloaded{params: params, kept: slices.Clone(keep), slot: map[*tensor.Tensor]int{}, at: host, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
+	o = &Offloaded{params: params, slot: map[*tensor.Tensor]int{}, at: host, lr: opt.LR(), kinds: kinds, down: make([]kernels.Transfer, n),
 		early: make([]bool, n), gone: make([]bool, n), updated: make([]bool, n),
 		sums: make([]*tensor.Tensor, n), parts: make([]int, n), summed: make([]bool, n), sq: make([]float64, n), landing: make([]chan struct{}, n)}
 	defer func() {
@@ -319,7 +318,7 @@ func (o *Offloaded) ReadyAndUpdate(leaf *tensor.Tensor) {
 	if o.early[i] {
 		panic(fmt.Sprintf("optim: the gradient of parameter %d (shape %v) was finished twice in one backward, after its update began: a parameter read in several checkpointed blocks cannot be updated in the backward", i, leaf.Shape()))
 	}
-	if o.kept[i] { // on the device, now
+	if o.kept(i) { // on the device, now
 		o.early[i], o.updated[i] = true, true
 		o.inner[i].Step()
 		leaf.ZeroGrad()
@@ -383,7 +382,7 @@ func (o *Offloaded) stopWork() {
 // those kept on the device, whose parts add up there.
 func (o *Offloaded) Part(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
-	if !ok || leaf.Grad() == nil || o.kept[i] { // a kept one's parts add up on the device
+	if !ok || leaf.Grad() == nil || o.kept(i) { // a kept one's parts add up on the device
 		return
 	}
 	if o.early[i] {
@@ -605,7 +604,7 @@ func OffloadedDeviceBytes(paramBytes int64) int64 { return paramBytes + paramByt
 // step's last micro-batch).
 func (o *Offloaded) Ready(leaf *tensor.Tensor) {
 	i, ok := o.slot[leaf]
-	if !ok || leaf.Grad() == nil || o.kept[i] { // a kept one's stays, its squares summed with the step's
+	if !ok || leaf.Grad() == nil || o.kept(i) { // a kept one's stays, its squares summed with the step's
 		return
 	}
 	if o.gone[i] {
@@ -819,7 +818,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}()
 	for i, p := range o.params { // those kept on the device are updated there, first
 		switch {
-		case !o.kept[i]:
+		case !o.kept(i):
 		case o.updated[i]: // in the backward
 			o.steppedBytes += p.Bytes()
 			o.updatedBytes += p.Bytes()
@@ -830,7 +829,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 	}
 	if o.pc != nil { // the rest come down at once, behind those Ready started
 		for i, p := range o.params {
-			if o.down[i] == nil && p.Grad() != nil && !o.kept[i] {
+			if o.down[i] == nil && p.Grad() != nil && !o.kept(i) {
 				o.startDown(i)
 			}
 		}
@@ -842,7 +841,7 @@ func (o *Offloaded) StepScaled(mult, skip kernels.Buf) {
 		defer wg.Done()
 		defer close(ready)
 		for i, p := range o.params {
-			if o.kept[i] {
+			if o.kept(i) {
 				continue
 			}
 			if o.parts[i] > 0 { // summed from parts on the host, counted as they came down
@@ -954,10 +953,13 @@ func (o *Offloaded) State() map[string]*tensor.Tensor {
 // ("master.<index>").
 const MasterKind = "master"
 
+// kept says whether parameter i's state stays on the device (OffloadSome).
+func (o *Offloaded) kept(i int) bool { return o.host[i] == nil }
+
 // DeviceState is the state of the parameters kept on the device
 // (OffloadSome), named as State names it.
 func (o *Offloaded) DeviceState() map[string]*tensor.Tensor {
-	return o.innerState(func(i int) bool { return o.kept[i] })
+	return o.innerState(o.kept)
 }
 
 // innerState is the state of the optimisers of the parameters i where
@@ -976,10 +978,10 @@ func (o *Offloaded) innerState(which func(int) bool) map[string]*tensor.Tensor {
 }
 
 // Master is the F32 master copy in host memory of p, one of the
-// parameters (nil for another tensor or one kept on the device): what p's values are, unrounded, for
-// a 16-bit p (Note [working weights in 16 bits]). Its values change in the
-// steps; writing them sets the master, and the device's copy at the next
-// update.
+// parameters (nil for another tensor or one kept on the device): what p's
+// values are, unrounded, for a 16-bit p (Note [working weights in 16
+// bits]). Its values change in the steps; writing them sets the master,
+// and the device's copy at the next update.
 func (o *Offloaded) Master(p *tensor.Tensor) *tensor.Tensor {
 	if i, ok := o.slot[p]; ok {
 		return o.host[i]
@@ -1027,7 +1029,7 @@ func (o *Offloaded) eachHeld(f func(*tensor.Tensor)) {
 			f(o.sums[i])
 		}
 	}
-	for _, t := range o.innerState(func(i int) bool { return !o.kept[i] }) {
+	for _, t := range o.innerState(func(i int) bool { return !o.kept(i) }) {
 		f(t)
 	}
 }
@@ -1050,7 +1052,7 @@ func (o *Offloaded) Counters() map[string]float64 {
 // model's weights first, then the optimiser's state.
 func (o *Offloaded) LoadState(ts map[string]*tensor.Tensor, c map[string]float64) error {
 	for i, p := range o.params {
-		if o.kept[i] { // its value is the device's
+		if o.kept(i) { // its value is the device's
 			continue
 		}
 		if !p.DType().Half() {

@@ -786,20 +786,13 @@ func (r *runner) fitBudget() (err error) {
 // gradient with its share of train.BudgetHeadroom as the step's own bytes
 // have (0 when it leaves none; at most 1).
 func deviceStateInRoom(choice train.BudgetChoice, budget, paramBytes int64, optimizer string) float64 {
-	for i := len(choice.Measured) - 1; i >= 0; i-- {
-		m := choice.Measured[i]
-		if m.Name != choice.Chosen.Name || m.MicroBatch != choice.Chosen.MicroBatch || m.Examples != 0 || m.OutOfMemory {
-			continue
-		}
-		need := max(m.PeakAllocated, m.Planned)
-		room := budget - need - int64(train.BudgetHeadroom*float64(max(0, need-m.Standing)))
-		perByte := 1 + train.BudgetHeadroom + float64(optim.StateBytes(optimizer, 1))/4 // a kept F32 byte: its gradient's, its headroom, its state's
-		if room <= 0 || paramBytes <= 0 {
-			return 0
-		}
-		return min(1, float64(room)/perByte/float64(paramBytes))
+	m, ok := choice.Whole()
+	room := m.Room(budget)
+	if !ok || room <= 0 || paramBytes <= 0 {
+		return 0
 	}
-	return 0
+	perByte := 1 + train.BudgetHeadroom + float64(optim.StateBytes(optimizer, 1))/4 // a kept F32 byte: its gradient's, its headroom, its state's
+	return min(1, float64(room)/perByte/float64(paramBytes))
 }
 
 // interruptible runs f, a stage's measured steps, so that on a device

@@ -39,7 +39,8 @@
 #             ("fused-clip": -fuse-optimizer -clip 1, two passes a step); "acts" and
 #             "host+acts" -offload-activations alone and with -offload-optimizer; "host-fused"
 #             -offload-optimizer -fuse-optimizer, the host's update beside the backward (no clipping) on all
-#             cores but one; "host-fused-kept" that with -device-state SHARE (default 0.06: GPT-2 XL's embeddings); "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
+#             cores but one; "host-fused-kept" that with -device-state SHARE (default 0.06: GPT-2 XL's
+#             embeddings); "bf16w" and "bf16w-fused" "host" and "host-fused" with -bf16-weights under
 #             -max-memory BUDGET (default 24GiB here), "bf16w-fused-all" the last on all the cores,
 #             "bf16w-fused-acts" with -offload-activations;
 #             EVERY steps a period, default STEPS, each period's tokens/s printed; LIMIT seconds a run,

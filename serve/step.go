@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -259,7 +260,8 @@ func (r *runner) run(w *work) (err error) {
 	r.topTokens, r.topLogprobs = zeroed(r.topTokens, w.seqs()*r.topN), zeroed(r.topLogprobs, w.seqs()*r.topN)
 	at := 0 // the part's first sequence
 	for _, p := range parts {
-		r.out = zeroed(r.out, p.l.outInts()+p.l.outFloats())
+		size := p.l.outInts() + p.l.outFloats()
+		r.out = slices.Grow(r.out[:0], size)[:size] // the read writes all of it
 		be.Read(int32Bytes(r.out), p.bufs.out.Buf())
 		outI, outF := words(r.out, p.l.outInts())
 		r.tokens, r.logprobs = append(r.tokens, outI[:p.n]...), append(r.logprobs, outF[:p.n]...)

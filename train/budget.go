@@ -35,6 +35,25 @@ type BudgetChoice struct {
 	Chosen   Variant       `json:"chosen"`
 }
 
+// Whole is the measurement of the chosen variant on the whole batch, the
+// one that chose it (false: none).
+func (c BudgetChoice) Whole() (Measurement, bool) {
+	for i := len(c.Measured) - 1; i >= 0; i-- {
+		m := c.Measured[i]
+		if m.Name == c.Chosen.Name && m.MicroBatch == c.Chosen.MicroBatch && m.Examples == 0 && !m.OutOfMemory {
+			return m, true
+		}
+	}
+	return Measurement{}, false
+}
+
+// Room is what m's step leaves of budget beyond its need and its headroom
+// (withinBudget): negative when it does not fit.
+func (m Measurement) Room(budget int64) int64 {
+	_, headroom := withinBudget(m.Need(), m.Standing, budget)
+	return budget - m.Need() - headroom
+}
+
 // BudgetVariants are the configurations a memory budget is fitted with,
 // fastest first: fp32 and AMP (in amp's dtype, as Variants), then, on the
 // CPU, some of the blocks checkpointed (Variant.Some) and all of them,
