@@ -190,3 +190,7 @@ func TestCUDAOffloadedOptimizer(t *testing.T) {
 
 // TestCUDAFusedOptimizer: TestFusedOptimizerMatchesAndSaves on the GPU.
 func TestCUDAFusedOptimizer(t *testing.T) { testFusedOptimizer(t, testdev.CUDA(t)) }
+
+// TestCUDAFusedCapturedSteps: TestFusedPlannedStepsMatchEager with the
+// steps captured as CUDA graphs.
+func TestCUDAFusedCapturedSteps(t *testing.T) { testFusedPlannedSteps(t, testdev.CUDA(t), Captured) }

@@ -116,12 +116,14 @@ type Step struct {
 	// finished its gradient (optim.PerParameter) and releases the gradient
 	// there, so that a step never holds all of them at once (LOMO's
 	// update fused into the backward); with ClipNorm, after a first pass
-	// for the gradients' norm (Note [the norm in a first pass]). New checks
-	// what it needs: an optimizer that can, no loss scaling, one process,
-	// eager steps (Run panics on the last two). A step of micro-batches updates
-	// after its last, as without it. Once a parameter is updated a failing
-	// step cannot be undone: Run then returns an error wrapping
-	// ErrPartlyUpdated, and Stop does not interrupt such steps.
+	// for the gradients' norm (Note [the norm in a first pass]). Everything
+	// it does is queued on the device, so its steps are planned and
+	// captured as the others are (Mode). New checks what it needs: an
+	// optimizer that can, no loss scaling, one process (Run panics on the
+	// last). A step of micro-batches updates after its last, as without it.
+	// Once a parameter is updated a failing step cannot be undone: Run then
+	// returns an error wrapping ErrPartlyUpdated, and Stop does not
+	// interrupt such steps.
 	FuseOptimizer bool
 	// HostUpdateInBackward has an offloaded optimizer update each
 	// parameter on the host as its gradient arrives, during the backward
@@ -339,8 +341,8 @@ func (s *Step) Inputs(xdt tensor.DType, xShape, yShape []int) (x, y *tensor.Tens
 // It queues the work and returns without waiting for the device. Set the
 // learning rate (Opt.SetLR) before it: that write is not part of the step.
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
-	if s.FuseOptimizer && (s.Mode != Eager || s.group != nil) {
-		panic(fmt.Sprintf("train: FuseOptimizer in a %v step (data parallel: %v): it needs eager steps of one process", s.Mode, s.group != nil))
+	if s.FuseOptimizer && s.group != nil {
+		panic(fmt.Sprintf("train: FuseOptimizer in a data-parallel step of %d ranks: it needs one process", s.group.Size()))
 	}
 	if s.Offloader != nil && s.Mode != Eager {
 		panic(fmt.Sprintf("train: an Offloader in a %v step: its copies follow the forward as it runs, which needs eager steps", s.Mode))

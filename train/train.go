@@ -94,8 +94,8 @@ type Config struct {
 	// the host updates each parameter as its gradient arrives there, while
 	// the backward goes on (Step.HostUpdateInBackward), unless clipped
 	// (then after it). It needs AdamW or SGD, no F16 loss scaling (BF16 AMP
-	// is fine) and one process; steps run eagerly, and with clipping on the
-	// device, twice (Note [the norm in a first pass]).
+	// is fine) and one process; with clipping on the device, the forward
+	// and backward run twice (Note [the norm in a first pass]).
 	FuseOptimizer bool `json:"fuse_optimizer,omitempty"`
 	// MicroBatch runs each batch as micro-batches of at most this many
 	// examples whose gradients are summed before one update
@@ -160,10 +160,11 @@ func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer &&
 
 // Mode is how a run of c on dev steps: captured where the backend can and
 // Capture asks, unless an offloaded optimizer or offloaded activations
-// (whose copies follow the step as it runs) or the update fused into the
-// backward need eager steps.
+// (whose copies follow the step as it runs, with the host's work beside)
+// need eager steps. An update fused into the backward on the device is
+// captured with the step.
 func (c Config) Mode(dev *tensor.Device) Mode {
-	return ModeFor(dev, c.Capture && !c.Offloads(dev) && !c.OffloadsActivations(dev) && !c.FuseOptimizer)
+	return ModeFor(dev, c.Capture && !c.Offloads(dev) && !c.OffloadsActivations(dev))
 }
 
 // OffloadsActivations says whether a run on dev moves what its checkpointed
