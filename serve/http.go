@@ -34,7 +34,52 @@ func (s *Server) Handler() http.Handler {
 	} else {
 		mux.HandleFunc("POST /v1/predict", s.measured("/v1/predict", s.predictHTTP))
 	}
+	mux.HandleFunc("/v1/", s.elsewhere) // what no pattern above serves
 	return mux
+}
+
+// elsewhere answers a request under /v1/ that no endpoint serves: 405,
+// naming the method allowed, on an endpoint's path; 404, naming the
+// endpoints, elsewhere; in the API's shape (OpenAI's for a GPT).
+func (s *Server) elsewhere(w http.ResponseWriter, r *http.Request) {
+	endpoints := []string{"POST /v1/predict"}
+	if s.arch.Text {
+		endpoints = []string{"POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/generate"}
+	}
+	err := &apiError{http.StatusNotFound, "invalid_request_error", "", "unknown_url",
+		fmt.Sprintf("%s %s: no such endpoint; this server answers %s", r.Method, r.URL.Path, strings.Join(endpoints, ", "))}
+	for _, e := range endpoints {
+		method, pattern, _ := strings.Cut(e, " ")
+		if matches(pattern, r.URL.Path) {
+			w.Header().Set("Allow", method)
+			err.status, err.code, err.message = http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: this endpoint answers %s only", r.Method, r.URL.Path, method)
+		}
+	}
+	if s.arch.Text && strings.HasPrefix(r.URL.Path, "/v1/chat/") {
+		err.message += " (a GPT served here is a model of text without a chat template: send the conversation as the prompt of POST /v1/completions)"
+	}
+	code := err.status
+	if s.arch.Text {
+		writeAPIError(w, err)
+	} else {
+		writeError(w, code, err.message)
+	}
+	s.m.requests.WithLabelValues("other", fmt.Sprint(code)).Inc()
+}
+
+// matches says whether path is pattern's, each {name} in it standing for
+// one segment.
+func matches(pattern, path string) bool {
+	p, q := strings.Split(pattern, "/"), strings.Split(path, "/")
+	if len(p) != len(q) {
+		return false
+	}
+	for i := range p {
+		if p[i] != q[i] && !(strings.HasPrefix(p[i], "{") && q[i] != "") {
+			return false
+		}
+	}
+	return true
 }
 
 // httpError is an error with the status it answers.

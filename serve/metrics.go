@@ -40,7 +40,7 @@ func newMetrics(s *Server) *metrics {
 	}
 	m := &metrics{registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leangrad_requests_total",
-			Help: "Requests answered, by path and HTTP status."}, []string{"path", "code"}),
+			Help: "Requests answered, by path (\"other\": a path no endpoint serves) and HTTP status."}, []string{"path", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leangrad_request_duration_seconds",
 			Help: "Time from a request's arrival to its answer (its last byte, streamed).", Buckets: latencyBuckets}, []string{"path"}),
 		first: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leangrad_request_first_token_seconds",

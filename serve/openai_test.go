@@ -306,3 +306,57 @@ func FuzzRequests(f *testing.F) {
 		}
 	})
 }
+
+// TestUnknownEndpoints: a request under /v1/ that no endpoint serves gets
+// one clear error in the server's API shape (OpenAI's for a GPT, with
+// param and code): 405 naming the method allowed, with its Allow header,
+// on an endpoint's path; 404 naming the endpoints elsewhere (a chat
+// request told to send its conversation as a completion's prompt); and
+// counted in the requests metric under "other".
+func TestUnknownEndpoints(t *testing.T) {
+	_, gpt := open(t, "gpt-mini", gptInputs, Options{})
+	_, classifier := open(t, "resnet8", mnistInputs, Options{})
+	for _, c := range []struct {
+		hs           *httptest.Server
+		method, path string
+		code         int
+		allow        string
+		want         []string
+	}{
+		{gpt, "POST", "/v1/chat/completions", 404, "", []string{`"code":"unknown_url"`, `"type":"invalid_request_error"`, "POST /v1/chat/completions: no such endpoint", "POST /v1/completions, GET /v1/models", "prompt of POST /v1/completions"}},
+		{gpt, "GET", "/v1/completions", 405, "POST", []string{`"code":"method_not_allowed"`, "GET /v1/completions: this endpoint answers POST only"}},
+		{gpt, "DELETE", "/v1/models/gpt-mini", 405, "GET", []string{"answers GET only"}},
+		{gpt, "GET", "/v1/models/a/b", 404, "", []string{"GET /v1/models/a/b: no such endpoint"}},
+		{gpt, "POST", "/v1/predict", 404, "", []string{"no such endpoint"}},
+		{classifier, "POST", "/v1/completions", 404, "", []string{`{"error":"POST /v1/completions: no such endpoint; this server answers POST /v1/predict"}`}},
+		{classifier, "GET", "/v1/predict", 405, "POST", []string{`{"error":"GET /v1/predict: this endpoint answers POST only"}`}},
+	} {
+		req, err := http.NewRequest(c.method, c.hs.URL+c.path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || resp.Header.Get("Allow") != c.allow || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d, Allow %q, %s; want %d, Allow %q, JSON", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), c.code, c.allow)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%s %s: %s; want %s in it", c.method, c.path, b, w)
+			}
+		}
+	}
+	resp, err := gpt.Client().Get(gpt.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `leangrad_requests_total{code="404",path="other"} 3`; !strings.Contains(string(b), want) {
+		t.Errorf("the metrics lack %s", want)
+	}
+}

@@ -45,6 +45,8 @@ async function main() {
     (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.completions.create({ model, prompt, max_tokens: 4, temperature: -1 }),
     (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model, messages: [{ role: 'user', content: prompt }] }),
+    (e) => e instanceof OpenAI.NotFoundError && e.code === 'unknown_url' && /POST \/v1\/completions/.test(e.message));
   console.log(JSON.stringify({ ok: true, text: greedy.choices[0].text }));
 }
 
