@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,10 +107,13 @@ func (s *Server) measured(path string, h func(w http.ResponseWriter, r *http.Req
 			writeError(w, code, "warming up: see /readyz")
 		} else if err := h(w, r); err != nil {
 			var he *httpError
+			var ae *apiError
 			var mb *http.MaxBytesError
 			switch {
 			case errors.As(err, &he):
 				code = he.code
+			case errors.As(err, &ae):
+				code = ae.status
 			case errors.As(err, &mb):
 				code = http.StatusRequestEntityTooLarge
 				err = fmt.Errorf("the body is over the %d bytes a request may have", mb.Limit)
@@ -144,17 +149,51 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 }
 
 // decodeJSON decodes a JSON body into v, refusing unknown fields and
-// anything after the object.
+// anything after the object; its errors name the field at fault (the
+// API's param) and what it wants there, in the request's words rather
+// than Go's.
 func decodeJSON(data []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return badRequest("the body is not the JSON object expected: %v", err)
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch field, unknown := strings.CutPrefix(err.Error(), "json: unknown field "); {
+		case errors.As(err, &te) && te.Field != "":
+			return invalid(te.Field, "%s: %s where %s is wanted", te.Field, te.Value, jsonKind(te.Type))
+		case errors.As(err, &te):
+			return invalid("", "the body is a JSON %s where an object is wanted", te.Value)
+		case errors.As(err, &se):
+			return invalid("", "the body is not JSON: %v (at byte %d)", se, se.Offset)
+		case unknown:
+			field, _ = strconv.Unquote(field)
+			return invalid(field, "the body has a field %q that this endpoint does not take", field)
+		}
+		return invalid("", "the body is not the JSON object expected: %v", err)
 	}
 	if d.More() {
 		return badRequest("the body has more after its JSON object")
 	}
 	return nil
+}
+
+// jsonKind names what JSON value decodes into a Go value of type t.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("an integer of %d bits", t.Bits())
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "an object"
 }
 
 // Prediction is one image's answer.

@@ -233,7 +233,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	}
 	var c completionRequest
 	if err := decodeJSON(data, &c); err != nil {
-		return invalid("", "%v", err)
+		return err
 	}
 	if c.Model != s.engine.Model() {
 		return &apiError{http.StatusNotFound, "invalid_request_error", "model", "model_not_found",

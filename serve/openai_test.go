@@ -227,12 +227,17 @@ type completionUsage struct {
 }
 
 // Every request gets a status and a message, never an empty reply: sizes
-// that overflow, and a body shorter than its Content-Length, are 400s.
+// that overflow, values of the wrong kind (naming the field, OpenAI's
+// param), and a body shorter than its Content-Length, are 400s.
 func TestAnswersEveryRequest(t *testing.T) {
 	_, hs := open(t, "gpt-mini", gptInputs, Options{})
 	for _, c := range []struct{ path, body, want string }{
 		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "max_tokens": 9223372036854775807}`, "max_tokens: 9223372036854775807 after a prompt of 1 tokens"},
-		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "max_tokens": 99999999999999999999}`, "max_tokens"},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "max_tokens": 99999999999999999999}`, `"message":"max_tokens: number 99999999999999999999 where an integer of 64 bits is wanted","param":"max_tokens"`},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "top_p": "high"}`, `"message":"top_p: string where a number is wanted","param":"top_p"`},
+		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "best_of_all": 2}`, `"message":"the body has a field \"best_of_all\" that this endpoint does not take","param":"best_of_all"`},
+		{"/v1/completions", `[{"model": "gpt-mini"}]`, "the body is a JSON array where an object is wanted"},
+		{"/v1/generate", `{"prompt": "a", "max_tokens": 1e30}`, `{"error":"max_tokens: number 1e30 where an integer of 64 bits is wanted"}`},
 		{"/v1/completions", `{"model": "gpt-mini", "prompt": "a", "n": 9223372036854775807}`, "n: 9223372036854775807"},
 		{"/v1/completions", `{"model": "gpt-mini", "prompt": [1, 4294967297]}`, "prompt"},
 		{"/v1/generate", `{"prompt": "a", "max_tokens": 9223372036854775807}`, "max_tokens: 9223372036854775807 after a prompt of 1 tokens"},

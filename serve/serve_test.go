@@ -157,8 +157,9 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"the right request", "application/json", string(ok), 200, `"predictions"`},
 		{"a wrong shape", "application/json", `{"images": [[0.5, 0.5]]}`, 400, "image 0 has 2 values: the model takes 1×28×28 = 784"},
-		{"not a number", "application/json", `{"images": [["a"]]}`, 400, "the body is not the JSON object expected"},
-		{"an unknown field", "application/json", `{"images": [], "extra": 1}`, 400, `unknown field \"extra\"`},
+		{"not a number", "application/json", `{"images": [["a"]]}`, 400, "images: string where a number is wanted"},
+		{"an unknown field", "application/json", `{"images": [], "extra": 1}`, 400, `the body has a field \"extra\" that this endpoint does not take`},
+		{"not JSON", "application/json", `{"images": [[0.5,]]}`, 400, "the body is not JSON: invalid character ']' looking for beginning of value (at byte 18)"},
 		{"no images", "application/json", `{"images": []}`, 400, "0 images: a request has 1 to 4"},
 		{"more than a batch", "application/json", string(five), 400, "5 images: a request has 1 to 4"},
 		{"trailing data", "application/json", string(ok) + "{}", 400, "more after its JSON object"},
@@ -272,7 +273,7 @@ func TestGenerate(t *testing.T) {
 		`{"prompt": "abc", "max_tokens": 0}`:                    "max_tokens: 0",
 		`{"prompt": "abc", "max_tokens": 5, "temperature": -1}`: "temperature: -1",
 		`{"prompt": "abc", "max_tokens": 5, "top_k": -1}`:       "top_k: -1",
-		`{"prompt": "abc", "max_tokens": 5, "topk": 3}`:         `unknown field \"topk\"`,
+		`{"prompt": "abc", "max_tokens": 5, "topk": 3}`:         `the body has a field \"topk\" that this endpoint does not take`,
 	} {
 		if code, out := post(t, hs.URL+"/v1/generate", "application/json", []byte(body)); code != 400 || !strings.Contains(out, want) {
 			t.Errorf("%s: %d %s; want 400 and %q", body, code, out, want)
