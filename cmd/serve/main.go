@@ -77,7 +77,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&e.NoPrefixCache, "no-prefix-cache", false, "do not reuse the key-value blocks of prompts' shared beginnings")
 	fs.BoolVar(&e.StaticBatching, "static-batching", false, "admit new generations only when every running one ended (for comparison)")
 	fs.BoolVar(&e.NoCapture, "eager", false, "run a GPT's decoding steps eagerly, not as captured CUDA graphs")
-	fs.TextVar(&e.DType, "dtype", tensor.DType(0), "what a GPT computes in and stores its keys and values in: f32, f16 or bf16 (default bf16 on a GPU, f32 on the CPU)")
+	fs.Func("dtype", "what a GPT computes in and stores its keys and values in: f32, f16 or bf16 (default bf16 on a GPU, f32 on the CPU)", // no default of its own to print
+		func(s string) error {
+			if err := e.DType.UnmarshalText([]byte(s)); err != nil || !e.DType.Float() {
+				return errors.New("want f32, f16 or bf16")
+			}
+			return nil
+		})
 	bad, _, err := cmdenv.ParseFlags(fs, args)
 	if err != nil {
 		return nil, err
@@ -106,9 +112,6 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		if v.v < v.min {
 			say("-%s %d: want %d or more", v.name, v.v, v.min)
 		}
-	}
-	if e.DType == tensor.I32 {
-		say("-dtype i32: want f32, f16 or bf16")
 	}
 	if e.BlockSize > 1024 {
 		say("-block-size %d: want at most 1024", e.BlockSize)

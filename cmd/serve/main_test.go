@@ -126,8 +126,9 @@ func TestServeMistakes(t *testing.T) {
 		{[]string{"/nonexistent.st"}, cmdenv.ExitUsage, "/nonexistent.st: no such file or directory"},
 		{[]string{"-max-batch", "0", "-addr", "nohost", junk}, cmdenv.ExitUsage, "-max-batch 0: want 1 or more"},
 		{[]string{"-device", "cpu", junk}, cmdenv.ExitNothingRan, junk + ":"},
-		{[]string{"-dtype", "i32", "-block-size", "0", junk}, cmdenv.ExitUsage, "-dtype i32: want f32, f16 or bf16"},
-		{[]string{"-dtype", "f64", junk}, cmdenv.ExitUsage, "f64"},
+		{[]string{"-dtype", "i32", "-block-size", "0", junk}, cmdenv.ExitUsage, `-dtype "i32": want f32, f16 or bf16`},
+		{[]string{"-dtype", "u8", gpt}, cmdenv.ExitUsage, `-dtype "u8": want f32, f16 or bf16`},
+		{[]string{"-dtype", "f64", junk}, cmdenv.ExitUsage, `-dtype "f64": want f32, f16 or bf16`},
 		{[]string{"-block-size", "0", junk}, cmdenv.ExitUsage, "-block-size 0: want 1 or more"},
 		{[]string{"-kv-memory", "lots", junk}, cmdenv.ExitUsage, "-kv-memory"},
 		{[]string{"-kv-memory", "1KiB", gpt}, cmdenv.ExitUsage, "-kv-memory \"1KiB\": less than 1 MiB"},
@@ -144,6 +145,12 @@ func TestServeMistakes(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(e.String(), tc.want) || strings.Contains(e.String(), "goroutine ") {
 			t.Errorf("serve %v: %v\n%s%s; want exit %d and %q", tc.args, err, o.String(), e.String(), tc.code, tc.want)
 		}
+	}
+	var help bytes.Buffer
+	cmd := serveCmd("-h")
+	cmd.Stdout, cmd.Stderr = &help, &help
+	if err := cmd.Run(); err != nil || !strings.Contains(help.String(), "-dtype") || strings.Contains(help.String(), "(default dtype(") {
+		t.Errorf("serve -h: %v\n%s", err, help.String())
 	}
 }
 
