@@ -33,6 +33,20 @@ type GPTConfig struct {
 	ProductWeights tensor.DType `json:",omitempty"`
 }
 
+// String is c as train's -model names a shape, gpt:L12,W768,H12,C1024,V50257
+// (layers, width, heads, context, vocabulary), with its dropout and its
+// product weights' dtype where they are not the defaults.
+func (c GPTConfig) String() string {
+	s := fmt.Sprintf("gpt:L%d,W%d,H%d,C%d,V%d", c.Layers, c.Width, c.Heads, c.Context, c.Vocab)
+	if c.Dropout != 0 {
+		s += fmt.Sprintf(" (dropout %g)", c.Dropout)
+	}
+	if c.ProductWeights != 0 {
+		s += fmt.Sprintf(" (product weights in %v)", c.ProductWeights)
+	}
+	return s
+}
+
 // GPT2Small is GPT-2 small: 12 layers, 12 heads, width 768, GPT-2's BPE
 // vocabulary of 50,257, a context of 1024: 124M parameters.
 func GPT2Small() GPTConfig {
@@ -43,13 +57,13 @@ func GPT2Small() GPTConfig {
 func (c GPTConfig) Check() error {
 	switch {
 	case c.Layers < 1 || c.Heads < 1 || c.Width < 1 || c.Vocab < 2 || c.Context < 1:
-		return fmt.Errorf("GPT %+v: want at least one layer, head, width and position, and two tokens", c)
+		return fmt.Errorf("%v: want at least one layer, head, width and position, and two tokens", c)
 	case c.Width%c.Heads != 0:
-		return fmt.Errorf("GPT %+v: the width %d is not a multiple of the %d heads", c, c.Width, c.Heads)
+		return fmt.Errorf("%v: the width %d is not a multiple of the %d heads", c, c.Width, c.Heads)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
-		return fmt.Errorf("GPT %+v: dropout %v outside [0, 1)", c, c.Dropout)
+		return fmt.Errorf("%v: dropout %v outside [0, 1)", c, c.Dropout)
 	case c.ProductWeights != 0 && c.ProductWeights != tensor.F32 && !c.ProductWeights.Half():
-		return fmt.Errorf("GPT %+v: product weights in %v: want f32, bf16 or f16", c, c.ProductWeights)
+		return fmt.Errorf("%v: product weights in %v: want f32, bf16 or f16", c, c.ProductWeights)
 	}
 	// Params without wrapping: a block holds 12·W² weights and 13·W
 	// biases and gains, under 13·W² for any width of 13 or more (and far
@@ -57,7 +71,7 @@ func (c GPTConfig) Check() error {
 	blocks, ok1 := memory.Product(13, c.Layers, c.Width, c.Width)
 	embed, ok2 := memory.Product(c.Vocab+c.Context, c.Width)
 	if !ok1 || !ok2 || blocks > math.MaxInt-embed {
-		return fmt.Errorf("GPT %+v: more parameters than an int counts", c)
+		return fmt.Errorf("%v: more parameters than an int counts", c)
 	}
 	return nil
 }

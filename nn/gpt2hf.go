@@ -114,21 +114,21 @@ func LoadGPT2(path string, dev *tensor.Device) (*GPT, error) {
 	state := stateMap(g.State(""))
 	for name := range ts {
 		if _, in := state[name]; !in {
-			return nil, fmt.Errorf("%s: tensor %q is not part of a GPT of %+v", path, name, cfg)
+			return nil, fmt.Errorf("%s: tensor %q is not part of a GPT of %v", path, name, cfg)
 		}
 	}
 	for _, name := range sortedNames(state) {
 		n := state[name]
 		s, in := ts[name]
 		if !in {
-			return nil, fmt.Errorf("%s: no tensor %q (a GPT of %+v has %d)", path, name, cfg, len(state))
+			return nil, fmt.Errorf("%s: no tensor %q (a GPT of %v has %d)", path, name, cfg, len(state))
 		}
 		want := n.T.Shape()
 		if conv1D(name) {
 			want = []int{want[1], want[0]}
 		}
 		if !slices.Equal(s.Shape, want) {
-			return nil, fmt.Errorf("%s: tensor %q is %v, a GPT of %+v has %v there", path, name, s.Shape, cfg, want)
+			return nil, fmt.Errorf("%s: tensor %q is %v, a GPT of %v has %v there", path, name, s.Shape, cfg, want)
 		}
 		vals, err := float32sOf(s)
 		if err != nil {

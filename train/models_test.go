@@ -32,6 +32,9 @@ func TestGPTFamily(t *testing.T) {
 	if err != nil || a.GPT != (nn.GPTConfig{Layers: 32, Width: 4096, Heads: 32, Context: 2048, Vocab: 50257}) || !a.Text || a.Input[0] != 2048 {
 		t.Errorf("gpt:L32,W4096,H32,C2048: %+v, %v", a.GPT, err)
 	}
+	if b, err := LookupArch(a.GPT.String()); a.GPT.String() != "gpt:L32,W4096,H32,C2048,V50257" || err != nil || b.GPT != a.GPT { // a shape names itself as -model does
+		t.Errorf("%v: looked up again %v, %v", a.GPT, b.GPT, err)
+	}
 	dev := tensor.CPU()
 	small, err := LookupArch("gpt:L2,W32,H4,C16,V64")
 	if err != nil {
@@ -46,7 +49,7 @@ func TestGPTFamily(t *testing.T) {
 		t.Errorf("gpt:L2,W32,H4,C16,V64 built with %d parameters, its shape says %d", got, want)
 	}
 	for _, c := range []struct{ name, want string }{
-		{"gpt:L2,W30,H4", "not a multiple of the 4 heads"},
+		{"gpt:L2,W30,H4", "gpt:L2,W30,H4,C1024,V50257: the width 30 is not a multiple of the 4 heads"},
 		{"gpt:L2,W32", "want at least L (layers), W (width) and H (heads)"},
 		{"gpt:L2,X3,W32,H4", `"X3" is not one of L`},
 		{"gpt:L0,W32,H4", `"L0": want a positive number`},

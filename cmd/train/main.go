@@ -336,7 +336,7 @@ func (o *options) check() []string {
 		bad("-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch")
 	}
 	switch {
-	case o.micro < 0 || o.set["micro-batch"] && o.micro == 0 || o.micro > o.batch:
+	case o.micro < 0 || o.set["micro-batch"] && o.micro == 0 || o.batch >= 1 && o.micro > o.batch: // a bad -batch is said alone
 		bad("-micro-batch %d: want a count of examples from 1 to -batch's %d", o.micro, o.batch)
 	case micro && o.fuse && !o.offload:
 		bad("-micro-batch %d with -fuse-optimizer on the device: the update fused into the backward needs the whole batch's gradients in one backward (with -offload-optimizer the host sums them and updates in the last)", o.micro)

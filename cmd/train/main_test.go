@@ -38,7 +38,6 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-model", "gpt", "-tokenizer", "sentencepiece"}, cmdenv.ExitUsage, `-tokenizer "sentencepiece": want gpt2 or bytes`},
 		{[]string{"-model", "gpt-mini", "-steps", "250", "-eval-every", "100"}, cmdenv.ExitUsage, "-steps 250: want a multiple of -eval-every 100"},
 		{[]string{"-model", "gpt-mini", "-sample", "16777217"}, cmdenv.ExitUsage, "-sample 16777217: want at most 16777216 tokens"},
-		{[]string{"-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"}, cmdenv.ExitUsage, "-top-k -2: want 0 (every token) or more"},
 		{[]string{"-model", "gpt-mini", "-data", "/nonexistent/texts"}, cmdenv.ExitUsage, "-data /nonexistent/texts: no such file or directory"},
 		{[]string{"-amp-dtype", "fp8"}, cmdenv.ExitUsage, `-amp-dtype "fp8": want f16 (with loss scaling) or bf16`},
 		{[]string{"-depth", "21"}, cmdenv.ExitUsage, "-depth 21: want 6n+2"},
@@ -82,10 +81,15 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-max-memory", "lots"}, cmdenv.ExitUsage, `-max-memory "lots": want a size`},
 		{[]string{"-max-memory", "20XB"}, cmdenv.ExitUsage, `unknown unit "XB"`},
 		{[]string{"-resume-force"}, cmdenv.ExitUsage, "-resume-force without -resume"},
+		{[]string{"-batch", "-1"}, cmdenv.ExitUsage, "-batch -1: want at least 1"},
+		{[]string{"-model", "gpt:L1,W63,H2"}, cmdenv.ExitUsage, `-model "gpt:L1,W63,H2": gpt:L1,W63,H2,C1024,V50257: the width 63 is not a multiple of the 2 heads`},
 	} {
 		code, _, stderr := runCLI(tc.args...)
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
 			t.Errorf("train %v: exit %d, stderr %q; want exit %d and %q", tc.args, code, stderr, tc.code, tc.want)
+		}
+		if lines := strings.Count(strings.TrimSpace(stderr), "\n") + 1; tc.code == cmdenv.ExitUsage && lines != 1 {
+			t.Errorf("train %v: %d lines for one mistake:\n%s", tc.args, lines, stderr)
 		}
 		if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "panic") {
 			t.Errorf("train %v printed a stack trace:\n%s", tc.args, stderr)
@@ -96,6 +100,10 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		if code != cmdenv.ExitNothingRan || !strings.Contains(stderr, "libcuda.so.1") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 			t.Errorf("-device cuda without a GPU: exit %d, %q; want one line naming libcuda.so.1", code, stderr)
 		}
+	}
+	if code, _, stderr := runCLI("-model", "gpt-mini", "-temperature", "-1", "-top-k", "-2"); code != cmdenv.ExitUsage ||
+		stderr != "train: -top-k -2: want 0 (every token) or more\ntrain: -temperature -1: want 0 (greedy) or more\n" {
+		t.Errorf("two mistakes: exit %d, %q; want each on a line of its own", code, stderr)
 	}
 	if code, _, _ := runCLI("-h"); code != 0 {
 		t.Errorf("-h exits %d", code)
