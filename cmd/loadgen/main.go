@@ -140,8 +140,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.duration <= 0 {
 		say("-duration %v: want a positive time", o.duration)
 	}
-	if o.sharedPrefix < 0 || !(o.rate >= 0) || math.IsInf(o.rate, 0) || !(o.temperature >= 0) {
-		say("-shared-prefix %d -rate %v -temperature %v: want 0 or more each", o.sharedPrefix, o.rate, o.temperature)
+	if o.sharedPrefix < 0 {
+		say("-shared-prefix %d: want 0 or more tokens", o.sharedPrefix)
+	}
+	if !(o.rate >= 0) || math.IsInf(o.rate, 0) {
+		say("-rate %v: want 0 (each client sends its next when its last is answered) or a finite rate a second", o.rate)
+	}
+	if !(o.temperature >= 0) || math.IsInf(o.temperature, 0) {
+		say("-temperature %v: want 0 (greedy) or more", o.temperature)
 	}
 	if o.api != "completions" && o.api != "generate" {
 		say("-api %s: want completions or generate", o.api)

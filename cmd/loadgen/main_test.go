@@ -92,10 +92,14 @@ func TestMistakes(t *testing.T) {
 		{[]string{"-api", "chat"}, "-api chat: want completions or generate"},
 		{[]string{"-duration", "0s"}, "-duration 0s: want a positive time"},
 		{[]string{"extra"}, "loadgen takes flags only"},
+		{[]string{"-rate", "-1"}, "-rate -1: want 0 (each client sends its next when its last is answered) or a finite rate a second"},
+		{[]string{"-rate", "NaN"}, "-rate NaN: want 0"},
+		{[]string{"-temperature", "-0.5"}, "-temperature -0.5: want 0 (greedy) or more"},
+		{[]string{"-shared-prefix", "-3"}, "-shared-prefix -3: want 0 or more tokens"},
 	} {
 		var o, e bytes.Buffer
-		if code := command(c.args, &o, &e); code != cmdenv.ExitUsage || !strings.Contains(e.String(), c.want) {
-			t.Errorf("%v: exit %d: %s; want %q", c.args, code, e.String(), c.want)
+		if code := command(c.args, &o, &e); code != cmdenv.ExitUsage || !strings.Contains(e.String(), c.want) || strings.Count(strings.TrimSpace(e.String()), "\n") != 0 {
+			t.Errorf("%v: exit %d: %s; want %q, one line", c.args, code, e.String(), c.want)
 		}
 	}
 }
