@@ -116,8 +116,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if e.BlockSize > 1024 {
 		say("-block-size %d: want at most 1024", e.BlockSize)
 	}
-	if o.opts.Window < 0 || o.drain <= 0 || o.readTimeout <= 0 {
-		say("-window %v -drain %v -read-timeout %v: want a window of 0 or more, a positive drain and read timeout", o.opts.Window, o.drain, o.readTimeout)
+	if o.opts.Window < 0 {
+		say("-window %v: want 0 (no wait) or more", o.opts.Window)
+	}
+	if o.drain <= 0 {
+		say("-drain %v: want a positive time", o.drain)
+	}
+	if o.readTimeout <= 0 {
+		say("-read-timeout %v: want a positive time", o.readTimeout)
 	}
 	if _, _, err := net.SplitHostPort(o.addr); err != nil {
 		say("-addr %s: %v", o.addr, err)
