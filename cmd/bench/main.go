@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,8 +109,8 @@ func parseSpecs(s string) ([]spec, error) {
 			out = append(out, spec{model: name})
 		}
 		n, err := strconv.Atoi(b)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-specs %q: batch %q is not a positive number", f, b)
+		if err != nil || n < 1 || n > maxSpecBatch {
+			return nil, fmt.Errorf("-specs %q: batch %q: want a number of examples from 1 to %d", f, b, maxSpecBatch)
 		}
 		sp := &out[len(out)-1]
 		sp.batches = append(sp.batches, n)
@@ -119,6 +120,11 @@ func parseSpecs(s string) ([]spec, error) {
 	}
 	return out, nil
 }
+
+// maxSpecBatch bounds a spec's batch: 2^20 examples, far past any
+// device's memory for every model here (a GPT's are windows of its
+// context), and far below what the harness's random batches can count.
+const maxSpecBatch = 1 << 20
 
 func run(args []string, stdout, stderr io.Writer) int {
 	o := options{device: "auto", ampDType: train.AMPF16}
@@ -335,15 +341,16 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 	if !o.ampDType.On() {
 		say("-amp-dtype %v: want %s", o.ampDType, train.AMPDTypes)
 	}
-	if err := iopaths.Folder(o.out); err != nil {
-		say("-out %s: %v", o.out, err)
-	}
 	var paths iopaths.Set
 	for _, f := range strings.Split(o.merge, ",") {
 		paths.Input("-merge", f)
 	}
-	for _, f := range []string{"bench.json", "bench.md", "ddp.json"} {
-		paths.Output("-out", filepath.Join(o.out, f), false)
+	if err := iopaths.Folder(o.out); err != nil {
+		say("-out %s: %v", o.out, err)
+	} else { // the files in it, where it can be written
+		for _, f := range []string{"bench.json", "bench.md", "ddp.json"} {
+			paths.Output("-out", filepath.Join(o.out, f), false)
+		}
 	}
 	paths.Output("-cpuprofile", o.cpuprofile, false)
 	bad = append(bad, paths.Problems()...)
@@ -365,19 +372,25 @@ func (o *options) check(fs *flag.FlagSet) ([]spec, []string) {
 			say("-compile-configs %s: %v", o.compileConfigs, err)
 		}
 	}
-	if o.warmup < 0 || o.steps < 1 || o.rounds < 1 {
-		say("-warmup %d -steps %d -rounds %d: want warmup >= 0, steps >= 1 and rounds >= 1", o.warmup, o.steps, o.rounds)
+	if o.warmup < 0 {
+		say("-warmup %d: want 0 or more steps", o.warmup)
+	}
+	if o.steps < 1 {
+		say("-steps %d: want 1 or more", o.steps)
+	}
+	if o.rounds < 1 {
+		say("-rounds %d: want 1 or more", o.rounds)
 	}
 	if o.nproc < 1 {
 		say("-nproc %d: want 1 or more processes", o.nproc)
 	}
-	if o.planRoom < 0 && o.planRoom != -1 {
+	if !(o.planRoom >= 0) && o.planRoom != -1 || math.IsInf(o.planRoom, 0) {
 		say("-plan-room %v: want a fraction of 0 or more, or -1 for the default", o.planRoom)
 	}
 	if o.profileShare < 0 || o.profileShare > 100 {
 		say("-profile-share %v: want a percent from 0 to 100", o.profileShare)
 	}
-	if o.planTolerance < 0 && o.planTolerance != -1 {
+	if !(o.planTolerance >= 0) && o.planTolerance != -1 || math.IsInf(o.planTolerance, 0) {
 		say("-plan-tolerance %v: want a fraction of 0 or more, or -1 for the default", o.planTolerance)
 	}
 	if o.vocab < 0 || o.vocab == 1 {

@@ -56,8 +56,8 @@ func TestBenchCommandOnCPU(t *testing.T) {
 }
 
 // Every flag is checked before any work: a bad -out, -configs, -cpuprofile,
-// -largest-batch or -largest-model is reported at once, all of them together, with nothing
-// measured (no SGEMM probe, no report).
+// -largest-batch or -largest-model is reported at once, all of them together,
+// a line each, with nothing measured (no SGEMM probe, no report).
 func TestBenchChecksBeforeWork(t *testing.T) {
 	merged := filepath.Join(t.TempDir(), "bench.json")
 	os.WriteFile(merged, []byte("{}"), 0o644)
@@ -79,6 +79,10 @@ func TestBenchChecksBeforeWork(t *testing.T) {
 		{[]string{"-device", "cpu", "-largest-model", "24:1024:0:gpt2"}, []string{`-largest-model 24:1024:0:gpt2: batch "0": want a number of windows`}},
 		{[]string{"-device", "cpu", "-specs", "", "-largest-model", "1:64:2:gpt2,resnet20"}, []string{"-largest-model 1:64:2:gpt2,resnet20: resnet20 is not a language model"}},
 		{[]string{"-device", "cpu", "-specs", ""}, []string{"-specs is empty"}},
+		{[]string{"-device", "cpu", "-specs", "gpt2:99999999999"}, []string{`-specs "gpt2:99999999999": batch "99999999999": want a number of examples from 1 to 1048576`}},
+		{[]string{"-device", "cpu", "-specs", "resnet20:0"}, []string{`-specs "resnet20:0": batch "0": want a number of examples from 1 to 1048576`}},
+		{[]string{"-device", "cpu", "-plan-tolerance", "NaN", "-plan-room", "+Inf"}, []string{"-plan-tolerance NaN: want a fraction", "-plan-room +Inf: want a fraction"}},
+		{[]string{"-device", "cpu", "-warmup", "-1", "-steps", "0", "-rounds", "0"}, []string{"-warmup -1: want 0 or more steps", "-steps 0: want 1 or more", "-rounds 0: want 1 or more"}},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
@@ -89,6 +93,9 @@ func TestBenchChecksBeforeWork(t *testing.T) {
 			if !strings.Contains(errb.String(), w) {
 				t.Errorf("%v: stderr lacks %q:\n%s", tc.args, w, errb.String())
 			}
+		}
+		if lines := strings.Count(strings.TrimSpace(errb.String()), "\n") + 1; lines != len(tc.want) { // a line a mistake
+			t.Errorf("%v: %d lines for %d mistakes:\n%s", tc.args, lines, len(tc.want), errb.String())
 		}
 	}
 }
