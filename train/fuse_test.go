@@ -320,7 +320,8 @@ func testFusedPlannedSteps(t *testing.T, dev *tensor.Device, planMode Mode) {
 					r.grads += p.Bytes()
 				}
 				sums := s.metrics.Float32s()
-				return result{snapshotState(g), float64(sums[0]), s.GradNorm(), dev.Generator().State().Offset, r.arena, r.grads}
+				r.state, r.loss, r.norm, r.offset = snapshotState(g), float64(sums[0]), s.GradNorm(), dev.Generator().State().Offset
+				return r
 			}
 			want, got := run(Eager, true), run(planMode, true)
 			sameState(t, got.state, want.state, fmt.Sprintf("%v fused steps against eager ones", planMode))
