@@ -31,14 +31,8 @@ func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
 	defer releaseAll(ys)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		run := func(fused bool) (state [][]byte, peak, grads int64) {
-			g := seededGPT(t, dev, nn.GPTConfig{Layers: 4, Heads: 4, Width: 256, Vocab: vocab, Context: context})
-			defer nn.Release(g)
-			opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
-			opt.NoDecay = nn.NoDecay(g)
-			defer opt.Release()
-			s := NewStep(dev, g, opt, amp, Eager)
-			s.FuseOptimizer = fused
-			defer s.Release()
+			g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 4, Heads: 4, Width: 256, Vocab: vocab, Context: context}, amp, Eager, fused, 0)
+			defer release()
 			peak = peakAfterFirst(t, s, xs, ys)
 			for _, p := range opt.Params() {
 				grads += p.Bytes()
@@ -208,6 +202,23 @@ func seededGPT(t *testing.T, dev *tensor.Device, cfg nn.GPTConfig) *nn.GPT {
 	return g
 }
 
+// gptStep is a seeded GPT of cfg, its AdamW (no decay on its norms and
+// biases) and a Step of it in mode under autocast amp, updating in the
+// backward when fused, clipped to clip; release gives them back.
+func gptStep(t *testing.T, dev *tensor.Device, cfg nn.GPTConfig, amp tensor.DType, mode Mode, fused bool, clip float64) (*nn.GPT, *optim.AdamW, *Step, func()) {
+	t.Helper()
+	g := seededGPT(t, dev, cfg)
+	opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
+	opt.NoDecay = nn.NoDecay(g)
+	s := NewStep(dev, g, opt, amp, mode)
+	s.FuseOptimizer, s.ClipNorm = fused, clip
+	return g, opt, s, func() {
+		s.Release()
+		opt.Release()
+		nn.Release(g)
+	}
+}
+
 // TestFusedClippedStepMatches: a GPT's clipped steps (with dropout) with
 // the update fused into the backward (Note [the norm in a first pass]) end
 // with the plain clipped steps' weights within a millionth and the same
@@ -224,14 +235,8 @@ func TestFusedClippedStepMatches(t *testing.T) {
 	defer releaseAll(ys)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		run := func(fused bool, clip float64) (state [][]byte, peak, grads int64, norm, loss float64) {
-			g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1})
-			defer nn.Release(g)
-			opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
-			opt.NoDecay = nn.NoDecay(g)
-			defer opt.Release()
-			s := NewStep(dev, g, opt, amp, Eager)
-			s.FuseOptimizer, s.ClipNorm = fused, clip
-			defer s.Release()
+			g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1}, amp, Eager, fused, clip)
+			defer release()
 			dev.Generator().Seed(9)
 			peak = peakAfterFirst(t, s, xs, ys)
 			for _, p := range opt.Params() {
@@ -294,14 +299,8 @@ func testFusedPlannedSteps(t *testing.T, dev *tensor.Device, planMode Mode) {
 				arena, grads int64
 			}
 			run := func(mode Mode, fused bool) (r result) {
-				g := seededGPT(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1})
-				defer nn.Release(g)
-				opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
-				opt.NoDecay = nn.NoDecay(g)
-				defer opt.Release()
-				s := NewStep(dev, g, opt, c.amp, mode)
-				s.FuseOptimizer, s.ClipNorm = fused, c.clip
-				defer s.Release()
+				g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1}, c.amp, mode, fused, c.clip)
+				defer release()
 				defer sameAlgorithms(dev, s)()
 				dev.Generator().Seed(9)
 				for i := range xs {
