@@ -28,30 +28,46 @@ func (s *Server) Handler() http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", s.m.handler())
-	if s.arch.Text {
-		mux.HandleFunc("POST /v1/generate", s.measured("/v1/generate", s.generate))
-		mux.HandleFunc("POST /v1/completions", s.openAI("/v1/completions", s.completions))
-		mux.HandleFunc("GET /v1/models", s.openAI("/v1/models", s.models))
-		mux.HandleFunc("GET /v1/models/{model}", s.openAI("/v1/models", s.modelInfo))
-	} else {
-		mux.HandleFunc("POST /v1/predict", s.measured("/v1/predict", s.predictHTTP))
+	endpoints := s.endpoints()
+	for _, e := range endpoints {
+		mux.HandleFunc(e.pattern, e.handler)
 	}
-	mux.HandleFunc("/v1/", s.elsewhere) // what no pattern above serves
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) { s.elsewhere(w, r, endpoints) }) // what no pattern above serves
 	return mux
 }
 
-// elsewhere answers a request under /v1/ that no endpoint serves: 405,
-// naming the method allowed, on an endpoint's path; 404, naming the
-// endpoints, elsewhere; in the API's shape (OpenAI's for a GPT).
-func (s *Server) elsewhere(w http.ResponseWriter, r *http.Request) {
-	endpoints := []string{"POST /v1/predict"}
-	if s.arch.Text {
-		endpoints = []string{"POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/generate"}
+// An endpoint is a pattern of the API ("POST /v1/completions") and what
+// answers it.
+type endpoint struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// endpoints are the API's: a GPT's or an image classifier's.
+func (s *Server) endpoints() []endpoint {
+	if !s.arch.Text {
+		return []endpoint{{"POST /v1/predict", s.measured("/v1/predict", s.predictHTTP)}}
+	}
+	return []endpoint{
+		{"POST /v1/completions", s.openAI("/v1/completions", s.completions)},
+		{"GET /v1/models", s.openAI("/v1/models", s.models)},
+		{"GET /v1/models/{model}", s.openAI("/v1/models", s.modelInfo)},
+		{"POST /v1/generate", s.measured("/v1/generate", s.generate)},
+	}
+}
+
+// elsewhere answers a request under /v1/ that none of the endpoints
+// serves: 405, naming the method allowed, on an endpoint's path; 404,
+// naming the endpoints, elsewhere; in the API's shape (OpenAI's for a GPT).
+func (s *Server) elsewhere(w http.ResponseWriter, r *http.Request, endpoints []endpoint) {
+	patterns := make([]string, len(endpoints))
+	for i, e := range endpoints {
+		patterns[i] = e.pattern
 	}
 	err := &apiError{http.StatusNotFound, "invalid_request_error", "", "unknown_url",
-		fmt.Sprintf("%s %s: no such endpoint; this server answers %s", r.Method, r.URL.Path, strings.Join(endpoints, ", "))}
-	for _, e := range endpoints {
-		method, pattern, _ := strings.Cut(e, " ")
+		fmt.Sprintf("%s %s: no such endpoint; this server answers %s", r.Method, r.URL.Path, strings.Join(patterns, ", "))}
+	for _, p := range patterns {
+		method, pattern, _ := strings.Cut(p, " ")
 		if matches(pattern, r.URL.Path) {
 			w.Header().Set("Allow", method)
 			err.status, err.code, err.message = http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: this endpoint answers %s only", r.Method, r.URL.Path, method)
