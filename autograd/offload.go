@@ -1,6 +1,8 @@
 package autograd
 
 import (
+	"fmt"
+
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -10,7 +12,8 @@ import (
 // Note [what a checkpoint keeps]) to host memory during a forward, and
 // brings it back ahead of each recomputation in the backward (Note
 // [checkpoints offloaded]). One Offloader serves one device handle's
-// forwards, one at a time.
+// forwards, one at a time; its copies can be captured into a graph with
+// the step (Note [offloaded copies captured]).
 type Offloader struct {
 	dev, host *tensor.Device
 	pc        kernels.PinnedCopier // dev's backend when host is its page-locked memory (nil: staged copies)
@@ -18,23 +21,28 @@ type Offloader struct {
 	pass      *[]*offloaded        // this forward's checkpoints, in order
 	bytes     int64                // in host memory after this forward
 	most      int64                // the most after a forward
-	// dropped are the host copies of the sets the forward's last
-	// checkpoints keep on the device (stayLast), each with its copy down,
-	// which may be under way: End releases them once it is done.
-	dropped []droppedCopy
+	// bufs are the host copies' memory, each tensor a forward keeps at
+	// its place in the forward with its dtype and shape: every forward of
+	// that shape copies into the same memory, until Release.
+	bufs map[bufKey]*T
+	// stayed are the copies down of the tensors that stayed on the device
+	// (offloadedTensor.stays, stayLast), which End joins.
+	stayed []kernels.Transfer
 }
 
-// droppedCopy is a host copy no checkpoint reads, and its copy down.
-type droppedCopy struct {
-	host *T
-	down kernels.Transfer
+// bufKey is where a forward keeps a tensor: its checkpoint's place in the
+// forward, the tensor's among the checkpoint's, its dtype and shape.
+type bufKey struct {
+	checkpoint, tensor int
+	dtype              tensor.DType
+	shape              string
 }
 
 // NewOffloader returns an Offloader from dev to host: dev.Pinned() for
 // direct copies on the copy engines, beside the kernels (a GPU's), or
 // another CPU pool.
 func NewOffloader(dev, host *tensor.Device) *Offloader {
-	o := &Offloader{dev: dev, host: host}
+	o := &Offloader{dev: dev, host: host, bufs: map[bufKey]*T{}}
 	if pc, ok := dev.Backend().(kernels.PinnedCopier); ok && host.Allocator().Source() == pc.PinnedSource() {
 		o.pc = pc
 	}
@@ -51,7 +59,7 @@ func (o *Offloader) Forward(f func()) {
 	m.Offload = o
 	o.pass, o.bytes = new([]*offloaded), 0
 	done := false
-	o.release()
+	o.joinStayed()
 	defer func() {
 		m.Offload = outer
 		if !done {
@@ -68,11 +76,14 @@ func (o *Offloader) Forward(f func()) {
 
 // End releases what the backward of the last forward brought back to the
 // device and still holds (nothing after a backward that ran through, the
-// sets queued up ahead of a backward that failed) and the host copies of
-// the sets that stayed. Call it once the backward has returned (or will
-// not run).
+// sets queued up ahead of a backward that failed), and makes the device's
+// stream wait for every copy the forward and the backward started. Call it
+// once the backward has returned (or will not run).
 func (o *Offloader) End() {
-	o.release()
+	o.joinStayed()
+	if o.pc != nil {
+		o.pc.JoinWrites() // the copies up of a checkpoint the backward did not recompute
+	}
 	if o.pass == nil {
 		return
 	}
@@ -83,20 +94,52 @@ func (o *Offloader) End() {
 	}
 }
 
-// release waits for the copies down of the host copies dropped and
-// releases them.
-func (o *Offloader) release() {
-	for _, d := range o.dropped {
-		if d.down != nil {
-			d.down.Wait()
-		}
-		d.host.Release()
+// joinStayed joins the copies down of the tensors that stayed on the
+// device.
+func (o *Offloader) joinStayed() {
+	for _, t := range o.stayed {
+		t.Join()
 	}
-	o.dropped = nil
+	o.stayed = nil
+}
+
+// Release gives back the host memory of the copies. The Offloader can be
+// used again: its next forward takes new memory.
+func (o *Offloader) Release() {
+	o.joinStayed()
+	for k, h := range o.bufs {
+		h.Release()
+		delete(o.bufs, k)
+	}
 }
 
 // Bytes is the most that one forward left in host memory.
 func (o *Offloader) Bytes() int64 { return o.most }
+
+// HostBytes is the host memory the Offloader holds for its copies, as the
+// host's pool counts it: a forward's copies of every shape it has run,
+// those of the tensors that stayed on the device too (their copies start
+// before it is known that they stay).
+func (o *Offloader) HostBytes() int64 {
+	var n int64
+	for _, h := range o.bufs {
+		n += h.Block().Size()
+	}
+	return n
+}
+
+// buffer returns the host memory for the tensor d, the k-th that the
+// checkpoint at index i of a forward keeps, with a reference for the
+// checkpoint's node.
+func (o *Offloader) buffer(i, k int, d *T) *T {
+	key := bufKey{i, k, d.DType(), fmt.Sprint(d.Shape())}
+	h := o.bufs[key]
+	if h == nil {
+		h = tensor.Empty(o.host, d.DType(), d.Shape()...).Keep()
+		o.bufs[key] = h
+	}
+	return h.Retain()
+}
 
 // offloaded is what one checkpoint keeps, in host memory.
 type offloaded struct {
@@ -118,7 +161,7 @@ type offloadedTensor struct {
 	// stays is decided when the next checkpoint begins (or the forward
 	// ends), when the tensor's storage is held elsewhere too (the caller's
 	// input): then it stays on the device, as releasing it would free
-	// nothing, and its host copy is dropped once down.
+	// nothing, and its host copy is dropped.
 	stays, decided bool
 }
 
@@ -131,9 +174,9 @@ func (o *Offloader) offload(refs []**T, saved []*T) *offloaded {
 		o.pending[n-1].decide()
 	}
 	c := &offloaded{o: o, pass: o.pass, index: len(*o.pass), saved: saved}
-	for _, r := range refs {
+	for k, r := range refs {
 		d := *r
-		h := tensor.Empty(o.host, d.DType(), d.Shape()...).Keep()
+		h := o.buffer(c.index, k, d)
 		ot := offloadedTensor{ref: r, slot: -1, host: h, dev: d}
 		if o.pc != nil {
 			ot.down = o.pc.StartRead(h.HostBytes(), d.Buf())
@@ -164,39 +207,50 @@ const stayLast = 2
 
 // stay keeps the sets of the checkpoints still pending at the forward's
 // end on the device, as if their storage were held elsewhere too: their
-// host copies are dropped once their copies down are done (release).
+// host copies are dropped, and their copies down joined at End.
 func (o *Offloader) stay() {
 	for _, c := range o.pending {
 		c.decide()
 		for i := range c.tensors {
-			ot := &c.tensors[i]
-			*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
-			o.dropped = append(o.dropped, droppedCopy{ot.host, ot.down})
-			o.bytes -= ot.dev.Bytes()
-			ot.host, ot.down = nil, nil
+			o.keep(c, &c.tensors[i])
 		}
 	}
 	o.pending = nil
 }
 
+// keep leaves ot, one of c's tensors, on the device, where c reads it, and
+// drops its host copy (the node's reference; the memory stays the
+// Offloader's).
+func (o *Offloader) keep(c *offloaded, ot *offloadedTensor) {
+	*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
+	ot.host.Release()
+	if ot.down != nil {
+		o.stayed = append(o.stayed, ot.down)
+	}
+	o.bytes -= ot.dev.Bytes()
+	ot.host, ot.down = nil, nil
+}
+
 // inFlight is how many checkpoints' copies down may be under way while
 // the forward goes on: the device holds their tensors until their copies
-// are down, and the host waits for the oldest beyond them. A transformer
-// block's copies take longer than its forward at PCIe's rate. Measured on
-// GPT-2 small, batch 16, bf16, on an H100 (the eager step 37.5 ms without
-// offloading, 3,048 MiB): 1 in flight 46.3 ms, 2,615 MiB; 3 43.2 ms,
-// 2,613 MiB; 6 41.8 ms, 2,660 MiB; all of them 41.7 ms, 3,048 MiB.
+// are down, and the device's stream waits for the oldest beyond them,
+// whose tensors are then released. A transformer block's copies take
+// longer than its forward at PCIe's rate. Measured on GPT-2 small, batch
+// 16, bf16, on an H100, with the host waiting for the copies (the eager
+// step 37.5 ms without offloading, 3,048 MiB): 1 in flight 46.3 ms, 2,615
+// MiB; 3 43.2 ms, 2,613 MiB; 6 41.8 ms, 2,660 MiB; all of them 41.7 ms,
+// 3,048 MiB.
 const inFlight = 6
 
-// abandon ends a forward that failed: it waits for the copies down under
-// way and releases the device tensors the Offloader holds; the host copies
+// abandon ends a forward that failed: it joins the copies down under way
+// and releases the device tensors the Offloader holds; the host copies
 // stay with the checkpoints' nodes, which the failed step releases.
 func (o *Offloader) abandon() {
 	for _, c := range o.pending {
 		for i := range c.tensors {
 			ot := &c.tensors[i]
 			if ot.down != nil {
-				ot.down.Wait()
+				ot.down.Join()
 				ot.down = nil
 			}
 			ot.dev.Release()
@@ -216,9 +270,11 @@ func (c *offloaded) decide() {
 	}
 }
 
-// settle waits for the copies down of all but the last keep pending
-// checkpoints and releases their device tensors, but for those that stay
-// on the device (offloadedTensor.stays), whose host copies it drops.
+// settle settles all but the last keep pending checkpoints: their
+// device tensors are released once the device's stream has joined their
+// copies down (its later work, which may reuse their memory, waits for
+// them), but for those that stay on the device (offloadedTensor.stays),
+// whose host copies it drops.
 func (o *Offloader) settle(keep int) {
 	for len(o.pending) > keep {
 		c := o.pending[0]
@@ -226,16 +282,13 @@ func (o *Offloader) settle(keep int) {
 		c.decide()
 		for i := range c.tensors {
 			ot := &c.tensors[i]
-			if ot.down != nil {
-				ot.down.Wait()
-				ot.down = nil
-			}
 			if ot.stays {
-				*ot.ref, c.saved[ot.slot] = ot.dev, ot.dev
-				ot.host.Release()
-				ot.host = nil
-				o.bytes -= ot.dev.Bytes()
+				o.keep(c, ot)
 				continue
+			}
+			if ot.down != nil {
+				ot.down.Join()
+				ot.down = nil
 			}
 			ot.dev.Release()
 			ot.dev = nil
@@ -313,5 +366,18 @@ func (c *offloaded) drop() {
 // recomputation a sequential model's backward runs next: the copies
 // overlap a block's backward, and the device holds at most two sets. The
 // copies are exact, so the gradients are those of the checkpoints kept on
-// the device, bit for bit. The host copies are the checkpoint node's,
-// freed with it.
+// the device, bit for bit. The host copies are the checkpoint node's
+// while it lives, in memory that the Offloader keeps for the next forward.
+//
+// Note [offloaded copies captured]: no host code waits for a copy. A copy
+// down is joined into the device's stream (Transfer.Join) before its
+// source is released, the copies up before the recomputation that reads
+// them (JoinWrites), and End joins the rest; and each forward of a shape
+// copies to and from the same host memory (Offloader.bufs). So a step
+// with its checkpoints offloaded runs from a plan and is captured as any
+// other: the graph holds the copies, on the copy streams, with the
+// kernels they wait for and that wait for them, and each replay moves
+// the sets through the host memory that the capture's forward took, which
+// the Offloader keeps until Release. What the host decides (which tensor
+// stays, when a set is released) depends on the forward's order alone,
+// the same in the traced step, the plan and the capture.

@@ -20,8 +20,9 @@ import (
 // backward's peak is below the plain one's by all blocks' sets but three
 // (the device holds two, the one recomputing and the one coming back, and
 // the two peaks fall at different blocks of the pass, with different
-// weight gradients alive); and nothing is left in the host pool once the
-// graph is freed.
+// weight gradients alive); a second pass gives the same gradients
+// through the same host memory, which holds every block's set; and the
+// host pool is empty after Release.
 func TestOffloaderMatchesAndMoves(t *testing.T) {
 	const blocks, batch, steps, width, heads = 6, 4, 64, 16, 2
 	dev, host := tensor.NewDevice(cpu.New()), tensor.NewDevice(cpu.New())
@@ -82,6 +83,14 @@ func TestOffloaderMatchesAndMoves(t *testing.T) {
 			t.Errorf("gradient %d differs with the checkpoints offloaded", i)
 		}
 	}
+	hostBytes := func() int64 { return host.Allocator().Stats().Allocated[memory.All].Current }
+	held := hostBytes()
+	again, _, _ := grads(o) // into the same host memory
+	for i := range want {
+		if !bytes.Equal(again[i], want[i]) {
+			t.Errorf("gradient %d differs in the second offloaded pass", i)
+		}
+	}
 	// Each block keeps its input (B·T·C floats; the first is x, the
 	// caller's) and its attention's output and log-sum-exps (B·T·C and
 	// B·H·T floats).
@@ -98,7 +107,14 @@ func TestOffloaderMatchesAndMoves(t *testing.T) {
 			peakOff, peakPlain, perBlock)
 	}
 	t.Logf("after the forward: %d bytes kept on the device, %d offloaded; backward's peak %d and %d; Bytes %d", keptPlain, keptOff, peakPlain, peakOff, o.Bytes())
-	if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
-		t.Errorf("the host pool holds %d bytes after the backward freed the graph", n)
+	// The Offloader keeps the host memory of every block's set, those that
+	// stayed on the device too, for the next pass, which takes no more.
+	if n := hostBytes(); n != held || n != o.HostBytes() || n != blocks*perBlock {
+		t.Errorf("the host pool holds %d bytes after the second pass, %d after the first, HostBytes %d: want the sets of all %d blocks, %d each",
+			n, held, o.HostBytes(), blocks, perBlock)
+	}
+	o.Release()
+	if n := hostBytes(); n != 0 || o.HostBytes() != 0 {
+		t.Errorf("the host pool holds %d bytes after Release (HostBytes %d)", n, o.HostBytes())
 	}
 }

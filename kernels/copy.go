@@ -59,9 +59,12 @@ type CopyOps interface {
 // and a copy up run at once and neither holds up the kernels queued after
 // it. Each copy waits for the work queued on the backend's stream before
 // it; nothing queued on the backend's stream after it waits for it: a
-// reader waits for a read with its Transfer, and the stream for the writes
-// with JoinWrites. So the buffers a copy reads or writes must not change,
-// nor be freed, until then.
+// reader waits for a read with its Transfer (the host with Wait, the
+// stream with Join), and the stream for the writes with JoinWrites. So the
+// buffers a copy reads or writes must not change, nor be freed, until
+// then. Joined, both directions' copies can be captured into a graph with
+// the stream's kernels: the graph then copies to and from the same host
+// memory at each replay.
 type PinnedCopier interface {
 	// PinnedSource is a raw allocator of page-locked host memory (its
 	// segments fill Segment.Host): a CPU backend's pool over it holds host
@@ -70,8 +73,9 @@ type PinnedCopier interface {
 
 	// StartRead queues a copy of src into dst, which must lie in memory
 	// from PinnedSource, after the work queued so far, and returns at
-	// once: dst holds src once the Transfer's Wait returns, which every
-	// StartRead must be given.
+	// once: dst holds src once the Transfer's Wait returns, and the work
+	// queued after its Join sees src read; every StartRead must be given
+	// one of the two.
 	StartRead(dst []byte, src Buf) Transfer
 
 	// StartWrite queues a copy of src, which must lie in memory from
@@ -84,10 +88,19 @@ type PinnedCopier interface {
 	JoinWrites()
 }
 
-// Transfer is a copy under way (PinnedCopier.StartRead).
+// Transfer is a copy under way (PinnedCopier.StartRead). Wait or Join
+// finishes it, whichever comes first; later calls of either return at
+// once.
 type Transfer interface {
-	// Wait returns once the copy is done; later calls return at once.
+	// Wait returns once the copy is done. The host waits: not while the
+	// backend's stream is captured into a graph.
 	Wait()
+
+	// Join makes the work queued on the backend's stream from now on
+	// wait for the copy, and returns at once: its source may then be
+	// released to the pool, whose next user's work comes after it. It is
+	// how a captured graph waits for a copy.
+	Join()
 }
 
 // CheckTranspose checks a transposition's buffers: one dtype, t.Len()

@@ -751,6 +751,7 @@ func (o *Offloaded) startDown(i int) {
 type done struct{}
 
 func (done) Wait() {}
+func (done) Join() {}
 
 // checkLate panics when a gradient the backward finished (Ready) and
 // released on the device has a part again: one the backward added after

@@ -194,3 +194,11 @@ func TestCUDAFusedOptimizer(t *testing.T) { testFusedOptimizer(t, testdev.CUDA(t
 // TestCUDAFusedCapturedSteps: TestFusedPlannedStepsMatchEager with the
 // steps captured as CUDA graphs.
 func TestCUDAFusedCapturedSteps(t *testing.T) { testFusedPlannedSteps(t, testdev.CUDA(t), Captured) }
+
+// TestCUDAOffloadedCapturedSteps: TestOffloadedPlannedStepsMatchEager with
+// the steps captured as CUDA graphs, their checkpoints copied to and from
+// the device's page-locked memory on the copy streams.
+func TestCUDAOffloadedCapturedSteps(t *testing.T) {
+	dev := testdev.CUDA(t)
+	testOffloadedPlannedSteps(t, dev, dev.Pinned, Captured)
+}

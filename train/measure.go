@@ -371,9 +371,9 @@ func measureStep(dev *tensor.Device, build func() nn.Model, cfg Config, v Varian
 	}
 	defer t.Release()
 	t.FailOnOOM = true
-	// Offloaded copies follow the forward as it runs, and micro-batches
-	// accumulate: such steps run eagerly, and are measured so.
-	plan = plan && t.Step.Offloader == nil && (v.MicroBatch == 0 || v.MicroBatch >= x.Dim(0))
+	// Micro-batches accumulate: such steps run eagerly, and are measured
+	// so.
+	plan = plan && (v.MicroBatch == 0 || v.MicroBatch >= x.Dim(0))
 	if plan {
 		t.Step.Mode = Planned
 	}

@@ -167,9 +167,9 @@ func f32sOf(b []byte) []float32 {
 // Offloader to a host pool of their own (Step.Offloader) end with the
 // weights of the same steps keeping their checkpoints on the device, bit
 // for bit, in F32 and under BF16 autocast, with every block checkpointed
-// and the first four of six; the step's peak is lower by at least half of
-// what the checkpointed blocks keep; and the host pool is empty after the
-// steps.
+// and the first four of six; the Offloader moves what nn's estimate says;
+// the backward's peak is lower; and the host pool holds the Offloader's
+// copies after the steps (hostHeld).
 func TestOffloadedActivationsMatch(t *testing.T) {
 	dev := tensor.CPU()
 	const layers, context, vocab = 6, 256, 64
@@ -213,9 +213,7 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 			if offload {
 				offloaded = s.Offloader.Bytes()
 			}
-			if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
-				t.Errorf("autocast %v: the host pool holds %d bytes after the steps", amp, n)
-			}
+			hostHeld(t, s, host)
 			return snapshotState(g), peak, held
 		}
 		want, plain, heldPlain := run(false)
@@ -238,11 +236,99 @@ func TestOffloadedActivationsMatch(t *testing.T) {
 	}
 }
 
+// hostHeld checks the host pool of s's Offloader (if any) after its
+// steps: it holds exactly the Offloader's copies (HostBytes), and nothing
+// once s is released, which releases its Offloader; s is released.
+func hostHeld(t *testing.T, s *Step, host *tensor.Device) {
+	t.Helper()
+	held := func() int64 { return host.Allocator().Stats().Allocated[memory.All].Current }
+	if s.Offloader != nil && (held() != s.Offloader.HostBytes() || held() == 0) {
+		t.Errorf("the host pool holds %d bytes after the steps, the Offloader's copies %d", held(), s.Offloader.HostBytes())
+	}
+	s.Release()
+	if n := held(); n != 0 {
+		t.Errorf("the host pool holds %d bytes after the step was released", n)
+	}
+}
+
+// TestOffloadedPlannedStepsMatchEager: a checkpointed GPT's steps (with
+// dropout) with an Offloader to a host pool of their own run planned as
+// they run eagerly, in F32 and under BF16 autocast: the same weights bit
+// for bit, the same loss sums and generator position, no step fallen back
+// to eager; the plan holds what offloading saves, its arena below the
+// planned step's that keeps the checkpoints on the device by at least
+// half of what the Offloader moves a forward; and the host pool holds the
+// Offloader's copies, then nothing (hostHeld).
+func TestOffloadedPlannedStepsMatchEager(t *testing.T) {
+	testOffloadedPlannedSteps(t, tensor.CPU(), func() *tensor.Device { return tensor.NewDevice(cpu.New()) }, Planned)
+}
+
+// testOffloadedPlannedSteps runs on dev, offloading to the host devices
+// that host makes, with planMode: Planned on the CPU, Captured on the GPU.
+func testOffloadedPlannedSteps(t *testing.T, dev *tensor.Device, host func() *tensor.Device, planMode Mode) {
+	const context, vocab = 256, 64
+	xs, ys := gptBatches(dev, 4, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	for _, amp := range []tensor.DType{0, tensor.BF16} {
+		t.Run(fmt.Sprint(amp), func(t *testing.T) {
+			type result struct {
+				state            [][]byte
+				loss             float64
+				offset           uint64
+				arena, offloaded int64
+			}
+			run := func(mode Mode, offload bool) (r result) {
+				g, _, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 10, Heads: 2, Width: 16, Vocab: vocab, Context: context, Dropout: 0.1}, amp, mode, false, 0)
+				defer release()
+				defer sameAlgorithms(dev, s)()
+				g.SetCheckpoint(nn.CheckpointBlocks)
+				h := host()
+				if offload {
+					s.Offloader = ag.NewOffloader(dev, h)
+				}
+				dev.Generator().Seed(9)
+				for i := range xs {
+					if err := s.Run(xs[i], ys[i]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n := s.Notes(); mode != Eager && strings.Contains(strings.Join(n, "\n"), "eagerly") {
+					t.Errorf("%v step fell back: %v", mode, n)
+				}
+				s.SyncRNG()
+				if p := s.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape()); p != nil {
+					r.arena = p.Size
+				}
+				if offload {
+					r.offloaded = s.Offloader.Bytes()
+				}
+				sums := s.metrics.Float32s()
+				r.state, r.loss, r.offset = snapshotState(g), float64(sums[0]), dev.Generator().State().Offset
+				hostHeld(t, s, h)
+				return r
+			}
+			want, got := run(Eager, true), run(planMode, true)
+			sameState(t, got.state, want.state, fmt.Sprintf("%v offloaded steps against eager ones", planMode))
+			if got.loss != want.loss || got.offset != want.offset {
+				t.Errorf("%v: loss sum %v, generator offset %d; eager %v, %d", planMode, got.loss, got.offset, want.loss, want.offset)
+			}
+			kept := run(planMode, false)
+			t.Logf("arena %s offloaded (%s a forward in host memory), %s kept on the device", memory.Bytes(got.arena), memory.Bytes(got.offloaded), memory.Bytes(kept.arena))
+			if got.arena == 0 || got.offloaded == 0 || kept.arena-got.arena < got.offloaded/2 {
+				t.Errorf("the offloaded step's arena is %s, the one keeping its checkpoints %s: want at least half of the %s offloaded less",
+					memory.Bytes(got.arena), memory.Bytes(kept.arena), memory.Bytes(got.offloaded))
+			}
+		})
+	}
+}
+
 // TestOffloadedStepThatFailsLeavesNoTrace: a checkpointed GPT's step with
 // its checkpoints offloaded that runs out of memory at any of its
 // allocations (the copies brought back ahead of a recomputation among
-// them) gives back every byte of the device's pool and of the host's, and
-// the steps run again end as steps that never failed do, bit for bit.
+// them) gives back every byte of the device's pool, and of the host's but
+// the Offloader's copies (nothing once it is released), and the steps run
+// again end as steps that never failed do, bit for bit.
 func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 	const context, vocab = 16, 64
 	run := func(faulty bool) [][]byte {
@@ -267,15 +353,17 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 				continue
 			}
 			failEveryAllocation(t, dev, src, i, func() error { return s.Run(xs[i], ys[i]) }, func(fault int) {
-				if n := host.Allocator().Stats().Allocated[memory.All].Current; n != 0 {
-					t.Fatalf("step %d, fault at allocation %d: the host pool holds %d bytes after the failed step", i, fault, n)
+				if n := host.Allocator().Stats().Allocated[memory.All].Current; n != s.Offloader.HostBytes() {
+					t.Fatalf("step %d, fault at allocation %d: the host pool holds %d bytes after the failed step, the Offloader's copies %d", i, fault, n, s.Offloader.HostBytes())
 				}
 			})
 		}
 		if s.Offloader.Bytes() == 0 {
 			t.Error("the Offloader moved nothing")
 		}
-		return snapshotState(g)
+		state := snapshotState(g)
+		hostHeld(t, s, host)
+		return state
 	}
 	want, got := run(false), run(true)
 	sameState(t, got, want, "after failed steps run again")

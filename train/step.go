@@ -137,9 +137,9 @@ type Step struct {
 	HostThreads          int
 	// Offloader, if set, moves what checkpointed blocks keep for their
 	// recomputation to host memory during each forward and brings it back
-	// ahead of the recomputation (autograd.Offloader); steps must run
-	// eagerly (Run panics otherwise). Without checkpointed blocks it moves
-	// nothing.
+	// ahead of the recomputation (autograd.Offloader), in steps of any
+	// Mode (Note [offloaded copies captured] in autograd); the Step's
+	// Release releases it. Without checkpointed blocks it moves nothing.
 	Offloader *ag.Offloader
 
 	dev      *tensor.Device
@@ -158,6 +158,7 @@ type Step struct {
 	sharded  *dist.ShardedOptimizer // Opt, when its state is sharded over group
 	params   map[*tensor.Tensor]int // Opt's parameters' indices, for FuseOptimizer
 	updated  bool                   // the running step's fused update has begun
+	released bool                   // Release has run
 	sqRows   *tensor.Tensor         // F32[params, 1]: a clipped fused step's gradients' sums of squares (nil until one runs)
 	coef     *tensor.Tensor         // F32[1]: their clip coefficient (Note [the norm in a first pass])
 }
@@ -264,8 +265,13 @@ func deviceState(opt optim.Optimizer) map[string]*tensor.Tensor {
 	return opt.State()
 }
 
-// Release frees the step's graphs, arena, static inputs and device state.
+// Release frees the step's graphs, arena, static inputs and device state,
+// and its Offloader's host memory; later calls do nothing.
 func (s *Step) Release() {
+	if s.released {
+		return
+	}
+	s.released = true
 	if s.reducer != nil {
 		s.reducer.Release()
 	}
@@ -290,6 +296,9 @@ func (s *Step) Release() {
 	}
 	s.rng.Release()
 	s.Scaler.Release()
+	if s.Offloader != nil { // after the graphs, which copy into its memory
+		s.Offloader.Release()
+	}
 	for _, t := range s.undo {
 		t.Release()
 	}
@@ -343,9 +352,6 @@ func (s *Step) Inputs(xdt tensor.DType, xShape, yShape []int) (x, y *tensor.Tens
 func (s *Step) Run(x, y *tensor.Tensor) (err error) {
 	if s.FuseOptimizer && s.group != nil {
 		panic(fmt.Sprintf("train: FuseOptimizer in a data-parallel step of %d ranks: it needs one process", s.group.Size()))
-	}
-	if s.Offloader != nil && s.Mode != Eager {
-		panic(fmt.Sprintf("train: an Offloader in a %v step: its copies follow the forward as it runs, which needs eager steps", s.Mode))
 	}
 	defer recoverError(&err)
 	if !s.rngFresh {

@@ -78,7 +78,7 @@ type Config struct {
 	// recomputation (their inputs, attention's results) to host memory in
 	// the forward and brings it back ahead of the recomputation
 	// (Step.Offloader) when the device is not the CPU; it needs
-	// Checkpoint, and steps run eagerly.
+	// Checkpoint.
 	OffloadActivations bool `json:"offload_activations,omitempty"`
 	// BF16Weights holds a GPT's product weights (nn.GPTConfig.ProductWeights)
 	// in BF16 on the device, working copies of F32 masters that the
@@ -159,12 +159,12 @@ func KeptOnDevice(params []*tensor.Tensor, share float64) []bool {
 func (c Config) Offloads(dev *tensor.Device) bool { return c.OffloadOptimizer && !dev.OnHost() }
 
 // Mode is how a run of c on dev steps: captured where the backend can and
-// Capture asks, unless an offloaded optimizer or offloaded activations
-// (whose copies follow the step as it runs, with the host's work beside)
-// need eager steps. An update fused into the backward on the device is
+// Capture asks, unless an offloaded optimizer (whose update runs on the
+// host's cores, beside the step) needs eager steps. An update fused into
+// the backward on the device, and offloaded activations' copies, are
 // captured with the step.
 func (c Config) Mode(dev *tensor.Device) Mode {
-	return ModeFor(dev, c.Capture && !c.Offloads(dev) && !c.OffloadsActivations(dev))
+	return ModeFor(dev, c.Capture && !c.Offloads(dev))
 }
 
 // OffloadsActivations says whether a run on dev moves what its checkpointed

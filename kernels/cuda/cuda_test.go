@@ -822,6 +822,98 @@ func TestCUDAPinned(t *testing.T) {
 	}
 }
 
+// TestCUDAPinnedCaptured: direct copies both ways, captured into a graph
+// with the kernels around them, ordered with them by Join and JoinWrites:
+// at each replay the graph reads into the same page-locked memory what the
+// kernel before the read left (not what the kernel after it writes), and
+// the kernel after JoinWrites sees what that memory held when the replay
+// began; a read waited for on the host while capturing panics, naming
+// Join.
+func TestCUDAPinnedCaptured(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	b, err := OpenSeparate(0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	const n = 3<<20 + 7
+	seg, err := b.PinnedSource().Alloc(2*n*4 + 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.PinnedSource().Free(seg); err != nil {
+			t.Error(err)
+		}
+	}()
+	down, up := seg.Host[16:16+n*4], seg.Host[32+n*4:32+2*n*4]
+	var bufs [4]kernels.Buf
+	for i := range bufs {
+		blk := alloc(t, b, n*4)
+		defer b.Allocator().Free(blk)
+		bufs[i] = kernels.Buf{Block: blk, N: n, DType: kernels.F32}
+	}
+	x, y, z, w := bufs[0], bufs[1], bufs[2], bufs[3]
+	fill := func(m []byte, f func(i int) float32) {
+		for i := 0; i < n; i++ {
+			binary.LittleEndian.PutUint32(m[4*i:], math.Float32bits(f(i)))
+		}
+	}
+	if err := b.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	b.Copy(y, x)
+	r := b.StartRead(down, y)
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "Join") {
+				t.Errorf("a read waited for on the host while capturing: %v, want a panic naming Join", p)
+			}
+		}()
+		r.Wait()
+	}()
+	r = b.StartRead(down, y)
+	r.Join()
+	b.Fill(y, -1) // after the read
+	b.StartWrite(z, up)
+	b.JoinWrites()
+	b.Copy(w, z) // after the write
+	g, err := b.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Release()
+	host := make([]byte, n*4)
+	for replay := range 3 {
+		fill(host, func(i int) float32 { return float32(math.Sin(float64(i + 7*replay))) })
+		b.Write(x, host)
+		fill(up, func(i int) float32 { return float32(i%1000 + replay) })
+		for i := range down {
+			down[i] = 0xff
+		}
+		if err := g.Launch(); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(down, host) {
+			t.Fatalf("replay %d: the captured read holds other bytes than the kernel before it left", replay)
+		}
+		got := make([]byte, n*4)
+		b.Read(got, w)
+		if !bytes.Equal(got, up) {
+			t.Fatalf("replay %d: the kernel after JoinWrites sees other bytes than the captured write's", replay)
+		}
+	}
+}
+
 // TestCUDAOpenClose100: opening a backend, using its kernels, cuBLAS, cuDNN
 // and staging buffers, and closing it, 100 times, leaves the driver's free
 // memory where the first cycle left it: Close gives everything back. A

@@ -157,11 +157,10 @@ func (b *Backend) checkPinned(what string, host []byte, buf kernels.Buf) {
 // PinnedSource, and buf on the copy stream down (or up), after the work
 // queued so far on the backend's stream: queue issues it, with the backend
 // entered (Note [copies beside the stream] in kernels).
-func (b *Backend) copyBeside(what, doing string, host []byte, buf kernels.Buf, up bool, queue func(c *copyStreams, stream uintptr)) {
+func (b *Backend) copyBeside(what string, host []byte, buf kernels.Buf, up bool, queue func(c *copyStreams, stream uintptr)) {
 	b.checkPinned(what, host, buf)
 	b.enter()
 	defer b.exit()
-	b.notCapturing(doing)
 	c := b.copyStreams()
 	stream := c.down
 	if up {
@@ -177,7 +176,7 @@ func (b *Backend) copyBeside(what, doing string, host []byte, buf kernels.Buf, u
 // (kernels.PinnedCopier).
 func (b *Backend) StartRead(dst []byte, src kernels.Buf) kernels.Transfer {
 	var r *read
-	b.copyBeside("StartRead", "read into host memory", dst, src, false, func(c *copyStreams, down uintptr) {
+	b.copyBeside("StartRead", dst, src, false, func(c *copyStreams, down uintptr) {
 		b.d.must("cuMemcpyDtoHAsync", b.d.memcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), ptrOf(src), uintptr(len(dst)), down))
 		c.mu.Lock()
 		var ev uintptr
@@ -195,7 +194,9 @@ func (b *Backend) StartRead(dst []byte, src kernels.Buf) kernels.Transfer {
 }
 
 // read is a StartRead's copy: its event, recorded after it on the stream
-// down, goes back to the free list once waited for.
+// down, goes back to the free list once waited for or joined (a wait on
+// an event is on its last record when it is queued: the event's next
+// record, for another copy, does not move it).
 type read struct {
 	b    *Backend
 	once sync.Once
@@ -206,19 +207,38 @@ type read struct {
 // goroutines queue work meanwhile.
 func (r *read) Wait() {
 	r.once.Do(func() {
+		if r.b.Capturing() {
+			panic("cuda: a read into host memory waited for on the host while capturing a graph: Join it")
+		}
 		r.b.withContext(func() { r.b.d.must("cuEventSynchronize", r.b.d.eventSynchronize(r.ev)) })
-		c := r.b.copies
-		c.mu.Lock()
-		c.free = append(c.free, r.ev)
-		c.mu.Unlock()
+		r.free()
 	})
+}
+
+// Join makes the backend's stream wait for the copy (kernels.Transfer).
+func (r *read) Join() {
+	r.once.Do(func() {
+		b := r.b
+		b.enter()
+		b.d.must("cuStreamWaitEvent", b.d.streamWaitEvent(b.stream, r.ev, 0))
+		b.exit()
+		r.free()
+	})
+}
+
+// free gives the read's event back to the free list.
+func (r *read) free() {
+	c := r.b.copies
+	c.mu.Lock()
+	c.free = append(c.free, r.ev)
+	c.mu.Unlock()
 }
 
 // StartWrite queues one direct copy of src, page-locked memory from
 // PinnedSource, into dst on the copy stream up, after the work queued so
 // far (kernels.PinnedCopier).
 func (b *Backend) StartWrite(dst kernels.Buf, src []byte) {
-	b.copyBeside("StartWrite", "write of host bytes", src, dst, true, func(c *copyStreams, up uintptr) {
+	b.copyBeside("StartWrite", src, dst, true, func(c *copyStreams, up uintptr) {
 		b.d.must("cuMemcpyHtoDAsync", b.d.memcpyHtoDAsync(ptrOf(dst), unsafe.Pointer(unsafe.SliceData(src)), uintptr(len(src)), up))
 		c.written = true
 	})
@@ -233,7 +253,6 @@ func (b *Backend) JoinWrites() {
 	if c == nil || !c.written {
 		return
 	}
-	b.notCapturing("wait for writes of host bytes")
 	b.d.must("cuEventRecord", b.d.eventRecord(c.join, c.up))
 	b.d.must("cuStreamWaitEvent", b.d.streamWaitEvent(b.stream, c.join, 0))
 	c.written = false
