@@ -47,6 +47,9 @@ type Final struct {
 	// HostActivationBytes is the most host memory one forward's
 	// checkpointed blocks kept there (train.Config.OffloadActivations).
 	HostActivationBytes int64 `json:"host_activation_bytes,omitempty"`
+	// HostActivationHeldBytes is the page-locked memory held for those
+	// copies (autograd.Offloader.HostBytes).
+	HostActivationHeldBytes int64 `json:"host_activation_held_bytes,omitempty"`
 }
 
 // Diverged says where a run diverged (see train.DivergedError).

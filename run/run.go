@@ -1091,9 +1091,9 @@ func (r *runner) summarize() error {
 			100*f.HostGradsOverlapped, 100*f.HostUpdatedInBackward, f.HostStepSeconds, runtime.GOMAXPROCS(0), o.FirstStep().Seconds())
 	}
 	if o := t.Step.Offloader; o != nil {
-		r.report.Final.HostActivationBytes = o.Bytes()
-		add("host memory    %s (page-locked) for what the checkpointed blocks keep, at most, a forward: the device held none of it but while each block recomputed",
-			memory.Bytes(o.Bytes()))
+		r.report.Final.HostActivationBytes, r.report.Final.HostActivationHeldBytes = o.Bytes(), o.HostBytes()
+		add("host memory    %s (page-locked) for what the checkpointed blocks keep, at most, a forward: the device held none of it but while each block recomputed (%s held for the copies, those of the sets that stay on the device too)",
+			memory.Bytes(o.Bytes()), memory.Bytes(o.HostBytes()))
 	}
 	if g, dp := r.job.Group, r.report.DataParallel; g != nil {
 		all, err := g.Gather([]float64{float64(peakA), float64(peakR), float64(t.EvalPeak()), float64(t.Step.OptimizerStateBytes())})
