@@ -219,6 +219,28 @@ func gptStep(t *testing.T, dev *tensor.Device, cfg nn.GPTConfig, amp tensor.DTyp
 	}
 }
 
+// runSteps runs s on the batches xs, ys from the generator's seed 9, checks
+// that no step of a planned or captured s fell back to eager, syncs s's
+// generator position to the host's, and returns the size of its plan for
+// the batches' shape (0: none).
+func runSteps(t *testing.T, s *Step, xs, ys []*tensor.Tensor) int64 {
+	t.Helper()
+	s.dev.Generator().Seed(9)
+	for i := range xs {
+		if err := s.Run(xs[i], ys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Notes(); s.Mode != Eager && strings.Contains(strings.Join(n, "\n"), "eagerly") {
+		t.Errorf("%v step fell back: %v", s.Mode, n)
+	}
+	s.SyncRNG()
+	if p := s.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape()); p != nil {
+		return p.Size
+	}
+	return 0
+}
+
 // TestFusedClippedStepMatches: a GPT's clipped steps (with dropout) with
 // the update fused into the backward (Note [the norm in a first pass]) end
 // with the plain clipped steps' weights within a millionth and the same
@@ -302,19 +324,7 @@ func testFusedPlannedSteps(t *testing.T, dev *tensor.Device, planMode Mode) {
 				g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1}, c.amp, mode, fused, c.clip)
 				defer release()
 				defer sameAlgorithms(dev, s)()
-				dev.Generator().Seed(9)
-				for i := range xs {
-					if err := s.Run(xs[i], ys[i]); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if n := s.Notes(); mode != Eager && strings.Contains(strings.Join(n, "\n"), "eagerly") {
-					t.Errorf("%v step fell back: %v", mode, n)
-				}
-				s.SyncRNG()
-				if p := s.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape()); p != nil {
-					r.arena = p.Size
-				}
+				r.arena = runSteps(t, s, xs, ys)
 				for _, p := range opt.Params() {
 					r.grads += p.Bytes()
 				}

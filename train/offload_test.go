@@ -287,19 +287,7 @@ func testOffloadedPlannedSteps(t *testing.T, dev *tensor.Device, host func() *te
 				if offload {
 					s.Offloader = ag.NewOffloader(dev, h)
 				}
-				dev.Generator().Seed(9)
-				for i := range xs {
-					if err := s.Run(xs[i], ys[i]); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if n := s.Notes(); mode != Eager && strings.Contains(strings.Join(n, "\n"), "eagerly") {
-					t.Errorf("%v step fell back: %v", mode, n)
-				}
-				s.SyncRNG()
-				if p := s.Plan(xs[0].DType(), xs[0].Shape(), ys[0].Shape()); p != nil {
-					r.arena = p.Size
-				}
+				r.arena = runSteps(t, s, xs, ys)
 				if offload {
 					r.offloaded = s.Offloader.Bytes()
 				}
