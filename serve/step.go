@@ -88,12 +88,9 @@ type runner struct {
 	dev    *tensor.Device
 	graphs map[graphKey]*graph // batches of decoding rows, padded to a power of two
 	// prefills are the prompts' parts of steps, captured as each layout
-	// is first met (nil: it runs eagerly; Note [prompts captured]), all
-	// over prefillBufs, of the largest layout, which each reads from its
-	// start.
-	prefills    map[prefillKey]*graph
-	prefillBufs buffers
-	arena       *memory.Arena
+	// is first met (nil: it runs eagerly; Note [prompts captured]).
+	prefills map[prefillKey]*graph
+	arena    *memory.Arena
 
 	in, out []int32 // a step's inputs and outputs on the host, as their buffers hold them
 	// The last step's outputs.
@@ -274,7 +271,7 @@ func (r *runner) run(w *work) (err error) {
 		key := prefillKey{l.S, l.R, topN > 0}
 		if g := r.prefills[key]; g != nil && l.S <= g.l.S && l.R <= g.l.R {
 			r.pack(eager, g.l)
-			be.Write(g.bufs.in.Buf().Slice(0, len(r.in)), int32Bytes(r.in))
+			be.Write(g.bufs.in.Buf(), int32Bytes(r.in))
 			if err := g.g.Launch(); err != nil {
 				return err
 			}
@@ -317,7 +314,7 @@ func (r *runner) run(w *work) (err error) {
 	for _, p := range parts {
 		size := p.l.outInts() + p.l.outFloats()
 		r.out = slices.Grow(r.out[:0], size)[:size] // the read writes all of it
-		be.Read(int32Bytes(r.out), p.bufs.out.Buf().Slice(0, size))
+		be.Read(int32Bytes(r.out), p.bufs.out.Buf())
 		outI, outF := words(r.out, p.l.outInts())
 		r.tokens, r.logprobs = append(r.tokens, outI[:p.n]...), append(r.logprobs, outF[:p.n]...)
 		for i := range p.n * min(p.l.TopN, 1) {
@@ -408,13 +405,13 @@ func (r *runner) capture() error {
 			size = max(size, g.plan.Size)
 		}
 	}
-	// The prompts' steps, captured as they come, share the arena and their
-	// buffers: they hold the largest, MaxBatchTokens rows of MaxSeqs
-	// sequences.
+	// The prompts' steps, captured as they come, share the arena: it holds
+	// the largest, MaxBatchTokens rows of MaxSeqs sequences.
 	l := layout{S: r.e.opts.MaxSeqs, R: r.e.opts.MaxBatchTokens, W: r.e.width, TopN: kernels.MaxTopN, MaxLen: r.e.g.Cfg.Context}
-	r.prefillBufs = newBuffers(r.dev, l)
+	bufs := newBuffers(r.dev, l)
+	defer bufs.release()
 	a.StartTrace()
-	r.idle(l, &r.prefillBufs)
+	r.idle(l, &bufs)
 	trace, err := a.StopTrace()
 	if err != nil {
 		return fmt.Errorf("tracing a step of %d prompt rows: %w", l.R, err)
@@ -472,13 +469,15 @@ func (r *runner) capturePrefill(l layout, trace *memory.Trace, err error) *graph
 	if plan.Size > r.arena.Size() {
 		return nil
 	}
-	g := &graph{l: l, bufs: r.prefillBufs, plan: plan}
+	g := &graph{l: l, bufs: newBuffers(r.dev, l), plan: plan}
 	a, c := r.dev.Allocator(), r.dev.Backend().(kernels.Capturer)
 	if err := a.BeginPlanned(plan, r.arena); err != nil {
+		g.bufs.release()
 		return nil
 	}
 	if err := c.BeginCapture(); err != nil {
 		a.EndPlanned()
+		g.bufs.release()
 		return nil
 	}
 	var gr kernels.Graph
@@ -496,6 +495,7 @@ func (r *runner) capturePrefill(l layout, trace *memory.Trace, err error) *graph
 		if gr != nil {
 			gr.Release()
 		}
+		g.bufs.release()
 		return nil
 	}
 	g.g = gr
@@ -514,13 +514,10 @@ func (r *runner) release() {
 	for _, g := range r.prefills {
 		if g != nil {
 			g.g.Release()
+			g.bufs.release()
 		}
 	}
 	r.prefills = nil
-	if r.prefillBufs.in != nil {
-		r.prefillBufs.release()
-		r.prefillBufs = buffers{}
-	}
 	if r.arena != nil {
 		r.arena.Release()
 		r.arena = nil
