@@ -14,7 +14,6 @@ import (
 	"github.com/leangrad/leangrad/datasets"
 	"github.com/leangrad/leangrad/internal/testdev"
 	"github.com/leangrad/leangrad/kernels"
-	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/nn"
 	"github.com/leangrad/leangrad/tensor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -175,7 +174,6 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	var wg sync.WaitGroup
 	var generated atomic.Int64
 	phases := stepPhases(s.Engine())
-	free, _ := s.Engine().dev.MemInfo()
 	prof.StartProfile()
 	start := time.Now()
 	for i, j := range jobs {
@@ -202,16 +200,6 @@ func mixedLoad(b *testing.B, s *Server, prof kernels.Profiler) {
 	b.Logf("the engine's loop over %.0f steps: schedule %.1f ms, pack and launch %.1f, wait for the outputs %.1f, deliver %.1f",
 		after[0]-phases[0], 1e3*(after[1]-phases[1]), 1e3*(after[2]-phases[2]), 1e3*(after[3]-phases[3]), 1e3*(after[4]-phases[4]))
 	logOps(b, prof, wall, 24)
-	captured, eager := 0, 0
-	for _, g := range s.Engine().runner.prefills {
-		if g != nil {
-			captured++
-		} else {
-			eager++
-		}
-	}
-	nowFree, _ := s.Engine().dev.MemInfo()
-	b.Logf("the prompts' steps: %d layouts captured, %d eager; the device's free memory %s lower after the load", captured, eager, memory.Bytes(free-nowFree))
 }
 
 // stepPhases is e's steps and the seconds its loop spent in each phase of

@@ -109,12 +109,11 @@ type Engine struct {
 //  4. runs the step: on a GPU the decoding rows (a row a running sequence)
 //     replay the CUDA graph captured for their count rounded up to a power
 //     of two (padding rows write nowhere and read block 0), and the
-//     prompts' chunks replay the graph of their padded sizes behind them,
-//     captured the first time those sizes run (Note [prompts captured]);
-//     on the CPU both run as one eager forward. On a GPU the prompts'
-//     rows are padded to one of a few sizes (rowBucket) and their
-//     sequences to a power of two, and the warm-up runs each size once
-//     eagerly: a matrix product's algorithm is chosen by timing its
+//     prompts' chunks run eagerly behind them, their kernels launched while
+//     the graph runs; on the CPU both run as one eager forward. On a GPU
+//     an eager step's rows are padded to one of a few sizes (rowBucket)
+//     and its sequences to a power of two, and the warm-up runs each size
+//     once: a matrix product's algorithm is chosen by timing its
 //     candidates the first time its shape is seen, a wait for the device
 //     that ragged sizes would pay on almost every step. The sampler runs
 //     on the device and only the tokens and their log-probabilities come
@@ -190,7 +189,7 @@ func (e *Engine) Prepared() string {
 	per := e.g.KVBlockBytes(e.opts.DType, e.opts.BlockSize)
 	steps := fmt.Sprintf("decoding steps of up to %d sequences run eagerly", e.opts.MaxSeqs)
 	if len(e.runner.graphs) > 0 {
-		steps = fmt.Sprintf("decoding steps of %v sequences (with and without log-probabilities) captured as CUDA graphs over one arena of %s, the prompts' steps as their sizes first come",
+		steps = fmt.Sprintf("decoding steps of %v sequences (with and without log-probabilities) captured as CUDA graphs over one arena of %s",
 			buckets(e.opts.MaxSeqs), memory.Bytes(e.runner.arena.Size()))
 	}
 	if n := e.packed.Load(); n > 0 {

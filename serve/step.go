@@ -57,9 +57,7 @@ type graphKey struct {
 	top bool
 }
 
-// graph is a step of one layout captured over the arena: a decoding
-// step of a bucket's size, or the prompts' part of a step at its padded
-// sizes (prefillKey).
+// graph is a decoding step of a bucket's size captured over the arena.
 type graph struct {
 	l    layout
 	bufs buffers
@@ -67,30 +65,13 @@ type graph struct {
 	g    kernels.Graph
 }
 
-// prefillKey names the prompts' part of a step as it is padded: its
-// sequences and rows (bucket, rowBucket), and whether it finds each
-// sequence's most likely tokens.
-type prefillKey struct {
-	s, r int
-	top  bool
-}
-
-// maxPrefillGraphs bounds the prompts' steps captured: past it, a new
-// layout runs eagerly. The defaults' layouts are at most 522 (29 row
-// sizes to 2,048, 9 sequence counts to 256, with and without top tokens),
-// fewer as a step's sequences are at most its rows.
-const maxPrefillGraphs = 512
-
 // runner runs the engine's steps on the device (Note [continuous
 // batching], step 4) and holds the last step's outputs, by sequence.
 type runner struct {
 	e      *Engine
 	dev    *tensor.Device
 	graphs map[graphKey]*graph // batches of decoding rows, padded to a power of two
-	// prefills are the prompts' parts of steps, captured as each layout
-	// is first met (nil: it runs eagerly; Note [prompts captured]).
-	prefills map[prefillKey]*graph
-	arena    *memory.Arena
+	arena  *memory.Arena
 
 	in, out []int32 // a step's inputs and outputs on the host, as their buffers hold them
 	// The last step's outputs.
@@ -225,9 +206,8 @@ func (r *runner) body(l layout, bufs buffers) {
 // run runs the step w and leaves its outputs in r, by sequence in the
 // order of w.parts (a sequence's top tokens kernels.MaxTopN apart). On a
 // GPU the decoding rows replay the graph captured for their bucket, and
-// the prompts' chunks replay the graph of their padded sizes behind it,
-// captured the first time those sizes ran (Note [prompts captured]);
-// elsewhere both run as one eager forward.
+// the prompts' chunks run eagerly behind it, their kernels launched while
+// the graph runs; elsewhere both run as one eager forward.
 func (r *runner) run(w *work) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -268,43 +248,11 @@ func (r *runner) run(w *work) (err error) {
 		if r.e.pad {
 			l.S, l.R = max(l.S, bucket(l.S, r.e.opts.MaxSeqs)), rowBucket(l.R, r.e.opts.MaxBatchTokens)
 		}
-		key := prefillKey{l.S, l.R, topN > 0}
-		if g := r.prefills[key]; g != nil && l.S <= g.l.S && l.R <= g.l.R {
-			r.pack(eager, g.l)
-			be.Write(g.bufs.in.Buf(), int32Bytes(r.in))
-			if err := g.g.Launch(); err != nil {
-				return err
-			}
-			r.dev.Allocator().Replayed(r.arena)
-			parts = append(parts, part{g.l, g.bufs, len(eager.seqs)})
-		} else {
-			_, met := r.prefills[key]
-			capture := r.arena != nil && r.e.pad && !met && len(r.prefills) < maxPrefillGraphs
-			if capture { // as the graph will run: the whole context's bound, every top token a sequence can ask for
-				l.MaxLen = r.e.g.Cfg.Context
-				if topN > 0 {
-					l.TopN = kernels.MaxTopN
-				}
-			}
-			r.pack(eager, l)
-			bufs := buffers{tensor.FromInt32(r.dev, r.in, len(r.in)), tensor.Empty(r.dev, tensor.I32, l.outInts()+l.outFloats())}
-			defer bufs.release()
-			a := r.dev.Allocator()
-			if capture {
-				a.StartTrace()
-				defer func() {
-					if a.Tracing() { // the step failed
-						a.StopTrace()
-					}
-				}()
-			}
-			r.body(l, bufs)
-			parts = append(parts, part{l, bufs, len(eager.seqs)})
-			if capture {
-				trace, err := a.StopTrace()
-				r.prefills[key] = r.capturePrefill(l, trace, err)
-			}
-		}
+		r.pack(eager, l)
+		bufs := buffers{tensor.FromInt32(r.dev, r.in, len(r.in)), tensor.Empty(r.dev, tensor.I32, l.outInts()+l.outFloats())}
+		defer bufs.release()
+		r.body(l, bufs)
+		parts = append(parts, part{l, bufs, len(eager.seqs)})
 	}
 	r.launched = time.Now()
 	r.tokens, r.logprobs = r.tokens[:0], r.logprobs[:0]
@@ -405,19 +353,8 @@ func (r *runner) capture() error {
 			size = max(size, g.plan.Size)
 		}
 	}
-	// The prompts' steps, captured as they come, share the arena: it holds
-	// the largest, MaxBatchTokens rows of MaxSeqs sequences.
-	l := layout{S: r.e.opts.MaxSeqs, R: r.e.opts.MaxBatchTokens, W: r.e.width, TopN: kernels.MaxTopN, MaxLen: r.e.g.Cfg.Context}
-	bufs := newBuffers(r.dev, l)
-	defer bufs.release()
-	a.StartTrace()
-	r.idle(l, &bufs)
-	trace, err := a.StopTrace()
-	if err != nil {
-		return fmt.Errorf("tracing a step of %d prompt rows: %w", l.R, err)
-	}
-	size = max(size, memory.PlanTrace(trace, memory.DefaultPlanOptions).Size)
 	a.EmptyCache() // the eager steps' temporaries: planned steps never use them again
+	var err error
 	if r.arena, err = a.NewArena(size); err != nil {
 		return fmt.Errorf("the decoding steps' arena of %s: %w", memory.Bytes(size), err)
 	}
@@ -442,66 +379,6 @@ func (r *runner) capture() error {
 	return nil
 }
 
-// Note [prompts captured]: a step's prompt rows ran eagerly behind the
-// decoding graph, and their launches took longer than their kernels: on
-// an H100, GPT-2 small, 64 prompts of a shared 512 tokens and 16 of their
-// own, the eager steps that prefilled them took 3 to 4.5 ms, the device
-// waiting for the host 4.0 ms of the load's 47 (7a54301). Their sizes are
-// padded to few layouts (rowBucket, bucket), and every input of the
-// forward and the sampler is in the step's input buffer, positions and
-// block tables too, as for the decoding graphs: so the first step of a
-// layout runs eagerly, traced, and is captured then over the decoding
-// graphs' arena (sized at the warm-up for the largest layout, MaxSeqs
-// sequences of MaxBatchTokens rows), and the next steps of that layout
-// replay it. A layout whose plan does not fit, or whose capture fails,
-// stays eager.
-
-// capturePrefill captures the prompts' part of a step of layout l (its
-// sizes padded, MaxLen the whole context) from the trace of its eager run,
-// over the arena, for the next steps of that layout; nil where it cannot
-// be (the trace failed, its plan is larger than the arena, the capture
-// failed), and then the layout stays eager.
-func (r *runner) capturePrefill(l layout, trace *memory.Trace, err error) *graph {
-	if err != nil {
-		return nil
-	}
-	plan := memory.PlanTrace(trace, memory.DefaultPlanOptions)
-	if plan.Size > r.arena.Size() {
-		return nil
-	}
-	g := &graph{l: l, bufs: newBuffers(r.dev, l), plan: plan}
-	a, c := r.dev.Allocator(), r.dev.Backend().(kernels.Capturer)
-	if err := a.BeginPlanned(plan, r.arena); err != nil {
-		g.bufs.release()
-		return nil
-	}
-	if err := c.BeginCapture(); err != nil {
-		a.EndPlanned()
-		g.bufs.release()
-		return nil
-	}
-	var gr kernels.Graph
-	func() {
-		defer func() {
-			gr, err = c.EndCapture()
-			err = errors.Join(err, a.EndPlanned())
-			if p := recover(); p != nil {
-				err = errors.Join(err, tensor.AsError(p))
-			}
-		}()
-		r.body(l, g.bufs)
-	}()
-	if err != nil {
-		if gr != nil {
-			gr.Release()
-		}
-		g.bufs.release()
-		return nil
-	}
-	g.g = gr
-	return g
-}
-
 // release frees the graphs, their buffers and the arena.
 func (r *runner) release() {
 	for _, g := range r.graphs {
@@ -511,13 +388,6 @@ func (r *runner) release() {
 		g.bufs.release()
 	}
 	r.graphs = nil
-	for _, g := range r.prefills {
-		if g != nil {
-			g.g.Release()
-			g.bufs.release()
-		}
-	}
-	r.prefills = nil
 	if r.arena != nil {
 		r.arena.Release()
 		r.arena = nil

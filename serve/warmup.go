@@ -12,10 +12,9 @@ import (
 // workspace of the largest decoding step and of the largest prefill (over
 // a memory of one block), sizes and allocates the key-value memory from
 // what is left (EngineOptions.KVMemory), runs the eager steps' padded
-// sizes once where they are padded, and captures the decoding steps (and
-// sizes their arena for the prompts' steps, captured as they come).
+// sizes once where they are padded, and captures the decoding steps.
 func (e *Engine) warmUp() error {
-	e.runner = &runner{e: e, dev: e.dev, graphs: map[graphKey]*graph{}, prefills: map[prefillKey]*graph{}}
+	e.runner = &runner{e: e, dev: e.dev, graphs: map[graphKey]*graph{}}
 	work, err := e.workspace()
 	if err != nil {
 		return err
