@@ -15,6 +15,9 @@ import (
 // sizes once where they are padded, and captures the decoding steps.
 func (e *Engine) warmUp() error {
 	e.runner = &runner{e: e, dev: e.dev, graphs: map[graphKey]*graph{}}
+	if err := e.stepsFit(); err != nil {
+		return err
+	}
 	work, err := e.workspace()
 	if err != nil {
 		return err
@@ -40,6 +43,43 @@ func (e *Engine) warmUp() error {
 	}
 	e.m.gauges()
 	return nil
+}
+
+// stepsFit refuses, before anything is allocated for them, steps that
+// cannot fit in what is free: a decoding step of MaxSeqs sequences holds
+// at least their logits (MaxSeqs × Vocab F32 values) and its inputs, and
+// a prefill step of MaxBatchTokens rows at least their MLP's activations
+// (rows × 4·Width F32 values).
+func (e *Engine) stepsFit() error {
+	free := e.free()
+	cfg := e.g.Cfg
+	l := layout{S: 1, R: 1, W: e.width, TopN: kernels.MaxTopN} // a sequence's words, times MaxSeqs in float64
+	words := float64(l.ints() + l.floats() + l.outInts() + l.outFloats())
+	for _, c := range []struct {
+		what string
+		need float64 // bytes: float64, as a size past the int64s says too
+	}{
+		{fmt.Sprintf("a decoding step of %d sequences (MaxSeqs, serve's -max-seqs): their logits and inputs", e.opts.MaxSeqs),
+			4 * float64(e.opts.MaxSeqs) * (float64(cfg.Vocab) + words)},
+		{fmt.Sprintf("a step of %d prompt rows (MaxBatchTokens, serve's -max-batch-tokens): their MLP's activations", e.opts.MaxBatchTokens),
+			4 * float64(e.opts.MaxBatchTokens) * 4 * float64(cfg.Width)},
+	} {
+		if c.need > float64(free) {
+			return fmt.Errorf("%s alone take %s, and %s is free: %w", c.what, memory.Bytes(int64(min(c.need, 1<<62))), memory.Bytes(free), memory.ErrOutOfMemory)
+		}
+	}
+	return nil
+}
+
+// free is the memory free for the engine's device: the device's, within
+// the pool's limit.
+func (e *Engine) free() int64 {
+	free, _ := e.dev.MemInfo()
+	a := e.dev.Allocator()
+	if lim := a.Limit(); lim > 0 {
+		free = min(free, lim-a.Stats().Reserved[memory.All].Current)
+	}
+	return free
 }
 
 // workspace is the most the pool's allocated bytes rise in an eager step
@@ -83,12 +123,7 @@ func (e *Engine) workspace() (int64, error) {
 // Fewer blocks than one sequence of the whole context needs is an error.
 func (e *Engine) kvSize(work int64) (int, error) {
 	per := e.g.KVBlockBytes(e.opts.DType, e.opts.BlockSize)
-	a := e.dev.Allocator()
-	free, _ := e.dev.MemInfo()
-	if lim := a.Limit(); lim > 0 {
-		free = min(free, lim-a.Stats().Reserved[memory.All].Current)
-	}
-	avail := max(0, free-2*work)
+	avail := max(0, e.free()-2*work)
 	var want int64
 	switch b := e.opts.KVMemory; {
 	case b.Bytes > 0:

@@ -139,6 +139,8 @@ func TestServeMistakes(t *testing.T) {
 		{[]string{"-max-memory", "lots", gpt}, cmdenv.ExitUsage, "-max-memory"},
 		{[]string{"-device", "cpu", "-max-memory", "1MiB", gpt}, cmdenv.ExitNothingRan, "building gpt-mini: cpu out of memory"},
 		{[]string{"-device", "cpu", "-max-memory", "6MiB", "-kv-memory", "4MiB", "-max-seqs", "4", gpt}, cmdenv.ExitFailed, "under -max-memory 6.00 MiB: a GPT's steps take less with a lower -max-seqs or -max-batch-tokens"},
+		{[]string{"-device", "cpu", "-max-seqs", "100000000000", gpt}, cmdenv.ExitFailed, "a decoding step of 100000000000 sequences (MaxSeqs, serve's -max-seqs): their logits and inputs alone take"},
+		{[]string{"-device", "cpu", "-max-batch-tokens", "100000000000", gpt}, cmdenv.ExitFailed, "a step of 100000000000 prompt rows (MaxBatchTokens, serve's -max-batch-tokens): their MLP's activations alone take"},
 	} {
 		var o, e bytes.Buffer
 		cmd := serveCmd(tc.args...)
