@@ -47,22 +47,23 @@ func (e *Engine) warmUp() error {
 
 // stepsFit refuses, before anything is allocated for them, steps that
 // cannot fit in what is free: a decoding step of MaxSeqs sequences holds
-// at least their logits (MaxSeqs × Vocab F32 values) and its inputs, and
-// a prefill step of MaxBatchTokens rows at least their MLP's activations
-// (rows × 4·Width F32 values).
+// at least their logits (MaxSeqs × Vocab values of the engine's DType)
+// and its inputs (4-byte words), and a prefill step of MaxBatchTokens rows
+// at least their MLP's activations (rows × 4·Width values).
 func (e *Engine) stepsFit() error {
 	free := e.free()
 	cfg := e.g.Cfg
 	l := layout{S: 1, R: 1, W: e.width, TopN: kernels.MaxTopN} // a sequence's words, times MaxSeqs in float64
 	words := float64(l.ints() + l.floats() + l.outInts() + l.outFloats())
+	size := float64(e.opts.DType.Size())
 	for _, c := range []struct {
 		what string
 		need float64 // bytes: float64, as a size past the int64s says too
 	}{
 		{fmt.Sprintf("a decoding step of %d sequences (MaxSeqs, serve's -max-seqs): their logits and inputs", e.opts.MaxSeqs),
-			4 * float64(e.opts.MaxSeqs) * (float64(cfg.Vocab) + words)},
+			float64(e.opts.MaxSeqs) * (size*float64(cfg.Vocab) + 4*words)},
 		{fmt.Sprintf("a step of %d prompt rows (MaxBatchTokens, serve's -max-batch-tokens): their MLP's activations", e.opts.MaxBatchTokens),
-			4 * float64(e.opts.MaxBatchTokens) * 4 * float64(cfg.Width)},
+			size * float64(e.opts.MaxBatchTokens) * 4 * float64(cfg.Width)},
 	} {
 		if c.need > float64(free) {
 			return fmt.Errorf("%s alone take %s, and %s is free: %w", c.what, memory.Bytes(int64(min(c.need, 1<<62))), memory.Bytes(free), memory.ErrOutOfMemory)
