@@ -103,10 +103,15 @@ func (o *Offloader) joinStayed() {
 	o.stayed = nil
 }
 
-// Release gives back the host memory of the copies. The Offloader can be
-// used again: its next forward takes new memory.
+// Release gives back the host memory of the copies, once the device has
+// done the work queued so far, which may still copy to and from it (a
+// device that failed has none to do). The Offloader can be used again:
+// its next forward takes new memory.
 func (o *Offloader) Release() {
 	o.joinStayed()
+	if o.pc != nil && len(o.bufs) > 0 {
+		_ = o.dev.Synchronize() // a device that failed has no work left to finish
+	}
 	for k, h := range o.bufs {
 		h.Release()
 		delete(o.bufs, k)
