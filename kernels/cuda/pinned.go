@@ -115,7 +115,7 @@ type copyStreams struct {
 	written  bool    // a write was queued since the last JoinWrites
 
 	mu   sync.Mutex
-	free []uintptr // events of reads waited for
+	free []uintptr // events of reads waited for or joined
 }
 
 // copies returns the copy streams, making them at the first call (with
