@@ -311,6 +311,49 @@ func testOffloadedPlannedSteps(t *testing.T, dev *tensor.Device, host func() *te
 	}
 }
 
+// TestOffloaderFollowsMicroBatches: a step whose batch goes to
+// micro-batches (as a run's steps do after running out of memory) gives
+// back its Offloader's host memory for the whole batch's forwards: the
+// host pool then holds what a step that only ran those micro-batches
+// holds, less than the whole batch's.
+func TestOffloaderFollowsMicroBatches(t *testing.T) {
+	dev := tensor.CPU()
+	const context, vocab = 64, 64
+	xs, ys := gptBatches(dev, 2, context, vocab)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	run := func(whole bool) (before, after int64) {
+		_, _, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 4, Heads: 2, Width: 16, Vocab: vocab, Context: context}, 0, Eager, false, 0)
+		defer release()
+		s.Model.(*nn.GPT).SetCheckpoint(nn.CheckpointBlocks)
+		host := tensor.NewDevice(cpu.New())
+		s.Offloader = ag.NewOffloader(dev, host)
+		held := func() int64 { return host.Allocator().Stats().Allocated[memory.All].Current }
+		if whole {
+			if err := s.Run(xs[0], ys[0]); err != nil {
+				t.Fatal(err)
+			}
+			before = held()
+		}
+		if err := s.SetMicroBatch(1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Run(xs[1], ys[1]); err != nil {
+			t.Fatal(err)
+		}
+		if held() != s.Offloader.HostBytes() {
+			t.Errorf("the host pool holds %d bytes, the Offloader's copies %d", held(), s.Offloader.HostBytes())
+		}
+		return before, held()
+	}
+	whole, after := run(true)
+	_, micro := run(false)
+	t.Logf("host memory: %d bytes for whole batches, %d after going to micro-batches, %d for micro-batches alone", whole, after, micro)
+	if after != micro || micro >= whole {
+		t.Errorf("after going to micro-batches the host pool holds %d bytes, a step of micro-batches alone %d, of whole batches %d: want the second, below the third", after, micro, whole)
+	}
+}
+
 // TestOffloadedStepThatFailsLeavesNoTrace: a checkpointed GPT's step with
 // its checkpoints offloaded that runs out of memory at any of its
 // allocations (the copies brought back ahead of a recomputation among

@@ -529,8 +529,9 @@ func (s *Step) MicroBatch() int { return s.micro }
 // activations are a micro-batch's). Batch norm normalises each micro-batch
 // with its own statistics, as data-parallel training does per device, so
 // a ResNet's step is not bit-for-bit the whole batch's. Micro-batched steps
-// run eagerly: the planned arena and the captured graphs are given back.
-// n = 0 goes back to whole batches.
+// run eagerly: the planned arena and the captured graphs are given back,
+// and an Offloader's host memory for the forwards of the old size. n = 0
+// goes back to whole batches.
 func (s *Step) SetMicroBatch(n int) error {
 	if n < 0 {
 		panic(fmt.Sprintf("train: SetMicroBatch(%d)", n))
@@ -539,10 +540,14 @@ func (s *Step) SetMicroBatch(n int) error {
 		return nil
 	}
 	s.micro = n
-	if n == 0 {
-		return nil
+	var err error
+	if n > 0 {
+		err = s.FreeArena() // the whole batches' graphs
 	}
-	return s.FreeArena()
+	if s.Offloader != nil && err == nil { // the copies of the old size's forwards, which no graph holds now
+		s.Offloader.Release()
+	}
+	return err
 }
 
 // fallBack makes st run eagerly from now on, noting why.
