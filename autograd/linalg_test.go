@@ -257,6 +257,26 @@ func (c closingOps) ClassifierLossStoppable(p kernels.ClassifierParams, h, w, la
 	return c.Backend.ClassifierLossStoppable(p, h, w, labels, loss, right, dh, dw, stop)
 }
 
+func (c closingOps) AttentionStoppable(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-chan struct{}) bool {
+	*c.calls++
+	close(c.stop)
+	return c.Backend.AttentionStoppable(p, q, k, v, o, lse, stop)
+}
+
+// closingBackward is the CPU backend whose attention's backward closes
+// stop as it begins, and counts itself; its forward runs whole.
+type closingBackward struct {
+	*cpu.Backend
+	stop  chan struct{}
+	calls *int
+}
+
+func (c closingBackward) AttentionBackwardStoppable(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stop <-chan struct{}) bool {
+	*c.calls++
+	close(c.stop)
+	return c.Backend.AttentionBackwardStoppable(p, q, k, v, o, lse, do, dq, dk, dv, stop)
+}
+
 // TestOpsStopPartWay: inside Interruptible, a product or a classifier loss
 // whose stop closes while it runs panics with an error wrapping
 // ErrInterrupted that names its shapes, and leaves no tensor behind;
@@ -280,6 +300,9 @@ func TestOpsStopPartWay(t *testing.T) {
 			loss, right := ag.ClassifierLoss(in[0], in[1], in[2])
 			return []*tensor.Tensor{loss, right}
 		}},
+		{"causal attention", "causal attention of [2 40 24]", func(dev *tensor.Device) []*tensor.Tensor {
+			return []*tensor.Tensor{tensor.Randn(dev, tensor.F32, 0, 1, 2, 40, 24)}
+		}, func(in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{ag.CausalAttention(in[0], 2)} }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			calls := 0
@@ -300,6 +323,31 @@ func TestOpsStopPartWay(t *testing.T) {
 				t.Errorf("%d bytes allocated after it stopped, %d before", after, before)
 			}
 		})
+	}
+}
+
+// TestAttentionGradientStopsPartWay: inside Interruptible, causal
+// attention's backward whose stop closes as it begins fails with an error
+// wrapping ErrInterrupted that names its shape, and once the graph is
+// released the pool holds what it held before the forward.
+func TestAttentionGradientStopsPartWay(t *testing.T) {
+	calls := 0
+	stop := make(chan struct{})
+	dev := tensor.NewDevice(closingBackward{cpu.New(), stop, &calls})
+	qkv := tensor.Randn(dev, tensor.F32, 0, 1, 2, 40, 24).Keep().SetRequiresGrad(true)
+	defer qkv.Release()
+	before := dev.Allocator().Stats().Allocated[memory.All].Current
+	err := tensor.Catch(func() {
+		dev.Interruptible(stop, func() {
+			dev.WithScope(func() { ag.Backward(ag.SumAll(ag.CausalAttention(qkv, 2))) })
+		})
+	})
+	if !errors.Is(err, tensor.ErrInterrupted) || !strings.Contains(err.Error(), "gradient of causal attention of [2 40 24]") || calls != 1 {
+		t.Fatalf("stopped part way: %v (the stoppable backward ran %d times)", err, calls)
+	}
+	qkv.SetGrad(nil)
+	if after := dev.Allocator().Stats().Allocated[memory.All].Current; after != before {
+		t.Errorf("%d bytes allocated after the backward stopped, %d before", after, before)
 	}
 }
 

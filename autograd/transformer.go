@@ -162,7 +162,14 @@ func CausalAttention(qkv *T, heads int) *T {
 		y = tensor.Empty(dev, qkv.DType(), B, Tn, C)
 		lse = tensor.Empty(dev, tensor.F32, B*heads*Tn)
 		q, k, v := packed(qkv.Buf(), C)
-		be.Attention(p, q, k, v, y.Buf(), lse.Buf())
+		if sb, ok := be.(kernels.Stoppable); ok && dev.Stopping() != nil {
+			if !sb.AttentionStoppable(p, q, k, v, y.Buf(), lse.Buf(), dev.Stopping()) {
+				releaseAll(y, lse)
+				panic(fmt.Errorf("autograd: causal attention of %v stopped part way: %w", s, tensor.ErrInterrupted))
+			}
+		} else {
+			be.Attention(p, q, k, v, y.Buf(), lse.Buf())
+		}
 		keep(dev, y, lse)
 	}
 	rec := begin("causal_attention", qkv)
@@ -178,7 +185,14 @@ func CausalAttention(qkv *T, heads int) *T {
 		d := emptyLike(qkvSaved)
 		q, k, v := packed(qkvSaved.Buf(), C)
 		dq, dk, dv := packed(d.Buf(), C)
-		be.AttentionBackward(p, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv)
+		if sb, ok := be.(kernels.Stoppable); ok && dev.Stopping() != nil {
+			if !sb.AttentionBackwardStoppable(p, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv, dev.Stopping()) {
+				d.Release()
+				panic(fmt.Errorf("autograd: the gradient of causal attention of %v stopped part way: %w", s, tensor.ErrInterrupted))
+			}
+		} else {
+			be.AttentionBackward(p, q, k, v, ySaved.Buf(), lse.Buf(), gc.Buf(), dq, dk, dv)
+		}
 		return []*T{d}
 	})
 	return y

@@ -208,6 +208,8 @@ var Families = []Family{
 type Stoppable interface {
 	GemmStoppable(p GemmParams, e Epilogue, a, b, c Buf, stop <-chan struct{}) bool
 	ClassifierLossStoppable(p ClassifierParams, h, w, labels, loss, right, dh, dw Buf, stop <-chan struct{}) bool
+	AttentionStoppable(p AttentionParams, q, k, v, o, lse Buf, stop <-chan struct{}) bool
+	AttentionBackwardStoppable(p AttentionParams, q, k, v, o, lse, do, dq, dk, dv Buf, stop <-chan struct{}) bool
 }
 
 // Capturer is implemented by backends that can record the operations queued

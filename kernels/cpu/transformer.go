@@ -83,6 +83,31 @@ func (c *Backend) EmbeddingBackward(dtable, dy, ids kernels.Buf, n, vocab, dim i
 // one row of Tk values, computed, normalised and used at once.
 func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
 	kernels.CheckAttention("attention", p, q, k, v, o, lse)
+	attention(p, q, k, v, o, lse, nil)
+}
+
+// AttentionStoppable is Attention that stops part way once stop is closed
+// (see kernels.Stoppable): each batch and head looks at stop before each
+// query. It reports whether it ran whole; when it did not, o and lse are
+// partly written.
+func (c *Backend) AttentionStoppable(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-chan struct{}) bool {
+	kernels.CheckAttention("attention", p, q, k, v, o, lse)
+	attention(p, q, k, v, o, lse, stop)
+	return !isClosed(stop)
+}
+
+// isClosed reports whether stop is closed (never for nil).
+func isClosed(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// attention is Attention, stopping before a query once stop is closed.
+func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-chan struct{}) {
 	qv, kv, vv, ov, ls := valuesOf(q), valuesOf(k), valuesOf(v), valuesOf(o), f32s(lse)
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		s := make([]float32, p.Tk)
@@ -90,6 +115,9 @@ func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H
 			for i := 0; i < p.Tq; i++ {
+				if stop != nil && isClosed(stop) {
+					return
+				}
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*p.D, p.D, qb)
 				last := p.Tk - p.Tq + i // the last key this query sees
 				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, kv, vv, ov, b*p.OBatch+i*p.ORow+h*p.D,
@@ -178,11 +206,32 @@ func axpy(y []float32, w float32, x []float32) {
 // log-sum-exp: dv += p·do, ds = p·(do·v − do·o), dq = Scale·Σ ds·k,
 // dk += Scale·ds·q; each batch and head on its own, queries in order.
 func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
+	checkAttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+	attentionBackward(p, q, k, v, o, lse, do, dq, dk, dv, nil)
+}
+
+// AttentionBackwardStoppable is AttentionBackward that stops part way once
+// stop is closed (see kernels.Stoppable): each batch and head looks at
+// stop before each query. It reports whether it ran whole; when it did
+// not, the gradients are partly written.
+func (c *Backend) AttentionBackwardStoppable(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stop <-chan struct{}) bool {
+	checkAttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+	attentionBackward(p, q, k, v, o, lse, do, dq, dk, dv, stop)
+	return !isClosed(stop)
+}
+
+// checkAttentionBackward checks AttentionBackward's buffers.
+func checkAttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf) {
 	kernels.CheckAttention("attention backward", p, q, k, v, o, lse)
 	kernels.CheckAttention("attention backward gradients", p, dq, dk, dv, do, lse)
 	if p.Tq != p.Tk {
 		panic(fmt.Sprintf("cpu: attention backward of %d queries over %d keys: want as many", p.Tq, p.Tk))
 	}
+}
+
+// attentionBackward is AttentionBackward, stopping before a query once
+// stop is closed.
+func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stop <-chan struct{}) {
 	qv, kv, vv, ov, dov := valuesOf(q), valuesOf(k), valuesOf(v), valuesOf(o), valuesOf(do)
 	dqv, dkv, dvv, ls := valuesOf(dq), valuesOf(dk), valuesOf(dv), f32s(lse)
 	T, D := p.Tq, p.D
@@ -198,6 +247,9 @@ func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 			clear(dk32)
 			clear(dv32)
 			for i := 0; i < T; i++ {
+				if stop != nil && isClosed(stop) {
+					return
+				}
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*D, D, qb)
 				doi := dov.span(b*p.OBatch+i*p.ORow+h*D, D, dob)
 				oi := ov.span(b*p.OBatch+i*p.ORow+h*D, D, ob)

@@ -533,3 +533,47 @@ func randSlice(rng *rand.Rand, n int) []float32 {
 	}
 	return x
 }
+
+// TestAttentionStoppable: with its stop open, AttentionStoppable and
+// AttentionBackwardStoppable give Attention's and AttentionBackward's bits
+// and say they ran whole; with it closed, they stop before their first
+// query, say so, and leave their outputs unwritten (poisoned).
+func TestAttentionStoppable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 1))
+	const B, H, D, T = 2, 3, 8, 33
+	C := H * D
+	p := kernels.AttentionParams{B: B, H: H, D: D, Tq: T, Tk: T, Scale: float32(1 / math.Sqrt(D)),
+		QRow: C, KRow: C, VRow: C, ORow: C, QBatch: T * C, KBatch: T * C, VBatch: T * C, OBatch: T * C}
+	q, k, v, do := bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C))
+	shut := make(chan struct{})
+	close(shut)
+	for _, stop := range []chan struct{}{make(chan struct{}), shut} {
+		closed := stop == shut
+		o, lse := buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*H*T)
+		wo, wlse := buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*H*T)
+		be.Attention(p, q, k, v, wo, wlse)
+		if whole := be.AttentionStoppable(p, q, k, v, o, lse, stop); whole == closed {
+			t.Fatalf("AttentionStoppable with its stop closed %v: ran whole %v", closed, whole)
+		}
+		dq, dk, dv := buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*T*C)
+		wdq, wdk, wdv := buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*T*C), buf(t, kernels.F32, B*T*C)
+		be.AttentionBackward(p, q, k, v, wo, wlse, do, wdq, wdk, wdv)
+		if whole := be.AttentionBackwardStoppable(p, q, k, v, wo, wlse, do, dq, dk, dv, stop); whole == closed {
+			t.Fatalf("AttentionBackwardStoppable with its stop closed %v: ran whole %v", closed, whole)
+		}
+		if !closed {
+			sameBits(t, "attention", o, wo)
+			sameBits(t, "attention's log-sum-exps", lse, wlse)
+			sameBits(t, "attention's dq", dq, wdq)
+			sameBits(t, "attention's dk", dk, wdk)
+			continue
+		}
+		for name, b := range map[string]kernels.Buf{"output": o, "log-sum-exps": lse, "dq": dq} {
+			for i, x := range in(b) {
+				if x == x {
+					t.Fatalf("stopped attention's %s: element %d written (%v)", name, i, x)
+				}
+			}
+		}
+	}
+}
