@@ -92,22 +92,14 @@ func (c *Backend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.B
 // partly written.
 func (c *Backend) AttentionStoppable(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-chan struct{}) bool {
 	kernels.CheckAttention("attention", p, q, k, v, o, lse)
-	attention(p, q, k, v, o, lse, stop)
-	return !isClosed(stop)
+	st := c.mm.WithStop(stop)
+	attention(p, q, k, v, o, lse, st.Stopped)
+	return !st.Stopped()
 }
 
-// isClosed reports whether stop is closed (never for nil).
-func isClosed(stop <-chan struct{}) bool {
-	select {
-	case <-stop:
-		return true
-	default:
-		return false
-	}
-}
-
-// attention is Attention, stopping before a query once stop is closed.
-func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-chan struct{}) {
+// attention is Attention, stopping before a query once stopped (if not
+// nil) says so.
+func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stopped func() bool) {
 	qv, kv, vv, ov, ls := valuesOf(q), valuesOf(k), valuesOf(v), valuesOf(o), f32s(lse)
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		s := make([]float32, p.Tk)
@@ -115,7 +107,7 @@ func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stop <-ch
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H
 			for i := 0; i < p.Tq; i++ {
-				if stop != nil && isClosed(stop) {
+				if stopped != nil && stopped() {
 					return
 				}
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*p.D, p.D, qb)
@@ -216,8 +208,9 @@ func (c *Backend) AttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, 
 // not, the gradients are partly written.
 func (c *Backend) AttentionBackwardStoppable(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stop <-chan struct{}) bool {
 	checkAttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
-	attentionBackward(p, q, k, v, o, lse, do, dq, dk, dv, stop)
-	return !isClosed(stop)
+	st := c.mm.WithStop(stop)
+	attentionBackward(p, q, k, v, o, lse, do, dq, dk, dv, st.Stopped)
+	return !st.Stopped()
 }
 
 // checkAttentionBackward checks AttentionBackward's buffers.
@@ -230,8 +223,8 @@ func checkAttentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, 
 }
 
 // attentionBackward is AttentionBackward, stopping before a query once
-// stop is closed.
-func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stop <-chan struct{}) {
+// stopped (if not nil) says so.
+func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, dv kernels.Buf, stopped func() bool) {
 	qv, kv, vv, ov, dov := valuesOf(q), valuesOf(k), valuesOf(v), valuesOf(o), valuesOf(do)
 	dqv, dkv, dvv, ls := valuesOf(dq), valuesOf(dk), valuesOf(dv), f32s(lse)
 	T, D := p.Tq, p.D
@@ -247,7 +240,7 @@ func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, d
 			clear(dk32)
 			clear(dv32)
 			for i := 0; i < T; i++ {
-				if stop != nil && isClosed(stop) {
+				if stopped != nil && stopped() {
 					return
 				}
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*D, D, qb)
