@@ -230,7 +230,7 @@ func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, d
 	T, D := p.Tq, p.D
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		kh, vh, dk32, dv32 := make([]float32, T*D), make([]float32, T*D), make([]float32, T*D), make([]float32, T*D)
-		qb, dob, ob, dq32, ps := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, T)
+		qb, dob, ob, dq32 := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D)
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H
 			for j := 0; j < T; j++ {
@@ -246,28 +246,16 @@ func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, d
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*D, D, qb)
 				doi := dov.span(b*p.OBatch+i*p.ORow+h*D, D, dob)
 				oi := ov.span(b*p.OBatch+i*p.ORow+h*D, D, ob)
-				var di float32
-				for d, x := range doi {
-					di += x * oi[d]
-				}
+				di := dot(doi, oi)
 				l := ls[bh*T+i]
 				clear(dq32)
 				for j := 0; j <= i; j++ {
 					kj, vj := kh[j*D:(j+1)*D], vh[j*D:(j+1)*D]
-					var dot, dp float32
-					for d, x := range qi {
-						dot += x * kj[d]
-						dp += doi[d] * vj[d]
-					}
-					pij := expf(dot*p.Scale - l)
-					ps[j] = pij
-					ds := pij * (dp - di) * p.Scale
-					dvj, dkj := dv32[j*D:(j+1)*D], dk32[j*D:(j+1)*D]
-					for d := range D {
-						dvj[d] += pij * doi[d]
-						dkj[d] += ds * qi[d]
-						dq32[d] += ds * kj[d]
-					}
+					pij := expf(dot(qi, kj)*p.Scale - l) // the forward's score, to the bit
+					ds := pij * (dot(doi, vj) - di) * p.Scale
+					axpy(dv32[j*D:(j+1)*D], pij, doi)
+					axpy(dk32[j*D:(j+1)*D], ds, qi)
+					axpy(dq32, ds, kj)
 				}
 				at := b*p.QBatch + i*p.QRow + h*D
 				t := dqv.target(at, D, qb)
