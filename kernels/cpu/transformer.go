@@ -98,23 +98,31 @@ func (c *Backend) AttentionStoppable(p kernels.AttentionParams, q, k, v, o, lse 
 }
 
 // attention is Attention, stopping before a query once stopped (if not
-// nil) says so.
+// nil) says so. A head's keys and values are read once, into F32 rows of
+// their own, which every query then reads in place.
 func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stopped func() bool) {
 	qv, kv, vv, ov, ls := valuesOf(q), valuesOf(k), valuesOf(v), valuesOf(o), f32s(lse)
+	D := p.D
+	row := func(j int) int { return j * D }
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		s := make([]float32, p.Tk)
-		qb, kb, vb, ob := make([]float32, p.D), make([]float32, p.D), make([]float32, p.D), make([]float32, p.D)
+		kh, vh := make([]float32, p.Tk*D), make([]float32, p.Tk*D)
+		heads := values{f32: kh}
+		headv := values{f32: vh}
+		qb, kb, vb, ob := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D)
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H
+			for j := 0; j < p.Tk; j++ {
+				kv.read(kh[j*D:(j+1)*D], b*p.KBatch+j*p.KRow+h*D)
+				vv.read(vh[j*D:(j+1)*D], b*p.VBatch+j*p.VRow+h*D)
+			}
 			for i := 0; i < p.Tq; i++ {
 				if stopped != nil && stopped() {
 					return
 				}
-				qi := qv.span(b*p.QBatch+i*p.QRow+h*p.D, p.D, qb)
+				qi := qv.span(b*p.QBatch+i*p.QRow+h*D, D, qb)
 				last := p.Tk - p.Tq + i // the last key this query sees
-				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, kv, vv, ov, b*p.OBatch+i*p.ORow+h*p.D,
-					func(j int) int { return b*p.KBatch + j*p.KRow + h*p.D }, func(j int) int { return b*p.VBatch + j*p.VRow + h*p.D },
-					s, kb, vb, ob)
+				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, heads, headv, ov, b*p.OBatch+i*p.ORow+h*D, row, row, s, kb, vb, ob)
 			}
 		}
 	})

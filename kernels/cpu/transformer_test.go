@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -579,7 +580,8 @@ func TestAttentionStoppable(t *testing.T) {
 }
 
 // BenchmarkAttention times causal attention and its gradient on the CPU at
-// GPT-2 small's heads (12 of 64) over one sequence of 1,024 positions.
+// GPT-2 small's heads (12 of 64) over one sequence of 1,024 positions, in
+// F32 and in BF16 (autocast's).
 //
 //	go test ./kernels/cpu -run XXX -bench 'Attention$' -benchtime 5x
 func BenchmarkAttention(b *testing.B) {
@@ -588,17 +590,28 @@ func BenchmarkAttention(b *testing.B) {
 	C := H * D
 	p := kernels.AttentionParams{B: B, H: H, D: D, Tq: T, Tk: T, Scale: float32(1 / math.Sqrt(D)),
 		QRow: C, KRow: C, VRow: C, ORow: C, QBatch: T * C, KBatch: T * C, VBatch: T * C, OBatch: T * C}
-	q, k, v, do := bufOf(b, randVals(rng, B*T*C)), bufOf(b, randVals(rng, B*T*C)), bufOf(b, randVals(rng, B*T*C)), bufOf(b, randVals(rng, B*T*C))
-	o, lse := buf(b, kernels.F32, B*T*C), buf(b, kernels.F32, B*H*T)
-	dq, dk, dv := buf(b, kernels.F32, B*T*C), buf(b, kernels.F32, B*T*C), buf(b, kernels.F32, B*T*C)
-	b.Run("forward", func(b *testing.B) {
-		for range b.N {
-			be.Attention(p, q, k, v, o, lse)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		in := func() kernels.Buf {
+			f := bufOf(b, randVals(rng, B*T*C))
+			if dt == kernels.F32 {
+				return f
+			}
+			h := buf(b, dt, B*T*C)
+			be.Cast(h, f)
+			return h
 		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		for range b.N {
-			be.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
-		}
-	})
+		q, k, v, do, o := in(), in(), in(), in(), buf(b, dt, B*T*C)
+		lse := buf(b, kernels.F32, B*H*T)
+		dq, dk, dv := buf(b, dt, B*T*C), buf(b, dt, B*T*C), buf(b, dt, B*T*C)
+		b.Run(fmt.Sprint("forward-", dt), func(b *testing.B) {
+			for range b.N {
+				be.Attention(p, q, k, v, o, lse)
+			}
+		})
+		b.Run(fmt.Sprint("backward-", dt), func(b *testing.B) {
+			for range b.N {
+				be.AttentionBackward(p, q, k, v, o, lse, do, dq, dk, dv)
+			}
+		})
+	}
 }
