@@ -107,8 +107,7 @@ func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stopped f
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		s := make([]float32, p.Tk)
 		kh, vh := make([]float32, p.Tk*D), make([]float32, p.Tk*D)
-		heads := values{f32: kh}
-		headv := values{f32: vh}
+		keys, vals := values{f32: kh}, values{f32: vh} // the head's, read once
 		qb, kb, vb, ob := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D)
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H
@@ -122,7 +121,7 @@ func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stopped f
 				}
 				qi := qv.span(b*p.QBatch+i*p.QRow+h*D, D, qb)
 				last := p.Tk - p.Tq + i // the last key this query sees
-				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, heads, headv, ov, b*p.OBatch+i*p.ORow+h*D, row, row, s, kb, vb, ob)
+				ls[bh*p.Tq+i] = attendRow(qi, last+1, p.Scale, keys, vals, ov, b*p.OBatch+i*p.ORow+h*D, row, row, s, kb, vb, ob)
 			}
 		}
 	})
