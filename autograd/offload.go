@@ -361,11 +361,12 @@ func (c *offloaded) drop() {
 // Offloader's Forward moves each set to host memory as soon as the
 // function has run: the copies down start at once (on a GPU, on a copy
 // stream beside the kernels: Note [copies beside the stream] in kernels),
-// and the device's tensors are released once they are down, up to
-// inFlight checkpoints later, so that the forward seldom waits; one whose
-// storage is held elsewhere too when the next checkpoint begins (the first
-// block's input, the caller's) stays, and so do the sets of the forward's
-// last stayLast checkpoints, which the backward reads first.
+// and the device's tensors are released once the device's stream has
+// joined their copies, up to inFlight checkpoints later, so that the
+// forward seldom waits; one whose storage is held elsewhere too when the
+// next checkpoint begins (the first block's input, the caller's) stays,
+// and so do the sets of the forward's last stayLast checkpoints, which
+// the backward reads first.
 // In the backward, a checkpoint about to recompute waits for its set to be
 // up again and queues the copies up of the checkpoint before it, whose
 // recomputation a sequential model's backward runs next: the copies

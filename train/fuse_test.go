@@ -26,9 +26,7 @@ func TestFusedOptimizerMatchesAndSaves(t *testing.T) { testFusedOptimizer(t, ten
 
 func testFusedOptimizer(t *testing.T, dev *tensor.Device) {
 	const context, vocab = 16, 64
-	xs, ys := gptBatches(dev, 3, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 3, context, vocab)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		run := func(fused bool) (state [][]byte, peak, grads int64) {
 			g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 4, Heads: 4, Width: 256, Vocab: vocab, Context: context}, amp, Eager, fused, 0)
@@ -154,8 +152,12 @@ func TestFusedStepThatFailsSaysSo(t *testing.T) {
 }
 
 // gptBatches is n batches of 2 random token windows of context+1 tokens
-// below vocab: the inputs and their next tokens.
-func gptBatches(dev *tensor.Device, n, context, vocab int) (xs, ys []*tensor.Tensor) {
+// below vocab: the inputs and their next tokens, released when t ends.
+func gptBatches(t testing.TB, dev *tensor.Device, n, context, vocab int) (xs, ys []*tensor.Tensor) {
+	t.Cleanup(func() {
+		releaseAll(xs)
+		releaseAll(ys)
+	})
 	const batch = 2
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range n {
@@ -252,9 +254,7 @@ func runSteps(t *testing.T, s *Step, xs, ys []*tensor.Tensor) int64 {
 func TestFusedClippedStepMatches(t *testing.T) {
 	dev := tensor.CPU()
 	const context, vocab, clip = 16, 64, 0.05
-	xs, ys := gptBatches(dev, 3, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 3, context, vocab)
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		run := func(fused bool, clip float64) (state [][]byte, peak, grads int64, norm, loss float64) {
 			g, opt, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context, Dropout: 0.1}, amp, Eager, fused, clip)
@@ -300,9 +300,7 @@ func TestFusedPlannedStepsMatchEager(t *testing.T) { testFusedPlannedSteps(t, te
 // Captured on the GPU.
 func testFusedPlannedSteps(t *testing.T, dev *tensor.Device, planMode Mode) {
 	const context, vocab = 16, 64
-	xs, ys := gptBatches(dev, 6, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 6, context, vocab)
 	for _, c := range []struct {
 		name string
 		amp  tensor.DType

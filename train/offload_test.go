@@ -35,9 +35,7 @@ import (
 func TestOffloadedStepMatches(t *testing.T) {
 	dev := tensor.CPU()
 	const context, vocab = 16, 64
-	xs, ys := gptBatches(dev, 3, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 3, context, vocab)
 	for _, c := range []struct {
 		amp   tensor.DType
 		clip  float64
@@ -173,9 +171,7 @@ func f32sOf(b []byte) []float32 {
 func TestOffloadedActivationsMatch(t *testing.T) {
 	dev := tensor.CPU()
 	const layers, context, vocab = 6, 256, 64
-	xs, ys := gptBatches(dev, 3, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 3, context, vocab)
 	for _, c := range []struct {
 		amp   tensor.DType
 		first int // the blocks checkpointed (0: all)
@@ -267,9 +263,7 @@ func TestOffloadedPlannedStepsMatchEager(t *testing.T) {
 // that host makes, with planMode: Planned on the CPU, Captured on the GPU.
 func testOffloadedPlannedSteps(t *testing.T, dev *tensor.Device, host func() *tensor.Device, planMode Mode) {
 	const context, vocab = 256, 64
-	xs, ys := gptBatches(dev, 3, context, vocab) // a warm-up, a traced step and a planned one
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 3, context, vocab) // a warm-up, a traced step and a planned one
 	for _, amp := range []tensor.DType{0, tensor.BF16} {
 		t.Run(fmt.Sprint(amp), func(t *testing.T) {
 			type result struct {
@@ -319,9 +313,7 @@ func testOffloadedPlannedSteps(t *testing.T, dev *tensor.Device, host func() *te
 func TestOffloaderFollowsMicroBatches(t *testing.T) {
 	dev := tensor.CPU()
 	const context, vocab = 64, 64
-	xs, ys := gptBatches(dev, 2, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 2, context, vocab)
 	run := func(whole bool) (before, after int64) {
 		_, _, s, release := gptStep(t, dev, nn.GPTConfig{Layers: 4, Heads: 2, Width: 16, Vocab: vocab, Context: context}, 0, Eager, false, 0)
 		defer release()
@@ -364,9 +356,7 @@ func TestOffloadedStepThatFailsLeavesNoTrace(t *testing.T) {
 	const context, vocab = 16, 64
 	run := func(faulty bool) [][]byte {
 		dev, src := faultyDevice(true)
-		xs, ys := gptBatches(dev, 2, context, vocab)
-		defer releaseAll(xs)
-		defer releaseAll(ys)
+		xs, ys := gptBatches(t, dev, 2, context, vocab)
 		g := seededGPT(t, dev, nn.GPTConfig{Layers: 4, Heads: 2, Width: 32, Vocab: vocab, Context: context}) // the last two blocks' sets stay on the device
 		defer nn.Release(g)
 		g.SetCheckpoint(nn.CheckpointBlocks)
@@ -423,9 +413,7 @@ func TestOffloadedBF16WeightsFollowF32(t *testing.T) {
 // dev, the masters and state on host.
 func testBF16Weights(t *testing.T, dev, host *tensor.Device) {
 	const context, vocab = 16, 64
-	xs, ys := gptBatches(dev, 4, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 4, context, vocab)
 	shape := nn.GPTConfig{Layers: 2, Heads: 4, Width: 128, Vocab: vocab, Context: context}
 	for _, clip := range []float64{0, 0.05} {
 		run := func(dt tensor.DType) (weights []float32, loss float32, paramBytes int64) {
@@ -512,9 +500,7 @@ func testBF16Weights(t *testing.T, dev, host *tensor.Device) {
 func TestBF16WeightsCheckpoint(t *testing.T) {
 	dev := testdev.FakeGPU()
 	const context, vocab = 16, 64
-	xs, ys := gptBatches(dev, 4, context, vocab)
-	defer releaseAll(xs)
-	defer releaseAll(ys)
+	xs, ys := gptBatches(t, dev, 4, context, vocab)
 	shape := nn.GPTConfig{Layers: 2, Heads: 4, Width: 64, Vocab: vocab, Context: context}
 	cfg := Config{Model: "gpt", Optimizer: "adamw", LR: 1e-2, WeightDecay: 0.1, ClipNorm: 1, Schedule: "constant", Epochs: 1, Batch: 2,
 		AMP: AMPBF16, OffloadOptimizer: true, BF16Weights: true}

@@ -106,7 +106,9 @@ func attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf, stopped f
 	row := func(j int) int { return j * D }
 	parallel(p.B*p.H, 1, func(lo, hi int) {
 		s := make([]float32, p.Tk)
-		kh, vh := make([]float32, p.Tk*D), make([]float32, p.Tk*D)
+		kh, vh := getScratch(p.Tk*D), getScratch(p.Tk*D)
+		defer putScratch(kh)
+		defer putScratch(vh)
 		keys, vals := values{f32: kh}, values{f32: vh} // the head's, read once
 		qb, kb, vb, ob := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D)
 		for bh := lo; bh < hi; bh++ {
@@ -236,7 +238,10 @@ func attentionBackward(p kernels.AttentionParams, q, k, v, o, lse, do, dq, dk, d
 	dqv, dkv, dvv, ls := valuesOf(dq), valuesOf(dk), valuesOf(dv), f32s(lse)
 	T, D := p.Tq, p.D
 	parallel(p.B*p.H, 1, func(lo, hi int) {
-		kh, vh, dk32, dv32 := make([]float32, T*D), make([]float32, T*D), make([]float32, T*D), make([]float32, T*D)
+		kh, vh, dk32, dv32 := getScratch(T*D), getScratch(T*D), getScratch(T*D), getScratch(T*D) // each written whole, or cleared, a head
+		for _, b := range [][]float32{kh, vh, dk32, dv32} {
+			defer putScratch(b)
+		}
 		qb, dob, ob, dq32 := make([]float32, D), make([]float32, D), make([]float32, D), make([]float32, D)
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/p.H, bh%p.H

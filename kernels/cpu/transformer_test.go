@@ -178,6 +178,15 @@ func attentionRef(q, k, v []float64, B, H, D, Tq, Tk int, scale float64) []float
 	return o
 }
 
+// attentionParams is attention over B batches of H heads of D values,
+// Tq queries and Tk keys in rows of their own (not packed), scaled by
+// 1/√D.
+func attentionParams(B, H, D, Tq, Tk int) kernels.AttentionParams {
+	C := H * D
+	return kernels.AttentionParams{B: B, H: H, D: D, Tq: Tq, Tk: Tk, Scale: float32(1 / math.Sqrt(float64(D))),
+		QRow: C, KRow: C, VRow: C, ORow: C, QBatch: Tq * C, KBatch: Tk * C, VBatch: Tk * C, OBatch: Tq * C}
+}
+
 func TestAttention(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 1))
 	for _, c := range []struct{ B, H, D, Tq, Tk int }{{1, 1, 4, 5, 5}, {2, 3, 8, 7, 7}, {2, 2, 4, 1, 6}, {1, 2, 5, 3, 9}} {
@@ -185,8 +194,7 @@ func TestAttention(t *testing.T) {
 		q, k, v := randVals(rng, B*Tq*H*D), randVals(rng, B*Tk*H*D), randVals(rng, B*Tk*H*D)
 		scale := 1 / math.Sqrt(float64(D))
 		C := H * D
-		p := kernels.AttentionParams{B: B, H: H, D: D, Tq: Tq, Tk: Tk, Scale: float32(scale),
-			QRow: C, KRow: C, VRow: C, ORow: C, QBatch: Tq * C, KBatch: Tk * C, VBatch: Tk * C, OBatch: Tq * C}
+		p := attentionParams(B, H, D, Tq, Tk)
 		o, lse := buf(t, kernels.F32, B*Tq*C), buf(t, kernels.F32, B*H*Tq)
 		qb, kb, vb := bufOf(t, q), bufOf(t, k), bufOf(t, v)
 		be.Attention(p, qb, kb, vb, o, lse)
@@ -543,8 +551,7 @@ func TestAttentionStoppable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(15, 1))
 	const B, H, D, T = 2, 3, 8, 33
 	C := H * D
-	p := kernels.AttentionParams{B: B, H: H, D: D, Tq: T, Tk: T, Scale: float32(1 / math.Sqrt(D)),
-		QRow: C, KRow: C, VRow: C, ORow: C, QBatch: T * C, KBatch: T * C, VBatch: T * C, OBatch: T * C}
+	p := attentionParams(B, H, D, T, T)
 	q, k, v, do := bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C)), bufOf(t, randVals(rng, B*T*C))
 	shut := make(chan struct{})
 	close(shut)
@@ -588,8 +595,7 @@ func BenchmarkAttention(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	const B, H, D, T = 1, 12, 64, 1024
 	C := H * D
-	p := kernels.AttentionParams{B: B, H: H, D: D, Tq: T, Tk: T, Scale: float32(1 / math.Sqrt(D)),
-		QRow: C, KRow: C, VRow: C, ORow: C, QBatch: T * C, KBatch: T * C, VBatch: T * C, OBatch: T * C}
+	p := attentionParams(B, H, D, T, T)
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		in := func() kernels.Buf {
 			f := bufOf(b, randVals(rng, B*T*C))
