@@ -1025,6 +1025,129 @@ func TestUnread(t *testing.T) {
 	}
 }
 
+// gemmCounter counts the backend's matrix products, with and without
+// epilogues.
+type gemmCounter struct {
+	kernels.Backend
+	n int
+}
+
+func (c *gemmCounter) Gemm(p kernels.GemmParams, a, b, out kernels.Buf) {
+	c.n++
+	c.Backend.Gemm(p, a, b, out)
+}
+
+func (c *gemmCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
+	c.n++
+	c.Backend.GemmEpilogue(p, e, a, b, out)
+}
+
+// TestCheckpointLight: a light checkpoint keeps the results of the
+// Keepable products of its function (Linear, and AddLinear with its
+// residual) and runs neither again; a plain checkpoint keeps none and
+// recomputes both; the gradients of all three are the unchecked
+// function's bit for bit, in F32 and under BF16 autocast; what the light
+// one holds between forward and backward beyond the plain one's is exactly
+// the two products' results; and a recomputation that runs another product
+// where one was kept panics naming both shapes.
+func TestCheckpointLight(t *testing.T) {
+	const n, in, hid = 6, 8, 16
+	for _, amp := range []tensor.DType{0, tensor.BF16} {
+		name := "f32"
+		if amp != 0 {
+			name = amp.String() + " autocast"
+		}
+		t.Run(name, func(t *testing.T) {
+			gc := &gemmCounter{Backend: cpu.New()}
+			dev := tensor.NewDevice(gc)
+			dev.Generator().Seed(5)
+			param := func(shape ...int) *tensor.Tensor {
+				return tensor.Randn(dev, tensor.F32, 0, 0.5, shape...).Keep().SetRequiresGrad(true)
+			}
+			x, w1, b1, w2, b2 := param(n, in), param(hid, in), param(hid), param(in, hid), param(in)
+			params := []*tensor.Tensor{x, w1, b1, w2, b2}
+			defer releaseAll(params...)
+			// fn is x + (h·h)·w2ᵀ + b2 squared, h = x·w1ᵀ + b1: both
+			// products keepable, each result read by a later op's backward.
+			fn := func(in []*tensor.Tensor) *tensor.Tensor {
+				d := ag.ModeOf(in[0])
+				h := ag.Keepable(d, func() *tensor.Tensor { return ag.Linear(in[0], w1, b1) })
+				a := ag.Mul(h, h)
+				h.Release()
+				y := ag.Keepable(d, func() *tensor.Tensor { return ag.AddLinear(in[0], a, w2, b2) })
+				a.Release()
+				defer y.Release()
+				return ag.Mul(y, y)
+			}
+			type result struct {
+				grads    [][]float32
+				products int   // in the backward
+				held     int64 // between the forward and the backward
+			}
+			run := func(checkpoint func(func([]*tensor.Tensor) *tensor.Tensor, ...*tensor.Tensor) *tensor.Tensor) (r result) {
+				dev.WithScope(func() {
+					before := allocated(dev)
+					var out *tensor.Tensor
+					forward := func() { out = fn([]*tensor.Tensor{x}) }
+					if checkpoint != nil {
+						forward = func() { out = checkpoint(fn, x) }
+					}
+					if amp != 0 {
+						ag.Autocast(dev, amp, forward)
+					} else {
+						forward()
+					}
+					r.held = allocated(dev) - before - out.Block().Size()
+					gc.n = 0
+					ag.Backward(ag.SumAll(out))
+					r.products = gc.n
+				})
+				for _, p := range params {
+					r.grads = append(r.grads, p.Grad().Float32s())
+					p.SetGrad(nil)
+				}
+				return r
+			}
+			plain, full, light := run(nil), run(ag.Checkpoint), run(ag.CheckpointLight)
+			for i := range plain.grads {
+				if !slices.Equal(full.grads[i], plain.grads[i]) || !slices.Equal(light.grads[i], plain.grads[i]) {
+					t.Errorf("gradient %d: checkpointed %v, lightly %v, unchecked %v", i, full.grads[i], light.grads[i], plain.grads[i])
+				}
+			}
+			if full.products != plain.products+2 || light.products != plain.products {
+				t.Errorf("backward products: %d unchecked, %d checkpointed, %d lightly: want the checkpoint's two more, the light one's none", plain.products, full.products, light.products)
+			}
+			dt := tensor.F32
+			if amp != 0 {
+				dt = amp
+			}
+			// h in the products' dtype, y in its residual's (F32).
+			want := memory.RoundSize(int64(n*hid*dt.Size())) + memory.RoundSize(int64(n*in*4))
+			if got := light.held - full.held; got != want {
+				t.Errorf("the light checkpoint holds %d bytes more than the plain one between forward and backward, want %d (its two products' results)", got, want)
+			}
+		})
+	}
+	t.Run("another product in the recomputation", func(t *testing.T) {
+		dev := tensor.CPU()
+		x := tensor.Randn(dev, tensor.F32, 0, 1, 3, 4).Keep().SetRequiresGrad(true)
+		w := tensor.Randn(dev, tensor.F32, 0, 1, 5, 4).Keep().SetRequiresGrad(true)
+		v := tensor.Randn(dev, tensor.F32, 0, 1, 2, 4).Keep().SetRequiresGrad(true)
+		defer releaseAll(x, w, v)
+		runs := 0
+		dev.WithScope(func() {
+			y := ag.CheckpointLight(func(in []*tensor.Tensor) *tensor.Tensor {
+				runs++
+				if runs > 1 {
+					w = v
+				}
+				return ag.Keepable(ag.ModeOf(in[0]), func() *tensor.Tensor { return ag.Linear(in[0], w, nil) })
+			}, x)
+			expectPanic(t, "found a kept f32 [3 5]", func() { ag.Backward(ag.SumAll(y)) })
+		})
+	})
+}
+
 // TestCheckpointFreesItsOutputAndGradient: a checkpoint's recomputation
 // frees the function's output and its gradient after the function's last
 // op, and copies neither: Backward of exp(exp(x)) checkpointed holds at

@@ -2,6 +2,7 @@ package autograd
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/tensor"
@@ -185,7 +186,20 @@ func linear(r, x, w, b *T) *T {
 	xType := x.DType()
 	checkResidual("linear", r, b, xs[0], ws[0], xType)
 	var y *T
+	yType := xType
+	if r != nil {
+		yType = r.DType()
+	}
+	keeps := keepsProducts(dev)
+	if keeps {
+		if k := recall(dev, 1); k != nil { // a light checkpoint's recomputation (Note [light checkpoints])
+			if y = k[0]; !slices.Equal(y.Shape(), []int{xs[0], ws[0]}) || y.DType() != yType {
+				panic(fmt.Sprintf("autograd: a light checkpoint's recomputation of a %v product of %v found a kept %v %v: it must run the same ops", yType, xs, y.DType(), y.Shape()))
+			}
+		}
+	}
 	switch {
+	case y != nil:
 	case r != nil:
 		e := kernels.Epilogue{Residual: r.Buf()}
 		if b != nil {
@@ -199,6 +213,9 @@ func linear(r, x, w, b *T) *T {
 		if b != nil {
 			addBias(y, b, b.Shape())
 		}
+	}
+	if keeps {
+		keep(dev, y)
 	}
 	name := "linear"
 	if r != nil {

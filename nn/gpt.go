@@ -177,7 +177,7 @@ type GPTBlock struct {
 func (b *GPTBlock) attention(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
 	h := then(b.LN1.ForProduct(x), func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
-	h = then(h, b.Attn.Forward)
+	h = then(h, func(h *T) *T { return ag.Keepable(ag.ModeOf(h), func() *T { return b.Attn.Forward(h) }) })
 	h = then(h, func(h *T) *T { return ag.Reshape(h, B, Tn, 3*C) })
 	h = then(h, func(h *T) *T { return ag.CausalAttention(h, b.Heads) })
 	return then(h, func(h *T) *T { return ag.Reshape(h, B*Tn, C) })
@@ -194,10 +194,11 @@ func (b *GPTBlock) dropping() bool { return b.Drop != nil && b.Drop.Training && 
 // addProjected is x + c_proj(a): the residual added in the product's
 // epilogue (ag.AddLinear), or after the dropout of the projection.
 func (b *GPTBlock) addProjected(x, a *T) *T {
+	dev := ag.ModeOf(x, a)
 	if !b.dropping() {
-		return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias)
+		return ag.Keepable(dev, func() *T { return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias) })
 	}
-	m := then(b.AttnProj.Forward(a), b.Drop.Forward)
+	m := then(ag.Keepable(dev, func() *T { return b.AttnProj.Forward(a) }), b.Drop.Forward)
 	defer m.Release()
 	return ag.Add(x, m)
 }
@@ -216,7 +217,9 @@ func (b *GPTBlock) addFeedForward(x, h *T) *T {
 // Forward computes the block for x of B×T×Width: x + c_proj(attention),
 // then that + the MLP of its ln_2, each residual added in its product's
 // epilogue when no dropout comes between them. A checkpoint's recomputation of the block skips the MLP's
-// output product, which only makes the block's result (autograd.Unread).
+// output product, which only makes the block's result (autograd.Unread);
+// a light one skips c_attn's and c_proj's too, whose results it keeps
+// (autograd.Keepable).
 func (b *GPTBlock) Forward(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
 	a := b.attention(x)
@@ -319,11 +322,12 @@ func NewGPT(dev *tensor.Device, cfg GPTConfig) (*GPT, error) {
 	return g, nil
 }
 
-// SetCheckpoint chooses what the forward checkpoints: every block, ⌈√n⌉
-// segments of blocks, or nothing.
+// SetCheckpoint chooses what the forward checkpoints: every block (lightly
+// or not), ⌈√n⌉ segments of blocks, or nothing.
 func (g *GPT) SetCheckpoint(c CheckpointMode) { g.Checkpoint = c }
 
-// SetCheckpointed makes CheckpointBlocks checkpoint the first k blocks only.
+// SetCheckpointed makes CheckpointBlocks (or CheckpointLight) checkpoint
+// the first k blocks only.
 func (g *GPT) SetCheckpointed(k int) { g.Checkpointed = checkedFirst(k, len(g.Blocks)) }
 
 // Checkpointable is the number of transformer blocks.
@@ -434,18 +438,23 @@ func (g *GPT) SetTraining(on bool) {
 func (g *GPT) releaseOwned() { g.positions.Release() }
 
 // forwardSegments runs modules in order, checkpointed as mode and first
-// say (each module, or only the first `first`; segments of ⌈√n⌉; or none:
-// checkpointSpans), releasing the intermediates.
+// say (each module, or only the first `first`, lightly under
+// CheckpointLight; segments of ⌈√n⌉; or none: checkpointSpans), releasing
+// the intermediates.
 func forwardSegments(mods []Module, mode CheckpointMode, first int, x *T) *T {
 	h := ag.Identity(x) // a new handle, the graph unbroken
 	spans, checkpointed := checkpointSpans(mode, first, len(mods), 0, nil)
+	checkpoint := ag.Checkpoint
+	if mode == CheckpointLight {
+		checkpoint = ag.CheckpointLight
+	}
 	for i, sp := range spans {
 		seg := mods[sp[0]:sp[1]]
 		if i >= checkpointed {
 			h = then(h, func(h *T) *T { return forwardAll(seg, h) })
 			continue
 		}
-		h = then(h, func(h *T) *T { return ag.Checkpoint(func(in []*T) *T { return forwardAll(seg, in[0]) }, h) })
+		h = then(h, func(h *T) *T { return checkpoint(func(in []*T) *T { return forwardAll(seg, in[0]) }, h) })
 	}
 	return h
 }

@@ -233,7 +233,7 @@ func testGPTMatchesReference(t *testing.T, dev *tensor.Device) {
 }
 
 // TestGPTCheckpointedMatchesPlain: checkpointed blocks (all, or the first
-// of them) and √n segments give the same loss and gradients as keeping
+// of them; lightly or not) and √n segments give the same loss and gradients as keeping
 // every activation, with dropout (its masks drawn again in the
 // recomputation) and without.
 func TestGPTCheckpointedMatchesPlain(t *testing.T) {
@@ -268,7 +268,7 @@ func testGPTCheckpointedMatchesPlain(t *testing.T, p float32) {
 	for _, tc := range []struct {
 		mode  CheckpointMode
 		first int
-	}{{CheckpointBlocks, 0}, {CheckpointBlocks, 1}, {CheckpointSqrt, 0}} {
+	}{{CheckpointBlocks, 0}, {CheckpointBlocks, 1}, {CheckpointSqrt, 0}, {CheckpointLight, 0}, {CheckpointLight, 1}} {
 		l, gs := run(tc.mode, tc.first)
 		if l != l0 {
 			t.Errorf("dropout %v, %v (first %d): loss %v, plain %v", p, tc.mode, tc.first, l, l0)
@@ -470,8 +470,10 @@ func (c *countingBackend) AttentionBackward(p kernels.AttentionParams, q, k, v, 
 // each block's attention forward once, not again in the recomputation
 // (Note [what a checkpoint keeps]), and recomputes every forward product
 // but the MLP output product of each checkpoint's last block (Note [what a
-// recomputation skips]). It leaves what the plain step leaves allocated
-// (the parameters and their gradients), the same after a second step.
+// recomputation skips]), and a light checkpoint only c_fc's (Note [light
+// checkpoints] in package autograd). It leaves what the plain step leaves
+// allocated (the parameters and their gradients), the same after a second
+// step; the peaks are in the order of what each keeps.
 func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 	cb := &countingBackend{Backend: cpu.New()}
 	dev := tensor.NewDevice(cb)
@@ -479,10 +481,11 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
 	var plain int64
 	var plainProducts int
+	peaks := map[CheckpointMode]int64{}
 	for _, tc := range []struct {
-		mode     CheckpointMode
-		segments int // of the 2 blocks
-	}{{NoCheckpoint, 0}, {CheckpointBlocks, 2}, {CheckpointSqrt, 1}} {
+		mode       CheckpointMode
+		recomputed int // products of the 2 blocks' 8
+	}{{NoCheckpoint, 0}, {CheckpointBlocks, 8 - 2}, {CheckpointSqrt, 8 - 1}, {CheckpointLight, 2}} {
 		g := tinyGPT(t, dev, 9)
 		g.SetCheckpoint(tc.mode)
 		if layers := len(g.Blocks); layers != 2 {
@@ -490,6 +493,7 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 		}
 		for step := range 2 {
 			cb.forward, cb.backward, cb.products = 0, 0, 0
+			dev.Allocator().WindowPeak()
 			dev.WithScope(func() {
 				loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
 				ag.Backward(loss)
@@ -497,6 +501,7 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 			if layers := len(g.Blocks); cb.forward != layers || cb.backward != layers {
 				t.Errorf("%v: %d attention forwards and %d backwards for %d blocks, want one each", tc.mode, cb.forward, cb.backward, layers)
 			}
+			peaks[tc.mode], _ = dev.Allocator().WindowPeak()
 			got := dev.Allocator().Stats().Allocated[0].Current
 			if tc.mode == NoCheckpoint && step == 0 {
 				plain, plainProducts = got, cb.products
@@ -504,12 +509,14 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 			if got != plain {
 				t.Errorf("%v, step %d: %d bytes allocated after the step, the plain step %d", tc.mode, step, got, plain)
 			}
-			// Four forward products a block, less one a checkpoint.
-			if want := plainProducts + 4*len(g.Blocks) - tc.segments; tc.mode != NoCheckpoint && cb.products != want {
+			if want := plainProducts + tc.recomputed; tc.mode != NoCheckpoint && cb.products != want {
 				t.Errorf("%v, step %d: %d products, want %d (the plain step's %d and the recomputed ones)", tc.mode, step, cb.products, want, plainProducts)
 			}
 		}
 		Release(g)
+	}
+	if b, l, n := peaks[CheckpointBlocks], peaks[CheckpointLight], peaks[NoCheckpoint]; !(b < l && l < n) {
+		t.Errorf("peaks: %d bytes checkpointing blocks, %d lightly, %d with none: want them rising", b, l, n)
 	}
 }
 

@@ -94,6 +94,10 @@ const (
 	NoCheckpoint     CheckpointMode = iota
 	CheckpointBlocks                // every residual block
 	CheckpointSqrt                  // segments of consecutive blocks, their number growing as √n (Note [checkpoint segments by size])
+	// CheckpointLight checkpoints every block keeping its products'
+	// results too, recomputing only the rest (a GPT's; Note [light
+	// checkpoints] in package autograd).
+	CheckpointLight
 )
 
 // String is the mode's name, as ParseCheckpointMode reads it.
@@ -105,6 +109,8 @@ func (c CheckpointMode) String() string {
 		return "blocks"
 	case CheckpointSqrt:
 		return "sqrt"
+	case CheckpointLight:
+		return "light"
 	}
 	return fmt.Sprintf("CheckpointMode(%d)", int(c))
 }
@@ -114,10 +120,10 @@ func (c CheckpointMode) String() string {
 // activations (ResNet, GPT).
 type Checkpointer interface {
 	SetCheckpoint(CheckpointMode)
-	// SetCheckpointed makes CheckpointBlocks checkpoint only the first k
-	// blocks, the rest keeping their activations (0: every block; Note
-	// [checkpointing some blocks]). It panics for k outside 0 to
-	// Checkpointable().
+	// SetCheckpointed makes CheckpointBlocks (and CheckpointLight)
+	// checkpoint only the first k blocks, the rest keeping their
+	// activations (0: every block; Note [checkpointing some blocks]). It
+	// panics for k outside 0 to Checkpointable().
 	SetCheckpointed(k int)
 	// Checkpointable is the number of blocks checkpointing recomputes.
 	Checkpointable() int
@@ -137,9 +143,9 @@ type ChannelsLaster interface {
 }
 
 // CheckpointModes names the modes, for messages and -h.
-const CheckpointModes = "none, blocks or sqrt"
+const CheckpointModes = "none, blocks, light or sqrt"
 
-// ParseCheckpointMode reads "none", "blocks" or "sqrt".
+// ParseCheckpointMode reads "none", "blocks", "light" or "sqrt".
 func ParseCheckpointMode(s string) (CheckpointMode, error) {
 	switch s {
 	case "none", "":
@@ -148,6 +154,8 @@ func ParseCheckpointMode(s string) (CheckpointMode, error) {
 		return CheckpointBlocks, nil
 	case "sqrt":
 		return CheckpointSqrt, nil
+	case "light":
+		return CheckpointLight, nil
 	}
 	return 0, fmt.Errorf("checkpoint mode %q: want %s", s, CheckpointModes)
 }
@@ -209,8 +217,14 @@ func NewCIFARResNet(dev *tensor.Device, depth, inChannels, classes int) (*ResNet
 	return NewResNet(dev, fmt.Sprintf("resnet%d", depth), inChannels, classes, []int{16, 32, 64}, []int{n, n, n}), nil
 }
 
-// SetCheckpoint chooses what the forward checkpoints.
-func (r *ResNet) SetCheckpoint(c CheckpointMode) { r.Checkpoint = c }
+// SetCheckpoint chooses what the forward checkpoints. A ResNet has no
+// products a light checkpoint keeps: CheckpointLight panics.
+func (r *ResNet) SetCheckpoint(c CheckpointMode) {
+	if c == CheckpointLight {
+		panic("nn: a ResNet has no products a light checkpoint keeps: checkpoint its blocks instead")
+	}
+	r.Checkpoint = c
+}
 
 // SetCheckpointed makes CheckpointBlocks checkpoint the first k blocks only.
 func (r *ResNet) SetCheckpointed(k int) { r.Checkpointed = checkedFirst(k, len(r.Blocks)) }

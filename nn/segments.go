@@ -15,7 +15,8 @@ import (
 const keepPerBlock = 2.5
 
 // segmentSpans is the segments [lo, hi) of n modules that mode checkpoints:
-// one of all (NoCheckpoint), one a module (CheckpointBlocks), or for
+// one of all (NoCheckpoint), one a module (CheckpointBlocks and
+// CheckpointLight), or for
 // CheckpointSqrt consecutive runs: ⌈√n⌉ modules each when out is nil, or
 // else balanced by size (Note [checkpoint segments by size]), out[i] being
 // module i's output size and in the first one's input size, in any one
@@ -25,7 +26,7 @@ func segmentSpans(mode CheckpointMode, n int, in int64, out []int64) [][2]int {
 	switch {
 	case n == 0:
 		return nil
-	case mode == CheckpointBlocks:
+	case mode == CheckpointBlocks || mode == CheckpointLight:
 		for i := range n {
 			starts = append(starts, i)
 		}
@@ -49,7 +50,8 @@ func segmentSpans(mode CheckpointMode, n int, in int64, out []int64) [][2]int {
 	return spans
 }
 
-// checkpointSpans is segmentSpans with, under CheckpointBlocks, only the
+// checkpointSpans is segmentSpans with, under CheckpointBlocks (or
+// CheckpointLight, whose spans are the same), only the
 // first `first` of the n modules checkpointed (0, or n and more: all of
 // them): it returns the spans and how many of them, from the first, are
 // checkpointed; the modules after those run as one span that keeps its
@@ -59,7 +61,7 @@ func checkpointSpans(mode CheckpointMode, first, n int, in int64, out []int64) (
 	switch {
 	case mode == NoCheckpoint:
 		return spans, 0
-	case mode == CheckpointBlocks && first > 0 && first < n:
+	case (mode == CheckpointBlocks || mode == CheckpointLight) && first > 0 && first < n:
 		return append(spans[:first:first], [2]int{first, n}), first
 	}
 	return spans, len(spans)
@@ -161,4 +163,11 @@ func balancedStarts(in int64, out []int64, keep float64) []int {
 	}
 	starts, _ := cut(hi)
 	return starts
+}
+
+// LightCheckpoints reports whether m's blocks mark products a light
+// checkpoint keeps (a GPT's): CheckpointLight is for such models only.
+func LightCheckpoints(m Model) bool {
+	_, ok := m.(*GPT)
+	return ok
 }

@@ -736,7 +736,7 @@ func (r *runner) fitBudget() (err error) {
 	for {
 		withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 			err = r.interruptible(func() (err error) {
-				choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks > 0, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
+				choice, err = train.FitBudget(r.say, r.dev, r.build, r.cfg, train.BudgetVariants(r.arch.Blocks > 0, r.arch.Text, !r.dev.OnHost(), r.measuredAMP(), r.allowed), x, y,
 					r.mode != train.Eager, r.job.MaxMemory, r.job.Stop)
 				return err
 			})
@@ -859,7 +859,7 @@ func (r *runner) measure() (err error) {
 	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool, and its time (%s):\n", r.cfg.Model, r.cfg.Batch, timed)
 	vs := train.Variants(r.job.CheckpointMode, r.measuredAMP())
 	if k := r.cfg.Checkpointed; k > 0 {
-		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: nn.CheckpointBlocks, Checkpointed: k})
+		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: r.cfg.Checkpoint, Checkpointed: k})
 	}
 	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
@@ -885,7 +885,7 @@ func (r *runner) measure() (err error) {
 				return
 			}
 			if v.Checkpointed > 0 {
-				m.Name = train.SomeCheckpointedName(v.AMP, v.Checkpointed, len(m.Shares))
+				m.Name = train.SomeCheckpointedName(v.AMP, v.Checkpoint, v.Checkpointed, len(m.Shares))
 				chosen = m.Name
 			}
 			r.report.Measured = append(r.report.Measured, m)

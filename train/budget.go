@@ -58,30 +58,48 @@ func (m Measurement) Room(budget int64) int64 {
 // fastest first: fp32 and AMP (in amp's dtype, as Variants), then, on the
 // CPU, some of the blocks checkpointed (Variant.Some) and all of them,
 // without AMP and then with it, and checkpointed sqrt(n) segments without
-// and with AMP. On a device other than the host (a GPU's), where AMP's
-// step is the faster in every configuration measured (ResNets and GPT-2:
+// and with AMP. Where light checkpoints can keep the blocks' products (a
+// GPT's, nn.LightCheckpoints), some and all of the blocks checkpointed
+// lightly come before each of those: per value kept they spare twice the
+// work of leaving blocks unchecked (Note [light checkpoints] in package
+// autograd). On a device other than the host (a GPU's), where AMP's step
+// is the faster in every configuration measured (ResNets and GPT-2:
 // docs/benchmarks.md), AMP's checkpointed configurations come first, then
 // AMP with checkpointed blocks whose kept tensors go to host memory, and
-// only then fp32's, for a run that rules AMP out. A model without residual
-// blocks has only fp32 and AMP. keep drops those a user ruled out.
-func BudgetVariants(resnet, device bool, amp AMP, keep func(Variant) bool) []Variant {
+// only then fp32's, for a run that rules AMP out. A model without blocks
+// (blocks false) has only fp32 and AMP. keep drops those a user ruled out.
+func BudgetVariants(blocks, light, device bool, amp AMP, keep func(Variant) bool) []Variant {
 	four := Variants(nn.CheckpointBlocks, amp)
 	some := func(v Variant) Variant {
 		v.Name, v.Some = v.Name+"-some", true
 		return v
 	}
-	fp32 := []Variant{some(four[2]), four[2], {Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt}}
-	mixed := []Variant{some(four[3]), four[3], {Name: "amp+checkpoint-sqrt", AMP: four[1].AMP, Checkpoint: nn.CheckpointSqrt}}
+	lightly := func(v Variant) Variant {
+		v.Name, v.Checkpoint = VariantName(v.AMP, nn.CheckpointLight), nn.CheckpointLight
+		return v
+	}
+	// checkpointed are a precision's checkpointed configurations, sqrt(n)
+	// segments last.
+	checkpointed := func(v, sqrt Variant) []Variant {
+		var vs []Variant
+		if light {
+			vs = append(vs, some(lightly(v)), lightly(v))
+		}
+		return append(vs, some(v), v, sqrt)
+	}
+	fp32 := checkpointed(four[2], Variant{Name: "checkpoint-sqrt", Checkpoint: nn.CheckpointSqrt})
+	mixed := checkpointed(four[3], Variant{Name: "amp+checkpoint-sqrt", AMP: four[1].AMP, Checkpoint: nn.CheckpointSqrt})
 	vs := []Variant{four[0], four[1]}
 	if device {
 		vs = append(append(append(vs, mixed...),
 			Variant{Name: "amp+checkpoint+offload", AMP: four[1].AMP, Checkpoint: nn.CheckpointBlocks, OffloadActivations: true}), fp32...)
 	} else {
-		vs = append(vs, fp32[0], fp32[1], mixed[0], mixed[1], fp32[2], mixed[2])
+		last := len(fp32) - 1
+		vs = append(append(append(vs, fp32[:last]...), mixed[:last]...), fp32[last], mixed[last])
 	}
 	var out []Variant
 	for _, v := range vs {
-		if (resnet || v.Checkpoint == nn.NoCheckpoint) && (keep == nil || keep(v)) {
+		if (blocks || v.Checkpoint == nn.NoCheckpoint) && (keep == nil || keep(v)) {
 			out = append(out, v)
 		}
 	}
@@ -299,7 +317,7 @@ func (s *budgetSearch) next(v Variant) (bool, error) {
 // up the first count that passes (passes) is tried.
 func (s *budgetSearch) some(v Variant) (bool, error) {
 	all := v
-	all.Some, all.Name = false, VariantName(v.AMP, nn.CheckpointBlocks)
+	all.Some, all.Name = false, VariantName(v.AMP, v.Checkpoint)
 	none := all
 	none.Checkpoint, none.Name = nn.NoCheckpoint, VariantName(v.AMP, nn.NoCheckpoint)
 	mNone, ok, err := s.needOf(none, false)
@@ -317,7 +335,7 @@ func (s *budgetSearch) some(v Variant) (bool, error) {
 	}
 	counted := func(k int) Variant {
 		u := v
-		u.Checkpointed, u.Name = k, SomeCheckpointedName(v.AMP, k, blocks)
+		u.Checkpointed, u.Name = k, SomeCheckpointedName(v.AMP, v.Checkpoint, k, blocks)
 		return u
 	}
 	fmt.Fprintf(s.w, "  %-38s the first %d of %d blocks: %s predicted, between %s's %s and %s's %s\n", describeVariant(counted(k), s.n), k, blocks,

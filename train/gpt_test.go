@@ -32,7 +32,7 @@ func tokenBatches(dev *tensor.Device, n, b, T, vocab int, seed uint64) (xs, ys [
 // steps, with AdamW's groups, gradient clipping and dropout, leave the
 // parameters, metrics and scale bit for bit where eager steps do, in fp32,
 // under f16 (scaled) and bf16 autocast, and checkpointed (every block, √n
-// segments, the first block), with a shorter last batch beside the full
+// segments, the first block; lightly, every block and the first), with a shorter last batch beside the full
 // ones; and the pool holds no more after the steps than before them but
 // the optimiser's state.
 func TestGPTPlannedStepsMatchEager(t *testing.T) {
@@ -52,7 +52,8 @@ func testGPTPlannedStepsMatchEager(t *testing.T, dev *tensor.Device, planMode Mo
 		name, amp, ckpt string
 		first           int // the blocks checkpointed, of two (0: all)
 	}{{"fp32", "", "none", 0}, {"amp f16", "f16", "none", 0}, {"amp bf16", "bf16", "none", 0}, {"checkpoint", "", "blocks", 0},
-		{"amp bf16+sqrt", "bf16", "sqrt", 0}, {"amp bf16+the first block", "bf16", "blocks", 1}} {
+		{"amp bf16+sqrt", "bf16", "sqrt", 0}, {"amp bf16+the first block", "bf16", "blocks", 1},
+		{"amp bf16+light", "bf16", "light", 0}, {"light, the first block", "", "light", 1}} {
 		t.Run(v.name, func(t *testing.T) {
 			amp, _ := ParseAMP(v.amp)
 			cfg := Config{AMP: amp}
@@ -166,5 +167,50 @@ func TestGPTStepScalesTheClassifierInItsForward(t *testing.T) {
 	}
 	if mc.muls != 0 {
 		t.Errorf("the steps multiplied %d tensors of the token table's %d elements, want none", mc.muls, V*C)
+	}
+}
+
+// BenchmarkCheckpointModes times an eager training step of a GPT of four
+// blocks of width 512 (context 128, batch 32, F32, AdamW: its products
+// outweigh its attention, as GPT-2's on a GPU do) without
+// checkpoints, with its blocks checkpointed lightly and checkpointed, and
+// reports each step's peak of allocated bytes beyond what lived before it
+// (Note [light checkpoints] in package autograd):
+//
+//	go test ./train -run XXX -bench CheckpointModes
+func BenchmarkCheckpointModes(b *testing.B) {
+	const T, V, batch = 128, 256, 32
+	dev := tensor.CPU()
+	xs, ys := tokenBatches(dev, 1, batch, T, V, 1)
+	defer releaseAll(xs)
+	defer releaseAll(ys)
+	for _, mode := range []nn.CheckpointMode{nn.NoCheckpoint, nn.CheckpointLight, nn.CheckpointBlocks} {
+		b.Run(mode.String(), func(b *testing.B) {
+			dev.Generator().Seed(3)
+			g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: 4, Heads: 8, Width: 512, Vocab: V, Context: T})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nn.Release(g)
+			g.SetCheckpoint(mode)
+			opt := optim.NewAdamW(nn.Parameters(g), 1e-3, 0.1)
+			defer opt.Release()
+			s := NewStep(dev, g, opt, 0, Eager)
+			defer s.Release()
+			if err := s.Run(xs[0], ys[0]); err != nil { // the optimiser's state
+				b.Fatal(err)
+			}
+			a := dev.Allocator()
+			before := a.Stats().Allocated[memory.All].Current
+			a.WindowPeak()
+			b.ResetTimer()
+			for range b.N {
+				if err := s.Run(xs[0], ys[0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			peak, _ := a.WindowPeak()
+			b.ReportMetric(float64(peak-before), "peak-bytes")
+		})
 	}
 }

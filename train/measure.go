@@ -54,29 +54,37 @@ func Variants(mode nn.CheckpointMode, amp AMP) []Variant {
 	return []Variant{
 		{Name: "fp32"},
 		{Name: "amp", AMP: amp},
-		{Name: "checkpoint", Checkpoint: mode},
-		{Name: "amp+checkpoint", AMP: amp, Checkpoint: mode},
+		{Name: VariantName(NoAMP, mode), Checkpoint: mode},
+		{Name: VariantName(amp, mode), AMP: amp, Checkpoint: mode},
 	}
 }
 
 // VariantName names a configuration as Variants does.
 func VariantName(amp AMP, mode nn.CheckpointMode) string {
-	ck := mode != nn.NoCheckpoint
+	ck := ""
+	switch mode {
+	case nn.NoCheckpoint:
+	case nn.CheckpointLight:
+		ck = "checkpoint-light"
+	default:
+		ck = "checkpoint"
+	}
 	switch {
-	case amp.On() && ck:
-		return "amp+checkpoint"
+	case amp.On() && ck != "":
+		return "amp+" + ck
 	case amp.On():
 		return "amp"
-	case ck:
-		return "checkpoint"
+	case ck != "":
+		return ck
 	}
 	return "fp32"
 }
 
 // SomeCheckpointedName names the variant that checkpoints the first k of
-// a model's blocks: "amp+checkpoint-3/12".
-func SomeCheckpointedName(amp AMP, k, blocks int) string {
-	return fmt.Sprintf("%s-%d/%d", VariantName(amp, nn.CheckpointBlocks), k, blocks)
+// a model's blocks as mode says: "amp+checkpoint-3/12",
+// "amp+checkpoint-light-3/12".
+func SomeCheckpointedName(amp AMP, mode nn.CheckpointMode, k, blocks int) string {
+	return fmt.Sprintf("%s-%d/%d", VariantName(amp, mode), k, blocks)
 }
 
 // Measurement is the pool's peak for one variant's training step.

@@ -555,9 +555,12 @@ func New(model nn.Model, dev *tensor.Device, cfg Config, stepsPerEpoch int) (*Tr
 	case !ok && mode != nn.NoCheckpoint:
 		opt.Release()
 		return nil, fmt.Errorf("checkpointing needs a model with blocks to checkpoint (nn.Checkpointer); %s has none", cfg.Model)
-	case cfg.Checkpointed != 0 && (mode != nn.CheckpointBlocks || cfg.Checkpointed < 0 || cfg.Checkpointed > blocks):
+	case mode == nn.CheckpointLight && !nn.LightCheckpoints(model):
 		opt.Release()
-		return nil, fmt.Errorf("checkpointing the first %d blocks (Checkpointed) with checkpoint mode %v: want blocks, and 1 to the %d blocks of %s", cfg.Checkpointed, mode, blocks, cfg.Model)
+		return nil, fmt.Errorf("checkpoint mode light keeps the products of a GPT's blocks; %s is not a GPT: checkpoint its blocks instead", cfg.Model)
+	case cfg.Checkpointed != 0 && (mode != nn.CheckpointBlocks && mode != nn.CheckpointLight || cfg.Checkpointed < 0 || cfg.Checkpointed > blocks):
+		opt.Release()
+		return nil, fmt.Errorf("checkpointing the first %d blocks (Checkpointed) with checkpoint mode %v: want blocks or light, and 1 to the %d blocks of %s", cfg.Checkpointed, mode, blocks, cfg.Model)
 	case ok:
 		c.SetCheckpoint(mode)
 		c.SetCheckpointed(cfg.Checkpointed)

@@ -568,7 +568,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		a.ResetPeak()
 		budget := fp32.Need() * 3 / 4 // fp32 does not fit; the leaner variants do
 		var out strings.Builder
-		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, budget, nil)
+		c, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, false, AMPF16, nil), x, y, false, budget, nil)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, out.String())
 		}
@@ -589,7 +589,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		// tried fits, no step of them out of memory.
 		out.Reset()
 		tight := int64(5.5 * (1 << 20))
-		c, err = FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, tight, nil)
+		c, err = FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, false, AMPF16, nil), x, y, false, tight, nil)
 		last := c.Measured[len(c.Measured)-1]
 		if err != nil || c.Chosen.MicroBatch < 1 || c.Chosen.MicroBatch >= 16 || last.Variant != c.Chosen || last.Need() > tight ||
 			!strings.Contains(out.String(), "micro-batches of") || strings.Contains(out.String(), "does not fit") {
@@ -602,7 +602,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		budget4 := fp32of4.Need() * 3 / 4
-		c, err = FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x.Rows(0, 4), y.Rows(0, 4), false, budget4, nil)
+		c, err = FitBudget(&out, dev, build, cfg, BudgetVariants(true, false, false, AMPF16, nil), x.Rows(0, 4), y.Rows(0, 4), false, budget4, nil)
 		if err != nil || !c.Measured[0].OutOfMemory && c.Measured[0].Need() <= budget4 || c.Chosen.Name == "fp32" || strings.Contains(out.String(), "sizing") {
 			t.Errorf("a batch of 4: %v, measured first %+v, chose %s\n%s", err, c.Measured[0], c.Chosen.Name, out.String())
 		}
@@ -611,7 +611,7 @@ func TestFitBudgetHoldsNoMoreThanTheBudget(t *testing.T) {
 		}
 		stop := make(chan struct{})
 		close(stop)
-		if c, err := FitBudget(io.Discard, dev, build, cfg, BudgetVariants(true, false, AMPF16, nil), x, y, false, budget, stop); !errors.Is(err, ErrInterrupted) || len(c.Measured) != 0 {
+		if c, err := FitBudget(io.Discard, dev, build, cfg, BudgetVariants(true, false, false, AMPF16, nil), x, y, false, budget, stop); !errors.Is(err, ErrInterrupted) || len(c.Measured) != 0 {
 			t.Errorf("fitting with stop closed: %v, %d measured", err, len(c.Measured))
 		}
 	})
@@ -694,7 +694,7 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 				three := predicted(3)
 				budget := three + (three-standing)/4
 				var out strings.Builder
-				ch, err := FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
+				ch, err := FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
 				if err != nil {
 					t.Fatalf("%v\n%s", err, out.String())
 				}
@@ -719,7 +719,7 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 					need := needs[c.blocks] + int64(i)*(needs[1]-needs[c.blocks])/3
 					tight := need + int64(BudgetHeadroom*float64(need-standing)) + 1
 					out.Reset()
-					ch, err = FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, tight, nil)
+					ch, err = FitBudget(&out, dev, c.build, c.cfg, BudgetVariants(true, false, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, tight, nil)
 					said := out.String()
 					for _, line := range strings.Split(said, "\n") {
 						if strings.Contains(line, "checkpoint-") && strings.Contains(line, "by their traces") && strings.Contains(line, "out of memory under the budget") {
@@ -739,6 +739,73 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestLightCheckpointsInTheBudget: a GPT's step with its blocks
+// checkpointed lightly needs less than without checkpoints and more than
+// with plain ones, and its first k blocks so checkpointed no more than
+// FitBudget predicts from the first two; under a budget that the
+// prediction fits with three of six blocks checkpointed lightly, FitBudget
+// chooses light checkpoints for at most three, measured last within the
+// budget; and under one between the plain and the light checkpoints'
+// needs, plain checkpoints (Note [light checkpoints] in package autograd).
+func TestLightCheckpointsInTheBudget(t *testing.T) {
+	dev := tensor.NewDevice(cpu.New())
+	const T, V, blocks = 32, 96, 6
+	build := func() nn.Model {
+		g, err := nn.NewGPT(dev, nn.GPTConfig{Layers: blocks, Heads: 2, Width: 64, Vocab: V, Context: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	cfg := Config{Model: "gpt", Batch: 8, LR: 1e-3, Optimizer: "adamw", Schedule: "constant", Seed: 1, Context: T, EvalEvery: 1, Steps: 1}
+	dev.WithScope(func() {
+		xs, ys := tokenBatches(dev, 1, 8, T, V, 3)
+		x, y := xs[0], ys[0]
+		defer x.Release()
+		defer y.Release()
+		need := func(v Variant) Measurement {
+			m, err := MeasureStep(dev, build, cfg, v, x, y, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		none, light, plain := need(Variant{Name: "fp32"}), need(Variant{Name: "checkpoint-light", Checkpoint: nn.CheckpointLight}),
+			need(Variant{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks})
+		t.Logf("needs: %d bytes without checkpoints, %d checkpointed lightly, %d checkpointed", none.Need(), light.Need(), plain.Need())
+		if !(plain.Need() < light.Need() && light.Need() < none.Need()) {
+			t.Fatalf("needs %d checkpointed, %d lightly, %d without: want them rising", plain.Need(), light.Need(), none.Need())
+		}
+		predicted := func(k int) int64 { return checkpointedNeed(none.Need(), light.Need(), light.Shares, k) }
+		for k := 1; k < blocks; k++ {
+			m := need(Variant{Name: "checkpoint-light-k", Checkpoint: nn.CheckpointLight, Checkpointed: k})
+			if m.Need() > predicted(k) {
+				t.Errorf("the first %d blocks checkpointed lightly need %d bytes, predicted %d", k, m.Need(), predicted(k))
+			}
+		}
+		fit := func(budget int64) BudgetChoice {
+			var out strings.Builder
+			ch, err := FitBudget(&out, dev, build, cfg, BudgetVariants(true, true, false, AMPF16, func(v Variant) bool { return !v.AMP.On() }), x, y, false, budget, nil)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out.String())
+			}
+			t.Logf("%s", out.String())
+			if last := ch.Measured[len(ch.Measured)-1]; last.Variant != ch.Chosen || last.Need() > budget {
+				t.Errorf("the choice %+v was not measured last within the budget: %+v", ch.Chosen, last)
+			}
+			return ch
+		}
+		three := predicted(3)
+		if ch := fit(three + (three-light.Standing)/4); !ch.Chosen.Some || ch.Chosen.Checkpoint != nn.CheckpointLight || ch.Chosen.Checkpointed < 1 || ch.Chosen.Checkpointed > 3 {
+			t.Errorf("room for three blocks checkpointed lightly: chose %+v", ch.Chosen)
+		}
+		between := (plain.Need() + light.Need()) / 2
+		if ch := fit(between + (between-plain.Standing)/4); ch.Chosen.Checkpoint != nn.CheckpointBlocks {
+			t.Errorf("room between the plain and the light checkpoints: chose %+v", ch.Chosen)
+		}
+	})
 }
 
 // TestNeedPlannedFromSlices: the need of a step on the whole batch, planned
@@ -1092,9 +1159,9 @@ func TestWithinBudget(t *testing.T) {
 }
 
 // TestBudgetVariants: the configurations a budget is fitted with, fastest
-// first, for a model with blocks and without, on the CPU and on a GPU (AMP's
-// checkpointed steps before fp32's, activations offloaded), and with the
-// user's choices kept.
+// first, for a model with blocks and without, with light checkpoints and
+// without, on the CPU and on a GPU (AMP's checkpointed steps before
+// fp32's, activations offloaded), and with the user's choices kept.
 func TestBudgetVariants(t *testing.T) {
 	names := func(vs []Variant) string {
 		var n []string
@@ -1104,24 +1171,28 @@ func TestBudgetVariants(t *testing.T) {
 		return strings.Join(n, " ")
 	}
 	noAMP := func(v Variant) bool { return !v.AMP.On() }
+	noLight := func(v Variant) bool { return v.Checkpoint != nn.CheckpointLight }
 	for _, c := range []struct {
-		blocks, device bool
-		keep           func(Variant) bool
-		want           string
+		blocks, light, device bool
+		keep                  func(Variant) bool
+		want                  string
 	}{
-		{true, false, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
-		{true, true, nil, "fp32 amp amp+checkpoint-some amp+checkpoint amp+checkpoint-sqrt amp+checkpoint+offload checkpoint-some checkpoint checkpoint-sqrt"},
-		{false, true, nil, "fp32 amp"},
-		{false, false, nil, "fp32 amp"},
-		{true, true, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
-		{true, false, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
+		{true, false, false, nil, "fp32 amp checkpoint-some checkpoint amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
+		{true, false, true, nil, "fp32 amp amp+checkpoint-some amp+checkpoint amp+checkpoint-sqrt amp+checkpoint+offload checkpoint-some checkpoint checkpoint-sqrt"},
+		{false, false, true, nil, "fp32 amp"},
+		{false, false, false, nil, "fp32 amp"},
+		{true, false, true, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
+		{true, false, false, noAMP, "fp32 checkpoint-some checkpoint checkpoint-sqrt"},
+		{true, true, false, nil, "fp32 amp checkpoint-light-some checkpoint-light checkpoint-some checkpoint amp+checkpoint-light-some amp+checkpoint-light amp+checkpoint-some amp+checkpoint checkpoint-sqrt amp+checkpoint-sqrt"},
+		{true, true, true, nil, "fp32 amp amp+checkpoint-light-some amp+checkpoint-light amp+checkpoint-some amp+checkpoint amp+checkpoint-sqrt amp+checkpoint+offload checkpoint-light-some checkpoint-light checkpoint-some checkpoint checkpoint-sqrt"},
+		{true, true, true, noLight, "fp32 amp amp+checkpoint-some amp+checkpoint amp+checkpoint-sqrt amp+checkpoint+offload checkpoint-some checkpoint checkpoint-sqrt"},
 	} {
-		vs := BudgetVariants(c.blocks, c.device, AMPBF16, c.keep)
+		vs := BudgetVariants(c.blocks, c.light, c.device, AMPBF16, c.keep)
 		if got := names(vs); got != c.want {
-			t.Errorf("blocks %v, device %v: %s, want %s", c.blocks, c.device, got, c.want)
+			t.Errorf("blocks %v, light %v, device %v: %s, want %s", c.blocks, c.light, c.device, got, c.want)
 		}
 		for _, v := range vs {
-			if v.Some && v.Checkpoint != nn.CheckpointBlocks {
+			if v.Some && v.Checkpoint != nn.CheckpointBlocks && v.Checkpoint != nn.CheckpointLight {
 				t.Errorf("%s checkpoints some of %v", v.Name, v.Checkpoint)
 			}
 			if v.OffloadActivations && (v.Checkpoint == nn.NoCheckpoint || !v.AMP.On()) {

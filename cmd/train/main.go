@@ -252,7 +252,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.temperature, "temperature", 0.8, "GPTs: -sample's temperature (0: the most likely token each time)")
 	fs.IntVar(&o.topK, "top-k", 40, "GPTs: -sample draws from the K most likely tokens (0: all)")
 	fs.BoolVar(&o.ckpt, "checkpoint", false, "checkpoint the residual blocks: recompute them in the backward instead of keeping their activations")
-	fs.TextVar(&o.ckptMode, "checkpoint-mode", nn.CheckpointBlocks, "what -checkpoint checkpoints: "+nn.CheckpointModes+" (blocks: every block; sqrt: sqrt(n) segments)")
+	fs.TextVar(&o.ckptMode, "checkpoint-mode", nn.CheckpointBlocks, "what -checkpoint checkpoints: "+nn.CheckpointModes+" (blocks: every block; light: every block of a GPT, keeping its products' results; sqrt: sqrt(n) segments)")
 	fs.IntVar(&o.ckptFirst, "checkpoint-blocks", 0, "with -checkpoint: checkpoint only the first N blocks, the others keeping their activations (less recomputation, more memory; 0: every block; -max-memory chooses N itself)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
 	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training (and the run's own, with -checkpoint-blocks)")
@@ -415,14 +415,17 @@ func (o *options) check() []string {
 	if o.ckpt && archErr == nil && arch.Blocks == 0 {
 		bad("-checkpoint needs a model with blocks to checkpoint: %s has none", modelName(o))
 	}
+	if o.ckptMode == nn.CheckpointLight && archErr == nil && !arch.Text {
+		bad("-checkpoint-mode light keeps the products of a GPT's blocks: %s is not a GPT (give blocks or sqrt)", modelName(o))
+	}
 	if k := o.ckptFirst; o.set["checkpoint-blocks"] {
 		switch {
 		case k < 1:
 			bad("-checkpoint-blocks %d: want a count of blocks, 1 or more", k)
 		case archErr == nil && k > arch.Blocks:
 			bad("-checkpoint-blocks %d: %s has %d blocks", k, modelName(o), arch.Blocks)
-		case !o.ckpt || o.ckptMode != nn.CheckpointBlocks:
-			bad("-checkpoint-blocks %d needs -checkpoint with -checkpoint-mode blocks", k)
+		case !o.ckpt || o.ckptMode != nn.CheckpointBlocks && o.ckptMode != nn.CheckpointLight:
+			bad("-checkpoint-blocks %d needs -checkpoint with -checkpoint-mode blocks or light", k)
 		case o.maxMemory.IsSet():
 			bad("-checkpoint-blocks %d with -max-memory: the budget chooses how many blocks to checkpoint", k)
 		}

@@ -45,7 +45,8 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-batch", "x"}, cmdenv.ExitUsage, `-batch "x": not a number`},
 		{[]string{"extra"}, cmdenv.ExitUsage, `unexpected argument "extra"`},
 		{[]string{"-model", "mlp", "-checkpoint"}, cmdenv.ExitUsage, "-checkpoint needs a model with blocks to checkpoint: mlp has none"},
-		{[]string{"-checkpoint-mode", "half"}, cmdenv.ExitUsage, `-checkpoint-mode "half": want none, blocks or sqrt`},
+		{[]string{"-checkpoint-mode", "half"}, cmdenv.ExitUsage, `-checkpoint-mode "half": want none, blocks, light or sqrt`},
+		{[]string{"-model", "resnet8", "-checkpoint", "-checkpoint-mode", "light"}, cmdenv.ExitUsage, "-checkpoint-mode light keeps the products of a GPT's blocks: resnet8 is not a GPT"},
 		{[]string{"-dataset", "imagenet"}, cmdenv.ExitUsage, `-dataset "imagenet": want fashion-mnist, cifar10 or synthetic`},
 		{[]string{"-dataset", "cifar10", "-data", "/nonexistent"}, cmdenv.ExitUsage, "-data /nonexistent: no such file or directory"},
 		{[]string{"-device", "tpu"}, cmdenv.ExitUsage, `-device "tpu": want cpu, cuda, cuda:N or auto`},
@@ -58,8 +59,8 @@ func TestUserMistakesGetOneClearLine(t *testing.T) {
 		{[]string{"-host-threads", "4"}, cmdenv.ExitUsage, "-host-threads sizes the host's work beside the backward: it needs -offload-optimizer with -fuse-optimizer or -micro-batch"},
 		{[]string{"-fuse-optimizer", "-offload-optimizer", "-host-threads", "-2"}, cmdenv.ExitUsage, "-host-threads -2: want a count of cores"},
 		{[]string{"-fuse-optimizer", "-nproc", "2"}, cmdenv.ExitUsage, "-fuse-optimizer with -nproc 2: a data-parallel step"},
-		{[]string{"-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks"},
-		{[]string{"-checkpoint", "-checkpoint-mode", "sqrt", "-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks"},
+		{[]string{"-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks or light"},
+		{[]string{"-checkpoint", "-checkpoint-mode", "sqrt", "-checkpoint-blocks", "2"}, cmdenv.ExitUsage, "-checkpoint-blocks 2 needs -checkpoint with -checkpoint-mode blocks or light"},
 		{[]string{"-checkpoint", "-checkpoint-blocks", "0"}, cmdenv.ExitUsage, "-checkpoint-blocks 0: want a count of blocks, 1 or more"},
 		{[]string{"-model", "gpt-mini", "-checkpoint", "-checkpoint-blocks", "3"}, cmdenv.ExitUsage, "-checkpoint-blocks 3: gpt-mini has 2 blocks"},
 		{[]string{"-model", "resnet8", "-checkpoint", "-checkpoint-blocks", "4"}, cmdenv.ExitUsage, "-checkpoint-blocks 4: resnet8 has 3 blocks"},
@@ -257,9 +258,10 @@ func TestMicroBatchRun(t *testing.T) {
 
 // TestCheckpointSomeBlocksRun: -checkpoint -checkpoint-blocks 2 trains a
 // GPT of four blocks to the losses of every block checkpointed, exactly,
-// says so, measures its step beside the four others and records it; under -max-memory between the needs measured
-// for fp32 and for every block checkpointed, the budget chooses to
-// checkpoint some of them, and the run does.
+// says so, measures its step beside the four others and records it; so
+// does -checkpoint-mode light; under -max-memory between the needs
+// measured for fp32 and for every block checkpointed, the budget chooses
+// to checkpoint some of them lightly, and the run does.
 func TestCheckpointSomeBlocksRun(t *testing.T) {
 	race.Skip(t, "go test ./cmd/train -run TestCheckpointSomeBlocksRun")
 	dir := t.TempDir()
@@ -285,8 +287,14 @@ func TestCheckpointSomeBlocksRun(t *testing.T) {
 	if !strings.Contains(stdout, "checkpoint of the first 2 blocks") || some.Config.Checkpointed != 2 || !measured.MatchString(stdout) {
 		t.Errorf("-checkpoint-blocks 2: the report's checkpointed is %d, and the output says\n%s", some.Config.Checkpointed, stdout)
 	}
-	if a, s := all.Epochs[0], some.Epochs[0]; a.TestLoss != s.TestLoss || a.TrainLoss != s.TrainLoss {
-		t.Errorf("losses with two of four blocks checkpointed %v, %v; with all of them %v, %v: want the same", s.TrainLoss, s.TestLoss, a.TrainLoss, a.TestLoss)
+	light, _ := train("light", "-checkpoint", "-checkpoint-mode", "light", "-measure=false")
+	for _, c := range []struct {
+		name string
+		r    run.Report
+	}{{"two of four blocks checkpointed", some}, {"light checkpoints", light}} {
+		if a, s := all.Epochs[0], c.r.Epochs[0]; a.TestLoss != s.TestLoss || a.TrainLoss != s.TrainLoss {
+			t.Errorf("losses with %s %v, %v; with every block checkpointed %v, %v: want the same", c.name, s.TrainLoss, s.TestLoss, a.TrainLoss, a.TestLoss)
+		}
 	}
 	need := map[string]int64{}
 	for _, m := range all.Measured {
@@ -299,8 +307,8 @@ func TestCheckpointSomeBlocksRun(t *testing.T) {
 	// allocates, which the budget's headroom does not cover.
 	budget := need["fp32"] * 19 / 20
 	r, stdout := train("budget", "-amp=false", "-measure=false", "-max-memory", fmt.Sprint(budget)+"B")
-	if c := r.Budget.Chosen; !c.Some || c.Checkpointed < 1 || c.Checkpointed > 3 || r.Config.Checkpointed != c.Checkpointed ||
-		!strings.Contains(stdout, fmt.Sprintf("chose %s", c.Name)) || !strings.Contains(stdout, fmt.Sprintf("checkpoint of the first %d blocks", c.Checkpointed)) {
+	if c := r.Budget.Chosen; !c.Some || c.Checkpoint != nn.CheckpointLight || c.Checkpointed < 1 || c.Checkpointed > 3 || r.Config.Checkpointed != c.Checkpointed ||
+		!strings.Contains(stdout, fmt.Sprintf("chose %s", c.Name)) || !strings.Contains(stdout, fmt.Sprintf("checkpoint-light of the first %d blocks", c.Checkpointed)) {
 		t.Errorf("-max-memory %d (fp32 needs %d, every block checkpointed %d): chose %+v, trained with %d blocks checkpointed\n%s", budget, need["fp32"], need["checkpoint"], c, r.Config.Checkpointed, stdout)
 	}
 }
