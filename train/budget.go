@@ -60,9 +60,8 @@ func (m Measurement) Room(budget int64) int64 {
 // without AMP and then with it, and checkpointed sqrt(n) segments without
 // and with AMP. Where light checkpoints can keep the blocks' products (a
 // GPT's, nn.LightCheckpoints), some and all of the blocks checkpointed
-// lightly come before each of those: per value kept they spare twice the
-// work of leaving blocks unchecked (Note [light checkpoints] in package
-// autograd). On a device other than the host (a GPU's), where AMP's step
+// lightly come before each precision's plain checkpoints (Note [light
+// checkpoints] in package autograd). On a device other than the host (a GPU's), where AMP's step
 // is the faster in every configuration measured (ResNets and GPT-2:
 // docs/benchmarks.md), AMP's checkpointed configurations come first, then
 // AMP with checkpointed blocks whose kept tensors go to host memory, and
