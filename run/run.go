@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -858,10 +859,11 @@ func (r *runner) measure() (err error) {
 	}
 	fmt.Fprintf(r.say, "memory of one training step of %s on a batch of %d, measured by the pool, and its time (%s):\n", r.cfg.Model, r.cfg.Batch, timed)
 	vs := train.Variants(r.job.CheckpointMode, r.measuredAMP())
-	if k := r.cfg.Checkpointed; k > 0 {
-		vs = append(vs, train.Variant{AMP: r.cfg.AMP, Checkpoint: r.cfg.Checkpoint, Checkpointed: k})
-	}
 	chosen := train.VariantName(r.cfg.AMP, r.cfg.Checkpoint)
+	if own := (train.Variant{Name: chosen, AMP: r.cfg.AMP, Checkpoint: r.cfg.Checkpoint, Checkpointed: r.cfg.Checkpointed}); own.Checkpointed > 0 ||
+		!slices.ContainsFunc(vs, func(v train.Variant) bool { return v.Name == chosen }) { // some blocks, or light ones the budget chose
+		vs = append(vs, own)
+	}
 	withFirstBatch(r.dev, r.trainL, func(x, y *tensor.Tensor) {
 		for _, v := range vs {
 			if (r.arch.Blocks == 0 && v.Checkpoint != nn.NoCheckpoint) || (r.cfg.BF16Weights && !v.AMP.On()) {

@@ -287,7 +287,10 @@ func TestCheckpointSomeBlocksRun(t *testing.T) {
 	if !strings.Contains(stdout, "checkpoint of the first 2 blocks") || some.Config.Checkpointed != 2 || !measured.MatchString(stdout) {
 		t.Errorf("-checkpoint-blocks 2: the report's checkpointed is %d, and the output says\n%s", some.Config.Checkpointed, stdout)
 	}
-	light, _ := train("light", "-checkpoint", "-checkpoint-mode", "light", "-measure=false")
+	light, stdout := train("light", "-checkpoint", "-checkpoint-mode", "light")
+	if lightly := regexp.MustCompile(`(?m)^  checkpoint-light .*<- this run$`); !lightly.MatchString(stdout) {
+		t.Errorf("-checkpoint-mode light: its step is not measured as this run's:\n%s", stdout)
+	}
 	for _, c := range []struct {
 		name string
 		r    run.Report
