@@ -11,6 +11,7 @@ import (
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/kernels/kerneltest"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -1025,23 +1026,6 @@ func TestUnread(t *testing.T) {
 	}
 }
 
-// gemmCounter counts the backend's matrix products, with and without
-// epilogues.
-type gemmCounter struct {
-	kernels.Backend
-	n int
-}
-
-func (c *gemmCounter) Gemm(p kernels.GemmParams, a, b, out kernels.Buf) {
-	c.n++
-	c.Backend.Gemm(p, a, b, out)
-}
-
-func (c *gemmCounter) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
-	c.n++
-	c.Backend.GemmEpilogue(p, e, a, b, out)
-}
-
 // TestCheckpointLight: a light checkpoint keeps the results of the
 // Keepable products of its function (Linear, and AddLinear with its
 // residual) and runs neither again; a plain checkpoint keeps none and
@@ -1058,7 +1042,7 @@ func TestCheckpointLight(t *testing.T) {
 			name = amp.String() + " autocast"
 		}
 		t.Run(name, func(t *testing.T) {
-			gc := &gemmCounter{Backend: cpu.New()}
+			gc := &kerneltest.Products{Backend: cpu.New()}
 			dev := tensor.NewDevice(gc)
 			dev.Generator().Seed(5)
 			param := func(shape ...int) *tensor.Tensor {
@@ -1098,9 +1082,9 @@ func TestCheckpointLight(t *testing.T) {
 						forward()
 					}
 					r.held = allocated(dev) - before - out.Block().Size()
-					gc.n = 0
+					gc.N = 0
 					ag.Backward(ag.SumAll(out))
-					r.products = gc.n
+					r.products = gc.N
 				})
 				for _, p := range params {
 					r.grads = append(r.grads, p.Grad().Float32s())

@@ -10,6 +10,7 @@ import (
 	ag "github.com/leangrad/leangrad/autograd"
 	"github.com/leangrad/leangrad/kernels"
 	"github.com/leangrad/leangrad/kernels/cpu"
+	"github.com/leangrad/leangrad/kernels/kerneltest"
 	"github.com/leangrad/leangrad/memory"
 	"github.com/leangrad/leangrad/tensor"
 )
@@ -439,21 +440,11 @@ func TestGPT2FileLayout(t *testing.T) {
 	}
 }
 
-// countingBackend counts the attention kernels a backend runs.
+// countingBackend counts the attention kernels and the matrix products
+// (kerneltest.Products) a backend runs.
 type countingBackend struct {
-	kernels.Backend
+	kerneltest.Products
 	forward, backward int // attention kernels
-	products          int // matrix products, with and without epilogues
-}
-
-func (c *countingBackend) Gemm(p kernels.GemmParams, a, b, out kernels.Buf) {
-	c.products++
-	c.Backend.Gemm(p, a, b, out)
-}
-
-func (c *countingBackend) GemmEpilogue(p kernels.GemmParams, e kernels.Epilogue, a, b, out kernels.Buf) {
-	c.products++
-	c.Backend.GemmEpilogue(p, e, a, b, out)
 }
 
 func (c *countingBackend) Attention(p kernels.AttentionParams, q, k, v, o, lse kernels.Buf) {
@@ -475,7 +466,7 @@ func (c *countingBackend) AttentionBackward(p kernels.AttentionParams, q, k, v, 
 // allocated (the parameters and their gradients), the same after a second
 // step; the peaks are in the order of what each keeps.
 func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
-	cb := &countingBackend{Backend: cpu.New()}
+	cb := &countingBackend{Products: kerneltest.Products{Backend: cpu.New()}}
 	dev := tensor.NewDevice(cb)
 	rng := rand.New(rand.NewPCG(8, 9))
 	xs, ys := randTokens(rng, 12, 11), randTokens(rng, 12, 11)
@@ -492,7 +483,7 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 			t.Fatalf("tinyGPT has %d blocks; the segment counts are for 2", layers)
 		}
 		for step := range 2 {
-			cb.forward, cb.backward, cb.products = 0, 0, 0
+			cb.forward, cb.backward, cb.N = 0, 0, 0
 			dev.Allocator().WindowPeak()
 			dev.WithScope(func() {
 				loss, _, _ := g.Loss(tensor.FromInt32(dev, xs, 2, 6), tensor.FromInt32(dev, ys, 2, 6))
@@ -504,13 +495,13 @@ func TestCheckpointRecomputesWhatTheBackwardReads(t *testing.T) {
 			peaks[tc.mode], _ = dev.Allocator().WindowPeak()
 			got := dev.Allocator().Stats().Allocated[0].Current
 			if tc.mode == NoCheckpoint && step == 0 {
-				plain, plainProducts = got, cb.products
+				plain, plainProducts = got, cb.N
 			}
 			if got != plain {
 				t.Errorf("%v, step %d: %d bytes allocated after the step, the plain step %d", tc.mode, step, got, plain)
 			}
-			if want := plainProducts + tc.recomputed; tc.mode != NoCheckpoint && cb.products != want {
-				t.Errorf("%v, step %d: %d products, want %d (the plain step's %d and the recomputed ones)", tc.mode, step, cb.products, want, plainProducts)
+			if want := plainProducts + tc.recomputed; tc.mode != NoCheckpoint && cb.N != want {
+				t.Errorf("%v, step %d: %d products, want %d (the plain step's %d and the recomputed ones)", tc.mode, step, cb.N, want, plainProducts)
 			}
 		}
 		Release(g)
