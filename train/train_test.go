@@ -811,7 +811,7 @@ func TestLightCheckpointsInTheBudget(t *testing.T) {
 // TestNeedPlannedFromSlices: the need of a step on the whole batch, planned
 // from the traces of its steps on two slices (stepPlan, FitBudget's
 // sizing), is what the whole batch's step then needs, to the byte, eager
-// and planned, with and without checkpoints and AMP, where the line through
+// and planned, with and without checkpoints (light ones too) and AMP, where the line through
 // the two slices' needs falls short by up to 6.5%; and the pool's books
 // replayed through the first step and it reserve what a pool that started
 // empty did, to the byte.
@@ -848,6 +848,7 @@ func TestNeedPlannedFromSlices(t *testing.T) {
 		{"gpt planned", gpt, tokens, gptCfg, Variant{Name: "fp32"}, true},
 		{"gpt checkpoint", gpt, tokens, gptCfg, Variant{Name: "checkpoint", Checkpoint: nn.CheckpointBlocks}, false},
 		{"gpt amp+checkpoint-2/4 planned", gpt, tokens, gptCfg, Variant{Name: "amp+checkpoint-2/4", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks, Checkpointed: 2}, true},
+		{"gpt amp+checkpoint-light planned", gpt, tokens, gptCfg, Variant{Name: "amp+checkpoint-light", AMP: AMPBF16, Checkpoint: nn.CheckpointLight}, true},
 		{"resnet20", resnet, images, baseConfig("resnet20"), Variant{Name: "fp32"}, false},
 		{"resnet20 amp+checkpoint planned", resnet, images, baseConfig("resnet20"), Variant{Name: "amp+checkpoint", AMP: AMPBF16, Checkpoint: nn.CheckpointBlocks}, true},
 	} {
