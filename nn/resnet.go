@@ -86,7 +86,7 @@ func (b *BasicBlock) SetTraining(on bool) {
 	}
 }
 
-// CheckpointMode says which parts of a ResNet are checkpointed.
+// CheckpointMode says which of a model's blocks are checkpointed, and how.
 type CheckpointMode int
 
 // The checkpointing modes.

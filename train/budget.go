@@ -61,8 +61,9 @@ func (m Measurement) Room(budget int64) int64 {
 // and with AMP. Where light checkpoints can keep the blocks' products (a
 // GPT's, nn.LightCheckpoints), some and all of the blocks checkpointed
 // lightly come before each precision's plain checkpoints (Note [light
-// checkpoints] in package autograd). On a device other than the host (a GPU's), where AMP's step
-// is the faster in every configuration measured (ResNets and GPT-2:
+// checkpoints] in package autograd). On a device other than the host (a
+// GPU's), where AMP's step is the faster in every configuration measured
+// (ResNets and GPT-2:
 // docs/benchmarks.md), AMP's checkpointed configurations come first, then
 // AMP with checkpointed blocks whose kept tensors go to host memory, and
 // only then fp32's, for a run that rules AMP out. A model without blocks
