@@ -63,10 +63,10 @@ func (m Measurement) Room(budget int64) int64 {
 // lightly come before each precision's plain checkpoints (Note [light
 // checkpoints] in package autograd). On a device other than the host (a
 // GPU's), where AMP's step is the faster in every configuration measured
-// (ResNets and GPT-2:
-// docs/benchmarks.md), AMP's checkpointed configurations come first, then
-// AMP with checkpointed blocks whose kept tensors go to host memory, and
-// only then fp32's, for a run that rules AMP out. A model without blocks
+// (ResNets and GPT-2: docs/benchmarks.md), AMP's checkpointed
+// configurations come first, then AMP with checkpointed blocks whose kept
+// tensors go to host memory, and only then fp32's, for a run that rules
+// AMP out. A model without blocks
 // (blocks false) has only fp32 and AMP. keep drops those a user ruled out.
 func BudgetVariants(blocks, light, device bool, amp AMP, keep func(Variant) bool) []Variant {
 	four := Variants(nn.CheckpointBlocks, amp)
