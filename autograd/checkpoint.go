@@ -266,20 +266,22 @@ func Unread(dev *tensor.Device, f func() *T) *T {
 // c_fc's; Notes [what a checkpoint keeps], [what a recomputation skips])
 // for keeping only its input and attention's results. A light checkpoint
 // keeps also the results of the products its function marks Keepable (a
-// GPT block's c_attn, 3 values a position, and c_proj with the residual
-// added, 1 in the residual's dtype), and its recomputation reads them: it
-// runs c_fc's product, GELU and the layer norms. The kept products are the
-// first run's, so the gradients are the unchecked function's bit for bit,
-// as a checkpoint's are. It sits between a checkpoint and none: on two
-// cores (BenchmarkCheckpointModes in train: F32, four blocks of width 512,
-// 4,096 tokens) a step took 1.67-1.74 s holding 597 MB unchecked,
-// 1.81-1.88 s and 345 MB checkpointed lightly, 1.88 s and 244 MB
-// checkpointed: each block checkpointed lightly kept 25 MB to save 12 ms,
-// each left unchecked 88 MB to save 45 ms, the same per byte there, the
-// CPU's recomputation being as much its GELU and norms as its products.
-// On a GPU the products are most of a block's forward (GELU runs in
-// c_fc's epilogue), which favours the light checkpoint: the budget tries
-// it first (train's FitBudget); not yet measured there.
+// GPT block's c_attn: 3 values a position in the products' dtype), and
+// its recomputation reads them: it runs two products of the four, c_proj's
+// and c_fc's, for c_attn's 3·C² multiply-adds a position saved: C² a
+// value kept, where leaving a whole block unchecked saves 8·C² for 10.5
+// values more (measured below, F32), and keeping the residual after
+// c_proj would save C² for a value that stays in F32 under autocast,
+// twice the bytes of a 16-bit one. The kept products are the first run's,
+// so the gradients are the unchecked function's bit for bit, as a
+// checkpoint's are. On two cores (BenchmarkCheckpointModes in train: F32, four blocks of
+// width 512, 4,096 tokens) a step took 1.60-1.75 s holding 597 MB
+// unchecked, 1.77-1.97 s and 320 MB checkpointed lightly, 1.87-1.98 s and
+// 244 MB checkpointed, each run beside the others four times: the light
+// step's saving (about 100 ms in two rounds, none in two) is within this
+// machine's noise. On a GPU, where the products are most of a block's
+// forward (GELU runs in c_fc's epilogue), the budget tries light
+// checkpoints first (train's FitBudget); not yet measured there.
 
 // kept is what the ops of a running checkpointed function keep: handles
 // owned by the checkpoint's node, in the order the ops kept them.

@@ -194,11 +194,10 @@ func (b *GPTBlock) dropping() bool { return b.Drop != nil && b.Drop.Training && 
 // addProjected is x + c_proj(a): the residual added in the product's
 // epilogue (ag.AddLinear), or after the dropout of the projection.
 func (b *GPTBlock) addProjected(x, a *T) *T {
-	dev := ag.ModeOf(x, a)
 	if !b.dropping() {
-		return ag.Keepable(dev, func() *T { return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias) })
+		return ag.AddLinear(x, a, b.AttnProj.Weight, b.AttnProj.Bias)
 	}
-	m := then(ag.Keepable(dev, func() *T { return b.AttnProj.Forward(a) }), b.Drop.Forward)
+	m := then(b.AttnProj.Forward(a), b.Drop.Forward)
 	defer m.Release()
 	return ag.Add(x, m)
 }
@@ -218,8 +217,7 @@ func (b *GPTBlock) addFeedForward(x, h *T) *T {
 // then that + the MLP of its ln_2, each residual added in its product's
 // epilogue when no dropout comes between them. A checkpoint's recomputation of the block skips the MLP's
 // output product, which only makes the block's result (autograd.Unread);
-// a light one skips c_attn's and c_proj's too, whose results it keeps
-// (autograd.Keepable).
+// a light one skips c_attn's too, whose result it keeps (autograd.Keepable).
 func (b *GPTBlock) Forward(x *T) *T {
 	B, Tn, C := x.Dim(0), x.Dim(1), x.Dim(2)
 	a := b.attention(x)

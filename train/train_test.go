@@ -747,8 +747,8 @@ func TestCheckpointingSomeBlocks(t *testing.T) {
 // FitBudget predicts from the first two; under a budget that the
 // prediction fits with three of six blocks checkpointed lightly, FitBudget
 // chooses light checkpoints for at most three, measured last within the
-// budget; and under one between the plain and the light checkpoints'
-// needs, plain checkpoints (Note [light checkpoints] in package autograd).
+// budget; and under one just short of the light checkpoints' need, plain
+// checkpoints (Note [light checkpoints] in package autograd).
 func TestLightCheckpointsInTheBudget(t *testing.T) {
 	dev := tensor.NewDevice(cpu.New())
 	const T, V, blocks = 32, 96, 6
@@ -801,9 +801,8 @@ func TestLightCheckpointsInTheBudget(t *testing.T) {
 		if ch := fit(three + (three-light.Standing)/4); !ch.Chosen.Some || ch.Chosen.Checkpoint != nn.CheckpointLight || ch.Chosen.Checkpointed < 1 || ch.Chosen.Checkpointed > 3 {
 			t.Errorf("room for three blocks checkpointed lightly: chose %+v", ch.Chosen)
 		}
-		between := (plain.Need() + light.Need()) / 2
-		if ch := fit(between + (between-plain.Standing)/4); ch.Chosen.Checkpoint != nn.CheckpointBlocks {
-			t.Errorf("room between the plain and the light checkpoints: chose %+v", ch.Chosen)
+		if ch := fit(light.Need() - 1); ch.Chosen.Checkpoint != nn.CheckpointBlocks || ch.Chosen.MicroBatch != 0 {
+			t.Errorf("a budget just short of the light checkpoints' need: chose %+v", ch.Chosen)
 		}
 	})
 }
