@@ -120,8 +120,8 @@ func BenchmarkMLP(b *testing.B) {
 
 // TestConfigsNamedByDType: an AMP configuration named by its dtype runs
 // in it whatever Options.AMP says, amp and amp+checkpoint in Options'; names
-// off the list are refused; PyTorch's reference (pytorch/ref.py) takes the
-// same names.
+// off the list are refused, and light checkpoints for a model that is not a
+// GPT; PyTorch's reference (pytorch/ref.py) takes the same names.
 func TestConfigsNamedByDType(t *testing.T) {
 	m, err := train.LookupArch("resnet20")
 	if err != nil {
@@ -165,6 +165,14 @@ func TestConfigsNamedByDType(t *testing.T) {
 	if v, _ := variant(m, "bf16+checkpoint", Options{}); v.OffloadActivations {
 		t.Errorf("bf16+checkpoint offloads: %+v", v)
 	}
+	// Light checkpoints are a GPT's: a run of one, refused for a ResNet.
+	if _, err := variant(m, "bf16+checkpoint-light", Options{}); err == nil || !strings.Contains(err.Error(), "resnet20 is not a GPT") {
+		t.Errorf("bf16+checkpoint-light for resnet20: %v", err)
+	}
+	if r, err := Run(tensor.CPU(), Spec{Model: "gpt-mini", Batch: 2, Config: "bf16+checkpoint-light"}, Options{Warmup: 1, Steps: 1, Seed: 1}); err != nil ||
+		r.Config != "bf16+checkpoint-light" || r.MedianMS <= 0 {
+		t.Errorf("a light checkpoint's run of gpt-mini: %v, %+v", err, r)
+	}
 	if _, err := Run(tensor.CPU(), Spec{Model: "gpt-mini", Batch: 1, Config: "checkpoint+offload"}, Options{Warmup: 1, Steps: 1}); err == nil ||
 		!strings.Contains(err.Error(), "nothing to offload") {
 		t.Errorf("an offloaded configuration on the CPU: %v", err)
@@ -188,7 +196,7 @@ func TestConfigsNamedByDType(t *testing.T) {
 		t.Fatal("pytorch/ref.py: no CONFIGS table")
 	}
 	var keys []string
-	for _, m := range regexp.MustCompile(`"([a-z0-9+]+)": \(`).FindAllSubmatch(table[1], -1) {
+	for _, m := range regexp.MustCompile(`"([a-z0-9+-]+)": \(`).FindAllSubmatch(table[1], -1) {
 		keys = append(keys, string(m[1]))
 	}
 	if names := ConfigNames(); !slices.Equal(keys, names) {

@@ -73,10 +73,12 @@ var ampDTypes = []train.AMP{train.AMPBF16, train.AMPF16}
 
 // ConfigNames is every configuration's name, in reports' order: each
 // checkpointed one also with "+offload", what its checkpoints keep held in
-// host memory (train.Variant.OffloadActivations; a GPU's).
+// host memory (train.Variant.OffloadActivations; a GPU's); then a GPT's
+// light checkpoints (nn.CheckpointLight), without it.
 func ConfigNames() []string {
 	var names []string
-	for _, v := range train.Variants(nn.CheckpointBlocks, train.AMPF16) {
+	light := train.Variants(nn.CheckpointLight, train.AMPF16)[2:]
+	for _, v := range append(train.Variants(nn.CheckpointBlocks, train.AMPF16), light...) {
 		named := []string{v.Name}
 		if rest, ok := strings.CutPrefix(v.Name, "amp"); ok {
 			for _, d := range ampDTypes {
@@ -84,7 +86,7 @@ func ConfigNames() []string {
 			}
 		}
 		names = append(names, named...)
-		if v.Checkpoint != nn.NoCheckpoint {
+		if v.Checkpoint == nn.CheckpointBlocks {
 			for _, n := range named {
 				names = append(names, n+offloadSuffix)
 			}
@@ -174,8 +176,8 @@ func ReferenceLM(model string, o Options) (LMReference, bool) {
 }
 
 // variant is the configuration named name (ConfigNames) for m and o: its
-// checkpointing checkpoints m.Segments, and its AMP autocasts to what
-// ConfigAMP says.
+// checkpointing checkpoints m.Segments (or, light, a GPT's blocks), and
+// its AMP autocasts to what ConfigAMP says.
 func variant(m train.Arch, name string, o Options) (train.Variant, error) {
 	amp := ConfigAMP(name, o.AMP)
 	unloaded, offload := strings.CutSuffix(name, offloadSuffix)
@@ -183,10 +185,13 @@ func variant(m train.Arch, name string, o Options) (train.Variant, error) {
 	if d := amp.String(); amp.On() && strings.HasPrefix(unloaded, d) {
 		base = "amp" + strings.TrimPrefix(unloaded, d)
 	}
-	for _, v := range train.Variants(m.Segments, amp) {
+	for _, v := range append(train.Variants(m.Segments, amp), train.Variants(nn.CheckpointLight, amp)[2:]...) {
 		if v.Name == base {
 			if v.Checkpoint != nn.NoCheckpoint && m.Blocks == 0 {
 				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
+			}
+			if v.Checkpoint == nn.CheckpointLight && !m.Text {
+				return v, fmt.Errorf("configuration %q: light checkpoints keep the products of a GPT's blocks; %s is not a GPT", name, m.Name)
 			}
 			if offload && v.Checkpoint == nn.NoCheckpoint {
 				return v, fmt.Errorf("configuration %q: only checkpoints keep what %s moves to host memory", name, offloadSuffix)

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 HEADER = 80  # leangrad's token file header (datasets/text.go)
 
@@ -83,7 +83,33 @@ class Block(nn.Module):
         return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
 
 
+# The ops a light checkpoint keeps the results of: a block's products (the first is c_attn's) and its
+# attention, whichever kernel torch.nn.functional.scaled_dot_product_attention chose.
+PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+ATTENTION = {getattr(torch.ops.aten, n).default for n in ("_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention") if hasattr(torch.ops.aten, n)}
+
+
+def light_contexts():
+    """leangrad's light checkpoint (its Note [light checkpoints]) as PyTorch's selective checkpointing: the
+    block keeps c_attn's product and attention's results, and recomputes the rest."""
+    products = {False: 0, True: 0}  # in the forward and in the recomputation
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in PRODUCTS:
+            products[ctx.is_recompute] += 1
+            if products[ctx.is_recompute] == 1:
+                return CheckpointPolicy.MUST_SAVE
+        if op in ATTENTION:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class GPT(nn.Module):
+    """ckpt: checkpoint every block (True), lightly ("light": light_contexts), or not."""
+
     def __init__(self, layers, heads, width, vocab, context, dropout, ckpt=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
@@ -99,7 +125,11 @@ class GPT(nn.Module):
         T = idx.shape[1]
         x = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))
         for b in self.h:
-            x = checkpoint(b, x, use_reentrant=False) if self.ckpt and self.training else b(x)
+            if self.ckpt and self.training:
+                light = {"context_fn": light_contexts} if self.ckpt == "light" else {}
+                x = checkpoint(b, x, use_reentrant=False, **light)
+            else:
+                x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 

@@ -4,7 +4,9 @@
 Runs the same models (ResNet-20 on 1x28x28 with 1x1 projection shortcuts,
 ResNet-18 CIFAR variant on 3x32x32, an MLP 784-256-256-10), batch sizes and
 configurations (fp32, amp, checkpoint, amp+checkpoint, and AMP named by
-its dtype: bf16, f16, bf16+checkpoint, f16+checkpoint) in PyTorch eager:
+its dtype: bf16, f16, bf16+checkpoint, f16+checkpoint; for a GPT, light
+checkpoints too: checkpoint-light, ..., as selective checkpointing,
+gpt.light_contexts) in PyTorch eager:
 torch.autocast to --amp-dtype (float16 by default, with a
 torch.amp.GradScaler; bfloat16 without), or the dtype the configuration
 names, for AMP, torch.utils.checkpoint
@@ -105,15 +107,18 @@ MODELS = {
     "mlp": ((1, 28, 28), lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
                                                 nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))),
 }
-# Each configuration: AMP, checkpointing, AMP's dtype where the name gives it (else --amp-dtype), and
-# whether what the backward keeps goes to page-locked host memory (torch.autograd.graph.save_on_cpu:
-# with checkpointing, the checkpoints' inputs), the harness's "+offload".
+# Each configuration: AMP, checkpointing ("light": a GPT's blocks by gpt.light_contexts), AMP's dtype
+# where the name gives it (else --amp-dtype), and whether what the backward keeps goes to page-locked host
+# memory (torch.autograd.graph.save_on_cpu: with checkpointing, the checkpoints' inputs), the harness's
+# "+offload".
 CONFIGS = {"fp32": (False, False, None, False), "amp": (True, False, None, False), "bf16": (True, False, "bf16", False),
            "f16": (True, False, "f16", False), "checkpoint": (False, True, None, False),
            "checkpoint+offload": (False, True, None, True), "amp+checkpoint": (True, True, None, False),
            "bf16+checkpoint": (True, True, "bf16", False), "f16+checkpoint": (True, True, "f16", False),
            "amp+checkpoint+offload": (True, True, None, True), "bf16+checkpoint+offload": (True, True, "bf16", True),
-           "f16+checkpoint+offload": (True, True, "f16", True)}
+           "f16+checkpoint+offload": (True, True, "f16", True), "checkpoint-light": (False, "light", None, False),
+           "amp+checkpoint-light": (True, "light", None, False), "bf16+checkpoint-light": (True, "light", "bf16", False),
+           "f16+checkpoint-light": (True, "light", "f16", False)}
 
 
 def bench(model_name, batch, config, warmup, steps, device, amp_dtype, lm=None, compiled=False):
