@@ -255,7 +255,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.TextVar(&o.ckptMode, "checkpoint-mode", nn.CheckpointBlocks, "what -checkpoint checkpoints: "+nn.CheckpointModes+" (blocks: every block; light: every block of a GPT, keeping its products' results; sqrt: sqrt(n) segments)")
 	fs.IntVar(&o.ckptFirst, "checkpoint-blocks", 0, "with -checkpoint: checkpoint only the first N blocks, the others keeping their activations (less recomputation, more memory; 0: every block; -max-memory chooses N itself)")
 	fs.BoolVar(&o.augment, "augment", true, "random crops (padding 2, 4 on CIFAR) and horizontal flips for ResNets")
-	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training (and the run's own, with -checkpoint-blocks)")
+	fs.BoolVar(&o.measure, "measure", true, "measure one step of fp32, amp, checkpoint and amp+checkpoint before training (and the run's own where it is none of those: -checkpoint-blocks, or what -max-memory chose)")
 	fs.IntVar(&o.emptyCache, "empty-cache", 0, "call EmptyCache every N steps (0: never) and report what it cost")
 	fs.StringVar(&o.jsonOut, "json", "", "write metrics as JSON to this file (-: to standard output, and what the run says to standard error)")
 	fs.StringVar(&o.memlog, "memlog", "", "write the allocator's timeline of every alloc and free as CSV to this file")
