@@ -271,7 +271,7 @@ type GPT struct {
 	Blocks     []*GPTBlock
 	LNF        *LayerNorm
 	Checkpoint CheckpointMode
-	// Checkpointed limits CheckpointBlocks to the first blocks
+	// Checkpointed limits CheckpointBlocks (and CheckpointLight) to the first blocks
 	// (SetCheckpointed; 0: all).
 	Checkpointed int
 	Drop         *Dropout

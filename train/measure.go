@@ -17,7 +17,7 @@ type Variant struct {
 	Name       string            `json:"name"`
 	AMP        AMP               `json:"amp"`
 	Checkpoint nn.CheckpointMode `json:"checkpoint"`
-	// Checkpointed limits CheckpointBlocks to the first blocks
+	// Checkpointed limits CheckpointBlocks (and CheckpointLight) to the first blocks
 	// (Config.Checkpointed; 0: all).
 	Checkpointed int `json:"checkpointed,omitempty"`
 	// Some, in FitBudget's candidates, checkpoints as few of the first

@@ -52,7 +52,7 @@ type Config struct {
 	WarmupEpochs float64           `json:"warmup_epochs"`
 	AMP          AMP               `json:"amp"`
 	Checkpoint   nn.CheckpointMode `json:"checkpoint"`
-	// Checkpointed limits CheckpointBlocks to the model's first blocks
+	// Checkpointed limits CheckpointBlocks (and CheckpointLight) to the model's first blocks
 	// (nn.Checkpointer.SetCheckpointed; 0: all of them), the others
 	// keeping their activations: less recomputation for more memory. A
 	// budget (FitBudget) chooses it.
