@@ -74,6 +74,40 @@ func ExampleCheckpoint() {
 	// [16 0 3 0]
 }
 
+// CheckpointLight keeps, besides a function's inputs, the results of the
+// products it marks Keepable: the backward runs the rest of the function
+// again and reads those, for the same gradients.
+func ExampleCheckpointLight() {
+	dev := tensor.CPU()
+	w := tensor.FromFloat32(dev, []float32{0.5, -1, 2, 0.25}, 2, 2).SetRequiresGrad(true)
+	defer w.Release()
+	block := func(in []*tensor.Tensor) *tensor.Tensor {
+		h := ag.Keepable(dev, func() *tensor.Tensor { return ag.Linear(in[0], w, nil) }) // kept, not run again
+		return ag.ReLU(ag.Linear(ag.ReLU(h), w, nil))                                    // run again in Backward
+	}
+	grad := func(light bool) []float32 {
+		var g []float32
+		dev.WithScope(func() {
+			x := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2)
+			var y *tensor.Tensor
+			if light {
+				y = ag.CheckpointLight(block, x)
+			} else {
+				y = block([]*tensor.Tensor{x})
+			}
+			ag.Backward(ag.SumAll(y))
+			g = w.Grad().Float32s()
+		})
+		w.ZeroGrad()
+		return g
+	}
+	fmt.Println(grad(false))
+	fmt.Println(grad(true))
+	// Output:
+	// [0 0 1 11]
+	// [0 0 1 11]
+}
+
 // Modes belong to a device handle: a goroutine that serves a model under
 // NoGrad on its own Session does not stop another from recording on the
 // device.
