@@ -51,24 +51,10 @@ func ExampleCheckpoint() {
 	w := tensor.FromFloat32(dev, []float32{0.5, -1, 2, 0.25}, 2, 2).SetRequiresGrad(true)
 	defer w.Release()
 	block := func(in []*tensor.Tensor) *tensor.Tensor { return ag.ReLU(ag.MatMul(ag.ReLU(ag.MatMul(in[0], w)), w)) }
-	grad := func(checkpoint bool) []float32 {
-		var g []float32
-		dev.WithScope(func() {
-			x := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2)
-			var y *tensor.Tensor
-			if checkpoint {
-				y = ag.Checkpoint(block, x) // x is saved; the inside runs again in Backward
-			} else {
-				y = block([]*tensor.Tensor{x})
-			}
-			ag.Backward(ag.SumAll(y))
-			g = w.Grad().Float32s()
-		})
-		w.ZeroGrad()
-		return g
-	}
-	fmt.Println(grad(false))
-	fmt.Println(grad(true))
+	fmt.Println(gradOf(w, func(x *tensor.Tensor) *tensor.Tensor { return block([]*tensor.Tensor{x}) }))
+	fmt.Println(gradOf(w, func(x *tensor.Tensor) *tensor.Tensor {
+		return ag.Checkpoint(block, x) // x is saved; the inside runs again in Backward
+	}))
 	// Output:
 	// [16 0 3 0]
 	// [16 0 3 0]
@@ -85,27 +71,24 @@ func ExampleCheckpointLight() {
 		h := ag.Keepable(dev, func() *tensor.Tensor { return ag.Linear(in[0], w, nil) }) // kept, not run again
 		return ag.ReLU(ag.Linear(ag.ReLU(h), w, nil))                                    // run again in Backward
 	}
-	grad := func(light bool) []float32 {
-		var g []float32
-		dev.WithScope(func() {
-			x := tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2)
-			var y *tensor.Tensor
-			if light {
-				y = ag.CheckpointLight(block, x)
-			} else {
-				y = block([]*tensor.Tensor{x})
-			}
-			ag.Backward(ag.SumAll(y))
-			g = w.Grad().Float32s()
-		})
-		w.ZeroGrad()
-		return g
-	}
-	fmt.Println(grad(false))
-	fmt.Println(grad(true))
+	fmt.Println(gradOf(w, func(x *tensor.Tensor) *tensor.Tensor { return block([]*tensor.Tensor{x}) }))
+	fmt.Println(gradOf(w, func(x *tensor.Tensor) *tensor.Tensor { return ag.CheckpointLight(block, x) }))
 	// Output:
 	// [0 0 1 11]
 	// [0 0 1 11]
+}
+
+// gradOf is w's gradient of the sum of forward's output for the input
+// [[1 2] [3 4]], w's gradient zeroed after.
+func gradOf(w *tensor.Tensor, forward func(x *tensor.Tensor) *tensor.Tensor) []float32 {
+	dev := w.Device()
+	var g []float32
+	dev.WithScope(func() {
+		ag.Backward(ag.SumAll(forward(tensor.FromFloat32(dev, []float32{1, 2, 3, 4}, 2, 2))))
+		g = w.Grad().Float32s()
+	})
+	w.ZeroGrad()
+	return g
 }
 
 // Modes belong to a device handle: a goroutine that serves a model under

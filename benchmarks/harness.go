@@ -77,8 +77,7 @@ var ampDTypes = []train.AMP{train.AMPBF16, train.AMPF16}
 // light checkpoints (nn.CheckpointLight), without it.
 func ConfigNames() []string {
 	var names []string
-	light := train.Variants(nn.CheckpointLight, train.AMPF16)[2:]
-	for _, v := range append(train.Variants(nn.CheckpointBlocks, train.AMPF16), light...) {
+	for _, v := range append(train.Variants(nn.CheckpointBlocks, train.AMPF16), lightVariants(train.AMPF16)...) {
 		named := []string{v.Name}
 		if rest, ok := strings.CutPrefix(v.Name, "amp"); ok {
 			for _, d := range ampDTypes {
@@ -94,6 +93,10 @@ func ConfigNames() []string {
 	}
 	return names
 }
+
+// lightVariants are a GPT's light checkpoints (nn.CheckpointLight), in
+// F32 and with amp: the checkpointed two of train.Variants.
+func lightVariants(amp train.AMP) []train.Variant { return train.Variants(nn.CheckpointLight, amp)[2:] }
 
 // offloadSuffix marks a configuration whose checkpoints' kept tensors go
 // to host memory.
@@ -185,7 +188,7 @@ func variant(m train.Arch, name string, o Options) (train.Variant, error) {
 	if d := amp.String(); amp.On() && strings.HasPrefix(unloaded, d) {
 		base = "amp" + strings.TrimPrefix(unloaded, d)
 	}
-	for _, v := range append(train.Variants(m.Segments, amp), train.Variants(nn.CheckpointLight, amp)[2:]...) {
+	for _, v := range append(train.Variants(m.Segments, amp), lightVariants(amp)...) {
 		if v.Name == base {
 			if v.Checkpoint != nn.NoCheckpoint && m.Blocks == 0 {
 				return v, fmt.Errorf("%s has no blocks to checkpoint", m.Name)
